@@ -1,0 +1,135 @@
+"""Node configuration: one object with documented defaults.
+
+Values come, lowest precedence first, from the defaults below, a TOML file
+(``[node]`` table, same keys), ``PEERMESH_*`` environment variables (the key
+in upper case: ``PEERMESH_INTERFACE``, ``PEERMESH_PORT``, ``PEERMESH_EVASIVE``
+...; ``PEERMESH_GROUPS`` is comma-separated, ``PEERMESH_HEADERS`` is
+``K=V,K=V``) and keyword arguments or CLI flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+__all__ = ["NodeConfig"]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Settings of one node. Times are in seconds."""
+
+    #: public name; defaults to the first 6 hex digits of the UUID, as Zyre does
+    name: Optional[str] = None
+    #: groups joined at start
+    groups: tuple[str, ...] = ()
+    #: headers sent in HELLO (fixed once the node has started)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    #: interface name, IPv4 address or CIDR; None: $PEERMESH_INTERFACE, then the default
+    interface: Optional[str] = None
+    #: UDP beacon port (ZRE-DISC)
+    port: int = 5670
+    #: seconds between beacons
+    interval: float = 1.0
+    #: silence after which a peer is PINGed and reported EVASIVE
+    evasive: float = 5.0
+    #: silence after which a peer is reported SILENT
+    silent: float = 10.0
+    #: silence after which a peer is removed (EXIT)
+    expired: float = 30.0
+    #: ZeroMQ send high-water mark of each peer's DEALER (messages)
+    sndhwm: int = 10_000
+    #: messages held per peer once its DEALER is full, before senders wait
+    send_queue: int = 10_000
+    #: how long a send waits for room before the peer counts as not responding
+    send_timeout: float = 5.0
+    #: events held for the application before the node stops reading its mailbox
+    event_queue: int = 100_000
+    #: largest mailbox message accepted (bytes); bigger ones disconnect the sender
+    max_message: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be 1..65535, not {self.port}")
+        for key in ("interval", "evasive", "silent", "expired", "send_timeout"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be positive")
+        if not self.evasive <= self.silent <= self.expired:
+            raise ValueError("timeouts must satisfy evasive <= silent <= expired")
+        for key in ("sndhwm", "send_queue", "event_queue", "max_message"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be at least 1")
+
+    def replace(self, **changes: Any) -> "NodeConfig":
+        """A copy with ``changes`` applied (None values are ignored)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        if "groups" in changes:
+            changes["groups"] = tuple(changes["groups"])
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def load(cls, path: Optional[os.PathLike[str] | str] = None,
+             environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "NodeConfig":
+        """Defaults, then the TOML file ``path``, then the environment, then ``overrides``."""
+        config = cls()
+        if path is not None:
+            config = config.replace(**cls._from_toml(Path(path)))
+        config = config.replace(**cls._from_env(os.environ if environ is None else environ))
+        return config.replace(**overrides)
+
+    @classmethod
+    def _from_toml(cls, path: Path) -> dict[str, Any]:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+        table = data.get("node", {})
+        if not isinstance(table, dict):
+            raise ValueError(f"config file {path}: [node] must be a table")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(table) - set(fields)
+        if unknown:
+            raise ValueError(f"config file {path}: unknown key(s) {', '.join(sorted(unknown))}")
+        return table
+
+    @classmethod
+    def _from_env(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(f"PEERMESH_{f.name.upper()}")
+            if not raw:
+                continue
+            try:
+                result[f.name] = _parse(f.name, raw, cls.__dataclass_fields__[f.name].type)
+            except ValueError:
+                raise ValueError(f"PEERMESH_{f.name.upper()}={raw!r} is not valid") from None
+        return result
+
+
+def _parse(name: str, raw: str, kind: Any) -> Any:
+    if name == "groups":
+        return tuple(g for g in raw.split(",") if g)
+    if name == "headers":
+        return dict(parse_header(item) for item in raw.split(",") if item)
+    if kind in ("int", int):
+        return int(raw)
+    if kind in ("float", float):
+        return float(raw)
+    return raw
+
+
+def parse_header(item: str) -> tuple[str, str]:
+    """``"K=V"`` as ``("K", "V")``; ValueError without ``=``."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"header {item!r} is not KEY=VALUE")
+    return key, value

@@ -1,0 +1,120 @@
+"""Choosing the network interface a node beacons and listens on.
+
+An interface can be named by its name (``eth0``, ``lo``), by one of its IPv4
+addresses (``10.0.0.5``) or by a network in CIDR form (``10.0.0.0/24``). With
+no choice, the first interface that is up, not loopback and has an IPv4
+broadcast address is used; a host with none of those falls back to loopback,
+where beacons go to 127.255.255.255 so several nodes on one host still mesh.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import ifaddr
+
+from .errors import InterfaceError
+
+__all__ = ["Interface", "list_interfaces", "select_interface"]
+
+log = logging.getLogger(__name__)
+
+_IFF_UP = 0x1
+_IFF_BROADCAST = 0x2
+_IFF_LOOPBACK = 0x8
+
+
+@dataclass(frozen=True, slots=True)
+class Interface:
+    """One IPv4 address of one network interface."""
+
+    name: str
+    address: str
+    network: ipaddress.IPv4Network
+    up: bool = True
+    can_broadcast: bool = True
+
+    @property
+    def loopback(self) -> bool:
+        """True for 127.0.0.0/8."""
+        return self.network.is_loopback
+
+    @property
+    def broadcast(self) -> str:
+        """Where beacons go: the subnet's broadcast address (127.255.255.255 on loopback)."""
+        if self.network.prefixlen >= 31:
+            return "255.255.255.255"
+        return str(self.network.broadcast_address)
+
+    def __contains__(self, address: str) -> bool:
+        """True when ``address`` (an IPv4 string) lies in this interface's network."""
+        try:
+            return ipaddress.IPv4Address(address) in self.network
+        except ValueError:
+            return False
+
+
+def _flags(name: str) -> int:
+    try:
+        with open(f"/sys/class/net/{name}/flags") as f:
+            return int(f.read().strip(), 16)
+    except (OSError, ValueError):
+        return _IFF_UP | _IFF_BROADCAST
+
+
+def list_interfaces() -> list[Interface]:
+    """Every IPv4 address of every interface, in the system's order."""
+    result = []
+    for adapter in ifaddr.get_adapters():
+        flags = _flags(adapter.name)
+        for ip in adapter.ips:
+            if not isinstance(ip.ip, str):
+                continue  # IPv6
+            network = ipaddress.IPv4Network(f"{ip.ip}/{ip.network_prefix}", strict=False)
+            result.append(Interface(adapter.name, ip.ip, network, bool(flags & _IFF_UP),
+                                    bool(flags & _IFF_BROADCAST) or network.is_loopback))
+    return result
+
+
+def select_interface(choice: Optional[str] = None) -> Interface:
+    """The interface for ``choice`` (name, IPv4 address or CIDR), or the default.
+
+    ``choice`` falls back to ``$PEERMESH_INTERFACE``. Raises ``InterfaceError``
+    with the list of what exists when nothing matches.
+    """
+    choice = choice or os.environ.get("PEERMESH_INTERFACE") or None
+    interfaces = list_interfaces()
+    if choice is None:
+        for itf in interfaces:
+            if itf.up and itf.can_broadcast and not itf.loopback:
+                return itf
+        for itf in interfaces:
+            if itf.loopback:
+                log.info("no non-loopback IPv4 interface is up; using loopback %s", itf.name)
+                return itf
+        raise InterfaceError("no IPv4 interface found")
+    match = _match(choice, interfaces)
+    if match is None:
+        known = ", ".join(f"{i.name} ({i.address}/{i.network.prefixlen})" for i in interfaces)
+        raise InterfaceError(f"no IPv4 interface matches {choice!r}; available: {known or 'none'}")
+    if not match.up:
+        raise InterfaceError(f"interface {match.name} is down")
+    return match
+
+
+def _match(choice: str, interfaces: list[Interface]) -> Optional[Interface]:
+    for itf in interfaces:
+        if itf.name == choice or itf.address == choice:
+            return itf
+    try:
+        network = ipaddress.IPv4Network(choice, strict=False)
+    except ValueError:
+        return None
+    for itf in interfaces:
+        if ipaddress.IPv4Address(itf.address) in network:
+            return itf
+    return None

@@ -1,0 +1,720 @@
+"""A ZRE v2 node on gevent.
+
+How it works
+------------
+A started node runs four greenlets on the hub of the thread that started it:
+
+* **beacon sender** - a 22-octet beacon at once, then every ``interval``;
+* **beacon listener** - beacons from unknown UUIDs become peers (a DEALER is
+  connected to ``tcp://sender-ip:port`` and HELLO sent first); beacons from
+  known peers refresh them; a port-0 beacon removes the peer at once;
+* **mailbox reader** - drains the ROUTER without blocking and waits on its
+  descriptor only when it is empty. A HELLO from an unknown node makes it a
+  peer; any other command from a node that has not said HELLO is ignored.
+  Every command after HELLO must carry the next sequence number (mod 65536);
+  a gap or an out-of-order message disconnects the peer, which may then be
+  rediscovered by its next beacon;
+* **reaper** - PINGs silent peers and reports EVASIVE, then SILENT, and
+  removes them (EXIT) once ``expired`` passes with no sign of life.
+
+Sends never block the hub: see ``peer.PeerLink``. Application calls that
+would exceed a slow peer's backlog wait up to ``send_timeout`` for room, then
+the peer counts as not responding: it is disconnected (EXIT, reason given)
+and ``whisper`` raises ``PeerNotResponding``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import struct
+import time
+import uuid as uuid_module
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from uuid import UUID
+
+import gevent
+import gevent.event
+import gevent.socket
+import msgpack
+import zmq
+
+from .config import NodeConfig
+from .errors import NodeStateError, PeerNotResponding, ProtocolError, UnknownPeerError
+from .eventqueue import GreenEventQueue
+from .events import Event, EventType
+from .green import SocketWaiter
+from .interfaces import Interface, select_interface
+from .peer import Peer, PeerLink
+from .wire import zre
+
+__all__ = ["Node", "PeerInfo", "Frame"]
+
+log = logging.getLogger(__name__)
+
+Frame = Union[bytes, bytearray, memoryview, str]
+PeerRef = Union[UUID, str]
+
+_HEADER = struct.Struct(">HBBH")
+_SIGNATURE = zre.SIGNATURE
+_WHISPER, _SHOUT, _HELLO = 2, 3, 1
+_BATCH = 256  # messages handled before the reader lets other greenlets run
+
+ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
+WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
+
+
+class PeerInfo:
+    """A snapshot of what a node knows about a peer."""
+
+    __slots__ = ("uuid", "name", "address", "headers", "groups")
+
+    def __init__(self, peer: Peer) -> None:
+        self.uuid: UUID = peer.uuid
+        self.name: str = peer.name
+        self.address: str = peer.endpoint
+        self.headers: dict[str, str] = dict(peer.headers)
+        self.groups: list[str] = sorted(peer.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"peer": self.uuid.hex, "name": self.name, "address": self.address,
+                "headers": self.headers, "groups": self.groups}
+
+    def __repr__(self) -> str:
+        return f"PeerInfo({self.uuid.hex[:8]} {self.name!r} {self.address})"
+
+
+def _frame(value: Frame) -> bytes:
+    if type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"a frame must be bytes or str, not {type(value).__name__} "
+                    "(use whisper_packed/shout_packed for other objects)")
+
+
+def _bind_ephemeral(router: zmq.Socket, address: str) -> int:
+    """Bind to a random port in %C000-%FFFF, the range ZRE asks for."""
+    for _ in range(1000):
+        port = random.randint(0xC000, 0xFFFF)
+        try:
+            router.bind(f"tcp://{address}:{port}")
+            return port
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE:
+                raise
+    raise zmq.ZMQBindError(f"no free mailbox port in 49152-65535 on {address}")
+
+
+def _checked_string(kind: str, value: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{kind} must be a str, not {type(value).__name__}")
+    zre.encode_string(value)  # ValueError when over 255 UTF-8 octets
+    return value
+
+
+class Node:
+    """One member of a ZRE mesh, driven by greenlets on the current gevent hub.
+
+    Use it from greenlets (or the main greenlet) of the thread that creates
+    it. For threaded programs that do not run gevent, use ``ThreadedNode``.
+
+    ``Node(name, groups=..., headers=..., interface=..., port=..., ...)``:
+    keyword settings are those of ``NodeConfig``; ``config`` supplies a base
+    (default: ``NodeConfig.load()``, which reads ``PEERMESH_*``).
+    """
+
+    def __init__(self, name: Optional[str] = None, *, config: Optional[NodeConfig] = None,
+                 clock: Callable[[], float] = time.monotonic, _events: Any = None,
+                 **settings: Any) -> None:
+        base = config if config is not None else NodeConfig.load()
+        self.config = base.replace(name=name, **settings)
+        self._uuid = uuid_module.uuid4()
+        self._uuid_bytes = self._uuid.bytes
+        self._identity = b"\x01" + self._uuid_bytes
+        self._name = _checked_string("name", self.config.name or self._uuid.hex[:6].upper())
+        self._headers: dict[str, str] = {}
+        for key, value in self.config.headers.items():
+            self.set_header(key, value)
+        self._groups: set[str] = set()
+        self._status = 0
+        for group in self.config.groups:
+            self._add_own_group(_checked_string("group", group))
+        self._clock = clock
+        self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
+        self._peers: dict[UUID, Peer] = {}
+        self._by_identity: dict[bytes, Peer] = {}
+        self._members: dict[str, dict[UUID, Peer]] = {}
+        self._state = "new"
+        self._greenlets: list[gevent.Greenlet] = []
+        self.interface: Optional[Interface] = None
+        self.endpoint: Optional[str] = None
+        self._router: Optional[zmq.Socket] = None
+        self._udp: Optional[socket.socket] = None
+        self._context: Optional[zmq.Context] = None
+
+    # --- identity -------------------------------------------------------
+
+    @property
+    def uuid(self) -> UUID:
+        """This node's UUID."""
+        return self._uuid
+
+    @property
+    def name(self) -> str:
+        """This node's public name."""
+        return self._name
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """A copy of the headers sent in HELLO."""
+        return dict(self._headers)
+
+    def set_header(self, key: str, value: str) -> None:
+        """Set a HELLO header; only before ``start``."""
+        if self._state_is_running():
+            raise NodeStateError("headers are fixed once the node has started")
+        if not isinstance(value, str):
+            raise TypeError(f"header value must be a str, not {type(value).__name__}")
+        self._headers[_checked_string("header name", key)] = value
+
+    def _state_is_running(self) -> bool:
+        return getattr(self, "_state", "new") != "new"
+
+    # --- life cycle -----------------------------------------------------
+
+    def start(self) -> "Node":
+        """Bind the mailbox, send the first beacon and start the greenlets."""
+        if self._state != "new":
+            raise NodeStateError(f"node is {self._state}; a node starts once")
+        cfg = self.config
+        self.interface = itf = select_interface(cfg.interface)
+        self._context = zmq.Context.instance()
+        router = self._context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, cfg.max_message)
+        try:
+            port = _bind_ephemeral(router, itf.address)
+        except zmq.ZMQError:
+            router.close()
+            raise
+        self._router = router
+        self._mailbox_port = port
+        self.endpoint = f"tcp://{itf.address}:{port}"
+        try:
+            self._udp = self._beacon_socket(cfg.port)
+        except OSError:
+            router.close()
+            raise
+        self._state = "running"
+        self._send_beacon(port)
+        self._greenlets = [gevent.spawn(f) for f in
+                           (self._beacon_sender, self._beacon_listener, self._mailbox_reader,
+                            self._reaper)]
+        log.debug("node %s (%s) started on %s", self._name, self._uuid.hex, self.endpoint)
+        return self
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Leave the mesh: a port-0 beacon, flush what is queued (up to ``timeout``), close."""
+        if self._state != "running":
+            return
+        deadline = time.monotonic() + timeout
+        self.flush(timeout)
+        self._state = "stopping"
+        try:
+            self._send_beacon(0)
+        finally:
+            gevent.killall(self._greenlets)
+            linger = max(0.0, deadline - time.monotonic())
+            for peer in self._peers.values():
+                peer.link.close(linger)
+            self._peers.clear()
+            self._by_identity.clear()
+            self._members.clear()
+            assert self._router is not None and self._udp is not None
+            self._router.close(linger=0)
+            self._udp.close()
+            self._state = "stopped"
+            self._events.put(Event(EventType.STOP))
+
+    def flush(self, timeout: float = 1.0) -> bool:
+        """Wait until every peer sent to since the last check has processed it.
+
+        Each such peer gets a PING; its PING-OK proves that everything sent
+        before has reached its node (commands are handled in order). True if
+        all answered within ``timeout`` seconds. ``stop`` calls this first.
+        """
+        pending = [p for p in self._peers.values() if p.unconfirmed and p.ready]
+        for peer in pending:
+            peer.unconfirmed = False
+            if peer.pong is None:
+                peer.pong = gevent.event.Event()
+                self._send_control(peer, zre.Ping(peer.next_sequence()))
+        deadline = time.monotonic() + timeout
+        confirmed = True
+        for peer in pending:
+            pong = peer.pong
+            if pong is not None and not pong.wait(max(0.0, deadline - time.monotonic())):
+                confirmed = False
+        return confirmed
+
+    def __enter__(self) -> "Node":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True between ``start`` and ``stop``."""
+        return self._state == "running"
+
+    # --- groups ---------------------------------------------------------
+
+    def join(self, group: str) -> None:
+        """Join ``group`` and tell every peer (JOIN)."""
+        _checked_string("group", group)
+        if group in self._groups:
+            return
+        self._add_own_group(group)
+        for peer in list(self._peers.values()):
+            self._send_control(peer, zre.Join(peer.next_sequence(), group, self._status))
+
+    def leave(self, group: str) -> None:
+        """Leave ``group`` and tell every peer (LEAVE)."""
+        _checked_string("group", group)
+        if group not in self._groups:
+            return
+        self._groups.discard(group)
+        self._status = (self._status + 1) & 0xFF
+        for peer in list(self._peers.values()):
+            self._send_control(peer, zre.Leave(peer.next_sequence(), group, self._status))
+
+    def _add_own_group(self, group: str) -> None:
+        self._groups.add(group)
+        self._status = (self._status + 1) & 0xFF
+
+    def groups(self) -> list[str]:
+        """The groups this node is in."""
+        return sorted(self._groups)
+
+    # --- sending --------------------------------------------------------
+
+    def whisper(self, peer: PeerRef, *frames: Frame) -> None:
+        """Send ``frames`` (one message, one or more frames) to one peer.
+
+        Raises ``UnknownPeerError`` if no ready peer has that UUID, and
+        ``PeerNotResponding`` if the peer's queue stayed full for
+        ``send_timeout`` (the peer is then disconnected).
+        """
+        target = self._ready_peer(peer)
+        content = [_frame(f) for f in frames]
+        if not self._wait_room(target):
+            raise PeerNotResponding(f"peer {target.name} ({target.uuid}) is not responding")
+        target.link.offer([zre.whisper_header(target.next_sequence()), *content])
+        target.unconfirmed = True
+
+    def shout(self, group: str, *frames: Frame) -> None:
+        """Send ``frames`` to every peer in ``group``, one unicast SHOUT each.
+
+        A member whose queue stays full for ``send_timeout`` is disconnected
+        (EXIT with reason "not responding") without delaying the others.
+        """
+        group_field = zre.encode_string(_checked_string("group", group))
+        self._check_running()
+        content = [_frame(f) for f in frames]
+        members = self._members.get(group)
+        if not members:
+            return
+        slow = []
+        for peer in list(members.values()):
+            if peer.link.has_room():
+                peer.link.offer([zre.shout_header(peer.next_sequence(), group_field), *content])
+                peer.unconfirmed = True
+            else:
+                slow.append(peer)
+        for peer in slow:
+            if self._wait_room(peer):
+                peer.link.offer([zre.shout_header(peer.next_sequence(), group_field), *content])
+                peer.unconfirmed = True
+
+    def whisper_packed(self, peer: PeerRef, obj: Any) -> None:
+        """``whisper`` one msgpack-encoded object (read it with ``Event.unpack``)."""
+        self.whisper(peer, msgpack.packb(obj, use_bin_type=True))
+
+    def shout_packed(self, group: str, obj: Any) -> None:
+        """``shout`` one msgpack-encoded object (read it with ``Event.unpack``)."""
+        self.shout(group, msgpack.packb(obj, use_bin_type=True))
+
+    def _wait_room(self, peer: Peer) -> bool:
+        link = peer.link
+        if link.has_room():
+            return True
+        if link.wait_room(self.config.send_timeout) and peer.uuid in self._peers:
+            return True
+        if peer.uuid in self._peers:
+            self._remove(peer, "not responding: send queue full")
+        return False
+
+    def _send_control(self, peer: Peer, message: zre.Message) -> None:
+        link = peer.link
+        if len(link.backlog) > 2 * link.limit:
+            self._remove(peer, "not responding: send queue full")
+            return
+        link.offer(zre.encode(message))
+
+    # --- receiving ------------------------------------------------------
+
+    def recv(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event, or None after ``timeout`` seconds (None: wait for ever)."""
+        if self._state == "stopped" and not len(self._events):
+            return None
+        return self._events.get(timeout)
+
+    def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
+        """Iterate over events until STOP, or until none came for ``timeout`` seconds."""
+        while True:
+            event = self.recv(timeout)
+            if event is None:
+                return
+            yield event
+            if event.type is EventType.STOP:
+                return
+
+    # --- the peer view --------------------------------------------------
+
+    def peers(self) -> list[UUID]:
+        """UUIDs of the peers that have said HELLO."""
+        return [p.uuid for p in self._peers.values() if p.ready]
+
+    def peers_by_group(self, group: str) -> list[UUID]:
+        """UUIDs of the peers in ``group``."""
+        return list(self._members.get(group, ()))
+
+    def peer_info(self, peer: PeerRef) -> PeerInfo:
+        """A snapshot of one peer: name, address, headers, groups."""
+        return PeerInfo(self._ready_peer(peer))
+
+    def peer_name(self, peer: PeerRef) -> str:
+        """The peer's name."""
+        return self._ready_peer(peer).name
+
+    def peer_address(self, peer: PeerRef) -> str:
+        """The peer's mailbox endpoint, e.g. ``tcp://10.0.0.5:49200``."""
+        return self._ready_peer(peer).endpoint
+
+    def peer_headers(self, peer: PeerRef) -> dict[str, str]:
+        """A copy of the peer's HELLO headers."""
+        return dict(self._ready_peer(peer).headers)
+
+    def peer_header_value(self, peer: PeerRef, key: str) -> Optional[str]:
+        """One HELLO header of the peer, or None."""
+        return self._ready_peer(peer).headers.get(key)
+
+    def peer_groups(self, peer: PeerRef) -> list[str]:
+        """The groups the peer is in."""
+        return sorted(self._ready_peer(peer).groups)
+
+    def known_groups(self) -> list[str]:
+        """Every group some peer is in."""
+        return sorted(g for g, members in self._members.items() if members)
+
+    def find_peer(self, text: str) -> UUID:
+        """A ready peer by UUID, unique UUID hex prefix, or name.
+
+        Raises ``UnknownPeerError`` (saying why) when none or several match.
+        """
+        ready = [p for p in self._peers.values() if p.ready]
+        key = text.lower().replace("-", "")
+        for matches in ([p for p in ready if p.uuid.hex == key],
+                        [p for p in ready if p.name == text],
+                        [p for p in ready if key and p.uuid.hex.startswith(key)]):
+            if len(matches) == 1:
+                return matches[0].uuid
+            if len(matches) > 1:
+                names = ", ".join(f"{p.name} ({p.uuid.hex[:8]})" for p in matches)
+                raise UnknownPeerError(f"{text!r} matches several peers: {names}")
+        raise UnknownPeerError(f"no peer named or with UUID {text!r}")
+
+    def _ready_peer(self, ref: PeerRef) -> Peer:
+        if isinstance(ref, UUID):
+            peer = self._peers.get(ref)
+        else:
+            try:
+                peer = self._peers.get(UUID(str(ref)))
+            except ValueError:
+                raise UnknownPeerError(f"{ref!r} is not a peer UUID") from None
+        if peer is None or not peer.ready:
+            self._check_running()
+            raise UnknownPeerError(f"no peer with UUID {ref}")
+        return peer
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise NodeStateError(f"node is {self._state}; call start() first"
+                                 if self._state == "new" else f"node is {self._state}")
+
+    # --- beacons --------------------------------------------------------
+
+    def _beacon_socket(self, port: int) -> socket.socket:
+        sock = gevent.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        sock.bind(("", port))
+        return sock
+
+    def _send_beacon(self, port: int) -> None:
+        assert self._udp is not None and self.interface is not None
+        data = zre.encode_beacon(zre.Beacon(self._uuid_bytes, port))
+        try:
+            self._udp.sendto(data, (self.interface.broadcast, self.config.port))
+        except OSError as exc:
+            log.warning("cannot send beacon to %s: %s", self.interface.broadcast, exc)
+
+    def _beacon_sender(self) -> None:
+        while True:
+            gevent.sleep(self.config.interval)
+            self._send_beacon(self._mailbox_port)
+
+    def _beacon_listener(self) -> None:
+        assert self._udp is not None and self.interface is not None
+        recvfrom = self._udp.recvfrom
+        while True:
+            data, (address, _) = recvfrom(64)
+            try:
+                beacon = zre.decode_beacon(data)
+            except ProtocolError as exc:
+                log.debug("dropped datagram from %s: %s", address, exc.reason)
+                continue
+            if beacon.uuid == self._uuid_bytes:
+                continue
+            if address not in self.interface:
+                log.debug("ignored beacon from %s, outside %s", address, self.interface.network)
+                continue
+            self._on_beacon(UUID(bytes=beacon.uuid), address, beacon.port)
+
+    def _on_beacon(self, uuid: UUID, address: str, port: int) -> None:
+        peer = self._peers.get(uuid)
+        if port == 0:
+            if peer is not None:
+                self._remove(peer, "left")
+        elif peer is not None:
+            peer.refresh(self._clock())
+        else:
+            self._require_peer(uuid, f"tcp://{address}:{port}")
+
+    # --- peers ----------------------------------------------------------
+
+    def _require_peer(self, uuid: UUID, endpoint: str) -> Optional[Peer]:
+        peer = self._peers.get(uuid)
+        if peer is not None:
+            return peer
+        if not endpoint.startswith("tcp://"):
+            log.debug("ignored peer %s with endpoint %r", uuid, endpoint)
+            return None
+        assert self._context is not None and self.endpoint is not None
+        try:
+            link = PeerLink(self._context, self._identity, endpoint, self.config.sndhwm,
+                            self.config.send_queue)
+        except zmq.ZMQError as exc:
+            log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
+            return None
+        peer = Peer(uuid.bytes, endpoint, link, self._clock())
+        peer.uuid = uuid
+        self._peers[uuid] = peer
+        self._by_identity[peer.identity] = peer
+        link.offer(zre.encode(zre.Hello(peer.next_sequence(), self.endpoint, tuple(self._groups),
+                                        self._status, self._name, self._headers)))
+        return peer
+
+    def _remove(self, peer: Peer, reason: str) -> None:
+        if self._peers.get(peer.uuid) is not peer:
+            return
+        del self._peers[peer.uuid]
+        del self._by_identity[peer.identity]
+        for group in peer.groups:
+            members = self._members.get(group)
+            if members is not None:
+                members.pop(peer.uuid, None)
+        peer.link.close()
+        if peer.pong is not None:
+            peer.pong.set()
+        if peer.ready:
+            log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
+            self._events.put(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint,
+                                   reason=reason))
+
+    def _peer_join(self, peer: Peer, group: str) -> None:
+        if group in peer.groups:
+            return
+        peer.groups.add(group)
+        self._members.setdefault(group, {})[peer.uuid] = peer
+        self._events.put(Event(JOIN, peer.uuid, peer.name, group))
+
+    def _peer_leave(self, peer: Peer, group: str) -> None:
+        if group not in peer.groups:
+            return
+        peer.groups.discard(group)
+        self._members.get(group, {}).pop(peer.uuid, None)
+        self._events.put(Event(LEAVE, peer.uuid, peer.name, group))
+
+    # --- mailbox --------------------------------------------------------
+
+    def _mailbox_reader(self) -> None:
+        router = self._router
+        assert router is not None
+        recv = router.recv
+        waiter = SocketWaiter(router)
+        events = self._events
+        on_message = self._on_message
+        noblock = zmq.NOBLOCK
+        handled = 0
+        try:
+            while True:
+                if events.full():
+                    events.wait_room()
+                try:
+                    frame = recv(noblock, copy=False)
+                except zmq.Again:
+                    handled = 0
+                    waiter.wait(zmq.POLLIN)
+                    continue
+                identity = frame.bytes
+                frames = []
+                while frame.more:
+                    frame = recv(noblock, copy=False)
+                    frames.append(frame.bytes)
+                on_message(identity, frames)
+                handled += 1
+                if handled >= _BATCH:
+                    handled = 0
+                    gevent.sleep(0)
+        finally:
+            waiter.close()
+
+    def _on_message(self, identity: bytes, frames: list[bytes]) -> None:
+        if not frames or len(frames[0]) < 6:
+            log.debug("dropped short message from %r", identity)
+            return
+        head = frames[0]
+        signature, command, version, sequence = _HEADER.unpack_from(head)
+        if signature != _SIGNATURE or version != zre.VERSION:
+            log.debug("dropped message with bad signature/version from %r", identity)
+            return
+        peer = self._by_identity.get(identity)
+        if command == _HELLO:
+            self._on_hello(identity, frames, peer)
+            return
+        if peer is None or not peer.ready:
+            log.debug("ignored command %d before HELLO from %r", command, identity)
+            return
+        if sequence != peer.want:
+            log.debug("sequence gap from %s: expected %d, got %d", peer.name, peer.want, sequence)
+            self._remove(peer, f"sequence gap (expected {peer.want}, got {sequence})")
+            return
+        peer.want = (sequence + 1) & 0xFFFF
+        peer.last_seen = self._clock()
+        if peer.evasive or peer.next_ping:
+            peer.refresh(peer.last_seen)
+        if command == _WHISPER and len(head) == 6:
+            self._events.put(Event(WHISPER, peer.uuid, peer.name, None, tuple(frames[1:])))
+            return
+        try:
+            message = zre.decode(frames)
+        except ProtocolError as exc:
+            log.debug("dropped malformed command from %s: %s", peer.name, exc.reason)
+            return
+        if isinstance(message, zre.Shout):
+            if message.group in self._groups:
+                self._events.put(Event(SHOUT, peer.uuid, peer.name, message.group,
+                                       message.content))
+        elif isinstance(message, zre.Join):
+            self._peer_status(peer, message.status)
+            self._peer_join(peer, message.group)
+        elif isinstance(message, zre.Leave):
+            self._peer_status(peer, message.status)
+            self._peer_leave(peer, message.group)
+        elif isinstance(message, zre.Ping):
+            self._send_control(peer, zre.PingOk(peer.next_sequence()))
+        elif isinstance(message, zre.PingOk):
+            if peer.pong is not None:
+                peer.pong.set()
+                peer.pong = None
+        # Unknown commands (Zyre's ELECT/LEADER) only advance the sequence
+
+    def _peer_status(self, peer: Peer, status: int) -> None:
+        expected = (peer.status + 1) & 0xFF
+        if status != expected:
+            log.debug("group status of %s is %d, expected %d", peer.name, status, expected)
+        peer.status = status
+
+    def _on_hello(self, identity: bytes, frames: list[bytes], peer: Optional[Peer]) -> None:
+        try:
+            hello = zre.decode(frames)
+        except ProtocolError as exc:
+            log.debug("dropped malformed HELLO from %r: %s", identity, exc.reason)
+            return
+        assert isinstance(hello, zre.Hello)
+        if len(identity) != 17 or identity[0] != 1 or identity[1:] == self._uuid_bytes:
+            log.debug("dropped HELLO with identity %r", identity)
+            return
+        if hello.sequence != 1:
+            log.debug("dropped HELLO with sequence %d", hello.sequence)
+            return
+        if peer is not None and peer.ready:
+            self._remove(peer, "restarted (new HELLO)")
+            peer = None
+        if peer is None:
+            peer = self._require_peer(UUID(bytes=identity[1:]), hello.endpoint)
+            if peer is None:
+                return
+        peer.ready = True
+        peer.want = 2
+        peer.name = hello.name
+        peer.headers = dict(hello.headers)
+        peer.status = hello.status
+        peer.refresh(self._clock())
+        self._events.put(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
+                               address=peer.endpoint))
+        for group in hello.groups:
+            self._peer_join(peer, group)
+
+    # --- timers ---------------------------------------------------------
+
+    def _reaper(self) -> None:
+        cfg = self.config
+        period = min(cfg.interval, cfg.evasive / 2)
+        while True:
+            gevent.sleep(period)
+            self._reap(self._clock())
+
+    def _reap(self, now: float) -> None:
+        cfg = self.config
+        for peer in list(self._peers.values()):
+            stalled = peer.link.stalled_since
+            if stalled is not None and now - stalled >= cfg.expired:
+                self._remove(peer, "not responding: send queue stalled")
+                continue
+            idle = now - peer.last_seen
+            if idle >= cfg.expired:
+                self._remove(peer, "expired")
+                continue
+            if idle >= cfg.evasive and now >= peer.next_ping:
+                peer.next_ping = now + cfg.evasive
+                self._send_control(peer, zre.Ping(peer.next_sequence()))
+                if not peer.evasive and peer.ready:
+                    peer.evasive = True
+                    self._events.put(Event(EventType.EVASIVE, peer.uuid, peer.name))
+            if idle >= cfg.silent and not peer.silent and peer.ready:
+                peer.silent = True
+                self._events.put(Event(EventType.SILENT, peer.uuid, peer.name))
+
+    def __repr__(self) -> str:
+        return f"<Node {self._name} {self._uuid.hex[:8]} {self._state} {self.endpoint or ''}>"

@@ -1,0 +1,1 @@
+"""Sans-io codecs: bytes in, messages out. Nothing here does I/O."""

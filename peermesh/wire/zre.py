@@ -1,0 +1,332 @@
+"""ZRE v2 codec (spec 36/ZRE): the UDP beacon and the seven mailbox commands.
+
+How it works
+------------
+A mailbox message is a list of ZeroMQ frames. Frame 0 holds the command::
+
+    signature %xAA %xA1 | id (1 octet) | version %x02 | sequence (2 octets) | fields
+
+and WHISPER and SHOUT carry their content as the frames after it
+(``msg = *frame``). Field types, all numbers unsigned in network order::
+
+    string     = number-1 *VCHAR          ; length in UTF-8 octets, at most 255
+    longstr    = number-4 *VCHAR
+    strings    = number-4 *longstr        ; a list of strings
+    dictionary = number-4 *(string longstr)
+
+``encode`` turns a message dataclass into frames and ``decode`` does the
+reverse. Every malformed input makes ``decode`` raise ``ProtocolError`` and
+nothing else. Command ids this codec does not know (Zyre's ELECT and LEADER
+extensions use 8-10) decode to ``Unknown`` so the caller can still honour the
+sequence number.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Mapping, Sequence, Union
+
+from ..errors import ProtocolError
+
+__all__ = [
+    "BEACON_SIZE", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
+    "Shout", "Join", "Leave", "Ping", "PingOk", "Unknown", "Message",
+    "encode_beacon", "decode_beacon", "encode", "decode", "whisper_header",
+    "shout_header", "next_sequence",
+]
+
+# Beacon: 'Z' 'R' 'E' %x01 | UUID (16 octets) | port (2 octets)
+BEACON_PREFIX = b"ZRE\x01"
+BEACON_SIZE = 22
+_BEACON = struct.Struct(">4s16sH")
+
+SIGNATURE = 0xAAA1
+VERSION = 2
+_HEADER = struct.Struct(">HBBH")  # signature, id, version, sequence
+_HEADER_SIZE = _HEADER.size
+_N1 = struct.Struct(">B")
+_N4 = struct.Struct(">I")
+MAX_STRING = 0xFF
+MAX_LONGSTR = 0xFFFFFFFF
+
+
+class Command(IntEnum):
+    """ZRE command identifiers."""
+
+    HELLO = 1
+    WHISPER = 2
+    SHOUT = 3
+    JOIN = 4
+    LEAVE = 5
+    PING = 6
+    PING_OK = 7
+
+
+def next_sequence(sequence: int) -> int:
+    """The sequence number after ``sequence``: cyclic over 0..65535."""
+    return (sequence + 1) & 0xFFFF
+
+
+# --- beacon ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Beacon:
+    """A discovery beacon. Port 0 means the sender is leaving the network."""
+
+    uuid: bytes
+    port: int
+
+
+def encode_beacon(beacon: Beacon) -> bytes:
+    """The 22-octet beacon for ``beacon``."""
+    if len(beacon.uuid) != 16:
+        raise ValueError("beacon UUID must be 16 bytes")
+    if not 0 <= beacon.port <= 0xFFFF:
+        raise ValueError("beacon port must fit in 16 bits")
+    return _BEACON.pack(BEACON_PREFIX, beacon.uuid, beacon.port)
+
+
+def decode_beacon(data: bytes) -> Beacon:
+    """Parse a beacon; any other datagram raises ``ProtocolError``."""
+    if len(data) != BEACON_SIZE:
+        raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE}")
+    prefix, uuid, port = _BEACON.unpack(data)
+    if prefix != BEACON_PREFIX:
+        raise ProtocolError("beacon header is not 'ZRE' %x01")
+    return Beacon(uuid, port)
+
+
+# --- commands -------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """hello = signature %d1 version sequence endpoint groups status name headers"""
+
+    sequence: int
+    endpoint: str
+    groups: tuple[str, ...] = ()
+    status: int = 0
+    name: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Whisper:
+    """whisper = signature %d2 version sequence content"""
+
+    sequence: int
+    content: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Shout:
+    """shout = signature %d3 version sequence group content"""
+
+    sequence: int
+    group: str
+    content: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """join = signature %d4 version sequence group status"""
+
+    sequence: int
+    group: str
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """leave = signature %d5 version sequence group status"""
+
+    sequence: int
+    group: str
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """ping = signature %d6 version sequence"""
+
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class PingOk:
+    """ping_ok = signature %d7 version sequence"""
+
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """A well-formed header with a command id outside 1-7 (e.g. Zyre's ELECT)."""
+
+    sequence: int
+    command: int
+
+
+Message = Union[Hello, Whisper, Shout, Join, Leave, Ping, PingOk, Unknown]
+
+
+# --- encoding -------------------------------------------------------------
+
+def _string(value: str) -> bytes:
+    data = value.encode("utf-8")
+    if len(data) > MAX_STRING:
+        raise ValueError(f"string of {len(data)} UTF-8 octets exceeds {MAX_STRING}: {value[:40]!r}")
+    return _N1.pack(len(data)) + data
+
+
+def _longstr(value: str) -> bytes:
+    data = value.encode("utf-8")
+    if len(data) > MAX_LONGSTR:
+        raise ValueError("longstr exceeds 2**32-1 octets")
+    return _N4.pack(len(data)) + data
+
+
+def _header(command: int, sequence: int) -> bytes:
+    return _HEADER.pack(SIGNATURE, command, VERSION, sequence)
+
+
+def whisper_header(sequence: int) -> bytes:
+    """Frame 0 of a WHISPER; the content frames follow it."""
+    return _HEADER.pack(SIGNATURE, 2, VERSION, sequence)
+
+
+def shout_header(sequence: int, group: bytes) -> bytes:
+    """Frame 0 of a SHOUT to ``group`` (already a length-prefixed ``string``)."""
+    return _HEADER.pack(SIGNATURE, 3, VERSION, sequence) + group
+
+
+def encode_string(value: str) -> bytes:
+    """A ZRE ``string`` field (1-octet length); ValueError if over 255 octets."""
+    return _string(value)
+
+
+def encode(message: Message) -> list[bytes]:
+    """The frames of ``message``: the command frame, then any content frames."""
+    if isinstance(message, Whisper):
+        return [whisper_header(message.sequence), *message.content]
+    if isinstance(message, Shout):
+        return [shout_header(message.sequence, _string(message.group)), *message.content]
+    if isinstance(message, Hello):
+        body = b"".join((
+            _string(message.endpoint),
+            _N4.pack(len(message.groups)),
+            *(_longstr(g) for g in message.groups),
+            _N1.pack(message.status & 0xFF),
+            _string(message.name),
+            _N4.pack(len(message.headers)),
+            *(_string(k) + _longstr(v) for k, v in message.headers.items()),
+        ))
+        return [_header(Command.HELLO, message.sequence) + body]
+    if isinstance(message, (Join, Leave)):
+        command = Command.JOIN if isinstance(message, Join) else Command.LEAVE
+        return [_header(command, message.sequence) + _string(message.group)
+                + _N1.pack(message.status & 0xFF)]
+    if isinstance(message, Ping):
+        return [_header(Command.PING, message.sequence)]
+    if isinstance(message, PingOk):
+        return [_header(Command.PING_OK, message.sequence)]
+    if isinstance(message, Unknown):
+        return [_header(message.command, message.sequence)]
+    raise TypeError(f"not a ZRE message: {message!r}")
+
+
+# --- decoding -------------------------------------------------------------
+
+class _Reader:
+    """Reads ZRE fields from one frame, raising ProtocolError past its end."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes, pos: int) -> None:
+        self.data = data
+        self.pos = pos
+
+    def take(self, size: int) -> bytes:
+        end = self.pos + size
+        if end > len(self.data):
+            raise ProtocolError("frame truncated")
+        chunk = self.data[self.pos:end]
+        self.pos = end
+        return chunk
+
+    def number1(self) -> int:
+        return self.take(1)[0]
+
+    def number4(self) -> int:
+        return _N4.unpack(self.take(4))[0]
+
+    def text(self, size: int) -> str:
+        try:
+            return self.take(size).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("string is not valid UTF-8") from None
+
+    def string(self) -> str:
+        return self.text(self.number1())
+
+    def longstr(self) -> str:
+        return self.text(self.number4())
+
+    def strings(self) -> tuple[str, ...]:
+        return tuple(self.longstr() for _ in range(self.number4()))
+
+    def dictionary(self) -> dict[str, str]:
+        count = self.number4()
+        result = {}
+        for _ in range(count):
+            key = self.string()
+            result[key] = self.longstr()
+        return result
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise ProtocolError(f"{len(self.data) - self.pos} unexpected octets after the fields")
+
+
+def decode(frames: Sequence[bytes]) -> Message:
+    """Parse the frames of one mailbox message (without the ROUTER identity)."""
+    if not frames:
+        raise ProtocolError("empty message")
+    data = frames[0]
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    if len(data) < _HEADER_SIZE:
+        raise ProtocolError(f"command frame of {len(data)} octets is shorter than a header")
+    signature, command, version, sequence = _HEADER.unpack_from(data)
+    if signature != SIGNATURE:
+        raise ProtocolError("bad signature")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported version {version}")
+    content = tuple(frames[1:])
+    if command == 2:
+        if len(data) != _HEADER_SIZE:
+            raise ProtocolError("unexpected octets in WHISPER")
+        return Whisper(sequence, content)
+    reader = _Reader(data, _HEADER_SIZE)
+    if command == 3:
+        group = reader.string()
+        reader.end()
+        return Shout(sequence, group, content)
+    if content and command <= 7:
+        raise ProtocolError(f"unexpected content frames in command {command}")
+    if command == 1:
+        message: Message = Hello(sequence, reader.string(), reader.strings(), reader.number1(),
+                                 reader.string(), reader.dictionary())
+    elif command in (4, 5):
+        group, status = reader.string(), reader.number1()
+        message = (Join if command == 4 else Leave)(sequence, group, status)
+    elif command == 6:
+        message = Ping(sequence)
+    elif command == 7:
+        message = PingOk(sequence)
+    else:
+        return Unknown(sequence, command)
+    reader.end()
+    return message

@@ -1,0 +1,70 @@
+"""Shared pytest fixtures for the peermesh tests.
+
+Sections: simulated LAN (network namespaces, see ``netlab.py``), then
+loopback ports. Append new fixtures in their own section below.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import pytest
+
+try:  # tests/ as a package
+    from . import netlab
+except ImportError:  # tests/ on sys.path (pytest's default "prepend" import mode)
+    import netlab
+
+
+# --------------------------------------------------------------------------
+# Simulated LAN: several hosts in network namespaces (needs root and `ip`)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use ``lan_factory`` get the ``lan`` marker (``-m "not lan"``)."""
+    for item in items:
+        if "lan_factory" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.lan)
+
+
+@pytest.fixture
+def lan_factory(request: pytest.FixtureRequest) -> Callable[..., netlab.Lan]:
+    """``lan_factory(hosts=2, **kw) -> netlab.Lan``, already started.
+
+    Skips the test when namespaces cannot be created here. Every Lan is
+    closed (processes ended, namespaces deleted) by the fixture finaliser,
+    also when the test fails or is interrupted.
+    """
+    reason = netlab.lan_available()
+    if reason is not None:
+        pytest.skip(reason)
+
+    def make(hosts: int = 2, **kw: object) -> netlab.Lan:
+        lan = netlab.Lan(hosts, **kw)  # type: ignore[arg-type]
+        request.addfinalizer(lan.close)  # registered before anything exists
+        return lan.start()
+
+    return make
+
+
+# --------------------------------------------------------------------------
+# Loopback ports, so single-host tests do not collide on 5670
+
+
+def _free_port(kind: socket.SocketKind) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def free_udp_port() -> int:
+    """A UDP port on 127.0.0.1 that was free a moment ago."""
+    return _free_port(socket.SOCK_DGRAM)
+
+
+@pytest.fixture
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    return _free_port(socket.SOCK_STREAM)
