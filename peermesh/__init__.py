@@ -1,7 +1,7 @@
 """peermesh: brokerless peer meshes on the LAN, speaking ZRE v2 on gevent and pyzmq."""
 
 from .config import NodeConfig
-from .errors import (InterfaceError, NodeStateError, PeermeshError, PeerNotResponding,
+from .errors import (AmbiguousPeerError, InterfaceError, NodeStateError, PeermeshError, PeerNotResponding,
                      ProtocolError, UnknownPeerError)
 from .events import Event, EventType
 from .node import Node, PeerInfo
@@ -9,7 +9,7 @@ from .threaded import ThreadedNode
 
 __all__ = [
     "Node", "ThreadedNode", "NodeConfig", "Event", "EventType", "PeerInfo",
-    "PeermeshError", "ProtocolError", "InterfaceError", "UnknownPeerError",
+    "PeermeshError", "ProtocolError", "InterfaceError", "UnknownPeerError", "AmbiguousPeerError",
     "PeerNotResponding", "NodeStateError",
 ]
 

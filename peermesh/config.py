@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -53,6 +52,7 @@ class NodeConfig:
     max_message: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        self._check_types()
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be 1..65535, not {self.port}")
         for key in ("interval", "evasive", "silent", "expired", "send_timeout"):
@@ -64,13 +64,34 @@ class NodeConfig:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1")
 
+    def _check_types(self) -> None:
+        def bad(key: str, what: str) -> ValueError:
+            return ValueError(f"{key} must be {what}, not {getattr(self, key)!r}")
+
+        if self.name is not None and not isinstance(self.name, str):
+            raise bad("name", "a string")
+        if self.interface is not None and not isinstance(self.interface, str):
+            raise bad("interface", "a string")
+        if isinstance(self.groups, str) or not all(isinstance(g, str) for g in self.groups):
+            raise bad("groups", "a list of strings")
+        if not isinstance(self.headers, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
+            raise bad("headers", "a table of strings")
+        for key in ("port", "sndhwm", "send_queue", "event_queue", "max_message"):
+            if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
+                raise bad(key, "an integer")
+        for key in ("interval", "evasive", "silent", "expired", "send_timeout"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise bad(key, "a number")
+
     def replace(self, **changes: Any) -> "NodeConfig":
         """A copy with ``changes`` applied (None values are ignored)."""
         changes = {k: v for k, v in changes.items() if v is not None}
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        if "groups" in changes:
+        if isinstance(changes.get("groups"), list):
             changes["groups"] = tuple(changes["groups"])
         return dataclasses.replace(self, **changes)
 
@@ -86,6 +107,8 @@ class NodeConfig:
 
     @classmethod
     def _from_toml(cls, path: Path) -> dict[str, Any]:
+        import tomllib  # only files need it; keeps `import peermesh` quick
+
         try:
             data = tomllib.loads(path.read_text())
         except OSError as exc:
@@ -110,8 +133,8 @@ class NodeConfig:
                 continue
             try:
                 result[f.name] = _parse(f.name, raw, cls.__dataclass_fields__[f.name].type)
-            except ValueError:
-                raise ValueError(f"PEERMESH_{f.name.upper()}={raw!r} is not valid") from None
+            except ValueError as exc:
+                raise ValueError(f"PEERMESH_{f.name.upper()}={raw!r} is not valid: {exc}") from None
         return result
 
 

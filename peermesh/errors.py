@@ -23,6 +23,10 @@ class UnknownPeerError(PeermeshError):
     """No ready peer matches the given UUID."""
 
 
+class AmbiguousPeerError(UnknownPeerError):
+    """A name or UUID prefix matches more than one peer."""
+
+
 class PeerNotResponding(PeermeshError):
     """A peer's send queue stayed full: it was treated as not responding and disconnected."""
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from typing import Any, Mapping, Optional
 from uuid import UUID
@@ -80,6 +79,8 @@ class Event:
 
     def to_json(self) -> str:
         """``to_dict`` as one line of JSON."""
+        import json
+
         return json.dumps(self.to_dict(), ensure_ascii=False)
 
     def __eq__(self, other: object) -> bool:

@@ -41,7 +41,7 @@ import msgpack
 import zmq
 
 from .config import NodeConfig
-from .errors import NodeStateError, PeerNotResponding, ProtocolError, UnknownPeerError
+from .errors import AmbiguousPeerError, NodeStateError, PeerNotResponding, ProtocolError, UnknownPeerError
 from .eventqueue import GreenEventQueue
 from .events import Event, EventType
 from .green import SocketWaiter
@@ -113,7 +113,9 @@ def _bind_ephemeral(router: zmq.Socket, address: str) -> int:
 def _checked_string(kind: str, value: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{kind} must be a str, not {type(value).__name__}")
-    zre.encode_string(value)  # ValueError when over 255 UTF-8 octets
+    size = len(value.encode("utf-8"))
+    if size > zre.MAX_STRING:
+        raise ValueError(f"{kind} {value[:40]!r} is {size} UTF-8 octets; the limit is 255")
     return value
 
 
@@ -223,9 +225,9 @@ class Node:
         """Leave the mesh: a port-0 beacon, flush what is queued (up to ``timeout``), close."""
         if self._state != "running":
             return
+        self._state = "stopping"
         deadline = time.monotonic() + timeout
         self.flush(timeout)
-        self._state = "stopping"
         try:
             self._send_beacon(0)
         finally:
@@ -437,8 +439,8 @@ class Node:
             if len(matches) == 1:
                 return matches[0].uuid
             if len(matches) > 1:
-                names = ", ".join(f"{p.name} ({p.uuid.hex[:8]})" for p in matches)
-                raise UnknownPeerError(f"{text!r} matches several peers: {names}")
+                names = ", ".join(f"{p.name} ({p.uuid.hex})" for p in matches)
+                raise AmbiguousPeerError(f"{text!r} matches several peers: {names}")
         raise UnknownPeerError(f"no peer named or with UUID {text!r}")
 
     def _ready_peer(self, ref: PeerRef) -> Peer:

@@ -1,0 +1,8 @@
+"""``python -m peermesh``: the same as the ``peermesh`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

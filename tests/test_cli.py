@@ -1,0 +1,354 @@
+"""The ``peermesh`` command, run as real processes on loopback.
+
+Every node is started with ``--interface lo`` and a free UDP beacon port, so
+nothing reaches a real network. Output is read line by line with deadlines;
+every process is killed by a finaliser, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+from uuid import UUID
+
+import pytest
+
+PEERMESH = [sys.executable, "-m", "peermesh"]
+WAIT = 10.0  # upper bound for anything that normally takes milliseconds
+STARTED = re.compile(r"^peermesh: (.*) \(([0-9a-f]{32})\) at (tcp://\S+), groups: ")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
+    env["PYTHONIOENCODING"] = "utf-8"
+    return env
+
+
+class CliProcess:
+    """A long-running ``peermesh`` process whose output lines are read by threads."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = args
+        self.popen = subprocess.Popen([*PEERMESH, *args], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=_env())
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._queues: dict[str, queue.Queue[Optional[str]]] = {"out": queue.Queue(),
+                                                                "err": queue.Queue()}
+        self._pending: dict[str, list[str]] = {"out": [], "err": []}
+        self._readers = [threading.Thread(target=self._read, args=(pipe, key), daemon=True)
+                         for pipe, key in ((self.popen.stdout, "out"), (self.popen.stderr, "err"))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, pipe: Any, key: str) -> None:
+        seen = self.out if key == "out" else self.err
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            seen.append(line)
+            self._queues[key].put(line)
+        self._queues[key].put(None)
+
+    def describe(self) -> str:
+        out, err = "\n".join(self.out), "\n".join(self.err)
+        return (f"peermesh {' '.join(self.args)} (exit {self.popen.poll()})\n"
+                f"--- stdout\n{out}\n--- stderr\n{err}")
+
+    def expect_line(self, pred: Callable[[str], bool], what: str, stream: str = "out",
+                    timeout: float = WAIT) -> str:
+        """The first line of ``stream`` not yet taken for which ``pred`` holds.
+
+        Lines that do not match stay available to later calls, so the order
+        of unrelated events does not matter.
+        """
+        deadline = time.monotonic() + timeout
+        pending = self._pending[stream]
+        for i, line in enumerate(pending):
+            if pred(line):
+                del pending[i]
+                return line
+        lines = self._queues[stream]
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                line = lines.get(timeout=max(remaining, 0.001))
+            except queue.Empty:
+                pytest.fail(f"no {what} within {timeout} s from {self.describe()}")
+            if line is None:
+                lines.put(None)  # keep reporting end of output
+                pytest.fail(f"output ended before {what} from {self.describe()}")
+            if pred(line):
+                return line
+            pending.append(line)
+
+    def expect_event(self, timeout: float = WAIT, **fields: Any) -> dict[str, Any]:
+        """The next JSON event line whose fields include ``fields``."""
+        def matches(line: str) -> bool:
+            event = json.loads(line)
+            return all(event.get(k) == v for k, v in fields.items())
+        return json.loads(self.expect_line(matches, f"event {fields}", timeout=timeout))
+
+    def started(self) -> tuple[str, str]:
+        """Wait for the start-up line on stderr: (name, uuid hex)."""
+        line = self.expect_line(lambda s: STARTED.match(s) is not None, "start-up line", "err")
+        match = STARTED.match(line)
+        assert match is not None
+        return match.group(1), match.group(2)
+
+    def stop(self, signum: int, timeout: float = WAIT) -> int:
+        """Send ``signum``; the exit code (fails if the process outlives ``timeout``)."""
+        self.popen.send_signal(signum)
+        try:
+            code = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {timeout} s after signal {signum}: {self.describe()}")
+        for reader in self._readers:
+            reader.join(WAIT)
+        return code
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(WAIT)
+        for reader in self._readers:
+            reader.join(WAIT)
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+class Cli:
+    """Starts ``peermesh`` processes that share one loopback beacon port."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.net = ["--interface", "lo", "--port", str(port), "--interval", "0.1"]
+        self.processes: list[CliProcess] = []
+
+    def start(self, *args: str) -> CliProcess:
+        """A long-running command (``run``), killed at the end of the test."""
+        process = CliProcess([*args, *self.net])
+        self.processes.append(process)
+        return process
+
+    def call(self, *args: str, net: bool = True,
+             timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+        """A short-lived command, run to completion (killed after ``timeout``)."""
+        result = subprocess.run([*PEERMESH, *args, *(self.net if net else [])],
+                                stdin=subprocess.DEVNULL, capture_output=True, env=_env(),
+                                timeout=timeout, encoding="utf-8", errors="replace")
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.kill()
+
+
+@pytest.fixture
+def cli(free_udp_port: int) -> Iterator[Cli]:
+    """A ``Cli`` on a free loopback port; every process it started is killed afterwards."""
+    runner = Cli(free_udp_port)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def _report(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+
+
+# --------------------------------------------------------------------------
+# Help
+
+
+@pytest.mark.parametrize("command", [None, "run", "peers", "shout", "whisper"])
+def test_help(cli: Cli, command: Optional[str]) -> None:
+    result = cli.call(*([command] if command else []), "--help", net=False)
+    assert result.returncode == 0, _report(result)
+    text = result.stdout
+    assert text.startswith(f"usage: peermesh{' ' + command if command else ''}")
+    assert "examples:" in text and "exit codes:" in text
+    if command is None:
+        assert all(name in text for name in ("run", "peers", "shout", "whisper"))
+        return
+    for option in ("--interface", "--port", "--interval", "--evasive", "--expired", "--name",
+                   "--header", "--group", "--config", "--verbose", "default: 5670"):
+        assert option in text, option
+    if command in ("run", "peers"):
+        assert "--json" in text
+    if command != "run":
+        assert "--wait" in text
+
+
+# --------------------------------------------------------------------------
+# run, shout, whisper, peers
+
+
+def test_run_json_sees_shout_and_whispers(cli: Cli) -> None:
+    alice = cli.start("run", "--json", "--name", "alice", "--group", "chat")
+    _, alice_uuid = alice.started()
+
+    result = cli.call("shout", "chat", "hello wörld", "--name", "bob", "--group", "chat",
+                      "--header", "role=shouter", "--wait", "5")
+    assert result.returncode == 0, _report(result)
+    assert "shouted to 1 peer in group 'chat'" in result.stderr
+
+    enter = alice.expect_event(event="ENTER", name="bob")
+    bob = enter["peer"]
+    assert re.fullmatch(r"[0-9a-f]{32}", bob)
+    assert enter["headers"] == {"role": "shouter"}
+    assert enter["address"].startswith("tcp://127.0.0.1:")
+    alice.expect_event(event="JOIN", peer=bob, name="bob", group="chat")
+    shout = alice.expect_event(event="SHOUT", peer=bob)
+    assert shout["name"] == "bob" and shout["group"] == "chat"
+    assert shout["message"] == "hello wörld"
+    assert shout["frames"] == [{"text": "hello wörld"}]
+    assert alice.expect_event(event="EXIT", peer=bob)["reason"] == "left"
+    about_bob = [event["event"] for event in map(json.loads, alice.out) if event["peer"] == bob]
+    assert about_bob == ["ENTER", "JOIN", "SHOUT", "EXIT"]
+
+    dashed = str(UUID(alice_uuid))
+    for target, sender in (("alice", "carol"), (alice_uuid[:8], "dave"), (dashed, "erin")):
+        result = cli.call("whisper", target, f"hi from {sender}", "--name", sender)
+        assert result.returncode == 0, _report(result)
+        assert f"whispered to alice ({alice_uuid})" in result.stderr
+        whisper = alice.expect_event(event="WHISPER", name=sender)
+        assert whisper["message"] == f"hi from {sender}"
+        assert whisper["group"] is None
+        assert re.fullmatch(r"[0-9a-f]{32}", whisper["peer"])
+        alice.expect_event(event="EXIT", peer=whisper["peer"], reason="left")
+
+
+def test_peers_lists_headers_and_groups(cli: Cli) -> None:
+    zoe = cli.start("run", "--json", "--name", "Zoë", "--group", "chat", "--group", "ümlaut",
+                    "--header", "city=Zürich", "--header", "formula=a=b")
+    _, zoe_uuid = zoe.started()
+
+    result = cli.call("peers", "--json", "--wait", "1")
+    assert result.returncode == 0, _report(result)
+    peers = json.loads(result.stdout)
+    assert isinstance(peers, list)
+    (entry,) = [p for p in peers if p["peer"] == zoe_uuid]
+    assert entry["name"] == "Zoë"
+    assert entry["headers"] == {"city": "Zürich", "formula": "a=b"}
+    assert entry["groups"] == ["chat", "ümlaut"]
+    assert entry["address"].startswith("tcp://127.0.0.1:")
+
+    result = cli.call("peers", "--wait", "0.5")
+    assert result.returncode == 0, _report(result)
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["UUID", "NAME", "ADDRESS", "GROUPS", "HEADERS"]
+    (row,) = [r for r in rows if r.startswith(zoe_uuid)]
+    assert row.split() == [zoe_uuid, "Zoë", entry["address"], "chat,ümlaut",
+                           "city=Zürich", "formula=a=b"]
+
+
+def test_whisper_refuses_an_ambiguous_name(cli: Cli) -> None:
+    twins = [cli.start("run", "--json", "--name", "twin") for _ in range(2)]
+    uuids = [twin.started()[1] for twin in twins]
+    result = cli.call("whisper", "twin", "which one?", "--wait", "5")
+    assert result.returncode == 2, _report(result)
+    assert "peermesh: error: 'twin' matches several peers" in result.stderr
+    assert all(uuid[:8] in result.stderr for uuid in uuids)
+
+
+def test_nothing_found(cli: Cli) -> None:
+    result = cli.call("whisper", "nobody", "hello?", "--wait", "0.5")
+    assert result.returncode == 2, _report(result)
+    assert result.stderr.strip().splitlines()[-1] == \
+        "peermesh: error: no peer matching 'nobody' appeared within 0.5 s"
+
+    result = cli.call("shout", "ghosts", "boo", "--wait", "0.3")
+    assert result.returncode == 2, _report(result)
+    assert "no peer in group 'ghosts' appeared within 0.3 s" in result.stderr
+
+    result = cli.call("peers", "--json", "--wait", "0.3")
+    assert result.returncode == 0, _report(result)
+    assert json.loads(result.stdout) == []
+    assert "no peers found" in result.stderr
+
+
+# --------------------------------------------------------------------------
+# Errors
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["run", "--interface", "nosuch0"], "no IPv4 interface matches 'nosuch0'"),
+    (["run", "--interface", "lo", "--header", "novalue"], "header 'novalue' is not KEY=VALUE"),
+    (["run", "--interface", "lo", "--port", "70000"], "port must be 1..65535"),
+    (["run", "--interface", "lo", "--interval", "0"], "must be a positive number"),
+    (["peers", "--interface", "lo", "--config", "/nonexistent/peermesh.toml"],
+     "cannot read config file"),
+    (["whisper", "--interface", "lo", "alice"], "required: MESSAGE"),
+])
+def test_usage_errors(free_udp_port: int, args: list[str], message: str) -> None:
+    if "--port" not in args:
+        args = [*args, "--port", str(free_udp_port)]
+    result = Cli(free_udp_port).call(*args, net=False)
+    assert result.returncode == 2, _report(result)
+    assert message in result.stderr
+    assert "peermesh" in result.stderr and "error:" in result.stderr
+    assert result.stdout == ""
+
+
+def test_beacon_port_taken_is_a_runtime_error(free_udp_port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as blocker:
+        blocker.bind(("127.0.0.1", free_udp_port))  # no SO_REUSEADDR: the node cannot share
+        result = Cli(free_udp_port).call("run", "--interface", "lo", "--port",
+                                          str(free_udp_port), net=False)
+    assert result.returncode == 1, _report(result)
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"peermesh: error: cannot start the node (UDP beacon port "
+                           f"{free_udp_port})")
+
+
+def test_bad_config_value(cli: Cli, tmp_path: Any) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('[node]\nname = "from-file"\ncolour = "blue"\n')
+    result = cli.call("peers", "--config", str(config), "--wait", "0.1")
+    assert result.returncode == 2, _report(result)
+    assert "unknown key(s) colour" in result.stderr
+
+
+# --------------------------------------------------------------------------
+# Signals
+
+
+def test_sigterm_and_sigint_leave_cleanly(cli: Cli) -> None:
+    observer = cli.start("run", "--json", "--name", "observer")
+    by_term = cli.start("run", "--name", "by-term")  # human-readable output
+    by_int = cli.start("run", "--json", "--name", "by-int")
+    for process in (observer, by_term, by_int):
+        process.started()
+    by_term.expect_line(
+        lambda s: re.search(r"ENTER +observer \([0-9a-f]{8}\) tcp://127\.0\.0\.1:\d+", s)
+        is not None, "human-readable ENTER line")
+    by_int.expect_event(event="ENTER", name="observer")
+    term_uuid = observer.expect_event(event="ENTER", name="by-term")["peer"]
+    int_uuid = observer.expect_event(event="ENTER", name="by-int")["peer"]
+
+    for process, signum, uuid in ((by_term, signal.SIGTERM, term_uuid),
+                                  (by_int, signal.SIGINT, int_uuid)):
+        sent = time.monotonic()
+        assert process.stop(signum) == 0, process.describe()
+        exit_event = observer.expect_event(event="EXIT", peer=uuid, timeout=3.0)
+        assert exit_event["reason"] == "left"  # the port-0 beacon, not a timeout
+        assert time.monotonic() - sent < 3.0
+        assert not any("Traceback" in line or "Error" in line for line in process.err), \
+            process.describe()
+        assert len(process.err) == 1  # only the start-up line
+    assert by_term.out[-1].endswith("STOP")
+    assert json.loads(by_int.out[-1])["event"] == "STOP"
