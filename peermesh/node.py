@@ -150,6 +150,8 @@ class Node:
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
         self._peers: dict[UUID, Peer] = {}
         self._by_identity: dict[bytes, Peer] = {}
+        self._by_endpoint: dict[str, Peer] = {}
+        self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
         self._members: dict[str, dict[UUID, Peer]] = {}
         self._state = "new"
         self._greenlets: list[gevent.Greenlet] = []
@@ -237,6 +239,7 @@ class Node:
                 peer.link.close(linger)
             self._peers.clear()
             self._by_identity.clear()
+            self._by_endpoint.clear()
             self._members.clear()
             assert self._router is not None and self._udp is not None
             self._router.close(linger=0)
@@ -280,6 +283,7 @@ class Node:
 
     def join(self, group: str) -> None:
         """Join ``group`` and tell every peer (JOIN)."""
+        self._check_not_stopped()
         _checked_string("group", group)
         if group in self._groups:
             return
@@ -289,6 +293,7 @@ class Node:
 
     def leave(self, group: str) -> None:
         """Leave ``group`` and tell every peer (LEAVE)."""
+        self._check_not_stopped()
         _checked_string("group", group)
         if group not in self._groups:
             return
@@ -357,10 +362,9 @@ class Node:
         link = peer.link
         if link.has_room():
             return True
-        if link.wait_room(self.config.send_timeout) and peer.uuid in self._peers:
+        if link.wait_room(self.config.send_timeout) and self._peers.get(peer.uuid) is peer:
             return True
-        if peer.uuid in self._peers:
-            self._remove(peer, "not responding: send queue full")
+        self._remove(peer, "not responding: send queue full")  # no-op if already gone
         return False
 
     def _send_control(self, peer: Peer, message: zre.Message) -> None:
@@ -431,6 +435,7 @@ class Node:
 
         Raises ``UnknownPeerError`` (saying why) when none or several match.
         """
+        self._check_running()
         ready = [p for p in self._peers.values() if p.ready]
         key = text.lower().replace("-", "")
         for matches in ([p for p in ready if p.uuid.hex == key],
@@ -455,6 +460,10 @@ class Node:
             self._check_running()
             raise UnknownPeerError(f"no peer with UUID {ref}")
         return peer
+
+    def _check_not_stopped(self) -> None:
+        if self._state in ("stopping", "stopped"):
+            raise NodeStateError(f"node is {self._state}")
 
     def _check_running(self) -> None:
         if self._state != "running":
@@ -518,13 +527,19 @@ class Node:
         peer = self._peers.get(uuid)
         if peer is not None:
             return peer
-        if not endpoint.startswith("tcp://"):
+        if not endpoint.startswith("tcp://") or endpoint == self.endpoint:
             log.debug("ignored peer %s with endpoint %r", uuid, endpoint)
             return None
+        holder = self._by_endpoint.get(endpoint)
+        if holder is not None:
+            if self._clock() - holder.last_seen < self.config.evasive:
+                log.debug("ignored peer %s: %s already lives at %s", uuid, holder.name, endpoint)
+                return None
+            self._remove(holder, "replaced by another node at its endpoint")
         assert self._context is not None and self.endpoint is not None
         try:
             link = PeerLink(self._context, self._identity, endpoint, self.config.sndhwm,
-                            self.config.send_queue)
+                            self.config.send_queue, self._clock)
         except zmq.ZMQError as exc:
             log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
             return None
@@ -532,6 +547,7 @@ class Node:
         peer.uuid = uuid
         self._peers[uuid] = peer
         self._by_identity[peer.identity] = peer
+        self._by_endpoint[endpoint] = peer
         link.offer(zre.encode(zre.Hello(peer.next_sequence(), self.endpoint, tuple(self._groups),
                                         self._status, self._name, self._headers)))
         return peer
@@ -541,6 +557,8 @@ class Node:
             return
         del self._peers[peer.uuid]
         del self._by_identity[peer.identity]
+        if self._by_endpoint.get(peer.endpoint) is peer:
+            del self._by_endpoint[peer.endpoint]
         for group in peer.groups:
             members = self._members.get(group)
             if members is not None:
@@ -577,6 +595,7 @@ class Node:
         events = self._events
         on_message = self._on_message
         noblock = zmq.NOBLOCK
+        limit = self.config.max_message
         handled = 0
         try:
             while True:
@@ -590,16 +609,30 @@ class Node:
                     continue
                 identity = frame.bytes
                 frames = []
+                room = limit
                 while frame.more:
                     frame = recv(noblock, copy=False)
-                    frames.append(frame.bytes)
-                on_message(identity, frames)
+                    data = frame.bytes
+                    room -= len(data)
+                    if room >= 0:
+                        frames.append(data)
+                if room >= 0:
+                    on_message(identity, frames)
+                else:
+                    self._on_oversized(identity)
                 handled += 1
                 if handled >= _BATCH:
                     handled = 0
                     gevent.sleep(0)
         finally:
             waiter.close()
+
+    def _on_oversized(self, identity: bytes) -> None:
+        log.debug("dropped message over max_message=%d from %r", self.config.max_message,
+                  identity)
+        peer = self._by_identity.get(identity)
+        if peer is not None:
+            self._remove(peer, f"sent a message over max_message ({self.config.max_message})")
 
     def _on_message(self, identity: bytes, frames: list[bytes]) -> None:
         if not frames or len(frames[0]) < 6:
@@ -670,21 +703,36 @@ class Node:
         if hello.sequence != 1:
             log.debug("dropped HELLO with sequence %d", hello.sequence)
             return
+        now = self._clock()
         if peer is not None and peer.ready:
+            if (hello.endpoint == peer.endpoint
+                    and now - self._restarts.get(peer.uuid, -1e18) < self.config.interval):
+                # The HELLO answers one we sent for its restart moments ago: take it
+                # in without answering again, or two nodes would restart each other
+                # for ever.
+                self._accept_hello(peer, hello, announce=False)
+                return
+            self._restarts[peer.uuid] = now
             self._remove(peer, "restarted (new HELLO)")
             peer = None
         if peer is None:
             peer = self._require_peer(UUID(bytes=identity[1:]), hello.endpoint)
             if peer is None:
                 return
+        self._accept_hello(peer, hello, announce=True)
+
+    def _accept_hello(self, peer: Peer, hello: zre.Hello, announce: bool) -> None:
         peer.ready = True
         peer.want = 2
         peer.name = hello.name
         peer.headers = dict(hello.headers)
         peer.status = hello.status
         peer.refresh(self._clock())
-        self._events.put(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
-                               address=peer.endpoint))
+        if announce:
+            self._events.put(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
+                                   address=peer.endpoint))
+        for group in peer.groups - set(hello.groups):
+            self._peer_leave(peer, group)
         for group in hello.groups:
             self._peer_join(peer, group)
 
@@ -699,6 +747,9 @@ class Node:
 
     def _reap(self, now: float) -> None:
         cfg = self.config
+        for uuid, when in list(self._restarts.items()):
+            if now - when >= cfg.interval:
+                del self._restarts[uuid]
         for peer in list(self._peers.values()):
             stalled = peer.link.stalled_since
             if stalled is not None and now - stalled >= cfg.expired:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 from uuid import UUID
 
 import gevent
@@ -32,7 +32,7 @@ class PeerLink:
     """One DEALER connected to one peer's mailbox, with a bounded backlog."""
 
     def __init__(self, context: zmq.Context, identity: bytes, endpoint: str, sndhwm: int,
-                 limit: int) -> None:
+                 limit: int, clock: Callable[[], float]) -> None:
         socket = context.socket(zmq.DEALER)
         socket.setsockopt(zmq.IDENTITY, identity)
         socket.setsockopt(zmq.SNDHWM, sndhwm)
@@ -49,6 +49,7 @@ class PeerLink:
         self._room = gevent.event.Event()
         self._room.set()
         self._flusher: Optional[gevent.Greenlet] = None
+        self._clock = clock
 
     def has_room(self) -> bool:
         """True while the backlog is below its limit."""
@@ -79,7 +80,7 @@ class PeerLink:
         if len(backlog) >= self.limit:
             self._room.clear()
         if self._flusher is None:
-            self.stalled_since = gevent.get_hub().loop.now()
+            self.stalled_since = self._clock()
             self._flusher = gevent.spawn(self._flush)
 
     def wait_room(self, timeout: float) -> bool:
@@ -101,7 +102,7 @@ class PeerLink:
                     for i in range(1, len(frames)):
                         self._send(frames[i], _MORE if i < len(frames) - 1 else _NOBLOCK)
                     backlog.popleft()
-                    self.stalled_since = gevent.get_hub().loop.now()
+                    self.stalled_since = self._clock()
                     if len(backlog) <= self.limit // 2:
                         self._room.set()
         except zmq.ZMQError as exc:  # socket closed under us: the peer is gone

@@ -23,6 +23,7 @@ from .config import NodeConfig
 from .errors import NodeStateError
 from .eventqueue import ThreadEventQueue
 from .events import Event, EventType
+from .interfaces import Interface
 from .node import Frame, Node, PeerInfo, PeerRef
 
 __all__ = ["ThreadedNode"]
@@ -131,6 +132,11 @@ class ThreadedNode:
     def endpoint(self) -> Optional[str]:
         """This node's mailbox endpoint."""
         return self._started().endpoint
+
+    @property
+    def interface(self) -> Optional[Interface]:
+        """The interface the node beacons on."""
+        return self._started().interface
 
     @property
     def running(self) -> bool:

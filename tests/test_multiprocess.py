@@ -1,0 +1,277 @@
+"""Nodes in separate processes on loopback: shout, whisper, sequence wrap, a killed peer.
+
+The test process runs a gevent ``Node`` ("parent"); each child process
+(``sys.executable -c CHILD``) runs one more node that obeys commands
+whispered to it (see ``CHILD``). Children are driven through the mesh
+itself; their stdout only says READY. A child ends when its stdin closes
+(the fixture closes it, then kills what is left), so none outlives a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+
+import gevent
+import gevent.subprocess
+import pytest
+
+from peermesh import Event, EventType, Node, NodeConfig
+
+ENTER, EXIT, JOIN, WHISPER, SHOUT = (EventType.ENTER, EventType.EXIT, EventType.JOIN,
+                                     EventType.WHISPER, EventType.SHOUT)
+
+INTERVAL = 0.05
+TIMEOUT = 10.0  # generous: includes a child's interpreter start-up
+
+CHILD = r"""
+import json, sys
+import gevent, gevent.os
+from peermesh import EventType, Node, NodeConfig
+
+cfg = json.loads(sys.argv[1])
+node = Node(cfg["name"], config=NodeConfig(), interface="lo", port=cfg["port"],
+            interval=cfg["interval"], groups=cfg["groups"]).start()
+print("READY", node.uuid.hex, node.endpoint, flush=True)
+
+def serve():
+    waiting = []  # (peer, count) asking to be told when count peers are known
+    for event in node.events():
+        if event.type is EventType.WHISPER:
+            command, *args = event.frames
+            if command == b"echo":
+                node.whisper(event.peer, b"echo", *args)
+            elif command == b"shout":
+                node.shout(args[0].decode(), *args[1:])
+            elif command == b"await-peers":
+                waiting.append((event.peer, int(args[0])))
+            elif command == b"flood":
+                for i in range(int(args[0])):
+                    node.whisper(event.peer, i.to_bytes(4, "big"))
+                node.whisper(event.peer, b"end")
+        elif event.type is EventType.SHOUT:
+            node.whisper(node.find_peer(cfg["reporter"]), b"heard", event.name.encode(),
+                         event.group.encode(), *event.frames)
+        for peer, count in list(waiting):
+            if len(node.peers()) >= count:
+                waiting.remove((peer, count))
+                node.whisper(peer, b"peers-ok", str(len(node.peers())).encode())
+
+def stdin_closed():
+    gevent.os.make_nonblocking(0)
+    while gevent.os.nb_read(0, 4096):
+        pass
+
+worker = gevent.spawn(serve)
+watcher = gevent.spawn(stdin_closed)
+gevent.wait([worker, watcher], count=1, timeout=cfg["lifetime"])
+worker.kill()
+node.stop()
+"""
+
+
+def match(type: EventType, peer: Optional[uuid.UUID] = None,
+          first: Optional[bytes] = None) -> Callable[[Event], bool]:
+    """Events of ``type`` (from ``peer``, whose first frame is ``first``)."""
+    def predicate(event: Event) -> bool:
+        return (event.type is type and (peer is None or event.peer == peer)
+                and (first is None or (event.frames[:1] == (first,))))
+    predicate.__name__ = f"match({type.value}, {peer and peer.hex[:8]}, {first!r})"
+    return predicate
+
+
+def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
+    """Read ``node``'s events until one matches; fail with what was seen after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    seen: list[Event] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        event = node.recv(remaining) if remaining > 0 else None
+        if event is None:
+            pytest.fail(f"{node.name}: nothing matched {predicate.__name__} within {timeout}s; "
+                        f"saw {seen[-30:]}")
+        seen.append(event)
+        if predicate(event):
+            return event
+
+
+def wait_all(node: Any, predicates: list[Callable[[Event], bool]],
+             timeout: float = TIMEOUT) -> list[Event]:
+    """Read events until each predicate matched one, in any order; return the matches."""
+    wanted = list(predicates)
+    found: list[Event] = []
+    deadline = time.monotonic() + timeout
+    seen: list[Event] = []
+    while wanted:
+        remaining = deadline - time.monotonic()
+        event = node.recv(remaining) if remaining > 0 else None
+        if event is None:
+            pytest.fail(f"{node.name}: still waiting for {[p.__name__ for p in wanted]}; "
+                        f"saw {seen[-30:]}")
+        seen.append(event)
+        assert event.type is not EXIT, f"unexpected {event!r}"
+        for predicate in wanted:
+            if predicate(event):
+                wanted.remove(predicate)
+                found.append(event)
+                break
+    return found
+
+
+class Child:
+    """A node in a child process."""
+
+    def __init__(self, proc: gevent.subprocess.Popen, name: str) -> None:
+        self.proc = proc
+        self.name = name
+        with gevent.Timeout(TIMEOUT, AssertionError(f"child {name} never became ready")):
+            line = proc.stdout.readline().decode()
+        words = line.split()
+        assert words[:1] == ["READY"], f"child {name} said {line!r}"
+        self.uuid = uuid.UUID(hex=words[1])
+        self.endpoint = words[2]
+
+    def close(self) -> None:
+        """Close stdin (the child stops its node and exits); kill it if it lingers."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=3)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(timeout=3)
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def parent(free_udp_port: int) -> Iterator[Callable[..., Node]]:
+    """``parent(**settings)``: the in-process node, stopped at teardown (after the children)."""
+    nodes: list[Node] = []
+
+    def make(**settings: Any) -> Node:
+        settings.setdefault("groups", ["g"])
+        node = Node("parent", config=NodeConfig(), interface="lo", port=free_udp_port,
+                    interval=INTERVAL, **settings)
+        nodes.append(node)
+        return node.start()
+
+    yield make
+    for node in nodes:
+        node.stop(timeout=0.5)
+
+
+@pytest.fixture
+def spawn(free_udp_port: int, parent: Any) -> Iterator[Callable[..., Child]]:
+    """``spawn(name, groups=["g"])``: a node in a child process; ended at teardown."""
+    children: list[Child] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
+
+    def make(name: str, groups: tuple[str, ...] = ("g",)) -> Child:
+        cfg = {"name": name, "port": free_udp_port, "interval": INTERVAL,
+               "groups": list(groups), "reporter": "parent", "lifetime": 120}
+        proc = gevent.subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)],
+                                       stdin=gevent.subprocess.PIPE,
+                                       stdout=gevent.subprocess.PIPE, env=env)
+        try:
+            child = Child(proc, name)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        children.append(child)
+        return child
+
+    yield make
+    for child in children:
+        child.close()
+
+
+def test_shout_and_whisper_across_three_processes(parent, spawn):
+    me = parent()
+    c1, c2 = spawn("c1"), spawn("c2")
+    entered = wait_all(me, [match(ENTER, c1.uuid), match(ENTER, c2.uuid),
+                            match(JOIN, c1.uuid), match(JOIN, c2.uuid)])
+    addresses = {e.peer: e.address for e in entered if e.type is ENTER}
+    assert addresses == {c1.uuid: c1.endpoint, c2.uuid: c2.endpoint}
+    for child in (c1, c2):  # and the children know each other
+        me.whisper(child.uuid, b"await-peers", b"2")
+    wait_all(me, [match(WHISPER, c1.uuid, b"peers-ok"), match(WHISPER, c2.uuid, b"peers-ok")])
+
+    # parent -> group: both children hear it (and say so).
+    me.shout("g", b"hello", b"", b"world")
+    heard = wait_all(me, [match(WHISPER, c1.uuid, b"heard"), match(WHISPER, c2.uuid, b"heard")])
+    assert [e.frames for e in heard] == [(b"heard", b"parent", b"g", b"hello", b"", b"world")] * 2
+
+    # c1 -> group: the parent hears it, and so does c2.
+    me.whisper(c1.uuid, b"shout", b"g", b"from c1")
+    found = wait_all(me, [match(SHOUT, c1.uuid), match(WHISPER, c2.uuid, b"heard")])
+    shout = next(e for e in found if e.type is SHOUT)
+    assert (shout.group, shout.frames, shout.name) == ("g", (b"from c1",), "c1")
+    report = next(e for e in found if e.type is WHISPER)
+    assert report.frames == (b"heard", b"c1", b"g", b"from c1")
+
+    # whispers both ways
+    me.whisper(c2.uuid, b"echo", b"x", "Zoë")
+    event = wait_for(me, match(WHISPER, c2.uuid, b"echo"))
+    assert event.frames == (b"echo", b"x", "Zoë".encode())
+    assert sorted(me.peers()) == sorted([c1.uuid, c2.uuid])
+
+
+def test_70000_whispers_wrap_the_sequence_without_loss(parent, spawn):
+    """Past 65,536 messages the 2-octet sequence wraps to 0; the link must survive."""
+    me = parent()
+    child = spawn("flooder")
+    wait_for(me, match(ENTER, child.uuid))
+    count = 70_000
+    me.whisper(child.uuid, b"flood", b"%d" % count)
+
+    expected = 0
+    deadline = time.monotonic() + 60
+    while True:
+        event = me.recv(max(0.0, deadline - time.monotonic()))
+        assert event is not None, f"stalled after {expected} of {count} whispers"
+        assert event.type is not EXIT, f"link lost after {expected} whispers: {event!r}"
+        if event.type is not WHISPER:
+            continue
+        assert event.peer == child.uuid
+        if event.frames == (b"end",):
+            break
+        assert event.frames == (expected.to_bytes(4, "big"),), f"message {expected} out of order"
+        expected += 1
+    assert expected == count
+
+    # The link still works both ways after the wrap.
+    me.whisper(child.uuid, b"echo", b"after the wrap")
+    event = wait_for(me, lambda e: e.type in (WHISPER, EXIT))
+    assert event.frames == (b"echo", b"after the wrap")
+    assert me.peers() == [child.uuid]
+
+
+def test_child_killed_with_sigkill_is_reported_exit(parent, spawn):
+    me = parent(evasive=0.3, silent=0.6, expired=1.0)
+    child = spawn("doomed")
+    wait_for(me, match(ENTER, child.uuid))
+    me.whisper(child.uuid, b"echo", b"alive?")
+    wait_for(me, match(WHISPER, child.uuid, b"echo"))
+
+    child.proc.send_signal(signal.SIGKILL)
+    assert child.proc.wait(timeout=TIMEOUT) == -signal.SIGKILL
+    event = wait_for(me, match(EXIT, child.uuid))
+    # No port-0 beacon came from a killed process: the node found out by itself.
+    assert event.reason == "expired" or event.reason.startswith("not responding"), event
+    assert me.peers() == []
+
+
+def test_child_stopping_normally_is_reported_left(parent, spawn):
+    me = parent()
+    child = spawn("leaver")
+    wait_for(me, match(ENTER, child.uuid))
+    child.close()  # closes its stdin: it stops its node
+    assert child.proc.returncode == 0
+    assert wait_for(me, match(EXIT, child.uuid)).reason == "left"
