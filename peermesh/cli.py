@@ -9,6 +9,7 @@ start a short-lived node, wait a bounded time for the mesh, act and leave.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -34,6 +35,10 @@ __all__ = ["main", "build_parser", "build_config"]
 log = logging.getLogger("peermesh.cli")
 
 PROG = "peermesh"
+#: modules whose ``add_commands(command)`` adds overlay subcommands; ``command``
+#: is build_parser's factory: command(name, summary, description, examples,
+#: handler) -> argparse parser, with handler(args, config) -> exit code
+COMMAND_MODULES: tuple[str, ...] = ()
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _DEFAULTS = NodeConfig()
 
@@ -191,6 +196,8 @@ Run '{PROG} COMMAND --help' for the options of a command.
     whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
     whisper.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
                          help="longest wait for the peer (default: %(default)s)")
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(command)
     return parser
 
 

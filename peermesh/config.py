@@ -48,7 +48,8 @@ class NodeConfig:
     send_timeout: float = 5.0
     #: events held for the application before the node stops reading its mailbox
     event_queue: int = 100_000
-    #: largest mailbox message accepted (bytes); bigger ones disconnect the sender
+    #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
+    #: and the sender disconnected
     max_message: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:

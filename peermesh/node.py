@@ -148,6 +148,7 @@ class Node:
             self._add_own_group(_checked_string("group", group))
         self._clock = clock
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
+        self._listeners: list[Callable[[Event], None]] = []
         self._peers: dict[UUID, Peer] = {}
         self._by_identity: dict[bytes, Peer] = {}
         self._by_endpoint: dict[str, Peer] = {}
@@ -245,7 +246,7 @@ class Node:
             self._router.close(linger=0)
             self._udp.close()
             self._state = "stopped"
-            self._events.put(Event(EventType.STOP))
+            self._emit(Event(EventType.STOP))
 
     def flush(self, timeout: float = 1.0) -> bool:
         """Wait until every peer sent to since the last check has processed it.
@@ -375,6 +376,26 @@ class Node:
         link.offer(zre.encode(message))
 
     # --- receiving ------------------------------------------------------
+
+    def add_listener(self, callback: Callable[[Event], None]) -> None:
+        """Call ``callback(event)`` on the node's hub for every event, before it is queued.
+
+        For overlays that track the mesh (ENTER, EXIT, headers); the callback
+        must not block, and the application still gets every event.
+        """
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[Event], None]) -> None:
+        """Stop calling ``callback``."""
+        self._listeners.remove(callback)
+
+    def _emit(self, event: Event) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # an overlay's bug must not take the node down
+                log.exception("event listener %r failed", listener)
+        self._events.put(event)
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event, or None after ``timeout`` seconds (None: wait for ever)."""
@@ -568,7 +589,7 @@ class Node:
             peer.pong.set()
         if peer.ready:
             log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
-            self._events.put(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint,
+            self._emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint,
                                    reason=reason))
 
     def _peer_join(self, peer: Peer, group: str) -> None:
@@ -576,14 +597,14 @@ class Node:
             return
         peer.groups.add(group)
         self._members.setdefault(group, {})[peer.uuid] = peer
-        self._events.put(Event(JOIN, peer.uuid, peer.name, group))
+        self._emit(Event(JOIN, peer.uuid, peer.name, group))
 
     def _peer_leave(self, peer: Peer, group: str) -> None:
         if group not in peer.groups:
             return
         peer.groups.discard(group)
         self._members.get(group, {}).pop(peer.uuid, None)
-        self._events.put(Event(LEAVE, peer.uuid, peer.name, group))
+        self._emit(Event(LEAVE, peer.uuid, peer.name, group))
 
     # --- mailbox --------------------------------------------------------
 
@@ -659,7 +680,7 @@ class Node:
         if peer.evasive or peer.next_ping:
             peer.refresh(peer.last_seen)
         if command == _WHISPER and len(head) == 6:
-            self._events.put(Event(WHISPER, peer.uuid, peer.name, None, tuple(frames[1:])))
+            self._emit(Event(WHISPER, peer.uuid, peer.name, None, tuple(frames[1:])))
             return
         try:
             message = zre.decode(frames)
@@ -668,7 +689,7 @@ class Node:
             return
         if isinstance(message, zre.Shout):
             if message.group in self._groups:
-                self._events.put(Event(SHOUT, peer.uuid, peer.name, message.group,
+                self._emit(Event(SHOUT, peer.uuid, peer.name, message.group,
                                        message.content))
         elif isinstance(message, zre.Join):
             self._peer_status(peer, message.status)
@@ -729,7 +750,7 @@ class Node:
         peer.status = hello.status
         peer.refresh(self._clock())
         if announce:
-            self._events.put(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
+            self._emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
                                    address=peer.endpoint))
         for group in peer.groups - set(hello.groups):
             self._peer_leave(peer, group)
@@ -764,10 +785,10 @@ class Node:
                 self._send_control(peer, zre.Ping(peer.next_sequence()))
                 if not peer.evasive and peer.ready:
                     peer.evasive = True
-                    self._events.put(Event(EventType.EVASIVE, peer.uuid, peer.name))
+                    self._emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
             if idle >= cfg.silent and not peer.silent and peer.ready:
                 peer.silent = True
-                self._events.put(Event(EventType.SILENT, peer.uuid, peer.name))
+                self._emit(Event(EventType.SILENT, peer.uuid, peer.name))
 
     def __repr__(self) -> str:
         return f"<Node {self._name} {self._uuid.hex[:8]} {self._state} {self.endpoint or ''}>"

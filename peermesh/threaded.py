@@ -145,6 +145,14 @@ class ThreadedNode:
 
     # --- the Node API, marshalled onto the node's hub --------------------
 
+    def call(self, fn: Callable[[Node], T]) -> T:
+        """Run ``fn(node)`` on the node's hub and return its result (or raise its error).
+
+        The way to start overlays (channels, workers) on a threaded node:
+        they then run as greenlets beside it.
+        """
+        return self._call(fn, self._started())
+
     def join(self, group: str) -> None:
         """See ``Node.join``."""
         self._call(self._started().join, group)
