@@ -3,7 +3,7 @@
 Values come, lowest precedence first, from the defaults below, a TOML file
 (``[node]`` table, same keys), ``PEERMESH_*`` environment variables (the key
 in upper case: ``PEERMESH_INTERFACE``, ``PEERMESH_PORT``, ``PEERMESH_EVASIVE``
-...; ``PEERMESH_GROUPS`` is comma-separated, ``PEERMESH_HEADERS`` is
+...; ``PEERMESH_GROUPS``, ``PEERMESH_DISCOVERY`` and ``PEERMESH_SEEDS`` are comma-separated, ``PEERMESH_HEADERS`` is
 ``K=V,K=V``) and keyword arguments or CLI flags.
 """
 
@@ -32,6 +32,11 @@ class NodeConfig:
     interface: Optional[str] = None
     #: UDP beacon port (ZRE-DISC)
     port: int = 5670
+    #: discovery sources: "beacon" (UDP broadcast, the ZRE default) and/or "mdns"
+    discovery: tuple[str, ...] = ("beacon",)
+    #: seed nodes ``host[:port]`` (port: their beacon port) reached by unicast beacons,
+    #: for networks without broadcast; peers found through them share what they know
+    seeds: tuple[str, ...] = ()
     #: seconds between beacons
     interval: float = 1.0
     #: silence after which a peer is PINGed and reported EVASIVE
@@ -73,8 +78,14 @@ class NodeConfig:
             raise bad("name", "a string")
         if self.interface is not None and not isinstance(self.interface, str):
             raise bad("interface", "a string")
-        if isinstance(self.groups, str) or not all(isinstance(g, str) for g in self.groups):
-            raise bad("groups", "a list of strings")
+        for key in ("groups", "discovery", "seeds"):
+            value = getattr(self, key)
+            if isinstance(value, str) or not all(isinstance(g, str) for g in value):
+                raise bad(key, "a list of strings")
+        unknown = set(self.discovery) - {"beacon", "mdns"}
+        if unknown:
+            raise ValueError(f"discovery: unknown source(s) {', '.join(sorted(unknown))}; "
+                             "choose from beacon, mdns")
         if not isinstance(self.headers, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
             raise bad("headers", "a table of strings")
@@ -92,8 +103,9 @@ class NodeConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        if isinstance(changes.get("groups"), list):
-            changes["groups"] = tuple(changes["groups"])
+        for key in ("groups", "discovery", "seeds"):
+            if isinstance(changes.get(key), list):
+                changes[key] = tuple(changes[key])
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -140,8 +152,8 @@ class NodeConfig:
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:
-    if name == "groups":
-        return tuple(g for g in raw.split(",") if g)
+    if name in ("groups", "discovery", "seeds"):
+        return tuple(g.strip() for g in raw.split(",") if g.strip())
     if name == "headers":
         return dict(parse_header(item) for item in raw.split(",") if item)
     if kind in ("int", int):

@@ -26,8 +26,6 @@ and ``whisper`` raises ``PeerNotResponding``.
 from __future__ import annotations
 
 import logging
-import random
-import socket
 import struct
 import time
 import uuid as uuid_module
@@ -36,17 +34,19 @@ from uuid import UUID
 
 import gevent
 import gevent.event
-import gevent.socket
 import msgpack
 import zmq
 
 from .config import NodeConfig
-from .errors import AmbiguousPeerError, NodeStateError, PeerNotResponding, ProtocolError, UnknownPeerError
+from .discovery import Discovery
+from .discovery.beacon import BeaconDiscovery, parse_seed
+from .errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
+                     ProtocolError, UnknownPeerError)
 from .eventqueue import GreenEventQueue
 from .events import Event, EventType
-from .green import SocketWaiter
-from .interfaces import Interface, select_interface
+from .interfaces import Interface
 from .peer import Peer, PeerLink
+from .transport import ZmqTransport
 from .wire import zre
 
 __all__ = ["Node", "PeerInfo", "Frame"]
@@ -59,7 +59,8 @@ PeerRef = Union[UUID, str]
 _HEADER = struct.Struct(">HBBH")
 _SIGNATURE = zre.SIGNATURE
 _WHISPER, _SHOUT, _HELLO = 2, 3, 1
-_BATCH = 256  # messages handled before the reader lets other greenlets run
+#: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
+PEX_HEADER = "X-PM-PEX"
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
@@ -97,17 +98,16 @@ def _frame(value: Frame) -> bytes:
                     "(use whisper_packed/shout_packed for other objects)")
 
 
-def _bind_ephemeral(router: zmq.Socket, address: str) -> int:
-    """Bind to a random port in %C000-%FFFF, the range ZRE asks for."""
-    for _ in range(1000):
-        port = random.randint(0xC000, 0xFFFF)
-        try:
-            router.bind(f"tcp://{address}:{port}")
-            return port
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EADDRINUSE:
-                raise
-    raise zmq.ZMQBindError(f"no free mailbox port in 49152-65535 on {address}")
+def _discovery_from_config(config: NodeConfig) -> list[Discovery]:
+    """The discovery sources ``config.discovery`` and ``config.seeds`` ask for."""
+    sources: list[Discovery] = []
+    seeds = [parse_seed(text, config.port) for text in config.seeds]
+    if "beacon" in config.discovery or seeds:
+        sources.append(BeaconDiscovery(broadcast="beacon" in config.discovery, seeds=seeds))
+    if "mdns" in config.discovery:
+        from .discovery.mdns import MdnsDiscovery
+        sources.append(MdnsDiscovery())
+    return sources
 
 
 def _checked_string(kind: str, value: str) -> str:
@@ -131,10 +131,15 @@ class Node:
     """
 
     def __init__(self, name: Optional[str] = None, *, config: Optional[NodeConfig] = None,
-                 clock: Callable[[], float] = time.monotonic, _events: Any = None,
+                 transport: Any = None, discovery: Optional[Sequence[Discovery]] = None,
+                 clock: Optional[Callable[[], float]] = None, _events: Any = None,
                  **settings: Any) -> None:
         base = config if config is not None else NodeConfig.load()
         self.config = base.replace(name=name, **settings)
+        #: how frames, beacons and time move (``transport.ZmqTransport`` or a simulated one)
+        self.transport = transport if transport is not None else ZmqTransport()
+        self._discovery = list(discovery) if discovery is not None else \
+            _discovery_from_config(self.config)
         self._uuid = uuid_module.uuid4()
         self._uuid_bytes = self._uuid.bytes
         self._identity = b"\x01" + self._uuid_bytes
@@ -146,7 +151,10 @@ class Node:
         self._status = 0
         for group in self.config.groups:
             self._add_own_group(_checked_string("group", group))
-        self._clock = clock
+        if any(isinstance(d, BeaconDiscovery) and (d.seeds or not d.broadcast)
+               for d in self._discovery):
+            self._headers.setdefault(PEX_HEADER, "1")
+        self._clock = clock if clock is not None else self.transport.now
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
         self._listeners: list[Callable[[Event], None]] = []
         self._peers: dict[UUID, Peer] = {}
@@ -158,9 +166,8 @@ class Node:
         self._greenlets: list[gevent.Greenlet] = []
         self.interface: Optional[Interface] = None
         self.endpoint: Optional[str] = None
-        self._router: Optional[zmq.Socket] = None
-        self._udp: Optional[socket.socket] = None
-        self._context: Optional[zmq.Context] = None
+        self.mailbox_port = 0
+        self._mailbox: Any = None
 
     # --- identity -------------------------------------------------------
 
@@ -193,34 +200,27 @@ class Node:
     # --- life cycle -----------------------------------------------------
 
     def start(self) -> "Node":
-        """Bind the mailbox, send the first beacon and start the greenlets."""
+        """Bind the mailbox, start discovery (the first beacon goes out at once)."""
         if self._state != "new":
             raise NodeStateError(f"node is {self._state}; a node starts once")
         cfg = self.config
-        self.interface = itf = select_interface(cfg.interface)
-        self._context = zmq.Context.instance()
-        router = self._context.socket(zmq.ROUTER)
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, cfg.max_message)
-        try:
-            port = _bind_ephemeral(router, itf.address)
-        except zmq.ZMQError:
-            router.close()
-            raise
-        self._router = router
-        self._mailbox_port = port
-        self.endpoint = f"tcp://{itf.address}:{port}"
-        try:
-            self._udp = self._beacon_socket(cfg.port)
-        except OSError:
-            router.close()
-            raise
+        self.interface = itf = self.transport.interface(cfg.interface)
+        self._mailbox = self.transport.bind_mailbox(itf.address, cfg.max_message)
+        self.mailbox_port = self._mailbox.port
+        self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
         self._state = "running"
-        self._send_beacon(port)
-        self._greenlets = [gevent.spawn(f) for f in
-                           (self._beacon_sender, self._beacon_listener, self._mailbox_reader,
-                            self._reaper)]
+        started: list[Discovery] = []
+        try:
+            for source in self._discovery:
+                source.start(self)
+                started.append(source)
+        except BaseException:
+            for source in started:
+                source.stop()
+            self._mailbox.close()
+            self._state = "stopped"
+            raise
+        self._greenlets = [gevent.spawn(self._mailbox_reader), gevent.spawn(self._reaper)]
         log.debug("node %s (%s) started on %s", self._name, self._uuid.hex, self.endpoint)
         return self
 
@@ -232,7 +232,8 @@ class Node:
         deadline = time.monotonic() + timeout
         self.flush(timeout)
         try:
-            self._send_beacon(0)
+            for source in self._discovery:
+                source.stop()
         finally:
             gevent.killall(self._greenlets)
             linger = max(0.0, deadline - time.monotonic())
@@ -242,9 +243,7 @@ class Node:
             self._by_identity.clear()
             self._by_endpoint.clear()
             self._members.clear()
-            assert self._router is not None and self._udp is not None
-            self._router.close(linger=0)
-            self._udp.close()
+            self._mailbox.close()
             self._state = "stopped"
             self._emit(Event(EventType.STOP))
 
@@ -370,7 +369,7 @@ class Node:
 
     def _send_control(self, peer: Peer, message: zre.Message) -> None:
         link = peer.link
-        if len(link.backlog) > 2 * link.limit:
+        if link.queued() > 2 * link.limit:
             self._remove(peer, "not responding: send queue full")
             return
         link.offer(zre.encode(message))
@@ -491,56 +490,29 @@ class Node:
             raise NodeStateError(f"node is {self._state}; call start() first"
                                  if self._state == "new" else f"node is {self._state}")
 
-    # --- beacons --------------------------------------------------------
+    # --- discovery ------------------------------------------------------
 
-    def _beacon_socket(self, port: int) -> socket.socket:
-        sock = gevent.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-        sock.bind(("", port))
-        return sock
-
-    def _send_beacon(self, port: int) -> None:
-        assert self._udp is not None and self.interface is not None
-        data = zre.encode_beacon(zre.Beacon(self._uuid_bytes, port))
-        try:
-            self._udp.sendto(data, (self.interface.broadcast, self.config.port))
-        except OSError as exc:
-            log.warning("cannot send beacon to %s: %s", self.interface.broadcast, exc)
-
-    def _beacon_sender(self) -> None:
-        while True:
-            gevent.sleep(self.config.interval)
-            self._send_beacon(self._mailbox_port)
-
-    def _beacon_listener(self) -> None:
-        assert self._udp is not None and self.interface is not None
-        recvfrom = self._udp.recvfrom
-        while True:
-            data, (address, _) = recvfrom(64)
-            try:
-                beacon = zre.decode_beacon(data)
-            except ProtocolError as exc:
-                log.debug("dropped datagram from %s: %s", address, exc.reason)
-                continue
-            if beacon.uuid == self._uuid_bytes:
-                continue
-            if address not in self.interface:
-                log.debug("ignored beacon from %s, outside %s", address, self.interface.network)
-                continue
-            self._on_beacon(UUID(bytes=beacon.uuid), address, beacon.port)
-
-    def _on_beacon(self, uuid: UUID, address: str, port: int) -> None:
+    def peer_appeared(self, uuid: UUID, endpoint: str) -> None:
+        """A discovery source saw ``uuid`` accepting connections at ``endpoint``."""
+        if self._state != "running" or uuid == self._uuid:
+            return
         peer = self._peers.get(uuid)
-        if port == 0:
-            if peer is not None:
-                self._remove(peer, "left")
-        elif peer is not None:
+        if peer is not None:
             peer.refresh(self._clock())
         else:
-            self._require_peer(uuid, f"tcp://{address}:{port}")
+            self._require_peer(uuid, endpoint)
+
+    def peer_alive(self, uuid: UUID) -> None:
+        """A discovery source heard from ``uuid``: it is alive."""
+        peer = self._peers.get(uuid)
+        if peer is not None:
+            peer.refresh(self._clock())
+
+    def peer_left(self, uuid: UUID) -> None:
+        """A discovery source says ``uuid`` is leaving (a port-0 beacon)."""
+        peer = self._peers.get(uuid)
+        if peer is not None:
+            self._remove(peer, "left")
 
     # --- peers ----------------------------------------------------------
 
@@ -557,20 +529,25 @@ class Node:
                 log.debug("ignored peer %s: %s already lives at %s", uuid, holder.name, endpoint)
                 return None
             self._remove(holder, "replaced by another node at its endpoint")
-        assert self._context is not None and self.endpoint is not None
+        assert self.endpoint is not None
         try:
-            link = PeerLink(self._context, self._identity, endpoint, self.config.sndhwm,
-                            self.config.send_queue, self._clock)
+            self.transport.check_capacity(len(self._peers) + 1)
+        except PeermeshError as exc:
+            log.error("not connecting to %s at %s: %s", uuid, endpoint, exc)
+            return None
+        try:
+            link = self.transport.connect(self._identity, endpoint, self.config.sndhwm)
         except zmq.ZMQError as exc:
             log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
             return None
-        peer = Peer(uuid.bytes, endpoint, link, self._clock())
-        peer.uuid = uuid
+        peer = Peer(uuid, endpoint, PeerLink(link, self.config.send_queue, self._clock),
+                    self._clock())
         self._peers[uuid] = peer
         self._by_identity[peer.identity] = peer
         self._by_endpoint[endpoint] = peer
-        link.offer(zre.encode(zre.Hello(peer.next_sequence(), self.endpoint, tuple(self._groups),
-                                        self._status, self._name, self._headers)))
+        hello = zre.Hello(peer.next_sequence(), self.endpoint, tuple(self._groups),
+                          self._status, self._name, self._headers)
+        peer.link.offer(zre.encode(hello))
         return peer
 
     def _remove(self, peer: Peer, reason: str) -> None:
@@ -609,44 +586,13 @@ class Node:
     # --- mailbox --------------------------------------------------------
 
     def _mailbox_reader(self) -> None:
-        router = self._router
-        assert router is not None
-        recv = router.recv
-        waiter = SocketWaiter(router)
         events = self._events
-        on_message = self._on_message
-        noblock = zmq.NOBLOCK
-        limit = self.config.max_message
-        handled = 0
-        try:
-            while True:
-                if events.full():
-                    events.wait_room()
-                try:
-                    frame = recv(noblock, copy=False)
-                except zmq.Again:
-                    handled = 0
-                    waiter.wait(zmq.POLLIN)
-                    continue
-                identity = frame.bytes
-                frames = []
-                room = limit
-                while frame.more:
-                    frame = recv(noblock, copy=False)
-                    data = frame.bytes
-                    room -= len(data)
-                    if room >= 0:
-                        frames.append(data)
-                if room >= 0:
-                    on_message(identity, frames)
-                else:
-                    self._on_oversized(identity)
-                handled += 1
-                if handled >= _BATCH:
-                    handled = 0
-                    gevent.sleep(0)
-        finally:
-            waiter.close()
+
+        def pace() -> None:
+            if events.full():
+                events.wait_room()
+
+        self._mailbox.serve(self._on_message, self._on_oversized, pace)
 
     def _on_oversized(self, identity: bytes) -> None:
         log.debug("dropped message over max_message=%d from %r", self.config.max_message,
@@ -763,7 +709,7 @@ class Node:
         cfg = self.config
         period = min(cfg.interval, cfg.evasive / 2)
         while True:
-            gevent.sleep(period)
+            self.transport.sleep(period)
             self._reap(self._clock())
 
     def _reap(self, now: float) -> None:

@@ -1,0 +1,119 @@
+"""ZRE UDP beacons: broadcast on the interface's subnet, and unicast to seeds.
+
+The first beacon goes out at once, then one every ``interval``; a port-0
+beacon says the node is leaving. Broadcast beacons are accepted only from the
+interface's own network (so a node on loopback ignores the LAN and the other
+way round); unicast beacons are accepted from anywhere once seeds are in use,
+because seeds are how nodes on networks without broadcast find each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING, Optional, Sequence
+from uuid import UUID
+
+import gevent
+
+from ..errors import ProtocolError
+from ..wire import zre
+
+if TYPE_CHECKING:
+    from ..node import Node
+
+__all__ = ["BeaconDiscovery", "parse_seed"]
+
+log = logging.getLogger(__name__)
+
+
+def parse_seed(text: str, default_port: int) -> tuple[str, int]:
+    """``host[:port]`` as ``(ipv4, port)``; ValueError with the reason otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = text, str(default_port)
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"seed {text!r}: port {port_text!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"seed {text!r}: port must be 1..65535")
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        raise ValueError(f"seed {text!r}: cannot resolve host {host!r}") from None
+    return address, port
+
+
+class BeaconDiscovery:
+    """Sends and hears ZRE beacons on the node's beacon port."""
+
+    def __init__(self, broadcast: bool = True, seeds: Sequence[tuple[str, int]] = ()) -> None:
+        self.broadcast = broadcast
+        self.seeds = list(seeds)
+        self._node: Optional["Node"] = None
+        self._socket: Optional[socket.socket] = None
+        self._greenlets: list[gevent.Greenlet] = []
+
+    def start(self, node: "Node") -> None:
+        self._node = node
+        self._socket = node.transport.beacon_socket(node.config.port)
+        self._send(node.mailbox_port)
+        self._greenlets = [gevent.spawn(self._sender), gevent.spawn(self._listener)]
+
+    def stop(self) -> None:
+        if self._socket is None:
+            return
+        try:
+            self._send(0)
+        finally:
+            gevent.killall(self._greenlets)
+            self._socket.close()
+            self._socket = None
+
+    def _targets(self) -> list[tuple[str, int]]:
+        assert self._node is not None and self._node.interface is not None
+        targets = [(self._node.interface.broadcast, self._node.config.port)] if self.broadcast else []
+        return targets + self.seeds
+
+    def _send(self, port: int) -> None:
+        node = self._node
+        assert node is not None and self._socket is not None
+        data = zre.encode_beacon(zre.Beacon(node.uuid.bytes, port))
+        for target in self._targets():
+            try:
+                self._socket.sendto(data, target)
+            except OSError as exc:
+                log.debug("cannot send beacon to %s:%d: %s", target[0], target[1], exc)
+
+    def _sender(self) -> None:
+        node = self._node
+        assert node is not None
+        while True:
+            node.transport.sleep(node.config.interval)
+            self._send(node.mailbox_port)
+
+    def _listener(self) -> None:
+        node = self._node
+        assert node is not None and self._socket is not None and node.interface is not None
+        recvfrom = self._socket.recvfrom
+        own = node.uuid.bytes
+        interface = node.interface
+        anywhere = bool(self.seeds)
+        while True:
+            data, (address, _) = recvfrom(64)
+            try:
+                beacon = zre.decode_beacon(data)
+            except ProtocolError as exc:
+                log.debug("dropped datagram from %s: %s", address, exc.reason)
+                continue
+            if beacon.uuid == own:
+                continue
+            if not anywhere and address not in interface:
+                log.debug("ignored beacon from %s, outside %s", address, interface.network)
+                continue
+            uuid = UUID(bytes=beacon.uuid)
+            if beacon.port == 0:
+                node.peer_left(uuid)
+            else:
+                node.peer_appeared(uuid, f"tcp://{address}:{beacon.port}")

@@ -1,0 +1,249 @@
+"""How a node's frames and beacons move: the real transport on ZeroMQ and UDP.
+
+A node talks to its transport through a small interface, so the same node
+and protocol code also runs on the simulated network (``peermesh.sim``):
+
+* ``interface(choice)`` - the ``Interface`` to use;
+* ``bind_mailbox(address, max_message)`` - a mailbox with ``port``,
+  ``serve(on_message, on_oversized, pace)`` and ``close()``;
+* ``connect(identity, endpoint, sndhwm)`` - an outgoing link with
+  ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``
+  and ``close(linger)``;
+* ``beacon_socket(port)`` - UDP with ``sendto``, ``recvfrom``, ``close``;
+* ``now()`` and ``sleep(seconds)`` - the clock the node's timers use;
+* ``check_capacity(peers)`` - raise before a new peer would exhaust resources.
+
+Here mailboxes are ROUTER sockets and links DEALER sockets, driven without
+blocking the hub (see ``green.SocketWaiter``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import resource
+import socket
+import time
+from typing import Callable, Optional, Sequence
+
+import gevent
+import gevent.socket
+import zmq
+
+from .errors import PeermeshError
+from .green import SocketWaiter
+from .interfaces import Interface, select_interface
+
+__all__ = ["ZmqTransport", "ZmqMailbox", "ZmqLink", "CapacityError"]
+
+log = logging.getLogger(__name__)
+
+_NOBLOCK = zmq.NOBLOCK
+_MORE = zmq.NOBLOCK | zmq.SNDMORE
+_BATCH = 256  # messages handled before the mailbox lets other greenlets run
+#: file descriptors one peer costs in one process: its DEALER's connection, the
+#: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
+FDS_PER_PEER = 3
+_FD_RESERVE = 64
+
+
+class CapacityError(PeermeshError):
+    """One more peer would exhaust this process's file descriptors."""
+
+
+class ZmqMailbox:
+    """A ROUTER bound to a random port in %C000-%FFFF, read cooperatively."""
+
+    def __init__(self, context: zmq.Context, address: str, max_message: int) -> None:
+        router = context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, max_message)
+        try:
+            self.port = _bind_ephemeral(router, address)
+        except zmq.ZMQError:
+            router.close()
+            raise
+        self.socket = router
+        self.max_message = max_message
+
+    def serve(self, on_message: Callable[[bytes, list[bytes]], None],
+              on_oversized: Callable[[bytes], None], pace: Callable[[], None]) -> None:
+        """Hand every message to ``on_message(identity, frames)`` for ever.
+
+        ``pace()`` runs before each message and may block (the application is
+        behind); messages over ``max_message`` in all go to ``on_oversized``.
+        """
+        router = self.socket
+        recv = router.recv
+        waiter = SocketWaiter(router)
+        limit = self.max_message
+        handled = 0
+        try:
+            while True:
+                pace()
+                try:
+                    frame = recv(_NOBLOCK, copy=False)
+                except zmq.Again:
+                    handled = 0
+                    waiter.wait(zmq.POLLIN)
+                    continue
+                identity = frame.bytes
+                frames = []
+                room = limit
+                while frame.more:
+                    frame = recv(_NOBLOCK, copy=False)
+                    data = frame.bytes
+                    room -= len(data)
+                    if room >= 0:
+                        frames.append(data)
+                if room >= 0:
+                    on_message(identity, frames)
+                else:
+                    on_oversized(identity)
+                handled += 1
+                if handled >= _BATCH:
+                    handled = 0
+                    gevent.sleep(0)
+        finally:
+            waiter.close()
+
+    def close(self) -> None:
+        """Close the ROUTER."""
+        self.socket.close(linger=0)
+
+
+class ZmqLink:
+    """A DEALER connected to one peer's mailbox; sends never block."""
+
+    __slots__ = ("socket", "_send")
+
+    def __init__(self, context: zmq.Context, identity: bytes, endpoint: str,
+                 sndhwm: int) -> None:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.SNDHWM, sndhwm)
+        sock.setsockopt(zmq.SNDTIMEO, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError:
+            sock.close()
+            raise
+        self.socket = sock
+        self._send = sock.send
+
+    def try_send(self, frames: Sequence[bytes]) -> bool:
+        """Send one message now; False (nothing sent) when the queue is full."""
+        send = self._send
+        last = len(frames) - 1
+        try:
+            send(frames[0], _MORE if last else _NOBLOCK)
+        except zmq.Again:
+            return False
+        # Once the first frame is taken, ZeroMQ takes the whole message.
+        for i in range(1, last):
+            send(frames[i], _MORE)
+        if last:
+            send(frames[last], _NOBLOCK)
+        return True
+
+    def wait_writable(self, timeout: Optional[float] = None) -> bool:
+        """Wait until a message may fit; False after ``timeout`` seconds."""
+        waiter = SocketWaiter(self.socket)
+        try:
+            return waiter.wait(zmq.POLLOUT, timeout)
+        finally:
+            waiter.close()
+
+    def close(self, linger: float = 0) -> None:
+        """Close; ZeroMQ may go on sending what it holds for ``linger`` seconds."""
+        self.socket.close(linger=int(linger * 1000))
+
+
+class ZmqTransport:
+    """The real transport: ZeroMQ over TCP for mailboxes, UDP for beacons."""
+
+    def __init__(self, context: Optional[zmq.Context] = None) -> None:
+        self.context = context or zmq.Context.instance()
+        self._counted = _open_descriptors()
+        self._since_count = 0
+
+    now = staticmethod(time.monotonic)
+    sleep = staticmethod(gevent.sleep)
+
+    def interface(self, choice: Optional[str]) -> Interface:
+        """See ``interfaces.select_interface``."""
+        return select_interface(choice)
+
+    def bind_mailbox(self, address: str, max_message: int) -> ZmqMailbox:
+        """A ROUTER mailbox on ``address``."""
+        return ZmqMailbox(self.context, address, max_message)
+
+    def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> ZmqLink:
+        """A DEALER link to ``endpoint``."""
+        return ZmqLink(self.context, identity, endpoint, sndhwm)
+
+    def beacon_socket(self, port: int) -> socket.socket:
+        """A UDP socket on ``port`` shared with every node of this host."""
+        sock = gevent.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+            sock.bind(("", port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def check_capacity(self, peers: int) -> None:
+        """Raise ``CapacityError`` when the process is near its descriptor limit.
+
+        libzmq does not fail loudly when descriptors run out (accept fails with
+        "too many open files" and connections silently stall), so a node
+        refuses a new peer while fewer than ``FDS_PER_PEER`` plus a reserve
+        remain. A full mesh of N nodes in one process needs about 3 N (N-1).
+        """
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit == resource.RLIM_INFINITY:
+            return
+        # Counting /proc/self/fd costs a directory listing: do it only when an
+        # estimate from the last count says the limit may be near.
+        self._since_count += 1
+        estimate = self._counted + FDS_PER_PEER * self._since_count
+        if estimate + _FD_RESERVE < 0.75 * limit and self._since_count < 256:
+            return
+        used = self._counted = _open_descriptors()
+        self._since_count = 0
+        if used + FDS_PER_PEER + _FD_RESERVE > limit:
+            raise CapacityError(
+                f"{used} of {limit} file descriptors in use: one more peer (about "
+                f"{FDS_PER_PEER}) would exhaust them. Run fewer nodes per process "
+                f"(a full mesh of N nodes in one process needs about 3*N*(N-1)), or raise "
+                f"`ulimit -n`.")
+
+
+def _open_descriptors() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def _bind_ephemeral(router: zmq.Socket, address: str) -> int:
+    """Bind to a random port in %C000-%FFFF, the range ZRE asks for."""
+    for _ in range(1000):
+        port = random.randint(0xC000, 0xFFFF)
+        try:
+            router.bind(f"tcp://{address}:{port}")
+            return port
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise zmq.ZMQBindError(f"no free mailbox port in 49152-65535 on {address}")
