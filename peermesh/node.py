@@ -26,6 +26,7 @@ and ``whisper`` raises ``PeerNotResponding``.
 from __future__ import annotations
 
 import logging
+import re
 import struct
 import time
 import uuid as uuid_module
@@ -61,6 +62,8 @@ _SIGNATURE = zre.SIGNATURE
 _WHISPER, _SHOUT, _HELLO = 2, 3, 1
 #: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
 PEX_HEADER = "X-PM-PEX"
+_PEX_CHUNK = 1024  # peers per PEX message
+_PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
@@ -102,8 +105,7 @@ def _discovery_from_config(config: NodeConfig) -> list[Discovery]:
     """The discovery sources ``config.discovery`` and ``config.seeds`` ask for."""
     sources: list[Discovery] = []
     seeds = [parse_seed(text, config.port) for text in config.seeds]
-    if "beacon" in config.discovery or seeds:
-        sources.append(BeaconDiscovery(broadcast="beacon" in config.discovery, seeds=seeds))
+    sources.append(BeaconDiscovery(broadcast="beacon" in config.discovery, seeds=seeds))
     if "mdns" in config.discovery:
         from .discovery.mdns import MdnsDiscovery
         sources.append(MdnsDiscovery())
@@ -131,14 +133,15 @@ class Node:
     """
 
     def __init__(self, name: Optional[str] = None, *, config: Optional[NodeConfig] = None,
-                 transport: Any = None, discovery: Optional[Sequence[Discovery]] = None,
+                 transport: Any = None, sources: Optional[Sequence[Discovery]] = None,
                  clock: Optional[Callable[[], float]] = None, _events: Any = None,
                  **settings: Any) -> None:
         base = config if config is not None else NodeConfig.load()
         self.config = base.replace(name=name, **settings)
         #: how frames, beacons and time move (``transport.ZmqTransport`` or a simulated one)
         self.transport = transport if transport is not None else ZmqTransport()
-        self._discovery = list(discovery) if discovery is not None else \
+        #: discovery sources; by default those ``config.discovery`` and ``config.seeds`` name
+        self._discovery = list(sources) if sources is not None else \
             _discovery_from_config(self.config)
         self._uuid = uuid_module.uuid4()
         self._uuid_bytes = self._uuid.bytes
@@ -645,6 +648,8 @@ class Node:
             self._peer_leave(peer, message.group)
         elif isinstance(message, zre.Ping):
             self._send_control(peer, zre.PingOk(peer.next_sequence()))
+        elif isinstance(message, zre.PeerExchange):
+            self._on_peer_exchange(peer, message)
         elif isinstance(message, zre.PingOk):
             if peer.pong is not None:
                 peer.pong.set()
@@ -697,11 +702,34 @@ class Node:
         peer.refresh(self._clock())
         if announce:
             self._emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
-                                   address=peer.endpoint))
+                             address=peer.endpoint))
+            if peer.headers.get(PEX_HEADER) == "1":
+                self._send_peer_exchange(peer)
         for group in peer.groups - set(hello.groups):
             self._peer_leave(peer, group)
         for group in hello.groups:
             self._peer_join(peer, group)
+
+    # --- peer exchange (a peermesh extension, only with peers that ask) --
+
+    def _send_peer_exchange(self, peer: Peer) -> None:
+        """Tell a peer that asked for it (X-PM-PEX) every other peer we know."""
+        entries = [f"{p.uuid.hex} {p.endpoint}" for p in self._peers.values()
+                   if p.ready and p is not peer]
+        for start in range(0, len(entries), _PEX_CHUNK):
+            chunk = tuple(entries[start:start + _PEX_CHUNK])
+            self._send_control(peer, zre.PeerExchange(peer.next_sequence(), chunk))
+
+    def _on_peer_exchange(self, peer: Peer, message: zre.PeerExchange) -> None:
+        if self._headers.get(PEX_HEADER) != "1":
+            log.debug("ignored PEX from %s: this node did not ask for it", peer.name)
+            return
+        for entry in message.peers[:_PEX_CHUNK]:
+            match = _PEX_ENTRY.fullmatch(entry)
+            if match is None:
+                log.debug("ignored malformed PEX entry %r from %s", entry[:80], peer.name)
+                continue
+            self.peer_appeared(UUID(hex=match[1]), match[2])
 
     # --- timers ---------------------------------------------------------
 

@@ -3,8 +3,10 @@
 The first beacon goes out at once, then one every ``interval``; a port-0
 beacon says the node is leaving. Broadcast beacons are accepted only from the
 interface's own network (so a node on loopback ignores the LAN and the other
-way round); unicast beacons are accepted from anywhere once seeds are in use,
-because seeds are how nodes on networks without broadcast find each other.
+way round); beacons sent to this host's own address (unicast, from nodes that
+use it as a seed) are accepted from anywhere, because seeds are how nodes on
+networks without broadcast find each other. A node always listens, so any
+node can serve as a seed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["BeaconDiscovery", "parse_seed"]
 
 log = logging.getLogger(__name__)
+
+_IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.12 names it
 
 
 def parse_seed(text: str, default_port: int) -> tuple[str, int]:
@@ -96,12 +100,15 @@ class BeaconDiscovery:
     def _listener(self) -> None:
         node = self._node
         assert node is not None and self._socket is not None and node.interface is not None
-        recvfrom = self._socket.recvfrom
         own = node.uuid.bytes
         interface = node.interface
-        anywhere = bool(self.seeds)
+        sock = self._socket
+        sock.setsockopt(socket.IPPROTO_IP, _IP_PKTINFO, 1)
+        ancillary = socket.CMSG_SPACE(12)
+        broadcast = socket.inet_aton(interface.broadcast)
         while True:
-            data, (address, _) = recvfrom(64)
+            data, cmsgs, _, (address, _) = sock.recvmsg(64, ancillary)
+            unicast = _unicast(cmsgs, broadcast)
             try:
                 beacon = zre.decode_beacon(data)
             except ProtocolError as exc:
@@ -109,7 +116,7 @@ class BeaconDiscovery:
                 continue
             if beacon.uuid == own:
                 continue
-            if not anywhere and address not in interface:
+            if not unicast and address not in interface:
                 log.debug("ignored beacon from %s, outside %s", address, interface.network)
                 continue
             uuid = UUID(bytes=beacon.uuid)
@@ -117,3 +124,12 @@ class BeaconDiscovery:
                 node.peer_left(uuid)
             else:
                 node.peer_appeared(uuid, f"tcp://{address}:{beacon.port}")
+
+
+def _unicast(cmsgs: list[tuple[int, int, bytes]], broadcast: bytes) -> bool:
+    """True when IP_PKTINFO says the datagram was addressed to a host, not a broadcast."""
+    for level, kind, data in cmsgs:
+        if level == socket.IPPROTO_IP and kind == _IP_PKTINFO and len(data) >= 12:
+            destination = data[8:12]  # struct in_pktinfo: ifindex, spec_dst, addr
+            return destination not in (broadcast, b"\xff\xff\xff\xff")
+    return False

@@ -19,6 +19,13 @@ reverse. Every malformed input makes ``decode`` raise ``ProtocolError`` and
 nothing else. Command ids this codec does not know (Zyre's ELECT and LEADER
 extensions use 8-10) decode to ``Unknown`` so the caller can still honour the
 sequence number.
+
+peermesh adds one command of its own, PEX (id %x50), sent only to peers that
+advertise ``X-PM-PEX`` in their HELLO headers (plain Zyre and pyre peers never
+see it)::
+
+    pex        = signature %x50 version sequence peers
+    peers      = strings                  ; each "UUID-hex SP endpoint"
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ __all__ = [
     "BEACON_SIZE", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
     "Shout", "Join", "Leave", "Ping", "PingOk", "Unknown", "Message",
     "encode_beacon", "decode_beacon", "encode", "decode", "whisper_header",
-    "shout_header", "next_sequence",
+    "shout_header", "next_sequence", "PeerExchange", "PEX",
 ]
 
 # Beacon: 'Z' 'R' 'E' %x01 | UUID (16 octets) | port (2 octets)
@@ -50,6 +57,10 @@ _N1 = struct.Struct(">B")
 _N4 = struct.Struct(">I")
 MAX_STRING = 0xFF
 MAX_LONGSTR = 0xFFFFFFFF
+
+
+#: command id of peermesh's peer-exchange extension
+PEX = 0x50
 
 
 class Command(IntEnum):
@@ -162,6 +173,14 @@ class PingOk:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerExchange:
+    """pex = signature %x50 version sequence peers (a peermesh extension)"""
+
+    sequence: int
+    peers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Unknown:
     """A well-formed header with a command id outside 1-7 (e.g. Zyre's ELECT)."""
 
@@ -169,7 +188,7 @@ class Unknown:
     command: int
 
 
-Message = Union[Hello, Whisper, Shout, Join, Leave, Ping, PingOk, Unknown]
+Message = Union[Hello, Whisper, Shout, Join, Leave, Ping, PingOk, PeerExchange, Unknown]
 
 
 # --- encoding -------------------------------------------------------------
@@ -232,7 +251,12 @@ def encode(message: Message) -> list[bytes]:
         return [_header(Command.PING, message.sequence)]
     if isinstance(message, PingOk):
         return [_header(Command.PING_OK, message.sequence)]
+    if isinstance(message, PeerExchange):
+        return [_header(PEX, message.sequence) + _N4.pack(len(message.peers))
+                + b"".join(_longstr(p) for p in message.peers)]
     if isinstance(message, Unknown):
+        if message.command == PEX:
+            raise ValueError("command id %x50 is PEX: use PeerExchange")
         return [_header(message.command, message.sequence)]
     raise TypeError(f"not a ZRE message: {message!r}")
 
@@ -314,7 +338,7 @@ def decode(frames: Sequence[bytes]) -> Message:
         group = reader.string()
         reader.end()
         return Shout(sequence, group, content)
-    if content and command <= 7:
+    if content and (command <= 7 or command == PEX):
         raise ProtocolError(f"unexpected content frames in command {command}")
     if command == 1:
         message: Message = Hello(sequence, reader.string(), reader.strings(), reader.number1(),
@@ -326,6 +350,8 @@ def decode(frames: Sequence[bytes]) -> Message:
         message = Ping(sequence)
     elif command == 7:
         message = PingOk(sequence)
+    elif command == PEX:
+        message = PeerExchange(sequence, reader.strings())
     else:
         return Unknown(sequence, command)
     reader.end()

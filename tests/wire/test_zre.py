@@ -27,6 +27,8 @@ from peermesh.wire.zre import (
     PingOk,
     Shout,
     Unknown,
+    PeerExchange,
+    PEX,
     Whisper,
     decode,
     decode_beacon,
@@ -552,7 +554,9 @@ known_messages = st.one_of(
 )
 messages = st.one_of(
     known_messages,
-    st.builds(Unknown, sequence=sequences, command=st.integers(8, 255)),
+    st.builds(Unknown, sequence=sequences,
+              command=st.integers(8, 255).filter(lambda c: c != PEX)),
+    st.builds(PeerExchange, sequence=sequences, peers=st.lists(st.text(), max_size=5).map(tuple)),
 )
 beacons = st.builds(Beacon, uuid=st.binary(min_size=16, max_size=16), port=sequences)
 
@@ -587,7 +591,8 @@ def _decode_or_protocol_error(frames) -> None:
         result = decode(frames)
     except ProtocolError:
         return
-    assert isinstance(result, (Hello, Whisper, Shout, Join, Leave, Ping, PingOk, Unknown))
+    assert isinstance(result, (Hello, Whisper, Shout, Join, Leave, Ping, PingOk, PeerExchange,
+                               Unknown))
 
 
 def _decode_beacon_or_protocol_error(data: bytes) -> None:
@@ -691,3 +696,18 @@ def test_trailing_bytes_rejected(message, extra: bytes) -> None:
     frames = encode(message)
     with pytest.raises(ProtocolError):
         decode([frames[0] + extra, *frames[1:]])
+
+
+def test_pex_golden_bytes():
+    # pex = signature %x50 version sequence peers; peers = strings (number-4 count, longstrs)
+    entry = "0123456789abcdef0123456789abcdef tcp://10.0.0.5:49200"
+    frame = (bytes.fromhex("aaa1" "50" "02" "0003") + bytes.fromhex("00000001")
+             + len(entry).to_bytes(4, "big") + entry.encode())
+    assert encode(PeerExchange(3, (entry,))) == [frame]
+    assert decode([frame]) == PeerExchange(3, (entry,))
+    with pytest.raises(ProtocolError):
+        decode([frame[:-1]])
+    with pytest.raises(ProtocolError):
+        decode([frame, b"content"])
+    with pytest.raises(ValueError):
+        encode(Unknown(1, PEX))
