@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from typing import Optional
 
@@ -51,9 +52,11 @@ class Interface:
     def __contains__(self, address: str) -> bool:
         """True when ``address`` (an IPv4 string) lies in this interface's network."""
         try:
-            return ipaddress.IPv4Address(address) in self.network
-        except ValueError:
+            value = int.from_bytes(socket.inet_aton(address), "big")
+        except (OSError, TypeError):
             return False
+        network = self.network
+        return value & int(network.netmask) == int(network.network_address)
 
 
 def _flags(name: str) -> int:

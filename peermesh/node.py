@@ -170,6 +170,7 @@ class Node:
         self.interface: Optional[Interface] = None
         self.endpoint: Optional[str] = None
         self.mailbox_port = 0
+        self._hello: Optional[list[bytes]] = None
         self._mailbox: Any = None
 
     # --- identity -------------------------------------------------------
@@ -302,12 +303,14 @@ class Node:
             return
         self._groups.discard(group)
         self._status = (self._status + 1) & 0xFF
+        self._hello = None
         for peer in list(self._peers.values()):
             self._send_control(peer, zre.Leave(peer.next_sequence(), group, self._status))
 
     def _add_own_group(self, group: str) -> None:
         self._groups.add(group)
         self._status = (self._status + 1) & 0xFF
+        self._hello = None
 
     def groups(self) -> list[str]:
         """The groups this node is in."""
@@ -548,9 +551,11 @@ class Node:
         self._peers[uuid] = peer
         self._by_identity[peer.identity] = peer
         self._by_endpoint[endpoint] = peer
-        hello = zre.Hello(peer.next_sequence(), self.endpoint, tuple(self._groups),
-                          self._status, self._name, self._headers)
-        peer.link.offer(zre.encode(hello))
+        if self._hello is None:  # the same for every peer until our groups change
+            self._hello = zre.encode(zre.Hello(1, self.endpoint, tuple(self._groups),
+                                               self._status, self._name, self._headers))
+        peer.next_sequence()  # HELLO is always number 1
+        peer.link.offer(self._hello)
         return peer
 
     def _remove(self, peer: Peer, reason: str) -> None:

@@ -106,6 +106,7 @@ class BeaconDiscovery:
         sock.setsockopt(socket.IPPROTO_IP, _IP_PKTINFO, 1)
         ancillary = socket.CMSG_SPACE(12)
         broadcast = socket.inet_aton(interface.broadcast)
+        uuids: dict[bytes, UUID] = {}
         while True:
             data, cmsgs, _, (address, _) = sock.recvmsg(64, ancillary)
             unicast = _unicast(cmsgs, broadcast)
@@ -119,7 +120,11 @@ class BeaconDiscovery:
             if not unicast and address not in interface:
                 log.debug("ignored beacon from %s, outside %s", address, interface.network)
                 continue
-            uuid = UUID(bytes=beacon.uuid)
+            uuid = uuids.get(beacon.uuid)
+            if uuid is None:
+                if len(uuids) > 4096:
+                    uuids.clear()
+                uuid = uuids[beacon.uuid] = UUID(bytes=beacon.uuid)
             if beacon.port == 0:
                 node.peer_left(uuid)
             else:

@@ -1,0 +1,342 @@
+"""An in-process network with the transport interface of ``peermesh.transport``.
+
+How it works
+------------
+Time is virtual: a ``SimClock`` keeps a heap of timers; ``advance`` pops the
+due ones in order, sets the clock to each one's time, runs it, then lets every
+greenlet it woke run (``gevent.idle``) before the next. Node timers
+(``transport.sleep``) and deliveries are such timers, so a node's 30-second
+expiry takes milliseconds of real time.
+
+Each host gets an address in 10.0.0.0/8. Beacons (UDP) sent to the broadcast
+address reach every other host on the sender's island after the link's
+latency (plus jitter), each copy lost with the link's ``loss`` probability;
+unicast beacons reach the host they name. Mailbox messages (TCP) are
+reliable and ordered per link while both ends are up and on one island;
+across a partition, or to a mailbox that is gone, they are lost (a real
+connection would break). Partitions split the hosts into islands and can be
+healed; every setting may change while the simulation runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import ipaddress
+import random
+import struct
+from collections import deque
+from itertools import count
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import gevent
+import gevent.event
+
+from ..interfaces import Interface
+
+__all__ = ["SimClock", "SimNetwork", "SimTransport", "LinkSettings"]
+
+NETWORK = ipaddress.IPv4Network("10.0.0.0/8")
+BROADCAST = str(NETWORK.broadcast_address)
+_BROADCAST_BYTES = NETWORK.broadcast_address.packed
+
+
+class SimClock:
+    """Virtual time for every node of one simulated network."""
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = count()
+
+    def now(self) -> float:
+        """Virtual seconds since the simulation began."""
+        return self._now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once virtual time reaches ``when``."""
+        heapq.heappush(self._timers, (max(when, self._now), next(self._order), callback))
+
+    def sleep(self, seconds: float) -> None:
+        """Block the calling greenlet for ``seconds`` of virtual time."""
+        wake = gevent.event.Event()
+        self.call_at(self._now + seconds, wake.set)
+        wake.wait()
+
+    def advance(self, seconds: float) -> None:
+        """Move virtual time forward, running everything that falls due on the way."""
+        end = self._now + seconds
+        timers = self._timers
+        gevent.idle()
+        while timers and timers[0][0] <= end:
+            when = timers[0][0]
+            self._now = when
+            while timers and timers[0][0] == when:
+                heapq.heappop(timers)[2]()
+            gevent.idle()
+        self._now = end
+
+
+class LinkSettings:
+    """Latency and jitter (seconds) and beacon loss probability of a link."""
+
+    __slots__ = ("latency", "jitter", "loss")
+
+    def __init__(self, latency: float = 0.0, jitter: float = 0.0, loss: float = 0.0) -> None:
+        if latency < 0 or jitter < 0 or not 0 <= loss <= 1:
+            raise ValueError("latency and jitter must be >= 0 and loss within 0..1")
+        self.latency, self.jitter, self.loss = latency, jitter, loss
+
+
+class SimNetwork:
+    """One simulated LAN: hosts, islands, links and counters."""
+
+    def __init__(self, latency: float = 0.0, jitter: float = 0.0, loss: float = 0.0,
+                 seed: Optional[int] = None) -> None:
+        self.clock = SimClock()
+        self.default = LinkSettings(latency, jitter, loss)
+        self.random = random.Random(seed)
+        self._links: dict[tuple[str, str], LinkSettings] = {}
+        self._island: dict[str, int] = {}          # host address -> island number
+        self._beacons: dict[int, dict[str, "SimBeaconSocket"]] = {}  # port -> host -> socket
+        self._mailboxes: dict[str, "SimMailbox"] = {}  # endpoint -> mailbox
+        self._hosts = 0
+        self.sent = self.delivered = self.lost = 0
+        self.beacons_sent = self.beacons_delivered = self.beacons_lost = 0
+
+    # --- topology -------------------------------------------------------
+
+    def transport(self) -> "SimTransport":
+        """A transport for one new host (its own address)."""
+        self._hosts += 1
+        if self._hosts >= NETWORK.num_addresses - 2:
+            raise ValueError("the simulated network is full")
+        address = str(NETWORK.network_address + self._hosts)
+        self._island[address] = 0
+        return SimTransport(self, address)
+
+    def set_link(self, a: str, b: str, latency: Optional[float] = None,
+                 jitter: Optional[float] = None, loss: Optional[float] = None) -> None:
+        """Change the link between hosts ``a`` and ``b`` (both directions)."""
+        old = self._settings(a, b)
+        new = LinkSettings(old.latency if latency is None else latency,
+                           old.jitter if jitter is None else jitter,
+                           old.loss if loss is None else loss)
+        self._links[(a, b)] = self._links[(b, a)] = new
+
+    def set_default(self, latency: Optional[float] = None, jitter: Optional[float] = None,
+                    loss: Optional[float] = None) -> None:
+        """Change every link without its own settings."""
+        d = self.default
+        self.default = LinkSettings(d.latency if latency is None else latency,
+                                    d.jitter if jitter is None else jitter,
+                                    d.loss if loss is None else loss)
+
+    def partition(self, islands: Sequence[Iterable[str]]) -> None:
+        """Split the hosts: each listed group of addresses becomes an island of its own.
+
+        Hosts not listed stay together on island 0.
+        """
+        for address in self._island:
+            self._island[address] = 0
+        for number, island in enumerate(islands, start=1):
+            for address in island:
+                if address not in self._island:
+                    raise ValueError(f"no simulated host {address}")
+                self._island[address] = number
+
+    def heal(self) -> None:
+        """Join every island again."""
+        for address in self._island:
+            self._island[address] = 0
+
+    def _settings(self, a: str, b: str) -> LinkSettings:
+        return self._links.get((a, b), self.default)
+
+    def _reachable(self, a: str, b: str) -> bool:
+        return self._island.get(a) == self._island.get(b)
+
+    def _delay(self, settings: LinkSettings) -> float:
+        if settings.jitter:
+            return settings.latency + self.random.uniform(0, settings.jitter)
+        return settings.latency
+
+    # --- beacons --------------------------------------------------------
+
+    def _bind_beacon(self, sock: "SimBeaconSocket") -> None:
+        self._beacons.setdefault(sock.port, {})[sock.host] = sock
+
+    def _unbind_beacon(self, sock: "SimBeaconSocket") -> None:
+        hosts = self._beacons.get(sock.port, {})
+        if hosts.get(sock.host) is sock:
+            del hosts[sock.host]
+
+    def _send_beacon(self, source: str, data: bytes, host: str, port: int) -> None:
+        sockets = self._beacons.get(port, {})
+        if host in (BROADCAST, "255.255.255.255"):
+            targets = [s for h, s in sockets.items() if h != source]
+            destination = _BROADCAST_BYTES
+        else:
+            target = sockets.get(host)
+            targets = [target] if target is not None else []
+            destination = ipaddress.IPv4Address(host).packed if host in self._island else b""
+        self.beacons_sent += len(targets)
+        now = self.clock.now()
+        batch: dict[float, list[SimBeaconSocket]] = {}
+        for target in targets:
+            settings = self._settings(source, target.host)
+            if not self._reachable(source, target.host) or (
+                    settings.loss and self.random.random() < settings.loss):
+                self.beacons_lost += 1
+                continue
+            batch.setdefault(now + self._delay(settings), []).append(target)
+        for when, group in batch.items():
+            def deliver(group: list[SimBeaconSocket] = group) -> None:
+                for target in group:
+                    if self._beacons.get(port, {}).get(target.host) is target:
+                        self.beacons_delivered += 1
+                        target.deliver(data, source, destination)
+            self.clock.call_at(when, deliver)
+
+    # --- mailboxes ------------------------------------------------------
+
+    def _bind_mailbox(self, mailbox: "SimMailbox") -> None:
+        self._mailboxes[mailbox.endpoint] = mailbox
+
+    def _unbind_mailbox(self, mailbox: "SimMailbox") -> None:
+        if self._mailboxes.get(mailbox.endpoint) is mailbox:
+            del self._mailboxes[mailbox.endpoint]
+
+    def _send(self, link: "SimLink", frames: list[bytes]) -> None:
+        self.sent += 1
+        mailbox = self._mailboxes.get(link.endpoint)
+        if mailbox is None or not self._reachable(link.source, mailbox.host):
+            self.lost += 1
+            return
+        when = max(self.clock.now() + self._delay(self._settings(link.source, mailbox.host)),
+                   link.last_delivery)
+        link.last_delivery = when
+
+        def deliver() -> None:
+            if self._mailboxes.get(link.endpoint) is mailbox and not link.closed:
+                self.delivered += 1
+                mailbox.deliver(link.identity, frames)
+            else:
+                self.lost += 1
+        self.clock.call_at(when, deliver)
+
+
+class SimBeaconSocket:
+    """The UDP beacon socket of one simulated host."""
+
+    def __init__(self, network: SimNetwork, host: str, port: int) -> None:
+        self.network, self.host, self.port = network, host, port
+        self._queue: deque[tuple[bytes, str, bytes]] = deque()
+        self._ready = gevent.event.Event()
+        network._bind_beacon(self)
+
+    def deliver(self, data: bytes, source: str, destination: bytes) -> None:
+        self._queue.append((data, source, destination))
+        self._ready.set()
+
+    def setsockopt(self, *args: Any) -> None:
+        """Options mean nothing here."""
+
+    def sendto(self, data: bytes, address: tuple[str, int]) -> int:
+        self.network._send_beacon(self.host, bytes(data), address[0], address[1])
+        return len(data)
+
+    def recvmsg(self, size: int, ancillary: int = 0) -> tuple[bytes, list, int, tuple[str, int]]:
+        """Like ``socket.recvmsg``, with IP_PKTINFO naming the destination address."""
+        while not self._queue:
+            self._ready.clear()
+            self._ready.wait()
+        data, source, destination = self._queue.popleft()
+        pktinfo = struct.pack("=I4s4s", 0, destination, destination)
+        return data[:size], [(0, 8, pktinfo)], 0, (source, self.port)
+
+    def recvfrom(self, size: int) -> tuple[bytes, tuple[str, int]]:
+        data, _, _, address = self.recvmsg(size)
+        return data, address
+
+    def close(self) -> None:
+        self.network._unbind_beacon(self)
+
+
+class SimMailbox:
+    """A node's mailbox: messages arrive in order from the network."""
+
+    def __init__(self, network: SimNetwork, host: str, port: int, max_message: int) -> None:
+        self.network, self.host, self.port = network, host, port
+        self.endpoint = f"tcp://{host}:{port}"
+        self.max_message = max_message
+        self._queue: deque[tuple[bytes, list[bytes]]] = deque()
+        self._ready = gevent.event.Event()
+        network._bind_mailbox(self)
+
+    def deliver(self, identity: bytes, frames: list[bytes]) -> None:
+        self._queue.append((identity, frames))
+        self._ready.set()
+
+    def serve(self, on_message: Callable[[bytes, list[bytes]], None],
+              on_oversized: Callable[[bytes], None], pace: Callable[[], None]) -> None:
+        queue = self._queue
+        while True:
+            while queue:
+                pace()
+                identity, frames = queue.popleft()
+                if sum(map(len, frames)) > self.max_message:
+                    on_oversized(identity)
+                else:
+                    on_message(identity, frames)
+            self._ready.clear()
+            self._ready.wait()
+
+    def close(self) -> None:
+        self.network._unbind_mailbox(self)
+
+
+class SimLink:
+    """A connection from one host to a mailbox endpoint; never full."""
+
+    __slots__ = ("network", "source", "identity", "endpoint", "last_delivery", "closed")
+
+    def __init__(self, network: SimNetwork, source: str, identity: bytes, endpoint: str) -> None:
+        self.network, self.source, self.identity, self.endpoint = network, source, identity, endpoint
+        self.last_delivery = 0.0
+        self.closed = False
+
+    def try_send(self, frames: Sequence[bytes]) -> bool:
+        self.network._send(self, list(frames))
+        return True
+
+    def wait_writable(self, timeout: Optional[float] = None) -> bool:
+        return True
+
+    def close(self, linger: float = 0) -> None:
+        self.closed = True
+
+
+class SimTransport:
+    """The transport interface for one simulated host."""
+
+    def __init__(self, network: SimNetwork, address: str) -> None:
+        self.network = network
+        self.address = address
+        self.now = network.clock.now
+        self.sleep = network.clock.sleep
+        self._ports = count(0xC000)
+
+    def interface(self, choice: Optional[str]) -> Interface:
+        return Interface("sim0", self.address, NETWORK)
+
+    def bind_mailbox(self, address: str, max_message: int) -> SimMailbox:
+        return SimMailbox(self.network, self.address, next(self._ports), max_message)
+
+    def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> SimLink:
+        return SimLink(self.network, self.address, identity, endpoint)
+
+    def beacon_socket(self, port: int) -> SimBeaconSocket:
+        return SimBeaconSocket(self.network, self.address, port)
+
+    def check_capacity(self, peers: int) -> None:
+        """Simulated hosts have no descriptor limit."""

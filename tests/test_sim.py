@@ -1,0 +1,152 @@
+"""The simulated network: real nodes on virtual time, partitions, loss, timeouts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import gevent
+import pytest
+
+from peermesh.events import EventType
+from peermesh.sim import Simulation
+
+ENTER, EXIT, EVASIVE, SILENT = EventType.ENTER, EventType.EXIT, EventType.EVASIVE, EventType.SILENT
+
+
+@pytest.fixture
+def make_sim():
+    sims: list[Simulation] = []
+
+    def make(nodes: int, **kw) -> Simulation:
+        sim = Simulation(nodes, keep_events=True, seed=7, **kw).start()
+        sims.append(sim)
+        return sim
+
+    yield make
+    for sim in sims:
+        sim.stop()
+
+
+def events_of(sim: Simulation, kind: EventType, since: float = 0.0):
+    return [(at, node, event) for at, node, event in sim.events
+            if event.type is kind and at >= since]
+
+
+def test_nodes_mesh_fully_at_once_and_talk(make_sim):
+    sim = make_sim(8, latency=0.002)
+    assert sim.run_until(sim.is_full_mesh, limit=2.0)
+    assert sim.converged_at is not None and sim.converged_at >= 0.004  # two latencies
+    a, b = sim.nodes[0], sim.nodes[-1]
+    a.join("g")
+    sim.run(0.1)
+    a.whisper(b.uuid, b"hello")
+    b.shout("g", b"to the group")
+    sim.run(0.1)
+    whispers = [e for _, n, e in sim.events if n is b and e.type is EventType.WHISPER]
+    assert [e.frames for e in whispers] == [(b"hello",)]
+    got_shout = {n for _, n, e in sim.events if e.type is EventType.SHOUT}
+    assert got_shout == {a}  # only the member gets a shout, whoever sends it
+
+
+def test_partition_gives_exit_on_both_sides_then_enter_after_heal(make_sim):
+    sim = make_sim(6, interval=1.0, evasive=5.0, silent=10.0, expired=30.0)
+    assert sim.run_until(sim.is_full_mesh, limit=2.0)
+    left, right = sim.partition(2)
+    split_at = sim.clock.now()
+    sim.run(29.0)
+    assert events_of(sim, EXIT, split_at) == []  # nothing expires early
+    sim.run(3.0)
+    exits = events_of(sim, EXIT, split_at)
+    pairs = {(node.uuid, event.peer) for _, node, event in exits}
+    across = {(x.uuid, y.uuid) for x in left for y in right} | \
+             {(y.uuid, x.uuid) for x in left for y in right}
+    assert pairs == across  # every node lost exactly the other island, both ways
+    assert all(event.reason == "expired" for _, _, event in exits)
+    assert all(split_at + 29.0 <= at <= split_at + 32.0 for at, _, _ in exits)
+    assert not sim.is_full_mesh()
+    sim.heal()
+    healed_at = sim.clock.now()
+    assert sim.run_until(sim.is_full_mesh, limit=3.0)
+    enters = {(node.uuid, event.peer) for _, node, event in events_of(sim, ENTER, healed_at)}
+    assert enters == across
+
+
+def test_silence_is_reported_evasive_then_silent_then_exit_on_virtual_time(make_sim):
+    sim = make_sim(3, interval=1.0, evasive=5.0, silent=10.0, expired=30.0)
+    assert sim.run_until(sim.is_full_mesh, limit=2.0)
+    dead = sim.nodes[2]
+    # A crash: the node's greenlets stop, no port-0 beacon, its mailbox vanishes.
+    gevent.killall(dead._greenlets + [g for d in dead._discovery for g in d._greenlets])
+    dead._mailbox.close()
+    crashed_at = sim.clock.now()
+    sim.run(40.0)
+    for survivor in sim.nodes[:2]:
+        seen = [(at - crashed_at, e.type) for at, n, e in sim.events
+                if n is survivor and e.peer == dead.uuid and e.type is not ENTER]
+        kinds = [kind for _, kind in seen]
+        assert kinds == [EVASIVE, SILENT, EXIT], seen
+        times = dict((kind, at) for at, kind in seen)
+        assert 4.0 <= times[EVASIVE] <= 6.5
+        assert 9.0 <= times[SILENT] <= 11.5
+        assert 29.0 <= times[EXIT] <= 31.5
+
+
+def test_beacon_loss_slows_nothing_that_matters(make_sim):
+    sim = make_sim(10, loss=0.3)
+    assert sim.run_until(sim.is_full_mesh, limit=10.0)
+    sim.run(5.0)
+    report = sim.report()
+    assert report["beacons"]["lost"] > 0
+    assert report["messages"]["lost"] == 0
+    assert report["events"].get("EXIT", 0) == 0  # 30% loss never looks like a dead peer
+
+
+def test_links_can_change_during_a_run(make_sim):
+    sim = make_sim(4)
+    assert sim.run_until(sim.is_full_mesh, limit=1.0)
+    a, b = sim.nodes[:2]
+    sim.network.set_link(sim.address(a), sim.address(b), latency=0.5)
+    sent_at = sim.clock.now()
+    a.whisper(b.uuid, b"slow")
+    sim.run(0.4)
+    assert not [e for _, n, e in sim.events if n is b and e.type is EventType.WHISPER]
+    sim.run(0.2)
+    got = [(at, e) for at, n, e in sim.events if n is b and e.type is EventType.WHISPER]
+    assert len(got) == 1 and got[0][0] - sent_at == pytest.approx(0.5, abs=0.06)
+
+
+def test_same_seed_same_story():
+    reports = []
+    for _ in range(2):
+        sim = Simulation(12, loss=0.2, jitter=0.01, seed=42).start()
+        sim.run(3.0)
+        report = sim.report()
+        sim.stop()
+        report.pop("memory_per_node_bytes")
+        reports.append(report)
+    assert reports[0] == reports[1]
+
+
+def test_simulate_command_reports_json():
+    out = subprocess.run(
+        [sys.executable, "-m", "peermesh", "simulate", "--nodes", "12", "--duration", "40",
+         "--partition", "2:33", "--latency", "1", "--seed", "3", "--json"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["nodes"] == 12 and report["full_mesh"] is True
+    assert report["events"]["EXIT"] == 2 * 6 * 6  # both islands lost the other, both ways
+    assert "partition into 2 islands" in out.stderr and "healed" in out.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "0"], "--nodes must be at least 1"),
+    (["--loss", "2"], "--loss within 0..1"),
+    (["--partition", "x"], "AT:DURATION"),
+])
+def test_simulate_command_misuse_is_a_clear_error(argv, message):
+    out = subprocess.run([sys.executable, "-m", "peermesh", "simulate", *argv],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
