@@ -170,8 +170,6 @@ class ZmqTransport:
 
     def __init__(self, context: Optional[zmq.Context] = None) -> None:
         self.context = context or zmq.Context.instance()
-        self._counted = _open_descriptors()
-        self._since_count = 0
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(gevent.sleep)
@@ -214,19 +212,30 @@ class ZmqTransport:
         if limit == resource.RLIM_INFINITY:
             return
         # Counting /proc/self/fd costs a directory listing: do it only when an
-        # estimate from the last count says the limit may be near.
-        self._since_count += 1
-        estimate = self._counted + FDS_PER_PEER * self._since_count
-        if estimate + _FD_RESERVE < 0.75 * limit and self._since_count < 256:
+        # estimate from the last count (shared by every node of the process)
+        # says the limit may be near.
+        _fds.since += 1
+        estimate = _fds.counted + FDS_PER_PEER * _fds.since
+        if estimate + _FD_RESERVE < 0.75 * limit and _fds.since < 256:
             return
-        used = self._counted = _open_descriptors()
-        self._since_count = 0
+        used = _fds.counted = _open_descriptors()
+        _fds.since = 0
         if used + FDS_PER_PEER + _FD_RESERVE > limit:
             raise CapacityError(
                 f"{used} of {limit} file descriptors in use: one more peer (about "
                 f"{FDS_PER_PEER}) would exhaust them. Run fewer nodes per process "
                 f"(a full mesh of N nodes in one process needs about 3*N*(N-1)), or raise "
                 f"`ulimit -n`.")
+
+
+class _DescriptorCount:
+    """The process's last count of open descriptors, and peers added since."""
+
+    counted = 0
+    since = 256  # count at the first check
+
+
+_fds = _DescriptorCount()
 
 
 def _open_descriptors() -> int:

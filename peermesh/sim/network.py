@@ -206,7 +206,7 @@ class SimNetwork:
         if self._mailboxes.get(mailbox.endpoint) is mailbox:
             del self._mailboxes[mailbox.endpoint]
 
-    def _send(self, link: "SimLink", frames: list[bytes]) -> None:
+    def _send(self, link: "SimLink", frames: Sequence[bytes]) -> None:
         self.sent += 1
         mailbox = self._mailboxes.get(link.endpoint)
         if mailbox is None or not self._reachable(link.source, mailbox.host):
@@ -219,7 +219,7 @@ class SimNetwork:
         def deliver() -> None:
             if self._mailboxes.get(link.endpoint) is mailbox and not link.closed:
                 self.delivered += 1
-                mailbox.deliver(link.identity, frames)
+                mailbox.deliver(link.identity, list(frames))
             else:
                 self.lost += 1
         self.clock.call_at(when, deliver)
@@ -306,7 +306,7 @@ class SimLink:
         self.closed = False
 
     def try_send(self, frames: Sequence[bytes]) -> bool:
-        self.network._send(self, list(frames))
+        self.network._send(self, frames)  # nodes never change frames once sent
         return True
 
     def wait_writable(self, timeout: Optional[float] = None) -> bool:

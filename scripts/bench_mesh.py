@@ -1,0 +1,1353 @@
+#!/usr/bin/env python3
+"""Benchmark peermesh against raw pyzmq (and pyre, when installed), in one run.
+
+Every figure comes from processes started by this run, on loopback only
+(127.0.0.1, beacons to 127.255.255.255 on a free, non-default UDP port that
+each test picks afresh), with 100-byte payloads:
+
+1. one-way throughput, two processes: raw pyzmq DEALER->ROUTER (one frame)
+   vs peermesh WHISPER (gevent ``Node`` -> ``Node``, every message a ZRE
+   WHISPER delivered as its own event) vs pyre -> pyre; plus ``ThreadedNode``
+   (whispering from a plain thread) -> ``Node``;
+2. round-trip latency, two processes: raw DEALER<->ROUTER echo vs peermesh
+   whisper / whisper-back vs pyre;
+3. start -> first ENTER with a peer already running in another process;
+4. ``import peermesh`` in a fresh interpreter, and the CPU and RSS of an idle
+   node with one peer.
+
+The raw and peermesh tests run ``--repeat`` interleaved rounds; medians are
+shown and each ratio is the median of the per-round ratios. The table prints
+those ratios against the targets of issue 2. Progress goes to stderr;
+``--json`` prints the results as one JSON object instead of the table.
+``--profile DIR`` runs the peermesh processes under cProfile (see README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import multiprocessing
+import os
+import random
+import resource
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+PAYLOAD = 100
+LOOPBACK = "127.0.0.1"
+LO_BROADCAST = "127.255.255.255"
+_PACK = struct.Struct(">Q")
+_TAIL = b"x" * (PAYLOAD - _PACK.size)
+_T0 = time.perf_counter()
+
+TARGETS = {
+    "throughput_ratio": 0.60,   # peermesh / raw, at least
+    "latency_p50_ratio": 1.5,   # peermesh / raw, at most
+    "enter_ms": 5.0,            # at most
+    "import_ms": 150.0,         # at most
+    "idle_cpu_pct": 0.1,        # at most
+    "idle_rss_mb": 25.0,        # at most
+}
+
+
+# ---------------------------------------------------------------------------
+# small helpers shared by parent and children
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _payload(i: int) -> bytes:
+    return _PACK.pack(i) + _TAIL
+
+
+def _check_last(last: bytes, n: int, what: str) -> None:
+    if len(last) != PAYLOAD or _PACK.unpack_from(last)[0] != n - 1:
+        raise RuntimeError(f"{what}: last message is not message {n - 1} of 100 bytes "
+                           f"(got {len(last)} bytes, counter {_PACK.unpack_from(last)[0]})")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    k = math.ceil(q / 100.0 * len(sorted_values)) - 1
+    return sorted_values[max(0, min(len(sorted_values) - 1, k))]
+
+
+def _latency_stats(samples_ns: list[int], cpu_s: float) -> dict[str, float]:
+    us = sorted(s / 1000.0 for s in samples_ns)
+    return {"round_trips": len(us), "ping_cpu_us": cpu_s / len(us) * 1e6,
+            "p50_us": _percentile(us, 50), "p90_us": _percentile(us, 90),
+            "p99_us": _percentile(us, 99), "min_us": us[0], "mean_us": statistics.fmean(us),
+            "round_trips_per_s": 1e6 / statistics.fmean(us)}
+
+
+def free_udp_port() -> int:
+    """A UDP port nobody has bound (checked without SO_REUSE*), never 5670."""
+    for _ in range(200):
+        port = random.randint(20000, 60000)
+        if port == 5670:
+            continue
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.bind(("", port))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        return port
+    raise RuntimeError("no free UDP port found")
+
+
+def _proc_net_bound(kind: str, port: int) -> list[str]:
+    """Local IPv4 addresses of sockets bound to ``port`` in /proc/net/{udp,tcp}."""
+    out = []
+    with open(f"/proc/net/{kind}") as f:
+        next(f)
+        for line in f:
+            local = line.split()[1]
+            ip_hex, port_hex = local.split(":")
+            if int(port_hex, 16) == port:
+                out.append(socket.inet_ntoa(struct.pack("<I", int(ip_hex, 16))))
+    return out
+
+
+def progress(text: str) -> None:
+    print(f"[{time.perf_counter() - _T0:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# child side: every role runs in a fresh (spawned) process and talks to the
+# parent over a multiprocessing Pipe: ("ready", x), ("result", dict), ("error", tb)
+
+def _expect(conn: Any, what: str, timeout: float) -> None:
+    """Wait (blocking, bounded) for the parent's ``what`` command."""
+    if not conn.poll(timeout):
+        raise TimeoutError(f"no {what!r} from the parent within {timeout:.0f} s")
+    msg = conn.recv()
+    if msg != what:
+        raise RuntimeError(f"expected {what!r} from the parent, got {msg!r}")
+
+
+def _green_expect(conn: Any, what: str, timeout: float) -> None:
+    """Like ``_expect`` but lets the gevent hub (and the node's greenlets) run."""
+    import gevent.socket
+    if not conn.poll(0):
+        try:
+            gevent.socket.wait_read(conn.fileno(), timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no {what!r} from the parent within {timeout:.0f} s") from None
+    msg = conn.recv()
+    if msg != what:
+        raise RuntimeError(f"expected {what!r} from the parent, got {msg!r}")
+
+
+def _child_main(role: str, conn: Any, kwargs: dict[str, Any]) -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it terminates us
+    profile = kwargs.pop("_profile", None)
+    try:
+        if profile:
+            import cProfile
+            prof = cProfile.Profile()
+            try:
+                result = prof.runcall(ROLES[role], conn, **kwargs)
+            finally:
+                prof.dump_stats(profile)
+        else:
+            result = ROLES[role](conn, **kwargs)
+        conn.send(("result", result))
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except Exception:
+            pass
+    finally:
+        try:
+            conn.close()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)  # pyre's non-daemon threads would otherwise keep us alive
+
+
+# --- raw pyzmq ------------------------------------------------------------
+
+def role_raw_sink(conn: Any, n: int) -> dict[str, Any]:
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 15000)  # every wait bounded: zmq.Again after 15 s
+    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
+    conn.send(("ready", port))
+    recv = sock.recv
+    frame = recv(copy=False)           # identity of the first message
+    t0, c0 = _now(), _cpu()
+    while frame.more:
+        frame = recv(copy=False)
+    for _ in range(n - 1):
+        frame = recv(copy=False)       # identity
+        while frame.more:
+            frame = recv(copy=False)   # payload
+    t1, c1 = _now(), _cpu()
+    _check_last(frame.bytes, n, "raw sink")
+    sock.close()
+    return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
+            "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6}
+
+
+def role_raw_source(conn: Any, port: int, n: int) -> dict[str, Any]:
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 15000)
+    sock.connect(f"tcp://{LOOPBACK}:{port}")
+    conn.send(("ready", None))
+    _expect(conn, "go", 60)
+    send = sock.send
+    pack, tail = _PACK.pack, _TAIL
+    t0, c0 = _now(), _cpu()
+    for i in range(n):
+        send(pack(i) + tail)
+    t1 = _now()
+    _expect(conn, "stop", 600)
+    c1 = _cpu()
+    sock.close()
+    return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+
+
+def role_raw_echo(conn: Any, total: int) -> dict[str, Any]:
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 15000)
+    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
+    conn.send(("ready", port))
+    recv, send, more = sock.recv, sock.send, zmq.SNDMORE
+    c0 = 0.0
+    for i in range(total):
+        ident = recv(copy=False)
+        if i == 0:
+            c0 = _cpu()
+        body = recv(copy=False)
+        send(ident, more, copy=False)
+        send(body, copy=False)
+    c1 = _cpu()
+    _expect(conn, "stop", 60)
+    sock.close()
+    return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
+
+
+def role_raw_ping(conn: Any, port: int, n: int, warmup: int) -> dict[str, Any]:
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 15000)
+    sock.setsockopt(zmq.SNDTIMEO, 15000)
+    sock.connect(f"tcp://{LOOPBACK}:{port}")
+    conn.send(("ready", None))
+    _expect(conn, "go", 60)
+    send, recv, clock = sock.send, sock.recv, time.perf_counter_ns
+    samples = []
+    c0 = _cpu()
+    for i in range(warmup + n):
+        msg = _payload(i)
+        t = clock()
+        send(msg)
+        frame = recv(copy=False)
+        while frame.more:
+            frame = recv(copy=False)
+        dt = clock() - t
+        if i >= warmup:
+            samples.append(dt)
+        elif i == warmup - 1:
+            c0 = _cpu()
+    _check_last(frame.bytes, warmup + n, "raw ping")
+    sock.close()
+    return _latency_stats(samples, _cpu() - c0)
+
+
+# --- peermesh --------------------------------------------------------------
+
+def _pm_node(name: str, beacon_port: int, threaded: bool = False) -> Any:
+    from peermesh import Node, ThreadedNode
+    cls = ThreadedNode if threaded else Node
+    return cls(name, interface="lo", port=beacon_port).start()
+
+
+def _pm_wait_enter(node: Any, timeout: float) -> Any:
+    from peermesh import EventType
+    deadline = _now() + timeout
+    while True:
+        remaining = deadline - _now()
+        if remaining <= 0:
+            raise TimeoutError(f"no ENTER within {timeout} s")
+        event = node.recv(remaining)
+        if event is not None and event.type is EventType.ENTER:
+            return event
+
+
+def role_pm_sink(conn: Any, beacon_port: int, n: int, threaded: bool = False) -> dict[str, Any]:
+    from peermesh import EventType
+    WHISPER, EXIT = EventType.WHISPER, EventType.EXIT
+    node = _pm_node("bench-sink", beacon_port, threaded)
+    try:
+        _pm_wait_enter(node, 15)
+        conn.send(("ready", None))
+        recv = node.recv
+        count = 0
+        t0 = c0 = 0.0
+        last = None
+        while count < n:
+            event = recv(15)
+            if event is None:
+                raise RuntimeError(f"no event for 15 s after {count} of {n} WHISPERs")
+            if event.type is WHISPER:
+                if count == 0:
+                    t0, c0 = _now(), _cpu()
+                count += 1
+                last = event
+            elif event.type is EXIT:
+                raise RuntimeError(f"peer exited after {count} of {n} WHISPERs: {event.reason}")
+        t1, c1 = _now(), _cpu()
+        assert last is not None
+        if len(last.frames) != 1:
+            raise RuntimeError(f"a WHISPER event carried {len(last.frames)} frames, not 1")
+        _check_last(last.frames[0], n, "peermesh sink")
+        return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
+                "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6}
+    finally:
+        node.stop(0.5)
+
+
+def role_pm_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+    node = _pm_node("bench-source", beacon_port)
+    try:
+        peer = _pm_wait_enter(node, 15).peer
+        conn.send(("ready", None))
+        _green_expect(conn, "go", 60)
+        whisper = node.whisper
+        pack, tail = _PACK.pack, _TAIL
+        t0, c0 = _now(), _cpu()
+        for i in range(n):
+            whisper(peer, pack(i) + tail)
+        t1 = _now()
+        _green_expect(conn, "stop", 600)  # the hub keeps flushing the backlog meanwhile
+        c1 = _cpu()
+        return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+    finally:
+        node.stop(0.5)
+
+
+def role_pm_threaded_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+    node = _pm_node("bench-threaded-source", beacon_port, threaded=True)
+    try:
+        peer = _pm_wait_enter(node, 15).peer
+        conn.send(("ready", None))
+        _expect(conn, "go", 60)
+        whisper = node.whisper
+        pack, tail = _PACK.pack, _TAIL
+        t0, c0 = _now(), _cpu()
+        for i in range(n):
+            whisper(peer, pack(i) + tail)
+        t1 = _now()
+        _expect(conn, "stop", 600)
+        c1 = _cpu()
+        return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+    finally:
+        node.stop(0.5)
+
+
+def role_pm_echo(conn: Any, beacon_port: int, total: int) -> dict[str, Any]:
+    from peermesh import EventType
+    WHISPER = EventType.WHISPER
+    node = _pm_node("bench-echo", beacon_port)
+    try:
+        _pm_wait_enter(node, 15)
+        conn.send(("ready", None))
+        recv, whisper = node.recv, node.whisper
+        count = 0
+        c0 = 0.0
+        while count < total:
+            event = recv(15)
+            if event is None:
+                raise RuntimeError(f"no event for 15 s after {count} echoes")
+            if event.type is WHISPER:
+                if count == 0:
+                    c0 = _cpu()
+                whisper(event.peer, *event.frames)
+                count += 1
+        c1 = _cpu()
+        _green_expect(conn, "stop", 60)
+        return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
+    finally:
+        node.stop(0.5)
+
+
+def role_pm_ping(conn: Any, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
+    from peermesh import EventType
+    WHISPER = EventType.WHISPER
+    node = _pm_node("bench-ping", beacon_port)
+    try:
+        peer = _pm_wait_enter(node, 15).peer
+        conn.send(("ready", None))
+        _green_expect(conn, "go", 60)
+        recv, whisper, clock = node.recv, node.whisper, time.perf_counter_ns
+        samples = []
+        event = None
+        c0 = _cpu()
+        for i in range(warmup + n):
+            msg = _payload(i)
+            t = clock()
+            whisper(peer, msg)
+            while True:
+                event = recv(15)
+                if event is None:
+                    raise RuntimeError(f"no echo within 15 s (round trip {i})")
+                if event.type is WHISPER:
+                    break
+            dt = clock() - t
+            if i >= warmup:
+                samples.append(dt)
+            elif i == warmup - 1:
+                c0 = _cpu()
+        assert event is not None
+        _check_last(event.frames[0], warmup + n, "peermesh ping")
+        return _latency_stats(samples, _cpu() - c0)
+    finally:
+        node.stop(0.5)
+
+
+def role_pm_peer(conn: Any, beacon_port: int, threaded: bool = False) -> dict[str, Any]:
+    """A peer that just stays up (and idle) until told to stop; reports its idle cost."""
+    node = _pm_node("bench-peer", beacon_port, threaded)
+    try:
+        conn.send(("ready", None))
+        t0, c0 = _now(), _cpu()
+        if threaded:
+            _expect(conn, "stop", 600)
+        else:
+            _green_expect(conn, "stop", 600)
+        t1, c1 = _now(), _cpu()
+        return {"cpu_pct": (c1 - c0) / (t1 - t0) * 100.0, "rss_mb": _rss_mb()}
+    finally:
+        node.stop(0.5)
+
+
+def role_pm_enter_probe(conn: Any, beacon_port: int, tries: int) -> dict[str, Any]:
+    """Start fresh nodes next to a running peer; time start() and start()->first ENTER."""
+    import gevent
+    from peermesh import Node, ThreadedNode
+    out: dict[str, Any] = {}
+    for label, cls in (("node", Node), ("threaded", ThreadedNode)):
+        start_ms, enter_ms = [], []
+        for k in range(tries):
+            node = cls(f"probe-{label}-{k}", interface="lo", port=beacon_port)
+            a = _now()
+            node.start()
+            b = _now()
+            try:
+                _pm_wait_enter(node, 5)
+                c = _now()
+            finally:
+                node.stop(0.2)
+            start_ms.append((b - a) * 1e3)
+            enter_ms.append((c - b) * 1e3)
+            gevent.sleep(0.15)  # let the peer see our port-0 beacon before the next try
+        out[label] = {"enter_ms": enter_ms, "start_ms": start_ms,
+                      "enter_ms_median": statistics.median(enter_ms),
+                      "start_ms_median": statistics.median(start_ms)}
+    return out
+
+
+# --- pyre ------------------------------------------------------------------
+
+def _pyre_on_loopback() -> None:
+    """Confine zeromq-pyre 0.3.4 to loopback.
+
+    pyre ignores ``set_interface`` (a no-op in 0.3.4) and ZSYS_INTERFACE; its
+    ZBeacon._prepare_socket takes the first non-loopback interface, and the
+    node binds its mailbox to ``tcp://*``. Here, in this benchmark child only,
+    the beacon is given 127.0.0.1 / 127.255.255.255 (on Linux it then binds
+    its UDP socket to 127.255.255.255:port and sends there) and the mailbox
+    bind is narrowed to 127.0.0.1.
+    """
+    import ipaddress
+    import zmq
+    from pyre import zbeacon
+
+    def _prepare_socket(self: Any) -> None:
+        self.address = ipaddress.IPv4Address(LOOPBACK)
+        self.network_address = ipaddress.IPv4Address("127.0.0.0")
+        self.broadcast_address = ipaddress.IPv4Address(LO_BROADCAST)
+        self.interface_name = "lo"
+
+    zbeacon.ZBeacon._prepare_socket = _prepare_socket
+    original = zmq.Socket.bind_to_random_port
+
+    def bind_to_random_port(self: Any, addr: str, *args: Any, **kwargs: Any) -> int:
+        if addr == "tcp://*":
+            addr = f"tcp://{LOOPBACK}"
+        return original(self, addr, *args, **kwargs)
+
+    zmq.Socket.bind_to_random_port = bind_to_random_port  # type: ignore[method-assign]
+
+
+def _pyre_node(name: str, beacon_port: int) -> Any:
+    _pyre_on_loopback()
+    from pyre import Pyre
+    node = Pyre(name)
+    node.set_port(str(beacon_port).encode())
+    node.start()
+    endpoint = node.endpoint()
+    if not endpoint.startswith(f"tcp://{LOOPBACK}:"):
+        raise RuntimeError(f"pyre is not on loopback: endpoint {endpoint}")
+    udp = set(_proc_net_bound("udp", beacon_port))
+    if udp - {LO_BROADCAST, "0.0.0.0"}:
+        raise RuntimeError(f"pyre beacon bound to {udp}")
+    return node
+
+
+def _pyre_recv(node: Any, timeout: float) -> Optional[list[bytes]]:
+    if node.socket().poll(int(timeout * 1000)):
+        return node.recv()
+    return None
+
+
+def _pyre_wait_enter(node: Any, timeout: float) -> Any:
+    import uuid
+    deadline = _now() + timeout
+    while True:
+        remaining = deadline - _now()
+        if remaining <= 0:
+            raise TimeoutError(f"pyre: no ENTER within {timeout} s")
+        parts = _pyre_recv(node, remaining)
+        if parts and parts[0] == b"ENTER":
+            return uuid.UUID(bytes=parts[1])
+
+
+def role_pyre_sink(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+    node = _pyre_node("pyre-sink", beacon_port)
+    _pyre_wait_enter(node, 15)
+    check = {"endpoint": node.endpoint(), "udp_bound": sorted(set(_proc_net_bound("udp",
+                                                                                  beacon_port)))}
+    conn.send(("ready", check))
+    sock = node.socket()
+    poll, recv = sock.poll, node.recv
+    count = 0
+    t0 = c0 = 0.0
+    last = None
+    while count < n:
+        if not poll(15000):
+            raise RuntimeError(f"pyre: no event for 15 s after {count} of {n} WHISPERs "
+                               "(its sender drops the link when its 3,000-message queue fills)")
+        parts = recv()
+        kind = parts[0]
+        if kind == b"WHISPER":
+            if count == 0:
+                t0, c0 = _now(), _cpu()
+            count += 1
+            last = parts
+        elif kind == b"EXIT":
+            raise RuntimeError(f"pyre: peer exited after {count} of {n} WHISPERs")
+    t1, c1 = _now(), _cpu()
+    assert last is not None
+    _check_last(last[3], n, "pyre sink")
+    return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
+            "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6, "loopback": check}
+
+
+def role_pyre_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+    node = _pyre_node("pyre-source", beacon_port)
+    peer = _pyre_wait_enter(node, 15)
+    conn.send(("ready", None))
+    _expect(conn, "go", 60)
+    whisper = node.whisper
+    pack, tail = _PACK.pack, _TAIL
+    t0, c0 = _now(), _cpu()
+    for i in range(n):
+        whisper(peer, pack(i) + tail)
+    t1 = _now()
+    _expect(conn, "stop", 600)
+    c1 = _cpu()
+    return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+
+
+def role_pyre_echo(conn: Any, beacon_port: int, total: int) -> dict[str, Any]:
+    import uuid
+    node = _pyre_node("pyre-echo", beacon_port)
+    _pyre_wait_enter(node, 15)
+    conn.send(("ready", None))
+    count = 0
+    c0 = 0.0
+    while count < total:
+        parts = _pyre_recv(node, 15)
+        if parts is None:
+            raise RuntimeError(f"pyre: no event for 15 s after {count} echoes")
+        if parts[0] == b"WHISPER":
+            if count == 0:
+                c0 = _cpu()
+            node.whisper(uuid.UUID(bytes=parts[1]), parts[3])
+            count += 1
+    c1 = _cpu()
+    _expect(conn, "stop", 60)
+    return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
+
+
+def role_pyre_ping(conn: Any, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
+    node = _pyre_node("pyre-ping", beacon_port)
+    peer = _pyre_wait_enter(node, 15)
+    conn.send(("ready", None))
+    _expect(conn, "go", 60)
+    sock = node.socket()
+    clock = time.perf_counter_ns
+    samples = []
+    parts: list[bytes] = []
+    c0 = _cpu()
+    for i in range(warmup + n):
+        msg = _payload(i)
+        t = clock()
+        node.whisper(peer, msg)
+        while True:
+            if not sock.poll(15000):
+                raise RuntimeError(f"pyre: no echo within 15 s (round trip {i})")
+            parts = node.recv()
+            if parts[0] == b"WHISPER":
+                break
+        dt = clock() - t
+        if i >= warmup:
+            samples.append(dt)
+        elif i == warmup - 1:
+            c0 = _cpu()
+    _check_last(parts[3], warmup + n, "pyre ping")
+    return _latency_stats(samples, _cpu() - c0)
+
+
+def role_pyre_peer(conn: Any, beacon_port: int) -> dict[str, Any]:
+    _pyre_node("pyre-peer", beacon_port)
+    conn.send(("ready", None))
+    _expect(conn, "stop", 600)
+    return {}
+
+
+ROLES: dict[str, Callable[..., dict[str, Any]]] = {
+    name[len("role_"):]: fn for name, fn in list(globals().items()) if name.startswith("role_")
+}
+
+
+# ---------------------------------------------------------------------------
+# parent side
+
+class ChildFailed(RuntimeError):
+    pass
+
+
+class Child:
+    """One spawned role, with bounded waits on its messages."""
+
+    def __init__(self, mp: Any, role: str, kwargs: dict[str, Any]) -> None:
+        self.role = role
+        self.conn, child_conn = mp.Pipe()
+        self.process = mp.Process(target=_child_main, args=(role, child_conn, kwargs),
+                                  name=f"bench-{role}", daemon=True)
+        self.process.start()
+        child_conn.close()
+
+    def expect(self, kind: str, timeout: float) -> Any:
+        deadline = _now() + timeout
+        while True:
+            remaining = deadline - _now()
+            if remaining <= 0 or not self.conn.poll(remaining):
+                alive = self.process.is_alive()
+                raise TimeoutError(f"{self.role}: no {kind!r} within {timeout:.0f} s "
+                                   f"({'still running' if alive else 'exited'})")
+            try:
+                tag, value = self.conn.recv()
+            except EOFError:
+                raise ChildFailed(f"{self.role} died (exit code {self.process.exitcode})") from None
+            if tag == "error":
+                raise ChildFailed(f"{self.role} failed:\n{value}")
+            if tag == kind:
+                return value
+
+    def send(self, msg: str) -> None:
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, OSError):
+            pass
+
+    def close(self) -> None:
+        p = self.process
+        if p.is_alive():
+            p.join(0.5)
+        if p.is_alive():
+            p.terminate()
+            p.join(3)
+        if p.is_alive():
+            p.kill()
+            p.join(3)
+        self.conn.close()
+
+
+class Children(contextlib.AbstractContextManager["Children"]):
+    """Starts roles in spawned processes; terminates every one of them on exit."""
+
+    def __init__(self) -> None:
+        self.mp = multiprocessing.get_context("spawn")
+        self.children: list[Child] = []
+
+    def spawn(self, role: str, **kwargs: Any) -> Child:
+        child = Child(self.mp, role, kwargs)
+        self.children.append(child)
+        return child
+
+    def __exit__(self, *exc: object) -> None:
+        for child in self.children:
+            child.send("stop")
+        for child in self.children:
+            try:
+                child.close()
+            except Exception:
+                pass
+
+
+def _result_timeout(n: int) -> float:
+    return 30.0 + n / 2000.0  # even at 2,000 msg/s a run ends in time
+
+
+def bench_throughput(kind: str, n: int, profile_dir: Optional[str] = None) -> dict[str, Any]:
+    with Children() as kids:
+        if kind == "raw":
+            sink = kids.spawn("raw_sink", n=n)
+            port = sink.expect("ready", 30)
+            source = kids.spawn("raw_source", port=port, n=n)
+            source.expect("ready", 30)
+            extra: dict[str, Any] = {}
+        else:
+            bp = free_udp_port()
+            sink_role, source_role = {"peermesh": ("pm_sink", "pm_source"),
+                                      "threaded": ("pm_sink", "pm_threaded_source"),
+                                      "pyre": ("pyre_sink", "pyre_source")}[kind]
+            sink_kw: dict[str, Any] = {"beacon_port": bp, "n": n}
+            source_kw: dict[str, Any] = {"beacon_port": bp, "n": n}
+            if profile_dir and kind == "peermesh":
+                sink_kw["_profile"] = os.path.join(profile_dir, "sink.prof")
+                source_kw["_profile"] = os.path.join(profile_dir, "source.prof")
+            sink = kids.spawn(sink_role, **sink_kw)
+            source = kids.spawn(source_role, **source_kw)
+            extra = {"beacon_port": bp}
+            check = sink.expect("ready", 30)
+            if check:
+                extra["pyre_loopback"] = check
+            source.expect("ready", 30)
+        source.send("go")
+        rx = sink.expect("result", _result_timeout(n))
+        source.send("stop")
+        tx = source.expect("result", 30)
+        return {**rx, **tx, **extra}
+
+
+def bench_latency(kind: str, n: int, warmup: int,
+                  profile_dir: Optional[str] = None) -> dict[str, Any]:
+    total = n + warmup
+    with Children() as kids:
+        if kind == "raw":
+            echo = kids.spawn("raw_echo", total=total)
+            port = echo.expect("ready", 30)
+            ping = kids.spawn("raw_ping", port=port, n=n, warmup=warmup)
+        else:
+            bp = free_udp_port()
+            prefix = "pm" if kind == "peermesh" else "pyre"
+            echo_kw: dict[str, Any] = {"beacon_port": bp, "total": total}
+            ping_kw: dict[str, Any] = {"beacon_port": bp, "n": n, "warmup": warmup}
+            if profile_dir and kind == "peermesh":
+                echo_kw["_profile"] = os.path.join(profile_dir, "echo.prof")
+                ping_kw["_profile"] = os.path.join(profile_dir, "ping.prof")
+            echo = kids.spawn(f"{prefix}_echo", **echo_kw)
+            ping = kids.spawn(f"{prefix}_ping", **ping_kw)
+            echo.expect("ready", 30)
+        ping.expect("ready", 30)
+        ping.send("go")
+        result = ping.expect("result", 30 + total / 200.0)
+        echo.send("stop")
+        return {**result, **echo.expect("result", 15)}
+
+
+def bench_enter(tries: int) -> dict[str, Any]:
+    bp = free_udp_port()
+    with Children() as kids:
+        peer = kids.spawn("pm_peer", beacon_port=bp)
+        peer.expect("ready", 30)
+        time.sleep(0.3)  # the peer is up and beaconing
+        probe = kids.spawn("pm_enter_probe", beacon_port=bp, tries=tries)
+        return probe.expect("result", 30 + tries * 12)
+
+
+def bench_import(runs: int) -> dict[str, Any]:
+    code = ("import time; t = time.perf_counter(); import peermesh; "
+            "print(time.perf_counter() - t)")
+    times = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60, env=env, check=True)
+        times.append(float(out.stdout.strip()) * 1e3)
+    # where the time goes: the first import of each top-level package outside
+    # peermesh carries its whole cost (cumulative), from one -X importtime run
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import peermesh"],
+                         capture_output=True, text=True, timeout=60, env=env, check=True)
+    top = []
+    for line in out.stderr.splitlines():
+        fields = line.split("|")
+        if len(fields) != 3 or not line.startswith("import time:"):
+            continue
+        name = fields[2].strip()
+        try:
+            cumulative_ms = int(fields[1]) / 1e3
+        except ValueError:
+            continue
+        if "." not in name and not name.startswith("peermesh"):
+            top.append((cumulative_ms, name))
+    top.sort(reverse=True)
+    return {"import_ms": times, "import_ms_median": statistics.median(times),
+            "heaviest_packages_ms": [[round(ms, 1), name] for ms, name in top[:8]]}
+
+
+# The idle node runs in a minimal interpreter (not a multiprocessing child, whose
+# own imports would inflate RSS): just the library, one node, one peer elsewhere.
+_IDLE_SCRIPT = r"""
+import glob, json, os, resource, sys, time
+from typing import Any
+kind, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+LOOPBACK, LO_BROADCAST = "127.0.0.1", "127.255.255.255"
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+
+def wakeups():  # voluntary context switches of every thread: each is one sleep -> wake
+    total = 0
+    for path in glob.glob("/proc/self/task/*/status"):
+        with open(path) as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
+
+rss_bare = rss()
+deadline = time.monotonic() + 15
+if kind == "peermesh":
+    import gevent
+    from peermesh import EventType, Node
+    rss_import = rss()
+    node = Node("bench-idle", interface="lo", port=port).start()
+    while True:
+        ev = node.recv(max(0.01, deadline - time.monotonic()))
+        if ev is not None and ev.type is EventType.ENTER:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit("no ENTER within 15 s")
+    sleep = gevent.sleep
+else:
+%(pyre_patch)s
+    _pyre_on_loopback()
+    from pyre import Pyre
+    rss_import = rss()
+    node = Pyre("pyre-idle")
+    node.set_port(str(port).encode())
+    node.start()
+    while True:
+        if node.socket().poll(100) and node.recv()[0] == b"ENTER":
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit("no ENTER within 15 s")
+    sleep = time.sleep
+sleep(1.0)  # settle: HELLO, first beacons
+c0, w0, t0 = cpu(), wakeups(), time.perf_counter()
+sleep(seconds)
+c1, w1, t1 = cpu(), wakeups(), time.perf_counter()
+print(json.dumps({"cpu_pct": (c1 - c0) / (t1 - t0) * 100.0, "cpu_ms": (c1 - c0) * 1e3,
+                  "seconds": t1 - t0, "wakeups_per_s": (w1 - w0) / (t1 - t0),
+                  "cpu_us_per_wakeup": (c1 - c0) / max(1, w1 - w0) * 1e6,
+                  "rss_mb": rss(), "rss_interpreter_mb": rss_bare,
+                  "rss_after_import_mb": rss_import}))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _idle_script() -> str:
+    import inspect
+    import textwrap
+    patch = textwrap.indent(inspect.getsource(_pyre_on_loopback), "    ")
+    return _IDLE_SCRIPT % {"pyre_patch": patch}
+
+
+def _run_idle(kind: str, beacon_port: int, seconds: float) -> "subprocess.Popen[str]":
+    return subprocess.Popen([sys.executable, "-c", _idle_script(), kind, str(beacon_port),
+                             str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _finish_idle(proc: "subprocess.Popen[str]", timeout: float) -> dict[str, Any]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    if proc.returncode != 0:
+        raise RuntimeError(f"idle node failed (exit {proc.returncode}): {err.strip()[-800:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def bench_idle(seconds: float, with_pyre: bool) -> dict[str, Any]:
+    """An idle node with one peer, in a minimal interpreter; pyre alongside (both idle)."""
+    procs: list[tuple[str, subprocess.Popen[str]]] = []
+    with Children() as kids:
+        try:
+            bp = free_udp_port()
+            kids.spawn("pm_peer", beacon_port=bp).expect("ready", 30)
+            procs.append(("peermesh", _run_idle("peermesh", bp, seconds)))
+            if with_pyre:  # idle processes: measuring both at once disturbs neither
+                bp2 = free_udp_port()
+                kids.spawn("pyre_peer", beacon_port=bp2).expect("ready", 30)
+                procs.append(("pyre", _run_idle("pyre", bp2, seconds)))
+            result: dict[str, Any] = {}
+            for kind, proc in procs:
+                try:
+                    result[kind] = _finish_idle(proc, seconds + 40)
+                except Exception as exc:
+                    if kind == "peermesh":
+                        raise
+                    result[kind] = {"error": str(exc)}
+            return result
+        finally:
+            for _, proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(5)
+
+
+def _median_trial(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run whose ``key`` is the median (lower middle), with every run's ``key`` listed."""
+    ordered = sorted(runs, key=lambda r: r[key])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["trials"] = [r[key] for r in runs]
+    return chosen
+
+
+def pyre_available() -> tuple[bool, str]:
+    try:
+        from importlib.metadata import version
+        v = version("zeromq-pyre")
+    except Exception:
+        return False, "zeromq-pyre is not installed"
+    return True, f"zeromq-pyre {v}"
+
+
+# ---------------------------------------------------------------------------
+# report
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if value != value:  # nan
+        return "n/a"
+    if unit == "int" or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _get(results: dict[str, Any], *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _ratio(a: Any, b: Any) -> Optional[float]:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+        return a / b
+    return None
+
+
+def _verdict(value: Optional[float], target: float, at_least: bool) -> str:
+    if value is None:
+        return "-"
+    ok = value >= target if at_least else value <= target
+    return ("PASS" if ok else "MISS") + f" ({'>=' if at_least else '<='}{_fmt(target)})"
+
+
+def render(results: dict[str, Any]) -> str:
+    r = results
+    rows: list[list[str]] = []
+    head = ["measure", "raw pyzmq", "peermesh", "pyre", "pm/raw", "target", "pm/pyre"]
+
+    def row(label: str, raw: Any, pm: Any, pyre: Any, ratio: Any = None, verdict: str = "",
+            vs_pyre: Any = None) -> None:
+        if raw is None and pm is None and pyre is None:
+            return  # that test was not run (or failed: see the errors below)
+        rows.append([label, _fmt(raw), _fmt(pm), _fmt(pyre),
+                     _fmt(ratio) if ratio is not None else "", verdict,
+                     _fmt(vs_pyre) if vs_pyre is not None else ""])
+
+    def three(section: str, key: str) -> list[Any]:
+        return [_get(r, section, k, key) for k in ("raw", "peermesh", "pyre")]
+
+    tr, tp, ty = three("throughput", "rate")
+    ratio = _get(r, "throughput", "ratio_peermesh_raw")
+    if ratio is None:
+        ratio = _ratio(tp, tr)
+    row("one-way throughput, msg/s", tr, tp, ty, ratio,
+        _verdict(ratio, TARGETS["throughput_ratio"], True), _ratio(tp, ty))
+    row("  receiver CPU, us/msg", *three("throughput", "rx_cpu_us"))
+    row("  sender CPU, us/msg", *three("throughput", "tx_cpu_us"))
+    tt = _get(r, "throughput", "threaded", "rate")
+    row("ThreadedNode->Node, msg/s", None, tt, None, _ratio(tt, tr))
+    row("  ThreadedNode sender CPU, us/msg", None,
+        _get(r, "throughput", "threaded", "tx_cpu_us"), None)
+    lr, lp, ly = three("latency", "p50_us")
+    ratio = _get(r, "latency", "ratio_p50_peermesh_raw")
+    if ratio is None:
+        ratio = _ratio(lp, lr)
+    row("round trip p50, us", lr, lp, ly, ratio,
+        _verdict(ratio, TARGETS["latency_p50_ratio"], False), _ratio(lp, ly))
+    lr9, lp9, ly9 = three("latency", "p99_us")
+    row("round trip p99, us", lr9, lp9, ly9, _ratio(lp9, lr9), "", _ratio(lp9, ly9))
+    c1, c2, c3 = three("latency", "ping_cpu_us")
+    row("  CPU per round trip (pinger), us", c1, c2, c3, _ratio(c2, c1), "", _ratio(c2, c3))
+    em = _get(r, "enter", "node", "enter_ms_median")
+    row("start->first ENTER, ms (median)", None, em, None, None,
+        _verdict(em, TARGETS["enter_ms"], False))
+    row("  ThreadedNode start->ENTER, ms", None, _get(r, "enter", "threaded", "enter_ms_median"),
+        None)
+    row("  start() itself, ms (median)", None, _get(r, "enter", "node", "start_ms_median"), None)
+    im = _get(r, "import", "import_ms_median")
+    row("import peermesh, ms (median)", None, im, None, None,
+        _verdict(im, TARGETS["import_ms"], False))
+    ic, yc = _get(r, "idle", "peermesh", "cpu_pct"), _get(r, "idle", "pyre", "cpu_pct")
+    row("idle node + 1 peer, CPU %", None, ic, yc, None,
+        _verdict(ic, TARGETS["idle_cpu_pct"], False))
+    row("  wakeups per second", None, _get(r, "idle", "peermesh", "wakeups_per_s"),
+        _get(r, "idle", "pyre", "wakeups_per_s"))
+    row("  CPU per wakeup, us", None, _get(r, "idle", "peermesh", "cpu_us_per_wakeup"),
+        _get(r, "idle", "pyre", "cpu_us_per_wakeup"))
+    irss, yrss = _get(r, "idle", "peermesh", "rss_mb"), _get(r, "idle", "pyre", "rss_mb")
+    row("idle node + 1 peer, RSS MB", None, irss, yrss, None,
+        _verdict(irss, TARGETS["idle_rss_mb"], False))
+    row("  interpreter alone, RSS MB", None, _get(r, "idle", "peermesh", "rss_interpreter_mb"),
+        _get(r, "idle", "pyre", "rss_interpreter_mb"))
+    row("  after import, RSS MB", None, _get(r, "idle", "peermesh", "rss_after_import_mb"),
+        _get(r, "idle", "pyre", "rss_after_import_mb"))
+
+    lines = []
+    meta = r["meta"]
+    lines.append(f"peermesh benchmark: {PAYLOAD}-byte payloads, loopback only; one way "
+                 f"{meta['messages']:,} messages (pyre {meta['pyre_messages']:,}, ThreadedNode "
+                 f"{meta['threaded_messages']:,}); {meta['round_trips']:,} round trips after "
+                 f"{meta['warmup']:,} warm-up")
+    lines.append(f"raw and peermesh: median of {meta['repeat']} interleaved rounds, pm/raw = "
+                 "median of the per-round ratios; pyre and ThreadedNode: one round")
+    lines.append(f"python {meta['python']}, pyzmq {meta['pyzmq']} (libzmq {meta['libzmq']}), "
+                 f"gevent {meta['gevent']}, {meta['pyre']}, {meta['cpus']} CPUs, "
+                 f"load {meta['loadavg']}")
+    lines.append("")
+    if rows:
+        widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
+        fmt = "  ".join(("{:<%d}" if i == 0 else "{:>%d}") % w for i, w in enumerate(widths))
+        lines.append(fmt.format(*head))
+        lines.append("  ".join("-" * w for w in widths))
+        for x in rows:
+            lines.append(fmt.format(*x))
+    errors = results.get("errors") or {}
+    if errors:
+        lines.append("")
+        for name, err in errors.items():
+            text = err.strip().splitlines()
+            lines.append(f"error in {name}: {text[-1] if text else err}")
+    if meta.get("pyre_note"):
+        lines.append(f"pyre: {meta['pyre_note']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+
+SECTIONS = ("throughput", "threaded", "latency", "enter", "import", "idle")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench_mesh.py",
+        description="Measure peermesh against raw pyzmq (and pyre if installed) in one run, "
+                    "on loopback only, and print a table with ratios against the targets "
+                    "of issue 2 (throughput >= 0.60x raw, round-trip p50 <= 1.5x raw, "
+                    "start->ENTER <= 5 ms, import <= 150 ms, idle <= 0.1% CPU and 25 MB).",
+        epilog="Every test runs in fresh spawned processes on 127.0.0.1; each picks its own "
+               "free UDP beacon port (never 5670) and beacons go to 127.255.255.255. pyre is "
+               "patched, in its benchmark processes only, onto loopback. Progress lines go "
+               "to stderr. See scripts/README.md for what each row means.")
+    p.add_argument("--messages", "-n", type=int, default=100_000, metavar="N",
+                   help="one-way messages per throughput test (default: %(default)s)")
+    p.add_argument("--pyre-messages", type=int, metavar="N",
+                   help="messages for pyre (default: min(N, 30000); pyre breaks the link "
+                        "after 65,534 messages)")
+    p.add_argument("--threaded-messages", type=int, metavar="N",
+                   help="messages for the ThreadedNode row (default: min(N, 30000))")
+    p.add_argument("--repeat", type=int, default=3, metavar="R",
+                   help="rounds of the raw and peermesh throughput and latency tests, "
+                        "interleaved; medians are reported and each ratio is the median of "
+                        "the per-round ratios (default: %(default)s)")
+    p.add_argument("--round-trips", type=int, default=5000, metavar="N",
+                   help="measured round trips per latency test (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=500, metavar="N",
+                   help="round trips before measuring (default: %(default)s)")
+    p.add_argument("--enter-tries", type=int, default=7, metavar="N",
+                   help="start->ENTER tries, median reported (default: %(default)s)")
+    p.add_argument("--import-runs", type=int, default=5, metavar="N",
+                   help="fresh interpreters timing `import peermesh` (default: %(default)s)")
+    p.add_argument("--idle-seconds", type=float, default=10.0, metavar="S",
+                   help="how long the idle node is watched (default: %(default)s)")
+    p.add_argument("--no-pyre", action="store_true", help="skip the pyre comparison")
+    p.add_argument("--only", metavar="LIST",
+                   help=f"comma-separated subset of: {', '.join(SECTIONS)}")
+    p.add_argument("--profile", metavar="DIR",
+                   help="run the peermesh processes of the throughput and latency tests under "
+                        "cProfile; write sink.prof, source.prof, ping.prof and echo.prof to DIR "
+                        "and print the top functions to stderr (profiling slows them down)")
+    p.add_argument("--json", action="store_true",
+                   help="print all results as one JSON object instead of the table")
+    args = p.parse_args(argv)
+    if args.messages < 2 or args.round_trips < 1 or args.repeat < 1:
+        p.error("--messages must be at least 2, --round-trips and --repeat at least 1")
+    args.pyre_messages = args.pyre_messages or min(args.messages, 30_000)
+    args.threaded_messages = args.threaded_messages or min(args.messages, 30_000)
+    if args.pyre_messages >= 65_535:
+        p.error("--pyre-messages must stay below 65,535 (pyre's sequence wrap bug)")
+    sections = set(SECTIONS)
+    if args.only:
+        sections = {s.strip() for s in args.only.split(",") if s.strip()}
+        unknown = sections - set(SECTIONS)
+        if unknown:
+            p.error(f"unknown section(s) for --only: {', '.join(sorted(unknown))}")
+    args.sections = sections
+    return args
+
+
+def _print_profile(path: str, limit: int = 25) -> None:
+    import io
+    import pstats
+    buf = io.StringIO()
+    stats = pstats.Stats(path, stream=buf)
+    stats.strip_dirs().sort_stats("tottime").print_stats(limit)
+    print(buf.getvalue(), file=sys.stderr)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    import zmq
+    with_pyre, pyre_note = (False, "skipped (--no-pyre)") if args.no_pyre else pyre_available()
+    meta = {
+        "messages": args.messages, "pyre_messages": args.pyre_messages,
+        "threaded_messages": args.threaded_messages, "round_trips": args.round_trips,
+        "repeat": args.repeat,
+        "warmup": args.warmup, "payload": PAYLOAD, "python": sys.version.split()[0],
+        "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
+        "gevent": _dist_version("gevent"), "pyre": pyre_note if with_pyre else "no pyre",
+        "cpus": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+    if not with_pyre:
+        meta["pyre_note"] = pyre_note
+    results: dict[str, Any] = {"meta": meta, "throughput": {}, "latency": {}, "errors": {},
+                               "targets": TARGETS}
+
+    def attempt(name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # one failed test does not hide the others
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            progress(f"{name}: FAILED: {type(exc).__name__}: {str(exc).strip()[-2000:]}")
+            return None
+
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    s = args.sections
+    rounds = args.repeat
+    if "throughput" in s:
+        trials: dict[str, list[dict[str, Any]]] = {"raw": [], "peermesh": []}
+        ratios: list[float] = []
+        for rnd in range(rounds):
+            pair = {}
+            for kind in ("raw", "peermesh"):   # interleaved: each ratio compares neighbours
+                progress(f"throughput: {kind}, {args.messages:,} messages "
+                         f"(round {rnd + 1}/{rounds}) ...")
+                profile = args.profile if kind == "peermesh" and rnd == 0 else None
+                res = attempt(f"throughput/{kind}/{rnd + 1}",
+                              lambda: bench_throughput(kind, args.messages, profile))
+                if res:
+                    trials[kind].append(res)
+                    pair[kind] = res["rate"]
+                    progress(f"throughput: {kind}: {res['rate']:,.0f} msg/s "
+                             f"(rx {res['rx_cpu_us']:.1f} us CPU/msg, "
+                             f"tx {res['tx_cpu_us']:.1f} us CPU/msg)")
+            if len(pair) == 2:
+                ratios.append(pair["peermesh"] / pair["raw"])
+        for kind, runs in trials.items():
+            if runs:
+                results["throughput"][kind] = _median_trial(runs, "rate")
+        if ratios:
+            results["throughput"]["ratio_peermesh_raw"] = statistics.median(ratios)
+            results["throughput"]["ratios"] = ratios
+        if with_pyre:
+            n = args.pyre_messages
+            progress(f"throughput: pyre, {n:,} messages ...")
+            res = attempt("throughput/pyre", lambda: bench_throughput("pyre", n))
+            if res:
+                results["throughput"]["pyre"] = res
+                progress(f"throughput: pyre: {res['rate']:,.0f} msg/s "
+                         f"(rx {res['rx_cpu_us']:.1f} us CPU/msg, "
+                         f"tx {res['tx_cpu_us']:.1f} us CPU/msg)")
+        if args.profile:
+            for part in ("sink", "source"):
+                path = os.path.join(args.profile, f"{part}.prof")
+                if os.path.exists(path):
+                    progress(f"profile of the peermesh {part} ({path}), by own time:")
+                    _print_profile(path)
+    if "threaded" in s:
+        n = args.threaded_messages
+        progress(f"throughput: ThreadedNode -> Node, {n:,} messages ...")
+        res = attempt("throughput/threaded", lambda: bench_throughput("threaded", n))
+        if res:
+            results["throughput"]["threaded"] = res
+            progress(f"throughput: ThreadedNode: {res['rate']:,.0f} msg/s "
+                     f"(tx {res['tx_cpu_us']:.1f} us CPU/msg)")
+    if "latency" in s:
+        ltrials: dict[str, list[dict[str, Any]]] = {"raw": [], "peermesh": []}
+        lratios: list[float] = []
+        kinds = [(k, r) for r in range(rounds) for k in ("raw", "peermesh")]
+        if with_pyre:
+            kinds.append(("pyre", 0))
+        pair = {}
+        for kind, rnd in kinds:
+            label = f" (round {rnd + 1}/{rounds})" if kind != "pyre" else ""
+            progress(f"latency: {kind}, {args.round_trips:,} round trips{label} ...")
+            profile = args.profile if kind == "peermesh" and rnd == 0 else None
+            res = attempt(f"latency/{kind}/{rnd + 1}", lambda: bench_latency(
+                kind, args.round_trips, args.warmup, profile))
+            if not res:
+                pair = {}
+                continue
+            progress(f"latency: {kind}: p50 {res['p50_us']:.0f} us, "
+                     f"p99 {res['p99_us']:.0f} us (CPU per round trip: ping "
+                     f"{res['ping_cpu_us']:.0f} us, echo {res['echo_cpu_us']:.0f} us)")
+            if kind == "pyre":
+                results["latency"]["pyre"] = res
+                continue
+            ltrials[kind].append(res)
+            pair[kind] = res["p50_us"]
+            if kind == "peermesh":
+                if "raw" in pair:
+                    lratios.append(pair["peermesh"] / pair["raw"])
+                pair = {}
+        for kind, runs in ltrials.items():
+            if runs:
+                results["latency"][kind] = _median_trial(runs, "p50_us")
+        if lratios:
+            results["latency"]["ratio_p50_peermesh_raw"] = statistics.median(lratios)
+            results["latency"]["ratios"] = lratios
+        if args.profile:
+            for part in ("ping", "echo"):
+                path = os.path.join(args.profile, f"{part}.prof")
+                if os.path.exists(path):
+                    progress(f"profile of the peermesh {part} ({path}), by own time:")
+                    _print_profile(path)
+    if "enter" in s:
+        progress(f"start->ENTER: {args.enter_tries} tries (Node, then ThreadedNode) ...")
+        res = attempt("enter", lambda: bench_enter(args.enter_tries))
+        if res:
+            results["enter"] = res
+            progress(f"start->ENTER: median {res['node']['enter_ms_median']:.2f} ms "
+                     f"(tries: {', '.join(f'{x:.2f}' for x in res['node']['enter_ms'])})")
+    if "import" in s:
+        progress(f"import peermesh: {args.import_runs} fresh interpreters ...")
+        res = attempt("import", lambda: bench_import(args.import_runs))
+        if res:
+            results["import"] = res
+            progress(f"import peermesh: median {res['import_ms_median']:.0f} ms")
+    if "idle" in s:
+        progress(f"idle: a node with one peer, watched for {args.idle_seconds:g} s ...")
+        res = attempt("idle", lambda: bench_idle(args.idle_seconds, with_pyre))
+        if res:
+            results["idle"] = res
+            if "error" in res.get("pyre", {}):
+                results["errors"]["idle/pyre"] = res["pyre"]["error"]
+            pm = res["peermesh"]
+            progress(f"idle: {pm['cpu_pct']:.3f} % CPU ({pm['wakeups_per_s']:.1f} wakeups/s, "
+                     f"{pm['cpu_us_per_wakeup']:.0f} us CPU each), {pm['rss_mb']:.1f} MB RSS "
+                     f"(interpreter alone {pm['rss_interpreter_mb']:.1f} MB, after import "
+                     f"{pm['rss_after_import_mb']:.1f} MB)")
+    progress("done")
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+    else:
+        print(render(results))
+    return 1 if results["errors"] else 0
+
+
+def _dist_version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:
+        return "?"
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # children were terminated on the way out
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

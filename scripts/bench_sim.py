@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Convergence time and memory against N on the simulated network, and the
+real-socket ceiling of one process.
+
+    python scripts/bench_sim.py                 # N = 100, 500, 1000
+    python scripts/bench_sim.py --sizes 100,500,1000,2000
+    python scripts/bench_sim.py --real 10,20,40 # real zmq sockets, one process, loopback
+
+Each size runs in a fresh process so memory figures do not mix. For the
+simulation it prints, per N: wall seconds until every node has ENTERed every
+other (virtual time is also shown), resident memory in total and per node,
+and mailbox messages sent. For --real it starts N nodes on loopback with
+real sockets in one process and reports the time to a full mesh and the file
+descriptors used, against the process limit (a full TCP mesh of N nodes in one
+process needs about 3*N*(N-1) descriptors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+
+TARGET_1000_SECONDS = 60.0
+TARGET_1000_BYTES = 4 * 1024 ** 3
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_sim(n: int, limit: float) -> dict:
+    from peermesh.sim import Simulation
+    began = time.perf_counter()
+    sim = Simulation(n, latency=0.001, seed=1).start()
+    ok = sim.run_until(sim.is_full_mesh, limit)
+    wall = time.perf_counter() - began
+    report = sim.report()
+    return {"nodes": n, "full_mesh": ok, "wall_seconds": round(wall, 2),
+            "virtual_seconds": report["converged_after"], "rss_bytes": _rss(),
+            "per_node_bytes": report["memory_per_node_bytes"],
+            "messages": report["messages"]["sent"]}
+
+
+def run_real(n: int, limit: float) -> dict:
+    import gevent
+    import peermesh
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    began = time.perf_counter()
+    nodes = [peermesh.Node(f"r{i}", interface="lo", port=port, interval=0.2).start()
+             for i in range(n)]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not all(len(x.peers()) == n - 1 for x in nodes):
+        gevent.sleep(0.05)
+    wall = time.perf_counter() - began
+    full = all(len(x.peers()) == n - 1 for x in nodes)
+    fds = len(os.listdir("/proc/self/fd"))
+    for node in nodes:
+        node.stop(0)
+    return {"nodes": n, "full_mesh": full, "wall_seconds": round(wall, 2), "fds": fds,
+            "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            "fds_predicted": 3 * n * (n - 1)}
+
+
+def child(kind: str, n: int, limit: float) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(limit)],
+                         capture_output=True, text=True, timeout=limit + 600)
+    if out.returncode != 0:
+        return {"nodes": n, "error": out.stderr.strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="100,500,1000",
+                        help="simulated network sizes (default: 100,500,1000)")
+    parser.add_argument("--real", default="", help="real-socket sizes, e.g. 10,20,40")
+    parser.add_argument("--limit", type=float, default=30.0,
+                        help="virtual seconds (sim) or real seconds (real) to wait for a full mesh")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, n, limit = args.child
+        print(json.dumps((run_sim if kind == "sim" else run_real)(int(n), float(limit))))
+        return 0
+    rows = []
+    for n in [int(x) for x in args.sizes.split(",") if x]:
+        print(f"simulating {n} nodes ...", file=sys.stderr, flush=True)
+        rows.append({"kind": "sim", **child("sim", n, args.limit)})
+    for n in [int(x) for x in args.real.split(",") if x]:
+        print(f"{n} nodes on real sockets in one process ...", file=sys.stderr, flush=True)
+        rows.append({"kind": "real", **child("real", n, args.limit)})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'kind':5} {'N':>6} {'full':>5} {'wall s':>8} {'virtual s':>10} {'RSS MB':>8} "
+          f"{'KB/node':>8} {'fds':>7}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['kind']:5} {r['nodes']:>6} error: {r['error']}")
+            continue
+        print(f"{r['kind']:5} {r['nodes']:>6} {str(r['full_mesh']):>5} {r['wall_seconds']:>8} "
+              f"{str(r.get('virtual_seconds', '')):>10} "
+              f"{r.get('rss_bytes', 0) / 2**20:>8.0f} {r.get('per_node_bytes', 0) / 1024:>8.0f} "
+              f"{str(r.get('fds', '')) + '/' + str(r.get('fd_limit', '')) if 'fds' in r else '':>7}")
+    for r in rows:
+        if r.get("kind") == "sim" and r.get("nodes") == 1000 and "error" not in r:
+            print(f"\n1,000 nodes: {r['wall_seconds']} s wall (target <= {TARGET_1000_SECONDS:g}), "
+                  f"{r['rss_bytes'] / 2**30:.2f} GiB (target <= 4)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
