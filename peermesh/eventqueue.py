@@ -54,6 +54,11 @@ class GreenEventQueue(Generic[T]):
     def get(self, timeout: Optional[float] = None) -> Optional[T]:
         """The next item, or None after ``timeout`` seconds (None: wait for ever)."""
         items = self._items
+        if items:
+            item = items.popleft()
+            if not self._room.is_set() and len(items) <= self.limit // 2:
+                self._room.set()
+            return item
         deadline = None if timeout is None else time.monotonic() + timeout
         while not items:
             self._ready.clear()

@@ -18,7 +18,8 @@ import zmq
 
 __all__ = ["SocketWaiter"]
 
-_GUARD = 0.5  # seconds: the longest a wait trusts the edge-triggered FD alone
+_GUARD = 5.0  # seconds: the longest a wait trusts the edge-triggered FD alone
+_EVENTS = int(zmq.EVENTS)
 
 
 class SocketWaiter:
@@ -34,8 +35,11 @@ class SocketWaiter:
     def wait(self, flag: int, timeout: Optional[float] = None) -> bool:
         """Wait until ``flag`` (POLLIN or POLLOUT) is set; False after ``timeout`` seconds."""
         getsockopt = self.socket.getsockopt
+        flag = int(flag)
+        if getsockopt(_EVENTS) & flag:
+            return True
         deadline = None if timeout is None else self._hub.loop.now() + timeout
-        while not getsockopt(zmq.EVENTS) & flag:
+        while not getsockopt(_EVENTS) & flag:
             step = _GUARD
             if deadline is not None:
                 remaining = deadline - self._hub.loop.now()

@@ -60,6 +60,7 @@ PeerRef = Union[UUID, str]
 _HEADER = struct.Struct(">HBBH")
 _SIGNATURE = zre.SIGNATURE
 _WHISPER, _SHOUT, _HELLO = 2, 3, 1
+_WHISPER_PREFIX = b"\xaa\xa1\x02\x02"  # signature, WHISPER, version 2
 #: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
 PEX_HEADER = "X-PM-PEX"
 _PEX_CHUNK = 1024  # peers per PEX message
@@ -171,6 +172,7 @@ class Node:
         self.endpoint: Optional[str] = None
         self.mailbox_port = 0
         self._hello: Optional[list[bytes]] = None
+        self._last_target: Optional[tuple[PeerRef, Peer]] = None
         self._mailbox: Any = None
 
     # --- identity -------------------------------------------------------
@@ -326,10 +328,15 @@ class Node:
         ``send_timeout`` (the peer is then disconnected).
         """
         target = self._ready_peer(peer)
-        content = [_frame(f) for f in frames]
-        if not self._wait_room(target):
+        if len(frames) == 1 and type(frames[0]) is bytes:
+            content = list(frames)
+        else:
+            content = [_frame(f) for f in frames]
+        link = target.link
+        if not link.has_room() and not self._wait_room(target):
             raise PeerNotResponding(f"peer {target.name} ({target.uuid}) is not responding")
-        target.link.offer([zre.whisper_header(target.next_sequence()), *content])
+        content.insert(0, zre.whisper_header(target.next_sequence()))
+        link.offer(content)
         target.unconfirmed = True
 
     def shout(self, group: str, *frames: Frame) -> None:
@@ -475,6 +482,9 @@ class Node:
         raise UnknownPeerError(f"no peer named or with UUID {text!r}")
 
     def _ready_peer(self, ref: PeerRef) -> Peer:
+        last = self._last_target
+        if last is not None and last[0] is ref and last[1].ready:
+            return last[1]  # the same UUID object as the last call: skip hashing it
         if isinstance(ref, UUID):
             peer = self._peers.get(ref)
         else:
@@ -485,6 +495,7 @@ class Node:
         if peer is None or not peer.ready:
             self._check_running()
             raise UnknownPeerError(f"no peer with UUID {ref}")
+        self._last_target = (ref, peer)
         return peer
 
     def _check_not_stopped(self) -> None:
@@ -562,6 +573,7 @@ class Node:
         if self._peers.get(peer.uuid) is not peer:
             return
         del self._peers[peer.uuid]
+        self._last_target = None
         del self._by_identity[peer.identity]
         if self._by_endpoint.get(peer.endpoint) is peer:
             del self._by_endpoint[peer.endpoint]
@@ -594,13 +606,7 @@ class Node:
     # --- mailbox --------------------------------------------------------
 
     def _mailbox_reader(self) -> None:
-        events = self._events
-
-        def pace() -> None:
-            if events.full():
-                events.wait_room()
-
-        self._mailbox.serve(self._on_message, self._on_oversized, pace)
+        self._mailbox.serve(self._on_message, self._on_oversized, self._events)
 
     def _on_oversized(self, identity: bytes) -> None:
         log.debug("dropped message over max_message=%d from %r", self.config.max_message,
@@ -610,15 +616,28 @@ class Node:
             self._remove(peer, f"sent a message over max_message ({self.config.max_message})")
 
     def _on_message(self, identity: bytes, frames: list[bytes]) -> None:
-        if not frames or len(frames[0]) < 6:
+        head = frames[0] if frames else b""
+        peer = self._by_identity.get(identity)
+        # Fast path: the next WHISPER from a ready peer (most of the traffic).
+        if (len(head) == 6 and head[:4] == _WHISPER_PREFIX and peer is not None
+                and peer.ready and head[4] << 8 | head[5] == peer.want):
+            peer.want = (peer.want + 1) & 0xFFFF
+            peer.last_seen = self._clock()
+            if peer.next_ping:
+                peer.refresh(peer.last_seen)
+            event = Event(WHISPER, peer.uuid, peer.name, None, tuple(frames[1:]))
+            if self._listeners:
+                self._emit(event)
+            else:
+                self._events.put(event)
+            return
+        if len(head) < 6:
             log.debug("dropped short message from %r", identity)
             return
-        head = frames[0]
         signature, command, version, sequence = _HEADER.unpack_from(head)
         if signature != _SIGNATURE or version != zre.VERSION:
             log.debug("dropped message with bad signature/version from %r", identity)
             return
-        peer = self._by_identity.get(identity)
         if command == _HELLO:
             self._on_hello(identity, frames, peer)
             return
@@ -633,9 +652,6 @@ class Node:
         peer.last_seen = self._clock()
         if peer.evasive or peer.next_ping:
             peer.refresh(peer.last_seen)
-        if command == _WHISPER and len(head) == 6:
-            self._emit(Event(WHISPER, peer.uuid, peer.name, None, tuple(frames[1:])))
-            return
         try:
             message = zre.decode(frames)
         except ProtocolError as exc:

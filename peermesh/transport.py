@@ -5,7 +5,7 @@ and protocol code also runs on the simulated network (``peermesh.sim``):
 
 * ``interface(choice)`` - the ``Interface`` to use;
 * ``bind_mailbox(address, max_message)`` - a mailbox with ``port``,
-  ``serve(on_message, on_oversized, pace)`` and ``close()``;
+  ``serve(on_message, on_oversized, backpressure)`` and ``close()``;
 * ``connect(identity, endpoint, sndhwm)`` - an outgoing link with
   ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``
   and ``close(linger)``;
@@ -26,11 +26,13 @@ import random
 import resource
 import socket
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import gevent
+import gevent.event
 import gevent.socket
 import zmq
+from zmq.backend.cython import _zmq
 
 from .errors import PeermeshError
 from .green import SocketWaiter
@@ -40,8 +42,8 @@ __all__ = ["ZmqTransport", "ZmqMailbox", "ZmqLink", "CapacityError"]
 
 log = logging.getLogger(__name__)
 
-_NOBLOCK = zmq.NOBLOCK
-_MORE = zmq.NOBLOCK | zmq.SNDMORE
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _BATCH = 256  # messages handled before the mailbox lets other greenlets run
 #: file descriptors one peer costs in one process: its DEALER's connection, the
 #: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
@@ -70,45 +72,70 @@ class ZmqMailbox:
         self.max_message = max_message
 
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
-              on_oversized: Callable[[bytes], None], pace: Callable[[], None]) -> None:
-        """Hand every message to ``on_message(identity, frames)`` for ever.
+              on_oversized: Callable[[bytes], None], backpressure: Any) -> None:
+        """Hand every message to ``on_message(identity, frames)`` until killed.
 
-        ``pace()`` runs before each message and may block (the application is
-        behind); messages over ``max_message`` in all go to ``on_oversized``.
+        Messages are drained on the hub itself, from the descriptor's watcher
+        callback, without a greenlet switch per wake-up. While
+        ``backpressure.full()`` (the application is behind) reading pauses
+        until ``backpressure.wait_room()`` returns. Messages over
+        ``max_message`` in all go to ``on_oversized``.
         """
         router = self.socket
-        recv = router.recv
-        waiter = SocketWaiter(router)
+        hub = gevent.get_hub()
+        loop = hub.loop
+        watcher = loop.io(router.getsockopt(zmq.FD), 1)
+        recv = _zmq.Socket.recv.__get__(router)
+        getsockopt = router.getsockopt
         limit = self.max_message
-        handled = 0
-        try:
-            while True:
-                pace()
+        noblock, events_opt, pollin = _NOBLOCK, int(zmq.EVENTS), int(zmq.POLLIN)
+        resuming: list[gevent.Greenlet] = []
+        full = backpressure.full
+
+        def drain() -> None:
+            for _ in range(_BATCH):
+                if full():
+                    watcher.stop()
+                    resuming.append(gevent.spawn(resume))
+                    return
                 try:
-                    frame = recv(_NOBLOCK, copy=False)
+                    identity = recv(noblock)  # a ROUTER always has frames after it
                 except zmq.Again:
-                    handled = 0
-                    waiter.wait(zmq.POLLIN)
-                    continue
-                identity = frame.bytes
-                frames = []
-                room = limit
+                    if getsockopt(events_opt) & pollin:
+                        continue
+                    return  # empty, and the edge is re-armed
+                frame = recv(noblock, False)
+                frames = [frame.bytes]
+                room = limit - len(frames[0])
                 while frame.more:
-                    frame = recv(_NOBLOCK, copy=False)
+                    frame = recv(noblock, False)
                     data = frame.bytes
                     room -= len(data)
                     if room >= 0:
                         frames.append(data)
-                if room >= 0:
-                    on_message(identity, frames)
-                else:
-                    on_oversized(identity)
-                handled += 1
-                if handled >= _BATCH:
-                    handled = 0
-                    gevent.sleep(0)
+                try:
+                    if room >= 0:
+                        on_message(identity, frames)
+                    else:
+                        on_oversized(identity)
+                except Exception:  # a bug must not stop the mailbox
+                    log.exception("handling a mailbox message failed")
+            loop.run_callback(drain)  # more may wait: let others run first
+
+        def resume() -> None:
+            backpressure.wait_room()
+            resuming.clear()
+            watcher.start(drain)
+            drain()
+
+        watcher.start(drain)
+        loop.run_callback(drain)  # messages may already be queued
+        try:
+            gevent.event.Event().wait()  # the watcher does the work
         finally:
-            waiter.close()
+            watcher.stop()
+            watcher.close()
+            gevent.killall(resuming)
 
     def close(self) -> None:
         """Close the ROUTER."""
@@ -135,7 +162,7 @@ class ZmqLink:
             sock.close()
             raise
         self.socket = sock
-        self._send = sock.send
+        self._send = _zmq.Socket.send.__get__(sock)  # skips pyzmq's Python wrapper
 
     def try_send(self, frames: Sequence[bytes]) -> bool:
         """Send one message now; False (nothing sent) when the queue is full."""

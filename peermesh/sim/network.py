@@ -278,11 +278,12 @@ class SimMailbox:
         self._ready.set()
 
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
-              on_oversized: Callable[[bytes], None], pace: Callable[[], None]) -> None:
+              on_oversized: Callable[[bytes], None], backpressure: Any) -> None:
         queue = self._queue
         while True:
             while queue:
-                pace()
+                if backpressure.full():
+                    backpressure.wait_room()
                 identity, frames = queue.popleft()
                 if sum(map(len, frames)) > self.max_message:
                     on_oversized(identity)
