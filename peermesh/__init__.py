@@ -5,7 +5,6 @@ from .errors import (AmbiguousPeerError, InterfaceError, NodeStateError, Peermes
                      ProtocolError, UnknownPeerError)
 from .events import Event, EventType
 from .node import Node, PeerInfo
-from .threaded import ThreadedNode
 
 __all__ = [
     "Node", "ThreadedNode", "NodeConfig", "Event", "EventType", "PeerInfo",
@@ -14,3 +13,11 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ThreadedNode pulls in threading machinery most gevent programs never need.
+    if name == "ThreadedNode":
+        from .threaded import ThreadedNode
+        return ThreadedNode
+    raise AttributeError(f"module 'peermesh' has no attribute {name!r}")
