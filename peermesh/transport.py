@@ -93,11 +93,11 @@ class ZmqMailbox:
         full = backpressure.full
 
         def drain() -> None:
-            for _ in range(_BATCH):
-                if full():
-                    watcher.stop()
-                    resuming.append(gevent.spawn(resume))
-                    return
+            if full():
+                watcher.stop()
+                resuming.append(gevent.spawn(resume))
+                return
+            for _ in range(_BATCH):  # the queue may overshoot its limit by one batch
                 try:
                     identity = recv(noblock)  # a ROUTER always has frames after it
                 except zmq.Again:
