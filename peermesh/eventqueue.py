@@ -14,7 +14,9 @@ import time
 from collections import deque
 from typing import Callable, Generic, Optional, TypeVar
 
+import gevent
 import gevent.event
+from gevent.hub import Waiter, getcurrent
 
 __all__ = ["GreenEventQueue", "ThreadEventQueue"]
 
@@ -22,14 +24,22 @@ T = TypeVar("T")
 
 
 class GreenEventQueue(Generic[T]):
-    """Producer and consumer are greenlets on one hub."""
+    """Producer and consumer are greenlets on one hub.
+
+    A consumer waiting in ``get`` is switched to straight from the hub
+    (where the mailbox drains), which saves a trip round the event loop on
+    every wake-up; between ``hold`` and ``release`` (one drained batch) it is
+    woken once, at the end, so a burst costs one switch, not one per event.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._items: deque[T] = deque()
-        self._ready = gevent.event.Event()
+        self._waiters: deque[Waiter] = deque()
         self._room = gevent.event.Event()
         self._room.set()
+        self._hub = gevent.get_hub()
+        self._held = False
 
     def __len__(self) -> int:
         return len(self._items)
@@ -37,8 +47,25 @@ class GreenEventQueue(Generic[T]):
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; check ``full`` to pace the producer)."""
         self._items.append(item)
-        if not self._ready.is_set():
-            self._ready.set()
+        if self._waiters and not self._held:
+            self._wake()
+
+    def hold(self) -> None:
+        """Queue without waking the consumer until ``release``."""
+        self._held = True
+
+    def release(self) -> None:
+        """Wake the consumer if anything came since ``hold``."""
+        self._held = False
+        if self._items and self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiters.popleft()
+        if getcurrent() is self._hub:
+            waiter.switch(None)
+        else:
+            self._hub.loop.run_callback(waiter.switch, None)
 
     def full(self) -> bool:
         """True when the producer should wait for ``wait_room``."""
@@ -54,22 +81,36 @@ class GreenEventQueue(Generic[T]):
     def get(self, timeout: Optional[float] = None) -> Optional[T]:
         """The next item, or None after ``timeout`` seconds (None: wait for ever)."""
         items = self._items
-        if items:
-            item = items.popleft()
-            if not self._room.is_set() and len(items) <= self.limit // 2:
-                self._room.set()
-            return item
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None
         while not items:
-            self._ready.clear()
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            self._ready.wait(remaining)
+            if timeout is not None:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+            waiter: Waiter = Waiter(self._hub)
+            self._waiters.append(waiter)
+            timer = None
+            if timeout is not None:
+                timer = self._hub.loop.timer(remaining)
+                timer.start(waiter.switch, _TIMED_OUT)
+            try:
+                waiter.get()
+            finally:
+                if timer is not None:
+                    timer.close()
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass  # put() took it
         item = items.popleft()
         if not self._room.is_set() and len(items) <= self.limit // 2:
             self._room.set()
         return item
+
+
+_TIMED_OUT = object()
 
 
 class ThreadEventQueue(Generic[T]):
@@ -87,14 +128,29 @@ class ThreadEventQueue(Generic[T]):
         self._room = gevent.event.Event()
         self._room.set()
         self._wake = wake_producer
+        self._held = False
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put(self, item: T) -> None:
+        if self._held:
+            self._items.append(item)  # deque appends are atomic; release() notifies
+            return
         with self._lock:
             self._items.append(item)
             self._lock.notify()
+
+    def hold(self) -> None:
+        """Queue without notifying consumers until ``release`` (one batch)."""
+        self._held = True
+
+    def release(self) -> None:
+        """Notify consumers of what came since ``hold``."""
+        self._held = False
+        with self._lock:
+            if self._items:
+                self._lock.notify_all()
 
     def full(self) -> bool:
         if len(self._items) >= self.limit:

@@ -76,9 +76,10 @@ class ZmqMailbox:
         """Hand every message to ``on_message(identity, frames)`` until killed.
 
         Messages are drained on the hub itself, from the descriptor's watcher
-        callback, without a greenlet switch per wake-up. While
-        ``backpressure.full()`` (the application is behind) reading pauses
-        until ``backpressure.wait_room()`` returns. Messages over
+        callback, without a greenlet switch per wake-up. ``backpressure`` is
+        the event queue: while ``full()`` (the application is behind) reading
+        pauses until ``wait_room()`` returns, and each batch is bracketed by
+        ``hold()``/``release()`` so the application wakes once per batch. Messages over
         ``max_message`` in all go to ``on_oversized``.
         """
         router = self.socket
@@ -90,13 +91,20 @@ class ZmqMailbox:
         limit = self.max_message
         noblock, events_opt, pollin = _NOBLOCK, int(zmq.EVENTS), int(zmq.POLLIN)
         resuming: list[gevent.Greenlet] = []
-        full = backpressure.full
+        full, hold, release = backpressure.full, backpressure.hold, backpressure.release
 
         def drain() -> None:
             if full():
                 watcher.stop()
                 resuming.append(gevent.spawn(resume))
                 return
+            hold()
+            try:
+                drain_batch()
+            finally:
+                release()  # wake the application once per batch
+
+        def drain_batch() -> None:
             for _ in range(_BATCH):  # the queue may overshoot its limit by one batch
                 try:
                     identity = recv(noblock)  # a ROUTER always has frames after it
