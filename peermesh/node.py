@@ -165,6 +165,7 @@ class Node:
         self._by_identity: dict[bytes, Peer] = {}
         self._by_endpoint: dict[str, Peer] = {}
         self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
+        self._departed: dict[UUID, float] = {}  # when a peer said it was leaving
         self._members: dict[str, dict[UUID, Peer]] = {}
         self._state = "new"
         self._greenlets: list[gevent.Greenlet] = []
@@ -516,8 +517,9 @@ class Node:
         peer = self._peers.get(uuid)
         if peer is not None:
             peer.refresh(self._clock())
-        else:
+        elif self._clock() - self._departed.get(uuid, -1e18) >= self.config.expired:
             self._require_peer(uuid, endpoint)
+        # else: it said it was leaving; a stale report (PEX, mDNS cache) must not revive it
 
     def peer_alive(self, uuid: UUID) -> None:
         """A discovery source heard from ``uuid``: it is alive."""
@@ -528,6 +530,7 @@ class Node:
     def peer_left(self, uuid: UUID) -> None:
         """A discovery source says ``uuid`` is leaving (a port-0 beacon)."""
         peer = self._peers.get(uuid)
+        self._departed[uuid] = self._clock()
         if peer is not None:
             self._remove(peer, "left")
 
@@ -696,6 +699,8 @@ class Node:
         if hello.sequence != 1:
             log.debug("dropped HELLO with sequence %d", hello.sequence)
             return
+        if self._state != "running":
+            return  # leaving: take no new peers
         now = self._clock()
         if peer is not None and peer.ready:
             if (hello.endpoint == peer.endpoint
@@ -707,6 +712,11 @@ class Node:
                 return
             self._restarts[peer.uuid] = now
             self._remove(peer, "restarted (new HELLO)")
+            peer = None
+        elif peer is not None and hello.endpoint != peer.endpoint:
+            # Found at another address (a stale or forged report): the peer's own
+            # word wins, or it would never hear from us.
+            self._remove(peer, "connected to the wrong endpoint")
             peer = None
         if peer is None:
             peer = self._require_peer(UUID(bytes=identity[1:]), hello.endpoint)
@@ -766,6 +776,9 @@ class Node:
         for uuid, when in list(self._restarts.items()):
             if now - when >= cfg.interval:
                 del self._restarts[uuid]
+        for uuid, when in list(self._departed.items()):
+            if now - when >= cfg.expired:
+                del self._departed[uuid]
         for peer in list(self._peers.values()):
             stalled = peer.link.stalled_since
             if stalled is not None and now - stalled >= cfg.expired:

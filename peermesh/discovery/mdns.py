@@ -13,13 +13,11 @@ Every node registers one DNS-SD service and browses for the same type:
   record = the IPv4 address of the node's interface;
 * TXT record (``TXT_FIELDS``), every value ASCII except ``name``:
 
-  =========  =========================================================
-  ``v``      ``1``, the version of this record format
-  ``uuid``   the node's UUID, 32 hex digits
-  ``endpoint`` the mailbox, ``tcp://<IPv4>:<port>``
-  ``name``   the node's name (UTF-8, at most 250 octets; informative:
-             the name peers show is the one in HELLO)
-  =========  =========================================================
+  - ``v`` = ``1``, the version of this record format;
+  - ``uuid`` = the node's UUID, 32 hex digits;
+  - ``endpoint`` = the mailbox, ``tcp://<IPv4>:<port>``;
+  - ``name`` = the node's name (UTF-8, at most 250 octets; informative only:
+    the name peers show is the one in HELLO).
 
 A record is used only when it passes ``parse_txt``: the whole TXT at most
 ``MAX_TXT`` octets, ``v`` is ``1``, ``uuid`` is exactly 32 hex digits,
@@ -217,15 +215,12 @@ class MdnsDiscovery:
         # hub-side state
         self._services: dict[str, tuple[UUID, str]] = {}  # instance -> (uuid, endpoint)
         self._retries: list[gevent.Greenlet] = []
-        self._opener: Optional[threading.Thread] = None
-        #: True once our own registration has been announced (for tests and tools)
+        #: set once probing is over and our record is being announced (for tests and tools)
         self.registered = threading.Event()
 
     # --- life cycle (on the node's hub) ---------------------------------
 
     def start(self, node: "Node") -> None:
-        from zeroconf import ServiceInfo
-
         if self._node is not None:
             raise RuntimeError("an MdnsDiscovery serves one node once")
         interface = node.interface
@@ -234,16 +229,15 @@ class MdnsDiscovery:
         self._hub = gevent.get_hub()
         self._network = interface.network
         instance = instance_name(node.name, node.uuid)
-        self._info = ServiceInfo(
-            self.service_type, f"{instance}.{self.service_type}",
-            port=node.mailbox_port,
-            properties=txt_properties(node.uuid, node.endpoint, node.name),
-            server=f"pm-{node.uuid.hex}.local.",
-            addresses=[socket.inet_aton(interface.address)])
+        record = {"type_": self.service_type, "name": f"{instance}.{self.service_type}",
+                  "port": node.mailbox_port,
+                  "properties": txt_properties(node.uuid, node.endpoint, node.name),
+                  "server": f"pm-{node.uuid.hex}.local.",
+                  "addresses": [socket.inet_aton(interface.address)]}
         node.add_listener(self._on_event)
-        self._opener = threading.Thread(target=self._open, args=(interface.address,),
-                                        name=f"peermesh-mdns-{instance}", daemon=True)
-        self._opener.start()
+        # zeroconf is imported there too: the first import costs the hub ~0.1 s otherwise
+        threading.Thread(target=self._open, args=(interface.address, record),
+                         name=f"peermesh-mdns-{instance}", daemon=True).start()
 
     def stop(self) -> None:
         node = self._node
@@ -283,11 +277,17 @@ class MdnsDiscovery:
 
     # --- zeroconf side (its own threads) --------------------------------
 
-    def _open(self, address: str) -> None:
-        from zeroconf import DNSQuestionType, IPVersion, ServiceBrowser, Zeroconf
+    def _open(self, address: str, record: dict[str, Any]) -> None:
+        from zeroconf import DNSQuestionType, IPVersion, ServiceBrowser, ServiceInfo, Zeroconf
 
         try:
-            zc = Zeroconf(interfaces=[address], ip_version=IPVersion.V4Only, use_asyncio=False)
+            self._info = ServiceInfo(**record)
+        except Exception as exc:
+            log.error("mDNS: cannot describe this node as %r: %s", record["name"], exc)
+            return
+        try:
+            # in this thread no asyncio loop runs, so zeroconf starts its own loop thread
+            zc = Zeroconf(interfaces=[address], ip_version=IPVersion.V4Only)
         except Exception as exc:
             log.error("mDNS discovery unavailable on %s: %s", address, exc)
             return
@@ -408,7 +408,10 @@ class MdnsDiscovery:
 
     def _appeared(self, name: str, uuid: UUID, endpoint: str) -> None:
         node = self._node
-        if node is None or self._closing or uuid == node.uuid:
+        if node is None or self._closing:
+            return
+        if uuid == node.uuid:
+            log.debug("mDNS: ignored %s: our own UUID", name)
             return
         self._services[name] = (uuid, endpoint)
         log.debug("mDNS: %s is %s at %s", name, uuid.hex, endpoint)
