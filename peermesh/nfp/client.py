@@ -1,0 +1,511 @@
+"""The NFP client: post jobs, fetch results, cancel; through the broker or directly.
+
+How it works
+------------
+With a broker in the mesh the client keeps one DEALER to it (NFP/Client:
+OPEN, OPEN, then requests; the DEALER adds nothing to the frames, so the
+broker sees exactly what a REQ socket would send) and every request gets one
+RESPONSE. Without a broker the client runs a ``Dispatcher`` of its own over
+one DEALER per worker the mesh advertises (``X-PM-NFP-WORKER``) and folds
+the workers' answers the same way, so callers cannot tell the difference.
+
+Requests carry ``"rid"`` in their JSON body to match answers. A request that
+meets a broker change (the broker stepped down, left the mesh, or answered
+"not the broker") is sent again to the new broker, or directly, until its
+timeout; a POST sent again carries ``"retry": true`` so an ``any`` job is
+not run a second time by a different worker.
+
+Every job posted is recorded in the node's store before it is sent
+(``posting``), then updated with the workers that accepted it and what later
+answers say (``accepted``, ``running``, ``completed``, ``failed``,
+``cancelled``, ``expired``, ``lost``, ...), so ``jobs()`` (and ``peermesh job
+list``) shows every job this node posted, also after a restart.
+
+``run`` is POST and wait for the result: the POST asks the workers to put
+the result in their final EVENT (``"notify": true``), which arrives without
+another round trip; if an EVENT does not come (the broker changed in
+between) it falls back to a GET that waits at the worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid as uuid_module
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import gevent
+import gevent.event
+import zmq
+
+from ..errors import ProtocolError
+from ..wire import nfp
+from ..wire.nfp import Status
+from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status
+from .election import Candidate
+from .store import ClientJob, JobStore
+from .transport import Channel
+
+__all__ = ["Client", "JobEvent", "Reply"]
+
+log = logging.getLogger(__name__)
+
+_RETRY = object()   # the request met a broker change: send it again
+_PAUSE = 0.05       # seconds between attempts while the mesh settles
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """An EVENT about a job: progress, its final state, or a re-dispatch."""
+
+    uuid: str
+    worker: str
+    body: dict[str, Any]
+
+    @property
+    def state(self) -> Optional[str]:
+        """``running``, ``completed``, ``failed``, ``cancelled``, ``redispatched`` or ``lost``."""
+        return self.body.get("state")
+
+
+@dataclass(eq=False)
+class _RunWaiter:
+    expected: set[str] = field(default_factory=set)
+    finals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    armed: bool = False
+    done: gevent.event.Event = field(default_factory=gevent.event.Event)
+
+    def check(self) -> None:
+        if self.armed and self.expected and self.expected <= set(self.finals):
+            self.done.set()
+
+
+class Client:
+    """Posts jobs and fetches results; one per ``NfpNode``. Call from the node's hub."""
+
+    def __init__(self, store: JobStore, *, name: str = "", node: str = "",
+                 context: Optional[zmq.Context] = None, request_timeout: float = 5.0,
+                 queue_timeout: float = 30.0) -> None:
+        self.store = store
+        self.name = name
+        self.node = node
+        self.request_timeout = float(request_timeout)
+        self.queue_timeout = float(queue_timeout)
+        self._context = context or zmq.Context.instance()
+        self._direct = Dispatcher(nfp.CLIENT, request_timeout=request_timeout,
+                                  queue_timeout=queue_timeout, on_job_event=self._on_job_event,
+                                  clock=time.monotonic)
+        self._links: dict[str, Channel] = {}
+        self.broker: Optional[Candidate] = None
+        self._broker_channel: Optional[Channel] = None
+        self._opened: Optional[gevent.event.AsyncResult] = None
+        self._waiting: dict[str, gevent.event.AsyncResult] = {}
+        self._rids = itertools.count(1)
+        self._changed = gevent.event.Event()
+        self._listeners: list[Callable[[JobEvent], None]] = []
+        self._runs: dict[str, _RunWaiter] = {}
+        self._per_job: dict[str, list[Callable[[JobEvent], None]]] = {}
+        self._ticker: Optional[gevent.Greenlet] = None
+
+    # --- life cycle -----------------------------------------------------
+
+    def start(self) -> None:
+        """Start the timer that expires direct requests."""
+        if self._ticker is None:
+            self._ticker = gevent.spawn(self._tick)
+
+    def stop(self) -> None:
+        """Close every socket; open requests end with 408."""
+        if self._ticker is not None:
+            self._ticker.kill(block=False)
+            self._ticker = None
+        self._close_broker()
+        for name in list(self._links):
+            self.remove_worker(name)
+
+    def _tick(self) -> None:
+        while True:
+            gevent.sleep(0.05)
+            self._direct.tick(time.monotonic())
+
+    # --- the mesh view --------------------------------------------------
+
+    def add_worker(self, name: str, service: str, endpoint: str) -> None:
+        """A worker the mesh advertises (used when there is no broker)."""
+        old = self._links.pop(name, None)
+        if old is not None:
+            old.close()
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+        sock.connect(endpoint)
+
+        def on_message(frames: list[bytes]) -> None:
+            try:
+                msg = nfp.decode(frames)
+            except ProtocolError as exc:
+                log.debug("client: dropped a malformed message from worker %s: %s", name,
+                          exc.reason)
+                return
+            if msg.role is not nfp.WORKER:
+                return
+            if isinstance(msg, nfp.Response):
+                self._direct.on_response(name, msg)
+            elif isinstance(msg, nfp.Event):
+                self._direct.on_event(name, msg)
+        channel = Channel(sock, on_message, f"client -> worker {name}")
+        self._links[name] = channel
+        self._direct.add_worker(name, service, channel.send, {"endpoint": endpoint})
+
+    def remove_worker(self, name: str, reason: str = "left the mesh") -> None:
+        """A worker left the mesh."""
+        self._direct.remove_worker(name, reason)
+        channel = self._links.pop(name, None)
+        if channel is not None:
+            channel.close()
+
+    def direct_workers(self) -> dict[str, list[str]]:
+        """Workers reachable without a broker, by service."""
+        return {s: sorted(members) for s, members in self._direct.services.items()}
+
+    def set_broker(self, broker: Optional[Candidate]) -> None:
+        """The elected broker changed (None: no broker, talk to workers directly)."""
+        if broker == self.broker:
+            return
+        self.broker = broker
+        self._close_broker()
+        changed, self._changed = self._changed, gevent.event.Event()
+        changed.set()
+
+    def _close_broker(self) -> None:
+        channel, self._broker_channel = self._broker_channel, None
+        if channel is not None:
+            channel.close()
+        opened, self._opened = self._opened, None
+        if opened is not None and not opened.ready():
+            opened.set(False)
+        waiting, self._waiting = self._waiting, {}
+        for result in waiting.values():
+            if not result.ready():
+                result.set(_RETRY)
+
+    # --- broker link ----------------------------------------------------
+
+    def _broker_link(self, deadline: float) -> Optional[Channel]:
+        broker = self.broker
+        if broker is None:
+            return None
+        if self._broker_channel is None:
+            sock = self._context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+            sock.connect(broker.endpoint)
+            self._broker_channel = Channel(sock, self._on_broker, "client -> broker")
+            self._opened = gevent.event.AsyncResult()
+            self._broker_channel.send(nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(
+                {"name": self.name, "node": self.node}))))
+        opened = self._opened
+        channel = self._broker_channel
+        assert opened is not None
+        try:
+            ok = opened.get(timeout=max(0.0, min(deadline - time.monotonic(),
+                                                 self.request_timeout)))
+        except gevent.Timeout:
+            ok = False
+        if not ok:
+            if self._broker_channel is channel:   # not answering / not the broker: a new socket
+                self._close_broker()
+            return None
+        return channel
+
+    def _on_broker(self, frames: list[bytes]) -> None:
+        try:
+            msg = nfp.decode(frames)
+        except ProtocolError as exc:
+            log.debug("client: dropped a malformed message from the broker: %s", exc.reason)
+            return
+        if msg.role is not nfp.BROKER:
+            return
+        if isinstance(msg, nfp.Response):
+            try:
+                body = nfp.decode_body(msg.body[0])
+            except ProtocolError:
+                return
+            result = self._waiting.pop(str(body.pop("rid", "")), None)
+            if result is None:
+                return
+            if msg.status is Status.ERROR and msg.text in ("not the broker",
+                                                           "broker stepped down",
+                                                           "broker restarting",
+                                                           "broker closing"):
+                result.set(_RETRY)
+            else:
+                result.set(Reply(msg.status, body, msg.text))
+        elif isinstance(msg, nfp.Event):
+            try:
+                body = nfp.decode_body(msg.body[0])
+            except ProtocolError:
+                return
+            self._on_job_event(msg.topic, str(body.get("worker", "")), body, msg)
+        elif isinstance(msg, nfp.Open):
+            try:
+                active = nfp.decode_body(msg.body).get("active", True)
+            except ProtocolError:
+                active = False
+            if self._opened is not None and not self._opened.ready():
+                self._opened.set(bool(active))
+
+    # --- requests -------------------------------------------------------
+
+    def _request(self, kind: str, service: str, target: str, uuid: str, body: dict[str, Any],
+                 timeout: float) -> Reply:
+        deadline = time.monotonic() + timeout
+        attempts = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                text = f"no answer within {timeout:g}s" + (" (the broker kept changing)"
+                                                           if attempts else "")
+                return Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "error": text}, text)
+            changed = self._changed
+            if attempts and kind == "post":
+                body = {**body, "retry": True}
+            if self.broker is not None:
+                reply = self._via_broker(kind, service, target, uuid, body, deadline)
+            else:
+                reply = self._via_direct(kind, service, target, uuid, body, remaining)
+            if reply is not _RETRY:
+                assert isinstance(reply, Reply)
+                return reply
+            attempts += 1
+            changed.wait(min(_PAUSE * attempts, 0.5, max(0.0, deadline - time.monotonic())))
+
+    def _via_direct(self, kind: str, service: str, target: str, uuid: str,
+                    body: dict[str, Any], remaining: float) -> Any:
+        result: gevent.event.AsyncResult = gevent.event.AsyncResult()
+        getattr(self._direct, kind)(service, target, uuid, body, result.set)
+        changed = self._changed
+        try:
+            return result.get(timeout=remaining)
+        except gevent.Timeout:
+            if changed.is_set():
+                return _RETRY
+            text = f"no answer from the workers within {remaining:.3g}s"
+            return Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "error": text}, text)
+
+    def _via_broker(self, kind: str, service: str, target: str, uuid: str,
+                    body: dict[str, Any], deadline: float) -> Any:
+        channel = self._broker_link(deadline)
+        if channel is None:
+            return _RETRY
+        rid = f"c{next(self._rids):x}"
+        cls = nfp.Post if kind == "post" else nfp.Get if kind == "get" else nfp.Delete
+        result: gevent.event.AsyncResult = gevent.event.AsyncResult()
+        self._waiting[rid] = result
+        channel.send(nfp.encode(cls(nfp.CLIENT, service, target, uuid,
+                                    (nfp.encode_body({**body, "rid": rid}),))))
+        try:
+            return result.get(timeout=max(0.0, deadline - time.monotonic()))
+        except gevent.Timeout:
+            self._waiting.pop(rid, None)
+            text = "no answer from the broker in time"
+            return Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "error": text}, text)
+
+    # --- the API --------------------------------------------------------
+
+    def post(self, service: str, task: str, args: Optional[Sequence[Any]] = None,
+             kwargs: Optional[dict[str, Any]] = None, target: str | Sequence[str] = "all", *,
+             timeout: Optional[float] = None, job_timeout: Optional[float] = None,
+             uuid: Optional[str] = None, notify: bool = False,
+             _record_accepted: bool = True) -> Reply:
+        """POST a job. 202: ``body["workers"]`` accepted it (``body["errors"]``: who did not).
+
+        A POST for a service (or named workers) with none present waits for one
+        up to ``queue_timeout``, then ends with 408. ``timeout`` bounds the whole
+        call (default: queue_timeout + request_timeout).
+        """
+        target_text = nfp.format_target(target if isinstance(target, str) else tuple(target))
+        uuid = uuid or uuid_module.uuid4().hex
+        body: dict[str, Any] = {"task": task, "args": list(args or []),
+                                "kwargs": dict(kwargs or {})}
+        if job_timeout:
+            body["timeout"] = float(job_timeout)
+        self.store.add_client_job(uuid, service, task, target_text, body)
+        if notify:
+            body["notify"] = True
+        reply = self._request("post", service, target_text, uuid, body,
+                              timeout if timeout is not None
+                              else self.queue_timeout + self.request_timeout)
+        reply.body.setdefault("uuid", uuid)
+        if reply.status is Status.ACCEPTED:
+            if _record_accepted:   # run() records the workers with the result instead
+                self.store.update_client_job(uuid, state="accepted", status=int(reply.status),
+                                             workers=list(reply.body.get("workers", [])))
+        else:
+            state = "expired" if reply.status is Status.REQUEST_TIMEOUT else "failed"
+            self.store.update_client_job(uuid, state=state, status=int(reply.status),
+                                         reason=reply.text or str(reply.body.get("error", "")))
+        return reply
+
+    def _locate(self, uuid: str, service: Optional[str],
+                target: Optional[str | Sequence[str]]) -> tuple[str, str]:
+        job = self.store.client_job(uuid)
+        if service is None:
+            if job is None:
+                raise ValueError(f"job {uuid} was not posted from here; give its service")
+            service = job.service
+        if target is None:
+            target = ",".join(job.workers) if job is not None and job.workers else "all"
+        return service, nfp.format_target(target if isinstance(target, str) else tuple(target))
+
+    def get(self, uuid: str, *, service: Optional[str] = None,
+            target: Optional[str | Sequence[str]] = None, wait: float = 0.0,
+            timeout: Optional[float] = None) -> Reply:
+        """GET a job: ``body["workers"][name]`` has each worker's status and result.
+
+        Status: 200 all finished, 300 some still pending, 400 unknown everywhere,
+        408 workers not reachable. ``wait`` seconds: held at the workers until
+        the job finishes (or the wait ends).
+        """
+        service, target_text = self._locate(uuid, service, target)
+        body: dict[str, Any] = {"wait": float(wait)} if wait > 0 else {}
+        reply = self._request("get", service, target_text, uuid, body,
+                              timeout if timeout is not None else self.request_timeout + wait)
+        self._record_result(uuid, reply)
+        return reply
+
+    def delete(self, uuid: str, *, service: Optional[str] = None,
+               target: Optional[str | Sequence[str]] = None,
+               timeout: Optional[float] = None) -> Reply:
+        """DELETE a job: cancel it where pending/running, forget it where finished."""
+        service, target_text = self._locate(uuid, service, target)
+        reply = self._request("delete", service, target_text, uuid, {},
+                              timeout if timeout is not None else self.request_timeout)
+        if self.store.client_job(uuid) is not None and reply.status is Status.OK:
+            outcomes = {w.get("outcome") for w in reply.body.get("workers", {}).values()}
+            self.store.update_client_job(uuid, state="cancelled" if "cancelled" in outcomes
+                                         else "deleted", status=int(reply.status))
+        return reply
+
+    def run(self, service: str, task: str, args: Optional[Sequence[Any]] = None,
+            kwargs: Optional[dict[str, Any]] = None, target: str | Sequence[str] = "all", *,
+            timeout: float = 60.0, job_timeout: Optional[float] = None,
+            on_event: Optional[Callable[[JobEvent], None]] = None) -> Reply:
+        """POST a job and wait for its result (the reply of a GET: 200, or why not)."""
+        deadline = time.monotonic() + timeout
+        uuid = uuid_module.uuid4().hex
+        waiter = _RunWaiter()
+        self._runs[uuid] = waiter
+        if on_event is not None:
+            self._per_job.setdefault(uuid, []).append(on_event)
+        try:
+            posted = self.post(service, task, args, kwargs, target, timeout=timeout,
+                               job_timeout=job_timeout, uuid=uuid, notify=True,
+                               _record_accepted=False)
+            if posted.status is not Status.ACCEPTED:
+                return posted
+            waiter.expected = set(posted.body.get("workers", []))
+            waiter.armed = True
+            waiter.check()
+            remaining = deadline - time.monotonic()
+            # A duplicate (the job was accepted before, e.g. before a broker change) sends
+            # no new EVENT, and a broker change may have lost one: then ask with a GET.
+            changed = self._changed
+            if not posted.body.get("duplicate"):
+                gevent.wait([waiter.done, changed], count=1, timeout=max(0.0, remaining))
+            if waiter.done.is_set():
+                workers = {name: {"status": int(Status.ERROR if body.get("state") == "lost"
+                                                else Status.OK), **body}
+                           for name, body in waiter.finals.items() if name in waiter.expected}
+                for body in workers.values():
+                    body.pop("load", None)
+                status = overall_get_status([Status(w["status"]) for w in workers.values()])
+                reply = Reply(status, {"uuid": uuid, "workers": workers})
+                self._record_result(uuid, reply, known=True, accepted=sorted(waiter.expected))
+                return reply
+            self.store.update_client_job(uuid, state="accepted", status=int(posted.status),
+                                         workers=sorted(waiter.expected))
+            return self.get(uuid, service=service, target=sorted(waiter.expected) or None,
+                            wait=max(0.0, deadline - time.monotonic() - self.request_timeout),
+                            timeout=max(0.01, deadline - time.monotonic()))
+        finally:
+            self._runs.pop(uuid, None)
+            self._per_job.pop(uuid, None)
+
+    def jobs(self, limit: int = 1000) -> list[ClientJob]:
+        """Jobs this node posted, newest first."""
+        return self.store.client_jobs(limit)
+
+    def find_job(self, text: str) -> ClientJob:
+        """A posted job by UUID or unique UUID prefix; ValueError if none or several."""
+        job = self.store.client_job(text)
+        if job is not None:
+            return job
+        matches = self.store.find_client_jobs(text) if text else []
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise ValueError(f"no job {text!r} was posted from here")
+        raise ValueError(f"{text!r} matches several jobs; give more of the UUID")
+
+    def _record_result(self, uuid: str, reply: Reply, known: bool = False,
+                       accepted: Optional[list[str]] = None) -> None:
+        if not known and self.store.client_job(uuid) is None:
+            return
+        workers = reply.body.get("workers")
+        if reply.status is Status.OK and isinstance(workers, dict):
+            states = {w.get("state") for w in workers.values() if w.get("status") == 200}
+            state = states.pop() if len(states) == 1 else "mixed"
+            self.store.update_client_job(uuid, state=state or "completed", status=200,
+                                         result=workers, workers=accepted)
+        elif reply.status is Status.PENDING:
+            self.store.update_client_job(uuid, state="running", status=300)
+        elif reply.status is Status.UNKNOWN:
+            self.store.update_client_job(uuid, state="unknown", status=400,
+                                         reason="no worker knows the job (purged after its "
+                                                "retention, deleted, or lost)")
+
+    # --- events ---------------------------------------------------------
+
+    def add_listener(self, callback: Callable[[JobEvent], None]) -> None:
+        """Call ``callback(JobEvent)`` for every EVENT about a job (on the hub)."""
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[JobEvent], None]) -> None:
+        """Stop calling ``callback``."""
+        self._listeners.remove(callback)
+
+    def _on_job_event(self, uuid: str, worker: str, body: dict[str, Any],
+                      msg: nfp.Event) -> None:
+        state = body.get("state")
+        waiter = self._runs.get(uuid)
+        if waiter is not None:
+            if state in FINAL_STATES:
+                waiter.finals[worker] = body
+            elif state == "redispatched":
+                gone, new = body.get("from"), body.get("to")
+                if gone in waiter.expected and isinstance(new, str):
+                    waiter.expected.discard(gone)
+                    waiter.expected.add(new)
+            elif state == "lost":
+                waiter.finals[worker] = {"state": "lost", "failed": True,
+                                         "errors": [str(body.get("reason", "lost"))]}
+            waiter.check()
+        if state in ("redispatched", "lost"):
+            job = self.store.client_job(uuid)
+            if job is not None:
+                if state == "redispatched":
+                    workers = [body.get("to") if w == body.get("from") else w
+                               for w in job.workers]
+                    self.store.update_client_job(uuid, workers=[w for w in workers if w])
+                else:
+                    self.store.update_client_job(uuid, state="lost",
+                                                 reason=str(body.get("reason", "")))
+        event = JobEvent(uuid, worker, body)
+        for callback in (*self._listeners, *self._per_job.get(uuid, ())):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("job event listener %r failed", callback)

@@ -1,0 +1,515 @@
+"""Dispatching job requests to workers: targeting, fan-out, queueing, re-dispatch.
+
+How it works
+------------
+A ``Dispatcher`` holds the workers it can reach (name, service, a ``send``
+function for frames) and turns one request - POST, GET or DELETE of a job,
+with a target ``all``, ``any`` or worker names - into one NFP command per
+targeted worker, then folds the workers' RESPONSEs into one ``Reply``. The
+broker runs one (its workers are DEALERs on its ROUTER, its requesters are
+clients); a client without a broker runs one too (its workers are the ones
+the mesh advertises, reached directly). The dispatcher does no I/O of its
+own and reads no clock: the owner feeds it ``on_response``, ``on_event``,
+``add_worker`` / ``remove_worker`` and ``tick(now)``.
+
+* **Targeting.** ``all``: every worker of the service; ``any``: the one with
+  the lowest load (its last reported queue length, plus what was sent to it
+  since), least recently used on ties; names: those workers of the service
+  (names not present are reported in the reply).
+* **Correlation.** NFP frames carry no request id, so the JSON body of every
+  request the dispatcher sends carries ``"rid"``; workers echo it.
+* **Queueing.** A POST whose target matches no worker yet is held until a
+  matching worker arrives or ``queue_timeout`` passes (reply 408).
+* **Re-dispatch.** A job posted to ``any`` is remembered until its worker
+  reports it finished (an EVENT with a final ``state``). If that worker goes
+  away first, the job is posted to another worker of the service (workers are
+  idempotent, per the spec) and the requester is told through an EVENT
+  (``state: "redispatched"``); with no other worker it is queued like a new
+  POST and reported ``lost`` if none comes in time.
+* **Retries.** A POST whose body says ``"retry": true`` (a client re-posting
+  after its broker changed) to ``any`` first asks every worker of the service
+  whether it already has the job, so a job accepted before is not run twice.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..errors import ProtocolError
+from ..wire import nfp
+from ..wire.nfp import Status
+
+__all__ = ["Dispatcher", "Reply", "WORKER_MMI", "BROKER_SERVICES", "FINAL_STATES",
+           "overall_get_status"]
+
+log = logging.getLogger(__name__)
+
+WORKER_MMI = "mmi.service.worker"
+BROKER_SERVICES = frozenset(("mmi.service.broker", "sid.service.broker", "fss.service.broker"))
+FINAL_STATES = frozenset(("completed", "failed", "cancelled"))
+
+
+@dataclass(slots=True)
+class Reply:
+    """The answer to one request: a status and a JSON body."""
+
+    status: Status
+    body: dict[str, Any]
+    text: str = ""
+
+
+@dataclass(eq=False, slots=True)
+class WorkerLink:
+    """A worker as a dispatcher sees it."""
+
+    name: str
+    service: str
+    send: Callable[[list[bytes]], Any]
+    load: int = 0
+    used: int = 0
+    jobs: set[str] = field(default_factory=set)   # any-targeted jobs in flight on it
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    rid: str
+    kind: str                     # post, get, delete, probe
+    service: str
+    uuid: str
+    body: dict[str, Any]
+    workers: list[str]
+    done: Callable[[Reply], None]
+    deadline: float
+    target: str
+    replies: dict[str, tuple[Status, str, dict[str, Any]]] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Queued:
+    service: str
+    target: str
+    uuid: str
+    body: dict[str, Any]
+    done: Callable[[Reply], None]
+    deadline: float
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class _InFlight:
+    service: str
+    worker: str
+    body: dict[str, Any]
+
+
+def overall_get_status(statuses: list[Status]) -> Status:
+    """A GET's status over its workers: 300 if any is pending, else 200 if any has a
+    result, else 400 if every worker said unknown, else 408/500."""
+    if not statuses:
+        return Status.REQUEST_TIMEOUT
+    if Status.PENDING in statuses:
+        return Status.PENDING
+    if Status.OK in statuses:
+        return Status.OK
+    if all(s is Status.UNKNOWN for s in statuses):
+        return Status.UNKNOWN
+    if Status.REQUEST_TIMEOUT in statuses:
+        return Status.REQUEST_TIMEOUT
+    return Status.ERROR
+
+
+class Dispatcher:
+    """Routes POST/GET/DELETE to workers and folds their RESPONSEs into one ``Reply``."""
+
+    def __init__(self, role: nfp.Role, *, request_timeout: float = 5.0,
+                 queue_timeout: float = 30.0,
+                 on_job_event: Optional[Callable[[str, str, dict[str, Any], nfp.Event],
+                                                 None]] = None,
+                 clock: Callable[[], float]) -> None:
+        self.role = role
+        self.request_timeout = request_timeout
+        self.queue_timeout = queue_timeout
+        self.on_job_event = on_job_event
+        self.clock = clock
+        self.workers: dict[str, WorkerLink] = {}
+        self.services: dict[str, dict[str, WorkerLink]] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._deadlines: list[tuple[float, int, Any]] = []
+        self._queued: dict[str, list[_Queued]] = {}
+        self._inflight: dict[str, _InFlight] = {}
+        self._rids = itertools.count(1)
+        self._uses = itertools.count(1)
+        self._order = itertools.count()
+        self.stats = {"post": 0, "get": 0, "delete": 0, "redispatched": 0, "expired": 0}
+
+    # --- workers --------------------------------------------------------
+
+    def add_worker(self, name: str, service: str, send: Callable[[list[bytes]], Any],
+                   info: Optional[dict[str, Any]] = None) -> WorkerLink:
+        """Register (or replace) a worker; dispatches POSTs queued for its service."""
+        old = self.workers.get(name)
+        if old is not None:
+            if old.service == service and old.send is send:
+                return old
+            self.remove_worker(name, "replaced by a new registration")
+        link = WorkerLink(name, service, send, info=dict(info or {}))
+        self.workers[name] = link
+        self.services.setdefault(service, {})[name] = link
+        self._drain_queue(service)
+        if service not in BROKER_SERVICES:
+            self._drain_queue(WORKER_MMI)
+        return link
+
+    def remove_worker(self, name: str, reason: str) -> None:
+        """Forget a worker: its outstanding requests fail over or time out."""
+        link = self.workers.pop(name, None)
+        if link is None:
+            return
+        members = self.services.get(link.service)
+        if members is not None:
+            members.pop(name, None)
+            if not members:
+                del self.services[link.service]
+        for pending in list(self._pending.values()):
+            if name in pending.workers and name not in pending.replies:
+                if pending.kind == "post" and pending.target == nfp.ANY:
+                    self._retry_any(pending, name, reason)
+                else:
+                    self._record(pending, name, Status.REQUEST_TIMEOUT,
+                                 f"worker {name} went away: {reason}", {})
+        for uuid in list(link.jobs):
+            flight = self._inflight.pop(uuid, None)
+            if flight is not None:
+                self._redispatch(uuid, flight, name, reason)
+
+    def pool(self, service: str) -> list[WorkerLink]:
+        """The workers a request for ``service`` may go to."""
+        if service == WORKER_MMI:
+            return [w for w in self.workers.values() if w.service not in BROKER_SERVICES]
+        return list(self.services.get(service, {}).values())
+
+    def _resolve(self, service: str, target: str) -> tuple[list[WorkerLink], list[str]]:
+        pool = self.pool(service)
+        if target == nfp.ALL:
+            return pool, []
+        if target == nfp.ANY:
+            if not pool:
+                return [], []
+            best = min(pool, key=lambda w: (w.load, w.used))
+            return [best], []
+        names = nfp.parse_target(target)
+        by_name = {w.name: w for w in pool}
+        return ([by_name[n] for n in names if n in by_name],
+                [n for n in names if n not in by_name])
+
+    # --- requests -------------------------------------------------------
+
+    def post(self, service: str, target: str, uuid: str, body: dict[str, Any],
+             done: Callable[[Reply], None]) -> None:
+        """Dispatch a job; ``done`` gets 202 with the accepting workers, or why not."""
+        self.stats["post"] += 1
+        if body.get("retry") and target == nfp.ANY and self.pool(service):
+            self._probe(service, uuid, body, done)
+            return
+        self._post(service, target, uuid, body, done)
+
+    def _post(self, service: str, target: str, uuid: str, body: dict[str, Any],
+              done: Callable[[Reply], None], deadline: Optional[float] = None) -> None:
+        targets, missing = self._resolve(service, target)
+        if not targets:
+            now = self.clock()
+            queued = _Queued(service, target, uuid, body, done,
+                             deadline if deadline is not None else now + self.queue_timeout)
+            self._queued.setdefault(service, []).append(queued)
+            self._schedule(queued.deadline, queued)
+            return
+        pending = self._send(nfp.Post, "post", service, target, uuid, body, targets, done)
+        pending.missing = missing
+
+    def get(self, service: str, target: str, uuid: str, body: dict[str, Any],
+            done: Callable[[Reply], None]) -> None:
+        """Ask the targeted workers for a job's status and result (one reply for all)."""
+        self.stats["get"] += 1
+        self._fan_out(nfp.Get, "get", service, target, uuid, body, done)
+
+    def delete(self, service: str, target: str, uuid: str, body: dict[str, Any],
+               done: Callable[[Reply], None]) -> None:
+        """Cancel (or forget) a job on the targeted workers."""
+        self.stats["delete"] += 1
+        self._inflight.pop(uuid, None)
+        for link in self.workers.values():
+            link.jobs.discard(uuid)
+        for queue in self._queued.values():
+            for queued in queue:
+                if queued.uuid == uuid:
+                    queued.cancelled = True
+                    queued.done(Reply(Status.ERROR, {"uuid": uuid, "error": "deleted while "
+                                                     "queued for a worker"}, "deleted"))
+        self._fan_out(nfp.Delete, "delete", service, target, uuid, body, done)
+
+    def _fan_out(self, cls: type, kind: str, service: str, target: str, uuid: str,
+                 body: dict[str, Any], done: Callable[[Reply], None]) -> None:
+        if target == nfp.ANY:
+            target = nfp.ALL  # GET/DELETE of "any": ask every worker of the service
+        targets, missing = self._resolve(service, target)
+        flight = self._inflight.get(uuid)
+        if flight is not None and flight.service == service and all(
+                w.name != flight.worker for w in targets):
+            link = self.workers.get(flight.worker)
+            if link is not None:
+                targets.append(link)
+        if not targets:
+            workers = {n: {"status": int(Status.REQUEST_TIMEOUT), "error": "worker not connected"}
+                       for n in missing}
+            text = f"no worker of service {service} is connected"
+            done(Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "workers": workers,
+                                                "error": text}, text))
+            return
+        pending = self._send(cls, kind, service, target, uuid, body, targets, done)
+        pending.missing = missing
+
+    def _send(self, cls: type, kind: str, service: str, target: str, uuid: str,
+              body: dict[str, Any], targets: list[WorkerLink],
+              done: Callable[[Reply], None]) -> _Pending:
+        rid = f"{next(self._rids):x}"
+        now = self.clock()
+        wait = body.get("wait") if kind == "get" else 0
+        wait = float(wait) if isinstance(wait, (int, float)) and wait > 0 else 0.0
+        pending = _Pending(rid, kind, service, uuid, body, [w.name for w in targets], done,
+                           now + self.request_timeout + wait, target)
+        self._pending[rid] = pending
+        self._schedule(pending.deadline, pending)
+        payload = nfp.encode_body({**body, "rid": rid})
+        role = self.role
+        for link in targets:
+            frames = nfp.encode(cls(role, service, link.name, uuid, (payload,)))
+            if kind == "post":
+                link.load += 1
+                link.used = next(self._uses)
+            if link.send(frames) is False:
+                self._record(pending, link.name, Status.REQUEST_TIMEOUT,
+                             f"could not send to worker {link.name}", {})
+        return pending
+
+    def _probe(self, service: str, uuid: str, body: dict[str, Any],
+               done: Callable[[Reply], None]) -> None:
+        def probed(reply: Reply) -> None:
+            holders = [name for name, info in reply.body.get("workers", {}).items()
+                       if info.get("status") in (Status.OK, Status.PENDING)]
+            if holders:
+                done(Reply(Status.ACCEPTED, {"uuid": uuid, "workers": holders, "errors": {},
+                                             "duplicate": True}))
+            else:
+                self._post(service, nfp.ANY, uuid, body, done)
+        self._fan_out(nfp.Get, "probe", service, nfp.ALL, uuid, {"wait": 0}, probed)
+
+    def _retry_any(self, pending: _Pending, gone: str, reason: str) -> None:
+        """An ``any`` POST whose worker vanished before answering goes to another one."""
+        self._pending.pop(pending.rid, None)
+        pending.finished = True
+        log.debug("POST %s: worker %s gone before answering (%s); dispatching again",
+                  pending.uuid, gone, reason)
+        self._post(pending.service, nfp.ANY, pending.uuid, pending.body, pending.done,
+                   pending.deadline + self.queue_timeout)
+
+    def _redispatch(self, uuid: str, flight: _InFlight, gone: str, reason: str) -> None:
+        self.stats["redispatched"] += 1
+        body = {**flight.body, "redispatch": True}
+
+        def dispatched(reply: Reply) -> None:
+            workers = reply.body.get("workers") or []
+            if reply.status is Status.ACCEPTED and workers:
+                self._event(uuid, flight.service, workers[0],
+                            {"state": "redispatched", "from": gone, "to": workers[0],
+                             "reason": reason})
+            else:
+                self._event(uuid, flight.service, gone,
+                            {"state": "lost", "reason": f"worker {gone} went away ({reason}) and "
+                             f"no other worker accepted the job: {reply.text or reply.status}"})
+        self._post(flight.service, nfp.ANY, uuid, body, dispatched)
+
+    def _event(self, uuid: str, service: str, worker: str, body: dict[str, Any]) -> None:
+        if self.on_job_event is not None:
+            msg = nfp.Event(nfp.BROKER if self.role is nfp.BROKER else nfp.WORKER, service, uuid,
+                            Status.OK, (nfp.encode_body({**body, "worker": worker}),))
+            self.on_job_event(uuid, worker, {**body, "worker": worker}, msg)
+
+    # --- answers from workers -------------------------------------------
+
+    def on_response(self, worker: str, msg: nfp.Response) -> None:
+        """A worker's RESPONSE; ignored unless it answers a request this dispatcher sent."""
+        try:
+            body = nfp.decode_body(msg.body[0])
+        except ProtocolError as exc:
+            log.debug("RESPONSE from %s with a bad body: %s", worker, exc.reason)
+            return
+        link = self.workers.get(worker)
+        load = body.get("load")
+        if link is not None and isinstance(load, int):
+            link.load = load
+        rid = body.pop("rid", None)
+        pending = self._pending.get(rid) if isinstance(rid, str) else None
+        if pending is None or worker not in pending.workers or worker in pending.replies:
+            return
+        if pending.uuid != msg.uuid:
+            log.debug("RESPONSE from %s for %s answers rid %s of job %s", worker, msg.uuid, rid,
+                      pending.uuid)
+            return
+        if pending.kind == "post" and msg.status is Status.ACCEPTED \
+                and pending.target == nfp.ANY and link is not None:
+            self._inflight[pending.uuid] = _InFlight(pending.service, worker, pending.body)
+            link.jobs.add(pending.uuid)
+        self._record(pending, worker, msg.status, msg.text, body)
+
+    def on_event(self, worker: str, msg: nfp.Event) -> None:
+        """A worker's EVENT: note finished jobs and hand it to ``on_job_event``."""
+        try:
+            body = nfp.decode_body(msg.body[0])
+        except ProtocolError as exc:
+            log.debug("EVENT from %s with a bad body: %s", worker, exc.reason)
+            return
+        link = self.workers.get(worker)
+        load = body.get("load")
+        if link is not None and isinstance(load, int):
+            link.load = load
+        if body.get("state") in FINAL_STATES:
+            flight = self._inflight.get(msg.topic)
+            if flight is not None and flight.worker == worker:
+                del self._inflight[msg.topic]
+            if link is not None:
+                link.jobs.discard(msg.topic)
+        if self.on_job_event is not None:
+            self.on_job_event(msg.topic, worker, body, msg)
+
+    def _record(self, pending: _Pending, worker: str, status: Status, text: str,
+                body: dict[str, Any]) -> None:
+        if pending.finished or worker in pending.replies:
+            return
+        pending.replies[worker] = (status, text, body)
+        if len(pending.replies) >= len(pending.workers):
+            self._finish(pending)
+
+    def _finish(self, pending: _Pending) -> None:
+        pending.finished = True
+        self._pending.pop(pending.rid, None)
+        for name in pending.workers:
+            if name not in pending.replies:
+                pending.replies[name] = (Status.REQUEST_TIMEOUT,
+                                         f"no response from worker {name} in time", {})
+        reply = self._fold(pending)
+        try:
+            pending.done(reply)
+        except Exception:
+            log.exception("reply callback for %s %s failed", pending.kind, pending.uuid)
+
+    def _fold(self, p: _Pending) -> Reply:
+        uuid = p.uuid
+        if p.kind == "post":
+            accepted = [n for n, (s, _, _) in p.replies.items() if s is Status.ACCEPTED]
+            errors = {n: body.get("error") or text or s.name
+                      for n, (s, text, body) in p.replies.items() if s is not Status.ACCEPTED}
+            errors.update({n: "no such worker" for n in p.missing})
+            out: dict[str, Any] = {"uuid": uuid, "workers": accepted, "errors": errors}
+            if any(body.get("duplicate") for s, _, body in p.replies.values()
+                   if s is Status.ACCEPTED):
+                out["duplicate"] = True   # accepted before: no new EVENTs will come
+            if accepted:
+                return Reply(Status.ACCEPTED, out)
+            statuses = [s for s, _, _ in p.replies.values()]
+            status = Status.REQUEST_TIMEOUT if Status.REQUEST_TIMEOUT in statuses else \
+                statuses[0] if statuses else Status.ERROR
+            if status is Status.PENDING or status is Status.OK:
+                status = Status.ERROR
+            text = "; ".join(f"{n}: {e}" for n, e in errors.items())
+            return Reply(status, {**out, "error": text}, text[:200])
+        workers: dict[str, Any] = {}
+        for name, (status, text, body) in p.replies.items():
+            entry = {k: v for k, v in body.items() if k not in ("rid", "load")}
+            entry["status"] = int(status)
+            if text and "error" not in entry and status not in (Status.OK, Status.ACCEPTED):
+                entry["error"] = text
+            workers[name] = entry
+        for name in p.missing:
+            workers[name] = {"status": int(Status.REQUEST_TIMEOUT), "error": "worker not connected"}
+        statuses = [Status(w["status"]) for w in workers.values()]
+        if p.kind in ("get", "probe"):
+            status = overall_get_status(statuses)
+        elif Status.OK in statuses:
+            status = Status.OK
+        elif statuses and all(s is Status.UNKNOWN for s in statuses):
+            status = Status.UNKNOWN
+        elif Status.REQUEST_TIMEOUT in statuses:
+            status = Status.REQUEST_TIMEOUT
+        else:
+            status = Status.ERROR
+        return Reply(status, {"uuid": uuid, "workers": workers})
+
+    # --- time -----------------------------------------------------------
+
+    def _schedule(self, deadline: float, item: Any) -> None:
+        heapq.heappush(self._deadlines, (deadline, next(self._order), item))
+
+    def next_deadline(self) -> Optional[float]:
+        """When ``tick`` next has something to do (None: nothing waits)."""
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def tick(self, now: float) -> None:
+        """Time out requests and expire queued POSTs whose deadline has passed."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, item = heapq.heappop(heap)
+            if isinstance(item, _Pending):
+                if not item.finished and item.rid in self._pending:
+                    self._finish(item)
+            elif not item.cancelled:
+                queue = self._queued.get(item.service)
+                if queue is not None and item in queue:
+                    queue.remove(item)
+                    if not queue:
+                        del self._queued[item.service]
+                    self.stats["expired"] += 1
+                    text = (f"no worker of service {item.service} matching target "
+                            f"{item.target!r} within {self.queue_timeout:g}s")
+                    item.done(Reply(Status.REQUEST_TIMEOUT,
+                                    {"uuid": item.uuid, "workers": [], "errors": {},
+                                     "error": text}, text[:200]))
+
+    def _drain_queue(self, service: str) -> None:
+        queue = self._queued.get(service)
+        if not queue:
+            return
+        del self._queued[service]
+        for item in queue:
+            if not item.cancelled:
+                self._post(item.service, item.target, item.uuid, item.body, item.done,
+                           item.deadline)
+
+    # --- introspection --------------------------------------------------
+
+    def queued(self) -> dict[str, int]:
+        """POSTs waiting for a worker, by service."""
+        return {s: sum(1 for q in queue if not q.cancelled) for s, queue in self._queued.items()}
+
+    def inflight(self) -> dict[str, str]:
+        """``any`` jobs in flight: job UUID -> worker."""
+        return {uuid: f.worker for uuid, f in self._inflight.items()}
+
+    def fail_all(self, status: Status, text: str) -> None:
+        """Answer every open request and queued POST with ``status`` (e.g. on step-down)."""
+        for pending in list(self._pending.values()):
+            pending.finished = True
+            self._pending.pop(pending.rid, None)
+            pending.done(Reply(status, {"uuid": pending.uuid, "error": text}, text))
+        queued, self._queued = self._queued, {}
+        for queue in queued.values():
+            for item in queue:
+                if not item.cancelled:
+                    item.done(Reply(status, {"uuid": item.uuid, "error": text}, text))
+        self._deadlines.clear()

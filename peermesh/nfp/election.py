@@ -1,0 +1,156 @@
+"""Broker election: a pure decision over the mesh view (no sockets, no clock).
+
+How it works
+------------
+Nodes that may be broker ("candidates") advertise it in their HELLO headers::
+
+    X-PM-NFP-BROKER: {"mode": "auto"|"always", "priority": <int>, "endpoint": "tcp://..."}
+
+Every node (candidate or not) keeps the set of candidates it can see - the
+ready peers whose HELLO carried that header, plus itself if it is one - and
+computes the broker with ``elect``: the candidate with the highest
+``(mode is "always", priority, UUID)``. There is no vote and no message: the
+mesh view is the shared state, so every node that sees the same peers
+computes the same broker. When the broker leaves the mesh (its EXIT: a
+port-0 beacon at once, or ZRE's ``expired`` timeout after a crash) the next
+best candidate wins. When a partition heals, each side's broker sees the
+other; both compute the same winner and exactly one steps down: the one
+with the lower rank. A higher-ranked candidate joining later takes over the
+same way (the rule has no memory, which is what makes the heal converge).
+
+``Election`` tracks the view for one node and says when the broker changes
+(``Change``); the overlay turns that into starting or stopping its broker,
+moving its workers and clients, and an event for the application.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional
+from uuid import UUID
+
+__all__ = ["BROKER_HEADER", "Candidate", "Change", "Election", "elect", "parse_candidate",
+           "candidate_header", "MODES"]
+
+BROKER_HEADER = "X-PM-NFP-BROKER"
+#: ``--broker`` choices: never (not a candidate), auto (candidate), always (candidate that
+#: outranks every "auto" candidate)
+MODES = ("never", "auto", "always")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node that may be broker, as its HELLO headers describe it."""
+
+    uuid: UUID
+    priority: int
+    endpoint: str
+    mode: str = "auto"
+    name: str = ""
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        """Higher wins: ``always`` before ``auto``, then priority, then UUID."""
+        return (1 if self.mode == "always" else 0, self.priority, self.uuid.int)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """The broker this node sees changed from ``old`` to ``new`` (either may be None)."""
+
+    old: Optional[Candidate]
+    new: Optional[Candidate]
+    me: Optional[UUID] = None
+
+    @property
+    def took_over(self) -> bool:
+        """This node has just become the broker."""
+        return self.new is not None and self.new.uuid == self.me
+
+    @property
+    def stepped_down(self) -> bool:
+        """This node was the broker and no longer is."""
+        return self.old is not None and self.old.uuid == self.me and not self.took_over
+
+
+def elect(candidates: Iterable[Candidate]) -> Optional[Candidate]:
+    """The broker among ``candidates``: highest (always, priority, UUID); None if empty."""
+    return max(candidates, key=lambda c: c.rank, default=None)
+
+
+def candidate_header(mode: str, priority: int, endpoint: str) -> str:
+    """The ``X-PM-NFP-BROKER`` header value of a candidate."""
+    if mode not in ("auto", "always"):
+        raise ValueError(f"broker mode {mode!r} is not 'auto' or 'always'")
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError("broker priority must be an integer")
+    return json.dumps({"mode": mode, "priority": priority, "endpoint": endpoint},
+                      separators=(",", ":"))
+
+
+def parse_candidate(uuid: UUID, headers: Mapping[str, str], name: str = "") -> Optional[Candidate]:
+    """The candidate a peer's headers describe; None if it is none or the header is malformed."""
+    raw = headers.get(BROKER_HEADER)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    mode, priority, endpoint = data.get("mode"), data.get("priority"), data.get("endpoint")
+    if mode not in ("auto", "always") or not isinstance(priority, int) \
+            or isinstance(priority, bool) or not isinstance(endpoint, str) \
+            or not endpoint.startswith("tcp://"):
+        return None
+    return Candidate(uuid, priority, endpoint, mode, name)
+
+
+class Election:
+    """One node's view of the candidates and the broker it implies."""
+
+    def __init__(self, me: Optional[Candidate] = None, my_uuid: Optional[UUID] = None) -> None:
+        self.me = me
+        self.my_uuid = me.uuid if me is not None else my_uuid
+        self._candidates: dict[UUID, Candidate] = {}
+        if me is not None:
+            self._candidates[me.uuid] = me
+        self.broker: Optional[Candidate] = elect(self._candidates.values())
+
+    @property
+    def is_broker(self) -> bool:
+        """True while this node is the elected broker."""
+        return self.broker is not None and self.broker.uuid == self.my_uuid
+
+    def candidates(self) -> list[Candidate]:
+        """Every candidate in view, best first."""
+        return sorted(self._candidates.values(), key=lambda c: c.rank, reverse=True)
+
+    def peer_entered(self, uuid: UUID, headers: Mapping[str, str],
+                     name: str = "") -> Optional[Change]:
+        """A peer said HELLO; the change of broker it causes, if any."""
+        candidate = parse_candidate(uuid, headers, name)
+        if uuid == self.my_uuid:
+            return None
+        if candidate is None:
+            if self._candidates.pop(uuid, None) is None:
+                return None
+        else:
+            self._candidates[uuid] = candidate
+        return self._update()
+
+    def peer_left(self, uuid: UUID) -> Optional[Change]:
+        """A peer left the mesh; the change of broker it causes, if any."""
+        if uuid == self.my_uuid or self._candidates.pop(uuid, None) is None:
+            return None
+        return self._update()
+
+    def _update(self) -> Optional[Change]:
+        new = elect(self._candidates.values())
+        old = self.broker
+        if new == old:
+            return None
+        self.broker = new
+        return Change(old, new, self.my_uuid)

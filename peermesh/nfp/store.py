@@ -1,0 +1,326 @@
+"""Job persistence: one SQLite file per node (stdlib ``sqlite3``, WAL mode).
+
+How it works
+------------
+``JobStore(path)`` opens (or creates) the node's file. Two tables share it:
+
+* ``worker_jobs`` - jobs this node's workers accepted, keyed by (worker, job
+  UUID): the POST body, the state, the result and the times. A job is
+  written when it is accepted (before the 202 goes out) and again when it
+  finishes, each in its own transaction, so a worker killed with SIGKILL
+  finds every accepted job on restart: finished ones answer GET as before,
+  unfinished ones are run again (workers are idempotent, per the spec).
+* ``client_jobs`` - jobs this node's client posted: service, task, target,
+  the workers that accepted it, the last known state and (optionally) the
+  result.
+
+WAL with ``synchronous=NORMAL``: a commit is one ``write`` to the WAL, which
+survives the process being killed (not a power cut before the next
+checkpoint). Checkpoints, which fsync, run every half second in a thread of
+their own (with their own connection), so a commit on the hub never waits
+for the disk. Finished jobs older than ``retention`` seconds are removed by
+``purge`` (the overlay calls it periodically); unfinished jobs are never
+purged (the age counts from the job's creation and its end alike). Times are
+wall-clock (``time.time``) so they mean something after a
+restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from ..wire.nfp import to_json
+
+__all__ = ["JobStore", "WorkerJob", "ClientJob", "store_path", "PENDING", "RUNNING",
+           "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATES"]
+
+PENDING, RUNNING, COMPLETED, FAILED, CANCELLED = "pending", "running", "completed", "failed", \
+    "cancelled"
+FINAL_STATES = frozenset((COMPLETED, FAILED, CANCELLED))
+_CHECKPOINT_EVERY = 0.5  # seconds between WAL checkpoints (in a background thread)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS worker_jobs (
+    worker   TEXT NOT NULL,
+    uuid     TEXT NOT NULL,
+    service  TEXT NOT NULL,
+    task     TEXT NOT NULL,
+    body     TEXT NOT NULL,
+    state    TEXT NOT NULL,
+    result   TEXT,
+    created  REAL NOT NULL,
+    finished REAL,
+    PRIMARY KEY (worker, uuid)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS worker_jobs_created ON worker_jobs (created);
+CREATE TABLE IF NOT EXISTS client_jobs (
+    uuid     TEXT PRIMARY KEY,
+    service  TEXT NOT NULL,
+    task     TEXT NOT NULL,
+    target   TEXT NOT NULL,
+    body     TEXT NOT NULL,
+    workers  TEXT NOT NULL DEFAULT '[]',
+    state    TEXT NOT NULL,
+    status   INTEGER,
+    reason   TEXT NOT NULL DEFAULT '',
+    result   TEXT,
+    created  REAL NOT NULL,
+    updated  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS client_jobs_updated ON client_jobs (updated);
+"""
+
+
+def store_path(data_dir: os.PathLike[str] | str, node_name: str) -> Path:
+    """``<data_dir>/nfp-<node name>.sqlite3`` (the name made safe for a file name)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", node_name) or "node"
+    return Path(data_dir) / f"nfp-{safe}.sqlite3"
+
+
+@dataclass(slots=True)
+class WorkerJob:
+    """A job as one worker stored it."""
+
+    worker: str
+    uuid: str
+    service: str
+    task: str
+    body: dict[str, Any]
+    state: str
+    result: Optional[dict[str, Any]]
+    created: float
+    finished: Optional[float]
+
+
+@dataclass(slots=True)
+class ClientJob:
+    """A job as the client that posted it stored it."""
+
+    uuid: str
+    service: str
+    task: str
+    target: str
+    body: dict[str, Any]
+    workers: list[str]
+    state: str
+    status: Optional[int]
+    reason: str
+    result: Optional[dict[str, Any]]
+    created: float
+    updated: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"uuid": self.uuid, "service": self.service, "task": self.task,
+                "target": self.target, "args": self.body.get("args", []),
+                "kwargs": self.body.get("kwargs", {}), "workers": self.workers,
+                "state": self.state, "status": self.status, "reason": self.reason,
+                "result": self.result, "created": self.created, "updated": self.updated}
+
+
+_dumps = to_json
+
+
+class JobStore:
+    """The node's SQLite file. Use it from one thread (the node's hub)."""
+
+    def __init__(self, path: os.PathLike[str] | str, retention: float = 7 * 86400.0) -> None:
+        self.path = Path(path)
+        self.retention = float(retention)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                             timeout=5.0)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        # checkpoints (they fsync) run in a thread of their own, never on the hub
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        db.executescript(_SCHEMA)
+        self._db = db
+        self._stop = threading.Event()
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
+                                              name=f"peermesh-checkpoint-{self.path.name}")
+        self._checkpointer.start()
+
+    def _checkpoint_loop(self) -> None:
+        try:
+            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=5.0)
+        except sqlite3.Error:
+            return
+        try:
+            while not self._stop.wait(_CHECKPOINT_EVERY):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    pass
+            try:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+        finally:
+            db.close()
+
+    def close(self) -> None:
+        """Close the file (after a last checkpoint)."""
+        self._stop.set()
+        self._checkpointer.join(10.0)
+        self._db.close()
+
+    # --- worker side ----------------------------------------------------
+
+    def add_worker_job(self, worker: str, uuid: str, service: str, task: str,
+                       body: dict[str, Any], body_text: Optional[str] = None) -> bool:
+        """Store a newly accepted job; False if this worker already has that UUID."""
+        cursor = self._db.execute(
+            "INSERT OR IGNORE INTO worker_jobs (worker, uuid, service, task, body, state, created)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (worker, uuid, service, task, body_text if body_text is not None else _dumps(body),
+             PENDING, time.time()))
+        return cursor.rowcount == 1
+
+    def finish_worker_job(self, worker: str, uuid: str, state: str,
+                          result: dict[str, Any], result_text: Optional[str] = None) -> None:
+        """Record the final state and result of a job (``result_text``: it as JSON, if known)."""
+        self._db.execute(
+            "UPDATE worker_jobs SET state = ?, result = ?, finished = ? "
+            "WHERE worker = ? AND uuid = ?",
+            (state, result_text if result_text is not None else _dumps(result), time.time(),
+             worker, uuid))
+
+    def set_worker_state(self, worker: str, uuid: str, state: str) -> None:
+        """Change the state of an unfinished job (e.g. pending -> running)."""
+        self._db.execute("UPDATE worker_jobs SET state = ? WHERE worker = ? AND uuid = ?",
+                         (state, worker, uuid))
+
+    def worker_job(self, worker: str, uuid: str) -> Optional[WorkerJob]:
+        """One job of ``worker``, or None."""
+        row = self._db.execute(
+            "SELECT worker, uuid, service, task, body, state, result, created, finished "
+            "FROM worker_jobs WHERE worker = ? AND uuid = ?", (worker, uuid)).fetchone()
+        return self._worker_job(row) if row else None
+
+    def delete_worker_job(self, worker: str, uuid: str) -> bool:
+        """Remove a job's record; True if there was one."""
+        return self._db.execute("DELETE FROM worker_jobs WHERE worker = ? AND uuid = ?",
+                                (worker, uuid)).rowcount == 1
+
+    def unfinished_worker_jobs(self, worker: str) -> list[WorkerJob]:
+        """Jobs of ``worker`` that were accepted but never finished, oldest first."""
+        rows = self._db.execute(
+            "SELECT worker, uuid, service, task, body, state, result, created, finished "
+            "FROM worker_jobs WHERE worker = ? AND finished IS NULL ORDER BY created",
+            (worker,)).fetchall()
+        return [self._worker_job(row) for row in rows]
+
+    def worker_jobs(self, worker: Optional[str] = None, limit: int = 1000) -> list[WorkerJob]:
+        """Recent jobs (of one worker, or all), newest first."""
+        sql = ("SELECT worker, uuid, service, task, body, state, result, created, finished "
+               "FROM worker_jobs")
+        args: tuple[Any, ...] = ()
+        if worker is not None:
+            sql += " WHERE worker = ?"
+            args = (worker,)
+        rows = self._db.execute(sql + " ORDER BY created DESC LIMIT ?", (*args, limit))
+        return [self._worker_job(row) for row in rows.fetchall()]
+
+    def count_worker_jobs(self, worker: str) -> dict[str, int]:
+        """Number of jobs of ``worker`` by state."""
+        rows = self._db.execute("SELECT state, count(*) FROM worker_jobs WHERE worker = ? "
+                                "GROUP BY state", (worker,)).fetchall()
+        return {state: n for state, n in rows}
+
+    @staticmethod
+    def _worker_job(row: tuple[Any, ...]) -> WorkerJob:
+        worker, uuid, service, task, body, state, result, created, finished = row
+        return WorkerJob(worker, uuid, service, task, json.loads(body), state,
+                         json.loads(result) if result is not None else None, created, finished)
+
+    # --- client side ----------------------------------------------------
+
+    def add_client_job(self, uuid: str, service: str, task: str, target: str,
+                       body: dict[str, Any], state: str = "posting") -> None:
+        """Record a job before it is posted (so a crash mid-post leaves a trace)."""
+        now = time.time()
+        self._db.execute(
+            "INSERT OR REPLACE INTO client_jobs (uuid, service, task, target, body, state, "
+            "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (uuid, service, task, target, _dumps(body), state, now, now))
+
+    def update_client_job(self, uuid: str, *, state: Optional[str] = None,
+                          status: Optional[int] = None, reason: Optional[str] = None,
+                          workers: Optional[list[str]] = None,
+                          result: Optional[dict[str, Any]] = None) -> None:
+        """Update what is known about a posted job."""
+        sets: list[str] = ["updated = ?"]
+        args: list[Any] = [time.time()]
+        for column, value in (("state", state), ("status", status), ("reason", reason)):
+            if value is not None:
+                sets.append(f"{column} = ?")
+                args.append(value)
+        if workers is not None:
+            sets.append("workers = ?")
+            args.append(_dumps(workers))
+        if result is not None:
+            sets.append("result = ?")
+            args.append(_dumps(result))
+        args.append(uuid)
+        self._db.execute(f"UPDATE client_jobs SET {', '.join(sets)} WHERE uuid = ?", args)
+
+    def client_job(self, uuid: str) -> Optional[ClientJob]:
+        """One posted job, or None."""
+        row = self._db.execute(
+            "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
+            "created, updated FROM client_jobs WHERE uuid = ?", (uuid,)).fetchone()
+        return self._client_job(row) if row else None
+
+    def find_client_jobs(self, prefix: str) -> list[ClientJob]:
+        """Posted jobs whose UUID starts with ``prefix``."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._db.execute(
+            "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
+            "created, updated FROM client_jobs WHERE uuid LIKE ? ESCAPE '\\' LIMIT 10",
+            (escaped + "%",)).fetchall()
+        return [self._client_job(row) for row in rows]
+
+    def client_jobs(self, limit: int = 1000) -> list[ClientJob]:
+        """Posted jobs, newest first."""
+        rows = self._db.execute(
+            "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
+            "created, updated FROM client_jobs ORDER BY created DESC LIMIT ?", (limit,))
+        return [self._client_job(row) for row in rows.fetchall()]
+
+    def delete_client_job(self, uuid: str) -> None:
+        """Forget a posted job."""
+        self._db.execute("DELETE FROM client_jobs WHERE uuid = ?", (uuid,))
+
+    @staticmethod
+    def _client_job(row: tuple[Any, ...]) -> ClientJob:
+        (uuid, service, task, target, body, workers, state, status, reason, result, created,
+         updated) = row
+        return ClientJob(uuid, service, task, target, json.loads(body), json.loads(workers), state,
+                         status, reason, json.loads(result) if result is not None else None,
+                         created, updated)
+
+    # --- retention ------------------------------------------------------
+
+    def purge(self, now: Optional[float] = None) -> int:
+        """Remove finished jobs older than ``retention``; the number removed."""
+        cutoff = (time.time() if now is None else now) - self.retention
+        # the index is on ``created`` (never updated, so finishing a job stays cheap);
+        # a job is purged once both its creation and its end are older than the cutoff
+        removed = self._db.execute("DELETE FROM worker_jobs WHERE created < ? AND finished "
+                                   "IS NOT NULL AND finished < ?", (cutoff, cutoff)).rowcount
+        removed += self._db.execute(
+            "DELETE FROM client_jobs WHERE updated < ? AND state IN "
+            "('completed', 'failed', 'cancelled', 'deleted', 'lost')", (cutoff,)).rowcount
+        return removed
+
+    def __iter__(self) -> Iterator[WorkerJob]:
+        return iter(self.worker_jobs())

@@ -1,0 +1,730 @@
+"""An NFP worker: one service, tasks by name, one job at a time, jobs kept on disk.
+
+How it works
+------------
+A ``Worker`` binds its own ROUTER (its brokerless endpoint, advertised to the
+mesh in ``X-PM-NFP-WORKER``) where clients send POST / GET / DELETE directly.
+When the mesh has a broker the worker also opens one DEALER to it and speaks
+NFP/Worker: OPEN, (broker) OPEN, READY, then requests relayed by the broker,
+and KEEPALIVE both ways every ``keepalive`` seconds when nothing else was
+sent. No command from the broker for ``keepalive * multiplier`` seconds, or
+a DISCONNECT, and the worker closes that socket and starts a new
+conversation on a new one.
+
+Requests from both sides go to the same handlers:
+
+* **POST** - the job is written to the store and answered 202 (a UUID the
+  worker already has is answered 202 again and not run twice); an unknown
+  task is answered 500 and not stored. Jobs run one at a time, in arrival
+  order, in the worker's executor greenlet, with an optional ``timeout``.
+* **GET** - 200 with the result once finished (completed, failed or
+  cancelled), 300 while pending or running, 400 for an unknown UUID. A GET
+  whose body has ``"wait": seconds`` is held until the job finishes or the
+  wait ends (then 300): clients use it instead of polling.
+* **DELETE** - a pending job is cancelled, a running one is killed
+  (``GreenletExit`` in the task) and recorded as cancelled; a finished job's
+  record is removed; 400 if unknown. The reply body says which happened.
+* **EVENT** - ``job.event(message, **data)`` inside a task sends progress to
+  whoever posted the job (the broker relays it to the client). When a job
+  finishes an EVENT with its final ``state`` follows; if the POST asked with
+  ``"notify": true`` that EVENT carries the result too.
+
+On start, jobs the store holds as accepted but unfinished (the worker was
+killed) are queued again: workers are idempotent, per the spec.
+
+Tasks are plain functions ``fn(job, *args, **kwargs)`` returning something
+JSON can encode; they run on the hub, so a task that blocks without yielding
+to gevent stalls the worker (and its heartbeats): use ``job.run_blocking``.
+For concurrency run several workers of the same service (several ``Worker``
+objects in one node, or several nodes): a worker is strictly sequential.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import gevent
+import gevent.event
+import zmq
+
+from ..errors import ProtocolError
+from ..wire import nfp
+from ..wire.nfp import Status
+from .dispatch import WORKER_MMI
+from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
+from .transport import Channel, bind_ephemeral
+
+__all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
+
+log = logging.getLogger(__name__)
+
+TaskFunction = Callable[..., Any]
+#: a POST's 202 waits this long for the job to finish, to leave with its final EVENT
+ACCEPT_DELAY = 0.001
+
+
+class JobCancelled(Exception):
+    """Raised by ``JobContext.check`` once the job was cancelled (DELETE)."""
+
+
+class _Interrupt(BaseException):
+    """Thrown into a running task: it was cancelled (DELETE) or timed out."""
+
+
+class Tasks:
+    """Task functions by name: ``@tasks.task()`` or ``tasks.add(name, fn)``."""
+
+    def __init__(self, functions: Optional[Mapping[str, TaskFunction]] = None) -> None:
+        self._functions: dict[str, TaskFunction] = {}
+        for name, fn in (functions or {}).items():
+            self.add(name, fn)
+
+    def add(self, name: str, fn: TaskFunction) -> None:
+        """Register ``fn(job, *args, **kwargs)`` as task ``name``."""
+        if not name or not isinstance(name, str):
+            raise ValueError("a task needs a non-empty name")
+        if not callable(fn):
+            raise TypeError(f"task {name!r} is not callable")
+        self._functions[name] = fn
+
+    def task(self, name: Optional[str] = None) -> Callable[[TaskFunction], TaskFunction]:
+        """Decorator: register the function under ``name`` (default: its own name)."""
+        def register(fn: TaskFunction) -> TaskFunction:
+            self.add(name or fn.__name__, fn)
+            return fn
+        return register
+
+    def update(self, other: "Tasks") -> None:
+        """Add every task of ``other``."""
+        self._functions.update(other._functions)
+
+    def get(self, name: str) -> Optional[TaskFunction]:
+        """The task called ``name``, or None."""
+        return self._functions.get(name)
+
+    def names(self) -> list[str]:
+        """Names of the registered tasks."""
+        return sorted(self._functions)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._functions
+
+    @classmethod
+    def from_module(cls, path: str) -> "Tasks":
+        """Tasks of module ``path``: its ``tasks`` (a ``Tasks`` or a dict of functions)."""
+        module = importlib.import_module(path)
+        found = getattr(module, "tasks", None)
+        if found is None:
+            found = getattr(module, "TASKS", None)
+        if isinstance(found, Tasks):
+            return found
+        if isinstance(found, Mapping):
+            return cls(found)
+        raise ValueError(f"module {path} has no 'tasks' (a peermesh.nfp.Tasks or a dict)")
+
+
+@dataclass(eq=False)
+class _Job:
+    uuid: str
+    service: str
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    timeout: Optional[float]
+    notify: bool
+    origin: Optional[tuple[Any, ...]]
+    state: str = PENDING
+    greenlet: Optional[gevent.Greenlet] = None
+    accept: Optional[tuple[Any, Any, Any]] = None     # a 202 not sent yet
+    accept_timer: Any = None
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+    cancelled: bool = False
+
+
+class JobContext:
+    """What a task function gets as its first argument."""
+
+    __slots__ = ("uuid", "task", "args", "kwargs", "worker", "_job", "_owner")
+
+    def __init__(self, owner: "Worker", job: _Job) -> None:
+        self.uuid = job.uuid
+        self.task = job.task
+        self.args = job.args
+        self.kwargs = job.kwargs
+        self.worker = owner.name
+        self._job = job
+        self._owner = owner
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a DELETE cancelled this job."""
+        return self._job.cancelled
+
+    def check(self) -> None:
+        """Raise ``JobCancelled`` if the job was cancelled (for long loops)."""
+        if self._job.cancelled:
+            raise JobCancelled(self.uuid)
+
+    def event(self, message: str = "", **data: Any) -> None:
+        """Send a progress EVENT to whoever posted the job."""
+        self._owner._send_event(self._job, {"state": RUNNING, "message": message, **data})
+
+    def run_blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run blocking ``fn`` in the hub's thread pool, so the worker keeps answering."""
+        return gevent.get_hub().threadpool.apply(fn, args, kwargs)
+
+
+class Worker:
+    """One worker of one service. Create before the node starts (it binds at once)."""
+
+    def __init__(self, service: str, name: str, tasks: Tasks | Mapping[str, TaskFunction],
+                 store: JobStore, *, address: str = "127.0.0.1",
+                 context: Optional[zmq.Context] = None, keepalive: float = 1.0,
+                 multiplier: int = 3, admin_token: Optional[str] = None,
+                 node_name: str = "", on_shutdown: Optional[Callable[["Worker"], None]] = None,
+                 internal: bool = False) -> None:
+        nfp.format_target((name,))  # a name that can be targeted
+        if not service or not service.isprintable() or service == WORKER_MMI:
+            raise ValueError(f"{service!r} cannot be a worker's service")
+        self.service = service
+        self.name = name
+        self.tasks = tasks if isinstance(tasks, Tasks) else Tasks(tasks)
+        self.store = store
+        self.keepalive = float(keepalive)
+        self.multiplier = int(multiplier)
+        self.admin_token = admin_token
+        self.node_name = node_name
+        self.on_shutdown = on_shutdown
+        self.internal = internal
+        self._context = context or zmq.Context.instance()
+        self._router = self._context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+        self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
+        self._direct: Optional[Channel] = None
+        self._broker: Optional[Channel] = None
+        self.broker_endpoint: Optional[str] = None
+        self._broker_state = "none"     # none, opening, ready
+        self._broker_since = 0.0
+        self._last_recv = 0.0
+        self._last_sent = 0.0
+        self._queue: deque[_Job] = deque()
+        self._jobs: dict[str, _Job] = {}
+        self._running: Optional[_Job] = None
+        self._wake = gevent.event.Event()
+        self._greenlets: list[gevent.Greenlet] = []
+        self._clients: dict[bytes, float] = {}
+        self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
+                      "recovered": 0, "broker_connects": 0}
+        self.started = False
+
+    # --- life cycle -----------------------------------------------------
+
+    def start(self) -> "Worker":
+        """Start serving (on the current hub); re-queue jobs left unfinished by a crash."""
+        if self.started:
+            return self
+        self.started = True
+        if not self.internal:
+            self._direct = Channel(self._router, self._on_direct, f"worker {self.name}")
+        else:
+            self._router.close()
+        for stored in self.store.unfinished_worker_jobs(self.name):
+            body = stored.body
+            job = _Job(stored.uuid, stored.service, stored.task, list(body.get("args") or []),
+                       dict(body.get("kwargs") or {}), _timeout(body), False, ("broker",))
+            self._jobs[job.uuid] = job
+            self._queue.append(job)
+            self.stats["recovered"] += 1
+        if self._queue:
+            log.info("worker %s: %d unfinished job(s) from before a restart queued again",
+                     self.name, len(self._queue))
+        self._greenlets = [gevent.spawn(self._executor), gevent.spawn(self._heartbeat)]
+        return self
+
+    def stop(self) -> None:
+        """Disconnect from the broker, stop running jobs (they stay queued on disk), close."""
+        if not self.started:
+            return
+        self.started = False
+        for job in list(self._jobs.values()):
+            if job.accept is not None:
+                self._flush_accept(job)
+        if self._broker is not None and self._broker_state != "none":
+            self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"worker stopping"))
+        self._close_broker()
+        gevent.killall(self._greenlets, block=False)   # a running job stays unfinished on disk
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
+
+    @property
+    def load(self) -> int:
+        """Jobs queued or running."""
+        return len(self._queue) + (1 if self._running is not None else 0)
+
+    # --- broker link ----------------------------------------------------
+
+    def connect_broker(self, endpoint: Optional[str]) -> None:
+        """Talk to the broker at ``endpoint`` (None: no broker; serve clients directly)."""
+        if endpoint == self.broker_endpoint and (endpoint is None or self._broker is not None):
+            return
+        if self._broker is not None and self._broker_state != "none":
+            self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"broker changed"))
+        self._close_broker()
+        self.broker_endpoint = endpoint
+        if endpoint is not None and self.started:
+            self._open_broker()
+
+    def _open_broker(self) -> None:
+        assert self.broker_endpoint is not None
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+        sock.connect(self.broker_endpoint)
+        self._broker = Channel(sock, self._on_broker, f"worker {self.name} -> broker")
+        self._broker_state = "opening"
+        now = time.monotonic()
+        self._last_recv = now
+        self._broker_since = now
+        self.stats["broker_connects"] += 1
+        self._send_broker(nfp.Open(nfp.WORKER, nfp.encode_body(
+            {"name": self.name, "service": self.service, "node": self.node_name,
+             "keepalive": self.keepalive, "multiplier": self.multiplier})))
+
+    def _close_broker(self) -> None:
+        channel, self._broker = self._broker, None
+        self._broker_state = "none"
+        if channel is not None:
+            channel.close()
+
+    def _reconnect(self, why: str) -> None:
+        log.info("worker %s: new conversation with broker %s (%s)", self.name,
+                 self.broker_endpoint, why)
+        self._close_broker()
+        if self.broker_endpoint is not None and self.started:
+            self._open_broker()
+
+    def _send_broker(self, msg: nfp.Message) -> bool:
+        channel = self._broker
+        if channel is None:
+            return False
+        self._last_sent = time.monotonic()
+        return channel.send(nfp.encode(msg))
+
+    def _heartbeat(self) -> None:
+        while True:
+            gevent.sleep(self.keepalive / 2)
+            if self._broker is None:
+                continue
+            now = time.monotonic()
+            if now - self._last_recv > self.keepalive * self.multiplier:
+                self._reconnect(f"no command from the broker for "
+                                f"{self.keepalive * self.multiplier:g}s")
+                continue
+            if self._broker_state == "ready" and now - self._last_sent >= self.keepalive:
+                self._send_broker(nfp.Keepalive(nfp.WORKER, self.service))
+
+    def _on_broker(self, frames: list[bytes]) -> None:
+        try:
+            msg = nfp.decode(frames)
+        except ProtocolError as exc:
+            log.debug("worker %s: dropped a malformed message from the broker: %s", self.name,
+                      exc.reason)
+            return
+        if msg.role is not nfp.BROKER:
+            log.debug("worker %s: dropped %s with header %s on the broker link", self.name,
+                      type(msg).__name__, msg.role.value)
+            return
+        self._last_recv = time.monotonic()
+        if isinstance(msg, nfp.Disconnect):
+            why = msg.body.decode("utf-8", "replace") or "no reason given"
+            # a new socket, after a pause so a broker that keeps refusing is not hammered
+            self._close_broker()
+            gevent.spawn_later(self.keepalive, self._after_disconnect, self.broker_endpoint, why)
+            return
+        if isinstance(msg, nfp.Open):
+            if self._broker_state == "opening":
+                self._adopt_timing(msg.body)
+                self._broker_state = "ready"
+                self._send_broker(nfp.Ready(self.service))
+            return
+        if isinstance(msg, nfp.Keepalive):
+            return
+        if self._broker_state != "ready":
+            return
+        if isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)):
+            self._on_request(msg, ("broker",))
+
+    def _after_disconnect(self, endpoint: Optional[str], why: str) -> None:
+        if self.started and self._broker is None and endpoint == self.broker_endpoint:
+            self._reconnect(f"broker sent DISCONNECT: {why}")
+
+    def _adopt_timing(self, body: bytes) -> None:
+        try:
+            data = nfp.decode_body(body)
+        except ProtocolError:
+            return
+        keepalive, multiplier = data.get("keepalive"), data.get("multiplier")
+        if isinstance(keepalive, (int, float)) and 0.01 <= keepalive <= 3600:
+            self.keepalive = float(keepalive)
+        if isinstance(multiplier, int) and 2 <= multiplier <= 100:
+            self.multiplier = multiplier
+
+    # --- clients that talk to the worker directly -----------------------
+
+    def _on_direct(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        identity = frames[0]
+        try:
+            msg = nfp.decode(frames[1:])
+        except ProtocolError as exc:
+            log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
+            return
+        if not isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)) or msg.role is not nfp.CLIENT:
+            if isinstance(msg, nfp.Open) and msg.role is nfp.CLIENT:
+                self._reply_direct(identity, nfp.Open(nfp.WORKER, nfp.encode_body(
+                    {"name": self.name, "service": self.service})))
+            return
+        self._clients[identity] = time.monotonic()
+        self._on_request(msg, ("direct", identity))
+
+    def _reply_direct(self, identity: bytes, msg: nfp.Message) -> None:
+        if self._direct is not None:
+            self._direct.send([identity, *nfp.encode(msg)])
+
+    def _reply(self, origin: Optional[tuple[Any, ...]], msg: nfp.Message) -> None:
+        if origin is None:
+            return
+        if origin[0] == "direct":
+            self._reply_direct(origin[1], msg)
+        else:
+            self._send_broker(msg)
+
+    # --- requests -------------------------------------------------------
+
+    def _on_request(self, msg: nfp.Post | nfp.Get | nfp.Delete, origin: tuple[Any, ...]) -> None:
+        try:
+            body = nfp.decode_body(msg.body[0])
+        except ProtocolError as exc:
+            self._respond(origin, msg, Status.ERROR, {"error": f"invalid body: {exc.reason}"})
+            return
+        rid = body.get("rid")
+        if msg.service != self.service and msg.service != WORKER_MMI:
+            error = f"worker {self.name} serves {self.service}, not {msg.service}"
+            self._respond(origin, msg, Status.ERROR, {"error": error}, rid)
+            return
+        if isinstance(msg, nfp.Post):
+            self._on_post(msg, body, origin, rid)
+        elif isinstance(msg, nfp.Get):
+            self._on_get(msg, body, origin, rid)
+        else:
+            self._on_delete(msg, origin, rid)
+
+    def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
+                 body: dict[str, Any], rid: Any = None) -> None:
+        out = {"worker": self.name, "load": self.load, **body}
+        if rid is not None:
+            out["rid"] = rid
+        self._reply(origin, nfp.Response(nfp.WORKER, msg.service, msg.uuid, status,
+                                         (nfp.encode_body(out),)))
+
+    def _on_post(self, msg: nfp.Post, body: dict[str, Any], origin: tuple[Any, ...],
+                 rid: Any) -> None:
+        task = body.get("task")
+        args = body.get("args", [])
+        kwargs = body.get("kwargs", {})
+        if not isinstance(task, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+            self._respond(origin, msg, Status.ERROR,
+                          {"error": "POST body needs task (string), args (list), kwargs (object)"},
+                          rid)
+            return
+        mmi = msg.service == WORKER_MMI
+        if mmi:
+            from .services import worker_mmi_tasks
+            known = task in worker_mmi_tasks(self)
+        else:
+            known = task in self.tasks
+        if not known:
+            self._respond(origin, msg, Status.ERROR,
+                          {"error": f"worker {self.name} has no task {task!r}"}, rid)
+            return
+        existing = self._jobs.get(msg.uuid)
+        if existing is None and not self.store.add_worker_job(
+                self.name, msg.uuid, msg.service, task, body, msg.body[0].decode("utf-8")):
+            record = self.store.worker_job(self.name, msg.uuid)
+            state = record.state if record is not None else "unknown"
+            self._respond(origin, msg, Status.ACCEPTED, {"state": state, "duplicate": True}, rid)
+            return
+        if existing is not None:
+            self._respond(origin, msg, Status.ACCEPTED,
+                          {"state": existing.state, "duplicate": True}, rid)
+            return
+        job = _Job(msg.uuid, msg.service, task, args, kwargs, _timeout(body),
+                   bool(body.get("notify")), origin)
+        self._jobs[job.uuid] = job
+        self.stats["accepted"] += 1
+        if mmi:
+            self._respond(origin, msg, Status.ACCEPTED, {"state": PENDING}, rid)
+            gevent.spawn(self._run, job)   # management answers at once, beside any job
+            return
+        idle = not self._queue and self._running is None
+        self._queue.append(job)
+        if idle and job.notify:
+            # The job is on disk. If it finishes within ACCEPT_DELAY, the 202 leaves
+            # together with the final EVENT: one wake-up for the peer instead of two.
+            job.accept = (origin, msg, rid)
+            timer = gevent.get_hub().loop.timer(ACCEPT_DELAY)
+            timer.start(self._flush_accept, job)
+            job.accept_timer = timer
+        else:
+            self._respond(origin, msg, Status.ACCEPTED, {"state": PENDING}, rid)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _flush_accept(self, job: _Job) -> None:
+        """Send a POST's deferred 202 now (before anything else about the job)."""
+        accept, job.accept = job.accept, None
+        timer, job.accept_timer = job.accept_timer, None
+        if timer is not None:
+            timer.stop()
+            timer.close()
+        if accept is not None:
+            origin, msg, rid = accept
+            self._respond(origin, msg, Status.ACCEPTED, {"state": job.state}, rid)
+
+    def _on_get(self, msg: nfp.Get, body: dict[str, Any], origin: tuple[Any, ...],
+                rid: Any) -> None:
+        job = self._jobs.get(msg.uuid)
+        if job is not None and job.accept is not None:
+            self._flush_accept(job)
+        if job is None:
+            self._answer_finished(msg, origin, rid)
+            return
+        wait = body.get("wait")
+        if isinstance(wait, (int, float)) and wait > 0:
+            state = {"answered": False}
+
+            def answer() -> None:
+                if state["answered"]:
+                    return
+                state["answered"] = True
+                timer.stop()
+                timer.close()
+                live = self._jobs.get(msg.uuid)
+                if live is None:
+                    self._answer_finished(msg, origin, rid)
+                else:
+                    self._respond(origin, msg, Status.PENDING, {"state": live.state}, rid)
+            timer = gevent.get_hub().loop.timer(min(float(wait), 3600.0))
+            timer.start(answer)
+            job.waiters.append(answer)
+            return
+        self._respond(origin, msg, Status.PENDING, {"state": job.state}, rid)
+
+    def _answer_finished(self, msg: Any, origin: Optional[tuple[Any, ...]], rid: Any) -> None:
+        record = self.store.worker_job(self.name, msg.uuid)
+        if record is None:
+            self._respond(origin, msg, Status.UNKNOWN, {"error": f"no job {msg.uuid}"}, rid)
+        elif record.finished is None:
+            self._respond(origin, msg, Status.PENDING, {"state": record.state}, rid)
+        else:
+            self._respond(origin, msg, Status.OK, {"state": record.state, "task": record.task,
+                                                   **(record.result or {})}, rid)
+
+    def _on_delete(self, msg: nfp.Delete, origin: tuple[Any, ...], rid: Any) -> None:
+        job = self._jobs.get(msg.uuid)
+        if job is not None:
+            if job.accept is not None:
+                self._flush_accept(job)
+            was = job.state
+            job.cancelled = True
+            if was == PENDING:
+                try:
+                    self._queue.remove(job)
+                except ValueError:
+                    pass
+                self._finish(job, CANCELLED, {"failed": True,
+                                              "errors": ["cancelled before it started"]})
+            elif job.greenlet is not None:
+                self._cancel_running(job)
+            self._respond(origin, msg, Status.OK, {"outcome": "cancelled", "was": was}, rid)
+            return
+        record = self.store.worker_job(self.name, msg.uuid)
+        if record is None:
+            self._respond(origin, msg, Status.UNKNOWN, {"error": f"no job {msg.uuid}"}, rid)
+            return
+        self.store.delete_worker_job(self.name, msg.uuid)
+        self._respond(origin, msg, Status.OK, {"outcome": "deleted", "was": record.state}, rid)
+
+    # --- running jobs ---------------------------------------------------
+
+    def _executor(self) -> None:
+        queue = self._queue
+        while True:
+            while not queue:
+                self._wake.clear()
+                self._wake.wait()
+            job = queue.popleft()
+            if job.state != PENDING:
+                continue
+            self._run(job)
+
+    def _run(self, job: _Job) -> None:
+        """Run ``job`` in the current greenlet (the executor's, or an MMI job's own)."""
+        mmi = job.service == WORKER_MMI
+        if mmi:
+            from .services import worker_mmi_tasks
+            fn = worker_mmi_tasks(self).get(job.task)
+        else:
+            fn = self.tasks.get(job.task)
+            self._running = job
+        job.state = RUNNING
+        job.greenlet = gevent.getcurrent()
+        started = time.time()
+        timeout = gevent.Timeout(job.timeout, _Interrupt("timeout")) if job.timeout else None
+        try:
+            if fn is None:
+                self._finish(job, FAILED, {"failed": True,
+                                           "errors": [f"no task {job.task!r} any more"]})
+                return
+            try:
+                if timeout is not None:
+                    timeout.start()
+                value = fn(JobContext(self, job), *job.args, **job.kwargs)
+            except _Interrupt:
+                duration = round(time.time() - started, 6)
+                if job.cancelled:
+                    self._finish(job, CANCELLED, {"failed": True, "duration": duration,
+                                                  "errors": ["cancelled while running"]})
+                else:
+                    self._finish(job, FAILED, {"failed": True, "duration": duration,
+                                               "errors": [f"timed out after {job.timeout:g}s"]})
+                return
+            except JobCancelled:
+                self._finish(job, CANCELLED, {"failed": True,
+                                              "duration": round(time.time() - started, 6),
+                                              "errors": ["cancelled while running"]})
+                return
+            except Exception as exc:
+                self._finish(job, FAILED, {"failed": True,
+                                           "duration": round(time.time() - started, 6),
+                                           "errors": [f"{type(exc).__name__}: {exc}"]})
+                return
+            finally:
+                if timeout is not None:
+                    timeout.close()
+            duration = round(time.time() - started, 6)
+            if job.cancelled:
+                self._finish(job, CANCELLED, {"failed": True, "duration": duration,
+                                              "errors": ["cancelled while running"]})
+                return
+            result = {"result": value, "failed": False, "errors": [], "duration": duration}
+            try:
+                self._finish(job, COMPLETED, result)
+            except (TypeError, ValueError) as exc:   # the result is not JSON
+                job.state = RUNNING
+                self._finish(job, FAILED, {"failed": True, "duration": duration,
+                                           "errors": [f"result cannot be encoded as JSON: "
+                                                      f"{exc}"]})
+        finally:
+            job.greenlet = None
+            if self._running is job:
+                self._running = None
+
+    def _cancel_running(self, job: _Job) -> None:
+        """Interrupt a running job at its next switch (DELETE)."""
+        gevent.get_hub().loop.run_callback(self._interrupt, job)
+
+    @staticmethod
+    def _interrupt(job: _Job) -> None:
+        greenlet = job.greenlet
+        if job.state == RUNNING and greenlet is not None and not greenlet.dead:
+            greenlet.throw(_Interrupt("cancelled"))
+
+    def _finish(self, job: _Job, state: str, result: dict[str, Any]) -> None:
+        if job.state in (COMPLETED, FAILED, CANCELLED):
+            return
+        text = nfp.to_json(result)
+        if job.accept is not None:
+            self._flush_accept(job)
+        job.state = state
+        self.store.finish_worker_job(self.name, job.uuid, state, result, text)
+        self._jobs.pop(job.uuid, None)
+        self.stats[state] = self.stats.get(state, 0) + 1
+        load = self.load - (1 if self._running is job else 0)
+        head = nfp.to_json({"worker": self.name, "state": state, "load": load})
+        # the final EVENT: its head, plus the result fields when the POST asked for them
+        body = head[:-1] + "," + text[1:] if job.notify and len(text) > 2 else head
+        self._send_event_frame(job, body.encode("utf-8"))
+        waiters, job.waiters = job.waiters, []
+        for answer in waiters:
+            try:
+                answer()
+            except Exception:
+                log.exception("worker %s: answering a held GET of %s failed", self.name,
+                              job.uuid)
+
+    def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
+        self._send_event_frame(job, nfp.encode_body({"worker": self.name, **body}))
+
+    def _send_event_frame(self, job: _Job, frame: bytes) -> None:
+        msg = nfp.Event(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,))
+        origin = job.origin
+        if origin is None or origin[0] == "broker":
+            if self._broker_state == "ready":
+                self._send_broker(msg)
+        else:
+            self._reply_direct(origin[1], msg)
+
+    # --- management -----------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """What MMI's show_workers reports about this worker."""
+        return {"name": self.name, "service": self.service, "node": self.node_name,
+                "endpoint": self.endpoint, "tasks": self.tasks.names(), "load": self.load,
+                "running": self._running.uuid if self._running else None,
+                "queued": len(self._queue), "broker": self.broker_endpoint,
+                "broker_state": self._broker_state, "stats": dict(self.stats),
+                "jobs": self.store.count_worker_jobs(self.name)}
+
+    def broker_info(self) -> dict[str, Any]:
+        """The broker this worker talks to."""
+        return {"endpoint": self.broker_endpoint, "state": self._broker_state,
+                "connected_for": round(time.monotonic() - self._broker_since, 3)
+                if self._broker is not None else None,
+                "keepalive": self.keepalive, "multiplier": self.multiplier}
+
+    def clients_info(self) -> dict[str, Any]:
+        """Clients that talked to this worker directly (brokerless)."""
+        now = time.monotonic()
+        return {"direct_clients": len(self._clients),
+                "last_seconds_ago": round(min((now - t for t in self._clients.values()),
+                                              default=0.0), 3)}
+
+    def reconnect(self) -> None:
+        """Drop the broker conversation and start a new one (MMI disconnect/restart)."""
+        self._reconnect("asked by MMI")
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} ({self.service}) {self.endpoint}>"
+
+
+def _timeout(body: Mapping[str, Any]) -> Optional[float]:
+    value = body.get("timeout")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+def advertised(workers: Iterable[Worker]) -> str:
+    """The ``X-PM-NFP-WORKER`` header value for ``workers``."""
+    return json.dumps([{"service": w.service, "name": w.name, "endpoint": w.endpoint}
+                       for w in workers if not w.internal], separators=(",", ":"))

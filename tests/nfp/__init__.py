@@ -1,0 +1,1 @@
+"""Tests of the NFP overlay (issue 5): codec, store, election, workers, clients, broker."""

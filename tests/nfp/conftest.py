@@ -1,0 +1,201 @@
+"""Fixtures for the NFP tests: in-process meshes on loopback, child processes.
+
+Every node uses interface ``lo`` and a free, non-default UDP beacon port;
+timings are short (beacons every 50 ms, peers expire after 0.6 s, NFP
+keepalive 0.1 s) so elections and failovers happen within a second. Waits
+are bounded polls of a condition, never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import gevent
+import pytest
+
+from peermesh import Node
+from peermesh.nfp import NfpNode, Tasks
+
+HERE = Path(__file__).resolve().parent
+TIMING = dict(interval=0.05, evasive=0.3, silent=0.4, expired=0.6)
+NFP_TIMING = dict(keepalive=0.1, multiplier=3, request_timeout=2.0, queue_timeout=3.0)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
+    """Poll ``predicate`` (cooperatively) until it is truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        gevent.sleep(0.01)
+
+
+def make_tasks() -> Tasks:
+    """Tasks used by in-process workers."""
+    tasks = Tasks()
+
+    @tasks.task()
+    def echo(job: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"args": list(args), "kwargs": kwargs, "worker": job.worker}
+
+    @tasks.task()
+    def sleep(job: Any, seconds: float = 1.0) -> str:
+        job.event("sleeping", seconds=seconds)
+        gevent.sleep(float(seconds))
+        return f"{job.worker} slept"
+
+    @tasks.task()
+    def fail(job: Any) -> None:
+        raise RuntimeError("boom")
+
+    @tasks.task()
+    def unencodable(job: Any) -> object:
+        return object()
+
+    return tasks
+
+
+class Mesh:
+    """In-process nodes (one gevent hub) that share a beacon port; all stopped at the end."""
+
+    def __init__(self, port: int, data_dir: Path) -> None:
+        self.port = port
+        self.data_dir = data_dir
+        self.members: list[tuple[Node, NfpNode]] = []
+
+    def add(self, name: str, *, workers: tuple[tuple[str, str], ...] = (),
+            tasks: Optional[Tasks] = None, start: bool = True, **nfp_kw: Any) -> NfpNode:
+        node = Node(name, interface="lo", port=self.port, **TIMING)
+        kw = {**NFP_TIMING, **nfp_kw}
+        nfp = NfpNode(node, data_dir=self.data_dir, **kw)
+        for service, worker_name in workers:
+            nfp.add_worker(service, worker_name, tasks or make_tasks())
+        self.members.append((node, nfp))
+        if start:
+            node.start()
+            nfp.start()
+        return nfp
+
+    def stop(self, nfp: NfpNode) -> None:
+        """Stop one member (clean leave: peers see EXIT at once)."""
+        for pair in list(self.members):
+            if pair[1] is nfp:
+                self.members.remove(pair)
+                pair[1].stop()
+                pair[0].stop()
+
+    def close(self) -> None:
+        for node, nfp in reversed(self.members):
+            try:
+                nfp.stop()
+            finally:
+                node.stop()
+        self.members.clear()
+
+
+@pytest.fixture
+def mesh(free_udp_port: int, tmp_path: Path) -> Iterator[Mesh]:
+    """A fresh in-process mesh on loopback; every member stopped afterwards."""
+    m = Mesh(free_udp_port, tmp_path)
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+class Child:
+    """One ``nfpchild.py`` process."""
+
+    def __init__(self, proc: subprocess.Popen[str], name: str) -> None:
+        self.proc = proc
+        self.name = name
+        self.lines: list[dict[str, Any]] = []
+        self._reader = gevent.spawn(self._read)
+        self.ready: dict[str, Any] = {}
+
+    def _read(self) -> None:
+        import gevent.os
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        gevent.os.make_nonblocking(fd)
+        buffer = b""
+        while True:
+            chunk = gevent.os.nb_read(fd, 65536)
+            if not chunk:
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                try:
+                    self.lines.append(json.loads(line))
+                except ValueError:
+                    pass
+
+    def wait_ready(self, timeout: float = 15.0) -> dict[str, Any]:
+        def ready() -> Optional[dict[str, Any]]:
+            if self.proc.poll() is not None:
+                pytest.fail(f"child {self.name} exited with {self.proc.returncode}")
+            return next((ln for ln in self.lines if ln.get("event") == "ready"), None)
+        self.ready = wait_until(ready, timeout, f"child {self.name} ready")
+        return self.ready
+
+    def kill9(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(5)
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._reader.kill(block=False)
+
+
+@pytest.fixture
+def children(free_udp_port: int, tmp_path: Path) -> Iterator[Callable[..., Child]]:
+    """``children(name, workers=[(service, name)], broker=..., ...)`` starts an nfpchild."""
+    started: list[Child] = []
+
+    def start(name: str, **cfg: Any) -> Child:
+        config = {"name": name, "port": free_udp_port, "data_dir": str(tmp_path), **TIMING,
+                  "keepalive": 0.1, **cfg}
+        proc = subprocess.Popen([sys.executable, str(HERE / "nfpchild.py"), json.dumps(config)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                cwd=str(HERE))
+        child = Child(proc, name)  # type: ignore[arg-type]
+        started.append(child)
+        child.wait_ready()
+        return child
+
+    try:
+        yield start
+    finally:
+        for child in started:
+            child.close()
+
+
+def runs(data_dir: Path, worker: str) -> list[tuple[str, str]]:
+    """(job UUID, what) for every task execution ``worker`` recorded."""
+    path = data_dir / f"runs-{worker}.log"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [tuple(line.split()[:2]) for line in lines if line]  # type: ignore[misc]

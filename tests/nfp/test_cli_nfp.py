@@ -1,0 +1,94 @@
+"""``peermesh job|worker|broker|file`` as a user runs them (subprocesses on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(free_udp_port: int, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``cli(*args, serve=False)``: run ``peermesh ARGS`` on loopback with a private data dir."""
+    env = {**os.environ, "PEERMESH_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
+    common = ["-i", "lo", "-p", str(free_udp_port), "--interval", "0.05"]
+    servers: list[subprocess.Popen[str]] = []
+
+    def run(*args: str, serve: bool = False, timeout: float = 20.0) -> Any:
+        argv = [sys.executable, "-m", "peermesh", *args, *common]
+        if serve:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=env)
+            servers.append(proc)
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert json.loads(line)["event"] == "ready", line
+            return proc
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+
+    try:
+        yield run
+    finally:
+        for proc in servers:
+            proc.terminate()
+        for proc in servers:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def test_usage_errors_exit_2(cli: Callable[..., Any]) -> None:
+    for args in (("job", "post", "svc"), ("job", "get"), ("job", "post", "s", "t", "{bad"),
+                 ("job", "post", "s", "t", "--target", "a,,b"), ("broker", "show"),
+                 ("file", "get", "http://x", "dest")):
+        done = cli(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "error" in done.stderr
+    done = cli("job", "get", "feedbeef")
+    assert done.returncode == 2 and "give --service" in done.stderr
+
+
+def test_worker_jobs_broker_and_files(cli: Callable[..., Any], tmp_path: Path) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "r1.cfg").write_text("hostname r1\n")
+    cli("worker", "--name", "cw1", "--service", "demo", serve=True)
+    done = cli("job", "post", "demo", "add", "[1, 2, 3]", "--target", "any", "--wait")
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["status"] == 200 and reply["workers"]["cw1"]["result"] == 6
+    done = cli("job", "post", "demo", "echo", '{"x": 1}', "-t", "cw1")
+    assert done.returncode == 0, done.stderr
+    uuid = json.loads(done.stdout)["uuid"]
+    done = cli("job", "get", uuid[:10], "--wait", "5")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["workers"]["cw1"]["result"] == {"args": [],
+                                                                   "kwargs": {"x": 1}}
+    listed = json.loads(cli("job", "list", "--json").stdout)
+    assert [j["uuid"] for j in listed][0] == uuid and listed[0]["state"] == "completed"
+    cli("broker", "run", "--name", "cb1", "--files-root", str(files), serve=True)
+    deadline = time.monotonic() + 10
+    while True:
+        done = cli("broker", "show", "workers")
+        if done.returncode == 0 and "cw1" in done.stdout or time.monotonic() > deadline:
+            break
+    assert done.returncode == 0, done.stderr
+    assert {"cw1", "cb1.mmi"} <= {w["name"] for w in json.loads(done.stdout)}
+    dest = tmp_path / "got.cfg"
+    done = cli("file", "get", "nf://r1.cfg", str(dest))
+    assert done.returncode == 0, done.stderr
+    assert dest.read_text() == "hostname r1\n"
+    done = cli("file", "get", "nf://../../etc/passwd", str(tmp_path / "passwd"))
+    assert done.returncode == 1 and "outside the files root" in done.stderr
+    assert not (tmp_path / "passwd").exists()

@@ -1,0 +1,259 @@
+"""The Dispatcher without sockets: targeting, folding, queueing, re-dispatch, retries."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytest
+
+from peermesh.nfp.dispatch import Dispatcher, Reply, overall_get_status
+from peermesh.wire import nfp
+from peermesh.wire.nfp import Status
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """A dispatcher whose workers are lists of sent commands."""
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.events: list[tuple[str, str, dict[str, Any]]] = []
+        self.d = Dispatcher(nfp.BROKER, request_timeout=2.0, queue_timeout=5.0, clock=self.clock,
+                            on_job_event=lambda u, w, b, m: self.events.append((u, w, b)))
+        self.sent: dict[str, list[nfp.Message]] = {}
+        self.replies: list[Reply] = []
+
+    def worker(self, name: str, service: str = "svc", up: bool = True) -> None:
+        self.sent[name] = []
+
+        def send(frames: list[bytes]) -> bool:
+            self.sent[name].append(nfp.decode(frames))
+            return up
+        self.d.add_worker(name, service, send)
+
+    def last(self, name: str) -> Any:
+        return self.sent[name][-1]
+
+    def answer(self, name: str, status: Status, extra: Optional[dict[str, Any]] = None,
+               msg: Any = None) -> None:
+        msg = msg or self.last(name)
+        rid = nfp.decode_body(msg.body[0])["rid"]
+        body = {"worker": name, "rid": rid, **(extra or {})}
+        self.d.on_response(name, nfp.Response(nfp.WORKER, msg.service, msg.uuid, status,
+                                              (nfp.encode_body(body),)))
+
+    def done(self, reply: Reply) -> None:
+        self.replies.append(reply)
+
+    def event(self, name: str, uuid: str, body: dict[str, Any]) -> None:
+        self.d.on_event(name, nfp.Event(nfp.WORKER, "svc", uuid, Status.OK,
+                                        (nfp.encode_body({"worker": name, **body}),)))
+
+
+def job(task: str = "echo") -> dict[str, Any]:
+    return {"task": task, "args": [], "kwargs": {}}
+
+
+def test_all_goes_to_every_worker_and_folds_202() -> None:
+    h = Harness()
+    for name in ("w1", "w2", "w3"):
+        h.worker(name)
+    h.worker("x1", service="other")
+    h.d.post("svc", "all", "J", job(), h.done)
+    assert sorted(n for n, sent in h.sent.items() if sent) == ["w1", "w2", "w3"]
+    post = h.last("w1")
+    assert isinstance(post, nfp.Post) and post.role is nfp.BROKER and post.target == "w1"
+    h.answer("w1", Status.ACCEPTED)
+    h.answer("w2", Status.ERROR, {"error": "no task echo"})
+    assert not h.replies
+    h.answer("w3", Status.ACCEPTED)
+    (reply,) = h.replies
+    assert reply.status is Status.ACCEPTED
+    assert sorted(reply.body["workers"]) == ["w1", "w3"]
+    assert reply.body["errors"] == {"w2": "no task echo"}
+
+
+def test_any_picks_the_least_loaded_then_least_recently_used() -> None:
+    h = Harness()
+    for name in ("w1", "w2"):
+        h.worker(name)
+    h.d.workers["w1"].load = 3
+    h.d.post("svc", "any", "J1", job(), h.done)
+    assert h.sent["w2"] and not h.sent["w1"]
+    h.answer("w2", Status.ACCEPTED, {"load": 5})          # worker reports its queue
+    h.d.post("svc", "any", "J2", job(), h.done)
+    assert len(h.sent["w1"]) == 1
+    h.answer("w1", Status.ACCEPTED, {"load": 1})
+    h.d.workers["w2"].load = 1
+    h.d.post("svc", "any", "J3", job(), h.done)            # tie: least recently used (w2)
+    assert len(h.sent["w2"]) == 2
+
+
+def test_named_targets_and_missing_names() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("w2")
+    h.d.post("svc", "w2,ghost", "J", job(), h.done)
+    assert h.sent["w2"] and not h.sent["w1"]
+    h.answer("w2", Status.ACCEPTED)
+    (reply,) = h.replies
+    assert reply.body["workers"] == ["w2"] and reply.body["errors"] == {"ghost": "no such worker"}
+
+
+def test_queue_until_a_worker_arrives_then_expire() -> None:
+    h = Harness()
+    h.d.post("svc", "any", "J1", job(), h.done)
+    h.d.post("svc", "w9", "J2", job(), h.done)
+    assert h.d.queued() == {"svc": 2} and not h.replies
+    h.clock.now += 1
+    h.worker("w1")                                  # first worker of the service arrives
+    assert [m.uuid for m in h.sent["w1"]] == ["J1"]  # J2 names w9: still waiting
+    h.answer("w1", Status.ACCEPTED)
+    assert h.replies[0].status is Status.ACCEPTED
+    h.clock.now += 4.5
+    h.d.tick(h.clock.now)
+    assert len(h.replies) == 2 and h.replies[1].status is Status.REQUEST_TIMEOUT
+    assert "w9" in h.replies[1].body["error"] or "svc" in h.replies[1].body["error"]
+    assert h.d.queued() == {}
+
+
+def test_worker_silence_times_out_one_worker_only() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("w2")
+    h.d.get("svc", "all", "J", {}, h.done)
+    h.answer("w1", Status.OK, {"state": "completed", "result": 1})
+    h.clock.now += 2.5
+    h.d.tick(h.clock.now)
+    (reply,) = h.replies
+    assert reply.status is Status.OK
+    assert reply.body["workers"]["w1"]["result"] == 1
+    assert reply.body["workers"]["w2"]["status"] == 408
+
+
+def test_get_status_folding() -> None:
+    S = Status
+    assert overall_get_status([S.OK, S.PENDING]) is S.PENDING
+    assert overall_get_status([S.OK, S.UNKNOWN]) is S.OK
+    assert overall_get_status([S.UNKNOWN, S.UNKNOWN]) is S.UNKNOWN
+    assert overall_get_status([S.UNKNOWN, S.REQUEST_TIMEOUT]) is S.REQUEST_TIMEOUT
+    assert overall_get_status([]) is S.REQUEST_TIMEOUT
+
+
+def test_any_job_is_redispatched_when_its_worker_dies_before_finishing() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("w2")
+    h.d.workers["w2"].load = 9
+    h.d.post("svc", "any", "J", job(), h.done)
+    h.answer("w1", Status.ACCEPTED)
+    assert h.d.inflight() == {"J": "w1"}
+    h.d.remove_worker("w1", "no keepalive")
+    repost = h.last("w2")
+    assert isinstance(repost, nfp.Post) and repost.uuid == "J"
+    assert nfp.decode_body(repost.body[0])["redispatch"] is True
+    h.answer("w2", Status.ACCEPTED)
+    assert h.events[-1][2]["state"] == "redispatched" and h.events[-1][2]["to"] == "w2"
+    assert h.d.inflight() == {"J": "w2"}
+    h.event("w2", "J", {"state": "completed"})    # finished: nothing left to fail over
+    assert h.d.inflight() == {}
+    h.d.remove_worker("w2", "gone")
+    assert h.events[-1][2]["state"] == "completed"
+
+
+def test_finished_jobs_are_not_redispatched_and_lost_is_reported() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.d.post("svc", "any", "J", job(), h.done)
+    h.answer("w1", Status.ACCEPTED)
+    h.d.remove_worker("w1", "died")                 # no other worker: queued
+    assert h.d.queued() == {"svc": 1}
+    h.clock.now += 6
+    h.d.tick(h.clock.now)
+    assert h.events[-1][2]["state"] == "lost"
+
+
+def test_any_post_fails_over_if_the_worker_vanishes_before_answering() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("w2")
+    h.d.workers["w2"].load = 5
+    h.d.post("svc", "any", "J", job(), h.done)
+    assert h.sent["w1"]
+    h.d.remove_worker("w1", "gone")
+    h.answer("w2", Status.ACCEPTED)
+    assert h.replies[0].status is Status.ACCEPTED and h.replies[0].body["workers"] == ["w2"]
+
+
+def test_retry_of_an_any_post_does_not_run_it_twice() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("w2")
+    h.d.post("svc", "any", "J", {**job(), "retry": True}, h.done)
+    probes = [h.last("w1"), h.last("w2")]
+    assert all(isinstance(p, nfp.Get) for p in probes)
+    h.answer("w1", Status.UNKNOWN)
+    h.answer("w2", Status.PENDING, {"state": "running"})   # w2 has it from before
+    (reply,) = h.replies
+    assert reply.status is Status.ACCEPTED and reply.body["workers"] == ["w2"]
+    assert reply.body["duplicate"] is True
+    assert not any(isinstance(m, nfp.Post) for sent in h.sent.values() for m in sent)
+    h.d.post("svc", "any", "K", {**job(), "retry": True}, h.done)
+    h.answer("w1", Status.UNKNOWN)
+    h.answer("w2", Status.UNKNOWN)
+    assert sum(isinstance(m, nfp.Post) for sent in h.sent.values() for m in sent) == 1
+
+
+def test_delete_and_get_fan_out_and_fold() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("w2")
+    h.d.delete("svc", "all", "J", {}, h.done)
+    h.answer("w1", Status.OK, {"outcome": "cancelled", "was": "running"})
+    h.answer("w2", Status.UNKNOWN)
+    assert h.replies[0].status is Status.OK
+    h.d.get("svc", "ghost", "J", {}, h.done)
+    assert h.replies[1].status is Status.REQUEST_TIMEOUT
+    assert h.replies[1].body["workers"]["ghost"]["error"] == "worker not connected"
+
+
+def test_responses_that_answer_nothing_are_ignored() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.d.post("svc", "any", "J", job(), h.done)
+    post = h.last("w1")
+    for body in (b"not json", b"[]", nfp.encode_body({"rid": "nope"}), nfp.encode_body({})):
+        h.d.on_response("w1", nfp.Response(nfp.WORKER, "svc", "J", Status.ACCEPTED, (body,)))
+    h.d.on_response("w2", nfp.Response(nfp.WORKER, "svc", "J", Status.ACCEPTED,
+                                       (nfp.encode_body({"rid": nfp.decode_body(post.body[0])
+                                                         ["rid"]}),)))   # wrong worker
+    h.d.on_event("w1", nfp.Event(nfp.WORKER, "svc", "J", Status.OK, (b"{bad",)))
+    assert not h.replies
+    h.answer("w1", Status.ACCEPTED)
+    assert h.replies[0].status is Status.ACCEPTED
+
+
+def test_worker_mmi_reaches_every_worker_but_not_broker_services() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("x1", service="other")
+    h.worker("b.mmi", service="mmi.service.broker")
+    h.d.post("mmi.service.worker", "all", "M", job("show_workers"), h.done)
+    assert h.sent["w1"] and h.sent["x1"] and not h.sent["b.mmi"]
+
+
+@pytest.mark.parametrize("status", [Status.OK, Status.PENDING])
+def test_fail_all_answers_everything(status: Status) -> None:
+    h = Harness()
+    h.worker("w1")
+    h.d.get("svc", "all", "J", {}, h.done)
+    h.d.post("none", "any", "K", job(), h.done)
+    h.d.fail_all(Status.ERROR, "broker stepped down")
+    assert [r.status for r in h.replies] == [Status.ERROR, Status.ERROR]

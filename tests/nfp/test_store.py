@@ -1,0 +1,78 @@
+"""JobStore: SQLite in WAL mode, one file per node, persistence, retention and purge."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from peermesh.nfp.store import CANCELLED, COMPLETED, PENDING, JobStore, store_path
+
+
+def test_store_path_is_per_node_and_safe(tmp_path: Path) -> None:
+    assert store_path(tmp_path, "w1") == tmp_path / "nfp-w1.sqlite3"
+    assert store_path(tmp_path, "../etc/x y") == tmp_path / "nfp-.._etc_x_y.sqlite3"
+
+
+def test_wal_mode_and_reopen(tmp_path: Path) -> None:
+    path = store_path(tmp_path, "w1")
+    store = JobStore(path)
+    assert store.add_worker_job("w1", "u1", "svc", "echo", {"task": "echo", "args": [1]})
+    assert not store.add_worker_job("w1", "u1", "svc", "echo", {"task": "echo"})  # duplicate
+    assert store.add_worker_job("w2", "u1", "svc", "echo", {"task": "echo"})      # other worker
+    store.finish_worker_job("w1", "u1", COMPLETED, {"result": 3, "failed": False})
+    store.add_worker_job("w1", "u2", "svc", "sleep", {"task": "sleep"})
+    store.close()
+    mode = sqlite3.connect(str(path)).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    again = JobStore(path)
+    job = again.worker_job("w1", "u1")
+    assert job is not None and job.state == COMPLETED and job.result == {"result": 3,
+                                                                         "failed": False}
+    assert [j.uuid for j in again.unfinished_worker_jobs("w1")] == ["u2"]
+    assert again.unfinished_worker_jobs("w1")[0].state == PENDING
+    assert again.count_worker_jobs("w1") == {COMPLETED: 1, PENDING: 1}
+    assert again.delete_worker_job("w1", "u1") and again.worker_job("w1", "u1") is None
+    again.close()
+
+
+def test_purge_keeps_unfinished_and_recent(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "s.sqlite3", retention=60)
+    for uuid in ("old-done", "old-pending", "new-done"):
+        store.add_worker_job("w", uuid, "svc", "t", {})
+    store.finish_worker_job("w", "old-done", COMPLETED, {})
+    store.finish_worker_job("w", "new-done", CANCELLED, {})
+    store._db.execute("UPDATE worker_jobs SET created = created - 3600, finished = finished - "
+                      "3600 WHERE uuid = 'old-done'")
+    store._db.execute("UPDATE worker_jobs SET created = created - 3600 WHERE uuid = 'old-pending'")
+    store.add_client_job("c-old", "svc", "t", "all", {})
+    store.update_client_job("c-old", state="completed")
+    store._db.execute("UPDATE client_jobs SET updated = updated - 3600")
+    store.add_client_job("c-posting", "svc", "t", "all", {})
+    store._db.execute("UPDATE client_jobs SET updated = updated - 3600 WHERE uuid='c-posting'")
+    assert store.purge() == 2
+    assert store.worker_job("w", "old-done") is None
+    assert store.worker_job("w", "old-pending") is not None   # never purged while unfinished
+    assert store.worker_job("w", "new-done") is not None
+    assert store.client_job("c-old") is None and store.client_job("c-posting") is not None
+    store.close()
+
+
+def test_client_jobs(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "c.sqlite3")
+    store.add_client_job("abc123", "svc", "echo", "any", {"task": "echo", "args": [1]})
+    store.update_client_job("abc123", state="accepted", status=202, workers=["w1"])
+    store.update_client_job("abc123", state="completed", status=200, result={"w1": {"r": 1}})
+    time.sleep(0.001)
+    store.add_client_job("abd999", "svc", "echo", "all", {})
+    job = store.client_job("abc123")
+    assert job is not None
+    assert (job.state, job.status, job.workers, job.result) == ("completed", 200, ["w1"],
+                                                                {"w1": {"r": 1}})
+    assert job.to_dict()["args"] == [1]
+    assert [j.uuid for j in store.client_jobs()] == ["abd999", "abc123"]
+    assert [j.uuid for j in store.find_client_jobs("ab")] == ["abc123", "abd999"] or \
+        sorted(j.uuid for j in store.find_client_jobs("ab")) == ["abc123", "abd999"]
+    assert [j.uuid for j in store.find_client_jobs("abc")] == ["abc123"]
+    assert store.find_client_jobs("%") == [] and store.find_client_jobs("_") == []
+    store.close()
