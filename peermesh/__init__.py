@@ -1,10 +1,21 @@
-"""peermesh: brokerless peer meshes on the LAN, speaking ZRE v2 on gevent and pyzmq."""
+"""peermesh: brokerless peer meshes on the LAN, speaking ZRE v2 on gevent and pyzmq.
 
-from .config import NodeConfig
-from .errors import (AmbiguousPeerError, InterfaceError, NodeStateError, PeermeshError, PeerNotResponding,
-                     ProtocolError, UnknownPeerError)
-from .events import Event, EventType
-from .node import Node, PeerInfo
+The public names below are imported on first use, so that a command which
+only talks to a running agent does not pay for gevent and the node.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import NodeConfig
+    from .errors import (AmbiguousPeerError, InterfaceError, NodeStateError, PeermeshError,
+                         PeerNotResponding, ProtocolError, UnknownPeerError)
+    from .events import Event, EventType
+    from .node import Node, PeerInfo
+    from .threaded import ThreadedNode
 
 __all__ = [
     "Node", "ThreadedNode", "NodeConfig", "Event", "EventType", "PeerInfo",
@@ -14,10 +25,23 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+_HOMES = {
+    "Node": "node", "PeerInfo": "node", "ThreadedNode": "threaded", "NodeConfig": "config",
+    "Event": "events", "EventType": "events",
+    **{name: "errors" for name in ("PeermeshError", "ProtocolError", "InterfaceError",
+                                   "UnknownPeerError", "AmbiguousPeerError",
+                                   "PeerNotResponding", "NodeStateError")},
+}
+
 
 def __getattr__(name: str) -> object:
-    # ThreadedNode pulls in threading machinery most gevent programs never need.
-    if name == "ThreadedNode":
-        from .threaded import ThreadedNode
-        return ThreadedNode
-    raise AttributeError(f"module 'peermesh' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'peermesh' has no attribute {name!r}")
+    value = getattr(import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

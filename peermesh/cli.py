@@ -1,9 +1,12 @@
 """The ``peermesh`` command: run a node, list peers, shout and whisper from the shell.
 
-Every subcommand starts its own node with the common options (interface,
-beacon port and interval, name, headers, groups, ``--config``). ``run``
-prints events until Ctrl-C or SIGTERM; ``peers``, ``shout`` and ``whisper``
-start a short-lived node, wait a bounded time for the mesh, act and leave.
+Nodes take the common options (interface, beacon port and interval, name,
+headers, groups, ``--config``). ``run`` prints events until Ctrl-C or
+SIGTERM. ``agent`` runs a long-lived node with a local control socket (see
+``peermesh.agent``). ``peers``, ``shout``, ``whisper`` and ``events`` go
+through the agent when one answers at the agent path, and otherwise start a
+short-lived node of their own, wait a bounded time for the mesh, act and
+leave; ``join``, ``leave`` and ``status`` need the agent.
 """
 
 from __future__ import annotations
@@ -18,17 +21,21 @@ import sys
 import textwrap
 import time
 from datetime import datetime
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from uuid import UUID
 
-import gevent
 import zmq
 
 from .config import NodeConfig, parse_header
 from .errors import (AmbiguousPeerError, InterfaceError, PeermeshError, PeerNotResponding,
                      UnknownPeerError)
 from .events import Event, EventType
-from .node import Node, PeerInfo
+
+if TYPE_CHECKING:
+    from .node import Node, PeerInfo
+
+# gevent and the node are imported where a node starts, so that a command that
+# goes through the agent does not load them (once ``peermesh`` itself does not).
 
 __all__ = ["main", "build_parser", "build_config"]
 
@@ -38,14 +45,16 @@ PROG = "peermesh"
 #: modules whose ``add_commands(command)`` adds overlay subcommands; ``command``
 #: is build_parser's factory: command(name, summary, description, examples,
 #: handler) -> argparse parser, with handler(args, config) -> exit code
-COMMAND_MODULES: tuple[str, ...] = ("peermesh.sim.commands",)
+COMMAND_MODULES: tuple[str, ...] = ("peermesh.sim.commands", "peermesh.nfp.commands")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _DEFAULTS = NodeConfig()
 
 _EXIT_CODES = """\
 exit codes:
   0    success
-  1    runtime failure (cannot bind a port, delivery not confirmed, ...)
+  1    runtime failure: cannot bind a port, delivery not confirmed, no agent
+       running (join, leave, status), an agent already running at the path
+       (agent), the agent stopped or was lost (events)
   2    usage error (bad option, unknown interface, bad config), or the peer or
        group was not found in time
   130  interrupted (Ctrl-C or SIGTERM) before the command completed"""
@@ -118,9 +127,41 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``peermesh`` command."""
+def _agent_options(fallback: bool) -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_argument_group("agent options")
+    group.add_argument(
+        "--agent", metavar="PATH",
+        help="the agent's control socket (default: $PEERMESH_AGENT, then "
+             "$XDG_RUNTIME_DIR/peermesh/agent.sock, then /tmp/peermesh-$UID/agent.sock)")
+    if fallback:
+        group.add_argument(
+            "--no-agent", action="store_true",
+            help="do not use a running agent: start a short-lived node of its own. Without "
+                 "this, the command goes through the agent when one answers at the path, "
+                 "unless --interface or --port name another mesh than the agent's")
+    return options
+
+
+_AGENT_NOTE = ("When an agent (`peermesh agent`) answers at the agent path, the command goes "
+               "through it and answers at once: the agent's node sends, and --name, --header "
+               "and --group are not used. Otherwise it starts a short-lived node of its own.")
+
+
+#: the commands defined here; parsing one of them skips importing COMMAND_MODULES,
+#: which keeps the round trip through the agent short
+_BUILTIN = frozenset({"run", "agent", "peers", "shout", "whisper", "join", "leave", "events",
+                      "status"})
+
+
+def build_parser(command_modules: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of the ``peermesh`` command (``command_modules``: with overlays)."""
     common = _common_options()
+    through_agent = _agent_options(fallback=True)
+    agent_only = _agent_options(fallback=False)
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("--verbose", "-v", action="count", default=0,
+                         help="log to stderr: -v info, -vv debug")
     parser = argparse.ArgumentParser(
         prog=PROG, formatter_class=_Formatter,
         description="Brokerless peer meshes on the LAN (ZRE v2, talks to Zyre and pyre).",
@@ -131,6 +172,8 @@ examples:
   {PROG} peers --wait 3                         who is out there?
   {PROG} shout chat "hello everyone"
   {PROG} whisper alice "hi"
+  {PROG} agent --name alice --group chat &      a long-lived node; commands use it
+  {PROG} join news && {PROG} events --json      through the agent, at once
 
 Run '{PROG} COMMAND --help' for the options of a command.
 
@@ -139,12 +182,13 @@ Run '{PROG} COMMAND --help' for the options of a command.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     def command(name: str, summary: str, description: str, examples: str,
-                handler: Callable[[argparse.Namespace, NodeConfig], int]
-                ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=summary, formatter_class=_Formatter,
-                           description=description,
+                handler: Callable[[argparse.Namespace, NodeConfig], int], *,
+                parents: Sequence[argparse.ArgumentParser] = (),
+                node_options: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common if node_options else verbose, *parents],
+                           help=summary, formatter_class=_Formatter, description=description,
                            epilog=f"examples:\n{examples}\n\n{_EXIT_CODES}")
-        p.set_defaults(handler=handler)
+        p.set_defaults(handler=handler, node_options=node_options)
         return p
 
     run = command(
@@ -159,25 +203,46 @@ Run '{PROG} COMMAND --help' for the options of a command.
                      help="one JSON object per line: event, peer (UUID hex), name, group, "
                           "headers, address, frames, message, reason")
 
+    agent = command(
+        "agent", "run a long-lived node that other commands use",
+        "Start a node with the node options (name, headers and groups are fixed at start; "
+        "join and leave change groups later) and serve a local control socket, so that "
+        "peers, shout, whisper, join, leave, events and status answer at once through it. "
+        "Prints the node's mailbox and the socket path on stderr, then runs until Ctrl-C "
+        "or SIGTERM, which leave the mesh cleanly and remove the socket. A socket file "
+        "left by a dead agent is replaced; if another agent answers at the path, this one "
+        "refuses to start (exit 1).",
+        f"  {PROG} agent --name alice --group chat --header role=sensor\n"
+        f"  {PROG} agent --config /etc/peermesh/peermesh.toml --agent /run/peermesh/agent.sock\n"
+        f"  {PROG} agent --interface lo --port 5999 --print-events --json",
+        cmd_agent, parents=[agent_only])
+    agent.add_argument("--print-events", action="store_true",
+                       help="also print every event on stdout, as `run` does")
+    agent.add_argument("--json", action="store_true",
+                       help="print events as JSON lines (implies --print-events)")
+
     peers = command(
-        "peers", "list the peers found within a few seconds",
-        "Start a short-lived node, collect peers for --wait seconds, print them "
-        "(UUID, name, address, groups, headers) and leave.",
+        "peers", "list the peers (the agent's, or found within a few seconds)",
+        "List the peers (UUID, name, address, groups, headers). Through the agent: the "
+        "peers it knows, at once. Without: start a short-lived node, collect peers for "
+        "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
         f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
-        cmd_peers)
+        cmd_peers, parents=[through_agent])
     peers.add_argument("--wait", "-w", type=_seconds_arg, default=2.0, metavar="SECONDS",
-                       help="how long to collect peers (default: %(default)s)")
+                       help="how long to collect peers without an agent (default: %(default)s)")
     peers.add_argument("--json", action="store_true",
                        help="print one JSON list of {peer, name, address, headers, groups}")
 
     shout = command(
         "shout", "send a message to every peer in a group",
-        "Start a short-lived node, wait until the group's members have been found (no new "
-        "member for about one beacon interval, at most --wait seconds), send MESSAGE to "
-        "each of them, wait for their confirmation and leave.",
+        "Send MESSAGE to every member of GROUP and wait for their confirmation. Through "
+        "the agent: at once to the members it knows (waiting up to --wait only when there "
+        "are none yet). Without: start a short-lived node, wait until the group's members "
+        "have been found (no new member for about one beacon interval, at most --wait "
+        "seconds), send and leave.\n\n" + _AGENT_NOTE,
         f'  {PROG} shout chat "hello everyone"\n'
         f'  {PROG} shout --interface lo --wait 5 alerts "disk full"',
-        cmd_shout)
+        cmd_shout, parents=[through_agent])
     shout.add_argument("target", metavar="GROUP", help="the group to shout to")
     shout.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
     shout.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
@@ -185,18 +250,51 @@ Run '{PROG} COMMAND --help' for the options of a command.
 
     whisper = command(
         "whisper", "send a message to one peer",
-        "Start a short-lived node, wait until exactly one peer matches PEER (a name, a UUID, "
-        "or a unique UUID hex prefix), send MESSAGE to it, wait for its confirmation and "
-        "leave. A full UUID is used as soon as that peer is found; a name or prefix once "
-        "every peer had time to be found (about one beacon interval), so that an ambiguous "
-        "PEER is refused rather than sent to whichever peer answered first.",
+        "Send MESSAGE to the one peer matching PEER (a name, a UUID, or a unique UUID hex "
+        "prefix) and wait for its confirmation. Without an agent, a short-lived node uses "
+        "a full UUID as soon as that peer is found, a name or prefix once every peer had "
+        "time to be found (about one beacon interval), so that an ambiguous PEER is "
+        "refused rather than sent to whichever peer answered first. Through the agent this "
+        "is at once (waiting up to --wait for a peer it does not know yet).\n\n"
+        + _AGENT_NOTE,
         f'  {PROG} whisper alice "hi"\n  {PROG} whisper 3f2a9c "hi"   # UUID prefix',
-        cmd_whisper)
+        cmd_whisper, parents=[through_agent])
     whisper.add_argument("target", metavar="PEER", help="peer name, UUID or UUID hex prefix")
     whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
     whisper.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
                          help="longest wait for the peer (default: %(default)s)")
-    for module in COMMAND_MODULES:
+
+    for name, verb in (("join", "join"), ("leave", "leave")):
+        p = command(
+            name, f"make the agent {verb} a group",
+            f"Make the agent's node {verb} GROUP (every peer sees "
+            f"{'JOIN' if name == 'join' else 'LEAVE'}). Needs a running agent: without one, "
+            "fails with exit code 1. Doing it twice is not an error.",
+            f"  {PROG} {name} news\n  {PROG} {name} --agent /run/peermesh/agent.sock news",
+            cmd_join if name == "join" else cmd_leave, parents=[agent_only],
+            node_options=False)
+        p.add_argument("group", metavar="GROUP", help=f"the group to {verb}")
+
+    events = command(
+        "events", "follow the events of the agent's node",
+        "Print every event of the agent's node as it comes (the format of `run`), until "
+        "Ctrl-C or SIGTERM (exit 0), or until the agent stops or cannot be reached (exit "
+        "1). Without an agent, start a node of its own and print its events like `run`.",
+        f"  {PROG} events\n  {PROG} events --json | jq 'select(.event == \"SHOUT\")'",
+        cmd_events, parents=[through_agent])
+    events.add_argument("--json", action="store_true",
+                        help="one JSON object per line, as `run --json`")
+
+    status = command(
+        "status", "show the running agent",
+        "Show the agent answering at the agent path: pid, node name and UUID, mailbox, "
+        "interface and beacon port, groups, headers and number of peers. Exit code 0 "
+        "when an agent answers, 1 when none does.",
+        f"  {PROG} status\n  {PROG} status --json",
+        cmd_status, parents=[agent_only], node_options=False)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    for module in COMMAND_MODULES if command_modules else ():
         importlib.import_module(module).add_commands(command)
     return parser
 
@@ -237,6 +335,10 @@ class _Session:
     """A started Node whose stop runs once, from a signal or from the command."""
 
     def __init__(self, config: NodeConfig) -> None:
+        import gevent
+
+        from .node import Node
+
         try:
             self.node = Node(config=config)
         except TypeError as exc:  # e.g. a TOML group or header that is not a string
@@ -270,6 +372,8 @@ class _Session:
     def stop(self) -> None:
         """Stop the node (port-0 beacon, flush); concurrent callers wait for the same stop."""
         if self._stopper is None:
+            import gevent
+
             self._stopper = gevent.spawn(self.node.stop)
         self._stopper.join()
 
@@ -344,26 +448,165 @@ def _stderr(message: str) -> None:
 # Subcommands
 
 
-def cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
-    """Print every event until SIGINT/SIGTERM stops the node."""
-    session = _Session(config)
-    node = session.start()
-    groups = ", ".join(_clean(g) for g in node.groups()) or "none"
-    _stderr(f"{_clean(node.name)} ({node.uuid.hex}) at {node.endpoint}, groups: {groups}; "
-            "Ctrl-C to leave")
-    render: Callable[[Event], str] = format_event
+def _renderer(args: argparse.Namespace) -> Callable[[Event], str]:
     if args.json:
-        render = Event.to_json if _stdout_utf8() else lambda e: _json(e.to_dict())
+        return Event.to_json if _stdout_utf8() else lambda e: _json(e.to_dict())
+    return format_event
+
+
+def _start_line(node: Node) -> str:
+    groups = ", ".join(_clean(g) for g in node.groups()) or "none"
+    return f"{_clean(node.name)} ({node.uuid.hex}) at {node.endpoint}, groups: {groups}"
+
+
+def _print_events(session: _Session, render: Optional[Callable[[Event], str]],
+                  publish: Optional[Callable[[Event], None]] = None) -> int:
+    """Hand every event to ``publish`` and print it with ``render`` until the node stops."""
     try:
-        for event in node.events():
-            _print(render(event))
+        for event in session.node.events():
+            if publish is not None:
+                publish(event)
+            if render is not None:
+                try:
+                    _print(render(event))
+                except (BrokenPipeError, ValueError):
+                    if publish is None:
+                        raise
+                    render = None  # the agent goes on serving without its stdout
     finally:
         session.stop()
     return EXIT_OK
 
 
+def cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
+    """Print every event until SIGINT/SIGTERM stops the node."""
+    session = _Session(config)
+    node = session.start()
+    _stderr(f"{_start_line(node)}; Ctrl-C to leave")
+    return _print_events(session, _renderer(args))
+
+
+def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
+    """Run the node and its control socket until SIGINT/SIGTERM."""
+    from . import agent as agent_module
+
+    path = agent_module.resolve_path(args.agent)
+    claim = agent_module.claim_path(path)
+    try:
+        if claim.removed_stale:
+            _stderr(f"removed the socket file of a dead agent at {path}")
+        session = _Session(config)
+        node = session.start()
+        try:
+            server = agent_module.AgentServer(node, claim).start()
+        except BaseException:
+            session.stop()
+            raise
+        try:
+            _stderr(f"{_start_line(node)}; agent at {path} (pid {os.getpid()}); "
+                    "Ctrl-C to leave")
+            render = _renderer(args) if args.print_events or args.json else None
+            return _print_events(session, render, server.publish)
+        finally:
+            server.close()
+    finally:
+        claim.release()
+
+
+# --- going through the agent
+
+
+def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any, str]:
+    """(a connected AgentClient, "") or (None, why not).
+
+    With ``required`` a missing agent is a RuntimeError (exit code 1).
+    """
+    from . import agent as agent_module
+
+    if getattr(args, "no_agent", False):
+        return None, "--no-agent"
+    path = agent_module.resolve_path(args.agent)
+    try:
+        client = agent_module.AgentClient.connect(path)
+    except agent_module.NoAgent as exc:
+        none = str(exc).startswith("no agent running")
+        if required:
+            raise RuntimeError(f"{exc}; start one with `{PROG} agent`" if none
+                               else str(exc)) from None
+        if not none:  # an agent may be there, but cannot be used: say so
+            _stderr(f"{exc}; using a node of its own")
+        log.info("%s; using a node of its own", exc)
+        return None, str(exc)
+    if not required:
+        mismatch = _mesh_mismatch(args, client.info)
+        if mismatch:
+            client.close()
+            why = f"not using the agent at {path}: {mismatch}"
+            log.info("%s", why)
+            return None, why
+    return client, ""
+
+
+def _mesh_mismatch(args: argparse.Namespace, info: dict[str, Any]) -> str:
+    """Why --interface or --port given on the command line name another mesh than the agent's."""
+    if args.port is not None and args.port != info.get("port"):
+        return f"it beacons on port {info.get('port')}, not {args.port}"
+    if args.interface is not None:
+        from .interfaces import select_interface
+
+        wanted = select_interface(args.interface)
+        theirs = info.get("interface") or {}
+        if wanted.address != theirs.get("address"):
+            return (f"it is on {theirs.get('name')} ({theirs.get('address')}), "
+                    f"not {wanted.name} ({wanted.address})")
+    return ""
+
+
+def _agent_call(client: Any, op: str, arguments: dict[str, Any], timeout: float = 10.0) -> Any:
+    """``client.call`` with agent errors mapped onto exit codes (2: not found, 1: the rest)."""
+    from .agent import AgentError
+
+    try:
+        return client.call(op, arguments, timeout=timeout)
+    except AgentError as exc:
+        if exc.code in ("not-found", "ambiguous"):
+            raise _NotFound(exc.message) from None
+        if exc.code == "bad-args":
+            raise ValueError(exc.message) from None
+        raise RuntimeError(f"the agent at {client.path}: {exc.message}") from None
+
+
+def _answer(result: Any, *keys: str) -> dict[str, Any]:
+    if not isinstance(result, dict) or not all(k in result for k in keys):
+        raise RuntimeError(f"unexpected answer from the agent: {result!r:.200}")
+    return result
+
+
+# --- subcommands that may go through the agent
+
+
 def cmd_peers(args: argparse.Namespace, config: NodeConfig) -> int:
-    """Collect peers for --wait seconds and print them."""
+    """Print the agent's peers, or collect peers for --wait seconds and print them."""
+    client, _ = _agent_client(args)
+    if client is not None:
+        with client:
+            entries = _agent_call(client, "peers", {"wait": args.wait}, timeout=args.wait + 10)
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise RuntimeError(f"unexpected answer from the agent: {entries!r:.200}")
+        empty = f"the agent at {client.path} knows no peers"
+    else:
+        entries = [info.to_dict() for info in _collect_peers(args, config)]
+        empty = f"no peers found within {args.wait:g} s"
+    if args.json:
+        _print(_json(entries))
+    elif entries:
+        _print(_table(entries))
+    if not entries:
+        _stderr(empty)
+    return EXIT_OK
+
+
+def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInfo]:
     session = _Session(config)
     node = session.start()
     try:
@@ -371,28 +614,21 @@ def cmd_peers(args: argparse.Namespace, config: NodeConfig) -> int:
         while time.monotonic() < deadline:
             event = session.wait_event(deadline)
             if session.interrupted:
-                return EXIT_INTERRUPTED
+                raise KeyboardInterrupt
             if event is not None and event.type is EventType.STOP:
                 break
-        infos = sorted((node.peer_info(uuid) for uuid in node.peers()),
-                       key=lambda info: (info.name, info.uuid.hex))
+        return sorted((node.peer_info(uuid) for uuid in node.peers()),
+                      key=lambda info: (info.name, info.uuid.hex))
     finally:
         session.stop()
-    if args.json:
-        _print(_json([info.to_dict() for info in infos]))
-    elif infos:
-        _print(_table(infos))
-    if not infos:
-        _stderr(f"no peers found within {args.wait:g} s")
-    return EXIT_OK
 
 
-def _table(infos: Sequence[PeerInfo]) -> str:
+def _table(entries: Sequence[dict[str, Any]]) -> str:
     rows = [("UUID", "NAME", "ADDRESS", "GROUPS", "HEADERS")]
-    for info in infos:
-        rows.append((info.uuid.hex, _clean(info.name), info.address,
-                     ",".join(_clean(g) for g in info.groups) or "-",
-                     " ".join(f"{_clean(k)}={_clean(v)}" for k, v in info.headers.items())
+    for entry in entries:
+        rows.append((_clean(entry["peer"]), _clean(entry["name"]), _clean(entry["address"]),
+                     ",".join(_clean(g) for g in entry["groups"]) or "-",
+                     " ".join(f"{_clean(k)}={_clean(v)}" for k, v in entry["headers"].items())
                      or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[4]]).rstrip()
@@ -400,7 +636,30 @@ def _table(infos: Sequence[PeerInfo]) -> str:
 
 
 def cmd_shout(args: argparse.Namespace, config: NodeConfig) -> int:
-    """Wait for GROUP's members to settle, shout MESSAGE to them, flush and leave."""
+    """Shout MESSAGE to GROUP through the agent, or from a short-lived node."""
+    group = args.target
+    client, _ = _agent_client(args)
+    if client is not None:
+        with client:
+            request = {"group": group, "message": os.fsencode(args.message), "wait": args.wait}
+            result = _answer(_agent_call(client, "shout", request, timeout=args.wait + 10),
+                             "peers")
+        count, confirmed = int(result["peers"]), bool(result.get("confirmed"))
+    else:
+        count, confirmed = _shout_alone(args, config)
+        if count < 0:
+            return EXIT_INTERRUPTED
+    _stderr(f"shouted to {count} peer{'s' if count != 1 else ''} in group {group!r}")
+    if not confirmed:
+        raise RuntimeError("not every peer confirmed receipt within 1 s")
+    return EXIT_OK
+
+
+def _shout_alone(args: argparse.Namespace, config: NodeConfig) -> tuple[int, bool]:
+    """Wait for GROUP's members to settle, shout MESSAGE to them, flush and leave.
+
+    (members, confirmed); members is -1 when interrupted.
+    """
     group = args.target
     session = _Session(config)
     node = session.start()
@@ -420,7 +679,7 @@ def cmd_shout(args: argparse.Namespace, config: NodeConfig) -> int:
                 break
             event = session.wait_event(min(deadline, last_new + settle) if seen else deadline)
             if session.interrupted:
-                return EXIT_INTERRUPTED
+                return -1, False
             if event is not None and event.type is EventType.STOP:
                 break
         members = set(node.peers_by_group(group))
@@ -430,19 +689,39 @@ def cmd_shout(args: argparse.Namespace, config: NodeConfig) -> int:
         confirmed = node.flush()
     finally:
         session.stop()
-    _stderr(f"shouted to {len(members)} peer{'s' if len(members) != 1 else ''} "
-            f"in group {group!r}")
-    if not confirmed:
-        raise RuntimeError("not every peer confirmed receipt within 1 s")
-    return EXIT_OK
+    return len(members), confirmed
 
 
 def cmd_whisper(args: argparse.Namespace, config: NodeConfig) -> int:
+    """Whisper MESSAGE to PEER through the agent, or from a short-lived node."""
+    client, _ = _agent_client(args)
+    if client is not None:
+        with client:
+            request = {"peer": args.target, "message": os.fsencode(args.message),
+                       "wait": args.wait}
+            result = _answer(_agent_call(client, "whisper", request, timeout=args.wait + 10),
+                             "peer", "name")
+        name, uuid_hex, confirmed = str(result["name"]), str(result["peer"]), \
+            bool(result.get("confirmed"))
+    else:
+        found = _whisper_alone(args, config)
+        if found is None:
+            return EXIT_INTERRUPTED
+        name, uuid_hex, confirmed = found
+    _stderr(f"whispered to {_clean(name)} ({_clean(uuid_hex)})")
+    if not confirmed:
+        raise RuntimeError(f"{_clean(name)} did not confirm receipt within 1 s")
+    return EXIT_OK
+
+
+def _whisper_alone(args: argparse.Namespace,
+                   config: NodeConfig) -> Optional[tuple[str, str, bool]]:
     """Wait for exactly one peer matching PEER, whisper MESSAGE, flush and leave.
 
     A full UUID is used as soon as that peer is known. A name or prefix is
     only trusted once every peer on the LAN had time to be found (about one
     beacon interval after start), so that a second match is not missed.
+    (name, UUID hex, confirmed), or None when interrupted.
     """
     target = args.target
     session = _Session(config)
@@ -469,7 +748,7 @@ def cmd_whisper(args: argparse.Namespace, config: NodeConfig) -> int:
                 wake = deadline
             event = session.wait_event(wake)
             if session.interrupted:
-                return EXIT_INTERRUPTED
+                return None
             if event is not None and event.type is EventType.STOP:
                 raise RuntimeError("the node stopped")
         name = node.peer_name(uuid)
@@ -477,10 +756,126 @@ def cmd_whisper(args: argparse.Namespace, config: NodeConfig) -> int:
         confirmed = node.flush()
     finally:
         session.stop()
-    _stderr(f"whispered to {_clean(name)} ({uuid.hex})")
-    if not confirmed:
-        raise RuntimeError(f"{_clean(name)} did not confirm receipt within 1 s")
+    return name, uuid.hex, confirmed
+
+
+# --- subcommands of the agent
+
+
+def cmd_join(args: argparse.Namespace, config: NodeConfig) -> int:
+    """Make the agent's node join GROUP."""
+    return _group_op(args, "join")
+
+
+def cmd_leave(args: argparse.Namespace, config: NodeConfig) -> int:
+    """Make the agent's node leave GROUP."""
+    return _group_op(args, "leave")
+
+
+def _group_op(args: argparse.Namespace, op: str) -> int:
+    client, _ = _agent_client(args, required=True)
+    with client:
+        result = _answer(_agent_call(client, op, {"group": args.group}), "changed", "groups")
+    group = args.group
+    name = _clean(client.info.get("name"))
+    if op == "join":
+        done = f"joined group {group!r}" if result["changed"] else f"already in group {group!r}"
+    else:
+        done = f"left group {group!r}" if result["changed"] else f"not in group {group!r}"
+    groups = ", ".join(_clean(g) for g in result["groups"]) or "none"
+    _stderr(f"{name} {done}; groups: {groups}")
     return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, config: NodeConfig) -> int:
+    """Show the agent answering at the path."""
+    client, _ = _agent_client(args, required=True)
+    with client:
+        info = client.info
+    if args.json:
+        _print(_json(info))
+        return EXIT_OK
+    itf = info.get("interface") or {}
+    headers = info.get("headers") or {}
+    rows = [
+        ("agent", f"{client.path} (pid {info.get('pid')}, peermesh {info.get('version')}, "
+                  f"up {_duration(info.get('uptime'))})"),
+        ("node", f"{_clean(info.get('name'))} ({info.get('uuid')}) at {info.get('endpoint')}"),
+        ("interface", f"{_clean(itf.get('name'))} {itf.get('address')}, beacon port "
+                      f"{info.get('port')}"),
+        ("groups", ", ".join(_clean(g) for g in info.get("groups") or ()) or "none"),
+        ("headers", " ".join(f"{_clean(k)}={_clean(v)}" for k, v in headers.items()) or "none"),
+        ("peers", str(info.get("peers"))),
+        ("followers", str(info.get("subscribers"))),
+    ]
+    _print("\n".join(f"{key:<10} {value}" for key, value in rows))
+    return EXIT_OK
+
+
+def _duration(seconds: Any) -> str:
+    try:
+        total = int(float(seconds))
+    except (TypeError, ValueError):
+        return "?"
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def cmd_events(args: argparse.Namespace, config: NodeConfig) -> int:
+    """Follow the agent's events; without an agent, print a node's own like ``run``."""
+    from .agent import AgentGone
+
+    client, why = _agent_client(args)
+    if client is None:
+        if not args.no_agent:
+            _stderr(f"{why}; following the events of a node of its own")
+        return cmd_run(args, config)
+    render = _renderer(args)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        client.subscribe()
+        info = client.info
+        _stderr(f"following events of {_clean(info.get('name'))} ({info.get('uuid')}) through "
+                f"the agent at {client.path}; Ctrl-C to stop")
+        for message in client.stream():
+            if "dropped" in message:
+                _stderr(f"warning: {message['dropped']} events dropped: they came faster "
+                        "than this command read them")
+                continue
+            event = _event_from(message.get("event"))
+            if event is not None:
+                _print(render(event))
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except AgentGone:
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        client.close()
+    return EXIT_OK  # not reached: the stream ends with AgentGone
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _event_from(data: Any) -> Optional[Event]:
+    """An Event from the agent's stream form, or None if it does not parse."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        peer = data.get("peer")
+        frames = data.get("frames") or ()
+        headers = data.get("headers")
+        if not all(isinstance(f, bytes) for f in frames) or (
+                headers is not None and not isinstance(headers, dict)):
+            return None
+        return Event(EventType(data["type"]), UUID(hex=peer) if peer else None,
+                     data.get("name"), data.get("group"), tuple(frames), headers,
+                     data.get("address"), data.get("reason"))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def _settle_time(config: NodeConfig) -> float:
@@ -512,7 +907,9 @@ def _setup_logging(verbosity: int) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``peermesh`` command; returns the exit code."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command_modules=first not in _BUILTIN)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
@@ -523,7 +920,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (AttributeError, ValueError):
         pass
     try:
-        config = build_config(args)
+        config = build_config(args) if getattr(args, "node_options", True) else NodeConfig()
     except ValueError as exc:
         return _fail(exc, EXIT_USAGE, args.verbose)
     except TypeError as exc:  # a TOML value of the wrong type

@@ -29,6 +29,7 @@ import logging
 import re
 import struct
 import time
+from collections import deque
 import uuid as uuid_module
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 from uuid import UUID
@@ -261,19 +262,26 @@ class Node:
         before has reached its node (commands are handled in order). True if
         all answered within ``timeout`` seconds. ``stop`` calls this first.
         """
-        pending = [p for p in self._peers.values() if p.unconfirmed and p.ready]
-        for peer in pending:
+        pending = [(p, p.total) for p in self._peers.values() if p.unconfirmed and p.ready]
+        for peer, target in pending:
             peer.unconfirmed = False
-            if peer.pong is None:
-                peer.pong = gevent.event.Event()
-                self._send_control(peer, zre.Ping(peer.next_sequence()))
+            if not peer.pings or peer.pings[-1] < target:
+                self._ping(peer)  # a PING already on its way may predate the last message
         deadline = time.monotonic() + timeout
-        confirmed = True
-        for peer in pending:
-            pong = peer.pong
-            if pong is not None and not pong.wait(max(0.0, deadline - time.monotonic())):
-                confirmed = False
-        return confirmed
+        for peer, target in pending:
+            while peer.confirmed < target and self._peers.get(peer.uuid) is peer:
+                if peer.pong is None:
+                    peer.pong = gevent.event.Event()
+                peer.pong.clear()
+                if not peer.pong.wait(max(0.0, deadline - time.monotonic())):
+                    return False
+        return all(peer.confirmed >= target for peer, target in pending)
+
+    def _ping(self, peer: Peer) -> None:
+        self._send_control(peer, zre.Ping(peer.next_sequence()))
+        if peer.pings is None:
+            peer.pings = deque()
+        peer.pings.append(peer.total)
 
     def __enter__(self) -> "Node":
         return self.start()
@@ -393,8 +401,11 @@ class Node:
     def add_listener(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback(event)`` on the node's hub for every event, before it is queued.
 
-        For overlays that track the mesh (ENTER, EXIT, headers); the callback
-        must not block, and the application still gets every event.
+        For overlays that track the mesh (ENTER, EXIT, headers); the
+        application still gets every event. The callback may run inside a
+        hub callback (the mailbox drains there), where blocking raises
+        ``BlockingSwitchOutError``: it must not block; hand slow work to a
+        greenlet of its own.
         """
         self._listeners.append(callback)
 
@@ -586,7 +597,7 @@ class Node:
                 members.pop(peer.uuid, None)
         peer.link.close()
         if peer.pong is not None:
-            peer.pong.set()
+            peer.pong.set()  # wake flush(): the peer is gone
         if peer.ready:
             log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
             self._emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint,
@@ -675,9 +686,10 @@ class Node:
         elif isinstance(message, zre.PeerExchange):
             self._on_peer_exchange(peer, message)
         elif isinstance(message, zre.PingOk):
+            if peer.pings:
+                peer.confirmed = peer.pings.popleft()
             if peer.pong is not None:
                 peer.pong.set()
-                peer.pong = None
         # Unknown commands (Zyre's ELECT/LEADER) only advance the sequence
 
     def _peer_status(self, peer: Peer, status: int) -> None:
@@ -790,7 +802,7 @@ class Node:
                 continue
             if idle >= cfg.evasive and now >= peer.next_ping:
                 peer.next_ping = now + cfg.evasive
-                self._send_control(peer, zre.Ping(peer.next_sequence()))
+                self._ping(peer)
                 if not peer.evasive and peer.ready:
                     peer.evasive = True
                     self._emit(Event(EventType.EVASIVE, peer.uuid, peer.name))

@@ -107,7 +107,7 @@ class Peer:
 
     __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
                  "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
-                 "evasive", "silent", "unconfirmed", "pong")
+                 "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed")
 
     def __init__(self, uuid: UUID, endpoint: str, link: PeerLink, now: float) -> None:
         self.uuid = uuid
@@ -126,11 +126,15 @@ class Peer:
         self.next_ping = 0.0
         self.evasive = False        # EVASIVE reported for this silence
         self.silent = False         # SILENT reported for this silence
-        self.unconfirmed = False    # application messages sent since the last PING-OK
-        self.pong: Optional[gevent.event.Event] = None  # set when a PING-OK arrives
+        self.unconfirmed = False    # application messages sent since the last flush
+        self.pong: Optional[gevent.event.Event] = None  # set on each PING-OK, made on demand
+        self.total = 0              # messages sent to the peer, ever
+        self.pings: Optional[deque[int]] = None  # ``total`` when each unanswered PING went
+        self.confirmed = 0          # messages the peer is known to have handled
 
     def next_sequence(self) -> int:
         """The sequence number for the next message to this peer."""
+        self.total += 1
         self.sent = (self.sent + 1) & 0xFFFF
         return self.sent
 

@@ -35,8 +35,11 @@ class ThreadedNode:
     """The ``Node`` API, safe to call from any thread; the node lives in its own thread."""
 
     def __init__(self, name: Optional[str] = None, *, config: Optional[NodeConfig] = None,
-                 **settings: Any) -> None:
+                 setup: Optional[Callable[[Node], None]] = None, **settings: Any) -> None:
+        """``setup(node)``, if given, runs on the node's hub before it starts: the
+        place for overlays to set HELLO headers and listeners."""
         self._args = (name, config, settings)
+        self._setup = setup
         self._node: Optional[Node] = None
         self._thread: Optional[threading.Thread] = None
         self._loop: Any = None
@@ -67,7 +70,10 @@ class ThreadedNode:
         self._events = ThreadEventQueue(cfg.event_queue, self._loop.run_callback_threadsafe)
         self._quit = gevent.event.Event()
         try:
-            self._node = Node(config=cfg, _events=self._events).start()
+            node = Node(config=cfg, _events=self._events)
+            if self._setup is not None:
+                self._setup(node)
+            self._node = node.start()
         except BaseException as exc:
             started.set_exception(exc)
             hub.destroy(destroy_loop=True)

@@ -1,0 +1,999 @@
+"""The local agent: a long-lived node that the CLI (or any program) drives over a socket.
+
+``peermesh agent`` runs one node for as long as the host is up and listens on
+a ZeroMQ ``ipc://`` socket, so ``peermesh peers``, ``shout``, ``whisper``,
+``join``, ``leave`` and ``events`` answer at once instead of starting a node
+of their own and waiting for the mesh to be found.
+
+Where the socket lives
+----------------------
+``$PEERMESH_AGENT`` if set, else ``$XDG_RUNTIME_DIR/peermesh/agent.sock``,
+else ``/tmp/peermesh-$UID/agent.sock``; ``--agent PATH`` overrides all three.
+A missing ``peermesh`` directory is created with mode 0700; under ``/tmp`` an
+existing one must be a real directory owned by the user with no group or
+other permissions, or the agent refuses to use it. The socket file's mode
+follows the umask (connecting needs write permission, so the usual 022 lets
+only the owner in). Next to the socket, ``agent.sock.lock`` holds an
+exclusive ``flock`` and the agent's pid for as long as the agent runs.
+
+Protocol
+--------
+Clients connect a REQ or DEALER socket to ``ipc://PATH``. A request is one
+msgpack map ``{"op": str, "args": map, "id": int|str}`` (``args`` and ``id``
+optional) in the last frame of a message; any frames before it (a REQ's empty
+delimiter) are the envelope, echoed in front of the reply. The reply is one
+msgpack map: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
+message, "code": code}``, with the request's ``id`` when it had one. Codes:
+``bad-request`` (not msgpack, not a map, no op), ``unknown-op``, ``bad-args``,
+``not-found``, ``ambiguous``, ``not-responding``, ``busy``, ``stopping``,
+``failed``, ``internal``. Requests are served concurrently; a DEALER may send
+several and match replies by ``id``.
+
+========  ============================================  =========================================
+op        args                                          result
+========  ============================================  =========================================
+ping                                                    ``{pid, version}``
+info                                                    ``{pid, version, path, name, uuid,
+                                                        endpoint, interface: {name, address},
+                                                        port, groups, headers, peers, uptime,
+                                                        subscribers}``
+peers     ``group`` (only its members), ``wait``        list of ``{peer, name, address, headers,
+                                                        groups}`` sorted by name
+groups                                                  ``{joined: [...], known: [...]}``
+join      ``group``                                     ``{group, changed, groups}``
+leave     ``group``                                     ``{group, changed, groups}``
+shout     ``group``, ``message`` (bytes/str) or         ``{group, peers, confirmed}``
+          ``frames`` (list), ``wait``, ``confirm``
+whisper   ``peer`` (name, UUID or UUID hex prefix,      ``{peer, name, confirmed}``
+          as ``Node.find_peer``), ``message`` or
+          ``frames``, ``wait``, ``confirm``
+events    ``types`` (list of event names; default all)  ``{subscribed: true}``, then a stream
+========  ============================================  =========================================
+
+``wait`` (seconds, default 0, at most 3600) is how long the agent may wait
+for a peer or group member that it does not know yet; an agent younger than
+about one beacon interval also waits until it has heard every peer once, so
+an ambiguous name is refused rather than matched to the first peer found.
+``confirm`` (default true) waits up to 1 s for the receivers' PING-OK.
+
+``events`` turns the client's connection into a subscription: after the
+reply, the agent sends one msgpack map per message to the same envelope:
+``{"event": {type, peer (UUID hex), name, group, frames (list of bytes),
+headers, address, reason}}`` for each event of the node, ``{"heartbeat":
+true}`` after a second without one, ``{"dropped": n}`` when the client was
+too slow and ``n`` events did not fit its backlog (10,000), and ``{"end":
+reason}`` when the agent stops. The subscription ends when the client goes
+away (the next send finds no connection). A client that hears nothing for
+``LOST_AFTER`` seconds may consider the agent gone.
+
+Only the agent's own greenlet touches its socket: handlers hand replies to
+it, and it waits on the socket's descriptor through the hub like
+``green.SocketWaiter`` (plain pyzmq, ``NOBLOCK``, ``EVENTS`` checked before
+every bounded wait). The client side here is plain blocking pyzmq and needs
+no gevent.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import socket
+import stat
+import time
+from collections import deque
+from typing import Any, Callable, Iterator, Mapping, Optional
+from uuid import UUID
+
+import msgpack
+import zmq
+
+__all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
+           "AgentClient", "AgentError", "AgentRunning", "AgentPathError", "NoAgent",
+           "AgentGone", "MAX_PATH"]
+
+log = logging.getLogger(__name__)
+
+#: longest socket path a Unix socket address holds (sun_path is 108 octets with the NUL)
+MAX_PATH = 107
+#: how long a client or a starting agent waits for an existing agent to answer
+PROBE_TIMEOUT = 1.0
+#: seconds between heartbeats to an idle subscriber
+HEARTBEAT = 1.0
+#: silence after which a subscriber considers the agent gone
+LOST_AFTER = 5.0
+#: events held per subscriber that is not reading; beyond this they are counted as dropped
+SUBSCRIBER_BACKLOG = 10_000
+MAX_SUBSCRIBERS = 64
+MAX_CONCURRENT = 256
+MAX_WAIT = 3600.0
+_GUARD = 0.5  # the longest the agent's loop trusts its descriptor alone
+_ENVELOPE_LIMIT = 4
+
+_NOBLOCK = zmq.NOBLOCK
+
+
+# --------------------------------------------------------------------------
+# Errors
+
+
+class AgentError(RuntimeError):
+    """The agent answered a request with an error; ``code`` says which kind."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class NoAgent(RuntimeError):
+    """No agent answers at the path (``str(exc)`` says so, naming the path)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class AgentGone(RuntimeError):
+    """An agent stopped answering, or said it stops, during a request or subscription."""
+
+
+class AgentRunning(RuntimeError):
+    """Another agent holds the socket path."""
+
+    def __init__(self, path: str, pid: Optional[int], answering: bool = True) -> None:
+        who = f"pid {pid}" if pid else "pid unknown"
+        if not answering:
+            who += "; it holds the lock but does not answer"
+        super().__init__(f"an agent is already running at {path} ({who})")
+        self.path = path
+        self.pid = pid
+
+
+class AgentPathError(RuntimeError):
+    """The socket path or its directory cannot be used safely."""
+
+
+# --------------------------------------------------------------------------
+# Where the socket lives
+
+
+def default_agent_path(environ: Optional[Mapping[str, str]] = None,
+                       uid: Optional[int] = None) -> str:
+    """``$PEERMESH_AGENT``, else ``$XDG_RUNTIME_DIR/peermesh/agent.sock``, else /tmp."""
+    env = os.environ if environ is None else environ
+    explicit = env.get("PEERMESH_AGENT")
+    if explicit:
+        return os.path.abspath(explicit)
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return os.path.join(runtime, "peermesh", "agent.sock")
+    return _tmp_path(os.getuid() if uid is None else uid)
+
+
+def _tmp_path(uid: int) -> str:
+    return f"/tmp/peermesh-{uid}/agent.sock"
+
+
+def resolve_path(path: Optional[str] = None) -> str:
+    """``path`` made absolute, or the default; ValueError when too long for a socket."""
+    result = os.path.abspath(path) if path else default_agent_path()
+    size = len(os.fsencode(result))
+    if size > MAX_PATH:
+        raise ValueError(f"agent socket path is {size} bytes, longer than a Unix socket "
+                         f"allows ({MAX_PATH}): {result}")
+    return result
+
+
+def _prepare_directory(path: str) -> None:
+    """Create the socket's directory (0700); check it when it is the shared /tmp one."""
+    directory = os.path.dirname(path)
+    private_tmp = path == _tmp_path(os.getuid())
+    try:
+        if private_tmp:
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+            st = os.lstat(directory)
+            if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
+                    or st.st_mode & 0o077):
+                raise AgentPathError(
+                    f"{directory} is not a private directory of this user (owner uid "
+                    f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}); remove it or choose "
+                    "another path with --agent or $PEERMESH_AGENT")
+        else:
+            os.makedirs(directory, 0o700, exist_ok=True)
+    except OSError as exc:
+        raise AgentPathError(f"cannot create the agent directory {directory}: "
+                             f"{exc.strerror or exc}") from None
+
+
+def _listening(path: str) -> bool:
+    """True when something accepts connections on the Unix socket ``path`` (no ZeroMQ).
+
+    PermissionError when we may not connect: someone may well be listening.
+    """
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(PROBE_TIMEOUT)
+        probe.connect(path)
+        return True
+    except PermissionError:
+        raise
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+class AgentClaim:
+    """The right to serve at ``path``: a held ``flock`` on ``path + ".lock"``."""
+
+    def __init__(self, path: str, lock_fd: int, removed_stale: bool) -> None:
+        self.path = path
+        self.lock_path = path + ".lock"
+        self.removed_stale = removed_stale
+        self._fd: Optional[int] = lock_fd
+        self._socket_id: Optional[tuple[int, int]] = None
+
+    def bound(self) -> None:
+        """Remember which file our bind created, so release removes only that one."""
+        try:
+            st = os.stat(self.path)
+            self._socket_id = (st.st_dev, st.st_ino)
+        except OSError:
+            self._socket_id = None
+
+    def release(self) -> None:
+        """Remove our socket file and the lock file, then drop the lock."""
+        if self._fd is None:
+            return
+        try:
+            st = os.lstat(self.path)
+            if self._socket_id is not None and (st.st_dev, st.st_ino) == self._socket_id:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        try:
+            os.unlink(self.lock_path)
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+
+def claim_path(path: str, probe_timeout: float = PROBE_TIMEOUT) -> AgentClaim:
+    """Make ``path`` ours: lock it, refuse if a live agent answers there, remove a stale file.
+
+    Raises ``AgentRunning`` (another agent holds or answers at the path) or
+    ``AgentPathError``.
+    """
+    _prepare_directory(path)
+    lock_path = path + ".lock"
+    for _ in range(10):
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise AgentPathError(f"cannot open the agent lock file {lock_path}: "
+                                 f"{exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_pid(fd)
+            os.close(fd)
+            info = _probe(path, probe_timeout)
+            if info is not None:
+                raise AgentRunning(path, _int(info.get("pid")) or pid) from None
+            raise AgentRunning(path, pid, answering=False) from None
+        except OSError as exc:
+            os.close(fd)
+            raise AgentPathError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
+        # The previous holder may have removed the file between our open and our lock.
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    else:
+        raise AgentPathError(f"cannot lock {lock_path}: it keeps being replaced")
+    try:
+        removed = _clear_stale(path, probe_timeout)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except BaseException:
+        os.close(fd)
+        raise
+    return AgentClaim(path, fd, removed)
+
+
+def _clear_stale(path: str, probe_timeout: float) -> bool:
+    """Remove a socket file nobody answers on; True if one was removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise AgentPathError(f"{path} exists and is not a socket; remove it or choose "
+                             "another path with --agent")
+    try:
+        _listening(path)
+    except PermissionError:  # never remove what may be another user's live agent
+        raise AgentPathError(f"{path} belongs to someone else (no permission to connect); "
+                             "choose another path with --agent") from None
+    info = _probe(path, probe_timeout)
+    if info is not None:  # an agent that does not use the lock (e.g. its lock file was deleted)
+        raise AgentRunning(path, _int(info.get("pid")))
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise AgentPathError(f"cannot remove the stale agent socket {path}: "
+                             f"{exc.strerror or exc}") from None
+    log.info("removed the stale agent socket %s", path)
+    return True
+
+
+def _read_pid(fd: int) -> Optional[int]:
+    try:
+        return _int(os.pread(fd, 32, 0).decode("ascii", "replace").strip())
+    except OSError:
+        return None
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _probe(path: str, timeout: float) -> Optional[dict[str, Any]]:
+    """The ping answer of an agent at ``path``, or None when nobody answers in time."""
+    try:
+        client = AgentClient.connect(path, timeout, op="ping")
+    except NoAgent:
+        return None
+    try:
+        return client.info
+    finally:
+        client.close()
+
+
+# --------------------------------------------------------------------------
+# The server
+
+
+class _Failure(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Subscriber:
+    __slots__ = ("envelope", "backlog", "dropped", "last_sent", "types")
+
+    def __init__(self, envelope: list[bytes], types: Optional[frozenset[str]]) -> None:
+        self.envelope = envelope
+        self.backlog: deque[bytes] = deque()
+        self.dropped = 0
+        self.last_sent = time.monotonic()
+        self.types = types
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+_HEARTBEAT_BODY = _pack({"heartbeat": True})
+
+
+def event_message(event: Any) -> dict[str, Any]:
+    """An ``Event`` as the agent streams it (frames stay bytes)."""
+    return {"type": event.type.value, "peer": event.peer.hex if event.peer else None,
+            "name": event.name, "group": event.group, "frames": list(event.frames),
+            "headers": dict(event.headers) if event.headers is not None else None,
+            "address": event.address, "reason": event.reason}
+
+
+class AgentServer:
+    """Serves requests for a started ``Node`` on the claimed ipc path.
+
+    Call ``publish(event)`` for every event the node reports (the owner
+    drains the node's queue), and ``close()`` when the node stops.
+    """
+
+    def __init__(self, node: Any, claim: AgentClaim, *, heartbeat: float = HEARTBEAT,
+                 backlog: int = SUBSCRIBER_BACKLOG) -> None:
+        import gevent.event
+        import gevent.pool
+
+        from . import __version__
+
+        self.node = node
+        self.claim = claim
+        self.path = claim.path
+        self.version = __version__
+        self.heartbeat = heartbeat
+        self.backlog = backlog
+        self.started = time.monotonic()
+        self._context: Optional[zmq.Context] = None
+        self._socket: Any = None
+        self._watcher: Any = None
+        self._loop: Any = None
+        self._wake = gevent.event.Event()
+        self._changed = gevent.event.Event()
+        self._outbox: deque[list[bytes]] = deque()
+        self._retry: deque[tuple[float, list[bytes]]] = deque()
+        self._subscribers: dict[bytes, _Subscriber] = {}
+        self._pool = gevent.pool.Pool(MAX_CONCURRENT)
+        self._closing = False
+        self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "ping": self._op_ping, "info": self._op_info, "peers": self._op_peers,
+            "groups": self._op_groups, "join": self._op_join, "leave": self._op_leave,
+            "shout": self._op_shout, "whisper": self._op_whisper,
+        }
+
+    # --- life cycle -----------------------------------------------------
+
+    def start(self) -> "AgentServer":
+        """Bind the ROUTER at ``ipc://path`` and serve on the current hub."""
+        import gevent
+
+        self._context = zmq.Context()
+        router = self._context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.MAXMSGSIZE, self.node.config.max_message + 65536)
+        try:
+            router.bind(f"ipc://{self.path}")
+        except zmq.ZMQError as exc:
+            router.close()
+            self._context.term()
+            raise AgentPathError(f"cannot listen at {self.path}: {exc}") from None
+        self.claim.bound()
+        self._socket = router
+        hub = gevent.get_hub()
+        self._watcher = hub.loop.io(router.getsockopt(zmq.FD), 1)
+        self._watcher.start(self._wake.set)
+        self.node.add_listener(self._on_node_event)
+        self._loop = gevent.spawn(self._serve)
+        return self
+
+    def close(self, reason: str = "its node left the mesh") -> None:
+        """Tell subscribers ``reason``, stop serving and close the socket."""
+        import gevent
+
+        if self._socket is None:
+            return
+        self._closing = True
+        try:
+            self.node.remove_listener(self._on_node_event)
+        except ValueError:
+            pass
+        self._pool.kill(block=True, timeout=1.0)
+        if self._loop is not None:
+            self._loop.kill()
+        end = _pack({"end": reason})
+        for identity, sub in list(self._subscribers.items()):
+            try:
+                self._socket.send_multipart([*sub.envelope, end], _NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self._subscribers.clear()
+        self._watcher.close()
+        self._socket.close(linger=200)  # long enough for the end messages
+        self._socket = None
+        # term() waits until libzmq has really closed the listener (and removed
+        # its file), so nothing of ours touches the path once the lock is gone
+        assert self._context is not None
+        self._context.term()
+        gevent.sleep(0)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    # --- events ---------------------------------------------------------
+
+    def publish(self, event: Any) -> None:
+        """Queue ``event`` for every subscriber (never blocks)."""
+        if not self._subscribers or self._closing or event.type.value == "STOP":
+            return  # STOP: subscribers get {"end": ...} from close()
+        body: Optional[bytes] = None
+        for sub in self._subscribers.values():
+            if sub.types is not None and event.type.value not in sub.types:
+                continue
+            if len(sub.backlog) >= self.backlog:
+                sub.dropped += 1
+                continue
+            if body is None:
+                body = _pack({"event": event_message(event)})
+            sub.backlog.append(body)
+        self._wake.set()
+
+    def _on_node_event(self, event: Any) -> None:
+        changed, self._changed = self._changed, type(self._changed)()
+        changed.set()
+
+    def _wait_change(self, deadline: float) -> None:
+        """Wait until the mesh changes (any event) or ``deadline``."""
+        self._changed.wait(max(0.0, min(deadline - time.monotonic(), 0.25)))
+
+    # --- the socket loop --------------------------------------------------
+
+    def _serve(self) -> None:
+        import gevent
+
+        sock = self._socket
+        wake = self._wake
+        while True:
+            busy = False
+            for _ in range(256):
+                try:
+                    frames = sock.recv_multipart(_NOBLOCK)
+                except zmq.Again:
+                    break
+                busy = True
+                self._on_request(frames)
+            busy |= self._send_outbox()
+            busy |= self._send_streams()
+            if busy:
+                gevent.sleep(0)
+                continue
+            wake.clear()
+            # EVENTS before waiting: it processes libzmq's commands (re-arming the
+            # descriptor) and says whether something arrived meanwhile
+            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN or self._outbox:
+                continue
+            timeout = _GUARD
+            if self._retry or any(s.backlog for s in self._subscribers.values()):
+                timeout = 0.01
+            wake.wait(timeout)
+
+    def _send(self, frames: list[bytes]) -> bool:
+        """Send one message now; False if the client's pipe is full (try again later)."""
+        try:
+            self._socket.send_multipart(frames, _NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                log.debug("agent reply not sent: %s", exc)
+            return True  # the client is gone: nothing to retry
+
+    def _send_outbox(self) -> bool:
+        """Send queued replies; True if any went out (one that finds its client's pipe
+        full is retried for up to a second, then dropped)."""
+        sent = False
+        now = time.monotonic()
+        for _ in range(len(self._retry)):
+            since, frames = self._retry.popleft()
+            if self._send(frames):
+                sent = True
+            elif now - since < 1.0:
+                self._retry.append((since, frames))
+        while self._outbox:
+            frames = self._outbox.popleft()
+            if self._send(frames):
+                sent = True
+            else:
+                self._retry.append((now, frames))
+        return sent
+
+    def _send_streams(self) -> bool:
+        if not self._subscribers:
+            return False
+        sent = False
+        now = time.monotonic()
+        for identity, sub in list(self._subscribers.items()):
+            try:
+                while sub.backlog:
+                    self._socket.send_multipart([*sub.envelope, sub.backlog[0]], _NOBLOCK)
+                    sub.backlog.popleft()
+                    sub.last_sent = now
+                    sent = True
+                if sub.dropped:
+                    self._socket.send_multipart([*sub.envelope, _pack({"dropped": sub.dropped})],
+                                                _NOBLOCK)
+                    sub.dropped = 0
+                    sub.last_sent = now
+                if now - sub.last_sent >= self.heartbeat:
+                    self._socket.send_multipart([*sub.envelope, _HEARTBEAT_BODY], _NOBLOCK)
+                    sub.last_sent = now
+            except zmq.Again:
+                continue  # the client is slow: its backlog waits
+            except zmq.ZMQError as exc:
+                log.debug("event subscriber %r gone: %s", identity, exc)
+                del self._subscribers[identity]
+        return sent
+
+    # --- requests -------------------------------------------------------
+
+    def _on_request(self, frames: list[bytes]) -> None:
+        if len(frames) < 2 or len(frames) > _ENVELOPE_LIMIT + 1:
+            log.debug("dropped agent request of %d frames", len(frames))
+            return
+        envelope, body = frames[:-1], frames[-1]
+        try:
+            request = msgpack.unpackb(body, raw=False)
+        except Exception as exc:  # msgpack raises several kinds for bad input
+            self._reply(envelope, None, error=("bad-request", f"request is not msgpack: {exc}"))
+            return
+        if not isinstance(request, dict):
+            self._reply(envelope, None,
+                        error=("bad-request", "request must be a map {op, args}"))
+            return
+        rid = request.get("id")
+        if not isinstance(rid, (int, str)) or isinstance(rid, bool):
+            rid = None
+        op = request.get("op")
+        args = request.get("args", {})
+        if args is None:
+            args = {}
+        if not isinstance(op, str):
+            self._reply(envelope, rid, error=("bad-request", "request has no op (a string)"))
+            return
+        if not isinstance(args, dict):
+            self._reply(envelope, rid, error=("bad-request", "args must be a map"))
+            return
+        if self._closing or not self.node.running:
+            self._reply(envelope, rid, error=("stopping", "the agent is stopping"))
+            return
+        if op == "events":
+            self._subscribe(envelope, rid, args)
+            return
+        handler = self._ops.get(op)
+        if handler is None:
+            known = ", ".join(sorted([*self._ops, "events"]))
+            self._reply(envelope, rid,
+                        error=("unknown-op", f"unknown op {op[:40]!r}; known: {known}"))
+            return
+        if self._pool.full():
+            self._reply(envelope, rid, error=("busy", "too many requests in progress"))
+            return
+        self._pool.spawn(self._handle, handler, envelope, rid, args)
+
+    def _handle(self, handler: Callable[[dict[str, Any]], Any], envelope: list[bytes],
+                rid: Any, args: dict[str, Any]) -> None:
+        from .errors import NodeStateError, PeermeshError, PeerNotResponding, UnknownPeerError
+
+        try:
+            result = handler(args)
+        except _Failure as exc:
+            self._reply(envelope, rid, error=(exc.code, str(exc)))
+        except NodeStateError as exc:
+            self._reply(envelope, rid, error=("stopping", f"the agent's node: {exc}"))
+        except PeerNotResponding as exc:
+            self._reply(envelope, rid, error=("not-responding", str(exc)))
+        except UnknownPeerError as exc:
+            self._reply(envelope, rid, error=("not-found", str(exc)))
+        except PeermeshError as exc:
+            self._reply(envelope, rid, error=("failed", str(exc)))
+        except (ValueError, TypeError) as exc:
+            self._reply(envelope, rid, error=("bad-args", str(exc)))
+        except Exception as exc:
+            log.exception("agent op failed")
+            self._reply(envelope, rid, error=("internal", f"internal error: {exc!r}"))
+        else:
+            self._reply(envelope, rid, result=result)
+
+    def _reply(self, envelope: list[bytes], rid: Any, result: Any = None,
+               error: Optional[tuple[str, str]] = None) -> None:
+        reply: dict[str, Any]
+        if error is None:
+            reply = {"ok": True, "result": result}
+        else:
+            reply = {"ok": False, "code": error[0], "error": error[1]}
+        if rid is not None:
+            reply["id"] = rid
+        self._outbox.append([*envelope, _pack(reply)])
+        self._wake.set()
+
+    def _subscribe(self, envelope: list[bytes], rid: Any, args: dict[str, Any]) -> None:
+        types = args.get("types")
+        if types is not None:
+            if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+                self._reply(envelope, rid, error=("bad-args", "types must be a list of strings"))
+                return
+            types = frozenset(t.upper() for t in types)
+        identity = envelope[0]
+        if identity not in self._subscribers and len(self._subscribers) >= MAX_SUBSCRIBERS:
+            self._reply(envelope, rid, error=("busy", "too many event subscribers"))
+            return
+        sub = _Subscriber(envelope, types)
+        reply: dict[str, Any] = {"ok": True, "result": {"subscribed": True}}
+        if rid is not None:
+            reply["id"] = rid
+        sub.backlog.append(_pack(reply))  # first in its stream: before any event
+        self._subscribers[identity] = sub
+        self._wake.set()
+
+    # --- ops ------------------------------------------------------------
+
+    def _settled_at(self) -> float:
+        """When every peer on the LAN has beaconed at least once since the agent started."""
+        return self.started + self.node.config.interval * 1.25 + 0.05
+
+    def _op_ping(self, args: dict[str, Any]) -> Any:
+        return {"pid": os.getpid(), "version": self.version}
+
+    def _op_info(self, args: dict[str, Any]) -> Any:
+        node = self.node
+        itf = node.interface
+        return {
+            "pid": os.getpid(), "version": self.version, "path": self.path,
+            "name": node.name, "uuid": node.uuid.hex, "endpoint": node.endpoint,
+            "interface": {"name": itf.name, "address": itf.address} if itf else None,
+            "port": node.config.port, "groups": node.groups(), "headers": node.headers,
+            "peers": len(node.peers()), "uptime": round(time.monotonic() - self.started, 3),
+            "subscribers": len(self._subscribers),
+        }
+
+    def _op_peers(self, args: dict[str, Any]) -> Any:
+        group = _opt_str(args, "group")
+        wait = _wait_arg(args)
+        settled = min(self._settled_at(), time.monotonic() + wait)
+        while time.monotonic() < settled:
+            self._wait_change(settled)
+        node = self.node
+        uuids = node.peers_by_group(group) if group is not None else node.peers()
+        infos = []
+        for uuid in uuids:
+            try:
+                infos.append(node.peer_info(uuid))
+            except Exception:  # gone meanwhile
+                continue
+        infos.sort(key=lambda info: (info.name, info.uuid.hex))
+        return [info.to_dict() for info in infos]
+
+    def _op_groups(self, args: dict[str, Any]) -> Any:
+        return {"joined": self.node.groups(), "known": self.node.known_groups()}
+
+    def _op_join(self, args: dict[str, Any]) -> Any:
+        group = _req_str(args, "group")
+        changed = group not in self.node.groups()
+        self.node.join(group)
+        return {"group": group, "changed": changed, "groups": self.node.groups()}
+
+    def _op_leave(self, args: dict[str, Any]) -> Any:
+        group = _req_str(args, "group")
+        changed = group in self.node.groups()
+        self.node.leave(group)
+        return {"group": group, "changed": changed, "groups": self.node.groups()}
+
+    def _op_shout(self, args: dict[str, Any]) -> Any:
+        node = self.node
+        group = _req_str(args, "group")
+        frames = _frames_arg(args)
+        wait = _wait_arg(args)
+        confirm = _bool_arg(args, "confirm", True)
+        deadline = time.monotonic() + wait
+        settled = min(self._settled_at(), deadline)
+        while True:
+            now = time.monotonic()
+            members = node.peers_by_group(group)
+            if members and now >= settled:
+                break
+            if now >= deadline:
+                if members:
+                    break
+                raise _Failure("not-found", f"no peer in group {group!r} appeared "
+                                            f"within {wait:g} s")
+            self._wait_change(deadline if not members else settled)
+        node.shout(group, *frames)
+        confirmed = node.flush(1.0) if confirm else None
+        return {"group": group, "peers": len(members), "confirmed": confirmed}
+
+    def _op_whisper(self, args: dict[str, Any]) -> Any:
+        from .errors import AmbiguousPeerError, UnknownPeerError
+
+        node = self.node
+        target = _req_str(args, "peer")
+        frames = _frames_arg(args)
+        wait = _wait_arg(args)
+        confirm = _bool_arg(args, "confirm", True)
+        deadline = time.monotonic() + wait
+        exact = _is_full_uuid(target)
+        sure = min(self._settled_at(), deadline)
+        while True:
+            now = time.monotonic()
+            try:
+                uuid = node.find_peer(target)
+                if exact or now >= sure:
+                    break
+                wake = sure
+            except AmbiguousPeerError as exc:
+                raise _Failure("ambiguous", f"{exc}; give more of the UUID") from None
+            except UnknownPeerError:
+                if now >= deadline:
+                    raise _Failure("not-found", f"no peer matching {target!r} appeared "
+                                                f"within {wait:g} s") from None
+                wake = deadline
+            self._wait_change(wake)
+        name = node.peer_name(uuid)
+        node.whisper(uuid, *frames)
+        confirmed = node.flush(1.0) if confirm else None
+        return {"peer": uuid.hex, "name": name, "confirmed": confirmed}
+
+
+def _req_str(args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value:
+        raise _Failure("bad-args", f"{key} must be a non-empty string")
+    return value
+
+
+def _opt_str(args: dict[str, Any], key: str) -> Optional[str]:
+    if args.get(key) is None:
+        return None
+    return _req_str(args, key)
+
+
+def _wait_arg(args: dict[str, Any]) -> float:
+    value = args.get("wait", 0)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_WAIT:
+        raise _Failure("bad-args", f"wait must be a number of seconds from 0 to {MAX_WAIT:g}")
+    return float(value)
+
+
+def _bool_arg(args: dict[str, Any], key: str, default: bool) -> bool:
+    value = args.get(key, default)
+    if not isinstance(value, bool):
+        raise _Failure("bad-args", f"{key} must be true or false")
+    return value
+
+
+def _frames_arg(args: dict[str, Any]) -> list[bytes]:
+    if "frames" in args:
+        frames = args["frames"]
+        if not isinstance(frames, list) or not frames or len(frames) > 1024:
+            raise _Failure("bad-args", "frames must be a list of 1 to 1024 byte strings")
+    elif "message" in args:
+        frames = [args["message"]]
+    else:
+        raise _Failure("bad-args", "give message (bytes or str) or frames (a list)")
+    out = []
+    for frame in frames:
+        if isinstance(frame, str):
+            frame = frame.encode("utf-8")
+        if not isinstance(frame, bytes):
+            raise _Failure("bad-args", "message and frames must be bytes or strings")
+        out.append(frame)
+    return out
+
+
+def _is_full_uuid(text: str) -> bool:
+    try:
+        UUID(text)
+        return True
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------
+# The client (plain blocking pyzmq: no gevent needed)
+
+
+class AgentClient:
+    """A connection to the agent at ``path``. Use ``connect`` to find out if one answers."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.info: dict[str, Any] = {}
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(f"ipc://{path}")
+        self._next_id = 0
+
+    @classmethod
+    def connect(cls, path: str, timeout: float = PROBE_TIMEOUT,
+                op: str = "info") -> "AgentClient":
+        """A client whose agent answered ``op`` (kept in ``info``) within ``timeout``.
+
+        Raises ``NoAgent`` when no socket file, nobody listening (a stale
+        file), or no answer in time.
+        """
+        if not os.path.exists(path):
+            raise NoAgent(path, f"no agent running at {path}")
+        try:
+            listening = _listening(path)
+        except PermissionError:
+            raise NoAgent(path, f"no permission to connect to the agent at {path}") from None
+        if not listening:
+            log.debug("no one listens on %s: a stale socket file", path)
+            raise NoAgent(path, f"no agent running at {path}")
+        client = cls(path)
+        try:
+            client.info = client.call(op, timeout=timeout)
+        except AgentGone:
+            client.close()
+            raise NoAgent(path, f"the agent at {path} does not answer "
+                                f"within {timeout:g} s") from None
+        except BaseException:
+            client.close()
+            raise
+        if not isinstance(client.info, dict):
+            client.close()
+            raise NoAgent(path, f"something at {path} answers, but not like a peermesh agent")
+        return client
+
+    def call(self, op: str, args: Optional[dict[str, Any]] = None,
+             timeout: float = 10.0) -> Any:
+        """Send one request and return its result; ``AgentError`` when the agent refuses it.
+
+        Raises ``AgentGone`` when no reply comes within ``timeout`` seconds.
+        """
+        self._next_id += 1
+        rid = self._next_id
+        body = _pack({"op": op, "args": args or {}, "id": rid})
+        self._socket.send_multipart([b"", body])
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._recv(deadline)
+            if reply is None:
+                raise AgentGone(f"the agent at {self.path} did not answer within {timeout:g} s")
+            if reply.get("id") != rid:
+                continue  # a late answer to an earlier request
+            if reply.get("ok"):
+                return reply.get("result")
+            raise AgentError(str(reply.get("code", "failed")),
+                             str(reply.get("error", "the agent refused the request")))
+
+    def _recv(self, deadline: float) -> Optional[dict[str, Any]]:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._socket.poll(max(1, int(remaining * 1000)), zmq.POLLIN):
+                return None
+            frames = self._socket.recv_multipart()
+            try:
+                message = msgpack.unpackb(frames[-1], raw=False)
+            except Exception:
+                continue
+            if isinstance(message, dict):
+                return message
+
+    def subscribe(self, types: Optional[list[str]] = None) -> None:
+        """Turn this connection into an event subscription (see ``stream``)."""
+        args: dict[str, Any] = {} if types is None else {"types": types}
+        self.call("events", args, timeout=PROBE_TIMEOUT * 5)
+
+    def follow(self, types: Optional[list[str]] = None,
+               lost_after: float = LOST_AFTER) -> Iterator[dict[str, Any]]:
+        """``subscribe``, then ``stream``."""
+        self.subscribe(types)
+        return self.stream(lost_after)
+
+    def stream(self, lost_after: float = LOST_AFTER) -> Iterator[dict[str, Any]]:
+        """After ``subscribe``: stream messages, ``{"event": ...}`` or ``{"dropped": n}``.
+
+        Ends with ``AgentGone`` when the agent says it stops or goes silent
+        for ``lost_after`` seconds (it sends a heartbeat every second).
+        """
+        while True:
+            message = self._recv(time.monotonic() + lost_after)
+            if message is None:
+                raise AgentGone(f"lost contact with the agent at {self.path} "
+                                f"(nothing for {lost_after:g} s)")
+            if "end" in message:
+                raise AgentGone(f"the agent at {self.path} stopped: {message['end']}")
+            if "event" in message or "dropped" in message:
+                yield message
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        self._context.term()
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,465 @@
+"""The local agent and the commands that go through it, as real processes on loopback.
+
+Every node uses ``--interface lo`` and a free UDP beacon port; every agent
+listens on a socket under the test's ``tmp_path``. Output is read line by
+line with deadlines, every process is killed by a finaliser, and polling
+loops are bounded. Timing is measured and printed (``-s``), never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import msgpack
+import pytest
+import zmq
+
+from peermesh import agent as agent_module
+from peermesh.agent import AgentClient, AgentError, AgentPathError, AgentRunning
+
+try:  # tests/ as a package
+    from .test_cli import PEERMESH, WAIT, CliProcess, _env, _report
+except ImportError:  # tests/ on sys.path (pytest's default "prepend" import mode)
+    from test_cli import PEERMESH, WAIT, CliProcess, _env, _report
+
+
+def _wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    """Poll ``check`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{what} not within {timeout} s")
+        time.sleep(0.02)
+
+
+class Mesh:
+    """Agents and nodes on one loopback beacon port, with one default agent socket."""
+
+    def __init__(self, port: int, tmp_path: Path) -> None:
+        self.port = port
+        self.net = ["--interface", "lo", "--port", str(port), "--interval", "0.1"]
+        self.sock = str(tmp_path / "agent.sock")
+        self.processes: list[CliProcess] = []
+
+    def start(self, *args: str) -> CliProcess:
+        """A long-running command, killed at the end of the test."""
+        process = CliProcess([*args, *self.net])
+        self.processes.append(process)
+        return process
+
+    def agent(self, *args: str, path: Optional[str] = None) -> CliProcess:
+        """An agent that has started listening (its start-up line seen)."""
+        path = path or self.sock
+        process = self.start("agent", "--agent", path, *args)
+        process.expect_line(lambda s: f"agent at {path} (pid {process.popen.pid})" in s,
+                            "agent start-up line", "err")
+        return process
+
+    def call(self, *args: str, agent: bool = True, net: Optional[bool] = None,
+             timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+        """A short-lived command run to completion, pointed at the mesh's agent socket.
+
+        Node options are added unless ``net`` is False; by default not for the
+        commands that only talk to an agent (they take no node options).
+        """
+        if net is None:
+            net = args[0] not in ("join", "leave", "status")
+        argv = [*PEERMESH, *args, *(["--agent", self.sock] if agent else []),
+                *(self.net if net else [])]
+        result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                                env=_env(), timeout=timeout, encoding="utf-8",
+                                errors="replace")
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    def client(self, path: Optional[str] = None) -> AgentClient:
+        return AgentClient.connect(path or self.sock)
+
+    def peer_names(self) -> list[str]:
+        with self.client() as client:
+            return [p["name"] for p in client.call("peers")]
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.kill()
+
+
+@pytest.fixture
+def mesh(free_udp_port: int, tmp_path: Path) -> Iterator[Mesh]:
+    runner = Mesh(free_udp_port, tmp_path)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def _lines(process: CliProcess, stream: str = "err") -> str:
+    return "\n".join(process.err if stream == "err" else process.out)
+
+
+# --------------------------------------------------------------------------
+# Paths and help
+
+
+def test_default_agent_path() -> None:
+    path = agent_module.default_agent_path
+    assert path({"PEERMESH_AGENT": "/srv/a.sock", "XDG_RUNTIME_DIR": "/run/user/7"}) == \
+        "/srv/a.sock"
+    assert path({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/peermesh/agent.sock"
+    assert path({"XDG_RUNTIME_DIR": "relative"}, uid=7) == "/tmp/peermesh-7/agent.sock"
+    assert path({}, uid=42) == "/tmp/peermesh-42/agent.sock"
+    with pytest.raises(ValueError, match="longer than a Unix socket allows"):
+        agent_module.resolve_path("/tmp/" + "x" * 200)
+
+
+def test_private_tmp_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = tmp_path / f"peermesh-{os.getuid()}"
+    sock = str(directory / "agent.sock")
+    monkeypatch.setattr(agent_module, "_tmp_path", lambda uid: sock)
+    claim = agent_module.claim_path(sock)
+    try:
+        assert directory.stat().st_mode & 0o777 == 0o700
+        assert (directory / "agent.sock.lock").read_text().strip() == str(os.getpid())
+        with pytest.raises(AgentRunning, match="an agent is already running at"):
+            agent_module.claim_path(sock)  # the lock is held (flock is per open file)
+    finally:
+        claim.release()
+    assert not (directory / "agent.sock.lock").exists()
+    directory.chmod(0o755)  # e.g. made by someone else: not private
+    with pytest.raises(AgentPathError, match="is not a private directory"):
+        agent_module.claim_path(sock)
+
+
+@pytest.mark.parametrize("command", ["agent", "join", "leave", "events", "status"])
+def test_help(command: str) -> None:
+    result = subprocess.run([*PEERMESH, command, "--help"], capture_output=True, env=_env(),
+                            encoding="utf-8", timeout=20)
+    assert result.returncode == 0, _report(result)
+    text = result.stdout
+    assert text.startswith(f"usage: peermesh {command}")
+    assert "examples:" in text and "exit codes:" in text and "--agent PATH" in text
+    assert "$XDG_RUNTIME_DIR/peermesh/agent.sock" in text
+    assert ("--no-agent" in text) == (command == "events")
+    assert ("--interface" in text) == (command in ("agent", "events"))
+
+
+# --------------------------------------------------------------------------
+# Round trips
+
+
+def test_round_trips_through_the_agent(mesh: Mesh) -> None:
+    bob = mesh.start("run", "--json", "--name", "bob", "--group", "chat")
+    _, bob_uuid = bob.started()
+    alice = mesh.agent("--name", "alice", "--group", "chat", "--header", "role=agent")
+    _wait_for(lambda: mesh.peer_names() == ["bob"], "bob known to the agent")
+    alice_uuid = bob.expect_event(event="ENTER", name="alice")["peer"]
+
+    timings: dict[str, float] = {}
+
+    def timed(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+        start = time.perf_counter()
+        result = mesh.call(*args)
+        timings[name] = time.perf_counter() - start
+        return result
+
+    result = timed("peers", "peers", "--json")
+    assert result.returncode == 0, _report(result)
+    (entry,) = json.loads(result.stdout)
+    assert entry["peer"] == bob_uuid and entry["name"] == "bob" and entry["groups"] == ["chat"]
+    assert entry["address"].startswith("tcp://127.0.0.1:")
+    result = mesh.call("peers")
+    assert result.returncode == 0, _report(result)
+    assert result.stdout.splitlines()[1].split()[:2] == [bob_uuid, "bob"]
+
+    result = timed("status", "status", "--json")
+    assert result.returncode == 0, _report(result)
+    info = json.loads(result.stdout)
+    assert info["name"] == "alice" and info["uuid"] == alice_uuid
+    assert info["headers"] == {"role": "agent"} and info["groups"] == ["chat"]
+    assert info["port"] == mesh.port and info["interface"]["address"] == "127.0.0.1"
+    assert info["pid"] == alice.popen.pid and info["path"] == mesh.sock
+
+    result = timed("shout", "shout", "chat", "hello wörld")
+    assert result.returncode == 0, _report(result)
+    assert result.stderr == "peermesh: shouted to 1 peer in group 'chat'\n"
+    shout = bob.expect_event(event="SHOUT", peer=alice_uuid)
+    assert shout["name"] == "alice" and shout["message"] == "hello wörld"
+
+    result = timed("whisper", "whisper", "bob", "hi bob")
+    assert result.returncode == 0, _report(result)
+    assert result.stderr == f"peermesh: whispered to bob ({bob_uuid})\n"
+    assert bob.expect_event(event="WHISPER", peer=alice_uuid)["message"] == "hi bob"
+    result = mesh.call("whisper", bob_uuid[:6], "by prefix")
+    assert result.returncode == 0, _report(result)
+    assert bob.expect_event(event="WHISPER", peer=alice_uuid)["message"] == "by prefix"
+
+    result = timed("join", "join", "news")
+    assert result.returncode == 0, _report(result)
+    assert result.stderr == "peermesh: alice joined group 'news'; groups: chat, news\n"
+    bob.expect_event(event="JOIN", peer=alice_uuid, group="news")
+    result = mesh.call("join", "news")
+    assert result.returncode == 0 and "already in group 'news'" in result.stderr
+    result = timed("leave", "leave", "news")
+    assert result.returncode == 0, _report(result)
+    assert result.stderr == "peermesh: alice left group 'news'; groups: chat\n"
+    bob.expect_event(event="LEAVE", peer=alice_uuid, group="news")
+    result = mesh.call("leave", "news")
+    assert result.returncode == 0 and "not in group 'news'" in result.stderr
+
+    result = mesh.call("whisper", "nobody", "hello?", "--wait", "0.3")
+    assert result.returncode == 2, _report(result)
+    assert result.stderr.splitlines()[-1] == \
+        "peermesh: error: no peer matching 'nobody' appeared within 0.3 s"
+    result = mesh.call("shout", "ghosts", "boo", "--wait", "0.3")
+    assert result.returncode == 2, _report(result)
+    assert "no peer in group 'ghosts' appeared within 0.3 s" in result.stderr
+
+    # Everything went through the agent: bob never saw another node.
+    entered = {e["name"] for e in map(json.loads, bob.out) if e["event"] == "ENTER"}
+    assert entered == {"alice"}
+
+    # How long a command takes through the agent: the request alone, and the process.
+    with mesh.client() as client:
+        samples = []
+        for _ in range(50):
+            start = time.perf_counter()
+            client.call("peers")
+            samples.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    subprocess.run([*PEERMESH, "--version"], capture_output=True, env=_env(), timeout=20)
+    baseline = time.perf_counter() - start
+    print(f"\nthrough the agent: request median {statistics.median(samples) * 1e3:.2f} ms, "
+          f"max {max(samples) * 1e3:.2f} ms; whole commands "
+          + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in timings.items())
+          + f"; `peermesh --version` {baseline * 1e3:.0f} ms")
+
+
+def test_whisper_through_the_agent_refuses_an_ambiguous_name(mesh: Mesh) -> None:
+    twins = [mesh.start("run", "--json", "--name", "twin") for _ in range(2)]
+    uuids = [twin.started()[1] for twin in twins]
+    mesh.agent("--name", "alice")
+    _wait_for(lambda: mesh.peer_names() == ["twin", "twin"], "both twins known to the agent")
+    result = mesh.call("whisper", "twin", "which one?")
+    assert result.returncode == 2, _report(result)
+    assert "peermesh: error: 'twin' matches several peers" in result.stderr
+    assert all(uuid in result.stderr for uuid in uuids)
+
+
+def test_events_follow_the_agent(mesh: Mesh) -> None:
+    alice = mesh.agent("--name", "alice")
+    follower = mesh.start("events", "--json", "--agent", mesh.sock)
+    follower.expect_line(lambda s: s.startswith("peermesh: following events of alice ("),
+                         "following line", "err")
+    human = mesh.start("events", "--agent", mesh.sock)
+    human.expect_line(lambda s: "following events of alice" in s, "following line", "err")
+    with mesh.client() as client:
+        assert client.info["subscribers"] == 2
+
+    result = mesh.call("whisper", "alice", "psst", "--no-agent", "--name", "carol", agent=False)
+    assert result.returncode == 0, _report(result)
+    carol = follower.expect_event(event="ENTER", name="carol")["peer"]
+    whisper = follower.expect_event(event="WHISPER", peer=carol)
+    assert whisper["message"] == "psst" and whisper["frames"] == [{"text": "psst"}]
+    assert follower.expect_event(event="EXIT", peer=carol)["reason"] == "left"
+    human.expect_line(lambda s: " WHISPER carol (" in s and s.endswith(" psst"),
+                      "human-readable WHISPER line")
+
+    assert human.stop(signal.SIGINT) == 0, human.describe()  # Ctrl-C ends following: exit 0
+
+    assert alice.stop(signal.SIGTERM) == 0, alice.describe()
+    assert not os.path.exists(mesh.sock) and not os.path.exists(mesh.sock + ".lock")
+    follower.expect_line(lambda s: s == f"peermesh: error: the agent at {mesh.sock} stopped: "
+                                        "its node left the mesh", "end of the stream", "err")
+    assert follower.popen.wait(WAIT) == 1
+
+
+def test_a_subscriber_that_goes_away_is_forgotten(mesh: Mesh) -> None:
+    mesh.agent("--name", "alice")
+    follower = mesh.client()
+    follower.subscribe()
+    with mesh.client() as client:
+        assert client.call("info")["subscribers"] == 1
+        follower.close()  # no goodbye: the agent notices on its next send (a heartbeat)
+        _wait_for(lambda: client.call("info")["subscribers"] == 0, "subscription dropped")
+
+
+# --------------------------------------------------------------------------
+# Bad input: stale sockets, a second agent, garbage requests
+
+
+def test_stale_socket_of_a_killed_agent_is_replaced(mesh: Mesh) -> None:
+    first = mesh.agent("--name", "first")
+    first.popen.send_signal(signal.SIGKILL)
+    first.popen.wait(WAIT)
+    assert Path(mesh.sock).is_socket()  # left behind
+
+    result = mesh.call("status")
+    assert result.returncode == 1, _report(result)
+    assert result.stderr == (f"peermesh: error: no agent running at {mesh.sock}; start one "
+                             "with `peermesh agent`\n")
+    result = mesh.call("peers", "--json", "--wait", "0.2")  # falls back at once
+    assert result.returncode == 0, _report(result)
+    assert json.loads(result.stdout) == []
+
+    second = mesh.agent("--name", "second")
+    assert f"peermesh: removed the socket file of a dead agent at {mesh.sock}" in second.err
+    with mesh.client() as client:
+        assert client.info["name"] == "second" and client.info["pid"] == second.popen.pid
+
+
+def test_a_second_agent_on_the_same_socket_refuses(mesh: Mesh, tmp_path: Path) -> None:
+    first = mesh.agent("--name", "first")
+    inode = os.stat(mesh.sock).st_ino
+    result = mesh.call("agent", "--name", "second", timeout=WAIT)
+    assert result.returncode == 1, _report(result)
+    assert result.stderr == (f"peermesh: error: an agent is already running at {mesh.sock} "
+                             f"(pid {first.popen.pid})\n")
+    assert result.stdout == ""
+    assert os.stat(mesh.sock).st_ino == inode
+    with mesh.client() as client:
+        assert client.info["pid"] == first.popen.pid
+
+    not_a_socket = tmp_path / "file.sock"
+    not_a_socket.write_text("keep me")
+    result = mesh.call("agent", "--agent", str(not_a_socket), agent=False, timeout=WAIT)
+    assert result.returncode == 1, _report(result)
+    assert "exists and is not a socket" in result.stderr
+    assert not_a_socket.read_text() == "keep me"
+
+
+def test_an_agent_that_does_not_answer(mesh: Mesh) -> None:
+    stuck = mesh.agent("--name", "stuck")
+    stuck.popen.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        result = mesh.call("peers", "--json", "--wait", "0.2", timeout=WAIT)
+        assert result.returncode == 0, _report(result)
+        assert json.loads(result.stdout) == []
+        assert (f"peermesh: the agent at {mesh.sock} does not answer within 1 s; using a "
+                "node of its own") in result.stderr
+        result = mesh.call("agent", "--name", "second", timeout=WAIT)
+        assert result.returncode == 1, _report(result)
+        assert result.stderr == (f"peermesh: error: an agent is already running at {mesh.sock} "
+                                 f"(pid {stuck.popen.pid}; it holds the lock but does not "
+                                 "answer)\n")
+        result = mesh.call("join", "news", timeout=WAIT)
+        assert result.returncode == 1, _report(result)
+        assert "does not answer within 1 s" in result.stderr
+        print(f"\nthree commands against a stopped agent: {time.monotonic() - start:.1f} s")
+    finally:
+        stuck.popen.send_signal(signal.SIGCONT)
+    with mesh.client() as client:  # and it serves again
+        assert client.info["name"] == "stuck"
+
+
+def test_without_an_agent(mesh: Mesh) -> None:
+    bob = mesh.start("run", "--json", "--name", "bob", "--group", "chat")
+    _, bob_uuid = bob.started()
+
+    result = mesh.call("peers", "--json", "--wait", "1")
+    assert result.returncode == 0, _report(result)
+    assert [p["peer"] for p in json.loads(result.stdout)] == [bob_uuid]
+    result = mesh.call("shout", "chat", "from dave", "--name", "dave")
+    assert result.returncode == 0, _report(result)
+    assert bob.expect_event(event="SHOUT", name="dave")["message"] == "from dave"
+
+    for command in (["join", "news"], ["leave", "news"], ["status"]):
+        result = mesh.call(*command)
+        assert result.returncode == 1, _report(result)
+        assert result.stderr == (f"peermesh: error: no agent running at {mesh.sock}; start "
+                                 "one with `peermesh agent`\n")
+
+    events = mesh.start("events", "--json", "--agent", mesh.sock, "--name", "erin")
+    events.expect_line(lambda s: s == f"peermesh: no agent running at {mesh.sock}; following "
+                                      "the events of a node of its own", "fallback note", "err")
+    events.started()
+    events.expect_event(event="ENTER", peer=bob_uuid)
+    bob.expect_event(event="ENTER", name="erin")
+
+
+def test_options_naming_another_mesh_bypass_the_agent(mesh: Mesh, free_tcp_port: int) -> None:
+    mesh.agent("--name", "alice")
+    bob = mesh.start("run", "--json", "--name", "bob")
+    bob.started()
+    _wait_for(lambda: mesh.peer_names() == ["bob"], "bob known to the agent")
+    # free_tcp_port: some other port number, where no node beacons
+    result = mesh.call("peers", "--json", "--wait", "0.3", "--interface", "lo",
+                       "--port", str(free_tcp_port), net=False)
+    assert result.returncode == 0, _report(result)
+    assert json.loads(result.stdout) == []
+    assert "no peers found within 0.3 s" in result.stderr  # a node of its own looked
+
+
+def _raw(sock: zmq.Socket, frames: list[bytes], timeout: float = 2.0) -> Optional[dict]:
+    sock.send_multipart(frames)
+    if not sock.poll(int(timeout * 1000)):
+        return None
+    return msgpack.unpackb(sock.recv_multipart()[-1], raw=False)
+
+
+def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None:
+    alice = mesh.agent("--name", "alice")
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"ipc://{mesh.sock}")
+    pack = msgpack.packb
+    try:
+        def error(body: bytes) -> tuple[str, str]:
+            reply = _raw(dealer, [body])
+            assert reply is not None and reply["ok"] is False, reply
+            return reply["code"], reply["error"]
+
+        assert error(b"\xc1garbage\x00\xff")[0] == "bad-request"
+        assert error(b"")[0] == "bad-request"
+        assert error(pack([1, 2, 3]))[0] == "bad-request"
+        assert error(pack({"op": 5}))[0] == "bad-request"
+        assert error(pack({"op": "peers", "args": "all"}))[0] == "bad-request"
+        code, message = error(pack({"op": "format-disk"}))
+        assert code == "unknown-op" and "known: events, groups, info" in message
+        assert error(pack({"op": "whisper", "args": {"peer": 5, "message": "x"}}))[0] == \
+            "bad-args"
+        assert error(pack({"op": "whisper", "args": {"peer": "x"}}))[0] == "bad-args"
+        assert error(pack({"op": "shout", "args": {"group": "g", "message": 7}}))[0] == \
+            "bad-args"
+        assert error(pack({"op": "peers", "args": {"wait": -1}}))[0] == "bad-args"
+        assert error(pack({"op": "join", "args": {"group": "x" * 300}}))[0] == "bad-args"
+        assert error(pack({"op": "events", "args": {"types": "ENTER"}}))[0] == "bad-args"
+
+        # Too many frames: dropped without an answer
+        assert _raw(dealer, [b""] * 8 + [pack({"op": "ping"})], timeout=0.3) is None
+        # Not ZeroMQ at all
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(mesh.sock)
+            raw.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(512))
+
+        reply = _raw(dealer, [pack({"op": "ping", "id": "abc"})])
+        assert reply is not None and reply["ok"] is True and reply["id"] == "abc"
+        assert reply["result"]["pid"] == alice.popen.pid
+        req = context.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(f"ipc://{mesh.sock}")
+        reply = _raw(req, [pack({"op": "groups"})])
+        assert reply == {"ok": True, "result": {"joined": [], "known": []}}
+        req.close()
+    finally:
+        dealer.close()
+        context.term()
+    with mesh.client() as client:
+        with pytest.raises(AgentError) as caught:
+            client.call("whisper", {"peer": "nobody", "message": b"x"})
+        assert caught.value.code == "not-found"
+    result = mesh.call("status")
+    assert result.returncode == 0, _report(result)
