@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 from uuid import UUID
 
 import msgpack
@@ -92,6 +92,18 @@ class Event:
         fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__slots__[1:]
                            if getattr(self, f) not in (None, ()))
         return f"Event({self.type.value}, {fields})"
+
+
+def until_stop(recv: Callable[[Optional[float]], Optional[Event]],
+               timeout: Optional[float]) -> Iterator[Event]:
+    """Events from ``recv(timeout)`` up to and including STOP, or until one times out."""
+    while True:
+        event = recv(timeout)
+        if event is None:
+            return
+        yield event
+        if event.type is EventType.STOP:
+            return
 
 
 def _frame_text(frame: bytes) -> dict[str, str]:

@@ -45,7 +45,7 @@ from .discovery.beacon import BeaconDiscovery, parse_seed
 from .errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
                      ProtocolError, UnknownPeerError)
 from .eventqueue import GreenEventQueue
-from .events import Event, EventType
+from .events import Event, EventType, until_stop
 from .interfaces import Interface
 from .peer import Peer, PeerLink
 from .transport import ZmqTransport
@@ -429,13 +429,7 @@ class Node:
 
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Iterate over events until STOP, or until none came for ``timeout`` seconds."""
-        while True:
-            event = self.recv(timeout)
-            if event is None:
-                return
-            yield event
-            if event.type is EventType.STOP:
-                return
+        return until_stop(self.recv, timeout)
 
     # --- the peer view --------------------------------------------------
 

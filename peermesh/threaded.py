@@ -22,7 +22,7 @@ import gevent.event
 from .config import NodeConfig
 from .errors import NodeStateError
 from .eventqueue import ThreadEventQueue
-from .events import Event, EventType
+from .events import Event, EventType, until_stop
 from .interfaces import Interface
 from .node import Frame, Node, PeerInfo, PeerRef
 
@@ -239,13 +239,7 @@ class ThreadedNode:
 
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Iterate over events until STOP, or until none came for ``timeout`` seconds."""
-        while True:
-            event = self.recv(timeout)
-            if event is None:
-                return
-            yield event
-            if event.type is EventType.STOP:
-                return
+        return until_stop(self.recv, timeout)
 
     def __repr__(self) -> str:
         return f"<ThreadedNode {self._node!r}>"

@@ -22,6 +22,7 @@ import gevent
 import gevent.subprocess
 import pytest
 
+import waiting
 from peermesh import Event, EventType, Node, NodeConfig
 
 ENTER, EXIT, JOIN, WHISPER, SHOUT = (EventType.ENTER, EventType.EXIT, EventType.JOIN,
@@ -29,6 +30,11 @@ ENTER, EXIT, JOIN, WHISPER, SHOUT = (EventType.ENTER, EventType.EXIT, EventType.
 
 INTERVAL = 0.05
 TIMEOUT = 10.0  # generous: includes a child's interpreter start-up
+
+
+def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
+    """``waiting.wait_for`` with this module's bound."""
+    return waiting.wait_for(node, predicate, timeout)
 
 CHILD = r"""
 import json, sys
@@ -86,19 +92,6 @@ def match(type: EventType, peer: Optional[uuid.UUID] = None,
     return predicate
 
 
-def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
-    """Read ``node``'s events until one matches; fail with what was seen after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    seen: list[Event] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        event = node.recv(remaining) if remaining > 0 else None
-        if event is None:
-            pytest.fail(f"{node.name}: nothing matched {predicate.__name__} within {timeout}s; "
-                        f"saw {seen[-30:]}")
-        seen.append(event)
-        if predicate(event):
-            return event
 
 
 def wait_all(node: Any, predicates: list[Callable[[Event], bool]],

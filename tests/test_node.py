@@ -19,6 +19,7 @@ import gevent
 import gevent.socket
 import pytest
 
+import waiting
 from peermesh import (Event, EventType, InterfaceError, Node, NodeConfig, NodeStateError,
                       PeerNotResponding, UnknownPeerError)
 
@@ -27,6 +28,14 @@ WHISPER, SHOUT, STOP = EventType.WHISPER, EventType.SHOUT, EventType.STOP
 
 INTERVAL = 0.05   # seconds between beacons: discovery within a few milliseconds
 TIMEOUT = 5.0     # bound on any wait for something that should take milliseconds
+
+
+def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
+    """``waiting.wait_for`` with this module's bound."""
+    return waiting.wait_for(node, predicate, timeout)
+
+
+drain = waiting.drain
 
 Predicate = Callable[[Event], bool]
 
@@ -63,25 +72,8 @@ def about(peer: uuid.UUID) -> Predicate:
     return lambda event: event.peer == peer
 
 
-def _seen(events: list[Event]) -> str:
-    shown = events[-30:]
-    more = f"... {len(events) - len(shown)} earlier, then " if len(events) > len(shown) else ""
-    return more + (", ".join(map(repr, shown)) or "nothing")
 
 
-def wait_for(node: Any, predicate: Predicate, timeout: float = TIMEOUT) -> Event:
-    """Read ``node``'s events until one matches ``predicate``; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    seen: list[Event] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        event = node.recv(remaining) if remaining > 0 else None
-        if event is None:
-            pytest.fail(f"{node.name}: nothing matched {predicate!r} within {timeout}s; "
-                        f"saw {_seen(seen)}")
-        seen.append(event)
-        if predicate(event):
-            return event
 
 
 def wait_all(node: Any, predicates: Iterable[Predicate], timeout: float = TIMEOUT) -> list[Event]:
@@ -94,7 +86,7 @@ def wait_all(node: Any, predicates: Iterable[Predicate], timeout: float = TIMEOU
         event = node.recv(remaining) if remaining > 0 else None
         if event is None:
             pytest.fail(f"{node.name}: still waiting for {wanted} after {timeout}s; "
-                        f"saw {_seen(seen)}")
+                        f"saw {waiting.seen_text(seen)}")
         seen.append(event)
         for predicate in wanted:
             if predicate(event):
@@ -103,12 +95,6 @@ def wait_all(node: Any, predicates: Iterable[Predicate], timeout: float = TIMEOU
     return seen
 
 
-def drain(node: Any) -> list[Event]:
-    """The events ``node`` holds right now, without waiting."""
-    events = []
-    while (event := node.recv(0)) is not None:
-        events.append(event)
-    return events
 
 
 def mesh(*nodes: Node) -> None:

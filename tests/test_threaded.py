@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import pytest
 
+import waiting
 from peermesh import (Event, EventType, InterfaceError, Node, NodeConfig, NodeStateError,
                       ThreadedNode, UnknownPeerError)
 
@@ -25,6 +26,14 @@ WHISPER, SHOUT, STOP = EventType.WHISPER, EventType.SHOUT, EventType.STOP
 
 INTERVAL = 0.05
 TIMEOUT = 5.0
+
+
+def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
+    """``waiting.wait_for`` with this module's bound."""
+    return waiting.wait_for(node, predicate, timeout)
+
+
+drain = waiting.drain
 
 
 def match(type: EventType, peer: Optional[uuid.UUID] = None,
@@ -36,26 +45,8 @@ def match(type: EventType, peer: Optional[uuid.UUID] = None,
     return predicate
 
 
-def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
-    """Read ``node``'s events until one matches; fail with what was seen after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    seen: list[Event] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        event = node.recv(remaining) if remaining > 0 else None
-        if event is None:
-            raise AssertionError(f"{node.name}: nothing matched {predicate.__name__} within "
-                                 f"{timeout}s; saw {seen[-30:]}")
-        seen.append(event)
-        if predicate(event):
-            return event
 
 
-def drain(node: Any) -> list[Event]:
-    events = []
-    while (event := node.recv(0)) is not None:
-        events.append(event)
-    return events
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import pytest
 import zmq
 import zmq.green as gzmq
 
+import waiting
 from peermesh import Event, EventType, Node, NodeConfig
 from peermesh.wire import zre
 
@@ -32,6 +33,14 @@ EVASIVE, SILENT = EventType.EVASIVE, EventType.SILENT
 
 INTERVAL = 0.05
 TIMEOUT = 5.0
+
+
+def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
+    """``waiting.wait_for`` with this module's bound."""
+    return waiting.wait_for(node, predicate, timeout)
+
+
+drain = waiting.drain
 EVASIVE_S, SILENT_S, EXPIRED_S = 100.0, 200.0, 300.0  # fake seconds
 
 
@@ -67,29 +76,12 @@ class FakeClock:
             self._read.wait(remaining)
 
 
-def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float = TIMEOUT) -> Event:
-    """Read ``node``'s events until one matches; fail with what was seen after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    seen: list[Event] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        event = node.recv(remaining) if remaining > 0 else None
-        if event is None:
-            pytest.fail(f"{node.name}: no matching event within {timeout}s; saw {seen}")
-        seen.append(event)
-        if predicate(event):
-            return event
 
 
 def about(peer: uuid.UUID) -> Callable[[Event], bool]:
     return lambda event: event.peer == peer
 
 
-def drain(node: Any) -> list[Event]:
-    events = []
-    while (event := node.recv(0)) is not None:
-        events.append(event)
-    return events
 
 
 class RawPeer:
