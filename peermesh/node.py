@@ -25,6 +25,7 @@ and ``whisper`` raises ``PeerNotResponding``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import struct
@@ -563,7 +564,11 @@ class Node:
         try:
             link = self.transport.connect(self._identity, endpoint, self.config.sndhwm)
         except zmq.ZMQError as exc:
-            log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
+            if exc.errno == errno.EMFILE:
+                log.error("not connecting to %s at %s: out of sockets or descriptors (%s)",
+                          uuid, endpoint, exc)
+            else:
+                log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
             return None
         peer = Peer(uuid, endpoint, PeerLink(link, self.config.send_queue, self._clock),
                     self._clock())

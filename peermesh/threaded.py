@@ -187,6 +187,10 @@ class ThreadedNode:
         """See ``Node.shout_packed``."""
         self._call(self._started().shout_packed, group, obj)
 
+    def flush(self, timeout: float = 1.0) -> bool:
+        """See ``Node.flush``."""
+        return self._call(self._started().flush, timeout)
+
     def peers(self) -> list[UUID]:
         """See ``Node.peers``."""
         return self._call(self._started().peers)

@@ -38,7 +38,7 @@ from .errors import PeermeshError
 from .green import SocketWaiter
 from .interfaces import Interface, select_interface
 
-__all__ = ["ZmqTransport", "ZmqMailbox", "ZmqLink", "CapacityError"]
+__all__ = ["ZmqTransport", "ZmqMailbox", "ZmqLink", "CapacityError", "shared_context"]
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class ZmqTransport:
     """The real transport: ZeroMQ over TCP for mailboxes, UDP for beacons."""
 
     def __init__(self, context: Optional[zmq.Context] = None) -> None:
-        self.context = context or zmq.Context.instance()
+        self.context = context or shared_context()
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(gevent.sleep)
@@ -261,6 +261,25 @@ class ZmqTransport:
                 f"{FDS_PER_PEER}) would exhaust them. Run fewer nodes per process "
                 f"(a full mesh of N nodes in one process needs about 3*N*(N-1)), or raise "
                 f"`ulimit -n`.")
+
+
+_context: Optional[zmq.Context] = None
+
+
+def shared_context() -> zmq.Context:
+    """The process's ZeroMQ context for peermesh, allowing as many sockets as descriptors.
+
+    libzmq's default of 1,023 sockets per context would stop a process at
+    about 25 nodes in a full mesh, silently.
+    """
+    global _context
+    if _context is None or _context.closed:
+        context = zmq.Context()
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        wanted = 65536 if limit == resource.RLIM_INFINITY else max(1024, limit)
+        context.set(zmq.MAX_SOCKETS, min(wanted, context.get(zmq.SOCKET_LIMIT)))
+        _context = context
+    return _context
 
 
 class _DescriptorCount:
