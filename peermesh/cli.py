@@ -45,7 +45,11 @@ PROG = "peermesh"
 #: modules whose ``add_commands(command)`` adds overlay subcommands; ``command``
 #: is build_parser's factory: command(name, summary, description, examples,
 #: handler) -> argparse parser, with handler(args, config) -> exit code
-COMMAND_MODULES: tuple[str, ...] = ("peermesh.sim.commands", "peermesh.nfp.commands")
+COMMAND_MODULES: tuple[str, ...] = (
+    "peermesh.sim.commands",
+    "peermesh.nfp.commands",
+    "peermesh.sada.commands",
+)
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _DEFAULTS = NodeConfig()
 

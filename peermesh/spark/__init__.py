@@ -1,0 +1,58 @@
+"""PySpark integration: mesh groups as Spark tables and streams, the mesh as a sink.
+
+::
+
+    import peermesh.spark
+
+    service = peermesh.spark.start_service(spark, groups=["telemetry"], interface="lo")
+    stream = (spark.readStream.format("peermesh").option("group", "telemetry").load())
+    ...
+    df.write.format("peermesh").option("group", "alerts").save()
+    service.stop()
+
+* ``start_service`` - a mesh node in the driver process (its own thread, no
+  monkey-patching) that logs every SHOUT of its groups to SQLite and serves
+  the log to Spark's workers; it also registers the data source.
+* ``register`` - the ``peermesh`` data source alone (``pyspark.sql.datasource``).
+* ``ServiceCaller`` / ``call_service`` - Safir-Darbaan requests from
+  executors, for ``mapInArrow`` / ``mapInPandas`` / ``mapPartitions``.
+
+Only ``register``, ``call_service`` and ``ServiceCaller.apply`` import
+pyspark; the service and the log work without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .log import MessageLog
+from .protocol import DataLossError, LogServiceError
+from .service import DriverService, MeshSettings, current_service, start_service
+
+__all__ = ["start_service", "register", "DriverService", "MeshSettings", "MessageLog",
+           "ServiceCaller", "call_service", "current_service", "LogServiceError",
+           "DataLossError", "SCHEMA", "schema"]
+
+
+def register(spark: Any, service: Any = None, **options: Any) -> type:
+    """Register the ``peermesh`` format with ``spark`` (see ``source.register``)."""
+    from .source import register as _register
+
+    return _register(spark, service, **options)
+
+
+def schema() -> Any:
+    """The default read schema, a ``pyspark.sql.types.StructType``."""
+    from .source import SCHEMA as _SCHEMA
+
+    return _SCHEMA
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("ServiceCaller", "call_service"):
+        from . import calls
+
+        return getattr(calls, name)
+    if name == "SCHEMA":
+        return schema()
+    raise AttributeError(f"module 'peermesh.spark' has no attribute {name!r}")

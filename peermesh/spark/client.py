@@ -1,0 +1,139 @@
+"""The worker side of ``PMLOG1``: one DEALER per process and service endpoint.
+
+Spark pickles data source objects into its Python worker processes, so they
+must not hold sockets. ``log_client(endpoint)`` opens the socket the first
+time a process needs it and keeps it for the life of the process (Spark
+reuses its Python workers), opening a fresh one after a fork.
+
+Calls are plain blocking pyzmq (no gevent) with a timeout; a call that times
+out closes its socket, so a late reply can never answer a later request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from typing import Any, Optional, Sequence
+
+import zmq
+
+from . import protocol
+from .protocol import LogServiceError, Op, Request
+
+__all__ = ["LogClient", "log_client"]
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class LogClient:
+    """Blocking requests to one log service; thread-safe."""
+
+    def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"log service endpoint {endpoint!r} is not tcp://HOST:PORT")
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._sock: Optional[zmq.Socket] = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            # the process-wide context: a private one collected while a socket is open
+            # would block whichever thread the garbage collector runs in
+            sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def call(self, op: Op, body: Optional[dict] = None, timeout: Optional[float] = None
+             ) -> dict[str, Any]:
+        """Send one request and wait for its reply body; ``LogServiceError`` on ERR or timeout."""
+        with self._lock:
+            sock = self._socket()
+            request_id = b"%x" % next(self._ids)
+            sock.send_multipart(protocol.encode_request(Request(request_id, op, body or {})))
+            wait_ms = int(1000 * (self.timeout if timeout is None else timeout))
+            while True:
+                if not sock.poll(wait_ms):
+                    self._reset()
+                    raise LogServiceError(
+                        "unavailable", f"no answer to {op.value} from the peermesh log service "
+                        f"at {self.endpoint} within {wait_ms / 1000:g} s (is the driver's "
+                        "service running? see peermesh.spark.start_service)")
+                reply = protocol.decode_reply(sock.recv_multipart())
+                if reply.id == request_id:
+                    return dict(reply.value())
+                # a reply to an older request that timed out: skip it
+
+    def _reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def close(self) -> None:
+        """Close the socket (a later call opens a new one)."""
+        with self._lock:
+            self._reset()
+
+    # --- the ops ------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """Log id, bounds, groups, channel endpoint and mesh settings of the service."""
+        return self.call(Op.INFO)
+
+    def latest(self, groups: Sequence[str], start: int, max_rows: Optional[int] = None,
+               ceiling: Optional[int] = None) -> dict[str, Any]:
+        """See ``protocol`` (LATEST)."""
+        body: dict[str, Any] = {"groups": list(groups), "start": int(start)}
+        if max_rows is not None:
+            body["max"] = int(max_rows)
+        if ceiling is not None:
+            body["ceiling"] = int(ceiling)
+        return self.call(Op.LATEST, body)
+
+    def fetch(self, groups: Sequence[str], start: int, end: int) -> dict[str, Any]:
+        """See ``protocol`` (FETCH)."""
+        return self.call(Op.FETCH, {"groups": list(groups), "start": int(start),
+                                    "end": int(end)})
+
+    def register(self, consumer: str, groups: Sequence[str], offset: int) -> dict[str, Any]:
+        """Register a streaming query that starts at ``offset``."""
+        return self.call(Op.REGISTER, {"consumer": consumer, "groups": list(groups),
+                                       "offset": int(offset)})
+
+    def commit(self, consumer: str, groups: Sequence[str], offset: int) -> dict[str, Any]:
+        """The query processed everything below ``offset``: the log may trim it."""
+        return self.call(Op.COMMIT, {"consumer": consumer, "groups": list(groups),
+                                     "offset": int(offset)})
+
+    def trim(self, before: int) -> dict[str, Any]:
+        """Delete every message below ``before``."""
+        return self.call(Op.TRIM, {"before": int(before)})
+
+    def join(self, groups: Sequence[str]) -> dict[str, Any]:
+        """Make the service join ``groups``."""
+        return self.call(Op.JOIN, {"groups": list(groups)})
+
+
+_clients: dict[str, LogClient] = {}
+_clients_lock = threading.Lock()
+_clients_pid = os.getpid()
+_forked: list[LogClient] = []
+
+
+def log_client(endpoint: str) -> LogClient:
+    """This process's client of the service at ``endpoint`` (opened on first use)."""
+    global _clients_pid
+    with _clients_lock:
+        if _clients_pid != os.getpid():  # forked: the parent's sockets are not ours
+            _forked.extend(_clients.values())  # never closed or collected here
+            _clients.clear()
+            _clients_pid = os.getpid()
+        client = _clients.get(endpoint)
+        if client is None:
+            client = _clients[endpoint] = LogClient(endpoint)
+        return client

@@ -1,0 +1,135 @@
+"""How payloads become columns and rows become payloads (no pyspark, no sockets).
+
+* ``payload_text``: the ``text`` column: msgpack decoded and shown as JSON,
+  else the payload as UTF-8, else null.
+* ``payload_value``: the payload as a Python value, for user schemas and
+  replies: msgpack, else JSON text, else the UTF-8 string, else None.
+* ``pack_value``: a row (or any value) as msgpack, with dates, times and
+  decimals made portable.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import uuid
+from typing import Any
+
+import msgpack
+
+__all__ = ["payload_text", "payload_value", "pack_value", "to_jsonable", "DECODE_MODES"]
+
+#: values of the ``decode`` option
+DECODE_MODES = ("auto", "msgpack", "json", "utf8", "none")
+
+_unpackb = msgpack.unpackb
+
+
+def _unpack(payload: bytes) -> Any:
+    """The msgpack value of the whole payload; raises when it is not exactly one value."""
+    return _unpackb(payload, raw=False, strict_map_key=False)
+
+
+def _looks_like_msgpack(payload: bytes) -> bool:
+    """A one-octet printable ASCII payload is text ("1"), not a msgpack fixint."""
+    return bool(payload) and not (len(payload) == 1 and 0x20 <= payload[0] <= 0x7E)
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` with what JSON cannot carry made into strings (bytes as base64)."""
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, str) else k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, msgpack.ExtType):
+        return {"ext": value.code, "data": base64.b64encode(value.data).decode("ascii")}
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_encode_lenient = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+try:  # an optional accelerator, several times faster; same JSON text
+    import orjson
+
+    _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS
+
+    def _json(value: Any) -> str:
+        try:
+            return orjson.dumps(value, option=_ORJSON_OPTIONS).decode("utf-8")
+        except (TypeError, ValueError):
+            return _encode_lenient(to_jsonable(value))
+except ImportError:  # pragma: no cover - depends on the environment
+    def _json(value: Any) -> str:
+        try:
+            return _encode(value)
+        except (TypeError, ValueError):
+            return _encode_lenient(to_jsonable(value))
+
+
+def payload_text(payload: bytes, mode: str = "auto") -> Any:
+    """The ``text`` column for ``payload`` (None when it cannot be shown as text)."""
+    if mode == "none":
+        return None
+    if mode in ("auto", "msgpack") and (mode == "msgpack" or _looks_like_msgpack(payload)):
+        try:
+            return _json(_unpack(payload))
+        except Exception:
+            if mode == "msgpack":
+                return None
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def payload_value(payload: bytes, mode: str = "auto") -> Any:
+    """The payload as a Python value (msgpack, JSON text or UTF-8 text), or None."""
+    if mode == "none":
+        return None
+    if mode in ("auto", "msgpack") and (mode == "msgpack" or _looks_like_msgpack(payload)):
+        try:
+            return _unpack(payload)
+        except Exception:
+            if mode == "msgpack":
+                return None
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if mode in ("auto", "json"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            if mode == "json":
+                return None
+    return text
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, uuid.UUID):
+        return value.hex
+    if isinstance(value, (set, frozenset)):
+        return list(value)
+    if hasattr(value, "asDict"):  # a pyspark Row nested somewhere
+        return value.asDict(recursive=True)
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"cannot pack a {type(value).__name__} as msgpack")
+
+
+def pack_value(value: Any) -> bytes:
+    """``value`` as msgpack (datetimes as ISO strings, decimals as strings)."""
+    return msgpack.packb(value, use_bin_type=True, default=_default, datetime=False)

@@ -1,0 +1,270 @@
+"""Mesh nodes inside Spark's Python worker processes, opened lazily, one per process.
+
+How it works
+------------
+Writers and service calls run in Spark's Python workers, which Spark starts
+(and reuses) on executors. The first time a worker process needs the mesh,
+``executor_mesh(settings, channel)`` starts a ``ThreadedNode`` there (its
+own thread and gevent hub; nothing is monkey-patched) and keeps it for the
+life of the process; a forked child starts its own. With ``channel=True``
+the node also carries a Safir-Darbaan ``Channel`` advertised in its HELLO,
+so the mesh's servers connect to it as to any channel.
+
+Heavy work is handed to the node's hub in batches, one ``ThreadedNode.call``
+per batch rather than per row: ``shout_many`` shouts a list of payloads,
+``request_many`` keeps up to ``window`` requests in flight on the hub and
+returns one ``Outcome`` per payload, in order.
+
+A node nobody reads would fill its event queue; every use drains it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from .service import MeshSettings
+
+__all__ = ["ExecutorMesh", "Outcome", "executor_mesh", "sada_available", "MeshWriteError"]
+
+log = logging.getLogger(__name__)
+
+_SHOUT_CHUNK = 2000
+
+
+def sada_available() -> bool:
+    """True when ``peermesh.sada`` (Safir-Darbaan) can be imported."""
+    try:
+        from .. import sada  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class MeshWriteError(RuntimeError):
+    """Rows could not be delivered to the mesh (the Spark task fails with this)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one request: ``value`` (the reply) or ``status`` + ``error``."""
+
+    ok: bool
+    value: Any = None
+    status: Optional[int] = None    #: REP status (200 on success); None if no REP came
+    error: Optional[str] = None     #: "404 no such service" / "RequestTimeout: ..."
+
+
+def _outcome_of(exc: BaseException) -> Outcome:
+    status = getattr(exc, "status", None)
+    if status is not None:
+        message = getattr(exc, "message", str(exc))
+        return Outcome(False, None, int(status), f"{int(status)} {message}")
+    return Outcome(False, None, None, f"{type(exc).__name__}: {exc}")
+
+
+class ExecutorMesh:
+    """A node (and optionally a channel) of this worker process."""
+
+    def __init__(self, settings: MeshSettings, channel: bool = False) -> None:
+        self.settings = settings
+        self.with_channel = channel
+        self.node: Any = None
+        self.channel: Any = None
+        self.started_at = 0.0
+        self.pid = os.getpid()
+
+    def start(self) -> "ExecutorMesh":
+        """Start the node (and the channel) now."""
+        from ..interfaces import select_interface
+        from ..threaded import ThreadedNode
+
+        headers: dict[str, str] = {"X-PM-ROLES": "spark-executor"}
+        if self.with_channel:
+            from .. import sada
+
+            address = select_interface(self.settings.interface).address
+            self.channel = sada.Channel(address=address)
+            headers.update({sada.HEADER_CHANNEL: self.channel.endpoint,
+                            sada.HEADER_ROLES: "sada-channel,spark-executor"})
+        name = f"spark-{socket.gethostname()[:40]}-{os.getpid()}" + \
+            ("-ch" if self.with_channel else "")
+        settings = self.settings.node_settings()
+        node = ThreadedNode(name, headers=headers, **settings)
+        try:
+            node.start()
+            if self.channel is not None:
+                channel = self.channel
+                node.call(lambda n: channel.start())
+        except BaseException:
+            node.stop(0.1)
+            if self.channel is not None:
+                self.channel.stop()
+            raise
+        self.node = node
+        self.started_at = time.monotonic()
+        return self
+
+    def drain(self) -> None:
+        """Drop the events nobody reads (the node would stop reading its mailbox)."""
+        recv = self.node.recv
+        while recv(0) is not None:
+            pass
+
+    def settle(self) -> None:
+        """Wait until every beaconing peer has had time to be seen (2 beacon intervals)."""
+        interval = self.settings.interval or 1.0
+        wait = self.started_at + 2 * interval - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+    # --- shouting -----------------------------------------------------------
+
+    def wait_group(self, group: str, peers: int = 1, timeout: float = 10.0) -> int:
+        """Wait until ``group`` has at least ``peers`` members; how many it has."""
+        self.settle()
+        deadline = time.monotonic() + timeout
+        while True:
+            self.drain()
+            members = len(self.node.peers_by_group(group))
+            if members >= peers:
+                return members
+            if time.monotonic() >= deadline:
+                raise MeshWriteError(
+                    f"group {group!r} has {members} member(s) on the mesh, fewer than "
+                    f"{peers}, after {timeout:g} s (settings {self.settings}); shouts would "
+                    "reach nobody. Check interface/port, or lower option 'peers'.")
+            time.sleep(0.05)
+
+    def shout_many(self, group: str, payloads: Sequence[bytes]) -> None:
+        """Shout every payload to ``group``, in order, on the node's hub."""
+        for begin in range(0, len(payloads), _SHOUT_CHUNK):
+            chunk = payloads[begin:begin + _SHOUT_CHUNK]
+
+            def run(node: Any, chunk: Sequence[bytes] = chunk) -> None:
+                shout = node.shout
+                for payload in chunk:
+                    shout(group, payload)
+
+            self.node.call(run)
+        self.drain()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """True once every peer sent to has confirmed all it got (PING / PING-OK)."""
+        return bool(self.node.call(lambda n: n.flush(timeout)))
+
+    # --- requests -----------------------------------------------------------
+
+    def wait_service(self, service: str, version: Optional[str] = None,
+                     timeout: float = 10.0) -> bool:
+        """Wait until some server offers ``service``; False on timeout."""
+        channel = self.channel
+        ok = bool(self.node.call(lambda n: channel.wait_for(service, version, 1, timeout)))
+        self.drain()
+        return ok
+
+    def request_many(self, service: str, action: str, payloads: Sequence[Any], *,
+                     version: Optional[str] = None, category: str = "",
+                     timeout: Optional[float] = None, window: int = 64, retries: int = 0,
+                     raw: bool = False) -> list[Outcome]:
+        """Send one request per payload, at most ``window`` in flight; outcomes in order."""
+        if self.channel is None:
+            raise RuntimeError("this mesh node has no channel")
+        if not payloads:
+            return []
+        channel = self.channel
+        window = max(1, int(window))
+
+        def run(node: Any) -> list[Outcome]:
+            import gevent.event
+            import gevent.lock
+
+            results: list[Optional[Outcome]] = [None] * len(payloads)
+            room = gevent.lock.Semaphore(window)
+            finished = gevent.event.Event()
+            left = [len(payloads)]
+
+            def done(i: int, result: Any) -> None:
+                if result.successful():
+                    results[i] = Outcome(True, result.value, 200)
+                else:
+                    results[i] = _outcome_of(result.exception)
+                room.release()
+                left[0] -= 1
+                if not left[0]:
+                    finished.set()
+
+            for i, payload in enumerate(payloads):
+                room.acquire()
+                try:
+                    pending = channel.request_async(service, action, payload, version=version,
+                                                    category=category, timeout=timeout,
+                                                    retries=retries, raw=raw)
+                except Exception as exc:
+                    done(i, _Failed(exc))
+                    continue
+                pending.rawlink(lambda result, i=i: done(i, result))
+            finished.wait()
+            return results  # type: ignore[return-value]
+
+        outcomes = self.node.call(run)
+        self.drain()
+        return outcomes
+
+    def stop(self) -> None:
+        """Stop the channel and the node."""
+        if self.node is None:
+            return
+        if self.channel is not None and self.node.running:
+            channel = self.channel
+            try:
+                self.node.call(lambda n: channel.stop())
+            except Exception:
+                pass
+        self.node.stop(0.5)
+
+
+class _Failed:
+    """An AsyncResult-like failure for requests that could not even be sent."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exception = exc
+
+    def successful(self) -> bool:
+        return False
+
+
+_meshes: dict[tuple[MeshSettings, bool], ExecutorMesh] = {}
+_meshes_lock = threading.Lock()
+_meshes_pid = os.getpid()
+_forked: list[ExecutorMesh] = []
+
+
+def executor_mesh(settings: MeshSettings, channel: bool = False) -> ExecutorMesh:
+    """This process's mesh node for ``settings`` (started on first use)."""
+    global _meshes_pid
+    with _meshes_lock:
+        if _meshes_pid != os.getpid():
+            _forked.extend(_meshes.values())  # the parent's threads do not exist here
+            _meshes.clear()
+            _meshes_pid = os.getpid()
+        key = (settings, bool(channel))
+        mesh = _meshes.get(key)
+        if mesh is None or not mesh.node.running:
+            mesh = ExecutorMesh(settings, channel).start()
+            _meshes[key] = mesh
+        return mesh
+
+
+def stop_all() -> None:
+    """Stop every mesh node of this process (tests, and the end of a driver program)."""
+    with _meshes_lock:
+        meshes = list(_meshes.values())
+        _meshes.clear()
+    for mesh in meshes:
+        mesh.stop()

@@ -1,0 +1,428 @@
+"""A durable, ordered log of mesh messages in one SQLite file.
+
+How it works
+------------
+Every message the driver-side service records gets the next **offset** of
+the log: an integer that only grows (0, 1, 2, ...), never reused, also after
+the lowest offsets have been trimmed or the process restarted. One log holds
+the messages of every group the service is in; a reader that wants some
+groups filters by group, so the offsets of one group are increasing but not
+contiguous.
+
+Messages are stored in **chunks**, one SQLite row per group per append (the
+ingest appends whatever arrived since its last append, often thousands of
+messages): a row per message would cost the driver several microseconds
+each, where a chunk costs a fraction of that, and the log service can hand
+chunks to Spark's workers as they are, leaving the decoding to them. ::
+
+    chunks(id INTEGER PRIMARY KEY, grp, lo, hi, count, seqs, data)
+        lo, hi  lowest and highest offset in the chunk
+        seqs    the offsets, int64 little-endian, increasing
+        data    msgpack [peers, peer_index, received, payloads]:
+                peers = [[sender uuid hex, sender name], ...],
+                peer_index, received (epoch seconds), payloads: one per message
+    meta(key PRIMARY KEY, value)      -- log_id, next (offset), start (trimmed below)
+    consumers(id PRIMARY KEY, committed, groups, updated)
+
+``meta.next`` is written in the same transaction as the chunks it covers, so
+a reader never sees an offset below ``next`` missing unless it was trimmed
+(then it is below ``meta.start``; a chunk that straddles ``start`` keeps its
+older messages on disk until it is wholly below, and readers skip them).
+``log_id`` is a random id made when the file is created: a reader that kept
+offsets of another log (the file was deleted and made anew) can tell that
+its offsets mean nothing here.
+
+A *consumer* (one streaming query) registers where it starts and commits
+how far it has processed. ``trim_committed`` deletes what every consumer
+has committed; consumers that have not committed for ``consumer_ttl``
+seconds stop holding the log back.
+
+One ``MessageLog`` object is one SQLite connection: use it from one thread
+at a time. Several objects (threads, processes) may open the same file; WAL
+lets readers read while one writer writes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import sqlite3
+import sys
+import time
+import uuid
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
+
+import msgpack
+
+__all__ = ["MessageLog", "LogRecord", "Consumer", "Chunk", "DecodedChunk", "encode_chunk",
+           "decode_chunk"]
+
+#: (group, sender uuid hex, sender name, received epoch seconds, payload)
+LogRecord = tuple[str, str, str, float, bytes]
+#: (offset, group, sender uuid hex, sender name, received, payload)
+LogRow = tuple[int, str, str, str, float, bytes]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    grp TEXT NOT NULL,
+    lo INTEGER NOT NULL,
+    hi INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    seqs BLOB NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_hi ON chunks (hi);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
+CREATE TABLE IF NOT EXISTS consumers (
+    id TEXT PRIMARY KEY,
+    committed INTEGER NOT NULL,
+    groups TEXT NOT NULL,
+    updated REAL NOT NULL
+);
+"""
+
+_SWAP = sys.byteorder != "little"
+
+
+class Chunk(NamedTuple):
+    """One stored chunk, still encoded (what the log service sends to workers)."""
+
+    group: str
+    seqs: bytes
+    data: bytes
+
+
+class DecodedChunk(NamedTuple):
+    """A chunk's messages as columns."""
+
+    group: str
+    offsets: array                # array('q'), increasing
+    peers: list                   # [[sender hex, name], ...]
+    peer_index: list              # one per message
+    received: list                # epoch seconds, one per message
+    payloads: list                # bytes, one per message
+
+
+def _offsets_blob(offsets: Sequence[int]) -> bytes:
+    values = array("q", offsets)
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        values.byteswap()
+    return values.tobytes()
+
+
+def _offsets(blob: bytes) -> array:
+    values = array("q")
+    values.frombytes(blob)
+    if _SWAP:  # pragma: no cover
+        values.byteswap()
+    return values
+
+
+def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord]) -> tuple[bytes, bytes]:
+    """``(seqs, data)`` of one chunk (records of one group, offsets increasing)."""
+    peers: dict[tuple[str, str], int] = {}
+    index = []
+    for record in records:
+        key = (record[1], record[2])
+        number = peers.get(key)
+        if number is None:
+            number = peers[key] = len(peers)
+        index.append(number)
+    data = msgpack.packb([[list(k) for k in peers], index, [r[3] for r in records],
+                          [r[4] for r in records]], use_bin_type=True)
+    return _offsets_blob(offsets), data
+
+
+def decode_chunk(chunk: Chunk) -> DecodedChunk:
+    """The columns of an encoded chunk."""
+    peers, index, received, payloads = msgpack.unpackb(chunk.data, raw=False)
+    return DecodedChunk(chunk.group, _offsets(chunk.seqs), peers, index, received, payloads)
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """A registered reader of the log (one streaming query)."""
+
+    id: str
+    committed: int          #: every offset below this one has been processed
+    groups: tuple[str, ...]
+    updated: float          #: epoch seconds of its last registration or commit
+
+
+def _group_filter(groups: Optional[Sequence[str]]) -> tuple[str, list[str]]:
+    if not groups:
+        return "", []
+    return f" AND grp IN ({','.join('?' * len(groups))})", list(groups)
+
+
+class MessageLog:
+    """One connection to the log file at ``path`` (created when missing)."""
+
+    def __init__(self, path: Union[str, os.PathLike[str]], *, timeout: float = 10.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
+                             check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (uuid.uuid4().hex,))
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('next', 0)")
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('start', 0)")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            self.log_id: str = str(self._meta("log_id", db))
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    # --- meta ---------------------------------------------------------------
+
+    def _meta(self, key: str, db: Optional[sqlite3.Connection] = None) -> Any:
+        row = (db or self._db).execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0]
+
+    def bounds(self) -> tuple[int, int]:
+        """``(earliest, next)``: offsets ``earliest <= o < next`` may still be held."""
+        rows = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN "
+                                     "('start', 'next')").fetchall())
+        return int(rows["start"]), int(rows["next"])
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended message gets."""
+        return int(self._meta("next"))
+
+    @property
+    def earliest(self) -> int:
+        """The lowest offset not trimmed (``next_offset`` when nothing was ever kept)."""
+        return int(self._meta("start"))
+
+    # --- writing ------------------------------------------------------------
+
+    def append(self, records: Sequence[LogRecord]) -> tuple[int, int]:
+        """Append ``records`` in order, in one transaction; ``(first, next)`` offsets."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            first = int(self._meta("next"))
+            nxt = first + len(records)
+            if records:
+                by_group: dict[str, tuple[list[int], list[LogRecord]]] = {}
+                for offset, record in enumerate(records, first):
+                    entry = by_group.get(record[0])
+                    if entry is None:
+                        entry = by_group[record[0]] = ([], [])
+                    entry[0].append(offset)
+                    entry[1].append(record)
+                for group, (offsets, members) in by_group.items():
+                    seqs, data = encode_chunk(offsets, members)
+                    db.execute("INSERT INTO chunks (grp, lo, hi, count, seqs, data) "
+                               "VALUES (?, ?, ?, ?, ?, ?)",
+                               (group, offsets[0], offsets[-1], len(offsets), seqs, data))
+                db.execute("UPDATE meta SET value = ? WHERE key = 'next'", (nxt,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return first, nxt
+
+    def trim(self, before: int) -> int:
+        """Drop every message below offset ``before``; the new earliest offset."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            start, nxt = int(self._meta("start")), int(self._meta("next"))
+            before = min(int(before), nxt)
+            if before > start:
+                db.execute("DELETE FROM chunks WHERE hi < ?", (before,))
+                db.execute("UPDATE meta SET value = ? WHERE key = 'start'", (before,))
+                start = before
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return start
+
+    # --- consumers ----------------------------------------------------------
+
+    def register(self, consumer: str, offset: int, groups: Iterable[str] = (),
+                 now: Optional[float] = None) -> None:
+        """Record a consumer at ``offset`` (a known consumer keeps a higher committed offset)."""
+        now = time.time() if now is None else now
+        self._db.execute(
+            "INSERT INTO consumers VALUES (?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "committed = max(committed, excluded.committed), groups = excluded.groups, "
+            "updated = excluded.updated",
+            (consumer, int(offset), ",".join(groups), now))
+
+    def commit(self, consumer: str, offset: int, groups: Iterable[str] = (),
+               now: Optional[float] = None) -> None:
+        """``consumer`` has processed every message below ``offset``."""
+        self.register(consumer, offset, groups, now)
+
+    def forget(self, consumer: str) -> bool:
+        """Stop tracking ``consumer``; True if it was known."""
+        cursor = self._db.execute("DELETE FROM consumers WHERE id = ?", (consumer,))
+        return cursor.rowcount > 0
+
+    def consumers(self) -> list[Consumer]:
+        """Every registered consumer, by id."""
+        rows = self._db.execute("SELECT id, committed, groups, updated FROM consumers "
+                                "ORDER BY id").fetchall()
+        return [Consumer(r[0], int(r[1]), tuple(g for g in r[2].split(",") if g), float(r[3]))
+                for r in rows]
+
+    def trim_committed(self, consumer_ttl: Optional[float] = None,
+                       now: Optional[float] = None) -> int:
+        """Trim what every live consumer has committed; the new earliest offset.
+
+        Consumers silent for more than ``consumer_ttl`` seconds do not count.
+        With no live consumer nothing is trimmed (a query may still start
+        from the earliest offset).
+        """
+        now = time.time() if now is None else now
+        sql = "SELECT min(committed), count(*) FROM consumers"
+        args: tuple = ()
+        if consumer_ttl is not None:
+            sql += " WHERE updated >= ?"
+            args = (now - consumer_ttl,)
+        low, count = self._db.execute(sql, args).fetchone()
+        if not count:
+            return self.earliest
+        return self.trim(int(low))
+
+    # --- reading ------------------------------------------------------------
+
+    def chunks(self, start: int, end: int, groups: Optional[Sequence[str]] = None,
+               max_bytes: Optional[int] = None) -> tuple[list[Chunk], int]:
+        """Chunks holding offsets in ``[start, end)`` of those groups, by lowest offset,
+        and ``resume``: every message of the range below ``resume`` is in those chunks.
+
+        ``resume`` is ``end`` unless ``max_bytes`` cut the list short; then it is
+        the lowest offset of the first chunk left out. Chunks may hold offsets
+        outside ``[start, resume)``: readers filter.
+        """
+        where, args = _group_filter(groups)
+        cursor = self._db.execute(
+            f"SELECT grp, seqs, data, lo FROM chunks WHERE hi >= ? AND lo < ?{where} "
+            "ORDER BY lo", [int(start), int(end), *args])
+        result: list[Chunk] = []
+        size = 0
+        resume = int(end)
+        for group, seqs, data, lo in cursor:
+            if (max_bytes is not None and result and size + len(data) > max_bytes
+                    and lo > start):
+                resume = int(lo)
+                break
+            result.append(Chunk(group, seqs, data))
+            size += len(data) + len(seqs)
+        return result, resume
+
+    def _offset_lists(self, start: int, end: int, groups: Optional[Sequence[str]],
+                      descending: bool = False) -> Iterator[tuple[int, int, array]]:
+        """``(lo, hi, offsets)`` of the chunks touching the range."""
+        where, args = _group_filter(groups)
+        order = "hi DESC" if descending else "lo"
+        for lo, hi, seqs in self._db.execute(
+                f"SELECT lo, hi, seqs FROM chunks WHERE hi >= ? AND lo < ?{where} "
+                f"ORDER BY {order}", [int(start), int(end), *args]):
+            yield int(lo), int(hi), _offsets(seqs)
+
+    def last_offset(self, start: int, end: int,
+                    groups: Optional[Sequence[str]] = None) -> Optional[int]:
+        """The highest offset in ``[start, end)`` of a message in those groups, or None."""
+        best: Optional[int] = None
+        for lo, hi, offsets in self._offset_lists(start, end, groups, descending=True):
+            if best is not None and hi <= best:
+                break
+            if hi < end:
+                candidate = hi
+            else:
+                i = bisect_left(offsets, end)
+                if not i or offsets[i - 1] < start:
+                    continue
+                candidate = offsets[i - 1]
+            if candidate >= start and (best is None or candidate > best):
+                best = candidate
+        return best
+
+    def nth_offset(self, start: int, end: int, n: int,
+                   groups: Optional[Sequence[str]] = None) -> Optional[int]:
+        """The offset of the ``n``-th message (1-based) in ``[start, end)`` of those groups,
+        or None when there are fewer."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        found: list[int] = []   # a max-heap (negated) of the n smallest offsets seen
+        for lo, hi, offsets in self._offset_lists(start, end, groups):
+            if len(found) >= n and lo > -found[0]:
+                break  # chunks come by lowest offset: nothing smaller can follow
+            a, b = bisect_left(offsets, start), bisect_left(offsets, end)
+            for offset in offsets[a:b]:
+                if len(found) < n:
+                    heapq.heappush(found, -offset)
+                elif offset < -found[0]:
+                    heapq.heapreplace(found, -offset)
+                else:
+                    break  # increasing within a chunk
+        return -found[0] if len(found) >= n else None
+
+    def count(self, start: int, end: int, groups: Optional[Sequence[str]] = None) -> int:
+        """How many messages of those groups ``[start, end)`` holds."""
+        total = 0
+        for lo, hi, offsets in self._offset_lists(max(start, self.earliest), end, groups):
+            if lo >= start and hi < end:
+                total += len(offsets)
+            else:
+                total += bisect_left(offsets, end) - bisect_left(offsets, start)
+        return total
+
+    def read(self, start: int, end: int, groups: Optional[Sequence[str]] = None,
+             limit: Optional[int] = None) -> list[LogRow]:
+        """Messages with ``start <= offset < end`` in those groups, in offset order (at most
+        ``limit``): ``(offset, group, sender, name, received, payload)``."""
+        start = max(int(start), self.earliest)
+        chunks, _ = self.chunks(start, end, groups)
+        rows = sorted(rows_of(chunks, start, end), key=lambda r: r[0])
+        return rows if limit is None else rows[:limit]
+
+    def groups(self) -> list[str]:
+        """The groups that have messages in the log."""
+        return [r[0] for r in self._db.execute("SELECT DISTINCT grp FROM chunks ORDER BY grp")]
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+    def __enter__(self) -> "MessageLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<MessageLog {self.path} {self.log_id[:8]}>"
+
+
+def rows_of(chunks: Iterable[Chunk], start: int, end: int) -> Iterator[LogRow]:
+    """The messages of ``chunks`` with ``start <= offset < end`` (chunk by chunk)."""
+    for chunk in chunks:
+        decoded = decode_chunk(chunk)
+        offsets = decoded.offsets
+        a, b = bisect_left(offsets, start), bisect_left(offsets, end)
+        peers, index, received, payloads = (decoded.peers, decoded.peer_index,
+                                            decoded.received, decoded.payloads)
+        for i in range(a, b):
+            sender, name = peers[index[i]]
+            yield offsets[i], chunk.group, sender, name, received[i], payloads[i]

@@ -1,0 +1,538 @@
+"""The driver-side service: a mesh node whose group traffic becomes a log Spark reads.
+
+How it works
+------------
+``DriverService`` runs in the Spark driver's own process, beside the user's
+program, with no monkey-patching:
+
+* a ``ThreadedNode`` (its own thread and private gevent hub) joins the
+  configured groups and, when ``peermesh.sada`` is importable, carries a
+  Safir-Darbaan channel (``X-PM-SADA-CHANNEL`` in its HELLO), so servers on
+  the LAN connect to it as to any channel;
+* an **ingest** thread takes every SHOUT the node receives in its groups and
+  appends it, in arrival order, to a ``MessageLog`` (SQLite, WAL) under the
+  configured directory, in batches of whatever has arrived;
+* a **log server** thread answers the ``PMLOG1`` protocol (see
+  ``protocol``) on a ZeroMQ ROUTER: offsets, ranges of rows, consumer
+  registration, commits and trims. Spark calls the data source only in
+  Python worker processes, never in the driver's own; they reach the log
+  through this socket.
+
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Union
+
+import zmq
+
+from ..events import EventType
+from ..interfaces import select_interface
+from . import protocol
+from .log import MessageLog
+from .protocol import Op, Reply, Request
+
+__all__ = ["DriverService", "MeshSettings", "start_service", "current_service",
+           "HEADER_LOG", "DEFAULT_DIRECTORY"]
+
+log = logging.getLogger(__name__)
+
+#: HELLO header of the driver node: the log service's endpoint
+HEADER_LOG = "X-PM-SPARK-LOG"
+#: where logs go when no directory is given: $PEERMESH_SPARK_DIR, else ./peermesh-data
+DEFAULT_DIRECTORY = "peermesh-data"
+_MAX_FETCH_BYTES = 16 * 1024 * 1024
+_INGEST_BATCH = 20_000
+_POLL_MS = 100
+
+
+@dataclass(frozen=True)
+class MeshSettings:
+    """How a node in a Spark worker process joins the same mesh as the driver.
+
+    Picklable; the data source and ``ServiceCaller`` carry one to executors.
+    Fields are ``NodeConfig`` settings (None: the worker's own default,
+    ``PEERMESH_*`` or built-in).
+    """
+
+    interface: Optional[str] = None
+    port: Optional[int] = None
+    interval: Optional[float] = None
+    evasive: Optional[float] = None
+    silent: Optional[float] = None
+    expired: Optional[float] = None
+    discovery: Optional[tuple[str, ...]] = None
+    seeds: Optional[tuple[str, ...]] = None
+
+    def node_settings(self) -> dict[str, Any]:
+        """Keyword settings for ``ThreadedNode`` (only those that are set)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def to_options(self) -> dict[str, str]:
+        """As data source options (strings; tuples comma-separated)."""
+        result = {}
+        for key, value in asdict(self).items():
+            if value is None:
+                continue
+            result[key] = ",".join(value) if isinstance(value, tuple) else str(value)
+        return result
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "MeshSettings":
+        """From data source options (lower-cased keys, string values)."""
+        values: dict[str, Any] = {}
+        for key in ("interface",):
+            if options.get(key):
+                values[key] = options[key]
+        if options.get("port"):
+            values["port"] = int(options["port"])
+        for key in ("interval", "evasive", "silent", "expired"):
+            if options.get(key):
+                values[key] = float(options[key])
+        for key in ("discovery", "seeds"):
+            if options.get(key) is not None and key in options:
+                values[key] = tuple(v.strip() for v in options[key].split(",") if v.strip())
+        return cls(**values)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "MeshSettings":
+        """The settings of a running node's ``NodeConfig``."""
+        return cls(interface=config.interface, port=config.port, interval=config.interval,
+                   evasive=config.evasive, silent=config.silent, expired=config.expired,
+                   discovery=tuple(config.discovery), seeds=tuple(config.seeds))
+
+
+@dataclass
+class ServiceStats:
+    """Counters of a running ``DriverService``."""
+
+    messages: int = 0          #: SHOUTs appended to the log
+    batches: int = 0           #: append transactions
+    requests: int = 0          #: PMLOG1 requests answered
+    errors: int = 0            #: of which ERR
+    chunks_served: int = 0     #: log chunks sent in FETCH replies
+    trimmed_to: int = 0        #: the earliest offset after the last trim
+
+
+def _sada() -> Any:
+    """``peermesh.sada`` when it is importable, else None."""
+    try:
+        from .. import sada
+    except ImportError:
+        return None
+    return sada
+
+
+class DriverService:
+    """Mesh node + durable log + log server, in the current (driver) process.
+
+    ``DriverService(groups=["telemetry"], directory="/data", interface="lo",
+    port=5670)``; other keyword settings go to the ``ThreadedNode``
+    (``interval``, ``evasive``, ``headers`` ...). ``bind`` is the address the
+    log server listens on (default: the mesh interface's address, so
+    executors on other hosts of the LAN reach it; 127.0.0.1 is enough for a
+    local master), ``bind_port`` its TCP port (0: any free one).
+
+    ``trim``: delete what every registered streaming query has committed
+    (consumers silent for ``consumer_ttl`` seconds no longer count).
+    ``channel``: add a Safir-Darbaan channel to the node (needs
+    ``peermesh.sada``; None: when available).
+    """
+
+    def __init__(self, groups: Iterable[str] = (), *,
+                 directory: Union[str, os.PathLike[str], None] = None,
+                 name: str = "spark-driver", interface: Optional[str] = None,
+                 port: Optional[int] = None, bind: Optional[str] = None, bind_port: int = 0,
+                 trim: bool = True, consumer_ttl: Optional[float] = 24 * 3600.0,
+                 channel: Optional[bool] = None, **node_settings: Any) -> None:
+        if isinstance(groups, str):
+            groups = [groups]
+        self.groups: list[str] = list(dict.fromkeys(groups))
+        base = directory or os.environ.get("PEERMESH_SPARK_DIR") or DEFAULT_DIRECTORY
+        self.directory = Path(base).resolve()
+        self.name = name
+        self.path = self.directory / f"{name}.sqlite"
+        self.trim_on_commit = trim
+        self.consumer_ttl = consumer_ttl
+        self._interface = interface
+        self._port = port
+        self._bind = bind
+        self._bind_port = bind_port
+        self._want_channel = channel
+        self._node_settings = node_settings
+        self.stats = ServiceStats()
+        self.node: Any = None
+        self.channel: Any = None
+        self.endpoint: Optional[str] = None
+        self.mesh: Optional[MeshSettings] = None
+        self.log_id: Optional[str] = None
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sock: Optional[zmq.Socket] = None
+        self._state = "new"
+
+    # --- life cycle -----------------------------------------------------
+
+    def start(self) -> "DriverService":
+        """Open the log, start the node (and channel), the ingest and the log server."""
+        if self._state != "new":
+            raise RuntimeError(f"service is {self._state}; a service starts once")
+        from ..threaded import ThreadedNode
+
+        self._state = "starting"
+        try:
+            self._start(ThreadedNode)
+        except BaseException:
+            self.stop()
+            raise
+        self._state = "running"
+        return self
+
+    def _start(self, node_class: Any) -> None:
+        writer = MessageLog(self.path)
+        self.log_id = writer.log_id
+        self.stats.trimmed_to = writer.earliest
+        itf = select_interface(self._interface)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        address = self._bind or itf.address
+        if self._bind_port:
+            sock.bind(f"tcp://{address}:{self._bind_port}")
+            port = self._bind_port
+        else:
+            port = sock.bind_to_random_port(f"tcp://{address}")
+        self._sock = sock
+        self.endpoint = f"tcp://{address}:{port}"
+
+        headers = dict(self._node_settings.pop("headers", None) or {})
+        headers[HEADER_LOG] = self.endpoint
+        sada = _sada() if self._want_channel is not False else None
+        if self._want_channel and sada is None:
+            raise RuntimeError("channel=True needs peermesh.sada, which is not importable")
+        if sada is not None:
+            self.channel = sada.ThreadedChannel(address=itf.address)
+            headers.update(self.channel.headers)
+        roles = [r for r in headers.get("X-PM-ROLES", "").split(",") if r] + ["spark-log"]
+        headers["X-PM-ROLES"] = ",".join(dict.fromkeys(roles))
+        settings = dict(self._node_settings)
+        if self._port is not None:
+            settings["port"] = self._port
+        self.node = node_class(self.name, groups=self.groups, interface=self._interface,
+                               headers=headers, **settings).start()
+        if self.channel is not None:
+            self.channel.start(self.node)
+        self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config))
+
+        ingest = threading.Thread(target=self._ingest, args=(writer,), daemon=True,
+                                  name=f"peermesh-ingest-{self.name}")
+        server = threading.Thread(target=self._serve, args=(MessageLog(self.path),),
+                                  daemon=True, name=f"peermesh-log-{self.name}")
+        self._threads = [ingest, server]
+        for thread in self._threads:
+            thread.start()
+        log.info("spark service %s: log %s at %s, groups %s", self.name, self.path,
+                 self.endpoint, ", ".join(self.groups) or "(none)")
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop the channel, the node (port-0 beacon), the ingest and the log server."""
+        if self._state in ("stopped", "new"):
+            self._state = "stopped"
+            return
+        self._state = "stopping"
+        if self.channel is not None:
+            try:
+                self.channel.stop()
+            except Exception:
+                log.debug("stopping the channel failed", exc_info=True)
+        if self.node is not None:
+            self.node.stop(timeout)
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout + 5)
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._state = "stopped"
+        _services[:] = [s for s in _services if s is not self]
+
+    def __enter__(self) -> "DriverService":
+        return self.start() if self._state == "new" else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True between ``start`` and ``stop``."""
+        return self._state == "running"
+
+    # --- driver-side conveniences ----------------------------------------
+
+    def join(self, group: str) -> None:
+        """Join ``group``: its SHOUTs are logged from now on."""
+        self.node.join(group)
+        if group not in self.groups:
+            self.groups.append(group)
+
+    def options(self) -> dict[str, str]:
+        """Data source options that point readers and writers at this service and mesh."""
+        assert self.endpoint is not None and self.mesh is not None
+        return {"endpoint": self.endpoint, **self.mesh.to_options()}
+
+    def bounds(self) -> tuple[int, int]:
+        """``(earliest, next)`` offsets of the log."""
+        with MessageLog(self.path) as reader:
+            return reader.bounds()
+
+    def consumers(self) -> list[Any]:
+        """The streaming queries registered with the log (``log.Consumer``)."""
+        with MessageLog(self.path) as reader:
+            return reader.consumers()
+
+    def forget_consumer(self, consumer: str) -> bool:
+        """Stop ``consumer`` (a query that will not run again) from holding the log back."""
+        with MessageLog(self.path) as writer:
+            known = writer.forget(consumer)
+            if self.trim_on_commit:
+                self.stats.trimmed_to = writer.trim_committed(self.consumer_ttl)
+            return known
+
+    def trim(self, before: int) -> int:
+        """Delete every message below offset ``before``; the new earliest offset."""
+        with MessageLog(self.path) as writer:
+            self.stats.trimmed_to = writer.trim(before)
+            return self.stats.trimmed_to
+
+    def wait_for_offset(self, offset: int, timeout: float = 10.0) -> bool:
+        """Wait until the log's next offset is at least ``offset``; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with MessageLog(self.path) as reader:
+            while reader.next_offset < offset:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+        return True
+
+    # --- ingest ---------------------------------------------------------
+
+    def _ingest(self, writer: MessageLog) -> None:
+        recv = self.node.recv
+        shout, stop = EventType.SHOUT, EventType.STOP
+        now = time.time
+        stats = self.stats
+        hexes: dict[Any, str] = {}  # peer UUID -> hex, computed once per peer
+        try:
+            while True:
+                event = recv(_POLL_MS / 1000)
+                if event is None:
+                    if self._stopping.is_set():
+                        return
+                    continue
+                batch = []
+                stopped = False
+                while event is not None:
+                    kind = event.type
+                    if kind is shout:
+                        peer = event.peer
+                        sender = hexes.get(peer)
+                        if sender is None:
+                            if len(hexes) > 65536:
+                                hexes.clear()
+                            sender = hexes[peer] = peer.hex
+                        batch.append((event.group, sender, event.name, now(), event.message))
+                        if len(batch) >= _INGEST_BATCH:
+                            break
+                    elif kind is stop:
+                        stopped = True
+                        break
+                    event = recv(0)
+                if batch:
+                    self._append(writer, batch)
+                    stats.messages += len(batch)
+                    stats.batches += 1
+                if stopped:
+                    return
+        finally:
+            writer.close()
+
+    def _append(self, writer: MessageLog, batch: list) -> None:
+        delay = 0.05
+        while True:
+            try:
+                writer.append(batch)
+                return
+            except Exception:
+                # e.g. a full disk: keep the batch, let the node's queue push back on peers
+                log.exception("appending %d messages to %s failed; retrying", len(batch),
+                              self.path)
+                if self._stopping.wait(delay):
+                    return
+                delay = min(delay * 2, 2.0)
+
+    # --- the log server ---------------------------------------------------
+
+    def _serve(self, reader: MessageLog) -> None:
+        sock = self._sock
+        assert sock is not None
+        try:
+            while not self._stopping.is_set():
+                if not sock.poll(_POLL_MS):
+                    continue
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    identity, body = frames[0], frames[1:]
+                    reply = self._handle(reader, body)
+                    if reply is None:
+                        continue
+                    try:
+                        sock.send_multipart([identity, *protocol.encode_reply(reply)],
+                                            zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        log.debug("could not reply to %r", identity)
+        except zmq.ZMQError:
+            if not self._stopping.is_set():
+                log.exception("the log server stopped")
+        finally:
+            reader.close()
+
+    def _handle(self, reader: MessageLog, frames: list[bytes]) -> Optional[Reply]:
+        self.stats.requests += 1
+        try:
+            request = protocol.decode_request(frames)
+        except protocol.ProtocolError as exc:
+            self.stats.errors += 1
+            if len(frames) == 4 and exc.reason.startswith("unknown op") and frames[1]:
+                return protocol.error_reply(bytes(frames[1])[:protocol.MAX_REQUEST_ID],
+                                            "unknown-op", exc.reason)
+            log.debug("dropped a malformed request: %s", exc.reason)
+            return None
+        try:
+            return Reply(request.id, True, self._answer(reader, request))
+        except (KeyError, TypeError, ValueError) as exc:
+            self.stats.errors += 1
+            return protocol.error_reply(request.id, "bad-request",
+                                        f"{request.op.value}: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            self.stats.errors += 1
+            log.exception("answering %s failed", request.op.value)
+            return protocol.error_reply(request.id, "internal", f"{type(exc).__name__}: {exc}")
+
+    def _answer(self, reader: MessageLog, request: Request) -> dict[str, Any]:
+        body = request.body
+        op = request.op
+        if op is Op.FETCH:
+            return self._fetch(reader, body)
+        if op is Op.LATEST:
+            return self._latest(reader, body)
+        if op is Op.INFO:
+            earliest, nxt = reader.bounds()
+            return {"log": reader.log_id, "earliest": earliest, "next": nxt,
+                    "groups": list(self.groups),
+                    "channel": getattr(self.channel, "endpoint", None),
+                    "mesh": self.mesh.to_options() if self.mesh else {}}
+        if op is Op.REGISTER:
+            reader.register(str(body["consumer"]), int(body["offset"]),
+                            _groups(body.get("groups")))
+            return {"log": reader.log_id}
+        if op is Op.COMMIT:
+            reader.commit(str(body["consumer"]), int(body["offset"]),
+                          _groups(body.get("groups")))
+            earliest = reader.earliest
+            if self.trim_on_commit:
+                earliest = reader.trim_committed(self.consumer_ttl)
+                self.stats.trimmed_to = earliest
+            return {"log": reader.log_id, "earliest": earliest}
+        if op is Op.TRIM:
+            earliest = reader.trim(int(body["before"]))
+            self.stats.trimmed_to = earliest
+            return {"log": reader.log_id, "earliest": earliest}
+        if op is Op.JOIN:
+            for group in _groups(body.get("groups")):
+                self.join(group)
+            return {"groups": list(self.groups)}
+        raise ValueError(f"op {op.value} is not served")  # pragma: no cover
+
+    def _latest(self, reader: MessageLog, body: Any) -> dict[str, Any]:
+        groups = _groups(body.get("groups"))
+        start = int(body["start"])
+        earliest, nxt = reader.bounds()
+        ceiling = nxt if body.get("ceiling") is None else min(nxt, int(body["ceiling"]))
+        begin = max(start, earliest)
+        end = start
+        if begin < ceiling:
+            most = body.get("max")
+            found = None
+            if most is not None:
+                found = reader.nth_offset(begin, ceiling, int(most), groups)
+            if found is None:
+                found = reader.last_offset(begin, ceiling, groups)
+            if found is not None:
+                end = found + 1
+        return {"log": reader.log_id, "earliest": earliest, "next": nxt, "end": max(end, start)}
+
+    def _fetch(self, reader: MessageLog, body: Any) -> dict[str, Any]:
+        groups = _groups(body.get("groups"))
+        start, end = int(body["start"]), int(body["end"])
+        earliest, nxt = reader.bounds()
+        first, last = max(start, earliest), min(end, nxt)
+        chunks, resume = reader.chunks(first, last, groups, _MAX_FETCH_BYTES)
+        self.stats.chunks_served += len(chunks)
+        # chunks as stored: the executors decode them (the driver is the busier side)
+        return {"log": reader.log_id, "earliest": earliest, "next": nxt,
+                "chunks": [[c.group, c.seqs, c.data] for c in chunks],
+                "resume": max(start, resume) if last > first else max(start, last)}
+
+    def __repr__(self) -> str:
+        return f"<DriverService {self.name} {self._state} {self.endpoint or ''} {self.path}>"
+
+
+def _groups(value: Any) -> list[str]:
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [g for g in value.split(",") if g]
+    return [str(g) for g in value]
+
+
+_services: list[DriverService] = []
+
+
+def current_service() -> Optional[DriverService]:
+    """The service started last in this process (and still running), or None."""
+    for service in reversed(_services):
+        if service.running:
+            return service
+    return None
+
+
+def start_service(spark: Any = None, groups: Iterable[str] = (), **settings: Any
+                  ) -> DriverService:
+    """Start a ``DriverService`` in this process; with ``spark``, also ``register`` the
+    ``peermesh`` data source pointed at it and set ``spark.peermesh.endpoint``.
+
+    Keyword settings are ``DriverService``'s. Stop it with ``service.stop()``
+    (or use it as a context manager).
+    """
+    service = DriverService(groups, **settings).start()
+    _services.append(service)
+    if spark is not None:
+        try:
+            from .source import register
+            register(spark, service)
+            assert service.endpoint is not None
+            spark.conf.set("spark.peermesh.endpoint", service.endpoint)
+        except BaseException:
+            service.stop()
+            raise
+    return service

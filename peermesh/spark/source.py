@@ -1,0 +1,758 @@
+"""The ``peermesh`` Python data source (PySpark >= 4, ``pyspark.sql.datasource``).
+
+How it works
+------------
+Spark runs every callback of a Python data source in a Python worker
+process it starts itself, never in the driver's own process: planning and
+offset management in one long-lived worker per streaming query, reads and
+writes in the executors' workers. So the source object carries only plain
+options (it is pickled), and each worker process opens its own connection
+to the driver's log service (``client.log_client``) or its own mesh node
+(``executor.executor_mesh``) the first time it needs one.
+
+Streaming read: an offset is ``{"log": id, "offset": n, "consumer": c}``,
+``n`` one past the last message of the batch. ``initialOffset`` picks a new
+consumer id ``c`` for the query; the first ``latestOffset`` that starts from
+an offset carrying ``c`` registers it with the log (Spark may ask for an
+initial offset more than once and keep one answer). A query restarted from
+its checkpoint keeps its id, because the id lives in the checkpointed
+offsets. ``commit`` tells the log how far ``c`` got, so the log can trim
+what every consumer has processed. ``latestOffset`` asks the
+log for the end of what is there (at most ``maxOffsetsPerTrigger`` messages
+of the query's groups; not past the target of an ``availableNow``
+trigger). ``partitions`` splits a batch's range; ``read`` fetches its range
+from the log service. The same range always yields the same rows, so a
+batch replayed after a restart is identical: with an idempotent or
+transactional sink (Spark's file sinks, ``foreachBatch`` keyed by batch id)
+every message arrives exactly once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import uuid
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
+                                    DataSourceStreamWriter, DataSourceWriter, InputPartition,
+                                    WriterCommitMessage)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
+from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, DateType,
+                               DecimalType, DoubleType, FloatType, IntegerType, LongType,
+                               MapType, ShortType, ByteType, StringType, StructField,
+                               StructType,
+                               TimestampNTZType, TimestampType)
+
+from .client import log_client
+from .codec import DECODE_MODES, pack_value, payload_text, payload_value
+from .log import Chunk, DecodedChunk, decode_chunk, rows_of
+from .protocol import DataLossError
+from .service import MeshSettings, current_service
+
+__all__ = ["PeermeshDataSource", "SCHEMA", "register", "SourceOptions", "WriteOptions"]
+
+log = logging.getLogger(__name__)
+
+#: the default schema of a read (``spark.read`` / ``spark.readStream``)
+SCHEMA = StructType([
+    StructField("group", StringType(), False),
+    StructField("sender", StringType(), False),        # UUID, 32 hex digits
+    StructField("sender_name", StringType(), False),
+    StructField("received", TimestampType(), False),   # when the driver's node got it
+    StructField("offset", LongType(), False),          # the log offset
+    StructField("payload", BinaryType(), False),       # the message (frames joined)
+    StructField("text", StringType(), True),           # msgpack as JSON, or UTF-8; else null
+])
+METADATA = ("group", "sender", "sender_name", "received", "offset", "payload", "text")
+
+
+def _bool(value: Optional[str], default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def _positive_int(options: Mapping[str, str], key: str, default: Optional[int]) -> Optional[int]:
+    raw = options.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"option {key} must be an integer, not {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"option {key} must be at least 1, not {value}")
+    return value
+
+
+def _groups(options: Mapping[str, str]) -> list[str]:
+    raw = options.get("group") or options.get("groups") or ""
+    groups = [g.strip() for g in raw.split(",") if g.strip()]
+    return list(dict.fromkeys(groups))
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Read options, parsed (keys arrive lower-cased, values as strings)."""
+
+    endpoint: str
+    groups: tuple[str, ...]
+    partitions: int = 1
+    starting: str = "latest"
+    ending: str = "latest"
+    max_offsets: Optional[int] = None
+    fail_on_data_loss: bool = True
+    decode: str = "auto"
+    auto_join: bool = True
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], batch: bool) -> "SourceOptions":
+        """From data source options; ``ValueError`` naming the bad option."""
+        endpoint = options.get("endpoint")
+        if not endpoint:
+            raise ValueError(
+                "option 'endpoint' (the driver's log service, tcp://HOST:PORT) is missing: "
+                "start it with peermesh.spark.start_service(spark, groups=[...]), which "
+                "registers the source with the endpoint, or pass .option('endpoint', ...)")
+        groups = _groups(options)
+        if not groups:
+            raise ValueError("option 'group' is missing: name one group, or several "
+                             "separated by commas")
+        starting = (options.get("startingoffsets") or ("earliest" if batch else "latest"))
+        ending = options.get("endingoffsets") or "latest"
+        for key, value in (("startingOffsets", starting), ("endingOffsets", ending)):
+            if value not in ("earliest", "latest") and not value.lstrip("-").isdigit():
+                raise ValueError(f"option {key} must be earliest, latest or an offset, "
+                                 f"not {value!r}")
+        decode = (options.get("decode") or "auto").lower()
+        if decode not in DECODE_MODES:
+            raise ValueError(f"option decode must be one of {', '.join(DECODE_MODES)}")
+        return cls(endpoint=endpoint, groups=tuple(groups),
+                   partitions=_positive_int(options, "partitions", 1) or 1,
+                   starting=starting, ending=ending,
+                   max_offsets=_positive_int(options, "maxoffsetspertrigger", None),
+                   fail_on_data_loss=_bool(options.get("failondataloss"), True),
+                   decode=decode,
+                   auto_join=_bool(options.get("autojoin"), True))
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Write options, parsed."""
+
+    group: Optional[str]
+    service: Optional[str]
+    action: Optional[str]
+    version: Optional[str]
+    category: str
+    column: Optional[str]
+    mesh: MeshSettings
+    peers: int = 1
+    discovery_timeout: float = 10.0
+    require_delivery: bool = True
+    timeout: Optional[float] = None
+    max_in_flight: int = 64
+    retries: int = 0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "WriteOptions":
+        """From data source options; ``ValueError`` naming the bad option."""
+        group, service = options.get("group") or None, options.get("service") or None
+        if (group is None) == (service is None):
+            raise ValueError("a peermesh write needs exactly one of option 'group' (shout each "
+                             "row) or option 'service' (send each row as a Safir-Darbaan "
+                             "request, with option 'action')")
+        if service is not None and not options.get("action"):
+            raise ValueError("option 'service' needs option 'action'")
+        timeout = options.get("timeout")
+        return cls(group=group, service=service, action=options.get("action") or None,
+                   version=options.get("version") or None,
+                   category=options.get("category") or "",
+                   column=options.get("column") or None,
+                   mesh=MeshSettings.from_options(options),
+                   peers=_positive_int(options, "peers", 1) or 1,
+                   discovery_timeout=float(options.get("discoverytimeout") or 10.0),
+                   require_delivery=_bool(options.get("requiredelivery"), True),
+                   timeout=float(timeout) if timeout else None,
+                   max_in_flight=_positive_int(options, "maxinflight", 64) or 64,
+                   retries=int(options.get("retries") or 0))
+
+
+# --- offsets ------------------------------------------------------------------
+
+
+def _offset(log_id: str, offset: int, consumer: Optional[str]) -> dict:
+    result: dict[str, Any] = {"log": log_id, "offset": int(offset)}
+    if consumer is not None:
+        result["consumer"] = consumer
+    return result
+
+
+class OffsetRange(InputPartition):
+    """Offsets ``start <= o < end`` of log ``log_id`` (one Spark task)."""
+
+    def __init__(self, log_id: str, start: int, end: int, index: int = 0) -> None:
+        super().__init__((start, end))
+        self.log_id = log_id
+        self.start = start
+        self.end = end
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"OffsetRange({self.start}, {self.end}, #{self.index})"
+
+
+def split_range(log_id: str, start: int, end: int, parts: int) -> list[OffsetRange]:
+    """``[start, end)`` in at most ``parts`` contiguous, nearly equal ranges."""
+    if end <= start:
+        return []
+    parts = max(1, min(parts, end - start))
+    step = math.ceil((end - start) / parts)
+    return [OffsetRange(log_id, a, min(a + step, end), i)
+            for i, a in enumerate(range(start, end, step))]
+
+
+def _resolve(spec: str, earliest: int, nxt: int) -> int:
+    if spec == "earliest":
+        return earliest
+    if spec == "latest":
+        return nxt
+    value = int(spec)
+    return nxt + value + 1 if value < 0 else value  # -1: latest, as in Kafka's JSON offsets
+
+
+# --- reading rows -------------------------------------------------------------
+
+
+class _Columns:
+    """Turns log chunks into Arrow record batches or Python rows for a schema."""
+
+    def __init__(self, schema: StructType, decode: str, merge: bool) -> None:
+        self.schema = schema
+        self.decode = decode
+        self.merge = merge          # several groups: chunks overlap, sort by offset
+        self.arrow = to_arrow_schema(schema, timezone="UTC")
+        names = schema.fieldNames()
+        self.fast = all(f.name in METADATA and f.dataType == SCHEMA[f.name].dataType
+                        for f in schema.fields)
+        self.needs_value = any(n not in METADATA for n in names)
+        self.converters = [_converter(f.dataType) for f in schema.fields]
+
+    def emit(self, chunks: list[Chunk], start: int, end: int) -> Iterator[Any]:
+        """The messages of ``chunks`` with ``start <= offset < end``, in offset order."""
+        if not self.fast:
+            rows: Iterable[Any] = rows_of(chunks, start, end)
+            if self.merge:
+                rows = sorted(rows, key=lambda r: r[0])
+            yield from self.tuples(rows)
+            return
+        batches = [b for b in (self.batch(decode_chunk(c), start, end) for c in chunks)
+                   if b is not None]
+        if self.merge and len(batches) > 1:
+            table = pa.Table.from_batches(batches, schema=self.arrow)
+            keys = (table.column("offset") if "offset" in self.arrow.names
+                    else _offsets_of(chunks, start, end))
+            yield from table.take(pc.sort_indices(keys)).combine_chunks().to_batches()
+            return
+        yield from batches
+
+    def batch(self, chunk: DecodedChunk, start: int, end: int) -> Optional[pa.RecordBatch]:
+        """The rows of one decoded chunk in ``[start, end)`` (metadata columns only)."""
+        offsets = chunk.offsets
+        a, b = bisect_left(offsets, start), bisect_left(offsets, end)
+        n = b - a
+        if n <= 0:
+            return None
+        payloads = chunk.payloads[a:b]
+        arrays = []
+        peers = None
+        for pa_field in self.arrow:
+            name, kind = pa_field.name, pa_field.type
+            if name == "group":
+                arrays.append(pa.array([chunk.group] * n, kind))
+            elif name in ("sender", "sender_name"):
+                if peers is None:
+                    peers = pa.array(chunk.peer_index[a:b], pa.int32())
+                column = 0 if name == "sender" else 1
+                table = pa.array([p[column] for p in chunk.peers], kind)
+                arrays.append(table.take(peers))
+            elif name == "received":
+                micros = pc.multiply(pa.array(chunk.received[a:b], pa.float64()), 1_000_000.0)
+                arrays.append(pc.round(micros).cast(pa.int64()).cast(kind))
+            elif name == "offset":
+                arrays.append(_int64(offsets[a:b]).cast(kind))
+            elif name == "payload":
+                arrays.append(pa.array(payloads, kind))
+            else:  # text
+                decode = self.decode
+                arrays.append(pa.array([payload_text(p, decode) for p in payloads], kind))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
+
+    def tuples(self, rows: Iterable[Any]) -> Iterator[tuple]:
+        """Python rows for any schema: metadata columns by name, the rest from the payload."""
+        fields = self.schema.fields
+        converters = self.converters
+        decode = self.decode
+        needs_value = self.needs_value
+        utc = datetime.timezone.utc
+        for offset, group, sender, name_, received, payload in rows:
+            value = payload_value(payload, decode) if needs_value else None
+            row = []
+            for f, convert in zip(fields, converters):
+                name = f.name
+                if name == "group":
+                    item: Any = group
+                elif name == "sender":
+                    item = sender
+                elif name == "sender_name":
+                    item = name_
+                elif name == "received":
+                    item = datetime.datetime.fromtimestamp(received, utc)
+                elif name == "offset":
+                    item = offset
+                elif name == "payload":
+                    item = payload
+                elif name == "text":
+                    item = payload_text(payload, decode)
+                else:
+                    item = value.get(name) if isinstance(value, dict) else None
+                row.append(convert(item))
+            yield tuple(row)
+
+
+def _int64(values: array) -> pa.Array:
+    """An Arrow int64 array of an ``array('q')`` (native byte order)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values.tobytes())])
+
+
+def _offsets_of(chunks: list[Chunk], start: int, end: int) -> pa.Array:
+    """The offsets ``emit`` keeps, chunk after chunk (to sort rows without an offset column)."""
+    parts = []
+    for chunk in chunks:
+        offsets = decode_chunk(chunk).offsets
+        parts.append(_int64(offsets[bisect_left(offsets, start):bisect_left(offsets, end)]))
+    return pa.concat_arrays(parts)
+
+
+def _converter(kind: DataType) -> Any:
+    """A lenient converter for payload values: a wrong type becomes null, not an error."""
+
+    def guard(fn: Any) -> Any:
+        def convert(value: Any) -> Any:
+            if value is None:
+                return None
+            try:
+                return fn(value)
+            except (TypeError, ValueError, OverflowError, ArithmeticError):
+                return None
+        return convert
+
+    if isinstance(kind, (LongType, IntegerType, ShortType, ByteType)):
+        return guard(lambda v: int(v) if not isinstance(v, (str, bytes)) or str(v).strip()
+                     .lstrip("-").isdigit() else None)
+    if isinstance(kind, (DoubleType, FloatType)):
+        return guard(lambda v: float(v) if not isinstance(v, bytes) else None)
+    if isinstance(kind, DecimalType):
+        import decimal
+        return guard(lambda v: decimal.Decimal(str(v)))
+    if isinstance(kind, BooleanType):
+        return guard(lambda v: v if isinstance(v, bool) else
+                     (str(v).lower() in ("true", "1") if isinstance(v, (str, int)) else None))
+    if isinstance(kind, StringType):
+        return guard(lambda v: v if isinstance(v, str) else json.dumps(
+            v, ensure_ascii=False, default=str) if not isinstance(v, bytes) else
+            v.decode("utf-8", "replace"))
+    if isinstance(kind, BinaryType):
+        return guard(lambda v: bytes(v) if isinstance(v, (bytes, bytearray)) else
+                     str(v).encode("utf-8"))
+    if isinstance(kind, (TimestampType, TimestampNTZType)):
+        utc = isinstance(kind, TimestampType)
+
+        def stamp(v: Any) -> Any:
+            if isinstance(v, datetime.datetime):
+                return v
+            if isinstance(v, (int, float)):
+                when = datetime.datetime.fromtimestamp(v, datetime.timezone.utc)
+            else:
+                when = datetime.datetime.fromisoformat(str(v))
+            return when if utc else when.replace(tzinfo=None)
+        return guard(stamp)
+    if isinstance(kind, DateType):
+        return guard(lambda v: v if isinstance(v, datetime.date) else
+                     datetime.date.fromisoformat(str(v)))
+    if isinstance(kind, (ArrayType, MapType, StructType)):
+        return lambda v: v  # left to Spark's own conversion
+    return lambda v: v
+
+
+def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> Iterator[Any]:
+    """Rows of ``part`` fetched from the log service (Arrow batches when possible)."""
+    client = log_client(opts.endpoint)
+    columns = _Columns(schema, opts.decode, merge=len(opts.groups) > 1)
+    position, end = part.start, part.end
+    first = True
+    while position < end:
+        reply = client.fetch(opts.groups, position, end)
+        if reply["log"] != part.log_id:
+            _data_loss(opts, f"the log service now serves log {reply['log']}, not "
+                             f"{part.log_id}: offsets {position}-{end - 1} are gone")
+            return
+        earliest = int(reply["earliest"])
+        if first and earliest > position:
+            _data_loss(opts, f"offsets {position}-{min(earliest, end) - 1} were trimmed from "
+                             "the log before this query read them")
+        first = False
+        resume = int(reply["resume"])
+        chunks = [Chunk(*c) for c in reply["chunks"]]
+        if chunks:
+            yield from columns.emit(chunks, max(position, earliest), min(resume, end))
+        if resume <= position:
+            if int(reply["next"]) < end:
+                _data_loss(opts, f"the log ends at {reply['next']}, before offset {end} "
+                                 "that this batch was planned with")
+            return
+        position = resume
+
+
+def _data_loss(opts: SourceOptions, what: str) -> None:
+    if opts.fail_on_data_loss:
+        raise DataLossError(
+            f"{what}. Some messages may have been lost. If you want the query to go on "
+            "regardless, set option failOnDataLoss to false.")
+    log.warning("peermesh source: %s (failOnDataLoss=false: going on)", what)
+
+
+# --- readers ------------------------------------------------------------------
+
+
+class _ReaderBase:
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self._log_id: Optional[str] = None
+
+    def _client(self) -> Any:
+        return log_client(self.opts.endpoint)
+
+    def _info(self) -> dict:
+        client = self._client()
+        info = client.info()
+        missing = [g for g in self.opts.groups if g not in info["groups"]]
+        if missing and self.opts.auto_join:
+            client.join(missing)
+        self._log_id = info["log"]
+        return info
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Rows of one range (runs in an executor's Python worker)."""
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.opts, self.schema, partition)
+
+
+class BatchReader(_ReaderBase, DataSourceReader):
+    """``spark.read.format("peermesh")``: what the log holds between two offsets."""
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """Split ``[startingOffsets, endingOffsets)`` (default: everything held)."""
+        info = self._info()
+        start = _resolve(self.opts.starting, info["earliest"], info["next"])
+        end = _resolve(self.opts.ending, info["earliest"], info["next"])
+        if start < info["earliest"]:
+            _data_loss(self.opts, f"startingOffsets {start} is below the earliest offset held, "
+                                  f"{info['earliest']}")
+        return split_range(info["log"], start, min(end, info["next"]), self.opts.partitions)
+
+
+class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("peermesh")``: see the module's docstring."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        super().__init__(opts, schema)
+        self._consumer: Optional[str] = None
+        self._target: Optional[int] = None
+        self._ready = False
+
+    def _ensure(self) -> None:
+        if not self._ready:
+            self._info()
+            self._ready = True
+
+    def initialOffset(self) -> dict:
+        """Where a new query starts (``startingOffsets``); registers it as a consumer."""
+        info = self._info()
+        self._ready = True
+        start = _resolve(self.opts.starting, info["earliest"], info["next"])
+        # Registered with the log by the first latestOffset that uses it: Spark may ask
+        # for an initial offset more than once and use only one of the answers.
+        return _offset(info["log"], start, uuid.uuid4().hex)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxOffsetsPerTrigger`` as ``ReadMaxRows``, else everything available."""
+        if self.opts.max_offsets is not None:
+            return ReadMaxRows(self.opts.max_offsets)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the target: nothing that arrives after this call is read by the run."""
+        info = self._info()
+        self._ready = True
+        self._target = int(info["next"])
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The end of the next batch (admission control through ``limit``)."""
+        self._ensure()
+        consumer = start.get("consumer")
+        position = int(start["offset"])
+        if consumer is not None and consumer != self._consumer:
+            self._client().register(consumer, self.opts.groups, position)
+            self._consumer = consumer
+        if start.get("log") != self._log_id:
+            _data_loss(self.opts, f"the query's offsets belong to log {start.get('log')}, "
+                                  f"but the service now serves log {self._log_id}")
+            # failOnDataLoss=false: go on from the beginning of the new log
+            info = self._client().info()
+            position = int(info["earliest"])
+            start = _offset(self._log_id or info["log"], position, consumer)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        reply = self._client().latest(self.opts.groups, position, max_rows, self._target)
+        if position < reply["earliest"]:
+            _data_loss(self.opts, f"offsets {position}-{reply['earliest'] - 1} were trimmed "
+                                  "from the log before this query read them")
+        return _offset(reply["log"], reply["end"], consumer)
+
+    def reportLatestOffset(self) -> Optional[dict]:
+        """The log's next offset, for the query's progress reports."""
+        try:
+            info = self._client().info()
+        except Exception:
+            return None
+        return _offset(info["log"], info["next"], self._consumer)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """Split ``[start, end)`` into ``partitions`` ranges."""
+        first = int(start["offset"]) if start.get("log") == end.get("log") else 0
+        return split_range(end["log"], first, int(end["offset"]), self.opts.partitions)
+
+    def commit(self, end: dict) -> None:
+        """Everything below ``end`` is processed: tell the log (which may trim it)."""
+        consumer = end.get("consumer")
+        if consumer is None or end.get("log") != self._log_id and self._log_id is not None:
+            return
+        try:
+            self._client().commit(consumer, self.opts.groups, int(end["offset"]))
+        except Exception:  # trimming is a convenience: never fail the query for it
+            log.warning("peermesh source: commit of offset %s failed", end, exc_info=True)
+
+    def stop(self) -> None:
+        """Nothing to release: sockets belong to the process, not the reader."""
+
+
+# --- writers ------------------------------------------------------------------
+
+
+@dataclass
+class MeshCommit(WriterCommitMessage):
+    """What one write task sent."""
+
+    rows: int
+    mode: str
+
+
+def _payloads(rows: list, column: Optional[str]) -> list[bytes]:
+    result = []
+    for row in rows:
+        if column is None:
+            result.append(pack_value(row.asDict(recursive=True)))
+            continue
+        value = row[column]
+        if isinstance(value, (bytes, bytearray)):
+            result.append(bytes(value))
+        elif isinstance(value, str):
+            result.append(value.encode("utf-8"))
+        else:
+            result.append(pack_value(value.asDict(recursive=True) if hasattr(value, "asDict")
+                                     else value))
+    return result
+
+
+def _request_values(rows: list, column: Optional[str]) -> list[Any]:
+    if column is None:
+        return [row.asDict(recursive=True) for row in rows]
+    return [row[column].asDict(recursive=True) if hasattr(row[column], "asDict")
+            else row[column] for row in rows]
+
+
+def _chunks(iterator: Iterator[Any], size: int) -> Iterator[list]:
+    chunk: list = []
+    for row in iterator:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def write_rows(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
+    """Send every row (runs in an executor's Python worker); raises to fail the task.
+
+    The worker's mesh node is opened (and the group or service waited for)
+    only once a task has a row to send: empty partitions send nothing.
+    """
+    from .executor import MeshWriteError, executor_mesh, sada_available
+
+    total = 0
+    mesh = None
+    if opts.group is not None:
+        for chunk in _chunks(iterator, 2000):
+            if mesh is None:
+                mesh = executor_mesh(opts.mesh)
+                mesh.wait_group(opts.group, opts.peers, opts.discovery_timeout)
+            mesh.shout_many(opts.group, _payloads(chunk, opts.column))
+            total += len(chunk)
+        if mesh is not None and not mesh.flush(opts.discovery_timeout) \
+                and opts.require_delivery:
+            raise MeshWriteError(f"not every member of group {opts.group!r} confirmed the "
+                                 f"{total} messages within {opts.discovery_timeout:g} s")
+        return MeshCommit(total, "shout")
+    assert opts.service is not None and opts.action is not None
+    for chunk in _chunks(iterator, 2000):
+        if mesh is None:
+            if not sada_available():
+                raise MeshWriteError("option 'service' needs peermesh.sada (Safir-Darbaan), "
+                                     "which is not importable here")
+            mesh = executor_mesh(opts.mesh, channel=True)
+            if not mesh.wait_service(opts.service, opts.version, opts.discovery_timeout):
+                raise MeshWriteError(
+                    f"no server offers service {opts.service!r}"
+                    f"{' ' + opts.version if opts.version else ''} on the mesh after "
+                    f"{opts.discovery_timeout:g} s")
+        outcomes = mesh.request_many(opts.service, opts.action,
+                                     _request_values(chunk, opts.column),
+                                     version=opts.version, category=opts.category,
+                                     timeout=opts.timeout, window=opts.max_in_flight,
+                                     retries=opts.retries)
+        for index, outcome in enumerate(outcomes):
+            if not outcome.ok:
+                raise MeshWriteError(f"request {opts.service}/{opts.action} for row "
+                                     f"{total + index} of this task failed: {outcome.error}")
+        total += len(chunk)
+    return MeshCommit(total, "request")
+
+
+class MeshWriter(DataSourceWriter):
+    """``df.write.format("peermesh")``: shout each row, or send it as a request."""
+
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> MeshCommit:
+        """Send this task's rows; the commit message counts them."""
+        return write_rows(self.opts, iterator)
+
+    def commit(self, messages: list) -> None:
+        """Every task succeeded (rows were sent as each task ran)."""
+        sent = sum(m.rows for m in messages if isinstance(m, MeshCommit))
+        log.info("peermesh write: %d rows sent by %d tasks", sent, len(messages))
+
+    def abort(self, messages: list) -> None:
+        """A task failed: what other tasks sent cannot be called back."""
+        log.warning("peermesh write aborted; rows already sent stay sent")
+
+
+class MeshStreamWriter(DataSourceStreamWriter):
+    """``writeStream.format("peermesh")``: each micro-batch's rows, as ``MeshWriter``."""
+
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> MeshCommit:
+        """Send this task's rows."""
+        return write_rows(self.opts, iterator)
+
+    def commit(self, messages: list, batchId: int) -> None:
+        """Every task of micro-batch ``batchId`` succeeded."""
+
+    def abort(self, messages: list, batchId: int) -> None:
+        """A task of micro-batch ``batchId`` failed."""
+
+
+# --- the data source ----------------------------------------------------------
+
+
+class PeermeshDataSource(DataSource):
+    """The ``peermesh`` format: mesh groups as tables and streams, and a mesh sink."""
+
+    #: options every instance starts from (``register`` fills in the service's)
+    defaults: dict[str, str] = {}
+
+    def __init__(self, options: dict[str, str]) -> None:
+        merged = {k.lower(): v for k, v in self.defaults.items()}
+        merged.update({k.lower(): v for k, v in dict(options).items()})
+        super().__init__(merged)
+        self.options = merged
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return "peermesh"
+
+    def schema(self) -> StructType:
+        """The default schema (see ``SCHEMA``)."""
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """Batch reader."""
+        return BatchReader(SourceOptions.parse(self.options, batch=True), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """Streaming reader."""
+        return StreamReader(SourceOptions.parse(self.options, batch=False), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Batch writer."""
+        return MeshWriter(WriteOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Streaming writer."""
+        return MeshStreamWriter(WriteOptions.parse(self.options))
+
+
+def register(spark: Any, service: Any = None, **options: Any) -> type:
+    """Register the ``peermesh`` format with ``spark``; returns the registered class.
+
+    Readers and writers start from ``service.options()`` (default: the
+    service this process started last, if any), then ``options`` (e.g.
+    ``endpoint=...``, ``interface="lo"``, ``port=5670``), then what
+    ``.option(...)`` gives.
+    """
+    if service is None:
+        service = current_service()
+    defaults: dict[str, str] = {}
+    if service is not None:
+        defaults.update(service.options())
+    for key, value in options.items():
+        if value is not None:
+            defaults[key.lower()] = ",".join(value) if isinstance(value, (list, tuple)) \
+                else str(value)
+    # A class made here is pickled by value (with its defaults) into Spark's workers.
+    source = type("PeermeshDataSource", (PeermeshDataSource,),
+                  {"defaults": defaults, "__module__": __name__,
+                   "__qualname__": "PeermeshDataSource.<registered>"})
+    spark.dataSource.register(source)
+    return source

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""Benchmark the PySpark integration: mesh ingest into micro-batches, executor requests.
+
+Everything stays on loopback (interface ``lo``, a free beacon port, the log
+service on 127.0.0.1). Spark runs ``local[2]`` in this process (see
+``peermesh.spark.session``); mesh peers are child processes (this file with
+``--role``).
+
+1. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
+   telemetry messages (``{"host", "seq", "temp", "load"}``) each, as fast as
+   the mesh's flow control lets them, to a group the driver's service is in.
+   A streaming query (``readStream.format("peermesh")`` -> ``noop`` sink,
+   every column materialised, ``partitions`` 2) runs throughout. Reported:
+   the end-to-end rate (messages / seconds from the first shout until the
+   query has processed the last one), the rate at which the service logged
+   them, and the query's own processing rate (rows / batch durations).
+2. **requests**: ``--servers`` processes run a Safir-Darbaan server on the
+   mesh with an ``echo`` action; ``ServiceCaller.apply`` sends one request
+   per row of ``spark.range(--requests)`` (2 partitions) from the executors
+   with ``--window`` requests in flight per task. Reported: requests per
+   second (after a warm-up run that starts the executors' mesh nodes).
+   Skipped when ``peermesh.sada`` is not importable.
+
+Targets (issue 6): ingest >= 20,000 messages/s end to end; executor requests
+>= 5,000/s pipelined. ``--json`` prints the results as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+TARGETS = {"ingest_per_s": 20_000, "requests_per_s": 5_000}
+INTERVAL = 0.1
+_T0 = time.perf_counter()
+
+
+def progress(text: str) -> None:
+    print(f"[{time.perf_counter() - _T0:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------
+# child roles
+
+
+def role_shouter(port: int, group: str, count: int, label: str) -> None:
+    """Meet the driver's node, wait for GO on stdin, shout ``count`` messages, report."""
+    import gevent
+    import msgpack
+
+    from peermesh import Node
+
+    node = Node(f"shouter-{label}", interface="lo", port=port, interval=INTERVAL,
+                send_timeout=60.0)
+    node.start()
+    deadline = time.monotonic() + 30
+    while not node.peers_by_group(group):
+        if time.monotonic() > deadline:
+            print("NOPEER", flush=True)
+            return
+        gevent.sleep(0.02)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    pack = msgpack.Packer(use_bin_type=True).pack
+    start = time.perf_counter()
+    for seq in range(count):
+        node.shout(group, pack({"host": label, "seq": seq, "temp": 20.0 + seq % 10,
+                                "load": (seq % 100) / 100}))
+        if seq & 255 == 255:
+            gevent.sleep(0)
+    node.flush(60)
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"sent": count, "seconds": elapsed}), flush=True)
+    node.stop()
+
+
+def role_server(port: int, label: str) -> None:
+    """A Safir-Darbaan server on the mesh offering ``bench`` 1.0 with ``echo``."""
+    import gevent
+
+    from peermesh import Node
+    from peermesh.sada import Server, Service
+
+    service = Service("bench", "1.0")
+
+    @service.action("echo", inline=True)
+    def echo(payload: Any) -> Any:
+        return {"value": payload, "server": label}
+
+    node = Node(f"server-{label}", interface="lo", port=port, interval=INTERVAL)
+    server = Server(node, services=[service])
+    node.start()
+    server.start()
+    print("READY", flush=True)
+    try:
+        gevent.wait()
+    finally:
+        server.stop(0.1)
+        node.stop(0.1)
+
+
+class Children:
+    """Child processes of this benchmark; all killed at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str) -> "subprocess.Popen[str]":
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", *args],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def ready(self, proc: "subprocess.Popen[str]") -> None:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if line != "READY":
+            raise RuntimeError(f"child {proc.args[3:]} did not get ready: {line!r}")
+
+    def __enter__(self) -> "Children":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(5)
+
+
+# ---------------------------------------------------------------------------
+# the measurements
+
+
+def warm_up(service: Any, port: int, group: str, count: int = 4000) -> None:
+    """Shout ``count`` messages from a node in this process and wait until they are logged."""
+    from peermesh import ThreadedNode
+
+    target = service.bounds()[1] + count
+    with ThreadedNode("warm-up", interface="lo", port=port, interval=INTERVAL) as node:
+        deadline = time.monotonic() + 30
+        while not node.peers_by_group(group) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        payload = b"\x81\xa4warm\xc3"  # msgpack {"warm": true}
+        for _ in range(count // 500):
+            node.call(lambda n: [n.shout(group, payload) for _ in range(500)])
+        node.call(lambda n: n.flush(10))
+    if not service.wait_for_offset(target, 30):
+        raise RuntimeError("the warm-up messages were not logged")
+
+
+def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
+                 tmp: str) -> dict[str, Any]:
+    group = service.groups[0]
+    total = args.peers * args.messages
+    query = (spark.readStream.format("peermesh").option("group", group)
+             .option("startingOffsets", "earliest").option("partitions", "2").load()
+             .writeStream.format("noop").queryName("bench_ingest")
+             .option("checkpointLocation", os.path.join(tmp, "ck-ingest")).start())
+    try:
+        with Children() as children:
+            procs = [children.start("shouter", str(port), group, str(args.messages), f"p{i}")
+                     for i in range(args.peers)]
+            for proc in procs:
+                children.ready(proc)
+            progress("warming the query up (its Python workers start with the first data)")
+            warm_up(service, port, group)
+            query.processAllAvailable()
+            base = service.bounds()[1]
+            warm_batches = {p["batchId"] for p in query.recentProgress}
+            progress(f"{args.peers} peers shout {args.messages} messages each")
+            start = time.perf_counter()
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("GO\n")
+                proc.stdin.flush()
+            logged_at = None
+            deadline = time.monotonic() + args.timeout
+            while service.bounds()[1] < base + total:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {service.bounds()[1] - base} of {total} messages "
+                                       f"were logged within {args.timeout} s")
+                time.sleep(0.01)
+            logged_at = time.perf_counter()
+            query.processAllAvailable()
+            done = time.perf_counter()
+            sent = []
+            for proc in procs:
+                assert proc.stdout is not None
+                sent.append(json.loads(proc.stdout.readline()))
+        timed = [p for p in query.recentProgress
+                 if p["numInputRows"] and p["batchId"] not in warm_batches]
+        rows = sum(p["numInputRows"] for p in timed)
+        busy = sum(p["durationMs"].get("triggerExecution", 0) for p in timed) / 1000
+        shout_rate = sum(s["sent"] for s in sent) / max(s["seconds"] for s in sent)
+        return {"messages": total, "peers": args.peers,
+                "seconds": done - start,
+                "per_s": total / (done - start),
+                "logged_per_s": total / (logged_at - start),
+                "shout_per_s": shout_rate,
+                "query_rows": rows, "query_busy_s": busy,
+                "query_per_s": rows / busy if busy else None,
+                "batches": len(timed),
+                "batch_detail": [{"rows": p["numInputRows"], **p["durationMs"]} for p in timed]}
+    finally:
+        query.stop()
+
+
+def bench_requests(spark: Any, port: int, args: argparse.Namespace) -> dict[str, Any]:
+    from peermesh.spark import ServiceCaller
+
+    caller = ServiceCaller("bench", "echo", max_in_flight=args.window, timeout=30.0,
+                           discovery_timeout=20.0)
+    with Children() as children:
+        procs = [children.start("server", str(port), f"s{i}") for i in range(args.servers)]
+        for proc in procs:
+            children.ready(proc)
+        progress("warming the executors' channels up")
+        df = spark.range(0, 2000, numPartitions=2)
+        caller.apply(df, payload="id", reply_schema="value long").write.format("noop") \
+            .mode("overwrite").save()
+        progress(f"{args.requests} requests from 2 tasks, window {args.window}")
+        df = spark.range(0, args.requests, numPartitions=2)
+        out = caller.apply(df, payload="id", reply_schema="value long, server string")
+        start = time.perf_counter()
+        out.write.format("noop").mode("overwrite").save()
+        seconds = time.perf_counter() - start
+        check = out.limit(5).collect()
+        assert all(r.value == r.id for r in check), check
+    return {"requests": args.requests, "servers": args.servers, "window": args.window,
+            "seconds": seconds, "per_s": args.requests / seconds}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import peermesh.spark as ps
+    from peermesh.spark.executor import sada_available
+    from peermesh.spark.session import local_session
+
+    results: dict[str, Any] = {"targets": TARGETS}
+    with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
+        progress("starting Spark (local[2])")
+        spark = local_session(tmp, app="bench_spark")
+        port = free_udp_port()
+        service = ps.start_service(spark, groups=["bench"], directory=os.path.join(tmp, "log"),
+                                   interface="lo", port=port, interval=INTERVAL,
+                                   bind="127.0.0.1")
+        try:
+            if "ingest" in args.only:
+                results["ingest"] = bench_ingest(spark, service, port, args, tmp)
+            if "requests" in args.only:
+                if sada_available():
+                    results["requests"] = bench_requests(spark, port, args)
+                else:
+                    results["requests"] = {"skipped": "peermesh.sada is not importable"}
+        finally:
+            service.stop()
+            spark.stop()
+    return results
+
+
+def table(r: dict[str, Any]) -> str:
+    lines = ["| measurement | result | target |", "| --- | --- | --- |"]
+    ingest = r.get("ingest")
+    if ingest:
+        ok = "met" if ingest["per_s"] >= TARGETS["ingest_per_s"] else "NOT met"
+        lines.append(f"| ingest end to end ({ingest['peers']} peers x "
+                     f"{ingest['messages'] // ingest['peers']:,} msgs) | "
+                     f"{ingest['per_s']:,.0f} msg/s | >= {TARGETS['ingest_per_s']:,} ({ok}) |")
+        lines.append(f"| - peers shouting | {ingest['shout_per_s']:,.0f} msg/s | |")
+        lines.append(f"| - logged by the driver's service | {ingest['logged_per_s']:,.0f} msg/s "
+                     "| |")
+        if ingest["query_per_s"]:
+            lines.append(f"| - query processing ({ingest['batches']} batches with data) | "
+                         f"{ingest['query_per_s']:,.0f} rows/s | |")
+    req = r.get("requests")
+    if req and "per_s" in req:
+        ok = "met" if req["per_s"] >= TARGETS["requests_per_s"] else "NOT met"
+        lines.append(f"| executor requests ({req['servers']} servers, window {req['window']}) | "
+                     f"{req['per_s']:,.0f} req/s | >= {TARGETS['requests_per_s']:,} ({ok}) |")
+    elif req:
+        lines.append(f"| executor requests | skipped: {req['skipped']} | |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=["shouter", "server"], help=argparse.SUPPRESS)
+    parser.add_argument("role_args", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument("--peers", type=int, default=2, help="shouting peer processes")
+    parser.add_argument("--messages", type=int, default=100_000, help="messages per peer")
+    parser.add_argument("--servers", type=int, default=2, help="server processes")
+    parser.add_argument("--requests", type=int, default=50_000, help="requests in the timed run")
+    parser.add_argument("--window", type=int, default=128, help="requests in flight per task")
+    parser.add_argument("--timeout", type=float, default=120.0, help="limit per phase (s)")
+    parser.add_argument("--only", default="ingest,requests",
+                        help="comma-separated sections: ingest, requests")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    if args.role == "shouter":
+        port, group, count, label = args.role_args
+        role_shouter(int(port), group, int(count), label)
+        return 0
+    if args.role == "server":
+        port, label = args.role_args
+        role_server(int(port), label)
+        return 0
+    args.only = set(args.only.split(","))
+    results = run(args)
+    print(json.dumps(results, indent=2) if args.json else table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Fixtures for the Safir-Darbaan tests: loopback channels and servers, child processes.
+
+Everything stays on 127.0.0.1 (beacons, when a test needs the mesh, go to a
+free non-default UDP port on ``lo``). Timings are short (ping interval 0.1 s)
+so liveness decisions take a fraction of a second. Waits are bounded: a
+condition polled with a deadline, or a blocking wait with a timeout. Child
+processes run in their own session and are killed in finalisers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import gevent
+import pytest
+
+from peermesh.sada import Channel, Server, echo_service
+
+try:
+    import lanpeers
+except ImportError:  # pragma: no cover - tests/ is on sys.path under pytest
+    from .. import lanpeers  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+CHILD = str(HERE / "sadachild.py")
+PING = 0.1          # channel ping interval in these tests
+WAIT = 5.0          # seconds for anything that normally takes milliseconds
+START_WAIT = 15.0   # seconds for a child interpreter to start
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = WAIT, what: str = "") -> Any:
+    """Poll ``predicate`` (cooperatively) until it is truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        gevent.sleep(0.005)
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *parts])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Child(lanpeers.JsonLines):
+    """A ``sadachild.py`` process: READY line first, JSON commands on stdin."""
+
+    def __init__(self, proc: subprocess.Popen, label: str) -> None:
+        super().__init__(proc, label)
+        self._ids = 0
+        try:
+            self.ready = self.wait(lanpeers.match("READY"), START_WAIT)
+        except BaseException:
+            self.kill()
+            raise
+
+    def send(self, op: str, **args: Any) -> int:
+        self._ids += 1
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"op": op, "id": self._ids, **args}) + "\n").encode())
+        self.proc.stdin.flush()
+        return self._ids
+
+    def call(self, op: str, timeout: float = WAIT, **args: Any) -> Any:
+        since = self.mark()
+        ident = self.send(op, **args)
+        reply = self.wait(lambda e: e.get("event") in ("OK", "ERROR") and e.get("id") == ident,
+                          timeout, since, what=f"answer to {op}")
+        if reply["event"] == "ERROR":
+            raise lanpeers.DriverError(f"{self.label}: {op} failed: {reply['error']}")
+        return reply["result"]
+
+    def kill9(self) -> None:
+        """SIGKILL, and wait (bounded) until it is gone."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(WAIT)
+
+    def close(self) -> None:
+        """End of input stops the child; kill it if that takes long."""
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(3.0)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_child(role: str, popen: Optional[Callable[..., Any]] = None, **cfg: Any) -> Child:
+    """A ``sadachild.py ROLE`` process (``popen``: e.g. a netlab host's, for namespaces)."""
+    argv = [sys.executable, CHILD, role, json.dumps(cfg)]
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if popen is None:
+        proc = subprocess.Popen(argv, env=child_env(), start_new_session=True, **pipes)
+    else:
+        proc = popen(argv, env={k: None for k in os.environ if k.startswith("PEERMESH_")},
+                     **pipes)
+    return Child(proc, f"{role}:{cfg.get('name', '?')}")
+
+
+@pytest.fixture
+def children(request: pytest.FixtureRequest) -> Callable[..., Child]:
+    """``children(role, **cfg)``: a child process, closed (or killed) at the end."""
+    started: list[Child] = []
+
+    def make(role: str, **cfg: Any) -> Child:
+        child = start_child(role, **cfg)
+        started.append(child)
+        return child
+
+    def finish() -> None:
+        for child in reversed(started):
+            try:
+                child.close()
+            finally:
+                child.kill()
+
+    request.addfinalizer(finish)
+    return make
+
+
+class Loopback:
+    """Channels and servers in this process on 127.0.0.1, all stopped at the end."""
+
+    def __init__(self) -> None:
+        self.channels: list[Channel] = []
+        self.servers: list[Server] = []
+
+    def channel(self, **kw: Any) -> Channel:
+        kw.setdefault("address", "127.0.0.1")
+        kw.setdefault("ping_interval", PING)
+        channel = Channel(**kw).start()
+        self.channels.append(channel)
+        return channel
+
+    def server(self, *channels: Channel, label: str = "s", services: Any = None,
+               **kw: Any) -> Server:
+        if services is None:
+            services = [echo_service(label)]
+        server = Server(channels=[c.endpoint for c in channels], services=services,
+                        **kw).start()
+        self.servers.append(server)
+        return server
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop(0)
+        for channel in self.channels:
+            channel.stop()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loopback]:
+    """In-process channels and servers on loopback (stopped at the end)."""
+    lb = Loopback()
+    try:
+        yield lb
+    finally:
+        lb.close()

@@ -1,0 +1,159 @@
+"""``MessageLog`` (SQLite, chunks) and the ``PMLOG1`` codec: no Spark, no sockets."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from peermesh.errors import ProtocolError
+from peermesh.spark import protocol
+from peermesh.spark.log import Chunk, MessageLog, decode_chunk, encode_chunk, rows_of
+from peermesh.spark.protocol import DataLossError, LogServiceError, Op, Reply, Request
+
+SENDER = "ab" * 16
+
+
+def records(count: int, group: str = "g", start: int = 0) -> list[tuple]:
+    return [(group, SENDER, "p1", 1000.0 + i, msgpack.packb({"i": start + i}))
+            for i in range(count)]
+
+
+def test_offsets_grow_across_appends_and_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    with MessageLog(path) as log:
+        assert log.bounds() == (0, 0)
+        assert log.append(records(3)) == (0, 3)
+        assert log.append([]) == (3, 3)
+        assert log.append(records(2, start=3)) == (3, 5)
+        log_id = log.log_id
+    with MessageLog(path) as log:  # durable: same id, offsets go on
+        assert log.log_id == log_id
+        assert log.append(records(1, start=5)) == (5, 6)
+        rows = log.read(0, 10)
+        assert [r[0] for r in rows] == list(range(6))
+        assert [msgpack.unpackb(r[5])["i"] for r in rows] == list(range(6))
+        assert rows[0][1:5] == ("g", SENDER, "p1", 1000.0)
+    journal = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert journal == "wal"
+
+
+def test_a_new_file_is_a_new_log(tmp_path: Path) -> None:
+    with MessageLog(tmp_path / "a.sqlite") as a, MessageLog(tmp_path / "b.sqlite") as b:
+        assert a.log_id != b.log_id
+
+
+def test_groups_filter_and_interleave(tmp_path: Path) -> None:
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        mixed = []
+        for i in range(30):
+            mixed.append(("a" if i % 3 else "b", SENDER, "p", float(i), b"%d" % i))
+        log.append(mixed)
+        log.append(mixed)
+        assert log.groups() == ["a", "b"]
+        b_offsets = [r[0] for r in log.read(0, 60, ["b"])]
+        assert b_offsets == [i for i in range(60) if i % 30 % 3 == 0]
+        both = [r[0] for r in log.read(5, 50, ["a", "b"])]
+        assert both == list(range(5, 50))
+        assert log.count(0, 60, ["a"]) == 40
+        assert log.count(10, 20, ["b"]) == len([i for i in range(10, 20) if i % 3 == 0])
+        assert log.last_offset(0, 60, ["b"]) == 57
+        assert log.last_offset(0, 57, ["b"]) == 54
+        assert log.last_offset(58, 60, ["b"]) is None
+        assert log.nth_offset(0, 60, 1, ["b"]) == 0
+        assert log.nth_offset(1, 60, 3, ["b"]) == 9
+        assert log.nth_offset(0, 60, 25, ["a", "b"]) == 24
+        assert log.nth_offset(0, 60, 61) is None
+        assert log.read(0, 60, ["a"], limit=2) == log.read(0, 3, ["a"])
+
+
+def test_trim_and_consumers(tmp_path: Path) -> None:
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        for start in range(0, 100, 10):
+            log.append(records(10, start=start))
+        assert log.trim_committed() == 0  # no consumer: nothing trimmed
+        log.register("q1", 0, ["g"], now=100.0)
+        log.register("q2", 0, ["g"], now=100.0)
+        log.commit("q1", 45, ["g"], now=101.0)
+        assert log.trim_committed(now=102.0) == 0  # q2 holds the log
+        log.commit("q2", 35, ["g"], now=103.0)
+        assert log.trim_committed(now=104.0) == 35
+        assert log.bounds() == (35, 100)
+        assert [r[0] for r in log.read(0, 42)] == list(range(35, 42))  # a chunk straddles
+        log.register("q1", 10, ["g"], now=105.0)  # a restart never moves a consumer back
+        assert {c.id: c.committed for c in log.consumers()} == {"q1": 45, "q2": 35}
+        # q2 silent for longer than the ttl: it no longer holds the log back
+        assert log.trim_committed(consumer_ttl=2.0, now=106.0) == 45
+        assert log.forget("q2") and not log.forget("q2")
+        assert log.trim(1000) == 100  # never past the end
+        assert log.read(0, 100) == []
+        assert log.append(records(1)) == (100, 101)
+
+
+def test_chunks_resume_after_a_byte_limit(tmp_path: Path) -> None:
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        for start in range(0, 50, 10):
+            log.append([("a", SENDER, "p", 0.0, b"x" * 100) for _ in range(5)] +
+                       [("b", SENDER, "p", 0.0, b"y" * 100) for _ in range(5)])
+        chunks, resume = log.chunks(0, 50, ["a", "b"], max_bytes=1500)
+        assert 0 < resume < 50
+        got = sorted(r[0] for r in rows_of(chunks, 0, resume))
+        assert got == list(range(resume))
+        rest, end = log.chunks(resume, 50, ["a", "b"], max_bytes=10 ** 6)
+        assert end == 50
+        assert sorted(r[0] for r in rows_of(rest, resume, 50)) == list(range(resume, 50))
+
+
+def test_chunk_codec_round_trip() -> None:
+    rows = [("g", "s1", "one", 1.5, b"a"), ("g", "s2", "two", 2.5, b"b"),
+            ("g", "s1", "one", 3.5, b"")]
+    seqs, data = encode_chunk([4, 7, 9], rows)
+    decoded = decode_chunk(Chunk("g", seqs, data))
+    assert list(decoded.offsets) == [4, 7, 9]
+    assert decoded.peers == [["s1", "one"], ["s2", "two"]]
+    assert decoded.peer_index == [0, 1, 0]
+    assert list(rows_of([Chunk("g", seqs, data)], 5, 10)) == [
+        (7, "g", "s2", "two", 2.5, b"b"), (9, "g", "s1", "one", 3.5, b"")]
+
+
+# --- the PMLOG1 codec -----------------------------------------------------------
+
+
+def test_request_and_reply_frames() -> None:
+    frames = protocol.encode_request(Request(b"7", Op.FETCH, {"start": 1, "end": 2}))
+    assert frames[:3] == [b"PMLOG1", b"7", b"FETCH"]
+    assert msgpack.unpackb(frames[3]) == {"start": 1, "end": 2}
+    assert protocol.decode_request(frames) == Request(b"7", Op.FETCH, {"start": 1, "end": 2})
+    ok = protocol.encode_reply(Reply(b"7", True, {"end": 3}))
+    assert ok[:3] == [b"PMLOG1", b"7", b"OK"]
+    assert protocol.decode_reply(ok).value() == {"end": 3}
+    err = protocol.decode_reply(protocol.encode_reply(
+        protocol.error_reply(b"8", "data-loss", "gone")))
+    with pytest.raises(DataLossError, match="gone"):
+        err.value()
+    other = protocol.decode_reply(protocol.encode_reply(
+        protocol.error_reply(b"9", "bad-request", "no")))
+    with pytest.raises(LogServiceError) as info:
+        other.value()
+    assert info.value.kind == "bad-request"
+
+
+@pytest.mark.parametrize("frames, reason", [
+    ([b"PMLOG1", b"1", b"FETCH"], "4 frames"),
+    ([b"PMLOG2", b"1", b"FETCH", msgpack.packb({})], "not PMLOG1"),
+    ([b"PMLOG1", b"", b"FETCH", msgpack.packb({})], "request id"),
+    ([b"PMLOG1", b"x" * 17, b"FETCH", msgpack.packb({})], "request id"),
+    ([b"PMLOG1", b"1", b"EXPLODE", msgpack.packb({})], "unknown op"),
+    ([b"PMLOG1", b"1", b"FETCH", b"\xc1"], "not msgpack"),
+    ([b"PMLOG1", b"1", b"FETCH", msgpack.packb([1])], "not a map"),
+])
+def test_malformed_requests_raise_protocol_error(frames: list[bytes], reason: str) -> None:
+    with pytest.raises(ProtocolError, match=reason):
+        protocol.decode_request(frames)
+
+
+def test_malformed_replies_raise_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="status"):
+        protocol.decode_reply([b"PMLOG1", b"1", b"MAYBE", msgpack.packb({})])

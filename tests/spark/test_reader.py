@@ -1,0 +1,127 @@
+"""The stream and batch readers' offset logic, called directly (pyspark imported, no session).
+
+Spark calls these methods in its Python workers; here the test plays Spark:
+initial offset, admission control, availableNow, partitions, commits, and
+what happens when offsets a query needs are gone (``failOnDataLoss``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import msgpack
+import pytest
+
+from .conftest import spark_unavailable
+
+if spark_unavailable():
+    pytest.skip(spark_unavailable(), allow_module_level=True)
+
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
+
+from peermesh.spark.protocol import DataLossError  # noqa: E402
+from peermesh.spark.source import (SCHEMA, BatchReader, OffsetRange, SourceOptions,  # noqa: E402
+                                   StreamReader, read_range, split_range)
+
+
+def fill(service: Any, groups: list[str], count: int, start: int = 0) -> None:
+    """Append messages straight to the service's log (round-robin over ``groups``)."""
+    from peermesh.spark.log import MessageLog
+
+    with MessageLog(service.path) as log:
+        log.append([(groups[i % len(groups)], "ab" * 16, "p", 1.0 + i,
+                     msgpack.packb({"i": start + i})) for i in range(count)])
+
+
+def reader(service: Any, batch: bool = False, **options: str) -> Any:
+    given = {"endpoint": service.endpoint, "group": "g", **options}
+    opts = SourceOptions.parse({k.lower(): v for k, v in given.items()}, batch)  # as Spark does
+    return (BatchReader if batch else StreamReader)(opts, SCHEMA)
+
+
+def rows(opts_reader: Any, part: OffsetRange) -> list[int]:
+    return [o for b in read_range(opts_reader.opts, SCHEMA, part)
+            for o in b.column("offset").to_pylist()]
+
+
+def test_offsets_admission_and_commits(make_service: Callable[..., Any]) -> None:
+    service = make_service(["g", "h"], channel=False)
+    fill(service, ["g", "h"], 100)
+    stream = reader(service, startingOffsets="earliest", maxOffsetsPerTrigger="10",
+                    partitions="3")
+    start = stream.initialOffset()
+    assert start["offset"] == 0 and start["log"] == service.log_id
+    assert stream.getDefaultReadLimit() == ReadMaxRows(10)
+    end = stream.latestOffset(start, ReadMaxRows(10))
+    assert end["offset"] == 19  # ten messages of "g": offsets 0, 2, ... 18
+    assert end["consumer"] == start["consumer"]
+    parts = stream.partitions(start, end)
+    assert [(p.start, p.end) for p in parts] == [(0, 7), (7, 14), (14, 19)]
+    assert [o for p in parts for o in rows(stream, p)] == list(range(0, 19, 2))
+    assert stream.latestOffset(end, ReadAllAvailable())["offset"] == 99
+    stream.commit(end)
+    consumers = service.consumers()
+    assert [(c.id, c.committed) for c in consumers] == [(start["consumer"], 19)]
+    assert service.bounds()[0] == 19  # trimmed what the only consumer committed
+    assert stream.partitions(end, end) == []
+
+    # startingOffsets latest; availableNow fixes a target that later data does not move
+    late = reader(service)
+    first = late.initialOffset()
+    assert first["offset"] == 100
+    assert late.latestOffset(first, ReadAllAvailable()) == first  # nothing new: same offset
+    late.prepareForTriggerAvailableNow()
+    fill(service, ["g"], 5, start=100)
+    assert late.latestOffset(first, ReadAllAvailable())["offset"] == 100
+    assert reader(service).latestOffset(first, ReadAllAvailable())["offset"] == 105
+
+
+def test_fail_on_data_loss(make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"], channel=False)
+    fill(service, ["g"], 50)
+    stream = reader(service, startingOffsets="earliest")
+    start = stream.initialOffset()
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end["offset"] == 50
+    service.trim(30)  # e.g. retention, or a consumer that was forgotten
+    with pytest.raises(DataLossError, match="offsets 0-29 were trimmed.*failOnDataLoss"):
+        stream.latestOffset(start, ReadAllAvailable())
+    with pytest.raises(DataLossError, match="trimmed"):
+        rows(stream, stream.partitions(start, end)[0])
+    lenient = reader(service, startingOffsets="earliest", failOnDataLoss="false")
+    assert lenient.latestOffset(start, ReadAllAvailable())["offset"] == 50
+    assert rows(lenient, lenient.partitions(start, end)[0]) == list(range(30, 50))
+
+    # a log that is not the one the offsets came from (its file was deleted)
+    other = make_service(["g"], channel=False)
+    moved = reader(other, startingOffsets="earliest")
+    with pytest.raises(DataLossError, match="belong to log"):
+        moved.latestOffset(start, ReadAllAvailable())
+    with pytest.raises(DataLossError, match="now serves log"):
+        rows(moved, OffsetRange(service.log_id, 30, 50))
+
+    # batch reads: an explicit start below what the log holds
+    with pytest.raises(DataLossError, match="below the earliest"):
+        reader(service, batch=True, startingOffsets="5").partitions()
+    parts = reader(service, batch=True, startingOffsets="5", failOnDataLoss="false").partitions()
+    assert parts[0].start == 5
+
+
+def test_split_range() -> None:
+    assert [(p.start, p.end) for p in split_range("x", 0, 10, 3)] == [(0, 4), (4, 8), (8, 10)]
+    assert [(p.start, p.end) for p in split_range("x", 5, 7, 8)] == [(5, 6), (6, 7)]
+    assert split_range("x", 5, 5, 2) == []
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"group": "g"}, "endpoint"),
+    ({"endpoint": "tcp://127.0.0.1:1"}, "group"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "partitions": "0"}, "partitions"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "maxoffsetspertrigger": "x"},
+     "maxoffsetspertrigger"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "decode": "xml"}, "decode"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "failondataloss": "maybe"}, "boolean"),
+])
+def test_bad_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SourceOptions.parse(options, batch=False)
