@@ -224,8 +224,8 @@ class ExecutorMesh:
             channel = self.channel
             try:
                 self.node.call(lambda n: channel.stop())
-            except Exception:
-                pass
+            except Exception as exc:  # stopping anyway: say why the channel did not close
+                log.debug("channel did not stop cleanly: %s", exc)
         self.node.stop(0.5)
 
 
