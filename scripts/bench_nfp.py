@@ -21,7 +21,15 @@ process), plus a broker child for the brokered case:
 
 and the CPU each process spends per job. Targets (issue 5): brokered p50 <=
 1 ms and >= 1,500 jobs/s; brokerless faster; failover within 2 x expired.
-``--json`` prints one JSON object.
+``--json`` prints one JSON object; ``--only brokered,floor`` runs some sections.
+
+``--compare DIR`` measures two versions of the library in one run: DIR holds
+another ``peermesh`` package (e.g. ``git archive HEAD peermesh | tar -x -C
+/tmp/before``); each round runs every mode once with that library and once
+with this checkout, interleaved (so both see the same machine load), and the
+medians of ``--rounds`` rounds are printed side by side::
+
+    python scripts/bench_nfp.py --compare /tmp/before --rounds 3 --jobs 3000
 """
 
 from __future__ import annotations
@@ -340,51 +348,127 @@ def failover(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
             "serving_after_s": round(served - killed, 3)}
 
 
+def _library() -> str:
+    """Where the peermesh package this run imports lives."""
+    import peermesh
+    return os.path.dirname(os.path.dirname(os.path.abspath(peermesh.__file__)))
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Interleaved runs of this library and the one under ``--compare DIR``; medians."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    libraries = {"before": os.path.abspath(args.compare), "after": here}
+    modes = [m for m in ("brokerless", "brokered", "floor") if m in args.only.split(",")]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    workdir = tempfile.mkdtemp(prefix="bench-nfp-compare-")
+    try:
+        for round_ in range(args.rounds):
+            for mode in modes:
+                for label, library in libraries.items():
+                    _say(f"round {round_ + 1}/{args.rounds}: {mode}, {label} ({library}) ...")
+                    env = {**os.environ, "PYTHONPATH": library}
+                    done = subprocess.run(
+                        [sys.executable, os.path.abspath(__file__), "--only", mode, "--json",
+                         "--jobs", str(args.jobs)], env=env, cwd=workdir,
+                        capture_output=True, text=True, timeout=600)
+                    if done.returncode != 0:
+                        raise RuntimeError(f"{mode} ({label}) failed:\n{done.stderr[-2000:]}")
+                    result = json.loads(done.stdout)
+                    if result.get("library") != library:
+                        raise RuntimeError(f"{label} imported {result.get('library')}, "
+                                           f"not {library}")
+                    runs.setdefault((mode, label), []).append(result[mode])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    summary: dict[str, Any] = {}
+    for (mode, label), results in runs.items():
+        def median(key: str) -> float:
+            return round(statistics.median(r[key] for r in results), 3)
+        summary.setdefault(mode, {})[label] = {
+            "jobs_per_s": median("jobs_per_s"), "p50_ms": median("p50_ms"),
+            "p99_ms": median("p99_ms"), "runs": [(r["jobs_per_s"], r["p50_ms"])
+                                                 for r in results]}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"medians of {args.rounds} interleaved rounds of {args.jobs} jobs "
+          f"(before: {libraries['before']}, after: {libraries['after']})")
+    print(f"{'mode':<12} {'':<7} {'jobs/s':>9} {'p50 ms':>8} {'p99 ms':>8}   runs (jobs/s, p50)")
+    for mode in modes:
+        for label in libraries:
+            r = summary[mode][label]
+            print(f"{mode:<12} {label:<7} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} "
+                  f"{r['p99_ms']:>8.3f}   {r['runs']}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=3000, help="round trips per mode")
     parser.add_argument("--expired", type=float, default=1.0,
                         help="ZRE expired timeout for the failover run (seconds)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--only", default="brokerless,brokered,floor,failover",
+                        help="comma-separated sections to run (default: all)")
+    parser.add_argument("--compare", metavar="DIR",
+                        help="also run the library in DIR (a directory holding a peermesh "
+                             "package, e.g. from `git archive`), interleaved with this one, "
+                             "and print medians of both (brokerless, brokered, floor)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --compare: interleaved rounds (default: %(default)s)")
     args = parser.parse_args()
+    if args.compare:
+        return compare(args)
+    only = set(args.only.split(","))
     data_dir = tempfile.mkdtemp(prefix="bench-nfp-")
     try:
-        results: dict[str, Any] = {}
+        results: dict[str, Any] = {"library": _library()}
         for mode in ("brokerless", "brokered"):
-            _say(f"{mode}: {args.jobs} sequential jobs ...")
-            results[mode] = round_trips(mode, args.jobs, args, os.path.join(data_dir, mode))
-        _say("transport floor (brokered message pattern, no processing) ...")
-        results["floor"] = transport_floor(args.jobs)
-        _say("failover ...")
-        results["failover"] = failover(args, os.path.join(data_dir, "failover"))
+            if mode in only:
+                _say(f"{mode}: {args.jobs} sequential jobs ...")
+                results[mode] = round_trips(mode, args.jobs, args, os.path.join(data_dir, mode))
+        if "floor" in only:
+            _say("transport floor (brokered message pattern, no processing) ...")
+            results["floor"] = transport_floor(args.jobs)
+        if "failover" in only:
+            _say("failover ...")
+            results["failover"] = failover(args, os.path.join(data_dir, "failover"))
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-    b = results["brokered"]
-    results["targets"] = {
-        "brokered_p50_ms": {"target": TARGETS["brokered_p50_ms"], "got": b["p50_ms"],
-                            "met": b["p50_ms"] <= TARGETS["brokered_p50_ms"]},
-        "brokered_jobs_per_s": {"target": TARGETS["brokered_jobs_per_s"],
-                                "got": b["jobs_per_s"],
-                                "met": b["jobs_per_s"] >= TARGETS["brokered_jobs_per_s"]},
-        "brokerless_faster": results["brokerless"]["p50_ms"] <= b["p50_ms"],
-        "failover_within_2x_expired": results["failover"]["serving_after_s"]
-        <= results["failover"]["bound_s"],
-    }
+    targets: dict[str, Any] = {}
+    b = results.get("brokered")
+    if b is not None:
+        targets["brokered_p50_ms"] = {"target": TARGETS["brokered_p50_ms"], "got": b["p50_ms"],
+                                      "met": b["p50_ms"] <= TARGETS["brokered_p50_ms"]}
+        targets["brokered_jobs_per_s"] = {
+            "target": TARGETS["brokered_jobs_per_s"], "got": b["jobs_per_s"],
+            "met": b["jobs_per_s"] >= TARGETS["brokered_jobs_per_s"]}
+        if "brokerless" in results:
+            targets["brokerless_faster"] = results["brokerless"]["p50_ms"] <= b["p50_ms"]
+    if "failover" in results:
+        targets["failover_within_2x_expired"] = results["failover"]["serving_after_s"] \
+            <= results["failover"]["bound_s"]
+    results["targets"] = targets
     if args.json:
         print(json.dumps(results))
         return 0
     print(f"{'mode':<12} {'jobs/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     for mode in ("brokerless", "brokered"):
-        r = results[mode]
-        print(f"{mode:<12} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}   "
-              f"CPU us/job: {r['cpu_us_per_job']}")
-    fl = results["floor"]
-    print(f"{'floor':<12} {fl['jobs_per_s']:>9.0f} {fl['p50_ms']:>8.3f} {fl['p99_ms']:>8.3f}   "
-          "(brokered message pattern through peermesh's socket layer, no processing)")
-    f = results["failover"]
-    print(f"failover: new broker elected after {f['elected_after_s']:.3f}s, serving after "
-          f"{f['serving_after_s']:.3f}s (expired {f['expired_s']:g}s, bound {f['bound_s']:g}s)")
-    for name, t in results["targets"].items():
+        if mode in results:
+            r = results[mode]
+            print(f"{mode:<12} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} "
+                  f"{r['p99_ms']:>8.3f}   CPU us/job: {r['cpu_us_per_job']}")
+    if "floor" in results:
+        fl = results["floor"]
+        print(f"{'floor':<12} {fl['jobs_per_s']:>9.0f} {fl['p50_ms']:>8.3f} "
+              f"{fl['p99_ms']:>8.3f}   (brokered message pattern through peermesh's socket "
+              "layer, no processing)")
+    if "failover" in results:
+        f = results["failover"]
+        print(f"failover: new broker elected after {f['elected_after_s']:.3f}s, serving after "
+              f"{f['serving_after_s']:.3f}s (expired {f['expired_s']:g}s, "
+              f"bound {f['bound_s']:g}s)")
+    for name, t in targets.items():
         print(f"target {name}: {t}")
     return 0
 

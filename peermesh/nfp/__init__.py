@@ -21,7 +21,12 @@ nfp.add_worker("maths", tasks=tasks)
 node.start(); nfp.start()
 reply = nfp.client.run("maths", "add", [1, 2], target="any")
 ```
+
+Threaded programs (no gevent of their own) use ``ThreadedNfp``, which builds
+the ``NfpNode`` in a ``ThreadedNode``'s setup hook.
 """
+
+from typing import TYPE_CHECKING
 
 from .broker import Broker
 from .client import Client, JobEvent
@@ -29,10 +34,23 @@ from .dispatch import Dispatcher, Reply
 from .election import BROKER_HEADER, Candidate, Change, Election, elect
 from .mesh import WORKER_HEADER, BrokerChanged, NfpNode, default_data_dir
 from .store import ClientJob, JobStore, WorkerJob
+from .tracker import BrokerTracker, advertise_candidate
 from .worker import JobCancelled, JobContext, Tasks, Worker
 
 __all__ = [
     "NfpNode", "Worker", "Client", "Broker", "Tasks", "JobContext", "JobCancelled", "JobEvent",
     "Reply", "JobStore", "WorkerJob", "ClientJob", "Dispatcher", "Election", "Candidate",
-    "Change", "elect", "BrokerChanged", "BROKER_HEADER", "WORKER_HEADER", "default_data_dir",
+    "Change", "elect", "BrokerChanged", "BrokerTracker", "advertise_candidate", "BROKER_HEADER",
+    "WORKER_HEADER", "default_data_dir", "ThreadedNfp",
 ]
+
+
+if TYPE_CHECKING:
+    from .threaded import ThreadedNfp
+
+
+def __getattr__(name: str) -> object:
+    if name == "ThreadedNfp":   # imported on first use: plain gevent programs never need it
+        from .threaded import ThreadedNfp
+        return ThreadedNfp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,11 +15,13 @@ meets a broker change (the broker stepped down, left the mesh, or answered
 timeout; a POST sent again carries ``"retry": true`` so an ``any`` job is
 not run a second time by a different worker.
 
-Every job posted is recorded in the node's store before it is sent
+Every job posted is recorded in the node's store as it is sent
 (``posting``), then updated with the workers that accepted it and what later
 answers say (``accepted``, ``running``, ``completed``, ``failed``,
 ``cancelled``, ``expired``, ``lost``, ...), so ``jobs()`` (and ``peermesh job
-list``) shows every job this node posted, also after a restart.
+list``) shows every job this node posted, also after a restart. These
+records are committed at the store's next group commit, not waited for (see
+``peermesh.nfp.store``).
 
 ``run`` is POST and wait for the result: the POST asks the workers to put
 the result in their final EVENT (``"notify": true``), which arrives without
@@ -31,8 +33,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
-import uuid as uuid_module
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -56,6 +58,14 @@ _RETRY = object()   # the request met a broker change: send it again
 _PAUSE = 0.05       # seconds between attempts while the mesh settles
 
 
+def new_job_uuid() -> str:
+    """A random (version 4) UUID as 32 hex digits, as ``uuid.uuid4().hex`` but cheaper."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return raw.hex()
+
+
 @dataclass(frozen=True, slots=True)
 class JobEvent:
     """An EVENT about a job: progress, its final state, or a re-dispatch."""
@@ -75,10 +85,13 @@ class _RunWaiter:
     expected: set[str] = field(default_factory=set)
     finals: dict[str, dict[str, Any]] = field(default_factory=dict)
     armed: bool = False
-    done: gevent.event.Event = field(default_factory=gevent.event.Event)
+    complete: bool = False      # every expected worker's final EVENT is in
+    done: gevent.event.Event = field(default_factory=gevent.event.Event)  # complete, or the
+    # broker changed (an EVENT may have been lost on the way)
 
     def check(self) -> None:
-        if self.armed and self.expected and self.expected <= set(self.finals):
+        if self.armed and self.expected and self.finals.keys() >= self.expected:
+            self.complete = True
             self.done.set()
 
 
@@ -178,6 +191,8 @@ class Client:
         self._close_broker()
         changed, self._changed = self._changed, gevent.event.Event()
         changed.set()
+        for waiter in self._runs.values():
+            waiter.done.set()
 
     def _close_broker(self) -> None:
         channel, self._broker_channel = self._broker_channel, None
@@ -327,7 +342,7 @@ class Client:
         call (default: queue_timeout + request_timeout).
         """
         target_text = nfp.format_target(target if isinstance(target, str) else tuple(target))
-        uuid = uuid or uuid_module.uuid4().hex
+        uuid = uuid or new_job_uuid()
         body: dict[str, Any] = {"task": task, "args": list(args or []),
                                 "kwargs": dict(kwargs or {})}
         if job_timeout:
@@ -395,7 +410,7 @@ class Client:
             on_event: Optional[Callable[[JobEvent], None]] = None) -> Reply:
         """POST a job and wait for its result (the reply of a GET: 200, or why not)."""
         deadline = time.monotonic() + timeout
-        uuid = uuid_module.uuid4().hex
+        uuid = new_job_uuid()
         waiter = _RunWaiter()
         self._runs[uuid] = waiter
         if on_event is not None:
@@ -412,10 +427,9 @@ class Client:
             remaining = deadline - time.monotonic()
             # A duplicate (the job was accepted before, e.g. before a broker change) sends
             # no new EVENT, and a broker change may have lost one: then ask with a GET.
-            changed = self._changed
-            if not posted.body.get("duplicate"):
-                gevent.wait([waiter.done, changed], count=1, timeout=max(0.0, remaining))
-            if waiter.done.is_set():
+            if not posted.body.get("duplicate") and not waiter.complete:
+                waiter.done.wait(max(0.0, remaining))
+            if waiter.complete:
                 workers = {name: {"status": int(Status.ERROR if body.get("state") == "lost"
                                                 else Status.OK), **body}
                            for name, body in waiter.finals.items() if name in waiter.expected}
@@ -427,9 +441,17 @@ class Client:
                 return reply
             self.store.update_client_job(uuid, state="accepted", status=int(posted.status),
                                          workers=sorted(waiter.expected))
-            return self.get(uuid, service=service, target=sorted(waiter.expected) or None,
-                            wait=max(0.0, deadline - time.monotonic() - self.request_timeout),
-                            timeout=max(0.01, deadline - time.monotonic()))
+            while True:
+                reply = self.get(uuid, service=service, target=sorted(waiter.expected) or None,
+                                 wait=max(0.0, deadline - time.monotonic()
+                                          - self.request_timeout),
+                                 timeout=max(0.01, deadline - time.monotonic()))
+                # Just after a broker change the job's workers may not have reached the
+                # new broker yet ("not connected"): ask again while there is time.
+                if reply.status is not Status.REQUEST_TIMEOUT \
+                        or deadline - time.monotonic() < 2 * _PAUSE:
+                    return reply
+                gevent.sleep(_PAUSE)
         finally:
             self._runs.pop(uuid, None)
             self._per_job.pop(uuid, None)

@@ -13,7 +13,11 @@ command takes the node options plus an ACTION positional::
     peermesh file get nf://PATH DEST
 
 Client commands wait about one and a half beacon intervals for the mesh to
-be seen and the broker (if any) elected, act, and leave. ``job list`` only
+be seen and the broker (if any) elected, act, and leave. Every command reads
+the ``[nfp]`` table of ``--config`` (keys in ``NFP_KEYS``, documented in
+deploy/peermesh.example.toml) for the NFP options it has; command-line
+options win over the environment (``$PEERMESH_DATA_DIR``,
+``$PEERMESH_NFP_ADMIN_TOKEN``), which wins over the file. ``job list`` only
 reads the local store. ``worker`` and ``broker run`` serve until Ctrl-C /
 SIGTERM and print one JSON line per notable event (``ready``, ``broker``) on
 stdout.
@@ -46,7 +50,7 @@ from .mesh import BrokerChanged, NfpNode, default_data_dir
 from .store import JobStore, store_path
 from .worker import Tasks
 
-__all__ = ["add_commands", "fetch_file"]
+__all__ = ["add_commands", "fetch_file", "NFP_KEYS", "load_nfp_table"]
 
 log = logging.getLogger(__name__)
 
@@ -69,23 +73,101 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
+        and value == value
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+#: keys of the ``[nfp]`` table of ``--config``: (what a value must be, check, default);
+#: each is the option of the same name (``--data-dir`` is ``data_dir``) of the commands
+#: that have it; a default of None means "see the option's help"
+NFP_KEYS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
+    "data_dir": ("a path", _text, None),
+    "keepalive": ("a positive number of seconds", _positive, 1.0),
+    "multiplier": ("an integer of at least 2", lambda v: _integer(v) and v >= 2, 3),
+    "request_timeout": ("a positive number of seconds", _positive, 5.0),
+    "queue_timeout": ("a positive number of seconds", _positive, 30.0),
+    "broker": (f"one of {', '.join(MODES)}", lambda v: v in MODES, None),
+    "priority": ("an integer", _integer, 0),
+    "admin_token": ("a string", _text, None),
+    "retention": ("a positive number of seconds", _positive, 7 * 86400.0),
+    "inventory": ("a path", _text, None),
+    "files_root": ("a path", _text, None),
+    "service": ("a string", _text, "demo"),
+    "tasks": ("a module name", _text, "peermesh.nfp.demo"),
+    "worker_name": ("a string", _text, None),
+}
+#: options whose environment variable overrides the file (the command line overrides both)
+_NFP_ENV = {"data_dir": "PEERMESH_DATA_DIR", "admin_token": "PEERMESH_NFP_ADMIN_TOKEN"}
+#: keys only ``peermesh worker`` reads (``job --service`` is the job's service, not this)
+_WORKER_ONLY = frozenset(("service", "tasks", "worker_name"))
+
+
+def load_nfp_table(path: Optional[os.PathLike[str] | str]) -> dict[str, Any]:
+    """The checked ``[nfp]`` table of TOML file ``path`` ({} if none); ValueError if wrong."""
+    if path is None:
+        return {}
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    table = data.get("nfp", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"config file {path}: [nfp] must be a table")
+    unknown = set(table) - set(NFP_KEYS)
+    if unknown:
+        raise ValueError(f"config file {path}: [nfp] has unknown key(s) "
+                         f"{', '.join(sorted(unknown))}")
+    for key, value in table.items():
+        what, check, _ = NFP_KEYS[key]
+        if not check(value):
+            raise ValueError(f"config file {path}: [nfp] {key} must be {what}, not {value!r}")
+    return dict(table)
+
+
+def _resolve_nfp_options(args: argparse.Namespace, worker: bool = False) -> None:
+    """Fill the NFP options not given on the command line: environment, [nfp], defaults."""
+    table = load_nfp_table(getattr(args, "config", None))
+    for key, (_, _, default) in NFP_KEYS.items():
+        if not hasattr(args, key) or getattr(args, key) is not None \
+                or (key in _WORKER_ONLY and not worker):
+            continue                                   # not this command's, or given
+        env = _NFP_ENV.get(key)
+        if env is not None and os.environ.get(env):
+            if key == "admin_token":
+                setattr(args, key, os.environ[env])
+            continue                                   # data_dir: default_data_dir() reads it
+        setattr(args, key, table.get(key, default))
+
+
 def _nfp_options(parser: argparse.ArgumentParser, client: bool = True,
                  serve: bool = False) -> None:
-    group = parser.add_argument_group("NFP options")
+    group = parser.add_argument_group("NFP options (also [nfp] in --config)")
     group.add_argument("--data-dir", metavar="DIR",
                        help="where the node's SQLite job store lives (default: "
                             "$PEERMESH_DATA_DIR, else ~/.local/share/peermesh)")
-    group.add_argument("--keepalive", type=_seconds, default=1.0, metavar="SECONDS",
+    group.add_argument("--keepalive", type=_seconds, metavar="SECONDS",
                        help="NFP heartbeat interval between broker and workers "
-                            "(default: %(default)s)")
-    group.add_argument("--multiplier", type=int, default=3, metavar="N",
-                       help="a peer silent for keepalive x N is disconnected "
-                            "(default: %(default)s)")
-    group.add_argument("--request-timeout", type=_seconds, default=5.0, metavar="SECONDS",
-                       help="longest wait for a worker's or broker's answer (default: %(default)s)")
-    group.add_argument("--queue-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                            "(default: 1.0)")
+    group.add_argument("--multiplier", type=int, metavar="N",
+                       help="a peer silent for keepalive x N is disconnected (default: 3)")
+    group.add_argument("--request-timeout", type=_seconds, metavar="SECONDS",
+                       help="longest wait for a worker's or broker's answer (default: 5.0)")
+    group.add_argument("--queue-timeout", type=_seconds, metavar="SECONDS",
                        help="how long a POST waits for a worker of its service to appear "
-                            "(default: %(default)s)")
+                            "(default: 30.0)")
     if client:
         group.add_argument("--store", default="cli", metavar="NAME",
                            help="client store: DATA_DIR/nfp-NAME.sqlite3 records the jobs "
@@ -97,13 +179,13 @@ def _nfp_options(parser: argparse.ArgumentParser, client: bool = True,
                            help="broker candidacy: never; auto (elected by priority, then "
                                 "UUID); always (outranks every auto candidate) (default: never "
                                 "for worker, auto for broker run)")
-        group.add_argument("--priority", type=int, default=0,
-                           help="broker election priority, higher wins (default: %(default)s)")
-        group.add_argument("--admin-token", default=os.environ.get("PEERMESH_NFP_ADMIN_TOKEN"),
-                           metavar="TOKEN",
+        group.add_argument("--priority", type=int,
+                           help="broker election priority, higher wins (default: 0)")
+        group.add_argument("--admin-token", metavar="TOKEN",
                            help="secret that authorises MMI disconnect/restart/shutdown "
-                                "(default: $PEERMESH_NFP_ADMIN_TOKEN; none: always refused)")
-        group.add_argument("--retention", type=_seconds, default=7 * 86400.0, metavar="SECONDS",
+                                "(default: $PEERMESH_NFP_ADMIN_TOKEN, then admin_token in "
+                                "[nfp]; none: always refused)")
+        group.add_argument("--retention", type=_seconds, metavar="SECONDS",
                            help="finished jobs are purged after this long (default: 7 days)")
         group.add_argument("--inventory", metavar="DIR",
                            help="SID: directory of <worker>.yaml/.yml/.json inventory files")
@@ -159,12 +241,12 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         f"  {PROG} worker --name w1 --service demo -i lo\n"
         f"  {PROG} worker --name w2 --service nornir --tasks mytasks --broker auto",
         _cmd_worker)
-    worker.add_argument("--service", "-s", default="demo",
-                        help="the service this worker serves (default: %(default)s)")
+    worker.add_argument("--service", "-s",
+                        help="the service this worker serves (default: demo)")
     worker.add_argument("--worker-name", metavar="NAME",
                         help="worker name, unique on the mesh (default: the node's name)")
-    worker.add_argument("--tasks", default="peermesh.nfp.demo", metavar="MODULE",
-                        help="module whose 'tasks' to serve (default: %(default)s)")
+    worker.add_argument("--tasks", metavar="MODULE",
+                        help="module whose 'tasks' to serve (default: peermesh.nfp.demo)")
     _nfp_options(worker, client=False, serve=True)
 
     broker = command(
@@ -311,6 +393,7 @@ def _job_failed(reply: Any) -> bool:
 
 
 def _cmd_job(args: argparse.Namespace, config: NodeConfig) -> int:
+    _resolve_nfp_options(args)
     action, params = args.action, args.params
     if action == "list":
         if params:
@@ -361,12 +444,34 @@ def _find(client: Any, uuid: str, service: Optional[str]) -> str:
         return uuid
 
 
+def _await_workers(c: "_Client", uuid: str, service: Optional[str], target: Optional[str],
+                   limit: float) -> None:
+    """Without a broker, give the mesh up to ``limit`` seconds to show the job's workers.
+
+    A command starts a node of its own: the workers a GET or DELETE goes to may be seen
+    a moment after the first broker decision (a broker, once elected, knows them itself).
+    """
+    client = c.nfp.client
+    job = client.store.client_job(uuid)
+    names = set(wire.parse_target(target)) if target and target not in (wire.ALL, wire.ANY) \
+        else set(job.workers) if job is not None and job.workers else set()
+    service = service or (job.service if job is not None else None)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and c.nfp.current_broker is None:
+        known = client.direct_workers()
+        if names <= {n for members in known.values() for n in members} \
+                and (names or known.get(service or "")):
+            return
+        gevent.sleep(0.02)
+
+
 def _job_get(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
     wait = 0.0 if args.wait is None else (max(0.0, args.timeout - 1.0) if args.wait < 0
                                           else args.wait)
     with _Client(args, config) as c:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
+        _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
         reply = client.get(uuid, service=args.service, target=args.target, wait=wait,
                            timeout=max(args.timeout, wait + 1.0))
         if c.session.interrupted:
@@ -379,6 +484,7 @@ def _job_delete(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
     with _Client(args, config) as c:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
+        _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
         reply = client.delete(uuid, service=args.service, target=args.target,
                               timeout=args.timeout)
         if c.session.interrupted:
@@ -445,6 +551,7 @@ def _serve(args: argparse.Namespace, config: NodeConfig, nfp_setup: Callable[[Nf
 
 
 def _cmd_worker(args: argparse.Namespace, config: NodeConfig) -> int:
+    _resolve_nfp_options(args, worker=True)
     try:
         tasks = Tasks.from_module(args.tasks)
     except ImportError as exc:
@@ -456,6 +563,7 @@ def _cmd_worker(args: argparse.Namespace, config: NodeConfig) -> int:
 
 
 def _cmd_broker(args: argparse.Namespace, config: NodeConfig) -> int:
+    _resolve_nfp_options(args)
     if args.action == "run":
         if args.what is not None:
             raise ValueError("'broker run' takes no further argument")
@@ -517,6 +625,7 @@ def fetch_file(client: Any, url: str, dest: Path, timeout: float = 60.0) -> dict
 
 
 def _cmd_file(args: argparse.Namespace, config: NodeConfig) -> int:
+    _resolve_nfp_options(args)
     if not args.url.startswith("nf://"):
         raise ValueError(f"{args.url!r} is not an nf:// URL")
     with _Client(args, config) as c:

@@ -11,14 +11,15 @@ sockets whose endpoints go into the node's HELLO headers and sets them:
 * ``X-PM-NFP-BROKER`` - JSON ``{"mode", "priority", "endpoint"}`` when the
   node is a broker candidate (``broker="auto"`` or ``"always"``).
 
-``start()`` (after ``node.start()``) attaches a listener to the node: ENTER
-and EXIT feed the client's list of workers and the ``Election``. After one
-beacon interval and a half (so the first decision sees the peers already
-there) the election result is applied, and again on every change: the
-elected node activates its broker, a node that lost steps down, every
-worker moves its broker conversation to the new broker (or serves clients
-directly when there is none), the client follows, and listeners get a
-``BrokerChanged`` event.
+``start()`` (after ``node.start()``) starts the node's ``BrokerTracker``
+(``peermesh.nfp.tracker``, the socket-free part, also run on simulated
+nodes): ENTER and EXIT feed the client's list of workers and the
+``Election``. After one beacon interval and a half (so the first decision
+sees the peers already there) the election result is applied, and again on
+every change: the elected node activates its broker, a node that lost steps
+down, every worker moves its broker conversation to the new broker (or
+serves clients directly when there is none), the client follows, and
+listeners get a ``BrokerChanged`` event.
 
 Old finished jobs are purged from the node's store every
 ``purge_interval`` seconds (those older than ``retention``).
@@ -29,8 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 from uuid import UUID
@@ -40,13 +39,13 @@ import gevent.event
 import zmq
 
 from ..errors import NodeStateError
-from ..events import Event, EventType
 from ..interfaces import select_interface
 from ..node import Node
 from .broker import Broker
 from .client import Client
-from .election import BROKER_HEADER, MODES, Candidate, Change, Election, candidate_header
+from .election import MODES, Candidate, Change, Election
 from .store import JobStore, store_path
+from .tracker import BrokerChanged, BrokerTracker, advertise_candidate
 from .transport import bind_ephemeral
 from .worker import Tasks, TaskFunction, Worker, advertised
 
@@ -64,16 +63,6 @@ def default_data_dir() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_DATA_HOME")
     return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "peermesh"
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerChanged:
-    """The broker this node sees changed (``new`` None: no broker, clients go direct)."""
-
-    old: Optional[Candidate]
-    new: Optional[Candidate]
-    took_over: bool
-    stepped_down: bool
 
 
 def parse_workers(raw: Optional[str]) -> list[tuple[str, str, str]]:
@@ -144,21 +133,27 @@ class NfpNode:
                                  request_timeout=request_timeout, admin_token=admin_token,
                                  inventory_dir=inventory_dir, files_root=files_root,
                                  on_shutdown=self._shutdown)
-            self.candidate = Candidate(node.uuid, int(priority), endpoint, broker, node.name)
-            node.set_header(BROKER_HEADER, candidate_header(broker, int(priority), endpoint))
-        self.election = Election(self.candidate, node.uuid)
+            self.candidate = advertise_candidate(node, broker, int(priority), endpoint)
+        self.tracker = BrokerTracker(node, self.candidate, on_change=self._on_broker_change,
+                                     on_peer_entered=self._peer_entered,
+                                     on_peer_left=self._peer_left)
         self.client = Client(self.store, name=node.name, node=node.uuid.hex,
                              context=self.context, request_timeout=request_timeout,
                              queue_timeout=queue_timeout)
-        self._listeners: list[Callable[[BrokerChanged], None]] = []
         self._peer_workers: dict[UUID, list[str]] = {}
         self._worker_owner: dict[str, UUID] = {}
         self._greenlets: list[gevent.Greenlet] = []
-        self._settled = False
-        self.settled = gevent.event.Event()
-        self._inbox: deque[Event] = deque()
-        self._inbox_ready = gevent.event.Event()
         self.running = False
+
+    @property
+    def election(self) -> Election:
+        """The candidates in view and the broker they imply."""
+        return self.tracker.election
+
+    @property
+    def settled(self) -> gevent.event.Event:
+        """Set once the first broker decision has been applied."""
+        return self.tracker.settled
 
     # --- set-up ---------------------------------------------------------
 
@@ -180,11 +175,11 @@ class NfpNode:
 
     def add_listener(self, callback: Callable[[BrokerChanged], None]) -> None:
         """Call ``callback(BrokerChanged)`` when the broker changes (on the hub)."""
-        self._listeners.append(callback)
+        self.tracker.add_listener(callback)
 
     def remove_listener(self, callback: Callable[[BrokerChanged], None]) -> None:
         """Stop calling ``callback``."""
-        self._listeners.remove(callback)
+        self.tracker.remove_listener(callback)
 
     # --- life cycle -----------------------------------------------------
 
@@ -202,33 +197,16 @@ class NfpNode:
             self.client.add_worker(worker.name, worker.service, worker.endpoint)
         if self.broker is not None:
             self.broker.start()
-        node.add_listener(self._on_node_event)
-        for uuid in node.peers():
-            try:
-                self._entered(uuid, node.peer_headers(uuid), node.peer_name(uuid))
-            except Exception:  # the peer left in between
-                log.debug("peer %s vanished during start", uuid)
-        settle = node.config.interval * 1.5
-        self._greenlets = [gevent.spawn_later(settle, self._settle), gevent.spawn(self._purger),
-                           gevent.spawn(self._process_events)]
+        self.tracker.start()
+        self._greenlets = [gevent.spawn(self._purger)]
         return self
-
-    def _settle(self) -> None:
-        self._settled = True
-        broker = self.election.broker
-        if broker is not None:
-            self._apply(Change(None, broker, self.node.uuid))
-        self.settled.set()
 
     def stop(self) -> None:
         """Stop everything NFP on this node (the node itself keeps running)."""
         if not self.running:
             return
         self.running = False
-        try:
-            self.node.remove_listener(self._on_node_event)
-        except ValueError:
-            pass
+        self.tracker.stop()
         gevent.killall(self._greenlets, block=False)
         for worker in self.workers:
             worker.stop()
@@ -267,30 +245,6 @@ class NfpNode:
 
     # --- the mesh -------------------------------------------------------
 
-    def _on_node_event(self, event: Event) -> None:
-        # Listeners may be called from a hub callback, where nothing may block:
-        # queue the event for the NFP greenlet, in order.
-        if self.running and event.type in (EventType.ENTER, EventType.EXIT) \
-                and event.peer is not None:
-            self._inbox.append(event)
-            self._inbox_ready.set()
-
-    def _process_events(self) -> None:
-        inbox = self._inbox
-        while True:
-            while not inbox:
-                self._inbox_ready.clear()
-                self._inbox_ready.wait()
-            event = inbox.popleft()
-            assert event.peer is not None
-            try:
-                if event.type is EventType.ENTER:
-                    self._entered(event.peer, event.headers or {}, event.name or "")
-                else:
-                    self._left(event.peer)
-            except Exception:
-                log.exception("NFP: handling %s of %s failed", event.type, event.peer)
-
     def _forget_workers(self, uuid: UUID, reason: str) -> None:
         for worker_name in self._peer_workers.pop(uuid, []):
             # a restarted worker comes back under its name from a new node: keep that one
@@ -298,7 +252,7 @@ class NfpNode:
                 del self._worker_owner[worker_name]
                 self.client.remove_worker(worker_name, reason)
 
-    def _entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
+    def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         self._forget_workers(uuid, "its node said HELLO again")
         found = parse_workers(headers.get(WORKER_HEADER))
         own = {w.name for w in self.workers}
@@ -313,15 +267,12 @@ class NfpNode:
             names.append(worker_name)
         if names:
             self._peer_workers[uuid] = names
-        self._apply(self.election.peer_entered(uuid, headers, name))
 
-    def _left(self, uuid: UUID) -> None:
+    def _peer_left(self, uuid: UUID) -> None:
         self._forget_workers(uuid, "its node left the mesh")
-        self._apply(self.election.peer_left(uuid))
 
-    def _apply(self, change: Optional[Change]) -> None:
-        if change is None or not self._settled:
-            return
+    def _on_broker_change(self, change: Change) -> None:
+        """The tracker's decision changed: start/stop the broker, move workers and client."""
         new = change.new
         if self.broker is not None:
             if change.took_over or (new is not None and new.uuid == self.node.uuid):
@@ -332,21 +283,13 @@ class NfpNode:
         for worker in self.workers:
             worker.connect_broker(endpoint)
         self.client.set_broker(new)
-        log.info("broker: %s -> %s", change.old.name if change.old else None,
-                 new.name if new else None)
-        event = BrokerChanged(change.old, new, change.took_over, change.stepped_down)
-        for callback in list(self._listeners):
-            try:
-                callback(event)
-            except Exception:
-                log.exception("broker listener %r failed", callback)
 
     # --- introspection --------------------------------------------------
 
     @property
     def current_broker(self) -> Optional[Candidate]:
         """The broker in use (None before the first decision or with no candidate)."""
-        return self.election.broker if self._settled else None
+        return self.tracker.current_broker
 
     @property
     def is_broker(self) -> bool:

@@ -21,13 +21,40 @@ their own (with their own connection), so a commit on the hub never waits
 for the disk. Finished jobs older than ``retention`` seconds are removed by
 ``purge`` (the overlay calls it periodically); unfinished jobs are never
 purged (the age counts from the job's creation and its end alike). Times are
-wall-clock (``time.time``) so they mean something after a
-restart.
+wall-clock (``time.time``) so they mean something after a restart.
+
+Group commit, and the durability rule
+-------------------------------------
+Writes are not committed one by one: the first write opens a transaction,
+later ones join it, and it is committed when the node's hub is next idle
+(nothing else ready to run), or ``commit_delay`` seconds after it was
+opened if the hub never gets idle (under load), or at once by ``commit()``
+or ``close()``. Everything that tells another process a write happened
+goes through ``after_commit(fn, ...)``, which runs ``fn`` at once when
+nothing is pending and otherwise right after the commit, in order. So:
+
+* **Workers never acknowledge what is not durably written**: a 202 is sent
+  only once the accepted job is committed, a result (final EVENT, or 200 to
+  a GET) only once it is committed, a DELETE's outcome once committed. A
+  job that finishes before the hub is idle is accepted and finished in one
+  commit, and its 202 and EVENT leave together.
+* **Clients' own records** (what they posted, the last answer) are not
+  waited for: the statements are queued in order and executed just before
+  the commit (reads of client jobs execute them first, so this process
+  always reads its own writes). A POST leaves, and ``run`` returns, before
+  its record is committed - within ``commit_delay``, or at the next idle
+  moment, i.e. while the client waits on the network anyway. A client
+  killed in that window can lose the last moments of its job list, never a
+  job: the worker's committed record answers GET.
+
+A failed commit is rolled back and the acknowledgements that waited for it
+are dropped (logged): the requesters' timeouts and retries answer for them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -35,7 +62,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
+
+import gevent
 
 from ..wire.nfp import to_json
 
@@ -46,6 +75,9 @@ PENDING, RUNNING, COMPLETED, FAILED, CANCELLED = "pending", "running", "complete
     "cancelled"
 FINAL_STATES = frozenset((COMPLETED, FAILED, CANCELLED))
 _CHECKPOINT_EVERY = 0.5  # seconds between WAL checkpoints (in a background thread)
+COMMIT_DELAY = 0.002     # longest a write waits for its commit when the hub is never idle
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS worker_jobs (
@@ -130,11 +162,19 @@ _dumps = to_json
 
 
 class JobStore:
-    """The node's SQLite file. Use it from one thread (the node's hub)."""
+    """The node's SQLite file. Use it from one thread (the node's hub); see group commit."""
 
-    def __init__(self, path: os.PathLike[str] | str, retention: float = 7 * 86400.0) -> None:
+    def __init__(self, path: os.PathLike[str] | str, retention: float = 7 * 86400.0,
+                 commit_delay: float = COMMIT_DELAY) -> None:
         self.path = Path(path)
         self.retention = float(retention)
+        self.commit_delay = float(commit_delay)
+        self._txn = False                  # a write transaction is open
+        self._deferred: list[tuple[str, Any]] = []   # client-side writes, run before commit
+        self._after: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._idle: Any = None             # hub watchers that commit (made at the first write)
+        self._timer: Any = None
+        self.commits = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
                              timeout=5.0)
@@ -168,17 +208,111 @@ class JobStore:
             db.close()
 
     def close(self) -> None:
-        """Close the file (after a last checkpoint)."""
+        """Commit, close the file (after a last checkpoint)."""
+        self.commit()
+        for watcher in (self._idle, self._timer):
+            if watcher is not None:
+                watcher.stop()
+                watcher.close()
+        self._idle = self._timer = None
         self._stop.set()
         self._checkpointer.join(10.0)
         self._db.close()
+
+    # --- group commit ---------------------------------------------------
+
+    def _begin(self) -> None:
+        if not self._txn:
+            self._db.execute("BEGIN")
+            self._txn = True
+            if not self._deferred:
+                self._arm()
+
+    def _write(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+        """Execute a write in the open transaction (opening it, and arming its commit)."""
+        if self._deferred:
+            self._apply_deferred()     # in the order they were made
+        self._begin()
+        return self._db.execute(sql, args)
+
+    def _defer(self, sql: str, args: Any = ()) -> None:
+        """A write whose result nobody waits for: executed just before the commit."""
+        if not self._txn and not self._deferred:
+            self._arm()
+        self._deferred.append((sql, args))
+
+    def _apply_deferred(self) -> None:
+        """Execute the deferred writes now (reads of client jobs see them)."""
+        if self._deferred:
+            self._begin()
+            deferred, self._deferred = self._deferred, []
+            for sql, args in deferred:
+                self._db.execute(sql, args)
+
+    def _arm(self) -> None:
+        idle, timer = self._idle, self._timer
+        if idle is None:
+            loop = gevent.get_hub().loop
+            self._idle = idle = loop.idle()
+            self._timer = timer = loop.timer(self.commit_delay, self.commit_delay)
+        idle.start(self._on_hub_idle)
+        timer.again(self._on_hub_idle)
+
+    def _on_hub_idle(self) -> None:
+        try:
+            self.commit()
+        except Exception:  # never let a callback's bug escape into the hub
+            log.exception("committing the job store failed")
+
+    @property
+    def pending(self) -> bool:
+        """True while written data waits for its commit."""
+        return self._txn or bool(self._deferred)
+
+    def after_commit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` once everything written so far is committed (now if it is)."""
+        if self._txn or self._deferred:
+            self._after.append((fn, args))
+        else:
+            fn(*args)
+
+    def commit(self) -> None:
+        """Commit what is pending now, then run what waited for it (in order)."""
+        if self._idle is not None:
+            self._idle.stop()
+            self._timer.stop()
+        try:
+            self._apply_deferred()
+        except sqlite3.Error:
+            log.exception("a deferred write to %s failed", self.path)
+        if self._txn:
+            self._txn = False
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:
+                log.exception("commit of %s failed; %d acknowledgement(s) dropped", self.path,
+                              len(self._after))
+                self._after.clear()
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                return
+            self.commits += 1
+        # (a callback that writes opens a new transaction; what it queues waits for that one)
+        waiting, self._after = self._after, []
+        for fn, args in waiting:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("after-commit callback %r failed", fn)
 
     # --- worker side ----------------------------------------------------
 
     def add_worker_job(self, worker: str, uuid: str, service: str, task: str,
                        body: dict[str, Any], body_text: Optional[str] = None) -> bool:
         """Store a newly accepted job; False if this worker already has that UUID."""
-        cursor = self._db.execute(
+        cursor = self._write(
             "INSERT OR IGNORE INTO worker_jobs (worker, uuid, service, task, body, state, created)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (worker, uuid, service, task, body_text if body_text is not None else _dumps(body),
@@ -188,7 +322,7 @@ class JobStore:
     def finish_worker_job(self, worker: str, uuid: str, state: str,
                           result: dict[str, Any], result_text: Optional[str] = None) -> None:
         """Record the final state and result of a job (``result_text``: it as JSON, if known)."""
-        self._db.execute(
+        self._write(
             "UPDATE worker_jobs SET state = ?, result = ?, finished = ? "
             "WHERE worker = ? AND uuid = ?",
             (state, result_text if result_text is not None else _dumps(result), time.time(),
@@ -196,8 +330,8 @@ class JobStore:
 
     def set_worker_state(self, worker: str, uuid: str, state: str) -> None:
         """Change the state of an unfinished job (e.g. pending -> running)."""
-        self._db.execute("UPDATE worker_jobs SET state = ? WHERE worker = ? AND uuid = ?",
-                         (state, worker, uuid))
+        self._write("UPDATE worker_jobs SET state = ? WHERE worker = ? AND uuid = ?",
+                    (state, worker, uuid))
 
     def worker_job(self, worker: str, uuid: str) -> Optional[WorkerJob]:
         """One job of ``worker``, or None."""
@@ -208,8 +342,8 @@ class JobStore:
 
     def delete_worker_job(self, worker: str, uuid: str) -> bool:
         """Remove a job's record; True if there was one."""
-        return self._db.execute("DELETE FROM worker_jobs WHERE worker = ? AND uuid = ?",
-                                (worker, uuid)).rowcount == 1
+        return self._write("DELETE FROM worker_jobs WHERE worker = ? AND uuid = ?",
+                           (worker, uuid)).rowcount == 1
 
     def unfinished_worker_jobs(self, worker: str) -> list[WorkerJob]:
         """Jobs of ``worker`` that were accepted but never finished, oldest first."""
@@ -248,7 +382,7 @@ class JobStore:
                        body: dict[str, Any], state: str = "posting") -> None:
         """Record a job before it is posted (so a crash mid-post leaves a trace)."""
         now = time.time()
-        self._db.execute(
+        self._defer(
             "INSERT OR REPLACE INTO client_jobs (uuid, service, task, target, body, state, "
             "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (uuid, service, task, target, _dumps(body), state, now, now))
@@ -271,10 +405,11 @@ class JobStore:
             sets.append("result = ?")
             args.append(_dumps(result))
         args.append(uuid)
-        self._db.execute(f"UPDATE client_jobs SET {', '.join(sets)} WHERE uuid = ?", args)
+        self._defer(f"UPDATE client_jobs SET {', '.join(sets)} WHERE uuid = ?", args)
 
     def client_job(self, uuid: str) -> Optional[ClientJob]:
         """One posted job, or None."""
+        self._apply_deferred()
         row = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs WHERE uuid = ?", (uuid,)).fetchone()
@@ -282,6 +417,7 @@ class JobStore:
 
     def find_client_jobs(self, prefix: str) -> list[ClientJob]:
         """Posted jobs whose UUID starts with ``prefix``."""
+        self._apply_deferred()
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
@@ -291,6 +427,7 @@ class JobStore:
 
     def client_jobs(self, limit: int = 1000) -> list[ClientJob]:
         """Posted jobs, newest first."""
+        self._apply_deferred()
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs ORDER BY created DESC LIMIT ?", (limit,))
@@ -298,7 +435,7 @@ class JobStore:
 
     def delete_client_job(self, uuid: str) -> None:
         """Forget a posted job."""
-        self._db.execute("DELETE FROM client_jobs WHERE uuid = ?", (uuid,))
+        self._defer("DELETE FROM client_jobs WHERE uuid = ?", (uuid,))
 
     @staticmethod
     def _client_job(row: tuple[Any, ...]) -> ClientJob:
@@ -315,9 +452,9 @@ class JobStore:
         cutoff = (time.time() if now is None else now) - self.retention
         # the index is on ``created`` (never updated, so finishing a job stays cheap);
         # a job is purged once both its creation and its end are older than the cutoff
-        removed = self._db.execute("DELETE FROM worker_jobs WHERE created < ? AND finished "
-                                   "IS NOT NULL AND finished < ?", (cutoff, cutoff)).rowcount
-        removed += self._db.execute(
+        removed = self._write("DELETE FROM worker_jobs WHERE created < ? AND finished "
+                              "IS NOT NULL AND finished < ?", (cutoff, cutoff)).rowcount
+        removed += self._write(
             "DELETE FROM client_jobs WHERE updated < ? AND state IN "
             "('completed', 'failed', 'cancelled', 'deleted', 'lost')", (cutoff,)).rowcount
         return removed

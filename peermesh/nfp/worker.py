@@ -29,6 +29,11 @@ Requests from both sides go to the same handlers:
   finishes an EVENT with its final ``state`` follows; if the POST asked with
   ``"notify": true`` that EVENT carries the result too.
 
+Every answer and EVENT goes out through ``store.after_commit``: nothing is
+acknowledged before what it says is committed (the store's durability
+rule). A job that finishes before the hub is idle is accepted and finished
+in one commit; otherwise the 202 is committed and sent before the task runs.
+
 On start, jobs the store holds as accepted but unfinished (the worker was
 killed) are queued again: workers are idempotent, per the spec.
 
@@ -256,6 +261,7 @@ class Worker:
         for job in list(self._jobs.values()):
             if job.accept is not None:
                 self._flush_accept(job)
+        self.store.commit()     # answers waiting for the commit leave before the sockets close
         if self._broker is not None and self._broker_state != "none":
             self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"worker stopping"))
         self._close_broker()
@@ -401,12 +407,18 @@ class Worker:
             self._direct.send([identity, *nfp.encode(msg)])
 
     def _reply(self, origin: Optional[tuple[Any, ...]], msg: nfp.Message) -> None:
-        if origin is None:
-            return
+        """Answer a request, once what the store holds about it is committed."""
+        if origin is not None:
+            self.store.after_commit(self._send_to_origin, origin, nfp.encode(msg), False)
+
+    def _send_to_origin(self, origin: tuple[Any, ...], frames: list[bytes],
+                        ready_only: bool) -> None:
         if origin[0] == "direct":
-            self._reply_direct(origin[1], msg)
-        else:
-            self._send_broker(msg)
+            if self._direct is not None:
+                self._direct.send([origin[1], *frames])
+        elif self._broker is not None and (not ready_only or self._broker_state == "ready"):
+            self._last_sent = time.monotonic()
+            self._broker.send(frames)
 
     # --- requests -------------------------------------------------------
 
@@ -588,6 +600,10 @@ class Worker:
             self._running = job
         job.state = RUNNING
         job.greenlet = gevent.getcurrent()
+        if job.accept is None and self.store.pending:
+            # the 202 (and anything else waiting) leaves before a task that may take long;
+            # a job whose 202 is deferred (notify) is accepted and finished in one commit
+            self.store.commit()
         started = time.time()
         timeout = gevent.Timeout(job.timeout, _Interrupt("timeout")) if job.timeout else None
         try:
@@ -673,16 +689,14 @@ class Worker:
                               job.uuid)
 
     def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
+        if job.accept is not None:
+            self._flush_accept(job)     # the 202 goes first
         self._send_event_frame(job, nfp.encode_body({"worker": self.name, **body}))
 
     def _send_event_frame(self, job: _Job, frame: bytes) -> None:
-        msg = nfp.Event(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,))
-        origin = job.origin
-        if origin is None or origin[0] == "broker":
-            if self._broker_state == "ready":
-                self._send_broker(msg)
-        else:
-            self._reply_direct(origin[1], msg)
+        frames = nfp.encode(nfp.Event(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,)))
+        origin = job.origin if job.origin is not None else ("broker",)
+        self.store.after_commit(self._send_to_origin, origin, frames, True)
 
     # --- management -----------------------------------------------------
 

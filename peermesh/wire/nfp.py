@@ -238,8 +238,15 @@ def _decode_string(kind: str, frame: bytes) -> str:
     return text
 
 
+_STATUS_FRAME = {s: b"%d" % s for s in Status}
+
+
 def encode_status(status: Union[Status, int], text: str = "") -> bytes:
     """The status frame: three digits, then a space and ``text`` if given."""
+    if not text:
+        frame = _STATUS_FRAME.get(status)  # type: ignore[arg-type]
+        if frame is not None:
+            return frame
     code = _STATUS_BY_CODE.get(int(status))
     if code is None:
         raise ValueError(f"{status} is not an NFP status code")
@@ -309,8 +316,25 @@ def format_target(target: Target) -> str:
 # --- bodies ---------------------------------------------------------------
 
 #: compact JSON, non-ASCII kept as UTF-8 (one encoder, not one per call)
-to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _from_json = json.JSONDecoder().decode
+# The C encoder and scanner, made once: ``JSONEncoder.encode`` builds a new C encoder per
+# call, ``JSONDecoder.decode`` adds two regex passes. Same output, same errors (anything
+# unusual - circular or very deep data, whitespace around a body - takes the full path).
+_c_encoder = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, json.JSONEncoder().default, json.encoder.encode_basestring, None, ":", ",",
+    False, False, True) if json.encoder.c_make_encoder is not None else None  # type: ignore
+_scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def to_json(obj: Any) -> str:
+    """``obj`` as compact JSON text (non-ASCII kept)."""
+    if _c_encoder is not None:
+        try:
+            return "".join(_c_encoder(obj, 0))
+        except RecursionError:
+            pass   # circular (or very deep): the full encoder says which
+    return _to_json(obj)
 
 
 def encode_body(obj: Any) -> bytes:
@@ -324,10 +348,15 @@ def decode_body(frame: bytes) -> dict[str, Any]:
         return {}
     try:
         text = frame.decode("utf-8") if type(frame) is bytes else bytes(frame).decode("utf-8")
-        obj = _from_json(text)
+        try:
+            obj, end = _scan_once(text, 0)
+        except StopIteration:
+            end = -1
+        if end != len(text):
+            obj = _from_json(text)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"body is not JSON: {str(exc)[:80]}") from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise ProtocolError(f"body is JSON {type(obj).__name__}, not an object")
     return obj
 
@@ -337,8 +366,36 @@ def decode_body(frame: bytes) -> dict[str, Any]:
 def _body_frames(body: Sequence[bytes]) -> list[bytes]:
     if isinstance(body, (bytes, bytearray, memoryview)):
         raise TypeError("body must be a sequence of frames (e.g. (b'...',)), not bytes")
-    frames = [bytes(f) for f in body]
+    frames = [f if type(f) is bytes else bytes(f) for f in body]
     return frames or [b""]
+
+
+_ROLE_FRAME = {r: bytes(r.value) for r in Role}
+_KEYWORD_FRAME = {ALL: ALL.encode(), ANY: ANY.encode()}
+
+
+def _string(kind: str, value: str) -> bytes:
+    """``_encode_string``'s fast path: a plain non-empty printable str."""
+    if type(value) is str and value and value.isprintable():
+        return value.encode("utf-8")
+    return _encode_string(kind, value)
+
+
+def _target_frame(target: Target) -> bytes:
+    if type(target) is not str:
+        return _encode_string("target", format_target(target))
+    frame = _KEYWORD_FRAME.get(target)
+    if frame is None:
+        frame = _encode_string("target", format_target(target))
+        if len(_KEYWORD_FRAME) < 4096:     # worker names repeat: remember valid ones
+            _KEYWORD_FRAME[target] = frame
+    return frame
+
+
+def _bodies(body: Sequence[bytes]) -> list[bytes]:
+    if type(body) is tuple and len(body) == 1 and type(body[0]) is bytes:
+        return [body[0]]
+    return _body_frames(body)
 
 
 def encode(msg: Message) -> list[bytes]:
@@ -346,27 +403,48 @@ def encode(msg: Message) -> list[bytes]:
     command = _COMMAND_OF.get(type(msg))
     if command is None:
         raise TypeError(f"not an NFP message: {msg!r}")
-    role = Role(msg.role)
+    role = msg.role if type(msg.role) is Role else Role(msg.role)
     if role not in ROLES[command]:
         raise ValueError(f"{command.name} cannot carry header {role.value.decode()}")
-    head = [b"", role.value, _COMMAND_FRAME[command]]
+    head = [b"", _ROLE_FRAME[role], _COMMAND_FRAME[command]]
+    if command is Command.POST or command is Command.GET or command is Command.DELETE:
+        job: Post | Get | Delete = msg  # type: ignore[assignment]
+        head += (_string("service", job.service), _target_frame(job.target),
+                 _string("job UUID", job.uuid))
+        head += _bodies(job.body)
+        return head
+    if command is Command.RESPONSE:
+        r: Response = msg  # type: ignore[assignment]
+        head += (_string("service", r.service), _string("job UUID", r.uuid),
+                 encode_status(r.status, r.text))
+        head += _bodies(r.body)
+        return head
+    if command is Command.EVENT:
+        e: Event = msg  # type: ignore[assignment]
+        head += (_string("service", e.service), _string("topic", e.topic),
+                 encode_status(e.status, e.text))
+        head += _bodies(e.body)
+        return head
     if isinstance(msg, Open):
-        return head + [bytes(msg.body)]
-    if isinstance(msg, (Ready, Keepalive)):
-        return head + [_encode_string("service", msg.service)]
+        head.append(bytes(msg.body))
+        return head
+    assert isinstance(msg, (Ready, Keepalive, Disconnect))
+    head.append(_string("service", msg.service))
     if isinstance(msg, Disconnect):
-        return head + [_encode_string("service", msg.service), bytes(msg.body)]
-    if isinstance(msg, (Post, Get, Delete)):
-        return head + [_encode_string("service", msg.service),
-                       _encode_string("target", format_target(msg.target)),
-                       _encode_string("job UUID", msg.uuid), *_body_frames(msg.body)]
-    if isinstance(msg, Response):
-        return head + [_encode_string("service", msg.service),
-                       _encode_string("job UUID", msg.uuid), encode_status(msg.status, msg.text),
-                       *_body_frames(msg.body)]
-    assert isinstance(msg, Event)
-    return head + [_encode_string("service", msg.service), _encode_string("topic", msg.topic),
-                   encode_status(msg.status, msg.text), *_body_frames(msg.body)]
+        head.append(bytes(msg.body))
+    return head
+
+
+def _text(kind: str, frame: bytes) -> str:
+    """``_decode_string``'s fast path."""
+    if type(frame) is bytes:
+        try:
+            text = frame.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"{kind} is not UTF-8") from None
+        if text and text.isprintable():
+            return text
+    return _decode_string(kind, frame)
 
 
 _FIXED = {Command.OPEN: 4, Command.READY: 4, Command.KEEPALIVE: 4, Command.DISCONNECT: 5}
@@ -381,10 +459,11 @@ def decode(frames: Sequence[bytes]) -> Message:
         raise ProtocolError(f"{count} frames; every NFP command has at least 4")
     if frames[0]:
         raise ProtocolError("frame 0 is not empty")
-    role = _ROLE_BY_BYTES.get(bytes(frames[1]))
+    header, code = frames[1], frames[2]
+    role = _ROLE_BY_BYTES.get(header if type(header) is bytes else bytes(header))
     if role is None:
         raise ProtocolError(f"header {bytes(frames[1])[:12]!r} is not NFPC01, NFPW01 or NFPB01")
-    command = _COMMAND_BY_BYTE.get(bytes(frames[2]))
+    command = _COMMAND_BY_BYTE.get(code if type(code) is bytes else bytes(code))
     if command is None:
         raise ProtocolError(f"command frame {bytes(frames[2])[:8]!r} is not one known octet")
     if role not in ROLES[command]:
@@ -395,7 +474,7 @@ def decode(frames: Sequence[bytes]) -> Message:
             raise ProtocolError(f"{command.name} has {fixed} frames, not {count}")
         if command is Command.OPEN:
             return Open(role, bytes(frames[3]))
-        service = _decode_string("service", frames[3])
+        service = _text("service", frames[3])
         if command is Command.READY:
             return Ready(service)
         if command is Command.KEEPALIVE:
@@ -403,19 +482,23 @@ def decode(frames: Sequence[bytes]) -> Message:
         return Disconnect(role, service, bytes(frames[4]))
     if count < 7:
         raise ProtocolError(f"{command.name} has 7 or more frames, not {count}")
-    service = _decode_string("service", frames[3])
-    body = tuple(bytes(f) for f in frames[6:])
+    service = _text("service", frames[3])
+    if count == 7 and type(frames[6]) is bytes:
+        body: tuple[bytes, ...] = (frames[6],)
+    else:
+        body = tuple(f if type(f) is bytes else bytes(f) for f in frames[6:])
     if command is Command.RESPONSE or command is Command.EVENT:
-        key = _decode_string("job UUID" if command is Command.RESPONSE else "topic", frames[4])
+        key = _text("job UUID" if command is Command.RESPONSE else "topic", frames[4])
         status, text = decode_status(frames[5])
         if command is Command.RESPONSE:
             return Response(role, service, key, status, body, text)
         return Event(role, service, key, status, body, text)
-    target = _decode_string("target", frames[4])
-    try:
-        parse_target(target)
-    except ValueError as exc:
-        raise ProtocolError(str(exc)) from None
-    uuid = _decode_string("job UUID", frames[5])
+    target = _text("target", frames[4])
+    if target != ANY and target != ALL:
+        try:
+            parse_target(target)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+    uuid = _text("job UUID", frames[5])
     cls = Post if command is Command.POST else Get if command is Command.GET else Delete
     return cls(role, service, target, uuid, body)

@@ -92,3 +92,79 @@ def test_worker_jobs_broker_and_files(cli: Callable[..., Any], tmp_path: Path) -
     done = cli("file", "get", "nf://../../etc/passwd", str(tmp_path / "passwd"))
     assert done.returncode == 1 and "outside the files root" in done.stderr
     assert not (tmp_path / "passwd").exists()
+
+
+def test_worker_reads_the_nfp_table_of_the_config(cli: Callable[..., Any],
+                                                  tmp_path: Path) -> None:
+    config = tmp_path / "peermesh.toml"
+    config.write_text('[node]\nname = "cfgnode"\n\n[nfp]\nservice = "conf"\n'
+                      'worker_name = "cfgw"\nbroker = "auto"\npriority = 4\nkeepalive = 0.2\n'
+                      'multiplier = 4\nretention = 60.0\ntasks = "peermesh.nfp.demo"\n')
+    cli("worker", "--config", str(config), serve=True)
+    done = cli("job", "post", "conf", "add", "[2, 3]", "--target", "any", "--wait",
+               "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["workers"]["cfgw"]["result"] == 5
+    # the worker's broker candidacy came from the file too: it is the broker, at keepalive 0.2
+    done = cli("broker", "show", "broker", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["name"] == "cfgnode" and shown["keepalive"] == 0.2 and shown["multiplier"] == 4
+
+
+def test_command_line_wins_over_the_nfp_table(free_udp_port: int, tmp_path: Path) -> None:
+    config = tmp_path / "peermesh.toml"
+    config.write_text('[nfp]\nservice = "conf"\nworker_name = "cfgw"\nbroker = "always"\n'
+                      'data_dir = "/nonexistent/not-used"\n')
+    argv = [sys.executable, "-m", "peermesh", "worker", "--config", str(config),
+            "--service", "cli", "--broker", "never", "-i", "lo", "-p", str(free_udp_port)]
+    env = {**os.environ, "PEERMESH_DATA_DIR": str(tmp_path / "d"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+    finally:
+        proc.terminate()
+        proc.wait(5)
+    assert ready["broker_mode"] == "never" and ready["broker_endpoint"] is None
+    assert [(w["name"], w["service"]) for w in ready["workers"]] == [("cfgw", "cli")]
+    assert ready["store"].startswith(str(tmp_path / "d"))   # $PEERMESH_DATA_DIR wins
+
+
+@pytest.mark.parametrize("table, message", [
+    ("bogus = 1", "unknown key(s) bogus"),
+    ('keepalive = "fast"', "keepalive must be a positive number"),
+    ("multiplier = 1", "multiplier must be an integer of at least 2"),
+    ('broker = "sometimes"', "broker must be one of never, auto, always"),
+    ("priority = 1.5", "priority must be an integer"),
+])
+def test_a_bad_nfp_table_is_a_usage_error(cli: Callable[..., Any], tmp_path: Path,
+                                          table: str, message: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(f"[nfp]\n{table}\n")
+    done = cli("worker", "--config", str(config))
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "[nfp]" in done.stderr
+
+
+def test_example_config_documents_every_nfp_key(tmp_path: Path) -> None:
+    from peermesh.config import NodeConfig
+    from peermesh.nfp.commands import NFP_KEYS, load_nfp_table
+
+    example = REPO / "deploy" / "peermesh.example.toml"
+    text = example.read_text()
+    section = text[text.index("# [nfp]"):]
+    for key in NFP_KEYS:
+        assert f"# {key} = " in section, f"[nfp] {key} is not in the example config"
+    # uncommented, the section is a valid [nfp] table with every key, and [node] still loads
+    lines = []
+    for line in section.splitlines():
+        if line == "# [nfp]" or any(line.startswith(f"# {key} = ") for key in NFP_KEYS):
+            lines.append(line[2:])
+    enabled = tmp_path / "enabled.toml"
+    enabled.write_text(text[:text.index("# [nfp]")] + "\n".join(lines) + "\n")
+    assert set(load_nfp_table(enabled)) == set(NFP_KEYS)
+    assert NodeConfig.load(enabled, environ={}).interface == "lo"
+    assert load_nfp_table(example) == {}            # commented out: nothing set

@@ -47,8 +47,10 @@ def test_purge_keeps_unfinished_and_recent(tmp_path: Path) -> None:
     store._db.execute("UPDATE worker_jobs SET created = created - 3600 WHERE uuid = 'old-pending'")
     store.add_client_job("c-old", "svc", "t", "all", {})
     store.update_client_job("c-old", state="completed")
+    store.commit()    # client records are written at the commit; backdate them after it
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600")
     store.add_client_job("c-posting", "svc", "t", "all", {})
+    store.commit()
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600 WHERE uuid='c-posting'")
     assert store.purge() == 2
     assert store.worker_job("w", "old-done") is None
@@ -75,4 +77,45 @@ def test_client_jobs(tmp_path: Path) -> None:
         sorted(j.uuid for j in store.find_client_jobs("ab")) == ["abc123", "abd999"]
     assert [j.uuid for j in store.find_client_jobs("abc")] == ["abc123"]
     assert store.find_client_jobs("%") == [] and store.find_client_jobs("_") == []
+    store.close()
+
+
+def test_group_commit_and_after_commit_order(tmp_path: Path) -> None:
+    """Writes wait for the hub to be idle; what waits for them runs after the commit, in order."""
+    import gevent
+
+    path = tmp_path / "g.sqlite3"
+    store = JobStore(path)
+    other = sqlite3.connect(str(path))              # another process's view of the file
+    seen: list[str] = []
+    store.after_commit(seen.append, "nothing pending: at once")
+    assert seen == ["nothing pending: at once"] and not store.pending
+    assert store.add_worker_job("w", "u1", "svc", "t", {})
+    store.add_client_job("c1", "svc", "t", "any", {})
+    store.after_commit(seen.append, "ack 1")
+    store.after_commit(seen.append, "ack 2")
+    assert store.pending and seen == ["nothing pending: at once"]
+    assert other.execute("SELECT count(*) FROM worker_jobs").fetchone() == (0,)  # not yet
+    assert store.client_job("c1") is not None       # this process reads its own writes
+    gevent.sleep(0.01)                              # the hub gets idle: one commit
+    assert seen[1:] == ["ack 1", "ack 2"] and not store.pending
+    assert other.execute("SELECT count(*) FROM worker_jobs").fetchone() == (1,)
+    assert other.execute("SELECT count(*) FROM client_jobs").fetchone() == (1,)
+    store.update_client_job("c1", state="completed")
+    store.close()                                   # commits what is left
+    assert other.execute("SELECT state FROM client_jobs").fetchone() == ("completed",)
+    other.close()
+
+
+def test_a_busy_hub_still_commits_within_commit_delay(tmp_path: Path) -> None:
+    import gevent
+
+    store = JobStore(tmp_path / "b.sqlite3", commit_delay=0.01)
+    acked: list[float] = []
+    store.add_worker_job("w", "u1", "svc", "t", {})
+    start = time.monotonic()
+    store.after_commit(lambda: acked.append(time.monotonic() - start))
+    while not acked and time.monotonic() - start < 2:
+        gevent.sleep(0)                              # never idle: the timer commits
+    assert acked and acked[0] < 0.5
     store.close()

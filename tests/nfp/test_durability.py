@@ -1,0 +1,83 @@
+"""The durability rule: a worker acknowledges nothing that is not committed.
+
+A 202 leaves only once the accepted job is in the store's file, a result
+(final EVENT, 200) only once it is; a job that finishes before the hub is
+idle is accepted and finished in one commit, and both answers leave
+together. Checked from a second SQLite connection (what a restarted worker
+would read) at the moment each message is handed to the socket.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import gevent
+import gevent.event
+
+from peermesh.nfp.store import JobStore
+from peermesh.nfp.worker import Tasks, Worker
+from peermesh.wire import nfp
+
+
+class Recorder:
+    """Stands in for the worker's broker channel; notes what the file held at each send."""
+
+    def __init__(self, path: Path) -> None:
+        self.other = sqlite3.connect(str(path))
+        self.sent: list[tuple[Any, list[tuple[str, str]]]] = []
+        self.event = gevent.event.Event()
+
+    def send(self, frames: list[bytes]) -> bool:
+        rows = self.other.execute("SELECT uuid, state FROM worker_jobs ORDER BY uuid").fetchall()
+        self.sent.append((nfp.decode(frames), rows))
+        self.event.set()
+        return True
+
+    def close(self) -> None:
+        self.other.close()
+
+
+def post(worker: Worker, uuid: str, task: str, notify: bool) -> None:
+    body = nfp.encode_body({"task": task, "args": [], "kwargs": {}, "notify": notify,
+                            "rid": uuid})
+    worker._on_broker(nfp.encode(nfp.Post(nfp.BROKER, "svc", "w1", uuid, (body,))))
+
+
+def test_acknowledgements_follow_the_commit(tmp_path: Path) -> None:
+    tasks = Tasks()
+    tasks.add("quick", lambda job: "done")
+    tasks.add("slow", lambda job: gevent.sleep(0.05) or "slept")
+    path = tmp_path / "w.sqlite3"
+    store = JobStore(path)
+    worker = Worker("svc", "w1", tasks, store, internal=True)
+    worker.start()
+    recorder = Recorder(path)
+    worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
+    try:
+        # a quick job with notify: nothing leaves before the one commit, then both together
+        post(worker, "a" * 32, "quick", notify=True)
+        assert recorder.sent == [] and store.pending
+        while len(recorder.sent) < 2:
+            gevent.sleep(0.001)
+        (accepted, rows1), (final, rows2) = recorder.sent
+        assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
+        assert isinstance(final, nfp.Event)
+        assert rows1 == rows2 == [("a" * 32, "completed")] and store.commits == 1
+        # a slow job without notify: its 202 leaves (committed) before the task ends
+        recorder.sent.clear()
+        post(worker, "b" * 32, "slow", notify=False)
+        while not recorder.sent:
+            gevent.sleep(0.001)
+        accepted, rows = recorder.sent[0]
+        assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
+        assert ("b" * 32, "pending") in rows
+        while len(recorder.sent) < 2:
+            gevent.sleep(0.005)
+        final, rows = recorder.sent[1]
+        assert isinstance(final, nfp.Event) and ("b" * 32, "completed") in rows
+    finally:
+        worker.stop()
+        recorder.close()
+        store.close()
