@@ -38,14 +38,12 @@ nothing is pending and otherwise right after the commit, in order. So:
   a GET) only once it is committed, a DELETE's outcome once committed. A
   job that finishes before the hub is idle is accepted and finished in one
   commit, and its 202 and EVENT leave together.
-* **Clients' own records** (what they posted, the last answer) are not
-  waited for: the statements are queued in order and executed just before
-  the commit (reads of client jobs execute them first, so this process
-  always reads its own writes). A POST leaves, and ``run`` returns, before
-  its record is committed - within ``commit_delay``, or at the next idle
-  moment, i.e. while the client waits on the network anyway. A client
-  killed in that window can lose the last moments of its job list, never a
-  job: the worker's committed record answers GET.
+* **Clients' own records** (what they posted, the last answer) are written
+  in order but their commit is not waited for: a POST leaves, and ``run``
+  returns, before the record is committed (within ``commit_delay`` or at
+  the next idle moment, i.e. while the client waits on the network anyway).
+  A client killed in that window can lose the last moments of its job list,
+  never a job: the worker's committed record answers GET.
 
 A failed commit is rolled back and the acknowledgements that waited for it
 are dropped (logged): the requesters' timeouts and retries answer for them.
@@ -170,7 +168,6 @@ class JobStore:
         self.retention = float(retention)
         self.commit_delay = float(commit_delay)
         self._txn = False                  # a write transaction is open
-        self._deferred: list[tuple[str, Any]] = []   # client-side writes, run before commit
         self._after: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._idle: Any = None             # hub watchers that commit (made at the first write)
         self._timer: Any = None
@@ -221,33 +218,13 @@ class JobStore:
 
     # --- group commit ---------------------------------------------------
 
-    def _begin(self) -> None:
+    def _write(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+        """Execute a write in the open transaction (opening it, and arming its commit)."""
         if not self._txn:
             self._db.execute("BEGIN")
             self._txn = True
-            if not self._deferred:
-                self._arm()
-
-    def _write(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
-        """Execute a write in the open transaction (opening it, and arming its commit)."""
-        if self._deferred:
-            self._apply_deferred()     # in the order they were made
-        self._begin()
-        return self._db.execute(sql, args)
-
-    def _defer(self, sql: str, args: Any = ()) -> None:
-        """A write whose result nobody waits for: executed just before the commit."""
-        if not self._txn and not self._deferred:
             self._arm()
-        self._deferred.append((sql, args))
-
-    def _apply_deferred(self) -> None:
-        """Execute the deferred writes now (reads of client jobs see them)."""
-        if self._deferred:
-            self._begin()
-            deferred, self._deferred = self._deferred, []
-            for sql, args in deferred:
-                self._db.execute(sql, args)
+        return self._db.execute(sql, args)
 
     def _arm(self) -> None:
         idle, timer = self._idle, self._timer
@@ -267,11 +244,11 @@ class JobStore:
     @property
     def pending(self) -> bool:
         """True while written data waits for its commit."""
-        return self._txn or bool(self._deferred)
+        return self._txn
 
     def after_commit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` once everything written so far is committed (now if it is)."""
-        if self._txn or self._deferred:
+        if self._txn:
             self._after.append((fn, args))
         else:
             fn(*args)
@@ -281,10 +258,6 @@ class JobStore:
         if self._idle is not None:
             self._idle.stop()
             self._timer.stop()
-        try:
-            self._apply_deferred()
-        except sqlite3.Error:
-            log.exception("a deferred write to %s failed", self.path)
         if self._txn:
             self._txn = False
             try:
@@ -382,7 +355,7 @@ class JobStore:
                        body: dict[str, Any], state: str = "posting") -> None:
         """Record a job before it is posted (so a crash mid-post leaves a trace)."""
         now = time.time()
-        self._defer(
+        self._write(
             "INSERT OR REPLACE INTO client_jobs (uuid, service, task, target, body, state, "
             "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (uuid, service, task, target, _dumps(body), state, now, now))
@@ -405,11 +378,10 @@ class JobStore:
             sets.append("result = ?")
             args.append(_dumps(result))
         args.append(uuid)
-        self._defer(f"UPDATE client_jobs SET {', '.join(sets)} WHERE uuid = ?", args)
+        self._write(f"UPDATE client_jobs SET {', '.join(sets)} WHERE uuid = ?", args)
 
     def client_job(self, uuid: str) -> Optional[ClientJob]:
         """One posted job, or None."""
-        self._apply_deferred()
         row = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs WHERE uuid = ?", (uuid,)).fetchone()
@@ -417,7 +389,6 @@ class JobStore:
 
     def find_client_jobs(self, prefix: str) -> list[ClientJob]:
         """Posted jobs whose UUID starts with ``prefix``."""
-        self._apply_deferred()
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
@@ -427,7 +398,6 @@ class JobStore:
 
     def client_jobs(self, limit: int = 1000) -> list[ClientJob]:
         """Posted jobs, newest first."""
-        self._apply_deferred()
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs ORDER BY created DESC LIMIT ?", (limit,))
@@ -435,7 +405,7 @@ class JobStore:
 
     def delete_client_job(self, uuid: str) -> None:
         """Forget a posted job."""
-        self._defer("DELETE FROM client_jobs WHERE uuid = ?", (uuid,))
+        self._write("DELETE FROM client_jobs WHERE uuid = ?", (uuid,))
 
     @staticmethod
     def _client_job(row: tuple[Any, ...]) -> ClientJob:

@@ -47,10 +47,8 @@ def test_purge_keeps_unfinished_and_recent(tmp_path: Path) -> None:
     store._db.execute("UPDATE worker_jobs SET created = created - 3600 WHERE uuid = 'old-pending'")
     store.add_client_job("c-old", "svc", "t", "all", {})
     store.update_client_job("c-old", state="completed")
-    store.commit()    # client records are written at the commit; backdate them after it
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600")
     store.add_client_job("c-posting", "svc", "t", "all", {})
-    store.commit()
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600 WHERE uuid='c-posting'")
     assert store.purge() == 2
     assert store.worker_job("w", "old-done") is None
