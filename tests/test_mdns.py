@@ -26,6 +26,7 @@ from typing import Any
 import gevent
 import pytest
 
+import waiting
 from peermesh import Event, EventType, Node, NodeConfig, ThreadedNode
 from peermesh.discovery import mdns
 from peermesh.discovery.mdns import MdnsDiscovery, TxtError, parse_txt
@@ -56,46 +57,24 @@ def good_txt(uuid: str = "0123456789abcdef0123456789abcdef",
             b"name=" + name.encode()]
 
 
-def mdns_of(node: Node) -> MdnsDiscovery:
-    return next(d for d in node._discovery if isinstance(d, MdnsDiscovery))
-
-
 def wait_for(node: Node, predicate: Callable[[Event], bool], timeout: float = TIMEOUT,
              what: str = "") -> Event:
-    """Read ``node``'s events until one matches; fail with what was seen after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    seen: list[Event] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        event = node.recv(remaining) if remaining > 0 else None
-        if event is None:
-            pytest.fail(f"{node.name}: no {what or 'matching event'} within {timeout} s; "
-                        f"saw {seen[-20:]}")
-        seen.append(event)
-        if predicate(event):
-            return event
+    """``waiting.wait_for`` with this module's bound."""
+    return waiting.wait_for(node, predicate, timeout, what)
 
 
 def wait_all(node: Node, predicates: list[Callable[[Event], bool]],
              timeout: float = TIMEOUT) -> list[Event]:
-    """Read events until each predicate matched one, in any order, within one deadline."""
-    wanted = list(predicates)
-    found: list[Event] = []
-    deadline = time.monotonic() + timeout
-    seen: list[Event] = []
-    while wanted:
-        remaining = deadline - time.monotonic()
-        event = node.recv(remaining) if remaining > 0 else None
-        if event is None:
-            pytest.fail(f"{node.name}: {len(wanted)} expected events missing after {timeout} s;"
-                        f" saw {seen[-20:]}")
-        seen.append(event)
-        for predicate in wanted:
-            if predicate(event):
-                wanted.remove(predicate)
-                found.append(event)
-                break
-    return found
+    """``waiting.wait_all`` with this module's bound."""
+    return waiting.wait_all(node, predicates, timeout)
+
+
+def mdns_of(node: Node) -> MdnsDiscovery:
+    return next(d for d in node._discovery if isinstance(d, MdnsDiscovery))
+
+
+
+
 
 
 def entered(peer: Any) -> Callable[[Event], bool]:

@@ -82,6 +82,12 @@ node.stop()
 """
 
 
+def wait_all(node: Any, predicates: list[Callable[[Event], bool]],
+             timeout: float = TIMEOUT) -> list[Event]:
+    """``waiting.wait_all`` with this module's bound; an EXIT fails at once."""
+    return waiting.wait_all(node, predicates, timeout, unexpected=lambda e: e.type is EXIT)
+
+
 def match(type: EventType, peer: Optional[uuid.UUID] = None,
           first: Optional[bytes] = None) -> Callable[[Event], bool]:
     """Events of ``type`` (from ``peer``, whose first frame is ``first``)."""
@@ -94,27 +100,6 @@ def match(type: EventType, peer: Optional[uuid.UUID] = None,
 
 
 
-def wait_all(node: Any, predicates: list[Callable[[Event], bool]],
-             timeout: float = TIMEOUT) -> list[Event]:
-    """Read events until each predicate matched one, in any order; return the matches."""
-    wanted = list(predicates)
-    found: list[Event] = []
-    deadline = time.monotonic() + timeout
-    seen: list[Event] = []
-    while wanted:
-        remaining = deadline - time.monotonic()
-        event = node.recv(remaining) if remaining > 0 else None
-        if event is None:
-            pytest.fail(f"{node.name}: still waiting for {[p.__name__ for p in wanted]}; "
-                        f"saw {seen[-30:]}")
-        seen.append(event)
-        assert event.type is not EXIT, f"unexpected {event!r}"
-        for predicate in wanted:
-            if predicate(event):
-                wanted.remove(predicate)
-                found.append(event)
-                break
-    return found
 
 
 class Child:

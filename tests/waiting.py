@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -17,7 +17,8 @@ def seen_text(events: list[Event]) -> str:
     return more + (", ".join(map(repr, shown)) or "nothing")
 
 
-def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float) -> Event:
+def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float,
+             what: str = "") -> Event:
     """Read ``node``'s events until one matches ``predicate``; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     seen: list[Event] = []
@@ -25,12 +26,39 @@ def wait_for(node: Any, predicate: Callable[[Event], bool], timeout: float) -> E
         remaining = deadline - time.monotonic()
         event = node.recv(remaining) if remaining > 0 else None
         if event is None:
-            what = getattr(predicate, "__name__", repr(predicate))
+            what = what or getattr(predicate, "__name__", repr(predicate))
             pytest.fail(f"{node.name}: nothing matched {what} within {timeout}s; "
                         f"saw {seen_text(seen)}")
         seen.append(event)
         if predicate(event):
             return event
+
+
+def wait_all(node: Any, predicates: list[Callable[[Event], bool]], timeout: float,
+             unexpected: Optional[Callable[[Event], bool]] = None) -> list[Event]:
+    """Read events until each predicate matched one, in any order; return the matches.
+
+    An event for which ``unexpected`` is true fails the test at once.
+    """
+    wanted = list(predicates)
+    found: list[Event] = []
+    deadline = time.monotonic() + timeout
+    seen: list[Event] = []
+    while wanted:
+        remaining = deadline - time.monotonic()
+        event = node.recv(remaining) if remaining > 0 else None
+        if event is None:
+            names = [getattr(p, "__name__", repr(p)) for p in wanted]
+            pytest.fail(f"{node.name}: still waiting for {names} after {timeout}s; "
+                        f"saw {seen_text(seen)}")
+        seen.append(event)
+        assert unexpected is None or not unexpected(event), f"unexpected {event!r}"
+        for predicate in wanted:
+            if predicate(event):
+                wanted.remove(predicate)
+                found.append(event)
+                break
+    return found
 
 
 def drain(node: Any) -> list[Event]:
