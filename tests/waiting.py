@@ -67,3 +67,19 @@ def drain(node: Any) -> list[Event]:
     while (event := node.recv(0)) is not None:
         events.append(event)
     return events
+
+
+def poll_until(predicate: Callable[[], Any], timeout: float, what: str = "",
+               sleep: Callable[[float], None] = time.sleep, step: float = 0.02) -> Any:
+    """Poll ``predicate`` until it is truthy and return it; fail after ``timeout`` seconds.
+
+    Pass ``gevent.sleep`` as ``sleep`` where the caller shares a hub with the nodes.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        sleep(step)

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import gevent
+
+import waiting
 import pytest
 
 from peermesh import Node
@@ -31,14 +33,7 @@ NFP_TIMING = dict(keepalive=0.1, multiplier=3, request_timeout=2.0, queue_timeou
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
     """Poll ``predicate`` (cooperatively) until it is truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        gevent.sleep(0.01)
+    return waiting.poll_until(predicate, timeout, what, sleep=gevent.sleep, step=0.01)
 
 
 def make_tasks() -> Tasks:

@@ -18,19 +18,14 @@ import pytest
 from peermesh.nfp import BrokerChanged, NfpNode, Tasks, ThreadedNfp
 from peermesh.wire.nfp import Status
 
+import waiting
+
 from .conftest import NFP_TIMING, TIMING
 
 
 def poll(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
     """Plain-thread polling (no gevent in this thread)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(0.02)
+    return waiting.poll_until(predicate, timeout, what)
 
 
 def threaded_tasks() -> Tasks:
