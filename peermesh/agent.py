@@ -69,8 +69,9 @@ away (the next send finds no connection). A client that hears nothing for
 Only the agent's own greenlet touches its socket: handlers hand replies to
 it, and it waits on the socket's descriptor through the hub like
 ``green.SocketWaiter`` (plain pyzmq, ``NOBLOCK``, ``EVENTS`` checked before
-every bounded wait). The client side here is plain blocking pyzmq and needs
-no gevent.
+every bounded wait). Any ZeroMQ DEALER or REQ can be a client; the one in
+``peermesh.agentclient`` (re-exported here) speaks ZMTP 3.0 over a plain Unix
+socket itself, so the CLI loads neither pyzmq nor gevent to use the agent.
 """
 
 from __future__ import annotations
@@ -83,26 +84,23 @@ import socket
 import stat
 import time
 from collections import deque
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Optional
 from uuid import UUID
 
 import msgpack
 import zmq
 
+from .agentclient import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, AgentClient, AgentError,
+                          AgentGone, NoAgent, default_agent_path, resolve_path, tmp_path)
+
 __all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
            "AgentClient", "AgentError", "AgentRunning", "AgentPathError", "NoAgent",
-           "AgentGone", "MAX_PATH"]
+           "AgentGone", "MAX_PATH", "PROBE_TIMEOUT", "LOST_AFTER"]
 
 log = logging.getLogger(__name__)
 
-#: longest socket path a Unix socket address holds (sun_path is 108 octets with the NUL)
-MAX_PATH = 107
-#: how long a client or a starting agent waits for an existing agent to answer
-PROBE_TIMEOUT = 1.0
 #: seconds between heartbeats to an idle subscriber
 HEARTBEAT = 1.0
-#: silence after which a subscriber considers the agent gone
-LOST_AFTER = 5.0
 #: events held per subscriber that is not reading; beyond this they are counted as dropped
 SUBSCRIBER_BACKLOG = 10_000
 MAX_SUBSCRIBERS = 64
@@ -115,28 +113,7 @@ _NOBLOCK = zmq.NOBLOCK
 
 
 # --------------------------------------------------------------------------
-# Errors
-
-
-class AgentError(RuntimeError):
-    """The agent answered a request with an error; ``code`` says which kind."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class NoAgent(RuntimeError):
-    """No agent answers at the path (``str(exc)`` says so, naming the path)."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class AgentGone(RuntimeError):
-    """An agent stopped answering, or said it stops, during a request or subscription."""
+# Errors (the client's own are in peermesh.agentclient)
 
 
 class AgentRunning(RuntimeError):
@@ -156,40 +133,13 @@ class AgentPathError(RuntimeError):
 
 
 # --------------------------------------------------------------------------
-# Where the socket lives
-
-
-def default_agent_path(environ: Optional[Mapping[str, str]] = None,
-                       uid: Optional[int] = None) -> str:
-    """``$PEERMESH_AGENT``, else ``$XDG_RUNTIME_DIR/peermesh/agent.sock``, else /tmp."""
-    env = os.environ if environ is None else environ
-    explicit = env.get("PEERMESH_AGENT")
-    if explicit:
-        return os.path.abspath(explicit)
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        return os.path.join(runtime, "peermesh", "agent.sock")
-    return _tmp_path(os.getuid() if uid is None else uid)
-
-
-def _tmp_path(uid: int) -> str:
-    return f"/tmp/peermesh-{uid}/agent.sock"
-
-
-def resolve_path(path: Optional[str] = None) -> str:
-    """``path`` made absolute, or the default; ValueError when too long for a socket."""
-    result = os.path.abspath(path) if path else default_agent_path()
-    size = len(os.fsencode(result))
-    if size > MAX_PATH:
-        raise ValueError(f"agent socket path is {size} bytes, longer than a Unix socket "
-                         f"allows ({MAX_PATH}): {result}")
-    return result
+# Where the socket lives (default_agent_path, resolve_path: peermesh.agentclient)
 
 
 def _prepare_directory(path: str) -> None:
     """Create the socket's directory (0700); check it when it is the shared /tmp one."""
     directory = os.path.dirname(path)
-    private_tmp = path == _tmp_path(os.getuid())
+    private_tmp = path == tmp_path(os.getuid())
     try:
         if private_tmp:
             try:
@@ -876,124 +826,3 @@ def _is_full_uuid(text: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-# --------------------------------------------------------------------------
-# The client (plain blocking pyzmq: no gevent needed)
-
-
-class AgentClient:
-    """A connection to the agent at ``path``. Use ``connect`` to find out if one answers."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.info: dict[str, Any] = {}
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(f"ipc://{path}")
-        self._next_id = 0
-
-    @classmethod
-    def connect(cls, path: str, timeout: float = PROBE_TIMEOUT,
-                op: str = "info") -> "AgentClient":
-        """A client whose agent answered ``op`` (kept in ``info``) within ``timeout``.
-
-        Raises ``NoAgent`` when no socket file, nobody listening (a stale
-        file), or no answer in time.
-        """
-        if not os.path.exists(path):
-            raise NoAgent(path, f"no agent running at {path}")
-        try:
-            listening = _listening(path)
-        except PermissionError:
-            raise NoAgent(path, f"no permission to connect to the agent at {path}") from None
-        if not listening:
-            log.debug("no one listens on %s: a stale socket file", path)
-            raise NoAgent(path, f"no agent running at {path}")
-        client = cls(path)
-        try:
-            client.info = client.call(op, timeout=timeout)
-        except AgentGone:
-            client.close()
-            raise NoAgent(path, f"the agent at {path} does not answer "
-                                f"within {timeout:g} s") from None
-        except BaseException:
-            client.close()
-            raise
-        if not isinstance(client.info, dict):
-            client.close()
-            raise NoAgent(path, f"something at {path} answers, but not like a peermesh agent")
-        return client
-
-    def call(self, op: str, args: Optional[dict[str, Any]] = None,
-             timeout: float = 10.0) -> Any:
-        """Send one request and return its result; ``AgentError`` when the agent refuses it.
-
-        Raises ``AgentGone`` when no reply comes within ``timeout`` seconds.
-        """
-        self._next_id += 1
-        rid = self._next_id
-        body = _pack({"op": op, "args": args or {}, "id": rid})
-        self._socket.send_multipart([b"", body])
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = self._recv(deadline)
-            if reply is None:
-                raise AgentGone(f"the agent at {self.path} did not answer within {timeout:g} s")
-            if reply.get("id") != rid:
-                continue  # a late answer to an earlier request
-            if reply.get("ok"):
-                return reply.get("result")
-            raise AgentError(str(reply.get("code", "failed")),
-                             str(reply.get("error", "the agent refused the request")))
-
-    def _recv(self, deadline: float) -> Optional[dict[str, Any]]:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._socket.poll(max(1, int(remaining * 1000)), zmq.POLLIN):
-                return None
-            frames = self._socket.recv_multipart()
-            try:
-                message = msgpack.unpackb(frames[-1], raw=False)
-            except Exception:
-                continue
-            if isinstance(message, dict):
-                return message
-
-    def subscribe(self, types: Optional[list[str]] = None) -> None:
-        """Turn this connection into an event subscription (see ``stream``)."""
-        args: dict[str, Any] = {} if types is None else {"types": types}
-        self.call("events", args, timeout=PROBE_TIMEOUT * 5)
-
-    def follow(self, types: Optional[list[str]] = None,
-               lost_after: float = LOST_AFTER) -> Iterator[dict[str, Any]]:
-        """``subscribe``, then ``stream``."""
-        self.subscribe(types)
-        return self.stream(lost_after)
-
-    def stream(self, lost_after: float = LOST_AFTER) -> Iterator[dict[str, Any]]:
-        """After ``subscribe``: stream messages, ``{"event": ...}`` or ``{"dropped": n}``.
-
-        Ends with ``AgentGone`` when the agent says it stops or goes silent
-        for ``lost_after`` seconds (it sends a heartbeat every second).
-        """
-        while True:
-            message = self._recv(time.monotonic() + lost_after)
-            if message is None:
-                raise AgentGone(f"lost contact with the agent at {self.path} "
-                                f"(nothing for {lost_after:g} s)")
-            if "end" in message:
-                raise AgentGone(f"the agent at {self.path} stopped: {message['end']}")
-            if "event" in message or "dropped" in message:
-                yield message
-
-    def close(self) -> None:
-        self._socket.close(linger=0)
-        self._context.term()
-
-    def __enter__(self) -> "AgentClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

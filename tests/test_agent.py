@@ -127,7 +127,7 @@ def test_default_agent_path() -> None:
 def test_private_tmp_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     directory = tmp_path / f"peermesh-{os.getuid()}"
     sock = str(directory / "agent.sock")
-    monkeypatch.setattr(agent_module, "_tmp_path", lambda uid: sock)
+    monkeypatch.setattr(agent_module, "tmp_path", lambda uid: sock)
     claim = agent_module.claim_path(sock)
     try:
         assert directory.stat().st_mode & 0o777 == 0o700
