@@ -12,34 +12,28 @@ leave; ``join``, ``leave`` and ``status`` need the agent.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
-import json
-import logging
 import os
-import signal
 import sys
-import textwrap
 import time
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
-from uuid import UUID
 
-import zmq
+from .errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
 
-from .config import NodeConfig, parse_header
-from .errors import (AmbiguousPeerError, InterfaceError, PeermeshError, PeerNotResponding,
-                     UnknownPeerError)
-from .events import Event, EventType
-
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
+    import logging
+    from typing import Any, Callable, Optional, Sequence
+
+    from .config import NodeConfig
+    from .events import Event
     from .node import Node, PeerInfo
 
-# gevent and the node are imported where a node starts, so that a command that
-# goes through the agent does not load them (once ``peermesh`` itself does not).
+# A command that goes through the agent loads only argparse, msgpack and
+# ``peermesh.agentclient``: pyzmq, gevent, the node, the config machinery,
+# logging and the overlays' commands are imported where they are needed.
 
 __all__ = ["main", "build_parser", "build_config"]
-
-log = logging.getLogger("peermesh.cli")
 
 PROG = "peermesh"
 #: modules whose ``add_commands(command)`` adds overlay subcommands; ``command``
@@ -51,7 +45,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.sada.commands",
 )
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-_DEFAULTS = NodeConfig()
+#: in a help text: the NodeConfig default of the option's field, filled in when help is shown
+_NODE_DEFAULT = "{node default}"
 
 _EXIT_CODES = """\
 exit codes:
@@ -68,13 +63,39 @@ class _Formatter(argparse.HelpFormatter):
     """Wraps one-line paragraphs, keeps multi-line ones (examples, exit codes) as written."""
 
     def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=30)
+        super().__init__(prog, max_help_position=30, width=_columns() - 2)
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        text = super()._expand_help(action)
+        if _NODE_DEFAULT in text:
+            from .config import NodeConfig
+
+            text = text.replace(_NODE_DEFAULT, f"{getattr(NodeConfig(), action.dest):g}")
+        return text
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
         return "\n\n".join(
             "\n".join(indent + line for line in para.splitlines()) if "\n" in para
             else textwrap.fill(para, width, initial_indent=indent, subsequent_indent=indent)
             for para in text.split("\n\n"))
+
+
+@functools.cache
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it, without loading shutil
+    (argparse makes a formatter for every option it adds, and shutil loads bz2 and lzma)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
 
 
 # --------------------------------------------------------------------------
@@ -82,6 +103,8 @@ class _Formatter(argparse.HelpFormatter):
 
 
 def _header_arg(text: str) -> tuple[str, str]:
+    from .config import parse_header
+
     try:
         return parse_header(text)
     except ValueError as exc:
@@ -98,8 +121,9 @@ def _seconds_arg(text: str) -> float:
     return value
 
 
-def _common_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+@functools.cache
+def _node_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
     node = common.add_argument_group("node options")
     node.add_argument(
         "--interface", "-i", metavar="IFACE",
@@ -107,15 +131,15 @@ def _common_options() -> argparse.ArgumentParser:
              "(10.0.0.0/24); 'lo' keeps the mesh on this host "
              "(default: $PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
     node.add_argument("--port", "-p", type=int, metavar="PORT",
-                      help=f"UDP beacon port (default: {_DEFAULTS.port})")
+                      help=f"UDP beacon port (default: {_NODE_DEFAULT})")
     node.add_argument("--interval", type=_seconds_arg, metavar="SECONDS",
-                      help=f"seconds between beacons (default: {_DEFAULTS.interval:g})")
+                      help=f"seconds between beacons (default: {_NODE_DEFAULT})")
     node.add_argument("--evasive", type=_seconds_arg, metavar="SECONDS",
                       help="silence after which a peer is PINGed and reported EVASIVE "
-                           f"(default: {_DEFAULTS.evasive:g})")
+                           f"(default: {_NODE_DEFAULT})")
     node.add_argument("--expired", type=_seconds_arg, metavar="SECONDS",
                       help="silence after which a peer is removed with EXIT "
-                           f"(default: {_DEFAULTS.expired:g})")
+                           f"(default: {_NODE_DEFAULT})")
     node.add_argument("--name", "-n",
                       help="public name of this node (default: first 6 hex digits of its UUID)")
     node.add_argument("--header", "-H", dest="headers", action="append", type=_header_arg,
@@ -126,13 +150,25 @@ def _common_options() -> argparse.ArgumentParser:
     node.add_argument("--config", "-c", metavar="FILE",
                       help="TOML file with a [node] table (see deploy/peermesh.example.toml); "
                            "$PEERMESH_* variables and these options override it")
-    node.add_argument("--verbose", "-v", action="count", default=0,
-                      help="log to stderr: -v info, -vv debug")
+    _add_verbose(node)
     return common
 
 
+@functools.cache
+def _verbose_option() -> argparse.ArgumentParser:
+    verbose = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    _add_verbose(verbose)
+    return verbose
+
+
+def _add_verbose(group: Any) -> None:
+    group.add_argument("--verbose", "-v", action="count", default=0,
+                       help="log to stderr: -v info, -vv debug")
+
+
+@functools.cache
 def _agent_options(fallback: bool) -> argparse.ArgumentParser:
-    options = argparse.ArgumentParser(add_help=False)
+    options = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
     group = options.add_argument_group("agent options")
     group.add_argument(
         "--agent", metavar="PATH",
@@ -151,21 +187,149 @@ _AGENT_NOTE = ("When an agent (`peermesh agent`) answers at the agent path, the 
                "through it and answers at once: the agent's node sends, and --name, --header "
                "and --group are not used. Otherwise it starts a short-lived node of its own.")
 
+if TYPE_CHECKING:
+    #: build_parser's factory: command(name, summary, description, examples, handler, *,
+    #: parents=(), node_options=True, agent_first=False) -> the subcommand's parser
+    CommandFactory = Callable[..., argparse.ArgumentParser]
 
-#: the commands defined here; parsing one of them skips importing COMMAND_MODULES,
-#: which keeps the round trip through the agent short
-_BUILTIN = frozenset({"run", "agent", "peers", "shout", "whisper", "join", "leave", "events",
-                      "status"})
+
+def _add_run(command: CommandFactory) -> None:
+    run = command(
+        "run", "join the mesh and print events until stopped",
+        "Start a node, join its groups and print every event (ENTER, EXIT, JOIN, LEAVE, "
+        "WHISPER, SHOUT, EVASIVE, SILENT) as it comes. Ctrl-C or SIGTERM leaves cleanly: "
+        "peers see EXIT at once.",
+        f"  {PROG} run --name alice --group chat --header role=sensor\n"
+        f"  {PROG} run --interface lo --port 5999 --json | jq .",
+        cmd_run)
+    run.add_argument("--json", action="store_true",
+                     help="one JSON object per line: event, peer (UUID hex), name, group, "
+                          "headers, address, frames, message, reason")
 
 
-def build_parser(command_modules: bool = True) -> argparse.ArgumentParser:
-    """The argument parser of the ``peermesh`` command (``command_modules``: with overlays)."""
-    common = _common_options()
-    through_agent = _agent_options(fallback=True)
-    agent_only = _agent_options(fallback=False)
-    verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument("--verbose", "-v", action="count", default=0,
-                         help="log to stderr: -v info, -vv debug")
+def _add_agent(command: CommandFactory) -> None:
+    agent = command(
+        "agent", "run a long-lived node that other commands use",
+        "Start a node with the node options (name, headers and groups are fixed at start; "
+        "join and leave change groups later) and serve a local control socket, so that "
+        "peers, shout, whisper, join, leave, events and status answer at once through it. "
+        "Prints the node's mailbox and the socket path on stderr, then runs until Ctrl-C "
+        "or SIGTERM, which leave the mesh cleanly and remove the socket. A socket file "
+        "left by a dead agent is replaced; if another agent answers at the path, this one "
+        "refuses to start (exit 1).",
+        f"  {PROG} agent --name alice --group chat --header role=sensor\n"
+        f"  {PROG} agent --config /etc/peermesh/peermesh.toml --agent /run/peermesh/agent.sock\n"
+        f"  {PROG} agent --interface lo --port 5999 --print-events --json",
+        cmd_agent, parents=[_agent_options(False)])
+    agent.add_argument("--print-events", action="store_true",
+                       help="also print every event on stdout, as `run` does")
+    agent.add_argument("--json", action="store_true",
+                       help="print events as JSON lines (implies --print-events)")
+
+
+def _add_peers(command: CommandFactory) -> None:
+    peers = command(
+        "peers", "list the peers (the agent's, or found within a few seconds)",
+        "List the peers (UUID, name, address, groups, headers). Through the agent: the "
+        "peers it knows, at once. Without: start a short-lived node, collect peers for "
+        "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
+        f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
+        cmd_peers, parents=[_agent_options(True)], agent_first=True)
+    peers.add_argument("--wait", "-w", type=_seconds_arg, default=2.0, metavar="SECONDS",
+                       help="how long to collect peers without an agent (default: %(default)s)")
+    peers.add_argument("--json", action="store_true",
+                       help="print one JSON list of {peer, name, address, headers, groups}")
+
+
+def _add_shout(command: CommandFactory) -> None:
+    shout = command(
+        "shout", "send a message to every peer in a group",
+        "Send MESSAGE to every member of GROUP and wait for their confirmation. Through "
+        "the agent: at once to the members it knows (waiting up to --wait only when there "
+        "are none yet). Without: start a short-lived node, wait until the group's members "
+        "have been found (no new member for about one beacon interval, at most --wait "
+        "seconds), send and leave.\n\n" + _AGENT_NOTE,
+        f'  {PROG} shout chat "hello everyone"\n'
+        f'  {PROG} shout --interface lo --wait 5 alerts "disk full"',
+        cmd_shout, parents=[_agent_options(True)], agent_first=True)
+    shout.add_argument("target", metavar="GROUP", help="the group to shout to")
+    shout.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
+    shout.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
+                       help="longest wait for the group's members (default: %(default)s)")
+
+
+def _add_whisper(command: CommandFactory) -> None:
+    whisper = command(
+        "whisper", "send a message to one peer",
+        "Send MESSAGE to the one peer matching PEER (a name, a UUID, or a unique UUID hex "
+        "prefix) and wait for its confirmation. Without an agent, a short-lived node uses "
+        "a full UUID as soon as that peer is found, a name or prefix once every peer had "
+        "time to be found (about one beacon interval), so that an ambiguous PEER is "
+        "refused rather than sent to whichever peer answered first. Through the agent this "
+        "is at once (waiting up to --wait for a peer it does not know yet).\n\n"
+        + _AGENT_NOTE,
+        f'  {PROG} whisper alice "hi"\n  {PROG} whisper 3f2a9c "hi"   # UUID prefix',
+        cmd_whisper, parents=[_agent_options(True)], agent_first=True)
+    whisper.add_argument("target", metavar="PEER", help="peer name, UUID or UUID hex prefix")
+    whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
+    whisper.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
+                         help="longest wait for the peer (default: %(default)s)")
+
+
+def _add_group_op(command: CommandFactory, name: str) -> None:
+    verb = name
+    p = command(
+        name, f"make the agent {verb} a group",
+        f"Make the agent's node {verb} GROUP (every peer sees "
+        f"{'JOIN' if name == 'join' else 'LEAVE'}). Needs a running agent: without one, "
+        "fails with exit code 1. Doing it twice is not an error.",
+        f"  {PROG} {name} news\n  {PROG} {name} --agent /run/peermesh/agent.sock news",
+        cmd_join if name == "join" else cmd_leave, parents=[_agent_options(False)],
+        node_options=False, agent_first=True)
+    p.add_argument("group", metavar="GROUP", help=f"the group to {verb}")
+
+
+def _add_events(command: CommandFactory) -> None:
+    events = command(
+        "events", "follow the events of the agent's node",
+        "Print every event of the agent's node as it comes (the format of `run`), until "
+        "Ctrl-C or SIGTERM (exit 0), or until the agent stops or cannot be reached (exit "
+        "1). Without an agent, start a node of its own and print its events like `run`.",
+        f"  {PROG} events\n  {PROG} events --json | jq 'select(.event == \"SHOUT\")'",
+        cmd_events, parents=[_agent_options(True)], agent_first=True)
+    events.add_argument("--json", action="store_true",
+                        help="one JSON object per line, as `run --json`")
+
+
+def _add_status(command: CommandFactory) -> None:
+    status = command(
+        "status", "show the running agent",
+        "Show the agent answering at the agent path: pid, node name and UUID, mailbox, "
+        "interface and beacon port, groups, headers and number of peers. Exit code 0 "
+        "when an agent answers, 1 when none does.",
+        f"  {PROG} status\n  {PROG} status --json",
+        cmd_status, parents=[_agent_options(False)], node_options=False, agent_first=True)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+#: the commands defined here, in help order; parsing one of them builds only its own
+#: parser and skips importing COMMAND_MODULES, which keeps the round trip through the
+#: agent short
+_BUILTIN: dict[str, Callable[[CommandFactory], None]] = {
+    "run": _add_run, "agent": _add_agent, "peers": _add_peers, "shout": _add_shout,
+    "whisper": _add_whisper, "join": functools.partial(_add_group_op, name="join"),
+    "leave": functools.partial(_add_group_op, name="leave"), "events": _add_events,
+    "status": _add_status,
+}
+
+
+def build_parser(command_modules: bool = True,
+                 only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The argument parser of the ``peermesh`` command.
+
+    ``command_modules``: with the overlays' commands; ``only``: with just that
+    one of the built-in commands (all of them when None).
+    """
     parser = argparse.ArgumentParser(
         prog=PROG, formatter_class=_Formatter,
         description="Brokerless peer meshes on the LAN (ZRE v2, talks to Zyre and pyre).",
@@ -186,118 +350,21 @@ Run '{PROG} COMMAND --help' for the options of a command.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     def command(name: str, summary: str, description: str, examples: str,
-                handler: Callable[[argparse.Namespace, NodeConfig], int], *,
+                handler: Callable[[argparse.Namespace, Optional[NodeConfig]], int], *,
                 parents: Sequence[argparse.ArgumentParser] = (),
-                node_options: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common if node_options else verbose, *parents],
+                node_options: bool = True, agent_first: bool = False
+                ) -> argparse.ArgumentParser:
+        """``agent_first``: the handler gets no config and builds one when it needs it."""
+        options = _node_options() if node_options else _verbose_option()
+        p = sub.add_parser(name, parents=[options, *parents],
                            help=summary, formatter_class=_Formatter, description=description,
                            epilog=f"examples:\n{examples}\n\n{_EXIT_CODES}")
-        p.set_defaults(handler=handler, node_options=node_options)
+        p.set_defaults(handler=handler, node_options=node_options, agent_first=agent_first)
         return p
 
-    run = command(
-        "run", "join the mesh and print events until stopped",
-        "Start a node, join its groups and print every event (ENTER, EXIT, JOIN, LEAVE, "
-        "WHISPER, SHOUT, EVASIVE, SILENT) as it comes. Ctrl-C or SIGTERM leaves cleanly: "
-        "peers see EXIT at once.",
-        f"  {PROG} run --name alice --group chat --header role=sensor\n"
-        f"  {PROG} run --interface lo --port 5999 --json | jq .",
-        cmd_run)
-    run.add_argument("--json", action="store_true",
-                     help="one JSON object per line: event, peer (UUID hex), name, group, "
-                          "headers, address, frames, message, reason")
-
-    agent = command(
-        "agent", "run a long-lived node that other commands use",
-        "Start a node with the node options (name, headers and groups are fixed at start; "
-        "join and leave change groups later) and serve a local control socket, so that "
-        "peers, shout, whisper, join, leave, events and status answer at once through it. "
-        "Prints the node's mailbox and the socket path on stderr, then runs until Ctrl-C "
-        "or SIGTERM, which leave the mesh cleanly and remove the socket. A socket file "
-        "left by a dead agent is replaced; if another agent answers at the path, this one "
-        "refuses to start (exit 1).",
-        f"  {PROG} agent --name alice --group chat --header role=sensor\n"
-        f"  {PROG} agent --config /etc/peermesh/peermesh.toml --agent /run/peermesh/agent.sock\n"
-        f"  {PROG} agent --interface lo --port 5999 --print-events --json",
-        cmd_agent, parents=[agent_only])
-    agent.add_argument("--print-events", action="store_true",
-                       help="also print every event on stdout, as `run` does")
-    agent.add_argument("--json", action="store_true",
-                       help="print events as JSON lines (implies --print-events)")
-
-    peers = command(
-        "peers", "list the peers (the agent's, or found within a few seconds)",
-        "List the peers (UUID, name, address, groups, headers). Through the agent: the "
-        "peers it knows, at once. Without: start a short-lived node, collect peers for "
-        "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
-        f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
-        cmd_peers, parents=[through_agent])
-    peers.add_argument("--wait", "-w", type=_seconds_arg, default=2.0, metavar="SECONDS",
-                       help="how long to collect peers without an agent (default: %(default)s)")
-    peers.add_argument("--json", action="store_true",
-                       help="print one JSON list of {peer, name, address, headers, groups}")
-
-    shout = command(
-        "shout", "send a message to every peer in a group",
-        "Send MESSAGE to every member of GROUP and wait for their confirmation. Through "
-        "the agent: at once to the members it knows (waiting up to --wait only when there "
-        "are none yet). Without: start a short-lived node, wait until the group's members "
-        "have been found (no new member for about one beacon interval, at most --wait "
-        "seconds), send and leave.\n\n" + _AGENT_NOTE,
-        f'  {PROG} shout chat "hello everyone"\n'
-        f'  {PROG} shout --interface lo --wait 5 alerts "disk full"',
-        cmd_shout, parents=[through_agent])
-    shout.add_argument("target", metavar="GROUP", help="the group to shout to")
-    shout.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
-    shout.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
-                       help="longest wait for the group's members (default: %(default)s)")
-
-    whisper = command(
-        "whisper", "send a message to one peer",
-        "Send MESSAGE to the one peer matching PEER (a name, a UUID, or a unique UUID hex "
-        "prefix) and wait for its confirmation. Without an agent, a short-lived node uses "
-        "a full UUID as soon as that peer is found, a name or prefix once every peer had "
-        "time to be found (about one beacon interval), so that an ambiguous PEER is "
-        "refused rather than sent to whichever peer answered first. Through the agent this "
-        "is at once (waiting up to --wait for a peer it does not know yet).\n\n"
-        + _AGENT_NOTE,
-        f'  {PROG} whisper alice "hi"\n  {PROG} whisper 3f2a9c "hi"   # UUID prefix',
-        cmd_whisper, parents=[through_agent])
-    whisper.add_argument("target", metavar="PEER", help="peer name, UUID or UUID hex prefix")
-    whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
-    whisper.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
-                         help="longest wait for the peer (default: %(default)s)")
-
-    for name, verb in (("join", "join"), ("leave", "leave")):
-        p = command(
-            name, f"make the agent {verb} a group",
-            f"Make the agent's node {verb} GROUP (every peer sees "
-            f"{'JOIN' if name == 'join' else 'LEAVE'}). Needs a running agent: without one, "
-            "fails with exit code 1. Doing it twice is not an error.",
-            f"  {PROG} {name} news\n  {PROG} {name} --agent /run/peermesh/agent.sock news",
-            cmd_join if name == "join" else cmd_leave, parents=[agent_only],
-            node_options=False)
-        p.add_argument("group", metavar="GROUP", help=f"the group to {verb}")
-
-    events = command(
-        "events", "follow the events of the agent's node",
-        "Print every event of the agent's node as it comes (the format of `run`), until "
-        "Ctrl-C or SIGTERM (exit 0), or until the agent stops or cannot be reached (exit "
-        "1). Without an agent, start a node of its own and print its events like `run`.",
-        f"  {PROG} events\n  {PROG} events --json | jq 'select(.event == \"SHOUT\")'",
-        cmd_events, parents=[through_agent])
-    events.add_argument("--json", action="store_true",
-                        help="one JSON object per line, as `run --json`")
-
-    status = command(
-        "status", "show the running agent",
-        "Show the agent answering at the agent path: pid, node name and UUID, mailbox, "
-        "interface and beacon port, groups, headers and number of peers. Exit code 0 "
-        "when an agent answers, 1 when none does.",
-        f"  {PROG} status\n  {PROG} status --json",
-        cmd_status, parents=[agent_only], node_options=False)
-    status.add_argument("--json", action="store_true", help="print one JSON object")
-
+    for name, add in _BUILTIN.items():
+        if only is None or only == name:
+            add(command)
     for module in COMMAND_MODULES if command_modules else ():
         importlib.import_module(module).add_commands(command)
     return parser
@@ -313,9 +380,14 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
 
     --group and --header add to the groups and headers from the file and
     environment. When only --evasive or --expired is given, the silent timeout
-    is kept between them.
+    is kept between them. A bad file, variable or option is a ValueError.
     """
-    base = NodeConfig.load(args.config)
+    from .config import NodeConfig
+
+    try:
+        base = NodeConfig.load(args.config)
+    except TypeError as exc:  # a TOML value of the wrong type
+        raise ValueError(f"invalid configuration: {exc}") from None
     overrides: dict[str, Any] = {
         "name": args.name, "interface": args.interface, "port": args.port,
         "interval": args.interval, "evasive": args.evasive, "expired": args.expired,
@@ -339,9 +411,13 @@ class _Session:
     """A started Node whose stop runs once, from a signal or from the command."""
 
     def __init__(self, config: NodeConfig) -> None:
+        import signal
+
         import gevent
 
         from .node import Node
+
+        _setup_logging(0)  # no-op when main has set it up already
 
         try:
             self.node = Node(config=config)
@@ -355,6 +431,8 @@ class _Session:
                           for sig in (signal.SIGINT, signal.SIGTERM)]
 
     def start(self) -> Node:
+        import zmq
+
         cfg = self.node.config
         try:
             self.node.start()
@@ -364,7 +442,7 @@ class _Session:
         except zmq.ZMQError as exc:
             raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
         node = self.node
-        log.info("node %s (%s) at %s, beacons to %s:%d every %gs", node.name, node.uuid.hex,
+        _log().info("node %s (%s) at %s, beacons to %s:%d every %gs", node.name, node.uuid.hex,
                  node.endpoint, node.interface.broadcast if node.interface else "?", cfg.port,
                  cfg.interval)
         return node
@@ -412,6 +490,10 @@ def _content(event: Event) -> str:
 
 def format_event(event: Event) -> str:
     """One human-readable line: time, event, peer name and short UUID, then details."""
+    from datetime import datetime
+
+    from .events import EventType
+
     fields = [datetime.now().strftime("%H:%M:%S.%f")[:-3], f"{event.type.value:<7}"]
     if event.peer is not None:
         fields.append(f"{_clean(event.name)} ({event.peer.hex[:8]})")
@@ -436,6 +518,8 @@ def _stdout_utf8() -> bool:
 
 def _json(obj: Any) -> str:
     """One line of JSON; non-ASCII text as is when stdout is UTF-8, else \\u escapes."""
+    import json
+
     return json.dumps(obj, ensure_ascii=not _stdout_utf8())
 
 
@@ -453,6 +537,8 @@ def _stderr(message: str) -> None:
 
 
 def _renderer(args: argparse.Namespace) -> Callable[[Event], str]:
+    from .events import Event
+
     if args.json:
         return Event.to_json if _stdout_utf8() else lambda e: _json(e.to_dict())
     return format_event
@@ -525,28 +611,28 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
 
     With ``required`` a missing agent is a RuntimeError (exit code 1).
     """
-    from . import agent as agent_module
+    from .agentclient import AgentClient, NoAgent, resolve_path
 
     if getattr(args, "no_agent", False):
         return None, "--no-agent"
-    path = agent_module.resolve_path(args.agent)
+    path = resolve_path(args.agent)
     try:
-        client = agent_module.AgentClient.connect(path)
-    except agent_module.NoAgent as exc:
+        client = AgentClient.connect(path)
+    except NoAgent as exc:
         none = str(exc).startswith("no agent running")
         if required:
             raise RuntimeError(f"{exc}; start one with `{PROG} agent`" if none
                                else str(exc)) from None
         if not none:  # an agent may be there, but cannot be used: say so
             _stderr(f"{exc}; using a node of its own")
-        log.info("%s; using a node of its own", exc)
+        _log().info("%s; using a node of its own", exc)
         return None, str(exc)
     if not required:
         mismatch = _mesh_mismatch(args, client.info)
         if mismatch:
             client.close()
             why = f"not using the agent at {path}: {mismatch}"
-            log.info("%s", why)
+            _log().info("%s", why)
             return None, why
     return client, ""
 
@@ -555,11 +641,12 @@ def _mesh_mismatch(args: argparse.Namespace, info: dict[str, Any]) -> str:
     """Why --interface or --port given on the command line name another mesh than the agent's."""
     if args.port is not None and args.port != info.get("port"):
         return f"it beacons on port {info.get('port')}, not {args.port}"
-    if args.interface is not None:
+    theirs = info.get("interface") or {}
+    if args.interface is not None and args.interface not in (theirs.get("name"),
+                                                             theirs.get("address")):
         from .interfaces import select_interface
 
         wanted = select_interface(args.interface)
-        theirs = info.get("interface") or {}
         if wanted.address != theirs.get("address"):
             return (f"it is on {theirs.get('name')} ({theirs.get('address')}), "
                     f"not {wanted.name} ({wanted.address})")
@@ -568,7 +655,7 @@ def _mesh_mismatch(args: argparse.Namespace, info: dict[str, Any]) -> str:
 
 def _agent_call(client: Any, op: str, arguments: dict[str, Any], timeout: float = 10.0) -> Any:
     """``client.call`` with agent errors mapped onto exit codes (2: not found, 1: the rest)."""
-    from .agent import AgentError
+    from .agentclient import AgentError
 
     try:
         return client.call(op, arguments, timeout=timeout)
@@ -589,7 +676,7 @@ def _answer(result: Any, *keys: str) -> dict[str, Any]:
 # --- subcommands that may go through the agent
 
 
-def cmd_peers(args: argparse.Namespace, config: NodeConfig) -> int:
+def cmd_peers(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     """Print the agent's peers, or collect peers for --wait seconds and print them."""
     client, _ = _agent_client(args)
     if client is not None:
@@ -599,7 +686,7 @@ def cmd_peers(args: argparse.Namespace, config: NodeConfig) -> int:
             raise RuntimeError(f"unexpected answer from the agent: {entries!r:.200}")
         empty = f"the agent at {client.path} knows no peers"
     else:
-        entries = [info.to_dict() for info in _collect_peers(args, config)]
+        entries = [info.to_dict() for info in _collect_peers(args, build_config(args))]
         empty = f"no peers found within {args.wait:g} s"
     if args.json:
         _print(_json(entries))
@@ -619,7 +706,7 @@ def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInf
             event = session.wait_event(deadline)
             if session.interrupted:
                 raise KeyboardInterrupt
-            if event is not None and event.type is EventType.STOP:
+            if _is_stop(event):
                 break
         return sorted((node.peer_info(uuid) for uuid in node.peers()),
                       key=lambda info: (info.name, info.uuid.hex))
@@ -639,7 +726,7 @@ def _table(entries: Sequence[dict[str, Any]]) -> str:
                      for row in rows)
 
 
-def cmd_shout(args: argparse.Namespace, config: NodeConfig) -> int:
+def cmd_shout(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     """Shout MESSAGE to GROUP through the agent, or from a short-lived node."""
     group = args.target
     client, _ = _agent_client(args)
@@ -650,7 +737,7 @@ def cmd_shout(args: argparse.Namespace, config: NodeConfig) -> int:
                              "peers")
         count, confirmed = int(result["peers"]), bool(result.get("confirmed"))
     else:
-        count, confirmed = _shout_alone(args, config)
+        count, confirmed = _shout_alone(args, build_config(args))
         if count < 0:
             return EXIT_INTERRUPTED
     _stderr(f"shouted to {count} peer{'s' if count != 1 else ''} in group {group!r}")
@@ -684,7 +771,7 @@ def _shout_alone(args: argparse.Namespace, config: NodeConfig) -> tuple[int, boo
             event = session.wait_event(min(deadline, last_new + settle) if seen else deadline)
             if session.interrupted:
                 return -1, False
-            if event is not None and event.type is EventType.STOP:
+            if _is_stop(event):
                 break
         members = set(node.peers_by_group(group))
         if not members:
@@ -696,7 +783,7 @@ def _shout_alone(args: argparse.Namespace, config: NodeConfig) -> tuple[int, boo
     return len(members), confirmed
 
 
-def cmd_whisper(args: argparse.Namespace, config: NodeConfig) -> int:
+def cmd_whisper(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     """Whisper MESSAGE to PEER through the agent, or from a short-lived node."""
     client, _ = _agent_client(args)
     if client is not None:
@@ -708,7 +795,7 @@ def cmd_whisper(args: argparse.Namespace, config: NodeConfig) -> int:
         name, uuid_hex, confirmed = str(result["name"]), str(result["peer"]), \
             bool(result.get("confirmed"))
     else:
-        found = _whisper_alone(args, config)
+        found = _whisper_alone(args, build_config(args))
         if found is None:
             return EXIT_INTERRUPTED
         name, uuid_hex, confirmed = found
@@ -753,7 +840,7 @@ def _whisper_alone(args: argparse.Namespace,
             event = session.wait_event(wake)
             if session.interrupted:
                 return None
-            if event is not None and event.type is EventType.STOP:
+            if _is_stop(event):
                 raise RuntimeError("the node stopped")
         name = node.peer_name(uuid)
         node.whisper(uuid, os.fsencode(args.message))
@@ -766,12 +853,12 @@ def _whisper_alone(args: argparse.Namespace,
 # --- subcommands of the agent
 
 
-def cmd_join(args: argparse.Namespace, config: NodeConfig) -> int:
+def cmd_join(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     """Make the agent's node join GROUP."""
     return _group_op(args, "join")
 
 
-def cmd_leave(args: argparse.Namespace, config: NodeConfig) -> int:
+def cmd_leave(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     """Make the agent's node leave GROUP."""
     return _group_op(args, "leave")
 
@@ -791,7 +878,7 @@ def _group_op(args: argparse.Namespace, op: str) -> int:
     return EXIT_OK
 
 
-def cmd_status(args: argparse.Namespace, config: NodeConfig) -> int:
+def cmd_status(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     """Show the agent answering at the path."""
     client, _ = _agent_client(args, required=True)
     with client:
@@ -826,15 +913,21 @@ def _duration(seconds: Any) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def cmd_events(args: argparse.Namespace, config: NodeConfig) -> int:
-    """Follow the agent's events; without an agent, print a node's own like ``run``."""
-    from .agent import AgentGone
+def cmd_events(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
+    """Follow the agent's events; without an agent, print a node's own like ``run``.
+
+    Like every command that may go through the agent, it gets no ``config`` and
+    builds one only when it starts a node.
+    """
+    import signal
+
+    from .agentclient import AgentGone
 
     client, why = _agent_client(args)
     if client is None:
         if not args.no_agent:
             _stderr(f"{why}; following the events of a node of its own")
-        return cmd_run(args, config)
+        return cmd_run(args, build_config(args))
     render = _renderer(args)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -866,6 +959,10 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _event_from(data: Any) -> Optional[Event]:
     """An Event from the agent's stream form, or None if it does not parse."""
+    from uuid import UUID
+
+    from .events import Event, EventType
+
     if not isinstance(data, dict):
         return None
     try:
@@ -882,12 +979,20 @@ def _event_from(data: Any) -> Optional[Event]:
         return None
 
 
+def _is_stop(event: Optional[Event]) -> bool:
+    from .events import EventType
+
+    return event is not None and event.type is EventType.STOP
+
+
 def _settle_time(config: NodeConfig) -> float:
     """Time in which every peer on the LAN has beaconed at least once (one interval, plus)."""
     return config.interval * 1.25 + 0.05
 
 
 def _is_full_uuid(text: str) -> bool:
+    from uuid import UUID
+
     try:
         UUID(text)
         return True
@@ -903,48 +1008,72 @@ class _NotFound(Exception):
 # Entry point
 
 
+def _log() -> logging.Logger:
+    import logging
+
+    return logging.getLogger("peermesh.cli")
+
+
 def _setup_logging(verbosity: int) -> None:
+    """Log to stderr at WARNING, or INFO (-v) or DEBUG (-vv); once per process."""
+    import logging
+
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    """Runtime failures (exit code 1); pyzmq's only when something has loaded it."""
+    zmq = sys.modules.get("zmq")
+    return (RuntimeError, OSError, PeermeshError) + ((zmq.ZMQError,) if zmq else ())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``peermesh`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command_modules=first not in _BUILTIN)
+    builtin = first in _BUILTIN
+    parser = build_parser(command_modules=not builtin, only=first if builtin else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    _setup_logging(args.verbose)
+    agent_first = getattr(args, "agent_first", False)
+    if args.verbose or not agent_first:  # else when it starts a node of its own
+        _setup_logging(args.verbose)
     try:
         sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     except (AttributeError, ValueError):
         pass
     try:
-        config = build_config(args) if getattr(args, "node_options", True) else NodeConfig()
+        config: Optional[NodeConfig] = None
+        if not agent_first:
+            if getattr(args, "node_options", True):
+                config = build_config(args)
+            else:
+                from .config import NodeConfig
+
+                config = NodeConfig()
     except ValueError as exc:
         return _fail(exc, EXIT_USAGE, args.verbose)
-    except TypeError as exc:  # a TOML value of the wrong type
-        return _fail(f"invalid configuration: {exc}", EXIT_USAGE, args.verbose)
     try:
         return int(args.handler(args, config))
     except (_NotFound, InterfaceError, ValueError) as exc:
         return _fail(exc, EXIT_USAGE, args.verbose)
-    except (PeerNotResponding, UnknownPeerError, RuntimeError, OSError, zmq.ZMQError,
-            PeermeshError) as exc:
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not isinstance(exc, _failures()):
+            raise
         if isinstance(exc, BrokenPipeError):
             return _broken_pipe()
         return _fail(exc, EXIT_FAILURE, args.verbose)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
 
 
 def _fail(exc: BaseException | str, code: int, verbosity: int) -> int:
     if verbosity >= 2 and isinstance(exc, BaseException):
-        log.debug("details", exc_info=exc)
+        _log().debug("details", exc_info=exc)
     _stderr(f"error: {exc}")
     return code
 

@@ -8,12 +8,15 @@ loops are bounded. Timing is measured and printed (``-s``), never asserted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import statistics
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -293,6 +296,84 @@ def test_a_subscriber_that_goes_away_is_forgotten(mesh: Mesh) -> None:
         assert client.call("info")["subscribers"] == 1
         follower.close()  # no goodbye: the agent notices on its next send (a heartbeat)
         _wait_for(lambda: client.call("info")["subscribers"] == 0, "subscription dropped")
+
+
+def test_the_client_speaks_zmtp_without_pyzmq(mesh: Mesh) -> None:
+    note = "n" * 300  # a HELLO header that makes the info reply a long (8-octet size) frame
+    alice = mesh.agent("--name", "alice", "--header", f"note={note}")
+    with mesh.client() as client:
+        assert client.info["headers"] == {"note": note} and client.info["name"] == "alice"
+        with pytest.raises(AgentError) as caught:  # a long request frame, parsed by the agent
+            client.call("join", {"group": "g" * 300})
+        assert caught.value.code == "bad-args"
+        assert client.call("join", {"group": "news"})["changed"] is True
+    # A command through the agent loads neither pyzmq nor gevent nor the node.
+    probe = ("import sys; from peermesh.cli import main; code = main(sys.argv[1:]); "
+             "print(sorted(m for m in ('zmq', 'gevent', 'peermesh.node', 'peermesh.config') "
+             "if m in sys.modules)); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe, "status", "--json", "--agent",
+                             mesh.sock], capture_output=True, env=_env(), encoding="utf-8",
+                            timeout=20)
+    assert result.returncode == 0, _report(result)
+    info_line, loaded = result.stdout.splitlines()
+    assert json.loads(info_line)["pid"] == alice.popen.pid
+    assert loaded == "[]"
+
+
+@contextlib.contextmanager
+def _serve_once(path: str, reply: Optional[bytes]) -> Iterator[None]:
+    """A Unix socket at ``path`` that accepts one connection, sends ``reply`` and closes it
+    (None: sends nothing and keeps it open)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    server.settimeout(WAIT)
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        accepted.append(conn)
+        if reply is not None:
+            conn.sendall(reply)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.close()
+        thread.join(WAIT)
+        for conn in accepted:
+            conn.close()
+
+
+@pytest.mark.parametrize("reply, message", [
+    (None, "does not answer within 0.3 s"),
+    (b"HTTP/1.0 400 Bad Request\r\n\r\n" + bytes(64), "answers, but not like a peermesh agent"),
+    (b"", "answers, but not like a peermesh agent"),  # closes at once
+])
+def test_the_client_refuses_what_is_not_an_agent(tmp_path: Path, reply: Optional[bytes],
+                                                 message: str) -> None:
+    path = str(tmp_path / "agent.sock")
+    with _serve_once(path, reply):
+        start = time.monotonic()
+        with pytest.raises(agent_module.NoAgent, match=message):
+            AgentClient.connect(path, timeout=0.3)
+        assert time.monotonic() - start < WAIT
+
+
+def test_the_client_on_a_stale_or_missing_socket(tmp_path: Path) -> None:
+    path = str(tmp_path / "agent.sock")
+    with pytest.raises(agent_module.NoAgent, match="no agent running at"):
+        AgentClient.connect(path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(path)  # the file stays; nobody listens
+    with pytest.raises(agent_module.NoAgent, match="no agent running at"):
+        AgentClient.connect(path)
 
 
 # --------------------------------------------------------------------------
