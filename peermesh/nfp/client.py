@@ -15,6 +15,19 @@ meets a broker change (the broker stepped down, left the mesh, or answered
 timeout; a POST sent again carries ``"retry": true`` so an ``any`` job is
 not run a second time by a different worker.
 
+**Open jobs survive a broker change.** What a broker knows about the jobs it
+relayed (who posted them, which worker runs them, re-dispatch) dies with
+it. So the client remembers, in memory, every job it posted that was
+accepted and whose workers have not all reported it finished (at most
+``MAX_OPEN`` jobs, newest kept), and when the broker changes it re-POSTs
+each of them, same UUID, with ``"retry": true``, to the new broker (or
+directly). Workers are idempotent and keep their jobs on disk: a worker that
+has the job answers 202 again (with its state) instead of running it twice,
+and an ``any`` job that no live worker has is dispatched afresh. From then
+on the new broker relays the job's EVENTs to this client and re-dispatches
+or reports it (``orphaned``) if its worker dies. A job whose re-POST finds it
+already finished is fetched with a GET by ``run``.
+
 Every job posted is recorded in the node's store as it is sent
 (``posting``), then updated with the workers that accepted it and what later
 answers say (``accepted``, ``running``, ``completed``, ``failed``,
@@ -35,11 +48,13 @@ import itertools
 import logging
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import gevent
 import gevent.event
+import gevent.pool
 import zmq
 
 from ..errors import ProtocolError
@@ -56,6 +71,8 @@ log = logging.getLogger(__name__)
 
 _RETRY = object()   # the request met a broker change: send it again
 _PAUSE = 0.05       # seconds between attempts while the mesh settles
+MAX_OPEN = 10_000   # open jobs remembered for re-posting after a broker change
+_REPOSTS = 16       # re-POSTs in flight at once after a broker change
 
 
 def new_job_uuid() -> str:
@@ -80,19 +97,34 @@ class JobEvent:
         return self.body.get("state")
 
 
+@dataclass(eq=False, slots=True)
+class _OpenJob:
+    service: str
+    target: str
+    body: dict[str, Any]
+    workers: set[str]           # accepted it; no final EVENT from them yet
+
+
 @dataclass(eq=False)
 class _RunWaiter:
     expected: set[str] = field(default_factory=set)
     finals: dict[str, dict[str, Any]] = field(default_factory=dict)
     armed: bool = False
     complete: bool = False      # every expected worker's final EVENT is in
-    done: gevent.event.Event = field(default_factory=gevent.event.Event)  # complete, or the
-    # broker changed (an EVENT may have been lost on the way)
+    fetch: bool = False         # a re-POST found it finished: no EVENT will come, GET it
+    done: gevent.event.Event = field(default_factory=gevent.event.Event)  # complete or fetch
 
     def check(self) -> None:
         if self.armed and self.expected and self.finals.keys() >= self.expected:
             self.complete = True
             self.done.set()
+
+
+def _final_status(body: dict[str, Any]) -> int:
+    """The per-worker status ``run`` reports for a final EVENT."""
+    state = body.get("state")
+    return int(Status.ERROR if state == "lost" else
+               Status.REQUEST_TIMEOUT if state == "orphaned" else Status.OK)
 
 
 class Client:
@@ -119,6 +151,8 @@ class Client:
         self._changed = gevent.event.Event()
         self._listeners: list[Callable[[JobEvent], None]] = []
         self._runs: dict[str, _RunWaiter] = {}
+        self._open: OrderedDict[str, _OpenJob] = OrderedDict()
+        self._reposter: Optional[gevent.Greenlet] = None
         self._per_job: dict[str, list[Callable[[JobEvent], None]]] = {}
         self._ticker: Optional[gevent.Greenlet] = None
 
@@ -131,9 +165,10 @@ class Client:
 
     def stop(self) -> None:
         """Close every socket; open requests end with 408."""
-        if self._ticker is not None:
-            self._ticker.kill(block=False)
-            self._ticker = None
+        for greenlet in (self._ticker, self._reposter):
+            if greenlet is not None:
+                greenlet.kill(block=False)
+        self._ticker = self._reposter = None
         self._close_broker()
         for name in list(self._links):
             self.remove_worker(name)
@@ -191,8 +226,50 @@ class Client:
         self._close_broker()
         changed, self._changed = self._changed, gevent.event.Event()
         changed.set()
-        for waiter in self._runs.values():
-            waiter.done.set()
+        if self._reposter is not None:
+            self._reposter.kill(block=False)
+            self._reposter = None
+        if self._open:
+            self._reposter = gevent.spawn(self._repost_open)
+
+    def _repost_open(self) -> None:
+        """Re-POST every open job (same UUID, ``retry``) after a broker change."""
+        pool = gevent.pool.Pool(_REPOSTS)
+        for uuid in list(self._open):
+            if uuid in self._open:
+                pool.spawn(self._repost, uuid)
+        pool.join()
+        self._reposter = None
+
+    def _repost(self, uuid: str) -> None:
+        job = self._open.get(uuid)
+        if job is None:
+            return
+        reply = self._request("post", job.service, job.target, uuid,
+                              {**job.body, "retry": True, "holders": sorted(job.workers)},
+                              self.queue_timeout + self.request_timeout)
+        if self._open.get(uuid) is not job:
+            return          # finished (or deleted) meanwhile
+        waiter = self._runs.get(uuid)
+        if reply.status is not Status.ACCEPTED:
+            log.info("job %s: re-POST after the broker changed failed: %s %s", uuid,
+                     int(reply.status), reply.text)
+            del self._open[uuid]
+            if waiter is not None:
+                waiter.fetch = True     # GET says what became of it
+                waiter.done.set()
+            return
+        states = reply.body.get("states") or {}
+        accepted = set(reply.body.get("workers", []))
+        job.workers = {w for w in accepted if states.get(w) not in FINAL_STATES}
+        if not job.workers:
+            del self._open[uuid]
+        if waiter is not None:
+            waiter.expected = accepted
+            if job.workers != accepted:
+                waiter.fetch = True     # finished in between: its EVENT went nowhere
+                waiter.done.set()
+            waiter.check()
 
     def _close_broker(self) -> None:
         channel, self._broker_channel = self._broker_channel, None
@@ -355,6 +432,13 @@ class Client:
                               else self.queue_timeout + self.request_timeout)
         reply.body.setdefault("uuid", uuid)
         if reply.status is Status.ACCEPTED:
+            states = reply.body.get("states") or {}
+            unfinished = {w for w in reply.body.get("workers", [])
+                          if states.get(w) not in FINAL_STATES}
+            if unfinished:
+                self._open[uuid] = _OpenJob(service, target_text, body, unfinished)
+                if len(self._open) > MAX_OPEN:
+                    self._open.popitem(last=False)
             if _record_accepted:   # run() records the workers with the result instead
                 self.store.update_client_job(uuid, state="accepted", status=int(reply.status),
                                              workers=list(reply.body.get("workers", [])))
@@ -396,6 +480,7 @@ class Client:
                timeout: Optional[float] = None) -> Reply:
         """DELETE a job: cancel it where pending/running, forget it where finished."""
         service, target_text = self._locate(uuid, service, target)
+        self._open.pop(uuid, None)
         reply = self._request("delete", service, target_text, uuid, {},
                               timeout if timeout is not None else self.request_timeout)
         if self.store.client_job(uuid) is not None and reply.status is Status.OK:
@@ -422,16 +507,16 @@ class Client:
             if posted.status is not Status.ACCEPTED:
                 return posted
             waiter.expected = set(posted.body.get("workers", []))
+            # a duplicate (accepted before, e.g. before a broker change) that is finished
+            # already sends no EVENT: ask with a GET
+            states = posted.body.get("states") or {}
+            waiter.fetch = any(state in FINAL_STATES for state in states.values())
             waiter.armed = True
             waiter.check()
-            remaining = deadline - time.monotonic()
-            # A duplicate (the job was accepted before, e.g. before a broker change) sends
-            # no new EVENT, and a broker change may have lost one: then ask with a GET.
-            if not posted.body.get("duplicate") and not waiter.complete:
-                waiter.done.wait(max(0.0, remaining))
+            if not waiter.fetch and not waiter.complete:
+                waiter.done.wait(max(0.0, deadline - time.monotonic()))
             if waiter.complete:
-                workers = {name: {"status": int(Status.ERROR if body.get("state") == "lost"
-                                                else Status.OK), **body}
+                workers = {name: {**body, "status": _final_status(body)}
                            for name, body in waiter.finals.items() if name in waiter.expected}
                 for body in workers.values():
                     body.pop("load", None)
@@ -488,6 +573,11 @@ class Client:
             self.store.update_client_job(uuid, state="unknown", status=400,
                                          reason="no worker knows the job (purged after its "
                                                 "retention, deleted, or lost)")
+        elif reply.status is Status.REQUEST_TIMEOUT and isinstance(workers, dict):
+            errors = [f"{n}: {w.get('error') or (w.get('errors') or [''])[0]}"
+                      for n, w in workers.items() if w.get("status") == 408]
+            self.store.update_client_job(uuid, state="unreachable", status=408,
+                                         reason="; ".join(errors)[:500])
 
     # --- events ---------------------------------------------------------
 
@@ -511,10 +601,19 @@ class Client:
                 if gone in waiter.expected and isinstance(new, str):
                     waiter.expected.discard(gone)
                     waiter.expected.add(new)
-            elif state == "lost":
-                waiter.finals[worker] = {"state": "lost", "failed": True,
-                                         "errors": [str(body.get("reason", "lost"))]}
+            elif state in ("lost", "orphaned"):
+                waiter.finals[worker] = {"state": state, "failed": True,
+                                         "errors": [str(body.get("reason", state))]}
             waiter.check()
+        job = self._open.get(uuid)
+        if job is not None:
+            if state in FINAL_STATES or state == "lost":
+                job.workers.discard(worker)
+            elif state == "redispatched" and body.get("from") in job.workers:
+                job.workers.discard(body["from"])
+                job.workers.add(str(body.get("to")))
+            if not job.workers:
+                del self._open[uuid]
         if state in ("redispatched", "lost"):
             job = self.store.client_job(uuid)
             if job is not None:

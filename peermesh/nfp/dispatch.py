@@ -20,15 +20,28 @@ own and reads no clock: the owner feeds it ``on_response``, ``on_event``,
   request the dispatcher sends carries ``"rid"``; workers echo it.
 * **Queueing.** A POST whose target matches no worker yet is held until a
   matching worker arrives or ``queue_timeout`` passes (reply 408).
-* **Re-dispatch.** A job posted to ``any`` is remembered until its worker
-  reports it finished (an EVENT with a final ``state``). If that worker goes
-  away first, the job is posted to another worker of the service (workers are
-  idempotent, per the spec) and the requester is told through an EVENT
-  (``state: "redispatched"``); with no other worker it is queued like a new
-  POST and reported ``lost`` if none comes in time.
+* **Jobs in flight.** Every job a worker accepted (202) is remembered until
+  that worker reports it finished (an EVENT with a final ``state``). If the
+  worker goes away first (declared dead: no keepalive, DISCONNECT, left the
+  mesh):
+
+  - ``any``: the job is posted to another worker of the service (workers are
+    idempotent, per the spec) and the requester is told through an EVENT
+    (``state: "redispatched"``); with no other worker it is queued like a new
+    POST and reported ``lost`` if none comes in time.
+  - ``all`` and named workers: no other worker can stand in for a named one.
+    The requester gets an EVENT ``state: "orphaned"``, ``status: 408`` with
+    the reason, and a GET of the job reports that worker 408 with the same
+    text while it is away. The job stays in the worker's store: if that
+    worker comes back it runs the job again and the job's status becomes
+    its result (200) as usual.
 * **Retries.** A POST whose body says ``"retry": true`` (a client re-posting
-  after its broker changed) to ``any`` first asks every worker of the service
-  whether it already has the job, so a job accepted before is not run twice.
+  its open jobs after its broker changed) to ``any`` first asks every worker
+  of the service whether it already has the job, so a job accepted before is
+  not run twice; either way the job is in flight here from then on. If the
+  body names the job's previous workers (``"holders"``) and none of them is
+  connected yet (they are moving to this broker too), it waits for them up
+  to ``request_timeout`` first, then asks the workers that are there.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -51,6 +65,7 @@ log = logging.getLogger(__name__)
 WORKER_MMI = "mmi.service.worker"
 BROKER_SERVICES = frozenset(("mmi.service.broker", "sid.service.broker", "fss.service.broker"))
 FINAL_STATES = frozenset(("completed", "failed", "cancelled"))
+_MAX_ORPHANS = 10_000   # remembered reasons of jobs whose named worker went away
 
 
 @dataclass(slots=True)
@@ -100,13 +115,16 @@ class _Queued:
     done: Callable[[Reply], None]
     deadline: float
     cancelled: bool = False
+    as_target: str = ""           # the job's own target, if ``target`` only says where to
+    expire: Optional[Callable[[], None]] = None   # at the deadline, instead of a 408
 
 
 @dataclass(slots=True)
 class _InFlight:
     service: str
-    worker: str
+    target: str
     body: dict[str, Any]
+    workers: set[str]             # accepted it, not finished yet
 
 
 def overall_get_status(statuses: list[Status]) -> Status:
@@ -144,6 +162,7 @@ class Dispatcher:
         self._deadlines: list[tuple[float, int, Any]] = []
         self._queued: dict[str, list[_Queued]] = {}
         self._inflight: dict[str, _InFlight] = {}
+        self._orphans: OrderedDict[tuple[str, str], str] = OrderedDict()   # (uuid, worker)
         self._rids = itertools.count(1)
         self._uses = itertools.count(1)
         self._order = itertools.count()
@@ -185,9 +204,16 @@ class Dispatcher:
                     self._record(pending, name, Status.REQUEST_TIMEOUT,
                                  f"worker {name} went away: {reason}", {})
         for uuid in list(link.jobs):
-            flight = self._inflight.pop(uuid, None)
-            if flight is not None:
+            flight = self._inflight.get(uuid)
+            if flight is None or name not in flight.workers:
+                continue
+            flight.workers.discard(name)
+            if not flight.workers:
+                del self._inflight[uuid]
+            if flight.target == nfp.ANY:
                 self._redispatch(uuid, flight, name, reason)
+            else:
+                self._orphan(uuid, flight, name, reason)
 
     def pool(self, service: str) -> list[WorkerLink]:
         """The workers a request for ``service`` may go to."""
@@ -215,23 +241,47 @@ class Dispatcher:
              done: Callable[[Reply], None]) -> None:
         """Dispatch a job; ``done`` gets 202 with the accepting workers, or why not."""
         self.stats["post"] += 1
-        if body.get("retry") and target == nfp.ANY and self.pool(service):
-            self._probe(service, uuid, body, done)
+        if body.get("retry") and target == nfp.ANY:
+            holders = body.get("holders")
+            names = [n for n in holders if isinstance(n, str) and n and "," not in n] \
+                if isinstance(holders, list) else []
+            pool = self.pool(service)
+            if names and not any(w.name in names for w in pool):
+                self._queue(service, ",".join(names), uuid, body, done,
+                            self.clock() + self.request_timeout, nfp.ANY,
+                            lambda: self._retry(service, uuid, body, done))
+                return
+            self._retry(service, uuid, body, done)
             return
         self._post(service, target, uuid, body, done)
 
+    def _retry(self, service: str, uuid: str, body: dict[str, Any],
+               done: Callable[[Reply], None]) -> None:
+        if self.pool(service):
+            self._probe(service, uuid, body, done)
+        else:
+            self._post(service, nfp.ANY, uuid, body, done)
+
     def _post(self, service: str, target: str, uuid: str, body: dict[str, Any],
-              done: Callable[[Reply], None], deadline: Optional[float] = None) -> None:
+              done: Callable[[Reply], None], deadline: Optional[float] = None,
+              as_target: str = "") -> None:
         targets, missing = self._resolve(service, target)
         if not targets:
-            now = self.clock()
-            queued = _Queued(service, target, uuid, body, done,
-                             deadline if deadline is not None else now + self.queue_timeout)
-            self._queued.setdefault(service, []).append(queued)
-            self._schedule(queued.deadline, queued)
+            self._queue(service, target, uuid, body, done, deadline if deadline is not None
+                        else self.clock() + self.queue_timeout, as_target)
             return
-        pending = self._send(nfp.Post, "post", service, target, uuid, body, targets, done)
+        pending = self._send(nfp.Post, "post", service, as_target or target, uuid, body,
+                             targets, done)
         pending.missing = missing
+
+    def _queue(self, service: str, target: str, uuid: str, body: dict[str, Any],
+               done: Callable[[Reply], None], deadline: float, as_target: str = "",
+               expire: Optional[Callable[[], None]] = None) -> None:
+        """Hold a POST until a worker matching ``target`` arrives, or ``deadline``."""
+        queued = _Queued(service, target, uuid, body, done, deadline, as_target=as_target,
+                         expire=expire)
+        self._queued.setdefault(service, []).append(queued)
+        self._schedule(deadline, queued)
 
     def get(self, service: str, target: str, uuid: str, body: dict[str, Any],
             done: Callable[[Reply], None]) -> None:
@@ -246,6 +296,8 @@ class Dispatcher:
         self._inflight.pop(uuid, None)
         for link in self.workers.values():
             link.jobs.discard(uuid)
+        for key in [k for k in self._orphans if k[0] == uuid]:
+            del self._orphans[key]
         for queue in self._queued.values():
             for queued in queue:
                 if queued.uuid == uuid:
@@ -260,14 +312,13 @@ class Dispatcher:
             target = nfp.ALL  # GET/DELETE of "any": ask every worker of the service
         targets, missing = self._resolve(service, target)
         flight = self._inflight.get(uuid)
-        if flight is not None and flight.service == service and all(
-                w.name != flight.worker for w in targets):
-            link = self.workers.get(flight.worker)
-            if link is not None:
-                targets.append(link)
+        if flight is not None and flight.service == service:
+            named = {w.name for w in targets}
+            targets.extend(self.workers[n] for n in flight.workers
+                           if n not in named and n in self.workers)
         if not targets:
-            workers = {n: {"status": int(Status.REQUEST_TIMEOUT), "error": "worker not connected"}
-                       for n in missing}
+            workers = {n: {"status": int(Status.REQUEST_TIMEOUT),
+                           "error": self._away(uuid, n)} for n in missing}
             text = f"no worker of service {service} is connected"
             done(Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "workers": workers,
                                                 "error": text}, text))
@@ -301,13 +352,18 @@ class Dispatcher:
     def _probe(self, service: str, uuid: str, body: dict[str, Any],
                done: Callable[[Reply], None]) -> None:
         def probed(reply: Reply) -> None:
-            holders = [name for name, info in reply.body.get("workers", {}).items()
+            found = reply.body.get("workers", {})
+            holders = [name for name, info in found.items()
                        if info.get("status") in (Status.OK, Status.PENDING)]
-            if holders:
-                done(Reply(Status.ACCEPTED, {"uuid": uuid, "workers": holders, "errors": {},
-                                             "duplicate": True}))
-            else:
+            if not holders:
                 self._post(service, nfp.ANY, uuid, body, done)
+                return
+            states = {name: found[name].get("state") for name in holders}
+            for name, state in states.items():
+                if state not in FINAL_STATES:
+                    self._track(uuid, service, nfp.ANY, body, name)
+            done(Reply(Status.ACCEPTED, {"uuid": uuid, "workers": holders, "errors": {},
+                                         "duplicate": True, "states": states}))
         self._fan_out(nfp.Get, "probe", service, nfp.ALL, uuid, {"wait": 0}, probed)
 
     def _retry_any(self, pending: _Pending, gone: str, reason: str) -> None:
@@ -318,6 +374,35 @@ class Dispatcher:
                   pending.uuid, gone, reason)
         self._post(pending.service, nfp.ANY, pending.uuid, pending.body, pending.done,
                    pending.deadline + self.queue_timeout)
+
+    def _track(self, uuid: str, service: str, target: str, body: dict[str, Any],
+               worker: str) -> None:
+        """Remember that ``worker`` accepted job ``uuid`` and has not finished it."""
+        link = self.workers.get(worker)
+        if link is None:
+            return
+        flight = self._inflight.get(uuid)
+        if flight is None:
+            self._inflight[uuid] = _InFlight(service, target, body, {worker})
+        else:
+            flight.workers.add(worker)
+        link.jobs.add(uuid)
+        if self._orphans:
+            self._orphans.pop((uuid, worker), None)
+
+    def _away(self, uuid: str, worker: str) -> str:
+        """Why ``worker`` cannot answer about job ``uuid`` (it is not connected)."""
+        return self._orphans.get((uuid, worker), "worker not connected")
+
+    def _orphan(self, uuid: str, flight: _InFlight, gone: str, reason: str) -> None:
+        text = (f"worker {gone} went away before finishing the job ({reason}); it runs the "
+                f"job again if it comes back with its job store")
+        self._orphans[(uuid, gone)] = text
+        if len(self._orphans) > _MAX_ORPHANS:
+            self._orphans.popitem(last=False)
+        self._event(uuid, flight.service, gone, {"state": "orphaned",
+                                                 "status": int(Status.REQUEST_TIMEOUT),
+                                                 "reason": text})
 
     def _redispatch(self, uuid: str, flight: _InFlight, gone: str, reason: str) -> None:
         self.stats["redispatched"] += 1
@@ -363,9 +448,8 @@ class Dispatcher:
                       pending.uuid)
             return
         if pending.kind == "post" and msg.status is Status.ACCEPTED \
-                and pending.target == nfp.ANY and link is not None:
-            self._inflight[pending.uuid] = _InFlight(pending.service, worker, pending.body)
-            link.jobs.add(pending.uuid)
+                and body.get("state") not in FINAL_STATES:
+            self._track(pending.uuid, pending.service, pending.target, pending.body, worker)
         self._record(pending, worker, msg.status, msg.text, body)
 
     def on_event(self, worker: str, msg: nfp.Event) -> None:
@@ -381,8 +465,10 @@ class Dispatcher:
             link.load = load
         if body.get("state") in FINAL_STATES:
             flight = self._inflight.get(msg.topic)
-            if flight is not None and flight.worker == worker:
-                del self._inflight[msg.topic]
+            if flight is not None:
+                flight.workers.discard(worker)
+                if not flight.workers:
+                    del self._inflight[msg.topic]
             if link is not None:
                 link.jobs.discard(msg.topic)
         if self.on_job_event is not None:
@@ -419,7 +505,9 @@ class Dispatcher:
             out: dict[str, Any] = {"uuid": uuid, "workers": accepted, "errors": errors}
             if any(body.get("duplicate") for s, _, body in p.replies.values()
                    if s is Status.ACCEPTED):
-                out["duplicate"] = True   # accepted before: no new EVENTs will come
+                out["duplicate"] = True   # accepted before: EVENTs come only if unfinished
+                out["states"] = {n: body.get("state") for n, (s, _, body) in p.replies.items()
+                                 if s is Status.ACCEPTED}
             if accepted:
                 return Reply(Status.ACCEPTED, out)
             statuses = [s for s, _, _ in p.replies.values()]
@@ -437,7 +525,7 @@ class Dispatcher:
                 entry["error"] = text
             workers[name] = entry
         for name in p.missing:
-            workers[name] = {"status": int(Status.REQUEST_TIMEOUT), "error": "worker not connected"}
+            workers[name] = {"status": int(Status.REQUEST_TIMEOUT), "error": self._away(uuid, name)}
         statuses = [Status(w["status"]) for w in workers.values()]
         if p.kind in ("get", "probe"):
             status = overall_get_status(statuses)
@@ -474,6 +562,9 @@ class Dispatcher:
                     queue.remove(item)
                     if not queue:
                         del self._queued[item.service]
+                    if item.expire is not None:
+                        item.expire()
+                        continue
                     self.stats["expired"] += 1
                     text = (f"no worker of service {item.service} matching target "
                             f"{item.target!r} within {self.queue_timeout:g}s")
@@ -485,11 +576,16 @@ class Dispatcher:
         queue = self._queued.get(service)
         if not queue:
             return
-        del self._queued[service]
+        waiting = [item for item in queue if not item.cancelled
+                   and not self._resolve(item.service, item.target)[0]]
+        if waiting:
+            self._queued[service] = waiting     # still no match: wait on (same deadline)
+        else:
+            del self._queued[service]
         for item in queue:
-            if not item.cancelled:
+            if not item.cancelled and item not in waiting:
                 self._post(item.service, item.target, item.uuid, item.body, item.done,
-                           item.deadline)
+                           item.deadline, item.as_target)
 
     # --- introspection --------------------------------------------------
 
@@ -497,9 +593,9 @@ class Dispatcher:
         """POSTs waiting for a worker, by service."""
         return {s: sum(1 for q in queue if not q.cancelled) for s, queue in self._queued.items()}
 
-    def inflight(self) -> dict[str, str]:
-        """``any`` jobs in flight: job UUID -> worker."""
-        return {uuid: f.worker for uuid, f in self._inflight.items()}
+    def inflight(self) -> dict[str, list[str]]:
+        """Jobs accepted and not finished yet: job UUID -> its workers."""
+        return {uuid: sorted(f.workers) for uuid, f in self._inflight.items()}
 
     def fail_all(self, status: Status, text: str) -> None:
         """Answer every open request and queued POST with ``status`` (e.g. on step-down)."""

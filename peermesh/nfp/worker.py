@@ -476,6 +476,10 @@ class Worker:
             self._respond(origin, msg, Status.ACCEPTED, {"state": state, "duplicate": True}, rid)
             return
         if existing is not None:
+            # posted again (e.g. re-POSTed after a broker change): the final EVENT goes to
+            # whoever asked last
+            existing.origin = origin
+            existing.notify = existing.notify or bool(body.get("notify"))
             self._respond(origin, msg, Status.ACCEPTED,
                           {"state": existing.state, "duplicate": True}, rid)
             return

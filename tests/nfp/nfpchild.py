@@ -47,6 +47,18 @@ def sleep(job: JobContext, seconds: float = 1.0) -> str:
     return f"{job.worker} slept {seconds}"
 
 
+@TASKS.task()
+def hold(job: JobContext, path: str) -> str:
+    """Run until the file ``path`` exists (the test creates it), at most 30 s."""
+    _record(job, "hold-start")
+    for _ in range(3000):
+        if os.path.exists(path):
+            break
+        gevent.sleep(0.01)
+    _record(job, "hold-end")
+    return f"{job.worker} held"
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     _config.update(cfg)

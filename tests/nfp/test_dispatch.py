@@ -154,18 +154,77 @@ def test_any_job_is_redispatched_when_its_worker_dies_before_finishing() -> None
     h.d.workers["w2"].load = 9
     h.d.post("svc", "any", "J", job(), h.done)
     h.answer("w1", Status.ACCEPTED)
-    assert h.d.inflight() == {"J": "w1"}
+    assert h.d.inflight() == {"J": ["w1"]}
     h.d.remove_worker("w1", "no keepalive")
     repost = h.last("w2")
     assert isinstance(repost, nfp.Post) and repost.uuid == "J"
     assert nfp.decode_body(repost.body[0])["redispatch"] is True
     h.answer("w2", Status.ACCEPTED)
     assert h.events[-1][2]["state"] == "redispatched" and h.events[-1][2]["to"] == "w2"
-    assert h.d.inflight() == {"J": "w2"}
+    assert h.d.inflight() == {"J": ["w2"]}
     h.event("w2", "J", {"state": "completed"})    # finished: nothing left to fail over
     assert h.d.inflight() == {}
     h.d.remove_worker("w2", "gone")
     assert h.events[-1][2]["state"] == "completed"
+
+
+def test_named_and_all_jobs_say_why_when_their_worker_dies_before_finishing() -> None:
+    h = Harness()
+    for name in ("w1", "w2", "w3"):
+        h.worker(name)
+    h.d.post("svc", "all", "A", job(), h.done)
+    for name in ("w1", "w2", "w3"):
+        h.answer(name, Status.ACCEPTED, {"state": "pending"})
+    h.d.post("svc", "w1", "N", job(), h.done)
+    h.answer("w1", Status.ACCEPTED, {"state": "pending"})
+    h.event("w2", "A", {"state": "completed"})
+    assert h.d.inflight() == {"A": ["w1", "w3"], "N": ["w1"]}
+    h.d.remove_worker("w1", "no keepalive for 0.3s")
+    orphaned = {(u, w): b for u, w, b in h.events if b.get("state") == "orphaned"}
+    assert set(orphaned) == {("A", "w1"), ("N", "w1")}          # no other worker ran them
+    assert orphaned["N", "w1"]["status"] == 408
+    assert "no keepalive" in orphaned["N", "w1"]["reason"]
+    assert not any(isinstance(m, nfp.Post) and m.uuid == "N" for m in h.sent["w2"])
+    assert h.d.inflight() == {"A": ["w3"]}
+    h.d.get("svc", "w1", "N", {}, h.done)                        # while w1 is away: why
+    away = h.replies[-1].body["workers"]["w1"]
+    assert away["status"] == 408 and "went away before finishing" in away["error"]
+    h.worker("w1")                                               # the same worker comes back
+    h.d.get("svc", "w1", "N", {}, h.done)
+    h.answer("w1", Status.OK, {"state": "completed", "result": 1})
+    assert h.replies[-1].status is Status.OK
+
+
+def test_a_retried_post_is_in_flight_again() -> None:
+    h = Harness()
+    h.worker("w1")
+    h.worker("w2")
+    h.d.post("svc", "any", "J", {**job(), "retry": True}, h.done)
+    h.answer("w1", Status.UNKNOWN)
+    h.answer("w2", Status.PENDING, {"state": "running"})
+    assert h.replies[-1].body["states"] == {"w2": "running"}
+    assert h.d.inflight() == {"J": ["w2"]}                       # its worker's death now counts
+    h.d.remove_worker("w2", "gone")
+    assert isinstance(h.last("w1"), nfp.Post) and h.last("w1").uuid == "J"
+    h.d.post("svc", "w1", "K", {**job(), "retry": True}, h.done)   # accepted and finished
+    h.answer("w1", Status.ACCEPTED, {"state": "completed", "duplicate": True})
+    assert h.replies[-1].body["states"] == {"w1": "completed"} and "K" not in h.d.inflight()
+
+
+def test_a_retry_waits_for_its_previous_worker_then_asks_the_others() -> None:
+    h = Harness()
+    h.worker("w2")
+    h.d.post("svc", "any", "J", {**job(), "retry": True, "holders": ["w1"]}, h.done)
+    assert not h.sent["w2"]                      # w1 (which has it) may be on its way here
+    h.worker("w1")
+    post = h.last("w1")
+    assert isinstance(post, nfp.Post) and post.uuid == "J" and not h.sent["w2"]
+    h.answer("w1", Status.ACCEPTED, {"state": "running", "duplicate": True})
+    assert h.replies[-1].body["workers"] == ["w1"] and h.d.inflight() == {"J": ["w1"]}
+    h.d.post("svc", "any", "K", {**job(), "retry": True, "holders": ["gone"]}, h.done)
+    h.clock.now += 2.5
+    h.d.tick(h.clock.now)                        # it never came: ask those that are here
+    assert all(isinstance(h.last(n), nfp.Get) and h.last(n).uuid == "K" for n in ("w1", "w2"))
 
 
 def test_finished_jobs_are_not_redispatched_and_lost_is_reported() -> None:

@@ -9,7 +9,7 @@ often a job ran, across restarts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import gevent
 
@@ -134,3 +134,97 @@ def test_broker_redispatches_when_a_worker_dies_mid_job(
     assert reply.status is Status.OK, reply.body
     (survivor,) = reply.body["workers"]
     assert survivor != victim.name and reply.body["workers"][survivor]["state"] == "completed"
+
+
+def broker_mmi(c: Any, task: str) -> Any:
+    """The result of ``task`` (``show_broker``, ...) at the current broker (None: no answer)."""
+    reply = c.run("mmi.service.broker", task, target="any", timeout=2)
+    return next(iter(reply.body.get("workers", {}).values()), {}).get("result")
+
+
+def broker_state(c: Any) -> dict[str, Any]:
+    """``show_broker`` of the current broker (empty if it did not answer)."""
+    return broker_mmi(c, "show_broker") or {}
+
+
+def inflight_at_broker(c: Any, worker: str) -> int:
+    """Jobs the current broker knows ``worker`` is running (-1: not registered there)."""
+    found = [w for w in broker_mmi(c, "show_workers") or [] if w["name"] == worker]
+    return found[0]["inflight"] if found else -1
+
+
+def started(tmp_path: Path, worker: str, uuid: Optional[str] = None) -> list[str]:
+    """Job UUIDs whose ``hold`` task started on ``worker``."""
+    return [u for u, what in runs(tmp_path, worker)
+            if what == "hold-start" and (uuid is None or u == uuid)]
+
+
+def test_named_and_all_jobs_report_a_dead_worker_until_it_returns(
+        mesh: Mesh, children: Callable[..., Child], tmp_path: Path) -> None:
+    children("ob", broker="always")
+    w1 = children("ow1", workers=[["svc", "ow1"]])
+    children("ow2", workers=[["svc", "ow2"]])
+    client = client_of(mesh)
+    c = client.client
+    wait_until(lambda: broker_state(c).get("services") == ["fss.service.broker",
+                                                           "mmi.service.broker",
+                                                           "sid.service.broker", "svc"]
+               and broker_state(c).get("workers") == 5, 5, "both workers registered")
+    gate = tmp_path / "gate"
+    result: dict[str, Any] = {}
+    runner = gevent.spawn(lambda: result.setdefault("reply", c.run(
+        "svc", "hold", [str(gate)], target="all", timeout=15)))
+    wait_until(lambda: started(tmp_path, "ow1") and started(tmp_path, "ow2"), 5, "job running")
+    w1.kill9()                                          # mid-job: ow1 cannot be replaced
+    wait_until(lambda: broker_state(c).get("workers") == 4, 5, "ow1 declared dead")
+    gate.touch()
+    runner.join(15)
+    reply = result["reply"]
+    uuid = reply.body["uuid"]
+    assert reply.status is Status.OK                    # ow2 finished
+    dead, alive = reply.body["workers"]["ow1"], reply.body["workers"]["ow2"]
+    assert alive["status"] == 200 and alive["result"] == "ow2 held"
+    assert dead["status"] == 408 and dead["state"] == "orphaned"
+    assert "went away before finishing" in dead["errors"][0]
+    assert started(tmp_path, "ow2", uuid) and not started(tmp_path, "ow2", uuid)[1:]
+    away = c.get(uuid, target="ow1")                    # still away: the same reason
+    assert away.status is Status.REQUEST_TIMEOUT
+    assert "went away before finishing" in away.body["workers"]["ow1"]["error"]
+    children("ow1", workers=[["svc", "ow1"]])           # the same worker comes back
+    back = wait_until(lambda: (lambda r: r if r.status is not Status.REQUEST_TIMEOUT else None)(
+        c.get(uuid, target="ow1", wait=5)), 10, "ow1 back")
+    assert back.status is Status.OK and back.body["workers"]["ow1"]["result"] == "ow1 held"
+    assert len(started(tmp_path, "ow1", uuid)) == 2     # it died mid-job: run again once
+
+
+def test_a_job_in_flight_when_the_broker_dies_still_completes(
+        mesh: Mesh, children: Callable[..., Child], tmp_path: Path) -> None:
+    """Broker kill -9, re-election, then the job's worker dies too: the new broker,
+    which learnt the job from the client's re-POST, re-dispatches it."""
+    first = children("fb1", broker="auto", priority=10)
+    children("fb2", broker="auto", priority=5)
+    workers = {name: children(name, workers=[["svc", name]]) for name in ("fw1", "fw2")}
+    client = client_of(mesh)
+    c = client.client
+    wait_until(lambda: client.current_broker is not None and client.current_broker.name == "fb1"
+               and broker_state(c).get("workers") == 5, 5, "fb1 serving both workers")
+    gate = tmp_path / "gate"
+    result: dict[str, Any] = {}
+    runner = gevent.spawn(lambda: result.setdefault("reply", c.run(
+        "svc", "hold", [str(gate)], target="any", timeout=20)))
+    holder = wait_until(lambda: next((n for n in workers if started(tmp_path, n)), None), 5,
+                        "job running")
+    first.kill9()
+    wait_until(lambda: client.current_broker is not None
+               and client.current_broker.name == "fb2"
+               and inflight_at_broker(c, holder) == 1, 10, "fb2 knows the job in flight")
+    workers[holder].kill9()                             # the job's worker dies as well
+    survivor = next(n for n in workers if n != holder)
+    wait_until(lambda: started(tmp_path, survivor), 5, "job re-dispatched")
+    gate.touch()
+    runner.join(15)
+    reply = result["reply"]
+    assert reply.status is Status.OK, reply.body
+    assert list(reply.body["workers"]) == [survivor]
+    assert reply.body["workers"][survivor]["result"] == f"{survivor} held"
+    assert len(started(tmp_path, survivor)) == 1
