@@ -26,12 +26,15 @@ wall-clock (``time.time``) so they mean something after a restart.
 Group commit, and the durability rule
 -------------------------------------
 Writes are not committed one by one: the first write opens a transaction,
-later ones join it, and it is committed when the node's hub is next idle
-(nothing else ready to run), or ``commit_delay`` seconds after it was
-opened if the hub never gets idle (under load), or at once by ``commit()``
-or ``close()``. Everything that tells another process a write happened
+later ones join it. Everything that tells another process a write happened
 goes through ``after_commit(fn, ...)``, which runs ``fn`` at once when
-nothing is pending and otherwise right after the commit, in order. So:
+nothing is pending and otherwise right after the commit, in order. While
+something waits that way the transaction is committed when the node's hub
+is next idle (nothing else ready to run), or ``commit_delay`` seconds after
+the first wait if the hub never gets idle (under load); while nothing waits
+(a client's own records) it is committed ``lazy_delay`` seconds after it
+was opened, so a busy client commits once per many jobs; ``commit()`` and
+``close()`` commit at once. So:
 
 * **Workers never acknowledge what is not durably written**: a 202 is sent
   only once the accepted job is committed, a result (final EVENT, or 200 to
@@ -40,10 +43,9 @@ nothing is pending and otherwise right after the commit, in order. So:
   commit, and its 202 and EVENT leave together.
 * **Clients' own records** (what they posted, the last answer) are written
   in order but their commit is not waited for: a POST leaves, and ``run``
-  returns, before the record is committed (within ``commit_delay`` or at
-  the next idle moment, i.e. while the client waits on the network anyway).
-  A client killed in that window can lose the last moments of its job list,
-  never a job: the worker's committed record answers GET.
+  returns, before the record is committed (within ``lazy_delay``, 20 ms by
+  default). A client killed in that window can lose the last 20 ms of its
+  job list, never a job: the worker's committed record answers GET.
 
 A failed commit is rolled back and the acknowledgements that waited for it
 are dropped (logged): the requesters' timeouts and retries answer for them.
@@ -73,7 +75,8 @@ PENDING, RUNNING, COMPLETED, FAILED, CANCELLED = "pending", "running", "complete
     "cancelled"
 FINAL_STATES = frozenset((COMPLETED, FAILED, CANCELLED))
 _CHECKPOINT_EVERY = 0.5  # seconds between WAL checkpoints (in a background thread)
-COMMIT_DELAY = 0.002     # longest a write waits for its commit when the hub is never idle
+COMMIT_DELAY = 0.002     # longest an acknowledgement waits for its commit (hub never idle)
+LAZY_DELAY = 0.02        # longest a write nothing waits for stays uncommitted
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +166,16 @@ class JobStore:
     """The node's SQLite file. Use it from one thread (the node's hub); see group commit."""
 
     def __init__(self, path: os.PathLike[str] | str, retention: float = 7 * 86400.0,
-                 commit_delay: float = COMMIT_DELAY) -> None:
+                 commit_delay: float = COMMIT_DELAY, lazy_delay: float = LAZY_DELAY) -> None:
         self.path = Path(path)
         self.retention = float(retention)
         self.commit_delay = float(commit_delay)
+        self.lazy_delay = float(lazy_delay)
         self._txn = False                  # a write transaction is open
         self._after: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._idle: Any = None             # hub watchers that commit (made at the first write)
         self._timer: Any = None
+        self._lazy: Any = None
         self.commits = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
@@ -207,11 +212,11 @@ class JobStore:
     def close(self) -> None:
         """Commit, close the file (after a last checkpoint)."""
         self.commit()
-        for watcher in (self._idle, self._timer):
+        for watcher in (self._idle, self._timer, self._lazy):
             if watcher is not None:
                 watcher.stop()
                 watcher.close()
-        self._idle = self._timer = None
+        self._idle = self._timer = self._lazy = None
         self._stop.set()
         self._checkpointer.join(10.0)
         self._db.close()
@@ -223,17 +228,13 @@ class JobStore:
         if not self._txn:
             self._db.execute("BEGIN")
             self._txn = True
-            self._arm()
+            if self._lazy is None:
+                loop = gevent.get_hub().loop
+                self._idle = loop.idle()
+                self._timer = loop.timer(self.commit_delay, self.commit_delay)
+                self._lazy = loop.timer(self.lazy_delay, self.lazy_delay)
+            self._lazy.again(self._on_hub_idle)
         return self._db.execute(sql, args)
-
-    def _arm(self) -> None:
-        idle, timer = self._idle, self._timer
-        if idle is None:
-            loop = gevent.get_hub().loop
-            self._idle = idle = loop.idle()
-            self._timer = timer = loop.timer(self.commit_delay, self.commit_delay)
-        idle.start(self._on_hub_idle)
-        timer.again(self._on_hub_idle)
 
     def _on_hub_idle(self) -> None:
         try:
@@ -249,15 +250,19 @@ class JobStore:
     def after_commit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` once everything written so far is committed (now if it is)."""
         if self._txn:
+            if not self._after:     # the first acknowledgement waiting: commit soon
+                self._idle.start(self._on_hub_idle)
+                self._timer.again(self._on_hub_idle)
             self._after.append((fn, args))
         else:
             fn(*args)
 
     def commit(self) -> None:
         """Commit what is pending now, then run what waited for it (in order)."""
-        if self._idle is not None:
+        if self._lazy is not None:
             self._idle.stop()
             self._timer.stop()
+            self._lazy.stop()
         if self._txn:
             self._txn = False
             try:

@@ -70,8 +70,6 @@ __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 log = logging.getLogger(__name__)
 
 TaskFunction = Callable[..., Any]
-#: a POST's 202 waits this long for the job to finish, to leave with its final EVENT
-ACCEPT_DELAY = 0.001
 
 
 class JobCancelled(Exception):
@@ -146,8 +144,6 @@ class _Job:
     origin: Optional[tuple[Any, ...]]
     state: str = PENDING
     greenlet: Optional[gevent.Greenlet] = None
-    accept: Optional[tuple[Any, Any, Any]] = None     # a 202 not sent yet
-    accept_timer: Any = None
     waiters: list[Callable[[], None]] = field(default_factory=list)
     cancelled: bool = False
 
@@ -258,9 +254,6 @@ class Worker:
         if not self.started:
             return
         self.started = False
-        for job in list(self._jobs.values()):
-            if job.accept is not None:
-                self._flush_accept(job)
         self.store.commit()     # answers waiting for the commit leave before the sockets close
         if self._broker is not None and self._broker_state != "none":
             self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"worker stopping"))
@@ -491,36 +484,16 @@ class Worker:
             self._respond(origin, msg, Status.ACCEPTED, {"state": PENDING}, rid)
             gevent.spawn(self._run, job)   # management answers at once, beside any job
             return
-        idle = not self._queue and self._running is None
         self._queue.append(job)
-        if idle and job.notify:
-            # The job is on disk. If it finishes within ACCEPT_DELAY, the 202 leaves
-            # together with the final EVENT: one wake-up for the peer instead of two.
-            job.accept = (origin, msg, rid)
-            timer = gevent.get_hub().loop.timer(ACCEPT_DELAY)
-            timer.start(self._flush_accept, job)
-            job.accept_timer = timer
-        else:
-            self._respond(origin, msg, Status.ACCEPTED, {"state": PENDING}, rid)
+        # the 202 leaves once the job is committed; a job that finishes before then is
+        # committed with its result and both leave together (one wake-up for the peer)
+        self._respond(origin, msg, Status.ACCEPTED, {"state": PENDING}, rid)
         if not self._wake.is_set():
             self._wake.set()
-
-    def _flush_accept(self, job: _Job) -> None:
-        """Send a POST's deferred 202 now (before anything else about the job)."""
-        accept, job.accept = job.accept, None
-        timer, job.accept_timer = job.accept_timer, None
-        if timer is not None:
-            timer.stop()
-            timer.close()
-        if accept is not None:
-            origin, msg, rid = accept
-            self._respond(origin, msg, Status.ACCEPTED, {"state": job.state}, rid)
 
     def _on_get(self, msg: nfp.Get, body: dict[str, Any], origin: tuple[Any, ...],
                 rid: Any) -> None:
         job = self._jobs.get(msg.uuid)
-        if job is not None and job.accept is not None:
-            self._flush_accept(job)
         if job is None:
             self._answer_finished(msg, origin, rid)
             return
@@ -558,8 +531,6 @@ class Worker:
     def _on_delete(self, msg: nfp.Delete, origin: tuple[Any, ...], rid: Any) -> None:
         job = self._jobs.get(msg.uuid)
         if job is not None:
-            if job.accept is not None:
-                self._flush_accept(job)
             was = job.state
             job.cancelled = True
             if was == PENDING:
@@ -604,9 +575,10 @@ class Worker:
             self._running = job
         job.state = RUNNING
         job.greenlet = gevent.getcurrent()
-        if job.accept is None and self.store.pending:
+        if not job.notify and self.store.pending:
             # the 202 (and anything else waiting) leaves before a task that may take long;
-            # a job whose 202 is deferred (notify) is accepted and finished in one commit
+            # a job posted by ``run`` (notify) waits for the hub's next idle moment, so a
+            # quick one is accepted and finished in one commit
             self.store.commit()
         started = time.time()
         timeout = gevent.Timeout(job.timeout, _Interrupt("timeout")) if job.timeout else None
@@ -673,8 +645,6 @@ class Worker:
         if job.state in (COMPLETED, FAILED, CANCELLED):
             return
         text = nfp.to_json(result)
-        if job.accept is not None:
-            self._flush_accept(job)
         job.state = state
         self.store.finish_worker_job(self.name, job.uuid, state, result, text)
         self._jobs.pop(job.uuid, None)
@@ -693,8 +663,6 @@ class Worker:
                               job.uuid)
 
     def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
-        if job.accept is not None:
-            self._flush_accept(job)     # the 202 goes first
         self._send_event_frame(job, nfp.encode_body({"worker": self.name, **body}))
 
     def _send_event_frame(self, job: _Job, frame: bytes) -> None:
