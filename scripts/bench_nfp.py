@@ -50,7 +50,7 @@ from typing import Any, Optional
 TARGETS = {"brokered_p50_ms": 1.0, "brokered_jobs_per_s": 1500.0}
 
 CHILD = r"""
-import json, sys, os
+import json, sys, os, time
 import gevent, gevent.os
 from peermesh import Node
 from peermesh.nfp import NfpNode, Tasks
@@ -69,6 +69,11 @@ nfp = NfpNode(node, data_dir=cfg["data_dir"], broker=cfg["broker"], priority=cfg
 for service, name in cfg["workers"]:
     nfp.add_worker(service, name, tasks)
 node.start(); nfp.start()
+profile = None
+if cfg.get("profile"):
+    import cProfile
+    profile = cProfile.Profile(time.thread_time)
+    profile.enable()
 print("READY", node.uuid.hex, flush=True)
 
 def drain():
@@ -81,6 +86,9 @@ def stdin_closed():
         pass
 
 gevent.wait([gevent.spawn(drain), gevent.spawn(stdin_closed)], count=1, timeout=600)
+if profile is not None:
+    profile.disable()
+    profile.dump_stats(cfg["profile"])
 nfp.stop(); node.stop()
 """
 
@@ -151,6 +159,8 @@ def transport_floor(count: int) -> dict[str, Any]:
                   b'{"task":"echo","args":[1],"kwargs":{},"rid":"1"}']
         gevent.sleep(0.3)   # let both connections finish their handshakes
         latencies = []
+        pids = {"client": os.getpid(), "broker": procs[0].pid, "worker": procs[1].pid}
+        cpu0 = {name: _thread_cpu(pid) for name, pid in pids.items()}
         for _ in range(count):
             answers[0] = 0
             got.clear()
@@ -159,6 +169,7 @@ def transport_floor(count: int) -> dict[str, Any]:
             if not got.wait(2):
                 raise RuntimeError("floor: no answer")
             latencies.append(time.perf_counter() - t0)
+        cpu = _cpu_per_job(pids, cpu0, count)
         channel.close()
     finally:
         for proc in procs:
@@ -166,7 +177,7 @@ def transport_floor(count: int) -> dict[str, Any]:
             proc.wait()
     return {"jobs_per_s": round(count / sum(latencies), 1),
             "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 3),
-            "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 3)}
+            "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 3), "cpu_us_per_job": cpu}
 
 
 def _free_udp_port() -> int:
@@ -217,14 +228,37 @@ class Children:
         self.close()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of ``pid`` by kind: ``main``, ``zmq`` (libzmq's
+    I/O threads) and ``other`` (SQLite checkpoints, thread pools)."""
+    out = {"main": 0.0, "zmq": 0.0, "other": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = rest.split()
+        name = head.split("(", 1)[1]
+        kind = "main" if tid == str(pid) else "zmq" if name.startswith("ZMQbg") else "other"
+        out[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _cpu_per_job(pids: dict[str, int], before: dict[str, dict[str, float]],
+                 count: int) -> dict[str, dict[str, float]]:
+    """Microseconds of CPU per job of each process (and thread kind) since ``before``."""
+    out = {}
+    for name, pid in pids.items():
+        after = _thread_cpu(pid)
+        out[name] = {k: round((after[k] - before[name][k]) / count * 1e6, 1) for k in after}
+        out[name]["total"] = round(sum(out[name].values()), 1)
+    return out
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -241,13 +275,17 @@ def round_trips(mode: str, count: int, args: argparse.Namespace, data_dir: str) 
     port = _free_udp_port()
     timing = dict(port=port, interval=0.1, evasive=1.0, silent=1.5, expired=2.0, keepalive=0.5,
                   data_dir=data_dir)
+    profiles = args.profile
+
+    def profile(name: str) -> Optional[str]:
+        return os.path.join(profiles, f"{mode}-{name}.prof") if profiles else None
     names = ["broker", "worker"] if mode == "brokered" else ["worker"]
     with Children() as children:
         if mode == "brokered":
             children.start(name="bench-broker", broker="always", priority=0, workers=[],
-                           **timing)
+                           profile=profile("broker"), **timing)
         children.start(name="bench-worker", broker="never", priority=0,
-                       workers=[["bench", "w1"]], **timing)
+                       workers=[["bench", "w1"]], profile=profile("worker"), **timing)
         node = Node("bench-client", interface="lo", port=port, interval=0.1, evasive=1.0,
                     silent=1.5, expired=2.0)
         nfp = NfpNode(node, data_dir=data_dir, keepalive=0.5)
@@ -270,8 +308,14 @@ def round_trips(mode: str, count: int, args: argparse.Namespace, data_dir: str) 
             for i in range(min(200, count // 5)):  # warm up
                 nfp.client.run("bench", "echo", [i], target="any", timeout=5)
             latencies = []
-            cpu0 = {p.pid: _cpu_seconds(p.pid) for p in children.procs}
-            own0 = time.process_time()
+            profiler = None
+            if profiles:
+                import cProfile
+                profiler = cProfile.Profile(time.thread_time)
+                profiler.enable()
+            pids = {"client": os.getpid()}
+            pids.update(zip(names, (p.pid for p in children.procs)))
+            cpu0 = {name: _thread_cpu(pid) for name, pid in pids.items()}
             start = time.perf_counter()
             for i in range(count):
                 t0 = time.perf_counter()
@@ -280,9 +324,10 @@ def round_trips(mode: str, count: int, args: argparse.Namespace, data_dir: str) 
                 if reply.status != 200:
                     raise RuntimeError(f"{mode}: job {i} ended {reply.status}: {reply.body}")
             elapsed = time.perf_counter() - start
-            cpu = {"client": (time.process_time() - own0) / count * 1e6}
-            for proc, name in zip(children.procs, names):
-                cpu[name] = (_cpu_seconds(proc.pid) - cpu0[proc.pid]) / count * 1e6
+            cpu = _cpu_per_job(pids, cpu0, count)
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(os.path.join(profiles, f"{mode}-client.prof"))
         finally:
             nfp.stop()
             node.stop()
@@ -290,7 +335,7 @@ def round_trips(mode: str, count: int, args: argparse.Namespace, data_dir: str) 
             "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 3),
             "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 3),
             "mean_ms": round(statistics.fmean(latencies) * 1e3, 3),
-            "cpu_us_per_job": {k: round(v, 1) for k, v in cpu.items()}}
+            "cpu_us_per_job": cpu}
 
 
 def failover(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
@@ -384,10 +429,13 @@ def compare(args: argparse.Namespace) -> int:
     for (mode, label), results in runs.items():
         def median(key: str) -> float:
             return round(statistics.median(r[key] for r in results), 3)
+        cpu = {name: round(statistics.median(r["cpu_us_per_job"][name]["total"]
+                                             for r in results), 1)
+               for name in results[0].get("cpu_us_per_job", {})}
         summary.setdefault(mode, {})[label] = {
             "jobs_per_s": median("jobs_per_s"), "p50_ms": median("p50_ms"),
-            "p99_ms": median("p99_ms"), "runs": [(r["jobs_per_s"], r["p50_ms"])
-                                                 for r in results]}
+            "p99_ms": median("p99_ms"), "cpu_us_per_job": cpu,
+            "runs": [(r["jobs_per_s"], r["p50_ms"]) for r in results]}
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -399,6 +447,8 @@ def compare(args: argparse.Namespace) -> int:
             r = summary[mode][label]
             print(f"{mode:<12} {label:<7} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} "
                   f"{r['p99_ms']:>8.3f}   {r['runs']}")
+            print(f"{'':<21} CPU us/job (median): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_job"].items()))
     return 0
 
 
@@ -414,6 +464,9 @@ def main() -> int:
                         help="also run the library in DIR (a directory holding a peermesh "
                              "package, e.g. from `git archive`), interleaved with this one, "
                              "and print medians of both (brokerless, brokered, floor)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="run client, broker and worker under cProfile and write "
+                             "DIR/<mode>-<process>.prof (timings are then not comparable)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --compare: interleaved rounds (default: %(default)s)")
     args = parser.parse_args()
@@ -457,12 +510,18 @@ def main() -> int:
         if mode in results:
             r = results[mode]
             print(f"{mode:<12} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} "
-                  f"{r['p99_ms']:>8.3f}   CPU us/job: {r['cpu_us_per_job']}")
+                  f"{r['p99_ms']:>8.3f}")
+            for name, c in r["cpu_us_per_job"].items():
+                print(f"{'':<12} CPU us/job {name:<7} {c['total']:>7.1f} (main thread "
+                      f"{c['main']:.1f}, libzmq I/O {c['zmq']:.1f}, other {c['other']:.1f})")
     if "floor" in results:
         fl = results["floor"]
         print(f"{'floor':<12} {fl['jobs_per_s']:>9.0f} {fl['p50_ms']:>8.3f} "
               f"{fl['p99_ms']:>8.3f}   (brokered message pattern through peermesh's socket "
               "layer, no processing)")
+        for name, c in fl["cpu_us_per_job"].items():
+            print(f"{'':<12} CPU us/job {name:<7} {c['total']:>7.1f} (main thread "
+                  f"{c['main']:.1f}, libzmq I/O {c['zmq']:.1f}, other {c['other']:.1f})")
     if "failover" in results:
         f = results["failover"]
         print(f"failover: new broker elected after {f['elected_after_s']:.3f}s, serving after "

@@ -605,14 +605,14 @@ class Client:
                 waiter.finals[worker] = {"state": state, "failed": True,
                                          "errors": [str(body.get("reason", state))]}
             waiter.check()
-        job = self._open.get(uuid)
-        if job is not None:
+        open_job = self._open.get(uuid)
+        if open_job is not None:
             if state in FINAL_STATES or state == "lost":
-                job.workers.discard(worker)
-            elif state == "redispatched" and body.get("from") in job.workers:
-                job.workers.discard(body["from"])
-                job.workers.add(str(body.get("to")))
-            if not job.workers:
+                open_job.workers.discard(worker)
+            elif state == "redispatched" and body.get("from") in open_job.workers:
+                open_job.workers.discard(body["from"])
+                open_job.workers.add(str(body.get("to")))
+            if not open_job.workers:
                 del self._open[uuid]
         if state in ("redispatched", "lost"):
             job = self.store.client_job(uuid)
