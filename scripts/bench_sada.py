@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """Benchmark Safir-Darbaan request/reply against raw pyzmq, in one run.
 
-Everything stays on loopback (127.0.0.1); no node beacons: servers are
-pointed at the channel's endpoint directly. This process is the client (a
-``Channel`` on its gevent hub, or a raw DEALER); servers run in child
-processes (this file with ``--role``). Payload: a small msgpack'd dict
-(``{"i": n, "pad": 64 bytes}``) for both.
+Everything stays on 127.0.0.1; no node beacons: servers are pointed at the
+channel's endpoint directly. Every client and server is a child process
+(this file with ``--role``); this process only tells the clients when to
+run, so it takes no CPU from them. Payload: a small msgpack'd dict
+(``{"i": n, "pad": 64 bytes}``), packed and unpacked by every client.
 
-1. sequential round trips, one client and one server: raw DEALER->ROUTER echo
-   (plain blocking pyzmq, the ceiling), the same raw echo with a SADA REQ's
-   nine frames (what the spec's frame layout costs pyzmq itself), channel ->
-   server (``echo``, an inline handler), and the same with the handler in its
-   own greenlet (the default for handlers);
-2. pipelined (a window of requests in flight): raw vs channel with 1 and with
-   4 server processes;
+1. sequential round trips, one client and one server: the raw pyzmq echo
+   (a DEALER sends one frame, a blocking ROUTER echoes it: the baseline of
+   issue 4), the same raw echo with a SADA REQ's nine frames (what the
+   spec's frame layout itself costs pyzmq), channel -> server with the demo
+   ``echo`` (an inline handler) and with a handler in its own greenlet (the
+   default for handlers);
+2. pipelined (a window of requests in flight): raw vs channel with 1 and
+   with 4 server processes;
 3. failover: 3 servers under pipelined load with ``retries=1``; one is
    SIGKILLed; how long until the channel dropped it, until every request it
    held was answered by the others, the longest gap between replies, and
@@ -21,9 +22,12 @@ processes (this file with ``--role``). Payload: a small msgpack'd dict
 
 Cases 1 and 2 run in interleaved rounds (every case once per round), so load
 from other work on the machine hits all cases alike; rates are the median of
-the rounds. Prints a table with ratios against the targets of issue 4
-(sequential >= 60% of raw, p99 <= 1 ms, failover within 2 x ping interval);
-``--json`` prints one JSON object instead.
+the rounds. ``--baseline DIR`` adds the channel cases once more with the
+peermesh package found in DIR (e.g. an older commit:
+``git archive HEAD peermesh | tar -x -C DIR``), interleaved with the rest.
+Prints a table with ratios against the targets of issue 4 (sequential >= 60%
+of raw, p99 <= 1 ms, failover within 2 x ping interval); ``--json`` prints
+one JSON object instead.
 """
 
 from __future__ import annotations
@@ -37,13 +41,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+REPO = os.path.dirname(HERE)
 
 LOOPBACK = "127.0.0.1"
 PAD = b"x" * 64
+SADA_HEAD = [b"", b"SADA1", b"REQ", b"0123456789abcdef-1", b"echo", b"1.0", b"", b"echo"]
 TARGETS = {"sequential_ratio": 0.60, "p99_ms": 1.0, "failover_intervals": 2.0}
 _T0 = time.perf_counter()
 
@@ -60,33 +65,25 @@ def percentile(values: list[float], q: float) -> float:
     return values[max(0, min(len(values) - 1, k))]
 
 
-def latency_stats(samples: list[float], wall: float) -> dict[str, Any]:
-    us = sorted(s * 1e6 for s in samples)
-    return {"round_trips": len(us), "per_s": len(us) / wall, "p50_us": percentile(us, 50),
-            "p99_us": percentile(us, 99), "mean_us": statistics.fmean(us)}
-
-
 # ---------------------------------------------------------------------------
-# child roles (run as `bench_sada.py --role ROLE ENDPOINT`)
+# child roles (run as `bench_sada.py --role ROLE --code DIR [ENDPOINT]`)
 
 
 def role_raw_echo(endpoint: str) -> None:
     """A plain blocking ROUTER that echoes every message (bound at ``endpoint``)."""
     import zmq
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
+    sock = zmq.Context().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(endpoint)
     print("READY", flush=True)
     recv, send, more = sock.recv, sock.send, zmq.SNDMORE
     while True:
-        identity = recv()
-        frames = [identity]
-        while sock.getsockopt(zmq.RCVMORE):
-            frames.append(recv())
-        last = len(frames) - 1
-        for i, frame in enumerate(frames):
-            send(frame, more if i < last else 0)
+        frames = [recv(copy=False)]
+        while frames[-1].more:
+            frames.append(recv(copy=False))
+        for frame in frames[:-1]:
+            send(frame, more)
+        send(frames[-1])
 
 
 def role_sada_server(endpoint: str) -> None:
@@ -105,88 +102,45 @@ def role_sada_server(endpoint: str) -> None:
     gevent.wait()
 
 
-ROLES = {"raw-echo": role_raw_echo, "sada-server": role_sada_server}
+def _commands(answer: Any) -> None:
+    """Answer JSON commands from stdin, one per line, until it closes."""
+    from gevent.socket import wait_read
+    while True:
+        wait_read(sys.stdin.fileno())   # the hub keeps running meanwhile
+        line = sys.stdin.readline()
+        if not line:
+            return
+        print(json.dumps(answer(json.loads(line))), flush=True)
 
 
-class Children:
-    """Child processes, all killed at the end."""
+def role_raw_client(endpoint: str) -> None:
+    """A raw DEALER client of a ``raw-echo`` at ``endpoint``, run on command."""
+    import msgpack
+    import zmq
+    sock = zmq.Context().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    more = zmq.SNDMORE
+    clock = time.perf_counter
 
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
+    def run(cmd: dict[str, Any]) -> dict[str, Any]:
+        """``n`` round trips, ``window`` in flight (1 = sequential). ``sada_frames``:
+        send (and get back) a SADA REQ's nine frames instead of one."""
+        n, window = cmd["n"], cmd["window"]
+        if cmd.get("sada_frames"):
+            def send(payload: bytes) -> None:
+                for frame in SADA_HEAD:
+                    sock.send(frame, more)
+                sock.send(payload)
 
-    def start(self, role: str, endpoint: str) -> "subprocess.Popen[str]":
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role,
-                                 endpoint], stdout=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if line.strip() != "READY":
-            raise RuntimeError(f"{role} child did not start: {line!r}")
-        return proc
-
-    def kill(self, proc: "subprocess.Popen[str]") -> None:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(5)
-
-    def __enter__(self) -> "Children":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            self.kill(proc)
-
-
-def free_tcp_endpoint() -> str:
-    import socket
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return f"tcp://{LOOPBACK}:{s.getsockname()[1]}"
-
-
-# ---------------------------------------------------------------------------
-# the measured cases: each set up once, then measured in interleaved rounds
-
-
-class RawEcho:
-    """A raw DEALER client (this process) and a raw ROUTER echo (child process)."""
-
-    def __init__(self, children: Children) -> None:
-        import zmq
-        endpoint = free_tcp_endpoint()
-        children.start("raw-echo", endpoint)
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.more = zmq.SNDMORE
-
-    def measure(self, n: int, window: int, sada_frames: bool = False) -> dict[str, Any]:
-        """``n`` round trips, ``window`` in flight (1 = sequential).
-
-        ``sada_frames``: send and echo the frames a SADA REQ has (delimiter,
-        signature, command, request id, service, version, category, action,
-        payload) instead of delimiter + payload, which shows what the spec's
-        frame layout itself costs at the raw pyzmq level.
-        """
-        import msgpack
-        sock, more = self.sock, self.more
-        head = [b"SADA1", b"REQ", b"0123456789abcdef-1", b"echo", b"1.0", b"", b"echo"] \
-            if sada_frames else []
-
-        def send(payload: bytes) -> None:
-            sock.send(b"", more)
-            for frame in head:
-                sock.send(frame, more)
-            sock.send(payload)
-
-        def recv() -> bytes:
-            frame = sock.recv(copy=False)
-            while frame.more:
+            def recv() -> bytes:
                 frame = sock.recv(copy=False)
-            return frame.bytes
-
+                while frame.more:
+                    frame = sock.recv(copy=False)
+                return frame.bytes
+        else:
+            send, recv = sock.send, sock.recv
         samples: list[float] = []
-        clock = time.perf_counter
         start = clock()
         if window == 1:
             for i in range(n):
@@ -207,25 +161,26 @@ class RawEcho:
                 received += 1
         return {"samples": samples, "wall": clock() - start}
 
+    print("READY", flush=True)
+    _commands(run)
 
-class SadaSetup:
-    """A ``Channel`` (this process) and ``servers`` server processes."""
 
-    def __init__(self, children: Children, servers: int) -> None:
-        from peermesh.sada import Channel
-        self.channel = Channel(address=LOOPBACK, ping_interval=1.0).start()
-        for _ in range(servers):
-            children.start("sada-server", self.channel.endpoint)
-        if not self.channel.wait_for("echo", count=servers, timeout=10):
-            raise RuntimeError("servers did not introduce themselves")
+def role_sada_client(_: Optional[str]) -> None:
+    """A ``Channel`` on 127.0.0.1 (its endpoint follows READY), run on command."""
+    import gevent.event
 
-    def measure(self, n: int, window: int, action: str = "echo") -> dict[str, Any]:
-        """``n`` requests (``echo``/echo inline, or a handler in its own greenlet)."""
-        import gevent.event
-        channel = self.channel
+    from peermesh.sada import Channel
+    channel = Channel(address=LOOPBACK, ping_interval=1.0).start()
+    clock = time.perf_counter
+
+    def run(cmd: dict[str, Any]) -> dict[str, Any]:
+        if cmd["op"] == "wait":
+            return {"ok": channel.wait_for("echo", count=cmd["count"], timeout=10)}
+        if cmd["op"] == "replies":
+            return {"replies": sorted(s.replies for s in channel.servers())}
+        n, window, action = cmd["n"], cmd["window"], cmd["action"]
         service = "echo" if action == "echo" else "bench"
         samples: list[float] = []
-        clock = time.perf_counter
         start = clock()
         if window == 1:
             request = channel.request
@@ -258,11 +213,84 @@ class SadaSetup:
             done.wait()
         return {"samples": samples, "wall": clock() - start}
 
-    def close(self) -> None:
-        self.channel.stop()
+    print("READY", channel.endpoint, flush=True)
+    _commands(run)
 
 
-def interleaved(cases: dict[str, Callable[[int], dict[str, Any]]], n: int,
+ROLES = {"raw-echo": role_raw_echo, "sada-server": role_sada_server,
+         "raw-client": role_raw_client, "sada-client": role_sada_client}
+
+
+class Children:
+    """Child processes, all killed at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, role: str, endpoint: str = "", code: str = REPO
+              ) -> "subprocess.Popen[str]":
+        """Start ``role`` with the peermesh package in ``code``; wait for READY."""
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role,
+                                 "--code", code, endpoint], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            raise RuntimeError(f"{role} child did not start: {line!r}")
+        proc.ready = line[1:]  # type: ignore[attr-defined]
+        return proc
+
+    def kill(self, proc: "subprocess.Popen[str]") -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5)
+
+    def __enter__(self) -> "Children":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            self.kill(proc)
+
+
+def ask(proc: "subprocess.Popen[str]", **cmd: Any) -> dict[str, Any]:
+    """Send a client child one command and return its answer."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(cmd) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"client child {proc.args} died")
+    return json.loads(line)
+
+
+def free_tcp_endpoint() -> str:
+    import socket
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return f"tcp://{LOOPBACK}:{s.getsockname()[1]}"
+
+
+def raw_setup(children: Children) -> "subprocess.Popen[str]":
+    """A raw echo child and a raw client child of it; returns the client."""
+    endpoint = free_tcp_endpoint()
+    children.start("raw-echo", endpoint)
+    return children.start("raw-client", endpoint)
+
+
+def sada_setup(children: Children, servers: int, code: str) -> "subprocess.Popen[str]":
+    """A channel child and ``servers`` server children (code from ``code``)."""
+    client = children.start("sada-client", code=code)
+    endpoint = client.ready[0]  # type: ignore[attr-defined]
+    for _ in range(servers):
+        children.start("sada-server", endpoint, code=code)
+    if not ask(client, op="wait", count=servers)["ok"]:
+        raise RuntimeError("servers did not introduce themselves")
+    return client
+
+
+def interleaved(cases: dict[str, tuple["subprocess.Popen[str]", dict[str, Any]]], n: int,
                 rounds: int) -> dict[str, dict[str, Any]]:
     """Run every case ``rounds`` times, round-robin (load from elsewhere hits all alike).
 
@@ -270,17 +298,19 @@ def interleaved(cases: dict[str, Callable[[int], dict[str, Any]]], n: int,
     from all samples together.
     """
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
-    for name, case in cases.items():      # warm-up round, not counted
-        case(min(500, n))
+    for client, cmd in cases.values():      # warm-up round, not counted
+        ask(client, op="run", **{**cmd, "n": min(500, n)})
     for _ in range(rounds):
-        for name, case in cases.items():
-            runs[name].append(case(n))
+        for name, (client, cmd) in cases.items():
+            runs[name].append(ask(client, op="run", n=n, **cmd))
     result = {}
     for name, parts in runs.items():
-        samples = [s for part in parts for s in part["samples"]]
-        stats = latency_stats(samples, sum(p["wall"] for p in parts))
-        stats["per_s"] = statistics.median(len(p["samples"]) / p["wall"] for p in parts)
-        result[name] = stats
+        us = sorted(s * 1e6 for part in parts for s in part["samples"])
+        result[name] = {
+            "round_trips": len(us),
+            "per_s": statistics.median(len(p["samples"]) / p["wall"] for p in parts),
+            "p50_us": percentile(us, 50), "p99_us": percentile(us, 99),
+            "mean_us": statistics.fmean(us)}
     return result
 
 
@@ -358,75 +388,89 @@ def bench_failover(servers: int, window: int, ping_interval: float,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
+    versions = {"": REPO}
+    if args.baseline:
+        versions["_before"] = os.path.abspath(args.baseline)
     with Children() as children:
-        raw = RawEcho(children)
-        one = SadaSetup(children, 1)
-        four = SadaSetup(children, 4)
-        try:
-            progress(f"sequential: {args.rounds} interleaved rounds of {args.n} round trips")
-            results.update(interleaved({
-                "raw_seq": lambda n: raw.measure(n, 1),
-                "raw_seq_sada_frames": lambda n: raw.measure(n, 1, sada_frames=True),
-                "sada_seq": lambda n: one.measure(n, 1),
-                "sada_seq_spawned": lambda n: one.measure(n, 1, action="spawned"),
-            }, args.n, args.rounds))
-            progress(f"pipelined (window {args.window}): {args.rounds} interleaved rounds")
-            w = args.window
-            results.update(interleaved({
-                "raw_pipe": lambda n: raw.measure(n, w),
-                "sada_pipe_1": lambda n: one.measure(n, w),
-                "sada_pipe_4": lambda n: four.measure(n, w),
-            }, args.n * 2, args.rounds))
-            results["replies_per_server_4"] = sorted(s.replies for s in four.channel.servers())
-        finally:
-            one.close()
-            four.close()
+        raw = raw_setup(children)
+        one = {tag: sada_setup(children, 1, code) for tag, code in versions.items()}
+        four = {tag: sada_setup(children, 4, code) for tag, code in versions.items()}
+        progress(f"sequential: {args.rounds} interleaved rounds of {args.n} round trips")
+        sequential = {"raw_seq": (raw, {"window": 1}),
+                      "raw_seq_sada_frames": (raw, {"window": 1, "sada_frames": True})}
+        for tag in versions:
+            sequential[f"sada_seq{tag}"] = (one[tag], {"window": 1, "action": "echo"})
+            sequential[f"sada_seq_spawned{tag}"] = (one[tag], {"window": 1, "action": "spawned"})
+        results.update(interleaved(sequential, args.n, args.rounds))
+        progress(f"pipelined (window {args.window}): {args.rounds} interleaved rounds")
+        w = args.window
+        pipelined = {"raw_pipe": (raw, {"window": w})}
+        for tag in versions:
+            pipelined[f"sada_pipe_1{tag}"] = (one[tag], {"window": w, "action": "echo"})
+            pipelined[f"sada_pipe_4{tag}"] = (four[tag], {"window": w, "action": "echo"})
+        results.update(interleaved(pipelined, args.n * 2, args.rounds))
+        results["replies_per_server_4"] = ask(four[""], op="replies")["replies"]
     progress("failover: SIGKILL one of 3 servers under load")
     results["failover"] = bench_failover(3, args.window, args.ping_interval, args.failover_s)
     raw_seq = results["raw_seq"]["per_s"]
-    results["ratios"] = {
-        "sequential_vs_raw": results["sada_seq"]["per_s"] / raw_seq,
-        "sequential_spawned_vs_raw": results["sada_seq_spawned"]["per_s"] / raw_seq,
-        "raw_sada_frames_vs_raw": results["raw_seq_sada_frames"]["per_s"] / raw_seq,
-        "sequential_vs_raw_sada_frames": (results["sada_seq"]["per_s"]
-                                          / results["raw_seq_sada_frames"]["per_s"]),
-        "pipelined_1_vs_raw": results["sada_pipe_1"]["per_s"] / results["raw_pipe"]["per_s"],
-        "pipelined_4_vs_1": results["sada_pipe_4"]["per_s"] / results["sada_pipe_1"]["per_s"],
-    }
+    ratios = results["ratios"] = {}
+    for tag in versions:
+        ratios[f"sequential_vs_raw{tag}"] = results[f"sada_seq{tag}"]["per_s"] / raw_seq
+        ratios[f"sequential_spawned_vs_raw{tag}"] = (results[f"sada_seq_spawned{tag}"]["per_s"]
+                                                     / raw_seq)
+        ratios[f"pipelined_1_vs_raw{tag}"] = (results[f"sada_pipe_1{tag}"]["per_s"]
+                                              / results["raw_pipe"]["per_s"])
+        ratios[f"pipelined_4_vs_1{tag}"] = (results[f"sada_pipe_4{tag}"]["per_s"]
+                                            / results[f"sada_pipe_1{tag}"]["per_s"])
+    ratios["raw_sada_frames_vs_raw"] = results["raw_seq_sada_frames"]["per_s"] / raw_seq
+    if args.baseline:
+        results["baseline"] = versions["_before"]
     results["load_average"] = os.getloadavg()
     return results
 
 
+NAMES = {"raw_seq": "raw pyzmq echo (1 frame), sequential",
+         "raw_seq_sada_frames": "raw pyzmq echo, SADA-shaped, sequential",
+         "sada_seq": "channel->1 server, sequential (inline)",
+         "sada_seq_spawned": "channel->1 server, sequential (greenlet)",
+         "raw_pipe": "raw pyzmq echo, pipelined",
+         "sada_pipe_1": "channel->1 server, pipelined",
+         "sada_pipe_4": "channel->4 servers, pipelined"}
+
+
 def table(r: dict[str, Any]) -> str:
-    lines = [f"{'case':44} {'round trips/s':>14} {'p50 µs':>9} {'p99 µs':>9}"]
-    names = {"raw_seq": "raw pyzmq echo, sequential",
-             "raw_seq_sada_frames": "raw pyzmq echo, SADA-shaped, sequential",
-             "sada_seq": "channel->1 server, sequential (inline)",
-             "sada_seq_spawned": "channel->1 server, sequential (greenlet)",
-             "raw_pipe": "raw pyzmq echo, pipelined",
-             "sada_pipe_1": "channel->1 server, pipelined",
-             "sada_pipe_4": "channel->4 servers, pipelined"}
-    for key, name in names.items():
-        x = r[key]
-        lines.append(f"{name:44} {x['per_s']:14.0f} {x['p50_us']:9.0f} {x['p99_us']:9.0f}")
+    tags = [""] + (["_before"] if "baseline" in r else [])
+    lines = [f"{'case':50} {'round trips/s':>14} {'p50 µs':>9} {'p99 µs':>9}"]
+    for key, name in NAMES.items():
+        for tag in tags if key.startswith("sada") else [""]:
+            x = r[key + tag]
+            label = name + (" [baseline]" if tag else "")
+            lines.append(f"{label:50} {x['per_s']:14.0f} {x['p50_us']:9.0f} {x['p99_us']:9.0f}")
     ratios = r["ratios"]
-    seq = ratios["sequential_vs_raw"]
-    p99 = r["sada_seq"]["p99_us"] / 1000
+    lines.append("")
+    for tag in tags:
+        seq = ratios[f"sequential_vs_raw{tag}"]
+        p99 = r[f"sada_seq{tag}"]["p99_us"] / 1000
+        what = " [baseline]" if tag else ""
+        lines += [
+            f"sequential / raw{what}:{' ' * (28 - len(what))}{seq:5.2f}  (target >= "
+            f"{TARGETS['sequential_ratio']:.2f}: "
+            f"{'met' if seq >= TARGETS['sequential_ratio'] else 'MISSED'})",
+            f"sequential (greenlet) / raw{what}:{' ' * (18 - len(what))}"
+            f"{ratios[f'sequential_spawned_vs_raw{tag}']:5.2f}",
+            f"sequential p99{what}:{' ' * (30 - len(what))}{p99:5.2f} ms (target <= "
+            f"{TARGETS['p99_ms']} ms: {'met' if p99 <= TARGETS['p99_ms'] else 'MISSED'})",
+            f"pipelined 1 server / raw{what}:{' ' * (20 - len(what))}"
+            f"{ratios[f'pipelined_1_vs_raw{tag}']:5.2f}",
+            f"pipelined 4 servers / 1{what}:{' ' * (21 - len(what))}"
+            f"{ratios[f'pipelined_4_vs_1{tag}']:5.2f}  ({os.cpu_count()} cores: the "
+            "channel's core saturates)",
+        ]
     fo = r["failover"]
     limit = TARGETS["failover_intervals"] * fo["ping_interval_s"] * 1000
     lines += [
-        "",
-        f"sequential / raw:            {seq:5.2f}  (target >= {TARGETS['sequential_ratio']:.2f}:"
-        f" {'met' if seq >= TARGETS['sequential_ratio'] else 'MISSED'})",
-        f"sequential (greenlet) / raw: {ratios['sequential_spawned_vs_raw']:5.2f}",
-        f"raw SADA-shaped / raw:       {ratios['raw_sada_frames_vs_raw']:5.2f}  "
-        "(what 9-10 frames per message cost pyzmq itself)",
-        f"sequential / raw SADA-shaped:{ratios['sequential_vs_raw_sada_frames']:5.2f}",
-        f"sequential p99:              {p99:5.2f} ms (target <= {TARGETS['p99_ms']} ms: "
-        f"{'met' if p99 <= TARGETS['p99_ms'] else 'MISSED'})",
-        f"pipelined 1 server / raw:    {ratios['pipelined_1_vs_raw']:5.2f}",
-        f"pipelined 4 servers / 1:     {ratios['pipelined_4_vs_1']:5.2f}  "
-        f"({os.cpu_count()} cores: the channel's core saturates)",
+        f"raw SADA-shaped / raw:{' ' * 23}{ratios['raw_sada_frames_vs_raw']:5.2f}  "
+        "(what a REQ's frames cost pyzmq itself)",
         "",
         f"failover ({fo['servers']} servers, window {fo['window']}, ping interval "
         f"{fo['ping_interval_s']} s): victim held {fo['held_by_victim_at_kill']} requests",
@@ -440,23 +484,31 @@ def table(r: dict[str, Any]) -> str:
         "load average during the run: " + " ".join(f"{x:.2f}" for x in r["load_average"])
         + f" ({os.cpu_count()} cores)",
     ]
+    if "baseline" in r:
+        lines.append(f"baseline code: {r['baseline']}")
     return "\n".join(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--code", default=REPO, help=argparse.SUPPRESS)
     parser.add_argument("endpoint", nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("-n", type=int, default=3000,
                         help="round trips per sequential case and round (pipelined: 2n)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
     parser.add_argument("--window", type=int, default=64, help="requests in flight when pipelined")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also run the channel cases with the peermesh package in DIR")
     parser.add_argument("--ping-interval", type=float, default=1.0,
                         help="channel ping interval in the failover case (s)")
     parser.add_argument("--failover-s", type=float, default=2.0,
                         help="length of the failover run (s)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    if args.baseline and not os.path.isdir(os.path.join(args.baseline, "peermesh", "sada")):
+        parser.error(f"--baseline {args.baseline}: no peermesh/sada package there")
+    sys.path.insert(0, os.path.abspath(args.code))
     if args.role:
         ROLES[args.role](args.endpoint)
         return 0

@@ -26,7 +26,9 @@ the routing id ZeroMQ gave its connection):
 
 Requests carry ids unique in the cluster: 16 random hex digits chosen when
 the channel starts (so a restarted channel never reuses one), a dash, and a
-counter. Each has one deadline (a timer on the hub) covering every attempt.
+counter. Each has one deadline covering every attempt; deadlines wait in a
+heap watched by one timer on the hub (armed for the earliest), not a timer
+per request.
 A request for a service no server offers waits, parked, for one to appear
 until its deadline. A REP 503 (the server did not run the request) is re-sent
 to another server without using up a retry.
@@ -39,6 +41,12 @@ Everything runs on one gevent hub: a channel may be made (its socket bound)
 in any thread, but is started and used from the thread (hub) of its node;
 replies are handled on the hub itself. For threaded programs see
 ``ThreadedChannel``.
+
+The path every request takes is kept short: a REQ is written frame by frame
+with no list built, a REP that looks as the spec draws it (the usual case) is
+matched to its request without ``wire.sada``'s careful decoding (anything
+else takes that path), and the answer goes straight to a greenlet waiting in
+``request()`` (switched to from the reader, no ``AsyncResult``).
 """
 
 from __future__ import annotations
@@ -48,10 +56,12 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Any, Callable, Iterable, Optional
 
 import gevent
 import gevent.event
+import msgpack
 import zmq
 from gevent.hub import Waiter
 from greenlet import getcurrent
@@ -62,7 +72,7 @@ from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from . import _transport
 from .errors import ChannelClosed, NoServerError, RequestTimeout, ServerLost, ServiceError
-from .handlers import pack, unpack
+from .handlers import pack
 from .versions import choose_version, is_compatible, version_key
 
 __all__ = ["Channel", "ServerInfo", "HEADER_CHANNEL", "HEADER_SERVER", "HEADER_ROLES"]
@@ -78,12 +88,15 @@ HEADER_ROLES = "X-PM-ROLES"
 
 _PING = wire.encode(Ping())
 _RINTR = wire.encode(wire.Rintr())
-_DELIMITER, _PROTOCOL = wire.DELIMITER, wire.PROTOCOL
-_REQ, _REP = wire.Command.REQ.frame, wire.Command.REP.frame
+_PROTOCOL = wire.PROTOCOL
+_REP = wire.Command.REP.frame
+_STATUS_OF = {wire.status_frame(code): code for code in range(100, 600)}
+_unpackb = msgpack.unpackb
 _EWMA = 0.2            # weight of the newest latency sample
 _MAX_PENALTY = 64.0
 _INITIAL_LATENCY = 0.001
 _MAX_FRAMES = 2 * 65536 + 3   # an INTR of 65536 services; anything longer is dropped
+_SWEEP_STEP = 0.001           # seconds: the shortest wait of the deadline timer
 _NO_EXCLUSION: frozenset = frozenset()
 
 
@@ -124,22 +137,20 @@ class _Server:
     """What the channel knows about one server connection."""
 
     __slots__ = ("identity", "id", "address", "services", "in_flight", "latency", "penalty",
-                 "penalized_at", "last_heard", "ping_sent", "suspect", "pending", "alive",
-                 "replies")
+                 "penalized_at", "last_heard", "ping_sent", "suspect", "alive", "replies")
 
     def __init__(self, identity: bytes, address: str, now: float, latency: float) -> None:
         self.identity = identity
         self.id = identity.hex()
         self.address = address
         self.services: frozenset[tuple[str, str]] = frozenset()
-        self.in_flight = 0
+        self.in_flight = 0                # requests sent to it and not answered
         self.latency = latency
         self.penalty = 1.0
         self.penalized_at = now
         self.last_heard = now
         self.ping_sent = -math.inf
         self.suspect = False
-        self.pending: dict[bytes, _Pending] = {}
         self.alive = True
         self.replies = 0
 
@@ -156,7 +167,7 @@ class _Pending:
     """One request between ``request_async`` and its answer."""
 
     __slots__ = ("rid", "service", "version", "category", "action", "fields", "body", "raw",
-                 "result", "timer", "timeout", "server", "target", "sent_at", "attempts",
+                 "result", "deadline", "timeout", "server", "target", "sent_at", "attempts",
                  "retries", "excluded", "parked")
 
     def __init__(self, rid: bytes, service: str, version: Optional[str], category: str,
@@ -170,8 +181,8 @@ class _Pending:
         self.fields = fields            # encoded service name, category, action
         self.body = body
         self.raw = raw
-        self.result = result            # an AsyncResult, or the Waiter of a request()
-        self.timer: Any = None
+        self.result = result            # an AsyncResult, or the Waiter of a request(); None: done
+        self.deadline = 0.0
         self.timeout = timeout
         self.server: Optional[_Server] = None
         self.target = target
@@ -254,6 +265,9 @@ class Channel:
         self._routes: dict[str, dict[str, list[_Server]]] = {}
         self._route_cache: dict[tuple[str, Optional[str]], list[tuple[str, list[_Server]]]] = {}
         self._pending: dict[bytes, _Pending] = {}
+        self._deadlines: list[tuple[float, int, _Pending]] = []   # a heap
+        self._sweeper: Any = None
+        self._sweep_at = math.inf
         self._parked: list[_Pending] = []
         self._rintr_sent: dict[bytes, float] = {}
         self._fields: dict[tuple[str, str, str], tuple[bytes, bytes, bytes]] = {}
@@ -301,6 +315,9 @@ class Channel:
         for pending in list(self._pending.values()):
             self._finish(pending, exc=ChannelClosed("the channel stopped"))
         self._parked.clear()
+        if self._sweeper is not None:
+            self._sweeper.close()
+            self._sweeper = None
         try:
             self._sock.disable_monitor()
         except zmq.ZMQError:
@@ -396,10 +413,11 @@ class Channel:
         rid = self._prefix + b"%x" % self._counter
         pending = _Pending(rid, service, version, category, action, fields, body, raw, timeout,
                            target, retries, result)
-        timer = self._loop.timer(timeout)
-        pending.timer = timer
         self._pending[rid] = pending
-        timer.start(self._expire, pending)
+        deadline = pending.deadline = time.monotonic() + timeout
+        heappush(self._deadlines, (deadline, self._counter, pending))
+        if deadline < self._sweep_at:
+            self._arm(deadline)
         self.stats["requests"] += 1
         self._dispatch(pending)
 
@@ -417,11 +435,10 @@ class Channel:
                 return
             version, server = choice
             fields = pending.fields
-            frames = [_DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0],
-                      self._versions.get(version) or version.encode("utf-8"), fields[1],
-                      fields[2], pending.body]
             try:
-                self._router.send(server.identity, frames)
+                self._router.send_req(server.identity, pending.rid, fields[0],
+                                      self._versions.get(version) or version.encode("utf-8"),
+                                      fields[1], fields[2], pending.body)
             except zmq.Again:
                 # its queue is full: treat it like a busy server and try another
                 self._penalise(server)
@@ -438,7 +455,6 @@ class Channel:
             pending.server = server
             pending.attempts += 1
             server.in_flight += 1
-            server.pending[pending.rid] = pending
             pending.sent_at = time.perf_counter()
             return
 
@@ -491,11 +507,15 @@ class Channel:
     def _finish(self, pending: _Pending, value: Any = None,
                 exc: Optional[BaseException] = None) -> None:
         """Take ``pending`` out of every table and hand the caller its answer."""
-        self._pending.pop(pending.rid, None)
+        result = pending.result
+        if result is None:
+            return
+        pending.result = None
+        pending.body = b""
+        del self._pending[pending.rid]
         server = pending.server
         if server is not None:
-            if server.pending.pop(pending.rid, None) is not None:
-                server.in_flight -= 1
+            server.in_flight -= 1
             pending.server = None
         if pending.parked:
             pending.parked = False
@@ -503,8 +523,9 @@ class Channel:
                 self._parked.remove(pending)
             except ValueError:
                 pass
-        pending.timer.close()
-        result = pending.result
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].result is None:  # answered early: forget
+            heappop(deadlines)
         if type(result) is not Waiter:
             if exc is None:
                 result.set(value)
@@ -520,11 +541,32 @@ class Channel:
         else:
             self._loop.run_callback(result.throw, exc)
 
-    def _on_rep(self, server: _Server, rid: bytes, status: int, payload: bytes) -> None:
-        pending = server.pending.pop(rid, None)
-        if pending is None:
-            log.debug("REP for unknown or expired request %r from %s", rid, server.id)
-            return
+    def _arm(self, deadline: float) -> None:
+        """(Re)start the deadline timer to fire at ``deadline`` (time.monotonic)."""
+        if self._sweeper is not None:
+            self._sweeper.close()
+        self._sweep_at = deadline
+        self._sweeper = self._loop.timer(max(0.0, deadline - time.monotonic()))
+        self._sweeper.start(self._sweep)
+
+    def _sweep(self) -> None:
+        """The deadline timer fired: expire what is due, re-arm for the next."""
+        self._sweeper.close()
+        self._sweeper = None
+        self._sweep_at = math.inf
+        now = time.monotonic()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            pending = heappop(deadlines)[2]
+            if pending.result is not None:
+                self._expire(pending)
+        while deadlines and deadlines[0][2].result is None:
+            heappop(deadlines)
+        if deadlines and self._state == "running":
+            self._arm(max(deadlines[0][0], now + _SWEEP_STEP))
+
+    def _on_rep(self, server: _Server, pending: _Pending, status: int, payload: bytes) -> None:
+        """``server`` answered ``pending`` (which it held)."""
         server.in_flight -= 1
         server.replies += 1
         pending.server = None
@@ -535,7 +577,7 @@ class Channel:
                 self._finish(pending, payload)
                 return
             try:
-                value = unpack(payload)
+                value = _unpackb(payload, raw=False, strict_map_key=False) if payload else None
             except Exception as exc:
                 self._finish(pending, exc=ServiceError(
                     Status.BAD_REQUEST, f"reply payload is not msgpack: {exc}",
@@ -555,9 +597,7 @@ class Channel:
                                                server=server.id))
 
     def _expire(self, pending: _Pending) -> None:
-        """The request's deadline passed (runs on the hub as a timer callback)."""
-        if self._pending.get(pending.rid) is not pending:
-            return
+        """The request's deadline passed (runs on the hub, from the deadline timer)."""
         server = pending.server
         what = f"{pending.service} {pending.category + '/' if pending.category else ''}" \
                f"{pending.action}"
@@ -604,6 +644,17 @@ class Channel:
     # --- incoming -------------------------------------------------------------
 
     def _on_message(self, identity: bytes, frames: list, last: zmq.Frame) -> None:
+        # The fast path: a REP as the spec draws it, from the server holding the request.
+        if len(frames) == 6 and frames[2] == _REP and frames[1] == _PROTOCOL and not frames[0]:
+            server = self._servers.get(identity)
+            pending = self._pending.get(frames[3])
+            status = _STATUS_OF.get(frames[4])
+            if (server is not None and pending is not None and status is not None
+                    and pending.server is server):
+                server.last_heard = self._clock()
+                server.suspect = False
+                self._on_rep(server, pending, status, frames[5])
+                return
         try:
             if wire.command_of(frames) == _REP:
                 rid, status, payload = wire.parse_rep(frames)
@@ -613,7 +664,11 @@ class Channel:
                     return
                 server.last_heard = self._clock()
                 server.suspect = False
-                self._on_rep(server, rid, status, payload)
+                pending = self._pending.get(rid)
+                if pending is None or pending.server is not server:
+                    log.debug("REP for unknown or expired request %r from %s", rid, server.id)
+                    return
+                self._on_rep(server, pending, status, payload)
                 return
             message = wire.decode(frames)
         except ProtocolError as exc:
@@ -746,8 +801,7 @@ class Channel:
         self.stats["servers_dropped"] += 1
         log.info("server %s (%s) dropped: %s", server.id, server.address, reason)
         self._rebuild()
-        held = list(server.pending.values())
-        server.pending.clear()
+        held = [p for p in self._pending.values() if p.server is server]
         server.in_flight = 0
         for pending in held:
             pending.server = None

@@ -2,7 +2,7 @@
 
 ``echo`` 1.0, category "" (none):
 
-* ``echo``: returns the payload unchanged;
+* ``echo``: returns the payload unchanged (as bytes: it is never decoded);
 * ``info``: ``{"server": label, "pid": ..., "host": ...}``: which server answered;
 * ``sleep``: waits ``payload`` seconds (a number, or ``{"seconds": s, "value": v}``)
   in its own greenlet, then returns the payload (or ``value``);
@@ -28,9 +28,9 @@ def echo_service(label: Optional[str] = None, version: str = "1.0") -> Service:
     host = socket.gethostname()
     label = label or f"{host}:{os.getpid()}"
 
-    @service.action("echo", inline=True)
-    def echo(payload: Any) -> Any:
-        """The payload, unchanged."""
+    @service.action("echo", raw=True, inline=True)
+    def echo(payload: bytes) -> bytes:
+        """The payload, unchanged (raw: neither unpacked nor packed again)."""
         return payload
 
     @service.action("info", inline=True)

@@ -13,7 +13,9 @@ the reply payload. It may also
 Any other exception becomes a REP 500 whose payload is the message; the
 server carries on. This module has no sockets: ``resolve`` and ``execute``
 are what the server runs for each REQ, and what the tests call directly.
-A REQ travels here as the tuple of its fields (``wire.sada.parse_req``).
+A REQ travels here as the tuple of its fields (``wire.sada.parse_req``); the
+server's fast path finds handlers by the REQ's frames themselves
+(``Service.by_frames``) and runs them with ``call``.
 """
 
 from __future__ import annotations
@@ -28,23 +30,31 @@ from .errors import ServiceError
 from .versions import choose_version, version_key
 
 __all__ = ["Service", "Handler", "Reply", "Request", "resolve", "resolve_service",
-           "unknown_action", "execute", "finish", "outcome", "pack", "unpack", "is_deferred"]
+           "unknown_action", "execute", "call", "finish", "outcome", "pack", "unpack",
+           "is_deferred"]
 
 Outcome = tuple[int, bytes]
 #: a REQ's fields in order: request id, service, version, category, action, payload
 ReqFields = tuple[bytes, str, str, str, str, bytes]
 
 
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+#: what handlers return most: packed as they are, without a look for Reply or deferreds
+_PLAIN = frozenset({dict, list, str, bytes, int, float, bool, type(None), tuple})
+_OK = int(Status.OK)
+
+
 def pack(obj: Any) -> bytes:
     """msgpack, with bin and str kept apart (the payload encoding by default)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    return _packb(obj, use_bin_type=True)
 
 
 def unpack(data: bytes) -> Any:
     """The inverse of ``pack``; an empty payload means None."""
     if not data:
         return None
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    return _unpackb(data, raw=False, strict_map_key=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +141,8 @@ class Service:
         self.name = _checked_text("service name", name)
         self.version = _checked_text("service version", version)
         self._actions: dict[tuple[str, str], Handler] = {}
+        #: the same handlers keyed by a REQ's frames 7 and 8 (UTF-8 category and action)
+        self.by_frames: dict[tuple[bytes, bytes], Handler] = {}
 
     def action(self, name: Optional[str] = None, category: str = "", *, raw: bool = False,
                inline: bool = False, request: bool = False
@@ -158,11 +170,14 @@ class Service:
             raise TypeError(f"handler for {action!r} is not callable: {fn!r}")
         key = (_checked_text("action category", category, True),
                _checked_text("action name", action))
-        self._actions[key] = Handler(fn, key[0], key[1], raw, inline, request)
+        handler = Handler(fn, key[0], key[1], raw, inline, request)
+        self._actions[key] = handler
+        self.by_frames[(key[0].encode("utf-8"), key[1].encode("utf-8"))] = handler
 
     def remove(self, action: str, category: str = "") -> None:
         """Unregister an action; KeyError if there is none."""
         del self._actions[(category, action)]
+        del self.by_frames[(category.encode("utf-8"), action.encode("utf-8"))]
 
     def handler(self, category: str, action: str) -> Optional[Handler]:
         """The handler of ``category``/``action``, or None."""
@@ -234,18 +249,33 @@ def execute(handler: Handler, req: ReqFields, channel: str) -> Union[Outcome, An
     """Run the handler on ``req`` (the fields of a REQ: request id, service, version,
     category, action, payload): an outcome (status, payload), or a deferred result
     for ``finish``."""
+    return call(handler, req[5], Request(req, channel) if handler.with_request else None)
+
+
+def call(handler: Handler, payload: bytes, request: Optional[Request] = None
+         ) -> Union[Outcome, Any]:
+    """Run the handler on a REQ's payload (``request`` for ``with_request`` handlers):
+    an outcome (status, payload), or a deferred result for ``finish``."""
     try:
         if handler.raw:
-            argument: Any = req[5]
-        else:
+            argument: Any = payload
+        elif payload:
             try:
-                argument = unpack(req[5])
+                argument = _unpackb(payload, raw=False, strict_map_key=False)
             except Exception as exc:
                 return Status.BAD_REQUEST, b"payload is not msgpack: " + _describe(exc)
-        if handler.with_request:
-            result = handler.fn(argument, Request(req, channel))
         else:
+            argument = None
+        if request is None:
             result = handler.fn(argument)
+        else:
+            result = handler.fn(argument, request)
+        if type(result) in _PLAIN and not handler.raw:
+            try:
+                return _OK, _packb(result, use_bin_type=True)
+            except Exception as exc:
+                return Status.INTERNAL_ERROR, (b"reply is not msgpack-serialisable: "
+                                               + _describe(exc))
         if is_deferred(result):
             return result
         return outcome(handler, result)

@@ -26,10 +26,24 @@ handshake succeeded, e.g. after the channel restarted), when it gets RINTR,
 and to every channel whenever the catalog changes. It answers PING with
 PONG, and every REQ with exactly one REP: 404/405/406 when it has no such
 service, action or compatible version, otherwise what the handler makes of
-it (see ``handlers``). Each request runs in a greenlet of its own, taken
-from a pool of reusable ones and switched to at once, so it may block
-cooperatively (``inline`` handlers run in the reader itself, for speed); a
-handler that raises gives a 500, never a dead server. While stopping, the
+it (see ``handlers``). A handler that raises gives a 500, never a dead server.
+
+Where handlers run: by default each request runs in a greenlet of its own,
+taken from a pool of reusable ones and switched to at once, so it may block
+cooperatively (sleep, I/O, waiting on other requests) while the server
+serves others. A handler registered ``inline=True`` runs in the reader
+itself, on the hub, with no switch at all: the fastest way, for handlers that
+never block (pure computation on the payload). An inline handler that does
+try to block fails with gevent's ``BlockingSwitchOutError`` (a 500), and one
+that computes for long delays every other request of the server; so
+``inline`` is an explicit promise, never guessed.
+
+The common REQ (a service, version and action the server has seen before)
+is handled without decoding its text frames: the service is found by its
+name and version frames (a cache of earlier resolutions, cleared when the
+catalog changes) and the handler by its category and action frames
+(``Service.by_frames``); anything else takes the careful path through
+``wire.sada``, which also produces the 404/405/406 answers. While stopping, the
 server INTRs an empty catalog, answers new REQs with 503 (channels send
 those elsewhere) and lets running handlers finish for up to ``grace``
 seconds.
@@ -51,7 +65,7 @@ from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
 from . import _transport
 from .channel import HEADER_CHANNEL, HEADER_SERVER, advertise, as_endpoints
-from .handlers import (Handler, ReqFields, Service, execute, finish, resolve_service,
+from .handlers import (Handler, ReqFields, Request, Service, call, finish, resolve_service,
                        unknown_action)
 from .versions import version_key
 
@@ -64,6 +78,7 @@ _DELIMITER, _PROTOCOL = wire.DELIMITER, wire.PROTOCOL
 _REQ, _REP = wire.Command.REQ.frame, wire.Command.REP.frame
 _STATUS = {code: wire.status_frame(code) for code in range(100, 600)}
 _MAX_FRAMES = 16  # a REQ has 9; PING, RINTR 3: anything longer is not for a server
+_MAX_CACHED = 4096  # (service, version) resolutions remembered
 _MAX_ENDPOINT = 255
 
 
@@ -185,6 +200,7 @@ class Server:
         self._context = context or zmq.Context.instance()
         self._catalog: dict[str, dict[str, Service]] = {}
         self._resolved: dict[tuple[str, str], Any] = {}  # (service, version) -> Service | outcome
+        self._by_frames: dict[tuple[bytes, bytes], Service] = {}  # the same, by REQ frames 5-6
         self._state = "new"
         for service in services:
             self.add_service(service)
@@ -255,6 +271,7 @@ class Server:
 
     def _catalog_changed(self) -> None:
         self._resolved.clear()
+        self._by_frames.clear()
         self._intr = self._encode_intr()
         if self._state == "running":
             for link in list(self._links.values()):
@@ -449,10 +466,25 @@ class Server:
             self.stats["intr_sent"] += 1
 
     def _on_message(self, alias: bytes, frames: list, last: zmq.Frame) -> None:
+        # The fast path: a REQ as the spec draws it, for a service resolved before
+        # and an action it has (a request id of 1-255 octets is all left to check).
+        if (len(frames) == 9 and frames[2] == _REQ and frames[1] == _PROTOCOL
+                and not frames[0] and 0 < len(frames[3]) <= wire.MAX_REQUEST_ID):
+            service = self._by_frames.get((frames[4], frames[5]))
+            if service is not None:
+                handler = service.by_frames.get((frames[6], frames[7]))
+                if (handler is not None and not handler.with_request
+                        and self._state == "running"):
+                    self.stats["requests"] += 1
+                    if handler.inline:
+                        self._run_inline(alias, handler, frames[3], frames[8], None)
+                    else:
+                        self._start(alias, handler, frames[3], frames[8], None)
+                    return
         try:
             command = wire.command_of(frames)
             if command == _REQ:
-                self._on_req(alias, wire.parse_req(frames))
+                self._on_req(alias, wire.parse_req(frames), (frames[4], frames[5]))
                 return
             message = wire.decode(frames)
         except ProtocolError as exc:
@@ -468,21 +500,26 @@ class Server:
             self.stats["dropped"] += 1
             log.debug("dropped unexpected %s from %r", kind.__name__, alias)
 
-    def _resolve(self, service: str, version: str) -> Any:
+    def _resolve(self, service: str, version: str, frames: tuple[bytes, bytes]) -> Any:
+        """The Service for ``service`` ``version`` (or the outcome saying why none),
+        remembered under the names and under their REQ ``frames`` for the fast path."""
         key = (service, version)
         found = self._resolved.get(key)
         if found is None:
             found = resolve_service(self._catalog, service, version)
-            if len(self._resolved) < 4096:
+            if len(self._resolved) < _MAX_CACHED:
                 self._resolved[key] = found
+        if type(found) is Service and len(self._by_frames) < _MAX_CACHED:
+            self._by_frames[frames] = found
         return found
 
-    def _on_req(self, alias: bytes, req: ReqFields) -> None:
+    def _on_req(self, alias: bytes, req: ReqFields, frames: tuple[bytes, bytes]) -> None:
+        """A REQ off the fast path; ``frames``: its service name and version frames."""
         self.stats["requests"] += 1
         if self._state != "running":
             self._reply(alias, req[0], Status.UNAVAILABLE, b"server is stopping")
             return
-        service = self._resolve(req[1], req[2])
+        service = self._resolve(req[1], req[2], frames)
         if type(service) is tuple:
             self._reply(alias, req[0], *service)
             return
@@ -490,31 +527,43 @@ class Server:
         if handler is None:
             self._reply(alias, req[0], *unknown_action(service, req[3], req[4]))
             return
+        request = Request(req, self._channel_name(alias)) if handler.with_request else None
         if handler.inline:
-            result: Any = execute(handler, req, self._channel_name(alias))
-            if type(result) is tuple:
-                self._reply(alias, req[0], *result)
-            else:
-                result.rawlink(lambda done: self._reply(alias, req[0], *finish(handler, done)))
-            return
+            self._run_inline(alias, handler, req[0], req[5], request)
+        else:
+            self._start(alias, handler, req[0], req[5], request)
+
+    def _run_inline(self, alias: bytes, handler: Handler, request_id: bytes, payload: bytes,
+                    request: Optional[Request]) -> None:
+        """Run a handler here, in the reader (``inline`` ones)."""
+        result: Any = call(handler, payload, request)
+        if type(result) is tuple:
+            self._reply(alias, request_id, *result)
+        else:
+            result.rawlink(lambda done: self._reply(alias, request_id, *finish(handler, done)))
+
+    def _start(self, alias: bytes, handler: Handler, request_id: bytes, payload: bytes,
+               request: Optional[Request]) -> None:
+        """Run a handler in a worker greenlet (503 when ``max_concurrent`` run already)."""
         workers = self._workers
         assert workers is not None
         if self.max_concurrent is not None and workers.busy >= self.max_concurrent:
             self.stats["busy"] += 1
-            self._reply(alias, req[0], Status.UNAVAILABLE,
+            self._reply(alias, request_id, Status.UNAVAILABLE,
                         f"server busy ({self.max_concurrent} requests running)".encode())
             return
-        workers.run(self._run, alias, handler, req)
+        workers.run(self._run, alias, handler, request_id, payload, request)
 
     def _channel_name(self, alias: bytes) -> str:
         link = self._links.get(alias)
         return link.endpoint if link is not None else alias.decode("utf-8", "replace")
 
-    def _run(self, alias: bytes, handler: Handler, req: ReqFields) -> None:
-        result = execute(handler, req, self._channel_name(alias))
+    def _run(self, alias: bytes, handler: Handler, request_id: bytes, payload: bytes,
+             request: Optional[Request]) -> None:
+        result = call(handler, payload, request)
         if type(result) is not tuple:
             result = finish(handler, result)
-        self._reply(alias, req[0], *result)
+        self._reply(alias, request_id, *result)
 
     def _reply(self, alias: bytes, request_id: bytes, status: int, payload: bytes) -> None:
         if self._state == "stopped":
@@ -523,8 +572,7 @@ class Server:
         if status >= 400:
             stats["errors"] += 1
         try:
-            self._router.send(alias, [_DELIMITER, _PROTOCOL, _REP, request_id,
-                                      _STATUS[status], payload])
+            self._router.send_rep(alias, request_id, _STATUS[status], payload)
             stats["replies"] += 1
         except zmq.ZMQError as exc:
             stats["unsent"] += 1
