@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 __all__ = ["NodeConfig"]
@@ -114,18 +113,21 @@ class NodeConfig:
         """Defaults, then the TOML file ``path``, then the environment, then ``overrides``."""
         config = cls()
         if path is not None:
-            config = config.replace(**cls._from_toml(Path(path)))
+            config = config.replace(**cls._from_toml(os.fspath(path)))
         config = config.replace(**cls._from_env(os.environ if environ is None else environ))
         return config.replace(**overrides)
 
     @classmethod
-    def _from_toml(cls, path: Path) -> dict[str, Any]:
+    def _from_toml(cls, path: str) -> dict[str, Any]:
         import tomllib  # only files need it; keeps `import peermesh` quick
 
         try:
-            data = tomllib.loads(path.read_text())
+            with open(path, encoding="utf-8") as f:
+                data = tomllib.loads(f.read())
         except OSError as exc:
             raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"config file {path} is not UTF-8 text") from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
         table = data.get("node", {})

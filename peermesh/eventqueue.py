@@ -38,6 +38,7 @@ class GreenEventQueue(Generic[T]):
         self._waiters: deque[Waiter] = deque()
         self._room = gevent.event.Event()
         self._room.set()
+        self._paused = False  # the producer waits for room
         self._hub = gevent.get_hub()
         self._held = False
 
@@ -71,6 +72,7 @@ class GreenEventQueue(Generic[T]):
         """True when the producer should wait for ``wait_room``."""
         if len(self._items) >= self.limit:
             self._room.clear()
+            self._paused = True
             return True
         return False
 
@@ -100,12 +102,11 @@ class GreenEventQueue(Generic[T]):
             finally:
                 if timer is not None:
                     timer.close()
-                try:
+                if self._waiters and waiter in self._waiters:  # put() did not take it
                     self._waiters.remove(waiter)
-                except ValueError:
-                    pass  # put() took it
         item = items.popleft()
-        if not self._room.is_set() and len(items) <= self.limit // 2:
+        if self._paused and len(items) <= self.limit // 2:
+            self._paused = False
             self._room.set()
         return item
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import InterfaceError
+from .netlink import ipv4_addresses
 
 __all__ = ["Interface", "list_interfaces", "select_interface"]
 
@@ -69,18 +70,24 @@ def _flags(name: str) -> int:
 
 def list_interfaces() -> list[Interface]:
     """Every IPv4 address of every interface, in the system's order."""
-    import ifaddr  # imported on first use: it costs a fifth of `import peermesh`
-
     result = []
-    for adapter in ifaddr.get_adapters():
-        flags = _flags(adapter.name)
-        for ip in adapter.ips:
-            if not isinstance(ip.ip, str):
-                continue  # IPv6
-            network = ipaddress.IPv4Network(f"{ip.ip}/{ip.network_prefix}", strict=False)
-            result.append(Interface(adapter.name, ip.ip, network, bool(flags & _IFF_UP),
-                                    bool(flags & _IFF_BROADCAST) or network.is_loopback))
+    for name, address, prefix in _addresses():
+        flags = _flags(name)
+        network = ipaddress.IPv4Network(f"{address}/{prefix}", strict=False)
+        result.append(Interface(name, address, network, bool(flags & _IFF_UP),
+                                bool(flags & _IFF_BROADCAST) or network.is_loopback))
     return result
+
+
+def _addresses() -> list[tuple[str, str, int]]:
+    try:
+        return ipv4_addresses()  # Linux: netlink, standard library only
+    except OSError as exc:
+        log.debug("netlink: %s; listing interfaces with ifaddr", exc)
+    import ifaddr  # elsewhere; imported on first use, as it loads ctypes
+
+    return [(adapter.name, ip.ip, ip.network_prefix) for adapter in ifaddr.get_adapters()
+            for ip in adapter.ips if isinstance(ip.ip, str)]
 
 
 def select_interface(choice: Optional[str] = None) -> Interface:

@@ -60,9 +60,11 @@ Frame = Union[bytes, bytearray, memoryview, str]
 PeerRef = Union[UUID, str]
 
 _HEADER = struct.Struct(">HBBH")
+_WHISPER_HEADER = _HEADER.pack
 _SIGNATURE = zre.SIGNATURE
 _WHISPER, _SHOUT, _HELLO = 2, 3, 1
 _WHISPER_PREFIX = b"\xaa\xa1\x02\x02"  # signature, WHISPER, version 2
+_SHOUT_PREFIX = b"\xaa\xa1\x03\x02"    # signature, SHOUT, version 2
 #: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
 PEX_HEADER = "X-PM-PEX"
 _PEX_CHUNK = 1024  # peers per PEX message
@@ -113,6 +115,13 @@ def _discovery_from_config(config: NodeConfig) -> list[Discovery]:
         from .discovery.mdns import MdnsDiscovery
         sources.append(MdnsDiscovery())
     return sources
+
+
+def _utf8(data: bytes) -> Optional[str]:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _checked_string(kind: str, value: str) -> str:
@@ -339,13 +348,13 @@ class Node:
         """
         target = self._ready_peer(peer)
         if len(frames) == 1 and type(frames[0]) is bytes:
-            content = list(frames)
+            content = [b"", frames[0]]
         else:
-            content = [_frame(f) for f in frames]
+            content = [b"", *map(_frame, frames)]
         link = target.link
-        if not link.has_room() and not self._wait_room(target):
+        if link.backlog and not link.has_room() and not self._wait_room(target):
             raise PeerNotResponding(f"peer {target.name} ({target.uuid}) is not responding")
-        content.insert(0, zre.whisper_header(target.next_sequence()))
+        content[0] = _WHISPER_HEADER(_SIGNATURE, _WHISPER, zre.VERSION, target.next_sequence())
         link.offer(content)
         target.unconfirmed = True
 
@@ -631,19 +640,26 @@ class Node:
     def _on_message(self, identity: bytes, frames: list[bytes]) -> None:
         head = frames[0] if frames else b""
         peer = self._by_identity.get(identity)
-        # Fast path: the next WHISPER from a ready peer (most of the traffic).
-        if (len(head) == 6 and head[:4] == _WHISPER_PREFIX and peer is not None
-                and peer.ready and head[4] << 8 | head[5] == peer.want):
-            peer.want = (peer.want + 1) & 0xFFFF
-            peer.last_seen = self._clock()
-            if peer.next_ping:
-                peer.refresh(peer.last_seen)
-            event = Event(WHISPER, peer.uuid, peer.name, None, tuple(frames[1:]))
-            if self._listeners:
-                self._emit(event)
-            else:
-                self._events.put(event)
-            return
+        # Fast path: the next WHISPER or SHOUT from a ready peer (most of the traffic).
+        if (peer is not None and peer.ready and len(head) >= 6
+                and head[4] << 8 | head[5] == peer.want):
+            prefix = head[:4]
+            group = None
+            if prefix == _SHOUT_PREFIX and len(head) == 7 + head[6]:
+                group = _utf8(head[7:])  # None if not UTF-8: the slow path drops it
+            if group is not None or prefix == _WHISPER_PREFIX and len(head) == 6:
+                peer.want = (peer.want + 1) & 0xFFFF
+                peer.last_seen = self._clock()
+                if peer.next_ping:
+                    peer.refresh(peer.last_seen)
+                if group is None or group in self._groups:
+                    event = Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
+                                  group, tuple(frames[1:]))
+                    if self._listeners:
+                        self._emit(event)
+                    else:
+                        self._events.put(event)
+                return
         if len(head) < 6:
             log.debug("dropped short message from %r", identity)
             return

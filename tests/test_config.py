@@ -48,6 +48,15 @@ def test_bad_files_say_what_is_wrong(tmp_path, text, message):
         NodeConfig.load(path, environ={})
 
 
+def test_a_file_that_is_not_utf8_says_so(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[node]\nname = "Zoë"\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8"):
+        NodeConfig.load(path, environ={})
+    path.write_text('[node]\nname = "Zoë"\n', encoding="utf-8")
+    assert NodeConfig.load(str(path), environ={}).name == "Zoë"
+
+
 def test_missing_file_and_bad_environment():
     with pytest.raises(ValueError, match="cannot read config file"):
         NodeConfig.load("/nonexistent/peermesh.toml", environ={})

@@ -746,6 +746,8 @@ def test_garbage_from_ready_peer(mesh: Mesh, make_raw: Callable[..., RawPeer]) -
     raw.command(4, b"\x05ab")                        # JOIN, group truncated
     raw.command(5, s1(b"\xff\xfe") + b"\x01")        # LEAVE, group not UTF-8
     raw.command(3, s1(b"hostile") + b"trailing", b"content")  # SHOUT, octets after group
+    raw.command(3, s1(b"\xff\xfe"), b"content")     # SHOUT, group not UTF-8
+    raw.command(3, b"\x08hostile", b"content")       # SHOUT, group length past the end
     raw.command(6, b"extra")                          # PING with a body
     raw.command(2, b"extra", b"content")              # WHISPER, octets in the command frame
     raw.command(1, b"\x03ab")                         # HELLO, truncated
