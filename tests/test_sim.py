@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -127,6 +128,27 @@ def test_same_seed_same_story():
         report.pop("memory_per_node_bytes")
         reports.append(report)
     assert reports[0] == reports[1]
+
+
+def test_progress_is_reported_inside_one_virtual_instant():
+    sim = Simulation(70, latency=0.001, seed=5)  # 4,830 ENTERs, all at one instant
+    calls: list[tuple[int, float]] = []
+    sim.watch(lambda s: calls.append((s.entered, s.clock.now())), every=0.0)
+    sim.start()
+    assert sim.run_until(sim.is_full_mesh, limit=2.0)
+    sim.stop()
+    assert sim.entered == 70 * 69 and sim.complete() == 70
+    # between steps it could only see none or all of them: this call came from inside one
+    assert any(0 < entered < 70 * 69 for entered, _ in calls), calls
+
+
+def test_the_gc_is_paused_only_while_time_advances():
+    sim = Simulation(3, seed=1).start()
+    seen: list[bool] = []
+    sim.clock.call_at(0.5, lambda: seen.append(gc.isenabled()))
+    sim.run(1.0)
+    sim.stop()
+    assert seen == [False] and gc.isenabled()
 
 
 def test_simulate_command_reports_json():

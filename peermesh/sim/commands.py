@@ -72,9 +72,10 @@ def run(args: argparse.Namespace, config: NodeConfig) -> int:
                     + [(at + duration, "heal", 0) for at, duration, _ in args.partition])
 
     def progress(s: Simulation) -> None:
-        complete = sum(1 for known in s._known.values() if known == s.size - 1)
-        _progress_line(f"t={s.clock.now():6.1f}s  full view: {complete}/{s.size} nodes  "
-                       f"wall {time.perf_counter() - began:6.1f}s")
+        _progress_line(f"t={s.clock.now():6.1f}s  full view: {s.complete()}/{s.size} nodes  "
+                       f"ENTERs {s.entered}  wall {time.perf_counter() - began:6.1f}s")
+
+    sim.watch(progress, every=5.0)  # also during a long first round of HELLOs
 
     for at, kind, islands in events:
         if at > sim.clock.now():

@@ -4,11 +4,14 @@
 on a ``SimNetwork``; ``run(seconds)`` moves virtual time; ``partition`` and
 ``heal`` split and join the LAN; ``report()`` says how long the mesh took to
 become whole and what it cost. Nodes' events go to listeners (counted, and
-kept if ``keep_events``) rather than to queues nobody reads.
+kept if ``keep_events``) rather than to queues nobody reads. ``watch`` reports
+progress in wall time, also from inside one long virtual instant (with
+thousands of nodes, the first round of HELLOs is a single instant).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
@@ -18,6 +21,8 @@ from ..node import Node
 from .network import SimNetwork
 
 __all__ = ["Simulation"]
+
+ENTER, EXIT = EventType.ENTER, EventType.EXIT
 
 
 class _Sink:
@@ -65,6 +70,12 @@ class Simulation:
         self.counts: Counter[str] = Counter()
         self._keep = keep_events
         self._known: dict[Node, int] = {}
+        #: ENTER events so far, from every node
+        self.entered = 0
+        self._seen = 0
+        self._watcher: Optional[Callable[["Simulation"], None]] = None
+        self._watch_every = 0.0
+        self._watch_next = 0.0
         self.converged_at: Optional[float] = None
         self._rss_before = 0
         self.started = False
@@ -90,15 +101,44 @@ class Simulation:
         return self
 
     def _listener(self, node: Node) -> Callable[[Event], None]:
+        known, counts = self._known, self.counts
+
         def listen(event: Event) -> None:
-            self.counts[event.type.value] += 1
-            if event.type is EventType.ENTER:
-                self._known[node] += 1
-            elif event.type is EventType.EXIT:
-                self._known[node] -= 1
+            kind = event.type
+            counts[kind.value] += 1
+            if kind is ENTER:
+                known[node] += 1
+                self.entered += 1
+            elif kind is EXIT:
+                known[node] -= 1
             if self._keep:
                 self.events.append((self.clock.now(), node, event))
+            self._seen += 1
+            if not self._seen & 4095 and self._watcher is not None:
+                self._report_progress()
         return listen
+
+    def watch(self, callback: Optional[Callable[["Simulation"], None]],
+              every: float = 5.0) -> None:
+        """Call ``callback(self)`` about every ``every`` seconds of wall time (None: stop).
+
+        It is checked after each step and every 4,096 events, so it also runs in
+        the middle of a burst that happens at one virtual instant.
+        """
+        self._watcher = callback
+        self._watch_every = every
+        self._watch_next = time.monotonic() + every
+
+    def _report_progress(self) -> None:
+        now = time.monotonic()
+        if self._watcher is not None and now >= self._watch_next:
+            self._watch_next = now + self._watch_every
+            self._watcher(self)
+
+    def complete(self) -> int:
+        """How many nodes have every other node as a ready peer."""
+        want = self.size - 1
+        return sum(1 for known in self._known.values() if known == want)
 
     def _check_converged(self) -> None:
         if self.converged_at is None and self.is_full_mesh():
@@ -118,6 +158,7 @@ class Simulation:
         while self.clock.now() < end - 1e-9:
             self.clock.advance(min(step, end - self.clock.now()))
             self._check_converged()
+            self._report_progress()
             if progress is not None and self.clock.now() >= next_progress - 1e-9:
                 progress(self)
                 next_progress += progress_every
@@ -130,6 +171,7 @@ class Simulation:
                 return False
             self.clock.advance(min(step, end - self.clock.now()))
             self._check_converged()
+            self._report_progress()
         return True
 
     def partition(self, islands: int | Sequence[Sequence[Node]] = 2) -> list[list[Node]]:
