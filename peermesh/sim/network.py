@@ -252,7 +252,7 @@ class SimNetwork:
         for link, mailbox, frames in self._arriving.pop(when):
             if mailboxes.get(link.endpoint) is mailbox and not link.closed:
                 self.delivered += 1
-                mailbox.deliver(link.identity, list(frames))
+                mailbox.deliver(link.identity, frames)
             else:
                 self.lost += 1
 
@@ -306,11 +306,11 @@ class SimMailbox:
         self.network, self.host, self.port = network, host, port
         self.endpoint = f"tcp://{host}:{port}"
         self.max_message = max_message
-        self._queue: deque[tuple[bytes, list[bytes]]] = deque()
+        self._queue: deque[tuple[bytes, Sequence[bytes]]] = deque()
         self._ready = gevent.event.Event()
         network._bind_mailbox(self)
 
-    def deliver(self, identity: bytes, frames: list[bytes]) -> None:
+    def deliver(self, identity: bytes, frames: Sequence[bytes]) -> None:
         self._queue.append((identity, frames))
         self._ready.set()
 
@@ -324,8 +324,8 @@ class SimMailbox:
                 identity, frames = queue.popleft()
                 if sum(map(len, frames)) > self.max_message:
                     on_oversized(identity)
-                else:
-                    on_message(identity, frames)
+                else:  # a list of its own, as a real mailbox gives, made only now
+                    on_message(identity, list(frames))
             self._ready.clear()
             self._ready.wait()
 
