@@ -79,6 +79,7 @@ _REQ, _REP = wire.Command.REQ.frame, wire.Command.REP.frame
 _STATUS = {code: wire.status_frame(code) for code in range(100, 600)}
 _MAX_FRAMES = 16  # a REQ has 9; PING, RINTR 3: anything longer is not for a server
 _MAX_CACHED = 4096  # (service, version) resolutions remembered
+_JOB = object()     # marks a job switched into a worker greenlet
 _MAX_ENDPOINT = 255
 
 
@@ -109,35 +110,36 @@ class _Workers:
         self._idle: list[greenlet] = []
         self._all: set[greenlet] = set()
         self.busy = 0
-        self._quiet = gevent.event.Event()
-        self._quiet.set()
+        self._quiet: Optional[gevent.event.Event] = None   # made by wait()
 
     def run(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` in a worker greenlet."""
         self.busy += 1
-        self._quiet.clear()
-        if getcurrent() is not self._hub:
-            self._hub.loop.run_callback(self._start, fn, args)
-        else:
+        if getcurrent() is self._hub:
             self._start(fn, args)
+        else:
+            self._hub.loop.run_callback(self._start, fn, args)
 
     def _start(self, fn: Callable[..., None], args: tuple) -> None:
-        worker = self._idle.pop() if self._idle else greenlet(self._work, parent=self._hub)
-        self._all.add(worker)
-        worker.switch((fn, args))
+        if self._idle:
+            worker = self._idle.pop()
+        else:
+            worker = greenlet(self._work, parent=self._hub)
+            self._all.add(worker)
+        worker.switch(_JOB, fn, args)
 
-    def _work(self, job: tuple) -> None:
+    def _work(self, *job: Any) -> None:
         me = getcurrent()
         while True:
-            fn, args = job
             try:
-                fn(*args)
+                job[1](*job[2])
             except GreenletExit:
-                self._done(me)
+                self._done()
+                self._all.discard(me)
                 return
             except Exception:
                 log.exception("a request handler's greenlet failed")
-            self._done(me)
+            self._done()
             self._idle.append(me)
             while True:   # parked until the next job
                 try:
@@ -149,16 +151,20 @@ class _Workers:
                 except BaseException:  # e.g. a gevent.Timeout a handler left running
                     log.debug("ignored an exception thrown into an idle worker", exc_info=True)
                     continue
-                if isinstance(job, tuple):
+                if type(job) is tuple and len(job) == 3 and job[0] is _JOB:
                     break
+                log.debug("ignored a switch into an idle worker: %r", job)
 
-    def _done(self, me: greenlet) -> None:
+    def _done(self) -> None:
         self.busy -= 1
-        if not self.busy:
+        if not self.busy and self._quiet is not None:
             self._quiet.set()
 
     def wait(self, timeout: float) -> bool:
         """Wait (up to ``timeout``) until no job runs; True if none does."""
+        if not self.busy:
+            return True
+        self._quiet = gevent.event.Event()
         return self._quiet.wait(timeout)
 
     def kill(self) -> None:

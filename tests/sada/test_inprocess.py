@@ -20,6 +20,7 @@ from peermesh import Node, ThreadedNode
 from peermesh.sada import (Channel, ChannelClosed, NoServerError, RequestTimeout, Server,
                            ServerLost, Service, ServiceError, ThreadedChannel, ThreadedServer,
                            echo_service)
+from peermesh.sada.handlers import pack
 
 from .conftest import PING, WAIT, Loopback, wait_until
 
@@ -204,6 +205,29 @@ def test_timeout_is_clear_and_penalises_the_server(loop: Loopback) -> None:
     assert channel.stats["timeouts"] == 1
 
 
+def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
+    """A short deadline behind long ones still expires; answered requests leave nothing."""
+    channel = loop.channel()
+    server = loop.server(channel)
+    gate = gevent.event.Event()
+
+    @server.handler("gate", "wait")
+    def wait(_: Any) -> str:
+        gate.wait()
+        return "opened"
+
+    assert channel.wait_for("gate", timeout=WAIT)
+    held = [channel.request_async("gate", "wait", timeout=30) for _ in range(3)]
+    short = channel.request_async("gate", "wait", timeout=0.1)
+    with pytest.raises(RequestTimeout):
+        short.get(timeout=WAIT)
+    assert not any(r.ready() for r in held)
+    gate.set()
+    assert [r.get(WAIT) for r in held] == ["opened"] * 3
+    assert [channel.request("echo", "echo", i) for i in range(100)] == list(range(100))
+    assert channel._deadlines == []
+
+
 def test_handlers_may_block_in_their_own_greenlet(loop: Loopback) -> None:
     channel = loop.channel()
     server = loop.server(channel)
@@ -297,6 +321,40 @@ def test_server_speaks_plain_spec_frames(loop: Loopback, raw: Any, free_tcp_port
         # the catalog changes: a fresh INTR without being asked
         server.add_service(Service("more", "1"))
         assert channel.expect(b"INTR")[4:] == [b"echo", b"1.0", b"more", b"1"]
+    finally:
+        server.stop(0)
+
+
+def test_server_follows_catalog_changes_for_requests_it_knows(loop: Loopback, raw: Any,
+                                                              free_tcp_port: int) -> None:
+    """REQs like ones answered before (the server's fast path) see actions, versions
+    and services come and go."""
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port}"
+    channel = raw(endpoint.encode()).bind(endpoint)
+    calc = Service("calc", "1.2")
+    calc.add("add", sum, category="math")
+    server = Server(channels=[endpoint], services=[calc]).start()
+    try:
+        identity = channel.expect(b"INTR")[0]
+
+        def ask(rid: bytes) -> tuple[bytes, bytes]:
+            channel.send(identity, b"", b"SADA1", b"REQ", rid, b"calc", b"1", b"math", b"add",
+                         pack([1, 2]))
+            rep = channel.expect(b"REP")
+            assert rep[4] == rid
+            return rep[5], rep[6]
+
+        assert ask(b"1") == ask(b"2") == (b"200", pack(3))
+        calc.remove("add", "math")
+        assert ask(b"3")[0] == b"405"
+        calc.add("add", lambda numbers: -sum(numbers), category="math")
+        assert ask(b"4") == (b"200", pack(-3))
+        server.add_service(Service("calc", "1.5"))   # "1" now means 1.5, which has no add
+        assert ask(b"5")[0] == b"405"
+        server.remove_service("calc", "1.5")
+        assert ask(b"6") == (b"200", pack(-3))
+        server.remove_service("calc", "1.2")
+        assert ask(b"7")[0] == b"404"
     finally:
         server.stop(0)
 
