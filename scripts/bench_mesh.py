@@ -918,10 +918,19 @@ def _idle_script() -> str:
     return _IDLE_SCRIPT % {"pyre_patch": patch}
 
 
-def _run_idle(kind: str, beacon_port: int, seconds: float) -> "subprocess.Popen[str]":
-    return subprocess.Popen([sys.executable, "-c", _idle_script(), kind, str(beacon_port),
-                             str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def _run_idle(kind: str, beacon_port: int, seconds: float,
+              no_site: bool = False) -> "subprocess.Popen[str]":
+    """The idle child; ``no_site``: ``python -S`` (no ``.pth`` files run) with the same path."""
+    flags, env = [], None
+    if no_site:
+        import peermesh
+        import site
+        root = os.path.dirname(os.path.dirname(os.path.abspath(peermesh.__file__)))
+        flags, env = ["-S"], dict(os.environ,
+                                  PYTHONPATH=os.pathsep.join([root, *site.getsitepackages()]))
+    return subprocess.Popen([sys.executable, *flags, "-c", _idle_script(), kind,
+                             str(beacon_port), str(seconds)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _finish_idle(proc: "subprocess.Popen[str]", timeout: float) -> dict[str, Any]:
@@ -944,6 +953,11 @@ def bench_idle(seconds: float, with_pyre: bool) -> dict[str, Any]:
             bp = free_udp_port()
             kids.spawn("pm_peer", beacon_port=bp).expect("ready", 30)
             procs.append(("peermesh", _run_idle("peermesh", bp, seconds)))
+            # Site .pth files run in every interpreter (on this VM one loads certifi,
+            # ~4 MB): the same node without them shows what peermesh itself costs.
+            bp3 = free_udp_port()
+            kids.spawn("pm_peer", beacon_port=bp3).expect("ready", 30)
+            procs.append(("peermesh_no_site", _run_idle("peermesh", bp3, seconds, True)))
             if with_pyre:  # idle processes: measuring both at once disturbs neither
                 bp2 = free_udp_port()
                 kids.spawn("pyre_peer", beacon_port=bp2).expect("ready", 30)
@@ -1085,6 +1099,10 @@ def render(results: dict[str, Any]) -> str:
         _get(r, "idle", "pyre", "rss_interpreter_mb"))
     row("  after import, RSS MB", None, _get(r, "idle", "peermesh", "rss_after_import_mb"),
         _get(r, "idle", "pyre", "rss_after_import_mb"))
+    row("  without site .pth files (-S), RSS MB", None,
+        _get(r, "idle", "peermesh_no_site", "rss_mb"), None)
+    row("    interpreter alone (-S), RSS MB", None,
+        _get(r, "idle", "peermesh_no_site", "rss_interpreter_mb"), None)
 
     lines = []
     meta = r["meta"]
