@@ -9,12 +9,14 @@ run, so it takes no CPU from them. Payload: a small msgpack'd dict
 
 1. sequential round trips, one client and one server: the raw pyzmq echo
    (a DEALER sends one frame, a blocking ROUTER echoes it: the baseline of
-   issue 4), the same raw echo with a SADA REQ's nine frames (what the
-   spec's frame layout itself costs pyzmq), channel -> server with the demo
+   issue 4), the same raw pyzmq round trip with a SADA REQ's nine frames
+   answered by a REP's six (what the spec's frame layout itself costs
+   pyzmq: the ceiling for any implementation), channel -> server with the demo
    ``echo`` (an inline handler) and with a handler in its own greenlet (the
    default for handlers);
-2. pipelined (a window of requests in flight): raw vs channel with 1 and
-   with 4 server processes;
+2. pipelined (a window of requests in flight; for the channel, as many
+   greenlets each calling ``request``): raw vs channel with 1 and with 4
+   server processes;
 3. failover: 3 servers under pipelined load with ``retries=1``; one is
    SIGKILLed; how long until the channel dropped it, until every request it
    held was answered by the others, the longest gap between replies, and
@@ -70,7 +72,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def role_raw_echo(endpoint: str) -> None:
-    """A plain blocking ROUTER that echoes every message (bound at ``endpoint``)."""
+    """A plain blocking ROUTER (bound at ``endpoint``) that echoes every message, but
+    answers a SADA REQ's frames with a REP's (request id, status 200, the payload)."""
     import zmq
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -81,6 +84,8 @@ def role_raw_echo(endpoint: str) -> None:
         frames = [recv(copy=False)]
         while frames[-1].more:
             frames.append(recv(copy=False))
+        if len(frames) == 10:
+            frames = [frames[0], b"", b"SADA1", b"REP", frames[4], b"200", frames[9]]
         for frame in frames[:-1]:
             send(frame, more)
         send(frames[-1])
@@ -125,7 +130,7 @@ def role_raw_client(endpoint: str) -> None:
 
     def run(cmd: dict[str, Any]) -> dict[str, Any]:
         """``n`` round trips, ``window`` in flight (1 = sequential). ``sada_frames``:
-        send (and get back) a SADA REQ's nine frames instead of one."""
+        send a SADA REQ's nine frames instead of one (and get a REP's six back)."""
         n, window = cmd["n"], cmd["window"]
         if cmd.get("sada_frames"):
             def send(payload: bytes) -> None:
@@ -166,8 +171,12 @@ def role_raw_client(endpoint: str) -> None:
 
 
 def role_sada_client(_: Optional[str]) -> None:
-    """A ``Channel`` on 127.0.0.1 (its endpoint follows READY), run on command."""
-    import gevent.event
+    """A ``Channel`` on 127.0.0.1 (its endpoint follows READY), run on command.
+
+    Pipelined: ``window`` greenlets, each sending its next request when its
+    last one is answered (the way a gevent program keeps requests in flight).
+    """
+    import gevent
 
     from peermesh.sada import Channel
     channel = Channel(address=LOOPBACK, ping_interval=1.0).start()
@@ -189,28 +198,16 @@ def role_sada_client(_: Optional[str]) -> None:
                 request(service, action, {"i": i, "pad": PAD})
                 samples.append(clock() - t)
         else:
-            done = gevent.event.Event()
-            state = {"sent": 0, "received": 0}
-            request_async = channel.request_async
+            numbers = iter(range(n))
 
-            def send_one() -> None:
-                t = clock()
-                result = request_async(service, action, {"i": state["sent"], "pad": PAD})
-                state["sent"] += 1
-                result.rawlink(lambda r, t=t: on_reply(r, t))
+            def sender() -> None:
+                for i in numbers:
+                    t = clock()
+                    channel.request(service, action, {"i": i, "pad": PAD})
+                    samples.append(clock() - t)
 
-            def on_reply(result: Any, t: float) -> None:
-                samples.append(clock() - t)
-                result.get()
-                state["received"] += 1
-                if state["received"] >= n:
-                    done.set()
-                elif state["sent"] < n:
-                    send_one()
-
-            for _ in range(min(window, n)):
-                send_one()
-            done.wait()
+            gevent.joinall([gevent.spawn(sender) for _ in range(min(window, n))],
+                           raise_error=True)
         return {"samples": samples, "wall": clock() - start}
 
     print("READY", channel.endpoint, flush=True)
@@ -430,7 +427,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 NAMES = {"raw_seq": "raw pyzmq echo (1 frame), sequential",
-         "raw_seq_sada_frames": "raw pyzmq echo, SADA-shaped, sequential",
+         "raw_seq_sada_frames": "raw pyzmq, SADA REQ/REP frames, sequential",
          "sada_seq": "channel->1 server, sequential (inline)",
          "sada_seq_spawned": "channel->1 server, sequential (greenlet)",
          "raw_pipe": "raw pyzmq echo, pipelined",
@@ -469,8 +466,8 @@ def table(r: dict[str, Any]) -> str:
     fo = r["failover"]
     limit = TARGETS["failover_intervals"] * fo["ping_interval_s"] * 1000
     lines += [
-        f"raw SADA-shaped / raw:{' ' * 23}{ratios['raw_sada_frames_vs_raw']:5.2f}  "
-        "(what a REQ's frames cost pyzmq itself)",
+        f"raw SADA frames / raw:{' ' * 23}{ratios['raw_sada_frames_vs_raw']:5.2f}  "
+        "(what REQ/REP frames cost pyzmq itself: the ceiling)",
         "",
         f"failover ({fo['servers']} servers, window {fo['window']}, ping interval "
         f"{fo['ping_interval_s']} s): victim held {fo['held_by_victim_at_kill']} requests",
