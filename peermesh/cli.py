@@ -92,8 +92,9 @@ def _columns() -> int:
         columns = 0
     if columns <= 0:
         try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
+            stdout = sys.__stdout__
+            columns = os.get_terminal_size(stdout.fileno()).columns if stdout else 0
+        except (ValueError, OSError):
             columns = 0
     return columns or 80
 
@@ -277,16 +278,15 @@ def _add_whisper(command: CommandFactory) -> None:
 
 
 def _add_group_op(command: CommandFactory, name: str) -> None:
-    verb = name
     p = command(
-        name, f"make the agent {verb} a group",
-        f"Make the agent's node {verb} GROUP (every peer sees "
+        name, f"make the agent {name} a group",
+        f"Make the agent's node {name} GROUP (every peer sees "
         f"{'JOIN' if name == 'join' else 'LEAVE'}). Needs a running agent: without one, "
         "fails with exit code 1. Doing it twice is not an error.",
         f"  {PROG} {name} news\n  {PROG} {name} --agent /run/peermesh/agent.sock news",
         cmd_join if name == "join" else cmd_leave, parents=[_agent_options(False)],
         node_options=False, agent_first=True)
-    p.add_argument("group", metavar="GROUP", help=f"the group to {verb}")
+    p.add_argument("group", metavar="GROUP", help=f"the group to {name}")
 
 
 def _add_events(command: CommandFactory) -> None:
