@@ -164,8 +164,10 @@ class RouterSocket:
         max_frames = self._max_frames
         assert on_message is not None
         try:
-            for _ in range(_BATCH):
-                if not readable():
+            for i in range(_BATCH):
+                # The first read goes ahead unasked: a wake-up nearly always means a
+                # message (an empty socket costs a zmq.Again then, and is re-armed too).
+                if i and not readable():
                     return False  # empty, and the descriptor is re-armed
                 try:
                     frame = recv(_NOBLOCK, False)
