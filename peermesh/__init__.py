@@ -7,8 +7,8 @@ only talks to a running agent does not pay for gevent and the node.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the CLI's agent path)
 if TYPE_CHECKING:
     from .config import NodeConfig
     from .errors import (AmbiguousPeerError, InterfaceError, NodeStateError, PeermeshError,
