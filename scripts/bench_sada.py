@@ -460,8 +460,7 @@ def table(r: dict[str, Any]) -> str:
             f"pipelined 1 server / raw{what}:{' ' * (20 - len(what))}"
             f"{ratios[f'pipelined_1_vs_raw{tag}']:5.2f}",
             f"pipelined 4 servers / 1{what}:{' ' * (21 - len(what))}"
-            f"{ratios[f'pipelined_4_vs_1{tag}']:5.2f}  ({os.cpu_count()} cores: the "
-            "channel's core saturates)",
+            f"{ratios[f'pipelined_4_vs_1{tag}']:5.2f}  (on {os.cpu_count()} cores)",
         ]
     fo = r["failover"]
     limit = TARGETS["failover_intervals"] * fo["ping_interval_s"] * 1000
