@@ -435,9 +435,13 @@ class Channel:
                 return
             version, server = choice
             fields = pending.fields
+            version_frame = self._versions.get(version)
+            if version_frame is None:
+                version_frame = version.encode("utf-8")
+                if len(self._versions) < 4096:
+                    self._versions[version] = version_frame
             try:
-                self._router.send_req(server.identity, pending.rid, fields[0],
-                                      self._versions.get(version) or version.encode("utf-8"),
+                self._router.send_req(server.identity, pending.rid, fields[0], version_frame,
                                       fields[1], fields[2], pending.body)
             except zmq.Again:
                 # its queue is full: treat it like a busy server and try another
