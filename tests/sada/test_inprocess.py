@@ -205,8 +205,8 @@ def test_timeout_is_clear_and_penalises_the_server(loop: Loopback) -> None:
     assert channel.stats["timeouts"] == 1
 
 
-def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
-    """A short deadline behind long ones still expires; answered requests leave nothing."""
+def _gated(loop: Loopback) -> tuple[Any, gevent.event.Event]:
+    """A channel and a server whose "gate"/"wait" handler blocks until the event is set."""
     channel = loop.channel()
     server = loop.server(channel)
     gate = gevent.event.Event()
@@ -217,6 +217,12 @@ def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
         return "opened"
 
     assert channel.wait_for("gate", timeout=WAIT)
+    return channel, gate
+
+
+def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
+    """A short deadline behind long ones still expires; answered requests leave nothing."""
+    channel, gate = _gated(loop)
     held = [channel.request_async("gate", "wait", timeout=30) for _ in range(3)]
     short = channel.request_async("gate", "wait", timeout=0.1)
     with pytest.raises(RequestTimeout):
@@ -229,16 +235,7 @@ def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
 
 
 def test_handlers_may_block_in_their_own_greenlet(loop: Loopback) -> None:
-    channel = loop.channel()
-    server = loop.server(channel)
-    gate = gevent.event.Event()
-
-    @server.handler("gate", "wait")
-    def wait(_: Any) -> str:
-        gate.wait()
-        return "opened"
-
-    assert channel.wait_for("gate", timeout=WAIT)
+    channel, gate = _gated(loop)
     held = [channel.request_async("gate", "wait") for _ in range(3)]
     assert channel.request("echo", "echo", 1) == 1   # the server still serves others
     gevent.sleep(PING * 2)                             # and answers PINGs: not suspect
