@@ -20,6 +20,10 @@ peers with a stale view move on. Once elected it is **active**:
   DELETE go through the ``Dispatcher`` and are answered with one RESPONSE
   each (NFPB01). EVENTs from workers are relayed to the client that posted
   the job.
+* **Relaying** costs no re-encoding: a request's JSON body goes on to the
+  workers as the client wrote it (only its ``"rid"`` swapped), and a
+  worker's EVENT goes on to the client frame for frame, only its header
+  changed to NFPB01.
 * **Services**: ``mmi.service.broker``, ``sid.service.broker`` and
   ``fss.service.broker`` are workers inside this process on ``inproc``.
 
@@ -47,7 +51,7 @@ import zmq
 from ..errors import ProtocolError
 from ..wire import nfp
 from ..wire.nfp import Status
-from .dispatch import Dispatcher, Reply
+from .dispatch import Dispatcher, Reply, without_rid
 from .services import broker_mmi_tasks, fss_tasks, sid_tasks
 from .store import JobStore
 from .transport import Channel
@@ -111,6 +115,7 @@ class Broker:
         self._worker_ids: dict[str, bytes] = {}
         self._owners: OrderedDict[str, bytes] = OrderedDict()
         self._services: list[Worker] = []
+        self._received: tuple[Any, list[bytes]] = (None, [])   # the command being handled
         self._greenlets: list[gevent.Greenlet] = []
         self.since = 0.0
         self.stats = {"dropped": 0, "requests": 0, "events": 0, "elections_won": 0,
@@ -221,16 +226,30 @@ class Broker:
             self.stats["dropped"] += 1
             return
         identity = frames[0]
+        command = frames[1:]
         try:
-            msg = nfp.decode(frames[1:])
+            msg = nfp.decode(command)
         except ProtocolError as exc:
             self.stats["dropped"] += 1
             log.debug("broker: dropped a malformed message from %r: %s", identity, exc.reason)
             return
-        if msg.role is nfp.CLIENT:
-            self._on_client(identity, msg)
-        elif msg.role is nfp.WORKER:
+        role = msg.role
+        if role is nfp.WORKER:
+            cls = type(msg)
+            if cls is nfp.Response or cls is nfp.Event:
+                peer = self._peers.get(identity)
+                dispatcher = self.dispatcher
+                if peer is not None and peer.ready and dispatcher is not None:
+                    peer.last_recv = time.monotonic()
+                    if cls is nfp.Response:
+                        dispatcher.on_response(peer.name, msg)   # type: ignore[arg-type]
+                    else:
+                        self._received = (msg, command)
+                        dispatcher.on_event(peer.name, msg)      # type: ignore[arg-type]
+                    return
             self._on_worker(identity, msg)
+        elif role is nfp.CLIENT:
+            self._on_client(identity, msg)
         else:
             self.stats["dropped"] += 1   # another broker talking to us: not in the protocol
 
@@ -331,11 +350,13 @@ class Broker:
             self._send_to(identity, nfp.Open(nfp.BROKER, nfp.encode_body(
                 {"broker": self.name, "node": self.node, "active": self.active})))
             return
-        if not isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)):
+        cls = type(msg)
+        if cls is not nfp.Post and cls is not nfp.Get and cls is not nfp.Delete:
             self.stats["dropped"] += 1
             return
+        raw = msg.body[0]   # type: ignore[union-attr]
         try:
-            body = nfp.decode_body(msg.body[0])
+            body = nfp.decode_body(raw)
         except ProtocolError as exc:
             self._answer(identity, msg, None, Reply(Status.ERROR, {"error": exc.reason},
                                                     "invalid body"))
@@ -355,34 +376,47 @@ class Broker:
 
         def done(reply: Reply) -> None:
             self._answer(identity, msg, rid, reply)
-        if isinstance(msg, nfp.Post):
+        # the body goes on as the client wrote it, without its rid (or re-encoded if the
+        # rid is not where the client puts it: last)
+        raw = without_rid(raw, rid) if rid is not None else raw or b"{}"
+        uuid = msg.uuid   # type: ignore[union-attr]
+        if cls is nfp.Post:
             owners = self._owners
-            owners[msg.uuid] = identity
+            owners[uuid] = identity
             if len(owners) > _MAX_OWNERS:
                 owners.popitem(last=False)
-            self.dispatcher.post(msg.service, msg.target, msg.uuid, body, done)
-        elif isinstance(msg, nfp.Get):
-            self.dispatcher.get(msg.service, msg.target, msg.uuid, body, done)
+            self.dispatcher.post(msg.service, msg.target, uuid, body, done,   # type: ignore
+                                 raw=raw)
+        elif cls is nfp.Get:
+            self.dispatcher.get(msg.service, msg.target, uuid, body, done,    # type: ignore
+                                raw=raw)
         else:
-            self.dispatcher.delete(msg.service, msg.target, msg.uuid, body, done)
+            self.dispatcher.delete(msg.service, msg.target, uuid, body, done,  # type: ignore
+                                   raw=raw)
 
     def _answer(self, identity: bytes, msg: Any, rid: Any, reply: Reply) -> None:
         body = reply.body if rid is None else {**reply.body, "rid": rid}
-        self._send_to(identity, nfp.Response(nfp.BROKER, msg.service, msg.uuid, reply.status,
-                                             (nfp.encode_body(body),), reply.text))
+        if self._channel is not None:
+            self._channel.send([identity, *nfp.response_frames(
+                nfp.BROKER, msg.service, msg.uuid, reply.status, (nfp.encode_body(body),),
+                reply.text)])
 
     def _relay_event(self, uuid: str, worker: str, body: dict[str, Any],
                      msg: nfp.Event) -> None:
         owner = self._owners.get(uuid)
         if owner is None:
             return
+        channel = self._channel
+        if channel is None:
+            return
         self.stats["events"] += 1
-        if body.get("worker") == worker and msg.role is nfp.WORKER:
-            frames = msg.body   # relayed as the worker wrote it
-        else:
-            frames = (nfp.encode_body({**body, "worker": worker}),)
-        self._send_to(owner, nfp.Event(nfp.BROKER, msg.service, uuid, msg.status, frames,
-                                       msg.text))
+        received, command = self._received
+        if received is msg and body.get("worker") == worker:
+            channel.send([owner, *nfp.reheaded(command, nfp.BROKER)])  # as the worker wrote it
+            return
+        channel.send([owner, *nfp.event_frames(nfp.BROKER, msg.service, uuid, msg.status,
+                                               (nfp.encode_body({**body, "worker": worker}),),
+                                               msg.text)])
 
     # --- timers ---------------------------------------------------------
 

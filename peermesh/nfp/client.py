@@ -73,6 +73,7 @@ _RETRY = object()   # the request met a broker change: send it again
 _PAUSE = 0.05       # seconds between attempts while the mesh settles
 MAX_OPEN = 10_000   # open jobs remembered for re-posting after a broker change
 _REPOSTS = 16       # re-POSTs in flight at once after a broker change
+_COMMANDS = {"post": nfp.Command.POST, "get": nfp.Command.GET, "delete": nfp.Command.DELETE}
 
 
 def new_job_uuid() -> str:
@@ -393,11 +394,12 @@ class Client:
         if channel is None:
             return _RETRY
         rid = f"c{next(self._rids):x}"
-        cls = nfp.Post if kind == "post" else nfp.Get if kind == "get" else nfp.Delete
+        command = _COMMANDS[kind]
         result: gevent.event.AsyncResult = gevent.event.AsyncResult()
         self._waiting[rid] = result
-        channel.send(nfp.encode(cls(nfp.CLIENT, service, target, uuid,
-                                    (nfp.encode_body({**body, "rid": rid}),))))
+        # "rid" goes last: a broker passes the rest of the body on as it is
+        channel.send(nfp.request_frames(command, nfp.CLIENT, service, target, uuid,
+                                        (nfp.encode_body({**body, "rid": rid}),)))
         try:
             return result.get(timeout=max(0.0, deadline - time.monotonic()))
         except gevent.Timeout:

@@ -17,7 +17,9 @@ own and reads no clock: the owner feeds it ``on_response``, ``on_event``,
   since), least recently used on ties; names: those workers of the service
   (names not present are reported in the reply).
 * **Correlation.** NFP frames carry no request id, so the JSON body of every
-  request the dispatcher sends carries ``"rid"``; workers echo it.
+  request the dispatcher sends carries ``"rid"``; workers echo it. A broker
+  passes on the client's body as received, only its ``"rid"`` swapped
+  (``without_rid`` / ``with_rid`` work on the JSON text, no re-encoding).
 * **Queueing.** A POST whose target matches no worker yet is held until a
   matching worker arrives or ``queue_timeout`` passes (reply 408).
 * **Jobs in flight.** Every job a worker accepted (202) is remembered until
@@ -58,7 +60,7 @@ from ..wire import nfp
 from ..wire.nfp import Status
 
 __all__ = ["Dispatcher", "Reply", "WORKER_MMI", "BROKER_SERVICES", "FINAL_STATES",
-           "overall_get_status"]
+           "overall_get_status", "with_rid", "without_rid"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,27 @@ class _InFlight:
     target: str
     body: dict[str, Any]
     workers: set[str]             # accepted it, not finished yet
+
+
+def without_rid(raw: bytes, rid: Any) -> Optional[bytes]:
+    """JSON object text ``raw`` without its last member ``"rid": rid`` (as the client
+    wrote it: last, compact), or None if it is not written that way."""
+    tail = b'"rid":' + nfp.encode_body(rid) + b"}"
+    if not raw.endswith(tail):
+        return None
+    head = raw[:-len(tail)]
+    if head == b"{":
+        return b"{}"
+    if head[-1:] != b"," or b'"rid"' in head:
+        return None
+    return head[:-1] + b"}"
+
+
+def with_rid(raw: bytes, rid: str) -> bytes:
+    """JSON object text ``raw`` (no ``"rid"`` in it) with ``"rid": rid`` (hex) added last."""
+    if raw == b"{}":
+        return b'{"rid":"%s"}' % rid.encode()
+    return raw[:-1] + b',"rid":"%s"}' % rid.encode()
 
 
 def overall_get_status(statuses: list[Status]) -> Status:
@@ -238,8 +261,10 @@ class Dispatcher:
     # --- requests -------------------------------------------------------
 
     def post(self, service: str, target: str, uuid: str, body: dict[str, Any],
-             done: Callable[[Reply], None]) -> None:
-        """Dispatch a job; ``done`` gets 202 with the accepting workers, or why not."""
+             done: Callable[[Reply], None], raw: Optional[bytes] = None) -> None:
+        """Dispatch a job; ``done`` gets 202 with the accepting workers, or why not.
+
+        ``raw``: ``body`` as JSON text, if the caller has it (sent on as it is)."""
         self.stats["post"] += 1
         if body.get("retry") and target == nfp.ANY:
             holders = body.get("holders")
@@ -253,7 +278,7 @@ class Dispatcher:
                 return
             self._retry(service, uuid, body, done)
             return
-        self._post(service, target, uuid, body, done)
+        self._post(service, target, uuid, body, done, raw=raw)
 
     def _retry(self, service: str, uuid: str, body: dict[str, Any],
                done: Callable[[Reply], None]) -> None:
@@ -264,14 +289,14 @@ class Dispatcher:
 
     def _post(self, service: str, target: str, uuid: str, body: dict[str, Any],
               done: Callable[[Reply], None], deadline: Optional[float] = None,
-              as_target: str = "") -> None:
+              as_target: str = "", raw: Optional[bytes] = None) -> None:
         targets, missing = self._resolve(service, target)
         if not targets:
             self._queue(service, target, uuid, body, done, deadline if deadline is not None
                         else self.clock() + self.queue_timeout, as_target)
             return
-        pending = self._send(nfp.Post, "post", service, as_target or target, uuid, body,
-                             targets, done)
+        pending = self._send(nfp.Command.POST, "post", service, as_target or target, uuid, body,
+                             targets, done, raw)
         pending.missing = missing
 
     def _queue(self, service: str, target: str, uuid: str, body: dict[str, Any],
@@ -284,13 +309,13 @@ class Dispatcher:
         self._schedule(deadline, queued)
 
     def get(self, service: str, target: str, uuid: str, body: dict[str, Any],
-            done: Callable[[Reply], None]) -> None:
+            done: Callable[[Reply], None], raw: Optional[bytes] = None) -> None:
         """Ask the targeted workers for a job's status and result (one reply for all)."""
         self.stats["get"] += 1
-        self._fan_out(nfp.Get, "get", service, target, uuid, body, done)
+        self._fan_out(nfp.Command.GET, "get", service, target, uuid, body, done, raw)
 
     def delete(self, service: str, target: str, uuid: str, body: dict[str, Any],
-               done: Callable[[Reply], None]) -> None:
+               done: Callable[[Reply], None], raw: Optional[bytes] = None) -> None:
         """Cancel (or forget) a job on the targeted workers."""
         self.stats["delete"] += 1
         self._inflight.pop(uuid, None)
@@ -304,10 +329,11 @@ class Dispatcher:
                     queued.cancelled = True
                     queued.done(Reply(Status.ERROR, {"uuid": uuid, "error": "deleted while "
                                                      "queued for a worker"}, "deleted"))
-        self._fan_out(nfp.Delete, "delete", service, target, uuid, body, done)
+        self._fan_out(nfp.Command.DELETE, "delete", service, target, uuid, body, done, raw)
 
-    def _fan_out(self, cls: type, kind: str, service: str, target: str, uuid: str,
-                 body: dict[str, Any], done: Callable[[Reply], None]) -> None:
+    def _fan_out(self, command: nfp.Command, kind: str, service: str, target: str, uuid: str,
+                 body: dict[str, Any], done: Callable[[Reply], None],
+                 raw: Optional[bytes] = None) -> None:
         if target == nfp.ANY:
             target = nfp.ALL  # GET/DELETE of "any": ask every worker of the service
         targets, missing = self._resolve(service, target)
@@ -323,24 +349,26 @@ class Dispatcher:
             done(Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "workers": workers,
                                                 "error": text}, text))
             return
-        pending = self._send(cls, kind, service, target, uuid, body, targets, done)
+        pending = self._send(command, kind, service, target, uuid, body, targets, done, raw)
         pending.missing = missing
 
-    def _send(self, cls: type, kind: str, service: str, target: str, uuid: str,
+    def _send(self, command: nfp.Command, kind: str, service: str, target: str, uuid: str,
               body: dict[str, Any], targets: list[WorkerLink],
-              done: Callable[[Reply], None]) -> _Pending:
+              done: Callable[[Reply], None], raw: Optional[bytes] = None) -> _Pending:
         rid = f"{next(self._rids):x}"
-        now = self.clock()
-        wait = body.get("wait") if kind == "get" else 0
-        wait = float(wait) if isinstance(wait, (int, float)) and wait > 0 else 0.0
+        deadline = self.clock() + self.request_timeout
+        if kind == "get":
+            wait = body.get("wait")
+            if isinstance(wait, (int, float)) and wait > 0:
+                deadline += float(wait)
         pending = _Pending(rid, kind, service, uuid, body, [w.name for w in targets], done,
-                           now + self.request_timeout + wait, target)
+                           deadline, target)
         self._pending[rid] = pending
-        self._schedule(pending.deadline, pending)
-        payload = nfp.encode_body({**body, "rid": rid})
+        self._schedule(deadline, pending)
+        payload = with_rid(raw, rid) if raw is not None else nfp.encode_body({**body, "rid": rid})
         role = self.role
         for link in targets:
-            frames = nfp.encode(cls(role, service, link.name, uuid, (payload,)))
+            frames = nfp.request_frames(command, role, service, link.name, uuid, (payload,))
             if kind == "post":
                 link.load += 1
                 link.used = next(self._uses)
@@ -364,7 +392,7 @@ class Dispatcher:
                     self._track(uuid, service, nfp.ANY, body, name)
             done(Reply(Status.ACCEPTED, {"uuid": uuid, "workers": holders, "errors": {},
                                          "duplicate": True, "states": states}))
-        self._fan_out(nfp.Get, "probe", service, nfp.ALL, uuid, {"wait": 0}, probed)
+        self._fan_out(nfp.Command.GET, "probe", service, nfp.ALL, uuid, {"wait": 0}, probed)
 
     def _retry_any(self, pending: _Pending, gone: str, reason: str) -> None:
         """An ``any`` POST whose worker vanished before answering goes to another one."""

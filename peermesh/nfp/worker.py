@@ -399,11 +399,6 @@ class Worker:
         if self._direct is not None:
             self._direct.send([identity, *nfp.encode(msg)])
 
-    def _reply(self, origin: Optional[tuple[Any, ...]], msg: nfp.Message) -> None:
-        """Answer a request, once what the store holds about it is committed."""
-        if origin is not None:
-            self.store.after_commit(self._send_to_origin, origin, nfp.encode(msg), False)
-
     def _send_to_origin(self, origin: tuple[Any, ...], frames: list[bytes],
                         ready_only: bool) -> None:
         if origin[0] == "direct":
@@ -435,11 +430,13 @@ class Worker:
 
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
+        """Answer a request, once what the store holds about it is committed."""
         out = {"worker": self.name, "load": self.load, **body}
         if rid is not None:
             out["rid"] = rid
-        self._reply(origin, nfp.Response(nfp.WORKER, msg.service, msg.uuid, status,
-                                         (nfp.encode_body(out),)))
+        if origin is not None:
+            self.store.after_commit(self._send_to_origin, origin, nfp.response_frames(
+                nfp.WORKER, msg.service, msg.uuid, status, (nfp.encode_body(out),)), False)
 
     def _on_post(self, msg: nfp.Post, body: dict[str, Any], origin: tuple[Any, ...],
                  rid: Any) -> None:
@@ -666,7 +663,7 @@ class Worker:
         self._send_event_frame(job, nfp.encode_body({"worker": self.name, **body}))
 
     def _send_event_frame(self, job: _Job, frame: bytes) -> None:
-        frames = nfp.encode(nfp.Event(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,)))
+        frames = nfp.event_frames(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,))
         origin = job.origin if job.origin is not None else ("broker",)
         self.store.after_commit(self._send_to_origin, origin, frames, True)
 

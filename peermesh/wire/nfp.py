@@ -37,7 +37,10 @@ jobs and the broker"):
   that are not defined here").
 
 ``encode`` builds frames from a message dataclass; ``decode`` parses frames
-and raises ``ProtocolError`` (never anything else) on malformed input. Bodies
+and raises ``ProtocolError`` (never anything else) on malformed input. Hot
+paths build frames without a message object (``request_frames``,
+``response_frames``, ``event_frames``) and a broker relays a decoded command
+with only its header changed (``reheaded``). Bodies
 are opaque to the spec; peermesh's NFP overlay puts one JSON object in the
 first body frame (``encode_body`` / ``decode_body``).
 """
@@ -47,7 +50,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 from ..errors import ProtocolError
 
@@ -55,7 +58,8 @@ __all__ = [
     "Role", "Command", "Status", "Open", "Ready", "Keepalive", "Disconnect", "Post",
     "Response", "Get", "Delete", "Event", "Message", "Target", "ALL", "ANY",
     "encode", "decode", "encode_status", "decode_status", "parse_target", "format_target",
-    "encode_body", "decode_body", "to_json", "CLIENT", "WORKER", "BROKER",
+    "encode_body", "decode_body", "to_json", "CLIENT", "WORKER", "BROKER", "request_frames",
+    "response_frames", "event_frames", "reheaded",
 ]
 
 
@@ -226,18 +230,6 @@ def _encode_string(kind: str, value: str) -> bytes:
     return value.encode("utf-8")
 
 
-def _decode_string(kind: str, frame: bytes) -> str:
-    try:
-        text = frame.decode("utf-8") if type(frame) is bytes else bytes(frame).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError(f"{kind} is not UTF-8") from None
-    if not text:
-        raise ProtocolError(f"{kind} is empty")
-    if not text.isprintable():
-        raise ProtocolError(f"{kind} {text[:40]!r} is not printable")
-    return text
-
-
 _STATUS_FRAME = {s: b"%d" % s for s in Status}
 
 
@@ -362,6 +354,11 @@ def decode_body(frame: bytes) -> dict[str, Any]:
 
 
 # --- encode / decode ------------------------------------------------------
+#
+# The commands on every job's path (POST, GET, DELETE, RESPONSE, EVENT) are built by
+# ``request_frames`` / ``response_frames`` / ``event_frames`` straight from their fields
+# (``encode`` uses the same functions), and parsed by one function per command found in
+# a table keyed by (header, command octet): one dict lookup checks both and their pairing.
 
 def _body_frames(body: Sequence[bytes]) -> list[bytes]:
     if isinstance(body, (bytes, bytearray, memoryview)):
@@ -370,8 +367,9 @@ def _body_frames(body: Sequence[bytes]) -> list[bytes]:
     return frames or [b""]
 
 
-_ROLE_FRAME = {r: bytes(r.value) for r in Role}
-_KEYWORD_FRAME = {ALL: ALL.encode(), ANY: ANY.encode()}
+#: valid target texts and their frames (keywords, and worker names as they are met)
+_TARGETS: dict[str, bytes] = {ALL: ALL.encode(), ANY: ANY.encode()}
+_MAX_TARGETS = 4096
 
 
 def _string(kind: str, value: str) -> bytes:
@@ -384,11 +382,11 @@ def _string(kind: str, value: str) -> bytes:
 def _target_frame(target: Target) -> bytes:
     if type(target) is not str:
         return _encode_string("target", format_target(target))
-    frame = _KEYWORD_FRAME.get(target)
+    frame = _TARGETS.get(target)
     if frame is None:
         frame = _encode_string("target", format_target(target))
-        if len(_KEYWORD_FRAME) < 4096:     # worker names repeat: remember valid ones
-            _KEYWORD_FRAME[target] = frame
+        if len(_TARGETS) < _MAX_TARGETS and frame == target.encode("utf-8"):
+            _TARGETS[target] = frame        # worker names repeat: remember valid ones
     return frame
 
 
@@ -398,107 +396,255 @@ def _bodies(body: Sequence[bytes]) -> list[bytes]:
     return _body_frames(body)
 
 
+#: the header frame each command may carry, by the role's bytes
+_HEADERS: dict[Command, dict[bytes, bytes]] = {
+    c: {r.value: bytes(r.value) for r in roles} for c, roles in ROLES.items()}
+_REQUESTS = (Command.POST, Command.GET, Command.DELETE)
+
+
+def _header(command: Command, role: Role) -> bytes:
+    header = _HEADERS[command].get(role)   # type: ignore[call-overload]
+    if header is None:
+        name = role.value.decode() if isinstance(role, Role) else repr(role)
+        raise ValueError(f"{command.name} cannot carry header {name}")
+    return header
+
+
+def request_frames(command: Command, role: Role, service: str, target: Target, uuid: str,
+                   body: Sequence[bytes] = (b"",)) -> list[bytes]:
+    """The frames of a POST, GET or DELETE (what ``encode`` gives for its message)."""
+    if command not in _REQUESTS:
+        raise ValueError(f"{command!r} is not POST, GET or DELETE")
+    frames = [b"", _header(command, role), _COMMAND_FRAME[command], _string("service", service),
+              _target_frame(target), _string("job UUID", uuid)]
+    frames += _bodies(body)
+    return frames
+
+
+def response_frames(role: Role, service: str, uuid: str, status: Union[Status, int],
+                    body: Sequence[bytes] = (b"",), text: str = "") -> list[bytes]:
+    """The frames of a RESPONSE."""
+    frames = [b"", _header(Command.RESPONSE, role), b"\x05", _string("service", service),
+              _string("job UUID", uuid), encode_status(status, text)]
+    frames += _bodies(body)
+    return frames
+
+
+def event_frames(role: Role, service: str, topic: str, status: Union[Status, int] = Status.OK,
+                 body: Sequence[bytes] = (b"",), text: str = "") -> list[bytes]:
+    """The frames of an EVENT."""
+    frames = [b"", _header(Command.EVENT, role), b"\x08", _string("service", service),
+              _string("topic", topic), encode_status(status, text)]
+    frames += _bodies(body)
+    return frames
+
+
+def reheaded(frames: Sequence[bytes], role: Role) -> list[bytes]:
+    """Decoded ``frames`` again with header ``role`` (a broker relaying a worker's EVENT)."""
+    return [b"", _header(_COMMAND_BY_BYTE[frames[2]], role), *frames[2:]]
+
+
+def _encode_request(msg: Union[Post, Get, Delete]) -> list[bytes]:
+    return request_frames(_COMMAND_OF[type(msg)], msg.role, msg.service, msg.target, msg.uuid,
+                          msg.body)
+
+
+def _encode_response(msg: Response) -> list[bytes]:
+    return response_frames(msg.role, msg.service, msg.uuid, msg.status, msg.body, msg.text)
+
+
+def _encode_event(msg: Event) -> list[bytes]:
+    return event_frames(msg.role, msg.service, msg.topic, msg.status, msg.body, msg.text)
+
+
+def _encode_open(msg: Open) -> list[bytes]:
+    return [b"", _header(Command.OPEN, msg.role), b"\x00", bytes(msg.body)]
+
+
+def _encode_service(msg: Union[Ready, Keepalive, Disconnect]) -> list[bytes]:
+    command = _COMMAND_OF[type(msg)]
+    frames = [b"", _header(command, msg.role), _COMMAND_FRAME[command],
+              _string("service", msg.service)]
+    if command is Command.DISCONNECT:
+        frames.append(bytes(msg.body))     # type: ignore[union-attr]
+    return frames
+
+
+_ENCODERS: dict[type, Callable[[Any], list[bytes]]] = {
+    Post: _encode_request, Get: _encode_request, Delete: _encode_request,
+    Response: _encode_response, Event: _encode_event, Open: _encode_open,
+    Ready: _encode_service, Keepalive: _encode_service, Disconnect: _encode_service,
+}
+
+
 def encode(msg: Message) -> list[bytes]:
     """The frames of ``msg`` (frame 0, the empty delimiter, included)."""
-    command = _COMMAND_OF.get(type(msg))
-    if command is None:
+    encoder = _ENCODERS.get(type(msg))
+    if encoder is None:
         raise TypeError(f"not an NFP message: {msg!r}")
-    role = msg.role if type(msg.role) is Role else Role(msg.role)
-    if role not in ROLES[command]:
-        raise ValueError(f"{command.name} cannot carry header {role.value.decode()}")
-    head = [b"", _ROLE_FRAME[role], _COMMAND_FRAME[command]]
-    if command is Command.POST or command is Command.GET or command is Command.DELETE:
-        job: Post | Get | Delete = msg  # type: ignore[assignment]
-        head += (_string("service", job.service), _target_frame(job.target),
-                 _string("job UUID", job.uuid))
-        head += _bodies(job.body)
-        return head
-    if command is Command.RESPONSE:
-        r: Response = msg  # type: ignore[assignment]
-        head += (_string("service", r.service), _string("job UUID", r.uuid),
-                 encode_status(r.status, r.text))
-        head += _bodies(r.body)
-        return head
-    if command is Command.EVENT:
-        e: Event = msg  # type: ignore[assignment]
-        head += (_string("service", e.service), _string("topic", e.topic),
-                 encode_status(e.status, e.text))
-        head += _bodies(e.body)
-        return head
-    if isinstance(msg, Open):
-        head.append(bytes(msg.body))
-        return head
-    assert isinstance(msg, (Ready, Keepalive, Disconnect))
-    head.append(_string("service", msg.service))
-    if isinstance(msg, Disconnect):
-        head.append(bytes(msg.body))
-    return head
+    return encoder(msg)
 
 
 def _text(kind: str, frame: bytes) -> str:
-    """``_decode_string``'s fast path."""
-    if type(frame) is bytes:
+    """A string field: non-empty printable UTF-8, else ``ProtocolError``."""
+    try:
+        text = frame.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{kind} is not UTF-8") from None
+    if not text:
+        raise ProtocolError(f"{kind} is empty")
+    if not text.isprintable():
+        raise ProtocolError(f"{kind} {text[:40]!r} is not printable")
+    return text
+
+
+def _texts(kinds: tuple[str, str, str], a: bytes, b: bytes, c: bytes) -> tuple[str, str, str]:
+    """Three string fields at once (the common case costs three decodes and one check)."""
+    try:
+        x, y, z = a.decode("utf-8"), b.decode("utf-8"), c.decode("utf-8")
+    except UnicodeDecodeError:
+        x = y = z = ""
+    if x and y and z and x.isprintable() and y.isprintable() and z.isprintable():
+        return x, y, z
+    return _text(kinds[0], a), _text(kinds[1], b), _text(kinds[2], c)
+
+
+_STATUS_OF_FRAME = {b"%d" % s: (s, "") for s in Status}
+_REQUEST_KINDS = ("service", "target", "job UUID")
+
+# Messages are frozen slotted dataclasses; their generated ``__init__`` sets each field
+# through ``object.__setattr__``. Decoding, whose fields are already checked, sets the
+# slots directly instead (same object, a third of the cost).
+_new = object.__new__
+
+
+def _maker(cls: type, names: tuple[str, ...]) -> Callable[..., Any]:
+    s0, s1, s2, s3, s4, *rest = (getattr(cls, name).__set__ for name in names)
+    s5 = rest[0] if rest else None
+
+    def make(v0: Any, v1: Any, v2: Any, v3: Any, v4: Any, v5: Any = "") -> Any:
+        msg = _new(cls)
+        s0(msg, v0)
+        s1(msg, v1)
+        s2(msg, v2)
+        s3(msg, v3)
+        s4(msg, v4)
+        if s5 is not None:
+            s5(msg, v5)
+        return msg
+    return make
+
+
+_REQUEST_FIELDS = ("role", "service", "target", "uuid", "body")
+_MAKE = {Post: _maker(Post, _REQUEST_FIELDS), Get: _maker(Get, _REQUEST_FIELDS),
+         Delete: _maker(Delete, _REQUEST_FIELDS),
+         Response: _maker(Response, ("role", "service", "uuid", "status", "body", "text")),
+         Event: _maker(Event, ("role", "service", "topic", "status", "body", "text"))}
+
+
+def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
+    if count < 7:
+        raise ProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
+    service, target, uuid = _texts(_REQUEST_KINDS, frames[3], frames[4], frames[5])
+    if target not in _TARGETS:
         try:
-            text = frame.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError(f"{kind} is not UTF-8") from None
-        if text and text.isprintable():
-            return text
-    return _decode_string(kind, frame)
+            parse_target(target)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        if len(_TARGETS) < _MAX_TARGETS and "," not in target and target == target.strip():
+            _TARGETS[target] = frames[4]
+    body = (frames[6],) if count == 7 else tuple(frames[6:])
+    return _MAKE[cls](role, service, target, uuid, body)   # type: ignore[no-any-return]
 
 
-_FIXED = {Command.OPEN: 4, Command.READY: 4, Command.KEEPALIVE: 4, Command.DISCONNECT: 5}
+def _parse_reply(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
+    if count < 7:
+        raise ProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
+    status = _STATUS_OF_FRAME.get(frames[5])
+    if status is None:
+        status = decode_status(frames[5])
+    try:
+        service, key = frames[3].decode("utf-8"), frames[4].decode("utf-8")
+    except UnicodeDecodeError:
+        service = key = ""
+    if not (service and key and service.isprintable() and key.isprintable()):
+        service = _text("service", frames[3])
+        key = _text("job UUID" if cls is Response else "topic", frames[4])
+    body = (frames[6],) if count == 7 else tuple(frames[6:])
+    return _MAKE[cls](role, service, key, status[0], body, status[1])  # type: ignore[no-any-return]
+
+
+def _parse_fixed(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
+    fixed = 5 if cls is Disconnect else 4
+    if count != fixed:
+        raise ProtocolError(f"{cls.__name__.upper()} has {fixed} frames, not {count}")
+    if cls is Open:
+        return Open(role, frames[3])
+    service = _text("service", frames[3])
+    if cls is Ready:
+        return Ready(service)
+    if cls is Keepalive:
+        return Keepalive(role, service)
+    return Disconnect(role, service, frames[4])
+
+
+_CLASS_OF = {command: cls for cls, command in _COMMAND_OF.items()}
+_PARSE_BY = {Command.POST: _parse_request, Command.GET: _parse_request,
+             Command.DELETE: _parse_request, Command.RESPONSE: _parse_reply,
+             Command.EVENT: _parse_reply}
+#: (header, command octet) -> (parser, role, message class), for the pairs the spec allows
+_PARSERS: dict[tuple[bytes, bytes], tuple[Callable[..., Message], Role, type]] = {
+    (role.value, _COMMAND_FRAME[command]):
+        (_PARSE_BY.get(command, _parse_fixed), role, _CLASS_OF[command])
+    for command, roles in ROLES.items() for role in roles}
+
+
+def _as_frames(frames: Sequence[bytes]) -> list[bytes]:
+    """``frames`` as a list of bytes; ``ProtocolError`` if it is not a list of frames."""
+    if isinstance(frames, (bytes, bytearray, memoryview, str)):
+        raise ProtocolError("an NFP message is a list of frames, not one byte string")
+    try:
+        items = list(frames)
+    except TypeError:
+        raise ProtocolError("an NFP message is a list of frames") from None
+    out = []
+    for frame in items:
+        if type(frame) is bytes:
+            out.append(frame)
+        elif isinstance(frame, (bytearray, memoryview)):
+            out.append(bytes(frame))
+        else:
+            raise ProtocolError(f"frame of type {type(frame).__name__}, not bytes")
+    return out
+
+
+def _no_parser(frames: list[bytes]) -> ProtocolError:
+    """Why (header, command) names no command the spec allows."""
+    role = _ROLE_BY_BYTES.get(frames[1])
+    if role is None:
+        return ProtocolError(f"header {frames[1][:12]!r} is not NFPC01, NFPW01 or NFPB01")
+    command = _COMMAND_BY_BYTE.get(frames[2])
+    if command is None:
+        return ProtocolError(f"command frame {frames[2][:8]!r} is not one known octet")
+    return ProtocolError(f"{command.name} does not come with header {role.value.decode()}")
 
 
 def decode(frames: Sequence[bytes]) -> Message:
     """Parse one NFP command (without any ROUTER identity frame)."""
-    if isinstance(frames, (bytes, bytearray, memoryview, str)):
-        raise ProtocolError("an NFP message is a list of frames, not one byte string")
+    if type(frames) is not list:
+        frames = _as_frames(frames)
+    else:
+        for frame in frames:
+            if type(frame) is not bytes:
+                frames = _as_frames(frames)
+                break
     count = len(frames)
     if count < 4:
         raise ProtocolError(f"{count} frames; every NFP command has at least 4")
     if frames[0]:
         raise ProtocolError("frame 0 is not empty")
-    header, code = frames[1], frames[2]
-    role = _ROLE_BY_BYTES.get(header if type(header) is bytes else bytes(header))
-    if role is None:
-        raise ProtocolError(f"header {bytes(frames[1])[:12]!r} is not NFPC01, NFPW01 or NFPB01")
-    command = _COMMAND_BY_BYTE.get(code if type(code) is bytes else bytes(code))
-    if command is None:
-        raise ProtocolError(f"command frame {bytes(frames[2])[:8]!r} is not one known octet")
-    if role not in ROLES[command]:
-        raise ProtocolError(f"{command.name} does not come with header {role.value.decode()}")
-    fixed = _FIXED.get(command)
-    if fixed is not None:
-        if count != fixed:
-            raise ProtocolError(f"{command.name} has {fixed} frames, not {count}")
-        if command is Command.OPEN:
-            return Open(role, bytes(frames[3]))
-        service = _text("service", frames[3])
-        if command is Command.READY:
-            return Ready(service)
-        if command is Command.KEEPALIVE:
-            return Keepalive(role, service)
-        return Disconnect(role, service, bytes(frames[4]))
-    if count < 7:
-        raise ProtocolError(f"{command.name} has 7 or more frames, not {count}")
-    service = _text("service", frames[3])
-    if count == 7 and type(frames[6]) is bytes:
-        body: tuple[bytes, ...] = (frames[6],)
-    else:
-        body = tuple(f if type(f) is bytes else bytes(f) for f in frames[6:])
-    if command is Command.RESPONSE or command is Command.EVENT:
-        key = _text("job UUID" if command is Command.RESPONSE else "topic", frames[4])
-        status, text = decode_status(frames[5])
-        if command is Command.RESPONSE:
-            return Response(role, service, key, status, body, text)
-        return Event(role, service, key, status, body, text)
-    target = _text("target", frames[4])
-    if target != ANY and target != ALL:
-        try:
-            parse_target(target)
-        except ValueError as exc:
-            raise ProtocolError(str(exc)) from None
-    uuid = _text("job UUID", frames[5])
-    cls = Post if command is Command.POST else Get if command is Command.GET else Delete
-    return cls(role, service, target, uuid, body)
+    entry = _PARSERS.get((frames[1], frames[2]))
+    if entry is None:
+        raise _no_parser(frames)
+    parse, role, cls = entry
+    return parse(frames, count, role, cls)

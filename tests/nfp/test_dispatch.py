@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import pytest
 
-from peermesh.nfp.dispatch import Dispatcher, Reply, overall_get_status
+from peermesh.nfp.dispatch import Dispatcher, Reply, overall_get_status, with_rid, without_rid
 from peermesh.wire import nfp
 from peermesh.wire.nfp import Status
 
@@ -316,3 +316,32 @@ def test_fail_all_answers_everything(status: Status) -> None:
     h.d.post("none", "any", "K", job(), h.done)
     h.d.fail_all(Status.ERROR, "broker stepped down")
     assert [r.status for r in h.replies] == [Status.ERROR, Status.ERROR]
+
+
+@pytest.mark.parametrize("raw, rid, rest", [
+    (b'{"task":"t","args":[1],"rid":"c1"}', "c1", b'{"task":"t","args":[1]}'),
+    (b'{"rid":"c1"}', "c1", b"{}"),
+    (b'{"rid":7}', 7, b"{}"),
+    (b'{"a":1,"rid":"c2"}', "c1", None),             # another rid
+    (b'{"rid":"c1","a":1}', "c1", None),             # not last
+    (b'{"rid":"x","a":1,"rid":"c1"}', "c1", None),   # twice
+    (b'{"a":{"rid":"c1"}}', "c1", None),             # nested, not a member
+    (b'{"a": 1, "rid": "c1"}', "c1", None),          # not compact
+])
+def test_without_rid_only_cuts_a_last_compact_rid(raw: bytes, rid: Any,
+                                                   rest: Optional[bytes]) -> None:
+    assert without_rid(raw, rid) == rest
+    if rest is not None:
+        assert nfp.decode_body(with_rid(rest, "1f")) == {**nfp.decode_body(rest), "rid": "1f"}
+
+
+def test_a_relayed_body_is_the_clients_with_the_dispatchers_rid() -> None:
+    h = Harness()
+    h.worker("w1")
+    raw = rb'{"task":"t","args":["\u00e9"],"kwargs":{}}'
+    h.d.post("svc", "any", "J1", nfp.decode_body(raw), h.replies.append, raw=raw)
+    sent = h.sent["w1"][0]
+    rid = nfp.decode_body(sent.body[0])["rid"]
+    assert sent.body[0] == raw[:-1] + b',"rid":"%s"}' % rid.encode()
+    h.answer("w1", Status.ACCEPTED)
+    assert h.replies[0].status is Status.ACCEPTED and h.replies[0].body["workers"] == ["w1"]

@@ -66,6 +66,49 @@ def test_golden(msg: nfp.Message, frames: list[bytes]) -> None:
     assert decode(frames) == msg
 
 
+@pytest.mark.parametrize("msg, frames", [g for g in GOLDEN if isinstance(
+    g[0], (Post, Get, Delete, Response, Event))], ids=lambda v: type(v).__name__
+    if not isinstance(v, list) else "")
+def test_frame_builders_give_the_golden_frames(msg: nfp.Message, frames: list[bytes]) -> None:
+    if isinstance(msg, Response):
+        built = nfp.response_frames(msg.role, msg.service, msg.uuid, msg.status, msg.body,
+                                    msg.text)
+    elif isinstance(msg, Event):
+        built = nfp.event_frames(msg.role, msg.service, msg.topic, msg.status, msg.body,
+                                 msg.text)
+    else:
+        built = nfp.request_frames(nfp._COMMAND_OF[type(msg)], msg.role, msg.service,
+                                   msg.target, msg.uuid, msg.body)
+    assert built == frames
+
+
+def test_frame_builders_refuse_what_encode_refuses() -> None:
+    with pytest.raises(ValueError):
+        nfp.request_frames(nfp.Command.POST, WORKER, "s", "all", "u")
+    with pytest.raises(ValueError):
+        nfp.request_frames(nfp.Command.RESPONSE, BROKER, "s", "all", "u")
+    with pytest.raises(ValueError):
+        nfp.response_frames(CLIENT, "s", "u", Status.OK)
+    with pytest.raises(ValueError):
+        nfp.event_frames(WORKER, "s", "", Status.OK)
+
+
+def test_reheaded_relays_a_workers_event_as_the_broker() -> None:
+    frames = [b"", b"NFPW01", b"\x08", b"nornir", JOB.encode(), b"200 step 1", b"a", b"b"]
+    relayed = nfp.reheaded(frames, BROKER)
+    assert relayed == [b"", b"NFPB01", *frames[2:]]
+    assert decode(relayed) == Event(BROKER, "nornir", JOB, Status.OK, (b"a", b"b"), "step 1")
+    with pytest.raises(ValueError):
+        nfp.reheaded(frames, CLIENT)     # an EVENT never comes from a client
+
+
+def test_decoded_names_targeted_again_keep_their_canonical_frame() -> None:
+    assert decode([b"", b"NFPC01", b"\x04", b"s", b"w2, w1", b"u", b""]).target == "w2, w1"
+    assert decode([b"", b"NFPC01", b"\x04", b"s", b" w3", b"u", b""]).target == " w3"
+    assert encode(Post(CLIENT, "s", "w2, w1", "u"))[4] == b"w2,w1"
+    assert encode(Post(CLIENT, "s", " w3", "u"))[4] == b"w3"
+
+
 def test_status_codes_are_the_specs() -> None:
     assert sorted(s.value for s in Status) == [200, 202, 300, 400, 408, 417, 500]
     for status in Status:
