@@ -11,7 +11,6 @@ leave; ``join``, ``leave`` and ``status`` need the agent.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib
 import os
@@ -22,6 +21,7 @@ from .errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPe
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
+    import argparse
     import logging
     from typing import Any, Callable, Optional, Sequence
 
@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from .events import Event
     from .node import Node, PeerInfo
 
-# A command that goes through the agent loads only argparse, msgpack and
-# ``peermesh.agentclient``: pyzmq, gevent, the node, the config machinery,
+# A command that goes through the agent loads only msgpack and
+# ``peermesh.agentclient``: argparse (when the command line is plain, see
+# ``_plain_agent_args``), pyzmq, gevent, the node, the config machinery,
 # logging and the overlays' commands are imported where they are needed.
 
 __all__ = ["main", "build_parser", "build_config"]
@@ -45,6 +46,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.sada.commands",
 )
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: default --wait (seconds) of the commands that try the agent first
+WAIT_PEERS, WAIT_SEND = 2.0, 3.0
 #: in a help text: the NodeConfig default of the option's field, filled in when help is shown
 _NODE_DEFAULT = "{node default}"
 
@@ -59,27 +62,35 @@ exit codes:
   130  interrupted (Ctrl-C or SIGTERM) before the command completed"""
 
 
-class _Formatter(argparse.HelpFormatter):
-    """Wraps one-line paragraphs, keeps multi-line ones (examples, exit codes) as written."""
+@functools.cache
+def _formatter() -> type[argparse.HelpFormatter]:
+    """The help formatter class (made on first use: argparse loads ``re``, ``enum`` and
+    ``gettext``, which a command going through the agent does without)."""
+    import argparse
 
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=30, width=_columns() - 2)
+    class Formatter(argparse.HelpFormatter):
+        """Wraps one-line paragraphs, keeps multi-line ones (examples, exit codes) as written."""
 
-    def _expand_help(self, action: argparse.Action) -> str:
-        text = super()._expand_help(action)
-        if _NODE_DEFAULT in text:
-            from .config import NodeConfig
+        def __init__(self, prog: str) -> None:
+            super().__init__(prog, max_help_position=30, width=_columns() - 2)
 
-            text = text.replace(_NODE_DEFAULT, f"{getattr(NodeConfig(), action.dest):g}")
-        return text
+        def _expand_help(self, action: argparse.Action) -> str:
+            text = super()._expand_help(action)
+            if _NODE_DEFAULT in text:
+                from .config import NodeConfig
 
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        import textwrap
+                text = text.replace(_NODE_DEFAULT, f"{getattr(NodeConfig(), action.dest):g}")
+            return text
 
-        return "\n\n".join(
-            "\n".join(indent + line for line in para.splitlines()) if "\n" in para
-            else textwrap.fill(para, width, initial_indent=indent, subsequent_indent=indent)
-            for para in text.split("\n\n"))
+        def _fill_text(self, text: str, width: int, indent: str) -> str:
+            import textwrap
+
+            return "\n\n".join(
+                "\n".join(indent + line for line in para.splitlines()) if "\n" in para
+                else textwrap.fill(para, width, initial_indent=indent, subsequent_indent=indent)
+                for para in text.split("\n\n"))
+
+    return Formatter
 
 
 @functools.cache
@@ -104,6 +115,8 @@ def _columns() -> int:
 
 
 def _header_arg(text: str) -> tuple[str, str]:
+    import argparse
+
     from .config import parse_header
 
     try:
@@ -113,6 +126,8 @@ def _header_arg(text: str) -> tuple[str, str]:
 
 
 def _seconds_arg(text: str) -> float:
+    import argparse
+
     try:
         value = float(text)
     except ValueError:
@@ -124,7 +139,9 @@ def _seconds_arg(text: str) -> float:
 
 @functools.cache
 def _node_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    import argparse
+
+    common = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     node = common.add_argument_group("node options")
     node.add_argument(
         "--interface", "-i", metavar="IFACE",
@@ -157,7 +174,9 @@ def _node_options() -> argparse.ArgumentParser:
 
 @functools.cache
 def _verbose_option() -> argparse.ArgumentParser:
-    verbose = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    import argparse
+
+    verbose = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     _add_verbose(verbose)
     return verbose
 
@@ -169,7 +188,9 @@ def _add_verbose(group: Any) -> None:
 
 @functools.cache
 def _agent_options(fallback: bool) -> argparse.ArgumentParser:
-    options = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    import argparse
+
+    options = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     group = options.add_argument_group("agent options")
     group.add_argument(
         "--agent", metavar="PATH",
@@ -236,7 +257,7 @@ def _add_peers(command: CommandFactory) -> None:
         "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
         f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
         cmd_peers, parents=[_agent_options(True)], agent_first=True)
-    peers.add_argument("--wait", "-w", type=_seconds_arg, default=2.0, metavar="SECONDS",
+    peers.add_argument("--wait", "-w", type=_seconds_arg, default=WAIT_PEERS, metavar="SECONDS",
                        help="how long to collect peers without an agent (default: %(default)s)")
     peers.add_argument("--json", action="store_true",
                        help="print one JSON list of {peer, name, address, headers, groups}")
@@ -255,7 +276,7 @@ def _add_shout(command: CommandFactory) -> None:
         cmd_shout, parents=[_agent_options(True)], agent_first=True)
     shout.add_argument("target", metavar="GROUP", help="the group to shout to")
     shout.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
-    shout.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
+    shout.add_argument("--wait", "-w", type=_seconds_arg, default=WAIT_SEND, metavar="SECONDS",
                        help="longest wait for the group's members (default: %(default)s)")
 
 
@@ -273,7 +294,7 @@ def _add_whisper(command: CommandFactory) -> None:
         cmd_whisper, parents=[_agent_options(True)], agent_first=True)
     whisper.add_argument("target", metavar="PEER", help="peer name, UUID or UUID hex prefix")
     whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
-    whisper.add_argument("--wait", "-w", type=_seconds_arg, default=3.0, metavar="SECONDS",
+    whisper.add_argument("--wait", "-w", type=_seconds_arg, default=WAIT_SEND, metavar="SECONDS",
                          help="longest wait for the peer (default: %(default)s)")
 
 
@@ -330,8 +351,10 @@ def build_parser(command_modules: bool = True,
     ``command_modules``: with the overlays' commands; ``only``: with just that
     one of the built-in commands (all of them when None).
     """
+    import argparse
+
     parser = argparse.ArgumentParser(
-        prog=PROG, formatter_class=_Formatter,
+        prog=PROG, formatter_class=_formatter(),
         description="Brokerless peer meshes on the LAN (ZRE v2, talks to Zyre and pyre).",
         epilog=f"""\
 examples:
@@ -357,7 +380,7 @@ Run '{PROG} COMMAND --help' for the options of a command.
         """``agent_first``: the handler gets no config and builds one when it needs it."""
         options = _node_options() if node_options else _verbose_option()
         p = sub.add_parser(name, parents=[options, *parents],
-                           help=summary, formatter_class=_Formatter, description=description,
+                           help=summary, formatter_class=_formatter(), description=description,
                            epilog=f"examples:\n{examples}\n\n{_EXIT_CODES}")
         p.set_defaults(handler=handler, node_options=node_options, agent_first=agent_first)
         return p
@@ -616,8 +639,11 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
     if getattr(args, "no_agent", False):
         return None, "--no-agent"
     path = resolve_path(args.agent)
+    probe, args.agent_probe = getattr(args, "agent_probe", None), None
     try:
-        client = AgentClient.connect(path)
+        if isinstance(probe, NoAgent):
+            raise probe
+        client = probe or AgentClient.connect(path)
     except NoAgent as exc:
         none = str(exc).startswith("no agent running")
         if required:
@@ -1032,6 +1058,16 @@ def _failures() -> tuple[type[BaseException], ...]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``peermesh`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    plain = _plain_agent_args(argv)
+    probe = None
+    if plain is not None:
+        try:
+            probe = _probe_agent(plain.agent)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        if probe is not None and not isinstance(probe, BaseException):
+            plain.agent_probe = probe
+            return _execute(plain)
     first = next((a for a in argv if not a.startswith("-")), None)
     builtin = first in _BUILTIN
     parser = build_parser(command_modules=not builtin, only=first if builtin else None)
@@ -1039,6 +1075,73 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if probe is not None:
+        args.agent_probe = probe  # why the agent could not be used: not asked twice
+    return _execute(args)
+
+
+#: commands whose plain form (positionals, --agent PATH and these flags) skips argparse
+_PLAIN: dict[str, tuple[tuple[str, ...], frozenset[str], float]] = {
+    "peers": ((), frozenset({"--json"}), WAIT_PEERS),
+    "shout": (("target", "message"), frozenset(), WAIT_SEND),
+    "whisper": (("target", "message"), frozenset(), WAIT_SEND),
+}
+
+
+def _plain_agent_args(argv: Sequence[str]) -> Optional[Any]:
+    """The arguments of ``peers``, ``shout`` or ``whisper`` in their plain form, or None.
+
+    Plain: the command first, its positionals, ``--agent PATH`` and ``--json``
+    (peers) and nothing else that starts with "-". The result has every
+    attribute the command reads when it goes through the agent, with
+    argparse's defaults; anything else (and a plain command that finds no
+    agent) goes through argparse, so both read a command line the same way.
+    """
+    from types import SimpleNamespace
+
+    if not argv or argv[0] not in _PLAIN:
+        return None
+    names, flags, wait = _PLAIN[argv[0]]
+    positionals: list[str] = []
+    found: dict[str, Any] = {"agent": None, **{flag[2:]: False for flag in flags}}
+    tokens = iter(argv[1:])
+    for token in tokens:
+        if token in flags:
+            found[token[2:]] = True
+        elif token == "--agent":
+            found["agent"] = next(tokens, None)
+            if found["agent"] is None:
+                return None
+        elif token.startswith("--agent="):
+            found["agent"] = token[len("--agent="):]
+        elif token.startswith("-"):
+            return None
+        else:
+            positionals.append(token)
+    if len(positionals) != len(names) or found["agent"] == "":
+        return None
+    return SimpleNamespace(
+        command=argv[0], handler=_HANDLERS[argv[0]], agent_first=True, node_options=True,
+        verbose=0, wait=wait, no_agent=False, interface=None, port=None,
+        **dict(zip(names, positionals)), **found)
+
+
+def _probe_agent(path: Optional[str]) -> Any:
+    """A connected ``AgentClient``, the ``NoAgent`` saying why not, or None (a bad path:
+    argparse's path reports it)."""
+    from .agentclient import AgentClient, NoAgent, resolve_path
+
+    try:
+        return AgentClient.connect(resolve_path(path))
+    except NoAgent as exc:
+        return exc
+    except ValueError:
+        return None
+
+
+def _execute(args: argparse.Namespace) -> int:
+    """Run the command ``args`` chose, mapping failures onto exit codes."""
+    config: Optional[NodeConfig] = None
     agent_first = getattr(args, "agent_first", False)
     if args.verbose or not agent_first:  # else when it starts a node of its own
         _setup_logging(args.verbose)
@@ -1047,7 +1150,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (AttributeError, ValueError):
         pass
     try:
-        config: Optional[NodeConfig] = None
         if not agent_first:
             if getattr(args, "node_options", True):
                 config = build_config(args)
@@ -1087,6 +1189,9 @@ def _broken_pipe() -> int:
         pass
     return EXIT_OK
 
+
+#: the commands ``_plain_agent_args`` reads
+_HANDLERS = {"peers": cmd_peers, "shout": cmd_shout, "whisper": cmd_whisper}
 
 if __name__ == "__main__":
     sys.exit(main())

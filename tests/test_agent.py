@@ -27,6 +27,7 @@ import pytest
 import zmq
 
 from peermesh import agent as agent_module
+from peermesh import cli
 from peermesh.agent import AgentClient, AgentError, AgentPathError, AgentRunning
 
 try:  # tests/ as a package
@@ -318,6 +319,94 @@ def test_the_client_speaks_zmtp_without_pyzmq(mesh: Mesh) -> None:
     info_line, loaded = result.stdout.splitlines()
     assert json.loads(info_line)["pid"] == alice.popen.pid
     assert loaded == "[]"
+
+
+_LOADED = ("argparse", "zmq", "gevent", "peermesh.node", "peermesh.config")
+
+
+def test_plain_commands_skip_argparse(mesh: Mesh) -> None:
+    """peers / shout / whisper in their plain form go to the agent without argparse."""
+    bob = mesh.start("run", "--json", "--name", "bob", "--group", "chat")
+    _, bob_uuid = bob.started()
+    mesh.agent("--name", "alice", "--group", "chat")
+    _wait_for(lambda: mesh.peer_names() == ["bob"], "bob known to the agent")
+    probe = ("import sys; from peermesh.cli import main; code = main(sys.argv[1:]); "
+             f"print(sorted(m for m in {_LOADED!r} if m in sys.modules)); sys.exit(code)")
+
+    def plain(*argv: str) -> list[str]:
+        result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
+                                env=_env(), encoding="utf-8", timeout=20)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, _report(result)
+        *out, loaded = result.stdout.splitlines()
+        assert loaded == "[]", (argv, loaded)
+        return out
+
+    (line,) = plain("peers", "--json", "--agent", mesh.sock)
+    assert [p["peer"] for p in json.loads(line)] == [bob_uuid]
+    plain("shout", "chat", "plain shout", f"--agent={mesh.sock}")
+    assert bob.expect_event(event="SHOUT", name="alice")["message"] == "plain shout"
+    plain("whisper", "--agent", mesh.sock, "bob", "plain whisper")
+    assert bob.expect_event(event="WHISPER", name="alice")["message"] == "plain whisper"
+
+
+@pytest.mark.parametrize("argv", [
+    ["peers"], ["peers", "--json"], ["peers", "--agent", "/tmp/x.sock", "--json"],
+    ["shout", "chat", "hi"], ["shout", "--agent=/tmp/x.sock", "chat", "hi there"],
+    ["whisper", "bob", "hi", "--agent", "/tmp/x.sock"],
+])
+def test_the_plain_form_reads_like_argparse(argv: list[str]) -> None:
+    plain = cli._plain_agent_args(argv)
+    parsed = cli.build_parser(command_modules=False, only=argv[0]).parse_args(argv)
+    assert plain is not None
+    for key, value in vars(plain).items():
+        assert getattr(parsed, key) == value, key
+    assert {k for k in vars(parsed) if k in ("target", "message")} <= set(vars(plain))
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["run"], ["status"], ["join", "news"], ["peers", "--wait", "1"], ["peers", "-w1"],
+    ["peers", "extra"], ["shout", "chat"], ["shout", "chat", "hi", "--json"],
+    ["shout", "chat", "-5"], ["whisper", "bob", "hi", "--agent"],
+    ["whisper", "bob", "hi", "--agent="], ["peers", "--ag", "/tmp/x"],
+    ["peers", "--interface", "lo"], ["whisper", "bob", "hi", "--", "x"], ["peers", "--help"],
+])
+def test_anything_else_goes_through_argparse(argv: list[str]) -> None:
+    assert cli._plain_agent_args(argv) is None
+
+
+def test_a_plain_command_asks_a_silent_agent_once(tmp_path: Path, free_udp_port: int) -> None:
+    """The plain path's probe is reused by argparse's path: one wait, not two."""
+    path = str(tmp_path / "silent.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    server.settimeout(0.2)
+    connections: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:  # accept everything, answer nothing
+        while not done.is_set():
+            try:
+                connections.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    env = dict(_env(), PEERMESH_INTERFACE="lo", PEERMESH_PORT=str(free_udp_port))
+    try:
+        result = subprocess.run([*PEERMESH, "peers", "--json", "--agent", path],
+                                capture_output=True, env=env, encoding="utf-8", timeout=30)
+    finally:
+        done.set()
+        thread.join(WAIT)
+        server.close()
+        for conn in connections:
+            conn.close()
+    assert result.returncode == 0, _report(result)
+    assert json.loads(result.stdout) == []
+    assert "does not answer within 1 s; using a node of its own" in result.stderr
+    assert len(connections) == 1
 
 
 @contextlib.contextmanager
