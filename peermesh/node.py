@@ -26,6 +26,7 @@ and ``whisper`` raises ``PeerNotResponding``.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import re
 import struct
@@ -115,6 +116,22 @@ def _discovery_from_config(config: NodeConfig) -> list[Discovery]:
         from .discovery.mdns import MdnsDiscovery
         sources.append(MdnsDiscovery())
     return sources
+
+
+@functools.lru_cache(maxsize=2048)
+def _decode_hello(frame: bytes) -> zre.Message:
+    """``zre.decode`` of a one-frame HELLO, remembered for the whole process.
+
+    Where many nodes share a process (the simulator, meshes in one process)
+    every one of them decodes each sender's same HELLO; a node alone decodes
+    each peer's once. Only short frames are cached (see ``_on_hello``), so
+    the cache stays under a few megabytes whatever peers send; decoded
+    messages are immutable and ``_accept_hello`` copies what it keeps.
+    """
+    return zre.decode([frame])
+
+
+_HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 
 
 def _utf8(data: bytes) -> Optional[str]:
@@ -715,7 +732,10 @@ class Node:
 
     def _on_hello(self, identity: bytes, frames: list[bytes], peer: Optional[Peer]) -> None:
         try:
-            hello = zre.decode(frames)
+            if len(frames) == 1 and len(frames[0]) <= _HELLO_CACHED:
+                hello = _decode_hello(frames[0])
+            else:
+                hello = zre.decode(frames)
         except ProtocolError as exc:
             log.debug("dropped malformed HELLO from %r: %s", identity, exc.reason)
             return
