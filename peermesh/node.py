@@ -631,14 +631,14 @@ class Node:
     def _peer_join(self, peer: Peer, group: str) -> None:
         if group in peer.groups:
             return
-        peer.groups.add(group)
+        peer.groups = {*peer.groups, group}  # joins are rare; an idle peer holds no set
         self._members.setdefault(group, {})[peer.uuid] = peer
         self._emit(Event(JOIN, peer.uuid, peer.name, group))
 
     def _peer_leave(self, peer: Peer, group: str) -> None:
         if group not in peer.groups:
             return
-        peer.groups.discard(group)
+        peer.groups = peer.groups - {group}
         self._members.get(group, {}).pop(peer.uuid, None)
         self._emit(Event(LEAVE, peer.uuid, peer.name, group))
 

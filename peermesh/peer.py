@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable, Optional, Sequence
+from typing import AbstractSet, Any, Callable, Optional, Sequence
 from uuid import UUID
 
 import gevent
@@ -118,7 +118,7 @@ class Peer:
         self.ready = False          # HELLO received
         self.name = ""
         self.headers: dict[str, str] = {}
-        self.groups: set[str] = set()
+        self.groups: AbstractSet[str] = frozenset()  # a set once it joins (few peers do)
         self.status = 0             # peer's group status (mod 256)
         self.want = 1               # next sequence expected from the peer
         self.sent = 0               # last sequence sent to the peer
