@@ -98,9 +98,10 @@ def test_parse_dump_raises_only_netlink_error(data):
 def test_parse_dump_of_a_mangled_address_raises_only_netlink_error(tail):
     data = _message(20, 7, struct.pack("=BBBBI", socket.AF_INET, 24, 0, 0, 1) + tail)
     try:
-        parse_dump(data, 7)
+        found, done = parse_dump(data, 7)
     except NetlinkError:
-        pass
+        return
+    assert not done and all(index == 1 and prefix == 24 for index, _, prefix, _ in found)
 
 
 @linux_only
