@@ -333,9 +333,12 @@ def test_plain_commands_skip_argparse(mesh: Mesh) -> None:
     probe = ("import sys; from peermesh.cli import main; code = main(sys.argv[1:]); "
              f"print(sorted(m for m in {_LOADED!r} if m in sys.modules)); sys.exit(code)")
 
+    # Were the agent lost, the fallback node must stay on loopback too.
+    env = dict(_env(), PEERMESH_INTERFACE="lo", PEERMESH_PORT=str(mesh.port))
+
     def plain(*argv: str) -> list[str]:
         result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
-                                env=_env(), encoding="utf-8", timeout=20)
+                                env=env, encoding="utf-8", timeout=20)
         assert result.returncode == 0 and "Traceback" not in result.stderr, _report(result)
         *out, loaded = result.stdout.splitlines()
         assert loaded == "[]", (argv, loaded)
