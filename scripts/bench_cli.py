@@ -132,8 +132,10 @@ def measure(runs: int) -> dict[str, Any]:
     net = ["--interface", "lo", "--port", str(port), "--interval", "0.2"]
     with tempfile.TemporaryDirectory(prefix="pm-bench-cli-") as tmp:
         sock = os.path.join(tmp, "agent.sock")
-        cached = _env(os.path.join(tmp, "pycache"))
-        uncached = _env(write=False)
+        # Were the agent lost, a command's fallback node must stay on loopback too.
+        loopback = {"PEERMESH_INTERFACE": "lo", "PEERMESH_PORT": str(port)}
+        cached = {**_env(os.path.join(tmp, "pycache")), **loopback}
+        uncached = {**_env(write=False), **loopback}
         processes = []
         try:
             agent = _start([PEERMESH, "agent", "--agent", sock, "--name", "agent", *net], cached)
