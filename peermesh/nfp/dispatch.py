@@ -450,23 +450,31 @@ class Dispatcher:
 
     def _event(self, uuid: str, service: str, worker: str, body: dict[str, Any]) -> None:
         if self.on_job_event is not None:
+            body = {**body, "worker": worker}
             msg = nfp.Event(nfp.BROKER if self.role is nfp.BROKER else nfp.WORKER, service, uuid,
-                            Status.OK, (nfp.encode_body({**body, "worker": worker}),))
-            self.on_job_event(uuid, worker, {**body, "worker": worker}, msg)
+                            Status.OK, (nfp.encode_body(body),))
+            self.on_job_event(uuid, worker, body, msg)
 
     # --- answers from workers -------------------------------------------
 
-    def on_response(self, worker: str, msg: nfp.Response) -> None:
-        """A worker's RESPONSE; ignored unless it answers a request this dispatcher sent."""
+    def _worker_body(self, worker: str, msg: Any, kind: str) -> Optional[dict[str, Any]]:
+        """The decoded body of a worker's ``msg`` (None if bad), noting the load it reports."""
         try:
             body = nfp.decode_body(msg.body[0])
         except ProtocolError as exc:
-            log.debug("RESPONSE from %s with a bad body: %s", worker, exc.reason)
-            return
+            log.debug("%s from %s with a bad body: %s", kind, worker, exc.reason)
+            return None
         link = self.workers.get(worker)
         load = body.get("load")
         if link is not None and isinstance(load, int):
             link.load = load
+        return body
+
+    def on_response(self, worker: str, msg: nfp.Response) -> None:
+        """A worker's RESPONSE; ignored unless it answers a request this dispatcher sent."""
+        body = self._worker_body(worker, msg, "RESPONSE")
+        if body is None:
+            return
         rid = body.pop("rid", None)
         pending = self._pending.get(rid) if isinstance(rid, str) else None
         if pending is None or worker not in pending.workers or worker in pending.replies:
@@ -482,15 +490,10 @@ class Dispatcher:
 
     def on_event(self, worker: str, msg: nfp.Event) -> None:
         """A worker's EVENT: note finished jobs and hand it to ``on_job_event``."""
-        try:
-            body = nfp.decode_body(msg.body[0])
-        except ProtocolError as exc:
-            log.debug("EVENT from %s with a bad body: %s", worker, exc.reason)
+        body = self._worker_body(worker, msg, "EVENT")
+        if body is None:
             return
         link = self.workers.get(worker)
-        load = body.get("load")
-        if link is not None and isinstance(load, int):
-            link.load = load
         if body.get("state") in FINAL_STATES:
             flight = self._inflight.get(msg.topic)
             if flight is not None:

@@ -174,7 +174,7 @@ class RouterSocket:
                 except zmq.Again:
                     return False
                 identity = frame.bytes
-                frames = []
+                frames: list[bytes] = []
                 append = frames.append
                 while frame.more:
                     frame = recv(_NOBLOCK, False)
@@ -254,6 +254,17 @@ def read_monitor(monitor: zmq.Socket, on_event: Callable[[int, str], None]) -> N
                 log.exception("failed to handle a monitor event")
     finally:
         waiter.close()
+
+
+def close_monitored(sock: zmq.Socket, monitor: Optional[zmq.Socket], linger: int) -> None:
+    """Close ``sock`` and its monitor socket (``linger`` ms for what ``sock`` still holds)."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass  # already closed or never monitored
+    if monitor is not None:
+        monitor.close(linger=0)
+    sock.close(linger=linger)
 
 
 def bind_router(sock: zmq.Socket, address: str, port: int, wait: float = 1.0) -> str:

@@ -318,13 +318,7 @@ class Channel:
         if self._sweeper is not None:
             self._sweeper.close()
             self._sweeper = None
-        try:
-            self._sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        _transport.close_monitored(self._sock, self._monitor, linger=0)
         self._changed.set()
 
     def __enter__(self) -> "Channel":

@@ -354,13 +354,8 @@ class Server:
             if link.forget is not None:
                 link.forget.kill(block=False)
         assert self._sock is not None
-        try:
-            self._sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-        self._sock.close(linger=200)  # let the last REPs and the empty INTR out
+        # linger: let the last REPs and the empty INTR out
+        _transport.close_monitored(self._sock, self._monitor, linger=200)
 
     def __enter__(self) -> "Server":
         return self.start() if self._state == "new" else self
