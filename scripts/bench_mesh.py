@@ -347,21 +347,26 @@ def role_pm_sink(conn: Any, beacon_port: int, n: int, threaded: bool = False) ->
         node.stop(0.5)
 
 
+def _send_numbered(whisper: Callable[[Any, bytes], Any], peer: Any, n: int,
+                   until_stop: Callable[[], None]) -> dict[str, Any]:
+    """Whisper ``n`` numbered payloads, then wait for "stop": send time and CPU per message."""
+    pack, tail = _PACK.pack, _TAIL
+    t0, c0 = _now(), _cpu()
+    for i in range(n):
+        whisper(peer, pack(i) + tail)
+    t1 = _now()
+    until_stop()
+    return {"send_seconds": t1 - t0, "tx_cpu_us": (_cpu() - c0) / n * 1e6}
+
+
 def role_pm_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pm_node("bench-source", beacon_port)
     try:
         peer = _pm_wait_enter(node, 15).peer
         conn.send(("ready", None))
         _green_expect(conn, "go", 60)
-        whisper = node.whisper
-        pack, tail = _PACK.pack, _TAIL
-        t0, c0 = _now(), _cpu()
-        for i in range(n):
-            whisper(peer, pack(i) + tail)
-        t1 = _now()
-        _green_expect(conn, "stop", 600)  # the hub keeps flushing the backlog meanwhile
-        c1 = _cpu()
-        return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+        # the hub keeps flushing the backlog until "stop"
+        return _send_numbered(node.whisper, peer, n, lambda: _green_expect(conn, "stop", 600))
     finally:
         node.stop(0.5)
 
@@ -372,15 +377,7 @@ def role_pm_threaded_source(conn: Any, beacon_port: int, n: int) -> dict[str, An
         peer = _pm_wait_enter(node, 15).peer
         conn.send(("ready", None))
         _expect(conn, "go", 60)
-        whisper = node.whisper
-        pack, tail = _PACK.pack, _TAIL
-        t0, c0 = _now(), _cpu()
-        for i in range(n):
-            whisper(peer, pack(i) + tail)
-        t1 = _now()
-        _expect(conn, "stop", 600)
-        c1 = _cpu()
-        return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+        return _send_numbered(node.whisper, peer, n, lambda: _expect(conn, "stop", 600))
     finally:
         node.stop(0.5)
 
@@ -589,15 +586,7 @@ def role_pyre_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
     peer = _pyre_wait_enter(node, 15)
     conn.send(("ready", None))
     _expect(conn, "go", 60)
-    whisper = node.whisper
-    pack, tail = _PACK.pack, _TAIL
-    t0, c0 = _now(), _cpu()
-    for i in range(n):
-        whisper(peer, pack(i) + tail)
-    t1 = _now()
-    _expect(conn, "stop", 600)
-    c1 = _cpu()
-    return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+    return _send_numbered(node.whisper, peer, n, lambda: _expect(conn, "stop", 600))
 
 
 def role_pyre_echo(conn: Any, beacon_port: int, total: int) -> dict[str, Any]:
