@@ -35,6 +35,7 @@ import gevent.socket
 import zmq
 from zmq.backend.cython import _zmq
 
+from . import zmqbatch
 from .errors import PeermeshError
 from .green import SocketWaiter
 from .interfaces import Interface, select_interface
@@ -83,20 +84,16 @@ class ZmqMailbox:
         ``hold()``/``release()`` so the application wakes once per batch. Messages over
         ``max_message`` in all go to ``on_oversized``.
         """
-        router = self.socket
         hub = gevent.get_hub()
         loop = hub.loop
-        watcher = loop.io(router.getsockopt(zmq.FD), 1)
-        recv = _zmq.Socket.recv.__get__(router)
-        # "Is a message waiting?" as zmq_poll with no wait: like reading EVENTS, it takes
-        # pending commands (re-arming the edge), at a lower cost from Python.
-        readable = functools.partial(zmq.zmq_poll, [(router, zmq.POLLIN)], 0)
-        limit = self.max_message
-        noblock = _NOBLOCK
+        watcher = loop.io(self.socket.getsockopt(zmq.FD), 1)
         resuming: list[gevent.Greenlet] = []
         full, hold, release = backpressure.full, backpressure.hold, backpressure.release
+        serving = True
 
         def drain() -> None:
+            if not serving:  # a callback left over after the end: the socket may be closed
+                return
             if full():
                 watcher.stop()
                 resuming.append(gevent.spawn(resume))
@@ -106,6 +103,39 @@ class ZmqMailbox:
                 drain_batch()
             finally:
                 release()  # wake the application once per batch
+
+        if zmqbatch.native is not None:
+            drain_batch = self._native_reader(on_message, on_oversized, loop, drain)
+        else:
+            drain_batch = self._pyzmq_reader(on_message, on_oversized, loop, drain)
+
+        def resume() -> None:
+            backpressure.wait_room()
+            resuming.clear()
+            watcher.start(drain)
+            drain()
+
+        watcher.start(drain)
+        loop.run_callback(drain)  # messages may already be queued
+        try:
+            gevent.event.Event().wait()  # the watcher does the work
+        finally:
+            serving = False
+            watcher.stop()
+            watcher.close()
+            gevent.killall(resuming)
+
+    def _pyzmq_reader(self, on_message: Callable[[bytes, list[bytes]], None],
+                      on_oversized: Callable[[bytes], None], loop: Any,
+                      drain: Callable[[], None]) -> Callable[[], None]:
+        """One batch read through pyzmq, a frame at a time."""
+        router = self.socket
+        recv = _zmq.Socket.recv.__get__(router)
+        # "Is a message waiting?" as zmq_poll with no wait: like reading EVENTS, it takes
+        # pending commands (re-arming the edge), at a lower cost from Python.
+        readable = functools.partial(zmq.zmq_poll, [(router, zmq.POLLIN)], 0)
+        limit = self.max_message
+        noblock = _NOBLOCK
 
         def drain_batch() -> None:
             for count in range(_BATCH):  # the queue may overshoot its limit by one batch
@@ -137,20 +167,29 @@ class ZmqMailbox:
                     return
             loop.run_callback(drain)  # more may wait: let others run first
 
-        def resume() -> None:
-            backpressure.wait_room()
-            resuming.clear()
-            watcher.start(drain)
-            drain()
+        return drain_batch
 
-        watcher.start(drain)
-        loop.run_callback(drain)  # messages may already be queued
-        try:
-            gevent.event.Event().wait()  # the watcher does the work
-        finally:
-            watcher.stop()
-            watcher.close()
-            gevent.killall(resuming)
+    def _native_reader(self, on_message: Callable[[bytes, list[bytes]], None],
+                       on_oversized: Callable[[bytes], None], loop: Any,
+                       drain: Callable[[], None]) -> Callable[[], None]:
+        """One batch read by the C extension in a single call."""
+        recv_batch = zmqbatch.native.recv_batch
+        handle = self.socket.underlying
+        limit = self.max_message
+
+        def drain_batch() -> None:
+            batch = recv_batch(handle, _BATCH, limit)  # fewer: empty, and the edge is re-armed
+            for identity, frames in batch:
+                try:
+                    if frames is not None:
+                        on_message(identity, frames)
+                    else:
+                        on_oversized(identity)
+                except Exception:  # a bug must not stop the mailbox
+                    log.exception("handling a mailbox message failed")
+            if len(batch) == _BATCH:
+                loop.run_callback(drain)  # more may wait: let others run first
+        return drain_batch
 
     def close(self) -> None:
         """Close the ROUTER."""
@@ -160,7 +199,7 @@ class ZmqMailbox:
 class ZmqLink:
     """A DEALER connected to one peer's mailbox; sends never block."""
 
-    __slots__ = ("socket", "_send")
+    __slots__ = ("socket", "_send", "_target")
 
     def __init__(self, context: zmq.Context, identity: bytes, endpoint: str,
                  sndhwm: int) -> None:
@@ -177,22 +216,16 @@ class ZmqLink:
             sock.close()
             raise
         self.socket = sock
-        self._send = _zmq.Socket.send.__get__(sock)  # skips pyzmq's Python wrapper
+        if zmqbatch.native is not None:
+            self._send: Callable[[Any, Sequence[bytes]], bool] = zmqbatch.native.send
+            self._target: Any = sock.underlying  # 0 once closed
+        else:
+            self._send = _pyzmq_send
+            self._target = sock
 
     def try_send(self, frames: Sequence[bytes]) -> bool:
         """Send one message now; False (nothing sent) when the queue is full."""
-        send = self._send
-        last = len(frames) - 1
-        try:
-            send(frames[0], _MORE if last else _NOBLOCK)
-        except zmq.Again:
-            return False
-        # Once the first frame is taken, ZeroMQ takes the whole message.
-        for i in range(1, last):
-            send(frames[i], _MORE)
-        if last:
-            send(frames[last], _NOBLOCK)
-        return True
+        return self._send(self._target, frames)
 
     def wait_writable(self, timeout: Optional[float] = None) -> bool:
         """Wait until a message may fit; False after ``timeout`` seconds."""
@@ -204,7 +237,28 @@ class ZmqLink:
 
     def close(self, linger: float = 0) -> None:
         """Close; ZeroMQ may go on sending what it holds for ``linger`` seconds."""
+        if self._target is not self.socket:
+            self._target = 0  # the C extension then raises ENOTSOCK, as pyzmq would
         self.socket.close(linger=int(linger * 1000))
+
+
+_pyzmq_socket_send = _zmq.Socket.send  # skips pyzmq's Python wrapper
+
+
+def _pyzmq_send(sock: zmq.Socket, frames: Sequence[bytes]) -> bool:
+    """Send one message through pyzmq a frame at a time; False when the queue is full."""
+    send = _pyzmq_socket_send
+    last = len(frames) - 1
+    try:
+        send(sock, frames[0], _MORE if last else _NOBLOCK)
+    except zmq.Again:
+        return False
+    # Once the first frame is taken, ZeroMQ takes the whole message.
+    for i in range(1, last):
+        send(sock, frames[i], _MORE)
+    if last:
+        send(sock, frames[last], _NOBLOCK)
+    return True
 
 
 class ZmqTransport:

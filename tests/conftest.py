@@ -68,3 +68,25 @@ def free_udp_port() -> int:
 def free_tcp_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     return _free_port(socket.SOCK_STREAM)
+
+
+# --------------------------------------------------------------------------
+# The node's two ZeroMQ paths: the C extension's batches, and pyzmq alone
+
+
+@pytest.fixture(params=["native", "pyzmq"])
+def zmq_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the C extension's batched I/O, then again with pyzmq alone.
+
+    Nodes pick the path when they create their sockets, so the whole test runs
+    on one. The native run skips, with the reason, where the extension is not
+    available (it is built at install when a C compiler is present).
+    """
+    from peermesh import zmqbatch
+
+    if request.param == "native":
+        if zmqbatch.native is None:
+            pytest.skip(f"C extension unavailable: {zmqbatch.why_not}")
+    else:
+        monkeypatch.setattr(zmqbatch, "native", None)
+    return str(request.param)

@@ -56,6 +56,8 @@ MAX_MESSAGE = 4096  # the target's NodeConfig.max_message
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT, STOP = EventType.WHISPER, EventType.SHOUT, EventType.STOP
 
+pytestmark = pytest.mark.usefixtures("zmq_path")  # native C batches and pyzmq alone
+
 
 # --------------------------------------------------------------------------
 # Event collection

@@ -23,6 +23,8 @@ import waiting
 from peermesh import (Event, EventType, InterfaceError, Node, NodeConfig, NodeStateError,
                       PeerNotResponding, UnknownPeerError)
 
+pytestmark = pytest.mark.usefixtures("zmq_path")  # native C batches and pyzmq alone
+
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT, STOP = EventType.WHISPER, EventType.SHOUT, EventType.STOP
 

@@ -1,0 +1,178 @@
+"""The transport's ZeroMQ paths: the C extension's batches, and pyzmq alone.
+
+A real ROUTER mailbox and DEALER links on 127.0.0.1 (no beacons). Every test
+runs on both paths (fixture ``zmq_path``), so the two behave the same; a few
+check what only the extension promises. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import gevent
+import pytest
+import zmq
+
+from peermesh import zmqbatch
+from peermesh.eventqueue import GreenEventQueue
+from peermesh.transport import ZmqTransport
+
+pytestmark = pytest.mark.usefixtures("zmq_path")
+
+WAIT = 5.0
+LIMIT = 1000  # the mailbox's max_message, in bytes
+
+
+class Mailbox:
+    """A served ``ZmqMailbox`` that records what it hands on."""
+
+    def __init__(self, transport: ZmqTransport) -> None:
+        self.box = transport.bind_mailbox("127.0.0.1", LIMIT)
+        self.endpoint = f"tcp://127.0.0.1:{self.box.port}"
+        self.messages: list[tuple[bytes, list[bytes]]] = []
+        self.oversized: list[bytes] = []
+        self.queue: GreenEventQueue[int] = GreenEventQueue(10_000)
+        self.server = gevent.spawn(self.box.serve, self._on_message, self.oversized.append,
+                                   self.queue)
+
+    def _on_message(self, identity: bytes, frames: list[bytes]) -> None:
+        self.messages.append((identity, frames))
+        if frames == [b"boom"]:
+            raise RuntimeError("a handler's bug")
+
+    def wait(self, count: int) -> None:
+        with gevent.Timeout(WAIT, AssertionError(f"{len(self.messages)} of {count} arrived")):
+            while len(self.messages) + len(self.oversized) < count:
+                gevent.sleep(0.001)
+
+    def close(self) -> None:
+        self.server.kill()
+        self.box.close()
+
+
+@pytest.fixture
+def transport() -> Iterator[ZmqTransport]:
+    transport = ZmqTransport(zmq.Context())
+    yield transport
+    transport.context.destroy(linger=0)  # also closes sockets a failed test left open
+
+
+@pytest.fixture
+def mailbox(transport: ZmqTransport) -> Iterator[Mailbox]:
+    box = Mailbox(transport)
+    yield box
+    box.close()
+
+
+def connect(transport: ZmqTransport, mailbox: Mailbox) -> Any:
+    return transport.connect(b"\x01peer", mailbox.endpoint, sndhwm=100_000)
+
+
+def test_messages_arrive_whole_and_in_order(transport: ZmqTransport, mailbox: Mailbox) -> None:
+    link = connect(transport, mailbox)
+    sent = [[b"head", b"%d" % i] if i % 3 else [b"head", b"a", b"", b"%d" % i]
+            for i in range(1000)]  # more than one batch of 256
+    for frames in sent:
+        assert link.try_send(frames)
+    mailbox.wait(len(sent))
+    assert mailbox.messages == [(b"\x01peer", frames) for frames in sent]
+    link.close()
+
+
+def test_oversized_messages_are_reported_and_the_next_ones_arrive(
+        transport: ZmqTransport, mailbox: Mailbox) -> None:
+    link = connect(transport, mailbox)
+    # (a single frame over the limit is libzmq's: MAXMSGSIZE drops the connection)
+    assert link.try_send([b"x" * 600, b"y" * 600])  # too big in all
+    assert link.try_send([b"x", b"y" * 600, b"z" * 600])
+    assert link.try_send([b"after"])
+    assert link.try_send([b"x" * 500, b"y" * 500])  # exactly the limit
+    mailbox.wait(4)
+    assert mailbox.oversized == [b"\x01peer", b"\x01peer"]
+    assert mailbox.messages == [(b"\x01peer", [b"after"]), (b"\x01peer", [b"x" * 500, b"y" * 500])]
+    link.close()
+
+
+def test_a_failing_handler_does_not_stop_the_mailbox(
+        transport: ZmqTransport, mailbox: Mailbox) -> None:
+    link = connect(transport, mailbox)
+    assert link.try_send([b"boom"])
+    assert link.try_send([b"still here"])
+    mailbox.wait(2)
+    assert mailbox.messages[-1] == (b"\x01peer", [b"still here"])
+    link.close()
+
+
+def test_a_link_with_no_connection_says_it_is_full(transport: ZmqTransport) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    link = transport.connect(b"\x01peer", f"tcp://127.0.0.1:{port}", sndhwm=10)
+    sent = [link.try_send([b"nobody", b"there"]) for _ in range(100)]
+    full = sent.index(False)  # the high-water mark, then nothing more
+    assert full >= 1 and all(sent[:full]) and not any(sent[full:])
+    link.close()
+
+
+def test_a_closed_link_raises_enotsock(transport: ZmqTransport, mailbox: Mailbox) -> None:
+    link = connect(transport, mailbox)
+    link.close()
+    with pytest.raises(zmq.ZMQError) as caught:
+        link.try_send([b"late"])
+    assert caught.value.errno == errno.ENOTSOCK
+
+
+def test_bytes_like_frames_are_sent(transport: ZmqTransport, mailbox: Mailbox) -> None:
+    link = connect(transport, mailbox)
+    assert link.try_send((b"head", bytearray(b"ba"), memoryview(b"mv")))
+    mailbox.wait(1)
+    assert mailbox.messages == [(b"\x01peer", [b"head", b"ba", b"mv"])]
+    link.close()
+
+
+def native_only(zmq_path: str) -> Any:
+    if zmq_path != "native":
+        pytest.skip("a promise of the C extension only")
+    return zmqbatch.native
+
+
+def test_native_send_is_whole_or_nothing(zmq_path: str, transport: ZmqTransport,
+                                         mailbox: Mailbox) -> None:
+    native = native_only(zmq_path)
+    link = connect(transport, mailbox)
+    with pytest.raises(TypeError):
+        link.try_send([b"first", 5])  # the bad frame is found before any is sent
+    with pytest.raises(ValueError):
+        link.try_send([])
+    with pytest.raises(TypeError):
+        native.send(link.socket.underlying, 5)
+    assert link.try_send([b"next"])
+    mailbox.wait(1)
+    assert mailbox.messages == [(b"\x01peer", [b"next"])]  # nothing half-sent before it
+    link.close()
+
+
+def test_native_calls_check_their_arguments(zmq_path: str) -> None:
+    native = native_only(zmq_path)
+    with pytest.raises(TypeError):
+        native.recv_batch(1, 2)
+    with pytest.raises(zmq.ZMQError) as caught:
+        native.recv_batch(0, 10, 10)
+    assert caught.value.errno == errno.ENOTSOCK
+    with pytest.raises(TypeError):
+        native.send("not a handle", [b"x"])
+
+
+def test_the_extension_is_used_where_it_was_built() -> None:
+    try:
+        import _peermesh_zmqbatch  # noqa: F401
+    except ImportError:
+        pytest.skip("the C extension was not built (no C compiler at install)")
+    if os.environ.get("PEERMESH_PURE_PYTHON"):
+        pytest.skip("PEERMESH_PURE_PYTHON is set")
+    native, why_not = zmqbatch._load()
+    assert native is not None, why_not
