@@ -1104,6 +1104,7 @@ def render(results: dict[str, Any]) -> str:
     lines.append(f"python {meta['python']}, pyzmq {meta['pyzmq']} (libzmq {meta['libzmq']}), "
                  f"gevent {meta['gevent']}, {meta['pyre']}, {meta['cpus']} CPUs, "
                  f"load {meta['loadavg']}")
+    lines.append(f"peermesh's C extension (batched ZeroMQ I/O): {meta['c_extension']}")
     lines.append("")
     if rows:
         widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
@@ -1198,6 +1199,8 @@ def _print_profile(path: str, limit: int = 25) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     import zmq
+
+    from peermesh import zmqbatch
     with_pyre, pyre_note = (False, "skipped (--no-pyre)") if args.no_pyre else pyre_available()
     meta = {
         "messages": args.messages, "pyre_messages": args.pyre_messages,
@@ -1207,6 +1210,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
         "gevent": _dist_version("gevent"), "pyre": pyre_note if with_pyre else "no pyre",
         "cpus": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "c_extension": "yes" if zmqbatch.native else f"no: {zmqbatch.why_not}",
     }
     if not with_pyre:
         meta["pyre_note"] = pyre_note
