@@ -16,20 +16,34 @@ run, so it takes no CPU from them. Payload: a small msgpack'd dict
    default for handlers);
 2. pipelined (a window of requests in flight; for the channel, as many
    greenlets each calling ``request``): raw vs channel with 1 and with 4
-   server processes;
-3. failover: 3 servers under pipelined load with ``retries=1``; one is
+   server processes, all with the echo handler (the channel is the
+   bottleneck: its core saturates with one server already);
+3. server-bound, pipelined: the channel -> 1, 2 and 4 servers whose handler
+   has a fixed service time that burns no CPU and serves one request at a
+   time per server (an inline handler that blocks its whole process in
+   ``time.sleep(--service-ms)``, so a server answers at most ~1,000/s at
+   1 ms): throughput should scale with the servers until the channel
+   saturates; the ratios 2/1 and 4/1 and how requests spread over the servers
+   are reported;
+4. failover: 3 servers under pipelined load with ``retries=1``; one is
    SIGKILLed; how long until the channel dropped it, until every request it
    held was answered by the others, the longest gap between replies, and
    whether any request failed.
 
-Cases 1 and 2 run in interleaved rounds (every case once per round), so load
+Cases 1-3 run in interleaved rounds (every case once per round), so load
 from other work on the machine hits all cases alike; rates are the median of
-the rounds. ``--baseline DIR`` adds the channel cases once more with the
-peermesh package found in DIR (e.g. an older commit:
+the rounds. For every case the CPU used during its runs is reported as % of
+one core (CPU seconds / wall seconds): the channel's (or raw client's) whole
+process and its hub thread (``getrusage`` and ``time.thread_time`` in that
+child), its servers' (``/proc/PID/stat``) and the rest of the machine's
+(``/proc/stat`` minus those: other work, e.g. other benchmarks), with the
+share of replies each server gave. ``--baseline DIR`` adds the channel cases
+once more with the peermesh package found in DIR (e.g. an older commit:
 ``git archive HEAD peermesh | tar -x -C DIR``), interleaved with the rest.
 Prints a table with ratios against the targets of issue 4 (sequential >= 60%
-of raw, p99 <= 1 ms, failover within 2 x ping interval); ``--json`` prints
-one JSON object instead.
+of raw, p99 <= 1 ms, pipelined throughput scaling with servers until the
+channel's core saturates, failover within 2 x ping interval); ``--json``
+prints one JSON object instead.
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -51,7 +66,12 @@ REPO = os.path.dirname(HERE)
 LOOPBACK = "127.0.0.1"
 PAD = b"x" * 64
 SADA_HEAD = [b"", b"SADA1", b"REQ", b"0123456789abcdef-1", b"echo", b"1.0", b"", b"echo"]
-TARGETS = {"sequential_ratio": 0.60, "p99_ms": 1.0, "failover_intervals": 2.0}
+TARGETS = {"sequential_ratio": 0.60, "p99_ms": 1.0, "failover_intervals": 2.0,
+           # k servers scale when they reach this share of k x one server's rate ...
+           "scaling_efficiency": 0.80,
+           # ... or when the channel's process is this busy, of one core (it is saturated)
+           "channel_saturated": 0.90}
+SERVICE_S = 0.001      # the server-bound handler's service time (--service-ms)
 _T0 = time.perf_counter()
 
 
@@ -92,7 +112,12 @@ def role_raw_echo(endpoint: str) -> None:
 
 
 def role_sada_server(endpoint: str) -> None:
-    """A peermesh Server with the demo echo service, connected to ``endpoint``."""
+    """A peermesh Server with the demo echo service, connected to ``endpoint``.
+
+    ``bench/spawned`` echoes in a greenlet of its own; ``bench/service`` is the
+    server-bound handler: inline, it blocks the whole process in ``time.sleep``
+    for ``SERVICE_S`` (no CPU burnt, one request at a time), then echoes.
+    """
     import gevent
 
     from peermesh.sada import Server, echo_service
@@ -102,9 +127,26 @@ def role_sada_server(endpoint: str) -> None:
     def spawned(payload: Any) -> Any:
         return payload
 
+    @server.handler("bench", "service", raw=True, inline=True)
+    def service(payload: bytes, sleep: Any = time.sleep, seconds: float = SERVICE_S) -> bytes:
+        sleep(seconds)      # not gevent's: nothing else in this process runs meanwhile
+        return payload
+
     server.start()
     print("READY", flush=True)
     gevent.wait()
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds used so far by this whole process and by its current thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, time.thread_time()
+
+
+def _cpu_used(before: tuple[float, float]) -> dict[str, float]:
+    """CPU seconds used since ``before`` (an earlier ``_cpu()``), process and thread."""
+    now = _cpu()
+    return {"cpu": now[0] - before[0], "hub_cpu": now[1] - before[1]}
 
 
 def _commands(answer: Any) -> None:
@@ -146,6 +188,7 @@ def role_raw_client(endpoint: str) -> None:
         else:
             send, recv = sock.send, sock.recv
         samples: list[float] = []
+        cpu = _cpu()
         start = clock()
         if window == 1:
             for i in range(n):
@@ -164,7 +207,8 @@ def role_raw_client(endpoint: str) -> None:
                 reply = msgpack.unpackb(recv())
                 samples.append(clock() - sent_at[reply["i"]])
                 received += 1
-        return {"samples": samples, "wall": clock() - start}
+        wall = clock() - start
+        return {"samples": samples, "wall": wall, **_cpu_used(cpu)}
 
     print("READY", flush=True)
     _commands(run)
@@ -185,11 +229,11 @@ def role_sada_client(_: Optional[str]) -> None:
     def run(cmd: dict[str, Any]) -> dict[str, Any]:
         if cmd["op"] == "wait":
             return {"ok": channel.wait_for("echo", count=cmd["count"], timeout=10)}
-        if cmd["op"] == "replies":
-            return {"replies": sorted(s.replies for s in channel.servers())}
         n, window, action = cmd["n"], cmd["window"], cmd["action"]
         service = "echo" if action == "echo" else "bench"
         samples: list[float] = []
+        replies = {s.id: s.replies for s in channel.servers()}
+        cpu = _cpu()
         start = clock()
         if window == 1:
             request = channel.request
@@ -208,7 +252,10 @@ def role_sada_client(_: Optional[str]) -> None:
 
             gevent.joinall([gevent.spawn(sender) for _ in range(min(window, n))],
                            raise_error=True)
-        return {"samples": samples, "wall": clock() - start}
+        wall = clock() - start
+        used = _cpu_used(cpu)
+        served = {s.id: s.replies - replies.get(s.id, 0) for s in channel.servers()}
+        return {"samples": samples, "wall": wall, **used, "served": served}
 
     print("READY", channel.endpoint, flush=True)
     _commands(run)
@@ -228,14 +275,16 @@ class Children:
               ) -> "subprocess.Popen[str]":
         """Start ``role`` with the peermesh package in ``code``; wait for READY."""
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role,
-                                 "--code", code, endpoint], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+                                 "--code", code, "--service-ms", repr(SERVICE_S * 1000),
+                                 endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
         self.procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline().split()
         if not line or line[0] != "READY":
             raise RuntimeError(f"{role} child did not start: {line!r}")
         proc.ready = line[1:]  # type: ignore[attr-defined]
+        proc.servers = []      # type: ignore[attr-defined]  # a client's server children
         return proc
 
     def kill(self, proc: "subprocess.Popen[str]") -> None:
@@ -272,19 +321,53 @@ def free_tcp_endpoint() -> str:
 def raw_setup(children: Children) -> "subprocess.Popen[str]":
     """A raw echo child and a raw client child of it; returns the client."""
     endpoint = free_tcp_endpoint()
-    children.start("raw-echo", endpoint)
-    return children.start("raw-client", endpoint)
+    echo = children.start("raw-echo", endpoint)
+    client = children.start("raw-client", endpoint)
+    client.servers = [echo]  # type: ignore[attr-defined]
+    return client
 
 
 def sada_setup(children: Children, servers: int, code: str) -> "subprocess.Popen[str]":
     """A channel child and ``servers`` server children (code from ``code``)."""
     client = children.start("sada-client", code=code)
     endpoint = client.ready[0]  # type: ignore[attr-defined]
-    for _ in range(servers):
-        children.start("sada-server", endpoint, code=code)
+    client.servers = [children.start("sada-server", endpoint, code=code)  # type: ignore
+                      for _ in range(servers)]
     if not ask(client, op="wait", count=servers)["ok"]:
         raise RuntimeError("servers did not introduce themselves")
     return client
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK   # utime, stime
+
+
+def machine_cpu() -> float:
+    """CPU seconds every core of the machine has been busy so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / _TICK   # all but idle and iowait
+
+
+def run_case(client: "subprocess.Popen[str]", cmd: dict[str, Any]) -> dict[str, Any]:
+    """One run of a case; adds the CPU its servers and the whole machine used meanwhile."""
+    servers = client.servers  # type: ignore[attr-defined]
+    before = [proc_cpu(p.pid) for p in servers], machine_cpu(), time.perf_counter()
+    part = ask(client, op="run", **cmd)
+    wall = time.perf_counter() - before[2]
+    part["servers_cpu"] = sum(proc_cpu(p.pid) for p in servers) - sum(before[0])
+    part["machine_cpu"] = machine_cpu() - before[1]
+    part["outer_wall"] = wall
+    return part
 
 
 def interleaved(cases: dict[str, tuple["subprocess.Popen[str]", dict[str, Any]]], n: int,
@@ -292,22 +375,39 @@ def interleaved(cases: dict[str, tuple["subprocess.Popen[str]", dict[str, Any]]]
     """Run every case ``rounds`` times, round-robin (load from elsewhere hits all alike).
 
     Per case: ``per_s`` is the median of the rounds' rates, percentiles come
-    from all samples together.
+    from all samples together, CPU shares (of one core: CPU seconds / wall
+    seconds) from all rounds together. A case's ``cmd`` may set its own ``n``.
     """
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     for client, cmd in cases.values():      # warm-up round, not counted
-        ask(client, op="run", **{**cmd, "n": min(500, n)})
+        ask(client, op="run", **{**cmd, "n": min(500, cmd.get("n", n))})
     for _ in range(rounds):
         for name, (client, cmd) in cases.items():
-            runs[name].append(ask(client, op="run", n=n, **cmd))
+            runs[name].append(run_case(client, {"n": n, **cmd}))
     result = {}
     for name, parts in runs.items():
         us = sorted(s * 1e6 for part in parts for s in part["samples"])
+        wall = sum(p["wall"] for p in parts)
+        outer = sum(p["outer_wall"] for p in parts)
+        ours = sum(p["cpu"] + p["servers_cpu"] for p in parts)
         result[name] = {
             "round_trips": len(us),
             "per_s": statistics.median(len(p["samples"]) / p["wall"] for p in parts),
             "p50_us": percentile(us, 50), "p99_us": percentile(us, 99),
-            "mean_us": statistics.fmean(us)}
+            "mean_us": statistics.fmean(us),
+            # % of one core; the client's own from its child (getrusage), the rest from /proc
+            "cpu_pct": {"client": 100 * sum(p["cpu"] for p in parts) / wall,
+                        "client_hub": 100 * sum(p["hub_cpu"] for p in parts) / wall,
+                        "servers": 100 * sum(p["servers_cpu"] for p in parts) / outer,
+                        "other": 100 * max(0.0, sum(p["machine_cpu"] for p in parts) - ours)
+                        / outer,
+                        "machine": 100 * sum(p["machine_cpu"] for p in parts) / outer}}
+        if "served" in parts[0]:
+            served: dict[str, int] = {}
+            for part in parts:
+                for server, count in part["served"].items():
+                    served[server] = served.get(server, 0) + count
+            result[name]["served_per_server"] = sorted(served.values(), reverse=True)
     return result
 
 
@@ -391,7 +491,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with Children() as children:
         raw = raw_setup(children)
         one = {tag: sada_setup(children, 1, code) for tag, code in versions.items()}
+        two = {tag: sada_setup(children, 2, code) for tag, code in versions.items()}
         four = {tag: sada_setup(children, 4, code) for tag, code in versions.items()}
+        setups = {1: one, 2: two, 4: four}
         progress(f"sequential: {args.rounds} interleaved rounds of {args.n} round trips")
         sequential = {"raw_seq": (raw, {"window": 1}),
                       "raw_seq_sada_frames": (raw, {"window": 1, "sada_frames": True})}
@@ -406,7 +508,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pipelined[f"sada_pipe_1{tag}"] = (one[tag], {"window": w, "action": "echo"})
             pipelined[f"sada_pipe_4{tag}"] = (four[tag], {"window": w, "action": "echo"})
         results.update(interleaved(pipelined, args.n * 2, args.rounds))
-        results["replies_per_server_4"] = ask(four[""], op="replies")["replies"]
+        progress(f"server-bound (handler blocks {SERVICE_S * 1000:g} ms; window {w}): "
+                 f"{args.rounds} interleaved rounds")
+        bound = {}
+        for tag in versions:
+            for k, setup in setups.items():
+                bound[f"sada_bound_{k}{tag}"] = (setup[tag], {"window": w, "action": "service",
+                                                              "n": args.bound_n * k})
+        results.update(interleaved(bound, args.bound_n, args.rounds))
     progress("failover: SIGKILL one of 3 servers under load")
     results["failover"] = bench_failover(3, args.window, args.ping_interval, args.failover_s)
     raw_seq = results["raw_seq"]["per_s"]
@@ -419,9 +528,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                               / results["raw_pipe"]["per_s"])
         ratios[f"pipelined_4_vs_1{tag}"] = (results[f"sada_pipe_4{tag}"]["per_s"]
                                             / results[f"sada_pipe_1{tag}"]["per_s"])
+        for k in (2, 4):
+            ratios[f"bound_{k}_vs_1{tag}"] = (results[f"sada_bound_{k}{tag}"]["per_s"]
+                                             / results[f"sada_bound_1{tag}"]["per_s"])
     ratios["raw_sada_frames_vs_raw"] = results["raw_seq_sada_frames"]["per_s"] / raw_seq
     if args.baseline:
         results["baseline"] = versions["_before"]
+    results["service_ms"] = SERVICE_S * 1000
+    results["cores"] = os.cpu_count()
+    for tag in versions:
+        results["scaling" + tag] = scaling(results, tag)
     results["load_average"] = os.getloadavg()
     return results
 
@@ -432,7 +548,91 @@ NAMES = {"raw_seq": "raw pyzmq echo (1 frame), sequential",
          "sada_seq_spawned": "channel->1 server, sequential (greenlet)",
          "raw_pipe": "raw pyzmq echo, pipelined",
          "sada_pipe_1": "channel->1 server, pipelined",
-         "sada_pipe_4": "channel->4 servers, pipelined"}
+         "sada_pipe_4": "channel->4 servers, pipelined",
+         "sada_bound_1": "channel->1 server, server-bound",
+         "sada_bound_2": "channel->2 servers, server-bound",
+         "sada_bound_4": "channel->4 servers, server-bound"}
+PIPELINED = [key for key in NAMES if "pipe" in key or "bound" in key]
+
+
+def scaling(r: dict[str, Any], tag: str = "") -> dict[str, Any]:
+    """Issue 4's scaling target judged on the server-bound cases (and the echo ones).
+
+    k servers scale when they reach ``scaling_efficiency`` x k x one server's
+    rate, or are excused when the channel's process uses ``channel_saturated``
+    of a core (its hub thread plus ZeroMQ's I/O thread: the channel is
+    saturated, more servers cannot help). The echo case with one server says
+    whether the channel saturates there already.
+    """
+    one = r[f"sada_bound_1{tag}"]["per_s"]
+    verdicts = {}
+    for k in (2, 4):
+        case = r[f"sada_bound_{k}{tag}"]
+        channel = case["cpu_pct"]["client"] / 100
+        ratio = case["per_s"] / one
+        verdicts[k] = {"ratio": ratio, "efficiency": ratio / k, "channel_cpu": channel,
+                       "hub_cpu": case["cpu_pct"]["client_hub"] / 100,
+                       "scaled": ratio >= TARGETS["scaling_efficiency"] * k,
+                       "saturated": channel >= TARGETS["channel_saturated"]}
+    echo = r[f"sada_pipe_1{tag}"]["cpu_pct"]
+    cores = r["cores"] or 1
+    return {"servers": verdicts, "met": all(v["scaled"] or v["saturated"]
+                                            for v in verdicts.values()),
+            "echo_channel_1": echo["client"] / 100, "echo_hub_1": echo["client_hub"] / 100,
+            "echo_machine_1": echo["machine"] / 100 / cores,
+            "echo_channel_saturated": echo["client"] / 100 >= TARGETS["channel_saturated"],
+            "echo_machine_saturated":
+                echo["machine"] / 100 / cores >= TARGETS["channel_saturated"]}
+
+
+def scaling_lines(r: dict[str, Any], tag: str) -> list[str]:
+    what = " [baseline]" if tag else ""
+    v = r["scaling" + tag]
+    lines = []
+    for k, x in v["servers"].items():
+        reason = ("scales" if x["scaled"] else "channel saturated" if x["saturated"]
+                  else "DOES NOT SCALE")
+        label = f"server-bound {k} servers / 1{what}:"
+        lines.append(f"{label:45}{x['ratio']:5.2f}  ({x['efficiency']:.0%} of {k}x; channel "
+                     f"{x['channel_cpu']:.0%} of a core: {reason})")
+    lines.append(
+        f"  target: throughput scales with servers until the channel's core saturates{what}: "
+        f"{'met' if v['met'] else 'MISSED'}\n"
+        f"  (k servers scale: >= {TARGETS['scaling_efficiency']:.0%} of k x one server's rate, "
+        f"or the channel's process >= {TARGETS['channel_saturated']:.0%} of a core)")
+    if v["echo_channel_saturated"]:
+        why = ("the channel is saturated with one server already (a core's worth), so more "
+               f"servers cannot raise the echo rate; on {r['cores']} cores they take CPU from it")
+    elif v["echo_machine_saturated"]:
+        why = (f"the machine is saturated ({v['echo_machine_1']:.0%} of its cores busy): the "
+               "channel's process cannot get more than the share it has")
+    else:
+        why = (f"below {TARGETS['channel_saturated']:.0%} of a core, and the machine below "
+               f"{TARGETS['channel_saturated']:.0%} of its cores: neither counts as saturated")
+    lines.append(f"  echo, 1 server{what}: channel process {v['echo_channel_1']:.0%} of a core "
+                 f"(hub thread {v['echo_hub_1']:.0%}); {why}")
+    return lines
+
+
+def cpu_table(r: dict[str, Any], tags: list[str]) -> list[str]:
+    """CPU of the pipelined cases, % of one core, and how the requests spread."""
+    lines = [f"CPU while each pipelined case ran, % of one core ({r['cores']} cores = "
+             f"{100 * r['cores']} %): the channel's process (the raw client's in the raw case)",
+             "and its hub thread, its servers, other work on the machine, the machine in all:",
+             f"{'case':50} {'channel':>8} {'its hub':>8} {'servers':>8} {'other':>8} "
+             f"{'machine':>8}   replies per server (%)"]
+    for key in PIPELINED:
+        for tag in tags if key.startswith("sada") else [""]:
+            x = r[key + tag]
+            cpu = x["cpu_pct"]
+            served = x.get("served_per_server", [])
+            total = sum(served) or 1
+            spread = " ".join(f"{100 * c / total:.0f}" for c in served) if len(served) > 1 else ""
+            label = NAMES[key] + (" [baseline]" if tag else "")
+            lines.append(f"{label:50} {cpu['client']:8.0f} {cpu['client_hub']:8.0f} "
+                         f"{cpu['servers']:8.0f} {cpu['other']:8.0f} {cpu['machine']:8.0f}   "
+                         f"{spread}")
+    return lines
 
 
 def table(r: dict[str, Any]) -> str:
@@ -444,6 +644,8 @@ def table(r: dict[str, Any]) -> str:
             label = name + (" [baseline]" if tag else "")
             lines.append(f"{label:50} {x['per_s']:14.0f} {x['p50_us']:9.0f} {x['p99_us']:9.0f}")
     ratios = r["ratios"]
+    lines.append("")
+    lines += cpu_table(r, tags)
     lines.append("")
     for tag in tags:
         seq = ratios[f"sequential_vs_raw{tag}"]
@@ -460,8 +662,9 @@ def table(r: dict[str, Any]) -> str:
             f"pipelined 1 server / raw{what}:{' ' * (20 - len(what))}"
             f"{ratios[f'pipelined_1_vs_raw{tag}']:5.2f}",
             f"pipelined 4 servers / 1{what}:{' ' * (21 - len(what))}"
-            f"{ratios[f'pipelined_4_vs_1{tag}']:5.2f}  (on {os.cpu_count()} cores)",
+            f"{ratios[f'pipelined_4_vs_1{tag}']:5.2f}  (echo; on {r['cores']} cores)",
         ]
+        lines += scaling_lines(r, tag)
     fo = r["failover"]
     limit = TARGETS["failover_intervals"] * fo["ping_interval_s"] * 1000
     lines += [
@@ -494,6 +697,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="round trips per sequential case and round (pipelined: 2n)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
     parser.add_argument("--window", type=int, default=64, help="requests in flight when pipelined")
+    parser.add_argument("--service-ms", type=float, default=1.0,
+                        help="service time of the server-bound handler (ms; blocks, burns no CPU)")
+    parser.add_argument("--bound-n", type=int, default=400,
+                        help="requests per server per server-bound case and round")
     parser.add_argument("--baseline", metavar="DIR",
                         help="also run the channel cases with the peermesh package in DIR")
     parser.add_argument("--ping-interval", type=float, default=1.0,
@@ -505,6 +712,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.baseline and not os.path.isdir(os.path.join(args.baseline, "peermesh", "sada")):
         parser.error(f"--baseline {args.baseline}: no peermesh/sada package there")
     sys.path.insert(0, os.path.abspath(args.code))
+    global SERVICE_S
+    SERVICE_S = args.service_ms / 1000
     if args.role:
         ROLES[args.role](args.endpoint)
         return 0

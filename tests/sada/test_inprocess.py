@@ -13,6 +13,7 @@ import time
 from typing import Any, Optional
 
 import gevent
+import gevent.lock
 import pytest
 import zmq.green as zmq_green
 
@@ -180,6 +181,38 @@ def test_load_spreads_over_servers(loop: Loopback) -> None:
     assert 40 <= served.count("a") <= 160, served.count("a")
     assert sorted(s.replies for s in channel.servers()) == sorted(
         [served.count("a"), served.count("b")])
+
+
+def test_pipelined_load_spreads_over_servers_that_serve_one_at_a_time(loop: Loopback) -> None:
+    # bench_sada's server-bound case: each server runs one request at a time, so
+    # throughput only scales if the channel keeps every one of them busy.
+    channel = loop.channel()
+    labels = "abcd"
+    for label in labels:
+        service = Service("work", "1.0")
+        one_at_a_time = gevent.lock.Semaphore(1)
+
+        @service.action("run")
+        def run(ms: float, label: str = label, lock: Any = one_at_a_time) -> str:
+            with lock:
+                gevent.sleep(ms / 1000.0)
+            return label
+
+        loop.server(channel, services=[service])
+    assert channel.wait_for("work", count=4, timeout=WAIT)
+    served: list[str] = []
+    numbers = iter(range(400))
+
+    def sender() -> None:         # a window of 16: each sends its next when answered
+        for _ in numbers:
+            served.append(channel.request("work", "run", 0.5, timeout=WAIT))
+
+    gevent.joinall([gevent.spawn(sender) for _ in range(16)], timeout=4 * WAIT,
+                   raise_error=True)
+    assert len(served) == 400
+    counts = {label: served.count(label) for label in labels}
+    assert all(count >= 50 for count in counts.values()), counts   # an even share is 100
+    assert sorted(s.replies for s in channel.servers()) == sorted(counts.values())
 
 
 def test_timeout_is_clear_and_penalises_the_server(loop: Loopback) -> None:
