@@ -7,6 +7,8 @@ a server that was SIGKILLed.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -68,6 +70,22 @@ def servers(children: Callable[..., Child], channel: Any, names: list[str], log_
     return started
 
 
+def kill_holding(victim: Child, victim_id: str, channel: Any, load: Load) -> None:
+    """SIGKILL ``victim`` while it surely holds requests of ``load``.
+
+    It is stopped first, so it cannot answer what the channel sends it from
+    then on; the kill waits until the other servers answered 20 more (by then
+    any answer it sent before the stop has been read) and it still holds some,
+    or until the channel already dropped it as silent.
+    """
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    mark = load.answers
+    wait_until(lambda: load.answers >= mark + 20 and (
+        any(s.id == victim_id and s.in_flight for s in channel.servers())
+        or channel.stats["servers_dropped"]), WAIT, "the stopped victim holding requests")
+    victim.kill9()
+
+
 def test_request_reply_across_processes(loop: Loopback, children: Callable[..., Child],
                                         tmp_path: Path) -> None:
     channel = loop.channel()
@@ -92,9 +110,7 @@ def test_sigkill_mid_load_fails_over_every_request(loop: Loopback,
                     if channel.request("echo", "info", server=s.id)["pid"] == victim.ready["pid"]]
     load = Load(channel, 600, 24, retries=1, ms=10)
     wait_until(lambda: load.answers >= 150, WAIT, "150 answers before the kill")
-    wait_until(lambda: any(s.id == victim_id and s.in_flight for s in channel.servers()),
-               WAIT, "the victim holding requests")
-    victim.kill9()
+    kill_holding(victim, victim_id, channel, load)
     killed = time.monotonic()
     assert load.done.wait(10), f"{load.answers} of 600 answered"
     # every request answered exactly once, and correctly
@@ -121,9 +137,7 @@ def test_sigkill_without_retries_fails_clearly(loop: Loopback, children: Callabl
                     if channel.request("echo", "info", server=s.id)["pid"] == victim.ready["pid"]]
     load = Load(channel, 300, 16, retries=0, ms=10)
     wait_until(lambda: load.answers >= 60, WAIT, "60 answers before the kill")
-    wait_until(lambda: any(s.id == victim_id and s.in_flight for s in channel.servers()),
-               WAIT, "the victim holding requests")
-    victim.kill9()
+    kill_holding(victim, victim_id, channel, load)
     assert load.done.wait(10), f"{load.answers} of 300 answered"
     assert load.duplicates == 0 and len(load.outcomes) == 300
     lost = [v for v in load.outcomes.values() if isinstance(v, BaseException)]
