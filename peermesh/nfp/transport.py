@@ -3,10 +3,13 @@
 How it works
 ------------
 A ``Channel`` owns one plain (not ``zmq.green``) socket and one reader
-greenlet. The reader drains every message that is ready (``EVENTS`` says
-POLLIN, then ``recv(NOBLOCK, copy=False)`` + ``Frame.more``), hands each to
+greenlet. The reader drains every message that is ready, hands each to
 ``handler(frames)`` and only then waits on the socket's ``zmq.FD`` through
-the hub: one io watcher and one guard timer, made once and reused, switch
+the hub. With the C extension (``peermesh.zmqbatch.native``) a batch of
+messages is read in one call and a message's frames are sent in one call;
+without it (not built, or ``PEERMESH_PURE_PYTHON=1``) pyzmq does the same
+frame by frame (``EVENTS`` says POLLIN, then ``recv(NOBLOCK, copy=False)`` +
+``Frame.more``; a ``send(frame, SNDMORE)`` loop). Either way the wait uses one io watcher and one guard timer, made once and reused, switch
 straight back to the reader (no ``Event``, no ``Timeout``, no ``Again``
 exception per message).
 
@@ -21,10 +24,7 @@ the reader has drained what is ready, then sent back to back: a broker that
 receives a worker's RESPONSE and EVENT in one batch forwards both together,
 which costs the ZeroMQ I/O thread (and the peer) one wake-up instead of two.
 A send from any other greenlet first sends what is held, so the order of
-messages on a channel is always the order of ``send`` calls. Messages are
-sent frame by frame with ``SNDMORE`` through the socket's base-class
-``send`` (the Python wrapper adds nothing for bytes frames) and never block
-the hub: a full queue waits cooperatively up to ``send_timeout`` and then
+messages on a channel is always the order of ``send`` calls. Messages never block the hub: a full queue waits cooperatively up to ``send_timeout`` and then
 drops the message (logged). A held message is reported sent (True); if it
 is dropped at the flush, that is logged too and the requester's timeout
 answers for it. A send from a hub callback (where nothing may wait) that
@@ -42,12 +42,15 @@ import gevent
 import zmq
 from zmq.backend import Socket as _BaseSocket
 
+from .. import zmqbatch
+
 __all__ = ["Channel", "bind_ephemeral"]
 
 log = logging.getLogger(__name__)
 
 _GUARD = 0.5   # seconds a reader trusts the edge-triggered FD alone
 _BATCH = 256   # messages handled before the reader yields to other greenlets
+_LIMIT = 64 * 1024 * 1024   # bytes of one message the native reader accepts (MAXMSGSIZE)
 # plain ints: zmq's flag enums make every ``&`` a Python-level call
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.SNDMORE) | _NOBLOCK
@@ -88,7 +91,12 @@ class Channel:
         self._backlog: deque[Sequence[bytes]] = deque()   # refused while on the hub
         self._backlog_sender: Optional[gevent.Greenlet] = None
         self.closed = False
-        self._reader: Optional[gevent.Greenlet] = gevent.spawn(self._read)
+        native = zmqbatch.native
+        self._native_send: Optional[Callable[[int, Sequence[bytes]], bool]] = \
+            native.send if native is not None else None
+        self._handle: int = sock.underlying if native is not None else 0
+        self._reader: Optional[gevent.Greenlet] = gevent.spawn(
+            self._read if native is None else self._read_batches)
 
     # --- receiving ------------------------------------------------------
 
@@ -145,6 +153,58 @@ class Channel:
                 watcher.stop()
                 guard.stop()
 
+    def _read_batches(self) -> None:
+        """``_read`` with the C extension: every waiting message in one call."""
+        recv_batch = zmqbatch.native.recv_batch   # type: ignore[union-attr]
+        handle = self._handle
+        handler = self._handler
+        outbox = self._outbox
+        hub_switch = self._hub.switch
+        watcher, guard, wake = self._watcher, self._guard, self._wake
+        while not self.closed:
+            try:
+                batch = recv_batch(handle, _BATCH, _LIMIT)
+            except zmq.ZMQError as exc:
+                if self.closed or exc.errno == zmq.ENOTSOCK:
+                    return
+                raise
+            if batch:
+                self._corked = True
+                try:
+                    for first, frames in batch:
+                        if self.closed:     # a handler closed the channel
+                            return
+                        if frames is None:
+                            log.warning("%s: a message over %d bytes dropped", self.name,
+                                        _LIMIT)
+                            continue
+                        frames.insert(0, first)
+                        try:
+                            handler(frames)
+                        except gevent.GreenletExit:
+                            raise
+                        except Exception:  # one bad message must not stop the channel
+                            log.exception("%s: handler failed on a message of %d frames",
+                                          self.name, len(frames))
+                finally:
+                    self._corked = False
+                if outbox and not self.closed:
+                    self._flush()
+                if len(batch) == _BATCH:
+                    gevent.sleep(0)
+                continue   # (a short batch found the socket empty; sending may eat the edge)
+            if self.closed:
+                return
+            self._waiting = True
+            watcher.start(wake)
+            guard.again(wake)    # (a stopped one-shot timer started again fires at once)
+            try:
+                hub_switch()
+            finally:
+                self._waiting = False
+                watcher.stop()
+                guard.stop()
+
     def _wake(self) -> None:
         # on the hub (a watcher or a callback): let the waiting reader look again
         if self._waiting and self._reader is not None:
@@ -184,6 +244,9 @@ class Channel:
                 log.warning("%s: a held message could not be sent; dropped", self.name)
 
     def _send_now(self, frames: Sequence[bytes]) -> bool:
+        native_send = self._native_send
+        if native_send is not None:
+            return self._send_native(native_send, frames)
         sock = self.socket
         last = len(frames) - 1
         try:
@@ -211,6 +274,33 @@ class Channel:
         if last:
             _send(sock, frames[last], _NOBLOCK)
         if self._waiting and _get(sock, _EVENTS) & _POLLIN:
+            self._hub.loop.run_callback(self._wake)
+        return True
+
+    def _send_native(self, native_send: Callable[[int, Sequence[bytes]], bool],
+                     frames: Sequence[bytes]) -> bool:
+        """``_send_now`` with the C extension: the whole message in one call."""
+        if self.closed:
+            return False
+        try:
+            sent = native_send(self._handle, frames)
+            if not sent:
+                if gevent.getcurrent() is self._hub:
+                    # a hub callback (e.g. after a commit) cannot wait for room: a greenlet does
+                    self._backlog.append(frames)
+                    if self._backlog_sender is None:
+                        self._backlog_sender = gevent.spawn(self._send_backlog)
+                    return True
+                if not self._wait_writable():
+                    log.warning("%s: send queue full for %.1fs; message dropped", self.name,
+                                self.send_timeout)
+                    return False
+                if self.closed or not native_send(self._handle, frames):
+                    return False
+        except zmq.ZMQError as exc:
+            log.debug("%s: send failed: %s", self.name, exc)
+            return False
+        if self._waiting and _get(self.socket, _EVENTS) & _POLLIN:
             self._hub.loop.run_callback(self._wake)
         return True
 
