@@ -473,6 +473,8 @@ def main() -> int:
     if args.compare:
         return compare(args)
     only = set(args.only.split(","))
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     data_dir = tempfile.mkdtemp(prefix="bench-nfp-")
     try:
         results: dict[str, Any] = {"library": _library()}
