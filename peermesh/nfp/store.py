@@ -41,11 +41,14 @@ was opened, so a busy client commits once per many jobs; ``commit()`` and
   a GET) only once it is committed, a DELETE's outcome once committed. A
   job that finishes before the hub is idle is accepted and finished in one
   commit, and its 202 and EVENT leave together.
-* **Clients' own records** (what they posted, the last answer) are written
-  in order but their commit is not waited for: a POST leaves, and ``run``
-  returns, before the record is committed (within ``lazy_delay``, 20 ms by
-  default). A client killed in that window can lose the last 20 ms of its
-  job list, never a job: the worker's committed record answers GET.
+* **Clients' own records** (what they posted, the last answer) are kept in
+  memory first, one merged row per job, and written at the next commit
+  (within ``lazy_delay``, 20 ms by default; reads of the client's jobs write
+  them first): a job posted and answered within that time costs one row
+  write, not an insert and an update, and nothing waits for that commit: a
+  POST leaves, and ``run`` returns, before the record is committed. A
+  client killed in that window can lose the last 20 ms of its job list,
+  never a job: the worker's committed record answers GET.
 
 A failed commit is rolled back and the acknowledgements that waited for it
 are dropped (logged): the requesters' timeouts and retries answer for them.
@@ -177,6 +180,8 @@ class JobStore:
         self._timer: Any = None
         self._lazy: Any = None
         self.commits = 0
+        # client records not written yet: uuid -> (new row?, columns); see _flush_client
+        self._client_rows: dict[str, tuple[bool, dict[str, Any]]] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
                              timeout=5.0)
@@ -226,15 +231,23 @@ class JobStore:
     def _write(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
         """Execute a write in the open transaction (opening it, and arming its commit)."""
         if not self._txn:
-            self._db.execute("BEGIN")
-            self._txn = True
-            if self._lazy is None:
-                loop = gevent.get_hub().loop
-                self._idle = loop.idle()
-                self._timer = loop.timer(self.commit_delay, self.commit_delay)
-                self._lazy = loop.timer(self.lazy_delay, self.lazy_delay)
-            self._lazy.again(self._on_hub_idle)
+            self._begin()
         return self._db.execute(sql, args)
+
+    def _begin(self) -> None:
+        self._db.execute("BEGIN")
+        self._txn = True
+        if not self._client_rows:   # (else armed when the first row was held)
+            self._arm_lazy()
+
+    def _arm_lazy(self) -> None:
+        """Commit ``lazy_delay`` seconds from now (unless something commits sooner)."""
+        if self._lazy is None:
+            loop = gevent.get_hub().loop
+            self._idle = loop.idle()
+            self._timer = loop.timer(self.commit_delay, self.commit_delay)
+            self._lazy = loop.timer(self.lazy_delay, self.lazy_delay)
+        self._lazy.again(self._on_hub_idle)
 
     def _on_hub_idle(self) -> None:
         try:
@@ -245,7 +258,7 @@ class JobStore:
     @property
     def pending(self) -> bool:
         """True while written data waits for its commit."""
-        return self._txn
+        return self._txn or bool(self._client_rows)
 
     def after_commit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` once everything written so far is committed (now if it is)."""
@@ -259,6 +272,8 @@ class JobStore:
 
     def commit(self) -> None:
         """Commit what is pending now, then run what waited for it (in order)."""
+        if self._client_rows:
+            self._flush_client()
         if self._lazy is not None:
             self._idle.stop()
             self._timer.stop()
@@ -360,33 +375,63 @@ class JobStore:
                        body: dict[str, Any], state: str = "posting") -> None:
         """Record a job before it is posted (so a crash mid-post leaves a trace)."""
         now = time.time()
-        self._write(
-            "INSERT OR REPLACE INTO client_jobs (uuid, service, task, target, body, state, "
-            "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (uuid, service, task, target, _dumps(body), state, now, now))
+        self._hold_client(uuid, True, {
+            "service": service, "task": task, "target": target, "body": _dumps(body),
+            "workers": "[]", "state": state, "status": None, "reason": "", "result": None,
+            "created": now, "updated": now})
 
     def update_client_job(self, uuid: str, *, state: Optional[str] = None,
                           status: Optional[int] = None, reason: Optional[str] = None,
                           workers: Optional[list[str]] = None,
                           result: Optional[dict[str, Any]] = None) -> None:
         """Update what is known about a posted job."""
-        sets: list[str] = ["updated = ?"]
-        args: list[Any] = [time.time()]
-        for column, value in (("state", state), ("status", status), ("reason", reason)):
-            if value is not None:
-                sets.append(f"{column} = ?")
-                args.append(value)
+        columns: dict[str, Any] = {"updated": time.time()}
+        if state is not None:
+            columns["state"] = state
+        if status is not None:
+            columns["status"] = status
+        if reason is not None:
+            columns["reason"] = reason
         if workers is not None:
-            sets.append("workers = ?")
-            args.append(_dumps(workers))
+            columns["workers"] = _dumps(workers)
         if result is not None:
-            sets.append("result = ?")
-            args.append(_dumps(result))
-        args.append(uuid)
-        self._write(f"UPDATE client_jobs SET {', '.join(sets)} WHERE uuid = ?", args)
+            columns["result"] = _dumps(result)
+        self._hold_client(uuid, False, columns)
+
+    def _hold_client(self, uuid: str, new: bool, columns: dict[str, Any]) -> None:
+        """Keep a client record's change in memory until the next commit (merged per job)."""
+        rows = self._client_rows
+        if not rows and not self._txn:
+            self._arm_lazy()
+        held = rows.get(uuid)
+        if held is None or new:
+            rows[uuid] = (new, columns)
+        else:
+            held[1].update(columns)    # still a new row if it was one: written whole
+
+    _CLIENT_COLUMNS = ("service", "task", "target", "body", "workers", "state", "status",
+                       "reason", "result", "created", "updated")
+    _INSERT_CLIENT = (f"INSERT OR REPLACE INTO client_jobs (uuid, {', '.join(_CLIENT_COLUMNS)}) "
+                      f"VALUES ({', '.join('?' * (len(_CLIENT_COLUMNS) + 1))})")
+
+    def _flush_client(self) -> None:
+        """Write the held client records into the open transaction."""
+        rows, self._client_rows = self._client_rows, {}
+        new = [(uuid, *[c[k] for k in self._CLIENT_COLUMNS])
+               for uuid, (is_new, c) in rows.items() if is_new]
+        if new:
+            if not self._txn:
+                self._begin()
+            self._db.executemany(self._INSERT_CLIENT, new)
+        for uuid, (is_new, columns) in rows.items():
+            if not is_new:
+                self._write(f"UPDATE client_jobs SET {' = ?, '.join(columns)} = ? "
+                            f"WHERE uuid = ?", (*columns.values(), uuid))
 
     def client_job(self, uuid: str) -> Optional[ClientJob]:
         """One posted job, or None."""
+        if self._client_rows:
+            self._flush_client()
         row = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs WHERE uuid = ?", (uuid,)).fetchone()
@@ -394,6 +439,8 @@ class JobStore:
 
     def find_client_jobs(self, prefix: str) -> list[ClientJob]:
         """Posted jobs whose UUID starts with ``prefix``."""
+        if self._client_rows:
+            self._flush_client()
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
@@ -403,6 +450,8 @@ class JobStore:
 
     def client_jobs(self, limit: int = 1000) -> list[ClientJob]:
         """Posted jobs, newest first."""
+        if self._client_rows:
+            self._flush_client()
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs ORDER BY created DESC LIMIT ?", (limit,))
@@ -410,6 +459,8 @@ class JobStore:
 
     def delete_client_job(self, uuid: str) -> None:
         """Forget a posted job."""
+        if self._client_rows:
+            self._flush_client()
         self._write("DELETE FROM client_jobs WHERE uuid = ?", (uuid,))
 
     @staticmethod
@@ -424,6 +475,8 @@ class JobStore:
 
     def purge(self, now: Optional[float] = None) -> int:
         """Remove finished jobs older than ``retention``; the number removed."""
+        if self._client_rows:
+            self._flush_client()
         cutoff = (time.time() if now is None else now) - self.retention
         # the index is on ``created`` (never updated, so finishing a job stays cheap);
         # a job is purged once both its creation and its end are older than the cutoff

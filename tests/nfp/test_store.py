@@ -47,8 +47,10 @@ def test_purge_keeps_unfinished_and_recent(tmp_path: Path) -> None:
     store._db.execute("UPDATE worker_jobs SET created = created - 3600 WHERE uuid = 'old-pending'")
     store.add_client_job("c-old", "svc", "t", "all", {})
     store.update_client_job("c-old", state="completed")
+    store.commit()   # client records are held until the commit; the file is edited below
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600")
     store.add_client_job("c-posting", "svc", "t", "all", {})
+    store.commit()
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600 WHERE uuid='c-posting'")
     assert store.purge() == 2
     assert store.worker_job("w", "old-done") is None
@@ -117,3 +119,23 @@ def test_a_busy_hub_still_commits_within_commit_delay(tmp_path: Path) -> None:
         gevent.sleep(0)                              # never idle: the timer commits
     assert acked and acked[0] < 0.5
     store.close()
+
+
+def test_client_records_are_held_merged_and_written_at_the_commit(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "h.sqlite3")
+    store.add_client_job("j1", "svc", "echo", "any", {"task": "echo"})
+    store.update_client_job("j1", state="completed", status=200, workers=["w1"],
+                            result={"w1": {"result": 1}})
+    raw = sqlite3.connect(str(tmp_path / "h.sqlite3"))
+    assert raw.execute("SELECT count(*) FROM client_jobs").fetchone() == (0,)   # held
+    store.commit()
+    row = raw.execute("SELECT state, status, workers, result FROM client_jobs").fetchall()
+    assert row == [("completed", 200, '["w1"]', '{"w1":{"result":1}}')]
+    # a record already in the file gets only the changed columns
+    store.update_client_job("j1", reason="why")
+    job = store.client_job("j1")          # reads see held changes
+    assert job is not None and job.reason == "why" and job.state == "completed"
+    store.close()
+    assert raw.execute("SELECT reason, state FROM client_jobs").fetchall() == [("why",
+                                                                                 "completed")]
+    raw.close()
