@@ -155,6 +155,9 @@ class Client:
         self._open: OrderedDict[str, _OpenJob] = OrderedDict()
         self._reposter: Optional[gevent.Greenlet] = None
         self._per_job: dict[str, list[Callable[[JobEvent], None]]] = {}
+        # POSTs waiting for their answer: workers whose final EVENT came first (a worker
+        # sends its 202 and a quick job's final EVENT together)
+        self._posting: dict[str, set[str]] = {}
         self._ticker: Optional[gevent.Greenlet] = None
 
     # --- life cycle -----------------------------------------------------
@@ -429,14 +432,18 @@ class Client:
         self.store.add_client_job(uuid, service, task, target_text, body)
         if notify:
             body["notify"] = True
-        reply = self._request("post", service, target_text, uuid, body,
-                              timeout if timeout is not None
-                              else self.queue_timeout + self.request_timeout)
+        finished = self._posting[uuid] = set()
+        try:
+            reply = self._request("post", service, target_text, uuid, body,
+                                  timeout if timeout is not None
+                                  else self.queue_timeout + self.request_timeout)
+        finally:
+            self._posting.pop(uuid, None)
         reply.body.setdefault("uuid", uuid)
         if reply.status is Status.ACCEPTED:
             states = reply.body.get("states") or {}
             unfinished = {w for w in reply.body.get("workers", [])
-                          if states.get(w) not in FINAL_STATES}
+                          if states.get(w) not in FINAL_STATES and w not in finished}
             if unfinished:
                 self._open[uuid] = _OpenJob(service, target_text, body, unfinished)
                 if len(self._open) > MAX_OPEN:
@@ -607,6 +614,8 @@ class Client:
                 waiter.finals[worker] = {"state": state, "failed": True,
                                          "errors": [str(body.get("reason", state))]}
             waiter.check()
+        if uuid in self._posting and (state in FINAL_STATES or state == "lost"):
+            self._posting[uuid].add(worker)
         open_job = self._open.get(uuid)
         if open_job is not None:
             if state in FINAL_STATES or state == "lost":
