@@ -364,7 +364,10 @@ class Dispatcher:
         pending = _Pending(rid, kind, service, uuid, body, [w.name for w in targets], done,
                            deadline, target)
         self._pending[rid] = pending
-        self._schedule(deadline, pending)
+        # the heap holds the rid, not the request: an answered request (nearly all of them)
+        # is freed at once instead of living until its deadline (the garbage collector
+        # would walk every one of them, many times, meanwhile)
+        self._schedule(deadline, rid)
         payload = with_rid(raw, rid) if raw is not None else nfp.encode_body({**body, "rid": rid})
         role = self.role
         for link in targets:
@@ -584,9 +587,10 @@ class Dispatcher:
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, _, item = heapq.heappop(heap)
-            if isinstance(item, _Pending):
-                if not item.finished and item.rid in self._pending:
-                    self._finish(item)
+            if type(item) is str:     # a request's rid
+                pending = self._pending.get(item)
+                if pending is not None and not pending.finished:
+                    self._finish(pending)
             elif not item.cancelled:
                 queue = self._queued.get(item.service)
                 if queue is not None and item in queue:
