@@ -44,6 +44,7 @@ between) it falls back to a GET that waits at the worker.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import os
@@ -70,8 +71,10 @@ __all__ = ["Client", "JobEvent", "Reply"]
 log = logging.getLogger(__name__)
 
 _RETRY = object()   # the request met a broker change: send it again
+_EXPIRED = object()  # no answer from the broker by the request's deadline
 _PAUSE = 0.05       # seconds between attempts while the mesh settles
 MAX_OPEN = 10_000   # open jobs remembered for re-posting after a broker change
+_TICK = 0.05        # seconds between expiry checks (a request may outlive its deadline by this)
 _REPOSTS = 16       # re-POSTs in flight at once after a broker change
 _COMMANDS = {"post": nfp.Command.POST, "get": nfp.Command.GET, "delete": nfp.Command.DELETE}
 
@@ -148,6 +151,9 @@ class Client:
         self._broker_channel: Optional[Channel] = None
         self._opened: Optional[gevent.event.AsyncResult] = None
         self._waiting: dict[str, gevent.event.AsyncResult] = {}
+        # (deadline, rid) of requests sent to the broker: the ticker expires them, so a
+        # request needs no timer of its own
+        self._expiry: list[tuple[float, str]] = []
         self._rids = itertools.count(1)
         self._changed = gevent.event.Event()
         self._listeners: list[Callable[[JobEvent], None]] = []
@@ -178,9 +184,15 @@ class Client:
             self.remove_worker(name)
 
     def _tick(self) -> None:
+        expiry = self._expiry
         while True:
-            gevent.sleep(0.05)
-            self._direct.tick(time.monotonic())
+            gevent.sleep(_TICK)
+            now = time.monotonic()
+            self._direct.tick(now)
+            while expiry and expiry[0][0] <= now:
+                result = self._waiting.pop(heapq.heappop(expiry)[1], None)
+                if result is not None and not result.ready():
+                    result.set(_EXPIRED)
 
     # --- the mesh view --------------------------------------------------
 
@@ -403,12 +415,19 @@ class Client:
         # "rid" goes last: a broker passes the rest of the body on as it is
         channel.send(nfp.request_frames(command, nfp.CLIENT, service, target, uuid,
                                         (nfp.encode_body({**body, "rid": rid}),)))
-        try:
-            return result.get(timeout=max(0.0, deadline - time.monotonic()))
-        except gevent.Timeout:
-            self._waiting.pop(rid, None)
+        if self._ticker is not None:
+            heapq.heappush(self._expiry, (deadline, rid))
+            answer = result.get()
+        else:   # not started: no ticker to expire it
+            try:
+                answer = result.get(timeout=max(0.0, deadline - time.monotonic()))
+            except gevent.Timeout:
+                self._waiting.pop(rid, None)
+                answer = _EXPIRED
+        if answer is _EXPIRED:
             text = "no answer from the broker in time"
             return Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "error": text}, text)
+        return answer
 
     # --- the API --------------------------------------------------------
 
