@@ -41,6 +41,8 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from cpustat import busy_pct
+
 PAYLOAD = 100
 LOOPBACK = "127.0.0.1"
 LO_BROADCAST = "127.255.255.255"
@@ -783,10 +785,11 @@ def bench_latency(kind: str, n: int, warmup: int,
             ping = kids.spawn(f"{prefix}_ping", **ping_kw)
             echo.expect("ready", 30)
         ping.expect("ready", 30)
+        other = busy_pct(0.3)  # both processes wait for "go": any CPU use is other work
         ping.send("go")
         result = ping.expect("result", 30 + total / 200.0)
         echo.send("stop")
-        return {**result, **echo.expect("result", 15)}
+        return {**result, **echo.expect("result", 15), "other_cpu_pct": other}
 
 
 def bench_enter(tries: int) -> dict[str, Any]:
@@ -1065,6 +1068,7 @@ def render(results: dict[str, Any]) -> str:
     row("round trip p99, us", lr9, lp9, ly9, _ratio(lp9, lr9), "", _ratio(lp9, ly9))
     c1, c2, c3 = three("latency", "ping_cpu_us")
     row("  CPU per round trip (pinger), us", c1, c2, c3, _ratio(c2, c1), "", _ratio(c2, c3))
+    row("  other work on the machine, % of a core", *three("latency", "other_cpu_pct"))
     em = _get(r, "enter", "node", "enter_ms_median")
     row("start->first ENTER, ms (median)", None, em, None, None,
         _verdict(em, TARGETS["enter_ms"], False))

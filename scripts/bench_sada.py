@@ -60,6 +60,8 @@ import sys
 import time
 from typing import Any, Optional
 
+from cpustat import machine_cpu, proc_cpu
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
@@ -336,26 +338,6 @@ def sada_setup(children: Children, servers: int, code: str) -> "subprocess.Popen
     if not ask(client, op="wait", count=servers)["ok"]:
         raise RuntimeError("servers did not introduce themselves")
     return client
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used so far; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK   # utime, stime
-
-
-def machine_cpu() -> float:
-    """CPU seconds every core of the machine has been busy so far (/proc/stat)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / _TICK   # all but idle and iowait
 
 
 def run_case(client: "subprocess.Popen[str]", cmd: dict[str, Any]) -> dict[str, Any]:
