@@ -198,12 +198,19 @@ def _child_main(role: str, conn: Any, kwargs: dict[str, Any]) -> None:
 
 # --- raw pyzmq ------------------------------------------------------------
 
+def _raw_socket(ctx: Any, kind: int) -> Any:
+    import zmq
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 15000)  # every wait bounded: zmq.Again after 15 s
+    sock.setsockopt(zmq.SNDTIMEO, 15000)
+    return sock
+
+
 def role_raw_sink(conn: Any, n: int) -> dict[str, Any]:
     import zmq
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 15000)  # every wait bounded: zmq.Again after 15 s
+    sock = _raw_socket(ctx, zmq.ROUTER)
     port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
     conn.send(("ready", port))
     recv = sock.recv
@@ -225,9 +232,7 @@ def role_raw_sink(conn: Any, n: int) -> dict[str, Any]:
 def role_raw_source(conn: Any, port: int, n: int) -> dict[str, Any]:
     import zmq
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDTIMEO, 15000)
+    sock = _raw_socket(ctx, zmq.DEALER)
     sock.connect(f"tcp://{LOOPBACK}:{port}")
     conn.send(("ready", None))
     _expect(conn, "go", 60)
@@ -243,40 +248,53 @@ def role_raw_source(conn: Any, port: int, n: int) -> dict[str, Any]:
     return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
 
 
-def role_raw_echo(conn: Any, total: int) -> dict[str, Any]:
+def role_raw_echo(conn: Any, total: int, each_way: bool = False) -> dict[str, Any]:
+    """Echo every message back to its sender: on the same connection, or (``each_way``,
+    ZRE's shape) on a DEALER of its own, connected to the endpoint the first message names."""
     import zmq
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 15000)
+    sock = _raw_socket(ctx, zmq.ROUTER)
     port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
     conn.send(("ready", port))
     recv, send, more = sock.recv, sock.send, zmq.SNDMORE
+    reply = None
+    if each_way:
+        reply = _raw_socket(ctx, zmq.DEALER)
+        recv()
+        reply.connect(recv().decode())
     c0 = 0.0
     for i in range(total):
         ident = recv(copy=False)
         if i == 0:
             c0 = _cpu()
         body = recv(copy=False)
-        send(ident, more, copy=False)
-        send(body, copy=False)
+        if reply is None:
+            send(ident, more, copy=False)
+            send(body, copy=False)
+        else:
+            reply.send(body, copy=False)
     c1 = _cpu()
     _expect(conn, "stop", 60)
     sock.close()
+    if reply is not None:
+        reply.close()
     return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
 
 
-def role_raw_ping(conn: Any, port: int, n: int, warmup: int) -> dict[str, Any]:
+def role_raw_ping(conn: Any, port: int, n: int, warmup: int,
+                  each_way: bool = False) -> dict[str, Any]:
+    """Send and wait for the echo: on one DEALER, or (``each_way``) answered to a ROUTER
+    of its own whose endpoint the first message names."""
     import zmq
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 15000)
-    sock.setsockopt(zmq.SNDTIMEO, 15000)
+    sock = inbox = _raw_socket(ctx, zmq.DEALER)
     sock.connect(f"tcp://{LOOPBACK}:{port}")
+    if each_way:
+        inbox = _raw_socket(ctx, zmq.ROUTER)
+        sock.send(f"tcp://{LOOPBACK}:{inbox.bind_to_random_port(f'tcp://{LOOPBACK}')}".encode())
     conn.send(("ready", None))
     _expect(conn, "go", 60)
-    send, recv, clock = sock.send, sock.recv, time.perf_counter_ns
+    send, recv, clock = sock.send, inbox.recv, time.perf_counter_ns
     samples = []
     c0 = _cpu()
     for i in range(warmup + n):
@@ -293,6 +311,7 @@ def role_raw_ping(conn: Any, port: int, n: int, warmup: int) -> dict[str, Any]:
             c0 = _cpu()
     _check_last(frame.bytes, warmup + n, "raw ping")
     sock.close()
+    inbox.close()
     return _latency_stats(samples, _cpu() - c0)
 
 
@@ -769,10 +788,11 @@ def bench_latency(kind: str, n: int, warmup: int,
                   profile_dir: Optional[str] = None) -> dict[str, Any]:
     total = n + warmup
     with Children() as kids:
-        if kind == "raw":
-            echo = kids.spawn("raw_echo", total=total)
+        if kind in ("raw", "raw_each_way"):
+            each_way = kind == "raw_each_way"
+            echo = kids.spawn("raw_echo", total=total, each_way=each_way)
             port = echo.expect("ready", 30)
-            ping = kids.spawn("raw_ping", port=port, n=n, warmup=warmup)
+            ping = kids.spawn("raw_ping", port=port, n=n, warmup=warmup, each_way=each_way)
         else:
             bp = free_udp_port()
             prefix = "pm" if kind == "peermesh" else "pyre"
@@ -1064,6 +1084,9 @@ def render(results: dict[str, Any]) -> str:
         ratio = _ratio(lp, lr)
     row("round trip p50, us", lr, lp, ly, ratio,
         _verdict(ratio, TARGETS["latency_p50_ratio"], False), _ratio(lp, ly))
+    row("  raw with a connection each way (ZRE's shape), p50 us",
+        _get(r, "latency", "raw_each_way", "p50_us"), lp, None,
+        _get(r, "latency", "ratio_p50_peermesh_raw_each_way"))
     lr9, lp9, ly9 = three("latency", "p99_us")
     row("round trip p99, us", lr9, lp9, ly9, _ratio(lp9, lr9), "", _ratio(lp9, ly9))
     c1, c2, c3 = three("latency", "ping_cpu_us")
@@ -1282,9 +1305,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             progress(f"throughput: ThreadedNode: {res['rate']:,.0f} msg/s "
                      f"(tx {res['tx_cpu_us']:.1f} us CPU/msg)")
     if "latency" in s:
-        ltrials: dict[str, list[dict[str, Any]]] = {"raw": [], "peermesh": []}
+        ltrials: dict[str, list[dict[str, Any]]] = {"raw": [], "raw_each_way": [],
+                                                     "peermesh": []}
         lratios: list[float] = []
-        kinds = [(k, r) for r in range(rounds) for k in ("raw", "peermesh")]
+        each_way_ratios: list[float] = []
+        kinds = [(k, r) for r in range(rounds) for k in ("raw", "raw_each_way", "peermesh")]
         if with_pyre:
             kinds.append(("pyre", 0))
         pair = {}
@@ -1308,6 +1333,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             if kind == "peermesh":
                 if "raw" in pair:
                     lratios.append(pair["peermesh"] / pair["raw"])
+                if "raw_each_way" in pair:
+                    each_way_ratios.append(pair["peermesh"] / pair["raw_each_way"])
                 pair = {}
         for kind, runs in ltrials.items():
             if runs:
@@ -1315,6 +1342,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if lratios:
             results["latency"]["ratio_p50_peermesh_raw"] = statistics.median(lratios)
             results["latency"]["ratios"] = lratios
+        if each_way_ratios:
+            results["latency"]["ratio_p50_peermesh_raw_each_way"] = (
+                statistics.median(each_way_ratios))
         if args.profile:
             for part in ("ping", "echo"):
                 path = os.path.join(args.profile, f"{part}.prof")
