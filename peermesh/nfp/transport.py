@@ -252,16 +252,9 @@ class Channel:
         try:
             _send(sock, frames[0], _MORE if last else _NOBLOCK)
         except zmq.Again:
-            if gevent.getcurrent() is self._hub:
-                # a hub callback (e.g. after a commit) cannot wait for room: a greenlet does
-                self._backlog.append(frames)
-                if self._backlog_sender is None:
-                    self._backlog_sender = gevent.spawn(self._send_backlog)
-                return True
-            if not self._wait_writable():
-                log.warning("%s: send queue full for %.1fs; message dropped", self.name,
-                            self.send_timeout)
-                return False
+            full = self._when_full(frames)
+            if full is not None:
+                return full
             try:
                 _send(sock, frames[0], _MORE if last else _NOBLOCK)
             except zmq.Again:
@@ -283,18 +276,10 @@ class Channel:
         if self.closed:
             return False
         try:
-            sent = native_send(self._handle, frames)
-            if not sent:
-                if gevent.getcurrent() is self._hub:
-                    # a hub callback (e.g. after a commit) cannot wait for room: a greenlet does
-                    self._backlog.append(frames)
-                    if self._backlog_sender is None:
-                        self._backlog_sender = gevent.spawn(self._send_backlog)
-                    return True
-                if not self._wait_writable():
-                    log.warning("%s: send queue full for %.1fs; message dropped", self.name,
-                                self.send_timeout)
-                    return False
+            if not native_send(self._handle, frames):
+                full = self._when_full(frames)
+                if full is not None:
+                    return full
                 if self.closed or not native_send(self._handle, frames):
                     return False
         except zmq.ZMQError as exc:
@@ -303,6 +288,21 @@ class Channel:
         if self._waiting and _get(self.socket, _EVENTS) & _POLLIN:
             self._hub.loop.run_callback(self._wake)
         return True
+
+    def _when_full(self, frames: Sequence[bytes]) -> Optional[bool]:
+        """The send queue is full: None once there is room (send again), else what the
+        send reports - True if a hub callback (which cannot wait) handed ``frames`` to the
+        backlog greenlet, False if no room came within ``send_timeout`` (dropped, logged)."""
+        if gevent.getcurrent() is self._hub:
+            self._backlog.append(frames)
+            if self._backlog_sender is None:
+                self._backlog_sender = gevent.spawn(self._send_backlog)
+            return True
+        if not self._wait_writable():
+            log.warning("%s: send queue full for %.1fs; message dropped", self.name,
+                        self.send_timeout)
+            return False
+        return None
 
     def _send_backlog(self) -> None:
         backlog = self._backlog
