@@ -11,7 +11,7 @@ guard against a missed edge.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, cast
 
 import gevent
 import zmq
@@ -34,7 +34,7 @@ class SocketWaiter:
 
     def wait(self, flag: int, timeout: Optional[float] = None) -> bool:
         """Wait until ``flag`` (POLLIN or POLLOUT) is set; False after ``timeout`` seconds."""
-        getsockopt = self.socket.getsockopt
+        getsockopt = cast(Callable[[int], int], self.socket.getsockopt)  # EVENTS is an int
         flag = int(flag)
         if getsockopt(_EVENTS) & flag:
             return True

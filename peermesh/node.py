@@ -168,7 +168,7 @@ class Node:
         base = config if config is not None else NodeConfig.load()
         self.config = base.replace(name=name, **settings)
         #: how frames, beacons and time move (``transport.ZmqTransport`` or a simulated one)
-        self.transport = transport if transport is not None else ZmqTransport()
+        self.transport: Any = transport if transport is not None else ZmqTransport()
         #: discovery sources; by default those ``config.discovery`` and ``config.seeds`` name
         self._discovery = list(sources) if sources is not None else \
             _discovery_from_config(self.config)

@@ -104,8 +104,10 @@ class ZmqMailbox:
             finally:
                 release()  # wake the application once per batch
 
-        if zmqbatch.native is not None:
-            drain_batch = self._native_reader(on_message, on_oversized, loop, drain)
+        native = zmqbatch.native
+        if native is not None:
+            drain_batch = self._native_reader(native.recv_batch, on_message, on_oversized, loop,
+                                              drain)
         else:
             drain_batch = self._pyzmq_reader(on_message, on_oversized, loop, drain)
 
@@ -169,11 +171,11 @@ class ZmqMailbox:
 
         return drain_batch
 
-    def _native_reader(self, on_message: Callable[[bytes, list[bytes]], None],
+    def _native_reader(self, recv_batch: Callable[[int, int, int], list[Any]],
+                       on_message: Callable[[bytes, list[bytes]], None],
                        on_oversized: Callable[[bytes], None], loop: Any,
                        drain: Callable[[], None]) -> Callable[[], None]:
         """One batch read by the C extension in a single call."""
-        recv_batch = zmqbatch.native.recv_batch
         handle = self.socket.underlying
         limit = self.max_message
 
@@ -242,7 +244,7 @@ class ZmqLink:
         self.socket.close(linger=int(linger * 1000))
 
 
-_pyzmq_socket_send = _zmq.Socket.send  # skips pyzmq's Python wrapper
+_pyzmq_socket_send: Callable[..., Any] = _zmq.Socket.send  # skips pyzmq's Python wrapper
 
 
 def _pyzmq_send(sock: zmq.Socket, frames: Sequence[bytes]) -> bool:

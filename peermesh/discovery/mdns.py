@@ -308,7 +308,11 @@ class MdnsDiscovery:
         with self._lock:
             if self._closing:
                 return  # _close has zc and shuts it down
-            future = asyncio.run_coroutine_threadsafe(self._register(zc), zc.loop)
+            loop = zc.loop
+            if loop is None:  # zeroconf failed to start its loop thread
+                log.error("mDNS: zeroconf's event loop is not running; not registered")
+                return
+            future = asyncio.run_coroutine_threadsafe(self._register(zc), loop)
             self._registering = future
         try:
             future.result(_REGISTER_WAIT)
