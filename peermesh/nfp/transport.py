@@ -216,6 +216,18 @@ class Channel:
         if self._waiting and _events(self.socket) & _POLLIN:
             self._hub.loop.run_callback(self._wake)
 
+    def readable(self) -> bool:
+        """True if a message waits to be read (the reader has not got to it yet)."""
+        if self.closed:
+            return False
+        try:
+            ready = _events(self.socket) & _POLLIN
+        except zmq.ZMQError:
+            return False
+        if ready and self._waiting:     # asking may have eaten the edge the reader waits for
+            self._hub.loop.run_callback(self._wake)
+        return bool(ready)
+
     # --- sending --------------------------------------------------------
 
     def send(self, frames: Sequence[bytes]) -> bool:

@@ -33,6 +33,9 @@ Every answer and EVENT goes out through ``store.after_commit``: nothing is
 acknowledged before what it says is committed (the store's durability
 rule). A job that finishes before the hub is idle is accepted and finished
 in one commit; otherwise the 202 is committed and sent before the task runs.
+The executor commits as soon as its queue is empty and no request waits on
+a socket (it would have joined the commit), rather than at the hub's next
+idle moment: one loop iteration less per job.
 
 On start, jobs the store holds as accepted but unfinished (the worker was
 killed) are queued again: workers are idempotent, per the spec.
@@ -552,8 +555,14 @@ class Worker:
 
     def _executor(self) -> None:
         queue = self._queue
+        store = self.store
         while True:
             while not queue:
+                if store.pending and not self._unread():
+                    # the last job is done and no request waits to be read: commit now, so
+                    # its answers leave without waiting for the hub's next idle moment
+                    store.commit()
+                    continue
                 self._wake.clear()
                 self._wake.wait()
             job = queue.popleft()
@@ -627,6 +636,11 @@ class Worker:
             job.greenlet = None
             if self._running is job:
                 self._running = None
+
+    def _unread(self) -> bool:
+        """True if a request may be waiting on a socket (it would join the next commit)."""
+        return any(channel is not None and channel.readable()
+                   for channel in (self._broker, self._direct))
 
     def _cancel_running(self, job: _Job) -> None:
         """Interrupt a running job at its next switch (DELETE)."""

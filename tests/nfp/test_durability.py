@@ -35,6 +35,9 @@ class Recorder:
         self.event.set()
         return True
 
+    def readable(self) -> bool:
+        return False    # nothing waits to be read: the worker may commit at once
+
     def close(self) -> None:
         self.other.close()
 
