@@ -132,7 +132,10 @@ class _InFlight:
 def without_rid(raw: bytes, rid: Any) -> Optional[bytes]:
     """JSON object text ``raw`` without its last member ``"rid": rid`` (as the client
     wrote it: last, compact), or None if it is not written that way."""
-    tail = b'"rid":' + nfp.encode_body(rid) + b"}"
+    if type(rid) is str and rid.isalnum() and rid.isascii():
+        tail = b'"rid":"%s"}' % rid.encode()     # (what JSON makes of it, without JSON)
+    else:
+        tail = b'"rid":' + nfp.encode_body(rid) + b"}"
     if not raw.endswith(tail):
         return None
     head = raw[:-len(tail)]
@@ -532,6 +535,12 @@ class Dispatcher:
     def _fold(self, p: _Pending) -> Reply:
         uuid = p.uuid
         if p.kind == "post":
+            if len(p.replies) == 1 and not p.missing:
+                # one worker, accepted, first time (nearly every POST): nothing to fold
+                (name, (status, _, body)), = p.replies.items()
+                if status is Status.ACCEPTED and not body.get("duplicate"):
+                    return Reply(Status.ACCEPTED, {"uuid": uuid, "workers": [name],
+                                                   "errors": {}})
             accepted = [n for n, (s, _, _) in p.replies.items() if s is Status.ACCEPTED]
             errors = {n: body.get("error") or text or s.name
                       for n, (s, text, body) in p.replies.items() if s is not Status.ACCEPTED}

@@ -135,7 +135,7 @@ class Tasks:
         raise ValueError(f"module {path} has no 'tasks' (a peermesh.nfp.Tasks or a dict)")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Job:
     uuid: str
     service: str
