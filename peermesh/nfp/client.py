@@ -61,7 +61,7 @@ import zmq
 from ..errors import ProtocolError
 from ..wire import nfp
 from ..wire.nfp import Status
-from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status
+from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_rid
 from .election import Candidate
 from .store import ClientJob, JobStore
 from .transport import Channel
@@ -368,7 +368,8 @@ class Client:
     # --- requests -------------------------------------------------------
 
     def _request(self, kind: str, service: str, target: str, uuid: str, body: dict[str, Any],
-                 timeout: float) -> Reply:
+                 timeout: float, raw: Optional[bytes] = None) -> Reply:
+        """Send one request until it is answered (``raw``: ``body`` as JSON, if known)."""
         deadline = time.monotonic() + timeout
         attempts = 0
         while True:
@@ -380,10 +381,11 @@ class Client:
             changed = self._changed
             if attempts and kind == "post":
                 body = {**body, "retry": True}
+                raw = None
             if self.broker is not None:
-                reply = self._via_broker(kind, service, target, uuid, body, deadline)
+                reply = self._via_broker(kind, service, target, uuid, body, deadline, raw)
             else:
-                reply = self._via_direct(kind, service, target, uuid, body, remaining)
+                reply = self._via_direct(kind, service, target, uuid, body, remaining, raw)
             if reply is not _RETRY:
                 assert isinstance(reply, Reply)
                 return reply
@@ -391,9 +393,9 @@ class Client:
             changed.wait(min(_PAUSE * attempts, 0.5, max(0.0, deadline - time.monotonic())))
 
     def _via_direct(self, kind: str, service: str, target: str, uuid: str,
-                    body: dict[str, Any], remaining: float) -> Any:
+                    body: dict[str, Any], remaining: float, raw: Optional[bytes] = None) -> Any:
         result: gevent.event.AsyncResult = gevent.event.AsyncResult()
-        getattr(self._direct, kind)(service, target, uuid, body, result.set)
+        getattr(self._direct, kind)(service, target, uuid, body, result.set, raw=raw)
         changed = self._changed
         try:
             return result.get(timeout=remaining)
@@ -404,7 +406,7 @@ class Client:
             return Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "error": text}, text)
 
     def _via_broker(self, kind: str, service: str, target: str, uuid: str,
-                    body: dict[str, Any], deadline: float) -> Any:
+                    body: dict[str, Any], deadline: float, raw: Optional[bytes] = None) -> Any:
         channel = self._broker_link(deadline)
         if channel is None:
             return _RETRY
@@ -413,8 +415,8 @@ class Client:
         result: gevent.event.AsyncResult = gevent.event.AsyncResult()
         self._waiting[rid] = result
         # "rid" goes last: a broker passes the rest of the body on as it is
-        channel.send(nfp.request_frames(command, nfp.CLIENT, service, target, uuid,
-                                        (nfp.encode_body({**body, "rid": rid}),)))
+        payload = with_rid(raw, rid) if raw is not None else nfp.encode_body({**body, "rid": rid})
+        channel.send(nfp.request_frames(command, nfp.CLIENT, service, target, uuid, (payload,)))
         if self._ticker is not None:
             heapq.heappush(self._expiry, (deadline, rid))
             answer = result.get()
@@ -448,14 +450,17 @@ class Client:
                                 "kwargs": dict(kwargs or {})}
         if job_timeout:
             body["timeout"] = float(job_timeout)
-        self.store.add_client_job(uuid, service, task, target_text, body)
+        text = nfp.to_json(body)    # encoded once: for the record and for the request
+        self.store.add_client_job(uuid, service, task, target_text, body, body_text=text)
         if notify:
             body["notify"] = True
+            text = text[:-1] + ',"notify":true}'
         finished = self._posting[uuid] = set()
         try:
             reply = self._request("post", service, target_text, uuid, body,
                                   timeout if timeout is not None
-                                  else self.queue_timeout + self.request_timeout)
+                                  else self.queue_timeout + self.request_timeout,
+                                  text.encode("utf-8"))
         finally:
             self._posting.pop(uuid, None)
         reply.body.setdefault("uuid", uuid)

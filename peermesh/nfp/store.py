@@ -372,11 +372,14 @@ class JobStore:
     # --- client side ----------------------------------------------------
 
     def add_client_job(self, uuid: str, service: str, task: str, target: str,
-                       body: dict[str, Any], state: str = "posting") -> None:
-        """Record a job before it is posted (so a crash mid-post leaves a trace)."""
+                       body: dict[str, Any], state: str = "posting",
+                       body_text: Optional[str] = None) -> None:
+        """Record a job before it is posted (so a crash mid-post leaves a trace);
+        ``body_text``: ``body`` as JSON, if the caller has it."""
         now = time.time()
         self._hold_client(uuid, True, {
-            "service": service, "task": task, "target": target, "body": _dumps(body),
+            "service": service, "task": task, "target": target,
+            "body": body_text if body_text is not None else _dumps(body),
             "workers": "[]", "state": state, "status": None, "reason": "", "result": None,
             "created": now, "updated": now})
 
