@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import gevent
+import gevent.event
 
 from peermesh.nfp import NfpNode
 from peermesh.wire.nfp import Status
@@ -88,17 +89,25 @@ def test_broker_sigkill_reelection_loses_no_accepted_job(
     accepted = [c.post("svc", "sleep", kwargs={"seconds": 0.3}, target="any") for _ in range(2)]
     assert all(p.status is Status.ACCEPTED for p in accepted)
     results: list[Any] = []
+    killed = gevent.event.Event()
+    after_kill: list[Any] = []
 
-    def traffic() -> None:      # jobs keep flowing while the broker dies
-        for i in range(15):
+    def traffic() -> None:      # jobs keep flowing while the broker dies, and 10 after
+        for i in range(1000):
             results.append(c.run("svc", "echo", [i], target="any", timeout=8))
+            if killed.is_set():
+                after_kill.append(results[-1])
+                if len(after_kill) == 10:
+                    return
 
     runner = gevent.spawn(traffic)
     wait_until(lambda: len(results) >= 3, 5)
     first.kill9()
-    runner.join(20)
-    assert client.current_broker is not None and client.current_broker.name == "b2"
-    assert len(results) == 15 and all(r.status is Status.OK for r in results), \
+    killed.set()
+    runner.join(30)
+    wait_until(lambda: client.current_broker is not None and client.current_broker.name == "b2",
+               10, "b2 elected")
+    assert len(after_kill) == 10 and all(r.status is Status.OK for r in results), \
         [(r.status, r.body) for r in results if r.status is not Status.OK]
     for posted in accepted:
         done = c.get(posted.body["uuid"], wait=3)
