@@ -354,7 +354,7 @@ class Broker:
         if cls is not nfp.Post and cls is not nfp.Get and cls is not nfp.Delete:
             self.stats["dropped"] += 1
             return
-        raw = msg.body[0]   # type: ignore[union-attr]
+        raw: bytes = msg.body[0]   # type: ignore[union-attr,assignment]
         try:
             body = nfp.decode_body(raw)
         except ProtocolError as exc:
@@ -378,7 +378,7 @@ class Broker:
             self._answer(identity, msg, rid, reply)
         # the body goes on as the client wrote it, without its rid (or re-encoded if the
         # rid is not where the client puts it: last)
-        raw = without_rid(raw, rid) if rid is not None else raw or b"{}"
+        relay = without_rid(raw, rid) if rid is not None else raw or b"{}"
         uuid = msg.uuid   # type: ignore[union-attr]
         if cls is nfp.Post:
             owners = self._owners
@@ -386,13 +386,13 @@ class Broker:
             if len(owners) > _MAX_OWNERS:
                 owners.popitem(last=False)
             self.dispatcher.post(msg.service, msg.target, uuid, body, done,   # type: ignore
-                                 raw=raw)
+                                 raw=relay)
         elif cls is nfp.Get:
             self.dispatcher.get(msg.service, msg.target, uuid, body, done,    # type: ignore
-                                raw=raw)
+                                raw=relay)
         else:
             self.dispatcher.delete(msg.service, msg.target, uuid, body, done,  # type: ignore
-                                   raw=raw)
+                                   raw=relay)
 
     def _answer(self, identity: bytes, msg: Any, rid: Any, reply: Reply) -> None:
         body = reply.body if rid is None else {**reply.body, "rid": rid}

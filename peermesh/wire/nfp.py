@@ -523,7 +523,7 @@ def _maker(cls: type, names: tuple[str, ...]) -> Callable[..., Any]:
     s5 = rest[0] if rest else None
 
     def make(v0: Any, v1: Any, v2: Any, v3: Any, v4: Any, v5: Any = "") -> Any:
-        msg = _new(cls)
+        msg: Any = _new(cls)
         s0(msg, v0)
         s1(msg, v1)
         s2(msg, v2)
