@@ -84,7 +84,7 @@ class Channel:
         self._hub = gevent.get_hub()
         loop = self._hub.loop
         self._watcher = loop.io(sock.getsockopt(zmq.FD), 1)
-        self._guard = loop.timer(_GUARD, _GUARD)   # restarted with again(): see _read
+        self._guard = loop.timer(_GUARD, _GUARD)   # restarted with again(): see _park
         self._waiting = False
         self._corked = False
         self._outbox: list[Sequence[bytes]] = []
@@ -103,10 +103,7 @@ class Channel:
     def _read(self) -> None:
         sock = self.socket
         recv = sock.recv
-        handler = self._handler
         outbox = self._outbox
-        hub_switch = self._hub.switch
-        watcher, guard, wake = self._watcher, self._guard, self._wake
         handled = 0
         while True:
             try:
@@ -123,12 +120,7 @@ class Channel:
                     frames.append(frame.bytes)
                 self._corked = True
                 try:
-                    handler(frames)
-                except gevent.GreenletExit:
-                    raise
-                except Exception:  # one bad message must not stop the channel
-                    log.exception("%s: handler failed on a message of %d frames", self.name,
-                                  len(frames))
+                    self._dispatch(frames)
                 finally:
                     self._corked = False
                 handled += 1
@@ -143,24 +135,14 @@ class Channel:
             if outbox:
                 self._flush()
                 continue   # sending may have eaten the edge: look again before waiting
-            self._waiting = True
-            watcher.start(wake)
-            guard.again(wake)    # (a stopped one-shot timer started again fires at once)
-            try:
-                hub_switch()
-            finally:
-                self._waiting = False
-                watcher.stop()
-                guard.stop()
+            self._park()
 
     def _read_batches(self) -> None:
         """``_read`` with the C extension: every waiting message in one call."""
         recv_batch = zmqbatch.native.recv_batch   # type: ignore[union-attr]
         handle = self._handle
-        handler = self._handler
+        dispatch = self._dispatch
         outbox = self._outbox
-        hub_switch = self._hub.switch
-        watcher, guard, wake = self._watcher, self._guard, self._wake
         while not self.closed:
             try:
                 batch = recv_batch(handle, _BATCH, _LIMIT)
@@ -179,13 +161,7 @@ class Channel:
                                         _LIMIT)
                             continue
                         frames.insert(0, first)
-                        try:
-                            handler(frames)
-                        except gevent.GreenletExit:
-                            raise
-                        except Exception:  # one bad message must not stop the channel
-                            log.exception("%s: handler failed on a message of %d frames",
-                                          self.name, len(frames))
+                        dispatch(frames)
                 finally:
                     self._corked = False
                 if outbox and not self.closed:
@@ -195,15 +171,28 @@ class Channel:
                 continue   # (a short batch found the socket empty; sending may eat the edge)
             if self.closed:
                 return
-            self._waiting = True
-            watcher.start(wake)
-            guard.again(wake)    # (a stopped one-shot timer started again fires at once)
-            try:
-                hub_switch()
-            finally:
-                self._waiting = False
-                watcher.stop()
-                guard.stop()
+            self._park()
+
+    def _park(self) -> None:
+        """Wait on the hub for the descriptor's edge, a ``wake`` or the guard timer."""
+        self._waiting = True
+        self._watcher.start(self._wake)
+        self._guard.again(self._wake)  # (a stopped one-shot timer started again fires at once)
+        try:
+            self._hub.switch()
+        finally:
+            self._waiting = False
+            self._watcher.stop()
+            self._guard.stop()
+
+    def _dispatch(self, frames: list[bytes]) -> None:
+        try:
+            self._handler(frames)
+        except gevent.GreenletExit:
+            raise
+        except Exception:  # one bad message must not stop the channel
+            log.exception("%s: handler failed on a message of %d frames", self.name,
+                          len(frames))
 
     def _wake(self) -> None:
         # on the hub (a watcher or a callback): let the waiting reader look again
