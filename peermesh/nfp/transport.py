@@ -9,7 +9,8 @@ the hub. With the C extension (``peermesh.zmqbatch.native``) a batch of
 messages is read in one call and a message's frames are sent in one call;
 without it (not built, or ``PEERMESH_PURE_PYTHON=1``) pyzmq does the same
 frame by frame (``EVENTS`` says POLLIN, then ``recv(NOBLOCK, copy=False)`` +
-``Frame.more``; a ``send(frame, SNDMORE)`` loop). Either way the wait uses one io watcher and one guard timer, made once and reused, switch
+``Frame.more``; a ``send(frame, SNDMORE)`` loop). Either way the wait uses
+one io watcher and one guard timer, made once and reused, which switch
 straight back to the reader (no ``Event``, no ``Timeout``, no ``Again``
 exception per message).
 
@@ -24,8 +25,9 @@ the reader has drained what is ready, then sent back to back: a broker that
 receives a worker's RESPONSE and EVENT in one batch forwards both together,
 which costs the ZeroMQ I/O thread (and the peer) one wake-up instead of two.
 A send from any other greenlet first sends what is held, so the order of
-messages on a channel is always the order of ``send`` calls. Messages never block the hub: a full queue waits cooperatively up to ``send_timeout`` and then
-drops the message (logged). A held message is reported sent (True); if it
+messages on a channel is always the order of ``send`` calls. Sends never
+block the hub: a full queue waits cooperatively up to ``send_timeout`` and
+then drops the message (logged). A held message is reported sent (True); if it
 is dropped at the flush, that is logged too and the requester's timeout
 answers for it. A send from a hub callback (where nothing may wait) that
 finds the queue full is handed, with every later message, to a greenlet
@@ -267,8 +269,7 @@ class Channel:
             _send(sock, frames[i], _MORE)
         if last:
             _send(sock, frames[last], _NOBLOCK)
-        if self._waiting and _get(sock, _EVENTS) & _POLLIN:
-            self._hub.loop.run_callback(self._wake)
+        self.wake()
         return True
 
     def _send_native(self, native_send: Callable[[int, Sequence[bytes]], bool],
@@ -286,8 +287,7 @@ class Channel:
         except zmq.ZMQError as exc:
             log.debug("%s: send failed: %s", self.name, exc)
             return False
-        if self._waiting and _get(self.socket, _EVENTS) & _POLLIN:
-            self._hub.loop.run_callback(self._wake)
+        self.wake()
         return True
 
     def _when_full(self, frames: Sequence[bytes]) -> Optional[bool]:
