@@ -272,8 +272,7 @@ class JobStore:
 
     def commit(self) -> None:
         """Commit what is pending now, then run what waited for it (in order)."""
-        if self._client_rows:
-            self._flush_client()
+        self._flush_client()
         if self._lazy is not None:
             self._idle.stop()
             self._timer.stop()
@@ -418,7 +417,9 @@ class JobStore:
                       f"VALUES ({', '.join('?' * (len(_CLIENT_COLUMNS) + 1))})")
 
     def _flush_client(self) -> None:
-        """Write the held client records into the open transaction."""
+        """Write the held client records (if any) into the open transaction."""
+        if not self._client_rows:
+            return
         rows, self._client_rows = self._client_rows, {}
         new = [(uuid, *[c[k] for k in self._CLIENT_COLUMNS])
                for uuid, (is_new, c) in rows.items() if is_new]
@@ -433,8 +434,7 @@ class JobStore:
 
     def client_job(self, uuid: str) -> Optional[ClientJob]:
         """One posted job, or None."""
-        if self._client_rows:
-            self._flush_client()
+        self._flush_client()
         row = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs WHERE uuid = ?", (uuid,)).fetchone()
@@ -442,8 +442,7 @@ class JobStore:
 
     def find_client_jobs(self, prefix: str) -> list[ClientJob]:
         """Posted jobs whose UUID starts with ``prefix``."""
-        if self._client_rows:
-            self._flush_client()
+        self._flush_client()
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
@@ -453,8 +452,7 @@ class JobStore:
 
     def client_jobs(self, limit: int = 1000) -> list[ClientJob]:
         """Posted jobs, newest first."""
-        if self._client_rows:
-            self._flush_client()
+        self._flush_client()
         rows = self._db.execute(
             "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
             "created, updated FROM client_jobs ORDER BY created DESC LIMIT ?", (limit,))
@@ -462,8 +460,7 @@ class JobStore:
 
     def delete_client_job(self, uuid: str) -> None:
         """Forget a posted job."""
-        if self._client_rows:
-            self._flush_client()
+        self._flush_client()
         self._write("DELETE FROM client_jobs WHERE uuid = ?", (uuid,))
 
     @staticmethod
@@ -478,8 +475,7 @@ class JobStore:
 
     def purge(self, now: Optional[float] = None) -> int:
         """Remove finished jobs older than ``retention``; the number removed."""
-        if self._client_rows:
-            self._flush_client()
+        self._flush_client()
         cutoff = (time.time() if now is None else now) - self.retention
         # the index is on ``created`` (never updated, so finishing a job stays cheap);
         # a job is purged once both its creation and its end are older than the cutoff
