@@ -260,7 +260,7 @@ def role_raw_echo(conn: Any, total: int, each_way: bool = False) -> dict[str, An
     reply = None
     if each_way:
         reply = _raw_socket(ctx, zmq.DEALER)
-        recv()
+        recv()                          # the pinger's identity, then its endpoint
         reply.connect(recv().decode())
     c0 = 0.0
     for i in range(total):
@@ -311,7 +311,8 @@ def role_raw_ping(conn: Any, port: int, n: int, warmup: int,
             c0 = _cpu()
     _check_last(frame.bytes, warmup + n, "raw ping")
     sock.close()
-    inbox.close()
+    if inbox is not sock:
+        inbox.close()
     return _latency_stats(samples, _cpu() - c0)
 
 
