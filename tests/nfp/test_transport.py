@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import zmq
 
 from peermesh.nfp.transport import Channel, bind_ephemeral
@@ -9,7 +11,10 @@ from peermesh.nfp.transport import Channel, bind_ephemeral
 from .conftest import wait_until
 
 
-def _pair(on_router, on_dealer):  # type: ignore[no-untyped-def]
+Handler = Callable[[list[bytes]], None]
+
+
+def _pair(on_router: Handler, on_dealer: Handler) -> tuple[Channel, Channel]:
     ctx = zmq.Context.instance()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
