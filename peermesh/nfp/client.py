@@ -39,7 +39,10 @@ records are committed at the store's next group commit, not waited for (see
 ``run`` is POST and wait for the result: the POST asks the workers to put
 the result in their final EVENT (``"notify": true``), which arrives without
 another round trip; if an EVENT does not come (the broker changed in
-between) it falls back to a GET that waits at the worker.
+between) it falls back to a GET that waits at the worker. A worker that
+finished the job before its 202 left puts the result in the 202 instead (the
+broker's 202 lists it under ``"finished"``); ``post`` hands each such entry
+to the same code as a final EVENT, listeners included.
 """
 
 from __future__ import annotations
@@ -461,6 +464,13 @@ class Client:
                                   timeout if timeout is not None
                                   else self.queue_timeout + self.request_timeout,
                                   text.encode("utf-8"))
+            # workers that finished the job before their 202 left sent its end with it
+            # instead of a final EVENT: handled as that EVENT
+            ended = reply.body.pop("finished", None)
+            if isinstance(ended, dict):
+                for worker, final in ended.items():
+                    if isinstance(final, dict) and final.get("state") in FINAL_STATES:
+                        self._on_job_event(uuid, worker, final)
         finally:
             self._posting.pop(uuid, None)
         reply.body.setdefault("uuid", uuid)
@@ -623,7 +633,7 @@ class Client:
         self._listeners.remove(callback)
 
     def _on_job_event(self, uuid: str, worker: str, body: dict[str, Any],
-                      msg: nfp.Event) -> None:
+                      msg: Optional[nfp.Event] = None) -> None:
         state = body.get("state")
         waiter = self._runs.get(uuid)
         if waiter is not None:

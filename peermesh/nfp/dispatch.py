@@ -23,7 +23,9 @@ own and reads no clock: the owner feeds it ``on_response``, ``on_event``,
 * **Queueing.** A POST whose target matches no worker yet is held until a
   matching worker arrives or ``queue_timeout`` passes (reply 408).
 * **Jobs in flight.** Every job a worker accepted (202) is remembered until
-  that worker reports it finished (an EVENT with a final ``state``). If the
+  that worker reports it finished (an EVENT with a final ``state``, or the
+  202 itself when the job finished before it left: the reply then lists
+  those workers' final bodies under ``"finished"``). If the
   worker goes away first (declared dead: no keepalive, DISCONNECT, left the
   mesh):
 
@@ -151,6 +153,11 @@ def with_rid(raw: bytes, rid: str) -> bytes:
     if raw == b"{}":
         return b'{"rid":"%s"}' % rid.encode()
     return raw[:-1] + b',"rid":"%s"}' % rid.encode()
+
+
+def _worker_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A worker's answer without what only the dispatcher uses ("rid", "load")."""
+    return {k: v for k, v in body.items() if k != "rid" and k != "load"}
 
 
 def overall_get_status(statuses: list[Status]) -> Status:
@@ -539,13 +546,20 @@ class Dispatcher:
                 # one worker, accepted, first time (nearly every POST): nothing to fold
                 (name, (status, _, body)), = p.replies.items()
                 if status is Status.ACCEPTED and not body.get("duplicate"):
-                    return Reply(Status.ACCEPTED, {"uuid": uuid, "workers": [name],
-                                                   "errors": {}})
+                    out: dict[str, Any] = {"uuid": uuid, "workers": [name], "errors": {}}
+                    if body.get("state") in FINAL_STATES:
+                        out["finished"] = {name: _worker_fields(body)}
+                    return Reply(Status.ACCEPTED, out)
             accepted = [n for n, (s, _, _) in p.replies.items() if s is Status.ACCEPTED]
             errors = {n: body.get("error") or text or s.name
                       for n, (s, text, body) in p.replies.items() if s is not Status.ACCEPTED}
             errors.update({n: "no such worker" for n in p.missing})
-            out: dict[str, Any] = {"uuid": uuid, "workers": accepted, "errors": errors}
+            out = {"uuid": uuid, "workers": accepted, "errors": errors}
+            finished = {n: _worker_fields(body) for n, (s, _, body) in p.replies.items()
+                        if s is Status.ACCEPTED and not body.get("duplicate")
+                        and body.get("state") in FINAL_STATES}
+            if finished:
+                out["finished"] = finished
             if any(body.get("duplicate") for s, _, body in p.replies.values()
                    if s is Status.ACCEPTED):
                 out["duplicate"] = True   # accepted before: EVENTs come only if unfinished
@@ -562,7 +576,7 @@ class Dispatcher:
             return Reply(status, {**out, "error": text}, text[:200])
         workers: dict[str, Any] = {}
         for name, (status, text, body) in p.replies.items():
-            entry = {k: v for k, v in body.items() if k not in ("rid", "load")}
+            entry = _worker_fields(body)
             entry["status"] = int(status)
             if text and "error" not in entry and status not in (Status.OK, Status.ACCEPTED):
                 entry["error"] = text

@@ -40,7 +40,7 @@ was opened, so a busy client commits once per many jobs; ``commit()`` and
   only once the accepted job is committed, a result (final EVENT, or 200 to
   a GET) only once it is committed, a DELETE's outcome once committed. A
   job that finishes before the hub is idle is accepted and finished in one
-  commit, and its 202 and EVENT leave together.
+  commit, and its 202 leaves with the result.
 * **Clients' own records** (what they posted, the last answer) are kept in
   memory first, one merged row per job, and written at the next commit
   (within ``lazy_delay``, 20 ms by default; reads of the client's jobs write

@@ -33,9 +33,15 @@ Every answer and EVENT goes out through ``store.after_commit``: nothing is
 acknowledged before what it says is committed (the store's durability
 rule). A job that finishes before the hub is idle is accepted and finished
 in one commit; otherwise the 202 is committed and sent before the task runs.
+**A result rides on the 202**: when a ``notify`` job finished before its 202
+left, the 202 carries its final ``state`` and result (the final EVENT's
+fields) and no final EVENT follows - one message instead of two on every
+hop back to the client, which takes it as that EVENT. A result over
+``FINAL_IN_ACCEPT`` characters of JSON still follows in the EVENT (a broker
+re-encodes what a 202 carries; it relays an EVENT as it is).
 The executor commits as soon as its queue is empty and no request waits on
-a socket (it would have joined the commit), rather than at the hub's next
-idle moment: one loop iteration less per job.
+the socket the last one came through (it would have joined the commit),
+rather than at the hub's next idle moment: one loop iteration less per job.
 
 On start, jobs the store holds as accepted but unfinished (the worker was
 killed) are queued again: workers are idempotent, per the spec.
@@ -73,6 +79,8 @@ __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 log = logging.getLogger(__name__)
 
 TaskFunction = Callable[..., Any]
+#: longest result (JSON characters) a 202 carries (a longer one follows in the final EVENT)
+FINAL_IN_ACCEPT = 64 * 1024
 
 
 class JobCancelled(Exception):
@@ -149,6 +157,8 @@ class _Job:
     greenlet: Optional[gevent.Greenlet] = None
     waiters: list[Callable[[], None]] = field(default_factory=list)
     cancelled: bool = False
+    acknowledged: bool = True    # False while its 202 waits for the commit (see _accept)
+    final: Optional[str] = None  # the final body, when it rides on the 202
 
 
 class JobContext:
@@ -213,6 +223,7 @@ class Worker:
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
         self._direct: Optional[Channel] = None
         self._broker: Optional[Channel] = None
+        self._last_source: Optional[Channel] = None   # the channel of the last request
         self.broker_endpoint: Optional[str] = None
         self._broker_state = "none"     # none, opening, ready
         self._broker_since = 0.0
@@ -362,6 +373,7 @@ class Worker:
         if self._broker_state != "ready":
             return
         if isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)):
+            self._last_source = self._broker
             self._on_request(msg, ("broker",))
 
     def _after_disconnect(self, endpoint: Optional[str], why: str) -> None:
@@ -396,6 +408,7 @@ class Worker:
                     {"name": self.name, "service": self.service})))
             return
         self._clients[identity] = time.monotonic()
+        self._last_source = self._direct
         self._on_request(msg, ("direct", identity))
 
     def _reply_direct(self, identity: bytes, msg: nfp.Message) -> None:
@@ -472,6 +485,7 @@ class Worker:
             # posted again (e.g. re-POSTed after a broker change): the final EVENT goes to
             # whoever asked last
             existing.origin = origin
+            existing.acknowledged = True     # (so its result cannot ride on the first 202)
             existing.notify = existing.notify or bool(body.get("notify"))
             self._respond(origin, msg, Status.ACCEPTED,
                           {"state": existing.state, "duplicate": True}, rid)
@@ -486,10 +500,26 @@ class Worker:
             return
         self._queue.append(job)
         # the 202 leaves once the job is committed; a job that finishes before then is
-        # committed with its result and both leave together (one wake-up for the peer)
-        self._respond(origin, msg, Status.ACCEPTED, {"state": PENDING}, rid)
+        # committed with its result, which the 202 carries (see _accept)
+        job.acknowledged = False
+        self.store.after_commit(self._accept, job, origin, rid)
         if not self._wake.is_set():
             self._wake.set()
+
+    def _accept(self, job: _Job, origin: tuple[Any, ...], rid: Any) -> None:
+        """Send a new job's 202, its final state and result too if it finished already."""
+        job.acknowledged = True
+        head = {"worker": self.name, "load": self.load, "state": PENDING, "rid": rid}
+        if rid is None:
+            del head["rid"]
+        if job.final is None:
+            body = nfp.encode_body(head)
+        else:
+            head["state"] = job.state
+            text = nfp.to_json(head)
+            body = (text[:-1] + "," + job.final[1:] if len(job.final) > 2 else text).encode()
+        self._send_to_origin(origin, nfp.response_frames(
+            nfp.WORKER, job.service, job.uuid, Status.ACCEPTED, (body,)), False)
 
     def _on_get(self, msg: nfp.Get, body: dict[str, Any], origin: tuple[Any, ...],
                 rid: Any) -> None:
@@ -638,9 +668,10 @@ class Worker:
                 self._running = None
 
     def _unread(self) -> bool:
-        """True if a request may be waiting on a socket (it would join the next commit)."""
-        return any(channel is not None and channel.readable()
-                   for channel in (self._broker, self._direct))
+        """True if a request waits on the socket the last one came through (it would join
+        the next commit; one on the other socket only costs a commit of its own)."""
+        channel = self._last_source
+        return channel is not None and channel.readable()
 
     def _cancel_running(self, job: _Job) -> None:
         """Interrupt a running job at its next switch (DELETE)."""
@@ -660,11 +691,10 @@ class Worker:
         self.store.finish_worker_job(self.name, job.uuid, state, result, text)
         self._jobs.pop(job.uuid, None)
         self.stats[state] = self.stats.get(state, 0) + 1
-        load = self.load - (1 if self._running is job else 0)
-        head = nfp.to_json({"worker": self.name, "state": state, "load": load})
-        # the final EVENT: its head, plus the result fields when the POST asked for them
-        body = head[:-1] + "," + text[1:] if job.notify and len(text) > 2 else head
-        self._send_event_frame(job, body.encode("utf-8"))
+        if not job.acknowledged and job.notify and len(text) <= FINAL_IN_ACCEPT:
+            job.final = text    # its 202 has not left yet: the result goes with it
+        else:
+            self._send_final_event(job, state, text)
         waiters, job.waiters = job.waiters, []
         for answer in waiters:
             try:
@@ -672,6 +702,13 @@ class Worker:
             except Exception:
                 log.exception("worker %s: answering a held GET of %s failed", self.name,
                               job.uuid)
+
+    def _send_final_event(self, job: _Job, state: str, text: str) -> None:
+        load = self.load - (1 if self._running is job else 0)
+        head = nfp.to_json({"worker": self.name, "state": state, "load": load})
+        # the final EVENT: its head, plus the result fields when the POST asked for them
+        body = head[:-1] + "," + text[1:] if job.notify and len(text) > 2 else head
+        self._send_event_frame(job, body.encode("utf-8"))
 
     def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
         self._send_event_frame(job, nfp.encode_body({"worker": self.name, **body}))

@@ -80,6 +80,33 @@ def test_all_goes_to_every_worker_and_folds_202() -> None:
     assert reply.body["errors"] == {"w2": "no task echo"}
 
 
+def test_a_202_carrying_the_end_of_the_job_is_listed_under_finished() -> None:
+    h = Harness()
+    for name in ("w1", "w2"):
+        h.worker(name)
+    h.d.post("svc", "any", "J1", job(), h.done)
+    (name,) = [n for n, sent in h.sent.items() if sent]
+    h.answer(name, Status.ACCEPTED, {"state": "completed", "result": 5, "load": 0})
+    (reply,) = h.replies
+    assert reply.status is Status.ACCEPTED and reply.body["workers"] == [name]
+    assert reply.body["finished"] == {name: {"worker": name, "state": "completed",
+                                             "result": 5}}
+    assert h.d.inflight() == {}                 # finished: nothing to re-dispatch
+    # all: only the workers whose 202 said the job ended; the others stay in flight
+    h.d.post("svc", "all", "J2", job(), h.done)
+    h.answer("w1", Status.ACCEPTED, {"state": "failed", "errors": ["boom"]})
+    h.answer("w2", Status.ACCEPTED, {"state": "pending"})
+    reply = h.replies[-1]
+    assert sorted(reply.body["workers"]) == ["w1", "w2"]
+    assert reply.body["finished"] == {"w1": {"worker": "w1", "state": "failed",
+                                             "errors": ["boom"]}}
+    assert h.d.inflight() == {"J2": ["w2"]}
+    # a plain 202 lists nothing
+    h.d.post("svc", "w1", "J3", job(), h.done)
+    h.answer("w1", Status.ACCEPTED, {"state": "pending"})
+    assert "finished" not in h.replies[-1].body
+
+
 def test_any_picks_the_least_loaded_then_least_recently_used() -> None:
     h = Harness()
     for name in ("w1", "w2"):
@@ -345,3 +372,26 @@ def test_a_relayed_body_is_the_clients_with_the_dispatchers_rid() -> None:
     assert sent.body[0] == raw[:-1] + b',"rid":"%s"}' % rid.encode()
     h.answer("w1", Status.ACCEPTED)
     assert h.replies[0].status is Status.ACCEPTED and h.replies[0].body["workers"] == ["w1"]
+
+
+@pytest.mark.parametrize("finished", [5, "x", [1], {"w1": "done"}, {"w1": {"state": 3}},
+                                      {"w1": {"state": "weird"}}])
+def test_a_client_ignores_a_finished_list_that_makes_no_sense(tmp_path: Any,
+                                                              finished: Any) -> None:
+    from peermesh.nfp.client import Client
+    from peermesh.nfp.store import JobStore
+    store = JobStore(tmp_path / "c.sqlite3")
+    client = Client(store)
+    events: list[Any] = []
+    client.add_listener(events.append)
+
+    def answered(*args: Any, **kwargs: Any) -> Reply:
+        return Reply(Status.ACCEPTED, {"uuid": "u" * 32, "workers": ["w1"], "errors": {},
+                                       "finished": finished})
+    client._request = answered   # type: ignore[method-assign]
+    try:
+        reply = client.post("svc", "echo", target="w1", uuid="u" * 32)
+        assert reply.status is Status.ACCEPTED and "finished" not in reply.body
+        assert events == [] and list(client._open) == ["u" * 32]   # still waits for its end
+    finally:
+        store.close()

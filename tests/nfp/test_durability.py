@@ -2,8 +2,7 @@
 
 A 202 leaves only once the accepted job is in the store's file, a result
 (final EVENT, 200) only once it is; a job that finishes before the hub is
-idle is accepted and finished in one commit, and both answers leave
-together. Checked from a second SQLite connection (what a restarted worker
+idle is accepted and finished in one commit, and its 202 carries the result. Checked from a second SQLite connection (what a restarted worker
 would read) at the moment each message is handed to the socket.
 """
 
@@ -15,9 +14,10 @@ from typing import Any
 
 import gevent
 import gevent.event
+import pytest
 
 from peermesh.nfp.store import JobStore
-from peermesh.nfp.worker import Tasks, Worker
+from peermesh.nfp.worker import FINAL_IN_ACCEPT, Tasks, Worker
 from peermesh.wire import nfp
 
 
@@ -59,15 +59,18 @@ def test_acknowledgements_follow_the_commit(tmp_path: Path) -> None:
     recorder = Recorder(path)
     worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
     try:
-        # a quick job with notify: nothing leaves before the one commit, then both together
+        # a quick job with notify: nothing leaves before the one commit, then the 202
+        # carrying the result (no final EVENT)
         post(worker, "a" * 32, "quick", notify=True)
         assert recorder.sent == [] and store.pending
-        while len(recorder.sent) < 2:
+        while not recorder.sent:
             gevent.sleep(0.001)
-        (accepted, rows1), (final, rows2) = recorder.sent
+        (accepted, rows), = recorder.sent
         assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
-        assert isinstance(final, nfp.Event)
-        assert rows1 == rows2 == [("a" * 32, "completed")] and store.commits == 1
+        assert nfp.decode_body(accepted.body[0]) == {
+            "worker": "w1", "load": 0, "state": "completed", "rid": "a" * 32, "result": "done",
+            "failed": False, "errors": [], "duration": pytest.approx(0, abs=1)}
+        assert rows == [("a" * 32, "completed")] and store.commits == 1
         # a slow job without notify: its 202 leaves (committed) before the task ends
         recorder.sent.clear()
         post(worker, "b" * 32, "slow", notify=False)
@@ -80,6 +83,32 @@ def test_acknowledgements_follow_the_commit(tmp_path: Path) -> None:
             gevent.sleep(0.005)
         final, rows = recorder.sent[1]
         assert isinstance(final, nfp.Event) and ("b" * 32, "completed") in rows
+    finally:
+        worker.stop()
+        recorder.close()
+        store.close()
+
+
+def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path) -> None:
+    tasks = Tasks()
+    tasks.add("big", lambda job: "x" * (FINAL_IN_ACCEPT + 1))
+    path = tmp_path / "w.sqlite3"
+    store = JobStore(path)
+    worker = Worker("svc", "w1", tasks, store, internal=True)
+    worker.start()
+    recorder = Recorder(path)
+    worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
+    try:
+        post(worker, "c" * 32, "big", notify=True)
+        while len(recorder.sent) < 2:
+            gevent.sleep(0.001)
+        (accepted, _), (final, rows) = recorder.sent
+        assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
+        assert nfp.decode_body(accepted.body[0])["state"] == "pending"
+        assert isinstance(final, nfp.Event)
+        body = nfp.decode_body(final.body[0])
+        assert body["state"] == "completed" and len(body["result"]) == FINAL_IN_ACCEPT + 1
+        assert rows == [("c" * 32, "completed")] and store.commits == 1
     finally:
         worker.stop()
         recorder.close()

@@ -68,9 +68,18 @@ def test_targets_all_any_named(setup: tuple[NfpNode, dict[str, NfpNode]]) -> Non
     reply = c.run("svc", "echo", kwargs={"k": "v"}, target="w2", timeout=5)
     assert list(reply.body["workers"]) == ["w2"]
     assert reply.body["workers"]["w2"]["result"]["kwargs"] == {"k": "v"}
-    # finished jobs are not kept for re-posting after a broker change (a quick job's final
-    # EVENT arrives with its 202, before the POST returns)
+    # finished jobs are not kept for re-posting after a broker change (a quick job's
+    # result rides on its 202, before the POST returns)
     assert not c._open
+    # ... and listeners see it as the final EVENT it stands for, once per worker
+    events: list[JobEvent] = []
+    c.add_listener(events.append)
+    reply = c.run("svc", "echo", [7], target="all", timeout=5)
+    uuid = reply.body["uuid"]
+    finals = sorted((e.worker, e.state, e.body["result"]["args"]) for e in events
+                    if e.uuid == uuid)
+    assert finals == [("w1", "completed", [7]), ("w2", "completed", [7])]
+    assert "finished" not in reply.body
     posted = c.post("svc", "echo", target=["w1", "ghost"])
     assert posted.status is Status.ACCEPTED and posted.body["workers"] == ["w1"]
     assert posted.body["errors"] == {"ghost": "no such worker"}
