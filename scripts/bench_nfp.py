@@ -16,8 +16,9 @@ process), plus a broker child for the brokered case:
    ``--expired`` (default 1 s).
 
 3. a reference "floor": the brokered message pattern (client -> broker ->
-   worker, two answers back through the broker) with plain ``Channel``
-   relays and no NFP processing, measured in the same run;
+   worker, one answer back through the broker: a quick job's 202 carries its
+   result) with plain ``Channel`` relays and no NFP processing, measured in
+   the same run;
 
 and the CPU each process spends per job. Targets (issue 5): brokered p50 <=
 1 ms and >= 1,500 jobs/s; brokerless faster; failover within 2 x expired.
@@ -114,8 +115,7 @@ else:
     sock = ctx.socket(zmq.DEALER)
     sock.connect(endpoint)
     def relay(frames):
-        channel.send(frames)   # the 202 ...
-        channel.send(frames)   # ... and the final EVENT
+        channel.send(frames)   # the 202, carrying the result
 channel = Channel(sock, relay)
 if role == "worker":
     channel.send([b"", b"", b"W"])
@@ -131,7 +131,7 @@ def _free_tcp_port() -> int:
 
 
 def transport_floor(count: int) -> dict[str, Any]:
-    """The brokered message pattern (C->B->W, W->B x2, B->C x2) with no processing at all."""
+    """The brokered message pattern (C->B->W->B->C) with no processing at all."""
     import gevent
     import gevent.event
     import zmq
@@ -148,12 +148,9 @@ def transport_floor(count: int) -> dict[str, Any]:
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.connect(endpoint)
         got = gevent.event.Event()
-        answers = [0]
 
         def on_answer(frames: list[bytes]) -> None:
-            answers[0] += 1
-            if answers[0] == 2:
-                got.set()
+            got.set()
         channel = Channel(sock, on_answer)
         frames = [b"", b"NFPC01", b"\x04", b"bench", b"any", b"0" * 32,
                   b'{"task":"echo","args":[1],"kwargs":{},"rid":"1"}']
@@ -162,7 +159,6 @@ def transport_floor(count: int) -> dict[str, Any]:
         pids = {"client": os.getpid(), "broker": procs[0].pid, "worker": procs[1].pid}
         cpu0 = {name: _thread_cpu(pid) for name, pid in pids.items()}
         for _ in range(count):
-            answers[0] = 0
             got.clear()
             t0 = time.perf_counter()
             channel.send(frames)

@@ -18,7 +18,10 @@ That descriptor is edge-triggered, and a ``send`` from another greenlet may
 consume the edge that announced an incoming message (libzmq processes its
 command pipe during send). So ``send`` checks ``EVENTS`` afterwards and wakes
 the reader itself when something is waiting; the wait is also bounded, as a
-guard.
+guard. A batch read that finds the socket empty re-arms the edge, so the C
+reader waits right after such a batch unless the socket was used since (a
+send, or an ``EVENTS`` query, may have consumed the edge): then it looks
+again first.
 
 Sends made by a handler, in the reader greenlet, are held (**corked**) until
 the reader has drained what is ready, then sent back to back: a broker that
@@ -89,6 +92,7 @@ class Channel:
         self._guard = loop.timer(_GUARD, _GUARD)   # restarted with again(): see _park
         self._waiting = False
         self._corked = False
+        self._used = False     # the socket was sent on or asked for EVENTS (see _read_batches)
         self._outbox: list[Sequence[bytes]] = []
         self._backlog: deque[Sequence[bytes]] = deque()   # refused while on the hub
         self._backlog_sender: Optional[gevent.Greenlet] = None
@@ -146,6 +150,7 @@ class Channel:
         dispatch = self._dispatch
         outbox = self._outbox
         while not self.closed:
+            self._used = False
             try:
                 batch = recv_batch(handle, _BATCH, _LIMIT)
             except zmq.ZMQError as exc:
@@ -170,7 +175,10 @@ class Channel:
                     self._flush()
                 if len(batch) == _BATCH:
                     gevent.sleep(0)
-                continue   # (a short batch found the socket empty; sending may eat the edge)
+                    continue
+                if self._used:
+                    continue   # the socket was used since it was found empty: look again
+            # a short batch found the socket empty, which re-armed the edge the wait is for
             if self.closed:
                 return
             self._park()
@@ -211,6 +219,7 @@ class Channel:
         """True if a message waits to be read (the reader has not got to it yet)."""
         if self.closed:
             return False
+        self._used = True
         try:
             ready = _events(self.socket) & _POLLIN
         except zmq.ZMQError:
@@ -247,6 +256,7 @@ class Channel:
                 log.warning("%s: a held message could not be sent; dropped", self.name)
 
     def _send_now(self, frames: Sequence[bytes]) -> bool:
+        self._used = True
         native_send = self._native_send
         if native_send is not None:
             return self._send_native(native_send, frames)
@@ -316,6 +326,7 @@ class Channel:
             self._backlog_sender = None
 
     def _wait_writable(self) -> bool:
+        self._used = True
         deadline = self._hub.loop.now() + self.send_timeout
         delay = 0.0005
         while not _events(self.socket) & _POLLOUT:
