@@ -509,17 +509,15 @@ class Worker:
     def _accept(self, job: _Job, origin: tuple[Any, ...], rid: Any) -> None:
         """Send a new job's 202, its final state and result too if it finished already."""
         job.acknowledged = True
-        head = {"worker": self.name, "load": self.load, "state": PENDING, "rid": rid}
-        if rid is None:
-            del head["rid"]
-        if job.final is None:
-            body = nfp.encode_body(head)
-        else:
-            head["state"] = job.state
-            text = nfp.to_json(head)
-            body = (text[:-1] + "," + job.final[1:] if len(job.final) > 2 else text).encode()
+        head: dict[str, Any] = {"worker": self.name, "load": self.load,
+                                "state": PENDING if job.final is None else job.state}
+        if rid is not None:
+            head["rid"] = rid
+        text = nfp.to_json(head)
+        if job.final is not None:
+            text = _merged(text, job.final)
         self._send_to_origin(origin, nfp.response_frames(
-            nfp.WORKER, job.service, job.uuid, Status.ACCEPTED, (body,)), False)
+            nfp.WORKER, job.service, job.uuid, Status.ACCEPTED, (text.encode("utf-8"),)), False)
 
     def _on_get(self, msg: nfp.Get, body: dict[str, Any], origin: tuple[Any, ...],
                 rid: Any) -> None:
@@ -707,7 +705,7 @@ class Worker:
         load = self.load - (1 if self._running is job else 0)
         head = nfp.to_json({"worker": self.name, "state": state, "load": load})
         # the final EVENT: its head, plus the result fields when the POST asked for them
-        body = head[:-1] + "," + text[1:] if job.notify and len(text) > 2 else head
+        body = _merged(head, text) if job.notify else head
         self._send_event_frame(job, body.encode("utf-8"))
 
     def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
@@ -749,6 +747,11 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} ({self.service}) {self.endpoint}>"
+
+
+def _merged(head: str, fields: str) -> str:
+    """JSON object text ``head`` with the members of JSON object text ``fields`` added."""
+    return head[:-1] + "," + fields[1:] if len(fields) > 2 else head
 
 
 def _timeout(body: Mapping[str, Any]) -> Optional[float]:
