@@ -19,7 +19,8 @@ survives the process being killed (not a power cut before the next
 checkpoint). Checkpoints, which fsync, run every half second in a thread of
 their own (with their own connection), so a commit on the hub never waits
 for the disk. Finished jobs older than ``retention`` seconds are removed by
-``purge`` (the overlay calls it periodically); unfinished jobs are never
+``purge`` (the overlay calls it periodically; the search runs in a thread,
+see there); unfinished jobs are never
 purged (the age counts from the job's creation and its end alike). Times are
 wall-clock (``time.time``) so they mean something after a restart.
 
@@ -80,6 +81,7 @@ FINAL_STATES = frozenset((COMPLETED, FAILED, CANCELLED))
 _CHECKPOINT_EVERY = 0.5  # seconds between WAL checkpoints (in a background thread)
 COMMIT_DELAY = 0.002     # longest an acknowledgement waits for its commit (hub never idle)
 LAZY_DELAY = 0.02        # longest a write nothing waits for stays uncommitted
+_PURGE_CHUNK = 500       # expired jobs deleted between two yields to the hub
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,7 @@ CREATE TABLE IF NOT EXISTS worker_jobs (
     finished REAL,
     PRIMARY KEY (worker, uuid)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS worker_jobs_created ON worker_jobs (created);
+DROP INDEX IF EXISTS worker_jobs_created;
 CREATE TABLE IF NOT EXISTS client_jobs (
     uuid     TEXT PRIMARY KEY,
     service  TEXT NOT NULL,
@@ -474,17 +476,38 @@ class JobStore:
     # --- retention ------------------------------------------------------
 
     def purge(self, now: Optional[float] = None) -> int:
-        """Remove finished jobs older than ``retention``; the number removed."""
-        self._flush_client()
+        """Remove finished jobs older than ``retention``; the number removed.
+
+        A worker job goes once both its creation and its end are older than the
+        cutoff. ``worker_jobs`` has no index on its times (it would cost every
+        job a second B-tree write in its commit), so the search for them scans
+        the table in a thread of the hub's pool, on a connection of its own,
+        and the hub only deletes what it found, by key, ``_PURGE_CHUNK`` at a
+        time."""
+        self.commit()     # (the scan's connection sees only what is committed)
         cutoff = (time.time() if now is None else now) - self.retention
-        # the index is on ``created`` (never updated, so finishing a job stays cheap);
-        # a job is purged once both its creation and its end are older than the cutoff
-        removed = self._write("DELETE FROM worker_jobs WHERE created < ? AND finished "
-                              "IS NOT NULL AND finished < ?", (cutoff, cutoff)).rowcount
+        expired = gevent.get_hub().threadpool.apply(self._expired_worker_jobs, (cutoff,))
+        removed = 0
+        for start in range(0, len(expired), _PURGE_CHUNK):
+            if not self._txn:
+                self._begin()
+            removed += self._db.executemany(
+                "DELETE FROM worker_jobs WHERE worker = ? AND uuid = ? AND finished < ?",
+                [(*key, cutoff) for key in expired[start:start + _PURGE_CHUNK]]).rowcount
+            gevent.sleep(0)
         removed += self._write(
             "DELETE FROM client_jobs WHERE updated < ? AND state IN "
             "('completed', 'failed', 'cancelled', 'deleted', 'lost')", (cutoff,)).rowcount
         return removed
+
+    def _expired_worker_jobs(self, cutoff: float) -> list[tuple[str, str]]:
+        """Keys of worker jobs created and finished before ``cutoff`` (in a thread)."""
+        db = sqlite3.connect(str(self.path), timeout=5.0)
+        try:
+            return db.execute("SELECT worker, uuid FROM worker_jobs WHERE finished < ? "
+                              "AND created < ?", (cutoff, cutoff)).fetchall()
+        finally:
+            db.close()
 
     def __iter__(self) -> Iterator[WorkerJob]:
         return iter(self.worker_jobs())

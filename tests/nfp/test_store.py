@@ -6,7 +6,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from peermesh.nfp.store import CANCELLED, COMPLETED, PENDING, JobStore, store_path
+from peermesh.nfp.store import (_PURGE_CHUNK, CANCELLED, COMPLETED, PENDING, JobStore,
+                                 store_path)
 
 
 def test_store_path_is_per_node_and_safe(tmp_path: Path) -> None:
@@ -139,3 +140,30 @@ def test_client_records_are_held_merged_and_written_at_the_commit(tmp_path: Path
     assert raw.execute("SELECT reason, state FROM client_jobs").fetchall() == [("why",
                                                                                  "completed")]
     raw.close()
+
+
+def test_purge_in_chunks_and_no_time_index_on_worker_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    old = sqlite3.connect(str(path))          # a file made before the index was dropped
+    old.executescript("CREATE TABLE worker_jobs (worker TEXT NOT NULL, uuid TEXT NOT NULL, "
+                      "service TEXT NOT NULL, task TEXT NOT NULL, body TEXT NOT NULL, "
+                      "state TEXT NOT NULL, result TEXT, created REAL NOT NULL, finished REAL, "
+                      "PRIMARY KEY (worker, uuid)) WITHOUT ROWID; CREATE INDEX "
+                      "worker_jobs_created ON worker_jobs (created);")
+    old.close()
+    store = JobStore(path, retention=60)
+    indexes = store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND "
+                                "tbl_name = 'worker_jobs' AND sql IS NOT NULL").fetchall()
+    assert indexes == []
+    count = 2 * _PURGE_CHUNK + 7
+    for i in range(count):
+        store.add_worker_job("w", f"{i:032x}", "svc", "t", {})
+        store.finish_worker_job("w", f"{i:032x}", COMPLETED, {})
+    store.add_worker_job("w", "recent", "svc", "t", {})
+    store.finish_worker_job("w", "recent", COMPLETED, {})
+    store.commit()
+    store._db.execute("UPDATE worker_jobs SET created = created - 3600, finished = finished - "
+                      "3600 WHERE uuid != 'recent'")
+    assert store.purge() == count
+    assert [j.uuid for j in store.worker_jobs()] == ["recent"]
+    store.close()
