@@ -20,9 +20,9 @@ checkpoint). Checkpoints, which fsync, run every half second in a thread of
 their own (with their own connection), so a commit on the hub never waits
 for the disk. Finished jobs older than ``retention`` seconds are removed by
 ``purge`` (the overlay calls it periodically; the search runs in a thread,
-see there); unfinished jobs are never
-purged (the age counts from the job's creation and its end alike). Times are
-wall-clock (``time.time``) so they mean something after a restart.
+see there); unfinished jobs are never purged (the age counts from the job's
+creation and its end alike). Times are wall-clock (``time.time``) so they
+mean something after a restart.
 
 Group commit, and the durability rule
 -------------------------------------
