@@ -2,18 +2,19 @@
 
 A 202 leaves only once the accepted job is in the store's file, a result
 (final EVENT, 200) only once it is; a job that finishes before the hub is
-idle is accepted and finished in one commit, and its 202 carries the result. Checked from a second SQLite connection (what a restarted worker
-would read) at the moment each message is handed to the socket.
+idle is accepted and finished in one commit, and its 202 carries the result.
+Checked from a second SQLite connection (what a restarted worker would read)
+at the moment each message is handed to the socket.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import gevent
-import gevent.event
 import pytest
 
 from peermesh.nfp.store import JobStore
@@ -27,19 +28,40 @@ class Recorder:
     def __init__(self, path: Path) -> None:
         self.other = sqlite3.connect(str(path))
         self.sent: list[tuple[Any, list[tuple[str, str]]]] = []
-        self.event = gevent.event.Event()
 
     def send(self, frames: list[bytes]) -> bool:
         rows = self.other.execute("SELECT uuid, state FROM worker_jobs ORDER BY uuid").fetchall()
         self.sent.append((nfp.decode(frames), rows))
-        self.event.set()
         return True
 
     def readable(self) -> bool:
         return False    # nothing waits to be read: the worker may commit at once
 
+    def wait_for(self, count: int, timeout: float = 5.0) -> None:
+        """Until ``count`` messages were sent (the worker runs on this hub meanwhile)."""
+        with gevent.Timeout(timeout, AssertionError(f"{count} message(s) not sent in time")):
+            while len(self.sent) < count:
+                gevent.sleep(0.001)
+
     def close(self) -> None:
         self.other.close()
+
+
+@contextmanager
+def recorded_worker(tmp_path: Path, tasks: Tasks) -> Iterator[tuple[Worker, JobStore, Recorder]]:
+    """A started worker whose broker link is a ``Recorder``."""
+    path = tmp_path / "w.sqlite3"
+    store = JobStore(path)
+    worker = Worker("svc", "w1", tasks, store, internal=True)
+    worker.start()
+    recorder = Recorder(path)
+    worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
+    try:
+        yield worker, store, recorder
+    finally:
+        worker.stop()
+        recorder.close()
+        store.close()
 
 
 def post(worker: Worker, uuid: str, task: str, notify: bool) -> None:
@@ -52,19 +74,12 @@ def test_acknowledgements_follow_the_commit(tmp_path: Path) -> None:
     tasks = Tasks()
     tasks.add("quick", lambda job: "done")
     tasks.add("slow", lambda job: gevent.sleep(0.05) or "slept")
-    path = tmp_path / "w.sqlite3"
-    store = JobStore(path)
-    worker = Worker("svc", "w1", tasks, store, internal=True)
-    worker.start()
-    recorder = Recorder(path)
-    worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
-    try:
+    with recorded_worker(tmp_path, tasks) as (worker, store, recorder):
         # a quick job with notify: nothing leaves before the one commit, then the 202
         # carrying the result (no final EVENT)
         post(worker, "a" * 32, "quick", notify=True)
         assert recorder.sent == [] and store.pending
-        while not recorder.sent:
-            gevent.sleep(0.001)
+        recorder.wait_for(1)
         (accepted, rows), = recorder.sent
         assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
         assert nfp.decode_body(accepted.body[0]) == {
@@ -74,34 +89,21 @@ def test_acknowledgements_follow_the_commit(tmp_path: Path) -> None:
         # a slow job without notify: its 202 leaves (committed) before the task ends
         recorder.sent.clear()
         post(worker, "b" * 32, "slow", notify=False)
-        while not recorder.sent:
-            gevent.sleep(0.001)
+        recorder.wait_for(1)
         accepted, rows = recorder.sent[0]
         assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
         assert ("b" * 32, "pending") in rows
-        while len(recorder.sent) < 2:
-            gevent.sleep(0.005)
+        recorder.wait_for(2)
         final, rows = recorder.sent[1]
         assert isinstance(final, nfp.Event) and ("b" * 32, "completed") in rows
-    finally:
-        worker.stop()
-        recorder.close()
-        store.close()
 
 
 def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path) -> None:
     tasks = Tasks()
     tasks.add("big", lambda job: "x" * (FINAL_IN_ACCEPT + 1))
-    path = tmp_path / "w.sqlite3"
-    store = JobStore(path)
-    worker = Worker("svc", "w1", tasks, store, internal=True)
-    worker.start()
-    recorder = Recorder(path)
-    worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
-    try:
+    with recorded_worker(tmp_path, tasks) as (worker, store, recorder):
         post(worker, "c" * 32, "big", notify=True)
-        while len(recorder.sent) < 2:
-            gevent.sleep(0.001)
+        recorder.wait_for(2)
         (accepted, _), (final, rows) = recorder.sent
         assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
         assert nfp.decode_body(accepted.body[0])["state"] == "pending"
@@ -109,7 +111,3 @@ def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path)
         body = nfp.decode_body(final.body[0])
         assert body["state"] == "completed" and len(body["result"]) == FINAL_IN_ACCEPT + 1
         assert rows == [("c" * 32, "completed")] and store.commits == 1
-    finally:
-        worker.stop()
-        recorder.close()
-        store.close()
