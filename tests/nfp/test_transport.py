@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+import gevent
+import gevent.event
+import pytest
 import zmq
 
+from peermesh.nfp import transport
 from peermesh.nfp.transport import Channel, bind_ephemeral
 
 from .conftest import wait_until
@@ -66,6 +70,46 @@ def test_a_handler_may_close_its_channel_mid_batch(zmq_path: str) -> None:
         # (touching the closed socket), it would have done so before this runs
         assert len(seen) == 1 and router.closed
         assert not router.send([b"x", b"", b"late"])
+    finally:
+        dealer.close()
+        router.close()
+
+
+
+def test_a_message_whose_edge_a_send_took_mid_batch_is_still_read(
+        zmq_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the guard timer would deliver it eventually; with a long one only the reader's own
+    # look after its batch (the socket was used meanwhile) delivers it in time
+    monkeypatch.setattr(transport, "_GUARD", 60.0)
+    got: list[bytes] = []
+    answered = gevent.event.Event()
+    channels: dict[str, Channel] = {}
+
+    def chat() -> None:
+        dealer = channels["dealer"]
+        dealer.send([b"", b"hello"])
+        answered.wait(5)
+        gevent.sleep(0.05)              # the answer is in the socket now, unread
+        dealer.send([b"", b"bye"])      # (a send takes in the command announcing it)
+
+    def on_dealer(frames: list[bytes]) -> None:
+        got.append(frames[1])
+        if frames[1] == b"x":
+            gevent.spawn(chat).join(5)  # the reader waits in its handler meanwhile
+
+    def on_router(frames: list[bytes]) -> None:
+        if frames[2] == b"join":
+            channels["router"].send([frames[0], b"", b"x"])
+        elif frames[2] == b"hello":
+            channels["router"].send([frames[0], b"", b"y"])
+            answered.set()
+
+    router, dealer = _pair(on_router, on_dealer)
+    channels.update(router=router, dealer=dealer)
+    try:
+        dealer.send([b"", b"join"])
+        wait_until(lambda: b"y" in got, 5, "the answer that arrived during the batch")
+        assert got == [b"x", b"y"]
     finally:
         dealer.close()
         router.close()
