@@ -19,7 +19,7 @@ Handler = Callable[[list[bytes]], None]
 
 
 def _pair(on_router: Handler, on_dealer: Handler) -> tuple[Channel, Channel]:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     endpoint = bind_ephemeral(router, "127.0.0.1")
