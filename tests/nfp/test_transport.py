@@ -113,3 +113,36 @@ def test_a_message_whose_edge_a_send_took_mid_batch_is_still_read(
     finally:
         dealer.close()
         router.close()
+
+
+def test_a_handler_that_waits_does_not_make_the_hub_spin(zmq_path: str) -> None:
+    got: list[bytes] = []
+    wakes: list[bool] = []
+    sleeping = gevent.event.Event()
+
+    def on_router(frames: list[bytes]) -> None:
+        got.append(frames[2])
+        if frames[2] == b"0":
+            sleeping.set()
+            gevent.sleep(0.2)           # the reader waits in its handler; more arrives meanwhile
+
+    router, dealer = _pair(on_router, lambda frames: None)
+    wake = router._wake
+
+    def counted() -> None:
+        wakes.append(sleeping.is_set() and len(got) == 1)
+        wake()
+    router._wake = counted              # type: ignore[method-assign]
+    try:
+        dealer.send([b"", b"0"])
+        assert sleeping.wait(5)
+        for i in range(1, 6):
+            dealer.send([b"", b"%d" % i])
+        wait_until(lambda: len(got) == 6, 5, "every message")
+        # the descriptor was readable for the whole 0.2 s: the watcher fired once (and
+        # was stopped), not on every turn of the hub's loop
+        assert sum(wakes) <= 2
+        assert got == [b"%d" % i for i in range(6)]
+    finally:
+        dealer.close()
+        router.close()
