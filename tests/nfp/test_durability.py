@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import gevent
+import gevent.event
 import pytest
 
 from peermesh.nfp.store import JobStore
@@ -28,10 +29,12 @@ class Recorder:
     def __init__(self, path: Path) -> None:
         self.other = sqlite3.connect(str(path))
         self.sent: list[tuple[Any, list[tuple[str, str]]]] = []
+        self.one_more = gevent.event.Event()
 
     def send(self, frames: list[bytes]) -> bool:
         rows = self.other.execute("SELECT uuid, state FROM worker_jobs ORDER BY uuid").fetchall()
         self.sent.append((nfp.decode(frames), rows))
+        self.one_more.set()
         return True
 
     def readable(self) -> bool:
@@ -41,7 +44,8 @@ class Recorder:
         """Until ``count`` messages were sent (the worker runs on this hub meanwhile)."""
         with gevent.Timeout(timeout, AssertionError(f"{count} message(s) not sent in time")):
             while len(self.sent) < count:
-                gevent.sleep(0.001)
+                self.one_more.clear()
+                self.one_more.wait()
 
     def close(self) -> None:
         self.other.close()
