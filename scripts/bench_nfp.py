@@ -389,6 +389,23 @@ def failover(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
             "serving_after_s": round(served - killed, 3)}
 
 
+def _median_run(done: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rate (the lower one of the middle two), with every run's
+    rate and p50 under "runs" when there were several."""
+    ranked = sorted(done, key=lambda r: r["jobs_per_s"])
+    median = dict(ranked[(len(ranked) - 1) // 2])
+    if len(done) > 1:
+        median["runs"] = [[r["jobs_per_s"], r["p50_ms"]] for r in done]
+    return median
+
+
+def _print_runs(result: dict[str, Any]) -> None:
+    if "runs" in result:
+        rates = sorted(rate for rate, _ in result["runs"])
+        print(f"{'':<12} the median of {len(rates)} runs; jobs/s "
+              f"{', '.join(f'{rate:.0f}' for rate in rates)}")
+
+
 def _library() -> str:
     """Where the peermesh package this run imports lives."""
     import peermesh
@@ -465,7 +482,13 @@ def main() -> int:
                              "DIR/<mode>-<process>.prof (timings are then not comparable)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --compare: interleaved rounds (default: %(default)s)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="measure brokerless, brokered and the floor N times each, "
+                             "alternating, and report the median run with the range (this "
+                             "VM's rates swing with its host's load; default: %(default)s)")
     args = parser.parse_args()
+    if args.repeat < 1 or args.rounds < 1 or args.jobs < 1:
+        parser.error("--jobs, --rounds and --repeat must be at least 1")
     if args.compare:
         return compare(args)
     only = set(args.only.split(","))
@@ -474,13 +497,18 @@ def main() -> int:
     data_dir = tempfile.mkdtemp(prefix="bench-nfp-")
     try:
         results: dict[str, Any] = {"library": _library()}
-        for mode in ("brokerless", "brokered"):
-            if mode in only:
-                _say(f"{mode}: {args.jobs} sequential jobs ...")
-                results[mode] = round_trips(mode, args.jobs, args, os.path.join(data_dir, mode))
-        if "floor" in only:
-            _say("transport floor (brokered message pattern, no processing) ...")
-            results["floor"] = transport_floor(args.jobs)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for n in range(args.repeat):
+            of = f" (run {n + 1} of {args.repeat})" if args.repeat > 1 else ""
+            for mode in ("brokerless", "brokered"):
+                if mode in only:
+                    _say(f"{mode}: {args.jobs} sequential jobs{of} ...")
+                    runs.setdefault(mode, []).append(round_trips(
+                        mode, args.jobs, args, os.path.join(data_dir, f"{mode}-{n}")))
+            if "floor" in only:
+                _say(f"transport floor (brokered message pattern, no processing){of} ...")
+                runs.setdefault("floor", []).append(transport_floor(args.jobs))
+        results.update({mode: _median_run(done) for mode, done in runs.items()})
         if "failover" in only:
             _say("failover ...")
             results["failover"] = failover(args, os.path.join(data_dir, "failover"))
@@ -509,6 +537,7 @@ def main() -> int:
             r = results[mode]
             print(f"{mode:<12} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} "
                   f"{r['p99_ms']:>8.3f}")
+            _print_runs(r)
             for name, c in r["cpu_us_per_job"].items():
                 print(f"{'':<12} CPU us/job {name:<7} {c['total']:>7.1f} (main thread "
                       f"{c['main']:.1f}, libzmq I/O {c['zmq']:.1f}, other {c['other']:.1f})")
@@ -517,6 +546,7 @@ def main() -> int:
         print(f"{'floor':<12} {fl['jobs_per_s']:>9.0f} {fl['p50_ms']:>8.3f} "
               f"{fl['p99_ms']:>8.3f}   (brokered message pattern through peermesh's socket "
               "layer, no processing)")
+        _print_runs(fl)
         for name, c in fl["cpu_us_per_job"].items():
             print(f"{'':<12} CPU us/job {name:<7} {c['total']:>7.1f} (main thread "
                   f"{c['main']:.1f}, libzmq I/O {c['zmq']:.1f}, other {c['other']:.1f})")
