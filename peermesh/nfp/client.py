@@ -320,11 +320,14 @@ class Client:
         opened = self._opened
         channel = self._broker_channel
         assert opened is not None
-        try:
-            ok = opened.get(timeout=max(0.0, min(deadline - time.monotonic(),
-                                                 self.request_timeout)))
-        except gevent.Timeout:
-            ok = False
+        if opened.ready():     # (nearly always: no Timeout made per request)
+            ok = opened.value
+        else:
+            try:
+                ok = opened.get(timeout=max(0.0, min(deadline - time.monotonic(),
+                                                     self.request_timeout)))
+            except gevent.Timeout:
+                ok = False
         if not ok:
             if self._broker_channel is channel:   # not answering / not the broker: a new socket
                 self._close_broker()
