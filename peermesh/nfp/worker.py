@@ -447,12 +447,17 @@ class Worker:
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
         """Answer a request, once what the store holds about it is committed."""
+        if origin is not None:
+            self.store.after_commit(self._send_to_origin, origin, nfp.response_frames(
+                nfp.WORKER, msg.service, msg.uuid, status,
+                (nfp.encode_body(self._answer_head(body, rid)),)), False)
+
+    def _answer_head(self, body: dict[str, Any], rid: Any) -> dict[str, Any]:
+        """An answer's body: who answers, its load, ``body``, and the request's rid."""
         out = {"worker": self.name, "load": self.load, **body}
         if rid is not None:
             out["rid"] = rid
-        if origin is not None:
-            self.store.after_commit(self._send_to_origin, origin, nfp.response_frames(
-                nfp.WORKER, msg.service, msg.uuid, status, (nfp.encode_body(out),)), False)
+        return out
 
     def _on_post(self, msg: nfp.Post, body: dict[str, Any], origin: tuple[Any, ...],
                  rid: Any) -> None:
@@ -509,11 +514,8 @@ class Worker:
     def _accept(self, job: _Job, origin: tuple[Any, ...], rid: Any) -> None:
         """Send a new job's 202, its final state and result too if it finished already."""
         job.acknowledged = True
-        head: dict[str, Any] = {"worker": self.name, "load": self.load,
-                                "state": PENDING if job.final is None else job.state}
-        if rid is not None:
-            head["rid"] = rid
-        text = nfp.to_json(head)
+        text = nfp.to_json(self._answer_head(
+            {"state": PENDING if job.final is None else job.state}, rid))
         if job.final is not None:
             text = _merged(text, job.final)
         self._send_to_origin(origin, nfp.response_frames(
