@@ -3,8 +3,9 @@
 From Python, pyzmq costs about 0.6 us per frame (a call, a ``Frame``, its
 ``more`` flag), and a ZRE WHISPER is three frames at a ROUTER. The extension
 ``_peermesh_zmqbatch`` (built from ``peermesh/_zmqbatch.c`` at install when a
-C compiler is present) reads every waiting message in one call and sends a
-message's frames in one call, through the libzmq that pyzmq loaded, on the
+C compiler is present) reads every waiting message in one call, sends a
+message's frames in one call and asks a socket's ``EVENTS`` without pyzmq's
+option enum (0.6 us against 1.4), through the libzmq that pyzmq loaded, on the
 handle pyzmq exposes as ``Socket.underlying``. A batch of WHISPERs then costs
 about 0.4 us per message to read instead of about 1.8 us.
 

@@ -165,6 +165,28 @@ def test_native_calls_check_their_arguments(zmq_path: str) -> None:
     assert caught.value.errno == errno.ENOTSOCK
     with pytest.raises(TypeError):
         native.send("not a handle", [b"x"])
+    with pytest.raises(zmq.ZMQError) as caught:
+        native.events(0)
+    assert caught.value.errno == errno.ENOTSOCK
+    with pytest.raises(TypeError):
+        native.events("not a handle")
+
+
+def test_native_events_say_what_pyzmq_says(zmq_path: str) -> None:
+    native = native_only(zmq_path)
+    context = zmq.Context()
+    try:
+        a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+        port = a.bind_to_random_port("tcp://127.0.0.1")
+        assert native.events(b.underlying) == b.get(zmq.EVENTS) == 0   # no peer yet
+        b.connect(f"tcp://127.0.0.1:{port}")
+        b.send(b"ping")
+        assert a.poll(int(WAIT * 1000)) == zmq.POLLIN
+        assert native.events(a.underlying) == a.get(zmq.EVENTS) == zmq.POLLIN | zmq.POLLOUT
+        assert a.recv() == b"ping"
+        assert native.events(a.underlying) == a.get(zmq.EVENTS) == zmq.POLLOUT
+    finally:
+        context.destroy(linger=0)
 
 
 def test_the_extension_is_used_where_it_was_built() -> None:

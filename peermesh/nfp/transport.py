@@ -6,8 +6,8 @@ A ``Channel`` owns one plain (not ``zmq.green``) socket and one reader
 greenlet. The reader drains every message that is ready, hands each to
 ``handler(frames)`` and only then waits on the socket's ``zmq.FD`` through
 the hub. With the C extension (``peermesh.zmqbatch.native``) a batch of
-messages is read in one call and a message's frames are sent in one call;
-without it (not built, or ``PEERMESH_PURE_PYTHON=1``) pyzmq does the same
+messages is read in one call, a message's frames are sent in one call and
+``EVENTS`` is asked in one call; without it (not built, or ``PEERMESH_PURE_PYTHON=1``) pyzmq does the same
 frame by frame (``EVENTS`` says POLLIN, then ``recv(NOBLOCK, copy=False)`` +
 ``Frame.more``; a ``send(frame, SNDMORE)`` loop). Either way the wait uses
 one io watcher and one guard timer, made once and reused, which switch
@@ -39,6 +39,7 @@ that waits for room.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from typing import Callable, Optional, Sequence
@@ -66,8 +67,8 @@ _send = _BaseSocket.send
 _get: Callable[[zmq.Socket, int], int] = _BaseSocket.get  # type: ignore[assignment]
 
 
-def _events(sock: zmq.Socket) -> int:
-    return _get(sock, _EVENTS)  # type: ignore[no-any-return]
+def _closed_events() -> int:
+    raise zmq.ZMQError(zmq.ENOTSOCK)   # what pyzmq says of a closed socket
 
 
 def bind_ephemeral(sock: zmq.Socket, address: str) -> str:
@@ -101,6 +102,10 @@ class Channel:
         self._native_send: Optional[Callable[[int, Sequence[bytes]], bool]] = \
             native.send if native is not None else None
         self._handle: int = sock.underlying if native is not None else 0
+        #: the socket's ZMQ_EVENTS (through the C extension: no option enum per call)
+        self._events: Callable[[], int] = functools.partial(
+            native.events, self._handle) if native is not None else \
+            functools.partial(_get, sock, _EVENTS)
         self._reader: Optional[gevent.Greenlet] = gevent.spawn(
             self._read if native is None else self._read_batches)
 
@@ -212,7 +217,7 @@ class Channel:
 
     def wake(self) -> None:
         """Let the reader look again (after a send that may have eaten the FD edge)."""
-        if self._waiting and _events(self.socket) & _POLLIN:
+        if self._waiting and self._events() & _POLLIN:
             self._hub.loop.run_callback(self._wake)
 
     def readable(self) -> bool:
@@ -221,7 +226,7 @@ class Channel:
             return False
         self._used = True
         try:
-            ready = _events(self.socket) & _POLLIN
+            ready = self._events() & _POLLIN
         except zmq.ZMQError:
             return False
         if ready and self._waiting:     # asking may have eaten the edge the reader waits for
@@ -329,7 +334,7 @@ class Channel:
         self._used = True
         deadline = self._hub.loop.now() + self.send_timeout
         delay = 0.0005
-        while not _events(self.socket) & _POLLOUT:
+        while not self._events() & _POLLOUT:
             if self._hub.loop.now() >= deadline or self.closed:
                 return False
             gevent.sleep(delay)
@@ -348,6 +353,7 @@ class Channel:
             except zmq.ZMQError:
                 pass
         self.closed = True
+        self._events = _closed_events   # (the C extension must not see a closed handle)
         reader, self._reader = self._reader, None
         self._waiting = False
         for greenlet in (reader, self._backlog_sender):

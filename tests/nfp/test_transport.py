@@ -70,6 +70,10 @@ def test_a_handler_may_close_its_channel_mid_batch(zmq_path: str) -> None:
         # (touching the closed socket), it would have done so before this runs
         assert len(seen) == 1 and router.closed
         assert not router.send([b"x", b"", b"late"])
+        assert not router.readable()
+        with pytest.raises(zmq.ZMQError) as caught:   # never the closed socket's handle
+            router._events()
+        assert caught.value.errno == zmq.ENOTSOCK
     finally:
         dealer.close()
         router.close()
