@@ -234,15 +234,20 @@ def _thread_cpu(pid: int) -> dict[str, float]:
     except OSError:
         return out
     for tid in tids:
+        task = f"/proc/{pid}/task/{tid}"
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            with open(f"{task}/stat") as f:
                 head, rest = f.read().rsplit(")", 1)
         except OSError:
             continue
-        fields = rest.split()
         name = head.split("(", 1)[1]
         kind = "main" if tid == str(pid) else "zmq" if name.startswith("ZMQbg") else "other"
-        out[kind] += (int(fields[11]) + int(fields[12])) / tick
+        try:   # nanoseconds on the CPU (stat's user + system time counts whole ticks)
+            with open(f"{task}/schedstat") as f:
+                out[kind] += int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            fields = rest.split()
+            out[kind] += (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
