@@ -127,11 +127,11 @@ class _RunWaiter:
             self.done.set()
 
 
-def _final_status(body: dict[str, Any]) -> int:
+def _final_status(body: dict[str, Any]) -> Status:
     """The per-worker status ``run`` reports for a final EVENT."""
     state = body.get("state")
-    return int(Status.ERROR if state == "lost" else
-               Status.REQUEST_TIMEOUT if state == "orphaned" else Status.OK)
+    return Status.ERROR if state == "lost" else \
+        Status.REQUEST_TIMEOUT if state == "orphaned" else Status.OK
 
 
 class Client:
@@ -562,12 +562,14 @@ class Client:
             if not waiter.fetch and not waiter.complete:
                 waiter.done.wait(max(0.0, deadline - time.monotonic()))
             if waiter.complete:
-                workers = {name: {**body, "status": _final_status(body)}
-                           for name, body in waiter.finals.items() if name in waiter.expected}
-                for body in workers.values():
-                    body.pop("load", None)
-                status = overall_get_status([Status(w["status"]) for w in workers.values()])
-                reply = Reply(status, {"uuid": uuid, "workers": workers})
+                statuses = {name: _final_status(body) for name, body in waiter.finals.items()
+                            if name in waiter.expected}
+                workers = {}
+                for name, final in statuses.items():
+                    entry = workers[name] = {**waiter.finals[name], "status": int(final)}
+                    entry.pop("load", None)
+                reply = Reply(overall_get_status(list(statuses.values())),
+                              {"uuid": uuid, "workers": workers})
                 self._record_result(uuid, reply, known=True, accepted=sorted(waiter.expected))
                 return reply
             self.store.update_client_job(uuid, state="accepted", status=int(posted.status),

@@ -259,8 +259,8 @@ class Dispatcher:
         if target == nfp.ALL:
             return pool, []
         if target == nfp.ANY:
-            if not pool:
-                return [], []
+            if len(pool) < 2:
+                return pool, []
             best = min(pool, key=lambda w: (w.load, w.used))
             return [best], []
         names = nfp.parse_target(target)

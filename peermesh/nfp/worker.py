@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 TaskFunction = Callable[..., Any]
 #: longest result (JSON characters) a 202 carries (a longer one follows in the final EVENT)
 FINAL_IN_ACCEPT = 64 * 1024
+_FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
 
 
 class JobCancelled(Exception):
@@ -253,7 +254,7 @@ class Worker:
         for stored in self.store.unfinished_worker_jobs(self.name):
             body = stored.body
             job = _Job(stored.uuid, stored.service, stored.task, list(body.get("args") or []),
-                       dict(body.get("kwargs") or {}), _timeout(body), False, ("broker",))
+                       dict(body.get("kwargs") or {}), _timeout(body), False, _FROM_BROKER)
             self._jobs[job.uuid] = job
             self._queue.append(job)
             self.stats["recovered"] += 1
@@ -356,6 +357,12 @@ class Worker:
                       type(msg).__name__, msg.role.value)
             return
         self._last_recv = time.monotonic()
+        cls = type(msg)
+        if cls is nfp.Post or cls is nfp.Get or cls is nfp.Delete:
+            if self._broker_state == "ready":
+                self._last_source = self._broker
+                self._on_request(msg, _FROM_BROKER)   # type: ignore[arg-type]
+            return
         if isinstance(msg, nfp.Disconnect):
             why = msg.body.decode("utf-8", "replace") or "no reason given"
             # a new socket, after a pause so a broker that keeps refusing is not hammered
@@ -368,13 +375,6 @@ class Worker:
                 self._broker_state = "ready"
                 self._send_broker(nfp.Ready(self.service))
             return
-        if isinstance(msg, nfp.Keepalive):
-            return
-        if self._broker_state != "ready":
-            return
-        if isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)):
-            self._last_source = self._broker
-            self._on_request(msg, ("broker",))
 
     def _after_disconnect(self, endpoint: Optional[str], why: str) -> None:
         if self.started and self._broker is None and endpoint == self.broker_endpoint:
@@ -715,7 +715,7 @@ class Worker:
 
     def _send_event_frame(self, job: _Job, frame: bytes) -> None:
         frames = nfp.event_frames(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,))
-        origin = job.origin if job.origin is not None else ("broker",)
+        origin = job.origin if job.origin is not None else _FROM_BROKER
         self.store.after_commit(self._send_to_origin, origin, frames, True)
 
     # --- management -----------------------------------------------------
