@@ -258,8 +258,10 @@ class JobStore:
                     except sqlite3.Error:
                         log.exception("%s: writing %d client record(s) failed; dropped",
                                       self.path, len(rows))
-                        if db.in_transaction:
+                        try:
                             db.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass    # (none was open)
                     finally:
                         self._written.set()
                 if time.monotonic() >= checkpoint:
@@ -314,8 +316,8 @@ class JobStore:
 
     def _on_lazy(self) -> None:
         """``lazy_delay`` is up: client records alone go to the store's thread; anything
-        else is committed here, with them."""
-        if self._txn or self._after:
+        else is committed here, with them (and everything is, if the thread is gone)."""
+        if self._txn or self._after or not self._thread.is_alive():
             self._on_hub_idle()
         elif self._client_rows:
             if self._behind and not self._written.is_set():

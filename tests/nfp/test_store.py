@@ -262,3 +262,17 @@ def test_a_batch_that_fails_is_logged_and_the_store_goes_on(
     assert store.client_job("good") is not None and store.client_job("bad") is None
     store.close()
     other.close()
+
+
+def test_without_its_thread_the_store_commits_client_records_on_the_hub(tmp_path: Path) -> None:
+    path = tmp_path / "g.sqlite3"
+    store = JobStore(path)
+    store._handed.put(None)          # the thread ends (as if it could not open the file)
+    store._thread.join(5.0)
+    store.add_client_job("c1", "svc", "echo", "any", {})
+    store._on_lazy()
+    assert store.commits == 1 and not store.pending
+    other = sqlite3.connect(str(path))
+    assert _count(other) == 1
+    other.close()
+    store.close()
