@@ -327,8 +327,7 @@ class JobStore:
 
     def _write_behind(self) -> None:
         """Hand the held client records to the store's thread, which writes and commits
-        them on its own connection while the hub goes on (about 20 us per record that
-        the hub does not spend; random job UUIDs put each on a page of its own)."""
+        them on its own connection while the hub goes on."""
         rows, self._client_rows = self._client_rows, {}
         self._behind = True
         self._written.clear()
