@@ -64,6 +64,7 @@ are dropped (logged): the requesters' timeouts and retries answer for them.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -175,17 +176,30 @@ class ClientJob:
 _dumps = to_json
 _CLIENT_COLUMNS = ("service", "task", "target", "body", "workers", "state", "status",
                    "reason", "result", "created", "updated")
-_INSERT_CLIENT = (f"INSERT OR REPLACE INTO client_jobs (uuid, {', '.join(_CLIENT_COLUMNS)}) "
-                  f"VALUES ({', '.join('?' * (len(_CLIENT_COLUMNS) + 1))})")
+_ROWS_PER_INSERT = 256
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_client(count: int) -> str:
+    """An INSERT of ``count`` client records in one statement."""
+    row = f"({', '.join('?' * (len(_CLIENT_COLUMNS) + 1))})"
+    return (f"INSERT OR REPLACE INTO client_jobs (uuid, {', '.join(_CLIENT_COLUMNS)}) "
+            f"VALUES {', '.join([row] * count)}")
 
 
 def _write_client_rows(db: sqlite3.Connection,
                        rows: dict[str, tuple[bool, dict[str, Any]]]) -> None:
-    """Write held client records (uuid -> (new row?, columns)) in ``db``'s transaction."""
+    """Write held client records (uuid -> (new row?, columns)) in ``db``'s transaction.
+
+    New records go in multi-row INSERTs: one statement step each (``executemany``
+    steps once per row, and the store's thread would take the GIL back every time)."""
     new = [(uuid, *[c[k] for k in _CLIENT_COLUMNS]) for uuid, (is_new, c) in rows.items()
            if is_new]
-    if new:
-        db.executemany(_INSERT_CLIENT, new)
+    per = max(1, min(_ROWS_PER_INSERT, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                     // (len(_CLIENT_COLUMNS) + 1)))
+    for start in range(0, len(new), per):
+        chunk = new[start:start + per]
+        db.execute(_insert_client(len(chunk)), [value for row in chunk for value in row])
     for uuid, (is_new, columns) in rows.items():
         if not is_new:
             db.execute(f"UPDATE client_jobs SET {' = ?, '.join(columns)} = ? WHERE uuid = ?",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from peermesh.nfp.store import (_PURGE_CHUNK, CANCELLED, COMPLETED, PENDING, JobStore,
-                                 store_path)
+                                 _write_client_rows, store_path)
 
 from .conftest import wait_until
 
@@ -275,4 +275,27 @@ def test_without_its_thread_the_store_commits_client_records_on_the_hub(tmp_path
     other = sqlite3.connect(str(path))
     assert _count(other) == 1
     other.close()
+    store.close()
+
+
+def test_client_records_go_in_multi_row_inserts_within_the_variable_limit(
+        tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "m.sqlite3")
+    store.add_client_job("x", "svc", "echo", "any", {})
+    store.commit()
+    store.update_client_job("x", state="completed")     # an update among the inserts
+    for i in range(600):
+        store.add_client_job(f"c{i:03}", "svc", "echo", "any", {"task": "echo", "args": [i]})
+    db = sqlite3.connect(str(tmp_path / "m.sqlite3"), isolation_level=None)
+    db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 120)   # 10 records per statement
+    rows, store._client_rows = store._client_rows, {}
+    db.execute("BEGIN")
+    _write_client_rows(db, rows)
+    db.execute("COMMIT")
+    assert _count(db) == 601
+    assert db.execute("SELECT body FROM client_jobs WHERE uuid = 'c599'").fetchone() == (
+        '{"task":"echo","args":[599]}',)
+    assert db.execute("SELECT state FROM client_jobs WHERE uuid = 'x'").fetchone() == (
+        "completed",)
+    db.close()
     store.close()
