@@ -16,9 +16,9 @@ How it works
 
 WAL with ``synchronous=NORMAL``: a commit is one ``write`` to the WAL, which
 survives the process being killed (not a power cut before the next
-checkpoint). Checkpoints, which fsync, run every half second in the store's
-thread (on a connection of its own), so a commit on the hub never waits for
-the disk. Finished jobs older than ``retention`` seconds are removed by
+checkpoint). Checkpoints, which fsync, run every half second in a thread of
+their own (with their own connection), so a commit on the hub never waits
+for the disk. Finished jobs older than ``retention`` seconds are removed by
 ``purge`` (the overlay calls it periodically; the search runs in a thread,
 see there); unfinished jobs are never purged (the age counts from the job's
 creation and its end alike). Times are wall-clock (``time.time``) so they
@@ -50,13 +50,6 @@ was opened, so a busy client commits once per many jobs; ``commit()`` and
   POST leaves, and ``run`` returns, before the record is committed. A
   client killed in that window can lose the last 20 ms of its job list,
   never a job: the worker's committed record answers GET.
-* **Written behind the hub**: when ``lazy_delay`` is up and the hub has
-  nothing else to commit, the held client records go to the store's thread,
-  which writes and commits them on its connection (random job UUIDs put
-  each record on a B-tree page of its own: about 20 us each, which the hub
-  no longer spends). One writer at a time: while a batch is in the thread's
-  hands, the hub's next write transaction and any read of client records
-  first wait for it (a millisecond or so).
 
 A failed commit is rolled back and the acknowledgements that waited for it
 are dropped (logged): the requesters' timeouts and retries answer for them.
@@ -64,11 +57,9 @@ are dropped (logged): the requesters' timeouts and retries answer for them.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
-import queue
 import re
 import sqlite3
 import threading
@@ -174,36 +165,6 @@ class ClientJob:
 
 
 _dumps = to_json
-_CLIENT_COLUMNS = ("service", "task", "target", "body", "workers", "state", "status",
-                   "reason", "result", "created", "updated")
-_ROWS_PER_INSERT = 256
-
-
-@functools.lru_cache(maxsize=32)
-def _insert_client(count: int) -> str:
-    """An INSERT of ``count`` client records in one statement."""
-    row = f"({', '.join('?' * (len(_CLIENT_COLUMNS) + 1))})"
-    return (f"INSERT OR REPLACE INTO client_jobs (uuid, {', '.join(_CLIENT_COLUMNS)}) "
-            f"VALUES {', '.join([row] * count)}")
-
-
-def _write_client_rows(db: sqlite3.Connection,
-                       rows: dict[str, tuple[bool, dict[str, Any]]]) -> None:
-    """Write held client records (uuid -> (new row?, columns)) in ``db``'s transaction.
-
-    New records go in multi-row INSERTs: one statement step each (``executemany``
-    steps once per row, and the store's thread would take the GIL back every time)."""
-    new = [(uuid, *[c[k] for k in _CLIENT_COLUMNS]) for uuid, (is_new, c) in rows.items()
-           if is_new]
-    per = max(1, min(_ROWS_PER_INSERT, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-                     // (len(_CLIENT_COLUMNS) + 1)))
-    for start in range(0, len(new), per):
-        chunk = new[start:start + per]
-        db.execute(_insert_client(len(chunk)), [value for row in chunk for value in row])
-    for uuid, (is_new, columns) in rows.items():
-        if not is_new:
-            db.execute(f"UPDATE client_jobs SET {' = ?, '.join(columns)} = ? WHERE uuid = ?",
-                       (*columns.values(), uuid))
 
 
 class JobStore:
@@ -232,64 +193,27 @@ class JobStore:
         db.execute("PRAGMA wal_autocheckpoint=0")
         db.executescript(_SCHEMA)
         self._db = db
-        # the store's thread: it writes client records handed to it and checkpoints
-        self._handed: queue.SimpleQueue[Optional[dict[str, tuple[bool, dict[str, Any]]]]] = \
-            queue.SimpleQueue()
-        self._behind = False                 # client records handed over, maybe not written
-        self._written = threading.Event()    # ... set once they are (or failed, logged)
-        self._written.set()
-        self._thread = threading.Thread(target=self._background, daemon=True,
-                                        name=f"peermesh-store-{self.path.name}")
-        self._thread.start()
+        self._stop = threading.Event()
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
+                                              name=f"peermesh-checkpoint-{self.path.name}")
+        self._checkpointer.start()
 
-    def _background(self) -> None:
-        """The store's thread, on a connection of its own: writes the client records the
-        hub hands over (see ``_write_behind``) and checkpoints the WAL every
-        ``_CHECKPOINT_EVERY`` seconds, and once more (truncating it) at the end."""
+    def _checkpoint_loop(self) -> None:
         try:
-            db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
-                                 timeout=5.0)
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA wal_autocheckpoint=0")
+            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=5.0)
         except sqlite3.Error:
-            log.exception("%s: the store's thread cannot open the file", self.path)
-            self._written.set()
             return
-        checkpoint = time.monotonic() + _CHECKPOINT_EVERY
         try:
-            while True:
+            while not self._stop.wait(_CHECKPOINT_EVERY):
                 try:
-                    rows = self._handed.get(timeout=max(0.0, checkpoint - time.monotonic()))
-                except queue.Empty:
-                    rows = {}
-                if rows is None:
-                    break
-                if rows:
-                    try:
-                        db.execute("BEGIN IMMEDIATE")
-                        _write_client_rows(db, rows)
-                        db.execute("COMMIT")
-                    except sqlite3.Error:
-                        log.exception("%s: writing %d client record(s) failed; dropped",
-                                      self.path, len(rows))
-                        try:
-                            db.execute("ROLLBACK")
-                        except sqlite3.Error:
-                            pass    # (none was open)
-                    finally:
-                        self._written.set()
-                if time.monotonic() >= checkpoint:
-                    checkpoint = time.monotonic() + _CHECKPOINT_EVERY
-                    try:
-                        db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                    except sqlite3.Error:
-                        pass
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    pass
             try:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error:
                 pass
         finally:
-            self._written.set()     # (never leave the hub waiting for a thread that is gone)
             db.close()
 
     def close(self) -> None:
@@ -300,8 +224,8 @@ class JobStore:
                 watcher.stop()
                 watcher.close()
         self._idle = self._timer = self._lazy = None
-        self._handed.put(None)
-        self._thread.join(10.0)
+        self._stop.set()
+        self._checkpointer.join(10.0)
         self._db.close()
 
     # --- group commit ---------------------------------------------------
@@ -313,7 +237,6 @@ class JobStore:
         return self._db.execute(sql, args)
 
     def _begin(self) -> None:
-        self._wait_behind()    # one writer at a time: the hub's transaction or the thread
         self._db.execute("BEGIN")
         self._txn = True
         if not self._client_rows:   # (else armed when the first row was held)
@@ -326,35 +249,7 @@ class JobStore:
             self._idle = loop.idle()
             self._timer = loop.timer(self.commit_delay, self.commit_delay)
             self._lazy = loop.timer(self.lazy_delay, self.lazy_delay)
-        self._lazy.again(self._on_lazy)
-
-    def _on_lazy(self) -> None:
-        """``lazy_delay`` is up: client records alone go to the store's thread; anything
-        else is committed here, with them (and everything is, if the thread is gone)."""
-        if self._txn or self._after or not self._thread.is_alive():
-            self._on_hub_idle()
-        elif self._client_rows:
-            if self._behind and not self._written.is_set():
-                self._arm_lazy()    # the last batch is still being written: the next waits
-            else:
-                self._write_behind()
-
-    def _write_behind(self) -> None:
-        """Hand the held client records to the store's thread, which writes and commits
-        them on its own connection while the hub goes on."""
-        rows, self._client_rows = self._client_rows, {}
-        self._behind = True
-        self._written.clear()
-        self._handed.put(rows)
-
-    def _wait_behind(self) -> None:
-        """Block until the client records handed to the store's thread are written (a
-        millisecond or so; only a read, or a write while a batch is in hand, waits)."""
-        if self._behind:
-            while not self._written.wait(1.0):
-                if not self._thread.is_alive():
-                    break
-            self._behind = False
+        self._lazy.again(self._on_hub_idle)
 
     def _on_hub_idle(self) -> None:
         try:
@@ -379,8 +274,7 @@ class JobStore:
 
     def commit(self) -> None:
         """Commit what is pending now, then run what waited for it (in order)."""
-        if self._client_rows:
-            self._flush_client()
+        self._flush_client()
         if self._lazy is not None:
             self._idle.stop()
             self._timer.stop()
@@ -519,16 +413,26 @@ class JobStore:
         else:
             held[1].update(columns)    # still a new row if it was one: written whole
 
+    _CLIENT_COLUMNS = ("service", "task", "target", "body", "workers", "state", "status",
+                       "reason", "result", "created", "updated")
+    _INSERT_CLIENT = (f"INSERT OR REPLACE INTO client_jobs (uuid, {', '.join(_CLIENT_COLUMNS)}) "
+                      f"VALUES ({', '.join('?' * (len(_CLIENT_COLUMNS) + 1))})")
+
     def _flush_client(self) -> None:
-        """Write the held client records (if any) into the open transaction, after those
-        in the store thread's hands (so reads see every record, in order)."""
-        self._wait_behind()
+        """Write the held client records (if any) into the open transaction."""
         if not self._client_rows:
             return
         rows, self._client_rows = self._client_rows, {}
-        if not self._txn:
-            self._begin()
-        _write_client_rows(self._db, rows)
+        new = [(uuid, *[c[k] for k in self._CLIENT_COLUMNS])
+               for uuid, (is_new, c) in rows.items() if is_new]
+        if new:
+            if not self._txn:
+                self._begin()
+            self._db.executemany(self._INSERT_CLIENT, new)
+        for uuid, (is_new, columns) in rows.items():
+            if not is_new:
+                self._write(f"UPDATE client_jobs SET {' = ?, '.join(columns)} = ? "
+                            f"WHERE uuid = ?", (*columns.values(), uuid))
 
     def client_job(self, uuid: str) -> Optional[ClientJob]:
         """One posted job, or None."""

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from peermesh.nfp.store import (_PURGE_CHUNK, CANCELLED, COMPLETED, PENDING, JobStore,
-                                 _write_client_rows, store_path)
-
-from .conftest import wait_until
+                                 store_path)
 
 
 def test_store_path_is_per_node_and_safe(tmp_path: Path) -> None:
@@ -172,130 +166,4 @@ def test_purge_in_chunks_and_no_time_index_on_worker_jobs(tmp_path: Path) -> Non
                       "3600 WHERE uuid != 'recent'")
     assert store.purge() == count
     assert [j.uuid for j in store.worker_jobs()] == ["recent"]
-    store.close()
-
-
-def _count(db: sqlite3.Connection, table: str = "client_jobs") -> int:
-    return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-
-
-def test_client_records_alone_are_written_by_the_store_thread(tmp_path: Path) -> None:
-    path = tmp_path / "t.sqlite3"
-    store = JobStore(path, lazy_delay=0.01)
-    other = sqlite3.connect(str(path))
-    for i in range(50):
-        store.add_client_job(f"c{i}", "svc", "echo", "any", {"task": "echo"})
-        store.update_client_job(f"c{i}", state="completed", status=200, result={"w": i})
-    wait_until(lambda: _count(other) == 50, what="the thread writes the held records")
-    assert store.commits == 0 and not store.pending     # the hub wrote and committed nothing
-    assert other.execute("SELECT state, result FROM client_jobs WHERE uuid = 'c7'"
-                         ).fetchone() == ("completed", '{"w":7}')
-    store.close()
-    other.close()
-
-
-def _locked(path: Path) -> sqlite3.Connection:
-    """Another connection holding the file's write lock (until it rolls back)."""
-    lock = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-    lock.execute("BEGIN IMMEDIATE")
-    return lock
-
-
-def test_reads_and_writes_wait_for_records_in_the_threads_hands(tmp_path: Path) -> None:
-    path = tmp_path / "r.sqlite3"
-    store = JobStore(path)
-    store.add_client_job("c1", "svc", "echo", "any", {"task": "echo"})
-    lock = _locked(path)
-    store._on_lazy()                          # the batch goes to the thread, which must wait
-    store.update_client_job("c1", state="completed")   # held: an UPDATE, after that batch
-    release = threading.Timer(0.2, lock.rollback)
-    release.start()
-    try:
-        job = store.client_job("c1")          # waits for the batch, then writes the update
-    finally:
-        release.join()
-    assert job is not None and job.state == "completed"
-    store.commit()                            # (the update's transaction)
-    store.add_client_job("c2", "svc", "echo", "any", {"task": "echo"})
-    lock = _locked(path)
-    store._on_lazy()
-    release = threading.Timer(0.2, lock.rollback)
-    release.start()
-    try:                                      # a worker's write waits too: one writer at a time
-        assert store.add_worker_job("w", "u1", "svc", "echo", {})
-    finally:
-        release.join()
-    store.close()
-    other = sqlite3.connect(str(path))
-    assert sorted(other.execute("SELECT uuid, state FROM client_jobs").fetchall()) == [
-        ("c1", "completed"), ("c2", "posting")]
-    assert _count(other, "worker_jobs") == 1
-    other.close()
-
-
-def test_close_writes_a_batch_in_the_threads_hands(tmp_path: Path) -> None:
-    path = tmp_path / "c.sqlite3"
-    store = JobStore(path)
-    store.add_client_job("c1", "svc", "echo", "any", {"task": "echo"})
-    store._on_lazy()
-    store.close()
-    other = sqlite3.connect(str(path))
-    assert _count(other) == 1
-    other.close()
-
-
-def test_a_batch_that_fails_is_logged_and_the_store_goes_on(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = tmp_path / "f.sqlite3"
-    store = JobStore(path)
-    other = sqlite3.connect(str(path))
-    other.execute("CREATE TRIGGER refuse BEFORE INSERT ON client_jobs WHEN NEW.uuid = 'bad' "
-                  "BEGIN SELECT RAISE(ABORT, 'refused'); END")
-    other.commit()
-    store.add_client_job("bad", "svc", "echo", "any", {})
-    with caplog.at_level(logging.ERROR, logger="peermesh.nfp.store"):
-        store._on_lazy()
-        store._wait_behind()
-    assert "1 client record(s) failed; dropped" in caplog.text
-    store.add_client_job("good", "svc", "echo", "any", {})
-    store._on_lazy()
-    assert store.client_job("good") is not None and store.client_job("bad") is None
-    store.close()
-    other.close()
-
-
-def test_without_its_thread_the_store_commits_client_records_on_the_hub(tmp_path: Path) -> None:
-    path = tmp_path / "g.sqlite3"
-    store = JobStore(path)
-    store._handed.put(None)          # the thread ends (as if it could not open the file)
-    store._thread.join(5.0)
-    store.add_client_job("c1", "svc", "echo", "any", {})
-    store._on_lazy()
-    assert store.commits == 1 and not store.pending
-    other = sqlite3.connect(str(path))
-    assert _count(other) == 1
-    other.close()
-    store.close()
-
-
-def test_client_records_go_in_multi_row_inserts_within_the_variable_limit(
-        tmp_path: Path) -> None:
-    store = JobStore(tmp_path / "m.sqlite3")
-    store.add_client_job("x", "svc", "echo", "any", {})
-    store.commit()
-    store.update_client_job("x", state="completed")     # an update among the inserts
-    for i in range(600):
-        store.add_client_job(f"c{i:03}", "svc", "echo", "any", {"task": "echo", "args": [i]})
-    db = sqlite3.connect(str(tmp_path / "m.sqlite3"), isolation_level=None)
-    db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 120)   # 10 records per statement
-    rows, store._client_rows = store._client_rows, {}
-    db.execute("BEGIN")
-    _write_client_rows(db, rows)
-    db.execute("COMMIT")
-    assert _count(db) == 601
-    assert db.execute("SELECT body FROM client_jobs WHERE uuid = 'c599'").fetchone() == (
-        '{"task":"echo","args":[599]}',)
-    assert db.execute("SELECT state FROM client_jobs WHERE uuid = 'x'").fetchone() == (
-        "completed",)
-    db.close()
     store.close()
