@@ -7,9 +7,10 @@ greenlet. The reader drains every message that is ready, hands each to
 ``handler(frames)`` and only then waits on the socket's ``zmq.FD`` through
 the hub. With the C extension (``peermesh.zmqbatch.native``) a batch of
 messages is read in one call, a message's frames are sent in one call and
-``EVENTS`` is asked in one call; without it (not built, or ``PEERMESH_PURE_PYTHON=1``) pyzmq does the same
-frame by frame (``EVENTS`` says POLLIN, then ``recv(NOBLOCK, copy=False)`` +
-``Frame.more``; a ``send(frame, SNDMORE)`` loop). Either way the wait uses
+``EVENTS`` is asked in one call; without it (not built, or
+``PEERMESH_PURE_PYTHON=1``) pyzmq does the same frame by frame (``EVENTS``
+says POLLIN, then ``recv(NOBLOCK, copy=False)`` + ``Frame.more``; a
+``send(frame, SNDMORE)`` loop). Either way the wait uses
 one io watcher and one guard timer, made once and reused, which switch
 straight back to the reader (no ``Event``, no ``Timeout``, no ``Again``
 exception per message).
@@ -103,9 +104,9 @@ class Channel:
             native.send if native is not None else None
         self._handle: int = sock.underlying if native is not None else 0
         #: the socket's ZMQ_EVENTS (through the C extension: no option enum per call)
-        self._events: Callable[[], int] = functools.partial(
-            native.events, self._handle) if native is not None else \
-            functools.partial(_get, sock, _EVENTS)
+        self._events: Callable[[], int] = (
+            functools.partial(native.events, self._handle) if native is not None
+            else functools.partial(_get, sock, _EVENTS))
         self._reader: Optional[gevent.Greenlet] = gevent.spawn(
             self._read if native is None else self._read_batches)
 
