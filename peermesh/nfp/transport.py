@@ -68,10 +68,6 @@ _send = _BaseSocket.send
 _get: Callable[[zmq.Socket, int], int] = _BaseSocket.get  # type: ignore[assignment]
 
 
-def _closed_events() -> int:
-    raise zmq.ZMQError(zmq.ENOTSOCK)   # what pyzmq says of a closed socket
-
-
 def bind_ephemeral(sock: zmq.Socket, address: str) -> str:
     """Bind ``sock`` to a free TCP port on ``address``; the endpoint actually bound."""
     sock.bind(f"tcp://{address}:*")
@@ -104,9 +100,8 @@ class Channel:
             native.send if native is not None else None
         self._handle: int = sock.underlying if native is not None else 0
         #: the socket's ZMQ_EVENTS (through the C extension: no option enum per call)
-        self._events: Callable[[], int] = (
-            functools.partial(native.events, self._handle) if native is not None
-            else functools.partial(_get, sock, _EVENTS))
+        self._events: Callable[[], int] = self._native_events if native is not None \
+            else functools.partial(_get, sock, _EVENTS)
         self._reader: Optional[gevent.Greenlet] = gevent.spawn(
             self._read if native is None else self._read_batches)
 
@@ -209,6 +204,14 @@ class Channel:
         except Exception:  # one bad message must not stop the channel
             log.exception("%s: handler failed on a message of %d frames", self.name,
                           len(frames))
+
+    def _native_events(self) -> int:
+        """ZMQ_EVENTS through the C extension; ENOTSOCK, as pyzmq says it, once the socket
+        is closed (also behind the channel's back, e.g. by ``Context.destroy``): the
+        extension never sees a freed handle."""
+        if self.socket.closed:
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        return zmqbatch.native.events(self._handle)  # type: ignore[union-attr,no-any-return]
 
     def _wake(self) -> None:
         # on the hub (a watcher or a callback): let the waiting reader look again
@@ -354,7 +357,6 @@ class Channel:
             except zmq.ZMQError:
                 pass
         self.closed = True
-        self._events = _closed_events   # (the C extension must not see a closed handle)
         reader, self._reader = self._reader, None
         self._waiting = False
         for greenlet in (reader, self._backlog_sender):

@@ -74,6 +74,11 @@ def test_a_handler_may_close_its_channel_mid_batch(zmq_path: str) -> None:
         with pytest.raises(zmq.ZMQError) as caught:   # never the closed socket's handle
             router._events()
         assert caught.value.errno == zmq.ENOTSOCK
+        dealer.socket.close()            # closed behind the channel's back
+        assert not dealer.readable()
+        with pytest.raises(zmq.ZMQError) as caught:
+            dealer._events()
+        assert caught.value.errno == zmq.ENOTSOCK
     finally:
         dealer.close()
         router.close()
