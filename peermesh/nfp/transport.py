@@ -40,7 +40,6 @@ that waits for room.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import deque
 from typing import Callable, Optional, Sequence
@@ -99,9 +98,6 @@ class Channel:
         self._native_send: Optional[Callable[[int, Sequence[bytes]], bool]] = \
             native.send if native is not None else None
         self._handle: int = sock.underlying if native is not None else 0
-        #: the socket's ZMQ_EVENTS (through the C extension: no option enum per call)
-        self._events: Callable[[], int] = self._native_events if native is not None \
-            else functools.partial(_get, sock, _EVENTS)
         self._reader: Optional[gevent.Greenlet] = gevent.spawn(
             self._read if native is None else self._read_batches)
 
@@ -205,10 +201,12 @@ class Channel:
             log.exception("%s: handler failed on a message of %d frames", self.name,
                           len(frames))
 
-    def _native_events(self) -> int:
-        """ZMQ_EVENTS through the C extension; ENOTSOCK, as pyzmq says it, once the socket
-        is closed (also behind the channel's back, e.g. by ``Context.destroy``): the
-        extension never sees a freed handle."""
+    def _events(self) -> int:
+        """The socket's ZMQ_EVENTS (through the C extension: no option enum per call);
+        ENOTSOCK, as pyzmq says it, once the socket is closed (also behind the channel's
+        back, e.g. by ``Context.destroy``): the extension never sees a freed handle."""
+        if not self._handle:
+            return _get(self.socket, _EVENTS)
         if self.socket.closed:
             raise zmq.ZMQError(zmq.ENOTSOCK)
         return zmqbatch.native.events(self._handle)  # type: ignore[union-attr,no-any-return]
