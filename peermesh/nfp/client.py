@@ -408,7 +408,11 @@ class Client:
         except gevent.Timeout:
             if changed.is_set():
                 return _RETRY
-            text = f"no answer from the workers within {remaining:.3g}s"
+            if kind == "post" and self._direct.withdraw(uuid):
+                text = (f"no worker of service {service} matching target {target!r} within "
+                        f"{remaining:.3g}s; the job was not sent")
+            else:
+                text = f"no answer from the workers within {remaining:.3g}s"
             return Reply(Status.REQUEST_TIMEOUT, {"uuid": uuid, "error": text}, text)
 
     def _via_broker(self, kind: str, service: str, target: str, uuid: str,

@@ -118,7 +118,6 @@ class _Queued:
     body: dict[str, Any]
     done: Callable[[Reply], None]
     deadline: float
-    cancelled: bool = False
     as_target: str = ""           # the job's own target, if ``target`` only says where to
     expire: Optional[Callable[[], None]] = None   # at the deadline, instead of a 408
 
@@ -318,6 +317,21 @@ class Dispatcher:
         self._queued.setdefault(service, []).append(queued)
         self._schedule(deadline, queued)
 
+    def withdraw(self, uuid: str) -> bool:
+        """Drop a POST of job ``uuid`` still queued for a worker, unanswered; True if one
+        was (it was never sent, so it will not run)."""
+        return bool(self._unqueue(uuid))
+
+    def _unqueue(self, uuid: str) -> list[_Queued]:
+        """Take the POSTs of job ``uuid`` out of the queues (unanswered); those taken."""
+        taken = []
+        for service, queue in list(self._queued.items()):
+            taken += [q for q in queue if q.uuid == uuid]
+            queue[:] = [q for q in queue if q.uuid != uuid]
+            if not queue:
+                del self._queued[service]
+        return taken
+
     def get(self, service: str, target: str, uuid: str, body: dict[str, Any],
             done: Callable[[Reply], None], raw: Optional[bytes] = None) -> None:
         """Ask the targeted workers for a job's status and result (one reply for all)."""
@@ -333,12 +347,9 @@ class Dispatcher:
             link.jobs.discard(uuid)
         for key in [k for k in self._orphans if k[0] == uuid]:
             del self._orphans[key]
-        for queue in self._queued.values():
-            for queued in queue:
-                if queued.uuid == uuid:
-                    queued.cancelled = True
-                    queued.done(Reply(Status.ERROR, {"uuid": uuid, "error": "deleted while "
-                                                     "queued for a worker"}, "deleted"))
+        for queued in self._unqueue(uuid):
+            queued.done(Reply(Status.ERROR, {"uuid": uuid, "error": "deleted while queued for "
+                                             "a worker"}, "deleted"))
         self._fan_out(nfp.Command.DELETE, "delete", service, target, uuid, body, done, raw)
 
     def _fan_out(self, command: nfp.Command, kind: str, service: str, target: str, uuid: str,
@@ -614,7 +625,7 @@ class Dispatcher:
                 pending = self._pending.get(item)
                 if pending is not None and not pending.finished:
                     self._finish(pending)
-            elif not item.cancelled:
+            else:
                 queue = self._queued.get(item.service)
                 if queue is not None and item in queue:
                     queue.remove(item)
@@ -634,14 +645,13 @@ class Dispatcher:
         queue = self._queued.get(service)
         if not queue:
             return
-        waiting = [item for item in queue if not item.cancelled
-                   and not self._resolve(item.service, item.target)[0]]
+        waiting = [item for item in queue if not self._resolve(item.service, item.target)[0]]
         if waiting:
             self._queued[service] = waiting     # still no match: wait on (same deadline)
         else:
             del self._queued[service]
         for item in queue:
-            if not item.cancelled and item not in waiting:
+            if item not in waiting:
                 self._post(item.service, item.target, item.uuid, item.body, item.done,
                            item.deadline, item.as_target)
 
@@ -649,7 +659,7 @@ class Dispatcher:
 
     def queued(self) -> dict[str, int]:
         """POSTs waiting for a worker, by service."""
-        return {s: sum(1 for q in queue if not q.cancelled) for s, queue in self._queued.items()}
+        return {service: len(queue) for service, queue in self._queued.items()}
 
     def inflight(self) -> dict[str, list[str]]:
         """Jobs accepted and not finished yet: job UUID -> its workers."""
@@ -664,6 +674,5 @@ class Dispatcher:
         queued, self._queued = self._queued, {}
         for queue in queued.values():
             for item in queue:
-                if not item.cancelled:
-                    item.done(Reply(status, {"uuid": item.uuid, "error": text}, text))
+                item.done(Reply(status, {"uuid": item.uuid, "error": text}, text))
         self._deadlines.clear()

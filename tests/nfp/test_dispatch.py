@@ -151,6 +151,22 @@ def test_queue_until_a_worker_arrives_then_expire() -> None:
     assert h.d.queued() == {}
 
 
+def test_a_withdrawn_post_is_never_sent_nor_answered() -> None:
+    h = Harness()
+    h.d.post("svc", "any", "J1", job(), h.done)
+    h.d.post("svc", "any", "J2", job(), h.done)
+    assert h.d.withdraw("J1") and not h.d.withdraw("J1") and not h.d.withdraw("nope")
+    assert h.d.queued() == {"svc": 1}
+    h.worker("w1")
+    assert [m.uuid for m in h.sent["w1"]] == ["J2"]
+    h.answer("w1", Status.ACCEPTED)
+    h.d.post("svc", "w9", "J3", job(), h.done)
+    assert h.d.withdraw("J3") and h.d.queued() == {}
+    h.clock.now += 6
+    h.d.tick(h.clock.now)
+    assert [r.body["uuid"] for r in h.replies] == ["J2"]
+
+
 def test_worker_silence_times_out_one_worker_only() -> None:
     h = Harness()
     h.worker("w1")

@@ -183,6 +183,19 @@ def test_queued_post_expires_with_408(mesh: Mesh) -> None:
     assert client.client.store.client_job(reply.body["uuid"]).state == "expired"  # type: ignore
 
 
+def test_a_post_that_times_out_while_queued_is_not_sent_later(mesh: Mesh) -> None:
+    client = mesh.add("client", queue_timeout=30)
+    wait_until(lambda: client.settled.is_set(), 5)
+    reply = client.client.post("late", "echo", ["lost?"], target="any", timeout=0.2)
+    assert reply.status is Status.REQUEST_TIMEOUT and "not sent" in reply.text
+    assert client.client._direct.queued() == {}
+    worker = mesh.add("latecomer", workers=(("late", "l1"),))
+    ready_direct(client, "late", 1)
+    assert client.client.run("late", "echo", [1], target="any", timeout=5).status is Status.OK
+    assert worker.store.worker_job("l1", reply.body["uuid"]) is None
+    assert [j.state for j in worker.store.worker_jobs("l1")] == ["completed"]
+
+
 def test_better_candidate_takes_over_and_everyone_moves(mesh: Mesh) -> None:
     """The partition-heal path: a serving broker meets a better one and steps down."""
     first = mesh.add("first", broker="auto", priority=1)
