@@ -406,9 +406,11 @@ class Client:
         try:
             return result.get(timeout=remaining)
         except gevent.Timeout:
+            # a POST still queued for a worker was never sent: take it back either way
+            unsent = kind == "post" and self._direct.withdraw(uuid)
             if changed.is_set():
                 return _RETRY
-            if kind == "post" and self._direct.withdraw(uuid):
+            if unsent:
                 text = (f"no worker of service {service} matching target {target!r} within "
                         f"{remaining:.3g}s; the job was not sent")
             else:
