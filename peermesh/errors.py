@@ -33,3 +33,7 @@ class PeerNotResponding(PeermeshError):
 
 class NodeStateError(PeermeshError):
     """The call is not allowed in the node's current state (e.g. before start)."""
+
+
+class StoreError(PeermeshError):
+    """A job store file cannot be opened or is not one (not SQLite, another schema)."""

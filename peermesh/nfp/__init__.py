@@ -28,6 +28,7 @@ the ``NfpNode`` in a ``ThreadedNode``'s setup hook.
 
 from typing import TYPE_CHECKING
 
+from ..errors import StoreError
 from .broker import Broker
 from .client import Client, JobEvent
 from .dispatch import Dispatcher, Reply
@@ -39,7 +40,7 @@ from .worker import JobCancelled, JobContext, Tasks, Worker
 
 __all__ = [
     "NfpNode", "Worker", "Client", "Broker", "Tasks", "JobContext", "JobCancelled", "JobEvent",
-    "Reply", "JobStore", "WorkerJob", "ClientJob", "Dispatcher", "Election", "Candidate",
+    "Reply", "JobStore", "StoreError", "WorkerJob", "ClientJob", "Dispatcher", "Election", "Candidate",
     "Change", "elect", "BrokerChanged", "BrokerTracker", "advertise_candidate", "BROKER_HEADER",
     "WORKER_HEADER", "default_data_dir", "ThreadedNfp",
 ]

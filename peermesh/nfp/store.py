@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import gevent
 
+from ..errors import StoreError
 from ..wire.nfp import to_json
 
 __all__ = ["JobStore", "WorkerJob", "ClientJob", "store_path", "PENDING", "RUNNING",
@@ -115,6 +116,10 @@ CREATE TABLE IF NOT EXISTS client_jobs (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS client_jobs_updated ON client_jobs (updated);
 """
+_SELECT_WORKER = ("SELECT worker, uuid, service, task, body, state, result, created, finished "
+                  "FROM worker_jobs")
+_SELECT_CLIENT = ("SELECT uuid, service, task, target, body, workers, state, status, reason, "
+                  "result, created, updated FROM client_jobs")
 
 
 def store_path(data_dir: os.PathLike[str] | str, node_name: str) -> Path:
@@ -185,18 +190,33 @@ class JobStore:
         # client records not written yet: uuid -> (new row?, columns); see _flush_client
         self._client_rows: dict[str, tuple[bool, dict[str, Any]]] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
-                             timeout=5.0)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        # checkpoints (they fsync) run in a thread of their own, never on the hub
-        db.execute("PRAGMA wal_autocheckpoint=0")
-        db.executescript(_SCHEMA)
-        self._db = db
+        self._db = self._open(self.path)
         self._stop = threading.Event()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
                                               name=f"peermesh-checkpoint-{self.path.name}")
         self._checkpointer.start()
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        """The store's connection, its schema in place; StoreError if the file cannot be
+        one (not SQLite, another program's tables, unreadable, locked)."""
+        try:
+            db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False,
+                                 timeout=5.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the job store {path}: {exc}") from None
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            # checkpoints (they fsync) run in a thread of their own, never on the hub
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            db.executescript(_SCHEMA)
+            db.execute(_SELECT_WORKER + " LIMIT 0")   # tables of that name, but not ours?
+            db.execute(_SELECT_CLIENT + " LIMIT 0")
+        except sqlite3.Error as exc:
+            db.close()
+            raise StoreError(f"{path} is not a usable peermesh job store: {exc}") from None
+        return db
 
     def _checkpoint_loop(self) -> None:
         try:
@@ -329,9 +349,8 @@ class JobStore:
 
     def worker_job(self, worker: str, uuid: str) -> Optional[WorkerJob]:
         """One job of ``worker``, or None."""
-        row = self._db.execute(
-            "SELECT worker, uuid, service, task, body, state, result, created, finished "
-            "FROM worker_jobs WHERE worker = ? AND uuid = ?", (worker, uuid)).fetchone()
+        row = self._db.execute(_SELECT_WORKER + " WHERE worker = ? AND uuid = ?",
+                               (worker, uuid)).fetchone()
         return self._worker_job(row) if row else None
 
     def delete_worker_job(self, worker: str, uuid: str) -> bool:
@@ -342,15 +361,13 @@ class JobStore:
     def unfinished_worker_jobs(self, worker: str) -> list[WorkerJob]:
         """Jobs of ``worker`` that were accepted but never finished, oldest first."""
         rows = self._db.execute(
-            "SELECT worker, uuid, service, task, body, state, result, created, finished "
-            "FROM worker_jobs WHERE worker = ? AND finished IS NULL ORDER BY created",
+            _SELECT_WORKER + " WHERE worker = ? AND finished IS NULL ORDER BY created",
             (worker,)).fetchall()
         return [self._worker_job(row) for row in rows]
 
     def worker_jobs(self, worker: Optional[str] = None, limit: int = 1000) -> list[WorkerJob]:
         """Recent jobs (of one worker, or all), newest first."""
-        sql = ("SELECT worker, uuid, service, task, body, state, result, created, finished "
-               "FROM worker_jobs")
+        sql = _SELECT_WORKER
         args: tuple[Any, ...] = ()
         if worker is not None:
             sql += " WHERE worker = ?"
@@ -437,27 +454,21 @@ class JobStore:
     def client_job(self, uuid: str) -> Optional[ClientJob]:
         """One posted job, or None."""
         self._flush_client()
-        row = self._db.execute(
-            "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
-            "created, updated FROM client_jobs WHERE uuid = ?", (uuid,)).fetchone()
+        row = self._db.execute(_SELECT_CLIENT + " WHERE uuid = ?", (uuid,)).fetchone()
         return self._client_job(row) if row else None
 
     def find_client_jobs(self, prefix: str) -> list[ClientJob]:
         """Posted jobs whose UUID starts with ``prefix``."""
         self._flush_client()
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        rows = self._db.execute(
-            "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
-            "created, updated FROM client_jobs WHERE uuid LIKE ? ESCAPE '\\' LIMIT 10",
-            (escaped + "%",)).fetchall()
+        rows = self._db.execute(_SELECT_CLIENT + " WHERE uuid LIKE ? ESCAPE '\\' LIMIT 10",
+                                (escaped + "%",)).fetchall()
         return [self._client_job(row) for row in rows]
 
     def client_jobs(self, limit: int = 1000) -> list[ClientJob]:
         """Posted jobs, newest first."""
         self._flush_client()
-        rows = self._db.execute(
-            "SELECT uuid, service, task, target, body, workers, state, status, reason, result, "
-            "created, updated FROM client_jobs ORDER BY created DESC LIMIT ?", (limit,))
+        rows = self._db.execute(_SELECT_CLIENT + " ORDER BY created DESC LIMIT ?", (limit,))
         return [self._client_job(row) for row in rows.fetchall()]
 
     def delete_client_job(self, uuid: str) -> None:

@@ -59,6 +59,17 @@ def test_usage_errors_exit_2(cli: Callable[..., Any]) -> None:
     assert done.returncode == 2 and "give --service" in done.stderr
 
 
+def test_a_broken_store_file_is_an_error_not_a_traceback(cli: Callable[..., Any],
+                                                        tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "nfp-cli.sqlite3").write_bytes(b"garbage" * 100)
+    for args in (("job", "list"), ("worker", "--name", "cli")):
+        done = cli(*args)
+        assert done.returncode == 1, (args, done.stderr)
+        assert "is not a usable peermesh job store" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
 def test_worker_jobs_broker_and_files(cli: Callable[..., Any], tmp_path: Path) -> None:
     files = tmp_path / "files"
     files.mkdir()

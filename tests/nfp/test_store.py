@@ -6,6 +6,9 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
+from peermesh.nfp import StoreError
 from peermesh.nfp.store import (_PURGE_CHUNK, CANCELLED, COMPLETED, PENDING, JobStore,
                                  store_path)
 
@@ -35,6 +38,22 @@ def test_wal_mode_and_reopen(tmp_path: Path) -> None:
     assert again.count_worker_jobs("w1") == {COMPLETED: 1, PENDING: 1}
     assert again.delete_worker_job("w1", "u1") and again.worker_job("w1", "u1") is None
     again.close()
+
+
+def test_a_file_that_is_not_a_job_store_is_refused_clearly(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"not a database at all, " * 100)
+    with pytest.raises(StoreError, match="garbage.sqlite3 is not a usable peermesh job store"):
+        JobStore(garbage)
+    foreign = tmp_path / "foreign.sqlite3"
+    db = sqlite3.connect(str(foreign))
+    db.execute("CREATE TABLE worker_jobs (worker TEXT, uuid TEXT, note TEXT)")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="no such column"):
+        JobStore(foreign)
+    with pytest.raises(StoreError, match="cannot open|not a usable"):
+        JobStore(tmp_path)    # a directory
 
 
 def test_purge_keeps_unfinished_and_recent(tmp_path: Path) -> None:
