@@ -206,13 +206,20 @@ class JobStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the job store {path}: {exc}") from None
         try:
+            # checked before anything is written: someone else's file is left as it was
+            tables = {name for name, in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and not tables & {"worker_jobs", "client_jobs"}:
+                raise sqlite3.DatabaseError(f"it holds other tables ({', '.join(sorted(tables))})")
+            if "worker_jobs" in tables:
+                db.execute(_SELECT_WORKER + " LIMIT 0")
+            if "client_jobs" in tables:
+                db.execute(_SELECT_CLIENT + " LIMIT 0")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             # checkpoints (they fsync) run in a thread of their own, never on the hub
             db.execute("PRAGMA wal_autocheckpoint=0")
             db.executescript(_SCHEMA)
-            db.execute(_SELECT_WORKER + " LIMIT 0")   # tables of that name, but not ours?
-            db.execute(_SELECT_CLIENT + " LIMIT 0")
         except sqlite3.Error as exc:
             db.close()
             raise StoreError(f"{path} is not a usable peermesh job store: {exc}") from None

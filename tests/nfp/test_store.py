@@ -45,13 +45,17 @@ def test_a_file_that_is_not_a_job_store_is_refused_clearly(tmp_path: Path) -> No
     garbage.write_bytes(b"not a database at all, " * 100)
     with pytest.raises(StoreError, match="garbage.sqlite3 is not a usable peermesh job store"):
         JobStore(garbage)
-    foreign = tmp_path / "foreign.sqlite3"
-    db = sqlite3.connect(str(foreign))
-    db.execute("CREATE TABLE worker_jobs (worker TEXT, uuid TEXT, note TEXT)")
-    db.commit()
-    db.close()
-    with pytest.raises(StoreError, match="no such column"):
-        JobStore(foreign)
+    for name, table, error in (("other", "notes", "it holds other tables \\(notes\\)"),
+                               ("clash", "worker_jobs", "no such column")):
+        foreign = tmp_path / f"{name}.sqlite3"
+        db = sqlite3.connect(str(foreign))
+        db.execute(f"CREATE TABLE {table} (worker TEXT, uuid TEXT, note TEXT)")
+        db.commit()
+        db.close()
+        before = foreign.read_bytes()
+        with pytest.raises(StoreError, match=error):
+            JobStore(foreign)
+        assert foreign.read_bytes() == before     # left as it was
     with pytest.raises(StoreError, match="cannot open|not a usable"):
         JobStore(tmp_path)    # a directory
 
