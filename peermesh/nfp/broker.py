@@ -396,10 +396,15 @@ class Broker:
 
     def _answer(self, identity: bytes, msg: Any, rid: Any, reply: Reply) -> None:
         body = reply.body if rid is None else {**reply.body, "rid": rid}
+        frame = nfp.encode_body(body)
+        if len(frame) > nfp.MAX_BODY:   # several workers' results together
+            text = (f"the answer is {len(frame):,} bytes, more than an NFP message carries: "
+                    f"ask its workers one at a time")
+            reply = Reply(Status.ERROR, {"uuid": msg.uuid, "error": text}, text)
+            frame = nfp.encode_body({**reply.body, "rid": rid} if rid is not None else reply.body)
         if self._channel is not None:
             self._channel.send([identity, *nfp.response_frames(
-                nfp.BROKER, msg.service, msg.uuid, reply.status, (nfp.encode_body(body),),
-                reply.text)])
+                nfp.BROKER, msg.service, msg.uuid, reply.status, (frame,), reply.text)])
 
     def _relay_event(self, uuid: str, worker: str, body: dict[str, Any],
                      msg: nfp.Event) -> None:

@@ -67,7 +67,7 @@ from ..wire.nfp import Status
 from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_rid
 from .election import Candidate
 from .store import ClientJob, JobStore
-from .transport import Channel
+from .transport import Channel, nfp_socket
 
 __all__ = ["Client", "JobEvent", "Reply"]
 
@@ -204,9 +204,7 @@ class Client:
         old = self._links.pop(name, None)
         if old is not None:
             old.close()
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+        sock = nfp_socket(self._context, zmq.DEALER)
         sock.connect(endpoint)
 
         def on_message(frames: list[bytes]) -> None:
@@ -309,9 +307,7 @@ class Client:
         if broker is None:
             return None
         if self._broker_channel is None:
-            sock = self._context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+            sock = nfp_socket(self._context, zmq.DEALER)
             sock.connect(broker.endpoint)
             self._broker_channel = Channel(sock, self._on_broker, "client -> broker")
             self._opened = gevent.event.AsyncResult()
@@ -463,6 +459,10 @@ class Client:
         if job_timeout:
             body["timeout"] = float(job_timeout)
         text = nfp.to_json(body)    # encoded once: for the record and for the request
+        try:
+            nfp.check_size(text)
+        except ValueError as exc:
+            raise ValueError(f"the job's arguments cannot be sent: {exc}") from None
         self.store.add_client_job(uuid, service, task, target_text, body, body_text=text)
         if notify:
             body["notify"] = True

@@ -46,7 +46,7 @@ from .client import Client
 from .election import MODES, Candidate, Change, Election
 from .store import JobStore, store_path
 from .tracker import BrokerChanged, BrokerTracker, advertise_candidate
-from .transport import bind_ephemeral
+from .transport import bind_ephemeral, nfp_socket
 from .worker import Tasks, TaskFunction, Worker, advertised
 
 __all__ = ["NfpNode", "BrokerChanged", "WORKER_HEADER", "default_data_dir"]
@@ -123,9 +123,7 @@ class NfpNode:
         self.candidate: Optional[Candidate] = None
         self._on_shutdown = on_shutdown
         if broker != "never":
-            router = self.context.socket(zmq.ROUTER)
-            router.setsockopt(zmq.LINGER, 0)
-            router.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+            router = nfp_socket(self.context, zmq.ROUTER)
             endpoint = bind_ephemeral(router, self.address)
             self.broker = Broker(router, endpoint, name=node.name, node=node.uuid.hex,
                                  store=self.store, context=self.context, keepalive=keepalive,

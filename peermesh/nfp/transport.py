@@ -49,14 +49,15 @@ import zmq
 from zmq.backend import Socket as _BaseSocket
 
 from .. import zmqbatch
+from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["Channel", "bind_ephemeral"]
+__all__ = ["Channel", "bind_ephemeral", "nfp_socket"]
 
 log = logging.getLogger(__name__)
 
 _GUARD = 0.5   # seconds a reader trusts the edge-triggered FD alone
 _BATCH = 256   # messages handled before the reader yields to other greenlets
-_LIMIT = 64 * 1024 * 1024   # bytes of one message the native reader accepts (MAXMSGSIZE)
+_LIMIT = MAX_MESSAGE        # bytes of one message the native reader accepts (MAXMSGSIZE)
 # plain ints: zmq's flag enums make every ``&`` a Python-level call
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.SNDMORE) | _NOBLOCK
@@ -65,6 +66,14 @@ _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = int(zmq.EVENTS)
 _send = _BaseSocket.send
 _get: Callable[[zmq.Socket, int], int] = _BaseSocket.get  # type: ignore[assignment]
+
+
+def nfp_socket(context: zmq.Context, kind: int) -> zmq.Socket:
+    """A socket for NFP: no linger, and a peer sending over ``MAX_MESSAGE`` is cut off."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+    return sock
 
 
 def bind_ephemeral(sock: zmq.Socket, address: str) -> str:

@@ -72,7 +72,7 @@ from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import WORKER_MMI
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
-from .transport import Channel, bind_ephemeral
+from .transport import Channel, bind_ephemeral, nfp_socket
 
 __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 
@@ -218,9 +218,7 @@ class Worker:
         self.on_shutdown = on_shutdown
         self.internal = internal
         self._context = context or zmq.Context.instance()
-        self._router = self._context.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+        self._router = nfp_socket(self._context, zmq.ROUTER)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
         self._direct: Optional[Channel] = None
         self._broker: Optional[Channel] = None
@@ -298,9 +296,7 @@ class Worker:
 
     def _open_broker(self) -> None:
         assert self.broker_endpoint is not None
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+        sock = nfp_socket(self._context, zmq.DEALER)
         sock.connect(self.broker_endpoint)
         self._broker = Channel(sock, self._on_broker, f"worker {self.name} -> broker")
         self._broker_state = "opening"
@@ -657,11 +653,10 @@ class Worker:
             result = {"result": value, "failed": False, "errors": [], "duration": duration}
             try:
                 self._finish(job, COMPLETED, result)
-            except (TypeError, ValueError) as exc:   # the result is not JSON
+            except (TypeError, ValueError) as exc:   # not JSON, or too large
                 job.state = RUNNING
                 self._finish(job, FAILED, {"failed": True, "duration": duration,
-                                           "errors": [f"result cannot be encoded as JSON: "
-                                                      f"{exc}"]})
+                                           "errors": [f"the result cannot be sent: {exc}"]})
         finally:
             job.greenlet = None
             if self._running is job:
@@ -687,6 +682,7 @@ class Worker:
         if job.state in (COMPLETED, FAILED, CANCELLED):
             return
         text = nfp.to_json(result)
+        nfp.check_size(text)
         job.state = state
         self.store.finish_worker_job(self.name, job.uuid, state, result, text)
         self._jobs.pop(job.uuid, None)
@@ -711,7 +707,12 @@ class Worker:
         self._send_event_frame(job, body.encode("utf-8"))
 
     def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
-        self._send_event_frame(job, nfp.encode_body({"worker": self.name, **body}))
+        text = nfp.to_json({"worker": self.name, **body})
+        try:
+            nfp.check_size(text)
+        except ValueError as exc:
+            raise ValueError(f"the event cannot be sent: {exc}") from None
+        self._send_event_frame(job, text.encode("utf-8"))
 
     def _send_event_frame(self, job: _Job, frame: bytes) -> None:
         frames = nfp.event_frames(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,))

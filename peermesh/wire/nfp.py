@@ -59,8 +59,14 @@ __all__ = [
     "Response", "Get", "Delete", "Event", "Message", "Target", "ALL", "ANY",
     "encode", "decode", "encode_status", "decode_status", "parse_target", "format_target",
     "encode_body", "decode_body", "to_json", "CLIENT", "WORKER", "BROKER", "request_frames",
-    "response_frames", "event_frames", "reheaded",
+    "response_frames", "event_frames", "reheaded", "MAX_MESSAGE", "MAX_BODY", "MAX_CONTENT",
+    "check_size",
 ]
+
+MAX_MESSAGE = 64 * 1024 * 1024   # bytes of one message peermesh accepts (its sender is cut off)
+MAX_BODY = MAX_MESSAGE - 65536   # bytes of a body frame peermesh sends (the rest: other frames)
+MAX_CONTENT = MAX_BODY - 65536   # bytes of JSON in a job's arguments, result or event (the rest:
+                                 # the answer around it)
 
 
 class Role(bytes, Enum):
@@ -332,6 +338,15 @@ def to_json(obj: Any) -> str:
 def encode_body(obj: Any) -> bytes:
     """One JSON object as a body frame (compact, UTF-8)."""
     return to_json(obj).encode("utf-8")
+
+
+def check_size(text: str) -> None:
+    """ValueError if JSON ``text`` is more than a job's arguments, result or event may be
+    (``MAX_CONTENT`` bytes)."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size > MAX_CONTENT:
+        raise ValueError(f"it is {size:,} bytes as JSON; at most {MAX_CONTENT:,} go in an NFP "
+                         f"message")
 
 
 def decode_body(frame: bytes) -> dict[str, Any]:

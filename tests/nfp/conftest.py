@@ -58,6 +58,15 @@ def make_tasks() -> Tasks:
     def unencodable(job: Any) -> object:
         return object()
 
+    @tasks.task()
+    def big(job: Any, size: int) -> str:
+        return "x" * size
+
+    @tasks.task()
+    def shout(job: Any, size: int) -> str:
+        job.event("x" * size)
+        return "shouted"
+
     return tasks
 
 
@@ -70,8 +79,9 @@ class Mesh:
         self.members: list[tuple[Node, NfpNode]] = []
 
     def add(self, name: str, *, workers: tuple[tuple[str, str], ...] = (),
-            tasks: Optional[Tasks] = None, start: bool = True, **nfp_kw: Any) -> NfpNode:
-        node = Node(name, interface="lo", port=self.port, **TIMING)
+            tasks: Optional[Tasks] = None, start: bool = True,
+            timing: Optional[dict[str, float]] = None, **nfp_kw: Any) -> NfpNode:
+        node = Node(name, interface="lo", port=self.port, **(timing or TIMING))
         kw = {**NFP_TIMING, **nfp_kw}
         nfp = NfpNode(node, data_dir=self.data_dir, **kw)
         for service, worker_name in workers:

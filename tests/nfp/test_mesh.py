@@ -124,6 +124,40 @@ def test_failures_are_reported(setup: tuple[NfpNode, dict[str, NfpNode]]) -> Non
     assert c.store.client_job(reply.body["uuid"]).state == "failed"  # type: ignore[union-attr]
 
 
+def test_oversized_arguments_results_and_events_are_refused_clearly(
+        setup: tuple[NfpNode, dict[str, NfpNode]]) -> None:
+    c = setup[0].client
+    over = nfp.MAX_CONTENT + 1
+    with pytest.raises(ValueError, match="the job's arguments cannot be sent: it is"):
+        c.post("svc", "echo", ["x" * over], target="any")
+    for task, error in (("big", "the result cannot be sent: it is"),
+                        ("shout", "the event cannot be sent: it is")):
+        reply = c.run("svc", task, [over], target="any", timeout=10)
+        (entry,) = reply.body["workers"].values()
+        assert entry["state"] == "failed" and error in entry["errors"][0], entry
+    assert c.run("svc", "echo", [1], target="all", timeout=5).status is Status.OK
+
+
+def test_a_broker_answer_too_large_for_one_message_says_to_ask_each_worker(mesh: Mesh) -> None:
+    # tens of MB through one hub take a while: timeouts that outlast it
+    slow: dict[str, Any] = dict(keepalive=1.0, request_timeout=20.0,
+                                timing=dict(interval=0.05, evasive=5.0, silent=6.0, expired=10.0))
+    broker = mesh.add("broker", broker="always", **slow)
+    for name in ("w1", "w2"):
+        mesh.add(name, workers=(("svc", name),), **slow)
+    client = mesh.add("client", **slow)
+    ready_brokered(client, broker, "svc", 2)
+    size = nfp.MAX_CONTENT * 3 // 5            # one result fits a message; two do not
+    posted = client.client.post("svc", "big", [size], target="all")
+    assert posted.status is Status.ACCEPTED
+    uuid = posted.body["uuid"]
+    for name in ("w1", "w2"):
+        one = client.client.get(uuid, target=name, wait=20, timeout=30)
+        assert one.status is Status.OK and len(one.body["workers"][name]["result"]) == size
+    both = client.client.get(uuid, timeout=30)
+    assert both.status is Status.ERROR and "ask its workers one at a time" in both.text
+
+
 def test_delete_pending_running_finished(setup: tuple[NfpNode, dict[str, NfpNode]]) -> None:
     c = setup[0].client
     running = c.post("svc", "sleep", kwargs={"seconds": 5}, target="w1").body["uuid"]

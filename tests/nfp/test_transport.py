@@ -11,6 +11,7 @@ import zmq
 
 from peermesh.nfp import transport
 from peermesh.nfp.transport import Channel, bind_ephemeral
+from peermesh.wire.nfp import MAX_MESSAGE
 
 from .conftest import wait_until
 
@@ -153,3 +154,13 @@ def test_a_handler_that_waits_does_not_make_the_hub_spin(zmq_path: str) -> None:
     finally:
         dealer.close()
         router.close()
+
+
+@pytest.mark.parametrize("kind", [zmq.ROUTER, zmq.DEALER])
+def test_nfp_sockets_cut_off_a_peer_over_the_message_limit(kind: int) -> None:
+    sock = transport.nfp_socket(zmq.Context.instance(), kind)
+    try:
+        assert sock.getsockopt(zmq.MAXMSGSIZE) == MAX_MESSAGE
+        assert sock.getsockopt(zmq.LINGER) == 0
+    finally:
+        sock.close()
