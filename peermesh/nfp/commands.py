@@ -554,8 +554,10 @@ def _cmd_worker(args: argparse.Namespace, config: NodeConfig) -> int:
     _resolve_nfp_options(args, worker=True)
     try:
         tasks = Tasks.from_module(args.tasks)
-    except ImportError as exc:
-        raise ValueError(f"--tasks {args.tasks}: {exc}") from None
+    except Exception as exc:   # missing, broken (its code failed on import), or no tasks
+        detail = exc if isinstance(exc, (ImportError, ValueError)) \
+            else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"--tasks {args.tasks}: {detail}") from None
 
     def setup(nfp: NfpNode) -> None:
         nfp.add_worker(args.service, args.worker_name, tasks)

@@ -18,13 +18,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def cli(free_udp_port: int, tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """``cli(*args, serve=False)``: run ``peermesh ARGS`` on loopback with a private data dir."""
+    """``cli(*args, serve=False, path="")``: run ``peermesh ARGS`` on loopback with a private
+    data dir (``path``: a directory to import from too)."""
     env = {**os.environ, "PEERMESH_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
     common = ["-i", "lo", "-p", str(free_udp_port), "--interval", "0.05"]
     servers: list[subprocess.Popen[str]] = []
 
-    def run(*args: str, serve: bool = False, timeout: float = 20.0) -> Any:
+    def run(*args: str, serve: bool = False, timeout: float = 20.0, path: str = "") -> Any:
         argv = [sys.executable, "-m", "peermesh", *args, *common]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), path)))
         if serve:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, env=env)
@@ -103,6 +105,21 @@ def test_worker_jobs_broker_and_files(cli: Callable[..., Any], tmp_path: Path) -
     done = cli("file", "get", "nf://../../etc/passwd", str(tmp_path / "passwd"))
     assert done.returncode == 1 and "outside the files root" in done.stderr
     assert not (tmp_path / "passwd").exists()
+
+
+def test_a_tasks_module_that_cannot_be_used_is_a_usage_error(cli: Callable[..., Any],
+                                                            tmp_path: Path) -> None:
+    (tmp_path / "raising.py").write_text('raise RuntimeError("boom at import")\n')
+    (tmp_path / "broken.py").write_text("tasks = (\n")
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    for module, error in (("raising", "RuntimeError: boom at import"),
+                          ("broken", "SyntaxError: '(' was never closed"),
+                          ("empty", "module empty has no 'tasks'"),
+                          ("no_such_module", "No module named 'no_such_module'")):
+        done = cli("worker", "--tasks", module, path=str(tmp_path))
+        assert done.returncode == 2, done.stderr
+        assert f"error: --tasks {module}: {error}" in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_worker_reads_the_nfp_table_of_the_config(cli: Callable[..., Any],
