@@ -144,14 +144,19 @@ def load_handlers(server: Server, module_name: str) -> list[Service]:
     """Import ``module_name`` and serve its ``Service`` objects; ValueError if it fails."""
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import handlers module {module_name!r}: {exc}") from None
+    except Exception as exc:   # missing, or its code failed on import (SyntaxError, ...)
+        detail = exc if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"cannot import handlers module {module_name!r}: {detail}") from None
     found = [v for v in vars(module).values() if isinstance(v, Service)]
     for service in found:
         server.add_service(service)
     register = getattr(module, "register", None)
     if callable(register):
-        register(server)
+        try:
+            register(server)
+        except Exception as exc:
+            raise ValueError(f"handlers module {module_name!r}: register(server) raised "
+                             f"{type(exc).__name__}: {exc}") from None
     if not found and not callable(register):
         raise ValueError(f"handlers module {module_name!r} has no Service objects and no "
                          "register(server) function")

@@ -129,20 +129,26 @@ def register(server):
 def test_serve_handlers_from_a_module(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "myhandlers.py").write_text(textwrap.dedent(HANDLERS))
     (tmp_path / "nothing.py").write_text("x = 1\n")
+    (tmp_path / "broken.py").write_text("x = (\n")
+    (tmp_path / "failing.py").write_text("def register(server):\n    raise KeyError('k')\n")
     cli.serve("--handlers", "myhandlers", "--no-echo")
-    add, hello, no_echo, missing, nothing = cli.run_all(
+    add, hello, no_echo, missing, nothing, broken, failing = cli.run_all(
         ("call", "--version", "1.0", "--category", "math", "calc", "add", "[1, 2, 3]"),
         ("call", "greet", "hello", '"you"'),
         ("call", "--timeout", "0.3", "echo", "echo"),
         ("serve", "--handlers", "missing_module"),
-        ("serve", "--handlers", "nothing"))
+        ("serve", "--handlers", "nothing"),
+        ("serve", "--handlers", "broken"), ("serve", "--handlers", "failing"))
     assert add.returncode == 0, add.stderr
     assert json.loads(add.stdout) == 6
     assert (hello.returncode, json.loads(hello.stdout)) == (0, "hello you")
     assert no_echo.returncode == 2 and "no server offers service 'echo'" in no_echo.stderr
     for bad, message in ((missing, "cannot import handlers module"),
-                         (nothing, "has no Service objects")):
+                         (nothing, "has no Service objects"),
+                         (broken, "'broken': SyntaxError: '(' was never closed"),
+                         (failing, "register(server) raised KeyError: 'k'")):
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
 
 
 def test_serve_and_call_without_the_mesh(cli: Cli, free_tcp_port: int) -> None:
