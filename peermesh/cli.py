@@ -125,21 +125,10 @@ def _header_arg(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _seconds_arg(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
-
-
-@functools.cache
 def _node_options() -> argparse.ArgumentParser:
     import argparse
+
+    from .argtypes import seconds
 
     common = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     node = common.add_argument_group("node options")
@@ -150,12 +139,12 @@ def _node_options() -> argparse.ArgumentParser:
              "(default: $PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
     node.add_argument("--port", "-p", type=int, metavar="PORT",
                       help=f"UDP beacon port (default: {_NODE_DEFAULT})")
-    node.add_argument("--interval", type=_seconds_arg, metavar="SECONDS",
+    node.add_argument("--interval", type=seconds, metavar="SECONDS",
                       help=f"seconds between beacons (default: {_NODE_DEFAULT})")
-    node.add_argument("--evasive", type=_seconds_arg, metavar="SECONDS",
+    node.add_argument("--evasive", type=seconds, metavar="SECONDS",
                       help="silence after which a peer is PINGed and reported EVASIVE "
                            f"(default: {_NODE_DEFAULT})")
-    node.add_argument("--expired", type=_seconds_arg, metavar="SECONDS",
+    node.add_argument("--expired", type=seconds, metavar="SECONDS",
                       help="silence after which a peer is removed with EXIT "
                            f"(default: {_NODE_DEFAULT})")
     node.add_argument("--name", "-n",
@@ -250,6 +239,8 @@ def _add_agent(command: CommandFactory) -> None:
 
 
 def _add_peers(command: CommandFactory) -> None:
+    from .argtypes import seconds
+
     peers = command(
         "peers", "list the peers (the agent's, or found within a few seconds)",
         "List the peers (UUID, name, address, groups, headers). Through the agent: the "
@@ -257,13 +248,15 @@ def _add_peers(command: CommandFactory) -> None:
         "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
         f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
         cmd_peers, parents=[_agent_options(True)], agent_first=True)
-    peers.add_argument("--wait", "-w", type=_seconds_arg, default=WAIT_PEERS, metavar="SECONDS",
+    peers.add_argument("--wait", "-w", type=seconds, default=WAIT_PEERS, metavar="SECONDS",
                        help="how long to collect peers without an agent (default: %(default)s)")
     peers.add_argument("--json", action="store_true",
                        help="print one JSON list of {peer, name, address, headers, groups}")
 
 
 def _add_shout(command: CommandFactory) -> None:
+    from .argtypes import seconds
+
     shout = command(
         "shout", "send a message to every peer in a group",
         "Send MESSAGE to every member of GROUP and wait for their confirmation. Through "
@@ -276,11 +269,13 @@ def _add_shout(command: CommandFactory) -> None:
         cmd_shout, parents=[_agent_options(True)], agent_first=True)
     shout.add_argument("target", metavar="GROUP", help="the group to shout to")
     shout.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
-    shout.add_argument("--wait", "-w", type=_seconds_arg, default=WAIT_SEND, metavar="SECONDS",
+    shout.add_argument("--wait", "-w", type=seconds, default=WAIT_SEND, metavar="SECONDS",
                        help="longest wait for the group's members (default: %(default)s)")
 
 
 def _add_whisper(command: CommandFactory) -> None:
+    from .argtypes import seconds
+
     whisper = command(
         "whisper", "send a message to one peer",
         "Send MESSAGE to the one peer matching PEER (a name, a UUID, or a unique UUID hex "
@@ -294,7 +289,7 @@ def _add_whisper(command: CommandFactory) -> None:
         cmd_whisper, parents=[_agent_options(True)], agent_first=True)
     whisper.add_argument("target", metavar="PEER", help="peer name, UUID or UUID hex prefix")
     whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
-    whisper.add_argument("--wait", "-w", type=_seconds_arg, default=WAIT_SEND, metavar="SECONDS",
+    whisper.add_argument("--wait", "-w", type=seconds, default=WAIT_SEND, metavar="SECONDS",
                          help="longest wait for the peer (default: %(default)s)")
 
 

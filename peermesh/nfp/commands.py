@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional
 import gevent
 import zmq
 
+from ..argtypes import positive_count, seconds
 from ..config import NodeConfig
 from ..node import Node
 from ..wire import nfp as wire
@@ -61,16 +62,6 @@ Handler = Callable[[argparse.Namespace, NodeConfig], int]
 
 # --------------------------------------------------------------------------
 # Options
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value != value:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
 
 
 def _positive(value: Any) -> bool:
@@ -158,21 +149,21 @@ def _nfp_options(parser: argparse.ArgumentParser, client: bool = True,
     group.add_argument("--data-dir", metavar="DIR",
                        help="where the node's SQLite job store lives (default: "
                             "$PEERMESH_DATA_DIR, else ~/.local/share/peermesh)")
-    group.add_argument("--keepalive", type=_seconds, metavar="SECONDS",
+    group.add_argument("--keepalive", type=seconds, metavar="SECONDS",
                        help="NFP heartbeat interval between broker and workers "
                             "(default: 1.0)")
     group.add_argument("--multiplier", type=int, metavar="N",
                        help="a peer silent for keepalive x N is disconnected (default: 3)")
-    group.add_argument("--request-timeout", type=_seconds, metavar="SECONDS",
+    group.add_argument("--request-timeout", type=seconds, metavar="SECONDS",
                        help="longest wait for a worker's or broker's answer (default: 5.0)")
-    group.add_argument("--queue-timeout", type=_seconds, metavar="SECONDS",
+    group.add_argument("--queue-timeout", type=seconds, metavar="SECONDS",
                        help="how long a POST waits for a worker of its service to appear "
                             "(default: 30.0)")
     if client:
         group.add_argument("--store", default="cli", metavar="NAME",
                            help="client store: DATA_DIR/nfp-NAME.sqlite3 records the jobs "
                                 "posted (default: %(default)s)")
-        group.add_argument("--timeout", type=_seconds, default=60.0, metavar="SECONDS",
+        group.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
                            help="longest wait for the answer (default: %(default)s)")
     if serve:
         group.add_argument("--broker", choices=MODES, default=None,
@@ -185,7 +176,7 @@ def _nfp_options(parser: argparse.ArgumentParser, client: bool = True,
                            help="secret that authorises MMI disconnect/restart/shutdown "
                                 "(default: $PEERMESH_NFP_ADMIN_TOKEN, then admin_token in "
                                 "[nfp]; none: always refused)")
-        group.add_argument("--retention", type=_seconds, metavar="SECONDS",
+        group.add_argument("--retention", type=seconds, metavar="SECONDS",
                            help="finished jobs are purged after this long (default: 7 days)")
         group.add_argument("--inventory", metavar="DIR",
                            help="SID: directory of <worker>.yaml/.yml/.json inventory files")
@@ -218,16 +209,16 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     job.add_argument("--target", "-t", default=None,
                      help="post: all (default), any (the least loaded worker) or w1,w2,...; "
                           "get/delete: workers to ask (default: those that accepted the job)")
-    job.add_argument("--wait", "-W", nargs="?", type=float, const=-1.0, default=None,
+    job.add_argument("--wait", "-W", nargs="?", type=seconds, const=-1.0, default=None,
                      metavar="SECONDS",
                      help="post: wait for the result; get: let workers hold the answer until "
                           "the job finishes (SECONDS, default: up to --timeout)")
     job.add_argument("--service", "-s", help="get/delete: the job's service (for jobs posted "
                                              "from elsewhere)")
-    job.add_argument("--job-timeout", type=_seconds, metavar="SECONDS",
+    job.add_argument("--job-timeout", type=seconds, metavar="SECONDS",
                      help="post: workers stop the job after this long")
     job.add_argument("--json", action="store_true", help="list: one JSON list")
-    job.add_argument("--limit", type=int, default=50, help="list: at most this many (default: 50)")
+    job.add_argument("--limit", type=positive_count, default=50, help="list: at most this many (default: 50)")
     _nfp_options(job)
 
     worker = command(

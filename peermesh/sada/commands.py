@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import gevent
 import gevent.event
 
+from ..argtypes import count, seconds
 from ..config import NodeConfig
 from ..node import Node
 from .channel import Channel, ServerInfo
@@ -44,26 +45,6 @@ PROG = "peermesh"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Factory = Callable[..., argparse.ArgumentParser]
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value
 
 
 def add_commands(command: Factory) -> None:
@@ -86,7 +67,7 @@ def add_commands(command: Factory) -> None:
     serve.add_argument("--no-echo", action="store_true", help="do not serve the demo 'echo'")
     serve.add_argument("--channel", action="append", default=[], metavar="ENDPOINT",
                        help="also serve the channel at ENDPOINT (tcp://HOST:PORT); repeatable")
-    serve.add_argument("--max-concurrent", type=_count, metavar="N",
+    serve.add_argument("--max-concurrent", type=count, metavar="N",
                        help="requests running at once before new ones get 503 "
                             "(default: no limit)")
 
@@ -111,9 +92,9 @@ def add_commands(command: Factory) -> None:
                            "major that is not lower (default: the highest offered)")
     call.add_argument("--category", default="", metavar="CATEGORY",
                       help="action category (default: none)")
-    call.add_argument("--timeout", "-t", type=_positive, default=5.0, metavar="SECONDS",
+    call.add_argument("--timeout", "-t", type=seconds, default=5.0, metavar="SECONDS",
                       help="longest wait for a server and its reply (default: %(default)s)")
-    call.add_argument("--retries", type=_count, default=0, metavar="N",
+    call.add_argument("--retries", type=count, default=0, metavar="N",
                       help="re-send to another server up to N times if the server dies "
                            "holding the request (only for idempotent actions; default 0)")
     call.add_argument("--bind", metavar="ENDPOINT",
@@ -127,7 +108,7 @@ def add_commands(command: Factory) -> None:
         "their addresses) and leave.",
         f"  {PROG} services\n  {PROG} services --interface lo --wait 1 --json",
         cmd_services)
-    services.add_argument("--wait", "-w", type=_positive, default=2.0, metavar="SECONDS",
+    services.add_argument("--wait", "-w", type=seconds, default=2.0, metavar="SECONDS",
                           help="how long to collect introductions (default: %(default)s)")
     services.add_argument("--json", action="store_true",
                           help="print one JSON list of {service, version, servers: "

@@ -53,7 +53,8 @@ def cli(free_udp_port: int, tmp_path: Path) -> Iterator[Callable[..., Any]]:
 def test_usage_errors_exit_2(cli: Callable[..., Any]) -> None:
     for args in (("job", "post", "svc"), ("job", "get"), ("job", "post", "s", "t", "{bad"),
                  ("job", "post", "s", "t", "--target", "a,,b"), ("broker", "show"),
-                 ("file", "get", "http://x", "dest")):
+                 ("file", "get", "http://x", "dest"), ("job", "list", "--limit", "-5"),
+                 ("job", "get", "feedbeef", "--wait", "nan")):
         done = cli(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert "error" in done.stderr
