@@ -54,7 +54,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import gevent
 import gevent.event
@@ -80,6 +80,44 @@ MAX_OPEN = 10_000   # open jobs remembered for re-posting after a broker change
 _TICK = 0.05        # seconds between expiry checks (a request may outlive its deadline by this)
 _REPOSTS = 16       # re-POSTs in flight at once after a broker change
 _COMMANDS = {"post": nfp.Command.POST, "get": nfp.Command.GET, "delete": nfp.Command.DELETE}
+
+
+def _job_body(task: str, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]],
+              job_timeout: Optional[float]) -> tuple[dict[str, Any], str]:
+    """A POST's body and its JSON text (encoded once: for the record and the request);
+    TypeError or ValueError, saying which, for what cannot be sent."""
+    if not isinstance(task, str) or not task:
+        raise ValueError(f"task must be a non-empty string, not {task!r}")
+    if args is not None and not isinstance(args, (list, tuple)):
+        raise TypeError(f"args must be a list or tuple, not {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a mapping, not {type(kwargs).__name__}")
+    body: dict[str, Any] = {"task": task, "args": list(args or ()), "kwargs": dict(kwargs or {})}
+    if job_timeout is not None:
+        if not _seconds(job_timeout):
+            raise ValueError(f"job_timeout must be a positive number of seconds, not "
+                             f"{job_timeout!r}")
+        body["timeout"] = float(job_timeout)
+    try:
+        text = nfp.to_json(body)
+        nfp.check_size(text)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"the job's arguments cannot be sent: {exc}") from None
+    return body, text
+
+
+def _check_request(service: str, timeout: float) -> None:
+    """ValueError unless ``service`` can be named on the wire and ``timeout`` is a wait."""
+    if not isinstance(service, str) or not service or not service.isprintable():
+        raise ValueError(f"service must be a non-empty printable name, not {service!r}")
+    if not _seconds(timeout):
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+
+
+def _seconds(value: Any) -> bool:
+    """True for a positive, finite number (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and 0 < value < float("inf")
 
 
 def new_job_uuid() -> str:
@@ -452,26 +490,19 @@ class Client:
         up to ``queue_timeout``, then ends with 408. ``timeout`` bounds the whole
         call (default: queue_timeout + request_timeout).
         """
+        if timeout is None:
+            timeout = self.queue_timeout + self.request_timeout
+        _check_request(service, timeout)
         target_text = nfp.format_target(target if isinstance(target, str) else tuple(target))
         uuid = uuid or new_job_uuid()
-        body: dict[str, Any] = {"task": task, "args": list(args or []),
-                                "kwargs": dict(kwargs or {})}
-        if job_timeout:
-            body["timeout"] = float(job_timeout)
-        text = nfp.to_json(body)    # encoded once: for the record and for the request
-        try:
-            nfp.check_size(text)
-        except ValueError as exc:
-            raise ValueError(f"the job's arguments cannot be sent: {exc}") from None
+        body, text = _job_body(task, args, kwargs, job_timeout)
         self.store.add_client_job(uuid, service, task, target_text, body, body_text=text)
         if notify:
             body["notify"] = True
             text = text[:-1] + ',"notify":true}'
         finished = self._posting[uuid] = set()
         try:
-            reply = self._request("post", service, target_text, uuid, body,
-                                  timeout if timeout is not None
-                                  else self.queue_timeout + self.request_timeout,
+            reply = self._request("post", service, target_text, uuid, body, timeout,
                                   text.encode("utf-8"))
             # workers that finished the job before their 202 left sent its end with it
             # instead of a final EVENT: handled as that EVENT
@@ -522,8 +553,9 @@ class Client:
         """
         service, target_text = self._locate(uuid, service, target)
         body: dict[str, Any] = {"wait": float(wait)} if wait > 0 else {}
-        reply = self._request("get", service, target_text, uuid, body,
-                              timeout if timeout is not None else self.request_timeout + wait)
+        timeout = timeout if timeout is not None else self.request_timeout + wait
+        _check_request(service, timeout)
+        reply = self._request("get", service, target_text, uuid, body, timeout)
         self._record_result(uuid, reply)
         return reply
 
@@ -533,8 +565,9 @@ class Client:
         """DELETE a job: cancel it where pending/running, forget it where finished."""
         service, target_text = self._locate(uuid, service, target)
         self._open.pop(uuid, None)
-        reply = self._request("delete", service, target_text, uuid, {},
-                              timeout if timeout is not None else self.request_timeout)
+        timeout = timeout if timeout is not None else self.request_timeout
+        _check_request(service, timeout)
+        reply = self._request("delete", service, target_text, uuid, {}, timeout)
         if self.store.client_job(uuid) is not None and reply.status is Status.OK:
             outcomes = {w.get("outcome") for w in reply.body.get("workers", {}).values()}
             self.store.update_client_job(uuid, state="cancelled" if "cancelled" in outcomes

@@ -124,6 +124,24 @@ def test_failures_are_reported(setup: tuple[NfpNode, dict[str, NfpNode]]) -> Non
     assert c.store.client_job(reply.body["uuid"]).state == "failed"  # type: ignore[union-attr]
 
 
+def test_api_misuse_is_refused_before_anything_is_sent_or_recorded(mesh: Mesh) -> None:
+    c = mesh.add("client").client
+    for call, error, message in (
+            (lambda: c.post("svc", "echo", "abc"), TypeError, "args must be a list or tuple"),
+            (lambda: c.post("svc", "echo", [], [1]), TypeError, "kwargs must be a mapping"),
+            (lambda: c.post("svc", 5), ValueError, "task must be a non-empty string"),
+            (lambda: c.post("", "echo"), ValueError, "service must be a non-empty"),
+            (lambda: c.post("svc", "echo", [{1}]), TypeError, "arguments cannot be sent"),
+            (lambda: c.post("svc", "echo", timeout=-1), ValueError, "timeout must be"),
+            (lambda: c.post("svc", "echo", job_timeout=0), ValueError, "job_timeout must be"),
+            (lambda: c.run("svc", "echo", timeout=float("nan")), ValueError, "timeout must be"),
+            (lambda: c.get("ab" * 16, service="svc", timeout=0), ValueError, "timeout must be"),
+            (lambda: c.delete("ab" * 16, service="s\n"), ValueError, "service must be")):
+        with pytest.raises(error, match=message):
+            call()
+    assert c.jobs() == [] and c._direct.queued() == {}
+
+
 def test_oversized_arguments_results_and_events_are_refused_clearly(
         setup: tuple[NfpNode, dict[str, NfpNode]]) -> None:
     c = setup[0].client
