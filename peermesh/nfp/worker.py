@@ -637,7 +637,10 @@ class Worker:
                                               "duration": round(time.time() - started, 6),
                                               "errors": ["cancelled while running"]})
                 return
-            except Exception as exc:
+            except gevent.GreenletExit:
+                raise   # the worker is stopping
+            except BaseException as exc:   # also SystemExit, KeyboardInterrupt or a gevent
+                # Timeout of the task's own: the job failed, the worker goes on serving
                 self._finish(job, FAILED, {"failed": True,
                                            "duration": round(time.time() - started, 6),
                                            "errors": [f"{type(exc).__name__}: {exc}"]})

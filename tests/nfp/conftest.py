@@ -59,6 +59,15 @@ def make_tasks() -> Tasks:
         return object()
 
     @tasks.task()
+    def quits(job: Any, how: str) -> None:
+        if how == "exit":
+            sys.exit(3)
+        if how == "interrupt":
+            raise KeyboardInterrupt
+        with gevent.Timeout(0.01):     # a timeout of its own, not caught
+            gevent.sleep(1)
+
+    @tasks.task()
     def big(job: Any, size: int) -> str:
         return "x" * size
 

@@ -142,6 +142,19 @@ def test_api_misuse_is_refused_before_anything_is_sent_or_recorded(mesh: Mesh) -
     assert c.jobs() == [] and c._direct.queued() == {}
 
 
+def test_a_task_that_exits_or_interrupts_fails_and_the_worker_goes_on(mesh: Mesh) -> None:
+    mesh.add("w1", workers=(("svc", "w1"),))
+    client = mesh.add("client")
+    ready_direct(client, "svc", 1)
+    c = client.client
+    for how, error in (("exit", "SystemExit: 3"), ("interrupt", "KeyboardInterrupt"),
+                       ("timeout", "Timeout")):
+        reply = c.run("svc", "quits", [how], target="any", timeout=5)
+        entry = reply.body["workers"]["w1"]
+        assert entry["state"] == "failed" and entry["errors"][0].startswith(error), entry
+        assert c.run("svc", "echo", [how], target="any", timeout=5).status is Status.OK
+
+
 def test_oversized_arguments_results_and_events_are_refused_clearly(
         setup: tuple[NfpNode, dict[str, NfpNode]]) -> None:
     c = setup[0].client
