@@ -621,9 +621,12 @@ def _cmd_file(args: argparse.Namespace, config: NodeConfig) -> int:
     _resolve_nfp_options(args)
     if not args.url.startswith("nf://"):
         raise ValueError(f"{args.url!r} is not an nf:// URL")
+    dest = Path(args.dest)
+    if not dest.is_dir() and not dest.parent.is_dir():
+        raise ValueError(f"cannot write {dest}: {dest.parent} is not a directory")
     with _Client(args, config) as c:
         if c.nfp.current_broker is None:
             raise RuntimeError("no broker on the mesh: the file service runs on the broker")
-        result = fetch_file(c.nfp.client, args.url, Path(args.dest), args.timeout)
+        result = fetch_file(c.nfp.client, args.url, dest, args.timeout)
     _stderr(f"{args.url}: {result['size']} bytes, sha256 {result['sha256']} -> {result['dest']}")
     return EXIT_OK

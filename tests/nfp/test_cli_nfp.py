@@ -54,7 +54,8 @@ def test_usage_errors_exit_2(cli: Callable[..., Any]) -> None:
     for args in (("job", "post", "svc"), ("job", "get"), ("job", "post", "s", "t", "{bad"),
                  ("job", "post", "s", "t", "--target", "a,,b"), ("broker", "show"),
                  ("file", "get", "http://x", "dest"), ("job", "list", "--limit", "-5"),
-                 ("job", "get", "feedbeef", "--wait", "nan")):
+                 ("job", "get", "feedbeef", "--wait", "nan"),
+                 ("file", "get", "nf://x", "/nonexistent/dir/x")):
         done = cli(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert "error" in done.stderr
