@@ -395,13 +395,12 @@ class Broker:
                                    raw=relay)
 
     def _answer(self, identity: bytes, msg: Any, rid: Any, reply: Reply) -> None:
-        body = reply.body if rid is None else {**reply.body, "rid": rid}
-        frame = nfp.encode_body(body)
+        frame = _answer_body(reply, rid)
         if len(frame) > nfp.MAX_BODY:   # several workers' results together
             text = (f"the answer is {len(frame):,} bytes, more than an NFP message carries: "
                     f"ask its workers one at a time")
             reply = Reply(Status.ERROR, {"uuid": msg.uuid, "error": text}, text)
-            frame = nfp.encode_body({**reply.body, "rid": rid} if rid is not None else reply.body)
+            frame = _answer_body(reply, rid)
         if self._channel is not None:
             self._channel.send([identity, *nfp.response_frames(
                 nfp.BROKER, msg.service, msg.uuid, reply.status, (frame,), reply.text)])
@@ -496,6 +495,11 @@ class Broker:
         names = set(d.services) | set(queued)
         return {s: {"workers": sorted(d.services.get(s, {})), "queued": queued.get(s, 0)}
                 for s in sorted(names)}
+
+
+def _answer_body(reply: Reply, rid: Any) -> bytes:
+    """A reply's body frame, with the client's rid when it gave one."""
+    return nfp.encode_body(reply.body if rid is None else {**reply.body, "rid": rid})
 
 
 def _service(msg: nfp.Message) -> str:
