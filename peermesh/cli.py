@@ -125,6 +125,7 @@ def _header_arg(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+@functools.cache
 def _node_options() -> argparse.ArgumentParser:
     import argparse
 

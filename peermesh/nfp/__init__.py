@@ -40,9 +40,9 @@ from .worker import JobCancelled, JobContext, Tasks, Worker
 
 __all__ = [
     "NfpNode", "Worker", "Client", "Broker", "Tasks", "JobContext", "JobCancelled", "JobEvent",
-    "Reply", "JobStore", "StoreError", "WorkerJob", "ClientJob", "Dispatcher", "Election", "Candidate",
-    "Change", "elect", "BrokerChanged", "BrokerTracker", "advertise_candidate", "BROKER_HEADER",
-    "WORKER_HEADER", "default_data_dir", "ThreadedNfp",
+    "Reply", "JobStore", "StoreError", "WorkerJob", "ClientJob", "Dispatcher", "Election",
+    "Candidate", "Change", "elect", "BrokerChanged", "BrokerTracker", "advertise_candidate",
+    "BROKER_HEADER", "WORKER_HEADER", "default_data_dir", "ThreadedNfp",
 ]
 
 

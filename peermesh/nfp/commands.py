@@ -218,7 +218,8 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     job.add_argument("--job-timeout", type=seconds, metavar="SECONDS",
                      help="post: workers stop the job after this long")
     job.add_argument("--json", action="store_true", help="list: one JSON list")
-    job.add_argument("--limit", type=positive_count, default=50, help="list: at most this many (default: 50)")
+    job.add_argument("--limit", type=positive_count, default=50,
+                     help="list: at most this many (default: 50)")
     _nfp_options(job)
 
     worker = command(
