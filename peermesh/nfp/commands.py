@@ -141,6 +141,10 @@ def _resolve_nfp_options(args: argparse.Namespace, worker: bool = False) -> None
                 setattr(args, key, os.environ[env])
             continue                                   # data_dir: default_data_dir() reads it
         setattr(args, key, table.get(key, default))
+    for key, option in (("inventory", "--inventory"), ("files_root", "--files-root")):
+        where = getattr(args, key, None)
+        if where is not None and not Path(where).is_dir():
+            raise ValueError(f"{option} {where}: not a directory")
 
 
 def _nfp_options(parser: argparse.ArgumentParser, client: bool = True,

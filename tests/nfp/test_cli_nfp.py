@@ -55,7 +55,9 @@ def test_usage_errors_exit_2(cli: Callable[..., Any]) -> None:
                  ("job", "post", "s", "t", "--target", "a,,b"), ("broker", "show"),
                  ("file", "get", "http://x", "dest"), ("job", "list", "--limit", "-5"),
                  ("job", "get", "feedbeef", "--wait", "nan"),
-                 ("file", "get", "nf://x", "/nonexistent/dir/x")):
+                 ("file", "get", "nf://x", "/nonexistent/dir/x"),
+                 ("broker", "run", "--broker", "always", "--files-root", "/nonexistent/x"),
+                 ("worker", "--inventory", __file__)):
         done = cli(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert "error" in done.stderr
