@@ -514,8 +514,8 @@ class JobStore:
                 [(*key, cutoff) for key in expired[start:start + _PURGE_CHUNK]]).rowcount
             gevent.sleep(0)
         removed += self._write(
-            "DELETE FROM client_jobs WHERE updated < ? AND state IN "
-            "('completed', 'failed', 'cancelled', 'deleted', 'lost')", (cutoff,)).rowcount
+            "DELETE FROM client_jobs WHERE updated < ? AND state IN ('completed', 'failed', "
+            "'cancelled', 'deleted', 'lost', 'mixed', 'expired', 'unknown')", (cutoff,)).rowcount
         return removed
 
     def _expired_worker_jobs(self, cutoff: float) -> list[tuple[str, str]]:

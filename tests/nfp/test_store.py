@@ -69,18 +69,20 @@ def test_purge_keeps_unfinished_and_recent(tmp_path: Path) -> None:
     store._db.execute("UPDATE worker_jobs SET created = created - 3600, finished = finished - "
                       "3600 WHERE uuid = 'old-done'")
     store._db.execute("UPDATE worker_jobs SET created = created - 3600 WHERE uuid = 'old-pending'")
-    store.add_client_job("c-old", "svc", "t", "all", {})
-    store.update_client_job("c-old", state="completed")
+    for uuid, state in (("c-old", "completed"), ("c-mixed", "mixed"), ("c-expired", "expired"),
+                        ("c-unknown", "unknown"), ("c-unreachable", "unreachable")):
+        store.add_client_job(uuid, "svc", "t", "all", {})
+        store.update_client_job(uuid, state=state)
     store.commit()   # client records are held until the commit; the file is edited below
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600")
     store.add_client_job("c-posting", "svc", "t", "all", {})
     store.commit()
     store._db.execute("UPDATE client_jobs SET updated = updated - 3600 WHERE uuid='c-posting'")
-    assert store.purge() == 2
+    assert store.purge() == 5
     assert store.worker_job("w", "old-done") is None
     assert store.worker_job("w", "old-pending") is not None   # never purged while unfinished
     assert store.worker_job("w", "new-done") is not None
-    assert store.client_job("c-old") is None and store.client_job("c-posting") is not None
+    assert sorted(j.uuid for j in store.client_jobs()) == ["c-posting", "c-unreachable"]
     store.close()
 
 
