@@ -84,6 +84,10 @@ FINAL_IN_ACCEPT = 64 * 1024
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
 
 
+_STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
+                  "the first time); not run a third time: does the task end its process?")
+
+
 class JobCancelled(Exception):
     """Raised by ``JobContext.check`` once the job was cancelled (DELETE)."""
 
@@ -160,6 +164,7 @@ class _Job:
     cancelled: bool = False
     acknowledged: bool = True    # False while its 202 waits for the commit (see _accept)
     final: Optional[str] = None  # the final body, when it rides on the 202
+    recovered: bool = False      # found unfinished on disk at start (see start)
 
 
 class JobContext:
@@ -250,9 +255,17 @@ class Worker:
         else:
             self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
+            if stored.state == RUNNING:
+                # run again once already, and the process died again while it ran: it may
+                # be what ends the process (os._exit, a crash in C), so not a third time
+                self.store.finish_worker_job(self.name, stored.uuid, FAILED, {
+                    "failed": True, "errors": [_STOPPED_TWICE]})
+                self.stats[FAILED] = self.stats.get(FAILED, 0) + 1
+                continue
             body = stored.body
             job = _Job(stored.uuid, stored.service, stored.task, list(body.get("args") or []),
-                       dict(body.get("kwargs") or {}), _timeout(body), False, _FROM_BROKER)
+                       dict(body.get("kwargs") or {}), _timeout(body), False, _FROM_BROKER,
+                       recovered=True)
             self._jobs[job.uuid] = job
             self._queue.append(job)
             self.stats["recovered"] += 1
@@ -267,6 +280,10 @@ class Worker:
         if not self.started:
             return
         self.started = False
+        running = self._running
+        if running is not None and running.recovered:
+            # a clean stop is not a crash: it runs again next time as if never started
+            self.store.set_worker_state(self.name, running.uuid, PENDING)
         self.store.commit()     # answers waiting for the commit leave before the sockets close
         if self._broker is not None and self._broker_state != "none":
             self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"worker stopping"))
@@ -607,6 +624,10 @@ class Worker:
             self._running = job
         job.state = RUNNING
         job.greenlet = gevent.getcurrent()
+        if job.recovered:
+            # on disk before it runs: if the process dies in it again, start() fails it
+            self.store.set_worker_state(self.name, job.uuid, RUNNING)
+            self.store.commit()
         if not job.notify and self.store.pending:
             # the 202 (and anything else waiting) leaves before a task that may take long;
             # a job posted by ``run`` (notify) waits for the hub's next idle moment, so a

@@ -48,6 +48,16 @@ def sleep(job: JobContext, seconds: float = 1.0) -> str:
 
 
 @TASKS.task()
+def die(job: JobContext, path: str) -> None:
+    """End this process (as a crash would) once the file ``path`` exists, at most 30 s."""
+    _record(job, "die-start")
+    for _ in range(3000):
+        if os.path.exists(path):
+            os._exit(7)
+        gevent.sleep(0.01)
+
+
+@TASKS.task()
 def hold(job: JobContext, path: str) -> str:
     """Run until the file ``path`` exists (the test creates it), at most 30 s."""
     _record(job, "hold-start")

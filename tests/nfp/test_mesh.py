@@ -155,6 +155,29 @@ def test_a_task_that_exits_or_interrupts_fails_and_the_worker_goes_on(mesh: Mesh
         assert c.run("svc", "echo", [how], target="any", timeout=5).status is Status.OK
 
 
+def test_a_clean_stop_during_a_job_run_again_does_not_count_as_a_crash(mesh: Mesh) -> None:
+    client = mesh.add("client")
+
+    def start_worker() -> NfpNode:
+        worker = mesh.add("w1", workers=(("svc", "w1"),))
+        ready_direct(client, "svc", 1)
+        return worker
+
+    def running(worker: NfpNode, uuid: str) -> None:
+        wait_until(lambda: getattr(worker.workers[0]._running, "uuid", None) == uuid, 5,
+                   "the job running")
+
+    worker = start_worker()
+    uuid = client.client.post("svc", "sleep", kwargs={"seconds": 30}, target="w1").body["uuid"]
+    for recovered in (0, 1, 1, 1):    # stopped cleanly while it ran: first run, then run again
+        running(worker, uuid)
+        assert worker.workers[0].stats["recovered"] == recovered
+        mesh.stop(worker)
+        worker = start_worker()
+    assert worker.workers[0].stats.get("failed", 0) == 0   # never taken for a crash
+    assert worker.store.worker_job("w1", uuid).state in ("pending", "running")  # type: ignore
+
+
 def test_oversized_arguments_results_and_events_are_refused_clearly(
         setup: tuple[NfpNode, dict[str, NfpNode]]) -> None:
     c = setup[0].client

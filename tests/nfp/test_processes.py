@@ -75,6 +75,38 @@ def test_worker_sigkill_and_restart_keeps_jobs(mesh: Mesh, children: Callable[..
     assert [w for u, w in log if u == running.body["uuid"]].count("sleep-start") == 2
 
 
+def test_a_job_that_ends_its_worker_process_runs_twice_at_most(
+        mesh: Mesh, children: Callable[..., Child], tmp_path: Path) -> None:
+    c = client_of(mesh).client
+    trigger = tmp_path / "die-now"
+
+    def run_until_it_dies(worker: Child, uuid: str, starts: int) -> None:
+        wait_until(lambda: [w for u, w in runs(tmp_path, "dw1") if u == uuid].count("die-start")
+                   == starts, 10, f"run {starts} of the job")
+        trigger.touch()
+        wait_until(lambda: worker.proc.poll() is not None, 10, "the worker's process ended")
+        assert worker.proc.returncode == 7
+        trigger.unlink()
+
+    worker = children("dw1", workers=[["svc", "dw1"]])
+    wait_until(lambda: c.direct_workers().get("svc"), 5)
+    posted = c.post("svc", "die", kwargs={"path": str(trigger)}, target="dw1")
+    assert posted.status is Status.ACCEPTED
+    uuid = posted.body["uuid"]
+    run_until_it_dies(worker, uuid, 1)
+    run_until_it_dies(children("dw1", workers=[["svc", "dw1"]]), uuid, 2)  # run again once
+    third = children("dw1", workers=[["svc", "dw1"]])                        # ... not twice
+    wait_until(lambda: c._direct.workers.get("dw1") is not None
+               and c._direct.workers["dw1"].info["endpoint"] == third.ready["workers"]["dw1"],
+               5, "the third worker process")
+    reply = c.get(uuid, wait=5)
+    entry = reply.body["workers"]["dw1"]
+    assert entry["state"] == "failed" and "ended twice while this job ran" in entry["errors"][0]
+    assert c.run("svc", "echo", ["alive"], target="dw1", timeout=5).status is Status.OK
+    assert third.proc.poll() is None
+    assert [w for u, w in runs(tmp_path, "dw1") if u == uuid].count("die-start") == 2
+
+
 def test_broker_sigkill_reelection_loses_no_accepted_job(
         mesh: Mesh, children: Callable[..., Child], tmp_path: Path) -> None:
     first = children("b1", broker="auto", priority=10)
