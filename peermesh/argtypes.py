@@ -1,36 +1,44 @@
-"""Option types shared by the commands: seconds and counts, refused with a clear message."""
+"""Values the commands and the API take, refused with a clear message: seconds and counts.
+
+The option types raise ``argparse.ArgumentTypeError``; argparse is imported only
+then, so a command that never parses a bad option never loads it.
+"""
 
 from __future__ import annotations
 
-import argparse
+__all__ = ["is_seconds", "seconds", "count", "positive_count"]
 
-__all__ = ["seconds", "count", "positive_count"]
+
+def is_seconds(value: object) -> bool:
+    """True for a positive, finite number (not a bool, not NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and 0 < value < float("inf")
 
 
 def seconds(text: str) -> float:
-    """A positive, finite number of seconds."""
+    """Option type: a positive, finite number of seconds."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):     # (also refuses NaN)
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+        raise _refused(f"{text!r} is not a number of seconds") from None
+    if not is_seconds(value):
+        raise _refused(f"{text!r} must be a positive number of seconds")
     return value
 
 
 def count(text: str) -> int:
-    """A whole number, 0 or more."""
+    """Option type: a whole number, 0 or more."""
     value = _whole(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+        raise _refused(f"{text!r} must not be negative")
     return value
 
 
 def positive_count(text: str) -> int:
-    """A whole number, 1 or more."""
+    """Option type: a whole number, 1 or more."""
     value = _whole(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+        raise _refused(f"{text!r} must be 1 or more")
     return value
 
 
@@ -38,4 +46,10 @@ def _whole(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise _refused(f"{text!r} is not a whole number") from None
+
+
+def _refused(message: str) -> Exception:
+    import argparse
+
+    return argparse.ArgumentTypeError(message)

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+from .argtypes import seconds
 from .errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
@@ -129,8 +130,6 @@ def _header_arg(text: str) -> tuple[str, str]:
 def _node_options() -> argparse.ArgumentParser:
     import argparse
 
-    from .argtypes import seconds
-
     common = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     node = common.add_argument_group("node options")
     node.add_argument(
@@ -240,8 +239,6 @@ def _add_agent(command: CommandFactory) -> None:
 
 
 def _add_peers(command: CommandFactory) -> None:
-    from .argtypes import seconds
-
     peers = command(
         "peers", "list the peers (the agent's, or found within a few seconds)",
         "List the peers (UUID, name, address, groups, headers). Through the agent: the "
@@ -256,8 +253,6 @@ def _add_peers(command: CommandFactory) -> None:
 
 
 def _add_shout(command: CommandFactory) -> None:
-    from .argtypes import seconds
-
     shout = command(
         "shout", "send a message to every peer in a group",
         "Send MESSAGE to every member of GROUP and wait for their confirmation. Through "
@@ -275,8 +270,6 @@ def _add_shout(command: CommandFactory) -> None:
 
 
 def _add_whisper(command: CommandFactory) -> None:
-    from .argtypes import seconds
-
     whisper = command(
         "whisper", "send a message to one peer",
         "Send MESSAGE to the one peer matching PEER (a name, a UUID, or a unique UUID hex "

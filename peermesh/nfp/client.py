@@ -61,6 +61,7 @@ import gevent.event
 import gevent.pool
 import zmq
 
+from ..argtypes import is_seconds
 from ..errors import ProtocolError
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -94,15 +95,15 @@ def _job_body(task: str, args: Optional[Sequence[Any]], kwargs: Optional[Mapping
         raise TypeError(f"kwargs must be a mapping, not {type(kwargs).__name__}")
     body: dict[str, Any] = {"task": task, "args": list(args or ()), "kwargs": dict(kwargs or {})}
     if job_timeout is not None:
-        if not _seconds(job_timeout):
+        if not is_seconds(job_timeout):
             raise ValueError(f"job_timeout must be a positive number of seconds, not "
                              f"{job_timeout!r}")
         body["timeout"] = float(job_timeout)
     try:
         text = nfp.to_json(body)
-        nfp.check_size(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:   # not JSON
         raise type(exc)(f"the job's arguments cannot be sent: {exc}") from None
+    nfp.check_size(text, "the job's arguments")
     return body, text
 
 
@@ -110,14 +111,8 @@ def _check_request(service: str, timeout: float) -> None:
     """ValueError unless ``service`` can be named on the wire and ``timeout`` is a wait."""
     if not isinstance(service, str) or not service or not service.isprintable():
         raise ValueError(f"service must be a non-empty printable name, not {service!r}")
-    if not _seconds(timeout):
+    if not is_seconds(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-
-
-def _seconds(value: Any) -> bool:
-    """True for a positive, finite number (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and 0 < value < float("inf")
 
 
 def new_job_uuid() -> str:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 import gevent
 import zmq
 
-from ..argtypes import positive_count, seconds
+from ..argtypes import is_seconds, positive_count, seconds
 from ..config import NodeConfig
 from ..node import Node
 from ..wire import nfp as wire
@@ -64,11 +64,6 @@ Handler = Callable[[argparse.Namespace, NodeConfig], int]
 # Options
 
 
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
-        and value == value
-
-
 def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -82,14 +77,14 @@ def _text(value: Any) -> bool:
 #: that have it; a default of None means "see the option's help"
 NFP_KEYS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
     "data_dir": ("a path", _text, None),
-    "keepalive": ("a positive number of seconds", _positive, 1.0),
+    "keepalive": ("a positive number of seconds", is_seconds, 1.0),
     "multiplier": ("an integer of at least 2", lambda v: _integer(v) and v >= 2, 3),
-    "request_timeout": ("a positive number of seconds", _positive, 5.0),
-    "queue_timeout": ("a positive number of seconds", _positive, 30.0),
+    "request_timeout": ("a positive number of seconds", is_seconds, 5.0),
+    "queue_timeout": ("a positive number of seconds", is_seconds, 30.0),
     "broker": (f"one of {', '.join(MODES)}", lambda v: v in MODES, None),
     "priority": ("an integer", _integer, 0),
     "admin_token": ("a string", _text, None),
-    "retention": ("a positive number of seconds", _positive, 7 * 86400.0),
+    "retention": ("a positive number of seconds", is_seconds, 7 * 86400.0),
     "inventory": ("a path", _text, None),
     "files_root": ("a path", _text, None),
     "service": ("a string", _text, "demo"),

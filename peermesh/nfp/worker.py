@@ -82,8 +82,6 @@ TaskFunction = Callable[..., Any]
 #: longest result (JSON characters) a 202 carries (a longer one follows in the final EVENT)
 FINAL_IN_ACCEPT = 64 * 1024
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
-
-
 _STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
                   "the first time); not run a third time: does the task end its process?")
 
@@ -680,7 +678,7 @@ class Worker:
             except (TypeError, ValueError) as exc:   # not JSON, or too large
                 job.state = RUNNING
                 self._finish(job, FAILED, {"failed": True, "duration": duration,
-                                           "errors": [f"the result cannot be sent: {exc}"]})
+                                           "errors": [str(exc)]})
         finally:
             job.greenlet = None
             if self._running is job:
@@ -705,8 +703,11 @@ class Worker:
     def _finish(self, job: _Job, state: str, result: dict[str, Any]) -> None:
         if job.state in (COMPLETED, FAILED, CANCELLED):
             return
-        text = nfp.to_json(result)
-        nfp.check_size(text)
+        try:
+            text = nfp.to_json(result)
+        except (TypeError, ValueError) as exc:   # not JSON
+            raise TypeError(f"the result cannot be sent: {exc}") from None
+        nfp.check_size(text, "the result")
         job.state = state
         self.store.finish_worker_job(self.name, job.uuid, state, result, text)
         self._jobs.pop(job.uuid, None)
@@ -732,10 +733,7 @@ class Worker:
 
     def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
         text = nfp.to_json({"worker": self.name, **body})
-        try:
-            nfp.check_size(text)
-        except ValueError as exc:
-            raise ValueError(f"the event cannot be sent: {exc}") from None
+        nfp.check_size(text, "the event")
         self._send_event_frame(job, text.encode("utf-8"))
 
     def _send_event_frame(self, job: _Job, frame: bytes) -> None:

@@ -340,13 +340,13 @@ def encode_body(obj: Any) -> bytes:
     return to_json(obj).encode("utf-8")
 
 
-def check_size(text: str) -> None:
-    """ValueError if JSON ``text`` is more than a job's arguments, result or event may be
-    (``MAX_CONTENT`` bytes)."""
+def check_size(text: str, what: str) -> None:
+    """ValueError, naming ``what``, if JSON ``text`` is more than a job's arguments,
+    result or event may be (``MAX_CONTENT`` bytes)."""
     size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > MAX_CONTENT:
-        raise ValueError(f"it is {size:,} bytes as JSON; at most {MAX_CONTENT:,} go in an NFP "
-                         f"message")
+        raise ValueError(f"{what} cannot be sent: it is {size:,} bytes as JSON; at most "
+                         f"{MAX_CONTENT:,} go in an NFP message")
 
 
 def decode_body(frame: bytes) -> dict[str, Any]:

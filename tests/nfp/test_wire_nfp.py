@@ -283,9 +283,9 @@ def test_random_bodies_only_raise_protocol_error(data: bytes) -> None:
 
 def test_size_limits_count_utf8_bytes() -> None:
     assert nfp.MAX_CONTENT < nfp.MAX_BODY < nfp.MAX_MESSAGE
-    nfp.check_size("x" * nfp.MAX_CONTENT)
+    nfp.check_size("x" * nfp.MAX_CONTENT, "the job")
     with pytest.raises(ValueError, match=f"it is {nfp.MAX_CONTENT + 1:,} bytes as JSON"):
-        nfp.check_size("x" * (nfp.MAX_CONTENT + 1))
-    nfp.check_size("é" * (nfp.MAX_CONTENT // 2))
+        nfp.check_size("x" * (nfp.MAX_CONTENT + 1), "the job")
+    nfp.check_size("é" * (nfp.MAX_CONTENT // 2), "the job")
     with pytest.raises(ValueError):
-        nfp.check_size("é" * (nfp.MAX_CONTENT // 2 + 1))   # two bytes each in UTF-8
+        nfp.check_size("é" * (nfp.MAX_CONTENT // 2 + 1), "the job")   # two bytes each in UTF-8
