@@ -3,7 +3,7 @@
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    # Batched ZeroMQ receive/send for the node's hot paths (peermesh/zmqbatch.py).
+    # Batched ZeroMQ receive/send for the node's hot paths (peermesh/io/zmqbatch.py).
     # Optional: without a C compiler peermesh installs and runs on pyzmq alone.
-    Extension("_peermesh_zmqbatch", ["peermesh/_zmqbatch.c"], optional=True),
+    Extension("peermesh.io._zmqbatch", ["peermesh/io/_zmqbatch.c"], optional=True),
 ])

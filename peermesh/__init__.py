@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from .errors import (AmbiguousPeerError, InterfaceError, NodeStateError, PeermeshError,
                          PeerNotResponding, ProtocolError, UnknownPeerError)
     from .events import Event, EventType
-    from .node import Node, PeerInfo
-    from .threaded import ThreadedNode
+    from .zre.node import Node, PeerInfo
+    from .zre.threaded import ThreadedNode
 
 __all__ = [
     "Node", "ThreadedNode", "NodeConfig", "Event", "EventType", "PeerInfo",
@@ -26,7 +26,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 _HOMES = {
-    "Node": "node", "PeerInfo": "node", "ThreadedNode": "threaded", "NodeConfig": "config",
+    "Node": "zre.node", "PeerInfo": "zre.node", "ThreadedNode": "zre.threaded", "NodeConfig": "config",
     "Event": "events", "EventType": "events",
     **{name: "errors" for name in ("PeermeshError", "ProtocolError", "InterfaceError",
                                    "UnknownPeerError", "AmbiguousPeerError",

@@ -106,7 +106,7 @@ def _package_root() -> str:
 
 
 _NO_PTH = (f"import sys; sys.path[:0] = {[_package_root(), sysconfig.get_paths()['purelib']]!r}; "
-           "from peermesh.cli import main; sys.exit(main())")
+           "from peermesh.cli.commands import main; sys.exit(main())")
 
 
 def _wait_for_peer(sock: str, name: str, env: dict[str, str], timeout: float) -> None:

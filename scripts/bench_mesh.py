@@ -1228,7 +1228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     import zmq
 
-    from peermesh import zmqbatch
+    from peermesh.io import zmqbatch
     with_pyre, pyre_note = (False, "skipped (--no-pyre)") if args.no_pyre else pyre_available()
     meta = {
         "messages": args.messages, "pyre_messages": args.pyre_messages,

@@ -82,7 +82,7 @@ def zmq_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     on one. The native run skips, with the reason, where the extension is not
     available (it is built at install when a C compiler is present).
     """
-    from peermesh import zmqbatch
+    from peermesh.io import zmqbatch
 
     if request.param == "native":
         if zmqbatch.native is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from peermesh.cli import build_config, build_parser, cmd_agent
+from peermesh.cli.commands import build_config, build_parser, cmd_agent
 from peermesh.config import NodeConfig
 
 ROOT = Path(__file__).resolve().parent.parent

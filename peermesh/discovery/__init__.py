@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..node import Node
+    from ..zre.node import Node
 
 __all__ = ["Discovery"]
 

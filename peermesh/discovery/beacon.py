@@ -22,7 +22,7 @@ from ..errors import ProtocolError
 from ..wire import zre
 
 if TYPE_CHECKING:
-    from ..node import Node
+    from ..zre.node import Node
 
 __all__ = ["BeaconDiscovery", "parse_seed"]
 

@@ -82,7 +82,7 @@ from ..events import EventType
 
 if TYPE_CHECKING:
     from ..events import Event
-    from ..node import Node
+    from ..zre.node import Node
 
 __all__ = ["MdnsDiscovery", "SERVICE_TYPE", "TXT_FIELDS", "MAX_TXT", "instance_name",
            "parse_txt", "txt_properties"]

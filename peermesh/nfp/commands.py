@@ -1,6 +1,6 @@
 """``peermesh job|worker|broker|file`` subcommands: NFP from the shell.
 
-Registered through ``peermesh.cli.COMMAND_MODULES`` and built only with the
+Registered through ``peermesh.cli.commands.COMMAND_MODULES`` and built only with the
 ``command(name, summary, description, examples, handler)`` factory, so each
 command takes the node options plus an ACTION positional::
 
@@ -43,7 +43,7 @@ import zmq
 
 from ..argtypes import is_seconds, positive_count, seconds
 from ..config import NodeConfig
-from ..node import Node
+from ..zre.node import Node
 from ..wire import nfp as wire
 from ..wire.nfp import Status
 from .election import MODES

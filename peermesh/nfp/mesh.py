@@ -39,8 +39,8 @@ import gevent.event
 import zmq
 
 from ..errors import NodeStateError
-from ..interfaces import select_interface
-from ..node import Node
+from ..net.interfaces import select_interface
+from ..zre.node import Node
 from .broker import Broker
 from .client import Client
 from .election import MODES, Candidate, Change, Election

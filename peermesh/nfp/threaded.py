@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 from ..config import NodeConfig
 from ..errors import NodeStateError
-from ..node import Node
-from ..threaded import ThreadedNode
+from ..zre.node import Node
+from ..zre.threaded import ThreadedNode
 from .election import Candidate
 from .mesh import BrokerChanged, NfpNode
 from .store import ClientJob

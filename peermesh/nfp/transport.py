@@ -5,7 +5,7 @@ How it works
 A ``Channel`` owns one plain (not ``zmq.green``) socket and one reader
 greenlet. The reader drains every message that is ready, hands each to
 ``handler(frames)`` and only then waits on the socket's ``zmq.FD`` through
-the hub. With the C extension (``peermesh.zmqbatch.native``) a batch of
+the hub. With the C extension (``peermesh.io.zmqbatch.native``) a batch of
 messages is read in one call, a message's frames are sent in one call and
 ``EVENTS`` is asked in one call; without it (not built, or
 ``PEERMESH_PURE_PYTHON=1``) pyzmq does the same frame by frame (``EVENTS``
@@ -48,7 +48,7 @@ import gevent
 import zmq
 from zmq.backend import Socket as _BaseSocket
 
-from .. import zmqbatch
+from ..io import zmqbatch
 from ..wire.nfp import MAX_MESSAGE
 
 __all__ = ["Channel", "bind_ephemeral", "nfp_socket"]

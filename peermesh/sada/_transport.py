@@ -1,7 +1,7 @@
 """ROUTER plumbing shared by channels and servers.
 
 Sockets are plain pyzmq sockets driven on the gevent hub the way the node's
-mailbox is (see ``peermesh.transport``): drained with ``NOBLOCK`` and
+mailbox is (see ``peermesh.io.transport``): drained with ``NOBLOCK`` and
 ``recv(copy=False)`` + ``Frame.more`` from the descriptor's watcher, on the
 hub itself; sends go one frame at a time with ``SNDMORE`` (several times
 cheaper than ``send_multipart``), and the two commands every request
@@ -23,7 +23,7 @@ import gevent
 import gevent.event
 import zmq
 
-from ..green import SocketWaiter
+from ..io.waiter import SocketWaiter
 from ..wire.sada import DELIMITER, PROTOCOL, Command
 
 log = logging.getLogger(__name__)

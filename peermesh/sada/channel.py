@@ -67,7 +67,7 @@ from gevent.hub import Waiter
 from greenlet import getcurrent
 
 from ..errors import NodeStateError, ProtocolError
-from ..interfaces import select_interface
+from ..net.interfaces import select_interface
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from . import _transport

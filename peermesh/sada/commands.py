@@ -1,6 +1,6 @@
 """``peermesh serve``, ``peermesh call`` and ``peermesh services``: Safir-Darbaan from the shell.
 
-Registered through ``peermesh.cli.COMMAND_MODULES``: ``add_commands(command)``
+Registered through ``peermesh.cli.commands.COMMAND_MODULES``: ``add_commands(command)``
 receives build_parser's factory and adds the three subcommands. Each starts
 its own node with the common options (interface, beacon port, name, ...).
 
@@ -31,7 +31,7 @@ import gevent.event
 
 from ..argtypes import count, seconds
 from ..config import NodeConfig
-from ..node import Node
+from ..zre.node import Node
 from .channel import Channel, ServerInfo
 from .demo import echo_service
 from .errors import NoServerError, RequestTimeout, ServiceError

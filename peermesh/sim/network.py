@@ -1,4 +1,4 @@
-"""An in-process network with the transport interface of ``peermesh.transport``.
+"""An in-process network with the transport interface of ``peermesh.io.transport``.
 
 How it works
 ------------
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import gevent
 import gevent.event
 
-from ..interfaces import Interface
+from ..net.interfaces import Interface
 
 __all__ = ["SimClock", "SimNetwork", "SimTransport", "LinkSettings"]
 

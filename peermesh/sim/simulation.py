@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..config import NodeConfig
 from ..events import Event, EventType
-from ..node import Node
+from ..zre.node import Node
 from .network import SimNetwork
 
 __all__ = ["Simulation"]

@@ -81,8 +81,8 @@ class ExecutorMesh:
 
     def start(self) -> "ExecutorMesh":
         """Start the node (and the channel) now."""
-        from ..interfaces import select_interface
-        from ..threaded import ThreadedNode
+        from ..net.interfaces import select_interface
+        from ..zre.threaded import ThreadedNode
 
         headers: dict[str, str] = {"X-PM-ROLES": "spark-executor"}
         if self.with_channel:

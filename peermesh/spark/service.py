@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 import zmq
 
 from ..events import EventType
-from ..interfaces import select_interface
+from ..net.interfaces import select_interface
 from . import protocol
 from .log import MessageLog
 from .protocol import Op, Reply, Request
@@ -184,7 +184,7 @@ class DriverService:
         """Open the log, start the node (and channel), the ingest and the log server."""
         if self._state != "new":
             raise RuntimeError(f"service is {self._state}; a service starts once")
-        from ..threaded import ThreadedNode
+        from ..zre.threaded import ThreadedNode
 
         self._state = "starting"
         try:

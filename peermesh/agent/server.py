@@ -70,7 +70,7 @@ Only the agent's own greenlet touches its socket: handlers hand replies to
 it, and it waits on the socket's descriptor through the hub like
 ``green.SocketWaiter`` (plain pyzmq, ``NOBLOCK``, ``EVENTS`` checked before
 every bounded wait). Any ZeroMQ DEALER or REQ can be a client; the one in
-``peermesh.agentclient`` (re-exported here) speaks ZMTP 3.0 over a plain Unix
+``peermesh.agent.client`` (re-exported here) speaks ZMTP 3.0 over a plain Unix
 socket itself, so the CLI loads neither pyzmq nor gevent to use the agent.
 """
 
@@ -90,7 +90,7 @@ from uuid import UUID
 import msgpack
 import zmq
 
-from .agentclient import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, AgentClient, AgentError,
+from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, AgentClient, AgentError,
                           AgentGone, NoAgent, default_agent_path, resolve_path, tmp_path)
 
 __all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
@@ -113,7 +113,7 @@ _NOBLOCK = zmq.NOBLOCK
 
 
 # --------------------------------------------------------------------------
-# Errors (the client's own are in peermesh.agentclient)
+# Errors (the client's own are in peermesh.agent.client)
 
 
 class AgentRunning(RuntimeError):
@@ -133,7 +133,7 @@ class AgentPathError(RuntimeError):
 
 
 # --------------------------------------------------------------------------
-# Where the socket lives (default_agent_path, resolve_path: peermesh.agentclient)
+# Where the socket lives (default_agent_path, resolve_path: peermesh.agent.client)
 
 
 def _prepare_directory(path: str) -> None:
@@ -362,7 +362,7 @@ class AgentServer:
         import gevent.event
         import gevent.pool
 
-        from . import __version__
+        from .. import __version__
 
         self.node = node
         self.claim = claim
@@ -611,7 +611,7 @@ class AgentServer:
 
     def _handle(self, handler: Callable[[dict[str, Any]], Any], envelope: list[bytes],
                 rid: Any, args: dict[str, Any]) -> None:
-        from .errors import NodeStateError, PeermeshError, PeerNotResponding, UnknownPeerError
+        from ..errors import NodeStateError, PeermeshError, PeerNotResponding, UnknownPeerError
 
         try:
             result = handler(args)
@@ -741,7 +741,7 @@ class AgentServer:
         return {"group": group, "peers": len(members), "confirmed": confirmed}
 
     def _op_whisper(self, args: dict[str, Any]) -> Any:
-        from .errors import AmbiguousPeerError, UnknownPeerError
+        from ..errors import AmbiguousPeerError, UnknownPeerError
 
         node = self.node
         target = _req_str(args, "peer")

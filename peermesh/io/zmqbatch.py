@@ -2,7 +2,7 @@
 
 From Python, pyzmq costs about 0.6 us per frame (a call, a ``Frame``, its
 ``more`` flag), and a ZRE WHISPER is three frames at a ROUTER. The extension
-``_peermesh_zmqbatch`` (built from ``peermesh/_zmqbatch.c`` at install when a
+``peermesh.io._zmqbatch`` (built from ``peermesh/io/_zmqbatch.c`` at install when a
 C compiler is present) reads every waiting message in one call, sends a
 message's frames in one call and asks a socket's ``EVENTS`` without pyzmq's
 option enum (0.6 us against 1.4), through the libzmq that pyzmq loaded, on the
@@ -33,7 +33,7 @@ def _load() -> tuple[Optional[ModuleType], str]:
     if os.environ.get("PEERMESH_PURE_PYTHON"):
         return None, "PEERMESH_PURE_PYTHON is set"
     try:
-        import _peermesh_zmqbatch as extension
+        from . import _zmqbatch as extension  # type: ignore[attr-defined]
     except ImportError as exc:
         return None, f"the C extension was not built ({exc})"
     try:

@@ -19,11 +19,11 @@ from uuid import UUID
 import gevent
 import gevent.event
 
-from .config import NodeConfig
-from .errors import NodeStateError
+from ..config import NodeConfig
+from ..errors import NodeStateError
 from .eventqueue import ThreadEventQueue
-from .events import Event, EventType, until_stop
-from .interfaces import Interface
+from ..events import Event, EventType, until_stop
+from ..net.interfaces import Interface
 from .node import Frame, Node, PeerInfo, PeerRef
 
 __all__ = ["ThreadedNode"]

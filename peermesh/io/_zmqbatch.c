@@ -1,5 +1,5 @@
 /*
- * _peermesh_zmqbatch: receive a batch of ZeroMQ messages, send one
+ * peermesh.io._zmqbatch: receive a batch of ZeroMQ messages, send one
  * message's frames, or ask a socket's ZMQ_EVENTS, in one call from Python.
  *
  * pyzmq spends about 0.6 us of Python per frame (a call, a Frame object, the
@@ -265,12 +265,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_peermesh_zmqbatch",
+    PyModuleDef_HEAD_INIT, "peermesh.io._zmqbatch",
     "Batched ZeroMQ receive and send for peermesh (see peermesh/zmqbatch.py).", -1, methods,
 };
 
 PyMODINIT_FUNC
-PyInit__peermesh_zmqbatch(void)
+PyInit__zmqbatch(void)
 {
     return PyModule_Create(&module);
 }

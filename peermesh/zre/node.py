@@ -41,17 +41,17 @@ import gevent.event
 import msgpack
 import zmq
 
-from .config import NodeConfig
-from .discovery import Discovery
-from .discovery.beacon import BeaconDiscovery, parse_seed
-from .errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
+from ..config import NodeConfig
+from ..discovery import Discovery
+from ..discovery.beacon import BeaconDiscovery, parse_seed
+from ..errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
                      ProtocolError, UnknownPeerError)
 from .eventqueue import GreenEventQueue
-from .events import Event, EventType, until_stop
-from .interfaces import Interface
+from ..events import Event, EventType, until_stop
+from ..net.interfaces import Interface
 from .peer import Peer, PeerLink
-from .transport import ZmqTransport
-from .wire import zre
+from ..io.transport import ZmqTransport
+from ..wire import zre
 
 __all__ = ["Node", "PeerInfo", "Frame"]
 
@@ -113,7 +113,7 @@ def _discovery_from_config(config: NodeConfig) -> list[Discovery]:
     seeds = [parse_seed(text, config.port) for text in config.seeds]
     sources.append(BeaconDiscovery(broadcast="beacon" in config.discovery, seeds=seeds))
     if "mdns" in config.discovery:
-        from .discovery.mdns import MdnsDiscovery
+        from ..discovery.mdns import MdnsDiscovery
         sources.append(MdnsDiscovery())
     return sources
 

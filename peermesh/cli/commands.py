@@ -3,7 +3,7 @@
 Nodes take the common options (interface, beacon port and interval, name,
 headers, groups, ``--config``). ``run`` prints events until Ctrl-C or
 SIGTERM. ``agent`` runs a long-lived node with a local control socket (see
-``peermesh.agent``). ``peers``, ``shout``, ``whisper`` and ``events`` go
+``peermesh.agent.server``). ``peers``, ``shout``, ``whisper`` and ``events`` go
 through the agent when one answers at the agent path, and otherwise start a
 short-lived node of their own, wait a bounded time for the mesh, act and
 leave; ``join``, ``leave`` and ``status`` need the agent.
@@ -17,8 +17,8 @@ import os
 import sys
 import time
 
-from .argtypes import seconds
-from .errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
+from ..argtypes import seconds
+from ..errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
@@ -26,12 +26,12 @@ if TYPE_CHECKING:
     import logging
     from typing import Any, Callable, Optional, Sequence
 
-    from .config import NodeConfig
-    from .events import Event
-    from .node import Node, PeerInfo
+    from ..config import NodeConfig
+    from ..events import Event
+    from ..zre.node import Node, PeerInfo
 
 # A command that goes through the agent loads only msgpack and
-# ``peermesh.agentclient``: argparse (when the command line is plain, see
+# ``peermesh.agent.client``: argparse (when the command line is plain, see
 # ``_plain_agent_args``), pyzmq, gevent, the node, the config machinery,
 # logging and the overlays' commands are imported where they are needed.
 
@@ -78,7 +78,7 @@ def _formatter() -> type[argparse.HelpFormatter]:
         def _expand_help(self, action: argparse.Action) -> str:
             text = super()._expand_help(action)
             if _NODE_DEFAULT in text:
-                from .config import NodeConfig
+                from ..config import NodeConfig
 
                 text = text.replace(_NODE_DEFAULT, f"{getattr(NodeConfig(), action.dest):g}")
             return text
@@ -118,7 +118,7 @@ def _columns() -> int:
 def _header_arg(text: str) -> tuple[str, str]:
     import argparse
 
-    from .config import parse_header
+    from ..config import parse_header
 
     try:
         return parse_header(text)
@@ -383,7 +383,7 @@ Run '{PROG} COMMAND --help' for the options of a command.
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
     return __version__
 
 
@@ -394,7 +394,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
     environment. When only --evasive or --expired is given, the silent timeout
     is kept between them. A bad file, variable or option is a ValueError.
     """
-    from .config import NodeConfig
+    from ..config import NodeConfig
 
     try:
         base = NodeConfig.load(args.config)
@@ -427,7 +427,7 @@ class _Session:
 
         import gevent
 
-        from .node import Node
+        from ..zre.node import Node
 
         _setup_logging(0)  # no-op when main has set it up already
 
@@ -504,7 +504,7 @@ def format_event(event: Event) -> str:
     """One human-readable line: time, event, peer name and short UUID, then details."""
     from datetime import datetime
 
-    from .events import EventType
+    from ..events import EventType
 
     fields = [datetime.now().strftime("%H:%M:%S.%f")[:-3], f"{event.type.value:<7}"]
     if event.peer is not None:
@@ -549,7 +549,7 @@ def _stderr(message: str) -> None:
 
 
 def _renderer(args: argparse.Namespace) -> Callable[[Event], str]:
-    from .events import Event
+    from ..events import Event
 
     if args.json:
         return Event.to_json if _stdout_utf8() else lambda e: _json(e.to_dict())
@@ -590,7 +590,7 @@ def cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
 
 def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
     """Run the node and its control socket until SIGINT/SIGTERM."""
-    from . import agent as agent_module
+    from ..agent import server as agent_module
 
     path = agent_module.resolve_path(args.agent)
     claim = agent_module.claim_path(path)
@@ -623,7 +623,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
 
     With ``required`` a missing agent is a RuntimeError (exit code 1).
     """
-    from .agentclient import AgentClient, NoAgent, resolve_path
+    from ..agent.client import AgentClient, NoAgent, resolve_path
 
     if getattr(args, "no_agent", False):
         return None, "--no-agent"
@@ -659,7 +659,7 @@ def _mesh_mismatch(args: argparse.Namespace, info: dict[str, Any]) -> str:
     theirs = info.get("interface") or {}
     if args.interface is not None and args.interface not in (theirs.get("name"),
                                                              theirs.get("address")):
-        from .interfaces import select_interface
+        from ..net.interfaces import select_interface
 
         wanted = select_interface(args.interface)
         if wanted.address != theirs.get("address"):
@@ -670,7 +670,7 @@ def _mesh_mismatch(args: argparse.Namespace, info: dict[str, Any]) -> str:
 
 def _agent_call(client: Any, op: str, arguments: dict[str, Any], timeout: float = 10.0) -> Any:
     """``client.call`` with agent errors mapped onto exit codes (2: not found, 1: the rest)."""
-    from .agentclient import AgentError
+    from ..agent.client import AgentError
 
     try:
         return client.call(op, arguments, timeout=timeout)
@@ -936,7 +936,7 @@ def cmd_events(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     """
     import signal
 
-    from .agentclient import AgentGone
+    from ..agent.client import AgentGone
 
     client, why = _agent_client(args)
     if client is None:
@@ -976,7 +976,7 @@ def _event_from(data: Any) -> Optional[Event]:
     """An Event from the agent's stream form, or None if it does not parse."""
     from uuid import UUID
 
-    from .events import Event, EventType
+    from ..events import Event, EventType
 
     if not isinstance(data, dict):
         return None
@@ -995,7 +995,7 @@ def _event_from(data: Any) -> Optional[Event]:
 
 
 def _is_stop(event: Optional[Event]) -> bool:
-    from .events import EventType
+    from ..events import EventType
 
     return event is not None and event.type is EventType.STOP
 
@@ -1026,7 +1026,7 @@ class _NotFound(Exception):
 def _log() -> logging.Logger:
     import logging
 
-    return logging.getLogger("peermesh.cli")
+    return logging.getLogger("peermesh.cli.commands")
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -1118,7 +1118,7 @@ def _plain_agent_args(argv: Sequence[str]) -> Optional[Any]:
 def _probe_agent(path: Optional[str]) -> Any:
     """A connected ``AgentClient``, the ``NoAgent`` saying why not, or None (a bad path:
     argparse's path reports it)."""
-    from .agentclient import AgentClient, NoAgent, resolve_path
+    from ..agent.client import AgentClient, NoAgent, resolve_path
 
     try:
         return AgentClient.connect(resolve_path(path))
@@ -1143,7 +1143,7 @@ def _execute(args: argparse.Namespace) -> int:
             if getattr(args, "node_options", True):
                 config = build_config(args)
             else:
-                from .config import NodeConfig
+                from ..config import NodeConfig
 
                 config = NodeConfig()
     except ValueError as exc:

@@ -26,14 +26,11 @@ import msgpack
 import pytest
 import zmq
 
-from peermesh import agent as agent_module
-from peermesh import cli
-from peermesh.agent import AgentClient, AgentError, AgentPathError, AgentRunning
+from peermesh.agent import server as agent_module
+from peermesh.cli import commands as cli
+from peermesh.agent.server import AgentClient, AgentError, AgentPathError, AgentRunning
 
-try:  # tests/ as a package
-    from .test_cli import PEERMESH, WAIT, CliProcess, _env, _report
-except ImportError:  # tests/ on sys.path (pytest's default "prepend" import mode)
-    from test_cli import PEERMESH, WAIT, CliProcess, _env, _report
+from cliprocess import PEERMESH, WAIT, CliProcess, _env, _report
 
 
 def _wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
@@ -309,8 +306,8 @@ def test_the_client_speaks_zmtp_without_pyzmq(mesh: Mesh) -> None:
         assert caught.value.code == "bad-args"
         assert client.call("join", {"group": "news"})["changed"] is True
     # A command through the agent loads neither pyzmq nor gevent nor the node.
-    probe = ("import sys; from peermesh.cli import main; code = main(sys.argv[1:]); "
-             "print(sorted(m for m in ('zmq', 'gevent', 'peermesh.node', 'peermesh.config') "
+    probe = ("import sys; from peermesh.cli.commands import main; code = main(sys.argv[1:]); "
+             "print(sorted(m for m in ('zmq', 'gevent', 'peermesh.zre.node', 'peermesh.config') "
              "if m in sys.modules)); sys.exit(code)")
     result = subprocess.run([sys.executable, "-c", probe, "status", "--json", "--agent",
                              mesh.sock], capture_output=True, env=_env(), encoding="utf-8",
@@ -321,7 +318,7 @@ def test_the_client_speaks_zmtp_without_pyzmq(mesh: Mesh) -> None:
     assert loaded == "[]"
 
 
-_LOADED = ("argparse", "zmq", "gevent", "peermesh.node", "peermesh.config")
+_LOADED = ("argparse", "zmq", "gevent", "peermesh.zre.node", "peermesh.config")
 
 
 def test_plain_commands_skip_argparse(mesh: Mesh) -> None:
@@ -330,7 +327,7 @@ def test_plain_commands_skip_argparse(mesh: Mesh) -> None:
     _, bob_uuid = bob.started()
     mesh.agent("--name", "alice", "--group", "chat")
     _wait_for(lambda: mesh.peer_names() == ["bob"], "bob known to the agent")
-    probe = ("import sys; from peermesh.cli import main; code = main(sys.argv[1:]); "
+    probe = ("import sys; from peermesh.cli.commands import main; code = main(sys.argv[1:]); "
              f"print(sorted(m for m in {_LOADED!r} if m in sys.modules)); sys.exit(code)")
 
     # Were the agent lost, the fallback node must stay on loopback too.

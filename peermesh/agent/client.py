@@ -1,7 +1,7 @@
 """A client of the local agent that needs neither pyzmq nor gevent.
 
 The agent listens with a ZeroMQ ROUTER on ``ipc://PATH`` (see
-``peermesh.agent`` for the requests and replies). This client speaks the
+``peermesh.agent.server`` for the requests and replies). This client speaks the
 few parts of ZMTP 3.0 (RFC 23) such a connection uses over a plain
 ``AF_UNIX`` stream socket: the NULL security handshake as a DEALER, and
 single-frame messages. It uses the ``_socket`` extension directly: the

@@ -36,9 +36,9 @@ import zmq
 from zmq.backend.cython import _zmq
 
 from . import zmqbatch
-from .errors import PeermeshError
-from .green import SocketWaiter
-from .interfaces import Interface, select_interface
+from ..errors import PeermeshError
+from .waiter import SocketWaiter
+from ..net.interfaces import Interface, select_interface
 
 __all__ = ["ZmqTransport", "ZmqMailbox", "ZmqLink", "CapacityError", "shared_context"]
 

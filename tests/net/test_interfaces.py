@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from peermesh.errors import InterfaceError
-from peermesh.interfaces import list_interfaces, select_interface
-from peermesh.netlink import NetlinkError, ipv4_addresses, parse_dump
+from peermesh.net.interfaces import list_interfaces, select_interface
+from peermesh.net.netlink import NetlinkError, ipv4_addresses, parse_dump
 
 
 @pytest.mark.parametrize("choice", ["lo", "127.0.0.1", "127.0.0.0/8", "127.0.0.1/32"])
@@ -110,7 +110,7 @@ def test_netlink_sees_secondary_addresses_in_a_namespace(lan_factory):
     lan = lan_factory(1)
     host = lan.hosts[0]
     host.run(["ip", "addr", "add", "10.77.0.5/16", "dev", "eth0"], check=True)
-    code = ("import json; from peermesh.netlink import ipv4_addresses; import ifaddr;"
+    code = ("import json; from peermesh.net.netlink import ipv4_addresses; import ifaddr;"
             "print(json.dumps([sorted(ipv4_addresses()), sorted([a.name, i.ip, i.network_prefix]"
             " for a in ifaddr.get_adapters() for i in a.ips if isinstance(i.ip, str))]))")
     out = host.run_python(code, capture_output=True, text=True, check=True).stdout

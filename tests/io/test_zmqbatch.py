@@ -17,9 +17,9 @@ import gevent
 import pytest
 import zmq
 
-from peermesh import zmqbatch
-from peermesh.eventqueue import GreenEventQueue
-from peermesh.transport import ZmqTransport
+from peermesh.io import zmqbatch
+from peermesh.zre.eventqueue import GreenEventQueue
+from peermesh.io.transport import ZmqTransport
 
 pytestmark = pytest.mark.usefixtures("zmq_path")
 
@@ -191,7 +191,7 @@ def test_native_events_say_what_pyzmq_says(zmq_path: str) -> None:
 
 def test_the_extension_is_used_where_it_was_built() -> None:
     try:
-        import _peermesh_zmqbatch  # noqa: F401
+        import peermesh.io._zmqbatch  # noqa: F401
     except ImportError:
         pytest.skip("the C extension was not built (no C compiler at install)")
     if os.environ.get("PEERMESH_PURE_PYTHON"):

@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import InterfaceError
+from ..errors import InterfaceError
 from .netlink import ipv4_addresses
 
 __all__ = ["Interface", "list_interfaces", "select_interface"]

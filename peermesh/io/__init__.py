@@ -1,0 +1,1 @@
+"""The one place that touches ZeroMQ and UDP sockets on the gevent hub."""

@@ -1,0 +1,120 @@
+"""``Overlay``: the base every overlay implements, and the one roles header.
+
+Life cycle (one table, the same for every overlay)::
+
+    NEW --attach(node)--> ATTACHED --start()--> RUNNING --stop()--> STOPPED
+    NEW/ATTACHED --stop()--> STOPPED          (nothing was running)
+
+``attach`` runs before the node starts (HELLO headers are sent once per
+connection, so they must be set first); ``start`` and ``stop`` run on the
+node's hub. A second ``start`` or a ``start`` after ``stop`` raises
+``NodeStateError``; ``stop`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
+
+from ..errors import NodeStateError
+
+if TYPE_CHECKING:
+    from ..zre.node import Node
+
+__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "roles_of"]
+
+#: HELLO header listing every role a node plays, comma-separated (``sada-channel,nfp-worker``)
+ROLES_HEADER = "X-PM-ROLES"
+
+
+class Lifecycle(enum.Enum):
+    """Where an overlay is in its life."""
+
+    NEW = "new"
+    ATTACHED = "attached"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+def roles_of(headers: Mapping[str, str]) -> list[str]:
+    """The roles a peer's (or our own) HELLO headers advertise, in order."""
+    return [role for role in headers.get(ROLES_HEADER, "").split(",") if role]
+
+
+def advertise(node: "Node", headers: Mapping[str, str], roles: tuple[str, ...] = ()) -> None:
+    """Set ``headers`` on ``node`` (not yet started) and add ``roles`` to its roles header."""
+    for key, value in headers.items():
+        node.set_header(key, value)
+    merged = list(dict.fromkeys(roles_of(node.headers) + list(roles)))
+    if merged:
+        node.set_header(ROLES_HEADER, ",".join(merged))
+
+
+class Overlay:
+    """A role riding on one node: subclasses set ``roles`` and override the ``on_*`` hooks.
+
+    The public methods keep the life cycle; the hooks do the overlay's work:
+    ``headers()`` (what it advertises), ``on_attach(node)`` (listeners, state
+    that needs the node), ``on_start()`` and ``on_stop(timeout)``.
+    """
+
+    #: the roles this overlay adds to ``X-PM-ROLES``
+    roles: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.lifecycle = Lifecycle.NEW
+        self.node: Optional["Node"] = None
+
+    # --- what subclasses provide ------------------------------------------------
+
+    def headers(self) -> dict[str, str]:
+        """HELLO headers this overlay advertises (besides its roles)."""
+        return {}
+
+    def on_attach(self, node: "Node") -> None:
+        """Hook: the overlay is bound to ``node`` (not started yet)."""
+
+    def on_start(self) -> None:
+        """Hook: start serving, on the node's hub."""
+
+    def on_stop(self, timeout: float) -> None:
+        """Hook: stop serving within about ``timeout`` seconds, on the node's hub."""
+
+    # --- the contract -----------------------------------------------------------
+
+    def attach(self, node: "Node") -> None:
+        """Bind to ``node`` before it starts: advertise headers and roles."""
+        if self.lifecycle is not Lifecycle.NEW:
+            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}; it attaches once")
+        if node.running:
+            raise NodeStateError(f"attach {self._kind()} before its node starts: "
+                                 "HELLO headers are sent once per connection")
+        advertise(node, self.headers(), self.roles)
+        self.node = node
+        self.on_attach(node)
+        self.lifecycle = Lifecycle.ATTACHED
+
+    def start(self) -> Any:
+        """Start serving on the attached node's hub; returns ``self``."""
+        if self.lifecycle is not Lifecycle.ATTACHED:
+            hint = "; attach it to a node first" if self.lifecycle is Lifecycle.NEW else ""
+            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}; "
+                                 f"it starts once{hint}")
+        self.on_start()
+        self.lifecycle = Lifecycle.RUNNING
+        return self
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop serving (idempotent); an overlay never started just becomes STOPPED."""
+        running = self.lifecycle is Lifecycle.RUNNING
+        self.lifecycle = Lifecycle.STOPPED
+        if running:
+            self.on_stop(timeout)
+
+    @property
+    def running(self) -> bool:
+        """True between ``start`` and ``stop``."""
+        return self.lifecycle is Lifecycle.RUNNING
+
+    def _kind(self) -> str:
+        return type(self).__name__
