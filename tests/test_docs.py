@@ -1,0 +1,201 @@
+"""The README and the manual in docs/: the site builds clean, and every example runs.
+
+* ``mkdocs build --strict`` (warnings are errors: a broken link, a missing
+  page, an API name that no longer exists) into a temporary directory; the
+  CLI reference it generates names every command of the real parser.
+* Every fenced ``python`` block of README.md and docs/ runs as a script in a
+  process of its own, on interface ``lo`` with a free beacon port
+  (``PEERMESH_INTERFACE`` / ``PEERMESH_PORT``) and a temporary working
+  directory. A block preceded by ``<!-- test: needs spark -->`` runs only where
+  pyspark and Java are installed; ``<!-- test: skip REASON -->`` skips it with
+  that reason. No block is left out silently.
+* The README's two commands: the first one's ``peermesh`` part starts a peer
+  that stops cleanly on Ctrl-C; the second is exactly what ``.ci/run`` runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from cliprocess import CliProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
+DIRECTIVE = re.compile(r"<!--\s*test:\s*(.*?)\s*-->\s*$")
+EXAMPLE_TIMEOUT = 90.0  # a generous bound; the examples take a second or two each
+SPARK_TIMEOUT = 300.0   # a local Spark session alone takes 10-25 s to start
+
+
+@dataclass(frozen=True)
+class Example:
+    page: Path
+    line: int
+    code: str
+    directive: Optional[str]  # "needs spark", "skip REASON" or None
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def fenced(path: Path) -> list[tuple[str, int, str, Optional[str]]]:
+    """(language, first line of the code, code, test directive) of each fenced block."""
+    text = path.read_text(encoding="utf-8")
+    blocks = []
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 2
+        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        directive = DIRECTIVE.search(before)
+        blocks.append((match.group(1), line, match.group(2),
+                       directive.group(1) if directive else None))
+    return blocks
+
+
+def examples() -> list[Example]:
+    return [Example(page, line, code, directive)
+            for page in PAGES for lang, line, code, directive in fenced(page)
+            if lang == "python"]
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_every_page_has_runnable_examples_or_says_why_not() -> None:
+    found = examples()
+    assert any(e.page.name == "README.md" for e in found)
+    for example in found:
+        directive = example.directive
+        assert directive is None or directive == "needs spark" or (
+            directive.startswith("skip ") and len(directive) > 10), \
+            f"{example.id}: unknown test directive {directive!r}"
+
+
+# --------------------------------------------------------------------------
+# The site
+
+
+def test_docs_build_strict(tmp_path: Path) -> None:
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            pytest.skip(f"{module} is not installed (pip install '.[docs]')")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    site = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
+         "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+
+    from peermesh.cli.commands import build_parser
+
+    cli = (site / "cli" / "index.html").read_text(encoding="utf-8")
+    assert "peermesh-cli-reference" not in cli, "the CLI reference was not generated"
+    names = [a for a in build_parser()._actions if a.dest == "command"][0].choices
+    for name, parser in names.items():
+        assert f"peermesh {name}" in cli, f"'peermesh {name}' is missing from the CLI reference"
+        # every option of every command, as --help shows it
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in cli, f"{flag} of 'peermesh {name}' is missing"
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    assert "ThreadedNode" in api and "whisper" in api
+
+
+def test_nav_lists_every_page() -> None:
+    """Pages outside the nav are published unreachable; docs/overlays.md is added at merge."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    listed = set(re.findall(r":\s*([\w/.-]+\.md)\s*$", nav, re.M))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")
+             if "hooks" not in p.parts}
+    assert pages - {"overlays.md"} <= listed, pages - listed
+    assert listed <= pages, listed - pages
+
+
+# --------------------------------------------------------------------------
+# The examples
+
+
+def _spark_ready() -> Optional[str]:
+    """None when a local Spark session can start here, else why not."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install '.[spark]')"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java (Spark needs OpenJDK 17)"
+    return None
+
+
+@pytest.mark.parametrize("example", examples(), ids=lambda e: e.id)
+def test_example_runs(example: Example, tmp_path: Path) -> None:
+    timeout = EXAMPLE_TIMEOUT
+    if example.directive and example.directive.startswith("skip "):
+        pytest.skip(example.directive[5:])
+    if example.directive == "needs spark":
+        reason = _spark_ready()
+        if reason:
+            pytest.skip(reason)
+        timeout = SPARK_TIMEOUT
+    script = tmp_path / "example.py"
+    script.write_text(example.code, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
+    env.update(PEERMESH_INTERFACE="lo", PEERMESH_PORT=str(free_udp_port()),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable)
+    try:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{example.id} still ran after {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+    assert done.returncode == 0, \
+        f"{example.id} exited {done.returncode}:\n{example.code}\n--- stdout\n{done.stdout}" \
+        f"\n--- stderr\n{done.stderr}"
+
+
+# --------------------------------------------------------------------------
+# The README's two commands
+
+
+def _readme_commands() -> list[str]:
+    blocks = [code.strip() for lang, _, code, _ in fenced(ROOT / "README.md") if lang == "sh"]
+    return blocks[:2]
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    _, test_command = _readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "set -euo pipefail" in ci
+    assert ci.strip().splitlines()[-1] == test_command
+
+
+def test_readme_run_command_starts_a_peer_on_loopback(tmp_path: Path) -> None:
+    run_command, _ = _readme_commands()
+    install, sep, run = run_command.partition(" && ")
+    assert install == "pip install ." and sep, run_command
+    argv = shlex.split(run)
+    assert argv[:2] == ["peermesh", "run"] and "--interface" in argv
+    assert argv[argv.index("--interface") + 1] == "lo"  # alone and on loopback
+    process = CliProcess([*argv[1:], "--port", str(free_udp_port())])
+    try:
+        process.started()
+        assert process.stop(signal.SIGINT) == 0, process.describe()
+    finally:
+        process.kill()
