@@ -1,9 +1,10 @@
-"""MkDocs hook: the command-line reference, generated from the real argument parser.
+"""MkDocs hook: reference tables generated from the code, so the pages never drift.
 
-``docs/cli.md`` holds the marker below; at build time it is replaced by the
-``--help`` of ``peermesh`` and of every subcommand, found by walking the
-subparsers of ``peermesh.cli.commands.build_parser()``. The page can
-therefore never drift from the code.
+* ``<!-- peermesh-cli-reference -->`` becomes the ``--help`` of ``peermesh``
+  and of every subcommand, found by walking the subparsers of
+  ``peermesh.cli.commands.build_parser()``.
+* ``<!-- peermesh-config-table -->`` becomes one row per ``NodeConfig`` field:
+  its name, default and the ``#:`` comment above it in ``peermesh/config.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import argparse
 import os
 from typing import Any, Iterator
 
-MARKER = "<!-- peermesh-cli-reference -->"
+CLI_MARKER = "<!-- peermesh-cli-reference -->"
+CONFIG_MARKER = "<!-- peermesh-config-table -->"
 WIDTH = "96"  # columns argparse wraps the help to, whatever terminal runs the build
 
 
@@ -44,8 +46,40 @@ def reference() -> str:
     return "\n".join(parts)
 
 
+def config_table() -> str:
+    """Markdown table of the node settings, from the dataclass and its comments."""
+    import dataclasses
+    import inspect
+
+    from peermesh.config import NodeConfig
+
+    comments: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(NodeConfig).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            pending.append(text[2:].strip())
+        elif pending and ":" in text:
+            comments[text.split(":", 1)[0].strip()] = " ".join(pending)
+            pending = []
+        else:
+            pending = []
+    defaults = NodeConfig()
+    rows = ["| setting | default | variable | meaning |", "| --- | --- | --- | --- |"]
+    for field in dataclasses.fields(NodeConfig):
+        value = getattr(defaults, field.name)
+        shown = list(value) if isinstance(value, tuple) else dict(value) \
+            if field.name == "headers" else value
+        meaning = comments.get(field.name, "").replace("|", "\\|")
+        rows.append(f"| `{field.name}` | `{shown!r}` | `PEERMESH_{field.name.upper()}` "
+                    f"| {meaning} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
-    """Fill the marker of the CLI page."""
-    if MARKER in markdown:
-        return markdown.replace(MARKER, reference())
+    """Fill the markers of the generated pages."""
+    if CLI_MARKER in markdown:
+        markdown = markdown.replace(CLI_MARKER, reference())
+    if CONFIG_MARKER in markdown:
+        markdown = markdown.replace(CONFIG_MARKER, config_table())
     return markdown
