@@ -1,4 +1,4 @@
-"""deploy/: the example config, the systemd unit, the container files.
+"""deploy/: the example config, the systemd unit, the container files, and their docs page.
 
 Nothing here runs systemd or Docker: the files are parsed and the commands
 they name are checked against the real argument parser.
@@ -182,8 +182,25 @@ def test_dockerfile_builds_a_non_root_agent_image() -> None:
             for source in sources:
                 assert (ROOT / source).exists(), source
     allowed = (DEPLOY / "Dockerfile.dockerignore").read_text()
-    for name in ("pyproject.toml", "README.md", "peermesh/"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "peermesh/"):
         assert f"!{name}" in allowed
+
+
+def test_dockerfile_builds_the_c_extension() -> None:
+    """The image gets the extension: setup.py (which declares it) is copied, a compiler is
+    there while pip builds, and the build fails if the extension cannot be imported."""
+    instructions = _dockerfile(DOCKERFILE)
+    copied = {source for kind, rest in instructions if kind == "COPY"
+              for source in rest.split()[:-1]}
+    assert {"setup.py", "pyproject.toml", "peermesh"} <= copied, copied
+    declared = (ROOT / "setup.py").read_text()
+    assert "peermesh.io._zmqbatch" in declared
+    (install,) = [rest for kind, rest in instructions if kind == "RUN" and "pip install" in rest]
+    steps = [step.strip() for step in install.split("&&")]
+    pip = next(i for i, step in enumerate(steps) if step.startswith("pip install"))
+    compiler = next(i for i, step in enumerate(steps) if "apt-get install" in step)
+    check = next(i for i, step in enumerate(steps) if "import peermesh.io._zmqbatch" in step)
+    assert "gcc" in steps[compiler] and compiler < pip < check
 
 
 def _compose_commands() -> dict[str, list[str]]:
@@ -227,9 +244,13 @@ def test_compose_runs_three_agents_and_a_shouter() -> None:
             assert args.command == "shout" and args.target == "demo"
 
 
-def test_deploy_readme_covers_firewall_and_checks() -> None:
-    text = (DEPLOY / "README.md").read_text()
+def test_deploy_docs_cover_firewall_and_checks() -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text()
     for needle in ("UDP 5670", "49152-65535", "5353", "peermesh status", "journalctl",
                    "/etc/peermesh", "/var/lib/peermesh", "/run/peermesh/agent.sock",
                    "broadcast"):
         assert needle in text, needle
+    readme = (DEPLOY / "README.md").read_text()
+    for name in ("peermesh.example.toml", "peermesh-agent.service", "Dockerfile", "compose.yaml",
+                 "docs/deploy.md"):
+        assert name in readme, name
