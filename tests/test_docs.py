@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import importlib.util
 import os
 import re
@@ -125,6 +127,15 @@ def test_docs_build_strict(tmp_path: Path) -> None:
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     assert "ThreadedNode" in api and "whisper" in api
 
+    import dataclasses
+
+    from peermesh.config import NodeConfig
+
+    config = (site / "configuration" / "index.html").read_text(encoding="utf-8")
+    assert "peermesh-config-table" not in config, "the settings table was not generated"
+    for field in dataclasses.fields(NodeConfig):
+        assert f"PEERMESH_{field.name.upper()}" in config, field.name
+
 
 def test_nav_lists_every_page() -> None:
     """Pages outside the nav are published unreachable; docs/overlays.md is added at merge."""
@@ -213,3 +224,45 @@ def test_readme_run_command_starts_a_peer_on_loopback(tmp_path: Path) -> None:
         assert process.stop(signal.SIGINT) == 0, process.describe()
     finally:
         process.kill()
+
+
+# --------------------------------------------------------------------------
+# Shell examples: every `peermesh ...` command line parses with the real parser
+
+
+def command_lines() -> list[tuple[str, list[str]]]:
+    """(where, argv) of every ``peermesh`` invocation in the ``sh`` blocks."""
+    found = []
+    for page in PAGES:
+        for lang, line, code, _ in fenced(page):
+            if lang != "sh":
+                continue
+            for offset, text in enumerate(code.splitlines()):
+                lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+                lexer.whitespace_split = True  # keeps '{"a": 1}' and nf://x/y.txt whole
+                command: list[str] = []
+                for word in [*lexer, ";"]:
+                    if word.strip("&|;"):
+                        command.append(word)
+                        continue
+                    if command[:1] == ["peermesh"]:
+                        found.append((f"{page.relative_to(ROOT)}:{line + offset}", command))
+                    command = []
+    return found
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    from peermesh.cli.commands import build_parser
+
+    return build_parser()
+
+
+@pytest.mark.parametrize("where,argv", command_lines(), ids=lambda v: v if isinstance(v, str)
+                         else None)
+def test_shell_example_parses(where: str, argv: list[str]) -> None:
+    try:
+        args = _parser().parse_args(argv[1:])
+    except SystemExit as exc:
+        pytest.fail(f"{where}: {' '.join(argv)} is refused by the parser (exit {exc.code})")
+    assert args.command == argv[1]
