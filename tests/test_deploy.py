@@ -254,3 +254,26 @@ def test_deploy_docs_cover_firewall_and_checks() -> None:
     for name in ("peermesh.example.toml", "peermesh-agent.service", "Dockerfile", "compose.yaml",
                  "docs/deploy.md"):
         assert name in readme, name
+
+
+# --------------------------------------------------------------------------
+# Packaging metadata
+
+
+def test_packaging_metadata_is_consistent() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    meta = project["project"]
+    # the licence text shipped is the one the SPDX identifier names
+    assert meta["license"] == {"text": "MPL-2.0"}
+    assert (ROOT / "LICENSE").read_text().startswith("Mozilla Public License Version 2.0\n")
+    # the version lives in one place: peermesh.__version__, read by setuptools
+    assert "version" not in meta and "version" in meta["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "peermesh.__version__"}
+    import peermesh
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", peermesh.__version__)
+    assert {"Homepage", "Documentation", "Source", "Issues"} <= set(meta["urls"])
+    extras = meta["optional-dependencies"]
+    assert any(r.startswith("PyYAML") for r in extras["yaml"])  # YAML inventories (NFP SID)
+    # the suite builds the docs, so the test extra brings everything the docs extra does
+    assert set(extras["docs"]) <= set(extras["test"])
