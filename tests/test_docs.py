@@ -9,8 +9,10 @@
   directory. A block preceded by ``<!-- test: needs spark -->`` runs only where
   pyspark and Java are installed; ``<!-- test: skip REASON -->`` skips it with
   that reason. No block is left out silently.
+  An example fails when it exits non-zero or logs a traceback.
 * The README's two commands: the first one's ``peermesh`` part starts a peer
   that stops cleanly on Ctrl-C; the second is exactly what ``.ci/run`` runs.
+* Every ``peermesh ...`` line of the ``sh`` blocks parses with the real parser.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -78,12 +79,6 @@ def examples() -> list[Example]:
     return [Example(page, line, code, directive)
             for page in PAGES for lang, line, code, directive in fenced(page)
             if lang == "python"]
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_every_page_has_runnable_examples_or_says_why_not() -> None:
@@ -161,7 +156,7 @@ def _spark_ready() -> Optional[str]:
 
 
 @pytest.mark.parametrize("example", examples(), ids=lambda e: e.id)
-def test_example_runs(example: Example, tmp_path: Path) -> None:
+def test_example_runs(example: Example, tmp_path: Path, free_udp_port: int) -> None:
     timeout = EXAMPLE_TIMEOUT
     if example.directive and example.directive.startswith("skip "):
         pytest.skip(example.directive[5:])
@@ -173,7 +168,7 @@ def test_example_runs(example: Example, tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(example.code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
-    env.update(PEERMESH_INTERFACE="lo", PEERMESH_PORT=str(free_udp_port()),
+    env.update(PEERMESH_INTERFACE="lo", PEERMESH_PORT=str(free_udp_port),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                PYSPARK_DRIVER_PYTHON=sys.executable)
@@ -211,14 +206,14 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert ci.strip().splitlines()[-1] == test_command
 
 
-def test_readme_run_command_starts_a_peer_on_loopback(tmp_path: Path) -> None:
+def test_readme_run_command_starts_a_peer_on_loopback(free_udp_port: int) -> None:
     run_command, _ = _readme_commands()
     install, sep, run = run_command.partition(" && ")
     assert install == "pip install ." and sep, run_command
     argv = shlex.split(run)
     assert argv[:2] == ["peermesh", "run"] and "--interface" in argv
     assert argv[argv.index("--interface") + 1] == "lo"  # alone and on loopback
-    process = CliProcess([*argv[1:], "--port", str(free_udp_port())])
+    process = CliProcess([*argv[1:], "--port", str(free_udp_port)])
     try:
         process.started()
         assert process.stop(signal.SIGINT) == 0, process.describe()
