@@ -112,8 +112,9 @@ def test_docs_build_strict(tmp_path: Path) -> None:
 
     cli = (site / "cli" / "index.html").read_text(encoding="utf-8")
     assert "peermesh-cli-reference" not in cli, "the CLI reference was not generated"
-    names = [a for a in build_parser()._actions if a.dest == "command"][0].choices
-    for name, parser in names.items():
+    (subcommands,) = [a for a in build_parser()._actions
+                      if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in subcommands.choices.items():
         assert f"peermesh {name}" in cli, f"'peermesh {name}' is missing from the CLI reference"
         # every option of every command, as --help shows it
         for action in parser._actions:
@@ -177,7 +178,7 @@ def test_example_runs(example: Example, tmp_path: Path, free_udp_port: int) -> N
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{example.id} still ran after {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+        pytest.fail(f"{example.id} still ran after {timeout} s:\n{exc.stdout!r}\n{exc.stderr!r}")
     report = f"{example.id} exited {done.returncode}:\n{example.code}\n" \
              f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     defect = [why for (page, line), why in KNOWN_DEFECTS.items()

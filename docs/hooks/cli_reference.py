@@ -18,8 +18,10 @@ CONFIG_MARKER = "<!-- peermesh-config-table -->"
 WIDTH = "96"  # columns argparse wraps the help to, whatever terminal runs the build
 
 
-def commands(parser: argparse.ArgumentParser,
-             path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+Command = tuple[tuple[str, ...], argparse.ArgumentParser]
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[Command]:
     """(command words, parser) for ``parser`` and, depth first, every subcommand below it."""
     yield path, parser
     for action in parser._actions:
