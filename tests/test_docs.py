@@ -12,6 +12,7 @@
   An example fails when it exits non-zero or logs a traceback.
 * The README's two commands: the first one's ``peermesh`` part starts a peer
   that stops cleanly on Ctrl-C; the second is exactly what ``.ci/run`` runs.
+  The tour's two terminals: every command of the second reaches the first.
 * Every ``peermesh ...`` line of the ``sh`` blocks parses with the real parser.
 """
 
@@ -33,7 +34,7 @@ from typing import Optional
 
 import pytest
 
-from cliprocess import CliProcess
+from cliprocess import Cli, CliProcess, _report
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -220,6 +221,24 @@ def test_readme_run_command_starts_a_peer_on_loopback(free_udp_port: int) -> Non
         assert process.stop(signal.SIGINT) == 0, process.describe()
     finally:
         process.kill()
+
+
+def test_readme_tour_two_peers_talk(free_udp_port: int) -> None:
+    """The tour's first terminal runs alice; every command of the second reaches her."""
+    blocks = [code for lang, _, code, _ in fenced(ROOT / "README.md") if lang == "sh"]
+    first, second = blocks[2], blocks[3]
+    cli = Cli(free_udp_port)  # the same loopback mesh, on a beacon port of its own
+    try:
+        alice = cli.start(*shlex.split(first, comments=True)[1:])
+        alice.started()
+        for line in second.splitlines():
+            argv = shlex.split(line, comments=True)
+            result = cli.call(*argv[1:])
+            assert result.returncode == 0, f"{line}\n{_report(result)}"
+        alice.expect_line(lambda text: "SHOUT" in text and text.endswith("hello"), "the shout")
+        alice.expect_line(lambda text: "WHISPER" in text and text.endswith("hi"), "the whisper")
+    finally:
+        cli.close()
 
 
 # --------------------------------------------------------------------------
