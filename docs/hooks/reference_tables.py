@@ -34,7 +34,7 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Ite
                 yield from commands(sub, (*path, name))
 
 
-def reference() -> str:
+def cli_reference() -> str:
     """Markdown: one section per command, its help text as printed by ``--help``."""
     os.environ["COLUMNS"] = WIDTH
     from peermesh.cli.commands import build_parser
@@ -81,7 +81,7 @@ def config_table() -> str:
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     """Fill the markers of the generated pages."""
     if CLI_MARKER in markdown:
-        markdown = markdown.replace(CLI_MARKER, reference())
+        markdown = markdown.replace(CLI_MARKER, cli_reference())
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_table())
     return markdown
