@@ -30,7 +30,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -157,7 +157,15 @@ def _spark_ready() -> Optional[str]:
     return None
 
 
-@pytest.mark.parametrize("example", examples(), ids=lambda e: e.id)
+def _example_params() -> list[Any]:
+    """Spark examples are slow (a JVM and a local session of their own): their bound is theirs."""
+    return [pytest.param(e, id=e.id, marks=[pytest.mark.slow,
+                                           pytest.mark.timeout(SPARK_TIMEOUT + 30)])
+            if e.directive == "needs spark" else pytest.param(e, id=e.id)
+            for e in examples()]
+
+
+@pytest.mark.parametrize("example", _example_params())
 def test_example_runs(example: Example, tmp_path: Path, free_udp_port: int) -> None:
     timeout = EXAMPLE_TIMEOUT
     if example.directive and example.directive.startswith("skip "):
