@@ -387,7 +387,7 @@ class Children:
         self.grace = grace
         self.children: list[Child] = []
 
-    def start(self, module: str, role: str, code: Optional[str] = None,
+    def start(self, module: str, role: str, code: Optional[str] = None, /,
               **kwargs: Any) -> Child:
         """``role_<role>(parent, **kwargs)`` of ``scripts/<module>.py`` in a new process
         that imports peermesh from ``code`` (default: the code this process runs)."""
