@@ -41,6 +41,7 @@ import tempfile
 import time
 from typing import Any
 
+import harness
 from harness import (INTERFACE, Children, dump_json, free_udp_port, percentile, progress,
                      table, trees)
 
@@ -130,7 +131,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 def measure(runs: int, baseline: str) -> dict[str, Any]:
     code = trees(baseline)
-    with tempfile.TemporaryDirectory(prefix="pm-bench-cli-") as tmp, Children(grace=10) as kids:
+    with tempfile.TemporaryDirectory(prefix="pm-bench-cli-") as tmp, Children(grace=0) as kids:
         plain = _env(code["peermesh"], os.path.join(tmp, "pycache-peermesh"))
         cases = {"python -c pass": ([sys.executable, "-c", "pass"], plain),
                  "python -S -c pass": ([sys.executable, "-S", "-c", "pass"], plain)}
@@ -191,4 +192,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
+import harness
 from harness import (INTERFACE, LO_BROADCAST, LOOPBACK, REPO, Children, busy_pct, c_extension,
                      cpu, dump_json, free_udp_port, interleaved, median_run,
                      percentile, progress, ratio, round_ratios, rss_mb, table, trees, verdict)
@@ -1162,8 +1163,4 @@ def _dist_version(name: str) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # children were ended on the way out
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    harness.run(main)

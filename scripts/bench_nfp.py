@@ -33,11 +33,11 @@ import os
 import shutil
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any, Optional
 
+import harness
 from harness import (INTERFACE, Children, Parent, dump_json, free_tcp_endpoint, free_udp_port,
                      interleaved, median_run, percentile, progress, socket_driver, table,
                      threads_cpu, trees)
@@ -448,4 +448,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

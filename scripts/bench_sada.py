@@ -52,10 +52,10 @@ import argparse
 import os
 import signal
 import statistics
-import sys
 import time
 from typing import Any, Callable, Optional
 
+import harness
 from harness import (LOOPBACK, Child, Children, Parent, cpu, dump_json, free_tcp_endpoint,
                      interleaved, machine_cpu, percentile, proc_cpu, progress, table, trees)
 
@@ -629,4 +629,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any
 
+import harness
 from harness import (INTERFACE, ChildFailed, Children, dump_json, free_udp_port, progress,
                      rss_mb, table)
 
@@ -134,4 +135,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

@@ -56,6 +56,8 @@ LO_BROADCAST = "127.255.255.255"
 INTERFACE = "lo"
 CODE_ENV = "PEERMESH_BENCH_CODE"   # the tree a child imports peermesh from
 _T0 = time.perf_counter()
+if CODE_ENV not in os.environ and REPO not in sys.path:
+    sys.path.insert(1, REPO)   # a benchmark measures the checkout it belongs to, itself too
 
 
 # ---------------------------------------------------------------------------
@@ -576,6 +578,15 @@ def trees(baseline: Optional[str]) -> dict[str, str]:
 
 def dump_json(results: Any) -> str:
     return json.dumps(results, indent=2, default=str)
+
+
+def run(main: Callable[[], int]) -> None:
+    """Exit with ``main()``'s status; on Ctrl-C, with 130 once every child has ended."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
