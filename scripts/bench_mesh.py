@@ -672,7 +672,7 @@ def bench_import(runs: int) -> dict[str, Any]:
     top.sort(reverse=True)
     return {"import_ms": times, "import_ms_median": statistics.median(times),
             "heaviest_packages_ms": [[round(ms, 1), name] for ms, name in top[:8]]}
-# The idle node runs in a minimal interpreter (not a multiprocessing child, whose
+# The idle node runs in a minimal interpreter (not a harness child, whose
 # own imports would inflate RSS): just the library, one node, one peer elsewhere.
 _IDLE_SCRIPT = r"""
 import glob, json, os, resource, sys, time

@@ -6,10 +6,10 @@
   this process in JSON lines: it sends ``parent.send(tag, value)`` on the
   stdout it started with (anything else it prints goes to stderr) and reads
   commands from stdin (``parent.expect("go", timeout)``). Every wait is
-  bounded. A child dies with its parent (``PR_SET_PDEATHSIG``), runs in a
-  session of its own (Ctrl-C reaches only the parent, which ends it), and
-  ``Children`` ends every process it started on the way out: stdin closed,
-  then SIGTERM, then SIGKILL.
+  bounded. A child ignores Ctrl-C and dies with its parent
+  (``PR_SET_PDEATHSIG``); ``Children`` ends every process it started on
+  the way out (an error, Ctrl-C or SIGTERM too): stdin closed, then
+  SIGTERM, then SIGKILL.
 - **Code under test.** A child imports ``peermesh`` from ``code`` (this
   checkout unless told otherwise) and fails if it would import it from
   anywhere else. ``baseline_tree(REV)`` gives the tree of an older commit,
@@ -286,7 +286,9 @@ def code_env(code: str, base: Optional[dict[str, str]] = None) -> dict[str, str]
 
 
 def _die_with_parent() -> None:
-    """In the forked child: SIGKILL when the parent ends (Linux prctl PR_SET_PDEATHSIG)."""
+    """In the forked child: Ctrl-C ignored (the parent ends its children) and SIGKILL
+    when the parent ends (Linux prctl PR_SET_PDEATHSIG)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
@@ -301,8 +303,9 @@ class Child:
         self.name = name
         popen.setdefault("stdin", subprocess.PIPE)
         popen.setdefault("stdout", subprocess.PIPE)
-        self.process = subprocess.Popen(argv, env=env, start_new_session=True,
-                                        preexec_fn=_die_with_parent, **popen)
+        # Not a session of its own: with autogroup scheduling that would give each
+        # child a CPU share of its own, and change what the benchmarks measure.
+        self.process = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, **popen)
         self.pid = self.process.pid
         self._buffer = b""
 
@@ -313,7 +316,7 @@ class Child:
         try:
             self.process.stdin.write(json.dumps(message).encode() + b"\n")
             self.process.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
+        except (OSError, ValueError):
             pass
 
     def expect(self, tag: str, timeout: float) -> Any:
@@ -408,11 +411,8 @@ class Children:
         self.children.append(child)
         return child
 
-    def end(self, child: Child, grace: Optional[float] = None) -> None:
-        child.end(self.grace if grace is None else grace)
-
     def close(self) -> None:
-        """End every child: all stdins closed first, so they exit side by side."""
+        """End every child: all are told to stop first, so they exit side by side."""
         for child in self.children:
             child.send("stop")
         deadline = time.monotonic() + self.grace
@@ -495,7 +495,6 @@ def _check_code() -> None:
 def child_main(module: str, role: str, kwargs: dict[str, Any]) -> None:
     """Run one role; its result (or the error) goes to the parent, then the process ends
     at once (pyre's non-daemon threads would keep it alive)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's
     parent = Parent()
     try:
         _check_code()
@@ -580,8 +579,14 @@ def dump_json(results: Any) -> str:
     return json.dumps(results, indent=2, default=str)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run(main: Callable[[], int]) -> None:
-    """Exit with ``main()``'s status; on Ctrl-C, with 130 once every child has ended."""
+    """Exit with ``main()``'s status; on Ctrl-C or SIGTERM, with 130 once every child
+    has ended."""
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         sys.exit(main())
     except KeyboardInterrupt:
