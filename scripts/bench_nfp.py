@@ -201,8 +201,8 @@ def round_trips(mode: str, count: int, data_dir: str, profiles: Optional[str]) -
     from peermesh.nfp import NfpNode
 
     port = free_udp_port()
-    timing: dict[str, Any] = dict(port=port, interval=0.1, evasive=1.0, silent=1.5, expired=2.0, keepalive=0.5,
-                  data_dir=data_dir)
+    timing: dict[str, Any] = dict(port=port, interval=0.1, evasive=1.0, silent=1.5,
+                                  expired=2.0, keepalive=0.5, data_dir=data_dir)
 
     def profile(name: str) -> Optional[str]:
         return os.path.join(profiles, f"{mode}-{name}.prof") if profiles else None
@@ -271,8 +271,9 @@ def failover(expired: float, data_dir: str) -> dict[str, Any]:
     from peermesh.nfp import NfpNode
 
     port = free_udp_port()
-    timing: dict[str, Any] = dict(port=port, interval=min(0.1, expired / 5), evasive=expired / 2,
-                  silent=expired * 0.75, expired=expired, keepalive=0.2, data_dir=data_dir)
+    timing: dict[str, Any] = dict(port=port, interval=min(0.1, expired / 5),
+                                  evasive=expired / 2, silent=expired * 0.75, expired=expired,
+                                  keepalive=0.2, data_dir=data_dir)
     with Children(grace=3) as children:
         first = children.start("bench_nfp", "nfp_node", name="bench-b1", broker="auto",
                                priority=10, workers=[], **timing)
