@@ -35,8 +35,8 @@ import time
 from typing import Any, Callable, Optional
 
 import harness
-from harness import (INTERFACE, LO_BROADCAST, LOOPBACK, REPO, Children, busy_pct, c_extension,
-                     cpu, dump_json, free_udp_port, interleaved, median_run,
+from harness import (INTERFACE, LO_BROADCAST, LOOPBACK, REPO, Children, Parent, busy_pct,
+                     c_extension, cpu, dump_json, free_udp_port, interleaved, median_run,
                      percentile, progress, ratio, round_ratios, rss_mb, table, trees, verdict)
 
 PAYLOAD = 100
@@ -99,7 +99,7 @@ def _raw_socket(ctx: Any, kind: int) -> Any:
     return sock
 
 
-def role_raw_sink(parent: Any, n: int) -> dict[str, Any]:
+def role_raw_sink(parent: Parent, n: int) -> dict[str, Any]:
     import zmq
     ctx = zmq.Context()
     sock = _raw_socket(ctx, zmq.ROUTER)
@@ -121,7 +121,7 @@ def role_raw_sink(parent: Any, n: int) -> dict[str, Any]:
             "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6}
 
 
-def role_raw_source(parent: Any, port: int, n: int) -> dict[str, Any]:
+def role_raw_source(parent: Parent, port: int, n: int) -> dict[str, Any]:
     import zmq
     ctx = zmq.Context()
     sock = _raw_socket(ctx, zmq.DEALER)
@@ -140,7 +140,7 @@ def role_raw_source(parent: Any, port: int, n: int) -> dict[str, Any]:
     return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
 
 
-def role_raw_echo(parent: Any, total: int, each_way: bool = False) -> dict[str, Any]:
+def role_raw_echo(parent: Parent, total: int, each_way: bool = False) -> dict[str, Any]:
     """Echo every message back to its sender: on the same connection, or (``each_way``,
     ZRE's shape) on a DEALER of its own, connected to the endpoint the first message names."""
     import zmq
@@ -173,7 +173,7 @@ def role_raw_echo(parent: Any, total: int, each_way: bool = False) -> dict[str, 
     return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
 
 
-def role_raw_ping(parent: Any, port: int, n: int, warmup: int,
+def role_raw_ping(parent: Parent, port: int, n: int, warmup: int,
                   each_way: bool = False) -> dict[str, Any]:
     """Send and wait for the echo: on one DEALER, or (``each_way``) answered to a ROUTER
     of its own whose endpoint the first message names."""
@@ -228,7 +228,8 @@ def _pm_wait_enter(node: Any, timeout: float) -> Any:
             return event
 
 
-def role_pm_sink(parent: Any, beacon_port: int, n: int, threaded: bool = False) -> dict[str, Any]:
+def role_pm_sink(parent: Parent, beacon_port: int, n: int,
+                 threaded: bool = False) -> dict[str, Any]:
     from peermesh import EventType
     WHISPER, EXIT = EventType.WHISPER, EventType.EXIT
     node = _pm_node("bench-sink", beacon_port, threaded)
@@ -273,7 +274,7 @@ def _send_numbered(whisper: Callable[[Any, bytes], Any], peer: Any, n: int,
     return {"send_seconds": t1 - t0, "tx_cpu_us": (cpu() - c0) / n * 1e6}
 
 
-def role_pm_source(parent: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pm_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pm_node("bench-source", beacon_port)
     try:
         peer = _pm_wait_enter(node, 15).peer
@@ -285,7 +286,7 @@ def role_pm_source(parent: Any, beacon_port: int, n: int) -> dict[str, Any]:
         node.stop(0.5)
 
 
-def role_pm_threaded_source(parent: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pm_threaded_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pm_node("bench-threaded-source", beacon_port, threaded=True)
     try:
         peer = _pm_wait_enter(node, 15).peer
@@ -296,7 +297,7 @@ def role_pm_threaded_source(parent: Any, beacon_port: int, n: int) -> dict[str, 
         node.stop(0.5)
 
 
-def role_pm_echo(parent: Any, beacon_port: int, total: int) -> dict[str, Any]:
+def role_pm_echo(parent: Parent, beacon_port: int, total: int) -> dict[str, Any]:
     from peermesh import EventType
     WHISPER = EventType.WHISPER
     node = _pm_node("bench-echo", beacon_port)
@@ -322,7 +323,7 @@ def role_pm_echo(parent: Any, beacon_port: int, total: int) -> dict[str, Any]:
         node.stop(0.5)
 
 
-def role_pm_ping(parent: Any, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
+def role_pm_ping(parent: Parent, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
     from peermesh import EventType
     WHISPER = EventType.WHISPER
     node = _pm_node("bench-ping", beacon_port)
@@ -356,7 +357,7 @@ def role_pm_ping(parent: Any, beacon_port: int, n: int, warmup: int) -> dict[str
         node.stop(0.5)
 
 
-def role_pm_peer(parent: Any, beacon_port: int, threaded: bool = False) -> dict[str, Any]:
+def role_pm_peer(parent: Parent, beacon_port: int, threaded: bool = False) -> dict[str, Any]:
     """A peer that just stays up (and idle) until told to stop; reports its idle cost."""
     node = _pm_node("bench-peer", beacon_port, threaded)
     try:
@@ -372,7 +373,7 @@ def role_pm_peer(parent: Any, beacon_port: int, threaded: bool = False) -> dict[
         node.stop(0.5)
 
 
-def role_pm_enter_probe(parent: Any, beacon_port: int, tries: int) -> dict[str, Any]:
+def role_pm_enter_probe(parent: Parent, beacon_port: int, tries: int) -> dict[str, Any]:
     """Start fresh nodes next to a running peer; time start() and start()->first ENTER."""
     import gevent
     from peermesh import Node, ThreadedNode
@@ -464,7 +465,7 @@ def _pyre_wait_enter(node: Any, timeout: float) -> Any:
             return uuid.UUID(bytes=parts[1])
 
 
-def role_pyre_sink(parent: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pyre_sink(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pyre_node("pyre-sink", beacon_port)
     _pyre_wait_enter(node, 15)
     check = {"endpoint": node.endpoint(), "udp_bound": sorted(set(_proc_net_bound("udp",
@@ -495,7 +496,7 @@ def role_pyre_sink(parent: Any, beacon_port: int, n: int) -> dict[str, Any]:
             "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6, "loopback": check}
 
 
-def role_pyre_source(parent: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pyre_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pyre_node("pyre-source", beacon_port)
     peer = _pyre_wait_enter(node, 15)
     parent.send("ready")
@@ -503,7 +504,7 @@ def role_pyre_source(parent: Any, beacon_port: int, n: int) -> dict[str, Any]:
     return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600))
 
 
-def role_pyre_echo(parent: Any, beacon_port: int, total: int) -> dict[str, Any]:
+def role_pyre_echo(parent: Parent, beacon_port: int, total: int) -> dict[str, Any]:
     import uuid
     node = _pyre_node("pyre-echo", beacon_port)
     _pyre_wait_enter(node, 15)
@@ -524,7 +525,7 @@ def role_pyre_echo(parent: Any, beacon_port: int, total: int) -> dict[str, Any]:
     return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
 
 
-def role_pyre_ping(parent: Any, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
+def role_pyre_ping(parent: Parent, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
     node = _pyre_node("pyre-ping", beacon_port)
     peer = _pyre_wait_enter(node, 15)
     parent.send("ready")
@@ -553,7 +554,7 @@ def role_pyre_ping(parent: Any, beacon_port: int, n: int, warmup: int) -> dict[s
     return _latency_stats(samples, cpu() - c0)
 
 
-def role_pyre_peer(parent: Any, beacon_port: int) -> dict[str, Any]:
+def role_pyre_peer(parent: Parent, beacon_port: int) -> dict[str, Any]:
     _pyre_node("pyre-peer", beacon_port)
     parent.send("ready")
     parent.expect("stop", 600)

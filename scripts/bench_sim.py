@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 import harness
-from harness import (INTERFACE, ChildFailed, Children, dump_json, free_udp_port, progress,
-                     rss_mb, table)
+from harness import (INTERFACE, ChildFailed, Children, Parent, dump_json, free_udp_port,
+                     progress, rss_mb, table)
 
 TARGET_1000_SECONDS = 60.0
 TARGET_1000_BYTES = 4 * 1024 ** 3
@@ -75,7 +75,7 @@ def run_real(n: int, limit: float) -> dict[str, Any]:
             "fds_predicted": 3 * n * (n - 1)}
 
 
-def role_size(parent: Any, kind: str, n: int, limit: float) -> dict[str, Any]:
+def role_size(parent: Parent, kind: str, n: int, limit: float) -> dict[str, Any]:
     """One size in a fresh process (the harness ends it at once: tearing down millions
     of objects one by one takes half a minute)."""
     return (run_sim if kind == "sim" else run_real)(n, limit)
