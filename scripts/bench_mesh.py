@@ -598,7 +598,9 @@ def bench_throughput(kind: str, n: int, code: Optional[str] = None,
         rx = sink.expect("result", _result_timeout(n))
         source.send("stop")
         tx = source.expect("result", 30)
-        return {**rx, **tx, **extra}
+    progress(f"  {rx['rate']:,.0f} msg/s (rx {rx['rx_cpu_us']:.1f} us CPU/msg, "
+             f"tx {tx['tx_cpu_us']:.1f} us CPU/msg)")
+    return {**rx, **tx, **extra}
 
 
 def bench_latency(kind: str, n: int, warmup: int, code: Optional[str] = None,
@@ -625,7 +627,10 @@ def bench_latency(kind: str, n: int, warmup: int, code: Optional[str] = None,
         ping.send("go")
         result = ping.expect("result", 30 + total / 200.0)
         echo.send("stop")
-        return {**result, **echo.expect("result", 15), "other_cpu_pct": other}
+        result.update(echo.expect("result", 15), other_cpu_pct=other)
+    progress(f"  p50 {result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us (CPU per round "
+             f"trip: ping {result['ping_cpu_us']:.0f} us, echo {result['echo_cpu_us']:.0f} us)")
+    return result
 
 
 def bench_enter(tries: int) -> dict[str, Any]:
@@ -1011,28 +1016,11 @@ def _print_profiles(profile_dir: Optional[str], parts: tuple[str, ...]) -> None:
             print(buf.getvalue(), file=sys.stderr)
 
 
-def _said(section: str, res: Optional[dict[str, Any]]) -> None:
-    if not res:
-        return
-    if section == "throughput":
-        progress(f"  {res['rate']:,.0f} msg/s (rx {res.get('rx_cpu_us', 0):.1f} us CPU/msg, "
-                 f"tx {res['tx_cpu_us']:.1f} us CPU/msg)")
-    else:
-        progress(f"  p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us (CPU per round "
-                 f"trip: ping {res['ping_cpu_us']:.0f} us, echo {res['echo_cpu_us']:.0f} us)")
-
-
 def _rounds(section: str, cases: dict[str, Callable[[int], Any]], rounds: int,
             results: dict[str, Any], key: str, ratio_names: dict[str, tuple[str, str]]) -> None:
     """Interleaved rounds of ``cases``; the median run of each and the median of the
     per-round ratios ``ratio_names[name] = (top, bottom)``."""
-    def logged(case: Callable[[int], Any]) -> Callable[[int], Any]:
-        def run(r: int) -> Any:
-            res = case(r)
-            _said(section, res)
-            return res
-        return run
-    runs = interleaved({k: logged(c) for k, c in cases.items()}, rounds, results["errors"])
+    runs = interleaved(cases, rounds, results["errors"])
     out = results[section]
     for kind, done in runs.items():
         ok = [x for x in done if x]
@@ -1093,7 +1081,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         if with_pyre:
             progress(f"throughput: pyre, {args.pyre_messages:,} messages")
             res = once("pyre", lambda: bench_throughput("pyre", args.pyre_messages))
-            _said("throughput", res)
             if res:
                 results["throughput"]["pyre"] = res
         _print_profiles(args.profile, ("sink", "source"))
@@ -1103,7 +1090,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         for label, tree in code.items():
             key = "threaded" if label == "peermesh" else "threaded_baseline"
             res = once(key, lambda: bench_throughput("threaded", tn, tree))
-            _said("throughput", res)
             if res:
                 results["throughput"][key] = res
     if "latency" in s:
@@ -1121,7 +1107,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "ratio_p50_peermesh_baseline": ("peermesh", "baseline")})
         if with_pyre:
             res = once("latency/pyre", lambda: bench_latency("pyre", rt, warm))
-            _said("latency", res)
             if res:
                 results["latency"]["pyre"] = res
         _print_profiles(args.profile, ("ping", "echo"))

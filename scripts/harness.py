@@ -54,7 +54,7 @@ REPO = os.path.dirname(HERE)
 LOOPBACK = "127.0.0.1"
 LO_BROADCAST = "127.255.255.255"
 INTERFACE = "lo"
-CODE_ENV = "PEERMESH_BENCH_CODE"   # the tree a child imports peermesh from
+CODE_ENV = "BENCH_PEERMESH_CODE"   # the tree a child imports peermesh from
 _T0 = time.perf_counter()
 if CODE_ENV not in os.environ and REPO not in sys.path:
     sys.path.insert(1, REPO)   # a benchmark measures the checkout it belongs to, itself too
@@ -259,7 +259,7 @@ def c_extension(code: str = REPO) -> str:
     out = subprocess.run(
         [sys.executable, "-c", "from peermesh.io import zmqbatch as z; "
          "print('yes' if z.native else 'no: ' + z.why_not)"],
-        capture_output=True, text=True, timeout=60, env=code_env(code))
+        capture_output=True, text=True, timeout=60, env=_code_env(code))
     return out.stdout.strip() or f"unknown: {out.stderr.strip()[-200:]}"
 
 
@@ -277,9 +277,9 @@ class ChildFailed(RuntimeError):
     """A child reported an error, died, or did not answer in time."""
 
 
-def code_env(code: str, base: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The environment (``base`` or ours) with peermesh and the scripts from ``code``."""
-    env = dict(os.environ if base is None else base)
+def _code_env(code: str) -> dict[str, str]:
+    """Our environment, with peermesh from ``code`` and the scripts from here."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([code, HERE])
     env[CODE_ENV] = code
     return env
@@ -399,7 +399,7 @@ class Children:
         code = code or os.environ.get(CODE_ENV, REPO)
         argv = [sys.executable, os.path.join(HERE, "harness.py"), module, role,
                 json.dumps(kwargs)]
-        return self.add(Child(argv, code_env(code), f"{module}:{role}"))
+        return self.add(Child(argv, _code_env(code), f"{module}:{role}"))
 
     def popen(self, argv: list[str], env: Optional[dict[str, str]] = None,
               **popen: Any) -> Child:
