@@ -95,7 +95,7 @@ def ratio(a: Any, b: Any) -> Optional[float]:
 
 
 def verdict(value: Optional[float], target: float, at_least: bool) -> str:
-    """"PASS (>=0.60)" or "MISS (<=1.50)"; "-" when there is no value."""
+    """``PASS (>=0.600)`` or ``MISS (<=1.50)`` against ``target``; "-" for no value."""
     if value is None:
         return "-"
     ok = value >= target if at_least else value <= target
@@ -451,12 +451,13 @@ class Parent:
                 import gevent.socket
                 try:
                     gevent.socket.wait_read(0, timeout=left)
+                    ready = True
                 except TimeoutError:
-                    left = 0
-            elif not select.select([0], [], [], left)[0]:
-                left = 0
-            if left == 0:
-                raise TimeoutError(f"no command from the parent within {timeout:.0f} s")
+                    ready = False
+            else:
+                ready = bool(select.select([0], [], [], left)[0])
+            if not ready:
+                raise TimeoutError(f"no command from the parent within {timeout} s")
             chunk = os.read(0, 65536)
             if not chunk:
                 raise EOFError("the parent closed the line")
