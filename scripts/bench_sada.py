@@ -97,7 +97,7 @@ def role_sada_server(parent: Parent, endpoint: str, service_s: float) -> None:
 
     ``bench/spawned`` echoes in a greenlet of its own; ``bench/service`` is the
     server-bound handler: inline, it blocks the whole process in ``time.sleep``
-    for ``SERVICE_S`` (no CPU burnt, one request at a time), then echoes.
+    for ``service_s`` seconds (no CPU burnt, one request at a time), then echoes.
     """
     import gevent
 
