@@ -359,8 +359,9 @@ class Child:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line + b"\n"
 
-    def end(self, grace: float) -> None:
-        """Close its stdin, give it ``grace`` seconds, then SIGTERM, then SIGKILL."""
+    def end(self, grace: float, term_wait: float = 3.0) -> None:
+        """Close its stdin, give it ``grace`` seconds, then SIGTERM and ``term_wait``
+        seconds, then SIGKILL."""
         p = self.process
         for stream in (p.stdin, p.stdout, p.stderr):
             if stream is not None:
@@ -368,7 +369,7 @@ class Child:
                     stream.close()
                 except OSError:
                     pass
-        for step, wait in ((None, grace), (p.terminate, 3.0), (p.kill, 5.0)):
+        for step, wait in ((None, grace), (p.terminate, term_wait), (p.kill, 5.0)):
             if p.poll() is not None:
                 return
             if step is not None:
@@ -386,10 +387,11 @@ class Child:
 class Children:
     """Every child process of a test; all of them ended when the ``with`` block is left,
     by an error or Ctrl-C too. ``grace``: how long each may take to exit by itself
-    after its stdin closes."""
+    after its stdin closes; ``term_wait``: after SIGTERM, before SIGKILL."""
 
-    def __init__(self, grace: float = 0.5) -> None:
+    def __init__(self, grace: float = 0.5, term_wait: float = 3.0) -> None:
         self.grace = grace
+        self.term_wait = term_wait
         self.children: list[Child] = []
 
     def start(self, module: str, role: str, code: Optional[str] = None, /,
@@ -417,7 +419,7 @@ class Children:
             child.send("stop")
         deadline = time.monotonic() + self.grace
         for child in self.children:
-            child.end(max(0.0, deadline - time.monotonic()))
+            child.end(max(0.0, deadline - time.monotonic()), self.term_wait)
 
     def __enter__(self) -> "Children":
         return self

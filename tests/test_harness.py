@@ -143,7 +143,7 @@ def test_a_child_that_ignores_sigterm_is_killed_when_the_block_is_left() -> None
     code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "print('[\"ready\", null]', flush=True); time.sleep(60)")
     with pytest.raises(RuntimeError, match="the test fails here"):
-        with Children(grace=0) as kids:
+        with Children(grace=0, term_wait=0.2) as kids:
             stubborn = kids.popen([sys.executable, "-c", code])
             stubborn.expect("ready", 30)
             raise RuntimeError("the test fails here")
