@@ -1020,7 +1020,9 @@ def _rounds(section: str, cases: dict[str, Callable[[int], Any]], rounds: int,
             results: dict[str, Any], key: str, ratio_names: dict[str, tuple[str, str]]) -> None:
     """Interleaved rounds of ``cases``; the median run of each and the median of the
     per-round ratios ``ratio_names[name] = (top, bottom)``."""
-    runs = interleaved(cases, rounds, results["errors"])
+    errors: dict[str, str] = {}
+    runs = interleaved(cases, rounds, errors)
+    results["errors"].update({f"{section}/{name}": text for name, text in errors.items()})
     out = results[section]
     for kind, done in runs.items():
         ok = [x for x in done if x]
@@ -1080,7 +1082,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "ratio_peermesh_baseline": ("peermesh", "baseline")})
         if with_pyre:
             progress(f"throughput: pyre, {args.pyre_messages:,} messages")
-            res = once("pyre", lambda: bench_throughput("pyre", args.pyre_messages))
+            res = once("throughput/pyre", lambda: bench_throughput("pyre", args.pyre_messages))
             if res:
                 results["throughput"]["pyre"] = res
         _print_profiles(args.profile, ("sink", "source"))
@@ -1089,7 +1091,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         progress(f"throughput: ThreadedNode -> Node, {tn:,} messages")
         for label, tree in code.items():
             key = "threaded" if label == "peermesh" else "threaded_baseline"
-            res = once(key, lambda: bench_throughput("threaded", tn, tree))
+            res = once(f"throughput/{key}", lambda: bench_throughput("threaded", tn, tree))
             if res:
                 results["throughput"][key] = res
     if "latency" in s:
