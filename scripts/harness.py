@@ -285,14 +285,19 @@ def _code_env(code: str) -> dict[str, str]:
     return env
 
 
+try:
+    _prctl: Optional[Callable[..., int]] = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):   # not Linux: children end by Children alone
+    _prctl = None
+_PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
     """In the forked child: Ctrl-C ignored (the parent ends its children) and SIGKILL
-    when the parent ends (Linux prctl PR_SET_PDEATHSIG)."""
+    when the parent ends (looked up before the fork: nothing is loaded after it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Child:
