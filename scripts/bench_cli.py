@@ -3,6 +3,7 @@
 
     python scripts/bench_cli.py              # 30 runs of each command
     python scripts/bench_cli.py -n 100 --json
+    python scripts/bench_cli.py --baseline c28923a
 
 Starts an agent (``--interface lo``, a free beacon port, its socket in a
 temporary directory) and one peer for it to see, then runs ``peers``,
@@ -22,7 +23,9 @@ has. Two more rows of ``peers`` for context: ``(no .pyc)`` runs with
 compiles peermesh's modules on every run; ``(python -S)`` runs ``cli.main``
 in ``python -S`` with peermesh and site-packages put on ``sys.path`` by hand,
 so no ``.pth`` file runs (what a machine whose site-packages has none costs);
-its "minus interpreter" subtracts ``python -S -c pass``.
+its "minus interpreter" subtracts ``python -S -c pass``. ``--baseline REV``
+starts a second agent and peer from an older commit's peermesh and runs its
+commands in the same rounds.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,49 +41,26 @@ import tempfile
 import time
 from typing import Any
 
+import harness
+from harness import (INTERFACE, Children, dump_json, free_udp_port, percentile, progress,
+                     table, trees)
+
 TARGET_MS = 50.0
 BIN = os.path.dirname(sys.executable)
 PEERMESH = os.path.join(BIN, "peermesh")
 
 
-def _env(pycache: str = "", write: bool = True) -> dict[str, str]:
-    """The environment without PEERMESH_*, with bytecode cached under ``pycache``."""
+def _env(code: str, pycache: str = "", write: bool = True) -> dict[str, str]:
+    """The environment without PEERMESH_*, peermesh from ``code``, bytecode cached under
+    ``pycache`` (or not written at all)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PEERMESH_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = code
     if pycache:
         env["PYTHONPYCACHEPREFIX"] = pycache
     if not write:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env)
-
-
-def _wait_line(process: subprocess.Popen[bytes], needle: str, timeout: float) -> None:
-    """Read stderr lines until one contains ``needle``; fail at EOF or after ``timeout``."""
-    import selectors
-    deadline = time.monotonic() + timeout
-    assert process.stderr is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(process.stderr, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(max(0.0, deadline - time.monotonic())):
-                break
-            line = process.stderr.readline().decode(errors="replace")
-            if not line:
-                break
-            if needle in line:
-                return
-    raise RuntimeError(f"{process.args!r}: no line with {needle!r} within {timeout:g} s")
 
 
 def _run(argv: list[str], env: dict[str, str]) -> float:
@@ -96,19 +75,6 @@ def _run(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def _package_root() -> str:
-    """The directory that holds the ``peermesh`` package (the repository, when editable)."""
-    import importlib.util
-    spec = importlib.util.find_spec("peermesh")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("peermesh is not installed")
-    return os.path.dirname(list(spec.submodule_search_locations)[0])
-
-
-_NO_PTH = (f"import sys; sys.path[:0] = {[_package_root(), sysconfig.get_paths()['purelib']]!r}; "
-           "from peermesh.cli.commands import main; sys.exit(main())")
-
-
 def _wait_for_peer(sock: str, name: str, env: dict[str, str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -120,66 +86,75 @@ def _wait_for_peer(sock: str, name: str, env: dict[str, str], timeout: float) ->
     raise RuntimeError(f"the agent did not see {name} within {timeout:g} s")
 
 
+def _agent(kids: Children, tmp: str, label: str, code: str
+           ) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """An agent and a peer running ``code``; the command cases that go through it."""
+    port = free_udp_port()
+    net = ["--interface", INTERFACE, "--port", str(port), "--interval", "0.2"]
+    sock = os.path.join(tmp, f"{label}.sock")
+    # Were the agent lost, a command's fallback node must stay on loopback too.
+    loopback = {"PEERMESH_INTERFACE": INTERFACE, "PEERMESH_PORT": str(port)}
+    cached = {**_env(code, os.path.join(tmp, f"pycache-{label}")), **loopback}
+    uncached = {**_env(code, write=False), **loopback}
+    agent = kids.popen([PEERMESH, "agent", "--agent", sock, "--name", "agent", *net], cached,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while True:
+        line = agent.readline(deadline - time.monotonic(), agent.process.stderr)
+        if not line:
+            raise RuntimeError(f"{label} agent: no 'agent at {sock}' line within 20 s")
+        if f"agent at {sock}".encode() in line:
+            break
+    kids.popen([PEERMESH, "run", "--name", "bob", "--group", "bench", *net], cached,
+               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_peer(sock, "bob", cached, 20)
+    peers = [PEERMESH, "peers", "--agent", sock]
+    no_pth = (f"import sys; sys.path[:0] = {[code, sysconfig.get_paths()['purelib']]!r}; "
+              "from peermesh.cli.commands import main; sys.exit(main())")
+    tag = "" if label == "peermesh" else f" [{label}]"
+    return {f"peermesh peers{tag}": (peers, cached),
+            f"peermesh shout{tag}": ([PEERMESH, "shout", "bench", "hello", "--agent", sock],
+                                     cached),
+            f"peermesh whisper{tag}": ([PEERMESH, "whisper", "bob", "hi", "--agent", sock],
+                                       cached),
+            f"peers (no .pyc){tag}": (peers, uncached),
+            f"peers (python -S){tag}": ([sys.executable, "-S", "-c", no_pth, *peers[1:]],
+                                        cached)}
+
+
 def _summary(samples: list[float]) -> dict[str, float]:
     ms = sorted(s * 1e3 for s in samples)
     return {"median_ms": round(statistics.median(ms), 2),
-            "p90_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.9))], 2),
-            "min_ms": round(ms[0], 2)}
+            "p90_ms": round(percentile(ms, 90), 2), "min_ms": round(ms[0], 2)}
 
 
-def measure(runs: int) -> dict[str, Any]:
-    port = _free_udp_port()
-    net = ["--interface", "lo", "--port", str(port), "--interval", "0.2"]
-    with tempfile.TemporaryDirectory(prefix="pm-bench-cli-") as tmp:
-        sock = os.path.join(tmp, "agent.sock")
-        # Were the agent lost, a command's fallback node must stay on loopback too.
-        loopback = {"PEERMESH_INTERFACE": "lo", "PEERMESH_PORT": str(port)}
-        cached = {**_env(os.path.join(tmp, "pycache")), **loopback}
-        uncached = {**_env(write=False), **loopback}
-        processes = []
-        try:
-            agent = _start([PEERMESH, "agent", "--agent", sock, "--name", "agent", *net], cached)
-            processes.append(agent)
-            _wait_line(agent, f"agent at {sock}", 20)
-            bob = _start([PEERMESH, "run", "--name", "bob", "--group", "bench", *net], cached)
-            processes.append(bob)
-            _wait_for_peer(sock, "bob", cached, 20)
-            peers = [PEERMESH, "peers", "--agent", sock]
-            cases = {
-                "python -c pass": ([sys.executable, "-c", "pass"], cached),
-                "python -S -c pass": ([sys.executable, "-S", "-c", "pass"], cached),
-                "peermesh peers": (peers, cached),
-                "peermesh shout": ([PEERMESH, "shout", "bench", "hello", "--agent", sock],
-                                   cached),
-                "peermesh whisper": ([PEERMESH, "whisper", "bob", "hi", "--agent", sock],
-                                     cached),
-                "peers (no .pyc)": (peers, uncached),
-                "peers (python -S)": ([sys.executable, "-S", "-c", _NO_PTH, *peers[1:]],
-                                      cached),
-            }
-            samples: dict[str, list[float]] = {name: [] for name in cases}
-            for argv, env in cases.values():  # fill the bytecode and page caches
-                _run(argv, env)
-            for i in range(runs):
-                for name, (argv, env) in cases.items():
-                    samples[name].append(_run(argv, env))
-                if (i + 1) % 10 == 0:
-                    print(f"  {i + 1}/{runs} rounds", file=sys.stderr, flush=True)
-        finally:
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+def measure(runs: int, baseline: str) -> dict[str, Any]:
+    code = trees(baseline)
+    with tempfile.TemporaryDirectory(prefix="pm-bench-cli-") as tmp, Children(grace=0) as kids:
+        plain = _env(code["peermesh"], os.path.join(tmp, "pycache-peermesh"))
+        cases = {"python -c pass": ([sys.executable, "-c", "pass"], plain),
+                 "python -S -c pass": ([sys.executable, "-S", "-c", "pass"], plain)}
+        for label, tree in code.items():
+            cases.update(_agent(kids, tmp, label, tree))
+        samples: dict[str, list[float]] = {name: [] for name in cases}
+        for argv, env in cases.values():  # fill the bytecode and page caches
+            _run(argv, env)
+        for i in range(runs):
+            for name, (argv, env) in cases.items():
+                samples[name].append(_run(argv, env))
+            if (i + 1) % 10 == 0:
+                progress(f"  {i + 1}/{runs} rounds")
     rows = {name: _summary(values) for name, values in samples.items()}
     for name, row in rows.items():
         if not name.startswith("python"):
             base = "python -S -c pass" if "-S" in name else "python -c pass"
             row["minus_interpreter_ms"] = round(row["median_ms"] - rows[base]["median_ms"], 2)
-    return {"runs": runs, "console_script": PEERMESH, "target_ms": TARGET_MS,
-            "load_average": os.getloadavg(), "rows": rows}
+    out = {"runs": runs, "console_script": PEERMESH, "target_ms": TARGET_MS,
+           "load_average": os.getloadavg(), "rows": rows}
+    if "baseline" in code:
+        out["baseline"] = f"{baseline} ({code['baseline']})"
+    return out
 
 
 def main() -> int:
@@ -187,30 +162,34 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--runs", type=int, default=30,
                         help="runs of each command (default: 30)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the commands of REV (a commit, or a directory holding a "
+                             "peermesh package), through an agent of its own")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if not os.access(PEERMESH, os.X_OK):
         print(f"no console script at {PEERMESH}: pip install -e . first", file=sys.stderr)
         return 1
-    print(f"{args.runs} interleaved rounds through an agent on loopback ...", file=sys.stderr,
-          flush=True)
-    result = measure(args.runs)
+    progress(f"{args.runs} interleaved rounds through an agent on loopback ...")
+    result = measure(args.runs, args.baseline)
     if args.json:
-        print(json.dumps(result))
+        print(dump_json(result))
         return 0
-    print(f"{'command':20} {'median ms':>10} {'p90 ms':>8} {'min ms':>8} {'minus interp.':>14}")
-    for name, row in result["rows"].items():
-        minus = row.get("minus_interpreter_ms")
-        print(f"{name:20} {row['median_ms']:>10.1f} {row['p90_ms']:>8.1f} {row['min_ms']:>8.1f} "
-              f"{'' if minus is None else f'{minus:.1f}':>14}")
-    commands = [r for n, r in result["rows"].items() if n.startswith("peermesh")]
+    print("\n".join(table(["command", "median ms", "p90 ms", "min ms", "minus interp."], [
+        [name, f"{r['median_ms']:.1f}", f"{r['p90_ms']:.1f}", f"{r['min_ms']:.1f}",
+         "" if "minus_interpreter_ms" not in r else f"{r['minus_interpreter_ms']:.1f}"]
+        for name, r in result["rows"].items()])))
+    commands = [r for n, r in result["rows"].items()
+                if n.startswith("peermesh") and "[" not in n]
     worst = max(r["median_ms"] for r in commands)
     worst_minus = max(r["minus_interpreter_ms"] for r in commands)
     print(f"\nslowest command median: {worst:.1f} ms whole, {worst_minus:.1f} ms without the "
           f"interpreter's start-up (target <= {TARGET_MS:g} ms); load average "
           f"{result['load_average'][0]:.1f}")
+    if "baseline" in result:
+        print(f"[baseline]: {result['baseline']}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

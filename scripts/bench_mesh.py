@@ -16,39 +16,33 @@ each test picks afresh), with 100-byte payloads:
    node with one peer.
 
 The raw and peermesh tests run ``--repeat`` interleaved rounds; medians are
-shown and each ratio is the median of the per-round ratios. The table prints
-those ratios against the targets of issue 2. Progress goes to stderr;
-``--json`` prints the results as one JSON object instead of the table.
-``--profile DIR`` runs the peermesh processes under cProfile (see README.md).
+shown and each ratio is the median of the per-round ratios. ``--baseline REV``
+adds an older commit's peermesh to those rounds (and to the ThreadedNode row).
+Processes, CPU readers and the table come from ``harness.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
-import multiprocessing
 import os
-import random
-import resource
 import socket
 import statistics
 import struct
 import subprocess
 import sys
 import time
-import traceback
 from typing import Any, Callable, Optional
 
-from cpustat import busy_pct
+import harness
+from harness import (INTERFACE, LO_BROADCAST, LOOPBACK, REPO, Children, Parent, busy_pct,
+                     c_extension, cpu, dump_json, free_udp_port, interleaved, median_run,
+                     percentile, progress, ratio, round_ratios, rss_mb, table, trees, verdict)
 
 PAYLOAD = 100
-LOOPBACK = "127.0.0.1"
-LO_BROADCAST = "127.255.255.255"
 _PACK = struct.Struct(">Q")
 _TAIL = b"x" * (PAYLOAD - _PACK.size)
-_T0 = time.perf_counter()
+now = time.perf_counter
 
 TARGETS = {
     "throughput_ratio": 0.60,   # peermesh / raw, at least
@@ -58,27 +52,6 @@ TARGETS = {
     "idle_cpu_pct": 0.1,        # at most
     "idle_rss_mb": 25.0,        # at most
 }
-
-
-# ---------------------------------------------------------------------------
-# small helpers shared by parent and children
-
-def _now() -> float:
-    return time.perf_counter()
-
-
-def _cpu() -> float:
-    """CPU seconds (user + system) of this process, all threads."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def _payload(i: int) -> bytes:
@@ -91,37 +64,12 @@ def _check_last(last: bytes, n: int, what: str) -> None:
                            f"(got {len(last)} bytes, counter {_PACK.unpack_from(last)[0]})")
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list."""
-    if not sorted_values:
-        return float("nan")
-    k = math.ceil(q / 100.0 * len(sorted_values)) - 1
-    return sorted_values[max(0, min(len(sorted_values) - 1, k))]
-
-
 def _latency_stats(samples_ns: list[int], cpu_s: float) -> dict[str, float]:
     us = sorted(s / 1000.0 for s in samples_ns)
     return {"round_trips": len(us), "ping_cpu_us": cpu_s / len(us) * 1e6,
-            "p50_us": _percentile(us, 50), "p90_us": _percentile(us, 90),
-            "p99_us": _percentile(us, 99), "min_us": us[0], "mean_us": statistics.fmean(us),
+            "p50_us": percentile(us, 50), "p90_us": percentile(us, 90),
+            "p99_us": percentile(us, 99), "min_us": us[0], "mean_us": statistics.fmean(us),
             "round_trips_per_s": 1e6 / statistics.fmean(us)}
-
-
-def free_udp_port() -> int:
-    """A UDP port nobody has bound (checked without SO_REUSE*), never 5670."""
-    for _ in range(200):
-        port = random.randint(20000, 60000)
-        if port == 5670:
-            continue
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            s.bind(("", port))
-        except OSError:
-            continue
-        finally:
-            s.close()
-        return port
-    raise RuntimeError("no free UDP port found")
 
 
 def _proc_net_bound(kind: str, port: int) -> list[str]:
@@ -137,64 +85,8 @@ def _proc_net_bound(kind: str, port: int) -> list[str]:
     return out
 
 
-def progress(text: str) -> None:
-    print(f"[{time.perf_counter() - _T0:6.1f}s] {text}", file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------------------
-# child side: every role runs in a fresh (spawned) process and talks to the
-# parent over a multiprocessing Pipe: ("ready", x), ("result", dict), ("error", tb)
-
-def _expect(conn: Any, what: str, timeout: float) -> None:
-    """Wait (blocking, bounded) for the parent's ``what`` command."""
-    if not conn.poll(timeout):
-        raise TimeoutError(f"no {what!r} from the parent within {timeout:.0f} s")
-    msg = conn.recv()
-    if msg != what:
-        raise RuntimeError(f"expected {what!r} from the parent, got {msg!r}")
-
-
-def _green_expect(conn: Any, what: str, timeout: float) -> None:
-    """Like ``_expect`` but lets the gevent hub (and the node's greenlets) run."""
-    import gevent.socket
-    if not conn.poll(0):
-        try:
-            gevent.socket.wait_read(conn.fileno(), timeout=timeout)
-        except TimeoutError:
-            raise TimeoutError(f"no {what!r} from the parent within {timeout:.0f} s") from None
-    msg = conn.recv()
-    if msg != what:
-        raise RuntimeError(f"expected {what!r} from the parent, got {msg!r}")
-
-
-def _child_main(role: str, conn: Any, kwargs: dict[str, Any]) -> None:
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it terminates us
-    profile = kwargs.pop("_profile", None)
-    try:
-        if profile:
-            import cProfile
-            prof = cProfile.Profile()
-            try:
-                result = prof.runcall(ROLES[role], conn, **kwargs)
-            finally:
-                prof.dump_stats(profile)
-        else:
-            result = ROLES[role](conn, **kwargs)
-        conn.send(("result", result))
-    except BaseException:
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except Exception:
-            pass
-    finally:
-        try:
-            conn.close()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)  # pyre's non-daemon threads would otherwise keep us alive
-
+# roles: each runs in a child process of its own (harness.Children.start)
 
 # --- raw pyzmq ------------------------------------------------------------
 
@@ -207,55 +99,55 @@ def _raw_socket(ctx: Any, kind: int) -> Any:
     return sock
 
 
-def role_raw_sink(conn: Any, n: int) -> dict[str, Any]:
+def role_raw_sink(parent: Parent, n: int) -> dict[str, Any]:
     import zmq
     ctx = zmq.Context()
     sock = _raw_socket(ctx, zmq.ROUTER)
     port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
-    conn.send(("ready", port))
+    parent.send("ready", port)
     recv = sock.recv
     frame = recv(copy=False)           # identity of the first message
-    t0, c0 = _now(), _cpu()
+    t0, c0 = now(), cpu()
     while frame.more:
         frame = recv(copy=False)
     for _ in range(n - 1):
         frame = recv(copy=False)       # identity
         while frame.more:
             frame = recv(copy=False)   # payload
-    t1, c1 = _now(), _cpu()
+    t1, c1 = now(), cpu()
     _check_last(frame.bytes, n, "raw sink")
     sock.close()
     return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
             "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6}
 
 
-def role_raw_source(conn: Any, port: int, n: int) -> dict[str, Any]:
+def role_raw_source(parent: Parent, port: int, n: int) -> dict[str, Any]:
     import zmq
     ctx = zmq.Context()
     sock = _raw_socket(ctx, zmq.DEALER)
     sock.connect(f"tcp://{LOOPBACK}:{port}")
-    conn.send(("ready", None))
-    _expect(conn, "go", 60)
+    parent.send("ready")
+    parent.expect("go", 60)
     send = sock.send
     pack, tail = _PACK.pack, _TAIL
-    t0, c0 = _now(), _cpu()
+    t0, c0 = now(), cpu()
     for i in range(n):
         send(pack(i) + tail)
-    t1 = _now()
-    _expect(conn, "stop", 600)
-    c1 = _cpu()
+    t1 = now()
+    parent.expect("stop", 600)
+    c1 = cpu()
     sock.close()
     return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
 
 
-def role_raw_echo(conn: Any, total: int, each_way: bool = False) -> dict[str, Any]:
+def role_raw_echo(parent: Parent, total: int, each_way: bool = False) -> dict[str, Any]:
     """Echo every message back to its sender: on the same connection, or (``each_way``,
     ZRE's shape) on a DEALER of its own, connected to the endpoint the first message names."""
     import zmq
     ctx = zmq.Context()
     sock = _raw_socket(ctx, zmq.ROUTER)
     port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
-    conn.send(("ready", port))
+    parent.send("ready", port)
     recv, send, more = sock.recv, sock.send, zmq.SNDMORE
     reply = None
     if each_way:
@@ -266,22 +158,22 @@ def role_raw_echo(conn: Any, total: int, each_way: bool = False) -> dict[str, An
     for i in range(total):
         ident = recv(copy=False)
         if i == 0:
-            c0 = _cpu()
+            c0 = cpu()
         body = recv(copy=False)
         if reply is None:
             send(ident, more, copy=False)
             send(body, copy=False)
         else:
             reply.send(body, copy=False)
-    c1 = _cpu()
-    _expect(conn, "stop", 60)
+    c1 = cpu()
+    parent.expect("stop", 60)
     sock.close()
     if reply is not None:
         reply.close()
     return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
 
 
-def role_raw_ping(conn: Any, port: int, n: int, warmup: int,
+def role_raw_ping(parent: Parent, port: int, n: int, warmup: int,
                   each_way: bool = False) -> dict[str, Any]:
     """Send and wait for the echo: on one DEALER, or (``each_way``) answered to a ROUTER
     of its own whose endpoint the first message names."""
@@ -292,11 +184,11 @@ def role_raw_ping(conn: Any, port: int, n: int, warmup: int,
     if each_way:
         inbox = _raw_socket(ctx, zmq.ROUTER)
         sock.send(f"tcp://{LOOPBACK}:{inbox.bind_to_random_port(f'tcp://{LOOPBACK}')}".encode())
-    conn.send(("ready", None))
-    _expect(conn, "go", 60)
+    parent.send("ready")
+    parent.expect("go", 60)
     send, recv, clock = sock.send, inbox.recv, time.perf_counter_ns
     samples = []
-    c0 = _cpu()
+    c0 = cpu()
     for i in range(warmup + n):
         msg = _payload(i)
         t = clock()
@@ -308,12 +200,12 @@ def role_raw_ping(conn: Any, port: int, n: int, warmup: int,
         if i >= warmup:
             samples.append(dt)
         elif i == warmup - 1:
-            c0 = _cpu()
+            c0 = cpu()
     _check_last(frame.bytes, warmup + n, "raw ping")
     sock.close()
     if inbox is not sock:
         inbox.close()
-    return _latency_stats(samples, _cpu() - c0)
+    return _latency_stats(samples, cpu() - c0)
 
 
 # --- peermesh --------------------------------------------------------------
@@ -321,14 +213,14 @@ def role_raw_ping(conn: Any, port: int, n: int, warmup: int,
 def _pm_node(name: str, beacon_port: int, threaded: bool = False) -> Any:
     from peermesh import Node, ThreadedNode
     cls = ThreadedNode if threaded else Node
-    return cls(name, interface="lo", port=beacon_port).start()
+    return cls(name, interface=INTERFACE, port=beacon_port).start()
 
 
 def _pm_wait_enter(node: Any, timeout: float) -> Any:
     from peermesh import EventType
-    deadline = _now() + timeout
+    deadline = now() + timeout
     while True:
-        remaining = deadline - _now()
+        remaining = deadline - now()
         if remaining <= 0:
             raise TimeoutError(f"no ENTER within {timeout} s")
         event = node.recv(remaining)
@@ -336,13 +228,14 @@ def _pm_wait_enter(node: Any, timeout: float) -> Any:
             return event
 
 
-def role_pm_sink(conn: Any, beacon_port: int, n: int, threaded: bool = False) -> dict[str, Any]:
+def role_pm_sink(parent: Parent, beacon_port: int, n: int,
+                 threaded: bool = False) -> dict[str, Any]:
     from peermesh import EventType
     WHISPER, EXIT = EventType.WHISPER, EventType.EXIT
     node = _pm_node("bench-sink", beacon_port, threaded)
     try:
         _pm_wait_enter(node, 15)
-        conn.send(("ready", None))
+        parent.send("ready")
         recv = node.recv
         count = 0
         t0 = c0 = 0.0
@@ -353,12 +246,12 @@ def role_pm_sink(conn: Any, beacon_port: int, n: int, threaded: bool = False) ->
                 raise RuntimeError(f"no event for 15 s after {count} of {n} WHISPERs")
             if event.type is WHISPER:
                 if count == 0:
-                    t0, c0 = _now(), _cpu()
+                    t0, c0 = now(), cpu()
                 count += 1
                 last = event
             elif event.type is EXIT:
                 raise RuntimeError(f"peer exited after {count} of {n} WHISPERs: {event.reason}")
-        t1, c1 = _now(), _cpu()
+        t1, c1 = now(), cpu()
         assert last is not None
         if len(last.frames) != 1:
             raise RuntimeError(f"a WHISPER event carried {len(last.frames)} frames, not 1")
@@ -373,44 +266,44 @@ def _send_numbered(whisper: Callable[[Any, bytes], Any], peer: Any, n: int,
                    until_stop: Callable[[], None]) -> dict[str, Any]:
     """Whisper ``n`` numbered payloads, then wait for "stop": send time and CPU per message."""
     pack, tail = _PACK.pack, _TAIL
-    t0, c0 = _now(), _cpu()
+    t0, c0 = now(), cpu()
     for i in range(n):
         whisper(peer, pack(i) + tail)
-    t1 = _now()
+    t1 = now()
     until_stop()
-    return {"send_seconds": t1 - t0, "tx_cpu_us": (_cpu() - c0) / n * 1e6}
+    return {"send_seconds": t1 - t0, "tx_cpu_us": (cpu() - c0) / n * 1e6}
 
 
-def role_pm_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pm_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pm_node("bench-source", beacon_port)
     try:
         peer = _pm_wait_enter(node, 15).peer
-        conn.send(("ready", None))
-        _green_expect(conn, "go", 60)
+        parent.send("ready")
+        parent.expect("go", 60, green=True)
         # the hub keeps flushing the backlog until "stop"
-        return _send_numbered(node.whisper, peer, n, lambda: _green_expect(conn, "stop", 600))
+        return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600, green=True))
     finally:
         node.stop(0.5)
 
 
-def role_pm_threaded_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pm_threaded_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pm_node("bench-threaded-source", beacon_port, threaded=True)
     try:
         peer = _pm_wait_enter(node, 15).peer
-        conn.send(("ready", None))
-        _expect(conn, "go", 60)
-        return _send_numbered(node.whisper, peer, n, lambda: _expect(conn, "stop", 600))
+        parent.send("ready")
+        parent.expect("go", 60)
+        return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600))
     finally:
         node.stop(0.5)
 
 
-def role_pm_echo(conn: Any, beacon_port: int, total: int) -> dict[str, Any]:
+def role_pm_echo(parent: Parent, beacon_port: int, total: int) -> dict[str, Any]:
     from peermesh import EventType
     WHISPER = EventType.WHISPER
     node = _pm_node("bench-echo", beacon_port)
     try:
         _pm_wait_enter(node, 15)
-        conn.send(("ready", None))
+        parent.send("ready")
         recv, whisper = node.recv, node.whisper
         count = 0
         c0 = 0.0
@@ -420,28 +313,28 @@ def role_pm_echo(conn: Any, beacon_port: int, total: int) -> dict[str, Any]:
                 raise RuntimeError(f"no event for 15 s after {count} echoes")
             if event.type is WHISPER:
                 if count == 0:
-                    c0 = _cpu()
+                    c0 = cpu()
                 whisper(event.peer, *event.frames)
                 count += 1
-        c1 = _cpu()
-        _green_expect(conn, "stop", 60)
+        c1 = cpu()
+        parent.expect("stop", 60, green=True)
         return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
     finally:
         node.stop(0.5)
 
 
-def role_pm_ping(conn: Any, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
+def role_pm_ping(parent: Parent, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
     from peermesh import EventType
     WHISPER = EventType.WHISPER
     node = _pm_node("bench-ping", beacon_port)
     try:
         peer = _pm_wait_enter(node, 15).peer
-        conn.send(("ready", None))
-        _green_expect(conn, "go", 60)
+        parent.send("ready")
+        parent.expect("go", 60, green=True)
         recv, whisper, clock = node.recv, node.whisper, time.perf_counter_ns
         samples = []
         event = None
-        c0 = _cpu()
+        c0 = cpu()
         for i in range(warmup + n):
             msg = _payload(i)
             t = clock()
@@ -456,31 +349,31 @@ def role_pm_ping(conn: Any, beacon_port: int, n: int, warmup: int) -> dict[str, 
             if i >= warmup:
                 samples.append(dt)
             elif i == warmup - 1:
-                c0 = _cpu()
+                c0 = cpu()
         assert event is not None
         _check_last(event.frames[0], warmup + n, "peermesh ping")
-        return _latency_stats(samples, _cpu() - c0)
+        return _latency_stats(samples, cpu() - c0)
     finally:
         node.stop(0.5)
 
 
-def role_pm_peer(conn: Any, beacon_port: int, threaded: bool = False) -> dict[str, Any]:
+def role_pm_peer(parent: Parent, beacon_port: int, threaded: bool = False) -> dict[str, Any]:
     """A peer that just stays up (and idle) until told to stop; reports its idle cost."""
     node = _pm_node("bench-peer", beacon_port, threaded)
     try:
-        conn.send(("ready", None))
-        t0, c0 = _now(), _cpu()
+        parent.send("ready")
+        t0, c0 = now(), cpu()
         if threaded:
-            _expect(conn, "stop", 600)
+            parent.expect("stop", 600)
         else:
-            _green_expect(conn, "stop", 600)
-        t1, c1 = _now(), _cpu()
-        return {"cpu_pct": (c1 - c0) / (t1 - t0) * 100.0, "rss_mb": _rss_mb()}
+            parent.expect("stop", 600, green=True)
+        t1, c1 = now(), cpu()
+        return {"cpu_pct": (c1 - c0) / (t1 - t0) * 100.0, "rss_mb": rss_mb()}
     finally:
         node.stop(0.5)
 
 
-def role_pm_enter_probe(conn: Any, beacon_port: int, tries: int) -> dict[str, Any]:
+def role_pm_enter_probe(parent: Parent, beacon_port: int, tries: int) -> dict[str, Any]:
     """Start fresh nodes next to a running peer; time start() and start()->first ENTER."""
     import gevent
     from peermesh import Node, ThreadedNode
@@ -488,13 +381,13 @@ def role_pm_enter_probe(conn: Any, beacon_port: int, tries: int) -> dict[str, An
     for label, cls in (("node", Node), ("threaded", ThreadedNode)):
         start_ms, enter_ms = [], []
         for k in range(tries):
-            node = cls(f"probe-{label}-{k}", interface="lo", port=beacon_port)
-            a = _now()
+            node = cls(f"probe-{label}-{k}", interface=INTERFACE, port=beacon_port)
+            a = now()
             node.start()
-            b = _now()
+            b = now()
             try:
                 _pm_wait_enter(node, 5)
-                c = _now()
+                c = now()
             finally:
                 node.stop(0.2)
             start_ms.append((b - a) * 1e3)
@@ -562,9 +455,9 @@ def _pyre_recv(node: Any, timeout: float) -> Optional[list[bytes]]:
 
 def _pyre_wait_enter(node: Any, timeout: float) -> Any:
     import uuid
-    deadline = _now() + timeout
+    deadline = now() + timeout
     while True:
-        remaining = deadline - _now()
+        remaining = deadline - now()
         if remaining <= 0:
             raise TimeoutError(f"pyre: no ENTER within {timeout} s")
         parts = _pyre_recv(node, remaining)
@@ -572,12 +465,12 @@ def _pyre_wait_enter(node: Any, timeout: float) -> Any:
             return uuid.UUID(bytes=parts[1])
 
 
-def role_pyre_sink(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pyre_sink(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pyre_node("pyre-sink", beacon_port)
     _pyre_wait_enter(node, 15)
     check = {"endpoint": node.endpoint(), "udp_bound": sorted(set(_proc_net_bound("udp",
                                                                                   beacon_port)))}
-    conn.send(("ready", check))
+    parent.send("ready", check)
     sock = node.socket()
     poll, recv = sock.poll, node.recv
     count = 0
@@ -591,31 +484,31 @@ def role_pyre_sink(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
         kind = parts[0]
         if kind == b"WHISPER":
             if count == 0:
-                t0, c0 = _now(), _cpu()
+                t0, c0 = now(), cpu()
             count += 1
             last = parts
         elif kind == b"EXIT":
             raise RuntimeError(f"pyre: peer exited after {count} of {n} WHISPERs")
-    t1, c1 = _now(), _cpu()
+    t1, c1 = now(), cpu()
     assert last is not None
     _check_last(last[3], n, "pyre sink")
     return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
             "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6, "loopback": check}
 
 
-def role_pyre_source(conn: Any, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pyre_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
     node = _pyre_node("pyre-source", beacon_port)
     peer = _pyre_wait_enter(node, 15)
-    conn.send(("ready", None))
-    _expect(conn, "go", 60)
-    return _send_numbered(node.whisper, peer, n, lambda: _expect(conn, "stop", 600))
+    parent.send("ready")
+    parent.expect("go", 60)
+    return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600))
 
 
-def role_pyre_echo(conn: Any, beacon_port: int, total: int) -> dict[str, Any]:
+def role_pyre_echo(parent: Parent, beacon_port: int, total: int) -> dict[str, Any]:
     import uuid
     node = _pyre_node("pyre-echo", beacon_port)
     _pyre_wait_enter(node, 15)
-    conn.send(("ready", None))
+    parent.send("ready")
     count = 0
     c0 = 0.0
     while count < total:
@@ -624,24 +517,24 @@ def role_pyre_echo(conn: Any, beacon_port: int, total: int) -> dict[str, Any]:
             raise RuntimeError(f"pyre: no event for 15 s after {count} echoes")
         if parts[0] == b"WHISPER":
             if count == 0:
-                c0 = _cpu()
+                c0 = cpu()
             node.whisper(uuid.UUID(bytes=parts[1]), parts[3])
             count += 1
-    c1 = _cpu()
-    _expect(conn, "stop", 60)
+    c1 = cpu()
+    parent.expect("stop", 60)
     return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
 
 
-def role_pyre_ping(conn: Any, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
+def role_pyre_ping(parent: Parent, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
     node = _pyre_node("pyre-ping", beacon_port)
     peer = _pyre_wait_enter(node, 15)
-    conn.send(("ready", None))
-    _expect(conn, "go", 60)
+    parent.send("ready")
+    parent.expect("go", 60)
     sock = node.socket()
     clock = time.perf_counter_ns
     samples = []
     parts: list[bytes] = []
-    c0 = _cpu()
+    c0 = cpu()
     for i in range(warmup + n):
         msg = _payload(i)
         t = clock()
@@ -656,171 +549,103 @@ def role_pyre_ping(conn: Any, beacon_port: int, n: int, warmup: int) -> dict[str
         if i >= warmup:
             samples.append(dt)
         elif i == warmup - 1:
-            c0 = _cpu()
+            c0 = cpu()
     _check_last(parts[3], warmup + n, "pyre ping")
-    return _latency_stats(samples, _cpu() - c0)
+    return _latency_stats(samples, cpu() - c0)
 
 
-def role_pyre_peer(conn: Any, beacon_port: int) -> dict[str, Any]:
+def role_pyre_peer(parent: Parent, beacon_port: int) -> dict[str, Any]:
     _pyre_node("pyre-peer", beacon_port)
-    conn.send(("ready", None))
-    _expect(conn, "stop", 600)
+    parent.send("ready")
+    parent.expect("stop", 600)
     return {}
 
 
-ROLES: dict[str, Callable[..., dict[str, Any]]] = {
-    name[len("role_"):]: fn for name, fn in list(globals().items()) if name.startswith("role_")
-}
-
-
 # ---------------------------------------------------------------------------
-# parent side
-
-class ChildFailed(RuntimeError):
-    pass
-
-
-class Child:
-    """One spawned role, with bounded waits on its messages."""
-
-    def __init__(self, mp: Any, role: str, kwargs: dict[str, Any]) -> None:
-        self.role = role
-        self.conn, child_conn = mp.Pipe()
-        self.process = mp.Process(target=_child_main, args=(role, child_conn, kwargs),
-                                  name=f"bench-{role}", daemon=True)
-        self.process.start()
-        child_conn.close()
-
-    def expect(self, kind: str, timeout: float) -> Any:
-        deadline = _now() + timeout
-        while True:
-            remaining = deadline - _now()
-            if remaining <= 0 or not self.conn.poll(remaining):
-                alive = self.process.is_alive()
-                raise TimeoutError(f"{self.role}: no {kind!r} within {timeout:.0f} s "
-                                   f"({'still running' if alive else 'exited'})")
-            try:
-                tag, value = self.conn.recv()
-            except EOFError:
-                raise ChildFailed(f"{self.role} died (exit code {self.process.exitcode})") from None
-            if tag == "error":
-                raise ChildFailed(f"{self.role} failed:\n{value}")
-            if tag == kind:
-                return value
-
-    def send(self, msg: str) -> None:
-        try:
-            self.conn.send(msg)
-        except (BrokenPipeError, OSError):
-            pass
-
-    def close(self) -> None:
-        p = self.process
-        if p.is_alive():
-            p.join(0.5)
-        if p.is_alive():
-            p.terminate()
-            p.join(3)
-        if p.is_alive():
-            p.kill()
-            p.join(3)
-        self.conn.close()
-
-
-class Children(contextlib.AbstractContextManager["Children"]):
-    """Starts roles in spawned processes; terminates every one of them on exit."""
-
-    def __init__(self) -> None:
-        self.mp = multiprocessing.get_context("spawn")
-        self.children: list[Child] = []
-
-    def spawn(self, role: str, **kwargs: Any) -> Child:
-        child = Child(self.mp, role, kwargs)
-        self.children.append(child)
-        return child
-
-    def __exit__(self, *exc: object) -> None:
-        for child in self.children:
-            child.send("stop")
-        for child in self.children:
-            try:
-                child.close()
-            except Exception:
-                pass
-
+# tests: each starts its processes and ends them all
 
 def _result_timeout(n: int) -> float:
     return 30.0 + n / 2000.0  # even at 2,000 msg/s a run ends in time
 
 
-def bench_throughput(kind: str, n: int, profile_dir: Optional[str] = None) -> dict[str, Any]:
+def _profile(profile_dir: Optional[str], name: str) -> dict[str, str]:
+    return {"_profile": os.path.join(profile_dir, f"{name}.prof")} if profile_dir else {}
+
+
+def bench_throughput(kind: str, n: int, code: Optional[str] = None,
+                     profile_dir: Optional[str] = None) -> dict[str, Any]:
+    """``kind``: raw, peermesh, threaded or pyre; peermesh from ``code``."""
     with Children() as kids:
         if kind == "raw":
-            sink = kids.spawn("raw_sink", n=n)
-            port = sink.expect("ready", 30)
-            source = kids.spawn("raw_source", port=port, n=n)
-            source.expect("ready", 30)
+            sink = kids.start("bench_mesh", "raw_sink", n=n)
+            source = kids.start("bench_mesh", "raw_source", port=sink.expect("ready", 30), n=n)
             extra: dict[str, Any] = {}
         else:
             bp = free_udp_port()
             sink_role, source_role = {"peermesh": ("pm_sink", "pm_source"),
                                       "threaded": ("pm_sink", "pm_threaded_source"),
                                       "pyre": ("pyre_sink", "pyre_source")}[kind]
-            sink_kw: dict[str, Any] = {"beacon_port": bp, "n": n}
-            source_kw: dict[str, Any] = {"beacon_port": bp, "n": n}
-            if profile_dir and kind == "peermesh":
-                sink_kw["_profile"] = os.path.join(profile_dir, "sink.prof")
-                source_kw["_profile"] = os.path.join(profile_dir, "source.prof")
-            sink = kids.spawn(sink_role, **sink_kw)
-            source = kids.spawn(source_role, **source_kw)
+            sink = kids.start("bench_mesh", sink_role, code, beacon_port=bp, n=n,
+                              **_profile(profile_dir, "sink"))
+            source = kids.start("bench_mesh", source_role, code, beacon_port=bp, n=n,
+                                **_profile(profile_dir, "source"))
             extra = {"beacon_port": bp}
             check = sink.expect("ready", 30)
             if check:
                 extra["pyre_loopback"] = check
-            source.expect("ready", 30)
+        source.expect("ready", 30)
         source.send("go")
         rx = sink.expect("result", _result_timeout(n))
         source.send("stop")
         tx = source.expect("result", 30)
-        return {**rx, **tx, **extra}
+    progress(f"  {rx['rate']:,.0f} msg/s (rx {rx['rx_cpu_us']:.1f} us CPU/msg, "
+             f"tx {tx['tx_cpu_us']:.1f} us CPU/msg)")
+    return {**rx, **tx, **extra}
 
 
-def bench_latency(kind: str, n: int, warmup: int,
+def bench_latency(kind: str, n: int, warmup: int, code: Optional[str] = None,
                   profile_dir: Optional[str] = None) -> dict[str, Any]:
+    """``kind``: raw, raw_each_way, peermesh or pyre; peermesh from ``code``."""
     total = n + warmup
     with Children() as kids:
         if kind in ("raw", "raw_each_way"):
             each_way = kind == "raw_each_way"
-            echo = kids.spawn("raw_echo", total=total, each_way=each_way)
+            echo = kids.start("bench_mesh", "raw_echo", total=total, each_way=each_way)
             port = echo.expect("ready", 30)
-            ping = kids.spawn("raw_ping", port=port, n=n, warmup=warmup, each_way=each_way)
+            ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup,
+                              each_way=each_way)
         else:
             bp = free_udp_port()
             prefix = "pm" if kind == "peermesh" else "pyre"
-            echo_kw: dict[str, Any] = {"beacon_port": bp, "total": total}
-            ping_kw: dict[str, Any] = {"beacon_port": bp, "n": n, "warmup": warmup}
-            if profile_dir and kind == "peermesh":
-                echo_kw["_profile"] = os.path.join(profile_dir, "echo.prof")
-                ping_kw["_profile"] = os.path.join(profile_dir, "ping.prof")
-            echo = kids.spawn(f"{prefix}_echo", **echo_kw)
-            ping = kids.spawn(f"{prefix}_ping", **ping_kw)
+            echo = kids.start("bench_mesh", f"{prefix}_echo", code, beacon_port=bp,
+                              total=total, **_profile(profile_dir, "echo"))
+            ping = kids.start("bench_mesh", f"{prefix}_ping", code, beacon_port=bp, n=n,
+                              warmup=warmup, **_profile(profile_dir, "ping"))
             echo.expect("ready", 30)
         ping.expect("ready", 30)
         other = busy_pct(0.3)  # both processes wait for "go": any CPU use is other work
         ping.send("go")
         result = ping.expect("result", 30 + total / 200.0)
         echo.send("stop")
-        return {**result, **echo.expect("result", 15), "other_cpu_pct": other}
+        result.update(echo.expect("result", 15), other_cpu_pct=other)
+    progress(f"  p50 {result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us (CPU per round "
+             f"trip: ping {result['ping_cpu_us']:.0f} us, echo {result['echo_cpu_us']:.0f} us)")
+    return result
 
 
 def bench_enter(tries: int) -> dict[str, Any]:
     bp = free_udp_port()
     with Children() as kids:
-        peer = kids.spawn("pm_peer", beacon_port=bp)
-        peer.expect("ready", 30)
+        kids.start("bench_mesh", "pm_peer", beacon_port=bp).expect("ready", 30)
         time.sleep(0.3)  # the peer is up and beaconing
-        probe = kids.spawn("pm_enter_probe", beacon_port=bp, tries=tries)
+        probe = kids.start("bench_mesh", "pm_enter_probe", beacon_port=bp, tries=tries)
         return probe.expect("result", 30 + tries * 12)
+
+
+def _bare_env() -> dict[str, str]:
+    """No PYTHON* variables but the path to this checkout's peermesh."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return {**env, "PYTHONPATH": REPO}
 
 
 def bench_import(runs: int) -> dict[str, Any]:
@@ -829,7 +654,7 @@ def bench_import(runs: int) -> dict[str, Any]:
     code = ("import time; t = time.perf_counter(); from peermesh import Node; "
             "print(time.perf_counter() - t)")
     times = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env = _bare_env()
     for _ in range(runs):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=60, env=env, check=True)
@@ -853,9 +678,7 @@ def bench_import(runs: int) -> dict[str, Any]:
     top.sort(reverse=True)
     return {"import_ms": times, "import_ms_median": statistics.median(times),
             "heaviest_packages_ms": [[round(ms, 1), name] for ms, name in top[:8]]}
-
-
-# The idle node runs in a minimal interpreter (not a multiprocessing child, whose
+# The idle node runs in a minimal interpreter (not a harness child, whose
 # own imports would inflate RSS): just the library, one node, one peer elsewhere.
 _IDLE_SCRIPT = r"""
 import glob, json, os, resource, sys, time
@@ -931,28 +754,23 @@ def _idle_script() -> str:
     return _IDLE_SCRIPT % {"pyre_patch": patch}
 
 
-def _run_idle(kind: str, beacon_port: int, seconds: float,
+def _run_idle(kids: Children, kind: str, beacon_port: int, seconds: float,
               no_site: bool = False) -> "subprocess.Popen[str]":
     """The idle child; ``no_site``: ``python -S`` (no ``.pth`` files run) with the same path."""
-    flags, env = [], None
+    flags, env = [], dict(os.environ)
     if no_site:
         import peermesh
         import site
         root = os.path.dirname(os.path.dirname(os.path.abspath(peermesh.__file__)))
         flags, env = ["-S"], dict(os.environ,
                                   PYTHONPATH=os.pathsep.join([root, *site.getsitepackages()]))
-    return subprocess.Popen([sys.executable, *flags, "-c", _idle_script(), kind,
-                             str(beacon_port), str(seconds)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return kids.popen([sys.executable, *flags, "-c", _idle_script(), kind, str(beacon_port),
+                       str(seconds)], env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True).process
 
 
 def _finish_idle(proc: "subprocess.Popen[str]", timeout: float) -> dict[str, Any]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+    out, err = proc.communicate(timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"idle node failed (exit {proc.returncode}): {err.strip()[-800:]}")
     return json.loads(out.strip().splitlines()[-1])
@@ -960,43 +778,28 @@ def _finish_idle(proc: "subprocess.Popen[str]", timeout: float) -> dict[str, Any
 
 def bench_idle(seconds: float, with_pyre: bool) -> dict[str, Any]:
     """An idle node with one peer, in a minimal interpreter; pyre alongside (both idle)."""
-    procs: list[tuple[str, subprocess.Popen[str]]] = []
     with Children() as kids:
-        try:
-            bp = free_udp_port()
-            kids.spawn("pm_peer", beacon_port=bp).expect("ready", 30)
-            procs.append(("peermesh", _run_idle("peermesh", bp, seconds)))
-            # Site .pth files run in every interpreter (on this VM one loads certifi,
-            # ~4 MB): the same node without them shows what peermesh itself costs.
-            bp3 = free_udp_port()
-            kids.spawn("pm_peer", beacon_port=bp3).expect("ready", 30)
-            procs.append(("peermesh_no_site", _run_idle("peermesh", bp3, seconds, True)))
-            if with_pyre:  # idle processes: measuring both at once disturbs neither
-                bp2 = free_udp_port()
-                kids.spawn("pyre_peer", beacon_port=bp2).expect("ready", 30)
-                procs.append(("pyre", _run_idle("pyre", bp2, seconds)))
-            result: dict[str, Any] = {}
-            for kind, proc in procs:
-                try:
-                    result[kind] = _finish_idle(proc, seconds + 40)
-                except Exception as exc:
-                    if kind == "peermesh":
-                        raise
-                    result[kind] = {"error": str(exc)}
-            return result
-        finally:
-            for _, proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(5)
-
-
-def _median_trial(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """The run whose ``key`` is the median (lower middle), with every run's ``key`` listed."""
-    ordered = sorted(runs, key=lambda r: r[key])
-    chosen = dict(ordered[(len(ordered) - 1) // 2])
-    chosen["trials"] = [r[key] for r in runs]
-    return chosen
+        bp = free_udp_port()
+        kids.start("bench_mesh", "pm_peer", beacon_port=bp).expect("ready", 30)
+        procs = [("peermesh", _run_idle(kids, "peermesh", bp, seconds))]
+        # Site .pth files run in every interpreter (on this VM one loads certifi,
+        # ~4 MB): the same node without them shows what peermesh itself costs.
+        bp3 = free_udp_port()
+        kids.start("bench_mesh", "pm_peer", beacon_port=bp3).expect("ready", 30)
+        procs.append(("peermesh_no_site", _run_idle(kids, "peermesh", bp3, seconds, True)))
+        if with_pyre:  # idle processes: measuring both at once disturbs neither
+            bp2 = free_udp_port()
+            kids.start("bench_mesh", "pyre_peer", beacon_port=bp2).expect("ready", 30)
+            procs.append(("pyre", _run_idle(kids, "pyre", bp2, seconds)))
+        result: dict[str, Any] = {}
+        for kind, proc in procs:
+            try:
+                result[kind] = _finish_idle(proc, seconds + 40)
+            except Exception as exc:
+                if kind == "peermesh":
+                    raise
+                result[kind] = {"error": str(exc)}
+        return result
 
 
 def pyre_available() -> tuple[bool, str]:
@@ -1011,24 +814,6 @@ def pyre_available() -> tuple[bool, str]:
 # ---------------------------------------------------------------------------
 # report
 
-def _fmt(value: Any, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    if value != value:  # nan
-        return "n/a"
-    if unit == "int" or abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 100:
-        return f"{value:.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3f}"
-
-
 def _get(results: dict[str, Any], *path: str) -> Any:
     node: Any = results
     for key in path:
@@ -1038,110 +823,108 @@ def _get(results: dict[str, Any], *path: str) -> Any:
     return node
 
 
-def _ratio(a: Any, b: Any) -> Optional[float]:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
-        return a / b
-    return None
+def render(r: dict[str, Any]) -> str:
+    base = "baseline" in r["meta"]
+    head = ["measure", "raw pyzmq", "peermesh", *(["baseline"] if base else []), "pyre",
+            "pm/raw", "target", "pm/pyre", *(["pm/base"] if base else [])]
+    rows: list[list[Any]] = []
 
-
-def _verdict(value: Optional[float], target: float, at_least: bool) -> str:
-    if value is None:
-        return "-"
-    ok = value >= target if at_least else value <= target
-    return ("PASS" if ok else "MISS") + f" ({'>=' if at_least else '<='}{_fmt(target)})"
-
-
-def render(results: dict[str, Any]) -> str:
-    r = results
-    rows: list[list[str]] = []
-    head = ["measure", "raw pyzmq", "peermesh", "pyre", "pm/raw", "target", "pm/pyre"]
-
-    def row(label: str, raw: Any, pm: Any, pyre: Any, ratio: Any = None, verdict: str = "",
-            vs_pyre: Any = None) -> None:
+    def row(label: str, raw: Any, pm: Any, pyre: Any, pm_raw: Any = None, target: str = "",
+            pm_pyre: Any = None, baseline: Any = None, pm_base: Any = None) -> None:
         if raw is None and pm is None and pyre is None:
             return  # that test was not run (or failed: see the errors below)
-        rows.append([label, _fmt(raw), _fmt(pm), _fmt(pyre),
-                     _fmt(ratio) if ratio is not None else "", verdict,
-                     _fmt(vs_pyre) if vs_pyre is not None else ""])
+        cells = [label, raw, pm, *([baseline] if base else []), pyre,
+                 "" if pm_raw is None else pm_raw, target, "" if pm_pyre is None else pm_pyre,
+                 *(["" if pm_base is None else pm_base] if base else [])]
+        rows.append(cells)
 
     def three(section: str, key: str) -> list[Any]:
         return [_get(r, section, k, key) for k in ("raw", "peermesh", "pyre")]
 
+    def vs_base(section: str, key: str, median_ratio: str = "") -> dict[str, Any]:
+        value = _get(r, section, "baseline", key)
+        pm_base = _get(r, section, median_ratio) if median_ratio else None
+        return {"baseline": value,
+                "pm_base": pm_base if pm_base is not None
+                else ratio(_get(r, section, "peermesh", key), value)}
+
     tr, tp, ty = three("throughput", "rate")
-    ratio = _get(r, "throughput", "ratio_peermesh_raw")
-    if ratio is None:
-        ratio = _ratio(tp, tr)
-    row("one-way throughput, msg/s", tr, tp, ty, ratio,
-        _verdict(ratio, TARGETS["throughput_ratio"], True), _ratio(tp, ty))
-    row("  receiver CPU, us/msg", *three("throughput", "rx_cpu_us"))
-    row("  sender CPU, us/msg", *three("throughput", "tx_cpu_us"))
+    pm_raw = _get(r, "throughput", "ratio_peermesh_raw") or ratio(tp, tr)
+    row("one-way throughput, msg/s", tr, tp, ty, pm_raw,
+        verdict(pm_raw, TARGETS["throughput_ratio"], True), ratio(tp, ty),
+        **vs_base("throughput", "rate", "ratio_peermesh_baseline"))
+    row("  receiver CPU, us/msg", *three("throughput", "rx_cpu_us"),
+        **vs_base("throughput", "rx_cpu_us"))
+    row("  sender CPU, us/msg", *three("throughput", "tx_cpu_us"),
+        **vs_base("throughput", "tx_cpu_us"))
     tt = _get(r, "throughput", "threaded", "rate")
-    row("ThreadedNode->Node, msg/s", None, tt, None, _ratio(tt, tr))
+    tb = _get(r, "throughput", "threaded_baseline", "rate")
+    row("ThreadedNode->Node, msg/s", None, tt, None, ratio(tt, tr), baseline=tb,
+        pm_base=ratio(tt, tb))
     row("  ThreadedNode sender CPU, us/msg", None,
-        _get(r, "throughput", "threaded", "tx_cpu_us"), None)
+        _get(r, "throughput", "threaded", "tx_cpu_us"), None,
+        baseline=_get(r, "throughput", "threaded_baseline", "tx_cpu_us"))
     lr, lp, ly = three("latency", "p50_us")
-    ratio = _get(r, "latency", "ratio_p50_peermesh_raw")
-    if ratio is None:
-        ratio = _ratio(lp, lr)
-    row("round trip p50, us", lr, lp, ly, ratio,
-        _verdict(ratio, TARGETS["latency_p50_ratio"], False), _ratio(lp, ly))
+    pm_raw = _get(r, "latency", "ratio_p50_peermesh_raw") or ratio(lp, lr)
+    row("round trip p50, us", lr, lp, ly, pm_raw,
+        verdict(pm_raw, TARGETS["latency_p50_ratio"], False), ratio(lp, ly),
+        **vs_base("latency", "p50_us", "ratio_p50_peermesh_baseline"))
     row("  raw with a connection each way (ZRE's shape), p50 us",
         _get(r, "latency", "raw_each_way", "p50_us"), lp, None,
         _get(r, "latency", "ratio_p50_peermesh_raw_each_way"))
     lr9, lp9, ly9 = three("latency", "p99_us")
-    row("round trip p99, us", lr9, lp9, ly9, _ratio(lp9, lr9), "", _ratio(lp9, ly9))
+    row("round trip p99, us", lr9, lp9, ly9, ratio(lp9, lr9), "", ratio(lp9, ly9),
+        **vs_base("latency", "p99_us"))
     c1, c2, c3 = three("latency", "ping_cpu_us")
-    row("  CPU per round trip (pinger), us", c1, c2, c3, _ratio(c2, c1), "", _ratio(c2, c3))
-    row("  other work on the machine, % of a core", *three("latency", "other_cpu_pct"))
+    row("  CPU per round trip (pinger), us", c1, c2, c3, ratio(c2, c1), "", ratio(c2, c3),
+        **vs_base("latency", "ping_cpu_us"))
+    o1, o2, o3 = three("latency", "other_cpu_pct")
+    row("  other work on the machine, % of a core", o1, o2, o3,
+        baseline=_get(r, "latency", "baseline", "other_cpu_pct"))
     em = _get(r, "enter", "node", "enter_ms_median")
     row("start->first ENTER, ms (median)", None, em, None, None,
-        _verdict(em, TARGETS["enter_ms"], False))
+        verdict(em, TARGETS["enter_ms"], False))
     row("  ThreadedNode start->ENTER, ms", None, _get(r, "enter", "threaded", "enter_ms_median"),
         None)
     row("  start() itself, ms (median)", None, _get(r, "enter", "node", "start_ms_median"), None)
     im = _get(r, "import", "import_ms_median")
     row("import peermesh (with Node), ms", None, im, None, None,
-        _verdict(im, TARGETS["import_ms"], False))
+        verdict(im, TARGETS["import_ms"], False))
     ic, yc = _get(r, "idle", "peermesh", "cpu_pct"), _get(r, "idle", "pyre", "cpu_pct")
     row("idle node + 1 peer, CPU %", None, ic, yc, None,
-        _verdict(ic, TARGETS["idle_cpu_pct"], False))
-    row("  wakeups per second", None, _get(r, "idle", "peermesh", "wakeups_per_s"),
-        _get(r, "idle", "pyre", "wakeups_per_s"))
-    row("  CPU per wakeup, us", None, _get(r, "idle", "peermesh", "cpu_us_per_wakeup"),
-        _get(r, "idle", "pyre", "cpu_us_per_wakeup"))
+        verdict(ic, TARGETS["idle_cpu_pct"], False))
+    for label, key in (("  wakeups per second", "wakeups_per_s"),
+                       ("  CPU per wakeup, us", "cpu_us_per_wakeup")):
+        row(label, None, _get(r, "idle", "peermesh", key), _get(r, "idle", "pyre", key))
     irss, yrss = _get(r, "idle", "peermesh", "rss_mb"), _get(r, "idle", "pyre", "rss_mb")
     row("idle node + 1 peer, RSS MB", None, irss, yrss, None,
-        _verdict(irss, TARGETS["idle_rss_mb"], False))
-    row("  interpreter alone, RSS MB", None, _get(r, "idle", "peermesh", "rss_interpreter_mb"),
-        _get(r, "idle", "pyre", "rss_interpreter_mb"))
-    row("  after import, RSS MB", None, _get(r, "idle", "peermesh", "rss_after_import_mb"),
-        _get(r, "idle", "pyre", "rss_after_import_mb"))
+        verdict(irss, TARGETS["idle_rss_mb"], False))
+    for label, key in (("  interpreter alone, RSS MB", "rss_interpreter_mb"),
+                       ("  after import, RSS MB", "rss_after_import_mb")):
+        row(label, None, _get(r, "idle", "peermesh", key), _get(r, "idle", "pyre", key))
     row("  without site .pth files (-S), RSS MB", None,
         _get(r, "idle", "peermesh_no_site", "rss_mb"), None)
     row("    interpreter alone (-S), RSS MB", None,
         _get(r, "idle", "peermesh_no_site", "rss_interpreter_mb"), None)
 
-    lines = []
     meta = r["meta"]
-    lines.append(f"peermesh benchmark: {PAYLOAD}-byte payloads, loopback only; one way "
-                 f"{meta['messages']:,} messages (pyre {meta['pyre_messages']:,}, ThreadedNode "
-                 f"{meta['threaded_messages']:,}); {meta['round_trips']:,} round trips after "
-                 f"{meta['warmup']:,} warm-up")
-    lines.append(f"raw and peermesh: median of {meta['repeat']} interleaved rounds, pm/raw = "
-                 "median of the per-round ratios; pyre and ThreadedNode: one round")
-    lines.append(f"python {meta['python']}, pyzmq {meta['pyzmq']} (libzmq {meta['libzmq']}), "
-                 f"gevent {meta['gevent']}, {meta['pyre']}, {meta['cpus']} CPUs, "
-                 f"load {meta['loadavg']}")
-    lines.append(f"peermesh's C extension (batched ZeroMQ I/O): {meta['c_extension']}")
+    lines = [
+        f"peermesh benchmark: {PAYLOAD}-byte payloads, loopback only; one way "
+        f"{meta['messages']:,} messages (pyre {meta['pyre_messages']:,}, ThreadedNode "
+        f"{meta['threaded_messages']:,}); {meta['round_trips']:,} round trips after "
+        f"{meta['warmup']:,} warm-up",
+        f"raw and peermesh{' and baseline' if base else ''}: median of {meta['repeat']} "
+        "interleaved rounds, pm/raw (and pm/base) = median of the per-round ratios; pyre and "
+        "ThreadedNode: one round",
+        f"python {meta['python']}, pyzmq {meta['pyzmq']} (libzmq {meta['libzmq']}), "
+        f"gevent {meta['gevent']}, {meta['pyre']}, {meta['cpus']} CPUs, load {meta['loadavg']}",
+        f"peermesh's C extension (batched ZeroMQ I/O): {meta['c_extension']}"]
+    if base:
+        lines.append(f"baseline: {meta['baseline']} (C extension: {meta['baseline_c_extension']})")
     lines.append("")
     if rows:
-        widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
-        fmt = "  ".join(("{:<%d}" if i == 0 else "{:>%d}") % w for i, w in enumerate(widths))
-        lines.append(fmt.format(*head))
-        lines.append("  ".join("-" * w for w in widths))
-        for x in rows:
-            lines.append(fmt.format(*x))
-    errors = results.get("errors") or {}
+        lines += table(head, rows)
+    errors = r.get("errors") or {}
     if errors:
         lines.append("")
         for name, err in errors.items():
@@ -1164,7 +947,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     "on loopback only, and print a table with ratios against the targets "
                     "of issue 2 (throughput >= 0.60x raw, round-trip p50 <= 1.5x raw, "
                     "start->ENTER <= 5 ms, import <= 150 ms, idle <= 0.1% CPU and 25 MB).",
-        epilog="Every test runs in fresh spawned processes on 127.0.0.1; each picks its own "
+        epilog="Every test runs in fresh processes on 127.0.0.1; each picks its own "
                "free UDP beacon port (never 5670) and beacons go to 127.255.255.255. pyre is "
                "patched, in its benchmark processes only, onto loopback. Progress lines go "
                "to stderr. See scripts/README.md for what each row means.")
@@ -1192,6 +975,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-pyre", action="store_true", help="skip the pyre comparison")
     p.add_argument("--only", metavar="LIST",
                    help=f"comma-separated subset of: {', '.join(SECTIONS)}")
+    p.add_argument("--baseline", metavar="REV",
+                   help="also measure the peermesh of REV (a commit, or a directory holding a "
+                        "peermesh package) in the throughput, ThreadedNode and latency "
+                        "rounds, interleaved, and print peermesh/baseline ratios")
     p.add_argument("--profile", metavar="DIR",
                    help="run the peermesh processes of the throughput and latency tests under "
                         "cProfile; write sink.prof, source.prof, ping.prof and echo.prof to DIR "
@@ -1215,21 +1002,46 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _print_profile(path: str, limit: int = 25) -> None:
+def _print_profiles(profile_dir: Optional[str], parts: tuple[str, ...]) -> None:
     import io
     import pstats
-    buf = io.StringIO()
-    stats = pstats.Stats(path, stream=buf)
-    stats.strip_dirs().sort_stats("tottime").print_stats(limit)
-    print(buf.getvalue(), file=sys.stderr)
+    if not profile_dir:
+        return
+    for part in parts:
+        path = os.path.join(profile_dir, f"{part}.prof")
+        if os.path.exists(path):
+            progress(f"profile of the peermesh {part} ({path}), by own time:")
+            buf = io.StringIO()
+            pstats.Stats(path, stream=buf).strip_dirs().sort_stats("tottime").print_stats(25)
+            print(buf.getvalue(), file=sys.stderr)
+
+
+def _rounds(section: str, cases: dict[str, Callable[[int], Any]], rounds: int,
+            results: dict[str, Any], key: str, ratio_names: dict[str, tuple[str, str]]) -> None:
+    """Interleaved rounds of ``cases``; the median run of each and the median of the
+    per-round ratios ``ratio_names[name] = (top, bottom)``."""
+    errors: dict[str, str] = {}
+    runs = interleaved(cases, rounds, errors)
+    results["errors"].update({f"{section}/{name}": text for name, text in errors.items()})
+    out = results[section]
+    for kind, done in runs.items():
+        ok = [x for x in done if x]
+        if ok:
+            out[kind] = median_run(ok, key)
+    for name, (top, bottom) in ratio_names.items():
+        if top in runs and bottom in runs:
+            values = round_ratios(runs[top], runs[bottom], key)
+            if values:
+                out[name] = statistics.median(values)
+                if name.endswith("_raw"):
+                    out["ratios"] = values
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     import zmq
-
-    from peermesh.io import zmqbatch
     with_pyre, pyre_note = (False, "skipped (--no-pyre)") if args.no_pyre else pyre_available()
+    code = trees(args.baseline)
     meta = {
         "messages": args.messages, "pyre_messages": args.pyre_messages,
         "threaded_messages": args.threaded_messages, "round_trips": args.round_trips,
@@ -1238,150 +1050,95 @@ def main(argv: Optional[list[str]] = None) -> int:
         "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
         "gevent": _dist_version("gevent"), "pyre": pyre_note if with_pyre else "no pyre",
         "cpus": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "c_extension": "yes" if zmqbatch.native else f"no: {zmqbatch.why_not}",
+        "c_extension": c_extension(),
     }
+    if "baseline" in code:
+        meta["baseline"] = f"{args.baseline} ({code['baseline']})"
+        meta["baseline_c_extension"] = c_extension(code["baseline"])
     if not with_pyre:
         meta["pyre_note"] = pyre_note
     results: dict[str, Any] = {"meta": meta, "throughput": {}, "latency": {}, "errors": {},
                                "targets": TARGETS}
 
-    def attempt(name: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception as exc:  # one failed test does not hide the others
-            results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            progress(f"{name}: FAILED: {type(exc).__name__}: {str(exc).strip()[-2000:]}")
-            return None
+    def once(name: str, fn: Callable[[], Any]) -> Any:
+        return interleaved({name: lambda _: fn()}, 1, results["errors"])[name][0]
 
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
-    s = args.sections
-    rounds = args.repeat
+    s, n, rounds = args.sections, args.messages, args.repeat
+
+    def profiled(r: int) -> Optional[str]:
+        return args.profile if r == 0 else None
     if "throughput" in s:
-        trials: dict[str, list[dict[str, Any]]] = {"raw": [], "peermesh": []}
-        ratios: list[float] = []
-        for rnd in range(rounds):
-            pair = {}
-            for kind in ("raw", "peermesh"):   # interleaved: each ratio compares neighbours
-                progress(f"throughput: {kind}, {args.messages:,} messages "
-                         f"(round {rnd + 1}/{rounds}) ...")
-                profile = args.profile if kind == "peermesh" and rnd == 0 else None
-                res = attempt(f"throughput/{kind}/{rnd + 1}",
-                              lambda: bench_throughput(kind, args.messages, profile))
-                if res:
-                    trials[kind].append(res)
-                    pair[kind] = res["rate"]
-                    progress(f"throughput: {kind}: {res['rate']:,.0f} msg/s "
-                             f"(rx {res['rx_cpu_us']:.1f} us CPU/msg, "
-                             f"tx {res['tx_cpu_us']:.1f} us CPU/msg)")
-            if len(pair) == 2:
-                ratios.append(pair["peermesh"] / pair["raw"])
-        for kind, runs in trials.items():
-            if runs:
-                results["throughput"][kind] = _median_trial(runs, "rate")
-        if ratios:
-            results["throughput"]["ratio_peermesh_raw"] = statistics.median(ratios)
-            results["throughput"]["ratios"] = ratios
+        cases: dict[str, Callable[[int], Any]] = {
+            "raw": lambda r: bench_throughput("raw", n),
+            "peermesh": lambda r: bench_throughput("peermesh", n, code["peermesh"],
+                                                   profiled(r))}
+        if "baseline" in code:
+            cases["baseline"] = lambda r: bench_throughput("peermesh", n, code["baseline"])
+        progress(f"throughput: {n:,} messages one way")
+        _rounds("throughput", cases, rounds, results, "rate",
+                {"ratio_peermesh_raw": ("peermesh", "raw"),
+                 "ratio_peermesh_baseline": ("peermesh", "baseline")})
         if with_pyre:
-            n = args.pyre_messages
-            progress(f"throughput: pyre, {n:,} messages ...")
-            res = attempt("throughput/pyre", lambda: bench_throughput("pyre", n))
+            progress(f"throughput: pyre, {args.pyre_messages:,} messages")
+            res = once("throughput/pyre", lambda: bench_throughput("pyre", args.pyre_messages))
             if res:
                 results["throughput"]["pyre"] = res
-                progress(f"throughput: pyre: {res['rate']:,.0f} msg/s "
-                         f"(rx {res['rx_cpu_us']:.1f} us CPU/msg, "
-                         f"tx {res['tx_cpu_us']:.1f} us CPU/msg)")
-        if args.profile:
-            for part in ("sink", "source"):
-                path = os.path.join(args.profile, f"{part}.prof")
-                if os.path.exists(path):
-                    progress(f"profile of the peermesh {part} ({path}), by own time:")
-                    _print_profile(path)
+        _print_profiles(args.profile, ("sink", "source"))
     if "threaded" in s:
-        n = args.threaded_messages
-        progress(f"throughput: ThreadedNode -> Node, {n:,} messages ...")
-        res = attempt("throughput/threaded", lambda: bench_throughput("threaded", n))
-        if res:
-            results["throughput"]["threaded"] = res
-            progress(f"throughput: ThreadedNode: {res['rate']:,.0f} msg/s "
-                     f"(tx {res['tx_cpu_us']:.1f} us CPU/msg)")
+        tn = args.threaded_messages
+        progress(f"throughput: ThreadedNode -> Node, {tn:,} messages")
+        for label, tree in code.items():
+            key = "threaded" if label == "peermesh" else "threaded_baseline"
+            res = once(f"throughput/{key}", lambda: bench_throughput("threaded", tn, tree))
+            if res:
+                results["throughput"][key] = res
     if "latency" in s:
-        ltrials: dict[str, list[dict[str, Any]]] = {"raw": [], "raw_each_way": [],
-                                                     "peermesh": []}
-        lratios: list[float] = []
-        each_way_ratios: list[float] = []
-        kinds = [(k, r) for r in range(rounds) for k in ("raw", "raw_each_way", "peermesh")]
+        rt, warm = args.round_trips, args.warmup
+        progress(f"latency: {rt:,} round trips after {warm:,}")
+        cases = {"raw": lambda r: bench_latency("raw", rt, warm),
+                 "raw_each_way": lambda r: bench_latency("raw_each_way", rt, warm),
+                 "peermesh": lambda r: bench_latency("peermesh", rt, warm, code["peermesh"],
+                                                     profiled(r))}
+        if "baseline" in code:
+            cases["baseline"] = lambda r: bench_latency("peermesh", rt, warm, code["baseline"])
+        _rounds("latency", cases, rounds, results, "p50_us",
+                {"ratio_p50_peermesh_raw": ("peermesh", "raw"),
+                 "ratio_p50_peermesh_raw_each_way": ("peermesh", "raw_each_way"),
+                 "ratio_p50_peermesh_baseline": ("peermesh", "baseline")})
         if with_pyre:
-            kinds.append(("pyre", 0))
-        pair = {}
-        for kind, rnd in kinds:
-            label = f" (round {rnd + 1}/{rounds})" if kind != "pyre" else ""
-            progress(f"latency: {kind}, {args.round_trips:,} round trips{label} ...")
-            profile = args.profile if kind == "peermesh" and rnd == 0 else None
-            res = attempt(f"latency/{kind}/{rnd + 1}", lambda: bench_latency(
-                kind, args.round_trips, args.warmup, profile))
-            if not res:
-                pair = {}
-                continue
-            progress(f"latency: {kind}: p50 {res['p50_us']:.0f} us, "
-                     f"p99 {res['p99_us']:.0f} us (CPU per round trip: ping "
-                     f"{res['ping_cpu_us']:.0f} us, echo {res['echo_cpu_us']:.0f} us)")
-            if kind == "pyre":
+            res = once("latency/pyre", lambda: bench_latency("pyre", rt, warm))
+            if res:
                 results["latency"]["pyre"] = res
-                continue
-            ltrials[kind].append(res)
-            pair[kind] = res["p50_us"]
-            if kind == "peermesh":
-                if "raw" in pair:
-                    lratios.append(pair["peermesh"] / pair["raw"])
-                if "raw_each_way" in pair:
-                    each_way_ratios.append(pair["peermesh"] / pair["raw_each_way"])
-                pair = {}
-        for kind, runs in ltrials.items():
-            if runs:
-                results["latency"][kind] = _median_trial(runs, "p50_us")
-        if lratios:
-            results["latency"]["ratio_p50_peermesh_raw"] = statistics.median(lratios)
-            results["latency"]["ratios"] = lratios
-        if each_way_ratios:
-            results["latency"]["ratio_p50_peermesh_raw_each_way"] = (
-                statistics.median(each_way_ratios))
-        if args.profile:
-            for part in ("ping", "echo"):
-                path = os.path.join(args.profile, f"{part}.prof")
-                if os.path.exists(path):
-                    progress(f"profile of the peermesh {part} ({path}), by own time:")
-                    _print_profile(path)
+        _print_profiles(args.profile, ("ping", "echo"))
     if "enter" in s:
-        progress(f"start->ENTER: {args.enter_tries} tries (Node, then ThreadedNode) ...")
-        res = attempt("enter", lambda: bench_enter(args.enter_tries))
+        progress(f"start->ENTER: {args.enter_tries} tries (Node, then ThreadedNode)")
+        res = once("enter", lambda: bench_enter(args.enter_tries))
         if res:
             results["enter"] = res
-            progress(f"start->ENTER: median {res['node']['enter_ms_median']:.2f} ms "
+            progress(f"  median {res['node']['enter_ms_median']:.2f} ms "
                      f"(tries: {', '.join(f'{x:.2f}' for x in res['node']['enter_ms'])})")
     if "import" in s:
-        progress(f"import peermesh: {args.import_runs} fresh interpreters ...")
-        res = attempt("import", lambda: bench_import(args.import_runs))
+        progress(f"import peermesh: {args.import_runs} fresh interpreters")
+        res = once("import", lambda: bench_import(args.import_runs))
         if res:
             results["import"] = res
-            progress(f"import peermesh: median {res['import_ms_median']:.0f} ms")
+            progress(f"  median {res['import_ms_median']:.0f} ms")
     if "idle" in s:
-        progress(f"idle: a node with one peer, watched for {args.idle_seconds:g} s ...")
-        res = attempt("idle", lambda: bench_idle(args.idle_seconds, with_pyre))
+        progress(f"idle: a node with one peer, watched for {args.idle_seconds:g} s")
+        res = once("idle", lambda: bench_idle(args.idle_seconds, with_pyre))
         if res:
             results["idle"] = res
             if "error" in res.get("pyre", {}):
                 results["errors"]["idle/pyre"] = res["pyre"]["error"]
             pm = res["peermesh"]
-            progress(f"idle: {pm['cpu_pct']:.3f} % CPU ({pm['wakeups_per_s']:.1f} wakeups/s, "
+            progress(f"  {pm['cpu_pct']:.3f} % CPU ({pm['wakeups_per_s']:.1f} wakeups/s, "
                      f"{pm['cpu_us_per_wakeup']:.0f} us CPU each), {pm['rss_mb']:.1f} MB RSS "
                      f"(interpreter alone {pm['rss_interpreter_mb']:.1f} MB, after import "
                      f"{pm['rss_after_import_mb']:.1f} MB)")
     progress("done")
-    if args.json:
-        print(json.dumps(results, indent=2, default=str))
-    else:
-        print(render(results))
+    print(dump_json(results) if args.json else render(results))
     return 1 if results["errors"] else 0
 
 
@@ -1394,8 +1151,4 @@ def _dist_version(name: str) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # children were terminated on the way out
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    harness.run(main)

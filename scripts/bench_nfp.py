@@ -2,132 +2,161 @@
 """Benchmark NFP jobs: sequential round trips, brokerless and brokered; broker failover.
 
 Every process is started by this run and stays on loopback (127.0.0.1,
-beacons to 127.255.255.255 on a free, non-default UDP port). One client (this
-process, a gevent ``Node`` with an ``NfpNode``) and one worker (a child
-process), plus a broker child for the brokered case:
+beacons to 127.255.255.255 on a free, non-default UDP port). One client (a
+gevent ``Node`` with an ``NfpNode``) and one worker, plus a broker for the
+brokered case, each in a process of its own:
 
 1. sequential job round trips, POST -> result (``Client.run``: POST, 202,
    then the result; results persisted by the worker and the client in their
    SQLite stores), brokerless and brokered: jobs/s, p50, p99;
-2. broker failover: two broker candidates (priority 10 and 5) and a worker;
+2. a reference "floor": the brokered message pattern (client -> broker ->
+   worker, one answer back through the broker: a quick job's 202 carries its
+   result) through peermesh's socket driver with no NFP processing;
+3. broker failover: two broker candidates (priority 10 and 5) and a worker;
    the elected broker is killed with SIGKILL and the time until a job has
    gone through the new broker is measured. With ZRE ``expired`` set to E
-   the bound is 2 x E (issue 5); the default E is 30 s, this run uses
-   ``--expired`` (default 1 s).
+   the bound is 2 x E (issue 5); this run uses ``--expired`` (default 1 s);
 
-3. a reference "floor": the brokered message pattern (client -> broker ->
-   worker, one answer back through the broker: a quick job's 202 carries its
-   result) with plain ``Channel`` relays and no NFP processing, measured in
-   the same run;
+and the CPU each process spends per job, by thread. Targets (issue 5):
+brokered p50 <= 1 ms and >= 1,500 jobs/s; brokerless faster; failover within
+2 x expired. ``--repeat N`` measures 1-2 N times, interleaved, and reports
+the median run; ``--baseline REV`` measures them with an older commit's
+peermesh too, interleaved, and prints now/baseline ratios::
 
-and the CPU each process spends per job. Targets (issue 5): brokered p50 <=
-1 ms and >= 1,500 jobs/s; brokerless faster; failover within 2 x expired.
-``--json`` prints one JSON object; ``--only brokered,floor`` runs some sections.
-
-``--compare DIR`` measures two versions of the library in one run: DIR holds
-another ``peermesh`` package (e.g. ``git archive HEAD peermesh | tar -x -C
-/tmp/before``); each round runs every mode once with that library and once
-with this checkout, interleaved (so both see the same machine load), and the
-medians of ``--rounds`` rounds are printed side by side::
-
-    python scripts/bench_nfp.py --compare /tmp/before --rounds 3 --jobs 3000
+    python scripts/bench_nfp.py --baseline c28923a --repeat 3 --jobs 3000
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Optional
 
+import harness
+from harness import (INTERFACE, Children, Parent, dump_json, free_tcp_endpoint, free_udp_port,
+                     interleaved, median_run, percentile, progress, socket_driver, table,
+                     threads_cpu, trees)
+
 TARGETS = {"brokered_p50_ms": 1.0, "brokered_jobs_per_s": 1500.0}
+MODES = ("brokerless", "brokered", "floor")
 
-CHILD = r"""
-import json, sys, os, time
-import gevent, gevent.os
-from peermesh import Node
-from peermesh.nfp import NfpNode, Tasks
 
-cfg = json.loads(sys.argv[1])
-tasks = Tasks()
+# ---------------------------------------------------------------------------
+# roles: each runs in a child process of its own (harness.Children.start)
 
-@tasks.task()
-def echo(job, *args, **kwargs):
-    return {"args": list(args), "kwargs": kwargs}
+def role_nfp_node(parent: Parent, **cfg: Any) -> None:
+    """A node with an NfpNode (a broker, a worker of ``cfg["workers"]``, or both) that
+    runs until the parent hangs up."""
+    import gevent
 
-node = Node(cfg["name"], interface="lo", port=cfg["port"], interval=cfg["interval"],
-            evasive=cfg["evasive"], silent=cfg["silent"], expired=cfg["expired"])
-nfp = NfpNode(node, data_dir=cfg["data_dir"], broker=cfg["broker"], priority=cfg["priority"],
-              keepalive=cfg["keepalive"], request_timeout=2.0, queue_timeout=5.0)
-for service, name in cfg["workers"]:
-    nfp.add_worker(service, name, tasks)
-node.start(); nfp.start()
-profile = None
-if cfg.get("profile"):
-    import cProfile
-    profile = cProfile.Profile(time.thread_time)
-    profile.enable()
-print("READY", node.uuid.hex, flush=True)
+    from peermesh import Node
+    from peermesh.nfp import NfpNode, Tasks
+    tasks = Tasks()
 
-def drain():
-    for _ in node.events():
+    @tasks.task()
+    def echo(job: Any, *args: Any, **kwargs: Any) -> Any:
+        return {"args": list(args), "kwargs": kwargs}
+
+    node = Node(cfg["name"], interface=INTERFACE, port=cfg["port"], interval=cfg["interval"],
+                evasive=cfg["evasive"], silent=cfg["silent"], expired=cfg["expired"])
+    nfp = NfpNode(node, data_dir=cfg["data_dir"], broker=cfg["broker"],
+                  priority=cfg["priority"], keepalive=cfg["keepalive"], request_timeout=2.0,
+                  queue_timeout=5.0)
+    for service, name in cfg["workers"]:
+        nfp.add_worker(service, name, tasks)
+    node.start()
+    nfp.start()
+    profile = None
+    if cfg.get("profile"):
+        import cProfile
+        profile = cProfile.Profile(time.thread_time)
+        profile.enable()
+    parent.send("ready", node.uuid.hex)
+    drain = gevent.spawn(lambda: [None for _ in node.events()])
+    try:
+        parent.recv(600, green=True)       # "stop", or EOF when the parent hangs up
+    except (EOFError, TimeoutError):
+        pass
+    drain.kill()
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(cfg["profile"])
+    nfp.stop()
+    node.stop()
+
+
+def role_relay(parent: Parent, side: str, endpoint: str) -> None:
+    """The floor's broker (a ROUTER passing client <-> worker) or worker (a DEALER that
+    answers every message with itself), on peermesh's socket driver."""
+    import zmq
+    ctx: Any = zmq.Context.instance()
+    peers: dict[str, bytes] = {}
+    sock: Any
+    if side == "broker":
+        sock = ctx.socket(zmq.ROUTER)
+        sock.bind(endpoint)
+
+        def relay(frames: list[bytes]) -> None:
+            if frames[-1] == b"W":
+                peers["w"] = frames[0]
+            elif frames[0] == peers.get("w"):
+                driver.send([peers["c"], *frames[1:]])
+            else:
+                peers["c"] = frames[0]
+                driver.send([peers["w"], *frames[1:]])
+    else:
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(endpoint)
+
+        def relay(frames: list[bytes]) -> None:
+            driver.send(frames)   # the 202, carrying the result
+    driver = socket_driver(sock, relay)
+    if side == "worker":
+        driver.send([b"", b"", b"W"])
+    parent.send("ready")
+    try:
+        parent.recv(600, green=True)
+    except (EOFError, TimeoutError):
         pass
 
-def stdin_closed():
-    gevent.os.make_nonblocking(0)
-    while gevent.os.nb_read(0, 4096):
-        pass
 
-gevent.wait([gevent.spawn(drain), gevent.spawn(stdin_closed)], count=1, timeout=600)
-if profile is not None:
-    profile.disable()
-    profile.dump_stats(cfg["profile"])
-nfp.stop(); node.stop()
-"""
+def role_measure(parent: Parent, mode: str, jobs: int, data_dir: str,
+                 profile: Optional[str]) -> dict[str, Any]:
+    """One measurement of ``mode`` (brokerless, brokered or floor), this process the client."""
+    if mode == "floor":
+        return transport_floor(jobs)
+    return round_trips(mode, jobs, data_dir, profile)
 
 
-FLOOR = r"""
-import sys, zmq, gevent
-from peermesh.nfp.transport import Channel
-role, endpoint = sys.argv[1], sys.argv[2]
-ctx = zmq.Context.instance()
-if role == "broker":
-    sock = ctx.socket(zmq.ROUTER)
-    sock.bind(endpoint)
-    peers = {}
-    def relay(frames):
-        if frames[-1] == b"W":
-            peers["w"] = frames[0]
-        elif frames[0] == peers.get("w"):
-            channel.send([peers["c"], *frames[1:]])
-        else:
-            peers["c"] = frames[0]
-            channel.send([peers["w"], *frames[1:]])
-else:
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(endpoint)
-    def relay(frames):
-        channel.send(frames)   # the 202, carrying the result
-channel = Channel(sock, relay)
-if role == "worker":
-    channel.send([b"", b"", b"W"])
-print("READY", flush=True)
-gevent.sleep(600)
-"""
+def role_failover(parent: Parent, expired: float, data_dir: str) -> dict[str, Any]:
+    return failover(expired, data_dir)
 
 
-def _free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# ---------------------------------------------------------------------------
+# the client's side of each measurement
+
+def _cpu_per_job(pids: dict[str, int], before: dict[str, dict[str, float]],
+                 count: int) -> dict[str, dict[str, float]]:
+    """Microseconds of CPU per job of each process (and thread kind) since ``before``."""
+    out = {}
+    for name, pid in pids.items():
+        after = threads_cpu(pid)
+        out[name] = {k: round((after[k] - before[name][k]) / count * 1e6, 1) for k in after}
+        out[name]["total"] = round(sum(out[name].values()), 1)
+    return out
+
+
+def _rates(latencies: list[float], elapsed: float, cpu: dict[str, Any]) -> dict[str, Any]:
+    ordered = sorted(latencies)
+    return {"jobs": len(latencies), "jobs_per_s": round(len(latencies) / elapsed, 1),
+            "p50_ms": round(percentile(ordered, 50) * 1e3, 3),
+            "p99_ms": round(percentile(ordered, 99) * 1e3, 3),
+            "mean_ms": round(statistics.fmean(latencies) * 1e3, 3), "cpu_us_per_job": cpu}
 
 
 def transport_floor(count: int) -> dict[str, Any]:
@@ -135,159 +164,58 @@ def transport_floor(count: int) -> dict[str, Any]:
     import gevent
     import gevent.event
     import zmq
-    from peermesh.nfp.transport import Channel
 
-    endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
-    procs = []
-    try:
-        for role in ("broker", "worker"):
-            proc = subprocess.Popen([sys.executable, "-c", FLOOR, role, endpoint],
-                                    stdout=subprocess.PIPE, text=True)
-            procs.append(proc)
-            assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+    endpoint = free_tcp_endpoint()
+    with Children(grace=3) as kids:
+        procs = [kids.start("bench_nfp", "relay", side=side, endpoint=endpoint)
+                 for side in ("broker", "worker")]
+        for proc in procs:
+            proc.expect("ready", 30)
+        sock: Any = zmq.Context.instance().socket(zmq.DEALER)
         sock.connect(endpoint)
         got = gevent.event.Event()
-
-        def on_answer(frames: list[bytes]) -> None:
-            got.set()
-        channel = Channel(sock, on_answer)
+        driver = socket_driver(sock, lambda frames: got.set())
         frames = [b"", b"NFPC01", b"\x04", b"bench", b"any", b"0" * 32,
                   b'{"task":"echo","args":[1],"kwargs":{},"rid":"1"}']
         gevent.sleep(0.3)   # let both connections finish their handshakes
         latencies = []
         pids = {"client": os.getpid(), "broker": procs[0].pid, "worker": procs[1].pid}
-        cpu0 = {name: _thread_cpu(pid) for name, pid in pids.items()}
+        cpu0 = {name: threads_cpu(pid) for name, pid in pids.items()}
         for _ in range(count):
             got.clear()
             t0 = time.perf_counter()
-            channel.send(frames)
+            driver.send(frames)
             if not got.wait(2):
                 raise RuntimeError("floor: no answer")
             latencies.append(time.perf_counter() - t0)
         cpu = _cpu_per_job(pids, cpu0, count)
-        channel.close()
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    return {"jobs_per_s": round(count / sum(latencies), 1),
-            "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 3),
-            "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 3), "cpu_us_per_job": cpu}
+        driver.close()
+    return _rates(latencies, sum(latencies), cpu)
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-class Children:
-    """Child processes, all ended (stdin closed, then SIGKILL) on exit."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, **cfg: Any) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("READY"):
-            raise RuntimeError(f"child {cfg['name']} did not start: {line!r}")
-        return proc
-
-    def close(self) -> None:
-        for proc in self.procs:
-            try:
-                if proc.stdin:
-                    proc.stdin.close()
-            except OSError:
-                pass
-        deadline = time.monotonic() + 3
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.01, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def __enter__(self) -> "Children":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread of ``pid`` by kind: ``main``, ``zmq`` (libzmq's
-    I/O threads) and ``other`` (SQLite checkpoints, thread pools)."""
-    out = {"main": 0.0, "zmq": 0.0, "other": 0.0}
-    tick = os.sysconf("SC_CLK_TCK")
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        task = f"/proc/{pid}/task/{tid}"
-        try:
-            with open(f"{task}/stat") as f:
-                head, rest = f.read().rsplit(")", 1)
-        except OSError:
-            continue
-        name = head.split("(", 1)[1]
-        kind = "main" if tid == str(pid) else "zmq" if name.startswith("ZMQbg") else "other"
-        try:   # nanoseconds on the CPU (stat's user + system time counts whole ticks)
-            with open(f"{task}/schedstat") as f:
-                out[kind] += int(f.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            fields = rest.split()
-            out[kind] += (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def _cpu_per_job(pids: dict[str, int], before: dict[str, dict[str, float]],
-                 count: int) -> dict[str, dict[str, float]]:
-    """Microseconds of CPU per job of each process (and thread kind) since ``before``."""
-    out = {}
-    for name, pid in pids.items():
-        after = _thread_cpu(pid)
-        out[name] = {k: round((after[k] - before[name][k]) / count * 1e6, 1) for k in after}
-        out[name]["total"] = round(sum(out[name].values()), 1)
-    return out
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
-def round_trips(mode: str, count: int, args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
+def round_trips(mode: str, count: int, data_dir: str, profiles: Optional[str]) -> dict[str, Any]:
     """Sequential Client.run round trips against one worker (and a broker if brokered)."""
     import gevent
+
     from peermesh import Node
     from peermesh.nfp import NfpNode
 
-    port = _free_udp_port()
-    timing = dict(port=port, interval=0.1, evasive=1.0, silent=1.5, expired=2.0, keepalive=0.5,
-                  data_dir=data_dir)
-    profiles = args.profile
+    port = free_udp_port()
+    timing: dict[str, Any] = dict(port=port, interval=0.1, evasive=1.0, silent=1.5,
+                                  expired=2.0, keepalive=0.5, data_dir=data_dir)
 
     def profile(name: str) -> Optional[str]:
         return os.path.join(profiles, f"{mode}-{name}.prof") if profiles else None
     names = ["broker", "worker"] if mode == "brokered" else ["worker"]
-    with Children() as children:
+    with Children(grace=3) as children:
         if mode == "brokered":
-            children.start(name="bench-broker", broker="always", priority=0, workers=[],
-                           profile=profile("broker"), **timing)
-        children.start(name="bench-worker", broker="never", priority=0,
+            children.start("bench_nfp", "nfp_node", name="bench-broker", broker="always",
+                           priority=0, workers=[], profile=profile("broker"), **timing)
+        children.start("bench_nfp", "nfp_node", name="bench-worker", broker="never", priority=0,
                        workers=[["bench", "w1"]], profile=profile("worker"), **timing)
-        node = Node("bench-client", interface="lo", port=port, interval=0.1, evasive=1.0,
+        for child in children.children:
+            child.expect("ready", 30)
+        node = Node("bench-client", interface=INTERFACE, port=port, interval=0.1, evasive=1.0,
                     silent=1.5, expired=2.0)
         nfp = NfpNode(node, data_dir=data_dir, keepalive=0.5)
         node.start()
@@ -315,8 +243,8 @@ def round_trips(mode: str, count: int, args: argparse.Namespace, data_dir: str) 
                 profiler = cProfile.Profile(time.thread_time)
                 profiler.enable()
             pids = {"client": os.getpid()}
-            pids.update(zip(names, (p.pid for p in children.procs)))
-            cpu0 = {name: _thread_cpu(pid) for name, pid in pids.items()}
+            pids.update(zip(names, (p.pid for p in children.children)))
+            cpu0 = {name: threads_cpu(pid) for name, pid in pids.items()}
             start = time.perf_counter()
             for i in range(count):
                 t0 = time.perf_counter()
@@ -326,35 +254,36 @@ def round_trips(mode: str, count: int, args: argparse.Namespace, data_dir: str) 
                     raise RuntimeError(f"{mode}: job {i} ended {reply.status}: {reply.body}")
             elapsed = time.perf_counter() - start
             cpu = _cpu_per_job(pids, cpu0, count)
-            if profiler is not None:
+            if profiler is not None and profiles:
                 profiler.disable()
                 profiler.dump_stats(os.path.join(profiles, f"{mode}-client.prof"))
         finally:
             nfp.stop()
             node.stop()
-    return {"mode": mode, "jobs": count, "jobs_per_s": round(count / elapsed, 1),
-            "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 3),
-            "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 3),
-            "mean_ms": round(statistics.fmean(latencies) * 1e3, 3),
-            "cpu_us_per_job": cpu}
+    return {"mode": mode, **_rates(latencies, elapsed, cpu)}
 
 
-def failover(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
+def failover(expired: float, data_dir: str) -> dict[str, Any]:
     """Kill the elected broker; time until a job has gone through the next one."""
     import gevent
+
     from peermesh import Node
     from peermesh.nfp import NfpNode
 
-    port = _free_udp_port()
-    expired = args.expired
-    timing = dict(port=port, interval=min(0.1, expired / 5), evasive=expired / 2,
-                  silent=expired * 0.75, expired=expired, keepalive=0.2, data_dir=data_dir)
-    with Children() as children:
-        first = children.start(name="bench-b1", broker="auto", priority=10, workers=[], **timing)
-        children.start(name="bench-b2", broker="auto", priority=5, workers=[], **timing)
-        children.start(name="bench-fw", broker="never", priority=0, workers=[["fo", "fw1"]],
-                       **timing)
-        node = Node("bench-fo-client", interface="lo", port=port,
+    port = free_udp_port()
+    timing: dict[str, Any] = dict(port=port, interval=min(0.1, expired / 5),
+                                  evasive=expired / 2, silent=expired * 0.75, expired=expired,
+                                  keepalive=0.2, data_dir=data_dir)
+    with Children(grace=3) as children:
+        first = children.start("bench_nfp", "nfp_node", name="bench-b1", broker="auto",
+                               priority=10, workers=[], **timing)
+        children.start("bench_nfp", "nfp_node", name="bench-b2", broker="auto", priority=5,
+                       workers=[], **timing)
+        children.start("bench_nfp", "nfp_node", name="bench-fw", broker="never", priority=0,
+                       workers=[["fo", "fw1"]], **timing)
+        for child in children.children:
+            child.expect("ready", 30)
+        node = Node("bench-fo-client", interface=INTERFACE, port=port,
                     interval=timing["interval"], evasive=timing["evasive"],
                     silent=timing["silent"], expired=expired)
         nfp = NfpNode(node, data_dir=data_dir, keepalive=0.2, request_timeout=0.5)
@@ -372,7 +301,7 @@ def failover(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
                 raise RuntimeError("failover: bench-b1 never became broker")
             killed = time.monotonic()
             os.kill(first.pid, signal.SIGKILL)
-            first.wait()
+            first.process.wait()
             served: Optional[float] = None
             elected: Optional[float] = None
             while time.monotonic() - killed < 2 * expired + 5:
@@ -394,80 +323,94 @@ def failover(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
             "serving_after_s": round(served - killed, 3)}
 
 
-def _median_run(done: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median rate (the lower one of the middle two), with every run's
-    rate and p50 under "runs" when there were several."""
-    ranked = sorted(done, key=lambda r: r["jobs_per_s"])
-    median = dict(ranked[(len(ranked) - 1) // 2])
-    if len(done) > 1:
-        median["runs"] = [[r["jobs_per_s"], r["p50_ms"]] for r in done]
-    return median
+# ---------------------------------------------------------------------------
+# the parent: interleaved rounds, the report
+
+def measure(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
+    only = set(args.only.split(","))
+    code = trees(args.baseline)
+    timeout = 120 + args.jobs / 50
+
+    def case(mode: str, tree: str, label: str) -> Any:
+        def run(r: int) -> dict[str, Any]:
+            with Children() as kids:
+                child = kids.start("bench_nfp", "measure", tree, mode=mode, jobs=args.jobs,
+                                   data_dir=os.path.join(data_dir, f"{mode}-{label}-{r}"),
+                                   profile=args.profile if label == "peermesh" else None)
+                result = child.expect("result", timeout)
+            progress(f"  {result['jobs_per_s']:,.0f} jobs/s, p50 {result['p50_ms']:.3f} ms")
+            return result
+        return run
+    cases = {f"{mode}{'' if label == 'peermesh' else ' [baseline]'}": case(mode, tree, label)
+             for mode in MODES if mode in only for label, tree in code.items()}
+    runs = interleaved(cases, args.repeat)
+    results: dict[str, Any] = {"library": code["peermesh"]}
+    for name, done in runs.items():
+        chosen = median_run(done, "jobs_per_s")
+        chosen["runs"] = [[r["jobs_per_s"], r["p50_ms"]] for r in done]
+        if name.endswith(" [baseline]"):
+            results.setdefault("baseline", {"library": code["baseline"]})[name.split()[0]] = chosen
+        else:
+            results[name] = chosen
+    if "failover" in only:
+        progress("failover ...")
+        with Children() as kids:
+            results["failover"] = kids.start(
+                "bench_nfp", "failover", expired=args.expired,
+                data_dir=os.path.join(data_dir, "failover")).expect("result", 60 + 4 * args.expired)
+    return results
 
 
-def _print_runs(result: dict[str, Any]) -> None:
-    if "runs" in result:
-        rates = sorted(rate for rate, _ in result["runs"])
-        print(f"{'':<12} the median of {len(rates)} runs; jobs/s "
-              f"{', '.join(f'{rate:.0f}' for rate in rates)}")
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    b = results.get("brokered")
+    if b is not None:
+        out["brokered_p50_ms"] = {"target": TARGETS["brokered_p50_ms"], "got": b["p50_ms"],
+                                  "met": b["p50_ms"] <= TARGETS["brokered_p50_ms"]}
+        out["brokered_jobs_per_s"] = {
+            "target": TARGETS["brokered_jobs_per_s"], "got": b["jobs_per_s"],
+            "met": b["jobs_per_s"] >= TARGETS["brokered_jobs_per_s"]}
+        if "brokerless" in results:
+            out["brokerless_faster"] = results["brokerless"]["p50_ms"] <= b["p50_ms"]
+    if "failover" in results:
+        out["failover_within_2x_expired"] = results["failover"]["serving_after_s"] \
+            <= results["failover"]["bound_s"]
+    return out
 
 
-def _library() -> str:
-    """Where the peermesh package this run imports lives."""
-    import peermesh
-    return os.path.dirname(os.path.dirname(os.path.abspath(peermesh.__file__)))
-
-
-def compare(args: argparse.Namespace) -> int:
-    """Interleaved runs of this library and the one under ``--compare DIR``; medians."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    libraries = {"before": os.path.abspath(args.compare), "after": here}
-    modes = [m for m in ("brokerless", "brokered", "floor") if m in args.only.split(",")]
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    workdir = tempfile.mkdtemp(prefix="bench-nfp-compare-")
-    try:
-        for round_ in range(args.rounds):
-            for mode in modes:
-                for label, library in libraries.items():
-                    _say(f"round {round_ + 1}/{args.rounds}: {mode}, {label} ({library}) ...")
-                    env = {**os.environ, "PYTHONPATH": library}
-                    done = subprocess.run(
-                        [sys.executable, os.path.abspath(__file__), "--only", mode, "--json",
-                         "--jobs", str(args.jobs)], env=env, cwd=workdir,
-                        capture_output=True, text=True, timeout=600)
-                    if done.returncode != 0:
-                        raise RuntimeError(f"{mode} ({label}) failed:\n{done.stderr[-2000:]}")
-                    result = json.loads(done.stdout)
-                    if result.get("library") != library:
-                        raise RuntimeError(f"{label} imported {result.get('library')}, "
-                                           f"not {library}")
-                    runs.setdefault((mode, label), []).append(result[mode])
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    summary: dict[str, Any] = {}
-    for (mode, label), results in runs.items():
-        def median(key: str) -> float:
-            return round(statistics.median(r[key] for r in results), 3)
-        cpu = {name: round(statistics.median(r["cpu_us_per_job"][name]["total"]
-                                             for r in results), 1)
-               for name in results[0].get("cpu_us_per_job", {})}
-        summary.setdefault(mode, {})[label] = {
-            "jobs_per_s": median("jobs_per_s"), "p50_ms": median("p50_ms"),
-            "p99_ms": median("p99_ms"), "cpu_us_per_job": cpu,
-            "runs": [(r["jobs_per_s"], r["p50_ms"]) for r in results]}
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print(f"medians of {args.rounds} interleaved rounds of {args.jobs} jobs "
-          f"(before: {libraries['before']}, after: {libraries['after']})")
-    print(f"{'mode':<12} {'':<7} {'jobs/s':>9} {'p50 ms':>8} {'p99 ms':>8}   runs (jobs/s, p50)")
-    for mode in modes:
-        for label in libraries:
-            r = summary[mode][label]
-            print(f"{mode:<12} {label:<7} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} "
-                  f"{r['p99_ms']:>8.3f}   {r['runs']}")
-            print(f"{'':<21} CPU us/job (median): "
-                  + ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_job"].items()))
-    return 0
+def report(results: dict[str, Any], repeat: int) -> str:
+    base = results.get("baseline", {})
+    rows = []
+    for mode in MODES:
+        for label, r in (("", results.get(mode)), (" [baseline]", base.get(mode))):
+            if r is None:
+                continue
+            now = results[mode]
+            vs = "" if label or mode not in base else \
+                f"{now['jobs_per_s'] / base[mode]['jobs_per_s']:.3f}"
+            rows.append([mode + label, f"{r['jobs_per_s']:.0f}", f"{r['p50_ms']:.3f}",
+                         f"{r['p99_ms']:.3f}", *([vs] if base else []),
+                         " ".join(f"{rate:.0f}" for rate, _ in r["runs"])])
+            for name, c in r["cpu_us_per_job"].items():
+                rows.append([f"  CPU us/job {name}", f"{c['total']:.1f}",
+                             f"main {c['main']:.1f}", f"zmq {c['zmq']:.1f}",
+                             *([""] if base else []), f"other {c['other']:.1f}"])
+    head = ["mode", "jobs/s", "p50 ms", "p99 ms", *(["now/base"] if base else []),
+            f"jobs/s of each run ({repeat})"]
+    lines = table(head, rows) if rows else []
+    if "floor" in results:
+        lines.append("floor: the brokered message pattern through peermesh's socket driver, "
+                     "no processing")
+    if base:
+        lines.append(f"baseline: {base['library']}; now/base = jobs/s ratio of the median runs")
+    if "failover" in results:
+        f = results["failover"]
+        lines.append(f"failover: new broker elected after {f['elected_after_s']:.3f}s, serving "
+                     f"after {f['serving_after_s']:.3f}s (expired {f['expired_s']:g}s, "
+                     f"bound {f['bound_s']:g}s)")
+    for name, t in results["targets"].items():
+        lines.append(f"target {name}: {t}")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -478,92 +421,32 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--only", default="brokerless,brokered,floor,failover",
                         help="comma-separated sections to run (default: all)")
-    parser.add_argument("--compare", metavar="DIR",
-                        help="also run the library in DIR (a directory holding a peermesh "
-                             "package, e.g. from `git archive`), interleaved with this one, "
-                             "and print medians of both (brokerless, brokered, floor)")
+    parser.add_argument("--baseline", "--compare", metavar="REV", dest="baseline",
+                        help="also measure brokerless, brokered and the floor with the peermesh "
+                             "of REV (a commit, or a directory holding a peermesh package), "
+                             "interleaved with this checkout's")
     parser.add_argument("--profile", metavar="DIR",
                         help="run client, broker and worker under cProfile and write "
                              "DIR/<mode>-<process>.prof (timings are then not comparable)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="with --compare: interleaved rounds (default: %(default)s)")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+    parser.add_argument("--repeat", "--rounds", type=int, default=1, metavar="N",
                         help="measure brokerless, brokered and the floor N times each, "
-                             "alternating, and report the median run with the range (this "
-                             "VM's rates swing with its host's load; default: %(default)s)")
+                             "interleaved, and report the median run with every run's rate "
+                             "(default: %(default)s)")
     args = parser.parse_args()
-    if args.repeat < 1 or args.rounds < 1 or args.jobs < 1:
-        parser.error("--jobs, --rounds and --repeat must be at least 1")
-    if args.compare:
-        return compare(args)
-    only = set(args.only.split(","))
+    if args.repeat < 1 or args.jobs < 1:
+        parser.error("--jobs and --repeat must be at least 1")
     if args.profile:
+        args.profile = os.path.abspath(args.profile)
         os.makedirs(args.profile, exist_ok=True)
     data_dir = tempfile.mkdtemp(prefix="bench-nfp-")
     try:
-        results: dict[str, Any] = {"library": _library()}
-        runs: dict[str, list[dict[str, Any]]] = {}
-        for n in range(args.repeat):
-            of = f" (run {n + 1} of {args.repeat})" if args.repeat > 1 else ""
-            for mode in ("brokerless", "brokered"):
-                if mode in only:
-                    _say(f"{mode}: {args.jobs} sequential jobs{of} ...")
-                    runs.setdefault(mode, []).append(round_trips(
-                        mode, args.jobs, args, os.path.join(data_dir, f"{mode}-{n}")))
-            if "floor" in only:
-                _say(f"transport floor (brokered message pattern, no processing){of} ...")
-                runs.setdefault("floor", []).append(transport_floor(args.jobs))
-        results.update({mode: _median_run(done) for mode, done in runs.items()})
-        if "failover" in only:
-            _say("failover ...")
-            results["failover"] = failover(args, os.path.join(data_dir, "failover"))
+        results = measure(args, data_dir)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-    targets: dict[str, Any] = {}
-    b = results.get("brokered")
-    if b is not None:
-        targets["brokered_p50_ms"] = {"target": TARGETS["brokered_p50_ms"], "got": b["p50_ms"],
-                                      "met": b["p50_ms"] <= TARGETS["brokered_p50_ms"]}
-        targets["brokered_jobs_per_s"] = {
-            "target": TARGETS["brokered_jobs_per_s"], "got": b["jobs_per_s"],
-            "met": b["jobs_per_s"] >= TARGETS["brokered_jobs_per_s"]}
-        if "brokerless" in results:
-            targets["brokerless_faster"] = results["brokerless"]["p50_ms"] <= b["p50_ms"]
-    if "failover" in results:
-        targets["failover_within_2x_expired"] = results["failover"]["serving_after_s"] \
-            <= results["failover"]["bound_s"]
-    results["targets"] = targets
-    if args.json:
-        print(json.dumps(results))
-        return 0
-    print(f"{'mode':<12} {'jobs/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-    for mode in ("brokerless", "brokered"):
-        if mode in results:
-            r = results[mode]
-            print(f"{mode:<12} {r['jobs_per_s']:>9.0f} {r['p50_ms']:>8.3f} "
-                  f"{r['p99_ms']:>8.3f}")
-            _print_runs(r)
-            for name, c in r["cpu_us_per_job"].items():
-                print(f"{'':<12} CPU us/job {name:<7} {c['total']:>7.1f} (main thread "
-                      f"{c['main']:.1f}, libzmq I/O {c['zmq']:.1f}, other {c['other']:.1f})")
-    if "floor" in results:
-        fl = results["floor"]
-        print(f"{'floor':<12} {fl['jobs_per_s']:>9.0f} {fl['p50_ms']:>8.3f} "
-              f"{fl['p99_ms']:>8.3f}   (brokered message pattern through peermesh's socket "
-              "layer, no processing)")
-        _print_runs(fl)
-        for name, c in fl["cpu_us_per_job"].items():
-            print(f"{'':<12} CPU us/job {name:<7} {c['total']:>7.1f} (main thread "
-                  f"{c['main']:.1f}, libzmq I/O {c['zmq']:.1f}, other {c['other']:.1f})")
-    if "failover" in results:
-        f = results["failover"]
-        print(f"failover: new broker elected after {f['elected_after_s']:.3f}s, serving after "
-              f"{f['serving_after_s']:.3f}s (expired {f['expired_s']:g}s, "
-              f"bound {f['bound_s']:g}s)")
-    for name, t in targets.items():
-        print(f"target {name}: {t}")
+    results["targets"] = targets(results)
+    print(dump_json(results) if args.json else report(results, args.repeat))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

@@ -37,9 +37,9 @@ one core (CPU seconds / wall seconds): the channel's (or raw client's) whole
 process and its hub thread (``getrusage`` and ``time.thread_time`` in that
 child), its servers' (``/proc/PID/stat``) and the rest of the machine's
 (``/proc/stat`` minus those: other work, e.g. other benchmarks), with the
-share of replies each server gave. ``--baseline DIR`` adds the channel cases
-once more with the peermesh package found in DIR (e.g. an older commit:
-``git archive HEAD peermesh | tar -x -C DIR``), interleaved with the rest.
+share of replies each server gave. ``--baseline REV`` adds the channel cases
+once more with the peermesh of an older commit (or of a directory holding a
+peermesh package), interleaved with the rest.
 Prints a table with ratios against the targets of issue 4 (sequential >= 60%
 of raw, p99 <= 1 ms, pipelined throughput scaling with servers until the
 channel's core saturates, failover within 2 x ping interval); ``--json``
@@ -49,23 +49,16 @@ prints one JSON object instead.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import resource
 import signal
 import statistics
-import subprocess
-import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from cpustat import machine_cpu, proc_cpu
+import harness
+from harness import (LOOPBACK, Child, Children, Parent, cpu, dump_json, free_tcp_endpoint,
+                     interleaved, machine_cpu, percentile, proc_cpu, progress, table, trees)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-
-LOOPBACK = "127.0.0.1"
 PAD = b"x" * 64
 SADA_HEAD = [b"", b"SADA1", b"REQ", b"0123456789abcdef-1", b"echo", b"1.0", b"", b"echo"]
 TARGETS = {"sequential_ratio": 0.60, "p99_ms": 1.0, "failover_intervals": 2.0,
@@ -73,34 +66,20 @@ TARGETS = {"sequential_ratio": 0.60, "p99_ms": 1.0, "failover_intervals": 2.0,
            "scaling_efficiency": 0.80,
            # ... or when the channel's process is this busy, of one core (it is saturated)
            "channel_saturated": 0.90}
-SERVICE_S = 0.001      # the server-bound handler's service time (--service-ms)
-_T0 = time.perf_counter()
-
-
-def progress(text: str) -> None:
-    print(f"[{time.perf_counter() - _T0:6.1f}s] {text}", file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of a sorted list."""
-    if not values:
-        return float("nan")
-    k = math.ceil(q / 100.0 * len(values)) - 1
-    return values[max(0, min(len(values) - 1, k))]
 
 
 # ---------------------------------------------------------------------------
-# child roles (run as `bench_sada.py --role ROLE --code DIR [ENDPOINT]`)
+# roles: each runs in a child process of its own (harness.Children.start)
 
 
-def role_raw_echo(endpoint: str) -> None:
+def role_raw_echo(parent: Parent, endpoint: str) -> None:
     """A plain blocking ROUTER (bound at ``endpoint``) that echoes every message, but
     answers a SADA REQ's frames with a REP's (request id, status 200, the payload)."""
     import zmq
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(endpoint)
-    print("READY", flush=True)
+    parent.send("ready")
     recv, send, more = sock.recv, sock.send, zmq.SNDMORE
     while True:
         frames = [recv(copy=False)]
@@ -113,12 +92,12 @@ def role_raw_echo(endpoint: str) -> None:
         send(frames[-1])
 
 
-def role_sada_server(endpoint: str) -> None:
+def role_sada_server(parent: Parent, endpoint: str, service_s: float) -> None:
     """A peermesh Server with the demo echo service, connected to ``endpoint``.
 
     ``bench/spawned`` echoes in a greenlet of its own; ``bench/service`` is the
     server-bound handler: inline, it blocks the whole process in ``time.sleep``
-    for ``SERVICE_S`` (no CPU burnt, one request at a time), then echoes.
+    for ``service_s`` seconds (no CPU burnt, one request at a time), then echoes.
     """
     import gevent
 
@@ -130,19 +109,18 @@ def role_sada_server(endpoint: str) -> None:
         return payload
 
     @server.handler("bench", "service", raw=True, inline=True)
-    def service(payload: bytes, sleep: Any = time.sleep, seconds: float = SERVICE_S) -> bytes:
+    def service(payload: bytes, sleep: Any = time.sleep, seconds: float = service_s) -> bytes:
         sleep(seconds)      # not gevent's: nothing else in this process runs meanwhile
         return payload
 
     server.start()
-    print("READY", flush=True)
+    parent.send("ready")
     gevent.wait()
 
 
 def _cpu() -> tuple[float, float]:
     """CPU seconds used so far by this whole process and by its current thread."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime, time.thread_time()
+    return cpu(), time.thread_time()
 
 
 def _cpu_used(before: tuple[float, float]) -> dict[str, float]:
@@ -151,18 +129,7 @@ def _cpu_used(before: tuple[float, float]) -> dict[str, float]:
     return {"cpu": now[0] - before[0], "hub_cpu": now[1] - before[1]}
 
 
-def _commands(answer: Any) -> None:
-    """Answer JSON commands from stdin, one per line, until it closes."""
-    from gevent.socket import wait_read
-    while True:
-        wait_read(sys.stdin.fileno())   # the hub keeps running meanwhile
-        line = sys.stdin.readline()
-        if not line:
-            return
-        print(json.dumps(answer(json.loads(line))), flush=True)
-
-
-def role_raw_client(endpoint: str) -> None:
+def role_raw_client(parent: Parent, endpoint: str) -> dict[str, Any]:
     """A raw DEALER client of a ``raw-echo`` at ``endpoint``, run on command."""
     import msgpack
     import zmq
@@ -212,11 +179,12 @@ def role_raw_client(endpoint: str) -> None:
         wall = clock() - start
         return {"samples": samples, "wall": wall, **_cpu_used(cpu)}
 
-    print("READY", flush=True)
-    _commands(run)
+    parent.send("ready")
+    parent.serve(run)
+    return {}
 
 
-def role_sada_client(_: Optional[str]) -> None:
+def role_sada_client(parent: Parent) -> dict[str, Any]:
     """A ``Channel`` on 127.0.0.1 (its endpoint follows READY), run on command.
 
     Pipelined: ``window`` greenlets, each sending its next request when its
@@ -259,92 +227,50 @@ def role_sada_client(_: Optional[str]) -> None:
         served = {s.id: s.replies - replies.get(s.id, 0) for s in channel.servers()}
         return {"samples": samples, "wall": wall, **used, "served": served}
 
-    print("READY", channel.endpoint, flush=True)
-    _commands(run)
+    parent.send("ready", channel.endpoint)
+    parent.serve(run, green=True)
+    return {}
 
 
-ROLES = {"raw-echo": role_raw_echo, "sada-server": role_sada_server,
-         "raw-client": role_raw_client, "sada-client": role_sada_client}
+# ---------------------------------------------------------------------------
+# the parent: set-ups, interleaved rounds, failover
 
 
-class Children:
-    """Child processes, all killed at the end."""
+class Setup:
+    """A client child and the server children it talks to."""
 
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, role: str, endpoint: str = "", code: str = REPO
-              ) -> "subprocess.Popen[str]":
-        """Start ``role`` with the peermesh package in ``code``; wait for READY."""
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role,
-                                 "--code", code, "--service-ms", repr(SERVICE_S * 1000),
-                                 endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
-        self.procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        if not line or line[0] != "READY":
-            raise RuntimeError(f"{role} child did not start: {line!r}")
-        proc.ready = line[1:]  # type: ignore[attr-defined]
-        proc.servers = []      # type: ignore[attr-defined]  # a client's server children
-        return proc
-
-    def kill(self, proc: "subprocess.Popen[str]") -> None:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(5)
-
-    def __enter__(self) -> "Children":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            self.kill(proc)
+    def __init__(self, client: Child, servers: list[Child]) -> None:
+        self.client, self.servers = client, servers
 
 
-def ask(proc: "subprocess.Popen[str]", **cmd: Any) -> dict[str, Any]:
-    """Send a client child one command and return its answer."""
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(cmd) + "\n")
-    proc.stdin.flush()
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"client child {proc.args} died")
-    return json.loads(line)
-
-
-def free_tcp_endpoint() -> str:
-    import socket
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return f"tcp://{LOOPBACK}:{s.getsockname()[1]}"
-
-
-def raw_setup(children: Children) -> "subprocess.Popen[str]":
-    """A raw echo child and a raw client child of it; returns the client."""
+def raw_setup(children: Children) -> Setup:
+    """A raw echo child and a raw client child of it."""
     endpoint = free_tcp_endpoint()
-    echo = children.start("raw-echo", endpoint)
-    client = children.start("raw-client", endpoint)
-    client.servers = [echo]  # type: ignore[attr-defined]
-    return client
+    echo = children.start("bench_sada", "raw_echo", endpoint=endpoint)
+    echo.expect("ready", 30)
+    client = children.start("bench_sada", "raw_client", endpoint=endpoint)
+    client.expect("ready", 30)
+    return Setup(client, [echo])
 
 
-def sada_setup(children: Children, servers: int, code: str) -> "subprocess.Popen[str]":
-    """A channel child and ``servers`` server children (code from ``code``)."""
-    client = children.start("sada-client", code=code)
-    endpoint = client.ready[0]  # type: ignore[attr-defined]
-    client.servers = [children.start("sada-server", endpoint, code=code)  # type: ignore
-                      for _ in range(servers)]
-    if not ask(client, op="wait", count=servers)["ok"]:
+def sada_setup(children: Children, servers: int, code: str, service_s: float) -> Setup:
+    """A channel child and ``servers`` server children, peermesh from ``code``."""
+    client = children.start("bench_sada", "sada_client", code)
+    endpoint = client.expect("ready", 30)
+    procs = [children.start("bench_sada", "sada_server", code, endpoint=endpoint,
+                            service_s=service_s) for _ in range(servers)]
+    for proc in procs:
+        proc.expect("ready", 30)
+    if not client.ask(op="wait", count=servers)["ok"]:
         raise RuntimeError("servers did not introduce themselves")
-    return client
+    return Setup(client, procs)
 
 
-def run_case(client: "subprocess.Popen[str]", cmd: dict[str, Any]) -> dict[str, Any]:
+def run_case(setup: Setup, cmd: dict[str, Any]) -> dict[str, Any]:
     """One run of a case; adds the CPU its servers and the whole machine used meanwhile."""
-    servers = client.servers  # type: ignore[attr-defined]
+    servers = setup.servers
     before = [proc_cpu(p.pid) for p in servers], machine_cpu(), time.perf_counter()
-    part = ask(client, op="run", **cmd)
+    part = setup.client.ask(op="run", **cmd)
     wall = time.perf_counter() - before[2]
     part["servers_cpu"] = sum(proc_cpu(p.pid) for p in servers) - sum(before[0])
     part["machine_cpu"] = machine_cpu() - before[1]
@@ -352,26 +278,26 @@ def run_case(client: "subprocess.Popen[str]", cmd: dict[str, Any]) -> dict[str, 
     return part
 
 
-def interleaved(cases: dict[str, tuple["subprocess.Popen[str]", dict[str, Any]]], n: int,
-                rounds: int) -> dict[str, dict[str, Any]]:
-    """Run every case ``rounds`` times, round-robin (load from elsewhere hits all alike).
+def rounds_of(cases: dict[str, tuple[Setup, dict[str, Any]]], n: int,
+              rounds: int) -> dict[str, dict[str, Any]]:
+    """Run every case ``rounds`` times, interleaved, after one warm-up run each.
 
     Per case: ``per_s`` is the median of the rounds' rates, percentiles come
     from all samples together, CPU shares (of one core: CPU seconds / wall
     seconds) from all rounds together. A case's ``cmd`` may set its own ``n``.
     """
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
-    for client, cmd in cases.values():      # warm-up round, not counted
-        ask(client, op="run", **{**cmd, "n": min(500, cmd.get("n", n))})
-    for _ in range(rounds):
-        for name, (client, cmd) in cases.items():
-            runs[name].append(run_case(client, {"n": n, **cmd}))
+    for setup, cmd in cases.values():      # warm-up round, not counted
+        setup.client.ask(op="run", **{**cmd, "n": min(500, cmd.get("n", n))})
+    def case(setup: Setup, cmd: dict[str, Any]) -> Callable[[int], dict[str, Any]]:
+        return lambda _: run_case(setup, {"n": n, **cmd})
+    runs = interleaved({name: case(*c) for name, c in cases.items()}, rounds)
     result = {}
     for name, parts in runs.items():
         us = sorted(s * 1e6 for part in parts for s in part["samples"])
         wall = sum(p["wall"] for p in parts)
         outer = sum(p["outer_wall"] for p in parts)
         ours = sum(p["cpu"] + p["servers_cpu"] for p in parts)
+        machine = sum(p["machine_cpu"] for p in parts)
         result[name] = {
             "round_trips": len(us),
             "per_s": statistics.median(len(p["samples"]) / p["wall"] for p in parts),
@@ -381,9 +307,8 @@ def interleaved(cases: dict[str, tuple["subprocess.Popen[str]", dict[str, Any]]]
             "cpu_pct": {"client": 100 * sum(p["cpu"] for p in parts) / wall,
                         "client_hub": 100 * sum(p["hub_cpu"] for p in parts) / wall,
                         "servers": 100 * sum(p["servers_cpu"] for p in parts) / outer,
-                        "other": 100 * max(0.0, sum(p["machine_cpu"] for p in parts) - ours)
-                        / outer,
-                        "machine": 100 * sum(p["machine_cpu"] for p in parts) / outer}}
+                        "other": 100 * max(0.0, machine - ours) / outer,
+                        "machine": 100 * machine / outer}}
         if "served" in parts[0]:
             served: dict[str, int] = {}
             for part in parts:
@@ -393,8 +318,8 @@ def interleaved(cases: dict[str, tuple["subprocess.Popen[str]", dict[str, Any]]]
     return result
 
 
-def bench_failover(servers: int, window: int, ping_interval: float,
-                   seconds: float) -> dict[str, Any]:
+def bench_failover(servers: int, window: int, ping_interval: float, seconds: float,
+                   service_s: float) -> dict[str, Any]:
     """Pipelined load on ``servers`` servers; SIGKILL one halfway; measure recovery."""
     import gevent
 
@@ -402,7 +327,10 @@ def bench_failover(servers: int, window: int, ping_interval: float,
     channel = Channel(address=LOOPBACK, ping_interval=ping_interval).start()
     try:
         with Children() as children:
-            procs = [children.start("sada-server", channel.endpoint) for _ in range(servers)]
+            procs = [children.start("bench_sada", "sada_server", endpoint=channel.endpoint,
+                                    service_s=service_s) for _ in range(servers)]
+            for proc in procs:
+                proc.expect("ready", 30)
             if not channel.wait_for("echo", count=servers, timeout=10):
                 raise RuntimeError("servers did not introduce themselves")
             clock = time.perf_counter
@@ -446,7 +374,7 @@ def bench_failover(servers: int, window: int, ping_interval: float,
             while before_kill & set(outstanding) and clock() < deadline:
                 gevent.sleep(0.001)
             recovered_at = clock()
-            victim.wait(5)
+            victim.process.wait(5)
             gevent.sleep(seconds / 2)
             state["stop"] = True
             gevent.wait([*outstanding.values()], timeout=15)
@@ -462,44 +390,44 @@ def bench_failover(servers: int, window: int, ping_interval: float,
         channel.stop()
 
 
-# ---------------------------------------------------------------------------
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    versions = {"": REPO}
-    if args.baseline:
-        versions["_before"] = os.path.abspath(args.baseline)
-    with Children() as children:
+    code = trees(args.baseline)
+    versions = {"": code["peermesh"]}
+    if "baseline" in code:
+        versions["_before"] = code["baseline"]
+    service_s = args.service_ms / 1000
+    with Children(grace=0) as children:
         raw = raw_setup(children)
-        one = {tag: sada_setup(children, 1, code) for tag, code in versions.items()}
-        two = {tag: sada_setup(children, 2, code) for tag, code in versions.items()}
-        four = {tag: sada_setup(children, 4, code) for tag, code in versions.items()}
-        setups = {1: one, 2: two, 4: four}
+        setups = {k: {tag: sada_setup(children, k, tree, service_s)
+                      for tag, tree in versions.items()} for k in (1, 2, 4)}
+        one, four = setups[1], setups[4]
         progress(f"sequential: {args.rounds} interleaved rounds of {args.n} round trips")
-        sequential = {"raw_seq": (raw, {"window": 1}),
+        sequential: dict[str, tuple[Setup, dict[str, Any]]] = {
+                      "raw_seq": (raw, {"window": 1}),
                       "raw_seq_sada_frames": (raw, {"window": 1, "sada_frames": True})}
         for tag in versions:
             sequential[f"sada_seq{tag}"] = (one[tag], {"window": 1, "action": "echo"})
             sequential[f"sada_seq_spawned{tag}"] = (one[tag], {"window": 1, "action": "spawned"})
-        results.update(interleaved(sequential, args.n, args.rounds))
+        results.update(rounds_of(sequential, args.n, args.rounds))
         progress(f"pipelined (window {args.window}): {args.rounds} interleaved rounds")
         w = args.window
-        pipelined = {"raw_pipe": (raw, {"window": w})}
+        pipelined: dict[str, tuple[Setup, dict[str, Any]]] = {"raw_pipe": (raw, {"window": w})}
         for tag in versions:
             pipelined[f"sada_pipe_1{tag}"] = (one[tag], {"window": w, "action": "echo"})
             pipelined[f"sada_pipe_4{tag}"] = (four[tag], {"window": w, "action": "echo"})
-        results.update(interleaved(pipelined, args.n * 2, args.rounds))
-        progress(f"server-bound (handler blocks {SERVICE_S * 1000:g} ms; window {w}): "
+        results.update(rounds_of(pipelined, args.n * 2, args.rounds))
+        progress(f"server-bound (handler blocks {args.service_ms:g} ms; window {w}): "
                  f"{args.rounds} interleaved rounds")
         bound = {}
         for tag in versions:
             for k, setup in setups.items():
                 bound[f"sada_bound_{k}{tag}"] = (setup[tag], {"window": w, "action": "service",
                                                               "n": args.bound_n * k})
-        results.update(interleaved(bound, args.bound_n, args.rounds))
+        results.update(rounds_of(bound, args.bound_n, args.rounds))
     progress("failover: SIGKILL one of 3 servers under load")
-    results["failover"] = bench_failover(3, args.window, args.ping_interval, args.failover_s)
+    results["failover"] = bench_failover(3, args.window, args.ping_interval, args.failover_s,
+                                         service_s)
     raw_seq = results["raw_seq"]["per_s"]
     ratios = results["ratios"] = {}
     for tag in versions:
@@ -514,9 +442,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ratios[f"bound_{k}_vs_1{tag}"] = (results[f"sada_bound_{k}{tag}"]["per_s"]
                                              / results[f"sada_bound_1{tag}"]["per_s"])
     ratios["raw_sada_frames_vs_raw"] = results["raw_seq_sada_frames"]["per_s"] / raw_seq
-    if args.baseline:
-        results["baseline"] = versions["_before"]
-    results["service_ms"] = SERVICE_S * 1000
+    if "_before" in versions:
+        results["baseline"] = f"{args.baseline} ({versions['_before']})"
+        for key in NAMES:
+            if key.startswith("sada"):
+                ratios[f"{key}_vs_baseline"] = (results[key]["per_s"]
+                                                / results[key + "_before"]["per_s"])
+    results["service_ms"] = args.service_ms
     results["cores"] = os.cpu_count()
     for tag in versions:
         results["scaling" + tag] = scaling(results, tag)
@@ -598,11 +530,7 @@ def scaling_lines(r: dict[str, Any], tag: str) -> list[str]:
 
 def cpu_table(r: dict[str, Any], tags: list[str]) -> list[str]:
     """CPU of the pipelined cases, % of one core, and how the requests spread."""
-    lines = [f"CPU while each pipelined case ran, % of one core ({r['cores']} cores = "
-             f"{100 * r['cores']} %): the channel's process (the raw client's in the raw case)",
-             "and its hub thread, its servers, other work on the machine, the machine in all:",
-             f"{'case':50} {'channel':>8} {'its hub':>8} {'servers':>8} {'other':>8} "
-             f"{'machine':>8}   replies per server (%)"]
+    rows = []
     for key in PIPELINED:
         for tag in tags if key.startswith("sada") else [""]:
             x = r[key + tag]
@@ -610,22 +538,28 @@ def cpu_table(r: dict[str, Any], tags: list[str]) -> list[str]:
             served = x.get("served_per_server", [])
             total = sum(served) or 1
             spread = " ".join(f"{100 * c / total:.0f}" for c in served) if len(served) > 1 else ""
-            label = NAMES[key] + (" [baseline]" if tag else "")
-            lines.append(f"{label:50} {cpu['client']:8.0f} {cpu['client_hub']:8.0f} "
-                         f"{cpu['servers']:8.0f} {cpu['other']:8.0f} {cpu['machine']:8.0f}   "
-                         f"{spread}")
-    return lines
+            rows.append([NAMES[key] + (" [baseline]" if tag else ""),
+                         *(f"{cpu[k]:.0f}" for k in ("client", "client_hub", "servers", "other",
+                                                     "machine")), spread])
+    return [f"CPU while each pipelined case ran, % of one core ({r['cores']} cores = "
+            f"{100 * r['cores']} %): the channel's process (the raw client's in the raw case)",
+            "and its hub thread, its servers, other work on the machine, the machine in all:",
+            *table(["case", "channel", "its hub", "servers", "other", "machine",
+                    "replies per server (%)"], rows)]
 
 
-def table(r: dict[str, Any]) -> str:
+def report(r: dict[str, Any]) -> str:
     tags = [""] + (["_before"] if "baseline" in r else [])
-    lines = [f"{'case':50} {'round trips/s':>14} {'p50 µs':>9} {'p99 µs':>9}"]
+    ratios = r["ratios"]
+    rows = []
     for key, name in NAMES.items():
         for tag in tags if key.startswith("sada") else [""]:
             x = r[key + tag]
-            label = name + (" [baseline]" if tag else "")
-            lines.append(f"{label:50} {x['per_s']:14.0f} {x['p50_us']:9.0f} {x['p99_us']:9.0f}")
-    ratios = r["ratios"]
+            rows.append([name + (" [baseline]" if tag else ""), f"{x['per_s']:.0f}",
+                         f"{x['p50_us']:.0f}", f"{x['p99_us']:.0f}",
+                         ratios.get(f"{key}_vs_baseline", "") if tag == "" else ""])
+    head = ["case", "round trips/s", "p50 µs", "p99 µs", *(["now/base"] if len(tags) > 1 else [])]
+    lines = table(head, [row[:len(head)] for row in rows])
     lines.append("")
     lines += cpu_table(r, tags)
     lines.append("")
@@ -672,9 +606,6 @@ def table(r: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
-    parser.add_argument("--code", default=REPO, help=argparse.SUPPRESS)
-    parser.add_argument("endpoint", nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("-n", type=int, default=3000,
                         help="round trips per sequential case and round (pipelined: 2n)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
@@ -683,26 +614,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="service time of the server-bound handler (ms; blocks, burns no CPU)")
     parser.add_argument("--bound-n", type=int, default=400,
                         help="requests per server per server-bound case and round")
-    parser.add_argument("--baseline", metavar="DIR",
-                        help="also run the channel cases with the peermesh package in DIR")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the channel cases with the peermesh of REV (a commit, or "
+                             "a directory holding a peermesh package)")
     parser.add_argument("--ping-interval", type=float, default=1.0,
                         help="channel ping interval in the failover case (s)")
     parser.add_argument("--failover-s", type=float, default=2.0,
                         help="length of the failover run (s)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    if args.baseline and not os.path.isdir(os.path.join(args.baseline, "peermesh", "sada")):
-        parser.error(f"--baseline {args.baseline}: no peermesh/sada package there")
-    sys.path.insert(0, os.path.abspath(args.code))
-    global SERVICE_S
-    SERVICE_S = args.service_ms / 1000
-    if args.role:
-        ROLES[args.role](args.endpoint)
-        return 0
     results = run(args)
-    print(json.dumps(results, indent=2) if args.json else table(results))
+    print(dump_json(results) if args.json else report(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

@@ -20,33 +20,27 @@ process needs about 3*N*(N-1) descriptors).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import socket
-import subprocess
 import sys
 import time
+from typing import Any
+
+import harness
+from harness import (INTERFACE, ChildFailed, Children, Parent, dump_json, free_udp_port,
+                     progress, rss_mb, table)
 
 TARGET_1000_SECONDS = 60.0
 TARGET_1000_BYTES = 4 * 1024 ** 3
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def run_sim(n: int, limit: float) -> dict:
+def run_sim(n: int, limit: float) -> dict[str, Any]:
     from peermesh.sim import Simulation
     began = time.perf_counter()
 
     def progress(s: Simulation) -> None:
         print(f"  {n} nodes: {s.entered:,}/{n * (n - 1):,} ENTERs, {s.complete()} with a full "
-              f"view, wall {time.perf_counter() - began:.0f} s, RSS {_rss() / 2**20:.0f} MB",
+              f"view, wall {time.perf_counter() - began:.0f} s, RSS {rss_mb():.0f} MB",
               file=sys.stderr, flush=True)
 
     sim = Simulation(n, latency=0.001, seed=1)
@@ -56,19 +50,17 @@ def run_sim(n: int, limit: float) -> dict:
     wall = time.perf_counter() - began
     report = sim.report()
     return {"nodes": n, "full_mesh": ok, "wall_seconds": round(wall, 2),
-            "virtual_seconds": report["converged_after"], "rss_bytes": _rss(),
+            "virtual_seconds": report["converged_after"], "rss_bytes": int(rss_mb() * 2**20),
             "per_node_bytes": report["memory_per_node_bytes"],
             "messages": report["messages"]["sent"]}
 
 
-def run_real(n: int, limit: float) -> dict:
+def run_real(n: int, limit: float) -> dict[str, Any]:
     import gevent
     import peermesh
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_udp_port()
     began = time.perf_counter()
-    nodes = [peermesh.Node(f"r{i}", interface="lo", port=port, interval=0.2).start()
+    nodes = [peermesh.Node(f"r{i}", interface=INTERFACE, port=port, interval=0.2).start()
              for i in range(n)]
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline and not all(len(x.peers()) == n - 1 for x in nodes):
@@ -83,16 +75,20 @@ def run_real(n: int, limit: float) -> dict:
             "fds_predicted": 3 * n * (n - 1)}
 
 
-def child(kind: str, n: int, limit: float, timeout: float) -> dict:
+def role_size(parent: Parent, kind: str, n: int, limit: float) -> dict[str, Any]:
+    """One size in a fresh process (the harness ends it at once: tearing down millions
+    of objects one by one takes half a minute)."""
+    return (run_sim if kind == "sim" else run_real)(n, limit)
+
+
+def child(kind: str, n: int, limit: float, timeout: float) -> dict[str, Any]:
     """Run one size in a fresh process; its progress lines and errors go to our stderr."""
     try:
-        out = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(limit)],
-                             stdout=subprocess.PIPE, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"nodes": n, "error": f"not done within {timeout:g} s"}
-    if out.returncode != 0:
-        return {"nodes": n, "error": f"exit code {out.returncode} (see stderr)"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        with Children(grace=0) as kids:
+            return kids.start("bench_sim", "size", kind=kind, n=n,
+                              limit=limit).expect("result", timeout)
+    except ChildFailed as exc:
+        return {"nodes": n, "error": str(exc).strip().splitlines()[-1]}
 
 
 def main() -> int:
@@ -106,33 +102,24 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="wall seconds one size may take in all (default: 1800)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        kind, n, limit = args.child
-        print(json.dumps((run_sim if kind == "sim" else run_real)(int(n), float(limit))),
-              flush=True)
-        os._exit(0)  # tearing down millions of objects one by one takes half a minute
     rows = []
     for n in [int(x) for x in args.sizes.split(",") if x]:
-        print(f"simulating {n} nodes ...", file=sys.stderr, flush=True)
+        progress(f"simulating {n} nodes ...")
         rows.append({"kind": "sim", **child("sim", n, args.limit, args.timeout)})
     for n in [int(x) for x in args.real.split(",") if x]:
-        print(f"{n} nodes on real sockets in one process ...", file=sys.stderr, flush=True)
+        progress(f"{n} nodes on real sockets in one process ...")
         rows.append({"kind": "real", **child("real", n, args.limit, args.timeout)})
     if args.json:
-        print(json.dumps(rows))
+        print(dump_json(rows))
         return 0
-    print(f"{'kind':5} {'N':>6} {'full':>5} {'wall s':>8} {'virtual s':>10} {'RSS MB':>8} "
-          f"{'KB/node':>8} {'fds':>7}")
-    for r in rows:
-        if "error" in r:
-            print(f"{r['kind']:5} {r['nodes']:>6} error: {r['error']}")
-            continue
-        print(f"{r['kind']:5} {r['nodes']:>6} {str(r['full_mesh']):>5} {r['wall_seconds']:>8} "
-              f"{str(r.get('virtual_seconds', '')):>10} "
-              f"{r.get('rss_bytes', 0) / 2**20:>8.0f} {r.get('per_node_bytes', 0) / 1024:>8.0f} "
-              f"{str(r.get('fds', '')) + '/' + str(r.get('fd_limit', '')) if 'fds' in r else '':>7}")
+    print("\n".join(table(
+        ["kind", "N", "full", "wall s", "virtual s", "RSS MB", "KB/node", "fds"],
+        [[r["kind"], str(r["nodes"]), f"error: {r['error']}", "", "", "", "", ""] if "error" in r
+         else [r["kind"], str(r["nodes"]), str(r["full_mesh"]), str(r["wall_seconds"]),
+               str(r.get("virtual_seconds", "")), f"{r.get('rss_bytes', 0) / 2**20:.0f}",
+               f"{r.get('per_node_bytes', 0) / 1024:.0f}",
+               f"{r['fds']}/{r['fd_limit']}" if "fds" in r else ""] for r in rows])))
     for r in rows:
         if r.get("kind") == "sim" and r.get("nodes") == 1000 and "error" not in r:
             print(f"\n1,000 nodes: {r['wall_seconds']} s wall (target <= {TARGET_1000_SECONDS:g}), "
@@ -148,4 +135,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)
