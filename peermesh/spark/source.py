@@ -54,8 +54,9 @@ from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, Dat
                                TimestampNTZType, TimestampType)
 
 from .client import log_client
-from .codec import DECODE_MODES, pack_value, payload_text, payload_value
+from .codec import pack_value, payload_text, payload_value
 from .log import Chunk, DecodedChunk, decode_chunk, rows_of
+from .options import Use, check as check_options, check_use, parsed
 from .protocol import DataLossError
 from .service import MeshSettings, current_service
 
@@ -74,30 +75,6 @@ SCHEMA = StructType([
     StructField("text", StringType(), True),           # msgpack as JSON, or UTF-8; else null
 ])
 METADATA = ("group", "sender", "sender_name", "received", "offset", "payload", "text")
-
-
-def _bool(value: Optional[str], default: bool) -> bool:
-    if value is None or value == "":
-        return default
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {value!r}")
-
-
-def _positive_int(options: Mapping[str, str], key: str, default: Optional[int]) -> Optional[int]:
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"option {key} must be an integer, not {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"option {key} must be at least 1, not {value}")
-    return value
 
 
 def _groups(options: Mapping[str, str]) -> list[str]:
@@ -133,22 +110,15 @@ class SourceOptions:
         if not groups:
             raise ValueError("option 'group' is missing: name one group, or several "
                              "separated by commas")
-        starting = (options.get("startingoffsets") or ("earliest" if batch else "latest"))
-        ending = options.get("endingoffsets") or "latest"
-        for key, value in (("startingOffsets", starting), ("endingOffsets", ending)):
-            if value not in ("earliest", "latest") and not value.lstrip("-").isdigit():
-                raise ValueError(f"option {key} must be earliest, latest or an offset, "
-                                 f"not {value!r}")
-        decode = (options.get("decode") or "auto").lower()
-        if decode not in DECODE_MODES:
-            raise ValueError(f"option decode must be one of {', '.join(DECODE_MODES)}")
+        check_use(options, Use.BATCH_READ if batch else Use.STREAM_READ)
         return cls(endpoint=endpoint, groups=tuple(groups),
-                   partitions=_positive_int(options, "partitions", 1) or 1,
-                   starting=starting, ending=ending,
-                   max_offsets=_positive_int(options, "maxoffsetspertrigger", None),
-                   fail_on_data_loss=_bool(options.get("failondataloss"), True),
-                   decode=decode,
-                   auto_join=_bool(options.get("autojoin"), True))
+                   partitions=parsed(options, "partitions", 1),
+                   starting=parsed(options, "startingOffsets", "earliest" if batch else "latest"),
+                   ending=parsed(options, "endingOffsets", "latest"),
+                   max_offsets=parsed(options, "maxOffsetsPerTrigger"),
+                   fail_on_data_loss=parsed(options, "failOnDataLoss", True),
+                   decode=parsed(options, "decode", "auto"),
+                   auto_join=parsed(options, "autoJoin", True))
 
 
 @dataclass(frozen=True)
@@ -172,6 +142,7 @@ class WriteOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "WriteOptions":
         """From data source options; ``ValueError`` naming the bad option."""
+        check_use(options, Use.WRITE)
         group, service = options.get("group") or None, options.get("service") or None
         if (group is None) == (service is None):
             raise ValueError("a peermesh write needs exactly one of option 'group' (shout each "
@@ -179,18 +150,17 @@ class WriteOptions:
                              "request, with option 'action')")
         if service is not None and not options.get("action"):
             raise ValueError("option 'service' needs option 'action'")
-        timeout = options.get("timeout")
         return cls(group=group, service=service, action=options.get("action") or None,
                    version=options.get("version") or None,
                    category=options.get("category") or "",
                    column=options.get("column") or None,
                    mesh=MeshSettings.from_options(options),
-                   peers=_positive_int(options, "peers", 1) or 1,
-                   discovery_timeout=float(options.get("discoverytimeout") or 10.0),
-                   require_delivery=_bool(options.get("requiredelivery"), True),
-                   timeout=float(timeout) if timeout else None,
-                   max_in_flight=_positive_int(options, "maxinflight", 64) or 64,
-                   retries=int(options.get("retries") or 0))
+                   peers=parsed(options, "peers", 1),
+                   discovery_timeout=parsed(options, "discoveryTimeout", 10.0),
+                   require_delivery=parsed(options, "requireDelivery", True),
+                   timeout=parsed(options, "timeout"),
+                   max_in_flight=parsed(options, "maxInFlight", 64),
+                   retries=parsed(options, "retries", 0))
 
 
 # --- offsets ------------------------------------------------------------------
@@ -228,12 +198,12 @@ def split_range(log_id: str, start: int, end: int, parts: int) -> list[OffsetRan
 
 
 def _resolve(spec: str, earliest: int, nxt: int) -> int:
+    """An offset spec as ``options.offset_spec`` leaves it: earliest, latest or an offset."""
     if spec == "earliest":
         return earliest
     if spec == "latest":
         return nxt
-    value = int(spec)
-    return nxt + value + 1 if value < 0 else value  # -1: latest, as in Kafka's JSON offsets
+    return int(spec)
 
 
 # --- reading rows -------------------------------------------------------------
@@ -449,19 +419,27 @@ class _ReaderBase:
     def _client(self) -> Any:
         return log_client(self.opts.endpoint)
 
-    def _info(self) -> dict:
+    def _info(self, join: bool = False) -> dict:
+        """The log's bounds; ``join``: the driver's node joins groups it does not log yet."""
         client = self._client()
         info = client.info()
         missing = [g for g in self.opts.groups if g not in info["groups"]]
-        if missing and self.opts.auto_join:
+        if missing and join and self.opts.auto_join:
             client.join(missing)
         self._log_id = info["log"]
         return info
 
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        """Rows of one range (runs in an executor's Python worker)."""
-        assert isinstance(partition, OffsetRange)
-        return read_range(self.opts, self.schema, partition)
+    def read(self, partition: Optional[InputPartition]) -> Iterator[Any]:
+        """Rows of one range (runs in an executor's Python worker).
+
+        Spark reads an empty plan as one stand-in partition (``None``, or an
+        ``InputPartition`` of ``None``): it has no rows.
+        """
+        if isinstance(partition, OffsetRange):
+            return read_range(self.opts, self.schema, partition)
+        if getattr(partition, "value", None) is None:
+            return iter(())
+        raise TypeError(f"the peermesh source cannot read partition {partition!r}")
 
 
 class BatchReader(_ReaderBase, DataSourceReader):
@@ -489,12 +467,12 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
 
     def _ensure(self) -> None:
         if not self._ready:
-            self._info()
+            self._info(join=True)
             self._ready = True
 
     def initialOffset(self) -> dict:
         """Where a new query starts (``startingOffsets``); registers it as a consumer."""
-        info = self._info()
+        info = self._info(join=True)
         self._ready = True
         start = _resolve(self.opts.starting, info["earliest"], info["next"])
         # Registered with the log by the first latestOffset that uses it: Spark may ask
@@ -509,7 +487,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the target: nothing that arrives after this call is read by the run."""
-        info = self._info()
+        info = self._info(join=True)
         self._ready = True
         self._target = int(info["next"])
 
@@ -704,6 +682,7 @@ class PeermeshDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         merged = {k.lower(): v for k, v in self.defaults.items()}
         merged.update({k.lower(): v for k, v in dict(options).items()})
+        check_options(merged)
         super().__init__(merged)
         self.options = merged
 
@@ -725,12 +704,21 @@ class PeermeshDataSource(DataSource):
         return StreamReader(SourceOptions.parse(self.options, batch=False), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """Batch writer."""
+        """Batch writer (append only)."""
+        _refuse_overwrite(overwrite)
         return MeshWriter(WriteOptions.parse(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        """Streaming writer."""
+        """Streaming writer (append only)."""
+        _refuse_overwrite(overwrite)
         return MeshStreamWriter(WriteOptions.parse(self.options))
+
+
+def _refuse_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise ValueError("the peermesh format only appends: messages sent to a mesh cannot "
+                         "be taken back, so mode('overwrite') does not apply; use "
+                         "mode('append')")
 
 
 def register(spark: Any, service: Any = None, **options: Any) -> type:

@@ -17,6 +17,7 @@ from .conftest import spark_unavailable
 if spark_unavailable():
     pytest.skip(spark_unavailable(), allow_module_level=True)
 
+from pyspark.sql.datasource import InputPartition  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
 
 from peermesh.spark.protocol import DataLossError  # noqa: E402
@@ -118,10 +119,81 @@ def test_split_range() -> None:
     ({"endpoint": "tcp://127.0.0.1:1"}, "group"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "partitions": "0"}, "partitions"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "maxoffsetspertrigger": "x"},
-     "maxoffsetspertrigger"),
+     "maxOffsetsPerTrigger must be an integer"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "maxoffsetspertrigger": "0"},
+     "maxOffsetsPerTrigger must be at least 1"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "startingoffsets": "erliest"},
+     "startingOffsets must be earliest, latest or an offset"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "startingoffsets": "-3"},
+     "startingOffsets must be earliest"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "endingoffsets": "5"},
+     "endingOffsets does not apply to a stream"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "service": "s"},
+     "service does not apply to a stream"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "decode": "xml"}, "decode"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "failondataloss": "maybe"}, "boolean"),
 ])
 def test_bad_options(options: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SourceOptions.parse(options, batch=False)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"maxOffsetPerTrigger": "10"}, "unknown option 'maxoffsetpertrigger'.*did you mean "
+                                    "maxOffsetsPerTrigger"),
+    ({"startingOffset": "earliest"}, "did you mean startingOffsets"),
+    ({"colour": "red"}, "unknown option 'colour'"),
+    ({"partitions": "0"}, "partitions must be at least 1"),
+    ({"failondataloss": "maybe"}, "failOnDataLoss must be a boolean"),
+    ({"decode": "xml"}, "decode must be one of"),
+    ({"port": "70000"}, "port must be a UDP port"),
+    ({"discoverytimeout": "-1"}, "discoveryTimeout must be a positive number"),
+])
+def test_every_option_is_known_and_checked_when_the_source_is_made(
+        options: dict[str, str], message: str) -> None:
+    from peermesh.spark.source import PeermeshDataSource
+
+    with pytest.raises(ValueError, match=message):
+        PeermeshDataSource({"group": "g", **options})
+
+
+def test_options_that_apply_elsewhere_are_refused() -> None:
+    from peermesh.spark.source import WriteOptions
+
+    given = {"endpoint": "tcp://127.0.0.1:1", "group": "g"}
+    with pytest.raises(ValueError, match="maxOffsetsPerTrigger does not apply to a batch read"):
+        SourceOptions.parse({**given, "maxoffsetspertrigger": "5"}, batch=True)
+    with pytest.raises(ValueError, match="startingOffsets does not apply to a write"):
+        WriteOptions.parse({**given, "startingoffsets": "earliest"})
+    with pytest.raises(ValueError, match="peers does not apply to a batch read"):
+        SourceOptions.parse({**given, "peers": "2"}, batch=True)
+
+
+def test_kafka_offsets_minus_two_is_earliest_and_minus_one_latest(
+        make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"])
+    fill(service, ["g"], 10)
+    earliest = reader(service, batch=True, startingOffsets="-2").partitions()
+    assert [(p.start, p.end) for p in earliest] == [(0, 10)]
+    assert reader(service, batch=True, startingOffsets="-1").partitions() == []
+    stream = reader(service, startingOffsets="-2")
+    assert stream.initialOffset()["offset"] == 0
+    assert reader(service, startingOffsets="-1").initialOffset()["offset"] == 10
+
+
+def test_an_empty_plan_reads_no_rows(make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"])
+    batch = reader(service, batch=True)
+    assert batch.partitions() == []
+    assert list(batch.read(InputPartition(None))) == []  # PySpark's stand-in for an empty plan
+    assert list(batch.read(None)) == []
+
+
+def test_a_batch_read_never_joins_a_group_a_stream_does(
+        make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"])
+    given = {"endpoint": service.endpoint, "group": "elsewhere"}
+    BatchReader(SourceOptions.parse(given, True), SCHEMA).partitions()
+    assert "elsewhere" not in service.node.call(lambda node: node.groups())
+    StreamReader(SourceOptions.parse(given, False), SCHEMA).initialOffset()
+    assert "elsewhere" in service.node.call(lambda node: node.groups())

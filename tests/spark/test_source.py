@@ -239,3 +239,40 @@ def test_options_are_checked(spark: Any, make_service: Callable[..., Any]) -> No
     with pytest.raises(Exception, match="exactly one of"):
         spark.createDataFrame([(1,)], "id long").write.format("peermesh") \
             .mode("append").save()
+
+
+def test_a_batch_read_of_an_empty_log_has_no_rows(spark: Any,
+                                                  make_service: Callable[..., Any]) -> None:
+    service = make_service(["quiet"], spark)
+    assert spark.read.format("peermesh").option("group", "quiet").load().count() == 0
+    assert spark.read.format("peermesh").option("group", "never-logged").load().count() == 0
+    assert "never-logged" not in service.node.call(lambda node: node.groups())
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("maxOffsetsPerTrigger", "abc", "maxOffsetsPerTrigger must be an integer"),
+    ("maxOffsetsPerTrigger", "0", "maxOffsetsPerTrigger must be at least 1"),
+    ("partitions", "0", "partitions must be at least 1"),
+    ("failOnDataLoss", "maybe", "failOnDataLoss must be a boolean"),
+    ("startingOffsets", "erliest", "startingOffsets must be earliest, latest or an offset"),
+    ("decode", "xml", "decode must be one of"),
+    ("maxOffsetPerTrigger", "5", "unknown option 'maxoffsetpertrigger'.*did you mean"),
+])
+def test_bad_stream_options_fail_at_load_with_their_own_message(
+        spark: Any, make_service: Callable[..., Any], key: str, value: str,
+        message: str) -> None:
+    make_service(["x"], spark)
+    with pytest.raises(Exception, match=message):
+        spark.readStream.format("peermesh").option("group", "x").option(key, value).load()
+
+
+def test_options_that_do_not_apply_are_refused(spark: Any,
+                                               make_service: Callable[..., Any],
+                                               tmp_path: Path) -> None:
+    make_service(["x"], spark)
+    df = spark.createDataFrame([(1,)], "id long")
+    with pytest.raises(Exception, match="only appends"):
+        df.write.format("peermesh").option("group", "x").mode("overwrite").save()
+    with pytest.raises(Exception, match="endingOffsets does not apply to a stream"):
+        parquet_query(spark, "x", tmp_path / "out", tmp_path / "ck",
+                      endingOffsets="5").awaitTermination(20)
