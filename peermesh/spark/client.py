@@ -81,9 +81,10 @@ class LogClient:
 
     # --- the ops ------------------------------------------------------------
 
-    def info(self) -> dict[str, Any]:
-        """Log id, bounds, groups, channel endpoint and mesh settings of the service."""
-        return self.call(Op.INFO)
+    def info(self, groups: Sequence[str] = ()) -> dict[str, Any]:
+        """Log id, bounds (for ``groups``: default, any group), groups, channel endpoint and
+        mesh settings of the service."""
+        return self.call(Op.INFO, {"groups": list(groups)} if groups else None)
 
     def latest(self, groups: Sequence[str], start: int, max_rows: Optional[int] = None,
                ceiling: Optional[int] = None) -> dict[str, Any]:
@@ -110,9 +111,9 @@ class LogClient:
         return self.call(Op.COMMIT, {"consumer": consumer, "groups": list(groups),
                                      "offset": int(offset)})
 
-    def trim(self, before: int) -> dict[str, Any]:
-        """Delete every message below ``before``."""
-        return self.call(Op.TRIM, {"before": int(before)})
+    def trim(self, before: int, groups: Sequence[str] = ()) -> dict[str, Any]:
+        """Delete every message of ``groups`` (default: all) below ``before``."""
+        return self.call(Op.TRIM, {"before": int(before), "groups": list(groups)})
 
     def join(self, groups: Sequence[str]) -> dict[str, Any]:
         """Make the service join ``groups``."""

@@ -422,7 +422,7 @@ class _ReaderBase:
     def _info(self, join: bool = False) -> dict:
         """The log's bounds; ``join``: the driver's node joins groups it does not log yet."""
         client = self._client()
-        info = client.info()
+        info = client.info(self.opts.groups)
         missing = [g for g in self.opts.groups if g not in info["groups"]]
         if missing and join and self.opts.auto_join:
             client.join(missing)
@@ -503,7 +503,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
             _data_loss(self.opts, f"the query's offsets belong to log {start.get('log')}, "
                                   f"but the service now serves log {self._log_id}")
             # failOnDataLoss=false: go on from the beginning of the new log
-            info = self._client().info()
+            info = self._client().info(self.opts.groups)
             position = int(info["earliest"])
             start = _offset(self._log_id or info["log"], position, consumer)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None

@@ -98,7 +98,8 @@ def test_restart_from_checkpoint_is_exactly_once(spark: Any, make_service: Calla
         crc.unlink()
     consumers = service.consumers()
     assert len(consumers) == 1 and 0 < consumers[0].committed < 100
-    assert service.bounds()[0] == consumers[0].committed  # trimmed what was committed
+    # commits trim whole chunks below the committed offset: what a replay needs stays
+    assert service.bounds(["tele"])[0] <= consumers[0].committed
 
     query = parquet_query(spark, "tele", out, checkpoint, startingOffsets="earliest",
                           maxOffsetsPerTrigger="40")
