@@ -105,9 +105,15 @@ class MeshSettings:
         return cls(**values)
 
     @classmethod
-    def from_config(cls, config: Any) -> "MeshSettings":
-        """The settings of a running node's ``NodeConfig``."""
-        return cls(interface=config.interface, port=config.port, interval=config.interval,
+    def from_config(cls, config: Any, interface: Any = None) -> "MeshSettings":
+        """The settings of a running node's ``NodeConfig``.
+
+        ``interface`` (the node's ``Interface``) is passed on as its network in
+        CIDR form, so that a worker picks its own interface on the same network
+        whatever that interface is named on its host.
+        """
+        where = str(interface.network) if interface is not None else config.interface
+        return cls(interface=where, port=config.port, interval=config.interval,
                    evasive=config.evasive, silent=config.silent, expired=config.expired,
                    discovery=tuple(config.discovery), seeds=tuple(config.seeds))
 
@@ -246,7 +252,8 @@ class DriverService:
                                headers=headers, **settings).start()
         if self.channel is not None:
             self.channel.start(self.node)
-        self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config))
+        self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config),
+                                             self.node.interface)
 
         ingest = threading.Thread(target=self._ingest, args=(writer,), daemon=True,
                                   name=f"peermesh-ingest-{self.name}")

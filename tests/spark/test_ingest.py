@@ -61,3 +61,13 @@ def test_retention_settings_are_checked(make_service: Callable[..., Any]) -> Non
         make_service(["x"], channel=False, retention=-1)
     with pytest.raises(ValueError, match="retention_bytes must be a positive number"):
         make_service(["x"], channel=False, retention_bytes=0)
+
+
+def test_executors_get_the_network_not_the_interface_name(
+        make_service: Callable[..., Any]) -> None:
+    from peermesh.net.interfaces import select_interface
+
+    service = make_service(["x"], channel=False)
+    where = service.options()["interface"]
+    assert where == "127.0.0.0/8"
+    assert select_interface(where).name == select_interface("lo").name

@@ -40,7 +40,8 @@ def test_shouts_become_an_ordered_log_served_over_the_socket(
     info = client.info()
     assert (info["earliest"], info["next"]) == (0, 500)
     assert sorted(info["groups"]) == ["other", "tele"]
-    assert info["mesh"]["interface"] == "lo"
+    # executors get the driver's network, not its interface's name (absent on other hosts)
+    assert info["mesh"]["interface"] == "127.0.0.0/8"
 
     from peermesh.spark.log import Chunk, rows_of
     reply = client.fetch(["tele"], 0, 500)
