@@ -115,6 +115,7 @@ Parser = Callable[[str, str], Any]
 OPTIONS: dict[str, tuple[Use, Parser]] = {
     # where the log service and the mesh are (``start_service`` sets these for every read/write)
     "endpoint": (Use.ANY, _text),
+    "token": (Use.ANY, _text),
     "interface": (Use.ANY, _text),
     "port": (Use.ANY, _port),
     "interval": (Use.ANY, _seconds),

@@ -67,7 +67,8 @@ class Op(str, Enum):
 
 
 #: the ``kind`` of an ERR reply
-ERROR_KINDS = ("bad-request", "unknown-op", "data-loss", "internal", "unavailable")
+ERROR_KINDS = ("bad-request", "unknown-op", "data-loss", "internal", "unavailable",
+               "unauthorised")
 
 
 class LogServiceError(PeermeshError):

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+import hmac
+import secrets
 import sqlite3
 import threading
 import time
@@ -196,6 +198,9 @@ class DriverService:
         self.endpoint: Optional[str] = None
         self.mesh: Optional[MeshSettings] = None
         self.log_id: Optional[str] = None
+        #: the secret every request must carry: handed to Spark's workers in the plan,
+        #: so a process that merely reaches the port can neither read nor trim the log
+        self.token = secrets.token_urlsafe(24)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
@@ -308,7 +313,7 @@ class DriverService:
     def options(self) -> dict[str, str]:
         """Data source options that point readers and writers at this service and mesh."""
         assert self.endpoint is not None and self.mesh is not None
-        return {"endpoint": self.endpoint, **self.mesh.to_options()}
+        return {"endpoint": self.endpoint, "token": self.token, **self.mesh.to_options()}
 
     def bounds(self, groups: Optional[Sequence[str]] = None) -> tuple[int, int]:
         """``(earliest, next)`` offsets of the log for ``groups`` (default: any group)."""
@@ -474,6 +479,12 @@ class DriverService:
                                             "unknown-op", exc.reason)
             log.debug("dropped a malformed request: %s", exc.reason)
             return None
+        if not hmac.compare_digest(str(request.body.get("token", "")).encode(),
+                                   self.token.encode()):
+            self.stats.errors += 1
+            return protocol.error_reply(request.id, "unauthorised",
+                                        "this log service needs its token (DriverService.token,"
+                                        " passed to readers as option 'token')")
         try:
             return Reply(request.id, True, self._answer(reader, request))
         except (KeyError, TypeError, ValueError) as exc:

@@ -89,6 +89,7 @@ class SourceOptions:
 
     endpoint: str
     groups: tuple[str, ...]
+    token: Optional[str] = None
     partitions: int = 1
     starting: str = "latest"
     ending: str = "latest"
@@ -111,7 +112,7 @@ class SourceOptions:
             raise ValueError("option 'group' is missing: name one group, or several "
                              "separated by commas")
         check_use(options, Use.BATCH_READ if batch else Use.STREAM_READ)
-        return cls(endpoint=endpoint, groups=tuple(groups),
+        return cls(endpoint=endpoint, groups=tuple(groups), token=options.get("token") or None,
                    partitions=parsed(options, "partitions", 1),
                    starting=parsed(options, "startingOffsets", "earliest" if batch else "latest"),
                    ending=parsed(options, "endingOffsets", "latest"),
@@ -372,7 +373,7 @@ def _converter(kind: DataType) -> Any:
 
 def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> Iterator[Any]:
     """Rows of ``part`` fetched from the log service (Arrow batches when possible)."""
-    client = log_client(opts.endpoint)
+    client = log_client(opts.endpoint, opts.token)
     columns = _Columns(schema, opts.decode, merge=len(opts.groups) > 1)
     position, end = part.start, part.end
     first = True
@@ -417,7 +418,7 @@ class _ReaderBase:
         self._log_id: Optional[str] = None
 
     def _client(self) -> Any:
-        return log_client(self.opts.endpoint)
+        return log_client(self.opts.endpoint, self.opts.token)
 
     def _info(self, join: bool = False) -> dict:
         """The log's bounds; ``join``: the driver's node joins groups it does not log yet."""

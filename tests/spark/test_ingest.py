@@ -71,3 +71,28 @@ def test_executors_get_the_network_not_the_interface_name(
     where = service.options()["interface"]
     assert where == "127.0.0.0/8"
     assert select_interface(where).name == select_interface("lo").name
+
+
+def test_the_log_service_answers_only_with_its_token(make_service: Callable[..., Any],
+                                                     make_peer: Callable[..., Any]) -> None:
+    from peermesh.spark.client import LogClient
+    from peermesh.spark.protocol import LogServiceError
+
+    service = make_service(["x"], channel=False)
+    peer = make_peer("sender")
+    meet(peer, "x")
+    assert peer.call(lambda node: [node.shout("x", b"m%d" % i) for i in range(5)]
+                     and node.flush(5.0))
+    assert service.wait_for_offset(5, 10)
+    for token in (None, "guess", service.token[:-1]):
+        stranger = LogClient(service.endpoint, timeout=5, token=token)
+        with pytest.raises(LogServiceError, match="unauthorised"):
+            stranger.trim(2 ** 62)
+        with pytest.raises(LogServiceError, match="unauthorised"):
+            stranger.fetch(["x"], 0, 5)
+        stranger.close()
+    assert service.bounds(["x"]) == (0, 5)  # nothing was trimmed
+    assert service.options()["token"] == service.token
+    owner = LogClient(service.endpoint, timeout=5, token=service.token)
+    assert owner.info(["x"])["next"] == 5
+    owner.close()

@@ -35,7 +35,7 @@ def fill(service: Any, groups: list[str], count: int, start: int = 0) -> None:
 
 
 def reader(service: Any, batch: bool = False, **options: str) -> Any:
-    given = {"endpoint": service.endpoint, "group": "g", **options}
+    given = {"endpoint": service.endpoint, "token": service.token, "group": "g", **options}
     opts = SourceOptions.parse({k.lower(): v for k, v in given.items()}, batch)  # as Spark does
     return (BatchReader if batch else StreamReader)(opts, SCHEMA)
 
@@ -193,7 +193,7 @@ def test_an_empty_plan_reads_no_rows(make_service: Callable[..., Any]) -> None:
 def test_a_batch_read_never_joins_a_group_a_stream_does(
         make_service: Callable[..., Any]) -> None:
     service = make_service(["g"])
-    given = {"endpoint": service.endpoint, "group": "elsewhere"}
+    given = {"endpoint": service.endpoint, "token": service.token, "group": "elsewhere"}
     BatchReader(SourceOptions.parse(given, True), SCHEMA).partitions()
     assert "elsewhere" not in service.node.call(lambda node: node.groups())
     StreamReader(SourceOptions.parse(given, False), SCHEMA).initialOffset()

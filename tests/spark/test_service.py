@@ -36,7 +36,7 @@ def test_shouts_become_an_ordered_log_served_over_the_socket(
     shout_all(bob, "tele", [{"from": "bob", "i": i} for i in range(100)])
     assert service.wait_for_offset(500, 10)
 
-    client = LogClient(service.endpoint, timeout=5)
+    client = LogClient(service.endpoint, timeout=5, token=service.token)
     info = client.info()
     assert (info["earliest"], info["next"]) == (0, 500)
     assert sorted(info["groups"]) == ["other", "tele"]
@@ -82,7 +82,7 @@ def test_shouts_become_an_ordered_log_served_over_the_socket(
 
 def test_errors_are_answered_not_fatal(make_service: Callable[..., Any]) -> None:
     service = make_service(["g"], channel=False)
-    client = LogClient(service.endpoint, timeout=5)
+    client = LogClient(service.endpoint, timeout=5, token=service.token)
     with pytest.raises(LogServiceError) as info:
         client.call(protocol.Op.FETCH, {"start": "x"})
     assert info.value.kind == "bad-request"
