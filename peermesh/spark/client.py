@@ -107,6 +107,15 @@ class LogClient:
         return self.call(Op.FETCH, {"groups": list(groups), "start": int(start),
                                     "end": int(end)})
 
+    def seek(self, groups: Sequence[str], when: float) -> dict[str, Any]:
+        """The first offset of ``groups`` received at or after ``when`` (epoch seconds)."""
+        return self.call(Op.SEEK, {"groups": list(groups), "time": float(when)})
+
+    def count(self, groups: Sequence[str], start: int, end: int) -> dict[str, Any]:
+        """How many messages of ``groups`` lie in ``[start, end)``."""
+        return self.call(Op.COUNT, {"groups": list(groups), "start": int(start),
+                                    "end": int(end)})
+
     def register(self, consumer: str, groups: Sequence[str], offset: int) -> dict[str, Any]:
         """Register a streaming query that starts at ``offset``."""
         return self.call(Op.REGISTER, {"consumer": consumer, "groups": list(groups),

@@ -19,7 +19,8 @@ chunks to Spark's workers as they are, leaving the decoding to them. ::
         lo, hi  lowest and highest offset in the chunk
         seqs    the offsets, int64 little-endian, increasing
         data    msgpack [peers, peer_index, received, payloads]:
-                peers = [[sender uuid hex, sender name], ...],
+                peers = [[sender uuid hex, sender name, headers?], ...]
+                (headers: the sender's HELLO headers, a map, when known),
                 peer_index, received (epoch seconds), payloads: one per message
         newest  the latest ``received`` time in the chunk (time retention)
     meta(key PRIMARY KEY, value)      -- log_id, next (offset), start (trimmed below)
@@ -73,8 +74,8 @@ import msgpack
 __all__ = ["MessageLog", "LogRecord", "Consumer", "Chunk", "DecodedChunk", "encode_chunk",
            "decode_chunk"]
 
-#: (group, sender uuid hex, sender name, received epoch seconds, payload)
-LogRecord = tuple[str, str, str, float, bytes]
+#: (group, sender uuid hex, sender name, received epoch seconds, payload[, sender headers])
+LogRecord = tuple
 #: (offset, group, sender uuid hex, sender name, received, payload)
 LogRow = tuple[int, str, str, str, float, bytes]
 
@@ -140,14 +141,17 @@ def _offsets(blob: bytes) -> array:
 def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord]) -> tuple[bytes, bytes]:
     """``(seqs, data)`` of one chunk (records of one group, offsets increasing)."""
     peers: dict[tuple[str, str], int] = {}
+    described: list[list] = []
     index = []
     for record in records:
         key = (record[1], record[2])
         number = peers.get(key)
         if number is None:
             number = peers[key] = len(peers)
+            headers = record[5] if len(record) > 5 else None
+            described.append([key[0], key[1], headers] if headers else [key[0], key[1]])
         index.append(number)
-    data = msgpack.packb([[list(k) for k in peers], index, [r[3] for r in records],
+    data = msgpack.packb([described, index, [r[3] for r in records],
                           [r[4] for r in records]], use_bin_type=True)
     return _offsets_blob(offsets), data
 
@@ -503,6 +507,24 @@ class MessageLog:
         rows = sorted(rows_of(chunks, start, end), key=lambda r: r[0])
         return rows if limit is None else rows[:limit]
 
+    def offset_at(self, when: float, groups: Optional[Sequence[str]] = None) -> int:
+        """The offset of the first message of ``groups`` received at or after ``when``
+        (epoch seconds), or the next offset when there is none."""
+        where, args = _group_filter(groups)
+        earliest, nxt = self.bounds(groups)
+        best: Optional[int] = None
+        for group, seqs, data, lo in self._db.execute(
+                f"SELECT grp, seqs, data, lo FROM chunks WHERE newest >= ? AND hi >= ?{where} "
+                "ORDER BY lo", [float(when), earliest, *args]):
+            if best is not None and lo > best:
+                break  # chunks come by lowest offset: nothing earlier can follow
+            decoded = decode_chunk(Chunk(group, seqs, data))
+            for offset, received in zip(decoded.offsets, decoded.received):
+                if offset >= earliest and received >= when:
+                    best = offset if best is None else min(best, offset)
+                    break
+        return nxt if best is None else best
+
     def groups(self) -> list[str]:
         """The groups that have messages in the log."""
         return [r[0] for r in self._db.execute("SELECT DISTINCT grp FROM chunks ORDER BY grp")]
@@ -530,5 +552,5 @@ def rows_of(chunks: Iterable[Chunk], start: int, end: int) -> Iterator[LogRow]:
         peers, index, received, payloads = (decoded.peers, decoded.peer_index,
                                             decoded.received, decoded.payloads)
         for i in range(a, b):
-            sender, name = peers[index[i]]
+            sender, name = peers[index[i]][:2]
             yield offsets[i], chunk.group, sender, name, received[i], payloads[i]

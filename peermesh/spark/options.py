@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import difflib
 import enum
+import json
 import math
+import re
 from typing import Any, Callable, Mapping, Optional
 
 from .codec import DECODE_MODES
@@ -98,6 +100,68 @@ def offset_spec(key: str, raw: str) -> str:
     return str(value)
 
 
+def starting_spec(key: str, raw: str) -> Any:
+    """An offset spec (``offset_spec``), or a JSON object of one per group (Kafka's form)."""
+    if not raw.lstrip().startswith("{"):
+        return offset_spec(key, raw)
+    return {group: offset_spec(f"{key}[{group!r}]", str(value))
+            for group, value in _json_object(key, raw).items()}
+
+
+def _json_object(key: str, raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"option {key} is not valid JSON: {raw!r}") from None
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"option {key} must be a JSON object of groups, not {raw!r}")
+    for group, item in value.items():
+        if not group or isinstance(item, (bool, dict, list)) or item is None:
+            raise ValueError(f"option {key} must map each group to one value, not "
+                             f"{group!r}: {item!r}")
+    return value
+
+
+def milliseconds(key: str, raw: str) -> float:
+    """A time as milliseconds since the epoch (Kafka's form); returned as epoch seconds."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"option {key} must be milliseconds since the epoch, "
+                         f"not {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"option {key} must be 0 or more, not {raw!r}")
+    return value / 1000.0
+
+
+def times_by_group(key: str, raw: str) -> dict[str, float]:
+    """A JSON object of group -> milliseconds since the epoch; epoch seconds per group."""
+    return {group: milliseconds(f"{key}[{group!r}]", str(value))
+            for group, value in _json_object(key, raw).items()}
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def duration(key: str, raw: str) -> float:
+    """A duration as Spark writes them (``100ms``, ``30s``, ``15m``, ``1h``) or plain
+    seconds; in seconds."""
+    match = _DURATION.match(raw)
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"option {key} must be a positive duration such as 30s or 15m, "
+                         f"not {raw!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    return float(match.group(1)) * _UNIT[unit]
+
+
+def _name(key: str, raw: str) -> str:
+    if not raw.isprintable() or len(raw) > 200 or "," in raw:
+        raise ValueError(f"option {key} must be printable, without commas, at most 200 "
+                         f"characters, not {raw[:40]!r}")
+    return raw
+
+
 def _decode(key: str, raw: str) -> str:
     mode = raw.strip().lower()
     if mode not in DECODE_MODES:
@@ -128,9 +192,15 @@ OPTIONS: dict[str, tuple[Use, Parser]] = {
     "group": (Use.ANY, _text),
     "groups": (Use.READ, _text),
     "partitions": (Use.READ, positive_int),
-    "startingOffsets": (Use.READ, offset_spec),
+    "startingOffsets": (Use.READ, starting_spec),
+    "startingTimestamp": (Use.READ, milliseconds),
+    "startingOffsetsByTimestamp": (Use.READ, times_by_group),
     "endingOffsets": (Use.BATCH_READ, offset_spec),
     "maxOffsetsPerTrigger": (Use.STREAM_READ, positive_int),
+    "minOffsetsPerTrigger": (Use.STREAM_READ, positive_int),
+    "maxTriggerDelay": (Use.STREAM_READ, duration),
+    "consumerName": (Use.STREAM_READ, _name),
+    "includeHeaders": (Use.READ, boolean),
     "failOnDataLoss": (Use.READ, boolean),
     "decode": (Use.READ, _decode),
     "autoJoin": (Use.STREAM_READ, boolean),

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import zmq
 
+from ..errors import PeermeshError
 from ..events import EventType
 from ..net.interfaces import select_interface
 from . import protocol
@@ -357,7 +358,7 @@ class DriverService:
         now = time.time
         stats = self.stats
         largest = writer.max_payload
-        hexes: dict[Any, str] = {}  # peer UUID -> hex, computed once per peer
+        senders: dict[Any, tuple[str, dict]] = {}  # peer UUID -> (hex, HELLO headers)
         retain_at = time.monotonic()
         try:
             while True:
@@ -381,12 +382,13 @@ class DriverService:
                             _log_rejected(event.group, event.peer, len(message), largest)
                         else:
                             peer = event.peer
-                            sender = hexes.get(peer)
+                            sender = senders.get(peer)
                             if sender is None:
-                                if len(hexes) > 65536:
-                                    hexes.clear()
-                                sender = hexes[peer] = peer.hex
-                            batch.append((event.group, sender, event.name, now(), message))
+                                if len(senders) > 65536:
+                                    senders.clear()
+                                sender = senders[peer] = (peer.hex, self._headers_of(peer))
+                            batch.append((event.group, sender[0], event.name, now(), message,
+                                          sender[1]))
                             size += len(message)
                             if len(batch) >= _INGEST_BATCH or size >= _INGEST_BYTES:
                                 break
@@ -401,6 +403,13 @@ class DriverService:
                     return
         finally:
             writer.close()
+
+    def _headers_of(self, peer: Any) -> dict:
+        """The HELLO headers of ``peer`` ({} once it has left)."""
+        try:
+            return dict(self.node.peer_headers(peer))
+        except PeermeshError:
+            return {}
 
     def _append(self, writer: MessageLog, batch: list) -> int:
         """Append ``batch``, retrying what may pass later (a full disk); how many were stored.
@@ -522,6 +531,15 @@ class DriverService:
         if op is Op.TRIM:
             earliest = reader.trim(int(body["before"]), _groups(body.get("groups")))
             return {"log": reader.log_id, "earliest": earliest}
+        if op is Op.SEEK:
+            groups = _groups(body.get("groups"))
+            earliest, nxt = reader.bounds(groups)
+            return {"log": reader.log_id, "earliest": earliest, "next": nxt,
+                    "offset": reader.offset_at(float(body["time"]), groups)}
+        if op is Op.COUNT:
+            return {"log": reader.log_id,
+                    "count": reader.count(int(body["start"]), int(body["end"]),
+                                          _groups(body.get("groups")))}
         if op is Op.JOIN:
             for group in _groups(body.get("groups")):
                 self.join(group)

@@ -194,3 +194,17 @@ def test_malformed_requests_raise_protocol_error(frames: list[bytes], reason: st
 def test_malformed_replies_raise_protocol_error() -> None:
     with pytest.raises(ProtocolError, match="status"):
         protocol.decode_reply([b"PMLOG1", b"1", b"MAYBE", msgpack.packb({})])
+
+
+def test_offset_at_a_time(tmp_path: Path) -> None:
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        log.append(records(10, "a"))                     # received 1000-1009, offsets 0-9
+        log.append(records(10, "b", start=10))           # received 1000-1009, offsets 10-19
+        assert log.offset_at(1004.5, ["a"]) == 5
+        assert log.offset_at(1004.5, ["b"]) == 15
+        assert log.offset_at(1004.5, ["a", "b"]) == 5
+        assert log.offset_at(0.0) == 0
+        assert log.offset_at(2000.0, ["a"]) == 20        # none: the next offset
+        log.trim(3, ["a"])                               # "a" chunk straddles 3: kept
+        log.trim(10, ["a"])                              # now gone
+        assert log.offset_at(0.0, ["a"]) == 20 and log.offset_at(0.0, ["b"]) == 10

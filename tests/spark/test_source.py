@@ -277,3 +277,41 @@ def test_options_that_do_not_apply_are_refused(spark: Any,
     with pytest.raises(Exception, match="endingOffsets does not apply to a stream"):
         parquet_query(spark, "x", tmp_path / "out", tmp_path / "ck",
                       endingOffsets="5").awaitTermination(20)
+
+
+def test_kafka_style_options_end_to_end(spark: Any, make_service: Callable[..., Any],
+                                        make_peer: Callable[..., Any]) -> None:
+    """A 'group' column routes each row (Kafka's 'topic'); includeHeaders adds the
+    sender's HELLO headers; startingOffsets per group as JSON."""
+    service = make_service(["tele", "logs"], spark)
+    alice = make_peer("alice", groups=["a"])
+    bob = make_peer("bob", groups=["b"])
+    sensor = make_peer("sensor", headers={"X-SITE": "lab-3"})
+    meet(sensor, "tele")
+
+    def collect(peer: Any, group: str, count: int) -> list[Any]:
+        got: list[Any] = []
+
+        def more() -> bool:
+            while (event := peer.recv(0)) is not None:
+                if event.type.value == "SHOUT" and event.group == group:
+                    got.append(event.unpack())
+            return len(got) >= count
+        wait_until(more, 30, f"{count} shouts in {group!r}")
+        return got
+
+    rows = [("a" if i % 3 else "b", i) for i in range(30)]
+    spark.createDataFrame(rows, "group string, n long").repartition(2) \
+        .write.format("peermesh").mode("append").save()
+    assert sorted(v["n"] for v in collect(alice, "a", 20)) == [i for i in range(30) if i % 3]
+    assert sorted(v["n"] for v in collect(bob, "b", 10)) == [i for i in range(30) if not i % 3]
+
+    shout_all(sensor, "tele", [{"t": i} for i in range(5)])
+    shout_all(sensor, "logs", [{"l": i} for i in range(5)])
+    assert service.wait_for_offset(10, 10)
+    read = (spark.read.format("peermesh").option("group", "tele,logs")
+            .option("includeHeaders", "true")
+            .option("startingOffsets", '{"tele": "earliest", "logs": 8}').load())
+    got = sorted((r.group, r.offset, dict(r.headers)) for r in read.collect())
+    assert [g for g, _, _ in got] == ["logs", "logs"] + ["tele"] * 5
+    assert all(h.get("X-SITE") == "lab-3" for _, _, h in got)
