@@ -55,7 +55,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, Dat
                                TimestampNTZType, TimestampType)
 
 from .client import log_client
-from .codec import pack_value, payload_text, payload_value
+from .codec import pack_value, payload_text, payload_texts, payload_value
 from .log import Chunk, DecodedChunk, decode_chunk, rows_of
 from .options import Use, check as check_options, check_use, parsed
 from .protocol import DataLossError
@@ -327,8 +327,7 @@ class _Columns:
                              for p in chunk.peers]
                 arrays.append(pa.array(described, kind).take(peers))
             else:  # text
-                decode = self.decode
-                arrays.append(pa.array([payload_text(p, decode) for p in payloads], kind))
+                arrays.append(pa.array(payload_texts(payloads, self.decode), kind))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
 
     def tuples(self, rows: Iterable[Any], headers: Mapping[str, Any]) -> Iterator[tuple]:
