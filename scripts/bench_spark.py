@@ -40,7 +40,7 @@ from typing import Any, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-TARGETS = {"ingest_per_s": 20_000, "requests_per_s": 5_000}
+TARGETS = {"ingest_per_s": 50_000, "requests_per_s": 5_000}
 INTERVAL = 0.1
 _T0 = time.perf_counter()
 
@@ -221,6 +221,80 @@ def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
         query.stop()
 
 
+def fill_log(service: Any, group: str, count: int) -> None:
+    """Append ``count`` telemetry messages to ``group`` straight into the service's log."""
+    import msgpack
+
+    from peermesh.spark.log import MessageLog
+
+    sender = "ab" * 16
+    with MessageLog(service.path) as log:
+        for begin in range(0, count, 20_000):
+            log.append([(group, sender, "bench", time.time(),
+                         msgpack.packb({"host": "h1", "seq": i, "temp": 20.5 + i % 7,
+                                        "load": i % 100}))
+                        for i in range(begin, min(begin + 20_000, count))])
+
+
+def timed(what: Any, rounds: int) -> float:
+    """The median wall time of ``rounds`` calls of ``what``."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        what()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_read(spark: Any, service: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    """A batch read and an availableNow stream of the log, against the same rows in parquet."""
+    group = "bench-read"
+    service.join(group)
+    count = args.rows
+    progress(f"{count:,} messages into the log")
+    fill_log(service, group, count)
+    source = spark.read.format("peermesh").option("group", group).option("partitions", "2")
+    parquet_dir = os.path.join(tmp, "parquet")
+    source.load().repartition(2).write.parquet(parquet_dir)
+    schema = spark.read.parquet(parquet_dir).schema
+
+    def noop(df: Any) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    runs = iter(range(1_000_000))
+
+    def stream(reader: Any) -> None:
+        query = (reader.writeStream.format("noop").trigger(availableNow=True)
+                 .option("checkpointLocation", os.path.join(tmp, f"ck-read-{next(runs)}"))
+                 .start())
+        query.awaitTermination(args.timeout)
+        if query.isActive:
+            query.stop()
+            raise RuntimeError(f"an availableNow stream did not end within {args.timeout} s")
+
+    progress("batch reads: peermesh and parquet, interleaved")
+    noop(source.load())  # warm both paths up
+    noop(spark.read.parquet(parquet_dir))
+    peermesh_batch = parquet_batch = 0.0
+    for _ in range(args.rounds):
+        peermesh_batch += timed(lambda: noop(source.load()), 1)
+        parquet_batch += timed(lambda: noop(spark.read.parquet(parquet_dir)), 1)
+    progress("availableNow streams: peermesh and parquet files, interleaved")
+    stream_source = (spark.readStream.format("peermesh").option("group", group)
+                     .option("startingOffsets", "earliest").option("partitions", "2"))
+    peermesh_stream = parquet_stream = 0.0
+    for _ in range(args.rounds):
+        peermesh_stream += timed(lambda: stream(stream_source.load()), 1)
+        parquet_stream += timed(lambda: stream(spark.readStream.schema(schema)
+                                               .parquet(parquet_dir)), 1)
+    return {"rows": count, "rounds": args.rounds,
+            "batch_s": peermesh_batch / args.rounds, "parquet_batch_s": parquet_batch / args.rounds,
+            "batch_vs_parquet": parquet_batch / peermesh_batch,
+            "stream_s": peermesh_stream / args.rounds,
+            "parquet_stream_s": parquet_stream / args.rounds,
+            "stream_vs_parquet": parquet_stream / peermesh_stream}
+
+
 def bench_requests(spark: Any, port: int, args: argparse.Namespace) -> dict[str, Any]:
     from peermesh.spark import ServiceCaller
 
@@ -262,6 +336,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             if "ingest" in args.only:
                 results["ingest"] = bench_ingest(spark, service, port, args, tmp)
+            if "read" in args.only:
+                results["read"] = bench_read(spark, service, args, tmp)
             if "requests" in args.only:
                 if sada_available():
                     results["requests"] = bench_requests(spark, port, args)
@@ -287,6 +363,15 @@ def table(r: dict[str, Any]) -> str:
         if ingest["query_per_s"]:
             lines.append(f"| - query processing ({ingest['batches']} batches with data) | "
                          f"{ingest['query_per_s']:,.0f} rows/s | |")
+    read = r.get("read")
+    if read:
+        for kind, label, target in (("batch", "batch read", 0.7), ("stream", "availableNow "
+                                                                   "stream", 0.5)):
+            ratio = read[f"{kind}_vs_parquet"]
+            ok = "met" if ratio >= target else "NOT met"
+            lines.append(f"| {label} of {read['rows']:,} rows | {read[f'{kind}_s']:.2f} s, "
+                         f"{ratio:.2f}x parquet's speed ({read[f'parquet_{kind}_s']:.2f} s) | "
+                         f">= {target} ({ok}) |")
     req = r.get("requests")
     if req and "per_s" in req:
         ok = "met" if req["per_s"] >= TARGETS["requests_per_s"] else "NOT met"
@@ -307,8 +392,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--requests", type=int, default=50_000, help="requests in the timed run")
     parser.add_argument("--window", type=int, default=128, help="requests in flight per task")
     parser.add_argument("--timeout", type=float, default=120.0, help="limit per phase (s)")
-    parser.add_argument("--only", default="ingest,requests",
-                        help="comma-separated sections: ingest, requests")
+    parser.add_argument("--rows", type=int, default=1_000_000,
+                        help="messages in the log for the read phase")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of the read phase (mean reported)")
+    parser.add_argument("--only", default="ingest,read,requests",
+                        help="comma-separated sections: ingest, read, requests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.role == "shouter":

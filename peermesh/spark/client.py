@@ -29,11 +29,14 @@ DEFAULT_TIMEOUT = 30.0
 class LogClient:
     """Blocking requests to one log service; thread-safe."""
 
-    def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT,
+                 token: Optional[str] = None) -> None:
+        """``token``: the service's secret (``DriverService.token``), sent with each request."""
         if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
             raise ValueError(f"log service endpoint {endpoint!r} is not tcp://HOST:PORT")
         self.endpoint = endpoint
         self.timeout = timeout
+        self.token = token
         self._sock: Optional[zmq.Socket] = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -55,7 +58,10 @@ class LogClient:
         with self._lock:
             sock = self._socket()
             request_id = b"%x" % next(self._ids)
-            sock.send_multipart(protocol.encode_request(Request(request_id, op, body or {})))
+            body = dict(body or {})
+            if self.token is not None:
+                body["token"] = self.token
+            sock.send_multipart(protocol.encode_request(Request(request_id, op, body)))
             wait_ms = int(1000 * (self.timeout if timeout is None else timeout))
             while True:
                 if not sock.poll(wait_ms):
@@ -81,9 +87,10 @@ class LogClient:
 
     # --- the ops ------------------------------------------------------------
 
-    def info(self) -> dict[str, Any]:
-        """Log id, bounds, groups, channel endpoint and mesh settings of the service."""
-        return self.call(Op.INFO)
+    def info(self, groups: Sequence[str] = ()) -> dict[str, Any]:
+        """Log id, bounds (for ``groups``: default, any group), groups, channel endpoint and
+        mesh settings of the service."""
+        return self.call(Op.INFO, {"groups": list(groups)} if groups else None)
 
     def latest(self, groups: Sequence[str], start: int, max_rows: Optional[int] = None,
                ceiling: Optional[int] = None) -> dict[str, Any]:
@@ -100,6 +107,15 @@ class LogClient:
         return self.call(Op.FETCH, {"groups": list(groups), "start": int(start),
                                     "end": int(end)})
 
+    def seek(self, groups: Sequence[str], when: float) -> dict[str, Any]:
+        """The first offset of ``groups`` received at or after ``when`` (epoch seconds)."""
+        return self.call(Op.SEEK, {"groups": list(groups), "time": float(when)})
+
+    def count(self, groups: Sequence[str], start: int, end: int) -> dict[str, Any]:
+        """How many messages of ``groups`` lie in ``[start, end)``."""
+        return self.call(Op.COUNT, {"groups": list(groups), "start": int(start),
+                                    "end": int(end)})
+
     def register(self, consumer: str, groups: Sequence[str], offset: int) -> dict[str, Any]:
         """Register a streaming query that starts at ``offset``."""
         return self.call(Op.REGISTER, {"consumer": consumer, "groups": list(groups),
@@ -110,22 +126,22 @@ class LogClient:
         return self.call(Op.COMMIT, {"consumer": consumer, "groups": list(groups),
                                      "offset": int(offset)})
 
-    def trim(self, before: int) -> dict[str, Any]:
-        """Delete every message below ``before``."""
-        return self.call(Op.TRIM, {"before": int(before)})
+    def trim(self, before: int, groups: Sequence[str] = ()) -> dict[str, Any]:
+        """Delete every message of ``groups`` (default: all) below ``before``."""
+        return self.call(Op.TRIM, {"before": int(before), "groups": list(groups)})
 
     def join(self, groups: Sequence[str]) -> dict[str, Any]:
         """Make the service join ``groups``."""
         return self.call(Op.JOIN, {"groups": list(groups)})
 
 
-_clients: dict[str, LogClient] = {}
+_clients: dict[tuple[str, Optional[str]], LogClient] = {}
 _clients_lock = threading.Lock()
 _clients_pid = os.getpid()
 _forked: list[LogClient] = []
 
 
-def log_client(endpoint: str) -> LogClient:
+def log_client(endpoint: str, token: Optional[str] = None) -> LogClient:
     """This process's client of the service at ``endpoint`` (opened on first use)."""
     global _clients_pid
     with _clients_lock:
@@ -133,7 +149,7 @@ def log_client(endpoint: str) -> LogClient:
             _forked.extend(_clients.values())  # never closed or collected here
             _clients.clear()
             _clients_pid = os.getpid()
-        client = _clients.get(endpoint)
+        client = _clients.get((endpoint, token))
         if client is None:
-            client = _clients[endpoint] = LogClient(endpoint)
+            client = _clients[(endpoint, token)] = LogClient(endpoint, token=token)
         return client

@@ -15,11 +15,12 @@ import datetime
 import decimal
 import json
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 import msgpack
 
-__all__ = ["payload_text", "payload_value", "pack_value", "to_jsonable", "DECODE_MODES"]
+__all__ = ["payload_text", "payload_texts", "payload_value", "pack_value", "to_jsonable",
+           "DECODE_MODES"]
 
 #: values of the ``decode`` option
 DECODE_MODES = ("auto", "msgpack", "json", "utf8", "none")
@@ -58,6 +59,7 @@ _encode_lenient = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).en
 try:  # an optional accelerator, several times faster; same JSON text
     import orjson
 
+    _orjson: Any = orjson
     _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS
 
     def _json(value: Any) -> str:
@@ -66,6 +68,8 @@ try:  # an optional accelerator, several times faster; same JSON text
         except (TypeError, ValueError):
             return _encode_lenient(to_jsonable(value))
 except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
     def _json(value: Any) -> str:
         try:
             return _encode(value)
@@ -87,6 +91,28 @@ def payload_text(payload: bytes, mode: str = "auto") -> Any:
         return payload.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def payload_texts(payloads: Sequence[bytes], mode: str = "auto") -> list[Any]:
+    """``payload_text`` of each payload, as UTF-8 ``bytes`` (or None) for an Arrow string
+    column: the same text, with no Python ``str`` made and encoded again per row."""
+    if mode not in ("auto", "msgpack") or _orjson is None:
+        return [None if t is None else t.encode("utf-8")
+                for t in (payload_text(p, mode) for p in payloads)]
+    unpackb, dumps, options = _unpackb, _orjson.dumps, _orjson.OPT_NON_STR_KEYS
+    strict = mode == "msgpack"
+    out: list[Any] = []
+    add = out.append
+    for payload in payloads:
+        if strict or len(payload) > 1 or (payload and not 0x20 <= payload[0] <= 0x7E):
+            try:
+                add(dumps(unpackb(payload, raw=False, strict_map_key=False), option=options))
+                continue
+            except Exception:
+                pass  # not msgpack, or what JSON cannot carry as it is: the careful path
+        text = payload_text(payload, mode)
+        add(None if text is None else text.encode("utf-8"))
+    return out
 
 
 def payload_value(payload: bytes, mode: str = "auto") -> Any:

@@ -19,23 +19,36 @@ chunks to Spark's workers as they are, leaving the decoding to them. ::
         lo, hi  lowest and highest offset in the chunk
         seqs    the offsets, int64 little-endian, increasing
         data    msgpack [peers, peer_index, received, payloads]:
-                peers = [[sender uuid hex, sender name], ...],
+                peers = [[sender uuid hex, sender name, headers?], ...]
+                (headers: the sender's HELLO headers, a map, when known),
                 peer_index, received (epoch seconds), payloads: one per message
+        newest  the latest ``received`` time in the chunk (time retention)
     meta(key PRIMARY KEY, value)      -- log_id, next (offset), start (trimmed below)
+    trimmed(grp PRIMARY KEY, below)   -- messages of grp below ``below`` may be gone
     consumers(id PRIMARY KEY, committed, groups, updated)
 
 ``meta.next`` is written in the same transaction as the chunks it covers, so
-a reader never sees an offset below ``next`` missing unless it was trimmed
-(then it is below ``meta.start``; a chunk that straddles ``start`` keeps its
+a reader never sees an offset below ``next`` missing unless it was trimmed.
+
+Trimming is **per group**, as Kafka's retention is per partition: deleting a
+group's chunks records, in ``trimmed``, the offset below which that group's
+messages may be gone. A reader of some groups has lost data only if one of
+*its* groups was trimmed above its position, so a query on one group never
+costs a query on another its unread messages, and a quiet group never holds
+the rest of the log back. ``meta.start`` is a floor for every group, set by
+``trim(before)`` over the whole log (a chunk that straddles it keeps its
 older messages on disk until it is wholly below, and readers skip them).
 ``log_id`` is a random id made when the file is created: a reader that kept
 offsets of another log (the file was deleted and made anew) can tell that
 its offsets mean nothing here.
 
 A *consumer* (one streaming query) registers where it starts and commits
-how far it has processed. ``trim_committed`` deletes what every consumer
-has committed; consumers that have not committed for ``consumer_ttl``
-seconds stop holding the log back.
+how far it has processed. ``trim_committed`` deletes, group by group, what
+every consumer of that group has committed; consumers that have not
+committed for ``consumer_ttl`` seconds stop holding the log back.
+``retain(max_age, max_bytes)`` deletes the oldest chunks by time or size,
+with or without any query running (Kafka's ``retention.ms`` and
+``retention.bytes``).
 
 One ``MessageLog`` object is one SQLite connection: use it from one thread
 at a time. Several objects (threads, processes) may open the same file; WAL
@@ -61,8 +74,8 @@ import msgpack
 __all__ = ["MessageLog", "LogRecord", "Consumer", "Chunk", "DecodedChunk", "encode_chunk",
            "decode_chunk"]
 
-#: (group, sender uuid hex, sender name, received epoch seconds, payload)
-LogRecord = tuple[str, str, str, float, bytes]
+#: (group, sender uuid hex, sender name, received epoch seconds, payload[, sender headers])
+LogRecord = tuple
 #: (offset, group, sender uuid hex, sender name, received, payload)
 LogRow = tuple[int, str, str, str, float, bytes]
 
@@ -74,10 +87,12 @@ CREATE TABLE IF NOT EXISTS chunks (
     hi INTEGER NOT NULL,
     count INTEGER NOT NULL,
     seqs BLOB NOT NULL,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    newest REAL
 );
 CREATE INDEX IF NOT EXISTS chunks_by_hi ON chunks (hi);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
+CREATE TABLE IF NOT EXISTS trimmed (grp TEXT PRIMARY KEY, below INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS consumers (
     id TEXT PRIMARY KEY,
     committed INTEGER NOT NULL,
@@ -126,14 +141,17 @@ def _offsets(blob: bytes) -> array:
 def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord]) -> tuple[bytes, bytes]:
     """``(seqs, data)`` of one chunk (records of one group, offsets increasing)."""
     peers: dict[tuple[str, str], int] = {}
+    described: list[list] = []
     index = []
     for record in records:
         key = (record[1], record[2])
         number = peers.get(key)
         if number is None:
             number = peers[key] = len(peers)
+            headers = record[5] if len(record) > 5 else None
+            described.append([key[0], key[1], headers] if headers else [key[0], key[1]])
         index.append(number)
-    data = msgpack.packb([[list(k) for k in peers], index, [r[3] for r in records],
+    data = msgpack.packb([described, index, [r[3] for r in records],
                           [r[4] for r in records]], use_bin_type=True)
     return _offsets_blob(offsets), data
 
@@ -163,15 +181,24 @@ def _group_filter(groups: Optional[Sequence[str]]) -> tuple[str, list[str]]:
 class MessageLog:
     """One connection to the log file at ``path`` (created when missing)."""
 
-    def __init__(self, path: Union[str, os.PathLike[str]], *, timeout: float = 10.0) -> None:
+    def __init__(self, path: Union[str, os.PathLike[str]], *, timeout: float = 10.0,
+                 max_value: Optional[int] = None) -> None:
+        """``max_value``: the most bytes one stored value (a chunk) may take; default
+        SQLite's own limit (about 1 GB)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
                              check_same_thread=False)
         try:
+            if max_value is not None:
+                db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
+            if "newest" not in columns:  # a log written by an older peermesh
+                db.execute("ALTER TABLE chunks ADD COLUMN newest REAL")
+                db.execute("UPDATE chunks SET newest = ?", (time.time(),))
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (uuid.uuid4().hex,))
@@ -182,6 +209,8 @@ class MessageLog:
                 db.execute("ROLLBACK")
                 raise
             self.log_id: str = str(self._meta("log_id", db))
+            # SQLite refuses a value longer than this; a chunk carries a few bytes per message
+            self.max_payload: int = db.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) - 4096
         except BaseException:
             db.close()
             raise
@@ -193,11 +222,20 @@ class MessageLog:
         row = (db or self._db).execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0]
 
-    def bounds(self) -> tuple[int, int]:
-        """``(earliest, next)``: offsets ``earliest <= o < next`` may still be held."""
+    def bounds(self, groups: Optional[Sequence[str]] = None) -> tuple[int, int]:
+        """``(earliest, next)``: every message of ``groups`` (default: any group) with
+        ``earliest <= offset < next`` is still held."""
         rows = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN "
                                      "('start', 'next')").fetchall())
-        return int(rows["start"]), int(rows["next"])
+        return self._earliest(int(rows["start"]), groups), int(rows["next"])
+
+    def _earliest(self, floor: int, groups: Optional[Sequence[str]]) -> int:
+        if not groups:
+            return floor
+        (below,) = self._db.execute(
+            f"SELECT max(below) FROM trimmed WHERE grp IN ({','.join('?' * len(groups))})",
+            list(groups)).fetchone()
+        return floor if below is None else max(floor, int(below))
 
     @property
     def next_offset(self) -> int:
@@ -228,9 +266,10 @@ class MessageLog:
                     entry[1].append(record)
                 for group, (offsets, members) in by_group.items():
                     seqs, data = encode_chunk(offsets, members)
-                    db.execute("INSERT INTO chunks (grp, lo, hi, count, seqs, data) "
-                               "VALUES (?, ?, ?, ?, ?, ?)",
-                               (group, offsets[0], offsets[-1], len(offsets), seqs, data))
+                    db.execute("INSERT INTO chunks (grp, lo, hi, count, seqs, data, newest) "
+                               "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (group, offsets[0], offsets[-1], len(offsets), seqs, data,
+                                max(r[3] for r in members)))
                 db.execute("UPDATE meta SET value = ? WHERE key = 'next'", (nxt,))
             db.execute("COMMIT")
         except BaseException:
@@ -238,22 +277,78 @@ class MessageLog:
             raise
         return first, nxt
 
-    def trim(self, before: int) -> int:
-        """Drop every message below offset ``before``; the new earliest offset."""
+    def trim(self, before: int, groups: Optional[Sequence[str]] = None) -> int:
+        """Drop the messages of ``groups`` (default: every group) below offset ``before``;
+        the new earliest offset of those groups."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
             start, nxt = int(self._meta("start")), int(self._meta("next"))
             before = min(int(before), nxt)
-            if before > start:
-                db.execute("DELETE FROM chunks WHERE hi < ?", (before,))
-                db.execute("UPDATE meta SET value = ? WHERE key = 'start'", (before,))
-                start = before
+            if not groups:
+                if before > start:
+                    db.execute("DELETE FROM chunks WHERE hi < ?", (before,))
+                    db.execute("UPDATE meta SET value = ? WHERE key = 'start'", (before,))
+            else:
+                where, args = _group_filter(groups)
+                self._delete(f"hi < ?{where}", [before, *args])
+            earliest = self._earliest(int(self._meta("start")), groups)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        return start
+        return earliest
+
+    def _delete(self, where: str, args: Sequence[Any]) -> int:
+        """Delete the chunks ``where`` holds for (in a transaction); record what each group
+        lost in ``trimmed``. How many messages went."""
+        db = self._db
+        gone = db.execute(f"SELECT grp, max(hi), sum(count) FROM chunks WHERE {where} "
+                          "GROUP BY grp", args).fetchall()
+        if not gone:
+            return 0
+        db.execute(f"DELETE FROM chunks WHERE {where}", args)
+        db.executemany("INSERT INTO trimmed VALUES (?, ?) ON CONFLICT(grp) DO UPDATE SET "
+                       "below = max(below, excluded.below)",
+                       [(group, int(hi) + 1) for group, hi, _ in gone])
+        return sum(int(count) for _, _, count in gone)
+
+    def retain(self, max_age: Optional[float] = None, max_bytes: Optional[int] = None,
+               now: Optional[float] = None) -> int:
+        """Delete chunks whose newest message is older than ``max_age`` seconds, then the
+        oldest chunks while the log holds more than ``max_bytes``; how many messages went.
+
+        Works with no query running; readers of a group that lost messages they
+        had not read see it as data loss (``failOnDataLoss``).
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            removed = 0
+            if max_age is not None:
+                now = time.time() if now is None else now
+                removed += self._delete("newest < ?", [now - max_age])
+            if max_bytes is not None:
+                (total,) = db.execute("SELECT coalesce(sum(length(data) + length(seqs)), 0) "
+                                      "FROM chunks").fetchone()
+                excess = int(total) - int(max_bytes)
+                if excess > 0:
+                    cut, freed = None, 0
+                    for chunk_id, size in db.execute("SELECT id, length(data) + length(seqs) "
+                                                     "FROM chunks ORDER BY lo, id"):
+                        cut, freed = chunk_id, freed + int(size)
+                        if freed >= excess:
+                            break
+                    if cut is not None:
+                        (lo,) = db.execute("SELECT lo FROM chunks WHERE id = ?",
+                                           (cut,)).fetchone()
+                        removed += self._delete("lo < ? OR (lo = ? AND id <= ?)",
+                                                [lo, lo, cut])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return removed
 
     # --- consumers ----------------------------------------------------------
 
@@ -286,22 +381,37 @@ class MessageLog:
 
     def trim_committed(self, consumer_ttl: Optional[float] = None,
                        now: Optional[float] = None) -> int:
-        """Trim what every live consumer has committed; the new earliest offset.
+        """Trim, group by group, what every live consumer of that group has committed;
+        how many messages went.
 
-        Consumers silent for more than ``consumer_ttl`` seconds do not count.
-        With no live consumer nothing is trimmed (a query may still start
-        from the earliest offset).
+        Consumers silent for more than ``consumer_ttl`` seconds do not count. A
+        group no live consumer reads is not trimmed here (a query may still
+        start from its earliest offset; ``retain`` bounds it by time or size).
+        A consumer registered without groups counts for every group.
         """
         now = time.time() if now is None else now
-        sql = "SELECT min(committed), count(*) FROM consumers"
-        args: tuple = ()
-        if consumer_ttl is not None:
-            sql += " WHERE updated >= ?"
-            args = (now - consumer_ttl,)
-        low, count = self._db.execute(sql, args).fetchone()
-        if not count:
-            return self.earliest
-        return self.trim(int(low))
+        live = [c for c in self.consumers()
+                if consumer_ttl is None or c.updated >= now - consumer_ttl]
+        if not live:
+            return 0
+        every = min((c.committed for c in live if not c.groups), default=None)
+        lowest: dict[str, int] = {}
+        for consumer in live:
+            for group in consumer.groups:
+                lowest[group] = min(lowest.get(group, consumer.committed), consumer.committed)
+        if every is not None:
+            for group in self.groups():
+                lowest[group] = min(lowest.get(group, every), every)
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            removed = sum(self._delete("grp = ? AND hi < ?", [group, before])
+                          for group, before in sorted(lowest.items()))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return removed
 
     # --- reading ------------------------------------------------------------
 
@@ -392,10 +502,28 @@ class MessageLog:
              limit: Optional[int] = None) -> list[LogRow]:
         """Messages with ``start <= offset < end`` in those groups, in offset order (at most
         ``limit``): ``(offset, group, sender, name, received, payload)``."""
-        start = max(int(start), self.earliest)
+        start = max(int(start), self.bounds(groups)[0])
         chunks, _ = self.chunks(start, end, groups)
         rows = sorted(rows_of(chunks, start, end), key=lambda r: r[0])
         return rows if limit is None else rows[:limit]
+
+    def offset_at(self, when: float, groups: Optional[Sequence[str]] = None) -> int:
+        """The offset of the first message of ``groups`` received at or after ``when``
+        (epoch seconds), or the next offset when there is none."""
+        where, args = _group_filter(groups)
+        earliest, nxt = self.bounds(groups)
+        best: Optional[int] = None
+        for group, seqs, data, lo in self._db.execute(
+                f"SELECT grp, seqs, data, lo FROM chunks WHERE newest >= ? AND hi >= ?{where} "
+                "ORDER BY lo", [float(when), earliest, *args]):
+            if best is not None and lo > best:
+                break  # chunks come by lowest offset: nothing earlier can follow
+            decoded = decode_chunk(Chunk(group, seqs, data))
+            for offset, received in zip(decoded.offsets, decoded.received):
+                if offset >= earliest and received >= when:
+                    best = offset if best is None else min(best, offset)
+                    break
+        return nxt if best is None else best
 
     def groups(self) -> list[str]:
         """The groups that have messages in the log."""
@@ -424,5 +552,5 @@ def rows_of(chunks: Iterable[Chunk], start: int, end: int) -> Iterator[LogRow]:
         peers, index, received, payloads = (decoded.peers, decoded.peer_index,
                                             decoded.received, decoded.payloads)
         for i in range(a, b):
-            sender, name = peers[index[i]]
+            sender, name = peers[index[i]][:2]
             yield offsets[i], chunk.group, sender, name, received[i], payloads[i]

@@ -11,19 +11,27 @@ that its reply repeats. ::
 
     request id = 1*16 OCTET             chosen by the client, opaque
     op         = "INFO" / "LATEST" / "FETCH" / "REGISTER" / "COMMIT" / "TRIM" / "JOIN"
+               / "SEEK" / "COUNT"
     status     = "OK" / "ERR"
     body       = msgpack map            (an ERR body: {"kind": str, "message": str})
 
 Request bodies (offsets are log offsets; ``end`` is exclusive; ``groups``
-empty means every group):
+empty means every group; every body also carries the service's ``token``,
+and a request without it is answered ERR ``unauthorised``):
 
-    INFO      {}                                      -> {log, earliest, next, groups, channel}
+    INFO      {groups?}                               -> {log, earliest, next, groups, channel}
     LATEST    {groups, start, max?, ceiling?}         -> {log, earliest, next, end}
     FETCH     {groups, start, end}                    -> {log, earliest, next, chunks, resume}
     REGISTER  {consumer, groups, offset}              -> {log}
     COMMIT    {consumer, groups, offset}              -> {log, earliest}
-    TRIM      {before}                                -> {log, earliest}
+    TRIM      {before, groups?}                       -> {log, earliest}
     JOIN      {groups}                                -> {groups}
+    SEEK      {groups, time}                          -> {log, earliest, next, offset}
+    COUNT     {groups, start, end}                    -> {log, count}
+
+``earliest`` is per ``groups``: every message of those groups from it on is
+still held. ``SEEK.offset`` is the first message of ``groups`` received at
+or after ``time`` (epoch seconds), or ``next`` when there is none.
 
 ``LATEST.end`` is one past the last message of ``groups`` at or after
 ``start`` and below ``ceiling`` (or ``next``), taking at most ``max``
@@ -64,10 +72,13 @@ class Op(str, Enum):
     COMMIT = "COMMIT"
     TRIM = "TRIM"
     JOIN = "JOIN"
+    SEEK = "SEEK"
+    COUNT = "COUNT"
 
 
 #: the ``kind`` of an ERR reply
-ERROR_KINDS = ("bad-request", "unknown-op", "data-loss", "internal", "unavailable")
+ERROR_KINDS = ("bad-request", "unknown-op", "data-loss", "internal", "unavailable",
+               "unauthorised")
 
 
 class LogServiceError(PeermeshError):

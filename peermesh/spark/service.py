@@ -25,14 +25,18 @@ from __future__ import annotations
 
 import logging
 import os
+import hmac
+import secrets
+import sqlite3
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import zmq
 
+from ..errors import PeermeshError
 from ..events import EventType
 from ..net.interfaces import select_interface
 from . import protocol
@@ -49,7 +53,9 @@ HEADER_LOG = "X-PM-SPARK-LOG"
 #: where logs go when no directory is given: $PEERMESH_SPARK_DIR, else ./peermesh-data
 DEFAULT_DIRECTORY = "peermesh-data"
 _MAX_FETCH_BYTES = 16 * 1024 * 1024
-_INGEST_BATCH = 20_000
+_INGEST_BATCH = 20_000              #: messages appended in one transaction, at most
+_INGEST_BYTES = 64 * 1024 * 1024    #: payload bytes appended in one transaction, at most
+_RETAIN_EVERY = 1.0                 #: seconds between two retention passes
 _POLL_MS = 100
 
 
@@ -102,9 +108,15 @@ class MeshSettings:
         return cls(**values)
 
     @classmethod
-    def from_config(cls, config: Any) -> "MeshSettings":
-        """The settings of a running node's ``NodeConfig``."""
-        return cls(interface=config.interface, port=config.port, interval=config.interval,
+    def from_config(cls, config: Any, interface: Any = None) -> "MeshSettings":
+        """The settings of a running node's ``NodeConfig``.
+
+        ``interface`` (the node's ``Interface``) is passed on as its network in
+        CIDR form, so that a worker picks its own interface on the same network
+        whatever that interface is named on its host.
+        """
+        where = str(interface.network) if interface is not None else config.interface
+        return cls(interface=where, port=config.port, interval=config.interval,
                    evasive=config.evasive, silent=config.silent, expired=config.expired,
                    discovery=tuple(config.discovery), seeds=tuple(config.seeds))
 
@@ -118,7 +130,8 @@ class ServiceStats:
     requests: int = 0          #: PMLOG1 requests answered
     errors: int = 0            #: of which ERR
     chunks_served: int = 0     #: log chunks sent in FETCH replies
-    trimmed_to: int = 0        #: the earliest offset after the last trim
+    trimmed: int = 0           #: messages deleted (commits, retention, trims)
+    rejected: int = 0          #: SHOUTs that could not be stored (too large for SQLite)
 
 
 def _sada() -> Any:
@@ -140,8 +153,14 @@ class DriverService:
     executors on other hosts of the LAN reach it; 127.0.0.1 is enough for a
     local master), ``bind_port`` its TCP port (0: any free one).
 
-    ``trim``: delete what every registered streaming query has committed
-    (consumers silent for ``consumer_ttl`` seconds no longer count).
+    ``trim``: delete, group by group, what every registered streaming query
+    of that group has committed (consumers silent for ``consumer_ttl``
+    seconds no longer count). ``retention`` (seconds) and
+    ``retention_bytes`` bound the log by age and size whether or not any
+    query runs, like Kafka's ``retention.ms`` and ``retention.bytes`` (None:
+    no bound). ``max_record_bytes`` caps what one stored chunk of messages may
+    take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
+    is dropped with a logged reason (``stats.rejected``), never retried.
     ``channel``: add a Safir-Darbaan channel to the node (needs
     ``peermesh.sada``; None: when available).
     """
@@ -151,7 +170,8 @@ class DriverService:
                  name: str = "spark-driver", interface: Optional[str] = None,
                  port: Optional[int] = None, bind: Optional[str] = None, bind_port: int = 0,
                  trim: bool = True, consumer_ttl: Optional[float] = 24 * 3600.0,
-                 channel: Optional[bool] = None, **node_settings: Any) -> None:
+                 retention: Optional[float] = None, retention_bytes: Optional[int] = None,
+                 max_record_bytes: Optional[int] = None, channel: Optional[bool] = None, **node_settings: Any) -> None:
         if isinstance(groups, str):
             groups = [groups]
         self.groups: list[str] = list(dict.fromkeys(groups))
@@ -161,6 +181,12 @@ class DriverService:
         self.path = self.directory / f"{name}.sqlite"
         self.trim_on_commit = trim
         self.consumer_ttl = consumer_ttl
+        for what, value in (("retention", retention), ("retention_bytes", retention_bytes)):
+            if value is not None and (isinstance(value, bool) or not 0 < value < float("inf")):
+                raise ValueError(f"{what} must be a positive number or None, not {value!r}")
+        self.retention = retention
+        self.retention_bytes = retention_bytes
+        self.max_record_bytes = max_record_bytes
         self._interface = interface
         self._port = port
         self._bind = bind
@@ -173,6 +199,9 @@ class DriverService:
         self.endpoint: Optional[str] = None
         self.mesh: Optional[MeshSettings] = None
         self.log_id: Optional[str] = None
+        #: the secret every request must carry: handed to Spark's workers in the plan,
+        #: so a process that merely reaches the port can neither read nor trim the log
+        self.token = secrets.token_urlsafe(24)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
@@ -196,9 +225,8 @@ class DriverService:
         return self
 
     def _start(self, node_class: Any) -> None:
-        writer = MessageLog(self.path)
+        writer = MessageLog(self.path, max_value=self.max_record_bytes)
         self.log_id = writer.log_id
-        self.stats.trimmed_to = writer.earliest
         itf = select_interface(self._interface)
         sock: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -230,7 +258,8 @@ class DriverService:
                                headers=headers, **settings).start()
         if self.channel is not None:
             self.channel.start(self.node)
-        self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config))
+        self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config),
+                                             self.node.interface)
 
         ingest = threading.Thread(target=self._ingest, args=(writer,), daemon=True,
                                   name=f"peermesh-ingest-{self.name}")
@@ -285,12 +314,12 @@ class DriverService:
     def options(self) -> dict[str, str]:
         """Data source options that point readers and writers at this service and mesh."""
         assert self.endpoint is not None and self.mesh is not None
-        return {"endpoint": self.endpoint, **self.mesh.to_options()}
+        return {"endpoint": self.endpoint, "token": self.token, **self.mesh.to_options()}
 
-    def bounds(self) -> tuple[int, int]:
-        """``(earliest, next)`` offsets of the log."""
+    def bounds(self, groups: Optional[Sequence[str]] = None) -> tuple[int, int]:
+        """``(earliest, next)`` offsets of the log for ``groups`` (default: any group)."""
         with MessageLog(self.path) as reader:
-            return reader.bounds()
+            return reader.bounds(groups)
 
     def consumers(self) -> list[Any]:
         """The streaming queries registered with the log (``log.Consumer``)."""
@@ -302,14 +331,14 @@ class DriverService:
         with MessageLog(self.path) as writer:
             known = writer.forget(consumer)
             if self.trim_on_commit:
-                self.stats.trimmed_to = writer.trim_committed(self.consumer_ttl)
+                self.stats.trimmed += writer.trim_committed(self.consumer_ttl)
             return known
 
-    def trim(self, before: int) -> int:
-        """Delete every message below offset ``before``; the new earliest offset."""
+    def trim(self, before: int, groups: Optional[Sequence[str]] = None) -> int:
+        """Delete the messages of ``groups`` (default: all) below offset ``before``;
+        the new earliest offset of those groups."""
         with MessageLog(self.path) as writer:
-            self.stats.trimmed_to = writer.trim(before)
-            return self.stats.trimmed_to
+            return writer.trim(before, groups)
 
     def wait_for_offset(self, offset: int, timeout: float = 10.0) -> bool:
         """Wait until the log's next offset is at least ``offset``; False on timeout."""
@@ -328,54 +357,96 @@ class DriverService:
         shout, stop = EventType.SHOUT, EventType.STOP
         now = time.time
         stats = self.stats
-        hexes: dict[Any, str] = {}  # peer UUID -> hex, computed once per peer
+        largest = writer.max_payload
+        senders: dict[Any, tuple[str, dict]] = {}  # peer UUID -> (hex, HELLO headers)
+        retain_at = time.monotonic()
         try:
             while True:
+                if time.monotonic() >= retain_at:
+                    self._retain(writer)
+                    retain_at = time.monotonic() + _RETAIN_EVERY
                 event = recv(_POLL_MS / 1000)
                 if event is None:
                     if self._stopping.is_set():
                         return
                     continue
                 batch = []
+                size = 0
                 stopped = False
                 while event is not None:
                     kind = event.type
                     if kind is shout:
-                        peer = event.peer
-                        sender = hexes.get(peer)
-                        if sender is None:
-                            if len(hexes) > 65536:
-                                hexes.clear()
-                            sender = hexes[peer] = peer.hex
-                        batch.append((event.group, sender, event.name, now(), event.message))
-                        if len(batch) >= _INGEST_BATCH:
-                            break
+                        message = event.message
+                        if len(message) > largest:
+                            stats.rejected += 1
+                            _log_rejected(event.group, event.peer, len(message), largest)
+                        else:
+                            peer = event.peer
+                            sender = senders.get(peer)
+                            if sender is None:
+                                if len(senders) > 65536:
+                                    senders.clear()
+                                sender = senders[peer] = (peer.hex, self._headers_of(peer))
+                            batch.append((event.group, sender[0], event.name, now(), message,
+                                          sender[1]))
+                            size += len(message)
+                            if len(batch) >= _INGEST_BATCH or size >= _INGEST_BYTES:
+                                break
                     elif kind is stop:
                         stopped = True
                         break
                     event = recv(0)
                 if batch:
-                    self._append(writer, batch)
-                    stats.messages += len(batch)
+                    stats.messages += self._append(writer, batch)
                     stats.batches += 1
                 if stopped:
                     return
         finally:
             writer.close()
 
-    def _append(self, writer: MessageLog, batch: list) -> None:
+    def _headers_of(self, peer: Any) -> dict:
+        """The HELLO headers of ``peer`` ({} once it has left)."""
+        try:
+            return dict(self.node.peer_headers(peer))
+        except PeermeshError:
+            return {}
+
+    def _append(self, writer: MessageLog, batch: list) -> int:
+        """Append ``batch``, retrying what may pass later (a full disk); how many were stored.
+
+        A message SQLite refuses outright (too big) is dropped with a logged
+        reason and never holds up the others.
+        """
         delay = 0.05
         while True:
             try:
                 writer.append(batch)
-                return
+                return len(batch)
+            except sqlite3.DataError as exc:
+                if len(batch) == 1:
+                    self.stats.rejected += 1
+                    record = batch[0]
+                    log.warning("a SHOUT to %s from %s (%d bytes) cannot be stored: %s",
+                                record[0], record[2], len(record[4]), exc)
+                    return 0
+                half = len(batch) // 2
+                return self._append(writer, batch[:half]) + self._append(writer, batch[half:])
             except Exception:
                 # e.g. a full disk: keep the batch, let the node's queue push back on peers
                 log.exception("appending %d messages to %s failed; retrying", len(batch),
                               self.path)
                 if self._stopping.wait(delay):
-                    return
+                    return 0
                 delay = min(delay * 2, 2.0)
+
+    def _retain(self, writer: MessageLog) -> None:
+        if self.retention is None and self.retention_bytes is None:
+            return
+        try:
+            self.stats.trimmed += writer.retain(self.retention, self.retention_bytes)
+        except sqlite3.Error:
+            log.warning("the retention pass over %s failed; trying again later", self.path,
+                        exc_info=True)
 
     # --- the log server ---------------------------------------------------
 
@@ -417,6 +488,12 @@ class DriverService:
                                             "unknown-op", exc.reason)
             log.debug("dropped a malformed request: %s", exc.reason)
             return None
+        if not hmac.compare_digest(str(request.body.get("token", "")).encode(),
+                                   self.token.encode()):
+            self.stats.errors += 1
+            return protocol.error_reply(request.id, "unauthorised",
+                                        "this log service needs its token (DriverService.token,"
+                                        " passed to readers as option 'token')")
         try:
             return Reply(request.id, True, self._answer(reader, request))
         except (KeyError, TypeError, ValueError) as exc:
@@ -436,7 +513,7 @@ class DriverService:
         if op is Op.LATEST:
             return self._latest(reader, body)
         if op is Op.INFO:
-            earliest, nxt = reader.bounds()
+            earliest, nxt = reader.bounds(_groups(body.get("groups")))
             return {"log": reader.log_id, "earliest": earliest, "next": nxt,
                     "groups": list(self.groups),
                     "channel": getattr(self.channel, "endpoint", None),
@@ -446,17 +523,23 @@ class DriverService:
                             _groups(body.get("groups")))
             return {"log": reader.log_id}
         if op is Op.COMMIT:
-            reader.commit(str(body["consumer"]), int(body["offset"]),
-                          _groups(body.get("groups")))
-            earliest = reader.earliest
+            groups = _groups(body.get("groups"))
+            reader.commit(str(body["consumer"]), int(body["offset"]), groups)
             if self.trim_on_commit:
-                earliest = reader.trim_committed(self.consumer_ttl)
-                self.stats.trimmed_to = earliest
-            return {"log": reader.log_id, "earliest": earliest}
+                self.stats.trimmed += reader.trim_committed(self.consumer_ttl)
+            return {"log": reader.log_id, "earliest": reader.bounds(groups)[0]}
         if op is Op.TRIM:
-            earliest = reader.trim(int(body["before"]))
-            self.stats.trimmed_to = earliest
+            earliest = reader.trim(int(body["before"]), _groups(body.get("groups")))
             return {"log": reader.log_id, "earliest": earliest}
+        if op is Op.SEEK:
+            groups = _groups(body.get("groups"))
+            earliest, nxt = reader.bounds(groups)
+            return {"log": reader.log_id, "earliest": earliest, "next": nxt,
+                    "offset": reader.offset_at(float(body["time"]), groups)}
+        if op is Op.COUNT:
+            return {"log": reader.log_id,
+                    "count": reader.count(int(body["start"]), int(body["end"]),
+                                          _groups(body.get("groups")))}
         if op is Op.JOIN:
             for group in _groups(body.get("groups")):
                 self.join(group)
@@ -466,7 +549,7 @@ class DriverService:
     def _latest(self, reader: MessageLog, body: Any) -> dict[str, Any]:
         groups = _groups(body.get("groups"))
         start = int(body["start"])
-        earliest, nxt = reader.bounds()
+        earliest, nxt = reader.bounds(groups)
         ceiling = nxt if body.get("ceiling") is None else min(nxt, int(body["ceiling"]))
         begin = max(start, earliest)
         end = start
@@ -484,7 +567,7 @@ class DriverService:
     def _fetch(self, reader: MessageLog, body: Any) -> dict[str, Any]:
         groups = _groups(body.get("groups"))
         start, end = int(body["start"]), int(body["end"])
-        earliest, nxt = reader.bounds()
+        earliest, nxt = reader.bounds(groups)
         first, last = max(start, earliest), min(end, nxt)
         chunks, resume = reader.chunks(first, last, groups, _MAX_FETCH_BYTES)
         self.stats.chunks_served += len(chunks)
@@ -495,6 +578,20 @@ class DriverService:
 
     def __repr__(self) -> str:
         return f"<DriverService {self.name} {self._state} {self.endpoint or ''} {self.path}>"
+
+
+_last_rejected = 0.0
+
+
+def _log_rejected(group: str, peer: Any, size: int, largest: int) -> None:
+    """Say, at most once a minute, that a SHOUT was too large to store."""
+    global _last_rejected
+    moment = time.monotonic()
+    if moment - _last_rejected >= 60.0:
+        _last_rejected = moment
+        log.warning("a SHOUT to %s from %s is %d bytes, more than the log can store in one "
+                    "row (%d); it was dropped (counted in stats.rejected)", group, peer, size,
+                    largest)
 
 
 def _groups(value: Any) -> list[str]:

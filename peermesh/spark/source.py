@@ -33,10 +33,11 @@ import datetime
 import json
 import logging
 import math
+import time
 import uuid
 from array import array
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
@@ -54,8 +55,9 @@ from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, Dat
                                TimestampNTZType, TimestampType)
 
 from .client import log_client
-from .codec import DECODE_MODES, pack_value, payload_text, payload_value
+from .codec import pack_value, payload_text, payload_texts, payload_value
 from .log import Chunk, DecodedChunk, decode_chunk, rows_of
+from .options import Use, check as check_options, check_use, parsed
 from .protocol import DataLossError
 from .service import MeshSettings, current_service
 
@@ -73,31 +75,12 @@ SCHEMA = StructType([
     StructField("payload", BinaryType(), False),       # the message (frames joined)
     StructField("text", StringType(), True),           # msgpack as JSON, or UTF-8; else null
 ])
-METADATA = ("group", "sender", "sender_name", "received", "offset", "payload", "text")
-
-
-def _bool(value: Optional[str], default: bool) -> bool:
-    if value is None or value == "":
-        return default
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {value!r}")
-
-
-def _positive_int(options: Mapping[str, str], key: str, default: Optional[int]) -> Optional[int]:
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"option {key} must be an integer, not {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"option {key} must be at least 1, not {value}")
-    return value
+#: the column ``includeHeaders`` adds: the sender's HELLO headers
+HEADERS = StructField("headers", MapType(StringType(), StringType(), True), True)
+METADATA = ("group", "sender", "sender_name", "received", "offset", "payload", "text",
+            "headers")
+#: the column a write without option ``group`` takes each row's group from (Kafka's ``topic``)
+GROUP_COLUMN = "group"
 
 
 def _groups(options: Mapping[str, str]) -> list[str]:
@@ -112,6 +95,7 @@ class SourceOptions:
 
     endpoint: str
     groups: tuple[str, ...]
+    token: Optional[str] = None
     partitions: int = 1
     starting: str = "latest"
     ending: str = "latest"
@@ -119,6 +103,13 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     decode: str = "auto"
     auto_join: bool = True
+    #: where single groups start, as ``startingOffsets`` allows per group
+    starting_by_group: Mapping[str, str] = field(default_factory=dict)
+    #: epoch seconds per group: start at the first message received then or later
+    starting_times: Mapping[str, float] = field(default_factory=dict)
+    min_offsets: Optional[int] = None
+    max_trigger_delay: float = 15 * 60.0
+    consumer_name: Optional[str] = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], batch: bool) -> "SourceOptions":
@@ -133,22 +124,31 @@ class SourceOptions:
         if not groups:
             raise ValueError("option 'group' is missing: name one group, or several "
                              "separated by commas")
-        starting = (options.get("startingoffsets") or ("earliest" if batch else "latest"))
-        ending = options.get("endingoffsets") or "latest"
-        for key, value in (("startingOffsets", starting), ("endingOffsets", ending)):
-            if value not in ("earliest", "latest") and not value.lstrip("-").isdigit():
-                raise ValueError(f"option {key} must be earliest, latest or an offset, "
-                                 f"not {value!r}")
-        decode = (options.get("decode") or "auto").lower()
-        if decode not in DECODE_MODES:
-            raise ValueError(f"option decode must be one of {', '.join(DECODE_MODES)}")
-        return cls(endpoint=endpoint, groups=tuple(groups),
-                   partitions=_positive_int(options, "partitions", 1) or 1,
-                   starting=starting, ending=ending,
-                   max_offsets=_positive_int(options, "maxoffsetspertrigger", None),
-                   fail_on_data_loss=_bool(options.get("failondataloss"), True),
-                   decode=decode,
-                   auto_join=_bool(options.get("autojoin"), True))
+        check_use(options, Use.BATCH_READ if batch else Use.STREAM_READ)
+        default = "earliest" if batch else "latest"
+        starting = parsed(options, "startingOffsets", default)
+        by_group = starting if isinstance(starting, dict) else {}
+        at = parsed(options, "startingTimestamp")
+        times = parsed(options, "startingOffsetsByTimestamp",
+                       {} if at is None else {g: at for g in groups})
+        for name, named in (("startingOffsets", by_group),
+                            ("startingOffsetsByTimestamp", times)):
+            stray = sorted(set(named) - set(groups))
+            if stray:
+                raise ValueError(f"option {name} names group(s) {', '.join(stray)} that the "
+                                 f"read does not include (groups: {', '.join(groups)})")
+        return cls(endpoint=endpoint, groups=tuple(groups), token=options.get("token") or None,
+                   partitions=parsed(options, "partitions", 1),
+                   starting=default if by_group else starting,
+                   starting_by_group=by_group, starting_times=times,
+                   min_offsets=parsed(options, "minOffsetsPerTrigger"),
+                   max_trigger_delay=parsed(options, "maxTriggerDelay", 15 * 60.0),
+                   consumer_name=parsed(options, "consumerName"),
+                   ending=parsed(options, "endingOffsets", "latest"),
+                   max_offsets=parsed(options, "maxOffsetsPerTrigger"),
+                   fail_on_data_loss=parsed(options, "failOnDataLoss", True),
+                   decode=parsed(options, "decode", "auto"),
+                   auto_join=parsed(options, "autoJoin", True))
 
 
 @dataclass(frozen=True)
@@ -168,72 +168,87 @@ class WriteOptions:
     timeout: Optional[float] = None
     max_in_flight: int = 64
     retries: int = 0
+    #: shout each row to the group its ``group`` column names (no option ``group``)
+    group_column: bool = False
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "WriteOptions":
-        """From data source options; ``ValueError`` naming the bad option."""
+    def parse(cls, options: Mapping[str, str], columns: Sequence[str] = ()) -> "WriteOptions":
+        """From data source options (and the data's column names); ``ValueError`` naming
+        the bad option."""
+        check_use(options, Use.WRITE)
         group, service = options.get("group") or None, options.get("service") or None
-        if (group is None) == (service is None):
+        by_column = group is None and service is None and GROUP_COLUMN in columns
+        if (group is None) == (service is None) and not by_column:
             raise ValueError("a peermesh write needs exactly one of option 'group' (shout each "
-                             "row) or option 'service' (send each row as a Safir-Darbaan "
+                             "row), a 'group' column (shout each row to the group it names) "
+                             "or option 'service' (send each row as a Safir-Darbaan "
                              "request, with option 'action')")
         if service is not None and not options.get("action"):
             raise ValueError("option 'service' needs option 'action'")
-        timeout = options.get("timeout")
         return cls(group=group, service=service, action=options.get("action") or None,
                    version=options.get("version") or None,
                    category=options.get("category") or "",
                    column=options.get("column") or None,
                    mesh=MeshSettings.from_options(options),
-                   peers=_positive_int(options, "peers", 1) or 1,
-                   discovery_timeout=float(options.get("discoverytimeout") or 10.0),
-                   require_delivery=_bool(options.get("requiredelivery"), True),
-                   timeout=float(timeout) if timeout else None,
-                   max_in_flight=_positive_int(options, "maxinflight", 64) or 64,
-                   retries=int(options.get("retries") or 0))
+                   peers=parsed(options, "peers", 1),
+                   discovery_timeout=parsed(options, "discoveryTimeout", 10.0),
+                   require_delivery=parsed(options, "requireDelivery", True),
+                   timeout=parsed(options, "timeout"),
+                   max_in_flight=parsed(options, "maxInFlight", 64),
+                   retries=parsed(options, "retries", 0), group_column=by_column)
 
 
 # --- offsets ------------------------------------------------------------------
 
 
-def _offset(log_id: str, offset: int, consumer: Optional[str]) -> dict:
+def _offset(log_id: str, offset: int, consumer: Optional[str],
+            floors: Optional[Mapping[str, int]] = None) -> dict:
+    """A query's offset: a log position and, while the query's groups started at different
+    offsets (``startingOffsets`` per group), the later starts of single groups."""
     result: dict[str, Any] = {"log": log_id, "offset": int(offset)}
     if consumer is not None:
         result["consumer"] = consumer
+    later = {g: int(n) for g, n in (floors or {}).items() if int(n) > int(offset)}
+    if later:
+        result["floors"] = later
     return result
 
 
 class OffsetRange(InputPartition):
-    """Offsets ``start <= o < end`` of log ``log_id`` (one Spark task)."""
+    """Offsets ``start <= o < end`` of log ``log_id`` (one Spark task); messages of a group
+    in ``floors`` count only from that group's floor on."""
 
-    def __init__(self, log_id: str, start: int, end: int, index: int = 0) -> None:
+    def __init__(self, log_id: str, start: int, end: int, index: int = 0,
+                 floors: Optional[Mapping[str, int]] = None) -> None:
         super().__init__((start, end))
         self.log_id = log_id
         self.start = start
         self.end = end
         self.index = index
+        self.floors = dict(floors or {})
 
     def __repr__(self) -> str:
         return f"OffsetRange({self.start}, {self.end}, #{self.index})"
 
 
-def split_range(log_id: str, start: int, end: int, parts: int) -> list[OffsetRange]:
+def split_range(log_id: str, start: int, end: int, parts: int,
+                floors: Optional[Mapping[str, int]] = None) -> list[OffsetRange]:
     """``[start, end)`` in at most ``parts`` contiguous, nearly equal ranges."""
     if end <= start:
         return []
     parts = max(1, min(parts, end - start))
     step = math.ceil((end - start) / parts)
-    return [OffsetRange(log_id, a, min(a + step, end), i)
+    return [OffsetRange(log_id, a, min(a + step, end), i, floors)
             for i, a in enumerate(range(start, end, step))]
 
 
 def _resolve(spec: str, earliest: int, nxt: int) -> int:
+    """An offset spec as ``options.offset_spec`` leaves it: earliest, latest or an offset."""
     if spec == "earliest":
         return earliest
     if spec == "latest":
         return nxt
-    value = int(spec)
-    return nxt + value + 1 if value < 0 else value  # -1: latest, as in Kafka's JSON offsets
+    return int(spec)
 
 
 # --- reading rows -------------------------------------------------------------
@@ -248,25 +263,32 @@ class _Columns:
         self.merge = merge          # several groups: chunks overlap, sort by offset
         self.arrow = to_arrow_schema(schema, timezone="UTC")
         names = schema.fieldNames()
-        self.fast = all(f.name in METADATA and f.dataType == SCHEMA[f.name].dataType
+        known = {f.name: f.dataType for f in (*SCHEMA.fields, HEADERS)}
+        self.fast = all(f.name in METADATA and f.dataType == known[f.name]
                         for f in schema.fields)
         self.needs_value = any(n not in METADATA for n in names)
         self.converters = [_converter(f.dataType) for f in schema.fields]
 
-    def emit(self, chunks: list[Chunk], start: int, end: int) -> Iterator[Any]:
-        """The messages of ``chunks`` with ``start <= offset < end``, in offset order."""
+    def emit(self, chunks: list[Chunk], start: int, end: int,
+             floors: Mapping[str, int]) -> Iterator[Any]:
+        """The messages of ``chunks`` with ``start <= offset < end`` (and not below their
+        group's floor), in offset order."""
         if not self.fast:
-            rows: Iterable[Any] = rows_of(chunks, start, end)
+            rows: Iterable[Any] = (r for r in rows_of(chunks, start, end)
+                                   if r[0] >= floors.get(r[1], start))
             if self.merge:
                 rows = sorted(rows, key=lambda r: r[0])
-            yield from self.tuples(rows)
+            headers = ({p[0]: p[2] for c in chunks for p in decode_chunk(c).peers if len(p) > 2}
+                       if "headers" in self.schema.fieldNames() else {})
+            yield from self.tuples(rows, headers)
             return
-        batches = [b for b in (self.batch(decode_chunk(c), start, end) for c in chunks)
+        batches = [b for b in (self.batch(decode_chunk(c), max(start, floors.get(c.group, 0)),
+                                          end) for c in chunks)
                    if b is not None]
         if self.merge and len(batches) > 1:
             table = pa.Table.from_batches(batches, schema=self.arrow)
             keys = (table.column("offset") if "offset" in self.arrow.names
-                    else _offsets_of(chunks, start, end))
+                    else _offsets_of(chunks, start, end, floors))
             yield from table.take(pc.sort_indices(keys)).combine_chunks().to_batches()
             return
         yield from batches
@@ -298,12 +320,17 @@ class _Columns:
                 arrays.append(_int64(offsets[a:b]).cast(kind))
             elif name == "payload":
                 arrays.append(pa.array(payloads, kind))
+            elif name == "headers":
+                if peers is None:
+                    peers = pa.array(chunk.peer_index[a:b], pa.int32())
+                described = [list(p[2].items()) if len(p) > 2 and p[2] else []
+                             for p in chunk.peers]
+                arrays.append(pa.array(described, kind).take(peers))
             else:  # text
-                decode = self.decode
-                arrays.append(pa.array([payload_text(p, decode) for p in payloads], kind))
+                arrays.append(pa.array(payload_texts(payloads, self.decode), kind))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
 
-    def tuples(self, rows: Iterable[Any]) -> Iterator[tuple]:
+    def tuples(self, rows: Iterable[Any], headers: Mapping[str, Any]) -> Iterator[tuple]:
         """Python rows for any schema: metadata columns by name, the rest from the payload."""
         fields = self.schema.fields
         converters = self.converters
@@ -329,6 +356,8 @@ class _Columns:
                     item = payload
                 elif name == "text":
                     item = payload_text(payload, decode)
+                elif name == "headers":
+                    item = headers.get(sender) or {}
                 else:
                     item = value.get(name) if isinstance(value, dict) else None
                 row.append(convert(item))
@@ -340,12 +369,14 @@ def _int64(values: array) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values.tobytes())])
 
 
-def _offsets_of(chunks: list[Chunk], start: int, end: int) -> pa.Array:
+def _offsets_of(chunks: list[Chunk], start: int, end: int,
+                floors: Mapping[str, int]) -> pa.Array:
     """The offsets ``emit`` keeps, chunk after chunk (to sort rows without an offset column)."""
     parts = []
     for chunk in chunks:
         offsets = decode_chunk(chunk).offsets
-        parts.append(_int64(offsets[bisect_left(offsets, start):bisect_left(offsets, end)]))
+        first = max(start, floors.get(chunk.group, 0))
+        parts.append(_int64(offsets[bisect_left(offsets, first):bisect_left(offsets, end)]))
     return pa.concat_arrays(parts)
 
 
@@ -402,7 +433,7 @@ def _converter(kind: DataType) -> Any:
 
 def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> Iterator[Any]:
     """Rows of ``part`` fetched from the log service (Arrow batches when possible)."""
-    client = log_client(opts.endpoint)
+    client = log_client(opts.endpoint, opts.token)
     columns = _Columns(schema, opts.decode, merge=len(opts.groups) > 1)
     position, end = part.start, part.end
     first = True
@@ -420,7 +451,8 @@ def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> It
         resume = int(reply["resume"])
         chunks = [Chunk(*c) for c in reply["chunks"]]
         if chunks:
-            yield from columns.emit(chunks, max(position, earliest), min(resume, end))
+            yield from columns.emit(chunks, max(position, earliest), min(resume, end),
+                                    part.floors)
         if resume <= position:
             if int(reply["next"]) < end:
                 _data_loss(opts, f"the log ends at {reply['next']}, before offset {end} "
@@ -447,21 +479,50 @@ class _ReaderBase:
         self._log_id: Optional[str] = None
 
     def _client(self) -> Any:
-        return log_client(self.opts.endpoint)
+        return log_client(self.opts.endpoint, self.opts.token)
 
-    def _info(self) -> dict:
+    def _info(self, join: bool = False) -> dict:
+        """The log's bounds; ``join``: the driver's node joins groups it does not log yet."""
         client = self._client()
-        info = client.info()
+        info = client.info(self.opts.groups)
         missing = [g for g in self.opts.groups if g not in info["groups"]]
-        if missing and self.opts.auto_join:
+        if missing and join and self.opts.auto_join:
             client.join(missing)
         self._log_id = info["log"]
         return info
 
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        """Rows of one range (runs in an executor's Python worker)."""
-        assert isinstance(partition, OffsetRange)
-        return read_range(self.opts, self.schema, partition)
+    def read(self, partition: Optional[InputPartition]) -> Iterator[Any]:
+        """Rows of one range (runs in an executor's Python worker).
+
+        Spark reads an empty plan as one stand-in partition (``None``, or an
+        ``InputPartition`` of ``None``): it has no rows.
+        """
+        if isinstance(partition, OffsetRange):
+            return read_range(self.opts, self.schema, partition)
+        if getattr(partition, "value", None) is None:
+            return iter(())
+        raise TypeError(f"the peermesh source cannot read partition {partition!r}")
+
+
+    def _starts(self, default: str) -> tuple[int, dict[str, int]]:
+        """Where the read starts: the lowest start of its groups, and the later starts of
+        single groups (``startingOffsets`` per group, or by time)."""
+        opts = self.opts
+        client = self._client()
+        starts: dict[str, int] = {}
+        for group in opts.groups:
+            when = opts.starting_times.get(group)
+            if when is not None:
+                starts[group] = int(client.seek([group], when)["offset"])
+                continue
+            info = client.info([group])
+            spec = opts.starting_by_group.get(group, default)
+            starts[group] = _resolve(spec, info["earliest"], info["next"])
+            if starts[group] < info["earliest"]:
+                _data_loss(opts, f"startingOffsets {starts[group]} of group {group!r} is below "
+                                 f"the earliest offset it holds, {info['earliest']}")
+        first = min(starts.values())
+        return first, {g: n for g, n in starts.items() if n > first}
 
 
 class BatchReader(_ReaderBase, DataSourceReader):
@@ -470,12 +531,10 @@ class BatchReader(_ReaderBase, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         """Split ``[startingOffsets, endingOffsets)`` (default: everything held)."""
         info = self._info()
-        start = _resolve(self.opts.starting, info["earliest"], info["next"])
+        start, floors = self._starts(self.opts.starting)
         end = _resolve(self.opts.ending, info["earliest"], info["next"])
-        if start < info["earliest"]:
-            _data_loss(self.opts, f"startingOffsets {start} is below the earliest offset held, "
-                                  f"{info['earliest']}")
-        return split_range(info["log"], start, min(end, info["next"]), self.opts.partitions)
+        return split_range(info["log"], start, min(end, info["next"]), self.opts.partitions,
+                           floors)
 
 
 class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -486,20 +545,23 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         self._consumer: Optional[str] = None
         self._target: Optional[int] = None
         self._ready = False
+        self._position: Optional[int] = None   # the end of the last batch planned
+        self._last_batch = time.monotonic()    # for minOffsetsPerTrigger's maxTriggerDelay
 
     def _ensure(self) -> None:
         if not self._ready:
-            self._info()
+            self._info(join=True)
             self._ready = True
 
     def initialOffset(self) -> dict:
         """Where a new query starts (``startingOffsets``); registers it as a consumer."""
-        info = self._info()
+        info = self._info(join=True)
         self._ready = True
-        start = _resolve(self.opts.starting, info["earliest"], info["next"])
+        start, floors = self._starts(self.opts.starting)
         # Registered with the log by the first latestOffset that uses it: Spark may ask
         # for an initial offset more than once and use only one of the answers.
-        return _offset(info["log"], start, uuid.uuid4().hex)
+        consumer = self.opts.consumer_name or uuid.uuid4().hex
+        return _offset(info["log"], start, consumer, floors)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxOffsetsPerTrigger`` as ``ReadMaxRows``, else everything available."""
@@ -509,15 +571,17 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the target: nothing that arrives after this call is read by the run."""
-        info = self._info()
+        info = self._info(join=True)
         self._ready = True
         self._target = int(info["next"])
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """The end of the next batch (admission control through ``limit``)."""
+        """The end of the next batch (admission control through ``limit``, and
+        ``minOffsetsPerTrigger`` waiting at most ``maxTriggerDelay``)."""
         self._ensure()
         consumer = start.get("consumer")
         position = int(start["offset"])
+        floors = start.get("floors")
         if consumer is not None and consumer != self._consumer:
             self._client().register(consumer, self.opts.groups, position)
             self._consumer = consumer
@@ -525,28 +589,47 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
             _data_loss(self.opts, f"the query's offsets belong to log {start.get('log')}, "
                                   f"but the service now serves log {self._log_id}")
             # failOnDataLoss=false: go on from the beginning of the new log
-            info = self._client().info()
-            position = int(info["earliest"])
+            info = self._client().info(self.opts.groups)
+            position, floors = int(info["earliest"]), None
             start = _offset(self._log_id or info["log"], position, consumer)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        reply = self._client().latest(self.opts.groups, position, max_rows, self._target)
+        client = self._client()
+        reply = client.latest(self.opts.groups, position, max_rows, self._target)
         if position < reply["earliest"]:
             _data_loss(self.opts, f"offsets {position}-{reply['earliest'] - 1} were trimmed "
                                   "from the log before this query read them")
-        return _offset(reply["log"], reply["end"], consumer)
+        end = int(reply["end"])
+        least = self.opts.min_offsets
+        if (least is not None and end > position and self._target is None
+                and time.monotonic() - self._last_batch < self.opts.max_trigger_delay
+                and client.count(self.opts.groups, position, end)["count"] < least):
+            end = position  # too few yet: wait for more, up to maxTriggerDelay
+        if end > position:
+            self._last_batch = time.monotonic()
+        self._position = end
+        return _offset(reply["log"], end, consumer, floors)
 
     def reportLatestOffset(self) -> Optional[dict]:
-        """The log's next offset, for the query's progress reports."""
+        """The log's next offset and, per group, how many messages the query is behind
+        (``behind``), for the query's progress reports."""
         try:
-            info = self._client().info()
+            client = self._client()
+            info = client.info(self.opts.groups)
+            behind = {group: client.count([group], self._position, info["next"])["count"]
+                      for group in self.opts.groups} if self._position is not None else {}
         except Exception:
             return None
-        return _offset(info["log"], info["next"], self._consumer)
+        report = _offset(info["log"], info["next"], self._consumer)
+        if self._position is not None:
+            report["behind"] = behind
+        return report
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """Split ``[start, end)`` into ``partitions`` ranges."""
-        first = int(start["offset"]) if start.get("log") == end.get("log") else 0
-        return split_range(end["log"], first, int(end["offset"]), self.opts.partitions)
+        same = start.get("log") == end.get("log")
+        first = int(start["offset"]) if same else 0
+        return split_range(end["log"], first, int(end["offset"]), self.opts.partitions,
+                           start.get("floors") if same else None)
 
     def commit(self, end: dict) -> None:
         """Everything below ``end`` is processed: tell the log (which may trim it)."""
@@ -573,11 +656,13 @@ class MeshCommit(WriterCommitMessage):
     mode: str
 
 
-def _payloads(rows: list, column: Optional[str]) -> list[bytes]:
+def _payloads(rows: list, column: Optional[str], without: Optional[str] = None) -> list[bytes]:
     result = []
     for row in rows:
         if column is None:
-            result.append(pack_value(row.asDict(recursive=True)))
+            values = row.asDict(recursive=True)
+            values.pop(without, None)
+            result.append(pack_value(values))
             continue
         value = row[column]
         if isinstance(value, (bytes, bytearray)):
@@ -618,6 +703,8 @@ def write_rows(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
 
     total = 0
     mesh = None
+    if opts.group_column:
+        return _shout_by_column(opts, iterator)
     if opts.group is not None:
         for chunk in _chunks(iterator, 2000):
             if mesh is None:
@@ -653,6 +740,36 @@ def write_rows(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
                                      f"{total + index} of this task failed: {outcome.error}")
         total += len(chunk)
     return MeshCommit(total, "request")
+
+
+def _shout_by_column(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
+    """Shout each row to the group in its ``group`` column (the rest of the row, or
+    option ``column``, is the message)."""
+    from .executor import MeshWriteError, executor_mesh
+
+    mesh = None
+    met: set[str] = set()
+    total = 0
+    for chunk in _chunks(iterator, 2000):
+        if mesh is None:
+            mesh = executor_mesh(opts.mesh)
+        by_group: dict[str, list] = {}
+        for row in chunk:
+            target = row[GROUP_COLUMN]
+            if not isinstance(target, str) or not target:
+                raise MeshWriteError(f"row {total + len(by_group)} of this task has no group "
+                                     f"in its {GROUP_COLUMN!r} column ({target!r})")
+            by_group.setdefault(target, []).append(row)
+        for target, rows in by_group.items():
+            if target not in met:
+                mesh.wait_group(target, opts.peers, opts.discovery_timeout)
+                met.add(target)
+            mesh.shout_many(target, _payloads(rows, opts.column, without=GROUP_COLUMN))
+        total += len(chunk)
+    if mesh is not None and not mesh.flush(opts.discovery_timeout) and opts.require_delivery:
+        raise MeshWriteError(f"not every member of groups {', '.join(sorted(met))} confirmed "
+                             f"the {total} messages within {opts.discovery_timeout:g} s")
+    return MeshCommit(total, "shout")
 
 
 class MeshWriter(DataSourceWriter):
@@ -704,6 +821,7 @@ class PeermeshDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         merged = {k.lower(): v for k, v in self.defaults.items()}
         merged.update({k.lower(): v for k, v in dict(options).items()})
+        check_options(merged)
         super().__init__(merged)
         self.options = merged
 
@@ -713,7 +831,9 @@ class PeermeshDataSource(DataSource):
         return "peermesh"
 
     def schema(self) -> StructType:
-        """The default schema (see ``SCHEMA``)."""
+        """The default schema (see ``SCHEMA``), with ``headers`` for ``includeHeaders``."""
+        if parsed(self.options, "includeHeaders", False):
+            return StructType([*SCHEMA.fields, HEADERS])
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -725,12 +845,21 @@ class PeermeshDataSource(DataSource):
         return StreamReader(SourceOptions.parse(self.options, batch=False), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """Batch writer."""
-        return MeshWriter(WriteOptions.parse(self.options))
+        """Batch writer (append only)."""
+        _refuse_overwrite(overwrite)
+        return MeshWriter(WriteOptions.parse(self.options, schema.fieldNames()))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        """Streaming writer."""
-        return MeshStreamWriter(WriteOptions.parse(self.options))
+        """Streaming writer (append only)."""
+        _refuse_overwrite(overwrite)
+        return MeshStreamWriter(WriteOptions.parse(self.options, schema.fieldNames()))
+
+
+def _refuse_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise ValueError("the peermesh format only appends: messages sent to a mesh cannot "
+                         "be taken back, so mode('overwrite') does not apply; use "
+                         "mode('append')")
 
 
 def register(spark: Any, service: Any = None, **options: Any) -> type:

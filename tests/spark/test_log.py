@@ -77,19 +77,56 @@ def test_trim_and_consumers(tmp_path: Path) -> None:
         log.register("q1", 0, ["g"], now=100.0)
         log.register("q2", 0, ["g"], now=100.0)
         log.commit("q1", 45, ["g"], now=101.0)
-        assert log.trim_committed(now=102.0) == 0  # q2 holds the log
+        assert log.trim_committed(now=102.0) == 0  # q2 holds the group
         log.commit("q2", 35, ["g"], now=103.0)
-        assert log.trim_committed(now=104.0) == 35
-        assert log.bounds() == (35, 100)
-        assert [r[0] for r in log.read(0, 42)] == list(range(35, 42))  # a chunk straddles
+        assert log.trim_committed(now=104.0) == 30  # whole chunks below 35: 0-29
+        assert log.bounds(["g"]) == (30, 100)
+        assert [r[0] for r in log.read(0, 42)] == list(range(30, 42))
         log.register("q1", 10, ["g"], now=105.0)  # a restart never moves a consumer back
         assert {c.id: c.committed for c in log.consumers()} == {"q1": 45, "q2": 35}
         # q2 silent for longer than the ttl: it no longer holds the log back
-        assert log.trim_committed(consumer_ttl=2.0, now=106.0) == 45
+        assert log.trim_committed(consumer_ttl=2.0, now=106.0) == 10
+        assert log.bounds(["g"]) == (40, 100)
         assert log.forget("q2") and not log.forget("q2")
         assert log.trim(1000) == 100  # never past the end
         assert log.read(0, 100) == []
         assert log.append(records(1)) == (100, 101)
+
+
+def test_retention_is_per_group(tmp_path: Path) -> None:
+    """A query on one group never trims another's unread messages, a quiet group never
+    pins the log, and its consumer never sees a loss of offsets that were not its own."""
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        for start in range(0, 50, 10):
+            log.append(records(5, "busy", start) + records(5, "other", start))
+        log.append(records(1, "quiet"))  # offset 50
+        for start in range(51, 101, 10):
+            log.append(records(10, "busy", start))
+        log.register("busy-query", 0, ["busy"], now=10.0)
+        log.register("quiet-query", 50, ["quiet"], now=10.0)  # has not read offset 50 yet
+        log.commit("busy-query", 101, ["busy"], now=11.0)
+        assert log.trim_committed(now=12.0) == 75  # every "busy" message, nothing else
+        assert log.count(0, 101, ["other"]) == 25 and log.count(0, 101, ["quiet"]) == 1
+        assert log.bounds(["other"])[0] == 0          # (a) unread "other" kept
+        assert log.bounds(["quiet"])[0] == 0          # (b) and (c): nothing of "quiet" went
+        assert log.bounds(["busy"])[0] == 101
+        # the quiet query, silent past the ttl, still has lost nothing of its group
+        log.trim_committed(consumer_ttl=5.0, now=1000.0)
+        assert log.bounds(["quiet"])[0] == 0 and log.count(0, 101, ["quiet"]) == 1
+
+
+def test_retention_by_age_and_size_with_no_query(tmp_path: Path) -> None:
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        for i in range(10):  # ten chunks of 10 messages, received at 1000+i*10 ...
+            log.append([("g", SENDER, "p", 1000.0 + i * 10 + j, b"x" * 1000)
+                        for j in range(10)])
+        assert log.retain(max_age=50.0, now=1100.0) == 50  # newest below 1050: chunks 0-4
+        assert log.bounds(["g"]) == (50, 100)
+        size = sum(len(c.data) + len(c.seqs) for c in log.chunks(0, 100)[0])
+        assert log.retain(max_bytes=size // 2) == 30     # oldest first, down to half
+        assert log.bounds(["g"]) == (80, 100)
+        assert log.retain(max_age=1e9, max_bytes=10 ** 9, now=1100.0) == 0
+        assert [r[0] for r in log.read(0, 100)] == list(range(80, 100))
 
 
 def test_chunks_resume_after_a_byte_limit(tmp_path: Path) -> None:
@@ -157,3 +194,17 @@ def test_malformed_requests_raise_protocol_error(frames: list[bytes], reason: st
 def test_malformed_replies_raise_protocol_error() -> None:
     with pytest.raises(ProtocolError, match="status"):
         protocol.decode_reply([b"PMLOG1", b"1", b"MAYBE", msgpack.packb({})])
+
+
+def test_offset_at_a_time(tmp_path: Path) -> None:
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        log.append(records(10, "a"))                     # received 1000-1009, offsets 0-9
+        log.append(records(10, "b", start=10))           # received 1000-1009, offsets 10-19
+        assert log.offset_at(1004.5, ["a"]) == 5
+        assert log.offset_at(1004.5, ["b"]) == 15
+        assert log.offset_at(1004.5, ["a", "b"]) == 5
+        assert log.offset_at(0.0) == 0
+        assert log.offset_at(2000.0, ["a"]) == 20        # none: the next offset
+        log.trim(3, ["a"])                               # "a" chunk straddles 3: kept
+        log.trim(10, ["a"])                              # now gone
+        assert log.offset_at(0.0, ["a"]) == 20 and log.offset_at(0.0, ["b"]) == 10

@@ -17,6 +17,7 @@ from .conftest import spark_unavailable
 if spark_unavailable():
     pytest.skip(spark_unavailable(), allow_module_level=True)
 
+from pyspark.sql.datasource import InputPartition  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
 
 from peermesh.spark.protocol import DataLossError  # noqa: E402
@@ -34,7 +35,7 @@ def fill(service: Any, groups: list[str], count: int, start: int = 0) -> None:
 
 
 def reader(service: Any, batch: bool = False, **options: str) -> Any:
-    given = {"endpoint": service.endpoint, "group": "g", **options}
+    given = {"endpoint": service.endpoint, "token": service.token, "group": "g", **options}
     opts = SourceOptions.parse({k.lower(): v for k, v in given.items()}, batch)  # as Spark does
     return (BatchReader if batch else StreamReader)(opts, SCHEMA)
 
@@ -62,7 +63,8 @@ def test_offsets_admission_and_commits(make_service: Callable[..., Any]) -> None
     stream.commit(end)
     consumers = service.consumers()
     assert [(c.id, c.committed) for c in consumers] == [(start["consumer"], 19)]
-    assert service.bounds()[0] == 19  # trimmed what the only consumer committed
+    # "g" is one chunk (0-98) that straddles 19: kept whole; "h" is not this query's to trim
+    assert service.bounds(["g"]) == (0, 100) and service.bounds(["h"]) == (0, 100)
     assert stream.partitions(end, end) == []
 
     # startingOffsets latest; availableNow fixes a target that later data does not move
@@ -118,10 +120,177 @@ def test_split_range() -> None:
     ({"endpoint": "tcp://127.0.0.1:1"}, "group"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "partitions": "0"}, "partitions"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "maxoffsetspertrigger": "x"},
-     "maxoffsetspertrigger"),
+     "maxOffsetsPerTrigger must be an integer"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "maxoffsetspertrigger": "0"},
+     "maxOffsetsPerTrigger must be at least 1"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "startingoffsets": "erliest"},
+     "startingOffsets must be earliest, latest or an offset"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "startingoffsets": "-3"},
+     "startingOffsets must be earliest"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "endingoffsets": "5"},
+     "endingOffsets does not apply to a stream"),
+    ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "service": "s"},
+     "service does not apply to a stream"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "decode": "xml"}, "decode"),
     ({"endpoint": "tcp://127.0.0.1:1", "group": "g", "failondataloss": "maybe"}, "boolean"),
 ])
 def test_bad_options(options: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SourceOptions.parse(options, batch=False)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"maxOffsetPerTrigger": "10"}, "unknown option 'maxoffsetpertrigger'.*did you mean "
+                                    "maxOffsetsPerTrigger"),
+    ({"startingOffset": "earliest"}, "did you mean startingOffsets"),
+    ({"colour": "red"}, "unknown option 'colour'"),
+    ({"partitions": "0"}, "partitions must be at least 1"),
+    ({"failondataloss": "maybe"}, "failOnDataLoss must be a boolean"),
+    ({"decode": "xml"}, "decode must be one of"),
+    ({"port": "70000"}, "port must be a UDP port"),
+    ({"discoverytimeout": "-1"}, "discoveryTimeout must be a positive number"),
+])
+def test_every_option_is_known_and_checked_when_the_source_is_made(
+        options: dict[str, str], message: str) -> None:
+    from peermesh.spark.source import PeermeshDataSource
+
+    with pytest.raises(ValueError, match=message):
+        PeermeshDataSource({"group": "g", **options})
+
+
+def test_options_that_apply_elsewhere_are_refused() -> None:
+    from peermesh.spark.source import WriteOptions
+
+    given = {"endpoint": "tcp://127.0.0.1:1", "group": "g"}
+    with pytest.raises(ValueError, match="maxOffsetsPerTrigger does not apply to a batch read"):
+        SourceOptions.parse({**given, "maxoffsetspertrigger": "5"}, batch=True)
+    with pytest.raises(ValueError, match="startingOffsets does not apply to a write"):
+        WriteOptions.parse({**given, "startingoffsets": "earliest"})
+    with pytest.raises(ValueError, match="peers does not apply to a batch read"):
+        SourceOptions.parse({**given, "peers": "2"}, batch=True)
+
+
+def test_kafka_offsets_minus_two_is_earliest_and_minus_one_latest(
+        make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"])
+    fill(service, ["g"], 10)
+    earliest = reader(service, batch=True, startingOffsets="-2").partitions()
+    assert [(p.start, p.end) for p in earliest] == [(0, 10)]
+    assert reader(service, batch=True, startingOffsets="-1").partitions() == []
+    stream = reader(service, startingOffsets="-2")
+    assert stream.initialOffset()["offset"] == 0
+    assert reader(service, startingOffsets="-1").initialOffset()["offset"] == 10
+
+
+def test_an_empty_plan_reads_no_rows(make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"])
+    batch = reader(service, batch=True)
+    assert batch.partitions() == []
+    assert list(batch.read(InputPartition(None))) == []  # PySpark's stand-in for an empty plan
+    assert list(batch.read(None)) == []
+
+
+def test_a_batch_read_never_joins_a_group_a_stream_does(
+        make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"])
+    given = {"endpoint": service.endpoint, "token": service.token, "group": "elsewhere"}
+    BatchReader(SourceOptions.parse(given, True), SCHEMA).partitions()
+    assert "elsewhere" not in service.node.call(lambda node: node.groups())
+    StreamReader(SourceOptions.parse(given, False), SCHEMA).initialOffset()
+    assert "elsewhere" in service.node.call(lambda node: node.groups())
+
+
+def test_per_group_starts_by_offset_and_by_time(make_service: Callable[..., Any]) -> None:
+    service = make_service(["g", "h"], channel=False)
+    fill(service, ["g", "h"], 100)  # g: even offsets, h: odd; received 1.0 + offset
+    both = {"group": "g,h", "partitions": "2"}
+    batch = reader(service, batch=True, startingOffsets='{"h": 90}', **both)
+    parts = batch.partitions()
+    got = sorted(o for p in parts for o in rows(batch, p))
+    assert got == sorted(list(range(0, 100, 2)) + [91, 93, 95, 97, 99])
+    by_time = reader(service, batch=True, startingOffsetsByTimestamp='{"g": 50000}',
+                     startingOffsets='{"h": -1}', **both)
+    assert sorted(o for p in by_time.partitions() for o in rows(by_time, p)) == \
+        list(range(50, 100, 2))
+    everything_since = reader(service, batch=True, startingTimestamp="96000", **both)
+    assert sorted(o for p in everything_since.partitions()
+                  for o in rows(everything_since, p)) == [95, 96, 97, 98, 99]
+    stream = reader(service, startingOffsets='{"g": "earliest", "h": 97}', **both)
+    start = stream.initialOffset()
+    assert start["offset"] == 0 and start["floors"] == {"h": 97}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert "floors" not in end  # past every floor: plain offsets again
+    assert sorted(o for p in stream.partitions(start, end) for o in rows(stream, p)) == \
+        sorted(list(range(0, 100, 2)) + [97, 99])
+    with pytest.raises(ValueError, match="names group.*x.*that the read does not include"):
+        reader(service, batch=True, startingOffsets='{"x": 1}', **both)
+
+
+def test_a_named_consumer_keeps_its_name(make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"], channel=False)
+    fill(service, ["g"], 10)
+    stream = reader(service, startingOffsets="earliest", consumerName="nightly-report")
+    start = stream.initialOffset()
+    assert start["consumer"] == "nightly-report"
+    stream.commit(stream.latestOffset(start, ReadAllAvailable()))
+    assert [(c.id, c.committed) for c in service.consumers()] == [("nightly-report", 10)]
+
+
+def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
+        make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"], channel=False)
+    fill(service, ["g"], 5)
+    stream = reader(service, startingOffsets="earliest", minOffsetsPerTrigger="10",
+                    maxTriggerDelay="1h")
+    start = stream.initialOffset()
+    assert stream.latestOffset(start, ReadAllAvailable()) == start  # 5 < 10: wait
+    fill(service, ["g"], 5, start=5)
+    assert stream.latestOffset(start, ReadAllAvailable())["offset"] == 10
+    fill(service, ["g"], 3, start=10)
+    later = stream.latestOffset(_at(start, 10), ReadAllAvailable())
+    assert later["offset"] == 10  # 3 < 10 again
+    stream._last_batch -= 3601  # the planner's memory: an hour without a batch
+    assert stream.latestOffset(_at(start, 10), ReadAllAvailable())["offset"] == 13
+
+
+def _at(offset: dict, position: int) -> dict:
+    return {**offset, "offset": position}
+
+
+def test_progress_reports_how_far_behind_each_group_is(
+        make_service: Callable[..., Any]) -> None:
+    service = make_service(["g", "h"], channel=False)
+    fill(service, ["g", "h"], 40)
+    stream = reader(service, startingOffsets="earliest", group="g,h",
+                    maxOffsetsPerTrigger="10")
+    start = stream.initialOffset()
+    end = stream.latestOffset(start, ReadMaxRows(10))
+    assert end["offset"] == 10
+    report = stream.reportLatestOffset()
+    assert report is not None and report["offset"] == 40
+    assert report["behind"] == {"g": 15, "h": 15}
+
+
+def test_sender_headers_as_a_column(make_service: Callable[..., Any]) -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from peermesh.spark.log import MessageLog
+    from peermesh.spark.source import HEADERS, PeermeshDataSource
+
+    service = make_service(["g"], channel=False)
+    with MessageLog(service.path) as log:
+        log.append([("g", "ab" * 16, "p", 1.0, b"x", {"X-ROLE": "sensor"}),
+                    ("g", "cd" * 16, "q", 2.0, b"y")])
+    source = PeermeshDataSource({"group": "g", "includeHeaders": "true"})
+    assert source.schema()["headers"] == HEADERS
+    schema = StructType([*SCHEMA.fields, HEADERS])
+    opts = SourceOptions.parse({"endpoint": service.endpoint, "token": service.token,
+                                "group": "g", "includeheaders": "true"}, True)
+    part = BatchReader(opts, schema).partitions()[0]
+    batches = list(read_range(opts, schema, part))
+    assert [dict(h) for b in batches for h in b.column("headers").to_pylist()] == \
+        [{"X-ROLE": "sensor"}, {}]
+    # any other schema (a field of the payload): row by row
+    only = StructType([SCHEMA["offset"], HEADERS, StructField("x", LongType())])
+    slow = [tuple(r) for r in read_range(opts, only, part)]
+    assert [(r[0], r[1]) for r in slow] == [(0, {"X-ROLE": "sensor"}), (1, {})]

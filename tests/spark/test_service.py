@@ -36,11 +36,12 @@ def test_shouts_become_an_ordered_log_served_over_the_socket(
     shout_all(bob, "tele", [{"from": "bob", "i": i} for i in range(100)])
     assert service.wait_for_offset(500, 10)
 
-    client = LogClient(service.endpoint, timeout=5)
+    client = LogClient(service.endpoint, timeout=5, token=service.token)
     info = client.info()
     assert (info["earliest"], info["next"]) == (0, 500)
     assert sorted(info["groups"]) == ["other", "tele"]
-    assert info["mesh"]["interface"] == "lo"
+    # executors get the driver's network, not its interface's name (absent on other hosts)
+    assert info["mesh"]["interface"] == "127.0.0.0/8"
 
     from peermesh.spark.log import Chunk, rows_of
     reply = client.fetch(["tele"], 0, 500)
@@ -61,14 +62,15 @@ def test_shouts_become_an_ordered_log_served_over_the_socket(
     assert client.latest(["other"], 400)["end"] == 400  # nothing of "other" there
     assert client.latest(["tele"], 0, ceiling=250)["end"] == 250
 
-    # commits trim what every consumer has processed
+    # commits trim, group by group, the whole chunks every consumer of the group processed
     client.register("q1", ["tele"], 0)
     client.register("q2", ["other"], 0)
-    assert client.commit("q1", ["tele"], 200)["earliest"] == 0
-    assert client.commit("q2", ["other"], 150)["earliest"] == 150
-    assert client.fetch(["tele"], 0, 500)["earliest"] == 150
+    tele = client.commit("q1", ["tele"], 200)["earliest"]
+    other = client.commit("q2", ["other"], 150)["earliest"]
+    assert tele <= 200 and other <= 150
+    assert client.fetch(["tele"], 0, 500)["earliest"] == tele  # q2 trims only "other"
     assert service.forget_consumer("q2")
-    assert service.bounds() == (200, 500)
+    assert service.bounds(["other"])[0] == other  # no live consumer left: "other" is kept
     assert {c.id for c in service.consumers()} == {"q1"}
 
     # joining a group on request (what a query for a new group does)
@@ -80,7 +82,7 @@ def test_shouts_become_an_ordered_log_served_over_the_socket(
 
 def test_errors_are_answered_not_fatal(make_service: Callable[..., Any]) -> None:
     service = make_service(["g"], channel=False)
-    client = LogClient(service.endpoint, timeout=5)
+    client = LogClient(service.endpoint, timeout=5, token=service.token)
     with pytest.raises(LogServiceError) as info:
         client.call(protocol.Op.FETCH, {"start": "x"})
     assert info.value.kind == "bad-request"

@@ -1,0 +1,98 @@
+"""The driver service's ingest and retention, with real mesh peers (no Spark session).
+
+A SHOUT too large to store is dropped with a reason and never holds up the
+ones after it; the log is bounded by age or size with no query running.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from .conftest import meet, spark_unavailable, wait_until
+
+if spark_unavailable():
+    pytest.skip(spark_unavailable(), allow_module_level=True)
+
+
+def test_a_message_too_large_to_store_never_blocks_the_others(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
+    service = make_service(["big"], channel=False, max_record_bytes=200_000)
+    peer = make_peer("sender")
+    meet(peer, "big")
+    medium = [b"m" * 60_000 for _ in range(12)]     # together too large for one chunk
+    huge = [b"h" * 300_000, b"h" * 250_000]         # each too large to store at all
+    small = [b"s%d" % i for i in range(10)]
+
+    def send(node: Any) -> bool:
+        for message in medium + huge + small:
+            node.shout("big", message)
+        return node.flush(5.0)
+
+    assert peer.call(send), "the service did not confirm the shouts"
+    assert service.wait_for_offset(len(medium) + len(small), 10)
+    wait_until(lambda: service.stats.rejected == 2, 10, "two rejected shouts")
+    from peermesh.spark.log import MessageLog
+
+    with MessageLog(service.path) as log:
+        payloads = [row[5] for row in log.read(0, 100, ["big"])]
+    assert payloads == medium + small
+
+
+def test_retention_bounds_the_log_with_no_query_running(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
+    service = make_service(["kept"], channel=False, retention_bytes=50_000)
+    peer = make_peer("sender")
+    meet(peer, "kept")
+    for round_ in range(10):  # ten appends of ~20 KB
+        assert peer.call(lambda node: [node.shout("kept", b"x" * 2_000) for _ in range(10)]
+                         and node.flush(5.0))
+        assert service.wait_for_offset((round_ + 1) * 10, 10)
+    wait_until(lambda: service.stats.trimmed > 0, 10, "a retention pass")
+    wait_until(lambda: service.bounds(["kept"])[0] > 0, 10, "the oldest chunks to go")
+    earliest, nxt = service.bounds(["kept"])
+    assert nxt == 100 and 0 < earliest < 100
+    assert service.consumers() == []
+
+
+def test_retention_settings_are_checked(make_service: Callable[..., Any]) -> None:
+    with pytest.raises(ValueError, match="retention must be a positive number"):
+        make_service(["x"], channel=False, retention=-1)
+    with pytest.raises(ValueError, match="retention_bytes must be a positive number"):
+        make_service(["x"], channel=False, retention_bytes=0)
+
+
+def test_executors_get_the_network_not_the_interface_name(
+        make_service: Callable[..., Any]) -> None:
+    from peermesh.net.interfaces import select_interface
+
+    service = make_service(["x"], channel=False)
+    where = service.options()["interface"]
+    assert where == "127.0.0.0/8"
+    assert select_interface(where).name == select_interface("lo").name
+
+
+def test_the_log_service_answers_only_with_its_token(make_service: Callable[..., Any],
+                                                     make_peer: Callable[..., Any]) -> None:
+    from peermesh.spark.client import LogClient
+    from peermesh.spark.protocol import LogServiceError
+
+    service = make_service(["x"], channel=False)
+    peer = make_peer("sender")
+    meet(peer, "x")
+    assert peer.call(lambda node: [node.shout("x", b"m%d" % i) for i in range(5)]
+                     and node.flush(5.0))
+    assert service.wait_for_offset(5, 10)
+    for token in (None, "guess", service.token[:-1]):
+        stranger = LogClient(service.endpoint, timeout=5, token=token)
+        with pytest.raises(LogServiceError, match="unauthorised"):
+            stranger.trim(2 ** 62)
+        with pytest.raises(LogServiceError, match="unauthorised"):
+            stranger.fetch(["x"], 0, 5)
+        stranger.close()
+    assert service.bounds(["x"]) == (0, 5)  # nothing was trimmed
+    assert service.options()["token"] == service.token
+    owner = LogClient(service.endpoint, timeout=5, token=service.token)
+    assert owner.info(["x"])["next"] == 5
+    owner.close()
