@@ -84,12 +84,13 @@ class _LoopPost:
 class _TaskStream(Stream):
     """One task's calls; their outcomes go through the loop's ``_LoopPost``."""
 
-    __slots__ = ("post", "marks")
+    __slots__ = ("post", "marks", "last_mark")
 
     def __init__(self, post: _LoopPost) -> None:
         super().__init__()
         self.post = post
         self.marks: deque[asyncio.Future[None]] = deque()  # in flight, oldest first
+        self.last_mark: Optional[asyncio.Future[None]] = None  # the task's side
 
     def finish(self, reply: Any, result: Any, error: Optional[BaseException]) -> None:
         self.post.put(self.marks.popleft() if reply is MARK else reply, result, error)
@@ -137,8 +138,8 @@ class AsyncNode:
             await self._call(engine.quit, timeout)
         except NodeStateError:
             pass  # stopped meanwhile
-        await asyncio.wait_for(asyncio.wrap_future(engine.finished), timeout + 5)
-        engine.join(1.0)  # it has ended or is just returning
+        await asyncio.wait([asyncio.wrap_future(engine.finished)], timeout=timeout + 5)
+        engine.join(0.1)  # it has ended or is just returning
 
     async def __aenter__(self) -> "AsyncNode":
         return await self.start()
@@ -173,13 +174,14 @@ class AsyncNode:
             return None
         stream.sent = 0
         assert self._loop is not None
-        previous = stream.marks[-1] if stream.marks else None
-        stream.marks.append(self._loop.create_future())
+        mark = self._loop.create_future()
+        stream.marks.append(mark)
         try:
             self._engine.submit((stream, call[0], call[1], MARK))
         except BaseException:
             stream.marks.pop()
             raise
+        previous, stream.last_mark = stream.last_mark, mark
         return previous
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:

@@ -15,10 +15,10 @@ own; callers in other threads need neither gevent nor monkey-patching.
   PING-OKs, ``call(fn)`` waits on something), that greenlet is left to
   finish it, and a fresh one runs the rest of the batch: a call that waits on
   one slow peer holds up only the calls queued behind it by the same caller.
-* **Streams.** Each caller (a thread, or an asyncio loop) is a ``Stream``: its
+* **Streams.** Each caller (a thread, or an asyncio task) is a ``Stream``: its
   calls run in the order it made them, and it learns their results through a
   light wake-up of its own (a lock for a thread; one ``call_soon_threadsafe``
-  per batch for a loop).
+  per batch for the tasks of a loop).
 * **Sends do not wait.** ``whisper`` and ``shout`` check in the caller what
   must fail at once (node not running, no such ready peer, a frame that is
   not bytes or str, a group name over 255 octets) against the peers the hub
@@ -225,10 +225,10 @@ class NodeThread:
         try:
             node = self._start_node()
         except BaseException as exc:  # handed to the thread that started us
-            started.set_exception(exc)
             self._closed = True
-            self.finished.set_result(None)
             hub.destroy(destroy_loop=True)
+            started.set_exception(exc)
+            self.finished.set_result(None)
             return
         self.node = node
         self._open = True
@@ -239,8 +239,8 @@ class NodeThread:
             node.stop(self._stop_timeout)
         finally:
             self._close()
-            self.finished.set_result(None)
             hub.destroy(destroy_loop=True)
+            self.finished.set_result(None)
 
     def _start_node(self) -> Node:
         name, config, settings = self._args
