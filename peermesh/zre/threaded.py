@@ -371,7 +371,8 @@ class ThreadedNode:
     ``whisper``/``shout`` (and their ``_packed`` forms) return once the send
     is checked and queued; every other call returns its answer. Calls from
     one thread run in the order made. Any number of threads may share one
-    ``ThreadedNode``.
+    ``ThreadedNode``; code that runs on the node's own hub (``setup``,
+    overlays, ``call(fn)``) uses the ``Node`` it is given instead.
     """
 
     def __init__(self, name: Optional[str] = None, *, config: Optional[NodeConfig] = None,
