@@ -1,7 +1,8 @@
 """``ThreadedNode``: the Node API from ordinary threads, without gevent in the caller.
 
-Test bodies here use plain threads only (no gevent), except the last test,
-where a gevent ``Node`` on the main thread's hub talks to a ``ThreadedNode``.
+Test bodies here use plain threads only (no gevent), except
+``test_gevent_node_and_threaded_node_in_one_process``, where a gevent ``Node``
+on the main thread's hub talks to a ``ThreadedNode``.
 Every node runs on ``lo`` with a free UDP beacon port and is stopped by a
 fixture finaliser.
 """
