@@ -13,6 +13,8 @@ The receiver is one gevent ``Node`` in its own process that counts WHISPER
 events and checks the last one is the last one sent. A face's rate is
 ``messages / (last message received - first whisper called)``, both read
 from the system-wide monotonic clock, so it counts what actually arrived.
+The sender's CPU per message (all its threads, from the first whisper to the
+end of a ``flush``) is shown too: it swings less with the machine's load.
 The faces take turns for ``--rounds`` rounds; the table shows the median
 round and each ratio is the median of the per-round ratios to gevent.
 
@@ -91,39 +93,39 @@ def wait_enter(recv: Callable[[float], Any], peer: str) -> None:
     raise TimeoutError("the receiver did not enter")
 
 
-def send_gevent(port: int, peer: str, n: int) -> float:
+def send_gevent(port: int, peer: str, n: int) -> tuple[float, float]:
     from peermesh import Node
     node = Node("gevent", **settings(port)).start()
     try:
         wait_enter(node.recv, peer)
         whisper, target = node.whisper, node.peers()[0]
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         for i in range(n):
             whisper(target, payload(i))
         node.flush(WAIT)
-        return started
+        return started, time.process_time() - cpu
     finally:
         node.stop(0.5)
 
 
-def send_threaded(port: int, peer: str, n: int) -> float:
+def send_threaded(port: int, peer: str, n: int) -> tuple[float, float]:
     from peermesh import ThreadedNode
     with ThreadedNode("threaded", **settings(port)) as node:
         wait_enter(node.recv, peer)
         whisper, target = node.whisper, node.peers()[0]
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         for i in range(n):
             whisper(target, payload(i))
         node.flush(WAIT)
-        return started
+        return started, time.process_time() - cpu
 
 
-def send_asyncio(port: int, peer: str, n: int) -> float:
+def send_asyncio(port: int, peer: str, n: int) -> tuple[float, float]:
     import asyncio
 
     from peermesh.aio import AsyncNode
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         async with AsyncNode("asyncio", **settings(port)) as node:
             deadline = time.monotonic() + WAIT
             while time.monotonic() < deadline:
@@ -133,11 +135,11 @@ def send_asyncio(port: int, peer: str, n: int) -> float:
             else:
                 raise TimeoutError("the receiver did not enter")
             whisper, target = node.whisper, (await node.peers())[0]
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.process_time()
             for i in range(n):
                 await whisper(target, payload(i))
             await node.flush(WAIT)
-            return started
+            return started, time.process_time() - cpu
 
     return asyncio.run(main())
 
@@ -164,8 +166,10 @@ def available(face: str) -> bool:
     return True
 
 
-def one_round(ctx: Any, sink_conn: Any, port: int, peer: str, face: str, n: int) -> float:
-    """The rate of ``face`` in messages per second, as the receiver counted them."""
+def one_round(ctx: Any, sink_conn: Any, port: int, peer: str, face: str,
+              n: int) -> tuple[float, float]:
+    """The rate of ``face`` (messages per second, as the receiver counted them) and the
+    sender's CPU per message in microseconds (all its threads)."""
     sink_conn.send(n)
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=sender, args=(child, face, port, peer, n), daemon=True)
@@ -173,15 +177,16 @@ def one_round(ctx: Any, sink_conn: Any, port: int, peer: str, face: str, n: int)
     try:
         if not parent.poll(WAIT + 60):
             raise RuntimeError(f"{face}: the sender did not finish")
-        status, started = parent.recv()
+        status, outcome = parent.recv()
         if status != "ok":
-            raise RuntimeError(f"{face}: {started}")
+            raise RuntimeError(f"{face}: {outcome}")
+        started, cpu = outcome
         if not sink_conn.poll(WAIT):
             raise RuntimeError(f"{face}: the receiver did not report")
         count, last, finished = sink_conn.recv()
         if count != n or last != n - 1:
             raise RuntimeError(f"{face}: received {count} of {n}, last {last}")
-        return n / (finished - started)
+        return n / (finished - started), cpu / n * 1e6
     finally:
         proc.join(10)
         if proc.is_alive():
@@ -200,15 +205,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     receiver = ctx.Process(target=sink, args=(child, port), daemon=True)
     receiver.start()
     rates: dict[str, list[float]] = {face: [] for face in faces}
+    cpus: dict[str, list[float]] = {face: [] for face in faces}
     try:
         if not sink_conn.poll(WAIT):
             raise RuntimeError("the receiver did not start")
         peer = sink_conn.recv()
         for r in range(args.rounds):
             for face in faces:
-                rate = one_round(ctx, sink_conn, port, peer, face, args.messages)
+                rate, cpu = one_round(ctx, sink_conn, port, peer, face, args.messages)
                 rates[face].append(rate)
-                print(f"round {r + 1} {face:9s} {rate:10,.0f} msg/s", file=sys.stderr)
+                cpus[face].append(cpu)
+                print(f"round {r + 1} {face:9s} {rate:10,.0f} msg/s {cpu:6.2f} us/msg",
+                      file=sys.stderr)
         sink_conn.send(None)
     finally:
         receiver.join(10)
@@ -216,10 +224,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             receiver.kill()
     print(f"\n{args.messages:,} 100-byte WHISPERs per face and round, {args.rounds} rounds "
           "(median round; ratio = median of per-round ratios to gevent)")
-    print(f"{'face':10s} {'msg/s':>10s} {'ratio':>7s}")
+    print(f"{'face':10s} {'msg/s':>10s} {'ratio':>7s} {'sender CPU us/msg':>18s}")
     for face in faces:
         ratio = statistics.median(a / g for a, g in zip(rates[face], rates["gevent"]))
-        print(f"{face:10s} {statistics.median(rates[face]):10,.0f} {ratio:7.2f}")
+        print(f"{face:10s} {statistics.median(rates[face]):10,.0f} {ratio:7.2f} "
+              f"{statistics.median(cpus[face]):18.2f}")
     return 0
 
 
