@@ -381,8 +381,7 @@ class ThreadedNode:
         """``setup(node)``, if given, runs on the node's hub before it starts;
         ``overlays`` are attached after it, started after the node, and stopped
         (last first) before it."""
-        self._engine = NodeThread(name, config, settings, setup, overlays,
-                                  lambda limit, wake: ThreadEventQueue(limit, wake))
+        self._engine = NodeThread(name, config, settings, setup, overlays, ThreadEventQueue)
         self._local = threading.local()
 
     # --- life cycle -----------------------------------------------------

@@ -378,8 +378,8 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 def test_a_call_waiting_on_a_slow_peer_holds_up_no_other_thread(make_tnode):
     alice = make_tnode("alice")
     slow = make_tnode("slow", event_queue=20)
-    carol = make_tnode("carol")
     meet(alice, slow)
+    carol = make_tnode("carol")  # now: meet() skips the events before the one it waits for
     meet(alice, carol)
     flood(alice, slow)
     flushing = threading.Event()
