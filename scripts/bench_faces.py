@@ -32,6 +32,7 @@ import struct
 import sys
 import time
 from typing import Any, Callable, Optional
+from uuid import UUID
 
 COUNTER = struct.Struct(">Q")
 PAD = b"x" * 92  # 100-byte payloads
@@ -98,7 +99,7 @@ def send_gevent(port: int, peer: str, n: int) -> tuple[float, float]:
     node = Node("gevent", **settings(port)).start()
     try:
         wait_enter(node.recv, peer)
-        whisper, target = node.whisper, node.peers()[0]
+        whisper, target = node.whisper, UUID(peer)
         started, cpu = time.monotonic(), time.process_time()
         for i in range(n):
             whisper(target, payload(i))
@@ -112,7 +113,7 @@ def send_threaded(port: int, peer: str, n: int) -> tuple[float, float]:
     from peermesh import ThreadedNode
     with ThreadedNode("threaded", **settings(port)) as node:
         wait_enter(node.recv, peer)
-        whisper, target = node.whisper, node.peers()[0]
+        whisper, target = node.whisper, UUID(peer)
         started, cpu = time.monotonic(), time.process_time()
         for i in range(n):
             whisper(target, payload(i))
@@ -134,7 +135,7 @@ def send_asyncio(port: int, peer: str, n: int) -> tuple[float, float]:
                     break
             else:
                 raise TimeoutError("the receiver did not enter")
-            whisper, target = node.whisper, (await node.peers())[0]
+            whisper, target = node.whisper, UUID(peer)
             started, cpu = time.monotonic(), time.process_time()
             for i in range(n):
                 await whisper(target, payload(i))
