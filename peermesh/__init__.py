@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from .events import Event, EventType
     from .zre.node import Node, PeerInfo
     from .zre.threaded import ThreadedNode
+    from .aio import AsyncNode
 
 __all__ = [
-    "Node", "ThreadedNode", "NodeConfig", "Event", "EventType", "PeerInfo",
+    "Node", "ThreadedNode", "AsyncNode", "NodeConfig", "Event", "EventType", "PeerInfo",
     "PeermeshError", "ProtocolError", "InterfaceError", "UnknownPeerError", "AmbiguousPeerError",
     "PeerNotResponding", "NodeStateError",
 ]
@@ -26,7 +27,8 @@ __all__ = [
 __version__ = "0.1.0"
 
 _HOMES = {
-    "Node": "zre.node", "PeerInfo": "zre.node", "ThreadedNode": "zre.threaded", "NodeConfig": "config",
+    "Node": "zre.node", "PeerInfo": "zre.node", "ThreadedNode": "zre.threaded", "AsyncNode": "aio",
+    "NodeConfig": "config",
     "Event": "events", "EventType": "events",
     **{name: "errors" for name in ("PeermeshError", "ProtocolError", "InterfaceError",
                                    "UnknownPeerError", "AmbiguousPeerError",

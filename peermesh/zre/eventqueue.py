@@ -4,11 +4,13 @@ The node (on its hub) ``put``s; the application ``get``s. When a queue holds
 ``limit`` events the node stops reading its mailbox until the application has
 taken half of them, so a slow application pushes back on its peers instead of
 growing memory without bound. ``GreenEventQueue`` serves a consumer on the
-same hub; ``ThreadEventQueue`` serves consumers in other threads.
+same hub; ``ThreadEventQueue`` serves consumers in other threads;
+``LoopEventQueue`` serves the tasks of an asyncio loop in another thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
@@ -18,7 +20,7 @@ import gevent
 import gevent.event
 from gevent.hub import Waiter, getcurrent
 
-__all__ = ["GreenEventQueue", "ThreadEventQueue"]
+__all__ = ["GreenEventQueue", "ThreadEventQueue", "LoopEventQueue"]
 
 T = TypeVar("T")
 
@@ -114,8 +116,9 @@ class GreenEventQueue(Generic[T]):
 _TIMED_OUT = object()
 
 
-class ThreadEventQueue(Generic[T]):
-    """Producer is a greenlet on a hub in one thread; consumers are other threads.
+class _HandOff(Generic[T]):
+    """The part every cross-thread queue shares: the producer is a greenlet on a hub,
+    consumers are elsewhere.
 
     ``wake_producer`` must be safe to call from any thread (for instance
     ``loop.run_callback_threadsafe``) and is how consumers release a producer
@@ -125,7 +128,6 @@ class ThreadEventQueue(Generic[T]):
     def __init__(self, limit: int, wake_producer: Callable[[Callable[[], None]], object]) -> None:
         self.limit = limit
         self._items: deque[T] = deque()
-        self._lock = threading.Condition(threading.Lock())
         self._room = gevent.event.Event()
         self._room.set()
         self._wake = wake_producer
@@ -134,17 +136,42 @@ class ThreadEventQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def full(self) -> bool:
+        """True when the producer should wait for ``wait_room``."""
+        if len(self._items) >= self.limit:
+            self._room.clear()
+            return True
+        return False
+
+    def wait_room(self) -> None:
+        """Block the producer until consumers have drained half the queue."""
+        self._room.wait()
+
+    def hold(self) -> None:
+        """Queue without waking consumers until ``release`` (one batch)."""
+        self._held = True
+
+    def _taken(self) -> None:
+        """After a consumer took an item: release a waiting producer at half the limit."""
+        if not self._room.is_set() and len(self._items) <= self.limit // 2:
+            self._wake(self._room.set)
+
+
+class ThreadEventQueue(_HandOff[T]):
+    """Producer is a greenlet on a hub in one thread; consumers are other threads."""
+
+    def __init__(self, limit: int, wake_producer: Callable[[Callable[[], None]], object]) -> None:
+        super().__init__(limit, wake_producer)
+        self._lock = threading.Condition(threading.Lock())
+
     def put(self, item: T) -> None:
+        """Add ``item`` (never blocks; the producer checks ``full``)."""
         if self._held:
             self._items.append(item)  # deque appends are atomic; release() notifies
             return
         with self._lock:
             self._items.append(item)
             self._lock.notify()
-
-    def hold(self) -> None:
-        """Queue without notifying consumers until ``release`` (one batch)."""
-        self._held = True
 
     def release(self) -> None:
         """Notify consumers of what came since ``hold``."""
@@ -153,21 +180,75 @@ class ThreadEventQueue(Generic[T]):
             if self._items:
                 self._lock.notify_all()
 
-    def full(self) -> bool:
-        if len(self._items) >= self.limit:
-            self._room.clear()
-            return True
-        return False
-
-    def wait_room(self) -> None:
-        self._room.wait()
-
     def get(self, timeout: Optional[float] = None) -> Optional[T]:
-        with self._lock:
-            if not self._lock.wait_for(lambda: self._items, timeout):
+        """The next item, or None after ``timeout`` seconds (None: wait for ever)."""
+        try:
+            item = self._items.popleft()  # atomic: no lock while items wait
+        except IndexError:
+            with self._lock:
+                if not self._lock.wait_for(self._items.__len__, timeout):
+                    return None
+                item = self._items.popleft()
+        self._taken()
+        return item
+
+
+class LoopEventQueue(_HandOff[T]):
+    """Producer is a greenlet on a hub in one thread; consumers are tasks of an asyncio loop.
+
+    A consumer waiting in ``get`` is woken by one ``loop.call_soon_threadsafe``
+    per batch (per ``hold``/``release``), and only while some consumer waits.
+    """
+
+    def __init__(self, limit: int, wake_producer: Callable[[Callable[[], None]], object],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit, wake_producer)
+        self._loop = loop
+        self._waiters: list[asyncio.Future[None]] = []
+        self._scheduled = False
+
+    def put(self, item: T) -> None:
+        """Add ``item`` (never blocks; the producer checks ``full``)."""
+        self._items.append(item)
+        if not self._held and self._waiters:
+            self._notify()
+
+    def release(self) -> None:
+        """Wake a waiting consumer if anything came since ``hold``."""
+        self._held = False
+        if self._items and self._waiters:
+            self._notify()
+
+    def _notify(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._wake_waiters)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def _wake_waiters(self) -> None:
+        self._scheduled = False
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self, timeout: Optional[float] = None) -> Optional[T]:
+        """The next item, or None after ``timeout`` seconds (None: wait for ever)."""
+        items = self._items
+        if not items:
+            try:
+                async with asyncio.timeout(timeout):
+                    while not items:
+                        waiter = self._loop.create_future()
+                        self._waiters.append(waiter)
+                        try:
+                            if not items:  # an item put before we were listed
+                                await waiter
+                        finally:
+                            self._waiters.remove(waiter)
+            except TimeoutError:
                 return None
-            item = self._items.popleft()
-            release = not self._room.is_set() and len(self._items) <= self.limit // 2
-        if release:
-            self._wake(self._room.set)
+        item = items.popleft()
+        self._taken()
         return item

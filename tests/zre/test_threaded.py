@@ -1,7 +1,8 @@
 """``ThreadedNode``: the Node API from ordinary threads, without gevent in the caller.
 
-Test bodies here use plain threads only (no gevent), except the last test,
-where a gevent ``Node`` on the main thread's hub talks to a ``ThreadedNode``.
+Test bodies here use plain threads only (no gevent), except
+``test_gevent_node_and_threaded_node_in_one_process``, where a gevent ``Node``
+on the main thread's hub talks to a ``ThreadedNode``.
 Every node runs on ``lo`` with a free UDP beacon port and is stopped by a
 fixture finaliser.
 """
@@ -19,7 +20,8 @@ import pytest
 
 import waiting
 from peermesh import (Event, EventType, InterfaceError, Node, NodeConfig, NodeStateError,
-                      ThreadedNode, UnknownPeerError)
+                      PeermeshError, ThreadedNode, UnknownPeerError)
+from peermesh.overlay import ROLES_HEADER, Lifecycle, Overlay
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT, STOP = EventType.WHISPER, EventType.SHOUT, EventType.STOP
@@ -43,10 +45,6 @@ def match(type: EventType, peer: Optional[uuid.UUID] = None,
                 and (group is None or event.group == group))
     predicate.__name__ = f"match({type.value}, {peer and peer.hex[:8]}, {group})"
     return predicate
-
-
-
-
 
 
 @pytest.fixture
@@ -330,3 +328,168 @@ def test_gevent_node_and_threaded_node_in_one_process(make_tnode, free_udp_port)
     finally:
         pool.apply(threaded.stop)
         green.stop(timeout=0.5)
+
+
+def test_whisper_copies_its_frames_and_checks_them_in_the_caller(make_tnode):
+    alice = make_tnode("alice", groups=["g"])
+    bob = make_tnode("bob", groups=["g"])
+    meet(alice, bob)
+    buffer = bytearray(b"before")
+    alice.whisper(bob.uuid, buffer, memoryview(b"+view"), "+text")
+    buffer[:] = b"after!"  # the send was queued: what it sends was copied at the call
+    assert wait_for(bob, match(WHISPER, alice.uuid)).frames == (b"before", b"+view", b"+text")
+
+    with pytest.raises(UnknownPeerError, match="not a peer UUID"):
+        alice.whisper("bob", b"x")
+    with pytest.raises(UnknownPeerError):
+        alice.whisper_packed(uuid.uuid4().hex, [1])
+    with pytest.raises(TypeError):
+        alice.shout("g", b"ok", None)
+    with pytest.raises(ValueError):
+        alice.shout("g" * 300, b"x")
+    with pytest.raises(TypeError):
+        alice.shout_packed("g", object())
+    alice.shout("g", b"still", b"fine")
+    assert wait_for(bob, match(SHOUT, alice.uuid, "g")).frames == (b"still", b"fine")
+
+
+def flood(sender: ThreadedNode, slow: ThreadedNode, count: int = 1000) -> None:
+    """Whisper more than ``slow`` (a small event queue nobody reads) takes in: its
+    mailbox pauses, and what follows (a PING) stays unread until its events are read."""
+    for i in range(count):
+        sender.whisper(slow.uuid, b"%d" % i)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` in a thread; the list gets its result or its exception."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # reported by the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_call_waiting_on_a_slow_peer_holds_up_no_other_thread(make_tnode):
+    alice = make_tnode("alice")
+    slow = make_tnode("slow", event_queue=20)
+    meet(alice, slow)
+    carol = make_tnode("carol")  # now: meet() skips the events before the one it waits for
+    meet(alice, carol)
+    flood(alice, slow)
+    flushing = threading.Event()
+
+    def flush_on_hub(node: Node) -> bool:
+        flushing.set()
+        return node.flush(TIMEOUT * 2)  # waits for slow's PING-OK
+
+    thread, outcome = in_thread(lambda: alice.call(flush_on_hub))
+    assert flushing.wait(TIMEOUT)
+    # The flush is under way and cannot end before slow is read; other calls go on.
+    alice.whisper(carol.uuid, b"not held up")
+    assert wait_for(carol, match(WHISPER, alice.uuid)).frames == (b"not held up",)
+    assert sorted(alice.peers()) == sorted([slow.uuid, carol.uuid])
+    assert thread.is_alive() and outcome == []
+
+    got = []
+    while len(got) < 1000:
+        got.append(wait_for(slow, match(WHISPER, alice.uuid)).message)
+    assert got == [b"%d" % i for i in range(1000)]
+    thread.join(TIMEOUT)
+    assert outcome == [True]
+
+
+def test_stop_ends_a_call_that_waits(make_tnode):
+    alice = make_tnode("alice")
+    slow = make_tnode("slow", event_queue=20)
+    meet(alice, slow)
+    flood(alice, slow)
+    flushing = threading.Event()
+
+    def flush_on_hub(node: Node) -> bool:
+        flushing.set()
+        return node.flush(60)
+
+    thread, outcome = in_thread(lambda: alice.call(flush_on_hub))
+    assert flushing.wait(TIMEOUT)
+    alice.stop(timeout=0.2)
+    thread.join(TIMEOUT)
+    assert len(outcome) == 1 and isinstance(outcome[0], NodeStateError), outcome
+    assert not alice.running
+
+
+class Recorder(Overlay):
+    """An overlay that advertises a header and records its life on ``log``."""
+
+    roles = ("test-recorder",)
+
+    def __init__(self, label: str, log: list[tuple[str, str, bool, str]]) -> None:
+        super().__init__()
+        self.label = label
+        self.log = log
+
+    def headers(self) -> dict[str, str]:
+        return {f"X-TEST-{self.label}": "yes"}
+
+    def _record(self, what: str) -> None:
+        assert self.node is not None
+        self.log.append((self.label, what, self.node.running, threading.current_thread().name))
+
+    def on_attach(self, node: Node) -> None:
+        self._record("attach")
+
+    def on_start(self) -> None:
+        self._record("start")
+
+    def on_stop(self, timeout: float) -> None:
+        self._record("stop")
+
+
+class BrokenError(PeermeshError):
+    pass
+
+
+class Broken(Overlay):
+    def on_start(self) -> None:
+        raise BrokenError("cannot start")
+
+
+def test_overlays_live_on_the_hub_around_the_node(make_tnode):
+    log: list[tuple[str, str, bool, str]] = []
+    first, second = Recorder("a", log), Recorder("b", log)
+    alice = make_tnode("alice", overlays=[first, second])
+    bob = make_tnode("bob")
+    entered = wait_for(bob, match(ENTER, alice.uuid))
+    assert entered.headers == {"X-TEST-a": "yes", "X-TEST-b": "yes",
+                               ROLES_HEADER: "test-recorder"}
+    assert alice.call(lambda node: (first.running, second.running)) == (True, True)
+
+    alice.stop()
+    hub = "peermesh-alice"
+    assert log == [("a", "attach", False, hub), ("b", "attach", False, hub),
+                   ("a", "start", True, hub), ("b", "start", True, hub),
+                   ("b", "stop", True, hub), ("a", "stop", True, hub)]
+    assert first.lifecycle is second.lifecycle is Lifecycle.STOPPED
+    assert wait_for(bob, match(EXIT, alice.uuid)).reason == "left"
+
+
+def test_an_overlay_that_fails_to_start_stops_those_started(make_tnode):
+    before = set(threading.enumerate())
+    log: list[tuple[str, str, bool, str]] = []
+    started = Recorder("a", log)
+    node = make_tnode("alice", start=False, overlays=[started, Broken()])
+    with pytest.raises(BrokenError, match="cannot start"):
+        node.start()
+    assert [entry[:2] for entry in log] == [("a", "attach"), ("a", "start"), ("a", "stop")]
+    assert started.lifecycle is Lifecycle.STOPPED
+    assert not node.running
+    with pytest.raises(NodeStateError):
+        node.peers()
+    for thread in set(threading.enumerate()) - before:
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
