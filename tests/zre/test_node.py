@@ -331,12 +331,11 @@ def test_whisper_by_uuid_and_by_hex_string(make_node):
     alice.whisper(bob.uuid.hex, b"by hex")
     alice.whisper(str(bob.uuid), b"by string", b"", b"two more frames")
     alice.whisper(bob.uuid, bytearray(b"bytearray"), memoryview(b"memoryview"), "str")
-    alice.whisper(bob.uuid)  # msg = *frame: no frames at all
 
-    got = [wait_for(bob, match(WHISPER, alice.uuid)) for _ in range(5)]
+    got = [wait_for(bob, match(WHISPER, alice.uuid)) for _ in range(4)]
     assert [e.frames for e in got] == [
         (b"by uuid",), (b"by hex",), (b"by string", b"", b"two more frames"),
-        (b"bytearray", b"memoryview", b"str"), ()]
+        (b"bytearray", b"memoryview", b"str")]
     assert all(e.name == "alice" and e.group is None for e in got)
     assert got[2].message == b"by stringtwo more frames"
 
@@ -482,6 +481,23 @@ def test_whisper_to_unknown_peer_raises(make_node):
         alice.peer_name(uuid.uuid4())
     with pytest.raises(UnknownPeerError):
         alice.whisper_packed(uuid.uuid4(), {"x": 1})
+
+
+def test_whisper_and_shout_without_frames_raise_value_error_and_send_nothing(make_node):
+    """ZRE allows a message without content, but Zyre merges one into the next
+    message it delivers: a node refuses to send one."""
+    alice = make_node("alice", groups=("g",))
+    bob = make_node("bob", groups=("g",))
+    mesh(alice, bob)
+    with pytest.raises(ValueError, match="whisper needs at least one content frame"):
+        alice.whisper(bob.uuid)
+    with pytest.raises(ValueError, match="shout needs at least one content frame"):
+        alice.shout("g")
+    # Nothing went out and no sequence number was used: the next ones arrive in order.
+    alice.whisper(bob.uuid, b"after")
+    alice.shout("g", b"after")
+    got = [wait_for(bob, lambda e: e.type in (WHISPER, SHOUT, EXIT)) for _ in range(2)]
+    assert [(e.type, e.frames) for e in got] == [(WHISPER, (b"after",)), (SHOUT, (b"after",))]
 
 
 def test_names_and_groups_over_255_utf8_octets_raise_value_error(make_node):
