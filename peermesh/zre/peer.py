@@ -30,10 +30,7 @@ log = logging.getLogger(__name__)
 
 #: octets each queued message counts beyond its frames
 MESSAGE_OVERHEAD = 128
-
-
-def _cost(frames: Sequence[bytes]) -> int:
-    return sum(map(len, frames)) + MESSAGE_OVERHEAD
+_HELP = 64  # a sender moves the backlog along once per this many messages it queues
 
 
 class PeerLink:
@@ -67,7 +64,9 @@ class PeerLink:
         """Send ``frames`` as one message now, or queue them behind the backlog.
 
         Callers check ``has_room`` first; the node's few control messages
-        may go past the bounds.
+        may go past the bounds. Every ``_HELP``-th message queued, the caller
+        also moves what ZeroMQ has room for again, so a sender that never
+        yields still feeds the link while it queues.
         """
         backlog = self.backlog
         if not backlog and self.link.try_send(frames):
@@ -75,12 +74,14 @@ class PeerLink:
         if backlog is None:
             backlog = self.backlog = deque()
         backlog.append(frames)
-        self.size += _cost(frames)
-        if not self.has_room():
-            self._room_event().clear()
+        self.size += sum(map(len, frames)) + MESSAGE_OVERHEAD
         if self._flusher is None:
             self.stalled_since = self._clock()
             self._flusher = gevent.spawn(self._flush)
+        elif not len(backlog) % _HELP:
+            self._send_queued()
+        if not self.has_room():
+            self._room_event().clear()
 
     def _room_event(self) -> gevent.event.Event:
         if self._room is None:
@@ -92,18 +93,27 @@ class PeerLink:
         """Wait until the backlog has room again; False after ``timeout`` seconds."""
         return self._room_event().wait(timeout) and self.has_room()
 
+    def _send_queued(self) -> None:
+        """Send from the backlog while ZeroMQ takes messages; never blocks."""
+        backlog = self.backlog
+        assert backlog is not None
+        try_send, sent = self.link.try_send, 0
+        while backlog and try_send(backlog[0]):
+            self.size -= sum(map(len, backlog.popleft())) + MESSAGE_OVERHEAD
+            sent += 1
+        if sent:
+            self.stalled_since = self._clock()
+            if (self._room is not None and self.size <= self.limit // 2
+                    and len(backlog) <= self.max_messages // 2):
+                self._room.set()
+
     def _flush(self) -> None:
         backlog = self.backlog
         assert backlog is not None
         try:
             while backlog:
                 self.link.wait_writable(0.5)
-                while backlog and self.link.try_send(backlog[0]):
-                    self.size -= _cost(backlog.popleft())
-                    self.stalled_since = self._clock()
-                    if (self._room is not None and self.size <= self.limit // 2
-                            and len(backlog) <= self.max_messages // 2):
-                        self._room.set()
+                self._send_queued()
         except Exception as exc:  # the link was closed under us: the peer is gone
             log.debug("flusher stopped: %s", exc)
         finally:

@@ -37,8 +37,8 @@ bring it back. Any message, and any discovery report, is a sign of life.
 
 A node at a known endpoint under a new UUID: a peer that crashed and came
 back at the same port (Zyre does: it binds the first free port from 49152)
-sends HELLO under its new UUID. If the old peer there has been silent for
-``evasive`` it is replaced at once. Otherwise the old peer is PINGed: if it
+sends HELLO under its new UUID. If the old peer there (ready or still
+connecting) has been silent for ``evasive`` it is replaced at once. Otherwise the old peer is PINGed: if it
 shows no sign of life within ``interval`` (a live node beacons that often,
 and answers a PING sooner) it is replaced by the new one then; if it does,
 the claim was false and is dropped, so no one can evict a live peer by
@@ -491,8 +491,7 @@ class Session:
         uuid = UUID(bytes=identity[1:])
         if peer is None:
             holder = self.by_endpoint.get(hello.endpoint)
-            if (holder is not None and holder.ready
-                    and now - holder.last_seen < self.config.evasive):
+            if holder is not None and now - holder.last_seen < self.config.evasive:
                 self._claim(holder, uuid, hello, now)
                 return
             peer = self._require_peer(uuid, hello.endpoint, now)
