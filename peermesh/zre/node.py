@@ -51,7 +51,7 @@ from .eventqueue import GreenEventQueue
 from .peer import PeerLink
 from .session import PEX_HEADER, Peer, Session
 
-__all__ = ["Node", "PeerInfo", "Frame", "PEX_HEADER"]
+__all__ = ["Node", "PeerInfo", "Frame"]
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,8 @@ class Node:
         self._clock = clock if clock is not None else self.transport.now
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
         self._listeners: list[Callable[[Event], None]] = []
-        self._session = Session(self._uuid, self._name, self._headers, self.config, self,
-                                self._events.put)
+        self._session = Session(self._uuid, self._name, self._headers, self.config,
+                                self._connect, self._events.put)
         for group in self.config.groups:
             self._session.add_group(_checked_string("group", group))
         self._peers = self._session.peers  # the peer table, read by the public API
@@ -537,9 +537,9 @@ class Node:
         """A discovery source says ``uuid`` is leaving (a port-0 beacon)."""
         self._session.peer_left(uuid, self._clock())
 
-    # --- the session's host: links, the mailbox, the timer --------------
+    # --- for the session: links, the mailbox, the timer -----------------
 
-    def connect(self, uuid: UUID, endpoint: str) -> Optional[PeerLink]:
+    def _connect(self, uuid: UUID, endpoint: str) -> Optional[PeerLink]:
         """A link to the peer ``uuid`` at ``endpoint`` (for the session), or None."""
         try:
             self.transport.check_capacity(len(self._peers) + 1)

@@ -12,9 +12,10 @@ moves bytes and time. Inputs, each with the current time ``now``:
 * ``join`` / ``leave`` / ``ping`` - the application's group changes and
   ``flush``'s probes.
 
-Outputs go through the ``SessionHost`` the driver supplies: ``connect``
-gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to it),
-``emit`` takes events. Nothing here reads a clock, opens a socket or blocks.
+Outputs go through two callables the driver supplies: ``connect(uuid,
+endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
+it), ``emit(event)`` takes events. Nothing here reads a clock, opens a
+socket or blocks.
 
 Peer states and transitions (all of them are in this module)::
 
@@ -70,7 +71,7 @@ from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..wire import zre
 
-__all__ = ["Session", "SessionHost", "Link", "Peer", "PEX_HEADER"]
+__all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,6 @@ class Link(Protocol):
 
     def close(self, linger: float = 0) -> None:
         """Drop the backlog and close."""
-
-
-class SessionHost(Protocol):
-    """What a session needs from its driver."""
-
-    def connect(self, uuid: UUID, endpoint: str) -> Optional[Link]:
-        """A link to ``endpoint``, or None when none can be made (logged by the host)."""
 
 
 class _Waker(Protocol):
@@ -193,18 +187,21 @@ def _utf8(data: bytes) -> Optional[str]:
 class Session:
     """One node's ZRE state: own identity and groups, the peer table, the timers.
 
-    ``emit`` receives every event; the driver may replace it at any time
-    (the node points it straight at its event queue while nobody listens).
+    ``connect(uuid, endpoint)`` returns a link to a new peer's mailbox, or
+    None when none can be made (the driver logs why). ``emit`` receives every
+    event; the driver may replace it at any time (the node points it straight
+    at its event queue while nobody listens).
     """
 
     def __init__(self, uuid: UUID, name: str, headers: dict[str, str], config: NodeConfig,
-                 host: SessionHost, emit: Callable[[Event], None]) -> None:
+                 connect: Callable[[UUID, str], Optional[Link]],
+                 emit: Callable[[Event], None]) -> None:
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
         self.name = name
         self.headers = headers
         self.config = config
-        self.host = host
+        self.connect = connect
         self.emit = emit
         self.groups: set[str] = set()
         self.status = 0
@@ -317,7 +314,7 @@ class Session:
                 log.debug("ignored peer %s: %s already lives at %s", uuid, holder.name, endpoint)
                 return None
             self.remove(holder, "replaced by another node at its endpoint")
-        link = self.host.connect(uuid, endpoint)
+        link = self.connect(uuid, endpoint)
         if link is None:
             return None
         peer = Peer(uuid, endpoint, link, now)

@@ -61,8 +61,8 @@ class Harness:
         self.links: dict[str, list[MemoryLink]] = {}
         self.events: list[Event] = []
         self.refuse = refuse
-        self.session = Session(uuid_module.uuid4(), "me", dict(headers or {}), config, self,
-                               self.events.append)
+        self.session = Session(uuid_module.uuid4(), "me", dict(headers or {}), config,
+                               self.connect, self.events.append)
         self.session.start(OWN_ENDPOINT)
 
     def connect(self, uuid: UUID, endpoint: str) -> Optional[MemoryLink]:
