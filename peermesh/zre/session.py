@@ -9,8 +9,8 @@ moves bytes and time. Inputs, each with the current time ``now``:
 * ``peer_appeared(uuid, endpoint, now)`` / ``peer_alive(uuid, now)`` /
   ``peer_left(uuid, now)`` - reports of discovery sources;
 * ``tick(now)`` - the timers; returns when it wants to be called again;
-* ``join`` / ``leave`` / ``ping`` - the application's group changes and
-  ``flush``'s probes.
+* ``add_group`` / ``remove_group`` / ``ping`` - the application's group
+  changes and ``flush``'s probes.
 
 Outputs go through two callables the driver supplies: ``connect(uuid,
 endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
@@ -25,6 +25,11 @@ Peer states and transitions (all of them are in this module)::
     ready --next command in sequence-----> ready       (WHISPER/SHOUT/JOIN/LEAVE, PING-OK...)
     ready --sequence gap, out of order---> (none)      (EXIT "sequence gap")
     ready --a second HELLO (restart)-----> ready again (EXIT "restarted", then ENTER)
+    any --HELLO of a new UUID at its ---> claimed     (PINGed; see below)
+          endpoint
+    claimed --sign of life in interval---> as before   (the claim is dropped)
+    claimed --none in interval-----------> (none)      (EXIT "replaced by another node
+                                                        at its endpoint"; the new one ENTERs)
     ready --silent >= evasive------------> PINGed      (EVASIVE once; SILENT at ``silent``)
     any --silent >= expired--------------> (none)      (EXIT "expired"), unless its send
                                                         backlog is still draining
@@ -39,11 +44,11 @@ bring it back. Any message, and any discovery report, is a sign of life.
 A node at a known endpoint under a new UUID: a peer that crashed and came
 back at the same port (Zyre does: it binds the first free port from 49152)
 sends HELLO under its new UUID. If the old peer there (ready or still
-connecting) has been silent for ``evasive`` it is replaced at once. Otherwise the old peer is PINGed: if it
-shows no sign of life within ``interval`` (a live node beacons that often,
-and answers a PING sooner) it is replaced by the new one then; if it does,
-the claim was false and is dropped, so no one can evict a live peer by
-claiming its mailbox.
+connecting) has been silent for ``evasive`` it is replaced at once.
+Otherwise the old peer is PINGed: if it shows no sign of life within
+``interval`` (a live node beacons that often, and answers a PING sooner) it
+is replaced by the new one then; if it does, the claim was false and is
+dropped, so no one can evict a live peer by claiming its mailbox.
 
 Flow control lives in the ``Link``: ``has_room`` is False once a peer's
 backlog reaches its bound; ``queued``/``limit`` let control commands go past
