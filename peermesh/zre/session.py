@@ -342,7 +342,6 @@ class Session:
         del self.by_identity[peer.identity]
         if self.by_endpoint.get(peer.endpoint) is peer:
             del self.by_endpoint[peer.endpoint]
-        self._claims.pop(peer.uuid, None)
         for group in peer.groups:
             members = self.members.get(group)
             if members is not None:
@@ -524,10 +523,10 @@ class Session:
                 self._take_claim(claim, now)
 
     def _take_claim(self, claim: _Claim, now: float) -> None:
-        if claim.uuid in self.peers or claim.hello.endpoint in self.by_endpoint:
-            return
-        peer = self._require_peer(claim.uuid, claim.hello.endpoint, now)
-        if peer is not None:
+        peer = self.peers.get(claim.uuid) or self._require_peer(claim.uuid,
+                                                                claim.hello.endpoint, now)
+        # A report may have made it a peer meanwhile; its one HELLO is the claim's.
+        if peer is not None and not peer.ready and peer.endpoint == claim.hello.endpoint:
             self._accept_hello(peer, claim.hello, now, announce=True)
 
     def _accept_hello(self, peer: Peer, hello: zre.Hello, now: float, announce: bool) -> None:

@@ -386,3 +386,19 @@ def test_a_false_claim_on_a_live_peers_endpoint_is_dropped(answer: str) -> None:
     assert h.taken() == []
     assert list(h.session.peers) == [old.uuid]
     assert not h.link(old.endpoint).closed
+
+
+def test_a_claimant_found_by_its_beacon_meanwhile_still_enters_with_its_hello() -> None:
+    h = Harness()
+    old = Remote("old", 50001)
+    entered(h, old, now=0.0)
+    new = Remote("new", 50001)
+    h.send(new, new.hello(), 4.9)
+    # The old peer's silence reaches `evasive`; the new one's beacon replaces it.
+    h.session.peer_appeared(new.uuid, new.endpoint, 5.0)
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint")]
+    assert h.session.peers[new.uuid].ready is False
+    h.session.tick(5.1)
+    assert h.taken() == [(ENTER, "new")]
+    h.send(new, new.whisper(b"in"), 5.2)
+    assert h.taken() == [(WHISPER, b"in")]
