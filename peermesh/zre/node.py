@@ -14,7 +14,8 @@ runs these on the hub of the thread that started it:
   returns (at most ``min(interval, evasive / 2)``).
 
 Time is the transport's (``transport.now`` / ``transport.sleep``), so on the
-simulated network every wait, ``stop`` and ``flush`` included, is virtual.
+simulated network every wait (``stop``, ``flush`` and a send waiting for
+room included) is virtual.
 
 Sends never block the hub: see ``peer.PeerLink``. Application calls that
 would exceed a peer's send buffer wait up to ``send_timeout`` for room, then
@@ -394,9 +395,11 @@ class Node:
         Raises ``PeerNotResponding`` after removing the peer if none came.
         """
         link: PeerLink = peer.link  # type: ignore[assignment]
-        if link.wait_room(self.config.send_timeout) and self._peers.get(peer.uuid) is peer:
+        peers, cfg = self._peers, self.config
+        if (self._wait(lambda: link.has_room() or peers.get(peer.uuid) is not peer,
+                       link.room_event(), cfg.send_timeout)
+                and peers.get(peer.uuid) is peer):
             return
-        cfg = self.config
         self._session.remove(peer, "not responding: send queue full")  # no-op if already gone
         raise PeerNotResponding(
             f"peer {peer.name} ({peer.uuid}) is not responding: its send buffer "

@@ -81,17 +81,14 @@ class PeerLink:
         elif not len(backlog) % _HELP:
             self._send_queued()
         if not self.has_room():
-            self._room_event().clear()
+            self.room_event().clear()
 
-    def _room_event(self) -> gevent.event.Event:
+    def room_event(self) -> gevent.event.Event:
+        """Set whenever the backlog has drained to half its bounds (or the link closed)."""
         if self._room is None:
             self._room = gevent.event.Event()
             self._room.set()
         return self._room
-
-    def wait_room(self, timeout: float) -> bool:
-        """Wait until the backlog has room again; False after ``timeout`` seconds."""
-        return self._room_event().wait(timeout) and self.has_room()
 
     def _send_queued(self) -> None:
         """Send from the backlog while ZeroMQ takes messages; never blocks."""
