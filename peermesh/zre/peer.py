@@ -22,9 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 import gevent
 import gevent.event
 
-from .session import Peer
-
-__all__ = ["Peer", "PeerLink", "MESSAGE_OVERHEAD"]
+__all__ = ["PeerLink", "MESSAGE_OVERHEAD"]
 
 log = logging.getLogger(__name__)
 

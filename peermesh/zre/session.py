@@ -115,6 +115,8 @@ class Link(Protocol):
 
 
 class _Waker(Protocol):
+    """What ``flush`` waits on (a gevent event in the node)."""
+
     def set(self) -> None: ...
 
 
@@ -162,7 +164,7 @@ class Peer:
 
 
 class _Claim:
-    """A HELLO from a new UUID at the endpoint of a ready peer, waiting on that peer."""
+    """A HELLO from a new UUID at a known peer's endpoint, waiting on that peer."""
 
     __slots__ = ("uuid", "hello", "since")
 

@@ -7,7 +7,9 @@ and what it reports from the list its ``emit`` appends to.
 
 from __future__ import annotations
 
+import ast
 import uuid as uuid_module
+from pathlib import Path
 from typing import Any, Optional, Sequence
 from uuid import UUID
 
@@ -16,6 +18,7 @@ import pytest
 from peermesh.config import NodeConfig
 from peermesh.events import Event, EventType
 from peermesh.wire import zre
+from peermesh.zre import session as session_module
 from peermesh.zre.session import PEX_HEADER, Session
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
@@ -402,3 +405,13 @@ def test_a_claimant_found_by_its_beacon_meanwhile_still_enters_with_its_hello() 
     assert h.taken() == [(ENTER, "new")]
     h.send(new, new.whisper(b"in"), 5.2)
     assert h.taken() == [(WHISPER, b"in")]
+
+
+def test_the_session_module_does_no_io_and_reads_no_clock() -> None:
+    tree = ast.parse(Path(session_module.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+    forbidden = {"gevent", "zmq", "socket", "select", "threading", "asyncio", "time"}
+    assert not imported & forbidden
