@@ -227,6 +227,7 @@ class Node:
         if self._state != "running":
             return
         self._state = "stopping"
+        self._session.running = False  # leaving: take no new peers
         deadline = self._clock() + timeout
         self.flush(timeout)
         try:

@@ -213,7 +213,7 @@ class Session:
         self.groups: set[str] = set()
         self.status = 0
         self.endpoint: Optional[str] = None  # our mailbox; set by ``start``
-        self.running = False
+        self.running = False  # taking new peers (the driver clears it when it starts leaving)
         self.peers: dict[UUID, Peer] = {}
         self.by_identity: dict[bytes, Peer] = {}
         self.by_endpoint: dict[str, Peer] = {}
