@@ -1,12 +1,12 @@
 """Pluggable sources of "a peer's mailbox appeared / is alive / left".
 
-A source is started with the node it serves and reports through three
-calls on it, all made on the node's hub:
+A source is started with the ``PeerSink`` it serves (a node) and reports
+through three calls on it, all made on the sink's hub:
 
-* ``node.peer_appeared(uuid, endpoint)`` - a node with this UUID accepts
+* ``sink.peer_appeared(uuid, endpoint)`` - a node with this UUID accepts
   connections at ``endpoint`` (``tcp://ip:port``);
-* ``node.peer_alive(uuid)`` - a sign of life from a known peer;
-* ``node.peer_left(uuid)`` - the peer said it is leaving.
+* ``sink.peer_alive(uuid)`` - a sign of life from a known peer;
+* ``sink.peer_left(uuid)`` - the peer said it is leaving.
 
 Sources: ``BeaconDiscovery`` (UDP beacons, broadcast and/or unicast to seeds;
 the ZRE default) and ``MdnsDiscovery`` (DNS-SD through zeroconf). Several may
@@ -16,18 +16,67 @@ run at once; a node built from a ``NodeConfig`` picks them from its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Callable, Optional, Protocol
+from uuid import UUID
 
-if TYPE_CHECKING:
-    from ..zre.node import Node
+from ..config import NodeConfig
+from ..events import Event
+from ..net.interfaces import Interface
 
-__all__ = ["Discovery"]
+__all__ = ["Discovery", "PeerSink"]
+
+
+class PeerSink(Protocol):
+    """What a discovery source announces and reports to: a started node."""
+
+    @property
+    def uuid(self) -> UUID:
+        """The UUID to announce."""
+
+    @property
+    def name(self) -> str:
+        """The public name (mDNS uses it in its instance name)."""
+
+    @property
+    def config(self) -> NodeConfig:
+        """Beacon port and interval."""
+
+    @property
+    def transport(self) -> Any:
+        """Where beacon sockets and sleeps come from (``beacon_socket``, ``sleep``)."""
+
+    @property
+    def interface(self) -> Optional[Interface]:
+        """The interface the mailbox is on."""
+
+    @property
+    def endpoint(self) -> Optional[str]:
+        """The mailbox, ``tcp://ip:port``."""
+
+    @property
+    def mailbox_port(self) -> int:
+        """The mailbox's port."""
+
+    def peer_appeared(self, uuid: UUID, endpoint: str) -> None:
+        """``uuid`` accepts connections at ``endpoint``."""
+
+    def peer_alive(self, uuid: UUID) -> None:
+        """A sign of life from ``uuid``."""
+
+    def peer_left(self, uuid: UUID) -> None:
+        """``uuid`` said it is leaving."""
+
+    def add_listener(self, callback: Callable[[Event], None]) -> None:
+        """Call ``callback`` with every event of the node."""
+
+    def remove_listener(self, callback: Callable[[Event], None]) -> None:
+        """Stop calling ``callback``."""
 
 
 class Discovery(Protocol):
     """What a discovery source does for a node."""
 
-    def start(self, node: "Node") -> None:
+    def start(self, node: PeerSink) -> None:
         """Begin announcing ``node`` and reporting peers to it (called on its hub)."""
 
     def stop(self) -> None:

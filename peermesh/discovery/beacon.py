@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 from uuid import UUID
 
 import gevent
 
 from ..errors import ProtocolError
 from ..wire import zre
-
-if TYPE_CHECKING:
-    from ..zre.node import Node
+from . import PeerSink
 
 __all__ = ["BeaconDiscovery", "parse_seed"]
 
@@ -55,11 +53,11 @@ class BeaconDiscovery:
     def __init__(self, broadcast: bool = True, seeds: Sequence[tuple[str, int]] = ()) -> None:
         self.broadcast = broadcast
         self.seeds = list(seeds)
-        self._node: Optional["Node"] = None
+        self._node: Optional[PeerSink] = None
         self._socket: Optional[socket.socket] = None
         self._greenlets: list[gevent.Greenlet] = []
 
-    def start(self, node: "Node") -> None:
+    def start(self, node: PeerSink) -> None:
         self._node = node
         self._socket = node.transport.beacon_socket(node.config.port)
         self._send(node.mailbox_port)

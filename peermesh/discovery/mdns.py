@@ -80,9 +80,10 @@ import gevent.event
 
 from ..events import EventType
 
+from . import PeerSink
+
 if TYPE_CHECKING:
     from ..events import Event
-    from ..zre.node import Node
 
 __all__ = ["MdnsDiscovery", "SERVICE_TYPE", "TXT_FIELDS", "MAX_TXT", "instance_name",
            "parse_txt", "txt_properties"]
@@ -201,7 +202,7 @@ class MdnsDiscovery:
     def __init__(self, service_type: str = SERVICE_TYPE, stop_timeout: float = 2.0) -> None:
         self.service_type = service_type
         self.stop_timeout = stop_timeout
-        self._node: Optional["Node"] = None
+        self._node: Optional[PeerSink] = None
         self._hub: Any = None
         self._network: Optional[ipaddress.IPv4Network] = None
         self._info: Any = None
@@ -220,7 +221,7 @@ class MdnsDiscovery:
 
     # --- life cycle (on the node's hub) ---------------------------------
 
-    def start(self, node: "Node") -> None:
+    def start(self, node: PeerSink) -> None:
         if self._node is not None:
             raise RuntimeError("an MdnsDiscovery serves one node once")
         interface = node.interface

@@ -1,54 +1,70 @@
-"""What a node knows about one peer, and the link it sends through.
+"""The link a node sends to one peer through, on gevent.
 
 A ``PeerLink`` sends without ever blocking the hub: messages go straight to
 the transport's link (a DEALER) while it has room; once that is full they
-wait in a bounded backlog that a flusher greenlet drains as the link becomes
+wait in a backlog that a flusher greenlet drains as the link becomes
 writable again. Order and sequence numbers are kept because a message's
 sequence is fixed when it is queued.
+
+The backlog is bounded in octets (``NodeConfig.send_buffer``): each message
+counts its frames' length plus ``MESSAGE_OVERHEAD`` (about what Python holds
+per queued message), so many tiny messages are bounded too; and in messages
+(``NodeConfig.send_queue``). ``has_room`` is False once either bound is
+reached; the node then makes senders wait (see ``Node.whisper``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import AbstractSet, Any, Callable, Optional, Sequence
-from uuid import UUID
+from typing import Any, Callable, Optional, Sequence
 
 import gevent
 import gevent.event
 
-__all__ = ["Peer", "PeerLink"]
+__all__ = ["PeerLink", "MESSAGE_OVERHEAD"]
 
 log = logging.getLogger(__name__)
+
+#: octets each queued message counts beyond its frames
+MESSAGE_OVERHEAD = 128
+_HELP = 64  # a sender moves the backlog along once per this many messages it queues
 
 
 class PeerLink:
     """One transport link to one peer's mailbox, with a bounded backlog."""
 
-    __slots__ = ("link", "limit", "backlog", "stalled_since", "_room", "_flusher", "_clock")
+    __slots__ = ("link", "limit", "max_messages", "backlog", "size", "stalled_since", "_room",
+                 "_flusher", "_clock")
 
-    def __init__(self, link: Any, limit: int, clock: Callable[[], float]) -> None:
+    def __init__(self, link: Any, limit: int, max_messages: int,
+                 clock: Callable[[], float]) -> None:
         self.link = link
-        self.limit = limit
+        self.limit = limit                # octets in the backlog
+        self.max_messages = max_messages  # messages in the backlog
         self.backlog: Optional[deque[Sequence[bytes]]] = None  # made on first use
-        self.stalled_since: Optional[float] = None
+        self.size = 0                     # octets in the backlog, counted as ``_cost``
+        self.stalled_since: Optional[float] = None  # last progress while a backlog waits
         self._room: Optional[gevent.event.Event] = None
         self._flusher: Optional[gevent.Greenlet] = None
         self._clock = clock
 
     def queued(self) -> int:
-        """Messages waiting in the backlog."""
-        return len(self.backlog) if self.backlog else 0
+        """Octets waiting in the backlog."""
+        return self.size
 
     def has_room(self) -> bool:
-        """True while the backlog is below its limit."""
-        return not self.backlog or len(self.backlog) < self.limit
+        """True while the backlog is below both of its bounds."""
+        backlog = self.backlog
+        return not backlog or (self.size < self.limit and len(backlog) < self.max_messages)
 
     def offer(self, frames: Sequence[bytes]) -> None:
         """Send ``frames`` as one message now, or queue them behind the backlog.
 
         Callers check ``has_room`` first; the node's few control messages
-        may go past the limit.
+        may go past the bounds. Every ``_HELP``-th message queued, the caller
+        also moves what ZeroMQ has room for again, so a sender that never
+        yields still feeds the link while it queues.
         """
         backlog = self.backlog
         if not backlog and self.link.try_send(frames):
@@ -56,21 +72,35 @@ class PeerLink:
         if backlog is None:
             backlog = self.backlog = deque()
         backlog.append(frames)
-        if len(backlog) >= self.limit:
-            self._room_event().clear()
+        self.size += sum(map(len, frames)) + MESSAGE_OVERHEAD
         if self._flusher is None:
             self.stalled_since = self._clock()
             self._flusher = gevent.spawn(self._flush)
+        elif not len(backlog) % _HELP:
+            self._send_queued()
+        if not self.has_room():
+            self.room_event().clear()
 
-    def _room_event(self) -> gevent.event.Event:
+    def room_event(self) -> gevent.event.Event:
+        """Set whenever the backlog has drained to half its bounds (or the link closed)."""
         if self._room is None:
             self._room = gevent.event.Event()
             self._room.set()
         return self._room
 
-    def wait_room(self, timeout: float) -> bool:
-        """Wait until the backlog has room again; False after ``timeout`` seconds."""
-        return self._room_event().wait(timeout) and self.has_room()
+    def _send_queued(self) -> None:
+        """Send from the backlog while ZeroMQ takes messages; never blocks."""
+        backlog = self.backlog
+        assert backlog is not None
+        try_send, sent = self.link.try_send, 0
+        while backlog and try_send(backlog[0]):
+            self.size -= sum(map(len, backlog.popleft())) + MESSAGE_OVERHEAD
+            sent += 1
+        if sent:
+            self.stalled_since = self._clock()
+            if (self._room is not None and self.size <= self.limit // 2
+                    and len(backlog) <= self.max_messages // 2):
+                self._room.set()
 
     def _flush(self) -> None:
         backlog = self.backlog
@@ -78,11 +108,7 @@ class PeerLink:
         try:
             while backlog:
                 self.link.wait_writable(0.5)
-                while backlog and self.link.try_send(backlog[0]):
-                    backlog.popleft()
-                    self.stalled_since = self._clock()
-                    if len(backlog) <= self.limit // 2 and self._room is not None:
-                        self._room.set()
+                self._send_queued()
         except Exception as exc:  # the link was closed under us: the peer is gone
             log.debug("flusher stopped: %s", exc)
         finally:
@@ -97,49 +123,7 @@ class PeerLink:
             self._flusher.kill(block=False)
         if self.backlog:
             self.backlog.clear()
+        self.size = 0
         if self._room is not None:
             self._room.set()
         self.link.close(linger)
-
-
-class Peer:
-    """A remote node: identity, HELLO data, groups, sequence and liveness state."""
-
-    __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
-                 "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
-                 "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed")
-
-    def __init__(self, uuid: UUID, endpoint: str, link: PeerLink, now: float) -> None:
-        self.uuid = uuid
-        self.uuid_bytes = uuid.bytes
-        self.identity = b"\x01" + self.uuid_bytes
-        self.endpoint = endpoint
-        self.link = link
-        self.ready = False          # HELLO received
-        self.name = ""
-        self.headers: dict[str, str] = {}
-        self.groups: AbstractSet[str] = frozenset()  # a set once it joins (few peers do)
-        self.status = 0             # peer's group status (mod 256)
-        self.want = 1               # next sequence expected from the peer
-        self.sent = 0               # last sequence sent to the peer
-        self.last_seen = now
-        self.next_ping = 0.0
-        self.evasive = False        # EVASIVE reported for this silence
-        self.silent = False         # SILENT reported for this silence
-        self.unconfirmed = False    # application messages sent since the last flush
-        self.pong: Optional[gevent.event.Event] = None  # set on each PING-OK, made on demand
-        self.total = 0              # messages sent to the peer, ever
-        self.pings: Optional[deque[int]] = None  # ``total`` when each unanswered PING went
-        self.confirmed = 0          # messages the peer is known to have handled
-
-    def next_sequence(self) -> int:
-        """The sequence number for the next message to this peer."""
-        self.total += 1
-        self.sent = (self.sent + 1) & 0xFFFF
-        return self.sent
-
-    def refresh(self, now: float) -> None:
-        """Any sign of life: reset the silence timers."""
-        self.last_seen = now
-        self.next_ping = 0.0
-        self.evasive = self.silent = False

@@ -305,7 +305,7 @@ def test_a_link_dropped_for_another_reason_heals_while_the_peer_is_advertised(ma
     wait_for(alice, entered(bob))
     wait_for(bob, entered(alice))
     wait_until(lambda: mdns_of(alice)._advertised(bob.uuid) is not None, what="bob's record")
-    alice._remove(alice._peers[bob.uuid], "sequence gap (test)")  # as the node would
+    alice._session.remove(alice._peers[bob.uuid], "sequence gap (test)")  # as the node would
     gone = wait_for(alice, exited(bob))
     assert gone.reason == "sequence gap (test)"
     wait_for(alice, entered(bob), what="ENTER bob again")  # no beacon: mDNS offered it again

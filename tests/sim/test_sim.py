@@ -172,3 +172,26 @@ def test_simulate_command_misuse_is_a_clear_error(argv, message):
     out = subprocess.run([sys.executable, "-m", "peermesh", "simulate", *argv],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_flush_and_stop_wait_on_virtual_time(make_sim):
+    sim = make_sim(3, latency=0.01)
+    assert sim.run_until(sim.is_full_mesh, limit=2.0)
+    a, b, c = sim.nodes
+    a.whisper(b.uuid, b"answered")
+    flushing = gevent.spawn(a.flush, 10.0)
+    sim.run(0.1)  # a PING and its PING-OK: two latencies of virtual time
+    assert flushing.dead and flushing.value is True
+
+    sim.partition([[a], [b, c]])
+    a.whisper(b.uuid, b"lost")
+    flushing = gevent.spawn(a.flush, 10.0)
+    sim.run(9.9)
+    assert not flushing.dead  # no PING-OK can come: it waits out its 10 virtual seconds
+    sim.run(0.2)
+    assert flushing.dead and flushing.value is False
+
+    a.whisper(c.uuid, b"lost too")
+    stopping = gevent.spawn(a.stop, 5.0)
+    sim.run(5.1)
+    assert stopping.dead and stopping.exception is None and not a.running

@@ -919,6 +919,44 @@ def test_second_hello_is_a_restart(mesh: Mesh, make_raw: Callable[..., RawPeer])
     assert mesh.raw_enters() == [raw.uuid, raw.uuid]
 
 
+def raw_at_port(make_raw: Callable[..., RawPeer], port: int, **kw: object) -> RawPeer:
+    """A new raw peer (new UUID) whose mailbox is bound at ``port`` on 127.0.0.1."""
+    raw = make_raw(**kw)
+    raw.router.close(linger=0)
+    raw.router = raw.context.socket(zmq.ROUTER)
+    raw.router.setsockopt(zmq.LINGER, 0)
+    raw.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    raw.router.bind(f"tcp://127.0.0.1:{port}")
+    raw.port, raw.endpoint = port, f"tcp://127.0.0.1:{port}"
+    return raw
+
+
+def test_restart_with_a_new_uuid_at_the_same_endpoint_replaces_the_old_peer(
+        mesh: Mesh, make_raw: Callable[..., RawPeer]) -> None:
+    # Zyre binds the first free port from 49152, so one that crashes and comes
+    # back is at the same endpoint under a new UUID. Its HELLO must replace the
+    # old peer within about a beacon interval (not after `expired`, 30 s), and
+    # both ways work at once after.
+    old = make_raw(name="old")
+    enter_raw(mesh, old)
+    start = mesh.events.mark()
+    old.close()  # crashed: no goodbye
+    new = raw_at_port(make_raw, old.port, name="new")
+    new.connect(mesh.endpoint)
+    new.hello()
+    gone = mesh.events.wait_for(is_(EXIT, old.uuid), start=start)
+    assert gone.reason == "replaced by another node at its endpoint"
+    enter = mesh.events.wait_for(is_(ENTER, new.uuid), start=start)
+    assert (enter.name, enter.address) == ("new", new.endpoint)
+    assert new.expect(zre.Hello, sender=mesh.uuid).sequence == 1
+    assert_whisper_delivered(mesh, new, b"new -> target")
+    mesh.target.whisper(new.uuid, b"target -> new")  # type: ignore[union-attr]
+    whisper = new.expect(zre.Whisper, sender=mesh.uuid)
+    assert whisper.content == (b"target -> new",)
+    assert set(mesh.target.peers()) == {mesh.good.uuid, new.uuid}  # type: ignore[union-attr]
+    mesh.assert_serving()
+
+
 def test_join_with_mismatched_status(mesh: Mesh, make_raw: Callable[..., RawPeer]) -> None:
     raw = make_raw()
     start = mesh.events.mark()

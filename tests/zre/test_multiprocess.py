@@ -43,15 +43,27 @@ from peermesh import EventType, Node, NodeConfig
 
 cfg = json.loads(sys.argv[1])
 node = Node(cfg["name"], config=NodeConfig(), interface="lo", port=cfg["port"],
-            interval=cfg["interval"], groups=cfg["groups"]).start()
+            interval=cfg["interval"], groups=cfg["groups"], **cfg["settings"]).start()
 print("READY", node.uuid.hex, node.endpoint, flush=True)
 
 def serve():
     waiting = []  # (peer, count) asking to be told when count peers are known
+    expecting = counted = exits = misplaced = 0
     for event in node.events():
+        if event.type is EventType.EXIT:
+            exits += 1
         if event.type is EventType.WHISPER:
             command, *args = event.frames
-            if command == b"echo":
+            if command[:2] == b"n:":
+                misplaced += int.from_bytes(command[2:8], "big") != counted
+                counted += 1
+                if counted == expecting:
+                    node.whisper(event.peer, b"counted", b"%d" % counted, b"%d" % exits,
+                                 b"%d" % misplaced)
+            elif command == b"expect":
+                expecting, counted = int(args[0]), 0
+                node.whisper(event.peer, b"expecting")
+            elif command == b"echo":
                 node.whisper(event.peer, b"echo", *args)
             elif command == b"shout":
                 node.shout(args[0].decode(), *args[1:])
@@ -146,13 +158,14 @@ def parent(free_udp_port: int) -> Iterator[Callable[..., Node]]:
 
 @pytest.fixture
 def spawn(free_udp_port: int, parent: Any) -> Iterator[Callable[..., Child]]:
-    """``spawn(name, groups=["g"])``: a node in a child process; ended at teardown."""
+    """``spawn(name, groups=["g"], **settings)``: a node in a child process; ended at teardown."""
     children: list[Child] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
 
-    def make(name: str, groups: tuple[str, ...] = ("g",)) -> Child:
+    def make(name: str, groups: tuple[str, ...] = ("g",), **settings: Any) -> Child:
         cfg = {"name": name, "port": free_udp_port, "interval": INTERVAL,
-               "groups": list(groups), "reporter": "parent", "lifetime": 120}
+               "groups": list(groups), "reporter": "parent", "lifetime": 120,
+               "settings": settings}
         proc = gevent.subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)],
                                        stdin=gevent.subprocess.PIPE,
                                        stdout=gevent.subprocess.PIPE, env=env)
@@ -253,3 +266,40 @@ def test_child_stopping_normally_is_reported_left(parent, spawn):
     child.close()  # closes its stdin: it stops its node
     assert child.proc.returncode == 0
     assert wait_for(me, match(EXIT, child.uuid)).reason == "left"
+
+
+#: Zyre's timeouts (evasive 5 s, silent 10 s, expired 30 s, and our send_timeout
+#: 5 s) and a 12 s pause, all scaled by 1/10; the messages are not scaled.
+PAUSED_SETTINGS = dict(evasive=0.5, silent=1.0, expired=3.0, send_timeout=0.5)
+PAUSE = 1.2
+PAUSED_MESSAGES = 100_000
+
+
+def test_receiver_paused_while_100000_whispers_are_sent_loses_none(parent, spawn):
+    """A receiver that stops (SIGSTOP) while a sender whispers 100,000 100-byte
+    messages gets every one once it resumes, and neither side reports EXIT: the
+    sender's per-peer buffer (bounded in octets, ``send_buffer``) holds what the
+    sockets cannot, and silence shorter than ``expired`` is only EVASIVE/SILENT."""
+    me = parent(**PAUSED_SETTINGS)
+    child = spawn("paused", **PAUSED_SETTINGS)
+    wait_for(me, match(ENTER, child.uuid))
+    me.whisper(child.uuid, b"expect", b"%d" % PAUSED_MESSAGES)
+    wait_for(me, match(WHISPER, child.uuid, b"expecting"))
+
+    child.proc.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        padding = b"." * 92
+        for i in range(PAUSED_MESSAGES):
+            me.whisper(child.uuid, b"n:" + i.to_bytes(6, "big") + padding)
+        gevent.sleep(max(0.0, PAUSE - (time.monotonic() - stopped)))  # the pause itself
+    finally:
+        child.proc.send_signal(signal.SIGCONT)
+
+    report = waiting.wait_for(me, lambda e: e.type is EXIT or match(
+        WHISPER, child.uuid, b"counted")(e), 60.0, "the child's count")
+    assert report.type is WHISPER, f"the sender dropped the receiver: {report!r}"
+    # all of them, no EXIT at the receiver, every one in order
+    assert report.frames[1:] == (b"%d" % PAUSED_MESSAGES, b"0", b"0"), report
+    assert me.peers() == [child.uuid]
+    assert not [e for e in waiting.drain(me) if e.type is EXIT]

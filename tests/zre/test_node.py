@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -18,10 +19,13 @@ from typing import Any, Optional
 import gevent
 import gevent.socket
 import pytest
+import zmq
 
 import waiting
 from peermesh import (Event, EventType, InterfaceError, Node, NodeConfig, NodeStateError,
                       PeerNotResponding, UnknownPeerError)
+from peermesh.wire import zre
+from rawpeer import RawPeer
 
 pytestmark = pytest.mark.usefixtures("zmq_path")  # native C batches and pyzmq alone
 
@@ -331,12 +335,11 @@ def test_whisper_by_uuid_and_by_hex_string(make_node):
     alice.whisper(bob.uuid.hex, b"by hex")
     alice.whisper(str(bob.uuid), b"by string", b"", b"two more frames")
     alice.whisper(bob.uuid, bytearray(b"bytearray"), memoryview(b"memoryview"), "str")
-    alice.whisper(bob.uuid)  # msg = *frame: no frames at all
 
-    got = [wait_for(bob, match(WHISPER, alice.uuid)) for _ in range(5)]
+    got = [wait_for(bob, match(WHISPER, alice.uuid)) for _ in range(4)]
     assert [e.frames for e in got] == [
         (b"by uuid",), (b"by hex",), (b"by string", b"", b"two more frames"),
-        (b"bytearray", b"memoryview", b"str"), ()]
+        (b"bytearray", b"memoryview", b"str")]
     assert all(e.name == "alice" and e.group is None for e in got)
     assert got[2].message == b"by stringtwo more frames"
 
@@ -484,6 +487,23 @@ def test_whisper_to_unknown_peer_raises(make_node):
         alice.whisper_packed(uuid.uuid4(), {"x": 1})
 
 
+def test_whisper_and_shout_without_frames_raise_value_error_and_send_nothing(make_node):
+    """ZRE allows a message without content, but Zyre merges one into the next
+    message it delivers: a node refuses to send one."""
+    alice = make_node("alice", groups=("g",))
+    bob = make_node("bob", groups=("g",))
+    mesh(alice, bob)
+    with pytest.raises(ValueError, match="whisper needs at least one content frame"):
+        alice.whisper(bob.uuid)
+    with pytest.raises(ValueError, match="shout needs at least one content frame"):
+        alice.shout("g")
+    # Nothing went out and no sequence number was used: the next ones arrive in order.
+    alice.whisper(bob.uuid, b"after")
+    alice.shout("g", b"after")
+    got = [wait_for(bob, lambda e: e.type in (WHISPER, SHOUT, EXIT)) for _ in range(2)]
+    assert [(e.type, e.frames) for e in got] == [(WHISPER, (b"after",)), (SHOUT, (b"after",))]
+
+
 def test_names_and_groups_over_255_utf8_octets_raise_value_error(make_node):
     with pytest.raises(ValueError):
         make_node("é" * 128, start=False)           # 128 characters, 256 octets
@@ -615,7 +635,7 @@ def test_stalled_receiver_makes_whisper_raise_without_stalling_others(make_node)
             served_while_blocked += in_call and not flooder.dead
     finally:
         flooder.kill()
-    with pytest.raises(PeerNotResponding):
+    with pytest.raises(PeerNotResponding, match="send buffer .*stayed full for send_timeout"):
         flooder.get()
     assert served_while_blocked > 0
 
@@ -672,3 +692,41 @@ def test_send_queue_stuck_past_expired_is_reported(make_node):
         sender.whisper(stalled.uuid, PAYLOAD)
     event = wait_for(sender, match(EXIT, stalled.uuid), timeout=3.0)
     assert event.reason.startswith("not responding"), event
+
+
+def test_a_silent_peer_is_not_expired_while_its_backlog_drains(make_node):
+    """A peer that sends nothing (no beacons, no answers) but keeps reading, slowly:
+    its link still takes messages, so it is busy, not gone, and gets them all."""
+    sender = make_node("sender", sndhwm=10, evasive=0.2, silent=0.4, expired=0.8)
+    count, payload = 400, b"p" * 65536  # more than the socket buffers on the way hold
+    with RawPeer(name="slow") as raw:
+        raw.router.close(linger=0)  # a mailbox that holds little in its own queue
+        raw.router = raw.context.socket(zmq.ROUTER)
+        raw.router.setsockopt(zmq.LINGER, 0)
+        raw.router.setsockopt(zmq.RCVHWM, 10)
+        raw.router.setsockopt(zmq.RCVBUF, 65536)
+        raw.port = raw.router.bind_to_random_port("tcp://127.0.0.1", 0xC000, 0x10000)
+        raw.endpoint = f"tcp://127.0.0.1:{raw.port}"
+        raw.connect(sender.endpoint)
+        raw.hello()
+        wait_for(sender, match(ENTER, raw.uuid))
+        raw.expect(zre.Hello)
+        for i in range(count):
+            sender.whisper(raw.uuid, i.to_bytes(4, "big") + payload)
+        assert sender._peers[raw.uuid].link.queued() > 0  # some wait in the sender's backlog
+        got: list[int] = []
+
+        def read_slowly() -> None:  # about 5 ms a message: ~2 s, well past `expired`
+            while len(got) < count:
+                message = raw.recv(TIMEOUT)
+                if message is None:
+                    return
+                if isinstance(message, zre.Whisper):
+                    got.append(int.from_bytes(message.content[0][:4], "big"))
+                    time.sleep(0.005)
+
+        reader = threading.Thread(target=read_slowly, daemon=True)
+        reader.start()
+        waiting.poll_until(lambda: not reader.is_alive(), 60.0, "the slow reader",
+                           sleep=gevent.sleep, step=0.05)
+        assert got == list(range(count))  # an expiry on the way would have cut the link

@@ -1,0 +1,611 @@
+"""The ZRE v2 session of one node, without I/O: a peer table fed frames, reports and time.
+
+How it works
+------------
+A ``Session`` is what a node knows and decides; its driver (``node.Node``)
+moves bytes and time. Inputs, each with the current time ``now``:
+
+* ``on_message(identity, frames, now)`` - one message from the mailbox;
+* ``peer_appeared(uuid, endpoint, now)`` / ``peer_alive(uuid, now)`` /
+  ``peer_left(uuid, now)`` - reports of discovery sources;
+* ``tick(now)`` - the timers; returns when it wants to be called again;
+* ``add_group`` / ``remove_group`` / ``ping`` - the application's group
+  changes and ``flush``'s probes.
+
+Outputs go through two callables the driver supplies: ``connect(uuid,
+endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
+it), ``emit(event)`` takes events. Nothing here reads a clock, opens a
+socket or blocks.
+
+Peer states and transitions (all of them are in this module)::
+
+    (none) --beacon/PEX/mDNS report------> connecting  (link opened, HELLO sent)
+    (none) --HELLO from a new node-------> ready       (link opened, HELLO sent; ENTER)
+    connecting --its HELLO---------------> ready       (ENTER, JOINs)
+    ready --next command in sequence-----> ready       (WHISPER/SHOUT/JOIN/LEAVE, PING-OK...)
+    ready --sequence gap, out of order---> (none)      (EXIT "sequence gap")
+    ready --a second HELLO (restart)-----> ready again (EXIT "restarted", then ENTER)
+    any --HELLO of a new UUID at its ---> claimed     (PINGed; see below)
+          endpoint
+    claimed --sign of life in interval---> as before   (the claim is dropped)
+    claimed --none in interval-----------> (none)      (EXIT "replaced by another node
+                                                        at its endpoint"; the new one ENTERs)
+    ready --silent >= evasive------------> PINGed      (EVASIVE once; SILENT at ``silent``)
+    any --silent >= expired--------------> (none)      (EXIT "expired"), unless its send
+                                                        backlog is still draining
+    any --backlog stalled >= expired-----> (none)      (EXIT "not responding")
+    any --port-0 beacon / mDNS goodbye---> (none)      (EXIT "left"; reports ignored
+                                                        for ``expired`` after)
+
+Sequence numbers: HELLO is 1, every later command the next number mod
+65536; anything else disconnects the peer, whose next beacon or HELLO may
+bring it back. Any message, and any discovery report, is a sign of life.
+
+A node at a known endpoint under a new UUID: a peer that crashed and came
+back at the same port (Zyre does: it binds the first free port from 49152)
+sends HELLO under its new UUID. If the old peer there (ready or still
+connecting) has been silent for ``evasive`` it is replaced at once.
+Otherwise the old peer is PINGed: if it shows no sign of life within
+``interval`` (a live node beacons that often, and answers a PING sooner) it
+is replaced by the new one then; if it does, the claim was false and is
+dropped, so no one can evict a live peer by claiming its mailbox.
+
+Flow control lives in the ``Link``: ``has_room`` is False once a peer's
+backlog reaches its bound; ``queued``/``limit`` let control commands go past
+that bound up to twice it, after which the peer counts as not responding.
+A link whose backlog drains (``stalled_since`` recent) keeps its peer from
+expiring: its process still takes what is sent, it is only busy.
+
+Peer exchange (``X-PM-PEX``, a peermesh extension): a node that uses seeds
+asks for it in its HELLO headers; a node that sees that header sends it the
+UUID and endpoint of every other ready peer in ``PEER-EXCHANGE`` commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import struct
+from collections import deque
+from typing import AbstractSet, Callable, Optional, Protocol, Sequence
+from uuid import UUID
+
+from ..config import NodeConfig
+from ..errors import ProtocolError
+from ..events import Event, EventType
+from ..wire import zre
+
+__all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">HBBH")
+_SIGNATURE = zre.SIGNATURE
+_HELLO = 1
+_WHISPER_PREFIX = b"\xaa\xa1\x02\x02"  # signature, WHISPER, version 2
+_SHOUT_PREFIX = b"\xaa\xa1\x03\x02"    # signature, SHOUT, version 2
+#: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
+PEX_HEADER = "X-PM-PEX"
+_PEX_CHUNK = 1024  # peers per PEX message
+_PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
+_HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
+
+ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
+WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
+
+
+class Link(Protocol):
+    """A peer's outgoing link as the session sees it (``peer.PeerLink`` on gevent)."""
+
+    limit: int
+    stalled_since: Optional[float]
+
+    def offer(self, frames: Sequence[bytes]) -> None:
+        """Send now or queue behind the backlog; never blocks."""
+
+    def queued(self) -> int:
+        """How much waits in the backlog, in the unit of ``limit``."""
+
+    def has_room(self) -> bool:
+        """True while the backlog is below ``limit``."""
+
+    def close(self, linger: float = 0) -> None:
+        """Drop the backlog and close."""
+
+
+class _Waker(Protocol):
+    """What ``flush`` waits on (a gevent event in the node)."""
+
+    def set(self) -> None: ...
+
+
+class Peer:
+    """A remote node: identity, HELLO data, groups, sequence and liveness state."""
+
+    __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
+                 "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
+                 "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed")
+
+    def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
+        self.uuid = uuid
+        self.uuid_bytes = uuid.bytes
+        self.identity = b"\x01" + self.uuid_bytes
+        self.endpoint = endpoint
+        self.link = link
+        self.ready = False          # HELLO received
+        self.name = ""
+        self.headers: dict[str, str] = {}
+        self.groups: AbstractSet[str] = frozenset()  # a set once it joins (few peers do)
+        self.status = 0             # peer's group status (mod 256)
+        self.want = 1               # next sequence expected from the peer
+        self.sent = 0               # last sequence sent to the peer
+        self.last_seen = now
+        self.next_ping = 0.0
+        self.evasive = False        # EVASIVE reported for this silence
+        self.silent = False         # SILENT reported for this silence
+        self.unconfirmed = False    # application messages sent since the last flush
+        self.pong: Optional[_Waker] = None  # set on each PING-OK and on removal (flush waits)
+        self.total = 0              # messages sent to the peer, ever
+        self.pings: Optional[deque[int]] = None  # ``total`` when each unanswered PING went
+        self.confirmed = 0          # messages the peer is known to have handled
+
+    def next_sequence(self) -> int:
+        """The sequence number for the next message to this peer."""
+        self.total += 1
+        self.sent = (self.sent + 1) & 0xFFFF
+        return self.sent
+
+    def refresh(self, now: float) -> None:
+        """Any sign of life: reset the silence timers."""
+        self.last_seen = now
+        self.next_ping = 0.0
+        self.evasive = self.silent = False
+
+
+class _Claim:
+    """A HELLO from a new UUID at a known peer's endpoint, waiting on that peer."""
+
+    __slots__ = ("uuid", "hello", "since")
+
+    def __init__(self, uuid: UUID, hello: zre.Hello, since: float) -> None:
+        self.uuid, self.hello, self.since = uuid, hello, since
+
+
+@functools.lru_cache(maxsize=2048)
+def _decode_hello(frame: bytes) -> zre.Message:
+    """``zre.decode`` of a one-frame HELLO, remembered for the whole process.
+
+    Where many nodes share a process (the simulator, meshes in one process)
+    every one of them decodes each sender's same HELLO. Only frames up to
+    ``_HELLO_CACHED`` octets are cached, so the cache stays under a few
+    megabytes whatever peers send; decoded messages are immutable.
+    """
+    return zre.decode([frame])
+
+
+def _utf8(data: bytes) -> Optional[str]:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+class Session:
+    """One node's ZRE state: own identity and groups, the peer table, the timers.
+
+    ``connect(uuid, endpoint)`` returns a link to a new peer's mailbox, or
+    None when none can be made (the driver logs why). ``emit`` receives every
+    event; the driver may replace it at any time (the node points it straight
+    at its event queue while nobody listens).
+    """
+
+    def __init__(self, uuid: UUID, name: str, headers: dict[str, str], config: NodeConfig,
+                 connect: Callable[[UUID, str], Optional[Link]],
+                 emit: Callable[[Event], None]) -> None:
+        self.uuid = uuid
+        self.uuid_bytes = uuid.bytes
+        self.name = name
+        self.headers = headers
+        self.config = config
+        self.connect = connect
+        self.emit = emit
+        self.groups: set[str] = set()
+        self.status = 0
+        self.endpoint: Optional[str] = None  # our mailbox; set by ``start``
+        self.running = False  # taking new peers (the driver clears it when it starts leaving)
+        self.peers: dict[UUID, Peer] = {}
+        self.by_identity: dict[bytes, Peer] = {}
+        self.by_endpoint: dict[str, Peer] = {}
+        self.members: dict[str, dict[UUID, Peer]] = {}
+        self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
+        self._departed: dict[UUID, float] = {}  # when a peer said it was leaving
+        self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
+        self._hello: Optional[list[bytes]] = None
+
+    # --- own state --------------------------------------------------------
+
+    def start(self, endpoint: str) -> None:
+        """Our mailbox is at ``endpoint``; take peers from now on."""
+        self.endpoint = endpoint
+        self.running = True
+
+    def stop(self) -> list[Peer]:
+        """Take no more peers; forget them all (no events). Returns those forgotten."""
+        self.running = False
+        peers = list(self.peers.values())
+        self.peers.clear()
+        self.by_identity.clear()
+        self.by_endpoint.clear()
+        self.members.clear()
+        self._claims.clear()
+        return peers
+
+    def add_group(self, group: str) -> bool:
+        """Join ``group``; tell every peer (JOIN). False if already in it."""
+        if group in self.groups:
+            return False
+        self.groups.add(group)
+        self.status = (self.status + 1) & 0xFF
+        self._hello = None
+        for peer in list(self.peers.values()):
+            self.send_control(peer, zre.Join(peer.next_sequence(), group, self.status))
+        return True
+
+    def remove_group(self, group: str) -> bool:
+        """Leave ``group``; tell every peer (LEAVE). False if not in it."""
+        if group not in self.groups:
+            return False
+        self.groups.discard(group)
+        self.status = (self.status + 1) & 0xFF
+        self._hello = None
+        for peer in list(self.peers.values()):
+            self.send_control(peer, zre.Leave(peer.next_sequence(), group, self.status))
+        return True
+
+    # --- sending control commands ------------------------------------------
+
+    def send_control(self, peer: Peer, message: zre.Message) -> None:
+        """Queue one command; a peer whose backlog is twice over its bound is removed."""
+        link = peer.link
+        if link.queued() > 2 * link.limit:
+            self.remove(peer, "not responding: send queue full")
+            return
+        link.offer(zre.encode(message))
+
+    def ping(self, peer: Peer) -> None:
+        """PING ``peer``; its PING-OK confirms everything sent before (``peer.confirmed``)."""
+        self.send_control(peer, zre.Ping(peer.next_sequence()))
+        if peer.pings is None:
+            peer.pings = deque()
+        peer.pings.append(peer.total)
+
+    # --- discovery reports -------------------------------------------------
+
+    def peer_appeared(self, uuid: UUID, endpoint: str, now: float) -> None:
+        """A discovery source saw ``uuid`` accepting connections at ``endpoint``."""
+        if not self.running or uuid == self.uuid:
+            return
+        peer = self.peers.get(uuid)
+        if peer is not None:
+            peer.refresh(now)
+        elif now - self._departed.get(uuid, -1e18) >= self.config.expired:
+            self._require_peer(uuid, endpoint, now)
+        # else: it said it was leaving; a stale report (PEX, mDNS cache) must not revive it
+
+    def peer_alive(self, uuid: UUID, now: float) -> None:
+        """A discovery source heard from ``uuid``."""
+        peer = self.peers.get(uuid)
+        if peer is not None:
+            peer.refresh(now)
+
+    def peer_left(self, uuid: UUID, now: float) -> None:
+        """A discovery source says ``uuid`` is leaving."""
+        self._departed[uuid] = now
+        peer = self.peers.get(uuid)
+        if peer is not None:
+            self.remove(peer, "left")
+
+    # --- the peer table ----------------------------------------------------
+
+    def _require_peer(self, uuid: UUID, endpoint: str, now: float) -> Optional[Peer]:
+        peer = self.peers.get(uuid)
+        if peer is not None:
+            return peer
+        if not endpoint.startswith("tcp://") or endpoint == self.endpoint:
+            log.debug("ignored peer %s with endpoint %r", uuid, endpoint)
+            return None
+        holder = self.by_endpoint.get(endpoint)
+        if holder is not None:
+            if now - holder.last_seen < self.config.evasive:
+                log.debug("ignored peer %s: %s already lives at %s", uuid, holder.name, endpoint)
+                return None
+            self.remove(holder, "replaced by another node at its endpoint")
+        link = self.connect(uuid, endpoint)
+        if link is None:
+            return None
+        peer = Peer(uuid, endpoint, link, now)
+        self.peers[uuid] = peer
+        self.by_identity[peer.identity] = peer
+        self.by_endpoint[endpoint] = peer
+        if self._hello is None:  # the same for every peer until our groups change
+            assert self.endpoint is not None
+            self._hello = zre.encode(zre.Hello(1, self.endpoint, tuple(self.groups),
+                                               self.status, self.name, self.headers))
+        peer.next_sequence()  # HELLO is always number 1
+        link.offer(self._hello)
+        return peer
+
+    def remove(self, peer: Peer, reason: str) -> None:
+        """Forget ``peer`` and close its link; EXIT if it had said HELLO."""
+        if self.peers.get(peer.uuid) is not peer:
+            return
+        del self.peers[peer.uuid]
+        del self.by_identity[peer.identity]
+        if self.by_endpoint.get(peer.endpoint) is peer:
+            del self.by_endpoint[peer.endpoint]
+        for group in peer.groups:
+            members = self.members.get(group)
+            if members is not None:
+                members.pop(peer.uuid, None)
+        peer.link.close()
+        if peer.pong is not None:
+            peer.pong.set()  # wake flush(): the peer is gone
+        if peer.ready:
+            peer.ready = False  # for whoever still holds it (the node's last whisper target)
+            log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
+            self.emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
+
+    def _peer_join(self, peer: Peer, group: str) -> None:
+        if group in peer.groups:
+            return
+        peer.groups = {*peer.groups, group}  # joins are rare; an idle peer holds no set
+        self.members.setdefault(group, {})[peer.uuid] = peer
+        self.emit(Event(JOIN, peer.uuid, peer.name, group))
+
+    def _peer_leave(self, peer: Peer, group: str) -> None:
+        if group not in peer.groups:
+            return
+        peer.groups = peer.groups - {group}
+        self.members.get(group, {}).pop(peer.uuid, None)
+        self.emit(Event(LEAVE, peer.uuid, peer.name, group))
+
+    # --- the mailbox -------------------------------------------------------
+
+    def on_oversized(self, identity: bytes) -> None:
+        """A message over ``max_message`` from ``identity`` was dropped."""
+        log.debug("dropped message over max_message=%d from %r", self.config.max_message,
+                  identity)
+        peer = self.by_identity.get(identity)
+        if peer is not None:
+            self.remove(peer, f"sent a message over max_message ({self.config.max_message})")
+
+    def on_message(self, identity: bytes, frames: list[bytes], now: float) -> None:
+        """One message from the mailbox, sent by the DEALER with ``identity``."""
+        head = frames[0] if frames else b""
+        peer = self.by_identity.get(identity)
+        # Fast path: the next WHISPER or SHOUT from a ready peer (most of the traffic).
+        if (peer is not None and peer.ready and len(head) >= 6
+                and head[4] << 8 | head[5] == peer.want):
+            prefix = head[:4]
+            group = None
+            if prefix == _SHOUT_PREFIX and len(head) == 7 + head[6]:
+                group = _utf8(head[7:])  # None if not UTF-8: the slow path drops it
+            if group is not None or prefix == _WHISPER_PREFIX and len(head) == 6:
+                peer.want = (peer.want + 1) & 0xFFFF
+                peer.last_seen = now
+                if peer.next_ping:
+                    peer.refresh(now)
+                if group is None or group in self.groups:
+                    self.emit(Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
+                                    group, tuple(frames[1:])))
+                return
+        self._on_command(identity, frames, head, peer, now)
+
+    def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
+                    peer: Optional[Peer], now: float) -> None:
+        if len(head) < 6:
+            log.debug("dropped short message from %r", identity)
+            return
+        signature, command, version, sequence = _HEADER.unpack_from(head)
+        if signature != _SIGNATURE or version != zre.VERSION:
+            log.debug("dropped message with bad signature/version from %r", identity)
+            return
+        if command == _HELLO:
+            self._on_hello(identity, frames, peer, now)
+            return
+        if peer is None or not peer.ready:
+            log.debug("ignored command %d before HELLO from %r", command, identity)
+            return
+        if sequence != peer.want:
+            log.debug("sequence gap from %s: expected %d, got %d", peer.name, peer.want, sequence)
+            self.remove(peer, f"sequence gap (expected {peer.want}, got {sequence})")
+            return
+        peer.want = (sequence + 1) & 0xFFFF
+        peer.last_seen = now
+        if peer.evasive or peer.next_ping:
+            peer.refresh(now)
+        try:
+            message = zre.decode(frames)
+        except ProtocolError as exc:
+            log.debug("dropped malformed command from %s: %s", peer.name, exc.reason)
+            return
+        if isinstance(message, zre.Shout):
+            if message.group in self.groups:
+                self.emit(Event(SHOUT, peer.uuid, peer.name, message.group, message.content))
+        elif isinstance(message, zre.Join):
+            self._peer_status(peer, message.status)
+            self._peer_join(peer, message.group)
+        elif isinstance(message, zre.Leave):
+            self._peer_status(peer, message.status)
+            self._peer_leave(peer, message.group)
+        elif isinstance(message, zre.Ping):
+            self.send_control(peer, zre.PingOk(peer.next_sequence()))
+        elif isinstance(message, zre.PeerExchange):
+            self._on_peer_exchange(peer, message, now)
+        elif isinstance(message, zre.PingOk):
+            if peer.pings:
+                peer.confirmed = peer.pings.popleft()
+            if peer.pong is not None:
+                peer.pong.set()
+        # Unknown commands (Zyre's ELECT/LEADER) only advance the sequence
+
+    def _peer_status(self, peer: Peer, status: int) -> None:
+        expected = (peer.status + 1) & 0xFF
+        if status != expected:
+            log.debug("group status of %s is %d, expected %d", peer.name, status, expected)
+        peer.status = status
+
+    def _on_hello(self, identity: bytes, frames: list[bytes], peer: Optional[Peer],
+                  now: float) -> None:
+        try:
+            if len(frames) == 1 and len(frames[0]) <= _HELLO_CACHED:
+                hello = _decode_hello(frames[0])
+            else:
+                hello = zre.decode(frames)
+        except ProtocolError as exc:
+            log.debug("dropped malformed HELLO from %r: %s", identity, exc.reason)
+            return
+        assert isinstance(hello, zre.Hello)
+        if len(identity) != 17 or identity[0] != 1 or identity[1:] == self.uuid_bytes:
+            log.debug("dropped HELLO with identity %r", identity)
+            return
+        if hello.sequence != 1:
+            log.debug("dropped HELLO with sequence %d", hello.sequence)
+            return
+        if not self.running:
+            return  # leaving: take no new peers
+        if peer is not None and peer.ready:
+            if (hello.endpoint == peer.endpoint
+                    and now - self._restarts.get(peer.uuid, -1e18) < self.config.interval):
+                # The HELLO answers one we sent for its restart moments ago: take it
+                # in without answering again, or two nodes would restart each other
+                # for ever.
+                self._accept_hello(peer, hello, now, announce=False)
+                return
+            self._restarts[peer.uuid] = now
+            self.remove(peer, "restarted (new HELLO)")
+            peer = None
+        elif peer is not None and hello.endpoint != peer.endpoint:
+            # Found at another address (a stale or forged report): the peer's own
+            # word wins, or it would never hear from us.
+            self.remove(peer, "connected to the wrong endpoint")
+            peer = None
+        uuid = UUID(bytes=identity[1:])
+        if peer is None:
+            holder = self.by_endpoint.get(hello.endpoint)
+            if holder is not None and now - holder.last_seen < self.config.evasive:
+                self._claim(holder, uuid, hello, now)
+                return
+            peer = self._require_peer(uuid, hello.endpoint, now)
+            if peer is None:
+                return
+        self._accept_hello(peer, hello, now, announce=True)
+
+    def _claim(self, holder: Peer, uuid: UUID, hello: zre.Hello, now: float) -> None:
+        """A new node says HELLO from ``holder``'s endpoint: ask the holder if it lives."""
+        if holder.uuid not in self._claims:
+            log.debug("%s claims %s of %s: PINGing it", uuid, holder.endpoint, holder.name)
+            self.ping(holder)
+        self._claims[holder.uuid] = _Claim(uuid, hello, now)
+
+    def _settle_claims(self, now: float) -> None:
+        for holder_uuid, claim in list(self._claims.items()):
+            holder = self.peers.get(holder_uuid)
+            if holder is None:  # gone meanwhile: the claimant may have its endpoint
+                del self._claims[holder_uuid]
+                self._take_claim(claim, now)
+            elif holder.last_seen > claim.since:
+                del self._claims[holder_uuid]
+                log.debug("ignored HELLO of %s: %s still lives at %s", claim.uuid, holder.name,
+                          holder.endpoint)
+            elif now - claim.since >= self.config.interval:
+                del self._claims[holder_uuid]
+                self.remove(holder, "replaced by another node at its endpoint")
+                self._take_claim(claim, now)
+
+    def _take_claim(self, claim: _Claim, now: float) -> None:
+        peer = self.peers.get(claim.uuid) or self._require_peer(claim.uuid,
+                                                                claim.hello.endpoint, now)
+        # A report may have made it a peer meanwhile; its one HELLO is the claim's.
+        if peer is not None and not peer.ready and peer.endpoint == claim.hello.endpoint:
+            self._accept_hello(peer, claim.hello, now, announce=True)
+
+    def _accept_hello(self, peer: Peer, hello: zre.Hello, now: float, announce: bool) -> None:
+        peer.ready = True
+        peer.want = 2
+        peer.name = hello.name
+        peer.headers = dict(hello.headers)
+        peer.status = hello.status
+        peer.refresh(now)
+        if announce:
+            self.emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
+                            address=peer.endpoint))
+            if peer.headers.get(PEX_HEADER) == "1":
+                self._send_peer_exchange(peer)
+        for group in peer.groups - set(hello.groups):
+            self._peer_leave(peer, group)
+        for group in hello.groups:
+            self._peer_join(peer, group)
+
+    # --- peer exchange (a peermesh extension, only with peers that ask) -------
+
+    def _send_peer_exchange(self, peer: Peer) -> None:
+        """Tell a peer that asked for it (X-PM-PEX) every other peer we know."""
+        entries = [f"{p.uuid.hex} {p.endpoint}" for p in self.peers.values()
+                   if p.ready and p is not peer]
+        for start in range(0, len(entries), _PEX_CHUNK):
+            chunk = tuple(entries[start:start + _PEX_CHUNK])
+            self.send_control(peer, zre.PeerExchange(peer.next_sequence(), chunk))
+
+    def _on_peer_exchange(self, peer: Peer, message: zre.PeerExchange, now: float) -> None:
+        if self.headers.get(PEX_HEADER) != "1":
+            log.debug("ignored PEX from %s: this node did not ask for it", peer.name)
+            return
+        for entry in message.peers[:_PEX_CHUNK]:
+            match = _PEX_ENTRY.fullmatch(entry)
+            if match is None:
+                log.debug("ignored malformed PEX entry %r from %s", entry[:80], peer.name)
+                continue
+            self.peer_appeared(UUID(hex=match[1]), match[2], now)
+
+    # --- timers ------------------------------------------------------------
+
+    def tick(self, now: float) -> float:
+        """Judge every peer's silence at ``now``; the time of the next tick.
+
+        PINGs a peer silent for ``evasive`` (EVASIVE once per silence), reports
+        SILENT, removes peers silent for ``expired`` and those whose backlog made
+        no progress for ``expired``, and settles endpoint claims.
+        """
+        cfg = self.config
+        for uuid, when in list(self._restarts.items()):
+            if now - when >= cfg.interval:
+                del self._restarts[uuid]
+        for uuid, when in list(self._departed.items()):
+            if now - when >= cfg.expired:
+                del self._departed[uuid]
+        if self._claims:
+            self._settle_claims(now)
+        for peer in list(self.peers.values()):
+            stalled = peer.link.stalled_since
+            if stalled is not None and now - stalled >= cfg.expired:
+                self.remove(peer, "not responding: send queue stalled")
+                continue
+            idle = now - peer.last_seen
+            if idle >= cfg.expired and stalled is None:
+                self.remove(peer, "expired")
+                continue
+            if idle >= cfg.evasive and now >= peer.next_ping:
+                peer.next_ping = now + cfg.evasive
+                self.ping(peer)
+                if not peer.evasive and peer.ready:
+                    peer.evasive = True
+                    self.emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
+            if idle >= cfg.silent and not peer.silent and peer.ready:
+                peer.silent = True
+                self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
+        period = min(cfg.interval, cfg.evasive / 2)
+        if self._claims:
+            return min(now + period, min(c.since for c in self._claims.values()) + cfg.interval)
+        return now + period

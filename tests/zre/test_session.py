@@ -1,0 +1,417 @@
+"""The ZRE session core as tables, without sockets or clocks.
+
+A ``Session`` is fed frames, discovery reports and times by hand; what it
+sends is read back from in-memory links (every frame decoded with the codec)
+and what it reports from the list its ``emit`` appends to.
+"""
+
+from __future__ import annotations
+
+import ast
+import uuid as uuid_module
+from pathlib import Path
+from typing import Any, Optional, Sequence
+from uuid import UUID
+
+import pytest
+
+from peermesh.config import NodeConfig
+from peermesh.events import Event, EventType
+from peermesh.wire import zre
+from peermesh.zre import session as session_module
+from peermesh.zre.session import PEX_HEADER, Session
+
+ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
+WHISPER, SHOUT, EVASIVE, SILENT = (EventType.WHISPER, EventType.SHOUT, EventType.EVASIVE,
+                                   EventType.SILENT)
+OWN_ENDPOINT = "tcp://10.0.0.1:50000"
+CONFIG = NodeConfig(interval=1.0, evasive=5.0, silent=10.0, expired=30.0)
+
+
+class MemoryLink:
+    """A link that keeps what it is given, decoded; its backlog is set by the test."""
+
+    def __init__(self, endpoint: str, limit: int = 1000) -> None:
+        self.endpoint = endpoint
+        self.limit = limit
+        self.backlog = 0
+        self.stalled_since: Optional[float] = None
+        self.sent: list[zre.Message] = []
+        self.closed = False
+
+    def offer(self, frames: Sequence[bytes]) -> None:
+        assert not self.closed, "sent on a closed link"
+        self.sent.append(zre.decode(list(frames)))
+
+    def queued(self) -> int:
+        return self.backlog
+
+    def has_room(self) -> bool:
+        return self.backlog < self.limit
+
+    def close(self, linger: float = 0) -> None:
+        self.closed = True
+
+    def kinds(self) -> list[str]:
+        return [type(m).__name__ for m in self.sent]
+
+
+class Harness:
+    """One session, its links (by endpoint, newest last) and its events."""
+
+    def __init__(self, config: NodeConfig = CONFIG, headers: Optional[dict[str, str]] = None,
+                 refuse: bool = False) -> None:
+        self.links: dict[str, list[MemoryLink]] = {}
+        self.events: list[Event] = []
+        self.refuse = refuse
+        self.session = Session(uuid_module.uuid4(), "me", dict(headers or {}), config,
+                               self.connect, self.events.append)
+        self.session.start(OWN_ENDPOINT)
+
+    def connect(self, uuid: UUID, endpoint: str) -> Optional[MemoryLink]:
+        if self.refuse:
+            return None
+        link = MemoryLink(endpoint)
+        self.links.setdefault(endpoint, []).append(link)
+        return link
+
+    def link(self, endpoint: str) -> MemoryLink:
+        return self.links[endpoint][-1]
+
+    def send(self, peer: "Remote", message: zre.Message, now: float) -> None:
+        self.session.on_message(peer.identity, zre.encode(message), now)
+
+    def taken(self) -> list[tuple[EventType, Any]]:
+        """Events so far as (type, name or reason), then forgotten."""
+        got = [(e.type, e.reason or e.group or (e.frames and e.frames[0]) or e.name)
+               for e in self.events]
+        self.events.clear()
+        return got
+
+
+class Remote:
+    """A peer as the test plays it: numbers its commands."""
+
+    def __init__(self, name: str, port: int, uuid: Optional[UUID] = None) -> None:
+        self.name = name
+        self.uuid = uuid or uuid_module.uuid4()
+        self.identity = b"\x01" + self.uuid.bytes
+        self.endpoint = f"tcp://10.0.0.2:{port}"
+        self.sequence = 0
+
+    def next(self) -> int:
+        self.sequence = (self.sequence + 1) & 0xFFFF
+        return self.sequence
+
+    def hello(self, groups: tuple[str, ...] = (), headers: Optional[dict[str, str]] = None,
+              endpoint: Optional[str] = None) -> zre.Hello:
+        self.sequence = 0
+        return zre.Hello(self.next(), endpoint or self.endpoint, groups, len(groups), self.name,
+                         headers or {})
+
+    def whisper(self, data: bytes = b"hi") -> zre.Whisper:
+        return zre.Whisper(self.next(), (data,))
+
+
+def entered(h: Harness, peer: Remote, now: float = 0.0, **hello: Any) -> None:
+    h.send(peer, peer.hello(**hello), now)
+    assert (ENTER, peer.name) in h.taken()
+
+
+# --------------------------------------------------------------------------
+# The mailbox: what each message from one peer leads to
+
+MAILBOX_CASES: list[tuple[str, list[Any], list[tuple[EventType, Any]]]] = [
+    ("hello then whisper",
+     [lambda p: p.hello(), lambda p: p.whisper(b"one")],
+     [(ENTER, "bob"), (WHISPER, b"one")]),
+    ("whisper before hello is ignored",
+     [lambda p: zre.Whisper(2, (b"early",))],
+     []),
+    ("hello with groups joins them",
+     [lambda p: p.hello(groups=("a", "b"))],
+     [(ENTER, "bob"), (JOIN, "a"), (JOIN, "b")]),
+    ("join and leave",
+     [lambda p: p.hello(), lambda p: zre.Join(p.next(), "g", 1),
+      lambda p: zre.Leave(p.next(), "g", 2)],
+     [(ENTER, "bob"), (JOIN, "g"), (LEAVE, "g")]),
+    ("a gap in the sequence disconnects",
+     [lambda p: p.hello(), lambda p: zre.Whisper(p.next() + 1, (b"skipped",))],
+     [(ENTER, "bob"), (EXIT, "sequence gap (expected 2, got 3)")]),
+    ("a repeated number disconnects",
+     [lambda p: p.hello(), lambda p: p.whisper(), lambda p: zre.Whisper(2, (b"again",))],
+     [(ENTER, "bob"), (WHISPER, b"hi"), (EXIT, "sequence gap (expected 3, got 2)")]),
+    ("a second hello is a restart",
+     [lambda p: p.hello(), lambda p: p.hello()],
+     [(ENTER, "bob"), (EXIT, "restarted (new HELLO)"), (ENTER, "bob")]),
+    ("unknown command ids keep the sequence",
+     [lambda p: p.hello(), lambda p: zre.Unknown(p.next(), 8), lambda p: p.whisper(b"after")],
+     [(ENTER, "bob"), (WHISPER, b"after")]),
+    ("shout to a group we are not in is not reported",
+     [lambda p: p.hello(), lambda p: zre.Shout(p.next(), "elsewhere", (b"x",)),
+      lambda p: zre.Shout(p.next(), "mine", (b"y",))],
+     [(ENTER, "bob"), (SHOUT, "mine")]),
+    ("a hello that is not number 1 is dropped",
+     [lambda p: zre.Hello(2, p.endpoint, (), 0, "bob", {})],
+     []),
+]
+
+
+@pytest.mark.parametrize("commands,expected", [c[1:] for c in MAILBOX_CASES],
+                         ids=[c[0] for c in MAILBOX_CASES])
+def test_mailbox(commands: list[Any], expected: list[tuple[EventType, Any]]) -> None:
+    h = Harness()
+    h.session.add_group("mine")
+    peer = Remote("bob", 50001)
+    for make in commands:
+        h.send(peer, make(peer), 1.0)
+    assert h.taken() == expected
+
+
+def test_hello_opens_a_link_and_says_hello_first_then_answers_ping() -> None:
+    h = Harness()
+    h.session.add_group("g")
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.send(peer, zre.Ping(peer.next()), 1.0)
+    sent = h.link(peer.endpoint).sent
+    assert [type(m) for m in sent] == [zre.Hello, zre.PingOk]
+    hello = sent[0]
+    assert isinstance(hello, zre.Hello)
+    assert (hello.sequence, hello.endpoint, hello.groups, hello.name) == (1, OWN_ENDPOINT,
+                                                                          ("g",), "me")
+    assert sent[1].sequence == 2
+
+
+def test_malformed_frames_are_dropped_and_the_peer_kept() -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    identity = peer.identity
+    for frames in ([], [b"\xaa"], [b"\x00\x00\x02\x02\x00\x02"], [b"\xaa\xa1\x02\x09\x00\x02"]):
+        h.session.on_message(identity, frames, 1.0)
+    h.send(peer, peer.whisper(b"still"), 1.0)
+    assert h.taken() == [(WHISPER, b"still")]
+
+
+def test_oversized_message_disconnects_its_sender() -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.session.on_oversized(peer.identity)
+    assert h.taken() == [(EXIT, f"sent a message over max_message ({CONFIG.max_message})")]
+    assert h.link(peer.endpoint).closed
+
+
+# --------------------------------------------------------------------------
+# Timers: silence after the last sign of life (HELLO at t=0)
+
+TIMER_CASES = [
+    # (tick times, events, PINGs sent)
+    ([4.9], [], 0),
+    ([5.0], [(EVASIVE, "bob")], 1),
+    ([5.0, 6.0], [(EVASIVE, "bob")], 1),               # PINGed once per evasive period
+    ([5.0, 10.0], [(EVASIVE, "bob"), (SILENT, "bob")], 2),
+    ([5.0, 10.0, 29.9], [(EVASIVE, "bob"), (SILENT, "bob")], 3),
+    ([30.0], [(EXIT, "expired")], 0),
+]
+
+
+@pytest.mark.parametrize("ticks,events,pings", TIMER_CASES)
+def test_silence(ticks: list[float], events: list[tuple[EventType, Any]], pings: int) -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    for now in ticks:
+        h.session.tick(now)
+    assert h.taken() == events
+    assert h.link(peer.endpoint).kinds().count("Ping") == pings
+
+
+@pytest.mark.parametrize("sign_of_life", ["message", "beacon"])
+def test_a_sign_of_life_ends_the_silence(sign_of_life: str) -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    h.session.tick(6.0)
+    assert h.taken() == [(EVASIVE, "bob")]
+    if sign_of_life == "message":
+        h.send(peer, zre.PingOk(peer.next()), 7.0)
+    else:
+        h.session.peer_appeared(peer.uuid, peer.endpoint, 7.0)
+    h.session.tick(11.9)
+    assert h.taken() == []
+    h.session.tick(12.0)
+    assert h.taken() == [(EVASIVE, "bob")]
+
+
+def test_a_draining_backlog_keeps_its_peer_and_a_stalled_one_does_not() -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    link = h.link(peer.endpoint)
+    link.backlog, link.stalled_since = 500, 29.0  # still taking messages at t=29
+    h.session.tick(40.0)
+    assert (EXIT, "expired") not in h.taken()
+    h.session.tick(58.9)
+    assert h.taken() == []
+    h.session.tick(59.0)  # no progress for `expired`
+    assert h.taken() == [(EXIT, "not responding: send queue stalled")]
+
+
+def test_control_commands_past_twice_the_bound_disconnect() -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    link = h.link(peer.endpoint)
+    link.backlog = 2 * link.limit
+    h.session.add_group("one")
+    assert h.taken() == []
+    link.backlog += 1
+    h.session.add_group("two")
+    assert h.taken() == [(EXIT, "not responding: send queue full")]
+
+
+def test_tick_returns_the_next_deadline() -> None:
+    h = Harness()
+    assert h.session.tick(100.0) == 100.0 + min(CONFIG.interval, CONFIG.evasive / 2)
+
+
+# --------------------------------------------------------------------------
+# Discovery reports
+
+
+def test_report_opens_a_link_and_hello_makes_it_ready() -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    h.session.peer_appeared(peer.uuid, peer.endpoint, 0.0)
+    assert h.link(peer.endpoint).kinds() == ["Hello"]
+    assert h.session.peers[peer.uuid].ready is False
+    h.session.peer_appeared(peer.uuid, peer.endpoint, 0.5)  # known: only a refresh
+    assert len(h.links[peer.endpoint]) == 1
+    h.send(peer, peer.hello(), 1.0)
+    assert h.taken() == [(ENTER, "bob")]
+    assert len(h.links[peer.endpoint]) == 1
+
+
+@pytest.mark.parametrize("endpoint", [OWN_ENDPOINT, "ipc:///tmp/x", "udp://10.0.0.2:5"])
+def test_reports_of_unusable_endpoints_are_ignored(endpoint: str) -> None:
+    h = Harness()
+    h.session.peer_appeared(uuid_module.uuid4(), endpoint, 0.0)
+    assert h.links == {} and h.session.peers == {}
+
+
+def test_no_link_no_peer() -> None:
+    h = Harness(refuse=True)
+    peer = Remote("bob", 50001)
+    h.send(peer, peer.hello(), 0.0)
+    assert h.taken() == [] and h.session.peers == {}
+
+
+def test_a_peer_that_left_is_not_revived_by_stale_reports_for_expired() -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    h.session.peer_left(peer.uuid, 1.0)
+    assert h.taken() == [(EXIT, "left")]
+    h.session.peer_appeared(peer.uuid, peer.endpoint, 30.9)
+    assert peer.uuid not in h.session.peers
+    h.session.tick(31.0)
+    h.session.peer_appeared(peer.uuid, peer.endpoint, 31.0)
+    assert peer.uuid in h.session.peers
+
+
+def test_peer_exchange_only_with_peers_that_ask() -> None:
+    h = Harness()
+    carol = Remote("carol", 50003)
+    entered(h, carol)
+    seeker = Remote("seeker", 50004)
+    entered(h, seeker, headers={PEX_HEADER: "1"})
+    assert h.link(carol.endpoint).kinds() == ["Hello"]
+    pex = h.link(seeker.endpoint).sent[-1]
+    assert isinstance(pex, zre.PeerExchange)
+    assert pex.peers == (f"{carol.uuid.hex} {carol.endpoint}",)
+    # A node that did not ask ignores PEX; one that asked connects to what it names.
+    dave = Remote("dave", 50005)
+    h.send(seeker, zre.PeerExchange(seeker.next(), (f"{dave.uuid.hex} {dave.endpoint}",)), 1.0)
+    assert dave.endpoint not in h.links
+    asking = Harness(headers={PEX_HEADER: "1"})
+    entered(asking, seeker)
+    asking.send(seeker, zre.PeerExchange(seeker.next(),
+                                         (f"{dave.uuid.hex} {dave.endpoint}", "garbage")), 1.0)
+    assert asking.link(dave.endpoint).kinds() == ["Hello"]
+
+
+# --------------------------------------------------------------------------
+# A new node at a known endpoint (a peer that crashed and came back at its port)
+
+
+def test_new_uuid_at_the_endpoint_of_a_silent_peer_replaces_it_at_once() -> None:
+    h = Harness()
+    old = Remote("old", 50001)
+    entered(h, old, now=0.0)
+    new = Remote("new", 50001)
+    h.send(new, new.hello(), CONFIG.evasive)
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new")]
+    assert h.links[old.endpoint][0].closed and h.link(new.endpoint).kinds() == ["Hello"]
+
+
+def test_new_uuid_at_the_endpoint_of_a_recent_peer_replaces_it_if_it_does_not_answer() -> None:
+    h = Harness()
+    old = Remote("old", 50001)
+    entered(h, old, now=0.0)
+    new = Remote("new", 50001)
+    h.send(new, new.hello(), 1.0)
+    assert h.taken() == []
+    assert h.link(old.endpoint).kinds()[-1] == "Ping"  # is the old one still there?
+    deadline = h.session.tick(1.5)
+    assert deadline <= 1.0 + CONFIG.interval
+    assert h.taken() == []
+    h.session.tick(1.0 + CONFIG.interval)
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new")]
+    assert new.uuid in h.session.peers and old.uuid not in h.session.peers
+    h.send(new, new.whisper(b"from new"), 2.5)
+    assert h.taken() == [(WHISPER, b"from new")]
+
+
+@pytest.mark.parametrize("answer", ["ping-ok", "beacon"])
+def test_a_false_claim_on_a_live_peers_endpoint_is_dropped(answer: str) -> None:
+    h = Harness()
+    old = Remote("old", 50001)
+    entered(h, old, now=0.0)
+    claimant = Remote("claimant", 50001)
+    h.send(claimant, claimant.hello(), 1.0)
+    if answer == "ping-ok":
+        h.send(old, zre.PingOk(old.next()), 1.2)
+    else:
+        h.session.peer_appeared(old.uuid, old.endpoint, 1.2)
+    h.session.tick(5.0)
+    assert h.taken() == []
+    assert list(h.session.peers) == [old.uuid]
+    assert not h.link(old.endpoint).closed
+
+
+def test_a_claimant_found_by_its_beacon_meanwhile_still_enters_with_its_hello() -> None:
+    h = Harness()
+    old = Remote("old", 50001)
+    entered(h, old, now=0.0)
+    new = Remote("new", 50001)
+    h.send(new, new.hello(), 4.9)
+    # The old peer's silence reaches `evasive`; the new one's beacon replaces it.
+    h.session.peer_appeared(new.uuid, new.endpoint, 5.0)
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint")]
+    assert h.session.peers[new.uuid].ready is False
+    h.session.tick(5.1)
+    assert h.taken() == [(ENTER, "new")]
+    h.send(new, new.whisper(b"in"), 5.2)
+    assert h.taken() == [(WHISPER, b"in")]
+
+
+def test_the_session_module_does_no_io_and_reads_no_clock() -> None:
+    tree = ast.parse(Path(session_module.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+    forbidden = {"gevent", "zmq", "socket", "select", "threading", "asyncio", "time"}
+    assert not imported & forbidden
