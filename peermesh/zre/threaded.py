@@ -53,7 +53,7 @@ from ..errors import NodeStateError, UnknownPeerError
 from ..events import Event, EventType, until_stop
 from ..net.interfaces import Interface
 from .eventqueue import ThreadEventQueue
-from .node import Frame, Node, PeerInfo, PeerRef, _checked_string, _frame
+from .node import _NO_CONTENT, Frame, Node, PeerInfo, PeerRef, _checked_string, _frame
 
 __all__ = ["ThreadedNode", "NodeThread", "Stream", "Attachable", "MARK", "MARK_EVERY"]
 
@@ -206,6 +206,8 @@ class NodeThread:
         """The checked call that whispers ``frames`` (copied) to ``ref``."""
         uuid = self.peer(ref)
         assert self.node is not None
+        if not frames:
+            raise ValueError(_NO_CONTENT.format("whisper"))
         if len(frames) == 1 and type(frames[0]) is bytes:
             return self.node.whisper, (uuid, frames[0])
         return self.node.whisper, (uuid, *map(_frame, frames))
@@ -214,6 +216,8 @@ class NodeThread:
         """The checked call that shouts ``frames`` (copied) to ``group``."""
         node = self.check()
         _checked_string("group", group)
+        if not frames:
+            raise ValueError(_NO_CONTENT.format("shout"))
         return node.shout, (group, *map(_frame, frames))
 
     # --- on the hub ----------------------------------------------------------------------

@@ -349,6 +349,10 @@ def test_whisper_copies_its_frames_and_checks_them_in_the_caller(make_tnode):
         alice.shout("g" * 300, b"x")
     with pytest.raises(TypeError):
         alice.shout_packed("g", object())
+    with pytest.raises(ValueError, match="at least one content frame"):
+        alice.whisper(bob.uuid)
+    with pytest.raises(ValueError, match="at least one content frame"):
+        alice.shout("g")
     alice.shout("g", b"still", b"fine")
     assert wait_for(bob, match(SHOUT, alice.uuid, "g")).frames == (b"still", b"fine")
 
