@@ -281,8 +281,9 @@ class Channel(Overlay):
             self._catalog_seen = core.catalog_version
             changed, self._changed = self._changed, gevent.event.Event()
             changed.set()
-        if core.next_deadline() < self._timer_at:
-            self._arm(core.next_deadline())
+        deadline = core.next_deadline()
+        if deadline < self._timer_at:
+            self._arm(deadline)
         if core.results:
             self._deliver()
 
@@ -292,7 +293,11 @@ class Channel(Overlay):
             batch, core.outbox = core.outbox, []
             for identity, frames in batch:
                 try:
-                    router.send(identity, frames)
+                    if len(frames) == 9:    # a REQ: the unrolled sender
+                        router.send_req(identity, frames[3], frames[4], frames[5], frames[6],
+                                        frames[7], frames[8])
+                    else:
+                        router.send(identity, frames)
                 except zmq.Again:
                     core.send_failed(identity, frames, self._clock(), full=True)
                 except zmq.ZMQError as exc:
