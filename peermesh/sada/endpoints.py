@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Iterable
+from typing import Iterable, Optional
 
 from .errors import EndpointError
 
-__all__ = ["check_endpoint", "as_endpoints", "MAX_ENDPOINT"]
+__all__ = ["check_endpoint", "as_endpoints", "mesh_endpoint", "MAX_ENDPOINT"]
 
 #: longest endpoint accepted, octets of text (it is a channel's routing identity)
 MAX_ENDPOINT = 255
@@ -57,6 +57,25 @@ def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
             raise EndpointError(f"channel endpoint {endpoint!r}: host {host!r} does not "
                                 f"resolve ({getattr(exc, 'strerror', None) or exc})") from None
     return endpoint
+
+
+def mesh_endpoint(endpoint: str) -> Optional[str]:
+    """``endpoint`` if a peer's HELLO may name it as a channel, else None.
+
+    Only ``tcp://IP:PORT`` with a literal address (no name to resolve on
+    the hub) and a port in 1-65535: never ``ipc://``, which would point a
+    server at a local socket such as the agent's.
+    """
+    if len(endpoint) > MAX_ENDPOINT or not endpoint.startswith("tcp://"):
+        return None
+    host, sep, port = endpoint[6:].rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return None
+    try:
+        address = ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+    except ValueError:
+        return None
+    return None if address.is_unspecified or address.is_multicast else endpoint
 
 
 def as_endpoints(values: Iterable[str]) -> list[str]:

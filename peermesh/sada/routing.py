@@ -589,8 +589,7 @@ class RequestRouter:
         server.suspect = False
         services = frozenset((s.name, s.version) for s in intr.services)
         if services != server.services:
-            server.services = services
-            self._rebuild()
+            self._offer(server, services)
         self._catalog_changed(now)
 
     def _unknown(self, identity: bytes, now: float) -> None:
@@ -653,7 +652,7 @@ class RequestRouter:
         server.alive = False
         self.stats["servers_dropped"] += 1
         log.info("server %s (%s) dropped: %s", server.id, server.address, reason)
-        self._rebuild()
+        self._offer(server, frozenset())
         held = [p for p in self._pending.values() if p.server is server]
         server.in_flight = 0
         for pending in held:
@@ -674,12 +673,20 @@ class RequestRouter:
 
     # --- the catalog ----------------------------------------------------------
 
-    def _rebuild(self) -> None:
-        routes: dict[str, dict[str, list[_Server]]] = {}
-        for server in self._servers.values():
-            for name, version in server.services:
-                routes.setdefault(name, {}).setdefault(version, []).append(server)
-        self._routes = routes
+    def _offer(self, server: _Server, services: frozenset[tuple[str, str]]) -> None:
+        """Make ``services`` what ``server`` offers: only what changed is touched, so
+        a large INTR costs its own size, never the whole catalog's."""
+        routes = self._routes
+        for name, version in server.services - services:
+            versions = routes[name]
+            versions[version].remove(server)
+            if not versions[version]:
+                del versions[version]
+                if not versions:
+                    del routes[name]
+        for name, version in services - server.services:
+            routes.setdefault(name, {}).setdefault(version, []).append(server)
+        server.services = services
         self._route_cache.clear()
 
     def _catalog_changed(self, now: float) -> None:

@@ -66,7 +66,7 @@ from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
 from . import _transport
 from .channel import HEADER_CHANNEL, HEADER_SERVER
-from .endpoints import MAX_ENDPOINT, as_endpoints, check_endpoint
+from .endpoints import as_endpoints, check_endpoint, mesh_endpoint
 from .handlers import (Handler, ReqFields, Request, Service, call, finish, resolve_service,
                        unknown_action)
 from .versions import version_key
@@ -393,9 +393,8 @@ class Server(Overlay):
     def _link(self, endpoint: str, *, direct: bool = False, owner: Any = None) -> None:
         link = self._by_endpoint.get(endpoint)
         if link is None:
-            if (len(endpoint) > MAX_ENDPOINT
-                    or not (endpoint.startswith("tcp://") or endpoint.startswith("ipc://"))):
-                log.debug("ignored channel endpoint %r", endpoint[:80])
+            if not direct and mesh_endpoint(endpoint) is None:
+                log.debug("ignored channel endpoint %r from the mesh", endpoint[:80])
                 return
             generation = self._generations.get(endpoint, 0)
             self._generations[endpoint] = generation + 1

@@ -12,8 +12,9 @@ from peermesh.errors import NodeStateError
 from peermesh.overlay import Lifecycle
 from peermesh.sada import (Channel, EndpointError, Server, ThreadedChannel, ThreadedServer,
                            echo_service)
+from peermesh.sada.endpoints import mesh_endpoint
 
-from .conftest import PING, WAIT, Loopback
+from .conftest import PING, WAIT, Loopback, wait_until
 
 
 def test_channel_and_server_follow_the_overlay_life_cycle(free_udp_port: int) -> None:
@@ -160,3 +161,42 @@ def test_stop_after_a_handler_that_yields_prints_nothing(loop: Loopback,
     gevent.sleep(0.05)            # the killed workers run their exits on the hub
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and "ValueError" not in captured.err, captured.err
+
+
+@pytest.mark.parametrize("endpoint, taken", [
+    ("tcp://127.0.0.1:5000", True),
+    ("tcp://[::1]:5000", True),
+    ("ipc:///run/peermesh/agent.sock", False),    # never a local socket named by a peer
+    ("tcp://localhost:5000", False),              # no name resolved on the hub
+    ("tcp://127.0.0.1:0", False),
+    ("tcp://127.0.0.1:70000", False),
+    ("tcp://0.0.0.0:5000", False),
+    ("tcp://224.0.0.1:5000", False),
+    ("tcp://127.0.0.1:" + "9" * 300, False),
+])
+def test_which_channel_endpoints_a_peer_may_name(endpoint: str, taken: bool) -> None:
+    assert (mesh_endpoint(endpoint) == endpoint) is taken
+
+
+def test_a_server_ignores_an_ipc_channel_named_on_the_mesh(free_udp_port: int,
+                                                         tmp_path: Any) -> None:
+    timing = dict(interface="lo", port=free_udp_port, interval=0.05)
+    liar = Node("liar", headers={"X-PM-SADA-CHANNEL": f"ipc://{tmp_path}/agent.sock"}, **timing)
+    front = Node("front", **timing)
+    channel = Channel(front, ping_interval=PING)
+    back = Node("back", **timing)
+    server = Server(back, services=[echo_service("back")])
+    nodes = [liar, front, back]
+    try:
+        for node in nodes:
+            node.start()
+        channel.start()
+        server.start()
+        assert channel.wait_for("echo", timeout=WAIT)
+        wait_until(lambda: len(back.peers()) == 2, WAIT, "back meets both peers")
+        assert server.channels() == [channel.endpoint]
+    finally:
+        server.stop(0)
+        channel.stop()
+        for node in nodes:
+            node.stop()

@@ -387,3 +387,27 @@ def test_settings_are_checked() -> None:
     for bad in (dict(ping_interval=0), dict(timeout=-1), dict(dead_after=0.5)):
         with pytest.raises(ValueError):
             make(**bad)
+
+
+# (who, INTR) in turn -> the catalog after each
+CATALOG_CHANGES = [
+    (b"s1", ["a 1", "b 1"], {"a": {"1": ["s1"]}, "b": {"1": ["s1"]}}),
+    (b"s2", ["a 1", "a 2"], {"a": {"1": ["s1", "s2"], "2": ["s2"]}, "b": {"1": ["s1"]}}),
+    (b"s1", ["b 2"], {"a": {"1": ["s2"], "2": ["s2"]}, "b": {"2": ["s1"]}}),
+    (b"s2", [], {"b": {"2": ["s1"]}}),                  # an empty INTR: offers nothing
+    (b"s1", ["b 2"], {"b": {"2": ["s1"]}}),             # the same again: nothing changes
+]
+
+
+def test_every_intr_replaces_that_servers_catalog_only() -> None:
+    router = make()
+    for identity, services, catalog in CATALOG_CHANGES:
+        router.on_message(identity, intr(*services), 0.0)
+        hexed = {name: {v: [bytes.fromhex(i).decode() for i in ids]
+                        for v, ids in versions.items()}
+                 for name, versions in router.services().items()}
+        assert hexed == catalog, (identity, services)
+    router.submit("t", "a", "run", None, 0.0)
+    assert sent(router) == []                           # nobody offers "a" any more
+    router.on_message(b"s2", intr("a 2"), 0.1)
+    assert req_to(router)[0] == b"s2"
