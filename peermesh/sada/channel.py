@@ -261,52 +261,73 @@ class Channel(Overlay):
         if self.lifecycle is not Lifecycle.RUNNING:
             raise ChannelClosed(f"channel is {self.lifecycle.value}" + (
                 "" if self.lifecycle is Lifecycle.STOPPED else "; call start() first"))
-        self._core.submit(token, service, action, payload, self._clock(), version=version,
-                          category=category, timeout=timeout, server=server, retries=retries,
-                          raw=raw)
-        self._flush()
+        core = self._core
+        core.submit(token, service, action, payload, self._clock(), version=version,
+                    category=category, timeout=timeout, server=server, retries=retries, raw=raw)
+        if core.outbox:
+            self._send(core)
+        deadline = core.next_deadline()
+        if deadline < self._timer_at:
+            self._arm(deadline)
+        if core.results:   # refused at once (a server id not known)
+            self._deliver()
 
     # --- the driver -------------------------------------------------------------
+    # After every input: send what the router queued, tell waiters of a catalog
+    # change, arm the timer earlier if the router's next deadline moved up (only a
+    # new request or the timer itself can do that), then hand out the answers
+    # (last: handing one over switches to its greenlet).
 
     def _on_message(self, identity: bytes, frames: list, last: zmq.Frame) -> None:
-        self._core.on_message(identity, frames, self._clock(), last)
-        self._flush()
+        core = self._core
+        core.on_message(identity, frames, self._clock(), last)
+        if core.outbox:
+            self._send(core)
+        if core.catalog_version != self._catalog_seen:
+            self._catalog_changed()
+        if core.results:
+            self._deliver()
 
     def _flush(self) -> None:
-        """Send what the router queued, then hand out its answers."""
         core = self._core
         if core.outbox:
             self._send(core)
         if core.catalog_version != self._catalog_seen:
-            self._catalog_seen = core.catalog_version
-            changed, self._changed = self._changed, gevent.event.Event()
-            changed.set()
+            self._catalog_changed()
         deadline = core.next_deadline()
         if deadline < self._timer_at:
             self._arm(deadline)
         if core.results:
             self._deliver()
 
+    def _catalog_changed(self) -> None:
+        self._catalog_seen = self._core.catalog_version
+        changed, self._changed = self._changed, gevent.event.Event()
+        changed.set()
+
     def _send(self, core: RequestRouter) -> None:
+        outbox = core.outbox
+        core.outbox = []
         router = self._router
-        while core.outbox:
-            batch, core.outbox = core.outbox, []
-            for identity, frames in batch:
-                try:
-                    if len(frames) == 9:    # a REQ: the unrolled sender
-                        router.send_req(identity, frames[3], frames[4], frames[5], frames[6],
-                                        frames[7], frames[8])
-                    else:
-                        router.send(identity, frames)
-                except zmq.Again:
-                    core.send_failed(identity, frames, self._clock(), full=True)
-                except zmq.ZMQError as exc:
-                    router.drain_pending()   # its last answers may wait unread
-                    core.send_failed(identity, frames, self._clock(), full=False,
-                                     reason=exc.strerror)
+        for identity, frames in outbox:
+            try:
+                if len(frames) == 9:    # a REQ: the unrolled sender
+                    router.send_req(identity, *frames[3:])
+                else:
+                    router.send(identity, frames)
+            except zmq.Again:
+                core.send_failed(identity, frames, self._clock(), full=True)
+            except zmq.ZMQError as exc:
+                router.drain_pending()   # its last answers may wait unread
+                core.send_failed(identity, frames, self._clock(), full=False,
+                                 reason=exc.strerror)
+        if core.outbox:   # what the failures queued instead
+            self._send(core)
 
     def _deliver(self) -> None:
-        results, self._core.results = self._core.results, []
+        core = self._core
+        results = core.results
+        core.results = []
         on_hub = getcurrent() is self._hub
         for token, value, error in results:
             if type(token) is not Waiter:

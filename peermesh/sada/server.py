@@ -196,6 +196,8 @@ class Server(Overlay):
     reconnected), ``max_message`` (largest message accepted, octets).
     """
 
+    roles = ("sada-server",)
+
     def __init__(self, node: Any = None, *, channels: Iterable[str] = (),
                  services: Iterable[Service] = (), max_concurrent: Optional[int] = None,
                  forget_after: float = 10.0, heartbeat: float = 1.0,
@@ -291,8 +293,6 @@ class Server(Overlay):
                 self._send_intr(link.alias)
 
     # --- the overlay contract ---------------------------------------------------
-
-    roles = ("sada-server",)
 
     def headers(self) -> dict[str, str]:
         """The HELLO header of a server's node: the protocol it speaks."""
