@@ -40,6 +40,11 @@ A message from a routing id the router does not know (the channel restarted,
 or dropped the server as dead) is answered with RINTR, at most once per ping
 interval per id; the server then INTRs again.
 
+What a remote sender can grow is bounded: an INTR describes only the
+connection it came on, lists at most ``MAX_SERVICES`` services, and is
+dropped when the whole catalog would pass ``max_catalog`` entries; routing
+ids waiting for a RINTR answer are remembered up to 4096.
+
 The usual REP (as the spec draws it, from the server holding the request) is
 matched without ``wire.sada``'s careful decoding; anything else takes that
 path.
@@ -62,7 +67,7 @@ from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
 from .handlers import pack
 from .versions import choose_version, is_compatible, version_key
 
-__all__ = ["RequestRouter", "ServerInfo", "Outgoing", "Result", "MAX_SERVICES"]
+__all__ = ["RequestRouter", "ServerInfo", "Outgoing", "Result", "MAX_SERVICES", "MAX_CATALOG"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,9 @@ Result = tuple[Any, Any, Optional[BaseException]]
 
 #: services one INTR may list; a longer INTR is dropped (a remote sender's bound)
 MAX_SERVICES = 4096
+#: (server, service) pairs in the whole catalog by default; an INTR that would
+#: go past it is dropped and the server keeps what it offered before
+MAX_CATALOG = 65536
 
 _PING = wire.encode(Ping())
 _RINTR = wire.encode(wire.Rintr())
@@ -203,7 +211,7 @@ class RequestRouter:
     """
 
     def __init__(self, channel_id: str, *, ping_interval: float = 1.0, dead_after: float = 3.0,
-                 timeout: float = 5.0, now: float = 0.0,
+                 timeout: float = 5.0, now: float = 0.0, max_catalog: int = MAX_CATALOG,
                  address_of: Callable[[Any], str] = _no_address) -> None:
         if not ping_interval > 0 or not dead_after >= 1 or not timeout > 0:
             raise ValueError("ping_interval and timeout must be positive, dead_after at least 1")
@@ -211,6 +219,8 @@ class RequestRouter:
         self.dead_after = float(dead_after)
         self.timeout = float(timeout)
         self._address_of = address_of
+        self._max_catalog = max_catalog
+        self._catalog_size = 0                          # (server, service) pairs offered
         self._prefix = channel_id.encode("ascii") + b"-"
         self._counter = 0
         self._servers: dict[bytes, _Server] = {}
@@ -578,6 +588,13 @@ class RequestRouter:
     def _on_intr(self, identity: bytes, server: Optional[_Server], intr: Intr, now: float,
                  meta: Any) -> None:
         self.stats["intr"] += 1
+        services = frozenset((s.name, s.version) for s in intr.services)
+        before = len(server.services) if server is not None else 0
+        if self._catalog_size - before + len(services) > self._max_catalog:
+            self.stats["dropped"] += 1
+            log.debug("dropped an INTR of %d services from %s: the catalog holds %d of %d",
+                      len(services), identity.hex(), self._catalog_size, self._max_catalog)
+            return
         if server is None:
             known = [s.latency for s in self._servers.values()]
             server = _Server(identity, self._address_of(meta), now,
@@ -587,7 +604,6 @@ class RequestRouter:
             log.debug("server %s (%s) introduced itself", server.id, server.address)
         server.last_heard = now
         server.suspect = False
-        services = frozenset((s.name, s.version) for s in intr.services)
         if services != server.services:
             self._offer(server, services)
         self._catalog_changed(now)
@@ -686,6 +702,7 @@ class RequestRouter:
                     del routes[name]
         for name, version in services - server.services:
             routes.setdefault(name, {}).setdefault(version, []).append(server)
+        self._catalog_size += len(services) - len(server.services)
         server.services = services
         self._route_cache.clear()
 

@@ -411,3 +411,18 @@ def test_every_intr_replaces_that_servers_catalog_only() -> None:
     assert sent(router) == []                           # nobody offers "a" any more
     router.on_message(b"s2", intr("a 2"), 0.1)
     assert req_to(router)[0] == b"s2"
+
+
+def test_the_catalog_is_bounded_and_a_refused_intr_changes_nothing() -> None:
+    router = make(max_catalog=4)
+    served(router, (b"s1", ["a 1", "b 1"]))
+    router.on_message(b"s2", intr("c 1", "d 1", "e 1"), 0.0)     # would make 5
+    assert [s.id for s in router.servers(0.0)] == [b"s1".hex()]
+    router.on_message(b"s1", intr("a 1", "b 1", "c 1", "d 1", "e 1"), 0.0)
+    assert sorted(router.services()) == ["a", "b"]              # s1 keeps what it had
+    router.on_message(b"s1", intr("a 1"), 0.0)                   # shrinking frees room
+    router.on_message(b"s2", intr("c 1", "d 1", "e 1"), 0.0)
+    assert sorted(router.services()) == ["a", "c", "d", "e"]
+    assert router.stats["dropped"] == 2
+    router.submit("t", "e", "run", None, 0.0)
+    assert req_to(router)[0] == b"s2"
