@@ -36,7 +36,7 @@ import zmq
 from gevent.hub import Waiter
 from greenlet import getcurrent
 
-from ..errors import PeermeshError
+from ..errors import NodeStateError
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import _transport
@@ -164,8 +164,8 @@ class Channel(Overlay):
     def headers(self) -> dict[str, str]:
         """The HELLO header that tells servers where this channel is."""
         if self.endpoint is None:
-            raise PeermeshError("the channel is not bound yet: give interface=, address= or "
-                                "endpoint=, or attach it to a node")
+            raise NodeStateError("the channel is not bound yet: give interface=, address= or "
+                                 "endpoint=, or attach it to a node")
         return {HEADER_CHANNEL: self.endpoint}
 
     def attach(self, node: Any) -> None:

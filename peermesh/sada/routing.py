@@ -403,7 +403,8 @@ class RequestRouter:
                 pending = None
         if server is not None:
             if full:
-                self._penalise(server, now)
+                if pending is not None:   # a busy server: a PING waits for the next turn
+                    self._penalise(server, now)
             else:
                 self._drop(server, f"unreachable ({reason})" if reason else "unreachable", now)
         if pending is not None and pending.token is not None and pending.server is None:
