@@ -56,6 +56,7 @@ HEADER_SERVER = "X-PM-SADA-SERVER"
 _MAX_FRAMES = 2 * MAX_SERVICES + 3   # the longest INTR accepted; anything longer is dropped
 _TIMER_STEP = 0.001                  # seconds: the shortest wait of the deadline timer
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
+_RUNNING = Lifecycle.RUNNING
 
 
 def _peer_address(last: Any) -> str:
@@ -258,12 +259,12 @@ class Channel(Overlay):
     def _submit(self, token: Any, service: str, action: str, payload: Any,
                 version: Optional[str], category: str, timeout: Optional[float],
                 server: Optional[str], retries: int, raw: bool) -> None:
-        if self.lifecycle is not Lifecycle.RUNNING:
+        if self.lifecycle is not _RUNNING:
             raise ChannelClosed(f"channel is {self.lifecycle.value}" + (
                 "" if self.lifecycle is Lifecycle.STOPPED else "; call start() first"))
         core = self._core
-        core.submit(token, service, action, payload, self._clock(), version=version,
-                    category=category, timeout=timeout, server=server, retries=retries, raw=raw)
+        core.submit(token, service, action, payload, self._clock(), version, category, timeout,
+                    server, retries, raw)
         if core.outbox:
             self._send(core)
         deadline = core.next_deadline()

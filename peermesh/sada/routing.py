@@ -249,7 +249,7 @@ class RequestRouter:
 
     # --- requests -------------------------------------------------------------
 
-    def submit(self, token: Any, service: str, action: str, payload: Any, now: float, *,
+    def submit(self, token: Any, service: str, action: str, payload: Any, now: float,
                version: Optional[str] = None, category: str = "",
                timeout: Optional[float] = None, server: Optional[str] = None,
                retries: int = 0, raw: bool = False) -> bytes:
