@@ -287,7 +287,7 @@ class Channel(Overlay):
         if core.catalog_version != self._catalog_seen:
             self._catalog_changed()
         if core.results:
-            self._deliver()
+            self._deliver(True)
 
     def _flush(self) -> None:
         core = self._core
@@ -325,11 +325,13 @@ class Channel(Overlay):
         if core.outbox:   # what the failures queued instead
             self._send(core)
 
-    def _deliver(self) -> None:
+    def _deliver(self, on_hub: Optional[bool] = None) -> None:
+        """Hand the router's answers to their callers (``on_hub``: known to run on the hub)."""
         core = self._core
         results = core.results
         core.results = []
-        on_hub = getcurrent() is self._hub
+        if on_hub is None:
+            on_hub = getcurrent() is self._hub
         for token, value, error in results:
             if type(token) is not Waiter:
                 if error is None:

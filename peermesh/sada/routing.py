@@ -225,13 +225,14 @@ class RequestRouter:
         self._counter = 0
         self._servers: dict[bytes, _Server] = {}
         self._routes: dict[str, dict[str, list[_Server]]] = {}
-        self._route_cache: dict[tuple[str, Optional[str]], list[tuple[str, list[_Server]]]] = {}
+        self._route_cache: dict[tuple[str, Optional[str]],
+                                list[tuple[bytes, list[_Server]]]] = {}
         self._pending: dict[bytes, _Pending] = {}
         self._deadlines: list[tuple[float, int, _Pending]] = []   # a heap
         self._parked: list[_Pending] = []
         self._rintr_sent: dict[bytes, float] = {}
         self._fields: dict[tuple[str, str, str], tuple[bytes, bytes, bytes]] = {}
-        self._versions: dict[str, bytes] = {}
+        self._versions: set[str] = set()          # requested versions found valid
         self._period = self.ping_interval / 4          # liveness is looked at this often
         self._last_tick = now
         self._next_tick = now + self._period
@@ -266,9 +267,9 @@ class RequestRouter:
             if len(self._fields) < _MAX_CACHED:
                 self._fields[key] = fields
         if version is not None and version not in self._versions:
-            encoded = _text("service version", version)
+            _text("service version", version)
             if len(self._versions) < _MAX_CACHED:
-                self._versions[version] = encoded
+                self._versions.add(version)
         if raw:
             if not isinstance(payload, (bytes, bytearray, memoryview)):
                 raise TypeError(f"a raw payload must be bytes, not {type(payload).__name__}")
@@ -320,12 +321,7 @@ class RequestRouter:
                 pending.parked = True
                 self._parked.append(pending)
             return
-        version, server = choice
-        version_frame = self._versions.get(version)
-        if version_frame is None:
-            version_frame = version.encode("utf-8")
-            if len(self._versions) < _MAX_CACHED:
-                self._versions[version] = version_frame
+        version_frame, server = choice
         fields = pending.fields
         self.outbox.append((server.identity, [
             wire.DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0], version_frame, fields[1],
@@ -338,7 +334,8 @@ class RequestRouter:
         server.in_flight += 1
         pending.sent_at = now
 
-    def _choose(self, pending: _Pending) -> Optional[tuple[str, _Server]]:
+    def _choose(self, pending: _Pending) -> Optional[tuple[bytes, _Server]]:
+        """The server for ``pending`` and the version frame to ask it for, or None."""
         excluded = pending.excluded
         if pending.target is not None:
             server = self._servers.get(pending.target)
@@ -346,9 +343,17 @@ class RequestRouter:
                 return None
             offered = [v for n, v in server.services if n == pending.service]
             version = choose_version(offered, pending.version)
-            return (version or pending.version or "*"), server
+            return (version or pending.version or "*").encode("utf-8"), server
         fallback = None
-        for version, servers in self._route(pending.service, pending.version):
+        for frame, servers in self._route(pending.service, pending.version):
+            if len(servers) == 1:   # the usual small case: nothing to compare
+                server = servers[0]
+                if not excluded or server.identity not in excluded:
+                    if not server.suspect:
+                        return frame, server
+                    if fallback is None:
+                        fallback = (frame, server)
+                continue
             best = None
             best_score = math.inf
             for server in servers:
@@ -356,17 +361,17 @@ class RequestRouter:
                     continue
                 if server.suspect:
                     if fallback is None:
-                        fallback = (version, server)
+                        fallback = (frame, server)
                     continue
                 score = (server.in_flight + 1) * server.latency * server.penalty
                 if score < best_score:
                     best, best_score = server, score
             if best is not None:
-                return version, best
+                return frame, best
         return fallback
 
-    def _route(self, service: str, version: Optional[str]) -> list[tuple[str, list[_Server]]]:
-        """(version, servers) groups that may serve the request, best first (cached)."""
+    def _route(self, service: str, version: Optional[str]) -> list[tuple[bytes, list[_Server]]]:
+        """(version frame, servers) groups that may serve the request, best first (cached)."""
         key = (service, version)
         groups = self._route_cache.get(key)
         if groups is None:
@@ -378,7 +383,7 @@ class RequestRouter:
                                 key=version_key, reverse=True)
                 if version in offered:
                     usable.insert(0, version)
-            groups = [(v, offered[v]) for v in usable]
+            groups = [(v.encode("utf-8"), offered[v]) for v in usable]
             if len(self._route_cache) < _MAX_CACHED:
                 self._route_cache[key] = groups
         return groups
@@ -509,15 +514,15 @@ class RequestRouter:
         """A message from routing id ``identity`` (the frames after it)."""
         # The usual case: a REP as the spec draws it, from the server holding the request.
         if len(frames) == 6 and frames[2] == _REP and frames[1] == _PROTOCOL and not frames[0]:
-            server = self._servers.get(identity)
             pending = self._pending.get(frames[3])
-            status = _STATUS_OF.get(frames[4])
-            if (server is not None and pending is not None and status is not None
-                    and pending.server is server):
-                server.last_heard = now
-                server.suspect = False
-                self._on_rep(server, pending, status, frames[5], now)
-                return
+            if pending is not None:
+                server = pending.server      # always a live server (a dropped one lets go)
+                status = _STATUS_OF.get(frames[4])
+                if server is not None and server.identity == identity and status is not None:
+                    server.last_heard = now
+                    server.suspect = False
+                    self._on_rep(server, pending, status, frames[5], now)
+                    return
         try:
             if wire.command_of(frames) == _REP:
                 rid, status, payload = wire.parse_rep(frames)
