@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gevent
@@ -200,3 +201,22 @@ def test_a_server_ignores_an_ipc_channel_named_on_the_mesh(free_udp_port: int,
         channel.stop()
         for node in nodes:
             node.stop()
+
+
+@pytest.mark.skipif("overlays" not in inspect.signature(ThreadedNode).parameters,
+                    reason="this ThreadedNode takes no overlays=[...]")
+def test_threaded_handles_as_overlays_of_threaded_nodes(free_udp_port: int) -> None:
+    """``ThreadedNode(overlays=[...])`` attaches, starts and stops them on its hub."""
+    timing = dict(interface="lo", port=free_udp_port, interval=0.05)
+    channel = ThreadedChannel(ping_interval=PING)
+    server = ThreadedServer(services=[echo_service("t")])
+    with ThreadedNode("driver", overlays=[channel], **timing) as driver, \
+            ThreadedNode("worker", overlays=[server], **timing) as worker:
+        assert channel.endpoint is not None and channel.endpoint.startswith("tcp://127.0.0.1:")
+        assert channel.running and server.running
+        channel.start(driver)        # the handles' calls go through these nodes
+        server.start(worker)
+        assert channel.wait_for("echo", timeout=WAIT)
+        assert channel.request("echo", "echo", [1, 2]) == [1, 2]
+        assert channel.request_async("echo", "echo", 3).result(WAIT) == 3
+    assert channel.lifecycle is Lifecycle.STOPPED and not server.running
