@@ -40,11 +40,11 @@ from ..errors import NodeStateError
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import _transport
-from .endpoints import as_endpoints, check_endpoint
+from .endpoints import check_endpoint
 from .errors import ChannelClosed, EndpointError
 from .routing import MAX_SERVICES, RequestRouter, ServerInfo
 
-__all__ = ["Channel", "ServerInfo", "HEADER_CHANNEL", "HEADER_SERVER", "as_endpoints"]
+__all__ = ["Channel", "ServerInfo", "HEADER_CHANNEL", "HEADER_SERVER"]
 
 log = logging.getLogger(__name__)
 

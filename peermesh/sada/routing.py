@@ -84,7 +84,6 @@ MAX_CATALOG = 65536
 
 _PING = wire.encode(Ping())
 _RINTR = wire.encode(wire.Rintr())
-_HEAD_REQ = (wire.DELIMITER, wire.PROTOCOL, wire.Command.REQ.frame)
 _PROTOCOL = wire.PROTOCOL
 _REQ = wire.Command.REQ.frame
 _REP = wire.Command.REP.frame
