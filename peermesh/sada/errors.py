@@ -7,7 +7,7 @@ from typing import Optional
 from ..errors import PeermeshError
 
 __all__ = ["SadaError", "ServiceError", "NoServerError", "RequestTimeout", "ServerLost",
-           "ChannelClosed"]
+           "ChannelClosed", "EndpointError"]
 
 
 class SadaError(PeermeshError):
@@ -64,3 +64,8 @@ class ServerLost(RequestTimeout):
 
 class ChannelClosed(SadaError):
     """The channel was stopped (or never started) while the request waited."""
+
+
+class EndpointError(SadaError, ValueError):
+    """An endpoint that cannot be used: not ``tcp://HOST:PORT`` or ``ipc://PATH``, a port
+    outside 1-65535, a host that does not resolve, or an address that cannot be bound."""

@@ -59,12 +59,14 @@ import gevent.event
 import zmq
 from greenlet import GreenletExit, getcurrent, greenlet
 
-from ..errors import NodeStateError, ProtocolError
+from ..errors import ProtocolError
 from ..events import Event, EventType
+from ..overlay import Lifecycle, Overlay
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
 from . import _transport
-from .channel import HEADER_CHANNEL, HEADER_SERVER, advertise, as_endpoints
+from .channel import HEADER_CHANNEL, HEADER_SERVER
+from .endpoints import as_endpoints, check_endpoint, mesh_endpoint
 from .handlers import (Handler, ReqFields, Request, Service, call, finish, resolve_service,
                        unknown_action)
 from .versions import version_key
@@ -80,7 +82,6 @@ _STATUS = {code: wire.status_frame(code) for code in range(100, 600)}
 _MAX_FRAMES = 16  # a REQ has 9; PING, RINTR 3: anything longer is not for a server
 _MAX_CACHED = 4096  # (service, version) resolutions remembered
 _JOB = object()     # marks a job switched into a worker greenlet
-_MAX_ENDPOINT = 255
 
 
 class _ChannelLink:
@@ -144,8 +145,9 @@ class _Workers:
             while True:   # parked until the next job
                 try:
                     job = self._hub.switch()
-                except GreenletExit:
-                    self._idle.remove(me)
+                except GreenletExit:   # kill() has forgotten the idle ones already
+                    if me in self._idle:
+                        self._idle.remove(me)
                     self._all.discard(me)
                     return
                 except BaseException:  # e.g. a gevent.Timeout a handler left running
@@ -176,14 +178,16 @@ class _Workers:
         self._all.clear()
 
 
-class Server:
+class Server(Overlay):
     """A Safir-Darbaan server: offers services to channels.
 
-    ``Server(node)`` finds channels on the mesh through ``node`` (set before
-    ``node.start()``, it also advertises ``X-PM-SADA-SERVER``); ``channels``
-    names channel endpoints to connect to directly (no node needed). Add
-    services with ``add_service`` or the ``handler`` decorator, then
-    ``start()`` on the hub that runs the node.
+    ``Server(node)`` finds channels on the mesh through ``node`` (made before
+    ``node.start()``, it attaches to the node and advertises
+    ``X-PM-SADA-SERVER``; made on a running node, it only listens);
+    ``channels`` names channel endpoints to connect to directly (no node
+    needed; each is checked at once, see ``endpoints``). Add services with
+    ``add_service`` or the ``handler`` decorator, then ``start()`` on the hub
+    that runs the node.
 
     Settings: ``max_concurrent`` (requests running at once before new ones
     get 503; None: no limit), ``forget_after`` (seconds a channel that left
@@ -192,12 +196,14 @@ class Server:
     reconnected), ``max_message`` (largest message accepted, octets).
     """
 
+    roles = ("sada-server",)
+
     def __init__(self, node: Any = None, *, channels: Iterable[str] = (),
                  services: Iterable[Service] = (), max_concurrent: Optional[int] = None,
                  forget_after: float = 10.0, heartbeat: float = 1.0,
                  max_message: int = 64 * 1024 * 1024, context: Optional[zmq.Context] = None
                  ) -> None:
-        self._node = node
+        super().__init__()
         self._direct = as_endpoints(channels)
         self.max_concurrent = max_concurrent
         self.forget_after = forget_after
@@ -207,11 +213,14 @@ class Server:
         self._catalog: dict[str, dict[str, Service]] = {}
         self._resolved: dict[tuple[str, str], Any] = {}  # (service, version) -> Service | outcome
         self._by_frames: dict[tuple[bytes, bytes], Service] = {}  # the same, by REQ frames 5-6
-        self._state = "new"
+        self._closed = False
         for service in services:
             self.add_service(service)
-        if node is not None and not getattr(node, "running", False):
-            advertise(node, HEADER_SERVER, "SADA1", "sada-server")
+        if node is not None:
+            if node.running:
+                self.node = node    # too late to advertise: find channels only
+            else:
+                self.attach(node)
         self._sock: Optional[zmq.Socket] = None
         self._monitor: Optional[zmq.Socket] = None
         self._links: dict[bytes, _ChannelLink] = {}
@@ -279,16 +288,23 @@ class Server:
         self._resolved.clear()
         self._by_frames.clear()
         self._intr = self._encode_intr()
-        if self._state == "running":
+        if self.running:
             for link in list(self._links.values()):
                 self._send_intr(link.alias)
 
-    # --- life cycle -----------------------------------------------------------
+    # --- the overlay contract ---------------------------------------------------
+
+    def headers(self) -> dict[str, str]:
+        """The HELLO header of a server's node: the protocol it speaks."""
+        return {HEADER_SERVER: "SADA1"}
 
     def start(self) -> "Server":
         """Open the socket, connect to the known channels and start serving (current hub)."""
-        if self._state != "new":
-            raise NodeStateError(f"server is {self._state}; a server starts once")
+        if self.lifecycle is Lifecycle.NEW:
+            self.lifecycle = Lifecycle.ATTACHED   # on its own, or on a node already running
+        return super().start()
+
+    def on_start(self) -> None:
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
@@ -306,14 +322,13 @@ class Server:
         self._workers = _Workers(self._hub)
         self._router = _transport.RouterSocket(sock)
         self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        self._state = "running"
         self._greenlets = [
             gevent.spawn(self._router.serve, self._on_message, _MAX_FRAMES),
             gevent.spawn(_transport.read_monitor, self._monitor, self._on_monitor),
         ]
         for endpoint in self._direct:
             self._link(endpoint, direct=True)
-        node = self._node
+        node = self.node
         if node is not None:
             node.add_listener(self._on_event)
             own = node.headers.get(HEADER_CHANNEL)
@@ -321,32 +336,30 @@ class Server:
                 self._link(own, direct=True)  # the node is a channel too
             for peer in node.peers():
                 try:
-                    endpoint = node.peer_header_value(peer, HEADER_CHANNEL)
+                    advertised = node.peer_header_value(peer, HEADER_CHANNEL)
                 except Exception:  # the peer left meanwhile
                     continue
-                if endpoint:
-                    self._link(endpoint, owner=peer)
-        return self
+                if advertised:
+                    self._link(advertised, owner=peer)
 
     def stop(self, grace: float = 1.0) -> None:
         """Leave: INTR an empty catalog, refuse new REQs (503), let handlers finish
         for up to ``grace`` seconds, then close."""
-        if self._state != "running":
-            self._state = "stopped"
-            return
-        self._state = "stopping"
+        super().stop(grace)
+
+    def on_stop(self, timeout: float) -> None:
         self._intr = self._encode_intr(empty=True)
         for link in list(self._links.values()):
             self._send_intr(link.alias)
         workers = self._workers
         assert workers is not None
         if workers.busy:
-            workers.wait(grace)
+            workers.wait(timeout)
         workers.kill()
-        self._state = "stopped"
-        if self._node is not None:
+        self._closed = True
+        if self.node is not None:
             try:
-                self._node.remove_listener(self._on_event)
+                self.node.remove_listener(self._on_event)
             except ValueError:
                 pass
         gevent.killall(self._greenlets)
@@ -358,24 +371,19 @@ class Server:
         _transport.close_monitored(self._sock, self._monitor, linger=200)
 
     def __enter__(self) -> "Server":
-        return self.start() if self._state == "new" else self
+        return self.start() if self.lifecycle is Lifecycle.NEW else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    @property
-    def running(self) -> bool:
-        """True between ``start`` and ``stop``."""
-        return self._state == "running"
 
     # --- channels -------------------------------------------------------------
 
     def connect(self, endpoint: str) -> None:
         """Serve the channel at ``endpoint`` (``tcp://host:port``), mesh or not."""
-        (endpoint,) = as_endpoints([endpoint])
+        check_endpoint(endpoint)
         if endpoint not in self._direct:
             self._direct.append(endpoint)
-        if self._state == "running":
+        if self.running:
             self._link(endpoint, direct=True)
 
     def channels(self) -> list[str]:
@@ -385,9 +393,8 @@ class Server:
     def _link(self, endpoint: str, *, direct: bool = False, owner: Any = None) -> None:
         link = self._by_endpoint.get(endpoint)
         if link is None:
-            if (len(endpoint) > _MAX_ENDPOINT
-                    or not (endpoint.startswith("tcp://") or endpoint.startswith("ipc://"))):
-                log.debug("ignored channel endpoint %r", endpoint[:80])
+            if not direct and mesh_endpoint(endpoint) is None:
+                log.debug("ignored channel endpoint %r from the mesh", endpoint[:80])
                 return
             generation = self._generations.get(endpoint, 0)
             self._generations[endpoint] = generation + 1
@@ -415,7 +422,7 @@ class Server:
 
     def _on_event(self, event: Event) -> None:
         """Node listener: channels appear (ENTER) and go (EXIT) with mesh peers."""
-        if self._state != "running":
+        if not self.running:
             return
         if event.type is EventType.ENTER:
             endpoint = (event.headers or {}).get(HEADER_CHANNEL)
@@ -435,7 +442,7 @@ class Server:
         del self._links[link.alias]
         del self._by_endpoint[link.endpoint]
         log.debug("forgot channel %s", link.endpoint)
-        if self._sock is not None and self._state == "running":
+        if self._sock is not None and self.running:
             try:
                 self._sock.disconnect(link.endpoint)
             except zmq.ZMQError:
@@ -475,7 +482,7 @@ class Server:
             if service is not None:
                 handler = service.by_frames.get((frames[6], frames[7]))
                 if (handler is not None and not handler.with_request
-                        and self._state == "running"):
+                        and self.lifecycle is Lifecycle.RUNNING):
                     self.stats["requests"] += 1
                     if handler.inline:
                         self._run_inline(alias, handler, frames[3], frames[8], None)
@@ -517,7 +524,7 @@ class Server:
     def _on_req(self, alias: bytes, req: ReqFields, frames: tuple[bytes, bytes]) -> None:
         """A REQ off the fast path; ``frames``: its service name and version frames."""
         self.stats["requests"] += 1
-        if self._state != "running":
+        if not self.running:
             self._reply(alias, req[0], Status.UNAVAILABLE, b"server is stopping")
             return
         service = self._resolve(req[1], req[2], frames)
@@ -567,7 +574,7 @@ class Server:
         self._reply(alias, request_id, *result)
 
     def _reply(self, alias: bytes, request_id: bytes, status: int, payload: bytes) -> None:
-        if self._state == "stopped":
+        if self._closed:
             return
         stats = self.stats
         if status >= 400:
@@ -580,5 +587,5 @@ class Server:
             log.debug("cannot reply to channel %r: %s", alias, exc)
 
     def __repr__(self) -> str:
-        return (f"<Server {self._state} services={len(self.catalog())} "
+        return (f"<Server {self.lifecycle.value} services={len(self.catalog())} "
                 f"channels={len(self._links)}>")

@@ -91,7 +91,7 @@ class ExecutorMesh:
             address = select_interface(self.settings.interface).address
             self.channel = sada.Channel(address=address)
             headers.update({sada.HEADER_CHANNEL: self.channel.endpoint,
-                            sada.HEADER_ROLES: "sada-channel,spark-executor"})
+                            "X-PM-ROLES": "sada-channel,spark-executor"})
         name = f"spark-{socket.gethostname()[:40]}-{os.getpid()}" + \
             ("-ch" if self.with_channel else "")
         settings = self.settings.node_settings()

@@ -264,7 +264,7 @@ def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
     gate.set()
     assert [r.get(WAIT) for r in held] == ["opened"] * 3
     assert [channel.request("echo", "echo", i) for i in range(100)] == list(range(100))
-    assert channel._deadlines == []
+    assert channel._core._deadlines == []  # noqa: SLF001
 
 
 def test_handlers_may_block_in_their_own_greenlet(loop: Loopback) -> None:
