@@ -42,13 +42,6 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
 DIRECTIVE = re.compile(r"<!--\s*test:\s*(.*?)\s*-->\s*$")
 EXAMPLE_TIMEOUT = 90.0  # a generous bound; the examples take a second or two each
 SPARK_TIMEOUT = 300.0   # a local Spark session alone takes 10-25 s to start
-#: examples (page, a line of the block) that show a known defect being fixed elsewhere:
-#: expected to fail while it shows, and to be removed from here once it does not
-KNOWN_DEFECTS = {
-    ("docs/protocols/safir-darbaan.md", "server = Server(node, services=[calc])"):
-        "Server.stop() after a request handled in a pooled greenlet logs a ValueError "
-        "traceback (sada/server.py: self._idle.remove)",
-}
 
 
 @dataclass(frozen=True)
@@ -190,14 +183,8 @@ def test_example_runs(example: Example, tmp_path: Path, free_udp_port: int) -> N
         pytest.fail(f"{example.id} still ran after {timeout} s:\n{exc.stdout!r}\n{exc.stderr!r}")
     report = f"{example.id} exited {done.returncode}:\n{example.code}\n" \
              f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-    defect = [why for (page, line), why in KNOWN_DEFECTS.items()
-              if example.id.startswith(page + ":") and line in example.code]
-    if defect and "Traceback" in done.stderr:
-        pytest.xfail(defect[0])
     assert done.returncode == 0, report
     assert "Traceback" not in done.stderr, report  # an example that logs a crash is broken too
-    assert not defect, f"{example.id} no longer shows the known defect: remove it from " \
-                       "KNOWN_DEFECTS"
 
 
 # --------------------------------------------------------------------------
