@@ -11,9 +11,10 @@ one ``ThreadedNode``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 from uuid import UUID
 
 import gevent
@@ -28,6 +29,8 @@ from .node import Frame, Node, PeerInfo, PeerRef
 
 __all__ = ["ThreadedNode"]
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 
 
@@ -35,11 +38,15 @@ class ThreadedNode:
     """The ``Node`` API, safe to call from any thread; the node lives in its own thread."""
 
     def __init__(self, name: Optional[str] = None, *, config: Optional[NodeConfig] = None,
-                 setup: Optional[Callable[[Node], None]] = None, **settings: Any) -> None:
+                 setup: Optional[Callable[[Node], None]] = None,
+                 overlays: Iterable[Any] = (), **settings: Any) -> None:
         """``setup(node)``, if given, runs on the node's hub before it starts: the
-        place for overlays to set HELLO headers and listeners."""
+        place for overlays to set HELLO headers and listeners. ``overlays``
+        (``peermesh.overlay.Overlay``) are attached on the hub before the node
+        starts, started after it and stopped before it."""
         self._args = (name, config, settings)
         self._setup = setup
+        self._overlays = list(overlays)
         self._node: Optional[Node] = None
         self._thread: Optional[threading.Thread] = None
         self._loop: Any = None
@@ -73,7 +80,17 @@ class ThreadedNode:
             node = Node(config=cfg, _events=self._events)
             if self._setup is not None:
                 self._setup(node)
-            self._node = node.start()
+            for overlay in self._overlays:
+                overlay.attach(node)
+            node.start()
+            try:
+                for overlay in self._overlays:
+                    overlay.start()
+            except BaseException:
+                self._stop_overlays(1.0)
+                node.stop(1.0)
+                raise
+            self._node = node
         except BaseException as exc:
             started.set_exception(exc)
             hub.destroy(destroy_loop=True)
@@ -81,13 +98,21 @@ class ThreadedNode:
         started.set_result(None)
         try:
             self._quit.wait()
+            self._stop_overlays(self._stop_timeout)
             self._node.stop(self._stop_timeout)
         finally:
             self._stopped.set()
             hub.destroy(destroy_loop=True)
 
+    def _stop_overlays(self, timeout: float) -> None:
+        for overlay in reversed(self._overlays):
+            try:
+                overlay.stop(timeout)
+            except Exception:
+                log.exception("stopping %r failed", overlay)
+
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop the node (port-0 beacon, flush up to ``timeout``) and its thread."""
+        """Stop the overlays, the node (port-0 beacon, flush up to ``timeout``) and its thread."""
         if self._node is None or self._stopped.is_set() or self._quit is None:
             return
         self._stop_timeout = timeout
