@@ -99,9 +99,9 @@ class Overlay:
     def start(self) -> Any:
         """Start serving on the attached node's hub; returns ``self``."""
         if self.lifecycle is not Lifecycle.ATTACHED:
-            hint = "; attach it to a node first" if self.lifecycle is Lifecycle.NEW else ""
-            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}; "
-                                 f"it starts once{hint}")
+            why = "attach it to a node first" if self.lifecycle is Lifecycle.NEW \
+                else "it starts once"
+            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}: {why}")
         assert self.node is not None
         if not self.node.running:
             raise NodeStateError(f"start the node first: {self._kind()}.start() follows "
