@@ -87,7 +87,7 @@ class Overlay:
     def attach(self, node: "Node") -> None:
         """Bind to ``node`` before it starts: advertise headers and roles."""
         if self.lifecycle is not Lifecycle.NEW:
-            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}; it attaches once")
+            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}: it attaches once")
         if node.running:
             raise NodeStateError(f"attach {self._kind()} before its node starts: "
                                  "HELLO headers are sent once per connection")
