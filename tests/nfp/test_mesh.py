@@ -309,6 +309,10 @@ def test_better_candidate_takes_over_and_everyone_moves(mesh: Mesh) -> None:
     assert done.status is Status.OK and done.body["workers"]["w1"]["result"] == "w1 slept"
     assert client.client.run("svc", "echo", [2], target="any", timeout=5).status is Status.OK
     assert better.broker.stats["requests"] >= 2                 # type: ignore[union-attr]
+    mesh.stop(better)                 # leaves cleanly: the first broker serves again
+    ready_brokered(client, first, "mmi.service.broker", 1)
+    shown = client.client.run("mmi.service.broker", "show_broker", target="any", timeout=5)
+    assert shown.body["workers"]["first.mmi"]["result"]["active"] is True
 
 
 def test_hello_headers_and_an_older_candidate_without_the_neutral_header(mesh: Mesh) -> None:
@@ -407,7 +411,11 @@ def test_broker_services(mesh: Mesh, tmp_path: Path) -> None:
     assert ok.body["workers"]["w1"]["failed"] is False
     restart = call("mmi.service.broker", "restart", token="t0k")
     assert restart["failed"] is False
+    wait_until(lambda: broker.broker.stats["elections_won"] == 2, 5,   # type: ignore
+               "the broker restarted")
     ready_brokered(client, broker, "svc", 1)                   # workers registered again
+    ready_brokered(client, broker, "mmi.service.broker", 1)    # so are the broker's services
+    assert call("mmi.service.broker", "show_broker")["result"]["active"] is True
     assert c.run("svc", "echo", target="any", timeout=5).status is Status.OK
 
 

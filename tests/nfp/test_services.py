@@ -112,3 +112,14 @@ def test_destructive_mmi_needs_the_configured_token() -> None:
     with pytest.raises(NotAuthorised):
         authorise("s3cret", None, "restart")
     authorise("s3cret", "s3cret", "restart")
+
+
+
+def test_the_services_module_needs_neither_worker_nor_broker() -> None:
+    """No import cycle: the worker and the broker import the services, not the reverse."""
+    import ast
+    import peermesh.nfp.services as services
+    tree = ast.parse(Path(services.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level == 1}
+    assert imported.isdisjoint({"worker", "broker", "mesh", "client"}), imported
