@@ -19,8 +19,8 @@ with the lower rank. A higher-ranked candidate joining later takes over the
 same way (the rule has no memory, which is what makes the heal converge).
 
 The election is neutral: it names a node, nothing more. Each overlay that
-rides on the elected node (NFP's broker, later the MTL gateway and Flux's
-rank 0) advertises where it serves in a header of its own.
+rides on the elected node (such as NFP's broker) advertises where it serves
+in a header of its own.
 
 Older peermesh versions advertised candidacy in NFP's ``X-PM-NFP-BROKER``
 (the same JSON plus NFP's ``endpoint``); a peer without ``X-PM-BROKER`` is
