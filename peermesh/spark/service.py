@@ -509,7 +509,8 @@ class DriverService:
                 "resume": max(start, resume) if last > first else max(start, last)}
 
     def __repr__(self) -> str:
-        return f"<DriverService {self.name} {self.lifecycle.value} {self.endpoint or ''} {self.path}>"
+        return (f"<DriverService {self.name} {self.lifecycle.value} {self.endpoint or ''} "
+                f"{self.path}>")
 
 
 def _groups(value: Any) -> list[str]:

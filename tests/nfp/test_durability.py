@@ -108,7 +108,8 @@ def test_acknowledgements_follow_the_commit(tmp_path: Path, free_udp_port: int) 
         assert isinstance(final, nfp.Event) and ("b" * 32, "completed") in rows
 
 
-def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path, free_udp_port: int) -> None:
+def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path,
+                                                                  free_udp_port: int) -> None:
     tasks = Tasks()
     tasks.add("big", lambda job: "x" * (FINAL_IN_ACCEPT + 1))
     with recorded_worker(tmp_path, tasks, free_udp_port) as (worker, store, recorder):
