@@ -31,10 +31,10 @@ Threaded programs (no gevent of their own) use ``ThreadedNfp``: an
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
+from ..overlay.broker import BrokerChanged
 from .broker import Broker
 from .client import Client, JobEvent
 from .dispatch import Dispatcher, Reply
-from ..overlay.broker import BrokerChanged
 from .mesh import NFP_BROKER_HEADER, WORKER_HEADER, NfpCandidate, NfpNode, default_data_dir
 from .store import ClientJob, JobStore, WorkerJob
 from .worker import JobCancelled, JobContext, Tasks, Worker
