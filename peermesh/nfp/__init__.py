@@ -5,8 +5,10 @@ jobs and results kept in SQLite; clients post jobs to ``any``, ``all`` or
 named workers and fetch results later, possibly from another client or after
 restarts. Without a broker, clients find workers through HELLO headers and
 talk NFP to them directly; nodes that opt in elect one broker (highest
-priority, then UUID) which queues, re-dispatches and hosts the MMI, SID and
-FSS services. The wire codec is ``peermesh.wire.nfp``.
+priority, then UUID; the neutral election of ``peermesh.overlay``) which
+queues, re-dispatches and hosts the MMI, SID and FSS services. The wire codec
+is ``peermesh.wire.nfp``. ``NfpNode`` and its parts (``Worker``, ``Client``,
+``Broker``) are overlays (``peermesh.overlay.Overlay``).
 
 ```python
 node = peermesh.Node("w1", interface="lo")
@@ -22,27 +24,25 @@ node.start(); nfp.start()
 reply = nfp.client.run("maths", "add", [1, 2], target="any")
 ```
 
-Threaded programs (no gevent of their own) use ``ThreadedNfp``, which builds
-the ``NfpNode`` in a ``ThreadedNode``'s setup hook.
+Threaded programs (no gevent of their own) use ``ThreadedNfp``: an
+``NfpNode`` riding on a ``ThreadedNode(overlays=[...])``.
 """
 
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
+from ..overlay.broker import BrokerChanged
 from .broker import Broker
 from .client import Client, JobEvent
 from .dispatch import Dispatcher, Reply
-from .election import BROKER_HEADER, Candidate, Change, Election, elect
-from .mesh import WORKER_HEADER, BrokerChanged, NfpNode, default_data_dir
+from .mesh import NFP_BROKER_HEADER, WORKER_HEADER, NfpCandidate, NfpNode, default_data_dir
 from .store import ClientJob, JobStore, WorkerJob
-from .tracker import BrokerTracker, advertise_candidate
 from .worker import JobCancelled, JobContext, Tasks, Worker
 
 __all__ = [
     "NfpNode", "Worker", "Client", "Broker", "Tasks", "JobContext", "JobCancelled", "JobEvent",
-    "Reply", "JobStore", "StoreError", "WorkerJob", "ClientJob", "Dispatcher", "Election",
-    "Candidate", "Change", "elect", "BrokerChanged", "BrokerTracker", "advertise_candidate",
-    "BROKER_HEADER", "WORKER_HEADER", "default_data_dir", "ThreadedNfp",
+    "Reply", "JobStore", "StoreError", "WorkerJob", "ClientJob", "Dispatcher", "NfpCandidate",
+    "BrokerChanged", "NFP_BROKER_HEADER", "WORKER_HEADER", "default_data_dir", "ThreadedNfp",
 ]
 
 

@@ -43,19 +43,23 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import gevent
 import zmq
 
 from ..errors import ProtocolError
+from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import Dispatcher, Reply, without_rid
-from .services import broker_mmi_tasks, fss_tasks, sid_tasks
+from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
 from .transport import Channel
-from .worker import Tasks, Worker
+from .worker import Tasks, TaskFunction, Worker
+
+if TYPE_CHECKING:
+    from ..zre.node import Node
 
 __all__ = ["Broker", "NOT_BROKER"]
 
@@ -82,8 +86,17 @@ class _Peer:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class Broker:
-    """The broker role of one candidate node (standby until ``activate``)."""
+class _ServiceWorker(Worker):
+    """A broker service (MMI, SID, FSS): a worker inside the broker, on ``inproc``."""
+
+    roles = ()
+
+
+class Broker(Overlay):
+    """The broker role of one candidate node, an overlay of its node (standby until
+    ``activate``; the node's ``BrokerTracker`` says when)."""
+
+    roles = ("nfp-broker",)
 
     def __init__(self, router: zmq.Socket, endpoint: str, *, name: str, node: str,
                  store: JobStore, context: zmq.Context, keepalive: float = 1.0,
@@ -92,9 +105,10 @@ class Broker:
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  on_shutdown: Optional[Callable[[], None]] = None) -> None:
+        super().__init__()
         self.endpoint = endpoint
         self.name = name
-        self.node = node
+        self.node_id = node   # the node's UUID in hex, for the wire
         self.store = store
         self.keepalive = float(keepalive)
         self.multiplier = int(multiplier)
@@ -123,16 +137,41 @@ class Broker:
 
     # --- life cycle -----------------------------------------------------
 
-    def start(self) -> None:
-        """Start reading the ROUTER (standby)."""
-        if self._channel is None:
-            self._channel = Channel(self._router, self._on_message, f"broker {self.name}")
+    def on_attach(self, node: "Node") -> None:
+        """Create the broker services (they serve while this broker is active)."""
+        specs = [("mmi.service.broker", self.mmi_tasks()),
+                 ("sid.service.broker", sid_tasks(self.inventory_dir)),
+                 ("fss.service.broker", fss_tasks(self.files_root))]
+        for service, tasks in specs:
+            short = service.split(".", 1)[0]
+            worker = _ServiceWorker(service, f"{self.name}.{short}", Tasks(tasks), self.store,
+                                    context=self._context, keepalive=self.keepalive,
+                                    multiplier=self.multiplier, admin_token=self.admin_token,
+                                    node_name=self.name, internal=True)
+            worker.attach(node)
+            self._services.append(worker)
+
+    def on_start(self) -> None:
+        """Start reading the ROUTER (standby) and the services (idle until activated)."""
+        self._channel = Channel(self._router, self._on_message, f"broker {self.name}")
+        for service in self._services:
+            service.start()
+
+    def on_stop(self, timeout: float) -> None:
+        """Deactivate, stop the services and close the ROUTER."""
+        self.deactivate("broker closing")
+        for service in self._services:
+            service.stop(timeout)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        else:
+            self._router.close(linger=0)
 
     def activate(self) -> None:
-        """Become the broker: fresh state, services up, heartbeats on."""
-        if self.active:
+        """Become the broker: fresh state, services connected, heartbeats on."""
+        if self.active or not self.running:
             return
-        self.start()
         self.active = True
         self.since = time.monotonic()
         self.stats["elections_won"] += 1
@@ -140,7 +179,8 @@ class Broker:
                                      queue_timeout=self.queue_timeout,
                                      on_job_event=self._relay_event, clock=time.monotonic)
         self._greenlets = [gevent.spawn(self._heartbeat), gevent.spawn(self._ticker)]
-        self._start_services()
+        for service in self._services:
+            service.connect_broker(self.inproc)
         log.info("broker %s active at %s", self.name, self.endpoint)
 
     def deactivate(self, reason: str = STEPPED_DOWN) -> None:
@@ -149,8 +189,7 @@ class Broker:
             return
         self.active = False
         for service in self._services:
-            service.stop()
-        self._services = []
+            service.connect_broker(None)
         gevent.killall(self._greenlets, block=False)
         self._greenlets = []
         for peer in list(self._peers.values()):
@@ -164,15 +203,6 @@ class Broker:
         self._worker_ids.clear()
         self._owners.clear()
         log.info("broker %s inactive: %s", self.name, reason)
-
-    def close(self) -> None:
-        """Deactivate and close the ROUTER."""
-        self.deactivate("broker closing")
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-        else:
-            self._router.close(linger=0)
 
     def restart(self) -> None:
         """MMI restart: drop every registration and start afresh."""
@@ -191,20 +221,6 @@ class Broker:
         for peer in list(self._peers.values()):
             if peer.kind == "worker":
                 self._drop_worker(peer, "disconnected by MMI", tell=True)
-
-    def _start_services(self) -> None:
-        specs = [("mmi.service.broker", broker_mmi_tasks(self)),
-                 ("sid.service.broker", sid_tasks(self.inventory_dir)),
-                 ("fss.service.broker", fss_tasks(self.files_root))]
-        for service, tasks in specs:
-            short = service.split(".", 1)[0]
-            worker = Worker(service, f"{self.name}.{short}", Tasks(tasks), self.store,
-                            context=self._context, keepalive=self.keepalive,
-                            multiplier=self.multiplier, admin_token=self.admin_token,
-                            node_name=self.name, internal=True)
-            worker.start()
-            worker.connect_broker(self.inproc)
-            self._services.append(worker)
 
     # --- sending --------------------------------------------------------
 
@@ -278,7 +294,7 @@ class Broker:
                          str(body.get("node") or ""), since=now, last_recv=now)
             self._peers[identity] = peer
             self._send(peer, nfp.Open(nfp.BROKER, nfp.encode_body(
-                {"broker": self.name, "node": self.node, "keepalive": self.keepalive,
+                {"broker": self.name, "node": self.node_id, "keepalive": self.keepalive,
                  "multiplier": self.multiplier})))
             return
         if peer is None or peer.kind != "worker":
@@ -348,7 +364,7 @@ class Broker:
                                               node=str(body.get("node") or ""), since=now,
                                               last_recv=now)
             self._send_to(identity, nfp.Open(nfp.BROKER, nfp.encode_body(
-                {"broker": self.name, "node": self.node, "active": self.active})))
+                {"broker": self.name, "node": self.node_id, "active": self.active})))
             return
         cls = type(msg)
         if cls is not nfp.Post and cls is not nfp.Get and cls is not nfp.Delete:
@@ -448,10 +464,44 @@ class Broker:
 
     # --- management -----------------------------------------------------
 
+    def mmi_tasks(self) -> dict[str, TaskFunction]:
+        """The ``mmi.service.broker`` tasks: show_broker, show_workers, show_clients,
+        show_services; and disconnect, restart and shutdown for callers with the token."""
+
+        def show_broker(job: Any) -> dict[str, Any]:
+            return self.info()
+
+        def show_workers(job: Any, service: Optional[str] = None) -> list[dict[str, Any]]:
+            return [w for w in self.workers_info() if service is None or w["service"] == service]
+
+        def show_clients(job: Any) -> list[dict[str, Any]]:
+            return self.clients_info()
+
+        def show_services(job: Any) -> dict[str, Any]:
+            return self.services_info()
+
+        def disconnect(job: Any, token: Any = None) -> str:
+            authorise(self.admin_token, token, "disconnect")
+            later(self.disconnect_workers)
+            return "every worker is told to disconnect and register again"
+
+        def restart(job: Any, token: Any = None) -> str:
+            authorise(self.admin_token, token, "restart")
+            later(self.restart)
+            return "broker restarting"
+
+        def shutdown(job: Any, token: Any = None) -> str:
+            authorise(self.admin_token, token, "shutdown")
+            later(self.shutdown)
+            return "broker shutting down"
+
+        return {f.__name__: f for f in (show_broker, show_workers, show_clients, show_services,
+                                        disconnect, restart, shutdown)}
+
     def info(self) -> dict[str, Any]:
         """``show_broker``."""
         d = self.dispatcher
-        return {"name": self.name, "node": self.node, "endpoint": self.endpoint,
+        return {"name": self.name, "node": self.node_id, "endpoint": self.endpoint,
                 "active": self.active,
                 "uptime": round(time.monotonic() - self.since, 3) if self.active else None,
                 "keepalive": self.keepalive, "multiplier": self.multiplier,

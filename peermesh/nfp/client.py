@@ -63,10 +63,10 @@ import zmq
 
 from ..argtypes import is_seconds
 from ..errors import ProtocolError
+from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_rid
-from .election import Candidate
 from .store import ClientJob, JobStore
 from .transport import Channel, nfp_socket
 
@@ -167,15 +167,19 @@ def _final_status(body: dict[str, Any]) -> Status:
         Status.REQUEST_TIMEOUT if state == "orphaned" else Status.OK
 
 
-class Client:
-    """Posts jobs and fetches results; one per ``NfpNode``. Call from the node's hub."""
+class Client(Overlay):
+    """Posts jobs and fetches results; one per ``NfpNode``, an overlay of its node.
+    Call from the node's hub."""
+
+    roles = ("nfp-client",)
 
     def __init__(self, store: JobStore, *, name: str = "", node: str = "",
                  context: Optional[zmq.Context] = None, request_timeout: float = 5.0,
                  queue_timeout: float = 30.0) -> None:
+        super().__init__()
         self.store = store
         self.name = name
-        self.node = node
+        self.node_id = node   # the node's UUID in hex, for the wire
         self.request_timeout = float(request_timeout)
         self.queue_timeout = float(queue_timeout)
         self._context = context or zmq.Context.instance()
@@ -183,7 +187,8 @@ class Client:
                                   queue_timeout=queue_timeout, on_job_event=self._on_job_event,
                                   clock=time.monotonic)
         self._links: dict[str, Channel] = {}
-        self.broker: Optional[Candidate] = None
+        #: the elected broker's NFP endpoint (None: no broker, workers are asked directly)
+        self.broker: Optional[str] = None
         self._broker_channel: Optional[Channel] = None
         self._opened: Optional[gevent.event.AsyncResult] = None
         self._waiting: dict[str, gevent.event.AsyncResult] = {}
@@ -204,12 +209,11 @@ class Client:
 
     # --- life cycle -----------------------------------------------------
 
-    def start(self) -> None:
-        """Start the timer that expires direct requests."""
-        if self._ticker is None:
-            self._ticker = gevent.spawn(self._tick)
+    def on_start(self) -> None:
+        """Start the timer that expires requests."""
+        self._ticker = gevent.spawn(self._tick)
 
-    def stop(self) -> None:
+    def on_stop(self, timeout: float) -> None:
         """Close every socket; open requests end with 408."""
         for greenlet in (self._ticker, self._reposter):
             if greenlet is not None:
@@ -268,8 +272,8 @@ class Client:
         """Workers reachable without a broker, by service."""
         return {s: sorted(members) for s, members in self._direct.services.items()}
 
-    def set_broker(self, broker: Optional[Candidate]) -> None:
-        """The elected broker changed (None: no broker, talk to workers directly)."""
+    def set_broker(self, broker: Optional[str]) -> None:
+        """The elected broker's endpoint changed (None: no broker, ask workers directly)."""
         if broker == self.broker:
             return
         self.broker = broker
@@ -341,11 +345,11 @@ class Client:
             return None
         if self._broker_channel is None:
             sock = nfp_socket(self._context, zmq.DEALER)
-            sock.connect(broker.endpoint)
+            sock.connect(broker)
             self._broker_channel = Channel(sock, self._on_broker, "client -> broker")
             self._opened = gevent.event.AsyncResult()
             self._broker_channel.send(nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(
-                {"name": self.name, "node": self.node}))))
+                {"name": self.name, "node": self.node_id}))))
         opened = self._opened
         channel = self._broker_channel
         assert opened is not None

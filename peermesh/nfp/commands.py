@@ -46,7 +46,7 @@ from ..config import NodeConfig
 from ..zre.node import Node
 from ..wire import nfp as wire
 from ..wire.nfp import Status
-from .election import MODES
+from ..overlay.election import MODES
 from .mesh import BrokerChanged, NfpNode, default_data_dir
 from .store import JobStore, store_path
 from .worker import Tasks

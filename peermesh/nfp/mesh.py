@@ -2,24 +2,34 @@
 
 How it works
 ------------
-``NfpNode(node, ...)`` is created before ``node.start()``: it binds the
-sockets whose endpoints go into the node's HELLO headers and sets them:
+``NfpNode`` is an ``Overlay``: attached to its node before ``node.start()``
+(``NfpNode(node, ...)`` attaches at once; ``NfpNode(...)`` without a node is
+attached by ``ThreadedNode(overlays=[...])`` or ``attach(node)``), it binds
+the sockets whose endpoints go into the node's HELLO headers and sets them:
 
 * ``X-PM-NFP-WORKER`` - JSON list, one ``{"service", "name", "endpoint"}``
   per worker of this node (``add_worker``), so clients anywhere on the mesh
   can reach them without a broker;
-* ``X-PM-NFP-BROKER`` - JSON ``{"mode", "priority", "endpoint"}`` when the
-  node is a broker candidate (``broker="auto"`` or ``"always"``).
+* ``X-PM-BROKER`` - the neutral candidacy (``peermesh.overlay.election``)
+  when the node is a broker candidate (``broker="auto"`` or ``"always"``),
+  and ``X-PM-NFP-BROKER`` - JSON ``{"mode", "priority", "endpoint"}``: where
+  its NFP broker listens (mode and priority too, as older versions read
+  candidacy from it);
+* ``X-PM-ROLES`` - ``nfp-client``, plus ``nfp-worker`` and ``nfp-broker``
+  as the node plays them.
 
-``start()`` (after ``node.start()``) starts the node's ``BrokerTracker``
-(``peermesh.nfp.tracker``, the socket-free part, also run on simulated
-nodes): ENTER and EXIT feed the client's list of workers and the
-``Election``. After one beacon interval and a half (so the first decision
-sees the peers already there) the election result is applied, and again on
-every change: the elected node activates its broker, a node that lost steps
-down, every worker moves its broker conversation to the new broker (or
-serves clients directly when there is none), the client follows, and
-listeners get a ``BrokerChanged`` event.
+Its parts are overlays of the same node: a ``Client``, a ``Worker`` per
+``add_worker``, the ``Broker`` of a candidate and the neutral
+``BrokerTracker`` (``peermesh.overlay.broker``, also run on simulated
+nodes). ``start()`` (after ``node.start()``) starts them: ENTER and EXIT
+feed the client's list of workers and the election. After one beacon
+interval and a half (so the first decision sees the peers already there)
+the election result is applied, and again on every change: the elected
+node activates its broker, a node that lost steps down, every worker moves
+its broker conversation to the new broker (or serves clients directly when
+there is none), the client follows, and listeners get a ``BrokerChanged``
+whose candidates carry the NFP broker's ``endpoint``. An elected node that
+advertises no NFP broker counts as no broker for NFP (clients go direct).
 
 Old finished jobs are purged from the node's store every
 ``purge_interval`` seconds (those older than ``retention``).
@@ -30,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 from uuid import UUID
@@ -40,20 +51,31 @@ import zmq
 
 from ..errors import NodeStateError
 from ..net.interfaces import select_interface
+from ..overlay import Lifecycle, Overlay, advertise
+from ..overlay.broker import BrokerChanged, BrokerTracker
+from ..overlay.election import LEGACY_BROKER_HEADER, MODES, Candidate, Change, Election
 from ..zre.node import Node
 from .broker import Broker
 from .client import Client
-from .election import MODES, Candidate, Change, Election
 from .store import JobStore, store_path
-from .tracker import BrokerChanged, BrokerTracker, advertise_candidate
 from .transport import bind_ephemeral, nfp_socket
 from .worker import Tasks, TaskFunction, Worker, advertised
 
-__all__ = ["NfpNode", "BrokerChanged", "WORKER_HEADER", "default_data_dir"]
+__all__ = ["NfpNode", "NfpCandidate", "WORKER_HEADER", "NFP_BROKER_HEADER",
+           "default_data_dir"]
 
 log = logging.getLogger(__name__)
 
 WORKER_HEADER = "X-PM-NFP-WORKER"
+#: where a candidate's NFP broker listens: JSON ``{"mode", "priority", "endpoint"}``
+NFP_BROKER_HEADER = LEGACY_BROKER_HEADER
+
+
+@dataclass(frozen=True, slots=True)
+class NfpCandidate(Candidate):
+    """A broker candidate as NFP uses it: the elected node and its NFP broker's endpoint."""
+
+    endpoint: str = ""
 
 
 def default_data_dir() -> Path:
@@ -89,10 +111,25 @@ def parse_workers(raw: Optional[str]) -> list[tuple[str, str, str]]:
     return out
 
 
-class NfpNode:
+def parse_broker_endpoint(raw: Optional[str]) -> Optional[str]:
+    """The ``endpoint`` of an ``X-PM-NFP-BROKER`` value; None if absent or malformed."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    endpoint = data.get("endpoint") if isinstance(data, dict) else None
+    if isinstance(endpoint, str) and endpoint.startswith("tcp://") and endpoint.isprintable():
+        return endpoint
+    return None
+
+
+class NfpNode(Overlay):
     """NFP workers, client and broker candidacy of one ``Node`` (a gevent node)."""
 
-    def __init__(self, node: Node, *, data_dir: Optional[os.PathLike[str] | str] = None,
+    def __init__(self, node: Optional[Node] = None, *,
+                 data_dir: Optional[os.PathLike[str] | str] = None,
                  broker: str = "never", priority: int = 0, keepalive: float = 1.0,
                  multiplier: int = 3, queue_timeout: float = 30.0, request_timeout: float = 5.0,
                  retention: float = 7 * 86400.0, purge_interval: float = 3600.0,
@@ -100,48 +137,48 @@ class NfpNode:
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  store_name: Optional[str] = None,
-                 on_shutdown: Optional[Callable[[], None]] = None) -> None:
-        if node.running or getattr(node, "_state", "new") != "new":
-            raise NodeStateError("create NfpNode before node.start(): it sets HELLO headers")
+                 on_shutdown: Optional[Callable[[], None]] = None,
+                 setup: Optional[Callable[["NfpNode"], None]] = None) -> None:
+        """``node``: attach to it at once (else attach later, before the node starts);
+        ``setup(nfp)`` runs once attached (add workers and listeners there)."""
+        super().__init__()
         if broker not in MODES:
             raise ValueError(f"broker must be one of {', '.join(MODES)}, not {broker!r}")
         if keepalive <= 0 or multiplier < 2:
             raise ValueError("keepalive must be positive and multiplier at least 2")
-        self.node = node
+        self.mode = broker
+        self.priority = int(priority)
         self.keepalive = float(keepalive)
         self.multiplier = int(multiplier)
         self.queue_timeout = float(queue_timeout)
         self.request_timeout = float(request_timeout)
+        self.retention = float(retention)
         self.purge_interval = float(purge_interval)
         self.admin_token = admin_token
-        self.address = select_interface(node.config.interface).address
-        self.context: zmq.Context = zmq.Context.instance()
+        self.inventory_dir = inventory_dir
+        self.files_root = files_root
+        self.store_name = store_name
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-        self.store = JobStore(store_path(self.data_dir, store_name or node.name), retention)
         self.workers: list[Worker] = []
         self.broker: Optional[Broker] = None
-        self.candidate: Optional[Candidate] = None
-        self._on_shutdown = on_shutdown
-        if broker != "never":
-            router = nfp_socket(self.context, zmq.ROUTER)
-            endpoint = bind_ephemeral(router, self.address)
-            self.broker = Broker(router, endpoint, name=node.name, node=node.uuid.hex,
-                                 store=self.store, context=self.context, keepalive=keepalive,
-                                 multiplier=multiplier, queue_timeout=queue_timeout,
-                                 request_timeout=request_timeout, admin_token=admin_token,
-                                 inventory_dir=inventory_dir, files_root=files_root,
-                                 on_shutdown=self._shutdown)
-            self.candidate = advertise_candidate(node, broker, int(priority), endpoint)
-        self.tracker = BrokerTracker(node, self.candidate, on_change=self._on_broker_change,
+        self.tracker = BrokerTracker(broker, self.priority, on_change=self._on_broker_change,
                                      on_peer_entered=self._peer_entered,
                                      on_peer_left=self._peer_left)
-        self.client = Client(self.store, name=node.name, node=node.uuid.hex,
-                             context=self.context, request_timeout=request_timeout,
-                             queue_timeout=queue_timeout)
+        # set by attach: the interface address, ZeroMQ context, store and client
+        self.address: str
+        self.context: zmq.Context
+        self.store: JobStore
+        self.client: Client
+        self._on_shutdown = on_shutdown
+        self._setup = setup
+        self._listeners: list[Callable[[BrokerChanged[NfpCandidate]], None]] = []
+        self._current: Optional[NfpCandidate] = None
+        self._endpoints: dict[UUID, str] = {}    # candidates' NFP broker endpoints
         self._peer_workers: dict[UUID, list[str]] = {}
         self._worker_owner: dict[str, UUID] = {}
         self._greenlets: list[gevent.Greenlet] = []
-        self.running = False
+        if node is not None:
+            self.attach(node)
 
     @property
     def election(self) -> Election:
@@ -153,42 +190,79 @@ class NfpNode:
         """Set once the first broker decision has been applied."""
         return self.tracker.settled
 
+    @property
+    def candidate(self) -> Optional[Candidate]:
+        """This node's candidacy (None: not a candidate)."""
+        return self.tracker.candidate
+
     # --- set-up ---------------------------------------------------------
+
+    def on_attach(self, node: Node) -> None:
+        """Open the store, bind the broker's ROUTER, attach the parts, advertise."""
+        self.address = select_interface(node.config.interface).address
+        self.context = zmq.Context.instance()
+        self.store = JobStore(store_path(self.data_dir, self.store_name or node.name),
+                              self.retention)
+        try:
+            if self.mode != "never":
+                router = nfp_socket(self.context, zmq.ROUTER)
+                endpoint = bind_ephemeral(router, self.address)
+                self.broker = Broker(router, endpoint, name=node.name, node=node.uuid.hex,
+                                     store=self.store, context=self.context,
+                                     keepalive=self.keepalive, multiplier=self.multiplier,
+                                     queue_timeout=self.queue_timeout,
+                                     request_timeout=self.request_timeout,
+                                     admin_token=self.admin_token,
+                                     inventory_dir=self.inventory_dir,
+                                     files_root=self.files_root, on_shutdown=self._shutdown)
+                self.broker.attach(node)
+                self._endpoints[node.uuid] = endpoint
+                advertise(node, {NFP_BROKER_HEADER: json.dumps(
+                    {"mode": self.mode, "priority": self.priority, "endpoint": endpoint},
+                    separators=(",", ":"))})
+            self.client = Client(self.store, name=node.name, node=node.uuid.hex,
+                                 context=self.context, request_timeout=self.request_timeout,
+                                 queue_timeout=self.queue_timeout)
+            self.client.attach(node)
+            self.tracker.attach(node)
+            if self._setup is not None:
+                self._setup(self)
+        except BaseException:
+            self.store.close()   # the sockets go with the context or the failed hub
+            raise
 
     def add_worker(self, service: str, name: Optional[str] = None,
                    tasks: Optional[Tasks | Mapping[str, TaskFunction]] = None) -> Worker:
-        """Add a worker of ``service`` (before ``node.start()``); name defaults to the node's."""
-        if self.node.running:
-            raise NodeStateError("add workers before node.start(): they go in HELLO headers")
-        name = name or (self.node.name if not self.workers else f"{self.node.name}.{service}")
+        """Add a worker of ``service`` (attached, before ``node.start()``); name defaults to
+        the node's."""
+        node = self.node
+        if node is None or node.running or self.lifecycle is Lifecycle.STOPPED:
+            raise NodeStateError("add workers after attaching NfpNode and before "
+                                 "node.start(): they go in HELLO headers")
+        name = name or (node.name if not self.workers else f"{node.name}.{service}")
         if any(w.name == name for w in self.workers):
             raise ValueError(f"this node already has a worker named {name!r}")
         worker = Worker(service, name, tasks or Tasks(), self.store, address=self.address,
                         context=self.context, keepalive=self.keepalive,
                         multiplier=self.multiplier, admin_token=self.admin_token,
-                        node_name=self.node.name, on_shutdown=self._stop_worker)
+                        node_name=node.name, on_shutdown=self._stop_worker)
+        worker.attach(node)
         self.workers.append(worker)
-        self.node.set_header(WORKER_HEADER, advertised(self.workers))
+        advertise(node, {WORKER_HEADER: advertised(self.workers)})
         return worker
 
-    def add_listener(self, callback: Callable[[BrokerChanged], None]) -> None:
+    def add_listener(self, callback: Callable[[BrokerChanged[NfpCandidate]], None]) -> None:
         """Call ``callback(BrokerChanged)`` when the broker changes (on the hub)."""
-        self.tracker.add_listener(callback)
+        self._listeners.append(callback)
 
-    def remove_listener(self, callback: Callable[[BrokerChanged], None]) -> None:
+    def remove_listener(self, callback: Callable[[BrokerChanged[NfpCandidate]], None]) -> None:
         """Stop calling ``callback``."""
-        self.tracker.remove_listener(callback)
+        self._listeners.remove(callback)
 
     # --- life cycle -----------------------------------------------------
 
-    def start(self) -> "NfpNode":
-        """Start workers, client and broker standby (after ``node.start()``)."""
-        node = self.node
-        if not node.running:
-            raise NodeStateError("start the node first: NfpNode.start() follows node.start()")
-        if self.running:
-            return self
-        self.running = True
+    def on_start(self) -> None:
+        """Start client, workers, broker standby and the election (after ``node.start()``)."""
         self.client.start()
         for worker in self.workers:
             worker.start()
@@ -197,20 +271,16 @@ class NfpNode:
             self.broker.start()
         self.tracker.start()
         self._greenlets = [gevent.spawn(self._purger)]
-        return self
 
-    def stop(self) -> None:
+    def on_stop(self, timeout: float) -> None:
         """Stop everything NFP on this node (the node itself keeps running)."""
-        if not self.running:
-            return
-        self.running = False
-        self.tracker.stop()
+        self.tracker.stop(timeout)
         gevent.killall(self._greenlets, block=False)
         for worker in self.workers:
-            worker.stop()
+            worker.stop(timeout)
         if self.broker is not None:
-            self.broker.close()
-        self.client.stop()
+            self.broker.stop(timeout)
+        self.client.stop(timeout)
         self.store.close()
 
     def __enter__(self) -> "NfpNode":
@@ -224,7 +294,8 @@ class NfpNode:
             self._on_shutdown()
             return
         self.stop()
-        gevent.spawn(self.node.stop)
+        if self.node is not None:
+            gevent.spawn(self.node.stop)
 
     def _stop_worker(self, worker: Worker) -> None:
         worker.stop()
@@ -252,42 +323,59 @@ class NfpNode:
 
     def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         self._forget_workers(uuid, "its node said HELLO again")
+        endpoint = parse_broker_endpoint(headers.get(NFP_BROKER_HEADER))
+        if endpoint is None:
+            self._endpoints.pop(uuid, None)
+        else:
+            self._endpoints[uuid] = endpoint
         found = parse_workers(headers.get(WORKER_HEADER))
         own = {w.name for w in self.workers}
         names = []
-        for service, worker_name, endpoint in found:
+        for service, worker_name, worker_endpoint in found:
             if worker_name in own:
                 log.warning("peer %s advertises worker %r, a name this node uses; ignored",
                             name, worker_name)
                 continue
-            self.client.add_worker(worker_name, service, endpoint)
+            self.client.add_worker(worker_name, service, worker_endpoint)
             self._worker_owner[worker_name] = uuid
             names.append(worker_name)
         if names:
             self._peer_workers[uuid] = names
 
     def _peer_left(self, uuid: UUID) -> None:
+        self._endpoints.pop(uuid, None)
         self._forget_workers(uuid, "its node left the mesh")
 
     def _on_broker_change(self, change: Change) -> None:
-        """The tracker's decision changed: start/stop the broker, move workers and client."""
-        new = change.new
+        """The election's decision changed: start/stop the broker, move workers and client."""
+        elected = change.new
+        endpoint = self._endpoints.get(elected.uuid) if elected is not None else None
+        new = None if elected is None or endpoint is None else NfpCandidate(
+            elected.uuid, elected.priority, elected.mode, elected.name, endpoint)
         if self.broker is not None:
-            if change.took_over or (new is not None and new.uuid == self.node.uuid):
+            if change.took_over:
                 self.broker.activate()
             else:
                 self.broker.deactivate()
-        endpoint = new.endpoint if new is not None else None
         for worker in self.workers:
             worker.connect_broker(endpoint)
-        self.client.set_broker(new)
+        self.client.set_broker(endpoint)
+        old, self._current = self._current, new
+        if old == new:
+            return
+        event = BrokerChanged(old, new, change.took_over, change.stepped_down)
+        for callback in list(self._listeners):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("broker listener %r failed", callback)
 
     # --- introspection --------------------------------------------------
 
     @property
-    def current_broker(self) -> Optional[Candidate]:
+    def current_broker(self) -> Optional[NfpCandidate]:
         """The broker in use (None before the first decision or with no candidate)."""
-        return self.tracker.current_broker
+        return self._current
 
     @property
     def is_broker(self) -> bool:
@@ -296,6 +384,7 @@ class NfpNode:
 
     def info(self) -> dict[str, Any]:
         """A summary: node, workers, broker, candidates."""
+        assert self.node is not None
         broker = self.current_broker
         return {"node": self.node.name, "uuid": self.node.uuid.hex, "store": str(self.store.path),
                 "workers": [w.info() for w in self.workers],

@@ -1,4 +1,4 @@
-"""Management and broker services: MMI (broker and worker), SID inventory, FSS files.
+"""Broker services and their authorisation: SID inventory, FSS files, the admin token.
 
 How it works
 ------------
@@ -21,7 +21,8 @@ like any job:
 
 Every worker also answers ``mmi.service.worker`` (``show_broker``,
 ``show_workers``, ``show_clients``; ``disconnect``, ``restart`` and
-``shutdown`` for authorised callers).
+``shutdown`` for authorised callers). The MMI tasks are ``Broker.mmi_tasks``
+and ``Worker.mmi_tasks``; this module imports neither (they import it).
 
 Authorisation: NFP's security sections are TBD, so destructive calls need a
 shared secret, ``admin_token``, configured on the broker (or worker) and
@@ -40,15 +41,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import gevent
 
-if TYPE_CHECKING:
-    from .broker import Broker
-    from .worker import Worker
+from ..errors import PeermeshError
 
-__all__ = ["worker_mmi_tasks", "broker_mmi_tasks", "sid_tasks", "fss_tasks", "resolve_nf_url",
+__all__ = ["authorise", "later", "sid_tasks", "fss_tasks", "resolve_nf_url",
            "NotAuthorised", "yaml_available", "CHUNK_SIZE"]
 
 CHUNK_SIZE = 256 * 1024
@@ -56,100 +55,21 @@ MAX_CHUNK = 4 * 1024 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
 
-class NotAuthorised(Exception):
+class NotAuthorised(PeermeshError):
     """A destructive management call without the right token."""
 
 
-def _authorise(configured: Optional[str], given: Any, what: str) -> None:
+def authorise(configured: Optional[str], given: Any, what: str) -> None:
+    """NotAuthorised unless ``given`` is the ``configured`` admin token."""
     if not configured:
         raise NotAuthorised(f"{what} is refused: no admin token is configured")
     if not isinstance(given, str) or not hmac.compare_digest(given.encode(), configured.encode()):
         raise NotAuthorised(f"{what} is refused: missing or wrong token")
 
 
-def _later(action: Callable[[], Any]) -> None:
+def later(action: Callable[[], Any]) -> None:
     """Run ``action`` once the job that asked for it has answered."""
     gevent.spawn_later(0.2, action)
-
-
-# --- worker MMI -------------------------------------------------------------
-
-def worker_mmi_tasks(worker: "Worker") -> dict[str, Callable[..., Any]]:
-    """The ``mmi.service.worker`` tasks of ``worker``."""
-    cached = getattr(worker, "_mmi_tasks", None)
-    if cached is not None:
-        return cached
-
-    def show_broker(job: Any) -> dict[str, Any]:
-        return worker.broker_info()
-
-    def show_workers(job: Any) -> list[dict[str, Any]]:
-        return [worker.info()]
-
-    def show_clients(job: Any) -> dict[str, Any]:
-        return worker.clients_info()
-
-    def disconnect(job: Any, token: Any = None) -> str:
-        _authorise(worker.admin_token, token, "disconnect")
-        _later(worker.reconnect)
-        return f"worker {worker.name} will reconnect to its broker"
-
-    def restart(job: Any, token: Any = None) -> str:
-        _authorise(worker.admin_token, token, "restart")
-        _later(worker.reconnect)
-        return f"worker {worker.name} restarts its broker conversation"
-
-    def shutdown(job: Any, token: Any = None) -> str:
-        _authorise(worker.admin_token, token, "shutdown")
-
-        def stop() -> None:
-            if worker.on_shutdown is not None:
-                worker.on_shutdown(worker)
-            else:
-                worker.stop()
-        _later(stop)
-        return f"worker {worker.name} is shutting down"
-
-    tasks = {f.__name__: f for f in (show_broker, show_workers, show_clients, disconnect,
-                                     restart, shutdown)}
-    worker._mmi_tasks = tasks  # type: ignore[attr-defined]
-    return tasks
-
-
-# --- broker MMI -------------------------------------------------------------
-
-def broker_mmi_tasks(broker: "Broker") -> dict[str, Callable[..., Any]]:
-    """The ``mmi.service.broker`` tasks of ``broker``."""
-
-    def show_broker(job: Any) -> dict[str, Any]:
-        return broker.info()
-
-    def show_workers(job: Any, service: Optional[str] = None) -> list[dict[str, Any]]:
-        return [w for w in broker.workers_info() if service is None or w["service"] == service]
-
-    def show_clients(job: Any) -> list[dict[str, Any]]:
-        return broker.clients_info()
-
-    def show_services(job: Any) -> dict[str, Any]:
-        return broker.services_info()
-
-    def disconnect(job: Any, token: Any = None) -> str:
-        _authorise(broker.admin_token, token, "disconnect")
-        _later(broker.disconnect_workers)
-        return "every worker is told to disconnect and register again"
-
-    def restart(job: Any, token: Any = None) -> str:
-        _authorise(broker.admin_token, token, "restart")
-        _later(broker.restart)
-        return "broker restarting"
-
-    def shutdown(job: Any, token: Any = None) -> str:
-        _authorise(broker.admin_token, token, "shutdown")
-        _later(broker.shutdown)
-        return "broker shutting down"
-
-    return {f.__name__: f for f in (show_broker, show_workers, show_clients, show_services,
-                                    disconnect, restart, shutdown)}
 
 
 # --- SID --------------------------------------------------------------------

@@ -1,21 +1,20 @@
-"""NFP for ordinary threaded programs: an ``NfpNode`` on a ``ThreadedNode``.
+"""NFP for ordinary threaded programs: an ``NfpNode`` riding on a ``ThreadedNode``.
 
 How it works
 ------------
 ``ThreadedNode`` runs a ``Node`` on a private gevent hub in a thread of its
-own; its ``setup`` hook runs on that hub before the node starts, which is
-exactly where an ``NfpNode`` must be created (it binds its sockets and sets
-the HELLO headers). ``ThreadedNfp`` is that recipe:
+own and drives the overlays it is given (``overlays=[...]``): attached on
+that hub before the node starts, started after it, stopped before it.
+``ThreadedNfp`` is an ``NfpNode`` handed to one:
 
-1. ``ThreadedNode(name, setup=...)``, where setup creates the ``NfpNode``
-   with the given options, adds the workers and calls the caller's own
-   ``setup(nfp)`` if any;
-2. ``start()`` starts the node, then ``NfpNode.start()`` on the node's hub
-   (``ThreadedNode.call``);
+1. ``NfpNode(**nfp, setup=...)`` (not yet attached), whose setup adds the
+   workers and calls the caller's own ``setup(nfp)`` if any, once the
+   ``ThreadedNode`` has attached it on the hub;
+2. ``start()`` starts the ``ThreadedNode``: its thread, the node, then NFP;
 3. every client call (``run``, ``post``, ``get``, ``delete``, ``jobs`` ...)
-   is handed to the hub the same way and blocks only the calling thread,
-   so any number of threads may post jobs at once;
-4. ``stop()`` stops NFP on the hub, then the node and its thread.
+   is handed to the hub (``ThreadedNode.call``) and blocks only the calling
+   thread, so any number of threads may post jobs at once;
+4. ``stop()`` stops the ``ThreadedNode``: NFP, then the node and its thread.
 
 Tasks run on the node's hub, as on a gevent node: a task that blocks
 without yielding (``time.sleep``, blocking I/O) holds up the node, so
@@ -34,10 +33,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 from ..config import NodeConfig
 from ..errors import NodeStateError
-from ..zre.node import Node
+from ..overlay.broker import BrokerChanged
 from ..zre.threaded import ThreadedNode
-from .election import Candidate
-from .mesh import BrokerChanged, NfpNode
+from .mesh import NfpCandidate, NfpNode
 from .store import ClientJob
 from .worker import Tasks, TaskFunction
 
@@ -58,48 +56,29 @@ class ThreadedNfp:
         """``nfp``: keyword arguments of ``NfpNode`` (data_dir, broker, priority, ...);
         ``workers``: ``(service, worker name or None, tasks)`` each; ``setup(nfp)`` runs
         on the node's hub before the node starts; ``settings``: those of ``Node``."""
-        self._options = dict(nfp or {})
         self._workers: list[WorkerSpec] = [(w[0], w[1], w[2]) for w in workers]
         self._user_setup = setup
-        self._stopping = threading.Lock()
-        self.nfp: Optional[NfpNode] = None
-        self.node = ThreadedNode(name, config=config, setup=self._setup, **settings)
-
-    def _setup(self, node: Node) -> None:
-        options = dict(self._options)
+        options = dict(nfp or {})
         options.setdefault("on_shutdown", self._on_shutdown)
-        nfp = NfpNode(node, **options)
-        try:
-            for service, worker_name, tasks in self._workers:
-                nfp.add_worker(service, worker_name, tasks)
-            if self._user_setup is not None:
-                self._user_setup(nfp)
-        except BaseException:
-            nfp.store.close()   # its sockets go with the hub the failed start destroys
-            raise
-        self.nfp = nfp
+        self.nfp = NfpNode(**options, setup=self._setup)
+        self.node = ThreadedNode(name, config=config, overlays=[self.nfp], **settings)
+
+    def _setup(self, nfp: NfpNode) -> None:
+        for service, worker_name, tasks in self._workers:
+            nfp.add_worker(service, worker_name, tasks)
+        if self._user_setup is not None:
+            self._user_setup(nfp)
 
     # --- life cycle -----------------------------------------------------
 
     def start(self) -> "ThreadedNfp":
         """Start the node's thread, the node, then NFP; raises what they raise."""
         self.node.start()
-        try:
-            self.call(lambda nfp: nfp.start())
-        except BaseException:
-            self.node.stop()
-            raise
         return self
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop NFP (workers, broker, client, store), then the node and its thread."""
-        with self._stopping:
-            if self.node.running and self.nfp is not None:
-                try:
-                    self.call(lambda nfp: nfp.stop())
-                except NodeStateError:
-                    pass
-            self.node.stop(timeout)
+        self.node.stop(timeout)
 
     def _on_shutdown(self) -> None:
         # MMI shutdown, on the hub: stopping waits for the hub, so from another thread
@@ -114,15 +93,15 @@ class ThreadedNfp:
     @property
     def running(self) -> bool:
         """True between ``start`` and ``stop``."""
-        return self.node.running and self.nfp is not None and self.nfp.running
+        return self.node.running and self.nfp.running
 
     # --- on the node's hub ----------------------------------------------
 
     def call(self, fn: Callable[[NfpNode], T]) -> T:
         """Run ``fn(nfp)`` on the node's hub and return its result (or raise its error)."""
-        def run(node: Node) -> T:
-            if self.nfp is None:
-                raise NodeStateError("NFP is not set up")
+        def run(node: Any) -> T:
+            if not self.nfp.running:
+                raise NodeStateError(f"NFP is {self.nfp.lifecycle.value}")
             return fn(self.nfp)
         return self.node.call(run)
 
@@ -130,16 +109,16 @@ class ThreadedNfp:
         """Wait until the first broker decision has been made; True if it has."""
         return bool(self.call(lambda nfp: nfp.settled.wait(timeout)))
 
-    def add_listener(self, callback: Callable[[BrokerChanged], None]) -> None:
+    def add_listener(self, callback: Callable[[BrokerChanged[NfpCandidate]], None]) -> None:
         """Call ``callback(BrokerChanged)`` on every broker change (on the node's thread)."""
         self.call(lambda nfp: nfp.add_listener(callback))
 
-    def remove_listener(self, callback: Callable[[BrokerChanged], None]) -> None:
+    def remove_listener(self, callback: Callable[[BrokerChanged[NfpCandidate]], None]) -> None:
         """Stop calling ``callback``."""
         self.call(lambda nfp: nfp.remove_listener(callback))
 
     @property
-    def current_broker(self) -> Optional[Candidate]:
+    def current_broker(self) -> Optional[NfpCandidate]:
         """The broker in use (None before the first decision or with no candidate)."""
         return self.call(lambda nfp: nfp.current_broker)
 

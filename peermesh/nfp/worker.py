@@ -61,16 +61,18 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional
 
 import gevent
 import gevent.event
 import zmq
 
 from ..errors import ProtocolError
+from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import WORKER_MMI
+from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from .transport import Channel, bind_ephemeral, nfp_socket
 
@@ -198,8 +200,11 @@ class JobContext:
         return gevent.get_hub().threadpool.apply(fn, args, kwargs)
 
 
-class Worker:
-    """One worker of one service. Create before the node starts (it binds at once)."""
+class Worker(Overlay):
+    """One worker of one service, an overlay of its node (create and attach it before the
+    node starts: it binds at once and its endpoint goes in the node's HELLO)."""
+
+    roles: ClassVar[tuple[str, ...]] = ("nfp-worker",)
 
     def __init__(self, service: str, name: str, tasks: Tasks | Mapping[str, TaskFunction],
                  store: JobStore, *, address: str = "127.0.0.1",
@@ -207,6 +212,7 @@ class Worker:
                  multiplier: int = 3, admin_token: Optional[str] = None,
                  node_name: str = "", on_shutdown: Optional[Callable[["Worker"], None]] = None,
                  internal: bool = False) -> None:
+        super().__init__()
         nfp.format_target((name,))  # a name that can be targeted
         if not service or not service.isprintable() or service == WORKER_MMI:
             raise ValueError(f"{service!r} cannot be a worker's service")
@@ -239,15 +245,12 @@ class Worker:
         self._clients: dict[bytes, float] = {}
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0}
-        self.started = False
+        self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
 
     # --- life cycle -----------------------------------------------------
 
-    def start(self) -> "Worker":
-        """Start serving (on the current hub); re-queue jobs left unfinished by a crash."""
-        if self.started:
-            return self
-        self.started = True
+    def on_start(self) -> None:
+        """Start serving (on the node's hub); re-queue jobs left unfinished by a crash."""
         if not self.internal:
             self._direct = Channel(self._router, self._on_direct, f"worker {self.name}")
         else:
@@ -271,13 +274,9 @@ class Worker:
             log.info("worker %s: %d unfinished job(s) from before a restart queued again",
                      self.name, len(self._queue))
         self._greenlets = [gevent.spawn(self._executor), gevent.spawn(self._heartbeat)]
-        return self
 
-    def stop(self) -> None:
+    def on_stop(self, timeout: float) -> None:
         """Disconnect from the broker, stop running jobs (they stay queued on disk), close."""
-        if not self.started:
-            return
-        self.started = False
         running = self._running
         if running is not None and running.recovered:
             # a clean stop is not a crash: it runs again next time as if never started
@@ -306,7 +305,7 @@ class Worker:
             self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"broker changed"))
         self._close_broker()
         self.broker_endpoint = endpoint
-        if endpoint is not None and self.started:
+        if endpoint is not None and self.running:
             self._open_broker()
 
     def _open_broker(self) -> None:
@@ -333,7 +332,7 @@ class Worker:
         log.info("worker %s: new conversation with broker %s (%s)", self.name,
                  self.broker_endpoint, why)
         self._close_broker()
-        if self.broker_endpoint is not None and self.started:
+        if self.broker_endpoint is not None and self.running:
             self._open_broker()
 
     def _send_broker(self, msg: nfp.Message) -> bool:
@@ -388,7 +387,7 @@ class Worker:
             return
 
     def _after_disconnect(self, endpoint: Optional[str], why: str) -> None:
-        if self.started and self._broker is None and endpoint == self.broker_endpoint:
+        if self.running and self._broker is None and endpoint == self.broker_endpoint:
             self._reconnect(f"broker sent DISCONNECT: {why}")
 
     def _adopt_timing(self, body: bytes) -> None:
@@ -482,8 +481,7 @@ class Worker:
             return
         mmi = msg.service == WORKER_MMI
         if mmi:
-            from .services import worker_mmi_tasks
-            known = task in worker_mmi_tasks(self)
+            known = task in self.mmi_tasks()
         else:
             known = task in self.tasks
         if not known:
@@ -615,8 +613,7 @@ class Worker:
         """Run ``job`` in the current greenlet (the executor's, or an MMI job's own)."""
         mmi = job.service == WORKER_MMI
         if mmi:
-            from .services import worker_mmi_tasks
-            fn = worker_mmi_tasks(self).get(job.task)
+            fn = self.mmi_tasks().get(job.task)
         else:
             fn = self.tasks.get(job.task)
             self._running = job
@@ -769,6 +766,46 @@ class Worker:
     def reconnect(self) -> None:
         """Drop the broker conversation and start a new one (MMI disconnect/restart)."""
         self._reconnect("asked by MMI")
+
+    def mmi_tasks(self) -> dict[str, TaskFunction]:
+        """The ``mmi.service.worker`` tasks: show_broker, show_workers, show_clients; and
+        disconnect, restart and shutdown for callers with the admin token."""
+        if self._mmi_tasks is not None:
+            return self._mmi_tasks
+
+        def show_broker(job: Any) -> dict[str, Any]:
+            return self.broker_info()
+
+        def show_workers(job: Any) -> list[dict[str, Any]]:
+            return [self.info()]
+
+        def show_clients(job: Any) -> dict[str, Any]:
+            return self.clients_info()
+
+        def disconnect(job: Any, token: Any = None) -> str:
+            authorise(self.admin_token, token, "disconnect")
+            later(self.reconnect)
+            return f"worker {self.name} will reconnect to its broker"
+
+        def restart(job: Any, token: Any = None) -> str:
+            authorise(self.admin_token, token, "restart")
+            later(self.reconnect)
+            return f"worker {self.name} restarts its broker conversation"
+
+        def shutdown(job: Any, token: Any = None) -> str:
+            authorise(self.admin_token, token, "shutdown")
+            later(self._shut_down)
+            return f"worker {self.name} is shutting down"
+
+        self._mmi_tasks = {f.__name__: f for f in (show_broker, show_workers, show_clients,
+                                                   disconnect, restart, shutdown)}
+        return self._mmi_tasks
+
+    def _shut_down(self) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown(self)
+        else:
+            self.stop()
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} ({self.service}) {self.endpoint}>"

@@ -8,6 +8,10 @@ hub. ``attach`` merges every overlay's roles into one ``X-PM-ROLES`` header.
 The one thread-safe facade (``ThreadedNode(overlays=...)``) and the asyncio
 face drive any overlay through this contract, so no overlay writes a thread
 bridge of its own.
+
+Broker election is neutral and lives here too: ``election`` (the pure
+decision, ``X-PM-BROKER``) and ``broker`` (``BrokerTracker``, the overlay
+that follows one node's view), so any overlay can ride on the elected node.
 """
 
 from .contract import ROLES_HEADER, Lifecycle, Overlay, advertise, roles_of

@@ -6,9 +6,11 @@ Life cycle (one table, the same for every overlay)::
     NEW/ATTACHED --stop()--> STOPPED          (nothing was running)
 
 ``attach`` runs before the node starts (HELLO headers are sent once per
-connection, so they must be set first); ``start`` and ``stop`` run on the
-node's hub. A second ``start`` or a ``start`` after ``stop`` raises
-``NodeStateError``; ``stop`` is idempotent.
+connection, so they must be set first); ``start`` runs on the node's hub
+once the node has started, ``stop`` on the hub before the node stops. A
+second ``attach``, an ``attach`` to a running node, a ``start`` before
+``attach`` or before the node started, a second ``start`` and a ``start``
+after ``stop`` raise ``NodeStateError``; ``stop`` is idempotent.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class Overlay:
     def attach(self, node: "Node") -> None:
         """Bind to ``node`` before it starts: advertise headers and roles."""
         if self.lifecycle is not Lifecycle.NEW:
-            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}; it attaches once")
+            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}: it attaches once")
         if node.running:
             raise NodeStateError(f"attach {self._kind()} before its node starts: "
                                  "HELLO headers are sent once per connection")
@@ -97,9 +99,13 @@ class Overlay:
     def start(self) -> Any:
         """Start serving on the attached node's hub; returns ``self``."""
         if self.lifecycle is not Lifecycle.ATTACHED:
-            hint = "; attach it to a node first" if self.lifecycle is Lifecycle.NEW else ""
-            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}; "
-                                 f"it starts once{hint}")
+            why = "attach it to a node first" if self.lifecycle is Lifecycle.NEW \
+                else "it starts once"
+            raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}: {why}")
+        assert self.node is not None
+        if not self.node.running:
+            raise NodeStateError(f"start the node first: {self._kind()}.start() follows "
+                                 "node.start()")
         self.on_start()
         self.lifecycle = Lifecycle.RUNNING
         return self

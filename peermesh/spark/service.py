@@ -36,14 +36,15 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import zmq
 
-from ..errors import PeermeshError
+from ..errors import NodeStateError, PeermeshError
 from ..events import EventType
 from ..net.interfaces import select_interface
+from ..overlay import Lifecycle, Overlay
 from . import protocol
 from .log import MessageLog
 from .protocol import Op, Reply, Request
 
-__all__ = ["DriverService", "MeshSettings", "start_service", "current_service",
+__all__ = ["DriverService", "LogAdvert", "MeshSettings", "start_service", "current_service",
            "HEADER_LOG", "DEFAULT_DIRECTORY"]
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,20 @@ class ServiceStats:
     rejected: int = 0          #: SHOUTs that could not be stored (too large for SQLite)
 
 
+class LogAdvert(Overlay):
+    """The driver's log service as the mesh sees it: ``X-PM-SPARK-LOG`` and role
+    ``spark-log`` on the driver node's HELLO."""
+
+    roles = ("spark-log",)
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__()
+        self.endpoint = endpoint
+
+    def headers(self) -> dict[str, str]:
+        return {HEADER_LOG: self.endpoint}
+
+
 def _sada() -> Any:
     """``peermesh.sada`` when it is importable, else None."""
     try:
@@ -205,23 +220,24 @@ class DriverService:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
-        self._state = "new"
+        #: NEW, ATTACHED while starting or stopping (resources held), RUNNING, STOPPED
+        self.lifecycle = Lifecycle.NEW
 
     # --- life cycle -----------------------------------------------------
 
     def start(self) -> "DriverService":
         """Open the log, start the node (and channel), the ingest and the log server."""
-        if self._state != "new":
-            raise RuntimeError(f"service is {self._state}; a service starts once")
+        if self.lifecycle is not Lifecycle.NEW:
+            raise NodeStateError(f"service is {self.lifecycle.value}; a service starts once")
         from ..zre.threaded import ThreadedNode
 
-        self._state = "starting"
+        self.lifecycle = Lifecycle.ATTACHED
         try:
             self._start(ThreadedNode)
         except BaseException:
             self.stop()
             raise
-        self._state = "running"
+        self.lifecycle = Lifecycle.RUNNING
         return self
 
     def _start(self, node_class: Any) -> None:
@@ -242,20 +258,18 @@ class DriverService:
         self.endpoint = f"tcp://{address}:{port}"
 
         headers = dict(self._node_settings.pop("headers", None) or {})
-        headers[HEADER_LOG] = self.endpoint
         sada = _sada() if self._want_channel is not False else None
         if self._want_channel and sada is None:
             raise RuntimeError("channel=True needs peermesh.sada, which is not importable")
         if sada is not None:
             self.channel = sada.ThreadedChannel(address=itf.address)
             headers.update(self.channel.headers)
-        roles = [r for r in headers.get("X-PM-ROLES", "").split(",") if r] + ["spark-log"]
-        headers["X-PM-ROLES"] = ",".join(dict.fromkeys(roles))
         settings = dict(self._node_settings)
         if self._port is not None:
             settings["port"] = self._port
         self.node = node_class(self.name, groups=self.groups, interface=self._interface,
-                               headers=headers, **settings).start()
+                               headers=headers, overlays=[LogAdvert(self.endpoint)],
+                               **settings).start()
         if self.channel is not None:
             self.channel.start(self.node)
         self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config),
@@ -273,10 +287,10 @@ class DriverService:
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the channel, the node (port-0 beacon), the ingest and the log server."""
-        if self._state in ("stopped", "new"):
-            self._state = "stopped"
+        if self.lifecycle in (Lifecycle.STOPPED, Lifecycle.NEW):
+            self.lifecycle = Lifecycle.STOPPED
             return
-        self._state = "stopping"
+        self.lifecycle = Lifecycle.ATTACHED
         if self.channel is not None:
             try:
                 self.channel.stop()
@@ -289,11 +303,11 @@ class DriverService:
             thread.join(timeout + 5)
         if self._sock is not None:
             self._sock.close(linger=0)
-        self._state = "stopped"
+        self.lifecycle = Lifecycle.STOPPED
         _services[:] = [s for s in _services if s is not self]
 
     def __enter__(self) -> "DriverService":
-        return self.start() if self._state == "new" else self
+        return self.start() if self.lifecycle is Lifecycle.NEW else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -301,7 +315,7 @@ class DriverService:
     @property
     def running(self) -> bool:
         """True between ``start`` and ``stop``."""
-        return self._state == "running"
+        return self.lifecycle is Lifecycle.RUNNING
 
     # --- driver-side conveniences ----------------------------------------
 
@@ -577,7 +591,8 @@ class DriverService:
                 "resume": max(start, resume) if last > first else max(start, last)}
 
     def __repr__(self) -> str:
-        return f"<DriverService {self.name} {self._state} {self.endpoint or ''} {self.path}>"
+        return (f"<DriverService {self.name} {self.lifecycle.value} {self.endpoint or ''} "
+                f"{self.path}>")
 
 
 _last_rejected = 0.0

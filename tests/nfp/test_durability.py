@@ -18,6 +18,7 @@ import gevent
 import gevent.event
 import pytest
 
+from peermesh import Node
 from peermesh.nfp.store import JobStore
 from peermesh.nfp.worker import FINAL_IN_ACCEPT, Tasks, Worker
 from peermesh.wire import nfp
@@ -52,11 +53,15 @@ class Recorder:
 
 
 @contextmanager
-def recorded_worker(tmp_path: Path, tasks: Tasks) -> Iterator[tuple[Worker, JobStore, Recorder]]:
-    """A started worker whose broker link is a ``Recorder``."""
+def recorded_worker(tmp_path: Path, tasks: Tasks,
+                    port: int) -> Iterator[tuple[Worker, JobStore, Recorder]]:
+    """A started worker (on a node alone on loopback) whose broker link is a ``Recorder``."""
     path = tmp_path / "w.sqlite3"
     store = JobStore(path)
+    node = Node("w1", interface="lo", port=port)
     worker = Worker("svc", "w1", tasks, store, internal=True)
+    worker.attach(node)
+    node.start()
     worker.start()
     recorder = Recorder(path)
     worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
@@ -64,6 +69,7 @@ def recorded_worker(tmp_path: Path, tasks: Tasks) -> Iterator[tuple[Worker, JobS
         yield worker, store, recorder
     finally:
         worker.stop()
+        node.stop(0)
         recorder.close()
         store.close()
 
@@ -74,11 +80,11 @@ def post(worker: Worker, uuid: str, task: str, notify: bool) -> None:
     worker._on_broker(nfp.encode(nfp.Post(nfp.BROKER, "svc", "w1", uuid, (body,))))
 
 
-def test_acknowledgements_follow_the_commit(tmp_path: Path) -> None:
+def test_acknowledgements_follow_the_commit(tmp_path: Path, free_udp_port: int) -> None:
     tasks = Tasks()
     tasks.add("quick", lambda job: "done")
     tasks.add("slow", lambda job: gevent.sleep(0.05) or "slept")
-    with recorded_worker(tmp_path, tasks) as (worker, store, recorder):
+    with recorded_worker(tmp_path, tasks, free_udp_port) as (worker, store, recorder):
         # a quick job with notify: nothing leaves before the one commit, then the 202
         # carrying the result (no final EVENT)
         post(worker, "a" * 32, "quick", notify=True)
@@ -102,10 +108,11 @@ def test_acknowledgements_follow_the_commit(tmp_path: Path) -> None:
         assert isinstance(final, nfp.Event) and ("b" * 32, "completed") in rows
 
 
-def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path) -> None:
+def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path,
+                                                                  free_udp_port: int) -> None:
     tasks = Tasks()
     tasks.add("big", lambda job: "x" * (FINAL_IN_ACCEPT + 1))
-    with recorded_worker(tmp_path, tasks) as (worker, store, recorder):
+    with recorded_worker(tmp_path, tasks, free_udp_port) as (worker, store, recorder):
         post(worker, "c" * 32, "big", notify=True)
         recorder.wait_for(2)
         (accepted, _), (final, rows) = recorder.sent

@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 import zmq
 
-from peermesh.nfp import BrokerChanged, JobEvent, NfpNode
+from peermesh.errors import NodeStateError
+from peermesh.nfp import NFP_BROKER_HEADER, BrokerChanged, JobEvent, NfpNode
+from peermesh.overlay import Lifecycle, roles_of
+from peermesh.overlay.election import BROKER_HEADER
 from peermesh.wire import nfp
 from peermesh.wire.nfp import Status
 
@@ -306,6 +309,59 @@ def test_better_candidate_takes_over_and_everyone_moves(mesh: Mesh) -> None:
     assert done.status is Status.OK and done.body["workers"]["w1"]["result"] == "w1 slept"
     assert client.client.run("svc", "echo", [2], target="any", timeout=5).status is Status.OK
     assert better.broker.stats["requests"] >= 2                 # type: ignore[union-attr]
+    mesh.stop(better)                 # leaves cleanly: the first broker serves again
+    ready_brokered(client, first, "mmi.service.broker", 1)
+    shown = client.client.run("mmi.service.broker", "show_broker", target="any", timeout=5)
+    assert shown.body["workers"]["first.mmi"]["result"]["active"] is True
+
+
+def test_hello_headers_and_an_older_candidate_without_the_neutral_header(mesh: Mesh) -> None:
+    """NFP advertises its roles, the neutral candidacy and its broker's endpoint; a candidate
+    of an older version (only X-PM-NFP-BROKER) is still elected and used."""
+    old = mesh.add("old", broker="auto", priority=5, start=False)
+    old.node._headers.pop(BROKER_HEADER)     # type: ignore[attr-defined]  # what it sent
+    old.node.start()
+    old.start()
+    new = mesh.add("new", broker="auto", priority=1)
+    mesh.add("w1", workers=(("svc", "w1"),))
+    client = mesh.add("client")
+    ready_brokered(client, old, "svc", 1)
+    wait_until(lambda: new.current_broker is not None, 5, "the new candidate settled")
+    assert new.current_broker is not None and new.current_broker.uuid == old.node.uuid
+    assert old.is_broker and not new.is_broker
+    assert client.current_broker.endpoint == old.broker.endpoint   # type: ignore
+    assert client.client.run("svc", "echo", [1], target="any", timeout=5).status is Status.OK
+    seen = client.node.peer_headers(new.node.uuid)
+    assert roles_of(seen) == ["nfp-broker", "nfp-client"]
+    assert json.loads(seen[BROKER_HEADER]) == {"mode": "auto", "priority": 1}
+    assert json.loads(seen[NFP_BROKER_HEADER]) == {
+        "mode": "auto", "priority": 1, "endpoint": new.broker.endpoint}   # type: ignore
+    worker_headers = client.node.peer_headers(mesh.members[2][0].uuid)
+    assert roles_of(worker_headers) == ["nfp-client", "nfp-worker"]
+    assert BROKER_HEADER not in worker_headers and NFP_BROKER_HEADER not in worker_headers
+
+
+def test_nfp_node_life_cycle_is_the_overlay_contract(mesh: Mesh) -> None:
+    nfp_node = mesh.add("lc", workers=(("svc", "lc"),), start=False)
+    assert nfp_node.lifecycle is Lifecycle.ATTACHED
+    with pytest.raises(NodeStateError, match=r"start the node first"):
+        nfp_node.start()
+    nfp_node.node.start()
+    with pytest.raises(NodeStateError, match="add workers after attaching NfpNode and before "
+                                             r"node.start\(\)"):
+        nfp_node.add_worker("late")
+    nfp_node.start()
+    assert nfp_node.running and all(w.running for w in nfp_node.workers)
+    assert nfp_node.client.running
+    with pytest.raises(NodeStateError, match="NfpNode is running: it starts once"):
+        nfp_node.start()
+    nfp_node.stop()
+    assert nfp_node.lifecycle is Lifecycle.STOPPED
+    assert not nfp_node.client.running and not any(w.running for w in nfp_node.workers)
+    nfp_node.stop()                              # idempotent
+    unattached = NfpNode(data_dir=mesh.data_dir)
+    with pytest.raises(NodeStateError, match="add workers after attaching"):
+        unattached.add_worker("svc")
 
 
 def test_broker_services(mesh: Mesh, tmp_path: Path) -> None:
@@ -355,7 +411,11 @@ def test_broker_services(mesh: Mesh, tmp_path: Path) -> None:
     assert ok.body["workers"]["w1"]["failed"] is False
     restart = call("mmi.service.broker", "restart", token="t0k")
     assert restart["failed"] is False
+    wait_until(lambda: broker.broker.stats["elections_won"] == 2, 5,   # type: ignore
+               "the broker restarted")
     ready_brokered(client, broker, "svc", 1)                   # workers registered again
+    ready_brokered(client, broker, "mmi.service.broker", 1)    # so are the broker's services
+    assert call("mmi.service.broker", "show_broker")["result"]["active"] is True
     assert c.run("svc", "echo", target="any", timeout=5).status is Status.OK
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from peermesh.nfp.services import (NotAuthorised, _authorise, fss_tasks, resolve_nf_url,
+from peermesh.nfp.services import (NotAuthorised, authorise, fss_tasks, resolve_nf_url,
                                    sid_tasks, yaml_available)
 
 
@@ -106,9 +106,20 @@ def test_sid_without_pyyaml_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_destructive_mmi_needs_the_configured_token() -> None:
     with pytest.raises(NotAuthorised, match="no admin token"):
-        _authorise(None, "anything", "shutdown")
+        authorise(None, "anything", "shutdown")
     with pytest.raises(NotAuthorised, match="wrong token"):
-        _authorise("s3cret", "guess", "shutdown")
+        authorise("s3cret", "guess", "shutdown")
     with pytest.raises(NotAuthorised):
-        _authorise("s3cret", None, "restart")
-    _authorise("s3cret", "s3cret", "restart")
+        authorise("s3cret", None, "restart")
+    authorise("s3cret", "s3cret", "restart")
+
+
+
+def test_the_services_module_needs_neither_worker_nor_broker() -> None:
+    """No import cycle: the worker and the broker import the services, not the reverse."""
+    import ast
+    import peermesh.nfp.services as services
+    tree = ast.parse(Path(services.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level == 1}
+    assert imported.isdisjoint({"worker", "broker", "mesh", "client"}), imported

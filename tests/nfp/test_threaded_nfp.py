@@ -1,4 +1,4 @@
-"""NFP from a plain threaded program: ``ThreadedNfp`` (an NfpNode built in ThreadedNode's setup).
+"""NFP from a plain threaded program: ``ThreadedNfp`` (an NfpNode riding on a ThreadedNode).
 
 Every node lives in a thread of its own with a private gevent hub; this test
 thread never touches gevent. Brokerless and brokered jobs, several caller

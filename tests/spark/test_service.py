@@ -154,3 +154,25 @@ def test_payload_values_and_packing() -> None:
     packed = pack_value({"when": when, "price": decimal.Decimal("1.50"), "raw": b"\x00"})
     assert msgpack.unpackb(packed) == {"when": "2024-01-02T03:04:05", "price": "1.50",
                                        "raw": b"\x00"}
+
+
+@pytest.mark.parametrize("channel", [False, True])
+def test_the_driver_node_advertises_the_log_and_its_roles(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any], channel: bool) -> None:
+    from peermesh.errors import NodeStateError
+    from peermesh.overlay import Lifecycle, roles_of
+    from peermesh.spark.service import HEADER_LOG
+
+    service = make_service(["tele"], channel=channel)
+    assert service.lifecycle is Lifecycle.RUNNING and service.running
+    with pytest.raises(NodeStateError, match="service is running; a service starts once"):
+        service.start()
+    peer = make_peer("reader")
+    meet(peer, "tele")
+    driver = peer.peers_by_group("tele")[0]
+    headers = peer.peer_headers(driver)
+    assert headers[HEADER_LOG] == service.endpoint
+    assert roles_of(headers) == (["sada-channel", "spark-log"] if channel else ["spark-log"])
+    service.stop(0.2)
+    assert service.lifecycle is Lifecycle.STOPPED and not service.running
+    service.stop(0.2)                       # twice is fine

@@ -4,7 +4,7 @@ How it works
 ------------
 Nodes that may be broker ("candidates") advertise it in their HELLO headers::
 
-    X-PM-NFP-BROKER: {"mode": "auto"|"always", "priority": <int>, "endpoint": "tcp://..."}
+    X-PM-BROKER: {"mode": "auto"|"always", "priority": <int>}
 
 Every node (candidate or not) keeps the set of candidates it can see - the
 ready peers whose HELLO carried that header, plus itself if it is one - and
@@ -18,9 +18,17 @@ other; both compute the same winner and exactly one steps down: the one
 with the lower rank. A higher-ranked candidate joining later takes over the
 same way (the rule has no memory, which is what makes the heal converge).
 
+The election is neutral: it names a node, nothing more. Each overlay that
+rides on the elected node (such as NFP's broker) advertises where it serves
+in a header of its own.
+
+Older peermesh versions advertised candidacy in NFP's ``X-PM-NFP-BROKER``
+(the same JSON plus NFP's ``endpoint``); a peer without ``X-PM-BROKER`` is
+read from that header, so a mesh of old and new versions elects one broker.
+
 ``Election`` tracks the view for one node and says when the broker changes
-(``Change``); the overlay turns that into starting or stopping its broker,
-moving its workers and clients, and an event for the application.
+(``Change``); ``peermesh.overlay.broker.BrokerTracker`` feeds it a node's
+events.
 """
 
 from __future__ import annotations
@@ -30,11 +38,14 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 from uuid import UUID
 
-__all__ = ["BROKER_HEADER", "Candidate", "Change", "Election", "elect", "parse_candidate",
-           "candidate_header", "MODES"]
+__all__ = ["BROKER_HEADER", "LEGACY_BROKER_HEADER", "MODES", "Candidate", "Change",
+           "Election", "elect", "parse_candidate", "candidate_header"]
 
-BROKER_HEADER = "X-PM-NFP-BROKER"
-#: ``--broker`` choices: never (not a candidate), auto (candidate), always (candidate that
+#: HELLO header of a broker candidate: JSON ``{"mode", "priority"}``
+BROKER_HEADER = "X-PM-BROKER"
+#: where peermesh before the neutral header advertised candidacy (NFP's broker header)
+LEGACY_BROKER_HEADER = "X-PM-NFP-BROKER"
+#: candidacy choices: never (not a candidate), auto (candidate), always (candidate that
 #: outranks every "auto" candidate)
 MODES = ("never", "auto", "always")
 
@@ -45,7 +56,6 @@ class Candidate:
 
     uuid: UUID
     priority: int
-    endpoint: str
     mode: str = "auto"
     name: str = ""
 
@@ -79,33 +89,33 @@ def elect(candidates: Iterable[Candidate]) -> Optional[Candidate]:
     return max(candidates, key=lambda c: c.rank, default=None)
 
 
-def candidate_header(mode: str, priority: int, endpoint: str) -> str:
-    """The ``X-PM-NFP-BROKER`` header value of a candidate."""
+def candidate_header(mode: str, priority: int) -> str:
+    """The ``X-PM-BROKER`` header value of a candidate; ValueError for a bad mode or priority."""
     if mode not in ("auto", "always"):
         raise ValueError(f"broker mode {mode!r} is not 'auto' or 'always'")
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError("broker priority must be an integer")
-    return json.dumps({"mode": mode, "priority": priority, "endpoint": endpoint},
-                      separators=(",", ":"))
+    return json.dumps({"mode": mode, "priority": priority}, separators=(",", ":"))
 
 
 def parse_candidate(uuid: UUID, headers: Mapping[str, str], name: str = "") -> Optional[Candidate]:
     """The candidate a peer's headers describe; None if it is none or the header is malformed."""
     raw = headers.get(BROKER_HEADER)
     if raw is None:
-        return None
+        raw = headers.get(LEGACY_BROKER_HEADER)
+        if raw is None:
+            return None
     try:
         data = json.loads(raw)
     except ValueError:
         return None
     if not isinstance(data, dict):
         return None
-    mode, priority, endpoint = data.get("mode"), data.get("priority"), data.get("endpoint")
+    mode, priority = data.get("mode"), data.get("priority")
     if mode not in ("auto", "always") or not isinstance(priority, int) \
-            or isinstance(priority, bool) or not isinstance(endpoint, str) \
-            or not endpoint.startswith("tcp://"):
+            or isinstance(priority, bool):
         return None
-    return Candidate(uuid, priority, endpoint, mode, name)
+    return Candidate(uuid, priority, mode, name)
 
 
 class Election:
@@ -131,9 +141,9 @@ class Election:
     def peer_entered(self, uuid: UUID, headers: Mapping[str, str],
                      name: str = "") -> Optional[Change]:
         """A peer said HELLO; the change of broker it causes, if any."""
-        candidate = parse_candidate(uuid, headers, name)
         if uuid == self.my_uuid:
             return None
+        candidate = parse_candidate(uuid, headers, name)
         if candidate is None:
             if self._candidates.pop(uuid, None) is None:
                 return None

@@ -1,25 +1,26 @@
-"""Broker election: the pure decision and the per-node tracker (incl. partition and heal)."""
+"""Broker election: the pure decision over the mesh view (incl. partition and heal)."""
 
 from __future__ import annotations
 
 import json
 from uuid import UUID
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peermesh.nfp.election import (BROKER_HEADER, Candidate, Election, candidate_header, elect,
-                                   parse_candidate)
+from peermesh.overlay.election import (BROKER_HEADER, LEGACY_BROKER_HEADER, Candidate, Election,
+                                       candidate_header, elect, parse_candidate)
 
 U = [UUID(int=i) for i in range(10)]
 
 
 def cand(i: int, priority: int = 0, mode: str = "auto") -> Candidate:
-    return Candidate(U[i], priority, f"tcp://127.0.0.1:{5000 + i}", mode, f"n{i}")
+    return Candidate(U[i], priority, mode, f"n{i}")
 
 
 def headers(c: Candidate) -> dict[str, str]:
-    return {BROKER_HEADER: candidate_header(c.mode, c.priority, c.endpoint)}
+    return {BROKER_HEADER: candidate_header(c.mode, c.priority)}
 
 
 def enter(view: Election, c: Candidate):  # type: ignore[no-untyped-def]
@@ -48,12 +49,29 @@ def test_every_view_order_elects_the_same(specs: list[tuple[int, int, str]], rnd
 def test_header_round_trip_and_malformed_headers_ignored() -> None:
     c = cand(4, 7, "always")
     assert parse_candidate(U[4], headers(c), "n4") == c
-    for bad in ("", "{", "[]", json.dumps({"mode": "boss", "priority": 1, "endpoint": "tcp://x"}),
-                json.dumps({"mode": "auto", "priority": "1", "endpoint": "tcp://x"}),
-                json.dumps({"mode": "auto", "priority": True, "endpoint": "tcp://x"}),
-                json.dumps({"mode": "auto", "priority": 1, "endpoint": "ipc:///x"})):
+    assert json.loads(headers(c)[BROKER_HEADER]) == {"mode": "always", "priority": 7}
+    for bad in ("", "{", "[]", "7", json.dumps({"mode": "boss", "priority": 1}),
+                json.dumps({"mode": "never", "priority": 1}), json.dumps({"mode": "auto"}),
+                json.dumps({"mode": "auto", "priority": "1"}),
+                json.dumps({"mode": "auto", "priority": True})):
         assert parse_candidate(U[4], {BROKER_HEADER: bad}) is None
     assert parse_candidate(U[4], {}) is None
+    for mode, priority in (("never", 1), ("boss", 1), ("auto", "1"), ("auto", True)):
+        with pytest.raises(ValueError):
+            candidate_header(mode, priority)   # type: ignore[arg-type]
+
+
+def test_an_older_peer_is_read_from_the_nfp_header_it_advertised() -> None:
+    """Before the neutral header, candidacy was NFP's X-PM-NFP-BROKER (with the endpoint):
+    a mixed mesh of old and new versions still elects one broker."""
+    old = json.dumps({"mode": "auto", "priority": 3, "endpoint": "tcp://127.0.0.1:5001"})
+    assert parse_candidate(U[4], {LEGACY_BROKER_HEADER: old}, "n4") == cand(4, 3)
+    both = {LEGACY_BROKER_HEADER: old, **headers(cand(4, 8, "always"))}
+    assert parse_candidate(U[4], both, "n4") == cand(4, 8, "always")   # the neutral one counts
+    new_view, old_view = Election(cand(1, 5)), Election(None, U[7])
+    change = new_view.peer_entered(U[4], {LEGACY_BROKER_HEADER: old}, "n4")
+    assert change is None and new_view.broker == cand(1, 5)            # 5 beats the old 3
+    assert old_view.peer_entered(U[4], {LEGACY_BROKER_HEADER: old}, "n4") is not None
 
 
 def test_tracker_reelects_on_exit() -> None:

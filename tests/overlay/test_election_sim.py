@@ -1,12 +1,12 @@
 """Broker election on the simulated network: kill, partition and heal, in virtual time.
 
-Eight real ``Node`` objects on a ``peermesh.sim`` network, each with the real
-``BrokerTracker`` of ``NfpNode`` (the socket-free part of the election:
-candidates from HELLO headers set by ``advertise_candidate``, ENTER/EXIT
-through the node's listener, the settle delay on the node's clock,
-``BrokerChanged`` to listeners). NFP's own ZeroMQ sockets are not simulated,
-so candidates advertise an endpoint nobody connects to; everything the
-election decides comes from the mesh view, exactly as on a real network.
+Eight real ``Node`` objects on a ``peermesh.sim`` network, each with the
+neutral ``BrokerTracker`` overlay that ``NfpNode`` (and any overlay riding on
+the elected node) uses: candidates from the ``X-PM-BROKER`` HELLO header it
+sets when attached, ENTER/EXIT through the node's listener, the settle delay
+on the node's clock, ``BrokerChanged`` to listeners. It opens no socket, so
+everything the election decides comes from the mesh view, exactly as on a
+real network.
 
 The story: four candidates (sim0 > sim1 > sim2 > sim3 by priority) and four
 other nodes agree on sim0; sim0 crashes (no goodbye) and the rest agree on
@@ -25,7 +25,7 @@ import pytest
 
 import peermesh.sim.simulation as simulation_module
 from peermesh import Node
-from peermesh.nfp import BrokerChanged, BrokerTracker, advertise_candidate
+from peermesh.overlay.broker import BrokerChanged, BrokerTracker
 from peermesh.sim import Simulation
 
 INTERVAL, EXPIRED = 1.0, 30.0   # ZRE's defaults (evasive 5 s, silent 10 s)
@@ -34,7 +34,7 @@ CANDIDATES = {0: 9, 1: 7, 2: 5, 3: 3}
 
 
 class Harness:
-    """A Simulation whose nodes each run an NFP broker tracker; changes recorded per node."""
+    """A Simulation whose nodes each run a broker tracker; changes recorded per node."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -43,21 +43,18 @@ class Harness:
         self.dead: set[Node] = set()
 
     def setup(self, node: Node) -> None:
-        """What ``NfpNode.__init__`` does for the election, before the node starts."""
+        """Attach the tracker (a candidate's sets its header), before the node starts."""
         index = int(node.name.removeprefix("sim"))
-        candidate = None
-        if index in CANDIDATES:
-            # the endpoint would be the candidate's broker ROUTER; not simulated
-            candidate = advertise_candidate(node, "auto", CANDIDATES[index],
-                                            f"tcp://10.99.0.{index + 1}:5{index:04d}")
-        tracker = BrokerTracker(node, candidate)
+        tracker = BrokerTracker("auto", CANDIDATES[index]) if index in CANDIDATES \
+            else BrokerTracker()
+        tracker.attach(node)
         tracker.add_listener(lambda change: self.changes.append(
             (self.sim.clock.now(), node, change)))
         self.trackers[node] = tracker
 
     def start(self) -> None:
         for node in self.sim.nodes:
-            self.trackers[node].start()   # what NfpNode.start() does, after node.start()
+            self.trackers[node].start()   # after node.start()
 
     def node(self, index: int) -> Node:
         return self.sim.nodes[index]
@@ -102,7 +99,7 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Any:
 
         class SetupNode(Node):
             # Simulation creates and starts its nodes in one go; the election headers
-            # must be set in between, as NfpNode does before node.start().
+            # must be set in between, as attach does before node.start().
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 h.setup(self)
