@@ -102,8 +102,7 @@ class Overlay:
             why = "attach it to a node first" if self.lifecycle is Lifecycle.NEW \
                 else "it starts once"
             raise NodeStateError(f"{self._kind()} is {self.lifecycle.value}: {why}")
-        assert self.node is not None
-        if not self.node.running:
+        if self.node is not None and not self.node.running:  # (an overlay may serve alone)
             raise NodeStateError(f"start the node first: {self._kind()}.start() follows "
                                  "node.start()")
         self.on_start()
