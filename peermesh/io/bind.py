@@ -35,8 +35,11 @@ BUSY_WAIT = 1.0
 Prepare = Callable[[str], None]
 
 
-class BindError(PeermeshError):
-    """A socket cannot listen at an endpoint; the message names it and says why."""
+class BindError(PeermeshError, ValueError):
+    """A socket cannot listen at an endpoint; the message names it and says why.
+
+    Also a ``ValueError``: the endpoint (or address) given cannot be used.
+    """
 
 
 def check_endpoint(endpoint: str) -> None:

@@ -67,6 +67,7 @@ from gevent.hub import Waiter
 from greenlet import getcurrent
 
 from ..errors import NodeStateError, ProtocolError
+from ..io import make_socket, shared_context
 from ..net.interfaces import select_interface
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
@@ -234,8 +235,8 @@ class Channel:
         self.dead_after = float(dead_after)
         self.timeout = float(timeout)
         self._clock = clock
-        self._context = context or zmq.Context.instance()
-        sock = self._context.socket(zmq.ROUTER)
+        self._context = context or shared_context()
+        sock = make_socket(zmq.ROUTER, context=self._context)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -641,7 +642,7 @@ class Channel:
 
     # --- incoming -------------------------------------------------------------
 
-    def _on_message(self, identity: bytes, frames: list, last: zmq.Frame) -> None:
+    def _on_message(self, identity: bytes, frames: list, last: Optional[str]) -> None:
         # The fast path: a REP as the spec draws it, from the server holding the request.
         if len(frames) == 6 and frames[2] == _REP and frames[1] == _PROTOCOL and not frames[0]:
             server = self._servers.get(identity)
@@ -690,14 +691,11 @@ class Channel:
         log.debug("dropped unexpected %s from %r", kind.__name__, identity)
 
     def _on_intr(self, identity: bytes, server: Optional[_Server], intr: Intr,
-                 last: zmq.Frame) -> None:
+                 last: Optional[str]) -> None:
         now = self._clock()
         self.stats["intr"] += 1
         if server is None:
-            try:
-                address = last.get("Peer-Address")
-            except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
-                address = ""
+            address = last  # the sender's Peer-Address
             known = [s.latency for s in self._servers.values()]
             server = _Server(identity, str(address or ""), now,
                              min(known) if known else _INITIAL_LATENCY)
