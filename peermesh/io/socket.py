@@ -365,7 +365,9 @@ class HubSocket:
         sock = self.socket
         batch_of = self._batch
         limit, max_frames = self.limit, self.max_frames
-        full = hold = release = None
+        full: Optional[Callable[[], bool]] = None
+        hold: Callable[[], None] = _nothing
+        release: Callable[[], None] = _nothing
         if backpressure is not None:
             full, hold, release = backpressure.full, backpressure.hold, backpressure.release
         resuming: list[gevent.Greenlet] = []
@@ -493,7 +495,11 @@ class HubSocket:
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
-        return f"<HubSocket {self.endpoint or self.socket.type}{state}>"
+        return f"<HubSocket {self.endpoint or self.socket.type!r}{state}>"
+
+
+def _nothing() -> None:
+    pass
 
 
 def _pyzmq_events(sock: zmq.Socket) -> int:
@@ -502,6 +508,7 @@ def _pyzmq_events(sock: zmq.Socket) -> int:
 
 def _property(frame: zmq.Frame, name: str) -> Optional[str]:
     try:
-        return frame.get(name)  # type: ignore[no-any-return]
+        value = frame.get(name)
     except (zmq.ZMQError, UnicodeDecodeError):
         return None
+    return value if isinstance(value, str) else None

@@ -46,7 +46,8 @@ from .client import Client
 from .election import MODES, Candidate, Change, Election
 from .store import JobStore, store_path
 from .tracker import BrokerChanged, BrokerTracker, advertise_candidate
-from .transport import bind_ephemeral, nfp_socket
+from ..io import bind_ephemeral, shared_context
+from .transport import nfp_socket
 from .worker import Tasks, TaskFunction, Worker, advertised
 
 __all__ = ["NfpNode", "BrokerChanged", "WORKER_HEADER", "default_data_dir"]
@@ -115,7 +116,7 @@ class NfpNode:
         self.purge_interval = float(purge_interval)
         self.admin_token = admin_token
         self.address = select_interface(node.config.interface).address
-        self.context: zmq.Context = zmq.Context.instance()
+        self.context: zmq.Context = shared_context()
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.store = JobStore(store_path(self.data_dir, store_name or node.name), retention)
         self.workers: list[Worker] = []

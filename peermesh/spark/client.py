@@ -40,11 +40,9 @@ class LogClient:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            # the process-wide context: a private one collected while a socket is open
-            # would block whichever thread the garbage collector runs in
-            sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
+            from ..io import make_socket  # (the process-wide context: a private one
+            # collected while a socket is open would block whichever thread the GC runs in)
+            sock = make_socket(zmq.DEALER, {zmq.RCVHWM: 0})
             sock.connect(self.endpoint)
             self._sock = sock
         return self._sock

@@ -13,7 +13,8 @@ program, with no monkey-patching:
   appends it, in arrival order, to a ``MessageLog`` (SQLite, WAL) under the
   configured directory, in batches of whatever has arrived;
 * a **log server** thread answers the ``PMLOG1`` protocol (see
-  ``protocol``) on a ZeroMQ ROUTER: offsets, ranges of rows, consumer
+  ``protocol``) on a ZeroMQ ROUTER, served by the I/O layer's ``HubSocket``
+  on that thread's own gevent hub: offsets, ranges of rows, consumer
   registration, commits and trims. Spark calls the data source only in
   Python worker processes, never in the driver's own; they reach the log
   through this socket.
@@ -31,9 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Union
 
+import gevent
 import zmq
 
 from ..events import EventType
+from ..io import HubSocket, bind, bind_ephemeral, make_socket
 from ..net.interfaces import select_interface
 from . import protocol
 from .log import MessageLog
@@ -50,7 +53,7 @@ HEADER_LOG = "X-PM-SPARK-LOG"
 DEFAULT_DIRECTORY = "peermesh-data"
 _MAX_FETCH_BYTES = 16 * 1024 * 1024
 _INGEST_BATCH = 20_000
-_POLL_MS = 100
+_POLL_MS = 100  # the ingest thread's wait for node events
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ class DriverService:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
+        self._server: Optional[tuple[HubSocket, Any]] = None  # and its hub's loop
         self._state = "new"
 
     # --- life cycle -----------------------------------------------------
@@ -200,18 +204,11 @@ class DriverService:
         self.log_id = writer.log_id
         self.stats.trimmed_to = writer.earliest
         itf = select_interface(self._interface)
-        sock: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        address = self._bind or itf.address
-        if self._bind_port:
-            sock.bind(f"tcp://{address}:{self._bind_port}")
-            port = self._bind_port
-        else:
-            port = sock.bind_to_random_port(f"tcp://{address}")
+        sock = make_socket(zmq.ROUTER, {zmq.SNDHWM: 0, zmq.RCVHWM: 0})
         self._sock = sock
-        self.endpoint = f"tcp://{address}:{port}"
+        address = self._bind or itf.address
+        self.endpoint = (bind(sock, f"tcp://{address}:{self._bind_port}") if self._bind_port
+                         else bind_ephemeral(sock, address))
 
         headers = dict(self._node_settings.pop("headers", None) or {})
         headers[HEADER_LOG] = self.endpoint
@@ -256,6 +253,12 @@ class DriverService:
         if self.node is not None:
             self.node.stop(timeout)
         self._stopping.set()
+        server = self._server
+        if server is not None:  # the log server's hub runs in its own thread
+            try:
+                server[1].run_callback_threadsafe(server[0].close)
+            except Exception:  # that thread ended meanwhile, and its hub with it
+                pass
         for thread in self._threads:
             thread.join(timeout + 5)
         if self._sock is not None:
@@ -382,29 +385,29 @@ class DriverService:
     def _serve(self, reader: MessageLog) -> None:
         sock = self._sock
         assert sock is not None
+        hub = gevent.get_hub()  # this thread's own
+        server = HubSocket(sock, endpoint=self.endpoint or "")
+        handle = self._handle
+
+        def on_message(identity: bytes, body: list[bytes]) -> None:
+            reply = handle(reader, body)
+            if reply is None:
+                return
+            try:
+                if not server.try_send([identity, *protocol.encode_reply(reply)]):
+                    log.debug("could not reply to %r", identity)
+            except zmq.ZMQError:
+                log.debug("could not reply to %r", identity)
+
+        self._server = (server, hub.loop)
         try:
-            while not self._stopping.is_set():
-                if not sock.poll(_POLL_MS):
-                    continue
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    identity, body = frames[0], frames[1:]
-                    reply = self._handle(reader, body)
-                    if reply is None:
-                        continue
-                    try:
-                        sock.send_multipart([identity, *protocol.encode_reply(reply)],
-                                            zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        log.debug("could not reply to %r", identity)
-        except zmq.ZMQError:
-            if not self._stopping.is_set():
-                log.exception("the log server stopped")
+            if not self._stopping.is_set():  # else stop() came first
+                server.serve(on_message)  # until stop() closes it
         finally:
+            self._server = None
+            server.close()
             reader.close()
+            hub.destroy(destroy_loop=True)
 
     def _handle(self, reader: MessageLog, frames: list[bytes]) -> Optional[Reply]:
         self.stats.requests += 1
