@@ -5,7 +5,7 @@
 ``HubSocket`` reads, writes and waits on it cooperatively.
 """
 
-from .bind import BindError, bind, bind_ephemeral
+from .endpoints import BindError, bind, bind_ephemeral
 from .context import shared_context
 from .socket import HubSocket, make_socket
 

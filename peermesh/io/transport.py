@@ -32,7 +32,7 @@ import zmq
 
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
-from .bind import bind_ephemeral
+from .endpoints import bind_ephemeral
 from .context import shared_context
 from .socket import HubSocket, make_socket
 

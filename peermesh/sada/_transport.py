@@ -17,9 +17,9 @@ from typing import Callable, Optional, Sequence
 
 import zmq
 
-from ..io.bind import BindError
-from ..io.bind import bind as _bind
-from ..io.bind import bind_ephemeral
+from ..io.endpoints import BindError
+from ..io.endpoints import bind as _bind
+from ..io.endpoints import bind_ephemeral
 from ..io.socket import HubSocket
 from ..wire.sada import DELIMITER, PROTOCOL, Command
 
@@ -132,6 +132,6 @@ def bind_endpoint(sock: zmq.Socket, endpoint: str) -> str:
     if endpoint.startswith("tcp://"):
         host = endpoint[6:].rpartition(":")[0]
         if host in ("*", "0.0.0.0", ""):
-            raise BindError(f"cannot bind {endpoint!r}: a channel's identity is its public "
+            raise BindError(f"cannot bind {endpoint}: a channel's identity is its public "
                             "endpoint, so bind a concrete address, not a wildcard")
     return _bind(sock, endpoint, _set_identity(sock))

@@ -49,18 +49,18 @@ def check_endpoint(endpoint: str) -> None:
         raise BindError(f"endpoint {endpoint!r} is not a string")
     transport, sep, rest = endpoint.partition("://")
     if not sep or not rest:
-        raise BindError(f"cannot bind {endpoint!r}: not TRANSPORT://ADDRESS "
+        raise BindError(f"cannot bind {endpoint}: not TRANSPORT://ADDRESS "
                         "(tcp://HOST:PORT, ipc://PATH or inproc://NAME)")
     if transport in ("ipc", "inproc"):
         return
     if transport != "tcp":
-        raise BindError(f"cannot bind {endpoint!r}: transport {transport!r} is not "
+        raise BindError(f"cannot bind {endpoint}: transport {transport!r} is not "
                         "tcp, ipc or inproc")
     host, sep, port = rest.rpartition(":")
     if not sep or not host:
-        raise BindError(f"cannot bind {endpoint!r}: not tcp://HOST:PORT")
+        raise BindError(f"cannot bind {endpoint}: not tcp://HOST:PORT")
     if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise BindError(f"cannot bind {endpoint!r}: port {port!r} is not in 1-65535")
+        raise BindError(f"cannot bind {endpoint}: port {port!r} is not in 1-65535")
 
 
 def bind(sock: zmq.Socket, endpoint: str, prepare: Optional[Prepare] = None) -> str:
@@ -90,7 +90,7 @@ def bind_ephemeral(sock: zmq.Socket, address: str, prepare: Optional[Prepare] = 
             return _bind_once(sock, endpoint, prepare)
         except zmq.ZMQError as exc:
             if exc.errno != errno.EADDRINUSE:
-                raise _error(endpoint, exc) from None
+                raise _error(f"an ephemeral port on {address}", exc) from None
     raise BindError(f"cannot bind an ephemeral port on {address}: no free port in "
                     f"{EPHEMERAL_PORTS.start}-{EPHEMERAL_PORTS.stop - 1}")
 
@@ -103,7 +103,7 @@ def _bind_once(sock: zmq.Socket, endpoint: str, prepare: Optional[Prepare]) -> s
     return bound.decode() if isinstance(bound, bytes) else str(bound)
 
 
-def _error(endpoint: str, exc: zmq.ZMQError) -> BindError:
+def _error(what: str, exc: zmq.ZMQError) -> BindError:
     reasons = {
         errno.EADDRINUSE: "the address is in use",
         errno.ENODEV: "the host does not resolve to an address of this machine",
@@ -113,4 +113,4 @@ def _error(endpoint: str, exc: zmq.ZMQError) -> BindError:
         errno.EINVAL: "the endpoint is not valid",
     }
     reason = reasons.get(exc.errno or 0, str(exc))
-    return BindError(f"cannot bind {endpoint}: {reason} ({exc.strerror})")
+    return BindError(f"cannot bind {what}: {reason} ({exc.strerror})")
