@@ -41,7 +41,7 @@ from greenlet import getcurrent
 from . import zmqbatch
 from .context import shared_context
 
-__all__ = ["HubSocket", "make_socket", "GUARD", "BATCH"]
+__all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ _EVENTS = int(zmq.EVENTS)
 _Backend: Any = zmq.Socket.__mro__[1]  # the Cython socket under pyzmq's Python layer
 _backend_send: Callable[..., Any] = _Backend.send
 _backend_get: Callable[[zmq.Socket, int], int] = _Backend.get
+#: whether a socket was closed (by its owner or ``Context.destroy``): pyzmq's flag, read
+#: past ``zmq.Socket.__getattr__`` (``Socket.closed`` also asks libzmq: far dearer)
+is_closed: Callable[[zmq.Socket], bool] = _Backend.__dict__["_closed"].__get__
 
 #: on_message(first frame, the other frames) or, with ``metadata``, (first, rest, value)
 MessageHandler = Callable[..., None]
@@ -111,7 +114,7 @@ class HubSocket:
 
     __slots__ = ("socket", "endpoint", "limit", "max_frames", "closed", "_target", "_send",
                  "_events", "_batch", "_recv", "_readable", "_hub", "_io", "_guard",
-                 "_parked", "_serving", "_paused", "_scheduled", "_draining", "_drain",
+                 "_parked", "_touched", "_serving", "_paused", "_scheduled", "_draining", "_drain",
                  "_drainer", "_done")
 
     def __init__(self, sock: zmq.Socket, *, endpoint: str = "", limit: Optional[int] = None,
@@ -141,6 +144,7 @@ class HubSocket:
         self._io: Any = None
         self._guard: Any = None
         self._parked: list[Any] = []  # greenlets waiting in wait_readable / wait_writable
+        self._touched = False  # the socket was used since ``read`` found it empty
         self._serving: Optional[MessageHandler] = None
         self._paused = False  # serving, but reading paused by backpressure
         self._scheduled = False
@@ -163,6 +167,7 @@ class HubSocket:
         Other errors (a ROUTER_MANDATORY peer unknown, the socket closed:
         ENOTSOCK) raise ``zmq.ZMQError``; nothing is ever half-sent.
         """
+        self._touched = True
         if self._send(self._target, frames):
             if self._serving is not None or self._parked:
                 self._after_send()
@@ -182,8 +187,9 @@ class HubSocket:
 
     def events(self) -> int:
         """The socket's ``EVENTS`` (POLLIN | POLLOUT); ENOTSOCK once it is closed."""
-        if self.closed or self.socket.closed:  # also behind our back: never a freed handle
+        if self.closed or is_closed(self.socket):  # also behind our back: never a freed handle
             raise zmq.ZMQError(zmq.ENOTSOCK)
+        self._touched = True
         return self._events(self._target)
 
     def readable(self) -> bool:
@@ -235,8 +241,10 @@ class HubSocket:
         """Wait on the hub for the descriptor's edge, the guard timer, a wake-up or ``seconds``."""
         parked = self._parked
         parked.append(me)
-        if len(parked) == 1:
-            self._watch()
+        io = self._io
+        if not io.active:
+            io.start(self._on_edge)
+            self._guard.again(self._on_guard)  # (a stopped timer started again fires at once)
         timer = None
         if seconds is not None and seconds < GUARD:
             timer = self._hub.loop.timer(seconds)
@@ -244,17 +252,28 @@ class HubSocket:
         try:
             self._hub.switch()
         finally:
-            if me in parked:
-                parked.remove(me)
-            if not parked:
+            if parked:
+                if me in parked:
+                    parked.remove(me)
+                if not parked:
+                    self._watch()
+            elif self._drainer is None:
+                if self._io is not None:  # (not closed meanwhile)
+                    io.stop()  # a handler that waits must not leave it signalling: no spin
+                    self._guard.stop()
+            else:
                 self._watch()
             if timer is not None:
                 timer.close()
 
     def _resume_all(self) -> None:
         # on the hub (a watcher, the guard or a callback): let every waiter look again
-        waiting = self._parked[:]
-        del self._parked[:]
+        parked = self._parked
+        if len(parked) == 1:
+            parked.pop().switch()
+            return
+        waiting = parked[:]
+        del parked[:]
         for greenlet in waiting:
             greenlet.switch()
 
@@ -280,8 +299,12 @@ class HubSocket:
         # on the hub: the descriptor signalled
         if self._drainer is not None and not self._paused:
             self._drainer()
-        if self._parked:
-            self._resume_all()
+        parked = self._parked
+        if parked:
+            if len(parked) == 1:
+                parked.pop().switch()  # the usual case: one reader
+            else:
+                self._resume_all()
 
     def _on_guard(self) -> None:
         # on the hub, every GUARD seconds while watched: look, in case an edge was missed
@@ -304,7 +327,7 @@ class HubSocket:
         ``rest`` None for a message over the limits; with ``metadata`` (a message
         property such as ``"Peer-Address"``) ``(first, rest, value)``. Fewer than
         ``count`` means the socket was found empty (its edge re-armed)."""
-        if self.closed or self.socket.closed:
+        if self.closed or is_closed(self.socket):
             raise zmq.ZMQError(zmq.ENOTSOCK)
         return self._batch(count, self.limit, self.max_frames, metadata)
 
@@ -344,6 +367,43 @@ class HubSocket:
                 append((first, rest, _property(frame, name)))
         return batch
 
+    def read(self, on_batch: Callable[[list], None]) -> None:
+        """Hand every batch of messages (as ``recv_batch`` gives them) to ``on_batch``,
+        in the calling greenlet, until the socket is closed; ``on_batch`` may wait.
+
+        Between batches the reader waits on the hub. It waits at once after a
+        batch that found the socket empty (which re-armed the edge), unless
+        the socket was used since (a send, or ``EVENTS`` asked, may have taken
+        the edge in): then it looks again first.
+        """
+        sock = self.socket
+        batch_of = self._batch
+        limit, max_frames = self.limit, self.max_frames
+        park = self._park
+        me = getcurrent()
+        self._loop()
+        if self.closed or is_closed(sock):
+            return
+        while True:
+            self._touched = False
+            try:
+                batch = batch_of(BATCH, limit, max_frames, None)
+            except zmq.ZMQError as exc:
+                if self.closed or exc.errno == zmq.ENOTSOCK:
+                    return
+                raise
+            if batch:
+                on_batch(batch)
+                if self.closed:
+                    return
+                if len(batch) == BATCH:
+                    gevent.sleep(0)  # more may wait: let others run first
+                    continue
+            if not self._touched:
+                park(me, None)
+                if self.closed or is_closed(sock):  # (also behind our back)
+                    return
+
     def serve(self, on_message: MessageHandler,
               on_oversized: Optional[Callable[[bytes], None]] = None,
               backpressure: Any = None, *, metadata: Optional[str] = None) -> None:
@@ -375,7 +435,7 @@ class HubSocket:
 
         def drain_batch() -> bool:
             """Read and hand on one batch; True when it was full (more may wait)."""
-            if self._serving is not on_message or sock.closed:
+            if self._serving is not on_message or is_closed(sock):
                 return False
             self._draining = True
             try:

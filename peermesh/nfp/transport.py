@@ -34,7 +34,6 @@ import gevent
 import zmq
 
 from ..io import HubSocket, make_socket
-from ..io.socket import BATCH
 from ..wire.nfp import MAX_MESSAGE
 
 __all__ = ["Channel", "nfp_socket"]
@@ -68,39 +67,24 @@ class Channel:
     # --- receiving ------------------------------------------------------
 
     def _read(self) -> None:
-        recv_batch = self._io.recv_batch
-        wait_readable = self._io.wait_readable
+        self._io.read(self._on_batch)
+
+    def _on_batch(self, batch: list) -> None:
         dispatch = self._dispatch
-        outbox = self._outbox
-        while not self.closed:
-            try:
-                batch = recv_batch(BATCH)
-            except zmq.ZMQError as exc:
-                if self.closed or exc.errno == zmq.ENOTSOCK:
+        self._corked = True
+        try:
+            for first, frames in batch:
+                if self.closed:     # a handler closed the channel
                     return
-                raise
-            if batch:
-                self._corked = True
-                try:
-                    for first, frames in batch:
-                        if self.closed:     # a handler closed the channel
-                            return
-                        if frames is None:
-                            log.warning("%s: a message over %d bytes dropped", self.name,
-                                        MAX_MESSAGE)
-                            continue
-                        frames.insert(0, first)
-                        dispatch(frames)
-                finally:
-                    self._corked = False
-                if outbox and not self.closed:
-                    self._flush()
-                if len(batch) == BATCH:
-                    gevent.sleep(0)   # more may wait: let others run first
+                if frames is None:
+                    log.warning("%s: a message over %d bytes dropped", self.name, MAX_MESSAGE)
                     continue
-            # the socket was found empty; the wait looks at EVENTS first, in case a
-            # send since then took in the edge
-            wait_readable()
+                frames.insert(0, first)
+                dispatch(frames)
+        finally:
+            self._corked = False
+        if self._outbox and not self.closed:
+            self._flush()
 
     def _dispatch(self, frames: list[bytes]) -> None:
         try:

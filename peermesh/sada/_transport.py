@@ -20,7 +20,7 @@ import zmq
 from ..io.endpoints import BindError
 from ..io.endpoints import bind as _bind
 from ..io.endpoints import bind_ephemeral
-from ..io.socket import HubSocket
+from ..io.socket import HubSocket, is_closed
 from ..wire.sada import DELIMITER, PROTOCOL, Command
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class RouterSocket(HubSocket):
         With ROUTER_MANDATORY, an unknown identity raises ``zmq.ZMQError``
         (EHOSTUNREACH) and a full pipe ``zmq.Again``; nothing is half-sent.
         """
-        if self.socket.closed:
+        if is_closed(self.socket):
             raise zmq.ZMQError(zmq.ENOTSOCK)
         if not self.try_send([identity, *frames]):
             raise zmq.Again()
@@ -51,7 +51,7 @@ class RouterSocket(HubSocket):
     def send_req(self, identity: bytes, request_id: bytes, service: bytes, version: bytes,
                  category: bytes, action: bytes, payload: bytes) -> None:
         """Send a REQ (frames 1-9 after ``identity``); raises as ``send`` does."""
-        if self.socket.closed:
+        if is_closed(self.socket):
             raise zmq.ZMQError(zmq.ENOTSOCK)
         if not self.try_send((identity, DELIMITER, PROTOCOL, _REQ, request_id, service, version,
                               category, action, payload)):
@@ -59,7 +59,7 @@ class RouterSocket(HubSocket):
 
     def send_rep(self, identity: bytes, request_id: bytes, status: bytes, payload: bytes) -> None:
         """Send a REP (frames 1-6 after ``identity``); raises as ``send`` does."""
-        if self.socket.closed:
+        if is_closed(self.socket):
             raise zmq.ZMQError(zmq.ENOTSOCK)
         if not self.try_send((identity, DELIMITER, PROTOCOL, _REP, request_id, status, payload)):
             raise zmq.Again()
