@@ -252,15 +252,11 @@ class HubSocket:
         try:
             self._hub.switch()
         finally:
-            if parked:
-                if me in parked:
-                    parked.remove(me)
-                if not parked:
-                    self._watch()
-            elif self._drainer is None:
-                if self._io is not None:  # (not closed meanwhile)
-                    io.stop()  # a handler that waits must not leave it signalling: no spin
-                    self._guard.stop()
+            if me in parked:  # still there after a timeout or a kill
+                parked.remove(me)
+            if not parked and self._drainer is None and self._io is not None:
+                io.stop()  # a reader busy in a handler must not leave it signalling: no spin
+                self._guard.stop()
             else:
                 self._watch()
             if timer is not None:
