@@ -36,7 +36,7 @@ from .endpoints import bind_ephemeral
 from .context import shared_context
 from .socket import HubSocket, make_socket
 
-__all__ = ["ZmqTransport", "CapacityError", "shared_context"]
+__all__ = ["ZmqTransport", "CapacityError"]
 
 log = logging.getLogger(__name__)
 

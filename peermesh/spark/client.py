@@ -40,8 +40,9 @@ class LogClient:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            from ..io import make_socket  # (the process-wide context: a private one
-            # collected while a socket is open would block whichever thread the GC runs in)
+            # the process-wide context: a private one collected while a socket is open
+            # would block whichever thread the garbage collector runs in
+            from ..io import make_socket
             sock = make_socket(zmq.DEALER, {zmq.RCVHWM: 0})
             sock.connect(self.endpoint)
             self._sock = sock

@@ -53,7 +53,7 @@ HEADER_LOG = "X-PM-SPARK-LOG"
 DEFAULT_DIRECTORY = "peermesh-data"
 _MAX_FETCH_BYTES = 16 * 1024 * 1024
 _INGEST_BATCH = 20_000
-_POLL_MS = 100  # the ingest thread's wait for node events
+_POLL_MS = 100
 
 
 @dataclass(frozen=True)
