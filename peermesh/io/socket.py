@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections import deque
 from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -143,7 +144,9 @@ class HubSocket:
         self._hub: Any = None
         self._io: Any = None
         self._guard: Any = None
-        self._parked: list[Any] = []  # greenlets waiting in wait_readable / wait_writable
+        # greenlets waiting in wait_readable / wait_writable (a deque: going from one to
+        # none and back, as a reader does per wake-up, allocates nothing)
+        self._parked: deque[Any] = deque()
         self._touched = False  # the socket was used since ``read`` found it empty
         self._serving: Optional[MessageHandler] = None
         self._paused = False  # serving, but reading paused by backpressure
@@ -268,8 +271,8 @@ class HubSocket:
         if len(parked) == 1:
             parked.pop().switch()
             return
-        waiting = parked[:]
-        del parked[:]
+        waiting = list(parked)
+        parked.clear()
         for greenlet in waiting:
             greenlet.switch()
 
