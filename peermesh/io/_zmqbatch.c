@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <string.h>
 
 #define ZMQ_DONTWAIT 1
 #define ZMQ_SNDMORE 2
@@ -29,6 +30,7 @@ static int (*msg_close)(zmq_msg *);
 static void *(*msg_data)(zmq_msg *);
 static size_t (*msg_size)(const zmq_msg *);
 static int (*msg_more)(const zmq_msg *);
+static const char *(*msg_gets)(const zmq_msg *, const char *);
 static int (*zmq_send_)(void *, const void *, size_t, int);
 static int (*zmq_getsockopt_)(void *, int, void *, size_t *);
 static int (*zmq_errno_)(void);
@@ -88,6 +90,7 @@ load(PyObject *self, PyObject *args)
     FIND(msg_data, "zmq_msg_data");
     FIND(msg_size, "zmq_msg_size");
     FIND(msg_more, "zmq_msg_more");
+    FIND(msg_gets, "zmq_msg_gets");
     FIND(zmq_send_, "zmq_send");
     FIND(zmq_getsockopt_, "zmq_getsockopt");
     FIND(zmq_errno_, "zmq_errno");
@@ -103,12 +106,25 @@ load(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* The rest of a message whose identity was read: its frames, or None when
- * they add up to more than `room` bytes (they are read and dropped). */
+/* A message property (such as "Peer-Address") of a received frame: str, or None. */
 static PyObject *
-recv_rest(void *sock, int more, Py_ssize_t room)
+property_of(zmq_msg *msg, const char *name)
+{
+    const char *value = msg_gets(msg, name);
+    if (!value)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(value, (Py_ssize_t)strlen(value), "replace");
+}
+
+/* The rest of a message whose first frame was read: its frames, or None when
+ * they add up to more than `room` bytes or more than `max_frames` frames (they
+ * are read and dropped). With `name`, *value gets that property of the last frame. */
+static PyObject *
+recv_rest(void *sock, int more, Py_ssize_t room, Py_ssize_t max_frames, const char *name,
+          PyObject **value)
 {
     PyObject *frames = PyList_New(0);
+    int fits = 1;
     zmq_msg msg;
     while (more) {
         msg_init(&msg);
@@ -119,15 +135,19 @@ recv_rest(void *sock, int more, Py_ssize_t room)
         size_t size = msg_size(&msg);
         more = msg_more(&msg);
         room -= (Py_ssize_t)size;
-        if (room >= 0 && frames) {
+        if (room < 0 || (frames && PyList_GET_SIZE(frames) >= max_frames))
+            fits = 0;
+        if (fits && frames) {
             PyObject *data = PyBytes_FromStringAndSize(msg_data(&msg), (Py_ssize_t)size);
             if (!data || PyList_Append(frames, data) < 0)
                 Py_CLEAR(frames);
             Py_XDECREF(data);
         }
+        if (!more && name && !*value)
+            *value = property_of(&msg, name);
         msg_close(&msg);
     }
-    if (frames && room < 0) {
+    if (frames && !fits) {
         Py_DECREF(frames);
         Py_RETURN_NONE;
     }
@@ -135,24 +155,37 @@ recv_rest(void *sock, int more, Py_ssize_t room)
 }
 
 PyDoc_STRVAR(recv_batch_doc,
-"recv_batch(handle, count, limit) -> list of (identity, frames)\n\n"
-"Read up to count messages from a ROUTER socket without waiting: each as its\n"
-"first frame (bytes) and a list of the other frames, or None instead of the\n"
-"list when those add up to more than limit bytes. Fewer than count means the\n"
-"socket is empty (and its descriptor's edge re-armed).");
+"recv_batch(handle, count, limit, max_frames=-1, name=None) -> list\n\n"
+"Read up to count messages without waiting: each as (first, rest), its first\n"
+"frame (bytes; a ROUTER's routing id) and a list of the other frames, or None\n"
+"instead of the list when those add up to more than limit bytes or more than\n"
+"max_frames frames (-1: any number). With name, each is (first, rest, value),\n"
+"value being that message property of the last frame (e.g. \"Peer-Address\"),\n"
+"str or None. Fewer than count means the socket is empty (and its\n"
+"descriptor's edge re-armed).");
 
 static PyObject *
 recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3)
-        return PyErr_Format(PyExc_TypeError, "recv_batch(handle, count, limit)");
+    if (nargs < 3 || nargs > 5)
+        return PyErr_Format(PyExc_TypeError,
+                            "recv_batch(handle, count, limit, max_frames=-1, name=None)");
     void *sock = handle_of(args[0]);
     if (!sock)
         return NULL;
     Py_ssize_t count = PyLong_AsSsize_t(args[1]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t max_frames = nargs > 3 ? PyLong_AsSsize_t(args[3]) : -1;
     if (PyErr_Occurred())
         return NULL;
+    if (max_frames < 0)
+        max_frames = PY_SSIZE_T_MAX;
+    const char *name = NULL;
+    if (nargs > 4 && args[4] != Py_None) {
+        name = PyUnicode_AsUTF8(args[4]);
+        if (!name)
+            return NULL;
+    }
     PyObject *batch = PyList_New(0);
     if (!batch)
         return NULL;
@@ -167,13 +200,19 @@ recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(batch);
             return raise_errno(code);
         }
-        PyObject *identity = PyBytes_FromStringAndSize(msg_data(&msg), (Py_ssize_t)msg_size(&msg));
+        PyObject *first = PyBytes_FromStringAndSize(msg_data(&msg), (Py_ssize_t)msg_size(&msg));
         int more = msg_more(&msg);
+        PyObject *value = NULL;
+        if (name && !more)
+            value = property_of(&msg, name);
         msg_close(&msg);
-        PyObject *frames = recv_rest(sock, more, limit);
-        PyObject *item = (identity && frames) ? PyTuple_Pack(2, identity, frames) : NULL;
-        Py_XDECREF(identity);
-        Py_XDECREF(frames);
+        PyObject *rest = recv_rest(sock, more, limit, max_frames, name, &value);
+        PyObject *item = NULL;
+        if (first && rest && (!name || value))
+            item = name ? PyTuple_Pack(3, first, rest, value) : PyTuple_Pack(2, first, rest);
+        Py_XDECREF(first);
+        Py_XDECREF(rest);
+        Py_XDECREF(value);
         if (!item || PyList_Append(batch, item) < 0) {
             Py_XDECREF(item);
             Py_DECREF(batch);
@@ -266,7 +305,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "peermesh.io._zmqbatch",
-    "Batched ZeroMQ receive and send for peermesh (see peermesh/zmqbatch.py).", -1, methods,
+    "Batched ZeroMQ receive and send for peermesh (see peermesh/io/zmqbatch.py).", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -68,6 +68,7 @@ from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_rid
 from .store import ClientJob, JobStore
+from ..io import shared_context
 from .transport import Channel, nfp_socket
 
 __all__ = ["Client", "JobEvent", "Reply"]
@@ -182,7 +183,7 @@ class Client(Overlay):
         self.node_id = node   # the node's UUID in hex, for the wire
         self.request_timeout = float(request_timeout)
         self.queue_timeout = float(queue_timeout)
-        self._context = context or zmq.Context.instance()
+        self._context = context or shared_context()
         self._direct = Dispatcher(nfp.CLIENT, request_timeout=request_timeout,
                                   queue_timeout=queue_timeout, on_job_event=self._on_job_event,
                                   clock=time.monotonic)

@@ -50,6 +50,7 @@ import gevent.event
 import zmq
 
 from ..errors import NodeStateError
+from ..io import bind_ephemeral, shared_context
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay, advertise
 from ..overlay.broker import BrokerChanged, BrokerTracker
@@ -58,7 +59,7 @@ from ..zre.node import Node
 from .broker import Broker
 from .client import Client
 from .store import JobStore, store_path
-from .transport import bind_ephemeral, nfp_socket
+from .transport import nfp_socket
 from .worker import Tasks, TaskFunction, Worker, advertised
 
 __all__ = ["NfpNode", "NfpCandidate", "WORKER_HEADER", "NFP_BROKER_HEADER",
@@ -200,7 +201,7 @@ class NfpNode(Overlay):
     def on_attach(self, node: Node) -> None:
         """Open the store, bind the broker's ROUTER, attach the parts, advertise."""
         self.address = select_interface(node.config.interface).address
-        self.context = zmq.Context.instance()
+        self.context = shared_context()
         self.store = JobStore(store_path(self.data_dir, self.store_name or node.name),
                               self.retention)
         try:

@@ -74,7 +74,8 @@ from ..wire.nfp import Status
 from .dispatch import WORKER_MMI
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
-from .transport import Channel, bind_ephemeral, nfp_socket
+from ..io import bind_ephemeral, shared_context
+from .transport import Channel, nfp_socket
 
 __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 
@@ -226,7 +227,7 @@ class Worker(Overlay):
         self.node_name = node_name
         self.on_shutdown = on_shutdown
         self.internal = internal
-        self._context = context or zmq.Context.instance()
+        self._context = context or shared_context()
         self._router = nfp_socket(self._context, zmq.ROUTER)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
         self._direct: Optional[Channel] = None

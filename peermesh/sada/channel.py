@@ -37,6 +37,7 @@ from gevent.hub import Waiter
 from greenlet import getcurrent
 
 from ..errors import NodeStateError
+from ..io import BindError, make_socket, shared_context
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import _transport
@@ -59,12 +60,9 @@ _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more
 _RUNNING = Lifecycle.RUNNING
 
 
-def _peer_address(last: Any) -> str:
-    """The address a ZeroMQ message came from (its last frame's Peer-Address)."""
-    try:
-        return str(last.get("Peer-Address") or "")
-    except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
-        return ""
+def _peer_address(last: Optional[str]) -> str:
+    """The address a message came from (its Peer-Address, as the transport read it)."""
+    return last or ""
 
 
 class Channel(Overlay):
@@ -109,7 +107,7 @@ class Channel(Overlay):
         self.ping_interval = self._core.ping_interval
         self.dead_after = self._core.dead_after
         self.timeout = self._core.timeout
-        self._context = context or zmq.Context.instance()
+        self._context = context or shared_context()
         self._max_message = max_message
         self._where = (endpoint, interface, address, port)
         #: the bound endpoint (None until bound; see the class docstring)
@@ -136,7 +134,7 @@ class Channel(Overlay):
     def _bind(self, node_interface: Optional[str]) -> str:
         """Bind the ROUTER where the settings say, else on ``node_interface``."""
         endpoint, interface, address, port = self._where
-        sock = self._context.socket(zmq.ROUTER)
+        sock = make_socket(zmq.ROUTER, context=self._context)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -149,10 +147,11 @@ class Channel(Overlay):
                 if address is None:
                     address = select_interface(interface or node_interface).address
                 bound = _transport.bind_router(sock, address, port)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, BindError) as exc:
             sock.close(linger=0)
             where = endpoint or f"{address}:{port or 'any port'}"
-            raise EndpointError(f"cannot bind the channel at {where}: {exc.strerror}") from None
+            why = exc.strerror if isinstance(exc, zmq.ZMQError) else str(exc)
+            raise EndpointError(f"cannot bind the channel at {where}: {why}") from None
         except BaseException:
             sock.close(linger=0)
             raise
@@ -279,7 +278,7 @@ class Channel(Overlay):
     # new request or the timer itself can do that), then hand out the answers
     # (last: handing one over switches to its greenlet).
 
-    def _on_message(self, identity: bytes, frames: list, last: zmq.Frame) -> None:
+    def _on_message(self, identity: bytes, frames: list, last: Optional[str]) -> None:
         core = self._core
         core.on_message(identity, frames, self._clock(), last)
         if core.outbox:

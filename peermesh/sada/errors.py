@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import PeermeshError
+from ..io.endpoints import BindError
 
 __all__ = ["SadaError", "ServiceError", "NoServerError", "RequestTimeout", "ServerLost",
            "ChannelClosed", "EndpointError"]
@@ -66,6 +67,6 @@ class ChannelClosed(SadaError):
     """The channel was stopped (or never started) while the request waited."""
 
 
-class EndpointError(SadaError, ValueError):
+class EndpointError(SadaError, BindError):
     """An endpoint that cannot be used: not ``tcp://HOST:PORT`` or ``ipc://PATH``, a port
     outside 1-65535, a host that does not resolve, or an address that cannot be bound."""

@@ -61,6 +61,7 @@ from greenlet import GreenletExit, getcurrent, greenlet
 
 from ..errors import ProtocolError
 from ..events import Event, EventType
+from ..io import make_socket, shared_context
 from ..overlay import Lifecycle, Overlay
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
@@ -209,7 +210,7 @@ class Server(Overlay):
         self.forget_after = forget_after
         self._heartbeat = heartbeat
         self._max_message = max_message
-        self._context = context or zmq.Context.instance()
+        self._context = context or shared_context()
         self._catalog: dict[str, dict[str, Service]] = {}
         self._resolved: dict[tuple[str, str], Any] = {}  # (service, version) -> Service | outcome
         self._by_frames: dict[tuple[bytes, bytes], Service] = {}  # the same, by REQ frames 5-6
@@ -305,7 +306,7 @@ class Server(Overlay):
         return super().start()
 
     def on_start(self) -> None:
-        sock = self._context.socket(zmq.ROUTER)
+        sock = make_socket(zmq.ROUTER, context=self._context)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -473,7 +474,7 @@ class Server(Overlay):
         if self._send(alias, self._intr):
             self.stats["intr_sent"] += 1
 
-    def _on_message(self, alias: bytes, frames: list, last: zmq.Frame) -> None:
+    def _on_message(self, alias: bytes, frames: list, last: Optional[str]) -> None:
         # The fast path: a REQ as the spec draws it, for a service resolved before
         # and an action it has (a request id of 1-255 octets is all left to check).
         if (len(frames) == 9 and frames[2] == _REQ and frames[1] == _PROTOCOL

@@ -45,9 +45,8 @@ class LogClient:
         if self._sock is None:
             # the process-wide context: a private one collected while a socket is open
             # would block whichever thread the garbage collector runs in
-            sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
+            from ..io import make_socket
+            sock = make_socket(zmq.DEALER, {zmq.RCVHWM: 0})
             sock.connect(self.endpoint)
             self._sock = sock
         return self._sock

@@ -13,7 +13,8 @@ program, with no monkey-patching:
   appends it, in arrival order, to a ``MessageLog`` (SQLite, WAL) under the
   configured directory, in batches of whatever has arrived;
 * a **log server** thread answers the ``PMLOG1`` protocol (see
-  ``protocol``) on a ZeroMQ ROUTER: offsets, ranges of rows, consumer
+  ``protocol``) on a ZeroMQ ROUTER, served by the I/O layer's ``HubSocket``
+  on that thread's own gevent hub: offsets, ranges of rows, consumer
   registration, commits and trims. Spark calls the data source only in
   Python worker processes, never in the driver's own; they reach the log
   through this socket.
@@ -34,10 +35,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+import gevent
 import zmq
 
 from ..errors import NodeStateError, PeermeshError
 from ..events import EventType
+from ..io import HubSocket, bind, bind_ephemeral, make_socket
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import protocol
@@ -54,6 +57,11 @@ HEADER_LOG = "X-PM-SPARK-LOG"
 #: where logs go when no directory is given: $PEERMESH_SPARK_DIR, else ./peermesh-data
 DEFAULT_DIRECTORY = "peermesh-data"
 _MAX_FETCH_BYTES = 16 * 1024 * 1024
+#: bounds of the log server's socket: a request is a small msgpack map, and a client
+#: that does not read its replies holds at most a few FETCH replies (16 MiB each)
+_MAX_REQUEST = 1024 * 1024
+_SERVER_SNDHWM = 4
+_SERVER_RCVHWM = 256
 _INGEST_BATCH = 20_000              #: messages appended in one transaction, at most
 _INGEST_BYTES = 64 * 1024 * 1024    #: payload bytes appended in one transaction, at most
 _RETAIN_EVERY = 1.0                 #: seconds between two retention passes
@@ -166,7 +174,12 @@ class DriverService:
     (``interval``, ``evasive``, ``headers`` ...). ``bind`` is the address the
     log server listens on (default: the mesh interface's address, so
     executors on other hosts of the LAN reach it; 127.0.0.1 is enough for a
-    local master), ``bind_port`` its TCP port (0: any free one).
+    local master), ``bind_port`` its TCP port (0: any free one), and
+    ``advertise`` the host executors are told to connect to (default: the
+    bound address, or the mesh interface's address when ``bind`` is
+    ``0.0.0.0``). Every request must carry the service's ``token`` (handed
+    to readers through the plan); requests over 1 MiB are refused, and a
+    client that does not read its replies holds at most a few of them.
 
     ``trim``: delete, group by group, what every registered streaming query
     of that group has committed (consumers silent for ``consumer_ttl``
@@ -184,6 +197,7 @@ class DriverService:
                  directory: Union[str, os.PathLike[str], None] = None,
                  name: str = "spark-driver", interface: Optional[str] = None,
                  port: Optional[int] = None, bind: Optional[str] = None, bind_port: int = 0,
+                 advertise: Optional[str] = None,
                  trim: bool = True, consumer_ttl: Optional[float] = 24 * 3600.0,
                  retention: Optional[float] = None, retention_bytes: Optional[int] = None,
                  max_record_bytes: Optional[int] = None, channel: Optional[bool] = None, **node_settings: Any) -> None:
@@ -206,6 +220,7 @@ class DriverService:
         self._port = port
         self._bind = bind
         self._bind_port = bind_port
+        self._advertise = advertise
         self._want_channel = channel
         self._node_settings = node_settings
         self.stats = ServiceStats()
@@ -220,6 +235,7 @@ class DriverService:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
+        self._server: Optional[tuple[HubSocket, Any]] = None  # and its hub's loop
         #: NEW, ATTACHED while starting or stopping (resources held), RUNNING, STOPPED
         self.lifecycle = Lifecycle.NEW
 
@@ -244,18 +260,14 @@ class DriverService:
         writer = MessageLog(self.path, max_value=self.max_record_bytes)
         self.log_id = writer.log_id
         itf = select_interface(self._interface)
-        sock: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        address = self._bind or itf.address
-        if self._bind_port:
-            sock.bind(f"tcp://{address}:{self._bind_port}")
-            port = self._bind_port
-        else:
-            port = sock.bind_to_random_port(f"tcp://{address}")
+        sock = make_socket(zmq.ROUTER, {zmq.SNDHWM: _SERVER_SNDHWM, zmq.RCVHWM: _SERVER_RCVHWM,
+                                        zmq.MAXMSGSIZE: _MAX_REQUEST})
         self._sock = sock
-        self.endpoint = f"tcp://{address}:{port}"
+        address = self._bind or itf.address
+        bound = (bind(sock, f"tcp://{address}:{self._bind_port}") if self._bind_port
+                 else bind_ephemeral(sock, address))
+        wildcard = address in ("0.0.0.0", "*")
+        self.endpoint = _advertised(bound, self._advertise or (itf.address if wildcard else None))
 
         headers = dict(self._node_settings.pop("headers", None) or {})
         sada = _sada() if self._want_channel is not False else None
@@ -299,6 +311,12 @@ class DriverService:
         if self.node is not None:
             self.node.stop(timeout)
         self._stopping.set()
+        server = self._server
+        if server is not None:  # the log server's hub runs in its own thread
+            try:
+                server[1].run_callback_threadsafe(server[0].close)
+            except Exception:  # that thread ended meanwhile, and its hub with it
+                pass
         for thread in self._threads:
             thread.join(timeout + 5)
         if self._sock is not None:
@@ -467,29 +485,29 @@ class DriverService:
     def _serve(self, reader: MessageLog) -> None:
         sock = self._sock
         assert sock is not None
+        hub = gevent.get_hub()  # this thread's own
+        server = HubSocket(sock, endpoint=self.endpoint or "")
+        handle = self._handle
+
+        def on_message(identity: bytes, body: list[bytes]) -> None:
+            reply = handle(reader, body)
+            if reply is None:
+                return
+            try:
+                if not server.try_send([identity, *protocol.encode_reply(reply)]):
+                    log.debug("could not reply to %r", identity)
+            except zmq.ZMQError:
+                log.debug("could not reply to %r", identity)
+
+        self._server = (server, hub.loop)
         try:
-            while not self._stopping.is_set():
-                if not sock.poll(_POLL_MS):
-                    continue
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    identity, body = frames[0], frames[1:]
-                    reply = self._handle(reader, body)
-                    if reply is None:
-                        continue
-                    try:
-                        sock.send_multipart([identity, *protocol.encode_reply(reply)],
-                                            zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        log.debug("could not reply to %r", identity)
-        except zmq.ZMQError:
-            if not self._stopping.is_set():
-                log.exception("the log server stopped")
+            if not self._stopping.is_set():  # else stop() came first
+                server.serve(on_message)  # until stop() closes it
         finally:
+            self._server = None
+            server.close()
             reader.close()
+            hub.destroy(destroy_loop=True)
 
     def _handle(self, reader: MessageLog, frames: list[bytes]) -> Optional[Reply]:
         self.stats.requests += 1
@@ -607,6 +625,14 @@ def _log_rejected(group: str, peer: Any, size: int, largest: int) -> None:
         log.warning("a SHOUT to %s from %s is %d bytes, more than the log can store in one "
                     "row (%d); it was dropped (counted in stats.rejected)", group, peer, size,
                     largest)
+
+
+def _advertised(endpoint: str, host: Optional[str]) -> str:
+    """``endpoint`` (``tcp://HOST:PORT``) with its host replaced by ``host``, if given."""
+    if host is None:
+        return endpoint
+    port = endpoint.rpartition(":")[2]
+    return f"tcp://{host}:{port}"
 
 
 def _groups(value: Any) -> list[str]:

@@ -9,8 +9,10 @@ import gevent.event
 import pytest
 import zmq
 
+from peermesh.io import bind_ephemeral, socket as io_socket
+from peermesh.io.socket import HubSocket
 from peermesh.nfp import transport
-from peermesh.nfp.transport import Channel, bind_ephemeral
+from peermesh.nfp.transport import Channel
 from peermesh.wire.nfp import MAX_MESSAGE
 
 from .conftest import wait_until
@@ -20,12 +22,9 @@ Handler = Callable[[list[bytes]], None]
 
 
 def _pair(on_router: Handler, on_dealer: Handler) -> tuple[Channel, Channel]:
-    ctx: zmq.Context = zmq.Context.instance()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
+    router = transport.nfp_socket(None, zmq.ROUTER)
     endpoint = bind_ephemeral(router, "127.0.0.1")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
+    dealer = transport.nfp_socket(None, zmq.DEALER)
     dealer.connect(endpoint)
     return Channel(router, on_router, "router"), Channel(dealer, on_dealer, "dealer")
 
@@ -73,12 +72,12 @@ def test_a_handler_may_close_its_channel_mid_batch(zmq_path: str) -> None:
         assert not router.send([b"x", b"", b"late"])
         assert not router.readable()
         with pytest.raises(zmq.ZMQError) as caught:   # never the closed socket's handle
-            router._events()
+            router._io.events()
         assert caught.value.errno == zmq.ENOTSOCK
         dealer.socket.close()            # closed behind the channel's back
         assert not dealer.readable()
         with pytest.raises(zmq.ZMQError) as caught:
-            dealer._events()
+            dealer._io.events()
         assert caught.value.errno == zmq.ENOTSOCK
     finally:
         dealer.close()
@@ -90,7 +89,7 @@ def test_a_message_whose_edge_was_taken_mid_batch_is_still_read(
         zmq_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # the guard timer would deliver it eventually; with a long one only the reader's own
     # look after its batch (the socket was used meanwhile) delivers it in time
-    monkeypatch.setattr(transport, "_GUARD", 60.0)
+    monkeypatch.setattr(io_socket, "GUARD", 60.0)
     got: list[bytes] = []
     channels: dict[str, Channel] = {}
 
@@ -123,10 +122,17 @@ def test_a_message_whose_edge_was_taken_mid_batch_is_still_read(
         router.close()
 
 
-def test_a_handler_that_waits_does_not_make_the_hub_spin(zmq_path: str) -> None:
+def test_a_handler_that_waits_does_not_make_the_hub_spin(
+        zmq_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     got: list[bytes] = []
     wakes: list[bool] = []
     sleeping = gevent.event.Event()
+    on_edge = HubSocket._on_edge
+
+    def counted(self: HubSocket) -> None:
+        wakes.append(sleeping.is_set() and len(got) == 1)
+        on_edge(self)
+    monkeypatch.setattr(HubSocket, "_on_edge", counted)
 
     def on_router(frames: list[bytes]) -> None:
         got.append(frames[2])
@@ -135,12 +141,6 @@ def test_a_handler_that_waits_does_not_make_the_hub_spin(zmq_path: str) -> None:
             gevent.sleep(0.2)           # the reader waits in its handler; more arrives meanwhile
 
     router, dealer = _pair(on_router, lambda frames: None)
-    wake = router._wake
-
-    def counted() -> None:
-        wakes.append(sleeping.is_set() and len(got) == 1)
-        wake()
-    router._wake = counted              # type: ignore[method-assign]
     try:
         dealer.send([b"", b"0"])
         assert sleeping.wait(5)

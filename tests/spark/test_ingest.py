@@ -96,3 +96,36 @@ def test_the_log_service_answers_only_with_its_token(make_service: Callable[...,
     owner = LogClient(service.endpoint, timeout=5, token=service.token)
     assert owner.info(["x"])["next"] == 5
     owner.close()
+
+
+def test_a_log_server_on_every_address_advertises_a_reachable_one(
+        make_service: Callable[..., Any]) -> None:
+    service = make_service(["x"], channel=False, bind="0.0.0.0")
+    assert service.endpoint.startswith("tcp://127.0.0.1:")  # the mesh interface's address
+    named = make_service(["y"], channel=False, bind="127.0.0.1", advertise="localhost")
+    assert named.endpoint.startswith("tcp://localhost:")
+
+
+def test_an_oversized_request_is_refused_and_the_service_goes_on(
+        make_service: Callable[..., Any]) -> None:
+    import zmq
+
+    from peermesh.spark import protocol
+    from peermesh.spark.client import LogClient
+    from peermesh.spark.protocol import Op, Request
+
+    service = make_service(["x"], channel=False)
+    context = zmq.Context()
+    try:
+        hostile = context.socket(zmq.DEALER)
+        hostile.setsockopt(zmq.LINGER, 0)
+        hostile.connect(service.endpoint)
+        hostile.send_multipart(protocol.encode_request(
+            Request(b"1", Op.INFO, {"token": service.token, "pad": "x" * 2_000_000})))
+        assert not hostile.poll(500)  # cut off, not answered
+        hostile.close()
+    finally:
+        context.destroy(linger=0)
+    client = LogClient(service.endpoint, timeout=5, token=service.token)
+    assert client.info(["x"])["next"] == 0
+    client.close()

@@ -1,0 +1,116 @@
+"""Where sockets listen: one bind policy for every peermesh socket.
+
+A socket binds either to an ephemeral port on a host or interface address
+(``bind_ephemeral``: a random free port in %C000-%FFFF, the range ZRE asks
+for mailboxes and Zyre uses) or to an endpoint the user gave (``bind``:
+``tcp://HOST:PORT`` with a port in 1-65535, ``ipc://PATH`` or
+``inproc://NAME``). Whatever cannot be bound - a port out of range, a host
+that does not resolve to a local address, an endpoint in use or an ipc path
+that cannot be made - raises ``BindError`` naming the endpoint and the reason,
+before anything else starts. Both return the endpoint libzmq reports as bound
+(``LAST_ENDPOINT``), which is the one to advertise.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import time
+from typing import Callable, Optional
+
+import gevent
+import zmq
+
+from ..errors import PeermeshError
+
+__all__ = ["BindError", "bind", "bind_ephemeral", "check_endpoint"]
+
+#: ports ``bind_ephemeral`` picks from (ZRE: "a random port in the dynamic range")
+EPHEMERAL_PORTS = range(0xC000, 0x10000)
+#: seconds a given endpoint still in use is tried again: libzmq closes a listener in the
+#: background, so an endpoint closed a moment ago in the same process is briefly busy
+BUSY_WAIT = 1.0
+
+#: called with the endpoint just before each bind attempt (e.g. to set a routing id)
+Prepare = Callable[[str], None]
+
+
+class BindError(PeermeshError, ValueError):
+    """A socket cannot listen at an endpoint; the message names it and says why.
+
+    Also a ``ValueError``: the endpoint (or address) given cannot be used.
+    """
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Raise ``BindError`` unless ``endpoint`` is ``tcp://HOST:PORT`` (1-65535),
+    ``ipc://PATH`` or ``inproc://NAME``."""
+    if not isinstance(endpoint, str):
+        raise BindError(f"endpoint {endpoint!r} is not a string")
+    transport, sep, rest = endpoint.partition("://")
+    if not sep or not rest:
+        raise BindError(f"cannot bind {endpoint}: not TRANSPORT://ADDRESS "
+                        "(tcp://HOST:PORT, ipc://PATH or inproc://NAME)")
+    if transport in ("ipc", "inproc"):
+        return
+    if transport != "tcp":
+        raise BindError(f"cannot bind {endpoint}: transport {transport!r} is not "
+                        "tcp, ipc or inproc")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host:
+        raise BindError(f"cannot bind {endpoint}: not tcp://HOST:PORT")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise BindError(f"cannot bind {endpoint}: port {port!r} is not in 1-65535")
+
+
+def bind(sock: zmq.Socket, endpoint: str, prepare: Optional[Prepare] = None) -> str:
+    """Bind ``sock`` at ``endpoint``; the endpoint bound, or ``BindError``.
+
+    An endpoint in use is tried again for up to ``BUSY_WAIT`` seconds first.
+    """
+    check_endpoint(endpoint)
+    deadline = time.monotonic() + BUSY_WAIT
+    while True:
+        try:
+            return _bind_once(sock, endpoint, prepare)
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise _error(endpoint, exc) from None
+        gevent.sleep(0.01)
+
+
+def bind_ephemeral(sock: zmq.Socket, address: str, prepare: Optional[Prepare] = None) -> str:
+    """Bind ``sock`` to a random free port in %C000-%FFFF on ``address`` (an IPv4
+    address, host name or interface name); the endpoint bound, or ``BindError``."""
+    if not isinstance(address, str) or not address or ":" in address or "/" in address:
+        raise BindError(f"cannot bind an ephemeral port on {address!r}: not a host address")
+    for _ in range(1000):
+        endpoint = f"tcp://{address}:{random.choice(EPHEMERAL_PORTS)}"
+        try:
+            return _bind_once(sock, endpoint, prepare)
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise _error(f"an ephemeral port on {address}", exc) from None
+    raise BindError(f"cannot bind an ephemeral port on {address}: no free port in "
+                    f"{EPHEMERAL_PORTS.start}-{EPHEMERAL_PORTS.stop - 1}")
+
+
+def _bind_once(sock: zmq.Socket, endpoint: str, prepare: Optional[Prepare]) -> str:
+    if prepare is not None:
+        prepare(endpoint)
+    sock.bind(endpoint)
+    bound = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return bound.decode() if isinstance(bound, bytes) else str(bound)
+
+
+def _error(what: str, exc: zmq.ZMQError) -> BindError:
+    reasons = {
+        errno.EADDRINUSE: "the address is in use",
+        errno.ENODEV: "the host does not resolve to an address of this machine",
+        errno.EADDRNOTAVAIL: "the address is not one of this machine's",
+        errno.EACCES: "permission denied",
+        errno.ENOENT: "the directory does not exist",
+        errno.EINVAL: "the endpoint is not valid",
+    }
+    reason = reasons.get(exc.errno or 0, str(exc))
+    return BindError(f"cannot bind {what}: {reason} ({exc.strerror})")
