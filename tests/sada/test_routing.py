@@ -1,13 +1,14 @@
 """The channel's routing core as tables: frames and times in, frames and answers out.
 
 No sockets and no clock: every test feeds a ``RequestRouter`` messages from
-made-up routing ids (``b"s1"``...) at given times and checks what it queued
-to send and what it answered.
+made-up routing ids (``b"s1"``...) at given times and checks what it sent
+and what it answered.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
+from weakref import WeakKeyDictionary
 
 import msgpack
 import pytest
@@ -35,19 +36,34 @@ def rep(rid: bytes, value: Any = None, status: int = 200) -> list[bytes]:
 
 
 def make(**settings: Any) -> RequestRouter:
-    """A router (ping interval 1 s, dead after 3 intervals, timeout 5 s) at time 0."""
-    return RequestRouter("c0ffee", now=0.0, **settings)
+    """A router (ping interval 1 s, dead after 3 intervals, timeout 5 s) at time 0 whose
+    ``send`` and ``answer`` collect what they are given (see ``sent`` and ``answers``)."""
+    out: list[tuple[bytes, list[bytes]]] = []
+    got: list[tuple[Any, Any, Optional[BaseException]]] = []
+    router = RequestRouter("c0ffee", lambda identity, frames: out.append((identity, frames)),
+                           lambda token, value, error: got.append((token, value, error)),
+                           now=0.0, **settings)
+    _collected[router] = (out, got)
+    return router
+
+
+_collected: WeakKeyDictionary[RequestRouter, tuple[list, list]] = WeakKeyDictionary()
+
+
+def _take(found: list) -> list:
+    taken = found[:]
+    found.clear()
+    return taken
 
 
 def sent(router: RequestRouter) -> list[tuple[bytes, list[bytes]]]:
-    """What the router queued to send (taken out of its outbox)."""
-    out, router.outbox = router.outbox, []
-    return out
+    """What the router sent since the last look."""
+    return _take(_collected[router][0])
 
 
 def answers(router: RequestRouter) -> list[tuple[Any, Any, Optional[BaseException]]]:
-    out, router.results = router.results, []
-    return out
+    """What the router answered since the last look."""
+    return _take(_collected[router][1])
 
 
 def served(router: RequestRouter, *servers: tuple[bytes, list[str]], now: float = 0.0) -> None:
