@@ -74,7 +74,7 @@ def served(router: RequestRouter, *servers: tuple[bytes, list[str]], now: float 
 
 
 def req_to(router: RequestRouter) -> tuple[bytes, bytes, bytes]:
-    """The one REQ queued: (server, request id, version frame)."""
+    """The one REQ sent: (server, request id, version frame)."""
     ((identity, frames),) = sent(router)
     assert frames[:3] == [b"", b"SADA1", b"REQ"]
     return identity, frames[3], frames[5]
@@ -94,6 +94,24 @@ def test_request_goes_out_as_the_spec_draws_it_and_the_reply_comes_back() -> Non
     assert info.latency == pytest.approx(0.001 + 0.2 * (0.1 - 0.001))
     assert router.pending == 0 and router._deadlines == []   # noqa: SLF001
     assert router.submit("t2", "echo", "say", raw=True, payload=b"\x01", now=1.0) == b"c0ffee-2"
+
+
+def test_send_and_answer_come_last_so_a_driver_may_act_on_them_at_once() -> None:
+    seen: list[tuple[str, int, int]] = []
+
+    def send(identity: bytes, frames: list[bytes]) -> None:
+        if frames[2] == b"REQ":
+            seen.append(("send", router.servers(0.0)[0].in_flight, router.pending))
+
+    def answer(token: Any, value: Any, error: Optional[BaseException]) -> None:
+        seen.append(("answer", router.servers(0.1)[0].in_flight, router.pending))
+
+    router = RequestRouter("c0ffee", send, answer)
+    router.on_message(b"s1", intr("echo 1"), 0.0)
+    rid = router.submit("t", "echo", "say", None, 0.0)
+    router.on_message(b"s1", rep(rid), 0.1)
+    assert seen == [("send", 1, 1), ("answer", 0, 0)]
+    assert (router.stats["requests"], router.stats["replies"]) == (1, 1)
 
 
 CATALOG = [(b"s1", ["calc 1.2"]), (b"s2", ["calc 1.10"]), (b"s3", ["calc 2.0"]),
