@@ -425,7 +425,7 @@ class RequestRouter:
 
     def _finish(self, pending: _Pending, value: Any = None,
                 error: Optional[BaseException] = None) -> None:
-        """Take ``pending`` out of every table and queue the caller's answer."""
+        """Take ``pending`` out of every table and answer the caller."""
         token = pending.token
         if token is None:
             return
