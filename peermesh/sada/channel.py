@@ -8,12 +8,12 @@ connect to it and INTR their catalog.
 Which server gets each request, liveness (PING, suspect, dead), deadlines,
 retries and failover are decided by ``routing.RequestRouter``, which does no
 I/O and reads no clock. This module is its gevent driver: it feeds the router
-every message read from the socket, every request and the time, sends what
-the router puts in its outbox, hands answers to the waiting callers and keeps
-one timer on the hub armed for the router's next deadline. A disconnect seen
-by the socket monitor makes the router PING every server at once, and
-ROUTER_MANDATORY makes a PING to a vanished connection fail on the spot, so a
-killed server is dropped within milliseconds.
+every message read from the socket, every request and the time, sends the
+messages the router hands it, gives the router's answers to the waiting
+callers and keeps one timer on the hub armed for the router's next deadline.
+A disconnect seen by the socket monitor makes the router PING every server at
+once, and ROUTER_MANDATORY makes a PING to a vanished connection fail on the
+spot, so a killed server is dropped within milliseconds.
 
 Everything runs on one gevent hub: a channel may be made (its socket bound)
 in any thread, but is started and used from the thread (hub) of its node;
@@ -102,7 +102,8 @@ class Channel(Overlay):
         self._clock = clock
         #: unique per channel instance: the prefix of every request id
         self.id = os.urandom(8).hex()
-        self._core = RequestRouter(self.id, ping_interval=ping_interval, dead_after=dead_after,
+        self._core = RequestRouter(self.id, self._send, self._answer,
+                                   ping_interval=ping_interval, dead_after=dead_after,
                                    timeout=timeout, now=clock(), address_of=_peer_address)
         self.ping_interval = self._core.ping_interval
         self.dead_after = self._core.dead_after
@@ -118,6 +119,8 @@ class Channel(Overlay):
         self._greenlets: list[gevent.Greenlet] = []
         self._timer: Any = None
         self._timer_at = math.inf
+        self._failed: list[tuple[bytes, list[bytes], bool, str]] = []   # sends to report
+        self._deferring = False    # answers wait for the hub's next turn (see _answer)
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
@@ -204,8 +207,8 @@ class Channel(Overlay):
 
     def on_stop(self, timeout: float) -> None:
         gevent.killall(self._greenlets)
+        self._deferring = True
         self._core.close(ChannelClosed("the channel stopped"))
-        self._deliver()
         if self._timer is not None:
             self._timer.close()
             self._timer = None
@@ -240,9 +243,17 @@ class Channel(Overlay):
         within ``timeout``, default the channel's), ``ServerLost`` (the server
         died and no retry was left) or ``ChannelClosed``.
         """
+        # _submit's steps, written out: this is the path every request takes
+        if self.lifecycle is not _RUNNING:
+            raise self._not_running()
         waiter = Waiter(self._hub)
-        self._submit(waiter, service, action, payload, version, category, timeout, server,
-                     retries, raw)
+        now = self._clock()
+        self._core.submit(waiter, service, action, payload, now, version, category, timeout,
+                          server, retries, raw)
+        if now + (timeout or self.timeout) < self._timer_at:   # the earliest deadline now
+            self._arm(self._core.next_deadline())
+        if self._failed:
+            self._report_failed()
         return waiter.get()
 
     def request_async(self, service: str, action: str, payload: Any = None, *,
@@ -259,93 +270,96 @@ class Channel(Overlay):
                 version: Optional[str], category: str, timeout: Optional[float],
                 server: Optional[str], retries: int, raw: bool) -> None:
         if self.lifecycle is not _RUNNING:
-            raise ChannelClosed(f"channel is {self.lifecycle.value}" + (
-                "" if self.lifecycle is Lifecycle.STOPPED else "; call start() first"))
-        core = self._core
-        core.submit(token, service, action, payload, self._clock(), version, category, timeout,
-                    server, retries, raw)
-        if core.outbox:
-            self._send(core)
-        deadline = core.next_deadline()
-        if deadline < self._timer_at:
-            self._arm(deadline)
-        if core.results:   # refused at once (a server id not known)
-            self._deliver()
+            raise self._not_running()
+        now = self._clock()
+        self._core.submit(token, service, action, payload, now, version, category, timeout,
+                          server, retries, raw)
+        if now + (timeout or self.timeout) < self._timer_at:   # the earliest deadline now
+            self._arm(self._core.next_deadline())
+        if self._failed:
+            self._report_failed()
+
+    def _not_running(self) -> ChannelClosed:
+        return ChannelClosed(f"channel is {self.lifecycle.value}" + (
+            "" if self.lifecycle is Lifecycle.STOPPED else "; call start() first"))
 
     # --- the driver -------------------------------------------------------------
-    # After every input: send what the router queued, tell waiters of a catalog
-    # change, arm the timer earlier if the router's next deadline moved up (only a
-    # new request or the timer itself can do that), then hand out the answers
-    # (last: handing one over switches to its greenlet).
+    # The router sends through _send and answers through _answer while it runs.
+    # After every input: report the sends that failed, tell waiters of a catalog
+    # change, and arm the timer earlier if the router's next deadline moved up
+    # (only a new request or the timer itself can do that).
 
     def _on_message(self, identity: bytes, frames: list, last: Optional[str]) -> None:
-        core = self._core
-        core.on_message(identity, frames, self._clock(), last)
-        if core.outbox:
-            self._send(core)
-        if core.catalog_version != self._catalog_seen:
+        self._core.on_message(identity, frames, self._clock(), last)
+        if self._failed:
+            self._report_failed()
+        if self._core.catalog_version != self._catalog_seen:
             self._catalog_changed()
-        if core.results:
-            self._deliver(True)
 
     def _flush(self) -> None:
         core = self._core
-        if core.outbox:
-            self._send(core)
+        if self._failed:
+            self._report_failed()
         if core.catalog_version != self._catalog_seen:
             self._catalog_changed()
         deadline = core.next_deadline()
         if deadline < self._timer_at:
             self._arm(deadline)
-        if core.results:
-            self._deliver()
 
     def _catalog_changed(self) -> None:
         self._catalog_seen = self._core.catalog_version
         changed, self._changed = self._changed, gevent.event.Event()
         changed.set()
 
-    def _send(self, core: RequestRouter) -> None:
-        outbox = core.outbox
-        core.outbox = []
-        router = self._router
-        for identity, frames in outbox:
-            try:
-                if len(frames) == 9:    # a REQ: the unrolled sender
-                    router.send_req(identity, *frames[3:])
-                else:
-                    router.send(identity, frames)
-            except zmq.Again:
-                core.send_failed(identity, frames, self._clock(), full=True)
-            except zmq.ZMQError as exc:
-                router.drain_pending()   # its last answers may wait unread
-                core.send_failed(identity, frames, self._clock(), full=False,
-                                 reason=exc.strerror)
-        if core.outbox:   # what the failures queued instead
-            self._send(core)
-
-    def _deliver(self, on_hub: Optional[bool] = None) -> None:
-        """Hand the router's answers to their callers (``on_hub``: known to run on the hub)."""
-        core = self._core
-        results = core.results
-        core.results = []
-        if on_hub is None:
-            on_hub = getcurrent() is self._hub
-        for token, value, error in results:
-            if type(token) is not Waiter:
-                if error is None:
-                    token.set(value)
-                else:
-                    token.set_exception(error)
-            elif on_hub:   # a waiting request(): straight to its greenlet
-                if error is None:
-                    token.switch(value)
-                else:
-                    token.throw(error)
-            elif error is None:
-                self._loop.run_callback(token.switch, value)
+    def _send(self, identity: bytes, frames: list[bytes]) -> None:
+        """The router's ``send``: a failure is kept for ``_report_failed``."""
+        try:
+            if len(frames) == 9:    # a REQ: the unrolled sender
+                self._router.send_req(identity, *frames[3:])
             else:
-                self._loop.run_callback(token.throw, error)
+                self._router.send(identity, frames)
+        except zmq.Again:
+            self._failed.append((identity, frames, True, ""))
+        except zmq.ZMQError as exc:
+            self._failed.append((identity, frames, False, exc.strerror))
+
+    def _report_failed(self) -> None:
+        """Tell the router which sends failed (what it sends instead may fail too)."""
+        failed = self._failed
+        deferring, self._deferring = self._deferring, True
+        try:
+            while failed:
+                identity, frames, full, reason = failed.pop(0)
+                if not full:
+                    self._router.drain_pending()   # its last answers may wait unread
+                self._core.send_failed(identity, frames, self._clock(), full=full,
+                                       reason=reason)
+        finally:
+            self._deferring = deferring
+
+    def _answer(self, token: Any, value: Any, error: Optional[BaseException]) -> None:
+        """The router's ``answer``: hand ``value`` or ``error`` to the caller of ``token``.
+
+        A waiting ``request()`` is switched to at once when the router answers
+        a message (on the hub, as the last step of ``on_message``); otherwise,
+        and while the router is told of the time, of failed sends or of
+        ``stop`` (it may answer several callers in one loop then), on the
+        hub's next turn.
+        """
+        if type(token) is not Waiter:
+            if error is None:
+                token.set(value)
+            else:
+                token.set_exception(error)
+        elif getcurrent() is self._hub and not self._deferring:
+            if error is None:
+                token.switch(value)
+            else:
+                token.throw(error)
+        elif error is None:
+            self._loop.run_callback(token.switch, value)
+        else:
+            self._loop.run_callback(token.throw, error)
 
     def _arm(self, deadline: float) -> None:
         """(Re)start the one timer to fire at ``deadline`` (on this channel's clock)."""
@@ -362,7 +376,11 @@ class Channel(Overlay):
         if not self.running:
             return
         # judge nobody dead while answers wait unread in the socket
-        self._core.handle_timer(self._clock(), backlog=self._router.poll())
+        self._deferring = True
+        try:
+            self._core.handle_timer(self._clock(), backlog=self._router.poll())
+        finally:
+            self._deferring = False
         self._flush()
         if self._timer is None:
             self._arm(self._core.next_deadline())

@@ -7,9 +7,12 @@ a clock. Its driver (``Channel``) feeds it what happened: messages from
 servers (``on_message(identity, frames, now)``), new requests (``submit``),
 sends that failed (``send_failed``), a connection that went away (``probe``)
 and the passing of time (``handle_timer(now)``, due at ``next_deadline()``).
-After each call the driver sends what waits in ``outbox`` (routing id and
-frames) and hands what waits in ``results`` (``(token, value, error)``) to
-the callers; ``catalog_version`` changes whenever the catalog does.
+The router answers through the two functions it was made with:
+``send(identity, frames)`` for every message to a server and
+``answer(token, value, error)`` for every finished request, each called once
+the router's own state is updated; ``catalog_version`` changes whenever the
+catalog does. ``send`` must not call the router back: a send that failed is
+reported with ``send_failed`` after the call that made it returns.
 
 Per server (known by the routing id ZeroMQ gave its connection) it keeps:
 
@@ -67,14 +70,14 @@ from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
 from .handlers import pack
 from .versions import choose_version, is_compatible, version_key
 
-__all__ = ["RequestRouter", "ServerInfo", "Outgoing", "Result", "MAX_SERVICES", "MAX_CATALOG"]
+__all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX_CATALOG"]
 
 log = logging.getLogger(__name__)
 
-#: frames to send: (routing id, frames after it)
-Outgoing = tuple[bytes, list[bytes]]
-#: an answer for a caller: (the token given to ``submit``, value, error or None)
-Result = tuple[Any, Any, Optional[BaseException]]
+#: sends a message: ``send(routing id, frames after it)``
+Send = Callable[[bytes, list[bytes]], Any]
+#: answers a caller: ``answer(the token given to submit, value, error or None)``
+Answer = Callable[[Any, Any, Optional[BaseException]], Any]
 
 #: services one INTR may list; a longer INTR is dropped (a remote sender's bound)
 MAX_SERVICES = 4096
@@ -84,6 +87,7 @@ MAX_CATALOG = 65536
 
 _PING = wire.encode(Ping())
 _RINTR = wire.encode(wire.Rintr())
+_DELIMITER = wire.DELIMITER
 _PROTOCOL = wire.PROTOCOL
 _REQ = wire.Command.REQ.frame
 _REP = wire.Command.REP.frame
@@ -154,23 +158,19 @@ class _Server:
 class _Pending:
     """One request between ``submit`` and its answer."""
 
-    __slots__ = ("rid", "service", "version", "category", "action", "fields", "body", "raw",
-                 "token", "deadline", "timeout", "server", "target", "sent_at", "attempts",
-                 "retries", "excluded", "parked")
+    __slots__ = ("rid", "service", "version", "fields", "body", "raw", "token", "timeout",
+                 "server", "target", "sent_at", "attempts", "retries", "excluded", "parked")
 
-    def __init__(self, rid: bytes, service: str, version: Optional[str], category: str,
-                 action: str, fields: tuple[bytes, bytes, bytes], body: bytes, raw: bool,
-                 timeout: float, target: Optional[bytes], retries: int, token: Any) -> None:
+    def __init__(self, rid: bytes, service: str, version: Optional[str],
+                 fields: tuple[bytes, bytes, bytes], body: bytes, raw: bool, timeout: float,
+                 target: Optional[bytes], retries: int, token: Any) -> None:
         self.rid = rid
         self.service = service
         self.version = version
-        self.category = category
-        self.action = action
         self.fields = fields            # encoded service name, category, action
         self.body = body
         self.raw = raw
         self.token = token              # the caller's; None once answered
-        self.deadline = 0.0
         self.timeout = timeout
         self.server: Optional[_Server] = None
         self.target = target
@@ -181,7 +181,9 @@ class _Pending:
         self.parked = False
 
     def what(self) -> str:
-        return f"{self.service} {self.category + '/' if self.category else ''}{self.action}"
+        """The service and action, for messages: ``calc math/add``."""
+        _, category, action = self.fields
+        return f"{self.service} {category.decode() + '/' if category else ''}{action.decode()}"
 
     def rid_text(self) -> str:
         return self.rid.decode("ascii", "replace")
@@ -204,19 +206,23 @@ def _no_address(meta: Any) -> str:
 class RequestRouter:
     """The routing state of one channel; no I/O, time given by the caller.
 
-    ``channel_id`` prefixes every request id. ``address_of(meta)`` gives the
+    ``channel_id`` prefixes every request id; ``send`` and ``answer`` are
+    how it sends messages and answers callers. ``address_of(meta)`` gives the
     address of a new server from the ``meta`` its first message came with
     (the driver's, e.g. the last ZeroMQ frame).
     """
 
-    def __init__(self, channel_id: str, *, ping_interval: float = 1.0, dead_after: float = 3.0,
-                 timeout: float = 5.0, now: float = 0.0, max_catalog: int = MAX_CATALOG,
+    def __init__(self, channel_id: str, send: Send, answer: Answer, *,
+                 ping_interval: float = 1.0, dead_after: float = 3.0, timeout: float = 5.0,
+                 now: float = 0.0, max_catalog: int = MAX_CATALOG,
                  address_of: Callable[[Any], str] = _no_address) -> None:
         if not ping_interval > 0 or not dead_after >= 1 or not timeout > 0:
             raise ValueError("ping_interval and timeout must be positive, dead_after at least 1")
         self.ping_interval = float(ping_interval)
         self.dead_after = float(dead_after)
         self.timeout = float(timeout)
+        self._send = send
+        self._answer = answer
         self._address_of = address_of
         self._max_catalog = max_catalog
         self._catalog_size = 0                          # (server, service) pairs offered
@@ -235,17 +241,12 @@ class RequestRouter:
         self._period = self.ping_interval / 4          # liveness is looked at this often
         self._last_tick = now
         self._next_tick = now + self._period
-        #: frames to send, in order (the driver empties it)
-        self.outbox: list[Outgoing] = []
-        #: answers for callers, in order (the driver empties it)
-        self.results: list[Result] = []
         #: changes whenever the catalog (servers or their services) changes
         self.catalog_version = 0
-        #: counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,
-        #: intr, rintr_sent, dropped (malformed, oversized or unexpected messages)
-        self.stats: dict[str, int] = dict.fromkeys(
-            ("requests", "replies", "timeouts", "failovers", "retries_503", "servers_dropped",
-             "intr", "rintr_sent", "dropped"), 0)
+        self._replies = 0
+        self._counts: dict[str, int] = dict.fromkeys(
+            ("timeouts", "failovers", "retries_503", "servers_dropped", "intr", "rintr_sent",
+             "dropped"), 0)
 
     # --- requests -------------------------------------------------------------
 
@@ -253,7 +254,7 @@ class RequestRouter:
                version: Optional[str] = None, category: str = "",
                timeout: Optional[float] = None, server: Optional[str] = None,
                retries: int = 0, raw: bool = False) -> bytes:
-        """Take a request; its answer comes back in ``results`` under ``token``.
+        """Take a request; its answer goes to ``answer`` with ``token``.
 
         Returns the request id. Raises ``TypeError``/``ValueError`` for
         arguments that cannot be sent (nothing is taken then).
@@ -287,14 +288,12 @@ class RequestRouter:
                 target = bytes.fromhex(server)
             except (ValueError, TypeError):
                 raise ValueError(f"server {server!r} is not a server id (hex)") from None
-        self._counter += 1
-        rid = self._prefix + b"%x" % self._counter
-        pending = _Pending(rid, service, version, category, action, fields, body, raw, timeout,
-                           target, retries, token)
+        counter = self._counter = self._counter + 1
+        rid = self._prefix + b"%x" % counter
+        pending = _Pending(rid, service, version, fields, body, raw, timeout, target, retries,
+                           token)
         self._pending[rid] = pending
-        pending.deadline = now + timeout
-        heappush(self._deadlines, (pending.deadline, self._counter, pending))
-        self.stats["requests"] += 1
+        heappush(self._deadlines, (now + timeout, counter, pending))
         self._dispatch(pending, now)
         return rid
 
@@ -304,6 +303,12 @@ class RequestRouter:
             self._finish(pending, error=error)
         self._parked.clear()
         self._deadlines.clear()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,
+        intr, rintr_sent, dropped (malformed, oversized or unexpected messages)."""
+        return {"requests": self._counter, "replies": self._replies, **self._counts}
 
     @property
     def pending(self) -> int:
@@ -321,10 +326,6 @@ class RequestRouter:
                 self._parked.append(pending)
             return
         version_frame, server = choice
-        fields = pending.fields
-        self.outbox.append((server.identity, [
-            wire.DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0], version_frame, fields[1],
-            fields[2], pending.body]))
         if pending.parked:
             pending.parked = False
             self._parked.remove(pending)
@@ -332,6 +333,9 @@ class RequestRouter:
         pending.attempts += 1
         server.in_flight += 1
         pending.sent_at = now
+        fields = pending.fields
+        self._send(server.identity, [_DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0],
+                                     version_frame, fields[1], fields[2], pending.body])
 
     def _choose(self, pending: _Pending) -> Optional[tuple[bytes, _Server]]:
         """The server for ``pending`` and the version frame to ask it for, or None."""
@@ -344,7 +348,10 @@ class RequestRouter:
             version = choose_version(offered, pending.version)
             return (version or pending.version or "*").encode("utf-8"), server
         fallback = None
-        for frame, servers in self._route(pending.service, pending.version):
+        groups = self._route_cache.get((pending.service, pending.version))
+        if groups is None:
+            groups = self._route(pending.service, pending.version)
+        for frame, servers in groups:
             if len(servers) == 1:   # the usual small case: nothing to compare
                 server = servers[0]
                 if not excluded or server.identity not in excluded:
@@ -418,7 +425,7 @@ class RequestRouter:
 
     def _finish(self, pending: _Pending, value: Any = None,
                 error: Optional[BaseException] = None) -> None:
-        """Take ``pending`` out of every table and queue the caller's answer."""
+        """Take ``pending`` out of every table and answer the caller."""
         token = pending.token
         if token is None:
             return
@@ -435,7 +442,7 @@ class RequestRouter:
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].token is None:  # answered early: forget
             heappop(deadlines)
-        self.results.append((token, value, error))
+        self._answer(token, value, error)
 
     def next_deadline(self) -> float:
         """When ``handle_timer`` is next due (the earliest request deadline or liveness check)."""
@@ -468,7 +475,7 @@ class RequestRouter:
         server = pending.server
         if server is not None:
             self._penalise(server, now)
-            self.stats["timeouts"] += 1
+            self._counts["timeouts"] += 1
             error: Exception = RequestTimeout(
                 f"no reply to {pending.what()} (request {pending.rid_text()}) from server "
                 f"{server.id} within {pending.timeout:g} s", request_id=pending.rid,
@@ -541,7 +548,7 @@ class RequestRouter:
                 raise ProtocolError(f"{len(frames)} frames: over {MAX_SERVICES} services")
             message = wire.decode(frames)
         except ProtocolError as exc:
-            self.stats["dropped"] += 1
+            self._counts["dropped"] += 1
             log.debug("dropped message from %r: %s", identity, exc.reason)
             return
         server = self._servers.get(identity)
@@ -555,17 +562,15 @@ class RequestRouter:
             server.last_heard = now
             server.suspect = False
         else:  # REQ, RINTR, PING: commands a server does not send
-            self.stats["dropped"] += 1
+            self._counts["dropped"] += 1
             log.debug("dropped unexpected %s from %r", kind.__name__, identity)
 
     def _on_rep(self, server: _Server, pending: _Pending, status: int, payload: bytes,
                 now: float) -> None:
         """``server`` answered ``pending`` (which it held)."""
-        server.in_flight -= 1
         server.replies += 1
-        pending.server = None
         server.latency += _EWMA * (now - pending.sent_at - server.latency)
-        self.stats["replies"] += 1
+        self._replies += 1
         if status < 400:
             if pending.raw:
                 self._finish(pending, payload)
@@ -581,7 +586,9 @@ class RequestRouter:
             return
         if status == Status.UNAVAILABLE and pending.target is None:
             # not run there: safe to send elsewhere, retries or not
-            self.stats["retries_503"] += 1
+            self._counts["retries_503"] += 1
+            server.in_flight -= 1
+            pending.server = None
             pending.excluded = pending.excluded | {server.identity}
             if self._choose(pending) is not None:
                 self._dispatch(pending, now)
@@ -592,11 +599,11 @@ class RequestRouter:
 
     def _on_intr(self, identity: bytes, server: Optional[_Server], intr: Intr, now: float,
                  meta: Any) -> None:
-        self.stats["intr"] += 1
+        self._counts["intr"] += 1
         services = frozenset((s.name, s.version) for s in intr.services)
         before = len(server.services) if server is not None else 0
         if self._catalog_size - before + len(services) > self._max_catalog:
-            self.stats["dropped"] += 1
+            self._counts["dropped"] += 1
             log.debug("dropped an INTR of %d services from %s: the catalog holds %d of %d",
                       len(services), identity.hex(), self._catalog_size, self._max_catalog)
             return
@@ -624,8 +631,8 @@ class RequestRouter:
             if len(self._rintr_sent) >= _MAX_RINTR:
                 return
         self._rintr_sent[identity] = now
-        self.outbox.append((identity, _RINTR))
-        self.stats["rintr_sent"] += 1
+        self._send(identity, _RINTR)
+        self._counts["rintr_sent"] += 1
         log.debug("sent RINTR to unknown server %s", identity.hex())
 
     def probe(self, now: float) -> None:
@@ -636,15 +643,15 @@ class RequestRouter:
     def refresh(self) -> None:
         """RINTR every known server: each answers with a fresh INTR."""
         for server in self._servers.values():
-            self.outbox.append((server.identity, _RINTR))
-            self.stats["rintr_sent"] += 1
+            self._send(server.identity, _RINTR)
+            self._counts["rintr_sent"] += 1
 
     # --- liveness -------------------------------------------------------------
 
     def _ping(self, server: _Server, now: float) -> None:
         if server.ping_sent <= server.last_heard:
             server.ping_sent = now
-        self.outbox.append((server.identity, _PING))
+        self._send(server.identity, _PING)
 
     def _tick(self, now: float, judge: bool) -> None:
         interval = self.ping_interval
@@ -671,7 +678,7 @@ class RequestRouter:
             return
         del self._servers[server.identity]
         server.alive = False
-        self.stats["servers_dropped"] += 1
+        self._counts["servers_dropped"] += 1
         log.info("server %s (%s) dropped: %s", server.id, server.address, reason)
         self._offer(server, frozenset())
         held = [p for p in self._pending.values() if p.server is server]
@@ -681,11 +688,11 @@ class RequestRouter:
             pending.excluded = pending.excluded | {server.identity}
             if pending.retries > 0 and pending.target is None:
                 pending.retries -= 1
-                self.stats["failovers"] += 1
+                self._counts["failovers"] += 1
                 self._dispatch(pending, now)
             else:
                 self._finish(pending, error=ServerLost(
-                    f"{pending.service} {pending.action}: server {server.id} died holding "
+                    f"{pending.what()}: server {server.id} died holding "
                     f"request {pending.rid_text()} ({reason})"
                     + ("" if pending.target is not None else
                        "; no retries allowed" if pending.attempts <= 1 else "; no retries left"),

@@ -1,13 +1,14 @@
 """The channel's routing core as tables: frames and times in, frames and answers out.
 
 No sockets and no clock: every test feeds a ``RequestRouter`` messages from
-made-up routing ids (``b"s1"``...) at given times and checks what it queued
-to send and what it answered.
+made-up routing ids (``b"s1"``...) at given times and checks what it sent
+and what it answered.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
+from weakref import WeakKeyDictionary
 
 import msgpack
 import pytest
@@ -35,19 +36,34 @@ def rep(rid: bytes, value: Any = None, status: int = 200) -> list[bytes]:
 
 
 def make(**settings: Any) -> RequestRouter:
-    """A router (ping interval 1 s, dead after 3 intervals, timeout 5 s) at time 0."""
-    return RequestRouter("c0ffee", now=0.0, **settings)
+    """A router (ping interval 1 s, dead after 3 intervals, timeout 5 s) at time 0 whose
+    ``send`` and ``answer`` collect what they are given (see ``sent`` and ``answers``)."""
+    out: list[tuple[bytes, list[bytes]]] = []
+    got: list[tuple[Any, Any, Optional[BaseException]]] = []
+    router = RequestRouter("c0ffee", lambda identity, frames: out.append((identity, frames)),
+                           lambda token, value, error: got.append((token, value, error)),
+                           now=0.0, **settings)
+    _collected[router] = (out, got)
+    return router
+
+
+_collected: WeakKeyDictionary[RequestRouter, tuple[list, list]] = WeakKeyDictionary()
+
+
+def _take(found: list) -> list:
+    taken = found[:]
+    found.clear()
+    return taken
 
 
 def sent(router: RequestRouter) -> list[tuple[bytes, list[bytes]]]:
-    """What the router queued to send (taken out of its outbox)."""
-    out, router.outbox = router.outbox, []
-    return out
+    """What the router sent since the last look."""
+    return _take(_collected[router][0])
 
 
 def answers(router: RequestRouter) -> list[tuple[Any, Any, Optional[BaseException]]]:
-    out, router.results = router.results, []
-    return out
+    """What the router answered since the last look."""
+    return _take(_collected[router][1])
 
 
 def served(router: RequestRouter, *servers: tuple[bytes, list[str]], now: float = 0.0) -> None:
@@ -58,7 +74,7 @@ def served(router: RequestRouter, *servers: tuple[bytes, list[str]], now: float 
 
 
 def req_to(router: RequestRouter) -> tuple[bytes, bytes, bytes]:
-    """The one REQ queued: (server, request id, version frame)."""
+    """The one REQ sent: (server, request id, version frame)."""
     ((identity, frames),) = sent(router)
     assert frames[:3] == [b"", b"SADA1", b"REQ"]
     return identity, frames[3], frames[5]
@@ -78,6 +94,24 @@ def test_request_goes_out_as_the_spec_draws_it_and_the_reply_comes_back() -> Non
     assert info.latency == pytest.approx(0.001 + 0.2 * (0.1 - 0.001))
     assert router.pending == 0 and router._deadlines == []   # noqa: SLF001
     assert router.submit("t2", "echo", "say", raw=True, payload=b"\x01", now=1.0) == b"c0ffee-2"
+
+
+def test_send_and_answer_come_last_so_a_driver_may_act_on_them_at_once() -> None:
+    seen: list[tuple[str, int, int]] = []
+
+    def send(identity: bytes, frames: list[bytes]) -> None:
+        if frames[2] == b"REQ":
+            seen.append(("send", router.servers(0.0)[0].in_flight, router.pending))
+
+    def answer(token: Any, value: Any, error: Optional[BaseException]) -> None:
+        seen.append(("answer", router.servers(0.1)[0].in_flight, router.pending))
+
+    router = RequestRouter("c0ffee", send, answer)
+    router.on_message(b"s1", intr("echo 1"), 0.0)
+    rid = router.submit("t", "echo", "say", None, 0.0)
+    router.on_message(b"s1", rep(rid), 0.1)
+    assert seen == [("send", 1, 1), ("answer", 0, 0)]
+    assert (router.stats["requests"], router.stats["replies"]) == (1, 1)
 
 
 CATALOG = [(b"s1", ["calc 1.2"]), (b"s2", ["calc 1.10"]), (b"s3", ["calc 2.0"]),
