@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import gevent
 
+from ..errors import PeermeshError
+
 if TYPE_CHECKING:
     from .broker import Broker
     from .worker import Worker
@@ -56,7 +58,7 @@ MAX_CHUNK = 4 * 1024 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
 
-class NotAuthorised(Exception):
+class NotAuthorised(PeermeshError):
     """A destructive management call without the right token."""
 
 
