@@ -623,7 +623,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
 
     With ``required`` a missing agent is a RuntimeError (exit code 1).
     """
-    from ..agent.client import AgentClient, NoAgent, resolve_path
+    from ..agent.client import AgentClient, AgentMismatch, NoAgent, resolve_path
 
     if getattr(args, "no_agent", False):
         return None, "--no-agent"
@@ -633,6 +633,8 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
         if isinstance(probe, NoAgent):
             raise probe
         client = probe or AgentClient.connect(path)
+    except AgentMismatch as exc:  # a node of its own would hide that the agent is stale
+        raise RuntimeError(str(exc)) from None
     except NoAgent as exc:
         none = str(exc).startswith("no agent running")
         if required:
