@@ -40,6 +40,10 @@ def test_precedence_file_then_env_then_arguments(tmp_path):
     ("[node]\nbogus = 1\n", "unknown key"),
     ("[node\n", "not valid TOML"),
     ("node = 3\n", "must be a table"),
+    # a mistake must never leave the node on the default (real) interface unnoticed
+    ('[nodes]\ninterface = "lo"\n', r"unknown table\(s\) \[nodes\]; known: \[node\], \[nfp\]"),
+    ('interface = "lo"\nport = 5999\n[node]\n',
+     r"key\(s\) outside any table: interface, port \(node settings go under \[node\]\)"),
 ])
 def test_bad_files_say_what_is_wrong(tmp_path, text, message):
     path = tmp_path / "bad.toml"
@@ -72,12 +76,16 @@ def test_replace_rejects_unknown_settings():
 
 
 @pytest.mark.parametrize("line, message", [
-    ('groups = "chat"', "groups must be a list of strings"),
-    ('groups = [1]', "groups must be a list of strings"),
+    ('groups = "chat"', "groups must be a list of non-empty strings"),
+    ('groups = [1]', "groups must be a list of non-empty strings"),
+    ('groups = [""]', "groups must be a list of non-empty strings"),
+    ('seeds = [""]', "seeds must be a list of non-empty strings"),
+    ('interface = ""', "interface must be a non-empty string"),
+    ('name = " "', "name must be a non-empty string"),
     ('port = "x"', "port must be an integer"),
     ('interval = "fast"', "interval must be a number"),
     ('headers = {k = 1}', "headers must be a table of strings"),
-    ('name = 5', "name must be a string"),
+    ('name = 5', "name must be a non-empty string"),
 ])
 def test_wrong_types_are_clear_errors(tmp_path, line, message):
     path = tmp_path / "typed.toml"

@@ -1,0 +1,150 @@
+"""How every command ends on SIGINT/SIGTERM: one session for all of them.
+
+Two kinds of command:
+
+* A command that *serves* (``run``, ``agent``, ``worker``, ``serve`` ...)
+  runs until it is stopped: the first signal stops its node cleanly and the
+  command ends with exit code 0.
+* Any other command is *interrupted*: the first signal raises
+  ``Interrupted`` where the command waits (a reply, a peer, a file chunk),
+  its ``finally`` blocks stop the node, and the entry point prints what was
+  left undone (``Interrupted.left``, see ``leaving``) and exits 130.
+
+A second signal always interrupts. Commands without a node (through the
+agent, ``job list``, ``simulate``) get ``KeyboardInterrupt`` from the plain
+handlers that ``install_handlers`` puts on both signals.
+"""
+
+from __future__ import annotations
+
+import _signal
+import time
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from ..config import NodeConfig
+    from ..events import Event
+    from ..zre.node import Node
+
+__all__ = ["Interrupted", "NodeSession", "install_handlers", "leaving"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped a command; ``left`` says what it left undone."""
+
+    def __init__(self, left: str = "") -> None:
+        super().__init__(left)
+        self.left = left
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted()
+
+
+def install_handlers() -> None:
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread (SIGTERM's default
+    would end the process with no message and exit code 143)."""
+    _signal.signal(_signal.SIGINT, _interrupt)
+    _signal.signal(_signal.SIGTERM, _interrupt)
+
+
+class leaving:
+    """``with leaving(text):`` names what an interruption inside the block leaves undone
+    (the innermost ``leaving`` wins)."""
+
+    def __init__(self, left: str) -> None:
+        self.left = left
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, Interrupted) and not exc.left:
+            exc.left = self.left
+
+
+class NodeSession:
+    """A node for one command, stopped once: by the command, or by SIGINT/SIGTERM.
+
+    ``serving``: the command runs until stopped, and a signal is its normal
+    end (see the module docstring).
+    """
+
+    def __init__(self, config: NodeConfig, *, serving: bool = False) -> None:
+        import gevent
+        from greenlet import getcurrent
+
+        from ..zre.node import Node
+
+        try:
+            self.node = Node(config=config)
+        except TypeError as exc:  # e.g. a TOML group or header that is not a string
+            raise ValueError(f"invalid configuration: {exc}") from None
+        self.serving = serving
+        self.interrupted = False
+        self._main = getcurrent()
+        self._stopper: Optional[gevent.Greenlet] = None
+        # Keep the handler objects alive for the life of the session; gevent runs
+        # each call in its own greenlet, so a stop may block there.
+        self._handlers = [gevent.signal_handler(sig, self._on_signal)
+                          for sig in (_signal.SIGINT, _signal.SIGTERM)]
+
+    def start(self) -> Node:
+        """Start the node; RuntimeError naming what could not be bound."""
+        import zmq
+
+        cfg = self.node.config
+        try:
+            return self.node.start()
+        except OSError as exc:
+            raise RuntimeError(f"cannot start the node (UDP beacon port {cfg.port}): "
+                               f"{exc.strerror or exc}") from exc
+        except zmq.ZMQError as exc:
+            raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
+
+    def _on_signal(self) -> None:
+        import gevent
+
+        first, self.interrupted = not self.interrupted, True
+        if first and self.serving:
+            gevent.spawn(self.stop)
+        else:  # from the hub, as gevent delivers KeyboardInterrupt itself
+            gevent.get_hub().loop.run_callback(self._main.throw, Interrupted())
+
+    def stop(self) -> None:
+        """Stop the node (port-0 beacon, flush); concurrent callers wait for the same stop."""
+        if self._stopper is None:
+            import gevent
+
+            self._stopper = gevent.spawn(self.node.stop)
+        self._stopper.join()
+
+    def close(self) -> None:
+        """Stop the node and hand the signals back to ``install_handlers``."""
+        try:
+            self.stop()
+        finally:
+            for handler in self._handlers:
+                handler.cancel()
+            install_handlers()  # cancelling gevent's handler left the default behind
+
+    def wait_event(self, deadline: float) -> Optional[Event]:
+        """The next event before ``deadline`` (monotonic), or None."""
+        return self.node.recv(max(0.0, deadline - time.monotonic()))
+
+    def wait_stopped(self) -> None:
+        """Read and drop events until the node stops (when serving: until a signal)."""
+        for _ in self.node.events():
+            pass
+
+    def __enter__(self) -> Node:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
