@@ -31,19 +31,17 @@ import hashlib
 import json
 import logging
 import os
-import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import gevent
-import zmq
 
 from ..argtypes import is_seconds, positive_count, seconds
-from ..config import NodeConfig
-from ..zre.node import Node
+from ..cli.output import EXIT_FAILURE, EXIT_OK, emit, note, table, to_json
+from ..cli.session import Interrupted, NodeSession, leaving
+from ..config import NodeConfig, read_tables
 from ..wire import nfp as wire
 from ..wire.nfp import Status
 from .election import MODES
@@ -56,7 +54,6 @@ __all__ = ["add_commands", "fetch_file", "NFP_KEYS", "load_nfp_table"]
 log = logging.getLogger(__name__)
 
 PROG = "peermesh"
-EXIT_OK, EXIT_FAILURE, EXIT_INTERRUPTED = 0, 1, 130
 Handler = Callable[[argparse.Namespace, NodeConfig], int]
 
 
@@ -101,17 +98,7 @@ def load_nfp_table(path: Optional[os.PathLike[str] | str]) -> dict[str, Any]:
     """The checked ``[nfp]`` table of TOML file ``path`` ({} if none); ValueError if wrong."""
     if path is None:
         return {}
-    import tomllib
-
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-    table = data.get("nfp", {})
-    if not isinstance(table, dict):
-        raise ValueError(f"config file {path}: [nfp] must be a table")
+    table = read_tables(path).get("nfp", {})
     unknown = set(table) - set(NFP_KEYS)
     if unknown:
         raise ValueError(f"config file {path}: [nfp] has unknown key(s) "
@@ -271,49 +258,7 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
 # Running a node with NFP
 
 
-class _Session:
-    """A node that stops once, from SIGINT/SIGTERM or from the command."""
-
-    def __init__(self, config: NodeConfig) -> None:
-        try:
-            self.node = Node(config=config)
-        except TypeError as exc:
-            raise ValueError(f"invalid configuration: {exc}") from None
-        self.interrupted = False
-        self._stopper: Optional[gevent.Greenlet] = None
-        self._handlers = [gevent.signal_handler(sig, self._on_signal)
-                          for sig in (signal.SIGINT, signal.SIGTERM)]
-
-    def start(self) -> Node:
-        try:
-            return self.node.start()
-        except OSError as exc:
-            raise RuntimeError(f"cannot start the node (UDP beacon port "
-                               f"{self.node.config.port}): {exc.strerror or exc}") from exc
-        except zmq.ZMQError as exc:
-            raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
-
-    def _on_signal(self) -> None:
-        self.interrupted = True
-        gevent.spawn(self.stop)
-
-    def stop(self) -> None:
-        """Stop the node; concurrent callers wait for the same stop."""
-        if self._stopper is None:
-            self._stopper = gevent.spawn(self.node.stop)
-        self._stopper.join()
-
-
-def _print(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def _stderr(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-def _nfp_node(session: _Session, args: argparse.Namespace, *, broker: str = "never",
+def _nfp_node(session: NodeSession, args: argparse.Namespace, *, broker: str = "never",
               store_name: Optional[str] = None) -> NfpNode:
     try:
         return NfpNode(session.node, data_dir=args.data_dir, broker=broker,
@@ -333,7 +278,7 @@ class _Client:
     """A short-lived node with an NFP client, for one command."""
 
     def __init__(self, args: argparse.Namespace, config: NodeConfig) -> None:
-        self.session = _Session(config)
+        self.session = NodeSession(config)
         self.nfp = _nfp_node(self.session, args, store_name=args.store)
 
     def __enter__(self) -> "_Client":
@@ -346,12 +291,14 @@ class _Client:
 
     def __exit__(self, *exc: object) -> None:
         self._drain.kill(block=False)
-        self.nfp.stop()
-        self.session.stop()
+        try:
+            self.nfp.stop()
+        finally:
+            self.session.close()
 
 
 def _print_json(obj: Any) -> None:
-    _print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+    emit(to_json(obj, indent=2))
 
 
 def _reply_json(reply: Any) -> dict[str, Any]:
@@ -410,19 +357,32 @@ def _job_post(args: argparse.Namespace, config: NodeConfig, service: str, task: 
     wait = args.wait is not None
     with _Client(args, config) as c:
         client = c.nfp.client
-        if wait:
-            timeout = args.timeout if args.wait <= 0 else args.wait
-            reply = client.run(service, task, arguments, kwargs, target, timeout=timeout,
-                               job_timeout=args.job_timeout)
-        else:
-            reply = client.post(service, task, arguments, kwargs, target,
-                                timeout=args.timeout, job_timeout=args.job_timeout)
-        if c.session.interrupted:
-            return EXIT_INTERRUPTED
+        started = time.time()
+        try:
+            if wait:
+                timeout = args.timeout if args.wait <= 0 else args.wait
+                reply = client.run(service, task, arguments, kwargs, target, timeout=timeout,
+                                   job_timeout=args.job_timeout)
+            else:
+                reply = client.post(service, task, arguments, kwargs, target,
+                                    timeout=args.timeout, job_timeout=args.job_timeout)
+        except Interrupted as exc:
+            uuid = _posted_since(client, started, service, task)
+            exc.left = (f"job {uuid} was posted and may still run; fetch its result later "
+                        f"with `{PROG} job get {uuid}`") if uuid else "no job was posted"
+            raise
     _print_json(_reply_json(reply))
     if wait:
         return EXIT_OK if reply.status is Status.OK and not _job_failed(reply) else EXIT_FAILURE
     return EXIT_OK if reply.status is Status.ACCEPTED else EXIT_FAILURE
+
+
+def _posted_since(client: Any, since: float, service: str, task: str) -> Optional[str]:
+    """The UUID of the job this command posted (the newest such record since ``since``)."""
+    for job in client.store.client_jobs(20):
+        if job.created >= since and job.service == service and job.task == task:
+            return str(job.uuid)
+    return None
 
 
 def _find(client: Any, uuid: str, service: Optional[str]) -> str:
@@ -463,10 +423,9 @@ def _job_get(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
         _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
-        reply = client.get(uuid, service=args.service, target=args.target, wait=wait,
-                           timeout=max(args.timeout, wait + 1.0))
-        if c.session.interrupted:
-            return EXIT_INTERRUPTED
+        with leaving(f"job {uuid} not fetched; ask again with `{PROG} job get {uuid}`"):
+            reply = client.get(uuid, service=args.service, target=args.target, wait=wait,
+                               timeout=max(args.timeout, wait + 1.0))
     _print_json(_reply_json(reply))
     return EXIT_OK if reply.status is Status.OK else EXIT_FAILURE
 
@@ -476,10 +435,10 @@ def _job_delete(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
         _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
-        reply = client.delete(uuid, service=args.service, target=args.target,
-                              timeout=args.timeout)
-        if c.session.interrupted:
-            return EXIT_INTERRUPTED
+        with leaving(f"the delete of job {uuid} may not have reached every worker; "
+                     f"see `{PROG} job get {uuid}`"):
+            reply = client.delete(uuid, service=args.service, target=args.target,
+                                  timeout=args.timeout)
     _print_json(_reply_json(reply))
     return EXIT_OK if reply.status is Status.OK else EXIT_FAILURE
 
@@ -496,48 +455,47 @@ def _job_list(args: argparse.Namespace) -> int:
         finally:
             store.close()
     if args.json:
-        _print(json.dumps([j.to_dict() for j in jobs], ensure_ascii=False))
+        emit(json.dumps([j.to_dict() for j in jobs], ensure_ascii=False))
         return EXIT_OK
     if not jobs:
-        _stderr(f"no jobs recorded in {path}")
+        note(f"no jobs recorded in {path}")
         return EXIT_OK
     rows = [("UUID", "CREATED", "SERVICE", "TASK", "TARGET", "STATE", "WORKERS")]
     for j in jobs:
         rows.append((j.uuid, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created)),
                      j.service, j.task, j.target, j.state, ",".join(j.workers) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        _print("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]).rstrip())
+    emit(table(rows))
     return EXIT_OK
 
 
 def _serve(args: argparse.Namespace, config: NodeConfig, nfp_setup: Callable[[NfpNode], None],
            broker: str) -> int:
-    session = _Session(config)
+    session = NodeSession(config, serving=True)
     nfp = _nfp_node(session, args, broker=broker)
     nfp_setup(nfp)
     node = session.start()
 
     def on_broker(change: BrokerChanged) -> None:
         new = change.new
-        _print(json.dumps({"event": "broker", "broker": new.name if new else None,
+        emit(json.dumps({"event": "broker", "broker": new.name if new else None,
                            "uuid": new.uuid.hex if new else None,
                            "endpoint": new.endpoint if new else None,
                            "took_over": change.took_over, "stepped_down": change.stepped_down}))
     nfp.add_listener(on_broker)
     nfp.start()
-    _print(json.dumps({"event": "ready", "node": node.name, "uuid": node.uuid.hex,
+    emit(json.dumps({"event": "ready", "node": node.name, "uuid": node.uuid.hex,
                        "pid": os.getpid(), "store": str(nfp.store.path), "broker_mode": broker,
                        "broker_endpoint": nfp.broker.endpoint if nfp.broker else None,
                        "workers": [{"name": w.name, "service": w.service, "endpoint": w.endpoint,
                                     "tasks": w.tasks.names()} for w in nfp.workers]}))
-    _stderr(f"{node.name} ({node.uuid.hex}) serving; Ctrl-C to stop")
+    note(f"{node.name} ({node.uuid.hex}) serving; Ctrl-C to stop")
     try:
-        for _ in node.events():
-            pass
+        session.wait_stopped()
     finally:
-        nfp.stop()
-        session.stop()
+        try:
+            nfp.stop()
+        finally:
+            session.close()
     return EXIT_OK
 
 
@@ -599,7 +557,10 @@ def fetch_file(client: Any, url: str, dest: Path, timeout: float = 60.0) -> dict
     try:
         with os.fdopen(fd, "wb") as out:
             for chunk in range(details["chunks"]):
-                part = call("fetch_file", url=url, chunk=chunk, chunk_size=details["chunk_size"])
+                with leaving(f"{dest} not written ({chunk} of {details['chunks']} chunks of "
+                             f"{url} fetched)"):
+                    part = call("fetch_file", url=url, chunk=chunk,
+                                chunk_size=details["chunk_size"])
                 data = base64.b64decode(part["data"])
                 if hashlib.sha256(data).hexdigest() != part["sha256"]:
                     raise RuntimeError(f"chunk {chunk} of {url} failed its checksum")
@@ -627,6 +588,7 @@ def _cmd_file(args: argparse.Namespace, config: NodeConfig) -> int:
     with _Client(args, config) as c:
         if c.nfp.current_broker is None:
             raise RuntimeError("no broker on the mesh: the file service runs on the broker")
-        result = fetch_file(c.nfp.client, args.url, dest, args.timeout)
-    _stderr(f"{args.url}: {result['size']} bytes, sha256 {result['sha256']} -> {result['dest']}")
+        with leaving(f"{args.url} not fetched"):
+            result = fetch_file(c.nfp.client, args.url, dest, args.timeout)
+    note(f"{args.url}: {result['size']} bytes, sha256 {result['sha256']} -> {result['dest']}")
     return EXIT_OK

@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import signal
-import sys
 from typing import Any, Callable, Optional
 
 import gevent
-import gevent.event
 
 from ..argtypes import count, seconds
+from ..cli.output import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, emit, note, table, to_json
+from ..cli.session import NodeSession
 from ..config import NodeConfig
 from ..zre.node import Node
 from .channel import Channel, ServerInfo
@@ -42,7 +41,6 @@ from .versions import version_key
 __all__ = ["add_commands", "load_handlers"]
 
 PROG = "peermesh"
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Factory = Callable[..., argparse.ArgumentParser]
 
@@ -144,60 +142,6 @@ def load_handlers(server: Server, module_name: str) -> list[Service]:
     return found
 
 
-def _stderr(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, default=_jsonable)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        data = bytes(obj)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"hex": data.hex()}
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return repr(obj)
-
-
-class _Stopper:
-    """Sets an event on SIGINT/SIGTERM (handled on the hub)."""
-
-    def __init__(self) -> None:
-        self.event = gevent.event.Event()
-        self.signalled = False
-        self._handlers = [gevent.signal_handler(sig, self._on_signal)
-                          for sig in (signal.SIGINT, signal.SIGTERM)]
-
-    def _on_signal(self) -> None:
-        self.signalled = True
-        self.event.set()
-
-    def cancel(self) -> None:
-        """Restore the default signal handling."""
-        for handler in self._handlers:
-            handler.cancel()
-
-
-def _node(config: NodeConfig) -> Node:
-    try:
-        return Node(config=config)
-    except TypeError as exc:
-        raise ValueError(f"invalid configuration: {exc}") from None
-
-
-def _start(node: Node) -> None:
-    try:
-        node.start()
-    except OSError as exc:
-        raise RuntimeError(f"cannot start the node (UDP beacon port {node.config.port}): "
-                           f"{exc.strerror or exc}") from exc
-
-
 def _channel(node: Node, bind: Optional[str]) -> Channel:
     try:
         return Channel(node, endpoint=bind) if bind else Channel(node)
@@ -213,7 +157,8 @@ def _channel(node: Node, bind: Optional[str]) -> Channel:
 
 def cmd_serve(args: argparse.Namespace, config: NodeConfig) -> int:
     """Serve until SIGINT/SIGTERM."""
-    node = _node(config)
+    session = NodeSession(config, serving=True)
+    node = session.node
     server = Server(node, channels=args.channel, max_concurrent=args.max_concurrent)
     if not args.no_echo:
         server.add_service(echo_service(label=node.name))
@@ -221,17 +166,15 @@ def cmd_serve(args: argparse.Namespace, config: NodeConfig) -> int:
         load_handlers(server, module)
     if not server.catalog():
         raise ValueError("nothing to serve: --no-echo and no services from --handlers")
-    stopper = _Stopper()
     try:
-        _start(node)
+        session.start()
         server.start()
         offered = ", ".join(f"{s.name} {s.version}" for s in server.catalog())
-        _stderr(f"{node.name} ({node.uuid.hex}) serving {offered}; Ctrl-C to stop")
-        stopper.event.wait()
+        note(f"{node.name} ({node.uuid.hex}) serving {offered}; Ctrl-C to stop")
+        session.wait_stopped()
     finally:
-        stopper.cancel()
         server.stop()
-        node.stop()
+        session.close()
     return EXIT_OK
 
 
@@ -241,36 +184,29 @@ def cmd_call(args: argparse.Namespace, config: NodeConfig) -> int:
         payload = json.loads(args.payload)
     except ValueError as exc:
         raise ValueError(f"PAYLOAD is not JSON: {exc}") from None
-    node = _node(config)
-    channel = _channel(node, args.bind)
-    stopper = _Stopper()
+    session = NodeSession(config)
+    channel = _channel(session.node, args.bind)
     try:
-        _start(node)
+        session.start()
         channel.start()
-        result = channel.request_async(args.service, args.action, payload,
-                                       version=args.service_version, category=args.category,
-                                       timeout=args.timeout, retries=args.retries)
-        gevent.wait([result, stopper.event], count=1)
-        if stopper.signalled and not result.ready():
-            return EXIT_INTERRUPTED
         try:
-            reply = result.get()
+            reply = channel.request(args.service, args.action, payload,
+                                    version=args.service_version, category=args.category,
+                                    timeout=args.timeout, retries=args.retries)
         except NoServerError as exc:
-            _stderr(f"error: {exc.message}")
+            note(f"error: {exc.message}")
             return EXIT_USAGE
         except ServiceError as exc:
-            _stderr(f"error: status {exc.status}: {exc.message}")
+            note(f"error: status {exc.status}: {exc.message}")
             return EXIT_FAILURE
         except RequestTimeout as exc:
-            _stderr(f"error: {exc}")
+            note(f"error: {exc}")
             return EXIT_FAILURE
-        sys.stdout.write(_json(reply) + "\n")
-        sys.stdout.flush()
+        emit(to_json(reply))
         return EXIT_OK
     finally:
-        stopper.cancel()
         channel.stop()
-        node.stop()
+        session.close()
 
 
 def _catalog(channel: Channel) -> list[dict[str, Any]]:
@@ -285,31 +221,24 @@ def _catalog(channel: Channel) -> list[dict[str, Any]]:
 
 def cmd_services(args: argparse.Namespace, config: NodeConfig) -> int:
     """Collect INTRs for --wait seconds and print the catalog."""
-    node = _node(config)
-    channel = _channel(node, args.bind)
-    stopper = _Stopper()
+    session = NodeSession(config)
+    channel = _channel(session.node, args.bind)
     try:
-        _start(node)
+        session.start()
         channel.start()
-        stopper.event.wait(args.wait)
-        if stopper.signalled:
-            return EXIT_INTERRUPTED
+        gevent.sleep(args.wait)
         rows = _catalog(channel)
     finally:
-        stopper.cancel()
         channel.stop()
-        node.stop()
+        session.close()
     if args.json:
-        sys.stdout.write(_json(rows) + "\n")
+        emit(to_json(rows))
     elif rows:
-        table = [("SERVICE", "VERSION", "SERVERS")]
+        lines = [("SERVICE", "VERSION", "SERVERS")]
         for row in rows:
             servers = " ".join(f"{s['address'] or '?'}({s['id'][:10]})" for s in row["servers"])
-            table.append((row["service"], row["version"], servers))
-        widths = [max(len(r[i]) for r in table) for i in range(2)]
-        sys.stdout.write("\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}".rstrip()
-                                   for r in table) + "\n")
-    sys.stdout.flush()
+            lines.append((row["service"], row["version"], servers))
+        emit(table(lines))
     if not rows:
-        _stderr(f"no server introduced itself within {args.wait:g} s")
+        note(f"no server introduced itself within {args.wait:g} s")
     return EXIT_OK
