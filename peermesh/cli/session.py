@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 __all__ = ["Interrupted", "NodeSession", "install_handlers", "leaving"]
 
 
+def _logger() -> Any:
+    import logging
+
+    return logging.getLogger(__name__)
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped a command; ``left`` says what it left undone."""
 
@@ -97,12 +103,15 @@ class NodeSession:
 
         cfg = self.node.config
         try:
-            return self.node.start()
+            node = self.node.start()
         except OSError as exc:
             raise RuntimeError(f"cannot start the node (UDP beacon port {cfg.port}): "
                                f"{exc.strerror or exc}") from exc
         except zmq.ZMQError as exc:
             raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
+        _logger().info("node %s (%s) at %s, beacons on port %d every %gs", node.name, node.uuid.hex,
+                 node.endpoint, cfg.port, cfg.interval)
+        return node
 
     def _on_signal(self) -> None:
         import gevent

@@ -419,26 +419,25 @@ def _await_workers(c: "_Client", uuid: str, service: Optional[str], target: Opti
 def _job_get(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
     wait = 0.0 if args.wait is None else (max(0.0, args.timeout - 1.0) if args.wait < 0
                                           else args.wait)
-    with _Client(args, config) as c:
+    with leaving(f"job {text} not fetched; ask again with `{PROG} job get {text}`"), \
+            _Client(args, config) as c:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
         _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
-        with leaving(f"job {uuid} not fetched; ask again with `{PROG} job get {uuid}`"):
-            reply = client.get(uuid, service=args.service, target=args.target, wait=wait,
-                               timeout=max(args.timeout, wait + 1.0))
+        reply = client.get(uuid, service=args.service, target=args.target, wait=wait,
+                           timeout=max(args.timeout, wait + 1.0))
     _print_json(_reply_json(reply))
     return EXIT_OK if reply.status is Status.OK else EXIT_FAILURE
 
 
 def _job_delete(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
-    with _Client(args, config) as c:
+    with leaving(f"job {text} may not be deleted everywhere; see `{PROG} job get {text}`"), \
+            _Client(args, config) as c:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
         _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
-        with leaving(f"the delete of job {uuid} may not have reached every worker; "
-                     f"see `{PROG} job get {uuid}`"):
-            reply = client.delete(uuid, service=args.service, target=args.target,
-                                  timeout=args.timeout)
+        reply = client.delete(uuid, service=args.service, target=args.target,
+                              timeout=args.timeout)
     _print_json(_reply_json(reply))
     return EXIT_OK if reply.status is Status.OK else EXIT_FAILURE
 

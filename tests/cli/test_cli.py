@@ -214,3 +214,19 @@ def test_sigterm_and_sigint_leave_cleanly(cli: Cli) -> None:
         assert len(process.err) == 1  # only the start-up line
     assert by_term.out[-1].endswith("STOP")
     assert json.loads(by_int.out[-1])["event"] == "STOP"
+
+
+@pytest.mark.parametrize("args, signum", [
+    (["peers", "--no-agent", "--wait", "60"], signal.SIGINT),
+    (["whisper", "nobody", "hi", "--no-agent", "--wait", "60"], signal.SIGTERM),
+    (["shout", "nobody", "hi", "--no-agent", "--wait", "60"], signal.SIGINT),
+    (["call", "nosuchservice", "act", "--timeout", "60"], signal.SIGTERM),
+    (["services", "--wait", "60"], signal.SIGINT),
+])
+def test_a_waiting_command_stops_on_a_signal_and_exits_130(cli: Cli, args: list[str],
+                                                           signum: int) -> None:
+    process = cli.start(*args, "-v")
+    process.expect_line(lambda s: "beacons on port" in s, "the node's start-up log line", "err")
+    assert process.stop(signum) == 130, process.describe()  # long before the 60 s wait
+    assert "peermesh: interrupted" in process.err, process.describe()
+    assert not any("Traceback" in line for line in process.err), process.describe()

@@ -200,3 +200,84 @@ def test_example_config_documents_every_nfp_key(tmp_path: Path) -> None:
     assert set(load_nfp_table(enabled)) == set(NFP_KEYS)
     assert NodeConfig.load(enabled, environ={}).interface == "lo"
     assert load_nfp_table(example) == {}            # commented out: nothing set
+
+
+def _start(cli_args: list[str], env_from: Callable[..., Any], *args: str) -> Any:
+    """``peermesh ARGS`` started (not waited for) like the ``cli`` fixture runs it."""
+    return subprocess.Popen([sys.executable, "-m", "peermesh", *args, *cli_args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env_from())
+
+
+def _interrupt(proc: subprocess.Popen[str], signum: int) -> tuple[int, str, str]:
+    """Send ``signum``; (exit code, stdout, stderr). The command must end within 10 s."""
+    proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"still running 10 s after signal {signum}: {err}")
+    return proc.returncode, out, err
+
+
+def _until(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not within {timeout} s")
+        time.sleep(0.05)
+
+
+def test_waits_stop_on_a_signal_and_say_what_was_left(cli: Callable[..., Any],
+                                                      free_udp_port: int,
+                                                      tmp_path: Path) -> None:
+    """job post --wait, job get --wait and file get, brokerless and with a broker."""
+    import signal
+
+    common = ["-i", "lo", "-p", str(free_udp_port), "--interval", "0.05"]
+
+    def env() -> dict[str, str]:
+        return {**os.environ, "PEERMESH_DATA_DIR": str(tmp_path / "data"),
+                "PYTHONPATH": str(REPO)}
+
+    def posted() -> list[dict[str, Any]]:
+        done = cli("job", "list", "--json")
+        return [j for j in json.loads(done.stdout or "[]") if j["task"] == "sleep"]
+
+    cli("worker", "--name", "sw1", "--service", "demo", serve=True)
+    post = _start(common, env, "job", "post", "demo", "sleep", '{"seconds": 120}',
+                  "--target", "any", "--wait")
+    (job,) = _until(posted, "the posted job in the client store")
+    code, out, err = _interrupt(post, signal.SIGINT)
+    assert code == 130 and out == "", err
+    assert err.splitlines()[-1] == (f"peermesh: interrupted: job {job['uuid']} was posted and "
+                                    f"may still run; fetch its result later with `peermesh job "
+                                    f"get {job['uuid']}`")
+
+    get = _start(common, env, "job", "get", job["uuid"], "--wait", "120", "-v")
+    _until(lambda: any("beacons on port" in line for line in [get.stderr.readline()]),
+           "the node's start-up log line")
+    code, out, err = _interrupt(get, signal.SIGTERM)
+    assert code == 130 and out == "", err
+    assert err.splitlines()[-1] == (f"peermesh: interrupted: job {job['uuid']} not fetched; "
+                                    f"ask again with `peermesh job get {job['uuid']}`")
+
+    files = tmp_path / "files"
+    files.mkdir()
+    with open(files / "big.bin", "wb") as f:
+        f.truncate(128 * 1024 * 1024)  # sparse: costs no disk, takes many chunks
+    cli("broker", "run", "--name", "fb1", "--files-root", str(files), serve=True)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    fetch = _start(common, env, "file", "get", "nf://big.bin", str(dest))
+    _until(lambda: list(dest.iterdir()), "the download's temporary file", timeout=30)
+    code, out, err = _interrupt(fetch, signal.SIGINT)
+    assert code == 130, err  # never 0: the file was not written
+    last = err.splitlines()[-1]
+    assert last.startswith(f"peermesh: interrupted: {dest / 'big.bin'} not written (") \
+        and last.endswith(" chunks of nf://big.bin fetched)"), err
+    assert list(dest.iterdir()) == []  # the partial download is removed
