@@ -3,8 +3,9 @@
 Values come, lowest precedence first, from the defaults below, a TOML file
 (``[node]`` table, same keys), ``PEERMESH_*`` environment variables (the key
 in upper case: ``PEERMESH_INTERFACE``, ``PEERMESH_PORT``, ``PEERMESH_EVASIVE``
-...; ``PEERMESH_GROUPS``, ``PEERMESH_DISCOVERY`` and ``PEERMESH_SEEDS`` are comma-separated, ``PEERMESH_HEADERS`` is
-``K=V,K=V``) and keyword arguments or CLI flags.
+...; ``PEERMESH_GROUPS``, ``PEERMESH_DISCOVERY`` (``none``: seeds only) and
+``PEERMESH_SEEDS`` are comma-separated, ``PEERMESH_HEADERS`` is ``K=V,K=V``)
+and keyword arguments or CLI flags.
 """
 
 from __future__ import annotations
@@ -177,8 +178,22 @@ class NodeConfig:
         return result
 
 
+def parse_discovery(text: str) -> tuple[str, ...]:
+    """``"beacon,mdns"`` as ``("beacon", "mdns")``; ``"none"``: no source (seeds only)."""
+    sources = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if sources == ("none",):
+        return ()
+    unknown = set(sources) - {"beacon", "mdns"}
+    if unknown or not sources:
+        raise ValueError(f"unknown discovery source(s) {', '.join(sorted(unknown)) or repr(text)}"
+                         "; choose from beacon, mdns (comma-separated), or none")
+    return sources
+
+
 def _parse(name: str, raw: str, kind: Any) -> Any:
-    if name in ("groups", "discovery", "seeds"):
+    if name == "discovery":
+        return parse_discovery(raw)
+    if name in ("groups", "seeds"):
         return tuple(g.strip() for g in raw.split(",") if g.strip())
     if name == "headers":
         return dict(parse_header(item) for item in raw.split(",") if item)

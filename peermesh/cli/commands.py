@@ -127,19 +127,32 @@ def _header_arg(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _discovery_arg(text: str) -> tuple[str, ...]:
+    import argparse
+
+    from ..config import parse_discovery
+
+    try:
+        return parse_discovery(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 @functools.cache
-def _node_options() -> argparse.ArgumentParser:
+def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
+    """The node options; ``timers_only``: just the beacon timers (a simulated network)."""
     import argparse
 
     common = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     node = common.add_argument_group("node options")
-    node.add_argument(
-        "--interface", "-i", metavar="IFACE",
-        help="network interface: a name (eth0, lo), one of its IPv4 addresses or a CIDR "
-             "(10.0.0.0/24); 'lo' keeps the mesh on this host "
-             "(default: $PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
-    node.add_argument("--port", "-p", type=int, metavar="PORT",
-                      help=f"UDP beacon port (default: {_NODE_DEFAULT})")
+    if not timers_only:
+        node.add_argument(
+            "--interface", "-i", metavar="IFACE",
+            help="network interface: a name (eth0, lo), one of its IPv4 addresses or a CIDR "
+                 "(10.0.0.0/24); 'lo' keeps the mesh on this host (default: "
+                 "$PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
+        node.add_argument("--port", "-p", type=int, metavar="PORT",
+                          help=f"UDP beacon port (default: {_NODE_DEFAULT})")
     node.add_argument("--interval", type=seconds, metavar="SECONDS",
                       help=f"seconds between beacons (default: {_NODE_DEFAULT})")
     node.add_argument("--evasive", type=seconds, metavar="SECONDS",
@@ -148,6 +161,9 @@ def _node_options() -> argparse.ArgumentParser:
     node.add_argument("--expired", type=seconds, metavar="SECONDS",
                       help="silence after which a peer is removed with EXIT "
                            f"(default: {_NODE_DEFAULT})")
+    if timers_only:
+        _add_verbose(node)
+        return common
     node.add_argument("--name", "-n",
                       help="public name of this node (default: first 6 hex digits of its UUID)")
     node.add_argument("--header", "-H", dest="headers", action="append", type=_header_arg,
@@ -155,6 +171,18 @@ def _node_options() -> argparse.ArgumentParser:
                       help="HELLO header sent to peers; repeatable")
     node.add_argument("--group", "-g", dest="groups", action="append", default=[],
                       metavar="GROUP", help="group to join at start; repeatable")
+    node.add_argument("--seed", dest="seeds", action="append", default=[], metavar="HOST[:PORT]",
+                      help="a node to reach by unicast beacons (PORT: its beacon port, default "
+                           "--port), for networks without broadcast; peers found through it "
+                           "share what they know; repeatable (also $PEERMESH_SEEDS, "
+                           "comma-separated)")
+    node.add_argument("--discovery", type=_discovery_arg, metavar="SOURCES",
+                      help="how peers are found, comma-separated: beacon (UDP broadcast), mdns "
+                           "(DNS-SD through zeroconf, for networks that pass multicast but not "
+                           "broadcast), or none (seeds only: nothing is broadcast) "
+                           "(default: $PEERMESH_DISCOVERY, then beacon)")
+    node.add_argument("--mdns", action="store_true",
+                      help="also find peers by mDNS (the same as adding mdns to --discovery)")
     node.add_argument("--config", "-c", metavar="FILE",
                       help="TOML file with a [node] table (see deploy/peermesh.example.toml); "
                            "$PEERMESH_* variables and these options override it")
@@ -365,10 +393,11 @@ Run '{PROG} COMMAND --help' for the options of a command.
     def command(name: str, summary: str, description: str, examples: str,
                 handler: Callable[[argparse.Namespace, Optional[NodeConfig]], int], *,
                 parents: Sequence[argparse.ArgumentParser] = (),
-                node_options: bool = True, agent_first: bool = False
+                node_options: bool | str = True, agent_first: bool = False
                 ) -> argparse.ArgumentParser:
         """``agent_first``: the handler gets no config and builds one when it needs it."""
-        options = _node_options() if node_options else _verbose_option()
+        options = _node_options(node_options == "timers") if node_options \
+            else _verbose_option()
         p = sub.add_parser(name, parents=[options, *parents],
                            help=summary, formatter_class=_formatter(), description=description,
                            epilog=f"examples:\n{examples}\n\n{_EXIT_CODES}")
@@ -398,15 +427,24 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
     from ..config import NodeConfig
 
     try:
-        base = NodeConfig.load(args.config)
+        base = NodeConfig.load(getattr(args, "config", None))
     except TypeError as exc:  # a TOML value of the wrong type
         raise ValueError(f"invalid configuration: {exc}") from None
+    if getattr(args, "interface", None) == "":
+        raise ValueError("--interface must not be empty (give a name, address or CIDR)")
     overrides: dict[str, Any] = {
-        "name": args.name, "interface": args.interface, "port": args.port,
-        "interval": args.interval, "evasive": args.evasive, "expired": args.expired,
-    }
+        key: getattr(args, key, None)
+        for key in ("name", "interface", "port", "interval", "evasive", "expired")}
+    if not hasattr(args, "seeds"):  # a simulated network: timers only
+        return base.replace(**overrides)
     if args.groups:
         overrides["groups"] = tuple(dict.fromkeys([*base.groups, *args.groups]))
+    if args.seeds:
+        overrides["seeds"] = tuple(dict.fromkeys([*base.seeds, *args.seeds]))
+    discovery = args.discovery if args.discovery is not None else base.discovery
+    if args.mdns:
+        discovery = tuple(dict.fromkeys([*discovery, "mdns"]))
+    overrides["discovery"] = discovery
     if args.headers:
         overrides["headers"] = {**base.headers, **dict(args.headers)}
     evasive = args.evasive or base.evasive

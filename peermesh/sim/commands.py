@@ -35,11 +35,11 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         "virtual time (beacons, mailboxes and timers run unchanged; no real socket is "
         "used), inject latency, jitter, beacon loss and partitions, and report time to a "
         "full mesh, traffic, ENTER/EXIT churn and memory per node. --interval, --evasive "
-        "and --expired set the nodes' timers; the interface and port options are ignored.",
+        "and --expired set the nodes' timers.",
         "  peermesh simulate --nodes 200\n"
         "  peermesh simulate --nodes 50 --latency 2 --jitter 1 --loss 0.05 --duration 20\n"
         "  peermesh simulate --nodes 40 --partition 5:40 --duration 60 --json",
-        run)
+        run, node_options="timers")
     p.add_argument("--nodes", "-N", type=int, default=100, help="how many nodes (default: 100)")
     p.add_argument("--latency", type=float, default=0.0, metavar="MS",
                    help="one-way latency of every link in milliseconds (default: 0)")
