@@ -92,3 +92,21 @@ def test_wrong_types_are_clear_errors(tmp_path, line, message):
     path.write_text(f"[node]\n{line}\n")
     with pytest.raises(ValueError, match=message):
         NodeConfig.load(path, environ={})
+
+
+def test_config_example_prints_the_example_the_package_ships(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "peermesh", "config", "example"],
+                          capture_output=True, encoding="utf-8", timeout=20)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == EXAMPLE.read_text()
+    path = tmp_path / "printed.toml"
+    path.write_text(done.stdout)
+    assert NodeConfig.load(path, environ={}).interface == "lo"
+    # the wording says which value is not the default
+    assert "Each value shown\n# is the default, except `interface`" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "peermesh", "run", "--help"],
+                          capture_output=True, encoding="utf-8", timeout=20)
+    assert "`peermesh config example` prints one to start from" in " ".join(done.stdout.split())

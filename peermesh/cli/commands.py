@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from ..argtypes import seconds
+from ..argtypes import seconds, text, utf8
 from ..errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
 from .output import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, clean, emit,
                      note, stdout_utf8, table, to_json)
@@ -116,24 +116,24 @@ def _columns() -> int:
 # Arguments and configuration
 
 
-def _header_arg(text: str) -> tuple[str, str]:
+def _header_arg(value: str) -> tuple[str, str]:
     import argparse
 
     from ..config import parse_header
 
     try:
-        return parse_header(text)
+        return parse_header(utf8(value))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _discovery_arg(text: str) -> tuple[str, ...]:
+def _discovery_arg(value: str) -> tuple[str, ...]:
     import argparse
 
     from ..config import parse_discovery
 
     try:
-        return parse_discovery(text)
+        return parse_discovery(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -147,7 +147,7 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
     node = common.add_argument_group("node options")
     if not timers_only:
         node.add_argument(
-            "--interface", "-i", metavar="IFACE",
+            "--interface", "-i", metavar="IFACE", type=text,
             help="network interface: a name (eth0, lo), one of its IPv4 addresses or a CIDR "
                  "(10.0.0.0/24); 'lo' keeps the mesh on this host (default: "
                  "$PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
@@ -164,14 +164,15 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
     if timers_only:
         _add_verbose(node)
         return common
-    node.add_argument("--name", "-n",
+    node.add_argument("--name", "-n", type=text,
                       help="public name of this node (default: first 6 hex digits of its UUID)")
     node.add_argument("--header", "-H", dest="headers", action="append", type=_header_arg,
                       default=[], metavar="K=V",
                       help="HELLO header sent to peers; repeatable")
-    node.add_argument("--group", "-g", dest="groups", action="append", default=[],
+    node.add_argument("--group", "-g", dest="groups", action="append", default=[], type=text,
                       metavar="GROUP", help="group to join at start; repeatable")
-    node.add_argument("--seed", dest="seeds", action="append", default=[], metavar="HOST[:PORT]",
+    node.add_argument("--seed", dest="seeds", action="append", default=[], type=text,
+                      metavar="HOST[:PORT]",
                       help="a node to reach by unicast beacons (PORT: its beacon port, default "
                            "--port), for networks without broadcast; peers found through it "
                            "share what they know; repeatable (also $PEERMESH_SEEDS, "
@@ -184,8 +185,9 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
     node.add_argument("--mdns", action="store_true",
                       help="also find peers by mDNS (the same as adding mdns to --discovery)")
     node.add_argument("--config", "-c", metavar="FILE",
-                      help="TOML file with a [node] table (see deploy/peermesh.example.toml); "
-                           "$PEERMESH_* variables and these options override it")
+                      help="TOML file with a [node] table (and [nfp] for the NFP commands); "
+                           f"`{PROG} config example` prints one to start from. $PEERMESH_* "
+                           "variables and these options override it")
     _add_verbose(node)
     return common
 
@@ -292,7 +294,7 @@ def _add_shout(command: CommandFactory) -> None:
         f'  {PROG} shout chat "hello everyone"\n'
         f'  {PROG} shout --interface lo --wait 5 alerts "disk full"',
         cmd_shout, parents=[_agent_options(True)], agent_first=True)
-    shout.add_argument("target", metavar="GROUP", help="the group to shout to")
+    shout.add_argument("target", metavar="GROUP", type=text, help="the group to shout to")
     shout.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
     shout.add_argument("--wait", "-w", type=seconds, default=WAIT_SEND, metavar="SECONDS",
                        help="longest wait for the group's members (default: %(default)s)")
@@ -310,7 +312,8 @@ def _add_whisper(command: CommandFactory) -> None:
         + _AGENT_NOTE,
         f'  {PROG} whisper alice "hi"\n  {PROG} whisper 3f2a9c "hi"   # UUID prefix',
         cmd_whisper, parents=[_agent_options(True)], agent_first=True)
-    whisper.add_argument("target", metavar="PEER", help="peer name, UUID or UUID hex prefix")
+    whisper.add_argument("target", metavar="PEER", type=text,
+                         help="peer name, UUID or UUID hex prefix")
     whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
     whisper.add_argument("--wait", "-w", type=seconds, default=WAIT_SEND, metavar="SECONDS",
                          help="longest wait for the peer (default: %(default)s)")
@@ -325,7 +328,7 @@ def _add_group_op(command: CommandFactory, name: str) -> None:
         f"  {PROG} {name} news\n  {PROG} {name} --agent /run/peermesh/agent.sock news",
         cmd_join if name == "join" else cmd_leave, parents=[_agent_options(False)],
         node_options=False, agent_first=True)
-    p.add_argument("group", metavar="GROUP", help=f"the group to {name}")
+    p.add_argument("group", metavar="GROUP", type=text, help=f"the group to {name}")
 
 
 def _add_events(command: CommandFactory) -> None:
@@ -351,6 +354,27 @@ def _add_status(command: CommandFactory) -> None:
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _add_config(command: CommandFactory) -> None:
+    command("config", "configuration files",
+            "A configuration file is TOML with a [node] table (the node options) and an "
+            "[nfp] table (the NFP commands' options); any other table, or a key outside a "
+            "table, is an error.", f"  {PROG} config example > peermesh.toml", None)
+    command("config example", "print an example configuration file (every key, documented)",
+            "Print a configuration file that lists every key of [node] with its default "
+            "(but interface = \"lo\") and every key of [nfp], commented out.",
+            f"  {PROG} config example > /etc/peermesh/peermesh.toml", cmd_config_example,
+            node_options=False)
+
+
+def cmd_config_example(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
+    """Print the example configuration shipped with the package."""
+    from importlib.resources import files
+
+    sys.stdout.write(files(__package__).joinpath("peermesh.example.toml").read_text("utf-8"))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 #: the commands defined here, in help order; parsing one of them builds only its own
 #: parser and skips importing COMMAND_MODULES, which keeps the round trip through the
 #: agent short
@@ -358,7 +382,7 @@ _BUILTIN: dict[str, Callable[[CommandFactory], None]] = {
     "run": _add_run, "agent": _add_agent, "peers": _add_peers, "shout": _add_shout,
     "whisper": _add_whisper, "join": functools.partial(_add_group_op, name="join"),
     "leave": functools.partial(_add_group_op, name="leave"), "events": _add_events,
-    "status": _add_status,
+    "status": _add_status, "config": _add_config,
 }
 
 
@@ -389,18 +413,32 @@ Run '{PROG} COMMAND --help' for the options of a command.
 {_EXIT_CODES}""")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    groups: dict[str, Any] = {}  # "job" -> the subparsers of its actions
 
     def command(name: str, summary: str, description: str, examples: str,
-                handler: Callable[[argparse.Namespace, Optional[NodeConfig]], int], *,
+                handler: Optional[Callable[[argparse.Namespace, Optional[NodeConfig]], int]], *,
                 parents: Sequence[argparse.ArgumentParser] = (),
                 node_options: bool | str = True, agent_first: bool = False
                 ) -> argparse.ArgumentParser:
-        """``agent_first``: the handler gets no config and builds one when it needs it."""
+        """Add command ``name``; "job post" adds action ``post`` to the group ``job``,
+        made before by ``command("job", ..., handler=None)``.
+
+        ``agent_first``: the handler gets no config and builds one when it needs it.
+        """
+        *group, leaf = name.split()
+        where = groups[group[0]] if group else sub
+        epilog = f"examples:\n{examples}\n\n{_EXIT_CODES}"
+        if handler is None:
+            p = where.add_parser(leaf, help=summary, formatter_class=_formatter(),
+                                 description=description, epilog=epilog)
+            groups[leaf] = p.add_subparsers(dest="action", metavar="ACTION", title="actions",
+                                            required=True)
+            return p
         options = _node_options(node_options == "timers") if node_options \
             else _verbose_option()
-        p = sub.add_parser(name, parents=[options, *parents],
-                           help=summary, formatter_class=_formatter(), description=description,
-                           epilog=f"examples:\n{examples}\n\n{_EXIT_CODES}")
+        p = where.add_parser(leaf, parents=[options, *parents], help=summary,
+                             formatter_class=_formatter(), description=description,
+                             epilog=epilog)
         p.set_defaults(handler=handler, node_options=node_options, agent_first=agent_first)
         return p
 
@@ -430,8 +468,6 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         base = NodeConfig.load(getattr(args, "config", None))
     except TypeError as exc:  # a TOML value of the wrong type
         raise ValueError(f"invalid configuration: {exc}") from None
-    if getattr(args, "interface", None) == "":
-        raise ValueError("--interface must not be empty (give a name, address or CIDR)")
     overrides: dict[str, Any] = {
         key: getattr(args, key, None)
         for key in ("name", "interface", "port", "interval", "evasive", "expired")}
@@ -851,9 +887,9 @@ def cmd_status(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
         ("groups", ", ".join(clean(g) for g in info.get("groups") or ()) or "none"),
         ("headers", " ".join(f"{clean(k)}={clean(v)}" for k, v in headers.items()) or "none"),
         ("peers", str(info.get("peers"))),
-        ("followers", str(info.get("subscribers"))),
+        ("subscribers", str(info.get("subscribers"))),
     ]
-    emit("\n".join(f"{key:<10} {value}" for key, value in rows))
+    emit("\n".join(f"{key:<12} {value}" for key, value in rows))
     return EXIT_OK
 
 
@@ -1038,8 +1074,9 @@ def _plain_agent_args(argv: Sequence[str]) -> Optional[Any]:
             return None
         else:
             positionals.append(token)
-    if len(positionals) != len(names) or found["agent"] == "":
-        return None
+    if len(positionals) != len(names) or found["agent"] == "" \
+            or not all(p.strip() and p.isprintable() for p in positionals[:1]):
+        return None  # argparse says what is wrong with it
     return SimpleNamespace(
         command=argv[0], handler=_HANDLERS[argv[0]], agent_first=True, node_options=True,
         verbose=0, wait=wait, no_agent=False, interface=None, port=None,

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import gevent
 
-from ..argtypes import count, seconds
+from ..argtypes import count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, emit, note, table, to_json
 from ..cli.session import NodeSession
 from ..config import NodeConfig
@@ -59,11 +59,11 @@ def add_commands(command: Factory) -> None:
         f"  {PROG} serve --handlers myapp.services --no-echo\n"
         f"  {PROG} serve --channel tcp://10.0.0.5:5055      # a channel outside the mesh",
         cmd_serve)
-    serve.add_argument("--handlers", action="append", default=[], metavar="MODULE",
+    serve.add_argument("--handlers", action="append", default=[], metavar="MODULE", type=text,
                        help="import MODULE (dotted name) and serve its Service objects; "
                             "repeatable")
     serve.add_argument("--no-echo", action="store_true", help="do not serve the demo 'echo'")
-    serve.add_argument("--channel", action="append", default=[], metavar="ENDPOINT",
+    serve.add_argument("--channel", action="append", default=[], metavar="ENDPOINT", type=text,
                        help="also serve the channel at ENDPOINT (tcp://HOST:PORT); repeatable")
     serve.add_argument("--max-concurrent", type=count, metavar="N",
                        help="requests running at once before new ones get 503 "
@@ -81,21 +81,21 @@ def add_commands(command: Factory) -> None:
         f"  {PROG} call --version 1 --timeout 3 echo info\n"
         f"  {PROG} call calc add '[1, 2]' --version 1.2 --category math",
         cmd_call)
-    call.add_argument("service", metavar="SERVICE", help="service name")
-    call.add_argument("action", metavar="ACTION", help="action name")
-    call.add_argument("payload", metavar="PAYLOAD-JSON", nargs="?", default="null",
+    call.add_argument("service", metavar="SERVICE", type=text, help="service name")
+    call.add_argument("action", metavar="ACTION", type=text, help="action name")
+    call.add_argument("payload", metavar="PAYLOAD-JSON", nargs="?", default="null", type=utf8,
                       help="the request payload as JSON (default: null)")
-    call.add_argument("--version", dest="service_version", metavar="VERSION",
+    call.add_argument("--version", dest="service_version", metavar="VERSION", type=text,
                       help="service version wanted: exact, or the highest with the same "
                            "major that is not lower (default: the highest offered)")
-    call.add_argument("--category", default="", metavar="CATEGORY",
+    call.add_argument("--category", default="", metavar="CATEGORY", type=utf8,
                       help="action category (default: none)")
     call.add_argument("--timeout", "-t", type=seconds, default=5.0, metavar="SECONDS",
                       help="longest wait for a server and its reply (default: %(default)s)")
     call.add_argument("--retries", type=count, default=0, metavar="N",
                       help="re-send to another server up to N times if the server dies "
                            "holding the request (only for idempotent actions; default 0)")
-    call.add_argument("--bind", metavar="ENDPOINT",
+    call.add_argument("--bind", metavar="ENDPOINT", type=text,
                       help="bind the channel at ENDPOINT (tcp://IP:PORT) instead of a random "
                            "port on the node's interface, so servers can be pointed at it")
 
@@ -111,7 +111,7 @@ def add_commands(command: Factory) -> None:
     services.add_argument("--json", action="store_true",
                           help="print one JSON list of {service, version, servers: "
                                "[{id, address, in_flight, latency_ms, ...}]}")
-    services.add_argument("--bind", metavar="ENDPOINT",
+    services.add_argument("--bind", metavar="ENDPOINT", type=text,
                           help="bind the channel at ENDPOINT (tcp://IP:PORT)")
 
 

@@ -190,6 +190,12 @@ def test_round_trips_through_the_agent(mesh: Mesh) -> None:
     assert info["headers"] == {"role": "agent"} and info["groups"] == ["chat"]
     assert info["port"] == mesh.port and info["interface"]["address"] == "127.0.0.1"
     assert info["pid"] == alice.popen.pid and info["path"] == mesh.sock
+    result = mesh.call("status")
+    assert result.returncode == 0, _report(result)
+    rows = dict(line.split(None, 1) for line in result.stdout.splitlines())
+    assert set(rows) == {"agent", "node", "interface", "groups", "headers", "peers",
+                         "subscribers"}  # the words of --json
+    assert rows["subscribers"] == "0" and rows["peers"] == "1"
 
     result = timed("shout", "shout", "chat", "hello wörld")
     assert result.returncode == 0, _report(result)
@@ -218,6 +224,10 @@ def test_round_trips_through_the_agent(mesh: Mesh) -> None:
     result = mesh.call("leave", "news")
     assert result.returncode == 0 and "not in group 'news'" in result.stderr
 
+    for args in (["whisper", "", "hi"], ["shout", " ", "hi"], ["join", ""]):
+        result = mesh.call(*args)  # refused as without the agent: a usage error
+        assert result.returncode == 2, _report(result)
+        assert "must not be empty" in result.stderr
     result = mesh.call("whisper", "nobody", "hello?", "--wait", "0.3")
     assert result.returncode == 2, _report(result)
     assert result.stderr.splitlines()[-1] == \

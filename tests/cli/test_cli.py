@@ -157,7 +157,11 @@ def test_nothing_found(cli: Cli) -> None:
     (["peers", "--interface", "lo", "--config", "/nonexistent/peermesh.toml"],
      "cannot read config file"),
     (["whisper", "--interface", "lo", "alice"], "required: MESSAGE"),
-    (["run", "--interface", ""], "--interface must not be empty"),
+    (["run", "--interface", ""], "argument --interface/-i: must not be empty"),
+    (["run", "--interface", "lo", "--group", ""], "argument --group/-g: must not be empty"),
+    (["run", "--interface", "lo", "--name", "caf\udce9"],
+     "argument --name/-n: b'caf\\xe9' is not UTF-8 text"),
+    (["whisper", "--interface", "lo", "\udcff", "hi"], "argument PEER: b'\\xff' is not UTF-8"),
     (["run", "--interface", "lo", "--discovery", "beacon,smoke"],
      "unknown discovery source(s) smoke; choose from beacon, mdns"),
     (["run", "--interface", "lo", "--seed", "127.0.0.1:http"], "port 'http' is not a number"),
@@ -302,3 +306,17 @@ def test_discovery_options_build_the_config() -> None:
     assert config("--discovery", "mdns", "--mdns").discovery == ("mdns",)
     assert config("--seed", "10.0.0.1", "--seed", "10.0.0.2:5999").seeds == \
         ("10.0.0.1", "10.0.0.2:5999")
+
+
+def test_simulate_lists_only_the_options_it_uses() -> None:
+    from cliprocess import PEERMESH, _env
+    import subprocess
+
+    result = subprocess.run([*PEERMESH, "simulate", "--help"], capture_output=True,
+                            env=_env(), encoding="utf-8", timeout=20)
+    assert result.returncode == 0, _report(result)
+    for option in ("--nodes", "--interval", "--evasive", "--expired", "--seed SEED"):
+        assert option in result.stdout, option
+    for option in ("--interface", "--port", "--name", "--header", "--group", "--discovery",
+                   "--mdns", "--config"):
+        assert option not in result.stdout, option

@@ -57,10 +57,21 @@ def test_usage_errors_exit_2(cli: Callable[..., Any]) -> None:
                  ("job", "get", "feedbeef", "--wait", "nan"),
                  ("file", "get", "nf://x", "/nonexistent/dir/x"),
                  ("broker", "run", "--broker", "always", "--files-root", "/nonexistent/x"),
-                 ("worker", "--inventory", __file__)):
+                 ("worker", "--inventory", __file__), ("job", "post", "demo", "add", "-t", ""),
+                 ("worker", "--name", ""), ("job", "post", "demo", "add", "[1]", "--wait", "[2]"),
+                 ("job", "get", "a", "--wait", "b"), ("job", "post", "d\udce9mo", "add")):
         done = cli(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert "error" in done.stderr
+    for args, message in ((("job", "post", "demo", "add", "--target", ""),
+                           "argument --target/-t: must not be empty"),
+                          (("worker", "--name", " "), "argument --name/-n: must not be empty"),
+                          (("job", "post", "d\udce9mo", "add"),
+                           "argument SERVICE: b'd\\xe9mo' is not UTF-8 text"),
+                          (("worker", "--data-dir", __file__),
+                           f"data directory {__file__} is a file, not a directory")):
+        done = cli(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
     done = cli("job", "get", "feedbeef")
     assert done.returncode == 2 and "give --service" in done.stderr
 
@@ -85,6 +96,10 @@ def test_worker_jobs_broker_and_files(cli: Callable[..., Any], tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)
     assert reply["status"] == 200 and reply["workers"]["cw1"]["result"] == 6
+    # --wait takes a number only: the JSON after it stays the job's arguments
+    done = cli("job", "post", "demo", "add", "--target", "any", "--wait", "[4, 5]")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["workers"]["cw1"]["result"] == 9
     done = cli("job", "post", "demo", "echo", '{"x": 1}', "-t", "cw1")
     assert done.returncode == 0, done.stderr
     uuid = json.loads(done.stdout)["uuid"]
@@ -281,3 +296,32 @@ def test_waits_stop_on_a_signal_and_say_what_was_left(cli: Callable[..., Any],
     assert last.startswith(f"peermesh: interrupted: {dest / 'big.bin'} not written (") \
         and last.endswith(" chunks of nf://big.bin fetched)"), err
     assert list(dest.iterdir()) == []  # the partial download is removed
+
+
+@pytest.mark.parametrize("argv, has, lacks", [
+    (["job", "post"], ["SERVICE TASK [ARGS-JSON]", "--target", "--wait", "--job-timeout",
+                       "--timeout", "--interface"],
+     ["--limit", "--service", "--keepalive", "--broker", "--files-root"]),
+    (["job", "get"], ["UUID", "--service", "--wait", "--timeout"],
+     ["--job-timeout", "--limit", "ARGS-JSON", "--keepalive"]),
+    (["job", "list"], ["--json", "--limit", "--data-dir", "--store"],
+     ["--wait", "--target", "--timeout", "--keepalive"]),
+    (["broker", "show"], ["WHAT", "--timeout", "--interface"],
+     ["--broker ", "--priority", "--admin-token", "--retention", "--inventory",
+      "--files-root", "--keepalive", "--multiplier"]),
+    (["broker", "run"], ["--broker", "--priority", "--files-root", "--keepalive"],
+     ["WHAT", "--store", "--timeout "]),
+    (["file", "get"], ["nf://PATH", "DEST", "--timeout", "--store"],
+     ["--keepalive", "--multiplier", "--broker ", "--files-root"]),
+])
+def test_help_text_of_each_action(argv: list[str], has: list[str], lacks: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "peermesh", *argv, "--help"],
+                          capture_output=True, text=True, timeout=20,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith(f"usage: peermesh {' '.join(argv)} "), text
+    for option in has:
+        assert option in text, option
+    for option in lacks:
+        assert option not in text, option
