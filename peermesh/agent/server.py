@@ -909,12 +909,12 @@ def _frames_arg(args: dict[str, Any]) -> list[bytes]:
     else:
         raise _Failure("bad-args", "give message (bytes or str) or frames (a list)")
     out = []
-    for frame in frames:
-        if isinstance(frame, str):
-            frame = frame.encode("utf-8")
-        if not isinstance(frame, bytes):
+    for part in frames:
+        if isinstance(part, str):
+            part = part.encode("utf-8")
+        if not isinstance(part, bytes):
             raise _Failure("bad-args", "message and frames must be bytes or strings")
-        out.append(frame)
+        out.append(part)
     return out
 
 

@@ -21,7 +21,7 @@ from ..argtypes import seconds, text, utf8
 from ..errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
 from .output import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, clean, emit,
                      note, stdout_utf8, table, to_json)
-from .session import Interrupted, NodeSession, install_handlers
+from .session import NodeSession, install_handlers
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
@@ -592,7 +592,7 @@ def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
             raise
         try:
             note(f"{_start_line(node)}; agent at {path} (pid {os.getpid()}); "
-                    "Ctrl-C to leave")
+                 "Ctrl-C to leave")
             render = _renderer(args) if args.print_events or args.json else None
             return _print_events(session, render, server.publish)
         finally:
@@ -612,6 +612,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
     from ..agent.client import AgentClient, AgentMismatch, NoAgent, resolve_path
 
     if getattr(args, "no_agent", False):
+        _setup_logging(args.verbose)  # for the node of its own
         return None, "--no-agent"
     path = resolve_path(args.agent)
     probe, args.agent_probe = getattr(args, "agent_probe", None), None
@@ -628,6 +629,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
                                else str(exc)) from None
         if not none:  # an agent may be there, but cannot be used: say so
             note(f"{exc}; using a node of its own")
+        _setup_logging(args.verbose)
         _log().info("%s; using a node of its own", exc)
         return None, str(exc)
     if not required:
@@ -635,6 +637,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
         if mismatch:
             client.close()
             why = f"not using the agent at {path}: {mismatch}"
+            _setup_logging(args.verbose)
             _log().info("%s", why)
             return None, why
     return client, ""
@@ -919,11 +922,11 @@ def cmd_events(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
         client.subscribe()
         info = client.info
         note(f"following events of {clean(info.get('name'))} ({info.get('uuid')}) through "
-                f"the agent at {client.path}; Ctrl-C to stop")
+             f"the agent at {client.path}; Ctrl-C to stop")
         for message in client.stream():
             if "dropped" in message:
                 note(f"warning: {message['dropped']} events dropped: they came faster "
-                        "than this command read them")
+                     "than this command read them")
                 continue
             event = _event_from(message.get("event"))
             if event is not None:

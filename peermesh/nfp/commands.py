@@ -1,10 +1,10 @@
 """``peermesh job|worker|broker|file`` subcommands: NFP from the shell.
 
 Registered through ``peermesh.cli.commands.COMMAND_MODULES`` and built only with the
-``command(name, summary, description, examples, handler)`` factory, so each
-command takes the node options plus an ACTION positional::
+``command(name, summary, description, examples, handler)`` factory; each action is
+a subcommand of its own, with the node options and only the NFP options it uses::
 
-    peermesh job post SERVICE TASK [ARGS-JSON] [--target any|all|w1,w2] [--wait]
+    peermesh job post SERVICE TASK [ARGS-JSON] [--target any|all|w1,w2] [--wait [SECONDS]]
     peermesh job get UUID [--service S] [--wait [SECONDS]]
     peermesh job list [--json]
     peermesh job delete UUID
@@ -14,8 +14,8 @@ command takes the node options plus an ACTION positional::
 
 Client commands wait about one and a half beacon intervals for the mesh to
 be seen and the broker (if any) elected, act, and leave. Every command reads
-the ``[nfp]`` table of ``--config`` (keys in ``NFP_KEYS``, documented in
-deploy/peermesh.example.toml) for the NFP options it has; command-line
+the ``[nfp]`` table of ``--config`` (keys in ``NFP_KEYS``, documented in the
+example that ``peermesh config example`` prints) for the NFP options it has; command-line
 options win over the environment (``$PEERMESH_DATA_DIR``,
 ``$PEERMESH_NFP_ADMIN_TOKEN``), which wins over the file. ``job list`` only
 reads the local store. ``worker`` and ``broker run`` serve until Ctrl-C /
@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional
 import gevent
 
 from ..argtypes import is_seconds, positive_count, seconds, text, utf8
-from ..cli.output import EXIT_FAILURE, EXIT_OK, emit, note, table, to_json
+from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, emit, note, table, to_json
 from ..cli.session import Interrupted, NodeSession, leaving
 from ..config import NodeConfig, read_tables
 from ..wire import nfp as wire
@@ -53,7 +53,6 @@ __all__ = ["add_commands", "fetch_file", "NFP_KEYS", "load_nfp_table"]
 
 log = logging.getLogger(__name__)
 
-PROG = "peermesh"
 Handler = Callable[[argparse.Namespace, NodeConfig], int]
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import gevent
 
 from ..argtypes import count, seconds, text, utf8
-from ..cli.output import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, emit, note, table, to_json
+from ..cli.output import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, PROG, emit, note, table, to_json
 from ..cli.session import NodeSession
 from ..config import NodeConfig
 from ..zre.node import Node
@@ -40,7 +40,6 @@ from .versions import version_key
 
 __all__ = ["add_commands", "load_handlers"]
 
-PROG = "peermesh"
 
 Factory = Callable[..., argparse.ArgumentParser]
 
