@@ -27,11 +27,12 @@ from typing import Any, Callable, Optional
 import gevent
 
 from ..argtypes import count, seconds, text, utf8
-from ..cli.output import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, PROG, emit, note, table, to_json
+from ..cli.output import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, PROG, clean, emit, note, table,
+                          to_json)
 from ..cli.session import NodeSession
 from ..config import NodeConfig
 from ..zre.node import Node
-from .channel import Channel, ServerInfo
+from .channel import HEADER_SERVER, Channel, ServerInfo
 from .demo import echo_service
 from .errors import NoServerError, RequestTimeout, ServiceError
 from .handlers import Service
@@ -109,7 +110,7 @@ def add_commands(command: Factory) -> None:
                           help="how long to collect introductions (default: %(default)s)")
     services.add_argument("--json", action="store_true",
                           help="print one JSON list of {service, version, servers: "
-                               "[{id, address, in_flight, latency_ms, ...}]}")
+                               "[{id, name, address, in_flight, latency_ms, ...}]}")
     services.add_argument("--bind", metavar="ENDPOINT", type=text,
                           help="bind the channel at ENDPOINT (tcp://IP:PORT)")
 
@@ -208,13 +209,35 @@ def cmd_call(args: argparse.Namespace, config: NodeConfig) -> int:
         session.close()
 
 
-def _catalog(channel: Channel) -> list[dict[str, Any]]:
+def _server_names(node: Node) -> dict[str, list[str]]:
+    """IP address -> names of the mesh's peers there that advertise a Safir-Darbaan server."""
+    names: dict[str, list[str]] = {}
+    for uuid in node.peers():
+        try:
+            info = node.peer_info(uuid)
+        except Exception:  # gone meanwhile
+            continue
+        if HEADER_SERVER in info.headers:
+            host = info.address.split("://")[-1].rsplit(":", 1)[0]
+            names.setdefault(host, []).append(info.name)
+    return names
+
+
+def _catalog(channel: Channel, node: Node) -> list[dict[str, Any]]:
+    """The catalog; a server gets the ``name`` of the one server peer at its address."""
     infos: dict[str, ServerInfo] = {s.id: s for s in channel.servers()}
+    names = _server_names(node)
     rows = []
     for name, versions in channel.services().items():
         for version, ids in sorted(versions.items(), key=lambda kv: version_key(kv[0])):
-            rows.append({"service": name, "version": version,
-                         "servers": [infos[i].to_dict() for i in ids if i in infos]})
+            servers = []
+            for i in ids:
+                if i in infos:
+                    entry = infos[i].to_dict()
+                    there = names.get(entry["address"], [])
+                    entry["name"] = there[0] if len(there) == 1 else None
+                    servers.append(entry)
+            rows.append({"service": name, "version": version, "servers": servers})
     return rows
 
 
@@ -226,7 +249,7 @@ def cmd_services(args: argparse.Namespace, config: NodeConfig) -> int:
         session.start()
         channel.start()
         gevent.sleep(args.wait)
-        rows = _catalog(channel)
+        rows = _catalog(channel, session.node)
     finally:
         channel.stop()
         session.close()
@@ -235,7 +258,9 @@ def cmd_services(args: argparse.Namespace, config: NodeConfig) -> int:
     elif rows:
         lines = [("SERVICE", "VERSION", "SERVERS")]
         for row in rows:
-            servers = " ".join(f"{s['address'] or '?'}({s['id'][:10]})" for s in row["servers"])
+            servers = " ".join(f"{clean(s['name'])}@{s['address']}" if s["name"]
+                               else f"{s['address'] or '?'}({s['id'][:10]})"
+                               for s in row["servers"])
             lines.append((row["service"], row["version"], servers))
         emit(table(lines))
     if not rows:

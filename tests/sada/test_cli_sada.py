@@ -100,8 +100,9 @@ def test_serve_call_and_services(cli: Cli) -> None:
     (row,) = json.loads(listing.stdout)
     assert (row["service"], row["version"]) == ("echo", "1.0")
     assert [s["address"] for s in row["servers"]] == ["127.0.0.1"]
+    assert [s["name"] for s in row["servers"]] == ["srv1"]
     assert table.stdout.splitlines()[0].split() == ["SERVICE", "VERSION", "SERVERS"]
-    assert table.stdout.splitlines()[1].startswith("echo")
+    assert table.stdout.splitlines()[1].split() == ["echo", "1.0", "srv1@127.0.0.1"]
     for result in (ok, info, failed, wrong_version, bad_json, listing, table):
         assert "Traceback" not in result.stderr, result.stderr
 
