@@ -22,13 +22,13 @@ import time
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
     from ..config import NodeConfig
     from ..events import Event
     from ..zre.node import Node
 
-__all__ = ["Interrupted", "NodeSession", "install_handlers", "leaving"]
+__all__ = ["Interrupted", "HubSignals", "NodeSession", "install_handlers", "leaving"]
 
 
 def _logger() -> Any:
@@ -71,6 +71,49 @@ class leaving:
             exc.left = self.left
 
 
+class HubSignals:
+    """SIGINT and SIGTERM handled on the gevent hub while open (as a context manager).
+
+    The first signal calls ``on_first`` when given (a serving command's clean
+    stop); any other throws ``Interrupted`` into the greenlet that opened it,
+    from the hub, as gevent itself delivers ``KeyboardInterrupt``, so that no
+    greenlet of the node dies of it.
+    """
+
+    def __init__(self, on_first: Optional[Callable[[], Any]] = None) -> None:
+        import gevent
+        from greenlet import getcurrent
+
+        self.interrupted = False
+        self._on_first = on_first
+        self._main = getcurrent()
+        # Keep the handler objects alive while open; gevent runs each call in a
+        # greenlet of its own, so ``on_first`` may block there.
+        self._handlers = [gevent.signal_handler(sig, self._on_signal)
+                          for sig in (_signal.SIGINT, _signal.SIGTERM)]
+
+    def _on_signal(self) -> None:
+        import gevent
+
+        first, self.interrupted = not self.interrupted, True
+        if first and self._on_first is not None:
+            self._on_first()
+        else:
+            gevent.get_hub().loop.run_callback(self._main.throw, Interrupted())
+
+    def close(self) -> None:
+        """Hand the signals back to ``install_handlers``."""
+        for handler in self._handlers:
+            handler.cancel()
+        install_handlers()  # cancelling gevent's handler left the default behind
+
+    def __enter__(self) -> "HubSignals":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class NodeSession:
     """A node for one command, stopped once: by the command, or by SIGINT/SIGTERM.
 
@@ -80,7 +123,6 @@ class NodeSession:
 
     def __init__(self, config: NodeConfig, *, serving: bool = False) -> None:
         import gevent
-        from greenlet import getcurrent
 
         from ..zre.node import Node
 
@@ -88,14 +130,13 @@ class NodeSession:
             self.node = Node(config=config)
         except TypeError as exc:  # e.g. a TOML group or header that is not a string
             raise ValueError(f"invalid configuration: {exc}") from None
-        self.serving = serving
-        self.interrupted = False
-        self._main = getcurrent()
         self._stopper: Optional[gevent.Greenlet] = None
-        # Keep the handler objects alive for the life of the session; gevent runs
-        # each call in its own greenlet, so a stop may block there.
-        self._handlers = [gevent.signal_handler(sig, self._on_signal)
-                          for sig in (_signal.SIGINT, _signal.SIGTERM)]
+        self._signals = HubSignals((lambda: gevent.spawn(self.stop)) if serving else None)
+
+    @property
+    def interrupted(self) -> bool:
+        """True once SIGINT or SIGTERM came."""
+        return self._signals.interrupted
 
     def start(self) -> Node:
         """Start the node; RuntimeError naming what could not be bound."""
@@ -113,15 +154,6 @@ class NodeSession:
                  node.endpoint, cfg.port, cfg.interval)
         return node
 
-    def _on_signal(self) -> None:
-        import gevent
-
-        first, self.interrupted = not self.interrupted, True
-        if first and self.serving:
-            gevent.spawn(self.stop)
-        else:  # from the hub, as gevent delivers KeyboardInterrupt itself
-            gevent.get_hub().loop.run_callback(self._main.throw, Interrupted())
-
     def stop(self) -> None:
         """Stop the node (port-0 beacon, flush); concurrent callers wait for the same stop."""
         if self._stopper is None:
@@ -135,9 +167,7 @@ class NodeSession:
         try:
             self.stop()
         finally:
-            for handler in self._handlers:
-                handler.cancel()
-            install_handlers()  # cancelling gevent's handler left the default behind
+            self._signals.close()
 
     def wait_event(self, deadline: float) -> Optional[Event]:
         """The next event before ``deadline`` (monotonic), or None."""

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..cli.session import HubSignals
 from ..config import NodeConfig
 from .simulation import Simulation
 
@@ -63,6 +64,11 @@ def run(args: argparse.Namespace, config: NodeConfig) -> int:
         raise ValueError("--nodes must be at least 1")
     if args.latency < 0 or args.jitter < 0 or not 0 <= args.loss <= 1 or args.duration <= 0:
         raise ValueError("--latency/--jitter must be >= 0, --loss within 0..1, --duration > 0")
+    with HubSignals():  # a signal interrupts the run where it is, not one node's greenlet
+        return _simulate(args, config)
+
+
+def _simulate(args: argparse.Namespace, config: NodeConfig) -> int:
     sim = Simulation(args.nodes, latency=args.latency / 1000, jitter=args.jitter / 1000,
                      loss=args.loss, seed=args.seed, config=config.replace(groups=()))
     began = time.perf_counter()

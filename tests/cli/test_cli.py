@@ -320,3 +320,18 @@ def test_simulate_lists_only_the_options_it_uses() -> None:
     for option in ("--interface", "--port", "--name", "--header", "--group", "--discovery",
                    "--mdns", "--config"):
         assert option not in result.stdout, option
+
+
+def test_simulate_stops_on_a_signal_without_killing_a_node_greenlet() -> None:
+    from cliprocess import CliProcess
+
+    process = CliProcess(["simulate", "--nodes", "20", "--duration", "100000",
+                          "--interval", "0.5"])
+    try:
+        process.expect_line(lambda s: s.startswith("t="), "a progress line", "err")
+        assert process.stop(signal.SIGTERM) == 130, process.describe()
+        assert process.err[-1] == "peermesh: interrupted", process.describe()
+        assert not any("failed with" in line or "Traceback" in line for line in process.err), \
+            process.describe()
+    finally:
+        process.kill()
