@@ -532,7 +532,7 @@ def _cmd_job_list(args: argparse.Namespace, config: NodeConfig) -> int:
         finally:
             store.close()
     if args.json:
-        emit(json.dumps([j.to_dict() for j in jobs], ensure_ascii=False))
+        emit(to_json([j.to_dict() for j in jobs]))
         return EXIT_OK
     if not jobs:
         note(f"no jobs recorded in {path}")
@@ -554,17 +554,17 @@ def _serve(args: argparse.Namespace, config: NodeConfig, nfp_setup: Callable[[Nf
 
     def on_broker(change: BrokerChanged) -> None:
         new = change.new
-        emit(json.dumps({"event": "broker", "broker": new.name if new else None,
-                           "uuid": new.uuid.hex if new else None,
-                           "endpoint": new.endpoint if new else None,
-                           "took_over": change.took_over, "stepped_down": change.stepped_down}))
+        emit(to_json({"event": "broker", "broker": new.name if new else None,
+                      "uuid": new.uuid.hex if new else None,
+                      "endpoint": new.endpoint if new else None,
+                      "took_over": change.took_over, "stepped_down": change.stepped_down}))
     nfp.add_listener(on_broker)
     nfp.start()
-    emit(json.dumps({"event": "ready", "node": node.name, "uuid": node.uuid.hex,
-                       "pid": os.getpid(), "store": str(nfp.store.path), "broker_mode": broker,
-                       "broker_endpoint": nfp.broker.endpoint if nfp.broker else None,
-                       "workers": [{"name": w.name, "service": w.service, "endpoint": w.endpoint,
-                                    "tasks": w.tasks.names()} for w in nfp.workers]}))
+    emit(to_json({"event": "ready", "node": node.name, "uuid": node.uuid.hex,
+                  "pid": os.getpid(), "store": str(nfp.store.path), "broker_mode": broker,
+                  "broker_endpoint": nfp.broker.endpoint if nfp.broker else None,
+                  "workers": [{"name": w.name, "service": w.service, "endpoint": w.endpoint,
+                               "tasks": w.tasks.names()} for w in nfp.workers]}))
     note(f"{node.name} ({node.uuid.hex}) serving; Ctrl-C to stop")
     try:
         session.wait_stopped()
