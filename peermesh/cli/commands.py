@@ -471,7 +471,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
     overrides: dict[str, Any] = {
         key: getattr(args, key, None)
         for key in ("name", "interface", "port", "interval", "evasive", "expired")}
-    if not hasattr(args, "seeds"):  # a simulated network: timers only
+    if getattr(args, "node_options", True) == "timers":  # a simulated network
         return base.replace(**overrides)
     if args.groups:
         overrides["groups"] = tuple(dict.fromkeys([*base.groups, *args.groups]))
