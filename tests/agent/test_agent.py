@@ -749,3 +749,30 @@ def _connects(path: str) -> bool:
         return True
     except agent_module.NoAgent:
         return False
+
+
+def test_a_client_that_never_sends_its_handshake_is_closed(
+        tmp_path: Path, free_udp_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half-open connections do not pile up: no handshake within the bound, no connection."""
+    import gevent
+    import gevent.socket
+
+    from peermesh.config import NodeConfig
+    from peermesh.zre.node import Node
+
+    monkeypatch.setattr(agent_module, "HANDSHAKE_TIMEOUT", 0.2)
+    node = Node(config=NodeConfig(interface="lo", port=free_udp_port))
+    node.start()
+    claim = agent_module.claim_path(str(tmp_path / "agent.sock"))
+    server = agent_module.AgentServer(node, claim).start()
+    silent = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        silent.connect(claim.path)
+        with gevent.Timeout(WAIT):
+            assert silent.recv(1) == b""  # closed by the agent, nothing sent
+        assert server.subscribers == 0 and not server._connections
+    finally:
+        silent.close()
+        server.close()
+        node.stop()
+        claim.release()
