@@ -144,6 +144,7 @@ class AgentClient:
         self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self._buffer = bytearray()
         self._next_id = 0
+        self._unsent = frame({"hello": PROTOCOL})  # the handshake goes with the first request
 
     @classmethod
     def connect(cls, path: str, timeout: float = PROBE_TIMEOUT,
@@ -160,8 +161,7 @@ class AgentClient:
         try:
             client._sock.settimeout(max(0.001, timeout))
             client._sock.connect(path)
-            client.info = client.call(op, timeout=max(0.0, deadline - time.monotonic()),
-                                      _hello=True)
+            client.info = client.call(op, timeout=max(0.0, deadline - time.monotonic()))
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             client.close()  # no file, or a file nobody listens on (a dead agent's)
             raise NoAgent(path, f"no agent running at {path}") from None
@@ -248,16 +248,15 @@ class AgentClient:
             raise AgentGone(f"lost the connection to the agent at {self.path}") from exc
 
     def call(self, op: str, args: Optional[dict[str, Any]] = None,
-             timeout: float = 10.0, _hello: bool = False) -> Any:
+             timeout: float = 10.0) -> Any:
         """Send one request and return its result; ``AgentError`` when the agent refuses it.
 
         Raises ``AgentGone`` when no reply comes within ``timeout`` seconds.
         """
         self._next_id += 1
         rid = self._next_id
-        data = frame({"op": op, "args": args or {}, "id": rid})
-        if _hello:
-            data = frame({"hello": PROTOCOL}) + data
+        data = self._unsent + frame({"op": op, "args": args or {}, "id": rid})
+        self._unsent = b""
         try:
             self._sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
