@@ -17,7 +17,6 @@ import os
 import sys
 import time
 
-from ..argtypes import seconds, text, utf8
 from ..errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
 from .output import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, clean, emit,
                      note, stdout_utf8, table, to_json)
@@ -119,6 +118,7 @@ def _columns() -> int:
 def _header_arg(value: str) -> tuple[str, str]:
     import argparse
 
+    from ..argtypes import utf8
     from ..config import parse_header
 
     try:
@@ -142,6 +142,8 @@ def _discovery_arg(value: str) -> tuple[str, ...]:
 def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
     """The node options; ``timers_only``: just the beacon timers (a simulated network)."""
     import argparse
+
+    from ..argtypes import seconds, text
 
     common = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     node = common.add_argument_group("node options")
@@ -270,6 +272,8 @@ def _add_agent(command: CommandFactory) -> None:
 
 
 def _add_peers(command: CommandFactory) -> None:
+    from ..argtypes import seconds
+
     peers = command(
         "peers", "list the peers (the agent's, or found within a few seconds)",
         "List the peers (UUID, name, address, groups, headers). Through the agent: the "
@@ -284,6 +288,8 @@ def _add_peers(command: CommandFactory) -> None:
 
 
 def _add_shout(command: CommandFactory) -> None:
+    from ..argtypes import seconds, text
+
     shout = command(
         "shout", "send a message to every peer in a group",
         "Send MESSAGE to every member of GROUP and wait for their confirmation. Through "
@@ -301,6 +307,8 @@ def _add_shout(command: CommandFactory) -> None:
 
 
 def _add_whisper(command: CommandFactory) -> None:
+    from ..argtypes import seconds, text
+
     whisper = command(
         "whisper", "send a message to one peer",
         "Send MESSAGE to the one peer matching PEER (a name, a UUID, or a unique UUID hex "
@@ -320,6 +328,8 @@ def _add_whisper(command: CommandFactory) -> None:
 
 
 def _add_group_op(command: CommandFactory, name: str) -> None:
+    from ..argtypes import text
+
     p = command(
         name, f"make the agent {name} a group",
         f"Make the agent's node {name} GROUP (every peer sees "

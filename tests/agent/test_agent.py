@@ -327,7 +327,8 @@ def test_long_frames_and_a_client_without_pyzmq(mesh: Mesh) -> None:
     assert loaded == "[]"
 
 
-_LOADED = ("argparse", "zmq", "gevent", "peermesh.zre.node", "peermesh.config")
+_LOADED = ("argparse", "zmq", "gevent", "peermesh.zre.node", "peermesh.config",
+           "peermesh.argtypes")
 
 
 def test_plain_commands_skip_argparse(mesh: Mesh) -> None:
