@@ -1,4 +1,4 @@
-"""Values the commands and the API take, refused with a clear message: seconds and counts.
+"""Values the commands and the API take, refused with a clear message: seconds, counts, text.
 
 The option types raise ``argparse.ArgumentTypeError``; argparse is imported only
 then, so a command that never parses a bad option never loads it.
@@ -6,7 +6,7 @@ then, so a command that never parses a bad option never loads it.
 
 from __future__ import annotations
 
-__all__ = ["is_seconds", "seconds", "count", "positive_count"]
+__all__ = ["is_seconds", "seconds", "count", "positive_count", "utf8", "text"]
 
 
 def is_seconds(value: object) -> bool:
@@ -40,6 +40,25 @@ def positive_count(text: str) -> int:
     if value < 1:
         raise _refused(f"{text!r} must be 1 or more")
     return value
+
+
+def utf8(value: str) -> str:
+    """Option type: text that is UTF-8 (a command line is bytes: a Latin-1 name is refused
+    here, naming the argument, rather than when it is first sent)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        import os
+
+        raise _refused(f"{os.fsencode(value)!r} is not UTF-8 text") from None
+    return value
+
+
+def text(value: str) -> str:
+    """Option type: a name, group or target: UTF-8 and not empty."""
+    if not value.strip():
+        raise _refused("must not be empty")
+    return utf8(value)
 
 
 def _whole(text: str) -> int:

@@ -3,8 +3,9 @@
 Values come, lowest precedence first, from the defaults below, a TOML file
 (``[node]`` table, same keys), ``PEERMESH_*`` environment variables (the key
 in upper case: ``PEERMESH_INTERFACE``, ``PEERMESH_PORT``, ``PEERMESH_EVASIVE``
-...; ``PEERMESH_GROUPS``, ``PEERMESH_DISCOVERY`` and ``PEERMESH_SEEDS`` are comma-separated, ``PEERMESH_HEADERS`` is
-``K=V,K=V``) and keyword arguments or CLI flags.
+...; ``PEERMESH_GROUPS``, ``PEERMESH_DISCOVERY`` (``none``: seeds only) and
+``PEERMESH_SEEDS`` are comma-separated, ``PEERMESH_HEADERS`` is ``K=V,K=V``)
+and keyword arguments or CLI flags.
 """
 
 from __future__ import annotations
@@ -14,7 +15,44 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-__all__ = ["NodeConfig"]
+__all__ = ["NodeConfig", "read_tables", "TABLES"]
+
+#: the tables a config file may have: ``[node]`` (NodeConfig) and ``[nfp]`` (the NFP
+#: commands); anything else, and any key outside a table, is an error
+TABLES = ("node", "nfp")
+
+
+def read_tables(path: os.PathLike[str] | str) -> dict[str, dict[str, Any]]:
+    """The tables of TOML file ``path``; ValueError naming what is wrong with it.
+
+    Unknown tables (a typo such as ``[nodes]``) and keys outside any table
+    are errors rather than ignored, so a mistake never leaves a setting
+    (e.g. the interface) at its default unnoticed.
+    """
+    import tomllib  # only files need it; keeps `import peermesh` quick
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = tomllib.loads(f.read())
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    loose = sorted(k for k, v in data.items() if not isinstance(v, dict) and k not in TABLES)
+    if loose:
+        raise ValueError(f"config file {path}: key(s) outside any table: {', '.join(loose)} "
+                         "(node settings go under [node])")
+    unknown = sorted(set(data) - set(TABLES))
+    if unknown:
+        raise ValueError(f"config file {path}: unknown table(s) "
+                         f"{', '.join(f'[{t}]' for t in unknown)}; known: "
+                         f"{', '.join(f'[{t}]' for t in TABLES)}")
+    for name, table in data.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"config file {path}: [{name}] must be a table")
+    return data
 
 
 @dataclass(frozen=True)
@@ -76,14 +114,14 @@ class NodeConfig:
         def bad(key: str, what: str) -> ValueError:
             return ValueError(f"{key} must be {what}, not {getattr(self, key)!r}")
 
-        if self.name is not None and not isinstance(self.name, str):
-            raise bad("name", "a string")
-        if self.interface is not None and not isinstance(self.interface, str):
-            raise bad("interface", "a string")
+        for key in ("name", "interface"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise bad(key, "a non-empty string")
         for key in ("groups", "discovery", "seeds"):
             value = getattr(self, key)
-            if isinstance(value, str) or not all(isinstance(g, str) for g in value):
-                raise bad(key, "a list of strings")
+            if isinstance(value, str) or not all(isinstance(g, str) and g for g in value):
+                raise bad(key, "a list of non-empty strings")
         unknown = set(self.discovery) - {"beacon", "mdns"}
         if unknown:
             raise ValueError(f"discovery: unknown source(s) {', '.join(sorted(unknown))}; "
@@ -122,20 +160,7 @@ class NodeConfig:
 
     @classmethod
     def _from_toml(cls, path: str) -> dict[str, Any]:
-        import tomllib  # only files need it; keeps `import peermesh` quick
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = tomllib.loads(f.read())
-        except OSError as exc:
-            raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"config file {path} is not UTF-8 text") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-        table = data.get("node", {})
-        if not isinstance(table, dict):
-            raise ValueError(f"config file {path}: [node] must be a table")
+        table = read_tables(path).get("node", {})
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = set(table) - set(fields)
         if unknown:
@@ -156,8 +181,22 @@ class NodeConfig:
         return result
 
 
+def parse_discovery(text: str) -> tuple[str, ...]:
+    """``"beacon,mdns"`` as ``("beacon", "mdns")``; ``"none"``: no source (seeds only)."""
+    sources = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if sources == ("none",):
+        return ()
+    unknown = set(sources) - {"beacon", "mdns"}
+    if unknown or not sources:
+        raise ValueError(f"unknown discovery source(s) {', '.join(sorted(unknown)) or repr(text)}"
+                         "; choose from beacon, mdns (comma-separated), or none")
+    return sources
+
+
 def _parse(name: str, raw: str, kind: Any) -> Any:
-    if name in ("groups", "discovery", "seeds"):
+    if name == "discovery":
+        return parse_discovery(raw)
+    if name in ("groups", "seeds"):
         return tuple(g.strip() for g in raw.split(",") if g.strip())
     if name == "headers":
         return dict(parse_header(item) for item in raw.split(",") if item)

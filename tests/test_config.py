@@ -40,6 +40,10 @@ def test_precedence_file_then_env_then_arguments(tmp_path):
     ("[node]\nbogus = 1\n", "unknown key"),
     ("[node\n", "not valid TOML"),
     ("node = 3\n", "must be a table"),
+    # a mistake must never leave the node on the default (real) interface unnoticed
+    ('[nodes]\ninterface = "lo"\n', r"unknown table\(s\) \[nodes\]; known: \[node\], \[nfp\]"),
+    ('interface = "lo"\nport = 5999\n[node]\n',
+     r"key\(s\) outside any table: interface, port \(node settings go under \[node\]\)"),
 ])
 def test_bad_files_say_what_is_wrong(tmp_path, text, message):
     path = tmp_path / "bad.toml"
@@ -72,15 +76,37 @@ def test_replace_rejects_unknown_settings():
 
 
 @pytest.mark.parametrize("line, message", [
-    ('groups = "chat"', "groups must be a list of strings"),
-    ('groups = [1]', "groups must be a list of strings"),
+    ('groups = "chat"', "groups must be a list of non-empty strings"),
+    ('groups = [1]', "groups must be a list of non-empty strings"),
+    ('groups = [""]', "groups must be a list of non-empty strings"),
+    ('seeds = [""]', "seeds must be a list of non-empty strings"),
+    ('interface = ""', "interface must be a non-empty string"),
+    ('name = " "', "name must be a non-empty string"),
     ('port = "x"', "port must be an integer"),
     ('interval = "fast"', "interval must be a number"),
     ('headers = {k = 1}', "headers must be a table of strings"),
-    ('name = 5', "name must be a string"),
+    ('name = 5', "name must be a non-empty string"),
 ])
 def test_wrong_types_are_clear_errors(tmp_path, line, message):
     path = tmp_path / "typed.toml"
     path.write_text(f"[node]\n{line}\n")
     with pytest.raises(ValueError, match=message):
         NodeConfig.load(path, environ={})
+
+
+def test_config_example_prints_the_example_the_package_ships(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "peermesh", "config", "example"],
+                          capture_output=True, encoding="utf-8", timeout=20)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == EXAMPLE.read_text()
+    path = tmp_path / "printed.toml"
+    path.write_text(done.stdout)
+    assert NodeConfig.load(path, environ={}).interface == "lo"
+    # the wording says which value is not the default
+    assert "Each value shown\n# is the default, except `interface`" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "peermesh", "run", "--help"],
+                          capture_output=True, encoding="utf-8", timeout=20)
+    assert "`peermesh config example` prints one to start from" in " ".join(done.stdout.split())

@@ -1,30 +1,20 @@
 """A client of the local agent that needs neither pyzmq nor gevent.
 
-The agent listens with a ZeroMQ ROUTER on ``ipc://PATH`` (see
-``peermesh.agent.server`` for the requests and replies). This client speaks the
-few parts of ZMTP 3.0 (RFC 23) such a connection uses over a plain
-``AF_UNIX`` stream socket: the NULL security handshake as a DEALER, and
-single-frame messages. It uses the ``_socket`` extension directly: the
-``socket`` module's start-up (turning every constant into an enum member)
-costs more than the whole request. Importing this module takes a few
-milliseconds, so a CLI command that goes through the agent starts fast.
+The agent listens on a Unix stream socket. Every message either way is one
+frame: a 4-octet big-endian length, then that many octets of msgpack::
 
-How it works::
+    frame = length:uint32be msgpack-map
 
-    greeting = %xFF 8%x00 %x7F   ; signature
-               %x03 %x00        ; version 3.0
-               "NULL" 16%x00    ; mechanism
-               %x00 31%x00      ; as-server, filler
-    ready    = %x04 size %x05 "READY" property*   ; a command frame
-    property = name-size name value-size(4 octets) value
-    frame    = flags (%x00 short, %x02 long, +%x01 more, +%x04 command)
-               size (1 or 8 octets, network order) body
+The first frame each side sends is the handshake, ``{"hello": PROTOCOL}``;
+the agent adds ``pid`` and ``version`` to its own and, when the numbers
+differ, an ``error`` (and closes). The client sends its handshake and its
+first request in one write and never waits for the handshake alone, so a
+command through the agent costs one round trip. See ``peermesh.agent.server``
+for the requests and replies.
 
-Both sides send a greeting and a READY command (ours names ``Socket-Type``
-``DEALER``); after that every message is one or more frames. A request is
-one frame of msgpack; the ROUTER strips our identity, so the reply comes
-back as one frame too. Command frames after the handshake (ZMTP 3.1
-heartbeats, which the agent does not enable) are skipped.
+This module loads only msgpack and the ``_socket`` extension (the ``socket``
+module's start-up, which turns every constant into an enum member, costs
+more than a whole request), so a CLI command through the agent starts fast.
 """
 
 from __future__ import annotations
@@ -35,13 +25,18 @@ import time
 
 import msgpack
 
+from ..errors import PeermeshError
+
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
     from typing import Any, Iterator, Mapping, Optional
 
-__all__ = ["AgentClient", "AgentError", "NoAgent", "AgentGone", "default_agent_path",
-           "resolve_path", "MAX_PATH", "PROBE_TIMEOUT", "LOST_AFTER"]
+__all__ = ["AgentClient", "AgentError", "NoAgent", "AgentMismatch", "AgentGone",
+           "default_agent_path", "resolve_path", "PROTOCOL", "MAX_PATH", "PROBE_TIMEOUT",
+           "LOST_AFTER", "MAX_REPLY", "frame"]
 
+#: version of the agent protocol; a change that an older peer would misread bumps it
+PROTOCOL = 1
 #: longest socket path a Unix socket address holds (sun_path is 108 octets with the NUL)
 MAX_PATH = 107
 #: how long a client or a starting agent waits for an existing agent to answer
@@ -49,10 +44,11 @@ PROBE_TIMEOUT = 1.0
 #: silence after which a subscriber considers the agent gone
 LOST_AFTER = 5.0
 #: largest frame accepted from the agent (a peer list of a very large mesh fits)
-MAX_FRAME = 256 * 1024 * 1024
+MAX_REPLY = 256 * 1024 * 1024
+_ZMTP_SIGNATURE = 0xFF  # first octet of a ZeroMQ greeting: an agent older than PROTOCOL 1
 
 
-class AgentError(RuntimeError):
+class AgentError(PeermeshError, RuntimeError):
     """The agent answered a request with an error; ``code`` says which kind."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -61,7 +57,7 @@ class AgentError(RuntimeError):
         self.message = message
 
 
-class NoAgent(RuntimeError):
+class NoAgent(PeermeshError, RuntimeError):
     """No agent answers at the path (``str(exc)`` says so, naming the path)."""
 
     def __init__(self, path: str, message: str) -> None:
@@ -69,7 +65,18 @@ class NoAgent(RuntimeError):
         self.path = path
 
 
-class AgentGone(RuntimeError):
+class AgentMismatch(NoAgent):
+    """An agent answers, but speaks another protocol version: it must be restarted."""
+
+    def __init__(self, path: str, theirs: Any, pid: Any = None) -> None:
+        who = f" (pid {pid})" if isinstance(pid, int) else ""
+        super().__init__(path, f"the agent at {path}{who} speaks protocol {theirs}, this "
+                               f"client {PROTOCOL}: restart the agent")
+        self.protocol = theirs
+        self.pid = pid if isinstance(pid, int) else None
+
+
+class AgentGone(PeermeshError, RuntimeError):
     """An agent stopped answering, or said it stops, during a request or subscription."""
 
 
@@ -106,32 +113,17 @@ def resolve_path(path: Optional[str] = None) -> str:
 
 
 # --------------------------------------------------------------------------
-# ZMTP 3.0, as much as a DEALER with the NULL mechanism needs
-
-_MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
-_GREETING = (b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00")
-             + b"\x00" + bytes(31))
+# Frames
 
 
-def _frame(body: bytes, flags: int = 0) -> bytes:
-    """One ZMTP frame: flags, size (short or long form), body."""
-    if len(body) < 256:
-        return bytes((flags, len(body))) + body
-    return bytes((flags | _LONG,)) + len(body).to_bytes(8, "big") + body
+def frame(message: Any) -> bytes:
+    """``message`` packed as one frame: its msgpack length (4 octets, big-endian), then it."""
+    body = msgpack.packb(message, use_bin_type=True)
+    return len(body).to_bytes(4, "big") + body
 
 
-def _ready(properties: Mapping[bytes, bytes]) -> bytes:
-    """The READY command frame with ``properties``."""
-    body = b"\x05READY" + b"".join(bytes((len(name),)) + name + len(value).to_bytes(4, "big")
-                                   + value for name, value in properties.items())
-    return _frame(body, _COMMAND)
-
-
-_HELLO = _GREETING + _ready({b"Socket-Type": b"DEALER", b"Identity": b""})
-
-
-class _NotZmtp(Exception):
-    """The other end does not speak ZMTP 3 with the NULL mechanism."""
+class _NotAgent(Exception):
+    """The other end does not speak the agent protocol."""
 
 
 class _Closed(Exception):
@@ -148,9 +140,11 @@ class AgentClient:
     def __init__(self, path: str) -> None:
         self.path = path
         self.info: dict[str, Any] = {}
+        self.hello: dict[str, Any] = {}
         self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self._buffer = bytearray()
         self._next_id = 0
+        self._unsent = frame({"hello": PROTOCOL})  # the handshake goes with the first request
 
     @classmethod
     def connect(cls, path: str, timeout: float = PROBE_TIMEOUT,
@@ -158,12 +152,15 @@ class AgentClient:
         """A client whose agent answered ``op`` (kept in ``info``) within ``timeout``.
 
         Raises ``NoAgent`` when no socket file, nobody listening (a stale
-        file), something that is not an agent, or no answer in time.
+        file), something that is not an agent, or no answer in time;
+        ``AgentMismatch`` (a ``NoAgent``) when the agent speaks another
+        protocol version.
         """
         client = cls(path)
         deadline = time.monotonic() + timeout
         try:
-            client._handshake(deadline)
+            client._sock.settimeout(max(0.001, timeout))
+            client._sock.connect(path)
             client.info = client.call(op, timeout=max(0.0, deadline - time.monotonic()))
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             client.close()  # no file, or a file nobody listens on (a dead agent's)
@@ -171,11 +168,14 @@ class AgentClient:
         except PermissionError:
             client.close()
             raise NoAgent(path, f"no permission to connect to the agent at {path}") from None
-        except (TimeoutError, AgentGone):
+        except (TimeoutError, AgentGone) as exc:
             client.close()
+            if exc.__cause__ is not None:  # it closed, reset or sent nonsense: no timeout
+                raise NoAgent(path, f"something at {path} answers, but not like a "
+                                    "peermesh agent") from None
             raise NoAgent(path, f"the agent at {path} does not answer "
                                 f"within {timeout:g} s") from None
-        except (_NotZmtp, _Closed, OSError):
+        except (_NotAgent, OSError):
             client.close()
             raise NoAgent(path, f"something at {path} answers, but not like a "
                                 "peermesh agent") from None
@@ -186,18 +186,6 @@ class AgentClient:
             client.close()
             raise NoAgent(path, f"something at {path} answers, but not like a peermesh agent")
         return client
-
-    def _handshake(self, deadline: float) -> None:
-        self._sock.settimeout(max(0.001, deadline - time.monotonic()))
-        self._sock.connect(self.path)
-        self._sock.sendall(_HELLO)
-        greeting = self._read(64, deadline)
-        if (greeting[0] != 0xFF or not greeting[9] & 1 or greeting[10] < 3
-                or greeting[12:32].rstrip(b"\x00") != b"NULL"):
-            raise _NotZmtp
-        flags, body = self._read_frame(deadline)
-        if not flags & _COMMAND or not body.startswith(b"\x05READY"):
-            raise _NotZmtp
 
     def _read(self, size: int, deadline: float) -> bytes:
         """Exactly ``size`` octets; TimeoutError at ``deadline``, _Closed at end of stream."""
@@ -215,40 +203,48 @@ class AgentClient:
         del buffer[:size]
         return data
 
-    def _read_frame(self, deadline: float) -> tuple[int, bytes]:
-        flags = self._read(1, deadline)[0]
-        if flags & _LONG:
-            size = int.from_bytes(self._read(8, deadline), "big")
-            if size > MAX_FRAME:
-                raise _NotZmtp
-        else:
-            size = self._read(1, deadline)[0]
-        return flags, self._read(size, deadline)
+    def _read_message(self, deadline: float) -> Any:
+        """The next frame, unpacked; _NotAgent for what no agent sends."""
+        head = self._read(4, deadline)
+        if head[0] == _ZMTP_SIGNATURE and not self.hello:
+            raise AgentMismatch(self.path, 0)  # a ZeroMQ agent: protocol 0
+        size = int.from_bytes(head, "big")
+        if size > MAX_REPLY:
+            raise _NotAgent
+        try:
+            return msgpack.unpackb(self._read(size, deadline), raw=False)
+        except (TimeoutError, _Closed):
+            raise
+        except Exception:  # msgpack raises several kinds for bad input
+            raise _NotAgent from None
+
+    def _handshake(self, deadline: float) -> None:
+        """Read the agent's handshake (sent before any reply); AgentMismatch if it differs."""
+        hello = self._read_message(deadline)
+        if not isinstance(hello, dict) or "hello" not in hello:
+            raise _NotAgent
+        if hello["hello"] != PROTOCOL:
+            raise AgentMismatch(self.path, hello["hello"], hello.get("pid"))
+        if "error" in hello:
+            raise NoAgent(self.path, f"the agent at {self.path} refused the connection: "
+                                     f"{hello['error']}")
+        self.hello = hello
 
     def _recv(self, deadline: float) -> Optional[dict[str, Any]]:
-        """The next message that is a msgpack map, or None at ``deadline``.
+        """The next message that is a map, or None at ``deadline``.
 
         Raises AgentGone when the connection breaks.
         """
         try:
+            if not self.hello:
+                self._handshake(deadline)
             while True:
-                frames = []
-                while True:
-                    flags, body = self._read_frame(deadline)
-                    if flags & _COMMAND:
-                        continue
-                    frames.append(body)
-                    if not flags & _MORE:
-                        break
-                try:
-                    message = msgpack.unpackb(frames[-1], raw=False)
-                except Exception:  # msgpack raises several kinds for bad input
-                    continue
+                message = self._read_message(deadline)
                 if isinstance(message, dict):
                     return message
         except TimeoutError:
             return None
-        except (_Closed, _NotZmtp, OSError) as exc:
+        except (_Closed, _NotAgent, OSError) as exc:
             raise AgentGone(f"lost the connection to the agent at {self.path}") from exc
 
     def call(self, op: str, args: Optional[dict[str, Any]] = None,
@@ -259,9 +255,12 @@ class AgentClient:
         """
         self._next_id += 1
         rid = self._next_id
-        body = msgpack.packb({"op": op, "args": args or {}, "id": rid}, use_bin_type=True)
+        data = self._unsent + frame({"op": op, "args": args or {}, "id": rid})
+        self._unsent = b""
         try:
-            self._sock.sendall(_frame(body))
+            self._sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it closed: what it sent before (a refusal) is read below
         except OSError as exc:
             raise AgentGone(f"lost the connection to the agent at {self.path}") from exc
         deadline = time.monotonic() + timeout
@@ -270,7 +269,7 @@ class AgentClient:
             if reply is None:
                 raise AgentGone(f"the agent at {self.path} did not answer within {timeout:g} s")
             if reply.get("id") != rid:
-                continue  # a late answer to an earlier request
+                continue  # a late answer to an earlier request, or a stream message
             if reply.get("ok"):
                 return reply.get("result")
             raise AgentError(str(reply.get("code", "failed")),

@@ -1,9 +1,11 @@
 """The local agent: a long-lived node that the CLI (or any program) drives over a socket.
 
 ``peermesh agent`` runs one node for as long as the host is up and listens on
-a ZeroMQ ``ipc://`` socket, so ``peermesh peers``, ``shout``, ``whisper``,
-``join``, ``leave`` and ``events`` answer at once instead of starting a node
-of their own and waiting for the mesh to be found.
+a Unix stream socket, so ``peermesh peers``, ``shout``, ``whisper``, ``join``,
+``leave`` and ``events`` answer at once instead of starting a node of their
+own and waiting for the mesh to be found. The library (the node), the agent
+(this module) and the client (``peermesh.agent.client``) are apart; they
+meet only in the versioned protocol below.
 
 Where the socket lives
 ----------------------
@@ -18,16 +20,24 @@ exclusive ``flock`` and the agent's pid for as long as the agent runs.
 
 Protocol
 --------
-Clients connect a REQ or DEALER socket to ``ipc://PATH``. A request is one
-msgpack map ``{"op": str, "args": map, "id": int|str}`` (``args`` and ``id``
-optional) in the last frame of a message; any frames before it (a REQ's empty
-delimiter) are the envelope, echoed in front of the reply. The reply is one
-msgpack map: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
-message, "code": code}``, with the request's ``id`` when it had one. Codes:
-``bad-request`` (not msgpack, not a map, no op), ``unknown-op``, ``bad-args``,
-``not-found``, ``ambiguous``, ``not-responding``, ``busy``, ``stopping``,
-``failed``, ``internal``. Requests are served concurrently; a DEALER may send
-several and match replies by ``id``.
+Every message, either way, is one frame: a 4-octet big-endian length, then
+that many octets holding one msgpack map. The first frame from each side is
+the handshake: the client sends ``{"hello": PROTOCOL}`` (``PROTOCOL`` in
+``peermesh.agent.client``, today 1), the agent answers ``{"hello": PROTOCOL,
+"pid": int, "version": str}``. When the numbers differ the agent adds
+``"error": "agent speaks protocol N, this client M: restart the agent"``,
+logs the same, and closes; the client raises ``AgentMismatch`` with that
+advice. A client may send its first request right after its handshake,
+without waiting.
+
+A request is ``{"op": str, "args": map, "id": int|str}`` (``args`` and ``id``
+optional). The reply is ``{"ok": true, "result": ...}`` or ``{"ok": false,
+"error": message, "code": code}``, with the request's ``id`` when it had one.
+Codes: ``bad-request`` (not msgpack, not a map, no op, no handshake),
+``unknown-op``, ``bad-args``, ``not-found``, ``ambiguous``,
+``not-responding``, ``busy``, ``stopping``, ``failed``, ``internal``.
+Requests are served concurrently; a client may send several and match
+replies by ``id``.
 
 ========  ============================================  =========================================
 op        args                                          result
@@ -56,22 +66,27 @@ about one beacon interval also waits until it has heard every peer once, so
 an ambiguous name is refused rather than matched to the first peer found.
 ``confirm`` (default true) waits up to 1 s for the receivers' PING-OK.
 
-``events`` turns the client's connection into a subscription: after the
-reply, the agent sends one msgpack map per message to the same envelope:
-``{"event": {type, peer (UUID hex), name, group, frames (list of bytes),
-headers, address, reason}}`` for each event of the node, ``{"heartbeat":
-true}`` after a second without one, ``{"dropped": n}`` when the client was
-too slow and ``n`` events did not fit its backlog (10,000), and ``{"end":
-reason}`` when the agent stops. The subscription ends when the client goes
-away (the next send finds no connection). A client that hears nothing for
-``LOST_AFTER`` seconds may consider the agent gone.
+``events`` turns the connection into a subscription: after the reply, the
+agent sends ``{"event": {type, peer (UUID hex), name, group, frames (list of
+bytes), headers, address, reason}}`` for each event of the node,
+``{"heartbeat": true}`` after a second without one, ``{"dropped": n}`` when
+the client was too slow and ``n`` events did not fit its backlog (10,000),
+and ``{"end": reason}`` when the agent stops. The subscription ends when the
+client closes the connection. A client that hears nothing for ``LOST_AFTER``
+seconds may consider the agent gone.
 
-Only the agent's own greenlet touches its socket: handlers hand replies to
-it, and it waits on the socket's descriptor through the hub like
-``green.SocketWaiter`` (plain pyzmq, ``NOBLOCK``, ``EVENTS`` checked before
-every bounded wait). Any ZeroMQ DEALER or REQ can be a client; the one in
-``peermesh.agent.client`` (re-exported here) speaks ZMTP 3.0 over a plain Unix
-socket itself, so the CLI loads neither pyzmq nor gevent to use the agent.
+Bounds
+------
+At most ``MAX_CONNECTIONS`` (128) clients at once: one more gets the
+agent's handshake with ``"code": "busy"`` and is closed. The handshake must
+arrive within ``HANDSHAKE_TIMEOUT`` (5 s). A request frame may hold at most
+the node's ``max_message`` plus 64 KiB (``REQUEST_OVERHEAD``): a larger one
+is answered ``bad-request`` and the connection closed; a client accepts
+replies up to ``MAX_REPLY`` (256 MiB). At most ``MAX_CONCURRENT`` (256)
+requests run at once (then ``busy``) and ``MAX_SUBSCRIBERS`` (64) follow
+events. A client that leaves a reply unread for ``SEND_TIMEOUT`` (5 s) is
+disconnected; a subscriber that does not read loses events (counted, as
+above) but keeps its subscription.
 """
 
 from __future__ import annotations
@@ -88,14 +103,15 @@ from typing import Any, Callable, Optional
 from uuid import UUID
 
 import msgpack
-import zmq
 
-from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, AgentClient, AgentError,
-                          AgentGone, NoAgent, default_agent_path, resolve_path, tmp_path)
+from ..errors import PeermeshError
+from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, PROTOCOL, AgentClient, AgentError,
+                     AgentGone, AgentMismatch, NoAgent, default_agent_path, frame,
+                     resolve_path, tmp_path)
 
 __all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
            "AgentClient", "AgentError", "AgentRunning", "AgentPathError", "NoAgent",
-           "AgentGone", "MAX_PATH", "PROBE_TIMEOUT", "LOST_AFTER"]
+           "AgentMismatch", "AgentGone", "PROTOCOL", "MAX_PATH", "PROBE_TIMEOUT", "LOST_AFTER"]
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +119,28 @@ log = logging.getLogger(__name__)
 HEARTBEAT = 1.0
 #: events held per subscriber that is not reading; beyond this they are counted as dropped
 SUBSCRIBER_BACKLOG = 10_000
+#: clients connected at once
+MAX_CONNECTIONS = 128
+#: clients following events at once
 MAX_SUBSCRIBERS = 64
+#: requests in progress at once
 MAX_CONCURRENT = 256
+#: longest ``wait`` argument, in seconds
 MAX_WAIT = 3600.0
-_GUARD = 0.5  # the longest the agent's loop trusts its descriptor alone
-_ENVELOPE_LIMIT = 4
-
-_NOBLOCK = zmq.NOBLOCK
+#: a request frame may be this much larger than the node's ``max_message``
+REQUEST_OVERHEAD = 64 * 1024
+#: seconds a new connection has to send its handshake
+HANDSHAKE_TIMEOUT = 5.0
+#: seconds a reply may wait for the client to read before the client is disconnected
+SEND_TIMEOUT = 5.0
+_WARN_EVERY = 60.0  # seconds between two log lines about the same kind of misbehaviour
 
 
 # --------------------------------------------------------------------------
 # Errors (the client's own are in peermesh.agent.client)
 
 
-class AgentRunning(RuntimeError):
+class AgentRunning(PeermeshError, RuntimeError):
     """Another agent holds the socket path."""
 
     def __init__(self, path: str, pid: Optional[int], answering: bool = True) -> None:
@@ -128,7 +152,7 @@ class AgentRunning(RuntimeError):
         self.pid = pid
 
 
-class AgentPathError(RuntimeError):
+class AgentPathError(PeermeshError, RuntimeError):
     """The socket path or its directory cannot be used safely."""
 
 
@@ -306,13 +330,14 @@ def _probe(path: str, timeout: float) -> Optional[dict[str, Any]]:
     """The ping answer of an agent at ``path``, or None when nobody answers in time."""
     try:
         client = AgentClient.connect(path, timeout, op="ping")
+    except AgentMismatch as exc:  # an agent of another version: it runs all the same
+        return {"pid": exc.pid}
     except NoAgent:
         return None
     try:
         return client.info
     finally:
         client.close()
-
 
 # --------------------------------------------------------------------------
 # The server
@@ -324,22 +349,76 @@ class _Failure(Exception):
         self.code = code
 
 
-class _Subscriber:
-    __slots__ = ("envelope", "backlog", "dropped", "last_sent", "types")
+class _TooLarge(Exception):
+    """A frame over the size limit (the stream cannot be trusted after it)."""
 
-    def __init__(self, envelope: list[bytes], types: Optional[frozenset[str]]) -> None:
-        self.envelope = envelope
+
+class _Connection:
+    """One client: its socket, what it sent that is not yet read, a lock that keeps
+    frames whole, and its subscription."""
+
+    __slots__ = ("sock", "buffer", "lock", "subscription")
+
+    def __init__(self, sock: Any) -> None:
+        import gevent.lock
+
+        self.sock = sock
+        self.buffer = bytearray()
+        self.lock = gevent.lock.Semaphore()
+        self.subscription: Optional[_Subscription] = None
+
+    def read(self, size: int) -> Optional[bytes]:
+        """Exactly ``size`` octets, or None when the client closed the connection."""
+        buffer = self.buffer
+        while len(buffer) < size:
+            chunk = self.sock.recv(min(max(65536, size - len(buffer)), 1 << 20))
+            if not chunk:
+                return None
+            buffer += chunk
+        data = bytes(buffer[:size])
+        del buffer[:size]
+        return data
+
+    def send(self, data: bytes, timeout: Optional[float] = SEND_TIMEOUT) -> bool:
+        """Send ``data`` whole; False (and the connection closed) when the client is gone
+        or does not read for ``timeout`` seconds."""
+        import gevent
+
+        if not self.lock.acquire(timeout=timeout):
+            self.sock.close()
+            return False
+        timer = gevent.Timeout(timeout)
+        timer.start()
+        try:
+            self.sock.sendall(data)
+            return True
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+            self.sock.close()
+            return False
+        except OSError:
+            self.sock.close()
+            return False
+        finally:
+            timer.close()
+            self.lock.release()
+
+
+class _Subscription:
+    __slots__ = ("types", "backlog", "dropped", "wake")
+
+    def __init__(self, types: Optional[frozenset[str]]) -> None:
+        import gevent.event
+
+        self.types = types
         self.backlog: deque[bytes] = deque()
         self.dropped = 0
-        self.last_sent = time.monotonic()
-        self.types = types
+        self.wake = gevent.event.Event()
 
 
-def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
-
-
-_HEARTBEAT_BODY = _pack({"heartbeat": True})
+_HEARTBEAT = frame({"heartbeat": True})
+_STREAM_BATCH = 1 << 20  # octets of events joined into one send
 
 
 def event_message(event: Any) -> dict[str, Any]:
@@ -351,7 +430,7 @@ def event_message(event: Any) -> dict[str, Any]:
 
 
 class AgentServer:
-    """Serves requests for a started ``Node`` on the claimed ipc path.
+    """Serves requests for a started ``Node`` on the claimed Unix socket path.
 
     Call ``publish(event)`` for every event the node reports (the owner
     drains the node's queue), and ``close()`` when the node stops.
@@ -370,18 +449,15 @@ class AgentServer:
         self.version = __version__
         self.heartbeat = heartbeat
         self.backlog = backlog
+        self.max_request = node.config.max_message + REQUEST_OVERHEAD
         self.started = time.monotonic()
-        self._context: Optional[zmq.Context] = None
-        self._socket: Any = None
-        self._watcher: Any = None
-        self._loop: Any = None
-        self._wake = gevent.event.Event()
+        self._listener: Any = None
+        self._acceptor: Any = None
+        self._connections: dict[_Connection, Any] = {}  # -> its reading greenlet
         self._changed = gevent.event.Event()
-        self._outbox: deque[list[bytes]] = deque()
-        self._retry: deque[tuple[float, list[bytes]]] = deque()
-        self._subscribers: dict[bytes, _Subscriber] = {}
         self._pool = gevent.pool.Pool(MAX_CONCURRENT)
         self._closing = False
+        self._warned: dict[str, float] = {}
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self._op_ping, "info": self._op_info, "peers": self._op_peers,
             "groups": self._op_groups, "join": self._op_join, "leave": self._op_leave,
@@ -391,80 +467,79 @@ class AgentServer:
     # --- life cycle -----------------------------------------------------
 
     def start(self) -> "AgentServer":
-        """Bind the ROUTER at ``ipc://path`` and serve on the current hub."""
+        """Listen at ``path`` and serve on the current hub."""
         import gevent
+        import gevent.socket
 
-        self._context = zmq.Context()
-        router = self._context.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.MAXMSGSIZE, self.node.config.max_message + 65536)
+        listener = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            router.bind(f"ipc://{self.path}")
-        except zmq.ZMQError as exc:
-            router.close()
-            self._context.term()
-            raise AgentPathError(f"cannot listen at {self.path}: {exc}") from None
+            listener.bind(self.path)
+            listener.listen(64)
+        except OSError as exc:
+            listener.close()
+            raise AgentPathError(f"cannot listen at {self.path}: {exc.strerror or exc}") from None
         self.claim.bound()
-        self._socket = router
-        hub = gevent.get_hub()
-        self._watcher = hub.loop.io(router.getsockopt(zmq.FD), 1)
-        self._watcher.start(self._wake.set)
+        self._listener = listener
         self.node.add_listener(self._on_node_event)
-        self._loop = gevent.spawn(self._serve)
+        self._acceptor = gevent.spawn(self._accept)
         return self
 
     def close(self, reason: str = "its node left the mesh") -> None:
         """Tell subscribers ``reason``, stop serving and close the socket."""
         import gevent
 
-        if self._socket is None:
+        if self._listener is None:
             return
         self._closing = True
         try:
             self.node.remove_listener(self._on_node_event)
         except ValueError:
             pass
+        self._acceptor.kill()
+        self._listener.close()
+        self._listener = None
         self._pool.kill(block=True, timeout=1.0)
-        if self._loop is not None:
-            self._loop.kill()
-        end = _pack({"end": reason})
-        for identity, sub in list(self._subscribers.items()):
-            try:
-                self._socket.send_multipart([*sub.envelope, end], _NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        self._subscribers.clear()
-        self._watcher.close()
-        self._socket.close(linger=200)  # long enough for the end messages
-        self._socket = None
-        # term() waits until libzmq has really closed the listener (and removed
-        # its file), so nothing of ours touches the path once the lock is gone
-        assert self._context is not None
-        self._context.term()
-        gevent.sleep(0)
+        end = frame({"end": reason})
+        connections = list(self._connections)
+        ends = [gevent.spawn(conn.send, end, 0.2) for conn in connections
+                if conn.subscription is not None]
+        gevent.joinall(ends, timeout=0.5)
+        gevent.killall(list(self._connections.values()), timeout=1.0)
+        for conn in connections:
+            conn.sock.close()
+        self._connections.clear()
 
     @property
     def subscribers(self) -> int:
-        return len(self._subscribers)
+        return sum(1 for conn in self._connections if conn.subscription is not None)
+
+    def _warn(self, kind: str, message: str, *args: Any) -> None:
+        """Log ``message`` at warning, at most once per ``_WARN_EVERY`` for each ``kind``."""
+        now = time.monotonic()
+        if now - self._warned.get(kind, -_WARN_EVERY) >= _WARN_EVERY:
+            self._warned[kind] = now
+            log.warning(message, *args)
+        else:
+            log.debug(message, *args)
 
     # --- events ---------------------------------------------------------
 
     def publish(self, event: Any) -> None:
         """Queue ``event`` for every subscriber (never blocks)."""
-        if not self._subscribers or self._closing or event.type.value == "STOP":
+        if self._closing or event.type.value == "STOP":
             return  # STOP: subscribers get {"end": ...} from close()
-        body: Optional[bytes] = None
-        for sub in self._subscribers.values():
-            if sub.types is not None and event.type.value not in sub.types:
+        data: Optional[bytes] = None
+        for conn in self._connections:
+            sub = conn.subscription
+            if sub is None or sub.types is not None and event.type.value not in sub.types:
                 continue
             if len(sub.backlog) >= self.backlog:
                 sub.dropped += 1
-                continue
-            if body is None:
-                body = _pack({"event": event_message(event)})
-            sub.backlog.append(body)
-        self._wake.set()
+            else:
+                if data is None:
+                    data = frame({"event": event_message(event)})
+                sub.backlog.append(data)
+            sub.wake.set()
 
     def _on_node_event(self, event: Any) -> None:
         changed, self._changed = self._changed, type(self._changed)()
@@ -474,110 +549,108 @@ class AgentServer:
         """Wait until the mesh changes (any event) or ``deadline``."""
         self._changed.wait(max(0.0, min(deadline - time.monotonic(), 0.25)))
 
-    # --- the socket loop --------------------------------------------------
+    # --- connections ----------------------------------------------------
 
-    def _serve(self) -> None:
+    def _accept(self) -> None:
         import gevent
 
-        sock = self._socket
-        wake = self._wake
         while True:
-            busy = False
-            for _ in range(256):
-                try:
-                    frames = sock.recv_multipart(_NOBLOCK)
-                except zmq.Again:
-                    break
-                busy = True
-                self._on_request(frames)
-            busy |= self._send_outbox()
-            busy |= self._send_streams()
-            if busy:
-                gevent.sleep(0)
-                continue
-            wake.clear()
-            # EVENTS before waiting: it processes libzmq's commands (re-arming the
-            # descriptor) and says whether something arrived meanwhile
-            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN or self._outbox:
-                continue
-            timeout = _GUARD
-            if self._retry or any(s.backlog for s in self._subscribers.values()):
-                timeout = 0.01
-            wake.wait(timeout)
-
-    def _send(self, frames: list[bytes]) -> bool:
-        """Send one message now; False if the client's pipe is full (try again later)."""
-        try:
-            self._socket.send_multipart(frames, _NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            if exc.errno != errno.EHOSTUNREACH:
-                log.debug("agent reply not sent: %s", exc)
-            return True  # the client is gone: nothing to retry
-
-    def _send_outbox(self) -> bool:
-        """Send queued replies; True if any went out (one that finds its client's pipe
-        full is retried for up to a second, then dropped)."""
-        sent = False
-        now = time.monotonic()
-        for _ in range(len(self._retry)):
-            since, frames = self._retry.popleft()
-            if self._send(frames):
-                sent = True
-            elif now - since < 1.0:
-                self._retry.append((since, frames))
-        while self._outbox:
-            frames = self._outbox.popleft()
-            if self._send(frames):
-                sent = True
-            else:
-                self._retry.append((now, frames))
-        return sent
-
-    def _send_streams(self) -> bool:
-        if not self._subscribers:
-            return False
-        sent = False
-        now = time.monotonic()
-        for identity, sub in list(self._subscribers.items()):
             try:
-                while sub.backlog:
-                    self._socket.send_multipart([*sub.envelope, sub.backlog[0]], _NOBLOCK)
-                    sub.backlog.popleft()
-                    sub.last_sent = now
-                    sent = True
-                if sub.dropped:
-                    self._socket.send_multipart([*sub.envelope, _pack({"dropped": sub.dropped})],
-                                                _NOBLOCK)
-                    sub.dropped = 0
-                    sub.last_sent = now
-                if now - sub.last_sent >= self.heartbeat:
-                    self._socket.send_multipart([*sub.envelope, _HEARTBEAT_BODY], _NOBLOCK)
-                    sub.last_sent = now
-            except zmq.Again:
-                continue  # the client is slow: its backlog waits
-            except zmq.ZMQError as exc:
-                log.debug("event subscriber %r gone: %s", identity, exc)
-                del self._subscribers[identity]
-        return sent
+                sock, _ = self._listener.accept()
+            except OSError as exc:
+                if self._closing:
+                    return
+                self._warn("accept", "agent cannot accept a client: %s", exc.strerror or exc)
+                # e.g. EMFILE: wait until a descriptor frees; the agent keeps serving
+                gevent.sleep(0.1 if exc.errno in (errno.EMFILE, errno.ENFILE) else 0.01)
+                continue
+            conn = _Connection(sock)
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self._warn("busy", "agent refused a client: %d connected already",
+                           MAX_CONNECTIONS)
+                gevent.spawn(self._refuse, conn, "busy",
+                             f"the agent serves {MAX_CONNECTIONS} clients already")
+                continue
+            self._connections[conn] = gevent.spawn(self._serve, conn)
+
+    def _hello(self, **extra: Any) -> bytes:
+        return frame({"hello": PROTOCOL, "pid": os.getpid(), "version": self.version, **extra})
+
+    def _refuse(self, conn: _Connection, code: str, message: str) -> None:
+        conn.send(self._hello(code=code, error=message), 1.0)
+        conn.sock.close()
+
+    def _read_frame(self, conn: _Connection) -> Any:
+        """The next frame's body, unpacked (a body that is not msgpack is returned as
+        ``bytes``); None at the end of the stream."""
+        head = conn.read(4)
+        if head is None:
+            return None
+        size = int.from_bytes(head, "big")
+        if size > self.max_request:
+            raise _TooLarge(size)
+        body = conn.read(size)
+        if body is None:
+            return None
+        try:
+            return msgpack.unpackb(body, raw=False)
+        except Exception:  # msgpack raises several kinds for bad input
+            return body
+
+    def _serve(self, conn: _Connection) -> None:
+        """Read ``conn``'s handshake, then its requests, until it closes."""
+        try:
+            if self._handshake(conn):
+                while True:
+                    request = self._read_frame(conn)
+                    if request is None:
+                        return
+                    self._on_request(conn, request)
+        except _TooLarge as exc:
+            self._reply(conn, None, error=("bad-request", f"a frame of {exc.args[0]} octets is "
+                                           f"over the limit of {self.max_request}"))
+        except OSError:
+            pass
+        finally:
+            conn.sock.close()
+            self._connections.pop(conn, None)
+
+    def _handshake(self, conn: _Connection) -> bool:
+        """Read the client's handshake and answer it; False when the client is refused."""
+        import gevent
+
+        timer = gevent.Timeout(HANDSHAKE_TIMEOUT)
+        timer.start()
+        try:
+            hello = self._read_frame(conn)
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+            return False
+        finally:
+            timer.close()
+        if not isinstance(hello, dict) or "hello" not in hello:
+            if hello is not None:
+                self._refuse(conn, "bad-request",
+                             "the first message must be the handshake {hello: protocol}")
+            return False
+        theirs = hello["hello"]
+        if theirs != PROTOCOL:
+            advice = (f"agent speaks protocol {PROTOCOL}, this client {str(theirs)[:20]}: "
+                      "restart the agent")
+            self._warn("protocol", "a client refused: %s", advice)
+            self._refuse(conn, "protocol", advice)
+            return False
+        return conn.send(self._hello())
 
     # --- requests -------------------------------------------------------
 
-    def _on_request(self, frames: list[bytes]) -> None:
-        if len(frames) < 2 or len(frames) > _ENVELOPE_LIMIT + 1:
-            log.debug("dropped agent request of %d frames", len(frames))
-            return
-        envelope, body = frames[:-1], frames[-1]
-        try:
-            request = msgpack.unpackb(body, raw=False)
-        except Exception as exc:  # msgpack raises several kinds for bad input
-            self._reply(envelope, None, error=("bad-request", f"request is not msgpack: {exc}"))
+    def _on_request(self, conn: _Connection, request: Any) -> None:
+        if isinstance(request, bytes):
+            self._reply(conn, None, error=("bad-request", "request is not msgpack"))
             return
         if not isinstance(request, dict):
-            self._reply(envelope, None,
-                        error=("bad-request", "request must be a map {op, args}"))
+            self._reply(conn, None, error=("bad-request", "request must be a map {op, args}"))
             return
         rid = request.get("id")
         if not isinstance(rid, (int, str)) or isinstance(rid, bool):
@@ -587,54 +660,55 @@ class AgentServer:
         if args is None:
             args = {}
         if not isinstance(op, str):
-            self._reply(envelope, rid, error=("bad-request", "request has no op (a string)"))
+            self._reply(conn, rid, error=("bad-request", "request has no op (a string)"))
             return
         if not isinstance(args, dict):
-            self._reply(envelope, rid, error=("bad-request", "args must be a map"))
+            self._reply(conn, rid, error=("bad-request", "args must be a map"))
             return
         if self._closing or not self.node.running:
-            self._reply(envelope, rid, error=("stopping", "the agent is stopping"))
+            self._reply(conn, rid, error=("stopping", "the agent is stopping"))
             return
         if op == "events":
-            self._subscribe(envelope, rid, args)
+            self._subscribe(conn, rid, args)
             return
         handler = self._ops.get(op)
         if handler is None:
             known = ", ".join(sorted([*self._ops, "events"]))
-            self._reply(envelope, rid,
+            self._reply(conn, rid,
                         error=("unknown-op", f"unknown op {op[:40]!r}; known: {known}"))
             return
         if self._pool.full():
-            self._reply(envelope, rid, error=("busy", "too many requests in progress"))
+            self._reply(conn, rid, error=("busy", "too many requests in progress"))
             return
-        self._pool.spawn(self._handle, handler, envelope, rid, args)
+        self._pool.spawn(self._handle, handler, conn, rid, args)
 
-    def _handle(self, handler: Callable[[dict[str, Any]], Any], envelope: list[bytes],
+    def _handle(self, handler: Callable[[dict[str, Any]], Any], conn: _Connection,
                 rid: Any, args: dict[str, Any]) -> None:
-        from ..errors import NodeStateError, PeermeshError, PeerNotResponding, UnknownPeerError
+        from ..errors import NodeStateError, PeerNotResponding, UnknownPeerError
 
         try:
             result = handler(args)
         except _Failure as exc:
-            self._reply(envelope, rid, error=(exc.code, str(exc)))
+            self._reply(conn, rid, error=(exc.code, str(exc)))
         except NodeStateError as exc:
-            self._reply(envelope, rid, error=("stopping", f"the agent's node: {exc}"))
+            self._reply(conn, rid, error=("stopping", f"the agent's node: {exc}"))
         except PeerNotResponding as exc:
-            self._reply(envelope, rid, error=("not-responding", str(exc)))
+            self._reply(conn, rid, error=("not-responding", str(exc)))
         except UnknownPeerError as exc:
-            self._reply(envelope, rid, error=("not-found", str(exc)))
+            self._reply(conn, rid, error=("not-found", str(exc)))
         except PeermeshError as exc:
-            self._reply(envelope, rid, error=("failed", str(exc)))
+            self._reply(conn, rid, error=("failed", str(exc)))
         except (ValueError, TypeError) as exc:
-            self._reply(envelope, rid, error=("bad-args", str(exc)))
+            self._reply(conn, rid, error=("bad-args", str(exc)))
         except Exception as exc:
             log.exception("agent op failed")
-            self._reply(envelope, rid, error=("internal", f"internal error: {exc!r}"))
+            self._reply(conn, rid, error=("internal", f"internal error: {exc!r}"))
         else:
-            self._reply(envelope, rid, result=result)
+            self._reply(conn, rid, result=result)
 
-    def _reply(self, envelope: list[bytes], rid: Any, result: Any = None,
-               error: Optional[tuple[str, str]] = None) -> None:
+    @staticmethod
+    def _answer(rid: Any, result: Any = None,
+                error: Optional[tuple[str, str]] = None) -> bytes:
         reply: dict[str, Any]
         if error is None:
             reply = {"ok": True, "result": result}
@@ -642,27 +716,51 @@ class AgentServer:
             reply = {"ok": False, "code": error[0], "error": error[1]}
         if rid is not None:
             reply["id"] = rid
-        self._outbox.append([*envelope, _pack(reply)])
-        self._wake.set()
+        return frame(reply)
 
-    def _subscribe(self, envelope: list[bytes], rid: Any, args: dict[str, Any]) -> None:
+    def _reply(self, conn: _Connection, rid: Any, result: Any = None,
+               error: Optional[tuple[str, str]] = None) -> None:
+        conn.send(self._answer(rid, result, error))
+
+    def _subscribe(self, conn: _Connection, rid: Any, args: dict[str, Any]) -> None:
+        import gevent
+
         types = args.get("types")
         if types is not None:
             if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-                self._reply(envelope, rid, error=("bad-args", "types must be a list of strings"))
+                self._reply(conn, rid, error=("bad-args", "types must be a list of strings"))
                 return
             types = frozenset(t.upper() for t in types)
-        identity = envelope[0]
-        if identity not in self._subscribers and len(self._subscribers) >= MAX_SUBSCRIBERS:
-            self._reply(envelope, rid, error=("busy", "too many event subscribers"))
+        if conn.subscription is None and self.subscribers >= MAX_SUBSCRIBERS:
+            self._reply(conn, rid, error=("busy", "too many event subscribers"))
             return
-        sub = _Subscriber(envelope, types)
-        reply: dict[str, Any] = {"ok": True, "result": {"subscribed": True}}
-        if rid is not None:
-            reply["id"] = rid
-        sub.backlog.append(_pack(reply))  # first in its stream: before any event
-        self._subscribers[identity] = sub
-        self._wake.set()
+        first = conn.subscription is None
+        conn.subscription = sub = _Subscription(types)
+        sub.backlog.append(self._answer(rid, {"subscribed": True}))  # before any event
+        sub.wake.set()
+        if first:
+            gevent.spawn(self._stream, conn)
+
+    def _stream(self, conn: _Connection) -> None:
+        """Send ``conn``'s subscription: events, drop counts and heartbeats, in order."""
+        while conn in self._connections and conn.subscription is not None:
+            sub = conn.subscription
+            sub.wake.wait(self.heartbeat)
+            sub.wake.clear()
+            if not sub.backlog and not sub.dropped:
+                batch = [_HEARTBEAT]
+            else:
+                batch, size = [], 0
+                while sub.backlog and size < _STREAM_BATCH:
+                    batch.append(sub.backlog.popleft())
+                    size += len(batch[-1])
+                if sub.backlog:
+                    sub.wake.set()  # more to send at once
+                elif sub.dropped:
+                    batch.append(frame({"dropped": sub.dropped}))
+                    sub.dropped = 0
+            if not conn.send(b"".join(batch), timeout=None):
+                return
 
     # --- ops ------------------------------------------------------------
 
@@ -682,7 +780,7 @@ class AgentServer:
             "interface": {"name": itf.name, "address": itf.address} if itf else None,
             "port": node.config.port, "groups": node.groups(), "headers": node.headers,
             "peers": len(node.peers()), "uptime": round(time.monotonic() - self.started, 3),
-            "subscribers": len(self._subscribers),
+            "subscribers": self.subscribers,
         }
 
     def _op_peers(self, args: dict[str, Any]) -> Any:
@@ -811,12 +909,12 @@ def _frames_arg(args: dict[str, Any]) -> list[bytes]:
     else:
         raise _Failure("bad-args", "give message (bytes or str) or frames (a list)")
     out = []
-    for frame in frames:
-        if isinstance(frame, str):
-            frame = frame.encode("utf-8")
-        if not isinstance(frame, bytes):
+    for part in frames:
+        if isinstance(part, str):
+            part = part.encode("utf-8")
+        if not isinstance(part, bytes):
             raise _Failure("bad-args", "message and frames must be bytes or strings")
-        out.append(frame)
+        out.append(part)
     return out
 
 

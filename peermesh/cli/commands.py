@@ -17,8 +17,10 @@ import os
 import sys
 import time
 
-from ..argtypes import seconds
 from ..errors import AmbiguousPeerError, InterfaceError, PeermeshError, UnknownPeerError
+from .output import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, clean, emit,
+                     note, stdout_utf8, table, to_json)
+from .session import NodeSession, install_handlers
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "build_parser", "build_config"]
 
-PROG = "peermesh"
 #: modules whose ``add_commands(command)`` adds overlay subcommands; ``command``
 #: is build_parser's factory: command(name, summary, description, examples,
 #: handler) -> argparse parser, with handler(args, config) -> exit code
@@ -46,7 +47,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.nfp.commands",
     "peermesh.sada.commands",
 )
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: default --wait (seconds) of the commands that try the agent first
 WAIT_PEERS, WAIT_SEND = 2.0, 3.0
 #: in a help text: the NodeConfig default of the option's field, filled in when help is shown
@@ -115,30 +115,46 @@ def _columns() -> int:
 # Arguments and configuration
 
 
-def _header_arg(text: str) -> tuple[str, str]:
+def _header_arg(value: str) -> tuple[str, str]:
     import argparse
 
+    from ..argtypes import utf8
     from ..config import parse_header
 
     try:
-        return parse_header(text)
+        return parse_header(utf8(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _discovery_arg(value: str) -> tuple[str, ...]:
+    import argparse
+
+    from ..config import parse_discovery
+
+    try:
+        return parse_discovery(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @functools.cache
-def _node_options() -> argparse.ArgumentParser:
+def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
+    """The node options; ``timers_only``: just the beacon timers (a simulated network)."""
     import argparse
+
+    from ..argtypes import seconds, text
 
     common = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     node = common.add_argument_group("node options")
-    node.add_argument(
-        "--interface", "-i", metavar="IFACE",
-        help="network interface: a name (eth0, lo), one of its IPv4 addresses or a CIDR "
-             "(10.0.0.0/24); 'lo' keeps the mesh on this host "
-             "(default: $PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
-    node.add_argument("--port", "-p", type=int, metavar="PORT",
-                      help=f"UDP beacon port (default: {_NODE_DEFAULT})")
+    if not timers_only:
+        node.add_argument(
+            "--interface", "-i", metavar="IFACE", type=text,
+            help="network interface: a name (eth0, lo), one of its IPv4 addresses or a CIDR "
+                 "(10.0.0.0/24); 'lo' keeps the mesh on this host (default: "
+                 "$PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
+        node.add_argument("--port", "-p", type=int, metavar="PORT",
+                          help=f"UDP beacon port (default: {_NODE_DEFAULT})")
     node.add_argument("--interval", type=seconds, metavar="SECONDS",
                       help=f"seconds between beacons (default: {_NODE_DEFAULT})")
     node.add_argument("--evasive", type=seconds, metavar="SECONDS",
@@ -147,16 +163,33 @@ def _node_options() -> argparse.ArgumentParser:
     node.add_argument("--expired", type=seconds, metavar="SECONDS",
                       help="silence after which a peer is removed with EXIT "
                            f"(default: {_NODE_DEFAULT})")
-    node.add_argument("--name", "-n",
+    if timers_only:
+        _add_verbose(node)
+        return common
+    node.add_argument("--name", "-n", type=text,
                       help="public name of this node (default: first 6 hex digits of its UUID)")
     node.add_argument("--header", "-H", dest="headers", action="append", type=_header_arg,
                       default=[], metavar="K=V",
                       help="HELLO header sent to peers; repeatable")
-    node.add_argument("--group", "-g", dest="groups", action="append", default=[],
+    node.add_argument("--group", "-g", dest="groups", action="append", default=[], type=text,
                       metavar="GROUP", help="group to join at start; repeatable")
+    node.add_argument("--seed", dest="seeds", action="append", default=[], type=text,
+                      metavar="HOST[:PORT]",
+                      help="a node to reach by unicast beacons (PORT: its beacon port, default "
+                           "--port), for networks without broadcast; peers found through it "
+                           "share what they know; repeatable (also $PEERMESH_SEEDS, "
+                           "comma-separated)")
+    node.add_argument("--discovery", type=_discovery_arg, metavar="SOURCES",
+                      help="how peers are found, comma-separated: beacon (UDP broadcast), mdns "
+                           "(DNS-SD through zeroconf, for networks that pass multicast but not "
+                           "broadcast), or none (seeds only: nothing is broadcast) "
+                           "(default: $PEERMESH_DISCOVERY, then beacon)")
+    node.add_argument("--mdns", action="store_true",
+                      help="also find peers by mDNS (the same as adding mdns to --discovery)")
     node.add_argument("--config", "-c", metavar="FILE",
-                      help="TOML file with a [node] table (see deploy/peermesh.example.toml); "
-                           "$PEERMESH_* variables and these options override it")
+                      help="TOML file with a [node] table (and [nfp] for the NFP commands); "
+                           f"`{PROG} config example` prints one to start from. $PEERMESH_* "
+                           "variables and these options override it")
     _add_verbose(node)
     return common
 
@@ -239,6 +272,8 @@ def _add_agent(command: CommandFactory) -> None:
 
 
 def _add_peers(command: CommandFactory) -> None:
+    from ..argtypes import seconds
+
     peers = command(
         "peers", "list the peers (the agent's, or found within a few seconds)",
         "List the peers (UUID, name, address, groups, headers). Through the agent: the "
@@ -253,6 +288,8 @@ def _add_peers(command: CommandFactory) -> None:
 
 
 def _add_shout(command: CommandFactory) -> None:
+    from ..argtypes import seconds, text
+
     shout = command(
         "shout", "send a message to every peer in a group",
         "Send MESSAGE to every member of GROUP and wait for their confirmation. Through "
@@ -263,13 +300,15 @@ def _add_shout(command: CommandFactory) -> None:
         f'  {PROG} shout chat "hello everyone"\n'
         f'  {PROG} shout --interface lo --wait 5 alerts "disk full"',
         cmd_shout, parents=[_agent_options(True)], agent_first=True)
-    shout.add_argument("target", metavar="GROUP", help="the group to shout to")
+    shout.add_argument("target", metavar="GROUP", type=text, help="the group to shout to")
     shout.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
     shout.add_argument("--wait", "-w", type=seconds, default=WAIT_SEND, metavar="SECONDS",
                        help="longest wait for the group's members (default: %(default)s)")
 
 
 def _add_whisper(command: CommandFactory) -> None:
+    from ..argtypes import seconds, text
+
     whisper = command(
         "whisper", "send a message to one peer",
         "Send MESSAGE to the one peer matching PEER (a name, a UUID, or a unique UUID hex "
@@ -281,13 +320,16 @@ def _add_whisper(command: CommandFactory) -> None:
         + _AGENT_NOTE,
         f'  {PROG} whisper alice "hi"\n  {PROG} whisper 3f2a9c "hi"   # UUID prefix',
         cmd_whisper, parents=[_agent_options(True)], agent_first=True)
-    whisper.add_argument("target", metavar="PEER", help="peer name, UUID or UUID hex prefix")
+    whisper.add_argument("target", metavar="PEER", type=text,
+                         help="peer name, UUID or UUID hex prefix")
     whisper.add_argument("message", metavar="MESSAGE", help="the message (sent as UTF-8)")
     whisper.add_argument("--wait", "-w", type=seconds, default=WAIT_SEND, metavar="SECONDS",
                          help="longest wait for the peer (default: %(default)s)")
 
 
 def _add_group_op(command: CommandFactory, name: str) -> None:
+    from ..argtypes import text
+
     p = command(
         name, f"make the agent {name} a group",
         f"Make the agent's node {name} GROUP (every peer sees "
@@ -296,7 +338,7 @@ def _add_group_op(command: CommandFactory, name: str) -> None:
         f"  {PROG} {name} news\n  {PROG} {name} --agent /run/peermesh/agent.sock news",
         cmd_join if name == "join" else cmd_leave, parents=[_agent_options(False)],
         node_options=False, agent_first=True)
-    p.add_argument("group", metavar="GROUP", help=f"the group to {name}")
+    p.add_argument("group", metavar="GROUP", type=text, help=f"the group to {name}")
 
 
 def _add_events(command: CommandFactory) -> None:
@@ -322,6 +364,27 @@ def _add_status(command: CommandFactory) -> None:
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _add_config(command: CommandFactory) -> None:
+    command("config", "configuration files",
+            "A configuration file is TOML with a [node] table (the node options) and an "
+            "[nfp] table (the NFP commands' options); any other table, or a key outside a "
+            "table, is an error.", f"  {PROG} config example > peermesh.toml", None)
+    command("config example", "print an example configuration file (every key, documented)",
+            "Print a configuration file that lists every key of [node] with its default "
+            "(but interface = \"lo\") and every key of [nfp], commented out.",
+            f"  {PROG} config example > /etc/peermesh/peermesh.toml", cmd_config_example,
+            node_options=False)
+
+
+def cmd_config_example(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
+    """Print the example configuration shipped with the package."""
+    from importlib.resources import files
+
+    sys.stdout.write(files(__package__).joinpath("peermesh.example.toml").read_text("utf-8"))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 #: the commands defined here, in help order; parsing one of them builds only its own
 #: parser and skips importing COMMAND_MODULES, which keeps the round trip through the
 #: agent short
@@ -329,7 +392,7 @@ _BUILTIN: dict[str, Callable[[CommandFactory], None]] = {
     "run": _add_run, "agent": _add_agent, "peers": _add_peers, "shout": _add_shout,
     "whisper": _add_whisper, "join": functools.partial(_add_group_op, name="join"),
     "leave": functools.partial(_add_group_op, name="leave"), "events": _add_events,
-    "status": _add_status,
+    "status": _add_status, "config": _add_config,
 }
 
 
@@ -360,17 +423,32 @@ Run '{PROG} COMMAND --help' for the options of a command.
 {_EXIT_CODES}""")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    groups: dict[str, Any] = {}  # "job" -> the subparsers of its actions
 
     def command(name: str, summary: str, description: str, examples: str,
-                handler: Callable[[argparse.Namespace, Optional[NodeConfig]], int], *,
+                handler: Optional[Callable[[argparse.Namespace, Optional[NodeConfig]], int]], *,
                 parents: Sequence[argparse.ArgumentParser] = (),
-                node_options: bool = True, agent_first: bool = False
+                node_options: bool | str = True, agent_first: bool = False
                 ) -> argparse.ArgumentParser:
-        """``agent_first``: the handler gets no config and builds one when it needs it."""
-        options = _node_options() if node_options else _verbose_option()
-        p = sub.add_parser(name, parents=[options, *parents],
-                           help=summary, formatter_class=_formatter(), description=description,
-                           epilog=f"examples:\n{examples}\n\n{_EXIT_CODES}")
+        """Add command ``name``; "job post" adds action ``post`` to the group ``job``,
+        made before by ``command("job", ..., handler=None)``.
+
+        ``agent_first``: the handler gets no config and builds one when it needs it.
+        """
+        *group, leaf = name.split()
+        where = groups[group[0]] if group else sub
+        epilog = f"examples:\n{examples}\n\n{_EXIT_CODES}"
+        if handler is None:
+            p = where.add_parser(leaf, help=summary, formatter_class=_formatter(),
+                                 description=description, epilog=epilog)
+            groups[leaf] = p.add_subparsers(dest="action", metavar="ACTION", title="actions",
+                                            required=True)
+            return p
+        options = _node_options(node_options == "timers") if node_options \
+            else _verbose_option()
+        p = where.add_parser(leaf, parents=[options, *parents], help=summary,
+                             formatter_class=_formatter(), description=description,
+                             epilog=epilog)
         p.set_defaults(handler=handler, node_options=node_options, agent_first=agent_first)
         return p
 
@@ -397,15 +475,22 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
     from ..config import NodeConfig
 
     try:
-        base = NodeConfig.load(args.config)
+        base = NodeConfig.load(getattr(args, "config", None))
     except TypeError as exc:  # a TOML value of the wrong type
         raise ValueError(f"invalid configuration: {exc}") from None
     overrides: dict[str, Any] = {
-        "name": args.name, "interface": args.interface, "port": args.port,
-        "interval": args.interval, "evasive": args.evasive, "expired": args.expired,
-    }
+        key: getattr(args, key, None)
+        for key in ("name", "interface", "port", "interval", "evasive", "expired")}
+    if getattr(args, "node_options", True) == "timers":  # a simulated network
+        return base.replace(**overrides)
     if args.groups:
         overrides["groups"] = tuple(dict.fromkeys([*base.groups, *args.groups]))
+    if args.seeds:
+        overrides["seeds"] = tuple(dict.fromkeys([*base.seeds, *args.seeds]))
+    discovery = args.discovery if args.discovery is not None else base.discovery
+    if args.mdns:
+        discovery = tuple(dict.fromkeys([*discovery, "mdns"]))
+    overrides["discovery"] = discovery
     if args.headers:
         overrides["headers"] = {**base.headers, **dict(args.headers)}
     evasive = args.evasive or base.evasive
@@ -416,83 +501,14 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
 
 
 # --------------------------------------------------------------------------
-# A node with clean shutdown on SIGINT / SIGTERM
-
-
-class _Session:
-    """A started Node whose stop runs once, from a signal or from the command."""
-
-    def __init__(self, config: NodeConfig) -> None:
-        import signal
-
-        import gevent
-
-        from ..zre.node import Node
-
-        _setup_logging(0)  # no-op when main has set it up already
-
-        try:
-            self.node = Node(config=config)
-        except TypeError as exc:  # e.g. a TOML group or header that is not a string
-            raise ValueError(f"invalid configuration: {exc}") from None
-        self.interrupted = False
-        self._stopper: Optional[gevent.Greenlet] = None
-        # Keep the handler objects alive for the life of the process; gevent
-        # runs each call in its own greenlet, so stop() may block there.
-        self._handlers = [gevent.signal_handler(sig, self._on_signal)
-                          for sig in (signal.SIGINT, signal.SIGTERM)]
-
-    def start(self) -> Node:
-        import zmq
-
-        cfg = self.node.config
-        try:
-            self.node.start()
-        except OSError as exc:
-            raise RuntimeError(f"cannot start the node (UDP beacon port {cfg.port}): "
-                               f"{exc.strerror or exc}") from exc
-        except zmq.ZMQError as exc:
-            raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
-        node = self.node
-        _log().info("node %s (%s) at %s, beacons to %s:%d every %gs", node.name, node.uuid.hex,
-                 node.endpoint, node.interface.broadcast if node.interface else "?", cfg.port,
-                 cfg.interval)
-        return node
-
-    def _on_signal(self) -> None:
-        self.interrupted = True
-        self.stop()
-
-    def stop(self) -> None:
-        """Stop the node (port-0 beacon, flush); concurrent callers wait for the same stop."""
-        if self._stopper is None:
-            import gevent
-
-            self._stopper = gevent.spawn(self.node.stop)
-        self._stopper.join()
-
-    def wait_event(self, deadline: float) -> Optional[Event]:
-        """The next event before ``deadline`` (monotonic), or None; STOP when interrupted."""
-        return self.node.recv(max(0.0, deadline - time.monotonic()))
-
-
-# --------------------------------------------------------------------------
 # Output
-
-
-def _clean(text: Any) -> str:
-    """``text`` with control characters escaped, so a peer cannot drive the terminal."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _content(event: Event) -> str:
     parts = []
     for frame in event.frames:
         try:
-            parts.append(_clean(frame.decode("utf-8")))
+            parts.append(clean(frame.decode("utf-8")))
         except UnicodeDecodeError:
             parts.append("0x" + frame.hex())
     if len(parts) == 1:
@@ -508,9 +524,9 @@ def format_event(event: Event) -> str:
 
     fields = [datetime.now().strftime("%H:%M:%S.%f")[:-3], f"{event.type.value:<7}"]
     if event.peer is not None:
-        fields.append(f"{_clean(event.name)} ({event.peer.hex[:8]})")
+        fields.append(f"{clean(event.name)} ({event.peer.hex[:8]})")
     if event.group is not None:
-        fields.append(f"[{_clean(event.group)}]")
+        fields.append(f"[{clean(event.group)}]")
     kind = event.type
     if kind in (EventType.SHOUT, EventType.WHISPER):
         fields.append(_content(event))
@@ -518,30 +534,10 @@ def format_event(event: Event) -> str:
         if event.address:
             fields.append(event.address)
         if event.headers:
-            fields.append(" ".join(f"{_clean(k)}={_clean(v)}" for k, v in event.headers.items()))
+            fields.append(" ".join(f"{clean(k)}={clean(v)}" for k, v in event.headers.items()))
     if event.reason:
-        fields.append(f"({_clean(event.reason)})")
+        fields.append(f"({clean(event.reason)})")
     return " ".join(fields).rstrip()
-
-
-def _stdout_utf8() -> bool:
-    return (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
-
-
-def _json(obj: Any) -> str:
-    """One line of JSON; non-ASCII text as is when stdout is UTF-8, else \\u escapes."""
-    import json
-
-    return json.dumps(obj, ensure_ascii=not _stdout_utf8())
-
-
-def _print(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def _stderr(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------
@@ -552,16 +548,16 @@ def _renderer(args: argparse.Namespace) -> Callable[[Event], str]:
     from ..events import Event
 
     if args.json:
-        return Event.to_json if _stdout_utf8() else lambda e: _json(e.to_dict())
+        return Event.to_json if stdout_utf8() else lambda e: to_json(e.to_dict())
     return format_event
 
 
 def _start_line(node: Node) -> str:
-    groups = ", ".join(_clean(g) for g in node.groups()) or "none"
-    return f"{_clean(node.name)} ({node.uuid.hex}) at {node.endpoint}, groups: {groups}"
+    groups = ", ".join(clean(g) for g in node.groups()) or "none"
+    return f"{clean(node.name)} ({node.uuid.hex}) at {node.endpoint}, groups: {groups}"
 
 
-def _print_events(session: _Session, render: Optional[Callable[[Event], str]],
+def _print_events(session: NodeSession, render: Optional[Callable[[Event], str]],
                   publish: Optional[Callable[[Event], None]] = None) -> int:
     """Hand every event to ``publish`` and print it with ``render`` until the node stops."""
     try:
@@ -570,21 +566,21 @@ def _print_events(session: _Session, render: Optional[Callable[[Event], str]],
                 publish(event)
             if render is not None:
                 try:
-                    _print(render(event))
+                    emit(render(event))
                 except (BrokenPipeError, ValueError):
                     if publish is None:
                         raise
                     render = None  # the agent goes on serving without its stdout
     finally:
-        session.stop()
+        session.close()
     return EXIT_OK
 
 
 def cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     """Print every event until SIGINT/SIGTERM stops the node."""
-    session = _Session(config)
+    session = NodeSession(config, serving=True)
     node = session.start()
-    _stderr(f"{_start_line(node)}; Ctrl-C to leave")
+    note(f"{_start_line(node)}; Ctrl-C to leave")
     return _print_events(session, _renderer(args))
 
 
@@ -596,17 +592,17 @@ def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
     claim = agent_module.claim_path(path)
     try:
         if claim.removed_stale:
-            _stderr(f"removed the socket file of a dead agent at {path}")
-        session = _Session(config)
+            note(f"removed the socket file of a dead agent at {path}")
+        session = NodeSession(config, serving=True)
         node = session.start()
         try:
             server = agent_module.AgentServer(node, claim).start()
         except BaseException:
-            session.stop()
+            session.close()
             raise
         try:
-            _stderr(f"{_start_line(node)}; agent at {path} (pid {os.getpid()}); "
-                    "Ctrl-C to leave")
+            note(f"{_start_line(node)}; agent at {path} (pid {os.getpid()}); "
+                 "Ctrl-C to leave")
             render = _renderer(args) if args.print_events or args.json else None
             return _print_events(session, render, server.publish)
         finally:
@@ -623,9 +619,10 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
 
     With ``required`` a missing agent is a RuntimeError (exit code 1).
     """
-    from ..agent.client import AgentClient, NoAgent, resolve_path
+    from ..agent.client import AgentClient, AgentMismatch, NoAgent, resolve_path
 
     if getattr(args, "no_agent", False):
+        _setup_logging(args.verbose)  # for the node of its own
         return None, "--no-agent"
     path = resolve_path(args.agent)
     probe, args.agent_probe = getattr(args, "agent_probe", None), None
@@ -633,13 +630,16 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
         if isinstance(probe, NoAgent):
             raise probe
         client = probe or AgentClient.connect(path)
+    except AgentMismatch as exc:  # a node of its own would hide that the agent is stale
+        raise RuntimeError(str(exc)) from None
     except NoAgent as exc:
         none = str(exc).startswith("no agent running")
         if required:
             raise RuntimeError(f"{exc}; start one with `{PROG} agent`" if none
                                else str(exc)) from None
         if not none:  # an agent may be there, but cannot be used: say so
-            _stderr(f"{exc}; using a node of its own")
+            note(f"{exc}; using a node of its own")
+        _setup_logging(args.verbose)
         _log().info("%s; using a node of its own", exc)
         return None, str(exc)
     if not required:
@@ -647,6 +647,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
         if mismatch:
             client.close()
             why = f"not using the agent at {path}: {mismatch}"
+            _setup_logging(args.verbose)
             _log().info("%s", why)
             return None, why
     return client, ""
@@ -704,41 +705,37 @@ def cmd_peers(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
         entries = [info.to_dict() for info in _collect_peers(args, build_config(args))]
         empty = f"no peers found within {args.wait:g} s"
     if args.json:
-        _print(_json(entries))
+        emit(to_json(entries))
     elif entries:
-        _print(_table(entries))
+        emit(_peer_table(entries))
     if not entries:
-        _stderr(empty)
+        note(empty)
     return EXIT_OK
 
 
 def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInfo]:
-    session = _Session(config)
+    session = NodeSession(config)
     node = session.start()
     try:
         deadline = time.monotonic() + args.wait
         while time.monotonic() < deadline:
             event = session.wait_event(deadline)
-            if session.interrupted:
-                raise KeyboardInterrupt
             if _is_stop(event):
                 break
         return sorted((node.peer_info(uuid) for uuid in node.peers()),
                       key=lambda info: (info.name, info.uuid.hex))
     finally:
-        session.stop()
+        session.close()
 
 
-def _table(entries: Sequence[dict[str, Any]]) -> str:
+def _peer_table(entries: Sequence[dict[str, Any]]) -> str:
     rows = [("UUID", "NAME", "ADDRESS", "GROUPS", "HEADERS")]
     for entry in entries:
-        rows.append((_clean(entry["peer"]), _clean(entry["name"]), _clean(entry["address"]),
-                     ",".join(_clean(g) for g in entry["groups"]) or "-",
-                     " ".join(f"{_clean(k)}={_clean(v)}" for k, v in entry["headers"].items())
+        rows.append((clean(entry["peer"]), clean(entry["name"]), clean(entry["address"]),
+                     ",".join(clean(g) for g in entry["groups"]) or "-",
+                     " ".join(f"{clean(k)}={clean(v)}" for k, v in entry["headers"].items())
                      or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[4]]).rstrip()
-                     for row in rows)
+    return table(rows)
 
 
 def cmd_shout(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
@@ -753,9 +750,7 @@ def cmd_shout(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
         count, confirmed = int(result["peers"]), bool(result.get("confirmed"))
     else:
         count, confirmed = _shout_alone(args, build_config(args))
-        if count < 0:
-            return EXIT_INTERRUPTED
-    _stderr(f"shouted to {count} peer{'s' if count != 1 else ''} in group {group!r}")
+    note(f"shouted to {count} peer{'s' if count != 1 else ''} in group {group!r}")
     if not confirmed:
         raise RuntimeError("not every peer confirmed receipt within 1 s")
     return EXIT_OK
@@ -764,10 +759,10 @@ def cmd_shout(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
 def _shout_alone(args: argparse.Namespace, config: NodeConfig) -> tuple[int, bool]:
     """Wait for GROUP's members to settle, shout MESSAGE to them, flush and leave.
 
-    (members, confirmed); members is -1 when interrupted.
+    (members, confirmed).
     """
     group = args.target
-    session = _Session(config)
+    session = NodeSession(config)
     node = session.start()
     settle = _settle_time(config)
     try:
@@ -784,8 +779,6 @@ def _shout_alone(args: argparse.Namespace, config: NodeConfig) -> tuple[int, boo
             if seen and now - last_new >= settle or now >= deadline:
                 break
             event = session.wait_event(min(deadline, last_new + settle) if seen else deadline)
-            if session.interrupted:
-                return -1, False
             if _is_stop(event):
                 break
         members = set(node.peers_by_group(group))
@@ -794,7 +787,7 @@ def _shout_alone(args: argparse.Namespace, config: NodeConfig) -> tuple[int, boo
         node.shout(group, os.fsencode(args.message))
         confirmed = node.flush()
     finally:
-        session.stop()
+        session.close()
     return len(members), confirmed
 
 
@@ -810,27 +803,24 @@ def cmd_whisper(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
         name, uuid_hex, confirmed = str(result["name"]), str(result["peer"]), \
             bool(result.get("confirmed"))
     else:
-        found = _whisper_alone(args, build_config(args))
-        if found is None:
-            return EXIT_INTERRUPTED
-        name, uuid_hex, confirmed = found
-    _stderr(f"whispered to {_clean(name)} ({_clean(uuid_hex)})")
+        name, uuid_hex, confirmed = _whisper_alone(args, build_config(args))
+    note(f"whispered to {clean(name)} ({clean(uuid_hex)})")
     if not confirmed:
-        raise RuntimeError(f"{_clean(name)} did not confirm receipt within 1 s")
+        raise RuntimeError(f"{clean(name)} did not confirm receipt within 1 s")
     return EXIT_OK
 
 
 def _whisper_alone(args: argparse.Namespace,
-                   config: NodeConfig) -> Optional[tuple[str, str, bool]]:
+                   config: NodeConfig) -> tuple[str, str, bool]:
     """Wait for exactly one peer matching PEER, whisper MESSAGE, flush and leave.
 
     A full UUID is used as soon as that peer is known. A name or prefix is
     only trusted once every peer on the LAN had time to be found (about one
     beacon interval after start), so that a second match is not missed.
-    (name, UUID hex, confirmed), or None when interrupted.
+    (name, UUID hex, confirmed).
     """
     target = args.target
-    session = _Session(config)
+    session = NodeSession(config)
     node = session.start()
     try:
         start = time.monotonic()
@@ -853,15 +843,13 @@ def _whisper_alone(args: argparse.Namespace,
                                     f"within {args.wait:g} s") from None
                 wake = deadline
             event = session.wait_event(wake)
-            if session.interrupted:
-                return None
             if _is_stop(event):
                 raise RuntimeError("the node stopped")
         name = node.peer_name(uuid)
         node.whisper(uuid, os.fsencode(args.message))
         confirmed = node.flush()
     finally:
-        session.stop()
+        session.close()
     return name, uuid.hex, confirmed
 
 
@@ -883,13 +871,13 @@ def _group_op(args: argparse.Namespace, op: str) -> int:
     with client:
         result = _answer(_agent_call(client, op, {"group": args.group}), "changed", "groups")
     group = args.group
-    name = _clean(client.info.get("name"))
+    name = clean(client.info.get("name"))
     if op == "join":
         done = f"joined group {group!r}" if result["changed"] else f"already in group {group!r}"
     else:
         done = f"left group {group!r}" if result["changed"] else f"not in group {group!r}"
-    groups = ", ".join(_clean(g) for g in result["groups"]) or "none"
-    _stderr(f"{name} {done}; groups: {groups}")
+    groups = ", ".join(clean(g) for g in result["groups"]) or "none"
+    note(f"{name} {done}; groups: {groups}")
     return EXIT_OK
 
 
@@ -899,22 +887,22 @@ def cmd_status(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     with client:
         info = client.info
     if args.json:
-        _print(_json(info))
+        emit(to_json(info))
         return EXIT_OK
     itf = info.get("interface") or {}
     headers = info.get("headers") or {}
     rows = [
         ("agent", f"{client.path} (pid {info.get('pid')}, peermesh {info.get('version')}, "
                   f"up {_duration(info.get('uptime'))})"),
-        ("node", f"{_clean(info.get('name'))} ({info.get('uuid')}) at {info.get('endpoint')}"),
-        ("interface", f"{_clean(itf.get('name'))} {itf.get('address')}, beacon port "
+        ("node", f"{clean(info.get('name'))} ({info.get('uuid')}) at {info.get('endpoint')}"),
+        ("interface", f"{clean(itf.get('name'))} {itf.get('address')}, beacon port "
                       f"{info.get('port')}"),
-        ("groups", ", ".join(_clean(g) for g in info.get("groups") or ()) or "none"),
-        ("headers", " ".join(f"{_clean(k)}={_clean(v)}" for k, v in headers.items()) or "none"),
+        ("groups", ", ".join(clean(g) for g in info.get("groups") or ()) or "none"),
+        ("headers", " ".join(f"{clean(k)}={clean(v)}" for k, v in headers.items()) or "none"),
         ("peers", str(info.get("peers"))),
-        ("followers", str(info.get("subscribers"))),
+        ("subscribers", str(info.get("subscribers"))),
     ]
-    _print("\n".join(f"{key:<10} {value}" for key, value in rows))
+    emit("\n".join(f"{key:<12} {value}" for key, value in rows))
     return EXIT_OK
 
 
@@ -934,42 +922,30 @@ def cmd_events(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     Like every command that may go through the agent, it gets no ``config`` and
     builds one only when it starts a node.
     """
-    import signal
-
-    from ..agent.client import AgentGone
-
     client, why = _agent_client(args)
     if client is None:
         if not args.no_agent:
-            _stderr(f"{why}; following the events of a node of its own")
+            note(f"{why}; following the events of a node of its own")
         return cmd_run(args, build_config(args))
     render = _renderer(args)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         client.subscribe()
         info = client.info
-        _stderr(f"following events of {_clean(info.get('name'))} ({info.get('uuid')}) through "
-                f"the agent at {client.path}; Ctrl-C to stop")
+        note(f"following events of {clean(info.get('name'))} ({info.get('uuid')}) through "
+             f"the agent at {client.path}; Ctrl-C to stop")
         for message in client.stream():
             if "dropped" in message:
-                _stderr(f"warning: {message['dropped']} events dropped: they came faster "
-                        "than this command read them")
+                note(f"warning: {message['dropped']} events dropped: they came faster "
+                     "than this command read them")
                 continue
             event = _event_from(message.get("event"))
             if event is not None:
-                _print(render(event))
-    except KeyboardInterrupt:
+                emit(render(event))
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: the normal end of following
         return EXIT_OK
-    except AgentGone:
-        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
         client.close()
     return EXIT_OK  # not reached: the stream ends with AgentGone
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _event_from(data: Any) -> Optional[Event]:
@@ -1046,14 +1022,18 @@ def _failures() -> tuple[type[BaseException], ...]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``peermesh`` command; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    install_handlers()
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        return _interrupted(None)
+
+
+def _main(argv: list[str]) -> int:
     plain = _plain_agent_args(argv)
     probe = None
     if plain is not None:
-        try:
-            probe = _probe_agent(plain.agent)
-        except KeyboardInterrupt:
-            return EXIT_INTERRUPTED
+        probe = _probe_agent(plain.agent)
         if probe is not None and not isinstance(probe, BaseException):
             plain.agent_probe = probe
             return _execute(plain)
@@ -1107,8 +1087,9 @@ def _plain_agent_args(argv: Sequence[str]) -> Optional[Any]:
             return None
         else:
             positionals.append(token)
-    if len(positionals) != len(names) or found["agent"] == "":
-        return None
+    if len(positionals) != len(names) or found["agent"] == "" \
+            or not all(p.strip() and p.isprintable() for p in positionals[:1]):
+        return None  # argparse says what is wrong with it
     return SimpleNamespace(
         command=argv[0], handler=_HANDLERS[argv[0]], agent_first=True, node_options=True,
         verbose=0, wait=wait, no_agent=False, interface=None, port=None,
@@ -1152,8 +1133,8 @@ def _execute(args: argparse.Namespace) -> int:
         return int(args.handler(args, config))
     except (_NotFound, InterfaceError, ValueError) as exc:
         return _fail(exc, EXIT_USAGE, args.verbose)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
     except Exception as exc:
         if not isinstance(exc, _failures()):
             raise
@@ -1162,10 +1143,17 @@ def _execute(args: argparse.Namespace) -> int:
         return _fail(exc, EXIT_FAILURE, args.verbose)
 
 
+def _interrupted(exc: Optional[BaseException]) -> int:
+    """Say that a signal stopped the command, and what it left undone."""
+    left = getattr(exc, "left", "")
+    note(f"interrupted{': ' + left if left else ''}")
+    return EXIT_INTERRUPTED
+
+
 def _fail(exc: BaseException | str, code: int, verbosity: int) -> int:
     if verbosity >= 2 and isinstance(exc, BaseException):
         _log().debug("details", exc_info=exc)
-    _stderr(f"error: {exc}")
+    note(f"error: {exc}")
     return code
 
 

@@ -78,6 +78,7 @@ from uuid import UUID
 import gevent
 import gevent.event
 
+from ..errors import PeermeshError
 from ..events import EventType
 
 from . import PeerSink
@@ -109,7 +110,7 @@ _RESOLVE_MS = 3000  # how long a service's records may take to arrive once it is
 _IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
 
 
-class TxtError(ValueError):
+class TxtError(PeermeshError, ValueError):
     """Why a TXT record is not a usable peermesh record."""
 
 

@@ -14,6 +14,8 @@ import socket
 import struct
 from typing import Iterator, Optional
 
+from ..errors import PeermeshError
+
 __all__ = ["ipv4_addresses", "parse_dump", "NetlinkError"]
 
 _NLMSG = struct.Struct("=IHHII")      # length, type, flags, sequence, port id
@@ -25,7 +27,7 @@ _NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
 _IFA_ADDRESS, _IFA_LOCAL, _IFA_LABEL = 1, 2, 3
 
 
-class NetlinkError(OSError):
+class NetlinkError(PeermeshError, OSError):
     """The kernel refused the request or answered something unreadable."""
 
 

@@ -1,10 +1,10 @@
 """``peermesh job|worker|broker|file`` subcommands: NFP from the shell.
 
 Registered through ``peermesh.cli.commands.COMMAND_MODULES`` and built only with the
-``command(name, summary, description, examples, handler)`` factory, so each
-command takes the node options plus an ACTION positional::
+``command(name, summary, description, examples, handler)`` factory; each action is
+a subcommand of its own, with the node options and only the NFP options it uses::
 
-    peermesh job post SERVICE TASK [ARGS-JSON] [--target any|all|w1,w2] [--wait]
+    peermesh job post SERVICE TASK [ARGS-JSON] [--target any|all|w1,w2] [--wait [SECONDS]]
     peermesh job get UUID [--service S] [--wait [SECONDS]]
     peermesh job list [--json]
     peermesh job delete UUID
@@ -14,8 +14,8 @@ command takes the node options plus an ACTION positional::
 
 Client commands wait about one and a half beacon intervals for the mesh to
 be seen and the broker (if any) elected, act, and leave. Every command reads
-the ``[nfp]`` table of ``--config`` (keys in ``NFP_KEYS``, documented in
-deploy/peermesh.example.toml) for the NFP options it has; command-line
+the ``[nfp]`` table of ``--config`` (keys in ``NFP_KEYS``, documented in the
+example that ``peermesh config example`` prints) for the NFP options it has; command-line
 options win over the environment (``$PEERMESH_DATA_DIR``,
 ``$PEERMESH_NFP_ADMIN_TOKEN``), which wins over the file. ``job list`` only
 reads the local store. ``worker`` and ``broker run`` serve until Ctrl-C /
@@ -31,19 +31,17 @@ import hashlib
 import json
 import logging
 import os
-import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import gevent
-import zmq
 
-from ..argtypes import is_seconds, positive_count, seconds
-from ..config import NodeConfig
-from ..zre.node import Node
+from ..argtypes import is_seconds, positive_count, seconds, text, utf8
+from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, emit, note, table, to_json
+from ..cli.session import Interrupted, NodeSession, leaving
+from ..config import NodeConfig, read_tables
 from ..wire import nfp as wire
 from ..wire.nfp import Status
 from ..overlay.election import MODES
@@ -55,8 +53,6 @@ __all__ = ["add_commands", "fetch_file", "NFP_KEYS", "load_nfp_table"]
 
 log = logging.getLogger(__name__)
 
-PROG = "peermesh"
-EXIT_OK, EXIT_FAILURE, EXIT_INTERRUPTED = 0, 1, 130
 Handler = Callable[[argparse.Namespace, NodeConfig], int]
 
 
@@ -101,17 +97,7 @@ def load_nfp_table(path: Optional[os.PathLike[str] | str]) -> dict[str, Any]:
     """The checked ``[nfp]`` table of TOML file ``path`` ({} if none); ValueError if wrong."""
     if path is None:
         return {}
-    import tomllib
-
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-    table = data.get("nfp", {})
-    if not isinstance(table, dict):
-        raise ValueError(f"config file {path}: [nfp] must be a table")
+    table = read_tables(path).get("nfp", {})
     unknown = set(table) - set(NFP_KEYS)
     if unknown:
         raise ValueError(f"config file {path}: [nfp] has unknown key(s) "
@@ -140,28 +126,44 @@ def _resolve_nfp_options(args: argparse.Namespace, worker: bool = False) -> None
         where = getattr(args, key, None)
         if where is not None and not Path(where).is_dir():
             raise ValueError(f"{option} {where}: not a directory")
+    data_dir = Path(args.data_dir) if getattr(args, "data_dir", None) else default_data_dir()
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ValueError(f"data directory {data_dir} is a file, not a directory (give another "
+                         "with --data-dir or $PEERMESH_DATA_DIR)")
 
 
-def _nfp_options(parser: argparse.ArgumentParser, client: bool = True,
-                 serve: bool = False) -> None:
+def _option(args: argparse.Namespace, key: str) -> Any:
+    """An NFP option's value, or its default for a command that does not take it."""
+    value = getattr(args, key, None)
+    return NFP_KEYS[key][2] if value is None else value
+
+
+def _nfp_options(parser: argparse.ArgumentParser, *, network: bool = True,
+                 client: bool = True, serve: bool = False) -> None:
+    """The NFP options a command uses: ``network`` (it starts a node), ``client`` (it
+    posts jobs), ``serve`` (a worker or broker)."""
     group = parser.add_argument_group("NFP options (also [nfp] in --config)")
     group.add_argument("--data-dir", metavar="DIR",
                        help="where the node's SQLite job store lives (default: "
                             "$PEERMESH_DATA_DIR, else ~/.local/share/peermesh)")
-    group.add_argument("--keepalive", type=seconds, metavar="SECONDS",
-                       help="NFP heartbeat interval between broker and workers "
-                            "(default: 1.0)")
-    group.add_argument("--multiplier", type=int, metavar="N",
-                       help="a peer silent for keepalive x N is disconnected (default: 3)")
+    if client:
+        group.add_argument("--store", default="cli", metavar="NAME", type=text,
+                           help="client store: DATA_DIR/nfp-NAME.sqlite3 records the jobs "
+                                "posted (default: %(default)s)")
+    if not network:
+        return
+    if serve:
+        group.add_argument("--keepalive", type=seconds, metavar="SECONDS",
+                           help="NFP heartbeat interval between broker and workers "
+                                "(default: 1.0)")
+        group.add_argument("--multiplier", type=int, metavar="N",
+                           help="a peer silent for keepalive x N is disconnected (default: 3)")
     group.add_argument("--request-timeout", type=seconds, metavar="SECONDS",
                        help="longest wait for a worker's or broker's answer (default: 5.0)")
     group.add_argument("--queue-timeout", type=seconds, metavar="SECONDS",
                        help="how long a POST waits for a worker of its service to appear "
                             "(default: 30.0)")
     if client:
-        group.add_argument("--store", default="cli", metavar="NAME",
-                           help="client store: DATA_DIR/nfp-NAME.sqlite3 records the jobs "
-                                "posted (default: %(default)s)")
         group.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
                            help="longest wait for the answer (default: %(default)s)")
     if serve:
@@ -183,43 +185,95 @@ def _nfp_options(parser: argparse.ArgumentParser, client: bool = True,
                            help="FSS: directory served as nf:// URLs (nothing outside it)")
 
 
+class _WaitOption(argparse.Action):
+    """``--wait [SECONDS]`` whose value is taken only when it is a number, so that
+    ``job post demo add --wait '[1, 2]'`` keeps its ARGS-JSON (kept in ``after_wait``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: Optional[str] = None) -> None:
+        if isinstance(values, str):  # else argparse gave the const: no value
+            try:
+                float(values)
+            except ValueError:
+                namespace.after_wait, values = values, None
+        if not isinstance(values, str):
+            setattr(namespace, self.dest, self.const)
+            return
+        try:
+            setattr(namespace, self.dest, seconds(values))
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+
+
+def _wait_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--wait", "-W", nargs="?", action=_WaitOption, const=-1.0,
+                        default=None, metavar="SECONDS", help=help)
+    parser.set_defaults(after_wait=None)
+
+
+def _target_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--target", "-t", type=text, default=None, help=help)
+
+
 def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``job``, ``worker``, ``broker`` and ``file`` to the ``peermesh`` parser."""
-    job = command(
+    command(
         "job", "post NFP jobs, fetch their results, list and cancel them",
-        "Jobs for services run by NFP workers on the mesh. ACTION is one of: "
-        "'post SERVICE TASK [ARGS-JSON]' sends a job (ARGS-JSON: a JSON list of arguments, an "
-        "object of keyword arguments, or one value) and prints the reply: 202 with the "
-        "workers that accepted it, or with --wait the result; 'get UUID' fetches each "
-        "worker's status and result (200 done, 300 pending, 400 unknown); 'list' shows the "
-        "jobs posted from here (no network); 'delete UUID' cancels a pending or running job "
-        "and forgets a finished one. UUID may be a unique prefix of a job posted from here. "
-        "With a broker on the mesh requests go through it, otherwise straight to the workers.",
+        "Jobs for services run by NFP workers on the mesh. With a broker on the mesh "
+        "requests go through it, otherwise straight to the workers. UUID may be a unique "
+        "prefix of a job posted from here. 'peermesh job ACTION --help' shows the options "
+        "of each action.",
         f"  {PROG} job post maths add '[1, 2]' --target any --wait -i lo\n"
-        f"  {PROG} job post demo sleep '{{\"seconds\": 5}}' -t w1,w2 -i lo\n"
         f"  {PROG} job get 3f2a9c --wait 10 -i lo\n"
         f"  {PROG} job list\n"
         f"  {PROG} job delete 3f2a9c -i lo",
-        _cmd_job)
-    job.add_argument("action", choices=("post", "get", "list", "delete"), metavar="ACTION",
-                     help="post, get, list or delete")
-    job.add_argument("params", nargs="*", metavar="ARG",
-                     help="post: SERVICE TASK [ARGS-JSON]; get/delete: UUID")
-    job.add_argument("--target", "-t", default=None,
-                     help="post: all (default), any (the least loaded worker) or w1,w2,...; "
-                          "get/delete: workers to ask (default: those that accepted the job)")
-    job.add_argument("--wait", "-W", nargs="?", type=seconds, const=-1.0, default=None,
-                     metavar="SECONDS",
-                     help="post: wait for the result; get: let workers hold the answer until "
-                          "the job finishes (SECONDS, default: up to --timeout)")
-    job.add_argument("--service", "-s", help="get/delete: the job's service (for jobs posted "
-                                             "from elsewhere)")
-    job.add_argument("--job-timeout", type=seconds, metavar="SECONDS",
-                     help="post: workers stop the job after this long")
-    job.add_argument("--json", action="store_true", help="list: one JSON list")
-    job.add_argument("--limit", type=positive_count, default=50,
-                     help="list: at most this many (default: 50)")
-    _nfp_options(job)
+        None)
+    post = command(
+        "job post", "send a job, print the reply (or with --wait its result)",
+        "Send a job and print the reply: 202 with the workers that accepted it, or with "
+        "--wait the result. ARGS-JSON is a JSON list of arguments, an object of keyword "
+        "arguments, or one value.",
+        f"  {PROG} job post maths add '[1, 2]' --target any --wait -i lo\n"
+        f"  {PROG} job post demo sleep '{{\"seconds\": 5}}' -t w1,w2 -i lo",
+        _cmd_job_post)
+    post.add_argument("service", metavar="SERVICE", type=text, help="the job's service")
+    post.add_argument("task", metavar="TASK", type=text, help="the task to run")
+    post.add_argument("arguments", metavar="ARGS-JSON", nargs="?", type=utf8,
+                      help="the task's arguments as JSON")
+    _target_option(post, "all (default), any (the least loaded worker) or w1,w2,...")
+    _wait_option(post, "wait for the result (at most SECONDS, default: --timeout)")
+    post.add_argument("--job-timeout", type=seconds, metavar="SECONDS",
+                      help="workers stop the job after this long")
+    _nfp_options(post)
+
+    get = command(
+        "job get", "fetch each worker's status and result of a job",
+        "Ask the job's workers for its status and result: 200 done, 300 pending, 400 "
+        "unknown. With --wait the workers hold the answer until the job finishes.",
+        f"  {PROG} job get 3f2a9c --wait 10 -i lo", _cmd_job_get)
+    delete = command(
+        "job delete", "cancel a pending or running job, forget a finished one",
+        "Cancel the job where it is pending or running and forget it where it finished.",
+        f"  {PROG} job delete 3f2a9c -i lo", _cmd_job_delete)
+    for parser in (get, delete):
+        parser.add_argument("uuid", metavar="UUID", nargs="?", type=text,
+                            help="the job's UUID, or a unique prefix of a job posted from here")
+        parser.add_argument("--service", "-s", type=text,
+                            help="the job's service (for jobs posted from elsewhere)")
+        _target_option(parser, "workers to ask (default: those that accepted the job)")
+    _wait_option(get, "let workers hold the answer until the job finishes (at most SECONDS, "
+                      "default: up to --timeout)")
+    for parser in (get, delete):
+        _nfp_options(parser)
+
+    listing = command(
+        "job list", "show the jobs posted from here (no network)",
+        "Show the jobs recorded in the client store, newest first.",
+        f"  {PROG} job list\n  {PROG} job list --json --limit 5", _cmd_job_list)
+    listing.add_argument("--json", action="store_true", help="one JSON list")
+    listing.add_argument("--limit", type=positive_count, default=50,
+                         help="at most this many (default: 50)")
+    _nfp_options(listing, network=False)
 
     worker = command(
         "worker", "run an NFP worker (demo tasks, or tasks from a module)",
@@ -232,37 +286,49 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         f"  {PROG} worker --name w1 --service demo -i lo\n"
         f"  {PROG} worker --name w2 --service nornir --tasks mytasks --broker auto",
         _cmd_worker)
-    worker.add_argument("--service", "-s",
+    worker.add_argument("--service", "-s", type=text,
                         help="the service this worker serves (default: demo)")
-    worker.add_argument("--worker-name", metavar="NAME",
+    worker.add_argument("--worker-name", metavar="NAME", type=text,
                         help="worker name, unique on the mesh (default: the node's name)")
-    worker.add_argument("--tasks", metavar="MODULE",
+    worker.add_argument("--tasks", metavar="MODULE", type=text,
                         help="module whose 'tasks' to serve (default: peermesh.nfp.demo)")
     _nfp_options(worker, client=False, serve=True)
 
-    broker = command(
+    command(
         "broker", "run a broker candidate, or show what the broker knows",
-        "ACTION 'run' starts a node that is a broker candidate (--broker auto, the default, "
-        "or always) and serves as broker while elected, until Ctrl-C or SIGTERM (JSON lines "
-        "as for 'worker'). 'show workers|services|clients|broker' asks the elected broker's "
-        "mmi.service.broker and prints the answer as JSON.",
+        "'run' starts a broker candidate; 'show' asks the elected broker. 'peermesh broker "
+        "ACTION --help' shows the options of each action.",
         f"  {PROG} broker run --broker always --name b1 -i lo --files-root /srv/files\n"
         f"  {PROG} broker show workers -i lo",
-        _cmd_broker)
-    broker.add_argument("action", choices=("run", "show"), metavar="ACTION", help="run or show")
-    broker.add_argument("what", nargs="?", choices=("workers", "services", "clients", "broker"),
-                        help="show: what to show")
-    _nfp_options(broker, client=True, serve=True)
+        None)
+    run = command(
+        "broker run", "serve as broker while elected",
+        "Start a node that is a broker candidate (--broker auto, the default, or always) "
+        "and serves as broker while elected, until Ctrl-C or SIGTERM. Prints JSON lines as "
+        "'worker' does.",
+        f"  {PROG} broker run --broker always --name b1 -i lo --files-root /srv/files",
+        _cmd_broker_run)
+    _nfp_options(run, client=False, serve=True)
+    show = command(
+        "broker show", "print what the elected broker knows, as JSON",
+        "Ask the elected broker's mmi.service.broker for its workers, services, clients or "
+        "itself, and print the answer as JSON.",
+        f"  {PROG} broker show workers -i lo", _cmd_broker_show)
+    show.add_argument("what", choices=("workers", "services", "clients", "broker"),
+                      metavar="WHAT", help="workers, services, clients or broker")
+    _nfp_options(show)
 
+    command(
+        "file", "fetch files from the broker's file service",
+        "The broker's file service (fss.service.broker) serves its --files-root as nf:// "
+        "URLs.", f"  {PROG} file get nf://configs/r1.txt ./r1.txt -i lo", None)
     file = command(
-        "file", "fetch a file from the broker's file service",
-        "'get nf://PATH DEST' fetches the file from fss.service.broker in chunks, checks "
-        "every chunk's and the whole file's SHA-256, and writes it to DEST (a file, or a "
-        "directory to put it in). Paths outside the broker's files root are refused.",
-        f"  {PROG} file get nf://configs/r1.txt ./r1.txt -i lo",
-        _cmd_file)
-    file.add_argument("action", choices=("get",), metavar="ACTION", help="get")
-    file.add_argument("url", metavar="nf://PATH")
+        "file get", "fetch a file from the broker's file service",
+        "Fetch nf://PATH from fss.service.broker in chunks, check every chunk's and the "
+        "whole file's SHA-256, and write it to DEST (a file, or a directory to put it in). "
+        "Paths outside the broker's files root are refused.",
+        f"  {PROG} file get nf://configs/r1.txt ./r1.txt -i lo", _cmd_file_get)
+    file.add_argument("url", metavar="nf://PATH", type=text)
     file.add_argument("dest", metavar="DEST")
     _nfp_options(file)
 
@@ -271,56 +337,15 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
 # Running a node with NFP
 
 
-class _Session:
-    """A node that stops once, from SIGINT/SIGTERM or from the command."""
-
-    def __init__(self, config: NodeConfig) -> None:
-        try:
-            self.node = Node(config=config)
-        except TypeError as exc:
-            raise ValueError(f"invalid configuration: {exc}") from None
-        self.interrupted = False
-        self._stopper: Optional[gevent.Greenlet] = None
-        self._handlers = [gevent.signal_handler(sig, self._on_signal)
-                          for sig in (signal.SIGINT, signal.SIGTERM)]
-
-    def start(self) -> Node:
-        try:
-            return self.node.start()
-        except OSError as exc:
-            raise RuntimeError(f"cannot start the node (UDP beacon port "
-                               f"{self.node.config.port}): {exc.strerror or exc}") from exc
-        except zmq.ZMQError as exc:
-            raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
-
-    def _on_signal(self) -> None:
-        self.interrupted = True
-        gevent.spawn(self.stop)
-
-    def stop(self) -> None:
-        """Stop the node; concurrent callers wait for the same stop."""
-        if self._stopper is None:
-            self._stopper = gevent.spawn(self.node.stop)
-        self._stopper.join()
-
-
-def _print(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def _stderr(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-def _nfp_node(session: _Session, args: argparse.Namespace, *, broker: str = "never",
+def _nfp_node(session: NodeSession, args: argparse.Namespace, *, broker: str = "never",
               store_name: Optional[str] = None) -> NfpNode:
     try:
         return NfpNode(session.node, data_dir=args.data_dir, broker=broker,
-                       priority=getattr(args, "priority", 0), keepalive=args.keepalive,
-                       multiplier=args.multiplier, queue_timeout=args.queue_timeout,
-                       request_timeout=args.request_timeout,
-                       retention=getattr(args, "retention", 7 * 86400.0),
+                       priority=_option(args, "priority"), keepalive=_option(args, "keepalive"),
+                       multiplier=_option(args, "multiplier"),
+                       queue_timeout=_option(args, "queue_timeout"),
+                       request_timeout=_option(args, "request_timeout"),
+                       retention=_option(args, "retention"),
                        admin_token=getattr(args, "admin_token", None),
                        inventory_dir=getattr(args, "inventory", None),
                        files_root=getattr(args, "files_root", None), store_name=store_name,
@@ -333,7 +358,7 @@ class _Client:
     """A short-lived node with an NFP client, for one command."""
 
     def __init__(self, args: argparse.Namespace, config: NodeConfig) -> None:
-        self.session = _Session(config)
+        self.session = NodeSession(config)
         self.nfp = _nfp_node(self.session, args, store_name=args.store)
 
     def __enter__(self) -> "_Client":
@@ -346,12 +371,14 @@ class _Client:
 
     def __exit__(self, *exc: object) -> None:
         self._drain.kill(block=False)
-        self.nfp.stop()
-        self.session.stop()
+        try:
+            self.nfp.stop()
+        finally:
+            self.session.close()
 
 
 def _print_json(obj: Any) -> None:
-    _print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+    emit(to_json(obj, indent=2))
 
 
 def _reply_json(reply: Any) -> dict[str, Any]:
@@ -383,26 +410,12 @@ def _job_failed(reply: Any) -> bool:
 # Handlers
 
 
-def _cmd_job(args: argparse.Namespace, config: NodeConfig) -> int:
+def _cmd_job_post(args: argparse.Namespace, config: NodeConfig) -> int:
     _resolve_nfp_options(args)
-    action, params = args.action, args.params
-    if action == "list":
-        if params:
-            raise ValueError("'job list' takes no arguments")
-        return _job_list(args)
-    if action == "post":
-        if not 2 <= len(params) <= 3:
-            raise ValueError("usage: job post SERVICE TASK [ARGS-JSON]")
-        return _job_post(args, config, *params)
-    if len(params) != 1:
-        raise ValueError(f"usage: job {action} UUID")
-    return _job_get(args, config, params[0]) if action == "get" else \
-        _job_delete(args, config, params[0])
-
-
-def _job_post(args: argparse.Namespace, config: NodeConfig, service: str, task: str,
-              arguments_json: Optional[str] = None) -> int:
-    arguments, kwargs = _parse_arguments(arguments_json)
+    if args.after_wait is not None and args.arguments is not None:
+        raise ValueError(f"unexpected argument {args.after_wait!r} after --wait")
+    arguments, kwargs = _parse_arguments(args.arguments or args.after_wait)
+    service, task = args.service, args.task
     try:
         target = wire.format_target(args.target or "all")
     except ValueError as exc:
@@ -410,19 +423,32 @@ def _job_post(args: argparse.Namespace, config: NodeConfig, service: str, task: 
     wait = args.wait is not None
     with _Client(args, config) as c:
         client = c.nfp.client
-        if wait:
-            timeout = args.timeout if args.wait <= 0 else args.wait
-            reply = client.run(service, task, arguments, kwargs, target, timeout=timeout,
-                               job_timeout=args.job_timeout)
-        else:
-            reply = client.post(service, task, arguments, kwargs, target,
-                                timeout=args.timeout, job_timeout=args.job_timeout)
-        if c.session.interrupted:
-            return EXIT_INTERRUPTED
+        started = time.time()
+        try:
+            if wait:
+                timeout = args.timeout if args.wait <= 0 else args.wait
+                reply = client.run(service, task, arguments, kwargs, target, timeout=timeout,
+                                   job_timeout=args.job_timeout)
+            else:
+                reply = client.post(service, task, arguments, kwargs, target,
+                                    timeout=args.timeout, job_timeout=args.job_timeout)
+        except Interrupted as exc:
+            uuid = _posted_since(client, started, service, task)
+            exc.left = (f"job {uuid} was posted and may still run; fetch its result later "
+                        f"with `{PROG} job get {uuid}`") if uuid else "no job was posted"
+            raise
     _print_json(_reply_json(reply))
     if wait:
         return EXIT_OK if reply.status is Status.OK and not _job_failed(reply) else EXIT_FAILURE
     return EXIT_OK if reply.status is Status.ACCEPTED else EXIT_FAILURE
+
+
+def _posted_since(client: Any, since: float, service: str, task: str) -> Optional[str]:
+    """The UUID of the job this command posted (the newest such record since ``since``)."""
+    for job in client.store.client_jobs(20):
+        if job.created >= since and job.service == service and job.task == task:
+            return str(job.uuid)
+    return None
 
 
 def _find(client: Any, uuid: str, service: Optional[str]) -> str:
@@ -456,35 +482,45 @@ def _await_workers(c: "_Client", uuid: str, service: Optional[str], target: Opti
         gevent.sleep(0.02)
 
 
-def _job_get(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
+def _job_uuid(args: argparse.Namespace, action: str) -> str:
+    """UUID, given before or after ``--wait``."""
+    _resolve_nfp_options(args)
+    uuid = args.uuid or getattr(args, "after_wait", None)
+    if uuid is None or args.uuid and getattr(args, "after_wait", None):
+        raise ValueError(f"usage: {PROG} job {action} UUID")
+    return str(uuid)
+
+
+def _cmd_job_get(args: argparse.Namespace, config: NodeConfig) -> int:
+    text = _job_uuid(args, "get")
     wait = 0.0 if args.wait is None else (max(0.0, args.timeout - 1.0) if args.wait < 0
                                           else args.wait)
-    with _Client(args, config) as c:
+    with leaving(f"job {text} not fetched; ask again with `{PROG} job get {text}`"), \
+            _Client(args, config) as c:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
         _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
         reply = client.get(uuid, service=args.service, target=args.target, wait=wait,
                            timeout=max(args.timeout, wait + 1.0))
-        if c.session.interrupted:
-            return EXIT_INTERRUPTED
     _print_json(_reply_json(reply))
     return EXIT_OK if reply.status is Status.OK else EXIT_FAILURE
 
 
-def _job_delete(args: argparse.Namespace, config: NodeConfig, text: str) -> int:
-    with _Client(args, config) as c:
+def _cmd_job_delete(args: argparse.Namespace, config: NodeConfig) -> int:
+    text = _job_uuid(args, "delete")
+    with leaving(f"job {text} may not be deleted everywhere; see `{PROG} job get {text}`"), \
+            _Client(args, config) as c:
         client = c.nfp.client
         uuid = _find(client, text, args.service)
         _await_workers(c, uuid, args.service, args.target, min(args.timeout, 3.0))
         reply = client.delete(uuid, service=args.service, target=args.target,
                               timeout=args.timeout)
-        if c.session.interrupted:
-            return EXIT_INTERRUPTED
     _print_json(_reply_json(reply))
     return EXIT_OK if reply.status is Status.OK else EXIT_FAILURE
 
 
-def _job_list(args: argparse.Namespace) -> int:
+def _cmd_job_list(args: argparse.Namespace, config: NodeConfig) -> int:
+    _resolve_nfp_options(args)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     path = store_path(data_dir, args.store)
     if not path.exists():
@@ -496,48 +532,47 @@ def _job_list(args: argparse.Namespace) -> int:
         finally:
             store.close()
     if args.json:
-        _print(json.dumps([j.to_dict() for j in jobs], ensure_ascii=False))
+        emit(to_json([j.to_dict() for j in jobs]))
         return EXIT_OK
     if not jobs:
-        _stderr(f"no jobs recorded in {path}")
+        note(f"no jobs recorded in {path}")
         return EXIT_OK
     rows = [("UUID", "CREATED", "SERVICE", "TASK", "TARGET", "STATE", "WORKERS")]
     for j in jobs:
         rows.append((j.uuid, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created)),
                      j.service, j.task, j.target, j.state, ",".join(j.workers) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        _print("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]).rstrip())
+    emit(table(rows))
     return EXIT_OK
 
 
 def _serve(args: argparse.Namespace, config: NodeConfig, nfp_setup: Callable[[NfpNode], None],
            broker: str) -> int:
-    session = _Session(config)
+    session = NodeSession(config, serving=True)
     nfp = _nfp_node(session, args, broker=broker)
     nfp_setup(nfp)
     node = session.start()
 
     def on_broker(change: BrokerChanged) -> None:
         new = change.new
-        _print(json.dumps({"event": "broker", "broker": new.name if new else None,
-                           "uuid": new.uuid.hex if new else None,
-                           "endpoint": new.endpoint if new else None,
-                           "took_over": change.took_over, "stepped_down": change.stepped_down}))
+        emit(to_json({"event": "broker", "broker": new.name if new else None,
+                      "uuid": new.uuid.hex if new else None,
+                      "endpoint": new.endpoint if new else None,
+                      "took_over": change.took_over, "stepped_down": change.stepped_down}))
     nfp.add_listener(on_broker)
     nfp.start()
-    _print(json.dumps({"event": "ready", "node": node.name, "uuid": node.uuid.hex,
-                       "pid": os.getpid(), "store": str(nfp.store.path), "broker_mode": broker,
-                       "broker_endpoint": nfp.broker.endpoint if nfp.broker else None,
-                       "workers": [{"name": w.name, "service": w.service, "endpoint": w.endpoint,
-                                    "tasks": w.tasks.names()} for w in nfp.workers]}))
-    _stderr(f"{node.name} ({node.uuid.hex}) serving; Ctrl-C to stop")
+    emit(to_json({"event": "ready", "node": node.name, "uuid": node.uuid.hex,
+                  "pid": os.getpid(), "store": str(nfp.store.path), "broker_mode": broker,
+                  "broker_endpoint": nfp.broker.endpoint if nfp.broker else None,
+                  "workers": [{"name": w.name, "service": w.service, "endpoint": w.endpoint,
+                               "tasks": w.tasks.names()} for w in nfp.workers]}))
+    note(f"{node.name} ({node.uuid.hex}) serving; Ctrl-C to stop")
     try:
-        for _ in node.events():
-            pass
+        session.wait_stopped()
     finally:
-        nfp.stop()
-        session.stop()
+        try:
+            nfp.stop()
+        finally:
+            session.close()
     return EXIT_OK
 
 
@@ -555,17 +590,16 @@ def _cmd_worker(args: argparse.Namespace, config: NodeConfig) -> int:
     return _serve(args, config, setup, args.broker or "never")
 
 
-def _cmd_broker(args: argparse.Namespace, config: NodeConfig) -> int:
+def _cmd_broker_run(args: argparse.Namespace, config: NodeConfig) -> int:
     _resolve_nfp_options(args)
-    if args.action == "run":
-        if args.what is not None:
-            raise ValueError("'broker run' takes no further argument")
-        mode = args.broker or "auto"
-        if mode == "never":
-            raise ValueError("'broker run' needs --broker auto or always")
-        return _serve(args, config, lambda nfp: None, mode)
-    if args.what is None:
-        raise ValueError("usage: broker show workers|services|clients|broker")
+    mode = args.broker or "auto"
+    if mode == "never":
+        raise ValueError("'broker run' needs --broker auto or always")
+    return _serve(args, config, lambda nfp: None, mode)
+
+
+def _cmd_broker_show(args: argparse.Namespace, config: NodeConfig) -> int:
+    _resolve_nfp_options(args)
     with _Client(args, config) as c:
         if c.nfp.current_broker is None:
             raise RuntimeError("no broker on the mesh (no node runs with --broker auto/always)")
@@ -599,7 +633,10 @@ def fetch_file(client: Any, url: str, dest: Path, timeout: float = 60.0) -> dict
     try:
         with os.fdopen(fd, "wb") as out:
             for chunk in range(details["chunks"]):
-                part = call("fetch_file", url=url, chunk=chunk, chunk_size=details["chunk_size"])
+                with leaving(f"{dest} not written ({chunk} of {details['chunks']} chunks of "
+                             f"{url} fetched)"):
+                    part = call("fetch_file", url=url, chunk=chunk,
+                                chunk_size=details["chunk_size"])
                 data = base64.b64decode(part["data"])
                 if hashlib.sha256(data).hexdigest() != part["sha256"]:
                     raise RuntimeError(f"chunk {chunk} of {url} failed its checksum")
@@ -617,7 +654,7 @@ def fetch_file(client: Any, url: str, dest: Path, timeout: float = 60.0) -> dict
     return {**details, "dest": str(dest)}
 
 
-def _cmd_file(args: argparse.Namespace, config: NodeConfig) -> int:
+def _cmd_file_get(args: argparse.Namespace, config: NodeConfig) -> int:
     _resolve_nfp_options(args)
     if not args.url.startswith("nf://"):
         raise ValueError(f"{args.url!r} is not an nf:// URL")
@@ -627,6 +664,7 @@ def _cmd_file(args: argparse.Namespace, config: NodeConfig) -> int:
     with _Client(args, config) as c:
         if c.nfp.current_broker is None:
             raise RuntimeError("no broker on the mesh: the file service runs on the broker")
-        result = fetch_file(c.nfp.client, args.url, dest, args.timeout)
-    _stderr(f"{args.url}: {result['size']} bytes, sha256 {result['sha256']} -> {result['dest']}")
+        with leaving(f"{args.url} not fetched"):
+            result = fetch_file(c.nfp.client, args.url, dest, args.timeout)
+    note(f"{args.url}: {result['size']} bytes, sha256 {result['sha256']} -> {result['dest']}")
     return EXIT_OK

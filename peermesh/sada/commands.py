@@ -22,17 +22,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import signal
-import sys
 from typing import Any, Callable, Optional
 
 import gevent
-import gevent.event
 
-from ..argtypes import count, seconds
+from ..argtypes import count, seconds, text, utf8
+from ..cli.output import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, PROG, clean, emit, note, table,
+                          to_json)
+from ..cli.session import NodeSession
 from ..config import NodeConfig
 from ..zre.node import Node
-from .channel import Channel, ServerInfo
+from .channel import HEADER_SERVER, Channel, ServerInfo
 from .demo import echo_service
 from .errors import NoServerError, RequestTimeout, ServiceError
 from .handlers import Service
@@ -41,8 +41,6 @@ from .versions import version_key
 
 __all__ = ["add_commands", "load_handlers"]
 
-PROG = "peermesh"
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Factory = Callable[..., argparse.ArgumentParser]
 
@@ -61,11 +59,11 @@ def add_commands(command: Factory) -> None:
         f"  {PROG} serve --handlers myapp.services --no-echo\n"
         f"  {PROG} serve --channel tcp://10.0.0.5:5055      # a channel outside the mesh",
         cmd_serve)
-    serve.add_argument("--handlers", action="append", default=[], metavar="MODULE",
+    serve.add_argument("--handlers", action="append", default=[], metavar="MODULE", type=text,
                        help="import MODULE (dotted name) and serve its Service objects; "
                             "repeatable")
     serve.add_argument("--no-echo", action="store_true", help="do not serve the demo 'echo'")
-    serve.add_argument("--channel", action="append", default=[], metavar="ENDPOINT",
+    serve.add_argument("--channel", action="append", default=[], metavar="ENDPOINT", type=text,
                        help="also serve the channel at ENDPOINT (tcp://HOST:PORT); repeatable")
     serve.add_argument("--max-concurrent", type=count, metavar="N",
                        help="requests running at once before new ones get 503 "
@@ -83,21 +81,21 @@ def add_commands(command: Factory) -> None:
         f"  {PROG} call --version 1 --timeout 3 echo info\n"
         f"  {PROG} call calc add '[1, 2]' --version 1.2 --category math",
         cmd_call)
-    call.add_argument("service", metavar="SERVICE", help="service name")
-    call.add_argument("action", metavar="ACTION", help="action name")
-    call.add_argument("payload", metavar="PAYLOAD-JSON", nargs="?", default="null",
+    call.add_argument("service", metavar="SERVICE", type=text, help="service name")
+    call.add_argument("action", metavar="ACTION", type=text, help="action name")
+    call.add_argument("payload", metavar="PAYLOAD-JSON", nargs="?", default="null", type=utf8,
                       help="the request payload as JSON (default: null)")
-    call.add_argument("--version", dest="service_version", metavar="VERSION",
+    call.add_argument("--version", dest="service_version", metavar="VERSION", type=text,
                       help="service version wanted: exact, or the highest with the same "
                            "major that is not lower (default: the highest offered)")
-    call.add_argument("--category", default="", metavar="CATEGORY",
+    call.add_argument("--category", default="", metavar="CATEGORY", type=utf8,
                       help="action category (default: none)")
     call.add_argument("--timeout", "-t", type=seconds, default=5.0, metavar="SECONDS",
                       help="longest wait for a server and its reply (default: %(default)s)")
     call.add_argument("--retries", type=count, default=0, metavar="N",
                       help="re-send to another server up to N times if the server dies "
                            "holding the request (only for idempotent actions; default 0)")
-    call.add_argument("--bind", metavar="ENDPOINT",
+    call.add_argument("--bind", metavar="ENDPOINT", type=text,
                       help="bind the channel at ENDPOINT (tcp://IP:PORT) instead of a random "
                            "port on the node's interface, so servers can be pointed at it")
 
@@ -112,8 +110,8 @@ def add_commands(command: Factory) -> None:
                           help="how long to collect introductions (default: %(default)s)")
     services.add_argument("--json", action="store_true",
                           help="print one JSON list of {service, version, servers: "
-                               "[{id, address, in_flight, latency_ms, ...}]}")
-    services.add_argument("--bind", metavar="ENDPOINT",
+                               "[{id, name, address, in_flight, latency_ms, ...}]}")
+    services.add_argument("--bind", metavar="ENDPOINT", type=text,
                           help="bind the channel at ENDPOINT (tcp://IP:PORT)")
 
 
@@ -144,60 +142,6 @@ def load_handlers(server: Server, module_name: str) -> list[Service]:
     return found
 
 
-def _stderr(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, default=_jsonable)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        data = bytes(obj)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"hex": data.hex()}
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return repr(obj)
-
-
-class _Stopper:
-    """Sets an event on SIGINT/SIGTERM (handled on the hub)."""
-
-    def __init__(self) -> None:
-        self.event = gevent.event.Event()
-        self.signalled = False
-        self._handlers = [gevent.signal_handler(sig, self._on_signal)
-                          for sig in (signal.SIGINT, signal.SIGTERM)]
-
-    def _on_signal(self) -> None:
-        self.signalled = True
-        self.event.set()
-
-    def cancel(self) -> None:
-        """Restore the default signal handling."""
-        for handler in self._handlers:
-            handler.cancel()
-
-
-def _node(config: NodeConfig) -> Node:
-    try:
-        return Node(config=config)
-    except TypeError as exc:
-        raise ValueError(f"invalid configuration: {exc}") from None
-
-
-def _start(node: Node) -> None:
-    try:
-        node.start()
-    except OSError as exc:
-        raise RuntimeError(f"cannot start the node (UDP beacon port {node.config.port}): "
-                           f"{exc.strerror or exc}") from exc
-
-
 def _channel(node: Node, bind: Optional[str]) -> Channel:
     try:
         return Channel(node, endpoint=bind) if bind else Channel(node)
@@ -213,7 +157,8 @@ def _channel(node: Node, bind: Optional[str]) -> Channel:
 
 def cmd_serve(args: argparse.Namespace, config: NodeConfig) -> int:
     """Serve until SIGINT/SIGTERM."""
-    node = _node(config)
+    session = NodeSession(config, serving=True)
+    node = session.node
     server = Server(node, channels=args.channel, max_concurrent=args.max_concurrent)
     if not args.no_echo:
         server.add_service(echo_service(label=node.name))
@@ -221,17 +166,15 @@ def cmd_serve(args: argparse.Namespace, config: NodeConfig) -> int:
         load_handlers(server, module)
     if not server.catalog():
         raise ValueError("nothing to serve: --no-echo and no services from --handlers")
-    stopper = _Stopper()
     try:
-        _start(node)
+        session.start()
         server.start()
         offered = ", ".join(f"{s.name} {s.version}" for s in server.catalog())
-        _stderr(f"{node.name} ({node.uuid.hex}) serving {offered}; Ctrl-C to stop")
-        stopper.event.wait()
+        note(f"{node.name} ({node.uuid.hex}) serving {offered}; Ctrl-C to stop")
+        session.wait_stopped()
     finally:
-        stopper.cancel()
         server.stop()
-        node.stop()
+        session.close()
     return EXIT_OK
 
 
@@ -241,75 +184,85 @@ def cmd_call(args: argparse.Namespace, config: NodeConfig) -> int:
         payload = json.loads(args.payload)
     except ValueError as exc:
         raise ValueError(f"PAYLOAD is not JSON: {exc}") from None
-    node = _node(config)
-    channel = _channel(node, args.bind)
-    stopper = _Stopper()
+    session = NodeSession(config)
+    channel = _channel(session.node, args.bind)
     try:
-        _start(node)
+        session.start()
         channel.start()
-        result = channel.request_async(args.service, args.action, payload,
-                                       version=args.service_version, category=args.category,
-                                       timeout=args.timeout, retries=args.retries)
-        gevent.wait([result, stopper.event], count=1)
-        if stopper.signalled and not result.ready():
-            return EXIT_INTERRUPTED
         try:
-            reply = result.get()
+            reply = channel.request(args.service, args.action, payload,
+                                    version=args.service_version, category=args.category,
+                                    timeout=args.timeout, retries=args.retries)
         except NoServerError as exc:
-            _stderr(f"error: {exc.message}")
+            note(f"error: {exc.message}")
             return EXIT_USAGE
         except ServiceError as exc:
-            _stderr(f"error: status {exc.status}: {exc.message}")
+            note(f"error: status {exc.status}: {exc.message}")
             return EXIT_FAILURE
         except RequestTimeout as exc:
-            _stderr(f"error: {exc}")
+            note(f"error: {exc}")
             return EXIT_FAILURE
-        sys.stdout.write(_json(reply) + "\n")
-        sys.stdout.flush()
+        emit(to_json(reply))
         return EXIT_OK
     finally:
-        stopper.cancel()
         channel.stop()
-        node.stop()
+        session.close()
 
 
-def _catalog(channel: Channel) -> list[dict[str, Any]]:
+def _server_names(node: Node) -> dict[str, list[str]]:
+    """IP address -> names of the mesh's peers there that advertise a Safir-Darbaan server."""
+    names: dict[str, list[str]] = {}
+    for uuid in node.peers():
+        try:
+            info = node.peer_info(uuid)
+        except Exception:  # gone meanwhile
+            continue
+        if HEADER_SERVER in info.headers:
+            host = info.address.split("://")[-1].rsplit(":", 1)[0]
+            names.setdefault(host, []).append(info.name)
+    return names
+
+
+def _catalog(channel: Channel, node: Node) -> list[dict[str, Any]]:
+    """The catalog; a server gets the ``name`` of the one server peer at its address."""
     infos: dict[str, ServerInfo] = {s.id: s for s in channel.servers()}
+    names = _server_names(node)
     rows = []
     for name, versions in channel.services().items():
         for version, ids in sorted(versions.items(), key=lambda kv: version_key(kv[0])):
-            rows.append({"service": name, "version": version,
-                         "servers": [infos[i].to_dict() for i in ids if i in infos]})
+            servers = []
+            for i in ids:
+                if i in infos:
+                    entry = infos[i].to_dict()
+                    there = names.get(entry["address"], [])
+                    entry["name"] = there[0] if len(there) == 1 else None
+                    servers.append(entry)
+            rows.append({"service": name, "version": version, "servers": servers})
     return rows
 
 
 def cmd_services(args: argparse.Namespace, config: NodeConfig) -> int:
     """Collect INTRs for --wait seconds and print the catalog."""
-    node = _node(config)
-    channel = _channel(node, args.bind)
-    stopper = _Stopper()
+    session = NodeSession(config)
+    channel = _channel(session.node, args.bind)
     try:
-        _start(node)
+        session.start()
         channel.start()
-        stopper.event.wait(args.wait)
-        if stopper.signalled:
-            return EXIT_INTERRUPTED
-        rows = _catalog(channel)
+        gevent.sleep(args.wait)
+        rows = _catalog(channel, session.node)
     finally:
-        stopper.cancel()
         channel.stop()
-        node.stop()
+        session.close()
     if args.json:
-        sys.stdout.write(_json(rows) + "\n")
+        emit(to_json(rows))
     elif rows:
-        table = [("SERVICE", "VERSION", "SERVERS")]
+        lines = [("SERVICE", "VERSION", "SERVERS")]
         for row in rows:
-            servers = " ".join(f"{s['address'] or '?'}({s['id'][:10]})" for s in row["servers"])
-            table.append((row["service"], row["version"], servers))
-        widths = [max(len(r[i]) for r in table) for i in range(2)]
-        sys.stdout.write("\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}".rstrip()
-                                   for r in table) + "\n")
-    sys.stdout.flush()
+            servers = " ".join(f"{clean(s['name'])}@{s['address']}" if s["name"]
+                               else f"{s['address'] or '?'}({s['id'][:10]})"
+                               for s in row["servers"])
+            lines.append((row["service"], row["version"], servers))
+        emit(table(lines))
     if not rows:
-        _stderr(f"no server introduced itself within {args.wait:g} s")
+        note(f"no server introduced itself within {args.wait:g} s")
     return EXIT_OK

@@ -213,8 +213,10 @@ def resolve_service(catalog: Catalog, service: str, version: str) -> Union[Servi
 def unknown_action(service: Service, category: str, action: str) -> Outcome:
     """The 405 outcome for an action ``service`` does not have."""
     where = f"{category}/{action}" if category else action
+    elsewhere = sorted(repr(c) for c, a in service.actions() if a == action and c != category)
+    hint = f"; it has {action!r} in category {', '.join(elsewhere)}" if elsewhere else ""
     return Status.UNKNOWN_ACTION, (f"service {service.name!r} {service.version} has no action "
-                                   f"{where!r}").encode()
+                                   f"{where!r}{hint}").encode()
 
 
 def resolve(catalog: Catalog, service: str, version: str, category: str,

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..cli.session import HubSignals
 from ..config import NodeConfig
 from .simulation import Simulation
 
@@ -35,11 +36,11 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         "virtual time (beacons, mailboxes and timers run unchanged; no real socket is "
         "used), inject latency, jitter, beacon loss and partitions, and report time to a "
         "full mesh, traffic, ENTER/EXIT churn and memory per node. --interval, --evasive "
-        "and --expired set the nodes' timers; the interface and port options are ignored.",
+        "and --expired set the nodes' timers.",
         "  peermesh simulate --nodes 200\n"
         "  peermesh simulate --nodes 50 --latency 2 --jitter 1 --loss 0.05 --duration 20\n"
         "  peermesh simulate --nodes 40 --partition 5:40 --duration 60 --json",
-        run)
+        run, node_options="timers")
     p.add_argument("--nodes", "-N", type=int, default=100, help="how many nodes (default: 100)")
     p.add_argument("--latency", type=float, default=0.0, metavar="MS",
                    help="one-way latency of every link in milliseconds (default: 0)")
@@ -63,6 +64,11 @@ def run(args: argparse.Namespace, config: NodeConfig) -> int:
         raise ValueError("--nodes must be at least 1")
     if args.latency < 0 or args.jitter < 0 or not 0 <= args.loss <= 1 or args.duration <= 0:
         raise ValueError("--latency/--jitter must be >= 0, --loss within 0..1, --duration > 0")
+    with HubSignals():  # a signal interrupts the run where it is, not one node's greenlet
+        return _simulate(args, config)
+
+
+def _simulate(args: argparse.Namespace, config: NodeConfig) -> int:
     sim = Simulation(args.nodes, latency=args.latency / 1000, jitter=args.jitter / 1000,
                      loss=args.loss, seed=args.seed, config=config.replace(groups=()))
     began = time.perf_counter()

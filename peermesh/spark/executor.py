@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from ..errors import PeermeshError
 from .service import MeshSettings
 
 __all__ = ["ExecutorMesh", "Outcome", "executor_mesh", "sada_available", "MeshWriteError"]
@@ -46,7 +47,7 @@ def sada_available() -> bool:
     return True
 
 
-class MeshWriteError(RuntimeError):
+class MeshWriteError(PeermeshError, RuntimeError):
     """Rows could not be delivered to the mesh (the Spark task fails with this)."""
 
 

@@ -24,7 +24,6 @@ from typing import Any, Optional
 
 import msgpack
 import pytest
-import zmq
 
 from peermesh.agent import server as agent_module
 from peermesh.cli import commands as cli
@@ -191,6 +190,12 @@ def test_round_trips_through_the_agent(mesh: Mesh) -> None:
     assert info["headers"] == {"role": "agent"} and info["groups"] == ["chat"]
     assert info["port"] == mesh.port and info["interface"]["address"] == "127.0.0.1"
     assert info["pid"] == alice.popen.pid and info["path"] == mesh.sock
+    result = mesh.call("status")
+    assert result.returncode == 0, _report(result)
+    rows = dict(line.split(None, 1) for line in result.stdout.splitlines())
+    assert set(rows) == {"agent", "node", "interface", "groups", "headers", "peers",
+                         "subscribers"}  # the words of --json
+    assert rows["subscribers"] == "0" and rows["peers"] == "1"
 
     result = timed("shout", "shout", "chat", "hello wörld")
     assert result.returncode == 0, _report(result)
@@ -219,6 +224,10 @@ def test_round_trips_through_the_agent(mesh: Mesh) -> None:
     result = mesh.call("leave", "news")
     assert result.returncode == 0 and "not in group 'news'" in result.stderr
 
+    for args in (["whisper", "", "hi"], ["shout", " ", "hi"], ["join", ""]):
+        result = mesh.call(*args)  # refused as without the agent: a usage error
+        assert result.returncode == 2, _report(result)
+        assert "must not be empty" in result.stderr
     result = mesh.call("whisper", "nobody", "hello?", "--wait", "0.3")
     assert result.returncode == 2, _report(result)
     assert result.stderr.splitlines()[-1] == \
@@ -296,8 +305,8 @@ def test_a_subscriber_that_goes_away_is_forgotten(mesh: Mesh) -> None:
         _wait_for(lambda: client.call("info")["subscribers"] == 0, "subscription dropped")
 
 
-def test_the_client_speaks_zmtp_without_pyzmq(mesh: Mesh) -> None:
-    note = "n" * 300  # a HELLO header that makes the info reply a long (8-octet size) frame
+def test_long_frames_and_a_client_without_pyzmq(mesh: Mesh) -> None:
+    note = "n" * 70000  # a HELLO header that makes the info reply longer than one read
     alice = mesh.agent("--name", "alice", "--header", f"note={note}")
     with mesh.client() as client:
         assert client.info["headers"] == {"note": note} and client.info["name"] == "alice"
@@ -318,7 +327,8 @@ def test_the_client_speaks_zmtp_without_pyzmq(mesh: Mesh) -> None:
     assert loaded == "[]"
 
 
-_LOADED = ("argparse", "zmq", "gevent", "peermesh.zre.node", "peermesh.config")
+_LOADED = ("argparse", "zmq", "gevent", "peermesh.zre.node", "peermesh.config",
+           "peermesh.argtypes")
 
 
 def test_plain_commands_skip_argparse(mesh: Mesh) -> None:
@@ -572,23 +582,49 @@ def test_options_naming_another_mesh_bypass_the_agent(mesh: Mesh, free_tcp_port:
     assert "no peers found within 0.3 s" in result.stderr  # a node of its own looked
 
 
-def _raw(sock: zmq.Socket, frames: list[bytes], timeout: float = 2.0) -> Optional[dict]:
-    sock.send_multipart(frames)
-    if not sock.poll(int(timeout * 1000)):
-        return None
-    return msgpack.unpackb(sock.recv_multipart()[-1], raw=False)
+class RawClient:
+    """A plain Unix socket speaking the agent's frames, for requests no real client sends."""
+
+    def __init__(self, path: str, hello: Any = {"hello": agent_module.PROTOCOL}) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(WAIT)
+        self.sock.connect(path)
+        self.buffer = b""
+        if hello is not None:
+            self.send(msgpack.packb(hello))
+
+    def send(self, body: bytes) -> None:
+        self.sock.sendall(len(body).to_bytes(4, "big") + body)
+
+    def recv(self) -> Optional[dict]:
+        """The next frame, unpacked; None when the agent closed the connection."""
+        while True:
+            if len(self.buffer) >= 4:
+                size = int.from_bytes(self.buffer[:4], "big")
+                if len(self.buffer) >= 4 + size:
+                    body, self.buffer = self.buffer[4:4 + size], self.buffer[4 + size:]
+                    return msgpack.unpackb(body, raw=False)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None:
     alice = mesh.agent("--name", "alice")
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(f"ipc://{mesh.sock}")
+    raw = RawClient(mesh.sock)
     pack = msgpack.packb
     try:
+        hello = raw.recv()
+        assert hello == {"hello": agent_module.PROTOCOL, "pid": alice.popen.pid,
+                         "version": cli._version()}
+
         def error(body: bytes) -> tuple[str, str]:
-            reply = _raw(dealer, [body])
+            raw.send(body)
+            reply = raw.recv()
             assert reply is not None and reply["ok"] is False, reply
             return reply["code"], reply["error"]
 
@@ -607,29 +643,137 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
         assert error(pack({"op": "peers", "args": {"wait": -1}}))[0] == "bad-args"
         assert error(pack({"op": "join", "args": {"group": "x" * 300}}))[0] == "bad-args"
         assert error(pack({"op": "events", "args": {"types": "ENTER"}}))[0] == "bad-args"
-
-        # Too many frames: dropped without an answer
-        assert _raw(dealer, [b""] * 8 + [pack({"op": "ping"})], timeout=0.3) is None
-        # Not ZeroMQ at all
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
-            raw.connect(mesh.sock)
-            raw.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(512))
-
-        reply = _raw(dealer, [pack({"op": "ping", "id": "abc"})])
+        raw.send(pack({"op": "ping", "id": "abc"}))
+        reply = raw.recv()
         assert reply is not None and reply["ok"] is True and reply["id"] == "abc"
         assert reply["result"]["pid"] == alice.popen.pid
-        req = context.socket(zmq.REQ)
-        req.setsockopt(zmq.LINGER, 0)
-        req.connect(f"ipc://{mesh.sock}")
-        reply = _raw(req, [pack({"op": "groups"})])
-        assert reply == {"ok": True, "result": {"joined": [], "known": []}}
-        req.close()
     finally:
-        dealer.close()
-        context.term()
+        raw.close()
+
+    # A frame over the limit: answered, then the connection is closed
+    raw = RawClient(mesh.sock)
+    try:
+        assert raw.recv()["hello"] == agent_module.PROTOCOL
+        limit = 64 * 1024 * 1024 + agent_module.REQUEST_OVERHEAD  # max_message's default
+        raw.sock.sendall((limit + 1).to_bytes(4, "big") + b"x" * 1024)
+        reply = raw.recv()
+        assert reply is not None and reply["code"] == "bad-request"
+        assert reply["error"] == f"a frame of {limit + 1} octets is over the limit of {limit}"
+        assert raw.recv() is None
+    finally:
+        raw.close()
+
+    # No handshake first: refused; not even the agent's frames: closed
+    raw = RawClient(mesh.sock, hello={"op": "ping"})
+    try:
+        reply = raw.recv()
+        assert reply is not None and reply["code"] == "bad-request"
+        assert "the first message must be the handshake" in reply["error"]
+        assert raw.recv() is None
+    finally:
+        raw.close()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as garbage:
+        garbage.connect(mesh.sock)
+        garbage.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(512))
+
     with mesh.client() as client:
+        assert client.call("groups") == {"joined": [], "known": []}
         with pytest.raises(AgentError) as caught:
             client.call("whisper", {"peer": "nobody", "message": b"x"})
         assert caught.value.code == "not-found"
     result = mesh.call("status")
     assert result.returncode == 0, _report(result)
+
+
+def test_a_protocol_mismatch_is_a_clear_error_on_both_sides(mesh: Mesh, tmp_path: Path) -> None:
+    alice = mesh.agent("--name", "alice")
+    newer = agent_module.PROTOCOL + 1
+    raw = RawClient(mesh.sock, hello={"hello": newer})
+    try:
+        reply = raw.recv()
+        assert reply is not None and reply["hello"] == agent_module.PROTOCOL
+        assert reply["error"] == (f"agent speaks protocol {agent_module.PROTOCOL}, this client "
+                                  f"{newer}: restart the agent")
+        assert raw.recv() is None
+    finally:
+        raw.close()
+    alice.expect_line(lambda s: f"agent speaks protocol {agent_module.PROTOCOL}, this client "
+                                f"{newer}: restart the agent" in s, "the agent's warning", "err")
+
+    # The client's side: an agent that answers with another protocol number
+    older = str(tmp_path / "older.sock")
+    hello = msgpack.packb({"hello": 0, "pid": 4242, "version": "0.0.1",
+                           "error": "agent speaks protocol 0, this client 1: restart the agent"})
+    with _serve_once(older, len(hello).to_bytes(4, "big") + hello):
+        with pytest.raises(agent_module.AgentMismatch) as caught:
+            AgentClient.connect(older, timeout=WAIT)
+    assert str(caught.value) == (f"the agent at {older} (pid 4242) speaks protocol 0, this "
+                                 f"client {agent_module.PROTOCOL}: restart the agent")
+    # An agent from before the handshake (ZeroMQ): its greeting starts with 0xFF
+    zmtp = str(tmp_path / "zmtp.sock")
+    with _serve_once(zmtp, b"\xff" + bytes(8) + b"\x7f\x03\x00NULL" + bytes(48)):
+        with pytest.raises(agent_module.AgentMismatch, match="speaks protocol 0, this client"):
+            AgentClient.connect(zmtp, timeout=WAIT)
+    # The command line: exit 1 with the advice, no node of its own
+    older = str(tmp_path / "older-cli.sock")
+    with _serve_once(older, len(hello).to_bytes(4, "big") + hello):
+        result = mesh.call("peers", "--agent", older, agent=False)
+    assert result.returncode == 1, _report(result)
+    assert result.stderr.splitlines()[-1] == (
+        f"peermesh: error: the agent at {older} (pid 4242) speaks protocol 0, this client "
+        f"{agent_module.PROTOCOL}: restart the agent")
+
+
+def test_connections_are_bounded(mesh: Mesh) -> None:
+    mesh.agent("--name", "alice")
+    clients = []
+    try:
+        for _ in range(agent_module.MAX_CONNECTIONS):
+            raw = RawClient(mesh.sock)
+            assert raw.recv()["hello"] == agent_module.PROTOCOL
+            clients.append(raw)
+        with pytest.raises(agent_module.NoAgent) as caught:
+            AgentClient.connect(mesh.sock, timeout=WAIT)
+        assert str(caught.value) == (f"the agent at {mesh.sock} refused the connection: the "
+                                     f"agent serves {agent_module.MAX_CONNECTIONS} clients "
+                                     "already")
+        clients.pop().close()
+        _wait_for(lambda: _connects(mesh.sock), "a free connection slot")
+    finally:
+        for raw in clients:
+            raw.close()
+
+
+def _connects(path: str) -> bool:
+    try:
+        AgentClient.connect(path, timeout=WAIT).close()
+        return True
+    except agent_module.NoAgent:
+        return False
+
+
+def test_a_client_that_never_sends_its_handshake_is_closed(
+        tmp_path: Path, free_udp_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half-open connections do not pile up: no handshake within the bound, no connection."""
+    import gevent
+    import gevent.socket
+
+    from peermesh.config import NodeConfig
+    from peermesh.zre.node import Node
+
+    monkeypatch.setattr(agent_module, "HANDSHAKE_TIMEOUT", 0.2)
+    node = Node(config=NodeConfig(interface="lo", port=free_udp_port))
+    node.start()
+    claim = agent_module.claim_path(str(tmp_path / "agent.sock"))
+    server = agent_module.AgentServer(node, claim).start()
+    silent = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        silent.connect(claim.path)
+        with gevent.Timeout(WAIT):
+            assert silent.recv(1) == b""  # closed by the agent, nothing sent
+        assert server.subscribers == 0 and not server._connections
+    finally:
+        silent.close()
+        server.close()
+        node.stop()
+        claim.release()

@@ -47,7 +47,9 @@ def test_help(cli: Cli, command: Optional[str]) -> None:
         assert all(name in text for name in ("run", "peers", "shout", "whisper"))
         return
     for option in ("--interface", "--port", "--interval", "--evasive", "--expired", "--name",
-                   "--header", "--group", "--config", "--verbose", "default: 5670"):
+                   "--header", "--group", "--config", "--verbose", "default: 5670",
+                   "--seed HOST[:PORT]", "--discovery SOURCES", "--mdns", "$PEERMESH_SEEDS",
+                   "$PEERMESH_DISCOVERY"):
         assert option in text, option
     if command in ("run", "peers"):
         assert "--json" in text
@@ -155,6 +157,14 @@ def test_nothing_found(cli: Cli) -> None:
     (["peers", "--interface", "lo", "--config", "/nonexistent/peermesh.toml"],
      "cannot read config file"),
     (["whisper", "--interface", "lo", "alice"], "required: MESSAGE"),
+    (["run", "--interface", ""], "argument --interface/-i: must not be empty"),
+    (["run", "--interface", "lo", "--group", ""], "argument --group/-g: must not be empty"),
+    (["run", "--interface", "lo", "--name", "caf\udce9"],
+     "argument --name/-n: b'caf\\xe9' is not UTF-8 text"),
+    (["whisper", "--interface", "lo", "\udcff", "hi"], "argument PEER: b'\\xff' is not UTF-8"),
+    (["run", "--interface", "lo", "--discovery", "beacon,smoke"],
+     "unknown discovery source(s) smoke; choose from beacon, mdns"),
+    (["run", "--interface", "lo", "--seed", "127.0.0.1:http"], "port 'http' is not a number"),
 ])
 def test_usage_errors(free_udp_port: int, args: list[str], message: str) -> None:
     if "--port" not in args:
@@ -214,3 +224,114 @@ def test_sigterm_and_sigint_leave_cleanly(cli: Cli) -> None:
         assert len(process.err) == 1  # only the start-up line
     assert by_term.out[-1].endswith("STOP")
     assert json.loads(by_int.out[-1])["event"] == "STOP"
+
+
+@pytest.mark.parametrize("args, signum", [
+    (["peers", "--no-agent", "--wait", "60"], signal.SIGINT),
+    (["whisper", "nobody", "hi", "--no-agent", "--wait", "60"], signal.SIGTERM),
+    (["shout", "nobody", "hi", "--no-agent", "--wait", "60"], signal.SIGINT),
+    (["call", "nosuchservice", "act", "--timeout", "60"], signal.SIGTERM),
+    (["services", "--wait", "60"], signal.SIGINT),
+])
+def test_a_waiting_command_stops_on_a_signal_and_exits_130(cli: Cli, args: list[str],
+                                                           signum: int) -> None:
+    process = cli.start(*args, "-v")
+    process.expect_line(lambda s: "beacons on port" in s, "the node's start-up log line", "err")
+    assert process.stop(signum) == 130, process.describe()  # long before the 60 s wait
+    assert "peermesh: interrupted" in process.err, process.describe()
+    assert not any("Traceback" in line for line in process.err), process.describe()
+
+
+def test_config_mistakes_are_usage_errors_not_the_default_lan(cli: Cli, tmp_path: Any) -> None:
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[nodes]\ninterface = "lo"\n')
+    loose = tmp_path / "loose.toml"
+    loose.write_text('interface = "lo"\n[node]\nname = "x"\n')
+    for path, message in ((typo, "unknown table(s) [nodes]; known: [node], [nfp]"),
+                          (loose, "key(s) outside any table: interface")):
+        result = cli.call("run", "--config", str(path), net=False)
+        assert result.returncode == 2, _report(result)
+        assert message in result.stderr and result.stdout == ""
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_seeds_without_broadcast_from_flags_and_variables(free_udp_port: int) -> None:
+    """Two beacon ports, nothing broadcast: the seed alone brings the peers together."""
+    import subprocess
+
+    from cliprocess import PEERMESH, CliProcess, _env
+
+    host = CliProcess(["run", "--json", "--name", "seedhost", "--interface", "lo",
+                       "--port", str(free_udp_port), "--interval", "0.1",
+                       "--discovery", "none"])
+    try:
+        _, host_uuid = host.started()
+        other = str(_free_udp_port())
+        result = Cli(free_udp_port).call(
+            "peers", "--no-agent", "--json", "--wait", "1.5", "--interface", "lo", "--port",
+            other, "--interval", "0.1", "--discovery", "none", "--seed",
+            f"127.0.0.1:{free_udp_port}", net=False)
+        assert result.returncode == 0, _report(result)
+        assert [p["peer"] for p in json.loads(result.stdout)] == [host_uuid]
+        env = dict(_env(), PEERMESH_DISCOVERY="none",
+                   PEERMESH_SEEDS=f"127.0.0.1:{free_udp_port}")
+        result = subprocess.run(
+            [*PEERMESH, "peers", "--no-agent", "--json", "--wait", "1.5", "--interface", "lo",
+             "--port", other, "--interval", "0.1"], capture_output=True, env=env,
+            encoding="utf-8", timeout=20)
+        assert result.returncode == 0, _report(result)
+        assert [p["peer"] for p in json.loads(result.stdout)] == [host_uuid]
+        # --discovery none really broadcasts nothing: a node on the host's port hears no one
+        result = Cli(free_udp_port).call("peers", "--no-agent", "--json", "--wait", "0.5",
+                                         "--discovery", "none")
+        assert result.returncode == 0 and json.loads(result.stdout) == [], _report(result)
+    finally:
+        host.kill()
+
+
+def test_discovery_options_build_the_config() -> None:
+    from peermesh.cli.commands import build_config, build_parser
+
+    def config(*argv: str) -> Any:
+        return build_config(build_parser(command_modules=False).parse_args(["run", *argv]))
+
+    assert config().discovery == ("beacon",) and config().seeds == ()
+    assert config("--discovery", "none").discovery == ()
+    assert config("--mdns").discovery == ("beacon", "mdns")
+    assert config("--discovery", "mdns", "--mdns").discovery == ("mdns",)
+    assert config("--seed", "10.0.0.1", "--seed", "10.0.0.2:5999").seeds == \
+        ("10.0.0.1", "10.0.0.2:5999")
+
+
+def test_simulate_lists_only_the_options_it_uses() -> None:
+    from cliprocess import PEERMESH, _env
+    import subprocess
+
+    result = subprocess.run([*PEERMESH, "simulate", "--help"], capture_output=True,
+                            env=_env(), encoding="utf-8", timeout=20)
+    assert result.returncode == 0, _report(result)
+    for option in ("--nodes", "--interval", "--evasive", "--expired", "--seed SEED"):
+        assert option in result.stdout, option
+    for option in ("--interface", "--port", "--name", "--header", "--group", "--discovery",
+                   "--mdns", "--config"):
+        assert option not in result.stdout, option
+
+
+def test_simulate_stops_on_a_signal_without_killing_a_node_greenlet() -> None:
+    from cliprocess import CliProcess
+
+    process = CliProcess(["simulate", "--nodes", "20", "--duration", "100000",
+                          "--interval", "0.5"])
+    try:
+        process.expect_line(lambda s: s.startswith("t="), "a progress line", "err")
+        assert process.stop(signal.SIGTERM) == 130, process.describe()
+        assert process.err[-1] == "peermesh: interrupted", process.describe()
+        assert not any("failed with" in line or "Traceback" in line for line in process.err), \
+            process.describe()
+    finally:
+        process.kill()

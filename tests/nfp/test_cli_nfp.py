@@ -57,10 +57,21 @@ def test_usage_errors_exit_2(cli: Callable[..., Any]) -> None:
                  ("job", "get", "feedbeef", "--wait", "nan"),
                  ("file", "get", "nf://x", "/nonexistent/dir/x"),
                  ("broker", "run", "--broker", "always", "--files-root", "/nonexistent/x"),
-                 ("worker", "--inventory", __file__)):
+                 ("worker", "--inventory", __file__), ("job", "post", "demo", "add", "-t", ""),
+                 ("worker", "--name", ""), ("job", "post", "demo", "add", "[1]", "--wait", "[2]"),
+                 ("job", "get", "a", "--wait", "b"), ("job", "post", "d\udce9mo", "add")):
         done = cli(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert "error" in done.stderr
+    for args, message in ((("job", "post", "demo", "add", "--target", ""),
+                           "argument --target/-t: must not be empty"),
+                          (("worker", "--name", " "), "argument --name/-n: must not be empty"),
+                          (("job", "post", "d\udce9mo", "add"),
+                           "argument SERVICE: b'd\\xe9mo' is not UTF-8 text"),
+                          (("worker", "--data-dir", __file__),
+                           f"data directory {__file__} is a file, not a directory")):
+        done = cli(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
     done = cli("job", "get", "feedbeef")
     assert done.returncode == 2 and "give --service" in done.stderr
 
@@ -85,6 +96,10 @@ def test_worker_jobs_broker_and_files(cli: Callable[..., Any], tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)
     assert reply["status"] == 200 and reply["workers"]["cw1"]["result"] == 6
+    # --wait takes a number only: the JSON after it stays the job's arguments
+    done = cli("job", "post", "demo", "add", "--target", "any", "--wait", "[4, 5]")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["workers"]["cw1"]["result"] == 9
     done = cli("job", "post", "demo", "echo", '{"x": 1}', "-t", "cw1")
     assert done.returncode == 0, done.stderr
     uuid = json.loads(done.stdout)["uuid"]
@@ -200,3 +215,113 @@ def test_example_config_documents_every_nfp_key(tmp_path: Path) -> None:
     assert set(load_nfp_table(enabled)) == set(NFP_KEYS)
     assert NodeConfig.load(enabled, environ={}).interface == "lo"
     assert load_nfp_table(example) == {}            # commented out: nothing set
+
+
+def _start(cli_args: list[str], env_from: Callable[..., Any], *args: str) -> Any:
+    """``peermesh ARGS`` started (not waited for) like the ``cli`` fixture runs it."""
+    return subprocess.Popen([sys.executable, "-m", "peermesh", *args, *cli_args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env_from())
+
+
+def _interrupt(proc: subprocess.Popen[str], signum: int) -> tuple[int, str, str]:
+    """Send ``signum``; (exit code, stdout, stderr). The command must end within 10 s."""
+    proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"still running 10 s after signal {signum}: {err}")
+    return proc.returncode, out, err
+
+
+def _until(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not within {timeout} s")
+        time.sleep(0.05)
+
+
+def test_waits_stop_on_a_signal_and_say_what_was_left(cli: Callable[..., Any],
+                                                      free_udp_port: int,
+                                                      tmp_path: Path) -> None:
+    """job post --wait, job get --wait and file get, brokerless and with a broker."""
+    import signal
+
+    common = ["-i", "lo", "-p", str(free_udp_port), "--interval", "0.05"]
+
+    def env() -> dict[str, str]:
+        return {**os.environ, "PEERMESH_DATA_DIR": str(tmp_path / "data"),
+                "PYTHONPATH": str(REPO)}
+
+    def posted() -> list[dict[str, Any]]:
+        done = cli("job", "list", "--json")
+        return [j for j in json.loads(done.stdout or "[]") if j["task"] == "sleep"]
+
+    cli("worker", "--name", "sw1", "--service", "demo", serve=True)
+    post = _start(common, env, "job", "post", "demo", "sleep", '{"seconds": 120}',
+                  "--target", "any", "--wait")
+    (job,) = _until(posted, "the posted job in the client store")
+    code, out, err = _interrupt(post, signal.SIGINT)
+    assert code == 130 and out == "", err
+    assert err.splitlines()[-1] == (f"peermesh: interrupted: job {job['uuid']} was posted and "
+                                    f"may still run; fetch its result later with `peermesh job "
+                                    f"get {job['uuid']}`")
+
+    get = _start(common, env, "job", "get", job["uuid"], "--wait", "120", "-v")
+    _until(lambda: any("beacons on port" in line for line in [get.stderr.readline()]),
+           "the node's start-up log line")
+    code, out, err = _interrupt(get, signal.SIGTERM)
+    assert code == 130 and out == "", err
+    assert err.splitlines()[-1] == (f"peermesh: interrupted: job {job['uuid']} not fetched; "
+                                    f"ask again with `peermesh job get {job['uuid']}`")
+
+    files = tmp_path / "files"
+    files.mkdir()
+    with open(files / "big.bin", "wb") as f:
+        f.truncate(128 * 1024 * 1024)  # sparse: costs no disk, takes many chunks
+    cli("broker", "run", "--name", "fb1", "--files-root", str(files), serve=True)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    fetch = _start(common, env, "file", "get", "nf://big.bin", str(dest))
+    _until(lambda: list(dest.iterdir()), "the download's temporary file", timeout=30)
+    code, out, err = _interrupt(fetch, signal.SIGINT)
+    assert code == 130, err  # never 0: the file was not written
+    last = err.splitlines()[-1]
+    assert last.startswith(f"peermesh: interrupted: {dest / 'big.bin'} not written (") \
+        and last.endswith(" chunks of nf://big.bin fetched)"), err
+    assert list(dest.iterdir()) == []  # the partial download is removed
+
+
+@pytest.mark.parametrize("argv, has, lacks", [
+    (["job", "post"], ["SERVICE TASK [ARGS-JSON]", "--target", "--wait", "--job-timeout",
+                       "--timeout", "--interface"],
+     ["--limit", "--service", "--keepalive", "--broker", "--files-root"]),
+    (["job", "get"], ["UUID", "--service", "--wait", "--timeout"],
+     ["--job-timeout", "--limit", "ARGS-JSON", "--keepalive"]),
+    (["job", "list"], ["--json", "--limit", "--data-dir", "--store"],
+     ["--wait", "--target", "--timeout", "--keepalive"]),
+    (["broker", "show"], ["WHAT", "--timeout", "--interface"],
+     ["--broker ", "--priority", "--admin-token", "--retention", "--inventory",
+      "--files-root", "--keepalive", "--multiplier"]),
+    (["broker", "run"], ["--broker", "--priority", "--files-root", "--keepalive"],
+     ["WHAT", "--store", "--timeout "]),
+    (["file", "get"], ["nf://PATH", "DEST", "--timeout", "--store"],
+     ["--keepalive", "--multiplier", "--broker ", "--files-root"]),
+])
+def test_help_text_of_each_action(argv: list[str], has: list[str], lacks: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "peermesh", *argv, "--help"],
+                          capture_output=True, text=True, timeout=20,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith(f"usage: peermesh {' '.join(argv)} "), text
+    for option in has:
+        assert option in text, option
+    for option in lacks:
+        assert option not in text, option

@@ -100,8 +100,9 @@ def test_serve_call_and_services(cli: Cli) -> None:
     (row,) = json.loads(listing.stdout)
     assert (row["service"], row["version"]) == ("echo", "1.0")
     assert [s["address"] for s in row["servers"]] == ["127.0.0.1"]
+    assert [s["name"] for s in row["servers"]] == ["srv1"]
     assert table.stdout.splitlines()[0].split() == ["SERVICE", "VERSION", "SERVERS"]
-    assert table.stdout.splitlines()[1].startswith("echo")
+    assert table.stdout.splitlines()[1].split() == ["echo", "1.0", "srv1@127.0.0.1"]
     for result in (ok, info, failed, wrong_version, bad_json, listing, table):
         assert "Traceback" not in result.stderr, result.stderr
 
@@ -132,17 +133,21 @@ def test_serve_handlers_from_a_module(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("x = (\n")
     (tmp_path / "failing.py").write_text("def register(server):\n    raise KeyError('k')\n")
     cli.serve("--handlers", "myhandlers", "--no-echo")
-    add, hello, no_echo, missing, nothing, broken, failing = cli.run_all(
+    add, hello, no_echo, missing, nothing, broken, failing, uncategorised = cli.run_all(
         ("call", "--version", "1.0", "--category", "math", "calc", "add", "[1, 2, 3]"),
         ("call", "greet", "hello", '"you"'),
         ("call", "--timeout", "0.3", "echo", "echo"),
         ("serve", "--handlers", "missing_module"),
         ("serve", "--handlers", "nothing"),
-        ("serve", "--handlers", "broken"), ("serve", "--handlers", "failing"))
+        ("serve", "--handlers", "broken"), ("serve", "--handlers", "failing"),
+        ("call", "calc", "add", "[1]"))  # a 405 that names the category the action is in
     assert add.returncode == 0, add.stderr
     assert json.loads(add.stdout) == 6
     assert (hello.returncode, json.loads(hello.stdout)) == (0, "hello you")
     assert no_echo.returncode == 2 and "no server offers service 'echo'" in no_echo.stderr
+    assert uncategorised.returncode == 1
+    assert ("status 405: service 'calc' 1.2 has no action 'add'; it has 'add' in category "
+            "'math'") in uncategorised.stderr
     for bad, message in ((missing, "cannot import handlers module"),
                          (nothing, "has no Service objects"),
                          (broken, "'broken': SyntaxError: '(' was never closed"),
