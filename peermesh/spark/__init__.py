@@ -23,15 +23,35 @@ pyspark; the service and the log work without it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from .log import MessageLog
 from .protocol import DataLossError, LogServiceError
-from .service import DriverService, MeshSettings, current_service, start_service
+from .service import DriverService, MeshSettings, current_service
 
 __all__ = ["start_service", "register", "DriverService", "MeshSettings", "MessageLog",
            "ServiceCaller", "call_service", "current_service", "LogServiceError",
            "DataLossError", "SCHEMA", "schema"]
+
+
+def start_service(spark: Any = None, groups: Iterable[str] = (), **settings: Any
+                  ) -> DriverService:
+    """Start a ``DriverService`` in this process; with ``spark``, also ``register`` the
+    ``peermesh`` data source pointed at it and set ``spark.peermesh.endpoint``.
+
+    Keyword settings are ``DriverService``'s. Stop it with ``service.stop()``
+    (or use it as a context manager).
+    """
+    service = DriverService(groups, **settings).start()
+    if spark is not None:
+        try:
+            register(spark, service)
+            assert service.endpoint is not None
+            spark.conf.set("spark.peermesh.endpoint", service.endpoint)
+        except BaseException:
+            service.stop()
+            raise
+    return service
 
 
 def register(spark: Any, service: Any = None, **options: Any) -> type:

@@ -177,11 +177,11 @@ class _ArrowMapper:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from .codec import to_jsonable
-        from .source import _converter
+        from .source import value_converter
 
         arrow = to_arrow_schema(self.out_schema, timezone="UTC")
         reply_fields = self.reply.fields
-        converters = [_converter(f.dataType) for f in reply_fields]
+        converters = [value_converter(f.dataType) for f in reply_fields]
         as_json = _is_default_reply(self.reply)
         with_errors = self.caller.errors == "column"
         for batch in batches:

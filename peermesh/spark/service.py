@@ -254,6 +254,7 @@ class DriverService:
             self.stop()
             raise
         self.lifecycle = Lifecycle.RUNNING
+        _services.append(self)
         return self
 
     def _start(self, node_class: Any) -> None:
@@ -652,25 +653,3 @@ def current_service() -> Optional[DriverService]:
         if service.running:
             return service
     return None
-
-
-def start_service(spark: Any = None, groups: Iterable[str] = (), **settings: Any
-                  ) -> DriverService:
-    """Start a ``DriverService`` in this process; with ``spark``, also ``register`` the
-    ``peermesh`` data source pointed at it and set ``spark.peermesh.endpoint``.
-
-    Keyword settings are ``DriverService``'s. Stop it with ``service.stop()``
-    (or use it as a context manager).
-    """
-    service = DriverService(groups, **settings).start()
-    _services.append(service)
-    if spark is not None:
-        try:
-            from .source import register
-            register(spark, service)
-            assert service.endpoint is not None
-            spark.conf.set("spark.peermesh.endpoint", service.endpoint)
-        except BaseException:
-            service.stop()
-            raise
-    return service

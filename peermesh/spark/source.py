@@ -267,7 +267,7 @@ class _Columns:
         self.fast = all(f.name in METADATA and f.dataType == known[f.name]
                         for f in schema.fields)
         self.needs_value = any(n not in METADATA for n in names)
-        self.converters = [_converter(f.dataType) for f in schema.fields]
+        self.converters = [value_converter(f.dataType) for f in schema.fields]
 
     def emit(self, chunks: list[Chunk], start: int, end: int,
              floors: Mapping[str, int]) -> Iterator[Any]:
@@ -380,7 +380,7 @@ def _offsets_of(chunks: list[Chunk], start: int, end: int,
     return pa.concat_arrays(parts)
 
 
-def _converter(kind: DataType) -> Any:
+def value_converter(kind: DataType) -> Any:
     """A lenient converter for payload values: a wrong type becomes null, not an error."""
 
     def guard(fn: Any) -> Any:

@@ -105,7 +105,8 @@ def run(service: str, version: str, category: str, action: str, payload: bytes) 
     (("nope", "1.0", "", "add", b""), 404, "unknown service 'nope'"),
     (("calc", "3.0", "math", "add", b""), 406,
      "service 'calc' has no version compatible with '3.0' (offers 1.2, 2.0)"),
-    (("calc", "1.2", "", "add", b""), 405, "service 'calc' 1.2 has no action 'add'"),
+    (("calc", "1.2", "", "add", b""), 405,
+     "service 'calc' 1.2 has no action 'add'; it has 'add' in category 'math'"),
     (("calc", "1.2", "math", "sub", b""), 405, "service 'calc' 1.2 has no action 'math/sub'"),
     (("calc", "2", "math", "add", b""), 405, "service 'calc' 2.0 has no action 'math/add'"),
 ])
