@@ -102,12 +102,23 @@ def read_monitor(monitor: zmq.Socket, on_event: Callable[[int, str], None]) -> N
         reader.close()
 
 
-def close_monitored(sock: zmq.Socket, monitor: Optional[zmq.Socket], linger: int) -> None:
-    """Close ``sock`` and its monitor socket (``linger`` ms for what ``sock`` still holds)."""
+def stop_monitor(sock: zmq.Socket) -> None:
+    """Stop ``sock``'s monitor while the reading end is still open.
+
+    libzmq sends monitor events blocking, holding the socket's monitor lock:
+    an event sent after the reading end closed would wait forever, and so
+    would every later call that needs the lock. So the monitor stops first,
+    then its reader closes.
+    """
     try:
         sock.disable_monitor()
     except zmq.ZMQError:
         pass  # already closed or never monitored
+
+
+def close_monitored(sock: zmq.Socket, monitor: Optional[zmq.Socket], linger: int) -> None:
+    """Close ``sock`` and its monitor socket (``linger`` ms for what ``sock`` still holds)."""
+    stop_monitor(sock)
     if monitor is not None:
         monitor.close(linger=0)
     sock.close(linger=linger)

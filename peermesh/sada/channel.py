@@ -206,6 +206,8 @@ class Channel(Overlay):
             self._sock.close(linger=0)   # never started
 
     def on_stop(self, timeout: float) -> None:
+        assert self._sock is not None
+        _transport.stop_monitor(self._sock)  # while its reader is still open
         gevent.killall(self._greenlets)
         self._deferring = True
         self._core.close(ChannelClosed("the channel stopped"))

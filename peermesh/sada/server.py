@@ -363,6 +363,8 @@ class Server(Overlay):
                 self.node.remove_listener(self._on_event)
             except ValueError:
                 pass
+        assert self._sock is not None
+        _transport.stop_monitor(self._sock)  # while its reader is still open
         gevent.killall(self._greenlets)
         for link in self._links.values():
             if link.forget is not None:
