@@ -23,11 +23,11 @@ fixed latency, a whole round of HELLOs), so a mesh of thousands of nodes does
 not put millions of entries on the clock's heap. Jitter is drawn in
 ``JITTER_STEPS`` even steps rather than from a continuum, so that with jitter
 too the copies and messages sent at one instant arrive at a few instants, not
-each at its own: every distinct instant costs a pass through the event loop,
-and a continuum made the simulation slower than real time. While time advances the
-cyclic garbage collector is paused: thousands of nodes are millions of
-long-lived objects, every full collection scans them all, and the simulator
-and nodes make almost no reference cycles (reference counting frees the rest).
+each at its own (every distinct instant costs a pass through the event loop).
+While time advances the cyclic garbage collector is paused: thousands of
+nodes are millions of long-lived objects, every full collection scans them
+all, and the simulator and nodes make almost no reference cycles (reference
+counting frees the rest).
 It runs as usual between ``advance`` calls.
 """
 
