@@ -5,6 +5,7 @@ real-socket ceiling of one process.
     python scripts/bench_sim.py                 # N = 100, 500, 1000, 2000 (~5 min)
     python scripts/bench_sim.py --sizes 100,500,1000
     python scripts/bench_sim.py --real 10,20,40 # real zmq sockets, one process, loopback
+    python scripts/bench_sim.py --sizes 300,1000 --jitter 1 --loss 0.02
 
 Each size runs in a fresh process so memory figures do not mix; while one
 runs, it prints a progress line on stderr every 10 s of wall time (ENTER
@@ -34,7 +35,7 @@ TARGET_1000_SECONDS = 60.0
 TARGET_1000_BYTES = 4 * 1024 ** 3
 
 
-def run_sim(n: int, limit: float) -> dict[str, Any]:
+def run_sim(n: int, limit: float, link: dict[str, float]) -> dict[str, Any]:
     from peermesh.sim import Simulation
     began = time.perf_counter()
 
@@ -43,7 +44,7 @@ def run_sim(n: int, limit: float) -> dict[str, Any]:
               f"view, wall {time.perf_counter() - began:.0f} s, RSS {rss_mb():.0f} MB",
               file=sys.stderr, flush=True)
 
-    sim = Simulation(n, latency=0.001, seed=1)
+    sim = Simulation(n, seed=1, **link)
     sim.watch(progress, every=10.0)
     sim.start()
     ok = sim.run_until(sim.is_full_mesh, limit)
@@ -75,18 +76,20 @@ def run_real(n: int, limit: float) -> dict[str, Any]:
             "fds_predicted": 3 * n * (n - 1)}
 
 
-def role_size(parent: Parent, kind: str, n: int, limit: float) -> dict[str, Any]:
+def role_size(parent: Parent, kind: str, n: int, limit: float,
+              link: dict[str, float]) -> dict[str, Any]:
     """One size in a fresh process (the harness ends it at once: tearing down millions
     of objects one by one takes half a minute)."""
-    return (run_sim if kind == "sim" else run_real)(n, limit)
+    return run_sim(n, limit, link) if kind == "sim" else run_real(n, limit)
 
 
-def child(kind: str, n: int, limit: float, timeout: float) -> dict[str, Any]:
+def child(kind: str, n: int, limit: float, timeout: float,
+          link: dict[str, float]) -> dict[str, Any]:
     """Run one size in a fresh process; its progress lines and errors go to our stderr."""
     try:
         with Children(grace=0) as kids:
-            return kids.start("bench_sim", "size", kind=kind, n=n,
-                              limit=limit).expect("result", timeout)
+            return kids.start("bench_sim", "size", kind=kind, n=n, limit=limit,
+                              link=link).expect("result", timeout)
     except ChildFailed as exc:
         return {"nodes": n, "error": str(exc).strip().splitlines()[-1]}
 
@@ -101,15 +104,22 @@ def main() -> int:
                         help="virtual seconds (sim) or real seconds (real) to wait for a full mesh")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="wall seconds one size may take in all (default: 1800)")
+    parser.add_argument("--latency", type=float, default=1.0, metavar="MS",
+                        help="simulated one-way latency (default: 1)")
+    parser.add_argument("--jitter", type=float, default=0.0, metavar="MS",
+                        help="simulated random extra latency, up to this (default: 0)")
+    parser.add_argument("--loss", type=float, default=0.0, metavar="P",
+                        help="simulated beacon loss probability (default: 0)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    link = {"latency": args.latency / 1000, "jitter": args.jitter / 1000, "loss": args.loss}
     rows = []
     for n in [int(x) for x in args.sizes.split(",") if x]:
         progress(f"simulating {n} nodes ...")
-        rows.append({"kind": "sim", **child("sim", n, args.limit, args.timeout)})
+        rows.append({"kind": "sim", **child("sim", n, args.limit, args.timeout, link)})
     for n in [int(x) for x in args.real.split(",") if x]:
         progress(f"{n} nodes on real sockets in one process ...")
-        rows.append({"kind": "real", **child("real", n, args.limit, args.timeout)})
+        rows.append({"kind": "real", **child("real", n, args.limit, args.timeout, link)})
     if args.json:
         print(dump_json(rows))
         return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any, Callable
@@ -23,8 +24,9 @@ def _partition(text: str) -> tuple[float, float, int]:
     except (ValueError, IndexError):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not AT:DURATION[:ISLANDS] (seconds, seconds, count)") from None
-    if at < 0 or duration <= 0 or islands < 2 or len(parts) > 3:
-        raise argparse.ArgumentTypeError(f"{text!r}: need AT >= 0, DURATION > 0, ISLANDS >= 2")
+    if not (0 <= at < math.inf and 0 < duration < math.inf) or islands < 2 or len(parts) > 3:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: need finite AT >= 0 and DURATION > 0, ISLANDS >= 2")
     return at, duration, islands
 
 
@@ -59,11 +61,53 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def run(args: argparse.Namespace, config: NodeConfig) -> int:
+#: above this many nodes, the run starts with an estimate of what it will cost
+LARGE_RUN = 5000
+# Measured costs per ordered pair of nodes (each node holds every other as a peer):
+# resident memory, wall time to reach the full mesh, and wall time per beacon copy.
+_BYTES_PER_PAIR = 1400
+_MESH_SECONDS_PER_PAIR = 20e-6
+_SECONDS_PER_BEACON_COPY = 6e-6
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Refuse option values the simulation cannot use, naming the option."""
     if args.nodes < 1:
-        raise ValueError("--nodes must be at least 1")
-    if args.latency < 0 or args.jitter < 0 or not 0 <= args.loss <= 1 or args.duration <= 0:
-        raise ValueError("--latency/--jitter must be >= 0, --loss within 0..1, --duration > 0")
+        raise ValueError(f"--nodes must be at least 1, not {args.nodes}")
+    for option, value in (("--latency", args.latency), ("--jitter", args.jitter)):
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{option} must be a finite number of milliseconds >= 0, "
+                             f"not {value}")
+    if not 0 <= args.loss <= 1:
+        raise ValueError(f"--loss must be a probability within 0..1, not {args.loss}")
+    if not 0 < args.duration < math.inf:
+        raise ValueError(f"--duration must be a finite number of seconds > 0, "
+                         f"not {args.duration}")
+
+
+def large_run_estimate(nodes: int, duration: float, interval: float) -> str | None:
+    """What a run of more than ``LARGE_RUN`` nodes will likely cost, or None for a smaller one."""
+    if nodes <= LARGE_RUN:
+        return None
+    pairs = nodes * (nodes - 1)
+    memory = pairs * _BYTES_PER_PAIR
+    wall = pairs * (_MESH_SECONDS_PER_PAIR + _SECONDS_PER_BEACON_COPY * duration / interval)
+    return (f"{nodes} nodes: expect about {memory / 2**30:,.1f} GiB of memory and "
+            f"{_duration(wall)} of wall time (both grow with the square of --nodes)")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.0f} {unit}"
+    return f"{seconds:.0f} seconds"
+
+
+def run(args: argparse.Namespace, config: NodeConfig) -> int:
+    _check(args)
+    estimate = large_run_estimate(args.nodes, args.duration, config.interval)
+    if estimate is not None:
+        _progress_line(estimate)
     with HubSignals():  # a signal interrupts the run where it is, not one node's greenlet
         return _simulate(args, config)
 
@@ -77,10 +121,7 @@ def _simulate(args: argparse.Namespace, config: NodeConfig) -> int:
     events = sorted([(at, "split", islands) for at, _, islands in args.partition]
                     + [(at + duration, "heal", 0) for at, duration, _ in args.partition])
 
-    def progress(s: Simulation) -> None:
-        _progress_line(f"t={s.clock.now():6.1f}s  full view: {s.complete()}/{s.size} nodes  "
-                       f"ENTERs {s.entered}  wall {time.perf_counter() - began:6.1f}s")
-
+    progress = _progress_printer(began)
     sim.watch(progress, every=5.0)  # also during a long first round of HELLOs
 
     for at, kind, islands in events:
@@ -104,6 +145,21 @@ def _simulate(args: argparse.Namespace, config: NodeConfig) -> int:
     else:
         print(_human(report))
     return 0
+
+
+def _progress_printer(began: float) -> Callable[[Simulation], None]:
+    """A progress callback that prints each state once (it is called per virtual
+    second and per 5 s of wall time, often at the same instant)."""
+    shown = ""
+
+    def progress(s: Simulation) -> None:
+        nonlocal shown
+        state = (f"t={s.clock.now():6.1f}s  full view: {s.complete()}/{s.size} nodes  "
+                 f"ENTERs {s.entered}")
+        if state != shown:
+            shown = state
+            _progress_line(f"{state}  wall {time.perf_counter() - began:6.1f}s")
+    return progress
 
 
 def _progress_line(text: str) -> None:

@@ -20,10 +20,14 @@ healed; every setting may change while the simulation runs.
 Everything due at one virtual instant travels as one timer: the beacon copies
 of one send, and all mailbox messages that arrive at the same time (with a
 fixed latency, a whole round of HELLOs), so a mesh of thousands of nodes does
-not put millions of entries on the clock's heap. While time advances the
-cyclic garbage collector is paused: thousands of nodes are millions of
-long-lived objects, every full collection scans them all, and the simulator
-and nodes make almost no reference cycles (reference counting frees the rest).
+not put millions of entries on the clock's heap. Jitter is drawn in
+``JITTER_STEPS`` even steps rather than from a continuum, so that with jitter
+too the copies and messages sent at one instant arrive at a few instants, not
+each at its own (every distinct instant costs a pass through the event loop).
+While time advances the cyclic garbage collector is paused: thousands of
+nodes are millions of long-lived objects, every full collection scans them
+all, and the simulator and nodes make almost no reference cycles (reference
+counting frees the rest).
 It runs as usual between ``advance`` calls.
 """
 
@@ -49,6 +53,8 @@ __all__ = ["SimClock", "SimNetwork", "SimTransport", "LinkSettings"]
 NETWORK = ipaddress.IPv4Network("10.0.0.0/8")
 BROADCAST = str(NETWORK.broadcast_address)
 _BROADCAST_BYTES = NETWORK.broadcast_address.packed
+#: jitter takes one of this many + 1 evenly spaced values from 0 to the link's jitter
+JITTER_STEPS = 16
 
 
 class SimClock:
@@ -182,7 +188,8 @@ class SimNetwork:
 
     def _delay(self, settings: LinkSettings) -> float:
         if settings.jitter:
-            return settings.latency + self.random.uniform(0, settings.jitter)
+            step = settings.jitter / JITTER_STEPS
+            return settings.latency + step * self.random.randint(0, JITTER_STEPS)
         return settings.latency
 
     # --- beacons --------------------------------------------------------

@@ -12,6 +12,8 @@ import pytest
 
 from peermesh.events import EventType
 from peermesh.sim import Simulation
+from peermesh.sim.commands import LARGE_RUN, _progress_printer, large_run_estimate
+from peermesh.sim.network import JITTER_STEPS
 
 ENTER, EXIT, EVASIVE, SILENT = EventType.ENTER, EventType.EXIT, EventType.EVASIVE, EventType.SILENT
 
@@ -163,10 +165,60 @@ def test_simulate_command_reports_json():
     assert "partition into 2 islands" in out.stderr and "healed" in out.stderr
 
 
+def test_jitter_takes_a_few_even_steps_and_keeps_order(make_sim):
+    sim = make_sim(2, latency=0.01, jitter=0.004)
+    assert sim.run_until(sim.is_full_mesh, limit=1.0)
+    a, b = sim.nodes
+    sent_at = sim.clock.now()
+    for i in range(60):
+        a.whisper(b.uuid, b"%d" % i)
+    sim.run(0.1)
+    got = [(at, e.frames) for at, n, e in sim.events if n is b and e.type is EventType.WHISPER]
+    assert [content for _, content in got] == [(b"%d" % i,) for i in range(60)]
+    steps = {round((at - sent_at - 0.01) / (0.004 / JITTER_STEPS), 6) for at, _ in got}
+    assert steps <= set(range(JITTER_STEPS + 1)) and len(steps) > 1
+
+
+def test_simulate_with_latency_jitter_and_loss_converges_and_shows_each_state_once():
+    out = subprocess.run(
+        [sys.executable, "-m", "peermesh", "simulate", "--nodes", "20", "--duration", "4",
+         "--latency", "1", "--jitter", "1", "--loss", "0.02", "--seed", "3", "--json"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["full_mesh"] is True and report["beacons"]["lost"] > 0
+    times = [line[:9] for line in out.stderr.splitlines() if line.startswith("t=")]
+    assert len(set(times)) == len(times), out.stderr  # each virtual second once
+    assert {f"t={t:6.1f}s" for t in (1, 2, 3, 4)} <= set(times), out.stderr
+
+
+def test_progress_lines_show_each_state_once(capsys):
+    sim = Simulation(3, seed=1).start()
+    progress = _progress_printer(0.0)
+    progress(sim)
+    progress(sim)  # the per-second line and the wall-time watcher at one instant
+    sim.run(1.0)
+    progress(sim)
+    sim.stop()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line[:9] for line in lines] == ["t=   0.0s", "t=   1.0s"], lines
+
+
+def test_a_large_run_is_announced_with_its_likely_cost():
+    assert large_run_estimate(LARGE_RUN, 10, 1.0) is None
+    text = large_run_estimate(100_000, 10, 1.0)
+    assert text is not None and text.startswith("100000 nodes") and "GiB" in text
+    assert "days" in text
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--nodes", "0"], "--nodes must be at least 1"),
-    (["--loss", "2"], "--loss within 0..1"),
+    (["--latency", "-1"], "--latency must be"),
+    (["--jitter", "nan"], "--jitter must be"),
+    (["--loss", "2"], "--loss must be a probability within 0..1"),
+    (["--duration", "inf"], "--duration must be"),
     (["--partition", "x"], "AT:DURATION"),
+    (["--partition", "1:nan"], "argument --partition"),
 ])
 def test_simulate_command_misuse_is_a_clear_error(argv, message):
     out = subprocess.run([sys.executable, "-m", "peermesh", "simulate", *argv],
