@@ -37,10 +37,9 @@ import msgpack
 from .config import NodeConfig
 from .errors import NodeStateError
 from .events import Event, EventType
-from .net.interfaces import Interface
 from .zre.eventqueue import LoopEventQueue
 from .zre.node import Frame, Node, PeerInfo, PeerRef
-from .zre.threaded import MARK, MARK_EVERY, Attachable, NodeThread, Stream
+from .zre.threaded import MARK, MARK_EVERY, Attachable, NodeIdentity, NodeThread, Stream
 
 __all__ = ["AsyncNode"]
 
@@ -96,7 +95,7 @@ class _TaskStream(Stream):
         self.post.put(self.marks.popleft() if reply is MARK else reply, result, error)
 
 
-class AsyncNode:
+class AsyncNode(NodeIdentity):
     """The ``Node`` API as coroutines, for asyncio; the node lives in its own thread.
 
     Use it from the loop that started it. ``async for event in node`` reads
@@ -190,34 +189,6 @@ class AsyncNode:
         future: asyncio.Future[T] = self._loop.create_future()
         self._engine.submit((stream, fn, args, future))
         return await future
-
-    # --- identity -------------------------------------------------------
-
-    def _started(self) -> Node:
-        node = self._engine.node
-        if node is None:
-            raise NodeStateError("node is new; call start() first")
-        return node
-
-    @property
-    def uuid(self) -> UUID:
-        """This node's UUID."""
-        return self._started().uuid
-
-    @property
-    def name(self) -> str:
-        """This node's public name."""
-        return self._started().name
-
-    @property
-    def endpoint(self) -> Optional[str]:
-        """This node's mailbox endpoint."""
-        return self._started().endpoint
-
-    @property
-    def interface(self) -> Optional[Interface]:
-        """The interface the node beacons on."""
-        return self._started().interface
 
     # --- the Node API -----------------------------------------------------
 

@@ -369,7 +369,39 @@ class _ThreadStream(Stream):
         self.wake.release()
 
 
-class ThreadedNode:
+class NodeIdentity:
+    """Who the node behind a face is (both faces: ``ThreadedNode``, ``AsyncNode``)."""
+
+    _engine: "NodeThread"
+
+    def _started(self) -> Node:
+        node = self._engine.node
+        if node is None:
+            raise NodeStateError("node is new; call start() first")
+        return node
+
+    @property
+    def uuid(self) -> UUID:
+        """This node's UUID."""
+        return self._started().uuid
+
+    @property
+    def name(self) -> str:
+        """This node's public name."""
+        return self._started().name
+
+    @property
+    def endpoint(self) -> Optional[str]:
+        """This node's mailbox endpoint."""
+        return self._started().endpoint
+
+    @property
+    def interface(self) -> Optional[Interface]:
+        """The interface the node beacons on."""
+        return self._started().interface
+
+
+class ThreadedNode(NodeIdentity):
     """The ``Node`` API, safe to call from any thread; the node lives in its own thread.
 
     ``whisper``/``shout`` (and their ``_packed`` forms) return once the send
@@ -463,34 +495,6 @@ class ThreadedNode:
             raise error
         result, stream.result = stream.result, None
         return result  # type: ignore[no-any-return]
-
-    # --- identity -------------------------------------------------------
-
-    def _started(self) -> Node:
-        node = self._engine.node
-        if node is None:
-            raise NodeStateError("node is new; call start() first")
-        return node
-
-    @property
-    def uuid(self) -> UUID:
-        """This node's UUID."""
-        return self._started().uuid
-
-    @property
-    def name(self) -> str:
-        """This node's public name."""
-        return self._started().name
-
-    @property
-    def endpoint(self) -> Optional[str]:
-        """This node's mailbox endpoint."""
-        return self._started().endpoint
-
-    @property
-    def interface(self) -> Optional[Interface]:
-        """The interface the node beacons on."""
-        return self._started().interface
 
     # --- the Node API, marshalled onto the node's hub --------------------
 
