@@ -1,7 +1,7 @@
 """Whisper rate of each face of the node: gevent ``Node``, ``ThreadedNode``, ``AsyncNode``.
 
 One run, on loopback only (interface ``lo``, a free UDP beacon port), each
-sender in a fresh process (multiprocessing ``spawn``):
+sender in a fresh process started by the shared harness (``harness.py``):
 
 * **gevent**: a ``Node`` whispering in a tight loop on its own hub;
 * **threaded**: a ``ThreadedNode`` whispered to from the plain main thread
@@ -25,14 +25,17 @@ round and each ratio is the median of the per-round ratios to gevent.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import socket
+import os
 import statistics
 import struct
 import sys
 import time
 from typing import Any, Callable, Optional
 from uuid import UUID
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
 
 COUNTER = struct.Struct(">Q")
 PAD = b"x" * 92  # 100-byte payloads
@@ -44,12 +47,6 @@ def payload(i: int) -> bytes:
     return COUNTER.pack(i) + PAD
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def settings(port: int) -> dict[str, Any]:
     from peermesh import NodeConfig
     return {"config": NodeConfig(), "interface": "lo", "port": port, "interval": 0.1}
@@ -57,27 +54,29 @@ def settings(port: int) -> dict[str, Any]:
 
 # --- the receiver ------------------------------------------------------------------
 
-def sink(conn: Any, port: int) -> None:
-    """Count the WHISPERs of each round (``conn`` says how many); report when the last came."""
+def role_sink(parent: harness.Parent, port: int) -> None:
+    """Count the WHISPERs of each round (the parent says how many); report when the last
+    came, by the system-wide monotonic clock."""
     from peermesh import EventType, Node
     node = Node("sink", **settings(port)).start()
     try:
-        conn.send(node.uuid.hex)
+        parent.send("uuid", node.uuid.hex)
         while True:
-            while not conn.poll():
-                node.recv(0.02)  # keep the hub serving between rounds
-            expected = conn.recv()
-            if expected is None:
+            try:
+                command = parent.recv(None, green=True)  # the hub serves meanwhile
+            except EOFError:
+                return
+            if command == "stop":
                 return
             count, last = 0, -1
-            while count < expected:
+            while count < command["expect"]:
                 event = node.recv(WAIT)
                 if event is None:
                     break
                 if event.type is EventType.WHISPER:
                     count += 1
                     last = COUNTER.unpack_from(event.frames[0])[0]
-            conn.send((count, last, time.monotonic()))
+            parent.send("counted", [count, last, time.monotonic()])
     finally:
         node.stop(0.5)
 
@@ -148,11 +147,9 @@ def send_asyncio(port: int, peer: str, n: int) -> tuple[float, float]:
 SENDERS = {"gevent": send_gevent, "threaded": send_threaded, "asyncio": send_asyncio}
 
 
-def sender(conn: Any, face: str, port: int, peer: str, n: int) -> None:
-    try:
-        conn.send(("ok", SENDERS[face](port, peer, n)))
-    except BaseException as exc:  # reported by the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+def role_sender(parent: harness.Parent, face: str, port: int, peer: str, n: int) -> None:
+    """Whisper ``n`` messages through ``face``; report when it began and its CPU."""
+    parent.send("sent", SENDERS[face](port, peer, n))
 
 
 # --- the run -----------------------------------------------------------------------
@@ -167,31 +164,17 @@ def available(face: str) -> bool:
     return True
 
 
-def one_round(ctx: Any, sink_conn: Any, port: int, peer: str, face: str,
-              n: int) -> tuple[float, float]:
+def one_round(children: harness.Children, sink: harness.Child, port: int, peer: str,
+              face: str, n: int) -> tuple[float, float]:
     """The rate of ``face`` (messages per second, as the receiver counted them) and the
     sender's CPU per message in microseconds (all its threads)."""
-    sink_conn.send(n)
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=sender, args=(child, face, port, peer, n), daemon=True)
-    proc.start()
-    try:
-        if not parent.poll(WAIT + 60):
-            raise RuntimeError(f"{face}: the sender did not finish")
-        status, outcome = parent.recv()
-        if status != "ok":
-            raise RuntimeError(f"{face}: {outcome}")
-        started, cpu = outcome
-        if not sink_conn.poll(WAIT):
-            raise RuntimeError(f"{face}: the receiver did not report")
-        count, last, finished = sink_conn.recv()
-        if count != n or last != n - 1:
-            raise RuntimeError(f"{face}: received {count} of {n}, last {last}")
-        return n / (finished - started), cpu / n * 1e6
-    finally:
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
+    sink.send({"expect": n})
+    sender = children.start("bench_faces", "sender", face=face, port=port, peer=peer, n=n)
+    started, cpu = sender.expect("sent", WAIT + 60)
+    count, last, finished = sink.expect("counted", WAIT)
+    if count != n or last != n - 1:
+        raise RuntimeError(f"{face}: received {count} of {n}, last {last}")
+    return n / (finished - started), cpu / n * 1e6
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -200,36 +183,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     faces = [face for face in FACES if available(face)]
-    ctx = mp.get_context("spawn")
-    port = free_udp_port()
-    sink_conn, child = ctx.Pipe()
-    receiver = ctx.Process(target=sink, args=(child, port), daemon=True)
-    receiver.start()
+    port = harness.free_udp_port()
     rates: dict[str, list[float]] = {face: [] for face in faces}
     cpus: dict[str, list[float]] = {face: [] for face in faces}
-    try:
-        if not sink_conn.poll(WAIT):
-            raise RuntimeError("the receiver did not start")
-        peer = sink_conn.recv()
+    with harness.Children() as children:
+        sink = children.start("bench_faces", "sink", port=port)
+        peer = sink.expect("uuid", WAIT)
         for r in range(args.rounds):
             for face in faces:
-                rate, cpu = one_round(ctx, sink_conn, port, peer, face, args.messages)
+                rate, cpu = one_round(children, sink, port, peer, face, args.messages)
                 rates[face].append(rate)
                 cpus[face].append(cpu)
-                print(f"round {r + 1} {face:9s} {rate:10,.0f} msg/s {cpu:6.2f} us/msg",
-                      file=sys.stderr)
-        sink_conn.send(None)
-    finally:
-        receiver.join(10)
-        if receiver.is_alive():
-            receiver.kill()
+                harness.progress(f"round {r + 1} {face:9s} {rate:10,.0f} msg/s "
+                                 f"{cpu:6.2f} us/msg")
     print(f"\n{args.messages:,} 100-byte WHISPERs per face and round, {args.rounds} rounds "
           "(median round; ratio = median of per-round ratios to gevent)")
-    print(f"{'face':10s} {'msg/s':>10s} {'ratio':>7s} {'sender CPU us/msg':>18s}")
-    for face in faces:
-        ratio = statistics.median(a / g for a, g in zip(rates[face], rates["gevent"]))
-        print(f"{face:10s} {statistics.median(rates[face]):10,.0f} {ratio:7.2f} "
-              f"{statistics.median(cpus[face]):18.2f}")
+    rows = [[face, statistics.median(rates[face]),
+             statistics.median(a / g for a, g in zip(rates[face], rates["gevent"])),
+             statistics.median(cpus[face])] for face in faces]
+    print("\n".join(harness.table(["face", "msg/s", "ratio", "sender CPU us/msg"], rows)))
     return 0
 
 

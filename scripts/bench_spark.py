@@ -3,8 +3,8 @@
 
 Everything stays on loopback (interface ``lo``, a free beacon port, the log
 service on 127.0.0.1). Spark runs ``local[2]`` in this process (see
-``peermesh.spark.session``); mesh peers are child processes (this file with
-``--role``).
+``peermesh.spark.session``); mesh peers are child processes started by the
+shared harness (``role_shouter`` and ``role_server`` below).
 
 1. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
    telemetry messages (``{"host", "seq", "temp", "load"}``) each, as fast as
@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,28 +37,21 @@ from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
+from harness import free_udp_port, progress  # noqa: E402
 
 TARGETS = {"ingest_per_s": 50_000, "requests_per_s": 5_000}
 INTERVAL = 0.1
-_T0 = time.perf_counter()
-
-
-def progress(text: str) -> None:
-    print(f"[{time.perf_counter() - _T0:6.1f}s] {text}", file=sys.stderr, flush=True)
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------
 # child roles
 
 
-def role_shouter(port: int, group: str, count: int, label: str) -> None:
-    """Meet the driver's node, wait for GO on stdin, shout ``count`` messages, report."""
+def role_shouter(parent: harness.Parent, port: int, group: str, count: int, label: str) -> None:
+    """Meet the driver's node, wait for "go", shout ``count`` messages, report."""
     import gevent
     import msgpack
 
@@ -72,11 +63,10 @@ def role_shouter(port: int, group: str, count: int, label: str) -> None:
     deadline = time.monotonic() + 30
     while not node.peers_by_group(group):
         if time.monotonic() > deadline:
-            print("NOPEER", flush=True)
-            return
+            raise RuntimeError(f"no member of {group!r} within 30 s")
         gevent.sleep(0.02)
-    print("READY", flush=True)
-    sys.stdin.readline()
+    parent.send("ready")
+    parent.expect("go", 600, green=True)
     pack = msgpack.Packer(use_bin_type=True).pack
     start = time.perf_counter()
     for seq in range(count):
@@ -86,13 +76,12 @@ def role_shouter(port: int, group: str, count: int, label: str) -> None:
             gevent.sleep(0)
     node.flush(60)
     elapsed = time.perf_counter() - start
-    print(json.dumps({"sent": count, "seconds": elapsed}), flush=True)
+    parent.send("sent", {"sent": count, "seconds": elapsed})
     node.stop()
 
 
-def role_server(port: int, label: str) -> None:
+def role_server(parent: harness.Parent, port: int, label: str) -> None:
     """A Safir-Darbaan server on the mesh offering ``bench`` 1.0 with ``echo``."""
-    import gevent
 
     from peermesh import Node
     from peermesh.sada import Server, Service
@@ -107,40 +96,12 @@ def role_server(port: int, label: str) -> None:
     server = Server(node, services=[service])
     node.start()
     server.start()
-    print("READY", flush=True)
+    parent.send("ready")
     try:
-        gevent.wait()
+        parent.serve(lambda command: None, green=True)  # until the benchmark ends
     finally:
         server.stop(0.1)
         node.stop(0.1)
-
-
-class Children:
-    """Child processes of this benchmark; all killed at the end."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, *args: str) -> "subprocess.Popen[str]":
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", *args],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        return proc
-
-    def ready(self, proc: "subprocess.Popen[str]") -> None:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if line != "READY":
-            raise RuntimeError(f"child {proc.args[3:]} did not get ready: {line!r}")
-
-    def __enter__(self) -> "Children":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(5)
 
 
 # ---------------------------------------------------------------------------
@@ -173,11 +134,12 @@ def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
              .writeStream.format("noop").queryName("bench_ingest")
              .option("checkpointLocation", os.path.join(tmp, "ck-ingest")).start())
     try:
-        with Children() as children:
-            procs = [children.start("shouter", str(port), group, str(args.messages), f"p{i}")
+        with harness.Children() as children:
+            procs = [children.start("bench_spark", "shouter", port=port, group=group,
+                                    count=args.messages, label=f"p{i}")
                      for i in range(args.peers)]
             for proc in procs:
-                children.ready(proc)
+                proc.expect("ready", 60)
             progress("warming the query up (its Python workers start with the first data)")
             warm_up(service, port, group)
             query.processAllAvailable()
@@ -186,9 +148,7 @@ def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
             progress(f"{args.peers} peers shout {args.messages} messages each")
             start = time.perf_counter()
             for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write("GO\n")
-                proc.stdin.flush()
+                proc.send("go")
             logged_at = None
             deadline = time.monotonic() + args.timeout
             while service.bounds()[1] < base + total:
@@ -199,10 +159,7 @@ def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
             logged_at = time.perf_counter()
             query.processAllAvailable()
             done = time.perf_counter()
-            sent = []
-            for proc in procs:
-                assert proc.stdout is not None
-                sent.append(json.loads(proc.stdout.readline()))
+            sent = [proc.expect("sent", args.timeout) for proc in procs]
         timed = [p for p in query.recentProgress
                  if p["numInputRows"] and p["batchId"] not in warm_batches]
         rows = sum(p["numInputRows"] for p in timed)
@@ -300,10 +257,11 @@ def bench_requests(spark: Any, port: int, args: argparse.Namespace) -> dict[str,
 
     caller = ServiceCaller("bench", "echo", max_in_flight=args.window, timeout=30.0,
                            discovery_timeout=20.0)
-    with Children() as children:
-        procs = [children.start("server", str(port), f"s{i}") for i in range(args.servers)]
+    with harness.Children() as children:
+        procs = [children.start("bench_spark", "server", port=port, label=f"s{i}")
+                 for i in range(args.servers)]
         for proc in procs:
-            children.ready(proc)
+            proc.expect("ready", 60)
         progress("warming the executors' channels up")
         df = spark.range(0, 2000, numPartitions=2)
         caller.apply(df, payload="id", reply_schema="value long").write.format("noop") \
@@ -384,8 +342,6 @@ def table(r: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=["shouter", "server"], help=argparse.SUPPRESS)
-    parser.add_argument("role_args", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--peers", type=int, default=2, help="shouting peer processes")
     parser.add_argument("--messages", type=int, default=100_000, help="messages per peer")
     parser.add_argument("--servers", type=int, default=2, help="server processes")
@@ -400,14 +356,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="comma-separated sections: ingest, read, requests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    if args.role == "shouter":
-        port, group, count, label = args.role_args
-        role_shouter(int(port), group, int(count), label)
-        return 0
-    if args.role == "server":
-        port, label = args.role_args
-        role_server(int(port), label)
-        return 0
     args.only = set(args.only.split(","))
     results = run(args)
     print(json.dumps(results, indent=2) if args.json else table(results))
