@@ -159,7 +159,7 @@ def test_stop_after_a_handler_that_yields_prints_nothing(loop: Loopback,
         "rested"
     assert channel.request("nap", "nap", 0) == "rested"
     server.stop(0.5)
-    gevent.sleep(0.05)            # the killed workers run their exits on the hub
+    gevent.idle()                 # the killed workers run their exits on the hub
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and "ValueError" not in captured.err, captured.err
 
