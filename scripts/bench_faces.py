@@ -93,31 +93,27 @@ def wait_enter(recv: Callable[[float], Any], peer: str) -> None:
     raise TimeoutError("the receiver did not enter")
 
 
+def whisper_all(node: Any, peer: str, n: int) -> tuple[float, float]:
+    """Whisper ``n`` messages from a started ``Node`` or ``ThreadedNode`` (same API)."""
+    wait_enter(node.recv, peer)
+    whisper, target = node.whisper, UUID(peer)
+    started, cpu = time.monotonic(), time.process_time()
+    for i in range(n):
+        whisper(target, payload(i))
+    node.flush(WAIT)
+    return started, time.process_time() - cpu
+
+
 def send_gevent(port: int, peer: str, n: int) -> tuple[float, float]:
     from peermesh import Node
-    node = Node("gevent", **settings(port)).start()
-    try:
-        wait_enter(node.recv, peer)
-        whisper, target = node.whisper, UUID(peer)
-        started, cpu = time.monotonic(), time.process_time()
-        for i in range(n):
-            whisper(target, payload(i))
-        node.flush(WAIT)
-        return started, time.process_time() - cpu
-    finally:
-        node.stop(0.5)
+    with Node("gevent", **settings(port)) as node:
+        return whisper_all(node, peer, n)
 
 
 def send_threaded(port: int, peer: str, n: int) -> tuple[float, float]:
     from peermesh import ThreadedNode
     with ThreadedNode("threaded", **settings(port)) as node:
-        wait_enter(node.recv, peer)
-        whisper, target = node.whisper, UUID(peer)
-        started, cpu = time.monotonic(), time.process_time()
-        for i in range(n):
-            whisper(target, payload(i))
-        node.flush(WAIT)
-        return started, time.process_time() - cpu
+        return whisper_all(node, peer, n)
 
 
 def send_asyncio(port: int, peer: str, n: int) -> tuple[float, float]:

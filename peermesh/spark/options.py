@@ -42,25 +42,24 @@ def boolean(key: str, raw: str) -> bool:
     raise ValueError(f"option {key} must be a boolean (true or false), not {raw!r}")
 
 
-def positive_int(key: str, raw: str) -> int:
-    """A whole number, 1 or more."""
+def _integer(key: str, raw: str, least: int) -> int:
     try:
         value = int(raw)
     except ValueError:
         raise ValueError(f"option {key} must be an integer, not {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"option {key} must be at least 1, not {value}")
+    if value < least:
+        wanted = "at least 1" if least == 1 else f"{least} or more"
+        raise ValueError(f"option {key} must be {wanted}, not {value}")
     return value
+
+
+def positive_int(key: str, raw: str) -> int:
+    """A whole number, 1 or more."""
+    return _integer(key, raw, 1)
 
 
 def _count(key: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"option {key} must be an integer, not {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"option {key} must be 0 or more, not {value}")
-    return value
+    return _integer(key, raw, 0)
 
 
 def _seconds(key: str, raw: str) -> float:
