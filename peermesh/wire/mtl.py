@@ -490,7 +490,10 @@ def encode_table(table: Mapping[str, Any]) -> bytes:
         return b"\x00\x00"
     if any(type(key) is not str for key in table):
         raise ValueError("field table keys must be strings")
-    data = msgpack.packb(dict(table), use_bin_type=True)
+    try:
+        data = msgpack.packb(dict(table), use_bin_type=True)
+    except (TypeError, OverflowError, ValueError) as error:
+        raise ValueError(f"field table value cannot be msgpack: {error}") from None
     if len(data) > MAX_TABLE:
         raise ValueError(f"field table of {len(data)} octets exceeds {MAX_TABLE}")
     return _H.pack(len(data)) + data

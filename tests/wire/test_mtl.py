@@ -273,6 +273,7 @@ def test_ill_formed_data_raises_protocol_error(frames: object) -> None:
     Lease(-1, "x"), Lease(2**64, "x"), Summon(1, "x" * 256), Summon(1, "a\nb"),
     Response(1, 99), Content(1, "", b"", {1: 2}),  # type: ignore[dict-item]
     Content(1, "", b"", {"k": b"x" * 70_000}),
+    Content(1, "", b"", {"k": 2**64}), Content(1, "", b"", {"k": object()}),
 ])
 def test_encode_refuses_what_cannot_go_on_the_wire(command: mtl.DataCommand) -> None:
     with pytest.raises(ValueError):
@@ -381,7 +382,7 @@ def test_typed_headers_raise_only_protocol_error(kind: int, rest: bytes, body: b
 
 
 @given(st.dictionaries(st.text(max_size=8), st.recursive(
-    st.none() | st.integers() | st.text(max_size=5),
+    st.none() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
                                                                 max_size=3), max_leaves=6),
     max_size=4), st.binary(max_size=8))
