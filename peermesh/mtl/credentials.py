@@ -415,7 +415,7 @@ class CredentialsFile:
                                    f"{MAX_FILE_BYTES} bytes")
         return parse_credentials(data, str(self.path))
 
-    def update(self, change: Callable[[dict[str, User]], None]) -> None:
+    def update(self, change: Callable[[dict[str, User]], object]) -> None:
         """Apply ``change`` to the users as they are on disk now, and write the result
         (atomically, mode 0600), all under the file's lock."""
         with self._locked():
