@@ -1,0 +1,7 @@
+"""11/MTL: a gateway for clients off the LAN (credentials, durable content store)."""
+
+from .credentials import (Authenticator, CredentialsError, CredentialsFile, SaslExchange,
+                          SaslStep, Throttle, User, make_user)
+
+__all__ = ["Authenticator", "CredentialsError", "CredentialsFile", "SaslExchange", "SaslStep",
+           "Throttle", "User", "make_user"]
