@@ -379,9 +379,10 @@ class DataLease:
 
 @dataclass(frozen=True, slots=True)
 class Unauthorized:
-    """401 Unauthorized: the SASL mechanisms the server accepts."""
+    """401 Unauthorized: the SASL mechanisms the server accepts (``reason``: why again)."""
 
     mechanisms: tuple[str, ...]
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +423,8 @@ def encode_reply(reply: Reply) -> list[bytes]:
         code, body = 202, {"port": reply.port, "lease": reply.lease}
     elif isinstance(reply, Unauthorized):
         code, body = 401, {"mechanisms": list(reply.mechanisms)}
+        if reply.reason:
+            body["reason"] = reply.reason
     elif isinstance(reply, Challenged):
         code, body = 402, {"mechanism": reply.mechanism,
                            "challenge": base64.b64encode(reply.challenge).decode("ascii")}
@@ -467,15 +470,16 @@ def decode_reply(frames: Sequence[bytes]) -> Reply:
         if type(port) is not int or not 0 < port <= 0xFFFF or type(lease) is not str:
             raise ProtocolError("202 without a port and a lease")
         return DataLease(port, lease)
+    reason = body.get("reason", "")
+    reason = reason if type(reason) is str else str(reason)
     if code == 401:
-        return Unauthorized(_strings(body, "mechanisms"))
+        return Unauthorized(_strings(body, "mechanisms"), reason)
     if code == 402:
         mechanism = body.get("mechanism")
         if type(mechanism) is not str:
             raise ProtocolError('402 without a "mechanism"')
         return Challenged(mechanism, _base64(body, "challenge"))
-    reason = body.get("reason", "")
-    return Failure(code, reason if type(reason) is str else str(reason))
+    return Failure(code, reason)
 
 
 # --- field table ------------------------------------------------------------

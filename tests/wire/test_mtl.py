@@ -92,6 +92,8 @@ REPLY_GOLDEN = [
     (DataLease(5555, "abc"), [b"202", b'{"status":"Data Lease","port":5555,"lease":"abc"}']),
     (Unauthorized(("SCRAM-SHA-256",)),
      [b"401", b'{"status":"Unauthorized","mechanisms":["SCRAM-SHA-256"]}']),
+    (Unauthorized(("PLAIN",), "wrong"),
+     [b"401", b'{"status":"Unauthorized","mechanisms":["PLAIN"],"reason":"wrong"}']),
     (Challenged("SCRAM-SHA-256", b"\x00\xff"),
      [b"402", b'{"status":"Challenged","mechanism":"SCRAM-SHA-256","challenge":"AP8="}']),
     (Failure(501), [b"501", b'{"status":"Not implemented"}']),
@@ -343,7 +345,8 @@ replies = st.one_of(
               st.none() | st.binary(max_size=40), st.lists(st.text(max_size=10), max_size=2)
               .map(tuple)),
     st.builds(DataLease, st.integers(1, 65535), st.text(max_size=30)),
-    st.builds(Unauthorized, st.lists(st.text(max_size=10), max_size=3).map(tuple)),
+    st.builds(Unauthorized, st.lists(st.text(max_size=10), max_size=3).map(tuple),
+              st.text(max_size=10)),
     st.builds(Challenged, st.text(max_size=10), st.binary(max_size=50)),
     st.builds(Failure, st.sampled_from([400, 403, 429, 500, 501, 503]), st.text(max_size=20)),
 )
