@@ -2,6 +2,7 @@
 
 from .credentials import (Authenticator, CredentialsError, CredentialsFile, SaslExchange,
                           SaslStep, Throttle, User, make_user)
+from .store import ContentStore, Delivery, StoreFull
 
 __all__ = ["Authenticator", "CredentialsError", "CredentialsFile", "SaslExchange", "SaslStep",
-           "Throttle", "User", "make_user"]
+           "Throttle", "User", "make_user", "ContentStore", "Delivery", "StoreFull"]

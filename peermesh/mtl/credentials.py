@@ -48,12 +48,13 @@ SASL exchanges
 ``Authenticator(credentials).begin(mechanism, client, now)`` gives a
 ``SaslExchange``; feed it each ``Connection.Authorize`` response with
 ``respond(data, now)``; the ``SaslStep`` it returns says what to answer: a
-challenge (402), an authenticated ``User`` (201) or a failure (401, with the
+challenge (402), an authenticated ``User`` (201, with ``additional`` data
+for the client when the mechanism has some) or a failure (401, with the
 reason for the log only and ``retry_after`` while throttled). SCRAM-SHA-256
-takes three responses: client-first; client-final, answered by the
-server-final message as a last challenge (RFC 4422 section 5 (10): the
-spec's 201 has no room for additional data); then an empty response, which
-completes it. PLAIN (RFC 4616) takes one. An empty first response is
+takes two responses: client-first, answered by the server-first challenge;
+client-final, answered by success with the server-final message as
+additional data (RFC 4422 "additional data with success", the 201's
+``"additional"``). PLAIN (RFC 4616) takes one. An empty first response is
 answered with an empty challenge. Unknown and expired users go through the
 whole exchange against a decoy verifier, so that the answer never tells a
 user name exists.
@@ -540,13 +541,15 @@ class Throttle:
 
 @dataclass(frozen=True, slots=True)
 class SaslStep:
-    """What to answer an Authorize: a ``challenge`` (402), a ``user`` (201: authenticated)
-    or a ``failure`` (401; the reason is for the log, ``retry_after`` > 0 while throttled)."""
+    """What to answer an Authorize: a ``challenge`` (402), a ``user`` (201: authenticated,
+    with the mechanism's ``additional`` data if any) or a ``failure`` (401; the reason is
+    for the log, ``retry_after`` > 0 while throttled)."""
 
     challenge: Optional[bytes] = None
     user: Optional[User] = None
     failure: Optional[str] = None
     retry_after: float = 0.0
+    additional: Optional[bytes] = None
 
     @property
     def done(self) -> bool:
@@ -592,7 +595,7 @@ class Authenticator:
         return None, Verifier(digest[:16], digest, digest, DEFAULT_ITERATIONS)
 
 
-_CLIENT_FIRST, _CLIENT_FINAL, _FINAL_ACK, _DONE = range(4)
+_CLIENT_FIRST, _CLIENT_FINAL, _DONE = range(3)
 
 
 class SaslExchange:
@@ -654,15 +657,12 @@ class SaslExchange:
                 self._server.set_client_final(text)
                 if self._user is None:     # a decoy cannot be passed, but never trust that
                     return self._fail("unknown or expired user", now)
-                self._state = _FINAL_ACK
-                return SaslStep(challenge=self._server.get_server_final().encode("utf-8"))
+                return self._succeed(self._server.get_server_final().encode("utf-8"))
         except scramp.ScramException as exc:
             reason = "unknown or expired user" if self._user is None and self.name else \
                 exc.args[0] if exc.args else "SCRAM failed"
             return self._fail(str(reason), now)
-        if text:
-            return self._fail("the response to the server-final message must be empty", now)
-        return self._succeed()
+        raise AssertionError("unreachable")   # (_DONE is answered before)
 
     def _plain(self, text: str, now: float) -> SaslStep:
         # message = [authzid] UTF8NUL authcid UTF8NUL passwd   (RFC 4616)
@@ -679,11 +679,11 @@ class SaslExchange:
         self._user = user
         return self._succeed()
 
-    def _succeed(self) -> SaslStep:
+    def _succeed(self, additional: Optional[bytes] = None) -> SaslStep:
         assert self._user is not None
         self._state = _DONE
         self._auth.throttle.succeeded(self._user.name)
-        return SaslStep(user=self._user)
+        return SaslStep(user=self._user, additional=additional)
 
     def _fail(self, reason: str, now: float, wait: float = 0.0, count: bool = True) -> SaslStep:
         self._state = _DONE
