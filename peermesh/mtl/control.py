@@ -224,16 +224,17 @@ class ControlFlow:
                 return Failure(Status.TOO_MANY_REQUESTS,
                                f"too many failed attempts: retry in {step.retry_after:.0f} s")
             return Unauthorized(self.mechanisms, "authentication failed")
-        return self._authenticated(session, step.user, now)
+        return self._authenticated(session, step.user, now, step.additional)
 
-    def _authenticated(self, session: Session, user: "User", now: float) -> Reply:
+    def _authenticated(self, session: Session, user: "User", now: float,
+                       additional: Optional[bytes] = None) -> Reply:
         if session.user is not None and session.user.name != user.name:
             self._revoke(session)
             session.profile = None
         session.user = user
         session.authenticated = now
         session.state = State.PROFILED if session.profile is not None else State.READY
-        return Ready(tuple(p.name for p in self.profiles), gateways=self.gateways())
+        return Ready(tuple(p.name for p in self.profiles), additional, self.gateways())
 
     def _profile(self, session: Session, request: SelectProfile, now: float) -> Reply:
         profile = PROFILES.get(request.profile.lower())

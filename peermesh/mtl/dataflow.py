@@ -123,7 +123,6 @@ class Link:
     summoned: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> key
     writable: dict[str, tuple[str, str]] = field(default_factory=dict)  # cache: name -> key
     sequence: int = 0
-    unconfirmed: dict[int, Any] = field(default_factory=dict)           # confirm full
 
 
 class DataFlow:
@@ -334,7 +333,7 @@ class DataFlow:
             if link.grant.confirm == "full":
                 continue  # confirmed readers read from their durable queue
             link.sequence += 1
-            sends.append((link.identity, content_frames(link.sequence, self._name(name),
+            sends.append((link.identity, content_frames(link.sequence, self.encoded_name(name),
                                                         body, table)))
 
     def shouted(self, group: str, frames: list[bytes], peer: str) -> None:
@@ -354,7 +353,8 @@ class DataFlow:
             self.queues.shouted(self, key, body, table)
         self.deliver(key, body, table)
 
-    def _name(self, name: str) -> bytes:
+    def encoded_name(self, name: str) -> bytes:
+        """``name`` as a short string (cached)."""
         encoded = self._names.get(name)
         if encoded is None:
             if len(self._names) >= 4096:
@@ -384,7 +384,7 @@ class DataFlow:
         grant = link.grant
         if grant.link is link:
             grant.link = None
-        if self.queues is not None and link.unconfirmed:
+        if grant.confirm == "full" and self.queues is not None:
             self.queues.unbound(self, link)
 
     def tick(self, now: float) -> float:
@@ -404,6 +404,11 @@ class DataFlow:
             if grant.link is None and grant.expires <= now:
                 del self.grants[token]
         return now + self.heartbeat
+
+    def flush(self) -> None:
+        """End of a batch: commit confirmed content, confirm writers, top up readers."""
+        if self.queues is not None:
+            self.queues.flush(self)
 
     def take(self) -> tuple[list[tuple[bytes, list[bytes]]], list[MeshAction]]:
         """What to send and do now; empties both lists."""
