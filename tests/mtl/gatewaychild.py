@@ -24,7 +24,7 @@ def main() -> None:
                 silent=0.4, expired=0.6)
     gateway = Gateway(cfg["credentials"], run=cfg.get("run", "always"),
                       control_port=cfg.get("control_port", 0), data_port=cfg.get("data_port", 0),
-                      data_dir=cfg["data_dir"], heartbeat=cfg.get("heartbeat", 0.2))
+                      data_dir=cfg["data_dir"], heartbeat=cfg.get("heartbeat", 1.0))
     gateway.attach(node)
     node.start()
     gateway.start()

@@ -7,6 +7,7 @@ receive has a timeout, so a test never hangs.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,6 +21,8 @@ from peermesh.wire.mtl import (Authorize, Challenged, Content, DataLease, Direct
 
 TIMING = dict(interval=0.05, evasive=0.3, silent=0.4, expired=0.6)
 RECV_MS = 5000
+#: seconds a wait for an answer may take, Pings or not
+WAIT = 10.0
 
 
 def add_users(path: Path, *users: User) -> CredentialsFile:
@@ -106,23 +109,28 @@ class RawClient:
         assert self.data is not None
         self.data.send_multipart(command if isinstance(command, list) else encode_data(command))
 
-    def recv(self) -> Any:
+    def recv(self, deadline: Optional[float] = None) -> Any:
+        """The next data command; zmq.Again after ``RECV_MS`` or past ``deadline``."""
         assert self.data is not None
+        if deadline is not None and time.monotonic() > deadline:
+            raise zmq.Again("gave up waiting")
         return decode_data(self.data.recv_multipart())
 
     def command(self, command: Any) -> Any:
         """Send a command and return the Response to it (skipping Pings)."""
         self.send(command)
+        deadline = time.monotonic() + WAIT
         while True:
-            answer = self.recv()
+            answer = self.recv(deadline)
             if isinstance(answer, Response):
                 return answer
 
     def contents(self, count: int) -> list[Content]:
         """The next ``count`` Contents (Pings answered, other commands skipped)."""
         out: list[Content] = []
+        deadline = time.monotonic() + WAIT
         while len(out) < count:
-            answer = self.recv()
+            answer = self.recv(deadline)
             if isinstance(answer, Content):
                 out.append(answer)
             elif answer.__class__.__name__ == "Ping":

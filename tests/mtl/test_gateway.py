@@ -22,7 +22,7 @@ from peermesh.wire.mtl import (Authorize, Content, DataLease, Direction, Failure
 @pytest.fixture
 def gateway(tmp_path: Path, free_udp_port: int) -> Iterator[Gateway]:
     default_users(tmp_path / "creds.json")
-    gw = Gateway(tmp_path / "creds.json", run="always", heartbeat=0.2, data_dir=tmp_path)
+    gw = Gateway(tmp_path / "creds.json", run="always", heartbeat=0.5, data_dir=tmp_path)
     node = ThreadedNode("gw", interface="lo", port=free_udp_port, overlays=[gw], **TIMING)
     node.start()
     try:

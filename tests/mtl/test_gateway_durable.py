@@ -9,12 +9,13 @@ import selectors
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from gatewayhelp import RawClient, default_users
+from gatewayhelp import WAIT, RawClient, default_users
 from peermesh.wire.mtl import (Confirm, Content, DataLease, Direction, Ping, Pong, Reject,
                                Response, Summon)
 
@@ -85,8 +86,9 @@ def connect(control: str, direction: Direction) -> RawClient:
 
 def confirmed_up_to(writer: RawClient, last: int) -> int:
     """Wait for the writer's Confirm covering ``last`` (answering Pings); its sequence."""
+    deadline = time.monotonic() + WAIT
     while True:
-        answer = writer.recv()
+        answer = writer.recv(deadline)
         if isinstance(answer, Confirm) and answer.multiple and answer.sequence >= last:
             return answer.sequence
         assert not isinstance(answer, Reject), answer
@@ -97,7 +99,8 @@ def confirmed_up_to(writer: RawClient, last: int) -> int:
 def settled(client: RawClient) -> None:
     """A Ping answered: whatever the client sent before it was handled and committed."""
     client.send(Ping())
-    while not isinstance(client.recv(), Pong):
+    deadline = time.monotonic() + WAIT
+    while not isinstance(client.recv(deadline), Pong):
         pass
 
 
@@ -159,10 +162,11 @@ def test_content_confirmed_to_the_writer_survives_a_kill_9(config: dict[str, Any
     reader.command(Summon(reader.next(), "jobs"))
     wanted = {b"w%d" % i for i in range(1, 201)}
     seen: set[bytes] = set()
-    while not wanted <= seen:  # (each receive is bounded: a loss fails, not hangs)
+    deadline = time.monotonic() + WAIT
+    while not wanted <= seen and time.monotonic() < deadline:
         for content in reader.contents(1):
             seen.add(content.body)
             reader.send(Confirm(content.sequence))
-    assert seen == wanted
+    assert sorted(wanted - seen) == [] and seen == wanted
     writer.close()
     reader.close()
