@@ -68,7 +68,7 @@ from ..overlay.election import Change
 from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
-from .dataflow import DataFlow, Join, Leave, MeshAction, Shout
+from .dataflow import DataFlow, Join, MeshAction, Shout
 from .delivery import DurableQueues
 from .store import ContentStore, store_path
 
@@ -369,13 +369,14 @@ class Gateway(Overlay):
             except zmq.ZMQError:
                 return  # closed while stopping
         node = self._node()
+        shout = node.shout
         for action in actions:
             try:
-                if isinstance(action, Shout):
-                    node.shout(action.group, *action.frames)
-                elif isinstance(action, Join):
+                if type(action) is Shout:
+                    shout(action.group, *action.frames)
+                elif type(action) is Join:
                     node.join(action.group)
-                elif isinstance(action, Leave):
+                else:
                     node.leave(action.group)
             except Exception as error:  # the node stopping, a group name it refuses
                 log.debug("mesh action %r failed: %s", action, error)

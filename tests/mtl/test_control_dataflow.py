@@ -200,3 +200,22 @@ def test_ill_formed_commands_are_dropped_and_others_still_served(
     lease(flow, users, R1, Direction.READ, ("chat",))
     assert feed(flow, R1, frames) == []
     assert feed(flow, R1, Summon(3, "chat")) == [(R1, Response(3, 200))]
+
+
+def test_repeated_unconfirmed_content_routes_the_same_way(flow: DataFlow,
+                                                          users: CredentialsFile) -> None:
+    lease(flow, users, R1, Direction.READ, ("chat",))
+    feed(flow, R1, Summon(1, "chat"))
+    lease(flow, users, W1, Direction.WRITE, ("chat",))
+    out = []
+    for i, command in enumerate([Content(1, "", b"a"), Content(2, "", b"b"),  # cached
+                                 Content(3, "chat", b"c"), Content(4, "chat", b"d"),
+                                 Content(5, "", b"e", {"p": 1})]):
+        flow.handle(W1, encode_data(command), NOW)
+        sends, actions = flow.take()
+        out += [decode_data(f).body for _, f in sends]
+        assert actions == [Shout("chat", [command.body])]
+    assert out == [b"a", b"b", b"c", b"d", b"e"]
+    assert len(flow.links[W1].passthrough) == 2
+    flow.handle(W1, [b"\x05" + bytes(8) + b"\x00\x00\x00", "not bytes"], NOW)  # type: ignore
+    assert flow.take() == ([], [])
