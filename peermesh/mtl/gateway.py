@@ -157,11 +157,8 @@ class Gateway(Overlay):
 
     # --- the overlay contract -----------------------------------------------------
 
-    def headers(self) -> dict[str, str]:
-        """``X-PM-MTL-GATEWAY``: where this gateway listens (bound in ``on_attach``)."""
-        return {}
-
     def on_attach(self, node: "Node") -> None:
+        """Bind both sockets and advertise them in ``X-PM-MTL-GATEWAY``."""
         self._control_sock = self._bind(0, MAX_REQUEST + 1024, 3)
         self._data_sock = self._bind(1, self.max_content + 1024, 2)
         self._sockets = [self._control_sock, self._data_sock]
