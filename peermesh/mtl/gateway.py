@@ -160,8 +160,13 @@ class Gateway(Overlay):
     def on_attach(self, node: "Node") -> None:
         """Bind both sockets and advertise them in ``X-PM-MTL-GATEWAY``."""
         self._control_sock = self._bind(0, MAX_REQUEST + 1024, 3)
-        self._data_sock = self._bind(1, self.max_content + 1024, 2)
-        self._sockets = [self._control_sock, self._data_sock]
+        self._sockets = [self._control_sock]
+        try:
+            self._data_sock = self._bind(1, self.max_content + 1024, 2)
+        except BaseException:
+            self._control_sock.close()
+            raise
+        self._sockets.append(self._data_sock)
         self.control_endpoint = self._control_sock.endpoint
         self.data_endpoint = self._data_sock.endpoint
         node.set_header(GATEWAY_HEADER, json.dumps(
@@ -195,6 +200,12 @@ class Gateway(Overlay):
         self.tracker.start()
         self._greenlets = [gevent.spawn(self._control_reader), gevent.spawn(self._data_reader),
                            gevent.spawn(self._mesh_reader), gevent.spawn(self._timer)]
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop serving (idempotent); the sockets close even if it never started."""
+        super().stop(timeout)
+        for sock in self._sockets:
+            sock.close()
 
     def on_stop(self, timeout: float) -> None:
         node = self._node()

@@ -199,3 +199,15 @@ def test_hostile_data_frames_are_dropped_others_served(gateway: Gateway,
     writer.connect_data(wl)
     writer.send(Content(1, "", b"still served"))
     assert [c.body for c in reader.contents(1)] == [b"still served"]
+
+
+def test_misuse_is_refused_and_an_unstarted_gateway_frees_its_ports(
+        tmp_path: Path, free_udp_port: int, free_tcp_port: int) -> None:
+    from peermesh import Node
+    with pytest.raises(ValueError, match="run must be one of"):
+        Gateway(tmp_path / "creds.json", run="sometimes")
+    for _ in range(2):  # the second binds the same port: the first let it go
+        gw = Gateway(tmp_path / "creds.json", run="always", control_port=free_tcp_port)
+        gw.attach(Node("never-started", interface="lo", port=free_udp_port))
+        assert gw.control_endpoint == f"tcp://127.0.0.1:{free_tcp_port}"
+        gw.stop()
