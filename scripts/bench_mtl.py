@@ -304,12 +304,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             def alone(_round: int) -> list[float]:
                 return logins[0].ask(n=max(20, args.logins // 4))
 
+            login_cpu: list[float] = []
+
             def together(_round: int) -> float:
-                started = time.monotonic()
+                started, before = time.monotonic(), harness.proc_cpu(gateway.pid)
                 for child in logins:
                     child.send({"n": args.logins})
                 for child in logins:
                     child.expect("answer", WAIT * 5)
+                login_cpu.append((harness.proc_cpu(gateway.pid) - before) / (2 * args.logins))
                 return 2 * args.logins / (time.monotonic() - started)
 
             runs = harness.interleaved({"raw": raw, "mesh": mesh, "full": full,
@@ -323,7 +326,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "load_average": load, "messages": n,
         "raw_msgs": runs["raw"], "mesh_msgs": runs["mesh"], "mesh_over_raw": ratios,
         "full_msgs": runs["full"], "login_p50_ms": p50s, "logins_per_s": runs["together"],
-        "mesh_cpu_us_per_msg": cpu,
+        "mesh_cpu_us_per_msg": cpu, "gateway_cpu_ms_per_login": [c * 1000 for c in login_cpu],
     }
     if args.json:
         print(harness.dump_json(results))
@@ -342,6 +345,9 @@ def main(argv: Optional[list[str]] = None) -> int:
          harness.verdict(full_rate, 20_000, at_least=True)],
         ["Open+SCRAM+Profile+Reader, 2 clients (/s)", logins_rate, "",
          harness.verdict(logins_rate, 500, at_least=True)],
+        ["  gateway CPU per login (ms); logins/s it allows",
+         f"{statistics.median(login_cpu) * 1000:.2f}", f"{1 / statistics.median(login_cpu):,.0f}",
+         ""],
         ["one login alone, p50 (ms)", statistics.median(p50s), "", ""],
     ]
     print(f"\nMTL gateway, 100-byte contents, {n} per case, {args.rounds} rounds, median round; "
