@@ -418,10 +418,10 @@ class DataFlow:
                 del self.grants[token]
         return now + self.heartbeat
 
-    def flush(self) -> None:
-        """End of a batch: commit confirmed content, confirm writers, top up readers."""
-        if self.queues is not None:
-            self.queues.flush(self)
+    def flush(self) -> bool:
+        """End of a batch: commit confirmed content, confirm writers, top up readers;
+        False if the store's commit failed."""
+        return self.queues.flush(self) if self.queues is not None else True
 
     def take(self) -> tuple[list[tuple[bytes, list[bytes]]], list[MeshAction]]:
         """What to send and do now; empties both lists."""

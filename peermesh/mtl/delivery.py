@@ -26,6 +26,13 @@ time and deleted when that reader confirms it.
 What was handed out but not confirmed is delivered again, to the same
 client after it reconnects or to another reader: at least once, and never
 again once its confirm was committed.
+
+Handing over: a gateway that is not the serving one (it stepped down, or
+came back after a crash while another serves) passes its stored content to
+the serving gateway. ``handoff_batch`` takes pending content under the
+store lease ``HANDOFF``; the receiver appends what it got (``received``),
+commits and acknowledges the highest sequence it stored; ``handed`` then
+deletes up to it, ``handoff_failed`` puts the rest back.
 """
 
 from __future__ import annotations
@@ -35,17 +42,20 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..wire.mtl import Confirm, Content, Reject, content_frames, encode_data, encode_table
-from .store import ContentStore, StoreFull
+from .store import ContentStore, Delivery, StoreFull
 
 if TYPE_CHECKING:
     from .dataflow import DataFlow, Link
 
-__all__ = ["DurableQueues", "WINDOW"]
+__all__ = ["DurableQueues", "WINDOW", "HANDOFF"]
 
 log = logging.getLogger(__name__)
 
 #: unconfirmed contents one confirmed reader holds at most
 WINDOW = 1000
+#: the store lease of content being handed to the serving gateway (no client lease is
+#: ever named so: those are URL-safe base64)
+HANDOFF = "\x00handoff"
 
 
 class DurableQueues:
@@ -96,8 +106,9 @@ class DurableQueues:
             return
         self.fresh.add(key[1])
 
-    def flush(self, flow: "DataFlow") -> None:
-        """Commit; then confirm writers and hand fresh content to confirmed readers."""
+    def flush(self, flow: "DataFlow") -> bool:
+        """Commit; then confirm writers and hand fresh content to confirmed readers.
+        False if the commit failed (writers get Reject instead)."""
         unconfirmed, self.unconfirmed = self.unconfirmed, {}
         try:
             self.store.commit()
@@ -105,13 +116,14 @@ class DurableQueues:
             log.warning("%s", error)
             for link, sequence in unconfirmed.items():
                 flow.sends.append((link.identity, encode_data(Reject(sequence, True))))
-            return
+            return False
         for link, sequence in unconfirmed.items():
             flow.sends.append((link.identity, encode_data(Confirm(sequence, True))))
         fresh, self.fresh = self.fresh, set()
         for group in fresh:
             for reader in list(self.readers.get(group, ())):
                 self.pump(flow, reader)
+        return True
 
     # --- readers ----------------------------------------------------------------
 
@@ -160,6 +172,38 @@ class DurableQueues:
                 sends.append((link.identity, content_frames(
                     delivery.sequence, flow.encoded_name(name), delivery.body,
                     delivery.properties or b"\x00\x00")))
+
+    # --- handing over -------------------------------------------------------------
+
+    def handoff_batch(self, limit: int) -> list[Delivery]:
+        """Up to ``limit`` pending contents (any group) to hand over, now held by HANDOFF."""
+        out: list[Delivery] = []
+        for group in self.store.resources():
+            out += self.store.take(HANDOFF, group, limit - len(out))
+            if len(out) >= limit:
+                break
+        return out
+
+    def handed(self, sequence: int) -> None:
+        """The receiver stored everything up to ``sequence``: delete it here."""
+        self.store.confirm(HANDOFF, sequence, multiple=True)
+        self.store.commit()
+
+    def handoff_failed(self) -> None:
+        """The receiver did not acknowledge: what it was sent is pending here again."""
+        self.store.release(HANDOFF)
+
+    def received(self, group: str, body: bytes, table: bytes) -> bool:
+        """Store content another gateway handed over (committed by the next ``flush``);
+        False if the store cannot hold it."""
+        try:
+            self.store.append(group, body, table)
+        except StoreFull as full:
+            log.debug("handed-over content for %s refused: %s", group, full)
+            return False
+        self.durable.add(group)
+        self.fresh.add(group)
+        return True
 
     def close(self) -> None:
         """Commit what is due and close the store."""

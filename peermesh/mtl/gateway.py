@@ -18,10 +18,21 @@ default) serves only while the node is the elected broker
 (``peermesh.overlay.broker.BrokerTracker``, candidate ``broker`` with
 ``priority``): a gateway not (or no longer) elected answers every control
 request 503 naming the elected gateway's control endpoint, drops data
-commands, and forgets its sessions and leases when it steps down (its
-confirmed content stays in its store, handed out again when it is elected
-again). Clients move to the gateway the 503 or the 201's list names and
-open their leases there again.
+commands, and forgets its sessions and leases when it steps down. Clients
+move to the gateway the 503 or the 201's list names and open their leases
+there again.
+
+Confirmed content moves too. A gateway that does not serve (it stepped
+down, or came back after a crash while another serves) hands what its store
+holds to the serving gateway in ZRE whispers::
+
+    MTL-HANDOFF    | group | sequence (8 octets) | field table | body
+    MTL-HANDOFF-OK | sequence (8 octets)        ; stored and committed up to it
+
+batches of up to ``HANDOFF_BATCH``, each deleted here once acknowledged
+(``peermesh.mtl.delivery``); unacknowledged within ``HANDOFF_WAIT`` seconds,
+the rest stays and goes with the next try (every heartbeat while not
+serving). Handovers are taken only from peers that advertise a gateway.
 
 Greenlets on the node's hub, each a thin loop around the sans-io cores:
 
@@ -32,7 +43,9 @@ Greenlets on the node's hub, each a thin loop around the sans-io cores:
   ``DataFlow.flush`` (one store commit per batch: the group commit behind
   ``confirm: full``), then the sends and mesh actions;
 * mesh: the group shouts the node hears (a listener queues them) ->
-  ``DataFlow.shouted``, a flush per batch;
+  ``DataFlow.shouted``, and handed-over content -> the store, a flush per
+  batch (then the handovers are acknowledged);
+* handoff (while not serving, with content stored): see above;
 * timer: ``DataFlow.tick`` (heartbeats, dead links, lease expiry),
   ``ControlFlow.expire``, and a credentials-file check every second (users
   changed: their leases are revoked, their sessions answered 401).
@@ -65,7 +78,9 @@ from ..io.socket import BATCH
 from ..overlay import Overlay
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
-from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
+from ..errors import ProtocolError
+from ..wire.mtl import (MAX_REQUEST, Failure, Status, decode_table, encode_reply,
+                        valid_string)
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, Join, MeshAction, Shout
@@ -85,6 +100,11 @@ RUNS = ("always", "elected")
 MAX_CONTENT = 16 * 1024 * 1024
 SNDHWM = 10_000
 _REFRESH_EVERY = 1.0
+#: whispers of the handover of confirmed content between gateways
+HANDOFF = b"MTL-HANDOFF"
+HANDOFF_OK = b"MTL-HANDOFF-OK"
+HANDOFF_BATCH = 256
+HANDOFF_WAIT = 10.0
 
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
@@ -154,6 +174,10 @@ class Gateway(Overlay):
         self._greenlets: list[gevent.Greenlet] = []
         self._shouts: deque[Event] = deque()
         self._shouted = gevent.event.Event()
+        self._handing: Optional[gevent.Greenlet] = None
+        self._handoff_peer: Optional[UUID] = None
+        self._acked = 0
+        self._ack = gevent.event.Event()
 
     # --- the overlay contract -----------------------------------------------------
 
@@ -232,17 +256,18 @@ class Gateway(Overlay):
         if self.run == "always":
             return
         elected = change.new is not None and change.new.uuid == self._node().uuid
-        if elected == self.active:
-            return
-        self.active = elected
-        log.info("MTL gateway %s: %s", self.control_endpoint,
-                 "serving (elected)" if elected else "standing by")
-        if not elected and self.data is not None and self.control is not None:
-            for token in list(self.data.grants):
-                self.data.revoke(token)
-            self.control.sessions.clear()
-            self.data.flush()
-            self._send(self.data.take())
+        if elected != self.active:
+            self.active = elected
+            log.info("MTL gateway %s: %s", self.control_endpoint,
+                     "serving (elected)" if elected else "standing by")
+            if not elected and self.data is not None and self.control is not None:
+                for token in list(self.data.grants):
+                    self.data.revoke(token)
+                self.control.sessions.clear()
+                self.data.flush()
+                self._send(self.data.take())
+        if not elected:
+            self._hand_over_later()
 
     def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         endpoint = parse_gateway_header(headers.get(GATEWAY_HEADER))
@@ -324,6 +349,15 @@ class Gateway(Overlay):
         if event.type is EventType.SHOUT and event.group is not None:
             self._shouts.append(event)
             self._shouted.set()
+        elif event.type is EventType.WHISPER and event.frames:
+            kind = event.frames[0]
+            if kind == HANDOFF:
+                self._shouts.append(event)
+                self._shouted.set()
+            elif kind == HANDOFF_OK and event.peer == self._handoff_peer \
+                    and len(event.frames) == 2 and len(event.frames[1]) == 8:
+                self._acked = max(self._acked, int.from_bytes(event.frames[1], "big"))
+                self._ack.set()
 
     def _mesh_reader(self) -> None:
         flow = self.data
@@ -333,16 +367,90 @@ class Gateway(Overlay):
             while not shouts:
                 self._shouted.clear()
                 self._shouted.wait()
-            if self.active:
-                for _ in range(min(len(shouts), 256)):
-                    event = shouts.popleft()
+            acks: dict[UUID, int] = {}
+            for _ in range(min(len(shouts), 256)):
+                event = shouts.popleft()
+                if event.type is not EventType.SHOUT:
+                    self._take_handoff(event, acks)  # (also while not serving: never lost)
+                elif self.active:
                     flow.shouted(event.group or "", list(event.frames),
                                  event.peer.hex if event.peer else "")
-                flow.flush()
-                self._send(flow.take())
-            else:
-                shouts.clear()
+            committed = flow.flush()
+            self._send(flow.take())
+            if committed:
+                for peer, sequence in acks.items():
+                    self._whisper(peer, HANDOFF_OK, sequence.to_bytes(8, "big"))
             gevent.sleep(0)
+
+    def _whisper(self, peer: UUID, *frames: bytes) -> bool:
+        try:
+            self._node().whisper(peer, *frames)
+        except Exception as error:  # the peer left, the node is stopping
+            log.debug("whisper to %s failed: %s", peer, error)
+            return False
+        return True
+
+    # --- handing confirmed content over ---------------------------------------------
+
+    def _take_handoff(self, event: Event, acks: dict[UUID, int]) -> None:
+        """Store one handed-over content (from a gateway, well-formed), noting its ack."""
+        flow = self.data
+        frames = event.frames
+        if flow is None or flow.queues is None or event.peer not in self._peers \
+                or len(frames) != 5 or len(frames[2]) != 8:
+            return
+        _, group_bytes, sequence, table, body = frames
+        if len(table) < 2 or int.from_bytes(table[:2], "big") != len(table) - 2:
+            return
+        try:
+            group = group_bytes.decode("utf-8")
+            decode_table(table[2:])
+        except (UnicodeDecodeError, ProtocolError):
+            return
+        if not group or not valid_string(group):
+            return
+        number = int.from_bytes(sequence, "big")
+        if event.peer in acks and number <= acks[event.peer]:
+            return
+        if flow.queues.received(group, body, table):
+            acks[event.peer] = number
+
+    def _hand_over_later(self) -> None:
+        """Start handing stored content to the serving gateway, unless already doing so."""
+        if self.data is None or self.data.queues is None or not self.data.queues.store.count:
+            return
+        if self._handing is None or self._handing.dead:
+            self._handing = gevent.spawn(self._hand_over)
+
+    def _hand_over(self) -> None:
+        queues = self.data.queues if self.data is not None else None
+        assert queues is not None
+        while not self.active:
+            broker = self.tracker.current_broker
+            target = broker.uuid if broker is not None and broker.uuid in self._peers else None
+            if target is None:
+                return
+            batch = queues.handoff_batch(HANDOFF_BATCH)
+            if not batch:
+                return
+            self._handoff_peer, self._acked = target, 0
+            self._ack.clear()
+            last = batch[-1].sequence
+            sent = all(self._whisper(target, HANDOFF, d.resource.encode("utf-8"),
+                                     d.sequence.to_bytes(8, "big"),
+                                     d.properties or b"\x00\x00", d.body) for d in batch)
+            deadline = time.monotonic() + HANDOFF_WAIT
+            while sent and self._acked < last and self._ack.wait(deadline - time.monotonic()):
+                self._ack.clear()
+            if self._acked:
+                queues.handed(self._acked)
+            if self._acked < last:
+                queues.handoff_failed()
+                log.info("handing content over to %s stopped: not all of %d acknowledged",
+                         target, len(batch))
+                return
+            log.debug("handed %d contents over to %s", len(batch), target)
+
 
     def _timer(self) -> None:
         flow, control = self.data, self.control
@@ -366,6 +474,8 @@ class Gateway(Overlay):
                 self._send(flow.take())
             else:
                 wake = now + flow.heartbeat
+                if self.run == "elected":
+                    self._hand_over_later()  # (again, after a handover that stopped)
             gevent.sleep(max(0.0, min(wake, refreshed + _REFRESH_EVERY) - time.time()))
 
     def _send(self, work: tuple[list[tuple[bytes, list[bytes]]], list[MeshAction]]) -> None:

@@ -101,3 +101,40 @@ def test_gateway_moves_with_the_elected_broker(tmp_path: Path, free_udp_port: in
     finally:
         standby.close()
         client.close()
+
+
+def test_confirmed_content_moves_to_the_new_gateway(tmp_path: Path, free_udp_port: int,
+                                                    nodes: list[ThreadedNode]) -> None:
+    default_users(tmp_path / "creds.json")
+    old = Gateway(tmp_path / "creds.json", priority=1, settle=0.1, data_dir=tmp_path / "old")
+    start(nodes, "old", free_udp_port, old)
+    poll_until(lambda: old.active, 5.0, "the only gateway to be elected")
+    writer = RawClient(old.control_endpoint)
+    try:
+        writer.login()
+        lease = writer.lease(Direction.WRITE, ("jobs",), "full")
+        assert isinstance(lease, DataLease)
+        writer.connect_data(lease)
+        for i in range(1, 301):
+            writer.send(Content(i, "", b"job %d" % i))
+        poll_until(lambda: old.store is not None and old.store.count == 300, 5.0,
+                   "300 contents stored")
+    finally:
+        writer.close()
+    # a better candidate arrives: the old gateway steps down and hands its content over
+    new = Gateway(tmp_path / "creds.json", priority=9, settle=0.1, data_dir=tmp_path / "new")
+    start(nodes, "new", free_udp_port, new)
+    poll_until(lambda: new.active and not old.active, 5.0, "the new gateway to serve")
+    poll_until(lambda: old.store is not None and old.store.count == 0, 10.0,
+               "the old gateway to have handed everything over")
+    reader = RawClient(new.control_endpoint)
+    try:
+        reader.login()
+        lease = reader.lease(Direction.READ, ("jobs",), "full")
+        assert isinstance(lease, DataLease)
+        reader.connect_data(lease)
+        assert reader.command(Summon(reader.next(), "jobs")) == Response(2, 200)
+        bodies = [c.body for c in reader.contents(300)]
+        assert sorted(bodies) == sorted(b"job %d" % i for i in range(1, 301))
+    finally:
+        reader.close()
