@@ -1,0 +1,315 @@
+"""``peermesh.mtl.Client`` against real gateways on loopback.
+
+The gateways here are the real control and data cores (``ControlFlow``,
+``DataFlow``, ``DurableQueues`` on a real SQLite store) on real ROUTER
+sockets, driven by a small plain-pyzmq loop in a thread; the mesh side (a
+ZRE node shouting and hearing groups) is left out, so the ``mesh`` profile
+serves the gateway's own readers and writers only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import zmq
+
+from peermesh.mtl.client import (AsyncClient, AuthenticationFailed, Client,
+                                 GatewayUnavailable, Received, RequestRefused)
+from peermesh.mtl.control import ControlFlow
+from peermesh.mtl.credentials import Authenticator, CredentialsFile, User, make_user
+from peermesh.mtl.dataflow import DataFlow
+from peermesh.mtl.delivery import DurableQueues
+from peermesh.mtl.store import ContentStore
+
+WAIT = 10.0          # upper bound for anything that normally takes milliseconds
+HEARTBEAT = 0.1
+
+
+class LoopbackGateway:
+    """The gateway's cores on two ROUTERs on 127.0.0.1, served by a thread."""
+
+    def __init__(self, credentials: CredentialsFile, store_file: Path,
+                 heartbeat: float = HEARTBEAT) -> None:
+        self.store = ContentStore(store_file)
+        self.data = DataFlow(still_valid=credentials.still_valid, heartbeat=heartbeat,
+                             queues=DurableQueues(self.store))
+        self.control = ControlFlow(Authenticator(credentials, ("SCRAM-SHA-256", "PLAIN")),
+                                   self.data, plain=True)
+        self.credentials = credentials
+        context: zmq.Context[Any] = zmq.Context.instance()
+        self._control = context.socket(zmq.ROUTER)
+        self._data = context.socket(zmq.ROUTER)
+        for sock in (self._control, self._data):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = self._bind(self._control)
+        self.control.data_port = int(self._bind(self._data).rpartition(":")[2])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _bind(sock: zmq.Socket[Any]) -> str:
+        sock.bind("tcp://127.0.0.1:*")
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._control, zmq.POLLIN)
+        poller.register(self._data, zmq.POLLIN)
+        next_tick = 0.0
+        while not self._stop.is_set():
+            ready = dict(poller.poll(10))
+            now = time.time()
+            if self._control in ready:
+                while True:
+                    try:
+                        identity, empty, *request = self._control.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.credentials.refresh()
+                    reply = self.control.handle(identity, "127.0.0.1", request, now)
+                    if reply is not None:
+                        self._control.send_multipart([identity, empty, *reply])
+            if self._data in ready:
+                while True:
+                    try:
+                        identity, *frames = self._data.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.data.handle(identity, frames, now)
+            self.data.flush()                     # group commit, then the writers' Confirms
+            if now >= next_tick:
+                next_tick = self.data.tick(now)
+            sends, _ = self.data.take()
+            for identity, frames in sends:
+                self._data.send_multipart([identity, *frames])
+
+    def stop(self) -> None:
+        """Stop answering, as a killed gateway would, and close the store."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(WAIT)
+            self._control.close(0)
+            self._data.close(0)
+            self.store.close()
+
+
+@pytest.fixture
+def credentials(tmp_path: Path) -> CredentialsFile:
+    creds = CredentialsFile(tmp_path / "creds.json")
+    alice = make_user("alice", "pencil", read=["*"], write=["*"])
+    bob = make_user("bob", "pw", read=["resource", "chat"], write=["resource"])
+    creds.update(lambda users: users.update(alice=alice, bob=bob))
+    return creds
+
+
+@pytest.fixture
+def gateways(tmp_path: Path, credentials: CredentialsFile) -> Iterator[Any]:
+    started: list[LoopbackGateway] = []
+
+    def start(name: str = "a", heartbeat: float = HEARTBEAT) -> LoopbackGateway:
+        gateway = LoopbackGateway(credentials, tmp_path / f"mtl-{name}.sqlite3", heartbeat)
+        started.append(gateway)
+        return gateway
+
+    try:
+        yield start
+    finally:
+        for gateway in started:
+            gateway.stop()
+
+
+def client(gateway: Any, user: Optional[str] = "alice", password: str = "pencil",
+           **options: Any) -> Client:
+    endpoints = gateway if isinstance(gateway, list) else [gateway.endpoint]
+    return Client(endpoints, user, password, heartbeat=HEARTBEAT,
+                  **{"timeout": 2.0, **options})
+
+
+def receive(reader: Any, count: int) -> list[Received]:
+    got: list[Received] = []
+    deadline = time.monotonic() + WAIT
+    while len(got) < count:
+        received = reader.receive(timeout=max(0.0, deadline - time.monotonic()))
+        assert received is not None, f"received {len(got)} of {count}"
+        got.append(received)
+    return got
+
+
+def test_test_profile_fans_out_from_writers_to_readers(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway, profile="test") as one, client(gateway, "bob", "pw",
+                                                        profile="test") as two:
+        assert one.profiles == ("test", "mesh") and one.gateway == gateway.endpoint
+        readers = [one.reader(["resource"]), two.reader(["resource"])]
+        for reader in readers:
+            reader.summon("resource")
+        writer = two.writer(["resource"])
+        assert writer.send(b"hello", properties={"k": [1, "v"]}) == 1
+        writer.send(b"again", "resource")
+        for reader in readers:
+            got = receive(reader, 2)
+            assert [r.body for r in got] == [b"hello", b"again"]
+            assert got[0].resource == "resource" and got[0].properties == {"k": [1, "v"]}
+            assert reader.receive(timeout=0.05) is None
+        readers[0].dismiss("resource")
+        writer.send(b"only for two")
+        assert receive(readers[1], 1)[0].body == b"only for two"
+        assert readers[0].receive(timeout=0.2) is None   # nothing after the Dismiss
+
+
+def test_refusals(gateways: Any, credentials: CredentialsFile) -> None:
+    gateway = gateways()
+    with pytest.raises(AuthenticationFailed, match="refused alice"):
+        client(gateway, password="wrong").connect()
+    with pytest.raises(AuthenticationFailed, match="offers SCRAM-SHA-256, PLAIN, not"):
+        Client([gateway.endpoint], "alice", "x", mechanism="CRAM-MD5").connect()
+    with client(gateway, "bob", "pw") as bob:
+        with pytest.raises(RequestRefused) as refused:
+            bob.writer(["chat"])                         # bob may only read chat
+        assert refused.value.status == 403
+        reader = bob.reader(["chat"])
+        with pytest.raises(RequestRefused, match="Summon 'news': 400"):
+            reader.summon("news")                        # not in the lease
+    with client(gateway, profile="test") as test:
+        with pytest.raises(RequestRefused) as refused:
+            test.reader(["resource"], confirm="full")
+        assert refused.value.status == 501
+    with pytest.raises(RequestRefused, match="Connection.Profile 'nope': 400"):
+        client(gateway, profile="nope").connect()
+    silent: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.ROUTER)   # answers nothing
+    try:
+        silent.bind("tcp://127.0.0.1:*")
+        with pytest.raises(GatewayUnavailable, match="no reply within 0.2 s"):
+            Client([silent.getsockopt_string(zmq.LAST_ENDPOINT)], "alice", "pencil",
+                   timeout=0.2).connect()
+    finally:
+        silent.close(0)
+    with pytest.raises(ValueError, match="not tcp://HOST:PORT"):
+        Client(["ipc:///tmp/x"])
+
+
+def test_plain_and_a_new_verifier_for_the_same_password(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway, mechanism="PLAIN") as plain:
+        plain.reader(["chat"]).summon("chat")
+    gateway.credentials.update(lambda users: users.update(
+        alice=make_user("alice", "pencil", read=["*"])))
+    with client(gateway) as fresh:   # the same password, a new salt: SCRAM both ways
+        fresh.reader(["chat"]).summon("chat")
+
+
+def test_confirm_full_survives_the_reader_and_never_repeats_confirmed(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway) as alice:
+        writer = alice.writer(["jobs"], confirm="full")
+        reader = alice.reader(["jobs"], confirm="full")
+        reader.summon("jobs")
+        for i in range(20):
+            writer.send(b"job %d" % i)
+        assert writer.wait(WAIT) and writer.unconfirmed == 0 and not writer.rejected
+        got = receive(reader, 20)
+        assert [r.body for r in got] == [b"job %d" % i for i in range(20)]
+        assert reader.confirm(got[9], multiple=True)      # jobs 0-9
+        assert reader.reject(got[10], recycle=False)      # job 10 dropped
+        assert reader.reject(got[11], recycle=True)       # job 11 again, first
+        assert receive(reader, 1)[0].body == b"job 11"
+        reader.close()                                    # 11-19 unconfirmed
+    with client(gateway, "bob", "pw") as bob, pytest.raises(RequestRefused):
+        bob.reader(["jobs"], confirm="full")              # bob may not read jobs
+    with client(gateway) as again:
+        reader = again.reader(["jobs"], confirm="full")
+        reader.summon("jobs")
+        deadline = time.monotonic() + WAIT
+        bodies: list[bytes] = []
+        while len(bodies) < 9 and time.monotonic() < deadline:
+            # the first reader's link is unbound once the gateway hears nothing from it
+            received = reader.receive(timeout=0.2)
+            if received is not None:
+                bodies.append(received.body)
+                reader.confirm(received)
+        assert sorted(bodies) == sorted(b"job %d" % i for i in range(11, 20))
+        assert reader.receive(timeout=0.3) is None
+
+
+def test_failover_to_the_next_gateway(gateways: Any) -> None:
+    # (the second gateway gives its links a second of silence: the reader is not read
+    # while the writer waits for the first gateway to time out)
+    first, second = gateways("a"), gateways("b", heartbeat=1.0)
+    with client([first.endpoint, second.endpoint], timeout=1.0) as alice:
+        reader = alice.reader(["chat"])
+        reader.summon("chat")
+        writer = alice.writer(["chat"], confirm="full")
+        writer.send(b"before")
+        assert receive(reader, 1)[0].body == b"before" and writer.wait(WAIT)
+        assert alice.gateway == first.endpoint
+        first.stop()
+        # the reader notices the silence, reconnects to the second gateway, summons again
+        assert reader.receive(timeout=HEARTBEAT * 3 + 0.5) is None
+        deadline = time.monotonic() + WAIT
+        while alice.gateway != second.endpoint and time.monotonic() < deadline:
+            reader.receive(timeout=0.1)
+        assert alice.gateway == second.endpoint and reader.summoned == ["chat"]
+        writer.send(b"after")                          # the writer follows on its own
+        assert writer.wait(WAIT)
+        assert receive(reader, 1)[0].body == b"after"
+
+
+def test_changed_credentials_mean_authenticating_again(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway, "bob", "pw") as bob:
+        bob.reader(["chat"])
+        grants: dict[str, User] = {}
+
+        def widen(users: dict[str, User]) -> None:
+            users["bob"] = grants["bob"] = make_user("bob", "pw", read=["*"])
+
+        gateway.credentials.update(widen)
+        reader = bob.reader(["news"])    # 401, authenticated again, the new grant applies
+        reader.summon("news")
+        gateway.credentials.update(lambda users: users.update(bob=make_user("bob", "new")))
+        with pytest.raises(AuthenticationFailed, match="refused bob"):
+            bob.reader(["news"])
+
+
+def test_an_idle_reader_answers_pings_and_stays_bound(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway) as alice:
+        reader = alice.reader(["chat"])
+        reader.summon("chat")
+        link = reader.link
+        # quiet for many heartbeats: the gateway pings, the reader answers and pings
+        assert reader.receive(timeout=HEARTBEAT * 8) is None
+        assert reader.link == link and len(gateway.data.links) == 1
+        alice.writer(["chat"]).send(b"still here")
+        assert receive(reader, 1)[0].body == b"still here"
+
+
+def test_asyncio_face(gateways: Any) -> None:
+    gateway = gateways()
+
+    async def main() -> list[bytes]:
+        async with AsyncClient([gateway.endpoint], "alice", "pencil",
+                               heartbeat=HEARTBEAT) as alice:
+            reader = await alice.reader(["chat"], confirm="full")
+            await reader.summon("chat")
+            writer = await alice.writer(["chat"], confirm="full")
+            for i in range(3):
+                await writer.send(b"m%d" % i)
+            assert await writer.wait(WAIT)
+            got = []
+            async for received in reader:
+                got.append(received.body)
+                assert await reader.confirm(received)
+                if len(got) == 3:
+                    break
+            assert await reader.receive(timeout=0.05) is None
+            return got
+
+    assert asyncio.run(asyncio.wait_for(main(), WAIT)) == [b"m0", b"m1", b"m2"]
