@@ -428,11 +428,15 @@ class _Leased:
         sequence = self._sequence
         self._send(make(sequence))
         deadline = time.monotonic() + patience
+        code: Optional[int] = None
         while True:
             for command in self._read(deadline - time.monotonic()):
                 if isinstance(command, Response) and command.sequence == sequence:
-                    return command.code
-                self._incoming(command)
+                    code = command.code
+                else:
+                    self._incoming(command)      # (also what came after the Response)
+            if code is not None:
+                return code
             if time.monotonic() >= deadline:
                 raise GatewayUnavailable(f"no Response from {self._endpoint} within "
                                          f"{patience:g} s")
@@ -495,15 +499,16 @@ class _Leased:
         limit = self.client.heartbeat
         return limit if deadline is None else max(0.0, min(limit, deadline - time.monotonic()))
 
-    def _close_dealer(self) -> None:
+    def _close_dealer(self, linger: float = 0.0) -> None:
         if self._dealer is not None:
-            self._dealer.close(0)
+            self._dealer.close(int(linger * 1000))
             self._dealer = None
 
     def close(self) -> None:
-        """Close the data connection (the gateway forgets the lease after a while)."""
+        """Close the data connection (the gateway forgets the lease after a while); what
+        is still queued to send gets up to ``timeout`` seconds to leave."""
         self._closed = True
-        self._close_dealer()
+        self._close_dealer(self.client.timeout)
 
     def __enter__(self: "_L") -> "_L":
         return self

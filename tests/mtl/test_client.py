@@ -10,6 +10,12 @@ serves the gateway's own readers and writers only.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +32,7 @@ from peermesh.mtl.credentials import Authenticator, CredentialsFile, User, make_
 from peermesh.mtl.dataflow import DataFlow
 from peermesh.mtl.delivery import DurableQueues
 from peermesh.mtl.store import ContentStore
+from waiting import poll_until
 
 WAIT = 10.0          # upper bound for anything that normally takes milliseconds
 HEARTBEAT = 0.1
@@ -313,3 +320,105 @@ def test_asyncio_face(gateways: Any) -> None:
             return got
 
     assert asyncio.run(asyncio.wait_for(main(), WAIT)) == [b"m0", b"m1", b"m2"]
+
+
+# --- peermesh mtl read / write ---------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
+    """``cli(*args, stdin="")``: (exit code, stdout, stderr) of ``peermesh ARGS`` run here."""
+    from peermesh.cli.commands import main
+
+    for key in list(os.environ):
+        if key.startswith("PEERMESH_"):
+            monkeypatch.delenv(key)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        return code, out, err
+
+    try:
+        yield run
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def test_cli_write_and_read_confirmed(gateways: Any, cli: Any,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway = gateways()
+    common = ("-g", gateway.endpoint, "-u", "alice", "--confirm", "full")
+    code, _, err = cli("mtl", "write", "jobs", "first", *common, "--password-file", "-",
+                       stdin="pencil\n")
+    assert code == 0 and f"wrote 1 content to jobs through {gateway.endpoint}, all stored" \
+        in err
+    monkeypatch.setenv("PEERMESH_MTL_PASSWORD", "pencil")
+    code, _, err = cli("mtl", "write", "jobs", *common, stdin="second\nthird \u00e9\n")
+    assert code == 0 and "wrote 2 contents" in err
+    code, out, err = cli("mtl", "read", "jobs", *common, "--json", "--count", "3")
+    assert code == 0 and f"reading jobs through {gateway.endpoint} as alice" in err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["body"] for line in lines] == ["first", "second", "third \u00e9"]
+    assert lines[0]["resource"] == "jobs" and lines[0]["properties"] == {}
+    # printed, then confirmed: the confirms leave as the command closes
+    poll_until(lambda: gateway.store.count == 0, WAIT, "the gateway to delete what was read")
+
+
+def test_cli_read_prints_as_content_comes(gateways: Any, tmp_path: Path) -> None:
+    gateway = gateways()
+    password = tmp_path / "pw"
+    password.write_text("pencil\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")},
+           "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "utf-8"}
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "peermesh", "mtl", "read", "chat", "news", "-g",
+         gateway.endpoint, "-u", "alice", "--password-file", str(password), "-n", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert reader.stderr is not None
+        assert "reading chat, news through" in reader.stderr.readline()
+        with client(gateway) as alice:
+            writer = alice.writer(["chat", "news"])
+            writer.send(b"hello", "chat")
+            writer.send(b"\x1b[2Jbreaking", "news")
+        out, err = reader.communicate(timeout=WAIT)
+    finally:
+        reader.kill()
+        reader.wait(WAIT)
+    assert reader.returncode == 0, err
+    assert out.splitlines() == ["chat: hello", "news: \\x1b[2Jbreaking"]
+
+
+def test_cli_client_misuse_and_failures(gateways: Any, cli: Any) -> None:
+    gateway = gateways()
+    code, _, err = cli("mtl", "read", "chat")
+    assert code == 2 and "no gateway: give --gateway" in err
+    code, _, err = cli("mtl", "read", "chat", "-g", "localhost")
+    assert code == 2 and "'localhost' is not tcp://HOST:PORT" in err
+    code, _, err = cli("mtl", "write", "chat", "-", "-g", gateway.endpoint, "-u", "alice",
+                       "--password-file", "-", stdin="pencil\nhello\n")
+    assert code == 2 and "standard input carries the messages" in err
+    code, _, err = cli("mtl", "write", "chat", "x", "-g", gateway.endpoint, "-u", "alice",
+                       "--password-file", "-", stdin="wrong\n")
+    assert code == 1 and "error: the gateway refused alice" in err
+    code, _, err = cli("mtl", "write", "chat", "x", "-g", gateway.endpoint, "-u", "bob",
+                       "--password-file", "-", stdin="pw\n")
+    assert code == 1 and "Connection.Writer: 403 bob may not write 'chat'" in err
+    silent: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        silent.bind("tcp://127.0.0.1:*")
+        code, _, err = cli("mtl", "read", "chat", "-g", silent.getsockopt_string(
+            zmq.LAST_ENDPOINT), "--timeout", "0.2")
+        assert code == 1 and "no gateway answered" in err
+    finally:
+        silent.close(0)
