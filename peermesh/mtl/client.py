@@ -363,8 +363,9 @@ class _Leased:
         self._token = ""
         self._generation = -1
         self._sequence = 0                   # command sequence
-        self._heard = self._pinged = self._probed = 0.0
+        self._heard = self._said = self._pinged = self._probed = 0.0
         self._probe: Optional[int] = None    # sequence of a Lease sent to check the binding
+        self._revoked = False                # the gateway answered the probe with 403
         self._closed = False
         self._bind(renew=True)
 
@@ -383,8 +384,8 @@ class _Leased:
         dealer.connect(self._endpoint)
         self._dealer = dealer
         self.link += 1
-        self._heard = self._pinged = self._probed = time.monotonic()
-        self._probe = None
+        self._heard = self._said = self._pinged = self._probed = time.monotonic()
+        self._probe, self._revoked = None, False
         code = self._exchange(lambda seq: Lease(seq, self._token), self._patience())
         if code == 403 and not renew:
             self._bind(renew=True)
@@ -420,6 +421,13 @@ class _Leased:
         except zmq.Again:
             raise GatewayUnavailable(f"the gateway at {self._endpoint} takes nothing "
                                      f"(send timed out)") from None
+        self._said = time.monotonic()
+
+    def _awake(self) -> None:
+        """Reconnect first if the gateway may have unbound the link: it heard nothing from
+        it for ``heartbeat * liveness`` seconds (nobody called this lease)."""
+        if time.monotonic() - self._said >= self.client.heartbeat * self.client.liveness:
+            self._recover()
 
     def _exchange(self, make: Callable[[int], DataCommand], patience: float) -> int:
         """Send a command with the next sequence and wait for its Response code;
@@ -474,8 +482,7 @@ class _Leased:
             self._send(Pong())
         elif isinstance(command, Response) and command.sequence == self._probe:
             self._probe = None
-            if command.code == 403:     # the gateway revoked the lease
-                self._bind(renew=True)
+            self._revoked = command.code == 403
 
     def _pump(self, timeout: float) -> None:
         """Read and handle what arrives within ``timeout``; keep the connection alive."""
@@ -483,7 +490,9 @@ class _Leased:
             self._incoming(command)
         now = time.monotonic()
         heartbeat, liveness = self.client.heartbeat, self.client.liveness
-        if now - self._heard >= heartbeat * liveness:
+        if self._revoked:             # the gateway revoked the lease: a new one
+            self._bind(renew=True)
+        elif now - self._heard >= heartbeat * liveness:
             self._recover()
         elif now - self._heard >= heartbeat and now - self._pinged >= heartbeat:
             self._pinged = now
@@ -620,6 +629,7 @@ class Writer(_Leased):
         self._content += 1
         content = Content(self._content, resource, body, properties or {})
         frames = encode_data(content)     # ValueError for a bad resource or properties
+        self._awake()
         full = self.confirm_model == "full"
         if full:
             while len(self._unconfirmed) >= self.client.window:
@@ -628,6 +638,7 @@ class Writer(_Leased):
         try:
             assert self._dealer is not None
             self._dealer.send_multipart(frames, copy=False)
+            self._said = time.monotonic()
         except zmq.Again:
             self._recover()          # (full: resent with the others)
             if not full:

@@ -290,12 +290,15 @@ def test_an_idle_reader_answers_pings_and_stays_bound(gateways: Any) -> None:
     with client(gateway) as alice:
         reader = alice.reader(["chat"])
         reader.summon("chat")
+        writer = alice.writer(["chat"])
         link = reader.link
-        # quiet for many heartbeats: the gateway pings, the reader answers and pings
+        # quiet for many heartbeats: the gateway pings, the reader answers and pings; the
+        # writer, not called meanwhile, is unbound by the gateway
         assert reader.receive(timeout=HEARTBEAT * 8) is None
         assert reader.link == link and len(gateway.data.links) == 1
-        alice.writer(["chat"]).send(b"still here")
+        writer.send(b"still here")             # binds its lease again first
         assert receive(reader, 1)[0].body == b"still here"
+        assert writer.link == 2
 
 
 def test_asyncio_face(gateways: Any) -> None:
