@@ -21,13 +21,16 @@ talks to a gateway with two kinds of socket, in the caller's thread:
   ``Dismiss`` (each waits for its ``Response``), ``Content``, ``Confirm``,
   ``Reject``, ``Ping`` / ``Pong``.
 
-Heartbeats and failover: a lease pings the gateway after ``heartbeat``
-seconds without hearing from it, answers its Pings, and presents its lease
-again (a second ``Lease``: 400 means it is still bound, 200 that it was
-re-bound, 403 that the gateway revoked it) every ``heartbeat * liveness * 2``
-seconds while idle. When the gateway stays silent for ``heartbeat *
-liveness`` seconds, or a command's Response does not come within
-``timeout``, the lease reconnects: first a new DEALER with the same lease
+Heartbeats and failover: while it is called (``receive``, ``send``,
+``wait``), a lease pings the gateway after ``heartbeat`` seconds without
+hearing from it, answers its Pings, and presents its lease again every
+``heartbeat * liveness * 2`` seconds (a second ``Lease``: 400 means it is
+still bound, 200 that it was bound again, 403 that the gateway revoked it:
+then it asks for a new one). A lease nobody called for ``heartbeat *
+liveness`` seconds may have been unbound by the gateway: it binds again
+before it sends. When the gateway stays silent for ``heartbeat * liveness``
+seconds, or a command's Response does not come within ``timeout``, the
+lease reconnects: first a new DEALER with the same lease
 (the gateway keeps an unbound lease for a while), else a new control session
 on the same gateway or the next one in ``gateways`` (also those a 201 named),
 a new lease with the same resources, the same Summons again. A writer with
