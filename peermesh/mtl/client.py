@@ -551,7 +551,8 @@ class Reader(_Leased):
             self.summoned.append(resource)
 
     def dismiss(self, resource: str) -> None:
-        """Stop receiving ``resource`` (no content of it arrives after this returns)."""
+        """Stop receiving ``resource``: the gateway sends none of it after its Response
+        (content that came before may still be in ``receive``'s queue)."""
         code = self._command(lambda seq: Dismiss(seq, resource))
         if resource in self.summoned:
             self.summoned.remove(resource)
@@ -562,10 +563,10 @@ class Reader(_Leased):
         """The next content, waiting at most ``timeout`` seconds (None: for ever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._inbox:
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
             self._pump(self._slice(deadline))
-        return self._inbox.popleft()
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return self._inbox.popleft() if self._inbox else None
 
     def __iter__(self) -> Iterator[Received]:
         while True:
@@ -655,11 +656,11 @@ class Writer(_Leased):
         """Wait until the gateway confirmed everything sent (at most ``timeout`` seconds);
         True if it did. Without ``confirm="full"`` nothing waits: True."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._pump(0)
         while self._unconfirmed:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             self._pump(self._slice(deadline))
-        self._pump(0)
         return True
 
     def _incoming(self, command: DataCommand) -> None:
