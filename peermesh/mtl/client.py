@@ -630,14 +630,15 @@ class Writer(_Leased):
         """Send content (``resource`` may be empty when the lease names one); its sequence.
 
         With ``confirm="full"`` it waits while ``window`` contents are unconfirmed."""
+        self._awake()
+        full = self.confirm_model == "full"
+        while full and len(self._unconfirmed) >= self.client.window:
+            self._pump(self.client.heartbeat)
+        # (numbered after any reconnection above: what it sent again has lower numbers)
         self._content += 1
         content = Content(self._content, resource, body, properties or {})
         frames = encode_data(content)     # ValueError for a bad resource or properties
-        self._awake()
-        full = self.confirm_model == "full"
         if full:
-            while len(self._unconfirmed) >= self.client.window:
-                self._pump(self.client.heartbeat)
             self._unconfirmed[content.sequence] = content
         try:
             assert self._dealer is not None
