@@ -425,3 +425,15 @@ def test_cli_client_misuse_and_failures(gateways: Any, cli: Any) -> None:
         assert code == 1 and "no gateway answered" in err
     finally:
         silent.close(0)
+
+
+def test_a_confirmed_writer_holds_at_most_window_contents(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway, window=3) as alice:
+        writer = alice.writer(["jobs"], confirm="full")
+        most = 0
+        for i in range(30):
+            writer.send(b"%d" % i)
+            most = max(most, writer.unconfirmed)
+        assert most == 3 and writer.wait(WAIT)
+    assert gateway.store.count == 30
