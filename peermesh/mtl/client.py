@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -95,6 +96,15 @@ class GatewayUnavailable(ClientError):
 
 class AuthenticationFailed(ClientError):
     """The gateway refused the credentials (or could not prove it holds them)."""
+
+
+class _Moved(GatewayUnavailable):
+    """A gateway that is not the elected one answered 503, naming the one to use."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        found = re.search(r"tcp://[^\s;,]+:\d+", reason)
+        self.endpoint = found.group(0) if found else None
 
 
 class RequestRefused(ClientError):
@@ -177,11 +187,15 @@ class Client:
         return self
 
     def _establish(self) -> None:
-        """A new session: the current gateway, else each next one in turn."""
-        tried = []
-        for step in range(len(self.gateways)):
-            index = (self._index + step) % len(self.gateways)
-            endpoint = self.gateways[index]
+        """A new session: the current gateway, else each next one in turn (first the one
+        a standby gateway's 503 names)."""
+        tried: dict[str, str] = {}      # endpoint -> why not
+        count = len(self.gateways)
+        candidates = deque(self.gateways[(self._index + i) % count] for i in range(count))
+        while candidates:
+            endpoint = candidates.popleft()
+            if endpoint in tried:
+                continue
             self._close_req()
             self.gateway = None
             try:
@@ -190,14 +204,28 @@ class Client:
                 self._req.connect(endpoint)
                 self._handshake()
             except GatewayUnavailable as exc:
-                tried.append(f"{endpoint} ({exc})")
+                tried[endpoint] = str(exc)
+                if isinstance(exc, _Moved) and exc.endpoint is not None:
+                    self._learn(exc.endpoint)
+                    candidates.appendleft(exc.endpoint)
                 continue
-            self._index, self.gateway = index, endpoint
+            if endpoint in self.gateways:       # (not if the list was full)
+                self._index = self.gateways.index(endpoint)
+            self.gateway = endpoint
             self.generation += 1
             log.info("MTL session %d with %s", self.generation, endpoint)
             return
         self._close_req()
-        raise GatewayUnavailable(f"no gateway answered: {'; '.join(tried)}")
+        raise GatewayUnavailable("no gateway answered: " + "; ".join(
+            f"{endpoint} ({why})" for endpoint, why in tried.items()))
+
+    def _learn(self, endpoint: str) -> None:
+        """Keep ``endpoint`` among the gateways to fail over to."""
+        if endpoint not in self.gateways and len(self.gateways) < _MAX_GATEWAYS:
+            try:
+                self.gateways.append(_check_endpoint(endpoint))
+            except ValueError:
+                log.debug("ignored gateway endpoint %r", endpoint)
 
     def _handshake(self) -> None:
         reply = self._send(Open(self.virtual_host))
@@ -246,11 +274,7 @@ class Client:
     def _ready(self, reply: Ready) -> None:
         self.profiles = reply.profiles
         for endpoint in reply.gateways:
-            if endpoint not in self.gateways and len(self.gateways) < _MAX_GATEWAYS:
-                try:
-                    self.gateways.append(_check_endpoint(endpoint))
-                except ValueError:
-                    log.debug("ignored gateway endpoint %r from the 201", endpoint)
+            self._learn(endpoint)
 
     def _select_profile(self) -> None:
         reply = self._send(SelectProfile(self.profile))
@@ -259,6 +283,8 @@ class Client:
 
     @staticmethod
     def _refused(what: str, reply: Reply) -> None:
+        if isinstance(reply, Failure) and reply.status == 503:
+            raise _Moved(f"{what}: 503 {reply.reason}")
         if isinstance(reply, Failure):
             raise RequestRefused(what, reply.status, reply.reason)
         raise RequestRefused(what, 500, f"unexpected reply {type(reply).__name__}")
@@ -300,6 +326,8 @@ class Client:
                     self._authenticate(reply.mechanisms)
                     self._select_profile()
                     reply = self._send(request)
+                if isinstance(reply, Failure) and reply.status == 503:
+                    raise _Moved(reply.reason)          # this gateway stepped down
             except GatewayUnavailable:
                 self._establish()
                 reply = self._send(request)
@@ -369,6 +397,7 @@ class _Leased:
         self._heard = self._said = self._pinged = self._probed = 0.0
         self._probe: Optional[int] = None    # sequence of a Lease sent to check the binding
         self._revoked = False                # the gateway answered the probe with 403
+        self._pings = self._pongs = 0        # on this connection (the k-th Pong answers ...)
         self._closed = False
         self._bind(renew=True)
 
@@ -378,6 +407,8 @@ class _Leased:
         """A new DEALER presenting the lease (a new lease from the control flow if
         ``renew``); then what the lease had (Summons, unconfirmed content) again."""
         if renew:
+            if self.link:   # it was bound before: its session may be gone with the gateway
+                self.client._failover(self._generation)
             self._endpoint, self._token, self._generation = self.client._lease(
                 self.direction, self.resources, self.confirm_model)
         self._close_dealer()
@@ -389,6 +420,7 @@ class _Leased:
         self.link += 1
         self._heard = self._said = self._pinged = self._probed = time.monotonic()
         self._probe, self._revoked = None, False
+        self._pings = self._pongs = 0
         code = self._exchange(lambda seq: Lease(seq, self._token), self._patience())
         if code == 403 and not renew:
             self._bind(renew=True)
@@ -411,11 +443,8 @@ class _Leased:
                  self._endpoint)
         try:
             self._bind(renew=False)
-            return
         except GatewayUnavailable:
-            pass
-        self.client._failover(self._generation)
-        self._bind(renew=True)
+            self._bind(renew=True)
 
     def _send(self, command: DataCommand) -> None:
         assert self._dealer is not None
@@ -479,10 +508,29 @@ class _Leased:
                 log.debug("dropped an ill-formed data command: %s", exc.reason)
         return commands
 
+    def ping(self, timeout: Optional[float] = None) -> bool:
+        """A round trip to the gateway: True once it answered, so everything this lease sent
+        before (Confirms too) has been handled; False after ``timeout`` seconds."""
+        self._ping()
+        wanted = self._pings
+        deadline = time.monotonic() + (self.client.timeout if timeout is None else timeout)
+        link = self.link
+        while self._pongs < wanted and self.link == link:
+            if time.monotonic() >= deadline:
+                return False
+            self._pump(self._slice(deadline))
+        return self.link == link
+
+    def _ping(self) -> None:
+        self._send(Ping())
+        self._pings += 1
+
     def _incoming(self, command: DataCommand) -> None:
         """A data command that is not the Response being waited for."""
         if isinstance(command, Ping):
             self._send(Pong())
+        elif isinstance(command, Pong):
+            self._pongs += 1
         elif isinstance(command, Response) and command.sequence == self._probe:
             self._probe = None
             self._revoked = command.code == 403
@@ -499,7 +547,7 @@ class _Leased:
             self._recover()
         elif now - self._heard >= heartbeat and now - self._pinged >= heartbeat:
             self._pinged = now
-            self._send(Ping())
+            self._ping()
         elif now - self._probed >= heartbeat * liveness * 2 and self._probe is None:
             self._probed = now
             self._sequence += 1
@@ -779,6 +827,9 @@ class AsyncReader(_OnThread):
     async def confirm(self, received: Received, multiple: bool = False) -> bool:
         return await self._run(self.lease.confirm, received, multiple)
 
+    async def ping(self, timeout: Optional[float] = None) -> bool:
+        return await self._run(self.lease.ping, timeout)
+
     async def reject(self, received: Received, multiple: bool = False,
                      recycle: bool = False) -> bool:
         return await self._run(self.lease.reject, received, multiple, recycle)
@@ -804,3 +855,6 @@ class AsyncWriter(_OnThread):
 
     async def wait(self, timeout: Optional[float] = None) -> bool:
         return await self._run(self.lease.wait, timeout)
+
+    async def ping(self, timeout: Optional[float] = None) -> bool:
+        return await self._run(self.lease.ping, timeout)
