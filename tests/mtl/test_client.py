@@ -1,10 +1,7 @@
-"""``peermesh.mtl.Client`` against real gateways on loopback.
+"""``peermesh.mtl.Client`` and ``peermesh mtl read|write`` against real gateways on loopback.
 
-The gateways here are the real control and data cores (``ControlFlow``,
-``DataFlow``, ``DurableQueues`` on a real SQLite store) on real ROUTER
-sockets, driven by a small plain-pyzmq loop in a thread; the mesh side (a
-ZRE node shouting and hearing groups) is left out, so the ``mesh`` profile
-serves the gateway's own readers and writers only.
+Each gateway is the gateway overlay (``peermesh.mtl.Gateway``, ``run="always"``) on a
+``ThreadedNode`` of its own, with its SQLite store in the test's directory.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,86 +21,45 @@ from typing import Any, Optional
 import pytest
 import zmq
 
+from gatewayhelp import TIMING
+from peermesh import ThreadedNode
 from peermesh.mtl.client import (AsyncClient, AuthenticationFailed, Client,
                                  GatewayUnavailable, Received, RequestRefused)
-from peermesh.mtl.control import ControlFlow
-from peermesh.mtl.credentials import Authenticator, CredentialsFile, User, make_user
-from peermesh.mtl.dataflow import DataFlow
-from peermesh.mtl.delivery import DurableQueues
-from peermesh.mtl.store import ContentStore
+from peermesh.mtl.credentials import CredentialsFile, User, make_user
+from peermesh.mtl.gateway import Gateway
 from waiting import poll_until
 
 WAIT = 10.0          # upper bound for anything that normally takes milliseconds
 HEARTBEAT = 0.1
 
 
-class LoopbackGateway:
-    """The gateway's cores on two ROUTERs on 127.0.0.1, served by a thread."""
+class Served:
+    """A gateway on a node of its own; what the tests look at, by short names."""
 
-    def __init__(self, credentials: CredentialsFile, store_file: Path,
-                 heartbeat: float = HEARTBEAT) -> None:
-        self.store = ContentStore(store_file)
-        self.data = DataFlow(still_valid=credentials.still_valid, heartbeat=heartbeat,
-                             queues=DurableQueues(self.store))
-        self.control = ControlFlow(Authenticator(credentials, ("SCRAM-SHA-256", "PLAIN")),
-                                   self.data, plain=True)
+    def __init__(self, credentials: CredentialsFile, data_dir: Path, port: int,
+                 heartbeat: float) -> None:
+        self.gateway = Gateway(credentials, run="always", plain=True, heartbeat=heartbeat,
+                               data_dir=data_dir)
+        self.node = ThreadedNode(data_dir.name, interface="lo", port=port,
+                                 overlays=[self.gateway], **TIMING)  # type: ignore[arg-type]
+        self.node.start()
+        self.endpoint = self.gateway.control_endpoint
         self.credentials = credentials
-        context: zmq.Context[Any] = zmq.Context.instance()
-        self._control = context.socket(zmq.ROUTER)
-        self._data = context.socket(zmq.ROUTER)
-        for sock in (self._control, self._data):
-            sock.setsockopt(zmq.LINGER, 0)
-        self.endpoint = self._bind(self._control)
-        self.control.data_port = int(self._bind(self._data).rpartition(":")[2])
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        self.stopped = False
 
-    @staticmethod
-    def _bind(sock: zmq.Socket[Any]) -> str:
-        sock.bind("tcp://127.0.0.1:*")
-        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    @property
+    def store(self) -> Any:
+        return self.gateway.store
 
-    def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._control, zmq.POLLIN)
-        poller.register(self._data, zmq.POLLIN)
-        next_tick = 0.0
-        while not self._stop.is_set():
-            ready = dict(poller.poll(10))
-            now = time.time()
-            if self._control in ready:
-                while True:
-                    try:
-                        identity, empty, *request = self._control.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self.credentials.refresh()
-                    reply = self.control.handle(identity, "127.0.0.1", request, now)
-                    if reply is not None:
-                        self._control.send_multipart([identity, empty, *reply])
-            if self._data in ready:
-                while True:
-                    try:
-                        identity, *frames = self._data.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self.data.handle(identity, frames, now)
-            self.data.flush()                     # group commit, then the writers' Confirms
-            if now >= next_tick:
-                next_tick = self.data.tick(now)
-            sends, _ = self.data.take()
-            for identity, frames in sends:
-                self._data.send_multipart([identity, *frames])
+    @property
+    def data(self) -> Any:
+        return self.gateway.data
 
     def stop(self) -> None:
-        """Stop answering, as a killed gateway would, and close the store."""
-        if not self._stop.is_set():
-            self._stop.set()
-            self._thread.join(WAIT)
-            self._control.close(0)
-            self._data.close(0)
-            self.store.close()
+        """Stop the node, and the gateway with it (its sockets close)."""
+        if not self.stopped:
+            self.stopped = True
+            self.node.stop()
 
 
 @pytest.fixture
@@ -117,11 +72,12 @@ def credentials(tmp_path: Path) -> CredentialsFile:
 
 
 @pytest.fixture
-def gateways(tmp_path: Path, credentials: CredentialsFile) -> Iterator[Any]:
-    started: list[LoopbackGateway] = []
+def gateways(tmp_path: Path, credentials: CredentialsFile,
+             free_udp_port: int) -> Iterator[Any]:
+    started: list[Served] = []
 
-    def start(name: str = "a", heartbeat: float = HEARTBEAT) -> LoopbackGateway:
-        gateway = LoopbackGateway(credentials, tmp_path / f"mtl-{name}.sqlite3", heartbeat)
+    def start(name: str = "a", heartbeat: float = HEARTBEAT) -> Served:
+        gateway = Served(credentials, tmp_path / f"gw-{name}", free_udp_port, heartbeat)
         started.append(gateway)
         return gateway
 
