@@ -5,12 +5,18 @@ Registered through ``peermesh.cli.commands.COMMAND_MODULES``::
     peermesh mtl user add NAME [--read PATTERN]... [--write PATTERN]... [--expires WHEN]
     peermesh mtl user remove NAME
     peermesh mtl user list [--json]
+    peermesh mtl read GROUP... --gateway ENDPOINT... [--user NAME] [--confirm full] [--json]
+    peermesh mtl write GROUP [MESSAGE|-] --gateway ENDPOINT... [--user NAME] [--confirm full]
 
-Each takes ``--credentials PATH`` (default: ``$PEERMESH_MTL_CREDENTIALS``,
-else ``mtl-credentials.json`` in the data directory). A password is never
-taken from the command line: it comes from ``--password-file PATH`` (its
-first line; ``-`` is stdin), ``--password-env VAR``, else
-``$PEERMESH_MTL_PASSWORD``, else a prompt on the terminal.
+The ``user`` actions take ``--credentials PATH`` (default:
+``$PEERMESH_MTL_CREDENTIALS``, else ``mtl-credentials.json`` in the data
+directory). ``read`` and ``write`` are clients of a gateway (``--gateway``,
+repeated for failover; default ``$PEERMESH_MTL_GATEWAY``, comma-separated),
+as ``--user`` (default ``$PEERMESH_MTL_USER``; none: ANONYMOUS). A
+password is never taken from the command line: it comes from
+``--password-file PATH`` (its first line; ``-`` is stdin),
+``--password-env VAR``, else ``$PEERMESH_MTL_PASSWORD``, else a prompt on
+the terminal.
 """
 
 from __future__ import annotations
@@ -22,10 +28,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..argtypes import positive_count, text
+from ..argtypes import positive_count, seconds, text, utf8
 from ..cli.output import EXIT_OK, PROG, clean, emit, note, table, to_json
-from .credentials import (MAX_ITERATIONS, MIN_ITERATIONS, CredentialsError, CredentialsFile,
-                          User, default_credentials_path, format_time, make_user, parse_time)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .credentials import CredentialsFile
+
+# The credentials (scramp) and the client (pyzmq, asyncio) are imported by the actions
+# that use them, so that building the parser for any other command stays quick.
 
 __all__ = ["add_commands", "read_password", "PASSWORD_ENV"]
 
@@ -83,6 +94,8 @@ def password_options(parser: argparse.ArgumentParser) -> None:
 
 def _expiry(value: str) -> float:
     """Option type: an ISO 8601 time from now on."""
+    from .credentials import CredentialsError, parse_time
+
     try:
         when = parse_time(value)
     except CredentialsError as exc:
@@ -99,7 +112,9 @@ def _credentials_option(parser: argparse.ArgumentParser) -> None:
                              "~/.local/share/peermesh)")
 
 
-def _credentials(args: argparse.Namespace) -> CredentialsFile:
+def _credentials(args: argparse.Namespace) -> "CredentialsFile":
+    from .credentials import CredentialsFile, default_credentials_path
+
     path = Path(args.credentials) if args.credentials else default_credentials_path()
     if path.is_dir():
         raise ValueError(f"credentials file {path} is a directory")
@@ -109,14 +124,16 @@ def _credentials(args: argparse.Namespace) -> CredentialsFile:
 def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``mtl`` and its actions to the ``peermesh`` parser."""
     command(
-        "mtl", "11/MTL gateway: manage its users",
+        "mtl", "11/MTL gateway: read and write groups from off the LAN, manage its users",
         "The MTL gateway lets clients off the LAN read and write mesh groups. Its users, "
         "their salted SCRAM-SHA-256 verifiers (never a password) and the groups each may "
         "read and write live in a credentials file that the gateway re-reads when it "
         "changes. 'peermesh mtl ACTION --help' shows the options of each action.",
         f"  {PROG} mtl user add alice --read 'chat' --read 'sensors.*' --write chat\n"
-        f"  {PROG} mtl user list --json",
+        f"  {PROG} mtl read chat --gateway tcp://gw.example:5560 --user alice\n"
+        f"  echo hello | {PROG} mtl write chat - -g tcp://gw.example:5560 -u alice",
         None)
+    _add_client_commands(command)
     command(
         "mtl user", "add, remove and list the gateway's users",
         "Users of the MTL gateway in the credentials file.",
@@ -142,10 +159,9 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     add.add_argument("--expires", metavar="WHEN", type=_expiry,
                      help="ISO 8601 time (UTC without a zone) from which the user cannot "
                           "authenticate; gateways end its sessions (default: never)")
-    add.add_argument("--iterations", metavar="N", type=positive_count, default=4096,
-                     help=f"PBKDF2 iterations of the verifier, {MIN_ITERATIONS}.."
-                          f"{MAX_ITERATIONS}; each costs the client at login "
-                          "(default: %(default)s)")
+    add.add_argument("--iterations", metavar="N", type=positive_count,
+                     help="PBKDF2 iterations of the verifier, 4096 (RFC 7677's minimum, the "
+                          "default) to 10000000; the client computes them at each login")
     add.add_argument("--replace", action="store_true",
                      help="replace the user if it exists (new password, grants, expiry)")
     password_options(add)
@@ -169,10 +185,14 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def _cmd_add(args: argparse.Namespace, config: Any) -> int:
+    from .credentials import (DEFAULT_ITERATIONS, MAX_ITERATIONS, MIN_ITERATIONS,
+                              CredentialsError, User, make_user)
+
     credentials = _credentials(args)
+    iterations = DEFAULT_ITERATIONS if args.iterations is None else args.iterations
     try:   # the arguments are checked before the password is asked for
         make_user(args.name, "-", args.read, args.write, args.expires, MIN_ITERATIONS)
-        if not MIN_ITERATIONS <= args.iterations <= MAX_ITERATIONS:
+        if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
             raise CredentialsError(f"--iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}")
     except CredentialsError as exc:
         raise ValueError(str(exc)) from None
@@ -181,7 +201,7 @@ def _cmd_add(args: argparse.Namespace, config: Any) -> int:
                          "change its password, grants or expiry")
     password = read_password(args, confirm=True)
     user = make_user(args.name, password, read=args.read, write=args.write,
-                     expires=args.expires, iterations=args.iterations)
+                     expires=args.expires, iterations=iterations)
     replaced: list[bool] = []
 
     def put(users: dict[str, User]) -> None:
@@ -198,6 +218,8 @@ def _cmd_add(args: argparse.Namespace, config: Any) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace, config: Any) -> int:
+    from .credentials import CredentialsError, User
+
     credentials = _credentials(args)
 
     def drop(users: dict[str, User]) -> None:
@@ -210,6 +232,8 @@ def _cmd_remove(args: argparse.Namespace, config: Any) -> int:
 
 
 def _cmd_list(args: argparse.Namespace, config: Any) -> int:
+    from .credentials import format_time
+
     credentials = _credentials(args)
     now = time.time()
     users = [credentials.users[name] for name in sorted(credentials.users)]
@@ -229,4 +253,134 @@ def _cmd_list(args: argparse.Namespace, config: Any) -> int:
         rows.append([clean(u.name), clean(" ".join(u.read)) or "-",
                      clean(" ".join(u.write)) or "-", expires])
     emit(table(rows))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------
+# read and write: a client of a gateway
+
+#: environment variables of the client options
+GATEWAY_ENV, USER_ENV = "PEERMESH_MTL_GATEWAY", "PEERMESH_MTL_USER"
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("gateway options")
+    group.add_argument("--gateway", "-g", metavar="ENDPOINT", action="append", type=text,
+                       help="tcp://HOST:PORT of a gateway's control flow; repeat it for "
+                            f"failover (default: ${GATEWAY_ENV}, comma-separated)")
+    group.add_argument("--user", "-u", metavar="NAME", type=text,
+                       help=f"authenticate as NAME (default: ${USER_ENV}; none: anonymous)")
+    group.add_argument("--confirm", choices=("none", "full"), default="none",
+                       help="none: content may be lost on the way; full: the gateway stores "
+                            "it until a reader confirms it (default: %(default)s)")
+    group.add_argument("--profile", default="mesh", type=text,
+                       help="the gateway profile (default: %(default)s; 'test' has one "
+                            "group, 'resource')")
+    group.add_argument("--vhost", default="/", type=text, metavar="NAME",
+                       help="the gateway's virtual host (default: %(default)s)")
+    group.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS",
+                       help="longest wait for a gateway's answer (default: %(default)s)")
+    password_options(parser)
+
+
+def _add_client_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    read = command(
+        "mtl read", "print what is written to mesh groups, through a gateway",
+        "Summon each GROUP and print every content as it comes, one line each (the body "
+        "as text), until Ctrl-C or --count. With --confirm full the gateway keeps content "
+        "for this user until it is printed and confirmed, also across restarts.",
+        f"  {PROG} mtl read chat -g tcp://gw.example:5560 -u alice\n"
+        f"  {PROG} mtl read jobs --confirm full --json --count 10 -g tcp://gw.example:5560",
+        _cmd_read, node_options=False)
+    read.add_argument("groups", metavar="GROUP", nargs="+", type=text, help="a mesh group")
+    read.add_argument("--json", action="store_true",
+                      help="one JSON object per content: resource, sequence, body, properties")
+    read.add_argument("--count", "-n", type=positive_count, metavar="N",
+                      help="stop after N contents")
+    _client_options(read)
+
+    write = command(
+        "mtl write", "write to a mesh group, through a gateway",
+        "Send MESSAGE into GROUP; with '-' (or no MESSAGE) send each line of standard input "
+        "as one content. With --confirm full it waits until the gateway has stored "
+        "everything, and fails if it did not.",
+        f"  {PROG} mtl write chat 'hello from afar' -g tcp://gw.example:5560 -u alice\n"
+        f"  tail -f app.log | {PROG} mtl write logs - --confirm full -g tcp://gw.example:5560",
+        _cmd_write, node_options=False)
+    write.add_argument("group", metavar="GROUP", type=text, help="a mesh group")
+    write.add_argument("message", metavar="MESSAGE", nargs="?", default="-", type=utf8,
+                       help="the content; '-' (the default): each line of standard input")
+    _client_options(write)
+
+
+def _client(args: argparse.Namespace, password_from_stdin_ok: bool = True) -> Any:
+    from .client import Client
+
+    gateways = args.gateway or [g.strip() for g in os.environ.get(GATEWAY_ENV, "").split(",")
+                                if g.strip()]
+    if not gateways:
+        raise ValueError(f"no gateway: give --gateway tcp://HOST:PORT or ${GATEWAY_ENV}")
+    user = args.user or os.environ.get(USER_ENV) or None
+    if user is not None and args.password_file == "-" and not password_from_stdin_ok:
+        raise ValueError("standard input carries the messages: give the password with "
+                         f"--password-file PATH, --password-env VAR or ${PASSWORD_ENV}")
+    password = read_password(args) if user is not None else None
+    return Client(gateways, user, password, virtual_host=args.vhost, profile=args.profile,
+                  timeout=args.timeout)
+
+
+def _cmd_read(args: argparse.Namespace, config: Any) -> int:
+    client = _client(args)
+    shown = 0
+    try:
+        client.connect()
+        reader = client.reader(args.groups, confirm=args.confirm)
+        for group in args.groups:
+            reader.summon(group)
+        note(f"reading {', '.join(clean(g) for g in args.groups)} through {client.gateway}"
+             f" as {clean(client.user or 'anonymous')}")
+        for received in reader:
+            emit(_render(received, args.json, len(args.groups) > 1))
+            if args.confirm == "full":
+                reader.confirm(received)
+            shown += 1
+            if args.count is not None and shown >= args.count:
+                break
+    except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the normal end of following
+        pass
+    finally:
+        client.close()
+    return EXIT_OK
+
+
+def _render(received: Any, as_json: bool, named: bool) -> str:
+    if as_json:
+        return to_json({"resource": received.resource, "sequence": received.sequence,
+                        "body": received.body, "properties": received.properties})
+    text = clean(received.body.decode("utf-8", "backslashreplace"))
+    return f"{clean(received.resource)}: {text}" if named else text
+
+
+def _cmd_write(args: argparse.Namespace, config: Any) -> int:
+    from .client import ClientError
+
+    lines = sys.stdin if args.message == "-" else [args.message]
+    client = _client(args, password_from_stdin_ok=args.message != "-")
+    sent = 0
+    try:
+        client.connect()
+        where = client.gateway
+        writer = client.writer([args.group], confirm=args.confirm)
+        for line in lines:
+            writer.send(line.rstrip("\n").encode("utf-8", "surrogateescape"), args.group)
+            sent += 1
+        if not writer.wait(args.timeout):
+            raise ClientError(f"the gateway confirmed {sent - writer.unconfirmed} of {sent} "
+                              f"contents within {args.timeout:g} s")
+        if writer.rejected:
+            raise ClientError(f"the gateway rejected {len(writer.rejected)} of {sent} contents")
+    finally:
+        client.close()
+    note(f"wrote {sent} content{'s' if sent != 1 else ''} to {clean(args.group)} through "
+         f"{where}{', all stored' if args.confirm == 'full' else ''}")
     return EXIT_OK

@@ -96,8 +96,10 @@ from scramp.utils import saslprep
 from ..errors import PeermeshError
 
 __all__ = ["CredentialsError", "Verifier", "User", "CredentialsFile", "make_user",
+           "check_name", "parse_credentials", "dump_credentials", "parse_time", "format_time",
            "Authenticator", "SaslExchange", "SaslStep", "Throttle", "FailureTable",
-           "default_credentials_path", "DEFAULT_ITERATIONS", "MECHANISMS", "MAX_FILE_BYTES"]
+           "default_credentials_path", "DEFAULT_ITERATIONS", "MIN_ITERATIONS",
+           "MAX_ITERATIONS", "MECHANISMS", "MAX_FILE_BYTES"]
 
 log = logging.getLogger(__name__)
 
