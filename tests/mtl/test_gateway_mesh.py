@@ -138,3 +138,31 @@ def test_confirmed_content_moves_to_the_new_gateway(tmp_path: Path, free_udp_por
         assert sorted(bodies) == sorted(b"job %d" % i for i in range(1, 301))
     finally:
         reader.close()
+
+
+def test_handovers_only_from_gateways_and_well_formed(tmp_path: Path, free_udp_port: int,
+                                                      nodes: list[ThreadedNode]) -> None:
+    from peermesh.mtl.gateway import HANDOFF, HANDOFF_OK
+    default_users(tmp_path / "creds.json")
+    gw = Gateway(tmp_path / "creds.json", run="always", data_dir=tmp_path)
+    gw_node = start(nodes, "gw", free_udp_port, gw)
+    peer = start(nodes, "not-a-gateway", free_udp_port)
+    client = RawClient(gw.control_endpoint)
+    try:
+        client.login()
+        lease = client.lease(Direction.READ, ("jobs",))
+        assert isinstance(lease, DataLease)
+        client.connect_data(lease)
+        client.command(Summon(client.next(), "jobs"))
+        poll_until(lambda: gw_node.uuid in peer.peers_by_group("jobs"), 5.0,
+                   "the peer to see the gateway in jobs")
+        seq = (1).to_bytes(8, "big")
+        peer.whisper(gw_node.uuid, HANDOFF, b"jobs", seq, b"\x00\x00", b"forged")
+        peer.whisper(gw_node.uuid, HANDOFF, b"jobs", seq)             # too few frames
+        peer.whisper(gw_node.uuid, HANDOFF_OK, seq)                   # an ack nobody asked for
+        peer.shout("jobs", b"marker")  # handled after the whispers: in order, one queue
+        assert [c.body for c in client.contents(1)] == [b"marker"]
+        assert gw.store is not None and gw.store.count == 0
+        assert not any(e.type is EventType.WHISPER for e in iter(lambda: peer.recv(0.1), None))
+    finally:
+        client.close()
