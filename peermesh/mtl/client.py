@@ -40,6 +40,13 @@ ones again after a reconnection: delivery is at least once. A reader's
 ``Received`` remembers which connection brought it; confirming one that an
 earlier connection brought does nothing (the gateway hands it out again).
 
+Bounds: a control reply is at most the codec's ``MAX_REQUEST`` + 1 KiB and a data
+command ``MAX_CONTENT`` bytes (libzmq drops a gateway that sends more); a
+reader takes content off its socket only when its queue is empty (or while
+a Summon or Dismiss waits for its Response), at most 1,000 commands a read,
+so the rest waits in the socket, bounded by its ``RCVHWM``; a writer with
+``confirm: full`` keeps at most ``window`` contents.
+
 Threads and asyncio: a ``Client`` serialises its control requests with a
 lock, and each ``Reader`` and ``Writer`` owns its socket, so different
 threads may use different leases of one client; one lease must be used by
@@ -70,10 +77,11 @@ import scramp
 import zmq
 
 from ..errors import PeermeshError, ProtocolError
-from ..wire.mtl import (Authorize, Challenged, Confirm, Content, DataCommand, DataLease,
-                        Direction, Dismiss, Failure, Lease, LeaseRequest, Ok, Open, Ping, Pong,
-                        Ready, Reject, Reply, Request, Response, SelectProfile, Summon,
-                        Unauthorized, decode_data, decode_reply, encode_data, encode_request)
+from ..wire.mtl import (MAX_REQUEST, Authorize, Challenged, Confirm, Content, DataCommand,
+                        DataLease, Direction, Dismiss, Failure, Lease, LeaseRequest, Ok, Open,
+                        Ping, Pong, Ready, Reject, Reply, Request, Response, SelectProfile,
+                        Summon, Unauthorized, decode_data, decode_reply, encode_data,
+                        encode_request)
 
 __all__ = ["Client", "Reader", "Writer", "Received", "AsyncClient", "AsyncReader",
            "AsyncWriter", "ClientError", "GatewayUnavailable", "AuthenticationFailed",
@@ -84,6 +92,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_GATEWAYS = 64     # endpoints kept, given and learnt from 201s
 _WINDOW = 10_000       # unconfirmed contents a confirm-full writer holds at most
+#: largest data command taken from a gateway (bytes, all frames); libzmq drops the
+#: connection of a gateway that sends more (the lease then reconnects)
+MAX_CONTENT = 64 * 1024 * 1024
 
 
 class ClientError(PeermeshError):
@@ -201,6 +212,7 @@ class Client:
             try:
                 self._req = self._context.socket(zmq.REQ)
                 self._req.setsockopt(zmq.LINGER, 0)
+                self._req.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST + 1024)
                 self._req.connect(endpoint)
                 self._handshake()
             except GatewayUnavailable as exc:
@@ -415,6 +427,7 @@ class _Leased:
         dealer = self.client._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.SNDTIMEO, int(self.client.timeout * 1000))
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_CONTENT)
         dealer.connect(self._endpoint)
         self._dealer = dealer
         self.link += 1
