@@ -30,18 +30,19 @@ then it asks for a new one). A lease nobody called for ``heartbeat *
 liveness`` seconds may have been unbound by the gateway: it binds again
 before it sends. When the gateway stays silent for ``heartbeat * liveness``
 seconds, or a command's Response does not come within ``timeout``, the
-lease reconnects: first a new DEALER with the same lease
-(the gateway keeps an unbound lease for a while), else a new control session
-on the same gateway or the next one in ``gateways`` (also those a 201 named),
-a new lease with the same resources, the same Summons again. A writer with
+lease reconnects: first a new DEALER with the same lease (the gateway keeps
+an unbound lease for a while), else a new control session on the same
+gateway or the next one in ``gateways`` (also those a 201 named; a standby
+gateway's 503 names the elected one, which is tried first), a new lease with
+the same resources, the same Summons again. A writer with
 ``confirm: full`` keeps each content until the gateway confirms it (at most
 ``window`` at a time; ``send`` waits for room) and sends the unconfirmed
 ones again after a reconnection: delivery is at least once. A reader's
 ``Received`` remembers which connection brought it; confirming one that an
 earlier connection brought does nothing (the gateway hands it out again).
 
-Bounds: a control reply is at most the codec's ``MAX_REQUEST`` + 1 KiB and a data
-command ``MAX_CONTENT`` bytes (libzmq drops a gateway that sends more); a
+Bounds: a control reply is at most the codec's ``MAX_REQUEST`` + 1 KiB and a
+data command ``MAX_CONTENT`` bytes (libzmq drops a gateway that sends more); a
 reader takes content off its socket only when its queue is empty (or while
 a Summon or Dismiss waits for its Response), at most 1,000 commands a read,
 so the rest waits in the socket, bounded by its ``RCVHWM``; a writer with
