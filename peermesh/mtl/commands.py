@@ -287,8 +287,9 @@ def _add_client_commands(command: Callable[..., argparse.ArgumentParser]) -> Non
     read = command(
         "mtl read", "print what is written to mesh groups, through a gateway",
         "Summon each GROUP and print every content as it comes, one line each (the body "
-        "as text), until Ctrl-C or --count. With --confirm full the gateway keeps content "
-        "for this user until it is printed and confirmed, also across restarts.",
+        "as text), until Ctrl-C or --count. With --confirm full the gateway stores the "
+        "groups' content, across restarts, until a confirmed reader (this one, or another "
+        "sharing the queue) has printed and confirmed it.",
         f"  {PROG} mtl read chat -g tcp://gw.example:5560 -u alice\n"
         f"  {PROG} mtl read jobs --confirm full --json --count 10 -g tcp://gw.example:5560",
         _cmd_read, node_options=False)
