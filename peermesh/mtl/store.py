@@ -277,10 +277,11 @@ class ContentStore:
             if staged:
                 self._db.executemany("INSERT INTO mtl_content (id, resource, properties, body) "
                                      "VALUES (?, ?, ?, ?)", staged)
-                self._db.execute("INSERT OR REPLACE INTO mtl_meta (key, value) "
-                                 "VALUES ('last_id', ?)", (staged[-1][0],))
             if doomed:
                 self._db.executemany("DELETE FROM mtl_content WHERE id = ?", doomed)
+                if (self._next_id - 1,) in doomed:   # the newest goes: keep its id apart
+                    self._db.execute("INSERT OR REPLACE INTO mtl_meta (key, value) "
+                                     "VALUES ('last_id', ?)", (self._next_id - 1,))
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:

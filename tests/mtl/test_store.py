@@ -133,11 +133,18 @@ def test_reopen_brings_back_everything_not_confirmed(path: Path) -> None:
         assert newer > max(ids) + 1                   # the uncommitted id is not reused
     finally:
         again.close()
-    last = ContentStore(path)                         # ids keep growing with nothing left
+    last = ContentStore(path)
     try:
         assert last.count == 1 and last.append("chat", b"h") == newer + 1
+        last.commit()
+        last.confirm("L", last.take("L", "chat", 5)[-1].sequence, multiple=True)
     finally:
         last.close()
+    empty = ContentStore(path)                        # ids keep growing with nothing left
+    try:
+        assert empty.count == 0 and empty.append("chat", b"i") == newer + 2
+    finally:
+        empty.close()
 
 
 def test_bounds(path: Path) -> None:
