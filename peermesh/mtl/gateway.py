@@ -239,6 +239,8 @@ class Gateway(Overlay):
             pass
         self.tracker.stop(timeout)
         greenlets, self._greenlets = self._greenlets, []
+        if self._handing is not None:
+            greenlets.append(self._handing)
         gevent.killall(greenlets, block=True, timeout=timeout)
         for sock in self._sockets:
             sock.close()
