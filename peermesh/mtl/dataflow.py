@@ -55,7 +55,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from ..errors import ProtocolError
 from ..wire.mtl import (Confirm, Content, Direction, Dismiss, Lease, Ping, Reject, Summon,
                         content_frames, decode_data, encode_data, encode_table)
-from ..wire.mtl import Response as DataResponse
 from .profiles import Profile
 
 if TYPE_CHECKING:
