@@ -131,8 +131,12 @@ class DataFlow:
 
     def __init__(self, *, still_valid: Callable[["User", float], bool],
                  heartbeat: float = 1.0, liveness: int = 3, lease_ttl: float = 30.0,
-                 queues: Optional["DurableQueues"] = None) -> None:
+                 queues: Optional["DurableQueues"] = None,
+                 shout: Optional[Callable[[str, bytes], None]] = None) -> None:
+        """``shout(group, body)``, if given, is called for each content into a mesh group
+        at once (the driver's hot path) instead of queuing a ``Shout`` action."""
         self.still_valid = still_valid
+        self._shout = shout
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.lease_ttl = lease_ttl
@@ -331,9 +335,13 @@ class DataFlow:
               table: Optional[bytes] = None) -> None:
         """Hand content to the local readers of ``key`` and, for a mesh profile, the group."""
         if key[0] == "mesh":
-            self.actions.append(Shout(key[1], [body]))
-        self.deliver(key, body, table if table is not None
-                     else encode_table(properties) if properties else _EMPTY_TABLE)
+            if self._shout is not None:
+                self._shout(key[1], body)
+            else:
+                self.actions.append(Shout(key[1], [body]))
+        if key in self.readers:
+            self.deliver(key, body, table if table is not None
+                         else encode_table(properties) if properties else _EMPTY_TABLE)
 
     def deliver(self, key: tuple[str, str], body: bytes, table: bytes) -> None:
         """Send content to every local reader of ``key`` (confirmed readers: queued)."""

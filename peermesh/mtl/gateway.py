@@ -221,7 +221,7 @@ class Gateway(Overlay):
             self.store = ContentStore(store_path(self._data_dir, node.name))
         queues = DurableQueues(self.store) if self.store is not None else None
         self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
-                             **self._flow_options)
+                             shout=node.shout, **self._flow_options)
         self.control = ControlFlow(self.authenticator, self.data, gateways=self.gateways,
                                    **self._core_options)
         self.control.data_port = self._data_sock.port
@@ -345,7 +345,10 @@ class Gateway(Overlay):
             handle = flow.handle
             for identity, rest in batch:
                 if rest is not None:
-                    handle(identity, rest, now)
+                    try:
+                        handle(identity, rest, now)
+                    except Exception:  # a bug, or the node stopping: never the reader's end
+                        log.exception("handling a data command from %r failed", identity[:16])
             flow.flush()
             self._send(flow.take())
 
