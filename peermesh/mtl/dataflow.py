@@ -31,9 +31,12 @@ after a Dismiss's Response the link is no longer a reader of it.
 Routing: readers are indexed by ``(profile, resource)``; the resource of a
 mesh lease is the ZRE group (the virtual host's prefix + the name the
 client uses). A writer's content goes to every local reader of the key and,
-for ``mesh``, out as a ``Shout`` action; the driver joins a group while a
+for ``mesh``, out into the group (the ``shout`` callable the driver gives,
+else a ``Shout`` action); the driver joins a group while a
 local reader summons it (``Join`` / ``Leave`` actions) and feeds the
-group's shouts back through ``shouted``.
+group's shouts back through ``shouted``. Unconfirmed content without
+properties to a resource the link wrote before is routed on its header's
+bytes (``Link.passthrough``), without decoding it.
 
 Confirmed content (``confirm: full``) goes through a ``DurableQueues``
 (``peermesh.mtl.delivery``); without one, ``full`` is not offered.
