@@ -30,15 +30,23 @@ then it asks for a new one). A lease nobody called for ``heartbeat *
 liveness`` seconds may have been unbound by the gateway: it binds again
 before it sends. When the gateway stays silent for ``heartbeat * liveness``
 seconds, or a command's Response does not come within ``timeout``, the
-lease reconnects: first a new DEALER with the same lease
-(the gateway keeps an unbound lease for a while), else a new control session
-on the same gateway or the next one in ``gateways`` (also those a 201 named),
-a new lease with the same resources, the same Summons again. A writer with
+lease reconnects: first a new DEALER with the same lease (the gateway keeps
+an unbound lease for a while), else a new control session on the same
+gateway or the next one in ``gateways`` (also those a 201 named; a standby
+gateway's 503 names the elected one, which is tried first), a new lease with
+the same resources, the same Summons again. A writer with
 ``confirm: full`` keeps each content until the gateway confirms it (at most
 ``window`` at a time; ``send`` waits for room) and sends the unconfirmed
 ones again after a reconnection: delivery is at least once. A reader's
 ``Received`` remembers which connection brought it; confirming one that an
 earlier connection brought does nothing (the gateway hands it out again).
+
+Bounds: a control reply is at most the codec's ``MAX_REQUEST`` + 1 KiB and a
+data command ``MAX_CONTENT`` bytes (libzmq drops a gateway that sends more); a
+reader takes content off its socket only when its queue is empty (or while
+a Summon or Dismiss waits for its Response), at most 1,000 commands a read,
+so the rest waits in the socket, bounded by its ``RCVHWM``; a writer with
+``confirm: full`` keeps at most ``window`` contents.
 
 Threads and asyncio: a ``Client`` serialises its control requests with a
 lock, and each ``Reader`` and ``Writer`` owns its socket, so different
@@ -70,10 +78,11 @@ import scramp
 import zmq
 
 from ..errors import PeermeshError, ProtocolError
-from ..wire.mtl import (Authorize, Challenged, Confirm, Content, DataCommand, DataLease,
-                        Direction, Dismiss, Failure, Lease, LeaseRequest, Ok, Open, Ping, Pong,
-                        Ready, Reject, Reply, Request, Response, SelectProfile, Summon,
-                        Unauthorized, decode_data, decode_reply, encode_data, encode_request)
+from ..wire.mtl import (MAX_REQUEST, Authorize, Challenged, Confirm, Content, DataCommand,
+                        DataLease, Direction, Dismiss, Failure, Lease, LeaseRequest, Ok, Open,
+                        Ping, Pong, Ready, Reject, Reply, Request, Response, SelectProfile,
+                        Summon, Unauthorized, decode_data, decode_reply, encode_data,
+                        encode_request)
 
 __all__ = ["Client", "Reader", "Writer", "Received", "AsyncClient", "AsyncReader",
            "AsyncWriter", "ClientError", "GatewayUnavailable", "AuthenticationFailed",
@@ -84,6 +93,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_GATEWAYS = 64     # endpoints kept, given and learnt from 201s
 _WINDOW = 10_000       # unconfirmed contents a confirm-full writer holds at most
+#: largest data command taken from a gateway (bytes, all frames); libzmq drops the
+#: connection of a gateway that sends more (the lease then reconnects)
+MAX_CONTENT = 64 * 1024 * 1024
 
 
 class ClientError(PeermeshError):
@@ -201,6 +213,7 @@ class Client:
             try:
                 self._req = self._context.socket(zmq.REQ)
                 self._req.setsockopt(zmq.LINGER, 0)
+                self._req.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST + 1024)
                 self._req.connect(endpoint)
                 self._handshake()
             except GatewayUnavailable as exc:
@@ -415,6 +428,7 @@ class _Leased:
         dealer = self.client._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.SNDTIMEO, int(self.client.timeout * 1000))
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_CONTENT)
         dealer.connect(self._endpoint)
         self._dealer = dealer
         self.link += 1

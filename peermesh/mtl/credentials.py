@@ -252,6 +252,8 @@ def parse_credentials(data: bytes, source: str) -> dict[str, User]:
         raise bad("", "is not UTF-8 text") from None
     except ValueError as exc:
         raise bad("", f"is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise bad("", "is not valid JSON (nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get(_FORMAT_KEY) != _FORMAT:
         raise bad("", f'is not a peermesh MTL credentials file (no "{_FORMAT_KEY}": '
                       f"{_FORMAT})")

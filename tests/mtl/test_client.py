@@ -37,9 +37,9 @@ class Served:
     """A gateway on a node of its own; what the tests look at, by short names."""
 
     def __init__(self, credentials: CredentialsFile, data_dir: Path, port: int,
-                 heartbeat: float) -> None:
+                 heartbeat: float, **options: Any) -> None:
         self.gateway = Gateway(credentials, run="always", plain=True, heartbeat=heartbeat,
-                               data_dir=data_dir)
+                               data_dir=data_dir, **options)
         self.node = ThreadedNode(data_dir.name, interface="lo", port=port,
                                  overlays=[self.gateway], **TIMING)  # type: ignore[arg-type]
         self.node.start()
@@ -76,8 +76,9 @@ def gateways(tmp_path: Path, credentials: CredentialsFile,
              free_udp_port: int) -> Iterator[Any]:
     started: list[Served] = []
 
-    def start(name: str = "a", heartbeat: float = HEARTBEAT) -> Served:
-        gateway = Served(credentials, tmp_path / f"gw-{name}", free_udp_port, heartbeat)
+    def start(name: str = "a", heartbeat: float = HEARTBEAT, **options: Any) -> Served:
+        gateway = Served(credentials, tmp_path / f"gw-{name}", free_udp_port, heartbeat,
+                         **options)
         started.append(gateway)
         return gateway
 
@@ -166,6 +167,20 @@ def test_plain_and_a_new_verifier_for_the_same_password(gateways: Any) -> None:
         alice=make_user("alice", "pencil", read=["*"])))
     with client(gateway) as fresh:   # the same password, a new salt: SCRAM both ways
         fresh.reader(["chat"]).summon("chat")
+
+
+def test_anonymous_clients_get_the_anonymous_users_grants(gateways: Any) -> None:
+    gateway = gateways(anonymous=True)
+    gateway.credentials.update(lambda users: users.update(
+        anonymous=make_user("anonymous", "unused", read=["public"])))
+    with Client([gateway.endpoint], heartbeat=HEARTBEAT) as nobody:
+        assert nobody.mechanism == "ANONYMOUS"
+        nobody.reader(["public"]).summon("public")
+        with pytest.raises(RequestRefused) as refused:
+            nobody.reader(["chat"])
+        assert refused.value.status == 403
+    with pytest.raises(AuthenticationFailed, match="not ANONYMOUS"):
+        Client([gateways("b").endpoint]).connect()     # a gateway without ANONYMOUS
 
 
 def test_confirm_full_survives_the_reader_and_never_repeats_confirmed(gateways: Any) -> None:

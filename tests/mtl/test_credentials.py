@@ -231,6 +231,7 @@ def _doc(users: Any) -> bytes:
 @pytest.mark.parametrize("data, message", [
     (b"\xff\xfe", "is not UTF-8 text"),
     (b"[1, 2", "is not valid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     (b"[]", "is not a peermesh MTL credentials file"),
     (b'{"users": {}}', "is not a peermesh MTL credentials file"),
     (b'{"peermesh-mtl-credentials": 2}', "is not a peermesh MTL credentials file"),
