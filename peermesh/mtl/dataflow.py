@@ -31,9 +31,12 @@ after a Dismiss's Response the link is no longer a reader of it.
 Routing: readers are indexed by ``(profile, resource)``; the resource of a
 mesh lease is the ZRE group (the virtual host's prefix + the name the
 client uses). A writer's content goes to every local reader of the key and,
-for ``mesh``, out as a ``Shout`` action; the driver joins a group while a
+for ``mesh``, out into the group (the ``shout`` callable the driver gives,
+else a ``Shout`` action); the driver joins a group while a
 local reader summons it (``Join`` / ``Leave`` actions) and feeds the
-group's shouts back through ``shouted``.
+group's shouts back through ``shouted``. Unconfirmed content without
+properties to a resource the link wrote before is routed on its header's
+bytes (``Link.passthrough``), without decoding it.
 
 Confirmed content (``confirm: full``) goes through a ``DurableQueues``
 (``peermesh.mtl.delivery``); without one, ``full`` is not offered.
@@ -55,7 +58,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from ..errors import ProtocolError
 from ..wire.mtl import (Confirm, Content, Direction, Dismiss, Lease, Ping, Reject, Summon,
                         content_frames, decode_data, encode_data, encode_table)
-from ..wire.mtl import Response as DataResponse
 from .profiles import Profile
 
 if TYPE_CHECKING:
@@ -132,8 +134,12 @@ class DataFlow:
 
     def __init__(self, *, still_valid: Callable[["User", float], bool],
                  heartbeat: float = 1.0, liveness: int = 3, lease_ttl: float = 30.0,
-                 queues: Optional["DurableQueues"] = None) -> None:
+                 queues: Optional["DurableQueues"] = None,
+                 shout: Optional[Callable[[str, bytes], None]] = None) -> None:
+        """``shout(group, body)``, if given, is called for each content into a mesh group
+        at once (the driver's hot path) instead of queuing a ``Shout`` action."""
         self.still_valid = still_valid
+        self._shout = shout
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.lease_ttl = lease_ttl
@@ -332,9 +338,13 @@ class DataFlow:
               table: Optional[bytes] = None) -> None:
         """Hand content to the local readers of ``key`` and, for a mesh profile, the group."""
         if key[0] == "mesh":
-            self.actions.append(Shout(key[1], [body]))
-        self.deliver(key, body, table if table is not None
-                     else encode_table(properties) if properties else _EMPTY_TABLE)
+            if self._shout is not None:
+                self._shout(key[1], body)
+            else:
+                self.actions.append(Shout(key[1], [body]))
+        if key in self.readers:
+            self.deliver(key, body, table if table is not None
+                         else encode_table(properties) if properties else _EMPTY_TABLE)
 
     def deliver(self, key: tuple[str, str], body: bytes, table: bytes) -> None:
         """Send content to every local reader of ``key`` (confirmed readers: queued)."""

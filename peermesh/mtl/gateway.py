@@ -50,7 +50,9 @@ Greenlets on the node's hub, each a thin loop around the sans-io cores:
   ``ControlFlow.expire``, and a credentials-file check every second (users
   changed: their leases are revoked, their sessions answered 401).
 
-Bounds: a control request is at most ``MAX_REQUEST`` + 1 KiB (libzmq drops
+Bounds: at most ``MAX_QUEUED`` mesh events wait for the mesh greenlet (more
+are dropped: shouts are best effort, a handover is sent again); a control
+request is at most ``MAX_REQUEST`` + 1 KiB (libzmq drops
 a peer that sends more: ``MAXMSGSIZE``) and of at most 4 frames; a data
 command at most ``max_content`` bytes (default 16 MiB) and 2 frames; a
 peer's send queue holds ``SNDHWM`` messages (beyond that ROUTER drops, so
@@ -105,6 +107,8 @@ HANDOFF = b"MTL-HANDOFF"
 HANDOFF_OK = b"MTL-HANDOFF-OK"
 HANDOFF_BATCH = 256
 HANDOFF_WAIT = 10.0
+#: mesh events (shouts, handovers) waiting for the mesh greenlet; beyond, new ones are dropped
+MAX_QUEUED = 100_000
 
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
@@ -174,6 +178,7 @@ class Gateway(Overlay):
         self._greenlets: list[gevent.Greenlet] = []
         self._shouts: deque[Event] = deque()
         self._shouted = gevent.event.Event()
+        self._dropped_logged = 0.0
         self._handing: Optional[gevent.Greenlet] = None
         self._handoff_peer: Optional[UUID] = None
         self._acked = 0
@@ -216,7 +221,7 @@ class Gateway(Overlay):
             self.store = ContentStore(store_path(self._data_dir, node.name))
         queues = DurableQueues(self.store) if self.store is not None else None
         self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
-                             **self._flow_options)
+                             shout=node.shout, **self._flow_options)
         self.control = ControlFlow(self.authenticator, self.data, gateways=self.gateways,
                                    **self._core_options)
         self.control.data_port = self._data_sock.port
@@ -239,6 +244,8 @@ class Gateway(Overlay):
             pass
         self.tracker.stop(timeout)
         greenlets, self._greenlets = self._greenlets, []
+        if self._handing is not None:
+            greenlets.append(self._handing)
         gevent.killall(greenlets, block=True, timeout=timeout)
         for sock in self._sockets:
             sock.close()
@@ -338,7 +345,10 @@ class Gateway(Overlay):
             handle = flow.handle
             for identity, rest in batch:
                 if rest is not None:
-                    handle(identity, rest, now)
+                    try:
+                        handle(identity, rest, now)
+                    except Exception:  # a bug, or the node stopping: never the reader's end
+                        log.exception("handling a data command from %r failed", identity[:16])
             flow.flush()
             self._send(flow.take())
 
@@ -347,17 +357,25 @@ class Gateway(Overlay):
     def _on_node_event(self, event: Event) -> None:
         # may run in a hub callback: queue for the mesh greenlet
         if event.type is EventType.SHOUT and event.group is not None:
-            self._shouts.append(event)
-            self._shouted.set()
+            self._queue(event)
         elif event.type is EventType.WHISPER and event.frames:
             kind = event.frames[0]
             if kind == HANDOFF:
-                self._shouts.append(event)
-                self._shouted.set()
+                self._queue(event)
             elif kind == HANDOFF_OK and event.peer == self._handoff_peer \
                     and len(event.frames) == 2 and len(event.frames[1]) == 8:
                 self._acked = max(self._acked, int.from_bytes(event.frames[1], "big"))
                 self._ack.set()
+
+    def _queue(self, event: Event) -> None:
+        if len(self._shouts) >= MAX_QUEUED:
+            now = time.monotonic()
+            if now - self._dropped_logged > 1.0:
+                self._dropped_logged = now
+                log.debug("mesh events arrive faster than the gateway handles them: dropped")
+            return
+        self._shouts.append(event)
+        self._shouted.set()
 
     def _mesh_reader(self) -> None:
         flow = self.data
