@@ -100,6 +100,11 @@ class MsgFlag(IntFlag):
 
 #: flags that say which frames are present (the encoder sets them from the fields)
 FRAME_FLAGS = MsgFlag.TOPIC | MsgFlag.PAYLOAD | MsgFlag.ROUTE
+# plain ints on decode's hot path: IntFlag's operators are Python-level calls
+_TOPIC, _PAYLOAD, _ROUTE = 0x01, 0x02, 0x08
+_NORESPONSE_STREAMING = 0x44
+_FRAMES = 0x0B
+_FLAG_VALUES: dict[int, MsgFlag] = {}
 
 
 class Role(IntFlag):
@@ -285,7 +290,7 @@ def decode(frames: Sequence[bytes]) -> Message:
     flags = proto.flags
     pos, end = 0, len(frames) - 1
     routes: Routes = None
-    if flags & MsgFlag.ROUTE:
+    if flags & _ROUTE:
         try:
             delimiter = frames.index(b"", 0, end)
         except ValueError:
@@ -293,7 +298,7 @@ def decode(frames: Sequence[bytes]) -> Message:
         routes = tuple(frames[:delimiter])
         pos = delimiter + 1
     topic: Optional[str] = None
-    if flags & MsgFlag.TOPIC:
+    if flags & _TOPIC:
         if pos >= end:
             raise ProtocolError("flag TOPIC without a topic frame")
         raw = frames[pos]
@@ -305,16 +310,19 @@ def decode(frames: Sequence[bytes]) -> Message:
             raise ProtocolError("topic is not UTF-8") from None
         pos += 1
     payload: Optional[bytes] = None
-    if flags & MsgFlag.PAYLOAD:
+    if flags & _PAYLOAD:
         if pos >= end:
             raise ProtocolError("flag PAYLOAD without a payload frame")
         payload = frames[pos]
         pos += 1
     if pos != end:
         raise ProtocolError(f"{end - pos} frames that no flag announces")
-    if flags & MsgFlag.NORESPONSE and flags & MsgFlag.STREAMING:
+    if flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
         raise ProtocolError("NORESPONSE with STREAMING is invalid")
-    other = MsgFlag(flags & ~FRAME_FLAGS)
+    rest = flags & ~_FRAMES
+    other = _FLAG_VALUES.get(rest)
+    if other is None:
+        other = _FLAG_VALUES[rest] = MsgFlag(rest)
     kind = proto.type
     if kind == MsgType.REQUEST:
         if topic is None:
