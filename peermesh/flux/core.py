@@ -26,7 +26,10 @@ requests from the core's own handle (``@0``):
    R if no other live node holds it (else EEXIST), otherwise the next rank
    never given (ranks grow the instance while it runs: no restart, ``size``
    is the highest rank given + 1); the parent is the nearest formula
-   ancestor rank 0 knows to be online.
+   ancestor rank 0 has given out and not heard lost (a parent may still be
+   attaching itself: it accepts children already). A node that could reach
+   none of its candidate parents says so when it joins again (``failed``),
+   and rank 0 passes over those ranks.
 2. ``overlay.hello`` to that parent over a new DEALER, ``{"rank", "uuid",
    "endpoint"}``. The parent accepts a rank below it in the formula tree
    (EEXIST if a live child holds it, ENOSPC past ``max_children``) and
@@ -345,6 +348,7 @@ class FluxCore:
         self._candidates: list[tuple[int, str]] = []
         self._internal: dict[int, Callable[[Response, float], list[Output]]] = {}
         self._taken: Optional[int] = None  # a rank found taken, for rank 0 to skip
+        self._failed: list[int] = []  # candidate parents that did not answer a hello
         # events
         self.seq = 0
         self._synced = root  # whether ``seq`` follows rank 0 (set by the first hello answer)
@@ -781,6 +785,12 @@ class FluxCore:
         claim = _int(body, "rank")
         uuid = _str(body, "uuid", 64)
         endpoint = _str(body, "endpoint")
+        failed = body.get("failed")
+        if isinstance(failed, list):
+            for rank in failed[:self.settings.max_ancestors]:
+                member = self.directory.get(rank) if isinstance(rank, int) and rank else None
+                if member is not None:
+                    member.online = False
         taken = body.get("taken")
         if isinstance(taken, int) and not isinstance(taken, bool) and 0 < taken <= MAX_RANK \
                 and taken not in self.directory and len(self.directory) < self.settings.max_size:
@@ -799,7 +809,7 @@ class FluxCore:
                 rank += 1
         if rank not in self.directory and len(self.directory) >= self.settings.max_size:
             return self._error(request, Errno.ENOSPC, "the instance is full (max_size)", now)
-        self.directory[rank] = Member(endpoint, uuid, False)
+        self.directory[rank] = Member(endpoint, uuid, True)  # given: usable as a parent
         self._next_rank = max(self._next_rank, rank + 1)
         self.size = max(self.size, rank + 1)
         parent = next(a for a in self.topology.ancestors(rank) if self._is_online(a))
@@ -815,8 +825,8 @@ class FluxCore:
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE:
             return self._error(request, Errno.EINVAL, "hello comes from a child's link", now)
-        if self.state is not State.ONLINE or self.rank is None:
-            return self._error(request, Errno.EAGAIN, "not online", now)
+        if self.state not in (State.ONLINE, State.ATTACHING) or self.rank is None:
+            return self._error(request, Errno.EAGAIN, "not in the tree", now)
         body = read_json(request.payload)
         rank = _int(body, "rank", 1)
         uuid = _str(body, "uuid", 64)
@@ -841,12 +851,18 @@ class FluxCore:
         chain = [[self.rank, self.endpoint]] + [[r, e] for r, e in self.ancestors]
         out += self._answer(request, {"ancestors": chain[:self.settings.max_ancestors],
                                       "seq": self.seq, "size": self.size}, now)
-        note = {"rank": rank, "uuid": uuid, "endpoint": endpoint}
+        out += self._report_attached(self.children[link], now)
+        return out
+
+    def _report_attached(self, child: Child, now: float) -> list[Output]:
+        """Tell rank 0 where ``child`` listens (once this node is online itself)."""
+        note = {"rank": child.rank, "uuid": child.uuid, "endpoint": child.endpoint}
         if self.root:
             self._attached(note)
-        else:
-            out += self._internal_rpc("overlay.attached", note, 0, now, None)
-        return out
+            return []
+        if self.state is not State.ONLINE:
+            return []  # reported when this node comes online
+        return self._internal_rpc("overlay.attached", note, 0, now, None)
 
     def _attached_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
@@ -991,6 +1007,9 @@ class FluxCore:
                                 "uuid": self.uuid, "endpoint": self.endpoint}
         if self._taken is not None:
             body["taken"] = self._taken
+        if self._failed:
+            body["failed"] = self._failed[-self.settings.max_ancestors:]
+            self._failed = []
         out: list[Output] = [Dial(endpoint, self.identity)]
         self._parent_heard = self._parent_sent = now
         out += self._guest_rpc("overlay.join", body, 0, now, self._joined)
@@ -1084,6 +1103,9 @@ class FluxCore:
         self.claim = self.rank
         out: list[Output] = [Notice("online", self.rank or 0,
                                     {"parent": self.parent_rank, "size": self.size})]
+        self._failed = []
+        for child in list(self.children.values()):
+            out += self._report_attached(child, now)
         if not self._synced:
             self._synced = True
             self.seq = max(self.seq, seq)  # events before joining are not missed
@@ -1100,6 +1122,8 @@ class FluxCore:
     def _retry(self, now: float) -> list[Output]:
         if self.state is State.JOINING:
             return self._join(now)
+        if 0 < self._attempt <= len(self._candidates):
+            self._failed.append(self._candidates[self._attempt - 1][0])
         return self._attach(now)
 
     def _parent_lost(self, now: float, why: str) -> list[Output]:

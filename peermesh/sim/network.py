@@ -33,6 +33,7 @@ It runs as usual between ``advance`` calls.
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import heapq
@@ -126,7 +127,8 @@ class SimNetwork:
         self._island: dict[str, int] = {}          # host address -> island number
         self._beacons: dict[int, dict[str, "SimBeaconSocket"]] = {}  # port -> host -> socket
         self._mailboxes: dict[str, "SimMailbox"] = {}  # endpoint -> mailbox
-        self._arriving: dict[float, list[tuple[SimLink, SimMailbox, Sequence[bytes]]]] = {}
+        # (link, mailbox, frames, whether from the mailbox down the link)
+        self._arriving: dict[float, list[tuple[SimLink, SimMailbox, Sequence[bytes], bool]]] = {}
         self._partitioned = False
         self._hosts = 0
         self.sent = self.delivered = self.lost = 0
@@ -247,19 +249,37 @@ class SimNetwork:
         when = max(self.clock.now() + self._delay(self._settings(link.source, mailbox.host)),
                    link.last_delivery)
         link.last_delivery = when
+        self._schedule(when, (link, mailbox, frames, False))
+
+    def _send_down(self, mailbox: "SimMailbox", link: "SimLink", frames: Sequence[bytes]) -> None:
+        """A mailbox sends back down a link connected to it (a ROUTER to a DEALER)."""
+        self.sent += 1
+        if not self._reachable(link.source, mailbox.host):
+            self.lost += 1
+            return
+        when = max(self.clock.now() + self._delay(self._settings(mailbox.host, link.source)),
+                   link.last_reply)
+        link.last_reply = when
+        self._schedule(when, (link, mailbox, frames, True))
+
+    def _schedule(self, when: float, entry: tuple["SimLink", "SimMailbox", Sequence[bytes],
+                                                  bool]) -> None:
         arriving = self._arriving.get(when)
         if arriving is None:
             arriving = self._arriving[when] = []
             self.clock.call_at(when, lambda: self._arrive(when))
-        arriving.append((link, mailbox, frames))
+        arriving.append(entry)
 
     def _arrive(self, when: float) -> None:
-        """Hand every message due at ``when`` to its mailbox, in the order they were sent."""
+        """Hand every message due at ``when`` to its mailbox or link, in the order sent."""
         mailboxes = self._mailboxes
-        for link, mailbox, frames in self._arriving.pop(when):
+        for link, mailbox, frames, down in self._arriving.pop(when):
             if mailboxes.get(link.endpoint) is mailbox and not link.closed:
                 self.delivered += 1
-                mailbox.deliver(link.identity, frames)
+                if down:
+                    link.deliver(frames)
+                else:
+                    mailbox.deliver(link, frames)
             else:
                 self.lost += 1
 
@@ -315,18 +335,30 @@ class SimMailbox:
         self.max_message = max_message
         self._queue: deque[tuple[bytes, Sequence[bytes]]] = deque()
         self._ready = gevent.event.Event()
+        self._links: dict[bytes, SimLink] = {}  # links that sent here, by identity
         network._bind_mailbox(self)
 
-    def deliver(self, identity: bytes, frames: Sequence[bytes]) -> None:
-        self._queue.append((identity, frames))
+    def deliver(self, link: "SimLink", frames: Sequence[bytes]) -> None:
+        self._links[link.identity] = link
+        self._queue.append((link.identity, frames))
         self._ready.set()
 
+    def try_send(self, frames: Sequence[bytes]) -> bool:
+        """Send ``frames[1:]`` down the link whose identity is ``frames[0]`` (as a
+        ROUTER with ROUTER_MANDATORY: ``OSError`` EHOSTUNREACH when it is gone)."""
+        link = self._links.get(frames[0])
+        if link is None or link.closed:
+            self._links.pop(frames[0], None)
+            raise OSError(errno.EHOSTUNREACH, "no such peer")
+        self.network._send_down(self, link, frames[1:])
+        return True
+
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
-              on_oversized: Callable[[bytes], None], backpressure: Any) -> None:
+              on_oversized: Callable[[bytes], None], backpressure: Any = None) -> None:
         queue = self._queue
         while True:
             while queue:
-                if backpressure.full():
+                if backpressure is not None and backpressure.full():
                     backpressure.wait_room()
                 identity, frames = queue.popleft()
                 if sum(map(len, frames)) > self.max_message:
@@ -341,14 +373,41 @@ class SimMailbox:
 
 
 class SimLink:
-    """A connection from one host to a mailbox endpoint; never full."""
+    """A connection from one host to a mailbox endpoint; never full. The mailbox
+    may send back down it (``serve`` reads what it sends)."""
 
-    __slots__ = ("network", "source", "identity", "endpoint", "last_delivery", "closed")
+    __slots__ = ("network", "source", "identity", "endpoint", "last_delivery", "last_reply",
+                 "closed", "limit", "_queue", "_ready")
 
     def __init__(self, network: SimNetwork, source: str, identity: bytes, endpoint: str) -> None:
         self.network, self.source, self.identity, self.endpoint = network, source, identity, endpoint
-        self.last_delivery = 0.0
+        self.last_delivery = self.last_reply = 0.0
         self.closed = False
+        self.limit = 0  # bytes of a message ``serve`` hands on (0: no limit)
+        self._queue: deque[Sequence[bytes]] = deque()
+        self._ready: Optional[gevent.event.Event] = None
+
+    def deliver(self, frames: Sequence[bytes]) -> None:
+        self._queue.append(frames)
+        if self._ready is not None:
+            self._ready.set()
+
+    def serve(self, on_message: Callable[[bytes, list[bytes]], None],
+              on_oversized: Optional[Callable[[bytes], None]] = None,
+              backpressure: Any = None) -> None:
+        """Call ``on_message(first frame, the rest)`` for what the mailbox sends, until closed."""
+        queue = self._queue
+        ready = self._ready = gevent.event.Event()
+        while not self.closed:
+            while queue and not self.closed:
+                frames = queue.popleft()
+                if self.limit and sum(map(len, frames)) > self.limit:
+                    if on_oversized is not None:
+                        on_oversized(frames[0] if frames else b"")
+                elif frames:
+                    on_message(frames[0], list(frames[1:]))
+            ready.clear()
+            ready.wait()
 
     def try_send(self, frames: Sequence[bytes]) -> bool:
         self.network._send(self, frames)  # nodes never change frames once sent
@@ -359,6 +418,9 @@ class SimLink:
 
     def close(self, linger: float = 0) -> None:
         self.closed = True
+        self._queue.clear()
+        if self._ready is not None:
+            self._ready.set()
 
 
 class SimTransport:

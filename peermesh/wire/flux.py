@@ -129,6 +129,7 @@ class Errno(IntEnum):
     """The error numbers Flux responses carry here (Linux values)."""
 
     ENOENT = 2
+    EIO = 5
     EAGAIN = 11
     EEXIST = 17
     EINVAL = 22
