@@ -360,7 +360,7 @@ class FluxCore:
         self._next_rank = 1
         self._tick = settings.heartbeat
         self.next_deadline = 0.0
-        self.stats = {"dropped": 0, "forwarded": 0}
+        self.stats = {"dropped": 0, "forwarded": 0, "replayed": 0}
 
     # --- life --------------------------------------------------------------
 
@@ -978,6 +978,7 @@ class FluxCore:
                 continue
             if event.seq > self.seq + 1:
                 out.append(Notice("events-lost", self.rank or 0, (self.seq + 1, event.seq - 1)))
+            self.stats["replayed"] += 1
             out += self._pass_down(event, encode(event))
         if answered_to < wanted_to and response.errnum == 0:
             return out + self._fetch(answered_to + 1, wanted_to, now)
