@@ -108,12 +108,12 @@ import binascii
 import enum
 import logging
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Message, MsgFlag,
+    MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Message,
     Request, Response, decode, encode, json_payload, read_json, service_of, string_payload,
 )
 from .errors import FluxStateError
@@ -134,7 +134,8 @@ IDENTITY_SIZE = 16
 #: services every node answers itself
 BUILTIN_SERVICES = frozenset({"overlay", "event", "broker"})
 
-_FINAL = ~MsgFlag.STREAMING
+# MsgFlag bits as plain ints: IntFlag's operators are Python-level calls
+_NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
 
 
 class State(enum.Enum):
@@ -280,6 +281,12 @@ class Handle:
 
 
 InflightKey = tuple[bytes, tuple[bytes, ...], int]
+
+
+def _rerouted(response: Response, routes: tuple[bytes, ...]) -> Response:
+    """``response`` with another route stack."""
+    return Response(response.topic, response.payload, response.errnum, response.matchtag,
+                    response.flags, routes, response.userid, response.rolemask)
 
 
 def _b64(data: Optional[bytes]) -> Optional[str]:
@@ -445,30 +452,30 @@ class FluxCore:
         self.handles[handle].prefixes.discard(prefix)
 
     def rpc(self, handle: int, topic: str, payload: Optional[bytes], nodeid: int,
-            flags: MsgFlag, now: float) -> tuple[int, list[Output]]:
+            flags: int, now: float) -> tuple[int, list[Output]]:
         """Send a request from ``handle``; its matchtag (0 with NORESPONSE) and outputs."""
         state = self.handles[handle]
         if nodeid == NODEID_UPSTREAM:
             if self.rank is None:
                 raise FluxStateError("NODEID_UPSTREAM needs a rank: the node is not online")
-            nodeid, flags = self.rank, flags | MsgFlag.UPSTREAM
-        if flags & MsgFlag.NORESPONSE:
+            nodeid, flags = self.rank, flags | _UPSTREAM
+        if flags & _NORESPONSE:
             tag = MATCHTAG_NONE
         else:
             if len(state.pending) >= self.settings.max_pending:
                 raise FluxStateError(f"{len(state.pending)} RPCs already in flight on this "
                                      f"handle (max_pending)")
             tag = state.allocate()
-            state.pending[tag] = Pending(topic, nodeid, bool(flags & MsgFlag.STREAMING))
+            state.pending[tag] = Pending(topic, nodeid, bool(flags & _STREAMING))
         request = Request(topic, payload, nodeid, tag, flags, (b"@%d" % handle,))
         return tag, self._route_request(request, b"@%d" % handle, now)
 
     def respond(self, handle: int, request: Request, payload: Optional[bytes], errnum: int,
                 now: float, streaming: bool = False) -> list[Output]:
         """Answer ``request`` (delivered to ``handle``); nothing with NORESPONSE."""
-        if request.flags & MsgFlag.NORESPONSE:
+        if request.flags & _NORESPONSE:
             return []
-        flags = MsgFlag.STREAMING if request.flags & MsgFlag.STREAMING else MsgFlag(0)
+        flags = _STREAMING if request.flags & _STREAMING else 0
         response = Response(request.topic, payload, errnum, request.matchtag, flags,
                             request.routes)
         return self._route_response(response, now)
@@ -482,7 +489,7 @@ class FluxCore:
             return []
         topic = service_of(pending.topic) + ".cancel"
         _, out = self.rpc(handle, topic, json_payload({"matchtag": matchtag}), pending.nodeid,
-                          MsgFlag.NORESPONSE, now)
+                          _NORESPONSE, now)
         return out
 
     def abandon(self, handle: int, matchtag: int) -> None:
@@ -496,7 +503,7 @@ class FluxCore:
                 now: float) -> tuple[int, list[Output]]:
         """Publish an event (through rank 0); the matchtag answers with its sequence."""
         body = json_payload({"topic": topic, "payload": _b64(payload)})
-        return self.rpc(handle, "event.pub", body, 0, MsgFlag(0), now)
+        return self.rpc(handle, "event.pub", body, 0, 0, now)
 
     # --- input -------------------------------------------------------------
 
@@ -526,7 +533,9 @@ class FluxCore:
                     "overlay.join", "overlay.hello"):
                 return self._drop(link, "a request from a stranger")
             routes = (link,) + (message.routes or ())
-            return self._route_request(replace(message, routes=routes), link, now, frames)
+            request = Request(message.topic, message.payload, message.nodeid, message.matchtag,
+                              message.flags, routes, message.userid, message.rolemask)
+            return self._route_request(request, link, now)
         if kind is Response:
             assert isinstance(message, Response)
             if child is None and link != PARENT:
@@ -587,13 +596,12 @@ class FluxCore:
 
     # --- routing -------------------------------------------------------------
 
-    def _route_request(self, request: Request, came_from: bytes, now: float,
-                       frames: Optional[list[bytes]] = None) -> list[Output]:
+    def _route_request(self, request: Request, came_from: bytes, now: float) -> list[Output]:
         nodeid = request.nodeid
         me = self.rank
         topic = request.topic
         service = service_of(topic)
-        upstream = request.flags & MsgFlag.UPSTREAM
+        upstream = request.flags & _UPSTREAM
         if nodeid == NODEID_ANY or upstream:
             if not (upstream and nodeid == me):  # UPSTREAM: never on the sending rank
                 owner = self.services.get(service)
@@ -646,12 +654,12 @@ class FluxCore:
 
     def _forward(self, link: bytes, request: Request, now: float) -> list[Output]:
         """Send ``request`` (routes already pushed) on ``link``, tracking it until answered."""
-        if not request.flags & MsgFlag.NORESPONSE:
+        if not request.flags & _NORESPONSE:
             if len(self._inflight) >= self.settings.max_inflight:
                 return self._error(request, Errno.EAGAIN, "too many requests in flight", now)
             key = (link, request.routes or (), request.matchtag)
             self._inflight[key] = Pending(request.topic, request.nodeid,
-                                          bool(request.flags & MsgFlag.STREAMING))
+                                          bool(request.flags & _STREAMING))
             self._via.setdefault(link, set()).add(key)
         self.stats["forwarded"] += 1
         frames = encode(request)
@@ -664,7 +672,7 @@ class FluxCore:
 
     def _settle(self, link: bytes, response: Response) -> None:
         """A response came back on ``link``: forget its request once it is final."""
-        if response.flags & MsgFlag.STREAMING and not response.errnum:
+        if response.flags & _STREAMING and not response.errnum:
             return
         key = (link, response.routes or (), response.matchtag)
         if self._inflight.pop(key, None) is not None:
@@ -682,11 +690,11 @@ class FluxCore:
         if top == PARENT:
             if self.parent_rank is None:
                 return self._drop(top, "a response for a parent this node has not")
-            return [self._to_parent(encode(replace(response, routes=routes[1:])), now)]
+            return [self._to_parent(encode(_rerouted(response, routes[1:])), now)]
         if len(top) != IDENTITY_SIZE:  # "@n": a local handle
             if top[:1] != b"@" or not top[1:].isdigit():
                 return self._drop(top, "a response to no handle")
-            return self._to_handle(int(top[1:]), replace(response, routes=routes[1:]), now)
+            return self._to_handle(int(top[1:]), _rerouted(response, routes[1:]), now)
         child = self.children.get(top)
         if child is not None:
             child.sent = now
@@ -717,17 +725,17 @@ class FluxCore:
         return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 
     def _error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
-        if request.flags & MsgFlag.NORESPONSE:
+        if request.flags & _NORESPONSE:
             return []
-        flags = MsgFlag.STREAMING if request.flags & MsgFlag.STREAMING else MsgFlag(0)
+        flags = _STREAMING if request.flags & _STREAMING else 0
         return self._route_response(Response(request.topic, string_payload(text), errnum,
                                              request.matchtag, flags, request.routes), now)
 
     def _answer(self, request: Request, obj: dict, now: float) -> list[Output]:
-        if request.flags & MsgFlag.NORESPONSE:
+        if request.flags & _NORESPONSE:
             return []
         return self._route_response(Response(request.topic, json_payload(obj), 0,
-                                             request.matchtag, MsgFlag(0), request.routes), now)
+                                             request.matchtag, 0, request.routes), now)
 
     def _to_parent(self, frames: list[bytes], now: float) -> Send:
         self._parent_sent = now
@@ -742,7 +750,7 @@ class FluxCore:
     def _internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
                       callback: Optional[Callable[[Response, float], list[Output]]],
                       streaming: bool = False) -> list[Output]:
-        flags = MsgFlag.NORESPONSE if callback is None else MsgFlag(0)
+        flags = _NORESPONSE if callback is None else 0
         tag, out = self.rpc(0, topic, json_payload(obj), nodeid, flags, now)
         if callback is not None and tag in self.handles[0].pending:
             self._internal[tag] = callback
@@ -761,10 +769,10 @@ class FluxCore:
             return self._error(request, Errno.EPROTO, exc.reason, now)
 
     def _ping(self, request: Request, now: float) -> list[Output]:
-        if request.flags & MsgFlag.NORESPONSE:
+        if request.flags & _NORESPONSE:
             return []
         return self._route_response(Response(request.topic, request.payload, 0,
-                                             request.matchtag, MsgFlag(0), request.routes), now)
+                                             request.matchtag, 0, request.routes), now)
 
     def _info(self, request: Request, now: float) -> list[Output]:
         return self._answer(request, self.info(), now)
@@ -929,7 +937,7 @@ class FluxCore:
             return []
         if seq == self.seq + 1 or not self._synced:
             return self._pass_down(event, frames if event.routes is None else
-                                   encode(replace(event, routes=None)))
+                                   encode(Event(event.topic, event.payload, event.seq, event.flags)))
         self._held.append(event)
         return self._fetch(self.seq + 1, seq - 1, now)
 
@@ -1023,7 +1031,7 @@ class FluxCore:
         tag = state.allocate()
         state.pending[tag] = Pending(topic, nodeid, False)
         self._internal[tag] = callback
-        request = Request(topic, json_payload(body), nodeid, tag, MsgFlag(0), (SELF,))
+        request = Request(topic, json_payload(body), nodeid, tag, 0, (SELF,))
         return [self._to_parent(encode(request), now)]
 
     def _forget_internal(self) -> None:
@@ -1158,7 +1166,7 @@ class FluxCore:
             if pending is None:
                 continue
             _, routes, matchtag = key
-            flags = MsgFlag.STREAMING if pending.streaming else MsgFlag(0)
+            flags = _STREAMING if pending.streaming else 0
             out += self._route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
                                                  matchtag, flags, routes), 0.0)
         return out

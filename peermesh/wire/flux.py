@@ -104,7 +104,6 @@ FRAME_FLAGS = MsgFlag.TOPIC | MsgFlag.PAYLOAD | MsgFlag.ROUTE
 _TOPIC, _PAYLOAD, _ROUTE = 0x01, 0x02, 0x08
 _NORESPONSE_STREAMING = 0x44
 _FRAMES = 0x0B
-_FLAG_VALUES: dict[int, MsgFlag] = {}
 
 
 class Role(IntFlag):
@@ -188,7 +187,7 @@ class Request:
     payload: Optional[bytes] = None
     nodeid: int = NODEID_ANY
     matchtag: int = MATCHTAG_NONE
-    flags: MsgFlag = MsgFlag(0)  #: besides TOPIC, PAYLOAD and ROUTE
+    flags: int = 0  #: ``MsgFlag`` bits besides TOPIC, PAYLOAD and ROUTE
     routes: Routes = None
     userid: int = USERID_UNKNOWN
     rolemask: int = 0
@@ -202,7 +201,7 @@ class Response:
     payload: Optional[bytes] = None
     errnum: int = 0
     matchtag: int = MATCHTAG_NONE
-    flags: MsgFlag = MsgFlag(0)
+    flags: int = 0
     routes: Routes = None
     userid: int = USERID_UNKNOWN
     rolemask: int = 0
@@ -215,7 +214,7 @@ class Event:
     topic: str
     payload: Optional[bytes] = None
     seq: int = 0
-    flags: MsgFlag = MsgFlag(0)
+    flags: int = 0
     routes: Routes = None
     userid: int = USERID_UNKNOWN
     rolemask: int = 0
@@ -227,7 +226,7 @@ class Control:
 
     ctype: int = ControlType.HEARTBEAT
     status: int = 0
-    flags: MsgFlag = MsgFlag(0)
+    flags: int = 0
     routes: Routes = None
     topic: Optional[str] = None
     payload: Optional[bytes] = None
@@ -240,55 +239,74 @@ Message = Union[Request, Response, Event, Control]
 
 def _aux(message: Message) -> tuple[int, int, int]:
     """(type, aux1, aux2) of ``message``."""
-    if type(message) is Request:
-        if message.nodeid == NODEID_UPSTREAM:
+    kind = type(message)
+    if kind is Request:
+        if message.nodeid == NODEID_UPSTREAM:  # type: ignore[union-attr]
             raise ProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
-        return MsgType.REQUEST, message.nodeid, message.matchtag
-    if type(message) is Response:
-        return MsgType.RESPONSE, message.errnum, message.matchtag
-    if type(message) is Event:
-        return MsgType.EVENT, message.seq, 0
-    if type(message) is Control:
-        return MsgType.CONTROL, message.ctype, message.status
+        return 1, message.nodeid, message.matchtag  # type: ignore[union-attr]
+    if kind is Response:
+        return 2, message.errnum, message.matchtag  # type: ignore[union-attr]
+    if kind is Event:
+        return 4, message.seq, 0  # type: ignore[union-attr]
+    if kind is Control:
+        return 8, message.ctype, message.status  # type: ignore[union-attr]
     raise ProtocolError(f"{type(message).__name__} is not a Flux message")
 
 
 def encode(message: Message) -> list[bytes]:
     """The frames of ``message``; ``ProtocolError`` for fields the wire cannot carry."""
     kind, aux1, aux2 = _aux(message)
-    flags = int(message.flags) & ~FRAME_FLAGS
-    if flags & MsgFlag.NORESPONSE and flags & MsgFlag.STREAMING:
+    flags = int(message.flags) & ~_FRAMES
+    if flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
         raise ProtocolError("NORESPONSE with STREAMING is invalid")
-    frames: list[bytes] = []
-    if message.routes is not None:
-        flags |= MsgFlag.ROUTE
-        for route in message.routes:
-            if not isinstance(route, bytes) or not route:
+    routes = message.routes
+    if routes is not None:
+        flags |= _ROUTE
+        for route in routes:
+            if type(route) is not bytes or not route:
                 raise ProtocolError("a route identity is a non-empty bytes frame")
-            frames.append(route)
-        frames.append(b"")
-    if message.topic is not None:
-        if not message.topic:
+        frames = [*routes, b""]
+    else:
+        frames = []
+    topic = message.topic
+    if topic is not None:
+        if not topic:
             raise ProtocolError("topic is empty")
-        flags |= MsgFlag.TOPIC
-        frames.append(message.topic.encode("utf-8"))
-    if message.payload is not None:
-        if not isinstance(message.payload, bytes):
+        flags |= _TOPIC
+        frames.append(topic.encode("utf-8"))
+    payload = message.payload
+    if payload is not None:
+        if type(payload) is not bytes:
             raise ProtocolError("payload is not bytes")
-        flags |= MsgFlag.PAYLOAD
-        frames.append(message.payload)
-    frames.append(encode_proto(Proto(kind, flags, message.userid, message.rolemask, aux1, aux2)))
+        flags |= _PAYLOAD
+        frames.append(payload)
+    try:
+        frames.append(_PROTO.pack(MAGIC, VERSION, kind, flags, message.userid, message.rolemask,
+                                  aux1, aux2))
+    except struct.error as exc:
+        raise ProtocolError(f"PROTO field out of range: {exc}") from None
     return frames
 
 
 def decode(frames: Sequence[bytes]) -> Message:
     """Parse one Flux message; ``ProtocolError`` (only) if it is malformed."""
-    if type(frames) is not list or any(type(f) is not bytes for f in frames):
+    if type(frames) is not list:
         frames = _as_frames(frames)
+    else:
+        for frame in frames:
+            if type(frame) is not bytes:
+                frames = _as_frames(frames)
+                break
     if not frames:
         raise ProtocolError("no frames: a Flux message ends with a PROTO frame")
-    proto = decode_proto(frames[-1])
-    flags = proto.flags
+    last = frames[-1]
+    if len(last) != PROTO_SIZE:
+        raise ProtocolError(f"PROTO frame of {len(last)} octets, not {PROTO_SIZE}")
+    magic, version, kind, flags, userid, rolemask, aux1, aux2 = _PROTO.unpack(last)
+    if magic != MAGIC:
+        raise ProtocolError(f"PROTO magic {magic:#04x}, not 0x8e")
+    if version != VERSION:
+        raise ProtocolError(f"PROTO version {version}, not 1")
     pos, end = 0, len(frames) - 1
     routes: Routes = None
     if flags & _ROUTE:
@@ -320,30 +338,23 @@ def decode(frames: Sequence[bytes]) -> Message:
         raise ProtocolError(f"{end - pos} frames that no flag announces")
     if flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
         raise ProtocolError("NORESPONSE with STREAMING is invalid")
-    rest = flags & ~_FRAMES
-    other = _FLAG_VALUES.get(rest)
-    if other is None:
-        other = _FLAG_VALUES[rest] = MsgFlag(rest)
-    kind = proto.type
-    if kind == MsgType.REQUEST:
+    other = flags & ~_FRAMES
+    if kind == 1:
         if topic is None:
             raise ProtocolError("a request has no topic")
-        if proto.aux1 == NODEID_UPSTREAM:
+        if aux1 == NODEID_UPSTREAM:
             raise ProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
-        return Request(topic, payload, proto.aux1, proto.aux2, other, routes, proto.userid,
-                       proto.rolemask)
-    if kind == MsgType.RESPONSE:
+        return Request(topic, payload, aux1, aux2, other, routes, userid, rolemask)
+    if kind == 2:
         if topic is None:
             raise ProtocolError("a response has no topic")
-        return Response(topic, payload, proto.aux1, proto.aux2, other, routes, proto.userid,
-                        proto.rolemask)
-    if kind == MsgType.EVENT:
+        return Response(topic, payload, aux1, aux2, other, routes, userid, rolemask)
+    if kind == 4:
         if topic is None:
             raise ProtocolError("an event has no topic")
-        return Event(topic, payload, proto.aux1, other, routes, proto.userid, proto.rolemask)
-    if kind == MsgType.CONTROL:
-        return Control(proto.aux1, proto.aux2, other, routes, topic, payload, proto.userid,
-                       proto.rolemask)
+        return Event(topic, payload, aux1, other, routes, userid, rolemask)
+    if kind == 8:
+        return Control(aux1, aux2, other, routes, topic, payload, userid, rolemask)
     raise ProtocolError(f"message type {kind:#04x} is not request, response, event or control")
 
 
