@@ -1019,7 +1019,10 @@ class FluxCore:
         if self._failed:
             body["failed"] = self._failed[-self.settings.max_ancestors:]
             self._failed = []
-        out: list[Output] = [Dial(endpoint, self.identity)]
+        # a guest identity of its own: the parent's ROUTER (with ROUTER_HANDOVER) never sees
+        # this node's identity move from one connection to another
+        guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
+        out: list[Output] = [Dial(endpoint, guest)]
         self._parent_heard = self._parent_sent = now
         out += self._guest_rpc("overlay.join", body, 0, now, self._joined)
         return out
