@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 Payload = Union[bytes, str, dict, None]
 Handler = Callable[["FluxRequest"], Any]
+_NORESPONSE, _STREAMING = int(MsgFlag.NORESPONSE), int(MsgFlag.STREAMING)
 #: events a subscription holds unread before it drops the oldest
 SUBSCRIPTION_QUEUE = 10000
 
@@ -129,8 +130,8 @@ class FluxRequest:
         self.message = message
         self.topic = message.topic
         self.payload = message.payload
-        self.streaming = bool(message.flags & MsgFlag.STREAMING)
-        self.noresponse = bool(message.flags & MsgFlag.NORESPONSE)
+        self.streaming = bool(message.flags & _STREAMING)
+        self.noresponse = bool(message.flags & _NORESPONSE)
         self.cancelled = False
         self.finished = False
         #: called (no arguments) when the client cancels this stream
@@ -225,13 +226,15 @@ class FluxHandle:
             raise FluxStateError(f"an RPC topic is a non-empty string, not {topic!r}")
         if not isinstance(nodeid, int) or isinstance(nodeid, bool) or not 0 <= nodeid <= 0xFFFFFFFF:
             raise FluxStateError(f"nodeid {nodeid!r} is not a rank, NODEID_ANY or NODEID_UPSTREAM")
-        message_flags = MsgFlag(int(flags)) | (MsgFlag.STREAMING if streaming else MsgFlag(0))
-        if message_flags & MsgFlag.NORESPONSE and message_flags & MsgFlag.STREAMING:
+        if not isinstance(flags, int) or not 0 <= flags <= 0xFF:
+            raise FluxStateError(f"flags {flags!r} are not MsgFlag bits")
+        message_flags = int(flags) | (_STREAMING if streaming else 0)
+        if message_flags & _NORESPONSE and message_flags & _STREAMING:
             raise FluxStateError("an RPC cannot be both NORESPONSE and STREAMING")
         core = self.overlay.core
         tag, outputs = core.rpc(self.number, topic, to_payload(payload), nodeid, message_flags,
                                 self.overlay.now())
-        future = RpcFuture(self, tag, topic, bool(message_flags & MsgFlag.STREAMING))
+        future = RpcFuture(self, tag, topic, bool(message_flags & _STREAMING))
         if tag:
             self._futures[tag] = future
         self.overlay._apply(outputs)

@@ -368,7 +368,7 @@ class SimMailbox:
             self._ready.clear()
             self._ready.wait()
 
-    def close(self) -> None:
+    def close(self, linger: float = 0) -> None:
         self.network._unbind_mailbox(self)
 
 
