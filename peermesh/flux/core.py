@@ -109,7 +109,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from ..errors import ProtocolError
 from ..wire.flux import (
@@ -1186,7 +1186,3 @@ _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "event.replay": FluxCore._replay_request,
 }
 
-
-def ranks_of(children: Iterable[Child]) -> list[int]:
-    """The ranks of ``children``, sorted."""
-    return sorted(c.rank for c in children)

@@ -4,7 +4,8 @@ A ``FluxHandle`` is one client of a node (a module, in flux-core's words):
 it sends RPCs (``rpc`` returns an ``RpcFuture``), serves ``service.method``
 topics (``register``), publishes and subscribes to events. Matchtags are
 per handle. Everything runs on the node's gevent hub: call these from its
-greenlets (from a ``ThreadedNode``, inside ``call``). Handlers run on the
+greenlets; from another thread, through ``ThreadedNode.call``, with
+``RpcFuture.on_response`` to hand the answers back. Handlers run on the
 hub as requests arrive and must not block: a slow handler spawns a greenlet
 and answers later through its ``FluxRequest``.
 
@@ -70,13 +71,25 @@ class RpcFuture:
         self.streaming = streaming
         self._responses: deque[Response] = deque()
         self._ready = gevent.event.Event()
+        self._callback: Optional[Callable[[Response], None]] = None
         self.done = matchtag == 0  # NORESPONSE: nothing comes
 
     def _put(self, response: Response) -> None:
-        self._responses.append(response)
         if not self.streaming or response.errnum:
             self.done = True
+        if self._callback is not None:
+            self._callback(response)
+            return
+        self._responses.append(response)
         self._ready.set()
+
+    def on_response(self, callback: Callable[[Response], None]) -> None:
+        """Hand every response (those already here first) to ``callback`` on the hub
+        instead of queueing it: e.g. to complete a ``concurrent.futures.Future`` that a
+        thread waits on (the thread calls ``rpc`` through ``ThreadedNode.call``)."""
+        self._callback = callback
+        while self._responses:
+            callback(self._responses.popleft())
 
     def _next(self, timeout: Optional[float]) -> Response:
         while not self._responses:

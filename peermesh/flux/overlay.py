@@ -43,6 +43,7 @@ import errno
 import json
 import logging
 import os
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence, Union
 from uuid import UUID
 
@@ -87,9 +88,7 @@ class FluxOverlay(Overlay):
                  max_message: int = MAX_MESSAGE, settle: Optional[float] = None) -> None:
         super().__init__()
         topo = topology if isinstance(topology, Topology) else Topology.parse(topology)
-        base = settings if settings is not None else FluxSettings()
-        self.settings = FluxSettings(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
-                                        "topology": topo})
+        self.settings = replace(settings or FluxSettings(), topology=topo)
         if root and parents:
             raise FluxStateError("a root has no parents to join through")
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
@@ -170,8 +169,7 @@ class FluxOverlay(Overlay):
             node.add_listener(self._on_node_event)
             settle = self.settle if self.settle is not None else 1.5 * node.config.interval
             self._greenlets.append(gevent.spawn(self._elect_after, settle))
-        else:
-            self._apply(self.core.start(self.now()))
+        self._apply(self.core.start(self.now()))  # (in the mesh: detached until elected)
 
     def on_stop(self, timeout: float) -> None:
         if self.node is not None:
@@ -423,8 +421,6 @@ class FluxOverlay(Overlay):
             self._apply(self.core.start(now))
         elif self.core.state is State.DETACHED:
             self._apply(self.core.set_bootstrap([endpoint], now))
-            if self.core.state is State.DETACHED:
-                self._apply(self.core.start(now))
         else:
             self.core.bootstrap = [endpoint]
 

@@ -8,6 +8,7 @@ mesh the next member becomes rank 0 and the orphans re-attach to it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import pytest
@@ -78,4 +79,8 @@ def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:
     with ThreadedNode("t", overlays=[flux], interface="lo", port=free_udp_port, **TIMING) as tn:
         assert flux.running and flux.endpoint.startswith("tcp://127.0.0.1:")
         assert tn.call(lambda node: flux.info())["rank"] == 0
+        tn.call(lambda node: flux.register("t.echo", lambda request: request.payload))
+        answer: Future[Any] = Future()   # an RPC from this thread, answered on the hub
+        tn.call(lambda node: flux.rpc("t.echo", b"hi", 0).on_response(answer.set_result))
+        assert answer.result(5).payload == b"hi"
     assert flux.lifecycle is Lifecycle.STOPPED
