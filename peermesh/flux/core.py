@@ -535,7 +535,9 @@ class FluxCore:
             routes = (link,) + (message.routes or ())
             request = Request(message.topic, message.payload, message.nodeid, message.matchtag,
                               message.flags, routes, message.userid, message.rolemask)
-            return self._route_request(request, link, now)
+            # the frames as they are, the route pushed: forwarded without encoding again
+            wire = [link, *frames] if message.routes is not None else None
+            return self._route_request(request, link, now, wire)
         if kind is Response:
             assert isinstance(message, Response)
             if child is None and link != PARENT:
@@ -543,7 +545,7 @@ class FluxCore:
             if not message.routes:
                 return self._drop(link, "a response without routes")
             self._settle(link, message)
-            return self._route_response(message, now)
+            return self._route_response(message, now, frames)
         if kind is Event:
             assert isinstance(message, Event)
             if link != PARENT or self.state is not State.ONLINE:
@@ -596,7 +598,9 @@ class FluxCore:
 
     # --- routing -------------------------------------------------------------
 
-    def _route_request(self, request: Request, came_from: bytes, now: float) -> list[Output]:
+    def _route_request(self, request: Request, came_from: bytes, now: float,
+                       wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Deliver, answer or forward ``request`` (``wire``: its frames, if at hand)."""
         nodeid = request.nodeid
         me = self.rank
         topic = request.topic
@@ -610,7 +614,7 @@ class FluxCore:
                 if service in BUILTIN_SERVICES and self._answers_here(topic):
                     return self._builtin(request, now)
             if self.parent_rank is not None and self.state is State.ONLINE:
-                return self._forward(PARENT, request, now)
+                return self._forward(PARENT, request, now, wire)
             if self.root:
                 return self._error(request, Errno.ENOSYS,
                                    f"No service matching {topic} is registered", now)
@@ -628,10 +632,10 @@ class FluxCore:
             return self._error(request, Errno.EHOSTUNREACH, f"no rank {nodeid}", now)
         child = self._child_toward(nodeid)
         if child is not None:
-            return self._forward(child, request, now)
+            return self._forward(child, request, now, wire)
         if self.parent_rank is not None and self.state is State.ONLINE \
                 and came_from != PARENT:  # never back up: no request bounces
-            return self._forward(PARENT, request, now)
+            return self._forward(PARENT, request, now, wire)
         return self._error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
 
     def _answers_here(self, topic: str) -> bool:
@@ -652,8 +656,10 @@ class FluxCore:
             rank = 0 if k == 0 else (rank - 1) // k
         return None
 
-    def _forward(self, link: bytes, request: Request, now: float) -> list[Output]:
-        """Send ``request`` (routes already pushed) on ``link``, tracking it until answered."""
+    def _forward(self, link: bytes, request: Request, now: float,
+                 wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Send ``request`` (routes already pushed; ``wire``: its frames) on ``link``,
+        tracking it until answered."""
         if not request.flags & _NORESPONSE:
             if len(self._inflight) >= self.settings.max_inflight:
                 return self._error(request, Errno.EAGAIN, "too many requests in flight", now)
@@ -662,7 +668,7 @@ class FluxCore:
                                           bool(request.flags & _STREAMING))
             self._via.setdefault(link, set()).add(key)
         self.stats["forwarded"] += 1
-        frames = encode(request)
+        frames = wire if wire is not None else encode(request)
         if link == PARENT:
             return [self._to_parent(frames, now)]
         child = self.children.get(link)
@@ -682,7 +688,9 @@ class FluxCore:
                 if not via:
                     del self._via[link]
 
-    def _route_response(self, response: Response, now: float) -> list[Output]:
+    def _route_response(self, response: Response, now: float,
+                        wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Pop the top route and send ``response`` that way (``wire``: its frames)."""
         routes = response.routes or ()
         if not routes:
             return self._drop(b"", "a response with no route left")
@@ -690,7 +698,8 @@ class FluxCore:
         if top == PARENT:
             if self.parent_rank is None:
                 return self._drop(top, "a response for a parent this node has not")
-            return [self._to_parent(encode(_rerouted(response, routes[1:])), now)]
+            return [self._to_parent(wire[1:] if wire is not None else
+                                    encode(_rerouted(response, routes[1:])), now)]
         if len(top) != IDENTITY_SIZE:  # "@n": a local handle
             if top[:1] != b"@" or not top[1:].isdigit():
                 return self._drop(top, "a response to no handle")
@@ -698,7 +707,8 @@ class FluxCore:
         child = self.children.get(top)
         if child is not None:
             child.sent = now
-        return [Send(top, encode(response))]  # the ROUTER takes the top route as address
+        # the ROUTER takes the top route as the address
+        return [Send(top, wire if wire is not None else encode(response))]
 
     def _to_handle(self, number: int, response: Response, now: float) -> list[Output]:
         state = self.handles.get(number)
