@@ -91,7 +91,9 @@ ranks), keeps the last ``recent_events`` and sends them to its children,
 which forward them down. A node that sees a sequence gap holds later
 events, fetches the missed ones from rank 0 (``event.replay``) and
 forwards them in order, so its subtree sees no gap; events older than the
-buffer are reported lost (``Notice("events-lost")``).
+buffer are reported lost (``Notice("events-lost")``). A node that joins
+(rather than re-attaches) takes the sequence of its new parent as it is: rank 0
+may be another node, or a restarted one, with numbering of its own.
 
 Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
@@ -1075,6 +1077,9 @@ class FluxCore:
         self.rank = rank
         self.size = max(self.size, size)
         self._taken = None
+        # rank 0 may be another node (or restarted) with numbering of its own: the hello
+        # answer gives the sequence to follow from
+        self._synced, self._held, self._replay_to = False, [], 0
         self._candidates = [(parent, endpoint)]
         self._attempt = 0
         return self._attach(now)

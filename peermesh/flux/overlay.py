@@ -28,8 +28,9 @@ Bootstrap (how a node finds its instance), one of:
   root with the mesh's broker election (``peermesh.overlay.election``:
   highest priority, then UUID) and the others join through its endpoint.
   When the root leaves the mesh the next elected member becomes rank 0 at
-  its own endpoint (its old rank falls vacant) and the orphans re-attach
-  to it, keeping their ranks; when a partition heals, the root that loses
+  its own endpoint (its old rank falls vacant; event numbers go on from the
+  last it saw) and the orphans join it, keeping their ranks; its own subtree
+  stays attached to it. When a partition heals, the root that loses
   the election steps down and its nodes join the winner (ranks kept where
   free).
 
@@ -411,8 +412,10 @@ class FluxOverlay(Overlay):
         assert node is not None
         if best.uuid == node.uuid:
             if not self.core.root:  # take over as rank 0 at this endpoint
+                seq = self.core.seq
                 self._apply(self.core.stop(now))
                 self.core = self._new_core(root=True, rank=0, bootstrap=())
+                self.core.seq = seq  # event numbers go on from what this node saw
                 self._apply(self.core.start(now))
         elif self.core.root or self.core.state is State.STOPPED:
             self._apply(self.core.stop(now))  # step down: join the elected root

@@ -62,6 +62,9 @@ def test_rank_0_lost_the_next_member_takes_over(
         assert flux.wait_online(10)
     old_root_node, old_root = nodes[0]
     survivor_rank = nodes[2][1].rank
+    seen = nodes[2][1].subscribe("t.")
+    nodes[1][1].publish("t.before").get(5)
+    assert seen.get(5).topic == "t.before"  # type: ignore[union-attr]
     old_root.stop()
     old_root_node.stop(0.1)
     successor = nodes[1][1]
@@ -72,6 +75,9 @@ def test_rank_0_lost_the_next_member_takes_over(
                "the orphan re-attached")
     assert other.rank == survivor_rank                   # kept its rank
     assert other.rpc("broker.ping", b"x", 0).get(5) == b"x"
+    successor.publish("t.after").get(5)                 # numbered on from the old root's
+    after = seen.get(5)
+    assert after is not None and after.topic == "t.after" and after.seq >= 2
 
 
 def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:
