@@ -160,7 +160,7 @@ class FluxSettings:
     lost: float = 30.0           #: a link silent this long is lost
     hello_timeout: float = 5.0   #: a join or hello unanswered this long is tried elsewhere
     max_children: int = 4096     #: children (and adopted orphans) one node accepts
-    max_size: int = 1 << 20      #: ranks rank 0 gives (and keeps in its directory)
+    max_size: int = 1 << 17      #: ranks rank 0 gives (and keeps in its directory)
     max_inflight: int = 65536    #: requests one node tracks in flight through its links
     max_pending: int = 65536     #: RPCs in flight per local handle
     recent_events: int = 1024    #: events rank 0 keeps for replay; events a node holds
