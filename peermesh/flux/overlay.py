@@ -50,8 +50,10 @@ from uuid import UUID
 
 import gevent
 import gevent.event
+import zmq
 
 from ..events import Event as NodeEvent
+from ..io.transport import ZmqTransport
 from ..events import EventType
 from ..overlay.contract import Lifecycle, Overlay
 from ..overlay.election import Candidate, elect
@@ -140,14 +142,14 @@ class FluxOverlay(Overlay):
         if self._router is not None:
             return
         if transport is None:
-            from ..io.transport import ZmqTransport
             transport = ZmqTransport()
         self.transport = transport
         router = transport.bind_mailbox(address, self.max_message)
         sock = getattr(router, "socket", None)
         if sock is not None:  # a real ROUTER: a send to a gone child fails at once
-            import zmq
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        else:  # a simulated one remembers the links it answers down
+            router.replies = True
         self._router = router
         self.endpoint = router.endpoint
 
