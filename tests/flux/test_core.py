@@ -250,3 +250,18 @@ def test_hostile_hello_and_stranger_traffic() -> None:
     assert cores[1].receive(b"^", [b"x"], tree.now) == []  # a 1-byte identity posing as parent
     assert cores[1].receive(b"@1", hello, tree.now) == []
     assert isinstance(decode(hello), Request) and not isinstance(decode(hello), Response)
+
+
+def test_a_join_cannot_grow_the_instance_past_max_size() -> None:
+    from peermesh.wire.flux import decode, encode, json_payload
+    tree = Tree(k=2, max_size=8)
+    root = tree.grow(3)[0]
+    for rank in (8, 0xFFFFFFF0):
+        join = encode(Request("overlay.join", json_payload(
+            {"rank": rank, "uuid": "u", "endpoint": "tcp://x"}), 0, 5, routes=()))
+        (answer,) = root.receive(b"S" * 16, join, tree.now)
+        assert decode(answer.frames[1:]).errnum == Errno.EPROTO  # type: ignore[union-attr]
+    assert root.size == 3
+    for _ in range(5):
+        tree.add()
+    assert root.size == 8 and tree.add().state is State.JOINING  # ENOSPC: no ninth rank
