@@ -60,7 +60,14 @@ marks the rank offline (it stays reserved for the node that held it, and a
 node may claim it again). Orphans re-attach to the nearest live ancestor
 (the hello answer gave each node its ancestor chain), keeping their ranks
 and their subtrees; when the chain is exhausted (rank 0 itself was lost)
-they join again through the bootstrap endpoints, claiming their ranks. A
+they join again through the bootstrap endpoints, claiming their ranks.
+So when rank 0 is lost, an instance bootstrapped from a parent list waits
+for rank 0 to answer at its endpoint again (its subtrees stay whole and
+keep their ranks, and rank 0's directory fills again from their joins);
+one bootstrapped through the ZRE mesh has the next elected member take
+over as rank 0 (``peermesh.flux.overlay``). A partition heals the same way:
+the side cut off from rank 0 keeps trying its ancestors and the bootstrap
+endpoints until they answer, then it is one tree again. A
 child silent for ``torpid`` seconds is reported torpid (and still served).
 Heartbeats (control messages) go on every link idle for ``heartbeat`` s.
 
