@@ -176,11 +176,12 @@ class FluxSettings:
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat <= self.torpid <= self.lost:
-            raise ValueError("need 0 < heartbeat <= torpid <= lost")
+            raise FluxStateError("Flux settings need 0 < heartbeat <= torpid <= lost, not "
+                                 f"{self.heartbeat}, {self.torpid}, {self.lost}")
         for name in ("max_children", "max_size", "max_inflight", "max_pending",
                      "recent_events", "replay_batch", "max_ancestors"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+                raise FluxStateError(f"Flux setting {name} must be at least 1")
 
 
 # --- outputs ------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peermesh.flux.core import FluxCore, Notice, State
+from peermesh.flux.core import FluxCore, FluxSettings, Notice, State
 from peermesh.flux.errors import FluxStateError
 from peermesh.flux.topology import Topology, TopologyError
 from peermesh.wire.flux import (
@@ -235,6 +235,8 @@ def test_bounds_children_and_inflight() -> None:
         cores[0].register(server, "svc")
     with pytest.raises(FluxStateError):
         cores[0].register(server, "broker.x")
+    with pytest.raises(FluxStateError, match="heartbeat <= torpid"):
+        FluxSettings(heartbeat=5.0, torpid=1.0)
 
 
 def test_hostile_hello_and_stranger_traffic() -> None:
