@@ -267,3 +267,17 @@ def test_a_join_cannot_grow_the_instance_past_max_size() -> None:
     for _ in range(5):
         tree.add()
     assert root.size == 8 and tree.add().state is State.JOINING  # ENOSPC: no ninth rank
+
+
+def test_a_silent_child_is_torpid_then_lost_and_heartbeats_keep_idle_links_alive() -> None:
+    tree = Tree(k=2, heartbeat=1.0, torpid=3.0, lost=6.0)
+    cores = {c.rank: c for c in tree.grow(4)}
+    tree.advance(20.0)                       # idle: heartbeats alone keep every link
+    assert not notices(tree, "child-torpid") and not notices(tree, "child-lost")
+    tree.hung.add(cores[3].endpoint)         # alive to the network, but silent
+    tree.advance(3.5)
+    assert [n.rank for n in notices(tree, "child-torpid")] == [3] and 3 in cores[1].info()["torpid"]
+    assert not notices(tree, "child-lost")
+    tree.advance(3.0)
+    assert [n.rank for n in notices(tree, "child-lost")] == [3]
+    assert 3 not in cores[1].info()["children"] and not cores[0].directory[3].online
