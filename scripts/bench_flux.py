@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from typing import Any, Optional
 
