@@ -91,7 +91,9 @@ ranks), keeps the last ``recent_events`` and sends them to its children,
 which forward them down. A node that sees a sequence gap holds later
 events, fetches the missed ones from rank 0 (``event.replay``) and
 forwards them in order, so its subtree sees no gap; events older than the
-buffer are reported lost (``Notice("events-lost")``).
+buffer are reported lost (``Notice("events-lost")``). A node that joins
+(rather than re-attaches) takes the sequence of its new parent as it is: rank 0
+may be another node, or a restarted one, with numbering of its own.
 
 Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
@@ -109,7 +111,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from ..errors import ProtocolError
 from ..wire.flux import (
@@ -158,7 +160,7 @@ class FluxSettings:
     lost: float = 30.0           #: a link silent this long is lost
     hello_timeout: float = 5.0   #: a join or hello unanswered this long is tried elsewhere
     max_children: int = 4096     #: children (and adopted orphans) one node accepts
-    max_size: int = 1 << 20      #: ranks rank 0 gives (and keeps in its directory)
+    max_size: int = 1 << 17      #: ranks rank 0 gives (and keeps in its directory)
     max_inflight: int = 65536    #: requests one node tracks in flight through its links
     max_pending: int = 65536     #: RPCs in flight per local handle
     recent_events: int = 1024    #: events rank 0 keeps for replay; events a node holds
@@ -535,7 +537,9 @@ class FluxCore:
             routes = (link,) + (message.routes or ())
             request = Request(message.topic, message.payload, message.nodeid, message.matchtag,
                               message.flags, routes, message.userid, message.rolemask)
-            return self._route_request(request, link, now)
+            # the frames as they are, the route pushed: forwarded without encoding again
+            wire = [link, *frames] if message.routes is not None else None
+            return self._route_request(request, link, now, wire)
         if kind is Response:
             assert isinstance(message, Response)
             if child is None and link != PARENT:
@@ -543,7 +547,7 @@ class FluxCore:
             if not message.routes:
                 return self._drop(link, "a response without routes")
             self._settle(link, message)
-            return self._route_response(message, now)
+            return self._route_response(message, now, frames)
         if kind is Event:
             assert isinstance(message, Event)
             if link != PARENT or self.state is not State.ONLINE:
@@ -596,7 +600,9 @@ class FluxCore:
 
     # --- routing -------------------------------------------------------------
 
-    def _route_request(self, request: Request, came_from: bytes, now: float) -> list[Output]:
+    def _route_request(self, request: Request, came_from: bytes, now: float,
+                       wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Deliver, answer or forward ``request`` (``wire``: its frames, if at hand)."""
         nodeid = request.nodeid
         me = self.rank
         topic = request.topic
@@ -610,7 +616,7 @@ class FluxCore:
                 if service in BUILTIN_SERVICES and self._answers_here(topic):
                     return self._builtin(request, now)
             if self.parent_rank is not None and self.state is State.ONLINE:
-                return self._forward(PARENT, request, now)
+                return self._forward(PARENT, request, now, wire)
             if self.root:
                 return self._error(request, Errno.ENOSYS,
                                    f"No service matching {topic} is registered", now)
@@ -628,10 +634,10 @@ class FluxCore:
             return self._error(request, Errno.EHOSTUNREACH, f"no rank {nodeid}", now)
         child = self._child_toward(nodeid)
         if child is not None:
-            return self._forward(child, request, now)
+            return self._forward(child, request, now, wire)
         if self.parent_rank is not None and self.state is State.ONLINE \
                 and came_from != PARENT:  # never back up: no request bounces
-            return self._forward(PARENT, request, now)
+            return self._forward(PARENT, request, now, wire)
         return self._error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
 
     def _answers_here(self, topic: str) -> bool:
@@ -652,8 +658,10 @@ class FluxCore:
             rank = 0 if k == 0 else (rank - 1) // k
         return None
 
-    def _forward(self, link: bytes, request: Request, now: float) -> list[Output]:
-        """Send ``request`` (routes already pushed) on ``link``, tracking it until answered."""
+    def _forward(self, link: bytes, request: Request, now: float,
+                 wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Send ``request`` (routes already pushed; ``wire``: its frames) on ``link``,
+        tracking it until answered."""
         if not request.flags & _NORESPONSE:
             if len(self._inflight) >= self.settings.max_inflight:
                 return self._error(request, Errno.EAGAIN, "too many requests in flight", now)
@@ -662,7 +670,7 @@ class FluxCore:
                                           bool(request.flags & _STREAMING))
             self._via.setdefault(link, set()).add(key)
         self.stats["forwarded"] += 1
-        frames = encode(request)
+        frames = wire if wire is not None else encode(request)
         if link == PARENT:
             return [self._to_parent(frames, now)]
         child = self.children.get(link)
@@ -682,7 +690,9 @@ class FluxCore:
                 if not via:
                     del self._via[link]
 
-    def _route_response(self, response: Response, now: float) -> list[Output]:
+    def _route_response(self, response: Response, now: float,
+                        wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Pop the top route and send ``response`` that way (``wire``: its frames)."""
         routes = response.routes or ()
         if not routes:
             return self._drop(b"", "a response with no route left")
@@ -690,7 +700,8 @@ class FluxCore:
         if top == PARENT:
             if self.parent_rank is None:
                 return self._drop(top, "a response for a parent this node has not")
-            return [self._to_parent(encode(_rerouted(response, routes[1:])), now)]
+            return [self._to_parent(wire[1:] if wire is not None else
+                                    encode(_rerouted(response, routes[1:])), now)]
         if len(top) != IDENTITY_SIZE:  # "@n": a local handle
             if top[:1] != b"@" or not top[1:].isdigit():
                 return self._drop(top, "a response to no handle")
@@ -698,7 +709,8 @@ class FluxCore:
         child = self.children.get(top)
         if child is not None:
             child.sent = now
-        return [Send(top, encode(response))]  # the ROUTER takes the top route as address
+        # the ROUTER takes the top route as the address
+        return [Send(top, wire if wire is not None else encode(response))]
 
     def _to_handle(self, number: int, response: Response, now: float) -> list[Output]:
         state = self.handles.get(number)
@@ -1019,7 +1031,10 @@ class FluxCore:
         if self._failed:
             body["failed"] = self._failed[-self.settings.max_ancestors:]
             self._failed = []
-        out: list[Output] = [Dial(endpoint, self.identity)]
+        # a guest identity of its own: the parent's ROUTER (with ROUTER_HANDOVER) never sees
+        # this node's identity move from one connection to another
+        guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
+        out: list[Output] = [Dial(endpoint, guest)]
         self._parent_heard = self._parent_sent = now
         out += self._guest_rpc("overlay.join", body, 0, now, self._joined)
         return out
@@ -1062,6 +1077,9 @@ class FluxCore:
         self.rank = rank
         self.size = max(self.size, size)
         self._taken = None
+        # rank 0 may be another node (or restarted) with numbering of its own: the hello
+        # answer gives the sequence to follow from
+        self._synced, self._held, self._replay_to = False, [], 0
         self._candidates = [(parent, endpoint)]
         self._attempt = 0
         return self._attach(now)
@@ -1183,7 +1201,3 @@ _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "event.replay": FluxCore._replay_request,
 }
 
-
-def ranks_of(children: Iterable[Child]) -> list[int]:
-    """The ranks of ``children``, sorted."""
-    return sorted(c.rank for c in children)

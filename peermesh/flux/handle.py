@@ -4,7 +4,8 @@ A ``FluxHandle`` is one client of a node (a module, in flux-core's words):
 it sends RPCs (``rpc`` returns an ``RpcFuture``), serves ``service.method``
 topics (``register``), publishes and subscribes to events. Matchtags are
 per handle. Everything runs on the node's gevent hub: call these from its
-greenlets (from a ``ThreadedNode``, inside ``call``). Handlers run on the
+greenlets; from another thread, through ``ThreadedNode.call``, with
+``RpcFuture.on_response`` to hand the answers back. Handlers run on the
 hub as requests arrive and must not block: a slow handler spawns a greenlet
 and answers later through its ``FluxRequest``.
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Payload = Union[bytes, str, dict, None]
 Handler = Callable[["FluxRequest"], Any]
+_NORESPONSE, _STREAMING = int(MsgFlag.NORESPONSE), int(MsgFlag.STREAMING)
 #: events a subscription holds unread before it drops the oldest
 SUBSCRIPTION_QUEUE = 10000
 
@@ -69,13 +71,25 @@ class RpcFuture:
         self.streaming = streaming
         self._responses: deque[Response] = deque()
         self._ready = gevent.event.Event()
+        self._callback: Optional[Callable[[Response], None]] = None
         self.done = matchtag == 0  # NORESPONSE: nothing comes
 
     def _put(self, response: Response) -> None:
-        self._responses.append(response)
         if not self.streaming or response.errnum:
             self.done = True
+        if self._callback is not None:
+            self._callback(response)
+            return
+        self._responses.append(response)
         self._ready.set()
+
+    def on_response(self, callback: Callable[[Response], None]) -> None:
+        """Hand every response (those already here first) to ``callback`` on the hub
+        instead of queueing it: e.g. to complete a ``concurrent.futures.Future`` that a
+        thread waits on (the thread calls ``rpc`` through ``ThreadedNode.call``)."""
+        self._callback = callback
+        while self._responses:
+            callback(self._responses.popleft())
 
     def _next(self, timeout: Optional[float]) -> Response:
         while not self._responses:
@@ -129,8 +143,8 @@ class FluxRequest:
         self.message = message
         self.topic = message.topic
         self.payload = message.payload
-        self.streaming = bool(message.flags & MsgFlag.STREAMING)
-        self.noresponse = bool(message.flags & MsgFlag.NORESPONSE)
+        self.streaming = bool(message.flags & _STREAMING)
+        self.noresponse = bool(message.flags & _NORESPONSE)
         self.cancelled = False
         self.finished = False
         #: called (no arguments) when the client cancels this stream
@@ -225,13 +239,15 @@ class FluxHandle:
             raise FluxStateError(f"an RPC topic is a non-empty string, not {topic!r}")
         if not isinstance(nodeid, int) or isinstance(nodeid, bool) or not 0 <= nodeid <= 0xFFFFFFFF:
             raise FluxStateError(f"nodeid {nodeid!r} is not a rank, NODEID_ANY or NODEID_UPSTREAM")
-        message_flags = MsgFlag(int(flags)) | (MsgFlag.STREAMING if streaming else MsgFlag(0))
-        if message_flags & MsgFlag.NORESPONSE and message_flags & MsgFlag.STREAMING:
+        if not isinstance(flags, int) or not 0 <= flags <= 0xFF:
+            raise FluxStateError(f"flags {flags!r} are not MsgFlag bits")
+        message_flags = int(flags) | (_STREAMING if streaming else 0)
+        if message_flags & _NORESPONSE and message_flags & _STREAMING:
             raise FluxStateError("an RPC cannot be both NORESPONSE and STREAMING")
         core = self.overlay.core
         tag, outputs = core.rpc(self.number, topic, to_payload(payload), nodeid, message_flags,
                                 self.overlay.now())
-        future = RpcFuture(self, tag, topic, bool(message_flags & MsgFlag.STREAMING))
+        future = RpcFuture(self, tag, topic, bool(message_flags & _STREAMING))
         if tag:
             self._futures[tag] = future
         self.overlay._apply(outputs)

@@ -28,8 +28,9 @@ Bootstrap (how a node finds its instance), one of:
   root with the mesh's broker election (``peermesh.overlay.election``:
   highest priority, then UUID) and the others join through its endpoint.
   When the root leaves the mesh the next elected member becomes rank 0 at
-  its own endpoint (its old rank falls vacant) and the orphans re-attach
-  to it, keeping their ranks; when a partition heals, the root that loses
+  its own endpoint (its old rank falls vacant; event numbers go on from the
+  last it saw) and the orphans join it, keeping their ranks; its own subtree
+  stays attached to it. When a partition heals, the root that loses
   the election steps down and its nodes join the winner (ranks kept where
   free).
 
@@ -43,13 +44,16 @@ import errno
 import json
 import logging
 import os
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence, Union
 from uuid import UUID
 
 import gevent
 import gevent.event
+import zmq
 
 from ..events import Event as NodeEvent
+from ..io.transport import ZmqTransport
 from ..events import EventType
 from ..overlay.contract import Lifecycle, Overlay
 from ..overlay.election import Candidate, elect
@@ -87,9 +91,7 @@ class FluxOverlay(Overlay):
                  max_message: int = MAX_MESSAGE, settle: Optional[float] = None) -> None:
         super().__init__()
         topo = topology if isinstance(topology, Topology) else Topology.parse(topology)
-        base = settings if settings is not None else FluxSettings()
-        self.settings = FluxSettings(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
-                                        "topology": topo})
+        self.settings = replace(settings or FluxSettings(), topology=topo)
         if root and parents:
             raise FluxStateError("a root has no parents to join through")
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
@@ -140,14 +142,14 @@ class FluxOverlay(Overlay):
         if self._router is not None:
             return
         if transport is None:
-            from ..io.transport import ZmqTransport
             transport = ZmqTransport()
         self.transport = transport
         router = transport.bind_mailbox(address, self.max_message)
         sock = getattr(router, "socket", None)
         if sock is not None:  # a real ROUTER: a send to a gone child fails at once
-            import zmq
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        else:  # a simulated one remembers the links it answers down
+            router.replies = True
         self._router = router
         self.endpoint = router.endpoint
 
@@ -170,8 +172,7 @@ class FluxOverlay(Overlay):
             node.add_listener(self._on_node_event)
             settle = self.settle if self.settle is not None else 1.5 * node.config.interval
             self._greenlets.append(gevent.spawn(self._elect_after, settle))
-        else:
-            self._apply(self.core.start(self.now()))
+        self._apply(self.core.start(self.now()))  # (in the mesh: detached until elected)
 
     def on_stop(self, timeout: float) -> None:
         if self.node is not None:
@@ -413,8 +414,10 @@ class FluxOverlay(Overlay):
         assert node is not None
         if best.uuid == node.uuid:
             if not self.core.root:  # take over as rank 0 at this endpoint
+                seq = self.core.seq
                 self._apply(self.core.stop(now))
                 self.core = self._new_core(root=True, rank=0, bootstrap=())
+                self.core.seq = seq  # event numbers go on from what this node saw
                 self._apply(self.core.start(now))
         elif self.core.root or self.core.state is State.STOPPED:
             self._apply(self.core.stop(now))  # step down: join the elected root
@@ -423,8 +426,6 @@ class FluxOverlay(Overlay):
             self._apply(self.core.start(now))
         elif self.core.state is State.DETACHED:
             self._apply(self.core.set_bootstrap([endpoint], now))
-            if self.core.state is State.DETACHED:
-                self._apply(self.core.start(now))
         else:
             self.core.bootstrap = [endpoint]
 

@@ -335,11 +335,16 @@ class SimMailbox:
         self.max_message = max_message
         self._queue: deque[tuple[bytes, Sequence[bytes]]] = deque()
         self._ready = gevent.event.Event()
-        self._links: dict[bytes, SimLink] = {}  # links that sent here, by identity
+        #: set by an owner that sends back down the links (a ROUTER, as the Flux tree
+        #: uses it): only then are links remembered, by identity (a ZRE mailbox never
+        #: sends, and thousands of them would keep a link per peer each)
+        self.replies = False
+        self._links: dict[bytes, SimLink] = {}
         network._bind_mailbox(self)
 
     def deliver(self, link: "SimLink", frames: Sequence[bytes]) -> None:
-        self._links[link.identity] = link
+        if self.replies:
+            self._links[link.identity] = link
         self._queue.append((link.identity, frames))
         self._ready.set()
 
@@ -368,7 +373,7 @@ class SimMailbox:
             self._ready.clear()
             self._ready.wait()
 
-    def close(self) -> None:
+    def close(self, linger: float = 0) -> None:
         self.network._unbind_mailbox(self)
 
 

@@ -8,6 +8,7 @@ mesh the next member becomes rank 0 and the orphans re-attach to it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import pytest
@@ -61,6 +62,9 @@ def test_rank_0_lost_the_next_member_takes_over(
         assert flux.wait_online(10)
     old_root_node, old_root = nodes[0]
     survivor_rank = nodes[2][1].rank
+    seen = nodes[2][1].subscribe("t.")
+    nodes[1][1].publish("t.before").get(5)
+    assert seen.get(5).topic == "t.before"  # type: ignore[union-attr]
     old_root.stop()
     old_root_node.stop(0.1)
     successor = nodes[1][1]
@@ -71,6 +75,9 @@ def test_rank_0_lost_the_next_member_takes_over(
                "the orphan re-attached")
     assert other.rank == survivor_rank                   # kept its rank
     assert other.rpc("broker.ping", b"x", 0).get(5) == b"x"
+    successor.publish("t.after").get(5)                 # numbered on from the old root's
+    after = seen.get(5)
+    assert after is not None and after.topic == "t.after" and after.seq >= 2
 
 
 def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:
@@ -78,4 +85,8 @@ def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:
     with ThreadedNode("t", overlays=[flux], interface="lo", port=free_udp_port, **TIMING) as tn:
         assert flux.running and flux.endpoint.startswith("tcp://127.0.0.1:")
         assert tn.call(lambda node: flux.info())["rank"] == 0
+        tn.call(lambda node: flux.register("t.echo", lambda request: request.payload))
+        answer: Future[Any] = Future()   # an RPC from this thread, answered on the hub
+        tn.call(lambda node: flux.rpc("t.echo", b"hi", 0).on_response(answer.set_result))
+        assert answer.result(5).payload == b"hi"
     assert flux.lifecycle is Lifecycle.STOPPED
