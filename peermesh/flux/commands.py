@@ -17,12 +17,13 @@ rank 0 and join it by themselves (see ``peermesh.flux.overlay``).
 The other commands join the instance as a leaf for as long as they run:
 through ``--parent`` / ``$PEERMESH_FLUX_PARENTS`` when given, otherwise
 through the mesh (a short-lived ZRE node on the node options' interface
-looks, for up to ``--wait`` seconds, for a peer advertising the instance,
-and joins through the endpoints found; the ZRE node itself never becomes a
-member). Each such leaf takes a fresh rank, which falls vacant when it
-leaves; ``tree`` marks it and ``ping all`` leaves it out. The tree sockets
-of a leaf that joins through ``--parent`` listen on the ``--interface``
-given (or ``$PEERMESH_INTERFACE``), else on 127.0.0.1.
+looks, for up to ``--wait`` seconds, for a peer advertising the instance;
+the leaf joins through the endpoints found, the elected rank 0's first, and
+the ZRE node, never a member, leaves the mesh once the leaf has joined).
+Each leaf takes a fresh rank, which falls vacant when it leaves; ``tree``
+marks it and ``ping all`` leaves it out. The tree sockets of a leaf that
+joins through ``--parent`` listen on the ``--interface`` given (or
+``$PEERMESH_INTERFACE``), else on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -373,6 +374,10 @@ class Leaf:
             if not self.flux.wait_online(max(0.0, deadline - time.monotonic())):
                 raise RuntimeError(f"could not join Flux instance {args.instance!r} {where} "
                                    f"within {args.wait:g} s (state {self.flux.state.value})")
+        if self.session is not None:  # found and joined: the tree is all it needs now
+            self.session.close()
+            self.session = None
+            self.signals = HubSignals()
         return self.flux
 
     def close(self) -> None:
