@@ -43,7 +43,7 @@ from ..argtypes import positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
 from ..cli.session import HubSignals, NodeSession, leaving
 from ..config import NodeConfig
-from ..errors import ProtocolError
+from ..errors import PeermeshError, ProtocolError
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
 from ..overlay.election import Candidate, elect
@@ -389,7 +389,7 @@ class Leaf:
             self.signals.close()
 
 
-class _NotFound(ValueError):
+class _NotFound(PeermeshError, ValueError):
     """Nothing to join: a usage-level error (exit code 2)."""
 
 

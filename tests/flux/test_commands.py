@@ -9,8 +9,10 @@ finalisers.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import subprocess
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cliprocess import Cli, CliProcess, _report
+from cliprocess import PEERMESH, Cli, CliProcess, _report
 
 ENDPOINT = re.compile(r"member at (tcp://127\.0\.0\.1:\d+)")
 
@@ -121,6 +123,20 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     assert re.match(r"rank 0: seq=0 time=[\d.]+ ms\nrank 1: seq=0 time=[\d.]+ ms\n"
                     r"2 answered, 0 unreachable: min/mean/max = ", result.stdout), result.stdout
 
+    claimed = cli.start("flux", "run", "--json", "--parent", endpoint, "--topology", "kary:2",
+                        "--rank", "40")
+    claimed.expect_event(event="online", rank=40)
+    result = flux(cli, "rpc", "overlay.info", "--rank", "40", parent=endpoint)
+    info = json.loads(result.stdout)
+    assert info["rank"] == 40 and info["parent"] in (0, 1), _report(result)  # 19, 9, 4 vacant
+
+    stream = cli.start("flux", "rpc", "cli.count", '{"count": 100000}', "--stream",
+                       "--parent", endpoint)
+    stream.expect_line(lambda s: s == '{"i": 0}', "first answer")
+    assert stream.stop(signal.SIGINT) == 130, stream.describe()
+    assert stream.err == ["peermesh: interrupted: waiting for the answer to cli.count"], \
+        stream.describe()
+
     assert root.stop(signal.SIGTERM) == 0 and one.stop(signal.SIGINT) == 0
 
 
@@ -138,8 +154,10 @@ def test_pub_and_sub_with_sequence_numbers(cli: Cli) -> None:
 
     follower = cli.start("flux", "sub", "", "--json", "--parent", endpoint)
     follower.expect_line(lambda s: "subscribed to ''" in s, "subscribed", "err")
-    result = flux(cli, "pub", "any.thing", parent=endpoint)
-    assert result.stdout == "4 any.thing\n", _report(result)
+    done = subprocess.run([*PEERMESH, "flux", "pub", "any.thing", "--interface", "lo"],
+                          env={**os.environ, "PEERMESH_FLUX_PARENTS": f" {endpoint} ,"},
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.stdout == "4 any.thing\n", _report(done)     # joined through the variable
     assert follower.expect_event(topic="any.thing") == {"seq": 4, "topic": "any.thing",
                                                         "payload": None}
     assert follower.stop(signal.SIGINT) == 0      # following ends normally on Ctrl-C
