@@ -60,7 +60,14 @@ marks the rank offline (it stays reserved for the node that held it, and a
 node may claim it again). Orphans re-attach to the nearest live ancestor
 (the hello answer gave each node its ancestor chain), keeping their ranks
 and their subtrees; when the chain is exhausted (rank 0 itself was lost)
-they join again through the bootstrap endpoints, claiming their ranks. A
+they join again through the bootstrap endpoints, claiming their ranks.
+So when rank 0 is lost, an instance bootstrapped from a parent list waits
+for rank 0 to answer at its endpoint again (its subtrees stay whole and
+keep their ranks, and rank 0's directory fills again from their joins);
+one bootstrapped through the ZRE mesh has the next elected member take
+over as rank 0 (``peermesh.flux.overlay``). A partition heals the same way:
+the side cut off from rank 0 keeps trying its ancestors and the bootstrap
+endpoints until they answer, then it is one tree again. A
 child silent for ``torpid`` seconds is reported torpid (and still served).
 Heartbeats (control messages) go on every link idle for ``heartbeat`` s.
 
@@ -160,7 +167,7 @@ class FluxSettings:
     lost: float = 30.0           #: a link silent this long is lost
     hello_timeout: float = 5.0   #: a join or hello unanswered this long is tried elsewhere
     max_children: int = 4096     #: children (and adopted orphans) one node accepts
-    max_size: int = 1 << 17      #: ranks rank 0 gives (and keeps in its directory)
+    max_size: int = 1 << 17      #: ranks (and rank numbers) rank 0 gives and keeps
     max_inflight: int = 65536    #: requests one node tracks in flight through its links
     max_pending: int = 65536     #: RPCs in flight per local handle
     recent_events: int = 1024    #: events rank 0 keeps for replay; events a node holds
@@ -169,11 +176,12 @@ class FluxSettings:
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat <= self.torpid <= self.lost:
-            raise ValueError("need 0 < heartbeat <= torpid <= lost")
+            raise FluxStateError("Flux settings need 0 < heartbeat <= torpid <= lost, not "
+                                 f"{self.heartbeat}, {self.torpid}, {self.lost}")
         for name in ("max_children", "max_size", "max_inflight", "max_pending",
                      "recent_events", "replay_batch", "max_ancestors"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+                raise FluxStateError(f"Flux setting {name} must be at least 1")
 
 
 # --- outputs ------------------------------------------------------------------
@@ -802,7 +810,8 @@ class FluxCore:
         if not self.root:
             return self._error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
         body = read_json(request.payload)
-        claim = _int(body, "rank")
+        limit = self.settings.max_size - 1  # rank numbers stay below max_size too
+        claim = _int(body, "rank", -1, limit)
         uuid = _str(body, "uuid", 64)
         endpoint = _str(body, "endpoint")
         failed = body.get("failed")
@@ -812,7 +821,7 @@ class FluxCore:
                 if member is not None:
                     member.online = False
         taken = body.get("taken")
-        if isinstance(taken, int) and not isinstance(taken, bool) and 0 < taken <= MAX_RANK \
+        if isinstance(taken, int) and not isinstance(taken, bool) and 0 < taken <= limit \
                 and taken not in self.directory and len(self.directory) < self.settings.max_size:
             self.directory[taken] = Member(None, "", True)
             self._next_rank = max(self._next_rank, taken + 1)
@@ -827,7 +836,8 @@ class FluxCore:
             rank = self._next_rank
             while rank in self.directory:
                 rank += 1
-        if rank not in self.directory and len(self.directory) >= self.settings.max_size:
+        if rank > limit or rank not in self.directory and \
+                len(self.directory) >= self.settings.max_size:
             return self._error(request, Errno.ENOSPC, "the instance is full (max_size)", now)
         self.directory[rank] = Member(endpoint, uuid, True)  # given: usable as a parent
         self._next_rank = max(self._next_rank, rank + 1)
@@ -848,7 +858,7 @@ class FluxCore:
         if self.state not in (State.ONLINE, State.ATTACHING) or self.rank is None:
             return self._error(request, Errno.EAGAIN, "not in the tree", now)
         body = read_json(request.payload)
-        rank = _int(body, "rank", 1)
+        rank = _int(body, "rank", 1, self.settings.max_size - 1)
         uuid = _str(body, "uuid", 64)
         endpoint = _str(body, "endpoint")
         if not self.topology.is_descendant(rank, self.rank):
@@ -887,7 +897,8 @@ class FluxCore:
     def _attached_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
             body = read_json(request.payload)
-            self._attached({"rank": _int(body, "rank", 1), "uuid": _str(body, "uuid", 64),
+            self._attached({"rank": _int(body, "rank", 1, self.settings.max_size - 1),
+                            "uuid": _str(body, "uuid", 64),
                             "endpoint": _str(body, "endpoint")})
         return []
 

@@ -154,12 +154,12 @@ class FluxOverlay(Overlay):
         self.endpoint = router.endpoint
 
     def on_start(self) -> None:
-        if self._router is None:
-            self._bind(self._transport, self.address or "127.0.0.1")
         mesh = self.node is not None and not self.root and not self.parents
         if not mesh and not self.root and not self.parents:
             raise FluxStateError("a Flux node alone needs root=True or parents=[endpoint, ...] "
                                  "(or attach it to a ZRE node to find its instance there)")
+        if self._router is None:
+            self._bind(self._transport, self.address or "127.0.0.1")
         self.core = self._new_core(root=self.root, rank=self.claim, bootstrap=self.parents)
         self._greenlets = [gevent.spawn(self._serve_router), gevent.spawn(self._run_timer)]
         if mesh:
@@ -175,8 +175,11 @@ class FluxOverlay(Overlay):
         self._apply(self.core.start(self.now()))  # (in the mesh: detached until elected)
 
     def on_stop(self, timeout: float) -> None:
-        if self.node is not None:
+        if self._root_endpoint is not None or self._members:  # it followed the mesh
+            assert self.node is not None
             self.node.remove_listener(self._on_node_event)
+            self._members.clear()
+            self._root_endpoint = None
         self._apply(self.core.stop(self.now()))
         for handle in list(self._handles.values()):
             handle._fail_all("the node stopped")

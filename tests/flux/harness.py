@@ -28,6 +28,7 @@ class Tree:
         self.cores: dict[str, FluxCore] = {}
         self.dialed: dict[str, Optional[str]] = {}
         self.dead: set[str] = set()
+        self.hung: set[str] = set()   # alive to the network, silent: sends to it vanish
         self.delivered: dict[str, list[Deliver]] = {}
         self.notices: list[tuple[str, Notice]] = []
         self._queue: deque[tuple[str, Output]] = deque()
@@ -64,7 +65,7 @@ class Tree:
             source, output = queue.popleft()
             if self.capture is not None:
                 self.capture.append((source, output))
-            if source in self.dead:
+            if source in self.dead or source in self.hung:
                 continue
             core = self.cores[source]
             if isinstance(output, Dial):
@@ -77,7 +78,7 @@ class Tree:
                 self.delivered[source].append(output)
             elif output.link == PARENT:
                 target = self.dialed[source]
-                if target is not None and target not in self.dead:
+                if target is not None and target not in self.dead | self.hung:
                     peer = self.cores[target]
                     queue.extend((target, o) for o in
                                  peer.receive(core.identity, list(output.frames), self.now))
@@ -87,6 +88,8 @@ class Tree:
                                and self.dialed[e] == source), None)
                 if target is None or target in self.dead:
                     queue.extend((source, o) for o in core.link_down(output.link, self.now))
+                    continue
+                if target in self.hung:
                     continue
                 peer = self.cores[target]
                 queue.extend((target, o) for o in
@@ -99,7 +102,7 @@ class Tree:
         while self.now < end:
             self.now = min(end, self.now + step)
             for endpoint, core in list(self.cores.items()):
-                if endpoint not in self.dead and core.next_deadline <= self.now:
+                if endpoint not in self.dead | self.hung and core.next_deadline <= self.now:
                     self.run(endpoint, core.timer(self.now))
 
     def kill(self, core: FluxCore) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peermesh.flux.core import FluxCore, Notice, State
+from peermesh.flux.core import FluxCore, FluxSettings, Notice, State
 from peermesh.flux.errors import FluxStateError
 from peermesh.flux.topology import Topology, TopologyError
 from peermesh.wire.flux import (
@@ -235,6 +235,8 @@ def test_bounds_children_and_inflight() -> None:
         cores[0].register(server, "svc")
     with pytest.raises(FluxStateError):
         cores[0].register(server, "broker.x")
+    with pytest.raises(FluxStateError, match="heartbeat <= torpid"):
+        FluxSettings(heartbeat=5.0, torpid=1.0)
 
 
 def test_hostile_hello_and_stranger_traffic() -> None:
@@ -250,3 +252,32 @@ def test_hostile_hello_and_stranger_traffic() -> None:
     assert cores[1].receive(b"^", [b"x"], tree.now) == []  # a 1-byte identity posing as parent
     assert cores[1].receive(b"@1", hello, tree.now) == []
     assert isinstance(decode(hello), Request) and not isinstance(decode(hello), Response)
+
+
+def test_a_join_cannot_grow_the_instance_past_max_size() -> None:
+    from peermesh.wire.flux import decode, encode, json_payload
+    tree = Tree(k=2, max_size=8)
+    root = tree.grow(3)[0]
+    for rank in (8, 0xFFFFFFF0):
+        join = encode(Request("overlay.join", json_payload(
+            {"rank": rank, "uuid": "u", "endpoint": "tcp://x"}), 0, 5, routes=()))
+        (answer,) = root.receive(b"S" * 16, join, tree.now)
+        assert decode(answer.frames[1:]).errnum == Errno.EPROTO  # type: ignore[union-attr]
+    assert root.size == 3
+    for _ in range(5):
+        tree.add()
+    assert root.size == 8 and tree.add().state is State.JOINING  # ENOSPC: no ninth rank
+
+
+def test_a_silent_child_is_torpid_then_lost_and_heartbeats_keep_idle_links_alive() -> None:
+    tree = Tree(k=2, heartbeat=1.0, torpid=3.0, lost=6.0)
+    cores = {c.rank: c for c in tree.grow(4)}
+    tree.advance(20.0)                       # idle: heartbeats alone keep every link
+    assert not notices(tree, "child-torpid") and not notices(tree, "child-lost")
+    tree.hung.add(cores[3].endpoint)         # alive to the network, but silent
+    tree.advance(3.5)
+    assert [n.rank for n in notices(tree, "child-torpid")] == [3] and 3 in cores[1].info()["torpid"]
+    assert not notices(tree, "child-lost")
+    tree.advance(3.0)
+    assert [n.rank for n in notices(tree, "child-lost")] == [3]
+    assert 3 not in cores[1].info()["children"] and not cores[0].directory[3].online

@@ -89,4 +89,4 @@ def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:
         answer: Future[Any] = Future()   # an RPC from this thread, answered on the hub
         tn.call(lambda node: flux.rpc("t.echo", b"hi", 0).on_response(answer.set_result))
         assert answer.result(5).payload == b"hi"
-    assert flux.lifecycle is Lifecycle.STOPPED
+    assert flux.lifecycle is Lifecycle.STOPPED and flux.state is State.STOPPED

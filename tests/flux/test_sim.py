@@ -78,3 +78,29 @@ def test_crashed_interior_rank_subtree_reattaches_in_virtual_time() -> None:
     pings = [nodes[0].rpc("broker.ping", b"", r) for r in range(2, 200)]
     network.clock.advance(1.0)
     assert all(f.get(0) == b"" for f in pings)
+
+
+def test_partition_from_rank_0_heals_to_one_tree() -> None:
+    network = SimNetwork(latency=0.001, seed=3)
+    nodes = build(network, 50, "kary:4")
+    network.clock.advance(5.0)
+    k4 = Topology(4)
+    cut = [n for n in nodes if n.rank == 1 or k4.is_descendant(n.rank, 1)]  # type: ignore
+    network.partition([[n.transport.address for n in cut]])
+    network.clock.advance(12.0)
+    assert nodes[1].state is State.JOINING            # cut off from rank 0, trying again
+    assert all(n.info()["parent"] == k4.parent(n.rank) for n in cut[1:])  # type: ignore
+    lost = nodes[0].rpc("broker.ping", b"", cut[-1].rank)  # type: ignore[arg-type]
+    network.clock.advance(1.0)
+    try:
+        lost.get(0)
+        raise AssertionError("a rank across the partition answered")
+    except FluxError as exc:
+        assert exc.errnum == Errno.EHOSTUNREACH
+    network.heal()
+    network.clock.advance(5.0)
+    assert all(n.state is State.ONLINE for n in nodes)
+    assert sorted(n.rank for n in nodes) == list(range(50))  # type: ignore[type-var]
+    pings = [nodes[0].rpc("broker.ping", b"", r) for r in range(50)]
+    network.clock.advance(1.0)
+    assert all(f.get(0) == b"" for f in pings)
