@@ -36,7 +36,6 @@ import os
 import time
 from typing import Any, Callable, Iterator, Optional
 
-import gevent
 import gevent.event
 
 from ..argtypes import positive_count, seconds, text, utf8
@@ -44,9 +43,9 @@ from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, 
 from ..cli.session import HubSignals, NodeSession, leaving
 from ..config import NodeConfig
 from ..errors import PeermeshError, ProtocolError
+from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
-from ..overlay.election import Candidate, elect
 from .overlay import FLUX_HEADER, FluxOverlay
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError
 
@@ -440,12 +439,12 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     signals: Optional[HubSignals] = None
     stopped = gevent.event.Event()
     if args.root or parents:
-        signals = HubSignals(on_first=stopped.set)
         flux = FluxOverlay(args.instance, address=_address(config), **options)
+        signals = HubSignals(on_first=stopped.set)
         how = "rank 0" if args.root else "joining through " + ", ".join(parents)
     else:
-        session = NodeSession(config, serving=True)
         flux = FluxOverlay(args.instance, **options)
+        session = NodeSession(config, serving=True)
         flux.attach(session.node)
         how = "joining through the mesh"
     flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
@@ -475,6 +474,8 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
 
 
 def _notice_text(what: str, rank: int, detail: Any) -> str:
+    if what.endswith("-failed") and isinstance(detail, int):  # join-failed, hello-failed
+        detail = errno.errorcode.get(detail, str(detail))
     extra = "" if detail is None else " " + (clean(detail) if isinstance(detail, str)
                                              else to_json(detail))
     return f"{what} rank {rank}{extra}"
@@ -593,8 +594,8 @@ def _report_lost(notice: Any) -> None:
 def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
     with Leaf(args, config) as flux:
         if args.target is None:
-            ranks = [row["rank"] for row in _walk(flux, args.timeout)
-                     if row["rank"] != flux.rank and "error" not in row]
+            rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
+            ranks = [row["rank"] for row in rows if row["rank"] != flux.rank]
             counts = 1
         else:
             _checked_rank(flux, args.target)
