@@ -125,6 +125,7 @@ from ..wire.flux import (
     MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Message,
     Request, Response, decode, encode, json_payload, read_json, service_of, string_payload,
 )
+from .directory import Directory, Refusal
 from .errors import FluxStateError
 from .topology import Topology
 
@@ -246,15 +247,6 @@ class Child:
 
 
 @dataclass(slots=True)
-class Member:
-    """Rank 0's record of one rank."""
-
-    endpoint: Optional[str]
-    uuid: str
-    online: bool
-
-
-@dataclass(slots=True)
 class Pending:
     """An RPC of a local handle awaiting its (final) response."""
 
@@ -372,9 +364,8 @@ class FluxCore:
         self.recent: deque[Event] = deque(maxlen=settings.recent_events)
         self._held: list[Event] = []
         self._replay_to = 0  # last seq of the gap being fetched (0: none)
-        # rank 0's directory
-        self.directory: dict[int, Member] = {}
-        self._next_rank = 1
+        #: rank 0's directory of ranks
+        self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid)
         self._tick = settings.heartbeat
         self.next_deadline = 0.0
         self.stats = {"dropped": 0, "forwarded": 0, "replayed": 0}
@@ -386,7 +377,6 @@ class FluxCore:
         self.next_deadline = now + self._tick
         if self.root:
             self.state = State.ONLINE
-            self.directory[0] = Member(self.endpoint, self.uuid, True)
             return [Notice("online", 0, {"size": self.size})]
         return self._join(now) if self.bootstrap else []
 
@@ -810,45 +800,24 @@ class FluxCore:
         if not self.root:
             return self._error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
         body = read_json(request.payload)
-        limit = self.settings.max_size - 1  # rank numbers stay below max_size too
-        claim = _int(body, "rank", -1, limit)
+        claim = _int(body, "rank", -1, self.settings.max_size - 1)
         uuid = _str(body, "uuid", 64)
         endpoint = _str(body, "endpoint")
         failed = body.get("failed")
         if isinstance(failed, list):
             for rank in failed[:self.settings.max_ancestors]:
-                member = self.directory.get(rank) if isinstance(rank, int) and rank else None
-                if member is not None:
-                    member.online = False
+                if isinstance(rank, int) and not isinstance(rank, bool):
+                    self.directory.lost(rank)
         taken = body.get("taken")
-        if isinstance(taken, int) and not isinstance(taken, bool) and 0 < taken <= limit \
-                and taken not in self.directory and len(self.directory) < self.settings.max_size:
-            self.directory[taken] = Member(None, "", True)
-            self._next_rank = max(self._next_rank, taken + 1)
-        if claim == 0:
-            return self._error(request, Errno.EEXIST, "rank 0 is the root", now)
-        if claim > 0:
-            member = self.directory.get(claim)
-            if member is not None and member.online and member.uuid not in (uuid, ""):
-                return self._error(request, Errno.EEXIST, f"rank {claim} is taken", now)
-            rank = claim
-        else:
-            rank = self._next_rank
-            while rank in self.directory:
-                rank += 1
-        if rank > limit or rank not in self.directory and \
-                len(self.directory) >= self.settings.max_size:
-            return self._error(request, Errno.ENOSPC, "the instance is full (max_size)", now)
-        self.directory[rank] = Member(endpoint, uuid, True)  # given: usable as a parent
-        self._next_rank = max(self._next_rank, rank + 1)
-        self.size = max(self.size, rank + 1)
-        parent = next(a for a in self.topology.ancestors(rank) if self._is_online(a))
+        if isinstance(taken, int) and not isinstance(taken, bool):
+            self.directory.taken(taken)
+        given = self.directory.give(claim, uuid, endpoint)
+        if isinstance(given, Refusal):
+            return self._error(request, given.errnum, given.text, now)
+        rank, parent, parent_endpoint = given
+        self.size = self.directory.size
         return self._answer(request, {"rank": rank, "parent": parent, "size": self.size,
-                                      "endpoint": self.directory[parent].endpoint}, now)
-
-    def _is_online(self, rank: int) -> bool:
-        member = self.directory.get(rank)
-        return member is not None and member.online and member.endpoint is not None
+                                      "endpoint": parent_endpoint}, now)
 
     def _hello_request(self, request: Request, now: float) -> list[Output]:
         """A node asks to attach as this node's child."""
@@ -903,22 +872,14 @@ class FluxCore:
         return []
 
     def _attached(self, body: dict) -> None:
-        rank = body["rank"]
-        if rank in self.directory or len(self.directory) < self.settings.max_size:
-            self.directory[rank] = Member(body["endpoint"], body["uuid"], True)
-            self.size = max(self.size, rank + 1)
-            self._next_rank = max(self._next_rank, rank + 1)
+        self.directory.attached(body["rank"], body["uuid"], body["endpoint"])
+        self.size = self.directory.size
 
     def _lost_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
             body = read_json(request.payload)
-            self._mark_lost(_int(body, "rank", 1), _str(body, "uuid", 64))
+            self.directory.lost(_int(body, "rank", 1), _str(body, "uuid", 64))
         return []
-
-    def _mark_lost(self, rank: int, uuid: str) -> None:
-        member = self.directory.get(rank)
-        if member is not None and member.uuid in (uuid, ""):
-            member.online = False
 
     def _pub_request(self, request: Request, now: float) -> list[Output]:
         if not self.root:
@@ -1179,7 +1140,7 @@ class FluxCore:
         out: list[Output] = [Notice("child-lost", child.rank, why)]
         out += self._fail_via(child.identity, f"rank {child.rank} was lost ({why})")
         if self.root:
-            self._mark_lost(child.rank, child.uuid)
+            self.directory.lost(child.rank, child.uuid)
         elif self.state is State.ONLINE:
             out += self._internal_rpc("overlay.lost", {"rank": child.rank, "uuid": child.uuid},
                                       0, now, None)

@@ -127,8 +127,11 @@ class SimNetwork:
         self._island: dict[str, int] = {}          # host address -> island number
         self._beacons: dict[int, dict[str, "SimBeaconSocket"]] = {}  # port -> host -> socket
         self._mailboxes: dict[str, "SimMailbox"] = {}  # endpoint -> mailbox
-        # (link, mailbox, frames, whether from the mailbox down the link)
-        self._arriving: dict[float, list[tuple[SimLink, SimMailbox, Sequence[bytes], bool]]] = {}
+        # messages due at one instant: up links to mailboxes, and down from mailboxes
+        self._arriving: dict[float, list[tuple[SimLink, SimMailbox, Sequence[bytes]]]] = {}
+        self._descending: dict[float, list[tuple[SimLink, SimMailbox, Sequence[bytes]]]] = {}
+        #: what comes down links from mailboxes, for the links that have any (until closed)
+        self._inboxes: dict[SimLink, _Inbox] = {}
         self._partitioned = False
         self._hosts = 0
         self.sent = self.delivered = self.lost = 0
@@ -249,7 +252,7 @@ class SimNetwork:
         when = max(self.clock.now() + self._delay(self._settings(link.source, mailbox.host)),
                    link.last_delivery)
         link.last_delivery = when
-        self._schedule(when, (link, mailbox, frames, False))
+        self._schedule(self._arriving, when, (link, mailbox, frames))
 
     def _send_down(self, mailbox: "SimMailbox", link: "SimLink", frames: Sequence[bytes]) -> None:
         """A mailbox sends back down a link connected to it (a ROUTER to a DEALER)."""
@@ -257,23 +260,26 @@ class SimNetwork:
         if not self._reachable(link.source, mailbox.host):
             self.lost += 1
             return
+        inbox = link.inbox
         when = max(self.clock.now() + self._delay(self._settings(mailbox.host, link.source)),
-                   link.last_reply)
-        link.last_reply = when
-        self._schedule(when, (link, mailbox, frames, True))
+                   inbox.last_arrival)
+        inbox.last_arrival = when
+        self._schedule(self._descending, when, (link, mailbox, frames))
 
-    def _schedule(self, when: float, entry: tuple["SimLink", "SimMailbox", Sequence[bytes],
-                                                  bool]) -> None:
-        arriving = self._arriving.get(when)
+    def _schedule(self, due: dict[float, list[tuple["SimLink", "SimMailbox", Sequence[bytes]]]],
+                  when: float, entry: tuple["SimLink", "SimMailbox", Sequence[bytes]]) -> None:
+        arriving = due.get(when)
         if arriving is None:
-            arriving = self._arriving[when] = []
-            self.clock.call_at(when, lambda: self._arrive(when))
+            arriving = due[when] = []
+            down = due is self._descending
+            self.clock.call_at(when, lambda: self._arrive(when, down))
         arriving.append(entry)
 
-    def _arrive(self, when: float) -> None:
-        """Hand every message due at ``when`` to its mailbox or link, in the order sent."""
+    def _arrive(self, when: float, down: bool = False) -> None:
+        """Hand every message due at ``when`` to its mailbox (or, ``down``, its link), in
+        the order they were sent."""
         mailboxes = self._mailboxes
-        for link, mailbox, frames, down in self._arriving.pop(when):
+        for link, mailbox, frames in (self._descending if down else self._arriving).pop(when):
             if mailboxes.get(link.endpoint) is mailbox and not link.closed:
                 self.delivered += 1
                 if down:
@@ -377,36 +383,65 @@ class SimMailbox:
         self.network._unbind_mailbox(self)
 
 
+class _Inbox:
+    """What comes down a link from the mailbox it connects to (made when first needed:
+    nothing comes down a ZRE link, and a mesh has N*(N-1) links)."""
+
+    __slots__ = ("queue", "ready", "last_arrival", "limit")
+
+    def __init__(self) -> None:
+        self.queue: deque[Sequence[bytes]] = deque()
+        self.ready: Optional[gevent.event.Event] = None
+        self.last_arrival = 0.0
+        self.limit = 0  # bytes of a message ``serve`` hands on (0: no limit)
+
+
 class SimLink:
     """A connection from one host to a mailbox endpoint; never full. The mailbox
     may send back down it (``serve`` reads what it sends)."""
 
-    __slots__ = ("network", "source", "identity", "endpoint", "last_delivery", "last_reply",
-                 "closed", "limit", "_queue", "_ready")
+    __slots__ = ("network", "source", "identity", "endpoint", "last_delivery", "closed")
 
     def __init__(self, network: SimNetwork, source: str, identity: bytes, endpoint: str) -> None:
         self.network, self.source, self.identity, self.endpoint = network, source, identity, endpoint
-        self.last_delivery = self.last_reply = 0.0
+        self.last_delivery = 0.0
         self.closed = False
-        self.limit = 0  # bytes of a message ``serve`` hands on (0: no limit)
-        self._queue: deque[Sequence[bytes]] = deque()
-        self._ready: Optional[gevent.event.Event] = None
+
+    @property
+    def inbox(self) -> _Inbox:
+        """What comes down this link (kept by the network, for the links that have any)."""
+        inbox = self.network._inboxes.get(self)
+        if inbox is None:
+            inbox = self.network._inboxes[self] = _Inbox()
+        return inbox
+
+    @property
+    def limit(self) -> int:
+        """Bytes of a message ``serve`` hands on (0: no limit); larger ones are dropped."""
+        inbox = self.network._inboxes.get(self)
+        return inbox.limit if inbox is not None else 0
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self.inbox.limit = value
 
     def deliver(self, frames: Sequence[bytes]) -> None:
-        self._queue.append(frames)
-        if self._ready is not None:
-            self._ready.set()
+        inbox = self.inbox
+        inbox.queue.append(frames)
+        if inbox.ready is not None:
+            inbox.ready.set()
 
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
               on_oversized: Optional[Callable[[bytes], None]] = None,
               backpressure: Any = None) -> None:
         """Call ``on_message(first frame, the rest)`` for what the mailbox sends, until closed."""
-        queue = self._queue
-        ready = self._ready = gevent.event.Event()
+        inbox = self.inbox
+        queue = inbox.queue
+        ready = inbox.ready = gevent.event.Event()
         while not self.closed:
             while queue and not self.closed:
                 frames = queue.popleft()
-                if self.limit and sum(map(len, frames)) > self.limit:
+                if inbox.limit and sum(map(len, frames)) > inbox.limit:
                     if on_oversized is not None:
                         on_oversized(frames[0] if frames else b"")
                 elif frames:
@@ -423,9 +458,11 @@ class SimLink:
 
     def close(self, linger: float = 0) -> None:
         self.closed = True
-        self._queue.clear()
-        if self._ready is not None:
-            self._ready.set()
+        inbox = self.network._inboxes.pop(self, None)
+        if inbox is not None:
+            inbox.queue.clear()
+            if inbox.ready is not None:
+                inbox.ready.set()
 
 
 class SimTransport:

@@ -39,8 +39,8 @@ def test_ranks_and_parents_follow_the_formula(k: int) -> None:
     assert all(c.state is State.ONLINE for c in cores)
     topology = Topology(k)
     assert [c.parent_rank for c in cores[1:]] == [topology.parent(r) for r in range(1, 12)]
-    assert cores[0].size == 12 and sorted(cores[0].directory) == list(range(12))
-    assert all(m.online for m in cores[0].directory.values())
+    assert cores[0].size == 12 and sorted(cores[0].directory.members) == list(range(12))
+    assert all(m.online for m in cores[0].directory.members.values())
 
 
 def test_join_while_running_and_static_claims() -> None:
@@ -129,7 +129,7 @@ def test_lost_child_fails_rpcs_through_it_at_once() -> None:
     assert sorted(r.matchtag for r in errors) == sorted([stream, plain])
     assert all(r.errnum == Errno.EHOSTUNREACH for r in errors)
     assert [n.rank for n in notices(tree, "child-lost")] == [3]
-    assert not cores[0].directory[3].online
+    assert not cores[0].directory.members[3].online
     assert not cores[0].handles[client].pending
 
 
@@ -161,7 +161,7 @@ def test_root_loss_then_return_rejoins_with_the_same_ranks() -> None:
     tree.run(root.endpoint, root.start(tree.now))
     tree.advance(6.0)
     assert cores[1].state is State.ONLINE and cores[1].rank == 1 and cores[2].rank == 2
-    assert root.directory[1].online and root.directory[2].online
+    assert root.directory.members[1].online and root.directory.members[2].online
 
 
 def test_leave_sends_disconnect_and_children_reattach_at_once() -> None:
@@ -169,7 +169,7 @@ def test_leave_sends_disconnect_and_children_reattach_at_once() -> None:
     cores = {c.rank: c for c in tree.grow(5)}
     tree.call(cores[1], cores[1].stop(tree.now))
     assert cores[3].parent_rank == 0 and cores[4].parent_rank == 0   # no timeout waited
-    assert not cores[0].directory[1].online and cores[1].state is State.STOPPED
+    assert not cores[0].directory.members[1].online and cores[1].state is State.STOPPED
 
 
 def test_events_numbered_from_one_and_filtered_by_prefix() -> None:
@@ -280,4 +280,4 @@ def test_a_silent_child_is_torpid_then_lost_and_heartbeats_keep_idle_links_alive
     assert not notices(tree, "child-lost")
     tree.advance(3.0)
     assert [n.rank for n in notices(tree, "child-lost")] == [3]
-    assert 3 not in cores[1].info()["children"] and not cores[0].directory[3].online
+    assert 3 not in cores[1].info()["children"] and not cores[0].directory.members[3].online
