@@ -636,27 +636,45 @@ def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[s
 
 
 def _walk(flux: FluxOverlay, timeout: float) -> list[dict[str, Any]]:
-    """``overlay.info`` of rank 0, then of each rank's children, level by level; a rank
-    that does not answer is ``{"rank", "parent", "state": "unreachable", "error"}``."""
+    """``overlay.info`` of rank 0, then of each rank's children, level by level: rows of
+    {rank, parent, state, children, torpid, size, seq, topology}; a rank that does not
+    answer is {rank, parent, state: "unreachable", error}."""
     rows: list[dict[str, Any]] = []
-    level: list[tuple[int, Optional[int]]] = [(0, None)]
+    level: dict[int, Optional[int]] = {0: None}  # rank -> the rank that listed it
     seen: set[int] = set()
     while level:
+        seen.update(level)
         futures = [(rank, parent, flux.rpc("overlay.info", None, rank))
-                   for rank, parent in level if rank not in seen]
-        seen.update(rank for rank, _ in level)
-        level = []
+                   for rank, parent in level.items()]
+        level = {}
         for rank, parent, future in futures:
             try:
-                info = future.get_json(timeout)
+                row = _tree_row(rank, parent, future.get_json(timeout))
             except FluxError as exc:
                 rows.append({"rank": rank, "parent": parent, "state": "unreachable",
                              "error": _error_text(exc)})
                 continue
-            rows.append(info)
-            level += [(child, rank) for child in info.get("children") or ()
-                      if isinstance(child, int)]
+            rows.append(row)
+            for child in row["children"]:
+                if child not in seen:
+                    level.setdefault(child, rank)
     return rows
+
+
+def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[str, Any]:
+    """A member's ``overlay.info`` answer as a row, whatever it sent (rank and parent as
+    the walk found them)."""
+    def ranks(key: str) -> list[int]:
+        value = info.get(key)
+        return [r for r in value if type(r) is int and r >= 0] if isinstance(value, list) else []
+
+    def scalar(key: str) -> Any:
+        value = info.get(key)
+        return value if type(value) in (int, str) else None
+
+    return {"rank": rank, "parent": parent, "state": str(info.get("state", "?")),
+            "children": ranks("children"), "torpid": ranks("torpid"), "size": scalar("size"),
+            "seq": scalar("seq"), "topology": scalar("topology")}
 
 
 def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
@@ -671,7 +689,7 @@ def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
         emit(to_json(rows))
         return EXIT_OK
     depth: dict[int, int] = {}
-    torpid = {r for row in rows for r in row.get("torpid") or ()}
+    torpid = {r for row in rows for r in row.get("torpid", ())}
     lines = [("RANK", "PARENT", "STATE", "CHILDREN")]
     for row in _depth_first(rows):
         rank, parent = row["rank"], row.get("parent")
@@ -680,12 +698,13 @@ def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
             (" (this command)" if row.get("this_command") else "") + \
             (f": {row['error']}" if "error" in row else "")
         lines.append(("  " * depth[rank] + str(rank), "-" if parent is None else str(parent),
-                      state, ",".join(map(str, row.get("children") or ())) or "-"))
+                      state, ",".join(map(str, row.get("children", ()))) or "-"))
     emit(table(lines))
     root = rows[0]
-    if "size" in root:
-        note(f"{len(rows)} members answered; size {root['size']}, {root.get('topology')}, "
-             f"last event {root.get('seq')}")
+    if "error" not in root:
+        answered = sum(1 for row in rows if "error" not in row)
+        note(f"{answered} members answered; size {root['size']}, {clean(root['topology'])}, "
+             f"last event {root['seq']}")
     return EXIT_OK
 
 

@@ -222,3 +222,13 @@ def test_error_answers_are_messages(cli: Cli) -> None:
     assert result.returncode == 1, _report(result)
     assert "could not join Flux instance 'flux' through tcp://127.0.0.1:9 within 1 s" \
         in result.stderr, _report(result)
+
+
+def test_a_tree_row_keeps_only_what_a_member_may_say() -> None:
+    from peermesh.flux.commands import _tree_row
+
+    hostile = {"rank": 99, "parent": 7, "state": {"x": 1}, "children": [4, "5", -1, True, 6],
+               "torpid": "all", "size": [1], "seq": 3, "topology": "kary:2", "extra": "x" * 99}
+    assert _tree_row(3, 1, hostile) == {
+        "rank": 3, "parent": 1, "state": "{'x': 1}", "children": [4, 6], "torpid": [],
+        "size": None, "seq": 3, "topology": "kary:2"}
