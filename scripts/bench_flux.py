@@ -22,8 +22,10 @@ Sections:
   one Python process and one core); descriptors used.
 * ``events``: the same process publishes events and measures the CPU per
   delivered event (every rank subscribed).
-* ``sim``: one event's fan-out at ``--sim-sizes`` simulated ranks (kary:32):
-  virtual time and wall time until every rank has it, and the memory used.
+* ``sim``: one event's fan-out at ``--sim-sizes`` simulated ranks (kary:32, 1 ms
+  links): the tree's depth in hops, virtual time (the publisher's request up
+  to rank 0, then down every branch) and wall time until every rank has it,
+  and the memory used.
 * ``thousand``: 1,000 real-socket ranks in one process start, converge and
   answer ping all.
 """
@@ -33,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from typing import Any, Optional
 
@@ -178,7 +179,9 @@ def role_sim(parent: Parent, n: int, topology: str) -> dict[str, Any]:
     nodes[-1].publish("sim.event", PAYLOAD)
     while got[0] < n and network.clock.now() - v0 < 10:
         network.clock.advance(0.0005)
+    from peermesh.flux import Topology
     return {"ranks": n, "online": online, "build_and_converge_s": converged - began,
+            "depth": Topology.parse(topology).depth(n - 1),
             "event_virtual_ms": (network.clock.now() - v0) * 1000,
             "event_wall_ms": (time.perf_counter() - t0) * 1000, "reached": got[0],
             "rss_mb": rss_mb()}
@@ -277,8 +280,8 @@ def main() -> int:
             sims.append(child_result("sim", 1800, n=n, topology="kary:32"))
         out["sim"] = sims
         lines += ["", "one event to every simulated rank (kary:32, 1 ms links):"] + table(
-            ["ranks", "online", "build+converge s", "virtual ms", "wall ms", "RSS MB"],
-            [[str(s["ranks"]), str(s["online"]), f"{s['build_and_converge_s']:.1f}",
+            ["ranks", "online", "depth", "build+converge s", "virtual ms", "wall ms", "RSS MB"],
+            [[str(s["ranks"]), str(s["online"]), str(s["depth"]), f"{s['build_and_converge_s']:.1f}",
               f"{s['event_virtual_ms']:.1f}", f"{s['event_wall_ms']:.0f}",
               f"{s['rss_mb']:.0f}"] for s in sims])
     print(dump_json(out) if args.json else "\n".join(lines))

@@ -10,7 +10,9 @@ network's. So a node holds sockets only to its parent and its children,
 whatever the size of the instance. The ROUTER is ROUTER_MANDATORY: a send
 to a child whose connection closed fails at once, and the core fails what
 was in flight through it. Messages over ``max_message`` bytes and ROUTER
-peers whose identity is not 16 bytes are dropped (counted, logged at debug).
+peers whose identity is not 16 bytes are dropped (counted in ``dropped``,
+logged at debug), and so is a message to a peer whose queue is full
+(``SNDHWM`` on the DEALER, libzmq's default on the ROUTER): sends never wait.
 
 The driver hands the core what arrives and applies what the core returns
 (sends, deliveries to handles, dials, notices); one greenlet runs the

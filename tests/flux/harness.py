@@ -14,7 +14,7 @@ from collections import deque
 from typing import Any, Optional
 
 from peermesh.flux.core import (
-    PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output, Send,
+    PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output,
 )
 from peermesh.flux.topology import Topology
 

@@ -16,7 +16,7 @@ classifies its first output.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
