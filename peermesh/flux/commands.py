@@ -47,7 +47,7 @@ from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
 from .overlay import FLUX_HEADER, FluxOverlay
-from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError
+from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
 
 __all__ = ["add_commands", "PARENTS_VARIABLE"]
 
@@ -231,8 +231,6 @@ def _add_tree(command: Factory) -> None:
 
 
 def _rank_arg(value: str) -> int:
-    from .topology import check_rank
-
     try:
         return check_rank(int(value))
     except (ValueError, TopologyError):
