@@ -281,7 +281,8 @@ def main() -> int:
         out["sim"] = sims
         lines += ["", "one event to every simulated rank (kary:32, 1 ms links):"] + table(
             ["ranks", "online", "depth", "build+converge s", "virtual ms", "wall ms", "RSS MB"],
-            [[str(s["ranks"]), str(s["online"]), str(s["depth"]), f"{s['build_and_converge_s']:.1f}",
+            [[str(s["ranks"]), str(s["online"]), str(s["depth"]),
+              f"{s['build_and_converge_s']:.1f}",
               f"{s['event_virtual_ms']:.1f}", f"{s['event_wall_ms']:.0f}",
               f"{s['rss_mb']:.0f}"] for s in sims])
     print(dump_json(out) if args.json else "\n".join(lines))

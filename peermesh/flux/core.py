@@ -122,7 +122,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Message,
+    MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event,
+    Message,
     Request, Response, decode, encode, json_payload, read_json, service_of, string_payload,
 )
 from .directory import Directory, Refusal
@@ -921,7 +922,8 @@ class FluxCore:
             return []
         if seq == self.seq + 1 or not self._synced:
             return self._pass_down(event, frames if event.routes is None else
-                                   encode(Event(event.topic, event.payload, event.seq, event.flags)))
+                                   encode(Event(event.topic, event.payload, event.seq,
+                                                event.flags)))
         self._held.append(event)
         return self._fetch(self.seq + 1, seq - 1, now)
 

@@ -87,7 +87,8 @@ def test_streaming_until_enodata_and_cancel() -> None:
     for i in range(3):
         tree.call(cores[5], cores[5].respond(server, request, b"%d" % i, 0, tree.now))
     got = tree.taken(cores[3], client)
-    assert [r.payload for r in got] == [b"0", b"1", b"2"] and tag in cores[3].handles[client].pending
+    assert [r.payload for r in got] == [b"0", b"1", b"2"]
+    assert tag in cores[3].handles[client].pending
     tree.call(cores[3], cores[3].cancel(client, tag, tree.now))
     (cancel,) = tree.taken(cores[5], server)
     assert cancel.topic == "svc.cancel" and read_json(cancel.payload) == {"matchtag": tag}

@@ -22,7 +22,8 @@ import pytest
 
 from peermesh.flux.core import PARENT, Deliver, FluxCore, Send, State
 from peermesh.wire.flux import (
-    NODEID_ANY, Control, ControlType, Errno, Event, MsgFlag, Request, Response, decode, encode, read_json,
+    NODEID_ANY, Control, ControlType, Errno, Event, MsgFlag, Request, Response, decode, encode,
+    read_json,
 )
 
 from .harness import Tree

@@ -45,7 +45,8 @@ def test_thousand_ranks_converge_answer_ping_all_and_get_an_event() -> None:
     assert all(n.state is State.ONLINE for n in nodes)
     assert sorted(n.rank for n in nodes) == list(range(1000))  # type: ignore[type-var]
     k32 = Topology(32)
-    assert all(n.info()["parent"] == k32.parent(n.rank) for n in nodes[1:])  # type: ignore[arg-type]
+    assert all(n.info()["parent"] == k32.parent(n.rank)  # type: ignore[arg-type]
+               for n in nodes[1:])
     root = nodes[0]
     assert root.size == 1000 and max(len(n.core.children) for n in nodes) == 32
 
