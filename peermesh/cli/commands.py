@@ -46,6 +46,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.sim.commands",
     "peermesh.nfp.commands",
     "peermesh.sada.commands",
+    "peermesh.flux.commands",
     "peermesh.mtl.commands",
 )
 #: default --wait (seconds) of the commands that try the agent first
