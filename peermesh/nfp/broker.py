@@ -55,7 +55,7 @@ from ..wire.nfp import Status
 from .dispatch import Dispatcher, Reply, without_rid
 from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
-from .transport import Channel
+from .transport import CorkedSocket
 from .worker import Tasks, TaskFunction, Worker
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class Broker(Overlay):
         self._router = router
         self.inproc = f"inproc://peermesh-nfp-broker-{node}-{id(self):x}"
         router.bind(self.inproc)
-        self._channel: Optional[Channel] = None
+        self._channel: Optional[CorkedSocket] = None
         self.active = False
         self.dispatcher: Optional[Dispatcher] = None
         self._peers: dict[bytes, _Peer] = {}
@@ -153,7 +153,7 @@ class Broker(Overlay):
 
     def on_start(self) -> None:
         """Start reading the ROUTER (standby) and the services (idle until activated)."""
-        self._channel = Channel(self._router, self._on_message, f"broker {self.name}")
+        self._channel = CorkedSocket(self._router, self._on_message, f"broker {self.name}")
         for service in self._services:
             service.start()
 

@@ -75,7 +75,7 @@ from .dispatch import WORKER_MMI
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from ..io import bind_ephemeral, shared_context
-from .transport import Channel, nfp_socket
+from .transport import CorkedSocket, nfp_socket
 
 __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 
@@ -230,9 +230,9 @@ class Worker(Overlay):
         self._context = context or shared_context()
         self._router = nfp_socket(self._context, zmq.ROUTER)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
-        self._direct: Optional[Channel] = None
-        self._broker: Optional[Channel] = None
-        self._last_source: Optional[Channel] = None   # the channel of the last request
+        self._direct: Optional[CorkedSocket] = None
+        self._broker: Optional[CorkedSocket] = None
+        self._last_source: Optional[CorkedSocket] = None   # the channel of the last request
         self.broker_endpoint: Optional[str] = None
         self._broker_state = "none"     # none, opening, ready
         self._broker_since = 0.0
@@ -253,7 +253,7 @@ class Worker(Overlay):
     def on_start(self) -> None:
         """Start serving (on the node's hub); re-queue jobs left unfinished by a crash."""
         if not self.internal:
-            self._direct = Channel(self._router, self._on_direct, f"worker {self.name}")
+            self._direct = CorkedSocket(self._router, self._on_direct, f"worker {self.name}")
         else:
             self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
@@ -313,7 +313,7 @@ class Worker(Overlay):
         assert self.broker_endpoint is not None
         sock = nfp_socket(self._context, zmq.DEALER)
         sock.connect(self.broker_endpoint)
-        self._broker = Channel(sock, self._on_broker, f"worker {self.name} -> broker")
+        self._broker = CorkedSocket(sock, self._on_broker, f"worker {self.name} -> broker")
         self._broker_state = "opening"
         now = time.monotonic()
         self._last_recv = now
