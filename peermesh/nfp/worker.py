@@ -59,7 +59,7 @@ import importlib
 import json
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional
 
@@ -68,6 +68,7 @@ import gevent.event
 import zmq
 
 from ..errors import ProtocolError
+from ..limits import LimitCounter
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -84,6 +85,12 @@ log = logging.getLogger(__name__)
 TaskFunction = Callable[..., Any]
 #: longest result (JSON characters) a 202 carries (a longer one follows in the final EVENT)
 FINAL_IN_ACCEPT = 64 * 1024
+#: direct clients a worker remembers by default (the least recently heard go first)
+MAX_CLIENTS = 1024
+#: octets of POST bodies a worker keeps in its store by default (until the retention
+#: purges finished jobs); a POST past it is answered 500 and not stored
+MAX_STORED = 1024 * 1024 * 1024
+_RECOUNT_EVERY = 60.0        # seconds between two recounts of the stored octets when full
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
 _STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
                   "the first time); not run a third time: does the task end its process?")
@@ -212,7 +219,8 @@ class Worker(Overlay):
                  context: Optional[zmq.Context] = None, keepalive: float = 1.0,
                  multiplier: int = 3, admin_token: Optional[str] = None,
                  node_name: str = "", on_shutdown: Optional[Callable[["Worker"], None]] = None,
-                 internal: bool = False) -> None:
+                 internal: bool = False, max_clients: int = MAX_CLIENTS,
+                 max_stored: int = MAX_STORED) -> None:
         super().__init__()
         nfp.format_target((name,))  # a name that can be targeted
         if not service or not service.isprintable() or service == WORKER_MMI:
@@ -243,7 +251,15 @@ class Worker(Overlay):
         self._running: Optional[_Job] = None
         self._wake = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
-        self._clients: dict[bytes, float] = {}
+        if not max_clients >= 1 or not max_stored >= 1:
+            raise ValueError("max_clients and max_stored must be at least 1")
+        self.max_clients = max_clients
+        self.max_stored = max_stored
+        self._clients: OrderedDict[bytes, float] = OrderedDict()   # least recently heard first
+        self._stored: Optional[int] = None    # octets of bodies in the store (counted at start)
+        self._recounted = -_RECOUNT_EVERY
+        #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` (POSTs)
+        self.limits = LimitCounter(log)
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
@@ -418,7 +434,13 @@ class Worker(Overlay):
                 self._reply_direct(identity, nfp.Open(nfp.WORKER, nfp.encode_body(
                     {"name": self.name, "service": self.service})))
             return
-        self._clients[identity] = time.monotonic()
+        clients = self._clients
+        clients[identity] = time.monotonic()
+        clients.move_to_end(identity)
+        if len(clients) > self.max_clients:
+            clients.popitem(last=False)
+            self.limits.over("max_clients", f"worker {self.name} forgot its least recently "
+                             f"heard direct client ({self.max_clients} remembered)")
         self._last_source = self._direct
         self._on_request(msg, ("direct", identity))
 
@@ -455,6 +477,23 @@ class Worker(Overlay):
         else:
             self._on_delete(msg, origin, rid)
 
+    def _room_for(self, size: int) -> bool:
+        """True if a body of ``size`` octets may be stored (``max_stored``); when full, the
+        store is counted again (at most once per ``_RECOUNT_EVERY``: purges free room)."""
+        if self._stored is None:
+            self._stored = self.store.worker_bytes(self.name)
+        if self._stored + size <= self.max_stored:
+            return True
+        now = time.monotonic()
+        if now - self._recounted >= _RECOUNT_EVERY:
+            self._recounted = now
+            self._stored = self.store.worker_bytes(self.name)
+            if self._stored + size <= self.max_stored:
+                return True
+        self.limits.over("max_stored", f"worker {self.name} refused a POST of {size:,} octets: "
+                         f"{self._stored:,} of {self.max_stored:,} stored")
+        return False
+
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
         """Answer a request, once what the store holds about it is committed."""
@@ -490,6 +529,12 @@ class Worker(Overlay):
                           {"error": f"worker {self.name} has no task {task!r}"}, rid)
             return
         existing = self._jobs.get(msg.uuid)
+        size = len(msg.body[0])
+        if existing is None and not mmi and not self._room_for(size):
+            self._respond(origin, msg, Status.ERROR, {
+                "error": f"worker {self.name} holds {self._stored:,} octets of jobs, its limit "
+                         f"is {self.max_stored:,} (max_stored): try later"}, rid)
+            return
         if existing is None and not self.store.add_worker_job(
                 self.name, msg.uuid, msg.service, task, body, msg.body[0].decode("utf-8")):
             record = self.store.worker_job(self.name, msg.uuid)
@@ -507,6 +552,8 @@ class Worker(Overlay):
             return
         job = _Job(msg.uuid, msg.service, task, args, kwargs, _timeout(body),
                    bool(body.get("notify")), origin)
+        if not mmi:
+            self._stored = (self._stored or 0) + size
         self._jobs[job.uuid] = job
         self.stats["accepted"] += 1
         if mmi:

@@ -60,13 +60,17 @@ __all__ = [
     "encode", "decode", "encode_status", "decode_status", "parse_target", "format_target",
     "encode_body", "decode_body", "to_json", "CLIENT", "WORKER", "BROKER", "request_frames",
     "response_frames", "event_frames", "reheaded", "MAX_MESSAGE", "MAX_BODY", "MAX_CONTENT",
-    "check_size",
+    "check_size", "MAX_TARGET",
 ]
 
 MAX_MESSAGE = 64 * 1024 * 1024   # bytes of one message peermesh accepts (its sender is cut off)
 MAX_BODY = MAX_MESSAGE - 65536   # bytes of a body frame peermesh sends (the rest: other frames)
 MAX_CONTENT = MAX_BODY - 65536   # bytes of JSON in a job's arguments, result or event (the rest:
                                  # the answer around it)
+#: octets of a request's target frame (a comma-separated list of worker names); a longer
+#: one is a ProtocolError (dropped by whoever decodes it). Process-wide: set it before
+#: starting nodes to change it.
+MAX_TARGET = 65536
 
 
 class Role(bytes, Enum):
@@ -385,6 +389,7 @@ def _body_frames(body: Sequence[bytes]) -> list[bytes]:
 #: valid target texts and their frames (keywords, and worker names as they are met)
 _TARGETS: dict[str, bytes] = {ALL: ALL.encode(), ANY: ANY.encode()}
 _MAX_TARGETS = 4096
+_MAX_CACHED_TARGET = 255      # octets of a target remembered (at most ~1 MB in all)
 
 
 def _string(kind: str, value: str) -> bytes:
@@ -395,13 +400,16 @@ def _string(kind: str, value: str) -> bytes:
 
 
 def _target_frame(target: Target) -> bytes:
-    if type(target) is not str:
-        return _encode_string("target", format_target(target))
-    frame = _TARGETS.get(target)
-    if frame is None:
-        frame = _encode_string("target", format_target(target))
-        if len(_TARGETS) < _MAX_TARGETS and frame == target.encode("utf-8"):
-            _TARGETS[target] = frame        # worker names repeat: remember valid ones
+    if type(target) is str:
+        frame = _TARGETS.get(target)
+        if frame is not None:
+            return frame
+    frame = _encode_string("target", format_target(target))
+    if len(frame) > MAX_TARGET:
+        raise ValueError(f"target is over {MAX_TARGET} octets (MAX_TARGET)")
+    if (type(target) is str and len(frame) <= _MAX_CACHED_TARGET
+            and len(_TARGETS) < _MAX_TARGETS and frame == target.encode("utf-8")):
+        _TARGETS[target] = frame        # worker names repeat: remember valid ones
     return frame
 
 
@@ -560,13 +568,16 @@ _MAKE = {Post: _maker(Post, _REQUEST_FIELDS), Get: _maker(Get, _REQUEST_FIELDS),
 def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
     if count < 7:
         raise ProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
+    if len(frames[4]) > MAX_TARGET:
+        raise ProtocolError(f"target of {len(frames[4])} octets: over {MAX_TARGET} (MAX_TARGET)")
     service, target, uuid = _texts(_REQUEST_KINDS, frames[3], frames[4], frames[5])
     if target not in _TARGETS:
         try:
             parse_target(target)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
-        if len(_TARGETS) < _MAX_TARGETS and "," not in target and target == target.strip():
+        if (len(frames[4]) <= _MAX_CACHED_TARGET and len(_TARGETS) < _MAX_TARGETS
+                and "," not in target and target == target.strip()):
             _TARGETS[target] = frames[4]
     body = (frames[6],) if count == 7 else tuple(frames[6:])
     return _MAKE[cls](role, service, target, uuid, body)   # type: ignore[no-any-return]
