@@ -53,6 +53,7 @@ from enum import Enum, IntEnum
 from typing import Any, Callable, Sequence, Union
 
 from ..errors import ProtocolError
+from .frames import as_bytes, as_frames
 
 __all__ = [
     "Role", "Command", "Status", "Open", "Ready", "Keepalive", "Disconnect", "Post",
@@ -355,10 +356,12 @@ def check_size(text: str, what: str) -> None:
 
 def decode_body(frame: bytes) -> dict[str, Any]:
     """The JSON object in a body frame; an empty frame is ``{}``; else ``ProtocolError``."""
+    if type(frame) is not bytes:
+        frame = as_bytes(frame, "a body")
     if not frame:
         return {}
     try:
-        text = frame.decode("utf-8") if type(frame) is bytes else bytes(frame).decode("utf-8")
+        text = frame.decode("utf-8")
         try:
             obj, end = _scan_once(text, 0)
         except StopIteration:
@@ -625,25 +628,6 @@ _PARSERS: dict[tuple[bytes, bytes], tuple[Callable[..., Message], Role, type]] =
     for command, roles in ROLES.items() for role in roles}
 
 
-def _as_frames(frames: Sequence[bytes]) -> list[bytes]:
-    """``frames`` as a list of bytes; ``ProtocolError`` if it is not a list of frames."""
-    if isinstance(frames, (bytes, bytearray, memoryview, str)):
-        raise ProtocolError("an NFP message is a list of frames, not one byte string")
-    try:
-        items = list(frames)
-    except TypeError:
-        raise ProtocolError("an NFP message is a list of frames") from None
-    out = []
-    for frame in items:
-        if type(frame) is bytes:
-            out.append(frame)
-        elif isinstance(frame, (bytearray, memoryview)):
-            out.append(bytes(frame))
-        else:
-            raise ProtocolError(f"frame of type {type(frame).__name__}, not bytes")
-    return out
-
-
 def _no_parser(frames: list[bytes]) -> ProtocolError:
     """Why (header, command) names no command the spec allows."""
     role = _ROLE_BY_BYTES.get(frames[1])
@@ -658,11 +642,11 @@ def _no_parser(frames: list[bytes]) -> ProtocolError:
 def decode(frames: Sequence[bytes]) -> Message:
     """Parse one NFP command (without any ROUTER identity frame)."""
     if type(frames) is not list:
-        frames = _as_frames(frames)
+        frames = as_frames(frames, "an NFP message")
     else:
         for frame in frames:
             if type(frame) is not bytes:
-                frames = _as_frames(frames)
+                frames = as_frames(frames, "an NFP message")
                 break
     count = len(frames)
     if count < 4:
