@@ -210,7 +210,13 @@ class JobContext:
 
 class Worker(Overlay):
     """One worker of one service, an overlay of its node (create and attach it before the
-    node starts: it binds at once and its endpoint goes in the node's HELLO)."""
+    node starts: it binds at once and its endpoint goes in the node's HELLO).
+
+    Bounds on what clients can grow: ``max_clients`` (direct clients remembered for
+    ``show_clients``; the least recently heard is forgotten) and ``max_stored`` (octets
+    of POST bodies held in the store until the retention purges them; a POST past it
+    is answered 500 and not stored). Refusals are counted in ``limits``.
+    """
 
     roles: ClassVar[tuple[str, ...]] = ("nfp-worker",)
 

@@ -158,7 +158,9 @@ def decode_request(frames: Sequence[bytes]) -> Request:
     An unknown op raises ``ProtocolError`` whose ``reason`` starts with
     ``unknown op`` (the service answers it with an ERR ``unknown-op``).
     """
-    if type(frames) is not list or not all(type(f) is bytes for f in frames):
+    if type(frames) is not list or len(frames) != 4 or type(frames[0]) is not bytes \
+            or type(frames[1]) is not bytes or type(frames[2]) is not bytes \
+            or type(frames[3]) is not bytes:
         frames = as_frames(frames, "a request")
     if len(frames) != 4:
         raise ProtocolError(f"a request has 4 frames, not {len(frames)}")
@@ -179,7 +181,9 @@ def encode_reply(reply: Reply) -> list[bytes]:
 
 def decode_reply(frames: Sequence[bytes]) -> Reply:
     """A reply from its frames (what a DEALER receives); ``ProtocolError`` if bad."""
-    if type(frames) is not list or not all(type(f) is bytes for f in frames):
+    if type(frames) is not list or len(frames) != 4 or type(frames[0]) is not bytes \
+            or type(frames[1]) is not bytes or type(frames[2]) is not bytes \
+            or type(frames[3]) is not bytes:
         frames = as_frames(frames, "a reply")
     if len(frames) != 4:
         raise ProtocolError(f"a reply has 4 frames, not {len(frames)}")

@@ -321,14 +321,11 @@ def decode(frames: Sequence[bytes]) -> Message:
     """Parse the frames of one mailbox message (without the ROUTER identity)."""
     if type(frames) is not list:
         frames = as_frames(frames, "a ZRE message")
-    else:
-        for frame in frames:
-            if type(frame) is not bytes:
-                frames = as_frames(frames, "a ZRE message")
-                break
     if not frames:
         raise ProtocolError("empty message")
     data = frames[0]
+    if type(data) is not bytes:
+        data = as_bytes(data, "a ZRE command frame")
     if len(data) < _HEADER_SIZE:
         raise ProtocolError(f"command frame of {len(data)} octets is shorter than a header")
     signature, command, version, sequence = _HEADER.unpack_from(data)
@@ -337,6 +334,10 @@ def decode(frames: Sequence[bytes]) -> Message:
     if version != VERSION:
         raise ProtocolError(f"unsupported version {version}")
     content = tuple(frames[1:])
+    for frame in content:
+        if type(frame) is not bytes:
+            content = tuple(as_frames(content, "a ZRE message"))
+            break
     if command == 2:
         if len(data) != _HEADER_SIZE:
             raise ProtocolError("unexpected octets in WHISPER")
