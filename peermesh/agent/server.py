@@ -113,7 +113,7 @@ from ..errors import PeermeshError
 from ..limits import LimitCounter
 from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, PROTOCOL, AgentClient, AgentError,
                      AgentGone, AgentMismatch, NoAgent, default_agent_path, frame,
-                     resolve_path, tmp_path)
+                     resolve_path, tmp_path)  # noqa: F401  (tmp_path: tests patch it)
 
 __all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
            "AgentClient", "AgentError", "AgentRunning", "AgentPathError", "NoAgent",

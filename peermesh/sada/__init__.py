@@ -25,8 +25,8 @@ failover. Servers find channels through the mesh (HELLO header
 from ..wire.sada import ServiceId, Status
 from .channel import HEADER_CHANNEL, HEADER_SERVER, Channel
 from .demo import echo_service
-from .errors import (CatalogFull, ChannelClosed, EndpointError, NoServerError, RequestTimeout, SadaError,
-                     ServerLost, ServiceError)
+from .errors import (CatalogFull, ChannelClosed, EndpointError, NoServerError, RequestTimeout,
+                     SadaError, ServerLost, ServiceError)
 from .handlers import Reply, Request, Service
 from .routing import ServerInfo
 from .server import Server

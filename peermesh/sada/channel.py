@@ -431,7 +431,8 @@ class Channel(Overlay):
     @property
     def stats(self) -> dict[str, int]:
         """Counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,
-        intr, rintr_sent, dropped (malformed, oversized or unexpected messages)."""
+        intr, rintr_sent, dropped (malformed, oversized or unexpected messages), and the
+        INTRs refused by each limit (``max_services``, ``max_catalog``)."""
         return self._core.stats
 
     def wait_until(self, predicate: Callable[["Channel"], bool],

@@ -10,14 +10,14 @@ import ipaddress
 import socket
 from typing import Iterable, Optional, Sequence, Union
 
-Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
-
 from .errors import EndpointError
 
 __all__ = ["check_endpoint", "as_endpoints", "as_networks", "mesh_endpoint", "MAX_ENDPOINT"]
 
 #: longest endpoint accepted, octets of text (it is a channel's routing identity)
 MAX_ENDPOINT = 255
+#: a network in which channels found on the mesh may be
+Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 
 def check_endpoint(endpoint: object, *, bind: bool = False) -> str:

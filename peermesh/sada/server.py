@@ -60,9 +60,9 @@ import zmq
 from greenlet import GreenletExit, getcurrent, greenlet
 
 from ..errors import ProtocolError
-from ..limits import LimitCounter
 from ..events import Event, EventType
 from ..io import make_socket, shared_context
+from ..limits import LimitCounter
 from ..overlay import Lifecycle, Overlay
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
@@ -70,9 +70,9 @@ from . import _transport
 from .channel import HEADER_CHANNEL, HEADER_SERVER
 from .endpoints import Network, as_endpoints, as_networks, check_endpoint, mesh_endpoint
 from .errors import CatalogFull
-from .routing import MAX_SERVICES
 from .handlers import (Handler, ReqFields, Request, Service, call, finish, resolve_service,
                        unknown_action)
+from .routing import MAX_SERVICES
 from .versions import version_key
 
 __all__ = ["Server"]
@@ -213,7 +213,8 @@ class Server(Overlay):
                  services: Iterable[Service] = (),
                  max_concurrent: Optional[int] = MAX_CONCURRENT,
                  max_services: int = MAX_SERVICES,
-                 channel_networks: Optional[Iterable[str]] = None, forget_after: float = 10.0, heartbeat: float = 1.0,
+                 channel_networks: Optional[Iterable[str]] = None,
+                 forget_after: float = 10.0, heartbeat: float = 1.0,
                  max_message: int = 64 * 1024 * 1024, context: Optional[zmq.Context] = None
                  ) -> None:
         super().__init__()

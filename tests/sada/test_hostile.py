@@ -9,7 +9,7 @@ test needs to pass them.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable, Iterator, Optional
 
 import gevent
 import gevent.event
@@ -22,10 +22,24 @@ from peermesh.sada.endpoints import as_networks, mesh_endpoint
 from peermesh.sada.server import MAX_CONCURRENT
 
 from .conftest import PING, WAIT, Loopback, wait_until
-from .test_inprocess import raw  # noqa: F401  (fixture)
+from .test_inprocess import RawPeer
 from .test_routing import intr, make, sent
 
 GOOD = "good"
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[..., RawPeer]]:
+    """``raw(identity=None)``: a bare ROUTER speaking SADA1 by hand, closed at the end."""
+    peers: list[RawPeer] = []
+
+    def make(identity: Optional[bytes] = None) -> RawPeer:
+        peers.append(RawPeer(identity))
+        return peers[-1]
+
+    yield make
+    for peer in peers:
+        peer.close()
 
 
 def _good_answers(channel: Channel, count: int, **kw: Any) -> list[str]:
@@ -61,7 +75,7 @@ def test_a_server_cannot_answer_requests_another_server_holds(loop: Loopback, ra
     alias = channel.endpoint.encode()
     hostile.send(alias, *intr("trap 1"))
     assert channel.wait_for("echo", timeout=WAIT) and channel.wait_for("trap", timeout=WAIT)
-    trap = channel.request_async("trap", "x", None, timeout=WAIT)
+    channel.request_async("trap", "x", None, timeout=WAIT)   # tells the hostile our ids
     req = hostile.expect(b"REQ")
     prefix, _, counter = req[4].rpartition(b"-")
     forged = gevent.spawn(lambda: [hostile.send(alias, b"", b"SADA1", b"REP",
