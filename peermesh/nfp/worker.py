@@ -494,11 +494,7 @@ class Worker(Overlay):
         if now - self._recounted >= _RECOUNT_EVERY:
             self._recounted = now
             self._stored = self.store.worker_bytes(self.name)
-            if self._stored + size <= self.max_stored:
-                return True
-        self.limits.over("max_stored", f"worker {self.name} refused a POST of {size:,} octets: "
-                         f"{self._stored:,} of {self.max_stored:,} stored")
-        return False
+        return self._stored + size <= self.max_stored
 
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
@@ -536,7 +532,10 @@ class Worker(Overlay):
             return
         existing = self._jobs.get(msg.uuid)
         size = len(msg.body[0])
-        if existing is None and not mmi and not self._room_for(size):
+        if (existing is None and not mmi and not self._room_for(size)
+                and self.store.worker_job(self.name, msg.uuid) is None):
+            self.limits.over("max_stored", f"worker {self.name} refused a POST of {size:,} "
+                             f"octets: {self._stored:,} of {self.max_stored:,} stored")
             self._respond(origin, msg, Status.ERROR, {
                 "error": f"worker {self.name} holds {self._stored:,} octets of jobs, its limit "
                          f"is {self.max_stored:,} (max_stored): try later"}, rid)

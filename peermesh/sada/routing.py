@@ -89,7 +89,7 @@ Answer = Callable[[Any, Any, Optional[BaseException]], Any]
 MAX_SERVICES = 4096
 #: (server, service) pairs in the whole catalog by default; an INTR that would
 #: go past it is dropped and the server keeps what it offered before
-MAX_CATALOG = 65536
+MAX_CATALOG = 16384
 
 _PING = wire.encode(Ping())
 _RINTR = wire.encode(wire.Rintr())

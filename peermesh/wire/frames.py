@@ -28,9 +28,11 @@ def as_frames(frames: Any, what: str = "a message") -> list[bytes]:
     """``frames`` as a list of ``bytes``; ``ProtocolError`` for one byte string, a text,
     something that is not a sequence, or an item that is not bytes-like."""
     if isinstance(frames, (bytes, bytearray, memoryview, str)):
-        raise ProtocolError(f"{what} is a list of frames, not one {type(frames).__name__}")
+        raise ProtocolError(f"{what} is a list of frames (bytes), not one "
+                            f"{type(frames).__name__}")
     try:
         items = list(frames)
     except TypeError:
-        raise ProtocolError(f"{what} is a list of frames, not {type(frames).__name__}") from None
+        raise ProtocolError(f"{what} is a list of frames (bytes), not "
+                            f"{type(frames).__name__}") from None
     return [as_bytes(frame) for frame in items]

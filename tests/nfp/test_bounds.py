@@ -122,14 +122,18 @@ def test_stored_post_bodies_are_bounded(worker: Worker,
     try:
         with caplog.at_level(logging.WARNING, logger="peermesh.nfp.worker"):
             answers = []
-            for _ in range(6):
-                sock.send_multipart(post(body=body))
+            jobs = [str(uuid.uuid4()) for _ in range(6)]
+            for job in jobs:
+                sock.send_multipart(post(body=body, job=job))
                 answers.append(_answer(sock))
         assert [a["status"] for a in answers] == [202, 202, 202, 500, 500, 500]
         assert "max_stored" in answers[3]["error"]
         assert worker.limits.counts["max_stored"] == 3
         assert len([r for r in caplog.records if "max_stored" in r.getMessage()]) == 1
         assert worker.store.worker_bytes("w1") == 3 * len(body)
+        sock.send_multipart(post(body=body, job=jobs[0]))   # posted again: still known
+        again = _answer(sock)
+        assert again["status"] == 202 and again["duplicate"]
     finally:
         sock.close()
 
