@@ -83,8 +83,8 @@ never more than half the process's descriptor limit (``RLIMIT_NOFILE``), so
 the node keeps descriptors for its own sockets: one more gets the agent's
 handshake with ``"code": "busy"`` and is closed at once (refusals are
 counted in ``limits`` and logged once per interval). An ``accept`` that
-fails (``EMFILE``) is retried after a pause; the agent keeps serving. The handshake must
-arrive within ``HANDSHAKE_TIMEOUT`` (5 s). A request frame may hold at most
+fails (``EMFILE``) is retried after a pause; the agent keeps serving. The
+handshake must arrive within ``HANDSHAKE_TIMEOUT`` (5 s). A request frame may hold at most
 the node's ``max_message`` plus 64 KiB (``REQUEST_OVERHEAD``): a larger one
 is answered ``bad-request`` and the connection closed; a client accepts
 replies up to ``MAX_REPLY`` (256 MiB). At most ``MAX_CONCURRENT`` (256)
@@ -113,7 +113,7 @@ from ..errors import PeermeshError
 from ..limits import LimitCounter
 from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, PROTOCOL, AgentClient, AgentError,
                      AgentGone, AgentMismatch, NoAgent, default_agent_path, frame,
-                     resolve_path, tmp_path)  # noqa: F401  (tmp_path: tests patch it)
+                     resolve_path)
 
 __all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
            "AgentClient", "AgentError", "AgentRunning", "AgentPathError", "NoAgent",
