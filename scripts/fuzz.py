@@ -14,7 +14,9 @@ crashed.
 
 A new decoder is one line in ``DECODERS``: its name (also its corpus file's),
 where it is (``module:function``) and whether it takes a list of frames or one
-byte string. A decoder whose module does not exist yet is reported absent.
+byte string. A decoder whose module does not exist yet is reported absent; one
+without a corpus file gets random inputs only (add one with valid messages:
+mutations of real messages reach deeper than random bytes).
 
 Corpus files: one input per line; a frame is its octets in hex, ``-`` for an
 empty frame, frames separated by one space; ``#`` starts a comment line.
