@@ -800,6 +800,7 @@ class Worker(Overlay):
                 "running": self._running.uuid if self._running else None,
                 "queued": len(self._queue), "broker": self.broker_endpoint,
                 "broker_state": self._broker_state, "stats": dict(self.stats),
+                "limits": dict(self.limits.counts),
                 "jobs": self.store.count_worker_jobs(self.name)}
 
     def broker_info(self) -> dict[str, Any]:
