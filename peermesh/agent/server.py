@@ -79,12 +79,14 @@ seconds may consider the agent gone.
 Bounds
 ------
 At most ``max_connections`` (``MAX_CONNECTIONS``, 128) clients at once, and
-never more than half the process's descriptor limit (``RLIMIT_NOFILE``), so
-the node keeps descriptors for its own sockets: one more gets the agent's
-handshake with ``"code": "busy"`` and is closed at once (refusals are
-counted in ``limits`` and logged once per interval). An ``accept`` that
-fails (``EMFILE``) is retried after a pause; the agent keeps serving. The
-handshake must arrive within ``HANDSHAKE_TIMEOUT`` (5 s). A request frame may hold at most
+never more than half the descriptors the process may still open when the
+agent starts (``RLIMIT_NOFILE`` less those open) after ``NODE_RESERVE``
+(128) kept for the node, so clients never take the descriptors its peers
+need: one more gets the agent's handshake with ``"code": "busy"`` and is
+closed at once (refusals are counted in ``limits`` and logged once per
+interval). An ``accept`` that fails (``EMFILE``) is retried after a pause;
+the agent keeps serving. The handshake must arrive within
+``HANDSHAKE_TIMEOUT`` (5 s). A request frame may hold at most
 the node's ``max_message`` plus 64 KiB (``REQUEST_OVERHEAD``): a larger one
 is answered ``bad-request`` and the connection closed; a client accepts
 replies up to ``MAX_REPLY`` (256 MiB). At most ``MAX_CONCURRENT`` (256)
@@ -139,6 +141,8 @@ REQUEST_OVERHEAD = 64 * 1024
 HANDSHAKE_TIMEOUT = 5.0
 #: seconds a reply may wait for the client to read before the client is disconnected
 SEND_TIMEOUT = 5.0
+#: descriptors kept for the node's own peers and sockets, beyond those open at start
+NODE_RESERVE = 128
 _WARN_EVERY = 60.0  # seconds between two log lines about the same kind of misbehaviour
 
 
@@ -166,12 +170,17 @@ class AgentPathError(PeermeshError, RuntimeError):
 # Where the socket lives (default_agent_path, resolve_path: peermesh.agent.client)
 
 
-def _descriptor_limit() -> int:
-    """The process's soft limit on open descriptors."""
+def _free_descriptors() -> int:
+    """Descriptors this process may still open (its soft limit less those open now)."""
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    try:
+        return soft - len(os.listdir("/proc/self/fd"))
+    except OSError:   # no /proc: count none open
+        return soft
 
 
 def _prepare_directory(path: str) -> None:
@@ -467,11 +476,14 @@ class AgentServer:
         self.max_request = node.config.max_message + REQUEST_OVERHEAD
         if not max_connections >= 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections!r}")
-        #: clients served at once: ``max_connections``, at most half the descriptor limit
-        self.max_connections = min(max_connections, max(1, _descriptor_limit() // 2))
+        #: clients served at once: ``max_connections``, and at most half the descriptors
+        #: still free when the agent is made, less ``NODE_RESERVE`` kept for the node
+        self.max_connections = min(max_connections,
+                                   max(1, (_free_descriptors() - NODE_RESERVE) // 2))
         if self.max_connections < max_connections:
-            log.warning("agent serves at most %d clients at once (half its descriptor limit), "
-                        "not %d", self.max_connections, max_connections)
+            log.warning("agent serves at most %d clients at once, not %d: the process may open "
+                        "few more descriptors (raise its RLIMIT_NOFILE)", self.max_connections,
+                        max_connections)
         #: refusals by limit: ``max_connections``, ``descriptors`` (accept failed: EMFILE)
         self.limits = LimitCounter(log)
         self.started = time.monotonic()

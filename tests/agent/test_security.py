@@ -26,6 +26,8 @@ from peermesh.zre.node import Node
 from cliprocess import PEERMESH, WAIT, CliProcess, _env
 
 NOBODY = 65534
+LIMIT = 160          # descriptors of the flooded agent: the node needs ~20, and 64 spare
+FLOOD = 300          # half-open connections: more than LIMIT
 
 
 @pytest.fixture
@@ -109,35 +111,31 @@ def _limited(soft: int) -> None:
 
 def test_half_open_connections_past_the_descriptor_limit_do_not_end_the_agent(
         tmp_path: Path, free_udp_port: int) -> None:
-    """A child agent allowed 96 descriptors; 300 connections that never say hello."""
+    """A child agent allowed LIMIT descriptors; FLOOD connections that never say hello. The
+    agent goes on, and its node still takes a new peer while the flood is held."""
     path = str(tmp_path / "agent.sock")
     net = ["--interface", "lo", "--port", str(free_udp_port), "--interval", "0.1"]
     agent = subprocess.Popen([*PEERMESH, "agent", "--agent", path, "--name", "held", *net],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, env=_env(), start_new_session=True,
-                             preexec_fn=lambda: _limited(96))
+                             preexec_fn=lambda: _limited(LIMIT))
     flood: list[socket.socket] = []
     newcomer = None
     try:
         _wait(lambda: os.path.exists(path) and _answers(path), "the agent to answer")
-        for _ in range(300):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:
-                sock.connect(path)
-            except (BlockingIOError, ConnectionRefusedError, OSError):
-                pass      # the listen backlog is full: the flood goes on
-            flood.append(sock)
+        flood.extend(_half_open(path, FLOOD))
         newcomer = CliProcess(["run", "--name", "newcomer", *net])   # the node must connect
         # the agent takes connections in order: one behind the flood answered (served or
         # "busy") means it went through the flood
         _wait(lambda: agent.poll() is not None or _answers(path, busy_too=True),
               "the agent to go through the flood")
         assert agent.poll() is None, agent.stderr.read().decode() if agent.stderr else ""
+        newcomer.expect_line(lambda line: "ENTER" in line and " held " in line,
+                             "newcomer to meet the agent's node during the flood")
         for sock in flood:
             sock.close()
         flood.clear()
-        _wait(lambda: _answers(path, "newcomer"), "the agent to serve again and see newcomer")
+        _wait(lambda: _answers(path, "newcomer"), "the agent to serve again")
         assert agent.poll() is None and os.path.exists(path)
     finally:
         for sock in flood:
@@ -150,6 +148,26 @@ def test_half_open_connections_past_the_descriptor_limit_do_not_end_the_agent(
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait(WAIT)
+
+
+def _half_open(path: str, count: int, within: float = 5.0) -> list[socket.socket]:
+    """Up to ``count`` connections to ``path`` that never send a byte (connecting again
+    while the listen backlog is full, for up to ``within`` seconds)."""
+    import time
+
+    made: list[socket.socket] = []
+    deadline = time.monotonic() + within
+    while len(made) < count and time.monotonic() < deadline:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+        except OSError:     # the backlog is full (EAGAIN): wait for the agent to take some
+            sock.close()
+            time.sleep(0.01)
+            continue
+        made.append(sock)
+    return made
 
 
 def _answers(path: str, peer: str = "", busy_too: bool = False) -> bool:
