@@ -49,6 +49,7 @@ import gevent
 import zmq
 
 from ..errors import ProtocolError
+from ..limits import LimitCounter
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -134,6 +135,8 @@ class Broker(Overlay):
         self.since = 0.0
         self.stats = {"dropped": 0, "requests": 0, "events": 0, "elections_won": 0,
                       "disconnects_sent": 0}
+        #: refusals by limit: ``max_target`` (requests whose target is over MAX_TARGET)
+        self.limits = LimitCounter(log)
 
     # --- life cycle -----------------------------------------------------
 
@@ -247,7 +250,12 @@ class Broker(Overlay):
             msg = nfp.decode(command)
         except ProtocolError as exc:
             self.stats["dropped"] += 1
-            log.debug("broker: dropped a malformed message from %r: %s", identity, exc.reason)
+            if isinstance(exc, nfp.TargetTooLong):
+                self.limits.over("max_target", f"broker dropped a request from {identity!r}: "
+                                 f"{exc.reason}")
+            else:
+                log.debug("broker: dropped a malformed message from %r: %s", identity,
+                          exc.reason)
             return
         role = msg.role
         if role is nfp.WORKER:

@@ -264,7 +264,8 @@ class Worker(Overlay):
         self._clients: OrderedDict[bytes, float] = OrderedDict()   # least recently heard first
         self._stored: Optional[int] = None    # octets of bodies in the store (counted at start)
         self._recounted = -_RECOUNT_EVERY
-        #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` (POSTs)
+        #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` (POSTs),
+        #: ``max_target`` (requests whose target is over MAX_TARGET, dropped)
         self.limits = LimitCounter(log)
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0}
@@ -433,7 +434,11 @@ class Worker(Overlay):
         try:
             msg = nfp.decode(frames[1:])
         except ProtocolError as exc:
-            log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
+            if isinstance(exc, nfp.TargetTooLong):
+                self.limits.over("max_target", f"worker {self.name} dropped a request: "
+                                 f"{exc.reason}")
+            else:
+                log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
             return
         if not isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)) or msg.role is not nfp.CLIENT:
             if isinstance(msg, nfp.Open) and msg.role is nfp.CLIENT:

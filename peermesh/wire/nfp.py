@@ -61,7 +61,7 @@ __all__ = [
     "encode", "decode", "encode_status", "decode_status", "parse_target", "format_target",
     "encode_body", "decode_body", "to_json", "CLIENT", "WORKER", "BROKER", "request_frames",
     "response_frames", "event_frames", "reheaded", "MAX_MESSAGE", "MAX_BODY", "MAX_CONTENT",
-    "check_size", "MAX_TARGET",
+    "check_size", "MAX_TARGET", "TargetTooLong",
 ]
 
 MAX_MESSAGE = 64 * 1024 * 1024   # bytes of one message peermesh accepts (its sender is cut off)
@@ -72,6 +72,10 @@ MAX_CONTENT = MAX_BODY - 65536   # bytes of JSON in a job's arguments, result or
 #: one is a ProtocolError (dropped by whoever decodes it). Process-wide: set it before
 #: starting nodes to change it.
 MAX_TARGET = 65536
+
+
+class TargetTooLong(ProtocolError):
+    """A request's target frame is over ``MAX_TARGET`` octets."""
 
 
 class Role(bytes, Enum):
@@ -572,7 +576,7 @@ def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Me
     if count < 7:
         raise ProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
     if len(frames[4]) > MAX_TARGET:
-        raise ProtocolError(f"target of {len(frames[4])} octets: over {MAX_TARGET} (MAX_TARGET)")
+        raise TargetTooLong(f"target of {len(frames[4])} octets: over {MAX_TARGET} (MAX_TARGET)")
     service, target, uuid = _texts(_REQUEST_KINDS, frames[3], frames[4], frames[5])
     if target not in _TARGETS:
         try:

@@ -139,6 +139,24 @@ def test_stored_post_bodies_are_bounded(worker: Worker,
         sock.close()
 
 
+def test_a_worker_drops_requests_with_oversized_targets_and_counts_them(
+        worker: Worker, caplog: pytest.LogCaptureFixture) -> None:
+    sock = _client(b"long-targets", worker.endpoint)
+    try:
+        with caplog.at_level(logging.WARNING, logger="peermesh.nfp.worker"):
+            for _ in range(3):
+                frames = post()
+                frames[4] = b"w" * (nfp.MAX_TARGET + 1)
+                sock.send_multipart(frames)
+            sock.send_multipart(post(target="w1"))      # still served, and answered first
+            assert _answer(sock)["status"] == 202
+        assert worker.limits.counts["max_target"] == 3
+        assert len([r for r in caplog.records if "max_target" in r.getMessage()]) == 1
+        assert worker.stats["accepted"] == 1
+    finally:
+        sock.close()
+
+
 def test_worker_defaults_and_checks(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "jobs.db")
     try:
