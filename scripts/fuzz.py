@@ -28,7 +28,7 @@ import argparse
 import importlib
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -189,7 +189,6 @@ class Report:
     refused: int = 0
     crash: Optional[tuple[Input, str]] = None    # the smallest crashing input, and why
     seconds: float = 0.0
-    errors: dict[str, int] = field(default_factory=dict)
 
 
 def fuzz(decoder: Decoder, inputs: int, *, seed: Optional[int] = None,
