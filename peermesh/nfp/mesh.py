@@ -60,7 +60,7 @@ from .broker import Broker
 from .client import Client
 from .store import JobStore, store_path
 from .transport import nfp_socket
-from .worker import Tasks, TaskFunction, Worker, advertised
+from .worker import MAX_CLIENTS, MAX_STORED, Tasks, TaskFunction, Worker, advertised
 
 __all__ = ["NfpNode", "NfpCandidate", "WORKER_HEADER", "NFP_BROKER_HEADER",
            "default_data_dir"]
@@ -233,9 +233,10 @@ class NfpNode(Overlay):
             raise
 
     def add_worker(self, service: str, name: Optional[str] = None,
-                   tasks: Optional[Tasks | Mapping[str, TaskFunction]] = None) -> Worker:
+                   tasks: Optional[Tasks | Mapping[str, TaskFunction]] = None, *,
+                   max_clients: int = MAX_CLIENTS, max_stored: int = MAX_STORED) -> Worker:
         """Add a worker of ``service`` (attached, before ``node.start()``); name defaults to
-        the node's."""
+        the node's. ``max_clients``, ``max_stored``: the worker's bounds (see ``Worker``)."""
         node = self.node
         if node is None or node.running or self.lifecycle is Lifecycle.STOPPED:
             raise NodeStateError("add workers after attaching NfpNode and before "
@@ -246,7 +247,8 @@ class NfpNode(Overlay):
         worker = Worker(service, name, tasks or Tasks(), self.store, address=self.address,
                         context=self.context, keepalive=self.keepalive,
                         multiplier=self.multiplier, admin_token=self.admin_token,
-                        node_name=node.name, on_shutdown=self._stop_worker)
+                        node_name=node.name, on_shutdown=self._stop_worker,
+                        max_clients=max_clients, max_stored=max_stored)
         worker.attach(node)
         self.workers.append(worker)
         advertise(node, {WORKER_HEADER: advertised(self.workers)})

@@ -1,9 +1,9 @@
-"""NFP's message channel: one socket, a reader greenlet whose handlers may wait, and sends
+"""A corked socket for NFP: one socket, a reader greenlet whose handlers may wait, and sends
 that never block the hub.
 
 How it works
 ------------
-A ``Channel`` owns one socket, driven by the I/O layer's ``HubSocket``
+A ``CorkedSocket`` owns one socket, driven by the I/O layer's ``HubSocket``
 (batched reads, whole-message sends, the edge re-armed after a send, the
 guard timer), and one reader greenlet. The reader takes every message that
 is ready, hands each to ``handler(frames)`` and only then waits for more.
@@ -36,7 +36,7 @@ import zmq
 from ..io import HubSocket, make_socket
 from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["Channel", "nfp_socket"]
+__all__ = ["CorkedSocket", "nfp_socket"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def nfp_socket(context: Optional[zmq.Context], kind: int) -> zmq.Socket:
     return make_socket(kind, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context)
 
 
-class Channel:
+class CorkedSocket:
     """One socket, a reader greenlet calling ``handler(frames)``, and a non-blocking send."""
 
     def __init__(self, sock: zmq.Socket, handler: Callable[[list[bytes]], None],
@@ -186,4 +186,4 @@ class Channel:
         self._io.close(linger)
 
     def __repr__(self) -> str:
-        return f"<Channel {self.name}{' closed' if self.closed else ''}>"
+        return f"<CorkedSocket {self.name}{' closed' if self.closed else ''}>"

@@ -36,6 +36,7 @@ from enum import IntEnum
 from typing import Mapping, Sequence, Union
 
 from ..errors import ProtocolError
+from .frames import as_bytes, as_frames
 
 __all__ = [
     "BEACON_SIZE", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
@@ -101,6 +102,8 @@ def encode_beacon(beacon: Beacon) -> bytes:
 
 def decode_beacon(data: bytes) -> Beacon:
     """Parse a beacon; any other datagram raises ``ProtocolError``."""
+    if type(data) is not bytes:
+        data = as_bytes(data, "a beacon")
     if len(data) != BEACON_SIZE:
         raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE}")
     prefix, uuid, port = _BEACON.unpack(data)
@@ -316,11 +319,13 @@ class _Reader:
 
 def decode(frames: Sequence[bytes]) -> Message:
     """Parse the frames of one mailbox message (without the ROUTER identity)."""
+    if type(frames) is not list:
+        frames = as_frames(frames, "a ZRE message")
     if not frames:
         raise ProtocolError("empty message")
     data = frames[0]
-    if not isinstance(data, bytes):
-        data = bytes(data)
+    if type(data) is not bytes:
+        data = as_bytes(data, "a ZRE command frame")
     if len(data) < _HEADER_SIZE:
         raise ProtocolError(f"command frame of {len(data)} octets is shorter than a header")
     signature, command, version, sequence = _HEADER.unpack_from(data)
@@ -329,6 +334,10 @@ def decode(frames: Sequence[bytes]) -> Message:
     if version != VERSION:
         raise ProtocolError(f"unsupported version {version}")
     content = tuple(frames[1:])
+    for frame in content:
+        if type(frame) is not bytes:
+            content = tuple(as_frames(content, "a ZRE message"))
+            break
     if command == 2:
         if len(data) != _HEADER_SIZE:
             raise ProtocolError("unexpected octets in WHISPER")
