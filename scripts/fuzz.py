@@ -68,7 +68,10 @@ DECODERS = [
     Decoder("spark-request", "peermesh.spark.protocol:decode_request"),
     Decoder("spark-reply", "peermesh.spark.protocol:decode_reply"),
     Decoder("flux", "peermesh.wire.flux:decode"),
-    Decoder("mtl", "peermesh.wire.mtl:decode"),
+    Decoder("mtl-request", "peermesh.wire.mtl:decode_request"),
+    Decoder("mtl-reply", "peermesh.wire.mtl:decode_reply"),
+    Decoder("mtl-data", "peermesh.wire.mtl:decode_data"),
+    Decoder("mtl-table", "peermesh.wire.mtl:decode_table", frames=False),
 ]
 
 
