@@ -70,6 +70,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 import msgpack
 
 from ..errors import ProtocolError
+from .frames import as_bytes
 
 __all__ = [
     "PROTOCOL_NAME", "PROTOCOL_VERSION", "MAX_REQUEST", "MAX_RESOURCES", "MAX_STRING",
@@ -505,6 +506,8 @@ def encode_table(table: Mapping[str, Any]) -> bytes:
 
 def decode_table(data: bytes) -> dict[str, Any]:
     """The map in a table's octets (without its length); ``ProtocolError`` if malformed."""
+    if type(data) is not bytes:
+        data = as_bytes(data, "a field table")
     if not data:
         return {}
     try:
