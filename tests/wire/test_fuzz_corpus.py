@@ -43,7 +43,8 @@ def test_every_corpus_file_belongs_to_a_decoder() -> None:
     names = {d.name for d in fuzz.DECODERS}
     files = {p.stem for p in fuzz.CORPUS.glob("*.txt")}
     assert files <= names, files - names
-    assert {"beacon", "zre", "sada", "nfp", "spark-request"} <= {d.name for d in KEPT}
+    assert {"beacon", "zre", "sada", "nfp", "spark-request", "flux", "mtl-request", "mtl-reply",
+            "mtl-data", "mtl-table"} <= {d.name for d in KEPT}
 
 
 @pytest.mark.parametrize("decoder", KEPT, ids=_name)
