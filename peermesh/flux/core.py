@@ -575,10 +575,11 @@ class FluxCore:
 
     def _pass_through(self, link: bytes, frames: list[bytes],
                       now: float) -> Optional[list[Output]]:
-        """Forward a message that only passes through this node from its PROTO and
-        route frames alone, without decoding or encoding it: a response whose next
-        hop is a child, a request for another rank. None for everything else (and
-        for anything malformed): ``receive`` decodes it then."""
+        """Route the common messages from their PROTO and route frames alone: a
+        request for another rank and a response for a child are forwarded as they
+        came (the route pushed or popped), a response for a local handle is built
+        once. None for everything else (and for anything malformed): ``receive``
+        decodes it then."""
         if not frames:
             return None
         proto = frames[-1]
@@ -605,10 +606,13 @@ class FluxCore:
         aux1, aux2 = _AUX.unpack_from(proto, 12)
         if kind == 2:
             top = frames[0] if d else b""
-            if len(top) != IDENTITY_SIZE:
-                return None  # to a local handle, or up: the full path
-            self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
-            out: Optional[list[Output]] = self._send_down(top, frames, now)
+            if len(top) == IDENTITY_SIZE:
+                self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
+                out: Optional[list[Output]] = self._send_down(top, frames, now)
+            elif top[:1] == b"@" and top[1:].isdigit() and flags & 1:
+                out = self._response_here(link, frames, d, flags, now)
+            else:
+                return None  # up, or to no handle: the full path
         else:
             out = self._pass_request(link, frames, d, flags, aux1, aux2, now)
         if out is not None:
@@ -618,6 +622,20 @@ class FluxCore:
                 child.heard = now
                 child.torpid = False
         return out
+
+    def _response_here(self, link: bytes, frames: list[bytes], d: int, flags: int,
+                       now: float) -> Optional[list[Output]]:
+        """``_pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""
+        try:
+            topic = frames[d + 1].decode()
+        except UnicodeDecodeError:
+            return None
+        _, _, _, _, userid, rolemask, errnum, matchtag = _PROTO.unpack(frames[-1])
+        routes = tuple(frames[:d])
+        self._settle_key(link, routes, matchtag, flags, errnum)
+        response = make_response(topic, frames[d + 2] if flags & 2 else None, errnum, matchtag,
+                                 flags & ~_FRAMES, routes[1:], userid, rolemask)
+        return self._to_handle(int(routes[0][1:]), response, now)
 
     def _pass_request(self, link: bytes, frames: list[bytes], d: int, flags: int, nodeid: int,
                       matchtag: int, now: float) -> Optional[list[Output]]:
