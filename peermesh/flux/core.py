@@ -477,6 +477,23 @@ class FluxCore:
             tag = state.allocate()
             state.pending[tag] = Pending(topic, nodeid, bool(flags & _STREAMING))
         route = b"@%d" % handle
+        target = self._next_hop(nodeid, flags, route)
+        if target is not None and topic and (payload is None or type(payload) is bytes) \
+                and flags & _NORESPONSE_STREAMING != _NORESPONSE_STREAMING \
+                and (flags & _NORESPONSE or self._track(target, (route,), tag, topic, nodeid,
+                                                         flags)):
+            # for another rank: the frames straight away (what encode would make)
+            frames = [route, b"", topic.encode()]
+            wire_flags = (int(flags) & ~_FRAMES) | _ROUTE | 1
+            if payload is not None:
+                frames.append(payload)
+                wire_flags |= 2
+            frames.append(_PROTO.pack(MAGIC, VERSION, 1, wire_flags, USERID_UNKNOWN, 0, nodeid,
+                                      tag))
+            self.stats["forwarded"] += 1
+            if target == PARENT:
+                return tag, [self._to_parent(frames, now)]
+            return tag, self._send_down(target, [target, *frames], now)
         request = make_request(topic, payload, nodeid, tag, flags, (route,), USERID_UNKNOWN, 0)
         return tag, self._route_request(request, route, now)
 
@@ -639,16 +656,24 @@ class FluxCore:
 
     def _pass_request(self, link: bytes, frames: list[bytes], d: int, flags: int, nodeid: int,
                       matchtag: int, now: float) -> Optional[list[Output]]:
-        """``_pass_through`` of a request to a rank that is not this one."""
-        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == self.rank \
-                or flags & _UPSTREAM or not flags & 1 or nodeid > MAX_RANK \
-                or self.root and nodeid >= self.size:
-            return None
-        target = self._child_toward(nodeid)
-        if target is None:
-            if self.parent_rank is None or self.state is not State.ONLINE or link == PARENT:
+        """``_pass_through`` of a request for another rank, or of a ping for this one."""
+        if not flags & 1:
+            return None  # a request without a topic: decode says so
+        if nodeid == self.rank:
+            if self.state is not State.ONLINE or flags & _UPSTREAM \
+                    or frames[d + 1] != b"broker.ping":
                 return None
-            target = PARENT
+            if flags & _NORESPONSE:
+                return []
+            frames = frames[:-1]  # the same routes, topic and payload: only PROTO changes
+            frames.append(_PROTO.pack(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
+                                      matchtag))
+            if link == PARENT:
+                return [self._to_parent(frames, now)]
+            return self._send_down(link, [link, *frames], now)
+        target = self._next_hop(nodeid, flags, link)
+        if target is None:
+            return None
         if not flags & _NORESPONSE:
             try:
                 topic = frames[d + 1].decode()
@@ -661,6 +686,20 @@ class FluxCore:
         if target == PARENT:
             return [self._to_parent(wire, now)]
         return self._send_down(target, [target, *wire], now)
+
+    def _next_hop(self, nodeid: int, flags: int, came_from: bytes) -> Optional[bytes]:
+        """The link a request for rank ``nodeid`` (not this one) goes on: a child on
+        its path, else the parent; None when it is to be answered here instead."""
+        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == self.rank \
+                or flags & _UPSTREAM or nodeid > MAX_RANK or self.root and nodeid >= self.size:
+            return None
+        target = self._child_toward(nodeid)
+        if target is None:
+            if self.parent_rank is None or self.state is not State.ONLINE \
+                    or came_from == PARENT:  # never back up: no request bounces
+                return None
+            target = PARENT
+        return target
 
     def _send_down(self, identity: bytes, frames: list[bytes], now: float) -> list[Output]:
         """Send ``frames`` (the first: ``identity``) to a child or guest on the ROUTER."""
