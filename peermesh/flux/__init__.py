@@ -12,8 +12,8 @@ Start an instance on loopback (in a gevent program)::
 
 Or attach ``FluxOverlay()`` to ZRE nodes (``Node`` or ``ThreadedNode(overlays=[...])``):
 the members of one mesh then elect the root and join it by themselves.
-See ``peermesh.flux.core`` (routing, events, membership, bounds) and
-``peermesh.flux.overlay`` (sockets, bootstrap).
+See ``peermesh.flux.core`` (the node and its bounds; it names the modules of routing,
+events and membership) and ``peermesh.flux.overlay`` (sockets, bootstrap).
 """
 
 from ..wire.flux import NODEID_ANY, NODEID_UPSTREAM, Errno, MsgFlag
