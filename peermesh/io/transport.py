@@ -4,7 +4,7 @@ A node talks to its transport through a small interface, so the same node
 and protocol code also runs on the simulated network (``peermesh.sim``):
 
 * ``interface(choice)`` - the ``Interface`` to use;
-* ``bind_mailbox(address, max_message)`` - a mailbox with ``port``,
+* ``bind_mailbox(address, max_message, **limits)`` - a mailbox with ``port``,
   ``serve(on_message, on_oversized, backpressure)`` and ``close()``;
 * ``connect(identity, endpoint, sndhwm)`` - an outgoing link with
   ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``
@@ -15,6 +15,12 @@ and protocol code also runs on the simulated network (``peermesh.sim``):
 
 Here mailboxes are ROUTER sockets and links DEALER sockets, both
 ``HubSocket``s (see ``peermesh.io.socket``).
+
+A mailbox never hands a live peer's routing identity to another connection
+(no ``ROUTER_HANDOVER``: a second connection under an identity in use is
+ignored), and ZMTP heartbeats close connections whose far end is gone, so a
+peer that really reconnects is not locked out by a dead one. With limits, a
+``GuardedMailbox`` also bounds its connections (see there).
 """
 
 from __future__ import annotations
@@ -23,20 +29,22 @@ import logging
 import os
 import resource
 import socket
+import struct
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import gevent
 import gevent.socket
 import zmq
 
+from ..counters import Counters
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
 from .endpoints import bind_ephemeral
 from .context import shared_context
 from .socket import HubSocket, make_socket
 
-__all__ = ["ZmqTransport", "CapacityError"]
+__all__ = ["ZmqTransport", "CapacityError", "GuardedMailbox"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,9 @@ log = logging.getLogger(__name__)
 #: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
 FDS_PER_PEER = 3
 _FD_RESERVE = 64
+#: milliseconds between ZMTP heartbeats on a mailbox's connections, and without an
+#: answer after which one is closed
+HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 2_000, 10_000
 
 
 class CapacityError(PeermeshError):
@@ -63,17 +74,31 @@ class ZmqTransport:
         """See ``interfaces.select_interface``."""
         return select_interface(choice)
 
-    def bind_mailbox(self, address: str, max_message: int) -> HubSocket:
+    def bind_mailbox(self, address: str, max_message: int, *,
+                     max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
+                     counters: Optional[Counters] = None) -> Any:
         """A ROUTER mailbox on a random port of ``address``; messages over
-        ``max_message`` bytes in all are oversized (one frame over it: cut off)."""
-        router = make_socket(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1, zmq.MAXMSGSIZE: max_message},
-                             self.context)
+        ``max_message`` bytes in all are oversized (one frame over it: cut off).
+
+        A connection must finish the ZeroMQ handshake within
+        ``handshake_timeout`` seconds. With ``max_connections`` the mailbox is
+        a ``GuardedMailbox`` that counts what it sheds in ``counters``.
+        """
+        router = make_socket(zmq.ROUTER, {
+            zmq.ROUTER_HANDOVER: 0, zmq.MAXMSGSIZE: max_message,
+            zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
+            zmq.HEARTBEAT_IVL: HEARTBEAT_IVL, zmq.HEARTBEAT_TIMEOUT: HEARTBEAT_TIMEOUT},
+            self.context)
         try:
             endpoint = bind_ephemeral(router, address)
         except BaseException:
             router.close(linger=0)
             raise
-        return HubSocket(router, endpoint=endpoint, limit=max_message)
+        mailbox = HubSocket(router, endpoint=endpoint, limit=max_message)
+        if max_connections is None:
+            return mailbox
+        return GuardedMailbox(mailbox, max_connections,
+                              counters or Counters(log, f"mailbox {endpoint}"))
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> HubSocket:
         """A DEALER link to ``endpoint``; sends never block."""
@@ -144,3 +169,128 @@ def _open_descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 0
+
+
+class GuardedMailbox:
+    """A mailbox that keeps its connections under a cap, so descriptors never run out.
+
+    libzmq accepts every connection it can; once the process is out of
+    descriptors, ``accept`` fails and libzmq retries it at once, for ever: the
+    I/O thread spins and no peer gets in. So the mailbox's socket monitor
+    counts the accepted connections (``connections``), and once they exceed
+    ``cap`` (``max_connections``, and at most half the descriptor limit) the
+    ones that sent the fewest octets are shut down, oldest first: those that
+    never finished the ZeroMQ handshake, then those idle since it, before any
+    that said HELLO. Each is counted as ``connections_shed``.
+    """
+
+    def __init__(self, mailbox: HubSocket, max_connections: int, counters: Counters) -> None:
+        self.mailbox = mailbox
+        self.port = mailbox.port
+        self.counters = counters
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.cap = max_connections if limit == resource.RLIM_INFINITY else \
+            max(1, min(max_connections, limit // 2))
+        #: accepted connections still open: descriptor -> when accepted (oldest first)
+        self.accepted: dict[int, float] = {}
+        router = mailbox.socket
+        self._monitor = HubSocket(router.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED))
+        self._reader = gevent.spawn(self._monitor.read, self._on_events)
+
+    @property
+    def connections(self) -> int:
+        """Connections to the mailbox now open."""
+        return len(self.accepted)
+
+    def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
+              backpressure: Any = None) -> None:
+        """``HubSocket.serve`` of the mailbox."""
+        self.mailbox.serve(on_message, on_oversized, backpressure)
+
+    def _on_events(self, batch: list) -> None:
+        accepted = self.accepted
+        for first, rest in batch:
+            if len(first) < 6:
+                continue
+            event, fd = _MONITOR_EVENT.unpack_from(first)
+            if event == zmq.EVENT_ACCEPTED:
+                accepted[fd] = time.monotonic()
+            else:
+                accepted.pop(fd, None)
+        if len(accepted) > self.cap:
+            self._shed(len(accepted) - self.cap)
+
+    def _shed(self, count: int) -> None:
+        """Shut down ``count`` connections, those that sent the fewest octets first."""
+        received = {fd: _octets_received(fd, self.port) for fd in self.accepted}
+        order = sorted((octets, when, fd) for fd, when in self.accepted.items()
+                       if (octets := received[fd]) is not None)
+        for _, _, fd in order[:count]:
+            del self.accepted[fd]  # (its DISCONNECTED follows)
+            _shut_down(fd)
+            self.counters.add("connections_shed")
+        for fd, octets in received.items():
+            if octets is None:  # not a connection of ours any more: its event is late
+                self.accepted.pop(fd, None)
+
+    def close(self, linger: float = 0.0) -> None:
+        """Stop the monitor (before its reader: libzmq sends its events blocking), close."""
+        router = self.mailbox.socket
+        try:
+            router.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._reader.kill(block=False)
+        self._monitor.close()
+        self.mailbox.close(linger)
+
+
+_MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
+_TCP_INFO_SIZE = 232
+_BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received ...
+_BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
+
+
+def _borrow(fd: int, port: int) -> Optional[socket.socket]:
+    """A socket object on descriptor ``fd`` (not a copy: ``detach`` it after) if ``fd`` is
+    still a TCP connection accepted on local ``port``; otherwise None."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if sock.type == socket.SOCK_STREAM and sock.getsockname()[1] == port:
+            return sock
+    except (OSError, IndexError):
+        pass
+    sock.detach()
+    return None
+
+
+def _octets_received(fd: int, port: int) -> Optional[int]:
+    """Octets connection ``fd`` has received so far (0 if the kernel cannot tell), or None
+    when ``fd`` is no longer one of ``port``'s connections."""
+    sock = _borrow(fd, port)
+    if sock is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+    except OSError:
+        return 0
+    finally:
+        sock.detach()
+    if len(info) < _BYTES_RECEIVED_AT + 8:
+        return 0
+    return int(_BYTES_RECEIVED.unpack_from(info, _BYTES_RECEIVED_AT)[0])
+
+
+def _shut_down(fd: int) -> None:
+    """Shut connection ``fd`` down both ways; libzmq sees it end and closes it."""
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()

@@ -28,6 +28,11 @@ ENTER, EXIT = EventType.ENTER, EventType.EXIT
 class _Sink:
     """An event queue that never fills: the simulation listens instead."""
 
+    size = dropped = 0  # octets held, events dropped
+
+    def bound_bytes(self, limit: int) -> None:
+        pass
+
     def put(self, event: Event) -> None:
         pass
 

@@ -3,7 +3,17 @@
 The node (on its hub) ``put``s; the application ``get``s. When a queue holds
 ``limit`` events the node stops reading its mailbox until the application has
 taken half of them, so a slow application pushes back on its peers instead of
-growing memory without bound. ``GreenEventQueue`` serves a consumer on the
+growing memory without bound.
+
+Counting events does not bound memory when the events are large (and ZeroMQ
+buffers behind a mailbox that is not read, up to its high-water mark in
+messages, not octets), so a node also bounds the octets of content waiting
+(``bound_bytes``): while they are over the bound, new events with content
+(WHISPER, SHOUT) are dropped and counted in ``dropped``; events without
+content (ENTER, EXIT, JOIN...) are always kept. Octets are counted on the
+producer's side only: consumers take items in order, so the producer learns
+what they took from the queue's length, and no lock is needed.
+``GreenEventQueue`` serves a consumer on the
 same hub; ``ThreadEventQueue`` serves consumers in other threads;
 ``LoopEventQueue`` serves the tasks of an asyncio loop in another thread.
 """
@@ -25,7 +35,39 @@ __all__ = ["GreenEventQueue", "ThreadEventQueue", "LoopEventQueue"]
 T = TypeVar("T")
 
 
-class GreenEventQueue(Generic[T]):
+class _ByteBound:
+    """The octets of content a queue holds, counted by the producer (see the module)."""
+
+    _items: deque
+    #: octets of content beyond which new items with content are dropped (None: no bound)
+    max_bytes: Optional[int] = None
+    #: octets of content held, as of the producer's last ``put``
+    size = 0
+    #: items dropped for ``max_bytes``
+    dropped = 0
+    _sizes: deque[int]
+
+    def bound_bytes(self, limit: int) -> None:
+        """Drop new items with content (``item.frames``) while ``limit`` octets wait."""
+        self.max_bytes = limit
+        self._sizes = deque()
+
+    def _admit(self, item: object) -> bool:
+        """For the producer, before it appends ``item``: False if it is to be dropped."""
+        sizes = self._sizes
+        for _ in range(len(sizes) - len(self._items)):  # taken since (oldest first)
+            self.size -= sizes.popleft()
+        frames = item.frames  # type: ignore[attr-defined]
+        size = sum(map(len, frames)) if frames else 0
+        if size and self.size >= self.max_bytes:  # type: ignore[operator]
+            self.dropped += 1
+            return False
+        self.size += size
+        sizes.append(size)
+        return True
+
+
+class GreenEventQueue(_ByteBound, Generic[T]):
     """Producer and consumer are greenlets on one hub.
 
     A consumer waiting in ``get`` is switched to straight from the hub
@@ -49,6 +91,8 @@ class GreenEventQueue(Generic[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; check ``full`` to pace the producer)."""
+        if self.max_bytes is not None and not self._admit(item):
+            return
         self._items.append(item)
         if self._waiters and not self._held:
             self._wake()
@@ -116,7 +160,7 @@ class GreenEventQueue(Generic[T]):
 _TIMED_OUT = object()
 
 
-class _HandOff(Generic[T]):
+class _HandOff(_ByteBound, Generic[T]):
     """The part every cross-thread queue shares: the producer is a greenlet on a hub,
     consumers are elsewhere.
 
@@ -166,6 +210,8 @@ class ThreadEventQueue(_HandOff[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full``)."""
+        if self.max_bytes is not None and not self._admit(item):
+            return
         if self._held:
             self._items.append(item)  # deque appends are atomic; release() notifies
             return
@@ -209,6 +255,8 @@ class LoopEventQueue(_HandOff[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full``)."""
+        if self.max_bytes is not None and not self._admit(item):
+            return
         self._items.append(item)
         if not self._held and self._waiters:
             self._notify()
