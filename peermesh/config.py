@@ -107,7 +107,8 @@ class NodeConfig:
     #: refused (``peers_refused``), after peers still waiting for HELLO are shed
     max_peers: int = 4096
     #: peers found by discovery (beacon, mDNS, PEX) that have not said HELLO yet; over
-    #: it, new ones are ignored (``pending_refused``) until some say HELLO or time out
+    #: it, a new one replaces the oldest if that has waited ``interval`` (``pending_shed``),
+    #: else it is ignored (``pending_refused``)
     max_pending: int = 64
     #: seconds a peer found by discovery, or a connection to the mailbox, has to say
     #: HELLO (or finish the ZeroMQ handshake) before it is dropped

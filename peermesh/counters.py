@@ -10,7 +10,7 @@ logs one line with what moved since the last line, at most once every
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Iterable, Optional
 
 __all__ = ["Counters", "REPORT_PERIOD"]
 
@@ -23,12 +23,13 @@ class Counters:
 
     __slots__ = ("log", "what", "period", "_totals", "_reported", "_next")
 
-    def __init__(self, log: logging.Logger, what: str, period: float = REPORT_PERIOD) -> None:
+    def __init__(self, log: logging.Logger, what: str, names: Iterable[str] = (),
+                 period: float = REPORT_PERIOD) -> None:
         self.log = log
         self.what = what
         self.period = period
-        self._totals: dict[str, int] = {}
-        self._reported: dict[str, int] = {}
+        self._totals: dict[str, int] = dict.fromkeys(names, 0)  # listed even while 0
+        self._reported: dict[str, int] = dict(self._totals)
         self._next: Optional[float] = None
 
     def add(self, name: str, count: int = 1) -> None:

@@ -60,8 +60,10 @@ expiring: its process still takes what is sent, it is only busy.
 Bounds on what remote senders control (``NodeConfig``; each refusal is
 counted in ``counters`` and logged at most once per ``REPORT_PERIOD``):
 ``max_peers`` peers in the table, of which at most ``max_pending`` found by
-discovery and still waiting for HELLO (a HELLO, which proves a live
-connection, sheds the oldest of those when the table is full);
+discovery and still waiting for HELLO (a new one found when they are
+full sheds the oldest if that has waited ``interval``, as a live node
+answers at once; a HELLO, which proves a live connection, sheds the oldest
+when the table is full);
 ``hello_timeout`` for a found peer to say HELLO; ``max_hello`` octets of
 HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
 departed peers remembered, at most ``max_peers``. A port-0 beacon removes a
@@ -103,6 +105,10 @@ PEX_HEADER = "X-PM-PEX"
 _PEX_CHUNK = 1024  # peers per PEX message
 _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
+#: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
+COUNTERS = ("peers_refused", "pending_refused", "pending_shed", "pending_timed_out",
+            "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
+            "events_dropped", "connections_shed")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
@@ -241,7 +247,7 @@ class Session:
         #: peers found by discovery, waiting for their HELLO, oldest first
         self.pending: dict[UUID, Peer] = {}
         #: what remote senders made the session refuse, drop or shed
-        self.counters = Counters(log, f"node {name} hit its limits")
+        self.counters = Counters(log, f"node {name} hit its limits", COUNTERS)
         self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
         self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
@@ -365,8 +371,12 @@ class Session:
             return None
         cfg = self.config
         if not hello and len(self.pending) >= cfg.max_pending:
-            self.counters.add("pending_refused")
-            return None
+            oldest = next(iter(self.pending.values()))
+            if now - oldest.since < cfg.interval:
+                self.counters.add("pending_refused")
+                return None
+            self.counters.add("pending_shed")  # it had its chance: a live node answers at once
+            self.remove(oldest, "shed for a newer peer")
         if len(self.peers) >= cfg.max_peers:
             if not (hello and self.pending):
                 self.counters.add("peers_refused")
@@ -408,6 +418,8 @@ class Session:
             members = self.members.get(group)
             if members is not None:
                 members.pop(peer.uuid, None)
+                if not members:  # groups of departed peers must not pile up
+                    del self.members[group]
         peer.link.close()
         if peer.pong is not None:
             peer.pong.set()  # wake flush(): the peer is gone

@@ -197,8 +197,9 @@ class Chatter:
 class Mesh:
     """The target node, the good peer, their event watchers and the chatter."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, **target_settings: object) -> None:
         self.port = port
+        self.target_settings = target_settings
         self.target: Optional[ThreadedNode] = None
         self.good: Optional[ThreadedNode] = None
         self.watchers: list[Watcher] = []
@@ -208,7 +209,7 @@ class Mesh:
     def start(self) -> "Mesh":
         self.target = ThreadedNode("target", interface="lo", port=self.port,
                                    groups=("hostile",), headers={"role": "target"},
-                                   max_message=MAX_MESSAGE)
+                                   **{"max_message": MAX_MESSAGE, **self.target_settings})
         self.target.start()
         self.events = Watcher(self.target)
         self.watchers.append(self.events)
