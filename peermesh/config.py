@@ -119,9 +119,9 @@ class NodeConfig:
     #: groups one peer may be in; a HELLO listing more is refused, a JOIN past it
     #: removes the peer (``groups_refused``)
     max_groups: int = 1024
-    #: connections to the mailbox; over it (or near the descriptor limit) the oldest
-    #: connections that never finished the handshake, then those idle since it, are
-    #: closed (``connections_shed``)
+    #: connections to the mailbox (at most half the descriptors beyond 64 go to them);
+    #: over it, those that sent the fewest octets (no handshake, then idle since it) are
+    #: closed, oldest first (``connections_shed``)
     max_connections: int = 8192
     #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
     #: and the sender disconnected

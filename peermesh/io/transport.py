@@ -178,7 +178,8 @@ class GuardedMailbox:
     descriptors, ``accept`` fails and libzmq retries it at once, for ever: the
     I/O thread spins and no peer gets in. So the mailbox's socket monitor
     counts the accepted connections (``connections``), and once they exceed
-    ``cap`` (``max_connections``, and at most half the descriptor limit) the
+    ``cap`` (``max_connections``, and at most half the descriptors beyond a
+    reserve, so that the node can still connect back to its peers) the
     ones that sent the fewest octets are shut down, oldest first: those that
     never finished the ZeroMQ handshake, then those idle since it, before any
     that said HELLO. Each is counted as ``connections_shed``.
@@ -190,7 +191,7 @@ class GuardedMailbox:
         self.counters = counters
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.cap = max_connections if limit == resource.RLIM_INFINITY else \
-            max(1, min(max_connections, limit // 2))
+            max(1, min(max_connections, (limit - _FD_RESERVE) // 2))
         #: accepted connections still open: descriptor -> when accepted (oldest first)
         self.accepted: dict[int, float] = {}
         router = mailbox.socket
