@@ -19,8 +19,11 @@ Here mailboxes are ROUTER sockets and links DEALER sockets, both
 A mailbox never hands a live peer's routing identity to another connection
 (no ``ROUTER_HANDOVER``: a second connection under an identity in use is
 ignored), and ZMTP heartbeats close connections whose far end is gone, so a
-peer that really reconnects is not locked out by a dead one. With limits, a
-``GuardedMailbox`` also bounds its connections (see there).
+peer that really reconnects is not locked out by a dead one. The same holds
+for this node's links at its peers' mailboxes: a new link under the same
+identity to an endpoint whose previous link closed moments ago connects only
+``RECONNECT_GAP`` after that close, so the peer has seen the old connection
+end first. With limits, a ``GuardedMailbox`` also bounds its connections.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ _FD_RESERVE = 64
 #: milliseconds between ZMTP heartbeats on a mailbox's connections, and without an
 #: answer after which one is closed
 HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 2_000, 10_000
+#: seconds between closing a link and connecting a new one under the same identity to the
+#: same endpoint (a mailbox ignores a second connection while it still sees the first)
+RECONNECT_GAP = 0.2
+_RECENT = 1024  # links remembered for RECONNECT_GAP (pruned when more)
 
 
 class CapacityError(PeermeshError):
@@ -66,6 +73,7 @@ class ZmqTransport:
 
     def __init__(self, context: Optional[zmq.Context] = None) -> None:
         self.context = context or shared_context()
+        self._links: dict[tuple[bytes, str], _Link] = {}  # the last link by (identity, endpoint)
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(gevent.sleep)
@@ -105,12 +113,33 @@ class ZmqTransport:
         sock = make_socket(zmq.DEALER, {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm,
                                         zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
                                         zmq.RECONNECT_IVL_MAX: 1000}, self.context)
+        key = (identity, endpoint)
+        previous = self._links.get(key)
+        wait = 0.0 if previous is None or previous.closed_at is None else \
+            previous.closed_at + RECONNECT_GAP - time.monotonic()
         try:
-            sock.connect(endpoint)
+            if wait <= 0:
+                sock.connect(endpoint)
         except BaseException:
             sock.close(linger=0)
             raise
-        return HubSocket(sock)
+        link = _Link(sock)
+        if wait > 0:  # (until then, sends wait in the link's backlog)
+            link.connect_after(wait, endpoint)
+        if len(self._links) >= _RECENT:
+            self._forget_links()
+        self._links[key] = link
+        return link
+
+    def _forget_links(self) -> None:
+        """Drop the links closed over ``RECONNECT_GAP`` ago (and, if that is not enough,
+        the oldest); a link of a peer still in the table is found again by its key."""
+        now = time.monotonic()
+        for key, link in list(self._links.items()):
+            if link.closed_at is not None and now - link.closed_at > RECONNECT_GAP:
+                del self._links[key]
+        while len(self._links) >= _RECENT:
+            del self._links[next(iter(self._links))]
 
     def beacon_socket(self, port: int) -> socket.socket:
         """A UDP socket on ``port`` shared with every node of this host."""
@@ -295,3 +324,31 @@ def _shut_down(fd: int) -> None:
         pass
     finally:
         sock.detach()
+
+
+class _Link(HubSocket):
+    """A DEALER link that remembers when it was closed (see ``RECONNECT_GAP``)."""
+
+    __slots__ = ("closed_at",)
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        super().__init__(sock)
+        self.closed_at: Optional[float] = None
+
+    def connect_after(self, seconds: float, endpoint: str) -> None:
+        """Connect to ``endpoint`` in ``seconds``, unless closed meanwhile."""
+        timer = gevent.get_hub().loop.timer(seconds)
+        timer.start(self._connect, timer, endpoint)
+
+    def _connect(self, timer: Any, endpoint: str) -> None:
+        timer.close()
+        if not self.closed:
+            try:
+                self.socket.connect(endpoint)
+            except zmq.ZMQError as exc:
+                log.debug("cannot connect to %s: %s", endpoint, exc)
+
+    def close(self, linger: float = 0.0) -> None:
+        if not self.closed:
+            self.closed_at = time.monotonic()
+        super().close(linger)
