@@ -105,7 +105,7 @@ class NodeConfig:
     event_queue_bytes: int = 64 * 1024 * 1024
     #: peers in the table (said HELLO or found by discovery); over it, a new peer is
     #: refused (``peers_refused``), after peers still waiting for HELLO are shed
-    max_peers: int = 4096
+    max_peers: int = 512
     #: peers found by discovery (beacon, mDNS, PEX) that have not said HELLO yet; over
     #: it, a new one replaces the oldest if that has waited ``interval`` (``pending_shed``),
     #: else it is ignored (``pending_refused``)
@@ -122,7 +122,7 @@ class NodeConfig:
     #: connections to the mailbox (at most half the descriptors beyond 64 go to them);
     #: over it, those that sent the fewest octets (no handshake, then idle since it) are
     #: closed, oldest first (``connections_shed``)
-    max_connections: int = 8192
+    max_connections: int = 1024
     #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
     #: and the sender disconnected
     max_message: int = 64 * 1024 * 1024

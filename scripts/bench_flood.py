@@ -196,21 +196,24 @@ def rss_of(pid: int) -> float:
 
 def phase(good: harness.Child, target: harness.Child, seconds: float,
           flood: Optional[harness.Child] = None) -> dict[str, Any]:
-    """One phase: the good peer's round trips, the target's RSS (peak of samples) and CPU."""
+    """One phase: the good peer's round trips, the target's RSS and mailbox connections (peaks of samples every 0.2 s) and CPU."""
     cpu0 = harness.proc_cpu(target.pid)
     good.send({"seconds": seconds})
     if flood is not None:
         flood.send("go")
-    peak = rss_of(target.pid)
+    peak, connections = rss_of(target.pid), 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         time.sleep(0.2)
         peak = max(peak, rss_of(target.pid))
+        target.send("stats")
+        connections = max(connections, target.expect("stats", WAIT).get("connections", 0))
     trips, lost = good.expect("trips", WAIT + seconds)
     sent = flood.expect("sent", WAIT + seconds) if flood is not None else None
     return {"p50": harness.percentile(trips, 50), "p99": harness.percentile(trips, 99),
             "trips": len(trips), "lost": lost, "rss_mb": peak,
-            "cpu_pct": (harness.proc_cpu(target.pid) - cpu0) / seconds * 100, "sent": sent}
+            "cpu_pct": (harness.proc_cpu(target.pid) - cpu0) / seconds * 100, "sent": sent,
+            "connections": connections}
 
 
 def measure(code: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -255,9 +258,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for name in ("quiet", "flood", "after"):
             r = result[name]
             rows.append([f"{label} {name}", r["p50"], r["p99"], r["trips"], r["lost"],
-                         r["rss_mb"], r["cpu_pct"]])
+                         r["rss_mb"], r["cpu_pct"], r["connections"]])
     print("\n".join(harness.table(["phase", "p50 ms", "p99 ms", "trips", "lost",
-                                   "target RSS MB", "target CPU %"], rows)))
+                                   "target RSS MB", "target CPU %", "connections"], rows)))
     for label, result in results.items():
         flood, quiet = result["flood"], result["quiet"]
         print(f"{label}: p99 under flood {harness.verdict(flood['p99'], P99_TARGET_MS, False)}"

@@ -68,6 +68,8 @@ class Simulation:
         self.network = SimNetwork(latency, jitter, loss, seed)
         self.clock = self.network.clock
         base = (config or NodeConfig()).replace(**settings)
+        if config is None and "max_peers" not in settings:  # a full mesh: nodes - 1 peers each
+            base = base.replace(max_peers=max(base.max_peers, nodes))
         self.config = base.replace(interface="sim0")
         self.size = nodes
         self.nodes: list[Node] = []
