@@ -61,7 +61,6 @@ HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 2_000, 10_000
 #: seconds between closing a link and connecting a new one under the same identity to the
 #: same endpoint (a mailbox ignores a second connection while it still sees the first)
 RECONNECT_GAP = 0.2
-_RECENT = 1024  # links remembered for RECONNECT_GAP (pruned when more)
 
 
 class CapacityError(PeermeshError):
@@ -73,7 +72,8 @@ class ZmqTransport:
 
     def __init__(self, context: Optional[zmq.Context] = None) -> None:
         self.context = context or shared_context()
-        self._links: dict[tuple[bytes, str], _Link] = {}  # the last link by (identity, endpoint)
+        #: when a link closed, by (identity, endpoint), oldest first; kept RECONNECT_GAP
+        self._closed: dict[tuple[bytes, str], float] = {}
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(gevent.sleep)
@@ -114,32 +114,28 @@ class ZmqTransport:
                                         zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
                                         zmq.RECONNECT_IVL_MAX: 1000}, self.context)
         key = (identity, endpoint)
-        previous = self._links.get(key)
-        wait = 0.0 if previous is None or previous.closed_at is None else \
-            previous.closed_at + RECONNECT_GAP - time.monotonic()
+        closed = self._closed.pop(key, None)
+        wait = 0.0 if closed is None else closed + RECONNECT_GAP - time.monotonic()
         try:
             if wait <= 0:
                 sock.connect(endpoint)
         except BaseException:
             sock.close(linger=0)
             raise
-        link = _Link(sock)
+        link = _Link(sock, key, self._link_closed)
         if wait > 0:  # (until then, sends wait in the link's backlog)
             link.connect_after(wait, endpoint)
-        if len(self._links) >= _RECENT:
-            self._forget_links()
-        self._links[key] = link
         return link
 
-    def _forget_links(self) -> None:
-        """Drop the links closed over ``RECONNECT_GAP`` ago (and, if that is not enough,
-        the oldest); a link of a peer still in the table is found again by its key."""
+    def _link_closed(self, key: tuple[bytes, str]) -> None:
         now = time.monotonic()
-        for key, link in list(self._links.items()):
-            if link.closed_at is not None and now - link.closed_at > RECONNECT_GAP:
-                del self._links[key]
-        while len(self._links) >= _RECENT:
-            del self._links[next(iter(self._links))]
+        closed = self._closed
+        closed.pop(key, None)
+        closed[key] = now
+        for old, when in list(closed.items()):  # oldest first: stops at the first recent one
+            if now - when < RECONNECT_GAP:
+                break
+            del closed[old]
 
     def beacon_socket(self, port: int) -> socket.socket:
         """A UDP socket on ``port`` shared with every node of this host."""
@@ -328,13 +324,14 @@ def _shut_down(fd: int) -> None:
 
 
 class _Link(HubSocket):
-    """A DEALER link that remembers when it was closed (see ``RECONNECT_GAP``)."""
+    """A DEALER link that tells its transport when it closes (see ``RECONNECT_GAP``)."""
 
-    __slots__ = ("closed_at",)
+    __slots__ = ("key", "on_close")
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, key: tuple[bytes, str],
+                 on_close: Callable[[tuple[bytes, str]], None]) -> None:
         super().__init__(sock)
-        self.closed_at: Optional[float] = None
+        self.key, self.on_close = key, on_close
 
     def connect_after(self, seconds: float, endpoint: str) -> None:
         """Connect to ``endpoint`` in ``seconds``, unless closed meanwhile."""
@@ -351,5 +348,5 @@ class _Link(HubSocket):
 
     def close(self, linger: float = 0.0) -> None:
         if not self.closed:
-            self.closed_at = time.monotonic()
+            self.on_close(self.key)
         super().close(linger)
