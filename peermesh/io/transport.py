@@ -55,9 +55,8 @@ log = logging.getLogger(__name__)
 #: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
 FDS_PER_PEER = 3
 _FD_RESERVE = 64
-#: milliseconds between ZMTP heartbeats on a mailbox's connections, and without an
-#: answer after which one is closed
-HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 2_000, 10_000
+#: milliseconds between ZMTP heartbeats on a mailbox's connections
+HEARTBEAT_IVL = 2_000
 #: seconds between closing a link and connecting a new one under the same identity to the
 #: same endpoint (a mailbox ignores a second connection while it still sees the first)
 RECONNECT_GAP = 0.2
@@ -84,18 +83,21 @@ class ZmqTransport:
 
     def bind_mailbox(self, address: str, max_message: int, *,
                      max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
-                     counters: Optional[Counters] = None) -> Any:
+                     dead_after: float = 30.0, counters: Optional[Counters] = None) -> Any:
         """A ROUTER mailbox on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
 
         A connection must finish the ZeroMQ handshake within
-        ``handshake_timeout`` seconds. With ``max_connections`` the mailbox is
-        a ``GuardedMailbox`` that counts what it sheds in ``counters``.
+        ``handshake_timeout`` seconds, and is closed once its far end has not
+        answered heartbeats for ``dead_after`` seconds. With ``max_connections``
+        the mailbox is a ``GuardedMailbox`` that counts what it sheds in
+        ``counters``.
         """
         router = make_socket(zmq.ROUTER, {
             zmq.ROUTER_HANDOVER: 0, zmq.MAXMSGSIZE: max_message,
             zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
-            zmq.HEARTBEAT_IVL: HEARTBEAT_IVL, zmq.HEARTBEAT_TIMEOUT: HEARTBEAT_TIMEOUT},
+            zmq.HEARTBEAT_IVL: HEARTBEAT_IVL,
+            zmq.HEARTBEAT_TIMEOUT: max(HEARTBEAT_IVL, int(dead_after * 1000))},
             self.context)
         try:
             endpoint = bind_ephemeral(router, address)

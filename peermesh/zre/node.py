@@ -204,7 +204,8 @@ class Node:
         self.interface = itf = self.transport.interface(cfg.interface)
         self._mailbox = self.transport.bind_mailbox(
             itf.address, cfg.max_message, max_connections=cfg.max_connections,
-            handshake_timeout=cfg.hello_timeout, counters=self._session.counters)
+            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired,
+            counters=self._session.counters)
         self.mailbox_port = self._mailbox.port
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
         self._session.start(self.endpoint)
