@@ -104,7 +104,8 @@ class NodeConfig:
     #: are kept
     event_queue_bytes: int = 64 * 1024 * 1024
     #: peers in the table (said HELLO or found by discovery); over it, a new peer is
-    #: refused (``peers_refused``), after peers still waiting for HELLO are shed
+    #: refused (``peers_refused``), unless it said HELLO and a peer still waiting for
+    #: HELLO (``pending_shed``) or an EVASIVE one (``evasive_shed``) can be shed
     max_peers: int = 512
     #: peers found by discovery (beacon, mDNS, PEX) that have not said HELLO yet; over
     #: it, a new one replaces the oldest if that has waited ``interval`` (``pending_shed``),

@@ -63,7 +63,7 @@ counted in ``counters`` and logged at most once per ``REPORT_PERIOD``):
 discovery and still waiting for HELLO (a new one found when they are
 full sheds the oldest if that has waited ``interval``, as a live node
 answers at once; a HELLO, which proves a live connection, sheds the oldest
-when the table is full);
+of those when the table is full, else a peer that is EVASIVE);
 ``hello_timeout`` for a found peer to say HELLO; ``max_hello`` octets of
 HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
 departed peers remembered, at most ``max_peers``. A port-0 beacon removes a
@@ -106,7 +106,8 @@ _PEX_CHUNK = 1024  # peers per PEX message
 _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 #: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
-COUNTERS = ("peers_refused", "pending_refused", "pending_shed", "pending_timed_out",
+COUNTERS = ("peers_refused", "pending_refused", "pending_shed", "evasive_shed",
+            "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed")
 
@@ -251,6 +252,7 @@ class Session:
         self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
         self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
+        self._evasive: list[Peer] = []  # ready peers EVASIVE at the last tick (shed first)
         self._hello: Optional[list[bytes]] = None
 
     # --- own state --------------------------------------------------------
@@ -377,12 +379,9 @@ class Session:
                 return None
             self.counters.add("pending_shed")  # it had its chance: a live node answers at once
             self.remove(oldest, "shed for a newer peer")
-        if len(self.peers) >= cfg.max_peers:
-            if not (hello and self.pending):
-                self.counters.add("peers_refused")
-                return None
-            self.counters.add("pending_shed")
-            self.remove(next(iter(self.pending.values())), "shed for a peer that said HELLO")
+        if len(self.peers) >= cfg.max_peers and not (hello and self._shed_for_newcomer()):
+            self.counters.add("peers_refused")
+            return None
         holder = self.by_endpoint.get(endpoint)
         if holder is not None:
             if now - holder.last_seen < self.config.evasive:
@@ -404,6 +403,23 @@ class Session:
         peer.next_sequence()  # HELLO is always number 1
         link.offer(self._hello)
         return peer
+
+    def _shed_for_newcomer(self) -> bool:
+        """Make room for a node that said HELLO: shed the oldest peer still waiting for
+        its HELLO, else one that was EVASIVE at the last tick and still is."""
+        if self.pending:
+            self.counters.add("pending_shed")
+            self.remove(next(iter(self.pending.values())), "shed for a peer that said HELLO")
+            return True
+        evasive = self._evasive
+        while evasive:
+            peer = evasive.pop()
+            if self.peers.get(peer.uuid) is peer and peer.evasive:
+                self.counters.add("evasive_shed")
+                self.remove(peer, f"evasive, shed for a new peer (max_peers="
+                                  f"{self.config.max_peers})")
+                return True
+        return False
 
     def remove(self, peer: Peer, reason: str) -> None:
         """Forget ``peer`` and close its link; EXIT if it had said HELLO."""
@@ -699,6 +715,7 @@ class Session:
         self.counters.report(now)
         if self._claims:
             self._settle_claims(now)
+        evasive: list[Peer] = []
         for peer in list(self.peers.values()):
             stalled = peer.link.stalled_since
             if stalled is not None and now - stalled >= cfg.expired:
@@ -714,9 +731,12 @@ class Session:
                 if not peer.evasive and peer.ready:
                     peer.evasive = True
                     self.emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
+            if peer.evasive:
+                evasive.append(peer)
             if idle >= cfg.silent and not peer.silent and peer.ready:
                 peer.silent = True
                 self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
+        self._evasive = evasive
         period = min(cfg.interval, cfg.evasive / 2)
         if self._claims:
             return min(now + period, min(c.since for c in self._claims.values()) + cfg.interval)

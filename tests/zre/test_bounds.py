@@ -98,6 +98,27 @@ def test_hellos_past_max_peers_are_refused() -> None:
     assert h.session.counters.get("peers_refused") == 40
 
 
+def test_a_newcomer_that_says_hello_replaces_an_evasive_fake() -> None:
+    # Fake HELLOs fill the table and then say nothing (not even PING-OK): once
+    # they are EVASIVE, a real newcomer's HELLO takes the place of one.
+    h = harness(max_peers=4)
+    fakes = [Remote(f"fake{i}", 2000 + i) for i in range(4)]
+    for fake in fakes:
+        entered(h, fake, 0.0)
+    newcomer = Remote("new", 7000)
+    h.send(newcomer, newcomer.hello(), 1.0)  # nobody is EVASIVE yet: refused
+    assert newcomer.uuid not in h.session.peers
+    h.session.tick(CONFIG.evasive)  # all four PINGed, EVASIVE
+    h.taken()
+    h.send(newcomer, newcomer.hello(), CONFIG.evasive + 0.5)
+    assert newcomer.uuid in h.session.peers and len(h.session.peers) == 4
+    kinds = h.taken()
+    assert (ENTER, "new") in kinds
+    assert [k for k in kinds if k[0] is EXIT] == [(EXIT, "evasive, shed for a new peer "
+                                                          "(max_peers=4)")]
+    assert h.session.counters.get("evasive_shed") == 1
+
+
 # --- HELLO size and groups ----------------------------------------------------------------
 
 
