@@ -28,10 +28,13 @@ ENTER, EXIT = EventType.ENTER, EventType.EXIT
 class _Sink:
     """An event queue that never fills: the simulation listens instead."""
 
-    size = dropped = 0  # octets held, events dropped
+    dropped = 0
 
     def bound_bytes(self, limit: int) -> None:
         pass
+
+    def octets(self) -> int:
+        return 0
 
     def put(self, event: Event) -> None:
         pass

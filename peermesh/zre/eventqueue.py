@@ -12,7 +12,8 @@ messages, not octets), so a node also bounds the octets of content waiting
 (WHISPER, SHOUT) are dropped and counted in ``dropped``; events without
 content (ENTER, EXIT, JOIN...) are always kept. Octets are counted on the
 producer's side only: consumers take items in order, so the producer learns
-what they took from the queue's length, and no lock is needed.
+what they took from the queue's length (when the count nears the bound, or
+every ``_RECOUNT`` items), and no lock is needed.
 ``GreenEventQueue`` serves a consumer on the
 same hub; ``ThreadEventQueue`` serves consumers in other threads;
 ``LoopEventQueue`` serves the tasks of an asyncio loop in another thread.
@@ -39,32 +40,51 @@ class _ByteBound:
     """The octets of content a queue holds, counted by the producer (see the module)."""
 
     _items: deque
-    #: octets of content beyond which new items with content are dropped (None: no bound)
-    max_bytes: Optional[int] = None
-    #: octets of content held, as of the producer's last ``put``
+    #: octets of content beyond which new items with content are dropped
+    max_bytes = 0
+    #: octets of content held (including items taken since the last recount)
     size = 0
     #: items dropped for ``max_bytes``
     dropped = 0
-    _sizes: deque[int]
+    #: the content octets of each item not yet known to be taken, oldest first
+    #: (None: no bound in octets)
+    _sizes: Optional[deque[int]] = None
 
     def bound_bytes(self, limit: int) -> None:
         """Drop new items with content (``item.frames``) while ``limit`` octets wait."""
         self.max_bytes = limit
         self._sizes = deque()
 
-    def _admit(self, item: object) -> bool:
-        """For the producer, before it appends ``item``: False if it is to be dropped."""
-        sizes = self._sizes
-        for _ in range(len(sizes) - len(self._items)):  # taken since (oldest first)
-            self.size -= sizes.popleft()
+    def _admit(self, item: object, sizes: deque[int]) -> bool:
+        """For the producer, before it appends ``item``: False if it is to be dropped.
+
+        ``size`` counts taken items too until ``_recount`` subtracts them, which
+        happens only when it reaches the bound or enough were taken: cheap per item.
+        """
         frames = item.frames  # type: ignore[attr-defined]
-        size = sum(map(len, frames)) if frames else 0
-        if size and self.size >= self.max_bytes:  # type: ignore[operator]
-            self.dropped += 1
-            return False
+        size = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+        if self.size >= self.max_bytes or len(sizes) - len(self._items) > _RECOUNT:
+            self._recount(sizes)
+            if size and self.size >= self.max_bytes:
+                self.dropped += 1
+                return False
         self.size += size
         sizes.append(size)
         return True
+
+    def octets(self) -> int:
+        """Octets of content held now (for the producer's thread)."""
+        if self._sizes is not None:
+            self._recount(self._sizes)
+        return self.size
+
+    def _recount(self, sizes: deque[int]) -> None:
+        """Subtract the octets of the items consumers took (the oldest ones)."""
+        popleft = sizes.popleft
+        self.size -= sum([popleft() for _ in range(len(sizes) - len(self._items))])
+
+
+_RECOUNT = 1024  # items taken before the producer subtracts their octets
 
 
 class GreenEventQueue(_ByteBound, Generic[T]):
@@ -91,7 +111,8 @@ class GreenEventQueue(_ByteBound, Generic[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; check ``full`` to pace the producer)."""
-        if self.max_bytes is not None and not self._admit(item):
+        sizes = self._sizes
+        if sizes is not None and not self._admit(item, sizes):
             return
         self._items.append(item)
         if self._waiters and not self._held:
@@ -210,7 +231,8 @@ class ThreadEventQueue(_HandOff[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full``)."""
-        if self.max_bytes is not None and not self._admit(item):
+        sizes = self._sizes
+        if sizes is not None and not self._admit(item, sizes):
             return
         if self._held:
             self._items.append(item)  # deque appends are atomic; release() notifies
@@ -255,7 +277,8 @@ class LoopEventQueue(_HandOff[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full``)."""
-        if self.max_bytes is not None and not self._admit(item):
+        sizes = self._sizes
+        if sizes is not None and not self._admit(item, sizes):
             return
         self._items.append(item)
         if not self._held and self._waiters:

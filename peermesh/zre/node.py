@@ -466,7 +466,7 @@ class Node:
         session, events = self._session, self._events
         result = {"peers": len(self._peers) - len(session.pending),
                   "pending": len(session.pending), "departed": len(session._departed),
-                  "event_queue": len(events), "event_queue_bytes": events.size,
+                  "event_queue": len(events), "event_queue_bytes": events.octets(),
                   "connections": getattr(self._mailbox, "connections", 0)}
         self._count_dropped()
         result.update(session.counters.snapshot())
