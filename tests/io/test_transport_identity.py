@@ -55,7 +55,7 @@ def test_a_link_closed_and_made_again_at_once_gets_through() -> None:
         mailbox = transport.bind_mailbox("127.0.0.1", 1000)
         endpoint = f"tcp://127.0.0.1:{mailbox.port}"
         server = gevent.spawn(mailbox.serve, lambda i, f: got.append(f[0]))
-        for round_ in range(10):
+        for round_ in range(5):
             link = transport.connect(b"\x01same", endpoint, 100)
             token = b"%d" % round_
             if not link.try_send([token]):  # (a link made again waits RECONNECT_GAP)

@@ -37,7 +37,7 @@ ENTER, WHISPER = EventType.ENTER, EventType.WHISPER
 def bounded(free_udp_port: int, request: pytest.FixtureRequest) -> Mesh:
     """The hostile-test mesh with a target of small limits."""
     mesh = Mesh(free_udp_port, max_pending=16, max_peers=24, max_groups=64, max_hello=8192,
-                max_message=65536)
+                max_message=65536, interval=0.2)  # a pending peer may be replaced after 0.2 s
     request.addfinalizer(mesh.close)
     return mesh.start()
 
