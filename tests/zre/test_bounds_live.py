@@ -20,12 +20,12 @@ from peermesh.events import EventType
 from peermesh.wire import zre
 
 try:  # tests/ as a package
-    from .test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier,
-                               enter_raw, hello_frame, make_raw)
+    from .test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier, enter_raw, hello_frame,
+                               make_raw)
     from ..waiting import poll_until
 except ImportError:  # tests/ and tests/zre on sys.path (pytest's "prepend" import mode)
-    from test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier, enter_raw,
-                              free_tcp_port, hello_frame, make_raw)
+    from test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier, enter_raw, hello_frame,
+                              make_raw)
     from waiting import poll_until
 
 __all__ = ["make_raw"]  # a fixture, used by name
