@@ -120,10 +120,11 @@ class NodeConfig:
     #: groups one peer may be in; a HELLO listing more is refused, a JOIN past it
     #: removes the peer (``groups_refused``)
     max_groups: int = 1024
-    #: connections to the mailbox (at most half the descriptors beyond 64 go to them);
-    #: over it, those that sent the fewest octets (no handshake, then idle since it) are
-    #: closed, oldest first (``connections_shed``)
-    max_connections: int = 1024
+    #: connections to the mailbox, each peer's one among them (keep it above max_peers +
+    #: max_pending; at most half the descriptors beyond 64 go to them); over it, those
+    #: that sent the fewest octets (no handshake, then idle since it) are closed, oldest
+    #: first (``connections_shed``)
+    max_connections: int = 640
     #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
     #: and the sender disconnected
     max_message: int = 64 * 1024 * 1024
