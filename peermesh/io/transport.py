@@ -223,8 +223,13 @@ class GuardedMailbox:
         #: accepted connections still open: descriptor -> when accepted (oldest first)
         self.accepted: dict[int, float] = {}
         router = mailbox.socket
-        self._monitor = HubSocket(router.get_monitor_socket(
-            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED))
+        address = f"inproc://peermesh-monitor-{id(self):x}"
+        router.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        # libzmq sends monitor events blocking (its I/O thread, every connection of the
+        # context with it, would wait for this reader): no high-water mark on them
+        monitor = make_socket(zmq.PAIR, {zmq.RCVHWM: 0}, router.context)
+        monitor.connect(address)
+        self._monitor = HubSocket(monitor)
         self._reader = gevent.spawn(self._monitor.read, self._on_events)
 
     @property
@@ -251,17 +256,26 @@ class GuardedMailbox:
             self._shed(len(accepted) - self.cap + self.cap // 8)
 
     def _shed(self, count: int) -> None:
-        """Shut down ``count`` connections, those that sent the fewest octets first."""
-        received = {fd: _octets_received(fd, self.port) for fd in self.accepted}
-        order = sorted((octets, when, fd) for fd, when in self.accepted.items()
-                       if (octets := received[fd]) is not None)
-        for _, _, fd in order[:count]:
-            del self.accepted[fd]  # (its DISCONNECTED follows)
-            _shut_down(fd)
-            self.counters.add("connections_shed")
-        for fd, octets in received.items():
+        """Shut down ``count`` connections, those that sent the fewest octets first.
+
+        Asking the kernel costs a few system calls per connection: the reader
+        lets other greenlets run every ``_SHED_BATCH`` of them.
+        """
+        accepted, order = self.accepted, []
+        for i, (fd, when) in enumerate(list(accepted.items())):
+            if i and not i % _SHED_BATCH:
+                gevent.sleep(0)
+            octets = _octets_received(fd, self.port)
             if octets is None:  # not a connection of ours any more: its event is late
-                self.accepted.pop(fd, None)
+                accepted.pop(fd, None)
+            else:
+                order.append((octets, when, fd))
+        order.sort()
+        for _, when, fd in order[:count]:
+            if accepted.get(fd) == when:  # (not closed and reused meanwhile)
+                del accepted[fd]  # (its DISCONNECTED follows)
+                _shut_down(fd)
+                self.counters.add("connections_shed")
 
     def close(self, linger: float = 0.0) -> None:
         """Stop the monitor (before its reader: libzmq sends its events blocking), close."""
@@ -275,6 +289,7 @@ class GuardedMailbox:
         self.mailbox.close(linger)
 
 
+_SHED_BATCH = 64  # connections asked about between two yields of the monitor's reader
 _MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
 _TCP_INFO_SIZE = 232
 _BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received ...
@@ -284,14 +299,11 @@ _BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
 def _borrow(fd: int, port: int) -> Optional[socket.socket]:
     """A socket object on descriptor ``fd`` (not a copy: ``detach`` it after) if ``fd`` is
     still a TCP connection accepted on local ``port``; otherwise None."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
     try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return None
-    try:
-        if sock.type == socket.SOCK_STREAM and sock.getsockname()[1] == port:
+        if sock.getsockname()[1] == port:
             return sock
-    except (OSError, IndexError):
+    except (OSError, IndexError, TypeError):
         pass
     sock.detach()
     return None
@@ -316,7 +328,7 @@ def _octets_received(fd: int, port: int) -> Optional[int]:
 
 def _shut_down(fd: int) -> None:
     """Shut connection ``fd`` down both ways; libzmq sees it end and closes it."""
-    sock = socket.socket(fileno=fd)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
