@@ -19,7 +19,8 @@ stopped. The table shows the good peer's round trips (p50, p99, how many),
 the target's RSS and CPU over each phase, and its ``Node.stats()``
 afterwards. Targets: under the flood, p99 below 10 ms and RSS below 100 MB.
 ``--baseline REV`` runs the same with the target on an older commit (the
-flood and good peer always run this checkout).
+flood and good peer always run this checkout); ``--set KEY=VALUE`` changes
+a setting of the target (a limit, say).
 
     python scripts/bench_flood.py                    # 100k beacons, 5k HELLOs, 10 s phases
     python scripts/bench_flood.py --beacons 20000 --hellos 1000 --seconds 5
@@ -51,12 +52,12 @@ def settings(port: int) -> dict[str, Any]:
 
 # --- the node under the flood ---------------------------------------------------------------
 
-def role_target(parent: harness.Parent, port: int) -> None:
+def role_target(parent: harness.Parent, port: int, limits: dict[str, Any]) -> None:
     """Echo every WHISPER to its sender; answer "stats" with ``Node.stats()``."""
     import gevent
 
     from peermesh import EventType, Node
-    node = Node("target", **settings(port)).start()
+    node = Node("target", **settings(port), **limits).start()
 
     def echo() -> None:
         for event in node.events():
@@ -219,7 +220,7 @@ def phase(good: harness.Child, target: harness.Child, seconds: float,
 def measure(code: str, args: argparse.Namespace) -> dict[str, Any]:
     port = harness.free_udp_port()
     with harness.Children() as children:
-        target = children.start("bench_flood", "target", code, port=port)
+        target = children.start("bench_flood", "target", code, port=port, limits=args.set)
         uuid, endpoint = target.expect("ready", WAIT)
         good = children.start("bench_flood", "good", port=port, target=uuid)
         good.expect("ready", WAIT)
@@ -242,8 +243,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--hellos", type=int, default=5_000)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--baseline", metavar="REV", help="also run the target on this commit")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="a NodeConfig setting of the target (an integer or a number)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    try:
+        args.set = {key: (float(value) if "." in value else int(value))
+                    for key, _, value in (item.partition("=") for item in args.set)}
+    except ValueError:
+        parser.error("--set takes KEY=NUMBER, e.g. --set max_connections=100000")
     results = {}
     for label, code in harness.trees(args.baseline).items():
         harness.progress(f"{label}: target from {code}")

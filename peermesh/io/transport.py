@@ -206,10 +206,10 @@ class GuardedMailbox:
     I/O thread spins and no peer gets in. So the mailbox's socket monitor
     counts the accepted connections (``connections``), and once they exceed
     ``cap`` (``max_connections``, and at most half the descriptors beyond a
-    reserve, so that the node can still connect back to its peers) the
-    ones that sent the fewest octets are shut down, oldest first, down to 7/8
-    of the cap: those that never finished the ZeroMQ handshake, then those
-    idle since it, before any that said HELLO. Each is counted as
+    reserve, so that the node can still connect back to its peers) some are
+    shut down, down to 7/8 of the cap: oldest first those that sent under 1 KiB
+    (no handshake, or nothing since it but a HELLO), then those that sent the
+    fewest octets; a peer that talks is shed last. Each is counted as
     ``connections_shed``.
     """
 
@@ -256,26 +256,37 @@ class GuardedMailbox:
             self._shed(len(accepted) - self.cap + self.cap // 8)
 
     def _shed(self, count: int) -> None:
-        """Shut down ``count`` connections, those that sent the fewest octets first.
+        """Shut down ``count`` connections: oldest first those that sent under
+        ``_SMALL`` octets (no more than a handshake and a HELLO), then the fewest.
 
-        Asking the kernel costs a few system calls per connection: the reader
-        lets other greenlets run every ``_SHED_BATCH`` of them.
+        Asking the kernel costs a few system calls per connection, so the scan
+        stops once it has found enough small ones, and lets other greenlets
+        run every ``_SHED_BATCH`` connections.
         """
-        accepted, order = self.accepted, []
-        for i, (fd, when) in enumerate(list(accepted.items())):
+        accepted, larger = self.accepted, []
+        for i, (fd, when) in enumerate(list(accepted.items())):  # oldest first
+            if not count:
+                return
             if i and not i % _SHED_BATCH:
                 gevent.sleep(0)
+            if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
+                continue
             octets = _octets_received(fd, self.port)
             if octets is None:  # not a connection of ours any more: its event is late
-                accepted.pop(fd, None)
+                del accepted[fd]
+            elif octets < _SMALL:
+                self._shut_down(fd)
+                count -= 1
             else:
-                order.append((octets, when, fd))
-        order.sort()
-        for _, when, fd in order[:count]:
-            if accepted.get(fd) == when:  # (not closed and reused meanwhile)
-                del accepted[fd]  # (its DISCONNECTED follows)
-                _shut_down(fd)
-                self.counters.add("connections_shed")
+                larger.append((octets, when, fd))
+        for _, when, fd in sorted(larger)[:count]:
+            if accepted.get(fd) == when:
+                self._shut_down(fd)
+
+    def _shut_down(self, fd: int) -> None:
+        del self.accepted[fd]  # (its DISCONNECTED follows)
+        _shut_down(fd)
+        self.counters.add("connections_shed")
 
     def close(self, linger: float = 0.0) -> None:
         """Stop the monitor (before its reader: libzmq sends its events blocking), close."""
@@ -290,6 +301,7 @@ class GuardedMailbox:
 
 
 _SHED_BATCH = 64  # connections asked about between two yields of the monitor's reader
+_SMALL = 1024  # octets: a connection that sent fewer did no more than a handshake and a HELLO
 _MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
 _TCP_INFO_SIZE = 232
 _BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received ...
