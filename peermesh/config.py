@@ -121,9 +121,9 @@ class NodeConfig:
     #: removes the peer (``groups_refused``)
     max_groups: int = 1024
     #: connections to the mailbox, each peer's one among them (keep it above max_peers +
-    #: max_pending; at most half the descriptors beyond 64 go to them); over it, those
-    #: that sent the fewest octets (no handshake, then idle since it) are closed, oldest
-    #: first (``connections_shed``)
+    #: max_pending; at most half the descriptors beyond 64 go to them); over it, the
+    #: oldest that sent under 1 KiB, then those that sent the fewest octets, are closed
+    #: (``connections_shed``)
     max_connections: int = 640
     #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
     #: and the sender disconnected
