@@ -55,6 +55,12 @@ def read_tables(path: os.PathLike[str] | str) -> dict[str, dict[str, Any]]:
     return data
 
 
+#: integer settings that must be at least 1
+_COUNTS = ("sndhwm", "send_queue", "send_buffer", "event_queue", "event_queue_bytes",
+           "max_message", "max_peers", "max_pending", "max_hello", "max_groups",
+           "max_connections")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """Settings of one node. Times are in seconds."""
@@ -93,6 +99,32 @@ class NodeConfig:
     send_timeout: float = 5.0
     #: events held for the application before the node stops reading its mailbox
     event_queue: int = 100_000
+    #: octets of WHISPER/SHOUT content held for the application: while more wait unread,
+    #: new WHISPERs and SHOUTs are dropped (counted as ``events_dropped``); other events
+    #: are kept
+    event_queue_bytes: int = 64 * 1024 * 1024
+    #: peers in the table (said HELLO or found by discovery); over it, a new peer is
+    #: refused (``peers_refused``), unless it said HELLO and a peer still waiting for
+    #: HELLO (``pending_shed``) or an EVASIVE one (``evasive_shed``) can be shed
+    max_peers: int = 512
+    #: peers found by discovery (beacon, mDNS, PEX) that have not said HELLO yet; over
+    #: it, a new one replaces the oldest if that has waited ``interval`` (``pending_shed``),
+    #: else it is ignored (``pending_refused``)
+    max_pending: int = 64
+    #: seconds a peer found by discovery, or a connection to the mailbox, has to say
+    #: HELLO (or finish the ZeroMQ handshake) before it is dropped
+    hello_timeout: float = 5.0
+    #: largest HELLO accepted (octets; bounds its headers too); a bigger one is refused
+    #: and its sender dropped (``hellos_refused``)
+    max_hello: int = 64 * 1024
+    #: groups one peer may be in; a HELLO listing more is refused, a JOIN past it
+    #: removes the peer (``groups_refused``)
+    max_groups: int = 1024
+    #: connections to the mailbox, each peer's one among them (keep it above max_peers +
+    #: max_pending; at most half the descriptors beyond 64 go to them); over it, the
+    #: oldest that sent under 1 KiB, then those that sent the fewest octets, are closed
+    #: (``connections_shed``)
+    max_connections: int = 640
     #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
     #: and the sender disconnected
     max_message: int = 64 * 1024 * 1024
@@ -101,12 +133,13 @@ class NodeConfig:
         self._check_types()
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be 1..65535, not {self.port}")
-        for key in ("interval", "evasive", "silent", "expired", "send_timeout"):
+        for key in ("interval", "evasive", "silent", "expired", "send_timeout",
+                    "hello_timeout"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be positive")
         if not self.evasive <= self.silent <= self.expired:
             raise ValueError("timeouts must satisfy evasive <= silent <= expired")
-        for key in ("sndhwm", "send_queue", "send_buffer", "event_queue", "max_message"):
+        for key in _COUNTS:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1")
 
@@ -129,10 +162,11 @@ class NodeConfig:
         if not isinstance(self.headers, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
             raise bad("headers", "a table of strings")
-        for key in ("port", "sndhwm", "send_queue", "send_buffer", "event_queue", "max_message"):
+        for key in ("port", *_COUNTS):
             if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
                 raise bad(key, "an integer")
-        for key in ("interval", "evasive", "silent", "expired", "send_timeout"):
+        for key in ("interval", "evasive", "silent", "expired", "send_timeout",
+                    "hello_timeout"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise bad(key, "a number")

@@ -824,7 +824,7 @@ class AgentServer:
             "interface": {"name": itf.name, "address": itf.address} if itf else None,
             "port": node.config.port, "groups": node.groups(), "headers": node.headers,
             "peers": len(node.peers()), "uptime": round(time.monotonic() - self.started, 3),
-            "subscribers": self.subscribers,
+            "subscribers": self.subscribers, "stats": node.stats(),
         }
 
     def _op_peers(self, args: dict[str, Any]) -> Any:

@@ -903,9 +903,19 @@ def cmd_status(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
         ("headers", " ".join(f"{clean(k)}={clean(v)}" for k, v in headers.items()) or "none"),
         ("peers", str(info.get("peers"))),
         ("subscribers", str(info.get("subscribers"))),
+        ("limits", _limits_hit(info.get("stats"))),
     ]
     emit("\n".join(f"{key:<12} {value}" for key, value in rows))
     return EXIT_OK
+
+
+def _limits_hit(stats: Any) -> str:
+    """The node's limit counters that are not zero (``Node.stats``), or "none"."""
+    if not isinstance(stats, dict):
+        return "?"
+    counted = [f"{clean(str(k))}={v}" for k, v in sorted(stats.items())
+               if k.endswith(("_refused", "_shed", "_timed_out", "_ignored", "_dropped")) and v]
+    return " ".join(counted) or "none"
 
 
 def _duration(seconds: Any) -> str:

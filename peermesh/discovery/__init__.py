@@ -6,7 +6,9 @@ through three calls on it, all made on the sink's hub:
 * ``sink.peer_appeared(uuid, endpoint)`` - a node with this UUID accepts
   connections at ``endpoint`` (``tcp://ip:port``);
 * ``sink.peer_alive(uuid)`` - a sign of life from a known peer;
-* ``sink.peer_left(uuid)`` - the peer said it is leaving.
+* ``sink.peer_left(uuid, address)`` - the peer said it is leaving; ``address``
+  is where that came from (None when the source cannot tell), and the sink
+  heeds it only from the peer's own address.
 
 Sources: ``BeaconDiscovery`` (UDP beacons, broadcast and/or unicast to seeds;
 the ZRE default) and ``MdnsDiscovery`` (DNS-SD through zeroconf). Several may
@@ -63,8 +65,8 @@ class PeerSink(Protocol):
     def peer_alive(self, uuid: UUID) -> None:
         """A sign of life from ``uuid``."""
 
-    def peer_left(self, uuid: UUID) -> None:
-        """``uuid`` said it is leaving."""
+    def peer_left(self, uuid: UUID, address: Optional[str] = None) -> None:
+        """``uuid`` said it is leaving, in a message from ``address`` if known."""
 
     def add_listener(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback`` with every event of the node."""

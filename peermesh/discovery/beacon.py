@@ -7,10 +7,16 @@ way round); beacons sent to this host's own address (unicast, from nodes that
 use it as a seed) are accepted from anywhere, because seeds are how nodes on
 networks without broadcast find each other. A node always listens, so any
 node can serve as a seed.
+
+A port-0 beacon is passed on with the address it came from: the node heeds
+it only from the peer's own address, so a forged one cannot cut a peer off.
+A flood of datagrams is read in batches of ``_BATCH``, with other greenlets
+run between them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 from typing import Optional, Sequence
@@ -27,6 +33,7 @@ __all__ = ["BeaconDiscovery", "parse_seed"]
 log = logging.getLogger(__name__)
 
 _IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.12 names it
+_BATCH = 64  # datagrams read before the listener lets other greenlets run
 
 
 def parse_seed(text: str, default_port: int) -> tuple[str, int]:
@@ -105,7 +112,9 @@ class BeaconDiscovery:
         ancillary = socket.CMSG_SPACE(12)
         broadcast = socket.inet_aton(interface.broadcast)
         uuids: dict[bytes, UUID] = {}
-        while True:
+        for count in itertools.count(1):
+            if not count % _BATCH:
+                gevent.sleep(0)  # a flood of datagrams never waits: let the others run
             data, cmsgs, _, (address, _) = sock.recvmsg(64, ancillary)
             unicast = _unicast(cmsgs, broadcast)
             try:
@@ -124,7 +133,7 @@ class BeaconDiscovery:
                     uuids.clear()
                 uuid = uuids[beacon.uuid] = UUID(bytes=beacon.uuid)
             if beacon.port == 0:
-                node.peer_left(uuid)
+                node.peer_left(uuid, address)
             else:
                 node.peer_appeared(uuid, f"tcp://{address}:{beacon.port}")
 

@@ -4,7 +4,7 @@ A node talks to its transport through a small interface, so the same node
 and protocol code also runs on the simulated network (``peermesh.sim``):
 
 * ``interface(choice)`` - the ``Interface`` to use;
-* ``bind_mailbox(address, max_message)`` - a mailbox with ``port``,
+* ``bind_mailbox(address, max_message, **limits)`` - a mailbox with ``port``,
   ``serve(on_message, on_oversized, backpressure)`` and ``close()``;
 * ``connect(identity, endpoint, sndhwm)`` - an outgoing link with
   ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``
@@ -15,6 +15,15 @@ and protocol code also runs on the simulated network (``peermesh.sim``):
 
 Here mailboxes are ROUTER sockets and links DEALER sockets, both
 ``HubSocket``s (see ``peermesh.io.socket``).
+
+A mailbox never hands a live peer's routing identity to another connection
+(no ``ROUTER_HANDOVER``: a second connection under an identity in use is
+ignored), and ZMTP heartbeats close connections whose far end is gone, so a
+peer that really reconnects is not locked out by a dead one. The same holds
+for this node's links at its peers' mailboxes: a new link under the same
+identity to an endpoint whose previous link closed moments ago connects only
+``RECONNECT_GAP`` after that close, so the peer has seen the old connection
+end first. With limits, a ``GuardedMailbox`` also bounds its connections.
 """
 
 from __future__ import annotations
@@ -23,20 +32,22 @@ import logging
 import os
 import resource
 import socket
+import struct
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import gevent
 import gevent.socket
 import zmq
 
+from ..counters import Counters
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
 from .endpoints import bind_ephemeral
 from .context import shared_context
 from .socket import HubSocket, make_socket
 
-__all__ = ["ZmqTransport", "CapacityError"]
+__all__ = ["ZmqTransport", "CapacityError", "GuardedMailbox"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +55,11 @@ log = logging.getLogger(__name__)
 #: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
 FDS_PER_PEER = 3
 _FD_RESERVE = 64
+#: milliseconds between ZMTP heartbeats on a mailbox's connections
+HEARTBEAT_IVL = 2_000
+#: seconds between closing a link and connecting a new one under the same identity to the
+#: same endpoint (a mailbox ignores a second connection while it still sees the first)
+RECONNECT_GAP = 0.2
 
 
 class CapacityError(PeermeshError):
@@ -55,6 +71,8 @@ class ZmqTransport:
 
     def __init__(self, context: Optional[zmq.Context] = None) -> None:
         self.context = context or shared_context()
+        #: when a link closed, by (identity, endpoint), oldest first; kept RECONNECT_GAP
+        self._closed: dict[tuple[bytes, str], float] = {}
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(gevent.sleep)
@@ -63,29 +81,63 @@ class ZmqTransport:
         """See ``interfaces.select_interface``."""
         return select_interface(choice)
 
-    def bind_mailbox(self, address: str, max_message: int) -> HubSocket:
+    def bind_mailbox(self, address: str, max_message: int, *,
+                     max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
+                     dead_after: float = 30.0, counters: Optional[Counters] = None) -> Any:
         """A ROUTER mailbox on a random port of ``address``; messages over
-        ``max_message`` bytes in all are oversized (one frame over it: cut off)."""
-        router = make_socket(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1, zmq.MAXMSGSIZE: max_message},
-                             self.context)
+        ``max_message`` bytes in all are oversized (one frame over it: cut off).
+
+        A connection must finish the ZeroMQ handshake within
+        ``handshake_timeout`` seconds, and is closed once its far end has not
+        answered heartbeats for ``dead_after`` seconds. With ``max_connections``
+        the mailbox is a ``GuardedMailbox`` that counts what it sheds in
+        ``counters``.
+        """
+        router = make_socket(zmq.ROUTER, {
+            zmq.ROUTER_HANDOVER: 0, zmq.MAXMSGSIZE: max_message,
+            zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
+            zmq.HEARTBEAT_IVL: HEARTBEAT_IVL,
+            zmq.HEARTBEAT_TIMEOUT: max(HEARTBEAT_IVL, int(dead_after * 1000))},
+            self.context)
         try:
             endpoint = bind_ephemeral(router, address)
         except BaseException:
             router.close(linger=0)
             raise
-        return HubSocket(router, endpoint=endpoint, limit=max_message)
+        mailbox = HubSocket(router, endpoint=endpoint, limit=max_message)
+        if max_connections is None:
+            return mailbox
+        return GuardedMailbox(mailbox, max_connections,
+                              counters or Counters(log, f"mailbox {endpoint}"))
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> HubSocket:
         """A DEALER link to ``endpoint``; sends never block."""
         sock = make_socket(zmq.DEALER, {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm,
                                         zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
                                         zmq.RECONNECT_IVL_MAX: 1000}, self.context)
+        key = (identity, endpoint)
+        closed = self._closed.pop(key, None)
+        wait = 0.0 if closed is None else closed + RECONNECT_GAP - time.monotonic()
         try:
-            sock.connect(endpoint)
+            if wait <= 0:
+                sock.connect(endpoint)
         except BaseException:
             sock.close(linger=0)
             raise
-        return HubSocket(sock)
+        link = _Link(sock, key, self._link_closed)
+        if wait > 0:  # (until then, sends wait in the link's backlog)
+            link.connect_after(wait, endpoint)
+        return link
+
+    def _link_closed(self, key: tuple[bytes, str]) -> None:
+        now = time.monotonic()
+        closed = self._closed
+        closed.pop(key, None)
+        closed[key] = now
+        for old, when in list(closed.items()):  # oldest first: stops at the first recent one
+            if now - when < RECONNECT_GAP:
+                break
+            del closed[old]
 
     def beacon_socket(self, port: int) -> socket.socket:
         """A UDP socket on ``port`` shared with every node of this host."""
@@ -144,3 +196,183 @@ def _open_descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 0
+
+
+class GuardedMailbox:
+    """A mailbox that keeps its connections under a cap, so descriptors never run out.
+
+    libzmq accepts every connection it can; once the process is out of
+    descriptors, ``accept`` fails and libzmq retries it at once, for ever: the
+    I/O thread spins and no peer gets in. So the mailbox's socket monitor
+    counts the accepted connections (``connections``), and once they exceed
+    ``cap`` (``max_connections``, and at most half the descriptors beyond a
+    reserve, so that the node can still connect back to its peers) some are
+    shut down, down to 7/8 of the cap: oldest first those that sent under 1 KiB
+    (no handshake, or nothing since it but a HELLO), then those that sent the
+    fewest octets; a peer that talks is shed last. Each is counted as
+    ``connections_shed``.
+    """
+
+    def __init__(self, mailbox: HubSocket, max_connections: int, counters: Counters) -> None:
+        self.mailbox = mailbox
+        self.port = mailbox.port
+        self.counters = counters
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.cap = max_connections if limit == resource.RLIM_INFINITY else \
+            max(1, min(max_connections, (limit - _FD_RESERVE) // 2))
+        #: accepted connections still open: descriptor -> when accepted (oldest first)
+        self.accepted: dict[int, float] = {}
+        router = mailbox.socket
+        address = f"inproc://peermesh-monitor-{id(self):x}"
+        router.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        # libzmq sends monitor events blocking (its I/O thread, every connection of the
+        # context with it, would wait for this reader): no high-water mark on them
+        monitor = make_socket(zmq.PAIR, {zmq.RCVHWM: 0}, router.context)
+        monitor.connect(address)
+        self._monitor = HubSocket(monitor)
+        self._reader = gevent.spawn(self._monitor.read, self._on_events)
+
+    @property
+    def connections(self) -> int:
+        """Connections to the mailbox now open."""
+        return len(self.accepted)
+
+    def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
+              backpressure: Any = None) -> None:
+        """``HubSocket.serve`` of the mailbox."""
+        self.mailbox.serve(on_message, on_oversized, backpressure)
+
+    def _on_events(self, batch: list) -> None:
+        accepted = self.accepted
+        for first, rest in batch:
+            if len(first) < 6:
+                continue
+            event, fd = _MONITOR_EVENT.unpack_from(first)
+            if event == zmq.EVENT_ACCEPTED:
+                accepted[fd] = time.monotonic()
+            else:
+                accepted.pop(fd, None)
+        if len(accepted) > self.cap:  # down to 7/8 of it: one scan sheds many
+            self._shed(len(accepted) - self.cap + self.cap // 8)
+
+    def _shed(self, count: int) -> None:
+        """Shut down ``count`` connections: oldest first those that sent under
+        ``_SMALL`` octets (no more than a handshake and a HELLO), then the fewest.
+
+        Asking the kernel costs a few system calls per connection, so the scan
+        stops once it has found enough small ones, and lets other greenlets
+        run every ``_SHED_BATCH`` connections.
+        """
+        accepted, larger = self.accepted, []
+        for i, (fd, when) in enumerate(list(accepted.items())):  # oldest first
+            if not count:
+                return
+            if i and not i % _SHED_BATCH:
+                gevent.sleep(0)
+            if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
+                continue
+            octets = _octets_received(fd, self.port)
+            if octets is None:  # not a connection of ours any more: its event is late
+                del accepted[fd]
+            elif octets < _SMALL:
+                self._shut_down(fd)
+                count -= 1
+            else:
+                larger.append((octets, when, fd))
+        for _, when, fd in sorted(larger)[:count]:
+            if accepted.get(fd) == when:
+                self._shut_down(fd)
+
+    def _shut_down(self, fd: int) -> None:
+        del self.accepted[fd]  # (its DISCONNECTED follows)
+        _shut_down(fd)
+        self.counters.add("connections_shed")
+
+    def close(self, linger: float = 0.0) -> None:
+        """Stop the monitor (before its reader: libzmq sends its events blocking), close."""
+        router = self.mailbox.socket
+        try:
+            router.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._reader.kill(block=False)
+        self._monitor.close()
+        self.mailbox.close(linger)
+
+
+_SHED_BATCH = 64  # connections asked about between two yields of the monitor's reader
+_SMALL = 1024  # octets: a connection that sent fewer did no more than a handshake and a HELLO
+_MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
+_TCP_INFO_SIZE = 232
+_BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received ...
+_BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
+
+
+def _borrow(fd: int, port: int) -> Optional[socket.socket]:
+    """A socket object on descriptor ``fd`` (not a copy: ``detach`` it after) if ``fd`` is
+    still a TCP connection accepted on local ``port``; otherwise None."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
+    try:
+        if sock.getsockname()[1] == port:
+            return sock
+    except (OSError, IndexError, TypeError):
+        pass
+    sock.detach()
+    return None
+
+
+def _octets_received(fd: int, port: int) -> Optional[int]:
+    """Octets connection ``fd`` has received so far (0 if the kernel cannot tell), or None
+    when ``fd`` is no longer one of ``port``'s connections."""
+    sock = _borrow(fd, port)
+    if sock is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+    except OSError:
+        return 0
+    finally:
+        sock.detach()
+    if len(info) < _BYTES_RECEIVED_AT + 8:
+        return 0
+    return int(_BYTES_RECEIVED.unpack_from(info, _BYTES_RECEIVED_AT)[0])
+
+
+def _shut_down(fd: int) -> None:
+    """Shut connection ``fd`` down both ways; libzmq sees it end and closes it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
+
+
+class _Link(HubSocket):
+    """A DEALER link that tells its transport when it closes (see ``RECONNECT_GAP``)."""
+
+    __slots__ = ("key", "on_close")
+
+    def __init__(self, sock: zmq.Socket, key: tuple[bytes, str],
+                 on_close: Callable[[tuple[bytes, str]], None]) -> None:
+        super().__init__(sock)
+        self.key, self.on_close = key, on_close
+
+    def connect_after(self, seconds: float, endpoint: str) -> None:
+        """Connect to ``endpoint`` in ``seconds``, unless closed meanwhile."""
+        timer = gevent.get_hub().loop.timer(seconds)
+        timer.start(self._connect, timer, endpoint)
+
+    def _connect(self, timer: Any, endpoint: str) -> None:
+        timer.close()
+        if not self.closed:
+            try:
+                self.socket.connect(endpoint)
+            except zmq.ZMQError as exc:
+                log.debug("cannot connect to %s: %s", endpoint, exc)
+
+    def close(self, linger: float = 0.0) -> None:
+        if not self.closed:
+            self.on_close(self.key)
+        super().close(linger)

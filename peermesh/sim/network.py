@@ -478,7 +478,8 @@ class SimTransport:
     def interface(self, choice: Optional[str]) -> Interface:
         return Interface("sim0", self.address, NETWORK)
 
-    def bind_mailbox(self, address: str, max_message: int) -> SimMailbox:
+    def bind_mailbox(self, address: str, max_message: int, **limits: Any) -> SimMailbox:
+        # the limits of real mailboxes (connections, handshake time) have nothing to bound here
         return SimMailbox(self.network, self.address, next(self._ports), max_message)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> SimLink:

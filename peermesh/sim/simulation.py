@@ -28,6 +28,14 @@ ENTER, EXIT = EventType.ENTER, EventType.EXIT
 class _Sink:
     """An event queue that never fills: the simulation listens instead."""
 
+    dropped = 0
+
+    def bound_bytes(self, limit: int) -> None:
+        pass
+
+    def octets(self) -> int:
+        return 0
+
     def put(self, event: Event) -> None:
         pass
 
@@ -63,6 +71,8 @@ class Simulation:
         self.network = SimNetwork(latency, jitter, loss, seed)
         self.clock = self.network.clock
         base = (config or NodeConfig()).replace(**settings)
+        if config is None and "max_peers" not in settings:  # a full mesh: nodes - 1 peers each
+            base = base.replace(max_peers=max(base.max_peers, nodes))
         self.config = base.replace(interface="sim0")
         self.size = nodes
         self.nodes: list[Node] = []

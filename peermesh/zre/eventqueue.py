@@ -3,7 +3,18 @@
 The node (on its hub) ``put``s; the application ``get``s. When a queue holds
 ``limit`` events the node stops reading its mailbox until the application has
 taken half of them, so a slow application pushes back on its peers instead of
-growing memory without bound. ``GreenEventQueue`` serves a consumer on the
+growing memory without bound.
+
+Counting events does not bound memory when the events are large (and ZeroMQ
+buffers behind a mailbox that is not read, up to its high-water mark in
+messages, not octets), so a node also bounds the octets of content waiting
+(``bound_bytes``): while they are over the bound, new events with content
+(WHISPER, SHOUT) are dropped and counted in ``dropped``; events without
+content (ENTER, EXIT, JOIN...) are always kept. Octets are counted on the
+producer's side only: consumers take items in order, so the producer learns
+what they took from the queue's length (when the count nears the bound, or
+every ``_RECOUNT`` items), and no lock is needed.
+``GreenEventQueue`` serves a consumer on the
 same hub; ``ThreadEventQueue`` serves consumers in other threads;
 ``LoopEventQueue`` serves the tasks of an asyncio loop in another thread.
 """
@@ -25,7 +36,58 @@ __all__ = ["GreenEventQueue", "ThreadEventQueue", "LoopEventQueue"]
 T = TypeVar("T")
 
 
-class GreenEventQueue(Generic[T]):
+class _ByteBound:
+    """The octets of content a queue holds, counted by the producer (see the module)."""
+
+    _items: deque
+    #: octets of content beyond which new items with content are dropped
+    max_bytes = 0
+    #: octets of content held (including items taken since the last recount)
+    size = 0
+    #: items dropped for ``max_bytes``
+    dropped = 0
+    #: the content octets of each item not yet known to be taken, oldest first
+    #: (None: no bound in octets)
+    _sizes: Optional[deque[int]] = None
+
+    def bound_bytes(self, limit: int) -> None:
+        """Drop new items with content (``item.frames``) while ``limit`` octets wait."""
+        self.max_bytes = limit
+        self._sizes = deque()
+
+    def _admit(self, item: object, sizes: deque[int]) -> bool:
+        """For the producer, before it appends ``item``: False if it is to be dropped.
+
+        ``size`` counts taken items too until ``_recount`` subtracts them, which
+        happens only when it reaches the bound or enough were taken: cheap per item.
+        """
+        frames = item.frames  # type: ignore[attr-defined]
+        size = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+        if self.size >= self.max_bytes or len(sizes) - len(self._items) > _RECOUNT:
+            self._recount(sizes)
+            if size and self.size >= self.max_bytes:
+                self.dropped += 1
+                return False
+        self.size += size
+        sizes.append(size)
+        return True
+
+    def octets(self) -> int:
+        """Octets of content held now (for the producer's thread)."""
+        if self._sizes is not None:
+            self._recount(self._sizes)
+        return self.size
+
+    def _recount(self, sizes: deque[int]) -> None:
+        """Subtract the octets of the items consumers took (the oldest ones)."""
+        popleft = sizes.popleft
+        self.size -= sum([popleft() for _ in range(len(sizes) - len(self._items))])
+
+
+_RECOUNT = 1024  # items taken before the producer subtracts their octets
+
+
+class GreenEventQueue(_ByteBound, Generic[T]):
     """Producer and consumer are greenlets on one hub.
 
     A consumer waiting in ``get`` is switched to straight from the hub
@@ -49,6 +111,9 @@ class GreenEventQueue(Generic[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; check ``full`` to pace the producer)."""
+        sizes = self._sizes
+        if sizes is not None and not self._admit(item, sizes):
+            return
         self._items.append(item)
         if self._waiters and not self._held:
             self._wake()
@@ -116,7 +181,7 @@ class GreenEventQueue(Generic[T]):
 _TIMED_OUT = object()
 
 
-class _HandOff(Generic[T]):
+class _HandOff(_ByteBound, Generic[T]):
     """The part every cross-thread queue shares: the producer is a greenlet on a hub,
     consumers are elsewhere.
 
@@ -166,6 +231,9 @@ class ThreadEventQueue(_HandOff[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full``)."""
+        sizes = self._sizes
+        if sizes is not None and not self._admit(item, sizes):
+            return
         if self._held:
             self._items.append(item)  # deque appends are atomic; release() notifies
             return
@@ -209,6 +277,9 @@ class LoopEventQueue(_HandOff[T]):
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full``)."""
+        sizes = self._sizes
+        if sizes is not None and not self._admit(item, sizes):
+            return
         self._items.append(item)
         if not self._held and self._waiters:
             self._notify()

@@ -151,6 +151,7 @@ class Node:
             self._headers.setdefault(PEX_HEADER, "1")
         self._clock = clock if clock is not None else self.transport.now
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
+        self._events.bound_bytes(self.config.event_queue_bytes)
         self._listeners: list[Callable[[Event], None]] = []
         self._session = Session(self._uuid, self._name, self._headers, self.config,
                                 self._connect, self._events.put)
@@ -201,7 +202,10 @@ class Node:
             raise NodeStateError(f"node is {self._state}; a node starts once")
         cfg = self.config
         self.interface = itf = self.transport.interface(cfg.interface)
-        self._mailbox = self.transport.bind_mailbox(itf.address, cfg.max_message)
+        self._mailbox = self.transport.bind_mailbox(
+            itf.address, cfg.max_message, max_connections=cfg.max_connections,
+            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired,
+            counters=self._session.counters)
         self.mailbox_port = self._mailbox.port
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
         self._session.start(self.endpoint)
@@ -447,6 +451,34 @@ class Node:
 
     # --- the peer view --------------------------------------------------
 
+    def stats(self) -> dict[str, int]:
+        """Sizes of what remote senders can grow, and totals of what the limits refused.
+
+        ``peers`` (said HELLO), ``pending`` (found, no HELLO yet), ``departed``,
+        ``event_queue`` (events) and ``event_queue_bytes`` (octets of content)
+        waiting for the application, ``connections`` to the mailbox; then
+        every counter of a limit hit so far (``peers_refused``,
+        ``pending_refused``, ``pending_shed``, ``pending_timed_out``,
+        ``hellos_refused``, ``groups_refused``, ``leaves_ignored``,
+        ``reports_ignored``, ``events_dropped``, ``connections_shed``...; see
+        the configuration reference).
+        """
+        session, events = self._session, self._events
+        result = {"peers": len(self._peers) - len(session.pending),
+                  "pending": len(session.pending), "departed": len(session._departed),
+                  "event_queue": len(events), "event_queue_bytes": events.octets(),
+                  "connections": getattr(self._mailbox, "connections", 0)}
+        self._count_dropped()
+        result.update(session.counters.snapshot())
+        return result
+
+    def _count_dropped(self) -> None:
+        """Move the event queue's drops since the last call into the session's counters."""
+        counters = self._session.counters
+        moved = self._events.dropped - counters.get("events_dropped")
+        if moved:
+            counters.add("events_dropped", moved)
+
     def peers(self) -> list[UUID]:
         """UUIDs of the peers that have said HELLO."""
         return [p.uuid for p in self._peers.values() if p.ready]
@@ -537,9 +569,9 @@ class Node:
         """A discovery source heard from ``uuid``: it is alive."""
         self._session.peer_alive(uuid, self._clock())
 
-    def peer_left(self, uuid: UUID) -> None:
-        """A discovery source says ``uuid`` is leaving (a port-0 beacon)."""
-        self._session.peer_left(uuid, self._clock())
+    def peer_left(self, uuid: UUID, address: Optional[str] = None) -> None:
+        """A discovery source says ``uuid`` is leaving (a port-0 beacon from ``address``)."""
+        self._session.peer_left(uuid, self._clock(), address)
 
     # --- for the session: links, the mailbox, the timer -----------------
 
@@ -574,6 +606,7 @@ class Node:
         tick, clock, sleep = self._session.tick, self._clock, self.transport.sleep
         period = min(self.config.interval, self.config.evasive / 2)
         while True:
+            self._count_dropped()
             now = clock()
             sleep(min(period, max(0.0, tick(now) - now)))
 

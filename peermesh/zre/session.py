@@ -34,8 +34,9 @@ Peer states and transitions (all of them are in this module)::
     any --silent >= expired--------------> (none)      (EXIT "expired"), unless its send
                                                         backlog is still draining
     any --backlog stalled >= expired-----> (none)      (EXIT "not responding")
-    any --port-0 beacon / mDNS goodbye---> (none)      (EXIT "left"; reports ignored
-                                                        for ``expired`` after)
+    any --port-0 beacon from its address-> (none)      (EXIT "left"; reports ignored
+          / mDNS goodbye                                for ``expired`` after)
+    connecting --no HELLO in hello_timeout-> (none)    (no event)
 
 Sequence numbers: HELLO is 1, every later command the next number mod
 65536; anything else disconnects the peer, whose next beacon or HELLO may
@@ -56,6 +57,19 @@ that bound up to twice it, after which the peer counts as not responding.
 A link whose backlog drains (``stalled_since`` recent) keeps its peer from
 expiring: its process still takes what is sent, it is only busy.
 
+Bounds on what remote senders control (``NodeConfig``; each refusal is
+counted in ``counters`` and logged at most once per ``REPORT_PERIOD``):
+``max_peers`` peers in the table, of which at most ``max_pending`` found by
+discovery and still waiting for HELLO (a new one found when they are
+full sheds the oldest if that has waited ``interval``, as a live node
+answers at once; a HELLO, which proves a live connection, sheds the oldest
+of those when the table is full, else a peer that is EVASIVE);
+``hello_timeout`` for a found peer to say HELLO; ``max_hello`` octets of
+HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
+departed peers remembered, at most ``max_peers``. A port-0 beacon removes a
+peer only when it comes from the peer's own address, and a report of a known
+UUID at another endpoint neither moves nor refreshes it.
+
 Peer exchange (``X-PM-PEX``, a peermesh extension): a node that uses seeds
 asks for it in its HELLO headers; a node that sees that header sends it the
 UUID and endpoint of every other ready peer in ``PEER-EXCHANGE`` commands.
@@ -72,6 +86,7 @@ from typing import AbstractSet, Callable, Optional, Protocol, Sequence
 from uuid import UUID
 
 from ..config import NodeConfig
+from ..counters import Counters
 from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..wire import zre
@@ -90,6 +105,11 @@ PEX_HEADER = "X-PM-PEX"
 _PEX_CHUNK = 1024  # peers per PEX message
 _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
+#: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
+COUNTERS = ("peers_refused", "pending_refused", "pending_shed", "evasive_shed",
+            "pending_timed_out",
+            "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
+            "events_dropped", "connections_shed")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
@@ -125,7 +145,8 @@ class Peer:
 
     __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
                  "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
-                 "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed")
+                 "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed",
+                 "since")
 
     def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
         self.uuid = uuid
@@ -149,6 +170,7 @@ class Peer:
         self.total = 0              # messages sent to the peer, ever
         self.pings: Optional[deque[int]] = None  # ``total`` when each unanswered PING went
         self.confirmed = 0          # messages the peer is known to have handled
+        self.since = now            # when it entered the table
 
     def next_sequence(self) -> int:
         """The sequence number for the next message to this peer."""
@@ -182,6 +204,11 @@ def _decode_hello(frame: bytes) -> zre.Message:
     megabytes whatever peers send; decoded messages are immutable.
     """
     return zre.decode([frame])
+
+
+def _host(endpoint: str) -> str:
+    """The address of ``tcp://address:port``."""
+    return endpoint[6:].rpartition(":")[0]
 
 
 def _utf8(data: bytes) -> Optional[str]:
@@ -218,9 +245,14 @@ class Session:
         self.by_identity: dict[bytes, Peer] = {}
         self.by_endpoint: dict[str, Peer] = {}
         self.members: dict[str, dict[UUID, Peer]] = {}
+        #: peers found by discovery, waiting for their HELLO, oldest first
+        self.pending: dict[UUID, Peer] = {}
+        #: what remote senders made the session refuse, drop or shed
+        self.counters = Counters(log, f"node {name} hit its limits", COUNTERS)
         self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
-        self._departed: dict[UUID, float] = {}  # when a peer said it was leaving
+        self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
+        self._evasive: list[Peer] = []  # ready peers EVASIVE at the last tick (shed first)
         self._hello: Optional[list[bytes]] = None
 
     # --- own state --------------------------------------------------------
@@ -238,6 +270,7 @@ class Session:
         self.by_identity.clear()
         self.by_endpoint.clear()
         self.members.clear()
+        self.pending.clear()
         self._claims.clear()
         return peers
 
@@ -288,9 +321,12 @@ class Session:
             return
         peer = self.peers.get(uuid)
         if peer is not None:
-            peer.refresh(now)
+            if peer.endpoint == endpoint:
+                peer.refresh(now)
+            else:  # a stale or forged report: the peer's own HELLO said where it is
+                self.counters.add("reports_ignored")
         elif now - self._departed.get(uuid, -1e18) >= self.config.expired:
-            self._require_peer(uuid, endpoint, now)
+            self._require_peer(uuid, endpoint, now, hello=False)
         # else: it said it was leaving; a stale report (PEX, mDNS cache) must not revive it
 
     def peer_alive(self, uuid: UUID, now: float) -> None:
@@ -299,21 +335,52 @@ class Session:
         if peer is not None:
             peer.refresh(now)
 
-    def peer_left(self, uuid: UUID, now: float) -> None:
-        """A discovery source says ``uuid`` is leaving."""
-        self._departed[uuid] = now
+    def peer_left(self, uuid: UUID, now: float, address: Optional[str] = None) -> None:
+        """A discovery source says ``uuid`` is leaving; ``address``: where that came from.
+
+        Heeded only from the peer's own address (when the source knows one):
+        anyone can send a port-0 beacon with a UUID that beacons broadcast.
+        """
         peer = self.peers.get(uuid)
-        if peer is not None:
-            self.remove(peer, "left")
+        if peer is None:
+            return
+        if address is not None and address != _host(peer.endpoint):
+            log.debug("ignored leave of %s from %s: it lives at %s", peer.name, address,
+                      peer.endpoint)
+            self.counters.add("leaves_ignored")
+            return
+        departed = self._departed
+        departed.pop(uuid, None)
+        departed[uuid] = now
+        if len(departed) > self.config.max_peers:
+            del departed[next(iter(departed))]
+        self.remove(peer, "left")
 
     # --- the peer table ----------------------------------------------------
 
-    def _require_peer(self, uuid: UUID, endpoint: str, now: float) -> Optional[Peer]:
+    def _require_peer(self, uuid: UUID, endpoint: str, now: float,
+                      hello: bool) -> Optional[Peer]:
+        """The peer ``uuid``, made (link opened, HELLO sent) if new and within the bounds.
+
+        ``hello``: it said HELLO (a live connection), so it may shed the oldest
+        peer still waiting for one; a peer found by discovery may not.
+        """
         peer = self.peers.get(uuid)
         if peer is not None:
             return peer
         if not endpoint.startswith("tcp://") or endpoint == self.endpoint:
             log.debug("ignored peer %s with endpoint %r", uuid, endpoint)
+            return None
+        cfg = self.config
+        if not hello and len(self.pending) >= cfg.max_pending:
+            oldest = next(iter(self.pending.values()))
+            if now - oldest.since < cfg.interval:
+                self.counters.add("pending_refused")
+                return None
+            self.counters.add("pending_shed")  # it had its chance: a live node answers at once
+            self.remove(oldest, "shed for a newer peer")
+        if len(self.peers) >= cfg.max_peers and not (hello and self._shed_for_newcomer()):
+            self.counters.add("peers_refused")
             return None
         holder = self.by_endpoint.get(endpoint)
         if holder is not None:
@@ -326,6 +393,7 @@ class Session:
             return None
         peer = Peer(uuid, endpoint, link, now)
         self.peers[uuid] = peer
+        self.pending[uuid] = peer
         self.by_identity[peer.identity] = peer
         self.by_endpoint[endpoint] = peer
         if self._hello is None:  # the same for every peer until our groups change
@@ -336,18 +404,38 @@ class Session:
         link.offer(self._hello)
         return peer
 
+    def _shed_for_newcomer(self) -> bool:
+        """Make room for a node that said HELLO: shed the oldest peer still waiting for
+        its HELLO, else one that was EVASIVE at the last tick and still is."""
+        if self.pending:
+            self.counters.add("pending_shed")
+            self.remove(next(iter(self.pending.values())), "shed for a peer that said HELLO")
+            return True
+        evasive = self._evasive
+        while evasive:
+            peer = evasive.pop()
+            if self.peers.get(peer.uuid) is peer and peer.evasive:
+                self.counters.add("evasive_shed")
+                self.remove(peer, f"evasive, shed for a new peer (max_peers="
+                                  f"{self.config.max_peers})")
+                return True
+        return False
+
     def remove(self, peer: Peer, reason: str) -> None:
         """Forget ``peer`` and close its link; EXIT if it had said HELLO."""
         if self.peers.get(peer.uuid) is not peer:
             return
         del self.peers[peer.uuid]
         del self.by_identity[peer.identity]
+        self.pending.pop(peer.uuid, None)
         if self.by_endpoint.get(peer.endpoint) is peer:
             del self.by_endpoint[peer.endpoint]
         for group in peer.groups:
             members = self.members.get(group)
             if members is not None:
                 members.pop(peer.uuid, None)
+                if not members:  # groups of departed peers must not pile up
+                    del self.members[group]
         peer.link.close()
         if peer.pong is not None:
             peer.pong.set()  # wake flush(): the peer is gone
@@ -357,17 +445,28 @@ class Session:
             self.emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
 
     def _peer_join(self, peer: Peer, group: str) -> None:
-        if group in peer.groups:
+        groups = peer.groups
+        if group in groups:
             return
-        peer.groups = {*peer.groups, group}  # joins are rare; an idle peer holds no set
+        if len(groups) >= self.config.max_groups:
+            self.counters.add("groups_refused")
+            self.remove(peer, f"joined more than max_groups ({self.config.max_groups}) groups")
+            return
+        if type(groups) is not set:  # an idle peer holds the shared empty frozenset
+            groups = peer.groups = set(groups)
+        groups.add(group)  # type: ignore[attr-defined]
         self.members.setdefault(group, {})[peer.uuid] = peer
         self.emit(Event(JOIN, peer.uuid, peer.name, group))
 
     def _peer_leave(self, peer: Peer, group: str) -> None:
         if group not in peer.groups:
-            return
-        peer.groups = peer.groups - {group}
-        self.members.get(group, {}).pop(peer.uuid, None)
+            return  # (so ``groups`` is a set: it joined)
+        peer.groups.discard(group)  # type: ignore[attr-defined]
+        members = self.members.get(group)
+        if members is not None:
+            members.pop(peer.uuid, None)
+            if not members:
+                del self.members[group]
         self.emit(Event(LEAVE, peer.uuid, peer.name, group))
 
     # --- the mailbox -------------------------------------------------------
@@ -458,6 +557,10 @@ class Session:
 
     def _on_hello(self, identity: bytes, frames: list[bytes], peer: Optional[Peer],
                   now: float) -> None:
+        size = sum(map(len, frames))
+        if size > self.config.max_hello:
+            self._refuse_hello(peer, f"{size} octets, over max_hello ({self.config.max_hello})")
+            return
         try:
             if len(frames) == 1 and len(frames[0]) <= _HELLO_CACHED:
                 hello = _decode_hello(frames[0])
@@ -469,6 +572,10 @@ class Session:
         assert isinstance(hello, zre.Hello)
         if len(identity) != 17 or identity[0] != 1 or identity[1:] == self.uuid_bytes:
             log.debug("dropped HELLO with identity %r", identity)
+            return
+        if len(hello.groups) > self.config.max_groups:
+            self._refuse_hello(peer, f"{len(hello.groups)} groups, over max_groups "
+                               f"({self.config.max_groups})")
             return
         if hello.sequence != 1:
             log.debug("dropped HELLO with sequence %d", hello.sequence)
@@ -497,10 +604,17 @@ class Session:
             if holder is not None and now - holder.last_seen < self.config.evasive:
                 self._claim(holder, uuid, hello, now)
                 return
-            peer = self._require_peer(uuid, hello.endpoint, now)
+            peer = self._require_peer(uuid, hello.endpoint, now, hello=True)
             if peer is None:
                 return
         self._accept_hello(peer, hello, now, announce=True)
+
+    def _refuse_hello(self, peer: Optional[Peer], why: str) -> None:
+        """A HELLO over a limit: dropped undecoded or unused, and its sender with it."""
+        self.counters.add("hellos_refused")
+        log.debug("refused HELLO: %s", why)
+        if peer is not None:
+            self.remove(peer, f"HELLO refused: {why}")
 
     def _claim(self, holder: Peer, uuid: UUID, hello: zre.Hello, now: float) -> None:
         """A new node says HELLO from ``holder``'s endpoint: ask the holder if it lives."""
@@ -525,13 +639,14 @@ class Session:
                 self._take_claim(claim, now)
 
     def _take_claim(self, claim: _Claim, now: float) -> None:
-        peer = self.peers.get(claim.uuid) or self._require_peer(claim.uuid,
-                                                                claim.hello.endpoint, now)
+        peer = self.peers.get(claim.uuid) or self._require_peer(
+            claim.uuid, claim.hello.endpoint, now, hello=True)
         # A report may have made it a peer meanwhile; its one HELLO is the claim's.
         if peer is not None and not peer.ready and peer.endpoint == claim.hello.endpoint:
             self._accept_hello(peer, claim.hello, now, announce=True)
 
     def _accept_hello(self, peer: Peer, hello: zre.Hello, now: float, announce: bool) -> None:
+        self.pending.pop(peer.uuid, None)
         peer.ready = True
         peer.want = 2
         peer.name = hello.name
@@ -582,11 +697,25 @@ class Session:
         for uuid, when in list(self._restarts.items()):
             if now - when >= cfg.interval:
                 del self._restarts[uuid]
-        for uuid, when in list(self._departed.items()):
-            if now - when >= cfg.expired:
-                del self._departed[uuid]
+        departed = self._departed
+        while departed:  # oldest first
+            uuid, when = next(iter(departed.items()))
+            if now - when < cfg.expired:
+                break
+            del departed[uuid]
+        pending = self.pending
+        while pending:  # oldest first
+            peer = next(iter(pending.values()))
+            if now - peer.since < cfg.hello_timeout:
+                break
+            self.counters.add("pending_timed_out")
+            log.debug("peer %s at %s said no HELLO within hello_timeout", peer.uuid,
+                      peer.endpoint)
+            self.remove(peer, "no HELLO")
+        self.counters.report(now)
         if self._claims:
             self._settle_claims(now)
+        evasive: list[Peer] = []
         for peer in list(self.peers.values()):
             stalled = peer.link.stalled_since
             if stalled is not None and now - stalled >= cfg.expired:
@@ -602,9 +731,12 @@ class Session:
                 if not peer.evasive and peer.ready:
                     peer.evasive = True
                     self.emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
+            if peer.evasive:
+                evasive.append(peer)
             if idle >= cfg.silent and not peer.silent and peer.ready:
                 peer.silent = True
                 self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
+        self._evasive = evasive
         period = min(cfg.interval, cfg.evasive / 2)
         if self._claims:
             return min(now + period, min(c.since for c in self._claims.values()) + cfg.interval)

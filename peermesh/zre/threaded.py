@@ -538,6 +538,10 @@ class ThreadedNode(NodeIdentity):
         """See ``Node.peers``."""
         return self._call(self._started().peers)
 
+    def stats(self) -> dict[str, int]:
+        """See ``Node.stats``."""
+        return self._call(self._started().stats)
+
     def peers_by_group(self, group: str) -> list[UUID]:
         """See ``Node.peers_by_group``."""
         return self._call(self._started().peers_by_group, group)

@@ -193,8 +193,9 @@ def test_round_trips_through_the_agent(mesh: Mesh) -> None:
     assert result.returncode == 0, _report(result)
     rows = dict(line.split(None, 1) for line in result.stdout.splitlines())
     assert set(rows) == {"agent", "node", "interface", "groups", "headers", "peers",
-                         "subscribers"}  # the words of --json
+                         "subscribers", "limits"}  # the words of --json
     assert rows["subscribers"] == "0" and rows["peers"] == "1"
+    assert rows["limits"] == "none" and info["stats"]["peers"] == 1
 
     result = timed("shout", "shout", "chat", "hello wörld")
     assert result.returncode == 0, _report(result)

@@ -1,0 +1,254 @@
+"""Bounds on what a remote sender controls, on the session core (no sockets, no clock).
+
+Each test is a flood from the hostile-network report made small: the same
+shape, fewer inputs. Live versions on loopback are in test_bounds_live.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid as uuid_module
+
+import pytest
+
+from peermesh.config import NodeConfig
+from peermesh.events import Event, EventType
+from peermesh.wire import zre
+from peermesh.zre.eventqueue import GreenEventQueue, ThreadEventQueue
+
+try:  # tests/ as a package
+    from .test_session import CONFIG, Harness, Remote, entered
+except ImportError:  # tests/zre on sys.path (pytest's default "prepend" import mode)
+    from test_session import CONFIG, Harness, Remote, entered
+
+ENTER, EXIT, JOIN, WHISPER = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.WHISPER
+
+
+def harness(**limits: object) -> Harness:
+    return Harness(CONFIG.replace(**limits))
+
+
+# --- peers found by discovery: pending, capped, timed out --------------------------------
+
+
+def test_beacons_from_random_uuids_open_at_most_max_pending_links() -> None:
+    # 30,000 beacons with random UUIDs at closed ports made 3,679 peers and fds.
+    h = harness(max_pending=8)
+    for i in range(300):
+        h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{1000 + i}", i / 1000)
+    assert sum(map(len, h.links.values())) == 8
+    assert len(h.session.pending) == len(h.session.peers) == 8
+    assert h.session.counters.get("pending_refused") == 292
+    assert h.taken() == []
+
+
+def test_a_pending_peer_that_had_an_interval_to_answer_makes_room() -> None:
+    h = harness(max_pending=8)
+    fakes = [uuid_module.uuid4() for _ in range(8)]
+    for i, fake in enumerate(fakes):
+        h.session.peer_appeared(fake, f"tcp://10.0.0.9:{1000 + i}", i / 10)
+    newcomer = Remote("new", 7000)
+    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 0.9)  # the oldest waited 0.9 s
+    assert newcomer.uuid not in h.session.peers
+    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 1.0)  # its next beacon
+    assert newcomer.uuid in h.session.pending and fakes[0] not in h.session.peers
+    assert h.link(newcomer.endpoint).kinds() == ["Hello"]
+    assert h.session.counters.get("pending_shed") == 1
+
+
+def test_pending_peers_without_hello_time_out() -> None:
+    h = harness(max_pending=4, hello_timeout=2.0)
+    for i in range(4):
+        h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{1000 + i}", float(i))
+    h.session.tick(2.5)  # the first two are 2.5 and 1.5 s old
+    assert len(h.session.pending) == 3
+    h.session.tick(5.0)
+    assert not h.session.pending and not h.session.peers
+    assert all(link.closed for links in h.links.values() for link in links)
+    assert h.session.counters.get("pending_timed_out") == 4
+    assert h.taken() == []  # they never said HELLO: no EXIT
+    # Room again for a newcomer found by discovery.
+    newcomer = Remote("new", 7000)
+    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 5.0)
+    assert newcomer.uuid in h.session.pending
+
+
+def test_fakes_never_crowd_out_a_newcomer_that_says_hello() -> None:
+    # The table is full of peers found by beacons that never answer; a real
+    # node says HELLO (it heard our beacon): it gets in, shedding the oldest fake.
+    h = harness(max_pending=4, max_peers=4)
+    fakes = [uuid_module.uuid4() for _ in range(4)]
+    for i, fake in enumerate(fakes):
+        h.session.peer_appeared(fake, f"tcp://10.0.0.9:{1000 + i}", 0.0)
+    newcomer = Remote("new", 7000)
+    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 0.5)  # its beacon: no room
+    assert newcomer.uuid not in h.session.peers
+    entered(h, newcomer, 0.6)
+    assert newcomer.uuid in h.session.peers and fakes[0] not in h.session.peers
+    assert h.session.counters.get("pending_shed") == 1
+
+
+def test_hellos_past_max_peers_are_refused() -> None:
+    # 5,000 HELLOs from distinct identities made 4,298 ready peers.
+    h = harness(max_peers=10)
+    for i in range(50):
+        h.send(Remote(f"fake{i}", 2000 + i), Remote(f"fake{i}", 2000 + i).hello(), 0.0)
+    assert len(h.session.peers) == 10
+    assert [kind for kind, _ in h.taken()].count(ENTER) == 10
+    assert h.session.counters.get("peers_refused") == 40
+
+
+def test_a_newcomer_that_says_hello_replaces_an_evasive_fake() -> None:
+    # Fake HELLOs fill the table and then say nothing (not even PING-OK): once
+    # they are EVASIVE, a real newcomer's HELLO takes the place of one.
+    h = harness(max_peers=4)
+    fakes = [Remote(f"fake{i}", 2000 + i) for i in range(4)]
+    for fake in fakes:
+        entered(h, fake, 0.0)
+    newcomer = Remote("new", 7000)
+    h.send(newcomer, newcomer.hello(), 1.0)  # nobody is EVASIVE yet: refused
+    assert newcomer.uuid not in h.session.peers
+    h.session.tick(CONFIG.evasive)  # all four PINGed, EVASIVE
+    h.taken()
+    h.send(newcomer, newcomer.hello(), CONFIG.evasive + 0.5)
+    assert newcomer.uuid in h.session.peers and len(h.session.peers) == 4
+    kinds = h.taken()
+    assert (ENTER, "new") in kinds
+    assert [k for k in kinds if k[0] is EXIT] == [(EXIT, "evasive, shed for a new peer "
+                                                          "(max_peers=4)")]
+    assert h.session.counters.get("evasive_shed") == 1
+
+
+# --- HELLO size and groups ----------------------------------------------------------------
+
+
+def test_hello_over_max_hello_is_refused_and_its_peer_dropped() -> None:
+    # A HELLO with a 4 MB header was kept per fake peer.
+    h = harness(max_hello=1000)
+    big = Remote("big", 3000)
+    h.session.peer_appeared(big.uuid, big.endpoint, 0.0)  # pending, HELLO sent to it
+    h.send(big, big.hello(headers={"X-Big": "x" * 2000}), 0.0)
+    assert big.uuid not in h.session.peers and h.link(big.endpoint).closed
+    assert h.taken() == []
+    assert h.session.counters.get("hellos_refused") == 1
+    entered(h, Remote("small", 3001), 0.0, headers={"X-Small": "x" * 500})
+
+
+def test_hello_with_more_groups_than_max_groups_is_refused() -> None:
+    # One HELLO listing 500k groups stopped the hub.
+    h = harness(max_groups=16)
+    many = Remote("many", 3000)
+    h.send(many, many.hello(groups=tuple(f"g{i}" for i in range(17))), 0.0)
+    assert many.uuid not in h.session.peers
+    assert h.taken() == [] and h.session.counters.get("hellos_refused") == 1
+    entered(h, Remote("ok", 3001), 0.0, groups=tuple(f"g{i}" for i in range(16)))
+
+
+def test_a_join_past_max_groups_removes_the_peer() -> None:
+    h = harness(max_groups=3)
+    joiner = Remote("joiner", 3000)
+    entered(h, joiner, 0.0, groups=("a", "b"))
+    h.send(joiner, zre.Join(joiner.next(), "c", 3), 0.0)
+    h.send(joiner, zre.Join(joiner.next(), "d", 4), 0.0)
+    assert h.taken() == [(JOIN, "c"), (EXIT, "joined more than max_groups (3) groups")]
+    assert joiner.uuid not in h.session.peers
+    assert not h.session.members  # no group keeps a member that left
+    assert h.session.counters.get("groups_refused") == 1
+
+
+def test_joins_and_leaves_change_the_peers_group_set_in_place() -> None:
+    # _peer_join copied the whole set per group: 40k groups in one HELLO took 32 s.
+    h = harness()
+    joiner = Remote("joiner", 3000)
+    entered(h, joiner, 0.0, groups=("a",))
+    peer = h.session.peers[joiner.uuid]
+    groups = peer.groups
+    for i in range(100):
+        h.send(joiner, zre.Join(joiner.next(), f"g{i}", i + 2), 0.0)
+    h.send(joiner, zre.Leave(joiner.next(), "g0", 102), 0.0)
+    assert peer.groups is groups and len(groups) == 100
+
+
+# --- leaving: port-0 beacons and the departed peers ----------------------------------------
+
+
+def test_port_zero_from_another_address_does_not_remove_the_peer() -> None:
+    # One spoofed 22-byte beacon cut a live peer off for `expired` seconds.
+    h = harness()
+    peer = Remote("peer", 3000)  # at 10.0.0.2
+    entered(h, peer, 0.0)
+    h.session.peer_left(peer.uuid, 1.0, "10.0.0.66")
+    assert peer.uuid in h.session.peers and h.taken() == []
+    assert h.session.counters.get("leaves_ignored") == 1
+    h.session.peer_left(peer.uuid, 2.0, "10.0.0.2")
+    assert h.taken() == [(EXIT, "left")]
+
+
+def test_port_zero_beacons_from_random_uuids_leave_nothing_behind() -> None:
+    # 200,000 port-0 beacons from random UUIDs grew _departed to 89k entries.
+    h = harness(max_peers=8)
+    for _ in range(500):
+        h.session.peer_left(uuid_module.uuid4(), 0.0, "10.0.0.9")
+    assert not h.session._departed
+    # Peers that really leave are remembered, at most max_peers of them.
+    for i in range(20):
+        peer = Remote(f"p{i}", 3000 + i)
+        entered(h, peer, float(i))
+        h.session.peer_left(peer.uuid, float(i), "10.0.0.2")
+    assert len(h.session._departed) == 8
+
+
+def test_report_of_a_known_uuid_at_another_endpoint_neither_moves_nor_refreshes_it() -> None:
+    h = harness()
+    peer = Remote("peer", 3000)
+    entered(h, peer, 0.0)
+    h.session.peer_appeared(peer.uuid, "tcp://10.0.0.66:3000", 4.0)
+    assert h.session.peers[peer.uuid].endpoint == peer.endpoint
+    assert h.session.peers[peer.uuid].last_seen == 0.0
+    assert list(h.links) == [peer.endpoint]
+    h.session.peer_appeared(peer.uuid, peer.endpoint, 4.0)  # its own beacon does
+    assert h.session.peers[peer.uuid].last_seen == 4.0
+
+
+# --- the event queue: bounded in octets too ------------------------------------------------
+
+
+def whisper(size: int) -> Event:
+    return Event(WHISPER, uuid_module.uuid4(), "w", frames=(b"x" * size,))
+
+
+def test_green_queue_drops_content_over_its_octets_and_keeps_the_rest() -> None:
+    # 60 x 20 MB whispers to an application that does not read: 1.17 GB.
+    queue: GreenEventQueue[Event] = GreenEventQueue(1000)
+    queue.bound_bytes(2_500)
+    for _ in range(10):
+        queue.put(whisper(1000))
+    queue.put(Event(ENTER, uuid_module.uuid4(), "e"))
+    assert len(queue) == 4 and queue.dropped == 7  # 0, 1000, 2000 octets held: room
+    assert queue.get(0).frames and queue.get(0).frames  # type: ignore[union-attr]
+    queue.put(whisper(1000))  # two were taken: room again
+    assert queue.size == 2000 and len(queue) == 3 and queue.dropped == 7
+
+
+def test_thread_queue_counts_what_other_threads_took() -> None:
+    queue: ThreadEventQueue[Event] = ThreadEventQueue(1000, lambda fn: fn())
+    queue.bound_bytes(10_000)
+    for _ in range(10):
+        queue.put(whisper(1000))
+    taken: list[Event] = []
+    consumer = threading.Thread(target=lambda: taken.extend(queue.get(1) for _ in range(10)))
+    consumer.start()
+    consumer.join(5)
+    assert len(taken) == 10
+    for _ in range(10):
+        queue.put(whisper(1000))
+    assert queue.dropped == 0 and queue.size == 10_000
+    queue.put(whisper(1))
+    assert queue.dropped == 1
+
+
+@pytest.mark.parametrize("key", ["max_peers", "max_pending", "max_hello", "max_groups",
+                                 "event_queue_bytes", "max_connections"])
+def test_limits_must_be_positive(key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        NodeConfig(**{key: 0})

@@ -1,0 +1,131 @@
+"""Floods from the hostile-network report, made small, against live nodes on loopback.
+
+Each test floods the target of ``test_hostile``'s mesh (a target and a good
+peer chatting both ways) and then checks that the target's tables stayed
+within their limits (``ThreadedNode.stats``), that it still serves the good
+peer, and that a real newcomer still gets in.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid as uuid_module
+from typing import Callable
+
+import pytest
+
+from peermesh import ThreadedNode
+from peermesh.events import EventType
+from peermesh.wire import zre
+
+try:  # tests/ as a package
+    from .test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier, enter_raw, hello_frame,
+                               make_raw)
+    from ..waiting import poll_until
+except ImportError:  # tests/ and tests/zre on sys.path (pytest's "prepend" import mode)
+    from test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier, enter_raw, hello_frame,
+                              make_raw)
+    from waiting import poll_until
+
+__all__ = ["make_raw"]  # a fixture, used by name
+
+ENTER, WHISPER = EventType.ENTER, EventType.WHISPER
+
+
+@pytest.fixture
+def bounded(free_udp_port: int, request: pytest.FixtureRequest) -> Mesh:
+    """The hostile-test mesh with a target of small limits."""
+    mesh = Mesh(free_udp_port, max_pending=16, max_peers=24, max_groups=64, max_hello=8192,
+                max_message=65536, interval=0.2)  # a pending peer may be replaced after 0.2 s
+    request.addfinalizer(mesh.close)
+    return mesh.start()
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_beacons_from_random_uuids_at_closed_ports(bounded: Mesh,
+                                                   make_raw: Callable[..., RawPeer]) -> None:
+    # 30,000 such beacons made 3,679 peers, fds 18 -> 3,696 and a stalled hub.
+    target = bounded.target
+    assert target is not None
+    before = open_descriptors()
+    raw = make_raw()
+    closed = []  # ports bound but not listening: connections to them are refused
+    for _ in range(50):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        closed.append(sock)
+    try:
+        for burst in range(10):
+            for i in range(200):
+                port = closed[i % len(closed)].getsockname()[1]
+                raw.beacon(bounded.port, port, uuid=uuid_module.uuid4())
+            beacon_barrier(bounded, make_raw)  # each probe is a newcomer that gets in
+    finally:
+        for sock in closed:
+            sock.close()
+    stats = target.stats()
+    assert stats["pending"] <= 16 and stats["pending_refused"] > 0, stats
+    # Both nodes hear the flood: at most 16 (target) and 64 (the good peer's default
+    # max_pending) DEALERs of two descriptors each, plus the raw peers' own.
+    assert open_descriptors() - before < 2 * (16 + 64) + 60, "descriptors past the bounds"
+    newcomer = make_raw(name="newcomer")
+    enter_raw(bounded, newcomer)
+    bounded.assert_serving()
+    assert bounded.raw_enters() == [newcomer.uuid]
+
+
+def test_hellos_from_many_identities_stop_at_max_peers(bounded: Mesh,
+                                                       make_raw: Callable[..., RawPeer]) -> None:
+    # 5,000 HELLOs from distinct identities gave 4,298 fake ready peers.
+    target = bounded.target
+    assert target is not None
+    for i in range(40):
+        fake = make_raw(name=f"fake{i}")
+        fake.connect(bounded.endpoint)
+        fake.hello()
+    # The good peer and 23 fakes fill max_peers=24; the other 17 are refused.
+    stats = poll_until(lambda: (s := target.stats())["peers_refused"] >= 17 and s, WAIT,
+                       "the target to handle every HELLO")
+    assert stats["peers"] == 24 and stats["peers_refused"] == 17, stats
+    bounded.assert_serving()
+
+
+def test_hello_with_too_many_groups_is_refused_at_once(bounded: Mesh,
+                                                       make_raw: Callable[..., RawPeer]) -> None:
+    # One HELLO listing 500k groups stopped the hub (40k groups: 32 s).
+    raw = make_raw()
+    raw.connect(bounded.endpoint)
+    groups = [b"g%d" % i for i in range(1500)]  # 8 KB of HELLO, past max_groups=64
+    raw.send([hello_frame(raw.endpoint.encode(), groups=groups[:64 + 1])])
+    raw.send([hello_frame(raw.endpoint.encode(), groups=groups)])
+    enter_raw(bounded, raw)  # a HELLO within the bounds, behind them on the connection
+    bounded.assert_serving()
+    assert bounded.raw_enters() == [raw.uuid]
+    assert bounded.target is not None
+    assert bounded.target.stats()["hellos_refused"] == 2
+
+
+def test_whispers_to_an_application_that_does_not_read(make_raw: Callable[..., RawPeer],
+                                                       free_udp_port: int) -> None:
+    # 60 x 20 MB whispers to an application that does not read grew RSS to 1.17 GB.
+    with ThreadedNode("sink", interface="lo", port=free_udp_port, discovery=(),
+                      max_message=2_000_000, event_queue_bytes=3_000_000) as sink:
+        raw = make_raw()
+        raw.connect(sink.endpoint)  # type: ignore[arg-type]
+        raw.hello()
+        for _ in range(20):
+            raw.whisper(b"x" * 1_000_000)
+        raw.ping()
+        raw.expect(zre.PingOk, timeout=10)  # every whisper before it was handled
+        stats = sink.stats()
+        assert stats["event_queue_bytes"] <= 3_000_000, stats
+        assert stats["events_dropped"] == 17, stats
+        events = [sink.recv(1) for _ in range(4)]
+        assert [e.type for e in events if e is not None] == [ENTER, WHISPER, WHISPER, WHISPER]
+        raw.whisper(b"read again")  # the application read: room again
+        event = sink.recv(WAIT)
+        assert event is not None and event.frames == (b"read again",)
