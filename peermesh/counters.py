@@ -1,16 +1,24 @@
 """Counters of what a component refused, dropped or shed, logged at most once a period.
 
-A remote sender can make a node hit its limits as often as it likes, so
-hitting one is counted, never logged each time: ``Counters.add`` is a dict
-update, and ``report(now)`` (from the owner's timer, with the owner's clock)
-logs one line with what moved since the last line, at most once every
-``period`` seconds. ``snapshot()`` gives the totals (``Node.stats``).
+A remote sender can make a component hit its limits as often as it likes, so
+hitting one is counted, never logged each time. Two ways in:
+
+* ``add(name)`` only counts (a dict update); the owner's timer calls
+  ``report(now)`` with the owner's clock, which logs one line with what moved
+  since the last line, at most once every ``period`` seconds (the ZRE node,
+  the mailbox guard).
+* ``over(name, detail)`` counts one refusal at a bound, keeps ``detail`` (what
+  was refused and why) for the next line, and reports at once if the period
+  has passed (overlays and the agent, which have no timer of their own).
+
+``snapshot()`` gives the totals (``Node.stats``, ``Worker.stats`` ...).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional
+import time
+from typing import Callable, Iterable, Optional
 
 __all__ = ["Counters", "REPORT_PERIOD"]
 
@@ -21,20 +29,29 @@ REPORT_PERIOD = 10.0
 class Counters:
     """Named totals; ``report`` logs what moved since the last report."""
 
-    __slots__ = ("log", "what", "period", "_totals", "_reported", "_next")
+    __slots__ = ("log", "what", "period", "_clock", "_totals", "_reported", "_details", "_next")
 
     def __init__(self, log: logging.Logger, what: str, names: Iterable[str] = (),
-                 period: float = REPORT_PERIOD) -> None:
+                 period: float = REPORT_PERIOD,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.log = log
         self.what = what
         self.period = period
+        self._clock = clock
         self._totals: dict[str, int] = dict.fromkeys(names, 0)  # listed even while 0
         self._reported: dict[str, int] = dict(self._totals)
+        self._details: dict[str, str] = {}
         self._next: Optional[float] = None
 
     def add(self, name: str, count: int = 1) -> None:
         """Count ``count`` more of ``name``."""
         self._totals[name] = self._totals.get(name, 0) + count
+
+    def over(self, name: str, detail: str, now: Optional[float] = None) -> None:
+        """Count one refusal at the bound ``name``; ``detail`` says what and why."""
+        self._totals[name] = self._totals.get(name, 0) + 1
+        self._details[name] = detail
+        self.report(self._clock() if now is None else now)
 
     def get(self, name: str) -> int:
         """The total of ``name`` so far."""
@@ -54,5 +71,8 @@ class Counters:
             return
         self._reported = dict(self._totals)
         self._next = now + self.period
-        self.log.warning("%s: %s", self.what,
-                         ", ".join(f"{name} +{count}" for name, count in sorted(moved.items())))
+        parts = []
+        for name, count in sorted(moved.items()):
+            detail = self._details.pop(name, "")
+            parts.append(f"{name} +{count}" + (f" (last: {detail})" if detail else ""))
+        self.log.warning("%s: %s", self.what, ", ".join(parts))

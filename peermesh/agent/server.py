@@ -112,7 +112,7 @@ from uuid import UUID
 import msgpack
 
 from ..errors import PeermeshError
-from ..limits import LimitCounter
+from ..counters import Counters
 from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, PROTOCOL, AgentClient, AgentError,
                      AgentGone, AgentMismatch, NoAgent, default_agent_path, frame,
                      resolve_path)
@@ -485,7 +485,7 @@ class AgentServer:
                         "few more descriptors (raise its RLIMIT_NOFILE)", self.max_connections,
                         max_connections)
         #: refusals by limit: ``max_connections``, ``descriptors`` (accept failed: EMFILE)
-        self.limits = LimitCounter(log)
+        self.limits = Counters(log, "agent hit its limits")
         self.started = time.monotonic()
         self._listener: Any = None
         self._acceptor: Any = None

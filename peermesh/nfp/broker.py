@@ -49,7 +49,7 @@ import gevent
 import zmq
 
 from ..errors import ProtocolError
-from ..limits import LimitCounter
+from ..counters import Counters
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -136,7 +136,7 @@ class Broker(Overlay):
         self.stats = {"dropped": 0, "requests": 0, "events": 0, "elections_won": 0,
                       "disconnects_sent": 0}
         #: refusals by limit: ``max_target`` (requests whose target is over MAX_TARGET)
-        self.limits = LimitCounter(log)
+        self.limits = Counters(log, "NFP broker hit its limits")
 
     # --- life cycle -----------------------------------------------------
 

@@ -68,7 +68,7 @@ import gevent.event
 import zmq
 
 from ..errors import ProtocolError
-from ..limits import LimitCounter
+from ..counters import Counters
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -266,7 +266,7 @@ class Worker(Overlay):
         self._recounted = -_RECOUNT_EVERY
         #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` (POSTs),
         #: ``max_target`` (requests whose target is over MAX_TARGET, dropped)
-        self.limits = LimitCounter(log)
+        self.limits = Counters(log, "NFP worker hit its limits")
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
@@ -805,7 +805,7 @@ class Worker(Overlay):
                 "running": self._running.uuid if self._running else None,
                 "queued": len(self._queue), "broker": self.broker_endpoint,
                 "broker_state": self._broker_state, "stats": dict(self.stats),
-                "limits": dict(self.limits.counts),
+                "limits": dict(self.limits.snapshot()),
                 "jobs": self.store.count_worker_jobs(self.name)}
 
     def broker_info(self) -> dict[str, Any]:

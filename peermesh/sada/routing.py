@@ -68,7 +68,7 @@ from typing import Any, Callable, Optional
 import msgpack
 
 from ..errors import ProtocolError
-from ..limits import LimitCounter
+from ..counters import Counters
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
@@ -237,7 +237,7 @@ class RequestRouter:
         self._max_frames = 3 + 2 * max_services
         self._max_catalog = max_catalog
         #: refusals by limit: ``max_services`` (INTRs too long), ``max_catalog``
-        self.limits = LimitCounter(log)
+        self.limits = Counters(log, "Safir-Darbaan channel hit its limits")
         self._catalog_size = 0                          # (server, service) pairs offered
         self._prefix = channel_id.encode("ascii") + b"-"
         self._counter = 0
@@ -323,7 +323,7 @@ class RequestRouter:
         intr, rintr_sent, dropped (malformed, oversized or unexpected messages), and per
         limit the INTRs refused by it (``max_services``, ``max_catalog``)."""
         return {"requests": self._counter, "replies": self._replies, **self._counts,
-                "max_services": 0, "max_catalog": 0, **self.limits.counts}
+                "max_services": 0, "max_catalog": 0, **self.limits.snapshot()}
 
     @property
     def pending(self) -> int:

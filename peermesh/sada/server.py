@@ -62,7 +62,7 @@ from greenlet import GreenletExit, getcurrent, greenlet
 from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..io import make_socket, shared_context
-from ..limits import LimitCounter
+from ..counters import Counters
 from ..overlay import Lifecycle, Overlay
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
@@ -229,7 +229,7 @@ class Server(Overlay):
             None if channel_networks is None else as_networks(channel_networks))
         #: refusals by limit: ``max_concurrent`` (REQs answered 503), ``channel_networks``
         #: (channel endpoints from the mesh outside them, or not tcp://IP:PORT)
-        self.limits = LimitCounter(log)
+        self.limits = Counters(log, "Safir-Darbaan server hit its limits")
         self._size = 0     # (name, version) pairs in the catalog
         self.forget_after = forget_after
         self._heartbeat = heartbeat
