@@ -91,7 +91,7 @@ def _instance_options(parser: argparse.ArgumentParser, *, member: bool = False) 
     group = parser.add_argument_group("instance options")
     group.add_argument("--instance", default="flux", type=text, metavar="NAME",
                        help="which instance of the mesh (members advertise it in their HELLO "
-                            "header X-PM-FLUX) (default: %(default)s)")
+                            "header X-PM-FLUX-TREE) (default: %(default)s)")
     group.add_argument("--parent", dest="parents", action="append", default=[], type=text,
                        metavar="ENDPOINT",
                        help="join through this member (tcp://HOST:PORT, as `flux run` prints "

@@ -25,7 +25,7 @@ Bootstrap (how a node finds its instance), one of:
 * ``parents=[endpoint, ...]``: join through any of these members (a parent
   list, as flux-core's static configuration); ``rank=R`` claims a rank.
 * neither, attached to a ZRE node: through the mesh. Every member
-  advertises ``X-PM-FLUX`` (``{"instance", "endpoint", "priority"}``) in
+  advertises ``X-PM-FLUX-TREE`` (``{"instance", "endpoint", "priority"}``) in
   its HELLO; after ``settle`` seconds the members of one instance elect the
   root with the mesh's broker election (``peermesh.overlay.election``:
   highest priority, then UUID) and the others join through its endpoint.
@@ -73,7 +73,7 @@ __all__ = ["FluxOverlay", "FLUX_HEADER", "MAX_MESSAGE"]
 log = logging.getLogger(__name__)
 
 #: HELLO header of a Flux member: JSON ``{"instance", "endpoint", "priority"}``
-FLUX_HEADER = "X-PM-FLUX"
+FLUX_HEADER = "X-PM-FLUX-TREE"
 #: bytes of one message a node accepts (its sender's message is dropped)
 MAX_MESSAGE = 16 * 1024 * 1024
 #: messages the DEALER to the parent queues before sends are dropped
