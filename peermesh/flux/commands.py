@@ -34,9 +34,7 @@ import importlib
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, Optional
-
-import gevent.event
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..argtypes import positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
@@ -46,8 +44,10 @@ from ..errors import PeermeshError, ProtocolError
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
-from .overlay import FLUX_HEADER, FluxOverlay
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
+
+if TYPE_CHECKING:  # the overlay (and gevent) are imported by the actions, not by the parser
+    from .overlay import FluxOverlay
 
 __all__ = ["add_commands", "PARENTS_VARIABLE"]
 
@@ -346,6 +346,8 @@ class Leaf:
         self.close()
 
     def _join(self) -> FluxOverlay:
+        from .overlay import FluxOverlay
+
         args = self.args
         deadline = time.monotonic() + args.wait
         parents = _parents(args)
@@ -397,6 +399,8 @@ def _find_members(session: NodeSession, instance: str, deadline: float) -> list[
     show up, so that the member the instance elected as rank 0 (the same
     election its members run: priority, then UUID) is asked first.
     """
+    from .overlay import FLUX_HEADER
+
     node = session.node
     settle: Optional[float] = None
     while True:
@@ -425,6 +429,10 @@ def _find_members(session: NodeSession, instance: str, deadline: float) -> list[
 
 
 def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
+    import gevent.event
+
+    from .overlay import FluxOverlay
+
     parents = _parents(args)
     _check_endpoints(parents)
     if args.root and parents:

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,3 +233,21 @@ def test_a_tree_row_keeps_only_what_a_member_may_say() -> None:
     assert _tree_row(3, 1, hostile) == {
         "rank": 3, "parent": 1, "state": "{'x': 1}", "children": [4, 6], "torpid": [],
         "size": None, "seq": 3, "topology": "kary:2"}
+
+
+def test_building_the_parser_does_not_import_the_overlay() -> None:
+    code = textwrap.dedent("""
+        import sys
+        from peermesh.cli.commands import build_parser
+        build_parser()
+        loaded = sorted(m for m in ("peermesh.flux.overlay", "peermesh.flux.core",
+                                    "peermesh.flux.handle") if m in sys.modules)
+        from peermesh.flux import FluxOverlay, FluxSettings
+        import peermesh.flux
+        print(loaded, FluxOverlay.__name__, FluxSettings.__module__,
+              sorted(peermesh.flux.__all__) == sorted(set(peermesh.flux.__all__)))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert done.stdout.split() == ["[]", "FluxOverlay", "peermesh.flux.core", "True"], \
+        _report(done)
