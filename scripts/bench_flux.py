@@ -5,15 +5,21 @@
     python scripts/bench_flux.py --only latency --rounds 5
     python scripts/bench_flux.py --only pingall,events --ranks 512
     python scripts/bench_flux.py --only sim --sim-sizes 100,1000,10000
+    python scripts/bench_flux.py --only latency,pingall --baseline flux   # next to a branch
 
 Sections:
 
 * ``latency``: p50 of a ``broker.ping`` RPC (100-byte payload) one hop away
   (rank 1 pings rank 0, two processes) and three hops away (a kary:1 chain
-  of four processes, rank 3 pings rank 0), next to a raw pyzmq
-  DEALER<->ROUTER echo of the same payload in the same round (the ceiling).
-  Targets: one hop <= 1.5x raw, three hops <= 3x raw (median of per-round
-  ratios).
+  of four processes, rank 3 pings rank 0), next to two ceilings of plain
+  pyzmq in the same round: a DEALER<->ROUTER echo of the same payload (two
+  processes, one hop) and a chain of the same shape as the three hops (four
+  processes: the pinger's DEALER, two forwarders that each push the
+  sender's identity on the way in and route by it on the way back, a
+  ROUTER that echoes). Targets: one hop <= 1.5x the echo, three hops <= 3x
+  the echo (median of per-round ratios); three hops against the raw chain
+  compares like with like. ``--baseline REV`` runs the Flux cases a second
+  time with an older commit's code, in the same rounds.
 * ``pingall``: ``--ranks`` ranks on real sockets in ONE process (kary:2 and
   kary:32): time to start and converge, then ``broker.ping`` to every rank
   at once from rank 0 (as ``flux ping all``): mean and max round trip of
@@ -53,6 +59,60 @@ FLUX_CORE_PING_ALL_MS = 21.0
 def _settings() -> Any:
     from peermesh.flux import FluxSettings
     return FluxSettings(heartbeat=1.0, torpid=5.0, lost=10.0, hello_timeout=2.0)
+
+
+def role_raw_forward(parent: Parent, port: int) -> dict[str, Any]:
+    """One hop of the raw chain: a ROUTER for the previous process, a DEALER to the next
+    (at ``port``); requests go on with the sender's identity pushed, answers go back
+    to the identity on top (plain pyzmq, frame by frame)."""
+    import zmq
+    ctx = zmq.Context()
+    front, back = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    for sock in (front, back):
+        sock.setsockopt(zmq.LINGER, 0)
+    back.connect(f"tcp://{LOOPBACK}:{port}")
+    parent.send("ready", front.bind_to_random_port(f"tcp://{LOOPBACK}"))
+    poller = zmq.Poller()
+    poller.register(front, zmq.POLLIN)
+    poller.register(back, zmq.POLLIN)
+    poller.register(0, zmq.POLLIN)   # the parent's "stop" (or its end)
+    more, nowait = zmq.SNDMORE, zmq.NOBLOCK
+    while True:
+        for sock, _ in poller.poll(60_000):
+            if sock == 0:
+                return {}
+            other = back if sock is front else front
+            while True:
+                try:
+                    frame = sock.recv(nowait, copy=False)
+                except zmq.Again:
+                    break
+                while frame.more:
+                    other.send(frame, more, copy=False)
+                    frame = sock.recv(copy=False)
+                other.send(frame, copy=False)
+
+
+def role_raw_chain_echo(parent: Parent) -> dict[str, Any]:
+    """The end of the raw chain: a ROUTER that sends every message back as it came."""
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    parent.send("ready", sock.bind_to_random_port(f"tcp://{LOOPBACK}"))
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(0, zmq.POLLIN)
+    while True:
+        for ready, _ in poller.poll(60_000):
+            if ready == 0:
+                return {}
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                sock.send_multipart(frames, copy=False)
 
 
 def role_flux_node(parent: Parent, topology: str, root: bool = False,
@@ -189,9 +249,17 @@ def role_sim(parent: Parent, n: int, topology: str) -> dict[str, Any]:
 
 # --- the parent ------------------------------------------------------------------
 
-def latency_case(kind: str, n: int, warmup: int) -> dict[str, Any]:
-    """raw, one_hop or three_hops; one run."""
+def latency_case(kind: str, n: int, warmup: int, code: Optional[str] = None) -> dict[str, Any]:
+    """raw, raw_chain, one_hop or three_hops (with peermesh from ``code``); one run."""
     with Children() as kids:
+        if kind == "raw_chain":
+            port = kids.start("bench_flux", "raw_chain_echo").expect("ready", 30)
+            for _ in range(2):
+                port = kids.start("bench_flux", "raw_forward", port=port).expect("ready", 30)
+            ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup)
+            ping.expect("ready", 30)
+            ping.send("go")
+            return dict(ping.expect("result", 60 + n / 100))
         if kind == "raw":
             echo = kids.start("bench_mesh", "raw_echo", total=n + warmup)
             port = echo.expect("ready", 30)
@@ -203,14 +271,14 @@ def latency_case(kind: str, n: int, warmup: int) -> dict[str, Any]:
             echo.expect("result", 15)
             return result
         hops = 1 if kind == "one_hop" else 3
-        chain = [kids.start("bench_flux", "flux_node", topology="kary:1", root=True)]
+        chain = [kids.start("bench_flux", "flux_node", code, topology="kary:1", root=True)]
         endpoints = [chain[0].expect("ready", 60)["endpoint"]]
         for _ in range(hops - 1):
-            node = kids.start("bench_flux", "flux_node", topology="kary:1",
+            node = kids.start("bench_flux", "flux_node", code, topology="kary:1",
                               parents=[endpoints[-1]])
             endpoints.append(node.expect("ready", 60)["endpoint"])
-        ping = kids.start("bench_flux", "flux_ping", topology="kary:1", parents=[endpoints[-1]],
-                          target=0, n=n, warmup=warmup)
+        ping = kids.start("bench_flux", "flux_ping", code, topology="kary:1",
+                          parents=[endpoints[-1]], target=0, n=n, warmup=warmup)
         rank = ping.expect("ready", 60)["rank"]
         if rank != hops:
             raise RuntimeError(f"the pinger got rank {rank}, not {hops}")
@@ -218,9 +286,10 @@ def latency_case(kind: str, n: int, warmup: int) -> dict[str, Any]:
         return dict(ping.expect("result", 60 + n / 50))
 
 
-def child_result(role: str, timeout: float, **kwargs: Any) -> dict[str, Any]:
+def child_result(role: str, timeout: float, code: Optional[str] = None,
+                 **kwargs: Any) -> dict[str, Any]:
     with Children(grace=0) as kids:
-        return dict(kids.start("bench_flux", role, **kwargs).expect("result", timeout))
+        return dict(kids.start("bench_flux", role, code, **kwargs).expect("result", timeout))
 
 
 def main() -> int:
@@ -233,32 +302,60 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=512, help="real-socket ranks (512)")
     parser.add_argument("--events", type=int, default=20, help="events published (20)")
     parser.add_argument("--sim-sizes", default="100,1000,10000")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the Flux cases with this commit's code (or a tree)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     only = set(args.only.split(","))
     load = os.getloadavg()
     out: dict[str, Any] = {"loadavg": load}
     lines: list[str] = [f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"]
+    code = harness.trees(args.baseline)
     if "latency" in only:
-        runs = interleaved({kind: (lambda r, kind=kind: latency_case(kind, args.n, 200))
-                            for kind in ("raw", "one_hop", "three_hops")}, args.rounds)
-        one = statistics.median(round_ratios(runs["one_hop"], runs["raw"], "p50_us"))
-        three = statistics.median(round_ratios(runs["three_hops"], runs["raw"], "p50_us"))
-        out["latency"] = {"runs": runs, "one_hop_ratio": one, "three_hops_ratio": three}
+        cases = {kind: (lambda r, kind=kind: latency_case(kind, args.n, 200))
+                 for kind in ("raw", "raw_chain")}
+        for label, tree in code.items():
+            suffix = "" if label == "peermesh" else "@base"
+            for kind in ("one_hop", "three_hops"):
+                cases[kind + suffix] = (lambda r, kind=kind, tree=tree:
+                                        latency_case(kind, args.n, 200, tree))
+        runs = interleaved(cases, args.rounds)
         p50 = {k: statistics.median(r["p50_us"] for r in v) for k, v in runs.items()}
-        lines += ["", "RPC round trip p50 (median of rounds):"] + table(
-            ["case", "p50 us", "ratio to raw", "verdict"],
-            [["raw DEALER<->ROUTER echo", f"{p50['raw']:.0f}", "1", ""],
-             ["flux one hop", f"{p50['one_hop']:.0f}", f"{one:.2f}",
-              verdict(one, TARGET_ONE_HOP, False)],
-             ["flux three hops", f"{p50['three_hops']:.0f}", f"{three:.2f}",
-              verdict(three, TARGET_THREE_HOPS, False)]])
+
+        def vs(case: str, ceiling: str) -> float:
+            return statistics.median(round_ratios(runs[case], runs[ceiling], "p50_us"))
+
+        ratios = {case: {"raw": vs(case, "raw"), "raw_chain": vs(case, "raw_chain")}
+                  for case in runs if not case.startswith("raw")}
+        out["latency"] = {"runs": runs, "ratios": ratios,
+                          "one_hop_ratio": ratios["one_hop"]["raw"],
+                          "three_hops_ratio": ratios["three_hops"]["raw"],
+                          "three_hops_vs_chain": ratios["three_hops"]["raw_chain"]}
+        rows_l = [["raw DEALER<->ROUTER echo (2 processes)", f"{p50['raw']:.0f}", "1",
+                   f"{p50['raw'] / p50['raw_chain']:.2f}", ""],
+                  ["raw chain, 2 forwarders (4 processes)", f"{p50['raw_chain']:.0f}",
+                   f"{p50['raw_chain'] / p50['raw']:.2f}", "1", ""]]
+        for case, name, target in (("one_hop", "flux one hop", TARGET_ONE_HOP),
+                                   ("three_hops", "flux three hops", TARGET_THREE_HOPS)):
+            for suffix in [""] + (["@base"] if "baseline" in code else []):
+                r = ratios[case + suffix]
+                rows_l.append([name + (" [baseline]" if suffix else ""),
+                               f"{p50[case + suffix]:.0f}", f"{r['raw']:.2f}",
+                               f"{r['raw_chain']:.2f}",
+                               "" if suffix else verdict(r["raw"], target, False)])
+        lines += ["", "RPC round trip p50 (median of rounds; ratios: median of per-round "
+                  "ratios):"] + table(["case", "p50 us", "/ echo", "/ chain", "verdict"], rows_l)
+        if "baseline" in code:
+            lines.append(f"baseline code: {args.baseline} ({code['baseline']})")
     rows = []
     for topology in ("kary:2", "kary:32"):
         if "pingall" in only or ("events" in only and topology == "kary:32"):
-            progress(f"{args.ranks} ranks on real sockets, {topology} ...")
-            rows.append(child_result("ranks", 900, n=args.ranks, topology=topology,
-                                     events=args.events if "events" in only else 0))
+            for label, tree in code.items():
+                progress(f"{args.ranks} ranks on real sockets, {topology} ({label}) ...")
+                row = child_result("ranks", 900, tree, n=args.ranks, topology=topology,
+                                   events=args.events if "events" in only else 0)
+                row["code"] = label
+                rows.append(row)
     if "thousand" in only:
         progress("1,000 ranks on real sockets, kary:32 ...")
         rows.append(child_result("ranks", 900, n=1000, topology="kary:32", rounds=3))
@@ -266,9 +363,9 @@ def main() -> int:
         out["ranks"] = rows
         lines += ["", f"ping all on real sockets, every rank in one process (flux-core: mean "
                   f"{FLUX_CORE_PING_ALL_MS:g} ms at 480 ranks on 30 nodes):"] + table(
-            ["ranks", "topology", "start s", "converge s", "mean ms", "max ms", "fds",
+            ["code", "ranks", "topology", "start s", "converge s", "mean ms", "max ms", "fds",
              "fds/rank", "event us CPU/delivery"],
-            [[str(r["ranks"]), r["topology"], f"{r['start_s']:.2f}", f"{r['converge_s']:.2f}",
+            [[r.get("code", "peermesh"), str(r["ranks"]), r["topology"], f"{r['start_s']:.2f}", f"{r['converge_s']:.2f}",
               f"{r['ping_all_mean_ms']:.1f}", f"{r['ping_all_max_ms']:.1f}", str(r["fds"]),
               f"{r['fds_per_rank']:.1f}",
               f"{r['event_cpu_us_per_delivery']:.1f}" if "event_cpu_us_per_delivery" in r
