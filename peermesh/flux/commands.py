@@ -133,6 +133,13 @@ def _add_run(command: Factory) -> None:
                        metavar="kary:K",
                        help="the tree: parent of rank i is (i-1)//K; kary:0 is flat; the same "
                             "on every member (default: %(default)s)")
+    group.add_argument("--endpoint", type=text, metavar="ENDPOINT",
+                       help="listen at ENDPOINT (tcp://HOST:PORT) instead of a random port, so "
+                            "that a member restarted with it (rank 0 above all) comes back "
+                            "where the others look for it")
+    group.add_argument("--tree-port", type=_port_arg, metavar="PORT",
+                       help="listen on PORT of the tree's address (--interface, else "
+                            "127.0.0.1): --endpoint tcp://ADDRESS:PORT")
     group.add_argument("--priority", type=int, default=0, metavar="N",
                        help="mesh election of rank 0: higher wins (default: %(default)s)")
     group.add_argument("--handlers", action="append", default=[], type=text, metavar="MODULE",
@@ -238,6 +245,12 @@ def _rank_arg(value: str) -> int:
             from None
 
 
+def _port_arg(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port (1-65535)")
+    return int(value)
+
+
 def _target_arg(value: str) -> Optional[int]:
     return None if value == "all" else _rank_arg(value)
 
@@ -276,9 +289,10 @@ def _check_endpoints(endpoints: list[str]) -> None:
             raise ValueError(f"--parent {endpoint!r} is not tcp://HOST:PORT")
 
 
-def _address(config: NodeConfig) -> str:
-    """Where the tree sockets of a node without a mesh listen."""
-    if config.interface or os.environ.get("PEERMESH_INTERFACE"):
+def _address(config: NodeConfig, mesh: bool = False) -> str:
+    """Where the tree sockets listen: on the mesh's interface, or (without a mesh) on the
+    interface given, else 127.0.0.1."""
+    if mesh or config.interface or os.environ.get("PEERMESH_INTERFACE"):
         from ..net.interfaces import select_interface
 
         return select_interface(config.interface).address
@@ -437,6 +451,9 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     _check_endpoints(parents)
     if args.root and parents:
         raise ValueError("--root and --parent exclude each other: rank 0 joins no one")
+    if args.endpoint and args.tree_port:
+        raise ValueError("--endpoint and --tree-port exclude each other: give one place to "
+                         "listen")
     registers = _import_handlers(args.handlers)
     options = dict(root=args.root, rank=args.rank, parents=parents, topology=args.topology,
                    priority=args.priority)
@@ -444,15 +461,18 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     session: Optional[NodeSession] = None
     signals: Optional[HubSignals] = None
     stopped = gevent.event.Event()
-    if args.root or parents:
-        flux = FluxOverlay(args.instance, address=_address(config), **options)
-        signals = HubSignals(on_first=stopped.set)
-        how = "rank 0" if args.root else "joining through " + ", ".join(parents)
-    else:
-        flux = FluxOverlay(args.instance, **options)
+    mesh = not args.root and not parents
+    address = _address(config, mesh)
+    endpoint = f"tcp://{address}:{args.tree_port}" if args.tree_port else args.endpoint
+    if mesh:
+        flux = FluxOverlay(args.instance, endpoint=endpoint, **options)
         session = NodeSession(config, serving=True)
         flux.attach(session.node)
         how = "joining through the mesh"
+    else:
+        flux = FluxOverlay(args.instance, address=address, endpoint=endpoint, **options)
+        signals = HubSignals(on_first=stopped.set)
+        how = "rank 0" if args.root else "joining through " + ", ".join(parents)
     flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
     try:
         if session is not None:

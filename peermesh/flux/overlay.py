@@ -5,8 +5,9 @@ How it works
 Each node binds one ROUTER (``transport.bind_mailbox``: its children and
 joining nodes connect there) and connects one DEALER to its parent
 (``transport.connect``); both are the I/O layer's sockets (``HubSocket``,
-made by ``make_socket``, bound by ``bind_ephemeral``), or the simulated
-network's. So a node holds sockets only to its parent and its children,
+made by ``make_socket``, bound by ``bind_ephemeral`` on a random port, or
+by ``bind`` at the ``endpoint`` given, so that a restarted node comes back
+where its members look for it), or the simulated network's. So a node holds sockets only to its parent and its children,
 whatever the size of the instance. The ROUTER is ROUTER_MANDATORY: a send
 to a child whose connection closed fails at once, and the core fails what
 was in flight through it. Messages over ``max_message`` bytes and ROUTER
@@ -55,6 +56,7 @@ import gevent.event
 import zmq
 
 from ..events import Event as NodeEvent
+from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
 from ..events import EventType
 from ..overlay.contract import Lifecycle, Overlay
@@ -89,8 +91,9 @@ class FluxOverlay(Overlay):
                  rank: Optional[int] = None, parents: Sequence[str] = (),
                  topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
                  settings: Optional[FluxSettings] = None, priority: int = 0,
-                 address: Optional[str] = None, transport: Any = None,
-                 max_message: int = MAX_MESSAGE, settle: Optional[float] = None) -> None:
+                 address: Optional[str] = None, endpoint: Optional[str] = None,
+                 transport: Any = None, max_message: int = MAX_MESSAGE,
+                 settle: Optional[float] = None) -> None:
         super().__init__()
         topo = topology if isinstance(topology, Topology) else Topology.parse(topology)
         self.settings = replace(settings or FluxSettings(), topology=topo)
@@ -100,12 +103,15 @@ class FluxOverlay(Overlay):
             raise FluxStateError(f"rank {rank!r} is not a whole number >= 0")
         if root and rank not in (None, 0):
             raise FluxStateError("the root is rank 0")
+        if endpoint is not None:
+            check_endpoint(endpoint)  # BindError naming what is wrong, before anything starts
         self.instance = instance
         self.root = root
         self.claim = rank
         self.parents = list(parents)
         self.priority = priority
         self.address = address
+        self.listen = endpoint  # where the ROUTER binds (None: a random port of the address)
         self.max_message = max_message
         self.settle = settle
         self.identity = os.urandom(IDENTITY_SIZE)
@@ -146,7 +152,7 @@ class FluxOverlay(Overlay):
         if transport is None:
             transport = ZmqTransport()
         self.transport = transport
-        router = transport.bind_mailbox(address, self.max_message)
+        router = transport.bind_mailbox(address, self.max_message, self.listen)
         sock = getattr(router, "socket", None)
         if sock is not None:  # a real ROUTER: a send to a gone child fails at once
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -4,7 +4,7 @@ A node talks to its transport through a small interface, so the same node
 and protocol code also runs on the simulated network (``peermesh.sim``):
 
 * ``interface(choice)`` - the ``Interface`` to use;
-* ``bind_mailbox(address, max_message)`` - a mailbox with ``port``,
+* ``bind_mailbox(address, max_message, endpoint=None)`` - a mailbox with ``port``,
   ``serve(on_message, on_oversized, backpressure)`` and ``close()``;
 * ``connect(identity, endpoint, sndhwm)`` - an outgoing link with
   ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``
@@ -32,7 +32,7 @@ import zmq
 
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
-from .endpoints import bind_ephemeral
+from .endpoints import bind, bind_ephemeral
 from .context import shared_context
 from .socket import HubSocket, make_socket
 
@@ -63,13 +63,15 @@ class ZmqTransport:
         """See ``interfaces.select_interface``."""
         return select_interface(choice)
 
-    def bind_mailbox(self, address: str, max_message: int) -> HubSocket:
-        """A ROUTER mailbox on a random port of ``address``; messages over
+    def bind_mailbox(self, address: str, max_message: int,
+                     endpoint: Optional[str] = None) -> HubSocket:
+        """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
+        listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off)."""
         router = make_socket(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1, zmq.MAXMSGSIZE: max_message},
                              self.context)
         try:
-            endpoint = bind_ephemeral(router, address)
+            endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
         except BaseException:
             router.close(linger=0)
             raise

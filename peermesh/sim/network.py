@@ -478,8 +478,11 @@ class SimTransport:
     def interface(self, choice: Optional[str]) -> Interface:
         return Interface("sim0", self.address, NETWORK)
 
-    def bind_mailbox(self, address: str, max_message: int) -> SimMailbox:
-        return SimMailbox(self.network, self.address, next(self._ports), max_message)
+    def bind_mailbox(self, address: str, max_message: int,
+                     endpoint: Optional[str] = None) -> SimMailbox:
+        """A mailbox on this host: at ``endpoint``'s port if given, else the next free one."""
+        port = int(endpoint.rpartition(":")[2]) if endpoint else next(self._ports)
+        return SimMailbox(self.network, self.address, port, max_message)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> SimLink:
         return SimLink(self.network, self.address, identity, endpoint)

@@ -251,3 +251,35 @@ def test_building_the_parser_does_not_import_the_overlay() -> None:
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
     assert done.stdout.split() == ["[]", "FluxOverlay", "peermesh.flux.core", "True"], \
         _report(done)
+
+
+def test_a_root_restarted_at_its_endpoint_is_rejoined(cli: Cli, free_tcp_port: int) -> None:
+    root, endpoint = member(cli, "--root", "--tree-port", str(free_tcp_port))
+    assert endpoint == f"tcp://127.0.0.1:{free_tcp_port}"
+    one, _ = member(cli, "--parent", endpoint)
+    one_rank = 1
+    result = flux(cli, "run", "--root", "--endpoint", endpoint)     # taken: a message
+    assert result.returncode == 2, _report(result)
+    assert f"cannot bind {endpoint}: the address is in use" in result.stderr, _report(result)
+
+    assert root.stop(signal.SIGTERM) == 0
+    one.expect_event(event="parent-lost")
+    again, _ = member(cli, "--root", "--endpoint", endpoint)
+    again.expect_event(event="child-attached", rank=one_rank)
+    one.expect_event(event="online", rank=one_rank)                 # its rank kept
+    result = flux(cli, "rpc", "overlay.info", "--rank", "1", parent=endpoint)
+    assert json.loads(result.stdout)["parent"] == 0, _report(result)
+    assert one.stop(signal.SIGTERM) == 0 and again.stop(signal.SIGTERM) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--endpoint", "127.0.0.1:5"), "cannot bind 127.0.0.1:5: not TRANSPORT://ADDRESS"),
+    (("--endpoint", "tcp://127.0.0.1:1", "--tree-port", "2"),
+     "--endpoint and --tree-port exclude each other"),
+    (("--tree-port", "70000"), "'70000' is not a port (1-65535)"),
+])
+def test_a_run_endpoint_that_cannot_be_used_is_named(cli: Cli, args: tuple[str, ...],
+                                                     message: str) -> None:
+    result = flux(cli, "run", "--root", *args)
+    assert result.returncode == 2, _report(result)
+    assert message in result.stderr, _report(result)
