@@ -22,7 +22,8 @@ requests from the core's own handle (``@0``):
 1. ``overlay.join`` to rank 0 (``nodeid`` 0), sent from a bootstrap
    endpoint (any member of the instance: a parent list, or the root's
    endpoint from the ZRE mesh) with ``{"rank": R or -1, "uuid", "endpoint"}``.
-   Rank 0 answers ``{"rank", "parent", "endpoint", "size"}``: a claimed rank
+   Rank 0 answers ``{"rank", "parent", "endpoint", "size", "topology"}``
+   (the joining node takes the instance's ``kary:K``): a claimed rank
    R if no other live node holds it (else EEXIST), otherwise the next rank
    never given (ranks grow the instance while it runs: no restart, ``size``
    is the highest rank given + 1); the parent is the nearest formula
@@ -51,6 +52,9 @@ States (``State``)::
     ONLINE     parent lost (DISCONNECT, link down,       ATTACHING   fail RPCs via parent,
                silent for ``lost`` s)                                hello to the grandparent
     any        stop                                      STOPPED     DISCONNECT to all links
+
+A refused join or hello is tried again after ``retry`` seconds, doubled per
+refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``.
 
 Leaving and faults. A child that sends DISCONNECT, that a send finds gone
 (ROUTER_MANDATORY: at once when its process died), or that is silent for
@@ -128,7 +132,7 @@ from ..wire.flux import (
 )
 from .directory import Directory, Refusal
 from .errors import FluxStateError
-from .topology import Topology
+from .topology import Topology, TopologyError
 
 __all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Dial", "Hangup", "Notice",
            "Output", "PARENT", "SELF", "IDENTITY_SIZE", "BUILTIN_SERVICES"]
@@ -168,6 +172,8 @@ class FluxSettings:
     torpid: float = 10.0         #: a child silent this long is reported torpid
     lost: float = 30.0           #: a link silent this long is lost
     hello_timeout: float = 5.0   #: a join or hello unanswered this long is tried elsewhere
+    retry: float = 0.05          #: a refused join or hello is tried again after this, doubled
+                                 #: per refusal up to ``heartbeat``
     max_children: int = 4096     #: children (and adopted orphans) one node accepts
     max_size: int = 1 << 17      #: ranks (and rank numbers) rank 0 gives and keeps
     max_inflight: int = 65536    #: requests one node tracks in flight through its links
@@ -180,6 +186,8 @@ class FluxSettings:
         if not 0 < self.heartbeat <= self.torpid <= self.lost:
             raise FluxStateError("Flux settings need 0 < heartbeat <= torpid <= lost, not "
                                  f"{self.heartbeat}, {self.torpid}, {self.lost}")
+        if not 0 < self.retry <= self.heartbeat:
+            raise FluxStateError(f"Flux setting retry must be in (0, heartbeat], not {self.retry}")
         for name in ("max_children", "max_size", "max_inflight", "max_pending",
                      "recent_events", "replay_batch", "max_ancestors"):
             if getattr(self, name) < 1:
@@ -354,6 +362,7 @@ class FluxCore:
         self._via: dict[bytes, set[InflightKey]] = {}
         self._parent_heard = self._parent_sent = 0.0
         self._deadline = 0.0  # of the join or hello in progress
+        self._backoff = settings.retry  # before trying again after a refused join or hello
         self._attempt = 0     # bootstrap endpoint / ancestor tried next
         self._candidates: list[tuple[int, str]] = []
         self._internal: dict[int, Callable[[Response, float], list[Output]]] = {}
@@ -581,6 +590,8 @@ class FluxCore:
                 out.append(self._to_parent(encode(Control(ControlType.HEARTBEAT)), now))
         elif self.state in (State.JOINING, State.ATTACHING) and now >= self._deadline:
             out += self._retry(now)
+        if self.state in (State.JOINING, State.ATTACHING):
+            self.next_deadline = min(self.next_deadline, self._deadline)
         heartbeat: Optional[list[bytes]] = None
         for child in list(self.children.values()):
             silent = now - child.heard
@@ -818,7 +829,8 @@ class FluxCore:
         rank, parent, parent_endpoint = given
         self.size = self.directory.size
         return self._answer(request, {"rank": rank, "parent": parent, "size": self.size,
-                                      "endpoint": parent_endpoint}, now)
+                                      "endpoint": parent_endpoint,
+                                      "topology": str(self.topology)}, now)
 
     def _hello_request(self, request: Request, now: float) -> list[Output]:
         """A node asks to attach as this node's child."""
@@ -1039,15 +1051,18 @@ class FluxCore:
                 out: list[Output] = [Notice("rank-taken", self.claim)]
                 self.claim = None
                 return out + self._join(now)
-            self._deadline = min(self._deadline, now)  # try the next endpoint at the next tick
+            self._retry_soon(now)  # the next endpoint
             return [Notice("join-failed", -1, response.errnum)]
         try:
             body = read_json(response.payload)
             rank, parent = _int(body, "rank", 1), _int(body, "parent", 0)
             endpoint = _str(body, "endpoint")
             size = _int(body, "size", 1, MAX_RANK + 1)
-        except ProtocolError as exc:
-            return self._drop(PARENT, f"join answer: {exc.reason}")
+            topology = Topology.parse(_str(body, "topology", 32)) if "topology" in body \
+                else self.topology  # (a rank 0 that does not say keeps this node's own)
+        except (ProtocolError, TopologyError) as exc:
+            return self._drop(PARENT, f"join answer: {exc}")
+        self.topology = topology  # the instance's, whatever this node was started with
         self.rank = rank
         self.size = max(self.size, size)
         self._taken = None
@@ -1085,7 +1100,7 @@ class FluxCore:
                 self._taken, self.claim = self.rank, None
                 self._attempt = 0
                 return [Notice("rank-taken", self.rank or -1)] + self._join(now)
-            self._deadline = min(self._deadline, now)  # the next candidate at the next tick
+            self._retry_soon(now)  # the next candidate
             return [Notice("hello-failed", self.rank or -1, response.errnum)]
         try:
             body = read_json(response.payload)
@@ -1102,6 +1117,7 @@ class FluxCore:
         self.size = max(self.size, size)
         self.state = State.ONLINE
         self.claim = self.rank
+        self._backoff = self.settings.retry
         out: list[Output] = [Notice("online", self.rank or 0,
                                     {"parent": self.parent_rank, "size": self.size})]
         self._failed = []
@@ -1119,6 +1135,13 @@ class FluxCore:
                 for event in held:
                     out += self._event(event, encode(event), now)
         return out
+
+    def _retry_soon(self, now: float) -> None:
+        """A join or hello was refused: try again after the backoff (doubled per refusal, at
+        most ``heartbeat``), not at the next tick; the driver wakes at ``next_deadline``."""
+        self._deadline = min(self._deadline, now + self._backoff)
+        self._backoff = min(self._backoff * 2, self.settings.heartbeat)
+        self.next_deadline = min(self.next_deadline, self._deadline)
 
     def _retry(self, now: float) -> list[Output]:
         if self.state is State.JOINING:

@@ -121,6 +121,8 @@ class FluxOverlay(Overlay):
         self._router: Any = None
         self._link: Any = None
         self._greenlets: list[gevent.Greenlet] = []
+        self._timer: Optional[gevent.Greenlet] = None
+        self._due = 0.0  # when the timer greenlet wakes next
         self._handles: dict[int, FluxHandle] = {}
         self._listeners: list[Callable[[Notice], None]] = []
         self._online = gevent.event.Event()
@@ -169,7 +171,8 @@ class FluxOverlay(Overlay):
         if self._router is None:
             self._bind(self._transport, self.address or "127.0.0.1")
         self.core = self._new_core(root=self.root, rank=self.claim, bootstrap=self.parents)
-        self._greenlets = [gevent.spawn(self._serve_router), gevent.spawn(self._run_timer)]
+        self._timer = gevent.spawn(self._run_timer)
+        self._greenlets = [gevent.spawn(self._serve_router), self._timer]
         if mesh:
             node = self.node
             assert node is not None
@@ -202,7 +205,9 @@ class FluxOverlay(Overlay):
 
     def _new_core(self, *, root: bool, rank: Optional[int],
                   bootstrap: Sequence[str]) -> FluxCore:
-        core = FluxCore(self.identity, self.endpoint, settings=self.settings, rank=rank,
+        # the instance's topology, as the last join answer gave it
+        settings = replace(self.settings, topology=self.core.topology)
+        core = FluxCore(self.identity, self.endpoint, settings=settings, rank=rank,
                         root=root, bootstrap=bootstrap)
         for number in self._handles:  # keep the handles' numbers (and their services)
             while core._next_handle <= number:
@@ -349,6 +354,8 @@ class FluxOverlay(Overlay):
             if link is self._link:
                 rest.insert(0, first)
                 self._apply(self.core.receive(PARENT, rest, self.now()))
+                if self.core.next_deadline < self._due:  # e.g. a refused join: retry soon
+                    self._restart_timer()
 
         try:
             link.serve(on_message, self._oversized)
@@ -371,11 +378,20 @@ class FluxOverlay(Overlay):
             log.debug("flux: dropped a message from %r (over %d bytes or a bad identity)",
                       identity[:16], self.max_message)
 
+    def _restart_timer(self) -> None:
+        """Wake at the core's (earlier) ``next_deadline`` rather than the one slept for."""
+        old, self._timer = self._timer, gevent.spawn(self._run_timer)
+        if old in self._greenlets:
+            self._greenlets.remove(old)
+        self._greenlets.append(self._timer)
+        if old is not None:
+            old.kill(block=False)
+
     def _run_timer(self) -> None:
         sleep = self.transport.sleep
         while True:
-            wait = self.core.next_deadline - self.now()
-            sleep(max(wait, 0.001))
+            self._due = self.core.next_deadline
+            sleep(max(self._due - self.now(), 0.001))
             now = self.now()
             if now >= self.core.next_deadline:
                 self._apply(self.core.timer(now))
