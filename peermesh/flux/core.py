@@ -120,15 +120,16 @@ import base64
 import binascii
 import enum
 import logging
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event,
-    Message,
-    Request, Response, decode, encode, json_payload, read_json, service_of, string_payload,
+    MAGIC, MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, VERSION,
+    Control, ControlType, Errno, Event, Message, Request, Response, decode, encode, json_payload,
+    make_request, make_response, read_json, service_of, string_payload,
 )
 from .directory import Directory, Refusal
 from .errors import FluxStateError
@@ -151,6 +152,8 @@ BUILTIN_SERVICES = frozenset({"overlay", "event", "broker"})
 
 # MsgFlag bits as plain ints: IntFlag's operators are Python-level calls
 _NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
+_FRAMES = 0x0B  # TOPIC | PAYLOAD | ROUTE: which frames are there
+_PROTO = struct.Struct(">BBBBIIII")
 
 
 class State(enum.Enum):
@@ -197,7 +200,9 @@ class FluxSettings:
 # --- outputs ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# Send and Deliver are made per message: plain slotted classes (a frozen dataclass's
+# __init__ costs several times more); nothing changes them once made.
+@dataclass(slots=True)
 class Send:
     """Send ``frames`` on ``link`` (``PARENT`` or a ROUTER identity: then ``frames[0]``)."""
 
@@ -205,7 +210,7 @@ class Send:
     frames: list[bytes]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Deliver:
     """Hand ``message`` to local handle ``handle`` (a request, response or event)."""
 
@@ -296,8 +301,8 @@ InflightKey = tuple[bytes, tuple[bytes, ...], int]
 
 def _rerouted(response: Response, routes: tuple[bytes, ...]) -> Response:
     """``response`` with another route stack."""
-    return Response(response.topic, response.payload, response.errnum, response.matchtag,
-                    response.flags, routes, response.userid, response.rolemask)
+    return make_response(response.topic, response.payload, response.errnum, response.matchtag,
+                         response.flags, routes, response.userid, response.rolemask)
 
 
 def _b64(data: Optional[bytes]) -> Optional[str]:
@@ -477,8 +482,9 @@ class FluxCore:
                                      f"handle (max_pending)")
             tag = state.allocate()
             state.pending[tag] = Pending(topic, nodeid, bool(flags & _STREAMING))
-        request = Request(topic, payload, nodeid, tag, flags, (b"@%d" % handle,))
-        return tag, self._route_request(request, b"@%d" % handle, now)
+        route = b"@%d" % handle
+        request = make_request(topic, payload, nodeid, tag, flags, (route,), USERID_UNKNOWN, 0)
+        return tag, self._route_request(request, route, now)
 
     def respond(self, handle: int, request: Request, payload: Optional[bytes], errnum: int,
                 now: float, streaming: bool = False) -> list[Output]:
@@ -486,8 +492,8 @@ class FluxCore:
         if request.flags & _NORESPONSE:
             return []
         flags = _STREAMING if request.flags & _STREAMING else 0
-        response = Response(request.topic, payload, errnum, request.matchtag, flags,
-                            request.routes)
+        response = make_response(request.topic, payload, errnum, request.matchtag, flags,
+                                 request.routes, USERID_UNKNOWN, 0)
         return self._route_response(response, now)
 
     def cancel(self, handle: int, matchtag: int, now: float) -> list[Output]:
@@ -543,8 +549,9 @@ class FluxCore:
                     "overlay.join", "overlay.hello"):
                 return self._drop(link, "a request from a stranger")
             routes = (link,) + (message.routes or ())
-            request = Request(message.topic, message.payload, message.nodeid, message.matchtag,
-                              message.flags, routes, message.userid, message.rolemask)
+            request = make_request(message.topic, message.payload, message.nodeid,
+                                   message.matchtag, message.flags, routes, message.userid,
+                                   message.rolemask)
             # the frames as they are, the route pushed: forwarded without encoding again
             wire = [link, *frames] if message.routes is not None else None
             return self._route_request(request, link, now, wire)
@@ -624,7 +631,7 @@ class FluxCore:
                 if owner is not None and came_from != b"@%d" % owner:
                     return self._deliver_request(owner, request, now)
                 if service in BUILTIN_SERVICES and self._answers_here(topic):
-                    return self._builtin(request, now)
+                    return self._builtin(request, now, wire)
             if self.parent_rank is not None and self.state is State.ONLINE:
                 return self._forward(PARENT, request, now, wire)
             if self.root:
@@ -637,7 +644,7 @@ class FluxCore:
             if owner is not None:
                 return self._deliver_request(owner, request, now)
             if service in BUILTIN_SERVICES:
-                return self._builtin(request, now)
+                return self._builtin(request, now, wire)
             return self._error(request, Errno.ENOSYS,
                                f"No service matching {topic} is registered", now)
         if nodeid > MAX_RANK or self.root and nodeid >= self.size:
@@ -780,8 +787,11 @@ class FluxCore:
 
     # --- built-in services ---------------------------------------------------
 
-    def _builtin(self, request: Request, now: float) -> list[Output]:
+    def _builtin(self, request: Request, now: float,
+                 wire: Optional[list[bytes]] = None) -> list[Output]:
         topic = request.topic
+        if topic == "broker.ping":
+            return self._ping(request, now, wire)
         handler = _BUILTINS.get(topic)
         if handler is None:
             return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
@@ -790,11 +800,20 @@ class FluxCore:
         except ProtocolError as exc:
             return self._error(request, Errno.EPROTO, exc.reason, now)
 
-    def _ping(self, request: Request, now: float) -> list[Output]:
+    def _ping(self, request: Request, now: float,
+              wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Answer with the request's payload; from its frames when at hand (the same
+        routes, topic and payload: only PROTO changes)."""
         if request.flags & _NORESPONSE:
             return []
-        return self._route_response(Response(request.topic, request.payload, 0,
-                                             request.matchtag, 0, request.routes), now)
+        response = make_response(request.topic, request.payload, 0, request.matchtag, 0,
+                                 request.routes, USERID_UNKNOWN, 0)
+        if wire is not None:
+            flags = wire[-1][3] & _FRAMES
+            wire = wire[:-1]
+            wire.append(_PROTO.pack(MAGIC, VERSION, 2, flags, USERID_UNKNOWN, 0, 0,
+                                    request.matchtag))
+        return self._route_response(response, now, wire)
 
     def _info(self, request: Request, now: float) -> list[Output]:
         return self._answer(request, self.info(), now)

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 import gevent
 import gevent.event
+from gevent.hub import Waiter, get_hub
+from greenlet import getcurrent
 
 from ..errors import ProtocolError
 from ..wire.flux import (
@@ -62,7 +64,14 @@ def _json(payload: Optional[bytes]) -> dict[str, Any]:
 
 
 class RpcFuture:
-    """The response(s) to one RPC: ``get()`` for one, iterate for a stream."""
+    """The response(s) to one RPC: ``get()`` for one, iterate for a stream.
+
+    A waiting caller parks on a ``Waiter`` that the response switches to
+    straight from the hub (no event object, no callback round per response).
+    """
+
+    __slots__ = ("handle", "matchtag", "topic", "streaming", "done", "_responses", "_waiter",
+                 "_callback")
 
     def __init__(self, handle: "FluxHandle", matchtag: int, topic: str, streaming: bool) -> None:
         self.handle = handle
@@ -70,7 +79,7 @@ class RpcFuture:
         self.topic = topic
         self.streaming = streaming
         self._responses: deque[Response] = deque()
-        self._ready = gevent.event.Event()
+        self._waiter: Optional[Waiter] = None
         self._callback: Optional[Callable[[Response], None]] = None
         self.done = matchtag == 0  # NORESPONSE: nothing comes
 
@@ -81,7 +90,10 @@ class RpcFuture:
             self._callback(response)
             return
         self._responses.append(response)
-        self._ready.set()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            _wake(waiter)
 
     def on_response(self, callback: Callable[[Response], None]) -> None:
         """Hand every response (those already here first) to ``callback`` on the hub
@@ -92,14 +104,14 @@ class RpcFuture:
             callback(self._responses.popleft())
 
     def _next(self, timeout: Optional[float]) -> Response:
-        while not self._responses:
+        responses = self._responses
+        while not responses:
             if self.done:
                 raise FluxError(Errno.ENODATA, "no more responses", self.topic)
-            self._ready.clear()
-            if not self._ready.wait(timeout):
+            if not _park(self, timeout):
                 self.handle._abandon(self)
                 raise FluxError(Errno.ETIMEDOUT, f"no response in {timeout:g} s", self.topic)
-        return self._responses.popleft()
+        return responses.popleft()
 
     def response(self, timeout: Optional[float] = None) -> Response:
         """The next response message (errors included, not raised)."""
@@ -133,6 +145,33 @@ class RpcFuture:
         """Ask the server to end this stream (``<service>.cancel``); it ends with ENODATA."""
         if self.streaming and not self.done:
             self.handle._cancel(self)
+
+
+def _wake(waiter: Waiter) -> None:
+    """Resume a parked caller: at once from the hub, else from the hub's next round."""
+    hub = waiter.hub
+    if getcurrent() is hub:
+        waiter.switch(True)
+    else:
+        hub.loop.run_callback(waiter.switch, True)
+
+
+def _park(future: RpcFuture, timeout: Optional[float]) -> bool:
+    """Wait for ``future``'s next response; False after ``timeout`` seconds."""
+    hub = get_hub()
+    waiter = future._waiter = Waiter(hub)
+    if timeout is None:
+        try:
+            return bool(waiter.get())
+        finally:
+            future._waiter = None
+    timer = hub.loop.timer(max(timeout, 0.0))
+    timer.start(waiter.switch, False)
+    try:
+        return bool(waiter.get())
+    finally:
+        future._waiter = None
+        timer.close()
 
 
 class FluxRequest:

@@ -237,26 +237,46 @@ class Control:
 Message = Union[Request, Response, Event, Control]
 
 
-def _aux(message: Message) -> tuple[int, int, int]:
-    """(type, aux1, aux2) of ``message``."""
-    kind = type(message)
-    if kind is Request:
-        if message.nodeid == NODEID_UPSTREAM:  # type: ignore[union-attr]
-            raise ProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
-        return 1, message.nodeid, message.matchtag  # type: ignore[union-attr]
-    if kind is Response:
-        return 2, message.errnum, message.matchtag  # type: ignore[union-attr]
-    if kind is Event:
-        return 4, message.seq, 0  # type: ignore[union-attr]
-    if kind is Control:
-        return 8, message.ctype, message.status  # type: ignore[union-attr]
-    raise ProtocolError(f"{type(message).__name__} is not a Flux message")
+def _maker(cls: type) -> Any:
+    """A constructor of ``cls`` taking every field in order, with no defaults or checks:
+    it fills the slots directly (a frozen dataclass's ``__init__`` goes through
+    ``object.__setattr__`` once per field, several times dearer). For decoders and
+    routers that have every field at hand."""
+    fields = list(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    scope.update({f"set_{f}": cls.__dict__[f].__set__ for f in fields})
+    body = "".join(f"    set_{f}(m, {f})\n" for f in fields)
+    exec(f"def make({', '.join(fields)}):\n    m = new(cls)\n{body}    return m\n", scope)
+    make = scope["make"]
+    make.__doc__ = f"A {cls.__name__} from all its fields, in order (unchecked)."
+    return make
+
+
+#: ``make_request(topic, payload, nodeid, matchtag, flags, routes, userid, rolemask)``
+make_request = _maker(Request)
+#: ``make_response(topic, payload, errnum, matchtag, flags, routes, userid, rolemask)``
+make_response = _maker(Response)
 
 
 def encode(message: Message) -> list[bytes]:
     """The frames of ``message``; ``ProtocolError`` for fields the wire cannot carry."""
-    kind, aux1, aux2 = _aux(message)
-    flags = int(message.flags) & ~_FRAMES
+    kind = type(message)
+    if kind is Request:
+        if message.nodeid == NODEID_UPSTREAM:  # type: ignore[union-attr]
+            raise ProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
+        code, aux1, aux2 = 1, message.nodeid, message.matchtag  # type: ignore[union-attr]
+    elif kind is Response:
+        code, aux1, aux2 = 2, message.errnum, message.matchtag  # type: ignore[union-attr]
+    elif kind is Event:
+        code, aux1, aux2 = 4, message.seq, 0  # type: ignore[union-attr]
+    elif kind is Control:
+        code, aux1, aux2 = 8, message.ctype, message.status  # type: ignore[union-attr]
+    else:
+        raise ProtocolError(f"{kind.__name__} is not a Flux message")
+    flags = message.flags
+    if type(flags) is not int:
+        flags = int(flags)
+    flags &= ~_FRAMES
     if flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
         raise ProtocolError("NORESPONSE with STREAMING is invalid")
     routes = message.routes
@@ -273,7 +293,7 @@ def encode(message: Message) -> list[bytes]:
         if not topic:
             raise ProtocolError("topic is empty")
         flags |= _TOPIC
-        frames.append(topic.encode("utf-8"))
+        frames.append(topic.encode())
     payload = message.payload
     if payload is not None:
         if type(payload) is not bytes:
@@ -281,7 +301,7 @@ def encode(message: Message) -> list[bytes]:
         flags |= _PAYLOAD
         frames.append(payload)
     try:
-        frames.append(_PROTO.pack(MAGIC, VERSION, kind, flags, message.userid, message.rolemask,
+        frames.append(_PROTO.pack(MAGIC, VERSION, code, flags, message.userid, message.rolemask,
                                   aux1, aux2))
     except struct.error as exc:
         raise ProtocolError(f"PROTO field out of range: {exc}") from None
@@ -344,11 +364,11 @@ def decode(frames: Sequence[bytes]) -> Message:
             raise ProtocolError("a request has no topic")
         if aux1 == NODEID_UPSTREAM:
             raise ProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
-        return Request(topic, payload, aux1, aux2, other, routes, userid, rolemask)
+        return make_request(topic, payload, aux1, aux2, other, routes, userid, rolemask)
     if kind == 2:
         if topic is None:
             raise ProtocolError("a response has no topic")
-        return Response(topic, payload, aux1, aux2, other, routes, userid, rolemask)
+        return make_response(topic, payload, aux1, aux2, other, routes, userid, rolemask)
     if kind == 4:
         if topic is None:
             raise ProtocolError("an event has no topic")
