@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..wire.flux import NODEID_ANY, NODEID_UPSTREAM, Errno, MsgFlag
+    from .client import FluxClient
     from .core import FluxCore, FluxSettings, Notice, State
     from .errors import FluxError, FluxStateError
     from .handle import FluxHandle, FluxRequest, RpcFuture, Subscription
@@ -35,13 +36,14 @@ if TYPE_CHECKING:
 
 _WHERE = {
     **dict.fromkeys(("NODEID_ANY", "NODEID_UPSTREAM", "Errno", "MsgFlag"), "..wire.flux"),
+    "FluxClient": ".client",
     **dict.fromkeys(("FluxCore", "FluxSettings", "Notice", "State"), ".core"),
     **dict.fromkeys(("FluxError", "FluxStateError"), ".errors"),
     **dict.fromkeys(("FluxHandle", "FluxRequest", "RpcFuture", "Subscription"), ".handle"),
     **dict.fromkeys(("FluxOverlay", "FLUX_HEADER", "call_all"), ".overlay"),
     **dict.fromkeys(("Topology", "TopologyError"), ".topology"),
 }
-__all__ = ["FluxOverlay", "FluxHandle", "FluxRequest", "RpcFuture",
+__all__ = ["FluxOverlay", "FluxClient", "FluxHandle", "FluxRequest", "RpcFuture",
            "Subscription", "FluxError", "FluxStateError", "FluxSettings", "FluxCore", "Notice",
            "State", "Topology", "TopologyError", "NODEID_ANY", "NODEID_UPSTREAM", "MsgFlag",
            "Errno", "FLUX_HEADER", "call_all"]

@@ -131,6 +131,7 @@ from ..wire.flux import (
     Control, ControlType, Errno, Event, Message, Request, Response, decode, encode, json_payload,
     make_request, make_response, read_json, service_of, string_payload,
 )
+from .clients import ClientTable
 from .directory import Directory, Refusal
 from .errors import FluxStateError
 from .topology import Topology, TopologyError
@@ -149,6 +150,10 @@ SELF = b"@0"
 IDENTITY_SIZE = 16
 #: services every node answers itself
 BUILTIN_SERVICES = frozenset({"overlay", "event", "broker"})
+
+#: built-ins any node answers for NODEID_ANY (the rest belong to rank 0)
+_ANSWERED_ANYWHERE = frozenset({"broker.ping", "overlay.info", "overlay.client",
+                                "event.subscribe", "event.unsubscribe"})
 
 # MsgFlag bits as plain ints: IntFlag's operators are Python-level calls
 _NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
@@ -184,6 +189,8 @@ class FluxSettings:
     recent_events: int = 1024    #: events rank 0 keeps for replay; events a node holds
     replay_batch: int = 256      #: events per replay answer
     max_ancestors: int = 32      #: ancestors a node keeps for re-attaching
+    max_clients: int = 1024      #: rankless client links one node serves
+    client_prefixes: int = 16    #: event subscriptions per client
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat <= self.torpid <= self.lost:
@@ -192,7 +199,8 @@ class FluxSettings:
         if not 0 < self.retry <= self.heartbeat:
             raise FluxStateError(f"Flux setting retry must be in (0, heartbeat], not {self.retry}")
         for name in ("max_children", "max_size", "max_inflight", "max_pending",
-                     "recent_events", "replay_batch", "max_ancestors"):
+                     "recent_events", "replay_batch", "max_ancestors", "max_clients",
+                     "client_prefixes"):
             if getattr(self, name) < 1:
                 raise FluxStateError(f"Flux setting {name} must be at least 1")
 
@@ -359,6 +367,7 @@ class FluxCore:
         self.ancestors: list[tuple[int, str]] = []
         self.children: dict[bytes, Child] = {}
         self.by_rank: dict[int, bytes] = {}
+        self.clients = ClientTable(settings.max_clients, settings.client_prefixes)
         self.handles: dict[int, Handle] = {0: Handle()}
         self._next_handle = 1
         self.services: dict[str, int] = {}
@@ -408,8 +417,9 @@ class FluxCore:
         bye = encode(Control(ControlType.DISCONNECT))
         if self.state in (State.ONLINE, State.ATTACHING, State.JOINING) and not self.root:
             out.append(Send(PARENT, bye))
-        for identity in self.children:
+        for identity in [*self.children, *self.clients.clients]:
             out.append(Send(identity, [identity, *bye]))
+        self.clients.clients.clear()
         for link in list(self._via):
             out += self._fail_via(link, "the node left")
         self.children.clear()
@@ -533,7 +543,7 @@ class FluxCore:
             message = decode(frames)
         except ProtocolError as exc:
             return self._drop(link, f"malformed: {exc.reason}")
-        child = None
+        child = client = None
         if link == PARENT:
             self._parent_heard = now
         else:
@@ -542,11 +552,15 @@ class FluxCore:
                 child.heard = now
                 if child.torpid:
                     child.torpid = False
+            else:
+                client = self.clients.get(link)
+                if client is not None:
+                    client.heard = now
         kind = type(message)
         if kind is Request:
             assert isinstance(message, Request)
-            if child is None and link != PARENT and message.topic not in (
-                    "overlay.join", "overlay.hello"):
+            if child is None and link != PARENT and client is None and message.topic not in (
+                    "overlay.join", "overlay.hello", "overlay.client"):
                 return self._drop(link, "a request from a stranger")
             routes = (link,) + (message.routes or ())
             request = make_request(message.topic, message.payload, message.nodeid,
@@ -574,6 +588,8 @@ class FluxCore:
                 return self._parent_lost(now, "the parent left")
             if child is not None:
                 return self._child_lost(child, now, "the child left")
+            if client is not None:
+                self.clients.forget(link)
         return []
 
     def link_down(self, link: bytes, now: float) -> list[Output]:
@@ -581,7 +597,10 @@ class FluxCore:
         if link == PARENT:
             return self._parent_lost(now, "the link is down") if self.online else []
         child = self.children.get(link)
-        return self._child_lost(child, now, "the link is down") if child else []
+        if child is None:
+            self.clients.forget(link)
+            return []
+        return self._child_lost(child, now, "the link is down")
 
     def timer(self, now: float) -> list[Output]:
         """Heartbeats, torpid and lost links, timed-out joins; call at ``next_deadline``."""
@@ -613,6 +632,21 @@ class FluxCore:
                     heartbeat = encode(Control(ControlType.HEARTBEAT))
                 child.sent = now
                 out.append(Send(child.identity, [child.identity, *heartbeat]))
+        if self.clients.clients:
+            out += self._tend_clients(now)
+        return out
+
+    def _tend_clients(self, now: float) -> list[Output]:
+        """Forget the clients silent for ``lost`` seconds; heartbeat the others when due."""
+        s = self.settings
+        for client in self.clients.silent_since(now - s.lost):
+            self.clients.forget(client.identity)
+        out: list[Output] = []
+        heartbeat = encode(Control(ControlType.HEARTBEAT))
+        for client in self.clients.clients.values():
+            if now - client.sent >= s.heartbeat:
+                client.sent = now
+                out.append(Send(client.identity, [client.identity, *heartbeat]))
         return out
 
     # --- routing -------------------------------------------------------------
@@ -659,7 +693,7 @@ class FluxCore:
 
     def _answers_here(self, topic: str) -> bool:
         """Built-ins that any node answers for NODEID_ANY (the rest belong to rank 0)."""
-        return topic in ("broker.ping", "overlay.info") or self.root
+        return topic in _ANSWERED_ANYWHERE or self.root
 
     def _child_toward(self, rank: int) -> Optional[bytes]:
         """The child whose subtree holds ``rank`` (walking up from it), if any."""
@@ -824,7 +858,7 @@ class FluxCore:
                 "state": self.state.value, "seq": self.seq,
                 "children": sorted(c.rank for c in self.children.values()),
                 "torpid": sorted(c.rank for c in self.children.values() if c.torpid),
-                "topology": str(self.topology)}
+                "topology": str(self.topology), "clients": len(self.clients)}
 
     def _join_request(self, request: Request, now: float) -> list[Output]:
         """Rank 0 gives a rank (claimed or new) and names the parent to attach to."""
@@ -884,6 +918,31 @@ class FluxCore:
                                       "seq": self.seq, "size": self.size}, now)
         out += self._report_attached(self.children[link], now)
         return out
+
+    def _client_request(self, request: Request, now: float) -> list[Output]:
+        """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
+        link = request.routes[0] if request.routes else b""
+        if len(link) != IDENTITY_SIZE or link in self.children:
+            return self._error(request, Errno.EINVAL, "overlay.client comes from a client", now)
+        if self.state is not State.ONLINE:
+            return self._error(request, Errno.EAGAIN, "not in the tree", now)
+        if not self.clients.accept(link, now):
+            return self._error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
+        return self._answer(request, {"rank": self.rank, "size": self.size, "seq": self.seq,
+                                      "topology": str(self.topology)}, now)
+
+    def _subscribe_request(self, request: Request, now: float) -> list[Output]:
+        """``event.subscribe`` / ``event.unsubscribe`` ``{"topic": prefix}`` from a client."""
+        client = self.clients.get(request.routes[0]) if request.routes else None
+        if client is None:
+            return self._error(request, Errno.EPROTO, "only a client subscribes by request", now)
+        prefix = _str(read_json(request.payload), "topic")
+        if request.topic == "event.unsubscribe":
+            self.clients.unsubscribe(client, prefix)
+        elif not self.clients.subscribe(client, prefix):
+            return self._error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
+                               "subscriptions per client (client_prefixes)", now)
+        return self._answer(request, {}, now)
 
     def _report_attached(self, child: Child, now: float) -> list[Output]:
         """Tell rank 0 where ``child`` listens (once this node is online itself)."""
@@ -970,6 +1029,8 @@ class FluxCore:
                     break
         for identity, child in self.children.items():
             out.append(Send(identity, [identity, *frames]))
+        for client in self.clients.subscribers(topic):
+            out.append(Send(client.identity, [client.identity, *frames]))
         return out
 
     def _fetch(self, first: int, last: int, now: float) -> list[Output]:
@@ -1213,6 +1274,9 @@ _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "overlay.hello": FluxCore._hello_request,
     "overlay.attached": FluxCore._attached_request,
     "overlay.lost": FluxCore._lost_request,
+    "overlay.client": FluxCore._client_request,
+    "event.subscribe": FluxCore._subscribe_request,
+    "event.unsubscribe": FluxCore._subscribe_request,
     "event.pub": FluxCore._pub_request,
     "event.replay": FluxCore._replay_request,
 }
