@@ -158,7 +158,10 @@ _ANSWERED_ANYWHERE = frozenset({"broker.ping", "overlay.info", "overlay.client",
 # MsgFlag bits as plain ints: IntFlag's operators are Python-level calls
 _NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
 _FRAMES = 0x0B  # TOPIC | PAYLOAD | ROUTE: which frames are there
+_ROUTE = 0x08
+_NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
 _PROTO = struct.Struct(">BBBBIIII")
+_AUX = struct.Struct(">II")  # aux1, aux2: PROTO octets 12..19
 
 
 class State(enum.Enum):
@@ -493,6 +496,23 @@ class FluxCore:
             tag = state.allocate()
             state.pending[tag] = Pending(topic, nodeid, bool(flags & _STREAMING))
         route = b"@%d" % handle
+        target = self._next_hop(nodeid, flags, route)
+        if target is not None and topic and (payload is None or type(payload) is bytes) \
+                and flags & _NORESPONSE_STREAMING != _NORESPONSE_STREAMING \
+                and (flags & _NORESPONSE or self._track(target, (route,), tag, topic, nodeid,
+                                                         flags)):
+            # for another rank: the frames straight away (what encode would make)
+            frames = [route, b"", topic.encode()]
+            wire_flags = (int(flags) & ~_FRAMES) | _ROUTE | 1
+            if payload is not None:
+                frames.append(payload)
+                wire_flags |= 2
+            frames.append(_PROTO.pack(MAGIC, VERSION, 1, wire_flags, USERID_UNKNOWN, 0, nodeid,
+                                      tag))
+            self.stats["forwarded"] += 1
+            if target == PARENT:
+                return tag, [self._to_parent(frames, now)]
+            return tag, self._send_down(target, [target, *frames], now)
         request = make_request(topic, payload, nodeid, tag, flags, (route,), USERID_UNKNOWN, 0)
         return tag, self._route_request(request, route, now)
 
@@ -539,6 +559,9 @@ class FluxCore:
             return []
         if len(link) != IDENTITY_SIZE and link != PARENT:
             return self._drop(link, "an identity that is not 16 bytes")
+        passed = self._pass_through(link, frames, now)
+        if passed is not None:
+            return passed
         try:
             message = decode(frames)
         except ProtocolError as exc:
@@ -591,6 +614,124 @@ class FluxCore:
             if client is not None:
                 self.clients.forget(link)
         return []
+
+    def _pass_through(self, link: bytes, frames: list[bytes],
+                      now: float) -> Optional[list[Output]]:
+        """Route the common messages from their PROTO and route frames alone: a
+        request for another rank and a response for a child are forwarded as they
+        came (the route pushed or popped), a response for a local handle is built
+        once. None for everything else (and for anything malformed): ``receive``
+        decodes it then."""
+        if not frames:
+            return None
+        proto = frames[-1]
+        if type(proto) is not bytes or len(proto) != 20 or proto[0] != MAGIC \
+                or proto[1] != VERSION:
+            return None
+        kind, flags = proto[2], proto[3]
+        if kind > 2 or not flags & _ROUTE or flags & _NORESPONSE_STREAMING == \
+                _NORESPONSE_STREAMING:
+            return None
+        end = len(frames) - 1
+        try:
+            d = frames.index(b"", 0, end)
+        except ValueError:
+            return None
+        if end - d - 1 != (flags & 1) + (flags >> 1 & 1) or flags & 1 and not frames[d + 1]:
+            return None  # frames no flag announces, or an empty topic
+        if link == PARENT:
+            child = None
+        else:
+            child = self.children.get(link)
+            if child is None:
+                return None
+        aux1, aux2 = _AUX.unpack_from(proto, 12)
+        if kind == 2:
+            top = frames[0] if d else b""
+            if len(top) == IDENTITY_SIZE:
+                self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
+                out: Optional[list[Output]] = self._send_down(top, frames, now)
+            elif top[:1] == b"@" and top[1:].isdigit() and flags & 1:
+                out = self._response_here(link, frames, d, flags, now)
+            else:
+                return None  # up, or to no handle: the full path
+        else:
+            out = self._pass_request(link, frames, d, flags, aux1, aux2, now)
+        if out is not None:
+            if child is None:
+                self._parent_heard = now
+            else:
+                child.heard = now
+                child.torpid = False
+        return out
+
+    def _response_here(self, link: bytes, frames: list[bytes], d: int, flags: int,
+                       now: float) -> Optional[list[Output]]:
+        """``_pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""
+        try:
+            topic = frames[d + 1].decode()
+        except UnicodeDecodeError:
+            return None
+        _, _, _, _, userid, rolemask, errnum, matchtag = _PROTO.unpack(frames[-1])
+        routes = tuple(frames[:d])
+        self._settle_key(link, routes, matchtag, flags, errnum)
+        response = make_response(topic, frames[d + 2] if flags & 2 else None, errnum, matchtag,
+                                 flags & ~_FRAMES, routes[1:], userid, rolemask)
+        return self._to_handle(int(routes[0][1:]), response, now)
+
+    def _pass_request(self, link: bytes, frames: list[bytes], d: int, flags: int, nodeid: int,
+                      matchtag: int, now: float) -> Optional[list[Output]]:
+        """``_pass_through`` of a request for another rank, or of a ping for this one."""
+        if not flags & 1:
+            return None  # a request without a topic: decode says so
+        if nodeid == self.rank:
+            if self.state is not State.ONLINE or flags & _UPSTREAM \
+                    or frames[d + 1] != b"broker.ping":
+                return None
+            if flags & _NORESPONSE:
+                return []
+            frames = frames[:-1]  # the same routes, topic and payload: only PROTO changes
+            frames.append(_PROTO.pack(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
+                                      matchtag))
+            if link == PARENT:
+                return [self._to_parent(frames, now)]
+            return self._send_down(link, [link, *frames], now)
+        target = self._next_hop(nodeid, flags, link)
+        if target is None:
+            return None
+        if not flags & _NORESPONSE:
+            try:
+                topic = frames[d + 1].decode()
+            except UnicodeDecodeError:
+                return None
+            if not self._track(target, (link, *frames[:d]), matchtag, topic, nodeid, flags):
+                return None  # (the full path answers EAGAIN)
+        self.stats["forwarded"] += 1
+        wire = [link, *frames]
+        if target == PARENT:
+            return [self._to_parent(wire, now)]
+        return self._send_down(target, [target, *wire], now)
+
+    def _next_hop(self, nodeid: int, flags: int, came_from: bytes) -> Optional[bytes]:
+        """The link a request for rank ``nodeid`` (not this one) goes on: a child on
+        its path, else the parent; None when it is to be answered here instead."""
+        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == self.rank \
+                or flags & _UPSTREAM or nodeid > MAX_RANK or self.root and nodeid >= self.size:
+            return None
+        target = self._child_toward(nodeid)
+        if target is None:
+            if self.parent_rank is None or self.state is not State.ONLINE \
+                    or came_from == PARENT:  # never back up: no request bounces
+                return None
+            target = PARENT
+        return target
+
+    def _send_down(self, identity: bytes, frames: list[bytes], now: float) -> list[Output]:
+        """Send ``frames`` (the first: ``identity``) to a child or guest on the ROUTER."""
+        child = self.children.get(identity)
+        if child is not None:
+            child.sent = now
+        return [Send(identity, frames)]
 
     def link_down(self, link: bytes, now: float) -> list[Output]:
         """A send found ``link`` gone (its peer's connection closed)."""
@@ -713,27 +854,41 @@ class FluxCore:
                  wire: Optional[list[bytes]] = None) -> list[Output]:
         """Send ``request`` (routes already pushed; ``wire``: its frames) on ``link``,
         tracking it until answered."""
-        if not request.flags & _NORESPONSE:
-            if len(self._inflight) >= self.settings.max_inflight:
-                return self._error(request, Errno.EAGAIN, "too many requests in flight", now)
-            key = (link, request.routes or (), request.matchtag)
-            self._inflight[key] = Pending(request.topic, request.nodeid,
-                                          bool(request.flags & _STREAMING))
-            self._via.setdefault(link, set()).add(key)
+        if not request.flags & _NORESPONSE and not self._track(
+                link, request.routes or (), request.matchtag, request.topic, request.nodeid,
+                request.flags):
+            return self._error(request, Errno.EAGAIN, "too many requests in flight", now)
         self.stats["forwarded"] += 1
         frames = wire if wire is not None else encode(request)
         if link == PARENT:
             return [self._to_parent(frames, now)]
-        child = self.children.get(link)
-        if child is not None:
-            child.sent = now
-        return [Send(link, [link, *frames])]
+        return self._send_down(link, [link, *frames], now)
+
+    def _track(self, link: bytes, routes: tuple[bytes, ...], matchtag: int, topic: str,
+               nodeid: int, flags: int) -> bool:
+        """Remember a request forwarded on ``link`` until its final response; False
+        when ``max_inflight`` are tracked already."""
+        inflight = self._inflight
+        if len(inflight) >= self.settings.max_inflight:
+            return False
+        key = (link, routes, matchtag)
+        inflight[key] = Pending(topic, nodeid, bool(flags & _STREAMING))
+        via = self._via.get(link)
+        if via is None:
+            via = self._via[link] = set()
+        via.add(key)
+        return True
 
     def _settle(self, link: bytes, response: Response) -> None:
         """A response came back on ``link``: forget its request once it is final."""
-        if response.flags & _STREAMING and not response.errnum:
+        self._settle_key(link, response.routes or (), response.matchtag, response.flags,
+                         response.errnum)
+
+    def _settle_key(self, link: bytes, routes: tuple[bytes, ...], matchtag: int, flags: int,
+                    errnum: int) -> None:
+        if flags & _STREAMING and not errnum:
             return
-        key = (link, response.routes or (), response.matchtag)
+        key = (link, routes, matchtag)
         if self._inflight.pop(key, None) is not None:
             via = self._via.get(link)
             if via is not None:
@@ -757,11 +912,8 @@ class FluxCore:
             if top[:1] != b"@" or not top[1:].isdigit():
                 return self._drop(top, "a response to no handle")
             return self._to_handle(int(top[1:]), _rerouted(response, routes[1:]), now)
-        child = self.children.get(top)
-        if child is not None:
-            child.sent = now
         # the ROUTER takes the top route as the address
-        return [Send(top, wire if wire is not None else encode(response))]
+        return self._send_down(top, wire if wire is not None else encode(response), now)
 
     def _to_handle(self, number: int, response: Response, now: float) -> list[Output]:
         state = self.handles.get(number)
