@@ -14,16 +14,14 @@ that joins through members it is given (``--parent``, repeatable, or
 ``$PEERMESH_FLUX_PARENTS``), or by default a ZRE node whose members elect
 rank 0 and join it by themselves (see ``peermesh.flux.overlay``).
 
-The other commands join the instance as a leaf for as long as they run:
-through ``--parent`` / ``$PEERMESH_FLUX_PARENTS`` when given, otherwise
-through the mesh (a short-lived ZRE node on the node options' interface
-looks, for up to ``--wait`` seconds, for a peer advertising the instance;
-the leaf joins through the endpoints found, the elected rank 0's first, and
-the ZRE node, never a member, leaves the mesh once the leaf has joined).
-Each leaf takes a fresh rank, which falls vacant when it leaves; ``tree``
-marks it and ``ping all`` leaves it out. The tree sockets of a leaf that
-joins through ``--parent`` listen on the ``--interface`` given (or
-``$PEERMESH_INTERFACE``), else on 127.0.0.1.
+The other commands are rankless clients (``peermesh.flux.client``) of one
+member for as long as they run: the first that accepts of the members given
+with ``--parent`` / ``$PEERMESH_FLUX_PARENTS``, otherwise of those found on
+the mesh (a short-lived ZRE node on the node options' interface looks, for
+up to ``--wait`` seconds, for peers advertising the instance, the elected
+rank 0 first, and leaves the mesh once the client is connected). A client
+takes no rank and grows nothing in the instance, so running them from a
+script forever costs the instance nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from .errors import FluxError
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
 
 if TYPE_CHECKING:  # the overlay (and gevent) are imported by the actions, not by the parser
+    from .client import FluxClient
     from .overlay import FluxOverlay
 
 __all__ = ["add_commands", "PARENTS_VARIABLE"]
@@ -61,10 +60,9 @@ WAIT_JOIN = 5.0
 TIMEOUT = 5.0
 
 _REACH = (
-    "How it reaches the instance: with --parent (or $PEERMESH_FLUX_PARENTS) it joins "
-    "through those members; otherwise a short-lived ZRE node looks on the mesh (node "
-    "options) for a member of --instance. Either way the command is a leaf of the tree "
-    "(a rank of its own, vacant again when it ends) until it is done.")
+    "How it reaches the instance: it is a client of one member (it takes no rank): of the "
+    "first of --parent (or $PEERMESH_FLUX_PARENTS) that accepts it; otherwise a short-lived "
+    "ZRE node looks on the mesh (node options) for the members of --instance.")
 
 
 def add_commands(command: Factory) -> None:
@@ -72,7 +70,7 @@ def add_commands(command: Factory) -> None:
     command("flux", "Flux RFC 3 messaging: run a member, RPC, events, ping, tree",
             "A Flux instance is a tree of members (rank 0 at the root) that route topic "
             "RPCs (service.method) and events (numbered by rank 0) over their own sockets. "
-            "`run` is a member; the other actions join the instance as a leaf for the "
+            "`run` is a member; the other actions are clients of a member (no rank) for the "
             "duration of the command.",
             f"  {PROG} flux run --interface lo                 # a member found through the mesh\n"
             f"  {PROG} flux run --root --interface lo          # rank 0 without a mesh\n"
@@ -226,8 +224,7 @@ def _add_tree(command: Factory) -> None:
         "per rank: its parent, state (online, or torpid when its parent has not heard from "
         "it lately), children. A member that does not answer is shown as unreachable. "
         "--json prints the answers as a list of {rank, parent, state, children, torpid "
-        "(its torpid children), size, seq, topology}; the command's own rank has "
-        "\"this_command\": true.\n\n" + _REACH,
+        "(its torpid children), size, seq, topology, clients}.\n\n" + _REACH,
         f"  {PROG} flux tree\n  {PROG} flux tree --parent tcp://127.0.0.1:40123 --json",
         _cmd_tree)
     _instance_options(tree)
@@ -339,19 +336,19 @@ def _error_text(exc: FluxError) -> str:
 # reaching the instance
 
 
-class Leaf:
-    """The command's node in the instance: a leaf joined for as long as the ``with`` lasts."""
+class Connection:
+    """The command's client of a member, connected for as long as the ``with`` lasts."""
 
     def __init__(self, args: argparse.Namespace, config: NodeConfig) -> None:
         self.args = args
         self.config = config
         self.session: Optional[NodeSession] = None
         self.signals: Optional[HubSignals] = None
-        self.flux: Optional[FluxOverlay] = None
+        self.client: Optional[FluxClient] = None
 
-    def __enter__(self) -> FluxOverlay:
+    def __enter__(self) -> FluxClient:
         try:
-            return self._join()
+            return self._connect()
         except BaseException:
             self.close()
             raise
@@ -359,8 +356,8 @@ class Leaf:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _join(self) -> FluxOverlay:
-        from .overlay import FluxOverlay
+    def _connect(self) -> FluxClient:
+        from .client import FluxClient
 
         args = self.args
         deadline = time.monotonic() + args.wait
@@ -368,7 +365,6 @@ class Leaf:
         _check_endpoints(parents)
         if parents:
             self.signals = HubSignals()
-            address = _address(self.config)
             where = "through " + ", ".join(parents)
         else:
             self.session = NodeSession(self.config)
@@ -380,22 +376,24 @@ class Leaf:
                                 f"(interface {node.transport.interface(self.config.interface).name}"
                                 f", beacon port {self.config.port}) within {args.wait:g} s; "
                                 "is `flux run` running there, or give --parent ENDPOINT")
-            address = node.transport.interface(self.config.interface).address
             where = f"through the mesh ({len(parents)} member{'s' * (len(parents) != 1)})"
-        self.flux = FluxOverlay(args.instance, parents=parents, address=address).start()
-        with leaving(f"joining Flux instance {args.instance!r}"):
-            if not self.flux.wait_online(max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"could not join Flux instance {args.instance!r} {where} "
-                                   f"within {args.wait:g} s (state {self.flux.state.value})")
-        if self.session is not None:  # found and joined: the tree is all it needs now
+        self.client = FluxClient(parents)
+        with leaving(f"connecting to Flux instance {args.instance!r}"):
+            try:
+                self.client.connect(max(0.05, deadline - time.monotonic()))
+            except FluxError as exc:
+                raise RuntimeError(f"could not connect to Flux instance {args.instance!r} "
+                                   f"{where} within {args.wait:g} s ({_error_text(exc)})") \
+                    from None
+        if self.session is not None:  # found and connected: the member is all it needs now
             self.session.close()
             self.session = None
             self.signals = HubSignals()
-        return self.flux
+        return self.client
 
     def close(self) -> None:
-        if self.flux is not None:
-            self.flux.stop()
+        if self.client is not None:
+            self.client.close()
         if self.session is not None:
             self.session.close()
         if self.signals is not None:
@@ -403,7 +401,7 @@ class Leaf:
 
 
 class _NotFound(PeermeshError, ValueError):
-    """Nothing to join: a usage-level error (exit code 2)."""
+    """Nothing to connect to: a usage-level error (exit code 2)."""
 
 
 def _find_members(session: NodeSession, instance: str, deadline: float) -> list[str]:
@@ -533,7 +531,7 @@ def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[FluxOverla
 
 def _cmd_rpc(args: argparse.Namespace, config: NodeConfig) -> int:
     payload = _payload(args.payload)
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         rank = _checked_rank(flux, args.rank)
         future = flux.rpc(args.topic, payload, NODEID_ANY if rank is None else rank,
                           streaming=args.stream)
@@ -569,7 +567,7 @@ def _rpc_error(args: argparse.Namespace, exc: FluxError) -> int:
     return EXIT_FAILURE
 
 
-def _checked_rank(flux: FluxOverlay, rank: Optional[int]) -> Optional[int]:
+def _checked_rank(flux: FluxClient, rank: Optional[int]) -> Optional[int]:
     if rank is not None and rank >= flux.size:
         raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{flux.size - 1}")
     return rank
@@ -577,7 +575,7 @@ def _checked_rank(flux: FluxOverlay, rank: Optional[int]) -> Optional[int]:
 
 def _cmd_pub(args: argparse.Namespace, config: NodeConfig) -> int:
     payload = _payload(args.payload)
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         try:
             with leaving(f"waiting for rank 0 to number event {args.topic}"):
                 seq = flux.publish(args.topic, payload).get_json(args.timeout)["seq"]
@@ -589,13 +587,21 @@ def _cmd_pub(args: argparse.Namespace, config: NodeConfig) -> int:
 
 
 def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         flux.add_listener(_report_lost)
-        subscription = flux.subscribe(args.prefix)
-        note(f"rank {flux.rank} subscribed to {args.prefix!r} events; Ctrl-C to stop")
+        try:
+            with leaving(f"subscribing to {args.prefix!r} events"):
+                subscription = flux.subscribe(args.prefix, args.timeout)
+        except FluxError as exc:
+            note(f"error: {_error_text(exc)}")
+            return EXIT_FAILURE
+        note(f"subscribed to {args.prefix!r} events through rank {flux.rank}; Ctrl-C to stop")
         shown = 0
         try:
-            for event in subscription:
+            while flux.connected:
+                event = subscription.get(flux.heartbeat)  # (wakes to see a lost member)
+                if event is None:
+                    continue
                 if args.json:
                     emit(to_json({"seq": event.seq, "topic": event.topic,
                                   "payload": _readable(event.payload)}))
@@ -606,22 +612,20 @@ def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
                     break
         except KeyboardInterrupt:
             return EXIT_OK  # the normal end of following
-    return EXIT_OK
+    return EXIT_OK if flux.connected or args.count is not None and shown >= args.count \
+        else EXIT_FAILURE
 
 
 def _report_lost(notice: Any) -> None:
-    if notice.what == "events-lost":
-        first, last = notice.detail
-        note(f"warning: events {first}..{last} were lost (older than rank 0's buffer)")
-    elif notice.what == "parent-lost":
-        note(f"warning: the parent was lost ({clean(notice.detail)}); re-attaching")
+    if notice.what == "member-lost":
+        note(f"error: the member (rank {notice.rank}) was lost ({clean(notice.detail)})")
 
 
 def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         if args.target is None:
             rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
-            ranks = [row["rank"] for row in rows if row["rank"] != flux.rank]
+            ranks = [row["rank"] for row in rows]
             counts = 1
         else:
             _checked_rank(flux, args.target)
@@ -661,9 +665,9 @@ def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[s
     return summary
 
 
-def _walk(flux: FluxOverlay, timeout: float) -> list[dict[str, Any]]:
+def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
     """``overlay.info`` of rank 0, then of each rank's children, level by level: rows of
-    {rank, parent, state, children, torpid, size, seq, topology}; a rank that does not
+    {rank, parent, state, children, torpid, size, seq, topology, clients}; a rank that does not
     answer is {rank, parent, state: "unreachable", error}."""
     rows: list[dict[str, Any]] = []
     level: dict[int, Optional[int]] = {0: None}  # rank -> the rank that listed it
@@ -700,17 +704,13 @@ def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[st
 
     return {"rank": rank, "parent": parent, "state": str(info.get("state", "?")),
             "children": ranks("children"), "torpid": ranks("torpid"), "size": scalar("size"),
-            "seq": scalar("seq"), "topology": scalar("topology")}
+            "seq": scalar("seq"), "topology": scalar("topology"), "clients": scalar("clients")}
 
 
 def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         with leaving("walking the tree"):
             rows = _walk(flux, args.timeout)
-        me = flux.rank
-    for row in rows:
-        if row["rank"] == me:
-            row["this_command"] = True
     if args.json:
         emit(to_json(rows))
         return EXIT_OK
@@ -721,7 +721,6 @@ def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
         rank, parent = row["rank"], row.get("parent")
         depth[rank] = depth.get(parent, -1) + 1 if parent is not None else 0
         state = clean(row["state"]) + (" torpid" if rank in torpid else "") + \
-            (" (this command)" if row.get("this_command") else "") + \
             (f": {row['error']}" if "error" in row else "")
         lines.append(("  " * depth[rank] + str(rank), "-" if parent is None else str(parent),
                       state, ",".join(map(str, row.get("children", ()))) or "-"))

@@ -1,8 +1,8 @@
 """``peermesh flux ...`` as real processes on loopback: members, RPC, events, ping, tree, errors.
 
 Members are ``peermesh flux run`` processes (``--interface lo``, a free beacon
-port); the one-shot commands join them as leaves through ``--parent`` or
-through the mesh. Every wait has a deadline; processes are killed in
+port); the one-shot commands are rankless clients of a member found through
+``--parent`` or through the mesh. Every wait has a deadline; processes are killed in
 finalisers.
 """
 
@@ -86,18 +86,17 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     result = flux(cli, "tree", "--json", parent=endpoint)
     assert result.returncode == 0, _report(result)
     rows = {row["rank"]: row for row in json.loads(result.stdout)}
-    mine = next(rank for rank, row in rows.items() if row.get("this_command"))
     assert rows[0]["parent"] is None and rows[1]["parent"] == 0
-    assert set(rows) == {0, 1, mine} and mine > 1
+    assert set(rows) == {0, 1}                         # the command took no rank
     assert all(row["state"] == "online" for row in rows.values())
-    assert rows[0]["topology"] == "kary:2"
+    assert rows[0]["topology"] == "kary:2" and rows[0]["clients"] == 1
 
     result = flux(cli, "tree", parent=endpoint)        # the table, indented by depth
     assert result.returncode == 0, _report(result)
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["RANK", "PARENT", "STATE", "CHILDREN"]
     assert lines[1].split()[:3] == ["0", "-", "online"] and lines[2].startswith("  1 ")
-    assert "(this command)" in result.stdout
+    assert len(lines) == 3
 
     result = flux(cli, "rpc", "cli.echo", '{"x": [1, "two"]}', "--rank", "0", parent=endpoint)
     assert result.returncode == 0, _report(result)
@@ -119,10 +118,13 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     assert report["summary"]["answered"] == 2 and report["unreachable"] == []
     assert all(p["ms"] > 0 for p in report["pings"])
 
-    result = flux(cli, "ping", "all", parent=endpoint)  # every member but the command itself
+    result = flux(cli, "ping", "all", parent=endpoint)  # every member; the command is none
     assert result.returncode == 0, _report(result)
     assert re.match(r"rank 0: seq=0 time=[\d.]+ ms\nrank 1: seq=0 time=[\d.]+ ms\n"
                     r"2 answered, 0 unreachable: min/mean/max = ", result.stdout), result.stdout
+
+    result = flux(cli, "rpc", "overlay.info", "--rank", "0", parent=endpoint)
+    assert json.loads(result.stdout)["size"] == 2, _report(result)  # for all those commands
 
     claimed = cli.start("flux", "run", "--json", "--parent", endpoint, "--topology", "kary:2",
                         "--rank", "40")
@@ -171,7 +173,7 @@ def test_members_and_commands_find_each_other_through_the_mesh(cli: Cli) -> None
     result = flux(cli, "tree", "--json")
     assert result.returncode == 0, _report(result)
     rows = json.loads(result.stdout)
-    assert rows[0]["rank"] == 0 and len(rows) == 3, rows
+    assert [row["rank"] for row in rows] == [0, 1] and rows[0]["clients"] == 1, rows
     result = flux(cli, "rpc", "overlay.info", "--rank", "1")
     assert result.returncode == 0 and json.loads(result.stdout)["parent"] == 0, _report(result)
     assert second.stop(signal.SIGTERM) == 0 and first.stop(signal.SIGTERM) == 0
@@ -203,8 +205,9 @@ def test_error_answers_are_messages(cli: Cli) -> None:
     assert result.stderr.strip() == ("peermesh: error: no.such: No service matching no.such is "
                                      "registered (ENOSYS: no member serves it)")
 
-    result = flux(cli, "tree", "--json", parent=endpoint)   # its rank is vacant once it ends
-    vacant = next(r["rank"] for r in json.loads(result.stdout) if r.get("this_command"))
+    gone, _ = member(cli, "--parent", endpoint)      # rank 1, vacant once it has left
+    assert gone.stop(signal.SIGTERM) == 0
+    vacant = 1
     result = flux(cli, "rpc", "broker.ping", "--rank", str(vacant), "--json", parent=endpoint)
     assert result.returncode == 1, _report(result)
     answer = json.loads(result.stdout)
@@ -221,7 +224,7 @@ def test_error_answers_are_messages(cli: Cli) -> None:
 
     result = flux(cli, "rpc", "broker.ping", "--wait", "1", parent="tcp://127.0.0.1:9")
     assert result.returncode == 1, _report(result)
-    assert "could not join Flux instance 'flux' through tcp://127.0.0.1:9 within 1 s" \
+    assert "could not connect to Flux instance 'flux' through tcp://127.0.0.1:9 within 1 s" \
         in result.stderr, _report(result)
 
 
@@ -232,7 +235,7 @@ def test_a_tree_row_keeps_only_what_a_member_may_say() -> None:
                "torpid": "all", "size": [1], "seq": 3, "topology": "kary:2", "extra": "x" * 99}
     assert _tree_row(3, 1, hostile) == {
         "rank": 3, "parent": 1, "state": "{'x': 1}", "children": [4, 6], "torpid": [],
-        "size": None, "seq": 3, "topology": "kary:2"}
+        "size": None, "seq": 3, "topology": "kary:2", "clients": None}
 
 
 def test_building_the_parser_does_not_import_the_overlay() -> None:
