@@ -190,9 +190,9 @@ def _add_sub(command: Factory) -> None:
         "flux sub", "print events whose topic starts with PREFIX",
         "Subscribe to events whose topic starts with PREFIX ('' for all) and print each as "
         "SEQ TOPIC PAYLOAD (--json: {\"seq\", \"topic\", \"payload\"}) until Ctrl-C, SIGTERM "
-        "or --count events. Events missed on the way (a parent lost and re-attached) are "
-        "fetched from rank 0; those older than its buffer are reported on stderr.\n\n"
-        + _REACH,
+        "or --count events. The member passes events on in order (it fetches what it "
+        "missed from rank 0 itself); if the member is lost the command says so on stderr "
+        "and exits with 1.\n\n" + _REACH,
         f"  {PROG} flux sub job.\n  {PROG} flux sub '' --count 10 --json",
         _cmd_sub)
     sub.add_argument("prefix", metavar="PREFIX", type=utf8, help="topic prefix ('' for all)")
