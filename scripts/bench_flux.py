@@ -365,7 +365,8 @@ def main() -> int:
                   f"{FLUX_CORE_PING_ALL_MS:g} ms at 480 ranks on 30 nodes):"] + table(
             ["code", "ranks", "topology", "start s", "converge s", "mean ms", "max ms", "fds",
              "fds/rank", "event us CPU/delivery"],
-            [[r.get("code", "peermesh"), str(r["ranks"]), r["topology"], f"{r['start_s']:.2f}", f"{r['converge_s']:.2f}",
+            [[r.get("code", "peermesh"), str(r["ranks"]), r["topology"], f"{r['start_s']:.2f}",
+              f"{r['converge_s']:.2f}",
               f"{r['ping_all_mean_ms']:.1f}", f"{r['ping_all_max_ms']:.1f}", str(r["fds"]),
               f"{r['fds_per_rank']:.1f}",
               f"{r['event_cpu_us_per_delivery']:.1f}" if "event_cpu_us_per_delivery" in r

@@ -28,16 +28,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..wire.flux import NODEID_ANY, NODEID_UPSTREAM, Errno, MsgFlag
     from .client import FluxClient
-    from .core import FluxCore, FluxSettings, Notice, State
+    from .core import FluxCore
     from .errors import FluxError, FluxStateError
     from .handle import FluxHandle, FluxRequest, RpcFuture, Subscription
+    from .outputs import Notice
     from .overlay import FLUX_HEADER, FluxOverlay, call_all
+    from .settings import FluxSettings, State
     from .topology import Topology, TopologyError
 
 _WHERE = {
     **dict.fromkeys(("NODEID_ANY", "NODEID_UPSTREAM", "Errno", "MsgFlag"), "..wire.flux"),
     "FluxClient": ".client",
-    **dict.fromkeys(("FluxCore", "FluxSettings", "Notice", "State"), ".core"),
+    "FluxCore": ".core",
+    **dict.fromkeys(("FluxSettings", "State"), ".settings"),
+    "Notice": ".outputs",
     **dict.fromkeys(("FluxError", "FluxStateError"), ".errors"),
     **dict.fromkeys(("FluxHandle", "FluxRequest", "RpcFuture", "Subscription"), ".handle"),
     **dict.fromkeys(("FluxOverlay", "FLUX_HEADER", "call_all"), ".overlay"),

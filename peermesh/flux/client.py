@@ -34,9 +34,10 @@ from ..wire.flux import (
     NODEID_ANY, Control, ControlType, Errno, Event, Request, Response, decode, encode,
     string_payload,
 )
-from .core import IDENTITY_SIZE, Handle, Notice, Pending
 from .errors import FluxError, FluxStateError
 from .handle import Payload, RpcFuture, Subscription, to_payload
+from .matchtags import Handle, Pending
+from .outputs import IDENTITY_SIZE, Notice
 from .overlay import MAX_MESSAGE, SNDHWM
 from .topology import Topology
 

@@ -1,0 +1,142 @@
+"""Flux events: numbered by rank 0, fanned out down the tree, gaps filled from rank 0.
+
+How it works
+------------
+Rank 0 numbers events from 1 (``event.pub`` requests from other
+ranks), keeps the last ``recent_events`` and sends them to its children,
+which forward them down. A node that sees a sequence gap holds later
+events, fetches the missed ones from rank 0 (``event.replay``) and
+forwards them in order, so its subtree sees no gap; events older than the
+buffer are reported lost (``Notice("events-lost")``). A node that joins
+(rather than re-attaches) takes the sequence of its new parent as it is: rank 0
+may be another node, or a restarted one, with numbering of its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional
+
+from ..errors import ProtocolError
+from ..wire.flux import Errno, Event, Request, Response, encode, read_json
+from .bodies import b64, int_field, str_field, unb64
+from .clients import ClientTable
+from .outputs import Deliver, Notice, Output, Send
+from .routing import Routing
+
+__all__ = ["EventLog"]
+
+
+class EventLog(Routing):
+    """Event numbering, fan-out and replay of ``FluxCore`` (see the module's docstring)."""
+
+    seq: int
+    recent: deque[Event]
+    _held: list[Event]
+    _replay_to: int
+    _synced: bool
+    clients: ClientTable
+
+    def _pub_request(self, request: Request, now: float) -> list[Output]:
+        if not self.root:
+            return self._error(request, Errno.EHOSTUNREACH, "only rank 0 publishes", now)
+        body = read_json(request.payload)
+        topic = str_field(body, "topic")
+        if not topic:
+            raise ProtocolError("'topic' is empty")
+        seq, out = self._publish_here(topic, unb64(body.get("payload")), now)
+        return out + self._answer(request, {"seq": seq}, now)
+
+    def _publish_here(self, topic: str, payload: Optional[bytes],
+                      now: float) -> tuple[int, list[Output]]:
+        self.seq += 1
+        event = Event(topic, payload, self.seq)
+        self.recent.append(event)
+        return self.seq, self._pass_down(event, encode(event))
+
+    def _replay_request(self, request: Request, now: float) -> list[Output]:
+        if not self.root:
+            return self._error(request, Errno.EHOSTUNREACH, "only rank 0 replays", now)
+        body = read_json(request.payload)
+        first = int_field(body, "from", 1, 0xFFFFFFFF)
+        last = min(int_field(body, "to", 1, 0xFFFFFFFF), first + self.settings.replay_batch - 1)
+        events = [[e.seq, e.topic, b64(e.payload)] for e in self.recent
+                  if first <= e.seq <= last]
+        return self._answer(request, {"events": events, "to": last}, now)
+
+    def _event(self, event: Event, frames: list[bytes], now: float) -> list[Output]:
+        seq = event.seq
+        if seq <= self.seq:
+            return []  # a duplicate
+        if self._replay_to:
+            if len(self._held) >= self.settings.recent_events:
+                return [Notice("events-lost", self.rank or 0, (seq, seq))]
+            self._held.append(event)
+            return []
+        if seq == self.seq + 1 or not self._synced:
+            return self._pass_down(event, frames if event.routes is None else
+                                   encode(Event(event.topic, event.payload, event.seq,
+                                                event.flags)))
+        self._held.append(event)
+        return self._fetch(self.seq + 1, seq - 1, now)
+
+    def _pass_down(self, event: Event, frames: list[bytes]) -> list[Output]:
+        """Take ``event`` as the next one: hand it to subscribers, children and the
+        clients that subscribed to it."""
+        self.seq = event.seq
+        out: list[Output] = []
+        topic = event.topic
+        for number, handle in self.handles.items():
+            for prefix in handle.prefixes:
+                if topic.startswith(prefix):
+                    out.append(Deliver(number, event))
+                    break
+        for identity, child in self.children.items():
+            out.append(Send(identity, [identity, *frames]))
+        for client in self.clients.subscribers(topic):
+            out.append(Send(client.identity, [client.identity, *frames]))
+        return out
+
+    def _fetch(self, first: int, last: int, now: float) -> list[Output]:
+        self._replay_to = last
+        return self._internal_rpc("event.replay", {"from": first, "to": last}, 0, now,
+                                  self._replayed)
+
+    def _replayed(self, response: Response, now: float) -> list[Output]:
+        out: list[Output] = []
+        wanted_to = self._replay_to
+        if response.errnum == Errno.EHOSTUNREACH:  # the parent went: ask again once attached
+            self._replay_to = 0
+            return out
+        events: list = []
+        if response.errnum == 0:
+            try:
+                body = read_json(response.payload)
+                events = body.get("events") or []
+                answered_to = int_field(body, "to", 1, 0xFFFFFFFF)
+            except ProtocolError:
+                answered_to = wanted_to
+        else:
+            answered_to = wanted_to
+        for item in events if isinstance(events, list) else []:
+            try:
+                seq, topic, payload = item
+                event = Event(str(topic), unb64(payload), int(seq))
+            except (ValueError, TypeError, ProtocolError):
+                continue
+            if event.seq <= self.seq:
+                continue
+            if event.seq > self.seq + 1:
+                out.append(Notice("events-lost", self.rank or 0, (self.seq + 1, event.seq - 1)))
+            self.stats["replayed"] += 1
+            out += self._pass_down(event, encode(event))
+        if answered_to < wanted_to and response.errnum == 0:
+            return out + self._fetch(answered_to + 1, wanted_to, now)
+        if self.seq < wanted_to:
+            out.append(Notice("events-lost", self.rank or 0, (self.seq + 1, wanted_to)))
+            self.seq = wanted_to
+        self._replay_to = 0
+        held, self._held = self._held, []
+        for event in held:
+            out += self._event(event, encode(event), now)
+        return out

@@ -1,0 +1,373 @@
+"""How a Flux node finds its place in the tree: joining, attaching, losses, re-attaching.
+
+How it works
+------------
+Identities and hello. Every node has a random 16-byte identity per start
+(its DEALER's routing id). A node joins in two steps, both ordinary Flux
+requests from the core's own handle (``@0``):
+
+1. ``overlay.join`` to rank 0 (``nodeid`` 0), sent from a bootstrap
+   endpoint (any member of the instance: a parent list, or the root's
+   endpoint from the ZRE mesh) with ``{"rank": R or -1, "uuid", "endpoint"}``.
+   Rank 0 answers ``{"rank", "parent", "endpoint", "size", "topology"}``
+   (the joining node takes the instance's ``kary:K``): a claimed rank
+   R if no other live node holds it (else EEXIST), otherwise the next rank
+   never given (ranks grow the instance while it runs: no restart, ``size``
+   is the highest rank given + 1); the parent is the nearest formula
+   ancestor rank 0 has given out and not heard lost (a parent may still be
+   attaching itself: it accepts children already). A node that could reach
+   none of its candidate parents says so when it joins again (``failed``),
+   and rank 0 passes over those ranks.
+2. ``overlay.hello`` to that parent over a new DEALER, ``{"rank", "uuid",
+   "endpoint"}``. The parent accepts a rank below it in the formula tree
+   (EEXIST if a live child holds it, ENOSPC past ``max_children``) and
+   answers ``{"ancestors": [[rank, endpoint], ...], "seq", "size"}``; it tells
+   rank 0 with ``overlay.attached`` (no response), so rank 0's directory
+   knows where each rank listens.
+
+States (``State``)::
+
+    state      event                                     next        outputs
+    ---------  ----------------------------------------  ----------  ------------------------
+    DETACHED   start, root                               ONLINE      Notice online
+    DETACHED   start / set_bootstrap, endpoints known    JOINING     Dial bootstrap, join
+    JOINING    join answered                             ATTACHING   Dial parent, hello
+    JOINING    error or hello_timeout                    JOINING     next bootstrap endpoint
+    ATTACHING  hello answered                            ONLINE      Notice online (replay gap)
+    ATTACHING  EEXIST                                    JOINING     join again, rank -1
+    ATTACHING  other error or hello_timeout              ATTACHING   next ancestor, else JOINING
+    ONLINE     parent lost (DISCONNECT, link down,       ATTACHING   fail RPCs via parent,
+               silent for ``lost`` s)                                hello to the grandparent
+    any        stop                                      STOPPED     DISCONNECT to all links
+
+A refused join or hello is tried again after ``retry`` seconds, doubled per
+refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``.
+
+Leaving and faults. A child that sends DISCONNECT, that a send finds gone
+(ROUTER_MANDATORY: at once when its process died), or that is silent for
+``lost`` seconds is lost: every request this node forwarded to it is
+answered EHOSTUNREACH at once, and rank 0 is told (``overlay.lost``), which
+marks the rank offline (it stays reserved for the node that held it, and a
+node may claim it again). Orphans re-attach to the nearest live ancestor
+(the hello answer gave each node its ancestor chain), keeping their ranks
+and their subtrees; when the chain is exhausted (rank 0 itself was lost)
+they join again through the bootstrap endpoints, claiming their ranks.
+So when rank 0 is lost, an instance bootstrapped from a parent list waits
+for rank 0 to answer at its endpoint again (its subtrees stay whole and
+keep their ranks, and rank 0's directory fills again from their joins);
+one bootstrapped through the ZRE mesh has the next elected member take
+over as rank 0 (``peermesh.flux.overlay``). A partition heals the same way:
+the side cut off from rank 0 keeps trying its ancestors and the bootstrap
+endpoints until they answer, then it is one tree again. A
+child silent for ``torpid`` seconds is reported torpid (and still served).
+Heartbeats (control messages) go on every link idle for ``heartbeat`` s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..errors import ProtocolError
+from ..wire.flux import MAX_RANK, Errno, Request, Response, encode, json_payload, read_json
+from .bodies import int_field, str_field
+from .directory import Directory, Refusal
+from .events import EventLog
+from .matchtags import Pending
+from .outputs import IDENTITY_SIZE, PARENT, SELF, Dial, Hangup, Notice, Output
+from .settings import State
+from .topology import Topology, TopologyError
+
+__all__ = ["Membership", "Child"]
+
+
+@dataclass(slots=True)
+class Child:
+    """A peer on this node's ROUTER that said hello."""
+
+    identity: bytes
+    rank: int
+    endpoint: str
+    uuid: str
+    heard: float
+    sent: float
+    torpid: bool = False
+
+
+class Membership(EventLog):
+    """Joining, attaching and losses of ``FluxCore`` (see the module's docstring)."""
+
+    identity: bytes
+    uuid: str
+    endpoint: str
+    bootstrap: list[str]
+    claim: Optional[int]
+    ancestors: list[tuple[int, str]]
+    directory: Directory
+    _attempt: int
+    _candidates: list[tuple[int, str]]
+    _deadline: float
+    _backoff: float
+    next_deadline: float
+    _failed: list[int]
+    _taken: Optional[int]
+
+    def _join_request(self, request: Request, now: float) -> list[Output]:
+        """Rank 0 gives a rank (claimed or new) and names the parent to attach to."""
+        if not self.root:
+            return self._error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
+        body = read_json(request.payload)
+        claim = int_field(body, "rank", -1, self.settings.max_size - 1)
+        uuid = str_field(body, "uuid", 64)
+        endpoint = str_field(body, "endpoint")
+        failed = body.get("failed")
+        if isinstance(failed, list):
+            for rank in failed[:self.settings.max_ancestors]:
+                if isinstance(rank, int) and not isinstance(rank, bool):
+                    self.directory.lost(rank)
+        taken = body.get("taken")
+        if isinstance(taken, int) and not isinstance(taken, bool):
+            self.directory.taken(taken)
+        given = self.directory.give(claim, uuid, endpoint)
+        if isinstance(given, Refusal):
+            return self._error(request, given.errnum, given.text, now)
+        rank, parent, parent_endpoint = given
+        self.size = self.directory.size
+        return self._answer(request, {"rank": rank, "parent": parent, "size": self.size,
+                                      "endpoint": parent_endpoint,
+                                      "topology": str(self.topology)}, now)
+
+    def _hello_request(self, request: Request, now: float) -> list[Output]:
+        """A node asks to attach as this node's child."""
+        link = request.routes[0] if request.routes else b""
+        if len(link) != IDENTITY_SIZE:
+            return self._error(request, Errno.EINVAL, "hello comes from a child's link", now)
+        if self.state not in (State.ONLINE, State.ATTACHING) or self.rank is None:
+            return self._error(request, Errno.EAGAIN, "not in the tree", now)
+        body = read_json(request.payload)
+        rank = int_field(body, "rank", 1, self.settings.max_size - 1)
+        uuid = str_field(body, "uuid", 64)
+        endpoint = str_field(body, "endpoint")
+        if not self.topology.is_descendant(rank, self.rank):
+            return self._error(request, Errno.EINVAL,
+                               f"rank {rank} is not below rank {self.rank}", now)
+        old_identity = self.by_rank.get(rank)
+        if old_identity is not None and old_identity != link:
+            old = self.children[old_identity]
+            if old.uuid != uuid and now - old.heard < self.settings.torpid:
+                return self._error(request, Errno.EEXIST, f"rank {rank} is attached", now)
+            out = self._child_lost(old, now, "replaced by a new hello")
+        else:
+            out = []
+        if link not in self.children and len(self.children) >= self.settings.max_children:
+            return out + self._error(request, Errno.ENOSPC, "no room for children", now)
+        self.children[link] = Child(link, rank, endpoint, uuid, now, now)
+        self.by_rank[rank] = link
+        self.size = max(self.size, rank + 1)
+        out.append(Notice("child-attached", rank, endpoint))
+        chain = [[self.rank, self.endpoint]] + [[r, e] for r, e in self.ancestors]
+        out += self._answer(request, {"ancestors": chain[:self.settings.max_ancestors],
+                                      "seq": self.seq, "size": self.size}, now)
+        out += self._report_attached(self.children[link], now)
+        return out
+
+    def _report_attached(self, child: Child, now: float) -> list[Output]:
+        """Tell rank 0 where ``child`` listens (once this node is online itself)."""
+        note = {"rank": child.rank, "uuid": child.uuid, "endpoint": child.endpoint}
+        if self.root:
+            self._attached(note)
+            return []
+        if self.state is not State.ONLINE:
+            return []  # reported when this node comes online
+        return self._internal_rpc("overlay.attached", note, 0, now, None)
+
+    def _attached_request(self, request: Request, now: float) -> list[Output]:
+        if self.root:
+            body = read_json(request.payload)
+            self._attached({"rank": int_field(body, "rank", 1, self.settings.max_size - 1),
+                            "uuid": str_field(body, "uuid", 64),
+                            "endpoint": str_field(body, "endpoint")})
+        return []
+
+    def _attached(self, body: dict) -> None:
+        self.directory.attached(body["rank"], body["uuid"], body["endpoint"])
+        self.size = self.directory.size
+
+    def _lost_request(self, request: Request, now: float) -> list[Output]:
+        if self.root:
+            body = read_json(request.payload)
+            self.directory.lost(int_field(body, "rank", 1), str_field(body, "uuid", 64))
+        return []
+
+    def _join(self, now: float) -> list[Output]:
+        """Ask rank 0 for a rank through the next bootstrap endpoint."""
+        if not self.bootstrap:
+            self.state = State.DETACHED
+            return [Hangup()]
+        endpoint = self.bootstrap[self._attempt % len(self.bootstrap)]
+        self._attempt += 1
+        self.state = State.JOINING
+        self.parent_rank = None
+        self._deadline = now + self.settings.hello_timeout
+        self._forget_internal()
+        body: dict[str, Any] = {"rank": -1 if self.claim is None else self.claim,
+                                "uuid": self.uuid, "endpoint": self.endpoint}
+        if self._taken is not None:
+            body["taken"] = self._taken
+        if self._failed:
+            body["failed"] = self._failed[-self.settings.max_ancestors:]
+            self._failed = []
+        # a guest identity of its own: the parent's ROUTER (with ROUTER_HANDOVER) never sees
+        # this node's identity move from one connection to another
+        guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
+        out: list[Output] = [Dial(endpoint, guest)]
+        self._parent_heard = self._parent_sent = now
+        out += self._guest_rpc("overlay.join", body, 0, now, self._joined)
+        return out
+
+    def _guest_rpc(self, topic: str, body: dict, nodeid: int, now: float,
+                   callback: Callable[[Response, float], list[Output]]) -> list[Output]:
+        """A request from the core straight to the DEALER (not routed: not attached yet)."""
+        state = self.handles[0]
+        tag = state.allocate()
+        state.pending[tag] = Pending(topic, nodeid, False)
+        self._internal[tag] = callback
+        request = Request(topic, json_payload(body), nodeid, tag, 0, (SELF,))
+        return [self._to_parent(encode(request), now)]
+
+    def _forget_internal(self) -> None:
+        """Drop the core's own join and hello requests still unanswered."""
+        state = self.handles[0]
+        for tag in [t for t, p in state.pending.items()
+                    if p.topic in ("overlay.join", "overlay.hello")]:
+            state.release(tag)
+            self._internal.pop(tag, None)
+
+    def _joined(self, response: Response, now: float) -> list[Output]:
+        if self.state is not State.JOINING:
+            return []
+        if response.errnum:
+            if response.errnum == Errno.EEXIST and self.claim is not None:
+                out: list[Output] = [Notice("rank-taken", self.claim)]
+                self.claim = None
+                return out + self._join(now)
+            self._retry_soon(now)  # the next endpoint
+            return [Notice("join-failed", -1, response.errnum)]
+        try:
+            body = read_json(response.payload)
+            rank, parent = int_field(body, "rank", 1), int_field(body, "parent", 0)
+            endpoint = str_field(body, "endpoint")
+            size = int_field(body, "size", 1, MAX_RANK + 1)
+            topology = Topology.parse(str_field(body, "topology", 32)) if "topology" in body \
+                else self.topology  # (a rank 0 that does not say keeps this node's own)
+        except (ProtocolError, TopologyError) as exc:
+            return self._drop(PARENT, f"join answer: {exc}")
+        self.topology = topology  # the instance's, whatever this node was started with
+        self.rank = rank
+        self.size = max(self.size, size)
+        self._taken = None
+        # rank 0 may be another node (or restarted) with numbering of its own: the hello
+        # answer gives the sequence to follow from
+        self._synced, self._held, self._replay_to = False, [], 0
+        self._candidates = [(parent, endpoint)]
+        self._attempt = 0
+        return self._attach(now)
+
+    def _attach(self, now: float) -> list[Output]:
+        """Say hello to the next candidate parent; join again when none is left."""
+        if self._attempt >= len(self._candidates):
+            self.claim = self.rank
+            self._attempt = 0
+            return self._join(now)
+        parent, endpoint = self._candidates[self._attempt]
+        self._attempt += 1
+        self.state = State.ATTACHING
+        self.parent_rank = None
+        self._deadline = now + self.settings.hello_timeout
+        self._forget_internal()
+        self._parent_heard = self._parent_sent = now
+        out: list[Output] = [Dial(endpoint, self.identity)]
+        out += self._guest_rpc("overlay.hello", {"rank": self.rank, "uuid": self.uuid,
+                                                 "endpoint": self.endpoint},
+                               parent, now, self._helloed)
+        return out
+
+    def _helloed(self, response: Response, now: float) -> list[Output]:
+        if self.state is not State.ATTACHING:
+            return []
+        if response.errnum:
+            if response.errnum == Errno.EEXIST:
+                self._taken, self.claim = self.rank, None
+                self._attempt = 0
+                return [Notice("rank-taken", self.rank or -1)] + self._join(now)
+            self._retry_soon(now)  # the next candidate
+            return [Notice("hello-failed", self.rank or -1, response.errnum)]
+        try:
+            body = read_json(response.payload)
+            chain = body.get("ancestors")
+            ancestors = [(int_field({"r": r}, "r", 0), str_field({"e": e}, "e"))
+                         for r, e in chain or ()]
+            seq = int_field(body, "seq", 0, 0xFFFFFFFF)
+            size = int_field(body, "size", 1, MAX_RANK + 1)
+        except (ProtocolError, TypeError, ValueError):
+            return self._attach(now)
+        if not ancestors:
+            return self._attach(now)
+        self.ancestors = ancestors[:self.settings.max_ancestors]
+        self.parent_rank = ancestors[0][0]
+        self.size = max(self.size, size)
+        self.state = State.ONLINE
+        self.claim = self.rank
+        self._backoff = self.settings.retry
+        out: list[Output] = [Notice("online", self.rank or 0,
+                                    {"parent": self.parent_rank, "size": self.size})]
+        self._failed = []
+        for child in list(self.children.values()):
+            out += self._report_attached(child, now)
+        if not self._synced:
+            self._synced = True
+            self.seq = max(self.seq, seq)  # events before joining are not missed
+        elif not self._replay_to:
+            upto = max(seq, self._held[0].seq - 1 if self._held else 0)
+            if upto > self.seq:
+                out += self._fetch(self.seq + 1, upto, now)
+            else:
+                held, self._held = self._held, []
+                for event in held:
+                    out += self._event(event, encode(event), now)
+        return out
+
+    def _retry_soon(self, now: float) -> None:
+        """A join or hello was refused: try again after the backoff (doubled per refusal, at
+        most ``heartbeat``), not at the next tick; the driver wakes at ``next_deadline``."""
+        self._deadline = min(self._deadline, now + self._backoff)
+        self._backoff = min(self._backoff * 2, self.settings.heartbeat)
+        self.next_deadline = min(self.next_deadline, self._deadline)
+
+    def _retry(self, now: float) -> list[Output]:
+        if self.state is State.JOINING:
+            return self._join(now)
+        if 0 < self._attempt <= len(self._candidates):
+            self._failed.append(self._candidates[self._attempt - 1][0])
+        return self._attach(now)
+
+    def _parent_lost(self, now: float, why: str) -> list[Output]:
+        out: list[Output] = [Notice("parent-lost", self.parent_rank or 0, why)]
+        out += self._fail_via(PARENT, f"the parent was lost ({why})")
+        self._candidates = self.ancestors[1:]
+        self._attempt = 0
+        self.parent_rank = None
+        return out + self._attach(now)
+
+    def _child_lost(self, child: Child, now: float, why: str) -> list[Output]:
+        self.children.pop(child.identity, None)
+        if self.by_rank.get(child.rank) == child.identity:
+            del self.by_rank[child.rank]
+        out: list[Output] = [Notice("child-lost", child.rank, why)]
+        out += self._fail_via(child.identity, f"rank {child.rank} was lost ({why})")
+        if self.root:
+            self.directory.lost(child.rank, child.uuid)
+        elif self.state is State.ONLINE:
+            out += self._internal_rpc("overlay.lost", {"rank": child.rank, "uuid": child.uuid},
+                                      0, now, None)
+        return out

@@ -1,0 +1,481 @@
+"""How a Flux node routes requests and responses (RFC 3), and what it keeps in flight.
+
+How it works
+------------
+Request routing (RFC 3; ``me`` is this node's rank)::
+
+    nodeid                condition                                  action
+    --------------------  -----------------------------------------  -------------------
+    ANY, UPSTREAM != me   a local handle serves the service and is    deliver to it
+                          not the sender
+    ANY                   built-in service (overlay, event, broker)   answer here
+    ANY                   a parent                                    up
+    ANY                   root                                        ENOSYS
+    me                    local service / built-in                    deliver / answer
+    me                    none                                        ENOSYS
+    T                     a child (or adopted orphan) on T's path     down to it
+    T                     no route down, came from the parent         EHOSTUNREACH
+    T                     a parent                                    up
+    T                     no parent                                   EHOSTUNREACH
+
+Requests carry the route back: arriving from a child its identity is pushed
+(what a ROUTER does anyway), from the parent ``^``, from local handle n
+``@n``; a response pops its top entry to go back the same way. Each request
+forwarded to a link (unless NORESPONSE) is remembered until its final
+response so that the loss of that link can answer it.
+
+The common cases never decode a message: a request for another rank and a
+response for a child go on as they came, the route pushed or popped
+(``_pass_through``, from the PROTO and route frames alone); an RPC of a
+local handle for another rank is framed directly, and a ping for this rank
+is answered from the request's frames. Everything else (and anything
+malformed, which is then dropped) is decoded first.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import TYPE_CHECKING, Callable, Optional
+
+from ..wire.flux import (
+    MAGIC, MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, VERSION,
+    Errno, Request, Response, encode, json_payload, make_request, make_response, service_of,
+    string_payload,
+)
+from .errors import FluxStateError
+from .matchtags import Handle, Pending
+from .outputs import IDENTITY_SIZE, PARENT, Deliver, Output, Send
+from .settings import FluxSettings, State
+from .topology import Topology
+
+if TYPE_CHECKING:
+    from .membership import Child
+
+__all__ = ["Routing", "BUILTIN_SERVICES", "InflightKey"]
+
+log = logging.getLogger(__name__)
+
+#: services every node answers itself
+BUILTIN_SERVICES = frozenset({"overlay", "event", "broker"})
+
+# MsgFlag bits as plain ints: IntFlag's operators are Python-level calls
+_NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
+_FRAMES = 0x0B  # TOPIC | PAYLOAD | ROUTE: which frames are there
+_ROUTE = 0x08
+_NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
+_PROTO = struct.Struct(">BBBBIIII")
+_AUX = struct.Struct(">II")  # aux1, aux2: PROTO octets 12..19
+
+#: a request forwarded on a link: (link, its routes, its matchtag)
+InflightKey = tuple[bytes, tuple[bytes, ...], int]
+
+
+#: built-ins any node answers for NODEID_ANY (a client's requests among them)
+_ANSWERED_ANYWHERE = frozenset({"broker.ping", "overlay.info", "overlay.client",
+                                "event.subscribe", "event.unsubscribe"})
+
+
+def _rerouted(response: Response, routes: tuple[bytes, ...]) -> Response:
+    """``response`` with another route stack."""
+    return make_response(response.topic, response.payload, response.errnum, response.matchtag,
+                         response.flags, routes, response.userid, response.rolemask)
+
+
+class Routing:
+    """Request and response routing of ``FluxCore`` (see the module's docstring)."""
+
+    rank: Optional[int]
+    root: bool
+    size: int
+    state: State
+    parent_rank: Optional[int]
+    settings: FluxSettings
+    topology: Topology
+    children: dict[bytes, "Child"]
+    by_rank: dict[int, bytes]
+    handles: dict[int, Handle]
+    services: dict[str, int]
+    methods: dict[str, int]
+    stats: dict[str, int]
+    _inflight: dict[InflightKey, Pending]
+    _via: dict[bytes, set[InflightKey]]
+    _internal: dict[int, Callable[[Response, float], list[Output]]]
+    _parent_heard: float
+    _parent_sent: float
+
+    def rpc(self, handle: int, topic: str, payload: Optional[bytes], nodeid: int,
+            flags: int, now: float) -> tuple[int, list[Output]]:
+        """Send a request from ``handle``; its matchtag (0 with NORESPONSE) and outputs."""
+        state = self.handles[handle]
+        if nodeid == NODEID_UPSTREAM:
+            if self.rank is None:
+                raise FluxStateError("NODEID_UPSTREAM needs a rank: the node is not online")
+            nodeid, flags = self.rank, flags | _UPSTREAM
+        if flags & _NORESPONSE:
+            tag = MATCHTAG_NONE
+        else:
+            if len(state.pending) >= self.settings.max_pending:
+                raise FluxStateError(f"{len(state.pending)} RPCs already in flight on this "
+                                     f"handle (max_pending)")
+            tag = state.allocate()
+            state.pending[tag] = Pending(topic, nodeid, bool(flags & _STREAMING))
+        route = b"@%d" % handle
+        target = self._next_hop(nodeid, flags, route)
+        if target is not None and topic and (payload is None or type(payload) is bytes) \
+                and flags & _NORESPONSE_STREAMING != _NORESPONSE_STREAMING \
+                and (flags & _NORESPONSE or self._track(target, (route,), tag, topic, nodeid,
+                                                         flags)):
+            # for another rank: the frames straight away (what encode would make)
+            frames = [route, b"", topic.encode()]
+            wire_flags = (int(flags) & ~_FRAMES) | _ROUTE | 1
+            if payload is not None:
+                frames.append(payload)
+                wire_flags |= 2
+            frames.append(_PROTO.pack(MAGIC, VERSION, 1, wire_flags, USERID_UNKNOWN, 0, nodeid,
+                                      tag))
+            self.stats["forwarded"] += 1
+            if target == PARENT:
+                return tag, [self._to_parent(frames, now)]
+            return tag, self._send_down(target, [target, *frames], now)
+        request = make_request(topic, payload, nodeid, tag, flags, (route,), USERID_UNKNOWN, 0)
+        return tag, self._route_request(request, route, now)
+
+    def respond(self, handle: int, request: Request, payload: Optional[bytes], errnum: int,
+                now: float, streaming: bool = False) -> list[Output]:
+        """Answer ``request`` (delivered to ``handle``); nothing with NORESPONSE."""
+        if request.flags & _NORESPONSE:
+            return []
+        flags = _STREAMING if request.flags & _STREAMING else 0
+        response = make_response(request.topic, payload, errnum, request.matchtag, flags,
+                                 request.routes, USERID_UNKNOWN, 0)
+        return self._route_response(response, now)
+
+    def cancel(self, handle: int, matchtag: int, now: float) -> list[Output]:
+        """Ask the server of a streaming RPC to end it: ``<service>.cancel`` with
+        ``{"matchtag"}`` (no response) to the same rank; the stream still ends
+        with its final response."""
+        pending = self.handles[handle].pending.get(matchtag)
+        if pending is None or not pending.streaming:
+            return []
+        topic = service_of(pending.topic) + ".cancel"
+        _, out = self.rpc(handle, topic, json_payload({"matchtag": matchtag}), pending.nodeid,
+                          _NORESPONSE, now)
+        return out
+
+    def _pass_through(self, link: bytes, frames: list[bytes],
+                      now: float) -> Optional[list[Output]]:
+        """Route the common messages from their PROTO and route frames alone: a
+        request for another rank and a response for a child are forwarded as they
+        came (the route pushed or popped), a response for a local handle is built
+        once. None for everything else (and for anything malformed): ``receive``
+        decodes it then."""
+        if not frames:
+            return None
+        proto = frames[-1]
+        if type(proto) is not bytes or len(proto) != 20 or proto[0] != MAGIC \
+                or proto[1] != VERSION:
+            return None
+        kind, flags = proto[2], proto[3]
+        if kind > 2 or not flags & _ROUTE or flags & _NORESPONSE_STREAMING == \
+                _NORESPONSE_STREAMING:
+            return None
+        end = len(frames) - 1
+        try:
+            d = frames.index(b"", 0, end)
+        except ValueError:
+            return None
+        if end - d - 1 != (flags & 1) + (flags >> 1 & 1) or flags & 1 and not frames[d + 1]:
+            return None  # frames no flag announces, or an empty topic
+        if link == PARENT:
+            child = None
+        else:
+            child = self.children.get(link)
+            if child is None:
+                return None
+        aux1, aux2 = _AUX.unpack_from(proto, 12)
+        if kind == 2:
+            top = frames[0] if d else b""
+            if len(top) == IDENTITY_SIZE:
+                self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
+                out: Optional[list[Output]] = self._send_down(top, frames, now)
+            elif top[:1] == b"@" and top[1:].isdigit() and flags & 1:
+                out = self._response_here(link, frames, d, flags, now)
+            else:
+                return None  # up, or to no handle: the full path
+        else:
+            out = self._pass_request(link, frames, d, flags, aux1, aux2, now)
+        if out is not None:
+            if child is None:
+                self._parent_heard = now
+            else:
+                child.heard = now
+                child.torpid = False
+        return out
+
+    def _response_here(self, link: bytes, frames: list[bytes], d: int, flags: int,
+                       now: float) -> Optional[list[Output]]:
+        """``_pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""
+        try:
+            topic = frames[d + 1].decode()
+        except UnicodeDecodeError:
+            return None
+        _, _, _, _, userid, rolemask, errnum, matchtag = _PROTO.unpack(frames[-1])
+        routes = tuple(frames[:d])
+        self._settle_key(link, routes, matchtag, flags, errnum)
+        response = make_response(topic, frames[d + 2] if flags & 2 else None, errnum, matchtag,
+                                 flags & ~_FRAMES, routes[1:], userid, rolemask)
+        return self._to_handle(int(routes[0][1:]), response, now)
+
+    def _pass_request(self, link: bytes, frames: list[bytes], d: int, flags: int, nodeid: int,
+                      matchtag: int, now: float) -> Optional[list[Output]]:
+        """``_pass_through`` of a request for another rank, or of a ping for this one."""
+        if not flags & 1:
+            return None  # a request without a topic: decode says so
+        if nodeid == self.rank:
+            if self.state is not State.ONLINE or flags & _UPSTREAM \
+                    or frames[d + 1] != b"broker.ping":
+                return None
+            if flags & _NORESPONSE:
+                return []
+            frames = frames[:-1]  # the same routes, topic and payload: only PROTO changes
+            frames.append(_PROTO.pack(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
+                                      matchtag))
+            if link == PARENT:
+                return [self._to_parent(frames, now)]
+            return self._send_down(link, [link, *frames], now)
+        target = self._next_hop(nodeid, flags, link)
+        if target is None:
+            return None
+        if not flags & _NORESPONSE:
+            try:
+                topic = frames[d + 1].decode()
+            except UnicodeDecodeError:
+                return None
+            if not self._track(target, (link, *frames[:d]), matchtag, topic, nodeid, flags):
+                return None  # (the full path answers EAGAIN)
+        self.stats["forwarded"] += 1
+        wire = [link, *frames]
+        if target == PARENT:
+            return [self._to_parent(wire, now)]
+        return self._send_down(target, [target, *wire], now)
+
+    def _next_hop(self, nodeid: int, flags: int, came_from: bytes) -> Optional[bytes]:
+        """The link a request for rank ``nodeid`` (not this one) goes on: a child on
+        its path, else the parent; None when it is to be answered here instead."""
+        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == self.rank \
+                or flags & _UPSTREAM or nodeid > MAX_RANK or self.root and nodeid >= self.size:
+            return None
+        target = self._child_toward(nodeid)
+        if target is None:
+            if self.parent_rank is None or self.state is not State.ONLINE \
+                    or came_from == PARENT:  # never back up: no request bounces
+                return None
+            target = PARENT
+        return target
+
+    def _send_down(self, identity: bytes, frames: list[bytes], now: float) -> list[Output]:
+        """Send ``frames`` (the first: ``identity``) to a child or guest on the ROUTER."""
+        child = self.children.get(identity)
+        if child is not None:
+            child.sent = now
+        return [Send(identity, frames)]
+
+    def _route_request(self, request: Request, came_from: bytes, now: float,
+                       wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Deliver, answer or forward ``request`` (``wire``: its frames, if at hand)."""
+        nodeid = request.nodeid
+        me = self.rank
+        topic = request.topic
+        service = service_of(topic)
+        upstream = request.flags & _UPSTREAM
+        if nodeid == NODEID_ANY or upstream:
+            if not (upstream and nodeid == me):  # UPSTREAM: never on the sending rank
+                owner = self.services.get(service)
+                if owner is not None and came_from != b"@%d" % owner:
+                    return self._deliver_request(owner, request, now)
+                if service in BUILTIN_SERVICES and self._answers_here(topic):
+                    return self._builtin(request, now, wire)
+            if self.parent_rank is not None and self.state is State.ONLINE:
+                return self._forward(PARENT, request, now, wire)
+            if self.root:
+                return self._error(request, Errno.ENOSYS,
+                                   f"No service matching {topic} is registered", now)
+            return self._error(request, Errno.EHOSTUNREACH, "not attached to the tree", now)
+        if nodeid == me and self.state is State.ONLINE or (
+                topic in ("overlay.hello", "overlay.join") and nodeid == me):
+            owner = self.services.get(service)
+            if owner is not None:
+                return self._deliver_request(owner, request, now)
+            if service in BUILTIN_SERVICES:
+                return self._builtin(request, now, wire)
+            return self._error(request, Errno.ENOSYS,
+                               f"No service matching {topic} is registered", now)
+        if nodeid > MAX_RANK or self.root and nodeid >= self.size:
+            return self._error(request, Errno.EHOSTUNREACH, f"no rank {nodeid}", now)
+        child = self._child_toward(nodeid)
+        if child is not None:
+            return self._forward(child, request, now, wire)
+        if self.parent_rank is not None and self.state is State.ONLINE \
+                and came_from != PARENT:  # never back up: no request bounces
+            return self._forward(PARENT, request, now, wire)
+        return self._error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
+
+    def _answers_here(self, topic: str) -> bool:
+        """Built-ins that any node answers for NODEID_ANY (the rest belong to rank 0)."""
+        return topic in _ANSWERED_ANYWHERE or self.root
+
+    def _child_toward(self, rank: int) -> Optional[bytes]:
+        """The child whose subtree holds ``rank`` (walking up from it), if any."""
+        by_rank = self.by_rank
+        if not by_rank:
+            return None
+        me = self.rank
+        k = self.topology.k
+        while rank > 0 and rank != me:
+            identity = by_rank.get(rank)
+            if identity is not None:
+                return identity
+            rank = 0 if k == 0 else (rank - 1) // k
+        return None
+
+    def _forward(self, link: bytes, request: Request, now: float,
+                 wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Send ``request`` (routes already pushed; ``wire``: its frames) on ``link``,
+        tracking it until answered."""
+        if not request.flags & _NORESPONSE and not self._track(
+                link, request.routes or (), request.matchtag, request.topic, request.nodeid,
+                request.flags):
+            return self._error(request, Errno.EAGAIN, "too many requests in flight", now)
+        self.stats["forwarded"] += 1
+        frames = wire if wire is not None else encode(request)
+        if link == PARENT:
+            return [self._to_parent(frames, now)]
+        return self._send_down(link, [link, *frames], now)
+
+    def _track(self, link: bytes, routes: tuple[bytes, ...], matchtag: int, topic: str,
+               nodeid: int, flags: int) -> bool:
+        """Remember a request forwarded on ``link`` until its final response; False
+        when ``max_inflight`` are tracked already."""
+        inflight = self._inflight
+        if len(inflight) >= self.settings.max_inflight:
+            return False
+        key = (link, routes, matchtag)
+        inflight[key] = Pending(topic, nodeid, bool(flags & _STREAMING))
+        via = self._via.get(link)
+        if via is None:
+            via = self._via[link] = set()
+        via.add(key)
+        return True
+
+    def _settle(self, link: bytes, response: Response) -> None:
+        """A response came back on ``link``: forget its request once it is final."""
+        self._settle_key(link, response.routes or (), response.matchtag, response.flags,
+                         response.errnum)
+
+    def _settle_key(self, link: bytes, routes: tuple[bytes, ...], matchtag: int, flags: int,
+                    errnum: int) -> None:
+        if flags & _STREAMING and not errnum:
+            return
+        key = (link, routes, matchtag)
+        if self._inflight.pop(key, None) is not None:
+            via = self._via.get(link)
+            if via is not None:
+                via.discard(key)
+                if not via:
+                    del self._via[link]
+
+    def _route_response(self, response: Response, now: float,
+                        wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Pop the top route and send ``response`` that way (``wire``: its frames)."""
+        routes = response.routes or ()
+        if not routes:
+            return self._drop(b"", "a response with no route left")
+        top = routes[0]
+        if top == PARENT:
+            if self.parent_rank is None:
+                return self._drop(top, "a response for a parent this node has not")
+            return [self._to_parent(wire[1:] if wire is not None else
+                                    encode(_rerouted(response, routes[1:])), now)]
+        if len(top) != IDENTITY_SIZE:  # "@n": a local handle
+            if top[:1] != b"@" or not top[1:].isdigit():
+                return self._drop(top, "a response to no handle")
+            return self._to_handle(int(top[1:]), _rerouted(response, routes[1:]), now)
+        # the ROUTER takes the top route as the address
+        return self._send_down(top, wire if wire is not None else encode(response), now)
+
+    def _to_handle(self, number: int, response: Response, now: float) -> list[Output]:
+        state = self.handles.get(number)
+        if state is None:
+            return []
+        pending = state.pending.get(response.matchtag)
+        if pending is None:
+            return self._drop(b"@%d" % number, f"a response to no RPC ({response.matchtag})")
+        final = not pending.streaming or response.errnum != 0
+        if final:
+            state.release(response.matchtag)
+        if number == 0:
+            callback = self._internal.pop(response.matchtag, None) if final else \
+                self._internal.get(response.matchtag)
+            return callback(response, now) if callback is not None else []
+        if not pending.topic:  # abandoned
+            return []
+        return [Deliver(number, response)]
+
+    def _deliver_request(self, handle: int, request: Request, now: float) -> list[Output]:
+        topic = request.topic
+        if topic in self.methods or topic == service_of(topic) + ".cancel":
+            return [Deliver(handle, request)]
+        return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
+
+    def _error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
+        if request.flags & _NORESPONSE:
+            return []
+        flags = _STREAMING if request.flags & _STREAMING else 0
+        return self._route_response(Response(request.topic, string_payload(text), errnum,
+                                             request.matchtag, flags, request.routes), now)
+
+    def _answer(self, request: Request, obj: dict, now: float) -> list[Output]:
+        if request.flags & _NORESPONSE:
+            return []
+        return self._route_response(Response(request.topic, json_payload(obj), 0,
+                                             request.matchtag, 0, request.routes), now)
+
+    def _to_parent(self, frames: list[bytes], now: float) -> Send:
+        self._parent_sent = now
+        return Send(PARENT, frames)
+
+    def _drop(self, link: bytes, why: str) -> list[Output]:
+        self.stats["dropped"] += 1
+        if self.stats["dropped"] <= 100 or self.stats["dropped"] % 1000 == 0:
+            log.debug("flux rank %s dropped a message from %r: %s", self.rank, link[:16], why)
+        return []
+
+    def _internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
+                      callback: Optional[Callable[[Response, float], list[Output]]],
+                      streaming: bool = False) -> list[Output]:
+        flags = _NORESPONSE if callback is None else 0
+        tag, out = self.rpc(0, topic, json_payload(obj), nodeid, flags, now)
+        if callback is not None and tag in self.handles[0].pending:
+            self._internal[tag] = callback
+        return out
+
+    def _fail_via(self, link: bytes, why: str) -> list[Output]:
+        """Answer EHOSTUNREACH to every request forwarded on ``link``."""
+        out: list[Output] = []
+        keys = self._via.pop(link, ())
+        text = string_payload(why)
+        for key in keys:
+            pending = self._inflight.pop(key, None)
+            if pending is None:
+                continue
+            _, routes, matchtag = key
+            flags = _STREAMING if pending.streaming else 0
+            out += self._route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
+                                                 matchtag, flags, routes), 0.0)
+        return out
+
+    def _builtin(self, request: Request, now: float,
+                 wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Answer a request for a built-in service (``FluxCore`` serves them)."""
+        raise NotImplementedError
