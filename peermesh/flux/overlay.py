@@ -7,8 +7,9 @@ joining nodes connect there) and connects one DEALER to its parent
 (``transport.connect``); both are the I/O layer's sockets (``HubSocket``,
 made by ``make_socket``, bound by ``bind_ephemeral`` on a random port, or
 by ``bind`` at the ``endpoint`` given, so that a restarted node comes back
-where its members look for it), or the simulated network's. So a node holds sockets only to its parent and its children,
-whatever the size of the instance. The ROUTER is ROUTER_MANDATORY: a send
+where its members look for it), or the simulated network's. So a node
+holds sockets only to its parent and its children, whatever the size of
+the instance. The ROUTER is ROUTER_MANDATORY: a send
 to a child whose connection closed fails at once, and the core fails what
 was in flight through it. Messages over ``max_message`` bytes and ROUTER
 peers whose identity is not 16 bytes are dropped (counted in ``dropped``,

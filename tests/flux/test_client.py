@@ -44,7 +44,8 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
     (hello,) = said(one.receive(me, request("overlay.client"), tree.now), me)
     assert isinstance(hello, Response) and hello.errnum == 0
     assert read_json(hello.payload) == {"rank": 1, "size": 2, "seq": 0, "topology": "kary:2"}
-    assert root.size == 2 and sorted(root.directory.members) == [0, 1] and one.info()["clients"] == 1
+    assert root.size == 2 and sorted(root.directory.members) == [0, 1]
+    assert one.info()["clients"] == 1
 
     # a request to rank 0 goes up as from rank 1 and its answer comes back down to the client
     (up,) = one.receive(me, request("overlay.info", nodeid=0, tag=7), tree.now)
