@@ -13,7 +13,8 @@ and go. It runs on the caller's gevent hub, as ``FluxOverlay`` does::
     print(client.rpc("overlay.info", None, 0).get_json(5)["size"])
     client.close()
 
-When idle it sends a heartbeat every ``heartbeat`` seconds; a member
+When idle it sends a heartbeat every ``heartbeat`` seconds (the member's
+own, if shorter: the member answers ``overlay.client`` with it); a member
 silent for ``lost`` seconds, or one that says DISCONNECT, is lost: every
 RPC in flight fails with EHOSTUNREACH and the listeners hear
 ``Notice("member-lost")``. It does not move to another member by itself.
@@ -93,6 +94,9 @@ class FluxClient:
             try:
                 self.member = self.rpc("overlay.client").get_json(share)
                 self.endpoint = endpoint
+                beat = self.member.get("heartbeat")  # the member forgets a client silent longer
+                if isinstance(beat, (int, float)) and 0 < beat < self.heartbeat:
+                    self.heartbeat = float(beat)
                 self._greenlets.append(gevent.spawn(self._run_timer))
                 return self
             except FluxError as exc:

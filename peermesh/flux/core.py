@@ -358,7 +358,8 @@ class FluxCore(Membership):
         if not self.clients.accept(link, now):
             return self._error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
         return self._answer(request, {"rank": self.rank, "size": self.size, "seq": self.seq,
-                                      "topology": str(self.topology)}, now)
+                                      "topology": str(self.topology),
+                                      "heartbeat": self.settings.heartbeat}, now)
 
     def _subscribe_request(self, request: Request, now: float) -> list[Output]:
         """``event.subscribe`` / ``event.unsubscribe`` ``{"topic": prefix}`` from a client."""

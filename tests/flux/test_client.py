@@ -43,7 +43,8 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
     assert one.receive(me, request("broker.ping", nodeid=0), tree.now) == []   # stranger: dropped
     (hello,) = said(one.receive(me, request("overlay.client"), tree.now), me)
     assert isinstance(hello, Response) and hello.errnum == 0
-    assert read_json(hello.payload) == {"rank": 1, "size": 2, "seq": 0, "topology": "kary:2"}
+    assert read_json(hello.payload) == {"rank": 1, "size": 2, "seq": 0, "topology": "kary:2",
+                                        "heartbeat": 2.0}
     assert root.size == 2 and sorted(root.directory.members) == [0, 1]
     assert one.info()["clients"] == 1
 
@@ -127,6 +128,7 @@ def test_a_client_calls_subscribes_and_leaves_no_trace(
     for _ in range(3):
         with FluxClient([one.endpoint]).connect(5) as client:
             assert (client.rank, client.size, str(client.topology)) == (1, 2, "kary:2")
+            assert client.heartbeat == FAST.heartbeat     # the member's, shorter than 2 s
             assert client.rpc("demo.who").get_json(5) == {"rank": 0}   # ANY: up the tree
             assert client.rpc("here.who").get_json(5) == {"rank": 1}  # the member first
             assert client.rpc("overlay.info", None, 0).get_json(5)["clients"] == 0
