@@ -66,7 +66,7 @@ class FluxClient:
         self.lost = lost
         self.max_message = max_message
         self.identity = os.urandom(IDENTITY_SIZE)
-        #: the member's answer to ``overlay.client``: rank, size, topology, seq
+        #: the member's answer to ``overlay.client``: rank, size, topology, seq, heartbeat
         self.member: dict[str, Any] = {}
         self.endpoint = ""  # the member's, once connected
         self._link: Any = None

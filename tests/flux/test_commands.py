@@ -259,8 +259,7 @@ def test_building_the_parser_does_not_import_the_overlay() -> None:
 def test_a_root_restarted_at_its_endpoint_is_rejoined(cli: Cli, free_tcp_port: int) -> None:
     root, endpoint = member(cli, "--root", "--tree-port", str(free_tcp_port))
     assert endpoint == f"tcp://127.0.0.1:{free_tcp_port}"
-    one, _ = member(cli, "--parent", endpoint)
-    one_rank = 1
+    one, _ = member(cli, "--parent", endpoint)                      # rank 1
     result = flux(cli, "run", "--root", "--endpoint", endpoint)     # taken: a message
     assert result.returncode == 2, _report(result)
     assert f"cannot bind {endpoint}: the address is in use" in result.stderr, _report(result)
@@ -268,8 +267,8 @@ def test_a_root_restarted_at_its_endpoint_is_rejoined(cli: Cli, free_tcp_port: i
     assert root.stop(signal.SIGTERM) == 0
     one.expect_event(event="parent-lost")
     again, _ = member(cli, "--root", "--endpoint", endpoint)
-    again.expect_event(event="child-attached", rank=one_rank)
-    one.expect_event(event="online", rank=one_rank)                 # its rank kept
+    again.expect_event(event="child-attached", rank=1)
+    one.expect_event(event="online", rank=1)                        # its rank kept
     result = flux(cli, "rpc", "overlay.info", "--rank", "1", parent=endpoint)
     assert json.loads(result.stdout)["parent"] == 0, _report(result)
     assert one.stop(signal.SIGTERM) == 0 and again.stop(signal.SIGTERM) == 0
