@@ -44,7 +44,8 @@ class ClientTable:
         self.limit = limit
         self.max_prefixes = max_prefixes
         self.clients: dict[bytes, Client] = {}
-        self._subscribed = 0  # clients with at least one prefix (events skip the rest)
+        #: clients with at least one prefix (0: events need not look at clients)
+        self.subscribed = 0
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -62,14 +63,14 @@ class ClientTable:
     def forget(self, identity: bytes) -> None:
         client = self.clients.pop(identity, None)
         if client is not None and client.prefixes:
-            self._subscribed -= 1
+            self.subscribed -= 1
 
     def subscribe(self, client: Client, prefix: str) -> bool:
         """Add ``prefix``; False when the client has ``max_prefixes`` already."""
         if prefix not in client.prefixes and len(client.prefixes) >= self.max_prefixes:
             return False
         if not client.prefixes:
-            self._subscribed += 1
+            self.subscribed += 1
         client.prefixes.add(prefix)
         return True
 
@@ -77,12 +78,10 @@ class ClientTable:
         if prefix in client.prefixes:
             client.prefixes.discard(prefix)
             if not client.prefixes:
-                self._subscribed -= 1
+                self.subscribed -= 1
 
     def subscribers(self, topic: str) -> Iterator[Client]:
         """The clients with a prefix of ``topic``."""
-        if not self._subscribed:
-            return
         for client in self.clients.values():
             if any(topic.startswith(prefix) for prefix in client.prefixes):
                 yield client

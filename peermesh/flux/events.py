@@ -93,8 +93,9 @@ class EventLog(Routing):
                     break
         for identity, child in self.children.items():
             out.append(Send(identity, [identity, *frames]))
-        for client in self.clients.subscribers(topic):
-            out.append(Send(client.identity, [client.identity, *frames]))
+        if self.clients.subscribed:
+            for client in self.clients.subscribers(topic):
+                out.append(Send(client.identity, [client.identity, *frames]))
         return out
 
     def _fetch(self, first: int, last: int, now: float) -> list[Output]:
