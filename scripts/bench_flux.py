@@ -18,7 +18,9 @@ Sections:
   sender's identity on the way in and route by it on the way back, a
   ROUTER that echoes). Targets: one hop <= 1.5x the echo, three hops <= 3x
   the echo (median of per-round ratios); three hops against the raw chain
-  compares like with like. ``--baseline REV`` runs the Flux cases a second
+  compares like with like. A third row is the floor of Flux on peermesh's
+  socket driver: the same echo with both ends on the gevent hub
+  (``HubSocket``), without Flux. ``--baseline REV`` runs the Flux cases a second
   time with an older commit's code, in the same rounds.
 * ``pingall``: ``--ranks`` ranks on real sockets in ONE process (kary:2 and
   kary:32): time to start and converge, then ``broker.ping`` to every rank
@@ -113,6 +115,61 @@ def role_raw_chain_echo(parent: Parent) -> dict[str, Any]:
                 except zmq.Again:
                     break
                 sock.send_multipart(frames, copy=False)
+
+
+def role_hub_echo(parent: Parent) -> dict[str, Any]:
+    """peermesh's socket driver alone (no Flux): a ROUTER on the gevent hub that sends
+    every message back as it came."""
+    import gevent
+    from peermesh.io.transport import ZmqTransport
+    router = ZmqTransport().bind_mailbox(LOOPBACK, 1 << 20)
+    send = router.try_send
+
+    def echo(first: bytes, rest: list[bytes]) -> None:
+        rest.insert(0, first)
+        send(rest)
+
+    gevent.spawn(router.serve, echo)
+    parent.send("ready", router.port)
+    parent.expect("stop", None, green=True)
+    router.close()
+    return {}
+
+
+def role_hub_ping(parent: Parent, port: int, n: int, warmup: int) -> dict[str, Any]:
+    """peermesh's socket driver alone: a DEALER on the hub; each ping waits for its echo
+    on a ``Waiter`` that the reader switches to (what an RPC future does)."""
+    import gevent
+    from gevent.hub import Waiter
+    from peermesh.io.transport import ZmqTransport
+    link = ZmqTransport().connect(os.urandom(16), f"tcp://{LOOPBACK}:{port}", 1000)
+    waiting: list[Any] = []
+
+    def answer(first: bytes, rest: list[bytes]) -> None:
+        waiting.pop().switch(first)
+
+    gevent.spawn(link.serve, answer)
+    parent.send("ready")
+    parent.expect("go", 60, green=True)
+    clock = time.perf_counter_ns
+    samples = []
+    c0 = cpu()
+    for i in range(warmup + n):
+        if i == warmup:
+            c0 = cpu()
+        t = clock()
+        waiter = Waiter()
+        waiting.append(waiter)
+        link.try_send([PAYLOAD])
+        if waiter.get() != PAYLOAD:
+            raise RuntimeError("the echo came back changed")
+        if i >= warmup:
+            samples.append(clock() - t)
+    used = cpu() - c0
+    link.close()
+    us = sorted(s / 1000 for s in samples)
+    return {"p50_us": percentile(us, 50), "p99_us": percentile(us, 99),
+            "mean_us": statistics.fmean(us), "ping_cpu_us": used / n * 1e6}
 
 
 def role_flux_node(parent: Parent, topology: str, root: bool = False,
@@ -250,13 +307,19 @@ def role_sim(parent: Parent, n: int, topology: str) -> dict[str, Any]:
 # --- the parent ------------------------------------------------------------------
 
 def latency_case(kind: str, n: int, warmup: int, code: Optional[str] = None) -> dict[str, Any]:
-    """raw, raw_chain, one_hop or three_hops (with peermesh from ``code``); one run."""
+    """raw, raw_chain, hub, one_hop or three_hops (with peermesh from ``code``); one run."""
     with Children() as kids:
         if kind == "raw_chain":
             port = kids.start("bench_flux", "raw_chain_echo").expect("ready", 30)
             for _ in range(2):
                 port = kids.start("bench_flux", "raw_forward", port=port).expect("ready", 30)
             ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup)
+            ping.expect("ready", 30)
+            ping.send("go")
+            return dict(ping.expect("result", 60 + n / 100))
+        if kind == "hub":
+            port = kids.start("bench_flux", "hub_echo").expect("ready", 30)
+            ping = kids.start("bench_flux", "hub_ping", port=port, n=n, warmup=warmup)
             ping.expect("ready", 30)
             ping.send("go")
             return dict(ping.expect("result", 60 + n / 100))
@@ -313,7 +376,7 @@ def main() -> int:
     code = harness.trees(args.baseline)
     if "latency" in only:
         cases = {kind: (lambda r, kind=kind: latency_case(kind, args.n, 200))
-                 for kind in ("raw", "raw_chain")}
+                 for kind in ("raw", "raw_chain", "hub")}
         for label, tree in code.items():
             suffix = "" if label == "peermesh" else "@base"
             for kind in ("one_hop", "three_hops"):
@@ -326,7 +389,7 @@ def main() -> int:
             return statistics.median(round_ratios(runs[case], runs[ceiling], "p50_us"))
 
         ratios = {case: {"raw": vs(case, "raw"), "raw_chain": vs(case, "raw_chain")}
-                  for case in runs if not case.startswith("raw")}
+                  for case in runs if case not in ("raw", "raw_chain")}
         out["latency"] = {"runs": runs, "ratios": ratios,
                           "one_hop_ratio": ratios["one_hop"]["raw"],
                           "three_hops_ratio": ratios["three_hops"]["raw"],
@@ -334,7 +397,9 @@ def main() -> int:
         rows_l = [["raw DEALER<->ROUTER echo (2 processes)", f"{p50['raw']:.0f}", "1",
                    f"{p50['raw'] / p50['raw_chain']:.2f}", ""],
                   ["raw chain, 2 forwarders (4 processes)", f"{p50['raw_chain']:.0f}",
-                   f"{p50['raw_chain'] / p50['raw']:.2f}", "1", ""]]
+                   f"{p50['raw_chain'] / p50['raw']:.2f}", "1", ""],
+                  ["peermesh socket driver echo, no Flux (2)", f"{p50['hub']:.0f}",
+                   f"{ratios['hub']['raw']:.2f}", f"{ratios['hub']['raw_chain']:.2f}", ""]]
         for case, name, target in (("one_hop", "flux one hop", TARGET_ONE_HOP),
                                    ("three_hops", "flux three hops", TARGET_THREE_HOPS)):
             for suffix in [""] + (["@base"] if "baseline" in code else []):

@@ -185,8 +185,12 @@ class Routing:
             d = frames.index(b"", 0, end)
         except ValueError:
             return None
-        if end - d - 1 != (flags & 1) + (flags >> 1 & 1) or flags & 1 and not frames[d + 1]:
-            return None  # frames no flag announces, or an empty topic
+        if not flags & 1 or end - d - 2 != (flags >> 1 & 1) or not frames[d + 1]:
+            return None  # no topic, an empty one, or frames no flag announces
+        try:
+            topic = frames[d + 1].decode()
+        except UnicodeDecodeError:
+            return None
         if link == PARENT:
             child = None
         else:
@@ -199,12 +203,12 @@ class Routing:
             if len(top) == IDENTITY_SIZE:
                 self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
                 out: Optional[list[Output]] = self._send_down(top, frames, now)
-            elif top[:1] == b"@" and top[1:].isdigit() and flags & 1:
-                out = self._response_here(link, frames, d, flags, now)
+            elif top[:1] == b"@" and top[1:].isdigit():
+                out = self._response_here(link, frames, d, topic, now)
             else:
                 return None  # up, or to no handle: the full path
         else:
-            out = self._pass_request(link, frames, d, flags, aux1, aux2, now)
+            out = self._pass_request(link, frames, d, topic, aux1, aux2, now)
         if out is not None:
             if child is None:
                 self._parent_heard = now
@@ -213,28 +217,22 @@ class Routing:
                 child.torpid = False
         return out
 
-    def _response_here(self, link: bytes, frames: list[bytes], d: int, flags: int,
-                       now: float) -> Optional[list[Output]]:
+    def _response_here(self, link: bytes, frames: list[bytes], d: int, topic: str,
+                       now: float) -> list[Output]:
         """``_pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""
-        try:
-            topic = frames[d + 1].decode()
-        except UnicodeDecodeError:
-            return None
-        _, _, _, _, userid, rolemask, errnum, matchtag = _PROTO.unpack(frames[-1])
+        _, _, _, flags, userid, rolemask, errnum, matchtag = _PROTO.unpack(frames[-1])
         routes = tuple(frames[:d])
         self._settle_key(link, routes, matchtag, flags, errnum)
         response = make_response(topic, frames[d + 2] if flags & 2 else None, errnum, matchtag,
                                  flags & ~_FRAMES, routes[1:], userid, rolemask)
         return self._to_handle(int(routes[0][1:]), response, now)
 
-    def _pass_request(self, link: bytes, frames: list[bytes], d: int, flags: int, nodeid: int,
+    def _pass_request(self, link: bytes, frames: list[bytes], d: int, topic: str, nodeid: int,
                       matchtag: int, now: float) -> Optional[list[Output]]:
         """``_pass_through`` of a request for another rank, or of a ping for this one."""
-        if not flags & 1:
-            return None  # a request without a topic: decode says so
+        flags = frames[-1][3]
         if nodeid == self.rank:
-            if self.state is not State.ONLINE or flags & _UPSTREAM \
-                    or frames[d + 1] != b"broker.ping":
+            if self.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
                 return None
             if flags & _NORESPONSE:
                 return []
@@ -247,13 +245,9 @@ class Routing:
         target = self._next_hop(nodeid, flags, link)
         if target is None:
             return None
-        if not flags & _NORESPONSE:
-            try:
-                topic = frames[d + 1].decode()
-            except UnicodeDecodeError:
-                return None
-            if not self._track(target, (link, *frames[:d]), matchtag, topic, nodeid, flags):
-                return None  # (the full path answers EAGAIN)
+        if not flags & _NORESPONSE and not self._track(target, (link, *frames[:d]), matchtag,
+                                                        topic, nodeid, flags):
+            return None  # (the full path answers EAGAIN)
         self.stats["forwarded"] += 1
         wire = [link, *frames]
         if target == PARENT:

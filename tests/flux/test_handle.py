@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import gevent
 import pytest
 
 from peermesh.flux import (
@@ -97,3 +98,18 @@ def test_misuse_is_a_clear_error(pair: tuple[FluxOverlay, FluxOverlay]) -> None:
             call()
     with pytest.raises(TopologyError, match="kary:K"):
         FluxOverlay(topology="tree")
+
+
+def test_answers_from_other_greenlets_wake_the_waiting_caller(
+        pair: tuple[FluxOverlay, FluxOverlay]) -> None:
+    root, leaf = pair
+
+    def later(request: FluxRequest) -> None:   # answered from a greenlet of its own
+        gevent.spawn_later(0.01, request.respond, "done")
+
+    leaf.register("job.later", later)
+    assert leaf.rpc("job.later", None, leaf.rank).get(5) == b"done\0"    # on this node
+    assert root.rpc("job.later", None, 1).get(5) == b"done\0"            # through the tree
+    waiters = [gevent.spawn(lambda: leaf.rpc("job.later", None, leaf.rank).get(5))
+               for _ in range(3)]
+    assert [w.get(5) for w in waiters] == [b"done\0"] * 3

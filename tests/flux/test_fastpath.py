@@ -1,0 +1,119 @@
+"""The routing fast path (PROTO and route frames only) does exactly what the full path does.
+
+Every message of the routing table (``test_routing.ROWS``), its responses, and
+malformed variants of each, go to two copies of the same node: one as it
+is, one whose fast path is switched off (``_pass_through`` and ``_next_hop``
+answer None, so every message is decoded and every RPC built as a message).
+Outputs, what each tracks in flight and its counters must be equal.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import pytest
+
+from peermesh.flux.core import PARENT, FluxCore
+from peermesh.wire.flux import NODEID_ANY, MsgFlag, Request, Response, encode
+
+from .test_routing import ROWS, in_state
+
+
+def full_path_only(core: FluxCore) -> FluxCore:
+    """A copy of ``core`` that decodes everything (its fast path switched off)."""
+    twin = copy.deepcopy(core)
+    twin._pass_through = lambda *args: None  # type: ignore[method-assign]
+    twin._next_hop = lambda *args: None  # type: ignore[method-assign]
+    return twin
+
+
+def variants(frames: list[bytes]) -> list[list[bytes]]:
+    """``frames`` and malformed versions of it."""
+    proto = frames[-1]
+    out = [frames, frames[:-1] + [b"\x8f" + proto[1:]],          # bad magic
+           frames[:-1] + [proto[:2] + b"\x10" + proto[3:]]]      # unknown type
+    if b"" in frames:
+        d = frames.index(b"")
+        out.append(frames[:d] + frames[d + 1:])                     # no delimiter
+        out.append(frames[:-1] + [b"extra", proto])                  # a frame no flag announces
+        if proto[3] & MsgFlag.TOPIC:
+            out.append(frames[:d + 1] + [b""] + frames[d + 2:])      # empty topic
+            out.append(frames[:d + 1] + [b"\xff\xfe"] + frames[d + 2:])  # topic not UTF-8
+        out.append(frames[:-1] + [proto[:3] + bytes([proto[3] | 0x44]) + proto[4:]])
+    return out
+
+
+def same(core: FluxCore, link: bytes, frames: list[bytes], now: float) -> None:
+    twin = full_path_only(core)
+    assert core.receive(link, list(frames), now) == twin.receive(link, list(frames), now)
+    assert core._inflight == twin._inflight and core._via == twin._via
+    assert core.stats == twin.stats
+
+
+@pytest.mark.parametrize("state, node, source, frames", [row[:4] for row in ROWS])
+def test_fast_path_routes_as_the_full_path(state: str, node: int, source: Any,
+                                           frames: list[bytes]) -> None:
+    tree, cores = in_state(state)
+    core = cores[node]
+    if source == "local":
+        return  # local RPCs: test_local_rpc_fast_path
+    link = {"parent": PARENT, "stranger": b"S" * 16}.get(source) or cores[source].identity
+    for variant in variants(frames):
+        same(core, link, variant, tree.now)
+
+
+@pytest.mark.parametrize("flags", [0, MsgFlag.NORESPONSE, MsgFlag.STREAMING])
+def test_responses_on_the_way_back_and_to_a_handle(flags: int) -> None:
+    tree, cores = in_state("settled")
+    handle = cores[4].open_handle()
+    cores[4].register(handle, "job.slow")
+    client = cores[6].open_handle()
+    tree.rpc(cores[6], client, "job.slow", b"x", 4, flags)
+    (request,) = tree.taken(cores[4], handle)
+    outputs = cores[4].respond(handle, request, b"answer", 0, tree.now)
+    hops: list[tuple[FluxCore, bytes, list[bytes]]] = []
+    # follow the response up from rank 4 and down to rank 6, checking each hop
+    for output in outputs:
+        hops.append((cores[1], cores[4].identity, output.frames))
+    checked = 0
+    while hops:
+        core, link, frames = hops.pop()
+        checked += 1
+        for variant in variants(frames):
+            same(core, link, variant, tree.now)
+        for output in core.receive(link, list(frames), tree.now):
+            target = next((c for c in cores.values() if c.identity == getattr(output, "link", 0)),
+                          None)
+            if target is not None:
+                hops.append((target, PARENT, output.frames[1:]))
+            elif getattr(output, "link", None) == PARENT:
+                parent = cores[core.parent_rank]  # type: ignore[index]
+                hops.append((parent, core.identity, output.frames))
+    assert checked == (0 if flags & MsgFlag.NORESPONSE else 4)  # 4 -> 1 -> 0 -> 2 -> 6
+
+
+@pytest.mark.parametrize("nodeid, flags", [(0, 0), (2, 0), (5, MsgFlag.STREAMING),
+                                           (6, MsgFlag.NORESPONSE), (9, 0), (1, 0),
+                                           (NODEID_ANY, 0), (3, MsgFlag.UPSTREAM)])
+@pytest.mark.parametrize("payload", [None, b"p"])
+def test_local_rpc_fast_path(nodeid: int, flags: int, payload: Optional[bytes]) -> None:
+    tree, cores = in_state("settled")
+    core = cores[3]
+    handle = core.open_handle()
+    twin = full_path_only(core)
+    got = core.rpc(handle, "svc.echo", payload, nodeid, flags, tree.now)
+    want = twin.rpc(handle, "svc.echo", payload, nodeid, flags, tree.now)
+    assert got == want
+    assert core._inflight == twin._inflight and core.stats == twin.stats
+
+
+def test_ping_for_this_rank_is_answered_from_its_frames() -> None:
+    tree, cores = in_state("settled")
+    for flags in (0, MsgFlag.NORESPONSE, MsgFlag.STREAMING):
+        ping = encode(Request("broker.ping", b"data", 3, 9, flags, (b"@2",)))
+        same(cores[3], PARENT, ping, tree.now)
+        same(cores[1], cores[3].identity, encode(Request("broker.ping", None, 1, 9, flags, ())),
+             tree.now)
+    stray = encode(Response("broker.ping", None, 0, 9, routes=(b"@7",)))
+    same(cores[3], PARENT, stray, tree.now)   # a response to no handle
