@@ -32,8 +32,8 @@ import gevent
 from ..errors import ProtocolError
 from ..io.transport import ZmqTransport
 from ..wire.flux import (
-    NODEID_ANY, Control, ControlType, Errno, Event, Request, Response, decode, encode,
-    string_payload,
+    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Request, Response, decode,
+    encode, string_payload,
 )
 from .errors import FluxError, FluxStateError
 from .handle import Payload, RpcFuture, Subscription, to_payload
@@ -46,7 +46,7 @@ __all__ = ["FluxClient"]
 
 log = logging.getLogger(__name__)
 
-_NORESPONSE, _STREAMING = 0x04, 0x40
+_NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
 
 
 class FluxClient:
@@ -170,15 +170,19 @@ class FluxClient:
 
     def rpc(self, topic: str, payload: Payload = None, nodeid: int = NODEID_ANY,
             flags: int = 0, *, streaming: bool = False) -> RpcFuture:
-        """As ``FluxHandle.rpc``: ``topic`` to ``nodeid`` (a rank or ``NODEID_ANY``),
-        routed as from the member this client is connected to."""
+        """As ``FluxHandle.rpc``: ``topic`` to ``nodeid`` (a rank, ``NODEID_ANY`` or
+        ``NODEID_UPSTREAM``), routed as from the member this client is connected to."""
         if self._link is None:
             raise FluxStateError("connect the Flux client first")
         if not isinstance(topic, str) or not topic:
             raise FluxStateError(f"an RPC topic is a non-empty string, not {topic!r}")
         if not isinstance(nodeid, int) or isinstance(nodeid, bool) or not 0 <= nodeid <= 0xFFFFFFFF:
-            raise FluxStateError(f"nodeid {nodeid!r} is not a rank or NODEID_ANY")
+            raise FluxStateError(f"nodeid {nodeid!r} is not a rank, NODEID_ANY or NODEID_UPSTREAM")
         flags = int(flags) | (_STREAMING if streaming else 0)
+        if nodeid == NODEID_UPSTREAM:  # never on the wire: the member's rank, flag UPSTREAM
+            if self.rank is None:
+                raise FluxStateError("NODEID_UPSTREAM needs the member's rank: connect first")
+            nodeid, flags = self.rank, flags | _UPSTREAM
         if flags & _NORESPONSE and flags & _STREAMING:
             raise FluxStateError("an RPC cannot be both NORESPONSE and STREAMING")
         tag = 0

@@ -13,8 +13,8 @@ from peermesh.flux import (
 )
 from peermesh.flux.core import Send
 from peermesh.wire.flux import (
-    NODEID_ANY, Control, ControlType, Event, Request, Response, decode, encode, json_payload,
-    read_json,
+    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Event, Request, Response, decode, encode,
+    json_payload, read_json,
 )
 
 from .conftest import wait_until
@@ -131,6 +131,9 @@ def test_a_client_calls_subscribes_and_leaves_no_trace(
             assert client.heartbeat == FAST.heartbeat     # the member's, shorter than 2 s
             assert client.rpc("demo.who").get_json(5) == {"rank": 0}   # ANY: up the tree
             assert client.rpc("here.who").get_json(5) == {"rank": 1}  # the member first
+            with pytest.raises(FluxError) as info:      # UPSTREAM: past the member, up
+                client.rpc("here.who", None, NODEID_UPSTREAM).get(5)
+            assert info.value.errnum == Errno.ENOSYS
             assert client.rpc("overlay.info", None, 0).get_json(5)["clients"] == 0
             assert [read_json(p)["i"] for p in
                     client.rpc("demo.count", {"n": 3}, 0, streaming=True).stream(5)] == [0, 1, 2]
