@@ -460,7 +460,7 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     signals: Optional[HubSignals] = None
     stopped = gevent.event.Event()
     mesh = not args.root and not parents
-    address = _address(config, mesh)
+    address = _address(config, mesh) if args.tree_port or not mesh else None
     endpoint = f"tcp://{address}:{args.tree_port}" if args.tree_port else args.endpoint
     if mesh:
         flux = FluxOverlay(args.instance, endpoint=endpoint, **options)
@@ -532,7 +532,7 @@ def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[FluxOverla
 def _cmd_rpc(args: argparse.Namespace, config: NodeConfig) -> int:
     payload = _payload(args.payload)
     with Connection(args, config) as flux:
-        rank = _checked_rank(flux, args.rank)
+        rank = _checked_rank(flux, args.rank, args.timeout)
         future = flux.rpc(args.topic, payload, NODEID_ANY if rank is None else rank,
                           streaming=args.stream)
         try:
@@ -567,9 +567,15 @@ def _rpc_error(args: argparse.Namespace, exc: FluxError) -> int:
     return EXIT_FAILURE
 
 
-def _checked_rank(flux: FluxClient, rank: Optional[int]) -> Optional[int]:
-    if rank is not None and rank >= flux.size:
-        raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{flux.size - 1}")
+def _checked_rank(flux: FluxClient, rank: Optional[int], timeout: float) -> Optional[int]:
+    """``rank``, or ValueError when it is past the instance's size (the member's, and when
+    past that, rank 0's: a member does not hear of every rank given after it joined)."""
+    if rank is None or rank < flux.size:
+        return rank
+    with leaving("asking rank 0 for the instance's size"):
+        size = flux.rpc("overlay.info", None, 0).get_json(timeout).get("size")
+    if isinstance(size, int) and rank >= size:
+        raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{size - 1}")
     return rank
 
 
@@ -628,7 +634,7 @@ def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
             ranks = [row["rank"] for row in rows]
             counts = 1
         else:
-            _checked_rank(flux, args.target)
+            _checked_rank(flux, args.target, args.timeout)
             ranks = [args.target]
             counts = args.count
         rtts: list[dict[str, Any]] = []

@@ -80,7 +80,7 @@ def flux(cli: Cli, *args: str, parent: str = "") -> Any:
 def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     root, endpoint = member(cli, "--root", "--topology", "kary:2",
                             "--handlers", "fluxcli_services")
-    one, _ = member(cli, "--parent", endpoint, "--topology", "kary:2")
+    one, one_endpoint = member(cli, "--parent", endpoint, "--topology", "kary:2")
     root.expect_event(event="child-attached", rank=1)
 
     result = flux(cli, "tree", "--json", parent=endpoint)
@@ -127,11 +127,12 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     assert json.loads(result.stdout)["size"] == 2, _report(result)  # for all those commands
 
     claimed = cli.start("flux", "run", "--json", "--parent", endpoint, "--topology", "kary:2",
-                        "--rank", "40")
-    claimed.expect_event(event="online", rank=40)
-    result = flux(cli, "rpc", "overlay.info", "--rank", "40", parent=endpoint)
+                        "--rank", "30")
+    claimed.expect_event(event="online", rank=30)
+    # through rank 1, which knows the size it joined (2): the range is rank 0's
+    result = flux(cli, "rpc", "overlay.info", "--rank", "30", parent=one_endpoint)
     info = json.loads(result.stdout)
-    assert info["rank"] == 40 and info["parent"] in (0, 1), _report(result)  # 19, 9, 4 vacant
+    assert info["rank"] == 30 and info["parent"] == 0, _report(result)  # 14, 6, 2 vacant
 
     stream = cli.start("flux", "rpc", "cli.count", '{"count": 100000}', "--stream",
                        "--parent", endpoint)
