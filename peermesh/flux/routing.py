@@ -123,10 +123,11 @@ class Routing:
         route = b"@%d" % handle
         target = self._next_hop(nodeid, flags, route)
         if target is not None and topic and (payload is None or type(payload) is bytes) \
-                and flags & _NORESPONSE_STREAMING != _NORESPONSE_STREAMING \
+                and 0 <= flags <= 0xFF and flags & _NORESPONSE_STREAMING != _NORESPONSE_STREAMING \
                 and (flags & _NORESPONSE or self._track(target, (route,), tag, topic, nodeid,
                                                          flags)):
-            # for another rank: the frames straight away (what encode would make)
+            # for another rank, valid as it is: the frames straight away (what encode makes;
+            # when max_inflight are tracked already, the full path answers EAGAIN)
             frames = [route, b"", topic.encode()]
             wire_flags = (int(flags) & ~_FRAMES) | _ROUTE | 1
             if payload is not None:
@@ -167,9 +168,9 @@ class Routing:
                       now: float) -> Optional[list[Output]]:
         """Route the common messages from their PROTO and route frames alone: a
         request for another rank and a response for a child are forwarded as they
-        came (the route pushed or popped), a response for a local handle is built
-        once. None for everything else (and for anything malformed): ``receive``
-        decodes it then."""
+        came (the route pushed or popped), a ping for this rank is answered from
+        its frames, a response for a local handle is built once. None for
+        everything else (and for anything malformed): ``receive`` decodes it then."""
         if not frames:
             return None
         proto = frames[-1]

@@ -58,7 +58,7 @@ __all__ = [
     "MATCHTAG_NONE", "MAX_RANK", "MsgType", "MsgFlag", "Role", "ControlType", "Errno",
     "Request", "Response", "Event", "Control", "Message", "encode", "decode",
     "encode_proto", "decode_proto", "Proto", "string_payload", "read_string",
-    "json_payload", "read_json", "error_message", "service_of",
+    "json_payload", "read_json", "error_message", "service_of", "make_request", "make_response",
 ]
 
 MAGIC = 0x8E
