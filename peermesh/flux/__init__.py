@@ -11,7 +11,8 @@ Start an instance on loopback (in a gevent program)::
     print(node.rpc("hello.world").get_json(5))     # {'rank': 0}
 
 Or attach ``FluxOverlay()`` to ZRE nodes (``Node`` or ``ThreadedNode(overlays=[...])``):
-the members of one mesh then elect the root and join it by themselves.
+the members of one mesh then elect the root and join it by themselves. A program that
+only calls and listens is a ``FluxClient`` of one member and takes no rank.
 See ``peermesh.flux.core`` (routing, events, membership, bounds) and
 ``peermesh.flux.overlay`` (sockets, bootstrap).
 
