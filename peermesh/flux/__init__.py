@@ -13,8 +13,8 @@ Start an instance on loopback (in a gevent program)::
 Or attach ``FluxOverlay()`` to ZRE nodes (``Node`` or ``ThreadedNode(overlays=[...])``):
 the members of one mesh then elect the root and join it by themselves. A program that
 only calls and listens is a ``FluxClient`` of one member and takes no rank.
-See ``peermesh.flux.core`` (routing, events, membership, bounds) and
-``peermesh.flux.overlay`` (sockets, bootstrap).
+See ``peermesh.flux.core`` (the node and its bounds; it names the modules of routing,
+events and membership) and ``peermesh.flux.overlay`` (sockets, bootstrap).
 
 The names below are imported on first use (``peermesh.flux.FluxOverlay`` loads the
 overlay, its core and gevent), so that the command line, which imports

@@ -5,7 +5,7 @@ Rank 0 is the root. In ``kary:K`` (K >= 1) the parent of rank i > 0 is
 is flat: every rank's parent is rank 0. The default is ``kary:32``, as in
 flux-core. The formula gives each rank its place; when an interior rank is
 lost its subtree hangs from the nearest live ancestor instead (see
-``peermesh.flux.core``), so routing asks which of a node's children leads
+``peermesh.flux.membership``), so routing asks which of a node's children leads
 to a rank by walking up from that rank (``path_to``).
 """
 
