@@ -28,8 +28,10 @@ Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
 flight per node (``max_inflight``; past it EAGAIN), events held or kept
 (``recent_events``), ancestors kept (``max_ancestors``), replayed events per
-answer (``replay_batch``); message size is bounded by the driver
-(``max_message``). Local handles are bounded by ``max_pending`` RPCs.
+answer (``replay_batch``), rankless clients (``max_clients``) and their
+subscriptions (``client_prefixes``; see ``peermesh.flux.clients``); message
+size is bounded by the driver (``max_message``). Local handles are bounded
+by ``max_pending`` RPCs.
 """
 
 from __future__ import annotations
