@@ -268,8 +268,9 @@ def test_a_root_restarted_at_its_endpoint_is_rejoined(cli: Cli, free_tcp_port: i
     assert root.stop(signal.SIGTERM) == 0
     one.expect_event(event="parent-lost")
     again, _ = member(cli, "--root", "--endpoint", endpoint)
-    again.expect_event(event="child-attached", rank=1)
-    one.expect_event(event="online", rank=1)                        # its rank kept
+    # (a join sent while the old root was closing is tried again after hello_timeout, 5 s)
+    again.expect_event(timeout=30, event="child-attached", rank=1)
+    one.expect_event(timeout=30, event="online", rank=1)            # its rank kept
     result = flux(cli, "rpc", "overlay.info", "--rank", "1", parent=endpoint)
     assert json.loads(result.stdout)["parent"] == 0, _report(result)
     assert one.stop(signal.SIGTERM) == 0 and again.stop(signal.SIGTERM) == 0
