@@ -14,16 +14,14 @@ that joins through members it is given (``--parent``, repeatable, or
 ``$PEERMESH_FLUX_PARENTS``), or by default a ZRE node whose members elect
 rank 0 and join it by themselves (see ``peermesh.flux.overlay``).
 
-The other commands join the instance as a leaf for as long as they run:
-through ``--parent`` / ``$PEERMESH_FLUX_PARENTS`` when given, otherwise
-through the mesh (a short-lived ZRE node on the node options' interface
-looks, for up to ``--wait`` seconds, for a peer advertising the instance;
-the leaf joins through the endpoints found, the elected rank 0's first, and
-the ZRE node, never a member, leaves the mesh once the leaf has joined).
-Each leaf takes a fresh rank, which falls vacant when it leaves; ``tree``
-marks it and ``ping all`` leaves it out. The tree sockets of a leaf that
-joins through ``--parent`` listen on the ``--interface`` given (or
-``$PEERMESH_INTERFACE``), else on 127.0.0.1.
+The other commands are rankless clients (``peermesh.flux.client``) of one
+member for as long as they run: the first that accepts of the members given
+with ``--parent`` / ``$PEERMESH_FLUX_PARENTS``, otherwise of those found on
+the mesh (a short-lived ZRE node on the node options' interface looks, for
+up to ``--wait`` seconds, for peers advertising the instance, the elected
+rank 0 first, and leaves the mesh once the client is connected). A client
+takes no rank and grows nothing in the instance, so running them from a
+script forever costs the instance nothing.
 """
 
 from __future__ import annotations
@@ -34,9 +32,7 @@ import importlib
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, Optional
-
-import gevent.event
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..argtypes import positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
@@ -46,8 +42,11 @@ from ..errors import PeermeshError, ProtocolError
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
-from .overlay import FLUX_HEADER, FluxOverlay
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
+
+if TYPE_CHECKING:  # the overlay (and gevent) are imported by the actions, not by the parser
+    from .client import FluxClient
+    from .overlay import FluxOverlay
 
 __all__ = ["add_commands", "PARENTS_VARIABLE"]
 
@@ -61,10 +60,9 @@ WAIT_JOIN = 5.0
 TIMEOUT = 5.0
 
 _REACH = (
-    "How it reaches the instance: with --parent (or $PEERMESH_FLUX_PARENTS) it joins "
-    "through those members; otherwise a short-lived ZRE node looks on the mesh (node "
-    "options) for a member of --instance. Either way the command is a leaf of the tree "
-    "(a rank of its own, vacant again when it ends) until it is done.")
+    "How it reaches the instance: it is a client of one member (it takes no rank): of the "
+    "first of --parent (or $PEERMESH_FLUX_PARENTS) that accepts it; otherwise a short-lived "
+    "ZRE node looks on the mesh (node options) for the members of --instance.")
 
 
 def add_commands(command: Factory) -> None:
@@ -72,7 +70,7 @@ def add_commands(command: Factory) -> None:
     command("flux", "Flux RFC 3 messaging: run a member, RPC, events, ping, tree",
             "A Flux instance is a tree of members (rank 0 at the root) that route topic "
             "RPCs (service.method) and events (numbered by rank 0) over their own sockets. "
-            "`run` is a member; the other actions join the instance as a leaf for the "
+            "`run` is a member; the other actions are clients of a member (no rank) for the "
             "duration of the command.",
             f"  {PROG} flux run --interface lo                 # a member found through the mesh\n"
             f"  {PROG} flux run --root --interface lo          # rank 0 without a mesh\n"
@@ -91,7 +89,7 @@ def _instance_options(parser: argparse.ArgumentParser, *, member: bool = False) 
     group = parser.add_argument_group("instance options")
     group.add_argument("--instance", default="flux", type=text, metavar="NAME",
                        help="which instance of the mesh (members advertise it in their HELLO "
-                            "header X-PM-FLUX) (default: %(default)s)")
+                            "header X-PM-FLUX-TREE) (default: %(default)s)")
     group.add_argument("--parent", dest="parents", action="append", default=[], type=text,
                        metavar="ENDPOINT",
                        help="join through this member (tcp://HOST:PORT, as `flux run` prints "
@@ -133,6 +131,13 @@ def _add_run(command: Factory) -> None:
                        metavar="kary:K",
                        help="the tree: parent of rank i is (i-1)//K; kary:0 is flat; the same "
                             "on every member (default: %(default)s)")
+    group.add_argument("--endpoint", type=text, metavar="ENDPOINT",
+                       help="listen at ENDPOINT (tcp://HOST:PORT) instead of a random port, so "
+                            "that a member restarted with it (rank 0 above all) comes back "
+                            "where the others look for it")
+    group.add_argument("--tree-port", type=_port_arg, metavar="PORT",
+                       help="listen on PORT of the tree's address (--interface, else "
+                            "127.0.0.1): --endpoint tcp://ADDRESS:PORT")
     group.add_argument("--priority", type=int, default=0, metavar="N",
                        help="mesh election of rank 0: higher wins (default: %(default)s)")
     group.add_argument("--handlers", action="append", default=[], type=text, metavar="MODULE",
@@ -185,9 +190,9 @@ def _add_sub(command: Factory) -> None:
         "flux sub", "print events whose topic starts with PREFIX",
         "Subscribe to events whose topic starts with PREFIX ('' for all) and print each as "
         "SEQ TOPIC PAYLOAD (--json: {\"seq\", \"topic\", \"payload\"}) until Ctrl-C, SIGTERM "
-        "or --count events. Events missed on the way (a parent lost and re-attached) are "
-        "fetched from rank 0; those older than its buffer are reported on stderr.\n\n"
-        + _REACH,
+        "or --count events. The member passes events on in order (it fetches what it "
+        "missed from rank 0 itself); if the member is lost the command says so on stderr "
+        "and exits with 1.\n\n" + _REACH,
         f"  {PROG} flux sub job.\n  {PROG} flux sub '' --count 10 --json",
         _cmd_sub)
     sub.add_argument("prefix", metavar="PREFIX", type=utf8, help="topic prefix ('' for all)")
@@ -219,8 +224,7 @@ def _add_tree(command: Factory) -> None:
         "per rank: its parent, state (online, or torpid when its parent has not heard from "
         "it lately), children. A member that does not answer is shown as unreachable. "
         "--json prints the answers as a list of {rank, parent, state, children, torpid "
-        "(its torpid children), size, seq, topology}; the command's own rank has "
-        "\"this_command\": true.\n\n" + _REACH,
+        "(its torpid children), size, seq, topology, clients}.\n\n" + _REACH,
         f"  {PROG} flux tree\n  {PROG} flux tree --parent tcp://127.0.0.1:40123 --json",
         _cmd_tree)
     _instance_options(tree)
@@ -236,6 +240,12 @@ def _rank_arg(value: str) -> int:
     except (ValueError, TopologyError):
         raise argparse.ArgumentTypeError(f"{value!r} is not a rank (a whole number >= 0)") \
             from None
+
+
+def _port_arg(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port (1-65535)")
+    return int(value)
 
 
 def _target_arg(value: str) -> Optional[int]:
@@ -276,9 +286,10 @@ def _check_endpoints(endpoints: list[str]) -> None:
             raise ValueError(f"--parent {endpoint!r} is not tcp://HOST:PORT")
 
 
-def _address(config: NodeConfig) -> str:
-    """Where the tree sockets of a node without a mesh listen."""
-    if config.interface or os.environ.get("PEERMESH_INTERFACE"):
+def _address(config: NodeConfig, mesh: bool = False) -> str:
+    """Where the tree sockets listen: on the mesh's interface, or (without a mesh) on the
+    interface given, else 127.0.0.1."""
+    if mesh or config.interface or os.environ.get("PEERMESH_INTERFACE"):
         from ..net.interfaces import select_interface
 
         return select_interface(config.interface).address
@@ -325,19 +336,19 @@ def _error_text(exc: FluxError) -> str:
 # reaching the instance
 
 
-class Leaf:
-    """The command's node in the instance: a leaf joined for as long as the ``with`` lasts."""
+class Connection:
+    """The command's client of a member, connected for as long as the ``with`` lasts."""
 
     def __init__(self, args: argparse.Namespace, config: NodeConfig) -> None:
         self.args = args
         self.config = config
         self.session: Optional[NodeSession] = None
         self.signals: Optional[HubSignals] = None
-        self.flux: Optional[FluxOverlay] = None
+        self.client: Optional[FluxClient] = None
 
-    def __enter__(self) -> FluxOverlay:
+    def __enter__(self) -> FluxClient:
         try:
-            return self._join()
+            return self._connect()
         except BaseException:
             self.close()
             raise
@@ -345,14 +356,15 @@ class Leaf:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _join(self) -> FluxOverlay:
+    def _connect(self) -> FluxClient:
+        from .client import FluxClient
+
         args = self.args
         deadline = time.monotonic() + args.wait
         parents = _parents(args)
         _check_endpoints(parents)
         if parents:
             self.signals = HubSignals()
-            address = _address(self.config)
             where = "through " + ", ".join(parents)
         else:
             self.session = NodeSession(self.config)
@@ -364,22 +376,24 @@ class Leaf:
                                 f"(interface {node.transport.interface(self.config.interface).name}"
                                 f", beacon port {self.config.port}) within {args.wait:g} s; "
                                 "is `flux run` running there, or give --parent ENDPOINT")
-            address = node.transport.interface(self.config.interface).address
             where = f"through the mesh ({len(parents)} member{'s' * (len(parents) != 1)})"
-        self.flux = FluxOverlay(args.instance, parents=parents, address=address).start()
-        with leaving(f"joining Flux instance {args.instance!r}"):
-            if not self.flux.wait_online(max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"could not join Flux instance {args.instance!r} {where} "
-                                   f"within {args.wait:g} s (state {self.flux.state.value})")
-        if self.session is not None:  # found and joined: the tree is all it needs now
+        self.client = FluxClient(parents)
+        with leaving(f"connecting to Flux instance {args.instance!r}"):
+            try:
+                self.client.connect(max(0.05, deadline - time.monotonic()))
+            except FluxError as exc:
+                raise RuntimeError(f"could not connect to Flux instance {args.instance!r} "
+                                   f"{where} within {args.wait:g} s ({_error_text(exc)})") \
+                    from None
+        if self.session is not None:  # found and connected: the member is all it needs now
             self.session.close()
             self.session = None
             self.signals = HubSignals()
-        return self.flux
+        return self.client
 
     def close(self) -> None:
-        if self.flux is not None:
-            self.flux.stop()
+        if self.client is not None:
+            self.client.close()
         if self.session is not None:
             self.session.close()
         if self.signals is not None:
@@ -387,7 +401,7 @@ class Leaf:
 
 
 class _NotFound(PeermeshError, ValueError):
-    """Nothing to join: a usage-level error (exit code 2)."""
+    """Nothing to connect to: a usage-level error (exit code 2)."""
 
 
 def _find_members(session: NodeSession, instance: str, deadline: float) -> list[str]:
@@ -397,6 +411,8 @@ def _find_members(session: NodeSession, instance: str, deadline: float) -> list[
     show up, so that the member the instance elected as rank 0 (the same
     election its members run: priority, then UUID) is asked first.
     """
+    from .overlay import FLUX_HEADER
+
     node = session.node
     settle: Optional[float] = None
     while True:
@@ -425,10 +441,17 @@ def _find_members(session: NodeSession, instance: str, deadline: float) -> list[
 
 
 def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
+    import gevent.event
+
+    from .overlay import FluxOverlay
+
     parents = _parents(args)
     _check_endpoints(parents)
     if args.root and parents:
         raise ValueError("--root and --parent exclude each other: rank 0 joins no one")
+    if args.endpoint and args.tree_port:
+        raise ValueError("--endpoint and --tree-port exclude each other: give one place to "
+                         "listen")
     registers = _import_handlers(args.handlers)
     options = dict(root=args.root, rank=args.rank, parents=parents, topology=args.topology,
                    priority=args.priority)
@@ -436,15 +459,18 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     session: Optional[NodeSession] = None
     signals: Optional[HubSignals] = None
     stopped = gevent.event.Event()
-    if args.root or parents:
-        flux = FluxOverlay(args.instance, address=_address(config), **options)
-        signals = HubSignals(on_first=stopped.set)
-        how = "rank 0" if args.root else "joining through " + ", ".join(parents)
-    else:
-        flux = FluxOverlay(args.instance, **options)
+    mesh = not args.root and not parents
+    address = _address(config, mesh) if args.tree_port or not mesh else None
+    endpoint = f"tcp://{address}:{args.tree_port}" if args.tree_port else args.endpoint
+    if mesh:
+        flux = FluxOverlay(args.instance, endpoint=endpoint, **options)
         session = NodeSession(config, serving=True)
         flux.attach(session.node)
         how = "joining through the mesh"
+    else:
+        flux = FluxOverlay(args.instance, address=address, endpoint=endpoint, **options)
+        signals = HubSignals(on_first=stopped.set)
+        how = "rank 0" if args.root else "joining through " + ", ".join(parents)
     flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
     try:
         if session is not None:
@@ -505,8 +531,8 @@ def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[FluxOverla
 
 def _cmd_rpc(args: argparse.Namespace, config: NodeConfig) -> int:
     payload = _payload(args.payload)
-    with Leaf(args, config) as flux:
-        rank = _checked_rank(flux, args.rank)
+    with Connection(args, config) as flux:
+        rank = _checked_rank(flux, args.rank, args.timeout)
         future = flux.rpc(args.topic, payload, NODEID_ANY if rank is None else rank,
                           streaming=args.stream)
         try:
@@ -541,15 +567,21 @@ def _rpc_error(args: argparse.Namespace, exc: FluxError) -> int:
     return EXIT_FAILURE
 
 
-def _checked_rank(flux: FluxOverlay, rank: Optional[int]) -> Optional[int]:
-    if rank is not None and rank >= flux.size:
-        raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{flux.size - 1}")
+def _checked_rank(flux: FluxClient, rank: Optional[int], timeout: float) -> Optional[int]:
+    """``rank``, or ValueError when it is past the instance's size (the member's, and when
+    past that, rank 0's: a member does not hear of every rank given after it joined)."""
+    if rank is None or rank < flux.size:
+        return rank
+    with leaving("asking rank 0 for the instance's size"):
+        size = flux.rpc("overlay.info", None, 0).get_json(timeout).get("size")
+    if isinstance(size, int) and rank >= size:
+        raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{size - 1}")
     return rank
 
 
 def _cmd_pub(args: argparse.Namespace, config: NodeConfig) -> int:
     payload = _payload(args.payload)
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         try:
             with leaving(f"waiting for rank 0 to number event {args.topic}"):
                 seq = flux.publish(args.topic, payload).get_json(args.timeout)["seq"]
@@ -561,13 +593,21 @@ def _cmd_pub(args: argparse.Namespace, config: NodeConfig) -> int:
 
 
 def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         flux.add_listener(_report_lost)
-        subscription = flux.subscribe(args.prefix)
-        note(f"rank {flux.rank} subscribed to {args.prefix!r} events; Ctrl-C to stop")
+        try:
+            with leaving(f"subscribing to {args.prefix!r} events"):
+                subscription = flux.subscribe(args.prefix, args.timeout)
+        except FluxError as exc:
+            note(f"error: {_error_text(exc)}")
+            return EXIT_FAILURE
+        note(f"subscribed to {args.prefix!r} events through rank {flux.rank}; Ctrl-C to stop")
         shown = 0
         try:
-            for event in subscription:
+            while flux.connected:
+                event = subscription.get(flux.heartbeat)  # (wakes to see a lost member)
+                if event is None:
+                    continue
                 if args.json:
                     emit(to_json({"seq": event.seq, "topic": event.topic,
                                   "payload": _readable(event.payload)}))
@@ -578,25 +618,23 @@ def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
                     break
         except KeyboardInterrupt:
             return EXIT_OK  # the normal end of following
-    return EXIT_OK
+    return EXIT_OK if flux.connected or args.count is not None and shown >= args.count \
+        else EXIT_FAILURE
 
 
 def _report_lost(notice: Any) -> None:
-    if notice.what == "events-lost":
-        first, last = notice.detail
-        note(f"warning: events {first}..{last} were lost (older than rank 0's buffer)")
-    elif notice.what == "parent-lost":
-        note(f"warning: the parent was lost ({clean(notice.detail)}); re-attaching")
+    if notice.what == "member-lost":
+        note(f"error: the member (rank {notice.rank}) was lost ({clean(notice.detail)})")
 
 
 def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         if args.target is None:
             rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
-            ranks = [row["rank"] for row in rows if row["rank"] != flux.rank]
+            ranks = [row["rank"] for row in rows]
             counts = 1
         else:
-            _checked_rank(flux, args.target)
+            _checked_rank(flux, args.target, args.timeout)
             ranks = [args.target]
             counts = args.count
         rtts: list[dict[str, Any]] = []
@@ -633,9 +671,9 @@ def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[s
     return summary
 
 
-def _walk(flux: FluxOverlay, timeout: float) -> list[dict[str, Any]]:
+def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
     """``overlay.info`` of rank 0, then of each rank's children, level by level: rows of
-    {rank, parent, state, children, torpid, size, seq, topology}; a rank that does not
+    {rank, parent, state, children, torpid, size, seq, topology, clients}; a rank that does not
     answer is {rank, parent, state: "unreachable", error}."""
     rows: list[dict[str, Any]] = []
     level: dict[int, Optional[int]] = {0: None}  # rank -> the rank that listed it
@@ -672,17 +710,13 @@ def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[st
 
     return {"rank": rank, "parent": parent, "state": str(info.get("state", "?")),
             "children": ranks("children"), "torpid": ranks("torpid"), "size": scalar("size"),
-            "seq": scalar("seq"), "topology": scalar("topology")}
+            "seq": scalar("seq"), "topology": scalar("topology"), "clients": scalar("clients")}
 
 
 def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
-    with Leaf(args, config) as flux:
+    with Connection(args, config) as flux:
         with leaving("walking the tree"):
             rows = _walk(flux, args.timeout)
-        me = flux.rank
-    for row in rows:
-        if row["rank"] == me:
-            row["this_command"] = True
     if args.json:
         emit(to_json(rows))
         return EXIT_OK
@@ -693,7 +727,6 @@ def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
         rank, parent = row["rank"], row.get("parent")
         depth[rank] = depth.get(parent, -1) + 1 if parent is not None else 0
         state = clean(row["state"]) + (" torpid" if rank in torpid else "") + \
-            (" (this command)" if row.get("this_command") else "") + \
             (f": {row['error']}" if "error" in row else "")
         lines.append(("  " * depth[rank] + str(rank), "-" if parent is None else str(parent),
                       state, ",".join(map(str, row.get("children", ()))) or "-"))

@@ -28,8 +28,10 @@ Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
 flight per node (``max_inflight``; past it EAGAIN), events held or kept
 (``recent_events``), ancestors kept (``max_ancestors``), replayed events per
-answer (``replay_batch``); message size is bounded by the driver
-(``max_message``). Local handles are bounded by ``max_pending`` RPCs.
+answer (``replay_batch``), rankless clients (``max_clients``) and their
+subscriptions (``client_prefixes``; see ``peermesh.flux.clients``); message
+size is bounded by the driver (``max_message``). Local handles are bounded
+by ``max_pending`` RPCs.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from typing import Any, Callable, Optional, Sequence
 from ..errors import ProtocolError
 from ..wire.flux import (
     MAGIC, USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
-    encode, json_payload, make_request, make_response, service_of,
+    encode, json_payload, make_request, make_response, read_json, service_of,
 )
-from .bodies import b64
+from .bodies import b64, str_field
+from .clients import ClientTable
 from .directory import Directory
 from .errors import FluxStateError
 from .matchtags import Handle, Pending
@@ -82,6 +85,7 @@ class FluxCore(Membership):
         self.ancestors: list[tuple[int, str]] = []
         self.children: dict[bytes, Child] = {}
         self.by_rank: dict[int, bytes] = {}
+        self.clients = ClientTable(settings.max_clients, settings.client_prefixes)
         self.handles: dict[int, Handle] = {0: Handle()}
         self._next_handle = 1
         self.services: dict[str, int] = {}
@@ -90,6 +94,7 @@ class FluxCore(Membership):
         self._via: dict[bytes, set[InflightKey]] = {}
         self._parent_heard = self._parent_sent = 0.0
         self._deadline = 0.0  # of the join or hello in progress
+        self._backoff = settings.retry  # before trying again after a refused join or hello
         self._attempt = 0     # bootstrap endpoint / ancestor tried next
         self._candidates: list[tuple[int, str]] = []
         self._internal: dict[int, Callable[[Response, float], list[Output]]] = {}
@@ -128,8 +133,9 @@ class FluxCore(Membership):
         bye = encode(Control(ControlType.DISCONNECT))
         if self.state in (State.ONLINE, State.ATTACHING, State.JOINING) and not self.root:
             out.append(Send(PARENT, bye))
-        for identity in self.children:
+        for identity in [*self.children, *self.clients.clients]:
             out.append(Send(identity, [identity, *bye]))
+        self.clients.clients.clear()
         for link in list(self._via):
             out += self._fail_via(link, "the node left")
         self.children.clear()
@@ -210,7 +216,7 @@ class FluxCore(Membership):
             message = decode(frames)
         except ProtocolError as exc:
             return self._drop(link, f"malformed: {exc.reason}")
-        child = None
+        child = client = None
         if link == PARENT:
             self._parent_heard = now
         else:
@@ -219,11 +225,15 @@ class FluxCore(Membership):
                 child.heard = now
                 if child.torpid:
                     child.torpid = False
+            else:
+                client = self.clients.get(link)
+                if client is not None:
+                    client.heard = now
         kind = type(message)
         if kind is Request:
             assert isinstance(message, Request)
-            if child is None and link != PARENT and message.topic not in (
-                    "overlay.join", "overlay.hello"):
+            if child is None and link != PARENT and client is None and message.topic not in (
+                    "overlay.join", "overlay.hello", "overlay.client"):
                 return self._drop(link, "a request from a stranger")
             routes = (link,) + (message.routes or ())
             request = make_request(message.topic, message.payload, message.nodeid,
@@ -251,6 +261,8 @@ class FluxCore(Membership):
                 return self._parent_lost(now, "the parent left")
             if child is not None:
                 return self._child_lost(child, now, "the child left")
+            if client is not None:
+                self.clients.forget(link)
         return []
 
     def link_down(self, link: bytes, now: float) -> list[Output]:
@@ -258,7 +270,10 @@ class FluxCore(Membership):
         if link == PARENT:
             return self._parent_lost(now, "the link is down") if self.online else []
         child = self.children.get(link)
-        return self._child_lost(child, now, "the link is down") if child else []
+        if child is None:
+            self.clients.forget(link)
+            return []
+        return self._child_lost(child, now, "the link is down")
 
     def timer(self, now: float) -> list[Output]:
         """Heartbeats, torpid and lost links, timed-out joins; call at ``next_deadline``."""
@@ -274,6 +289,8 @@ class FluxCore(Membership):
                 out.append(self._to_parent(encode(Control(ControlType.HEARTBEAT)), now))
         elif self.state in (State.JOINING, State.ATTACHING) and now >= self._deadline:
             out += self._retry(now)
+        if self.state in (State.JOINING, State.ATTACHING):
+            self.next_deadline = min(self.next_deadline, self._deadline)
         heartbeat: Optional[list[bytes]] = None
         for child in list(self.children.values()):
             silent = now - child.heard
@@ -288,6 +305,21 @@ class FluxCore(Membership):
                     heartbeat = encode(Control(ControlType.HEARTBEAT))
                 child.sent = now
                 out.append(Send(child.identity, [child.identity, *heartbeat]))
+        if self.clients.clients:
+            out += self._tend_clients(now)
+        return out
+
+    def _tend_clients(self, now: float) -> list[Output]:
+        """Forget the clients silent for ``lost`` seconds; heartbeat the others when due."""
+        s = self.settings
+        for client in self.clients.silent_since(now - s.lost):
+            self.clients.forget(client.identity)
+        out: list[Output] = []
+        heartbeat = encode(Control(ControlType.HEARTBEAT))
+        for client in self.clients.clients.values():
+            if now - client.sent >= s.heartbeat:
+                client.sent = now
+                out.append(Send(client.identity, [client.identity, *heartbeat]))
         return out
 
     def _builtin(self, request: Request, now: float,
@@ -318,6 +350,32 @@ class FluxCore(Membership):
                                     request.matchtag))
         return self._route_response(response, now, wire)
 
+    def _client_request(self, request: Request, now: float) -> list[Output]:
+        """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
+        link = request.routes[0] if request.routes else b""
+        if len(link) != IDENTITY_SIZE or link in self.children:
+            return self._error(request, Errno.EINVAL, "overlay.client comes from a client", now)
+        if self.state is not State.ONLINE:
+            return self._error(request, Errno.EAGAIN, "not in the tree", now)
+        if not self.clients.accept(link, now):
+            return self._error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
+        return self._answer(request, {"rank": self.rank, "size": self.size, "seq": self.seq,
+                                      "topology": str(self.topology),
+                                      "heartbeat": self.settings.heartbeat}, now)
+
+    def _subscribe_request(self, request: Request, now: float) -> list[Output]:
+        """``event.subscribe`` / ``event.unsubscribe`` ``{"topic": prefix}`` from a client."""
+        client = self.clients.get(request.routes[0]) if request.routes else None
+        if client is None:
+            return self._error(request, Errno.EPROTO, "only a client subscribes by request", now)
+        prefix = str_field(read_json(request.payload), "topic")
+        if request.topic == "event.unsubscribe":
+            self.clients.unsubscribe(client, prefix)
+        elif not self.clients.subscribe(client, prefix):
+            return self._error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
+                               "subscriptions per client (client_prefixes)", now)
+        return self._answer(request, {}, now)
+
     def _info(self, request: Request, now: float) -> list[Output]:
         return self._answer(request, self.info(), now)
 
@@ -327,7 +385,7 @@ class FluxCore(Membership):
                 "state": self.state.value, "seq": self.seq,
                 "children": sorted(c.rank for c in self.children.values()),
                 "torpid": sorted(c.rank for c in self.children.values() if c.torpid),
-                "topology": str(self.topology)}
+                "topology": str(self.topology), "clients": len(self.clients)}
 
 
 _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
@@ -337,6 +395,9 @@ _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "overlay.hello": FluxCore._hello_request,
     "overlay.attached": FluxCore._attached_request,
     "overlay.lost": FluxCore._lost_request,
+    "overlay.client": FluxCore._client_request,
+    "event.subscribe": FluxCore._subscribe_request,
+    "event.unsubscribe": FluxCore._subscribe_request,
     "event.pub": FluxCore._pub_request,
     "event.replay": FluxCore._replay_request,
 }

@@ -20,6 +20,7 @@ from typing import Optional
 from ..errors import ProtocolError
 from ..wire.flux import Errno, Event, Request, Response, encode, read_json
 from .bodies import b64, int_field, str_field, unb64
+from .clients import ClientTable
 from .outputs import Deliver, Notice, Output, Send
 from .routing import Routing
 
@@ -34,6 +35,7 @@ class EventLog(Routing):
     _held: list[Event]
     _replay_to: int
     _synced: bool
+    clients: ClientTable
 
     def _pub_request(self, request: Request, now: float) -> list[Output]:
         if not self.root:
@@ -79,7 +81,8 @@ class EventLog(Routing):
         return self._fetch(self.seq + 1, seq - 1, now)
 
     def _pass_down(self, event: Event, frames: list[bytes]) -> list[Output]:
-        """Take ``event`` as the next one: hand it to subscribers and children."""
+        """Take ``event`` as the next one: hand it to subscribers, children and the
+        clients that subscribed to it."""
         self.seq = event.seq
         out: list[Output] = []
         topic = event.topic
@@ -90,6 +93,9 @@ class EventLog(Routing):
                     break
         for identity, child in self.children.items():
             out.append(Send(identity, [identity, *frames]))
+        if self.clients.subscribed:
+            for client in self.clients.subscribers(topic):
+                out.append(Send(client.identity, [client.identity, *frames]))
         return out
 
     def _fetch(self, first: int, last: int, now: float) -> list[Output]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Union
 
 import gevent
 import gevent.event
@@ -63,6 +63,16 @@ def _json(payload: Optional[bytes]) -> dict[str, Any]:
         raise FluxError(Errno.EPROTO, exc.reason) from None
 
 
+class Owner(Protocol):
+    """What futures and subscriptions call back: a ``FluxHandle`` or a ``FluxClient``."""
+
+    def _abandon(self, future: "RpcFuture") -> None: ...
+
+    def _cancel(self, future: "RpcFuture") -> None: ...
+
+    def _unsubscribe(self, subscription: "Subscription") -> None: ...
+
+
 class RpcFuture:
     """The response(s) to one RPC: ``get()`` for one, iterate for a stream.
 
@@ -73,7 +83,7 @@ class RpcFuture:
     __slots__ = ("handle", "matchtag", "topic", "streaming", "done", "_responses", "_waiter",
                  "_callback")
 
-    def __init__(self, handle: "FluxHandle", matchtag: int, topic: str, streaming: bool) -> None:
+    def __init__(self, handle: "Owner", matchtag: int, topic: str, streaming: bool) -> None:
         self.handle = handle
         self.matchtag = matchtag
         self.topic = topic
@@ -216,7 +226,7 @@ class FluxRequest:
 class Subscription:
     """Events whose topic starts with ``prefix``: iterate, or ``get(timeout)``."""
 
-    def __init__(self, handle: "FluxHandle", prefix: str,
+    def __init__(self, handle: "Owner", prefix: str,
                  callback: Optional[Callable[[Event], None]]) -> None:
         self.handle = handle
         self.prefix = prefix

@@ -9,7 +9,8 @@ requests from the core's own handle (``@0``):
 1. ``overlay.join`` to rank 0 (``nodeid`` 0), sent from a bootstrap
    endpoint (any member of the instance: a parent list, or the root's
    endpoint from the ZRE mesh) with ``{"rank": R or -1, "uuid", "endpoint"}``.
-   Rank 0 answers ``{"rank", "parent", "endpoint", "size"}``: a claimed rank
+   Rank 0 answers ``{"rank", "parent", "endpoint", "size", "topology"}``
+   (the joining node takes the instance's ``kary:K``): a claimed rank
    R if no other live node holds it (else EEXIST), otherwise the next rank
    never given (ranks grow the instance while it runs: no restart, ``size``
    is the highest rank given + 1); the parent is the nearest formula
@@ -38,6 +39,9 @@ States (``State``)::
     ONLINE     parent lost (DISCONNECT, link down,       ATTACHING   fail RPCs via parent,
                silent for ``lost`` s)                                hello to the grandparent
     any        stop                                      STOPPED     DISCONNECT to all links
+
+A refused join or hello is tried again after ``retry`` seconds, doubled per
+refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``.
 
 Leaving and faults. A child that sends DISCONNECT, that a send finds gone
 (ROUTER_MANDATORY: at once when its process died), or that is silent for
@@ -72,6 +76,7 @@ from .events import EventLog
 from .matchtags import Pending
 from .outputs import IDENTITY_SIZE, PARENT, SELF, Dial, Hangup, Notice, Output
 from .settings import State
+from .topology import Topology, TopologyError
 
 __all__ = ["Membership", "Child"]
 
@@ -102,6 +107,8 @@ class Membership(EventLog):
     _attempt: int
     _candidates: list[tuple[int, str]]
     _deadline: float
+    _backoff: float
+    next_deadline: float
     _failed: list[int]
     _taken: Optional[int]
 
@@ -127,7 +134,8 @@ class Membership(EventLog):
         rank, parent, parent_endpoint = given
         self.size = self.directory.size
         return self._answer(request, {"rank": rank, "parent": parent, "size": self.size,
-                                      "endpoint": parent_endpoint}, now)
+                                      "endpoint": parent_endpoint,
+                                      "topology": str(self.topology)}, now)
 
     def _hello_request(self, request: Request, now: float) -> list[Output]:
         """A node asks to attach as this node's child."""
@@ -243,15 +251,18 @@ class Membership(EventLog):
                 out: list[Output] = [Notice("rank-taken", self.claim)]
                 self.claim = None
                 return out + self._join(now)
-            self._deadline = min(self._deadline, now)  # try the next endpoint at the next tick
+            self._retry_soon(now)  # the next endpoint
             return [Notice("join-failed", -1, response.errnum)]
         try:
             body = read_json(response.payload)
             rank, parent = int_field(body, "rank", 1), int_field(body, "parent", 0)
             endpoint = str_field(body, "endpoint")
             size = int_field(body, "size", 1, MAX_RANK + 1)
-        except ProtocolError as exc:
-            return self._drop(PARENT, f"join answer: {exc.reason}")
+            topology = Topology.parse(str_field(body, "topology", 32)) if "topology" in body \
+                else self.topology  # (a rank 0 that does not say keeps this node's own)
+        except (ProtocolError, TopologyError) as exc:
+            return self._drop(PARENT, f"join answer: {exc}")
+        self.topology = topology  # the instance's, whatever this node was started with
         self.rank = rank
         self.size = max(self.size, size)
         self._taken = None
@@ -289,7 +300,7 @@ class Membership(EventLog):
                 self._taken, self.claim = self.rank, None
                 self._attempt = 0
                 return [Notice("rank-taken", self.rank or -1)] + self._join(now)
-            self._deadline = min(self._deadline, now)  # the next candidate at the next tick
+            self._retry_soon(now)  # the next candidate
             return [Notice("hello-failed", self.rank or -1, response.errnum)]
         try:
             body = read_json(response.payload)
@@ -307,6 +318,7 @@ class Membership(EventLog):
         self.size = max(self.size, size)
         self.state = State.ONLINE
         self.claim = self.rank
+        self._backoff = self.settings.retry
         out: list[Output] = [Notice("online", self.rank or 0,
                                     {"parent": self.parent_rank, "size": self.size})]
         self._failed = []
@@ -324,6 +336,13 @@ class Membership(EventLog):
                 for event in held:
                     out += self._event(event, encode(event), now)
         return out
+
+    def _retry_soon(self, now: float) -> None:
+        """A join or hello was refused: try again after the backoff (doubled per refusal, at
+        most ``heartbeat``), not at the next tick; the driver wakes at ``next_deadline``."""
+        self._deadline = min(self._deadline, now + self._backoff)
+        self._backoff = min(self._backoff * 2, self.settings.heartbeat)
+        self.next_deadline = min(self.next_deadline, self._deadline)
 
     def _retry(self, now: float) -> list[Output]:
         if self.state is State.JOINING:

@@ -5,9 +5,11 @@ How it works
 Each node binds one ROUTER (``transport.bind_mailbox``: its children and
 joining nodes connect there) and connects one DEALER to its parent
 (``transport.connect``); both are the I/O layer's sockets (``HubSocket``,
-made by ``make_socket``, bound by ``bind_ephemeral``), or the simulated
-network's. So a node holds sockets only to its parent and its children,
-whatever the size of the instance. The ROUTER is ROUTER_MANDATORY: a send
+made by ``make_socket``, bound by ``bind_ephemeral`` on a random port, or
+by ``bind`` at the ``endpoint`` given, so that a restarted node comes back
+where its members look for it), or the simulated network's. So a node
+holds sockets only to its parent and its children, whatever the size of
+the instance. The ROUTER is ROUTER_MANDATORY: a send
 to a child whose connection closed fails at once, and the core fails what
 was in flight through it. Messages over ``max_message`` bytes and ROUTER
 peers whose identity is not 16 bytes are dropped (counted in ``dropped``,
@@ -25,7 +27,7 @@ Bootstrap (how a node finds its instance), one of:
 * ``parents=[endpoint, ...]``: join through any of these members (a parent
   list, as flux-core's static configuration); ``rank=R`` claims a rank.
 * neither, attached to a ZRE node: through the mesh. Every member
-  advertises ``X-PM-FLUX`` (``{"instance", "endpoint", "priority"}``) in
+  advertises ``X-PM-FLUX-TREE`` (``{"instance", "endpoint", "priority"}``) in
   its HELLO; after ``settle`` seconds the members of one instance elect the
   root with the mesh's broker election (``peermesh.overlay.election``:
   highest priority, then UUID) and the others join through its endpoint.
@@ -55,6 +57,7 @@ import gevent.event
 import zmq
 
 from ..events import Event as NodeEvent
+from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
 from ..events import EventType
 from ..overlay.contract import Lifecycle, Overlay
@@ -73,7 +76,7 @@ __all__ = ["FluxOverlay", "FLUX_HEADER", "MAX_MESSAGE"]
 log = logging.getLogger(__name__)
 
 #: HELLO header of a Flux member: JSON ``{"instance", "endpoint", "priority"}``
-FLUX_HEADER = "X-PM-FLUX"
+FLUX_HEADER = "X-PM-FLUX-TREE"
 #: bytes of one message a node accepts (its sender's message is dropped)
 MAX_MESSAGE = 16 * 1024 * 1024
 #: messages the DEALER to the parent queues before sends are dropped
@@ -89,8 +92,9 @@ class FluxOverlay(Overlay):
                  rank: Optional[int] = None, parents: Sequence[str] = (),
                  topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
                  settings: Optional[FluxSettings] = None, priority: int = 0,
-                 address: Optional[str] = None, transport: Any = None,
-                 max_message: int = MAX_MESSAGE, settle: Optional[float] = None) -> None:
+                 address: Optional[str] = None, endpoint: Optional[str] = None,
+                 transport: Any = None, max_message: int = MAX_MESSAGE,
+                 settle: Optional[float] = None) -> None:
         super().__init__()
         topo = topology if isinstance(topology, Topology) else Topology.parse(topology)
         self.settings = replace(settings or FluxSettings(), topology=topo)
@@ -100,12 +104,15 @@ class FluxOverlay(Overlay):
             raise FluxStateError(f"rank {rank!r} is not a whole number >= 0")
         if root and rank not in (None, 0):
             raise FluxStateError("the root is rank 0")
+        if endpoint is not None:
+            check_endpoint(endpoint)  # BindError naming what is wrong, before anything starts
         self.instance = instance
         self.root = root
         self.claim = rank
         self.parents = list(parents)
         self.priority = priority
         self.address = address
+        self.listen = endpoint  # where the ROUTER binds (None: a random port of the address)
         self.max_message = max_message
         self.settle = settle
         self.identity = os.urandom(IDENTITY_SIZE)
@@ -115,6 +122,8 @@ class FluxOverlay(Overlay):
         self._router: Any = None
         self._link: Any = None
         self._greenlets: list[gevent.Greenlet] = []
+        self._timer: Optional[gevent.Greenlet] = None
+        self._due = 0.0  # when the timer greenlet wakes next
         self._handles: dict[int, FluxHandle] = {}
         self._listeners: list[Callable[[Notice], None]] = []
         self._online = gevent.event.Event()
@@ -146,7 +155,7 @@ class FluxOverlay(Overlay):
         if transport is None:
             transport = ZmqTransport()
         self.transport = transport
-        router = transport.bind_mailbox(address, self.max_message)
+        router = transport.bind_mailbox(address, self.max_message, self.listen)
         sock = getattr(router, "socket", None)
         if sock is not None:  # a real ROUTER: a send to a gone child fails at once
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -163,7 +172,8 @@ class FluxOverlay(Overlay):
         if self._router is None:
             self._bind(self._transport, self.address or "127.0.0.1")
         self.core = self._new_core(root=self.root, rank=self.claim, bootstrap=self.parents)
-        self._greenlets = [gevent.spawn(self._serve_router), gevent.spawn(self._run_timer)]
+        self._timer = gevent.spawn(self._run_timer)
+        self._greenlets = [gevent.spawn(self._serve_router), self._timer]
         if mesh:
             node = self.node
             assert node is not None
@@ -196,7 +206,9 @@ class FluxOverlay(Overlay):
 
     def _new_core(self, *, root: bool, rank: Optional[int],
                   bootstrap: Sequence[str]) -> FluxCore:
-        core = FluxCore(self.identity, self.endpoint, settings=self.settings, rank=rank,
+        # the instance's topology, as the last join answer gave it
+        settings = replace(self.settings, topology=self.core.topology)
+        core = FluxCore(self.identity, self.endpoint, settings=settings, rank=rank,
                         root=root, bootstrap=bootstrap)
         for number in self._handles:  # keep the handles' numbers (and their services)
             while core._next_handle <= number:
@@ -343,6 +355,8 @@ class FluxOverlay(Overlay):
             if link is self._link:
                 rest.insert(0, first)
                 self._apply(self.core.receive(PARENT, rest, self.now()))
+                if self.core.next_deadline < self._due:  # e.g. a refused join: retry soon
+                    self._restart_timer()
 
         try:
             link.serve(on_message, self._oversized)
@@ -365,11 +379,20 @@ class FluxOverlay(Overlay):
             log.debug("flux: dropped a message from %r (over %d bytes or a bad identity)",
                       identity[:16], self.max_message)
 
+    def _restart_timer(self) -> None:
+        """Wake at the core's (earlier) ``next_deadline`` rather than the one slept for."""
+        old, self._timer = self._timer, gevent.spawn(self._run_timer)
+        if old in self._greenlets:
+            self._greenlets.remove(old)
+        self._greenlets.append(self._timer)
+        if old is not None:
+            old.kill(block=False)
+
     def _run_timer(self) -> None:
         sleep = self.transport.sleep
         while True:
-            wait = self.core.next_deadline - self.now()
-            sleep(max(wait, 0.001))
+            self._due = self.core.next_deadline
+            sleep(max(self._due - self.now(), 0.001))
             now = self.now()
             if now >= self.core.next_deadline:
                 self._apply(self.core.timer(now))

@@ -71,6 +71,11 @@ _AUX = struct.Struct(">II")  # aux1, aux2: PROTO octets 12..19
 InflightKey = tuple[bytes, tuple[bytes, ...], int]
 
 
+#: built-ins any node answers for NODEID_ANY (a client's requests among them)
+_ANSWERED_ANYWHERE = frozenset({"broker.ping", "overlay.info", "overlay.client",
+                                "event.subscribe", "event.unsubscribe"})
+
+
 def _rerouted(response: Response, routes: tuple[bytes, ...]) -> Response:
     """``response`` with another route stack."""
     return make_response(response.topic, response.payload, response.errnum, response.matchtag,
@@ -313,7 +318,7 @@ class Routing:
 
     def _answers_here(self, topic: str) -> bool:
         """Built-ins that any node answers for NODEID_ANY (the rest belong to rank 0)."""
-        return topic in ("broker.ping", "overlay.info") or self.root
+        return topic in _ANSWERED_ANYWHERE or self.root
 
     def _child_toward(self, rank: int) -> Optional[bytes]:
         """The child whose subtree holds ``rank`` (walking up from it), if any."""

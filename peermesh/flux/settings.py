@@ -30,6 +30,8 @@ class FluxSettings:
     torpid: float = 10.0         #: a child silent this long is reported torpid
     lost: float = 30.0           #: a link silent this long is lost
     hello_timeout: float = 5.0   #: a join or hello unanswered this long is tried elsewhere
+    retry: float = 0.05          #: a refused join or hello is tried again after this, doubled
+                                 #: per refusal up to ``heartbeat``
     max_children: int = 4096     #: children (and adopted orphans) one node accepts
     max_size: int = 1 << 17      #: ranks (and rank numbers) rank 0 gives and keeps
     max_inflight: int = 65536    #: requests one node tracks in flight through its links
@@ -37,12 +39,17 @@ class FluxSettings:
     recent_events: int = 1024    #: events rank 0 keeps for replay; events a node holds
     replay_batch: int = 256      #: events per replay answer
     max_ancestors: int = 32      #: ancestors a node keeps for re-attaching
+    max_clients: int = 1024      #: rankless client links one node serves
+    client_prefixes: int = 16    #: event subscriptions per client
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat <= self.torpid <= self.lost:
             raise FluxStateError("Flux settings need 0 < heartbeat <= torpid <= lost, not "
                                  f"{self.heartbeat}, {self.torpid}, {self.lost}")
+        if not 0 < self.retry <= self.heartbeat:
+            raise FluxStateError(f"Flux setting retry must be in (0, heartbeat], not {self.retry}")
         for name in ("max_children", "max_size", "max_inflight", "max_pending",
-                     "recent_events", "replay_batch", "max_ancestors"):
+                     "recent_events", "replay_batch", "max_ancestors", "max_clients",
+                     "client_prefixes"):
             if getattr(self, name) < 1:
                 raise FluxStateError(f"Flux setting {name} must be at least 1")

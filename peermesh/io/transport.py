@@ -4,7 +4,7 @@ A node talks to its transport through a small interface, so the same node
 and protocol code also runs on the simulated network (``peermesh.sim``):
 
 * ``interface(choice)`` - the ``Interface`` to use;
-* ``bind_mailbox(address, max_message, **limits)`` - a mailbox with ``port``,
+* ``bind_mailbox(address, max_message, endpoint=None, **limits)`` - a mailbox with ``port``,
   ``serve(on_message, on_oversized, backpressure)`` and ``close()``;
 * ``connect(identity, endpoint, sndhwm)`` - an outgoing link with
   ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``
@@ -43,7 +43,7 @@ import zmq
 from ..counters import Counters
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
-from .endpoints import bind_ephemeral
+from .endpoints import bind, bind_ephemeral
 from .context import shared_context
 from .socket import HubSocket, make_socket
 
@@ -81,10 +81,11 @@ class ZmqTransport:
         """See ``interfaces.select_interface``."""
         return select_interface(choice)
 
-    def bind_mailbox(self, address: str, max_message: int, *,
+    def bind_mailbox(self, address: str, max_message: int, endpoint: Optional[str] = None, *,
                      max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
                      dead_after: float = 30.0, counters: Optional[Counters] = None) -> Any:
-        """A ROUTER mailbox on a random port of ``address``; messages over
+        """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
+        listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
 
         A connection must finish the ZeroMQ handshake within
@@ -100,7 +101,7 @@ class ZmqTransport:
             zmq.HEARTBEAT_TIMEOUT: max(HEARTBEAT_IVL, int(dead_after * 1000))},
             self.context)
         try:
-            endpoint = bind_ephemeral(router, address)
+            endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
         except BaseException:
             router.close(linger=0)
             raise

@@ -478,9 +478,12 @@ class SimTransport:
     def interface(self, choice: Optional[str]) -> Interface:
         return Interface("sim0", self.address, NETWORK)
 
-    def bind_mailbox(self, address: str, max_message: int, **limits: Any) -> SimMailbox:
-        # the limits of real mailboxes (connections, handshake time) have nothing to bound here
-        return SimMailbox(self.network, self.address, next(self._ports), max_message)
+    def bind_mailbox(self, address: str, max_message: int,
+                     endpoint: Optional[str] = None, **limits: Any) -> SimMailbox:
+        """A mailbox on this host: at ``endpoint``'s port if given, else the next free one
+        (the limits of real mailboxes, connections and handshake time, bound nothing here)."""
+        port = int(endpoint.rpartition(":")[2]) if endpoint else next(self._ports)
+        return SimMailbox(self.network, self.address, port, max_message)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> SimLink:
         return SimLink(self.network, self.address, identity, endpoint)

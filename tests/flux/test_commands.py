@@ -1,8 +1,8 @@
 """``peermesh flux ...`` as real processes on loopback: members, RPC, events, ping, tree, errors.
 
 Members are ``peermesh flux run`` processes (``--interface lo``, a free beacon
-port); the one-shot commands join them as leaves through ``--parent`` or
-through the mesh. Every wait has a deadline; processes are killed in
+port); the one-shot commands are rankless clients of a member found through
+``--parent`` or through the mesh. Every wait has a deadline; processes are killed in
 finalisers.
 """
 
@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,24 +80,23 @@ def flux(cli: Cli, *args: str, parent: str = "") -> Any:
 def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     root, endpoint = member(cli, "--root", "--topology", "kary:2",
                             "--handlers", "fluxcli_services")
-    one, _ = member(cli, "--parent", endpoint, "--topology", "kary:2")
+    one, one_endpoint = member(cli, "--parent", endpoint, "--topology", "kary:2")
     root.expect_event(event="child-attached", rank=1)
 
     result = flux(cli, "tree", "--json", parent=endpoint)
     assert result.returncode == 0, _report(result)
     rows = {row["rank"]: row for row in json.loads(result.stdout)}
-    mine = next(rank for rank, row in rows.items() if row.get("this_command"))
     assert rows[0]["parent"] is None and rows[1]["parent"] == 0
-    assert set(rows) == {0, 1, mine} and mine > 1
+    assert set(rows) == {0, 1}                         # the command took no rank
     assert all(row["state"] == "online" for row in rows.values())
-    assert rows[0]["topology"] == "kary:2"
+    assert rows[0]["topology"] == "kary:2" and rows[0]["clients"] == 1
 
     result = flux(cli, "tree", parent=endpoint)        # the table, indented by depth
     assert result.returncode == 0, _report(result)
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["RANK", "PARENT", "STATE", "CHILDREN"]
     assert lines[1].split()[:3] == ["0", "-", "online"] and lines[2].startswith("  1 ")
-    assert "(this command)" in result.stdout
+    assert len(lines) == 3
 
     result = flux(cli, "rpc", "cli.echo", '{"x": [1, "two"]}', "--rank", "0", parent=endpoint)
     assert result.returncode == 0, _report(result)
@@ -118,17 +118,21 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     assert report["summary"]["answered"] == 2 and report["unreachable"] == []
     assert all(p["ms"] > 0 for p in report["pings"])
 
-    result = flux(cli, "ping", "all", parent=endpoint)  # every member but the command itself
+    result = flux(cli, "ping", "all", parent=endpoint)  # every member; the command is none
     assert result.returncode == 0, _report(result)
     assert re.match(r"rank 0: seq=0 time=[\d.]+ ms\nrank 1: seq=0 time=[\d.]+ ms\n"
                     r"2 answered, 0 unreachable: min/mean/max = ", result.stdout), result.stdout
 
+    result = flux(cli, "rpc", "overlay.info", "--rank", "0", parent=endpoint)
+    assert json.loads(result.stdout)["size"] == 2, _report(result)  # for all those commands
+
     claimed = cli.start("flux", "run", "--json", "--parent", endpoint, "--topology", "kary:2",
-                        "--rank", "40")
-    claimed.expect_event(event="online", rank=40)
-    result = flux(cli, "rpc", "overlay.info", "--rank", "40", parent=endpoint)
+                        "--rank", "30")
+    claimed.expect_event(event="online", rank=30)
+    # through rank 1, which knows the size it joined (2): the range is rank 0's
+    result = flux(cli, "rpc", "overlay.info", "--rank", "30", parent=one_endpoint)
     info = json.loads(result.stdout)
-    assert info["rank"] == 40 and info["parent"] in (0, 1), _report(result)  # 19, 9, 4 vacant
+    assert info["rank"] == 30 and info["parent"] == 0, _report(result)  # 14, 6, 2 vacant
 
     stream = cli.start("flux", "rpc", "cli.count", '{"count": 100000}', "--stream",
                        "--parent", endpoint)
@@ -170,7 +174,7 @@ def test_members_and_commands_find_each_other_through_the_mesh(cli: Cli) -> None
     result = flux(cli, "tree", "--json")
     assert result.returncode == 0, _report(result)
     rows = json.loads(result.stdout)
-    assert rows[0]["rank"] == 0 and len(rows) == 3, rows
+    assert [row["rank"] for row in rows] == [0, 1] and rows[0]["clients"] == 1, rows
     result = flux(cli, "rpc", "overlay.info", "--rank", "1")
     assert result.returncode == 0 and json.loads(result.stdout)["parent"] == 0, _report(result)
     assert second.stop(signal.SIGTERM) == 0 and first.stop(signal.SIGTERM) == 0
@@ -202,8 +206,9 @@ def test_error_answers_are_messages(cli: Cli) -> None:
     assert result.stderr.strip() == ("peermesh: error: no.such: No service matching no.such is "
                                      "registered (ENOSYS: no member serves it)")
 
-    result = flux(cli, "tree", "--json", parent=endpoint)   # its rank is vacant once it ends
-    vacant = next(r["rank"] for r in json.loads(result.stdout) if r.get("this_command"))
+    gone, _ = member(cli, "--parent", endpoint)      # rank 1, vacant once it has left
+    assert gone.stop(signal.SIGTERM) == 0
+    vacant = 1
     result = flux(cli, "rpc", "broker.ping", "--rank", str(vacant), "--json", parent=endpoint)
     assert result.returncode == 1, _report(result)
     answer = json.loads(result.stdout)
@@ -220,7 +225,7 @@ def test_error_answers_are_messages(cli: Cli) -> None:
 
     result = flux(cli, "rpc", "broker.ping", "--wait", "1", parent="tcp://127.0.0.1:9")
     assert result.returncode == 1, _report(result)
-    assert "could not join Flux instance 'flux' through tcp://127.0.0.1:9 within 1 s" \
+    assert "could not connect to Flux instance 'flux' through tcp://127.0.0.1:9 within 1 s" \
         in result.stderr, _report(result)
 
 
@@ -231,4 +236,54 @@ def test_a_tree_row_keeps_only_what_a_member_may_say() -> None:
                "torpid": "all", "size": [1], "seq": 3, "topology": "kary:2", "extra": "x" * 99}
     assert _tree_row(3, 1, hostile) == {
         "rank": 3, "parent": 1, "state": "{'x': 1}", "children": [4, 6], "torpid": [],
-        "size": None, "seq": 3, "topology": "kary:2"}
+        "size": None, "seq": 3, "topology": "kary:2", "clients": None}
+
+
+def test_building_the_parser_does_not_import_the_overlay() -> None:
+    code = textwrap.dedent("""
+        import sys
+        from peermesh.cli.commands import build_parser
+        build_parser()
+        loaded = sorted(m for m in ("peermesh.flux.overlay", "peermesh.flux.core",
+                                    "peermesh.flux.handle") if m in sys.modules)
+        from peermesh.flux import FluxOverlay, FluxSettings
+        import peermesh.flux
+        print(loaded, FluxOverlay.__name__, FluxSettings.__name__,
+              sorted(peermesh.flux.__all__) == sorted(set(peermesh.flux.__all__)))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert done.stdout.split() == ["[]", "FluxOverlay", "FluxSettings", "True"], \
+        _report(done)
+
+
+def test_a_root_restarted_at_its_endpoint_is_rejoined(cli: Cli, free_tcp_port: int) -> None:
+    root, endpoint = member(cli, "--root", "--tree-port", str(free_tcp_port))
+    assert endpoint == f"tcp://127.0.0.1:{free_tcp_port}"
+    one, _ = member(cli, "--parent", endpoint)                      # rank 1
+    result = flux(cli, "run", "--root", "--endpoint", endpoint)     # taken: a message
+    assert result.returncode == 2, _report(result)
+    assert f"cannot bind {endpoint}: the address is in use" in result.stderr, _report(result)
+
+    assert root.stop(signal.SIGTERM) == 0
+    one.expect_event(event="parent-lost")
+    again, _ = member(cli, "--root", "--endpoint", endpoint)
+    # (a join sent while the old root was closing is tried again after hello_timeout, 5 s)
+    again.expect_event(timeout=30, event="child-attached", rank=1)
+    one.expect_event(timeout=30, event="online", rank=1)            # its rank kept
+    result = flux(cli, "rpc", "overlay.info", "--rank", "1", parent=endpoint)
+    assert json.loads(result.stdout)["parent"] == 0, _report(result)
+    assert one.stop(signal.SIGTERM) == 0 and again.stop(signal.SIGTERM) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--endpoint", "127.0.0.1:5"), "cannot bind 127.0.0.1:5: not TRANSPORT://ADDRESS"),
+    (("--endpoint", "tcp://127.0.0.1:1", "--tree-port", "2"),
+     "--endpoint and --tree-port exclude each other"),
+    (("--tree-port", "70000"), "'70000' is not a port (1-65535)"),
+])
+def test_a_run_endpoint_that_cannot_be_used_is_named(cli: Cli, args: tuple[str, ...],
+                                                     message: str) -> None:
+    result = flux(cli, "run", "--root", *args)
+    assert result.returncode == 2, _report(result)
+    assert message in result.stderr, _report(result)

@@ -282,3 +282,37 @@ def test_a_silent_child_is_torpid_then_lost_and_heartbeats_keep_idle_links_alive
     tree.advance(3.0)
     assert [n.rank for n in notices(tree, "child-lost")] == [3]
     assert 3 not in cores[1].info()["children"] and not cores[0].directory.members[3].online
+
+
+def test_a_joining_node_takes_the_instance_topology_from_the_join_answer() -> None:
+    import os
+    tree = Tree(k=2)
+    tree.grow(3)
+    odd = FluxCore(os.urandom(16), "tcp://odd", settings=FluxSettings(topology=Topology(32)),
+                   bootstrap=["tcp://n0"])                  # started with the default kary:32
+    tree.cores[odd.endpoint], tree.delivered[odd.endpoint] = odd, []
+    tree.dialed[odd.endpoint] = None
+    tree.run(odd.endpoint, odd.start(tree.now))
+    assert (odd.rank, odd.parent_rank, odd.topology) == (3, 1, Topology(2))
+    assert odd.info()["topology"] == "kary:2"
+    below = tree.add(rank=7)          # in kary:2 rank 7 is below rank 3 (in kary:32, rank 0's)
+    assert below.online and below.parent_rank == 3
+
+
+def test_a_refused_join_is_tried_again_soon_with_a_bounded_backoff() -> None:
+    tree = Tree(k=2)
+    root = tree.add(root=True)
+    detached = tree.add(bootstrap=[])       # not in the tree: it refuses joins (EHOSTUNREACH)
+    late = tree.add(bootstrap=[detached.endpoint, root.endpoint])
+    assert late.state is State.JOINING and notices(tree, "join-failed")
+    assert late.next_deadline == pytest.approx(tree.now + 0.05)    # not the 2 s tick
+    tree.advance(0.05, step=0.05)
+    assert late.online and late.rank == 1
+
+    alone = tree.add(bootstrap=[detached.endpoint])     # refused again and again
+    waits = []
+    for _ in range(8):
+        waits.append(round(alone.next_deadline - tree.now, 3))
+        tree.advance(alone.next_deadline - tree.now, step=alone.next_deadline - tree.now)
+    assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]       # doubled up to heartbeat
+    assert not alone.online

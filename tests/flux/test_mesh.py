@@ -1,6 +1,6 @@
 """Flux on ZRE nodes (loopback): members find the root through the mesh and the election.
 
-Every node advertises ``X-PM-FLUX``; after ``settle`` the highest-priority
+Every node advertises ``X-PM-FLUX-TREE``; after ``settle`` the highest-priority
 member becomes rank 0 and the others join it. When rank 0's node leaves the
 mesh the next member becomes rank 0 and the orphans re-attach to it.
 """
@@ -51,6 +51,7 @@ def test_members_elect_the_root_and_join_it(mesh: Callable[..., tuple[Node, Flux
     root = members[1]
     assert root.rank == 0 and sorted(f.rank or 0 for f in members) == [0, 1, 2, 3]
     assert "flux" in roles_of(root.node.headers) and FLUX_HEADER in root.node.headers
+    assert FLUX_HEADER == "X-PM-FLUX-TREE"      # X-PM-<OVERLAY>-<WHAT>, as docs/overlays.md says
     answers = {members[0].rpc("overlay.info", None, r).get_json(5)["rank"] for r in range(4)}
     assert answers == {0, 1, 2, 3}
 

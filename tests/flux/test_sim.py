@@ -105,3 +105,22 @@ def test_partition_from_rank_0_heals_to_one_tree() -> None:
     pings = [nodes[0].rpc("broker.ping", b"", r) for r in range(50)]
     network.clock.advance(1.0)
     assert all(f.get(0) == b"" for f in pings)
+
+
+def test_a_refused_join_is_tried_again_at_once_and_the_instance_topology_taken() -> None:
+    network = SimNetwork(latency=0.001, seed=2)
+    settings = FluxSettings(**SETTINGS)  # type: ignore[arg-type]
+
+    def start(**options: Any) -> FluxOverlay:
+        transport = network.transport()
+        return FluxOverlay(settings=settings, transport=transport, address=transport.address,
+                           **options).start()
+
+    root = start(root=True, topology="kary:2")
+    stray = start(parents=["tcp://10.0.0.1:1"])      # never joins: it refuses joins through it
+    late = start(parents=[stray.endpoint, root.endpoint])     # started with kary:32
+    network.clock.advance(0.3)                       # well before the 1 s tick
+    assert late.state is State.ONLINE and late.rank == 1, late.info()
+    assert late.info()["topology"] == "kary:2"
+    for flux in (late, stray, root):
+        flux.stop()

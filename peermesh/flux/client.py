@@ -1,0 +1,340 @@
+"""A rankless client of a Flux instance: RPCs, events and pings without joining the tree.
+
+``FluxClient`` connects one DEALER to a member's ROUTER (the first of the
+endpoints given that accepts it) and says ``overlay.client``; the member
+then routes the client's requests as its own (to any rank, or a given one)
+and answers down the client's routing identity, and hands it the events
+that match its subscriptions (see ``peermesh.flux.clients`` for what the
+member keeps and its bounds). The client takes no rank: the instance's
+size and rank 0's directory never count it, however often clients come
+and go. It runs on the caller's gevent hub, as ``FluxOverlay`` does::
+
+    client = FluxClient([member.endpoint]).connect(5)
+    print(client.rpc("overlay.info", None, 0).get_json(5)["size"])
+    client.close()
+
+When idle it sends a heartbeat every ``heartbeat`` seconds (the member's
+own, if shorter: the member answers ``overlay.client`` with it); a member
+silent for ``lost`` seconds, or one that says DISCONNECT, is lost: every
+RPC in flight fails with EHOSTUNREACH and the listeners hear
+``Notice("member-lost")``. It does not move to another member by itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import gevent
+
+from ..errors import ProtocolError
+from ..io.transport import ZmqTransport
+from ..wire.flux import (
+    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Request, Response, decode,
+    encode, string_payload,
+)
+from .errors import FluxError, FluxStateError
+from .handle import Payload, RpcFuture, Subscription, to_payload
+from .matchtags import Handle, Pending
+from .outputs import IDENTITY_SIZE, Notice
+from .overlay import MAX_MESSAGE, SNDHWM
+from .topology import Topology
+
+__all__ = ["FluxClient"]
+
+log = logging.getLogger(__name__)
+
+_NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
+
+
+class FluxClient:
+    """A client of one member of a Flux instance (see the module's docstring)."""
+
+    def __init__(self, endpoints: Sequence[str], *, transport: Any = None,
+                 heartbeat: float = 2.0, lost: float = 30.0,
+                 max_message: int = MAX_MESSAGE) -> None:
+        if not endpoints:
+            raise FluxStateError("a Flux client needs the endpoint of a member")
+        if not 0 < heartbeat <= lost:
+            raise FluxStateError(f"a Flux client needs 0 < heartbeat <= lost, not "
+                                 f"{heartbeat}, {lost}")
+        self.endpoints = list(endpoints)
+        self.transport: Any = transport or ZmqTransport()
+        self.heartbeat = heartbeat
+        self.lost = lost
+        self.max_message = max_message
+        self.identity = os.urandom(IDENTITY_SIZE)
+        #: the member's answer to ``overlay.client``: rank, size, topology, seq, heartbeat
+        self.member: dict[str, Any] = {}
+        self.endpoint = ""  # the member's, once connected
+        self._link: Any = None
+        self._tags = Handle()
+        self._futures: dict[int, RpcFuture] = {}
+        self._subscriptions: list[Subscription] = []
+        self._listeners: list[Callable[[Notice], None]] = []
+        self._greenlets: list[gevent.Greenlet] = []
+        self._heard = self._sent = 0.0
+        self.dropped = 0
+
+    # --- connecting ------------------------------------------------------------
+
+    def connect(self, timeout: float) -> "FluxClient":
+        """Connect to the first member that accepts within ``timeout`` seconds (the
+        endpoints in turn, each for an even share); ``FluxError`` naming the last
+        refusal (ETIMEDOUT when none answered)."""
+        if self._link is not None:
+            raise FluxStateError("the Flux client is connected already")
+        share = timeout / len(self.endpoints)
+        error = FluxError(Errno.ETIMEDOUT, f"no member answered in {timeout:g} s",
+                          "overlay.client")
+        for endpoint in self.endpoints:
+            self._open(endpoint)
+            try:
+                self.member = self.rpc("overlay.client").get_json(share)
+                self.endpoint = endpoint
+                beat = self.member.get("heartbeat")  # the member forgets a client silent longer
+                if isinstance(beat, (int, float)) and 0 < beat < self.heartbeat:
+                    self.heartbeat = float(beat)
+                self._greenlets.append(gevent.spawn(self._run_timer))
+                return self
+            except FluxError as exc:
+                error = exc if exc.errnum != Errno.ETIMEDOUT else error
+                self._close_link()
+        raise error
+
+    def _open(self, endpoint: str) -> None:
+        link = self.transport.connect(self.identity, endpoint, SNDHWM)
+        link.limit = self.max_message
+        self._link = link
+        self._heard = self._sent = self.transport.now()
+        self._greenlets.append(gevent.spawn(self._serve, link))
+
+    def _close_link(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.close(linger=0)
+        gevent.killall(self._greenlets, block=False)
+        self._greenlets = []
+        self._fail_all("the client was disconnected")
+
+    def close(self) -> None:
+        """Say DISCONNECT to the member (which forgets this client) and stop; pending
+        RPCs fail."""
+        if self._link is not None:
+            self._send(encode(Control(ControlType.DISCONNECT)))
+            link, self._link = self._link, None
+            link.close(linger=0.1)
+        gevent.killall(self._greenlets, block=False)
+        self._greenlets = []
+        self._fail_all("the client was closed")
+
+    def __enter__(self) -> "FluxClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- what the member said -----------------------------------------------------
+
+    @property
+    def rank(self) -> Optional[int]:
+        """The rank of the member this client is connected to."""
+        rank = self.member.get("rank")
+        return rank if isinstance(rank, int) else None
+
+    @property
+    def size(self) -> int:
+        """The instance's size as the member knew it when the client connected."""
+        size = self.member.get("size")
+        return size if isinstance(size, int) and size > 0 else 1
+
+    @property
+    def topology(self) -> Optional[Topology]:
+        try:
+            return Topology.parse(self.member.get("topology", ""))
+        except ValueError:
+            return None
+
+    @property
+    def connected(self) -> bool:
+        """Connected to a member that has not been lost."""
+        return self._link is not None
+
+    def add_listener(self, callback: Callable[[Notice], None]) -> None:
+        """Call ``callback(notice)`` on the hub when the member is lost (``member-lost``)."""
+        self._listeners.append(callback)
+
+    # --- requests and events ----------------------------------------------------------
+
+    def rpc(self, topic: str, payload: Payload = None, nodeid: int = NODEID_ANY,
+            flags: int = 0, *, streaming: bool = False) -> RpcFuture:
+        """As ``FluxHandle.rpc``: ``topic`` to ``nodeid`` (a rank, ``NODEID_ANY`` or
+        ``NODEID_UPSTREAM``), routed as from the member this client is connected to."""
+        if self._link is None:
+            raise FluxStateError("connect the Flux client first")
+        if not isinstance(topic, str) or not topic:
+            raise FluxStateError(f"an RPC topic is a non-empty string, not {topic!r}")
+        if not isinstance(nodeid, int) or isinstance(nodeid, bool) or not 0 <= nodeid <= 0xFFFFFFFF:
+            raise FluxStateError(f"nodeid {nodeid!r} is not a rank, NODEID_ANY or NODEID_UPSTREAM")
+        flags = int(flags) | (_STREAMING if streaming else 0)
+        if nodeid == NODEID_UPSTREAM:  # never on the wire: the member's rank, flag UPSTREAM
+            if self.rank is None:
+                raise FluxStateError("NODEID_UPSTREAM needs the member's rank: connect first")
+            nodeid, flags = self.rank, flags | _UPSTREAM
+        if flags & _NORESPONSE and flags & _STREAMING:
+            raise FluxStateError("an RPC cannot be both NORESPONSE and STREAMING")
+        tag = 0
+        if not flags & _NORESPONSE:
+            tag = self._tags.allocate()
+            self._tags.pending[tag] = Pending(topic, nodeid, bool(flags & _STREAMING))
+        future = RpcFuture(self, tag, topic, bool(flags & _STREAMING))
+        if tag:
+            self._futures[tag] = future
+        self._send(encode(Request(topic, to_payload(payload), nodeid, tag, flags, ())))
+        return future
+
+    def publish(self, topic: str, payload: Payload = None) -> RpcFuture:
+        """Publish an event (numbered by rank 0); the future answers ``{"seq": n}``."""
+        if not isinstance(topic, str) or not topic:
+            raise FluxStateError(f"an event topic is a non-empty string, not {topic!r}")
+        data = to_payload(payload)
+        body = {"topic": topic,
+                "payload": None if data is None else base64.b64encode(data).decode("ascii")}
+        return self.rpc("event.pub", body, 0)
+
+    def subscribe(self, prefix: str, timeout: Optional[float] = None,
+                  callback: Optional[Callable[[Event], None]] = None) -> Subscription:
+        """Receive events whose topic starts with ``prefix``; returns once the member has
+        taken the subscription (``FluxError`` if it refused, e.g. EAGAIN past its bound)."""
+        if not isinstance(prefix, str):
+            raise FluxStateError("a subscription prefix is a string")
+        self.rpc("event.subscribe", {"topic": prefix}).get(timeout)
+        subscription = Subscription(self, prefix, callback)
+        self._subscriptions.append(subscription)
+        return subscription
+
+    def ping(self, rank: int, timeout: Optional[float] = None) -> float:
+        """Round-trip seconds of ``broker.ping`` to ``rank``."""
+        start = self.transport.now()
+        self.rpc("broker.ping", b"", rank).get(timeout)
+        return self.transport.now() - start
+
+    # --- what RpcFuture and Subscription call back --------------------------------------
+
+    def _abandon(self, future: RpcFuture) -> None:
+        pending = self._tags.pending.get(future.matchtag)
+        if pending is not None:
+            pending.topic = ""  # released when its final response comes, dropped then
+        self._futures.pop(future.matchtag, None)
+        future.done = True
+
+    def _cancel(self, future: RpcFuture) -> None:
+        pending = self._tags.pending.get(future.matchtag)
+        if pending is not None and pending.streaming and self._link is not None:
+            service = future.topic.partition(".")[0]
+            self.rpc(service + ".cancel", {"matchtag": future.matchtag}, pending.nodeid,
+                     _NORESPONSE)
+
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        if subscription in self._subscriptions:
+            self._subscriptions.remove(subscription)
+        if self._link is not None and not any(s.prefix == subscription.prefix
+                                              for s in self._subscriptions):
+            self.rpc("event.unsubscribe", {"topic": subscription.prefix}, flags=_NORESPONSE)
+
+    # --- the link ----------------------------------------------------------------------
+
+    def _send(self, frames: list[bytes]) -> None:
+        link = self._link
+        try:
+            sent = link is not None and link.try_send(frames)
+        except Exception as exc:  # closed under us
+            log.debug("flux client: send failed: %s", exc)
+            sent = False
+        if sent:
+            self._sent = self.transport.now()
+        else:
+            self.dropped += 1
+
+    def _serve(self, link: Any) -> None:
+        def on_message(first: bytes, rest: list[bytes]) -> None:
+            if link is self._link:
+                rest.insert(0, first)
+                self._receive(rest)
+
+        link.serve(on_message, self._oversized)
+
+    def _oversized(self, first: bytes) -> None:
+        self.dropped += 1
+
+    def _receive(self, frames: list[bytes]) -> None:
+        self._heard = self.transport.now()
+        try:
+            message = decode(frames)
+        except ProtocolError as exc:
+            self.dropped += 1
+            log.debug("flux client: dropped a malformed message: %s", exc.reason)
+            return
+        kind = type(message)
+        if kind is Response:
+            assert isinstance(message, Response)
+            self._response(message)
+        elif kind is Event:
+            assert isinstance(message, Event)
+            for subscription in list(self._subscriptions):
+                if message.topic.startswith(subscription.prefix):
+                    subscription._put(message)
+        elif kind is Control:
+            assert isinstance(message, Control)
+            if message.ctype == ControlType.DISCONNECT:
+                self._member_lost("the member left")
+        else:
+            self.dropped += 1  # a request: clients serve nothing
+
+    def _response(self, response: Response) -> None:
+        tag = response.matchtag
+        pending = self._tags.pending.get(tag)
+        if pending is None:
+            self.dropped += 1
+            return
+        final = not pending.streaming or response.errnum != 0
+        if final:
+            self._tags.release(tag)
+        future = self._futures.get(tag)
+        if future is None:
+            return  # abandoned
+        if final:
+            del self._futures[tag]
+        future._put(response)
+
+    def _run_timer(self) -> None:
+        now = self.transport.now
+        while self._link is not None:
+            self.transport.sleep(max(min(self._sent + self.heartbeat,
+                                         self._heard + self.lost) - now(), 0.001))
+            if now() - self._heard >= self.lost:
+                self._member_lost(f"silent for {self.lost:g} s")
+                return
+            if now() - self._sent >= self.heartbeat:
+                self._send(encode(Control(ControlType.HEARTBEAT)))
+
+    def _member_lost(self, why: str) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.close(linger=0)
+        notice = Notice("member-lost", self.rank if self.rank is not None else -1, why)
+        for listener in self._listeners:  # first: failing a future may switch to its waiter
+            try:
+                listener(notice)
+            except Exception:
+                log.exception("flux client listener failed")
+        self._fail_all(f"the member was lost ({why})")
+
+    def _fail_all(self, why: str) -> None:
+        futures, self._futures = self._futures, {}
+        self._tags = Handle()
+        for tag, future in futures.items():
+            future._put(Response(future.topic, string_payload(why), Errno.EHOSTUNREACH, tag))
+
