@@ -18,14 +18,23 @@ chunks to Spark's workers as they are, leaving the decoding to them. ::
     chunks(id INTEGER PRIMARY KEY, grp, lo, hi, count, seqs, data)
         lo, hi  lowest and highest offset in the chunk
         seqs    the offsets, int64 little-endian, increasing
-        data    msgpack [peers, peer_index, received, payloads]:
+        data    msgpack [2, peers, peer_index, received, payload_ends, payloads,
+                         text_ends, texts, text_states]:
                 peers = [[sender uuid hex, sender name, headers?], ...]
-                (headers: the sender's HELLO headers, a map, when known),
-                peer_index, received (epoch seconds), payloads: one per message
+                (headers: the sender's HELLO headers, a map, when known);
+                the rest are columns laid out as Arrow lays them out, little-endian:
+                peer_index int32, received float64 (epoch seconds), payloads
+                and their texts (``codec.stored_texts``) as one buffer each with
+                n + 1 int32 end offsets, and one state octet per text
         newest  the latest ``received`` time in the chunk (time retention)
     meta(key PRIMARY KEY, value)      -- log_id, next (offset), start (trimmed below)
     trimmed(grp PRIMARY KEY, below)   -- messages of grp below ``below`` may be gone
     consumers(id PRIMARY KEY, committed, groups, updated)
+
+Storing the columns in Arrow's layout, and the ``text`` column made once at
+ingest, lets a reader build Arrow record batches from a chunk without a
+Python object per message. Chunks written by older versions (data: msgpack
+``[peers, peer_index, received, payloads]``) are read as well.
 
 ``meta.next`` is written in the same transaction as the chunks it covers, so
 a reader never sees an offset below ``next`` missing unless it was trimmed.
@@ -66,10 +75,13 @@ import uuid
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import msgpack
+
+from .codec import TEXT_LATER, stored_texts
 
 __all__ = ["MessageLog", "LogRecord", "Consumer", "Chunk", "DecodedChunk", "encode_chunk",
            "decode_chunk"]
@@ -112,37 +124,62 @@ class Chunk(NamedTuple):
     data: bytes
 
 
-class DecodedChunk(NamedTuple):
-    """A chunk's messages as columns."""
+@dataclass(slots=True)
+class DecodedChunk:
+    """A chunk's messages as columns (buffers in Arrow's layout, native byte order)."""
 
     group: str
     offsets: array                # array('q'), increasing
-    peers: list                   # [[sender hex, name], ...]
-    peer_index: list              # one per message
-    received: list                # epoch seconds, one per message
-    payloads: list                # bytes, one per message
+    peers: list                   # [[sender hex, name, headers?], ...]
+    peer_index: array             # array('i'), one per message
+    received: array               # array('d'), epoch seconds, one per message
+    payload_ends: array           # array('i'), n + 1 end offsets into payload_data
+    payload_data: bytes
+    #: the stored ``text`` (``codec.stored_texts``); None for chunks of older versions
+    text_ends: Optional[array] = None
+    text_data: bytes = b""
+    text_states: bytes = b""
+
+    def payloads(self, a: int, b: int) -> list[bytes]:
+        """The payloads of messages ``a`` to ``b - 1``."""
+        ends, data = self.payload_ends, self.payload_data
+        return [data[ends[i]:ends[i + 1]] for i in range(a, b)]
 
 
-def _offsets_blob(offsets: Sequence[int]) -> bytes:
-    values = array("q", offsets)
-    if _SWAP:  # pragma: no cover - big-endian hosts
-        values.byteswap()
-    return values.tobytes()
-
-
-def _offsets(blob: bytes) -> array:
-    values = array("q")
+def _column(code: str, blob: bytes) -> array:
+    values = array(code)
     values.frombytes(blob)
-    if _SWAP:  # pragma: no cover
+    if _SWAP:  # pragma: no cover - big-endian hosts
         values.byteswap()
     return values
 
 
-def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord]) -> tuple[bytes, bytes]:
-    """``(seqs, data)`` of one chunk (records of one group, offsets increasing)."""
+def _blob(values: array) -> bytes:
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def _ends(items: Sequence[bytes]) -> array:
+    return array("i", accumulate(map(len, items), initial=0))
+
+
+def _offsets_blob(offsets: Sequence[int]) -> bytes:
+    return _blob(array("q", offsets))
+
+
+def _offsets(blob: bytes) -> array:
+    return _column("q", blob)
+
+
+def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord],
+                 texts: bool = True) -> tuple[bytes, bytes]:
+    """``(seqs, data)`` of one chunk (records of one group, offsets increasing);
+    ``texts=False`` leaves every ``text`` to the reader."""
     peers: dict[tuple[str, str], int] = {}
     described: list[list] = []
-    index = []
+    index = array("i")
     for record in records:
         key = (record[1], record[2])
         number = peers.get(key)
@@ -151,15 +188,29 @@ def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord]) -> tuple[
             headers = record[5] if len(record) > 5 else None
             described.append([key[0], key[1], headers] if headers else [key[0], key[1]])
         index.append(number)
-    data = msgpack.packb([described, index, [r[3] for r in records],
-                          [r[4] for r in records]], use_bin_type=True)
+    payloads = [r[4] for r in records]
+    if texts:
+        made, states = stored_texts(payloads)
+    else:
+        made, states = [b""] * len(payloads), bytes([TEXT_LATER]) * len(payloads)
+    received = array("d", [r[3] for r in records])
+    data = msgpack.packb([2, described, _blob(index), _blob(received), _blob(_ends(payloads)),
+                          b"".join(payloads), _blob(_ends(made)), b"".join(made), states],
+                         use_bin_type=True)
     return _offsets_blob(offsets), data
 
 
 def decode_chunk(chunk: Chunk) -> DecodedChunk:
     """The columns of an encoded chunk."""
-    peers, index, received, payloads = msgpack.unpackb(chunk.data, raw=False)
-    return DecodedChunk(chunk.group, _offsets(chunk.seqs), peers, index, received, payloads)
+    fields = msgpack.unpackb(chunk.data, raw=False)
+    if fields[0] == 2:
+        _, peers, index, received, payload_ends, payloads, text_ends, texts, states = fields
+        return DecodedChunk(chunk.group, _offsets(chunk.seqs), peers, _column("i", index),
+                            _column("d", received), _column("i", payload_ends), payloads,
+                            _column("i", text_ends), texts, states)
+    peers, index, received, payload_list = fields  # written by an older version
+    return DecodedChunk(chunk.group, _offsets(chunk.seqs), peers, array("i", index),
+                        array("d", received), _ends(payload_list), b"".join(payload_list))
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +300,10 @@ class MessageLog:
 
     # --- writing ------------------------------------------------------------
 
-    def append(self, records: Sequence[LogRecord]) -> tuple[int, int]:
-        """Append ``records`` in order, in one transaction; ``(first, next)`` offsets."""
+    def append(self, records: Sequence[LogRecord], texts: bool = True) -> tuple[int, int]:
+        """Append ``records`` in order, in one transaction; ``(first, next)`` offsets.
+
+        ``texts``: store each message's ``text`` too (else readers make it)."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -265,7 +318,7 @@ class MessageLog:
                     entry[0].append(offset)
                     entry[1].append(record)
                 for group, (offsets, members) in by_group.items():
-                    seqs, data = encode_chunk(offsets, members)
+                    seqs, data = encode_chunk(offsets, members, texts)
                     db.execute("INSERT INTO chunks (grp, lo, hi, count, seqs, data, newest) "
                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                                (group, offsets[0], offsets[-1], len(offsets), seqs, data,
@@ -549,8 +602,7 @@ def rows_of(chunks: Iterable[Chunk], start: int, end: int) -> Iterator[LogRow]:
         decoded = decode_chunk(chunk)
         offsets = decoded.offsets
         a, b = bisect_left(offsets, start), bisect_left(offsets, end)
-        peers, index, received, payloads = (decoded.peers, decoded.peer_index,
-                                            decoded.received, decoded.payloads)
-        for i in range(a, b):
+        peers, index, received = decoded.peers, decoded.peer_index, decoded.received
+        for i, payload in zip(range(a, b), decoded.payloads(a, b)):
             sender, name = peers[index[i]][:2]
-            yield offsets[i], chunk.group, sender, name, received[i], payloads[i]
+            yield offsets[i], chunk.group, sender, name, received[i], payload

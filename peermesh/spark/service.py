@@ -447,15 +447,19 @@ class DriverService:
     def _append(self, writer: MessageLog, batch: list) -> int:
         """Append ``batch``, retrying what may pass later (a full disk); how many were stored.
 
-        A message SQLite refuses outright (too big) is dropped with a logged
-        reason and never holds up the others.
+        A message SQLite refuses outright (too big, even without its stored
+        ``text``) is dropped with a logged reason and never holds up the others.
         """
         delay = 0.05
+        texts = True
         while True:
             try:
-                writer.append(batch)
+                writer.append(batch, texts)
                 return len(batch)
             except sqlite3.DataError as exc:
+                if len(batch) == 1 and texts:
+                    texts = False  # its text made it too big: leave the text to readers
+                    continue
                 if len(batch) == 1:
                     self.stats.rejected += 1
                     record = batch[0]

@@ -55,7 +55,8 @@ from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, Dat
                                TimestampNTZType, TimestampType)
 
 from .client import log_client
-from .codec import pack_value, payload_text, payload_texts, payload_value
+from .codec import (TEXT_LATER, TEXT_NULL, TEXT_STORED, pack_value, payload_text,
+                    payload_texts, payload_value)
 from .log import Chunk, DecodedChunk, decode_chunk, rows_of
 from .options import Use, check as check_options, check_use, parsed
 from .protocol import DataLossError
@@ -294,41 +295,57 @@ class _Columns:
         yield from batches
 
     def batch(self, chunk: DecodedChunk, start: int, end: int) -> Optional[pa.RecordBatch]:
-        """The rows of one decoded chunk in ``[start, end)`` (metadata columns only)."""
+        """The rows of one decoded chunk in ``[start, end)`` (metadata columns only), built
+        from the chunk's buffers without a Python object per message."""
         offsets = chunk.offsets
         a, b = bisect_left(offsets, start), bisect_left(offsets, end)
         n = b - a
         if n <= 0:
             return None
-        payloads = chunk.payloads[a:b]
+        total = len(offsets)
         arrays = []
         peers = None
         for pa_field in self.arrow:
             name, kind = pa_field.name, pa_field.type
             if name == "group":
-                arrays.append(pa.array([chunk.group] * n, kind))
-            elif name in ("sender", "sender_name"):
+                first = _fixed(pa.int32(), n, bytes(4 * n))  # n zeros
+                arrays.append(pa.array([chunk.group], kind).take(first))
+            elif name in ("sender", "sender_name", "headers"):
                 if peers is None:
-                    peers = pa.array(chunk.peer_index[a:b], pa.int32())
-                column = 0 if name == "sender" else 1
-                table = pa.array([p[column] for p in chunk.peers], kind)
-                arrays.append(table.take(peers))
+                    peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
+                if name == "headers":
+                    described = [list(p[2].items()) if len(p) > 2 and p[2] else []
+                                 for p in chunk.peers]
+                else:
+                    column = 0 if name == "sender" else 1
+                    described = [p[column] for p in chunk.peers]
+                arrays.append(pa.array(described, kind).take(peers))
             elif name == "received":
-                micros = pc.multiply(pa.array(chunk.received[a:b], pa.float64()), 1_000_000.0)
+                seconds = _fixed(pa.float64(), total, chunk.received).slice(a, n)
+                micros = pc.multiply(seconds, 1_000_000.0)
                 arrays.append(pc.round(micros).cast(pa.int64()).cast(kind))
             elif name == "offset":
-                arrays.append(_int64(offsets[a:b]).cast(kind))
+                arrays.append(_fixed(pa.int64(), total, offsets).slice(a, n).cast(kind))
             elif name == "payload":
-                arrays.append(pa.array(payloads, kind))
-            elif name == "headers":
-                if peers is None:
-                    peers = pa.array(chunk.peer_index[a:b], pa.int32())
-                described = [list(p[2].items()) if len(p) > 2 and p[2] else []
-                             for p in chunk.peers]
-                arrays.append(pa.array(described, kind).take(peers))
+                arrays.append(_variable(kind, total, chunk.payload_ends,
+                                        chunk.payload_data).slice(a, n))
             else:  # text
-                arrays.append(pa.array(payload_texts(payloads, self.decode), kind))
+                arrays.append(self.text(chunk, a, b, kind))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
+
+    def text(self, chunk: DecodedChunk, a: int, b: int, kind: pa.DataType) -> pa.Array:
+        """The ``text`` of messages ``a`` to ``b - 1``: as the log stored it, when it did
+        and ``decode`` is ``auto``; else made here."""
+        states = chunk.text_states
+        if (self.decode != "auto" or chunk.text_ends is None
+                or states.find(TEXT_LATER, a, b) != -1):
+            return pa.array(payload_texts(chunk.payloads(a, b), self.decode), kind)
+        total = len(chunk.offsets)
+        valid = None
+        if states.find(TEXT_NULL, a, b) != -1:
+            stored = pc.equal(_fixed(pa.uint8(), total, states), TEXT_STORED)
+            valid = stored.buffers()[1]
+        return _variable(kind, total, chunk.text_ends, chunk.text_data, valid).slice(a, b - a)
 
     def tuples(self, rows: Iterable[Any], headers: Mapping[str, Any]) -> Iterator[tuple]:
         """Python rows for any schema: metadata columns by name, the rest from the payload."""
@@ -364,9 +381,17 @@ class _Columns:
             yield tuple(row)
 
 
-def _int64(values: array) -> pa.Array:
-    """An Arrow int64 array of an ``array('q')`` (native byte order)."""
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values.tobytes())])
+def _fixed(kind: pa.DataType, n: int, values: Any) -> pa.Array:
+    """An Arrow array of ``n`` fixed-width values over a buffer (native byte order)."""
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(values)])
+
+
+def _variable(kind: pa.DataType, n: int, ends: array, data: bytes,
+              valid: Optional[pa.Buffer] = None) -> pa.Array:
+    """An Arrow string or binary array of ``n`` values: ``data`` cut at ``ends`` (n + 1
+    int32 offsets), null where the ``valid`` bitmap has a 0 bit."""
+    return pa.Array.from_buffers(kind, n, [valid, pa.py_buffer(ends), pa.py_buffer(data)],
+                                 null_count=-1 if valid is not None else 0)
 
 
 def _offsets_of(chunks: list[Chunk], start: int, end: int,
@@ -376,7 +401,8 @@ def _offsets_of(chunks: list[Chunk], start: int, end: int,
     for chunk in chunks:
         offsets = decode_chunk(chunk).offsets
         first = max(start, floors.get(chunk.group, 0))
-        parts.append(_int64(offsets[bisect_left(offsets, first):bisect_left(offsets, end)]))
+        a, b = bisect_left(offsets, first), bisect_left(offsets, end)
+        parts.append(_fixed(pa.int64(), len(offsets), offsets).slice(a, b - a))
     return pa.concat_arrays(parts)
 
 
