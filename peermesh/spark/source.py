@@ -54,12 +54,12 @@ from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, Dat
                                StructType,
                                TimestampNTZType, TimestampType)
 
-from .client import log_client
+from .client import local_log, log_client
 from .codec import (TEXT_LATER, TEXT_NULL, TEXT_STORED, pack_value, payload_text,
                     payload_texts, payload_value)
 from .log import Chunk, DecodedChunk, decode_chunk, rows_of
 from .options import Use, check as check_options, check_use, parsed
-from .protocol import DataLossError
+from .protocol import MAX_FETCH_BYTES, DataLossError
 from .service import MeshSettings, current_service
 
 __all__ = ["PeermeshDataSource", "SCHEMA", "register", "SourceOptions", "WriteOptions"]
@@ -217,29 +217,37 @@ def _offset(log_id: str, offset: int, consumer: Optional[str],
 
 class OffsetRange(InputPartition):
     """Offsets ``start <= o < end`` of log ``log_id`` (one Spark task); messages of a group
-    in ``floors`` count only from that group's floor on."""
+    in ``floors`` count only from that group's floor on. ``path`` and ``host``: where the
+    log file is (``INFO``), for a task on that machine to read it itself."""
 
     def __init__(self, log_id: str, start: int, end: int, index: int = 0,
-                 floors: Optional[Mapping[str, int]] = None) -> None:
+                 floors: Optional[Mapping[str, int]] = None, path: Optional[str] = None,
+                 host: Optional[str] = None) -> None:
         super().__init__((start, end))
         self.log_id = log_id
         self.start = start
         self.end = end
         self.index = index
         self.floors = dict(floors or {})
+        self.path = path
+        self.host = host
 
     def __repr__(self) -> str:
         return f"OffsetRange({self.start}, {self.end}, #{self.index})"
 
 
 def split_range(log_id: str, start: int, end: int, parts: int,
-                floors: Optional[Mapping[str, int]] = None) -> list[OffsetRange]:
-    """``[start, end)`` in at most ``parts`` contiguous, nearly equal ranges."""
+                floors: Optional[Mapping[str, int]] = None,
+                where: Optional[Mapping[str, Any]] = None) -> list[OffsetRange]:
+    """``[start, end)`` in at most ``parts`` contiguous, nearly equal ranges (``where``: the
+    ``path`` and ``host`` of the log file, from ``INFO``)."""
     if end <= start:
         return []
     parts = max(1, min(parts, end - start))
     step = math.ceil((end - start) / parts)
-    return [OffsetRange(log_id, a, min(a + step, end), i, floors)
+    where = where or {}
+    return [OffsetRange(log_id, a, min(a + step, end), i, floors, where.get("path"),
+                        where.get("host"))
             for i, a in enumerate(range(start, end, step))]
 
 
@@ -459,12 +467,18 @@ def value_converter(kind: DataType) -> Any:
 
 def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> Iterator[Any]:
     """Rows of ``part`` fetched from the log service (Arrow batches when possible)."""
-    client = log_client(opts.endpoint, opts.token)
+    local = local_log(part.path, part.host, part.log_id)
+    if local is not None:  # on the driver's machine: read the file, not through the service
+        def fetch(start: int, end: int) -> dict:
+            return local.fetch(start, end, opts.groups, MAX_FETCH_BYTES)
+    else:
+        def fetch(start: int, end: int) -> dict:
+            return log_client(opts.endpoint, opts.token).fetch(opts.groups, start, end)
     columns = _Columns(schema, opts.decode, merge=len(opts.groups) > 1)
     position, end = part.start, part.end
     first = True
     while position < end:
-        reply = client.fetch(opts.groups, position, end)
+        reply = fetch(position, end)
         if reply["log"] != part.log_id:
             _data_loss(opts, f"the log service now serves log {reply['log']}, not "
                              f"{part.log_id}: offsets {position}-{end - 1} are gone")
@@ -503,6 +517,7 @@ class _ReaderBase:
         self.opts = opts
         self.schema = schema
         self._log_id: Optional[str] = None
+        self._where: Optional[dict[str, Any]] = None   # the log file's path and host
 
     def _client(self) -> Any:
         return log_client(self.opts.endpoint, self.opts.token)
@@ -515,6 +530,7 @@ class _ReaderBase:
         if missing and join and self.opts.auto_join:
             client.join(missing)
         self._log_id = info["log"]
+        self._where = {"path": info.get("path"), "host": info.get("host")}
         return info
 
     def read(self, partition: Optional[InputPartition]) -> Iterator[Any]:
@@ -560,7 +576,7 @@ class BatchReader(_ReaderBase, DataSourceReader):
         start, floors = self._starts(self.opts.starting)
         end = _resolve(self.opts.ending, info["earliest"], info["next"])
         return split_range(info["log"], start, min(end, info["next"]), self.opts.partitions,
-                           floors)
+                           floors, self._where or {})
 
 
 class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -654,8 +670,11 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         """Split ``[start, end)`` into ``partitions`` ranges."""
         same = start.get("log") == end.get("log")
         first = int(start["offset"]) if same else 0
+        if self._where is None:
+            self._where = {}  # asked once: a query restarted mid-batch may plan first
+            self._info()
         return split_range(end["log"], first, int(end["offset"]), self.opts.partitions,
-                           start.get("floors") if same else None)
+                           start.get("floors") if same else None, self._where)
 
     def commit(self, end: dict) -> None:
         """Everything below ``end`` is processed: tell the log (which may trim it)."""
