@@ -324,3 +324,23 @@ def test_arrow_batches_agree_with_rows_made_one_by_one(
             expected = [tuple(r) for r in slow]
             assert got == expected, (decode, groups)
             assert len(got) == sum(1 for r in rows) and columns[-1] == "text"
+
+
+def test_a_task_on_the_drivers_machine_reads_the_file_itself(
+        make_service: Callable[..., Any]) -> None:
+    from peermesh.spark.client import local_log, log_client
+
+    service = make_service(["g"], channel=False)
+    fill(service, ["g"], 30)
+    info = log_client(service.endpoint, service.token).info(["g"])
+    assert info["path"] == str(service.path)
+    local = local_log(info["path"], info["host"], service.log_id)
+    assert local is not None and local.fetch(0, 30, ["g"])["resume"] == 30
+    assert local_log(info["path"], "another-host", service.log_id) is None
+    assert local_log(info["path"], info["host"], "another-log") is None
+    assert local_log(str(service.path) + ".gone", info["host"], service.log_id) is None
+    assert not (service.path.parent / (service.path.name + ".gone")).exists()  # not made
+    plan = reader(service, batch=True).partitions()
+    assert [(p.path, p.host) for p in plan] == [(info["path"], info["host"])]
+    served = OffsetRange(service.log_id, 0, 30)  # no path: through the service
+    assert rows(reader(service), plan[0]) == rows(reader(service), served) == list(range(30))
