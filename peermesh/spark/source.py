@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
                                     DataSourceStreamWriter, DataSourceWriter, InputPartition,
                                     WriterCommitMessage)
@@ -298,7 +297,7 @@ class _Columns:
             table = pa.Table.from_batches(batches, schema=self.arrow)
             keys = (table.column("offset") if "offset" in self.arrow.names
                     else _offsets_of(chunks, start, end, floors))
-            yield from table.take(pc.sort_indices(keys)).combine_chunks().to_batches()
+            yield from table.take(_order(keys)).combine_chunks().to_batches()
             return
         yield from batches
 
@@ -330,8 +329,7 @@ class _Columns:
                 arrays.append(pa.array(described, kind).take(peers))
             elif name == "received":
                 seconds = _fixed(pa.float64(), total, chunk.received).slice(a, n)
-                micros = pc.multiply(seconds, 1_000_000.0)
-                arrays.append(pc.round(micros).cast(pa.int64()).cast(kind))
+                arrays.append(_micros(seconds).cast(kind))
             elif name == "offset":
                 arrays.append(_fixed(pa.int64(), total, offsets).slice(a, n).cast(kind))
             elif name == "payload":
@@ -351,8 +349,7 @@ class _Columns:
         total = len(chunk.offsets)
         valid = None
         if states.find(TEXT_NULL, a, b) != -1:
-            stored = pc.equal(_fixed(pa.uint8(), total, states), TEXT_STORED)
-            valid = stored.buffers()[1]
+            valid = _equal(_fixed(pa.uint8(), total, states), TEXT_STORED).buffers()[1]
         return _variable(kind, total, chunk.text_ends, chunk.text_data, valid).slice(a, b - a)
 
     def tuples(self, rows: Iterable[Any], headers: Mapping[str, Any]) -> Iterator[tuple]:
@@ -387,6 +384,27 @@ class _Columns:
                     item = value.get(name) if isinstance(value, dict) else None
                 row.append(convert(item))
             yield tuple(row)
+
+
+# pyarrow.compute is imported where rows are made, not where queries are planned (a
+# streaming query's planner is a fresh Python process for each query: ~30 ms less)
+
+
+def _order(keys: Any) -> pa.Array:
+    """The indices that sort ``keys``."""
+    import pyarrow.compute as pc
+    return pc.sort_indices(keys)
+
+
+def _micros(seconds: pa.Array) -> pa.Array:
+    """Epoch seconds (float64) as whole microseconds (int64)."""
+    import pyarrow.compute as pc
+    return pc.round(pc.multiply(seconds, 1_000_000.0)).cast(pa.int64())
+
+
+def _equal(values: pa.Array, value: int) -> pa.Array:
+    import pyarrow.compute as pc
+    return pc.equal(values, value)
 
 
 def _fixed(kind: pa.DataType, n: int, values: Any) -> pa.Array:
