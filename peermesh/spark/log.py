@@ -75,6 +75,7 @@ import sys
 import time
 import uuid
 from array import array
+from contextlib import contextmanager
 from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
@@ -293,6 +294,18 @@ class MessageLog:
             db.execute("ROLLBACK")
             raise
 
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """Statements inside read one state of the log (a WAL read transaction)."""
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
+
     # --- meta ---------------------------------------------------------------
 
     def _meta(self, key: str, db: Optional[sqlite3.Connection] = None) -> Any:
@@ -503,20 +516,28 @@ class MessageLog:
         the lowest offset of the first chunk left out. Chunks may hold offsets
         outside ``[start, resume)``: readers filter.
         """
+        with self._snapshot():
+            return self._chunks(start, end, groups, max_bytes)
+
+    def _chunks(self, start: int, end: int, groups: Optional[Sequence[str]],
+                max_bytes: Optional[int]) -> tuple[list[Chunk], int]:
         where, args = _group_filter(groups)
-        cursor = self._db.execute(
-            f"SELECT grp, seqs, data, lo FROM chunks WHERE hi >= ? AND lo < ?{where} "
-            "ORDER BY lo", [int(start), int(end), *args])
+        # the blobs are read one chunk at a time, after the sort: sorting rows that carry
+        # them would copy every chunk of the range into a temporary tree on each call
+        found = self._db.execute(
+            f"SELECT id, lo, length(data) + length(seqs) FROM chunks WHERE hi >= ? AND lo < ?"
+            f"{where} ORDER BY lo", [int(start), int(end), *args]).fetchall()
         result: list[Chunk] = []
         size = 0
         resume = int(end)
-        for group, seqs, data, lo in cursor:
-            if (max_bytes is not None and result and size + len(data) > max_bytes
-                    and lo > start):
+        for chunk_id, lo, length in found:
+            if max_bytes is not None and result and size + length > max_bytes and lo > start:
                 resume = int(lo)
                 break
-            result.append(Chunk(group, seqs, data))
-            size += len(data) + len(seqs)
+            row = self._db.execute("SELECT grp, seqs, data FROM chunks WHERE id = ?",
+                                   (chunk_id,)).fetchone()
+            result.append(Chunk(*row))
+            size += length
         return result, resume
 
     def fetch(self, start: int, end: int, groups: Optional[Sequence[str]] = None,
@@ -524,9 +545,10 @@ class MessageLog:
         """What a ``FETCH`` of ``[start, end)`` answers (see ``protocol``): the log's id
         and bounds, the chunks holding the range from ``earliest`` on (at most about
         ``max_bytes``) and where the next fetch resumes."""
-        earliest, nxt = self.bounds(groups)
-        first, last = max(start, earliest), min(end, nxt)
-        chunks, resume = self.chunks(first, last, groups, max_bytes)
+        with self._snapshot():  # bounds and chunks as of one moment
+            earliest, nxt = self.bounds(groups)
+            first, last = max(start, earliest), min(end, nxt)
+            chunks, resume = self._chunks(first, last, groups, max_bytes)
         return {"log": self.log_id, "earliest": earliest, "next": nxt, "chunks": chunks,
                 "resume": max(start, resume) if last > first else max(start, last)}
 
