@@ -46,6 +46,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Optional
 
@@ -207,25 +208,55 @@ def fill_log(service: Any, group: str, count: int) -> None:
                         for i in range(begin, min(begin + 20_000, count))])
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds used so far by process ``root`` and its descendants (Spark's JVM, its
-    Python workers and planners), the ended ones included as their parents reaped them."""
-    stats = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
+class TreeCpu:
+    """``with TreeCpu(pid) as cpu: ...``; then ``cpu.seconds``: CPU seconds that process
+    ``pid`` and its descendants (Spark's JVM, Python workers and planners) used inside the
+    block. Sampled every ``every`` seconds, so that a process that ends counts up to its
+    last sample: Spark's Python daemon lets the kernel reap its workers, so their CPU
+    never reaches a parent's accounting."""
+
+    def __init__(self, root: int, every: float = 0.05) -> None:
+        self.root = root
+        self.every = every
+        self.seconds = 0.0
+        self._last: dict[int, int] = {}
+        self._done = threading.Event()
+
+    def _sample(self) -> dict[int, int]:
+        ticks, todo = {}, [self.root]
+        while todo:
+            pid = todo.pop()
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
+                ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+                tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
                 continue
-            # ppid; utime, stime, cutime, cstime (ticks)
-            stats[int(pid)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
-    family, grown = {root}, True
-    while grown:
-        more = {pid for pid, (ppid, _) in stats.items() if ppid in family} - family
-        family |= more
-        grown = bool(more)
-    return sum(stats[pid][1] for pid in family if pid in stats) / os.sysconf("SC_CLK_TCK")
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/children") as f:
+                        todo.extend(int(child) for child in f.read().split())
+                except OSError:
+                    pass
+        return ticks
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            self._last.update(self._sample())
+
+    def __enter__(self) -> "TreeCpu":
+        self._base = self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self._last.update(self._sample())
+        used = sum(t - self._base.get(pid, 0) for pid, t in self._last.items())
+        self.seconds = used / os.sysconf("SC_CLK_TCK")
 
 
 def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
@@ -282,10 +313,11 @@ def read_cases(spark: Any, service: Any, count: int, timeout: float, tmp: str,
     def one_round(command: Any) -> dict[str, Any]:
         out = {}
         for name, case in cases.items():
-            cpu, start = tree_cpu(me), time.perf_counter()
-            case()
-            out[name] = time.perf_counter() - start
-            out[f"{name}_cpu"] = tree_cpu(me) - cpu
+            with TreeCpu(me) as cpu:
+                start = time.perf_counter()
+                case()
+                out[name] = time.perf_counter() - start
+            out[f"{name}_cpu"] = cpu.seconds
         return out
 
     parent.send("filled")
