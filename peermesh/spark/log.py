@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import logging
 import os
 import platform
 import sqlite3
@@ -88,6 +89,8 @@ from .codec import TEXT_LATER, stored_texts
 
 __all__ = ["MessageLog", "LogRecord", "Consumer", "Chunk", "DecodedChunk", "encode_chunk",
            "decode_chunk", "host_id"]
+
+_log = logging.getLogger(__name__)
 
 #: (group, sender uuid hex, sender name, received epoch seconds, payload[, sender headers])
 LogRecord = tuple
@@ -192,10 +195,13 @@ def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord],
             described.append([key[0], key[1], headers] if headers else [key[0], key[1]])
         index.append(number)
     payloads = [r[4] for r in records]
+    made, states = [b""] * len(payloads), bytes([TEXT_LATER]) * len(payloads)
     if texts:
-        made, states = stored_texts(payloads)
-    else:
-        made, states = [b""] * len(payloads), bytes([TEXT_LATER]) * len(payloads)
+        try:
+            made, states = stored_texts(payloads)
+        except Exception:  # a text is a convenience: it never holds a message back
+            _log.warning("making the text of %d messages failed; readers will make them",
+                         len(payloads), exc_info=True)
     received = array("d", [r[3] for r in records])
     data = msgpack.packb([2, described, _blob(index), _blob(received), _blob(_ends(payloads)),
                           b"".join(payloads), _blob(_ends(made)), b"".join(made), states],
