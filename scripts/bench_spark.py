@@ -260,7 +260,7 @@ class TreeCpu:
 
 def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
     """A Spark session and a log of ``rows`` messages (and the same rows as parquet);
-    each ``round`` command reads them four ways and answers wall and CPU seconds."""
+    each command from the parent is one round (``read_cases``)."""
     import peermesh.spark as ps
     from peermesh.spark.session import local_session
 
@@ -278,6 +278,9 @@ def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
 
 def read_cases(spark: Any, service: Any, count: int, timeout: float, tmp: str,
                parent: harness.Parent) -> None:
+    """Fill the log and the parquet files, warm every case up, then answer each command
+    with one round: wall and CPU seconds of a batch read and an availableNow stream of
+    the log and of the parquet files, in turn."""
     group = "bench-read"
     fill_log(service, group, count)
     source = spark.read.format("peermesh").option("group", group).option("partitions", "2")
