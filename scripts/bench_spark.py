@@ -1,28 +1,41 @@
 #!/usr/bin/env python3
-"""Benchmark the PySpark integration: mesh ingest into micro-batches, executor requests.
+"""Benchmark the PySpark integration: mesh ingest, reads of the log against parquet, requests.
 
 Everything stays on loopback (interface ``lo``, a free beacon port, the log
-service on 127.0.0.1). Spark runs ``local[2]`` in this process (see
+service on 127.0.0.1). Spark runs ``local[2]`` (see
 ``peermesh.spark.session``); mesh peers are child processes started by the
 shared harness (``role_shouter`` and ``role_server`` below).
 
-1. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
+1. **read** (first, while no other session runs): a child process
+   (``role_reader``) starts a Spark session of its own, appends ``--rows``
+   telemetry messages straight into its log and writes the same rows as
+   parquet. Each of ``--rounds`` rounds then times, in turn, a batch read
+   of the log and of the parquet files, and an ``availableNow`` stream of
+   each (``noop`` sink, 2 partitions): wall seconds and the CPU seconds of
+   the session's whole process tree (JVM, Python workers, planners).
+   Reported: medians, and the medians of the per-round ratios to parquet
+   (its time over ours: the share of parquet's speed). ``--baseline REV``
+   runs a second such child with the code of commit REV, in the same
+   rounds, and adds its figures and this checkout's speed over it.
+2. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
    telemetry messages (``{"host", "seq", "temp", "load"}``) each, as fast as
    the mesh's flow control lets them, to a group the driver's service is in.
    A streaming query (``readStream.format("peermesh")`` -> ``noop`` sink,
    every column materialised, ``partitions`` 2) runs throughout. Reported:
    the end-to-end rate (messages / seconds from the first shout until the
    query has processed the last one), the rate at which the service logged
-   them, and the query's own processing rate (rows / batch durations).
-2. **requests**: ``--servers`` processes run a Safir-Darbaan server on the
+   them, and the query's own processing rate (rows / batch durations); the
+   median of ``--ingest-rounds`` runs.
+3. **requests**: ``--servers`` processes run a Safir-Darbaan server on the
    mesh with an ``echo`` action; ``ServiceCaller.apply`` sends one request
    per row of ``spark.range(--requests)`` (2 partitions) from the executors
    with ``--window`` requests in flight per task. Reported: requests per
    second (after a warm-up run that starts the executors' mesh nodes).
    Skipped when ``peermesh.sada`` is not importable.
 
-Targets (issue 6): ingest >= 20,000 messages/s end to end; executor requests
->= 5,000/s pipelined. ``--json`` prints the results as one JSON object.
+Targets: ingest >= 50,000 messages/s end to end; a batch read >= 0.7 and an
+``availableNow`` stream >= 0.5 of parquet's speed; executor requests >=
+5,000/s pipelined. ``--json`` prints the results as one JSON object.
 """
 
 from __future__ import annotations
@@ -30,16 +43,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import harness  # noqa: E402
+import harness  # noqa: E402  (puts this checkout on sys.path, unless a child runs another)
 from harness import free_udp_port, progress  # noqa: E402
 
 TARGETS = {"ingest_per_s": 50_000, "requests_per_s": 5_000}
@@ -193,63 +207,161 @@ def fill_log(service: Any, group: str, count: int) -> None:
                         for i in range(begin, min(begin + 20_000, count))])
 
 
-def timed(what: Any, rounds: int) -> float:
-    """The median wall time of ``rounds`` calls of ``what``."""
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        what()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+class TreeCpu:
+    """``with TreeCpu(pid) as cpu: ...``; then ``cpu.seconds``: CPU seconds that process
+    ``pid`` and its descendants (Spark's JVM, Python workers and planners) used inside the
+    block. Sampled every ``every`` seconds, so that a process that ends counts up to its
+    last sample: Spark's Python daemon lets the kernel reap its workers, so their CPU
+    never reaches a parent's accounting."""
+
+    def __init__(self, root: int, every: float = 0.05) -> None:
+        self.root = root
+        self.every = every
+        self.seconds = 0.0
+        self._last: dict[int, int] = {}
+        self._done = threading.Event()
+
+    def _sample(self) -> dict[int, int]:
+        ticks, todo = {}, [self.root]
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/children") as f:
+                        todo.extend(int(child) for child in f.read().split())
+                except OSError:
+                    pass
+        return ticks
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            self._last.update(self._sample())
+
+    def __enter__(self) -> "TreeCpu":
+        self._base = self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self._last.update(self._sample())
+        used = sum(t - self._base.get(pid, 0) for pid, t in self._last.items())
+        self.seconds = used / os.sysconf("SC_CLK_TCK")
 
 
-def bench_read(spark: Any, service: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
-    """A batch read and an availableNow stream of the log, against the same rows in parquet."""
+def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
+    """A Spark session and a log of ``rows`` messages (and the same rows as parquet);
+    each command from the parent is one round (``read_cases``)."""
+    import peermesh.spark as ps
+    from peermesh.spark.session import local_session
+
+    with tempfile.TemporaryDirectory(prefix="bench-spark-read-") as tmp:
+        spark = local_session(tmp, app="bench_spark_read")
+        service = ps.start_service(spark, groups=["bench-read"],
+                                   directory=os.path.join(tmp, "log"), interface="lo",
+                                   port=free_udp_port(), interval=INTERVAL, bind="127.0.0.1")
+        try:
+            read_cases(spark, service, rows, timeout, tmp, parent)
+        finally:
+            service.stop()
+            spark.stop()
+
+
+def read_cases(spark: Any, service: Any, count: int, timeout: float, tmp: str,
+               parent: harness.Parent) -> None:
+    """Fill the log and the parquet files, warm every case up, then answer each command
+    with one round: wall and CPU seconds of a batch read and an availableNow stream of
+    the log and of the parquet files, in turn."""
     group = "bench-read"
-    service.join(group)
-    count = args.rows
-    progress(f"{count:,} messages into the log")
     fill_log(service, group, count)
     source = spark.read.format("peermesh").option("group", group).option("partitions", "2")
     parquet_dir = os.path.join(tmp, "parquet")
     source.load().repartition(2).write.parquet(parquet_dir)
     schema = spark.read.parquet(parquet_dir).schema
-
-    def noop(df: Any) -> None:
-        df.write.format("noop").mode("overwrite").save()
-
     runs = iter(range(1_000_000))
+
+    def batch(df: Any) -> None:
+        df.write.format("noop").mode("overwrite").save()
 
     def stream(reader: Any) -> None:
         query = (reader.writeStream.format("noop").trigger(availableNow=True)
                  .option("checkpointLocation", os.path.join(tmp, f"ck-read-{next(runs)}"))
                  .start())
-        query.awaitTermination(args.timeout)
+        query.awaitTermination(timeout)
         if query.isActive:
             query.stop()
-            raise RuntimeError(f"an availableNow stream did not end within {args.timeout} s")
+            raise RuntimeError(f"an availableNow stream did not end within {timeout} s")
 
-    progress("batch reads: peermesh and parquet, interleaved")
-    noop(source.load())  # warm both paths up
-    noop(spark.read.parquet(parquet_dir))
-    peermesh_batch = parquet_batch = 0.0
-    for _ in range(args.rounds):
-        peermesh_batch += timed(lambda: noop(source.load()), 1)
-        parquet_batch += timed(lambda: noop(spark.read.parquet(parquet_dir)), 1)
-    progress("availableNow streams: peermesh and parquet files, interleaved")
     stream_source = (spark.readStream.format("peermesh").option("group", group)
                      .option("startingOffsets", "earliest").option("partitions", "2"))
-    peermesh_stream = parquet_stream = 0.0
-    for _ in range(args.rounds):
-        peermesh_stream += timed(lambda: stream(stream_source.load()), 1)
-        parquet_stream += timed(lambda: stream(spark.readStream.schema(schema)
-                                               .parquet(parquet_dir)), 1)
-    return {"rows": count, "rounds": args.rounds,
-            "batch_s": peermesh_batch / args.rounds, "parquet_batch_s": parquet_batch / args.rounds,
-            "batch_vs_parquet": parquet_batch / peermesh_batch,
-            "stream_s": peermesh_stream / args.rounds,
-            "parquet_stream_s": parquet_stream / args.rounds,
-            "stream_vs_parquet": parquet_stream / peermesh_stream}
+    cases = {"batch": lambda: batch(source.load()),
+             "parquet_batch": lambda: batch(spark.read.parquet(parquet_dir)),
+             "stream": lambda: stream(stream_source.load()),
+             "parquet_stream": lambda: stream(spark.readStream.schema(schema)
+                                              .parquet(parquet_dir))}
+    for case in cases.values():  # warm both paths up (Python workers, JIT)
+        case()
+    me = os.getpid()
+
+    def one_round(command: Any) -> dict[str, Any]:
+        out = {}
+        for name, case in cases.items():
+            with TreeCpu(me) as cpu:
+                start = time.perf_counter()
+                case()
+                out[name] = time.perf_counter() - start
+            out[f"{name}_cpu"] = cpu.seconds
+        return out
+
+    parent.send("filled")
+    parent.serve(one_round)
+
+
+def bench_read(args: argparse.Namespace) -> dict[str, Any]:
+    """A batch read and an availableNow stream of the log, against the same rows in parquet,
+    in a Spark session of their own per code tree (this checkout, ``--baseline``)."""
+    code = harness.trees(args.baseline)
+    results: dict[str, Any] = {"rows": args.rows, "rounds": args.rounds}
+    with harness.Children() as children:
+        readers = {}
+        for label, tree in code.items():
+            progress(f"{label}: Spark, {args.rows:,} messages into the log and parquet")
+            readers[label] = children.start("bench_spark", "reader", tree, rows=args.rows,
+                                            timeout=args.timeout)
+            readers[label].expect("filled", 600)
+        rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
+        for r in range(args.rounds):
+            for label, child in readers.items():
+                progress(f"{label}: round {r + 1}/{args.rounds} (batch, parquet, stream, "
+                         "parquet stream)")
+                rounds[label].append(child.ask(args.timeout * 4, go=r))
+    for label, runs in rounds.items():
+        summary: dict[str, Any] = {"rounds": runs}
+        for kind in ("batch", "stream"):
+            for unit in ("", "_cpu"):
+                mine = [run[f"{kind}{unit}"] for run in runs]
+                theirs = [run[f"parquet_{kind}{unit}"] for run in runs]
+                summary[f"{kind}{unit}"] = statistics.median(mine)
+                summary[f"parquet_{kind}{unit}"] = statistics.median(theirs)
+                summary[f"{kind}{unit}_vs_parquet"] = statistics.median(
+                    t / m for t, m in zip(theirs, mine))
+        results[label] = summary
+    if "baseline" in results:
+        now, base = rounds["peermesh"], rounds["baseline"]
+        results["now_vs_base"] = {kind: statistics.median(b[kind] / n[kind]
+                                                          for n, b in zip(now, base))
+                                  for kind in ("batch", "stream")}
+        results["baseline"]["library"] = code["baseline"]
+    return results
 
 
 def bench_requests(spark: Any, port: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -279,11 +391,23 @@ def bench_requests(spark: Any, port: int, args: argparse.Namespace) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {"targets": TARGETS}
+    try:
+        if "read" in args.only:  # first, while no other Spark session runs beside it
+            results["read"] = bench_read(args)
+        if args.only & {"ingest", "requests"}:
+            with_session(results, args)
+    finally:
+        results["load_average"] = os.getloadavg()
+    return results
+
+
+def with_session(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """The phases that share one Spark session in this process."""
     import peermesh.spark as ps
     from peermesh.spark.executor import sada_available
     from peermesh.spark.session import local_session
 
-    results: dict[str, Any] = {"targets": TARGETS}
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
         progress("starting Spark (local[2])")
         spark = local_session(tmp, app="bench_spark")
@@ -293,9 +417,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                    bind="127.0.0.1")
         try:
             if "ingest" in args.only:
-                results["ingest"] = bench_ingest(spark, service, port, args, tmp)
-            if "read" in args.only:
-                results["read"] = bench_read(spark, service, args, tmp)
+                results["ingest"] = median_ingest(spark, service, port, args, tmp)
             if "requests" in args.only:
                 if sada_available():
                     results["requests"] = bench_requests(spark, port, args)
@@ -304,7 +426,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             service.stop()
             spark.stop()
-    return results
+
+
+def median_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
+                  tmp: str) -> dict[str, Any]:
+    """``bench_ingest`` ``--ingest-rounds`` times: the median run, every run's rate."""
+    runs = []
+    for r in range(args.ingest_rounds):
+        progress(f"ingest round {r + 1}/{args.ingest_rounds}")
+        runs.append(bench_ingest(spark, service, port, args, os.path.join(tmp, f"i{r}")))
+    return harness.median_run(runs, "per_s")
 
 
 def table(r: dict[str, Any]) -> str:
@@ -314,7 +445,9 @@ def table(r: dict[str, Any]) -> str:
         ok = "met" if ingest["per_s"] >= TARGETS["ingest_per_s"] else "NOT met"
         lines.append(f"| ingest end to end ({ingest['peers']} peers x "
                      f"{ingest['messages'] // ingest['peers']:,} msgs) | "
-                     f"{ingest['per_s']:,.0f} msg/s | >= {TARGETS['ingest_per_s']:,} ({ok}) |")
+                     f"{ingest['per_s']:,.0f} msg/s (runs: "
+                     f"{', '.join(f'{t:,.0f}' for t in ingest['trials'])}) | "
+                     f">= {TARGETS['ingest_per_s']:,} ({ok}) |")
         lines.append(f"| - peers shouting | {ingest['shout_per_s']:,.0f} msg/s | |")
         lines.append(f"| - logged by the driver's service | {ingest['logged_per_s']:,.0f} msg/s "
                      "| |")
@@ -323,13 +456,24 @@ def table(r: dict[str, Any]) -> str:
                          f"{ingest['query_per_s']:,.0f} rows/s | |")
     read = r.get("read")
     if read:
-        for kind, label, target in (("batch", "batch read", 0.7), ("stream", "availableNow "
-                                                                   "stream", 0.5)):
-            ratio = read[f"{kind}_vs_parquet"]
-            ok = "met" if ratio >= target else "NOT met"
-            lines.append(f"| {label} of {read['rows']:,} rows | {read[f'{kind}_s']:.2f} s, "
-                         f"{ratio:.2f}x parquet's speed ({read[f'parquet_{kind}_s']:.2f} s) | "
-                         f">= {target} ({ok}) |")
+        for label in ("peermesh", "baseline"):
+            got = read.get(label)
+            if not got:
+                continue
+            tag = "" if label == "peermesh" else " [baseline]"
+            for kind, name, target in (("batch", "batch read", 0.7),
+                                       ("stream", "availableNow stream", 0.5)):
+                ratio = got[f"{kind}_vs_parquet"]
+                ok = f">= {target} ({'met' if ratio >= target else 'NOT met'})" if not tag else ""
+                lines.append(f"| {name} of {read['rows']:,} rows{tag} | {got[kind]:.2f} s, "
+                             f"{ratio:.2f}x parquet's speed ({got[f'parquet_{kind}']:.2f} s); "
+                             f"CPU {got[f'{kind}_cpu']:.2f} s, "
+                             f"{got[f'{kind}_cpu_vs_parquet']:.2f}x parquet's "
+                             f"({got[f'parquet_{kind}_cpu']:.2f} s) | {ok} |")
+        if "now_vs_base" in read:
+            speed = read["now_vs_base"]
+            lines.append(f"| this checkout / baseline, speed | batch {speed['batch']:.2f}x, "
+                         f"stream {speed['stream']:.2f}x | |")
     req = r.get("requests")
     if req and "per_s" in req:
         ok = "met" if req["per_s"] >= TARGETS["requests_per_s"] else "NOT met"
@@ -337,6 +481,8 @@ def table(r: dict[str, Any]) -> str:
                      f"{req['per_s']:,.0f} req/s | >= {TARGETS['requests_per_s']:,} ({ok}) |")
     elif req:
         lines.append(f"| executor requests | skipped: {req['skipped']} | |")
+    lines.append("| load average (1, 5, 15 min) at the end | "
+                 f"{', '.join(f'{x:.2f}' for x in r['load_average'])} | |")
     return "\n".join(lines)
 
 
@@ -351,7 +497,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000,
                         help="messages in the log for the read phase")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds of the read phase (mean reported)")
+                        help="interleaved rounds of the read phase (medians reported)")
+    parser.add_argument("--ingest-rounds", type=int, default=1,
+                        help="ingest runs (the median run is reported)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="read phase: also measure the code of commit REV (or a directory "
+                             "holding peermesh), in a Spark session of its own, same rounds")
     parser.add_argument("--only", default="ingest,read,requests",
                         help="comma-separated sections: ingest, read, requests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")

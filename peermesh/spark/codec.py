@@ -2,6 +2,8 @@
 
 * ``payload_text``: the ``text`` column: msgpack decoded and shown as JSON,
   else the payload as UTF-8, else null.
+* ``stored_texts``: the ``text`` of a batch of payloads as the log stores it
+  at ingest (made once per message, not once per read).
 * ``payload_value``: the payload as a Python value, for user schemas and
   replies: msgpack, else JSON text, else the UTF-8 string, else None.
 * ``pack_value``: a row (or any value) as msgpack, with dates, times and
@@ -15,12 +17,14 @@ import datetime
 import decimal
 import json
 import uuid
+from functools import partial
 from typing import Any, Sequence
 
 import msgpack
 
-__all__ = ["payload_text", "payload_texts", "payload_value", "pack_value", "to_jsonable",
-           "DECODE_MODES"]
+__all__ = ["payload_text", "payload_texts", "stored_texts", "payload_value", "pack_value",
+           "to_jsonable", "DECODE_MODES", "TEXT_NULL", "TEXT_STORED", "TEXT_LATER",
+           "STORED_TEXT_MAX"]
 
 #: values of the ``decode`` option
 DECODE_MODES = ("auto", "msgpack", "json", "utf8", "none")
@@ -101,6 +105,12 @@ def payload_texts(payloads: Sequence[bytes], mode: str = "auto") -> list[Any]:
                 for t in (payload_text(p, mode) for p in payloads)]
     unpackb, dumps, options = _unpackb, _orjson.dumps, _orjson.OPT_NON_STR_KEYS
     strict = mode == "msgpack"
+    if payloads and min(map(len, payloads)) > 1:
+        try:  # every payload msgpack that JSON carries as it is: no Python loop at all
+            return list(map(partial(dumps, option=options),
+                            map(partial(unpackb, raw=False, strict_map_key=False), payloads)))
+        except Exception:
+            pass  # one is not: payload by payload below
     out: list[Any] = []
     add = out.append
     for payload in payloads:
@@ -113,6 +123,35 @@ def payload_texts(payloads: Sequence[bytes], mode: str = "auto") -> list[Any]:
         text = payload_text(payload, mode)
         add(None if text is None else text.encode("utf-8"))
     return out
+
+
+#: per-message states of a stored text: none (null), stored, or made when read
+TEXT_NULL, TEXT_STORED, TEXT_LATER = 0, 1, 2
+#: the longest text the log stores per message; a longer one is made when read
+STORED_TEXT_MAX = 64 * 1024
+
+
+def stored_texts(payloads: Sequence[bytes]) -> tuple[list[bytes], bytes]:
+    """The ``auto`` text of each payload as UTF-8 (``b""`` where there is none) and a
+    state per payload (``TEXT_NULL``, ``TEXT_STORED`` or ``TEXT_LATER``): texts of
+    large payloads are left to the reader, so no message grows much when stored."""
+    limit = STORED_TEXT_MAX
+    if not payloads or max(map(len, payloads)) <= limit:
+        texts = payload_texts(payloads)
+        if None not in texts and max(map(len, texts), default=0) <= limit:
+            return texts, bytes([TEXT_STORED]) * len(texts)  # the usual case: no loop here
+    else:
+        texts = payload_texts([p if len(p) <= limit else b"" for p in payloads])
+    states = bytearray(len(texts))
+    for i, (payload, text) in enumerate(zip(payloads, texts)):
+        if text is None:
+            texts[i] = b""
+        elif len(payload) > limit or len(text) > limit:
+            texts[i] = b""
+            states[i] = TEXT_LATER
+        else:
+            states[i] = TEXT_STORED
+    return texts, bytes(states)
 
 
 def payload_value(payload: bytes, mode: str = "auto") -> Any:

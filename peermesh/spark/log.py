@@ -18,14 +18,23 @@ chunks to Spark's workers as they are, leaving the decoding to them. ::
     chunks(id INTEGER PRIMARY KEY, grp, lo, hi, count, seqs, data)
         lo, hi  lowest and highest offset in the chunk
         seqs    the offsets, int64 little-endian, increasing
-        data    msgpack [peers, peer_index, received, payloads]:
+        data    msgpack [2, peers, peer_index, received, payload_ends, payloads,
+                         text_ends, texts, text_states]:
                 peers = [[sender uuid hex, sender name, headers?], ...]
-                (headers: the sender's HELLO headers, a map, when known),
-                peer_index, received (epoch seconds), payloads: one per message
+                (headers: the sender's HELLO headers, a map, when known);
+                the rest are columns laid out as Arrow lays them out, little-endian:
+                peer_index int32, received float64 (epoch seconds), payloads
+                and their texts (``codec.stored_texts``) as one buffer each with
+                n + 1 int32 end offsets, and one state octet per text
         newest  the latest ``received`` time in the chunk (time retention)
     meta(key PRIMARY KEY, value)      -- log_id, next (offset), start (trimmed below)
     trimmed(grp PRIMARY KEY, below)   -- messages of grp below ``below`` may be gone
     consumers(id PRIMARY KEY, committed, groups, updated)
+
+Storing the columns in Arrow's layout, and the ``text`` column made once at
+ingest, lets a reader build Arrow record batches from a chunk without a
+Python object per message. Chunks written by older versions (data: msgpack
+``[peers, peer_index, received, payloads]``) are read as well.
 
 ``meta.next`` is written in the same transaction as the chunks it covers, so
 a reader never sees an offset below ``next`` missing unless it was trimmed.
@@ -57,22 +66,31 @@ lets readers read while one writer writes.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import logging
 import os
+import platform
 import sqlite3
 import sys
 import time
 import uuid
 from array import array
 from bisect import bisect_left
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import msgpack
 
+from .codec import TEXT_LATER, stored_texts
+
 __all__ = ["MessageLog", "LogRecord", "Consumer", "Chunk", "DecodedChunk", "encode_chunk",
-           "decode_chunk"]
+           "decode_chunk", "host_id"]
+
+_log = logging.getLogger(__name__)
 
 #: (group, sender uuid hex, sender name, received epoch seconds, payload[, sender headers])
 LogRecord = tuple
@@ -112,37 +130,62 @@ class Chunk(NamedTuple):
     data: bytes
 
 
-class DecodedChunk(NamedTuple):
-    """A chunk's messages as columns."""
+@dataclass(slots=True)
+class DecodedChunk:
+    """A chunk's messages as columns (buffers in Arrow's layout, native byte order)."""
 
     group: str
     offsets: array                # array('q'), increasing
-    peers: list                   # [[sender hex, name], ...]
-    peer_index: list              # one per message
-    received: list                # epoch seconds, one per message
-    payloads: list                # bytes, one per message
+    peers: list                   # [[sender hex, name, headers?], ...]
+    peer_index: array             # array('i'), one per message
+    received: array               # array('d'), epoch seconds, one per message
+    payload_ends: array           # array('i'), n + 1 end offsets into payload_data
+    payload_data: bytes
+    #: the stored ``text`` (``codec.stored_texts``); None for chunks of older versions
+    text_ends: Optional[array] = None
+    text_data: bytes = b""
+    text_states: bytes = b""
+
+    def payloads(self, a: int, b: int) -> list[bytes]:
+        """The payloads of messages ``a`` to ``b - 1``."""
+        ends, data = self.payload_ends, self.payload_data
+        return [data[ends[i]:ends[i + 1]] for i in range(a, b)]
 
 
-def _offsets_blob(offsets: Sequence[int]) -> bytes:
-    values = array("q", offsets)
-    if _SWAP:  # pragma: no cover - big-endian hosts
-        values.byteswap()
-    return values.tobytes()
-
-
-def _offsets(blob: bytes) -> array:
-    values = array("q")
+def _column(code: str, blob: bytes) -> array:
+    values = array(code)
     values.frombytes(blob)
-    if _SWAP:  # pragma: no cover
+    if _SWAP:  # pragma: no cover - big-endian hosts
         values.byteswap()
     return values
 
 
-def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord]) -> tuple[bytes, bytes]:
-    """``(seqs, data)`` of one chunk (records of one group, offsets increasing)."""
+def _blob(values: array) -> bytes:
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def _ends(items: Sequence[bytes]) -> array:
+    return array("i", accumulate(map(len, items), initial=0))
+
+
+def _offsets_blob(offsets: Sequence[int]) -> bytes:
+    return _blob(array("q", offsets))
+
+
+def _offsets(blob: bytes) -> array:
+    return _column("q", blob)
+
+
+def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord],
+                 texts: bool = True) -> tuple[bytes, bytes]:
+    """``(seqs, data)`` of one chunk (records of one group, offsets increasing);
+    ``texts=False`` leaves every ``text`` to the reader."""
     peers: dict[tuple[str, str], int] = {}
     described: list[list] = []
-    index = []
+    index = array("i")
     for record in records:
         key = (record[1], record[2])
         number = peers.get(key)
@@ -151,15 +194,42 @@ def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord]) -> tuple[
             headers = record[5] if len(record) > 5 else None
             described.append([key[0], key[1], headers] if headers else [key[0], key[1]])
         index.append(number)
-    data = msgpack.packb([described, index, [r[3] for r in records],
-                          [r[4] for r in records]], use_bin_type=True)
+    payloads = [r[4] for r in records]
+    made, states = [b""] * len(payloads), bytes([TEXT_LATER]) * len(payloads)
+    if texts:
+        try:
+            made, states = stored_texts(payloads)
+        except Exception:  # a text is a convenience: it never holds a message back
+            _log.warning("making the text of %d messages failed; readers will make them",
+                         len(payloads), exc_info=True)
+    received = array("d", [r[3] for r in records])
+    data = msgpack.packb([2, described, _blob(index), _blob(received), _blob(_ends(payloads)),
+                          b"".join(payloads), _blob(_ends(made)), b"".join(made), states],
+                         use_bin_type=True)
     return _offsets_blob(offsets), data
 
 
 def decode_chunk(chunk: Chunk) -> DecodedChunk:
     """The columns of an encoded chunk."""
-    peers, index, received, payloads = msgpack.unpackb(chunk.data, raw=False)
-    return DecodedChunk(chunk.group, _offsets(chunk.seqs), peers, index, received, payloads)
+    fields = msgpack.unpackb(chunk.data, raw=False)
+    if fields[0] == 2:
+        _, peers, index, received, payload_ends, payloads, text_ends, texts, states = fields
+        return DecodedChunk(chunk.group, _offsets(chunk.seqs), peers, _column("i", index),
+                            _column("d", received), _column("i", payload_ends), payloads,
+                            _column("i", text_ends), texts, states)
+    peers, index, received, payload_list = fields  # written by an older version
+    return DecodedChunk(chunk.group, _offsets(chunk.seqs), peers, array("i", index),
+                        array("d", received), _ends(payload_list), b"".join(payload_list))
+
+
+@functools.cache
+def host_id() -> str:
+    """Names this machine (its kernel's boot id, else its host name): processes that agree
+    on it share the file system's locks and memory maps, which SQLite's WAL needs."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return platform.node()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,32 +252,24 @@ class MessageLog:
     """One connection to the log file at ``path`` (created when missing)."""
 
     def __init__(self, path: Union[str, os.PathLike[str]], *, timeout: float = 10.0,
-                 max_value: Optional[int] = None) -> None:
+                 max_value: Optional[int] = None, readonly: bool = False) -> None:
         """``max_value``: the most bytes one stored value (a chunk) may take; default
-        SQLite's own limit (about 1 GB)."""
+        SQLite's own limit (about 1 GB). ``readonly``: open an existing log to read it
+        (``sqlite3.OperationalError`` when there is none), never create or write."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
-                             check_same_thread=False)
+        if readonly:
+            db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                 timeout=timeout, isolation_level=None,
+                                 check_same_thread=False)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
+                                 check_same_thread=False)
         try:
             if max_value is not None:
                 db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
-            if "newest" not in columns:  # a log written by an older peermesh
-                db.execute("ALTER TABLE chunks ADD COLUMN newest REAL")
-                db.execute("UPDATE chunks SET newest = ?", (time.time(),))
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (uuid.uuid4().hex,))
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('next', 0)")
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('start', 0)")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            if not readonly:
+                self._create(db)
             self.log_id: str = str(self._meta("log_id", db))
             # SQLite refuses a value longer than this; a chunk carries a few bytes per message
             self.max_payload: int = db.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) - 4096
@@ -215,6 +277,40 @@ class MessageLog:
             db.close()
             raise
         self._db = db
+
+    @staticmethod
+    def _create(db: sqlite3.Connection) -> None:
+        """Make the tables and the log's id unless they exist (a new file gets 64 KiB pages:
+        a chunk of a few MB costs about half the CPU to read than from 4 KiB pages)."""
+        db.execute("PRAGMA page_size=65536")  # no effect on an existing file
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
+        if "newest" not in columns:  # a log written by an older peermesh
+            db.execute("ALTER TABLE chunks ADD COLUMN newest REAL")
+            db.execute("UPDATE chunks SET newest = ?", (time.time(),))
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (uuid.uuid4().hex,))
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('next', 0)")
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('start', 0)")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """Statements inside read one state of the log (a WAL read transaction)."""
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
 
     # --- meta ---------------------------------------------------------------
 
@@ -249,8 +345,10 @@ class MessageLog:
 
     # --- writing ------------------------------------------------------------
 
-    def append(self, records: Sequence[LogRecord]) -> tuple[int, int]:
-        """Append ``records`` in order, in one transaction; ``(first, next)`` offsets."""
+    def append(self, records: Sequence[LogRecord], texts: bool = True) -> tuple[int, int]:
+        """Append ``records`` in order, in one transaction; ``(first, next)`` offsets.
+
+        ``texts``: store each message's ``text`` too (else readers make it)."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -265,7 +363,7 @@ class MessageLog:
                     entry[0].append(offset)
                     entry[1].append(record)
                 for group, (offsets, members) in by_group.items():
-                    seqs, data = encode_chunk(offsets, members)
+                    seqs, data = encode_chunk(offsets, members, texts)
                     db.execute("INSERT INTO chunks (grp, lo, hi, count, seqs, data, newest) "
                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                                (group, offsets[0], offsets[-1], len(offsets), seqs, data,
@@ -424,21 +522,41 @@ class MessageLog:
         the lowest offset of the first chunk left out. Chunks may hold offsets
         outside ``[start, resume)``: readers filter.
         """
+        with self._snapshot():
+            return self._chunks(start, end, groups, max_bytes)
+
+    def _chunks(self, start: int, end: int, groups: Optional[Sequence[str]],
+                max_bytes: Optional[int]) -> tuple[list[Chunk], int]:
         where, args = _group_filter(groups)
-        cursor = self._db.execute(
-            f"SELECT grp, seqs, data, lo FROM chunks WHERE hi >= ? AND lo < ?{where} "
-            "ORDER BY lo", [int(start), int(end), *args])
+        # the blobs are read one chunk at a time, after the sort: sorting rows that carry
+        # them would copy every chunk of the range into a temporary tree on each call
+        found = self._db.execute(
+            f"SELECT id, lo, length(data) + length(seqs) FROM chunks WHERE hi >= ? AND lo < ?"
+            f"{where} ORDER BY lo", [int(start), int(end), *args]).fetchall()
         result: list[Chunk] = []
         size = 0
         resume = int(end)
-        for group, seqs, data, lo in cursor:
-            if (max_bytes is not None and result and size + len(data) > max_bytes
-                    and lo > start):
+        for chunk_id, lo, length in found:
+            if max_bytes is not None and result and size + length > max_bytes and lo > start:
                 resume = int(lo)
                 break
-            result.append(Chunk(group, seqs, data))
-            size += len(data) + len(seqs)
+            row = self._db.execute("SELECT grp, seqs, data FROM chunks WHERE id = ?",
+                                   (chunk_id,)).fetchone()
+            result.append(Chunk(*row))
+            size += length
         return result, resume
+
+    def fetch(self, start: int, end: int, groups: Optional[Sequence[str]] = None,
+              max_bytes: Optional[int] = None) -> dict[str, Any]:
+        """What a ``FETCH`` of ``[start, end)`` answers (see ``protocol``): the log's id
+        and bounds, the chunks holding the range from ``earliest`` on (at most about
+        ``max_bytes``) and where the next fetch resumes."""
+        with self._snapshot():  # bounds and chunks as of one moment
+            earliest, nxt = self.bounds(groups)
+            first, last = max(start, earliest), min(end, nxt)
+            chunks, resume = self._chunks(first, last, groups, max_bytes)
+        return {"log": self.log_id, "earliest": earliest, "next": nxt, "chunks": chunks,
+                "resume": max(start, resume) if last > first else max(start, last)}
 
     def _offset_lists(self, start: int, end: int, groups: Optional[Sequence[str]],
                       descending: bool = False) -> Iterator[tuple[int, int, array]]:
@@ -549,8 +667,7 @@ def rows_of(chunks: Iterable[Chunk], start: int, end: int) -> Iterator[LogRow]:
         decoded = decode_chunk(chunk)
         offsets = decoded.offsets
         a, b = bisect_left(offsets, start), bisect_left(offsets, end)
-        peers, index, received, payloads = (decoded.peers, decoded.peer_index,
-                                            decoded.received, decoded.payloads)
-        for i in range(a, b):
+        peers, index, received = decoded.peers, decoded.peer_index, decoded.received
+        for i, payload in zip(range(a, b), decoded.payloads(a, b)):
             sender, name = peers[index[i]][:2]
-            yield offsets[i], chunk.group, sender, name, received[i], payloads[i]
+            yield offsets[i], chunk.group, sender, name, received[i], payload

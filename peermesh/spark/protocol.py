@@ -19,7 +19,8 @@ Request bodies (offsets are log offsets; ``end`` is exclusive; ``groups``
 empty means every group; every body also carries the service's ``token``,
 and a request without it is answered ERR ``unauthorised``):
 
-    INFO      {groups?}                               -> {log, earliest, next, groups, channel}
+    INFO      {groups?}                               -> {log, earliest, next, groups, channel,
+                                                          path, host}
     LATEST    {groups, start, max?, ceiling?}         -> {log, earliest, next, end}
     FETCH     {groups, start, end}                    -> {log, earliest, next, chunks, resume}
     REGISTER  {consumer, groups, offset}              -> {log}
@@ -41,7 +42,12 @@ lowest offset; they may hold offsets outside the range asked for, and the
 reader keeps those in ``[max(start, earliest), min(resume, end))``. Every
 message of the range below ``resume`` is in the reply: the next FETCH
 starts there (``resume`` is ``end``, or ``next`` when that is lower, once
-the range is done).
+the range is done). A reply holds at most about ``MAX_FETCH_BYTES`` of chunks.
+
+``INFO.path`` is the log file and ``INFO.host`` names the machine that holds
+it (``log.host_id``): a worker on that machine may read the file itself,
+read-only, with ``MessageLog.fetch`` (the same answer as FETCH, without the
+round trip through the service).
 """
 
 from __future__ import annotations
@@ -56,11 +62,13 @@ from ..errors import PeermeshError, ProtocolError
 from ..wire.frames import as_frames
 
 __all__ = ["PROTOCOL", "Op", "Request", "Reply", "encode_request", "decode_request",
-           "encode_reply", "decode_reply", "LogServiceError", "DataLossError",
+           "encode_reply", "decode_reply", "LogServiceError", "DataLossError", "MAX_FETCH_BYTES",
            "ERROR_KINDS"]
 
 PROTOCOL = b"PMLOG1"
 MAX_REQUEST_ID = 16
+#: chunk octets in one FETCH reply, at most (a single larger chunk is sent alone)
+MAX_FETCH_BYTES = 16 * 1024 * 1024
 
 
 class Op(str, Enum):

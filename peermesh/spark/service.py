@@ -44,7 +44,7 @@ from ..io import HubSocket, bind, bind_ephemeral, make_socket
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import protocol
-from .log import MessageLog
+from .log import MessageLog, host_id
 from .protocol import Op, Reply, Request
 
 __all__ = ["DriverService", "LogAdvert", "MeshSettings", "start_service", "current_service",
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 HEADER_LOG = "X-PM-SPARK-LOG"
 #: where logs go when no directory is given: $PEERMESH_SPARK_DIR, else ./peermesh-data
 DEFAULT_DIRECTORY = "peermesh-data"
-_MAX_FETCH_BYTES = 16 * 1024 * 1024
 #: bounds of the log server's socket: a request is a small msgpack map, and a client
 #: that does not read its replies holds at most a few FETCH replies (16 MiB each)
 _MAX_REQUEST = 1024 * 1024
@@ -447,15 +446,19 @@ class DriverService:
     def _append(self, writer: MessageLog, batch: list) -> int:
         """Append ``batch``, retrying what may pass later (a full disk); how many were stored.
 
-        A message SQLite refuses outright (too big) is dropped with a logged
-        reason and never holds up the others.
+        A message SQLite refuses outright (too big, even without its stored
+        ``text``) is dropped with a logged reason and never holds up the others.
         """
         delay = 0.05
+        texts = True
         while True:
             try:
-                writer.append(batch)
+                writer.append(batch, texts)
                 return len(batch)
             except sqlite3.DataError as exc:
+                if len(batch) == 1 and texts:
+                    texts = False  # its text made it too big: leave the text to readers
+                    continue
                 if len(batch) == 1:
                     self.stats.rejected += 1
                     record = batch[0]
@@ -550,7 +553,8 @@ class DriverService:
             return {"log": reader.log_id, "earliest": earliest, "next": nxt,
                     "groups": list(self.groups),
                     "channel": getattr(self.channel, "endpoint", None),
-                    "mesh": self.mesh.to_options() if self.mesh else {}}
+                    "mesh": self.mesh.to_options() if self.mesh else {},
+                    "path": str(self.path), "host": host_id()}
         if op is Op.REGISTER:
             reader.register(str(body["consumer"]), int(body["offset"]),
                             _groups(body.get("groups")))
@@ -598,16 +602,12 @@ class DriverService:
         return {"log": reader.log_id, "earliest": earliest, "next": nxt, "end": max(end, start)}
 
     def _fetch(self, reader: MessageLog, body: Any) -> dict[str, Any]:
-        groups = _groups(body.get("groups"))
-        start, end = int(body["start"]), int(body["end"])
-        earliest, nxt = reader.bounds(groups)
-        first, last = max(start, earliest), min(end, nxt)
-        chunks, resume = reader.chunks(first, last, groups, _MAX_FETCH_BYTES)
-        self.stats.chunks_served += len(chunks)
+        reply = reader.fetch(int(body["start"]), int(body["end"]), _groups(body.get("groups")),
+                             protocol.MAX_FETCH_BYTES)
+        self.stats.chunks_served += len(reply["chunks"])
         # chunks as stored: the executors decode them (the driver is the busier side)
-        return {"log": reader.log_id, "earliest": earliest, "next": nxt,
-                "chunks": [[c.group, c.seqs, c.data] for c in chunks],
-                "resume": max(start, resume) if last > first else max(start, last)}
+        reply["chunks"] = [[c.group, c.seqs, c.data] for c in reply["chunks"]]
+        return reply
 
     def __repr__(self) -> str:
         return (f"<DriverService {self.name} {self.lifecycle.value} {self.endpoint or ''} "

@@ -40,6 +40,30 @@ def test_a_message_too_large_to_store_never_blocks_the_others(
     assert payloads == medium + small
 
 
+def test_a_message_that_fits_only_without_its_text_is_stored_without_it(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
+    from peermesh.spark.codec import TEXT_LATER
+    from peermesh.spark.log import MessageLog, decode_chunk
+
+    service = make_service(["fit"], channel=False, max_record_bytes=100_000)
+    peer = make_peer("sender")
+    meet(peer, "fit")
+    message = b"m" * 60_000     # its text as long again: the two are over 100,000 octets
+
+    def send(node: Any) -> bool:
+        node.shout("fit", message)
+        return node.flush(5.0)
+
+    assert peer.call(send), "the service did not confirm the shout"
+    assert service.wait_for_offset(1, 10)
+    with MessageLog(service.path) as log:
+        chunks, _ = log.chunks(0, 1, ["fit"])
+    decoded = decode_chunk(chunks[0])
+    assert decoded.payloads(0, 1) == [message]
+    assert decoded.text_states == bytes([TEXT_LATER])   # readers make it
+    assert service.stats.rejected == 0
+
+
 def test_retention_bounds_the_log_with_no_query_running(
         make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
     service = make_service(["kept"], channel=False, retention_bytes=50_000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from array import array
 from pathlib import Path
 
 import msgpack
@@ -10,6 +11,7 @@ import pytest
 
 from peermesh.errors import ProtocolError
 from peermesh.spark import protocol
+from peermesh.spark.codec import STORED_TEXT_MAX, TEXT_LATER, TEXT_NULL, TEXT_STORED
 from peermesh.spark.log import Chunk, MessageLog, decode_chunk, encode_chunk, rows_of
 from peermesh.spark.protocol import DataLossError, LogServiceError, Op, Reply, Request
 
@@ -144,15 +146,33 @@ def test_chunks_resume_after_a_byte_limit(tmp_path: Path) -> None:
 
 
 def test_chunk_codec_round_trip() -> None:
-    rows = [("g", "s1", "one", 1.5, b"a"), ("g", "s2", "two", 2.5, b"b"),
-            ("g", "s1", "one", 3.5, b"")]
-    seqs, data = encode_chunk([4, 7, 9], rows)
+    rows = [("g", "s1", "one", 1.5, msgpack.packb({"a": 1})), ("g", "s2", "two", 2.5, b"b"),
+            ("g", "s1", "one", 3.5, b""), ("g", "s1", "one", 4.5, b"\xff\xfe"),
+            ("g", "s2", "two", 5.5, b"x" * (STORED_TEXT_MAX + 1))]
+    seqs, data = encode_chunk([4, 7, 9, 11, 12], rows)
     decoded = decode_chunk(Chunk("g", seqs, data))
-    assert list(decoded.offsets) == [4, 7, 9]
+    assert list(decoded.offsets) == [4, 7, 9, 11, 12]
     assert decoded.peers == [["s1", "one"], ["s2", "two"]]
-    assert decoded.peer_index == [0, 1, 0]
+    assert list(decoded.peer_index) == [0, 1, 0, 0, 1]
+    assert list(decoded.received) == [1.5, 2.5, 3.5, 4.5, 5.5]
     assert list(rows_of([Chunk("g", seqs, data)], 5, 10)) == [
         (7, "g", "s2", "two", 2.5, b"b"), (9, "g", "s1", "one", 3.5, b"")]
+    # each text made once, at ingest: none for what is not text, left to readers when large
+    ends, texts = decoded.text_ends, decoded.text_data
+    assert decoded.text_states == bytes([TEXT_STORED] * 3 + [TEXT_NULL, TEXT_LATER])
+    assert [texts[ends[i]:ends[i + 1]] for i in range(3)] == [b'{"a":1}', b"b", b""]
+    assert ends[3] == ends[4] == ends[5]
+    bare = decode_chunk(Chunk("g", *encode_chunk([4, 7, 9, 11, 12], rows, texts=False)))
+    assert bare.text_states == bytes([TEXT_LATER] * 5) and bare.text_data == b""
+
+
+def test_chunks_of_the_older_format_are_read() -> None:
+    data = msgpack.packb([[["s1", "one"]], [0, 0], [1.5, 2.5], [b"a", b"bc"]],
+                         use_bin_type=True)
+    chunk = Chunk("g", array("q", [3, 5]).tobytes(), data)
+    assert list(rows_of([chunk], 0, 10)) == [(3, "g", "s1", "one", 1.5, b"a"),
+                                             (5, "g", "s1", "one", 2.5, b"bc")]
+    assert decode_chunk(chunk).text_ends is None
 
 
 # --- the PMLOG1 codec -----------------------------------------------------------

@@ -294,3 +294,53 @@ def test_sender_headers_as_a_column(make_service: Callable[..., Any]) -> None:
     only = StructType([SCHEMA["offset"], HEADERS, StructField("x", LongType())])
     slow = [tuple(r) for r in read_range(opts, only, part)]
     assert [(r[0], r[1]) for r in slow] == [(0, {"X-ROLE": "sensor"}), (1, {})]
+
+
+def test_arrow_batches_agree_with_rows_made_one_by_one(
+        make_service: Callable[..., Any]) -> None:
+    from peermesh.spark.codec import STORED_TEXT_MAX
+    from peermesh.spark.log import MessageLog
+    from peermesh.spark.source import _Columns
+
+    service = make_service(["g", "h"], channel=False)
+    payloads = [msgpack.packb({"i": 1, "s": "x"}), b"7", b"plain", b"\xff\xfe", b"",
+                msgpack.packb([1.5, None]), b"y" * (STORED_TEXT_MAX + 1)]
+    with MessageLog(service.path) as log:
+        for texts in (True, False):  # made at ingest, and left to the reader
+            log.append([(("g", "h")[i % 2], "ab" * 16, "p", 10.0 + i, p)
+                        for i, p in enumerate(payloads * 3)], texts=texts)
+        log.append([("g", "ab" * 16, "p", 1.0, p) for p in payloads[:4]])  # no text to make
+    columns = SCHEMA.fieldNames()
+    for decode in ("auto", "msgpack", "utf8", "none"):
+        for groups, start, end in (("g", 0, 46), ("g,h", 3, 40), ("h", 5, 17)):
+            opts = SourceOptions.parse({"endpoint": service.endpoint, "token": service.token,
+                                        "group": groups, "decode": decode}, True)
+            part = OffsetRange(service.log_id, start, end)
+            got = [tuple(r.values()) for b in read_range(opts, SCHEMA, part)
+                   for r in b.to_pylist()]
+            with MessageLog(service.path) as log:
+                rows = log.read(start, end, groups.split(","))
+            slow = _Columns(SCHEMA, decode, merge=False).tuples(rows, {})
+            expected = [tuple(r) for r in slow]
+            assert got == expected, (decode, groups)
+            assert len(got) == sum(1 for r in rows) and columns[-1] == "text"
+
+
+def test_a_task_on_the_drivers_machine_reads_the_file_itself(
+        make_service: Callable[..., Any]) -> None:
+    from peermesh.spark.client import local_log, log_client
+
+    service = make_service(["g"], channel=False)
+    fill(service, ["g"], 30)
+    info = log_client(service.endpoint, service.token).info(["g"])
+    assert info["path"] == str(service.path)
+    local = local_log(info["path"], info["host"], service.log_id)
+    assert local is not None and local.fetch(0, 30, ["g"])["resume"] == 30
+    assert local_log(info["path"], "another-host", service.log_id) is None
+    assert local_log(info["path"], info["host"], "another-log") is None
+    assert local_log(str(service.path) + ".gone", info["host"], service.log_id) is None
+    assert not (service.path.parent / (service.path.name + ".gone")).exists()  # not made
+    plan = reader(service, batch=True).partitions()
+    assert [(p.path, p.host) for p in plan] == [(info["path"], info["host"])]
+    served = OffsetRange(service.log_id, 0, 30)  # no path: through the service
+    assert rows(reader(service), plan[0]) == rows(reader(service), served) == list(range(30))
