@@ -46,6 +46,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.sim.commands",
     "peermesh.nfp.commands",
     "peermesh.sada.commands",
+    "peermesh.cli.keygen",
 )
 #: default --wait (seconds) of the commands that try the agent first
 WAIT_PEERS, WAIT_SEND = 2.0, 3.0
