@@ -57,13 +57,17 @@ class PeerSink(Protocol):
     def mailbox_port(self) -> int:
         """The mailbox's port."""
 
-    def peer_appeared(self, uuid: UUID, endpoint: str) -> None:
-        """``uuid`` accepts connections at ``endpoint``."""
+    @property
+    def public_key(self) -> Optional[bytes]:
+        """The node's CURVE public key (32 octets) for version-3 beacons, or None."""
+
+    def peer_appeared(self, uuid: UUID, endpoint: str, key: Optional[bytes] = None) -> None:
+        """``uuid`` accepts connections at ``endpoint`` (``key``: its beacon's CURVE key)."""
 
     def peer_alive(self, uuid: UUID) -> None:
         """A sign of life from ``uuid``."""
 
-    def peer_left(self, uuid: UUID) -> None:
+    def peer_left(self, uuid: UUID, key: Optional[bytes] = None) -> None:
         """``uuid`` said it is leaving."""
 
     def add_listener(self, callback: Callable[[Event], None]) -> None:

@@ -33,7 +33,7 @@ from zmq.utils import z85
 
 from ..errors import PeermeshError
 
-__all__ = ["Keypair", "KeyFileError", "generate", "write_keypair", "load_keypair",
+__all__ = ["Keypair", "CurveError", "KeyFileError", "generate", "write_keypair", "load_keypair",
            "load_public_key", "z85_key", "SECRET_SUFFIX"]
 
 #: what ``zcert_save`` appends to the public file's name for the secret one
@@ -59,7 +59,11 @@ _SECRET_BANNER = """\
 """
 
 
-class KeyFileError(PeermeshError):
+class CurveError(PeermeshError):
+    """CURVE keys or allowlists cannot be used as configured."""
+
+
+class KeyFileError(CurveError):
     """A key file is missing, unreadable, malformed or too open."""
 
 

@@ -34,6 +34,7 @@ from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
 from .endpoints import bind_ephemeral
 from .context import shared_context
+from .curve import Curve
 from .socket import HubSocket, make_socket
 
 __all__ = ["ZmqTransport", "CapacityError"]
@@ -53,8 +54,11 @@ class CapacityError(PeermeshError):
 class ZmqTransport:
     """The real transport: ZeroMQ over TCP for mailboxes, UDP for beacons."""
 
-    def __init__(self, context: Optional[zmq.Context] = None) -> None:
+    def __init__(self, context: Optional[zmq.Context] = None,
+                 curve: Optional[Curve] = None) -> None:
         self.context = context or shared_context()
+        #: the node's keys: every socket speaks CURVE (see ``make_socket``)
+        self.curve = curve
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(gevent.sleep)
@@ -67,7 +71,7 @@ class ZmqTransport:
         """A ROUTER mailbox on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off)."""
         router = make_socket(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1, zmq.MAXMSGSIZE: max_message},
-                             self.context)
+                             self.context, curve=self.curve)
         try:
             endpoint = bind_ephemeral(router, address)
         except BaseException:
@@ -75,11 +79,14 @@ class ZmqTransport:
             raise
         return HubSocket(router, endpoint=endpoint, limit=max_message)
 
-    def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> HubSocket:
-        """A DEALER link to ``endpoint``; sends never block."""
+    def connect(self, identity: bytes, endpoint: str, sndhwm: int,
+                server_key: Optional[bytes] = None) -> HubSocket:
+        """A DEALER link to ``endpoint`` (a CURVE client of ``server_key`` when the
+        transport has keys); sends never block."""
         sock = make_socket(zmq.DEALER, {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm,
                                         zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
-                                        zmq.RECONNECT_IVL_MAX: 1000}, self.context)
+                                        zmq.RECONNECT_IVL_MAX: 1000}, self.context,
+                           curve=self.curve, server_key=server_key)
         try:
             sock.connect(endpoint)
         except BaseException:
