@@ -25,7 +25,7 @@ check, here, without I/O:
   a node cannot connect to a peer whose key it does not know.
 
 ``tick`` re-reads the allowlist when its directory changed and removes
-peers whose keys it no longer holds. A link whose peer refused our key stays
+peers whose keys it no longer holds (also after an explicit ``reload``). A link whose peer refused our key stays
 dead (libzmq does not retry a handshake the ZAP handler refused), so a peer
 that sent no HELLO within ``evasive`` is dropped without an event and made
 again from its next beacon: a node admitted later meets it within
@@ -63,6 +63,7 @@ class KeyGate:
         self.allowlist = allowlist
         #: UUID of a peer connected to but not yet ready -> when it was first seen so
         self.pending: dict[UUID, float] = {}
+        self._checked = allowlist.keys  # the allowed keys the peers were last checked against
         #: routing identity -> the Z85 key (str) its HELLO authenticated with
         self.authenticated: dict[bytes, str] = {}
         #: UUID -> the Z85 key (str) its beacon announced
@@ -154,7 +155,9 @@ class KeyGate:
         """Re-read a changed allowlist, remove peers it no longer holds, give up links
         that brought no HELLO for ``evasive``, prune the tables."""
         session = self.session
-        if self.allowlist.refresh() and not self.allowlist.any_key:
+        self.allowlist.refresh()
+        if self.allowlist.keys is not self._checked and not self.allowlist.any_key:
+            self._checked = self.allowlist.keys
             for identity, key in list(self.authenticated.items()):
                 peer = session.by_identity.get(identity)
                 if peer is not None and not self._allowed(key):

@@ -333,6 +333,16 @@ class Node:
         """True between ``start`` and ``stop``."""
         return self._state == "running"
 
+    def reload_allowed_keys(self) -> int:
+        """Read ``allowed_keys`` again now (it is also re-read whenever the directory
+        changes); peers whose keys it no longer holds are removed at the next tick.
+        Returns the number of keys allowed; NodeStateError without ``allowed_keys``."""
+        if self.curve is None or self.curve.allowlist.any_key:
+            raise NodeStateError("this node has no allowed_keys directory to reload")
+        count = self.curve.allowlist.reload()
+        log.info("allowed keys reloaded: %d from %s", count, self.curve.allowlist.directory)
+        return count
+
     # --- groups ---------------------------------------------------------
 
     def join(self, group: str) -> None:

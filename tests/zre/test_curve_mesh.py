@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import time
@@ -13,7 +14,7 @@ import pytest
 import zmq
 from zmq.utils import z85
 
-from peermesh import EventType, NodeConfig, ThreadedNode
+from peermesh import EventType, NodeConfig, NodeStateError, ThreadedNode
 from peermesh.io.keys import KeyFileError
 from peermesh.wire import zre
 
@@ -239,3 +240,23 @@ def test_one_zap_domain_per_allowlist_in_a_process(nodes: Nodes) -> None:
     nodes.start("a", allow=["a"])
     with pytest.raises(Exception, match="ZAP domain 'global' already admits"):
         nodes.start("b", allow=["b"])
+
+
+def test_reload_call_admits_a_key_added_behind_the_directorys_back(nodes: Nodes,
+                                                                   ring: KeyRing) -> None:
+    a = nodes.start("alice", allow=["alice"], evasive=0.5)
+    b = nodes.start("bob", zap_domain="any", evasive=0.5)
+    directory = ring.root / "allow-alice"
+    stamp = directory.stat().st_mtime_ns
+    shutil.copy(ring.root / "bob.key", directory / "bob.key")
+    os.utime(directory, ns=(stamp, stamp))  # the change goes unnoticed: only a reload sees it
+    hear_beacons(nodes.port, [a.uuid, b.uuid])
+    assert b.uuid not in a.peers()
+    assert a.call(lambda node: node.reload_allowed_keys()) == 2
+    mesh(a, b)
+
+
+def test_reload_without_allowed_keys_is_refused(nodes: Nodes) -> None:
+    a = nodes.start("alice")
+    with pytest.raises(NodeStateError, match="no allowed_keys directory"):
+        a.call(lambda node: node.reload_allowed_keys())
