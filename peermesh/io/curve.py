@@ -53,17 +53,26 @@ class Curve:
 
     def options(self, context: zmq.Context,
                 server_key: Optional[bytes] = None) -> dict[int, Union[int, bytes]]:
-        """Socket options: a CURVE client of ``server_key`` (Z85 or 32 octets), or without
-        it a CURVE server whose domain the ZAP responder of ``context`` answers."""
+        """Socket options: a CURVE client of ``server_key`` (Z85 or 32 octets; ``b""``: a
+        client whose server key is set before each connect, see ``connect``), or without it
+        a CURVE server whose domain the ZAP responder of ``context`` answers."""
         assert self.keypair.secret is not None
         if server_key is not None:
-            if len(server_key) != 32:
-                server_key = z85_key(server_key, "server key")
-            return {zmq.CURVE_SERVERKEY: server_key, zmq.CURVE_PUBLICKEY: self.keypair.public,
-                    zmq.CURVE_SECRETKEY: self.keypair.secret}
+            client: dict[int, Union[int, bytes]] = {
+                zmq.CURVE_PUBLICKEY: self.keypair.public, zmq.CURVE_SECRETKEY: self.keypair.secret}
+            if server_key:
+                client[zmq.CURVE_SERVERKEY] = _server_key(server_key)
+            return client
         zap_responder(context).register(self.domain, self.allowlist, self)
         return {zmq.CURVE_SERVER: 1, zmq.CURVE_SECRETKEY: self.keypair.secret,
                 zmq.ZAP_DOMAIN: self.domain.encode(), zmq.ZAP_ENFORCE_DOMAIN: 1}
+
+    @staticmethod
+    def connect(sock: zmq.Socket, endpoint: str, server_key: Union[bytes, str]) -> None:
+        """Connect client ``sock`` to ``endpoint``, whose owner holds ``server_key`` (Z85):
+        the key of each connection is the one set when it is made."""
+        sock.setsockopt(zmq.CURVE_SERVERKEY, _server_key(server_key))
+        sock.connect(endpoint)
 
     def release(self, context: zmq.Context) -> None:
         """No more CURVE servers of these keys in ``context``: free the ZAP domain (until a
@@ -72,6 +81,12 @@ class Curve:
 
     def __repr__(self) -> str:
         return f"Curve({self.public.decode()!r}, {self.allowlist!r}, domain={self.domain!r})"
+
+
+def _server_key(key: Union[bytes, str]) -> bytes:
+    if isinstance(key, bytes) and len(key) == 32:
+        return key
+    return z85_key(key, "server key")
 
 
 def shared_allowlist(directory: Union[str, os.PathLike[str], None]) -> Allowlist:

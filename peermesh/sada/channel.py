@@ -114,6 +114,8 @@ class Channel(Overlay):
         #: the bound endpoint (None until bound; see the class docstring)
         self.endpoint: Optional[str] = None
         self._sock: Optional[zmq.Socket] = None
+        #: the node's CURVE keys: the channel is a CURVE server admitting its allowed keys
+        self._curve = getattr(node, "curve", None)
         self._router: Any = None
         self._monitor: Optional[zmq.Socket] = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -137,7 +139,7 @@ class Channel(Overlay):
     def _bind(self, node_interface: Optional[str]) -> str:
         """Bind the ROUTER where the settings say, else on ``node_interface``."""
         endpoint, interface, address, port = self._where
-        sock = make_socket(zmq.ROUTER, context=self._context)
+        sock = make_socket(zmq.ROUTER, context=self._context, curve=self._curve)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -174,6 +176,7 @@ class Channel(Overlay):
     def attach(self, node: Any) -> None:
         """Attach to ``node`` before it starts; an unbound channel binds on its interface."""
         if self.endpoint is None and self.lifecycle is Lifecycle.NEW and not node.running:
+            self._curve = getattr(node, "curve", None)
             self._bind(node.config.interface)
         super().attach(node)
 

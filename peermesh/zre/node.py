@@ -606,10 +606,11 @@ class Node:
     def _mailbox_reader(self) -> None:
         receive, clock = self._session.on_message, self._clock
         if self._gate is not None:
-            admit = self._gate.admit
+            admit, bound = self._gate.admit, self._gate.authenticated.get
 
             def on_keyed(identity: bytes, frames: list[bytes], key: Optional[str]) -> None:
-                if admit(identity, frames, key):
+                # the identity's key, checked inline: the hot path costs one lookup
+                if (key is not None and bound(identity) == key) or admit(identity, frames, key):
                     receive(identity, frames, clock())
 
             self._mailbox.serve(on_keyed, self._session.on_oversized, self._events,
