@@ -134,12 +134,15 @@ class NodeSession:
             raise ValueError(f"invalid configuration: {exc}") from None
         self._stopper: Optional[gevent.Greenlet] = None
         self._signals = HubSignals((lambda: gevent.spawn(self.stop)) if serving else None)
-        curve = self.node.curve
-        #: SIGHUP re-reads the allowed keys of a node that has them
+        #: SIGHUP re-reads the allowed keys of a serving command's node (`systemctl reload`)
         self._reload = (gevent.signal_handler(_signal.SIGHUP, self._reload_keys)
-                        if curve is not None and not curve.allowlist.any_key else None)
+                        if serving else None)
 
     def _reload_keys(self) -> None:
+        curve = self.node.curve
+        if curve is None or curve.allowlist.any_key:
+            _logger().info("SIGHUP: this node has no allowed keys to reload")
+            return
         try:
             self.node.reload_allowed_keys()
         except PeermeshError as exc:  # e.g. the directory was removed: keep the old keys

@@ -572,7 +572,9 @@ class Node:
 
     def peer_left(self, uuid: UUID, key: Optional[bytes] = None) -> None:
         """A discovery source says ``uuid`` is leaving (a port-0 beacon, with ``key``)."""
-        if self._gate is None or self._gate.left(uuid, key):
+        if self._gate is not None:
+            self._gate.left(uuid, key, self._clock())
+        else:
             self._session.peer_left(uuid, self._clock())
 
     # --- for the session: links, the mailbox, the timer -----------------

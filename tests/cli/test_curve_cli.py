@@ -44,3 +44,16 @@ def test_run_with_a_missing_key_file_says_so(free_udp_port: int, tmp_path: Path)
     result = Cli(free_udp_port).call("run", "--key-file", str(tmp_path / "none_secret"))
     assert result.returncode != 0
     assert f"no key file at {tmp_path / 'none_secret'}" in result.stderr
+
+
+def test_sighup_to_a_plain_node_is_harmless(free_udp_port: int) -> None:
+    cli = Cli(free_udp_port)
+    try:
+        node = cli.start("run", "--name", "plain", "-v")
+        node.started()
+        node.popen.send_signal(signal.SIGHUP)
+        node.expect_line(lambda line: "no allowed keys to reload" in line, "the SIGHUP note",
+                         "err")
+        assert node.stop(signal.SIGTERM) == 0
+    finally:
+        cli.close()

@@ -260,3 +260,22 @@ def test_reload_without_allowed_keys_is_refused(nodes: Nodes) -> None:
     a = nodes.start("alice")
     with pytest.raises(NodeStateError, match="no allowed_keys directory"):
         a.call(lambda node: node.reload_allowed_keys())
+
+
+def test_forged_port_0_beacon_with_the_right_key_cannot_cut_off_a_live_peer(
+        nodes: Nodes, ring: KeyRing, caplog: pytest.LogCaptureFixture) -> None:
+    a = nodes.start("alice")
+    b = nodes.start("bob")
+    mesh(a, b)
+    caplog.set_level(logging.DEBUG, "peermesh.zre.curve")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        udp.sendto(zre.encode_beacon(zre.Beacon(b.uuid.bytes, 0, ring.keys["bob"].public_raw)),
+                   ("127.255.255.255", nodes.port))
+    deadline = time.monotonic() + 10
+    # alice PINGs bob; bob answers, and alice drops the claim
+    while not any("alive after a port-0 beacon" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.01)
+    assert b.uuid in a.peers()
+    assert not [e for e in drain(a) if e.type is EXIT]
