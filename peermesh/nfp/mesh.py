@@ -59,6 +59,8 @@ from ..zre.node import Node
 from .broker import Broker
 from .client import Client
 from .store import JobStore, store_path
+from ..io.curve import Curve
+from ..wire.zre import PUBLIC_KEY_HEADER
 from .transport import nfp_socket
 from .worker import Tasks, TaskFunction, Worker, advertised
 
@@ -177,6 +179,10 @@ class NfpNode(Overlay):
         self._endpoints: dict[UUID, str] = {}    # candidates' NFP broker endpoints
         self._peer_workers: dict[UUID, list[str]] = {}
         self._worker_owner: dict[str, UUID] = {}
+        #: NFP endpoint -> the Z85 key of its node (from its authenticated X-PUBLICKEY), for
+        #: the CURVE clients of a node with keys
+        self.keys: dict[str, str] = {}
+        self._keyed: dict[UUID, list[str]] = {}  # the endpoints each peer's key is held for
         self._greenlets: list[gevent.Greenlet] = []
         if node is not None:
             self.attach(node)
@@ -202,12 +208,14 @@ class NfpNode(Overlay):
         """Open the store, bind the broker's ROUTER, attach the parts, advertise."""
         self.address = select_interface(node.config.interface).address
         self.context = shared_context()
+        self.curve: Optional[Curve] = node.curve
         self.store = JobStore(store_path(self.data_dir, self.store_name or node.name),
                               self.retention)
         try:
             if self.mode != "never":
-                router = nfp_socket(self.context, zmq.ROUTER)
+                router = nfp_socket(self.context, zmq.ROUTER, self.curve)
                 endpoint = bind_ephemeral(router, self.address)
+                self._own_key(endpoint)
                 self.broker = Broker(router, endpoint, name=node.name, node=node.uuid.hex,
                                      store=self.store, context=self.context,
                                      keepalive=self.keepalive, multiplier=self.multiplier,
@@ -223,7 +231,8 @@ class NfpNode(Overlay):
                     separators=(",", ":"))})
             self.client = Client(self.store, name=node.name, node=node.uuid.hex,
                                  context=self.context, request_timeout=self.request_timeout,
-                                 queue_timeout=self.queue_timeout)
+                                 queue_timeout=self.queue_timeout, curve=self.curve,
+                                 keys=self.keys)
             self.client.attach(node)
             self.tracker.attach(node)
             if self._setup is not None:
@@ -246,11 +255,17 @@ class NfpNode(Overlay):
         worker = Worker(service, name, tasks or Tasks(), self.store, address=self.address,
                         context=self.context, keepalive=self.keepalive,
                         multiplier=self.multiplier, admin_token=self.admin_token,
-                        node_name=node.name, on_shutdown=self._stop_worker)
+                        node_name=node.name, on_shutdown=self._stop_worker,
+                        curve=self.curve, keys=self.keys)
+        self._own_key(worker.endpoint)
         worker.attach(node)
         self.workers.append(worker)
         advertise(node, {WORKER_HEADER: advertised(self.workers)})
         return worker
+
+    def _own_key(self, endpoint: str) -> None:
+        if self.curve is not None:
+            self.keys[endpoint] = self.curve.public.decode()
 
     def add_listener(self, callback: Callable[[BrokerChanged[NfpCandidate]], None]) -> None:
         """Call ``callback(BrokerChanged)`` when the broker changes (on the hub)."""
@@ -324,7 +339,14 @@ class NfpNode(Overlay):
 
     def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         self._forget_workers(uuid, "its node said HELLO again")
+        key = headers.get(PUBLIC_KEY_HEADER)  # authenticated by the node, with keys
         endpoint = parse_broker_endpoint(headers.get(NFP_BROKER_HEADER))
+        if key is not None and self.curve is not None:
+            found_endpoints = [endpoint] + [e for _, _, e in parse_workers(
+                headers.get(WORKER_HEADER))]
+            known = [e for e in found_endpoints if e is not None]
+            self.keys.update((e, key) for e in known)
+            self._keyed[uuid] = known
         if endpoint is None:
             self._endpoints.pop(uuid, None)
         else:
@@ -345,6 +367,8 @@ class NfpNode(Overlay):
 
     def _peer_left(self, uuid: UUID) -> None:
         self._endpoints.pop(uuid, None)
+        for endpoint in self._keyed.pop(uuid, ()):
+            self.keys.pop(endpoint, None)
         self._forget_workers(uuid, "its node left the mesh")
 
     def _on_broker_change(self, change: Change) -> None:

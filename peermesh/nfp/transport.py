@@ -28,22 +28,43 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import gevent
 import zmq
 
 from ..io import HubSocket, make_socket
+from ..io.curve import Curve
 from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["Channel", "nfp_socket"]
+__all__ = ["Channel", "nfp_socket", "nfp_dealer"]
 
 log = logging.getLogger(__name__)
 
 
-def nfp_socket(context: Optional[zmq.Context], kind: int) -> zmq.Socket:
-    """A socket for NFP: no linger, and a peer sending over ``MAX_MESSAGE`` is cut off."""
-    return make_socket(kind, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context)
+def nfp_socket(context: Optional[zmq.Context], kind: int, curve: Optional[Curve] = None
+               ) -> zmq.Socket:
+    """A socket for NFP: no linger, and a peer sending over ``MAX_MESSAGE`` is cut off;
+    with ``curve`` (the node's keys) a CURVE server admitting the node's allowed keys."""
+    return make_socket(kind, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context, curve=curve)
+
+
+def nfp_dealer(context: Optional[zmq.Context], endpoint: str, curve: Optional[Curve],
+               keys: Mapping[str, str]) -> Optional[zmq.Socket]:
+    """A DEALER connected to ``endpoint``; with ``curve``, a CURVE client of the key
+    ``keys`` holds for that endpoint (its node's authenticated ``X-PUBLICKEY``), or None
+    (logged) when the key is unknown. ``inproc://`` endpoints need no key."""
+    server_key = None
+    if curve is not None and not endpoint.startswith("inproc://"):
+        key = keys.get(endpoint)
+        if key is None:
+            log.warning("not connecting to %s: the public key of its node is unknown", endpoint)
+            return None
+        server_key = key.encode()
+    sock = make_socket(zmq.DEALER, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context,
+                       curve=curve if server_key is not None else None, server_key=server_key)
+    sock.connect(endpoint)
+    return sock
 
 
 class Channel:

@@ -75,7 +75,8 @@ from .dispatch import WORKER_MMI
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from ..io import bind_ephemeral, shared_context
-from .transport import Channel, nfp_socket
+from ..io.curve import Curve
+from .transport import Channel, nfp_dealer, nfp_socket
 
 __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 
@@ -212,7 +213,8 @@ class Worker(Overlay):
                  context: Optional[zmq.Context] = None, keepalive: float = 1.0,
                  multiplier: int = 3, admin_token: Optional[str] = None,
                  node_name: str = "", on_shutdown: Optional[Callable[["Worker"], None]] = None,
-                 internal: bool = False) -> None:
+                 internal: bool = False, curve: Optional[Curve] = None,
+                 keys: Mapping[str, str] = {}) -> None:
         super().__init__()
         nfp.format_target((name,))  # a name that can be targeted
         if not service or not service.isprintable() or service == WORKER_MMI:
@@ -228,7 +230,9 @@ class Worker(Overlay):
         self.on_shutdown = on_shutdown
         self.internal = internal
         self._context = context or shared_context()
-        self._router = nfp_socket(self._context, zmq.ROUTER)
+        #: the node's CURVE keys, and the key of each endpoint's node (see ``nfp_dealer``)
+        self._curve, self._keys = curve, keys
+        self._router = nfp_socket(self._context, zmq.ROUTER, curve)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
         self._direct: Optional[Channel] = None
         self._broker: Optional[Channel] = None
@@ -311,8 +315,9 @@ class Worker(Overlay):
 
     def _open_broker(self) -> None:
         assert self.broker_endpoint is not None
-        sock = nfp_socket(self._context, zmq.DEALER)
-        sock.connect(self.broker_endpoint)
+        sock = nfp_dealer(self._context, self.broker_endpoint, self._curve, self._keys)
+        if sock is None:
+            return
         self._broker = Channel(sock, self._on_broker, f"worker {self.name} -> broker")
         self._broker_state = "opening"
         now = time.monotonic()
