@@ -93,7 +93,7 @@ class Channel(Overlay):
                  ping_interval: float = 1.0, dead_after: float = 3.0, timeout: float = 5.0,
                  max_message: int = 64 * 1024 * 1024, advertise_on: bool = True,
                  context: Optional[zmq.Context] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, curve: Any = None) -> None:
         super().__init__()
         if endpoint is not None:
             check_endpoint(endpoint, bind=True)
@@ -114,8 +114,9 @@ class Channel(Overlay):
         #: the bound endpoint (None until bound; see the class docstring)
         self.endpoint: Optional[str] = None
         self._sock: Optional[zmq.Socket] = None
-        #: the node's CURVE keys: the channel is a CURVE server admitting its allowed keys
-        self._curve = getattr(node, "curve", None)
+        #: the node's CURVE keys (or ``curve``, a ``peermesh.io.curve.Curve``, for a channel
+        #: bound before its node exists): a CURVE server admitting the allowed keys
+        self._curve = curve if curve is not None else getattr(node, "curve", None)
         self._router: Any = None
         self._monitor: Optional[zmq.Socket] = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -176,7 +177,7 @@ class Channel(Overlay):
     def attach(self, node: Any) -> None:
         """Attach to ``node`` before it starts; an unbound channel binds on its interface."""
         if self.endpoint is None and self.lifecycle is Lifecycle.NEW and not node.running:
-            self._curve = getattr(node, "curve", None)
+            self._curve = self._curve or getattr(node, "curve", None)
             self._bind(node.config.interface)
         super().attach(node)
 
