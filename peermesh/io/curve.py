@@ -21,7 +21,7 @@ import zmq
 from .keys import Keypair, KeyFileError, load_keypair, z85_key
 from .zap import Allowlist, zap_responder
 
-__all__ = ["Curve", "DEFAULT_DOMAIN"]
+__all__ = ["Curve", "DEFAULT_DOMAIN", "shared_allowlist"]
 
 #: the ZAP domain Zyre sets on its mailbox
 DEFAULT_DOMAIN = "global"

@@ -73,16 +73,29 @@ class Allowlist:
         return key in self.keys
 
     def refresh(self) -> bool:
-        """Re-read the directory if it changed since it was last read; True if it was."""
+        """Re-read the directory if it changed since it was last read; True if it was.
+
+        Never raises: a directory that cannot be read is logged (once) and the
+        keys read before stay allowed.
+        """
         if self.directory is None:
             return False
         try:
-            stamp = os.stat(self.directory).st_mtime_ns
-        except OSError:
+            stamp: Optional[int] = os.stat(self.directory).st_mtime_ns
+        except OSError as exc:
             stamp = None
-        if stamp == self._stamp and stamp is not None:
+            if self._stamp is not None:
+                log.warning("allowed keys: cannot read %s (%s); the %d keys read before stay "
+                            "allowed", self.directory, exc.strerror, len(self.keys))
+        if stamp is None or stamp == self._stamp:
+            self._stamp = stamp
             return False
-        self.reload()
+        try:
+            self.reload()
+        except KeyFileError as exc:
+            log.warning("%s; the %d keys read before stay allowed", exc, len(self.keys))
+            self._stamp = stamp
+            return False
         return True
 
     def reload(self) -> int:

@@ -142,9 +142,9 @@ class Node:
         if self.config.key_file is not None:
             self.curve = Curve.load(self.config.key_file, self.config.allowed_keys,
                                     self.config.zap_domain)
-            if transport is not None and getattr(transport, "curve", None) is not self.curve:
-                raise ValueError("a node with key_file needs the transport made for its keys "
-                                 "(leave transport unset)")
+            if transport is not None:
+                raise ValueError("a node with key_file makes its own transport (its sockets "
+                                 "need the keys): leave transport unset")
         #: how frames, beacons and time move (``transport.ZmqTransport`` or a simulated one)
         self.transport: Any = transport if transport is not None else ZmqTransport(
             curve=self.curve)
@@ -235,6 +235,8 @@ class Node:
                 source.stop()
             self._session.stop()
             self._mailbox.close()
+            if self.curve is not None:
+                self.curve.release(self.transport.context)
             self._state = "stopped"
             raise
         self._greenlets = [gevent.spawn(self._mailbox_reader), gevent.spawn(self._timer)]
