@@ -236,6 +236,7 @@ class DriverService:
         #: (readers get its public key as option ``serverKey``), besides the token
         self.server_key: Optional[str] = None
         self._curve: Any = None
+        self._channel_curve: Any = None
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
@@ -282,8 +283,8 @@ class DriverService:
         if self._want_channel and sada is None:
             raise RuntimeError("channel=True needs peermesh.sada, which is not importable")
         if sada is not None:
-            self.channel = sada.ThreadedChannel(address=itf.address, curve=_node_curve(
-                self._curve, self._node_settings))
+            self._channel_curve = _node_curve(self._curve, self._node_settings)
+            self.channel = sada.ThreadedChannel(address=itf.address, curve=self._channel_curve)
             headers.update(self.channel.headers)
         settings = dict(self._node_settings)
         if self._port is not None:
@@ -522,9 +523,10 @@ class DriverService:
             hub.destroy(destroy_loop=True)
 
     def _release_keys(self) -> None:
-        if self._curve is not None:
-            self._curve.release(shared_context())
-            self._curve = None
+        for curve in (self._curve, self._channel_curve):
+            if curve is not None:
+                curve.release(shared_context())
+        self._curve = self._channel_curve = None
 
     def _handle(self, reader: MessageLog, frames: list[bytes]) -> Optional[Reply]:
         self.stats.requests += 1
