@@ -279,3 +279,24 @@ def test_forged_port_0_beacon_with_the_right_key_cannot_cut_off_a_live_peer(
         time.sleep(0.01)
     assert b.uuid in a.peers()
     assert not [e for e in drain(a) if e.type is EXIT]
+
+
+def test_asyncio_face_with_keys(nodes: Nodes, ring: KeyRing) -> None:
+    import asyncio
+
+    from peermesh.aio import AsyncNode
+
+    bob = nodes.start("bob")
+
+    async def main() -> str:
+        async with AsyncNode("alice", config=NodeConfig(), interface="lo", port=nodes.port,
+                             interval=0.1, key_file=ring.secret("alice")) as alice:
+            while True:
+                event = await alice.recv(10)
+                assert event is not None, "bob did not enter"
+                if event.type is ENTER and event.peer == bob.uuid:
+                    await alice.whisper(bob.uuid, b"from asyncio")
+                    return event.headers[zre.PUBLIC_KEY_HEADER]
+
+    assert asyncio.run(main()) == ring.public("bob").decode()
+    assert wait_for(bob, match(WHISPER)).frames == (b"from asyncio",)
