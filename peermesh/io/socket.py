@@ -374,9 +374,10 @@ class HubSocket:
                 append((first, rest, _property(frame, name)))
         return batch
 
-    def read(self, on_batch: Callable[[list], None]) -> None:
-        """Hand every batch of messages (as ``recv_batch`` gives them) to ``on_batch``,
-        in the calling greenlet, until the socket is closed; ``on_batch`` may wait.
+    def read(self, on_batch: Callable[[list], None], metadata: Optional[str] = None) -> None:
+        """Hand every batch of messages (as ``recv_batch`` gives them, with ``metadata``
+        too) to ``on_batch``, in the calling greenlet, until the socket is closed;
+        ``on_batch`` may wait.
 
         Between batches the reader waits on the hub. It waits at once after a
         batch that found the socket empty (which re-armed the edge), unless
@@ -394,7 +395,7 @@ class HubSocket:
         while True:
             self._touched = False
             try:
-                batch = batch_of(BATCH, limit, max_frames, None)
+                batch = batch_of(BATCH, limit, max_frames, metadata)
             except zmq.ZMQError as exc:
                 if self.closed or exc.errno == zmq.ENOTSOCK:
                     return

@@ -59,7 +59,8 @@ from ..zre.node import Node
 from .broker import Broker
 from .client import Client
 from .store import JobStore, store_path
-from ..io.curve import Curve
+from ..io.curve import Curve, shared_allowlist
+from ..io.zap import Allowlist
 from ..wire.zre import PUBLIC_KEY_HEADER
 from .transport import nfp_socket
 from .worker import Tasks, TaskFunction, Worker, advertised
@@ -137,6 +138,7 @@ class NfpNode(Overlay):
                  multiplier: int = 3, queue_timeout: float = 30.0, request_timeout: float = 5.0,
                  retention: float = 7 * 86400.0, purge_interval: float = 3600.0,
                  admin_token: Optional[str] = None,
+                 admin_keys: Optional[os.PathLike[str] | str] = None,
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  store_name: Optional[str] = None,
@@ -158,6 +160,10 @@ class NfpNode(Overlay):
         self.retention = float(retention)
         self.purge_interval = float(purge_interval)
         self.admin_token = admin_token
+        #: directory of the public certificates allowed the destructive MMI calls, on a
+        #: node with keys (instead of ``admin_token``, which is then not used)
+        self.admin_keys_dir = admin_keys
+        self.admin_keys: Optional[Allowlist] = None
         self.inventory_dir = inventory_dir
         self.files_root = files_root
         self.store_name = store_name
@@ -209,6 +215,11 @@ class NfpNode(Overlay):
         self.address = select_interface(node.config.interface).address
         self.context = shared_context()
         self.curve: Optional[Curve] = node.curve
+        if self.admin_keys_dir is not None:
+            if self.curve is None:
+                raise ValueError("admin_keys needs a node with keys (key_file): without CURVE "
+                                 "a caller's key cannot be known")
+            self.admin_keys = shared_allowlist(self.admin_keys_dir)
         self.store = JobStore(store_path(self.data_dir, self.store_name or node.name),
                               self.retention)
         try:
@@ -222,6 +233,8 @@ class NfpNode(Overlay):
                                      queue_timeout=self.queue_timeout,
                                      request_timeout=self.request_timeout,
                                      admin_token=self.admin_token,
+                                     admin_keys=self.admin_keys,
+                                     keyed=self.curve is not None,
                                      inventory_dir=self.inventory_dir,
                                      files_root=self.files_root, on_shutdown=self._shutdown)
                 self.broker.attach(node)
@@ -255,6 +268,7 @@ class NfpNode(Overlay):
         worker = Worker(service, name, tasks or Tasks(), self.store, address=self.address,
                         context=self.context, keepalive=self.keepalive,
                         multiplier=self.multiplier, admin_token=self.admin_token,
+                        admin_keys=self.admin_keys,
                         node_name=node.name, on_shutdown=self._stop_worker,
                         curve=self.curve, keys=self.keys)
         self._own_key(worker.endpoint)

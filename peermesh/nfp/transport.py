@@ -71,11 +71,14 @@ class Channel:
     """One socket, a reader greenlet calling ``handler(frames)``, and a non-blocking send."""
 
     def __init__(self, sock: zmq.Socket, handler: Callable[[list[bytes]], None],
-                 name: str = "channel", send_timeout: float = 5.0) -> None:
+                 name: str = "channel", send_timeout: float = 5.0, keyed: bool = False) -> None:
         self.socket = sock
         self.name = name
         self.send_timeout = send_timeout
         self._handler = handler
+        #: ``keyed`` (a CURVE socket): the key (Z85) the message being handled was sent with
+        self.sender_key: Optional[str] = None
+        self._keyed = keyed
         self._io = HubSocket(sock, limit=MAX_MESSAGE)
         self._hub = gevent.get_hub()
         self._corked = False
@@ -88,15 +91,19 @@ class Channel:
     # --- receiving ------------------------------------------------------
 
     def _read(self) -> None:
-        self._io.read(self._on_batch)
+        self._io.read(self._on_batch, "User-Id" if self._keyed else None)
 
     def _on_batch(self, batch: list) -> None:
-        dispatch = self._dispatch
+        dispatch, keyed = self._dispatch, self._keyed
         self._corked = True
         try:
-            for first, frames in batch:
+            for item in batch:
                 if self.closed:     # a handler closed the channel
                     return
+                if keyed:
+                    first, frames, self.sender_key = item
+                else:
+                    first, frames = item
                 if frames is None:
                     log.warning("%s: a message over %d bytes dropped", self.name, MAX_MESSAGE)
                     continue
