@@ -26,11 +26,13 @@ logged and skipped, the others still count.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
-from typing import Optional
+from typing import Any, Optional
 
+import gevent
 import zmq
 from zmq.utils import z85
 
@@ -157,8 +159,12 @@ class ZapResponder:
             raise CurveError(f"cannot install the ZAP handler ({ZAP_ENDPOINT}): {exc}; "
                              "is another one (zmq.auth) running in this context?") from None
         self._socket = HubSocket(sock)
-        self._thread = threading.Thread(target=self._serve, name="peermesh-zap", daemon=True)
+        self._loop: Any = None  # the private hub's loop, once it serves
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(started,),
+                                        name="peermesh-zap", daemon=True)
         self._thread.start()
+        started.wait()
 
     @property
     def alive(self) -> bool:
@@ -189,11 +195,25 @@ class ZapResponder:
                 else:
                     del self._domains[name]
 
-    def _serve(self) -> None:
+    def _serve(self, started: threading.Event) -> None:
+        hub = gevent.get_hub()
+        self._loop = hub.loop
+        started.set()
         try:
             self._socket.serve(self._on_request)
         finally:
             self._socket.close()
+            hub.destroy(destroy_loop=True)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop answering and end the thread (from any thread; at exit, before the
+        interpreter stops its threads under a running hub)."""
+        if self._thread.is_alive() and self._loop is not None:
+            try:
+                self._loop.run_callback_threadsafe(self._socket.close)
+            except Exception:  # the loop is gone already
+                return
+            self._thread.join(timeout)
 
     def _on_request(self, route: bytes, frames: list[bytes]) -> None:
         # [b"", version, request id, domain, address, identity, mechanism, *credentials]
@@ -219,6 +239,12 @@ class ZapResponder:
 
 _responders: dict[int, ZapResponder] = {}
 _responders_lock = threading.Lock()
+
+
+@atexit.register
+def _close_responders() -> None:
+    for responder in list(_responders.values()):
+        responder.close()
 
 
 def zap_responder(context: zmq.Context) -> ZapResponder:

@@ -59,8 +59,8 @@ def test_any_key_and_bad_directories(tmp_path: Path) -> None:
 
 def test_one_allowlist_per_domain_while_in_use(tmp_path: Path) -> None:
     context = zmq.Context()
+    responder = zap_responder(context)
     try:
-        responder = zap_responder(context)
         first, second = Allowlist(None), Allowlist(tmp_path)
         responder.register("d", first, "user-1")
         with pytest.raises(CurveError, match="ZAP domain 'd' already admits"):
@@ -68,7 +68,9 @@ def test_one_allowlist_per_domain_while_in_use(tmp_path: Path) -> None:
         responder.release("d", "user-1")
         responder.register("d", second, "user-2")  # free again
     finally:
-        context.destroy(linger=0)
+        responder.close()  # its own thread closes its socket, then the context can end
+        assert not responder.alive
+        context.term()
 
 
 def test_server_and_client_socket_options(tmp_path: Path) -> None:
