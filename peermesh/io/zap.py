@@ -10,7 +10,8 @@ in. Sockets name a ZAP *domain* (Zyre's default is ``"global"``) and set
 ``ZapResponder`` is that handler, one per context: a ROUTER served by a
 ``HubSocket`` on a private gevent hub in a daemon thread of its own, so it
 answers whatever thread or hub the nodes of the process run on (and goes on
-answering when the node that started it stops). Each domain maps to one
+answering when the node that started it stops). In a monkey-patched program
+that "thread" is a greenlet on the hub that first needed it. Each domain maps to one
 ``Allowlist``; a key it allows is accepted with the key itself (Z85) as the
 ZAP User-Id, which libzmq then attaches to every message of that connection:
 that is how a node knows which key sent a message.
@@ -33,6 +34,7 @@ import threading
 from typing import Any, Optional
 
 import gevent
+import gevent.monkey
 import zmq
 from zmq.utils import z85
 
@@ -203,7 +205,8 @@ class ZapResponder:
             self._socket.serve(self._on_request)
         finally:
             self._socket.close()
-            hub.destroy(destroy_loop=True)
+            if not gevent.monkey.is_module_patched("threading"):  # else: the caller's hub
+                hub.destroy(destroy_loop=True)
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop answering and end the thread (from any thread; at exit, before the
