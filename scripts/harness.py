@@ -266,8 +266,8 @@ def c_extension(code: str = REPO) -> str:
 def socket_driver(sock: Any, handler: Callable[[list[bytes]], None]) -> Any:
     """peermesh's gevent driver of a pyzmq socket: ``handler(frames)`` for every message
     received; the result has ``send(frames)`` and ``close()``."""
-    from peermesh.nfp.transport import Channel
-    return Channel(sock, handler)
+    from peermesh.nfp.transport import CorkedSocket
+    return CorkedSocket(sock, handler)
 
 
 # ---------------------------------------------------------------------------

@@ -11,11 +11,12 @@ Where the socket lives
 ----------------------
 ``$PEERMESH_AGENT`` if set, else ``$XDG_RUNTIME_DIR/peermesh/agent.sock``,
 else ``/tmp/peermesh-$UID/agent.sock``; ``--agent PATH`` overrides all three.
-A missing ``peermesh`` directory is created with mode 0700; under ``/tmp`` an
-existing one must be a real directory owned by the user with no group or
-other permissions, or the agent refuses to use it. The socket file's mode
-follows the umask (connecting needs write permission, so the usual 022 lets
-only the owner in). Next to the socket, ``agent.sock.lock`` holds an
+The socket's directory is private whatever the umask: a missing one is
+created with mode 0700, and an existing one must be a real directory owned by
+the user with no group or other permissions, or the agent refuses to use it
+(naming its owner and mode). The socket file gets mode 0600. So only the
+agent's own user can drive it: other users run their own agent, or run as the
+agent's user. Next to the socket, ``agent.sock.lock`` holds an
 exclusive ``flock`` and the agent's pid for as long as the agent runs.
 
 Protocol
@@ -77,9 +78,15 @@ seconds may consider the agent gone.
 
 Bounds
 ------
-At most ``MAX_CONNECTIONS`` (128) clients at once: one more gets the
-agent's handshake with ``"code": "busy"`` and is closed. The handshake must
-arrive within ``HANDSHAKE_TIMEOUT`` (5 s). A request frame may hold at most
+At most ``max_connections`` (``MAX_CONNECTIONS``, 128) clients at once, and
+never more than half the descriptors the process may still open when the
+agent starts (``RLIMIT_NOFILE`` less those open) after ``NODE_RESERVE``
+(128) kept for the node, so clients never take the descriptors its peers
+need: one more gets the agent's handshake with ``"code": "busy"`` and is
+closed at once (refusals are counted in ``limits`` and logged once per
+interval). An ``accept`` that fails (``EMFILE``) is retried after a pause;
+the agent keeps serving. The handshake must arrive within
+``HANDSHAKE_TIMEOUT`` (5 s). A request frame may hold at most
 the node's ``max_message`` plus 64 KiB (``REQUEST_OVERHEAD``): a larger one
 is answered ``bad-request`` and the connection closed; a client accepts
 replies up to ``MAX_REPLY`` (256 MiB). At most ``MAX_CONCURRENT`` (256)
@@ -105,9 +112,10 @@ from uuid import UUID
 import msgpack
 
 from ..errors import PeermeshError
+from ..limits import LimitCounter
 from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, PROTOCOL, AgentClient, AgentError,
                      AgentGone, AgentMismatch, NoAgent, default_agent_path, frame,
-                     resolve_path, tmp_path)
+                     resolve_path)
 
 __all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
            "AgentClient", "AgentError", "AgentRunning", "AgentPathError", "NoAgent",
@@ -133,6 +141,8 @@ REQUEST_OVERHEAD = 64 * 1024
 HANDSHAKE_TIMEOUT = 5.0
 #: seconds a reply may wait for the client to read before the client is disconnected
 SEND_TIMEOUT = 5.0
+#: descriptors kept for the node's own peers and sockets, beyond those open at start
+NODE_RESERVE = 128
 _WARN_EVERY = 60.0  # seconds between two log lines about the same kind of misbehaviour
 
 
@@ -160,28 +170,41 @@ class AgentPathError(PeermeshError, RuntimeError):
 # Where the socket lives (default_agent_path, resolve_path: peermesh.agent.client)
 
 
-def _prepare_directory(path: str) -> None:
-    """Create the socket's directory (0700); check it when it is the shared /tmp one."""
-    directory = os.path.dirname(path)
-    private_tmp = path == tmp_path(os.getuid())
+def _free_descriptors() -> int:
+    """Descriptors this process may still open (its soft limit less those open now)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
     try:
-        if private_tmp:
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                pass
-            st = os.lstat(directory)
-            if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
-                    or st.st_mode & 0o077):
-                raise AgentPathError(
-                    f"{directory} is not a private directory of this user (owner uid "
-                    f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}); remove it or choose "
-                    "another path with --agent or $PEERMESH_AGENT")
-        else:
-            os.makedirs(directory, 0o700, exist_ok=True)
+        return soft - len(os.listdir("/proc/self/fd"))
+    except OSError:   # no /proc: count none open
+        return soft
+
+
+def _prepare_directory(path: str) -> None:
+    """Create the socket's directory (0700, whatever the umask) or check that the existing
+    one is private: a directory (not a link) of this user with no group or other bits."""
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        try:
+            os.mkdir(directory, 0o700)
+            os.chmod(directory, 0o700)   # mkdir's mode is narrowed by the umask, never widened
+        except FileExistsError:
+            pass
+        st = os.lstat(directory)
     except OSError as exc:
         raise AgentPathError(f"cannot create the agent directory {directory}: "
                              f"{exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "link or file"
+        raise AgentPathError(
+            f"{directory} is not a private directory of this user (a {kind} of owner uid "
+            f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}; the agent needs one owned by "
+            f"uid {os.getuid()} with mode 0700); fix it, remove it or choose another path "
+            "with --agent or $PEERMESH_AGENT")
 
 
 def _listening(path: str) -> bool:
@@ -437,7 +460,8 @@ class AgentServer:
     """
 
     def __init__(self, node: Any, claim: AgentClaim, *, heartbeat: float = HEARTBEAT,
-                 backlog: int = SUBSCRIBER_BACKLOG) -> None:
+                 backlog: int = SUBSCRIBER_BACKLOG,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         import gevent.event
         import gevent.pool
 
@@ -450,6 +474,18 @@ class AgentServer:
         self.heartbeat = heartbeat
         self.backlog = backlog
         self.max_request = node.config.max_message + REQUEST_OVERHEAD
+        if not max_connections >= 1:
+            raise ValueError(f"max_connections must be at least 1, not {max_connections!r}")
+        #: clients served at once: ``max_connections``, and at most half the descriptors
+        #: still free when the agent is made, less ``NODE_RESERVE`` kept for the node
+        self.max_connections = min(max_connections,
+                                   max(1, (_free_descriptors() - NODE_RESERVE) // 2))
+        if self.max_connections < max_connections:
+            log.warning("agent serves at most %d clients at once, not %d: the process may open "
+                        "few more descriptors (raise its RLIMIT_NOFILE)", self.max_connections,
+                        max_connections)
+        #: refusals by limit: ``max_connections``, ``descriptors`` (accept failed: EMFILE)
+        self.limits = LimitCounter(log)
         self.started = time.monotonic()
         self._listener: Any = None
         self._acceptor: Any = None
@@ -474,6 +510,7 @@ class AgentServer:
         listener = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(self.path)
+            os.chmod(self.path, 0o600)   # only this user may connect (write permission)
             listener.listen(64)
         except OSError as exc:
             listener.close()
@@ -560,16 +597,17 @@ class AgentServer:
             except OSError as exc:
                 if self._closing:
                     return
-                self._warn("accept", "agent cannot accept a client: %s", exc.strerror or exc)
                 # e.g. EMFILE: wait until a descriptor frees; the agent keeps serving
+                self.limits.over("descriptors", f"agent cannot accept a client: "
+                                 f"{exc.strerror or exc}")
                 gevent.sleep(0.1 if exc.errno in (errno.EMFILE, errno.ENFILE) else 0.01)
                 continue
             conn = _Connection(sock)
-            if len(self._connections) >= MAX_CONNECTIONS:
-                self._warn("busy", "agent refused a client: %d connected already",
-                           MAX_CONNECTIONS)
-                gevent.spawn(self._refuse, conn, "busy",
-                             f"the agent serves {MAX_CONNECTIONS} clients already")
+            if len(self._connections) >= self.max_connections:
+                self.limits.over("max_connections", f"agent refused a client: "
+                                 f"{self.max_connections} connected already")
+                self._refuse(conn, "busy",
+                             f"the agent serves {self.max_connections} clients already")
                 continue
             self._connections[conn] = gevent.spawn(self._serve, conn)
 
@@ -577,7 +615,13 @@ class AgentServer:
         return frame({"hello": PROTOCOL, "pid": os.getpid(), "version": self.version, **extra})
 
     def _refuse(self, conn: _Connection, code: str, message: str) -> None:
-        conn.send(self._hello(code=code, error=message), 1.0)
+        """Answer the handshake with ``code`` and close at once (never waits: a refused
+        client holds no descriptor)."""
+        try:
+            conn.sock.setblocking(False)
+            conn.sock.send(self._hello(code=code, error=message))
+        except OSError:
+            pass
         conn.sock.close()
 
     def _read_frame(self, conn: _Connection) -> Any:

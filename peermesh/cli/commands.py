@@ -46,6 +46,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.sim.commands",
     "peermesh.nfp.commands",
     "peermesh.sada.commands",
+    "peermesh.flux.commands",
+    "peermesh.mtl.commands",
     "peermesh.cli.keygen",
 )
 #: default --wait (seconds) of the commands that try the agent first
@@ -432,7 +434,7 @@ Run '{PROG} COMMAND --help' for the options of a command.
 {_EXIT_CODES}""")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    groups: dict[str, Any] = {}  # "job" -> the subparsers of its actions
+    groups: dict[str, Any] = {}  # "job", "mtl user" -> the subparsers of its actions
 
     def command(name: str, summary: str, description: str, examples: str,
                 handler: Optional[Callable[[argparse.Namespace, Optional[NodeConfig]], int]], *,
@@ -445,12 +447,12 @@ Run '{PROG} COMMAND --help' for the options of a command.
         ``agent_first``: the handler gets no config and builds one when it needs it.
         """
         *group, leaf = name.split()
-        where = groups[group[0]] if group else sub
+        where = groups[" ".join(group)] if group else sub
         epilog = f"examples:\n{examples}\n\n{_EXIT_CODES}"
         if handler is None:
             p = where.add_parser(leaf, help=summary, formatter_class=_formatter(),
                                  description=description, epilog=epilog)
-            groups[leaf] = p.add_subparsers(dest="action", metavar="ACTION", title="actions",
+            groups[name] = p.add_subparsers(dest="action", metavar="ACTION", title="actions",
                                             required=True)
             return p
         options = _node_options(node_options == "timers") if node_options \

@@ -50,13 +50,14 @@ import zmq
 
 from ..errors import ProtocolError
 from ..io.zap import Allowlist
+from ..limits import LimitCounter
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import Dispatcher, Reply, without_rid
 from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
-from .transport import Channel
+from .transport import CorkedSocket
 from .worker import Tasks, TaskFunction, Worker
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class Broker(Overlay):
         self._router = router
         self.inproc = f"inproc://peermesh-nfp-broker-{node}-{id(self):x}"
         router.bind(self.inproc)
-        self._channel: Optional[Channel] = None
+        self._channel: Optional[CorkedSocket] = None
         self.active = False
         self.dispatcher: Optional[Dispatcher] = None
         self._peers: dict[bytes, _Peer] = {}
@@ -140,6 +141,8 @@ class Broker(Overlay):
         self.since = 0.0
         self.stats = {"dropped": 0, "requests": 0, "events": 0, "elections_won": 0,
                       "disconnects_sent": 0}
+        #: refusals by limit: ``max_target`` (requests whose target is over MAX_TARGET)
+        self.limits = LimitCounter(log)
 
     # --- life cycle -----------------------------------------------------
 
@@ -160,8 +163,8 @@ class Broker(Overlay):
 
     def on_start(self) -> None:
         """Start reading the ROUTER (standby) and the services (idle until activated)."""
-        self._channel = Channel(self._router, self._on_message, f"broker {self.name}",
-                                keyed=self.keyed)
+        self._channel = CorkedSocket(self._router, self._on_message, f"broker {self.name}",
+                                     keyed=self.keyed)
         for service in self._services:
             service.start()
 
@@ -255,7 +258,12 @@ class Broker(Overlay):
             msg = nfp.decode(command)
         except ProtocolError as exc:
             self.stats["dropped"] += 1
-            log.debug("broker: dropped a malformed message from %r: %s", identity, exc.reason)
+            if isinstance(exc, nfp.TargetTooLong):
+                self.limits.over("max_target", f"broker dropped a request from {identity!r}: "
+                                 f"{exc.reason}")
+            else:
+                log.debug("broker: dropped a malformed message from %r: %s", identity,
+                          exc.reason)
             return
         role = msg.role
         if role is nfp.WORKER:

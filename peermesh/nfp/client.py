@@ -70,7 +70,7 @@ from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_
 from ..io.curve import Curve
 from .store import ClientJob, JobStore
 from ..io import shared_context
-from .transport import Channel, nfp_dealer
+from .transport import CorkedSocket, nfp_dealer
 
 __all__ = ["Client", "JobEvent", "Reply"]
 
@@ -191,10 +191,10 @@ class Client(Overlay):
         self._direct = Dispatcher(nfp.CLIENT, request_timeout=request_timeout,
                                   queue_timeout=queue_timeout, on_job_event=self._on_job_event,
                                   clock=time.monotonic)
-        self._links: dict[str, Channel] = {}
+        self._links: dict[str, CorkedSocket] = {}
         #: the elected broker's NFP endpoint (None: no broker, workers are asked directly)
         self.broker: Optional[str] = None
-        self._broker_channel: Optional[Channel] = None
+        self._broker_channel: Optional[CorkedSocket] = None
         self._opened: Optional[gevent.event.AsyncResult] = None
         self._waiting: dict[str, gevent.event.AsyncResult] = {}
         # (deadline, rid) of requests sent to the broker: the ticker expires them, so a
@@ -263,7 +263,7 @@ class Client(Overlay):
                 self._direct.on_response(name, msg)
             elif isinstance(msg, nfp.Event):
                 self._direct.on_event(name, msg)
-        channel = Channel(sock, on_message, f"client -> worker {name}")
+        channel = CorkedSocket(sock, on_message, f"client -> worker {name}")
         self._links[name] = channel
         self._direct.add_worker(name, service, channel.send, {"endpoint": endpoint})
 
@@ -345,7 +345,7 @@ class Client(Overlay):
 
     # --- broker link ----------------------------------------------------
 
-    def _broker_link(self, deadline: float) -> Optional[Channel]:
+    def _broker_link(self, deadline: float) -> Optional[CorkedSocket]:
         broker = self.broker
         if broker is None:
             return None
@@ -353,7 +353,7 @@ class Client(Overlay):
             sock = nfp_dealer(self._context, broker, self._curve, self._keys)
             if sock is None:
                 return None
-            self._broker_channel = Channel(sock, self._on_broker, "client -> broker")
+            self._broker_channel = CorkedSocket(sock, self._on_broker, "client -> broker")
             self._opened = gevent.event.AsyncResult()
             self._broker_channel.send(nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(
                 {"name": self.name, "node": self.node_id}))))

@@ -63,7 +63,7 @@ from ..io.curve import Curve, shared_allowlist
 from ..io.zap import Allowlist
 from ..wire.zre import PUBLIC_KEY_HEADER
 from .transport import nfp_socket
-from .worker import Tasks, TaskFunction, Worker, advertised
+from .worker import MAX_CLIENTS, MAX_STORED, Tasks, TaskFunction, Worker, advertised
 
 __all__ = ["NfpNode", "NfpCandidate", "WORKER_HEADER", "NFP_BROKER_HEADER",
            "default_data_dir"]
@@ -255,9 +255,10 @@ class NfpNode(Overlay):
             raise
 
     def add_worker(self, service: str, name: Optional[str] = None,
-                   tasks: Optional[Tasks | Mapping[str, TaskFunction]] = None) -> Worker:
+                   tasks: Optional[Tasks | Mapping[str, TaskFunction]] = None, *,
+                   max_clients: int = MAX_CLIENTS, max_stored: int = MAX_STORED) -> Worker:
         """Add a worker of ``service`` (attached, before ``node.start()``); name defaults to
-        the node's."""
+        the node's. ``max_clients``, ``max_stored``: the worker's bounds (see ``Worker``)."""
         node = self.node
         if node is None or node.running or self.lifecycle is Lifecycle.STOPPED:
             raise NodeStateError("add workers after attaching NfpNode and before "
@@ -270,6 +271,7 @@ class NfpNode(Overlay):
                         multiplier=self.multiplier, admin_token=self.admin_token,
                         admin_keys=self.admin_keys,
                         node_name=node.name, on_shutdown=self._stop_worker,
+                        max_clients=max_clients, max_stored=max_stored,
                         curve=self.curve, keys=self.keys)
         self._own_key(worker.endpoint)
         worker.attach(node)

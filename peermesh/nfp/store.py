@@ -382,6 +382,13 @@ class JobStore:
         rows = self._db.execute(sql + " ORDER BY created DESC LIMIT ?", (*args, limit))
         return [self._worker_job(row) for row in rows.fetchall()]
 
+    def worker_bytes(self, worker: str) -> int:
+        """Octets of the POST bodies ``worker``'s jobs hold in the store."""
+        self._flush_client()
+        row = self._db.execute("SELECT total(length(CAST(body AS BLOB))) FROM worker_jobs "
+                               "WHERE worker = ?", (worker,)).fetchone()
+        return int(row[0])
+
     def count_worker_jobs(self, worker: str) -> dict[str, int]:
         """Number of jobs of ``worker`` by state."""
         rows = self._db.execute("SELECT state, count(*) FROM worker_jobs WHERE worker = ? "

@@ -1,9 +1,9 @@
-"""NFP's message channel: one socket, a reader greenlet whose handlers may wait, and sends
+"""A corked socket for NFP: one socket, a reader greenlet whose handlers may wait, and sends
 that never block the hub.
 
 How it works
 ------------
-A ``Channel`` owns one socket, driven by the I/O layer's ``HubSocket``
+A ``CorkedSocket`` owns one socket, driven by the I/O layer's ``HubSocket``
 (batched reads, whole-message sends, the edge re-armed after a send, the
 guard timer), and one reader greenlet. The reader takes every message that
 is ready, hands each to ``handler(frames)`` and only then waits for more.
@@ -37,7 +37,7 @@ from ..io import HubSocket, make_socket
 from ..io.curve import Curve
 from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["Channel", "nfp_socket", "nfp_dealer"]
+__all__ = ["CorkedSocket", "nfp_socket", "nfp_dealer"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def nfp_dealer(context: Optional[zmq.Context], endpoint: str, curve: Optional[Cu
     return sock
 
 
-class Channel:
+class CorkedSocket:
     """One socket, a reader greenlet calling ``handler(frames)``, and a non-blocking send."""
 
     def __init__(self, sock: zmq.Socket, handler: Callable[[list[bytes]], None],
@@ -214,4 +214,4 @@ class Channel:
         self._io.close(linger)
 
     def __repr__(self) -> str:
-        return f"<Channel {self.name}{' closed' if self.closed else ''}>"
+        return f"<CorkedSocket {self.name}{' closed' if self.closed else ''}>"

@@ -59,7 +59,7 @@ import importlib
 import json
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional
 
@@ -68,6 +68,7 @@ import gevent.event
 import zmq
 
 from ..errors import ProtocolError
+from ..limits import LimitCounter
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -77,7 +78,7 @@ from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from ..io import bind_ephemeral, shared_context
 from ..io.curve import Curve
 from ..io.zap import Allowlist
-from .transport import Channel, nfp_dealer, nfp_socket
+from .transport import CorkedSocket, nfp_dealer, nfp_socket
 
 __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 
@@ -86,6 +87,12 @@ log = logging.getLogger(__name__)
 TaskFunction = Callable[..., Any]
 #: longest result (JSON characters) a 202 carries (a longer one follows in the final EVENT)
 FINAL_IN_ACCEPT = 64 * 1024
+#: direct clients a worker remembers by default (the least recently heard go first)
+MAX_CLIENTS = 1024
+#: octets of POST bodies a worker keeps in its store by default (until the retention
+#: purges finished jobs); a POST past it is answered 500 and not stored
+MAX_STORED = 1024 * 1024 * 1024
+_RECOUNT_EVERY = 60.0        # seconds between two recounts of the stored octets when full
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
 _STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
                   "the first time); not run a third time: does the task end its process?")
@@ -208,7 +215,13 @@ class JobContext:
 
 class Worker(Overlay):
     """One worker of one service, an overlay of its node (create and attach it before the
-    node starts: it binds at once and its endpoint goes in the node's HELLO)."""
+    node starts: it binds at once and its endpoint goes in the node's HELLO).
+
+    Bounds on what clients can grow: ``max_clients`` (direct clients remembered for
+    ``show_clients``; the least recently heard is forgotten) and ``max_stored`` (octets
+    of POST bodies held in the store until the retention purges them; a POST past it
+    is answered 500 and not stored). Refusals are counted in ``limits``.
+    """
 
     roles: ClassVar[tuple[str, ...]] = ("nfp-worker",)
 
@@ -217,7 +230,8 @@ class Worker(Overlay):
                  context: Optional[zmq.Context] = None, keepalive: float = 1.0,
                  multiplier: int = 3, admin_token: Optional[str] = None,
                  node_name: str = "", on_shutdown: Optional[Callable[["Worker"], None]] = None,
-                 internal: bool = False, curve: Optional[Curve] = None,
+                 internal: bool = False, max_clients: int = MAX_CLIENTS,
+                 max_stored: int = MAX_STORED, curve: Optional[Curve] = None,
                  keys: Mapping[str, str] = {}, admin_keys: Optional[Allowlist] = None) -> None:
         super().__init__()
         nfp.format_target((name,))  # a name that can be targeted
@@ -240,9 +254,9 @@ class Worker(Overlay):
         self._curve, self._keys = curve, keys
         self._router = nfp_socket(self._context, zmq.ROUTER, curve)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
-        self._direct: Optional[Channel] = None
-        self._broker: Optional[Channel] = None
-        self._last_source: Optional[Channel] = None   # the channel of the last request
+        self._direct: Optional[CorkedSocket] = None
+        self._broker: Optional[CorkedSocket] = None
+        self._last_source: Optional[CorkedSocket] = None   # the channel of the last request
         self.broker_endpoint: Optional[str] = None
         self._broker_state = "none"     # none, opening, ready
         self._broker_since = 0.0
@@ -253,7 +267,16 @@ class Worker(Overlay):
         self._running: Optional[_Job] = None
         self._wake = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
-        self._clients: dict[bytes, float] = {}
+        if not max_clients >= 1 or not max_stored >= 1:
+            raise ValueError("max_clients and max_stored must be at least 1")
+        self.max_clients = max_clients
+        self.max_stored = max_stored
+        self._clients: OrderedDict[bytes, float] = OrderedDict()   # least recently heard first
+        self._stored: Optional[int] = None    # octets of bodies in the store (counted at start)
+        self._recounted = -_RECOUNT_EVERY
+        #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` (POSTs),
+        #: ``max_target`` (requests whose target is over MAX_TARGET, dropped)
+        self.limits = LimitCounter(log)
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
@@ -263,8 +286,8 @@ class Worker(Overlay):
     def on_start(self) -> None:
         """Start serving (on the node's hub); re-queue jobs left unfinished by a crash."""
         if not self.internal:
-            self._direct = Channel(self._router, self._on_direct, f"worker {self.name}",
-                                   keyed=self._curve is not None)
+            self._direct = CorkedSocket(self._router, self._on_direct, f"worker {self.name}",
+                                        keyed=self._curve is not None)
         else:
             self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
@@ -325,7 +348,7 @@ class Worker(Overlay):
         sock = nfp_dealer(self._context, self.broker_endpoint, self._curve, self._keys)
         if sock is None:
             return
-        self._broker = Channel(sock, self._on_broker, f"worker {self.name} -> broker")
+        self._broker = CorkedSocket(sock, self._on_broker, f"worker {self.name} -> broker")
         self._broker_state = "opening"
         now = time.monotonic()
         self._last_recv = now
@@ -423,14 +446,24 @@ class Worker(Overlay):
         try:
             msg = nfp.decode(frames[1:])
         except ProtocolError as exc:
-            log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
+            if isinstance(exc, nfp.TargetTooLong):
+                self.limits.over("max_target", f"worker {self.name} dropped a request: "
+                                 f"{exc.reason}")
+            else:
+                log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
             return
         if not isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)) or msg.role is not nfp.CLIENT:
             if isinstance(msg, nfp.Open) and msg.role is nfp.CLIENT:
                 self._reply_direct(identity, nfp.Open(nfp.WORKER, nfp.encode_body(
                     {"name": self.name, "service": self.service})))
             return
-        self._clients[identity] = time.monotonic()
+        clients = self._clients
+        clients[identity] = time.monotonic()
+        clients.move_to_end(identity)
+        if len(clients) > self.max_clients:
+            clients.popitem(last=False)
+            self.limits.over("max_clients", f"worker {self.name} forgot its least recently "
+                             f"heard direct client ({self.max_clients} remembered)")
         self._last_source = self._direct
         self._on_request(msg, ("direct", identity))
 
@@ -469,6 +502,19 @@ class Worker(Overlay):
         else:
             self._on_delete(msg, origin, rid)
 
+    def _room_for(self, size: int) -> bool:
+        """True if a body of ``size`` octets may be stored (``max_stored``); when full, the
+        store is counted again (at most once per ``_RECOUNT_EVERY``: purges free room)."""
+        if self._stored is None:
+            self._stored = self.store.worker_bytes(self.name)
+        if self._stored + size <= self.max_stored:
+            return True
+        now = time.monotonic()
+        if now - self._recounted >= _RECOUNT_EVERY:
+            self._recounted = now
+            self._stored = self.store.worker_bytes(self.name)
+        return self._stored + size <= self.max_stored
+
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
         """Answer a request, once what the store holds about it is committed."""
@@ -504,6 +550,15 @@ class Worker(Overlay):
                           {"error": f"worker {self.name} has no task {task!r}"}, rid)
             return
         existing = self._jobs.get(msg.uuid)
+        size = len(msg.body[0])
+        if (existing is None and not mmi and not self._room_for(size)
+                and self.store.worker_job(self.name, msg.uuid) is None):
+            self.limits.over("max_stored", f"worker {self.name} refused a POST of {size:,} "
+                             f"octets: {self._stored:,} of {self.max_stored:,} stored")
+            self._respond(origin, msg, Status.ERROR, {
+                "error": f"worker {self.name} holds {self._stored:,} octets of jobs, its limit "
+                         f"is {self.max_stored:,} (max_stored): try later"}, rid)
+            return
         if existing is None and not self.store.add_worker_job(
                 self.name, msg.uuid, msg.service, task, body, msg.body[0].decode("utf-8")):
             record = self.store.worker_job(self.name, msg.uuid)
@@ -523,6 +578,8 @@ class Worker(Overlay):
                    bool(body.get("notify")), origin)
         caller = body.get("caller")
         job.caller = caller if isinstance(caller, str) else None
+        if not mmi:
+            self._stored = (self._stored or 0) + size
         self._jobs[job.uuid] = job
         self.stats["accepted"] += 1
         if mmi:
@@ -764,6 +821,7 @@ class Worker(Overlay):
                 "running": self._running.uuid if self._running else None,
                 "queued": len(self._queue), "broker": self.broker_endpoint,
                 "broker_state": self._broker_state, "stats": dict(self.stats),
+                "limits": dict(self.limits.counts),
                 "jobs": self.store.count_worker_jobs(self.name)}
 
     def broker_info(self) -> dict[str, Any]:

@@ -25,8 +25,8 @@ failover. Servers find channels through the mesh (HELLO header
 from ..wire.sada import ServiceId, Status
 from .channel import HEADER_CHANNEL, HEADER_SERVER, Channel
 from .demo import echo_service
-from .errors import (ChannelClosed, EndpointError, NoServerError, RequestTimeout, SadaError,
-                     ServerLost, ServiceError)
+from .errors import (CatalogFull, ChannelClosed, EndpointError, NoServerError, RequestTimeout,
+                     SadaError, ServerLost, ServiceError)
 from .handlers import Reply, Request, Service
 from .routing import ServerInfo
 from .server import Server
@@ -37,6 +37,6 @@ __all__ = [
     "Channel", "Server", "Service", "Reply", "Request", "ServerInfo", "ServiceId", "Status",
     "ThreadedChannel", "ThreadedServer", "echo_service",
     "SadaError", "ServiceError", "NoServerError", "RequestTimeout", "ServerLost",
-    "ChannelClosed", "EndpointError", "HEADER_CHANNEL", "HEADER_SERVER",
+    "CatalogFull", "ChannelClosed", "EndpointError", "HEADER_CHANNEL", "HEADER_SERVER",
     "choose_version", "is_compatible", "parse_version",
 ]

@@ -43,7 +43,7 @@ from ..overlay import Lifecycle, Overlay
 from . import _transport
 from .endpoints import check_endpoint
 from .errors import ChannelClosed, EndpointError
-from .routing import MAX_SERVICES, RequestRouter, ServerInfo
+from .routing import MAX_CATALOG, MAX_SERVICES, RequestRouter, ServerInfo
 
 __all__ = ["Channel", "ServerInfo", "HEADER_CHANNEL", "HEADER_SERVER"]
 
@@ -54,7 +54,6 @@ HEADER_CHANNEL = "X-PM-SADA-CHANNEL"
 #: HELLO header of a server's node: the protocol it speaks ("SADA1"); informational
 HEADER_SERVER = "X-PM-SADA-SERVER"
 
-_MAX_FRAMES = 2 * MAX_SERVICES + 3   # the longest INTR accepted; anything longer is dropped
 _TIMER_STEP = 0.001                  # seconds: the shortest wait of the deadline timer
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
 _RUNNING = Lifecycle.RUNNING
@@ -82,7 +81,10 @@ class Channel(Overlay):
     Settings: ``ping_interval`` (seconds of silence before a server is
     PINGed), ``dead_after`` (multiples of it before a silent server is
     dropped), ``timeout`` (default request timeout), ``max_message``
-    (largest message accepted, octets). ``advertise_on=False`` with a node:
+    (largest message accepted, octets), ``max_services`` (services one INTR
+    may list; a longer one is dropped unread) and ``max_catalog`` (server and
+    service pairs in the whole catalog; an INTR that would pass it is dropped
+    and its server keeps what it offered). ``advertise_on=False`` with a node:
     use the node's interface, but do not attach (the node may be running).
     """
 
@@ -91,7 +93,8 @@ class Channel(Overlay):
     def __init__(self, node: Any = None, *, endpoint: Optional[str] = None,
                  interface: Optional[str] = None, address: Optional[str] = None, port: int = 0,
                  ping_interval: float = 1.0, dead_after: float = 3.0, timeout: float = 5.0,
-                 max_message: int = 64 * 1024 * 1024, advertise_on: bool = True,
+                 max_message: int = 64 * 1024 * 1024, max_services: int = MAX_SERVICES,
+                 max_catalog: int = MAX_CATALOG, advertise_on: bool = True,
                  context: Optional[zmq.Context] = None,
                  clock: Callable[[], float] = time.monotonic, curve: Any = None) -> None:
         super().__init__()
@@ -104,7 +107,8 @@ class Channel(Overlay):
         self.id = os.urandom(8).hex()
         self._core = RequestRouter(self.id, self._send, self._answer,
                                    ping_interval=ping_interval, dead_after=dead_after,
-                                   timeout=timeout, now=clock(), address_of=_peer_address)
+                                   timeout=timeout, now=clock(), max_services=max_services,
+                                   max_catalog=max_catalog, address_of=_peer_address)
         self.ping_interval = self._core.ping_interval
         self.dead_after = self._core.dead_after
         self.timeout = self._core.timeout
@@ -189,6 +193,10 @@ class Channel(Overlay):
             self.lifecycle = Lifecycle.ATTACHED   # a channel on its own: attached to no node
         return super().start()
 
+    def _on_oversized(self, identity: bytes) -> None:
+        """A message longer than the longest INTR accepted was read and dropped."""
+        self._core.over_services(identity, self._clock())
+
     def on_start(self) -> None:
         self._hub = gevent.get_hub()
         self._loop = self._hub.loop
@@ -196,7 +204,8 @@ class Channel(Overlay):
         self._router = _transport.RouterSocket(self._sock)
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._greenlets = [
-            gevent.spawn(self._router.serve, self._on_message, _MAX_FRAMES),
+            gevent.spawn(self._router.serve, self._on_message, 3 + 2 * self._core.max_services,
+                         self._on_oversized),
             gevent.spawn(_transport.read_monitor, self._monitor, self._on_monitor),
         ]
         self._arm(self._core.next_deadline())
@@ -426,7 +435,8 @@ class Channel(Overlay):
     @property
     def stats(self) -> dict[str, int]:
         """Counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,
-        intr, rintr_sent, dropped (malformed, oversized or unexpected messages)."""
+        intr, rintr_sent, dropped (malformed, oversized or unexpected messages), and the
+        INTRs refused by each limit (``max_services``, ``max_catalog``)."""
         return self._core.stats
 
     def wait_until(self, predicate: Callable[["Channel"], bool],

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import gevent
 
-from ..argtypes import count, seconds, text, utf8
+from ..argtypes import count, positive_count, seconds, text, utf8
 from ..cli.output import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, PROG, clean, emit, note, table,
                           to_json)
 from ..cli.session import NodeSession
@@ -36,7 +36,7 @@ from .channel import HEADER_SERVER, Channel, ServerInfo
 from .demo import echo_service
 from .errors import NoServerError, RequestTimeout, ServiceError
 from .handlers import Service
-from .server import Server
+from .server import MAX_CONCURRENT, Server
 from .versions import version_key
 
 __all__ = ["add_commands", "load_handlers"]
@@ -65,9 +65,13 @@ def add_commands(command: Factory) -> None:
     serve.add_argument("--no-echo", action="store_true", help="do not serve the demo 'echo'")
     serve.add_argument("--channel", action="append", default=[], metavar="ENDPOINT", type=text,
                        help="also serve the channel at ENDPOINT (tcp://HOST:PORT); repeatable")
-    serve.add_argument("--max-concurrent", type=count, metavar="N",
+    serve.add_argument("--max-concurrent", type=positive_count, metavar="N",
+                       default=MAX_CONCURRENT,
                        help="requests running at once before new ones get 503 "
-                            "(default: no limit)")
+                            f"(default: {MAX_CONCURRENT})")
+    serve.add_argument("--channel-network", action="append", metavar="CIDR", type=text,
+                       help="serve channels found on the mesh only in this network "
+                            "(default: the node's interface network); repeatable")
 
     call = command(
         "call", "send one request to a service and print the reply",
@@ -159,7 +163,8 @@ def cmd_serve(args: argparse.Namespace, config: NodeConfig) -> int:
     """Serve until SIGINT/SIGTERM."""
     session = NodeSession(config, serving=True)
     node = session.node
-    server = Server(node, channels=args.channel, max_concurrent=args.max_concurrent)
+    server = Server(node, channels=args.channel, max_concurrent=args.max_concurrent,
+                    channel_networks=args.channel_network)
     if not args.no_echo:
         server.add_service(echo_service(label=node.name))
     for module in args.handlers:

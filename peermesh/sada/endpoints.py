@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence, Union
 
 from .errors import EndpointError
 
-__all__ = ["check_endpoint", "as_endpoints", "mesh_endpoint", "MAX_ENDPOINT"]
+__all__ = ["check_endpoint", "as_endpoints", "as_networks", "mesh_endpoint", "MAX_ENDPOINT"]
 
 #: longest endpoint accepted, octets of text (it is a channel's routing identity)
 MAX_ENDPOINT = 255
+#: a network in which channels found on the mesh may be
+Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 
 def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
@@ -59,12 +61,14 @@ def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
     return endpoint
 
 
-def mesh_endpoint(endpoint: str) -> Optional[str]:
+def mesh_endpoint(endpoint: str, networks: Optional[Sequence[Network]] = None
+                  ) -> Optional[str]:
     """``endpoint`` if a peer's HELLO may name it as a channel, else None.
 
     Only ``tcp://IP:PORT`` with a literal address (no name to resolve on
-    the hub) and a port in 1-65535: never ``ipc://``, which would point a
-    server at a local socket such as the agent's.
+    the hub) and a port in 1-65535, the address in one of ``networks`` (when
+    given): never ``ipc://``, which would point a server at a local socket
+    such as the agent's.
     """
     if len(endpoint) > MAX_ENDPOINT or not endpoint.startswith("tcp://"):
         return None
@@ -75,7 +79,24 @@ def mesh_endpoint(endpoint: str) -> Optional[str]:
         address = ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
     except ValueError:
         return None
-    return None if address.is_unspecified or address.is_multicast else endpoint
+    if address.is_unspecified or address.is_multicast:
+        return None
+    if networks is not None and not any(address in network for network in networks):
+        return None
+    return endpoint
+
+
+def as_networks(values: Iterable[str]) -> list[Network]:
+    """Networks in CIDR form (``10.0.0.0/24``; a bare address is one host), checked."""
+    if isinstance(values, str):
+        raise EndpointError(f"networks must be a list, not the str {values!r}")
+    networks = []
+    for value in values:
+        try:
+            networks.append(ipaddress.ip_network(value, strict=False))
+        except (ValueError, TypeError):
+            raise EndpointError(f"{value!r} is not a network (CIDR, e.g. 10.0.0.0/24)") from None
+    return networks
 
 
 def as_endpoints(values: Iterable[str]) -> list[str]:

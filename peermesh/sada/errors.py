@@ -8,7 +8,7 @@ from ..errors import PeermeshError
 from ..io.endpoints import BindError
 
 __all__ = ["SadaError", "ServiceError", "NoServerError", "RequestTimeout", "ServerLost",
-           "ChannelClosed", "EndpointError"]
+           "ChannelClosed", "EndpointError", "CatalogFull"]
 
 
 class SadaError(PeermeshError):
@@ -70,3 +70,8 @@ class ChannelClosed(SadaError):
 class EndpointError(SadaError, BindError):
     """An endpoint that cannot be used: not ``tcp://HOST:PORT`` or ``ipc://PATH``, a port
     outside 1-65535, a host that does not resolve, or an address that cannot be bound."""
+
+
+class CatalogFull(SadaError):
+    """A server would offer more services than one INTR may list (``max_services``):
+    channels would drop the whole INTR unread, so the service is not added."""

@@ -44,9 +44,13 @@ or dropped the server as dead) is answered with RINTR, at most once per ping
 interval per id; the server then INTRs again.
 
 What a remote sender can grow is bounded: an INTR describes only the
-connection it came on, lists at most ``MAX_SERVICES`` services, and is
-dropped when the whole catalog would pass ``max_catalog`` entries; routing
-ids waiting for a RINTR answer are remembered up to 4096.
+connection it came on (a server introduces only itself, and a REP counts
+only from the server that holds the request, so no server can answer for
+another), lists at most ``max_services`` services, and is dropped when the
+whole catalog would pass ``max_catalog`` entries; each refusal is counted in
+``stats`` and logged once per interval. Adding or dropping a server costs
+the size of its own catalog, never the whole catalog's. Routing ids waiting
+for a RINTR answer are remembered up to 4096.
 
 The usual REP (as the spec draws it, from the server holding the request) is
 matched without ``wire.sada``'s careful decoding; anything else takes that
@@ -64,6 +68,7 @@ from typing import Any, Callable, Optional
 import msgpack
 
 from ..errors import ProtocolError
+from ..limits import LimitCounter
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
@@ -79,11 +84,12 @@ Send = Callable[[bytes, list[bytes]], Any]
 #: answers a caller: ``answer(the token given to submit, value, error or None)``
 Answer = Callable[[Any, Any, Optional[BaseException]], Any]
 
-#: services one INTR may list; a longer INTR is dropped (a remote sender's bound)
+#: services one INTR may list by default; a longer INTR is dropped unread (a
+#: remote sender's bound; servers refuse to offer more)
 MAX_SERVICES = 4096
 #: (server, service) pairs in the whole catalog by default; an INTR that would
 #: go past it is dropped and the server keeps what it offered before
-MAX_CATALOG = 65536
+MAX_CATALOG = 16384
 
 _PING = wire.encode(Ping())
 _RINTR = wire.encode(wire.Rintr())
@@ -214,17 +220,24 @@ class RequestRouter:
 
     def __init__(self, channel_id: str, send: Send, answer: Answer, *,
                  ping_interval: float = 1.0, dead_after: float = 3.0, timeout: float = 5.0,
-                 now: float = 0.0, max_catalog: int = MAX_CATALOG,
+                 now: float = 0.0, max_services: int = MAX_SERVICES,
+                 max_catalog: int = MAX_CATALOG,
                  address_of: Callable[[Any], str] = _no_address) -> None:
         if not ping_interval > 0 or not dead_after >= 1 or not timeout > 0:
             raise ValueError("ping_interval and timeout must be positive, dead_after at least 1")
+        if not max_services >= 1 or not max_catalog >= 1:
+            raise ValueError("max_services and max_catalog must be at least 1")
         self.ping_interval = float(ping_interval)
         self.dead_after = float(dead_after)
         self.timeout = float(timeout)
         self._send = send
         self._answer = answer
         self._address_of = address_of
+        self.max_services = max_services
+        self._max_frames = 3 + 2 * max_services
         self._max_catalog = max_catalog
+        #: refusals by limit: ``max_services`` (INTRs too long), ``max_catalog``
+        self.limits = LimitCounter(log)
         self._catalog_size = 0                          # (server, service) pairs offered
         self._prefix = channel_id.encode("ascii") + b"-"
         self._counter = 0
@@ -307,8 +320,10 @@ class RequestRouter:
     @property
     def stats(self) -> dict[str, int]:
         """Counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,
-        intr, rintr_sent, dropped (malformed, oversized or unexpected messages)."""
-        return {"requests": self._counter, "replies": self._replies, **self._counts}
+        intr, rintr_sent, dropped (malformed, oversized or unexpected messages), and per
+        limit the INTRs refused by it (``max_services``, ``max_catalog``)."""
+        return {"requests": self._counter, "replies": self._replies, **self._counts,
+                "max_services": 0, "max_catalog": 0, **self.limits.counts}
 
     @property
     def pending(self) -> int:
@@ -544,8 +559,9 @@ class RequestRouter:
                     return
                 self._on_rep(server, pending, status, payload, now)
                 return
-            if len(frames) > 3 + 2 * MAX_SERVICES:
-                raise ProtocolError(f"{len(frames)} frames: over {MAX_SERVICES} services")
+            if len(frames) > self._max_frames:
+                self.over_services(identity, now)
+                return
             message = wire.decode(frames)
         except ProtocolError as exc:
             self._counts["dropped"] += 1
@@ -604,8 +620,9 @@ class RequestRouter:
         before = len(server.services) if server is not None else 0
         if self._catalog_size - before + len(services) > self._max_catalog:
             self._counts["dropped"] += 1
-            log.debug("dropped an INTR of %d services from %s: the catalog holds %d of %d",
-                      len(services), identity.hex(), self._catalog_size, self._max_catalog)
+            self.limits.over("max_catalog", f"dropped an INTR of {len(services)} services from "
+                             f"{identity.hex()}: the catalog holds {self._catalog_size} of "
+                             f"{self._max_catalog}", now)
             return
         if server is None:
             known = [s.latency for s in self._servers.values()]
@@ -619,6 +636,12 @@ class RequestRouter:
         if services != server.services:
             self._offer(server, services)
         self._catalog_changed(now)
+
+    def over_services(self, identity: bytes, now: float) -> None:
+        """An INTR longer than ``max_services`` came from ``identity`` (dropped unread)."""
+        self._counts["dropped"] += 1
+        self.limits.over("max_services", f"dropped an INTR from {identity.hex()}: over "
+                         f"{self.max_services} services", now)
 
     def _unknown(self, identity: bytes, now: float) -> None:
         """A server this channel does not know spoke: ask it to introduce itself."""

@@ -64,14 +64,17 @@ from ..events import Event, EventType
 from ..io import make_socket, shared_context
 from ..io.curve import Curve
 from ..wire.zre import PUBLIC_KEY_HEADER
+from ..limits import LimitCounter
 from ..overlay import Lifecycle, Overlay
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
 from . import _transport
 from .channel import HEADER_CHANNEL, HEADER_SERVER
-from .endpoints import as_endpoints, check_endpoint, mesh_endpoint
+from .endpoints import Network, as_endpoints, as_networks, check_endpoint, mesh_endpoint
+from .errors import CatalogFull
 from .handlers import (Handler, ReqFields, Request, Service, call, finish, resolve_service,
                        unknown_action)
+from .routing import MAX_SERVICES
 from .versions import version_key
 
 __all__ = ["Server"]
@@ -85,6 +88,8 @@ _STATUS = {code: wire.status_frame(code) for code in range(100, 600)}
 _MAX_FRAMES = 16  # a REQ has 9; PING, RINTR 3: anything longer is not for a server
 _MAX_CACHED = 4096  # (service, version) resolutions remembered
 _JOB = object()     # marks a job switched into a worker greenlet
+#: requests a server runs at once by default; more get 503 (channels go elsewhere)
+MAX_CONCURRENT = 1024
 
 
 class _ChannelLink:
@@ -193,16 +198,24 @@ class Server(Overlay):
     that runs the node.
 
     Settings: ``max_concurrent`` (requests running at once before new ones
-    get 503; None: no limit), ``forget_after`` (seconds a channel that left
-    the mesh stays connected), ``heartbeat`` (ZMTP heartbeat interval on the
-    connections, so a channel behind a pulled cable is noticed and
-    reconnected), ``max_message`` (largest message accepted, octets).
+    get 503; None: no limit), ``max_services`` (services the catalog may
+    hold: channels drop a longer INTR unread, so ``add_service`` past it
+    raises ``CatalogFull``), ``channel_networks`` (networks, in CIDR form,
+    a channel named in a peer's HELLO must be in; by default the network of
+    the node's interface; channels named directly are not checked),
+    ``forget_after`` (seconds a channel that left the mesh stays connected),
+    ``heartbeat`` (ZMTP heartbeat interval on the connections, so a channel
+    behind a pulled cable is noticed and reconnected), ``max_message``
+    (largest message accepted, octets).
     """
 
     roles = ("sada-server",)
 
     def __init__(self, node: Any = None, *, channels: Iterable[str] = (),
-                 services: Iterable[Service] = (), max_concurrent: Optional[int] = None,
+                 services: Iterable[Service] = (),
+                 max_concurrent: Optional[int] = MAX_CONCURRENT,
+                 max_services: int = MAX_SERVICES,
+                 channel_networks: Optional[Iterable[str]] = None,
                  forget_after: float = 10.0, heartbeat: float = 1.0,
                  max_message: int = 64 * 1024 * 1024, context: Optional[zmq.Context] = None,
                  channel_keys: Optional[dict[str, str]] = None) -> None:
@@ -212,7 +225,18 @@ class Server(Overlay):
         #: (a mesh channel's key is its node's authenticated X-PUBLICKEY)
         self._channel_keys = dict(channel_keys or {})
         self._curve = getattr(node, "curve", None)
+        if max_concurrent is not None and not max_concurrent >= 1:
+            raise ValueError(f"max_concurrent must be at least 1 (or None), not {max_concurrent!r}")
+        if not max_services >= 1:
+            raise ValueError(f"max_services must be at least 1, not {max_services!r}")
         self.max_concurrent = max_concurrent
+        self.max_services = max_services
+        self._networks: Optional[list[Network]] = (
+            None if channel_networks is None else as_networks(channel_networks))
+        #: refusals by limit: ``max_concurrent`` (REQs answered 503), ``channel_networks``
+        #: (channel endpoints from the mesh outside them, or not tcp://IP:PORT)
+        self.limits = LimitCounter(log)
+        self._size = 0     # (name, version) pairs in the catalog
         self.forget_after = forget_after
         self._heartbeat = heartbeat
         self._max_message = max_message
@@ -247,9 +271,15 @@ class Server(Overlay):
         """Serve ``service`` (replacing one of the same name and version); INTRs if running."""
         if not isinstance(service, Service):
             raise TypeError(f"not a Service: {service!r}")
-        versions = self._catalog.setdefault(service.name, {})
+        versions = self._catalog.get(service.name, {})
         changed = versions.get(service.version) is None
+        if changed and self._size >= self.max_services:
+            raise CatalogFull(f"cannot serve {service.name} {service.version}: the catalog holds "
+                              f"{self._size} services, the most one INTR may list "
+                              f"(max_services)")
+        self._catalog[service.name] = versions
         versions[service.version] = service
+        self._size += changed
         if changed:
             self._catalog_changed()
         return service
@@ -258,6 +288,7 @@ class Server(Overlay):
         """Stop serving ``name`` ``version``; INTRs if running. KeyError if not served."""
         versions = self._catalog[name]
         del versions[version]
+        self._size -= 1
         if not versions:
             del self._catalog[name]
         self._catalog_changed()
@@ -411,8 +442,10 @@ class Server(Overlay):
     def _link(self, endpoint: str, *, direct: bool = False, owner: Any = None) -> None:
         link = self._by_endpoint.get(endpoint)
         if link is None:
-            if not direct and mesh_endpoint(endpoint) is None:
-                log.debug("ignored channel endpoint %r from the mesh", endpoint[:80])
+            if not direct and mesh_endpoint(endpoint, self._mesh_networks()) is None:
+                self.limits.over("channel_networks", f"ignored channel endpoint "
+                                 f"{endpoint[:80]!r} from the mesh: not tcp://IP:PORT in "
+                                 f"{', '.join(map(str, self._mesh_networks())) or 'no network'}")
                 return
             generation = self._generations.get(endpoint, 0)
             self._generations[endpoint] = generation + 1
@@ -456,6 +489,13 @@ class Server(Overlay):
             return self.node.peer_header_value(peer, PUBLIC_KEY_HEADER)
         except PeermeshError:  # the peer left meanwhile
             return None
+
+    def _mesh_networks(self) -> list[Network]:
+        """Where a channel named on the mesh may be: ``channel_networks``, else the node's."""
+        if self._networks is not None:
+            return self._networks
+        interface = getattr(self.node, "interface", None)
+        return [interface.network] if interface is not None else []
 
     def _on_event(self, event: Event) -> None:
         """Node listener: channels appear (ENTER) and go (EXIT) with mesh peers."""
@@ -594,6 +634,8 @@ class Server(Overlay):
         assert workers is not None
         if self.max_concurrent is not None and workers.busy >= self.max_concurrent:
             self.stats["busy"] += 1
+            self.limits.over("max_concurrent", f"answered 503 to a request from "
+                             f"{self._channel_name(alias)}: {workers.busy} running")
             self._reply(alias, request_id, Status.UNAVAILABLE,
                         f"server busy ({self.max_concurrent} requests running)".encode())
             return

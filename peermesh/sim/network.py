@@ -33,6 +33,7 @@ It runs as usual between ``advance`` calls.
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import heapq
@@ -126,7 +127,11 @@ class SimNetwork:
         self._island: dict[str, int] = {}          # host address -> island number
         self._beacons: dict[int, dict[str, "SimBeaconSocket"]] = {}  # port -> host -> socket
         self._mailboxes: dict[str, "SimMailbox"] = {}  # endpoint -> mailbox
+        # messages due at one instant: up links to mailboxes, and down from mailboxes
         self._arriving: dict[float, list[tuple[SimLink, SimMailbox, Sequence[bytes]]]] = {}
+        self._descending: dict[float, list[tuple[SimLink, SimMailbox, Sequence[bytes]]]] = {}
+        #: what comes down links from mailboxes, for the links that have any (until closed)
+        self._inboxes: dict[SimLink, _Inbox] = {}
         self._partitioned = False
         self._hosts = 0
         self.sent = self.delivered = self.lost = 0
@@ -247,19 +252,40 @@ class SimNetwork:
         when = max(self.clock.now() + self._delay(self._settings(link.source, mailbox.host)),
                    link.last_delivery)
         link.last_delivery = when
-        arriving = self._arriving.get(when)
-        if arriving is None:
-            arriving = self._arriving[when] = []
-            self.clock.call_at(when, lambda: self._arrive(when))
-        arriving.append((link, mailbox, frames))
+        self._schedule(self._arriving, when, (link, mailbox, frames))
 
-    def _arrive(self, when: float) -> None:
-        """Hand every message due at ``when`` to its mailbox, in the order they were sent."""
+    def _send_down(self, mailbox: "SimMailbox", link: "SimLink", frames: Sequence[bytes]) -> None:
+        """A mailbox sends back down a link connected to it (a ROUTER to a DEALER)."""
+        self.sent += 1
+        if not self._reachable(link.source, mailbox.host):
+            self.lost += 1
+            return
+        inbox = link.inbox
+        when = max(self.clock.now() + self._delay(self._settings(mailbox.host, link.source)),
+                   inbox.last_arrival)
+        inbox.last_arrival = when
+        self._schedule(self._descending, when, (link, mailbox, frames))
+
+    def _schedule(self, due: dict[float, list[tuple["SimLink", "SimMailbox", Sequence[bytes]]]],
+                  when: float, entry: tuple["SimLink", "SimMailbox", Sequence[bytes]]) -> None:
+        arriving = due.get(when)
+        if arriving is None:
+            arriving = due[when] = []
+            down = due is self._descending
+            self.clock.call_at(when, lambda: self._arrive(when, down))
+        arriving.append(entry)
+
+    def _arrive(self, when: float, down: bool = False) -> None:
+        """Hand every message due at ``when`` to its mailbox (or, ``down``, its link), in
+        the order they were sent."""
         mailboxes = self._mailboxes
-        for link, mailbox, frames in self._arriving.pop(when):
+        for link, mailbox, frames in (self._descending if down else self._arriving).pop(when):
             if mailboxes.get(link.endpoint) is mailbox and not link.closed:
                 self.delivered += 1
-                mailbox.deliver(link.identity, frames)
+                if down:
+                    link.deliver(frames)
+                else:
+                    mailbox.deliver(link, frames)
             else:
                 self.lost += 1
 
@@ -315,18 +341,35 @@ class SimMailbox:
         self.max_message = max_message
         self._queue: deque[tuple[bytes, Sequence[bytes]]] = deque()
         self._ready = gevent.event.Event()
+        #: set by an owner that sends back down the links (a ROUTER, as the Flux tree
+        #: uses it): only then are links remembered, by identity (a ZRE mailbox never
+        #: sends, and thousands of them would keep a link per peer each)
+        self.replies = False
+        self._links: dict[bytes, SimLink] = {}
         network._bind_mailbox(self)
 
-    def deliver(self, identity: bytes, frames: Sequence[bytes]) -> None:
-        self._queue.append((identity, frames))
+    def deliver(self, link: "SimLink", frames: Sequence[bytes]) -> None:
+        if self.replies:
+            self._links[link.identity] = link
+        self._queue.append((link.identity, frames))
         self._ready.set()
 
+    def try_send(self, frames: Sequence[bytes]) -> bool:
+        """Send ``frames[1:]`` down the link whose identity is ``frames[0]`` (as a
+        ROUTER with ROUTER_MANDATORY: ``OSError`` EHOSTUNREACH when it is gone)."""
+        link = self._links.get(frames[0])
+        if link is None or link.closed:
+            self._links.pop(frames[0], None)
+            raise OSError(errno.EHOSTUNREACH, "no such peer")
+        self.network._send_down(self, link, frames[1:])
+        return True
+
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
-              on_oversized: Callable[[bytes], None], backpressure: Any) -> None:
+              on_oversized: Callable[[bytes], None], backpressure: Any = None) -> None:
         queue = self._queue
         while True:
             while queue:
-                if backpressure.full():
+                if backpressure is not None and backpressure.full():
                     backpressure.wait_room()
                 identity, frames = queue.popleft()
                 if sum(map(len, frames)) > self.max_message:
@@ -336,12 +379,26 @@ class SimMailbox:
             self._ready.clear()
             self._ready.wait()
 
-    def close(self) -> None:
+    def close(self, linger: float = 0) -> None:
         self.network._unbind_mailbox(self)
 
 
+class _Inbox:
+    """What comes down a link from the mailbox it connects to (made when first needed:
+    nothing comes down a ZRE link, and a mesh has N*(N-1) links)."""
+
+    __slots__ = ("queue", "ready", "last_arrival", "limit")
+
+    def __init__(self) -> None:
+        self.queue: deque[Sequence[bytes]] = deque()
+        self.ready: Optional[gevent.event.Event] = None
+        self.last_arrival = 0.0
+        self.limit = 0  # bytes of a message ``serve`` hands on (0: no limit)
+
+
 class SimLink:
-    """A connection from one host to a mailbox endpoint; never full."""
+    """A connection from one host to a mailbox endpoint; never full. The mailbox
+    may send back down it (``serve`` reads what it sends)."""
 
     __slots__ = ("network", "source", "identity", "endpoint", "last_delivery", "closed")
 
@@ -349,6 +406,48 @@ class SimLink:
         self.network, self.source, self.identity, self.endpoint = network, source, identity, endpoint
         self.last_delivery = 0.0
         self.closed = False
+
+    @property
+    def inbox(self) -> _Inbox:
+        """What comes down this link (kept by the network, for the links that have any)."""
+        inbox = self.network._inboxes.get(self)
+        if inbox is None:
+            inbox = self.network._inboxes[self] = _Inbox()
+        return inbox
+
+    @property
+    def limit(self) -> int:
+        """Bytes of a message ``serve`` hands on (0: no limit); larger ones are dropped."""
+        inbox = self.network._inboxes.get(self)
+        return inbox.limit if inbox is not None else 0
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self.inbox.limit = value
+
+    def deliver(self, frames: Sequence[bytes]) -> None:
+        inbox = self.inbox
+        inbox.queue.append(frames)
+        if inbox.ready is not None:
+            inbox.ready.set()
+
+    def serve(self, on_message: Callable[[bytes, list[bytes]], None],
+              on_oversized: Optional[Callable[[bytes], None]] = None,
+              backpressure: Any = None) -> None:
+        """Call ``on_message(first frame, the rest)`` for what the mailbox sends, until closed."""
+        inbox = self.inbox
+        queue = inbox.queue
+        ready = inbox.ready = gevent.event.Event()
+        while not self.closed:
+            while queue and not self.closed:
+                frames = queue.popleft()
+                if inbox.limit and sum(map(len, frames)) > inbox.limit:
+                    if on_oversized is not None:
+                        on_oversized(frames[0] if frames else b"")
+                elif frames:
+                    on_message(frames[0], list(frames[1:]))
+            ready.clear()
+            ready.wait()
 
     def try_send(self, frames: Sequence[bytes]) -> bool:
         self.network._send(self, frames)  # nodes never change frames once sent
@@ -359,6 +458,11 @@ class SimLink:
 
     def close(self, linger: float = 0) -> None:
         self.closed = True
+        inbox = self.network._inboxes.pop(self, None)
+        if inbox is not None:
+            inbox.queue.clear()
+            if inbox.ready is not None:
+                inbox.ready.set()
 
 
 class SimTransport:

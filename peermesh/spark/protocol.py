@@ -53,6 +53,7 @@ from typing import Any, Mapping, Sequence
 import msgpack
 
 from ..errors import PeermeshError, ProtocolError
+from ..wire.frames import as_frames
 
 __all__ = ["PROTOCOL", "Op", "Request", "Reply", "encode_request", "decode_request",
            "encode_reply", "decode_reply", "LogServiceError", "DataLossError",
@@ -157,6 +158,10 @@ def decode_request(frames: Sequence[bytes]) -> Request:
     An unknown op raises ``ProtocolError`` whose ``reason`` starts with
     ``unknown op`` (the service answers it with an ERR ``unknown-op``).
     """
+    if type(frames) is not list or len(frames) != 4 or type(frames[0]) is not bytes \
+            or type(frames[1]) is not bytes or type(frames[2]) is not bytes \
+            or type(frames[3]) is not bytes:
+        frames = as_frames(frames, "a request")
     if len(frames) != 4:
         raise ProtocolError(f"a request has 4 frames, not {len(frames)}")
     if bytes(frames[0]) != PROTOCOL:
@@ -176,6 +181,10 @@ def encode_reply(reply: Reply) -> list[bytes]:
 
 def decode_reply(frames: Sequence[bytes]) -> Reply:
     """A reply from its frames (what a DEALER receives); ``ProtocolError`` if bad."""
+    if type(frames) is not list or len(frames) != 4 or type(frames[0]) is not bytes \
+            or type(frames[1]) is not bytes or type(frames[2]) is not bytes \
+            or type(frames[3]) is not bytes:
+        frames = as_frames(frames, "a reply")
     if len(frames) != 4:
         raise ProtocolError(f"a reply has 4 frames, not {len(frames)}")
     if bytes(frames[0]) != PROTOCOL:

@@ -53,6 +53,7 @@ from enum import Enum, IntEnum
 from typing import Any, Callable, Sequence, Union
 
 from ..errors import ProtocolError
+from .frames import as_bytes, as_frames
 
 __all__ = [
     "Role", "Command", "Status", "Open", "Ready", "Keepalive", "Disconnect", "Post",
@@ -60,13 +61,21 @@ __all__ = [
     "encode", "decode", "encode_status", "decode_status", "parse_target", "format_target",
     "encode_body", "decode_body", "to_json", "CLIENT", "WORKER", "BROKER", "request_frames",
     "response_frames", "event_frames", "reheaded", "MAX_MESSAGE", "MAX_BODY", "MAX_CONTENT",
-    "check_size",
+    "check_size", "MAX_TARGET", "TargetTooLong",
 ]
 
 MAX_MESSAGE = 64 * 1024 * 1024   # bytes of one message peermesh accepts (its sender is cut off)
 MAX_BODY = MAX_MESSAGE - 65536   # bytes of a body frame peermesh sends (the rest: other frames)
 MAX_CONTENT = MAX_BODY - 65536   # bytes of JSON in a job's arguments, result or event (the rest:
                                  # the answer around it)
+#: octets of a request's target frame (a comma-separated list of worker names); a longer
+#: one is a ProtocolError (dropped by whoever decodes it). Process-wide: set it before
+#: starting nodes to change it.
+MAX_TARGET = 65536
+
+
+class TargetTooLong(ProtocolError):
+    """A request's target frame is over ``MAX_TARGET`` octets."""
 
 
 class Role(bytes, Enum):
@@ -351,10 +360,12 @@ def check_size(text: str, what: str) -> None:
 
 def decode_body(frame: bytes) -> dict[str, Any]:
     """The JSON object in a body frame; an empty frame is ``{}``; else ``ProtocolError``."""
+    if type(frame) is not bytes:
+        frame = as_bytes(frame, "a body")
     if not frame:
         return {}
     try:
-        text = frame.decode("utf-8") if type(frame) is bytes else bytes(frame).decode("utf-8")
+        text = frame.decode("utf-8")
         try:
             obj, end = _scan_once(text, 0)
         except StopIteration:
@@ -385,6 +396,7 @@ def _body_frames(body: Sequence[bytes]) -> list[bytes]:
 #: valid target texts and their frames (keywords, and worker names as they are met)
 _TARGETS: dict[str, bytes] = {ALL: ALL.encode(), ANY: ANY.encode()}
 _MAX_TARGETS = 4096
+_MAX_CACHED_TARGET = 255      # octets of a target remembered (at most ~1 MB in all)
 
 
 def _string(kind: str, value: str) -> bytes:
@@ -395,13 +407,16 @@ def _string(kind: str, value: str) -> bytes:
 
 
 def _target_frame(target: Target) -> bytes:
-    if type(target) is not str:
-        return _encode_string("target", format_target(target))
-    frame = _TARGETS.get(target)
-    if frame is None:
-        frame = _encode_string("target", format_target(target))
-        if len(_TARGETS) < _MAX_TARGETS and frame == target.encode("utf-8"):
-            _TARGETS[target] = frame        # worker names repeat: remember valid ones
+    if type(target) is str:
+        frame = _TARGETS.get(target)
+        if frame is not None:
+            return frame
+    frame = _encode_string("target", format_target(target))
+    if len(frame) > MAX_TARGET:
+        raise ValueError(f"target is over {MAX_TARGET} octets (MAX_TARGET)")
+    if (type(target) is str and len(frame) <= _MAX_CACHED_TARGET
+            and len(_TARGETS) < _MAX_TARGETS and frame == target.encode("utf-8")):
+        _TARGETS[target] = frame        # worker names repeat: remember valid ones
     return frame
 
 
@@ -560,13 +575,16 @@ _MAKE = {Post: _maker(Post, _REQUEST_FIELDS), Get: _maker(Get, _REQUEST_FIELDS),
 def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
     if count < 7:
         raise ProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
+    if len(frames[4]) > MAX_TARGET:
+        raise TargetTooLong(f"target of {len(frames[4])} octets: over {MAX_TARGET} (MAX_TARGET)")
     service, target, uuid = _texts(_REQUEST_KINDS, frames[3], frames[4], frames[5])
     if target not in _TARGETS:
         try:
             parse_target(target)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
-        if len(_TARGETS) < _MAX_TARGETS and "," not in target and target == target.strip():
+        if (len(frames[4]) <= _MAX_CACHED_TARGET and len(_TARGETS) < _MAX_TARGETS
+                and "," not in target and target == target.strip()):
             _TARGETS[target] = frames[4]
     body = (frames[6],) if count == 7 else tuple(frames[6:])
     return _MAKE[cls](role, service, target, uuid, body)   # type: ignore[no-any-return]
@@ -614,25 +632,6 @@ _PARSERS: dict[tuple[bytes, bytes], tuple[Callable[..., Message], Role, type]] =
     for command, roles in ROLES.items() for role in roles}
 
 
-def _as_frames(frames: Sequence[bytes]) -> list[bytes]:
-    """``frames`` as a list of bytes; ``ProtocolError`` if it is not a list of frames."""
-    if isinstance(frames, (bytes, bytearray, memoryview, str)):
-        raise ProtocolError("an NFP message is a list of frames, not one byte string")
-    try:
-        items = list(frames)
-    except TypeError:
-        raise ProtocolError("an NFP message is a list of frames") from None
-    out = []
-    for frame in items:
-        if type(frame) is bytes:
-            out.append(frame)
-        elif isinstance(frame, (bytearray, memoryview)):
-            out.append(bytes(frame))
-        else:
-            raise ProtocolError(f"frame of type {type(frame).__name__}, not bytes")
-    return out
-
-
 def _no_parser(frames: list[bytes]) -> ProtocolError:
     """Why (header, command) names no command the spec allows."""
     role = _ROLE_BY_BYTES.get(frames[1])
@@ -647,11 +646,11 @@ def _no_parser(frames: list[bytes]) -> ProtocolError:
 def decode(frames: Sequence[bytes]) -> Message:
     """Parse one NFP command (without any ROUTER identity frame)."""
     if type(frames) is not list:
-        frames = _as_frames(frames)
+        frames = as_frames(frames, "an NFP message")
     else:
         for frame in frames:
             if type(frame) is not bytes:
-                frames = _as_frames(frames)
+                frames = as_frames(frames, "an NFP message")
                 break
     count = len(frames)
     if count < 4:

@@ -45,6 +45,7 @@ from enum import Enum, IntEnum
 from typing import Sequence, Union
 
 from ..errors import ProtocolError
+from .frames import as_frames
 
 __all__ = [
     "PROTOCOL", "DELIMITER", "MAX_TEXT", "MAX_REQUEST_ID", "Command", "Status", "ServiceId",
@@ -316,12 +317,6 @@ def _decode_status(data: bytes) -> int:
     return status
 
 
-def _bytes(frame: object) -> bytes:
-    if isinstance(frame, (bytes, bytearray, memoryview)):
-        return bytes(frame)
-    raise TypeError("not bytes")
-
-
 def _count(command: str, frames: Sequence[bytes], fields: int) -> None:
     if len(frames) != 3 + fields:
         raise ProtocolError(f"{command} has {len(frames) - 3} field frames, expected {fields}")
@@ -334,10 +329,7 @@ def decode(frames: Sequence[bytes]) -> Message:
     SADA1 command, and no other exception.
     """
     if type(frames) is not list or not all(type(f) is bytes for f in frames):
-        try:
-            frames = [f if type(f) is bytes else _bytes(f) for f in frames]
-        except TypeError:
-            raise ProtocolError("frames must be a sequence of bytes") from None
+        frames = as_frames(frames, "a SADA1 command")
     command = command_of(frames)
     if command == _REQ:
         return Req(*parse_req(frames))

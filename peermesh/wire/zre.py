@@ -36,6 +36,7 @@ from enum import IntEnum
 from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import ProtocolError
+from .frames import as_bytes, as_frames
 
 __all__ = [
     "BEACON_SIZE", "BEACON_SIZE_V3", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
@@ -118,6 +119,8 @@ def decode_beacon(data: bytes, version: int = 1) -> Beacon:
     """Parse a beacon of ``version``: 1 (22 octets, a plain node's) or 3 (54 octets, with
     the key: a node with a keypair hears only these, as in Zyre); anything else raises
     ``ProtocolError``."""
+    if type(data) is not bytes:
+        data = as_bytes(data, "a beacon")
     if version == 3:
         if len(data) != BEACON_SIZE_V3:
             raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE_V3} "
@@ -343,11 +346,13 @@ class _Reader:
 
 def decode(frames: Sequence[bytes]) -> Message:
     """Parse the frames of one mailbox message (without the ROUTER identity)."""
+    if type(frames) is not list:
+        frames = as_frames(frames, "a ZRE message")
     if not frames:
         raise ProtocolError("empty message")
     data = frames[0]
-    if not isinstance(data, bytes):
-        data = bytes(data)
+    if type(data) is not bytes:
+        data = as_bytes(data, "a ZRE command frame")
     if len(data) < _HEADER_SIZE:
         raise ProtocolError(f"command frame of {len(data)} octets is shorter than a header")
     signature, command, version, sequence = _HEADER.unpack_from(data)
@@ -356,6 +361,10 @@ def decode(frames: Sequence[bytes]) -> Message:
     if version != VERSION:
         raise ProtocolError(f"unsupported version {version}")
     content = tuple(frames[1:])
+    for frame in content:
+        if type(frame) is not bytes:
+            content = tuple(as_frames(content, "a ZRE message"))
+            break
     if command == 2:
         if len(data) != _HEADER_SIZE:
             raise ProtocolError("unexpected octets in WHISPER")

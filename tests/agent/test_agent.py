@@ -124,10 +124,9 @@ def test_default_agent_path() -> None:
         agent_module.resolve_path("/tmp/" + "x" * 200)
 
 
-def test_private_tmp_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_private_tmp_directory(tmp_path: Path) -> None:
     directory = tmp_path / f"peermesh-{os.getuid()}"
     sock = str(directory / "agent.sock")
-    monkeypatch.setattr(agent_module, "tmp_path", lambda uid: sock)
     claim = agent_module.claim_path(sock)
     try:
         assert directory.stat().st_mode & 0o777 == 0o700

@@ -1,4 +1,4 @@
-"""The NFP Channel on both ZeroMQ paths: the C extension's batches and pyzmq alone."""
+"""The NFP CorkedSocket on both ZeroMQ paths: the C extension's batches and pyzmq alone."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import zmq
 from peermesh.io import bind_ephemeral, socket as io_socket
 from peermesh.io.socket import HubSocket
 from peermesh.nfp import transport
-from peermesh.nfp.transport import Channel
+from peermesh.nfp.transport import CorkedSocket
 from peermesh.wire.nfp import MAX_MESSAGE
 
 from .conftest import wait_until
@@ -21,17 +21,17 @@ from .conftest import wait_until
 Handler = Callable[[list[bytes]], None]
 
 
-def _pair(on_router: Handler, on_dealer: Handler) -> tuple[Channel, Channel]:
+def _pair(on_router: Handler, on_dealer: Handler) -> tuple[CorkedSocket, CorkedSocket]:
     router = transport.nfp_socket(None, zmq.ROUTER)
     endpoint = bind_ephemeral(router, "127.0.0.1")
     dealer = transport.nfp_socket(None, zmq.DEALER)
     dealer.connect(endpoint)
-    return Channel(router, on_router, "router"), Channel(dealer, on_dealer, "dealer")
+    return CorkedSocket(router, on_router, "router"), CorkedSocket(dealer, on_dealer, "dealer")
 
 
 def test_messages_and_replies_in_order(zmq_path: str) -> None:
     got: list[list[bytes]] = []
-    router_channel: list[Channel] = []
+    router_channel: list[CorkedSocket] = []
 
     def echo(frames: list[bytes]) -> None:
         # replies from the handler are held until the batch is read, then sent in order
@@ -54,7 +54,7 @@ def test_messages_and_replies_in_order(zmq_path: str) -> None:
 
 def test_a_handler_may_close_its_channel_mid_batch(zmq_path: str) -> None:
     seen: list[list[bytes]] = []
-    holder: list[Channel] = []
+    holder: list[CorkedSocket] = []
 
     def close_on_first(frames: list[bytes]) -> None:
         seen.append(frames)
@@ -91,7 +91,7 @@ def test_a_message_whose_edge_was_taken_mid_batch_is_still_read(
     # look after its batch (the socket was used meanwhile) delivers it in time
     monkeypatch.setattr(io_socket, "GUARD", 60.0)
     got: list[bytes] = []
-    channels: dict[str, Channel] = {}
+    channels: dict[str, CorkedSocket] = {}
 
     def chat() -> None:
         dealer = channels["dealer"]

@@ -1,0 +1,717 @@
+"""``peermesh flux ...``: run a member of a Flux instance, and talk to one from the shell.
+
+Registered through ``peermesh.cli.commands.COMMAND_MODULES``::
+
+    peermesh flux run [--root | --parent ENDPOINT] [--rank N] [--topology kary:K] [--handlers M]
+    peermesh flux rpc TOPIC [JSON] [--rank N] [--stream]
+    peermesh flux pub TOPIC [JSON]
+    peermesh flux sub PREFIX [--count N]
+    peermesh flux ping RANK|all [--count N]
+    peermesh flux tree
+
+``run`` is a member until Ctrl-C or SIGTERM: rank 0 (``--root``), a node
+that joins through members it is given (``--parent``, repeatable, or
+``$PEERMESH_FLUX_PARENTS``), or by default a ZRE node whose members elect
+rank 0 and join it by themselves (see ``peermesh.flux.overlay``).
+
+The other commands join the instance as a leaf for as long as they run:
+through ``--parent`` / ``$PEERMESH_FLUX_PARENTS`` when given, otherwise
+through the mesh (a short-lived ZRE node on the node options' interface
+looks, for up to ``--wait`` seconds, for a peer advertising the instance;
+the leaf joins through the endpoints found, the elected rank 0's first, and
+the ZRE node, never a member, leaves the mesh once the leaf has joined).
+Each leaf takes a fresh rank, which falls vacant when it leaves; ``tree``
+marks it and ``ping all`` leaves it out. The tree sockets of a leaf that
+joins through ``--parent`` listen on the ``--interface`` given (or
+``$PEERMESH_INTERFACE``), else on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import json
+import os
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import gevent.event
+
+from ..argtypes import positive_count, seconds, text, utf8
+from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
+from ..cli.session import HubSignals, NodeSession, leaving
+from ..config import NodeConfig
+from ..errors import PeermeshError, ProtocolError
+from ..overlay.election import Candidate, elect
+from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
+from .errors import FluxError
+from .overlay import FLUX_HEADER, FluxOverlay
+from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
+
+__all__ = ["add_commands", "PARENTS_VARIABLE"]
+
+Factory = Callable[..., argparse.ArgumentParser]
+
+#: environment variable with the endpoints one-shot commands join through (comma-separated)
+PARENTS_VARIABLE = "PEERMESH_FLUX_PARENTS"
+#: default --wait: seconds to find the instance and join it
+WAIT_JOIN = 5.0
+#: default --timeout: seconds for each answer
+TIMEOUT = 5.0
+
+_REACH = (
+    "How it reaches the instance: with --parent (or $PEERMESH_FLUX_PARENTS) it joins "
+    "through those members; otherwise a short-lived ZRE node looks on the mesh (node "
+    "options) for a member of --instance. Either way the command is a leaf of the tree "
+    "(a rank of its own, vacant again when it ends) until it is done.")
+
+
+def add_commands(command: Factory) -> None:
+    """Add ``flux`` and its actions with build_parser's ``command`` factory."""
+    command("flux", "Flux RFC 3 messaging: run a member, RPC, events, ping, tree",
+            "A Flux instance is a tree of members (rank 0 at the root) that route topic "
+            "RPCs (service.method) and events (numbered by rank 0) over their own sockets. "
+            "`run` is a member; the other actions join the instance as a leaf for the "
+            "duration of the command.",
+            f"  {PROG} flux run --interface lo                 # a member found through the mesh\n"
+            f"  {PROG} flux run --root --interface lo          # rank 0 without a mesh\n"
+            f"  {PROG} flux tree --interface lo\n"
+            f"  {PROG} flux rpc overlay.info --rank 0 --parent tcp://127.0.0.1:40123",
+            None)
+    _add_run(command)
+    _add_rpc(command)
+    _add_pub(command)
+    _add_sub(command)
+    _add_ping(command)
+    _add_tree(command)
+
+
+def _instance_options(parser: argparse.ArgumentParser, *, member: bool = False) -> None:
+    group = parser.add_argument_group("instance options")
+    group.add_argument("--instance", default="flux", type=text, metavar="NAME",
+                       help="which instance of the mesh (members advertise it in their HELLO "
+                            "header X-PM-FLUX) (default: %(default)s)")
+    group.add_argument("--parent", dest="parents", action="append", default=[], type=text,
+                       metavar="ENDPOINT",
+                       help="join through this member (tcp://HOST:PORT, as `flux run` prints "
+                            "it) instead of finding the instance on the mesh; repeatable "
+                            f"(default: ${PARENTS_VARIABLE}, comma-separated)")
+    if member:
+        return
+    group.add_argument("--wait", "-w", type=seconds, default=WAIT_JOIN, metavar="SECONDS",
+                       help="longest wait to find the instance and join it "
+                            "(default: %(default)s)")
+    group.add_argument("--timeout", "-t", type=seconds, default=TIMEOUT, metavar="SECONDS",
+                       help="longest wait for each answer (default: %(default)s)")
+    group.add_argument("--json", action="store_true", help="JSON output (see the description)")
+
+
+def _add_run(command: Factory) -> None:
+    run = command(
+        "flux run", "be a member of an instance until stopped",
+        "Start a member and print its endpoint, rank and what happens to it (children "
+        "attached or lost, re-attachment) until Ctrl-C or SIGTERM, which leave the tree "
+        "cleanly. Without --root or --parent the member joins the ZRE mesh (node options) "
+        "and the members of --instance elect rank 0 among themselves (highest --priority, "
+        "then UUID) and join it; a new root is elected if rank 0 leaves. With --root it is "
+        "rank 0 without a mesh; with --parent it joins through the members named. Its tree "
+        "sockets listen on --interface (without a mesh: 127.0.0.1 unless --interface or "
+        "$PEERMESH_INTERFACE says otherwise). --handlers MODULE imports MODULE and calls "
+        "its register(flux) with the FluxOverlay, to serve your own service.method topics.",
+        f"  {PROG} flux run --interface lo --priority 1\n"
+        f"  {PROG} flux run --root --topology kary:2\n"
+        f"  {PROG} flux run --parent tcp://127.0.0.1:40123 --rank 7\n"
+        f"  {PROG} flux run --root --handlers myapp.fluxservices --json",
+        _cmd_run)
+    _instance_options(run, member=True)
+    group = run.add_argument_group("member options")
+    group.add_argument("--root", action="store_true", help="be rank 0 (no mesh, no --parent)")
+    group.add_argument("--rank", type=_rank_arg, metavar="N",
+                       help="claim rank N (refused while another live member holds it)")
+    group.add_argument("--topology", type=_topology_arg, default=DEFAULT_TOPOLOGY,
+                       metavar="kary:K",
+                       help="the tree: parent of rank i is (i-1)//K; kary:0 is flat; the same "
+                            "on every member (default: %(default)s)")
+    group.add_argument("--priority", type=int, default=0, metavar="N",
+                       help="mesh election of rank 0: higher wins (default: %(default)s)")
+    group.add_argument("--handlers", action="append", default=[], type=text, metavar="MODULE",
+                       help="import MODULE and call its register(flux); repeatable")
+    group.add_argument("--json", action="store_true",
+                       help="one JSON object per line: {\"event\": \"online\"|...,\"rank\", "
+                            "\"detail\"}")
+
+
+def _add_rpc(command: Factory) -> None:
+    rpc = command(
+        "flux rpc", "send a request to a service and print the answer",
+        "Send TOPIC (service.method) with JSON (an object; default none) to the first "
+        "member up the tree that serves it, or to --rank N, and print the answer: a JSON "
+        "object on one line, or a string. With --stream, print each answer of a streaming "
+        "RPC until the stream ends (Ctrl-C cancels it). An error answer (ENOSYS: no such "
+        "service; EHOSTUNREACH: the rank cannot be reached) is printed on stderr with "
+        "exit code 1. --json prints {\"topic\", \"payload\"} (and {\"errnum\", \"error\", "
+        "\"message\"} for an error) per answer.\n\n" + _REACH,
+        f"  {PROG} flux rpc broker.ping '{{\"hi\": 1}}' --rank 3\n"
+        f"  {PROG} flux rpc overlay.info --rank 0\n"
+        f"  {PROG} flux rpc kvs.watch '{{\"key\": \"a\"}}' --stream --json",
+        _cmd_rpc)
+    rpc.add_argument("topic", metavar="TOPIC", type=text, help="service.method")
+    rpc.add_argument("payload", metavar="JSON", nargs="?", type=utf8,
+                     help="the request's payload: a JSON object (default: no payload)")
+    rpc.add_argument("--rank", "-r", type=_rank_arg, metavar="N",
+                     help="send to rank N (default: any, the nearest member serving it)")
+    rpc.add_argument("--stream", action="store_true", help="a streaming RPC: print every answer")
+    _instance_options(rpc)
+
+
+def _add_pub(command: Factory) -> None:
+    pub = command(
+        "flux pub", "publish an event",
+        "Publish event TOPIC with JSON (an object; default none). Rank 0 numbers it and "
+        "sends it down the tree to every subscriber; the sequence number and topic are "
+        "printed (--json: {\"seq\", \"topic\"}).\n\n" + _REACH,
+        f"  {PROG} flux pub job.done '{{\"id\": 42}}'\n"
+        f"  {PROG} flux pub heartbeat --json",
+        _cmd_pub)
+    pub.add_argument("topic", metavar="TOPIC", type=text, help="the event's topic")
+    pub.add_argument("payload", metavar="JSON", nargs="?", type=utf8,
+                     help="the event's payload: a JSON object (default: no payload)")
+    _instance_options(pub)
+
+
+def _add_sub(command: Factory) -> None:
+    sub = command(
+        "flux sub", "print events whose topic starts with PREFIX",
+        "Subscribe to events whose topic starts with PREFIX ('' for all) and print each as "
+        "SEQ TOPIC PAYLOAD (--json: {\"seq\", \"topic\", \"payload\"}) until Ctrl-C, SIGTERM "
+        "or --count events. Events missed on the way (a parent lost and re-attached) are "
+        "fetched from rank 0; those older than its buffer are reported on stderr.\n\n"
+        + _REACH,
+        f"  {PROG} flux sub job.\n  {PROG} flux sub '' --count 10 --json",
+        _cmd_sub)
+    sub.add_argument("prefix", metavar="PREFIX", type=utf8, help="topic prefix ('' for all)")
+    sub.add_argument("--count", type=positive_count, metavar="N",
+                     help="stop after N events (default: until stopped)")
+    _instance_options(sub)
+
+
+def _add_ping(command: Factory) -> None:
+    ping = command(
+        "flux ping", "round-trip time to a rank, or to every rank",
+        "Send broker.ping to RANK --count times and print each round trip; with 'all', "
+        "ping every member in the tree (as `flux tree` finds it) once and print each "
+        "rank's round trip, the ranks that did not answer and a summary (min, mean, max). "
+        "Exit code 1 when a rank did not answer.\n\n" + _REACH,
+        f"  {PROG} flux ping 0 --count 5\n  {PROG} flux ping all --json",
+        _cmd_ping)
+    ping.add_argument("target", metavar="RANK|all", type=_target_arg,
+                      help="a rank, or 'all'")
+    ping.add_argument("--count", type=positive_count, default=1, metavar="N",
+                      help="pings to RANK (default: %(default)s)")
+    _instance_options(ping)
+
+
+def _add_tree(command: Factory) -> None:
+    tree = command(
+        "flux tree", "show the tree: ranks, parents, states",
+        "Ask rank 0 and then each member down the tree (overlay.info) and print one row "
+        "per rank: its parent, state (online, or torpid when its parent has not heard from "
+        "it lately), children. A member that does not answer is shown as unreachable. "
+        "--json prints the answers as a list of {rank, parent, state, children, torpid "
+        "(its torpid children), size, seq, topology}; the command's own rank has "
+        "\"this_command\": true.\n\n" + _REACH,
+        f"  {PROG} flux tree\n  {PROG} flux tree --parent tcp://127.0.0.1:40123 --json",
+        _cmd_tree)
+    _instance_options(tree)
+
+
+# --------------------------------------------------------------------------
+# argument types
+
+
+def _rank_arg(value: str) -> int:
+    try:
+        return check_rank(int(value))
+    except (ValueError, TopologyError):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a rank (a whole number >= 0)") \
+            from None
+
+
+def _target_arg(value: str) -> Optional[int]:
+    return None if value == "all" else _rank_arg(value)
+
+
+def _topology_arg(value: str) -> Topology:
+    try:
+        return Topology.parse(value)
+    except TopologyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _payload(text_: Optional[str]) -> Optional[dict[str, Any]]:
+    """The JSON argument as a payload object; ValueError naming what is wrong."""
+    if text_ is None:
+        return None
+    try:
+        obj = json.loads(text_)
+    except ValueError as exc:
+        raise ValueError(f"JSON argument {text_!r:.60} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"JSON argument must be an object ({{...}}): Flux payloads are JSON "
+                         f"objects, not {type(obj).__name__}")
+    return obj
+
+
+def _parents(args: argparse.Namespace) -> list[str]:
+    if args.parents:
+        return list(args.parents)
+    return [p.strip() for p in os.environ.get(PARENTS_VARIABLE, "").split(",") if p.strip()]
+
+
+def _check_endpoints(endpoints: list[str]) -> None:
+    for endpoint in endpoints:
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        if not endpoint.startswith("tcp://") or not host or not port.isdigit():
+            raise ValueError(f"--parent {endpoint!r} is not tcp://HOST:PORT")
+
+
+def _address(config: NodeConfig) -> str:
+    """Where the tree sockets of a node without a mesh listen."""
+    if config.interface or os.environ.get("PEERMESH_INTERFACE"):
+        from ..net.interfaces import select_interface
+
+        return select_interface(config.interface).address
+    return "127.0.0.1"
+
+
+# --------------------------------------------------------------------------
+# payloads and errors as text
+
+
+def _readable(payload: Optional[bytes]) -> Any:
+    """A payload as JSON can show it: its object, its string, or ``{"hex": ...}``."""
+    if payload is None:
+        return None
+    try:
+        return read_json(payload)
+    except ProtocolError:
+        pass
+    try:
+        return read_string(payload)
+    except ProtocolError:
+        return {"hex": payload.hex()}
+
+
+def _shown(payload: Optional[bytes]) -> str:
+    value = _readable(payload)
+    if value is None:
+        return ""
+    return clean(value) if isinstance(value, str) else to_json(value)
+
+
+_HINTS: dict[int, str] = {Errno.ENOSYS: "no member serves it",
+                          Errno.EHOSTUNREACH: "that rank cannot be reached",
+                          Errno.ETIMEDOUT: "no answer in time"}
+
+
+def _error_text(exc: FluxError) -> str:
+    name = errno.errorcode.get(exc.errnum, str(exc.errnum))
+    hint = _HINTS.get(exc.errnum)
+    return f"{exc.topic or 'rpc'}: {clean(exc.message)} ({name}" + (f": {hint})" if hint else ")")
+
+
+# --------------------------------------------------------------------------
+# reaching the instance
+
+
+class Leaf:
+    """The command's node in the instance: a leaf joined for as long as the ``with`` lasts."""
+
+    def __init__(self, args: argparse.Namespace, config: NodeConfig) -> None:
+        self.args = args
+        self.config = config
+        self.session: Optional[NodeSession] = None
+        self.signals: Optional[HubSignals] = None
+        self.flux: Optional[FluxOverlay] = None
+
+    def __enter__(self) -> FluxOverlay:
+        try:
+            return self._join()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _join(self) -> FluxOverlay:
+        args = self.args
+        deadline = time.monotonic() + args.wait
+        parents = _parents(args)
+        _check_endpoints(parents)
+        if parents:
+            self.signals = HubSignals()
+            address = _address(self.config)
+            where = "through " + ", ".join(parents)
+        else:
+            self.session = NodeSession(self.config)
+            node = self.session.start()
+            with leaving(f"looking for Flux instance {args.instance!r} on the mesh"):
+                parents = _find_members(self.session, args.instance, deadline)
+            if not parents:
+                raise _NotFound(f"no member of Flux instance {args.instance!r} found on the mesh "
+                                f"(interface {node.transport.interface(self.config.interface).name}"
+                                f", beacon port {self.config.port}) within {args.wait:g} s; "
+                                "is `flux run` running there, or give --parent ENDPOINT")
+            address = node.transport.interface(self.config.interface).address
+            where = f"through the mesh ({len(parents)} member{'s' * (len(parents) != 1)})"
+        self.flux = FluxOverlay(args.instance, parents=parents, address=address).start()
+        with leaving(f"joining Flux instance {args.instance!r}"):
+            if not self.flux.wait_online(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"could not join Flux instance {args.instance!r} {where} "
+                                   f"within {args.wait:g} s (state {self.flux.state.value})")
+        if self.session is not None:  # found and joined: the tree is all it needs now
+            self.session.close()
+            self.session = None
+            self.signals = HubSignals()
+        return self.flux
+
+    def close(self) -> None:
+        if self.flux is not None:
+            self.flux.stop()
+        if self.session is not None:
+            self.session.close()
+        if self.signals is not None:
+            self.signals.close()
+
+
+class _NotFound(PeermeshError, ValueError):
+    """Nothing to join: a usage-level error (exit code 2)."""
+
+
+def _find_members(session: NodeSession, instance: str, deadline: float) -> list[str]:
+    """Endpoints of the mesh's members of ``instance``, the elected root's first.
+
+    Once the first member is seen, others get about one beacon interval to
+    show up, so that the member the instance elected as rank 0 (the same
+    election its members run: priority, then UUID) is asked first.
+    """
+    node = session.node
+    settle: Optional[float] = None
+    while True:
+        members: dict[Candidate, str] = {}
+        for uuid in node.peers():
+            try:
+                data = json.loads(node.peer_headers(uuid).get(FLUX_HEADER, ""))
+            except (ValueError, KeyError):
+                continue
+            if isinstance(data, dict) and data.get("instance") == instance \
+                    and isinstance(data.get("endpoint"), str):
+                priority = data.get("priority")
+                members[Candidate(uuid, priority if isinstance(priority, int) else 0)] = \
+                    data["endpoint"]
+        now = time.monotonic()
+        if members and settle is None:
+            settle = min(deadline, now + 1.25 * node.config.interval + 0.05)
+        if now >= (settle or deadline):
+            root = elect(members)
+            return sorted(members.values(), key=lambda e: e != members[root]) if root else []
+        session.wait_event(settle or deadline)
+
+
+# --------------------------------------------------------------------------
+# run
+
+
+def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
+    parents = _parents(args)
+    _check_endpoints(parents)
+    if args.root and parents:
+        raise ValueError("--root and --parent exclude each other: rank 0 joins no one")
+    registers = _import_handlers(args.handlers)
+    options = dict(root=args.root, rank=args.rank, parents=parents, topology=args.topology,
+                   priority=args.priority)
+    render = _notice_json if args.json else _notice_text
+    session: Optional[NodeSession] = None
+    signals: Optional[HubSignals] = None
+    stopped = gevent.event.Event()
+    if args.root or parents:
+        flux = FluxOverlay(args.instance, address=_address(config), **options)
+        signals = HubSignals(on_first=stopped.set)
+        how = "rank 0" if args.root else "joining through " + ", ".join(parents)
+    else:
+        flux = FluxOverlay(args.instance, **options)
+        session = NodeSession(config, serving=True)
+        flux.attach(session.node)
+        how = "joining through the mesh"
+    flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
+    try:
+        if session is not None:
+            session.start()
+        flux.start()
+        for name, register in registers:
+            try:
+                register(flux)
+            except Exception as exc:
+                raise ValueError(f"handlers module {name!r}: register(flux) raised "
+                                 f"{type(exc).__name__}: {exc}") from None
+        note(f"Flux instance {args.instance!r} ({args.topology}): member at {flux.endpoint}, "
+             f"{how}; Ctrl-C to leave")
+        if session is not None:
+            session.wait_stopped()
+        else:
+            stopped.wait()
+    finally:
+        flux.stop()
+        if session is not None:
+            session.close()
+        if signals is not None:
+            signals.close()
+    return EXIT_OK
+
+
+def _notice_text(what: str, rank: int, detail: Any) -> str:
+    if what.endswith("-failed") and isinstance(detail, int):  # join-failed, hello-failed
+        detail = errno.errorcode.get(detail, str(detail))
+    extra = "" if detail is None else " " + (clean(detail) if isinstance(detail, str)
+                                             else to_json(detail))
+    return f"{what} rank {rank}{extra}"
+
+
+def _notice_json(what: str, rank: int, detail: Any) -> str:
+    return to_json({"event": what, "rank": rank, "detail": detail})
+
+
+def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[FluxOverlay], Any]]]:
+    """Each module's ``register(flux)``; ValueError naming a module that has none."""
+    registers = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # missing, or its code failed on import
+            detail = exc if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+            raise ValueError(f"cannot import handlers module {name!r}: {detail}") from None
+        register = getattr(module, "register", None)
+        if not callable(register):
+            raise ValueError(f"handlers module {name!r} has no register(flux) function")
+        registers.append((name, register))
+    return registers
+
+
+# --------------------------------------------------------------------------
+# one-shot commands
+
+
+def _cmd_rpc(args: argparse.Namespace, config: NodeConfig) -> int:
+    payload = _payload(args.payload)
+    with Leaf(args, config) as flux:
+        rank = _checked_rank(flux, args.rank)
+        future = flux.rpc(args.topic, payload, NODEID_ANY if rank is None else rank,
+                          streaming=args.stream)
+        try:
+            with leaving(f"waiting for the answer to {args.topic}"):
+                if not args.stream:
+                    _print_answer(args, future.get(args.timeout))
+                    return EXIT_OK
+                try:
+                    for answer in future.stream(args.timeout):
+                        _print_answer(args, answer)
+                except KeyboardInterrupt:
+                    future.cancel()
+                    raise
+        except FluxError as exc:
+            return _rpc_error(args, exc)
+    return EXIT_OK
+
+
+def _print_answer(args: argparse.Namespace, payload: Optional[bytes]) -> None:
+    if args.json:
+        emit(to_json({"topic": args.topic, "payload": _readable(payload)}))
+    elif payload is not None:  # no payload, no line (as flux-core's `flux rpc`)
+        emit(_shown(payload))
+
+
+def _rpc_error(args: argparse.Namespace, exc: FluxError) -> int:
+    if args.json:
+        emit(to_json({"topic": args.topic, "errnum": exc.errnum,
+                      "error": errno.errorcode.get(exc.errnum, str(exc.errnum)),
+                      "message": exc.message}))
+    note(f"error: {_error_text(exc)}")
+    return EXIT_FAILURE
+
+
+def _checked_rank(flux: FluxOverlay, rank: Optional[int]) -> Optional[int]:
+    if rank is not None and rank >= flux.size:
+        raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{flux.size - 1}")
+    return rank
+
+
+def _cmd_pub(args: argparse.Namespace, config: NodeConfig) -> int:
+    payload = _payload(args.payload)
+    with Leaf(args, config) as flux:
+        try:
+            with leaving(f"waiting for rank 0 to number event {args.topic}"):
+                seq = flux.publish(args.topic, payload).get_json(args.timeout)["seq"]
+        except FluxError as exc:
+            return _rpc_error(args, exc)
+    emit(to_json({"seq": seq, "topic": args.topic}) if args.json
+         else f"{seq} {clean(args.topic)}")
+    return EXIT_OK
+
+
+def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
+    with Leaf(args, config) as flux:
+        flux.add_listener(_report_lost)
+        subscription = flux.subscribe(args.prefix)
+        note(f"rank {flux.rank} subscribed to {args.prefix!r} events; Ctrl-C to stop")
+        shown = 0
+        try:
+            for event in subscription:
+                if args.json:
+                    emit(to_json({"seq": event.seq, "topic": event.topic,
+                                  "payload": _readable(event.payload)}))
+                else:
+                    emit(f"{event.seq} {clean(event.topic)} {_shown(event.payload)}".rstrip())
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    break
+        except KeyboardInterrupt:
+            return EXIT_OK  # the normal end of following
+    return EXIT_OK
+
+
+def _report_lost(notice: Any) -> None:
+    if notice.what == "events-lost":
+        first, last = notice.detail
+        note(f"warning: events {first}..{last} were lost (older than rank 0's buffer)")
+    elif notice.what == "parent-lost":
+        note(f"warning: the parent was lost ({clean(notice.detail)}); re-attaching")
+
+
+def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
+    with Leaf(args, config) as flux:
+        if args.target is None:
+            rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
+            ranks = [row["rank"] for row in rows if row["rank"] != flux.rank]
+            counts = 1
+        else:
+            _checked_rank(flux, args.target)
+            ranks = [args.target]
+            counts = args.count
+        rtts: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        with leaving("pinging"):
+            for rank in ranks:
+                for seq in range(counts):
+                    try:
+                        ms = flux.ping(rank, args.timeout) * 1000
+                    except FluxError as exc:
+                        failed.append({"rank": rank, "error": _error_text(exc)})
+                        if not args.json:
+                            note(f"rank {rank}: {_error_text(exc)}")
+                        continue
+                    rtts.append({"rank": rank, "seq": seq, "ms": round(ms, 3)})
+                    if not args.json:
+                        emit(f"rank {rank}: seq={seq} time={ms:.3f} ms")
+    summary = _summary(rtts, failed)
+    if args.json:
+        emit(to_json({"pings": rtts, "unreachable": failed, "summary": summary}))
+    elif rtts or failed:
+        times = (f": min/mean/max = {summary['min_ms']:.3f}/{summary['mean_ms']:.3f}/"
+                 f"{summary['max_ms']:.3f} ms" if rtts else "")
+        emit(f"{summary['answered']} answered, {summary['unreachable']} unreachable{times}")
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any]:
+    times = [r["ms"] for r in rtts]
+    summary: dict[str, Any] = {"answered": len(times), "unreachable": len(failed)}
+    if times:
+        summary.update(min_ms=min(times), mean_ms=round(sum(times) / len(times), 3),
+                       max_ms=max(times))
+    return summary
+
+
+def _walk(flux: FluxOverlay, timeout: float) -> list[dict[str, Any]]:
+    """``overlay.info`` of rank 0, then of each rank's children, level by level: rows of
+    {rank, parent, state, children, torpid, size, seq, topology}; a rank that does not
+    answer is {rank, parent, state: "unreachable", error}."""
+    rows: list[dict[str, Any]] = []
+    level: dict[int, Optional[int]] = {0: None}  # rank -> the rank that listed it
+    seen: set[int] = set()
+    while level:
+        seen.update(level)
+        futures = [(rank, parent, flux.rpc("overlay.info", None, rank))
+                   for rank, parent in level.items()]
+        level = {}
+        for rank, parent, future in futures:
+            try:
+                row = _tree_row(rank, parent, future.get_json(timeout))
+            except FluxError as exc:
+                rows.append({"rank": rank, "parent": parent, "state": "unreachable",
+                             "error": _error_text(exc)})
+                continue
+            rows.append(row)
+            for child in row["children"]:
+                if child not in seen:
+                    level.setdefault(child, rank)
+    return rows
+
+
+def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[str, Any]:
+    """A member's ``overlay.info`` answer as a row, whatever it sent (rank and parent as
+    the walk found them)."""
+    def ranks(key: str) -> list[int]:
+        value = info.get(key)
+        return [r for r in value if type(r) is int and r >= 0] if isinstance(value, list) else []
+
+    def scalar(key: str) -> Any:
+        value = info.get(key)
+        return value if type(value) in (int, str) else None
+
+    return {"rank": rank, "parent": parent, "state": str(info.get("state", "?")),
+            "children": ranks("children"), "torpid": ranks("torpid"), "size": scalar("size"),
+            "seq": scalar("seq"), "topology": scalar("topology")}
+
+
+def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
+    with Leaf(args, config) as flux:
+        with leaving("walking the tree"):
+            rows = _walk(flux, args.timeout)
+        me = flux.rank
+    for row in rows:
+        if row["rank"] == me:
+            row["this_command"] = True
+    if args.json:
+        emit(to_json(rows))
+        return EXIT_OK
+    depth: dict[int, int] = {}
+    torpid = {r for row in rows for r in row.get("torpid", ())}
+    lines = [("RANK", "PARENT", "STATE", "CHILDREN")]
+    for row in _depth_first(rows):
+        rank, parent = row["rank"], row.get("parent")
+        depth[rank] = depth.get(parent, -1) + 1 if parent is not None else 0
+        state = clean(row["state"]) + (" torpid" if rank in torpid else "") + \
+            (" (this command)" if row.get("this_command") else "") + \
+            (f": {row['error']}" if "error" in row else "")
+        lines.append(("  " * depth[rank] + str(rank), "-" if parent is None else str(parent),
+                      state, ",".join(map(str, row.get("children", ()))) or "-"))
+    emit(table(lines))
+    root = rows[0]
+    if "error" not in root:
+        answered = sum(1 for row in rows if "error" not in row)
+        note(f"{answered} members answered; size {root['size']}, {clean(root['topology'])}, "
+             f"last event {root['seq']}")
+    return EXIT_OK
+
+
+def _depth_first(rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    by_parent: dict[Optional[int], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_parent.setdefault(row.get("parent") if row["rank"] else None, []).append(row)
+    stack = list(reversed(by_parent.get(None, [])))
+    while stack:
+        row = stack.pop()
+        yield row
+        stack.extend(reversed(sorted(by_parent.get(row["rank"], []), key=lambda r: r["rank"])))

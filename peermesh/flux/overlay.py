@@ -1,0 +1,457 @@
+"""The Flux overlay on its own sockets: the thin gevent driver of ``FluxCore``.
+
+How it works
+------------
+Each node binds one ROUTER (``transport.bind_mailbox``: its children and
+joining nodes connect there) and connects one DEALER to its parent
+(``transport.connect``); both are the I/O layer's sockets (``HubSocket``,
+made by ``make_socket``, bound by ``bind_ephemeral``), or the simulated
+network's. So a node holds sockets only to its parent and its children,
+whatever the size of the instance. The ROUTER is ROUTER_MANDATORY: a send
+to a child whose connection closed fails at once, and the core fails what
+was in flight through it. Messages over ``max_message`` bytes and ROUTER
+peers whose identity is not 16 bytes are dropped (counted in ``dropped``,
+logged at debug), and so is a message to a peer whose queue is full
+(``SNDHWM`` on the DEALER, libzmq's default on the ROUTER): sends never wait.
+
+The driver hands the core what arrives and applies what the core returns
+(sends, deliveries to handles, dials, notices); one greenlet runs the
+core's timer at ``next_deadline`` on the transport's clock, so the same
+code runs in virtual time on ``peermesh.sim``.
+
+Bootstrap (how a node finds its instance), one of:
+
+* ``root=True``: this node is rank 0.
+* ``parents=[endpoint, ...]``: join through any of these members (a parent
+  list, as flux-core's static configuration); ``rank=R`` claims a rank.
+* neither, attached to a ZRE node: through the mesh. Every member
+  advertises ``X-PM-FLUX`` (``{"instance", "endpoint", "priority"}``) in
+  its HELLO; after ``settle`` seconds the members of one instance elect the
+  root with the mesh's broker election (``peermesh.overlay.election``:
+  highest priority, then UUID) and the others join through its endpoint.
+  When the root leaves the mesh the next elected member becomes rank 0 at
+  its own endpoint (its old rank falls vacant; event numbers go on from the
+  last it saw) and the orphans join it, keeping their ranks; its own subtree
+  stays attached to it. When a partition heals, the root that loses
+  the election steps down and its nodes join the winner (ranks kept where
+  free).
+
+Attach to a ZRE node (``node`` then ``ThreadedNode(overlays=[flux])``) or
+run alone: ``FluxOverlay(root=True, address="127.0.0.1").start()``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from dataclasses import replace
+from typing import Any, Callable, Optional, Sequence, Union
+from uuid import UUID
+
+import gevent
+import gevent.event
+import zmq
+
+from ..events import Event as NodeEvent
+from ..io.transport import ZmqTransport
+from ..events import EventType
+from ..overlay.contract import Lifecycle, Overlay
+from ..overlay.election import Candidate, elect
+from ..wire.flux import NODEID_ANY
+from .core import (
+    IDENTITY_SIZE, PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output, Send,
+    State,
+)
+from .errors import FluxError, FluxStateError
+from .handle import FluxHandle, Handler, Payload, RpcFuture, Subscription
+from .topology import DEFAULT_TOPOLOGY, Topology
+
+__all__ = ["FluxOverlay", "FLUX_HEADER", "MAX_MESSAGE"]
+
+log = logging.getLogger(__name__)
+
+#: HELLO header of a Flux member: JSON ``{"instance", "endpoint", "priority"}``
+FLUX_HEADER = "X-PM-FLUX"
+#: bytes of one message a node accepts (its sender's message is dropped)
+MAX_MESSAGE = 16 * 1024 * 1024
+#: messages the DEALER to the parent queues before sends are dropped
+SNDHWM = 100_000
+
+
+class FluxOverlay(Overlay):
+    """One node of a Flux instance (see the module's docstring)."""
+
+    roles = ("flux",)
+
+    def __init__(self, instance: str = "flux", *, root: bool = False,
+                 rank: Optional[int] = None, parents: Sequence[str] = (),
+                 topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
+                 settings: Optional[FluxSettings] = None, priority: int = 0,
+                 address: Optional[str] = None, transport: Any = None,
+                 max_message: int = MAX_MESSAGE, settle: Optional[float] = None) -> None:
+        super().__init__()
+        topo = topology if isinstance(topology, Topology) else Topology.parse(topology)
+        self.settings = replace(settings or FluxSettings(), topology=topo)
+        if root and parents:
+            raise FluxStateError("a root has no parents to join through")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+            raise FluxStateError(f"rank {rank!r} is not a whole number >= 0")
+        if root and rank not in (None, 0):
+            raise FluxStateError("the root is rank 0")
+        self.instance = instance
+        self.root = root
+        self.claim = rank
+        self.parents = list(parents)
+        self.priority = priority
+        self.address = address
+        self.max_message = max_message
+        self.settle = settle
+        self.identity = os.urandom(IDENTITY_SIZE)
+        self._transport = transport
+        self.transport: Any = transport
+        self.endpoint = ""
+        self._router: Any = None
+        self._link: Any = None
+        self._greenlets: list[gevent.Greenlet] = []
+        self._handles: dict[int, FluxHandle] = {}
+        self._listeners: list[Callable[[Notice], None]] = []
+        self._online = gevent.event.Event()
+        self._members: dict[UUID, tuple[Candidate, str]] = {}  # mesh: flux peers
+        self._root_endpoint: Optional[str] = None
+        self.core: FluxCore = FluxCore(self.identity, "", settings=self.settings)
+        self._default: Optional[FluxHandle] = None
+        self.dropped = 0
+
+    # --- the overlay contract ----------------------------------------------------
+
+    def start(self) -> "FluxOverlay":
+        """Start serving: on the attached node's hub, or alone (not attached: the
+        caller's hub, ``transport`` or real sockets on ``address``)."""
+        if self.lifecycle is Lifecycle.NEW:
+            self.lifecycle = Lifecycle.ATTACHED  # on its own, attached to no node
+        super().start()
+        return self
+
+    def on_attach(self, node: Any) -> None:
+        self._bind(node.transport, node.transport.interface(node.config.interface).address)
+        node.set_header(FLUX_HEADER, json.dumps(
+            {"instance": self.instance, "endpoint": self.endpoint, "priority": self.priority},
+            separators=(",", ":")))
+
+    def _bind(self, transport: Any, address: str) -> None:
+        if self._router is not None:
+            return
+        if transport is None:
+            transport = ZmqTransport()
+        self.transport = transport
+        router = transport.bind_mailbox(address, self.max_message)
+        sock = getattr(router, "socket", None)
+        if sock is not None:  # a real ROUTER: a send to a gone child fails at once
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        else:  # a simulated one remembers the links it answers down
+            router.replies = True
+        self._router = router
+        self.endpoint = router.endpoint
+
+    def on_start(self) -> None:
+        mesh = self.node is not None and not self.root and not self.parents
+        if not mesh and not self.root and not self.parents:
+            raise FluxStateError("a Flux node alone needs root=True or parents=[endpoint, ...] "
+                                 "(or attach it to a ZRE node to find its instance there)")
+        if self._router is None:
+            self._bind(self._transport, self.address or "127.0.0.1")
+        self.core = self._new_core(root=self.root, rank=self.claim, bootstrap=self.parents)
+        self._greenlets = [gevent.spawn(self._serve_router), gevent.spawn(self._run_timer)]
+        if mesh:
+            node = self.node
+            assert node is not None
+            me = Candidate(node.uuid, self.priority)
+            self._members[node.uuid] = (me, self.endpoint)
+            for uuid in node.peers():
+                self._peer_entered(uuid, node.peer_headers(uuid))
+            node.add_listener(self._on_node_event)
+            settle = self.settle if self.settle is not None else 1.5 * node.config.interval
+            self._greenlets.append(gevent.spawn(self._elect_after, settle))
+        self._apply(self.core.start(self.now()))  # (in the mesh: detached until elected)
+
+    def on_stop(self, timeout: float) -> None:
+        if self._root_endpoint is not None or self._members:  # it followed the mesh
+            assert self.node is not None
+            self.node.remove_listener(self._on_node_event)
+            self._members.clear()
+            self._root_endpoint = None
+        self._apply(self.core.stop(self.now()))
+        for handle in list(self._handles.values()):
+            handle._fail_all("the node stopped")
+        gevent.killall(self._greenlets, block=False)
+        self._greenlets = []
+        if self._link is not None:
+            self._link.close(linger=min(timeout, 0.1))
+            self._link = None
+        if self._router is not None:
+            self._router.close(linger=min(timeout, 0.1))
+            self._router = None
+
+    def _new_core(self, *, root: bool, rank: Optional[int],
+                  bootstrap: Sequence[str]) -> FluxCore:
+        core = FluxCore(self.identity, self.endpoint, settings=self.settings, rank=rank,
+                        root=root, bootstrap=bootstrap)
+        for number in self._handles:  # keep the handles' numbers (and their services)
+            while core._next_handle <= number:
+                core.open_handle()
+        for number, handle in self._handles.items():
+            for topic in handle._handlers:
+                core.register(number, topic)
+            for subscription in handle._subscriptions:
+                core.subscribe(number, subscription.prefix)
+        return core
+
+    # --- public API --------------------------------------------------------------
+
+    def now(self) -> float:
+        """The transport's clock (virtual time on the simulator)."""
+        transport = self.transport
+        return transport.now() if transport is not None else 0.0
+
+    def handle(self) -> FluxHandle:
+        """A new handle (its own matchtags, services and subscriptions)."""
+        if not self.running:
+            raise FluxStateError("start the Flux overlay first")
+        handle = FluxHandle(self)
+        self._handles[handle.number] = handle
+        return handle
+
+    @property
+    def default(self) -> FluxHandle:
+        """The handle ``rpc``, ``register``, ``publish`` and ``subscribe`` use."""
+        if self._default is None or self._default.number not in self._handles:
+            self._default = self.handle()
+        return self._default
+
+    def rpc(self, topic: str, payload: Payload = None, nodeid: int = NODEID_ANY,
+            flags: int = 0, *, streaming: bool = False) -> RpcFuture:
+        """See ``FluxHandle.rpc``."""
+        return self.default.rpc(topic, payload, nodeid, flags, streaming=streaming)
+
+    def register(self, topic: str, handler: Handler) -> None:
+        """See ``FluxHandle.register``."""
+        self.default.register(topic, handler)
+
+    def publish(self, topic: str, payload: Payload = None) -> RpcFuture:
+        """See ``FluxHandle.publish``."""
+        return self.default.publish(topic, payload)
+
+    def subscribe(self, prefix: str, callback: Optional[Callable[[Any], None]] = None
+                  ) -> Subscription:
+        """See ``FluxHandle.subscribe``."""
+        return self.default.subscribe(prefix, callback)
+
+    def ping(self, rank: int, timeout: Optional[float] = None) -> float:
+        """Round-trip seconds of ``broker.ping`` to ``rank`` (on the transport's clock)."""
+        start = self.now()
+        self.rpc("broker.ping", b"", rank).get(timeout)
+        return self.now() - start
+
+    @property
+    def rank(self) -> Optional[int]:
+        """This node's rank (None until it has one)."""
+        return self.core.rank
+
+    @property
+    def size(self) -> int:
+        """The instance's size as this node knows it (rank 0 knows it exactly)."""
+        return self.core.size
+
+    @property
+    def state(self) -> State:
+        return self.core.state
+
+    def info(self) -> dict[str, Any]:
+        """This node's place in the tree (what ``overlay.info`` answers)."""
+        return self.core.info()
+
+    def wait_online(self, timeout: Optional[float] = None) -> bool:
+        """Wait until this node is part of the tree; False after ``timeout`` seconds."""
+        return self._online.wait(timeout) if not self.core.online else True
+
+    def add_listener(self, callback: Callable[[Notice], None]) -> None:
+        """Call ``callback(notice)`` on the hub for each ``Notice`` (online, child-lost, ...)."""
+        self._listeners.append(callback)
+
+    # --- the driver ----------------------------------------------------------------
+
+    def _apply(self, outputs: list[Output]) -> None:
+        for output in outputs:
+            kind = type(output)
+            if kind is Send:
+                assert isinstance(output, Send)
+                if output.link == PARENT:
+                    link = self._link
+                    if link is not None and not _send(link, output.frames):
+                        self.dropped += 1
+                elif self._router is not None:
+                    try:
+                        if not self._router.try_send(output.frames):
+                            self.dropped += 1
+                    except Exception as exc:  # zmq.ZMQError or OSError: EHOSTUNREACH
+                        if getattr(exc, "errno", None) != errno.EHOSTUNREACH:
+                            raise
+                        self._apply(self.core.link_down(output.link, self.now()))
+            elif kind is Deliver:
+                assert isinstance(output, Deliver)
+                handle = self._handles.get(output.handle)
+                if handle is not None:
+                    handle._deliver(output.message)
+            elif kind is Dial:
+                assert isinstance(output, Dial)
+                self._dial(output.endpoint, output.identity)
+            elif kind is Hangup:
+                self._hangup()
+            else:
+                assert isinstance(output, Notice)
+                self._notice(output)
+
+    def _notice(self, notice: Notice) -> None:
+        log.debug("flux %s rank %s: %s %s %s", self.instance, self.core.rank, notice.what,
+                  notice.rank, notice.detail)
+        if notice.what == "online":
+            self._online.set()
+        elif notice.what == "parent-lost":
+            self._online.clear()
+        for listener in self._listeners:
+            try:
+                listener(notice)
+            except Exception:
+                log.exception("flux listener failed")
+
+    def _dial(self, endpoint: str, identity: bytes) -> None:
+        self._hangup()
+        link = self.transport.connect(identity, endpoint, SNDHWM)
+        link.limit = self.max_message
+        self._link = link
+        self._greenlets.append(gevent.spawn(self._serve_link, link))
+
+    def _hangup(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.close(linger=0)
+
+    def _serve_link(self, link: Any) -> None:
+        def on_message(first: bytes, rest: list[bytes]) -> None:
+            if link is self._link:
+                rest.insert(0, first)
+                self._apply(self.core.receive(PARENT, rest, self.now()))
+
+        try:
+            link.serve(on_message, self._oversized)
+        finally:
+            if self._greenlets and gevent.getcurrent() in self._greenlets:
+                self._greenlets.remove(gevent.getcurrent())
+
+    def _serve_router(self) -> None:
+        def on_message(identity: bytes, frames: list[bytes]) -> None:
+            if len(identity) != IDENTITY_SIZE:
+                self._oversized(identity)
+                return
+            self._apply(self.core.receive(identity, frames, self.now()))
+
+        self._router.serve(on_message, self._oversized, None)
+
+    def _oversized(self, identity: bytes) -> None:
+        self.dropped += 1
+        if self.dropped <= 100 or self.dropped % 1000 == 0:
+            log.debug("flux: dropped a message from %r (over %d bytes or a bad identity)",
+                      identity[:16], self.max_message)
+
+    def _run_timer(self) -> None:
+        sleep = self.transport.sleep
+        while True:
+            wait = self.core.next_deadline - self.now()
+            sleep(max(wait, 0.001))
+            now = self.now()
+            if now >= self.core.next_deadline:
+                self._apply(self.core.timer(now))
+
+    # --- bootstrap through the mesh ----------------------------------------------------
+
+    def _on_node_event(self, event: NodeEvent) -> None:
+        if event.type is EventType.ENTER:
+            if event.peer is not None and event.headers is not None:
+                self._peer_entered(event.peer, dict(event.headers))
+        elif event.type is EventType.EXIT and event.peer is not None:
+            if self._members.pop(event.peer, None) is not None:
+                self._reelect()
+
+    def _peer_entered(self, uuid: UUID, headers: dict[str, str]) -> None:
+        try:
+            data = json.loads(headers.get(FLUX_HEADER, ""))
+        except ValueError:
+            return
+        if not isinstance(data, dict) or data.get("instance") != self.instance:
+            return
+        endpoint, priority = data.get("endpoint"), data.get("priority", 0)
+        if not isinstance(endpoint, str) or not isinstance(priority, int):
+            return
+        self._members[uuid] = (Candidate(uuid, priority), endpoint)
+        if self._root_endpoint is not None:
+            self._reelect()
+
+    def _elect_after(self, settle: float) -> None:
+        self.transport.sleep(settle)
+        self._root_endpoint = ""
+        self._reelect()
+
+    def _reelect(self) -> None:
+        """Follow the elected root: become it, step down from it, or join through it."""
+        if self._root_endpoint is None or not self.running:
+            return
+        best = elect(c for c, _ in self._members.values())
+        if best is None:
+            return
+        endpoint = self._members[best.uuid][1]
+        if endpoint == self._root_endpoint:
+            return
+        self._root_endpoint = endpoint
+        now = self.now()
+        node = self.node
+        assert node is not None
+        if best.uuid == node.uuid:
+            if not self.core.root:  # take over as rank 0 at this endpoint
+                seq = self.core.seq
+                self._apply(self.core.stop(now))
+                self.core = self._new_core(root=True, rank=0, bootstrap=())
+                self.core.seq = seq  # event numbers go on from what this node saw
+                self._apply(self.core.start(now))
+        elif self.core.root or self.core.state is State.STOPPED:
+            self._apply(self.core.stop(now))  # step down: join the elected root
+            self._online.clear()
+            self.core = self._new_core(root=False, rank=None, bootstrap=[endpoint])
+            self._apply(self.core.start(now))
+        elif self.core.state is State.DETACHED:
+            self._apply(self.core.set_bootstrap([endpoint], now))
+        else:
+            self.core.bootstrap = [endpoint]
+
+
+def _send(link: Any, frames: list[bytes]) -> bool:
+    try:
+        return bool(link.try_send(frames))
+    except Exception as exc:  # the link was closed under us
+        log.debug("flux: send to the parent failed: %s", exc)
+        return False
+
+
+def call_all(overlay: FluxOverlay, topic: str, ranks: Sequence[int], payload: Payload = None,
+             timeout: Optional[float] = None) -> dict[int, Union[bytes, None, FluxError]]:
+    """``topic`` on every rank of ``ranks`` at once; each rank's payload or error."""
+    futures = {rank: overlay.rpc(topic, payload, rank) for rank in ranks}
+    results: dict[int, Union[bytes, None, FluxError]] = {}
+    for rank, future in futures.items():
+        try:
+            results[rank] = future.get(timeout)
+        except FluxError as exc:
+            results[rank] = exc
+    return results
+

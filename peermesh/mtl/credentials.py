@@ -1,0 +1,700 @@
+"""MTL users: the credentials file, SASL exchanges against it, and failed-attempt throttling.
+
+The credentials file
+--------------------
+One JSON object, written atomically (a temporary file in the same directory,
+``fsync``, rename) with mode 0600, and changed under an advisory lock
+(``<file>.lock``) so that two ``peermesh mtl user`` commands never lose each
+other's edit::
+
+    {
+      "peermesh-mtl-credentials": 1,
+      "users": {
+        "alice": {
+          "scram-sha-256": {"salt": "<base64>", "stored-key": "<base64>",
+                            "server-key": "<base64>", "iterations": 4096},
+          "read": ["chat", "sensors.*"],
+          "write": ["chat"],
+          "expires": "2027-01-01T00:00:00Z"
+        }
+      }
+    }
+
+* A user holds a salted SCRAM-SHA-256 verifier (RFC 5802, RFC 7677) as
+  ``scramp`` makes it: salt, stored key, server key, iteration count. The
+  password itself is never stored; PLAIN is verified against the same
+  verifier. ``DEFAULT_ITERATIONS`` (4096, RFC 7677's minimum) costs the
+  client about 1 ms per authentication and the server nothing (the server
+  only computes HMACs); PLAIN costs the server that 1 ms instead.
+* ``read`` and ``write`` grant resources (mesh groups) by shell-style
+  patterns matched case-sensitively against the whole name (``fnmatchcase``:
+  ``*`` any run of characters, ``?`` one, ``[abc]`` one of a set); ``["*"]``
+  grants everything, ``[]`` (or a missing key) nothing.
+* ``expires`` (optional) is an ISO 8601 time; without a zone it is UTC. From
+  then on the user cannot authenticate, and a gateway that checks
+  ``CredentialsFile.still_valid`` sends its sessions 401.
+* Unknown keys, wrong types, bad base64, wrong key lengths and iteration
+  counts outside 4096..10,000,000 are errors that name the file and the
+  entry (``CredentialsError``); the file is at most ``MAX_FILE_BYTES``.
+
+A gateway keeps one ``CredentialsFile`` and calls ``refresh()`` now and then:
+it re-reads the file when its inode, size or modification time changed and
+bumps ``generation``. ``still_valid(user, now)`` tells whether a session
+authenticated as ``user`` may go on (the entry is unchanged and not expired);
+on False the gateway answers 401 and the client authenticates again.
+
+SASL exchanges
+--------------
+``Authenticator(credentials).begin(mechanism, client, now)`` gives a
+``SaslExchange``; feed it each ``Connection.Authorize`` response with
+``respond(data, now)``; the ``SaslStep`` it returns says what to answer: a
+challenge (402), an authenticated ``User`` (201, with ``additional`` data
+for the client when the mechanism has some) or a failure (401, with the
+reason for the log only and ``retry_after`` while throttled). SCRAM-SHA-256
+takes two responses: client-first, answered by the server-first challenge;
+client-final, answered by success with the server-final message as
+additional data (RFC 4422 "additional data with success", the 201's
+``"additional"``). PLAIN (RFC 4616) takes one. An empty first response is
+answered with an empty challenge. Unknown and expired users go through the
+whole exchange against a decoy verifier, so that the answer never tells a
+user name exists.
+
+Throttling
+----------
+``Throttle`` (sans-io: time is passed in) counts failed exchanges per user
+name and per client address. After ``free`` failures in a row, each further
+attempt must wait ``base`` seconds, doubling per failure up to
+``max_delay``; a success clears the user's count (not the address's); a
+count is forgotten ``forget`` seconds after its last failure. Each table
+holds at most ``max_entries`` keys, evicting the one whose last failure is
+oldest. Defaults: users 5 free, addresses 20 free, 1 s doubling to 60 s,
+forgotten after 15 minutes, 10,000 entries per table.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import datetime
+import fcntl
+import hmac
+import json
+import logging
+import os
+import secrets
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import scramp
+from scramp.utils import saslprep
+
+from ..errors import PeermeshError
+
+__all__ = ["CredentialsError", "Verifier", "User", "CredentialsFile", "make_user",
+           "check_name", "parse_credentials", "dump_credentials", "parse_time", "format_time",
+           "Authenticator", "SaslExchange", "SaslStep", "Throttle", "FailureTable",
+           "default_credentials_path", "DEFAULT_ITERATIONS", "MIN_ITERATIONS",
+           "MAX_ITERATIONS", "MECHANISMS", "MAX_FILE_BYTES"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ITERATIONS = 4096           # RFC 7677's minimum for SCRAM-SHA-256
+MIN_ITERATIONS, MAX_ITERATIONS = 4096, 10_000_000
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_NAME = 255                      # a user name or pattern fits an MTL short string
+MECHANISMS = ("SCRAM-SHA-256", "PLAIN")
+_FORMAT_KEY, _FORMAT = "peermesh-mtl-credentials", 1
+_SCRAM_KEY = "scram-sha-256"
+_USER_KEYS = frozenset({_SCRAM_KEY, "read", "write", "expires"})
+_VERIFIER_KEYS = frozenset({"salt", "stored-key", "server-key", "iterations"})
+_KEY_BYTES = 32                     # SHA-256 output: stored key and server key
+_MIN_SALT = 12                      # scramp's minimum
+
+
+class CredentialsError(PeermeshError):
+    """A credentials file that cannot be read or used, or a user entry that is not valid."""
+
+
+def default_credentials_path() -> Path:
+    """``$PEERMESH_MTL_CREDENTIALS``, else ``mtl-credentials.json`` in the data directory
+    (``$PEERMESH_DATA_DIR``, else ``$XDG_DATA_HOME/peermesh``, else ~/.local/share/peermesh)."""
+    env = os.environ.get("PEERMESH_MTL_CREDENTIALS")
+    if env:
+        return Path(env)
+    data = os.environ.get("PEERMESH_DATA_DIR")
+    if data:
+        return Path(data) / "mtl-credentials.json"
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "peermesh" \
+        / "mtl-credentials.json"
+
+
+# --------------------------------------------------------------------------
+# Users
+
+
+@dataclass(frozen=True, slots=True)
+class Verifier:
+    """A salted SCRAM-SHA-256 verifier, as ``scramp`` makes it."""
+
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def as_scramp(self) -> tuple[bytes, bytes, bytes, int]:
+        """The tuple scramp's ``auth_fn`` returns."""
+        return self.salt, self.stored_key, self.server_key, self.iterations
+
+    def check_password(self, password: str) -> bool:
+        """True if ``password`` is the one this verifier was made from."""
+        try:
+            _, stored_key, _, _ = _SCRAM.make_auth_info(password, self.iterations, self.salt)
+        except scramp.ScramException:       # a password SASLprep refuses
+            return False
+        return hmac.compare_digest(stored_key, self.stored_key)
+
+
+_SCRAM = scramp.ScramMechanism("SCRAM-SHA-256")
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """One user of the credentials file. Two equal ``User`` values are the same entry."""
+
+    name: str
+    verifier: Verifier
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    expires: Optional[float] = None     # Unix time; None: never
+
+    def may_read(self, resource: str) -> bool:
+        """True if a ``read`` pattern matches ``resource``."""
+        return any(fnmatchcase(resource, p) for p in self.read)
+
+    def may_write(self, resource: str) -> bool:
+        """True if a ``write`` pattern matches ``resource``."""
+        return any(fnmatchcase(resource, p) for p in self.write)
+
+    def expired(self, now: float) -> bool:
+        """True from ``expires`` on (``now`` in Unix time)."""
+        return self.expires is not None and now >= self.expires
+
+
+def make_user(name: str, password: str, read: Sequence[str] = (), write: Sequence[str] = (),
+              expires: Optional[float] = None, iterations: int = DEFAULT_ITERATIONS) -> User:
+    """A new user with a fresh salt; CredentialsError naming what is wrong with an argument."""
+    name = check_name(name)
+    if not isinstance(password, str) or not password:
+        raise CredentialsError("the password must not be empty")
+    if not isinstance(iterations, int) or not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        raise CredentialsError(f"the iteration count must be {MIN_ITERATIONS}.."
+                               f"{MAX_ITERATIONS}, not {iterations!r}")
+    try:
+        salt, stored_key, server_key, count = _SCRAM.make_auth_info(password, iterations)
+    except scramp.ScramException as exc:
+        raise CredentialsError(f"the password cannot be used: {exc.args[0]}") from None
+    return User(name, Verifier(salt, stored_key, server_key, count),
+                tuple(_pattern(p, "read") for p in read),
+                tuple(_pattern(p, "write") for p in write), _expiry(expires))
+
+
+def check_name(name: str) -> str:
+    """``name`` if it can be a user name (SASLprep leaves it as it is, printable, 1..255
+    characters); else CredentialsError."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or not name.isprintable():
+        raise CredentialsError(f"user name {name!r} must be 1..{MAX_NAME} printable characters")
+    try:
+        prepared = saslprep(name)
+    except scramp.ScramException as exc:
+        raise CredentialsError(f"user name {name!r}: {exc.args[0]}") from None
+    if prepared != name:
+        raise CredentialsError(f"user name {name!r} is not in SASLprep form "
+                               f"(that would be {prepared!r})")
+    return name
+
+
+def _pattern(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME \
+            or not value.isprintable():
+        raise CredentialsError(f"{what} pattern {value!r} must be 1..{MAX_NAME} printable "
+                               "characters")
+    return value
+
+
+def _expiry(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and value == value and abs(value) != float("inf"):
+        return float(value)
+    raise CredentialsError(f"expiry {value!r} must be a Unix time")
+
+
+# --------------------------------------------------------------------------
+# The file: JSON to users and back
+
+
+def parse_credentials(data: bytes, source: str) -> dict[str, User]:
+    """The users of a credentials file's bytes; CredentialsError naming ``source`` and the
+    entry that is wrong."""
+    def bad(where: str, what: str) -> CredentialsError:
+        return CredentialsError(f"credentials file {source}: {where}{what}")
+
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad("", "is not UTF-8 text") from None
+    except ValueError as exc:
+        raise bad("", f"is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise bad("", "is not valid JSON (nested too deeply)") from None
+    if not isinstance(doc, dict) or doc.get(_FORMAT_KEY) != _FORMAT:
+        raise bad("", f'is not a peermesh MTL credentials file (no "{_FORMAT_KEY}": '
+                      f"{_FORMAT})")
+    unknown = sorted(set(doc) - {_FORMAT_KEY, "users"})
+    if unknown:
+        raise bad("", f"unknown key(s) {', '.join(unknown)}")
+    users = doc.get("users", {})
+    if not isinstance(users, dict):
+        raise bad("users: ", "must be an object")
+    result: dict[str, User] = {}
+    for name, entry in users.items():
+        where = f"user {name!r}: "
+        try:
+            result[check_name(name)] = _user(name, entry)
+        except CredentialsError as exc:
+            raise bad(where, str(exc)) from None
+    return result
+
+
+def _user(name: str, entry: Any) -> User:
+    if not isinstance(entry, dict):
+        raise CredentialsError("must be an object")
+    unknown = sorted(set(entry) - _USER_KEYS)
+    if unknown:
+        raise CredentialsError(f"unknown key(s) {', '.join(unknown)}")
+    raw = entry.get(_SCRAM_KEY)
+    if not isinstance(raw, dict):
+        raise CredentialsError(f'"{_SCRAM_KEY}" must be an object with '
+                               f"{', '.join(sorted(_VERIFIER_KEYS))}")
+    if set(raw) != _VERIFIER_KEYS:
+        raise CredentialsError(f'"{_SCRAM_KEY}" must have exactly the keys '
+                               f"{', '.join(sorted(_VERIFIER_KEYS))}")
+    salt = _b64(raw["salt"], "salt")
+    stored_key, server_key = _b64(raw["stored-key"], "stored-key"), \
+        _b64(raw["server-key"], "server-key")
+    if len(salt) < _MIN_SALT:
+        raise CredentialsError(f"the salt must be at least {_MIN_SALT} bytes")
+    if len(stored_key) != _KEY_BYTES or len(server_key) != _KEY_BYTES:
+        raise CredentialsError(f"stored-key and server-key must be {_KEY_BYTES} bytes each")
+    iterations = raw["iterations"]
+    if not isinstance(iterations, int) or isinstance(iterations, bool) \
+            or not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        raise CredentialsError(f"iterations must be an integer {MIN_ITERATIONS}.."
+                               f"{MAX_ITERATIONS}, not {iterations!r}")
+    grants = {}
+    for mode in ("read", "write"):
+        patterns = entry.get(mode, [])
+        if not isinstance(patterns, list):
+            raise CredentialsError(f'"{mode}" must be a list of patterns')
+        grants[mode] = tuple(_pattern(p, mode) for p in patterns)
+    expires = entry.get("expires")
+    return User(name, Verifier(salt, stored_key, server_key, iterations), grants["read"],
+                grants["write"], None if expires is None else parse_time(expires))
+
+
+def _b64(value: Any, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise CredentialsError(f"{what} must be base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise CredentialsError(f"{what} is not valid base64") from None
+
+
+def parse_time(text: Any) -> float:
+    """An ISO 8601 time (UTC when it has no zone) as Unix time; CredentialsError if not one."""
+    if not isinstance(text, str):
+        raise CredentialsError(f"expires must be an ISO 8601 time, not {text!r}")
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise CredentialsError(f"expires {text!r} is not an ISO 8601 time "
+                               "(e.g. 2027-01-01 or 2027-01-01T12:00:00Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def format_time(when: float) -> str:
+    """Unix time as ISO 8601 UTC text (``2027-01-01T00:00:00Z``)."""
+    moment = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def dump_credentials(users: Mapping[str, User]) -> bytes:
+    """The file's bytes for ``users`` (sorted by name)."""
+    entries: dict[str, Any] = {}
+    for name in sorted(users):
+        user = users[name]
+        v = user.verifier
+        entry: dict[str, Any] = {
+            _SCRAM_KEY: {"salt": _text(v.salt), "stored-key": _text(v.stored_key),
+                         "server-key": _text(v.server_key), "iterations": v.iterations},
+            "read": list(user.read), "write": list(user.write)}
+        if user.expires is not None:
+            entry["expires"] = format_time(user.expires)
+        entries[name] = entry
+    return (json.dumps({_FORMAT_KEY: _FORMAT, "users": entries}, indent=2, ensure_ascii=False)
+            + "\n").encode("utf-8")
+
+
+def _text(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+class CredentialsFile:
+    """The users of one credentials file, re-read when it changes. A missing file has no users.
+
+    ``generation`` goes up each time ``refresh`` finds different users.
+    """
+
+    def __init__(self, path: os.PathLike[str] | str) -> None:
+        self.path = Path(path)
+        self.generation = 0
+        self._stat: Optional[tuple[int, int, int, int]] = None
+        self.users: dict[str, User] = {}
+        self.refresh()
+
+    def user(self, name: str) -> Optional[User]:
+        """The user called ``name``, or None."""
+        return self.users.get(name)
+
+    def still_valid(self, user: User, now: float) -> bool:
+        """True while ``user``'s entry is in the file unchanged and not expired (Unix
+        ``now``); a gateway answers 401 once it is False."""
+        return self.users.get(user.name) == user and not user.expired(now)
+
+    def refresh(self, force: bool = False) -> bool:
+        """Re-read the file if it changed on disk (or ``force``); True if the users changed.
+
+        CredentialsError (and the users read before are kept) if the new file
+        cannot be read or used."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            stat = None
+        except OSError as exc:
+            raise CredentialsError(f"cannot read credentials file {self.path}: "
+                                   f"{exc.strerror}") from None
+        else:
+            stat = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if stat == self._stat and self.generation and not force:
+            return False
+        users = self._read() if stat is not None else {}
+        self._stat = stat
+        if users == self.users and self.generation:
+            return False
+        self.users = users
+        self.generation += 1
+        return True
+
+    def _read(self) -> dict[str, User]:
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_mode & 0o077:
+                    log.warning("credentials file %s is readable by other users; its verifiers "
+                                "allow offline password guessing (chmod 600)", self.path)
+                data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise CredentialsError(f"cannot read credentials file {self.path}: "
+                                   f"{exc.strerror}") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise CredentialsError(f"credentials file {self.path} is larger than "
+                                   f"{MAX_FILE_BYTES} bytes")
+        return parse_credentials(data, str(self.path))
+
+    def update(self, change: Callable[[dict[str, User]], object]) -> None:
+        """Apply ``change`` to the users as they are on disk now, and write the result
+        (atomically, mode 0600), all under the file's lock."""
+        with self._locked():
+            self.refresh(force=True)     # what is on disk now
+            users = dict(self.users)
+            change(users)
+            self._write(dump_credentials(users))
+            self.refresh()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CredentialsError(f"cannot lock credentials file {self.path}: "
+                                   f"{exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _write(self, data: bytes) -> None:
+        directory = self.path.parent
+        try:
+            fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=directory)
+        except OSError as exc:
+            raise CredentialsError(f"cannot write credentials file {self.path}: "
+                                   f"{exc.strerror}") from None
+        try:
+            with os.fdopen(fd, "wb") as f:       # mkstemp made it 0600
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, self.path)
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise CredentialsError(f"cannot write credentials file {self.path}: "
+                                   f"{exc.strerror}") from None
+
+
+# --------------------------------------------------------------------------
+# Throttling
+
+
+@dataclass(slots=True)
+class FailureTable:
+    """Failed attempts per key (a user name or an address), bounded; see the module doc."""
+
+    free: int = 5
+    base: float = 1.0
+    max_delay: float = 60.0
+    forget: float = 900.0
+    max_entries: int = 10_000
+    _entries: OrderedDict[str, tuple[int, float]] = field(
+        default_factory=OrderedDict, init=False, repr=False)
+
+    def retry_after(self, key: str, now: float) -> float:
+        """Seconds until ``key`` may try again (0: now)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return 0.0
+        count, last = entry
+        if now - last >= self.forget:
+            del self._entries[key]
+            return 0.0
+        if count < self.free:
+            return 0.0
+        delay = min(self.max_delay, self.base * 2.0 ** min(count - self.free, 64))
+        return max(0.0, last + delay - now)
+
+    def failed(self, key: str, now: float) -> None:
+        """Count a failure of ``key`` at ``now``."""
+        count, last = self._entries.pop(key, (0, now))
+        if now - last >= self.forget:
+            count = 0
+        self._entries[key] = (count + 1, now)      # (moved to the newest end)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def clear(self, key: str) -> None:
+        """Forget ``key``'s failures."""
+        self._entries.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+@dataclass(slots=True)
+class Throttle:
+    """Failed-attempt throttling per user name and per client address (sans-io)."""
+
+    users: FailureTable = field(default_factory=FailureTable)
+    addresses: FailureTable = field(default_factory=lambda: FailureTable(free=20))
+
+    def retry_after(self, user: Optional[str], address: str, now: float) -> float:
+        """Seconds until this user (None: not known yet) from this address may try again."""
+        wait = self.addresses.retry_after(address, now)
+        return max(wait, self.users.retry_after(user, now)) if user is not None else wait
+
+    def failed(self, user: Optional[str], address: str, now: float) -> None:
+        """Count a failed attempt."""
+        self.addresses.failed(address, now)
+        if user is not None:
+            self.users.failed(user, now)
+
+    def succeeded(self, user: str) -> None:
+        """Clear the user's count (the address's stays until it is forgotten)."""
+        self.users.clear(user)
+
+
+# --------------------------------------------------------------------------
+# SASL
+
+
+@dataclass(frozen=True, slots=True)
+class SaslStep:
+    """What to answer an Authorize: a ``challenge`` (402), a ``user`` (201: authenticated,
+    with the mechanism's ``additional`` data if any) or a ``failure`` (401; the reason is
+    for the log, ``retry_after`` > 0 while throttled)."""
+
+    challenge: Optional[bytes] = None
+    user: Optional[User] = None
+    failure: Optional[str] = None
+    retry_after: float = 0.0
+    additional: Optional[bytes] = None
+
+    @property
+    def done(self) -> bool:
+        """True when the exchange ended (authenticated or failed)."""
+        return self.challenge is None
+
+
+class Authenticator:
+    """Runs SASL exchanges against a credentials file, with throttling (sans-io)."""
+
+    def __init__(self, credentials: CredentialsFile,
+                 mechanisms: Sequence[str] = ("SCRAM-SHA-256",),
+                 throttle: Optional[Throttle] = None) -> None:
+        offered = tuple(m.upper() for m in mechanisms)
+        unknown = sorted(set(offered) - set(MECHANISMS))
+        if unknown or not offered:
+            raise CredentialsError(f"mechanism(s) {', '.join(unknown) or '(none)'} not "
+                                   f"supported; choose from {', '.join(MECHANISMS)}")
+        self.credentials = credentials
+        self.mechanisms = offered
+        self.throttle = throttle if throttle is not None else Throttle()
+        self._decoy_key = secrets.token_bytes(32)
+
+    def offers(self, mechanism: str) -> bool:
+        """True if ``mechanism`` (any case) is one this authenticator runs."""
+        return isinstance(mechanism, str) and mechanism.upper() in self.mechanisms
+
+    def begin(self, mechanism: str, client: str, now: float,
+              nonce: Optional[str] = None) -> "SaslExchange":
+        """A new exchange for ``client`` (its address, for throttling); CredentialsError
+        if ``mechanism`` is not offered. ``nonce``: the server nonce (tests only)."""
+        if not self.offers(mechanism):
+            raise CredentialsError(f"mechanism {mechanism!r} is not offered")
+        return SaslExchange(self, mechanism.upper(), client, nonce)
+
+    def lookup(self, name: str, now: float) -> tuple[Optional[User], Verifier]:
+        """The user ``name`` if it may authenticate at ``now`` (Unix time), and the
+        verifier to run the exchange against (a decoy when it may not)."""
+        user = self.credentials.user(name)
+        if user is not None and not user.expired(now):
+            return user, user.verifier
+        digest = hmac.digest(self._decoy_key, name.encode("utf-8", "surrogatepass"), "sha256")
+        return None, Verifier(digest[:16], digest, digest, DEFAULT_ITERATIONS)
+
+
+_CLIENT_FIRST, _CLIENT_FINAL, _DONE = range(3)
+
+
+class SaslExchange:
+    """One client's SASL exchange; ``respond`` to each Authorize in turn."""
+
+    def __init__(self, authenticator: Authenticator, mechanism: str, client: str,
+                 nonce: Optional[str]) -> None:
+        self.mechanism = mechanism
+        self.client = client
+        self.name: Optional[str] = None     # the user name, once the client sent it
+        self._auth = authenticator
+        self._state = _CLIENT_FIRST
+        self._prompted = False               # an empty challenge was sent already
+        self._user: Optional[User] = None
+        self._server: Any = None
+        self._nonce = nonce
+
+    def respond(self, response: bytes, now: float) -> SaslStep:
+        """The answer to the client's next response (``now``: Unix time)."""
+        if self._state == _DONE:
+            return SaslStep(failure="the exchange has ended")
+        throttle = self._auth.throttle
+        wait = throttle.retry_after(None, self.client, now)
+        if wait > 0:
+            return self._fail("address throttled", now, wait, count=False)
+        if not isinstance(response, bytes):
+            return self._fail("response is not bytes", now)
+        if self._state == _CLIENT_FIRST and not response and not self._prompted:
+            self._prompted = True
+            return SaslStep(challenge=b"")
+        try:
+            text = response.decode("utf-8")
+        except UnicodeDecodeError:
+            return self._fail("response is not UTF-8", now)
+        if self.mechanism == "PLAIN":
+            return self._plain(text, now)
+        return self._scram(text, now)
+
+    def _scram(self, text: str, now: float) -> SaslStep:
+        try:
+            if self._state == _CLIENT_FIRST:
+                found: list[Optional[User]] = []
+
+                def auth_fn(name: str) -> tuple[bytes, bytes, bytes, int]:
+                    self.name = name
+                    user, verifier = self._auth.lookup(name, now)
+                    found.append(user)
+                    return verifier.as_scramp()
+
+                self._server = _SCRAM.make_server(auth_fn, s_nonce=self._nonce)
+                self._server.set_client_first(text)
+                self._user = found[0]
+                wait = self._auth.throttle.retry_after(self.name, self.client, now)
+                if wait > 0:
+                    return self._fail("user throttled", now, wait, count=False)
+                self._state = _CLIENT_FINAL
+                return SaslStep(challenge=self._server.get_server_first().encode("utf-8"))
+            if self._state == _CLIENT_FINAL:
+                self._server.set_client_final(text)
+                if self._user is None:     # a decoy cannot be passed, but never trust that
+                    return self._fail("unknown or expired user", now)
+                return self._succeed(self._server.get_server_final().encode("utf-8"))
+        except scramp.ScramException as exc:
+            reason = "unknown or expired user" if self._user is None and self.name else \
+                exc.args[0] if exc.args else "SCRAM failed"
+            return self._fail(str(reason), now)
+        raise AssertionError("unreachable")   # (_DONE is answered before)
+
+    def _plain(self, text: str, now: float) -> SaslStep:
+        # message = [authzid] UTF8NUL authcid UTF8NUL passwd   (RFC 4616)
+        parts = text.split("\0")
+        if len(parts) != 3 or not parts[1] or not parts[2] or parts[0] not in ("", parts[1]):
+            return self._fail("malformed PLAIN message", now)
+        self.name = parts[1]
+        wait = self._auth.throttle.retry_after(self.name, self.client, now)
+        if wait > 0:
+            return self._fail("user throttled", now, wait, count=False)
+        user, verifier = self._auth.lookup(self.name, now)
+        if not verifier.check_password(parts[2]) or user is None:
+            return self._fail("wrong password" if user else "unknown or expired user", now)
+        self._user = user
+        return self._succeed()
+
+    def _succeed(self, additional: Optional[bytes] = None) -> SaslStep:
+        assert self._user is not None
+        self._state = _DONE
+        self._auth.throttle.succeeded(self._user.name)
+        return SaslStep(user=self._user, additional=additional)
+
+    def _fail(self, reason: str, now: float, wait: float = 0.0, count: bool = True) -> SaslStep:
+        self._state = _DONE
+        throttle = self._auth.throttle
+        if count:
+            throttle.failed(self.name, self.client, now)
+            wait = throttle.retry_after(self.name, self.client, now)
+        log.debug("SASL %s from %s (user %r) failed: %s", self.mechanism, self.client,
+                  self.name, reason)
+        return SaslStep(failure=reason, retry_after=wait)

@@ -1,0 +1,460 @@
+"""The MTL data flow as a sans-io core: leases, links, summon/dismiss, content, heartbeats.
+
+How it works
+------------
+The control flow grants a lease (``grant``): a random token naming a user,
+a profile, a direction (read or write), the resources and the confirm model.
+A client opens a data connection (a DEALER to the gateway's data ROUTER) and
+presents the token in a Lease command; that binds the connection (a *link*,
+keyed by its ROUTER identity) to the lease. Nothing else is accepted from a
+connection before a Lease: Summon and Dismiss get Response 403, anything
+else is dropped, and no state is kept for it.
+
+Each data command goes through one table, ``HANDLERS``, keyed by the
+link's direction (``None`` before a Lease) and the command type::
+
+    (None,  Lease)    bind the lease            -> Response 200 / 403
+    (any,   Lease)    a second lease            -> Response 400
+    (READ,  Summon)   subscribe to a resource   -> Response 200 / 400
+    (READ,  Dismiss)  unsubscribe               -> Response 200 / 400
+    (WRITE, Content)  route the content         -> (Reject if it cannot go anywhere)
+    (READ,  Confirm)  delivered content is safe -> (no answer)
+    (READ,  Reject)   refused content           -> re-sent later when ``recycle``
+    (any,   Ping)     heartbeat                 -> Pong
+    (None,  Summon/Dismiss)                     -> Response 403
+    everything else is dropped silently (the spec's rule for ill-formed input)
+
+Ordering: the core answers in the order it is fed and appends to one outbox,
+so a Summon's Response is queued before any Content of that resource, and
+after a Dismiss's Response the link is no longer a reader of it.
+
+Routing: readers are indexed by ``(profile, resource)``; the resource of a
+mesh lease is the ZRE group (the virtual host's prefix + the name the
+client uses). A writer's content goes to every local reader of the key and,
+for ``mesh``, out into the group (the ``shout`` callable the driver gives,
+else a ``Shout`` action); the driver joins a group while a
+local reader summons it (``Join`` / ``Leave`` actions) and feeds the
+group's shouts back through ``shouted``. Unconfirmed content without
+properties to a resource the link wrote before is routed on its header's
+bytes (``Link.passthrough``), without decoding it.
+
+Confirmed content (``confirm: full``) goes through a ``DurableQueues``
+(``peermesh.mtl.delivery``); without one, ``full`` is not offered.
+
+Time: ``tick(now)`` sends Ping to every link not heard from for
+``heartbeat`` seconds, unbinds a link silent for ``heartbeat * liveness``
+(its lease survives ``lease_ttl`` more seconds, so a client can reconnect
+and present it again) and forgets unbound leases past their expiry. It
+returns the next time it wants to be called.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+from ..errors import ProtocolError
+from ..wire.mtl import (Confirm, Content, Direction, Dismiss, Lease, Ping, Reject, Summon,
+                        content_frames, decode_data, encode_data, encode_table)
+from .profiles import Profile
+
+if TYPE_CHECKING:
+    from .credentials import User
+    from .delivery import DurableQueues
+
+__all__ = ["DataFlow", "Grant", "Link", "Shout", "Join", "Leave", "MeshAction"]
+
+log = logging.getLogger(__name__)
+
+_PING = [b"\x08", b""]
+_PONG = [b"\x09", b""]
+_EMPTY_TABLE = b"\x00\x00"
+_PEER_TABLES_MAX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Shout:
+    """Shout ``frames`` into mesh group ``group``."""
+
+    group: str
+    frames: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """Join mesh group ``group`` (a local reader summoned it)."""
+
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """Leave mesh group ``group`` (no local reader left)."""
+
+    group: str
+
+
+MeshAction = Union[Shout, Join, Leave]
+
+
+@dataclass(eq=False, slots=True)
+class Grant:
+    """A lease the control flow granted: who, what, which way."""
+
+    token: str
+    session: bytes
+    user: "User"
+    profile: Profile
+    namespace: str
+    direction: Direction
+    resources: tuple[str, ...]
+    confirm: str
+    expires: float
+    link: Optional["Link"] = None
+
+
+@dataclass(eq=False, slots=True)
+class Link:
+    """A data connection bound to a lease."""
+
+    identity: bytes
+    grant: Grant
+    heard: float
+    summoned: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> key
+    writable: dict[str, tuple[str, str]] = field(default_factory=dict)  # cache: name -> key
+    #: cache of an unconfirmed writer: header bytes after the sequence -> key
+    passthrough: dict[bytes, tuple[str, str]] = field(default_factory=dict)
+    sequence: int = 0
+
+
+class DataFlow:
+    """The gateway's data flow: feed it commands and time, read ``sends`` and ``actions``."""
+
+    def __init__(self, *, still_valid: Callable[["User", float], bool],
+                 heartbeat: float = 1.0, liveness: int = 3, lease_ttl: float = 30.0,
+                 queues: Optional["DurableQueues"] = None,
+                 shout: Optional[Callable[[str, bytes], None]] = None) -> None:
+        """``shout(group, body)``, if given, is called for each content into a mesh group
+        at once (the driver's hot path) instead of queuing a ``Shout`` action."""
+        self.still_valid = still_valid
+        self._shout = shout
+        self.heartbeat = heartbeat
+        self.liveness = liveness
+        self.lease_ttl = lease_ttl
+        self.queues = queues
+        self.grants: dict[str, Grant] = {}
+        self.links: dict[bytes, Link] = {}
+        #: (profile, resource) -> the links reading it, in summon order
+        self.readers: dict[tuple[str, str], dict[Link, str]] = {}
+        self.joined: dict[str, int] = {}
+        #: (identity, frames) to send on the data socket, in order
+        self.sends: list[tuple[bytes, list[bytes]]] = []
+        #: what the driver does on the mesh, in order
+        self.actions: list[MeshAction] = []
+        self._names: dict[str, bytes] = {}
+        self._peer_tables: dict[str, bytes] = {}
+
+    # --- leases (from the control flow) -------------------------------------
+
+    def confirms(self, profile: Profile) -> frozenset[str]:
+        """The confirm models ``profile`` offers on this gateway."""
+        if self.queues is None:
+            return profile.confirms - {"full"}
+        return profile.confirms
+
+    def grant(self, session: bytes, user: "User", profile: Profile, namespace: str,
+              direction: Direction, resources: tuple[str, ...], confirm: str,
+              now: float) -> Grant:
+        """A new lease; it expires ``lease_ttl`` seconds from now unless a link binds it."""
+        token = secrets.token_urlsafe(18)
+        grant = Grant(token, session, user, profile, namespace, direction, resources, confirm,
+                      now + self.lease_ttl)
+        self.grants[token] = grant
+        return grant
+
+    def revoke(self, token: str) -> None:
+        """Forget a lease and unbind its link (the client's next Lease gets 403)."""
+        grant = self.grants.pop(token, None)
+        if grant is not None and grant.link is not None:
+            link = grant.link
+            self._unbind(link)
+            self.links.pop(link.identity, None)
+
+    def revoke_invalid(self, now: float) -> list[str]:
+        """Revoke every lease whose user is no longer valid; the tokens revoked."""
+        stale = [g.token for g in self.grants.values() if not self.still_valid(g.user, now)]
+        for token in stale:
+            self.revoke(token)
+        return stale
+
+    # --- data commands ----------------------------------------------------------
+
+    def handle(self, identity: bytes, frames: list[bytes], now: float) -> None:
+        """Take one data command from the connection ``identity``."""
+        link = self.links.get(identity)
+        if link is not None:
+            link.heard = now
+            passthrough = link.passthrough
+            if passthrough and len(frames) == 2:
+                # the hot path: unconfirmed content to a resource this link wrote before,
+                # without properties: routed on the header's bytes, nothing decoded
+                header, body = frames
+                if type(header) is bytes and type(body) is bytes and header[:1] == b"\x05":
+                    key = passthrough.get(header[9:]) if len(header) > 9 else None
+                    if key is not None:
+                        self.route(key, body, None, _EMPTY_TABLE)
+                        return
+        try:
+            command = decode_data(frames)
+        except ProtocolError as error:
+            log.debug("dropped an ill-formed data command from %r: %s", identity[:16],
+                      error.reason)
+            return
+        direction = link.grant.direction if link is not None else None
+        handler = HANDLERS.get((direction, type(command)))
+        if handler is None:
+            handler = HANDLERS.get((ANY, type(command)))
+        if handler is not None:
+            handler(self, identity, link, command, now)
+
+    def _respond(self, identity: bytes, sequence: int, code: int) -> None:
+        self.sends.append((identity, [b"\x02" + sequence.to_bytes(8, "big"), b"%d" % code]))
+
+    def _lease(self, identity: bytes, link: Optional[Link], command: Lease, now: float) -> None:
+        grant = self.grants.get(command.lease)
+        if grant is None or not self.still_valid(grant.user, now):
+            self._respond(identity, command.sequence, 403)
+            return
+        if grant.link is not None:  # the client reconnected: the new connection takes over
+            old = grant.link
+            self._unbind(old)
+            self.links.pop(old.identity, None)
+        link = Link(identity, grant, now)
+        grant.link = link
+        self.links[identity] = link
+        self._respond(identity, command.sequence, 200)
+
+    def _second_lease(self, identity: bytes, link: Optional[Link], command: Lease,
+                      now: float) -> None:
+        self._respond(identity, command.sequence, 400)
+
+    def _not_leased(self, identity: bytes, link: Optional[Link],
+                    command: Union[Summon, Dismiss], now: float) -> None:
+        self._respond(identity, command.sequence, 403)
+
+    def _wrong_way(self, identity: bytes, link: Optional[Link],
+                   command: Union[Summon, Dismiss], now: float) -> None:
+        self._respond(identity, command.sequence, 400)
+
+    def _key(self, grant: Grant, name: str, write: bool, now: float
+             ) -> Optional[tuple[str, str]]:
+        """The routing key of resource ``name`` for ``grant``, or None if not allowed."""
+        if grant.resources:
+            if name not in grant.resources:
+                return None
+        elif not grant.profile.knows(name):
+            return None
+        user = grant.user
+        if not (user.may_write(name) if write else user.may_read(name)):
+            return None
+        resource = grant.namespace + name
+        if len(resource.encode("utf-8")) > 255:
+            return None
+        return grant.profile.name, resource
+
+    def _summon(self, identity: bytes, link: Link, command: Summon, now: float) -> None:
+        name = command.resource
+        key = None if name in link.summoned else self._key(link.grant, name, False, now)
+        if key is None:
+            self._respond(identity, command.sequence, 400)
+            return
+        link.summoned[name] = key
+        readers = self.readers.setdefault(key, {})
+        readers[link] = name
+        self._respond(identity, command.sequence, 200)
+        if link.grant.profile.mesh and len(readers) == 1:
+            self._join(key[1])
+        if link.grant.confirm == "full" and self.queues is not None:
+            self.queues.summoned(self, link, key, now)
+
+    def _dismiss(self, identity: bytes, link: Link, command: Dismiss, now: float) -> None:
+        key = link.summoned.pop(command.resource, None)
+        if key is None:
+            self._respond(identity, command.sequence, 400)
+            return
+        self._drop_reader(link, key)
+        self._respond(identity, command.sequence, 200)
+
+    def _drop_reader(self, link: Link, key: tuple[str, str]) -> None:
+        readers = self.readers.get(key)
+        if readers is None:
+            return
+        readers.pop(link, None)
+        if not readers:
+            del self.readers[key]
+            if link.grant.profile.mesh:
+                self._leave(key[1])
+        if link.grant.confirm == "full" and self.queues is not None:
+            self.queues.dismissed(self, link, key)
+
+    def _join(self, group: str) -> None:
+        count = self.joined.get(group, 0)
+        self.joined[group] = count + 1
+        if not count:
+            self.actions.append(Join(group))
+
+    def _leave(self, group: str) -> None:
+        count = self.joined.get(group, 0) - 1
+        if count > 0:
+            self.joined[group] = count
+        else:
+            self.joined.pop(group, None)
+            self.actions.append(Leave(group))
+
+    def _write(self, identity: bytes, link: Link, command: Content, now: float) -> None:
+        grant = link.grant
+        name = command.resource
+        if not name and len(grant.resources) == 1:
+            name = grant.resources[0]
+        key = link.writable.get(name)
+        if key is None:
+            key = self._key(grant, name, True, now) if name else None
+            if key is None:
+                self.sends.append((identity, encode_data(Reject(command.sequence))))
+                return
+            if len(link.writable) < 1024:
+                link.writable[name] = key
+        if grant.confirm == "full" and self.queues is not None:
+            self.queues.written(self, link, key, command, now)
+            return
+        if not command.properties and len(link.passthrough) < 1024:
+            # the same header bytes (after the sequence) route alike from now on
+            link.passthrough[self.encoded_name(command.resource) + _EMPTY_TABLE] = key
+        self.route(key, command.body, command.properties)
+
+    def route(self, key: tuple[str, str], body: bytes, properties: Any,
+              table: Optional[bytes] = None) -> None:
+        """Hand content to the local readers of ``key`` and, for a mesh profile, the group."""
+        if key[0] == "mesh":
+            if self._shout is not None:
+                self._shout(key[1], body)
+            else:
+                self.actions.append(Shout(key[1], [body]))
+        if key in self.readers:
+            self.deliver(key, body, table if table is not None
+                         else encode_table(properties) if properties else _EMPTY_TABLE)
+
+    def deliver(self, key: tuple[str, str], body: bytes, table: bytes) -> None:
+        """Send content to every local reader of ``key`` (confirmed readers: queued)."""
+        readers = self.readers.get(key)
+        if not readers:
+            return
+        sends = self.sends
+        for link, name in readers.items():
+            if link.grant.confirm == "full":
+                continue  # confirmed readers read from their durable queue
+            link.sequence += 1
+            sends.append((link.identity, content_frames(link.sequence, self.encoded_name(name),
+                                                        body, table)))
+
+    def shouted(self, group: str, frames: list[bytes], peer: str) -> None:
+        """A shout from mesh peer ``peer`` (UUID hex) into ``group``: deliver it."""
+        key = ("mesh", group)
+        if key not in self.readers and (self.queues is None or not self.queues.wants(key)):
+            return
+        table = self._peer_tables.get(peer)
+        if table is None:
+            if len(self._peer_tables) >= _PEER_TABLES_MAX:
+                self._peer_tables.clear()
+            table = self._peer_tables[peer] = encode_table({"peer": peer})
+        body = frames[0] if frames else b""
+        if len(frames) > 1:
+            table = encode_table({"peer": peer, "more": list(frames[1:])})
+        if self.queues is not None and self.queues.wants(key):
+            self.queues.shouted(self, key, body, table)
+        self.deliver(key, body, table)
+
+    def encoded_name(self, name: str) -> bytes:
+        """``name`` as a short string (cached)."""
+        encoded = self._names.get(name)
+        if encoded is None:
+            if len(self._names) >= 4096:
+                self._names.clear()
+            data = name.encode("utf-8")
+            encoded = self._names[name] = bytes((len(data),)) + data
+        return encoded
+
+    def _confirm(self, identity: bytes, link: Link, command: Confirm, now: float) -> None:
+        if link.grant.confirm == "full" and self.queues is not None:
+            self.queues.confirmed(self, link, command.sequence, command.multiple, now)
+
+    def _reject(self, identity: bytes, link: Link, command: Reject, now: float) -> None:
+        if link.grant.confirm == "full" and self.queues is not None:
+            self.queues.rejected(self, link, command.sequence, command.multiple,
+                                 command.recycle, now)
+
+    def _ping(self, identity: bytes, link: Optional[Link], command: Any, now: float) -> None:
+        self.sends.append((identity, _PONG))
+
+    # --- time -------------------------------------------------------------------
+
+    def _unbind(self, link: Link) -> None:
+        for key in list(link.summoned.values()):
+            self._drop_reader(link, key)
+        link.summoned.clear()
+        grant = link.grant
+        if grant.link is link:
+            grant.link = None
+        if grant.confirm == "full" and self.queues is not None:
+            self.queues.unbound(self, link)
+
+    def tick(self, now: float) -> float:
+        """Heartbeats, dead links, expired leases; the next time to call ``tick``."""
+        dead = now - self.heartbeat * self.liveness
+        quiet = now - self.heartbeat
+        for identity, link in list(self.links.items()):
+            if link.heard < dead:
+                log.debug("data link %r silent for %.1f s: unbound", identity[:16],
+                          now - link.heard)
+                self._unbind(link)
+                del self.links[identity]
+                link.grant.expires = now + self.lease_ttl
+            elif link.heard <= quiet:
+                self.sends.append((identity, _PING))
+        for token, grant in list(self.grants.items()):
+            if grant.link is None and grant.expires <= now:
+                del self.grants[token]
+        return now + self.heartbeat
+
+    def flush(self) -> bool:
+        """End of a batch: commit confirmed content, confirm writers, top up readers;
+        False if the store's commit failed."""
+        return self.queues.flush(self) if self.queues is not None else True
+
+    def take(self) -> tuple[list[tuple[bytes, list[bytes]]], list[MeshAction]]:
+        """What to send and do now; empties both lists."""
+        sends, actions = self.sends, self.actions
+        self.sends, self.actions = [], []
+        return sends, actions
+
+
+ANY = object()
+_Handler = Callable[[DataFlow, bytes, Any, Any, float], None]
+#: (link direction, or None before a Lease, or ANY) and command type -> handler
+HANDLERS: dict[tuple[Any, type], _Handler] = {
+    (None, Lease): DataFlow._lease,
+    (Direction.READ, Lease): DataFlow._second_lease,
+    (Direction.WRITE, Lease): DataFlow._second_lease,
+    (Direction.READ, Summon): DataFlow._summon,
+    (Direction.READ, Dismiss): DataFlow._dismiss,
+    (Direction.WRITE, Summon): DataFlow._wrong_way,
+    (Direction.WRITE, Dismiss): DataFlow._wrong_way,
+    (None, Summon): DataFlow._not_leased,
+    (None, Dismiss): DataFlow._not_leased,
+    (Direction.WRITE, Content): DataFlow._write,
+    (Direction.READ, Confirm): DataFlow._confirm,
+    (Direction.READ, Reject): DataFlow._reject,
+    (ANY, Ping): DataFlow._ping,
+}

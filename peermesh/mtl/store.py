@@ -1,0 +1,408 @@
+"""Durable content for MTL ``confirm: full``: one SQLite file (stdlib ``sqlite3``, WAL mode).
+
+How it works
+------------
+``ContentStore(path)`` opens (or creates) the file, by default
+``<data dir>/mtl-<name>.sqlite3`` (``store_path``). Each stored content is
+one row of ``mtl_content``: an id that only grows (never reused), the
+resource it was written to, its properties (the encoded field table, opaque
+here) and its body. A resource's content is a queue, handed out in id order:
+
+* ``append(resource, body, properties)`` stages content and returns its id;
+  ``commit()`` writes everything staged (one ``executemany`` and one
+  transaction) and only then makes it available to readers.
+* ``take(lease, resource, limit)`` hands pending content to a reader lease
+  as ``Delivery`` values, numbered by the lease's own content sequence
+  (1, 2, ...: the sequence the reader confirms with).
+* ``confirm(lease, sequence, multiple)`` deletes what the lease confirms
+  (``multiple``: everything it holds up to and including ``sequence``);
+  ``reject(..., recycle=True)`` puts it back to be handed out again, before
+  anything newer; ``reject(..., recycle=False)`` deletes it (drops it).
+  ``release(lease)`` puts back everything a lease holds (the client left,
+  or its lease ended). Sequences the lease does not hold are ignored.
+
+What is handed out, and to which lease, lives in memory only: after a
+restart every stored content is pending again, in id order. So content is
+delivered at least once and, once its confirm is committed, never again.
+
+Commit policy (group commit)
+----------------------------
+Nothing commits on its own: the caller (the gateway's driver) calls
+``commit()`` once per batch of commands it drained from its sockets, and
+sends writers their Confirm only after that commit returned. So nothing
+acknowledged is lost when the process is killed (WAL with
+``synchronous=NORMAL``: a commit is one ``write`` of the WAL, which survives
+the process, not a power cut before the next checkpoint; pass
+``synchronous="FULL"`` for that, at one ``fsync`` per commit). Confirms and
+drops take effect in memory at once and reach the file with the next
+commit: a crash in between hands that content out again. Checkpoints (they
+``fsync``) run every half second in a thread of their own, on a connection
+of their own, so a commit never waits for the disk.
+
+Bounds
+------
+Every content counts ``len(body) + len(properties) + OVERHEAD`` bytes while
+it is stored (staged, pending or handed out). ``append`` raises
+``StoreFull`` (and stores nothing) when the content would take the
+resource past ``max_resource_bytes`` (default 64 MiB) or the whole store
+past ``max_bytes`` (default 256 MiB); the gateway rejects that content and
+the writer may retry once readers have confirmed some. Memory holds about
+100 bytes per stored content (its id and size), so ``max_bytes`` bounds it
+too: with the defaults at most about 1.6 million contents, ~160 MB.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import sqlite3
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import PeermeshError, StoreError
+
+__all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "OVERHEAD",
+           "MAX_BYTES", "MAX_RESOURCE_BYTES"]
+
+log = logging.getLogger(__name__)
+
+OVERHEAD = 64                          # bytes each content counts besides body and properties
+MAX_BYTES = 256 * 1024 * 1024          # default bound of the whole store
+MAX_RESOURCE_BYTES = 64 * 1024 * 1024  # default bound of one resource
+_CHECKPOINT_EVERY = 0.5                # seconds between WAL checkpoints (background thread)
+_READ_CHUNK = 500                      # ids per SELECT (below SQLite's variable limit)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS mtl_content (
+    id         INTEGER PRIMARY KEY,
+    resource   TEXT NOT NULL,
+    properties BLOB NOT NULL,
+    body       BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS mtl_meta (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+class StoreFull(PeermeshError):
+    """Appending would take a resource or the store past its bound; nothing was stored."""
+
+
+def store_path(data_dir: os.PathLike[str] | str, name: str) -> Path:
+    """``<data_dir>/mtl-<name>.sqlite3`` (the name made safe for a file name)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "gateway"
+    return Path(data_dir) / f"mtl-{safe}.sqlite3"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Content handed to a reader lease: ``sequence`` is the lease's, ``id`` the store's."""
+
+    sequence: int
+    id: int
+    resource: str
+    properties: bytes
+    body: bytes
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One resource: pending ids (``back``: put back, sorted, all older than ``fresh``)."""
+
+    fresh: deque[int] = field(default_factory=deque)
+    back: list[int] = field(default_factory=list)
+    size: int = 0          # bytes of every stored content of the resource
+
+    def __len__(self) -> int:
+        return len(self.fresh) + len(self.back)
+
+    def pop(self, limit: int) -> list[int]:
+        ids = self.back[:limit]
+        del self.back[:limit]
+        while len(ids) < limit and self.fresh:
+            ids.append(self.fresh.popleft())
+        return ids
+
+    def put_back(self, content_id: int) -> None:
+        bisect.insort(self.back, content_id)
+
+
+@dataclass(slots=True)
+class _Lease:
+    """What one reader lease holds: its sequence -> (content id, resource), in order."""
+
+    held: OrderedDict[int, tuple[int, str]] = field(default_factory=OrderedDict)
+    next_sequence: int = 1
+
+
+class ContentStore:
+    """The gateway's durable content. Use it from one thread; see the module doc."""
+
+    def __init__(self, path: os.PathLike[str] | str, *, max_bytes: int = MAX_BYTES,
+                 max_resource_bytes: int = MAX_RESOURCE_BYTES,
+                 synchronous: str = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.max_resource_bytes = max_resource_bytes
+        self.size = 0                                   # bytes of every stored content
+        self.commits = 0
+        self._queues: dict[str, _Queue] = {}
+        self._sizes: dict[int, int] = {}                # id -> bytes it counts
+        self._leases: dict[str, _Lease] = {}
+        self._staged: list[tuple[int, str, bytes, bytes]] = []
+        self._doomed: list[tuple[int]] = []             # ids to delete at the next commit
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = self._open(self.path, synchronous)
+        self._next_id = self._load()
+        self._stop = threading.Event()
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
+                                              name=f"peermesh-checkpoint-{self.path.name}")
+        self._checkpointer.start()
+
+    @staticmethod
+    def _open(path: Path, synchronous: str) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False,
+                                 timeout=5.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the MTL content store {path}: {exc}") from None
+        try:
+            tables = {name for name, in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "mtl_content" not in tables:
+                raise sqlite3.DatabaseError(f"it holds other tables ({', '.join(sorted(tables))})")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={synchronous}")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            db.executescript(_SCHEMA)
+            db.execute("SELECT id, resource, properties, body FROM mtl_content LIMIT 0")
+        except sqlite3.Error as exc:
+            db.close()
+            raise StoreError(f"{path} is not a usable MTL content store: {exc}") from None
+        return db
+
+    def _load(self) -> int:
+        """Every stored content pending again, in id order; the next id to give."""
+        rows = self._db.execute("SELECT id, resource, length(body) + length(properties) "
+                                "FROM mtl_content ORDER BY id")
+        last = 0
+        for content_id, resource, length in rows:
+            size = length + OVERHEAD
+            queue = self._queue(resource)
+            queue.fresh.append(content_id)
+            queue.size += size
+            self._sizes[content_id] = size
+            self.size += size
+            last = content_id
+        row = self._db.execute("SELECT value FROM mtl_meta WHERE key = 'last_id'").fetchone()
+        return max(last, row[0] if row else 0) + 1
+
+    def _queue(self, resource: str) -> _Queue:
+        queue = self._queues.get(resource)
+        if queue is None:
+            queue = self._queues[resource] = _Queue()
+        return queue
+
+    def _checkpoint_loop(self) -> None:
+        try:
+            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=5.0)
+        except sqlite3.Error:
+            return
+        try:
+            while not self._stop.wait(_CHECKPOINT_EVERY):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    pass
+            try:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+        finally:
+            db.close()
+
+    def close(self) -> None:
+        """Commit, then close the file (after a last checkpoint)."""
+        self.commit()
+        self._stop.set()
+        self._checkpointer.join(10.0)
+        self._db.close()
+
+    # --- writing ---------------------------------------------------------
+
+    def append(self, resource: str, body: bytes, properties: bytes = b"") -> int:
+        """Stage content for ``resource``; its id. Readers see it after ``commit()``.
+
+        StoreFull if it does not fit (see the module doc)."""
+        size = len(body) + len(properties) + OVERHEAD
+        queue = self._queues.get(resource)
+        held = queue.size if queue is not None else 0
+        if held + size > self.max_resource_bytes:
+            raise StoreFull(f"resource {resource!r} holds {held} bytes; {size} more would "
+                            f"pass its bound of {self.max_resource_bytes}")
+        if self.size + size > self.max_bytes:
+            raise StoreFull(f"the store holds {self.size} bytes; {size} more would pass its "
+                            f"bound of {self.max_bytes}")
+        if queue is None:
+            queue = self._queue(resource)
+        content_id = self._next_id
+        self._next_id += 1
+        self._staged.append((content_id, resource, properties, body))
+        self._sizes[content_id] = size
+        queue.size += size
+        self.size += size
+        return content_id
+
+    def commit(self) -> None:
+        """Write what was staged, confirmed and dropped; then staged content is pending.
+
+        An error (disk full, I/O) rolls the transaction back, un-stages what
+        was appended (so nothing that was not written is ever acknowledged)
+        and raises StoreError; confirms and drops stay due for the next commit."""
+        if not self._staged and not self._doomed:
+            return
+        staged, doomed = self._staged, self._doomed
+        self._staged = []
+        try:
+            self._db.execute("BEGIN")
+            if staged:
+                self._db.executemany("INSERT INTO mtl_content (id, resource, properties, body) "
+                                     "VALUES (?, ?, ?, ?)", staged)
+            if doomed:
+                self._db.executemany("DELETE FROM mtl_content WHERE id = ?", doomed)
+                if (self._next_id - 1,) in doomed:   # the newest goes: keep its id apart
+                    self._db.execute("INSERT OR REPLACE INTO mtl_meta (key, value) "
+                                     "VALUES ('last_id', ?)", (self._next_id - 1,))
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            for content_id, resource, _, _ in staged:
+                self._discard(content_id, resource)
+            raise StoreError(f"commit to {self.path} failed: {exc}; {len(staged)} appended "
+                             "content(s) not stored") from None
+        self._doomed = []
+        self.commits += 1
+        for content_id, resource, _, _ in staged:
+            self._queues[resource].fresh.append(content_id)
+
+    # --- reading ----------------------------------------------------------
+
+    def take(self, lease: str, resource: str, limit: int) -> list[Delivery]:
+        """Up to ``limit`` pending contents of ``resource``, oldest first, now held by
+        ``lease`` (numbered by its content sequence)."""
+        queue = self._queues.get(resource)
+        if queue is None or limit < 1:
+            return []
+        ids = queue.pop(limit)
+        if not ids:
+            return []
+        rows: dict[int, tuple[bytes, bytes]] = {}
+        for start in range(0, len(ids), _READ_CHUNK):
+            chunk = ids[start:start + _READ_CHUNK]
+            rows.update((i, (p, b)) for i, p, b in self._db.execute(
+                f"SELECT id, properties, body FROM mtl_content WHERE id IN "
+                f"({', '.join('?' * len(chunk))})", chunk))
+        held = self._leases.get(lease)
+        if held is None:
+            held = self._leases[lease] = _Lease()
+        deliveries = []
+        for content_id in ids:
+            row = rows.get(content_id)
+            if row is None:        # never happens while this store is the file's only user
+                log.warning("content %d of %r vanished from %s", content_id, resource, self.path)
+                self._discard(content_id, resource)
+                continue
+            sequence = held.next_sequence
+            held.next_sequence += 1
+            held.held[sequence] = (content_id, resource)
+            deliveries.append(Delivery(sequence, content_id, resource, bytes(row[0]),
+                                       bytes(row[1])))
+        return deliveries
+
+    def confirm(self, lease: str, sequence: int, multiple: bool = False) -> int:
+        """Delete what ``lease`` confirms; how many contents that was."""
+        picked = self._pick(lease, sequence, multiple)
+        for content_id, resource in picked:
+            self._delete(content_id, resource)
+        return len(picked)
+
+    def reject(self, lease: str, sequence: int, multiple: bool = False,
+               recycle: bool = False) -> int:
+        """Hand what ``lease`` rejects out again (``recycle``) or drop it; how many."""
+        picked = self._pick(lease, sequence, multiple)
+        for content_id, resource in picked:
+            if recycle:
+                self._queues[resource].put_back(content_id)
+            else:
+                self._delete(content_id, resource)
+        return len(picked)
+
+    def release(self, lease: str) -> int:
+        """Put back everything ``lease`` holds and forget the lease; how many."""
+        held = self._leases.pop(lease, None)
+        if held is None:
+            return 0
+        for content_id, resource in held.held.values():
+            self._queues[resource].put_back(content_id)
+        return len(held.held)
+
+    def _pick(self, lease: str, sequence: int, multiple: bool) -> list[tuple[int, str]]:
+        held = self._leases.get(lease)
+        if held is None:
+            return []
+        if not multiple:
+            one = held.held.pop(sequence, None)
+            return [one] if one is not None else []
+        picked = []
+        while held.held:
+            first = next(iter(held.held))
+            if first > sequence:
+                break
+            picked.append(held.held.pop(first))
+        return picked
+
+    def _delete(self, content_id: int, resource: str) -> None:
+        self._doomed.append((content_id,))
+        self._discard(content_id, resource)
+
+    def _discard(self, content_id: int, resource: str) -> None:
+        """Stop counting a content that is gone (the resource too once it holds none)."""
+        size = self._sizes.pop(content_id)
+        self.size -= size
+        queue = self._queues[resource]
+        queue.size -= size
+        if not queue.size:
+            del self._queues[resource]
+
+    # --- what is there ------------------------------------------------------
+
+    def pending(self, resource: str) -> int:
+        """How many contents of ``resource`` wait to be handed out (committed ones)."""
+        queue = self._queues.get(resource)
+        return len(queue) if queue is not None else 0
+
+    def held(self, lease: str) -> int:
+        """How many contents ``lease`` holds unconfirmed."""
+        held = self._leases.get(lease)
+        return len(held.held) if held is not None else 0
+
+    def resources(self) -> list[str]:
+        """Resources that hold content."""
+        return sorted(self._queues)
+
+    @property
+    def count(self) -> int:
+        """How many contents are stored (staged, pending or handed out)."""
+        return len(self._sizes)

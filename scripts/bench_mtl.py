@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""The MTL gateway: content rate through it, confirmed-content rate, the control flow.
+
+    python scripts/bench_mtl.py                  # all three, 3 rounds (~1 min)
+    python scripts/bench_mtl.py --messages 50000 --logins 500 --rounds 5
+
+Processes, all on loopback: a gateway (a gevent ``Node`` with a
+``Gateway``, ``run="always"``, its store in a temporary directory), a ZRE
+peer that joined the group, and clients speaking 11/MTL with plain pyzmq
+(REQ for control, DEALER for data, as any client off the LAN would).
+
+* **mesh**: one writer (``confirm: none``) sends 100-byte contents to the
+  mesh profile's group; the gateway shouts them; the ZRE peer counts them.
+  Rate: contents / (last one counted - first one sent). The ceiling, in the
+  same rounds: raw pyzmq DEALER -> ROUTER one way between two processes.
+  Target: mesh / raw >= 0.5.
+* **full**: one writer with ``confirm: full`` sends 100-byte contents and
+  waits for the Confirm covering the last one. The gateway appends each to
+  its SQLite store and commits once per batch it drained from its socket
+  (up to 256 commands), and only then confirms (``multiple``) up to the
+  highest sequence of the batch: the commit policy. Target: >= 20,000 msg/s.
+* **control**: clients log in over and over: ``Connection.Open``, SCRAM-SHA-256
+  (client-first, client-final: two Authorize rounds), ``Connection.Profile``,
+  ``Connection.Reader``. The verifier's iteration count is 4096 (RFC 7677's
+  minimum and ``peermesh mtl user add``'s default); the PBKDF2 over it is
+  the client's work, the gateway only computes HMACs. Reported: p50 of one
+  login alone (one client), and logins per second with two clients at once.
+  Target: >= 500/s.
+
+Rates are the median round; ratios the median of per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any, Optional
+
+import harness
+
+BODY = b"x" * 100
+GROUP = "bench"          # the group the peer reads
+DURABLE = "bench-full"   # the confirm-full writer's group (nobody reads it: it is stored)
+WAIT = 60.0
+USER, PASSWORD = "bench", "bench-password"
+
+
+# --- children -------------------------------------------------------------------------
+
+def role_gateway(parent: harness.Parent, port: int, directory: str) -> None:
+    """A node with a gateway; answers "members" (ZRE peers in the group) until stopped."""
+    from peermesh import Node
+    from peermesh.mtl import CredentialsFile, Gateway, make_user
+    credentials = CredentialsFile(os.path.join(directory, "creds.json"))
+    credentials.update(lambda users: users.__setitem__(
+        USER, make_user(USER, PASSWORD, read=["*"], write=["*"])))
+    node = Node("gateway", interface=harness.INTERFACE, port=port, interval=0.1)
+    gateway = Gateway(credentials, run="always", data_dir=directory, heartbeat=5.0)
+    gateway.attach(node)
+    node.start()
+    gateway.start()
+    try:
+        parent.send("ready", gateway.control_endpoint)
+        parent.serve(lambda command: len(node.peers_by_group(GROUP)), green=True)
+    finally:
+        gateway.stop()
+        node.stop(0.5)
+
+
+def role_peer(parent: harness.Parent, port: int) -> None:
+    """A ZRE peer in GROUP: per command ``{"expect": n}``, count n shouts and report when
+    the last came (the system-wide monotonic clock)."""
+    from peermesh import EventType, Node
+    node = Node("peer", interface=harness.INTERFACE, port=port, interval=0.1).start()
+    node.join(GROUP)
+    try:
+        parent.send("ready")
+
+        def count(command: dict[str, Any]) -> Any:
+            got = 0
+            while got < command["expect"]:
+                event = node.recv(WAIT)
+                if event is None:
+                    break
+                if event.type is EventType.SHOUT and event.group == GROUP:
+                    got += 1
+            return [got, time.monotonic()]
+
+        parent.serve(count, green=True)
+    finally:
+        node.stop(0.5)
+
+
+class _Client:
+    """A plain pyzmq MTL client (blocking sockets)."""
+
+    def __init__(self, control: str) -> None:
+        import zmq
+        self.zmq = zmq
+        self.context = zmq.Context()
+        self.control = control
+        self.req = self._socket(zmq.REQ)
+        self.req.connect(control)
+
+    def _socket(self, kind: int) -> Any:
+        sock = self.context.socket(kind)
+        sock.setsockopt(self.zmq.LINGER, 0)
+        sock.setsockopt(self.zmq.RCVTIMEO, int(WAIT * 1000))
+        return sock
+
+    def ask(self, request: Any) -> Any:
+        from peermesh.wire import mtl
+        self.req.send_multipart(mtl.encode_request(request))
+        return mtl.decode_reply(self.req.recv_multipart())
+
+    def login(self, direction: Any, confirm: str = "none", group: str = GROUP) -> Any:
+        import scramp
+        from peermesh.wire import mtl
+        self.ask(mtl.Open("/"))
+        scram = scramp.ScramClient(["SCRAM-SHA-256"], USER, PASSWORD)
+        first = self.ask(mtl.Authorize("SCRAM-SHA-256", scram.get_client_first().encode()))
+        scram.set_server_first(first.challenge.decode())
+        ready = self.ask(mtl.Authorize("SCRAM-SHA-256", scram.get_client_final().encode()))
+        scram.set_server_final(ready.additional.decode())
+        self.ask(mtl.SelectProfile("mesh"))
+        lease = self.ask(mtl.LeaseRequest(direction, (group,), confirm))
+        if not isinstance(lease, mtl.DataLease):
+            raise RuntimeError(f"no lease: {lease}")
+        return lease
+
+    def data(self, lease: Any) -> Any:
+        from peermesh.wire import mtl
+        sock = self._socket(self.zmq.DEALER)
+        sock.setsockopt(self.zmq.SNDHWM, 10_000)
+        sock.connect(f"{self.control.rpartition(':')[0]}:{lease.port}")
+        sock.send_multipart(mtl.encode_data(mtl.Lease(1, lease.lease)))
+        if mtl.decode_data(sock.recv_multipart()) != mtl.Response(1, 200):
+            raise RuntimeError("lease refused")
+        return sock
+
+    def close(self) -> None:
+        self.context.destroy(0)
+
+
+def role_writer(parent: harness.Parent, control: str, confirm: str, group: str) -> None:
+    """Per command ``{"n": n}``: send n contents to ``group``; report (first sent, all
+    confirmed or sent)."""
+    from peermesh.wire import mtl
+    client = _Client(control)
+    lease = client.login(mtl.Direction.WRITE, confirm, group)
+    sock = client.data(lease)
+    resource = bytes((len(group),)) + group.encode()
+    sequence = 0
+
+    def write(command: dict[str, Any]) -> Any:
+        nonlocal sequence
+        send = sock.send_multipart
+        started = time.monotonic()
+        for _ in range(command["n"]):
+            sequence += 1
+            send(mtl.content_frames(sequence, resource, BODY))
+        if confirm == "full":
+            while True:
+                answer = mtl.decode_data(sock.recv_multipart())
+                if isinstance(answer, mtl.Reject):
+                    raise RuntimeError(f"content rejected: {answer}")
+                if isinstance(answer, mtl.Confirm) and answer.sequence >= sequence:
+                    break
+                if isinstance(answer, mtl.Ping):
+                    sock.send_multipart(mtl.encode_data(mtl.Pong()))
+        return [started, time.monotonic()]
+
+    try:
+        parent.send("ready")
+        parent.serve(write)
+    finally:
+        client.close()
+
+
+def role_login(parent: harness.Parent, control: str) -> None:
+    """Per command ``{"n": n}``: log in n times; report each login's seconds."""
+    from peermesh.wire import mtl
+    client = _Client(control)
+    try:
+        parent.send("ready")
+
+        def logins(command: dict[str, Any]) -> Any:
+            times = []
+            for _ in range(command["n"]):
+                started = time.perf_counter()
+                client.login(mtl.Direction.READ)
+                times.append(time.perf_counter() - started)
+            return times
+
+        parent.serve(logins)
+    finally:
+        client.close()
+
+
+def role_raw_sink(parent: harness.Parent) -> None:
+    """A raw pyzmq ROUTER: per command ``{"expect": n}``, the time the n-th came."""
+    import zmq
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port(f"tcp://{harness.LOOPBACK}")
+    try:
+        parent.send("ready", f"tcp://{harness.LOOPBACK}:{port}")
+
+        def count(command: dict[str, Any]) -> Any:
+            for _ in range(command["expect"]):
+                sock.recv_multipart()
+            return time.monotonic()
+
+        parent.serve(count)
+    finally:
+        context.destroy(0)
+
+
+def role_raw_source(parent: harness.Parent, endpoint: str) -> None:
+    """A raw pyzmq DEALER: per command ``{"n": n}``, send n 100-byte messages."""
+    import zmq
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.connect(endpoint)
+    try:
+        parent.send("ready")
+
+        def send(command: dict[str, Any]) -> Any:
+            started = time.monotonic()
+            for _ in range(command["n"]):
+                sock.send(BODY)
+            return started
+
+        parent.serve(send)
+    finally:
+        context.destroy(0)
+
+
+# --- the parent -------------------------------------------------------------------------
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000, help="per case and round")
+    parser.add_argument("--logins", type=int, default=200, help="per client and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="one JSON object, no table")
+    parser.add_argument("--profile", metavar="PATH", help="cProfile the gateway into PATH")
+    args = parser.parse_args(argv)
+    n = args.messages
+    directory = tempfile.mkdtemp(prefix="bench-mtl-")
+    try:
+        with harness.Children() as children:
+            port = harness.free_udp_port()
+            extra = {"_profile": os.path.abspath(args.profile)} if args.profile else {}
+            gateway = children.start("bench_mtl", "gateway", port=port, directory=directory,
+                                     **extra)
+            control = gateway.expect("ready", WAIT)
+            peer = children.start("bench_mtl", "peer", port=port)
+            peer.expect("ready", WAIT)
+            deadline = time.monotonic() + WAIT
+            while not gateway.ask(members=True) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            sink = children.start("bench_mtl", "raw_sink")
+            source = children.start("bench_mtl", "raw_source", endpoint=sink.expect("ready",
+                                                                                     WAIT))
+            writer = children.start("bench_mtl", "writer", control=control, confirm="none",
+                                    group=GROUP)
+            durable = children.start("bench_mtl", "writer", control=control, confirm="full",
+                                     group=DURABLE)
+            logins = [children.start("bench_mtl", "login", control=control) for _ in range(2)]
+            for child in (source, writer, durable, *logins):
+                child.expect("ready", WAIT)
+
+            def raw(_round: int) -> float:
+                sink.send({"expect": n})
+                started = source.ask(n=n)
+                return n / (sink.expect("answer", WAIT) - started)
+
+            cpu: dict[str, list[float]] = {"gateway": [], "gateway_python": [], "peer": []}
+
+            def mesh(_round: int) -> float:
+                before = {name: harness.proc_cpu(child.pid)
+                          for name, child in (("gateway", gateway), ("peer", peer))}
+                main_before = harness.threads_cpu(gateway.pid)["main"]
+                peer.send({"expect": n})
+                started, _ = writer.ask(n=n)
+                got, last = peer.expect("answer", WAIT)
+                if got != n:
+                    raise RuntimeError(f"the peer counted {got} of {n} shouts")
+                for name, child in (("gateway", gateway), ("peer", peer)):
+                    cpu[name].append((harness.proc_cpu(child.pid) - before[name]) / n * 1e6)
+                cpu["gateway_python"].append(
+                    (harness.threads_cpu(gateway.pid)["main"] - main_before) / n * 1e6)
+                return n / (last - started)
+
+            def full(_round: int) -> float:
+                started, confirmed = durable.ask(n=n)
+                return n / (confirmed - started)
+
+            def alone(_round: int) -> list[float]:
+                return logins[0].ask(n=max(20, args.logins // 4))
+
+            login_cpu: list[float] = []
+
+            def together(_round: int) -> float:
+                started, before = time.monotonic(), harness.proc_cpu(gateway.pid)
+                for child in logins:
+                    child.send({"n": args.logins})
+                for child in logins:
+                    child.expect("answer", WAIT * 5)
+                login_cpu.append((harness.proc_cpu(gateway.pid) - before) / (2 * args.logins))
+                return 2 * args.logins / (time.monotonic() - started)
+
+            runs = harness.interleaved({"raw": raw, "mesh": mesh, "full": full,
+                                        "alone": alone, "together": together}, args.rounds)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    load = os.getloadavg()
+    ratios = [m / r for m, r in zip(runs["mesh"], runs["raw"])]
+    p50s = [statistics.median(times) * 1000 for times in runs["alone"]]
+    results = {
+        "load_average": load, "messages": n,
+        "raw_msgs": runs["raw"], "mesh_msgs": runs["mesh"], "mesh_over_raw": ratios,
+        "full_msgs": runs["full"], "login_p50_ms": p50s, "logins_per_s": runs["together"],
+        "mesh_cpu_us_per_msg": cpu, "gateway_cpu_ms_per_login": [c * 1000 for c in login_cpu],
+    }
+    if args.json:
+        print(harness.dump_json(results))
+        return 0
+    ratio = statistics.median(ratios)
+    full_rate = statistics.median(runs["full"])
+    logins_rate = statistics.median(runs["together"])
+    rows = [
+        ["writer -> gateway -> group -> peer, confirm none", statistics.median(runs["mesh"]),
+         f"x{ratio:.2f} of raw", harness.verdict(ratio, 0.5, at_least=True)],
+        ["raw pyzmq DEALER -> ROUTER one way", statistics.median(runs["raw"]), "", ""],
+        ["  CPU per content: gateway (its Python thread), peer (us)",
+         f"{statistics.median(cpu['gateway']):.1f} ({statistics.median(cpu['gateway_python']):.1f})"
+         f", {statistics.median(cpu['peer']):.1f}", "", ""],
+        ["writer, confirm full (group commit per batch)", full_rate, "",
+         harness.verdict(full_rate, 20_000, at_least=True)],
+        ["Open+SCRAM+Profile+Reader, 2 clients (/s)", logins_rate, "",
+         harness.verdict(logins_rate, 500, at_least=True)],
+        ["  gateway CPU per login (ms); logins/s it allows",
+         f"{statistics.median(login_cpu) * 1000:.2f}", f"{1 / statistics.median(login_cpu):,.0f}",
+         ""],
+        ["one login alone, p50 (ms)", statistics.median(p50s), "", ""],
+    ]
+    print(f"\nMTL gateway, 100-byte contents, {n} per case, {args.rounds} rounds, median round; "
+          f"load average {' '.join(f'{x:.2f}' for x in load)}")
+    print("\n".join(harness.table(["case", "msg/s", "ratio", "target"], rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    harness.run(main)

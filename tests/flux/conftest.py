@@ -1,0 +1,114 @@
+"""Fixtures for the Flux tests: nodes in child processes (``fluxchild.py``) on loopback.
+
+Every wait is a bounded poll of a condition; children are closed (stdin)
+and killed if need be in the finaliser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional, TypeVar
+
+import gevent
+import gevent.os
+import pytest
+
+HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], Optional[T]], timeout: float, what: str) -> T:
+    """Poll ``check()`` on the hub until it returns something true; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout} s")
+        gevent.sleep(0.01)
+
+
+class FluxChild:
+    """One ``fluxchild.py`` process and the JSON lines it printed."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        env = dict(os.environ, PYTHONPATH=str(HERE.parent.parent))
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "fluxchild.py"),
+                                      json.dumps(config)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=str(HERE), env=env)
+        self.lines: list[dict[str, Any]] = []
+        self._reader = gevent.spawn(self._read)
+        self.ready: dict[str, Any] = {}
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        gevent.os.make_nonblocking(fd)
+        buffer = b""
+        while True:
+            chunk = gevent.os.nb_read(fd, 65536)
+            if not chunk:
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                try:
+                    self.lines.append(json.loads(line))
+                except ValueError:
+                    pass
+
+    def wait_ready(self, timeout: float = 20.0) -> dict[str, Any]:
+        def ready() -> Optional[dict[str, Any]]:
+            if self.proc.poll() is not None:
+                pytest.fail(f"flux child exited with {self.proc.returncode}: {self.lines}")
+            return next((line for line in self.lines if line.get("event") == "ready"), None)
+        self.ready = wait_until(ready, timeout, "flux child ready")
+        return self.ready
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.ready["endpoint"])
+
+    def kill9(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(5)
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._reader.kill(block=False)
+
+
+@pytest.fixture
+def flux_children() -> Iterator[Callable[..., FluxChild]]:
+    """``flux_children(root=True)`` / ``flux_children(parents=[...])``: a ready child."""
+    started: list[FluxChild] = []
+
+    def start(**config: Any) -> FluxChild:
+        child = FluxChild(config)
+        started.append(child)
+        child.wait_ready()
+        return child
+
+    try:
+        yield start
+    finally:
+        for child in started:
+            child.close()

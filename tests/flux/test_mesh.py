@@ -1,0 +1,92 @@
+"""Flux on ZRE nodes (loopback): members find the root through the mesh and the election.
+
+Every node advertises ``X-PM-FLUX``; after ``settle`` the highest-priority
+member becomes rank 0 and the others join it. When rank 0's node leaves the
+mesh the next member becomes rank 0 and the orphans re-attach to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import pytest
+
+from peermesh import Node, ThreadedNode
+from peermesh.flux import FLUX_HEADER, FluxOverlay, FluxSettings, State
+from peermesh.overlay.contract import Lifecycle, roles_of
+
+from .conftest import wait_until
+
+TIMING = dict(interval=0.05, evasive=0.3, silent=0.4, expired=0.6)
+FAST = FluxSettings(heartbeat=0.1, torpid=0.3, lost=0.6, hello_timeout=0.5)
+
+
+@pytest.fixture
+def mesh(free_udp_port: int) -> Iterator[Callable[..., tuple[Node, FluxOverlay]]]:
+    made: list[tuple[Node, FluxOverlay]] = []
+
+    def add(name: str, **kw: Any) -> tuple[Node, FluxOverlay]:
+        node = Node(name, interface="lo", port=free_udp_port, **TIMING)
+        flux = FluxOverlay("test", topology="kary:2", settings=FAST, settle=0.3, **kw)
+        flux.attach(node)
+        node.start()
+        flux.start()
+        made.append((node, flux))
+        return node, flux
+
+    try:
+        yield add
+    finally:
+        for node, flux in reversed(made):
+            flux.stop()
+            node.stop(0.1)
+
+
+def test_members_elect_the_root_and_join_it(mesh: Callable[..., tuple[Node, FluxOverlay]]) -> None:
+    members = [mesh(f"m{i}", priority=p)[1] for i, p in enumerate((1, 5, 2, 0))]
+    for flux in members:
+        assert flux.wait_online(10), flux.info()
+    root = members[1]
+    assert root.rank == 0 and sorted(f.rank or 0 for f in members) == [0, 1, 2, 3]
+    assert "flux" in roles_of(root.node.headers) and FLUX_HEADER in root.node.headers
+    answers = {members[0].rpc("overlay.info", None, r).get_json(5)["rank"] for r in range(4)}
+    assert answers == {0, 1, 2, 3}
+
+
+def test_rank_0_lost_the_next_member_takes_over(
+        mesh: Callable[..., tuple[Node, FluxOverlay]]) -> None:
+    nodes = [mesh(f"r{i}", priority=p) for i, p in enumerate((9, 5, 1))]
+    for _, flux in nodes:
+        assert flux.wait_online(10)
+    old_root_node, old_root = nodes[0]
+    survivor_rank = nodes[2][1].rank
+    seen = nodes[2][1].subscribe("t.")
+    nodes[1][1].publish("t.before").get(5)
+    assert seen.get(5).topic == "t.before"  # type: ignore[union-attr]
+    old_root.stop()
+    old_root_node.stop(0.1)
+    successor = nodes[1][1]
+    wait_until(lambda: successor.state is State.ONLINE and successor.rank == 0, 10,
+               "the next member as rank 0")
+    other = nodes[2][1]
+    wait_until(lambda: other.state is State.ONLINE and other.info()["parent"] == 0, 10,
+               "the orphan re-attached")
+    assert other.rank == survivor_rank                   # kept its rank
+    assert other.rpc("broker.ping", b"x", 0).get(5) == b"x"
+    successor.publish("t.after").get(5)                 # numbered on from the old root's
+    after = seen.get(5)
+    assert after is not None and after.topic == "t.after" and after.seq >= 2
+
+
+def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:
+    flux = FluxOverlay(root=True, settings=FAST)
+    with ThreadedNode("t", overlays=[flux], interface="lo", port=free_udp_port, **TIMING) as tn:
+        assert flux.running and flux.endpoint.startswith("tcp://127.0.0.1:")
+        assert tn.call(lambda node: flux.info())["rank"] == 0
+        tn.call(lambda node: flux.register("t.echo", lambda request: request.payload))
+        answer: Future[Any] = Future()   # an RPC from this thread, answered on the hub
+        tn.call(lambda node: flux.rpc("t.echo", b"hi", 0).on_response(answer.set_result))
+        assert answer.result(5).payload == b"hi"
+    assert flux.lifecycle is Lifecycle.STOPPED and flux.state is State.STOPPED
