@@ -128,6 +128,16 @@ class NodeConfig:
     #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
     #: and the sender disconnected
     max_message: int = 64 * 1024 * 1024
+    #: secret CURVE certificate (``peermesh keygen`` writes it as ``PATH_secret``): with
+    #: it every socket is encrypted and authenticated, and the node meets only nodes with
+    #: keys (version-3 beacons, as Zyre's ``zyre_set_zcert``); None: plain ZRE
+    key_file: Optional[str] = None
+    #: directory of the public certificates of the nodes admitted (re-read when it
+    #: changes); None: any node with a key. Only with ``key_file``
+    allowed_keys: Optional[str] = None
+    #: ZAP domain of the allowed keys (Zyre's default); nodes of one process with other
+    #: allowed keys need domains of their own
+    zap_domain: str = "global"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -147,7 +157,7 @@ class NodeConfig:
         def bad(key: str, what: str) -> ValueError:
             return ValueError(f"{key} must be {what}, not {getattr(self, key)!r}")
 
-        for key in ("name", "interface"):
+        for key in ("name", "interface", "key_file", "allowed_keys"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise bad(key, "a non-empty string")
@@ -155,6 +165,11 @@ class NodeConfig:
             value = getattr(self, key)
             if isinstance(value, str) or not all(isinstance(g, str) and g for g in value):
                 raise bad(key, "a list of non-empty strings")
+        if not isinstance(self.zap_domain, str) or not self.zap_domain:
+            raise bad("zap_domain", "a non-empty string")
+        if self.allowed_keys is not None and self.key_file is None:
+            raise ValueError("allowed_keys needs key_file: only a node with a keypair "
+                             "checks the keys of its peers")
         unknown = set(self.discovery) - {"beacon", "mdns"}
         if unknown:
             raise ValueError(f"discovery: unknown source(s) {', '.join(sorted(unknown))}; "

@@ -48,6 +48,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.sada.commands",
     "peermesh.flux.commands",
     "peermesh.mtl.commands",
+    "peermesh.cli.keygen",
 )
 #: default --wait (seconds) of the commands that try the agent first
 WAIT_PEERS, WAIT_SEND = 2.0, 3.0
@@ -188,6 +189,14 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
                            "(default: $PEERMESH_DISCOVERY, then beacon)")
     node.add_argument("--mdns", action="store_true",
                       help="also find peers by mDNS (the same as adding mdns to --discovery)")
+    node.add_argument("--key-file", metavar="FILE",
+                      help="secret CURVE certificate (from `keygen`): encrypt and authenticate "
+                           "everything; meets only nodes with keys (default: $PEERMESH_KEY_FILE, "
+                           "then none)")
+    node.add_argument("--allowed-keys", metavar="DIR",
+                      help="directory of the public certificates of the nodes admitted; "
+                           "re-read when it changes or on SIGHUP (default: "
+                           "$PEERMESH_ALLOWED_KEYS, then any node with a key)")
     node.add_argument("--config", "-c", metavar="FILE",
                       help="TOML file with a [node] table (and [nfp] for the NFP commands); "
                            f"`{PROG} config example` prints one to start from. $PEERMESH_* "
@@ -482,7 +491,8 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         raise ValueError(f"invalid configuration: {exc}") from None
     overrides: dict[str, Any] = {
         key: getattr(args, key, None)
-        for key in ("name", "interface", "port", "interval", "evasive", "expired")}
+        for key in ("name", "interface", "port", "interval", "evasive", "expired", "key_file",
+                    "allowed_keys")}
     if getattr(args, "node_options", True) == "timers":  # a simulated network
         return base.replace(**overrides)
     if args.groups:

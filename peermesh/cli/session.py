@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from ..events import Event
     from ..zre.node import Node
 
+from ..errors import PeermeshError
+
 __all__ = ["Interrupted", "HubSignals", "NodeSession", "install_handlers", "leaving"]
 
 
@@ -132,6 +134,19 @@ class NodeSession:
             raise ValueError(f"invalid configuration: {exc}") from None
         self._stopper: Optional[gevent.Greenlet] = None
         self._signals = HubSignals((lambda: gevent.spawn(self.stop)) if serving else None)
+        #: SIGHUP re-reads the allowed keys of a serving command's node (`systemctl reload`)
+        self._reload = (gevent.signal_handler(_signal.SIGHUP, self._reload_keys)
+                        if serving else None)
+
+    def _reload_keys(self) -> None:
+        curve = self.node.curve
+        if curve is None or curve.allowlist.any_key:
+            _logger().info("SIGHUP: this node has no allowed keys to reload")
+            return
+        try:
+            self.node.reload_allowed_keys()
+        except PeermeshError as exc:  # e.g. the directory was removed: keep the old keys
+            _logger().error("cannot reload the allowed keys: %s", exc)
 
     @property
     def interrupted(self) -> bool:
@@ -168,6 +183,8 @@ class NodeSession:
             self.stop()
         finally:
             self._signals.close()
+            if self._reload is not None:
+                self._reload.cancel()
 
     def wait_event(self, deadline: float) -> Optional[Event]:
         """The next event before ``deadline`` (monotonic), or None."""

@@ -59,14 +59,19 @@ class PeerSink(Protocol):
     def mailbox_port(self) -> int:
         """The mailbox's port."""
 
-    def peer_appeared(self, uuid: UUID, endpoint: str) -> None:
-        """``uuid`` accepts connections at ``endpoint``."""
+    @property
+    def public_key(self) -> Optional[bytes]:
+        """The node's CURVE public key (32 octets) for version-3 beacons, or None."""
+
+    def peer_appeared(self, uuid: UUID, endpoint: str, key: Optional[bytes] = None) -> None:
+        """``uuid`` accepts connections at ``endpoint`` (``key``: its beacon's CURVE key)."""
 
     def peer_alive(self, uuid: UUID) -> None:
         """A sign of life from ``uuid``."""
 
-    def peer_left(self, uuid: UUID, address: Optional[str] = None) -> None:
-        """``uuid`` said it is leaving, in a message from ``address`` if known."""
+    def peer_left(self, uuid: UUID, address: Optional[str] = None,
+                  key: Optional[bytes] = None) -> None:
+        """``uuid`` said it is leaving, in a message from ``address`` (with ``key``) if known."""
 
     def add_listener(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback`` with every event of the node."""

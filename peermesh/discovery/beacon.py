@@ -88,7 +88,7 @@ class BeaconDiscovery:
     def _send(self, port: int) -> None:
         node = self._node
         assert node is not None and self._socket is not None
-        data = zre.encode_beacon(zre.Beacon(node.uuid.bytes, port))
+        data = zre.encode_beacon(zre.Beacon(node.uuid.bytes, port, node.public_key))
         for target in self._targets():
             try:
                 self._socket.sendto(data, target)
@@ -112,13 +112,14 @@ class BeaconDiscovery:
         ancillary = socket.CMSG_SPACE(12)
         broadcast = socket.inet_aton(interface.broadcast)
         uuids: dict[bytes, UUID] = {}
+        version = 1 if node.public_key is None else 3  # a node with a key hears only keys
         for count in itertools.count(1):
             if not count % _BATCH:
                 gevent.sleep(0)  # a flood of datagrams never waits: let the others run
             data, cmsgs, _, (address, _) = sock.recvmsg(64, ancillary)
             unicast = _unicast(cmsgs, broadcast)
             try:
-                beacon = zre.decode_beacon(data)
+                beacon = zre.decode_beacon(data, version)
             except ProtocolError as exc:
                 log.debug("dropped datagram from %s: %s", address, exc.reason)
                 continue
@@ -133,9 +134,9 @@ class BeaconDiscovery:
                     uuids.clear()
                 uuid = uuids[beacon.uuid] = UUID(bytes=beacon.uuid)
             if beacon.port == 0:
-                node.peer_left(uuid, address)
+                node.peer_left(uuid, address, beacon.key)
             else:
-                node.peer_appeared(uuid, f"tcp://{address}:{beacon.port}")
+                node.peer_appeared(uuid, f"tcp://{address}:{beacon.port}", beacon.key)
 
 
 def _unicast(cmsgs: list[tuple[int, int, bytes]], broadcast: bytes) -> bool:

@@ -42,6 +42,10 @@ from greenlet import getcurrent
 from . import zmqbatch
 from .context import shared_context
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .curve import Curve
+
 __all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH"]
 
 log = logging.getLogger(__name__)
@@ -69,18 +73,22 @@ MessageHandler = Callable[..., None]
 
 
 def make_socket(kind: int, options: Mapping[int, Union[int, bytes]] = {},
-                context: Optional[zmq.Context] = None) -> zmq.Socket:
+                context: Optional[zmq.Context] = None, *, curve: Optional[Curve] = None,
+                server_key: Optional[bytes] = None) -> zmq.Socket:
     """A plain ZeroMQ socket of ``kind`` from ``context`` (default: ``shared_context()``).
 
     Every peermesh socket is made here: ``LINGER`` 0 unless ``options``
-    (``{zmq.OPTION: value}``, applied in order) say otherwise. This is the one
-    place where CURVE keys and the ZAP domain are to be applied to every
-    socket of every layer.
+    (``{zmq.OPTION: value}``, applied in order) say otherwise. With ``curve``
+    (``peermesh.io.curve.Curve``) the socket speaks CURVE: as the client of
+    the peer whose public key is ``server_key``, or without it as a server
+    admitting the keys of ``curve``'s allowlist (see ``peermesh.io.zap``).
     """
-    sock = (context or shared_context()).socket(kind)
+    context = context or shared_context()
+    secure = curve.options(context, server_key) if curve is not None else {}
+    sock = context.socket(kind)
     try:
         sock.setsockopt(zmq.LINGER, 0)
-        for option, value in options.items():
+        for option, value in {**secure, **options}.items():
             sock.setsockopt(option, value)
     except BaseException:
         sock.close(linger=0)
@@ -366,9 +374,10 @@ class HubSocket:
                 append((first, rest, _property(frame, name)))
         return batch
 
-    def read(self, on_batch: Callable[[list], None]) -> None:
-        """Hand every batch of messages (as ``recv_batch`` gives them) to ``on_batch``,
-        in the calling greenlet, until the socket is closed; ``on_batch`` may wait.
+    def read(self, on_batch: Callable[[list], None], metadata: Optional[str] = None) -> None:
+        """Hand every batch of messages (as ``recv_batch`` gives them, with ``metadata``
+        too) to ``on_batch``, in the calling greenlet, until the socket is closed;
+        ``on_batch`` may wait.
 
         Between batches the reader waits on the hub. It waits at once after a
         batch that found the socket empty (which re-armed the edge), unless
@@ -386,7 +395,7 @@ class HubSocket:
         while True:
             self._touched = False
             try:
-                batch = batch_of(BATCH, limit, max_frames, None)
+                batch = batch_of(BATCH, limit, max_frames, metadata)
             except zmq.ZMQError as exc:
                 if self.closed or exc.errno == zmq.ENOTSOCK:
                     return

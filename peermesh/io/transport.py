@@ -45,6 +45,7 @@ from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
 from .endpoints import bind, bind_ephemeral
 from .context import shared_context
+from .curve import Curve
 from .socket import HubSocket, make_socket
 
 __all__ = ["ZmqTransport", "CapacityError", "GuardedMailbox"]
@@ -69,10 +70,13 @@ class CapacityError(PeermeshError):
 class ZmqTransport:
     """The real transport: ZeroMQ over TCP for mailboxes, UDP for beacons."""
 
-    def __init__(self, context: Optional[zmq.Context] = None) -> None:
+    def __init__(self, context: Optional[zmq.Context] = None,
+                 curve: Optional[Curve] = None) -> None:
         self.context = context or shared_context()
         #: when a link closed, by (identity, endpoint), oldest first; kept RECONNECT_GAP
         self._closed: dict[tuple[bytes, str], float] = {}
+        #: the node's keys: every socket speaks CURVE (see ``make_socket``)
+        self.curve = curve
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(gevent.sleep)
@@ -99,7 +103,7 @@ class ZmqTransport:
             zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
             zmq.HEARTBEAT_IVL: HEARTBEAT_IVL,
             zmq.HEARTBEAT_TIMEOUT: max(HEARTBEAT_IVL, int(dead_after * 1000))},
-            self.context)
+            self.context, curve=self.curve)
         try:
             endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
         except BaseException:
@@ -111,11 +115,14 @@ class ZmqTransport:
         return GuardedMailbox(mailbox, max_connections,
                               counters or Counters(log, f"mailbox {endpoint}"))
 
-    def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> HubSocket:
-        """A DEALER link to ``endpoint``; sends never block."""
+    def connect(self, identity: bytes, endpoint: str, sndhwm: int,
+                server_key: Optional[bytes] = None) -> HubSocket:
+        """A DEALER link to ``endpoint`` (a CURVE client of ``server_key`` when the
+        transport has keys); sends never block."""
         sock = make_socket(zmq.DEALER, {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm,
                                         zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
-                                        zmq.RECONNECT_IVL_MAX: 1000}, self.context)
+                                        zmq.RECONNECT_IVL_MAX: 1000}, self.context,
+                           curve=self.curve, server_key=server_key)
         key = (identity, endpoint)
         closed = self._closed.pop(key, None)
         wait = 0.0 if closed is None else closed + RECONNECT_GAP - time.monotonic()

@@ -50,6 +50,7 @@ import zmq
 
 from ..errors import ProtocolError
 from ..counters import Counters
+from ..io.zap import Allowlist
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -102,7 +103,8 @@ class Broker(Overlay):
     def __init__(self, router: zmq.Socket, endpoint: str, *, name: str, node: str,
                  store: JobStore, context: zmq.Context, keepalive: float = 1.0,
                  multiplier: int = 3, queue_timeout: float = 30.0, request_timeout: float = 5.0,
-                 admin_token: Optional[str] = None,
+                 admin_token: Optional[str] = None, admin_keys: Optional[Allowlist] = None,
+                 keyed: bool = False,
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  on_shutdown: Optional[Callable[[], None]] = None) -> None:
@@ -116,6 +118,10 @@ class Broker(Overlay):
         self.queue_timeout = float(queue_timeout)
         self.request_timeout = float(request_timeout)
         self.admin_token = admin_token
+        #: with keys: the public keys allowed the destructive MMI calls (instead of the token)
+        self.admin_keys = admin_keys
+        #: a CURVE socket: each client's key goes with its requests (as ``caller``)
+        self.keyed = keyed
         self.inventory_dir = inventory_dir
         self.files_root = files_root
         self.on_shutdown = on_shutdown
@@ -150,13 +156,15 @@ class Broker(Overlay):
             worker = _ServiceWorker(service, f"{self.name}.{short}", Tasks(tasks), self.store,
                                     context=self._context, keepalive=self.keepalive,
                                     multiplier=self.multiplier, admin_token=self.admin_token,
+                                    admin_keys=self.admin_keys,
                                     node_name=self.name, internal=True)
             worker.attach(node)
             self._services.append(worker)
 
     def on_start(self) -> None:
         """Start reading the ROUTER (standby) and the services (idle until activated)."""
-        self._channel = CorkedSocket(self._router, self._on_message, f"broker {self.name}")
+        self._channel = CorkedSocket(self._router, self._on_message, f"broker {self.name}",
+                                     keyed=self.keyed)
         for service in self._services:
             service.start()
 
@@ -403,6 +411,9 @@ class Broker(Overlay):
         # the body goes on as the client wrote it, without its rid (or re-encoded if the
         # rid is not where the client puts it: last)
         relay = without_rid(raw, rid) if rid is not None else raw or b"{}"
+        if self.keyed and self._channel is not None:  # who asked, for the workers' MMI
+            body["caller"] = self._channel.sender_key
+            relay = nfp.encode_body(body)
         uuid = msg.uuid   # type: ignore[union-attr]
         if cls is nfp.Post:
             owners = self._owners
@@ -472,6 +483,11 @@ class Broker(Overlay):
 
     # --- management -----------------------------------------------------
 
+    def _authorise(self, job: Any, token: Any, what: str) -> None:
+        admin = self.admin_keys
+        authorise(self.admin_token, token, what, admin.keys if admin is not None else None,
+                  getattr(job, "caller", None))
+
     def mmi_tasks(self) -> dict[str, TaskFunction]:
         """The ``mmi.service.broker`` tasks: show_broker, show_workers, show_clients,
         show_services; and disconnect, restart and shutdown for callers with the token."""
@@ -489,17 +505,17 @@ class Broker(Overlay):
             return self.services_info()
 
         def disconnect(job: Any, token: Any = None) -> str:
-            authorise(self.admin_token, token, "disconnect")
+            self._authorise(job, token, "disconnect")
             later(self.disconnect_workers)
             return "every worker is told to disconnect and register again"
 
         def restart(job: Any, token: Any = None) -> str:
-            authorise(self.admin_token, token, "restart")
+            self._authorise(job, token, "restart")
             later(self.restart)
             return "broker restarting"
 
         def shutdown(job: Any, token: Any = None) -> str:
-            authorise(self.admin_token, token, "shutdown")
+            self._authorise(job, token, "shutdown")
             later(self.shutdown)
             return "broker shutting down"
 

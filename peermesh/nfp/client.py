@@ -67,9 +67,10 @@ from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_rid
+from ..io.curve import Curve
 from .store import ClientJob, JobStore
 from ..io import shared_context
-from .transport import CorkedSocket, nfp_socket
+from .transport import CorkedSocket, nfp_dealer
 
 __all__ = ["Client", "JobEvent", "Reply"]
 
@@ -176,8 +177,11 @@ class Client(Overlay):
 
     def __init__(self, store: JobStore, *, name: str = "", node: str = "",
                  context: Optional[zmq.Context] = None, request_timeout: float = 5.0,
-                 queue_timeout: float = 30.0) -> None:
+                 queue_timeout: float = 30.0, curve: Optional[Curve] = None,
+                 keys: Mapping[str, str] = {}) -> None:
         super().__init__()
+        #: the node's CURVE keys, and the key of each endpoint's node (see ``nfp_dealer``)
+        self._curve, self._keys = curve, keys
         self.store = store
         self.name = name
         self.node_id = node   # the node's UUID in hex, for the wire
@@ -242,8 +246,9 @@ class Client(Overlay):
         old = self._links.pop(name, None)
         if old is not None:
             old.close()
-        sock = nfp_socket(self._context, zmq.DEALER)
-        sock.connect(endpoint)
+        sock = nfp_dealer(self._context, endpoint, self._curve, self._keys)
+        if sock is None:
+            return
 
         def on_message(frames: list[bytes]) -> None:
             try:
@@ -345,8 +350,9 @@ class Client(Overlay):
         if broker is None:
             return None
         if self._broker_channel is None:
-            sock = nfp_socket(self._context, zmq.DEALER)
-            sock.connect(broker)
+            sock = nfp_dealer(self._context, broker, self._curve, self._keys)
+            if sock is None:
+                return None
             self._broker_channel = CorkedSocket(sock, self._on_broker, "client -> broker")
             self._opened = gevent.event.AsyncResult()
             self._broker_channel.send(nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(

@@ -80,6 +80,7 @@ NFP_KEYS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
     "broker": (f"one of {', '.join(MODES)}", lambda v: v in MODES, None),
     "priority": ("an integer", _integer, 0),
     "admin_token": ("a string", _text, None),
+    "admin_keys": ("a path", _text, None),
     "retention": ("a positive number of seconds", is_seconds, 7 * 86400.0),
     "inventory": ("a path", _text, None),
     "files_root": ("a path", _text, None),
@@ -177,6 +178,10 @@ def _nfp_options(parser: argparse.ArgumentParser, *, network: bool = True,
                            help="secret that authorises MMI disconnect/restart/shutdown "
                                 "(default: $PEERMESH_NFP_ADMIN_TOKEN, then admin_token in "
                                 "[nfp]; none: always refused)")
+        group.add_argument("--admin-keys", metavar="DIR",
+                           help="on a node with keys (--key-file): directory of the public "
+                                "certificates allowed MMI disconnect/restart/shutdown, instead "
+                                "of the token (default: admin_keys in [nfp])")
         group.add_argument("--retention", type=seconds, metavar="SECONDS",
                            help="finished jobs are purged after this long (default: 7 days)")
         group.add_argument("--inventory", metavar="DIR",
@@ -347,6 +352,7 @@ def _nfp_node(session: NodeSession, args: argparse.Namespace, *, broker: str = "
                        request_timeout=_option(args, "request_timeout"),
                        retention=_option(args, "retention"),
                        admin_token=getattr(args, "admin_token", None),
+                       admin_keys=getattr(args, "admin_keys", None),
                        inventory_dir=getattr(args, "inventory", None),
                        files_root=getattr(args, "files_root", None), store_name=store_name,
                        on_shutdown=lambda: gevent.spawn(session.stop))

@@ -59,6 +59,9 @@ from ..zre.node import Node
 from .broker import Broker
 from .client import Client
 from .store import JobStore, store_path
+from ..io.curve import Curve, shared_allowlist
+from ..io.zap import Allowlist
+from ..wire.zre import PUBLIC_KEY_HEADER
 from .transport import nfp_socket
 from .worker import MAX_CLIENTS, MAX_STORED, Tasks, TaskFunction, Worker, advertised
 
@@ -135,6 +138,7 @@ class NfpNode(Overlay):
                  multiplier: int = 3, queue_timeout: float = 30.0, request_timeout: float = 5.0,
                  retention: float = 7 * 86400.0, purge_interval: float = 3600.0,
                  admin_token: Optional[str] = None,
+                 admin_keys: Optional[os.PathLike[str] | str] = None,
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  store_name: Optional[str] = None,
@@ -156,6 +160,10 @@ class NfpNode(Overlay):
         self.retention = float(retention)
         self.purge_interval = float(purge_interval)
         self.admin_token = admin_token
+        #: directory of the public certificates allowed the destructive MMI calls, on a
+        #: node with keys (instead of ``admin_token``, which is then not used)
+        self.admin_keys_dir = admin_keys
+        self.admin_keys: Optional[Allowlist] = None
         self.inventory_dir = inventory_dir
         self.files_root = files_root
         self.store_name = store_name
@@ -177,6 +185,10 @@ class NfpNode(Overlay):
         self._endpoints: dict[UUID, str] = {}    # candidates' NFP broker endpoints
         self._peer_workers: dict[UUID, list[str]] = {}
         self._worker_owner: dict[str, UUID] = {}
+        #: NFP endpoint -> the Z85 key of its node (from its authenticated X-PUBLICKEY), for
+        #: the CURVE clients of a node with keys
+        self.keys: dict[str, str] = {}
+        self._keyed: dict[UUID, list[str]] = {}  # the endpoints each peer's key is held for
         self._greenlets: list[gevent.Greenlet] = []
         if node is not None:
             self.attach(node)
@@ -202,18 +214,27 @@ class NfpNode(Overlay):
         """Open the store, bind the broker's ROUTER, attach the parts, advertise."""
         self.address = select_interface(node.config.interface).address
         self.context = shared_context()
+        self.curve: Optional[Curve] = node.curve
+        if self.admin_keys_dir is not None:
+            if self.curve is None:
+                raise ValueError("admin_keys needs a node with keys (key_file): without CURVE "
+                                 "a caller's key cannot be known")
+            self.admin_keys = shared_allowlist(self.admin_keys_dir)
         self.store = JobStore(store_path(self.data_dir, self.store_name or node.name),
                               self.retention)
         try:
             if self.mode != "never":
-                router = nfp_socket(self.context, zmq.ROUTER)
+                router = nfp_socket(self.context, zmq.ROUTER, self.curve)
                 endpoint = bind_ephemeral(router, self.address)
+                self._own_key(endpoint)
                 self.broker = Broker(router, endpoint, name=node.name, node=node.uuid.hex,
                                      store=self.store, context=self.context,
                                      keepalive=self.keepalive, multiplier=self.multiplier,
                                      queue_timeout=self.queue_timeout,
                                      request_timeout=self.request_timeout,
                                      admin_token=self.admin_token,
+                                     admin_keys=self.admin_keys,
+                                     keyed=self.curve is not None,
                                      inventory_dir=self.inventory_dir,
                                      files_root=self.files_root, on_shutdown=self._shutdown)
                 self.broker.attach(node)
@@ -223,7 +244,8 @@ class NfpNode(Overlay):
                     separators=(",", ":"))})
             self.client = Client(self.store, name=node.name, node=node.uuid.hex,
                                  context=self.context, request_timeout=self.request_timeout,
-                                 queue_timeout=self.queue_timeout)
+                                 queue_timeout=self.queue_timeout, curve=self.curve,
+                                 keys=self.keys)
             self.client.attach(node)
             self.tracker.attach(node)
             if self._setup is not None:
@@ -247,12 +269,19 @@ class NfpNode(Overlay):
         worker = Worker(service, name, tasks or Tasks(), self.store, address=self.address,
                         context=self.context, keepalive=self.keepalive,
                         multiplier=self.multiplier, admin_token=self.admin_token,
+                        admin_keys=self.admin_keys,
                         node_name=node.name, on_shutdown=self._stop_worker,
-                        max_clients=max_clients, max_stored=max_stored)
+                        max_clients=max_clients, max_stored=max_stored,
+                        curve=self.curve, keys=self.keys)
+        self._own_key(worker.endpoint)
         worker.attach(node)
         self.workers.append(worker)
         advertise(node, {WORKER_HEADER: advertised(self.workers)})
         return worker
+
+    def _own_key(self, endpoint: str) -> None:
+        if self.curve is not None:
+            self.keys[endpoint] = self.curve.public.decode()
 
     def add_listener(self, callback: Callable[[BrokerChanged[NfpCandidate]], None]) -> None:
         """Call ``callback(BrokerChanged)`` when the broker changes (on the hub)."""
@@ -326,7 +355,14 @@ class NfpNode(Overlay):
 
     def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         self._forget_workers(uuid, "its node said HELLO again")
+        key = headers.get(PUBLIC_KEY_HEADER)  # authenticated by the node, with keys
         endpoint = parse_broker_endpoint(headers.get(NFP_BROKER_HEADER))
+        if key is not None and self.curve is not None:
+            found_endpoints = [endpoint] + [e for _, _, e in parse_workers(
+                headers.get(WORKER_HEADER))]
+            known = [e for e in found_endpoints if e is not None]
+            self.keys.update((e, key) for e in known)
+            self._keyed[uuid] = known
         if endpoint is None:
             self._endpoints.pop(uuid, None)
         else:
@@ -347,6 +383,8 @@ class NfpNode(Overlay):
 
     def _peer_left(self, uuid: UUID) -> None:
         self._endpoints.pop(uuid, None)
+        for endpoint in self._keyed.pop(uuid, ()):
+            self.keys.pop(endpoint, None)
         self._forget_workers(uuid, "its node left the mesh")
 
     def _on_broker_change(self, change: Change) -> None:

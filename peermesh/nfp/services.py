@@ -27,9 +27,11 @@ and ``Worker.mmi_tasks``; this module imports neither (they import it).
 Authorisation: NFP's security sections are TBD, so destructive calls need a
 shared secret, ``admin_token``, configured on the broker (or worker) and
 passed as the ``token`` keyword argument of the task. Without a configured
-token destructive calls are always refused. The token travels in the clear
-on the LAN: it stops accidents and casual misuse, not an attacker who can
-read the network.
+token destructive calls are always refused. Without CURVE keys the token
+travels in the clear on the LAN: it stops accidents and casual misuse, not
+an attacker who can read the network. On a mesh with keys, ``admin_keys``
+(a set of public keys) replaces it: a call is allowed when the key its
+request was authenticated with is one of them.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import AbstractSet, Any, Callable, Optional
 
 import gevent
 
@@ -59,8 +61,15 @@ class NotAuthorised(PeermeshError):
     """A destructive management call without the right token."""
 
 
-def authorise(configured: Optional[str], given: Any, what: str) -> None:
-    """NotAuthorised unless ``given`` is the ``configured`` admin token."""
+def authorise(configured: Optional[str], given: Any, what: str,
+              admin_keys: Optional[AbstractSet[bytes]] = None, caller: Any = None) -> None:
+    """NotAuthorised unless ``given`` is the ``configured`` admin token; with
+    ``admin_keys`` (on a mesh with CURVE keys) unless ``caller``, the key the request
+    was authenticated with, is one of them (the token is not used then)."""
+    if admin_keys is not None:
+        if not isinstance(caller, str) or caller.encode() not in admin_keys:
+            raise NotAuthorised(f"{what} is refused: the caller's key is not an admin key")
+        return
     if not configured:
         raise NotAuthorised(f"{what} is refused: no admin token is configured")
     if not isinstance(given, str) or not hmac.compare_digest(given.encode(), configured.encode()):

@@ -28,33 +28,57 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import gevent
 import zmq
 
 from ..io import HubSocket, make_socket
+from ..io.curve import Curve
 from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["CorkedSocket", "nfp_socket"]
+__all__ = ["CorkedSocket", "nfp_socket", "nfp_dealer"]
 
 log = logging.getLogger(__name__)
 
 
-def nfp_socket(context: Optional[zmq.Context], kind: int) -> zmq.Socket:
-    """A socket for NFP: no linger, and a peer sending over ``MAX_MESSAGE`` is cut off."""
-    return make_socket(kind, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context)
+def nfp_socket(context: Optional[zmq.Context], kind: int, curve: Optional[Curve] = None
+               ) -> zmq.Socket:
+    """A socket for NFP: no linger, and a peer sending over ``MAX_MESSAGE`` is cut off;
+    with ``curve`` (the node's keys) a CURVE server admitting the node's allowed keys."""
+    return make_socket(kind, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context, curve=curve)
+
+
+def nfp_dealer(context: Optional[zmq.Context], endpoint: str, curve: Optional[Curve],
+               keys: Mapping[str, str]) -> Optional[zmq.Socket]:
+    """A DEALER connected to ``endpoint``; with ``curve``, a CURVE client of the key
+    ``keys`` holds for that endpoint (its node's authenticated ``X-PUBLICKEY``), or None
+    (logged) when the key is unknown. ``inproc://`` endpoints need no key."""
+    server_key = None
+    if curve is not None and not endpoint.startswith("inproc://"):
+        key = keys.get(endpoint)
+        if key is None:
+            log.warning("not connecting to %s: the public key of its node is unknown", endpoint)
+            return None
+        server_key = key.encode()
+    sock = make_socket(zmq.DEALER, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context,
+                       curve=curve if server_key is not None else None, server_key=server_key)
+    sock.connect(endpoint)
+    return sock
 
 
 class CorkedSocket:
     """One socket, a reader greenlet calling ``handler(frames)``, and a non-blocking send."""
 
     def __init__(self, sock: zmq.Socket, handler: Callable[[list[bytes]], None],
-                 name: str = "channel", send_timeout: float = 5.0) -> None:
+                 name: str = "channel", send_timeout: float = 5.0, keyed: bool = False) -> None:
         self.socket = sock
         self.name = name
         self.send_timeout = send_timeout
         self._handler = handler
+        #: ``keyed`` (a CURVE socket): the key (Z85) the message being handled was sent with
+        self.sender_key: Optional[str] = None
+        self._keyed = keyed
         self._io = HubSocket(sock, limit=MAX_MESSAGE)
         self._hub = gevent.get_hub()
         self._corked = False
@@ -67,15 +91,19 @@ class CorkedSocket:
     # --- receiving ------------------------------------------------------
 
     def _read(self) -> None:
-        self._io.read(self._on_batch)
+        self._io.read(self._on_batch, "User-Id" if self._keyed else None)
 
     def _on_batch(self, batch: list) -> None:
-        dispatch = self._dispatch
+        dispatch, keyed = self._dispatch, self._keyed
         self._corked = True
         try:
-            for first, frames in batch:
+            for item in batch:
                 if self.closed:     # a handler closed the channel
                     return
+                if keyed:
+                    first, frames, self.sender_key = item
+                else:
+                    first, frames = item
                 if frames is None:
                     log.warning("%s: a message over %d bytes dropped", self.name, MAX_MESSAGE)
                     continue

@@ -76,7 +76,9 @@ from .dispatch import WORKER_MMI
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from ..io import bind_ephemeral, shared_context
-from .transport import CorkedSocket, nfp_socket
+from ..io.curve import Curve
+from ..io.zap import Allowlist
+from .transport import CorkedSocket, nfp_dealer, nfp_socket
 
 __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 
@@ -173,12 +175,13 @@ class _Job:
     acknowledged: bool = True    # False while its 202 waits for the commit (see _accept)
     final: Optional[str] = None  # the final body, when it rides on the 202
     recovered: bool = False      # found unfinished on disk at start (see start)
+    caller: Optional[str] = None  # the key the request came with (a mesh with keys)
 
 
 class JobContext:
     """What a task function gets as its first argument."""
 
-    __slots__ = ("uuid", "task", "args", "kwargs", "worker", "_job", "_owner")
+    __slots__ = ("uuid", "task", "args", "kwargs", "worker", "caller", "_job", "_owner")
 
     def __init__(self, owner: "Worker", job: _Job) -> None:
         self.uuid = job.uuid
@@ -186,6 +189,8 @@ class JobContext:
         self.args = job.args
         self.kwargs = job.kwargs
         self.worker = owner.name
+        #: the public key (Z85) the request was authenticated with, on a mesh with keys
+        self.caller = job.caller
         self._job = job
         self._owner = owner
 
@@ -226,7 +231,8 @@ class Worker(Overlay):
                  multiplier: int = 3, admin_token: Optional[str] = None,
                  node_name: str = "", on_shutdown: Optional[Callable[["Worker"], None]] = None,
                  internal: bool = False, max_clients: int = MAX_CLIENTS,
-                 max_stored: int = MAX_STORED) -> None:
+                 max_stored: int = MAX_STORED, curve: Optional[Curve] = None,
+                 keys: Mapping[str, str] = {}, admin_keys: Optional[Allowlist] = None) -> None:
         super().__init__()
         nfp.format_target((name,))  # a name that can be targeted
         if not service or not service.isprintable() or service == WORKER_MMI:
@@ -238,11 +244,15 @@ class Worker(Overlay):
         self.keepalive = float(keepalive)
         self.multiplier = int(multiplier)
         self.admin_token = admin_token
+        #: with keys: the public keys allowed the destructive MMI calls (instead of the token)
+        self.admin_keys = admin_keys
         self.node_name = node_name
         self.on_shutdown = on_shutdown
         self.internal = internal
         self._context = context or shared_context()
-        self._router = nfp_socket(self._context, zmq.ROUTER)
+        #: the node's CURVE keys, and the key of each endpoint's node (see ``nfp_dealer``)
+        self._curve, self._keys = curve, keys
+        self._router = nfp_socket(self._context, zmq.ROUTER, curve)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
         self._direct: Optional[CorkedSocket] = None
         self._broker: Optional[CorkedSocket] = None
@@ -276,7 +286,8 @@ class Worker(Overlay):
     def on_start(self) -> None:
         """Start serving (on the node's hub); re-queue jobs left unfinished by a crash."""
         if not self.internal:
-            self._direct = CorkedSocket(self._router, self._on_direct, f"worker {self.name}")
+            self._direct = CorkedSocket(self._router, self._on_direct, f"worker {self.name}",
+                                        keyed=self._curve is not None)
         else:
             self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
@@ -334,8 +345,9 @@ class Worker(Overlay):
 
     def _open_broker(self) -> None:
         assert self.broker_endpoint is not None
-        sock = nfp_socket(self._context, zmq.DEALER)
-        sock.connect(self.broker_endpoint)
+        sock = nfp_dealer(self._context, self.broker_endpoint, self._curve, self._keys)
+        if sock is None:
+            return
         self._broker = CorkedSocket(sock, self._on_broker, f"worker {self.name} -> broker")
         self._broker_state = "opening"
         now = time.monotonic()
@@ -477,6 +489,8 @@ class Worker(Overlay):
             self._respond(origin, msg, Status.ERROR, {"error": f"invalid body: {exc.reason}"})
             return
         rid = body.get("rid")
+        if origin[0] == "direct":  # the caller's own key; through a broker, the broker's word
+            body["caller"] = self._direct.sender_key if self._direct is not None else None
         if msg.service != self.service and msg.service != WORKER_MMI:
             error = f"worker {self.name} serves {self.service}, not {msg.service}"
             self._respond(origin, msg, Status.ERROR, {"error": error}, rid)
@@ -562,6 +576,8 @@ class Worker(Overlay):
             return
         job = _Job(msg.uuid, msg.service, task, args, kwargs, _timeout(body),
                    bool(body.get("notify")), origin)
+        caller = body.get("caller")
+        job.caller = caller if isinstance(caller, str) else None
         if not mmi:
             self._stored = (self._stored or 0) + size
         self._jobs[job.uuid] = job
@@ -842,23 +858,30 @@ class Worker(Overlay):
             return self.clients_info()
 
         def disconnect(job: Any, token: Any = None) -> str:
-            authorise(self.admin_token, token, "disconnect")
+            self.authorise(job, token, "disconnect")
             later(self.reconnect)
             return f"worker {self.name} will reconnect to its broker"
 
         def restart(job: Any, token: Any = None) -> str:
-            authorise(self.admin_token, token, "restart")
+            self.authorise(job, token, "restart")
             later(self.reconnect)
             return f"worker {self.name} restarts its broker conversation"
 
         def shutdown(job: Any, token: Any = None) -> str:
-            authorise(self.admin_token, token, "shutdown")
+            self.authorise(job, token, "shutdown")
             later(self._shut_down)
             return f"worker {self.name} is shutting down"
 
         self._mmi_tasks = {f.__name__: f for f in (show_broker, show_workers, show_clients,
                                                    disconnect, restart, shutdown)}
         return self._mmi_tasks
+
+    def authorise(self, job: Any, token: Any, what: str) -> None:
+        """NotAuthorised unless the caller may ``what``: its key is an admin key (with
+        ``admin_keys``), else ``token`` is the admin token."""
+        admin = self.admin_keys
+        authorise(self.admin_token, token, what, admin.keys if admin is not None else None,
+                  job.caller)
 
     def _shut_down(self) -> None:
         if self.on_shutdown is not None:

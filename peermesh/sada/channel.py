@@ -96,7 +96,7 @@ class Channel(Overlay):
                  max_message: int = 64 * 1024 * 1024, max_services: int = MAX_SERVICES,
                  max_catalog: int = MAX_CATALOG, advertise_on: bool = True,
                  context: Optional[zmq.Context] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, curve: Any = None) -> None:
         super().__init__()
         if endpoint is not None:
             check_endpoint(endpoint, bind=True)
@@ -118,6 +118,9 @@ class Channel(Overlay):
         #: the bound endpoint (None until bound; see the class docstring)
         self.endpoint: Optional[str] = None
         self._sock: Optional[zmq.Socket] = None
+        #: the node's CURVE keys (or ``curve``, a ``peermesh.io.curve.Curve``, for a channel
+        #: bound before its node exists): a CURVE server admitting the allowed keys
+        self._curve = curve if curve is not None else getattr(node, "curve", None)
         self._router: Any = None
         self._monitor: Optional[zmq.Socket] = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -141,7 +144,7 @@ class Channel(Overlay):
     def _bind(self, node_interface: Optional[str]) -> str:
         """Bind the ROUTER where the settings say, else on ``node_interface``."""
         endpoint, interface, address, port = self._where
-        sock = make_socket(zmq.ROUTER, context=self._context)
+        sock = make_socket(zmq.ROUTER, context=self._context, curve=self._curve)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -178,6 +181,7 @@ class Channel(Overlay):
     def attach(self, node: Any) -> None:
         """Attach to ``node`` before it starts; an unbound channel binds on its interface."""
         if self.endpoint is None and self.lifecycle is Lifecycle.NEW and not node.running:
+            self._curve = self._curve or getattr(node, "curve", None)
             self._bind(node.config.interface)
         super().attach(node)
 

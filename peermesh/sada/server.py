@@ -59,10 +59,12 @@ import gevent.event
 import zmq
 from greenlet import GreenletExit, getcurrent, greenlet
 
-from ..errors import ProtocolError
+from ..errors import PeermeshError, ProtocolError
 from ..events import Event, EventType
 from ..io import make_socket, shared_context
 from ..counters import Counters
+from ..io.curve import Curve
+from ..wire.zre import PUBLIC_KEY_HEADER
 from ..overlay import Lifecycle, Overlay
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
@@ -215,10 +217,14 @@ class Server(Overlay):
                  max_services: int = MAX_SERVICES,
                  channel_networks: Optional[Iterable[str]] = None,
                  forget_after: float = 10.0, heartbeat: float = 1.0,
-                 max_message: int = 64 * 1024 * 1024, context: Optional[zmq.Context] = None
-                 ) -> None:
+                 max_message: int = 64 * 1024 * 1024, context: Optional[zmq.Context] = None,
+                 channel_keys: Optional[dict[str, str]] = None) -> None:
         super().__init__()
         self._direct = as_endpoints(channels)
+        #: endpoint -> Z85 public key of channels outside the mesh, for a node with keys
+        #: (a mesh channel's key is its node's authenticated X-PUBLICKEY)
+        self._channel_keys = dict(channel_keys or {})
+        self._curve = getattr(node, "curve", None)
         if max_concurrent is not None and not max_concurrent >= 1:
             raise ValueError(f"max_concurrent must be at least 1 (or None), not {max_concurrent!r}")
         if not max_services >= 1:
@@ -337,7 +343,11 @@ class Server(Overlay):
         return super().start()
 
     def on_start(self) -> None:
-        sock = make_socket(zmq.ROUTER, context=self._context)
+        if self._curve is None and self.node is not None:
+            self._curve = getattr(self.node, "curve", None)
+        # with keys: a CURVE client of each channel's key (set per connection)
+        sock = make_socket(zmq.ROUTER, context=self._context, curve=self._curve,
+                           server_key=b"" if self._curve is not None else None)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -364,6 +374,8 @@ class Server(Overlay):
         if node is not None:
             node.add_listener(self._on_event)
             own = node.headers.get(HEADER_CHANNEL)
+            if own and self._curve is not None:
+                self._channel_keys.setdefault(own, self._curve.public.decode())
             if own:
                 self._link(own, direct=True)  # the node is a channel too
             for peer in node.peers():
@@ -412,9 +424,12 @@ class Server(Overlay):
 
     # --- channels -------------------------------------------------------------
 
-    def connect(self, endpoint: str) -> None:
-        """Serve the channel at ``endpoint`` (``tcp://host:port``), mesh or not."""
+    def connect(self, endpoint: str, key: Optional[str] = None) -> None:
+        """Serve the channel at ``endpoint`` (``tcp://host:port``), mesh or not; ``key``: the
+        Z85 public key of its node, needed by a server whose node has keys."""
         check_endpoint(endpoint)
+        if key is not None:
+            self._channel_keys[endpoint] = key
         if endpoint not in self._direct:
             self._direct.append(endpoint)
         if self.running:
@@ -438,9 +453,19 @@ class Server(Overlay):
             if generation:
                 alias += b"#%d" % generation
             assert self._sock is not None
+            key = None
+            if self._curve is not None:
+                key = self._channel_keys.get(endpoint) or self._key_of(owner)
+                if key is None:
+                    log.warning("not connecting to channel %s: its public key is unknown "
+                                "(give channel_keys= or connect(endpoint, key))", endpoint)
+                    return
             try:
                 self._sock.setsockopt(zmq.CONNECT_ROUTING_ID, alias)
-                self._sock.connect(endpoint)
+                if key is not None:
+                    Curve.connect(self._sock, endpoint, key)
+                else:
+                    self._sock.connect(endpoint)
             except zmq.ZMQError as exc:
                 log.warning("cannot connect to channel %r: %s", endpoint, exc)
                 return
@@ -455,6 +480,15 @@ class Server(Overlay):
         if link.forget is not None:
             link.forget.kill(block=False)
             link.forget = None
+
+    def _key_of(self, peer: Any) -> Optional[str]:
+        """The X-PUBLICKEY of mesh peer ``peer`` (authenticated by its node), or None."""
+        if peer is None or self.node is None:
+            return None
+        try:
+            return self.node.peer_header_value(peer, PUBLIC_KEY_HEADER)
+        except PeermeshError:  # the peer left meanwhile
+            return None
 
     def _mesh_networks(self) -> list[Network]:
         """Where a channel named on the mesh may be: ``channel_networks``, else the node's."""

@@ -36,13 +36,16 @@ class LogClient:
     """Blocking requests to one log service; thread-safe."""
 
     def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT,
-                 token: Optional[str] = None) -> None:
-        """``token``: the service's secret (``DriverService.token``), sent with each request."""
+                 token: Optional[str] = None, server_key: Optional[str] = None) -> None:
+        """``token``: the service's secret (``DriverService.token``), sent with each request;
+        ``server_key``: the service's CURVE public key (``DriverService.server_key``), to
+        speak CURVE with it (with a keypair made for this client)."""
         if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
             raise ValueError(f"log service endpoint {endpoint!r} is not tcp://HOST:PORT")
         self.endpoint = endpoint
         self.timeout = timeout
         self.token = token
+        self.server_key = server_key
         self._sock: Optional[zmq.Socket] = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -52,7 +55,13 @@ class LogClient:
             # the process-wide context: a private one collected while a socket is open
             # would block whichever thread the garbage collector runs in
             from ..io import make_socket
-            sock = make_socket(zmq.DEALER, {zmq.RCVHWM: 0})
+            curve = None
+            if self.server_key is not None:
+                from ..io.curve import Curve, shared_allowlist
+                from ..io.keys import generate
+                curve = Curve(generate(), shared_allowlist(None))
+            sock = make_socket(zmq.DEALER, {zmq.RCVHWM: 0}, curve=curve,
+                               server_key=self.server_key.encode() if self.server_key else None)
             sock.connect(self.endpoint)
             self._sock = sock
         return self._sock
@@ -140,13 +149,14 @@ class LogClient:
         return self.call(Op.JOIN, {"groups": list(groups)})
 
 
-_clients: dict[tuple[str, Optional[str]], LogClient] = {}
+_clients: dict[tuple[str, Optional[str], Optional[str]], LogClient] = {}
 _clients_lock = threading.Lock()
 _clients_pid = os.getpid()
 _forked: list[LogClient] = []
 
 
-def log_client(endpoint: str, token: Optional[str] = None) -> LogClient:
+def log_client(endpoint: str, token: Optional[str] = None,
+               server_key: Optional[str] = None) -> LogClient:
     """This process's client of the service at ``endpoint`` (opened on first use)."""
     global _clients_pid
     with _clients_lock:
@@ -154,9 +164,10 @@ def log_client(endpoint: str, token: Optional[str] = None) -> LogClient:
             _forked.extend(_clients.values())  # never closed or collected here
             _clients.clear()
             _clients_pid = os.getpid()
-        client = _clients.get((endpoint, token))
+        client = _clients.get((endpoint, token, server_key))
         if client is None:
-            client = _clients[(endpoint, token)] = LogClient(endpoint, token=token)
+            client = _clients[(endpoint, token, server_key)] = LogClient(
+                endpoint, token=token, server_key=server_key)
         return client
 
 

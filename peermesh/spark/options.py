@@ -179,6 +179,7 @@ OPTIONS: dict[str, tuple[Use, Parser]] = {
     # where the log service and the mesh are (``start_service`` sets these for every read/write)
     "endpoint": (Use.ANY, _text),
     "token": (Use.ANY, _text),
+    "serverKey": (Use.ANY, _text),
     "interface": (Use.ANY, _text),
     "port": (Use.ANY, _port),
     "interval": (Use.ANY, _seconds),

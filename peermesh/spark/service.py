@@ -40,7 +40,7 @@ import zmq
 
 from ..errors import NodeStateError, PeermeshError
 from ..events import EventType
-from ..io import HubSocket, bind, bind_ephemeral, make_socket
+from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import protocol
@@ -231,6 +231,11 @@ class DriverService:
         #: the secret every request must carry: handed to Spark's workers in the plan,
         #: so a process that merely reaches the port can neither read nor trim the log
         self.token = secrets.token_urlsafe(24)
+        #: with a node ``key_file``: the log server speaks CURVE with the node's keypair
+        #: (readers get its public key as option ``serverKey``), besides the token
+        self.server_key: Optional[str] = None
+        self._curve: Any = None
+        self._channel_curve: Any = None
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
@@ -260,8 +265,11 @@ class DriverService:
         writer = MessageLog(self.path, max_value=self.max_record_bytes)
         self.log_id = writer.log_id
         itf = select_interface(self._interface)
+        self._curve = _log_curve(self._node_settings)
         sock = make_socket(zmq.ROUTER, {zmq.SNDHWM: _SERVER_SNDHWM, zmq.RCVHWM: _SERVER_RCVHWM,
-                                        zmq.MAXMSGSIZE: _MAX_REQUEST})
+                                        zmq.MAXMSGSIZE: _MAX_REQUEST}, curve=self._curve)
+        if self._curve is not None:
+            self.server_key = self._curve.public.decode()
         self._sock = sock
         address = self._bind or itf.address
         bound = (bind(sock, f"tcp://{address}:{self._bind_port}") if self._bind_port
@@ -274,7 +282,8 @@ class DriverService:
         if self._want_channel and sada is None:
             raise RuntimeError("channel=True needs peermesh.sada, which is not importable")
         if sada is not None:
-            self.channel = sada.ThreadedChannel(address=itf.address)
+            self._channel_curve = _node_curve(self._curve, self._node_settings)
+            self.channel = sada.ThreadedChannel(address=itf.address, curve=self._channel_curve)
             headers.update(self.channel.headers)
         settings = dict(self._node_settings)
         if self._port is not None:
@@ -321,6 +330,7 @@ class DriverService:
             thread.join(timeout + 5)
         if self._sock is not None:
             self._sock.close(linger=0)
+        self._release_keys()
         self.lifecycle = Lifecycle.STOPPED
         _services[:] = [s for s in _services if s is not self]
 
@@ -346,7 +356,9 @@ class DriverService:
     def options(self) -> dict[str, str]:
         """Data source options that point readers and writers at this service and mesh."""
         assert self.endpoint is not None and self.mesh is not None
-        return {"endpoint": self.endpoint, "token": self.token, **self.mesh.to_options()}
+        keyed = {"serverKey": self.server_key} if self.server_key is not None else {}
+        return {"endpoint": self.endpoint, "token": self.token, **keyed,
+                **self.mesh.to_options()}
 
     def bounds(self, groups: Optional[Sequence[str]] = None) -> tuple[int, int]:
         """``(earliest, next)`` offsets of the log for ``groups`` (default: any group)."""
@@ -513,6 +525,12 @@ class DriverService:
             reader.close()
             hub.destroy(destroy_loop=True)
 
+    def _release_keys(self) -> None:
+        for curve in (self._curve, self._channel_curve):
+            if curve is not None:
+                curve.release(shared_context())
+        self._curve = self._channel_curve = None
+
     def _handle(self, reader: MessageLog, frames: list[bytes]) -> Optional[Reply]:
         self.stats.requests += 1
         try:
@@ -653,3 +671,34 @@ def current_service() -> Optional[DriverService]:
         if service.running:
             return service
     return None
+
+
+#: the ZAP domain of log servers: any key may connect (readers make a keypair each),
+#: the token still decides who may read
+LOG_DOMAIN = "peermesh-spark-log"
+
+
+def _node_curve(log_curve: Any, node_settings: Mapping[str, Any]) -> Any:
+    """The node's own CURVE settings (its allowed keys, Zyre's domain), for its channel."""
+    if log_curve is None:
+        return None
+    from ..config import NodeConfig
+    from ..io.curve import Curve, shared_allowlist
+
+    config = NodeConfig.load().replace(**{k: v for k, v in node_settings.items()
+                                          if k in ("key_file", "allowed_keys", "zap_domain")})
+    return Curve(log_curve.keypair, shared_allowlist(config.allowed_keys), config.zap_domain)
+
+
+def _log_curve(node_settings: Mapping[str, Any]) -> Any:
+    """The log server's CURVE settings: the node's keypair (``key_file`` given or from
+    ``PEERMESH_KEY_FILE``), admitting any key; None for a node without keys."""
+    from ..config import NodeConfig
+
+    key_file = node_settings.get("key_file") or NodeConfig.load().key_file
+    if key_file is None:
+        return None
+    from ..io.curve import Curve, shared_allowlist
+    from ..io.keys import load_keypair
+
+    return Curve(load_keypair(key_file), shared_allowlist(None), LOG_DOMAIN)

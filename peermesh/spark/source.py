@@ -96,6 +96,8 @@ class SourceOptions:
     endpoint: str
     groups: tuple[str, ...]
     token: Optional[str] = None
+    #: the log service's CURVE public key (``DriverService.server_key``), if it has keys
+    server_key: Optional[str] = None
     partitions: int = 1
     starting: str = "latest"
     ending: str = "latest"
@@ -138,6 +140,7 @@ class SourceOptions:
                 raise ValueError(f"option {name} names group(s) {', '.join(stray)} that the "
                                  f"read does not include (groups: {', '.join(groups)})")
         return cls(endpoint=endpoint, groups=tuple(groups), token=options.get("token") or None,
+                   server_key=options.get("serverkey") or None,
                    partitions=parsed(options, "partitions", 1),
                    starting=default if by_group else starting,
                    starting_by_group=by_group, starting_times=times,
@@ -491,7 +494,7 @@ def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> It
             return local.fetch(start, end, opts.groups, MAX_FETCH_BYTES)
     else:
         def fetch(start: int, end: int) -> dict:
-            return log_client(opts.endpoint, opts.token).fetch(opts.groups, start, end)
+            return log_client(opts.endpoint, opts.token, opts.server_key).fetch(opts.groups, start, end)
     columns = _Columns(schema, opts.decode, merge=len(opts.groups) > 1)
     position, end = part.start, part.end
     first = True
@@ -538,7 +541,7 @@ class _ReaderBase:
         self._where: Optional[dict[str, Any]] = None   # the log file's path and host
 
     def _client(self) -> Any:
-        return log_client(self.opts.endpoint, self.opts.token)
+        return log_client(self.opts.endpoint, self.opts.token, self.opts.server_key)
 
     def _info(self, join: bool = False) -> dict:
         """The log's bounds; ``join``: the driver's node joins groups it does not log yet."""

@@ -33,22 +33,26 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import ProtocolError
 from .frames import as_bytes, as_frames
 
 __all__ = [
-    "BEACON_SIZE", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
+    "BEACON_SIZE", "BEACON_SIZE_V3", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
     "Shout", "Join", "Leave", "Ping", "PingOk", "Unknown", "Message",
     "encode_beacon", "decode_beacon", "encode", "decode", "whisper_header",
-    "shout_header", "next_sequence", "PeerExchange", "PEX",
+    "shout_header", "next_sequence", "PeerExchange", "PEX", "PUBLIC_KEY_HEADER",
 ]
 
 # Beacon: 'Z' 'R' 'E' %x01 | UUID (16 octets) | port (2 octets)
+# Zyre's CURVE beacon: 'Z' 'R' 'E' %x03 | UUID | port | public key (32 octets)
 BEACON_PREFIX = b"ZRE\x01"
+BEACON_PREFIX_V3 = b"ZRE\x03"
 BEACON_SIZE = 22
+BEACON_SIZE_V3 = 54
 _BEACON = struct.Struct(">4s16sH")
+_BEACON_V3 = struct.Struct(">4s16sH32s")
 
 SIGNATURE = 0xAAA1
 VERSION = 2
@@ -62,6 +66,8 @@ MAX_LONGSTR = 0xFFFFFFFF
 
 #: command id of peermesh's peer-exchange extension
 PEX = 0x50
+#: HELLO header of a node with a CURVE keypair (Zyre's): its public key in Z85
+PUBLIC_KEY_HEADER = "X-PUBLICKEY"
 
 
 class Command(IntEnum):
@@ -85,25 +91,46 @@ def next_sequence(sequence: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Beacon:
-    """A discovery beacon. Port 0 means the sender is leaving the network."""
+    """A discovery beacon. Port 0 means the sender is leaving the network.
+
+    ``key``: the sender's CURVE public key (32 octets) in a version-3 beacon
+    (Zyre's, from a node with a keypair); None in a version-1 beacon.
+    """
 
     uuid: bytes
     port: int
+    key: Optional[bytes] = None
 
 
 def encode_beacon(beacon: Beacon) -> bytes:
-    """The 22-octet beacon for ``beacon``."""
+    """The 22-octet beacon for ``beacon``, or the 54-octet version 3 with its key."""
     if len(beacon.uuid) != 16:
         raise ValueError("beacon UUID must be 16 bytes")
     if not 0 <= beacon.port <= 0xFFFF:
         raise ValueError("beacon port must fit in 16 bits")
-    return _BEACON.pack(BEACON_PREFIX, beacon.uuid, beacon.port)
+    if beacon.key is None:
+        return _BEACON.pack(BEACON_PREFIX, beacon.uuid, beacon.port)
+    if len(beacon.key) != 32:
+        raise ValueError("beacon key must be 32 bytes")
+    return _BEACON_V3.pack(BEACON_PREFIX_V3, beacon.uuid, beacon.port, beacon.key)
 
 
-def decode_beacon(data: bytes) -> Beacon:
-    """Parse a beacon; any other datagram raises ``ProtocolError``."""
+def decode_beacon(data: bytes, version: int = 1) -> Beacon:
+    """Parse a beacon of ``version``: 1 (22 octets, a plain node's) or 3 (54 octets, with
+    the key: a node with a keypair hears only these, as in Zyre); anything else raises
+    ``ProtocolError``."""
     if type(data) is not bytes:
         data = as_bytes(data, "a beacon")
+    if version == 3:
+        if len(data) != BEACON_SIZE_V3:
+            raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE_V3} "
+                                "(version 3, with a key)")
+        prefix, uuid, port, key = _BEACON_V3.unpack(data)
+        if prefix != BEACON_PREFIX_V3:
+            raise ProtocolError("beacon header is not 'ZRE' %x03")
+        return Beacon(uuid, port, key)
+    if version != 1:
+        raise ValueError("beacon version must be 1 or 3")
     if len(data) != BEACON_SIZE:
         raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE}")
     prefix, uuid, port = _BEACON.unpack(data)

@@ -45,9 +45,11 @@ from ..discovery.beacon import BeaconDiscovery, parse_seed
 from ..errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
                       UnknownPeerError)
 from ..events import Event, EventType, until_stop
+from ..io.curve import Curve
 from ..io.transport import ZmqTransport
 from ..net.interfaces import Interface
 from ..wire import zre
+from .curve import KeyGate
 from .eventqueue import GreenEventQueue
 from .peer import PeerLink
 from .session import PEX_HEADER, Peer, Session
@@ -135,8 +137,17 @@ class Node:
                  **settings: Any) -> None:
         base = config if config is not None else NodeConfig.load()
         self.config = base.replace(name=name, **settings)
+        #: the keypair and allowed keys (``config.key_file``): every socket speaks CURVE
+        self.curve: Optional[Curve] = None
+        if self.config.key_file is not None:
+            self.curve = Curve.load(self.config.key_file, self.config.allowed_keys,
+                                    self.config.zap_domain)
+            if transport is not None:
+                raise ValueError("a node with key_file makes its own transport (its sockets "
+                                 "need the keys): leave transport unset")
         #: how frames, beacons and time move (``transport.ZmqTransport`` or a simulated one)
-        self.transport: Any = transport if transport is not None else ZmqTransport()
+        self.transport: Any = transport if transport is not None else ZmqTransport(
+            curve=self.curve)
         #: discovery sources; by default those ``config.discovery`` and ``config.seeds`` name
         self._discovery = list(sources) if sources is not None else \
             _discovery_from_config(self.config)
@@ -149,6 +160,8 @@ class Node:
         if any(isinstance(d, BeaconDiscovery) and (d.seeds or not d.broadcast)
                for d in self._discovery):
             self._headers.setdefault(PEX_HEADER, "1")
+        if self.curve is not None:
+            self._headers[zre.PUBLIC_KEY_HEADER] = self.curve.public.decode()
         self._clock = clock if clock is not None else self.transport.now
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
         self._events.bound_bytes(self.config.event_queue_bytes)
@@ -157,6 +170,7 @@ class Node:
                                 self._connect, self._events.put)
         for group in self.config.groups:
             self._session.add_group(_checked_string("group", group))
+        self._gate = KeyGate(self._session, self.curve.allowlist) if self.curve else None
         self._peers = self._session.peers  # the peer table, read by the public API
         self._state = "new"
         self._greenlets: list[gevent.Greenlet] = []
@@ -177,6 +191,11 @@ class Node:
     def name(self) -> str:
         """This node's public name."""
         return self._name
+
+    @property
+    def public_key(self) -> Optional[bytes]:
+        """The 32 octets of this node's CURVE public key (its beacons carry them), or None."""
+        return self.curve.keypair.public_raw if self.curve is not None else None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -220,6 +239,8 @@ class Node:
                 source.stop()
             self._session.stop()
             self._mailbox.close()
+            if self.curve is not None:
+                self.curve.release(self.transport.context)
             self._state = "stopped"
             raise
         self._greenlets = [gevent.spawn(self._mailbox_reader), gevent.spawn(self._timer)]
@@ -244,6 +265,8 @@ class Node:
                 peer.link.close(linger)
             self._last_target = None
             self._mailbox.close()
+            if self.curve is not None:
+                self.curve.release(self.transport.context)
             self._state = "stopped"
             self._emit(Event(EventType.STOP))
 
@@ -315,6 +338,16 @@ class Node:
     def running(self) -> bool:
         """True between ``start`` and ``stop``."""
         return self._state == "running"
+
+    def reload_allowed_keys(self) -> int:
+        """Read ``allowed_keys`` again now (it is also re-read whenever the directory
+        changes); peers whose keys it no longer holds are removed at the next tick.
+        Returns the number of keys allowed; NodeStateError without ``allowed_keys``."""
+        if self.curve is None or self.curve.allowlist.any_key:
+            raise NodeStateError("this node has no allowed_keys directory to reload")
+        count = self.curve.allowlist.reload()
+        log.info("allowed keys reloaded: %d from %s", count, self.curve.allowlist.directory)
+        return count
 
     # --- groups ---------------------------------------------------------
 
@@ -561,17 +594,24 @@ class Node:
 
     # --- discovery (the ``discovery.PeerSink`` a source reports to) -----
 
-    def peer_appeared(self, uuid: UUID, endpoint: str) -> None:
-        """A discovery source saw ``uuid`` accepting connections at ``endpoint``."""
-        self._session.peer_appeared(uuid, endpoint, self._clock())
+    def peer_appeared(self, uuid: UUID, endpoint: str, key: Optional[bytes] = None) -> None:
+        """A discovery source saw ``uuid`` accepting connections at ``endpoint``
+        (``key``: the CURVE public key its beacon carried)."""
+        if self._gate is None or self._gate.appeared(uuid, key):
+            self._session.peer_appeared(uuid, endpoint, self._clock())
 
     def peer_alive(self, uuid: UUID) -> None:
         """A discovery source heard from ``uuid``: it is alive."""
         self._session.peer_alive(uuid, self._clock())
 
-    def peer_left(self, uuid: UUID, address: Optional[str] = None) -> None:
-        """A discovery source says ``uuid`` is leaving (a port-0 beacon from ``address``)."""
-        self._session.peer_left(uuid, self._clock(), address)
+    def peer_left(self, uuid: UUID, address: Optional[str] = None,
+                  key: Optional[bytes] = None) -> None:
+        """A discovery source says ``uuid`` is leaving (a port-0 beacon from ``address``,
+        with ``key`` under CURVE)."""
+        if self._gate is not None:
+            self._gate.left(uuid, key, self._clock())
+        else:
+            self._session.peer_left(uuid, self._clock(), address)
 
     # --- for the session: links, the mailbox, the timer -----------------
 
@@ -583,8 +623,15 @@ class Node:
             log.error("not connecting to %s at %s: %s", uuid, endpoint, exc)
             return None
         cfg = self.config
+        keys = {}
+        if self._gate is not None:
+            server_key = self._gate.server_key(uuid)
+            if server_key is None:
+                log.debug("not connecting to %s at %s: its key is unknown", uuid, endpoint)
+                return None
+            keys["server_key"] = server_key.encode()
         try:
-            link = self.transport.connect(self._identity, endpoint, cfg.sndhwm)
+            link = self.transport.connect(self._identity, endpoint, cfg.sndhwm, **keys)
         except zmq.ZMQError as exc:
             if exc.errno == errno.EMFILE:
                 log.error("not connecting to %s at %s: out of sockets or descriptors (%s)",
@@ -596,6 +643,17 @@ class Node:
 
     def _mailbox_reader(self) -> None:
         receive, clock = self._session.on_message, self._clock
+        if self._gate is not None:
+            admit, bound = self._gate.admit, self._gate.authenticated.get
+
+            def on_keyed(identity: bytes, frames: list[bytes], key: Optional[str]) -> None:
+                # the identity's key, checked inline: the hot path costs one lookup
+                if (key is not None and bound(identity) == key) or admit(identity, frames, key):
+                    receive(identity, frames, clock())
+
+            self._mailbox.serve(on_keyed, self._session.on_oversized, self._events,
+                                metadata="User-Id")
+            return
 
         def on_message(identity: bytes, frames: list[bytes]) -> None:
             receive(identity, frames, clock())
@@ -608,6 +666,8 @@ class Node:
         while True:
             self._count_dropped()
             now = clock()
+            if self._gate is not None:
+                self._gate.tick(now)
             sleep(min(period, max(0.0, tick(now) - now)))
 
     def __repr__(self) -> str:
