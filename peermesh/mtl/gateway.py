@@ -67,7 +67,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from uuid import UUID
 
 import gevent
@@ -143,7 +143,10 @@ class Gateway(Overlay):
                  profiles: Sequence[str] = ("test", "mesh"), plain: bool = False,
                  anonymous: bool = False, heartbeat: float = 1.0, liveness: int = 3,
                  lease_ttl: float = 30.0, session_lifetime: Optional[float] = None,
-                 max_content: int = MAX_CONTENT, settle: Optional[float] = None) -> None:
+                 max_content: int = MAX_CONTENT, settle: Optional[float] = None,
+                 on_serving: Optional[Callable[[bool], None]] = None) -> None:
+        """``on_serving(active)``, if given, is called on the node's hub each time the
+        gateway starts or stops serving (``run="elected"``: it was elected, or stepped down)."""
         super().__init__()
         if run not in RUNS:
             raise ValueError(f"run must be one of {', '.join(RUNS)}, not {run!r}")
@@ -154,6 +157,7 @@ class Gateway(Overlay):
         self.address = address
         self.run = run
         self.max_content = max_content
+        self._on_serving = on_serving
         self._ports = (control_port, data_port)
         self._data_dir = data_dir
         self._core_options: dict[str, Any] = dict(
@@ -267,6 +271,8 @@ class Gateway(Overlay):
             self.active = elected
             log.info("MTL gateway %s: %s", self.control_endpoint,
                      "serving (elected)" if elected else "standing by")
+            if self._on_serving is not None:
+                self._on_serving(elected)
             if not elected and self.data is not None and self.control is not None:
                 for token in list(self.data.grants):
                     self.data.revoke(token)
