@@ -13,9 +13,9 @@ Registered through ``peermesh.cli.commands.COMMAND_MODULES``::
 configured) with a ``Gateway`` until Ctrl-C / SIGTERM; its options come from
 the command line, then the ``[mtl]`` table of ``--config`` (``MTL_KEYS``),
 then the defaults, and it prints one JSON line per event (``ready``,
-``serving``, ``standing-by``) on stdout. The ``user`` actions take ``--credentials PATH`` (default:
-``$PEERMESH_MTL_CREDENTIALS``, else ``mtl-credentials.json`` in the data
-directory). ``read`` and ``write`` are clients of a gateway (``--gateway``,
+``serving``, ``standing-by``, ``replica``) on stdout. The ``user`` actions
+take ``--credentials PATH`` (default: ``$PEERMESH_MTL_CREDENTIALS``, else
+``mtl-credentials.json`` in the data directory). ``read`` and ``write`` are clients of a gateway (``--gateway``,
 repeated for failover; default ``$PEERMESH_MTL_GATEWAY``, comma-separated),
 as ``--user`` (default ``$PEERMESH_MTL_USER``; none: ANONYMOUS). A
 password is never taken from the command line: it comes from
@@ -477,7 +477,8 @@ def _add_gateway_command(command: Callable[..., argparse.ArgumentParser]) -> Non
         "(the default) it serves only while its node is the mesh's elected broker and "
         "answers 503 naming the serving gateway otherwise; with --run always it serves "
         "from start to stop. Options also come from the [mtl] table of --config. Prints "
-        "one JSON line per event on stdout: ready (the endpoints), serving, standing-by.",
+        "one JSON line per event on stdout: ready (the endpoints), serving, standing-by, "
+        "replica (a standby holds a copy of the serving gateway's content).",
         f"  {PROG} mtl gateway --run always --control-port 5560\n"
         f"  {PROG} mtl gateway -i eth0 --data-dir /var/lib/peermesh --vhost /lab=lab.\n"
         f"  {PROG} mtl gateway --config /etc/peermesh/peermesh.toml",
@@ -530,6 +531,10 @@ def _gateway_settings(args: argparse.Namespace) -> dict[str, Any]:
             for key, (_, _, default) in MTL_KEYS.items()}
 
 
+_STATES = {"serving": "serving", "standing-by": "standing by",
+           "replica": "a replica of the serving gateway"}
+
+
 def _cmd_gateway(args: argparse.Namespace, config: "NodeConfig") -> int:
     from ..cli.session import NodeSession
     from ..net.interfaces import select_interface
@@ -553,10 +558,9 @@ def _cmd_gateway(args: argparse.Namespace, config: "NodeConfig") -> int:
              "add' (a running gateway reads the file again)")
     session = NodeSession(config, serving=True)
 
-    def serving(active: bool) -> None:
-        emit(to_json({"event": "serving" if active else "standing-by",
-                      "control": gateway.control_endpoint}))
-        note(f"{'serving' if active else 'standing by'} at {gateway.control_endpoint}")
+    def state(name: str) -> None:
+        emit(to_json({"event": name, "control": gateway.control_endpoint}))
+        note(f"{_STATES[name]} at {gateway.control_endpoint}")
 
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -566,7 +570,7 @@ def _cmd_gateway(args: argparse.Namespace, config: "NodeConfig") -> int:
                           data_dir=data_dir, virtual_hosts=settings["virtual_hosts"],
                           plain=settings["plain"], anonymous=settings["anonymous"],
                           heartbeat=settings["heartbeat"], lease_ttl=settings["lease_ttl"],
-                          session_lifetime=settings["session_lifetime"], on_serving=serving)
+                          session_lifetime=settings["session_lifetime"], on_state=state)
         gateway.attach(session.node)
     except BaseException:
         session.close()
