@@ -279,7 +279,7 @@ class Gateway(Overlay):
         if self.store is not None:
             self.store.record = self.active
         self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
-                             shout=node.shout, **self._flow_options)
+                             batch_shouts=True, **self._flow_options)
         self.control = ControlFlow(self.authenticator, self.data, gateways=self.gateways,
                                    **self._core_options)
         self.control.data_port = self._data_sock.port
@@ -427,6 +427,7 @@ class Gateway(Overlay):
                         handle(identity, rest, now)
                     except Exception:  # a bug, or the node stopping: never the reader's end
                         log.exception("handling a data command from %r failed", identity[:16])
+            self._shout_outgoing()
             self._settle()
 
         self._data_sock.read(on_batch)
@@ -797,6 +798,20 @@ class Gateway(Overlay):
                 if self.run == "elected":
                     self._join_later()  # (again, after an offer that stopped)
             gevent.sleep(max(0.0, min(wake, refreshed + _REFRESH_EVERY) - time.time()))
+
+    def _shout_outgoing(self) -> None:
+        """Shout the batch's content into its groups: one SHOUT per content, per group at
+        once (``Node.shout_each``)."""
+        outgoing = self.data.outgoing if self.data is not None else None
+        if not outgoing:
+            return
+        node = self._node()
+        for group, bodies in outgoing.items():
+            try:
+                node.shout_each(group, bodies)
+            except Exception as error:  # the node stopping
+                log.debug("shouting into %s failed: %s", group, error)
+        outgoing.clear()
 
     def _send(self, work: tuple[list[tuple[bytes, list[bytes]]], list[MeshAction]]) -> None:
         sends, actions = work

@@ -179,3 +179,33 @@ def test_handovers_only_from_gateways_and_well_formed(tmp_path: Path, free_udp_p
         assert not any(e.type is EventType.WHISPER for e in iter(lambda: peer.recv(0.1), None))
     finally:
         client.close()
+
+
+def test_a_batch_of_content_reaches_mesh_peers_as_one_shout_each_in_order(
+        tmp_path: Path, free_udp_port: int, nodes: list[ThreadedNode]) -> None:
+    default_users(tmp_path / "creds.json")
+    gw = Gateway(tmp_path / "creds.json", run="always")
+    gw_node = start(nodes, "gw", free_udp_port, gw)
+    peers = [start(nodes, f"peer{i}", free_udp_port) for i in range(2)]
+    for peer in peers:
+        peer.join("chat")
+    poll_until(lambda: len(gw_node.peers_by_group("chat")) == 2, 5.0,
+               "the gateway to see both peers in chat")
+    writer = RawClient(gw.control_endpoint)
+    try:
+        writer.login()
+        lease = writer.lease(Direction.WRITE, ("chat",))
+        assert isinstance(lease, DataLease)
+        writer.connect_data(lease)
+        for i in range(1000):   # sent at once: the gateway drains them in batches
+            writer.send(Content(i + 1, "", b"m%d" % i))
+        for peer in peers:
+            heard: list[tuple[bytes, ...]] = []
+            while len(heard) < 1000:
+                event = peer.recv(5.0)
+                assert event is not None, f"{len(heard)} of 1000 shouts heard"
+                if event.type is EventType.SHOUT:
+                    heard.append(event.frames)
+            assert heard == [(b"m%d" % i,) for i in range(1000)]
+    finally:
+        writer.close()
