@@ -32,7 +32,7 @@ not elected), whispered over the mesh between gateways only::
     MTL-SYNC       | copy (8)                   ; then: send me everything (asked again
                                                 ; each heartbeat until the copy starts)
     serving -> standby:
-    MTL-REPL       | group | cid (16) | field table | body   ; one content to copy
+    MTL-REPL       [| group | cid (16) | field table | body]...   ; contents to copy
     MTL-FORGET     | cid (16) ...                ; confirmed or dropped: delete the copies
     MTL-MARK       | number (8) | copy (8) or empty   ; commit, and answer (with the
                                                 ; copy's number: the copy is complete)
@@ -141,6 +141,8 @@ HANDOFF_BATCH = 256
 #: seconds a batch, a mark or a copy under way may go unanswered
 REPLICA_WAIT = 10.0
 _FORGET_MAX = 4096     # content ids per MTL-FORGET
+COPY_BATCH = 256       # contents per MTL-REPL
+COPY_BYTES = 4 * 1024 * 1024   # octets per MTL-REPL, roughly (one content may pass it)
 #: mesh events (shouts, handovers) waiting for the mesh greenlet; beyond, new ones are dropped
 MAX_QUEUED = 100_000
 
@@ -511,7 +513,7 @@ class Gateway(Overlay):
         assert peer is not None
         if kind == HANDOFF:
             self._take_handoff(peer, frames)   # (also while not serving: never lost)
-        elif kind == HANDOFF_END and len(frames) == 3:
+        elif kind == HANDOFF_END and len(frames) == 3 and len(frames[1]) == len(frames[2]) == 8:
             stored = self._offered.pop(peer, 0)
             if stored == int.from_bytes(frames[2], "big"):
                 acks[peer] = int.from_bytes(frames[1], "big")
@@ -562,17 +564,20 @@ class Gateway(Overlay):
             self._offered[peer] = self._offered.get(peer, 0) + 1   # (gateways only)
 
     def _take_copy(self, frames: Sequence[bytes]) -> None:
-        """Store one content copied from the serving gateway (a standby)."""
+        """Store the contents copied from the serving gateway (a standby)."""
         flow = self.data
-        if flow is None or flow.queues is None or len(frames) != 5 \
-                or len(frames[2]) != CID_BYTES:
+        if flow is None or flow.queues is None:
             return
-        _, group_bytes, cid, table, body = frames
-        group = self._content_frames(group_bytes, table)
-        if group is None or not flow.queues.received(group, body, table, cid):
+        if len(frames) < 5 or (len(frames) - 1) % 4:
             self._copy_broken = True
-        elif self._sync_seen is not None:
-            self._sync_seen.add(cid)
+            return
+        for at in range(1, len(frames), 4):
+            group_bytes, cid, table, body = frames[at:at + 4]
+            group = self._content_frames(group_bytes, table) if len(cid) == CID_BYTES else None
+            if group is None or not flow.queues.received(group, body, table, cid):
+                self._copy_broken = True
+            elif self._sync_seen is not None:
+                self._sync_seen.add(cid)
 
     def _marked(self, peer: UUID, number: bytes, copy: bytes) -> None:
         """A mark from the serving gateway: commit what came before it, acknowledge it."""
@@ -677,9 +682,7 @@ class Gateway(Overlay):
                     self._mark(peer, copy)
                     log.info("MTL gateway %s: %s holds a copy", self.control_endpoint, peer)
                     return
-                for _, cid, group, table, body in rows:
-                    self._whisper(peer, REPL, group.encode("utf-8"), cid, table or b"\x00\x00",
-                                  body)
+                self._send_copies([peer], rows)
                 number = self._mark(peer)
                 if not self._wait(lambda: self._mark_acks.get(peer, 0) >= number):
                     log.info("copy to %s stopped: not acknowledged", peer)
@@ -689,6 +692,23 @@ class Gateway(Overlay):
         finally:
             if self._copies.get(peer) is gevent.getcurrent():
                 del self._copies[peer]
+
+    def _send_copies(self, peers: Sequence[UUID],
+                     rows: list[tuple[int, bytes, str, bytes, bytes]]) -> None:
+        """Whisper ``rows`` to ``peers`` in ``MTL-REPL`` messages of up to ``COPY_BATCH``
+        contents and about ``COPY_BYTES`` octets."""
+        frames: list[bytes] = [REPL]
+        size = 0
+        for _, cid, group, table, body in rows:
+            frames += (group.encode("utf-8"), cid, table or b"\x00\x00", body)
+            size += len(body) + len(table) + 64
+            if len(frames) > 4 * COPY_BATCH or size > COPY_BYTES:
+                for peer in peers:
+                    self._whisper(peer, *frames)
+                frames, size = [REPL], 0
+        if len(frames) > 1:
+            for peer in peers:
+                self._whisper(peer, *frames)
 
     def _mark(self, peer: UUID, copy: bytes = b"") -> int:
         number = self._marks[peer] = self._marks.get(peer, 0) + 1
@@ -730,10 +750,7 @@ class Gateway(Overlay):
         replicas = list(self._replicas)
         if not replicas:
             return sends
-        for _, cid, group, table, body in new:
-            group_bytes = group.encode("utf-8")
-            for peer in replicas:
-                self._whisper(peer, REPL, group_bytes, cid, table or b"\x00\x00", body)
+        self._send_copies(replicas, new)
         links = self.data.links if self.data is not None else {}
         now_: list[tuple[bytes, list[bytes]]] = []
         later: list[tuple[bytes, list[bytes]]] = []
