@@ -571,9 +571,12 @@ class Gateway(Overlay):
         if len(frames) < 5 or (len(frames) - 1) % 4:
             self._copy_broken = True
             return
+        checked: tuple[bytes, bytes, Optional[str]] = (b"", b"", None)  # (a batch's are alike)
         for at in range(1, len(frames), 4):
             group_bytes, cid, table, body = frames[at:at + 4]
-            group = self._content_frames(group_bytes, table) if len(cid) == CID_BYTES else None
+            if (group_bytes, table) != checked[:2]:
+                checked = (group_bytes, table, self._content_frames(group_bytes, table))
+            group = checked[2] if len(cid) == CID_BYTES else None
             if group is None or not flow.queues.received(group, body, table, cid):
                 self._copy_broken = True
             elif self._sync_seen is not None:
