@@ -15,10 +15,11 @@ the command line, then the ``[mtl]`` table of ``--config`` (``MTL_KEYS``),
 then the defaults, and it prints one JSON line per event (``ready``,
 ``serving``, ``standing-by``, ``replica``) on stdout. The ``user`` actions
 take ``--credentials PATH`` (default: ``$PEERMESH_MTL_CREDENTIALS``, else
-``mtl-credentials.json`` in the data directory). ``read`` and ``write`` are clients of a gateway (``--gateway``,
-repeated for failover; default ``$PEERMESH_MTL_GATEWAY``, comma-separated),
-as ``--user`` (default ``$PEERMESH_MTL_USER``; none: ANONYMOUS). A
-password is never taken from the command line: it comes from
+``mtl-credentials.json`` in the data directory). ``read`` and ``write`` are
+clients of a gateway (``--gateway``, repeated for failover; default
+``$PEERMESH_MTL_GATEWAY``, comma-separated), as ``--user`` (default
+``$PEERMESH_MTL_USER``; none: ANONYMOUS). A password is never taken from the
+command line: it comes from
 ``--password-file PATH`` (its first line; ``-`` is stdin),
 ``--password-env VAR``, else ``$PEERMESH_MTL_PASSWORD``, else a prompt on
 the terminal.

@@ -50,9 +50,11 @@ confirmed meanwhile) and is a *replica* from then on. A batch or a mark is
 acknowledged only if everything before it was stored: a content the
 receiver could not store (its store full, its queue of mesh events full)
 leaves the batch unacknowledged (offered again later) or, on a replica,
-ends the copy (``MTL-RESYNC`` to the serving gateway; it copies again). After each commit the
-serving gateway sends its replicas what the commit wrote and, to replicas and
-standbys being copied, the content ids readers confirmed or dropped; then
+ends the copy (``MTL-RESYNC`` to the serving gateway; it copies again).
+
+After each commit the serving gateway sends its replicas what the commit
+wrote and, to replicas and standbys being copied, the content ids readers
+confirmed or dropped; then
 every answer to a ``confirm: full`` link from that batch (a writer's Confirm,
 a reader's Content, Pong ...) is held back until one replica acknowledged
 the batch's mark. So a writer's Confirm means the content is committed on two
