@@ -772,9 +772,9 @@ class Gateway(Overlay):
         held = self._held
         while held:
             marks, sends, _ = held[0]
-            if not any(self._mark_acks.get(peer, 0) >= number or peer not in self._replicas
-                       for peer, number in marks.items()):
-                return
+            acked = any(self._mark_acks.get(peer, 0) >= number for peer, number in marks.items())
+            if not acked and any(peer in self._replicas for peer in marks):
+                return                            # a replica in step has yet to answer
             held.popleft()
             self._send((sends, []))
 
