@@ -56,7 +56,7 @@ def test_an_elected_gateway_says_when_it_serves(cli: Cli, tmp_path: Path) -> Non
     ready = gateway.expect_event(event="ready")
     assert ready["run"] == "elected"
     assert gateway.expect_event(event="serving")["control"] == ready["control"]
-    assert any("no users in" in line for line in gateway.err)
+    gateway.expect_line(lambda line: "no users in" in line, "the warning", "err")
     assert gateway.stop(signal.SIGINT) == 0
 
 
