@@ -17,9 +17,10 @@ from typing import Any, Mapping, Optional
 
 __all__ = ["NodeConfig", "read_tables", "TABLES"]
 
-#: the tables a config file may have: ``[node]`` (NodeConfig) and ``[nfp]`` (the NFP
-#: commands); anything else, and any key outside a table, is an error
-TABLES = ("node", "nfp")
+#: the tables a config file may have: ``[node]`` (NodeConfig), ``[nfp]`` (the NFP
+#: commands) and ``[mtl]`` (``peermesh mtl gateway``); anything else, and any key outside a
+#: table, is an error
+TABLES = ("node", "nfp", "mtl")
 
 
 def read_tables(path: os.PathLike[str] | str) -> dict[str, dict[str, Any]]:

@@ -3,6 +3,7 @@
 
     python scripts/bench_mtl.py                  # all three, 3 rounds (~1 min)
     python scripts/bench_mtl.py --messages 50000 --logins 500 --rounds 5
+    python scripts/bench_mtl.py --standby        # confirm full copied to a standby gateway
 
 Processes, all on loopback: a gateway (a gevent ``Node`` with a
 ``Gateway``, ``run="always"``, its store in a temporary directory), a ZRE
@@ -51,21 +52,26 @@ USER, PASSWORD = "bench", "bench-password"
 
 # --- children -------------------------------------------------------------------------
 
-def role_gateway(parent: harness.Parent, port: int, directory: str) -> None:
-    """A node with a gateway; answers "members" (ZRE peers in the group) until stopped."""
+def role_gateway(parent: harness.Parent, port: int, directory: str, name: str = "gateway",
+                 run: str = "always", broker: str = "auto") -> None:
+    """A node with a gateway; answers with the ZRE peers in the group, or (``replicas``)
+    whether it serves and how many replicas it has, until stopped."""
     from peermesh import Node
     from peermesh.mtl import CredentialsFile, Gateway, make_user
     credentials = CredentialsFile(os.path.join(directory, "creds.json"))
     credentials.update(lambda users: users.__setitem__(
         USER, make_user(USER, PASSWORD, read=["*"], write=["*"])))
-    node = Node("gateway", interface=harness.INTERFACE, port=port, interval=0.1)
-    gateway = Gateway(credentials, run="always", data_dir=directory, heartbeat=5.0)
+    node = Node(name, interface=harness.INTERFACE, port=port, interval=0.1)
+    gateway = Gateway(credentials, run=run, broker=broker, settle=0.3,
+                      data_dir=os.path.join(directory, name), heartbeat=5.0)
     gateway.attach(node)
     node.start()
     gateway.start()
     try:
         parent.send("ready", gateway.control_endpoint)
-        parent.serve(lambda command: len(node.peers_by_group(GROUP)), green=True)
+        parent.serve(lambda command: [gateway.active, len(gateway.replicas)]
+                     if command.get("replicas") else len(node.peers_by_group(GROUP)),
+                     green=True)
     finally:
         gateway.stop()
         node.stop(0.5)
@@ -252,6 +258,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="one JSON object, no table")
     parser.add_argument("--profile", metavar="PATH", help="cProfile the gateway into PATH")
+    parser.add_argument("--standby", action="store_true",
+                        help="also run a standby gateway: the serving one is elected and "
+                             "confirms full content once the standby has a copy")
     args = parser.parse_args(argv)
     n = args.messages
     directory = tempfile.mkdtemp(prefix="bench-mtl-")
@@ -259,9 +268,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         with harness.Children() as children:
             port = harness.free_udp_port()
             extra = {"_profile": os.path.abspath(args.profile)} if args.profile else {}
+            mode = {"run": "elected", "broker": "always"} if args.standby else {}
             gateway = children.start("bench_mtl", "gateway", port=port, directory=directory,
-                                     **extra)
+                                     **mode, **extra)
             control = gateway.expect("ready", WAIT)
+            if args.standby:
+                standby = children.start("bench_mtl", "gateway", port=port,
+                                         directory=directory, name="standby", run="elected")
+                standby.expect("ready", WAIT)
+                deadline = time.monotonic() + WAIT
+                while gateway.ask(replicas=True) != [True, 1]:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the standby did not become a replica")
+                    time.sleep(0.05)
             peer = children.start("bench_mtl", "peer", port=port)
             peer.expect("ready", WAIT)
             deadline = time.monotonic() + WAIT
@@ -353,7 +372,8 @@ def main(argv: Optional[list[str]] = None) -> int:
          ""],
         ["one login alone, p50 (ms)", statistics.median(p50s), "", ""],
     ]
-    print(f"\nMTL gateway, 100-byte contents, {n} per case, {args.rounds} rounds, median round; "
+    print(f"\nMTL gateway{' and a standby' if args.standby else ''}, 100-byte contents, "
+          f"{n} per case, {args.rounds} rounds, median round; "
           f"load average {' '.join(f'{x:.2f}' for x in load)}")
     print("\n".join(harness.table(["case", "msg/s", "ratio", "target"], rows)))
     return 0

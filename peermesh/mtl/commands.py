@@ -1,19 +1,25 @@
-"""``peermesh mtl`` subcommands: the gateway's users from the shell.
+"""``peermesh mtl`` subcommands: a gateway, its users and its clients from the shell.
 
 Registered through ``peermesh.cli.commands.COMMAND_MODULES``::
 
+    peermesh mtl gateway [--run always|elected] [--address A] [--control-port P] ...
     peermesh mtl user add NAME [--read PATTERN]... [--write PATTERN]... [--expires WHEN]
     peermesh mtl user remove NAME
     peermesh mtl user list [--json]
     peermesh mtl read GROUP... --gateway ENDPOINT... [--user NAME] [--confirm full] [--json]
     peermesh mtl write GROUP [MESSAGE|-] --gateway ENDPOINT... [--user NAME] [--confirm full]
 
-The ``user`` actions take ``--credentials PATH`` (default:
-``$PEERMESH_MTL_CREDENTIALS``, else ``mtl-credentials.json`` in the data
-directory). ``read`` and ``write`` are clients of a gateway (``--gateway``,
-repeated for failover; default ``$PEERMESH_MTL_GATEWAY``, comma-separated),
-as ``--user`` (default ``$PEERMESH_MTL_USER``; none: ANONYMOUS). A
-password is never taken from the command line: it comes from
+``gateway`` runs a node (the node options, ``lo`` unless an interface is
+configured) with a ``Gateway`` until Ctrl-C / SIGTERM; its options come from
+the command line, then the ``[mtl]`` table of ``--config`` (``MTL_KEYS``),
+then the defaults, and it prints one JSON line per event (``ready``,
+``serving``, ``standing-by``, ``replica``) on stdout. The ``user`` actions
+take ``--credentials PATH`` (default: ``$PEERMESH_MTL_CREDENTIALS``, else
+``mtl-credentials.json`` in the data directory). ``read`` and ``write`` are
+clients of a gateway (``--gateway``, repeated for failover; default
+``$PEERMESH_MTL_GATEWAY``, comma-separated), as ``--user`` (default
+``$PEERMESH_MTL_USER``; none: ANONYMOUS). A password is never taken from the
+command line: it comes from
 ``--password-file PATH`` (its first line; ``-`` is stdin),
 ``--password-env VAR``, else ``$PEERMESH_MTL_PASSWORD``, else a prompt on
 the terminal.
@@ -28,17 +34,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..argtypes import positive_count, seconds, text, utf8
+from ..argtypes import is_seconds, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_OK, PROG, clean, emit, note, table, to_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..config import NodeConfig
     from .credentials import CredentialsFile
 
 # The credentials (scramp) and the client (pyzmq, asyncio) are imported by the actions
 # that use them, so that building the parser for any other command stays quick.
 
-__all__ = ["add_commands", "read_password", "PASSWORD_ENV"]
+__all__ = ["add_commands", "read_password", "PASSWORD_ENV", "MTL_KEYS", "load_mtl_table"]
 
 #: the environment variable a password is read from when no option names a source
 PASSWORD_ENV = "PEERMESH_MTL_PASSWORD"
@@ -105,8 +112,10 @@ def _expiry(value: str) -> float:
     return when
 
 
-def _credentials_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--credentials", "-c", metavar="PATH", type=text,
+def _credentials_option(parser: "argparse.ArgumentParser | argparse._ArgumentGroup",
+                        short: bool = True) -> None:
+    parser.add_argument(*(("--credentials", "-c") if short else ("--credentials",)),
+                        metavar="PATH", type=text,
                         help="the credentials file (default: $PEERMESH_MTL_CREDENTIALS, else "
                              "mtl-credentials.json in $PEERMESH_DATA_DIR, else in "
                              "~/.local/share/peermesh)")
@@ -134,6 +143,7 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         f"  echo hello | {PROG} mtl write chat - -g tcp://gw.example:5560 -u alice",
         None)
     _add_client_commands(command)
+    _add_gateway_command(command)
     command(
         "mtl user", "add, remove and list the gateway's users",
         "Users of the MTL gateway in the credentials file.",
@@ -385,3 +395,207 @@ def _cmd_write(args: argparse.Namespace, config: Any) -> int:
     note(f"wrote {sent} content{'s' if sent != 1 else ''} to {clean(args.group)} through "
          f"{where}{', all stored' if args.confirm == 'full' else ''}")
     return EXIT_OK
+
+
+# --------------------------------------------------------------------------
+# gateway: a node serving the MTL gateway
+
+
+def _port(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535
+
+
+def _vhosts(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in value.items())
+
+
+#: keys of the ``[mtl]`` table of ``--config``: (what a value must be, check, default);
+#: each is the ``peermesh mtl gateway`` option of the same name (``--data-dir``:
+#: ``data_dir``; ``virtual_hosts`` is ``--vhost``); a default of None: see the option's help
+MTL_KEYS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
+    "credentials": ("a path", lambda v: isinstance(v, str) and bool(v), None),
+    "data_dir": ("a path", lambda v: isinstance(v, str) and bool(v), None),
+    "address": ("an IPv4 address or host name", lambda v: isinstance(v, str) and bool(v), None),
+    "control_port": ("a port, 0 (any free one) to 65535", _port, 0),
+    "data_port": ("a port, 0 (any free one) to 65535", _port, 0),
+    "run": ("always or elected", lambda v: v in ("always", "elected"), "elected"),
+    "broker": ("auto or always", lambda v: v in ("auto", "always"), "auto"),
+    "priority": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool), 0),
+    "virtual_hosts": ("a table of virtual host = group prefix", _vhosts, None),
+    "plain": ("true or false", lambda v: isinstance(v, bool), False),
+    "anonymous": ("true or false", lambda v: isinstance(v, bool), False),
+    "heartbeat": ("a positive number of seconds", is_seconds, 1.0),
+    "lease_ttl": ("a positive number of seconds", is_seconds, 30.0),
+    "session_lifetime": ("a positive number of seconds", is_seconds, None),
+}
+
+
+def load_mtl_table(path: "Optional[os.PathLike[str] | str]") -> dict[str, Any]:
+    """The checked ``[mtl]`` table of TOML file ``path`` ({} if none); ValueError if wrong."""
+    from ..config import read_tables
+
+    if path is None:
+        return {}
+    table = read_tables(path).get("mtl", {})
+    unknown = set(table) - set(MTL_KEYS)
+    if unknown:
+        raise ValueError(f"config file {path}: [mtl] has unknown key(s) "
+                         f"{', '.join(sorted(unknown))}")
+    for key, value in table.items():
+        what, check, _ = MTL_KEYS[key]
+        if not check(value):
+            raise ValueError(f"config file {path}: [mtl] {key} must be {what}, not {value!r}")
+    return dict(table)
+
+
+def _virtual_host(item: str) -> tuple[str, str]:
+    """Option type: ``NAME=PREFIX`` (PREFIX may be empty)."""
+    name, sep, prefix = item.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{item!r} is not NAME=PREFIX (e.g. /lab=lab.)")
+    return utf8(name), utf8(prefix)
+
+
+def _port_arg(value: str) -> int:
+    """Option type: a TCP port, 0 for any free one."""
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port (0 to 65535)")
+    return port
+
+
+def _add_gateway_command(command: Callable[..., argparse.ArgumentParser]) -> None:
+    gateway = command(
+        "mtl gateway", "run a node with an MTL gateway, until Ctrl-C",
+        "Start a node with an 11/MTL gateway and serve clients off the LAN until Ctrl-C or "
+        "SIGTERM. The node stays on loopback unless an interface is given (--interface, "
+        "$PEERMESH_INTERFACE or [node] interface); the gateway's two sockets listen on "
+        "that interface's address unless --address says otherwise. With --run elected "
+        "(the default) it serves only while its node is the mesh's elected broker and "
+        "answers 503 naming the serving gateway otherwise; with --run always it serves "
+        "from start to stop. Options also come from the [mtl] table of --config. Prints "
+        "one JSON line per event on stdout: ready (the endpoints), serving, standing-by, "
+        "replica (a standby holds a copy of the serving gateway's content).",
+        f"  {PROG} mtl gateway --run always --control-port 5560\n"
+        f"  {PROG} mtl gateway -i eth0 --data-dir /var/lib/peermesh --vhost /lab=lab.\n"
+        f"  {PROG} mtl gateway --config /etc/peermesh/peermesh.toml",
+        _cmd_gateway)
+    group = gateway.add_argument_group("gateway options (also [mtl] in --config)")
+    group.add_argument("--run", choices=("always", "elected"),
+                       help="always: serve from start to stop; elected: only while this node "
+                            "is the elected broker (default: elected)")
+    group.add_argument("--broker", choices=("auto", "always"),
+                       help="candidacy with --run elected: auto (elected by priority, then "
+                            "UUID) or always (outranks every auto candidate) (default: auto)")
+    group.add_argument("--priority", type=int, metavar="N",
+                       help="election priority with --run elected, higher wins (default: 0)")
+    group.add_argument("--address", metavar="HOST", type=text,
+                       help="where the control and data sockets listen (default: the "
+                            "interface's IPv4 address)")
+    group.add_argument("--control-port", type=_port_arg, metavar="PORT",
+                       help="the control flow's TCP port (default: 0, any free one)")
+    group.add_argument("--data-port", type=_port_arg, metavar="PORT",
+                       help="the data flow's TCP port, the one each 202 names (default: 0, "
+                            "any free one)")
+    _credentials_option(group, short=False)
+    group.add_argument("--data-dir", metavar="DIR", type=text,
+                       help="where confirm: full content is stored (mtl-<node name>.sqlite3; "
+                            "default: $PEERMESH_DATA_DIR, else ~/.local/share/peermesh)")
+    group.add_argument("--vhost", metavar="NAME=PREFIX", action="append", type=_virtual_host,
+                       help="a virtual host and the prefix of the groups it reaches; "
+                            "repeatable (default: / with no prefix)")
+    group.add_argument("--plain", action="store_const", const=True,
+                       help="also offer SASL PLAIN (the password crosses the link: only on "
+                            "an encrypted link) (default: off)")
+    group.add_argument("--anonymous", action="store_const", const=True,
+                       help="also offer SASL ANONYMOUS (with the grants of the user "
+                            "'anonymous') (default: off)")
+    group.add_argument("--heartbeat", type=seconds, metavar="SECONDS",
+                       help="Ping a data link silent this long; it is dead after 3 (default: "
+                            "1.0)")
+    group.add_argument("--lease-ttl", type=seconds, metavar="SECONDS",
+                       help="how long a lease outlives its data link (default: 30.0)")
+    group.add_argument("--session-lifetime", type=seconds, metavar="SECONDS",
+                       help="401 after this long, then the client authenticates again "
+                            "(default: never)")
+
+
+def _gateway_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The gateway's options: the command line, else the [mtl] table, else the defaults."""
+    table = load_mtl_table(getattr(args, "config", None))
+    given = dict(vars(args), virtual_hosts=dict(args.vhost) if args.vhost else None)
+    return {key: given[key] if given.get(key) is not None else table.get(key, default)
+            for key, (_, _, default) in MTL_KEYS.items()}
+
+
+_STATES = {"serving": "serving", "standing-by": "standing by",
+           "replica": "a replica of the serving gateway"}
+
+
+def _cmd_gateway(args: argparse.Namespace, config: "NodeConfig") -> int:
+    from ..cli.session import NodeSession
+    from ..net.interfaces import select_interface
+    from .credentials import CredentialsFile, default_credentials_path, default_data_dir
+    from .gateway import Gateway
+    from .store import store_path
+
+    settings = _gateway_settings(args)
+    if config.interface is None:            # not configured anywhere: stay on this host
+        config = config.replace(interface="lo")
+    address = settings["address"] or select_interface(config.interface).address
+    credentials_path = Path(settings["credentials"] or default_credentials_path())
+    if credentials_path.is_dir():
+        raise ValueError(f"credentials file {credentials_path} is a directory")
+    data_dir = Path(settings["data_dir"] or default_data_dir())
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ValueError(f"data directory {data_dir} is a file, not a directory")
+    credentials = CredentialsFile(credentials_path)
+    if not credentials.users:
+        note(f"warning: no users in {credentials_path} yet; add them with '{PROG} mtl user "
+             "add' (a running gateway reads the file again)")
+    session = NodeSession(config, serving=True)
+
+    def state(name: str) -> None:
+        emit(to_json({"event": name, "control": gateway.control_endpoint}))
+        note(f"{_STATES[name]} at {gateway.control_endpoint}")
+
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        gateway = Gateway(credentials, address=address, control_port=settings["control_port"],
+                          data_port=settings["data_port"], run=settings["run"],
+                          broker=settings["broker"], priority=settings["priority"],
+                          data_dir=data_dir, virtual_hosts=settings["virtual_hosts"],
+                          plain=settings["plain"], anonymous=settings["anonymous"],
+                          heartbeat=settings["heartbeat"], lease_ttl=settings["lease_ttl"],
+                          session_lifetime=settings["session_lifetime"], on_state=state)
+        gateway.attach(session.node)
+    except BaseException:
+        session.close()
+        raise
+    try:
+        node = session.start()
+        try:
+            gateway.start()
+        except OSError as exc:
+            raise RuntimeError(f"cannot open the content store in {data_dir}: {exc}") from exc
+        emit(to_json({"event": "ready", "node": node.name, "uuid": node.uuid.hex,
+                      "pid": os.getpid(), "control": gateway.control_endpoint,
+                      "data": gateway.data_endpoint, "run": settings["run"],
+                      "credentials": str(credentials_path),
+                      "store": str(store_path(data_dir, node.name))}))
+        note(f"MTL gateway on {node.name} ({node.uuid.hex}): control {gateway.control_endpoint},"
+             f" data {gateway.data_endpoint}"
+             f"{'' if settings['run'] == 'always' else ', serving while elected'}; "
+             "Ctrl-C to stop")
+        session.wait_stopped()
+    finally:
+        try:
+            gateway.stop()
+        finally:
+            session.close()
+    return EXIT_OK
+

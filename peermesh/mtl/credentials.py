@@ -98,7 +98,7 @@ from ..errors import PeermeshError
 __all__ = ["CredentialsError", "Verifier", "User", "CredentialsFile", "make_user",
            "check_name", "parse_credentials", "dump_credentials", "parse_time", "format_time",
            "Authenticator", "SaslExchange", "SaslStep", "Throttle", "FailureTable",
-           "default_credentials_path", "DEFAULT_ITERATIONS", "MIN_ITERATIONS",
+           "default_credentials_path", "default_data_dir", "DEFAULT_ITERATIONS", "MIN_ITERATIONS",
            "MAX_ITERATIONS", "MECHANISMS", "MAX_FILE_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -120,18 +120,19 @@ class CredentialsError(PeermeshError):
     """A credentials file that cannot be read or used, or a user entry that is not valid."""
 
 
-def default_credentials_path() -> Path:
-    """``$PEERMESH_MTL_CREDENTIALS``, else ``mtl-credentials.json`` in the data directory
-    (``$PEERMESH_DATA_DIR``, else ``$XDG_DATA_HOME/peermesh``, else ~/.local/share/peermesh)."""
-    env = os.environ.get("PEERMESH_MTL_CREDENTIALS")
-    if env:
-        return Path(env)
+def default_data_dir() -> Path:
+    """``$PEERMESH_DATA_DIR``, else ``$XDG_DATA_HOME/peermesh``, else ~/.local/share/peermesh."""
     data = os.environ.get("PEERMESH_DATA_DIR")
     if data:
-        return Path(data) / "mtl-credentials.json"
+        return Path(data)
     xdg = os.environ.get("XDG_DATA_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "peermesh" \
-        / "mtl-credentials.json"
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "peermesh"
+
+
+def default_credentials_path() -> Path:
+    """``$PEERMESH_MTL_CREDENTIALS``, else ``mtl-credentials.json`` in ``default_data_dir()``."""
+    env = os.environ.get("PEERMESH_MTL_CREDENTIALS")
+    return Path(env) if env else default_data_dir() / "mtl-credentials.json"
 
 
 # --------------------------------------------------------------------------

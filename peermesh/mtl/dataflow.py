@@ -31,8 +31,9 @@ after a Dismiss's Response the link is no longer a reader of it.
 Routing: readers are indexed by ``(profile, resource)``; the resource of a
 mesh lease is the ZRE group (the virtual host's prefix + the name the
 client uses). A writer's content goes to every local reader of the key and,
-for ``mesh``, out into the group (the ``shout`` callable the driver gives,
-else a ``Shout`` action); the driver joins a group while a
+for ``mesh``, out into the group (a ``Shout`` action, or with ``batch_shouts``
+gathered per group in ``outgoing`` for the driver to shout after the batch);
+the driver joins a group while a
 local reader summons it (``Join`` / ``Leave`` actions) and feeds the
 group's shouts back through ``shouted``. Unconfirmed content without
 properties to a resource the link wrote before is routed on its header's
@@ -134,12 +135,12 @@ class DataFlow:
 
     def __init__(self, *, still_valid: Callable[["User", float], bool],
                  heartbeat: float = 1.0, liveness: int = 3, lease_ttl: float = 30.0,
-                 queues: Optional["DurableQueues"] = None,
-                 shout: Optional[Callable[[str, bytes], None]] = None) -> None:
-        """``shout(group, body)``, if given, is called for each content into a mesh group
-        at once (the driver's hot path) instead of queuing a ``Shout`` action."""
+                 queues: Optional["DurableQueues"] = None, batch_shouts: bool = False) -> None:
+        """``batch_shouts``: content into mesh groups is gathered in ``outgoing`` (group ->
+        bodies, in order; the driver's hot path) instead of one ``Shout`` action each."""
         self.still_valid = still_valid
-        self._shout = shout
+        #: group -> bodies to shout, one SHOUT each (with ``batch_shouts``)
+        self.outgoing: Optional[dict[str, list[bytes]]] = {} if batch_shouts else None
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.lease_ttl = lease_ttl
@@ -338,8 +339,13 @@ class DataFlow:
               table: Optional[bytes] = None) -> None:
         """Hand content to the local readers of ``key`` and, for a mesh profile, the group."""
         if key[0] == "mesh":
-            if self._shout is not None:
-                self._shout(key[1], body)
+            outgoing = self.outgoing
+            if outgoing is not None:
+                bodies = outgoing.get(key[1])
+                if bodies is None:
+                    outgoing[key[1]] = [body]
+                else:
+                    bodies.append(body)
             else:
                 self.actions.append(Shout(key[1], [body]))
         if key in self.readers:

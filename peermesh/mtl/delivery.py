@@ -27,12 +27,10 @@ What was handed out but not confirmed is delivered again, to the same
 client after it reconnects or to another reader: at least once, and never
 again once its confirm was committed.
 
-Handing over: a gateway that is not the serving one (it stepped down, or
-came back after a crash while another serves) passes its stored content to
-the serving gateway. ``handoff_batch`` takes pending content under the
-store lease ``HANDOFF``; the receiver appends what it got (``received``),
-commits and acknowledges the highest sequence it stored; ``handed`` then
-deletes up to it, ``handoff_failed`` puts the rest back.
+Copies from other gateways (``received``): content another gateway handed
+over or replicated keeps its content id, and is stored only if the store does
+not know it (``ContentStore.knows``: held here, or held and deleted since), so
+a second copy, or one of content a reader confirmed, is not stored again.
 """
 
 from __future__ import annotations
@@ -42,20 +40,17 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..wire.mtl import Confirm, Content, Reject, content_frames, encode_data, encode_table
-from .store import ContentStore, Delivery, StoreFull
+from .store import ContentStore, StoreFull
 
 if TYPE_CHECKING:
     from .dataflow import DataFlow, Link
 
-__all__ = ["DurableQueues", "WINDOW", "HANDOFF"]
+__all__ = ["DurableQueues", "WINDOW"]
 
 log = logging.getLogger(__name__)
 
 #: unconfirmed contents one confirmed reader holds at most
 WINDOW = 1000
-#: the store lease of content being handed to the serving gateway (no client lease is
-#: ever named so: those are URL-safe base64)
-HANDOFF = "\x00handoff"
 
 
 class DurableQueues:
@@ -173,33 +168,17 @@ class DurableQueues:
                     delivery.sequence, flow.encoded_name(name), delivery.body,
                     delivery.properties or b"\x00\x00")))
 
-    # --- handing over -------------------------------------------------------------
+    # --- copies from other gateways -------------------------------------------
 
-    def handoff_batch(self, limit: int) -> list[Delivery]:
-        """Up to ``limit`` pending contents (any group) to hand over, now held by HANDOFF."""
-        out: list[Delivery] = []
-        for group in self.store.resources():
-            out += self.store.take(HANDOFF, group, limit - len(out))
-            if len(out) >= limit:
-                break
-        return out
-
-    def handed(self, sequence: int) -> None:
-        """The receiver stored everything up to ``sequence``: delete it here."""
-        self.store.confirm(HANDOFF, sequence, multiple=True)
-        self.store.commit()
-
-    def handoff_failed(self) -> None:
-        """The receiver did not acknowledge: what it was sent is pending here again."""
-        self.store.release(HANDOFF)
-
-    def received(self, group: str, body: bytes, table: bytes) -> bool:
-        """Store content another gateway handed over (committed by the next ``flush``);
-        False if the store cannot hold it."""
+    def received(self, group: str, body: bytes, table: bytes, cid: bytes) -> bool:
+        """Store a copy of content ``cid`` from another gateway unless it is known here
+        (committed by the next ``flush``); False if the store cannot hold it."""
+        if self.store.knows(cid):
+            return True
         try:
-            self.store.append(group, body, table)
+            self.store.append(group, body, table, cid)
         except StoreFull as full:
-            log.debug("handed-over content for %s refused: %s", group, full)
+            log.debug("content for %s from another gateway refused: %s", group, full)
             return False
         self.durable.add(group)
         self.fresh.add(group)

@@ -22,17 +22,46 @@ commands, and forgets its sessions and leases when it steps down. Clients
 move to the gateway the 503 or the 201's list names and open their leases
 there again.
 
-Confirmed content moves too. A gateway that does not serve (it stepped
-down, or came back after a crash while another serves) hands what its store
-holds to the serving gateway in ZRE whispers::
+Confirmed content is copied to the standby gateways (``run="elected"``,
+not elected), whispered over the mesh between gateways only::
 
-    MTL-HANDOFF    | group | sequence (8 octets) | field table | body
-    MTL-HANDOFF-OK | sequence (8 octets)        ; stored and committed up to it
+    standby -> serving, to join it:
+    MTL-HANDOFF    | group | id (8) | cid (16) | field table | body   ; what the standby holds
+    MTL-HANDOFF-END | id (8) | count (8)        ; end of a batch of count contents
+    MTL-HANDOFF-OK | id (8)                     ; all of it stored (or known) and committed
+    MTL-SYNC       | copy (8)                   ; then: send me everything (asked again
+                                                ; each heartbeat until the copy starts)
+    serving -> standby:
+    MTL-REPL       [| group | cid (16) | field table | body]...   ; contents to copy
+    MTL-FORGET     | cid (16) ...                ; confirmed or dropped: delete the copies
+    MTL-MARK       | number (8) | copy (8) or empty   ; commit, and answer (with the
+                                                ; copy's number: the copy is complete)
+    MTL-MARK-OK    | number (8)                  ; (standby -> serving)
+    MTL-RESYNC                                  ; you fell behind: join again
 
-batches of up to ``HANDOFF_BATCH``, each deleted here once acknowledged
-(``peermesh.mtl.delivery``); unacknowledged within ``HANDOFF_WAIT`` seconds,
-the rest stays and goes with the next try (every heartbeat while not
-serving). Handovers are taken only from peers that advertise a gateway.
+A standby that sees a gateway serve joins it: it offers everything it holds
+(``MTL-HANDOFF`` batches of ``HANDOFF_BATCH``, acknowledged within
+``REPLICA_WAIT``; the serving gateway stores what it does not know, by
+content id, see ``peermesh.mtl.store``), then asks for a copy
+(``MTL-SYNC``). The serving gateway sends it its whole store in acknowledged
+batches (``MTL-REPL``, ``MTL-MARK``); the last mark ends the copy: the
+standby deletes whatever it holds that was not in it (content a reader
+confirmed meanwhile) and is a *replica* from then on. A batch or a mark is
+acknowledged only if everything before it was stored: a content the
+receiver could not store (its store full, its queue of mesh events full)
+leaves the batch unacknowledged (offered again later) or, on a replica,
+ends the copy (``MTL-RESYNC`` to the serving gateway; it copies again).
+
+After each commit the serving gateway sends its replicas what the commit
+wrote and, to replicas and standbys being copied, the content ids readers
+confirmed or dropped; then
+every answer to a ``confirm: full`` link from that batch (a writer's Confirm,
+a reader's Content, Pong ...) is held back until one replica acknowledged
+the batch's mark. So a writer's Confirm means the content is committed on two
+gateways, and an answered Ping means what the reader confirmed before it is
+deleted on both. A replica that does not acknowledge within ``REPLICA_WAIT``
+(or leaves) stops being one (``MTL-RESYNC``); with no replica left, answers
+go after the local commit alone.
 
 Greenlets on the node's hub, each a thin loop around the sans-io cores:
 
@@ -42,10 +71,11 @@ Greenlets on the node's hub, each a thin loop around the sans-io cores:
 * data reader: each batch of commands -> ``DataFlow.handle``, then
   ``DataFlow.flush`` (one store commit per batch: the group commit behind
   ``confirm: full``), then the sends and mesh actions;
-* mesh: the group shouts the node hears (a listener queues them) ->
-  ``DataFlow.shouted``, and handed-over content -> the store, a flush per
-  batch (then the handovers are acknowledged);
-* handoff (while not serving, with content stored): see above;
+* mesh: the group shouts and gateway whispers the node hears (a listener
+  queues them, in order) -> ``DataFlow.shouted``, the store, the marks; a
+  flush per batch (then the handovers are acknowledged);
+* join (a standby: offer, then ask for a copy) and one copy per standby
+  being copied (while serving): see above;
 * timer: ``DataFlow.tick`` (heartbeats, dead links, lease expiry),
   ``ControlFlow.expire``, and a credentials-file check every second (users
   changed: their leases are revoked, their sessions answered 401).
@@ -67,7 +97,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from uuid import UUID
 
 import gevent
@@ -80,14 +110,14 @@ from ..io.socket import BATCH
 from ..overlay import Overlay
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
-from ..errors import ProtocolError
+from ..errors import PeermeshError, ProtocolError
 from ..wire.mtl import (MAX_REQUEST, Failure, Status, decode_table, encode_reply,
                         valid_string)
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, Join, MeshAction, Shout
 from .delivery import DurableQueues
-from .store import ContentStore, store_path
+from .store import CID_BYTES, ContentStore, store_path
 
 if TYPE_CHECKING:
     from ..zre.node import Node
@@ -102,11 +132,19 @@ RUNS = ("always", "elected")
 MAX_CONTENT = 16 * 1024 * 1024
 SNDHWM = 10_000
 _REFRESH_EVERY = 1.0
-#: whispers of the handover of confirmed content between gateways
-HANDOFF = b"MTL-HANDOFF"
-HANDOFF_OK = b"MTL-HANDOFF-OK"
+#: whispers between gateways: confirmed content offered to, and copied from, the serving one
+HANDOFF, HANDOFF_END, HANDOFF_OK = b"MTL-HANDOFF", b"MTL-HANDOFF-END", b"MTL-HANDOFF-OK"
+SYNC = b"MTL-SYNC"
+REPL, FORGET, MARK, MARK_OK, RESYNC = (b"MTL-REPL", b"MTL-FORGET", b"MTL-MARK",
+                                       b"MTL-MARK-OK", b"MTL-RESYNC")
+_QUEUED_KINDS = frozenset((HANDOFF, HANDOFF_END, REPL, FORGET, MARK, MARK_OK, SYNC, RESYNC))
+#: contents per offered or copied batch
 HANDOFF_BATCH = 256
-HANDOFF_WAIT = 10.0
+#: seconds a batch, a mark or a copy under way may go unanswered
+REPLICA_WAIT = 10.0
+_FORGET_MAX = 4096     # content ids per MTL-FORGET
+COPY_BATCH = 256       # contents per MTL-REPL
+COPY_BYTES = 4 * 1024 * 1024   # octets per MTL-REPL, roughly (one content may pass it)
 #: mesh events (shouts, handovers) waiting for the mesh greenlet; beyond, new ones are dropped
 MAX_QUEUED = 100_000
 
@@ -143,7 +181,12 @@ class Gateway(Overlay):
                  profiles: Sequence[str] = ("test", "mesh"), plain: bool = False,
                  anonymous: bool = False, heartbeat: float = 1.0, liveness: int = 3,
                  lease_ttl: float = 30.0, session_lifetime: Optional[float] = None,
-                 max_content: int = MAX_CONTENT, settle: Optional[float] = None) -> None:
+                 max_content: int = MAX_CONTENT, settle: Optional[float] = None,
+                 on_state: Optional[Callable[[str], None]] = None) -> None:
+        """``on_state(state)``, if given, is called on the node's hub with ``"serving"``
+        or ``"standing-by"`` each time the gateway starts or stops serving (``run=
+        "elected"``), and with ``"replica"`` when a standby holds a copy of the serving
+        gateway's content and follows it."""
         super().__init__()
         if run not in RUNS:
             raise ValueError(f"run must be one of {', '.join(RUNS)}, not {run!r}")
@@ -154,6 +197,7 @@ class Gateway(Overlay):
         self.address = address
         self.run = run
         self.max_content = max_content
+        self._on_state = on_state
         self._ports = (control_port, data_port)
         self._data_dir = data_dir
         self._core_options: dict[str, Any] = dict(
@@ -179,10 +223,26 @@ class Gateway(Overlay):
         self._shouts: deque[Event] = deque()
         self._shouted = gevent.event.Event()
         self._dropped_logged = 0.0
-        self._handing: Optional[gevent.Greenlet] = None
+        # standby: joining the serving gateway, then copying from it
+        self._joining: Optional[gevent.Greenlet] = None
         self._handoff_peer: Optional[UUID] = None
-        self._acked = 0
-        self._ack = gevent.event.Event()
+        self._acked = 0                           # highest id the serving one took
+        self._upstream: Optional[UUID] = None     # the serving gateway copied from
+        self._sync_seen: Optional[set[bytes]] = None   # cids of the copy under way
+        self._upstream_heard = 0.0
+        self._copy_broken = False                 # a copied content could not be stored
+        self._offered: dict[UUID, int] = {}       # contents stored of the batch under way
+        self._sync_asked = 0.0
+        self._sync_number = 0
+        # serving: the standbys copied to
+        self._replicas: set[UUID] = set()
+        self._copies: dict[UUID, gevent.Greenlet] = {}
+        self._marks: dict[UUID, int] = {}         # last mark sent to each standby
+        self._mark_acks: dict[UUID, int] = {}     # last mark each standby acknowledged
+        #: answers to confirm: full links held until a replica acknowledged a mark
+        self._held: deque[tuple[dict[UUID, int], list[tuple[bytes, list[bytes]]], float]] = \
+            deque()
+        self._answer = gevent.event.Event()       # replaced (after set) on each answer
 
     # --- the overlay contract -----------------------------------------------------
 
@@ -220,8 +280,10 @@ class Gateway(Overlay):
         if self._data_dir is not None:
             self.store = ContentStore(store_path(self._data_dir, node.name))
         queues = DurableQueues(self.store) if self.store is not None else None
+        if self.store is not None:
+            self.store.record = self.active
         self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
-                             shout=node.shout, **self._flow_options)
+                             batch_shouts=True, **self._flow_options)
         self.control = ControlFlow(self.authenticator, self.data, gateways=self.gateways,
                                    **self._core_options)
         self.control.data_port = self._data_sock.port
@@ -244,8 +306,7 @@ class Gateway(Overlay):
             pass
         self.tracker.stop(timeout)
         greenlets, self._greenlets = self._greenlets, []
-        if self._handing is not None:
-            greenlets.append(self._handing)
+        greenlets += [g for g in (self._joining, *self._copies.values()) if g is not None]
         gevent.killall(greenlets, block=True, timeout=timeout)
         for sock in self._sockets:
             sock.close()
@@ -267,14 +328,19 @@ class Gateway(Overlay):
             self.active = elected
             log.info("MTL gateway %s: %s", self.control_endpoint,
                      "serving (elected)" if elected else "standing by")
+            self._state("serving" if elected else "standing-by")
+            if self.store is not None:
+                self.store.record = elected
+                self.store.committed, self.store.deleted = [], []
+            self._upstream = self._sync_seen = None
             if not elected and self.data is not None and self.control is not None:
                 for token in list(self.data.grants):
                     self.data.revoke(token)
                 self.control.sessions.clear()
-                self.data.flush()
-                self._send(self.data.take())
+                self._settle()
+                self._stop_copying()
         if not elected:
-            self._hand_over_later()
+            self._join_later()
 
     def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         endpoint = parse_gateway_header(headers.get(GATEWAY_HEADER))
@@ -283,6 +349,22 @@ class Gateway(Overlay):
 
     def _peer_left(self, uuid: UUID) -> None:
         self._peers.pop(uuid, None)
+        self._replicas.discard(uuid)
+        self._marks.pop(uuid, None)
+        self._mark_acks.pop(uuid, None)
+        copy = self._copies.pop(uuid, None)
+        if copy is not None:
+            copy.kill(block=False)
+        self._release()
+
+    def _state(self, state: str) -> None:
+        if self._on_state is not None:
+            self._on_state(state)
+
+    @property
+    def replicas(self) -> frozenset[UUID]:
+        """The standby gateways that hold a copy of this (serving) gateway's content."""
+        return frozenset(self._replicas)
 
     def elected_endpoint(self) -> Optional[str]:
         """The control endpoint of the gateway serving now, as this node sees it."""
@@ -349,8 +431,8 @@ class Gateway(Overlay):
                         handle(identity, rest, now)
                     except Exception:  # a bug, or the node stopping: never the reader's end
                         log.exception("handling a data command from %r failed", identity[:16])
-            flow.flush()
-            self._send(flow.take())
+            self._shout_outgoing()
+            self._settle()
 
         self._data_sock.read(on_batch)
 
@@ -360,15 +442,32 @@ class Gateway(Overlay):
             self._queue(event)
         elif event.type is EventType.WHISPER and event.frames:
             kind = event.frames[0]
-            if kind == HANDOFF:
-                self._queue(event)
+            if kind in _QUEUED_KINDS:
+                if self._is_gateway(event.peer):
+                    self._queue(event)
             elif kind == HANDOFF_OK and event.peer == self._handoff_peer \
                     and len(event.frames) == 2 and len(event.frames[1]) == 8:
                 self._acked = max(self._acked, int.from_bytes(event.frames[1], "big"))
-                self._ack.set()
+                self._answered()
+
+    def _is_gateway(self, peer: Optional[UUID]) -> bool:
+        """True if ``peer`` advertises a gateway (asked of the node: its ENTER may still
+        wait for the tracker)."""
+        if peer is None:
+            return False
+        if peer in self._peers:
+            return True
+        try:
+            raw = self._node().peer_header_value(peer, GATEWAY_HEADER)
+        except PeermeshError:
+            return False
+        return parse_gateway_header(raw) is not None
 
     def _queue(self, event: Event) -> None:
         if len(self._shouts) >= MAX_QUEUED:
+            if event.type is EventType.WHISPER:
+                self._copy_broken = True          # (a content copied or offered is lost)
+                self._offered.pop(event.peer, None)   # type: ignore[arg-type]
             now = time.monotonic()
             if now - self._dropped_logged > 1.0:
                 self._dropped_logged = now
@@ -389,12 +488,11 @@ class Gateway(Overlay):
             for _ in range(min(len(shouts), 256)):
                 event = shouts.popleft()
                 if event.type is not EventType.SHOUT:
-                    self._take_handoff(event, acks)  # (also while not serving: never lost)
+                    self._whispered(event, acks)
                 elif self.active:
                     flow.shouted(event.group or "", list(event.frames),
                                  event.peer.hex if event.peer else "")
-            committed = flow.flush()
-            self._send(flow.take())
+            committed = self._settle()
             if committed:
                 for peer, sequence in acks.items():
                     self._whisper(peer, HANDOFF_OK, sequence.to_bytes(8, "big"))
@@ -408,67 +506,289 @@ class Gateway(Overlay):
             return False
         return True
 
-    # --- handing confirmed content over ---------------------------------------------
+    # --- copies of confirmed content between gateways -----------------------------
 
-    def _take_handoff(self, event: Event, acks: dict[UUID, int]) -> None:
-        """Store one handed-over content (from a gateway, well-formed), noting its ack."""
-        flow = self.data
-        frames = event.frames
-        if flow is None or flow.queues is None or event.peer not in self._peers \
-                or len(frames) != 5 or len(frames[2]) != 8:
-            return
-        _, group_bytes, sequence, table, body = frames
+    def _whispered(self, event: Event, acks: dict[UUID, int]) -> None:
+        """One whisper from another gateway (in order, on the mesh greenlet)."""
+        frames, peer = event.frames, event.peer
+        kind = frames[0]
+        assert peer is not None
+        if kind == HANDOFF:
+            self._take_handoff(peer, frames)   # (also while not serving: never lost)
+        elif kind == HANDOFF_END and len(frames) == 3 and len(frames[1]) == len(frames[2]) == 8:
+            stored = self._offered.pop(peer, 0)
+            if stored == int.from_bytes(frames[2], "big"):
+                acks[peer] = int.from_bytes(frames[1], "big")
+        elif kind == RESYNC and self.active:
+            self._replicas.discard(peer)          # a replica that could not store a copy
+            self._release()
+        elif kind == MARK_OK and len(frames) == 2 and len(frames[1]) == 8:
+            self._mark_acks[peer] = max(self._mark_acks.get(peer, 0),
+                                        int.from_bytes(frames[1], "big"))
+            self._answered()
+            self._release()
+        elif kind == SYNC and len(frames) == 2 and len(frames[1]) == 8:
+            self._copy_to(peer, frames[1])
+        elif peer == self._upstream and not self.active:
+            self._upstream_heard = time.monotonic()
+            if kind == REPL:
+                self._take_copy(frames)
+            elif kind == FORGET and len(frames) == 2 and len(frames[1]) % CID_BYTES == 0:
+                if self.store is not None:
+                    blob = frames[1]
+                    self.store.forget([blob[k:k + CID_BYTES]
+                                       for k in range(0, len(blob), CID_BYTES)])
+            elif kind == MARK and len(frames) == 3 and len(frames[1]) == 8:
+                self._marked(peer, frames[1], frames[2])
+            elif kind == RESYNC:
+                self._upstream = self._sync_seen = None
+
+    def _content_frames(self, group_bytes: bytes, table: bytes) -> Optional[str]:
+        """The group of a copied or offered content, if its frames are well-formed."""
         if len(table) < 2 or int.from_bytes(table[:2], "big") != len(table) - 2:
-            return
+            return None
         try:
             group = group_bytes.decode("utf-8")
             decode_table(table[2:])
         except (UnicodeDecodeError, ProtocolError):
-            return
-        if not group or not valid_string(group):
-            return
-        number = int.from_bytes(sequence, "big")
-        if event.peer in acks and number <= acks[event.peer]:
-            return
-        if flow.queues.received(group, body, table):
-            acks[event.peer] = number
+            return None
+        return group if group and valid_string(group) else None
 
-    def _hand_over_later(self) -> None:
-        """Start handing stored content to the serving gateway, unless already doing so."""
-        if self.data is None or self.data.queues is None or not self.data.queues.store.count:
+    def _take_handoff(self, peer: UUID, frames: Sequence[bytes]) -> None:
+        """Store one offered content unless known here, counting it for the batch's end."""
+        flow = self.data
+        if flow is None or flow.queues is None or len(frames) != 6 or len(frames[2]) != 8 \
+                or len(frames[3]) != CID_BYTES:
             return
-        if self._handing is None or self._handing.dead:
-            self._handing = gevent.spawn(self._hand_over)
+        _, group_bytes, number, cid, table, body = frames
+        group = self._content_frames(group_bytes, table)
+        if group is not None and flow.queues.received(group, body, table, cid):
+            self._offered[peer] = self._offered.get(peer, 0) + 1   # (gateways only)
 
-    def _hand_over(self) -> None:
-        queues = self.data.queues if self.data is not None else None
-        assert queues is not None
+    def _take_copy(self, frames: Sequence[bytes]) -> None:
+        """Store the contents copied from the serving gateway (a standby)."""
+        flow = self.data
+        if flow is None or flow.queues is None:
+            return
+        if len(frames) < 5 or (len(frames) - 1) % 4:
+            self._copy_broken = True
+            return
+        checked: tuple[bytes, bytes, Optional[str]] = (b"", b"", None)  # (a batch's are alike)
+        for at in range(1, len(frames), 4):
+            group_bytes, cid, table, body = frames[at:at + 4]
+            if (group_bytes, table) != checked[:2]:
+                checked = (group_bytes, table, self._content_frames(group_bytes, table))
+            group = checked[2] if len(cid) == CID_BYTES else None
+            if group is None or not flow.queues.received(group, body, table, cid):
+                self._copy_broken = True
+            elif self._sync_seen is not None:
+                self._sync_seen.add(cid)
+
+    def _marked(self, peer: UUID, number: bytes, copy: bytes) -> None:
+        """A mark from the serving gateway: commit what came before it, acknowledge it."""
+        if self.data is None or self.store is None:
+            return
+        if self._copy_broken:                 # something before the mark was not stored
+            log.info("MTL gateway %s: a copied content could not be stored; copying again",
+                     self.control_endpoint)
+            self._whisper(peer, RESYNC)
+            self._copy_broken = False
+            self._upstream = self._sync_seen = None
+            return
+        if copy == self._sync_number.to_bytes(8, "big") and self._sync_seen is not None:
+            # the copy asked for is complete
+            stale = self.store.all_cids() - self._sync_seen
+            self.store.forget(list(stale))
+            self._sync_seen = None
+            log.info("MTL gateway %s: a replica of the serving gateway (%d dropped as "
+                     "confirmed there)", self.control_endpoint, len(stale))
+            self._state("replica")
+        if self.data.flush():
+            self._whisper(peer, MARK_OK, number)
+
+    def _join_later(self) -> None:
+        """Join the serving gateway (offer, then ask for a copy), unless doing so."""
+        if self.active or self.data is None or self.store is None:
+            return
+        broker = self.tracker.current_broker
+        target = broker.uuid if broker is not None and broker.uuid in self._peers else None
+        if target is None or target == self._upstream:
+            return
+        if self._joining is None or self._joining.dead:
+            self._joining = gevent.spawn(self._join, target)
+
+    def _join(self, target: UUID) -> None:
+        store = self.store
+        assert store is not None
+        cursor = 0
         while not self.active:
-            broker = self.tracker.current_broker
-            target = broker.uuid if broker is not None and broker.uuid in self._peers else None
-            if target is None:
-                return
-            batch = queues.handoff_batch(HANDOFF_BATCH)
-            if not batch:
-                return
-            self._handoff_peer, self._acked = target, 0
-            self._ack.clear()
-            last = batch[-1].sequence
-            sent = all(self._whisper(target, HANDOFF, d.resource.encode("utf-8"),
-                                     d.sequence.to_bytes(8, "big"),
-                                     d.properties or b"\x00\x00", d.body) for d in batch)
-            deadline = time.monotonic() + HANDOFF_WAIT
-            while sent and self._acked < last and self._ack.wait(deadline - time.monotonic()):
-                self._ack.clear()
-            if self._acked:
-                queues.handed(self._acked)
-            if self._acked < last:
-                queues.handoff_failed()
-                log.info("handing content over to %s stopped: not all of %d acknowledged",
-                         target, len(batch))
-                return
-            log.debug("handed %d contents over to %s", len(batch), target)
+            rows, after = store.snapshot(cursor, HANDOFF_BATCH)
+            if after == cursor:
+                break
+            if rows:
+                self._handoff_peer, self._acked = target, 0
+                last = rows[-1][0]
+                sent = all(self._whisper(target, HANDOFF, group.encode("utf-8"),
+                                         number.to_bytes(8, "big"), cid,
+                                         table or b"\x00\x00", body)
+                           for number, cid, group, table, body in rows) \
+                    and self._whisper(target, HANDOFF_END, last.to_bytes(8, "big"),
+                                      len(rows).to_bytes(8, "big"))
+                if not (sent and self._wait(lambda: self._acked >= last)):
+                    log.info("offering content to %s stopped: not acknowledged", target)
+                    return
+            cursor = after
+        if not self.active:
+            self._upstream, self._sync_seen = target, set()
+            self._copy_broken = False
+            self._sync_number += 1
+            self._ask_copy()
 
+    def _ask_copy(self) -> None:
+        """Ask the serving gateway for the copy (again: it may not have been serving yet)."""
+        if self._upstream is not None:
+            self._sync_asked = time.monotonic()
+            self._whisper(self._upstream, SYNC, self._sync_number.to_bytes(8, "big"))
+
+    def _wait(self, done: Callable[[], bool]) -> bool:
+        """Wait (at most ``REPLICA_WAIT``) until ``done()``, woken by each answer."""
+        deadline = time.monotonic() + REPLICA_WAIT
+        while not done():
+            answer = self._answer
+            if not answer.wait(deadline - time.monotonic()):
+                return False
+        return True
+
+    def _answered(self) -> None:
+        answer, self._answer = self._answer, gevent.event.Event()
+        answer.set()
+
+    def _copy_to(self, peer: UUID, copy: bytes) -> None:
+        """A standby asked for a copy: send it (unless not serving, or sending it)."""
+        if not self.active or self.store is None:
+            return
+        old = self._copies.get(peer)
+        if old is not None:
+            if old.args[1] == copy and not old.dead:
+                return                            # asked again: under way
+            old.kill(block=False)
+        self._replicas.discard(peer)
+        self._copies[peer] = gevent.spawn(self._copy, peer, copy)
+
+    def _copy(self, peer: UUID, copy: bytes) -> None:
+        store = self.store
+        assert store is not None
+        cursor = 0
+        try:
+            while self.active:
+                rows, after = store.snapshot(cursor, HANDOFF_BATCH)
+                if after == cursor:           # all sent, and nothing yielded since the read:
+                    self._replicas.add(peer)  # what commits from now on goes live
+                    self._mark(peer, copy)
+                    log.info("MTL gateway %s: %s holds a copy", self.control_endpoint, peer)
+                    return
+                self._send_copies([peer], rows)
+                number = self._mark(peer)
+                if not self._wait(lambda: self._mark_acks.get(peer, 0) >= number):
+                    log.info("copy to %s stopped: not acknowledged", peer)
+                    self._whisper(peer, RESYNC)
+                    return
+                cursor = after
+        finally:
+            if self._copies.get(peer) is gevent.getcurrent():
+                del self._copies[peer]
+
+    def _send_copies(self, peers: Sequence[UUID],
+                     rows: list[tuple[int, bytes, str, bytes, bytes]]) -> None:
+        """Whisper ``rows`` to ``peers`` in ``MTL-REPL`` messages of up to ``COPY_BATCH``
+        contents and about ``COPY_BYTES`` octets."""
+        frames: list[bytes] = [REPL]
+        size = 0
+        for _, cid, group, table, body in rows:
+            frames += (group.encode("utf-8"), cid, table or b"\x00\x00", body)
+            size += len(body) + len(table) + 64
+            if len(frames) > 4 * COPY_BATCH or size > COPY_BYTES:
+                for peer in peers:
+                    self._whisper(peer, *frames)
+                frames, size = [REPL], 0
+        if len(frames) > 1:
+            for peer in peers:
+                self._whisper(peer, *frames)
+
+    def _mark(self, peer: UUID, copy: bytes = b"") -> int:
+        number = self._marks[peer] = self._marks.get(peer, 0) + 1
+        self._whisper(peer, MARK, number.to_bytes(8, "big"), copy)
+        return number
+
+    def _stop_copying(self) -> None:
+        for copy in self._copies.values():
+            copy.kill(block=False)
+        self._copies.clear()
+        self._replicas.clear()
+        self._release()
+
+    def _settle(self) -> bool:
+        """Flush the data flow (commit), copy what changed to the replicas, send; False if
+        the commit failed."""
+        flow = self.data
+        assert flow is not None
+        committed = flow.flush()
+        sends, actions = flow.take()
+        store = self.store
+        if store is not None and store.record and (store.committed or store.deleted):
+            new, store.committed = store.committed, []
+            gone, store.deleted = store.deleted, []
+            sends = self._replicate(new, gone, sends)
+        elif self._held and sends:
+            sends = self._replicate([], [], sends)
+        self._send((sends, actions))
+        return committed
+
+    def _replicate(self, new: list[tuple[int, bytes, str, bytes, bytes]], gone: list[bytes],
+                   sends: list[tuple[bytes, list[bytes]]]) -> list[tuple[bytes, list[bytes]]]:
+        """Copy a commit to the replicas; the sends that may go now (the others are held
+        until a replica acknowledged)."""
+        for start in range(0, len(gone), _FORGET_MAX):
+            blob = b"".join(gone[start:start + _FORGET_MAX])
+            for peer in (*self._replicas, *self._copies):
+                self._whisper(peer, FORGET, blob)
+        replicas = list(self._replicas)
+        if not replicas:
+            return sends
+        self._send_copies(replicas, new)
+        links = self.data.links if self.data is not None else {}
+        now_: list[tuple[bytes, list[bytes]]] = []
+        later: list[tuple[bytes, list[bytes]]] = []
+        for send in sends:
+            link = links.get(send[0])
+            (later if link is not None and link.grant.confirm == "full" else now_).append(send)
+        if later:
+            marks = {peer: self._mark(peer) for peer in replicas}
+            self._held.append((marks, later, time.monotonic()))
+        return now_
+
+    def _release(self) -> None:
+        """Send the held answers a replica acknowledged (or that no replica can)."""
+        held = self._held
+        while held:
+            marks, sends, _ = held[0]
+            acked = any(self._mark_acks.get(peer, 0) >= number for peer, number in marks.items())
+            if not acked and any(peer in self._replicas for peer in marks):
+                return                            # a replica in step has yet to answer
+            held.popleft()
+            self._send((sends, []))
+
+    def _drop_slow_replicas(self) -> None:
+        """Replicas that left a mark unanswered for ``REPLICA_WAIT`` stop being ones."""
+        if not self._held or time.monotonic() - self._held[0][2] < REPLICA_WAIT:
+            return
+        for peer, number in self._held[0][0].items():
+            if peer in self._replicas and self._mark_acks.get(peer, 0) < number:
+                log.warning("MTL gateway %s: replica %s did not answer in %g s; it copies "
+                            "again", self.control_endpoint, peer, REPLICA_WAIT)
+                self._replicas.discard(peer)
+                self._whisper(peer, RESYNC)
+        self._release()
 
     def _timer(self) -> None:
         flow, control = self.data, self.control
@@ -488,13 +808,32 @@ class Gateway(Overlay):
             if self.active:
                 wake = flow.tick(now)
                 control.expire(now)
-                flow.flush()
-                self._send(flow.take())
+                self._settle()
+                self._drop_slow_replicas()
             else:
                 wake = now + flow.heartbeat
+                if self._sync_seen is not None:
+                    if self._upstream_heard < self._sync_asked:
+                        self._ask_copy()          # not started yet: ask again
+                    elif time.monotonic() - self._upstream_heard > REPLICA_WAIT:
+                        self._upstream = self._sync_seen = None   # it stalled: join again
                 if self.run == "elected":
-                    self._hand_over_later()  # (again, after a handover that stopped)
+                    self._join_later()  # (again, after an offer that stopped)
             gevent.sleep(max(0.0, min(wake, refreshed + _REFRESH_EVERY) - time.time()))
+
+    def _shout_outgoing(self) -> None:
+        """Shout the batch's content into its groups: one SHOUT per content, per group at
+        once (``Node.shout_each``)."""
+        outgoing = self.data.outgoing if self.data is not None else None
+        if not outgoing:
+            return
+        node = self._node()
+        for group, bodies in outgoing.items():
+            try:
+                node.shout_each(group, bodies)
+            except Exception as error:  # the node stopping
+                log.debug("shouting into %s failed: %s", group, error)
+        outgoing.clear()
 
     def _send(self, work: tuple[list[tuple[bytes, list[bytes]]], list[MeshAction]]) -> None:
         sends, actions = work

@@ -25,6 +25,21 @@ What is handed out, and to which lease, lives in memory only: after a
 restart every stored content is pending again, in id order. So content is
 delivered at least once and, once its confirm is committed, never again.
 
+Content ids across gateways
+---------------------------
+Each store has an ``origin``, a random 63-bit number made with the file.
+Every content has a 16-byte content id (``cid``): the origin of the store
+that first took it and its id there (8 octets each, big-endian). A copy
+stored from another gateway (``append(..., cid=...)``: a replica or a
+handover) keeps its cid, and the store remembers, per origin, the highest
+id it ever took from it (``mtl_marks``). ``knows(cid)`` is True for a
+content held here or, by that mark, seen before and deleted since: a second
+copy, or a copy of something a reader already confirmed, is not stored
+again. With ``record`` set, ``commit`` lists what it wrote in ``committed``
+and confirms and drops list their cids in ``deleted``, for the gateway to
+replicate; ``snapshot`` reads committed content in id order, ``forget``
+deletes by cid.
+
 Commit policy (group commit)
 ----------------------------
 Nothing commits on its own: the caller (the gateway's driver) calls
@@ -47,8 +62,10 @@ it is stored (staged, pending or handed out). ``append`` raises
 resource past ``max_resource_bytes`` (default 64 MiB) or the whole store
 past ``max_bytes`` (default 256 MiB); the gateway rejects that content and
 the writer may retry once readers have confirmed some. Memory holds about
-100 bytes per stored content (its id and size), so ``max_bytes`` bounds it
-too: with the defaults at most about 1.6 million contents, ~160 MB.
+150 bytes per stored content (its id, size and resource; about 150 more for
+a copy from another store, its content id), so ``max_bytes`` bounds it too:
+with the defaults at most about 1.6 million contents, ~240-480 MB. One mark
+per other store that content came from (a handful of gateways).
 """
 
 from __future__ import annotations
@@ -57,6 +74,7 @@ import bisect
 import logging
 import os
 import re
+import secrets
 import sqlite3
 import threading
 from collections import OrderedDict, deque
@@ -66,8 +84,8 @@ from typing import Optional
 
 from ..errors import PeermeshError, StoreError
 
-__all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "OVERHEAD",
-           "MAX_BYTES", "MAX_RESOURCE_BYTES"]
+__all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "make_cid", "split_cid",
+           "CID_BYTES", "OVERHEAD", "MAX_BYTES", "MAX_RESOURCE_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +100,31 @@ CREATE TABLE IF NOT EXISTS mtl_content (
     id         INTEGER PRIMARY KEY,
     resource   TEXT NOT NULL,
     properties BLOB NOT NULL,
-    body       BLOB NOT NULL
+    body       BLOB NOT NULL,
+    cid        BLOB                 -- NULL: taken here first (origin, id)
 );
 CREATE TABLE IF NOT EXISTS mtl_meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS mtl_marks (
+    origin INTEGER PRIMARY KEY,     -- another store's origin
+    last   INTEGER NOT NULL         -- the highest of its ids ever stored here
+);
 """
+
+#: a content id: the origin of the store that first took it, and its id there
+CID_BYTES = 16
+
+
+def make_cid(origin: int, content_id: int) -> bytes:
+    """The 16-byte content id of ``content_id`` taken first by the store ``origin``."""
+    return origin.to_bytes(8, "big") + content_id.to_bytes(8, "big")
+
+
+def split_cid(cid: bytes) -> tuple[int, int]:
+    """(origin, id) of a content id."""
+    return int.from_bytes(cid[:8], "big"), int.from_bytes(cid[8:], "big")
 
 
 class StoreFull(PeermeshError):
@@ -156,13 +192,22 @@ class ContentStore:
         self.size = 0                                   # bytes of every stored content
         self.commits = 0
         self._queues: dict[str, _Queue] = {}
-        self._sizes: dict[int, int] = {}                # id -> bytes it counts
+        self._sizes: dict[int, tuple[int, str]] = {}    # id -> (bytes it counts, resource)
         self._leases: dict[str, _Lease] = {}
-        self._staged: list[tuple[int, str, bytes, bytes]] = []
+        self._staged: list[tuple[int, str, bytes, bytes, Optional[bytes]]] = []
         self._doomed: list[tuple[int]] = []             # ids to delete at the next commit
+        self._foreign: dict[bytes, int] = {}            # cid -> id, of copies from elsewhere
+        self._cids: dict[int, bytes] = {}               # id -> cid, of the same
+        self._marks: dict[int, int] = {}                # origin -> highest id taken from it
+        #: set by a replicating gateway: ``committed`` and ``deleted`` are kept for it
+        self.record = False
+        #: (id, cid, resource, properties, body) written by the commits since last emptied
+        self.committed: list[tuple[int, bytes, str, bytes, bytes]] = []
+        #: cids confirmed or dropped since last emptied
+        self.deleted: list[bytes] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(self.path, synchronous)
-        self._next_id = self._load()
+        self.origin, self._next_id = self._load()
         self._stop = threading.Event()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
                                               name=f"peermesh-checkpoint-{self.path.name}")
@@ -184,27 +229,38 @@ class ContentStore:
             db.execute(f"PRAGMA synchronous={synchronous}")
             db.execute("PRAGMA wal_autocheckpoint=0")
             db.executescript(_SCHEMA)
-            db.execute("SELECT id, resource, properties, body FROM mtl_content LIMIT 0")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(mtl_content)")}
+            if "cid" not in columns:           # a store made before content ids
+                db.execute("ALTER TABLE mtl_content ADD COLUMN cid BLOB")
+            db.execute("SELECT id, resource, properties, body, cid FROM mtl_content LIMIT 0")
         except sqlite3.Error as exc:
             db.close()
             raise StoreError(f"{path} is not a usable MTL content store: {exc}") from None
         return db
 
-    def _load(self) -> int:
-        """Every stored content pending again, in id order; the next id to give."""
-        rows = self._db.execute("SELECT id, resource, length(body) + length(properties) "
+    def _load(self) -> tuple[int, int]:
+        """Every stored content pending again, in id order; the origin and the next id."""
+        rows = self._db.execute("SELECT id, resource, length(body) + length(properties), cid "
                                 "FROM mtl_content ORDER BY id")
         last = 0
-        for content_id, resource, length in rows:
+        for content_id, resource, length, cid in rows:
             size = length + OVERHEAD
             queue = self._queue(resource)
             queue.fresh.append(content_id)
             queue.size += size
-            self._sizes[content_id] = size
+            self._sizes[content_id] = (size, resource)
             self.size += size
+            if cid is not None:
+                self._foreign[bytes(cid)] = content_id
+                self._cids[content_id] = bytes(cid)
             last = content_id
-        row = self._db.execute("SELECT value FROM mtl_meta WHERE key = 'last_id'").fetchone()
-        return max(last, row[0] if row else 0) + 1
+        self._marks = dict(self._db.execute("SELECT origin, last FROM mtl_marks"))
+        meta = dict(self._db.execute("SELECT key, value FROM mtl_meta"))
+        origin = meta.get("origin")
+        if origin is None:
+            origin = secrets.randbits(63) or 1
+            self._db.execute("INSERT INTO mtl_meta (key, value) VALUES ('origin', ?)", (origin,))
+        return origin, max(last, meta.get("last_id", 0)) + 1
 
     def _queue(self, resource: str) -> _Queue:
         queue = self._queues.get(resource)
@@ -239,10 +295,12 @@ class ContentStore:
 
     # --- writing ---------------------------------------------------------
 
-    def append(self, resource: str, body: bytes, properties: bytes = b"") -> int:
+    def append(self, resource: str, body: bytes, properties: bytes = b"",
+               cid: Optional[bytes] = None) -> int:
         """Stage content for ``resource``; its id. Readers see it after ``commit()``.
 
-        StoreFull if it does not fit (see the module doc)."""
+        ``cid``: the content id of a copy from another store (see the module
+        doc); the caller checks ``knows(cid)`` first. StoreFull if it does not fit."""
         size = len(body) + len(properties) + OVERHEAD
         queue = self._queues.get(resource)
         held = queue.size if queue is not None else 0
@@ -256,8 +314,11 @@ class ContentStore:
             queue = self._queue(resource)
         content_id = self._next_id
         self._next_id += 1
-        self._staged.append((content_id, resource, properties, body))
-        self._sizes[content_id] = size
+        if cid is not None:
+            self._foreign[cid] = content_id
+            self._cids[content_id] = cid
+        self._staged.append((content_id, resource, properties, body, cid))
+        self._sizes[content_id] = (size, resource)
         queue.size += size
         self.size += size
         return content_id
@@ -275,8 +336,12 @@ class ContentStore:
         try:
             self._db.execute("BEGIN")
             if staged:
-                self._db.executemany("INSERT INTO mtl_content (id, resource, properties, body) "
-                                     "VALUES (?, ?, ?, ?)", staged)
+                self._db.executemany("INSERT INTO mtl_content (id, resource, properties, body, "
+                                     "cid) VALUES (?, ?, ?, ?, ?)", staged)
+                marks = self._new_marks(staged)
+                if marks:
+                    self._db.executemany("INSERT OR REPLACE INTO mtl_marks (origin, last) "
+                                         "VALUES (?, ?)", marks.items())
             if doomed:
                 self._db.executemany("DELETE FROM mtl_content WHERE id = ?", doomed)
                 if (self._next_id - 1,) in doomed:   # the newest goes: keep its id apart
@@ -288,14 +353,70 @@ class ContentStore:
                 self._db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            for content_id, resource, _, _ in staged:
-                self._discard(content_id, resource)
+            for content_id, resource, _, _, _ in staged:
+                self._discard(content_id)
             raise StoreError(f"commit to {self.path} failed: {exc}; {len(staged)} appended "
                              "content(s) not stored") from None
         self._doomed = []
         self.commits += 1
-        for content_id, resource, _, _ in staged:
-            self._queues[resource].fresh.append(content_id)
+        if staged:
+            self._marks.update(marks)
+        for content_id, resource, properties, body, cid in staged:
+            if content_id in self._sizes:     # (unless forgotten meanwhile)
+                self._queues[resource].fresh.append(content_id)
+                if self.record:
+                    self.committed.append((content_id, cid or make_cid(self.origin, content_id),
+                                           resource, properties, body))
+
+    def _new_marks(self, staged: list[tuple[int, str, bytes, bytes, Optional[bytes]]]
+                   ) -> dict[int, int]:
+        marks: dict[int, int] = {}
+        for row in staged:
+            cid = row[4]
+            if cid is not None:
+                origin, number = split_cid(cid)
+                if number > marks.get(origin, self._marks.get(origin, 0)):
+                    marks[origin] = number
+        return marks
+
+    # --- content ids --------------------------------------------------------
+
+    def cid(self, content_id: int) -> bytes:
+        """The content id of stored content ``content_id``."""
+        return self._cids.get(content_id) or make_cid(self.origin, content_id)
+
+    def knows(self, cid: bytes) -> bool:
+        """True if content ``cid`` is held here, or was and is deleted (see the module doc)."""
+        origin, number = split_cid(cid)
+        if origin == self.origin:
+            return number < self._next_id
+        return cid in self._foreign or number <= self._marks.get(origin, 0)
+
+    def forget(self, cids: "list[bytes]") -> int:
+        """Delete the contents with these content ids (those held here); how many."""
+        gone = 0
+        for cid in cids:
+            origin, number = split_cid(cid)
+            content_id = number if origin == self.origin else self._foreign.get(cid)
+            if content_id is not None and content_id in self._sizes:
+                self._doomed.append((content_id,))
+                self._discard(content_id)
+                gone += 1
+        return gone
+
+    def snapshot(self, after: int, limit: int
+                 ) -> tuple[list[tuple[int, bytes, str, bytes, bytes]], int]:
+        """Up to ``limit`` committed contents with an id above ``after``, in id order, as
+        (id, cid, resource, properties, body); and the id to continue after."""
+        rows = self._db.execute("SELECT id, resource, properties, body FROM mtl_content "
+                                "WHERE id > ? ORDER BY id LIMIT ?", (after, limit)).fetchall()
+        out = [(i, self.cid(i), r, bytes(p), bytes(b)) for i, r, p, b in rows
+               if i in self._sizes]
+        return out, rows[-1][0] if rows else after
+
+    def all_cids(self) -> set[bytes]:
+        """The content ids of everything stored."""
+        return {self.cid(i) for i in self._sizes}
 
     # --- reading ----------------------------------------------------------
 
@@ -305,7 +426,9 @@ class ContentStore:
         queue = self._queues.get(resource)
         if queue is None or limit < 1:
             return []
-        ids = queue.pop(limit)
+        ids = [i for i in queue.pop(limit) if i in self._sizes]
+        while len(ids) < limit and queue:   # (some were forgotten: take more)
+            ids += [i for i in queue.pop(limit - len(ids)) if i in self._sizes]
         if not ids:
             return []
         rows: dict[int, tuple[bytes, bytes]] = {}
@@ -322,7 +445,7 @@ class ContentStore:
             row = rows.get(content_id)
             if row is None:        # never happens while this store is the file's only user
                 log.warning("content %d of %r vanished from %s", content_id, resource, self.path)
-                self._discard(content_id, resource)
+                self._discard(content_id)
                 continue
             sequence = held.next_sequence
             held.next_sequence += 1
@@ -335,7 +458,7 @@ class ContentStore:
         """Delete what ``lease`` confirms; how many contents that was."""
         picked = self._pick(lease, sequence, multiple)
         for content_id, resource in picked:
-            self._delete(content_id, resource)
+            self._delete(content_id)
         return len(picked)
 
     def reject(self, lease: str, sequence: int, multiple: bool = False,
@@ -343,10 +466,12 @@ class ContentStore:
         """Hand what ``lease`` rejects out again (``recycle``) or drop it; how many."""
         picked = self._pick(lease, sequence, multiple)
         for content_id, resource in picked:
+            if content_id not in self._sizes:
+                continue                        # forgotten meanwhile
             if recycle:
                 self._queues[resource].put_back(content_id)
             else:
-                self._delete(content_id, resource)
+                self._delete(content_id)
         return len(picked)
 
     def release(self, lease: str) -> int:
@@ -355,7 +480,8 @@ class ContentStore:
         if held is None:
             return 0
         for content_id, resource in held.held.values():
-            self._queues[resource].put_back(content_id)
+            if content_id in self._sizes:
+                self._queues[resource].put_back(content_id)
         return len(held.held)
 
     def _pick(self, lease: str, sequence: int, multiple: bool) -> list[tuple[int, str]]:
@@ -373,13 +499,23 @@ class ContentStore:
             picked.append(held.held.pop(first))
         return picked
 
-    def _delete(self, content_id: int, resource: str) -> None:
+    def _delete(self, content_id: int) -> None:
+        if content_id not in self._sizes:
+            return                              # forgotten meanwhile
+        if self.record:
+            self.deleted.append(self.cid(content_id))
         self._doomed.append((content_id,))
-        self._discard(content_id, resource)
+        self._discard(content_id)
 
-    def _discard(self, content_id: int, resource: str) -> None:
+    def _discard(self, content_id: int) -> None:
         """Stop counting a content that is gone (the resource too once it holds none)."""
-        size = self._sizes.pop(content_id)
+        entry = self._sizes.pop(content_id, None)
+        if entry is None:
+            return
+        size, resource = entry
+        cid = self._cids.pop(content_id, None)
+        if cid is not None:
+            del self._foreign[cid]
         self.size -= size
         queue = self._queues[resource]
         queue.size -= size

@@ -20,9 +20,10 @@ from peermesh.wire.mtl import (Authorize, Challenged, Content, DataLease, Direct
                                decode_data, decode_reply, encode_data, encode_request)
 
 TIMING = dict(interval=0.05, evasive=0.3, silent=0.4, expired=0.6)
-RECV_MS = 5000
-#: seconds a wait for an answer may take, Pings or not
-WAIT = 10.0
+#: seconds a wait for an answer may take, Pings or not: generous, for a loaded 2-core
+#: machine (a freshly started gateway process answers its first login after its imports)
+WAIT = 30.0
+RECV_MS = int(WAIT * 1000)
 
 
 def add_users(path: Path, *users: User) -> CredentialsFile:

@@ -1,6 +1,7 @@
 """``peermesh.mtl.Client`` against the gateway overlay (``peermesh.mtl.gateway``) on real
-nodes on loopback: mesh groups with ZRE peers, the elected gateway moving, a gateway
-killed with SIGKILL and started again on its store."""
+nodes on loopback: mesh groups with ZRE peers, the elected gateway moving (a confirmed
+reader resuming on the standby that holds a copy), a gateway killed with SIGKILL and
+started again on its store."""
 
 from __future__ import annotations
 
@@ -110,6 +111,39 @@ def test_the_client_follows_the_elected_gateway(tmp_path: Path, free_udp_port: i
         assert reader.summoned == ["chat"]
         writer.send(b"two")                # the writer moves when it next sends
         assert receive(reader, 1)[0].body == b"two"
+
+
+def test_a_confirmed_reader_resumes_on_the_standby_with_what_it_did_not_confirm(
+        tmp_path: Path, free_udp_port: int, nodes: list[ThreadedNode]) -> None:
+    default_users(tmp_path / "creds.json")
+    first = Gateway(tmp_path / "creds.json", priority=2, settle=0.1, data_dir=tmp_path / "1")
+    second = Gateway(tmp_path / "creds.json", priority=1, settle=0.1, data_dir=tmp_path / "2")
+    first_node = start(nodes, "first", free_udp_port, first)
+    second_node = start(nodes, "second", free_udp_port, second)
+    poll_until(lambda: second_node.uuid in first.replicas, WAIT,
+               "the second gateway to hold a copy of the first one's store")
+    with Client([first.control_endpoint, second.control_endpoint], "alice", PASSWORD,
+                timeout=1.0, heartbeat=0.3) as alice:
+        writer = alice.writer(["jobs"], confirm="full")
+        for i in range(50):
+            writer.send(b"job %d" % i)
+        assert writer.wait(WAIT)             # stored on both gateways
+        reader = alice.reader(["jobs"], confirm="full")
+        reader.summon("jobs")
+        got = receive(reader, 50)
+        for received in got[:20]:
+            reader.confirm(received)
+        assert reader.ping(WAIT)             # answered: the standby forgot them too
+        first_node.stop()                    # gone for good: the standby takes over
+        nodes.remove(first_node)
+        again = receive(reader, 30)          # the reader resumed its lease there
+        assert alice.gateway == second.control_endpoint
+        assert [r.body for r in again] == [b"job %d" % i for i in range(20, 50)]
+        for received in again:
+            reader.confirm(received)
+        assert reader.ping(WAIT)
+        assert reader.receive(timeout=0.3) is None
+        assert second.store is not None and second.store.count == 0
 
 
 def _free_tcp_port() -> int:

@@ -1,6 +1,7 @@
 """``confirm: full`` end to end: a gateway in its own process killed with SIGKILL and
-started again on the same store; clients reconnect. Nothing confirmed to a writer is
-lost; nothing a reader confirmed comes again."""
+started again on the same store, or killed for good while a standby gateway takes over;
+clients reconnect. Nothing confirmed to a writer is lost; nothing a reader confirmed
+comes again."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ class Child:
         if not line:
             pytest.fail(f"the gateway child exited with {self.proc.wait(5)}")
         self.endpoints = json.loads(line)
+
+    def expect_state(self, state: str) -> None:
+        """Wait (at most WAIT) for the child to print that it reached ``state``."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + WAIT
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not selector.select(deadline - time.monotonic()):
+                    break
+                line = self.proc.stdout.readline()
+                if not line:
+                    pytest.fail(f"the gateway child exited with {self.proc.wait(5)}")
+                if json.loads(line).get("state") == state:
+                    return
+        pytest.fail(f"the gateway child was not {state} within {WAIT} s")
 
     def kill(self) -> None:
         self.proc.kill()  # SIGKILL: no commit, no close
@@ -164,11 +181,57 @@ def test_content_confirmed_to_the_writer_survives_a_kill_9(config: dict[str, Any
     reader.command(Summon(reader.next(), "jobs"))
     wanted = {b"w%d" % i for i in range(1, total + 1)}
     seen: set[bytes] = set()
-    deadline = time.monotonic() + WAIT
-    while not wanted <= seen and time.monotonic() < deadline:
-        for content in reader.contents(1):
-            seen.add(content.body)
-            reader.send(Confirm(content.sequence))
+    for _ in range(2 * total):  # (stored twice at most: once before the kill, once resent)
+        if wanted <= seen:
+            break
+        (content,) = reader.contents(1)  # each within WAIT
+        seen.add(content.body)
+        reader.send(Confirm(content.sequence))
     assert sorted(wanted - seen) == [] and seen == wanted
     writer.close()
+    reader.close()
+
+
+def test_a_standby_takes_over_what_a_gateway_killed_for_good_held(
+        tmp_path: Path, free_udp_port: int, children: list[Child]) -> None:
+    default_users(tmp_path / "creds.json")
+    common = {"port": free_udp_port, "credentials": str(tmp_path / "creds.json"),
+              "run": "elected", "settle": 0.1}
+    serving = Child({**common, "name": "a", "data_dir": str(tmp_path / "a"), "priority": 9})
+    children.append(serving)
+    serving.expect_state("serving")
+    standby = Child({**common, "name": "b", "data_dir": str(tmp_path / "b"), "priority": 1})
+    children.append(standby)
+    standby.expect_state("replica")
+
+    writer = connect(serving.endpoints["control"], Direction.WRITE)
+    for i in range(1, 301):
+        writer.send(Content(i, "", b"job %d" % i))
+    confirmed_up_to(writer, 300)
+    reader = connect(serving.endpoints["control"], Direction.READ)
+    assert reader.command(Summon(reader.next(), "jobs")) == Response(2, 200)
+    first = reader.contents(300)
+    assert [c.body for c in first] == [b"job %d" % i for i in range(1, 301)]
+    reader.send(Confirm(first[99].sequence, True))  # jobs 1-100 are safe with the reader
+    settled(reader)                                   # (and forgotten by the standby)
+    for i in range(301, 501):                         # more, some of it in flight at the kill
+        writer.send(Content(i, "", b"job %d" % i))
+    confirmed = confirmed_up_to(writer, 301)
+    serving.kill()                                    # for good: its store is never read again
+    writer.close()
+    reader.close()
+
+    standby.expect_state("serving")
+    reader = connect(standby.endpoints["control"], Direction.READ)
+    assert reader.command(Summon(reader.next(), "jobs")).code == 200
+    due = [b"job %d" % i for i in range(101, confirmed + 1)]
+    got = [c for c in reader.contents(len(due))]
+    got += [c for c in reader.quiet(300) if isinstance(c, Content)]  # (unconfirmed ones too)
+    bodies = [c.body for c in got]
+    assert len(bodies) == len(set(bodies))            # exactly once
+    assert set(due) <= set(bodies) <= {b"job %d" % i for i in range(101, 501)}
+    assert bodies[:len(due)] == due                   # in order
+    reader.send(Confirm(got[-1].sequence, True))
+    settled(reader)
+    assert reader.quiet(300) == []
     reader.close()

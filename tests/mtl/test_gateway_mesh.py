@@ -12,7 +12,8 @@ from gatewayhelp import TIMING, RawClient, default_users
 from peermesh import ThreadedNode
 from peermesh.events import EventType
 from peermesh.mtl.gateway import Gateway
-from peermesh.wire.mtl import Content, DataLease, Direction, Failure, Open, Response, Summon
+from peermesh.wire.mtl import (Confirm, Content, DataLease, Direction, Failure, Open, Response,
+                               Summon)
 from waiting import poll_until
 
 
@@ -121,12 +122,16 @@ def test_confirmed_content_moves_to_the_new_gateway(tmp_path: Path, free_udp_por
                    "300 contents stored")
     finally:
         writer.close()
-    # a better candidate arrives: the old gateway steps down and hands its content over
+    # a better candidate arrives: the old gateway steps down, offers its content to the
+    # new one and then keeps a copy of the new one's store (a replica)
     new = Gateway(tmp_path / "creds.json", priority=9, settle=0.1, data_dir=tmp_path / "new")
-    start(nodes, "new", free_udp_port, new)
+    new_node = start(nodes, "new", free_udp_port, new)
     poll_until(lambda: new.active and not old.active, 5.0, "the new gateway to serve")
-    poll_until(lambda: old.store is not None and old.store.count == 0, 10.0,
-               "the old gateway to have handed everything over")
+    old_uuid = nodes[0].uuid
+    poll_until(lambda: old_uuid in new.replicas, 10.0, "the old gateway to be a replica")
+    assert new.store is not None and new.store.count == 300
+    assert old.store is not None and old.store.count == 300
+    assert new_node.uuid not in old.replicas
     reader = RawClient(new.control_endpoint)
     try:
         reader.login()
@@ -134,15 +139,20 @@ def test_confirmed_content_moves_to_the_new_gateway(tmp_path: Path, free_udp_por
         assert isinstance(lease, DataLease)
         reader.connect_data(lease)
         assert reader.command(Summon(reader.next(), "jobs")) == Response(2, 200)
-        bodies = [c.body for c in reader.contents(300)]
-        assert sorted(bodies) == sorted(b"job %d" % i for i in range(1, 301))
+        contents = reader.contents(300)
+        assert sorted(c.body for c in contents) == sorted(b"job %d" % i for i in range(1, 301))
+        reader.send(Confirm(contents[-1].sequence, True))
+        # what the reader confirmed is deleted from the copy too
+        poll_until(lambda: old.store is not None and old.store.count == 0, 10.0,
+                   "the replica to forget what the reader confirmed")
+        assert reader.quiet(200) == []
     finally:
         reader.close()
 
 
 def test_handovers_only_from_gateways_and_well_formed(tmp_path: Path, free_udp_port: int,
                                                       nodes: list[ThreadedNode]) -> None:
-    from peermesh.mtl.gateway import HANDOFF, HANDOFF_OK
+    from peermesh.mtl.gateway import HANDOFF, HANDOFF_OK, MARK, REPL
     default_users(tmp_path / "creds.json")
     gw = Gateway(tmp_path / "creds.json", run="always", data_dir=tmp_path)
     gw_node = start(nodes, "gw", free_udp_port, gw)
@@ -157,12 +167,45 @@ def test_handovers_only_from_gateways_and_well_formed(tmp_path: Path, free_udp_p
         poll_until(lambda: gw_node.uuid in peer.peers_by_group("jobs"), 5.0,
                    "the peer to see the gateway in jobs")
         seq = (1).to_bytes(8, "big")
-        peer.whisper(gw_node.uuid, HANDOFF, b"jobs", seq, b"\x00\x00", b"forged")
+        cid = bytes(16)
+        peer.whisper(gw_node.uuid, HANDOFF, b"jobs", seq, cid, b"\x00\x00", b"forged")
         peer.whisper(gw_node.uuid, HANDOFF, b"jobs", seq)             # too few frames
         peer.whisper(gw_node.uuid, HANDOFF_OK, seq)                   # an ack nobody asked for
+        peer.whisper(gw_node.uuid, REPL, b"jobs", cid, b"\x00\x00", b"forged")  # a copy
+        peer.whisper(gw_node.uuid, MARK, seq, b"\x01")               # nobody asked for
         peer.shout("jobs", b"marker")  # handled after the whispers: in order, one queue
         assert [c.body for c in client.contents(1)] == [b"marker"]
         assert gw.store is not None and gw.store.count == 0
         assert not any(e.type is EventType.WHISPER for e in iter(lambda: peer.recv(0.1), None))
     finally:
         client.close()
+
+
+def test_a_batch_of_content_reaches_mesh_peers_as_one_shout_each_in_order(
+        tmp_path: Path, free_udp_port: int, nodes: list[ThreadedNode]) -> None:
+    default_users(tmp_path / "creds.json")
+    gw = Gateway(tmp_path / "creds.json", run="always")
+    gw_node = start(nodes, "gw", free_udp_port, gw)
+    peers = [start(nodes, f"peer{i}", free_udp_port) for i in range(2)]
+    for peer in peers:
+        peer.join("chat")
+    poll_until(lambda: len(gw_node.peers_by_group("chat")) == 2, 5.0,
+               "the gateway to see both peers in chat")
+    writer = RawClient(gw.control_endpoint)
+    try:
+        writer.login()
+        lease = writer.lease(Direction.WRITE, ("chat",))
+        assert isinstance(lease, DataLease)
+        writer.connect_data(lease)
+        for i in range(1000):   # sent at once: the gateway drains them in batches
+            writer.send(Content(i + 1, "", b"m%d" % i))
+        for peer in peers:
+            heard: list[tuple[bytes, ...]] = []
+            while len(heard) < 1000:
+                event = peer.recv(5.0)
+                assert event is not None, f"{len(heard)} of 1000 shouts heard"
+                if event.type is EventType.SHOUT:
+                    heard.append(event.frames)
+            assert heard == [(b"m%d" % i,) for i in range(1000)]
+    finally:
+        writer.close()

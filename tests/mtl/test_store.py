@@ -251,3 +251,46 @@ def test_a_writer_killed_mid_write_loses_nothing_acknowledged(path: Path) -> Non
         assert [d.id for d in got] == sorted(present)
     finally:
         store.close()
+
+
+def test_copies_keep_their_content_id_and_are_never_stored_twice(tmp_path: Path) -> None:
+    from peermesh.mtl.store import make_cid, split_cid
+
+    first = ContentStore(tmp_path / "a.sqlite3")
+    second = ContentStore(tmp_path / "b.sqlite3")
+    try:
+        assert first.origin != second.origin
+        first.record = True
+        ids = [first.append("jobs", b"job %d" % i) for i in range(1, 4)]
+        first.commit()
+        written = first.committed
+        assert [(i, c, b) for i, c, _, _, b in written] == [
+            (i, make_cid(first.origin, i), b"job %d" % n) for n, i in enumerate(ids, 1)]
+        for _, cid, resource, properties, body in written:   # copied to the second store
+            assert not second.knows(cid)
+            second.append(resource, body, properties, cid)
+        second.commit()
+        assert all(second.knows(cid) for _, cid, _, _, _ in written)
+        # a reader of the second confirms the first copy: deleted, and still known
+        [delivery] = second.take("L", "jobs", 1)
+        assert second.cid(delivery.id) == written[0][1]
+        second.confirm("L", delivery.sequence)
+        second.commit()
+        assert second.knows(written[0][1]) and second.count == 2
+        # the first store forgets by content id what a reader confirmed elsewhere
+        assert first.forget([written[0][1], make_cid(12345, 1)]) == 1
+        first.commit()
+        assert first.deleted == [] and first.count == 2
+        rows, after = first.snapshot(0, 10)
+        assert [split_cid(cid)[1] for _, cid, _, _, _ in rows] == ids[1:] and after == ids[-1]
+        assert first.snapshot(after, 10) == ([], after)
+    finally:
+        first.close()
+        second.close()
+    # after a restart: the same origin, the copies' ids, and what was deleted still known
+    reopened = ContentStore(tmp_path / "b.sqlite3")
+    try:
+        assert reopened.all_cids() == {cid for _, cid, _, _, _ in written[1:]}
+        assert reopened.knows(written[0][1]) and reopened.origin == second.origin
+    finally:
+        reopened.close()
