@@ -3,6 +3,7 @@ member whose key is not allowed, alone (``curve=``) and on ZRE nodes with keys."
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,3 +105,28 @@ def test_a_secure_instance_on_the_mesh(ring: KeyRing, free_udp_port: int) -> Non
         for node, flux in reversed(made):
             flux.stop()
             node.stop(0.1)
+
+
+def test_commands_on_keys_find_and_reach_the_members(ring: KeyRing, free_udp_port: int) -> None:
+    """``flux run`` and a one-shot ``flux tree`` with node keys: the command is a CURVE client
+    of the member's key (its X-PUBLICKEY), with its node's keypair."""
+    from cliprocess import Cli, _report
+
+    ring.allow("allowed", "tool")
+    allowed = str(ring.root / "allowed")
+    cli = Cli(free_udp_port)
+
+    def keyed(name: str) -> tuple[str, ...]:
+        return ("--key-file", ring.secret(name), "--allowed-keys", allowed)
+
+    try:
+        first = cli.start("flux", "run", "--json", "--priority", "5", *keyed("root"))
+        first.expect_event(event="online")
+        second = cli.start("flux", "run", "--json", *keyed("one"))
+        second.expect_event(event="online")
+        result = cli.call("flux", "tree", "--json", *keyed("tool"))
+        assert result.returncode == 0, _report(result)
+        rows = json.loads(result.stdout)
+        assert [row["rank"] for row in rows] == [0, 1], rows
+    finally:
+        cli.close()
