@@ -122,11 +122,8 @@ class FluxClient:
         raise error
 
     def _open(self, endpoint: str) -> None:
-        if self.keys:
-            link = self.transport.connect(self.identity, endpoint, SNDHWM,
-                                          server_key=self.keys[endpoint].encode())
-        else:
-            link = self.transport.connect(self.identity, endpoint, SNDHWM)
+        secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
+        link = self.transport.connect(self.identity, endpoint, SNDHWM, **secure)
         link.limit = self.max_message
         self._link = link
         self._heard = self._sent = self.transport.now()

@@ -360,16 +360,15 @@ class FluxOverlay(Overlay):
 
     def _dial(self, endpoint: str, identity: bytes) -> None:
         self._hangup()
-        server_key = None
+        secure: dict[str, bytes] = {}  # (the simulated transport takes no keys)
         if getattr(self.transport, "curve", None) is not None:
             key = self.keys.get(endpoint)
             if key is None:  # the core's hello/join timeout moves on to the next endpoint
                 log.warning("flux: not connecting to %s: the public key of the member there "
                             "is unknown", endpoint)
                 return
-            server_key = key.encode()
-        link = self.transport.connect(identity, endpoint, SNDHWM, server_key=server_key) \
-            if server_key is not None else self.transport.connect(identity, endpoint, SNDHWM)
+            secure["server_key"] = key.encode()
+        link = self.transport.connect(identity, endpoint, SNDHWM, **secure)
         link.limit = self.max_message
         self._link = link
         self._greenlets.append(gevent.spawn(self._serve_link, link))
