@@ -18,6 +18,11 @@ own, if shorter: the member answers ``overlay.client`` with it); a member
 silent for ``lost`` seconds, or one that says DISCONNECT, is lost: every
 RPC in flight fails with EHOSTUNREACH and the listeners hear
 ``Notice("member-lost")``. It does not move to another member by itself.
+
+A member on keys (CURVE) is reached with its public key: ``endpoints`` as
+``{endpoint: key}`` (Z85); the client connects as a CURVE client with
+``curve``'s keypair, or with a keypair of its own made for the connection
+(the member admits it only if its allowlist admits any key).
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import gevent
 
 from ..errors import ProtocolError
+from ..io.curve import Curve
+from ..io.keys import generate
 from ..io.transport import ZmqTransport
+from ..io.zap import Allowlist
 from ..wire.flux import (
     NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Request, Response, decode,
     encode, string_payload,
@@ -52,16 +60,25 @@ _NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
 class FluxClient:
     """A client of one member of a Flux instance (see the module's docstring)."""
 
-    def __init__(self, endpoints: Sequence[str], *, transport: Any = None,
-                 heartbeat: float = 2.0, lost: float = 30.0,
-                 max_message: int = MAX_MESSAGE) -> None:
+    def __init__(self, endpoints: Union[Sequence[str], Mapping[str, str]], *,
+                 transport: Any = None, heartbeat: float = 2.0, lost: float = 30.0,
+                 max_message: int = MAX_MESSAGE, curve: Optional[Curve] = None) -> None:
         if not endpoints:
             raise FluxStateError("a Flux client needs the endpoint of a member")
         if not 0 < heartbeat <= lost:
             raise FluxStateError(f"a Flux client needs 0 < heartbeat <= lost, not "
                                  f"{heartbeat}, {lost}")
         self.endpoints = list(endpoints)
-        self.transport: Any = transport or ZmqTransport()
+        #: endpoint -> the member's public key (Z85), for a member on keys
+        self.keys: dict[str, str] = dict(endpoints) if isinstance(endpoints, Mapping) else {}
+        if (self.keys or curve is not None) and transport is not None:
+            raise FluxStateError("give the members' keys or transport=, not both")
+        if curve is not None and not self.keys:
+            raise FluxStateError("a Flux client with keys needs each member's key: give "
+                                 "endpoints as {endpoint: key}")
+        if self.keys and curve is None:
+            curve = Curve(generate(), Allowlist(None))
+        self.transport: Any = transport or ZmqTransport(curve=curve)
         self.heartbeat = heartbeat
         self.lost = lost
         self.max_message = max_message
@@ -105,7 +122,8 @@ class FluxClient:
         raise error
 
     def _open(self, endpoint: str) -> None:
-        link = self.transport.connect(self.identity, endpoint, SNDHWM)
+        secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
+        link = self.transport.connect(self.identity, endpoint, SNDHWM, **secure)
         link.limit = self.max_message
         self._link = link
         self._heard = self._sent = self.transport.now()

@@ -32,7 +32,7 @@ import importlib
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 from ..argtypes import positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
@@ -361,8 +361,9 @@ class Connection:
 
         args = self.args
         deadline = time.monotonic() + args.wait
-        parents = _parents(args)
-        _check_endpoints(parents)
+        parents: Union[list[str], dict[str, str]] = _parents(args)
+        _check_endpoints(list(parents))
+        curve = None
         if parents:
             self.signals = HubSignals()
             where = "through " + ", ".join(parents)
@@ -371,13 +372,17 @@ class Connection:
             node = self.session.start()
             with leaving(f"looking for Flux instance {args.instance!r} on the mesh"):
                 parents = _find_members(self.session, args.instance, deadline)
+            curve = node.curve   # with keys: a CURVE client of each member's X-PUBLICKEY
             if not parents:
                 raise _NotFound(f"no member of Flux instance {args.instance!r} found on the mesh "
                                 f"(interface {node.transport.interface(self.config.interface).name}"
                                 f", beacon port {self.config.port}) within {args.wait:g} s; "
                                 "is `flux run` running there, or give --parent ENDPOINT")
             where = f"through the mesh ({len(parents)} member{'s' * (len(parents) != 1)})"
-        self.client = FluxClient(parents)
+        if curve is not None and isinstance(parents, dict):
+            self.client = FluxClient({e: k for e, k in parents.items() if k}, curve=curve)
+        else:
+            self.client = FluxClient(list(parents))
         with leaving(f"connecting to Flux instance {args.instance!r}"):
             try:
                 self.client.connect(max(0.05, deadline - time.monotonic()))
@@ -404,22 +409,26 @@ class _NotFound(PeermeshError, ValueError):
     """Nothing to connect to: a usage-level error (exit code 2)."""
 
 
-def _find_members(session: NodeSession, instance: str, deadline: float) -> list[str]:
-    """Endpoints of the mesh's members of ``instance``, the elected root's first.
+def _find_members(session: NodeSession, instance: str, deadline: float) -> dict[str, str]:
+    """Endpoints of the mesh's members of ``instance``, the elected root's first, each with
+    its node's ``X-PUBLICKEY`` (on a node with keys; "" without).
 
     Once the first member is seen, others get about one beacon interval to
     show up, so that the member the instance elected as rank 0 (the same
     election its members run: priority, then UUID) is asked first.
     """
+    from ..wire.zre import PUBLIC_KEY_HEADER
     from .overlay import FLUX_HEADER
 
     node = session.node
     settle: Optional[float] = None
     while True:
         members: dict[Candidate, str] = {}
+        keys: dict[str, str] = {}
         for uuid in node.peers():
             try:
-                data = json.loads(node.peer_headers(uuid).get(FLUX_HEADER, ""))
+                headers = node.peer_headers(uuid)
+                data = json.loads(headers.get(FLUX_HEADER, ""))
             except (ValueError, KeyError):
                 continue
             if isinstance(data, dict) and data.get("instance") == instance \
@@ -427,12 +436,14 @@ def _find_members(session: NodeSession, instance: str, deadline: float) -> list[
                 priority = data.get("priority")
                 members[Candidate(uuid, priority if isinstance(priority, int) else 0)] = \
                     data["endpoint"]
+                keys[data["endpoint"]] = headers.get(PUBLIC_KEY_HEADER, "")
         now = time.monotonic()
         if members and settle is None:
             settle = min(deadline, now + 1.25 * node.config.interval + 0.05)
         if now >= (settle or deadline):
             root = elect(members)
-            return sorted(members.values(), key=lambda e: e != members[root]) if root else []
+            ordered = sorted(members.values(), key=lambda e: e != members[root]) if root else []
+            return {endpoint: keys[endpoint] for endpoint in ordered}
         session.wait_event(settle or deadline)
 
 

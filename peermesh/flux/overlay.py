@@ -40,6 +40,13 @@ Bootstrap (how a node finds its instance), one of:
 
 Attach to a ZRE node (``node`` then ``ThreadedNode(overlays=[flux])``) or
 run alone: ``FluxOverlay(root=True, address="127.0.0.1").start()``.
+
+On keys (CURVE): attached to a node with keys, or alone with ``curve=`` (a
+``peermesh.io.curve.Curve``), the ROUTER is a CURVE server admitting the
+allowed keys, and the DEALER to a parent is a CURVE client of the key of the
+member at that endpoint: its authenticated ``X-PUBLICKEY`` in the mesh, or
+the key given with the endpoint (``parents={endpoint: key}``) alone. An
+endpoint whose key is unknown is not connected to (the join tries the next).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ import json
 import logging
 import os
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from uuid import UUID
 
 import gevent
@@ -57,12 +64,14 @@ import gevent.event
 import zmq
 
 from ..events import Event as NodeEvent
+from ..io.curve import Curve
 from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
 from ..events import EventType
 from ..overlay.contract import Lifecycle, Overlay
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY
+from ..wire.zre import PUBLIC_KEY_HEADER
 from .core import (
     IDENTITY_SIZE, PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output, Send,
     State,
@@ -89,12 +98,13 @@ class FluxOverlay(Overlay):
     roles = ("flux",)
 
     def __init__(self, instance: str = "flux", *, root: bool = False,
-                 rank: Optional[int] = None, parents: Sequence[str] = (),
+                 rank: Optional[int] = None,
+                 parents: Union[Sequence[str], Mapping[str, str]] = (),
                  topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
                  settings: Optional[FluxSettings] = None, priority: int = 0,
                  address: Optional[str] = None, endpoint: Optional[str] = None,
                  transport: Any = None, max_message: int = MAX_MESSAGE,
-                 settle: Optional[float] = None) -> None:
+                 settle: Optional[float] = None, curve: Optional[Curve] = None) -> None:
         super().__init__()
         topo = topology if isinstance(topology, Topology) else Topology.parse(topology)
         self.settings = replace(settings or FluxSettings(), topology=topo)
@@ -106,6 +116,8 @@ class FluxOverlay(Overlay):
             raise FluxStateError("the root is rank 0")
         if endpoint is not None:
             check_endpoint(endpoint)  # BindError naming what is wrong, before anything starts
+        if curve is not None and transport is not None:
+            raise FluxStateError("give curve= or transport=, not both (a transport has its keys)")
         self.instance = instance
         self.root = root
         self.claim = rank
@@ -116,7 +128,10 @@ class FluxOverlay(Overlay):
         self.max_message = max_message
         self.settle = settle
         self.identity = os.urandom(IDENTITY_SIZE)
-        self._transport = transport
+        self._transport = transport if curve is None else ZmqTransport(curve=curve)
+        self._curve = curve  # released when this overlay alone made CURVE servers of it
+        #: endpoint -> the Z85 public key of the member there (CURVE clients connect to it)
+        self.keys: dict[str, str] = dict(parents) if isinstance(parents, Mapping) else {}
         self.transport: Any = transport
         self.endpoint = ""
         self._router: Any = None
@@ -163,6 +178,9 @@ class FluxOverlay(Overlay):
             router.replies = True
         self._router = router
         self.endpoint = router.endpoint
+        curve = getattr(transport, "curve", None)
+        if curve is not None:
+            self.keys[self.endpoint] = curve.public.decode()
 
     def on_start(self) -> None:
         mesh = self.node is not None and not self.root and not self.parents
@@ -203,6 +221,8 @@ class FluxOverlay(Overlay):
         if self._router is not None:
             self._router.close(linger=min(timeout, 0.1))
             self._router = None
+        if self._curve is not None and self.node is None:
+            self._curve.release(self.transport.context)
 
     def _new_core(self, *, root: bool, rank: Optional[int],
                   bootstrap: Sequence[str]) -> FluxCore:
@@ -340,7 +360,15 @@ class FluxOverlay(Overlay):
 
     def _dial(self, endpoint: str, identity: bytes) -> None:
         self._hangup()
-        link = self.transport.connect(identity, endpoint, SNDHWM)
+        secure: dict[str, bytes] = {}  # (the simulated transport takes no keys)
+        if getattr(self.transport, "curve", None) is not None:
+            key = self.keys.get(endpoint)
+            if key is None:  # the core's hello/join timeout moves on to the next endpoint
+                log.warning("flux: not connecting to %s: the public key of the member there "
+                            "is unknown", endpoint)
+                return
+            secure["server_key"] = key.encode()
+        link = self.transport.connect(identity, endpoint, SNDHWM, **secure)
         link.limit = self.max_message
         self._link = link
         self._greenlets.append(gevent.spawn(self._serve_link, link))
@@ -404,7 +432,9 @@ class FluxOverlay(Overlay):
             if event.peer is not None and event.headers is not None:
                 self._peer_entered(event.peer, dict(event.headers))
         elif event.type is EventType.EXIT and event.peer is not None:
-            if self._members.pop(event.peer, None) is not None:
+            member = self._members.pop(event.peer, None)
+            if member is not None:
+                self.keys.pop(member[1], None)
                 self._reelect()
 
     def _peer_entered(self, uuid: UUID, headers: dict[str, str]) -> None:
@@ -418,6 +448,9 @@ class FluxOverlay(Overlay):
         if not isinstance(endpoint, str) or not isinstance(priority, int):
             return
         self._members[uuid] = (Candidate(uuid, priority), endpoint)
+        key = headers.get(PUBLIC_KEY_HEADER)  # authenticated by a node with keys
+        if key is not None:
+            self.keys[endpoint] = key
         if self._root_endpoint is not None:
             self._reelect()
 

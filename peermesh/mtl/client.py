@@ -41,6 +41,13 @@ ones again after a reconnection: delivery is at least once. A reader's
 ``Received`` remembers which connection brought it; confirming one that an
 earlier connection brought does nothing (the gateway hands it out again).
 
+On keys: a gateway on a node with keys speaks CURVE on both flows; give the
+client its public key (``server_key``: Z85, one for every gateway, or
+``{control endpoint: key}`` when the gateways hold different keys; a
+gateway without a key is then not tried). The client makes a keypair of its
+own for its connections (the gateway admits any client key: SASL says who
+the user is).
+
 Bounds: a control reply is at most the codec's ``MAX_REQUEST`` + 1 KiB and a
 data command ``MAX_CONTENT`` bytes (libzmq drops a gateway that sends more); a
 reader takes content off its socket only when its queue is empty (or while
@@ -76,6 +83,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Optional, Se
 
 import scramp
 import zmq
+from zmq.utils import z85
 
 from ..errors import PeermeshError, ProtocolError
 from ..wire.mtl import (MAX_REQUEST, Authorize, Challenged, Confirm, Content, DataCommand,
@@ -152,6 +160,25 @@ def _check_endpoint(endpoint: Any) -> str:
     return endpoint
 
 
+def _server_keys(given: "bytes | str | Mapping[str, bytes | str] | None"
+                 ) -> Optional[dict[str, bytes]]:
+    """``server_key`` as {control endpoint or "" (any): Z85 bytes}; ValueError if malformed."""
+    if given is None:
+        return None
+    pairs = given.items() if isinstance(given, Mapping) else [("", given)]
+    keys = {}
+    for endpoint, key in pairs:
+        raw = key.encode("ascii", "replace") if isinstance(key, str) else key
+        try:
+            if not isinstance(raw, bytes) or len(raw) != 40:
+                raise ValueError
+            z85.decode(raw)
+        except (KeyError, ValueError):
+            raise ValueError(f"server key {key!r} is not 40 Z85 characters") from None
+        keys[endpoint] = raw
+    return keys
+
+
 class Client:
     """A connection to an MTL gateway (with failover to the others); see the module doc."""
 
@@ -159,7 +186,8 @@ class Client:
                  password: Optional[str] = None, *, virtual_host: str = "/",
                  profile: str = "mesh", mechanism: str = "SCRAM-SHA-256",
                  timeout: float = 5.0, heartbeat: float = 1.0, liveness: int = 3,
-                 window: int = _WINDOW, context: Optional[zmq.Context[Any]] = None) -> None:
+                 window: int = _WINDOW, context: Optional[zmq.Context[Any]] = None,
+                 server_key: "bytes | str | Mapping[str, bytes | str] | None" = None) -> None:
         endpoints = [gateways] if isinstance(gateways, str) else list(gateways)
         if not endpoints:
             raise ValueError("no gateway endpoint given")
@@ -185,6 +213,20 @@ class Client:
         self._lock = threading.RLock()
         self._leases: list[_Leased] = []
         self._closed = False
+        #: the gateways' public keys (Z85) by control endpoint ("": every gateway's), and
+        #: this client's keypair, on CURVE
+        self._keys = _server_keys(server_key)
+        self._keypair = zmq.curve_keypair() if self._keys is not None else None
+
+    def _secure(self, sock: "zmq.Socket[Any]", gateway: Optional[str]) -> None:
+        """Make ``sock`` a CURVE client of ``gateway`` (its control endpoint), if keys."""
+        if self._keys is None or self._keypair is None:
+            return
+        key = self._keys.get(gateway or "", self._keys.get(""))
+        if key is None:
+            raise GatewayUnavailable(f"no public key for gateway {gateway}")
+        sock.curve_publickey, sock.curve_secretkey = self._keypair
+        sock.curve_serverkey = key
 
     # --- the control flow -----------------------------------------------------
 
@@ -214,6 +256,7 @@ class Client:
                 self._req = self._context.socket(zmq.REQ)
                 self._req.setsockopt(zmq.LINGER, 0)
                 self._req.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST + 1024)
+                self._secure(self._req, endpoint)
                 self._req.connect(endpoint)
                 self._handshake()
             except GatewayUnavailable as exc:
@@ -429,6 +472,11 @@ class _Leased:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.SNDTIMEO, int(self.client.timeout * 1000))
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_CONTENT)
+        try:
+            self.client._secure(dealer, self.client.gateway)
+        except GatewayUnavailable:
+            dealer.close()
+            raise
         dealer.connect(self._endpoint)
         self._dealer = dealer
         self.link += 1

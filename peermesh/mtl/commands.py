@@ -290,6 +290,9 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
                        help="the gateway's virtual host (default: %(default)s)")
     group.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS",
                        help="longest wait for a gateway's answer (default: %(default)s)")
+    group.add_argument("--server-key", metavar="FILE", type=text,
+                       help="the gateway node's public certificate (peermesh keygen's PATH): "
+                            "talk CURVE to a gateway on keys (default: a plain link)")
     password_options(parser)
 
 
@@ -335,9 +338,13 @@ def _client(args: argparse.Namespace, password_from_stdin_ok: bool = True) -> An
     if user is not None and args.password_file == "-" and not password_from_stdin_ok:
         raise ValueError("standard input carries the messages: give the password with "
                          f"--password-file PATH, --password-env VAR or ${PASSWORD_ENV}")
+    server_key = None
+    if args.server_key is not None:
+        from ..io.keys import load_public_key
+        server_key = load_public_key(args.server_key)   # KeyFileError naming what is wrong
     password = read_password(args) if user is not None else None
     return Client(gateways, user, password, virtual_host=args.vhost, profile=args.profile,
-                  timeout=args.timeout)
+                  timeout=args.timeout, server_key=server_key)
 
 
 def _cmd_read(args: argparse.Namespace, config: Any) -> int:
@@ -423,7 +430,7 @@ MTL_KEYS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
     "broker": ("auto or always", lambda v: v in ("auto", "always"), "auto"),
     "priority": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool), 0),
     "virtual_hosts": ("a table of virtual host = group prefix", _vhosts, None),
-    "plain": ("true or false", lambda v: isinstance(v, bool), False),
+    "plain": ("true or false", lambda v: isinstance(v, bool), None),
     "anonymous": ("true or false", lambda v: isinstance(v, bool), False),
     "heartbeat": ("a positive number of seconds", is_seconds, 1.0),
     "lease_ttl": ("a positive number of seconds", is_seconds, 30.0),
@@ -509,8 +516,10 @@ def _add_gateway_command(command: Callable[..., argparse.ArgumentParser]) -> Non
                        help="a virtual host and the prefix of the groups it reaches; "
                             "repeatable (default: / with no prefix)")
     group.add_argument("--plain", action="store_const", const=True,
-                       help="also offer SASL PLAIN (the password crosses the link: only on "
-                            "an encrypted link) (default: off)")
+                       help="also offer SASL PLAIN on a plain link (the password crosses "
+                            "it) (default: only on a CURVE link, when the node has keys)")
+    group.add_argument("--no-plain", dest="plain", action="store_const", const=False,
+                       help="never offer SASL PLAIN, not even on a CURVE link")
     group.add_argument("--anonymous", action="store_const", const=True,
                        help="also offer SASL ANONYMOUS (with the grants of the user "
                             "'anonymous') (default: off)")

@@ -80,6 +80,13 @@ Greenlets on the node's hub, each a thin loop around the sans-io cores:
   ``ControlFlow.expire``, and a credentials-file check every second (users
   changed: their leases are revoked, their sessions answered 401).
 
+On keys: on a node with keys (CURVE) both ROUTERs are CURVE servers with the
+node's keypair, so clients need only the gateway's public key. They admit
+any client key (ZAP domain ``MTL_DOMAIN``, not the node's allowlist):
+clients off the LAN are many and come and go, and SASL authenticates the
+user. SASL PLAIN, which sends the password, is offered by default only
+then (``plain=None``); ``plain=True`` offers it on a plain link too.
+
 Bounds: at most ``MAX_QUEUED`` mesh events wait for the mesh greenlet (more
 are dropped: shouts are best effort, a handover is sent again); a control
 request is at most ``MAX_REQUEST`` + 1 KiB (libzmq drops
@@ -105,7 +112,8 @@ import gevent.event
 import zmq
 
 from ..events import Event, EventType
-from ..io import HubSocket, bind, bind_ephemeral, make_socket
+from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
+from ..io.curve import Curve, shared_allowlist
 from ..io.socket import BATCH
 from ..overlay import Overlay
 from ..overlay.broker import BrokerTracker
@@ -122,10 +130,12 @@ from .store import CID_BYTES, ContentStore, store_path
 if TYPE_CHECKING:
     from ..zre.node import Node
 
-__all__ = ["Gateway", "GATEWAY_HEADER", "parse_gateway_header"]
+__all__ = ["Gateway", "GATEWAY_HEADER", "MTL_DOMAIN", "parse_gateway_header"]
 
 log = logging.getLogger(__name__)
 
+#: ZAP domain of the gateways' CURVE sockets: any client key is admitted there
+MTL_DOMAIN = "peermesh-mtl"
 #: HELLO header of a node running a gateway: JSON ``{"control": endpoint, "data": endpoint}``
 GATEWAY_HEADER = "X-PM-MTL-GATEWAY"
 RUNS = ("always", "elected")
@@ -164,6 +174,10 @@ def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
     return None
 
 
+def _mechanisms(plain: bool) -> tuple[str, ...]:
+    return ("SCRAM-SHA-256", "PLAIN") if plain else ("SCRAM-SHA-256",)
+
+
 def _endpoint(address: str, port: int) -> str:
     return f"tcp://{address}:{port}"
 
@@ -178,7 +192,7 @@ class Gateway(Overlay):
                  run: str = "elected", broker: str = "auto", priority: int = 0,
                  data_dir: "Optional[os.PathLike[str] | str]" = None,
                  virtual_hosts: Optional[Mapping[str, str]] = None,
-                 profiles: Sequence[str] = ("test", "mesh"), plain: bool = False,
+                 profiles: Sequence[str] = ("test", "mesh"), plain: Optional[bool] = None,
                  anonymous: bool = False, heartbeat: float = 1.0, liveness: int = 3,
                  lease_ttl: float = 30.0, session_lifetime: Optional[float] = None,
                  max_content: int = MAX_CONTENT, settle: Optional[float] = None,
@@ -192,8 +206,10 @@ class Gateway(Overlay):
             raise ValueError(f"run must be one of {', '.join(RUNS)}, not {run!r}")
         self.credentials = credentials if isinstance(credentials, CredentialsFile) \
             else CredentialsFile(credentials)
-        mechanisms = ("SCRAM-SHA-256", "PLAIN") if plain else ("SCRAM-SHA-256",)
-        self.authenticator = Authenticator(self.credentials, mechanisms)
+        self._plain = plain  # None: PLAIN only on CURVE (decided at attach)
+        self.authenticator = Authenticator(self.credentials, _mechanisms(bool(plain)))
+        #: the CURVE servers' keys (the node's keypair, any client key), on a node with keys
+        self.curve: Optional[Curve] = None
         self.address = address
         self.run = run
         self.max_content = max_content
@@ -202,7 +218,7 @@ class Gateway(Overlay):
         self._data_dir = data_dir
         self._core_options: dict[str, Any] = dict(
             virtual_hosts=dict(virtual_hosts) if virtual_hosts is not None else None,
-            profiles=profiles, plain=plain, anonymous=anonymous,
+            profiles=profiles, plain=bool(plain), anonymous=anonymous,
             session_lifetime=session_lifetime)
         self._flow_options: dict[str, Any] = dict(heartbeat=heartbeat, liveness=liveness,
                                                   lease_ttl=lease_ttl)
@@ -248,6 +264,11 @@ class Gateway(Overlay):
 
     def on_attach(self, node: "Node") -> None:
         """Bind both sockets and advertise them in ``X-PM-MTL-GATEWAY``."""
+        if node.curve is not None:
+            self.curve = Curve(node.curve.keypair, shared_allowlist(None), MTL_DOMAIN)
+            if self._plain is None:  # the link is encrypted: PLAIN is safe to offer
+                self.authenticator = Authenticator(self.credentials, _mechanisms(True))
+                self._core_options["plain"] = True
         self._control_sock = self._bind(0, MAX_REQUEST + 1024, 3)
         self._sockets = [self._control_sock]
         try:
@@ -265,7 +286,7 @@ class Gateway(Overlay):
 
     def _bind(self, which: int, limit: int, frames: int) -> HubSocket:
         sock = make_socket(zmq.ROUTER, {zmq.MAXMSGSIZE: limit, zmq.SNDHWM: SNDHWM,
-                                        zmq.RCVHWM: SNDHWM})
+                                        zmq.RCVHWM: SNDHWM}, curve=self.curve)
         try:
             port = self._ports[which]
             endpoint = bind(sock, _endpoint(self.address, port)) if port \
@@ -297,6 +318,8 @@ class Gateway(Overlay):
         super().stop(timeout)
         for sock in self._sockets:
             sock.close()
+        if self.curve is not None:
+            self.curve.release(shared_context())
 
     def on_stop(self, timeout: float) -> None:
         node = self._node()
