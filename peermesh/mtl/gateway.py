@@ -115,7 +115,7 @@ from ..events import Event, EventType
 from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
 from ..io.curve import Curve, shared_allowlist
 from ..io.socket import BATCH
-from ..overlay import Overlay
+from ..overlay import Overlay, header_endpoint
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
 from ..errors import PeermeshError, ProtocolError
@@ -161,8 +161,7 @@ MAX_QUEUED = 100_000
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
     """The control endpoint in an ``X-PM-MTL-GATEWAY`` value; None if absent or malformed."""
-    if not raw:
-        return None
+    return header_endpoint(raw, "control")
     try:
         data = json.loads(raw)
     except ValueError:

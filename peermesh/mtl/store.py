@@ -76,13 +76,13 @@ import os
 import re
 import secrets
 import sqlite3
-import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..errors import PeermeshError, StoreError
+from ..walcheckpoint import WalCheckpointer
 
 __all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "make_cid", "split_cid",
            "CID_BYTES", "OVERHEAD", "MAX_BYTES", "MAX_RESOURCE_BYTES"]
@@ -208,10 +208,7 @@ class ContentStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(self.path, synchronous)
         self.origin, self._next_id = self._load()
-        self._stop = threading.Event()
-        self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
-                                              name=f"peermesh-checkpoint-{self.path.name}")
-        self._checkpointer.start()
+        self._checkpointer = WalCheckpointer(self.path, _CHECKPOINT_EVERY)
 
     @staticmethod
     def _open(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -268,29 +265,10 @@ class ContentStore:
             queue = self._queues[resource] = _Queue()
         return queue
 
-    def _checkpoint_loop(self) -> None:
-        try:
-            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=5.0)
-        except sqlite3.Error:
-            return
-        try:
-            while not self._stop.wait(_CHECKPOINT_EVERY):
-                try:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error:
-                    pass
-            try:
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass
-        finally:
-            db.close()
-
     def close(self) -> None:
         """Commit, then close the file (after a last checkpoint)."""
         self.commit()
-        self._stop.set()
-        self._checkpointer.join(10.0)
+        self._checkpointer.stop()
         self._db.close()
 
     # --- writing ---------------------------------------------------------

@@ -52,7 +52,7 @@ import zmq
 from ..errors import NodeStateError
 from ..io import bind_ephemeral, shared_context
 from ..net.interfaces import select_interface
-from ..overlay import Lifecycle, Overlay, advertise
+from ..overlay import Lifecycle, Overlay, advertise, header_endpoint
 from ..overlay.broker import BrokerChanged, BrokerTracker
 from ..overlay.election import LEGACY_BROKER_HEADER, MODES, Candidate, Change, Election
 from ..zre.node import Node
@@ -117,8 +117,7 @@ def parse_workers(raw: Optional[str]) -> list[tuple[str, str, str]]:
 
 def parse_broker_endpoint(raw: Optional[str]) -> Optional[str]:
     """The ``endpoint`` of an ``X-PM-NFP-BROKER`` value; None if absent or malformed."""
-    if not raw:
-        return None
+    return header_endpoint(raw, "endpoint")
     try:
         data = json.loads(raw)
     except ValueError:

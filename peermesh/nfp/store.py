@@ -62,7 +62,6 @@ import logging
 import os
 import re
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +71,7 @@ import gevent
 
 from ..errors import StoreError
 from ..wire.nfp import to_json
+from ..walcheckpoint import WalCheckpointer
 
 __all__ = ["JobStore", "WorkerJob", "ClientJob", "store_path", "PENDING", "RUNNING",
            "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATES"]
@@ -191,10 +191,7 @@ class JobStore:
         self._client_rows: dict[str, tuple[bool, dict[str, Any]]] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(self.path)
-        self._stop = threading.Event()
-        self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
-                                              name=f"peermesh-checkpoint-{self.path.name}")
-        self._checkpointer.start()
+        self._checkpointer = WalCheckpointer(self.path, _CHECKPOINT_EVERY)
 
     @staticmethod
     def _open(path: Path) -> sqlite3.Connection:
@@ -225,24 +222,6 @@ class JobStore:
             raise StoreError(f"{path} is not a usable peermesh job store: {exc}") from None
         return db
 
-    def _checkpoint_loop(self) -> None:
-        try:
-            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=5.0)
-        except sqlite3.Error:
-            return
-        try:
-            while not self._stop.wait(_CHECKPOINT_EVERY):
-                try:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error:
-                    pass
-            try:
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass
-        finally:
-            db.close()
-
     def close(self) -> None:
         """Commit, close the file (after a last checkpoint)."""
         self.commit()
@@ -251,8 +230,7 @@ class JobStore:
                 watcher.stop()
                 watcher.close()
         self._idle = self._timer = self._lazy = None
-        self._stop.set()
-        self._checkpointer.join(10.0)
+        self._checkpointer.stop()
         self._db.close()
 
     # --- group commit ---------------------------------------------------

@@ -14,6 +14,6 @@ decision, ``X-PM-BROKER``) and ``broker`` (``BrokerTracker``, the overlay
 that follows one node's view), so any overlay can ride on the elected node.
 """
 
-from .contract import ROLES_HEADER, Lifecycle, Overlay, advertise, roles_of
+from .contract import ROLES_HEADER, Lifecycle, Overlay, advertise, header_endpoint, roles_of
 
-__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "roles_of"]
+__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "header_endpoint", "roles_of"]

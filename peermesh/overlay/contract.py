@@ -16,6 +16,7 @@ after ``stop`` raise ``NodeStateError``; ``stop`` is idempotent.
 from __future__ import annotations
 
 import enum
+import json
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from ..errors import NodeStateError
@@ -23,7 +24,7 @@ from ..errors import NodeStateError
 if TYPE_CHECKING:
     from ..zre.node import Node
 
-__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "roles_of"]
+__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "roles_of", "header_endpoint"]
 
 #: HELLO header listing every role a node plays, comma-separated (``sada-channel,nfp-worker``)
 ROLES_HEADER = "X-PM-ROLES"
@@ -41,6 +42,22 @@ class Lifecycle(enum.Enum):
 def roles_of(headers: Mapping[str, str]) -> list[str]:
     """The roles a peer's (or our own) HELLO headers advertise, in order."""
     return [role for role in headers.get(ROLES_HEADER, "").split(",") if role]
+
+
+def header_endpoint(raw: Optional[str], key: str) -> Optional[str]:
+    """The ``tcp://`` endpoint under ``key`` in a JSON object header (an overlay's
+    advertised socket); None if the header is absent or malformed."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    endpoint = data.get(key) if isinstance(data, dict) else None
+    if isinstance(endpoint, str) and endpoint.startswith("tcp://") and endpoint.isprintable() \
+            and len(endpoint) < 256:
+        return endpoint
+    return None
 
 
 def advertise(node: "Node", headers: Mapping[str, str], roles: tuple[str, ...] = ()) -> None:

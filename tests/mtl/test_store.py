@@ -117,7 +117,7 @@ def test_reopen_brings_back_everything_not_confirmed(path: Path) -> None:
     store.confirm("L", 4)                             # d confirmed, not committed
     store.append("chat", b"never committed")
     store._db.close()                                 # as a crash would: no close()
-    store._stop.set()
+    store._checkpointer.stop()
 
     again = ContentStore(path)
     try:
