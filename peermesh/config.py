@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["NodeConfig", "read_tables", "TABLES"]
+__all__ = ["NodeConfig", "read_tables", "TABLES", "default_data_dir"]
 
 #: the tables a config file may have: ``[node]`` (NodeConfig), ``[nfp]`` (the NFP
 #: commands) and ``[mtl]`` (``peermesh mtl gateway``); anything else, and any key outside a
@@ -263,3 +264,13 @@ def parse_header(item: str) -> tuple[str, str]:
     if not sep or not key:
         raise ValueError(f"header {item!r} is not KEY=VALUE")
     return key, value
+
+
+def default_data_dir() -> Path:
+    """Where stores live by default: ``$PEERMESH_DATA_DIR``, else
+    ``$XDG_DATA_HOME/peermesh``, else ``~/.local/share/peermesh``."""
+    env = os.environ.get("PEERMESH_DATA_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "peermesh"

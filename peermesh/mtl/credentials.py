@@ -94,6 +94,7 @@ import scramp
 from scramp.utils import saslprep
 
 from ..errors import PeermeshError
+from ..config import default_data_dir
 
 __all__ = ["CredentialsError", "Verifier", "User", "CredentialsFile", "make_user",
            "check_name", "parse_credentials", "dump_credentials", "parse_time", "format_time",
@@ -118,15 +119,6 @@ _MIN_SALT = 12                      # scramp's minimum
 
 class CredentialsError(PeermeshError):
     """A credentials file that cannot be read or used, or a user entry that is not valid."""
-
-
-def default_data_dir() -> Path:
-    """``$PEERMESH_DATA_DIR``, else ``$XDG_DATA_HOME/peermesh``, else ~/.local/share/peermesh."""
-    data = os.environ.get("PEERMESH_DATA_DIR")
-    if data:
-        return Path(data)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "peermesh"
 
 
 def default_credentials_path() -> Path:

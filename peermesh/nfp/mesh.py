@@ -62,6 +62,7 @@ from .store import JobStore, store_path
 from ..io.curve import Curve, shared_allowlist
 from ..io.zap import Allowlist
 from ..wire.zre import PUBLIC_KEY_HEADER
+from ..config import default_data_dir
 from .transport import nfp_socket
 from .worker import MAX_CLIENTS, MAX_STORED, Tasks, TaskFunction, Worker, advertised
 
@@ -80,15 +81,6 @@ class NfpCandidate(Candidate):
     """A broker candidate as NFP uses it: the elected node and its NFP broker's endpoint."""
 
     endpoint: str = ""
-
-
-def default_data_dir() -> Path:
-    """``$PEERMESH_DATA_DIR``, else ``$XDG_DATA_HOME/peermesh``, else ~/.local/share/peermesh."""
-    env = os.environ.get("PEERMESH_DATA_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "peermesh"
 
 
 def parse_workers(raw: Optional[str]) -> list[tuple[str, str, str]]:
