@@ -246,9 +246,9 @@ class GuardedMailbox:
         return len(self.accepted)
 
     def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
-              backpressure: Any = None) -> None:
+              backpressure: Any = None, *, metadata: Optional[str] = None) -> None:
         """``HubSocket.serve`` of the mailbox."""
-        self.mailbox.serve(on_message, on_oversized, backpressure)
+        self.mailbox.serve(on_message, on_oversized, backpressure, metadata=metadata)
 
     def _on_events(self, batch: list) -> None:
         accepted = self.accepted
