@@ -35,8 +35,9 @@ What the node is told
   service advertised, unless another live service still claims that UUID:
   the node heeds it only when that is the peer's own address, so a record
   made up for a live peer's UUID elsewhere cannot take the peer away when it
-  goes (zeroconf does not tell which host sent a packet). A node found by both beacons and mDNS therefore leaves when either
-  source says it left; that is deliberate: both only say so when it stops.
+  goes (zeroconf does not tell which host sent a packet). A node found by
+  both beacons and mDNS therefore leaves when either source says it left;
+  that is deliberate: both only say so when it stops.
 * mDNS gives no heartbeat, so liveness stays with ZRE (PING, EVASIVE,
   expiry). When the node removes a peer for any reason other than "left"
   while its service is still advertised, it is offered to the node again
