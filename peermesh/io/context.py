@@ -8,10 +8,7 @@ from typing import Optional
 
 import zmq
 
-__all__ = ["shared_context", "IO_THREADS"]
-
-#: libzmq I/O threads of the shared context
-IO_THREADS = 2
+__all__ = ["shared_context"]
 
 _context: Optional[zmq.Context] = None
 _lock = threading.Lock()
@@ -23,10 +20,6 @@ def shared_context() -> zmq.Context:
     libzmq's default of 1,023 sockets per context would stop a process at
     about 25 nodes in a full mesh, and libzmq fails silently when it does. A
     plain (not ``zmq.green``) context: sockets are driven by ``HubSocket``.
-    Two I/O threads (``IO_THREADS``): a node shedding connections under a
-    flood of fake peers makes libzmq's I/O thread tear down and handshake
-    hundreds of connections, and a second one keeps good peers' traffic
-    moving meanwhile (``scripts/bench_flood.py``).
     """
     global _context
     context = _context
@@ -34,7 +27,7 @@ def shared_context() -> zmq.Context:
         return context
     with _lock:  # nodes of several threads (ThreadedNode) may ask at once
         if _context is None or _context.closed:
-            context = zmq.Context(io_threads=IO_THREADS)
+            context = zmq.Context()
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             wanted = 65536 if limit == resource.RLIM_INFINITY else max(1024, limit)
             context.set(zmq.MAX_SOCKETS, min(wanted, context.get(zmq.SOCKET_LIMIT)))
