@@ -236,6 +236,10 @@ class AsyncNode(NodeIdentity):
         """See ``Node.peers``."""
         return await self._call(self._started().peers)
 
+    async def stats(self) -> dict[str, int]:
+        """See ``Node.stats``."""
+        return await self._call(self._started().stats)
+
     async def peers_by_group(self, group: str) -> list[UUID]:
         """See ``Node.peers_by_group``."""
         return await self._call(self._started().peers_by_group, group)

@@ -263,6 +263,8 @@ def _add_run(command: CommandFactory) -> None:
 
 
 def _add_agent(command: CommandFactory) -> None:
+    from ..argtypes import positive_count
+
     agent = command(
         "agent", "run a long-lived node that other commands use",
         "Start a node with the node options (name, headers and groups are fixed at start; "
@@ -276,6 +278,10 @@ def _add_agent(command: CommandFactory) -> None:
         f"  {PROG} agent --config /etc/peermesh/peermesh.toml --agent /run/peermesh/agent.sock\n"
         f"  {PROG} agent --interface lo --port 5999 --print-events --json",
         cmd_agent, parents=[_agent_options(False)])
+    agent.add_argument("--max-connections", type=positive_count, metavar="N",
+                       help="local clients served at once; more get `busy` and are closed "
+                            "(default 128; at most half the descriptors still free at start, "
+                            "after 128 kept for the node)")
     agent.add_argument("--print-events", action="store_true",
                        help="also print every event on stdout, as `run` does")
     agent.add_argument("--json", action="store_true",
@@ -608,7 +614,9 @@ def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
         session = NodeSession(config, serving=True)
         node = session.start()
         try:
-            server = agent_module.AgentServer(node, claim).start()
+            server = agent_module.AgentServer(
+                node, claim,
+                max_connections=args.max_connections or agent_module.MAX_CONNECTIONS).start()
         except BaseException:
             session.close()
             raise

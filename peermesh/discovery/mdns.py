@@ -31,9 +31,13 @@ What the node is told
 ---------------------
 * a service appears or its TXT changes -> ``node.peer_appeared(uuid, endpoint)``;
 * a service goes away (goodbye packet, or its records expire) ->
-  ``node.peer_left(uuid)``, unless another live service still claims that
-  UUID. A node found by both beacons and mDNS therefore leaves when either
-  source says it left; that is deliberate: both only say so when it stops.
+  ``node.peer_left(uuid, address)`` with the address of the endpoint that
+  service advertised, unless another live service still claims that UUID:
+  the node heeds it only when that is the peer's own address, so a record
+  made up for a live peer's UUID elsewhere cannot take the peer away when it
+  goes (zeroconf does not tell which host sent a packet). A node found by
+  both beacons and mDNS therefore leaves when either source says it left;
+  that is deliberate: both only say so when it stops.
 * mDNS gives no heartbeat, so liveness stays with ZRE (PING, EVASIVE,
   expiry). When the node removes a peer for any reason other than "left"
   while its service is still advertised, it is offered to the node again
@@ -357,7 +361,7 @@ class MdnsDiscovery:
 
         if state_change is ServiceStateChange.Removed:
             self._live.discard(name)
-            self._to_hub(self._removed, name, self._cached_uuid(zeroconf, service_type, name))
+            self._to_hub(self._removed, name, self._cached(zeroconf, service_type, name))
             return
         self._live.add(name)
         loop = zeroconf.loop
@@ -387,8 +391,8 @@ class MdnsDiscovery:
         if name in self._live:
             self._to_hub(self._appeared, name, uuid, endpoint)
 
-    def _cached_uuid(self, zc: Any, service_type: str, name: str) -> Optional[UUID]:
-        """The UUID in a service's TXT while goodbye records linger in the cache (~1 s).
+    def _cached(self, zc: Any, service_type: str, name: str) -> Optional[tuple[UUID, str]]:
+        """The UUID and endpoint in a service's TXT while goodbye records linger (~1 s).
 
         Lets a removal be reported even when it overtook the service's resolution.
         """
@@ -397,7 +401,7 @@ class MdnsDiscovery:
         try:
             info = ServiceInfo(service_type, name)
             info.load_from_cache(zc)
-            return parse_txt(info.text, self._network)[0] if info.text else None
+            return parse_txt(info.text, self._network) if info.text else None
         except Exception:  # TxtError, or anything odd in a hostile record
             return None
 
@@ -423,17 +427,17 @@ class MdnsDiscovery:
         log.debug("mDNS: %s is %s at %s", name, uuid.hex, endpoint)
         node.peer_appeared(uuid, endpoint)
 
-    def _removed(self, name: str, cached: Optional[UUID]) -> None:
+    def _removed(self, name: str, cached: Optional[tuple[UUID, str]]) -> None:
         node = self._node
-        entry = self._services.pop(name, None)
-        uuid = entry[0] if entry is not None else cached
-        if node is None or self._closing or uuid is None or uuid == node.uuid:
+        entry = self._services.pop(name, None) or cached
+        if node is None or self._closing or entry is None or entry[0] == node.uuid:
             return
+        uuid, endpoint = entry
         if any(other[0] == uuid for other in self._services.values()):
             log.debug("mDNS: %s went away; %s is still advertised elsewhere", name, uuid.hex)
             return
-        log.debug("mDNS: %s (%s) went away", name, uuid.hex)
-        node.peer_left(uuid)
+        log.debug("mDNS: %s (%s at %s) went away", name, uuid.hex, endpoint)
+        node.peer_left(uuid, endpoint[len("tcp://"):].rpartition(":")[0])  # checked: tcp://IP:PORT
 
     def _advertised(self, uuid: UUID) -> Optional[str]:
         for other, endpoint in self._services.values():

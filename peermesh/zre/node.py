@@ -40,6 +40,7 @@ import msgpack
 import zmq
 
 from ..config import NodeConfig
+from ..counters import REPORT_PERIOD
 from ..discovery import Discovery
 from ..discovery.beacon import BeaconDiscovery, parse_seed
 from ..errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
@@ -172,6 +173,7 @@ class Node:
             self._session.add_group(_checked_string("group", group))
         self._gate = KeyGate(self._session, self.curve.allowlist) if self.curve else None
         self._peers = self._session.peers  # the peer table, read by the public API
+        self._descriptors_logged = -REPORT_PERIOD  # when the last descriptor refusal was logged
         self._state = "new"
         self._greenlets: list[gevent.Greenlet] = []
         self.interface: Optional[Interface] = None
@@ -648,8 +650,13 @@ class Node:
         """A link to the peer ``uuid`` at ``endpoint`` (for the session), or None."""
         try:
             self.transport.check_capacity(len(self._peers) + 1)
-        except PeermeshError as exc:
-            log.error("not connecting to %s at %s: %s", uuid, endpoint, exc)
+        except PeermeshError as exc:  # every beacon would say it again: count, log once a period
+            counters, now = self._session.counters, self._clock()
+            counters.add("descriptors_refused")
+            if now >= self._descriptors_logged + REPORT_PERIOD:
+                self._descriptors_logged = now
+                log.error("not connecting to %s at %s (%d peers refused so far): %s", uuid,
+                          endpoint, counters.get("descriptors_refused"), exc)
             return None
         cfg = self.config
         keys = {}

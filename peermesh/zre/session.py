@@ -109,7 +109,7 @@ _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 COUNTERS = ("peers_refused", "pending_refused", "pending_shed", "evasive_shed",
             "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
-            "events_dropped", "connections_shed")
+            "events_dropped", "connections_shed", "descriptors_refused")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
