@@ -44,7 +44,7 @@ def test_a_write_reaches_a_peer_on_a_mesh_with_keys(
                 received.append(event)
         return len(received) >= 20
 
-    df = spark.createDataFrame([(i,) for i in range(20)], "id long").repartition(2)
+    df = spark.createDataFrame([(i,) for i in range(20)], "id long").coalesce(1)
     (df.write.format("peermesh").option("group", "out")
      .option("keyFile", ring.secret("executors")).option("allowedKeys", allowed)
      .mode("append").save())
