@@ -64,7 +64,8 @@ from ..io.zap import Allowlist
 from ..wire.zre import PUBLIC_KEY_HEADER
 from .transport import nfp_socket
 from .grants import Grants
-from .worker import MAX_CLIENTS, MAX_STORED, MAX_STORED_PER_CLIENT, Tasks, TaskFunction, Worker, advertised
+from .worker import (MAX_CLIENTS, MAX_STORED, MAX_STORED_PER_CLIENT, Tasks, TaskFunction, Worker,
+                     advertised)
 
 __all__ = ["NfpNode", "NfpCandidate", "WORKER_HEADER", "NFP_BROKER_HEADER",
            "default_data_dir"]

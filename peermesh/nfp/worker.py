@@ -287,7 +287,8 @@ class Worker(Overlay):
         self._stored_by: dict[str, int] = {}  # the same by caller key (a mesh with keys)
         self._recounted = -_RECOUNT_EVERY
         #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` and
-        #: ``max_stored_per_client`` (POSTs), ``max_target`` (requests whose target is over MAX_TARGET, dropped)
+        #: ``max_stored_per_client`` (POSTs), ``max_target`` (requests whose target is over
+        #: MAX_TARGET, dropped)
         self.limits = Counters(log, "NFP worker hit its limits")
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0, "not_granted": 0}
@@ -313,7 +314,8 @@ class Worker(Overlay):
             body = stored.body
             job = _Job(stored.uuid, stored.service, stored.task, list(body.get("args") or []),
                        dict(body.get("kwargs") or {}), _timeout(body), False, _FROM_BROKER,
-                       recovered=True, caller=_key(body.get("caller")))
+                       recovered=True,   # with keys, the key it came with is stored too
+                       caller=_key(body.get("caller")) if self._curve is not None else None)
             self._jobs[job.uuid] = job
             self._queue.append(job)
             self.stats["recovered"] += 1
