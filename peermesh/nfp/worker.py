@@ -520,7 +520,10 @@ class Worker(Overlay):
         """The limit a body of ``size`` octets from key ``caller`` would pass (``max_stored``,
         ``max_stored_per_client``), or None; when one is reached, the store is counted
         again (at most once per ``_RECOUNT_EVERY``: purges free room)."""
-        if self._stored is None:
+        stored = self._stored
+        if caller is None and stored is not None and stored + size <= self.max_stored:
+            return None     # the common case, without keys
+        if stored is None:
             self._count_stored()
         over = self._limit_passed(size, caller)
         now = time.monotonic()
