@@ -11,7 +11,7 @@ import pytest
 from peermesh.spark.service import MeshSettings
 from peermesh.spark.source import WriteOptions
 
-from .conftest import wait_until
+from .conftest import INTERVAL, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zre"))
 from curvemesh import KeyRing  # noqa: E402
@@ -52,3 +52,34 @@ def test_a_write_reaches_a_peer_on_a_mesh_with_keys(
     assert sorted(e.unpack()["id"] for e in received) == list(range(20))
     executors = ring.public("executors").decode()
     assert {listener.peer_header_value(e.peer, "X-PUBLICKEY") for e in received} == {executors}
+
+
+def test_an_executors_channel_speaks_curve_with_its_nodes_key(
+        make_peer: Callable[..., Any], beacon_port: int, tmp_path: Path) -> None:
+    """Service writes: the executor's Safir-Darbaan channel, on the executors' keys, is
+    reached by a keyed server of the mesh (no Spark session needed)."""
+    sada = pytest.importorskip("peermesh.sada")
+    from peermesh.spark.executor import ExecutorMesh
+
+    ring = KeyRing(tmp_path)
+    allowed = ring.allow("allowed", "server", "executors")
+    service = sada.Service("calc", "1.0")
+
+    @service.action("double", inline=True)
+    def double(value: Any) -> Any:
+        return value * 2
+
+    node = make_peer("calc-server", headers=dict(sada.ThreadedServer.headers),
+                     key_file=ring.secret("server"), allowed_keys=allowed)
+    server = sada.ThreadedServer(services=[service]).start(node)
+    mesh = ExecutorMesh(MeshSettings(interface="lo", port=beacon_port, interval=INTERVAL,
+                                     key_file=ring.secret("executors"), allowed_keys=allowed),
+                        channel=True).start()
+    try:
+        assert mesh.curve is not None and mesh.curve.public == ring.public("executors")
+        assert mesh.wait_service("calc", timeout=10)
+        outcomes = mesh.request_many("calc", "double", [1, 2, 3], timeout=5)
+        assert [o.value for o in outcomes] == [2, 4, 6]
+    finally:
+        mesh.stop()
+        server.stop(0.2)
