@@ -31,7 +31,8 @@ token destructive calls are always refused. Without CURVE keys the token
 travels in the clear on the LAN: it stops accidents and casual misuse, not
 an attacker who can read the network. On a mesh with keys, ``admin_keys``
 (a set of public keys) replaces it: a call is allowed when the key its
-request was authenticated with is one of them.
+request was authenticated with is one of them. What else each key may use
+(tasks, FSS files) is in its grants (``peermesh.nfp.grants``).
 """
 
 from __future__ import annotations
