@@ -55,6 +55,7 @@ from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import Dispatcher, Reply, without_rid
+from .grants import Grants
 from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
 from .transport import CorkedSocket
@@ -104,7 +105,7 @@ class Broker(Overlay):
                  store: JobStore, context: zmq.Context, keepalive: float = 1.0,
                  multiplier: int = 3, queue_timeout: float = 30.0, request_timeout: float = 5.0,
                  admin_token: Optional[str] = None, admin_keys: Optional[Allowlist] = None,
-                 keyed: bool = False,
+                 grants: Optional[Grants] = None, keyed: bool = False,
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  on_shutdown: Optional[Callable[[], None]] = None) -> None:
@@ -120,6 +121,8 @@ class Broker(Overlay):
         self.admin_token = admin_token
         #: with keys: the public keys allowed the destructive MMI calls (instead of the token)
         self.admin_keys = admin_keys
+        #: with keys: the tasks and FSS files each key may use (see ``grants``)
+        self.grants = grants
         #: a CURVE socket: each client's key goes with its requests (as ``caller``)
         self.keyed = keyed
         self.inventory_dir = inventory_dir
@@ -150,13 +153,13 @@ class Broker(Overlay):
         """Create the broker services (they serve while this broker is active)."""
         specs = [("mmi.service.broker", self.mmi_tasks()),
                  ("sid.service.broker", sid_tasks(self.inventory_dir)),
-                 ("fss.service.broker", fss_tasks(self.files_root))]
+                 ("fss.service.broker", fss_tasks(self.files_root, self.grants))]
         for service, tasks in specs:
             short = service.split(".", 1)[0]
             worker = _ServiceWorker(service, f"{self.name}.{short}", Tasks(tasks), self.store,
                                     context=self._context, keepalive=self.keepalive,
                                     multiplier=self.multiplier, admin_token=self.admin_token,
-                                    admin_keys=self.admin_keys,
+                                    admin_keys=self.admin_keys, grants=self.grants,
                                     node_name=self.name, internal=True)
             worker.attach(node)
             self._services.append(worker)

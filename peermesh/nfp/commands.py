@@ -81,6 +81,7 @@ NFP_KEYS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
     "priority": ("an integer", _integer, 0),
     "admin_token": ("a string", _text, None),
     "admin_keys": ("a path", _text, None),
+    "grants": ("a path", _text, None),
     "retention": ("a positive number of seconds", is_seconds, 7 * 86400.0),
     "inventory": ("a path", _text, None),
     "files_root": ("a path", _text, None),
@@ -182,6 +183,10 @@ def _nfp_options(parser: argparse.ArgumentParser, *, network: bool = True,
                            help="on a node with keys (--key-file): directory of the public "
                                 "certificates allowed MMI disconnect/restart/shutdown, instead "
                                 "of the token (default: admin_keys in [nfp])")
+        group.add_argument("--grants", metavar="FILE",
+                           help="on a node with keys (--key-file): TOML file of the tasks and "
+                                "FSS files each public key may use (default: grants in [nfp]; "
+                                "none: any allowed key may use any)")
         group.add_argument("--retention", type=seconds, metavar="SECONDS",
                            help="finished jobs are purged after this long (default: 7 days)")
         group.add_argument("--inventory", metavar="DIR",
@@ -353,6 +358,7 @@ def _nfp_node(session: NodeSession, args: argparse.Namespace, *, broker: str = "
                        retention=_option(args, "retention"),
                        admin_token=getattr(args, "admin_token", None),
                        admin_keys=getattr(args, "admin_keys", None),
+                       grants=getattr(args, "grants", None),
                        inventory_dir=getattr(args, "inventory", None),
                        files_root=getattr(args, "files_root", None), store_name=store_name,
                        on_shutdown=lambda: gevent.spawn(session.stop))

@@ -64,7 +64,9 @@ from ..io.zap import Allowlist
 from ..wire.zre import PUBLIC_KEY_HEADER
 from ..config import default_data_dir
 from .transport import nfp_socket
-from .worker import MAX_CLIENTS, MAX_STORED, Tasks, TaskFunction, Worker, advertised
+from .grants import Grants
+from .worker import (MAX_CLIENTS, MAX_STORED, MAX_STORED_PER_CLIENT, Tasks, TaskFunction, Worker,
+                     advertised)
 
 __all__ = ["NfpNode", "NfpCandidate", "WORKER_HEADER", "NFP_BROKER_HEADER",
            "default_data_dir"]
@@ -130,6 +132,7 @@ class NfpNode(Overlay):
                  retention: float = 7 * 86400.0, purge_interval: float = 3600.0,
                  admin_token: Optional[str] = None,
                  admin_keys: Optional[os.PathLike[str] | str] = None,
+                 grants: Optional[os.PathLike[str] | str] = None,
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  store_name: Optional[str] = None,
@@ -155,6 +158,10 @@ class NfpNode(Overlay):
         #: node with keys (instead of ``admin_token``, which is then not used)
         self.admin_keys_dir = admin_keys
         self.admin_keys: Optional[Allowlist] = None
+        #: TOML file of the tasks and FSS files each public key may use, on a node with
+        #: keys (see ``peermesh.nfp.grants``); None: any allowed key may use any
+        self.grants_file = grants
+        self.grants: Optional[Grants] = None
         self.inventory_dir = inventory_dir
         self.files_root = files_root
         self.store_name = store_name
@@ -211,6 +218,11 @@ class NfpNode(Overlay):
                 raise ValueError("admin_keys needs a node with keys (key_file): without CURVE "
                                  "a caller's key cannot be known")
             self.admin_keys = shared_allowlist(self.admin_keys_dir)
+        if self.grants_file is not None:
+            if self.curve is None:
+                raise ValueError("grants need a node with keys (key_file): without CURVE "
+                                 "a caller's key cannot be known")
+            self.grants = Grants(self.grants_file)
         self.store = JobStore(store_path(self.data_dir, self.store_name or node.name),
                               self.retention)
         try:
@@ -224,7 +236,7 @@ class NfpNode(Overlay):
                                      queue_timeout=self.queue_timeout,
                                      request_timeout=self.request_timeout,
                                      admin_token=self.admin_token,
-                                     admin_keys=self.admin_keys,
+                                     admin_keys=self.admin_keys, grants=self.grants,
                                      keyed=self.curve is not None,
                                      inventory_dir=self.inventory_dir,
                                      files_root=self.files_root, on_shutdown=self._shutdown)
@@ -247,9 +259,11 @@ class NfpNode(Overlay):
 
     def add_worker(self, service: str, name: Optional[str] = None,
                    tasks: Optional[Tasks | Mapping[str, TaskFunction]] = None, *,
-                   max_clients: int = MAX_CLIENTS, max_stored: int = MAX_STORED) -> Worker:
+                   max_clients: int = MAX_CLIENTS, max_stored: int = MAX_STORED,
+                   max_stored_per_client: int = MAX_STORED_PER_CLIENT) -> Worker:
         """Add a worker of ``service`` (attached, before ``node.start()``); name defaults to
-        the node's. ``max_clients``, ``max_stored``: the worker's bounds (see ``Worker``)."""
+        the node's. ``max_clients``, ``max_stored``, ``max_stored_per_client``: the worker's
+        bounds (see ``Worker``)."""
         node = self.node
         if node is None or node.running or self.lifecycle is Lifecycle.STOPPED:
             raise NodeStateError("add workers after attaching NfpNode and before "
@@ -260,7 +274,8 @@ class NfpNode(Overlay):
         worker = Worker(service, name, tasks or Tasks(), self.store, address=self.address,
                         context=self.context, keepalive=self.keepalive,
                         multiplier=self.multiplier, admin_token=self.admin_token,
-                        admin_keys=self.admin_keys,
+                        admin_keys=self.admin_keys, grants=self.grants,
+                        max_stored_per_client=max_stored_per_client,
                         node_name=node.name, on_shutdown=self._stop_worker,
                         max_clients=max_clients, max_stored=max_stored,
                         curve=self.curve, keys=self.keys)

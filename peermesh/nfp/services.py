@@ -31,7 +31,8 @@ token destructive calls are always refused. Without CURVE keys the token
 travels in the clear on the LAN: it stops accidents and casual misuse, not
 an attacker who can read the network. On a mesh with keys, ``admin_keys``
 (a set of public keys) replaces it: a call is allowed when the key its
-request was authenticated with is one of them.
+request was authenticated with is one of them. What else each key may use
+(tasks, FSS files) is in its grants (``peermesh.nfp.grants``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import AbstractSet, Any, Callable, Optional
 import gevent
 
 from ..errors import PeermeshError
+from .grants import Grants
 
 __all__ = ["authorise", "later", "sid_tasks", "fss_tasks", "resolve_nf_url",
            "NotAuthorised", "yaml_available", "CHUNK_SIZE"]
@@ -152,16 +154,24 @@ def resolve_nf_url(root: os.PathLike[str] | str, url: str) -> Path:
     return path
 
 
-def fss_tasks(root: Optional[os.PathLike[str] | str]) -> dict[str, Callable[..., Any]]:
-    """The ``fss.service.broker`` tasks serving files under ``root``."""
+def fss_tasks(root: Optional[os.PathLike[str] | str],
+              grants: Optional[Grants] = None) -> dict[str, Callable[..., Any]]:
+    """The ``fss.service.broker`` tasks serving files under ``root`` (with ``grants``: only
+    the URLs granted to the caller's key)."""
 
-    def where(url: Any) -> Path:
+    def where(url: Any, job: Any) -> Path:
         if root is None:
             raise LookupError("this broker serves no files (no files root configured)")
-        return resolve_nf_url(root, url)
+        path = resolve_nf_url(root, url)
+        if grants is not None:
+            relative = path.relative_to(Path(root).resolve()).as_posix()
+            normal = "nf://" + ("" if relative == "." else relative)
+            if not grants.allows_file(job.caller, normal):
+                raise NotAuthorised(f"{normal} is not granted to the caller's key")
+        return path
 
     def list_files(job: Any, url: str = "nf://") -> list[str]:
-        path = where(url)
+        path = where(url, job)
         if not path.is_dir():
             raise NotADirectoryError(f"{url} is not a directory")
         base = Path(root).resolve()  # type: ignore[arg-type]
@@ -169,7 +179,7 @@ def fss_tasks(root: Optional[os.PathLike[str] | str]) -> dict[str, Callable[...,
                       for p in path.iterdir())
 
     def file_details(job: Any, url: str, chunk_size: int = CHUNK_SIZE) -> dict[str, Any]:
-        path = where(url)
+        path = where(url, job)
         if not path.is_file():
             raise FileNotFoundError(f"{url} is not a file")
         size_limit = _chunk_size(chunk_size)
@@ -189,7 +199,7 @@ def fss_tasks(root: Optional[os.PathLike[str] | str]) -> dict[str, Callable[...,
 
     def fetch_file(job: Any, url: str, chunk: int = 0, chunk_size: int = CHUNK_SIZE
                    ) -> dict[str, Any]:
-        path = where(url)
+        path = where(url, job)
         if not path.is_file():
             raise FileNotFoundError(f"{url} is not a file")
         limit = _chunk_size(chunk_size)

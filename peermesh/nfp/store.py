@@ -367,6 +367,17 @@ class JobStore:
                                "WHERE worker = ?", (worker,)).fetchone()
         return int(row[0])
 
+    def worker_bytes_by_caller(self, worker: str) -> dict[str, int]:
+        """Octets of the POST bodies ``worker``'s jobs hold, by the key the body names as
+        its ``caller`` (bodies without one are left out)."""
+        self._flush_client()
+        rows = self._db.execute(
+            "SELECT caller, total(length(CAST(body AS BLOB))) FROM (SELECT body, CASE WHEN "
+            "json_valid(body) THEN json_extract(body, '$.caller') END AS caller FROM "
+            "worker_jobs WHERE worker = ?) WHERE typeof(caller) = 'text' GROUP BY caller",
+            (worker,)).fetchall()
+        return {caller: int(octets) for caller, octets in rows}
+
     def count_worker_jobs(self, worker: str) -> dict[str, int]:
         """Number of jobs of ``worker`` by state."""
         rows = self._db.execute("SELECT state, count(*) FROM worker_jobs WHERE worker = ? "

@@ -73,6 +73,7 @@ from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import WORKER_MMI
+from .grants import Grants
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from ..io import bind_ephemeral, shared_context
@@ -92,6 +93,9 @@ MAX_CLIENTS = 1024
 #: octets of POST bodies a worker keeps in its store by default (until the retention
 #: purges finished jobs); a POST past it is answered 500 and not stored
 MAX_STORED = 1024 * 1024 * 1024
+#: octets of POST bodies one client key may keep in a worker's store by default (a mesh
+#: with keys); a POST past it is answered 500 and not stored
+MAX_STORED_PER_CLIENT = 128 * 1024 * 1024
 _RECOUNT_EVERY = 60.0        # seconds between two recounts of the stored octets when full
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
 _STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
@@ -218,9 +222,10 @@ class Worker(Overlay):
     node starts: it binds at once and its endpoint goes in the node's HELLO).
 
     Bounds on what clients can grow: ``max_clients`` (direct clients remembered for
-    ``show_clients``; the least recently heard is forgotten) and ``max_stored`` (octets
+    ``show_clients``; the least recently heard is forgotten), ``max_stored`` (octets
     of POST bodies held in the store until the retention purges them; a POST past it
-    is answered 500 and not stored). Refusals are counted in ``limits``.
+    is answered 500 and not stored) and, on a mesh with keys, ``max_stored_per_client``
+    (the same, per caller key). Refusals are counted in ``limits``.
     """
 
     roles: ClassVar[tuple[str, ...]] = ("nfp-worker",)
@@ -232,7 +237,9 @@ class Worker(Overlay):
                  node_name: str = "", on_shutdown: Optional[Callable[["Worker"], None]] = None,
                  internal: bool = False, max_clients: int = MAX_CLIENTS,
                  max_stored: int = MAX_STORED, curve: Optional[Curve] = None,
-                 keys: Mapping[str, str] = {}, admin_keys: Optional[Allowlist] = None) -> None:
+                 keys: Mapping[str, str] = {}, admin_keys: Optional[Allowlist] = None,
+                 grants: Optional[Grants] = None,
+                 max_stored_per_client: int = MAX_STORED_PER_CLIENT) -> None:
         super().__init__()
         nfp.format_target((name,))  # a name that can be targeted
         if not service or not service.isprintable() or service == WORKER_MMI:
@@ -246,6 +253,8 @@ class Worker(Overlay):
         self.admin_token = admin_token
         #: with keys: the public keys allowed the destructive MMI calls (instead of the token)
         self.admin_keys = admin_keys
+        #: with keys: the tasks each key may POST (see ``peermesh.nfp.grants``)
+        self.grants = grants
         self.node_name = node_name
         self.on_shutdown = on_shutdown
         self.internal = internal
@@ -267,18 +276,22 @@ class Worker(Overlay):
         self._running: Optional[_Job] = None
         self._wake = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
-        if not max_clients >= 1 or not max_stored >= 1:
-            raise ValueError("max_clients and max_stored must be at least 1")
+        if not max_clients >= 1 or not max_stored >= 1 or not max_stored_per_client >= 1:
+            raise ValueError("max_clients, max_stored and max_stored_per_client must be at "
+                             "least 1")
         self.max_clients = max_clients
         self.max_stored = max_stored
+        self.max_stored_per_client = max_stored_per_client
         self._clients: OrderedDict[bytes, float] = OrderedDict()   # least recently heard first
         self._stored: Optional[int] = None    # octets of bodies in the store (counted at start)
+        self._stored_by: dict[str, int] = {}  # the same by caller key (a mesh with keys)
         self._recounted = -_RECOUNT_EVERY
-        #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` (POSTs),
-        #: ``max_target`` (requests whose target is over MAX_TARGET, dropped)
+        #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` and
+        #: ``max_stored_per_client`` (POSTs), ``max_target`` (requests whose target is over
+        #: MAX_TARGET, dropped)
         self.limits = Counters(log, "NFP worker hit its limits")
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
-                      "recovered": 0, "broker_connects": 0}
+                      "recovered": 0, "broker_connects": 0, "not_granted": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
 
     # --- life cycle -----------------------------------------------------
@@ -301,7 +314,8 @@ class Worker(Overlay):
             body = stored.body
             job = _Job(stored.uuid, stored.service, stored.task, list(body.get("args") or []),
                        dict(body.get("kwargs") or {}), _timeout(body), False, _FROM_BROKER,
-                       recovered=True)
+                       recovered=True,   # with keys, the key it came with is stored too
+                       caller=_key(body.get("caller")) if self._curve is not None else None)
             self._jobs[job.uuid] = job
             self._queue.append(job)
             self.stats["recovered"] += 1
@@ -502,18 +516,36 @@ class Worker(Overlay):
         else:
             self._on_delete(msg, origin, rid)
 
-    def _room_for(self, size: int) -> bool:
-        """True if a body of ``size`` octets may be stored (``max_stored``); when full, the
-        store is counted again (at most once per ``_RECOUNT_EVERY``: purges free room)."""
-        if self._stored is None:
-            self._stored = self.store.worker_bytes(self.name)
-        if self._stored + size <= self.max_stored:
-            return True
+    def _over(self, size: int, caller: Optional[str]) -> Optional[str]:
+        """The limit a body of ``size`` octets from key ``caller`` would pass (``max_stored``,
+        ``max_stored_per_client``), or None; when one is reached, the store is counted
+        again (at most once per ``_RECOUNT_EVERY``: purges free room)."""
+        stored = self._stored
+        if caller is None and stored is not None and stored + size <= self.max_stored:
+            return None     # the common case, without keys
+        if stored is None:
+            self._count_stored()
+        over = self._limit_passed(size, caller)
         now = time.monotonic()
-        if now - self._recounted >= _RECOUNT_EVERY:
+        if over is not None and now - self._recounted >= _RECOUNT_EVERY:
             self._recounted = now
-            self._stored = self.store.worker_bytes(self.name)
-        return self._stored + size <= self.max_stored
+            self._count_stored()
+            over = self._limit_passed(size, caller)
+        return over
+
+    def _count_stored(self) -> None:
+        self._stored = self.store.worker_bytes(self.name)
+        if self._curve is not None:
+            self._stored_by = self.store.worker_bytes_by_caller(self.name)
+
+    def _limit_passed(self, size: int, caller: Optional[str]) -> Optional[str]:
+        assert self._stored is not None
+        if self._stored + size > self.max_stored:
+            return "max_stored"
+        if caller is not None and (self._stored_by.get(caller, 0) + size
+                                   > self.max_stored_per_client):
+            return "max_stored_per_client"
+        return None
 
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
@@ -549,18 +581,32 @@ class Worker(Overlay):
             self._respond(origin, msg, Status.ERROR,
                           {"error": f"worker {self.name} has no task {task!r}"}, rid)
             return
-        existing = self._jobs.get(msg.uuid)
-        size = len(msg.body[0])
-        if (existing is None and not mmi and not self._room_for(size)
-                and self.store.worker_job(self.name, msg.uuid) is None):
-            self.limits.over("max_stored", f"worker {self.name} refused a POST of {size:,} "
-                             f"octets: {self._stored:,} of {self.max_stored:,} stored")
+        caller = _key(body.get("caller"))
+        if self.grants is not None and not self.grants.allows_task(caller, msg.service, task):
+            self.stats["not_granted"] += 1
             self._respond(origin, msg, Status.ERROR, {
-                "error": f"worker {self.name} holds {self._stored:,} octets of jobs, its limit "
-                         f"is {self.max_stored:,} (max_stored): try later"}, rid)
+                "error": f"{msg.service}/{task} is not granted to the caller's key"}, rid)
+            return
+        existing = self._jobs.get(msg.uuid)
+        raw = msg.body[0]
+        text, size = raw.decode("utf-8"), len(raw)
+        client = caller if self._curve is not None else None   # a key the worker trusts
+        if client is not None and origin[0] == "direct":
+            text = nfp.to_json(body)   # the caller's key is stored with the job
+            size = len(text.encode("utf-8"))
+        over = self._over(size, client) if existing is None and not mmi else None
+        if over is not None and self.store.worker_job(self.name, msg.uuid) is None:
+            held, limit = ((self._stored, self.max_stored) if over == "max_stored" else
+                           (self._stored_by.get(client or "", 0), self.max_stored_per_client))
+            whose = "" if over == "max_stored" else " for this client's key"
+            self.limits.over(over, f"worker {self.name} refused a POST of {size:,} octets: "
+                             f"{held:,} of {limit:,} stored{whose}")
+            self._respond(origin, msg, Status.ERROR, {
+                "error": f"worker {self.name} holds {held:,} octets of jobs{whose}, its limit "
+                         f"is {limit:,} ({over}): try later"}, rid)
             return
         if existing is None and not self.store.add_worker_job(
-                self.name, msg.uuid, msg.service, task, body, msg.body[0].decode("utf-8")):
+                self.name, msg.uuid, msg.service, task, body, text):
             record = self.store.worker_job(self.name, msg.uuid)
             state = record.state if record is not None else "unknown"
             self._respond(origin, msg, Status.ACCEPTED, {"state": state, "duplicate": True}, rid)
@@ -576,10 +622,11 @@ class Worker(Overlay):
             return
         job = _Job(msg.uuid, msg.service, task, args, kwargs, _timeout(body),
                    bool(body.get("notify")), origin)
-        caller = body.get("caller")
-        job.caller = caller if isinstance(caller, str) else None
+        job.caller = caller
         if not mmi:
             self._stored = (self._stored or 0) + size
+            if client is not None:
+                self._stored_by[client] = self._stored_by.get(client, 0) + size
         self._jobs[job.uuid] = job
         self.stats["accepted"] += 1
         if mmi:
@@ -896,6 +943,11 @@ class Worker(Overlay):
 def _merged(head: str, fields: str) -> str:
     """JSON object text ``head`` with the members of JSON object text ``fields`` added."""
     return head[:-1] + "," + fields[1:] if len(fields) > 2 else head
+
+
+def _key(value: Any) -> Optional[str]:
+    """A request's ``caller`` (the key it came with), or None."""
+    return value if isinstance(value, str) else None
 
 
 def _timeout(body: Mapping[str, Any]) -> Optional[float]:

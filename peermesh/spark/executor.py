@@ -77,6 +77,7 @@ class ExecutorMesh:
         self.with_channel = channel
         self.node: Any = None
         self.channel: Any = None
+        self.curve: Any = None      # the channel's keys, on a mesh with keys
         self.started_at = 0.0
         self.pid = os.getpid()
 
@@ -90,7 +91,11 @@ class ExecutorMesh:
             from .. import sada
 
             address = select_interface(self.settings.interface).address
-            self.channel = sada.Channel(address=address)
+            if self.settings.key_file is not None:   # the channel speaks CURVE as its node
+                from ..io.curve import Curve
+
+                self.curve = Curve.load(self.settings.key_file, self.settings.allowed_keys)
+            self.channel = sada.Channel(address=address, curve=self.curve)
             headers.update({sada.HEADER_CHANNEL: self.channel.endpoint,
                             "X-PM-ROLES": "sada-channel,spark-executor"})
         name = f"spark-{socket.gethostname()[:40]}-{os.getpid()}" + \
@@ -106,6 +111,10 @@ class ExecutorMesh:
             node.stop(0.1)
             if self.channel is not None:
                 self.channel.stop()
+            if self.curve is not None:
+                from ..io import shared_context
+
+                self.curve.release(shared_context())
             raise
         self.node = node
         self.started_at = time.monotonic()
@@ -228,6 +237,10 @@ class ExecutorMesh:
             except Exception as exc:  # stopping anyway: say why the channel did not close
                 log.debug("channel did not stop cleanly: %s", exc)
         self.node.stop(0.5)
+        if self.curve is not None:
+            from ..io import shared_context
+
+            self.curve.release(shared_context())
 
 
 class _Failed:

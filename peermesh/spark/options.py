@@ -216,6 +216,8 @@ OPTIONS: dict[str, tuple[Use, Parser]] = {
     "timeout": (Use.WRITE, _seconds),
     "maxInFlight": (Use.WRITE, positive_int),
     "retries": (Use.WRITE, _count),
+    "keyFile": (Use.WRITE, _text),
+    "allowedKeys": (Use.WRITE, _text),
     # Spark's own, handed to every streaming sink and path-based source
     "checkpointLocation": (Use.ANY, _text),
     "path": (Use.ANY, _text),

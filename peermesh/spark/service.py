@@ -84,6 +84,10 @@ class MeshSettings:
     expired: Optional[float] = None
     discovery: Optional[tuple[str, ...]] = None
     seeds: Optional[tuple[str, ...]] = None
+    #: the secret certificate and allowed-keys directory of the worker's host (options
+    #: ``keyFile``, ``allowedKeys``), for a mesh with keys; never taken from the driver
+    key_file: Optional[str] = None
+    allowed_keys: Optional[str] = None
 
     def node_settings(self) -> dict[str, Any]:
         """Keyword settings for ``ThreadedNode`` (only those that are set)."""
@@ -95,7 +99,8 @@ class MeshSettings:
         for key, value in asdict(self).items():
             if value is None:
                 continue
-            result[key] = ",".join(value) if isinstance(value, tuple) else str(value)
+            name = _OPTION_NAMES.get(key, key)
+            result[name] = ",".join(value) if isinstance(value, tuple) else str(value)
         return result
 
     @classmethod
@@ -105,6 +110,9 @@ class MeshSettings:
         for key in ("interface",):
             if options.get(key):
                 values[key] = options[key]
+        for key, name in _OPTION_NAMES.items():
+            if options.get(name.lower()):
+                values[key] = options[name.lower()]
         if options.get("port"):
             values["port"] = int(options["port"])
         for key in ("interval", "evasive", "silent", "expired"):
@@ -127,6 +135,10 @@ class MeshSettings:
         return cls(interface=where, port=config.port, interval=config.interval,
                    evasive=config.evasive, silent=config.silent, expired=config.expired,
                    discovery=tuple(config.discovery), seeds=tuple(config.seeds))
+
+
+#: MeshSettings fields whose data source option is spelled otherwise
+_OPTION_NAMES = {"key_file": "keyFile", "allowed_keys": "allowedKeys"}
 
 
 @dataclass

@@ -188,6 +188,10 @@ class WriteOptions:
                              "request, with option 'action')")
         if service is not None and not options.get("action"):
             raise ValueError("option 'service' needs option 'action'")
+        if options.get("serverkey") and not options.get("keyfile"):
+            raise ValueError("the mesh has keys (option serverKey is set): a write needs "
+                             "option keyFile, the secret certificate of the workers' hosts "
+                             "(and allowedKeys, the directory of the keys they admit)")
         return cls(group=group, service=service, action=options.get("action") or None,
                    version=options.get("version") or None,
                    category=options.get("category") or "",
