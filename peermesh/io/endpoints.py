@@ -9,27 +9,38 @@ that does not resolve to a local address, an endpoint in use or an ipc path
 that cannot be made - raises ``BindError`` naming the endpoint and the reason,
 before anything else starts. Both return the endpoint libzmq reports as bound
 (``LAST_ENDPOINT``), which is the one to advertise.
+
+Where a socket may connect when a peer names the endpoint (a HELLO header):
+``peer_endpoint`` is the one rule every overlay applies, ``tcp://IP:PORT``
+inside given networks, never ``ipc://`` or a host name.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import random
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import gevent
 import zmq
 
 from ..errors import PeermeshError
 
-__all__ = ["BindError", "bind", "bind_ephemeral", "check_endpoint"]
+__all__ = ["BindError", "Network", "as_networks", "bind", "bind_ephemeral", "check_endpoint",
+           "peer_endpoint"]
 
 #: ports ``bind_ephemeral`` picks from (ZRE: "a random port in the dynamic range")
 EPHEMERAL_PORTS = range(0xC000, 0x10000)
 #: seconds a given endpoint still in use is tried again: libzmq closes a listener in the
 #: background, so an endpoint closed a moment ago in the same process is briefly busy
 BUSY_WAIT = 1.0
+
+#: longest endpoint a peer may name, octets of text
+MAX_PEER_ENDPOINT = 255
+#: a network in which endpoints peers name may be
+Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 #: called with the endpoint just before each bind attempt (e.g. to set a routing id)
 Prepare = Callable[[str], None]
@@ -61,6 +72,43 @@ def check_endpoint(endpoint: str) -> None:
         raise BindError(f"cannot bind {endpoint}: not tcp://HOST:PORT")
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise BindError(f"cannot bind {endpoint}: port {port!r} is not in 1-65535")
+
+
+def peer_endpoint(endpoint: str, networks: Sequence[Network]) -> Optional[str]:
+    """``endpoint`` if a peer may name it for this node to connect to, else None.
+
+    Only ``tcp://IP:PORT`` with a literal address (no name to resolve) and a
+    port in 1-65535, the address in one of ``networks``: never ``ipc://``,
+    which would point this node at a local socket such as the agent's.
+    """
+    if len(endpoint) > MAX_PEER_ENDPOINT or not endpoint.startswith("tcp://"):
+        return None
+    host, sep, port = endpoint[6:].rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return None
+    try:
+        address = ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+    except ValueError:
+        return None
+    if address.is_unspecified or address.is_multicast:
+        return None
+    if not any(address in network for network in networks):
+        return None
+    return endpoint
+
+
+def as_networks(values: Iterable[str]) -> list[Network]:
+    """Networks in CIDR form (``10.0.0.0/24``; a bare address is one host), checked:
+    ``ValueError`` naming the first that is not one."""
+    if isinstance(values, str):
+        raise ValueError(f"networks must be a list, not the str {values!r}")
+    networks = []
+    for value in values:
+        try:
+            networks.append(ipaddress.ip_network(value, strict=False))
+        except (ValueError, TypeError):
+            raise ValueError(f"{value!r} is not a network (CIDR, e.g. 10.0.0.0/24)") from None
+    return networks
 
 
 def bind(sock: zmq.Socket, endpoint: str, prepare: Optional[Prepare] = None) -> str:

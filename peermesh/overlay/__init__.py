@@ -14,6 +14,8 @@ decision, ``X-PM-BROKER``) and ``broker`` (``BrokerTracker``, the overlay
 that follows one node's view), so any overlay can ride on the elected node.
 """
 
-from .contract import ROLES_HEADER, Lifecycle, Overlay, advertise, header_endpoint, roles_of
+from .contract import (ROLES_HEADER, Lifecycle, Overlay, PeerNetworks, advertise,
+                       header_endpoint, roles_of)
 
-__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "header_endpoint", "roles_of"]
+__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "PeerNetworks", "advertise", "header_endpoint",
+           "roles_of"]

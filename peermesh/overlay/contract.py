@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Optional
 
+from ..counters import Counters
 from ..errors import NodeStateError
+from ..io.endpoints import Network, as_networks, peer_endpoint
 
 if TYPE_CHECKING:
     from ..zre.node import Node
 
-__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "roles_of", "header_endpoint"]
+__all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "roles_of", "header_endpoint",
+           "PeerNetworks"]
 
 #: HELLO header listing every role a node plays, comma-separated (``sada-channel,nfp-worker``)
 ROLES_HEADER = "X-PM-ROLES"
@@ -58,6 +61,39 @@ def header_endpoint(raw: Optional[str], key: str) -> Optional[str]:
             and len(endpoint) < 256:
         return endpoint
     return None
+
+
+class PeerNetworks:
+    """Where endpoints named in peers' HELLO headers may be, for an overlay to connect to.
+
+    ``networks`` (CIDR strings) or, if None, the network of the node's
+    interface; see ``peermesh.io.endpoints.peer_endpoint`` for the rule.
+    ``admit`` counts each refusal as ``peer_networks`` in ``limits`` (logged
+    once per interval).
+    """
+
+    __slots__ = ("_networks", "limits")
+
+    def __init__(self, networks: Optional[Iterable[str]], limits: Counters) -> None:
+        self._networks: Optional[list[Network]] = (
+            None if networks is None else as_networks(networks))
+        self.limits = limits
+
+    def of(self, node: Any) -> list[Network]:
+        """The networks endpoints on ``node``'s mesh may be in."""
+        if self._networks is not None:
+            return self._networks
+        interface = getattr(node, "interface", None)
+        return [interface.network] if interface is not None else []
+
+    def admit(self, endpoint: str, node: Any, what: str) -> bool:
+        """Whether this node may connect to ``endpoint``, a ``what`` a peer named."""
+        networks = self.of(node)
+        if peer_endpoint(endpoint, networks) is not None:
+            return True
+        self.limits.over("peer_networks", f"ignored {what} {endpoint[:80]!r} from the mesh: "
+                         f"not tcp://IP:PORT in {', '.join(map(str, networks)) or 'no network'}")
+        return False
 
 
 def advertise(node: "Node", headers: Mapping[str, str], roles: tuple[str, ...] = ()) -> None:

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence
 
+from ..io.endpoints import Network, peer_endpoint
+from ..io.endpoints import as_networks as io_networks
 from .errors import EndpointError
 
 __all__ = ["check_endpoint", "as_endpoints", "as_networks", "mesh_endpoint", "MAX_ENDPOINT"]
 
 #: longest endpoint accepted, octets of text (it is a channel's routing identity)
 MAX_ENDPOINT = 255
-#: a network in which channels found on the mesh may be
-Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+#: every address
+ANY = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 
 
 def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
@@ -63,40 +65,17 @@ def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
 
 def mesh_endpoint(endpoint: str, networks: Optional[Sequence[Network]] = None
                   ) -> Optional[str]:
-    """``endpoint`` if a peer's HELLO may name it as a channel, else None.
-
-    Only ``tcp://IP:PORT`` with a literal address (no name to resolve on
-    the hub) and a port in 1-65535, the address in one of ``networks`` (when
-    given): never ``ipc://``, which would point a server at a local socket
-    such as the agent's.
-    """
-    if len(endpoint) > MAX_ENDPOINT or not endpoint.startswith("tcp://"):
-        return None
-    host, sep, port = endpoint[6:].rpartition(":")
-    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
-        return None
-    try:
-        address = ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
-    except ValueError:
-        return None
-    if address.is_unspecified or address.is_multicast:
-        return None
-    if networks is not None and not any(address in network for network in networks):
-        return None
-    return endpoint
+    """``endpoint`` if a peer's HELLO may name it as a channel, else None: the
+    rule of ``peermesh.io.endpoints.peer_endpoint``, any network if None."""
+    return peer_endpoint(endpoint, ANY if networks is None else networks)
 
 
 def as_networks(values: Iterable[str]) -> list[Network]:
     """Networks in CIDR form (``10.0.0.0/24``; a bare address is one host), checked."""
-    if isinstance(values, str):
-        raise EndpointError(f"networks must be a list, not the str {values!r}")
-    networks = []
-    for value in values:
-        try:
-            networks.append(ipaddress.ip_network(value, strict=False))
-        except (ValueError, TypeError):
-            raise EndpointError(f"{value!r} is not a network (CIDR, e.g. 10.0.0.0/24)") from None
-    return networks
+    try:
+        return io_networks(values)
+    except ValueError as exc:
+        raise EndpointError(str(exc)) from None
 
 
 def as_endpoints(values: Iterable[str]) -> list[str]:
