@@ -6,7 +6,7 @@ then, so a command that never parses a bad option never loads it.
 
 from __future__ import annotations
 
-__all__ = ["is_seconds", "seconds", "count", "positive_count", "utf8", "text"]
+__all__ = ["is_seconds", "seconds", "count", "positive_count", "utf8", "text", "cidr"]
 
 
 def is_seconds(value: object) -> bool:
@@ -59,6 +59,17 @@ def text(value: str) -> str:
     if not value.strip():
         raise _refused("must not be empty")
     return utf8(value)
+
+
+def cidr(value: str) -> str:
+    """Option type: a network in CIDR form (``10.0.0.0/24``; a bare address is one host)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise _refused(f"{value!r} is not a network (CIDR, e.g. 10.0.0.0/24)") from None
+    return value
 
 
 def _whole(text: str) -> int:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 import gevent
 
-from ..argtypes import is_seconds, positive_count, seconds, text, utf8
+from ..argtypes import cidr, is_seconds, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, emit, note, table, to_json
 from ..cli.session import Interrupted, NodeSession, leaving
 from ..config import NodeConfig, read_tables
@@ -162,6 +162,9 @@ def _nfp_options(parser: argparse.ArgumentParser, *, network: bool = True,
                            help="a peer silent for keepalive x N is disconnected (default: 3)")
     group.add_argument("--request-timeout", type=seconds, metavar="SECONDS",
                        help="longest wait for a worker's or broker's answer (default: 5.0)")
+    group.add_argument("--peer-network", action="append", metavar="CIDR", type=cidr,
+                       help="connect to broker and worker endpoints peers advertise only in "
+                            "this network (default: the node's interface network); repeatable")
     group.add_argument("--queue-timeout", type=seconds, metavar="SECONDS",
                        help="how long a POST waits for a worker of its service to appear "
                             "(default: 30.0)")
@@ -361,6 +364,7 @@ def _nfp_node(session: NodeSession, args: argparse.Namespace, *, broker: str = "
                        grants=getattr(args, "grants", None),
                        inventory_dir=getattr(args, "inventory", None),
                        files_root=getattr(args, "files_root", None), store_name=store_name,
+                       peer_networks=getattr(args, "peer_network", None),
                        on_shutdown=lambda: gevent.spawn(session.stop))
     except OSError as exc:
         raise RuntimeError(f"cannot open the job store: {exc}") from exc

@@ -42,17 +42,18 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 from uuid import UUID
 
 import gevent
 import gevent.event
 import zmq
 
+from ..counters import Counters
 from ..errors import NodeStateError
 from ..io import bind_ephemeral, shared_context
 from ..net.interfaces import select_interface
-from ..overlay import Lifecycle, Overlay, advertise, header_endpoint
+from ..overlay import Lifecycle, Overlay, PeerNetworks, advertise, header_endpoint
 from ..overlay.broker import BrokerChanged, BrokerTracker
 from ..overlay.election import LEGACY_BROKER_HEADER, MODES, Candidate, Change, Election
 from ..zre.node import Node
@@ -136,10 +137,13 @@ class NfpNode(Overlay):
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
                  store_name: Optional[str] = None,
+                 peer_networks: Optional[Iterable[str]] = None,
                  on_shutdown: Optional[Callable[[], None]] = None,
                  setup: Optional[Callable[["NfpNode"], None]] = None) -> None:
         """``node``: attach to it at once (else attach later, before the node starts);
-        ``setup(nfp)`` runs once attached (add workers and listeners there)."""
+        ``setup(nfp)`` runs once attached (add workers and listeners there);
+        ``peer_networks``: networks (CIDR) the broker and worker endpoints peers
+        advertise must be in (default: the network of the node's interface)."""
         super().__init__()
         if broker not in MODES:
             raise ValueError(f"broker must be one of {', '.join(MODES)}, not {broker!r}")
@@ -188,6 +192,9 @@ class NfpNode(Overlay):
         self.keys: dict[str, str] = {}
         self._keyed: dict[UUID, list[str]] = {}  # the endpoints each peer's key is held for
         self._greenlets: list[gevent.Greenlet] = []
+        #: refusals by limit: ``peer_networks`` (endpoints peers advertised outside them)
+        self.limits = Counters(log, "NFP node hit its limits")
+        self.peer_networks = PeerNetworks(peer_networks, self.limits)
         if node is not None:
             self.attach(node)
 
@@ -363,17 +370,20 @@ class NfpNode(Overlay):
         self._forget_workers(uuid, "its node said HELLO again")
         key = headers.get(PUBLIC_KEY_HEADER)  # authenticated by the node, with keys
         endpoint = parse_broker_endpoint(headers.get(NFP_BROKER_HEADER))
+        if endpoint is not None and not self.peer_networks.admit(
+                endpoint, self.node, f"NFP broker endpoint of {name}"):
+            endpoint = None
+        found = [(service, worker_name, worker_endpoint) for service, worker_name, worker_endpoint
+                 in parse_workers(headers.get(WORKER_HEADER)) if self.peer_networks.admit(
+                     worker_endpoint, self.node, f"endpoint of NFP worker {worker_name!r}")]
         if key is not None and self.curve is not None:
-            found_endpoints = [endpoint] + [e for _, _, e in parse_workers(
-                headers.get(WORKER_HEADER))]
-            known = [e for e in found_endpoints if e is not None]
+            known = [e for e in [endpoint] + [e for _, _, e in found] if e is not None]
             self.keys.update((e, key) for e in known)
             self._keyed[uuid] = known
         if endpoint is None:
             self._endpoints.pop(uuid, None)
         else:
             self._endpoints[uuid] = endpoint
-        found = parse_workers(headers.get(WORKER_HEADER))
         own = {w.name for w in self.workers}
         names = []
         for service, worker_name, worker_endpoint in found:

@@ -15,14 +15,16 @@ from typing import Any
 import pytest
 import zmq
 
+from peermesh import Node
 from peermesh.errors import NodeStateError
 from peermesh.nfp import NFP_BROKER_HEADER, BrokerChanged, JobEvent, NfpNode
+from peermesh.nfp.mesh import WORKER_HEADER
 from peermesh.overlay import Lifecycle, roles_of
 from peermesh.overlay.election import BROKER_HEADER
 from peermesh.wire import nfp
 from peermesh.wire.nfp import Status
 
-from .conftest import Mesh, wait_until
+from .conftest import TIMING, Mesh, wait_until
 
 
 def ready_direct(client_nfp: NfpNode, service: str, count: int) -> None:
@@ -466,3 +468,36 @@ def test_hostile_frames_are_dropped_without_harm(mesh: Mesh, brokered: bool) -> 
         assert broker.broker.stats["dropped"] >= 5             # type: ignore[union-attr]
     assert client.client.run("svc", "echo", ["after"], target="any",
                              timeout=5).status is Status.OK
+
+
+def test_endpoints_peers_advertise_outside_the_nodes_network_are_never_dialled(
+        mesh: Mesh) -> None:
+    """A peer advertising a worker and a broker off the node's network (lo: 127.0.0.0/8)
+    is not connected to and each refusal is counted; workers on loopback still serve."""
+    liar = Node("liar", interface="lo", port=mesh.port, headers={
+        WORKER_HEADER: json.dumps([{"service": "svc", "name": "evil",
+                                    "endpoint": "tcp://10.1.2.3:5"}]),
+        NFP_BROKER_HEADER: json.dumps({"mode": "never", "priority": 0,
+                                       "endpoint": "tcp://10.1.2.3:6"})}, **TIMING)
+    liar.start()
+    try:
+        mesh.add("w1", workers=(("svc", "w1"),))
+        client = mesh.add("client")
+        ready_direct(client, "svc", 1)
+        wait_until(lambda: client.limits.get("peer_networks") == 2, 5,
+                   "both endpoints of the liar refused")
+        assert client.client.direct_workers() == {"svc": ["w1"]}
+        assert "evil" not in client.client._links   # no DEALER was made for it
+        assert client.client.run("svc", "echo", [1], target="any", timeout=5).status \
+            is Status.OK
+    finally:
+        liar.stop()
+
+
+def test_peer_networks_are_checked_and_can_narrow(mesh: Mesh) -> None:
+    with pytest.raises(ValueError, match="not a network"):
+        NfpNode(peer_networks=["10.0.0.0/33"])
+    mesh.add("w1", workers=(("svc", "w1"),))
+    client = mesh.add("client", peer_networks=["10.0.0.0/8"])
+    wait_until(lambda: client.limits.get("peer_networks") == 1, 5, "the worker refused")
+    assert client.client.direct_workers() == {}
