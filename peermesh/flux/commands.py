@@ -30,11 +30,12 @@ import argparse
 import errno
 import importlib
 import json
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
-from ..argtypes import positive_count, seconds, text, utf8
+from ..argtypes import cidr, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
 from ..cli.session import HubSignals, NodeSession, leaving
 from ..config import NodeConfig
@@ -43,6 +44,8 @@ from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the overlay (and gevent) are imported by the actions, not by the parser
     from .client import FluxClient
@@ -95,6 +98,9 @@ def _instance_options(parser: argparse.ArgumentParser, *, member: bool = False) 
                        help="join through this member (tcp://HOST:PORT, as `flux run` prints "
                             "it) instead of finding the instance on the mesh; repeatable "
                             f"(default: ${PARENTS_VARIABLE}, comma-separated)")
+    group.add_argument("--peer-network", action="append", metavar="CIDR", type=cidr,
+                       help="take members' endpoints from the mesh only in this network "
+                            "(default: the node's interface network); repeatable")
     if member:
         return
     group.add_argument("--wait", "-w", type=seconds, default=WAIT_JOIN, metavar="SECONDS",
@@ -371,7 +377,8 @@ class Connection:
             self.session = NodeSession(self.config)
             node = self.session.start()
             with leaving(f"looking for Flux instance {args.instance!r} on the mesh"):
-                parents = _find_members(self.session, args.instance, deadline)
+                parents = _find_members(self.session, args.instance, deadline,
+                                        args.peer_network)
             curve = node.curve   # with keys: a CURVE client of each member's X-PUBLICKEY
             if not parents:
                 raise _NotFound(f"no member of Flux instance {args.instance!r} found on the mesh "
@@ -409,16 +416,22 @@ class _NotFound(PeermeshError, ValueError):
     """Nothing to connect to: a usage-level error (exit code 2)."""
 
 
-def _find_members(session: NodeSession, instance: str, deadline: float) -> dict[str, str]:
+def _find_members(session: NodeSession, instance: str, deadline: float,
+                  peer_networks: Optional[list[str]]) -> dict[str, str]:
     """Endpoints of the mesh's members of ``instance``, the elected root's first, each with
     its node's ``X-PUBLICKEY`` (on a node with keys; "" without).
 
     Once the first member is seen, others get about one beacon interval to
     show up, so that the member the instance elected as rank 0 (the same
-    election its members run: priority, then UUID) is asked first.
+    election its members run: priority, then UUID) is asked first. Members
+    whose endpoint is outside ``peer_networks`` are left out (see ``FluxOverlay``).
     """
+    from ..counters import Counters
+    from ..overlay.contract import PeerNetworks
     from ..wire.zre import PUBLIC_KEY_HEADER
-    from .overlay import FLUX_HEADER
+    from .overlay import parse_member
+
+    networks = PeerNetworks(peer_networks, Counters(log, "flux: members refused"))
 
     node = session.node
     settle: Optional[float] = None
@@ -428,15 +441,13 @@ def _find_members(session: NodeSession, instance: str, deadline: float) -> dict[
         for uuid in node.peers():
             try:
                 headers = node.peer_headers(uuid)
-                data = json.loads(headers.get(FLUX_HEADER, ""))
-            except (ValueError, KeyError):
+            except KeyError:
                 continue
-            if isinstance(data, dict) and data.get("instance") == instance \
-                    and isinstance(data.get("endpoint"), str):
-                priority = data.get("priority")
-                members[Candidate(uuid, priority if isinstance(priority, int) else 0)] = \
-                    data["endpoint"]
-                keys[data["endpoint"]] = headers.get(PUBLIC_KEY_HEADER, "")
+            member = parse_member(headers, instance)
+            if member is None or not networks.admit(member[1], node, "Flux member endpoint"):
+                continue
+            members[Candidate(uuid, member[0])] = member[1]
+            keys[member[1]] = headers.get(PUBLIC_KEY_HEADER, "")
         now = time.monotonic()
         if members and settle is None:
             settle = min(deadline, now + 1.25 * node.config.interval + 0.05)
@@ -465,7 +476,7 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
                          "listen")
     registers = _import_handlers(args.handlers)
     options = dict(root=args.root, rank=args.rank, parents=parents, topology=args.topology,
-                   priority=args.priority)
+                   priority=args.priority, peer_networks=args.peer_network)
     render = _notice_json if args.json else _notice_text
     session: Optional[NodeSession] = None
     signals: Optional[HubSignals] = None

@@ -31,6 +31,9 @@ Bootstrap (how a node finds its instance), one of:
   its HELLO; after ``settle`` seconds the members of one instance elect the
   root with the mesh's broker election (``peermesh.overlay.election``:
   highest priority, then UUID) and the others join through its endpoint.
+  Only members whose endpoint is ``tcp://IP:PORT`` in ``peer_networks``
+  (default: the network of the node's interface) count; the others are
+  refused, counted in ``limits``.
   When the root leaves the mesh the next elected member becomes rank 0 at
   its own endpoint (its old rank falls vacant; event numbers go on from the
   last it saw) and the orphans join it, keeping their ranks; its own subtree
@@ -68,7 +71,8 @@ from ..io.curve import Curve
 from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
 from ..events import EventType
-from ..overlay.contract import Lifecycle, Overlay
+from ..counters import Counters
+from ..overlay.contract import Lifecycle, Overlay, PeerNetworks
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY
 from ..wire.zre import PUBLIC_KEY_HEADER
@@ -80,7 +84,7 @@ from .errors import FluxError, FluxStateError
 from .handle import FluxHandle, Handler, Payload, RpcFuture, Subscription
 from .topology import DEFAULT_TOPOLOGY, Topology
 
-__all__ = ["FluxOverlay", "FLUX_HEADER", "MAX_MESSAGE"]
+__all__ = ["FluxOverlay", "FLUX_HEADER", "MAX_MESSAGE", "parse_member"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,22 @@ FLUX_HEADER = "X-PM-FLUX-TREE"
 MAX_MESSAGE = 16 * 1024 * 1024
 #: messages the DEALER to the parent queues before sends are dropped
 SNDHWM = 100_000
+
+
+def parse_member(headers: Mapping[str, str], instance: str) -> Optional[tuple[int, str]]:
+    """``(priority, endpoint)`` of a member of ``instance`` from its ``X-PM-FLUX-TREE``;
+    None if the header is absent, malformed or another instance's."""
+    try:
+        data = json.loads(headers.get(FLUX_HEADER, ""))
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("instance") != instance:
+        return None
+    endpoint, priority = data.get("endpoint"), data.get("priority", 0)
+    if not isinstance(endpoint, str) or not isinstance(priority, int) \
+            or isinstance(priority, bool):
+        return None
+    return priority, endpoint
 
 
 class FluxOverlay(Overlay):
@@ -104,7 +124,8 @@ class FluxOverlay(Overlay):
                  settings: Optional[FluxSettings] = None, priority: int = 0,
                  address: Optional[str] = None, endpoint: Optional[str] = None,
                  transport: Any = None, max_message: int = MAX_MESSAGE,
-                 settle: Optional[float] = None, curve: Optional[Curve] = None) -> None:
+                 settle: Optional[float] = None, curve: Optional[Curve] = None,
+                 peer_networks: Optional[Sequence[str]] = None) -> None:
         super().__init__()
         topo = topology if isinstance(topology, Topology) else Topology.parse(topology)
         self.settings = replace(settings or FluxSettings(), topology=topo)
@@ -147,6 +168,9 @@ class FluxOverlay(Overlay):
         self.core: FluxCore = FluxCore(self.identity, "", settings=self.settings)
         self._default: Optional[FluxHandle] = None
         self.dropped = 0
+        #: refusals by limit: ``peer_networks`` (members' endpoints outside them)
+        self.limits = Counters(log, "Flux node hit its limits")
+        self.peer_networks = PeerNetworks(peer_networks, self.limits)
 
     # --- the overlay contract ----------------------------------------------------
 
@@ -438,14 +462,11 @@ class FluxOverlay(Overlay):
                 self._reelect()
 
     def _peer_entered(self, uuid: UUID, headers: dict[str, str]) -> None:
-        try:
-            data = json.loads(headers.get(FLUX_HEADER, ""))
-        except ValueError:
+        member = parse_member(headers, self.instance)
+        if member is None:
             return
-        if not isinstance(data, dict) or data.get("instance") != self.instance:
-            return
-        endpoint, priority = data.get("endpoint"), data.get("priority", 0)
-        if not isinstance(endpoint, str) or not isinstance(priority, int):
+        priority, endpoint = member
+        if not self.peer_networks.admit(endpoint, self.node, "Flux member endpoint"):
             return
         self._members[uuid] = (Candidate(uuid, priority), endpoint)
         key = headers.get(PUBLIC_KEY_HEADER)  # authenticated by a node with keys

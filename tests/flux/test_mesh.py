@@ -7,6 +7,7 @@ mesh the next member becomes rank 0 and the orphans re-attach to it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -91,3 +92,31 @@ def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:
         tn.call(lambda node: flux.rpc("t.echo", b"hi", 0).on_response(answer.set_result))
         assert answer.result(5).payload == b"hi"
     assert flux.lifecycle is Lifecycle.STOPPED and flux.state is State.STOPPED
+
+
+def test_a_member_advertising_an_endpoint_off_the_network_is_never_joined(
+        mesh: Callable[..., tuple[Node, FluxOverlay]], free_udp_port: int) -> None:
+    """A peer of the instance naming an endpoint outside the node's network (lo: 127.0.0.0/8)
+    is refused and counted, even with the highest priority: the others elect among
+    themselves and never dial it."""
+    liar = Node("liar", interface="lo", port=free_udp_port, headers={FLUX_HEADER: json.dumps(
+        {"instance": "test", "endpoint": "tcp://10.1.2.3:5", "priority": 100})}, **TIMING)
+    liar.start()
+    try:
+        members = [mesh(f"m{i}", priority=p)[1] for i, p in enumerate((1, 0))]
+        for flux in members:
+            wait_until(lambda: flux.limits.get("peer_networks") == 1, 10, "the liar refused")
+            assert flux.wait_online(10), flux.info()
+        assert members[0].rank == 0 and members[1].rank == 1
+    finally:
+        liar.stop(0.1)
+
+
+def test_peer_networks_can_narrow(mesh: Callable[..., tuple[Node, FluxOverlay]]) -> None:
+    with pytest.raises(ValueError, match="not a network"):
+        FluxOverlay("test", peer_networks=["10.0.0.0/33"])
+    first = mesh("m0", priority=1)[1]
+    second = mesh("m1", priority=0, peer_networks=["10.0.0.0/8"])[1]
+    wait_until(lambda: second.limits.get("peer_networks") == 1, 10, "the other member refused")
+    assert first.wait_online(10)
+    assert first.rank == 0 and first.size == 1
