@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..argtypes import is_seconds, positive_count, seconds, text, utf8
+from ..argtypes import cidr, is_seconds, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_OK, PROG, clean, emit, note, table, to_json
 
 TYPE_CHECKING = False
@@ -503,6 +503,10 @@ def _add_gateway_command(command: Callable[..., argparse.ArgumentParser]) -> Non
     group.add_argument("--address", metavar="HOST", type=text,
                        help="where the control and data sockets listen (default: the "
                             "interface's IPv4 address)")
+    group.add_argument("--peer-network", action="append", metavar="CIDR", type=cidr,
+                       help="use and hand to clients the endpoints other gateways advertise "
+                            "only in this network (default: the node's interface network); "
+                            "repeatable")
     group.add_argument("--control-port", type=_port_arg, metavar="PORT",
                        help="the control flow's TCP port (default: 0, any free one)")
     group.add_argument("--data-port", type=_port_arg, metavar="PORT",
@@ -580,7 +584,8 @@ def _cmd_gateway(args: argparse.Namespace, config: "NodeConfig") -> int:
                           data_dir=data_dir, virtual_hosts=settings["virtual_hosts"],
                           plain=settings["plain"], anonymous=settings["anonymous"],
                           heartbeat=settings["heartbeat"], lease_ttl=settings["lease_ttl"],
-                          session_lifetime=settings["session_lifetime"], on_state=state)
+                          session_lifetime=settings["session_lifetime"],
+                          peer_networks=args.peer_network, on_state=state)
         gateway.attach(session.node)
     except BaseException:
         session.close()

@@ -111,11 +111,12 @@ import gevent
 import gevent.event
 import zmq
 
+from ..counters import Counters
 from ..events import Event, EventType
 from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
 from ..io.curve import Curve, shared_allowlist
 from ..io.socket import BATCH
-from ..overlay import Overlay, header_endpoint
+from ..overlay import Overlay, PeerNetworks, header_endpoint
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
 from ..errors import PeermeshError, ProtocolError
@@ -162,15 +163,6 @@ MAX_QUEUED = 100_000
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
     """The control endpoint in an ``X-PM-MTL-GATEWAY`` value; None if absent or malformed."""
     return header_endpoint(raw, "control")
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    endpoint = data.get("control") if isinstance(data, dict) else None
-    if isinstance(endpoint, str) and endpoint.startswith("tcp://") and endpoint.isprintable() \
-            and len(endpoint) < 256:
-        return endpoint
-    return None
 
 
 def _mechanisms(plain: bool) -> tuple[str, ...]:
@@ -195,8 +187,11 @@ class Gateway(Overlay):
                  anonymous: bool = False, heartbeat: float = 1.0, liveness: int = 3,
                  lease_ttl: float = 30.0, session_lifetime: Optional[float] = None,
                  max_content: int = MAX_CONTENT, settle: Optional[float] = None,
+                 peer_networks: Optional[Sequence[str]] = None,
                  on_state: Optional[Callable[[str], None]] = None) -> None:
-        """``on_state(state)``, if given, is called on the node's hub with ``"serving"``
+        """``peer_networks``: networks (CIDR) the control endpoints other gateways
+        advertise must be in to be used or handed to clients (default: the network
+        of the node's interface). ``on_state(state)``, if given, is called on the node's hub with ``"serving"``
         or ``"standing-by"`` each time the gateway starts or stops serving (``run=
         "elected"``), and with ``"replica"`` when a standby holds a copy of the serving
         gateway's content and follows it."""
@@ -233,6 +228,9 @@ class Gateway(Overlay):
         #: whether this gateway serves now (always, or while elected)
         self.active = run == "always"
         self._peers: dict[UUID, str] = {}       # peer -> its gateway's control endpoint
+        #: refusals by limit: ``peer_networks`` (gateways' endpoints outside them)
+        self.limits = Counters(log, "MTL gateway hit its limits")
+        self.peer_networks = PeerNetworks(peer_networks, self.limits)
         self._sockets: list[HubSocket] = []
         self._greenlets: list[gevent.Greenlet] = []
         self._shouts: deque[Event] = deque()
@@ -366,7 +364,8 @@ class Gateway(Overlay):
 
     def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         endpoint = parse_gateway_header(headers.get(GATEWAY_HEADER))
-        if endpoint is not None:
+        if endpoint is not None and self.peer_networks.admit(
+                endpoint, self.node, f"MTL gateway endpoint of {name}"):
             self._peers[uuid] = endpoint
 
     def _peer_left(self, uuid: UUID) -> None:

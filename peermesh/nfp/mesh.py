@@ -113,14 +113,6 @@ def parse_workers(raw: Optional[str]) -> list[tuple[str, str, str]]:
 def parse_broker_endpoint(raw: Optional[str]) -> Optional[str]:
     """The ``endpoint`` of an ``X-PM-NFP-BROKER`` value; None if absent or malformed."""
     return header_endpoint(raw, "endpoint")
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    endpoint = data.get("endpoint") if isinstance(data, dict) else None
-    if isinstance(endpoint, str) and endpoint.startswith("tcp://") and endpoint.isprintable():
-        return endpoint
-    return None
 
 
 class NfpNode(Overlay):

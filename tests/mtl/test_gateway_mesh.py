@@ -3,6 +3,7 @@ gateway with the elected broker."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterator
 
@@ -11,7 +12,7 @@ import pytest
 from gatewayhelp import TIMING, RawClient, default_users
 from peermesh import ThreadedNode
 from peermesh.events import EventType
-from peermesh.mtl.gateway import Gateway
+from peermesh.mtl.gateway import GATEWAY_HEADER, Gateway
 from peermesh.wire.mtl import (Confirm, Content, DataLease, Direction, Failure, Open, Response,
                                Summon)
 from waiting import poll_until
@@ -209,3 +210,38 @@ def test_a_batch_of_content_reaches_mesh_peers_as_one_shout_each_in_order(
             assert heard == [(b"m%d" % i,) for i in range(1000)]
     finally:
         writer.close()
+
+
+def test_gateway_endpoints_off_the_network_are_never_used_or_handed_out(
+        tmp_path: Path, free_udp_port: int, nodes: list[ThreadedNode]) -> None:
+    """A peer advertising a gateway outside the node's network (lo: 127.0.0.0/8) is refused
+    and counted: it is neither joined nor named to clients in a 201 or a 503."""
+    default_users(tmp_path / "creds.json")
+    liar = ThreadedNode("liar", interface="lo", port=free_udp_port, headers={
+        GATEWAY_HEADER: json.dumps({"control": "tcp://10.1.2.3:5"})}, **TIMING)
+    liar.start()
+    nodes.append(liar)
+    first = Gateway(tmp_path / "creds.json", broker="auto", priority=2, settle=0.1)
+    second = Gateway(tmp_path / "creds.json", broker="auto", priority=1, settle=0.1)
+    start(nodes, "first", free_udp_port, first)
+    start(nodes, "second", free_udp_port, second)
+    poll_until(lambda: first.limits.get("peer_networks") == 1
+               and second.limits.get("peer_networks") == 1, 5.0, "both refuse the liar")
+    poll_until(lambda: first.active and second.elected_endpoint() == first.control_endpoint,
+               5.0, "the first gateway to be elected, as both see it")
+    standby = RawClient(second.control_endpoint)
+    client = RawClient(first.control_endpoint)
+    try:
+        refusal = standby.ask(Open("/"))
+        assert isinstance(refusal, Failure) and refusal.status == 503
+        assert "10.1.2.3" not in refusal.reason
+        assert client.login().gateways == (first.control_endpoint, second.control_endpoint)
+    finally:
+        standby.close()
+        client.close()
+
+
+def test_peer_networks_are_checked(tmp_path: Path) -> None:
+    default_users(tmp_path / "creds.json")
+    with pytest.raises(ValueError, match="not a network"):
+        Gateway(tmp_path / "creds.json", peer_networks=["10.0.0.0/33"])
