@@ -191,10 +191,10 @@ class Gateway(Overlay):
                  on_state: Optional[Callable[[str], None]] = None) -> None:
         """``peer_networks``: networks (CIDR) the control endpoints other gateways
         advertise must be in to be used or handed to clients (default: the network
-        of the node's interface). ``on_state(state)``, if given, is called on the node's hub with ``"serving"``
-        or ``"standing-by"`` each time the gateway starts or stops serving (``run=
-        "elected"``), and with ``"replica"`` when a standby holds a copy of the serving
-        gateway's content and follows it."""
+        of the node's interface). ``on_state(state)``, if given, is called on the
+        node's hub with ``"serving"`` or ``"standing-by"`` each time the gateway starts
+        or stops serving (``run="elected"``), and with ``"replica"`` when a standby
+        holds a copy of the serving gateway's content and follows it."""
         super().__init__()
         if run not in RUNS:
             raise ValueError(f"run must be one of {', '.join(RUNS)}, not {run!r}")
