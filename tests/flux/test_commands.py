@@ -180,7 +180,20 @@ def test_members_and_commands_find_each_other_through_the_mesh(cli: Cli) -> None
     assert second.stop(signal.SIGTERM) == 0 and first.stop(signal.SIGTERM) == 0
 
 
+def test_commands_take_only_members_inside_the_peer_networks(cli: Cli) -> None:
+    """A one-shot command leaves out members whose endpoint is outside --peer-network."""
+    process, _ = member(cli)
+    result = flux(cli, "tree", "--wait", "1", "--peer-network", "10.0.0.0/8")
+    assert result.returncode == 2, _report(result)
+    assert "no member of Flux instance 'flux' found on the mesh" in result.stderr, \
+        _report(result)
+    result = flux(cli, "tree", "--json", "--peer-network", "127.0.0.0/8")
+    assert result.returncode == 0 and len(json.loads(result.stdout)) == 1, _report(result)
+    assert process.stop(signal.SIGTERM) == 0
+
+
 @pytest.mark.parametrize("args, message", [
+    (("tree", "--peer-network", "10.0.0.0/33"), "'10.0.0.0/33' is not a network"),
     (("rpc", "a.b", "{nope"), "JSON argument '{nope' is not JSON"),
     (("rpc", "a.b", "[1, 2]"), "JSON argument must be an object"),
     (("pub", "a.b", "7"), "JSON argument must be an object"),
