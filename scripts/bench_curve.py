@@ -73,13 +73,7 @@ def role_sink(parent: harness.Parent, port: int, keys: Optional[dict[str, str]])
     node = Node("sink", **settings(port, keys, "sink")).start()
     try:
         parent.send("uuid", node.uuid.hex)
-        while True:
-            try:
-                command = parent.recv(None, green=True)  # the hub serves meanwhile
-            except EOFError:
-                return
-            if command == "stop":
-                return
+        for command in parent.commands(green=True):
             count, last = 0, -1
             while count < command["expect"]:
                 event = node.recv(WAIT)
@@ -173,13 +167,7 @@ def role_raw_sink(parent: harness.Parent, keys: Optional[dict[str, str]]) -> Non
     port = router.bind_to_random_port("tcp://127.0.0.1")
     parent.send("endpoint", f"tcp://127.0.0.1:{port}")
     try:
-        while True:
-            try:
-                command = parent.recv(None)
-            except EOFError:
-                return
-            if command == "stop":
-                return
+        for command in parent.commands():
             for _ in range(command["expect"]):
                 message = router.recv_multipart()
                 if command.get("echo"):

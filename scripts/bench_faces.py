@@ -61,13 +61,7 @@ def role_sink(parent: harness.Parent, port: int) -> None:
     node = Node("sink", **settings(port)).start()
     try:
         parent.send("uuid", node.uuid.hex)
-        while True:
-            try:
-                command = parent.recv(None, green=True)  # the hub serves meanwhile
-            except EOFError:
-                return
-            if command == "stop":
-                return
+        for command in parent.commands(green=True):
             count, last = 0, -1
             while count < command["expect"]:
                 event = node.recv(WAIT)

@@ -70,13 +70,7 @@ def role_target(parent: harness.Parent, port: int, limits: dict[str, Any]) -> No
     echoing = gevent.spawn(echo)
     try:
         parent.send("ready", [node.uuid.hex, node.endpoint])
-        while True:
-            try:
-                command = parent.recv(None, green=True)  # the hub serves meanwhile
-            except EOFError:
-                return
-            if command == "stop":
-                return
+        for command in parent.commands(green=True):
             parent.send("stats", getattr(node, "stats", dict)())
     finally:
         echoing.kill()
@@ -99,13 +93,7 @@ def role_good(parent: harness.Parent, port: int, target: str) -> None:
                 raise TimeoutError("the target did not enter")
             node.recv(0.1)
         parent.send("ready")
-        while True:
-            try:
-                command = parent.recv(None, green=True)
-            except EOFError:
-                return
-            if command == "stop":
-                return
+        for command in parent.commands(green=True):
             trips, lost, sequence = [], 0, 0
             end = time.monotonic() + command["seconds"]
             while time.monotonic() < end:

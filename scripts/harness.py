@@ -47,7 +47,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -478,8 +478,9 @@ class Parent:
         if got != what:
             raise RuntimeError(f"expected {what!r} from the parent, got {got!r}")
 
-    def serve(self, answer: Callable[[dict[str, Any]], Any], green: bool = False) -> None:
-        """Answer every command with ``answer(command)`` until the parent hangs up."""
+    def commands(self, green: bool = False) -> Iterator[Any]:
+        """Every command until ``"stop"`` or the parent hangs up (``green``: the hub
+        serves while we wait)."""
         while True:
             try:
                 command = self.recv(None, green)
@@ -487,6 +488,11 @@ class Parent:
                 return
             if command == "stop":
                 return
+            yield command
+
+    def serve(self, answer: Callable[[dict[str, Any]], Any], green: bool = False) -> None:
+        """Answer every command with ``answer(command)`` until the parent hangs up."""
+        for command in self.commands(green):
             self.send("answer", answer(command))
 
 
