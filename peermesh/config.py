@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["NodeConfig", "read_tables", "TABLES", "default_data_dir"]
+__all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir"]
 
 #: the tables a config file may have: ``[node]`` (NodeConfig), ``[nfp]`` (the NFP
 #: commands) and ``[mtl]`` (``peermesh mtl gateway``); anything else, and any key outside a
@@ -55,6 +55,27 @@ def read_tables(path: os.PathLike[str] | str) -> dict[str, dict[str, Any]]:
         if not isinstance(table, dict):
             raise ValueError(f"config file {path}: [{name}] must be a table")
     return data
+
+
+def read_table(path: Optional[os.PathLike[str] | str], name: str,
+               keys: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
+    """The checked ``[name]`` table of TOML file ``path`` ({} if none); ValueError if wrong.
+
+    ``keys`` maps each allowed key to ``(what, check, ...)``: a value for which
+    ``check(value)`` is false is refused with "must be ``what``".
+    """
+    if path is None:
+        return {}
+    table = read_tables(path).get(name, {})
+    unknown = set(table) - set(keys)
+    if unknown:
+        raise ValueError(f"config file {path}: [{name}] has unknown key(s) "
+                         f"{', '.join(sorted(unknown))}")
+    for key, value in table.items():
+        what, check = keys[key][:2]
+        if not check(value):
+            raise ValueError(f"config file {path}: [{name}] {key} must be {what}, not {value!r}")
+    return dict(table)
 
 
 #: integer settings that must be at least 1

@@ -440,20 +440,9 @@ MTL_KEYS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
 
 def load_mtl_table(path: "Optional[os.PathLike[str] | str]") -> dict[str, Any]:
     """The checked ``[mtl]`` table of TOML file ``path`` ({} if none); ValueError if wrong."""
-    from ..config import read_tables
+    from ..config import read_table
 
-    if path is None:
-        return {}
-    table = read_tables(path).get("mtl", {})
-    unknown = set(table) - set(MTL_KEYS)
-    if unknown:
-        raise ValueError(f"config file {path}: [mtl] has unknown key(s) "
-                         f"{', '.join(sorted(unknown))}")
-    for key, value in table.items():
-        what, check, _ = MTL_KEYS[key]
-        if not check(value):
-            raise ValueError(f"config file {path}: [mtl] {key} must be {what}, not {value!r}")
-    return dict(table)
+    return read_table(path, "mtl", MTL_KEYS)
 
 
 def _virtual_host(item: str) -> tuple[str, str]:

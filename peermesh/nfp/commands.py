@@ -41,7 +41,7 @@ import gevent
 from ..argtypes import cidr, is_seconds, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, emit, note, table, to_json
 from ..cli.session import Interrupted, NodeSession, leaving
-from ..config import NodeConfig, read_tables
+from ..config import NodeConfig, read_table
 from ..wire import nfp as wire
 from ..wire.nfp import Status
 from ..overlay.election import MODES
@@ -97,18 +97,7 @@ _WORKER_ONLY = frozenset(("service", "tasks", "worker_name"))
 
 def load_nfp_table(path: Optional[os.PathLike[str] | str]) -> dict[str, Any]:
     """The checked ``[nfp]`` table of TOML file ``path`` ({} if none); ValueError if wrong."""
-    if path is None:
-        return {}
-    table = read_tables(path).get("nfp", {})
-    unknown = set(table) - set(NFP_KEYS)
-    if unknown:
-        raise ValueError(f"config file {path}: [nfp] has unknown key(s) "
-                         f"{', '.join(sorted(unknown))}")
-    for key, value in table.items():
-        what, check, _ = NFP_KEYS[key]
-        if not check(value):
-            raise ValueError(f"config file {path}: [nfp] {key} must be {what}, not {value!r}")
-    return dict(table)
+    return read_table(path, "nfp", NFP_KEYS)
 
 
 def _resolve_nfp_options(args: argparse.Namespace, worker: bool = False) -> None:
