@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-__all__ = ["Client", "ClientTable"]
+__all__ = ["ClientLink", "ClientTable"]
 
 
 @dataclass(slots=True)
-class Client:
+class ClientLink:
     """One client link on a member's ROUTER."""
 
     identity: bytes
@@ -43,21 +43,21 @@ class ClientTable:
     def __init__(self, limit: int, max_prefixes: int) -> None:
         self.limit = limit
         self.max_prefixes = max_prefixes
-        self.clients: dict[bytes, Client] = {}
+        self.clients: dict[bytes, ClientLink] = {}
         #: clients with at least one prefix (0: events need not look at clients)
         self.subscribed = 0
 
     def __len__(self) -> int:
         return len(self.clients)
 
-    def get(self, identity: bytes) -> Optional[Client]:
+    def get(self, identity: bytes) -> Optional[ClientLink]:
         return self.clients.get(identity)
 
     def accept(self, identity: bytes, now: float) -> bool:
         """Take ``identity`` as a client (again); False when ``limit`` clients are connected."""
         if identity not in self.clients and len(self.clients) >= self.limit:
             return False
-        self.clients.setdefault(identity, Client(identity, now, now)).heard = now
+        self.clients.setdefault(identity, ClientLink(identity, now, now)).heard = now
         return True
 
     def forget(self, identity: bytes) -> None:
@@ -65,7 +65,7 @@ class ClientTable:
         if client is not None and client.prefixes:
             self.subscribed -= 1
 
-    def subscribe(self, client: Client, prefix: str) -> bool:
+    def subscribe(self, client: ClientLink, prefix: str) -> bool:
         """Add ``prefix``; False when the client has ``max_prefixes`` already."""
         if prefix not in client.prefixes and len(client.prefixes) >= self.max_prefixes:
             return False
@@ -74,18 +74,18 @@ class ClientTable:
         client.prefixes.add(prefix)
         return True
 
-    def unsubscribe(self, client: Client, prefix: str) -> None:
+    def unsubscribe(self, client: ClientLink, prefix: str) -> None:
         if prefix in client.prefixes:
             client.prefixes.discard(prefix)
             if not client.prefixes:
                 self.subscribed -= 1
 
-    def subscribers(self, topic: str) -> Iterator[Client]:
+    def subscribers(self, topic: str) -> Iterator[ClientLink]:
         """The clients with a prefix of ``topic``."""
         for client in self.clients.values():
             if any(topic.startswith(prefix) for prefix in client.prefixes):
                 yield client
 
-    def silent_since(self, when: float) -> list[Client]:
+    def silent_since(self, when: float) -> list[ClientLink]:
         """The clients not heard from since ``when``."""
         return [c for c in self.clients.values() if c.heard < when]

@@ -55,7 +55,7 @@ from .profiles import PROFILES, Profile
 if TYPE_CHECKING:
     from .credentials import Authenticator, SaslExchange, User
 
-__all__ = ["State", "Session", "ControlFlow", "TRANSITIONS", "ANONYMOUS", "ANONYMOUS_USER"]
+__all__ = ["State", "ControlSession", "ControlFlow", "TRANSITIONS", "ANONYMOUS", "ANONYMOUS_USER"]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class State(enum.Enum):
 
 
 @dataclass(eq=False, slots=True)
-class Session:
+class ControlSession:
     """One control client (a REQ socket, by its ROUTER identity)."""
 
     identity: bytes
@@ -118,7 +118,7 @@ class ControlFlow:
         self.gateways = gateways
         #: the data ROUTER's port, given in every 202
         self.data_port = 0
-        self.sessions: dict[bytes, Session] = {}
+        self.sessions: dict[bytes, ControlSession] = {}
 
     # --- requests ---------------------------------------------------------------
 
@@ -135,14 +135,14 @@ class ControlFlow:
         if session is None:
             if len(self.sessions) >= self.max_sessions and not self._evict():
                 return encode_reply(Failure(Status.SERVICE_UNAVAILABLE, "too many sessions"))
-            session = self.sessions[identity] = Session(identity, address, now)
+            session = self.sessions[identity] = ControlSession(identity, address, now)
         else:
             del self.sessions[identity]  # re-inserted last: the dict stays in idle order
             self.sessions[identity] = session
         session.seen = now
         return encode_reply(self._answer(session, request, now))
 
-    def _answer(self, session: Session, request: Request, now: float) -> Reply:
+    def _answer(self, session: ControlSession, request: Request, now: float) -> Reply:
         if isinstance(request, InvalidRequest):
             return Failure(Status.BAD_REQUEST, request.reason)
         if session.user is not None and not isinstance(request, Open) \
@@ -157,19 +157,19 @@ class ControlFlow:
             return Failure(status, reason)
         return handler(self, session, request, now)
 
-    def _valid(self, session: Session, now: float) -> bool:
+    def _valid(self, session: ControlSession, now: float) -> bool:
         assert session.user is not None
         if self.session_lifetime is not None \
                 and now - session.authenticated > self.session_lifetime:
             return False
         return self.authenticator.credentials.still_valid(session.user, now)
 
-    def _revoke(self, session: Session) -> None:
+    def _revoke(self, session: ControlSession) -> None:
         for token in session.leases:
             self.data.revoke(token)
         session.leases.clear()
 
-    def _unauthenticate(self, session: Session) -> None:
+    def _unauthenticate(self, session: ControlSession) -> None:
         self._revoke(session)
         session.user = None
         session.profile = None
@@ -178,7 +178,7 @@ class ControlFlow:
 
     # --- handlers -----------------------------------------------------------------
 
-    def _open(self, session: Session, request: Open, now: float) -> Reply:
+    def _open(self, session: ControlSession, request: Open, now: float) -> Reply:
         self._revoke(session)
         session.user, session.profile, session.exchange = None, None, None
         session.state = State.NEW
@@ -194,7 +194,7 @@ class ControlFlow:
         session.state = State.OPENED
         return Unauthorized(self.mechanisms)
 
-    def _authorize(self, session: Session, request: Authorize, now: float) -> Reply:
+    def _authorize(self, session: ControlSession, request: Authorize, now: float) -> Reply:
         mechanism = request.mechanism.upper()
         if mechanism not in self.mechanisms:
             if session.state is State.CHALLENGED:
@@ -226,7 +226,7 @@ class ControlFlow:
             return Unauthorized(self.mechanisms, "authentication failed")
         return self._authenticated(session, step.user, now, step.additional)
 
-    def _authenticated(self, session: Session, user: "User", now: float,
+    def _authenticated(self, session: ControlSession, user: "User", now: float,
                        additional: Optional[bytes] = None) -> Reply:
         if session.user is not None and session.user.name != user.name:
             self._revoke(session)
@@ -236,7 +236,7 @@ class ControlFlow:
         session.state = State.PROFILED if session.profile is not None else State.READY
         return Ready(tuple(p.name for p in self.profiles), additional, self.gateways())
 
-    def _profile(self, session: Session, request: SelectProfile, now: float) -> Reply:
+    def _profile(self, session: ControlSession, request: SelectProfile, now: float) -> Reply:
         profile = PROFILES.get(request.profile.lower())
         if profile is None or profile not in self.profiles:
             return Failure(Status.BAD_REQUEST, f"unknown profile {request.profile!r}")
@@ -244,7 +244,7 @@ class ControlFlow:
         session.state = State.PROFILED
         return Ok()
 
-    def _lease(self, session: Session, request: LeaseRequest, now: float) -> Reply:
+    def _lease(self, session: ControlSession, request: LeaseRequest, now: float) -> Reply:
         profile, user = session.profile, session.user
         assert profile is not None and user is not None
         if request.confirm not in self.data.confirms(profile):
@@ -288,7 +288,7 @@ class ControlFlow:
         return False
 
 
-_Handler = Callable[[ControlFlow, Session, Any, float], Reply]
+_Handler = Callable[[ControlFlow, ControlSession, Any, float], Reply]
 #: (state, request type) -> handler; every other pair gets the state's refusal
 #: (``LeaseRequest`` is Connection.Reader and Connection.Writer)
 TRANSITIONS: dict[tuple[State, type], _Handler] = {
