@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 #: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
 FDS_PER_PEER = 3
 _FD_RESERVE = 64
-#: milliseconds between ZMTP heartbeats on a mailbox's connections
+#: milliseconds between ZMTP heartbeats on a mailbox's connections (at most)
 HEARTBEAT_IVL = 2_000
 #: seconds between closing a link and connecting a new one under the same identity to the
 #: same endpoint (a mailbox ignores a second connection while it still sees the first)
@@ -101,8 +101,8 @@ class ZmqTransport:
         router = make_socket(zmq.ROUTER, {
             zmq.ROUTER_HANDOVER: 0, zmq.MAXMSGSIZE: max_message,
             zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
-            zmq.HEARTBEAT_IVL: HEARTBEAT_IVL,
-            zmq.HEARTBEAT_TIMEOUT: max(HEARTBEAT_IVL, int(dead_after * 1000))},
+            zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
+            zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))},
             self.context, curve=self.curve)
         try:
             endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)

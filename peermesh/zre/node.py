@@ -225,7 +225,9 @@ class Node:
         self.interface = itf = self.transport.interface(cfg.interface)
         self._mailbox = self.transport.bind_mailbox(
             itf.address, cfg.max_message, max_connections=cfg.max_connections,
-            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired,
+            # a dead connection must be gone before its peer expires: with ROUTER_HANDOVER
+            # off, a peer back after a network cut reconnects only once the old one is closed
+            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired / 2,
             counters=self._session.counters)
         self.mailbox_port = self._mailbox.port
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
