@@ -194,7 +194,8 @@ class FluxOverlay(Overlay):
         if transport is None:
             transport = ZmqTransport()
         self.transport = transport
-        router = transport.bind_mailbox(address, self.max_message, self.listen)
+        # members re-attach under their identity: the newer connection takes it over
+        router = transport.bind_mailbox(address, self.max_message, self.listen, handover=True)
         sock = getattr(router, "socket", None)
         if sock is not None:  # a real ROUTER: a send to a gone child fails at once
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -87,7 +87,8 @@ class ZmqTransport:
 
     def bind_mailbox(self, address: str, max_message: int, endpoint: Optional[str] = None, *,
                      max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
-                     dead_after: float = 30.0, counters: Optional[Counters] = None) -> Any:
+                     dead_after: float = 30.0, counters: Optional[Counters] = None,
+                     handover: bool = False) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -96,10 +97,13 @@ class ZmqTransport:
         ``handshake_timeout`` seconds, and is closed once its far end has not
         answered heartbeats for ``dead_after`` seconds. With ``max_connections``
         the mailbox is a ``GuardedMailbox`` that counts what it sheds in
-        ``counters``.
+        ``counters``. Without ``handover`` (the ZRE mailbox), a second connection
+        under a routing identity in use is ignored while the first lasts, so no one
+        can take a live peer's identity; ``handover`` lets the newer connection
+        take it (the Flux tree, whose members re-attach under their identity).
         """
         router = make_socket(zmq.ROUTER, {
-            zmq.ROUTER_HANDOVER: 0, zmq.MAXMSGSIZE: max_message,
+            zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
             zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
             zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
             zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))},
