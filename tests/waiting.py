@@ -1,4 +1,4 @@
-"""Bounded waits on a node's events, shared by the node tests."""
+"""Bounded waits shared by the tests: on a node's events, and on what child processes print."""
 
 from __future__ import annotations
 
@@ -83,3 +83,26 @@ def poll_until(predicate: Callable[[], Any], timeout: float, what: str = "",
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
         sleep(step)
+
+
+def read_json_lines(stream: Any, lines: list[Any]) -> None:
+    """Append every JSON line a child process prints on ``stream`` to ``lines`` until it
+    closes (run it in a greenlet: the read waits on the hub); other lines are skipped."""
+    import json
+
+    import gevent.os
+
+    fd = stream.fileno()
+    gevent.os.make_nonblocking(fd)
+    buffer = b""
+    while True:
+        chunk = gevent.os.nb_read(fd, 65536)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                pass  # a stray print, not one of the child's reports

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 import gevent
-import gevent.os
 import pytest
+import waiting
 
 HERE = Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -50,20 +50,7 @@ class FluxChild:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        gevent.os.make_nonblocking(fd)
-        buffer = b""
-        while True:
-            chunk = gevent.os.nb_read(fd, 65536)
-            if not chunk:
-                return
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                try:
-                    self.lines.append(json.loads(line))
-                except ValueError:
-                    pass
+        waiting.read_json_lines(self.proc.stdout, self.lines)
 
     def wait_ready(self, timeout: float = 20.0) -> dict[str, Any]:
         def ready() -> Optional[dict[str, Any]]:

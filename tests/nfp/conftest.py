@@ -139,22 +139,8 @@ class Child:
         self.ready: dict[str, Any] = {}
 
     def _read(self) -> None:
-        import gevent.os
         assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        gevent.os.make_nonblocking(fd)
-        buffer = b""
-        while True:
-            chunk = gevent.os.nb_read(fd, 65536)
-            if not chunk:
-                return
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                try:
-                    self.lines.append(json.loads(line))
-                except ValueError:
-                    pass
+        waiting.read_json_lines(self.proc.stdout, self.lines)
 
     def wait_ready(self, timeout: float = 15.0) -> dict[str, Any]:
         def ready() -> Optional[dict[str, Any]]:
