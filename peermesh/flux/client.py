@@ -16,8 +16,18 @@ and go. It runs on the caller's gevent hub, as ``FluxOverlay`` does::
 When idle it sends a heartbeat every ``heartbeat`` seconds (the member's
 own, if shorter: the member answers ``overlay.client`` with it); a member
 silent for ``lost`` seconds, or one that says DISCONNECT, is lost: every
-RPC in flight fails with EHOSTUNREACH and the listeners hear
-``Notice("member-lost")``. It does not move to another member by itself.
+RPC in flight fails with EHOSTUNREACH (streams too: they are not resumed),
+and the listeners hear ``Notice("member-lost")``.
+
+Failover: the client then connects to another of its endpoints (the lost
+member's last), each tried for ``max(2 * heartbeat, 0.5)`` seconds in turn
+for up to ``failover`` seconds, and takes its subscriptions there again;
+listeners hear ``Notice("member-changed", rank, endpoint)``, or
+``Notice("failover-failed")`` when no member accepted it (then it is no
+longer ``connected``). Meanwhile ``reconnecting`` is true and new RPCs fail
+at once with EHOSTUNREACH. RPCs are never sent again by the client: it
+cannot know whether the lost member had passed one on, nor whether doing
+it twice is harmless; the caller, who knows, may send it again.
 
 A member on keys (CURVE) is reached with its public key: ``endpoints`` as
 ``{endpoint: key}`` (Z85); the client connects as a CURVE client with
@@ -62,12 +72,15 @@ class FluxClient:
 
     def __init__(self, endpoints: Union[Sequence[str], Mapping[str, str]], *,
                  transport: Any = None, heartbeat: float = 2.0, lost: float = 30.0,
-                 max_message: int = MAX_MESSAGE, curve: Optional[Curve] = None) -> None:
+                 max_message: int = MAX_MESSAGE, curve: Optional[Curve] = None,
+                 failover: float = 30.0) -> None:
         if not endpoints:
             raise FluxStateError("a Flux client needs the endpoint of a member")
         if not 0 < heartbeat <= lost:
             raise FluxStateError(f"a Flux client needs 0 < heartbeat <= lost, not "
                                  f"{heartbeat}, {lost}")
+        if not failover >= 0:
+            raise FluxStateError(f"a Flux client's failover is seconds >= 0, not {failover!r}")
         self.endpoints = list(endpoints)
         #: endpoint -> the member's public key (Z85), for a member on keys
         self.keys: dict[str, str] = dict(endpoints) if isinstance(endpoints, Mapping) else {}
@@ -82,6 +95,8 @@ class FluxClient:
         self.heartbeat = heartbeat
         self.lost = lost
         self.max_message = max_message
+        #: seconds to look for another member once the member is lost (0: do not)
+        self.failover = failover
         self.identity = os.urandom(IDENTITY_SIZE)
         #: the member's answer to ``overlay.client``: rank, size, topology, seq, heartbeat
         self.member: dict[str, Any] = {}
@@ -91,7 +106,9 @@ class FluxClient:
         self._futures: dict[int, RpcFuture] = {}
         self._subscriptions: list[Subscription] = []
         self._listeners: list[Callable[[Notice], None]] = []
-        self._greenlets: list[gevent.Greenlet] = []
+        self._greenlets: list[gevent.Greenlet] = []  # of the link: serve, timer
+        self._failing_over: Optional[gevent.Greenlet] = None
+        self._closed = False
         self._heard = self._sent = 0.0
         self.dropped = 0
 
@@ -101,25 +118,34 @@ class FluxClient:
         """Connect to the first member that accepts within ``timeout`` seconds (the
         endpoints in turn, each for an even share); ``FluxError`` naming the last
         refusal (ETIMEDOUT when none answered)."""
-        if self._link is not None:
+        if self._link is not None or self.reconnecting:
             raise FluxStateError("the Flux client is connected already")
+        self._closed = False
         share = timeout / len(self.endpoints)
         error = FluxError(Errno.ETIMEDOUT, f"no member answered in {timeout:g} s",
                           "overlay.client")
         for endpoint in self.endpoints:
-            self._open(endpoint)
             try:
-                self.member = self.rpc("overlay.client").get_json(share)
-                self.endpoint = endpoint
-                beat = self.member.get("heartbeat")  # the member forgets a client silent longer
-                if isinstance(beat, (int, float)) and 0 < beat < self.heartbeat:
-                    self.heartbeat = float(beat)
-                self._greenlets.append(gevent.spawn(self._run_timer))
+                self._attach(endpoint, share)
                 return self
             except FluxError as exc:
                 error = exc if exc.errnum != Errno.ETIMEDOUT else error
-                self._close_link()
         raise error
+
+    def _attach(self, endpoint: str, timeout: float) -> None:
+        """Connect to the member at ``endpoint`` and say ``overlay.client``; ``FluxError``
+        (and no link) unless it accepts within ``timeout`` seconds."""
+        self._open(endpoint)
+        try:
+            self.member = self._request("overlay.client", None, NODEID_ANY, 0).get_json(timeout)
+        except FluxError:
+            self._drop_link(0)
+            raise
+        self.endpoint = endpoint
+        beat = self.member.get("heartbeat")  # the member forgets a client silent longer
+        if isinstance(beat, (int, float)) and 0 < beat < self.heartbeat:
+            self.heartbeat = float(beat)
+        self._greenlets.append(gevent.spawn(self._run_timer, self._link))
 
     def _open(self, endpoint: str) -> None:
         secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
@@ -129,23 +155,25 @@ class FluxClient:
         self._heard = self._sent = self.transport.now()
         self._greenlets.append(gevent.spawn(self._serve, link))
 
-    def _close_link(self) -> None:
+    def _drop_link(self, linger: float) -> None:
+        """Close the link and stop its greenlets (but the calling one)."""
         link, self._link = self._link, None
         if link is not None:
-            link.close(linger=0)
-        gevent.killall(self._greenlets, block=False)
+            link.close(linger=linger)
+        current = gevent.getcurrent()
+        gevent.killall([g for g in self._greenlets if g is not current], block=False)
         self._greenlets = []
-        self._fail_all("the client was disconnected")
 
     def close(self) -> None:
         """Say DISCONNECT to the member (which forgets this client) and stop; pending
         RPCs fail."""
+        self._closed = True
+        failing_over, self._failing_over = self._failing_over, None
+        if failing_over is not None and failing_over is not gevent.getcurrent():
+            failing_over.kill(block=False)
         if self._link is not None:
             self._send(encode(Control(ControlType.DISCONNECT)))
-            link, self._link = self._link, None
-            link.close(linger=0.1)
-        gevent.killall(self._greenlets, block=False)
-        self._greenlets = []
+        self._drop_link(0.1)
         self._fail_all("the client was closed")
 
     def __enter__(self) -> "FluxClient":
@@ -178,10 +206,16 @@ class FluxClient:
     @property
     def connected(self) -> bool:
         """Connected to a member that has not been lost."""
-        return self._link is not None
+        return self._link is not None and self._failing_over is None
+
+    @property
+    def reconnecting(self) -> bool:
+        """The member was lost and another is being looked for (see the module's docstring)."""
+        return self._failing_over is not None
 
     def add_listener(self, callback: Callable[[Notice], None]) -> None:
-        """Call ``callback(notice)`` on the hub when the member is lost (``member-lost``)."""
+        """Call ``callback(notice)`` on the hub when the member is lost (``member-lost``),
+        when another took its place (``member-changed``) or none did (``failover-failed``)."""
         self._listeners.append(callback)
 
     # --- requests and events ----------------------------------------------------------
@@ -190,6 +224,12 @@ class FluxClient:
             flags: int = 0, *, streaming: bool = False) -> RpcFuture:
         """As ``FluxHandle.rpc``: ``topic`` to ``nodeid`` (a rank, ``NODEID_ANY`` or
         ``NODEID_UPSTREAM``), routed as from the member this client is connected to."""
+        if self._failing_over is not None:
+            future = RpcFuture(self, 0, topic, streaming)
+            future._put(Response(topic, string_payload("the member was lost; the client is "
+                                                       "connecting to another"),
+                                 Errno.EHOSTUNREACH, 0))
+            return future
         if self._link is None:
             raise FluxStateError("connect the Flux client first")
         if not isinstance(topic, str) or not topic:
@@ -203,6 +243,10 @@ class FluxClient:
             nodeid, flags = self.rank, flags | _UPSTREAM
         if flags & _NORESPONSE and flags & _STREAMING:
             raise FluxStateError("an RPC cannot be both NORESPONSE and STREAMING")
+        return self._request(topic, payload, nodeid, flags)
+
+    def _request(self, topic: str, payload: Payload, nodeid: int, flags: int) -> RpcFuture:
+        """Send a request (checked already) to the member."""
         tag = 0
         if not flags & _NORESPONSE:
             tag = self._tags.allocate()
@@ -276,7 +320,7 @@ class FluxClient:
         else:
             self.dropped += 1
 
-    def _serve(self, link: Any) -> None:
+    def _serve(self, link: Any) -> None:  # (a greenlet of the link)
         def on_message(first: bytes, rest: list[bytes]) -> None:
             if link is self._link:
                 rest.insert(0, first)
@@ -327,9 +371,9 @@ class FluxClient:
             del self._futures[tag]
         future._put(response)
 
-    def _run_timer(self) -> None:
+    def _run_timer(self, link: Any) -> None:
         now = self.transport.now
-        while self._link is not None:
+        while self._link is link:
             self.transport.sleep(max(min(self._sent + self.heartbeat,
                                          self._heard + self.lost) - now(), 0.001))
             if now() - self._heard >= self.lost:
@@ -339,16 +383,53 @@ class FluxClient:
                 self._send(encode(Control(ControlType.HEARTBEAT)))
 
     def _member_lost(self, why: str) -> None:
-        link, self._link = self._link, None
-        if link is not None:
-            link.close(linger=0)
-        notice = Notice("member-lost", self.rank if self.rank is not None else -1, why)
-        for listener in self._listeners:  # first: failing a future may switch to its waiter
+        lost = self.endpoint
+        self._drop_link(0)
+        if self._failing_over is not None:  # the member being tried went: look on
+            self._fail_all(f"the member was lost ({why})")
+            return
+        if self.failover > 0 and not self._closed:
+            self._failing_over = gevent.spawn(self._fail_over, lost)
+        # listeners first: failing a future may switch to its waiter
+        self._notify(Notice("member-lost", self.rank if self.rank is not None else -1, why))
+        self._fail_all(f"the member was lost ({why})")
+
+    def _fail_over(self, lost: str) -> None:
+        """Connect to another member and subscribe there again (see the module's docstring)."""
+        order = [e for e in self.endpoints if e != lost] + [lost]
+        now = self.transport.now
+        deadline = now() + self.failover
+        attempt = max(2 * self.heartbeat, 0.5)
+        why = f"no member answered in {self.failover:g} s"
+        tried = 0
+        while not self._closed and now() < deadline:
+            endpoint = order[tried % len(order)]
+            tried += 1
+            try:
+                self._attach(endpoint, min(attempt, max(deadline - now(), 0.05)))
+                prefixes = dict.fromkeys(s.prefix for s in self._subscriptions)
+                for future in [self._request("event.subscribe", {"topic": prefix}, NODEID_ANY, 0)
+                               for prefix in prefixes]:
+                    future.get(attempt)
+            except FluxError as exc:
+                why = f"{endpoint}: {exc.message}"
+                self._drop_link(0)
+                if tried % len(order) == 0:  # a round without an answer: pause before the next
+                    self.transport.sleep(min(self.heartbeat, max(deadline - now(), 0)))
+                continue
+            self._failing_over = None
+            self._notify(Notice("member-changed", self.rank if self.rank is not None else -1,
+                                endpoint))
+            return
+        self._failing_over = None
+        self._notify(Notice("failover-failed", -1, why))
+
+    def _notify(self, notice: Notice) -> None:
+        for listener in self._listeners:
             try:
                 listener(notice)
             except Exception:
                 log.exception("flux client listener failed")
-        self._fail_all(f"the member was lost ({why})")
 
     def _fail_all(self, why: str) -> None:
         futures, self._futures = self._futures, {}

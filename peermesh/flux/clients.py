@@ -17,6 +17,17 @@ it; each prefix at most 1024 characters). A client is forgotten when it
 sends DISCONNECT, when a send finds its connection gone, or when it is
 silent for ``lost`` seconds (it sends heartbeats when idle, and hears
 them from the member).
+
+Disconnects (flux-core's convention, its ``librouter/disconnect.c``): for
+each request a client sends that expects a response, to a service that is
+not built in, the member remembers the target once: the service, the
+nodeid and the UPSTREAM flag (at most ``client_services`` targets per
+client; requests past it go on, unremembered, and are counted). When the
+client is forgotten, for whatever reason, the member sends each target a
+``<service>.disconnect`` request (NORESPONSE, no payload) routed as from the
+client, so it takes the same path as the client's requests and arrives with
+the same route stack; the service drops what it holds from that sender
+(``FluxHandle`` ends the streams whose routes match, as if cancelled).
 """
 
 from __future__ import annotations
@@ -35,14 +46,19 @@ class ClientLink:
     heard: float
     sent: float
     prefixes: set[str] = field(default_factory=set)
+    #: (service, nodeid, UPSTREAM flag) of the requests it sent: told of its going
+    targets: set[tuple[str, int, int]] = field(default_factory=set)
 
 
 class ClientTable:
     """The clients of one member, by routing identity."""
 
-    def __init__(self, limit: int, max_prefixes: int) -> None:
+    def __init__(self, limit: int, max_prefixes: int, max_targets: int = 64) -> None:
         self.limit = limit
         self.max_prefixes = max_prefixes
+        self.max_targets = max_targets
+        #: targets past ``max_targets`` that will not be told of their client's going
+        self.untracked = 0
         self.clients: dict[bytes, ClientLink] = {}
         #: clients with at least one prefix (0: events need not look at clients)
         self.subscribed = 0
@@ -60,10 +76,21 @@ class ClientTable:
         self.clients.setdefault(identity, ClientLink(identity, now, now)).heard = now
         return True
 
-    def forget(self, identity: bytes) -> None:
+    def forget(self, identity: bytes) -> Optional[ClientLink]:
+        """Forget the client at ``identity``; what it was (None for a stranger)."""
         client = self.clients.pop(identity, None)
         if client is not None and client.prefixes:
             self.subscribed -= 1
+        return client
+
+    def arm(self, client: ClientLink, service: str, nodeid: int, upstream: int) -> None:
+        """Remember that ``client`` sent ``service`` a request (see the module's docstring)."""
+        target = (service, nodeid, upstream)
+        if target not in client.targets:
+            if len(client.targets) >= self.max_targets:
+                self.untracked += 1
+            else:
+                client.targets.add(target)
 
     def subscribe(self, client: ClientLink, prefix: str) -> bool:
         """Add ``prefix``; False when the client has ``max_prefixes`` already."""

@@ -53,7 +53,7 @@ from .membership import Child, Membership
 from .outputs import (
     IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
 )
-from .routing import _FRAMES, _NORESPONSE, _PROTO, BUILTIN_SERVICES, InflightKey
+from .routing import _FRAMES, _NORESPONSE, _PROTO, _UPSTREAM, BUILTIN_SERVICES, InflightKey
 from .settings import FluxSettings, State
 
 __all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Dial", "Hangup", "Notice",
@@ -85,7 +85,8 @@ class FluxCore(Membership):
         self.ancestors: list[tuple[int, str]] = []
         self.children: dict[bytes, Child] = {}
         self.by_rank: dict[int, bytes] = {}
-        self.clients = ClientTable(settings.max_clients, settings.client_prefixes)
+        self.clients = ClientTable(settings.max_clients, settings.client_prefixes,
+                                   settings.client_services)
         self.handles: dict[int, Handle] = {0: Handle()}
         self._next_handle = 1
         self.services: dict[str, int] = {}
@@ -131,11 +132,13 @@ class FluxCore(Membership):
         """Leave: DISCONNECT to the parent and every child; local RPCs fail."""
         out: list[Output] = []
         bye = encode(Control(ControlType.DISCONNECT))
+        clients = list(self.clients.clients)
+        for identity in clients:  # the services its clients used hear of it first
+            out += self._client_gone(identity, now)
         if self.state in (State.ONLINE, State.ATTACHING, State.JOINING) and not self.root:
             out.append(Send(PARENT, bye))
-        for identity in [*self.children, *self.clients.clients]:
+        for identity in [*self.children, *clients]:
             out.append(Send(identity, [identity, *bye]))
-        self.clients.clients.clear()
         for link in list(self._via):
             out += self._fail_via(link, "the node left")
         self.children.clear()
@@ -235,6 +238,10 @@ class FluxCore(Membership):
             if child is None and link != PARENT and client is None and message.topic not in (
                     "overlay.join", "overlay.hello", "overlay.client"):
                 return self._drop(link, "a request from a stranger")
+            if client is not None and not message.flags & _NORESPONSE:
+                service = service_of(message.topic)
+                if service not in BUILTIN_SERVICES:
+                    self.clients.arm(client, service, message.nodeid, message.flags & _UPSTREAM)
             routes = (link,) + (message.routes or ())
             request = make_request(message.topic, message.payload, message.nodeid,
                                    message.matchtag, message.flags, routes, message.userid,
@@ -262,7 +269,7 @@ class FluxCore(Membership):
             if child is not None:
                 return self._child_lost(child, now, "the child left")
             if client is not None:
-                self.clients.forget(link)
+                return self._client_gone(link, now)
         return []
 
     def link_down(self, link: bytes, now: float) -> list[Output]:
@@ -271,8 +278,7 @@ class FluxCore(Membership):
             return self._parent_lost(now, "the link is down") if self.online else []
         child = self.children.get(link)
         if child is None:
-            self.clients.forget(link)
-            return []
+            return self._client_gone(link, now)
         return self._child_lost(child, now, "the link is down")
 
     def timer(self, now: float) -> list[Output]:
@@ -312,14 +318,27 @@ class FluxCore(Membership):
     def _tend_clients(self, now: float) -> list[Output]:
         """Forget the clients silent for ``lost`` seconds; heartbeat the others when due."""
         s = self.settings
-        for client in self.clients.silent_since(now - s.lost):
-            self.clients.forget(client.identity)
         out: list[Output] = []
+        for client in self.clients.silent_since(now - s.lost):
+            out += self._client_gone(client.identity, now)
         heartbeat = encode(Control(ControlType.HEARTBEAT))
         for client in self.clients.clients.values():
             if now - client.sent >= s.heartbeat:
                 client.sent = now
                 out.append(Send(client.identity, [client.identity, *heartbeat]))
+        return out
+
+    def _client_gone(self, identity: bytes, now: float) -> list[Output]:
+        """Forget a client; each service it sent requests to gets ``<service>.disconnect``
+        (NORESPONSE), routed as from the client (see ``peermesh.flux.clients``)."""
+        client = self.clients.forget(identity)
+        if client is None:
+            return []
+        out: list[Output] = []
+        for service, nodeid, upstream in client.targets:
+            request = make_request(service + ".disconnect", None, nodeid, 0,
+                                   _NORESPONSE | upstream, (identity,), USERID_UNKNOWN, 0)
+            out += self._route_request(request, identity, now)
         return out
 
     def _builtin(self, request: Request, now: float,

@@ -196,7 +196,7 @@ class FluxRequest:
         self.noresponse = bool(message.flags & _NORESPONSE)
         self.cancelled = False
         self.finished = False
-        #: called (no arguments) when the client cancels this stream
+        #: called (no arguments) when the client cancels this stream or goes away
         self.on_cancel: Optional[Callable[[], None]] = None
 
     def json(self) -> dict[str, Any]:
@@ -353,8 +353,11 @@ class FluxHandle:
     def _serve(self, message: Request) -> None:
         request = FluxRequest(self, message)
         handler = self._handlers.get(message.topic)
-        if handler is None:  # <service>.cancel not registered: end the stream it names
-            self._cancel_stream(request)
+        if handler is None:  # <service>.cancel / .disconnect not registered: end the streams
+            if message.topic.endswith(".disconnect"):
+                self._drop_sender(request)
+            else:
+                self._cancel_stream(request)
             return
         if request.streaming:
             if len(self._streams) >= self.overlay.settings.max_inflight:
@@ -379,8 +382,18 @@ class FluxHandle:
             return
         stream = self._streams.get((request.message.routes or (), tag)) \
             if isinstance(tag, int) else None
-        if stream is None or service_of(stream.topic) != service_of(request.topic):
-            return
+        if stream is not None and service_of(stream.topic) == service_of(request.topic):
+            self._end_cancelled(stream)
+
+    def _drop_sender(self, request: FluxRequest) -> None:
+        """``<service>.disconnect``: its sender is gone; end the streams of that service
+        it opened (their requests came with the same route stack)."""
+        routes, service = request.message.routes or (), service_of(request.topic)
+        for (stream_routes, _), stream in list(self._streams.items()):
+            if stream_routes == routes and service_of(stream.topic) == service:
+                self._end_cancelled(stream)
+
+    def _end_cancelled(self, stream: FluxRequest) -> None:
         stream.cancelled = True
         if stream.on_cancel is not None:
             try:

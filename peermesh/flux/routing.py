@@ -71,6 +71,9 @@ _AUX = struct.Struct(">II")  # aux1, aux2: PROTO octets 12..19
 InflightKey = tuple[bytes, tuple[bytes, ...], int]
 
 
+#: methods every service has: a handle ends its streams itself unless it serves them
+_STREAM_ENDS = frozenset({".cancel", ".disconnect"})
+
 #: built-ins any node answers for NODEID_ANY (a client's requests among them)
 _ANSWERED_ANYWHERE = frozenset({"broker.ping", "overlay.info", "overlay.client",
                                 "event.subscribe", "event.unsubscribe"})
@@ -419,7 +422,7 @@ class Routing:
 
     def _deliver_request(self, handle: int, request: Request, now: float) -> list[Output]:
         topic = request.topic
-        if topic in self.methods or topic == service_of(topic) + ".cancel":
+        if topic in self.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
             return [Deliver(handle, request)]
         return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 

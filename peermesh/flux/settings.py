@@ -41,6 +41,7 @@ class FluxSettings:
     max_ancestors: int = 32      #: ancestors a node keeps for re-attaching
     max_clients: int = 1024      #: rankless client links one node serves
     client_prefixes: int = 16    #: event subscriptions per client
+    client_services: int = 64    #: services (with nodeid) per client told when it goes
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat <= self.torpid <= self.lost:
@@ -50,6 +51,6 @@ class FluxSettings:
             raise FluxStateError(f"Flux setting retry must be in (0, heartbeat], not {self.retry}")
         for name in ("max_children", "max_size", "max_inflight", "max_pending",
                      "recent_events", "replay_batch", "max_ancestors", "max_clients",
-                     "client_prefixes"):
+                     "client_prefixes", "client_services"):
             if getattr(self, name) < 1:
                 raise FluxStateError(f"Flux setting {name} must be at least 1")

@@ -5,7 +5,8 @@
 services, prints one JSON line ``{"event": "ready", "rank", "endpoint",
 "pid"}`` once it is in the tree, and runs until its stdin closes or it is
 killed. Services: ``svc.echo`` (rank, pid, what it got), ``svc.stream``
-(``count`` answers every ``interval`` s, ends early when cancelled),
+(``count`` answers every ``interval`` s, ends early when cancelled or its
+client goes; ``svc.ended`` lists those ends as ``{"matchtag", "cancelled"}``),
 ``svc.hold`` (never answers), ``svc.note`` / ``svc.notes`` (count requests
 sent without response), ``svc.publish`` (publish ``topics`` in order; with
 ``delay``, answer at once and publish ``delay`` s later),
@@ -36,6 +37,7 @@ def main() -> None:
     flux.start()
     notes: list[Any] = []
     events: list[list[Any]] = []
+    ended: list[dict[str, Any]] = []
     flux.subscribe("", lambda event: events.append([event.topic, event.seq]))
 
     def echo(request: FluxRequest) -> dict[str, Any]:
@@ -43,6 +45,8 @@ def main() -> None:
 
     def stream(request: FluxRequest) -> None:
         body = request.json()
+        request.on_cancel = lambda: ended.append({"matchtag": request.message.matchtag,
+                                                  "cancelled": request.cancelled})
 
         def run() -> None:
             for i in range(int(body.get("count", 10))):
@@ -76,6 +80,7 @@ def main() -> None:
     flux.register("svc.notes", lambda request: {"notes": notes})
     flux.register("svc.publish", publish)
     flux.register("svc.events", lambda request: {"events": events})
+    flux.register("svc.ended", lambda request: {"ended": ended})
     if not flux.wait_online(10):
         print(json.dumps({"event": "failed", "info": flux.info()}), flush=True)
         return
