@@ -101,6 +101,14 @@ def _instance_options(parser: argparse.ArgumentParser, *, member: bool = False) 
     group.add_argument("--peer-network", action="append", metavar="CIDR", type=cidr,
                        help="take members' endpoints from the mesh only in this network "
                             "(default: the node's interface network); repeatable")
+    group.add_argument("--server-key", dest="server_keys", action="append", default=[],
+                       type=text, metavar="FILE",
+                       help="with --parent, on an instance on keys: the public certificate "
+                            "(peermesh keygen's PATH) of the member at that --parent, once per "
+                            "--parent in the same order; " + (
+                                "the member needs --key-file too" if member else
+                                "the command connects as a CURVE client with --key-file's "
+                                "keypair, or one of its own") + " (default: a plain link)")
     if member:
         return
     group.add_argument("--wait", "-w", type=seconds, default=WAIT_JOIN, metavar="SECONDS",
@@ -197,8 +205,10 @@ def _add_sub(command: Factory) -> None:
         "Subscribe to events whose topic starts with PREFIX ('' for all) and print each as "
         "SEQ TOPIC PAYLOAD (--json: {\"seq\", \"topic\", \"payload\"}) until Ctrl-C, SIGTERM "
         "or --count events. The member passes events on in order (it fetches what it "
-        "missed from rank 0 itself); if the member is lost the command says so on stderr "
-        "and exits with 1.\n\n" + _REACH,
+        "missed from rank 0 itself). If the member is lost the command says so on stderr "
+        "and carries on through another of the members (--parent, or those found on the "
+        "mesh), subscribed again there; events published while it had none may be "
+        "missed. When none accepts it within --wait seconds it exits with 1.\n\n" + _REACH,
         f"  {PROG} flux sub job.\n  {PROG} flux sub '' --count 10 --json",
         _cmd_sub)
     sub.add_argument("prefix", metavar="PREFIX", type=utf8, help="topic prefix ('' for all)")
@@ -371,9 +381,19 @@ class Connection:
         _check_endpoints(list(parents))
         curve = None
         if parents:
+            keys = _server_keys(args.server_keys, list(parents), self.config.key_file)
+            if keys:
+                from ..io.curve import Curve
+
+                parents = keys
+                if self.config.key_file is not None:  # KeyFileError naming what is wrong
+                    curve = Curve.load(self.config.key_file)
             self.signals = HubSignals()
             where = "through " + ", ".join(parents)
         else:
+            if args.server_keys:
+                raise ValueError("--server-key goes with --parent: members found on the mesh "
+                                 "give their keys themselves")
             self.session = NodeSession(self.config)
             node = self.session.start()
             with leaving(f"looking for Flux instance {args.instance!r} on the mesh"):
@@ -386,10 +406,11 @@ class Connection:
                                 f", beacon port {self.config.port}) within {args.wait:g} s; "
                                 "is `flux run` running there, or give --parent ENDPOINT")
             where = f"through the mesh ({len(parents)} member{'s' * (len(parents) != 1)})"
-        if curve is not None and isinstance(parents, dict):
-            self.client = FluxClient({e: k for e, k in parents.items() if k}, curve=curve)
+        if isinstance(parents, dict) and (curve is not None or any(parents.values())):
+            self.client = FluxClient({e: k for e, k in parents.items() if k}, curve=curve,
+                                     failover=args.wait)
         else:
-            self.client = FluxClient(list(parents))
+            self.client = FluxClient(list(parents), failover=args.wait)
         with leaving(f"connecting to Flux instance {args.instance!r}"):
             try:
                 self.client.connect(max(0.05, deadline - time.monotonic()))
@@ -410,6 +431,23 @@ class Connection:
             self.session.close()
         if self.signals is not None:
             self.signals.close()
+
+
+def _server_keys(files: list[str], parents: list[str],
+                 key_file: Optional[str]) -> Optional[dict[str, str]]:
+    """``{endpoint: Z85 key}`` of ``--parent`` and ``--server-key`` (None without keys);
+    ValueError when they do not pair up, KeyFileError naming a file that is no certificate."""
+    if not files:
+        if key_file is not None:
+            raise ValueError("--key-file with --parent needs --server-key FILE, the public "
+                             "certificate of the member at each --parent")
+        return None
+    if len(files) != len(parents):
+        raise ValueError(f"give --server-key once per --parent, in the same order: "
+                         f"{len(parents)} --parent, {len(files)} --server-key")
+    from ..io.keys import load_public_key
+
+    return {endpoint: load_public_key(path).decode() for endpoint, path in zip(parents, files)}
 
 
 class _NotFound(PeermeshError, ValueError):
@@ -475,13 +513,26 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
         raise ValueError("--endpoint and --tree-port exclude each other: give one place to "
                          "listen")
     registers = _import_handlers(args.handlers)
-    options = dict(root=args.root, rank=args.rank, parents=parents, topology=args.topology,
-                   priority=args.priority, peer_networks=args.peer_network)
+    mesh = not args.root and not parents
+    curve = None
+    if args.server_keys and not parents:
+        raise ValueError("--server-key goes with --parent: members found on the mesh give "
+                         "their keys themselves")
+    if not mesh and config.key_file is not None:  # alone on keys: the node's, as on the mesh
+        from ..io.curve import Curve
+
+        curve = Curve.load(config.key_file, config.allowed_keys)  # KeyFileError if bad
+    elif args.server_keys:
+        raise ValueError("a member on keys needs --key-file, its own secret certificate, "
+                         "besides --server-key")
+    keys = _server_keys(args.server_keys, parents, config.key_file) if parents else None
+    options = dict(root=args.root, rank=args.rank, parents=keys or parents,
+                   topology=args.topology, priority=args.priority,
+                   peer_networks=args.peer_network)
     render = _notice_json if args.json else _notice_text
     session: Optional[NodeSession] = None
     signals: Optional[HubSignals] = None
     stopped = gevent.event.Event()
-    mesh = not args.root and not parents
     address = _address(config, mesh) if args.tree_port or not mesh else None
     endpoint = f"tcp://{address}:{args.tree_port}" if args.tree_port else args.endpoint
     if mesh:
@@ -490,7 +541,8 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
         flux.attach(session.node)
         how = "joining through the mesh"
     else:
-        flux = FluxOverlay(args.instance, address=address, endpoint=endpoint, **options)
+        flux = FluxOverlay(args.instance, address=address, endpoint=endpoint, curve=curve,
+                           **options)
         signals = HubSignals(on_first=stopped.set)
         how = "rank 0" if args.root else "joining through " + ", ".join(parents)
     flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
@@ -626,7 +678,7 @@ def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
         note(f"subscribed to {args.prefix!r} events through rank {flux.rank}; Ctrl-C to stop")
         shown = 0
         try:
-            while flux.connected:
+            while flux.connected or flux.reconnecting:
                 event = subscription.get(flux.heartbeat)  # (wakes to see a lost member)
                 if event is None:
                     continue
@@ -646,7 +698,12 @@ def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
 
 def _report_lost(notice: Any) -> None:
     if notice.what == "member-lost":
-        note(f"error: the member (rank {notice.rank}) was lost ({clean(notice.detail)})")
+        note(f"the member (rank {notice.rank}) was lost ({clean(notice.detail)}); "
+             "looking for another")
+    elif notice.what == "member-changed":
+        note(f"carrying on through rank {notice.rank} at {clean(notice.detail)}")
+    elif notice.what == "failover-failed":
+        note(f"error: no member took over ({clean(notice.detail)})")
 
 
 def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
