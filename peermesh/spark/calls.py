@@ -22,7 +22,7 @@ columns say what happened.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from .executor import MeshWriteError, Outcome, executor_mesh, sada_available
@@ -45,6 +45,13 @@ class ServiceCaller:
     ``discovery_timeout``: how long a worker waits for a server of the
     service to appear. ``retries``: re-send a request once its server dies
     (only for idempotent actions).
+
+    On a mesh with keys, ``key_file`` and ``allowed_keys`` are the secret
+    certificate and the allowed-keys directory of the executors' hosts, as a
+    writer's options ``keyFile`` and ``allowedKeys``: each worker's node and
+    channel speak CURVE with that keypair and admit those keys (None: any
+    key). They are paths on the workers' hosts, read there; the driver's own
+    key is never handed to executors.
     """
 
     service: str
@@ -57,6 +64,8 @@ class ServiceCaller:
     errors: str = "fail"
     discovery_timeout: float = 10.0
     mesh: Optional[MeshSettings] = field(default=None)
+    key_file: Optional[str] = None
+    allowed_keys: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.errors not in ("fail", "column"):
@@ -67,6 +76,17 @@ class ServiceCaller:
             service = current_service()
             object.__setattr__(self, "mesh", service.mesh if service is not None and
                                service.mesh is not None else MeshSettings())
+        for name in ("key_file", "allowed_keys"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} is a path on the executors' hosts, not {value!r}")
+        if self.allowed_keys is not None and self.key_file is None:
+            raise ValueError("allowed_keys needs key_file, the secret certificate of the "
+                             "executors' hosts (as a writer's allowedKeys needs keyFile)")
+        if self.key_file is not None:
+            assert self.mesh is not None
+            object.__setattr__(self, "mesh", replace(self.mesh, key_file=self.key_file,
+                                                     allowed_keys=self.allowed_keys))
 
     # --- plain Python: usable in any worker code ------------------------------
 
