@@ -55,7 +55,7 @@ from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import Dispatcher, Reply, without_rid
-from .grants import Grants
+from .grants import Grants, may_use_job
 from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
 from .transport import CorkedSocket
@@ -138,12 +138,14 @@ class Broker(Overlay):
         self._peers: dict[bytes, _Peer] = {}
         self._worker_ids: dict[str, bytes] = {}
         self._owners: OrderedDict[str, bytes] = OrderedDict()
+        #: with keys: the key each job was posted with (as many as ``_owners``)
+        self._posters: OrderedDict[str, str] = OrderedDict()
         self._services: list[Worker] = []
         self._received: tuple[Any, list[bytes]] = (None, [])   # the command being handled
         self._greenlets: list[gevent.Greenlet] = []
         self.since = 0.0
         self.stats = {"dropped": 0, "requests": 0, "events": 0, "elections_won": 0,
-                      "disconnects_sent": 0}
+                      "disconnects_sent": 0, "not_owner": 0}
         #: refusals by limit: ``max_target`` (requests whose target is over MAX_TARGET)
         self.limits = Counters(log, "NFP broker hit its limits")
 
@@ -216,6 +218,7 @@ class Broker(Overlay):
         self._peers.clear()
         self._worker_ids.clear()
         self._owners.clear()
+        self._posters.clear()
         log.info("broker %s inactive: %s", self.name, reason)
 
     def restart(self) -> None:
@@ -414,15 +417,19 @@ class Broker(Overlay):
         # the body goes on as the client wrote it, without its rid (or re-encoded if the
         # rid is not where the client puts it: last)
         relay = without_rid(raw, rid) if rid is not None else raw or b"{}"
-        if self.keyed and self._channel is not None:  # who asked, for the workers' MMI
-            body["caller"] = self._channel.sender_key
-            relay = nfp.encode_body(body)
         uuid = msg.uuid   # type: ignore[union-attr]
+        if self.keyed and self._channel is not None:  # who asked, for the workers' MMI
+            caller = body["caller"] = self._channel.sender_key
+            relay = nfp.encode_body(body)
+            if not self._may_use(uuid, caller):   # (a POST: again, of a job it knows)
+                self.stats["not_owner"] += 1
+                text = f"job {uuid} was posted by another key"
+                done(Reply(Status.ERROR, {"uuid": uuid, "error": text}, text))
+                return
+            if cls is nfp.Post and uuid not in self._posters:
+                _remember(self._posters, uuid, caller)
         if cls is nfp.Post:
-            owners = self._owners
-            owners[uuid] = identity
-            if len(owners) > _MAX_OWNERS:
-                owners.popitem(last=False)
+            _remember(self._owners, uuid, identity)
             self.dispatcher.post(msg.service, msg.target, uuid, body, done,   # type: ignore
                                  raw=relay)
         elif cls is nfp.Get:
@@ -431,6 +438,13 @@ class Broker(Overlay):
         else:
             self.dispatcher.delete(msg.service, msg.target, uuid, body, done,  # type: ignore
                                    raw=relay)
+
+    def _may_use(self, uuid: str, caller: Optional[str]) -> bool:
+        """Whether key ``caller`` may GET or DELETE job ``uuid`` as far as this broker knows
+        (the workers check it again against what they stored)."""
+        admin = self.admin_keys
+        return may_use_job(self._posters.get(uuid), caller,
+                           admin.keys if admin is not None else None, self.grants)
 
     def _answer(self, identity: bytes, msg: Any, rid: Any, reply: Reply) -> None:
         frame = _answer_body(reply, rid)
@@ -577,6 +591,13 @@ class Broker(Overlay):
 def _answer_body(reply: Reply, rid: Any) -> bytes:
     """A reply's body frame, with the client's rid when it gave one."""
     return nfp.encode_body(reply.body if rid is None else {**reply.body, "rid": rid})
+
+
+def _remember(table: OrderedDict[str, Any], uuid: str, value: Any) -> None:
+    """``table[uuid] = value``, forgetting the oldest past ``_MAX_OWNERS``."""
+    table[uuid] = value
+    if len(table) > _MAX_OWNERS:
+        table.popitem(last=False)
 
 
 def _service(msg: nfp.Message) -> str:

@@ -12,6 +12,7 @@ table per set of keys::
     keys = ["rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"]   # Z85 public keys
     tasks = ["echo/*", "fss.service.broker/*"]          # SERVICE/TASK patterns
     files = ["nf://public", "nf://public/*"]            # FSS URL patterns
+    all_jobs = false                                    # GET/DELETE any key's jobs
 
 Patterns are shell-style (``fnmatch``; ``*`` also matches ``/``). A key
 named in several grants has all of them. A key named in none may do nothing
@@ -28,6 +29,12 @@ the grants govern:
   trailing ``/``; the root is ``nf://``), matches one of the key's file
   patterns; otherwise the job fails with ``NotAuthorised``.
 
+* **jobs**: a job belongs to the key it was posted with (stored with it). A
+  GET or DELETE of it from another key is answered 500 (ERROR) and counted,
+  unless that key is an admin key (``admin_keys``) or a grant gives it
+  ``all_jobs = true``. Jobs posted without a key (a mesh without keys)
+  belong to no one: any caller may GET or DELETE them.
+
 The file is read again when its modification time changes (checked at most
 once a second), so grants change without a restart; a file that no longer
 reads keeps the previous grants and is logged.
@@ -40,13 +47,13 @@ import os
 import time
 import tomllib
 from fnmatch import fnmatchcase
-from typing import Any, Optional
+from typing import AbstractSet, Any, Optional
 
 from zmq.utils import z85
 
 from ..errors import PeermeshError
 
-__all__ = ["Grants", "GrantsError"]
+__all__ = ["Grants", "GrantsError", "may_use_job"]
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +71,8 @@ def _patterns(table: dict[str, Any], name: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-#: Z85 key -> (task patterns, file patterns)
-_Table = dict[bytes, tuple[tuple[str, ...], tuple[str, ...]]]
+#: Z85 key -> (task patterns, file patterns, all_jobs)
+_Table = dict[bytes, tuple[tuple[str, ...], tuple[str, ...], bool]]
 
 
 def parse(text: str, where: str = "grants") -> _Table:
@@ -84,10 +91,13 @@ def parse(text: str, where: str = "grants") -> _Table:
     grants: _Table = {}
     for n, table in enumerate(tables, 1):
         here = f"{where}, grant {n}"
-        extra = set(table) - {"keys", "tasks", "files"}
+        extra = set(table) - {"keys", "tasks", "files", "all_jobs"}
         if extra:
             raise GrantsError(f"{here}: unknown field(s) {', '.join(sorted(extra))} "
-                              "(a grant has keys, tasks, files)")
+                              "(a grant has keys, tasks, files, all_jobs)")
+        all_jobs = table.get("all_jobs", False)
+        if not isinstance(all_jobs, bool):
+            raise GrantsError(f"{here}: all_jobs must be true or false")
         keys = table.get("keys")
         if not isinstance(keys, list) or not keys:
             raise GrantsError(f"{here}: keys must list at least one Z85 public key")
@@ -96,8 +106,8 @@ def parse(text: str, where: str = "grants") -> _Table:
             if not isinstance(key, str) or len(key) != 40 or not _z85(key):
                 raise GrantsError(f"{here}: {key!r} is not a Z85 public key (40 characters, "
                                   "as in a certificate's public-key line)")
-            old_tasks, old_files = grants.get(key.encode(), ((), ()))
-            grants[key.encode()] = (old_tasks + tasks, old_files + files)
+            old_tasks, old_files, old_all = grants.get(key.encode(), ((), (), False))
+            grants[key.encode()] = (old_tasks + tasks, old_files + files, old_all or all_jobs)
     return grants
 
 
@@ -159,3 +169,21 @@ class Grants:
         """True if key ``caller`` (Z85) may read or list normalised FSS URL ``url``."""
         granted = self._fresh().get(caller.encode()) if isinstance(caller, str) else None
         return granted is not None and any(fnmatchcase(url, p) for p in granted[1])
+
+    def allows_all_jobs(self, caller: Any) -> bool:
+        """True if key ``caller`` (Z85) may GET and DELETE every key's jobs."""
+        granted = self._fresh().get(caller.encode()) if isinstance(caller, str) else None
+        return granted is not None and granted[2]
+
+
+def may_use_job(owner: Optional[str], caller: Any, admin_keys: Optional[AbstractSet[bytes]],
+                grants: Optional[Grants]) -> bool:
+    """True if key ``caller`` may GET or DELETE a job posted with key ``owner`` (None: a job
+    posted without a key, anyone's): its owner, an admin key, or a key granted all_jobs."""
+    if owner is None or owner == caller:
+        return True
+    if not isinstance(caller, str):
+        return False
+    if admin_keys is not None and caller.encode() in admin_keys:
+        return True
+    return grants is not None and grants.allows_all_jobs(caller)

@@ -73,7 +73,7 @@ from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
 from .dispatch import WORKER_MMI
-from .grants import Grants
+from .grants import Grants, may_use_job
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from ..io import bind_ephemeral, shared_context
@@ -291,7 +291,7 @@ class Worker(Overlay):
         #: MAX_TARGET, dropped)
         self.limits = Counters(log, "NFP worker hit its limits")
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
-                      "recovered": 0, "broker_connects": 0, "not_granted": 0}
+                      "recovered": 0, "broker_connects": 0, "not_granted": 0, "not_owner": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
 
     # --- life cycle -----------------------------------------------------
@@ -509,12 +509,41 @@ class Worker(Overlay):
             error = f"worker {self.name} serves {self.service}, not {msg.service}"
             self._respond(origin, msg, Status.ERROR, {"error": error}, rid)
             return
+        if not isinstance(msg, nfp.Post) and not self._may_use(msg.uuid, body.get("caller")):
+            self._refuse_other_key(origin, msg, rid)
+            return
         if isinstance(msg, nfp.Post):
             self._on_post(msg, body, origin, rid)
         elif isinstance(msg, nfp.Get):
             self._on_get(msg, body, origin, rid)
         else:
             self._on_delete(msg, origin, rid)
+
+    def _may_use(self, uuid: str, caller: Any) -> bool:
+        """Whether key ``caller`` may GET or DELETE (or POST again) job ``uuid``: always
+        without keys; with keys, the key it was posted with, an admin key or one granted
+        ``all_jobs`` (see ``peermesh.nfp.grants``)."""
+        if self._curve is None:
+            return True
+        job = self._jobs.get(uuid)
+        if job is not None:
+            owner = job.caller
+        else:
+            record = self.store.worker_job(self.name, uuid)
+            owner = _key(record.body.get("caller")) if record is not None else None
+        return self._owner_allows(owner, _key(caller))
+
+    def _owner_allows(self, owner: Optional[str], caller: Optional[str]) -> bool:
+        if self._curve is None:
+            return True
+        admin = self.admin_keys
+        return may_use_job(owner, caller, admin.keys if admin is not None else None,
+                           self.grants)
+
+    def _refuse_other_key(self, origin: tuple[Any, ...], msg: Any, rid: Any) -> None:
+        self.stats["not_owner"] += 1
+        self._respond(origin, msg, Status.ERROR, {
+            "error": f"job {msg.uuid} was posted by another key"}, rid)
 
     def _over(self, size: int, caller: Optional[str]) -> Optional[str]:
         """The limit a body of ``size`` octets from key ``caller`` would pass (``max_stored``,
@@ -608,10 +637,17 @@ class Worker(Overlay):
         if existing is None and not self.store.add_worker_job(
                 self.name, msg.uuid, msg.service, task, body, text):
             record = self.store.worker_job(self.name, msg.uuid)
+            if record is not None and not self._owner_allows(_key(record.body.get("caller")),
+                                                             client):
+                self._refuse_other_key(origin, msg, rid)
+                return
             state = record.state if record is not None else "unknown"
             self._respond(origin, msg, Status.ACCEPTED, {"state": state, "duplicate": True}, rid)
             return
         if existing is not None:
+            if not self._owner_allows(existing.caller, client):  # its events are not theirs
+                self._refuse_other_key(origin, msg, rid)
+                return
             # posted again (e.g. re-POSTed after a broker change): the final EVENT goes to
             # whoever asked last
             existing.origin = origin

@@ -109,7 +109,7 @@ def test_grants_file_is_checked_and_reloaded(tmp_path: Path) -> None:
     key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
     assert parse(f'[[grant]]\nkeys = ["{key}"]\ntasks = ["a/*"]\n[[grant]]\n'
                  f'keys = ["{key}"]\nfiles = ["nf://x"]\n') == {
-        key.encode(): (("a/*",), ("nf://x",))}
+        key.encode(): (("a/*",), ("nf://x",), False)}
     for text, message in (("[[grant]]\nkeys = []\n", "at least one Z85 public key"),
                           ('[[grant]]\nkeys = ["short"]\n', "not a Z85 public key"),
                           (f'[[grant]]\nkeys = ["{key}"]\ntask = ["a"]\n', "unknown field"),
