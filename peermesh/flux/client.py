@@ -21,8 +21,13 @@ and the listeners hear ``Notice("member-lost")``.
 
 Failover: the client then connects to another of its endpoints (the lost
 member's last), each tried for ``max(2 * heartbeat, 0.5)`` seconds in turn
-for up to ``failover`` seconds, and takes its subscriptions there again;
-listeners hear ``Notice("member-changed", rank, endpoint)``, or
+for up to ``failover`` seconds, and takes its subscriptions there again.
+Then it fetches from rank 0 (``event.replay``) the events published since
+the last it had and hands those that match to its subscriptions, in order,
+before the new member's (which it holds meanwhile); events older than
+rank 0's buffer are reported as ``Notice("events-lost", -1, (first, last))``
+(some of them may not have matched). Its listeners hear
+``Notice("member-changed", rank, endpoint)``, or
 ``Notice("failover-failed")`` when no member accepted it (then it is no
 longer ``connected``). Meanwhile ``reconnecting`` is true and new RPCs fail
 at once with EHOSTUNREACH. RPCs are never sent again by the client: it
@@ -54,7 +59,8 @@ from ..wire.flux import (
     encode, string_payload,
 )
 from .errors import FluxError, FluxStateError
-from .handle import Payload, RpcFuture, Subscription, to_payload
+from .bodies import unb64
+from .handle import SUBSCRIPTION_QUEUE, Payload, RpcFuture, Subscription, to_payload
 from .matchtags import Handle, Pending
 from .outputs import IDENTITY_SIZE, Notice
 from .overlay import MAX_MESSAGE, SNDHWM
@@ -109,6 +115,9 @@ class FluxClient:
         self._greenlets: list[gevent.Greenlet] = []  # of the link: serve, timer
         self._failing_over: Optional[gevent.Greenlet] = None
         self._closed = False
+        #: the sequence of the last event the client had (or its member had when it came)
+        self.seq = 0
+        self._held: Optional[list[Event]] = None  # events of a new member, during catch-up
         self._heard = self._sent = 0.0
         self.dropped = 0
 
@@ -127,6 +136,8 @@ class FluxClient:
         for endpoint in self.endpoints:
             try:
                 self._attach(endpoint, share)
+                seq = self.member.get("seq")
+                self.seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
                 return self
             except FluxError as exc:
                 error = exc if exc.errnum != Errno.ETIMEDOUT else error
@@ -345,9 +356,13 @@ class FluxClient:
             self._response(message)
         elif kind is Event:
             assert isinstance(message, Event)
-            for subscription in list(self._subscriptions):
-                if message.topic.startswith(subscription.prefix):
-                    subscription._put(message)
+            held = self._held
+            if held is None:
+                self._hand_out(message)
+            elif len(held) < SUBSCRIPTION_QUEUE:
+                held.append(message)
+            else:
+                self.dropped += 1
         elif kind is Control:
             assert isinstance(message, Control)
             if message.ctype == ControlType.DISCONNECT:
@@ -407,22 +422,71 @@ class FluxClient:
             tried += 1
             try:
                 self._attach(endpoint, min(attempt, max(deadline - now(), 0.05)))
+                self._held = []
                 prefixes = dict.fromkeys(s.prefix for s in self._subscriptions)
                 for future in [self._request("event.subscribe", {"topic": prefix}, NODEID_ANY, 0)
                                for prefix in prefixes]:
                     future.get(attempt)
+                upto = self._request("overlay.info", None, NODEID_ANY, 0).get_json(attempt)
             except FluxError as exc:
                 why = f"{endpoint}: {exc.message}"
+                self._held = None
                 self._drop_link(0)
                 if tried % len(order) == 0:  # a round without an answer: pause before the next
                     self.transport.sleep(min(self.heartbeat, max(deadline - now(), 0)))
                 continue
+            self._catch_up(upto.get("seq"), attempt)
             self._failing_over = None
             self._notify(Notice("member-changed", self.rank if self.rank is not None else -1,
                                 endpoint))
             return
         self._failing_over = None
         self._notify(Notice("failover-failed", -1, why))
+
+    def _catch_up(self, upto: Any, timeout: float) -> None:
+        """Hand out the events from ``self.seq`` to ``upto`` (the new member's sequence once
+        subscribed) that rank 0 still has, then the new member's held ones."""
+        first = self.seq + 1
+        restarted = isinstance(upto, int) and upto < self.seq  # a new rank 0 numbers afresh
+        if isinstance(upto, int) and self._subscriptions and first <= upto:
+            try:
+                while first <= upto:
+                    body = self._request("event.replay", {"from": first, "to": upto}, 0,
+                                         0).get_json(timeout)
+                    to, events = body.get("to"), body.get("events")
+                    if not isinstance(to, int) or to < first or not isinstance(events, list):
+                        raise FluxError(Errno.EPROTO, "a malformed replay", "event.replay")
+                    for item in events:
+                        try:
+                            seq, topic, payload = item
+                            event = Event(str(topic), unb64(payload), int(seq))
+                        except (ValueError, TypeError, ProtocolError):
+                            continue
+                        if event.seq >= first:
+                            if event.seq > first:
+                                self._lost(first, event.seq - 1)
+                            self._hand_out(event)
+                            first = event.seq + 1
+                    if first <= to:
+                        self._lost(first, to)
+                    first = to + 1
+            except FluxError as exc:
+                log.debug("flux client: no replay from rank 0: %s", exc)
+                self._lost(first, upto)
+        held, self._held = self._held or [], None
+        for event in held:
+            if restarted or event.seq > self.seq:
+                self._hand_out(event)
+
+    def _lost(self, first: int, last: int) -> None:
+        self._notify(Notice("events-lost", -1, (first, last)))
+
+    def _hand_out(self, event: Event) -> None:
+        """``event`` to the subscriptions it matches."""
+        self.seq = event.seq
+        for subscription in list(self._subscriptions):
+            if event.topic.startswith(subscription.prefix):
+                subscription._put(event)
 
     def _notify(self, notice: Notice) -> None:
         for listener in self._listeners:

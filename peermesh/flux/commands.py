@@ -207,8 +207,8 @@ def _add_sub(command: Factory) -> None:
         "or --count events. The member passes events on in order (it fetches what it "
         "missed from rank 0 itself). If the member is lost the command says so on stderr "
         "and carries on through another of the members (--parent, or those found on the "
-        "mesh), subscribed again there; events published while it had none may be "
-        "missed. When none accepts it within --wait seconds it exits with 1.\n\n" + _REACH,
+        "mesh), subscribed again there, with the events it missed meanwhile fetched from "
+        "rank 0. When none accepts it within --wait seconds it exits with 1.\n\n" + _REACH,
         f"  {PROG} flux sub job.\n  {PROG} flux sub '' --count 10 --json",
         _cmd_sub)
     sub.add_argument("prefix", metavar="PREFIX", type=utf8, help="topic prefix ('' for all)")
@@ -704,6 +704,9 @@ def _report_lost(notice: Any) -> None:
         note(f"carrying on through rank {notice.rank} at {clean(notice.detail)}")
     elif notice.what == "failover-failed":
         note(f"error: no member took over ({clean(notice.detail)})")
+    elif notice.what == "events-lost":
+        note(f"events {notice.detail[0]} to {notice.detail[1]} are no longer kept by rank 0: "
+             "those that matched are lost")
 
 
 def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
