@@ -427,7 +427,9 @@ class FluxClient:
                 for future in [self._request("event.subscribe", {"topic": prefix}, NODEID_ANY, 0)
                                for prefix in prefixes]:
                     future.get(attempt)
-                upto = self._request("overlay.info", None, NODEID_ANY, 0).get_json(attempt)
+                info = self._request("overlay.info", None, NODEID_ANY, 0).get_json(attempt)
+                if not self._catch_up(info.get("seq"), attempt):
+                    raise FluxError(Errno.EHOSTUNREACH, "lost while catching up", "event.replay")
             except FluxError as exc:
                 why = f"{endpoint}: {exc.message}"
                 self._held = None
@@ -435,7 +437,6 @@ class FluxClient:
                 if tried % len(order) == 0:  # a round without an answer: pause before the next
                     self.transport.sleep(min(self.heartbeat, max(deadline - now(), 0)))
                 continue
-            self._catch_up(upto.get("seq"), attempt)
             self._failing_over = None
             self._notify(Notice("member-changed", self.rank if self.rank is not None else -1,
                                 endpoint))
@@ -443,9 +444,10 @@ class FluxClient:
         self._failing_over = None
         self._notify(Notice("failover-failed", -1, why))
 
-    def _catch_up(self, upto: Any, timeout: float) -> None:
+    def _catch_up(self, upto: Any, timeout: float) -> bool:
         """Hand out the events from ``self.seq`` to ``upto`` (the new member's sequence once
-        subscribed) that rank 0 still has, then the new member's held ones."""
+        subscribed) that rank 0 still has, then the new member's held ones; False if the
+        new member went meanwhile."""
         first = self.seq + 1
         restarted = isinstance(upto, int) and upto < self.seq  # a new rank 0 numbers afresh
         if isinstance(upto, int) and self._subscriptions and first <= upto:
@@ -471,12 +473,15 @@ class FluxClient:
                         self._lost(first, to)
                     first = to + 1
             except FluxError as exc:
+                if self._link is None:
+                    return False
                 log.debug("flux client: no replay from rank 0: %s", exc)
                 self._lost(first, upto)
         held, self._held = self._held or [], None
         for event in held:
             if restarted or event.seq > self.seq:
                 self._hand_out(event)
+        return True
 
     def _lost(self, first: int, last: int) -> None:
         self._notify(Notice("events-lost", -1, (first, last)))
