@@ -380,8 +380,8 @@ class Connection:
         parents: Union[list[str], dict[str, str]] = _parents(args)
         _check_endpoints(list(parents))
         curve = None
+        keys = _server_keys(args.server_keys, list(parents), self.config.key_file)
         if parents:
-            keys = _server_keys(args.server_keys, list(parents), self.config.key_file)
             if keys:
                 from ..io.curve import Curve
 
@@ -391,9 +391,6 @@ class Connection:
             self.signals = HubSignals()
             where = "through " + ", ".join(parents)
         else:
-            if args.server_keys:
-                raise ValueError("--server-key goes with --parent: members found on the mesh "
-                                 "give their keys themselves")
             self.session = NodeSession(self.config)
             node = self.session.start()
             with leaving(f"looking for Flux instance {args.instance!r} on the mesh"):
@@ -437,6 +434,11 @@ def _server_keys(files: list[str], parents: list[str],
                  key_file: Optional[str]) -> Optional[dict[str, str]]:
     """``{endpoint: Z85 key}`` of ``--parent`` and ``--server-key`` (None without keys);
     ValueError when they do not pair up, KeyFileError naming a file that is no certificate."""
+    if not parents:
+        if files:
+            raise ValueError("--server-key goes with --parent: members found on the mesh give "
+                             "their keys themselves")
+        return None
     if not files:
         if key_file is not None:
             raise ValueError("--key-file with --parent needs --server-key FILE, the public "
@@ -514,18 +516,15 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
                          "listen")
     registers = _import_handlers(args.handlers)
     mesh = not args.root and not parents
+    keys = _server_keys(args.server_keys, parents, config.key_file)
     curve = None
-    if args.server_keys and not parents:
-        raise ValueError("--server-key goes with --parent: members found on the mesh give "
-                         "their keys themselves")
     if not mesh and config.key_file is not None:  # alone on keys: the node's, as on the mesh
         from ..io.curve import Curve
 
         curve = Curve.load(config.key_file, config.allowed_keys)  # KeyFileError if bad
-    elif args.server_keys:
+    elif keys:
         raise ValueError("a member on keys needs --key-file, its own secret certificate, "
                          "besides --server-key")
-    keys = _server_keys(args.server_keys, parents, config.key_file) if parents else None
     options = dict(root=args.root, rank=args.rank, parents=keys or parents,
                    topology=args.topology, priority=args.priority,
                    peer_networks=args.peer_network)

@@ -28,8 +28,9 @@ Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
 flight per node (``max_inflight``; past it EAGAIN), events held or kept
 (``recent_events``), ancestors kept (``max_ancestors``), replayed events per
-answer (``replay_batch``), rankless clients (``max_clients``) and their
-subscriptions (``client_prefixes``; see ``peermesh.flux.clients``); message
+answer (``replay_batch``), rankless clients (``max_clients``), their
+subscriptions (``client_prefixes``) and the services told when they go
+(``client_services``; see ``peermesh.flux.clients``); message
 size is bounded by the driver (``max_message``). Local handles are bounded
 by ``max_pending`` RPCs.
 """
