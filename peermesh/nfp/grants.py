@@ -30,10 +30,11 @@ the grants govern:
   patterns; otherwise the job fails with ``NotAuthorised``.
 
 * **jobs**: a job belongs to the key it was posted with (stored with it). A
-  GET or DELETE of it from another key is answered 500 (ERROR) and counted,
-  unless that key is an admin key (``admin_keys``) or a grant gives it
-  ``all_jobs = true``. Jobs posted without a key (a mesh without keys)
-  belong to no one: any caller may GET or DELETE them.
+  GET or DELETE of it from another key, or a POST again of its UUID, is
+  answered 500 (ERROR) and counted (``not_owner``), unless that key is an
+  admin key (``admin_keys``) or a grant gives it ``all_jobs = true``; this
+  holds with or without a grants file. Jobs posted without a key (a mesh
+  without keys) belong to no one: any caller may GET or DELETE them.
 
 The file is read again when its modification time changes (checked at most
 once a second), so grants change without a restart; a file that no longer
