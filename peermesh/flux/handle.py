@@ -387,10 +387,13 @@ class FluxHandle:
 
     def _drop_sender(self, request: FluxRequest) -> None:
         """``<service>.disconnect``: its sender is gone; end the streams of that service
-        it opened (their requests came with the same route stack)."""
+        that came from it or through it (their route stacks start with its stack)."""
         routes, service = request.message.routes or (), service_of(request.topic)
+        size = len(routes)
+        if not size:  # (every routed request has a sender)
+            return
         for (stream_routes, _), stream in list(self._streams.items()):
-            if stream_routes == routes and service_of(stream.topic) == service:
+            if stream_routes[:size] == routes and service_of(stream.topic) == service:
                 self._end_cancelled(stream)
 
     def _end_cancelled(self, stream: FluxRequest) -> None:

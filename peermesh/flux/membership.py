@@ -46,7 +46,14 @@ refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``.
 Leaving and faults. A child that sends DISCONNECT, that a send finds gone
 (ROUTER_MANDATORY: at once when its process died), or that is silent for
 ``lost`` seconds is lost: every request this node forwarded to it is
-answered EHOSTUNREACH at once, and rank 0 is told (``overlay.lost``), which
+answered EHOSTUNREACH at once (the child, if alive, fails what it sent
+through this node the same way), the requests that came from it are
+dropped where they are served: each local service gets
+``<service>.disconnect`` with the route stack ``(child,)``, which starts the
+stack of everything that came through the child (``FluxHandle`` ends those
+streams), and each request it sent on is forgotten and followed along its
+link by a ``<service>.disconnect`` with that request's own stack; and rank 0
+is told (``overlay.lost``), which
 marks the rank offline (it stays reserved for the node that held it, and a
 node may claim it again). Orphans re-attach to the nearest live ancestor
 (the hello answer gave each node its ancestor chain), keeping their ranks
@@ -69,12 +76,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import ProtocolError
-from ..wire.flux import MAX_RANK, Errno, Request, Response, encode, json_payload, read_json
+from ..wire.flux import (
+    MAX_RANK, NODEID_ANY, USERID_UNKNOWN, Errno, Request, Response, encode, json_payload,
+    make_request, read_json, service_of,
+)
 from .bodies import int_field, str_field
 from .directory import Directory, Refusal
 from .events import EventLog
 from .matchtags import Pending
-from .outputs import IDENTITY_SIZE, PARENT, SELF, Dial, Hangup, Notice, Output
+from .outputs import IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send
+from .routing import _NORESPONSE
 from .settings import State
 from .topology import Topology, TopologyError
 
@@ -359,12 +370,39 @@ class Membership(EventLog):
         self.parent_rank = None
         return out + self._attach(now)
 
+    def _sender_gone(self, link: bytes, now: float) -> list[Output]:
+        """Disconnects for what came from ``link`` (see the module's docstring)."""
+        gone = (link,)
+        out: list[Output] = [
+            Deliver(handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
+                                         _NORESPONSE, gone, USERID_UNKNOWN, 0))
+            for service, handle in self.services.items()]
+        told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
+        for key in [k for k in self._inflight if k[1][:1] == gone]:
+            pending = self._inflight.pop(key)
+            target, routes, _ = key
+            via = self._via.get(target)
+            if via is not None:
+                via.discard(key)
+                if not via:
+                    del self._via[target]
+            service = service_of(pending.topic)
+            if (target, service, pending.nodeid, routes) in told:
+                continue
+            told.add((target, service, pending.nodeid, routes))
+            frames = encode(Request(service + ".disconnect", None, pending.nodeid, 0,
+                                    _NORESPONSE, routes))
+            out.append(self._to_parent(frames, now) if target == PARENT
+                       else Send(target, [target, *frames]))
+        return out
+
     def _child_lost(self, child: Child, now: float, why: str) -> list[Output]:
         self.children.pop(child.identity, None)
         if self.by_rank.get(child.rank) == child.identity:
             del self.by_rank[child.rank]
         out: list[Output] = [Notice("child-lost", child.rank, why)]
         out += self._fail_via(child.identity, f"rank {child.rank} was lost ({why})")
+        out += self._sender_gone(child.identity, now)
         if self.root:
             self.directory.lost(child.rank, child.uuid)
         elif self.state is State.ONLINE:

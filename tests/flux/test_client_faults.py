@@ -80,8 +80,35 @@ def test_a_member_leaving_tells_the_services_its_clients_used() -> None:
     from_client(tree, one, me, encode(Request("svc.watch", None, 0, 1, STREAMING, ())))
     (watch,) = tree.taken(root, served)
     tree.call(one, [o for o in one.stop(tree.now) if not (isinstance(o, Send) and o.link == me)])
-    (told,) = tree.taken(root, served)
-    assert (told.topic, told.routes) == ("svc.disconnect", watch.routes)
+    # the member's disconnect for its client, then rank 0's for everything from its lost child
+    assert [(m.topic, m.routes) for m in tree.taken(root, served)] == [
+        ("svc.disconnect", watch.routes), ("svc.disconnect", (one.identity,))]
+    assert watch.routes[:1] == (one.identity,)
+
+
+def test_a_lost_child_is_told_to_the_services_its_requests_reached() -> None:
+    """A member killed with its clients' streams open: its parent ends what came through it,
+    here and along the links its requests went on (with their own route stacks)."""
+    tree = Tree(k=2)
+    root, one, two = tree.grow(3)                   # one and two: children of rank 0
+    here, there = root.open_handle(), two.open_handle()
+    root.register(here, "up.watch")
+    two.register(there, "down.watch")
+    me = os.urandom(16)
+    from_client(tree, one, me, request("overlay.client"))
+    for topic, rank, tag in (("up.watch", 0, 1), ("down.watch", 2, 2), ("down.watch", 2, 3)):
+        from_client(tree, one, me, encode(Request(topic, None, rank, tag, STREAMING, ())))
+    (up,) = tree.taken(root, here)
+    down = tree.taken(two, there)
+    assert len(down) == 2 and len(root._inflight) == 2
+    tree.kill(one)
+    tree.advance(tree.settings.lost + 1)            # rank 0 hears nothing from it: lost
+    assert [(m.topic, m.routes) for m in tree.taken(root, here)] == [
+        ("up.disconnect", (one.identity,))]
+    assert up.routes[:1] == (one.identity,)         # (a stream that came through it)
+    assert [(m.topic, m.routes) for m in tree.taken(two, there)] == [
+        ("down.disconnect", down[0].routes)]        # once for both streams of that sender
+    assert root._inflight == {} and root._via == {}
 
 
 # --- real sockets: failover ----------------------------------------------------------------
@@ -192,6 +219,10 @@ def test_a_client_fails_over_when_its_member_is_killed(
         assert [(e.seq, e.topic) for e in got if e is not None] == [
             (1, "demo.before"), (2, "demo.gap1"), (4, "demo.gap2"), (5, "demo.after")]
         assert "events-lost" not in [n.what for n in notices]
+        # the stream the killed member carried ended on rank 0 (it lost that child)
+        ended = wait_until(lambda: client.rpc("svc.ended", None, 0).get_json(5)["ended"], 10,
+                           "the stream ended on rank 0")
+        assert [e["cancelled"] for e in ended] == [True]
     finally:
         client.close()
 
