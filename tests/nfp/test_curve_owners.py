@@ -9,6 +9,7 @@ from typing import Iterator
 import pytest
 
 from peermesh.nfp import NfpNode
+from peermesh.nfp.client import Reply
 from peermesh.nfp.grants import parse
 from peermesh.wire.nfp import Status
 
@@ -42,11 +43,11 @@ def test_a_job_is_only_its_posting_keys(keyed: KeyedMesh, brokered: bool) -> Non
         wait_for_w1(client, broker)
     worker = keyed.members[0][1].workers[0]
 
-    def get(client: NfpNode, uuid: str) -> object:
+    def get(client: NfpNode, uuid: str) -> Reply:
         return client.client.get(uuid, service="svc", target="w1", timeout=5)
 
-    def refused(reply: object) -> bool:
-        return getattr(reply, "status") is Status.ERROR and REFUSED in str(getattr(reply, "body"))
+    def refused(reply: Reply) -> bool:
+        return reply.status is Status.ERROR and REFUSED in str(reply.body)
 
     done = alice.client.run("svc", "echo", [1], target="w1", timeout=5)
     uuid = done.body["uuid"]
@@ -56,16 +57,16 @@ def test_a_job_is_only_its_posting_keys(keyed: KeyedMesh, brokered: bool) -> Non
     assert refused(bob.client.delete(uuid, service="svc", target="w1", timeout=5))
     assert refused(bob.client.post("svc", "echo", [2], target="w1", uuid=uuid, timeout=5))
     for allowed in (alice, ops, admin):                   # its key, all_jobs, an admin key
-        assert getattr(get(allowed, uuid), "status") is Status.OK
+        assert get(allowed, uuid).status is Status.OK
 
     running = alice.client.post("svc", "sleep", kwargs={"seconds": 30}, target="w1", timeout=5)
     assert running.status is Status.ACCEPTED, running
     long = running.body["uuid"]
     assert refused(bob.client.delete(long, service="svc", target="w1", timeout=5))
-    assert getattr(get(alice, long), "status") is Status.PENDING     # still running
+    assert get(alice, long).status is Status.PENDING     # still running
     deleted = alice.client.delete(long, service="svc", target="w1", timeout=5)
     assert deleted.status is Status.OK, deleted
-    wait_until(lambda: getattr(get(alice, long), "status") is Status.OK, 5, "cancelled")
+    wait_until(lambda: get(alice, long).status is Status.OK, 5, "cancelled")
 
     counted = worker.stats["not_owner"] + (broker.broker.stats["not_owner"]  # type: ignore
                                            if broker is not None else 0)
