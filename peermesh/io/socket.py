@@ -186,6 +186,18 @@ class HubSocket:
             return True
         return False
 
+    def try_send_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """``try_send`` each of ``messages`` in order until one cannot go; how many went."""
+        self._touched = True
+        send, target, done = self._send, self._target, 0
+        for frames in messages:
+            if not send(target, frames):
+                break
+            done += 1
+        if done and (self._serving is not None or self._reading):
+            self._after_send()
+        return done
+
     def _after_send(self) -> None:
         # the send may have taken in the command that announced a message: look now
         try:

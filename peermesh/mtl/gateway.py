@@ -444,14 +444,7 @@ class Gateway(Overlay):
         def on_batch(batch: list) -> None:
             if not self.active:
                 return
-            now = time.time()
-            handle = flow.handle
-            for identity, rest in batch:
-                if rest is not None:
-                    try:
-                        handle(identity, rest, now)
-                    except Exception:  # a bug, or the node stopping: never the reader's end
-                        log.exception("handling a data command from %r failed", identity[:16])
+            flow.handle_batch(batch, time.time())
             self._shout_outgoing()
             self._settle()
 

@@ -81,6 +81,16 @@ class PeerLink:
         if not self.has_room():
             self.room_event().clear()
 
+    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """``offer`` each of ``messages`` in order while ``has_room``; how many it took.
+        Straight to ZeroMQ in one call while there is no backlog."""
+        done = 0 if self.backlog else self.link.try_send_each(messages)
+        count = len(messages)
+        while done < count and self.has_room():
+            self.offer(messages[done])
+            done += 1
+        return done
+
     def room_event(self) -> gevent.event.Event:
         """Set whenever the backlog has drained to half its bounds (or the link closed)."""
         if self._room is None:

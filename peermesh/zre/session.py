@@ -124,6 +124,9 @@ class Link(Protocol):
     def offer(self, frames: Sequence[bytes]) -> None:
         """Send now or queue behind the backlog; never blocks."""
 
+    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """``offer`` each of ``messages`` in order while ``has_room``; how many it took."""
+
     def queued(self) -> int:
         """How much waits in the backlog, in the unit of ``limit``."""
 
@@ -177,6 +180,12 @@ class Peer:
         self.total += 1
         self.sent = (self.sent + 1) & 0xFFFF
         return self.sent
+
+    def advance(self, count: int) -> None:
+        """Count ``count`` messages sent, numbered after ``sent`` (headers made ahead,
+        from ``(sent + 1) & 0xFFFF`` on)."""
+        self.total += count
+        self.sent = (self.sent + count) & 0xFFFF
 
     def refresh(self, now: float) -> None:
         """Any sign of life: reset the silence timers."""
