@@ -251,11 +251,12 @@ def shout_header(sequence: int, group: bytes) -> bytes:
     return _HEADER.pack(SIGNATURE, 3, VERSION, sequence) + group
 
 
-def shouts(first: int, group: bytes, bodies: Sequence[bytes]) -> list[list[bytes]]:
+def shouts(first: int, group: bytes, bodies: Sequence[bytes]
+           ) -> list[tuple[bytes, bytes]]:
     """The frames of one SHOUT to ``group`` per body, numbered from ``first`` on
     (wrapping past 0xFFFF to 0): a batch for one peer."""
     pack = _HEADER.pack
-    return [[pack(SIGNATURE, 3, VERSION, (first + i) & 0xFFFF) + group, body]
+    return [(pack(SIGNATURE, 3, VERSION, (first + i) & 0xFFFF) + group, body)
             for i, body in enumerate(bodies)]
 
 
