@@ -4,17 +4,26 @@
     python scripts/bench_mtl.py                  # all three, 3 rounds (~1 min)
     python scripts/bench_mtl.py --messages 50000 --logins 500 --rounds 5
     python scripts/bench_mtl.py --standby        # confirm full copied to a standby gateway
+    python scripts/bench_mtl.py --baseline main  # the mesh case with main's code too
+    python scripts/bench_mtl.py --writer pyzmq   # the mesh case's writer on plain pyzmq
 
 Processes, all on loopback: a gateway (a gevent ``Node`` with a
 ``Gateway``, ``run="always"``, its store in a temporary directory), a ZRE
-peer that joined the group, and clients speaking 11/MTL with plain pyzmq
-(REQ for control, DEALER for data, as any client off the LAN would).
+peer that joined the group, and clients off the LAN: the mesh case's writer
+is ``peermesh.mtl.Client`` (``--writer pyzmq``: a plain pyzmq DEALER sending
+each Content with ``send_multipart``), the others speak 11/MTL with plain
+pyzmq (REQ for control, DEALER for data, as any client would).
 
 * **mesh**: one writer (``confirm: none``) sends 100-byte contents to the
   mesh profile's group; the gateway shouts them; the ZRE peer counts them.
   Rate: contents / (last one counted - first one sent). The ceiling, in the
   same rounds: raw pyzmq DEALER -> ROUTER one way between two processes.
-  Target: mesh / raw >= 0.5.
+  Target: mesh / raw >= 0.5. Three processes share the machine's cores
+  against raw's two, so the CPU each spends per content (its Python thread
+  and libzmq's I/O threads, from schedstat) is reported for every process
+  of both cases. ``--baseline REV`` runs a second gateway, peer and writer
+  with the code of commit REV (or a directory holding ``peermesh/``), on a
+  mesh of their own, in the same rounds (see scripts/README.md).
 * **full**: one writer with ``confirm: full`` sends 100-byte contents and
   waits for the Confirm covering the last one. The gateway appends each to
   its SQLite store and commits once per batch it drained from its socket
@@ -410,7 +419,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ratios = [m / r for m, r in zip(runs["mesh"], runs["raw"])]
     p50s = [statistics.median(times) * 1000 for times in runs["alone"]]
     results: dict[str, Any] = {
-        "load_average": load, "messages": n,
+        "load_average": load, "messages": n, "writer": args.writer,
         "raw_msgs": runs["raw"], "mesh_msgs": runs["mesh"], "mesh_over_raw": ratios,
         "full_msgs": runs["full"], "login_p50_ms": p50s, "logins_per_s": runs["together"],
         "cpu_us_per_msg": cpu, "gateway_cpu_ms_per_login": [c * 1000 for c in login_cpu],
@@ -437,7 +446,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return [label, ", ".join(cells), "", ""]
 
     rows = [
-        ["writer -> gateway -> group -> peer, confirm none", statistics.median(runs["mesh"]),
+        [f"writer ({args.writer}) -> gateway -> group -> peer, confirm none",
+         statistics.median(runs["mesh"]),
          f"x{ratio:.2f} of raw", harness.verdict(ratio, 0.5, at_least=True)],
         cpu_row("  CPU per content (its Python thread), us: writer, gateway, peer",
                 ("writer", "gateway", "peer")),
