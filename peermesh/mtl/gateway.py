@@ -61,7 +61,9 @@ the batch's mark. So a writer's Confirm means the content is committed on two
 gateways, and an answered Ping means what the reader confirmed before it is
 deleted on both. A replica that does not acknowledge within ``REPLICA_WAIT``
 (or leaves) stops being one (``MTL-RESYNC``); with no replica left, answers
-go after the local commit alone.
+go after the local commit alone. Which standbys are replicas, the marks and
+the held answers are the sans-io ``replication.Replicas``; the gateway
+whispers and sends what it decides.
 
 Greenlets on the node's hub, each a thin loop around the sans-io cores:
 
@@ -126,6 +128,7 @@ from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, Join, MeshAction, Shout
 from .delivery import DurableQueues
+from .replication import Replicas
 from .store import CID_BYTES, ContentStore, store_path
 
 if TYPE_CHECKING:
@@ -248,13 +251,8 @@ class Gateway(Overlay):
         self._sync_asked = 0.0
         self._sync_number = 0
         # serving: the standbys copied to
-        self._replicas: set[UUID] = set()
+        self._replicas = Replicas(REPLICA_WAIT)   # and the answers held for them
         self._copies: dict[UUID, gevent.Greenlet] = {}
-        self._marks: dict[UUID, int] = {}         # last mark sent to each standby
-        self._mark_acks: dict[UUID, int] = {}     # last mark each standby acknowledged
-        #: answers to confirm: full links held until a replica acknowledged a mark
-        self._held: deque[tuple[dict[UUID, int], list[tuple[bytes, list[bytes]]], float]] = \
-            deque()
         self._answer = gevent.event.Event()       # replaced (after set) on each answer
 
     # --- the overlay contract -----------------------------------------------------
@@ -370,9 +368,7 @@ class Gateway(Overlay):
 
     def _peer_left(self, uuid: UUID) -> None:
         self._peers.pop(uuid, None)
-        self._replicas.discard(uuid)
-        self._marks.pop(uuid, None)
-        self._mark_acks.pop(uuid, None)
+        self._replicas.forget(uuid)
         copy = self._copies.pop(uuid, None)
         if copy is not None:
             copy.kill(block=False)
@@ -537,8 +533,7 @@ class Gateway(Overlay):
             self._replicas.discard(peer)          # a replica that could not store a copy
             self._release()
         elif kind == MARK_OK and len(frames) == 2 and len(frames[1]) == 8:
-            self._mark_acks[peer] = max(self._mark_acks.get(peer, 0),
-                                        int.from_bytes(frames[1], "big"))
+            self._replicas.acknowledged(peer, int.from_bytes(frames[1], "big"))
             self._answered()
             self._release()
         elif kind == SYNC and len(frames) == 2 and len(frames[1]) == 8:
@@ -703,7 +698,7 @@ class Gateway(Overlay):
                     return
                 self._send_copies([peer], rows)
                 number = self._mark(peer)
-                if not self._wait(lambda: self._mark_acks.get(peer, 0) >= number):
+                if not self._wait(lambda: self._replicas.reached(peer, number)):
                     log.info("copy to %s stopped: not acknowledged", peer)
                     self._whisper(peer, RESYNC)
                     return
@@ -729,8 +724,9 @@ class Gateway(Overlay):
             for peer in peers:
                 self._whisper(peer, *frames)
 
-    def _mark(self, peer: UUID, copy: bytes = b"") -> int:
-        number = self._marks[peer] = self._marks.get(peer, 0) + 1
+    def _mark(self, peer: UUID, copy: bytes = b"", number: int = 0) -> int:
+        """Whisper ``peer`` its next mark (or mark ``number``); its number."""
+        number = number or self._replicas.next_mark(peer)
         self._whisper(peer, MARK, number.to_bytes(8, "big"), copy)
         return number
 
@@ -753,7 +749,7 @@ class Gateway(Overlay):
             new, store.committed = store.committed, []
             gone, store.deleted = store.deleted, []
             sends = self._replicate(new, gone, sends)
-        elif self._held and sends:
+        elif self._replicas.holding and sends:
             sends = self._replicate([], [], sends)
         self._send((sends, actions))
         return committed
@@ -777,31 +773,21 @@ class Gateway(Overlay):
             link = links.get(send[0])
             (later if link is not None and link.grant.confirm == "full" else now_).append(send)
         if later:
-            marks = {peer: self._mark(peer) for peer in replicas}
-            self._held.append((marks, later, time.monotonic()))
+            for peer, number in self._replicas.hold(later, time.monotonic()).items():
+                self._mark(peer, number=number)
         return now_
 
     def _release(self) -> None:
         """Send the held answers a replica acknowledged (or that no replica can)."""
-        held = self._held
-        while held:
-            marks, sends, _ = held[0]
-            acked = any(self._mark_acks.get(peer, 0) >= number for peer, number in marks.items())
-            if not acked and any(peer in self._replicas for peer in marks):
-                return                            # a replica in step has yet to answer
-            held.popleft()
+        for sends in self._replicas.release():
             self._send((sends, []))
 
     def _drop_slow_replicas(self) -> None:
         """Replicas that left a mark unanswered for ``REPLICA_WAIT`` stop being ones."""
-        if not self._held or time.monotonic() - self._held[0][2] < REPLICA_WAIT:
-            return
-        for peer, number in self._held[0][0].items():
-            if peer in self._replicas and self._mark_acks.get(peer, 0) < number:
-                log.warning("MTL gateway %s: replica %s did not answer in %g s; it copies "
-                            "again", self.control_endpoint, peer, REPLICA_WAIT)
-                self._replicas.discard(peer)
-                self._whisper(peer, RESYNC)
+        for peer in self._replicas.late(time.monotonic()):
+            log.warning("MTL gateway %s: replica %s did not answer in %g s; it copies "
+                        "again", self.control_endpoint, peer, REPLICA_WAIT)
+            self._whisper(peer, RESYNC)
         self._release()
 
     def _timer(self) -> None:
