@@ -61,9 +61,11 @@ the batch's mark. So a writer's Confirm means the content is committed on two
 gateways, and an answered Ping means what the reader confirmed before it is
 deleted on both. A replica that does not acknowledge within ``REPLICA_WAIT``
 (or leaves) stops being one (``MTL-RESYNC``); with no replica left, answers
-go after the local commit alone. Which standbys are replicas, the marks and
-the held answers are the sans-io ``replication.Replicas``; the gateway
-whispers and sends what it decides.
+go after the local commit alone. The state and decisions of both sides are
+sans-io cores in ``peermesh.mtl.replication``: ``Replicas`` (which standbys
+are replicas, the marks, the held answers) and ``Follower`` (a standby's
+copy: what it stores, when it is complete, broken or stalled); the gateway
+whispers and sends what they decide.
 
 Greenlets on the node's hub, each a thin loop around the sans-io cores:
 
@@ -121,14 +123,13 @@ from ..io.socket import BATCH
 from ..overlay import Overlay, PeerNetworks, header_endpoint
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
-from ..errors import PeermeshError, ProtocolError
-from ..wire.mtl import (MAX_REQUEST, Failure, Status, decode_table, encode_reply,
-                        valid_string)
+from ..errors import PeermeshError
+from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, Join, MeshAction, Shout
 from .delivery import DurableQueues
-from .replication import Replicas
+from .replication import Follower, Replicas, content_group
 from .store import CID_BYTES, ContentStore, store_path
 
 if TYPE_CHECKING:
@@ -243,13 +244,8 @@ class Gateway(Overlay):
         self._joining: Optional[gevent.Greenlet] = None
         self._handoff_peer: Optional[UUID] = None
         self._acked = 0                           # highest id the serving one took
-        self._upstream: Optional[UUID] = None     # the serving gateway copied from
-        self._sync_seen: Optional[set[bytes]] = None   # cids of the copy under way
-        self._upstream_heard = 0.0
-        self._copy_broken = False                 # a copied content could not be stored
+        self._follower: Optional[Follower] = None   # the copy from the serving one
         self._offered: dict[UUID, int] = {}       # contents stored of the batch under way
-        self._sync_asked = 0.0
-        self._sync_number = 0
         # serving: the standbys copied to
         self._replicas = Replicas(REPLICA_WAIT)   # and the answers held for them
         self._copies: dict[UUID, gevent.Greenlet] = {}
@@ -296,6 +292,7 @@ class Gateway(Overlay):
         if self._data_dir is not None:
             self.store = ContentStore(store_path(self._data_dir, node.name))
         queues = DurableQueues(self.store) if self.store is not None else None
+        self._follower = Follower(queues, REPLICA_WAIT) if queues is not None else None
         if self.store is not None:
             self.store.record = self.active
         self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
@@ -350,7 +347,8 @@ class Gateway(Overlay):
             if self.store is not None:
                 self.store.record = elected
                 self.store.committed, self.store.deleted = [], []
-            self._upstream = self._sync_seen = None
+            if self._follower is not None:
+                self._follower.stop()
             if not elected and self.data is not None and self.control is not None:
                 for token in list(self.data.grants):
                     self.data.revoke(token)
@@ -476,7 +474,8 @@ class Gateway(Overlay):
     def _queue(self, event: Event) -> None:
         if len(self._shouts) >= MAX_QUEUED:
             if event.type is EventType.WHISPER:
-                self._copy_broken = True          # (a content copied or offered is lost)
+                if self._follower is not None:  # (a content copied or offered is lost)
+                    self._follower.lost()
                 self._offered.pop(event.peer, None)   # type: ignore[arg-type]
             now = time.monotonic()
             if now - self._dropped_logged > 1.0:
@@ -538,30 +537,17 @@ class Gateway(Overlay):
             self._release()
         elif kind == SYNC and len(frames) == 2 and len(frames[1]) == 8:
             self._copy_to(peer, frames[1])
-        elif peer == self._upstream and not self.active:
-            self._upstream_heard = time.monotonic()
+        elif (follower := self._follower) is not None and peer == follower.upstream \
+                and not self.active:
+            follower.heard(time.monotonic())
             if kind == REPL:
-                self._take_copy(frames)
-            elif kind == FORGET and len(frames) == 2 and len(frames[1]) % CID_BYTES == 0:
-                if self.store is not None:
-                    blob = frames[1]
-                    self.store.forget([blob[k:k + CID_BYTES]
-                                       for k in range(0, len(blob), CID_BYTES)])
+                follower.copied(frames[1:])
+            elif kind == FORGET and len(frames) == 2:
+                follower.forgotten(frames[1])
             elif kind == MARK and len(frames) == 3 and len(frames[1]) == 8:
-                self._marked(peer, frames[1], frames[2])
+                self._marked(follower, peer, frames[1], frames[2])
             elif kind == RESYNC:
-                self._upstream = self._sync_seen = None
-
-    def _content_frames(self, group_bytes: bytes, table: bytes) -> Optional[str]:
-        """The group of a copied or offered content, if its frames are well-formed."""
-        if len(table) < 2 or int.from_bytes(table[:2], "big") != len(table) - 2:
-            return None
-        try:
-            group = group_bytes.decode("utf-8")
-            decode_table(table[2:])
-        except (UnicodeDecodeError, ProtocolError):
-            return None
-        return group if group and valid_string(group) else None
+                follower.stop()
 
     def _take_handoff(self, peer: UUID, frames: Sequence[bytes]) -> None:
         """Store one offered content unless known here, counting it for the batch's end."""
@@ -570,58 +556,35 @@ class Gateway(Overlay):
                 or len(frames[3]) != CID_BYTES:
             return
         _, group_bytes, number, cid, table, body = frames
-        group = self._content_frames(group_bytes, table)
+        group = content_group(group_bytes, table)
         if group is not None and flow.queues.received(group, body, table, cid):
             self._offered[peer] = self._offered.get(peer, 0) + 1   # (gateways only)
 
-    def _take_copy(self, frames: Sequence[bytes]) -> None:
-        """Store the contents copied from the serving gateway (a standby)."""
-        flow = self.data
-        if flow is None or flow.queues is None:
-            return
-        if len(frames) < 5 or (len(frames) - 1) % 4:
-            self._copy_broken = True
-            return
-        checked: tuple[bytes, bytes, Optional[str]] = (b"", b"", None)  # (a batch's are alike)
-        for at in range(1, len(frames), 4):
-            group_bytes, cid, table, body = frames[at:at + 4]
-            if (group_bytes, table) != checked[:2]:
-                checked = (group_bytes, table, self._content_frames(group_bytes, table))
-            group = checked[2] if len(cid) == CID_BYTES else None
-            if group is None or not flow.queues.received(group, body, table, cid):
-                self._copy_broken = True
-            elif self._sync_seen is not None:
-                self._sync_seen.add(cid)
-
-    def _marked(self, peer: UUID, number: bytes, copy: bytes) -> None:
+    def _marked(self, follower: Follower, peer: UUID, number: bytes, copy: bytes) -> None:
         """A mark from the serving gateway: commit what came before it, acknowledge it."""
-        if self.data is None or self.store is None:
+        if self.data is None:
             return
-        if self._copy_broken:                 # something before the mark was not stored
+        if follower.broken:                   # something before the mark was not stored
             log.info("MTL gateway %s: a copied content could not be stored; copying again",
                      self.control_endpoint)
             self._whisper(peer, RESYNC)
-            self._copy_broken = False
-            self._upstream = self._sync_seen = None
+            follower.stop()
             return
-        if copy == self._sync_number.to_bytes(8, "big") and self._sync_seen is not None:
-            # the copy asked for is complete
-            stale = self.store.all_cids() - self._sync_seen
-            self.store.forget(list(stale))
-            self._sync_seen = None
+        dropped = follower.complete(copy)
+        if dropped is not None:               # the copy asked for is complete
             log.info("MTL gateway %s: a replica of the serving gateway (%d dropped as "
-                     "confirmed there)", self.control_endpoint, len(stale))
+                     "confirmed there)", self.control_endpoint, dropped)
             self._state("replica")
         if self.data.flush():
             self._whisper(peer, MARK_OK, number)
 
     def _join_later(self) -> None:
         """Join the serving gateway (offer, then ask for a copy), unless doing so."""
-        if self.active or self.data is None or self.store is None:
+        if self.active or self._follower is None:
             return
         broker = self.tracker.current_broker
         target = broker.uuid if broker is not None and broker.uuid in self._peers else None
-        if target is None or target == self._upstream:
+        if target is None or target == self._follower.upstream:
             return
         if self._joining is None or self._joining.dead:
             self._joining = gevent.spawn(self._join, target)
@@ -647,17 +610,8 @@ class Gateway(Overlay):
                     log.info("offering content to %s stopped: not acknowledged", target)
                     return
             cursor = after
-        if not self.active:
-            self._upstream, self._sync_seen = target, set()
-            self._copy_broken = False
-            self._sync_number += 1
-            self._ask_copy()
-
-    def _ask_copy(self) -> None:
-        """Ask the serving gateway for the copy (again: it may not have been serving yet)."""
-        if self._upstream is not None:
-            self._sync_asked = time.monotonic()
-            self._whisper(self._upstream, SYNC, self._sync_number.to_bytes(8, "big"))
+        if not self.active and self._follower is not None:
+            self._whisper(target, SYNC, self._follower.follow(target, time.monotonic()))
 
     def _wait(self, done: Callable[[], bool]) -> bool:
         """Wait (at most ``REPLICA_WAIT``) until ``done()``, woken by each answer."""
@@ -812,11 +766,12 @@ class Gateway(Overlay):
                 self._drop_slow_replicas()
             else:
                 wake = now + flow.heartbeat
-                if self._sync_seen is not None:
-                    if self._upstream_heard < self._sync_asked:
-                        self._ask_copy()          # not started yet: ask again
-                    elif time.monotonic() - self._upstream_heard > REPLICA_WAIT:
-                        self._upstream = self._sync_seen = None   # it stalled: join again
+                follower = self._follower
+                if follower is not None and follower.upstream is not None \
+                        and follower.due(time.monotonic()) == "ask":
+                    # the copy has not started: ask again (it may not have been serving
+                    # yet); one that stalled stopped, and is joined again below
+                    self._whisper(follower.upstream, SYNC, follower.ask(time.monotonic()))
                 if self.run == "elected":
                     self._join_later()  # (again, after an offer that stopped)
             gevent.sleep(max(0.0, min(wake, refreshed + _REFRESH_EVERY) - time.time()))

@@ -1,4 +1,5 @@
-"""The serving gateway's replicas and the answers that wait for them, as a sans-io core.
+"""Copies of confirmed content between gateways, as sans-io cores: the serving gateway's
+replicas and the answers that wait for them (``Replicas``), a standby's copy (``Follower``).
 
 How it works
 ------------
@@ -27,10 +28,15 @@ numbers and sends the answers it releases:
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator, TypeVar
+from typing import Iterator, Optional, Sequence, TypeVar
 from uuid import UUID
 
-__all__ = ["Replicas"]
+from ..errors import ProtocolError
+from ..wire.mtl import decode_table, valid_string
+from .delivery import DurableQueues
+from .store import CID_BYTES
+
+__all__ = ["Replicas", "Follower", "content_group"]
 
 A = TypeVar("A")
 
@@ -130,3 +136,117 @@ class Replicas:
         for peer in slow:
             self._in_step.discard(peer)
         return slow
+
+
+def content_group(group: bytes, table: bytes) -> Optional[str]:
+    """The group of content copied or offered by another gateway (its group name and
+    its length-prefixed field table, as they travel), or None if they are ill-formed."""
+    if len(table) < 2 or int.from_bytes(table[:2], "big") != len(table) - 2:
+        return None
+    try:
+        name = group.decode("utf-8")
+        decode_table(table[2:])
+    except (UnicodeDecodeError, ProtocolError):
+        return None
+    return name if name and valid_string(name) else None
+
+
+class Follower:
+    """A standby's side of the copy: it follows one serving gateway (``upstream``).
+
+    ``follow(peer, now)`` starts a copy and gives the number to ask for it with
+    (``MTL-SYNC``); then ``copied`` (``MTL-REPL``) and ``forgotten``
+    (``MTL-FORGET``) change the store. At each mark the driver checks ``broken``
+    (a content before it could not be stored: stop, and tell the serving gateway
+    to copy again), then ``complete(copy)`` (the mark that ends the copy asked
+    for: what the store holds beyond it was confirmed meanwhile and goes), then
+    commits and acknowledges. ``due(now)`` says when to ask again (nothing
+    heard since asking) or to give up (silent for ``wait`` seconds)."""
+
+    def __init__(self, queues: DurableQueues, wait: float) -> None:
+        self.queues = queues
+        self.wait = wait
+        #: the serving gateway followed (None: none, or the copy stopped)
+        self.upstream: Optional[UUID] = None
+        self.broken = False                  # a copied content could not be stored
+        self._seen: Optional[set[bytes]] = None   # content ids of the copy under way
+        self._number = 0                     # of the copy asked for
+        self._asked = self._heard = 0.0
+
+    @property
+    def copying(self) -> bool:
+        """True from ``follow`` until the copy is complete (or stopped)."""
+        return self._seen is not None
+
+    def follow(self, peer: UUID, now: float) -> bytes:
+        """Copy from ``peer`` from scratch; the number to ask for the copy with."""
+        self.upstream, self._seen, self.broken = peer, set(), False
+        self._number += 1
+        return self.ask(now)
+
+    def ask(self, now: float) -> bytes:
+        """The number of the copy asked for (asked again now)."""
+        self._asked = now
+        return self._number.to_bytes(8, "big")
+
+    def stop(self) -> None:
+        """Follow no one (the copy stopped, or this gateway serves now)."""
+        self.upstream = self._seen = None
+        self.broken = False
+
+    def heard(self, now: float) -> None:
+        """Something came from ``upstream``."""
+        self._heard = now
+
+    def lost(self) -> None:
+        """A content copied or offered was dropped before it was taken."""
+        self.broken = True
+
+    def copied(self, frames: Sequence[bytes]) -> None:
+        """Store the contents of an ``MTL-REPL`` (its frames after the first, four per
+        content: group, content id, field table, body)."""
+        if not frames or len(frames) % 4:
+            self.broken = True
+            return
+        received = self.queues.received
+        checked: tuple[bytes, bytes, Optional[str]] = (b"", b"", None)  # (a batch's are alike)
+        for at in range(0, len(frames), 4):
+            group_bytes, cid, table, body = frames[at:at + 4]
+            if (group_bytes, table) != checked[:2]:
+                checked = (group_bytes, table, content_group(group_bytes, table))
+            group = checked[2] if len(cid) == CID_BYTES else None
+            if group is None or not received(group, body, table, cid):
+                self.broken = True
+            elif self._seen is not None:
+                self._seen.add(cid)
+
+    def forgotten(self, blob: bytes) -> None:
+        """Delete the contents whose ids an ``MTL-FORGET`` names (confirmed or dropped
+        on the serving gateway)."""
+        if len(blob) % CID_BYTES == 0:
+            self.queues.store.forget([blob[k:k + CID_BYTES]
+                                      for k in range(0, len(blob), CID_BYTES)])
+
+    def complete(self, copy: bytes) -> Optional[int]:
+        """A mark naming copy ``copy``: if it ends the copy under way, drop what the store
+        holds that the copy did not (confirmed meanwhile) and return how many; else None."""
+        if self._seen is None or copy != self._number.to_bytes(8, "big"):
+            return None
+        store = self.queues.store
+        stale = store.all_cids() - self._seen
+        store.forget(list(stale))
+        self._seen = None
+        return len(stale)
+
+    def due(self, now: float) -> Optional[str]:
+        """While copying: "ask" when nothing came since the copy was asked for, "stalled"
+        when ``upstream`` has been silent for ``wait`` seconds (the copy stops); else
+        None."""
+        if self._seen is None:
+            return None
+        if self._heard < self._asked:
+            return "ask"
+        if now - self._heard > self.wait:
+            self.stop()
+            return "stalled"
+        return None

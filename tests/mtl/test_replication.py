@@ -1,11 +1,17 @@
-"""The serving gateway's replicas as a table, without sockets: marks, held answers, late
-replicas."""
+"""Copies between gateways without sockets: the serving gateway's replicas (marks, held
+answers, late replicas) and a standby following it (on a real store)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from uuid import UUID, uuid4
 
-from peermesh.mtl.replication import Replicas
+import pytest
+
+from peermesh.mtl.delivery import DurableQueues
+from peermesh.mtl.replication import Follower, Replicas
+from peermesh.mtl.store import ContentStore, make_cid
 
 A, B, C = uuid4(), uuid4(), uuid4()
 
@@ -70,3 +76,70 @@ def test_replicas_silent_past_the_wait_stop_being_replicas() -> None:
     assert list(r) == [] and A not in r
     assert r.release() == [["x"]]
     assert r.late(200.0) == []            # nothing held any more
+
+
+# --- a standby following the serving gateway, on a real store ---------------------
+
+UPSTREAM = 0x1234   # the serving gateway's store origin
+
+
+@pytest.fixture
+def follower(tmp_path: Path) -> Iterator[Follower]:
+    queues = DurableQueues(ContentStore(tmp_path / "standby.db"))
+    yield Follower(queues, wait=10.0)
+    queues.close()
+
+
+def repl(*contents: tuple[int, bytes], group: bytes = b"chat",
+         table: bytes = b"\x00\x00") -> list[bytes]:
+    """An MTL-REPL's frames after the first: (id at the serving gateway, body) each."""
+    frames: list[bytes] = []
+    for number, body in contents:
+        frames += [group, make_cid(UPSTREAM, number), table, body]
+    return frames
+
+
+def test_a_copy_stores_what_comes_and_drops_what_it_did_not_name(follower: Follower) -> None:
+    f = follower
+    store = f.queues.store
+    f.queues.received("chat", b"old", b"\x00\x00", make_cid(UPSTREAM, 1))  # held from before
+    assert f.follow(A, now=5.0) == (1).to_bytes(8, "big") and f.upstream == A and f.copying
+    f.copied(repl((2, b"two"), (3, b"three")))
+    f.forgotten(make_cid(UPSTREAM, 3) + make_cid(UPSTREAM, 99))   # one held, one not
+    assert not f.broken
+    assert f.complete((7).to_bytes(8, "big")) is None      # another copy's mark
+    assert f.complete((1).to_bytes(8, "big")) == 1         # "old": confirmed meanwhile
+    assert not f.copying and f.upstream == A               # in step: a replica now
+    assert store.all_cids() == {make_cid(UPSTREAM, 2)}
+    assert f.complete((1).to_bytes(8, "big")) is None      # once
+
+
+@pytest.mark.parametrize("frames", [
+    [],                                            # no content
+    repl((1, b"x"))[:3],                           # a content cut short
+    repl((1, b"x"), group=b"\xff"),                # a group that is not UTF-8
+    repl((1, b"x"), table=b"\x00\x05ab"),          # a table shorter than it says
+    [b"chat", b"short cid", b"\x00\x00", b"x"],
+])
+def test_an_ill_formed_copy_breaks_it(follower: Follower, frames: list[bytes]) -> None:
+    f = follower
+    f.follow(A, now=0.0)
+    f.copied(frames)
+    assert f.broken
+    f.stop()
+    assert not f.broken and f.upstream is None and not f.copying
+
+
+def test_a_copy_is_asked_again_until_something_comes_and_given_up_when_silent(
+        follower: Follower) -> None:
+    f = follower
+    assert f.due(0.0) is None                              # not copying
+    f.follow(A, now=100.0)
+    assert f.due(100.5) == "ask"
+    assert f.ask(101.0) == (1).to_bytes(8, "big")
+    f.heard(101.2)
+    assert f.due(105.0) is None
+    assert f.due(111.3) == "stalled" and f.upstream is None
+    assert f.follow(B, now=120.0) == (2).to_bytes(8, "big")   # a new copy, a new number
+    f.lost()                                               # a whisper dropped on the way
+    assert f.broken
