@@ -63,9 +63,10 @@ deleted on both. A replica that does not acknowledge within ``REPLICA_WAIT``
 (or leaves) stops being one (``MTL-RESYNC``); with no replica left, answers
 go after the local commit alone. The state and decisions of both sides are
 sans-io cores in ``peermesh.mtl.replication``: ``Replicas`` (which standbys
-are replicas, the marks, the held answers) and ``Follower`` (a standby's
-copy: what it stores, when it is complete, broken or stalled); the gateway
-whispers and sends what they decide.
+are replicas, the marks, the held answers), ``Follower`` (a standby's copy:
+what it stores, when it is complete, broken or stalled) and ``Offers`` (what
+is offered, and whether a batch may be acknowledged); the gateway whispers
+and sends what they decide.
 
 Greenlets on the node's hub, each a thin loop around the sans-io cores:
 
@@ -129,8 +130,8 @@ from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, Join, MeshAction, Shout
 from .delivery import DurableQueues
-from .replication import Follower, Replicas, content_group
-from .store import CID_BYTES, ContentStore, store_path
+from .replication import Follower, Offers, Replicas
+from .store import ContentStore, store_path
 
 if TYPE_CHECKING:
     from ..zre.node import Node
@@ -245,7 +246,7 @@ class Gateway(Overlay):
         self._handoff_peer: Optional[UUID] = None
         self._acked = 0                           # highest id the serving one took
         self._follower: Optional[Follower] = None   # the copy from the serving one
-        self._offered: dict[UUID, int] = {}       # contents stored of the batch under way
+        self._offers: Optional[Offers] = None     # what other gateways offer this one
         # serving: the standbys copied to
         self._replicas = Replicas(REPLICA_WAIT)   # and the answers held for them
         self._copies: dict[UUID, gevent.Greenlet] = {}
@@ -292,7 +293,9 @@ class Gateway(Overlay):
         if self._data_dir is not None:
             self.store = ContentStore(store_path(self._data_dir, node.name))
         queues = DurableQueues(self.store) if self.store is not None else None
-        self._follower = Follower(queues, REPLICA_WAIT) if queues is not None else None
+        if queues is not None:
+            self._follower = Follower(queues, REPLICA_WAIT)
+            self._offers = Offers(queues)
         if self.store is not None:
             self.store.record = self.active
         self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
@@ -476,7 +479,8 @@ class Gateway(Overlay):
             if event.type is EventType.WHISPER:
                 if self._follower is not None:  # (a content copied or offered is lost)
                     self._follower.lost()
-                self._offered.pop(event.peer, None)   # type: ignore[arg-type]
+                if self._offers is not None and event.peer is not None:
+                    self._offers.lost(event.peer)
             now = time.monotonic()
             if now - self._dropped_logged > 1.0:
                 self._dropped_logged = now
@@ -522,11 +526,12 @@ class Gateway(Overlay):
         frames, peer = event.frames, event.peer
         kind = frames[0]
         assert peer is not None
+        offers = self._offers
         if kind == HANDOFF:
-            self._take_handoff(peer, frames)   # (also while not serving: never lost)
+            if offers is not None:             # (also while not serving: never lost)
+                offers.offered(peer, frames[1:])
         elif kind == HANDOFF_END and len(frames) == 3 and len(frames[1]) == len(frames[2]) == 8:
-            stored = self._offered.pop(peer, 0)
-            if stored == int.from_bytes(frames[2], "big"):
+            if offers is not None and offers.ended(peer, int.from_bytes(frames[2], "big")):
                 acks[peer] = int.from_bytes(frames[1], "big")
         elif kind == RESYNC and self.active:
             self._replicas.discard(peer)          # a replica that could not store a copy
@@ -548,17 +553,6 @@ class Gateway(Overlay):
                 self._marked(follower, peer, frames[1], frames[2])
             elif kind == RESYNC:
                 follower.stop()
-
-    def _take_handoff(self, peer: UUID, frames: Sequence[bytes]) -> None:
-        """Store one offered content unless known here, counting it for the batch's end."""
-        flow = self.data
-        if flow is None or flow.queues is None or len(frames) != 6 or len(frames[2]) != 8 \
-                or len(frames[3]) != CID_BYTES:
-            return
-        _, group_bytes, number, cid, table, body = frames
-        group = content_group(group_bytes, table)
-        if group is not None and flow.queues.received(group, body, table, cid):
-            self._offered[peer] = self._offered.get(peer, 0) + 1   # (gateways only)
 
     def _marked(self, follower: Follower, peer: UUID, number: bytes, copy: bytes) -> None:
         """A mark from the serving gateway: commit what came before it, acknowledge it."""

@@ -1,5 +1,6 @@
 """Copies of confirmed content between gateways, as sans-io cores: the serving gateway's
-replicas and the answers that wait for them (``Replicas``), a standby's copy (``Follower``).
+replicas and the answers that wait for them (``Replicas``), a standby's copy
+(``Follower``), what a gateway is offered (``Offers``).
 
 How it works
 ------------
@@ -36,7 +37,7 @@ from ..wire.mtl import decode_table, valid_string
 from .delivery import DurableQueues
 from .store import CID_BYTES
 
-__all__ = ["Replicas", "Follower", "content_group"]
+__all__ = ["Replicas", "Follower", "Offers", "content_group"]
 
 A = TypeVar("A")
 
@@ -250,3 +251,31 @@ class Follower:
             self.stop()
             return "stalled"
         return None
+
+
+class Offers:
+    """What other gateways offer this one (``MTL-HANDOFF``, in batches): stored unless
+    known here, and counted, so that a batch is acknowledged only when all of it was."""
+
+    def __init__(self, queues: DurableQueues) -> None:
+        self.queues = queues
+        self._stored: dict[UUID, int] = {}   # contents stored of the batch under way
+
+    def offered(self, peer: UUID, frames: Sequence[bytes]) -> None:
+        """One ``MTL-HANDOFF`` from ``peer`` (its frames after the first: group, id,
+        content id, field table, body); an ill-formed one is not counted."""
+        if len(frames) != 5 or len(frames[1]) != 8 or len(frames[2]) != CID_BYTES:
+            return
+        group_bytes, _, cid, table, body = frames
+        group = content_group(group_bytes, table)
+        if group is not None and self.queues.received(group, body, table, cid):
+            self._stored[peer] = self._stored.get(peer, 0) + 1
+
+    def ended(self, peer: UUID, count: int) -> bool:
+        """``peer``'s batch of ``count`` contents ended: True if all were stored (then the
+        batch is acknowledged once committed)."""
+        return self._stored.pop(peer, 0) == count
+
+    def lost(self, peer: UUID) -> None:
+        """Something ``peer`` offered was dropped before it was taken: its batch fails."""
+        self._stored.pop(peer, None)

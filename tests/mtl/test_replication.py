@@ -10,7 +10,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from peermesh.mtl.delivery import DurableQueues
-from peermesh.mtl.replication import Follower, Replicas
+from peermesh.mtl.replication import Follower, Offers, Replicas
 from peermesh.mtl.store import ContentStore, make_cid
 
 A, B, C = uuid4(), uuid4(), uuid4()
@@ -143,3 +143,30 @@ def test_a_copy_is_asked_again_until_something_comes_and_given_up_when_silent(
     assert f.follow(B, now=120.0) == (2).to_bytes(8, "big")   # a new copy, a new number
     f.lost()                                               # a whisper dropped on the way
     assert f.broken
+
+
+# --- what other gateways offer ------------------------------------------------------
+
+def handoff(number: int, body: bytes, group: bytes = b"chat") -> list[bytes]:
+    """An MTL-HANDOFF's frames after the first."""
+    return [group, number.to_bytes(8, "big"), make_cid(UPSTREAM, number), b"\x00\x00", body]
+
+
+def test_a_batch_is_acknowledged_only_if_all_of_it_was_stored(tmp_path: Path) -> None:
+    queues = DurableQueues(ContentStore(tmp_path / "serving.db"))
+    try:
+        offers = Offers(queues)
+        for number in (1, 2):
+            offers.offered(A, handoff(number, b"%d" % number))
+        offers.offered(A, handoff(2, b"again"))                   # known: stored once, counted
+        offers.offered(B, handoff(9, b"b"))
+        assert offers.ended(A, 3) and not offers.ended(A, 3)      # (a batch ends once)
+        offers.offered(A, handoff(3, b"x", group=b""))            # ill-formed: not counted
+        offers.offered(A, handoff(4, b"x")[:4])
+        offers.offered(A, handoff(5, b"five"))
+        assert not offers.ended(A, 3)
+        offers.lost(B)                                            # a whisper of B's dropped
+        assert not offers.ended(B, 1)
+        assert queues.store.all_cids() == {make_cid(UPSTREAM, n) for n in (1, 2, 5, 9)}
+    finally:
+        queues.close()
