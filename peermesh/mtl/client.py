@@ -124,7 +124,8 @@ def _send_content(dealer: "zmq.Socket[Any]", header: bytes, body: "bytes | memor
         _send_frame(dealer, header, _SNDMORE)
     except zmq.Again:
         return False
-    _send_frame(dealer, body, 0, len(body) < zmq.COPY_THRESHOLD)   # (taken: a part follows)
+    # (once ZeroMQ took the first part of a message it takes the rest: this never waits)
+    _send_frame(dealer, body, 0, len(body) < zmq.COPY_THRESHOLD)
     return True
 
 
