@@ -4,17 +4,26 @@
     python scripts/bench_mtl.py                  # all three, 3 rounds (~1 min)
     python scripts/bench_mtl.py --messages 50000 --logins 500 --rounds 5
     python scripts/bench_mtl.py --standby        # confirm full copied to a standby gateway
+    python scripts/bench_mtl.py --baseline main  # the mesh case with main's code too
+    python scripts/bench_mtl.py --writer pyzmq   # the mesh case's writer on plain pyzmq
 
 Processes, all on loopback: a gateway (a gevent ``Node`` with a
 ``Gateway``, ``run="always"``, its store in a temporary directory), a ZRE
-peer that joined the group, and clients speaking 11/MTL with plain pyzmq
-(REQ for control, DEALER for data, as any client off the LAN would).
+peer that joined the group, and clients off the LAN: the mesh case's writer
+is ``peermesh.mtl.Client`` (``--writer pyzmq``: a plain pyzmq DEALER sending
+each Content with ``send_multipart``), the others speak 11/MTL with plain
+pyzmq (REQ for control, DEALER for data, as any client would).
 
 * **mesh**: one writer (``confirm: none``) sends 100-byte contents to the
   mesh profile's group; the gateway shouts them; the ZRE peer counts them.
   Rate: contents / (last one counted - first one sent). The ceiling, in the
   same rounds: raw pyzmq DEALER -> ROUTER one way between two processes.
-  Target: mesh / raw >= 0.5.
+  Target: mesh / raw >= 0.5. Three processes share the machine's cores
+  against raw's two, so the CPU each spends per content (its Python thread
+  and libzmq's I/O threads, from schedstat) is reported for every process
+  of both cases. ``--baseline REV`` runs a second gateway, peer and writer
+  with the code of commit REV (or a directory holding ``peermesh/``), on a
+  mesh of their own, in the same rounds (see scripts/README.md).
 * **full**: one writer with ``confirm: full`` sends 100-byte contents and
   waits for the Confirm covering the last one. The gateway appends each to
   its SQLite store and commits once per batch it drained from its socket
@@ -39,7 +48,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import harness
 
@@ -152,13 +161,18 @@ class _Client:
         self.context.destroy(0)
 
 
-def role_writer(parent: harness.Parent, control: str, confirm: str, group: str) -> None:
+def role_writer(parent: harness.Parent, control: str, confirm: str, group: str,
+                client: str = "pyzmq") -> None:
     """Per command ``{"n": n}``: send n contents to ``group``; report (first sent, all
-    confirmed or sent)."""
+    confirmed or sent). ``client``: "pyzmq" (plain pyzmq, ``send_multipart``) or "peermesh"
+    (``peermesh.mtl.Client``, ``confirm: none`` only)."""
+    if client == "peermesh":
+        _peermesh_writer(parent, control, group)
+        return
     from peermesh.wire import mtl
-    client = _Client(control)
-    lease = client.login(mtl.Direction.WRITE, confirm, group)
-    sock = client.data(lease)
+    client_ = _Client(control)
+    lease = client_.login(mtl.Direction.WRITE, confirm, group)
+    sock = client_.data(lease)
     resource = bytes((len(group),)) + group.encode()
     sequence = 0
 
@@ -184,7 +198,24 @@ def role_writer(parent: harness.Parent, control: str, confirm: str, group: str) 
         parent.send("ready")
         parent.serve(write)
     finally:
-        client.close()
+        client_.close()
+
+
+def _peermesh_writer(parent: harness.Parent, control: str, group: str) -> None:
+    """``role_writer`` with ``peermesh.mtl.Client``: a lease on ``group``, ``send``."""
+    from peermesh.mtl import Client
+    with Client(control, USER, PASSWORD, timeout=WAIT) as client:
+        writer = client.writer([group])
+
+        def write(command: dict[str, Any]) -> Any:
+            send = writer.send
+            started = time.monotonic()
+            for _ in range(command["n"]):
+                send(BODY)
+            return [started, time.monotonic()]
+
+        parent.send("ready")
+        parent.serve(write)
 
 
 def role_login(parent: harness.Parent, control: str) -> None:
@@ -251,6 +282,36 @@ def role_raw_source(parent: harness.Parent, endpoint: str) -> None:
 
 # --- the parent -------------------------------------------------------------------------
 
+def _mesh_setup(children: harness.Children, code: str, directory: str, standby: bool,
+                mode: dict[str, Any], extra: dict[str, Any], client: str) -> dict[str, Any]:
+    """A gateway (and with ``standby`` a standby gateway), a ZRE peer in GROUP and a
+    ``confirm: none`` writer, all importing peermesh from ``code``, on a mesh (a beacon
+    port) of their own: their processes by role, and the gateway's control endpoint."""
+    os.makedirs(directory)
+    port = harness.free_udp_port()
+    gateway = children.start("bench_mtl", "gateway", code, port=port, directory=directory,
+                             **mode, **extra)
+    control = gateway.expect("ready", WAIT)
+    if standby:
+        second = children.start("bench_mtl", "gateway", code, port=port, directory=directory,
+                                name="standby", run="elected")
+        second.expect("ready", WAIT)
+        deadline = time.monotonic() + WAIT
+        while gateway.ask(replicas=True) != [True, 1]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not become a replica")
+            time.sleep(0.05)
+    peer = children.start("bench_mtl", "peer", code, port=port)
+    peer.expect("ready", WAIT)
+    deadline = time.monotonic() + WAIT
+    while not gateway.ask(members=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    writer = children.start("bench_mtl", "writer", code, control=control, confirm="none",
+                            group=GROUP, client=client)
+    writer.expect("ready", WAIT)
+    return {"gateway": gateway, "control": control, "peer": peer, "writer": writer}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=20_000, help="per case and round")
@@ -261,63 +322,73 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--standby", action="store_true",
                         help="also run a standby gateway: the serving one is elected and "
                              "confirms full content once the standby has a copy")
+    parser.add_argument("--writer", choices=("peermesh", "pyzmq"), default="peermesh",
+                        help="the confirm-none writer: peermesh.mtl.Client (default) or a "
+                             "plain pyzmq client (send_multipart)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the mesh case with the gateway, peer and writer of "
+                             "an older commit (or a directory holding peermesh/), in the "
+                             "same rounds (see scripts/README.md)")
     args = parser.parse_args(argv)
     n = args.messages
+    code = harness.trees(args.baseline)
     directory = tempfile.mkdtemp(prefix="bench-mtl-")
     try:
         with harness.Children() as children:
-            port = harness.free_udp_port()
             extra = {"_profile": os.path.abspath(args.profile)} if args.profile else {}
             mode = {"run": "elected", "broker": "always"} if args.standby else {}
-            gateway = children.start("bench_mtl", "gateway", port=port, directory=directory,
-                                     **mode, **extra)
-            control = gateway.expect("ready", WAIT)
-            if args.standby:
-                standby = children.start("bench_mtl", "gateway", port=port,
-                                         directory=directory, name="standby", run="elected")
-                standby.expect("ready", WAIT)
-                deadline = time.monotonic() + WAIT
-                while gateway.ask(replicas=True) != [True, 1]:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the standby did not become a replica")
-                    time.sleep(0.05)
-            peer = children.start("bench_mtl", "peer", port=port)
-            peer.expect("ready", WAIT)
-            deadline = time.monotonic() + WAIT
-            while not gateway.ask(members=True) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            meshes = {tag: _mesh_setup(children, tree, os.path.join(directory, tag),
+                                       args.standby, mode, extra if tag == "peermesh" else {},
+                                       args.writer)
+                      for tag, tree in code.items()}
+            gateway, control = meshes["peermesh"]["gateway"], meshes["peermesh"]["control"]
             sink = children.start("bench_mtl", "raw_sink")
             source = children.start("bench_mtl", "raw_source", endpoint=sink.expect("ready",
                                                                                      WAIT))
-            writer = children.start("bench_mtl", "writer", control=control, confirm="none",
-                                    group=GROUP)
             durable = children.start("bench_mtl", "writer", control=control, confirm="full",
                                      group=DURABLE)
             logins = [children.start("bench_mtl", "login", control=control) for _ in range(2)]
-            for child in (source, writer, durable, *logins):
+            for child in (source, durable, *logins):
                 child.expect("ready", WAIT)
+            cpu: dict[str, list[float]] = {}
+
+            def measured(processes: dict[str, Any], work: Callable[[], float]) -> float:
+                """``work()``'s rate, and the CPU per content of each process (its Python
+                thread and libzmq's threads) recorded under ``cpu``."""
+                before = {name: harness.threads_cpu(child.pid)
+                          for name, child in processes.items()}
+                rate = work()
+                for name, child in processes.items():
+                    after = harness.threads_cpu(child.pid)
+                    for kind in ("main", "zmq"):
+                        cpu.setdefault(f"{name}_{kind}", []).append(
+                            (after[kind] - before[name][kind]) / n * 1e6)
+                return rate
 
             def raw(_round: int) -> float:
-                sink.send({"expect": n})
-                started = source.ask(n=n)
-                return n / (sink.expect("answer", WAIT) - started)
+                def work() -> float:
+                    sink.send({"expect": n})
+                    started = source.ask(n=n)
+                    return n / (sink.expect("answer", WAIT) - started)
+                return measured({"raw_source": source, "raw_sink": sink}, work)
 
-            cpu: dict[str, list[float]] = {"gateway": [], "gateway_python": [], "peer": []}
+            def mesh_case(tag: str) -> Callable[[int], float]:
+                setup = meshes[tag]
+                writer, peer = setup["writer"], setup["peer"]
+                prefix = "" if tag == "peermesh" else "baseline_"
 
-            def mesh(_round: int) -> float:
-                before = {name: harness.proc_cpu(child.pid)
-                          for name, child in (("gateway", gateway), ("peer", peer))}
-                main_before = harness.threads_cpu(gateway.pid)["main"]
-                peer.send({"expect": n})
-                started, _ = writer.ask(n=n)
-                got, last = peer.expect("answer", WAIT)
-                if got != n:
-                    raise RuntimeError(f"the peer counted {got} of {n} shouts")
-                for name, child in (("gateway", gateway), ("peer", peer)):
-                    cpu[name].append((harness.proc_cpu(child.pid) - before[name]) / n * 1e6)
-                cpu["gateway_python"].append(
-                    (harness.threads_cpu(gateway.pid)["main"] - main_before) / n * 1e6)
-                return n / (last - started)
+                def work() -> float:
+                    peer.send({"expect": n})
+                    started, _ = writer.ask(n=n)
+                    got, last = peer.expect("answer", WAIT)
+                    if got != n:
+                        raise RuntimeError(f"the peer counted {got} of {n} shouts")
+                    return n / (last - started)
+                return lambda _round: measured(
+                    {f"{prefix}writer": writer, f"{prefix}gateway": setup["gateway"],
+                     f"{prefix}peer": peer}, work)
+
+            mesh = mesh_case("peermesh")
 
             def full(_round: int) -> float:
                 started, confirmed = durable.ask(n=n)
@@ -337,32 +408,62 @@ def main(argv: Optional[list[str]] = None) -> int:
                 login_cpu.append((harness.proc_cpu(gateway.pid) - before) / (2 * args.logins))
                 return 2 * args.logins / (time.monotonic() - started)
 
-            runs = harness.interleaved({"raw": raw, "mesh": mesh, "full": full,
-                                        "alone": alone, "together": together}, args.rounds)
+            cases = {"raw": raw, "mesh": mesh}
+            if "baseline" in meshes:
+                cases["mesh_baseline"] = mesh_case("baseline")
+            cases.update({"full": full, "alone": alone, "together": together})
+            runs = harness.interleaved(cases, args.rounds)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     load = os.getloadavg()
     ratios = [m / r for m, r in zip(runs["mesh"], runs["raw"])]
     p50s = [statistics.median(times) * 1000 for times in runs["alone"]]
-    results = {
-        "load_average": load, "messages": n,
+    results: dict[str, Any] = {
+        "load_average": load, "messages": n, "writer": args.writer,
         "raw_msgs": runs["raw"], "mesh_msgs": runs["mesh"], "mesh_over_raw": ratios,
         "full_msgs": runs["full"], "login_p50_ms": p50s, "logins_per_s": runs["together"],
-        "mesh_cpu_us_per_msg": cpu, "gateway_cpu_ms_per_login": [c * 1000 for c in login_cpu],
+        "cpu_us_per_msg": cpu, "gateway_cpu_ms_per_login": [c * 1000 for c in login_cpu],
     }
+    if "mesh_baseline" in runs:
+        results["baseline"] = f"{args.baseline} ({code['baseline']})"
+        results["baseline_mesh_msgs"] = runs["mesh_baseline"]
+        results["baseline_mesh_over_raw"] = [m / r for m, r in zip(runs["mesh_baseline"],
+                                                                    runs["raw"])]
+        results["mesh_over_baseline"] = [m / b for m, b in zip(runs["mesh"],
+                                                               runs["mesh_baseline"])]
     if args.json:
         print(harness.dump_json(results))
         return 0
     ratio = statistics.median(ratios)
     full_rate = statistics.median(runs["full"])
     logins_rate = statistics.median(runs["together"])
+
+    def cpu_row(label: str, names: Sequence[str]) -> list[Any]:
+        cells = []
+        for name in names:
+            main, zmq = (statistics.median(cpu[f"{name}_{kind}"]) for kind in ("main", "zmq"))
+            cells.append(f"{main + zmq:.1f} ({main:.1f})")
+        return [label, ", ".join(cells), "", ""]
+
     rows = [
-        ["writer -> gateway -> group -> peer, confirm none", statistics.median(runs["mesh"]),
+        [f"writer ({args.writer}) -> gateway -> group -> peer, confirm none",
+         statistics.median(runs["mesh"]),
          f"x{ratio:.2f} of raw", harness.verdict(ratio, 0.5, at_least=True)],
+        cpu_row("  CPU per content (its Python thread), us: writer, gateway, peer",
+                ("writer", "gateway", "peer")),
+    ]
+    if "mesh_baseline" in runs:
+        rows += [
+            ["  [baseline] the same", statistics.median(runs["mesh_baseline"]),
+             f"x{statistics.median(results['baseline_mesh_over_raw']):.2f} of raw",
+             f"now/base x{statistics.median(results['mesh_over_baseline']):.2f}"],
+            cpu_row("  [baseline] CPU per content, us: writer, gateway, peer",
+                    ("baseline_writer", "baseline_gateway", "baseline_peer")),
+        ]
+    rows += [
         ["raw pyzmq DEALER -> ROUTER one way", statistics.median(runs["raw"]), "", ""],
-        ["  CPU per content: gateway (its Python thread), peer (us)",
-         f"{statistics.median(cpu['gateway']):.1f} ({statistics.median(cpu['gateway_python']):.1f})"
-         f", {statistics.median(cpu['peer']):.1f}", "", ""],
+        cpu_row("  CPU per message (its Python thread), us: sender, receiver",
+                ("raw_source", "raw_sink")),
         ["writer, confirm full (group commit per batch)", full_rate, "",
          harness.verdict(full_rate, 20_000, at_least=True)],
         ["Open+SCRAM+Profile+Reader, 2 clients (/s)", logins_rate, "",
@@ -375,6 +476,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"\nMTL gateway{' and a standby' if args.standby else ''}, 100-byte contents, "
           f"{n} per case, {args.rounds} rounds, median round; "
           f"load average {' '.join(f'{x:.2f}' for x in load)}")
+    if "baseline" in results:
+        print(f"baseline code: {results['baseline']}")
     print("\n".join(harness.table(["case", "msg/s", "ratio", "target"], rows)))
     return 0
 

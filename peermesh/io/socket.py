@@ -123,8 +123,8 @@ class HubSocket:
 
     __slots__ = ("socket", "endpoint", "limit", "max_frames", "closed", "_target", "_send",
                  "_events", "_batch", "_recv", "_readable", "_hub", "_io", "_guard",
-                 "_parked", "_touched", "_serving", "_paused", "_scheduled", "_draining", "_drain",
-                 "_drainer", "_done")
+                 "_parked", "_reading", "_touched", "_serving", "_paused", "_scheduled",
+                 "_draining", "_drain", "_drainer", "_done")
 
     def __init__(self, sock: zmq.Socket, *, endpoint: str = "", limit: Optional[int] = None,
                  max_frames: Optional[int] = None) -> None:
@@ -155,6 +155,7 @@ class HubSocket:
         # greenlets waiting in wait_readable / wait_writable (a deque: going from one to
         # none and back, as a reader does per wake-up, allocates nothing)
         self._parked: deque[Any] = deque()
+        self._reading = 0  # how many of them wait to read (the others wait for room)
         self._touched = False  # the socket was used since ``read`` found it empty
         self._serving: Optional[MessageHandler] = None
         self._paused = False  # serving, but reading paused by backpressure
@@ -180,10 +181,22 @@ class HubSocket:
         """
         self._touched = True
         if self._send(self._target, frames):
-            if self._serving is not None or self._parked:
+            if self._serving is not None or self._reading:
                 self._after_send()
             return True
         return False
+
+    def try_send_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """``try_send`` each of ``messages`` in order until one cannot go; how many went."""
+        self._touched = True
+        send, target, done = self._send, self._target, 0
+        for frames in messages:
+            if not send(target, frames):
+                break
+            done += 1
+        if done and (self._serving is not None or self._reading):
+            self._after_send()
+        return done
 
     def _after_send(self) -> None:
         # the send may have taken in the command that announced a message: look now
@@ -245,13 +258,15 @@ class HubSocket:
                 seconds = deadline - loop.now()
                 if seconds <= 0:
                     return False
-            self._park(me, seconds)
+            self._park(me, seconds, flag == _POLLIN)
         return False
 
-    def _park(self, me: Any, seconds: Optional[float]) -> None:
-        """Wait on the hub for the descriptor's edge, the guard timer, a wake-up or ``seconds``."""
+    def _park(self, me: Any, seconds: Optional[float], reading: bool) -> None:
+        """Wait on the hub for the descriptor's edge, the guard timer, a wake-up or
+        ``seconds`` (``reading``: for a message, else for room)."""
         parked = self._parked
         parked.append(me)
+        self._reading += reading
         io = self._io
         if not io.active:
             io.start(self._on_edge)
@@ -263,6 +278,7 @@ class HubSocket:
         try:
             self._hub.switch()
         finally:
+            self._reading -= reading
             if me in parked:  # still there after a timeout or a kill
                 parked.remove(me)
             if not parked and self._drainer is None and self._io is not None:
@@ -408,7 +424,7 @@ class HubSocket:
                     gevent.sleep(0)  # more may wait: let others run first
                     continue
             if not self._touched:
-                park(me, None)
+                park(me, None, True)
                 if self.closed or is_closed(sock):  # (also behind our back)
                     return
 

@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import struct
 import threading
 import time
 from collections import OrderedDict, deque
@@ -90,7 +91,7 @@ from ..wire.mtl import (MAX_REQUEST, Authorize, Challenged, Confirm, Content, Da
                         DataLease, Direction, Dismiss, Failure, Lease, LeaseRequest, Ok, Open,
                         Ping, Pong, Ready, Reject, Reply, Request, Response, SelectProfile,
                         Summon, Unauthorized, decode_data, decode_reply, encode_data,
-                        encode_request)
+                        encode_request, encode_string)
 
 __all__ = ["Client", "Reader", "Writer", "Received", "AsyncClient", "AsyncReader",
            "AsyncWriter", "ClientError", "GatewayUnavailable", "AuthenticationFailed",
@@ -104,6 +105,28 @@ _WINDOW = 10_000       # unconfirmed contents a confirm-full writer holds at mos
 #: largest data command taken from a gateway (bytes, all frames); libzmq drops the
 #: connection of a gateway that sends more (the lease then reconnects)
 MAX_CONTENT = 64 * 1024 * 1024
+_CONTENT_HEAD = struct.Struct(">BQ").pack   # a data command's type and sequence
+_EMPTY_TABLE = b"\x00\x00"
+_MAX_TAILS = 1024      # resources whose encoded Content header a writer keeps
+_Backend: Any = zmq.Socket.__mro__[1]  # the Cython socket under pyzmq's Python layer
+#: pyzmq's send without its Python layer (flag enums, keyword handling): a third of the
+#: cost per frame, which counts on a writer's hot path
+_send_frame: Callable[..., Any] = _Backend.send
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def _send_content(dealer: "zmq.Socket[Any]", header: bytes, body: "bytes | memoryview"
+                  ) -> bool:
+    """Send a Content command's two frames (waiting up to the socket's SNDTIMEO); False
+    if the socket took nothing in that time. Bodies past pyzmq's copy threshold go
+    without a copy."""
+    try:
+        _send_frame(dealer, header, _SNDMORE)
+    except zmq.Again:
+        return False
+    # (once ZeroMQ took the first part of a message it takes the rest: this never waits)
+    _send_frame(dealer, body, 0, len(body) < zmq.COPY_THRESHOLD)
+    return True
 
 
 class ClientError(PeermeshError):
@@ -728,6 +751,7 @@ class Writer(_Leased):
         self._unconfirmed: OrderedDict[int, Content] = OrderedDict()
         self._content = 0
         self._sends = 0
+        self._tails: dict[str, bytes] = {}   # resource -> the rest of a Content header
         super().__init__(client, resources, confirm)
 
     @property
@@ -740,28 +764,40 @@ class Writer(_Leased):
         """Send content (``resource`` may be empty when the lease names one); its sequence.
 
         With ``confirm="full"`` it waits while ``window`` contents are unconfirmed."""
-        self._awake()
+        client = self.client
+        if time.monotonic() - self._said >= client.heartbeat * client.liveness:
+            self._recover()      # (as ``_awake``, inline: this is the hot path)
         full = self.confirm_model == "full"
-        while full and len(self._unconfirmed) >= self.client.window:
-            self._pump(self.client.heartbeat)
+        while full and len(self._unconfirmed) >= client.window:
+            self._pump(client.heartbeat)
         # (numbered after any reconnection above: what it sent again has lower numbers)
+        # TypeError unless bytes-like, before anything goes
+        data: "bytes | memoryview" = body if type(body) is bytes else memoryview(body)
         self._content += 1
-        content = Content(self._content, resource, body, properties or {})
-        frames = encode_data(content)     # ValueError for a bad resource or properties
+        sequence = self._content
+        if properties:
+            header = encode_data(Content(sequence, resource, b"", properties))[0]
+        else:
+            tail = self._tails.get(resource)
+            if tail is None:     # ValueError for a bad resource
+                tail = encode_string(resource) + _EMPTY_TABLE
+                if len(self._tails) >= _MAX_TAILS:
+                    self._tails.clear()
+                self._tails[resource] = tail
+            header = _CONTENT_HEAD(5, sequence) + tail
         if full:
-            self._unconfirmed[content.sequence] = content
-        try:
-            assert self._dealer is not None
-            self._dealer.send_multipart(frames, copy=False)
+            self._unconfirmed[sequence] = Content(sequence, resource, body, properties or {})
+        assert self._dealer is not None
+        if _send_content(self._dealer, header, data):
             self._said = time.monotonic()
-        except zmq.Again:
-            self._recover()          # (full: resent with the others)
+        else:                    # the gateway took nothing for ``timeout``
+            self._recover()      # (full: resent with the others)
             if not full:
-                self._send(content)
+                self._send(Content(sequence, resource, body, properties or {}))
         self._sends += 1
-        if self._sends % 256 == 0:   # Confirms, Pings: handled as we go
+        if not self._sends & 255:   # Confirms, Pings: handled as we go
             self._pump(0)
-        return content.sequence
+        return sequence
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait until the gateway confirmed everything sent (at most ``timeout`` seconds);

@@ -54,7 +54,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 from ..errors import ProtocolError
 from ..wire.mtl import (Confirm, Content, Direction, Dismiss, Lease, Ping, Reject, Summon,
@@ -194,19 +194,49 @@ class DataFlow:
 
     def handle(self, identity: bytes, frames: list[bytes], now: float) -> None:
         """Take one data command from the connection ``identity``."""
-        link = self.links.get(identity)
-        if link is not None:
-            link.heard = now
-            passthrough = link.passthrough
-            if passthrough and len(frames) == 2:
-                # the hot path: unconfirmed content to a resource this link wrote before,
-                # without properties: routed on the header's bytes, nothing decoded
-                header, body = frames
-                if type(header) is bytes and type(body) is bytes and header[:1] == b"\x05":
-                    key = passthrough.get(header[9:]) if len(header) > 9 else None
-                    if key is not None:
-                        self.route(key, body, None, _EMPTY_TABLE)
-                        return
+        self.handle_batch(((identity, frames),), now)
+
+    def handle_batch(self, batch: Iterable[tuple[bytes, Optional[list[bytes]]]],
+                     now: float) -> None:
+        """Take data commands ``(identity, frames)`` in order, as read from the data
+        socket (frames None: over its limits, dropped). A command that raises (a bug) is
+        logged; the others are still taken."""
+        links = self.links
+        readers = self.readers
+        outgoing = self.outgoing
+        for identity, frames in batch:
+            if frames is None:
+                continue
+            link = links.get(identity)
+            if link is not None:
+                link.heard = now
+                passthrough = link.passthrough
+                if passthrough and len(frames) == 2:
+                    # the hot path: unconfirmed content to a resource this link wrote
+                    # before, without properties: routed on the header's bytes, nothing
+                    # decoded; into a mesh group with no local reader, straight to
+                    # ``outgoing``
+                    header, body = frames
+                    key = passthrough.get(header[9:]) \
+                        if header[:1] == b"\x05" and len(header) > 9 else None
+                    if key is not None and type(body) is bytes:
+                        if outgoing is not None and key[0] == "mesh" and key not in readers:
+                            bodies = outgoing.get(key[1])
+                            if bodies is None:
+                                outgoing[key[1]] = [body]
+                            else:
+                                bodies.append(body)
+                        else:
+                            self.route(key, body, None, _EMPTY_TABLE)
+                        continue
+            try:
+                self._command(identity, link, frames, now)
+            except Exception:
+                log.exception("handling a data command from %r failed", identity[:16])
+
+    def _command(self, identity: bytes, link: Optional[Link], frames: list[bytes],
+                 now: float) -> None:
+        """One data command, decoded, to its handler in ``HANDLERS``."""
         try:
             command = decode_data(frames)
         except ProtocolError as error:

@@ -61,7 +61,12 @@ the batch's mark. So a writer's Confirm means the content is committed on two
 gateways, and an answered Ping means what the reader confirmed before it is
 deleted on both. A replica that does not acknowledge within ``REPLICA_WAIT``
 (or leaves) stops being one (``MTL-RESYNC``); with no replica left, answers
-go after the local commit alone.
+go after the local commit alone. The state and decisions of both sides are
+sans-io cores in ``peermesh.mtl.replication``: ``Replicas`` (which standbys
+are replicas, the marks, the held answers), ``Follower`` (a standby's copy:
+what it stores, when it is complete, broken or stalled) and ``Offers`` (what
+is offered, and whether a batch may be acknowledged); the gateway whispers
+and sends what they decide.
 
 Greenlets on the node's hub, each a thin loop around the sans-io cores:
 
@@ -119,14 +124,14 @@ from ..io.socket import BATCH
 from ..overlay import Overlay, PeerNetworks, header_endpoint
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
-from ..errors import PeermeshError, ProtocolError
-from ..wire.mtl import (MAX_REQUEST, Failure, Status, decode_table, encode_reply,
-                        valid_string)
+from ..errors import PeermeshError
+from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, Join, MeshAction, Shout
 from .delivery import DurableQueues
-from .store import CID_BYTES, ContentStore, store_path
+from .replication import Follower, Offers, Replicas
+from .store import ContentStore, store_path
 
 if TYPE_CHECKING:
     from ..zre.node import Node
@@ -240,21 +245,11 @@ class Gateway(Overlay):
         self._joining: Optional[gevent.Greenlet] = None
         self._handoff_peer: Optional[UUID] = None
         self._acked = 0                           # highest id the serving one took
-        self._upstream: Optional[UUID] = None     # the serving gateway copied from
-        self._sync_seen: Optional[set[bytes]] = None   # cids of the copy under way
-        self._upstream_heard = 0.0
-        self._copy_broken = False                 # a copied content could not be stored
-        self._offered: dict[UUID, int] = {}       # contents stored of the batch under way
-        self._sync_asked = 0.0
-        self._sync_number = 0
+        self._follower: Optional[Follower] = None   # the copy from the serving one
+        self._offers: Optional[Offers] = None     # what other gateways offer this one
         # serving: the standbys copied to
-        self._replicas: set[UUID] = set()
+        self._replicas = Replicas(REPLICA_WAIT)   # and the answers held for them
         self._copies: dict[UUID, gevent.Greenlet] = {}
-        self._marks: dict[UUID, int] = {}         # last mark sent to each standby
-        self._mark_acks: dict[UUID, int] = {}     # last mark each standby acknowledged
-        #: answers to confirm: full links held until a replica acknowledged a mark
-        self._held: deque[tuple[dict[UUID, int], list[tuple[bytes, list[bytes]]], float]] = \
-            deque()
         self._answer = gevent.event.Event()       # replaced (after set) on each answer
 
     # --- the overlay contract -----------------------------------------------------
@@ -298,6 +293,9 @@ class Gateway(Overlay):
         if self._data_dir is not None:
             self.store = ContentStore(store_path(self._data_dir, node.name))
         queues = DurableQueues(self.store) if self.store is not None else None
+        if queues is not None:
+            self._follower = Follower(queues, REPLICA_WAIT)
+            self._offers = Offers(queues)
         if self.store is not None:
             self.store.record = self.active
         self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
@@ -352,7 +350,8 @@ class Gateway(Overlay):
             if self.store is not None:
                 self.store.record = elected
                 self.store.committed, self.store.deleted = [], []
-            self._upstream = self._sync_seen = None
+            if self._follower is not None:
+                self._follower.stop()
             if not elected and self.data is not None and self.control is not None:
                 for token in list(self.data.grants):
                     self.data.revoke(token)
@@ -370,9 +369,7 @@ class Gateway(Overlay):
 
     def _peer_left(self, uuid: UUID) -> None:
         self._peers.pop(uuid, None)
-        self._replicas.discard(uuid)
-        self._marks.pop(uuid, None)
-        self._mark_acks.pop(uuid, None)
+        self._replicas.forget(uuid)
         copy = self._copies.pop(uuid, None)
         if copy is not None:
             copy.kill(block=False)
@@ -444,14 +441,7 @@ class Gateway(Overlay):
         def on_batch(batch: list) -> None:
             if not self.active:
                 return
-            now = time.time()
-            handle = flow.handle
-            for identity, rest in batch:
-                if rest is not None:
-                    try:
-                        handle(identity, rest, now)
-                    except Exception:  # a bug, or the node stopping: never the reader's end
-                        log.exception("handling a data command from %r failed", identity[:16])
+            flow.handle_batch(batch, time.time())
             self._shout_outgoing()
             self._settle()
 
@@ -487,8 +477,10 @@ class Gateway(Overlay):
     def _queue(self, event: Event) -> None:
         if len(self._shouts) >= MAX_QUEUED:
             if event.type is EventType.WHISPER:
-                self._copy_broken = True          # (a content copied or offered is lost)
-                self._offered.pop(event.peer, None)   # type: ignore[arg-type]
+                if self._follower is not None:  # (a content copied or offered is lost)
+                    self._follower.lost()
+                if self._offers is not None and event.peer is not None:
+                    self._offers.lost(event.peer)
             now = time.monotonic()
             if now - self._dropped_logged > 1.0:
                 self._dropped_logged = now
@@ -534,106 +526,59 @@ class Gateway(Overlay):
         frames, peer = event.frames, event.peer
         kind = frames[0]
         assert peer is not None
+        offers = self._offers
         if kind == HANDOFF:
-            self._take_handoff(peer, frames)   # (also while not serving: never lost)
+            if offers is not None:             # (also while not serving: never lost)
+                offers.offered(peer, frames[1:])
         elif kind == HANDOFF_END and len(frames) == 3 and len(frames[1]) == len(frames[2]) == 8:
-            stored = self._offered.pop(peer, 0)
-            if stored == int.from_bytes(frames[2], "big"):
+            if offers is not None and offers.ended(peer, int.from_bytes(frames[2], "big")):
                 acks[peer] = int.from_bytes(frames[1], "big")
         elif kind == RESYNC and self.active:
             self._replicas.discard(peer)          # a replica that could not store a copy
             self._release()
         elif kind == MARK_OK and len(frames) == 2 and len(frames[1]) == 8:
-            self._mark_acks[peer] = max(self._mark_acks.get(peer, 0),
-                                        int.from_bytes(frames[1], "big"))
+            self._replicas.acknowledged(peer, int.from_bytes(frames[1], "big"))
             self._answered()
             self._release()
         elif kind == SYNC and len(frames) == 2 and len(frames[1]) == 8:
             self._copy_to(peer, frames[1])
-        elif peer == self._upstream and not self.active:
-            self._upstream_heard = time.monotonic()
+        elif (follower := self._follower) is not None and peer == follower.upstream \
+                and not self.active:
+            follower.heard(time.monotonic())
             if kind == REPL:
-                self._take_copy(frames)
-            elif kind == FORGET and len(frames) == 2 and len(frames[1]) % CID_BYTES == 0:
-                if self.store is not None:
-                    blob = frames[1]
-                    self.store.forget([blob[k:k + CID_BYTES]
-                                       for k in range(0, len(blob), CID_BYTES)])
+                follower.copied(frames[1:])
+            elif kind == FORGET and len(frames) == 2:
+                follower.forgotten(frames[1])
             elif kind == MARK and len(frames) == 3 and len(frames[1]) == 8:
-                self._marked(peer, frames[1], frames[2])
+                self._marked(follower, peer, frames[1], frames[2])
             elif kind == RESYNC:
-                self._upstream = self._sync_seen = None
+                follower.stop()
 
-    def _content_frames(self, group_bytes: bytes, table: bytes) -> Optional[str]:
-        """The group of a copied or offered content, if its frames are well-formed."""
-        if len(table) < 2 or int.from_bytes(table[:2], "big") != len(table) - 2:
-            return None
-        try:
-            group = group_bytes.decode("utf-8")
-            decode_table(table[2:])
-        except (UnicodeDecodeError, ProtocolError):
-            return None
-        return group if group and valid_string(group) else None
-
-    def _take_handoff(self, peer: UUID, frames: Sequence[bytes]) -> None:
-        """Store one offered content unless known here, counting it for the batch's end."""
-        flow = self.data
-        if flow is None or flow.queues is None or len(frames) != 6 or len(frames[2]) != 8 \
-                or len(frames[3]) != CID_BYTES:
-            return
-        _, group_bytes, number, cid, table, body = frames
-        group = self._content_frames(group_bytes, table)
-        if group is not None and flow.queues.received(group, body, table, cid):
-            self._offered[peer] = self._offered.get(peer, 0) + 1   # (gateways only)
-
-    def _take_copy(self, frames: Sequence[bytes]) -> None:
-        """Store the contents copied from the serving gateway (a standby)."""
-        flow = self.data
-        if flow is None or flow.queues is None:
-            return
-        if len(frames) < 5 or (len(frames) - 1) % 4:
-            self._copy_broken = True
-            return
-        checked: tuple[bytes, bytes, Optional[str]] = (b"", b"", None)  # (a batch's are alike)
-        for at in range(1, len(frames), 4):
-            group_bytes, cid, table, body = frames[at:at + 4]
-            if (group_bytes, table) != checked[:2]:
-                checked = (group_bytes, table, self._content_frames(group_bytes, table))
-            group = checked[2] if len(cid) == CID_BYTES else None
-            if group is None or not flow.queues.received(group, body, table, cid):
-                self._copy_broken = True
-            elif self._sync_seen is not None:
-                self._sync_seen.add(cid)
-
-    def _marked(self, peer: UUID, number: bytes, copy: bytes) -> None:
+    def _marked(self, follower: Follower, peer: UUID, number: bytes, copy: bytes) -> None:
         """A mark from the serving gateway: commit what came before it, acknowledge it."""
-        if self.data is None or self.store is None:
+        if self.data is None:
             return
-        if self._copy_broken:                 # something before the mark was not stored
+        if follower.broken:                   # something before the mark was not stored
             log.info("MTL gateway %s: a copied content could not be stored; copying again",
                      self.control_endpoint)
             self._whisper(peer, RESYNC)
-            self._copy_broken = False
-            self._upstream = self._sync_seen = None
+            follower.stop()
             return
-        if copy == self._sync_number.to_bytes(8, "big") and self._sync_seen is not None:
-            # the copy asked for is complete
-            stale = self.store.all_cids() - self._sync_seen
-            self.store.forget(list(stale))
-            self._sync_seen = None
+        dropped = follower.complete(copy)
+        if dropped is not None:               # the copy asked for is complete
             log.info("MTL gateway %s: a replica of the serving gateway (%d dropped as "
-                     "confirmed there)", self.control_endpoint, len(stale))
+                     "confirmed there)", self.control_endpoint, dropped)
             self._state("replica")
         if self.data.flush():
             self._whisper(peer, MARK_OK, number)
 
     def _join_later(self) -> None:
         """Join the serving gateway (offer, then ask for a copy), unless doing so."""
-        if self.active or self.data is None or self.store is None:
+        if self.active or self._follower is None:
             return
         broker = self.tracker.current_broker
         target = broker.uuid if broker is not None and broker.uuid in self._peers else None
-        if target is None or target == self._upstream:
+        if target is None or target == self._follower.upstream:
             return
         if self._joining is None or self._joining.dead:
             self._joining = gevent.spawn(self._join, target)
@@ -659,17 +604,8 @@ class Gateway(Overlay):
                     log.info("offering content to %s stopped: not acknowledged", target)
                     return
             cursor = after
-        if not self.active:
-            self._upstream, self._sync_seen = target, set()
-            self._copy_broken = False
-            self._sync_number += 1
-            self._ask_copy()
-
-    def _ask_copy(self) -> None:
-        """Ask the serving gateway for the copy (again: it may not have been serving yet)."""
-        if self._upstream is not None:
-            self._sync_asked = time.monotonic()
-            self._whisper(self._upstream, SYNC, self._sync_number.to_bytes(8, "big"))
+        if not self.active and self._follower is not None:
+            self._whisper(target, SYNC, self._follower.follow(target, time.monotonic()))
 
     def _wait(self, done: Callable[[], bool]) -> bool:
         """Wait (at most ``REPLICA_WAIT``) until ``done()``, woken by each answer."""
@@ -710,7 +646,7 @@ class Gateway(Overlay):
                     return
                 self._send_copies([peer], rows)
                 number = self._mark(peer)
-                if not self._wait(lambda: self._mark_acks.get(peer, 0) >= number):
+                if not self._wait(lambda: self._replicas.reached(peer, number)):
                     log.info("copy to %s stopped: not acknowledged", peer)
                     self._whisper(peer, RESYNC)
                     return
@@ -736,8 +672,9 @@ class Gateway(Overlay):
             for peer in peers:
                 self._whisper(peer, *frames)
 
-    def _mark(self, peer: UUID, copy: bytes = b"") -> int:
-        number = self._marks[peer] = self._marks.get(peer, 0) + 1
+    def _mark(self, peer: UUID, copy: bytes = b"", number: int = 0) -> int:
+        """Whisper ``peer`` its next mark (or mark ``number``); its number."""
+        number = number or self._replicas.next_mark(peer)
         self._whisper(peer, MARK, number.to_bytes(8, "big"), copy)
         return number
 
@@ -760,7 +697,7 @@ class Gateway(Overlay):
             new, store.committed = store.committed, []
             gone, store.deleted = store.deleted, []
             sends = self._replicate(new, gone, sends)
-        elif self._held and sends:
+        elif self._replicas.holding and sends:
             sends = self._replicate([], [], sends)
         self._send((sends, actions))
         return committed
@@ -784,31 +721,21 @@ class Gateway(Overlay):
             link = links.get(send[0])
             (later if link is not None and link.grant.confirm == "full" else now_).append(send)
         if later:
-            marks = {peer: self._mark(peer) for peer in replicas}
-            self._held.append((marks, later, time.monotonic()))
+            for peer, number in self._replicas.hold(later, time.monotonic()).items():
+                self._mark(peer, number=number)
         return now_
 
     def _release(self) -> None:
         """Send the held answers a replica acknowledged (or that no replica can)."""
-        held = self._held
-        while held:
-            marks, sends, _ = held[0]
-            acked = any(self._mark_acks.get(peer, 0) >= number for peer, number in marks.items())
-            if not acked and any(peer in self._replicas for peer in marks):
-                return                            # a replica in step has yet to answer
-            held.popleft()
+        for sends in self._replicas.release():
             self._send((sends, []))
 
     def _drop_slow_replicas(self) -> None:
         """Replicas that left a mark unanswered for ``REPLICA_WAIT`` stop being ones."""
-        if not self._held or time.monotonic() - self._held[0][2] < REPLICA_WAIT:
-            return
-        for peer, number in self._held[0][0].items():
-            if peer in self._replicas and self._mark_acks.get(peer, 0) < number:
-                log.warning("MTL gateway %s: replica %s did not answer in %g s; it copies "
-                            "again", self.control_endpoint, peer, REPLICA_WAIT)
-                self._replicas.discard(peer)
-                self._whisper(peer, RESYNC)
+        for peer in self._replicas.late(time.monotonic()):
+            log.warning("MTL gateway %s: replica %s did not answer in %g s; it copies "
+                        "again", self.control_endpoint, peer, REPLICA_WAIT)
+            self._whisper(peer, RESYNC)
         self._release()
 
     def _timer(self) -> None:
@@ -833,11 +760,12 @@ class Gateway(Overlay):
                 self._drop_slow_replicas()
             else:
                 wake = now + flow.heartbeat
-                if self._sync_seen is not None:
-                    if self._upstream_heard < self._sync_asked:
-                        self._ask_copy()          # not started yet: ask again
-                    elif time.monotonic() - self._upstream_heard > REPLICA_WAIT:
-                        self._upstream = self._sync_seen = None   # it stalled: join again
+                follower = self._follower
+                if follower is not None and follower.upstream is not None \
+                        and follower.due(time.monotonic()) == "ask":
+                    # the copy has not started: ask again (it may not have been serving
+                    # yet); one that stalled stopped, and is joined again below
+                    self._whisper(follower.upstream, SYNC, follower.ask(time.monotonic()))
                 if self.run == "elected":
                     self._join_later()  # (again, after an offer that stopped)
             gevent.sleep(max(0.0, min(wake, refreshed + _REFRESH_EVERY) - time.time()))

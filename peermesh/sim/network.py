@@ -453,6 +453,11 @@ class SimLink:
         self.network._send(self, frames)  # nodes never change frames once sent
         return True
 
+    def try_send_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        for frames in messages:
+            self.network._send(self, frames)
+        return len(messages)
+
     def wait_writable(self, timeout: Optional[float] = None) -> bool:
         return True
 

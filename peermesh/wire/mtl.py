@@ -79,8 +79,8 @@ __all__ = [
     "Ok", "Ready", "DataLease", "Unauthorized", "Challenged", "Failure", "Reply",
     "Lease", "Response", "Summon", "Dismiss", "Content", "Confirm", "Reject", "Ping", "Pong",
     "DataCommand", "encode_request", "decode_request", "encode_reply", "decode_reply",
-    "encode_data", "decode_data", "content_frames", "encode_table", "decode_table",
-    "valid_string",
+    "encode_data", "decode_data", "content_frames", "encode_string", "encode_table",
+    "decode_table", "valid_string",
 ]
 
 PROTOCOL_NAME = "MTL"
@@ -593,7 +593,9 @@ class Pong:
 DataCommand = Union[Lease, Response, Summon, Dismiss, Content, Confirm, Reject, Ping, Pong]
 
 
-def _encode_string(text: str) -> bytes:
+def encode_string(text: str) -> bytes:
+    """A short string: 1 length octet and the UTF-8 text; ValueError unless it is
+    printable and at most 255 octets."""
     data = text.encode("utf-8")
     if len(data) > MAX_STRING or not text.isprintable():
         raise ValueError(f"not a short string (printable, at most 255 octets): {text[:40]!r}")
@@ -619,12 +621,12 @@ def content_frames(sequence: int, resource: bytes, body: bytes, table: bytes = b
 def encode_data(command: DataCommand) -> list[bytes]:
     """The two frames of a data command."""
     if isinstance(command, Content):
-        return [_integer(5, command.sequence) + _encode_string(command.resource)
+        return [_integer(5, command.sequence) + encode_string(command.resource)
                 + encode_table(command.properties), command.body]
     if isinstance(command, (Lease, Summon, Dismiss)):
         text = command.lease if isinstance(command, Lease) else command.resource
         kind = 1 if isinstance(command, Lease) else 3 if isinstance(command, Summon) else 4
-        return [_integer(kind, command.sequence) + _encode_string(text), b""]
+        return [_integer(kind, command.sequence) + encode_string(text), b""]
     if isinstance(command, Response):
         if not 200 <= command.code <= 599:
             raise ValueError(f"response code {command.code} is not three digits 2xx-5xx")

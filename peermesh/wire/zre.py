@@ -42,7 +42,7 @@ __all__ = [
     "BEACON_SIZE", "BEACON_SIZE_V3", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
     "Shout", "Join", "Leave", "Ping", "PingOk", "Unknown", "Message",
     "encode_beacon", "decode_beacon", "encode", "decode", "whisper_header",
-    "shout_header", "next_sequence", "PeerExchange", "PEX", "PUBLIC_KEY_HEADER",
+    "shout_header", "shouts", "next_sequence", "PeerExchange", "PEX", "PUBLIC_KEY_HEADER",
 ]
 
 # Beacon: 'Z' 'R' 'E' %x01 | UUID (16 octets) | port (2 octets)
@@ -249,6 +249,15 @@ def whisper_header(sequence: int) -> bytes:
 def shout_header(sequence: int, group: bytes) -> bytes:
     """Frame 0 of a SHOUT to ``group`` (already a length-prefixed ``string``)."""
     return _HEADER.pack(SIGNATURE, 3, VERSION, sequence) + group
+
+
+def shouts(first: int, group: bytes, bodies: Sequence[bytes]
+           ) -> list[tuple[bytes, bytes]]:
+    """The frames of one SHOUT to ``group`` per body, numbered from ``first`` on
+    (wrapping past 0xFFFF to 0): a batch for one peer."""
+    pack = _HEADER.pack
+    return [(pack(SIGNATURE, 3, VERSION, (first + i) & 0xFFFF) + group, body)
+            for i, body in enumerate(bodies)]
 
 
 def encode_string(value: str) -> bytes:

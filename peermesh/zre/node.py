@@ -425,23 +425,20 @@ class Node:
 
     def shout_each(self, group: str, bodies: Sequence[bytes]) -> None:
         """``shout(group, body)`` for each of ``bodies``, in order (one SHOUT each), with
-        the group checked and encoded once: a relay's batch of one-frame messages."""
+        the group checked and encoded once and each peer's batch handed to ZeroMQ in one
+        call: a relay's batch of one-frame messages."""
         group_field = zre.encode_string(_checked_string("group", group))
         self._check_running()
         members = self._session.members.get(group)
         if not members or not bodies:
             return
-        header = zre.shout_header
+        count = len(bodies)
         slow = []
         for peer in list(members.values()):
-            link, done = peer.link, 0
-            for body in bodies:
-                if not link.has_room():
-                    break
-                link.offer([header(peer.next_sequence(), group_field), body])
-                done += 1
+            done = peer.link.offer_each(zre.shouts(peer.sent + 1, group_field, bodies))
+            peer.advance(done)   # (the rest take their numbers when they go, below)
             peer.unconfirmed = True
-            if done < len(bodies):
+            if done < count:
                 slow.append((peer, done))
         for peer, done in slow:
             for body in bodies[done:]:
@@ -450,7 +447,7 @@ class Node:
                         self._wait_room(peer)
                     except PeerNotResponding:
                         break
-                peer.link.offer([header(peer.next_sequence(), group_field), body])
+                peer.link.offer([zre.shout_header(peer.next_sequence(), group_field), body])
 
     def whisper_packed(self, peer: PeerRef, obj: Any) -> None:
         """``whisper`` one msgpack-encoded object (read it with ``Event.unpack``)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from itertools import islice
 from typing import Any, Callable, Optional, Sequence
 
 import gevent
@@ -81,6 +82,34 @@ class PeerLink:
         if not self.has_room():
             self.room_event().clear()
 
+    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """``offer`` each of ``messages`` in order while ``has_room``; how many it took.
+        While there is no backlog they go straight to ZeroMQ in one call; what ZeroMQ
+        has no room for joins the backlog at once."""
+        count = len(messages)
+        done = 0 if self.backlog else self.link.try_send_each(messages)
+        if done == count or not self.has_room():
+            return done
+        backlog = self.backlog
+        if backlog is None:
+            backlog = self.backlog = deque()
+        first, size, limit = done, self.size, self.limit
+        room = self.max_messages - len(backlog)
+        while done < count and room > 0 and size < limit:
+            size += sum(map(len, messages[done])) + MESSAGE_OVERHEAD
+            done += 1
+            room -= 1
+        backlog.extend(islice(messages, first, done))
+        self.size = size
+        if self._flusher is None:
+            self.stalled_since = self._clock()
+            self._flusher = gevent.spawn(self._flush)
+        else:
+            self._send_queued()
+        if not self.has_room():
+            self.room_event().clear()
+        return done
+
     def room_event(self) -> gevent.event.Event:
         """Set whenever the backlog has drained to half its bounds (or the link closed)."""
         if self._room is None:
@@ -92,11 +121,11 @@ class PeerLink:
         """Send from the backlog while ZeroMQ takes messages; never blocks."""
         backlog = self.backlog
         assert backlog is not None
-        try_send, sent = self.link.try_send, 0
-        while backlog and try_send(backlog[0]):
-            self.size -= sum(map(len, backlog.popleft())) + MESSAGE_OVERHEAD
-            sent += 1
+        sent = self.link.try_send_each(backlog)
         if sent:
+            popleft = backlog.popleft
+            self.size -= sum([sum(map(len, popleft())) for _ in range(sent)]) \
+                + sent * MESSAGE_OVERHEAD
             self.stalled_since = self._clock()
             if (self._room is not None and self.size <= self.limit // 2
                     and len(backlog) <= self.max_messages // 2):

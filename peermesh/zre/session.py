@@ -124,6 +124,9 @@ class Link(Protocol):
     def offer(self, frames: Sequence[bytes]) -> None:
         """Send now or queue behind the backlog; never blocks."""
 
+    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """``offer`` each of ``messages`` in order while ``has_room``; how many it took."""
+
     def queued(self) -> int:
         """How much waits in the backlog, in the unit of ``limit``."""
 
@@ -178,6 +181,12 @@ class Peer:
         self.sent = (self.sent + 1) & 0xFFFF
         return self.sent
 
+    def advance(self, count: int) -> None:
+        """Count ``count`` messages sent, numbered after ``sent`` (headers made ahead,
+        from ``(sent + 1) & 0xFFFF`` on)."""
+        self.total += count
+        self.sent = (self.sent + count) & 0xFFFF
+
     def refresh(self, now: float) -> None:
         """Any sign of life: reset the silence timers."""
         self.last_seen = now
@@ -211,13 +220,6 @@ def _host(endpoint: str) -> str:
     return endpoint[6:].rpartition(":")[0]
 
 
-def _utf8(data: bytes) -> Optional[str]:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 class Session:
     """One node's ZRE state: own identity and groups, the peer table, the timers.
 
@@ -238,6 +240,8 @@ class Session:
         self.connect = connect
         self.emit = emit
         self.groups: set[str] = set()
+        #: each of ``groups`` by its encoded ZRE string (a SHOUT header's tail)
+        self._group_fields: dict[bytes, str] = {}
         self.status = 0
         self.endpoint: Optional[str] = None  # our mailbox; set by ``start``
         self.running = False  # taking new peers (the driver clears it when it starts leaving)
@@ -279,6 +283,7 @@ class Session:
         if group in self.groups:
             return False
         self.groups.add(group)
+        self._group_fields[zre.encode_string(group)] = group
         self.status = (self.status + 1) & 0xFF
         self._hello = None
         for peer in list(self.peers.values()):
@@ -290,6 +295,7 @@ class Session:
         if group not in self.groups:
             return False
         self.groups.discard(group)
+        self._group_fields.pop(zre.encode_string(group), None)
         self.status = (self.status + 1) & 0xFF
         self._hello = None
         for peer in list(self.peers.values()):
@@ -483,21 +489,24 @@ class Session:
         """One message from the mailbox, sent by the DEALER with ``identity``."""
         head = frames[0] if frames else b""
         peer = self.by_identity.get(identity)
-        # Fast path: the next WHISPER or SHOUT from a ready peer (most of the traffic).
+        # Fast path: the next WHISPER, or SHOUT into one of our groups, from a ready peer
+        # (most of the traffic); anything else (a SHOUT into another group too) is decoded
         if (peer is not None and peer.ready and len(head) >= 6
                 and head[4] << 8 | head[5] == peer.want):
             prefix = head[:4]
             group = None
-            if prefix == _SHOUT_PREFIX and len(head) == 7 + head[6]:
-                group = _utf8(head[7:])  # None if not UTF-8: the slow path drops it
-            if group is not None or prefix == _WHISPER_PREFIX and len(head) == 6:
+            if prefix == _SHOUT_PREFIX:
+                group = self._group_fields.get(head[6:])
+                fast = group is not None
+            else:
+                fast = prefix == _WHISPER_PREFIX and len(head) == 6
+            if fast:
                 peer.want = (peer.want + 1) & 0xFFFF
                 peer.last_seen = now
                 if peer.next_ping:
                     peer.refresh(now)
-                if group is None or group in self.groups:
-                    self.emit(Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
-                                    group, tuple(frames[1:])))
+                self.emit(Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
+                                group, (frames[1],) if len(frames) == 2 else tuple(frames[1:])))
                 return
         self._on_command(identity, frames, head, peer, now)
 

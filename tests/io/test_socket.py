@@ -126,6 +126,26 @@ def test_a_full_socket_takes_nothing_and_wait_writable_times_out() -> None:
     assert caught.value.errno == zmq.ENOTSOCK
 
 
+def test_a_batch_is_sent_in_order_until_the_socket_is_full(
+        pair: tuple[HubSocket, HubSocket]) -> None:
+    router, dealer = pair
+    got, _, server = served(router)
+    batch = [[b"%d" % i, b"x"] for i in range(300)]
+    assert dealer.try_send_each(batch) == 300
+    wait_for(lambda: len(got) == 300, "batch")
+    assert got == [(b"dealer", frames) for frames in batch]
+    server.kill()
+    sock = make_socket(zmq.DEALER, {zmq.SNDHWM: 5})
+    sock.connect("tcp://127.0.0.1:9")  # nobody listens: the queue fills
+    link = HubSocket(sock)
+    try:
+        took = link.try_send_each([[b"a", b"b"]] * 50)
+        assert 1 <= took < 50
+        assert link.try_send_each([[b"a"]]) == 0
+    finally:
+        link.close()
+
+
 def test_serve_drains_in_batches_and_survives_a_failing_handler(
         pair: tuple[HubSocket, HubSocket]) -> None:
     router, dealer = pair

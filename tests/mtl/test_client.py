@@ -128,6 +128,26 @@ def test_test_profile_fans_out_from_writers_to_readers(gateways: Any) -> None:
         assert readers[0].receive(timeout=0.2) is None   # nothing after the Dismiss
 
 
+def test_a_writer_sends_bytes_likes_and_refuses_the_rest_whole(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway, profile="test") as one:
+        reader = one.reader(["resource"])
+        reader.summon("resource")
+        writer = one.writer(["resource"])
+        writer.send(bytearray(b"array"))
+        with pytest.raises(TypeError):
+            writer.send("text")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="not a short string"):
+            writer.send(b"x", "bad\nname")
+        writer.send(memoryview(b"view"), "resource")
+        big = os.urandom(200_000)   # past pyzmq's copy threshold
+        writer.send(big)
+        got = receive(reader, 3)
+        assert [r.body for r in got] == [b"array", b"view", big]
+        assert [r.resource for r in got] == ["resource"] * 3
+        assert reader.receive(timeout=0.05) is None
+
+
 def test_refusals(gateways: Any, credentials: CredentialsFile) -> None:
     gateway = gateways()
     with pytest.raises(AuthenticationFailed, match="refused alice"):

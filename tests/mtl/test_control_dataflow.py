@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from peermesh.mtl.credentials import CredentialsFile, User, make_user
-from peermesh.mtl.dataflow import DataFlow, Join, Leave, Shout
+from peermesh.mtl.dataflow import HANDLERS, DataFlow, Join, Leave, Shout
 from peermesh.mtl.profiles import MESH, TEST
 from peermesh.wire.mtl import (Confirm, Content, Direction, Dismiss, Lease, Ping, Pong, Reject,
                                Response, Summon, decode_data, encode_data)
@@ -219,3 +219,32 @@ def test_repeated_unconfirmed_content_routes_the_same_way(flow: DataFlow,
     assert len(flow.links[W1].passthrough) == 2
     flow.handle(W1, [b"\x05" + bytes(8) + b"\x00\x00\x00", "not bytes"], NOW)  # type: ignore
     assert flow.take() == ([], [])
+
+
+def test_a_batch_is_taken_in_order_and_one_failing_command_costs_no_other(
+        users: CredentialsFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    flow = DataFlow(still_valid=users.still_valid, batch_shouts=True)
+    lease(flow, users, W1, Direction.WRITE, ("chat",))
+    lease(flow, users, R1, Direction.READ, ("chat",))
+    flow.handle(W1, encode_data(Content(1, "", b"first")), NOW)   # (the passthrough is set)
+    flow.take()
+    assert flow.outgoing == {"chat": [b"first"]}
+    flow.outgoing.clear()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(HANDLERS, (Direction.READ, Ping), broken)
+    batch = [(W1, encode_data(Content(2, "", b"before"))),      # nobody reads here yet
+             (R1, encode_data(Ping())),                          # raises: logged
+             (W1, None),                                         # over the limits: dropped
+             (R1, encode_data(Summon(1, "chat"))),
+             (W1, encode_data(Content(3, "", b"after"))),        # to the reader too
+             (b"stranger", encode_data(Content(1, "chat", b"x")))]   # no lease: dropped
+    flow.handle_batch(batch, NOW + 1)
+    sends, actions = flow.take()
+    assert [(who, decode_data(f)) for who, f in sends] == [
+        (R1, Response(1, 200)), (R1, Content(1, "chat", b"after"))]
+    assert actions == [Join("chat")]
+    assert flow.outgoing == {"chat": [b"before", b"after"]}
+    assert flow.links[W1].heard == flow.links[R1].heard == NOW + 1

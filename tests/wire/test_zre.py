@@ -34,7 +34,10 @@ from peermesh.wire.zre import (
     decode_beacon,
     encode,
     encode_beacon,
+    encode_string,
     next_sequence,
+    shout_header,
+    shouts,
 )
 
 UUID = bytes.fromhex("00112233445566778899aabbccddeeff")
@@ -249,6 +252,16 @@ def test_next_sequence() -> None:
     assert next_sequence(1) == 2
     assert next_sequence(65534) == 65535
     assert next_sequence(65535) == 0
+
+
+def test_shouts_number_a_batch_and_wrap() -> None:
+    group = encode_string("g")
+    batch = shouts(65534, group, [b"a", b"b", b"c"])
+    assert batch == [(shout_header(65534, group), b"a"), (shout_header(65535, group), b"b"),
+                     (shout_header(0, group), b"c")]
+    assert [decode(frames) for frames in batch] == [
+        Shout(65534, "g", (b"a",)), Shout(65535, "g", (b"b",)), Shout(0, "g", (b"c",))]
+    assert shouts(1, group, []) == []
 
 
 # --------------------------------------------------------------------------

@@ -681,6 +681,43 @@ def test_slow_but_steady_receiver_gets_everything_in_order(make_node):
     assert sender.peers() == [receiver.uuid]
 
 
+def test_shout_each_reaches_a_slow_reader_whole_and_in_order(make_node):
+    """Batches past the link's bounds: what ZeroMQ takes goes at once, the rest waits for
+    room, and every SHOUT keeps its place in the peer's sequence (a gap would drop it)."""
+    receiver = make_node("receiver", groups=["g"], send_timeout=5.0, **SMALL_QUEUES)
+    sender = make_node("sender", send_timeout=5.0, **SMALL_QUEUES)
+    mesh(receiver, sender)
+    count = 3000
+
+    batches = [list(range(start, start + 300)) for start in range(0, count, 300)]
+
+    def read_slowly() -> list[Any]:
+        got: list[Any] = []
+        while len(got) < count + len(batches):
+            event = receiver.recv(TIMEOUT)
+            assert event is not None, f"stuck after {len(got)} messages"
+            if event.type is WHISPER:
+                got.append(event.message)
+            else:
+                assert event.type is SHOUT and event.group == "g", event
+                got.append(int.from_bytes(event.frames[0][:4], "big"))
+            if len(got) % 25 == 0:
+                gevent.sleep(0.002)  # the slow part of a slow reader
+        return got
+
+    reader = gevent.spawn(read_slowly)
+    try:
+        for batch in batches:
+            sender.shout_each("g", [i.to_bytes(4, "big") + PAYLOAD for i in batch])
+            sender.whisper(receiver.uuid, b"between")   # numbered after the batch
+        got = reader.get(timeout=30)
+    finally:
+        reader.kill()
+    assert got == [x for batch in batches for x in [*batch, b"between"]]
+    assert sender.flush(TIMEOUT)
+    assert receiver.uuid in sender.peers()
+
+
 def test_send_queue_stuck_past_expired_is_reported(make_node):
     """A peer that still beacons but stopped reading: messages queued for it below the
     send_queue limit must not sit there for ever unreported."""

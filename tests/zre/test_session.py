@@ -168,6 +168,26 @@ def test_mailbox(commands: list[Any], expected: list[tuple[EventType, Any]]) -> 
     assert h.taken() == expected
 
 
+def test_shouts_are_reported_while_in_their_group_and_keep_their_frames() -> None:
+    h = Harness()
+    h.session.add_group("mine")
+    h.session.add_group("")   # (an empty name is a group too)
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.send(peer, zre.Shout(peer.next(), "mine", (b"1",)), 1.0)
+    h.session.remove_group("mine")
+    h.send(peer, zre.Shout(peer.next(), "mine", (b"2",)), 1.0)
+    h.session.add_group("mine")
+    h.send(peer, zre.Shout(peer.next(), "mine", (b"3", b"more")), 1.0)
+    h.send(peer, zre.Shout(peer.next(), "", ()), 1.0)
+    h.send(peer, peer.whisper(b"4"), 1.0)
+    assert [(e.type, e.peer, e.name, e.group, e.frames) for e in h.events] == [
+        (SHOUT, peer.uuid, "bob", "mine", (b"1",)),
+        (SHOUT, peer.uuid, "bob", "mine", (b"3", b"more")),
+        (SHOUT, peer.uuid, "bob", "", ()),
+        (WHISPER, peer.uuid, "bob", None, (b"4",))]
+
+
 def test_hello_opens_a_link_and_says_hello_first_then_answers_ping() -> None:
     h = Harness()
     h.session.add_group("g")
