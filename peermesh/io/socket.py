@@ -61,7 +61,7 @@ _MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = int(zmq.EVENTS)
-_Backend: Any = zmq.Socket.__mro__[1]  # the Cython socket under pyzmq's Python layer
+_Backend: Any = zmq.backend.Socket  # the Cython socket under pyzmq's Python layer
 _backend_send: Callable[..., Any] = _Backend.send
 _backend_get: Callable[[zmq.Socket, int], int] = _Backend.get
 #: whether a socket was closed (by its owner or ``Context.destroy``): pyzmq's flag, read

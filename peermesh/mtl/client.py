@@ -108,7 +108,7 @@ MAX_CONTENT = 64 * 1024 * 1024
 _CONTENT_HEAD = struct.Struct(">BQ").pack   # a data command's type and sequence
 _EMPTY_TABLE = b"\x00\x00"
 _MAX_TAILS = 1024      # resources whose encoded Content header a writer keeps
-_Backend: Any = zmq.Socket.__mro__[1]  # the Cython socket under pyzmq's Python layer
+_Backend: Any = zmq.backend.Socket  # the Cython socket under pyzmq's Python layer
 #: pyzmq's send without its Python layer (flag enums, keyword handling): a third of the
 #: cost per frame, which counts on a writer's hot path
 _send_frame: Callable[..., Any] = _Backend.send
