@@ -80,8 +80,8 @@ def read_table(path: Optional[os.PathLike[str] | str], name: str,
 
 #: integer settings that must be at least 1
 _COUNTS = ("sndhwm", "send_queue", "send_buffer", "event_queue", "event_queue_bytes",
-           "max_message", "max_peers", "max_pending", "max_hello", "max_groups",
-           "max_connections")
+           "max_message", "max_peers", "max_peers_per_address", "max_pending", "max_hello",
+           "max_groups", "max_connections")
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,11 @@ class NodeConfig:
     #: refused (``peers_refused``), unless it said HELLO and a peer still waiting for
     #: HELLO (``pending_shed``) or an EVASIVE one (``evasive_shed``) can be shed
     max_peers: int = 512
+    #: peers at one address other than the node's own (the address a beacon came from, a
+    #: HELLO names, or a mailbox connection comes from): over it, a new peer from there is
+    #: refused, unless it said HELLO and a peer of that address still waiting for HELLO can
+    #: be shed (``address_refused``); peers on the node's own host are not counted
+    max_peers_per_address: int = 128
     #: peers found by discovery (beacon, mDNS, PEX) that have not said HELLO yet; over
     #: it, a new one replaces the oldest if that has waited ``interval`` (``pending_shed``),
     #: else it is ignored (``pending_refused``)
