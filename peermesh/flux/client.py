@@ -23,8 +23,8 @@ Failover: the client then connects to another of its endpoints (the lost
 member's last), each tried for ``max(2 * heartbeat, 0.5)`` seconds in turn
 for up to ``failover`` seconds, and takes its subscriptions there again.
 A client given ``find_members`` (a callable that looks for the instance's
-members now, within the seconds it is given, and returns their endpoints, or
-``{endpoint: key}`` on keys, the one to try first first) also looks for
+members now, within the seconds it is given, and returns their endpoints in
+the order to try them, or ``{endpoint: key}`` on keys) also looks for
 members again meanwhile, in a greenlet of its own: at once, and after every
 round of endpoints that brought no member. Members it finds are tried
 before the rest, so a member that joined after the client connected can take
@@ -505,7 +505,7 @@ class FluxClient:
         keys = dict(found) if isinstance(found, Mapping) else {}
         given, given_keys = self._given
         for endpoint in found:
-            if not isinstance(endpoint, str) or given_keys and not keys.get(endpoint):
+            if not isinstance(endpoint, str) or (given_keys and not keys.get(endpoint)):
                 continue  # a client on keys cannot reach a member without one
             usable.append(endpoint)
         self.endpoints = list(dict.fromkeys(usable + given))

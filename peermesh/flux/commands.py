@@ -541,7 +541,8 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     if not mesh and config.key_file is not None:  # alone on keys: the node's, as on the mesh
         from ..io.curve import Curve
 
-        curve = Curve.load(config.key_file, config.allowed_keys)  # KeyFileError if bad
+        curve = Curve.load(config.key_file, config.allowed_keys,  # KeyFileError if bad
+                           config.zap_domain)
     elif keys:
         raise ValueError("a member on keys needs --key-file, its own secret certificate, "
                          "besides --server-key")

@@ -68,8 +68,8 @@ of those when the table is full, else a peer that is EVASIVE);
 node's own address, where its host's other nodes live, is not counted: a
 flood from one host cannot fill the table, and a peer that said HELLO sheds
 one of its address's peers still waiting for HELLO rather than being
-refused); ``hello_timeout`` for a found peer to say HELLO; ``max_hello`` octets of
-HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
+refused); ``hello_timeout`` for a found peer to say HELLO; ``max_hello``
+octets of HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
 departed peers remembered, at most ``max_peers``. A port-0 beacon removes a
 peer only when it comes from the peer's own address, and a report of a known
 UUID at another endpoint neither moves nor refreshes it.
