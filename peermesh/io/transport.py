@@ -356,7 +356,10 @@ _BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
 def _borrow(fd: int, port: int) -> Optional[socket.socket]:
     """A socket object on descriptor ``fd`` (not a copy: ``detach`` it after) if ``fd`` is
     still a TCP connection accepted on local ``port``; otherwise None."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
+    except OSError:  # closed already (its event is on the way)
+        return None
     try:
         if sock.getsockname()[1] == port:
             return sock
