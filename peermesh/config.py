@@ -80,8 +80,8 @@ def read_table(path: Optional[os.PathLike[str] | str], name: str,
 
 #: integer settings that must be at least 1
 _COUNTS = ("sndhwm", "send_queue", "send_buffer", "event_queue", "event_queue_bytes",
-           "max_message", "max_peers", "max_pending", "max_hello", "max_groups",
-           "max_connections")
+           "max_message", "max_peers", "max_peers_per_address", "max_pending", "max_hello",
+           "max_groups", "max_connections")
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,11 @@ class NodeConfig:
     #: refused (``peers_refused``), unless it said HELLO and a peer still waiting for
     #: HELLO (``pending_shed``) or an EVASIVE one (``evasive_shed``) can be shed
     max_peers: int = 512
+    #: peers at one address other than the node's own (the address a beacon came from, a
+    #: HELLO names, or a mailbox connection comes from): over it, a new peer from there is
+    #: refused, unless it said HELLO and a peer of that address still waiting for HELLO can
+    #: be shed (``address_refused``); peers on the node's own host are not counted
+    max_peers_per_address: int = 128
     #: peers found by discovery (beacon, mDNS, PEX) that have not said HELLO yet; over
     #: it, a new one replaces the oldest if that has waited ``interval`` (``pending_shed``),
     #: else it is ignored (``pending_refused``)
@@ -158,9 +163,9 @@ class NodeConfig:
     #: directory of the public certificates of the nodes admitted (re-read when it
     #: changes); None: any node with a key. Only with ``key_file``
     allowed_keys: Optional[str] = None
-    #: ZAP domain of the allowed keys (Zyre's default); nodes of one process with other
-    #: allowed keys need domains of their own
-    zap_domain: str = "global"
+    #: ZAP domain of the allowed keys (local to the process, never sent); None: one of the
+    #: allowlist's own, so nodes of one process with other allowed keys never clash
+    zap_domain: Optional[str] = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -180,7 +185,7 @@ class NodeConfig:
         def bad(key: str, what: str) -> ValueError:
             return ValueError(f"{key} must be {what}, not {getattr(self, key)!r}")
 
-        for key in ("name", "interface", "key_file", "allowed_keys"):
+        for key in ("name", "interface", "key_file", "allowed_keys", "zap_domain"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise bad(key, "a non-empty string")
@@ -188,8 +193,8 @@ class NodeConfig:
             value = getattr(self, key)
             if isinstance(value, str) or not all(isinstance(g, str) and g for g in value):
                 raise bad(key, "a list of non-empty strings")
-        if not isinstance(self.zap_domain, str) or not self.zap_domain:
-            raise bad("zap_domain", "a non-empty string")
+        if self.zap_domain is not None and len(self.zap_domain.encode()) > 255:
+            raise bad("zap_domain", "at most 255 UTF-8 octets")
         if self.allowed_keys is not None and self.key_file is None:
             raise ValueError("allowed_keys needs key_file: only a node with a keypair "
                              "checks the keys of its peers")

@@ -5,10 +5,11 @@
 the datagrams and frames it wants, well-formed or not. It has:
 
 * a UUID (``uuid``; ``identity`` is ``0x01 + uuid``, what ZRE DEALERs use);
-* its own ROUTER mailbox bound on 127.0.0.1 at a port in 49152-65535
+* its own ROUTER mailbox bound on 127.0.0.1 (or another loopback ``address``,
+  as a second host would be) at a port in 49152-65535
   (``endpoint``, ``port``), where the node under test connects back and sends
   its HELLO, PING, WHISPER... which ``recv``/``recv_from``/``expect`` decode;
-* a UDP socket with ``SO_BROADCAST`` bound on 127.0.0.1 that sends beacons
+* a UDP socket with ``SO_BROADCAST`` bound on that address that sends beacons
   (``beacon``) or arbitrary datagrams (``datagram``) to 127.255.255.255;
 * one DEALER at a time (``connect``) to a node's mailbox, with a socket
   monitor so a test can see the node cut the connection (``wait_dealer_event``);
@@ -21,7 +22,7 @@ the datagrams and frames it wants, well-formed or not. It has:
 Waiting is plain blocking pyzmq with poll timeouts, so the node under test
 must run on another thread's hub: use ``peermesh.ThreadedNode``. Every wait is
 bounded. Close with ``close()`` or use it as a context manager. Sockets only
-ever bind or send to 127.0.0.1 / 127.255.255.255.
+ever bind or send to loopback addresses (127.0.0.1 by default) and 127.255.255.255.
 """
 
 from __future__ import annotations
@@ -49,24 +50,28 @@ Bytes = Union[bytes, bytearray, memoryview]
 _SEND_TIMEOUT_MS = 10_000  # a blocked send fails (zmq.Again) instead of hanging a test
 
 
-def _bind_mailbox(router: zmq.Socket) -> int:
-    """Bind ``router`` on 127.0.0.1 at a random free port in 49152-65535."""
+def _bind_mailbox(router: zmq.Socket, address: str = LOOPBACK) -> int:
+    """Bind ``router`` on ``address`` at a random free port in 49152-65535."""
     for _ in range(1000):
         port = random.randint(0xC000, 0xFFFF)
         try:
-            router.bind(f"tcp://{LOOPBACK}:{port}")
+            router.bind(f"tcp://{address}:{port}")
             return port
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EADDRINUSE:
                 raise
-    raise RuntimeError("no free mailbox port in 49152-65535 on 127.0.0.1")
+    raise RuntimeError(f"no free mailbox port in 49152-65535 on {address}")
 
 
 class RawPeer:
     """A ZRE peer driven by hand. See the module docstring."""
 
     def __init__(self, uuid: Optional[UUID] = None, *, name: str = "raw",
-                 headers: Optional[Mapping[str, str]] = None) -> None:
+                 headers: Optional[Mapping[str, str]] = None, address: str = LOOPBACK) -> None:
+        if not address.startswith("127."):
+            raise ValueError(f"a raw peer lives on loopback (127.x.y.z), not at {address}")
+        #: the loopback address its mailbox, beacons and connections come from
+        self.address = address
         self.uuid = uuid if uuid is not None else uuid_module.uuid4()
         self.uuid_bytes = self.uuid.bytes
         self.identity = b"\x01" + self.uuid_bytes
@@ -87,11 +92,11 @@ class RawPeer:
         # same identity) takes over at once instead of being refused.
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
-            self.port = _bind_mailbox(self.router)
+            self.port = _bind_mailbox(self.router, address)
         except BaseException:
             self.close()
             raise
-        self.endpoint = f"tcp://{LOOPBACK}:{self.port}"
+        self.endpoint = f"tcp://{address}:{self.port}"
 
     # --- life cycle -----------------------------------------------------
 
@@ -119,7 +124,7 @@ class RawPeer:
         if self._udp is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-            sock.bind((LOOPBACK, 0))
+            sock.bind((self.address, 0))
             self._udp = sock
         return self._udp
 
@@ -155,6 +160,8 @@ class RawPeer:
         dealer.setsockopt(zmq.SNDHWM, sndhwm)
         dealer.setsockopt(zmq.RECONNECT_IVL, 50)
         self._monitor = dealer.get_monitor_socket()
+        if self.address != LOOPBACK:  # from our own address: tcp://SOURCE;DESTINATION
+            endpoint = endpoint.replace("tcp://", f"tcp://{self.address}:0;", 1)
         dealer.connect(endpoint)
         self.dealer = dealer
         return dealer

@@ -22,6 +22,14 @@ and the listeners hear ``Notice("member-lost")``.
 Failover: the client then connects to another of its endpoints (the lost
 member's last), each tried for ``max(2 * heartbeat, 0.5)`` seconds in turn
 for up to ``failover`` seconds, and takes its subscriptions there again.
+A client given ``find_members`` (a callable that looks for the instance's
+members now, within the seconds it is given, and returns their endpoints in
+the order to try them, or ``{endpoint: key}`` on keys) also looks for
+members again meanwhile, in a greenlet of its own: at once, and after every
+round of endpoints that brought no member. Members it finds are tried
+before the rest, so a member that joined after the client connected can take
+over; the client knows the endpoints it was given and those of the last
+look.
 Then it fetches from rank 0 (``event.replay``) the events published since
 the last it had and hands those that match to its subscriptions, in order,
 before the new member's (which it holds meanwhile); events older than
@@ -71,6 +79,8 @@ __all__ = ["FluxClient"]
 log = logging.getLogger(__name__)
 
 _NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
+#: what ``find_members`` returns: endpoints, or ``{endpoint: key}`` of members on keys
+Members = Union[Sequence[str], Mapping[str, str]]
 
 
 class FluxClient:
@@ -79,7 +89,8 @@ class FluxClient:
     def __init__(self, endpoints: Union[Sequence[str], Mapping[str, str]], *,
                  transport: Any = None, heartbeat: float = 2.0, lost: float = 30.0,
                  max_message: int = MAX_MESSAGE, curve: Optional[Curve] = None,
-                 failover: float = 30.0) -> None:
+                 failover: float = 30.0,
+                 find_members: Optional[Callable[[float], Members]] = None) -> None:
         if not endpoints:
             raise FluxStateError("a Flux client needs the endpoint of a member")
         if not 0 < heartbeat <= lost:
@@ -90,6 +101,9 @@ class FluxClient:
         self.endpoints = list(endpoints)
         #: endpoint -> the member's public key (Z85), for a member on keys
         self.keys: dict[str, str] = dict(endpoints) if isinstance(endpoints, Mapping) else {}
+        self._given = (list(self.endpoints), dict(self.keys))
+        #: looks on the mesh for the current members when the member is lost (or None)
+        self.find_members = find_members
         if (self.keys or curve is not None) and transport is not None:
             raise FluxStateError("give the members' keys or transport=, not both")
         if curve is not None and not self.keys:
@@ -411,38 +425,92 @@ class FluxClient:
 
     def _fail_over(self, lost: str) -> None:
         """Connect to another member and subscribe there again (see the module's docstring)."""
-        order = [e for e in self.endpoints if e != lost] + [lost]
         now = self.transport.now
         deadline = now() + self.failover
         attempt = max(2 * self.heartbeat, 0.5)
         why = f"no member answered in {self.failover:g} s"
-        tried = 0
-        while not self._closed and now() < deadline:
-            endpoint = order[tried % len(order)]
-            tried += 1
-            try:
-                self._attach(endpoint, min(attempt, max(deadline - now(), 0.05)))
-                self._held = []
-                prefixes = dict.fromkeys(s.prefix for s in self._subscriptions)
-                for future in [self._request("event.subscribe", {"topic": prefix}, NODEID_ANY, 0)
-                               for prefix in prefixes]:
-                    future.get(attempt)
-                info = self._request("overlay.info", None, NODEID_ANY, 0).get_json(attempt)
-                if not self._catch_up(info.get("seq"), attempt):
-                    raise FluxError(Errno.EHOSTUNREACH, "lost while catching up", "event.replay")
-            except FluxError as exc:
-                why = f"{endpoint}: {exc.message}"
-                self._held = None
-                self._drop_link(0)
-                if tried % len(order) == 0:  # a round without an answer: pause before the next
-                    self.transport.sleep(min(self.heartbeat, max(deadline - now(), 0)))
-                continue
-            self._failing_over = None
-            self._notify(Notice("member-changed", self.rank if self.rank is not None else -1,
-                                endpoint))
-            return
+        looking = self._look(deadline)
+        todo = self._round(lost)
+        tried: set[str] = set()
+        try:
+            while not self._closed and now() < deadline:
+                if looking is not None and looking.ready():
+                    found = self._learn(looking.value)
+                    todo = [e for e in found if e not in tried and e not in todo] + todo
+                    looking = None
+                if not todo:  # a round without a member: pause, look again, try them all again
+                    if looking is None:
+                        looking = self._look(deadline)
+                    pause = min(self.heartbeat, max(deadline - now(), 0))
+                    if looking is not None:
+                        looking.join(pause)  # (ends early with what it found)
+                    else:
+                        self.transport.sleep(pause)
+                    todo, tried = self._round(lost), set()
+                    continue
+                endpoint = todo.pop(0)
+                tried.add(endpoint)
+                try:
+                    self._take_over(endpoint, attempt, deadline)
+                except FluxError as exc:
+                    why = f"{endpoint}: {exc.message}"
+                    self._held = None
+                    self._drop_link(0)
+                    continue
+                self._failing_over = None
+                self._notify(Notice("member-changed", self.rank if self.rank is not None else -1,
+                                    endpoint))
+                return
+        finally:
+            if looking is not None:
+                looking.kill(block=False)
         self._failing_over = None
         self._notify(Notice("failover-failed", -1, why))
+
+    def _take_over(self, endpoint: str, attempt: float, deadline: float) -> None:
+        """Attach to ``endpoint``, subscribe there again and catch up on events;
+        ``FluxError`` when that member does not take the client."""
+        self._attach(endpoint, min(attempt, max(deadline - self.transport.now(), 0.05)))
+        self._held = []
+        prefixes = dict.fromkeys(s.prefix for s in self._subscriptions)
+        for future in [self._request("event.subscribe", {"topic": prefix}, NODEID_ANY, 0)
+                       for prefix in prefixes]:
+            future.get(attempt)
+        info = self._request("overlay.info", None, NODEID_ANY, 0).get_json(attempt)
+        if not self._catch_up(info.get("seq"), attempt):
+            raise FluxError(Errno.EHOSTUNREACH, "lost while catching up", "event.replay")
+
+    def _round(self, lost: str) -> list[str]:
+        """The endpoints to try in turn, the lost member's last."""
+        return [e for e in self.endpoints if e != lost] + [lost]
+
+    def _look(self, deadline: float) -> Optional[gevent.Greenlet]:
+        """A greenlet running ``find_members`` until ``deadline`` (None without it)."""
+        find = self.find_members
+        if find is None:
+            return None
+
+        def look() -> Members:
+            try:
+                return find(max(deadline - self.transport.now(), 0.0))
+            except Exception as exc:  # the failover goes on with the endpoints it knows
+                log.warning("flux client: looking for members failed: %s", exc)
+                return []
+        return gevent.spawn(look)
+
+    def _learn(self, found: Members) -> list[str]:
+        """Take what ``find_members`` returned as the members besides those given; the
+        endpoints found that this client can use (on keys: those with a key), in order."""
+        usable = []
+        keys = dict(found) if isinstance(found, Mapping) else {}
+        given, given_keys = self._given
+        for endpoint in found:
+            if not isinstance(endpoint, str) or (given_keys and not keys.get(endpoint)):
+                continue  # a client on keys cannot reach a member without one
+            usable.append(endpoint)
+        self.endpoints = list(dict.fromkeys(usable + given))
+        self.keys = {**{e: keys[e] for e in usable}, **given_keys} if given_keys else {}
+        return usable
 
     def _catch_up(self, upto: Any, timeout: float) -> bool:
         """Hand out the events from ``self.seq`` to ``upto`` (the new member's sequence once

@@ -48,6 +48,7 @@ from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the overlay (and gevent) are imported by the actions, not by the parser
+    from ..zre.node import Node
     from .client import FluxClient
     from .overlay import FluxOverlay
 
@@ -394,8 +395,7 @@ class Connection:
             self.session = NodeSession(self.config)
             node = self.session.start()
             with leaving(f"looking for Flux instance {args.instance!r} on the mesh"):
-                parents = _find_members(self.session, args.instance, deadline,
-                                        args.peer_network)
+                parents = _find_members(node, args.instance, deadline, args.peer_network)
             curve = node.curve   # with keys: a CURVE client of each member's X-PUBLICKEY
             if not parents:
                 raise _NotFound(f"no member of Flux instance {args.instance!r} found on the mesh "
@@ -403,11 +403,14 @@ class Connection:
                                 f", beacon port {self.config.port}) within {args.wait:g} s; "
                                 "is `flux run` running there, or give --parent ENDPOINT")
             where = f"through the mesh ({len(parents)} member{'s' * (len(parents) != 1)})"
+        # found on the mesh: a failover looks there again, for members that came since
+        find = None if self.session is None else _mesh_finder(self.config, args.instance,
+                                                               args.peer_network)
         if isinstance(parents, dict) and (curve is not None or any(parents.values())):
             self.client = FluxClient({e: k for e, k in parents.items() if k}, curve=curve,
-                                     failover=args.wait)
+                                     failover=args.wait, find_members=find)
         else:
-            self.client = FluxClient(list(parents), failover=args.wait)
+            self.client = FluxClient(list(parents), failover=args.wait, find_members=find)
         with leaving(f"connecting to Flux instance {args.instance!r}"):
             try:
                 self.client.connect(max(0.05, deadline - time.monotonic()))
@@ -456,7 +459,25 @@ class _NotFound(PeermeshError, ValueError):
     """Nothing to connect to: a usage-level error (exit code 2)."""
 
 
-def _find_members(session: NodeSession, instance: str, deadline: float,
+def _mesh_finder(config: NodeConfig, instance: str,
+                 peer_networks: Optional[list[str]]) -> Callable[[float], dict[str, str]]:
+    """``find_members`` for a client whose members were found on the mesh: a node of its
+    own joins the mesh for the look and leaves it after."""
+    def find(timeout: float) -> dict[str, str]:
+        import gevent
+
+        from ..zre.node import Node
+
+        node = Node(config=config)
+        try:
+            node.start()
+            return _find_members(node, instance, time.monotonic() + timeout, peer_networks)
+        finally:
+            gevent.spawn(node.stop).join()  # (the stop goes on if the look is killed)
+    return find
+
+
+def _find_members(node: Node, instance: str, deadline: float,
                   peer_networks: Optional[list[str]]) -> dict[str, str]:
     """Endpoints of the mesh's members of ``instance``, the elected root's first, each with
     its node's ``X-PUBLICKEY`` (on a node with keys; "" without).
@@ -473,7 +494,6 @@ def _find_members(session: NodeSession, instance: str, deadline: float,
 
     networks = PeerNetworks(peer_networks, Counters(log, "flux: members refused"))
 
-    node = session.node
     settle: Optional[float] = None
     while True:
         members: dict[Candidate, str] = {}
@@ -495,7 +515,7 @@ def _find_members(session: NodeSession, instance: str, deadline: float,
             root = elect(members)
             ordered = sorted(members.values(), key=lambda e: e != members[root]) if root else []
             return {endpoint: keys[endpoint] for endpoint in ordered}
-        session.wait_event(settle or deadline)
+        node.recv(max(0.0, (settle or deadline) - time.monotonic()))
 
 
 # --------------------------------------------------------------------------
@@ -521,7 +541,8 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     if not mesh and config.key_file is not None:  # alone on keys: the node's, as on the mesh
         from ..io.curve import Curve
 
-        curve = Curve.load(config.key_file, config.allowed_keys)  # KeyFileError if bad
+        curve = Curve.load(config.key_file, config.allowed_keys,  # KeyFileError if bad
+                           config.zap_domain)
     elif keys:
         raise ValueError("a member on keys needs --key-file, its own secret certificate, "
                          "besides --server-key")

@@ -1,7 +1,8 @@
 """A node's CURVE settings, and the socket options they give every socket.
 
 ``Curve`` holds a node's keypair, the ``Allowlist`` of keys it admits and
-the ZAP domain the allowlist answers for (Zyre's ``"global"`` by default).
+the ZAP domain the allowlist answers for (by default the allowlist's own:
+the domain is local to the process, never on the wire).
 ``make_socket(..., curve=...)`` applies it: a socket that binds (or any
 socket without ``server_key``) is a CURVE server whose clients the ZAP
 responder of its context vets; a socket given the ``server_key`` of the peer
@@ -21,30 +22,34 @@ import zmq
 from .keys import Keypair, KeyFileError, load_keypair, z85_key
 from .zap import Allowlist, zap_responder
 
-__all__ = ["Curve", "DEFAULT_DOMAIN", "shared_allowlist"]
+__all__ = ["Curve", "shared_allowlist"]
 
-#: the ZAP domain Zyre sets on its mailbox
-DEFAULT_DOMAIN = "global"
 _allowlists: "weakref.WeakValueDictionary[Optional[str], Allowlist]" = \
     weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True, eq=False)
 class Curve:
-    """A keypair (with its secret), the keys it admits, and their ZAP domain."""
+    """A keypair (with its secret), the keys it admits, and their ZAP domain (None: the
+    allowlist's own)."""
 
     keypair: Keypair
     allowlist: Allowlist
-    domain: str = DEFAULT_DOMAIN
+    domain: Optional[str] = None
 
     @classmethod
     def load(cls, key_file: Union[str, os.PathLike[str]],
              allowed_keys: Union[str, os.PathLike[str], None] = None,
-             domain: str = DEFAULT_DOMAIN) -> "Curve":
+             domain: Optional[str] = None) -> "Curve":
         """The keypair of secret certificate ``key_file``; admitting the certificates in
         directory ``allowed_keys`` (None: any key). KeyFileError saying what is wrong."""
         keypair = load_keypair(key_file)
         return cls(keypair, shared_allowlist(allowed_keys), domain)
+
+    @property
+    def zap_domain(self) -> str:
+        """The ZAP domain its CURVE servers name: ``domain``, else the allowlist's own."""
+        return self.domain or self.allowlist.domain
 
     @property
     def public(self) -> bytes:
@@ -63,9 +68,9 @@ class Curve:
             if server_key:
                 client[zmq.CURVE_SERVERKEY] = _server_key(server_key)
             return client
-        zap_responder(context).register(self.domain, self.allowlist, self)
+        zap_responder(context).register(self.zap_domain, self.allowlist, self)
         return {zmq.CURVE_SERVER: 1, zmq.CURVE_SECRETKEY: self.keypair.secret,
-                zmq.ZAP_DOMAIN: self.domain.encode(), zmq.ZAP_ENFORCE_DOMAIN: 1}
+                zmq.ZAP_DOMAIN: self.zap_domain.encode(), zmq.ZAP_ENFORCE_DOMAIN: 1}
 
     @staticmethod
     def connect(sock: zmq.Socket, endpoint: str, server_key: Union[bytes, str]) -> None:
@@ -77,10 +82,10 @@ class Curve:
     def release(self, context: zmq.Context) -> None:
         """No more CURVE servers of these keys in ``context``: free the ZAP domain (until a
         socket is made again). A node calls it when it stops."""
-        zap_responder(context).release(self.domain, self)
+        zap_responder(context).release(self.zap_domain, self)
 
     def __repr__(self) -> str:
-        return f"Curve({self.public.decode()!r}, {self.allowlist!r}, domain={self.domain!r})"
+        return f"Curve({self.public.decode()!r}, {self.allowlist!r}, domain={self.zap_domain!r})"
 
 
 def _server_key(key: Union[bytes, str]) -> bytes:

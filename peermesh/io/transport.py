@@ -34,6 +34,7 @@ import resource
 import socket
 import struct
 import time
+from collections import Counter
 from typing import Any, Callable, Optional
 
 import gevent
@@ -88,7 +89,7 @@ class ZmqTransport:
     def bind_mailbox(self, address: str, max_message: int, endpoint: Optional[str] = None, *,
                      max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
                      dead_after: float = 30.0, counters: Optional[Counters] = None,
-                     handover: bool = False) -> Any:
+                     handover: bool = False, max_per_address: Optional[int] = None) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -97,7 +98,8 @@ class ZmqTransport:
         ``handshake_timeout`` seconds, and is closed once its far end has not
         answered heartbeats for ``dead_after`` seconds. With ``max_connections``
         the mailbox is a ``GuardedMailbox`` that counts what it sheds in
-        ``counters``. Without ``handover`` (the ZRE mailbox), a second connection
+        ``counters`` (and keeps at most ``max_per_address`` connections from any one
+        other host). Without ``handover`` (the ZRE mailbox), a second connection
         under a routing identity in use is ignored while the first lasts, so no one
         can take a live peer's identity; ``handover`` lets the newer connection
         take it (the Flux tree, whose members re-attach under their identity).
@@ -117,7 +119,7 @@ class ZmqTransport:
         if max_connections is None:
             return mailbox
         return GuardedMailbox(mailbox, max_connections,
-                              counters or Counters(log, f"mailbox {endpoint}"))
+                              counters or Counters(log, f"mailbox {endpoint}"), max_per_address)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
                 server_key: Optional[bytes] = None) -> HubSocket:
@@ -221,11 +223,14 @@ class GuardedMailbox:
     reserve, so that the node can still connect back to its peers) some are
     shut down, down to 7/8 of the cap: oldest first those that sent under 1 KiB
     (no handshake, or nothing since it but a HELLO), then those that sent the
-    fewest octets; a peer that talks is shed last. Each is counted as
-    ``connections_shed``.
+    fewest octets; a peer that talks is shed last. With ``max_per_address``, the
+    connections from one address other than the connection's own local one
+    (another host) are kept under it the same way, so one host cannot take every
+    connection. Each is counted as ``connections_shed``.
     """
 
-    def __init__(self, mailbox: HubSocket, max_connections: int, counters: Counters) -> None:
+    def __init__(self, mailbox: HubSocket, max_connections: int, counters: Counters,
+                 max_per_address: Optional[int] = None) -> None:
         self.mailbox = mailbox
         self.port = mailbox.port
         self.counters = counters
@@ -234,6 +239,10 @@ class GuardedMailbox:
             max(1, min(max_connections, (limit - _FD_RESERVE) // 2))
         #: accepted connections still open: descriptor -> when accepted (oldest first)
         self.accepted: dict[int, float] = {}
+        self.max_per_address = max_per_address
+        #: accepted connections from other hosts: descriptor -> the address
+        self.sources: dict[int, str] = {}
+        self.per_address: Counter[str] = Counter()
         router = mailbox.socket
         address = f"inproc://peermesh-monitor-{id(self):x}"
         router.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
@@ -255,21 +264,41 @@ class GuardedMailbox:
         self.mailbox.serve(on_message, on_oversized, backpressure, metadata=metadata)
 
     def _on_events(self, batch: list) -> None:
-        accepted = self.accepted
+        accepted, per_address, limit = self.accepted, self.per_address, self.max_per_address or 0
+        crowded = set()
         for first, rest in batch:
             if len(first) < 6:
                 continue
             event, fd = _MONITOR_EVENT.unpack_from(first)
             if event == zmq.EVENT_ACCEPTED:
                 accepted[fd] = time.monotonic()
+                address = _remote_address(fd, self.port) if limit else ""
+                if address:
+                    self.sources[fd] = address
+                    per_address[address] += 1
+                    if per_address[address] > limit:
+                        crowded.add(address)
             else:
                 accepted.pop(fd, None)
+                self._forget_source(fd)
+        for address in crowded:
+            self._shed(per_address[address] - limit, address)
         if len(accepted) > self.cap:  # down to 7/8 of it: one scan sheds many
             self._shed(len(accepted) - self.cap + self.cap // 8)
 
-    def _shed(self, count: int) -> None:
-        """Shut down ``count`` connections: oldest first those that sent under
-        ``_SMALL`` octets (no more than a handshake and a HELLO), then the fewest.
+    def _forget_source(self, fd: int) -> None:
+        address = self.sources.pop(fd, "")
+        if address:
+            left = self.per_address[address] - 1
+            if left:
+                self.per_address[address] = left
+            else:
+                del self.per_address[address]
+
+    def _shed(self, count: int, address: Optional[str] = None) -> None:
+        """Shut down ``count`` connections (from ``address`` if given): oldest first those
+        that sent under ``_SMALL`` octets (no more than a handshake and a HELLO), then the
+        fewest.
 
         Asking the kernel costs a few system calls per connection, so the scan
         stops once it has found enough small ones, and lets other greenlets
@@ -279,6 +308,8 @@ class GuardedMailbox:
         for i, (fd, when) in enumerate(list(accepted.items())):  # oldest first
             if not count:
                 return
+            if address is not None and self.sources.get(fd) != address:
+                continue
             if i and not i % _SHED_BATCH:
                 gevent.sleep(0)
             if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
@@ -286,6 +317,7 @@ class GuardedMailbox:
             octets = _octets_received(fd, self.port)
             if octets is None:  # not a connection of ours any more: its event is late
                 del accepted[fd]
+                self._forget_source(fd)
             elif octets < _SMALL:
                 self._shut_down(fd)
                 count -= 1
@@ -297,6 +329,7 @@ class GuardedMailbox:
 
     def _shut_down(self, fd: int) -> None:
         del self.accepted[fd]  # (its DISCONNECTED follows)
+        self._forget_source(fd)
         _shut_down(fd)
         self.counters.add("connections_shed")
 
@@ -323,7 +356,10 @@ _BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
 def _borrow(fd: int, port: int) -> Optional[socket.socket]:
     """A socket object on descriptor ``fd`` (not a copy: ``detach`` it after) if ``fd`` is
     still a TCP connection accepted on local ``port``; otherwise None."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
+    except OSError:  # closed already (its event is on the way)
+        return None
     try:
         if sock.getsockname()[1] == port:
             return sock
@@ -331,6 +367,21 @@ def _borrow(fd: int, port: int) -> Optional[socket.socket]:
         pass
     sock.detach()
     return None
+
+
+def _remote_address(fd: int, port: int) -> str:
+    """The address connection ``fd`` comes from; "" when it is the connection's own local
+    address (this host) or ``fd`` is no longer one of ``port``'s connections."""
+    sock = _borrow(fd, port)
+    if sock is None:
+        return ""
+    try:
+        remote, local = sock.getpeername()[0], sock.getsockname()[0]
+    except (OSError, IndexError):
+        return ""
+    finally:
+        sock.detach()
+    return "" if remote == local else remote
 
 
 def _octets_received(fd: int, port: int) -> Optional[int]:

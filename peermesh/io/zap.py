@@ -4,8 +4,13 @@ How it works
 ------------
 libzmq asks a ZAP handler (RFC 27), over ``inproc://zeromq.zap.01`` in the
 socket's context, whether each client that completed a CURVE handshake may
-in. Sockets name a ZAP *domain* (Zyre's default is ``"global"``) and set
-``ZAP_ENFORCE_DOMAIN``, so without an answer nobody gets in.
+in. Sockets name a ZAP *domain* and set ``ZAP_ENFORCE_DOMAIN``, so without
+an answer nobody gets in. The domain never leaves the process (ZMTP's CURVE
+handshake does not carry it; it only tells the handler which allowlist to
+ask), so each ``Allowlist`` has a domain of its own by default
+(``Allowlist.domain``): nodes, overlays and Spark workers of one process
+that admit different keys never answer for each other. An explicit domain
+(``zap_domain``) still works; two allowlists naming the same one are refused.
 
 ``ZapResponder`` is that handler, one per context: a ROUTER served by a
 ``HubSocket`` on a private gevent hub in a daemon thread of its own, so it
@@ -28,6 +33,7 @@ logged and skipped, the others still count.
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import threading
@@ -49,6 +55,7 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _OK, _DENIED = b"200", b"400"
 #: largest allowlist directory read (entries); a bound on what one reload may cost
 MAX_KEYS = 100_000
+_numbers = itertools.count(1)
 
 
 class Allowlist:
@@ -57,6 +64,8 @@ class Allowlist:
 
     def __init__(self, directory: Optional[os.PathLike[str] | str]) -> None:
         self.directory = None if directory is None else os.path.abspath(os.fspath(directory))
+        #: the ZAP domain of this allowlist alone, used unless a domain is named
+        self.domain = f"peermesh-allowlist-{next(_numbers)}"
         #: the keys allowed now (empty and unused when any key is)
         self.keys: frozenset[bytes] = frozenset()
         self._stamp: Optional[int] = None
@@ -182,8 +191,8 @@ class ZapResponder:
             if current is not allowlist and users:
                 raise CurveError(
                     f"ZAP domain {domain!r} already admits the keys of "
-                    f"{current.directory or 'any key'} in this process; give nodes with other "
-                    "allowed keys a zap_domain of their own")
+                    f"{current.directory or 'any key'} in this process; leave zap_domain unset "
+                    "(each allowlist then has a domain of its own) or name another one")
             self._domains[name] = (allowlist, users | {id(user)})
 
     def release(self, domain: str, user: object) -> None:
@@ -235,8 +244,8 @@ class ZapResponder:
                     status, text, user = _OK, b"OK", key
                 else:
                     text = b"key not allowed"
-                    log.debug("refused CURVE key %s from %s (domain %s)", key.decode(),
-                              frames[4].decode(errors="replace"), domain.decode(errors="replace"))
+                    log.debug("refused CURVE key %s from %s (not in %s)", key.decode(),
+                              frames[4].decode(errors="replace"), allowlist.directory)
         self._socket.try_send([route, b"", b"1.0", request_id, status, text, user, b""])
 
 

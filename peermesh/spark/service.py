@@ -691,7 +691,7 @@ LOG_DOMAIN = "peermesh-spark-log"
 
 
 def _node_curve(log_curve: Any, node_settings: Mapping[str, Any]) -> Any:
-    """The node's own CURVE settings (its allowed keys, Zyre's domain), for its channel."""
+    """The node's own CURVE settings (its allowed keys and ZAP domain), for its channel."""
     if log_curve is None:
         return None
     from ..config import NodeConfig

@@ -228,7 +228,7 @@ class Node:
             # a dead connection must be gone before its peer expires: with ROUTER_HANDOVER
             # off, a peer back after a network cut reconnects only once the old one is closed
             handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired / 2,
-            counters=self._session.counters)
+            counters=self._session.counters, max_per_address=cfg.max_peers_per_address)
         self.mailbox_port = self._mailbox.port
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
         self._session.start(self.endpoint)

@@ -64,8 +64,12 @@ discovery and still waiting for HELLO (a new one found when they are
 full sheds the oldest if that has waited ``interval``, as a live node
 answers at once; a HELLO, which proves a live connection, sheds the oldest
 of those when the table is full, else a peer that is EVASIVE);
-``hello_timeout`` for a found peer to say HELLO; ``max_hello`` octets of
-HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
+``max_peers_per_address`` peers at one address (their endpoint's; the
+node's own address, where its host's other nodes live, is not counted: a
+flood from one host cannot fill the table, and a peer that said HELLO sheds
+one of its address's peers still waiting for HELLO rather than being
+refused); ``hello_timeout`` for a found peer to say HELLO; ``max_hello``
+octets of HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
 departed peers remembered, at most ``max_peers``. A port-0 beacon removes a
 peer only when it comes from the peer's own address, and a report of a known
 UUID at another endpoint neither moves nor refreshes it.
@@ -81,7 +85,7 @@ import functools
 import logging
 import re
 import struct
-from collections import deque
+from collections import Counter, deque
 from typing import AbstractSet, Callable, Optional, Protocol, Sequence
 from uuid import UUID
 
@@ -106,8 +110,8 @@ _PEX_CHUNK = 1024  # peers per PEX message
 _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 #: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
-COUNTERS = ("peers_refused", "pending_refused", "pending_shed", "evasive_shed",
-            "pending_timed_out",
+COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed",
+            "evasive_shed", "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed", "descriptors_refused")
 
@@ -251,6 +255,8 @@ class Session:
         self.members: dict[str, dict[UUID, Peer]] = {}
         #: peers found by discovery, waiting for their HELLO, oldest first
         self.pending: dict[UUID, Peer] = {}
+        #: peers per address (their endpoint's), but those at our own
+        self.per_address: Counter[str] = Counter()
         #: what remote senders made the session refuse, drop or shed
         self.counters = Counters(log, f"node {name} hit its limits", COUNTERS)
         self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
@@ -275,6 +281,7 @@ class Session:
         self.by_endpoint.clear()
         self.members.clear()
         self.pending.clear()
+        self.per_address.clear()
         self._claims.clear()
         return peers
 
@@ -385,6 +392,11 @@ class Session:
                 return None
             self.counters.add("pending_shed")  # it had its chance: a live node answers at once
             self.remove(oldest, "shed for a newer peer")
+        address = self._address(endpoint)
+        if (address and self.per_address[address] >= cfg.max_peers_per_address
+                and not (hello and self._shed_pending_at(address))):
+            self.counters.add("address_refused")
+            return None
         if len(self.peers) >= cfg.max_peers and not (hello and self._shed_for_newcomer()):
             self.counters.add("peers_refused")
             return None
@@ -399,6 +411,8 @@ class Session:
             return None
         peer = Peer(uuid, endpoint, link, now)
         self.peers[uuid] = peer
+        if address:
+            self.per_address[address] += 1
         self.pending[uuid] = peer
         self.by_identity[peer.identity] = peer
         self.by_endpoint[endpoint] = peer
@@ -409,6 +423,21 @@ class Session:
         peer.next_sequence()  # HELLO is always number 1
         link.offer(self._hello)
         return peer
+
+    def _address(self, endpoint: str) -> str:
+        """The address ``max_peers_per_address`` counts a peer at ``endpoint`` under; ""
+        for our own (nodes of this host)."""
+        address = _host(endpoint)
+        return "" if self.endpoint is None or address == _host(self.endpoint) else address
+
+    def _shed_pending_at(self, address: str) -> bool:
+        """Shed the oldest peer at ``address`` still waiting for its HELLO, if any."""
+        for peer in self.pending.values():
+            if _host(peer.endpoint) == address:
+                self.counters.add("pending_shed")
+                self.remove(peer, "shed for a peer that said HELLO")
+                return True
+        return False
 
     def _shed_for_newcomer(self) -> bool:
         """Make room for a node that said HELLO: shed the oldest peer still waiting for
@@ -433,6 +462,13 @@ class Session:
             return
         del self.peers[peer.uuid]
         del self.by_identity[peer.identity]
+        address = self._address(peer.endpoint)
+        if address:
+            left = self.per_address[address] - 1
+            if left:
+                self.per_address[address] = left
+            else:
+                del self.per_address[address]
         self.pending.pop(peer.uuid, None)
         if self.by_endpoint.get(peer.endpoint) is peer:
             del self.by_endpoint[peer.endpoint]

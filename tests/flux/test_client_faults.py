@@ -182,6 +182,41 @@ def test_a_client_with_no_member_left_says_so(pair: tuple[FluxOverlay, FluxOverl
         FluxClient([one.endpoint], failover=-1)
 
 
+def test_a_failover_looks_for_members_again_and_takes_one_that_came_later(
+        pair: tuple[FluxOverlay, FluxOverlay]) -> None:
+    root, one = pair
+    came: list[str] = []
+    looks: list[float] = []
+
+    def find_members(timeout: float) -> list[str]:   # as a look on the mesh would answer
+        looks.append(timeout)
+        return list(came)
+
+    client = FluxClient([one.endpoint], heartbeat=0.1, lost=0.6, failover=10,
+                        find_members=find_members).connect(5)
+    notices: list[Any] = []
+    client.add_listener(notices.append)
+    later = FluxOverlay(parents=[root.endpoint], topology="kary:2", settings=FAST,
+                        address="127.0.0.1").start()
+    try:
+        events = client.subscribe("demo.", 5)
+        assert later.wait_online(10)
+        came.append(later.endpoint)
+        assert not looks                             # only a failover looks
+        one.stop()
+        wait_until(lambda: len(notices) == 2, 10, "the client on the member that came later")
+        assert [n.what for n in notices] == ["member-lost", "member-changed"]
+        assert (client.endpoint, client.rank) == (later.endpoint, later.rank)
+        assert looks and 0 < looks[0] <= 10
+        assert client.endpoints == [later.endpoint, one.endpoint]
+        client.publish("demo.after").get(5)
+        event = events.get(5)
+        assert event is not None and event.topic == "demo.after"
+    finally:
+        client.close()
+        later.stop()
+
+
 def test_a_client_fails_over_when_its_member_is_killed(
         flux_children: Callable[..., FluxChild]) -> None:
     root = flux_children(root=True)

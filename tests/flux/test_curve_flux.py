@@ -18,6 +18,8 @@ from peermesh.io.curve import Curve
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zre"))
 from curvemesh import KeyRing  # noqa: E402
 
+from .conftest import wait_until  # noqa: E402
+
 FAST = FluxSettings(heartbeat=0.1, torpid=0.3, lost=0.6, hello_timeout=0.3)
 TIMING = dict(interval=0.05, evasive=0.3, silent=0.4, expired=0.6)
 #: how long a member whose key is refused is given to get in (it never does)
@@ -130,3 +132,39 @@ def test_commands_on_keys_find_and_reach_the_members(ring: KeyRing, free_udp_por
         assert [row["rank"] for row in rows] == [0, 1], rows
     finally:
         cli.close()
+
+
+def test_a_client_on_keys_fails_over_to_a_member_found_later_with_its_key(
+        ring: KeyRing, started: list[FluxOverlay]) -> None:
+    allowed = str(ring.root / "allowed")
+    ring.allow("allowed", "two")
+
+    def member(name: str, **kw: Any) -> FluxOverlay:
+        flux = FluxOverlay(curve=Curve.load(ring.secret(name), allowed), settings=FAST,
+                           address="127.0.0.1", **kw).start()
+        started.append(flux)
+        return flux
+
+    root = member("root", root=True)
+    one = member("one", parents={root.endpoint: ring.public("root").decode()})
+    assert one.wait_online(10)
+    found: dict[str, str] = {}
+    client = FluxClient({one.endpoint: ring.public("one").decode()},
+                        curve=Curve.load(ring.secret("client")), heartbeat=0.1, lost=0.6,
+                        failover=10, find_members=lambda timeout: found).connect(5)
+    try:
+        two = member("two", parents={root.endpoint: ring.public("root").decode()})
+        assert two.wait_online(10)
+        found.update({"tcp://127.0.0.1:1": "", two.endpoint: ring.public("two").decode()})
+        notices: list[Any] = []
+        client.add_listener(notices.append)
+        one.stop()
+        wait_until(lambda: len(notices) == 2, 10, "the client on the member found later")
+        assert [n.what for n in notices] == ["member-lost", "member-changed"]
+        # the member without a key cannot be reached on keys: never tried, never kept
+        assert client.endpoint == two.endpoint and client.rank == two.rank
+        assert "tcp://127.0.0.1:1" not in client.endpoints
+        assert client.keys[two.endpoint] == ring.public("two").decode()
+        assert client.rpc("overlay.info").get_json(5)["rank"] == two.rank
+    finally:
+        client.close()

@@ -57,6 +57,11 @@ def test_any_key_and_bad_directories(tmp_path: Path) -> None:
     assert shared_allowlist(tmp_path) is shared_allowlist(str(tmp_path))
 
 
+def test_each_allowlist_has_a_zap_domain_of_its_own(tmp_path: Path) -> None:
+    assert len({Allowlist(None).domain, Allowlist(None).domain, Allowlist(tmp_path).domain}) == 3
+    assert shared_allowlist(tmp_path).domain == shared_allowlist(tmp_path).domain
+
+
 def test_one_allowlist_per_domain_while_in_use(tmp_path: Path) -> None:
     context = zmq.Context()
     responder = zap_responder(context)
@@ -81,5 +86,9 @@ def test_server_and_client_socket_options(tmp_path: Path) -> None:
     assert options[zmq.ZAP_ENFORCE_DOMAIN] == 1 and options[zmq.ZAP_DOMAIN] == b"nobody"
     assert options[zmq.CURVE_SERVER] == 1
     server.release(zmq.Context.instance())
+    default = Curve.load(tmp_path / "n.key_secret", tmp_path)
+    assert default.options(zmq.Context.instance())[zmq.ZAP_DOMAIN] == \
+        shared_allowlist(tmp_path).domain.encode()
+    default.release(zmq.Context.instance())
     client = Curve(generate(), Allowlist(None)).options(zmq.Context.instance(), keypair.public)
     assert client[zmq.CURVE_SERVERKEY] == keypair.public and zmq.CURVE_SERVER not in client

@@ -59,8 +59,7 @@ def test_a_keyed_service_call_from_executors(
         rows = caller.apply(df, payload="id", reply_schema="value long").collect()
         assert sorted((r.id, r.value) for r in rows) == [(i, 2 * i) for i in range(40)]
 
-        # a key the mesh does not admit finds no server: the rows say so (one process's
-        # nodes with keys share one allowlist, unless given a zap_domain of their own)
+        # a key the mesh does not admit finds no server: the rows say so
         ring.make("stranger")
         refused = ServiceCaller("calc", "double", key_file=ring.secret("stranger"),
                                 allowed_keys=allowed, discovery_timeout=2, errors="column")

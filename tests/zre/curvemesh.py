@@ -11,6 +11,7 @@ from uuid import UUID
 
 import pytest
 import zmq
+import zmq.utils.monitor
 
 from peermesh import Event, EventType, NodeConfig, ThreadedNode
 from peermesh.io.keys import Keypair, generate, write_keypair
@@ -114,6 +115,24 @@ def raw_dealer(keypair: Keypair, server_key: bytes, endpoint: str,
     sock.curve_serverkey = server_key
     sock.connect(endpoint)
     return sock
+
+
+def handshake(keypair: Keypair, server_key: bytes, endpoint: str,
+              timeout: float = TIMEOUT) -> bool:
+    """Whether a CURVE client with ``keypair`` completes its handshake with ``endpoint``
+    (False: the server's ZAP handler refused the key)."""
+    sock = raw_dealer(keypair, server_key, endpoint, b"\x01" + bytes(16))
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    try:
+        if not monitor.poll(timeout * 1000):
+            pytest.fail(f"no handshake with {endpoint} within {timeout}s")
+        event = zmq.utils.monitor.recv_monitor_message(monitor)
+        return event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    finally:
+        sock.disable_monitor()
+        monitor.close()
+        sock.close()
 
 
 def hello(endpoint: str, headers: dict[str, str], name: str = "raw") -> list[bytes]:

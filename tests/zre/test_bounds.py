@@ -17,9 +17,9 @@ from peermesh.wire import zre
 from peermesh.zre.eventqueue import GreenEventQueue, ThreadEventQueue
 
 try:  # tests/ as a package
-    from .test_session import CONFIG, Harness, Remote, entered
+    from .test_session import CONFIG, OWN_ENDPOINT, Harness, Remote, entered
 except ImportError:  # tests/zre on sys.path (pytest's default "prepend" import mode)
-    from test_session import CONFIG, Harness, Remote, entered
+    from test_session import CONFIG, OWN_ENDPOINT, Harness, Remote, entered
 
 ENTER, EXIT, JOIN, WHISPER = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.WHISPER
 
@@ -96,6 +96,33 @@ def test_hellos_past_max_peers_are_refused() -> None:
     assert len(h.session.peers) == 10
     assert [kind for kind, _ in h.taken()].count(ENTER) == 10
     assert h.session.counters.get("peers_refused") == 40
+
+
+def test_one_address_holds_at_most_max_peers_per_address() -> None:
+    # One host makes up UUIDs by beacons and by HELLOs: it gets its share, no more, and
+    # a peer of its own that says HELLO sheds one of its address's pending ones.
+    h = harness(max_peers=16, max_peers_per_address=4)
+    for i in range(3):
+        h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.2:{1000 + i}", 0.0)
+    for i in range(10):
+        fake = Remote(f"fake{i}", 2000 + i)  # at 10.0.0.2
+        h.send(fake, fake.hello(), 0.1)
+    peers = h.session.peers.values()
+    assert len(peers) == 4 and all(p.ready for p in peers)  # HELLOs shed the 3 pending
+    assert h.session.per_address == {"10.0.0.2": 4}
+    assert h.session.counters.get("address_refused") == 6
+    assert h.session.counters.get("pending_shed") == 3
+    other = Remote("other", 3000)
+    other.endpoint = "tcp://10.0.0.3:3000"
+    entered(h, other, 0.2)                   # another address has its own share
+    for i in range(6):                      # this node's own address is not counted
+        local = Remote(f"local{i}", 4000 + i)
+        local.endpoint = "tcp://" + OWN_ENDPOINT[6:].rpartition(":")[0] + f":{4000 + i}"
+        entered(h, local, 0.3)
+    assert len(h.session.peers) == 11 and h.session.per_address == {"10.0.0.2": 4,
+                                                                   "10.0.0.3": 1}
+    h.session.remove(h.session.peers[other.uuid], "gone")
+    assert h.session.per_address == {"10.0.0.2": 4}
 
 
 def test_a_newcomer_that_says_hello_replaces_an_evasive_fake() -> None:

@@ -129,3 +129,48 @@ def test_whispers_to_an_application_that_does_not_read(make_raw: Callable[..., R
         raw.whisper(b"read again")  # the application read: room again
         event = sink.recv(WAIT)
         assert event is not None and event.frames == (b"read again",)
+
+
+def test_a_flood_from_one_address_does_not_keep_a_real_peer_out(
+        free_udp_port: int, make_raw: Callable[..., RawPeer]) -> None:
+    # One host (127.0.0.2) makes up UUIDs, by beacons and by HELLOs, enough to fill
+    # max_peers many times over; it gets max_peers_per_address of them.
+    mesh = Mesh(free_udp_port, max_pending=16, max_peers=24, max_peers_per_address=8,
+                interval=0.2)
+    try:
+        mesh.start()
+        target = mesh.target
+        assert target is not None
+        flooder = make_raw(address="127.0.0.2")
+        closed = []  # ports bound but not listening: connections to them are refused
+        for _ in range(40):
+            sock = socket.socket()
+            sock.bind(("127.0.0.2", 0))
+            closed.append(sock)
+        try:
+            for sock in closed:
+                flooder.beacon(mesh.port, sock.getsockname()[1], uuid=uuid_module.uuid4())
+            beacon_barrier(mesh, make_raw)
+        finally:
+            for sock in closed:
+                sock.close()
+        for i in range(40):
+            fake = make_raw(name=f"fake{i}", address="127.0.0.2")
+            fake.connect(mesh.endpoint)
+            fake.hello()
+        # of the 40 connections from there the mailbox keeps 8 (and the good peer's) ...
+        stats = poll_until(lambda: (s := target.stats())["connections_shed"] >= 32 and s, WAIT,
+                           "the mailbox to shed the connections past the address's share")
+        assert stats["connections"] == 1 + 8, stats
+        # ... and the table 8 of its peers (and the good one): 32 beacons and more HELLOs
+        # were refused
+        assert stats["peers"] <= 1 + 8 and stats["address_refused"] >= 32, stats
+        with ThreadedNode("newcomer", interface="lo", port=mesh.port, interval=0.2) as real:
+            poll_until(lambda: real.uuid in target.peers() and target.uuid in real.peers(),
+                       WAIT, "the real newcomer and the target to meet")
+        mesh.assert_serving()
+        # another host's peer still gets in too: the bound is per address
+        other = make_raw(name="other", address="127.0.0.3")
+        enter_raw(mesh, other)
+    finally:
+        mesh.close()

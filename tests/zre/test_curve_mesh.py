@@ -15,11 +15,11 @@ import zmq
 from zmq.utils import z85
 
 from peermesh import EventType, NodeConfig, NodeStateError, ThreadedNode
-from peermesh.io.keys import KeyFileError
+from peermesh.io.keys import CurveError, KeyFileError
 from peermesh.wire import zre
 
-from curvemesh import (KeyRing, Nodes, drain, hear_beacons, hello, match, raw_dealer,
-                       wait_for)
+from curvemesh import (KeyRing, Nodes, drain, handshake, hear_beacons, hello, match,
+                       raw_dealer, wait_for)
 
 pytestmark = pytest.mark.usefixtures("zmq_path")  # native C batches and pyzmq alone
 
@@ -92,7 +92,7 @@ def test_a_key_not_allowed_delivers_nothing_and_makes_no_event(nodes: Nodes,
                                                               ring: KeyRing) -> None:
     a = nodes.start("alice", allow=["alice", "bob"])
     b = nodes.start("bob", allow=["alice", "bob"])
-    mallory = nodes.start("mallory", zap_domain="any")  # alice does not admit mallory
+    mallory = nodes.start("mallory")  # alice does not admit mallory
     mesh(a, b)
     # mallory's own beacons, and a raw connection with her key trying HELLO and WHISPER
     dealer = raw_dealer(ring.keys["mallory"], ring.public("alice"), a.endpoint,
@@ -113,7 +113,7 @@ def test_a_key_not_allowed_delivers_nothing_and_makes_no_event(nodes: Nodes,
 
 def test_allowlist_reload_admits_a_new_key_without_restart(nodes: Nodes, ring: KeyRing) -> None:
     a = nodes.start("alice", allow=["alice"], evasive=0.5)
-    b = nodes.start("bob", zap_domain="any", evasive=0.5)  # admits any key
+    b = nodes.start("bob", evasive=0.5)  # admits any key
     hear_beacons(nodes.port, [a.uuid, b.uuid])
     assert b.uuid not in a.peers()
     shutil.copy(ring.root / "bob.key", ring.root / "allow-alice" / "bob.key")
@@ -236,16 +236,29 @@ def test_allowed_keys_needs_a_key_file() -> None:
         NodeConfig(allowed_keys="/tmp")
 
 
-def test_one_zap_domain_per_allowlist_in_a_process(nodes: Nodes) -> None:
-    nodes.start("a", allow=["a"])
-    with pytest.raises(Exception, match="ZAP domain 'global' already admits"):
-        nodes.start("b", allow=["b"])
+def test_nodes_of_one_process_with_other_allowlists_each_admit_their_own_keys(
+        nodes: Nodes, ring: KeyRing) -> None:
+    # no zap_domain: each allowlist answers for a ZAP domain of its own
+    a = nodes.start("a", allow=["a", "a2"])
+    b = nodes.start("b", allow=["b", "b2"])
+    for node, own, other in ((a, "a2", "b2"), (b, "b2", "a2")):
+        server = ring.public(node.name)
+        assert handshake(ring.keys[own], server, node.endpoint)
+        assert not handshake(ring.keys[other], server, node.endpoint)
+    mesh(a, nodes.start("a2", allow=["a", "a2"]))
+    mesh(b, nodes.start("b2", allow=["b", "b2"]))
+
+
+def test_a_named_zap_domain_admits_the_keys_of_one_allowlist(nodes: Nodes) -> None:
+    nodes.start("a", allow=["a"], zap_domain="mesh")
+    with pytest.raises(CurveError, match="ZAP domain 'mesh' already admits .*allow-a"):
+        nodes.start("b", allow=["b"], zap_domain="mesh")
 
 
 def test_reload_call_admits_a_key_added_behind_the_directorys_back(nodes: Nodes,
                                                                    ring: KeyRing) -> None:
     a = nodes.start("alice", allow=["alice"], evasive=0.5)
-    b = nodes.start("bob", zap_domain="any", evasive=0.5)
+    b = nodes.start("bob", evasive=0.5)
     directory = ring.root / "allow-alice"
     stamp = directory.stat().st_mtime_ns
     shutil.copy(ring.root / "bob.key", directory / "bob.key")
