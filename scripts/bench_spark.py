@@ -14,7 +14,10 @@ shared harness (``role_shouter`` and ``role_server`` below).
    each (``noop`` sink, 2 partitions): wall seconds and the CPU seconds of
    the session's whole process tree (JVM, Python workers, planners).
    Reported: medians, and the medians of the per-round ratios to parquet
-   (its time over ours: the share of parquet's speed). ``--baseline REV``
+   (its time over ours: the share of parquet's speed). The ceiling of any
+   Python data source is measured beside them: the same rows as Arrow
+   batches of 20,000 from a memory-mapped file through a minimal source
+   (``spark_memory_source``, no peermesh). ``--baseline REV``
    runs a second such child with the code of commit REV, in the same
    rounds, and adds its figures and this checkout's speed over it.
 2. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
@@ -276,6 +279,23 @@ def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
             spark.stop()
 
 
+def memory_source(spark: Any, parquet_dir: str, schema: Any, tmp: str) -> dict[str, str]:
+    """Register the ceiling's format (``spark_memory_source``) and write the rows of
+    ``parquet_dir`` for it as an Arrow file, in batches of 20,000 rows (the log's chunks in
+    ``fill_log``), typed as a Python data source must hand ``schema`` to Spark; its
+    options."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from spark_memory_source import ArrowFileSource, write_batches
+
+    spark.dataSource.register(ArrowFileSource)
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    table = pq.read_table(parquet_dir).select(arrow.names).cast(arrow).combine_chunks()
+    path = os.path.join(tmp, "memory.arrow")
+    write_batches(path, table.to_batches(max_chunksize=20_000))
+    return {"path": path, "partitions": "2"}
+
+
 def read_cases(spark: Any, service: Any, count: int, timeout: float, tmp: str,
                parent: harness.Parent) -> None:
     """Fill the log and the parquet files, warm every case up, then answer each command
@@ -303,11 +323,17 @@ def read_cases(spark: Any, service: Any, count: int, timeout: float, tmp: str,
 
     stream_source = (spark.readStream.format("peermesh").option("group", group)
                      .option("startingOffsets", "earliest").option("partitions", "2"))
+    typed = source.load().schema
+    memory = memory_source(spark, parquet_dir, typed, tmp)
     cases = {"batch": lambda: batch(source.load()),
              "parquet_batch": lambda: batch(spark.read.parquet(parquet_dir)),
+             "memory_batch": lambda: batch(spark.read.format("arrowfile").schema(typed)
+                                           .options(**memory).load()),
              "stream": lambda: stream(stream_source.load()),
              "parquet_stream": lambda: stream(spark.readStream.schema(schema)
-                                              .parquet(parquet_dir))}
+                                              .parquet(parquet_dir)),
+             "memory_stream": lambda: stream(spark.readStream.format("arrowfile")
+                                             .schema(typed).options(**memory).load())}
     for case in cases.values():  # warm both paths up (Python workers, JIT)
         case()
     me = os.getpid()
@@ -341,19 +367,20 @@ def bench_read(args: argparse.Namespace) -> dict[str, Any]:
         rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
         for r in range(args.rounds):
             for label, child in readers.items():
-                progress(f"{label}: round {r + 1}/{args.rounds} (batch, parquet, stream, "
-                         "parquet stream)")
+                progress(f"{label}: round {r + 1}/{args.rounds} (batch: peermesh, parquet, "
+                         "memory; the same as streams)")
                 rounds[label].append(child.ask(args.timeout * 4, go=r))
     for label, runs in rounds.items():
         summary: dict[str, Any] = {"rounds": runs}
         for kind in ("batch", "stream"):
             for unit in ("", "_cpu"):
-                mine = [run[f"{kind}{unit}"] for run in runs]
-                theirs = [run[f"parquet_{kind}{unit}"] for run in runs]
-                summary[f"{kind}{unit}"] = statistics.median(mine)
-                summary[f"parquet_{kind}{unit}"] = statistics.median(theirs)
-                summary[f"{kind}{unit}_vs_parquet"] = statistics.median(
-                    t / m for t, m in zip(theirs, mine))
+                mine, theirs, ceiling = ([run[f"{prefix}{kind}{unit}"] for run in runs]
+                                         for prefix in ("", "parquet_", "memory_"))
+                for prefix, times in (("", mine), ("parquet_", theirs), ("memory_", ceiling)):
+                    summary[f"{prefix}{kind}{unit}"] = statistics.median(times)
+                for prefix, times in (("", mine), ("memory_", ceiling)):
+                    summary[f"{prefix}{kind}{unit}_vs_parquet"] = statistics.median(
+                        t / m for t, m in zip(theirs, times))
         results[label] = summary
     if "baseline" in results:
         now, base = rounds["peermesh"], rounds["baseline"]
@@ -470,6 +497,12 @@ def table(r: dict[str, Any]) -> str:
                              f"CPU {got[f'{kind}_cpu']:.2f} s, "
                              f"{got[f'{kind}_cpu_vs_parquet']:.2f}x parquet's "
                              f"({got[f'parquet_{kind}_cpu']:.2f} s) | {ok} |")
+                if not tag:
+                    lines.append(f"| - ceiling: a minimal Python data source of the same Arrow "
+                                 f"batches, memory-mapped | {got[f'memory_{kind}']:.2f} s, "
+                                 f"{got[f'memory_{kind}_vs_parquet']:.2f}x parquet's speed; "
+                                 f"CPU {got[f'memory_{kind}_cpu']:.2f} s, "
+                                 f"{got[f'memory_{kind}_cpu_vs_parquet']:.2f}x parquet's | |")
         if "now_vs_base" in read:
             speed = read["now_vs_base"]
             lines.append(f"| this checkout / baseline, speed | batch {speed['batch']:.2f}x, "
