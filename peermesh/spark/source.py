@@ -326,8 +326,7 @@ class _Columns:
         for pa_field in self.arrow:
             name, kind = pa_field.name, pa_field.type
             if name == "group":
-                first = _fixed(pa.int32(), n, bytes(4 * n))  # n zeros
-                arrays.append(pa.array([chunk.group], kind).take(first))
+                arrays.append(pa.repeat(pa.scalar(chunk.group, kind), n))
             elif name in ("sender", "sender_name", "headers"):
                 if peers is None:
                     peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
