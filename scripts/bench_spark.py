@@ -19,7 +19,9 @@ shared harness (``role_shouter`` and ``role_server`` below).
    batches of 20,000 from a memory-mapped file through a minimal source
    (``spark_memory_source``, no peermesh). ``--baseline REV``
    runs a second such child with the code of commit REV, in the same
-   rounds, and adds its figures and this checkout's speed over it.
+   rounds, and adds its figures and this checkout's speed over it;
+   ``--conf KEY=VALUE`` sets a Spark setting in this checkout's session
+   only (with ``--baseline .``: the setting's effect on the same code).
 2. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
    telemetry messages (``{"host", "seq", "temp", "load"}``) each, as fast as
    the mesh's flow control lets them, to a group the driver's service is in.
@@ -261,14 +263,15 @@ class TreeCpu:
         self.seconds = used / os.sysconf("SC_CLK_TCK")
 
 
-def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
-    """A Spark session and a log of ``rows`` messages (and the same rows as parquet);
-    each command from the parent is one round (``read_cases``)."""
+def role_reader(parent: harness.Parent, rows: int, timeout: float,
+                conf: Optional[dict[str, str]] = None) -> None:
+    """A Spark session (with the settings ``conf``) and a log of ``rows`` messages (and the
+    same rows as parquet); each command from the parent is one round (``read_cases``)."""
     import peermesh.spark as ps
     from peermesh.spark.session import local_session
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-read-") as tmp:
-        spark = local_session(tmp, app="bench_spark_read")
+        spark = local_session(tmp, app="bench_spark_read", **(conf or {}))
         service = ps.start_service(spark, groups=["bench-read"],
                                    directory=os.path.join(tmp, "log"), interface="lo",
                                    port=free_udp_port(), interval=INTERVAL, bind="127.0.0.1")
@@ -362,7 +365,8 @@ def bench_read(args: argparse.Namespace) -> dict[str, Any]:
         for label, tree in code.items():
             progress(f"{label}: Spark, {args.rows:,} messages into the log and parquet")
             readers[label] = children.start("bench_spark", "reader", tree, rows=args.rows,
-                                            timeout=args.timeout)
+                                            timeout=args.timeout,
+                                            conf=args.conf if label == "peermesh" else {})
             readers[label].expect("filled", 600)
         rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
         for r in range(args.rounds):
@@ -536,11 +540,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--baseline", metavar="REV",
                         help="read phase: also measure the code of commit REV (or a directory "
                              "holding peermesh), in a Spark session of its own, same rounds")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="read phase: a Spark setting for this checkout's session (not the "
+                             "baseline's: --baseline . measures a setting's effect); repeatable")
     parser.add_argument("--only", default="ingest,read,requests",
                         help="comma-separated sections: ingest, read, requests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     args.only = set(args.only.split(","))
+    try:
+        args.conf = dict(item.split("=", 1) for item in args.conf)
+    except ValueError:
+        parser.error("--conf takes KEY=VALUE")
     results = run(args)
     print(json.dumps(results, indent=2) if args.json else table(results))
     return 0
