@@ -76,8 +76,8 @@ class LogClient:
             if self.token is not None:
                 body["token"] = self.token
             wait_ms = int(1000 * (self.timeout if timeout is None else timeout))
-            # A connection whose handshake failed (e.g. no CURVE against a CURVE server)
-            # leaves the DEALER no peer to queue for: a blocking send would wait forever.
+            # A DEALER with no peer to queue for (its connection gone, e.g. after a failed
+            # handshake) blocks a send until it has one: bound that wait too.
             try:
                 if not sock.poll(wait_ms, zmq.POLLOUT):
                     raise zmq.Again()
