@@ -14,9 +14,14 @@ shared harness (``role_shouter`` and ``role_server`` below).
    each (``noop`` sink, 2 partitions): wall seconds and the CPU seconds of
    the session's whole process tree (JVM, Python workers, planners).
    Reported: medians, and the medians of the per-round ratios to parquet
-   (its time over ours: the share of parquet's speed). ``--baseline REV``
+   (its time over ours: the share of parquet's speed). The ceiling of any
+   Python data source is measured beside them: the same rows as Arrow
+   batches of 20,000 from a memory-mapped file through a minimal source
+   (``spark_memory_source``, no peermesh). ``--baseline REV``
    runs a second such child with the code of commit REV, in the same
-   rounds, and adds its figures and this checkout's speed over it.
+   rounds, and adds its figures and this checkout's speed over it;
+   ``--conf KEY=VALUE`` sets a Spark setting in this checkout's session
+   only (with ``--baseline .``: the setting's effect on the same code).
 2. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
    telemetry messages (``{"host", "seq", "temp", "load"}``) each, as fast as
    the mesh's flow control lets them, to a group the driver's service is in.
@@ -258,14 +263,15 @@ class TreeCpu:
         self.seconds = used / os.sysconf("SC_CLK_TCK")
 
 
-def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
-    """A Spark session and a log of ``rows`` messages (and the same rows as parquet);
-    each command from the parent is one round (``read_cases``)."""
+def role_reader(parent: harness.Parent, rows: int, timeout: float,
+                conf: Optional[dict[str, str]] = None) -> None:
+    """A Spark session (with the settings ``conf``) and a log of ``rows`` messages (and the
+    same rows as parquet); each command from the parent is one round (``read_cases``)."""
     import peermesh.spark as ps
     from peermesh.spark.session import local_session
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-read-") as tmp:
-        spark = local_session(tmp, app="bench_spark_read")
+        spark = local_session(tmp, app="bench_spark_read", **(conf or {}))
         service = ps.start_service(spark, groups=["bench-read"],
                                    directory=os.path.join(tmp, "log"), interface="lo",
                                    port=free_udp_port(), interval=INTERVAL, bind="127.0.0.1")
@@ -274,6 +280,23 @@ def role_reader(parent: harness.Parent, rows: int, timeout: float) -> None:
         finally:
             service.stop()
             spark.stop()
+
+
+def memory_source(spark: Any, parquet_dir: str, schema: Any, tmp: str) -> dict[str, str]:
+    """Register the ceiling's format (``spark_memory_source``) and write the rows of
+    ``parquet_dir`` for it as an Arrow file, in batches of 20,000 rows (the log's chunks in
+    ``fill_log``), typed as a Python data source must hand ``schema`` to Spark; its
+    options."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from spark_memory_source import ArrowFileSource, write_batches
+
+    spark.dataSource.register(ArrowFileSource)
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    table = pq.read_table(parquet_dir).select(arrow.names).cast(arrow).combine_chunks()
+    path = os.path.join(tmp, "memory.arrow")
+    write_batches(path, table.to_batches(max_chunksize=20_000))
+    return {"path": path, "partitions": "2"}
 
 
 def read_cases(spark: Any, service: Any, count: int, timeout: float, tmp: str,
@@ -303,11 +326,17 @@ def read_cases(spark: Any, service: Any, count: int, timeout: float, tmp: str,
 
     stream_source = (spark.readStream.format("peermesh").option("group", group)
                      .option("startingOffsets", "earliest").option("partitions", "2"))
+    typed = source.load().schema
+    memory = memory_source(spark, parquet_dir, typed, tmp)
     cases = {"batch": lambda: batch(source.load()),
              "parquet_batch": lambda: batch(spark.read.parquet(parquet_dir)),
+             "memory_batch": lambda: batch(spark.read.format("arrowfile").schema(typed)
+                                           .options(**memory).load()),
              "stream": lambda: stream(stream_source.load()),
              "parquet_stream": lambda: stream(spark.readStream.schema(schema)
-                                              .parquet(parquet_dir))}
+                                              .parquet(parquet_dir)),
+             "memory_stream": lambda: stream(spark.readStream.format("arrowfile")
+                                             .schema(typed).options(**memory).load())}
     for case in cases.values():  # warm both paths up (Python workers, JIT)
         case()
     me = os.getpid()
@@ -336,24 +365,26 @@ def bench_read(args: argparse.Namespace) -> dict[str, Any]:
         for label, tree in code.items():
             progress(f"{label}: Spark, {args.rows:,} messages into the log and parquet")
             readers[label] = children.start("bench_spark", "reader", tree, rows=args.rows,
-                                            timeout=args.timeout)
+                                            timeout=args.timeout,
+                                            conf=args.conf if label == "peermesh" else {})
             readers[label].expect("filled", 600)
         rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
         for r in range(args.rounds):
             for label, child in readers.items():
-                progress(f"{label}: round {r + 1}/{args.rounds} (batch, parquet, stream, "
-                         "parquet stream)")
+                progress(f"{label}: round {r + 1}/{args.rounds} (batch: peermesh, parquet, "
+                         "memory; the same as streams)")
                 rounds[label].append(child.ask(args.timeout * 4, go=r))
     for label, runs in rounds.items():
         summary: dict[str, Any] = {"rounds": runs}
         for kind in ("batch", "stream"):
             for unit in ("", "_cpu"):
-                mine = [run[f"{kind}{unit}"] for run in runs]
-                theirs = [run[f"parquet_{kind}{unit}"] for run in runs]
-                summary[f"{kind}{unit}"] = statistics.median(mine)
-                summary[f"parquet_{kind}{unit}"] = statistics.median(theirs)
-                summary[f"{kind}{unit}_vs_parquet"] = statistics.median(
-                    t / m for t, m in zip(theirs, mine))
+                mine, theirs, ceiling = ([run[f"{prefix}{kind}{unit}"] for run in runs]
+                                         for prefix in ("", "parquet_", "memory_"))
+                for prefix, times in (("", mine), ("parquet_", theirs), ("memory_", ceiling)):
+                    summary[f"{prefix}{kind}{unit}"] = statistics.median(times)
+                for prefix, times in (("", mine), ("memory_", ceiling)):
+                    summary[f"{prefix}{kind}{unit}_vs_parquet"] = statistics.median(
+                        t / m for t, m in zip(theirs, times))
         results[label] = summary
     if "baseline" in results:
         now, base = rounds["peermesh"], rounds["baseline"]
@@ -470,6 +501,12 @@ def table(r: dict[str, Any]) -> str:
                              f"CPU {got[f'{kind}_cpu']:.2f} s, "
                              f"{got[f'{kind}_cpu_vs_parquet']:.2f}x parquet's "
                              f"({got[f'parquet_{kind}_cpu']:.2f} s) | {ok} |")
+                if not tag:
+                    lines.append(f"| - ceiling: a minimal Python data source of the same Arrow "
+                                 f"batches, memory-mapped | {got[f'memory_{kind}']:.2f} s, "
+                                 f"{got[f'memory_{kind}_vs_parquet']:.2f}x parquet's speed; "
+                                 f"CPU {got[f'memory_{kind}_cpu']:.2f} s, "
+                                 f"{got[f'memory_{kind}_cpu_vs_parquet']:.2f}x parquet's | |")
         if "now_vs_base" in read:
             speed = read["now_vs_base"]
             lines.append(f"| this checkout / baseline, speed | batch {speed['batch']:.2f}x, "
@@ -503,11 +540,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--baseline", metavar="REV",
                         help="read phase: also measure the code of commit REV (or a directory "
                              "holding peermesh), in a Spark session of its own, same rounds")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="read phase: a Spark setting for this checkout's session (not the "
+                             "baseline's: --baseline . measures a setting's effect); repeatable")
     parser.add_argument("--only", default="ingest,read,requests",
                         help="comma-separated sections: ingest, read, requests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     args.only = set(args.only.split(","))
+    try:
+        args.conf = dict(item.split("=", 1) for item in args.conf)
+    except ValueError:
+        parser.error("--conf takes KEY=VALUE")
     results = run(args)
     print(json.dumps(results, indent=2) if args.json else table(results))
     return 0

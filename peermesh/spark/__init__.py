@@ -18,16 +18,21 @@
   executors, for ``mapInArrow`` / ``mapInPandas`` / ``mapPartitions``.
 
 Only ``register``, ``call_service`` and ``ServiceCaller.apply`` import
-pyspark; the service and the log work without it.
+pyspark; the service and the log work without it. The service (and gevent
+with it) is imported on first use: Spark's Python workers import this
+package to read and write, and a streaming query's planner is a fresh
+process for each query.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .log import MessageLog
 from .protocol import DataLossError, LogServiceError
-from .service import DriverService, MeshSettings, current_service
+
+if TYPE_CHECKING:
+    from .service import DriverService, MeshSettings, current_service
 
 __all__ = ["start_service", "register", "DriverService", "MeshSettings", "MessageLog",
            "ServiceCaller", "call_service", "current_service", "LogServiceError",
@@ -42,6 +47,8 @@ def start_service(spark: Any = None, groups: Iterable[str] = (), **settings: Any
     Keyword settings are ``DriverService``'s. Stop it with ``service.stop()``
     (or use it as a context manager).
     """
+    from .service import DriverService
+
     service = DriverService(groups, **settings).start()
     if spark is not None:
         try:
@@ -73,6 +80,10 @@ def __getattr__(name: str) -> Any:
         from . import calls
 
         return getattr(calls, name)
+    if name in ("DriverService", "MeshSettings", "current_service"):
+        from . import service
+
+        return getattr(service, name)
     if name == "SCHEMA":
         return schema()
     raise AttributeError(f"module 'peermesh.spark' has no attribute {name!r}")

@@ -75,19 +75,30 @@ class LogClient:
             body = dict(body or {})
             if self.token is not None:
                 body["token"] = self.token
-            sock.send_multipart(protocol.encode_request(Request(request_id, op, body)))
             wait_ms = int(1000 * (self.timeout if timeout is None else timeout))
+            # A DEALER with no peer to queue for (its connection gone, e.g. after a failed
+            # handshake) blocks a send until it has one: bound that wait too.
+            try:
+                if not sock.poll(wait_ms, zmq.POLLOUT):
+                    raise zmq.Again()
+                sock.send_multipart(protocol.encode_request(Request(request_id, op, body)),
+                                    zmq.NOBLOCK)
+            except zmq.Again:
+                raise self._unavailable(op, wait_ms) from None
             while True:
                 if not sock.poll(wait_ms):
-                    self._reset()
-                    raise LogServiceError(
-                        "unavailable", f"no answer to {op.value} from the peermesh log service "
-                        f"at {self.endpoint} within {wait_ms / 1000:g} s (is the driver's "
-                        "service running? see peermesh.spark.start_service)")
+                    raise self._unavailable(op, wait_ms)
                 reply = protocol.decode_reply(sock.recv_multipart())
                 if reply.id == request_id:
                     return dict(reply.value())
                 # a reply to an older request that timed out: skip it
+
+    def _unavailable(self, op: Op, wait_ms: int) -> LogServiceError:
+        self._reset()
+        return LogServiceError(
+            "unavailable", f"no answer to {op.value} from the peermesh log service "
+            f"at {self.endpoint} within {wait_ms / 1000:g} s (is the driver's "
+            "service running? see peermesh.spark.start_service)")
 
     def _reset(self) -> None:
         if self._sock is not None:

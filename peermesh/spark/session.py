@@ -32,7 +32,8 @@ def local_session(tmp_dir: Union[str, os.PathLike[str]], app: str = "peermesh", 
                   log_level: str = "WARN", **conf: Any) -> Any:
     """A ``SparkSession`` on ``local[cores]``, everything on loopback and under ``tmp_dir``.
 
-    Further settings go in ``conf``: ``**{"spark.sql.shuffle.partitions": "4"}``.
+    Further settings go in ``conf``: ``**{"spark.sql.shuffle.partitions": "4"}``
+    (``spark.driver.extraJavaOptions`` there is added to the temporary directory's).
     """
     os.environ.update(local_environment())
     from pyspark.sql import SparkSession
@@ -40,6 +41,8 @@ def local_session(tmp_dir: Union[str, os.PathLike[str]], app: str = "peermesh", 
     base = Path(tmp_dir)
     for sub in ("warehouse", "local", "checkpoints", "tmp"):
         (base / sub).mkdir(parents=True, exist_ok=True)
+    java = " ".join(filter(None, (f"-Djava.io.tmpdir={base / 'tmp'}",
+                                  conf.pop("spark.driver.extraJavaOptions", None))))
     builder = (SparkSession.builder.master(f"local[{cores}]").appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
@@ -48,7 +51,7 @@ def local_session(tmp_dir: Union[str, os.PathLike[str]], app: str = "peermesh", 
                .config("spark.sql.warehouse.dir", str(base / "warehouse"))
                .config("spark.local.dir", str(base / "local"))
                .config("spark.sql.streaming.checkpointLocation", str(base / "checkpoints"))
-               .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={base / 'tmp'}")
+               .config("spark.driver.extraJavaOptions", java)
                .config("spark.sql.shuffle.partitions", str(cores))
                .config("spark.python.worker.reuse", "true"))
     for key, value in conf.items():

@@ -38,7 +38,7 @@ import uuid
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
@@ -59,7 +59,9 @@ from .codec import (TEXT_LATER, TEXT_NULL, TEXT_STORED, pack_value, payload_text
 from .log import Chunk, DecodedChunk, decode_chunk, rows_of
 from .options import Use, check as check_options, check_use, parsed
 from .protocol import MAX_FETCH_BYTES, DataLossError
-from .service import MeshSettings, current_service
+
+if TYPE_CHECKING:
+    from .service import MeshSettings
 
 __all__ = ["PeermeshDataSource", "SCHEMA", "register", "SourceOptions", "WriteOptions"]
 
@@ -178,6 +180,8 @@ class WriteOptions:
     def parse(cls, options: Mapping[str, str], columns: Sequence[str] = ()) -> "WriteOptions":
         """From data source options (and the data's column names); ``ValueError`` naming
         the bad option."""
+        from .service import MeshSettings
+
         check_use(options, Use.WRITE)
         group, service = options.get("group") or None, options.get("service") or None
         by_column = group is None and service is None and GROUP_COLUMN in columns
@@ -322,8 +326,7 @@ class _Columns:
         for pa_field in self.arrow:
             name, kind = pa_field.name, pa_field.type
             if name == "group":
-                first = _fixed(pa.int32(), n, bytes(4 * n))  # n zeros
-                arrays.append(pa.array([chunk.group], kind).take(first))
+                arrays.append(pa.repeat(pa.scalar(chunk.group, kind), n))
             elif name in ("sender", "sender_name", "headers"):
                 if peers is None:
                     peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
@@ -941,6 +944,8 @@ def register(spark: Any, service: Any = None, **options: Any) -> type:
     ``.option(...)`` gives.
     """
     if service is None:
+        from .service import current_service
+
         service = current_service()
     defaults: dict[str, str] = {}
     if service is not None:

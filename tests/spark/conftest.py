@@ -46,7 +46,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     saved = {key: os.environ.get(key) for key in local_environment()}
     session = local_session(tmp_path_factory.mktemp("spark"), app="peermesh-tests",
-                            **{"spark.sql.streaming.pollingDelay": "20ms"})
+                            **{"spark.sql.streaming.pollingDelay": "20ms",
+                               "spark.driver.extraJavaOptions": "-Dpeermesh.tests=1"})
     try:
         yield session
     finally:
