@@ -47,11 +47,11 @@ import argparse
 import os
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import harness
-from harness import (LOOPBACK, Children, Parent, cpu, dump_json, interleaved, percentile,
-                     progress, round_ratios, rss_mb, table, verdict)
+from harness import (LOOPBACK, Children, Parent, cpu, dump_json, interleaved, median_run,
+                     percentile, progress, round_ratios, rss_mb, table, verdict)
 
 PAYLOAD = b"x" * 100
 TARGET_ONE_HOP = 1.5
@@ -236,7 +236,7 @@ def _ping_all(root: Any, n: int) -> dict[str, float]:
                 everyone.set()
         return on_response
 
-    began, c0 = clock(), cpu()
+    began, c0, t0 = clock(), cpu(), harness.threads_cpu(os.getpid())
     for rank in range(n):
         sent[rank] = clock()
         root.rpc("broker.ping", b"", rank).on_response(answered(rank))
@@ -244,8 +244,165 @@ def _ping_all(root: Any, n: int) -> dict[str, float]:
         raise RuntimeError(f"{left[0]} of {n} ranks did not answer in 60 s")
     if failed:
         raise RuntimeError(f"ranks {failed[:10]} answered the ping with an error")
+    t1 = harness.threads_cpu(os.getpid())
     return {"mean_ms": statistics.fmean(took) * 1000, "max_ms": max(took) * 1000,
-            "all_ms": (clock() - began) * 1000, "cpu_ms": (cpu() - c0) * 1000}
+            "all_ms": (clock() - began) * 1000, "cpu_ms": (cpu() - c0) * 1000,
+            "main_ms": (t1["main"] - t0["main"]) * 1000, "zmq_ms": (t1["zmq"] - t0["zmq"]) * 1000}
+
+
+def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, Any]:
+    """The ceiling of ping all: ``n`` ranks of a k-ary tree in this one process in plain
+    pyzmq, each a ROUTER for its children and a DEALER (identity: its rank) to its
+    parent, on one ZeroMQ context (one I/O thread), driven from the gevent hub as
+    peermesh's sockets are: a watcher per socket's ``zmq.FD`` whose callback reads
+    until the socket is empty, and a socket sent on is looked at again (a send may take
+    in the edge of a message waiting). The thinnest forwarding there is: a request is
+    ``[topic, PROTO]``, its target rank read from the PROTO's nodeid; it goes down
+    the ROUTER to the child on its path (computed from the ranks), or is sent back up
+    as it came at its target; a response from a child goes up the DEALER as it came.
+    No route stack, nothing tracked in flight, no timers. Rank 0 pings every rank at
+    once and times each answer from its own request, as ``_ping_all`` does. (A
+    ``zmq.Poller`` loop over the same sockets measured slower: each poll passes
+    every socket.)"""
+    import struct
+    import gevent
+    import zmq
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, 4 * n + 64)
+    routers, ports = [], []
+    for _ in range(n):
+        sock = context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        ports.append(sock.bind_to_random_port(f"tcp://{LOOPBACK}"))
+        routers.append(sock)
+    identity = [rank.to_bytes(4, "big") for rank in range(n)]
+    dealers: list[Any] = [None]
+    for rank in range(1, n):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, identity[rank])
+        sock.connect(f"tcp://{LOOPBACK}:{ports[(rank - 1) // k]}")
+        dealers.append(sock)
+    # the child of ``me`` on the path to ``rank`` (what a forwarder works out per request)
+    def toward(me: int, rank: int) -> bytes:
+        while (rank - 1) // k != me:
+            rank = (rank - 1) // k
+        return identity[rank]
+
+    backend = zmq.Socket.__mro__[1]   # the Cython socket: no Python layer per call
+    r_recv = [backend.recv.__get__(s) for s in routers]
+    r_send = [backend.send.__get__(s) for s in routers]
+    d_recv = [None] + [backend.recv.__get__(s) for s in dealers[1:]]
+    d_send = [None] + [backend.send.__get__(s) for s in dealers[1:]]
+    nodeid = struct.Struct(">I").unpack_from
+    nowait, more = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
+    clock = time.perf_counter
+    sent, took = [0.0] * n, [0.0] * n
+    left, hellos = [0], [0]
+    topic = b"broker.ping"
+    protos = [struct.pack(">BBBBIIII", 0x8E, 1, 1, 0x0B, 0xFFFFFFFF, 0, rank, rank + 1)
+              for rank in range(n)]
+
+    def from_parent(me: int) -> Any:
+        """One request from the parent: the socket sent on, False when none waits."""
+        try:
+            head = d_recv[me](nowait)
+        except zmq.Again:
+            return False
+        proto = d_recv[me](0)
+        target = nodeid(proto, 12)[0]
+        if target == me:
+            send = d_send[me]
+            send(head, more)
+            send(proto, nowait)
+            return dealers[me]
+        send = r_send[me]
+        send(toward(me, target), more)
+        send(head, more)
+        send(proto, nowait)
+        return routers[me]
+
+    def from_child(me: int) -> Any:
+        """One response (or hello) from a child: the socket sent on, None, or False."""
+        recv = r_recv[me]
+        try:
+            recv(nowait)   # the child's identity
+        except zmq.Again:
+            return False
+        head = recv(0)
+        if head == b"hello":
+            hellos[0] += 1
+            return None
+        proto = recv(0)
+        if me == 0:
+            target = nodeid(proto, 12)[0]
+            took[target] = clock() - sent[target]
+            left[0] -= 1
+            return None
+        send = d_send[me]
+        send(head, more)
+        send(proto, nowait)
+        return dealers[me]
+
+    loop = gevent.get_hub().loop
+    handlers = {s: (from_child, rank) for rank, s in enumerate(routers)}
+    handlers.update({s: (from_parent, rank) for rank, s in enumerate(dealers) if s})
+    events, pollin = int(zmq.EVENTS), int(zmq.POLLIN)
+
+    def drain(handler: Any, me: int) -> None:
+        while True:
+            used = handler(me)
+            if used is False:
+                return
+            if used is not None and used.get(events) & pollin:
+                loop.run_callback(drain, *handlers[used])
+
+    watchers = []
+    for sock, (handler, me) in handlers.items():
+        watcher = loop.io(sock.getsockopt(zmq.FD), 1)
+        watcher.start(drain, handler, me)
+        watchers.append(watcher)
+        loop.run_callback(drain, handler, me)
+
+    def wait_until(done: Callable[[], bool], what: str) -> None:
+        deadline = clock() + 60
+        while not done():
+            if clock() > deadline:
+                raise RuntimeError(f"raw tree: {what} not done in 60 s")
+            gevent.sleep(0.001)
+
+    for rank in range(1, n):
+        dealers[rank].send(b"hello")
+    wait_until(lambda: hellos[0] == n - 1, "hellos")
+    pings = []
+    for i in range(rounds + 1):   # the first is a warm-up
+        left[0] = n - 1
+        began, c0, t0 = clock(), cpu(), harness.threads_cpu(os.getpid())
+        send = r_send[0]
+        for target in range(1, n):
+            sent[target] = clock()
+            send(toward(0, target), more)
+            send(topic, more)
+            send(protos[target], nowait)
+        wait_until(lambda: not left[0], "ping all")
+        if i:
+            t1 = harness.threads_cpu(os.getpid())
+            pings.append({"mean_ms": statistics.fmean(took) * 1000,
+                          "max_ms": max(took) * 1000, "all_ms": (clock() - began) * 1000,
+                          "cpu_ms": (cpu() - c0) * 1000,
+                          "main_ms": (t1["main"] - t0["main"]) * 1000,
+                          "zmq_ms": (t1["zmq"] - t0["zmq"]) * 1000})
+    for watcher in watchers:
+        watcher.close()
+    context.destroy(linger=0)
+    return _summary(pings, {"ranks": n, "topology": f"kary:{k}", "code": "raw pyzmq"})
+
+
+def _summary(pings: list[dict[str, float]], result: dict[str, Any]) -> dict[str, Any]:
+    """The median of each figure of several ping alls, into ``result``."""
+    for key in pings[0]:
+        result["ping_all_" + key] = statistics.median(p[key] for p in pings)
+    return result
 
 
 def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
@@ -272,14 +429,10 @@ def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
     fds = len(os.listdir("/proc/self/fd")) - fds0
     _ping_all(root, n)  # warm-up
     pings = [_ping_all(root, n) for _ in range(rounds)]
-    result: dict[str, Any] = {
+    result = _summary(pings, {
         "ranks": n, "topology": topology, "start_s": started - began,
         "converge_s": converged - started, "fds": fds, "fds_per_rank": fds / n,
-        "ping_all_mean_ms": statistics.median(p["mean_ms"] for p in pings),
-        "ping_all_max_ms": statistics.median(p["max_ms"] for p in pings),
-        "ping_all_all_ms": statistics.median(p["all_ms"] for p in pings),
-        "ping_all_cpu_ms": statistics.median(p["cpu_ms"] for p in pings),
-        "rss_mb": rss_mb()}
+        "rss_mb": rss_mb()})
     if events:
         got = [0]
         for node in nodes:
@@ -389,6 +542,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="latency rounds (default: 3)")
     parser.add_argument("-n", type=int, default=2000, help="round trips per latency run")
     parser.add_argument("--ranks", type=int, default=512, help="real-socket ranks (512)")
+    parser.add_argument("--pingall-rounds", type=int, default=1,
+                        help="runs of ping all (the raw ceiling and Flux in turn) per topology")
     parser.add_argument("--events", type=int, default=20, help="events published (20)")
     parser.add_argument("--sim-sizes", default="100,1000,10000")
     parser.add_argument("--baseline", metavar="REV",
@@ -438,13 +593,32 @@ def main() -> int:
                   "ratios):"] + table(["case", "p50 us", "/ echo", "/ chain", "verdict"], rows_l)
         if "baseline" in code:
             lines.append(f"baseline code: {args.baseline} ({code['baseline']})")
-    rows = []
+    rows, ceilings = [], []
     for topology in ("kary:2", "kary:32"):
-        if "pingall" in only or ("events" in only and topology == "kary:32"):
+        if "pingall" in only:
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for _ in range(args.pingall_rounds):  # the raw ceiling and each code, in turn
+                progress(f"{args.ranks} ranks in plain pyzmq, {topology} ...")
+                runs.setdefault("raw pyzmq", []).append(child_result(
+                    "raw_tree", 900, n=args.ranks, k=int(topology.split(":")[1])))
+                for label, tree in code.items():
+                    progress(f"{args.ranks} ranks on real sockets, {topology} ({label}) ...")
+                    row = child_result("ranks", 900, tree, n=args.ranks, topology=topology,
+                                       events=args.events if "events" in only else 0)
+                    row["code"] = label
+                    runs.setdefault(label, []).append(row)
+            for label, done in runs.items():
+                row = median_run(done, "ping_all_mean_ms")
+                row["vs_raw"] = statistics.median(
+                    round_ratios(done, runs["raw pyzmq"], "ping_all_mean_ms"))
+                ceilings.append(row)
+                if label != "raw pyzmq":
+                    rows.append(row)
+        elif "events" in only and topology == "kary:32":
             for label, tree in code.items():
                 progress(f"{args.ranks} ranks on real sockets, {topology} ({label}) ...")
                 row = child_result("ranks", 900, tree, n=args.ranks, topology=topology,
-                                   events=args.events if "events" in only else 0)
+                                   events=args.events)
                 row["code"] = label
                 rows.append(row)
     if "thousand" in only:
@@ -464,6 +638,18 @@ def main() -> int:
               f"{r['fds_per_rank']:.1f}",
               f"{r['event_cpu_us_per_delivery']:.1f}" if "event_cpu_us_per_delivery" in r
               else ""] for r in rows])
+    if ceilings:
+        out["ping_all_vs_raw"] = ceilings
+        lines += ["", f"ping all next to its plain-pyzmq ceiling ({args.ranks} ranks, one process; "
+                  f"median of {args.pingall_rounds} run(s) of 5; CPU of one ping all by thread):"
+                  ] + table(
+            ["topology", "code", "mean ms", "all ms", "main thread ms", "I/O thread ms",
+             "mean / raw", "verdict"],
+            [[r["topology"], r.get("code", "peermesh"), f"{r['ping_all_mean_ms']:.1f}",
+              f"{r['ping_all_all_ms']:.1f}", f"{r['ping_all_main_ms']:.1f}",
+              f"{r['ping_all_zmq_ms']:.1f}", f"{r['vs_raw']:.2f}",
+              verdict(r["ping_all_mean_ms"], FLUX_CORE_PING_ALL_MS, False)]
+             for r in ceilings])
     if "sim" in only:
         sims = []
         for n in [int(x) for x in args.sim_sizes.split(",") if x]:
