@@ -25,8 +25,8 @@ forwarded to a link (unless NORESPONSE) is remembered until its final
 response so that the loss of that link can answer it.
 
 The common cases never decode a message: a request for another rank and a
-response for a child go on as they came, the route pushed or popped
-(``_pass_through``, from the PROTO and route frames alone); an RPC of a
+response for a child or the parent go on as they came, the route pushed or
+popped (``_pass_through``, from the PROTO and route frames alone); an RPC of a
 local handle for another rank is framed directly, and a ping for this rank
 is answered from the request's frames. Everything else (and anything
 malformed, which is then dropped) is decoded first.
@@ -167,9 +167,9 @@ class Routing:
     def _pass_through(self, link: bytes, frames: list[bytes],
                       now: float) -> Optional[list[Output]]:
         """Route the common messages from their PROTO and route frames alone: a
-        request for another rank and a response for a child are forwarded as they
-        came (the route pushed or popped), a ping for this rank is answered from
-        its frames, a response for a local handle is built once. None for
+        request for another rank and a response for a child or the parent are
+        forwarded as they came (the route pushed or popped), a ping for this rank
+        is answered from its frames, a response for a local handle is built once. None for
         everything else (and for anything malformed): ``receive`` decodes it then."""
         if not frames:
             return None
@@ -204,10 +204,15 @@ class Routing:
             if len(top) == IDENTITY_SIZE:
                 self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
                 out: Optional[list[Output]] = self._send_down(top, frames, now)
+            elif top == PARENT:
+                if self.parent_rank is None:
+                    return None  # (the full path drops it)
+                self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
+                out = [self._to_parent(frames[1:], now)]
             elif top[:1] == b"@" and top[1:].isdigit():
                 out = self._response_here(link, frames, d, topic, now)
             else:
-                return None  # up, or to no handle: the full path
+                return None  # to no handle: the full path
         else:
             out = self._pass_request(link, frames, d, topic, aux1, aux2, now)
         if out is not None:
