@@ -486,29 +486,30 @@ def role_sim(parent: Parent, n: int, topology: str) -> dict[str, Any]:
 # --- the parent ------------------------------------------------------------------
 
 def latency_case(kind: str, n: int, warmup: int, code: Optional[str] = None) -> dict[str, Any]:
-    """raw, raw_chain, hub, one_hop or three_hops (with peermesh from ``code``); one run."""
+    """raw, raw_chain, hub, one_hop or three_hops (with peermesh from ``code``); one run,
+    with the CPU per round trip of the pinger and of the other processes (summed)."""
     with Children() as kids:
         if kind == "raw_chain":
-            port = kids.start("bench_flux", "raw_chain_echo").expect("ready", 30)
+            others = [kids.start("bench_flux", "raw_chain_echo")]
+            port = others[0].expect("ready", 30)
             for _ in range(2):
-                port = kids.start("bench_flux", "raw_forward", port=port).expect("ready", 30)
+                others.append(kids.start("bench_flux", "raw_forward", port=port))
+                port = others[-1].expect("ready", 30)
             ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup)
             ping.expect("ready", 30)
-            ping.send("go")
-            return dict(ping.expect("result", 60 + n / 100))
+            return _timed(ping, others, n + warmup, 60 + n / 100)
         if kind == "hub":
-            port = kids.start("bench_flux", "hub_echo").expect("ready", 30)
+            others = [kids.start("bench_flux", "hub_echo")]
+            port = others[0].expect("ready", 30)
             ping = kids.start("bench_flux", "hub_ping", port=port, n=n, warmup=warmup)
             ping.expect("ready", 30)
-            ping.send("go")
-            return dict(ping.expect("result", 60 + n / 100))
+            return _timed(ping, others, n + warmup, 60 + n / 100)
         if kind == "raw":
             echo = kids.start("bench_mesh", "raw_echo", total=n + warmup)
             port = echo.expect("ready", 30)
             ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup)
             ping.expect("ready", 30)
-            ping.send("go")
-            result = ping.expect("result", 60 + n / 100)
+            result = _timed(ping, [echo], n + warmup, 60 + n / 100)
             echo.send("stop")
             echo.expect("result", 15)
             return result
@@ -516,16 +517,26 @@ def latency_case(kind: str, n: int, warmup: int, code: Optional[str] = None) -> 
         chain = [kids.start("bench_flux", "flux_node", code, topology="kary:1", root=True)]
         endpoints = [chain[0].expect("ready", 60)["endpoint"]]
         for _ in range(hops - 1):
-            node = kids.start("bench_flux", "flux_node", code, topology="kary:1",
-                              parents=[endpoints[-1]])
-            endpoints.append(node.expect("ready", 60)["endpoint"])
+            chain.append(kids.start("bench_flux", "flux_node", code, topology="kary:1",
+                                    parents=[endpoints[-1]]))
+            endpoints.append(chain[-1].expect("ready", 60)["endpoint"])
         ping = kids.start("bench_flux", "flux_ping", code, topology="kary:1",
                           parents=[endpoints[-1]], target=0, n=n, warmup=warmup)
         rank = ping.expect("ready", 60)["rank"]
         if rank != hops:
             raise RuntimeError(f"the pinger got rank {rank}, not {hops}")
-        ping.send("go")
-        return dict(ping.expect("result", 60 + n / 50))
+        return _timed(ping, chain, n + warmup, 60 + n / 50)
+
+
+def _timed(ping: Any, others: list[Any], total: int, timeout: float) -> dict[str, Any]:
+    """Start ``ping``'s round trips; its result, with ``others_cpu_us``: the CPU of the
+    other processes (all threads) per round trip, warm-up included."""
+    before = sum(harness.proc_cpu(other.pid) for other in others)
+    ping.send("go")
+    result = dict(ping.expect("result", timeout))
+    result["others_cpu_us"] = (sum(harness.proc_cpu(other.pid) for other in others)
+                               - before) / total * 1e6
+    return result
 
 
 def child_result(role: str, timeout: float, code: Optional[str] = None,
@@ -575,22 +586,31 @@ def main() -> int:
                           "one_hop_ratio": ratios["one_hop"]["raw"],
                           "three_hops_ratio": ratios["three_hops"]["raw"],
                           "three_hops_vs_chain": ratios["three_hops"]["raw_chain"]}
-        rows_l = [["raw DEALER<->ROUTER echo (2 processes)", f"{p50['raw']:.0f}", "1",
-                   f"{p50['raw'] / p50['raw_chain']:.2f}", ""],
-                  ["raw chain, 2 forwarders (4 processes)", f"{p50['raw_chain']:.0f}",
-                   f"{p50['raw_chain'] / p50['raw']:.2f}", "1", ""],
-                  ["peermesh socket driver echo, no Flux (2)", f"{p50['hub']:.0f}",
-                   f"{ratios['hub']['raw']:.2f}", f"{ratios['hub']['raw_chain']:.2f}", ""]]
+        # CPU per round trip (medians of rounds): the pinger's, and the other processes' summed
+        ping_cpu = {k: statistics.median(r["ping_cpu_us"] for r in v) for k, v in runs.items()}
+        rest_cpu = {k: statistics.median(r["others_cpu_us"] for r in v) for k, v in runs.items()}
+
+        def row(case: str, name: str, echo: str, chain: str, judged: str) -> list[str]:
+            return [name, f"{p50[case]:.0f}", echo, chain, f"{ping_cpu[case]:.0f}",
+                    f"{rest_cpu[case]:.0f}", judged]
+
+        rows_l = [row("raw", "raw DEALER<->ROUTER echo (2 processes)", "1",
+                      f"{p50['raw'] / p50['raw_chain']:.2f}", ""),
+                  row("raw_chain", "raw chain, 2 forwarders (4 processes)",
+                      f"{p50['raw_chain'] / p50['raw']:.2f}", "1", ""),
+                  row("hub", "peermesh socket driver echo, no Flux (2)",
+                      f"{ratios['hub']['raw']:.2f}", f"{ratios['hub']['raw_chain']:.2f}", "")]
         for case, name, target in (("one_hop", "flux one hop", TARGET_ONE_HOP),
                                    ("three_hops", "flux three hops", TARGET_THREE_HOPS)):
             for suffix in [""] + (["@base"] if "baseline" in code else []):
                 r = ratios[case + suffix]
-                rows_l.append([name + (" [baseline]" if suffix else ""),
-                               f"{p50[case + suffix]:.0f}", f"{r['raw']:.2f}",
-                               f"{r['raw_chain']:.2f}",
-                               "" if suffix else verdict(r["raw"], target, False)])
+                rows_l.append(row(case + suffix, name + (" [baseline]" if suffix else ""),
+                                  f"{r['raw']:.2f}", f"{r['raw_chain']:.2f}",
+                                  "" if suffix else verdict(r["raw"], target, False)))
         lines += ["", "RPC round trip p50 (median of rounds; ratios: median of per-round "
-                  "ratios):"] + table(["case", "p50 us", "/ echo", "/ chain", "verdict"], rows_l)
+                  "ratios; CPU per round trip, us: the pinger, the other processes summed):"
+                  ] + table(["case", "p50 us", "/ echo", "/ chain", "CPU ping", "CPU others",
+                             "verdict"], rows_l)
         if "baseline" in code:
             lines.append(f"baseline code: {args.baseline} ({code['baseline']})")
     rows, ceilings = [], []
