@@ -30,7 +30,12 @@ Sections:
   libzmq's I/O thread included, for one ping all), against
   flux-core's published mean of 21 ms for 480 ranks
   (flux-core PR 689, 30 nodes with 16 brokers each: here every broker shares
-  one Python process and one core); descriptors used.
+  one Python process and one core); descriptors used. Next to it, in the same
+  run (``--pingall-rounds`` runs of each, in turn), two plain-pyzmq ceilings of
+  the same tree in one process (``role_raw_tree``): the thinnest forwarding
+  (two frames a message), and the same carrying RFC 3's route stack as Flux's
+  messages do; the CPU of one ping all by thread (Python's, libzmq's I/O
+  thread) for each.
 * ``events``: the same process publishes events and measures the CPU per
   delivered event (every rank subscribed).
 * ``sim``: one event's fan-out at ``--sim-sizes`` simulated ranks (kary:32, 1 ms
@@ -47,6 +52,7 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 from typing import Any, Callable, Optional
 
 import harness
@@ -250,7 +256,8 @@ def _ping_all(root: Any, n: int) -> dict[str, float]:
             "main_ms": (t1["main"] - t0["main"]) * 1000, "zmq_ms": (t1["zmq"] - t0["zmq"]) * 1000}
 
 
-def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, Any]:
+def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5,
+                  routes: bool = False) -> dict[str, Any]:
     """The ceiling of ping all: ``n`` ranks of a k-ary tree in this one process in plain
     pyzmq, each a ROUTER for its children and a DEALER (identity: its rank) to its
     parent, on one ZeroMQ context (one I/O thread), driven from the gevent hub as
@@ -260,10 +267,12 @@ def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, 
     ``[topic, PROTO]``, its target rank read from the PROTO's nodeid; it goes down
     the ROUTER to the child on its path (computed from the ranks), or is sent back up
     as it came at its target; a response from a child goes up the DEALER as it came.
-    No route stack, nothing tracked in flight, no timers. Rank 0 pings every rank at
-    once and times each answer from its own request, as ``_ping_all`` does. (A
-    ``zmq.Poller`` loop over the same sockets measured slower: each poll passes
-    every socket.)"""
+    No route stack, nothing tracked in flight, no timers. With ``routes`` the messages
+    carry RFC 3's route stack as Flux's do: ``[routes, "", topic, PROTO]``, a route
+    pushed on every hop down (``^``) and popped on every hop up, so that each carries
+    as many frames as Flux's. Rank 0 pings every rank at once and times each answer
+    from its own request, as ``_ping_all`` does. (A ``zmq.Poller`` loop over the
+    same sockets measured slower: each poll passes every socket.)"""
     import struct
     import gevent
     import zmq
@@ -294,8 +303,11 @@ def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, 
     r_send = [backend.send.__get__(s) for s in routers]
     d_recv = [None] + [backend.recv.__get__(s) for s in dealers[1:]]
     d_send = [None] + [backend.send.__get__(s) for s in dealers[1:]]
+    rcvmore = int(zmq.RCVMORE)
+    r_more = [partial(backend.get, s, rcvmore) for s in routers]
+    d_more = [None] + [partial(backend.get, s, rcvmore) for s in dealers[1:]]
     nodeid = struct.Struct(">I").unpack_from
-    nowait, more = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
+    nowait, more_flags = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
     clock = time.perf_counter
     sent, took = [0.0] * n, [0.0] * n
     left, hellos = [0], [0]
@@ -313,14 +325,60 @@ def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, 
         target = nodeid(proto, 12)[0]
         if target == me:
             send = d_send[me]
-            send(head, more)
+            send(head, more_flags)
             send(proto, nowait)
             return dealers[me]
         send = r_send[me]
-        send(toward(me, target), more)
-        send(head, more)
+        send(toward(me, target), more_flags)
+        send(head, more_flags)
         send(proto, nowait)
         return routers[me]
+
+    def from_parent_routed(me: int) -> Any:
+        """``from_parent`` of a message with a route stack: a route pushed on the way down."""
+        try:
+            frames = [d_recv[me](nowait)]
+        except zmq.Again:
+            return False
+        more = d_more[me]
+        while more():
+            frames.append(d_recv[me](0))
+        target = nodeid(frames[-1], 12)[0]
+        if target == me:
+            sock, send = dealers[me], d_send[me]
+        else:
+            sock, send = routers[me], r_send[me]
+            send(toward(me, target), more_flags)
+            send(b"^", more_flags)
+        for frame in frames[:-1]:
+            send(frame, more_flags)
+        send(frames[-1], nowait)
+        return sock
+
+    def from_child_routed(me: int) -> Any:
+        """``from_child`` of a message with a route stack: the top route popped on the way up."""
+        recv = r_recv[me]
+        try:
+            recv(nowait)   # the child's identity
+        except zmq.Again:
+            return False
+        frames = [recv(0)]
+        more = r_more[me]
+        while more():
+            frames.append(recv(0))
+        if frames[0] == b"hello":
+            hellos[0] += 1
+            return None
+        if me == 0:
+            target = nodeid(frames[-1], 12)[0]
+            took[target] = clock() - sent[target]
+            left[0] -= 1
+            return None
+        send = d_send[me]
+        for frame in frames[1:-1]:
+            send(frame, more_flags)
+        send(frames[-1], nowait)
+        return dealers[me]
 
     def from_child(me: int) -> Any:
         """One response (or hello) from a child: the socket sent on, None, or False."""
@@ -340,13 +398,15 @@ def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, 
             left[0] -= 1
             return None
         send = d_send[me]
-        send(head, more)
+        send(head, more_flags)
         send(proto, nowait)
         return dealers[me]
 
     loop = gevent.get_hub().loop
-    handlers = {s: (from_child, rank) for rank, s in enumerate(routers)}
-    handlers.update({s: (from_parent, rank) for rank, s in enumerate(dealers) if s})
+    down, up = (from_parent_routed, from_child_routed) if routes else (from_parent, from_child)
+    handlers = {s: (up, rank) for rank, s in enumerate(routers)}
+    handlers.update({s: (down, rank) for rank, s in enumerate(dealers) if s})
+    prefix = [b"@1", b""] if routes else []   # rank 0's own route entry and the delimiter
     events, pollin = int(zmq.EVENTS), int(zmq.POLLIN)
 
     def drain(handler: Any, me: int) -> None:
@@ -381,8 +441,10 @@ def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, 
         send = r_send[0]
         for target in range(1, n):
             sent[target] = clock()
-            send(toward(0, target), more)
-            send(topic, more)
+            send(toward(0, target), more_flags)
+            for frame in prefix:
+                send(frame, more_flags)
+            send(topic, more_flags)
             send(protos[target], nowait)
         wait_until(lambda: not left[0], "ping all")
         if i:
@@ -395,7 +457,8 @@ def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5) -> dict[str, 
     for watcher in watchers:
         watcher.close()
     context.destroy(linger=0)
-    return _summary(pings, {"ranks": n, "topology": f"kary:{k}", "code": "raw pyzmq"})
+    return _summary(pings, {"ranks": n, "topology": f"kary:{k}",
+                            "code": "raw pyzmq, routes" if routes else "raw pyzmq"})
 
 
 def _summary(pings: list[dict[str, float]], result: dict[str, Any]) -> dict[str, Any]:
@@ -617,10 +680,13 @@ def main() -> int:
     for topology in ("kary:2", "kary:32"):
         if "pingall" in only:
             runs: dict[str, list[dict[str, Any]]] = {}
-            for _ in range(args.pingall_rounds):  # the raw ceiling and each code, in turn
-                progress(f"{args.ranks} ranks in plain pyzmq, {topology} ...")
-                runs.setdefault("raw pyzmq", []).append(child_result(
-                    "raw_tree", 900, n=args.ranks, k=int(topology.split(":")[1])))
+            for _ in range(args.pingall_rounds):  # the raw ceilings and each code, in turn
+                for routes in (False, True):
+                    progress(f"{args.ranks} ranks in plain pyzmq, {topology}"
+                             f"{' with route stacks' if routes else ''} ...")
+                    row = child_result("raw_tree", 900, n=args.ranks,
+                                       k=int(topology.split(":")[1]), routes=routes)
+                    runs.setdefault(row["code"], []).append(row)
                 for label, tree in code.items():
                     progress(f"{args.ranks} ranks on real sockets, {topology} ({label}) ...")
                     row = child_result("ranks", 900, tree, n=args.ranks, topology=topology,
@@ -632,7 +698,7 @@ def main() -> int:
                 row["vs_raw"] = statistics.median(
                     round_ratios(done, runs["raw pyzmq"], "ping_all_mean_ms"))
                 ceilings.append(row)
-                if label != "raw pyzmq":
+                if not label.startswith("raw pyzmq"):
                     rows.append(row)
         elif "events" in only and topology == "kary:32":
             for label, tree in code.items():
