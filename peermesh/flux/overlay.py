@@ -346,8 +346,13 @@ class FluxOverlay(Overlay):
                 assert isinstance(output, Send)
                 if output.link == PARENT:
                     link = self._link
-                    if link is not None and not _send(link, output.frames):
-                        self.dropped += 1
+                    if link is not None:
+                        try:
+                            if not link.try_send(output.frames):
+                                self.dropped += 1
+                        except Exception as exc:  # the link was closed under us
+                            log.debug("flux: send to the parent failed: %s", exc)
+                            self.dropped += 1
                 elif self._router is not None:
                     try:
                         if not self._router.try_send(output.frames):
@@ -404,10 +409,12 @@ class FluxOverlay(Overlay):
             link.close(linger=0)
 
     def _serve_link(self, link: Any) -> None:
+        clock = self.transport.now
+
         def on_message(first: bytes, rest: list[bytes]) -> None:
             if link is self._link:
                 rest.insert(0, first)
-                self._apply(self.core.receive(PARENT, rest, self.now()))
+                self._apply(self.core.receive(PARENT, rest, clock()))
                 if self.core.next_deadline < self._due:  # e.g. a refused join: retry soon
                     self._restart_timer()
 
@@ -418,11 +425,13 @@ class FluxOverlay(Overlay):
                 self._greenlets.remove(gevent.getcurrent())
 
     def _serve_router(self) -> None:
+        clock = self.transport.now
+
         def on_message(identity: bytes, frames: list[bytes]) -> None:
             if len(identity) != IDENTITY_SIZE:
                 self._oversized(identity)
                 return
-            self._apply(self.core.receive(identity, frames, self.now()))
+            self._apply(self.core.receive(identity, frames, clock()))
 
         self._router.serve(on_message, self._oversized, None)
 
@@ -511,14 +520,6 @@ class FluxOverlay(Overlay):
             self._apply(self.core.set_bootstrap([endpoint], now))
         else:
             self.core.bootstrap = [endpoint]
-
-
-def _send(link: Any, frames: list[bytes]) -> bool:
-    try:
-        return bool(link.try_send(frames))
-    except Exception as exc:  # the link was closed under us
-        log.debug("flux: send to the parent failed: %s", exc)
-        return False
 
 
 def call_all(overlay: FluxOverlay, topic: str, ranks: Sequence[int], payload: Payload = None,

@@ -179,20 +179,18 @@ class HubSocket:
         ENOTSOCK) raise ``zmq.ZMQError``; nothing is ever half-sent.
         """
         self._touched = True
-        if self._send(self._target, frames):
-            if self._serving is not None or self._parked:
-                self._after_send()
-            return True
-        return False
-
-    def _after_send(self) -> None:
-        # the send may have taken in the command that announced a message: look now
-        try:
-            ready = self._events(self._target) & _POLLIN
-        except zmq.ZMQError:
-            return
-        if ready:
-            self._wake_readers()
+        target = self._target
+        if not self._send(target, frames):
+            return False
+        if self._serving is not None or self._parked:
+            # the send may have taken in the command that announced a message: look now
+            try:
+                ready = self._events(target) & _POLLIN
+            except zmq.ZMQError:
+                return True
+            if ready:
+                self._wake_readers()
+        return True
 
     # --- looking and waiting --------------------------------------------------
 
