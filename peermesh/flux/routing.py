@@ -171,8 +171,9 @@ class Routing:
         """Route the common messages from their PROTO and route frames alone: a
         request for another rank and a response for a child or the parent are
         forwarded as they came (the route pushed or popped), a ping for this rank
-        is answered from its frames, a response for a local handle is built once. None for
-        everything else (and for anything malformed): ``receive`` decodes it then."""
+        is answered from its frames, a response for a local handle is built once.
+        None for everything else (and for anything malformed): ``receive`` decodes
+        it then."""
         if not frames:
             return None
         proto = frames[-1]
