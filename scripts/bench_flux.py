@@ -617,7 +617,8 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=2000, help="round trips per latency run")
     parser.add_argument("--ranks", type=int, default=512, help="real-socket ranks (512)")
     parser.add_argument("--pingall-rounds", type=int, default=1,
-                        help="runs of ping all (the plain-pyzmq trees and Flux in turn) per topology")
+                        help="runs of ping all per topology (the plain-pyzmq trees and "
+                             "Flux in turn)")
     parser.add_argument("--events", type=int, default=20, help="events published (20)")
     parser.add_argument("--sim-sizes", default="100,1000,10000")
     parser.add_argument("--baseline", metavar="REV",
