@@ -30,7 +30,12 @@ Sections:
   libzmq's I/O thread included, for one ping all), against
   flux-core's published mean of 21 ms for 480 ranks
   (flux-core PR 689, 30 nodes with 16 brokers each: here every broker shares
-  one Python process and one core); descriptors used.
+  one Python process and one core); descriptors used. Next to it, in the same
+  run (``--pingall-rounds`` runs of each, in turn), two plain-pyzmq ceilings of
+  the same tree in one process (``role_raw_tree``): the thinnest forwarding
+  (two frames a message), and the same carrying RFC 3's route stack as Flux's
+  messages do; the CPU of one ping all by thread (Python's, libzmq's I/O
+  thread) for each.
 * ``events``: the same process publishes events and measures the CPU per
   delivered event (every rank subscribed).
 * ``sim``: one event's fan-out at ``--sim-sizes`` simulated ranks (kary:32, 1 ms
@@ -47,11 +52,12 @@ import argparse
 import os
 import statistics
 import time
-from typing import Any, Optional
+from functools import partial
+from typing import Any, Callable, Optional
 
 import harness
-from harness import (LOOPBACK, Children, Parent, cpu, dump_json, interleaved, percentile,
-                     progress, round_ratios, rss_mb, table, verdict)
+from harness import (LOOPBACK, Children, Parent, cpu, dump_json, interleaved, median_run,
+                     percentile, progress, round_ratios, rss_mb, table, verdict)
 
 PAYLOAD = b"x" * 100
 TARGET_ONE_HOP = 1.5
@@ -236,7 +242,7 @@ def _ping_all(root: Any, n: int) -> dict[str, float]:
                 everyone.set()
         return on_response
 
-    began, c0 = clock(), cpu()
+    began, c0, t0 = clock(), cpu(), harness.threads_cpu(os.getpid())
     for rank in range(n):
         sent[rank] = clock()
         root.rpc("broker.ping", b"", rank).on_response(answered(rank))
@@ -244,8 +250,222 @@ def _ping_all(root: Any, n: int) -> dict[str, float]:
         raise RuntimeError(f"{left[0]} of {n} ranks did not answer in 60 s")
     if failed:
         raise RuntimeError(f"ranks {failed[:10]} answered the ping with an error")
+    t1 = harness.threads_cpu(os.getpid())
     return {"mean_ms": statistics.fmean(took) * 1000, "max_ms": max(took) * 1000,
-            "all_ms": (clock() - began) * 1000, "cpu_ms": (cpu() - c0) * 1000}
+            "all_ms": (clock() - began) * 1000, "cpu_ms": (cpu() - c0) * 1000,
+            "main_ms": (t1["main"] - t0["main"]) * 1000, "zmq_ms": (t1["zmq"] - t0["zmq"]) * 1000}
+
+
+def role_raw_tree(parent: Parent, n: int, k: int, rounds: int = 5,
+                  routes: bool = False) -> dict[str, Any]:
+    """The ceiling of ping all: ``n`` ranks of a k-ary tree in this one process in plain
+    pyzmq, each a ROUTER for its children and a DEALER (identity: its rank) to its
+    parent, on one ZeroMQ context (one I/O thread), driven from the gevent hub as
+    peermesh's sockets are: a watcher per socket's ``zmq.FD`` whose callback reads
+    until the socket is empty, and a socket sent on is looked at again (a send may take
+    in the edge of a message waiting). The thinnest forwarding there is: a request is
+    ``[topic, PROTO]``, its target rank read from the PROTO's nodeid; it goes down
+    the ROUTER to the child on its path (computed from the ranks), or is sent back up
+    as it came at its target; a response from a child goes up the DEALER as it came.
+    No route stack, nothing tracked in flight, no timers. With ``routes`` the messages
+    carry RFC 3's route stack as Flux's do: ``[routes, "", topic, PROTO]``, a route
+    pushed on every hop down (``^``) and popped on every hop up, so that each carries
+    as many frames as Flux's. Rank 0 pings every rank at once and times each answer
+    from its own request, as ``_ping_all`` does. (A ``zmq.Poller`` loop over the
+    same sockets measured slower: each poll passes every socket.)"""
+    import struct
+    import gevent
+    import zmq
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, 4 * n + 64)
+    routers, ports = [], []
+    for _ in range(n):
+        sock = context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        ports.append(sock.bind_to_random_port(f"tcp://{LOOPBACK}"))
+        routers.append(sock)
+    identity = [rank.to_bytes(4, "big") for rank in range(n)]
+    dealers: list[Any] = [None]
+    for rank in range(1, n):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, identity[rank])
+        sock.connect(f"tcp://{LOOPBACK}:{ports[(rank - 1) // k]}")
+        dealers.append(sock)
+    # the child of ``me`` on the path to ``rank`` (what a forwarder works out per request)
+    def toward(me: int, rank: int) -> bytes:
+        while (rank - 1) // k != me:
+            rank = (rank - 1) // k
+        return identity[rank]
+
+    backend = zmq.Socket.__mro__[1]   # the Cython socket: no Python layer per call
+    r_recv = [backend.recv.__get__(s) for s in routers]
+    r_send = [backend.send.__get__(s) for s in routers]
+    d_recv = [None] + [backend.recv.__get__(s) for s in dealers[1:]]
+    d_send = [None] + [backend.send.__get__(s) for s in dealers[1:]]
+    rcvmore = int(zmq.RCVMORE)
+    r_more = [partial(backend.get, s, rcvmore) for s in routers]
+    d_more = [None] + [partial(backend.get, s, rcvmore) for s in dealers[1:]]
+    nodeid = struct.Struct(">I").unpack_from
+    nowait, more_flags = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
+    clock = time.perf_counter
+    sent, took = [0.0] * n, [0.0] * n
+    left, hellos = [0], [0]
+    topic = b"broker.ping"
+    protos = [struct.pack(">BBBBIIII", 0x8E, 1, 1, 0x0B, 0xFFFFFFFF, 0, rank, rank + 1)
+              for rank in range(n)]
+
+    def from_parent(me: int) -> Any:
+        """One request from the parent: the socket sent on, False when none waits."""
+        try:
+            head = d_recv[me](nowait)
+        except zmq.Again:
+            return False
+        proto = d_recv[me](0)
+        target = nodeid(proto, 12)[0]
+        if target == me:
+            send = d_send[me]
+            send(head, more_flags)
+            send(proto, nowait)
+            return dealers[me]
+        send = r_send[me]
+        send(toward(me, target), more_flags)
+        send(head, more_flags)
+        send(proto, nowait)
+        return routers[me]
+
+    def from_parent_routed(me: int) -> Any:
+        """``from_parent`` of a message with a route stack: a route pushed on the way down."""
+        try:
+            frames = [d_recv[me](nowait)]
+        except zmq.Again:
+            return False
+        more = d_more[me]
+        while more():
+            frames.append(d_recv[me](0))
+        target = nodeid(frames[-1], 12)[0]
+        if target == me:
+            sock, send = dealers[me], d_send[me]
+        else:
+            sock, send = routers[me], r_send[me]
+            send(toward(me, target), more_flags)
+            send(b"^", more_flags)
+        for frame in frames[:-1]:
+            send(frame, more_flags)
+        send(frames[-1], nowait)
+        return sock
+
+    def from_child_routed(me: int) -> Any:
+        """``from_child`` of a message with a route stack: the top route popped on the way up."""
+        recv = r_recv[me]
+        try:
+            recv(nowait)   # the child's identity
+        except zmq.Again:
+            return False
+        frames = [recv(0)]
+        more = r_more[me]
+        while more():
+            frames.append(recv(0))
+        if frames[0] == b"hello":
+            hellos[0] += 1
+            return None
+        if me == 0:
+            target = nodeid(frames[-1], 12)[0]
+            took[target] = clock() - sent[target]
+            left[0] -= 1
+            return None
+        send = d_send[me]
+        for frame in frames[1:-1]:
+            send(frame, more_flags)
+        send(frames[-1], nowait)
+        return dealers[me]
+
+    def from_child(me: int) -> Any:
+        """One response (or hello) from a child: the socket sent on, None, or False."""
+        recv = r_recv[me]
+        try:
+            recv(nowait)   # the child's identity
+        except zmq.Again:
+            return False
+        head = recv(0)
+        if head == b"hello":
+            hellos[0] += 1
+            return None
+        proto = recv(0)
+        if me == 0:
+            target = nodeid(proto, 12)[0]
+            took[target] = clock() - sent[target]
+            left[0] -= 1
+            return None
+        send = d_send[me]
+        send(head, more_flags)
+        send(proto, nowait)
+        return dealers[me]
+
+    loop = gevent.get_hub().loop
+    down, up = (from_parent_routed, from_child_routed) if routes else (from_parent, from_child)
+    handlers = {s: (up, rank) for rank, s in enumerate(routers)}
+    handlers.update({s: (down, rank) for rank, s in enumerate(dealers) if s})
+    prefix = [b"@1", b""] if routes else []   # rank 0's own route entry and the delimiter
+    events, pollin = int(zmq.EVENTS), int(zmq.POLLIN)
+
+    def drain(handler: Any, me: int) -> None:
+        while True:
+            used = handler(me)
+            if used is False:
+                return
+            if used is not None and used.get(events) & pollin:
+                loop.run_callback(drain, *handlers[used])
+
+    watchers = []
+    for sock, (handler, me) in handlers.items():
+        watcher = loop.io(sock.getsockopt(zmq.FD), 1)
+        watcher.start(drain, handler, me)
+        watchers.append(watcher)
+        loop.run_callback(drain, handler, me)
+
+    def wait_until(done: Callable[[], bool], what: str) -> None:
+        deadline = clock() + 60
+        while not done():
+            if clock() > deadline:
+                raise RuntimeError(f"raw tree: {what} not done in 60 s")
+            gevent.sleep(0.001)
+
+    for rank in range(1, n):
+        dealers[rank].send(b"hello")
+    wait_until(lambda: hellos[0] == n - 1, "hellos")
+    pings = []
+    for i in range(rounds + 1):   # the first is a warm-up
+        left[0] = n - 1
+        began, c0, t0 = clock(), cpu(), harness.threads_cpu(os.getpid())
+        send = r_send[0]
+        for target in range(1, n):
+            sent[target] = clock()
+            send(toward(0, target), more_flags)
+            for frame in prefix:
+                send(frame, more_flags)
+            send(topic, more_flags)
+            send(protos[target], nowait)
+        wait_until(lambda: not left[0], "ping all")
+        if i:
+            t1 = harness.threads_cpu(os.getpid())
+            pings.append({"mean_ms": statistics.fmean(took) * 1000,
+                          "max_ms": max(took) * 1000, "all_ms": (clock() - began) * 1000,
+                          "cpu_ms": (cpu() - c0) * 1000,
+                          "main_ms": (t1["main"] - t0["main"]) * 1000,
+                          "zmq_ms": (t1["zmq"] - t0["zmq"]) * 1000})
+    for watcher in watchers:
+        watcher.close()
+    context.destroy(linger=0)
+    return _summary(pings, {"ranks": n, "topology": f"kary:{k}",
+                            "code": "raw pyzmq, routes" if routes else "raw pyzmq"})
+
+
+def _summary(pings: list[dict[str, float]], result: dict[str, Any]) -> dict[str, Any]:
+    """The median of each figure of several ping alls, into ``result``."""
+    for key in pings[0]:
+        result["ping_all_" + key] = statistics.median(p[key] for p in pings)
+    return result
 
 
 def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
@@ -272,14 +492,10 @@ def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
     fds = len(os.listdir("/proc/self/fd")) - fds0
     _ping_all(root, n)  # warm-up
     pings = [_ping_all(root, n) for _ in range(rounds)]
-    result: dict[str, Any] = {
+    result = _summary(pings, {
         "ranks": n, "topology": topology, "start_s": started - began,
         "converge_s": converged - started, "fds": fds, "fds_per_rank": fds / n,
-        "ping_all_mean_ms": statistics.median(p["mean_ms"] for p in pings),
-        "ping_all_max_ms": statistics.median(p["max_ms"] for p in pings),
-        "ping_all_all_ms": statistics.median(p["all_ms"] for p in pings),
-        "ping_all_cpu_ms": statistics.median(p["cpu_ms"] for p in pings),
-        "rss_mb": rss_mb()}
+        "rss_mb": rss_mb()})
     if events:
         got = [0]
         for node in nodes:
@@ -333,29 +549,30 @@ def role_sim(parent: Parent, n: int, topology: str) -> dict[str, Any]:
 # --- the parent ------------------------------------------------------------------
 
 def latency_case(kind: str, n: int, warmup: int, code: Optional[str] = None) -> dict[str, Any]:
-    """raw, raw_chain, hub, one_hop or three_hops (with peermesh from ``code``); one run."""
+    """raw, raw_chain, hub, one_hop or three_hops (with peermesh from ``code``); one run,
+    with the CPU per round trip of the pinger and of the other processes (summed)."""
     with Children() as kids:
         if kind == "raw_chain":
-            port = kids.start("bench_flux", "raw_chain_echo").expect("ready", 30)
+            others = [kids.start("bench_flux", "raw_chain_echo")]
+            port = others[0].expect("ready", 30)
             for _ in range(2):
-                port = kids.start("bench_flux", "raw_forward", port=port).expect("ready", 30)
+                others.append(kids.start("bench_flux", "raw_forward", port=port))
+                port = others[-1].expect("ready", 30)
             ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup)
             ping.expect("ready", 30)
-            ping.send("go")
-            return dict(ping.expect("result", 60 + n / 100))
+            return _timed(ping, others, n + warmup, 60 + n / 100)
         if kind == "hub":
-            port = kids.start("bench_flux", "hub_echo").expect("ready", 30)
+            others = [kids.start("bench_flux", "hub_echo")]
+            port = others[0].expect("ready", 30)
             ping = kids.start("bench_flux", "hub_ping", port=port, n=n, warmup=warmup)
             ping.expect("ready", 30)
-            ping.send("go")
-            return dict(ping.expect("result", 60 + n / 100))
+            return _timed(ping, others, n + warmup, 60 + n / 100)
         if kind == "raw":
             echo = kids.start("bench_mesh", "raw_echo", total=n + warmup)
             port = echo.expect("ready", 30)
             ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup)
             ping.expect("ready", 30)
-            ping.send("go")
-            result = ping.expect("result", 60 + n / 100)
+            result = _timed(ping, [echo], n + warmup, 60 + n / 100)
             echo.send("stop")
             echo.expect("result", 15)
             return result
@@ -363,16 +580,26 @@ def latency_case(kind: str, n: int, warmup: int, code: Optional[str] = None) -> 
         chain = [kids.start("bench_flux", "flux_node", code, topology="kary:1", root=True)]
         endpoints = [chain[0].expect("ready", 60)["endpoint"]]
         for _ in range(hops - 1):
-            node = kids.start("bench_flux", "flux_node", code, topology="kary:1",
-                              parents=[endpoints[-1]])
-            endpoints.append(node.expect("ready", 60)["endpoint"])
+            chain.append(kids.start("bench_flux", "flux_node", code, topology="kary:1",
+                                    parents=[endpoints[-1]]))
+            endpoints.append(chain[-1].expect("ready", 60)["endpoint"])
         ping = kids.start("bench_flux", "flux_ping", code, topology="kary:1",
                           parents=[endpoints[-1]], target=0, n=n, warmup=warmup)
         rank = ping.expect("ready", 60)["rank"]
         if rank != hops:
             raise RuntimeError(f"the pinger got rank {rank}, not {hops}")
-        ping.send("go")
-        return dict(ping.expect("result", 60 + n / 50))
+        return _timed(ping, chain, n + warmup, 60 + n / 50)
+
+
+def _timed(ping: Any, others: list[Any], total: int, timeout: float) -> dict[str, Any]:
+    """Start ``ping``'s round trips; its result, with ``others_cpu_us``: the CPU of the
+    other processes (all threads) per round trip, warm-up included."""
+    before = sum(harness.proc_cpu(other.pid) for other in others)
+    ping.send("go")
+    result = dict(ping.expect("result", timeout))
+    result["others_cpu_us"] = (sum(harness.proc_cpu(other.pid) for other in others)
+                               - before) / total * 1e6
+    return result
 
 
 def child_result(role: str, timeout: float, code: Optional[str] = None,
@@ -389,6 +616,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="latency rounds (default: 3)")
     parser.add_argument("-n", type=int, default=2000, help="round trips per latency run")
     parser.add_argument("--ranks", type=int, default=512, help="real-socket ranks (512)")
+    parser.add_argument("--pingall-rounds", type=int, default=1,
+                        help="runs of ping all per topology (the plain-pyzmq trees and "
+                             "Flux in turn)")
     parser.add_argument("--events", type=int, default=20, help="events published (20)")
     parser.add_argument("--sim-sizes", default="100,1000,10000")
     parser.add_argument("--baseline", metavar="REV",
@@ -420,31 +650,62 @@ def main() -> int:
                           "one_hop_ratio": ratios["one_hop"]["raw"],
                           "three_hops_ratio": ratios["three_hops"]["raw"],
                           "three_hops_vs_chain": ratios["three_hops"]["raw_chain"]}
-        rows_l = [["raw DEALER<->ROUTER echo (2 processes)", f"{p50['raw']:.0f}", "1",
-                   f"{p50['raw'] / p50['raw_chain']:.2f}", ""],
-                  ["raw chain, 2 forwarders (4 processes)", f"{p50['raw_chain']:.0f}",
-                   f"{p50['raw_chain'] / p50['raw']:.2f}", "1", ""],
-                  ["peermesh socket driver echo, no Flux (2)", f"{p50['hub']:.0f}",
-                   f"{ratios['hub']['raw']:.2f}", f"{ratios['hub']['raw_chain']:.2f}", ""]]
+        # CPU per round trip (medians of rounds): the pinger's, and the other processes' summed
+        ping_cpu = {k: statistics.median(r["ping_cpu_us"] for r in v) for k, v in runs.items()}
+        rest_cpu = {k: statistics.median(r["others_cpu_us"] for r in v) for k, v in runs.items()}
+
+        def row(case: str, name: str, echo: str, chain: str, judged: str) -> list[str]:
+            return [name, f"{p50[case]:.0f}", echo, chain, f"{ping_cpu[case]:.0f}",
+                    f"{rest_cpu[case]:.0f}", judged]
+
+        rows_l = [row("raw", "raw DEALER<->ROUTER echo (2 processes)", "1",
+                      f"{p50['raw'] / p50['raw_chain']:.2f}", ""),
+                  row("raw_chain", "raw chain, 2 forwarders (4 processes)",
+                      f"{p50['raw_chain'] / p50['raw']:.2f}", "1", ""),
+                  row("hub", "peermesh socket driver echo, no Flux (2)",
+                      f"{ratios['hub']['raw']:.2f}", f"{ratios['hub']['raw_chain']:.2f}", "")]
         for case, name, target in (("one_hop", "flux one hop", TARGET_ONE_HOP),
                                    ("three_hops", "flux three hops", TARGET_THREE_HOPS)):
             for suffix in [""] + (["@base"] if "baseline" in code else []):
                 r = ratios[case + suffix]
-                rows_l.append([name + (" [baseline]" if suffix else ""),
-                               f"{p50[case + suffix]:.0f}", f"{r['raw']:.2f}",
-                               f"{r['raw_chain']:.2f}",
-                               "" if suffix else verdict(r["raw"], target, False)])
+                rows_l.append(row(case + suffix, name + (" [baseline]" if suffix else ""),
+                                  f"{r['raw']:.2f}", f"{r['raw_chain']:.2f}",
+                                  "" if suffix else verdict(r["raw"], target, False)))
         lines += ["", "RPC round trip p50 (median of rounds; ratios: median of per-round "
-                  "ratios):"] + table(["case", "p50 us", "/ echo", "/ chain", "verdict"], rows_l)
+                  "ratios; CPU per round trip, us: the pinger, the other processes summed):"
+                  ] + table(["case", "p50 us", "/ echo", "/ chain", "CPU ping", "CPU others",
+                             "verdict"], rows_l)
         if "baseline" in code:
             lines.append(f"baseline code: {args.baseline} ({code['baseline']})")
-    rows = []
+    rows, ceilings = [], []
     for topology in ("kary:2", "kary:32"):
-        if "pingall" in only or ("events" in only and topology == "kary:32"):
+        if "pingall" in only:
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for _ in range(args.pingall_rounds):  # the raw ceilings and each code, in turn
+                for routes in (False, True):
+                    progress(f"{args.ranks} ranks in plain pyzmq, {topology}"
+                             f"{' with route stacks' if routes else ''} ...")
+                    row = child_result("raw_tree", 900, n=args.ranks,
+                                       k=int(topology.split(":")[1]), routes=routes)
+                    runs.setdefault(row["code"], []).append(row)
+                for label, tree in code.items():
+                    progress(f"{args.ranks} ranks on real sockets, {topology} ({label}) ...")
+                    row = child_result("ranks", 900, tree, n=args.ranks, topology=topology,
+                                       events=args.events if "events" in only else 0)
+                    row["code"] = label
+                    runs.setdefault(label, []).append(row)
+            for label, done in runs.items():
+                row = median_run(done, "ping_all_mean_ms")
+                row["vs_raw"] = statistics.median(
+                    round_ratios(done, runs["raw pyzmq"], "ping_all_mean_ms"))
+                ceilings.append(row)
+                if not label.startswith("raw pyzmq"):
+                    rows.append(row)
+        elif "events" in only and topology == "kary:32":
             for label, tree in code.items():
                 progress(f"{args.ranks} ranks on real sockets, {topology} ({label}) ...")
                 row = child_result("ranks", 900, tree, n=args.ranks, topology=topology,
-                                   events=args.events if "events" in only else 0)
+                                   events=args.events)
                 row["code"] = label
                 rows.append(row)
     if "thousand" in only:
@@ -464,6 +725,18 @@ def main() -> int:
               f"{r['fds_per_rank']:.1f}",
               f"{r['event_cpu_us_per_delivery']:.1f}" if "event_cpu_us_per_delivery" in r
               else ""] for r in rows])
+    if ceilings:
+        out["ping_all_vs_raw"] = ceilings
+        lines += ["", f"ping all next to its plain-pyzmq ceiling ({args.ranks} ranks, one process; "
+                  f"median of {args.pingall_rounds} run(s) of 5; CPU of one ping all by thread):"
+                  ] + table(
+            ["topology", "code", "mean ms", "all ms", "main thread ms", "I/O thread ms",
+             "mean / raw", "verdict"],
+            [[r["topology"], r.get("code", "peermesh"), f"{r['ping_all_mean_ms']:.1f}",
+              f"{r['ping_all_all_ms']:.1f}", f"{r['ping_all_main_ms']:.1f}",
+              f"{r['ping_all_zmq_ms']:.1f}", f"{r['vs_raw']:.2f}",
+              verdict(r["ping_all_mean_ms"], FLUX_CORE_PING_ALL_MS, False)]
+             for r in ceilings])
     if "sim" in only:
         sims = []
         for n in [int(x) for x in args.sim_sizes.split(",") if x]:

@@ -161,6 +161,9 @@ class FluxOverlay(Overlay):
         self._timer: Optional[gevent.Greenlet] = None
         self._due = 0.0  # when the timer greenlet wakes next
         self._handles: dict[int, FluxHandle] = {}
+        #: real sockets: handlers look at the sockets they sent on once per batch
+        self._batched = False
+        self._unlooked: list[Any] = []  # sockets sent on, not yet looked at
         self._listeners: list[Callable[[Notice], None]] = []
         self._online = gevent.event.Event()
         self._members: dict[UUID, tuple[Candidate, str]] = {}  # mesh: flux peers
@@ -202,6 +205,7 @@ class FluxOverlay(Overlay):
         else:  # a simulated one remembers the links it answers down
             router.replies = True
         self._router = router
+        self._batched = sock is not None
         self.endpoint = router.endpoint
         curve = getattr(transport, "curve", None)
         if curve is not None:
@@ -339,18 +343,33 @@ class FluxOverlay(Overlay):
 
     # --- the driver ----------------------------------------------------------------
 
-    def _apply(self, outputs: list[Output]) -> None:
+    def _apply(self, outputs: list[Output], look: bool = True) -> None:
+        """Carry out the core's outputs. Without ``look`` (handling a batch read from a
+        real socket) a socket sent on is looked at for a message waiting once, at the
+        end of the batch (``_end_batch``), not after every send."""
         for output in outputs:
             kind = type(output)
             if kind is Send:
                 assert isinstance(output, Send)
                 if output.link == PARENT:
                     link = self._link
-                    if link is not None and not _send(link, output.frames):
-                        self.dropped += 1
+                    if link is not None:
+                        try:
+                            if not (link.try_send(output.frames) if look else
+                                    link.try_send(output.frames, False)):
+                                self.dropped += 1
+                        except Exception as exc:  # the link was closed under us
+                            log.debug("flux: send to the parent failed: %s", exc)
+                            self.dropped += 1
+                        if not look and link not in self._unlooked:
+                            self._unlooked.append(link)
                 elif self._router is not None:
+                    router = self._router
+                    if not look and router not in self._unlooked:
+                        self._unlooked.append(router)
                     try:
-                        if not self._router.try_send(output.frames):
+                        if not (router.try_send(output.frames) if look else
+                                router.try_send(output.frames, False)):
                             self.dropped += 1
                     except Exception as exc:  # zmq.ZMQError or OSError: EHOSTUNREACH
                         if getattr(exc, "errno", None) != errno.EHOSTUNREACH:
@@ -369,6 +388,15 @@ class FluxOverlay(Overlay):
             else:
                 assert isinstance(output, Notice)
                 self._notice(output)
+
+    def _end_batch(self) -> None:
+        """A socket's batch was handled: look once at each socket its handlers sent on
+        (a send may have taken in the edge of a message waiting there)."""
+        unlooked = self._unlooked
+        while unlooked:
+            sock = unlooked.pop()
+            if not sock.closed:
+                sock.readable()
 
     def _notice(self, notice: Notice) -> None:
         log.debug("flux %s rank %s: %s %s %s", self.instance, self.core.rank, notice.what,
@@ -404,27 +432,39 @@ class FluxOverlay(Overlay):
             link.close(linger=0)
 
     def _serve_link(self, link: Any) -> None:
+        clock = self.transport.now
+        look = not self._batched
+
         def on_message(first: bytes, rest: list[bytes]) -> None:
             if link is self._link:
                 rest.insert(0, first)
-                self._apply(self.core.receive(PARENT, rest, self.now()))
+                self._apply(self.core.receive(PARENT, rest, clock()), look)
                 if self.core.next_deadline < self._due:  # e.g. a refused join: retry soon
                     self._restart_timer()
 
         try:
-            link.serve(on_message, self._oversized)
+            if look:
+                link.serve(on_message, self._oversized)
+            else:
+                link.serve(on_message, self._oversized, after_batch=self._end_batch)
         finally:
             if self._greenlets and gevent.getcurrent() in self._greenlets:
                 self._greenlets.remove(gevent.getcurrent())
 
     def _serve_router(self) -> None:
+        clock = self.transport.now
+        look = not self._batched
+
         def on_message(identity: bytes, frames: list[bytes]) -> None:
             if len(identity) != IDENTITY_SIZE:
                 self._oversized(identity)
                 return
-            self._apply(self.core.receive(identity, frames, self.now()))
+            self._apply(self.core.receive(identity, frames, clock()), look)
 
-        self._router.serve(on_message, self._oversized, None)
+        if look:
+            self._router.serve(on_message, self._oversized, None)
+        else:
+            self._router.serve(on_message, self._oversized, None, after_batch=self._end_batch)
 
     def _oversized(self, identity: bytes) -> None:
         self.dropped += 1
@@ -511,14 +551,6 @@ class FluxOverlay(Overlay):
             self._apply(self.core.set_bootstrap([endpoint], now))
         else:
             self.core.bootstrap = [endpoint]
-
-
-def _send(link: Any, frames: list[bytes]) -> bool:
-    try:
-        return bool(link.try_send(frames))
-    except Exception as exc:  # the link was closed under us
-        log.debug("flux: send to the parent failed: %s", exc)
-        return False
 
 
 def call_all(overlay: FluxOverlay, topic: str, ranks: Sequence[int], payload: Payload = None,

@@ -25,8 +25,8 @@ forwarded to a link (unless NORESPONSE) is remembered until its final
 response so that the loss of that link can answer it.
 
 The common cases never decode a message: a request for another rank and a
-response for a child go on as they came, the route pushed or popped
-(``_pass_through``, from the PROTO and route frames alone); an RPC of a
+response for a child or the parent go on as they came, the route pushed or
+popped (``_pass_through``, from the PROTO and route frames alone); an RPC of a
 local handle for another rank is framed directly, and a ping for this rank
 is answered from the request's frames. Everything else (and anything
 malformed, which is then dropped) is decoded first.
@@ -65,7 +65,9 @@ _FRAMES = 0x0B  # TOPIC | PAYLOAD | ROUTE: which frames are there
 _ROUTE = 0x08
 _NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
 _PROTO = struct.Struct(">BBBBIIII")
-_AUX = struct.Struct(">II")  # aux1, aux2: PROTO octets 12..19
+#: what routing reads of a PROTO: magic and version, type, flags, aux1, aux2
+_PEEK = struct.Struct(">HBB8xII")
+_MAGIC_VERSION = MAGIC << 8 | VERSION
 
 #: a request forwarded on a link: (link, its routes, its matchtag)
 InflightKey = tuple[bytes, tuple[bytes, ...], int]
@@ -170,19 +172,19 @@ class Routing:
     def _pass_through(self, link: bytes, frames: list[bytes],
                       now: float) -> Optional[list[Output]]:
         """Route the common messages from their PROTO and route frames alone: a
-        request for another rank and a response for a child are forwarded as they
-        came (the route pushed or popped), a ping for this rank is answered from
-        its frames, a response for a local handle is built once. None for
-        everything else (and for anything malformed): ``receive`` decodes it then."""
+        request for another rank and a response for a child or the parent are
+        forwarded as they came (the route pushed or popped), a ping for this rank
+        is answered from its frames, a response for a local handle is built once.
+        None for everything else (and for anything malformed): ``receive`` decodes
+        it then."""
         if not frames:
             return None
         proto = frames[-1]
-        if type(proto) is not bytes or len(proto) != 20 or proto[0] != MAGIC \
-                or proto[1] != VERSION:
+        if type(proto) is not bytes or len(proto) != 20:
             return None
-        kind, flags = proto[2], proto[3]
-        if kind > 2 or not flags & _ROUTE or flags & _NORESPONSE_STREAMING == \
-                _NORESPONSE_STREAMING:
+        head, kind, flags, aux1, aux2 = _PEEK.unpack(proto)
+        if head != _MAGIC_VERSION or kind > 2 or not flags & _ROUTE \
+                or flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
             return None
         end = len(frames) - 1
         try:
@@ -201,18 +203,22 @@ class Routing:
             child = self.children.get(link)
             if child is None:
                 return None
-        aux1, aux2 = _AUX.unpack_from(proto, 12)
         if kind == 2:
             top = frames[0] if d else b""
             if len(top) == IDENTITY_SIZE:
                 self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
                 out: Optional[list[Output]] = self._send_down(top, frames, now)
+            elif top == PARENT:
+                if self.parent_rank is None:
+                    return None  # (the full path drops it)
+                self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
+                out = [self._to_parent(frames[1:], now)]
             elif top[:1] == b"@" and top[1:].isdigit():
                 out = self._response_here(link, frames, d, topic, now)
             else:
-                return None  # up, or to no handle: the full path
+                return None  # to no handle: the full path
         else:
-            out = self._pass_request(link, frames, d, topic, aux1, aux2, now)
+            out = self._pass_request(link, frames, d, topic, flags, aux1, aux2, now)
         if out is not None:
             if child is None:
                 self._parent_heard = now
@@ -231,10 +237,9 @@ class Routing:
                                  flags & ~_FRAMES, routes[1:], userid, rolemask)
         return self._to_handle(int(routes[0][1:]), response, now)
 
-    def _pass_request(self, link: bytes, frames: list[bytes], d: int, topic: str, nodeid: int,
-                      matchtag: int, now: float) -> Optional[list[Output]]:
+    def _pass_request(self, link: bytes, frames: list[bytes], d: int, topic: str, flags: int,
+                      nodeid: int, matchtag: int, now: float) -> Optional[list[Output]]:
         """``_pass_through`` of a request for another rank, or of a ping for this one."""
-        flags = frames[-1][3]
         if nodeid == self.rank:
             if self.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
                 return None
@@ -253,10 +258,9 @@ class Routing:
                                                         topic, nodeid, flags):
             return None  # (the full path answers EAGAIN)
         self.stats["forwarded"] += 1
-        wire = [link, *frames]
         if target == PARENT:
-            return [self._to_parent(wire, now)]
-        return self._send_down(target, [target, *wire], now)
+            return [self._to_parent([link, *frames], now)]
+        return self._send_down(target, [target, link, *frames], now)
 
     def _next_hop(self, nodeid: int, flags: int, came_from: bytes) -> Optional[bytes]:
         """The link a request for rank ``nodeid`` (not this one) goes on: a child on

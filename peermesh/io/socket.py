@@ -13,8 +13,9 @@ the command that announced a message, and then the descriptor never wakes
 the hub for it (pyzmq issue 319). So every read ends only when the socket is
 found empty (which re-arms the edge), ``EVENTS`` is checked before every
 wait, a send on a socket someone reads checks ``EVENTS`` afterwards and wakes
-the reader when a message waits, and every wait is bounded by one guard timer
-(``GUARD``) against an edge missed all the same.
+the reader when a message waits (or its caller does, once after several sends:
+``try_send(frames, look=False)``, then ``readable()``), and every wait is
+bounded by one guard timer (``GUARD``) against an edge missed all the same.
 
 Reading has two shapes. ``serve`` drains on the hub itself, from the
 descriptor's watcher callback, without a greenlet switch per wake-up: for
@@ -173,18 +174,28 @@ class HubSocket:
 
     # --- sending ------------------------------------------------------------
 
-    def try_send(self, frames: Sequence[bytes]) -> bool:
+    def try_send(self, frames: Sequence[bytes], look: bool = True) -> bool:
         """Send ``frames`` as one message now; False (nothing sent) when it cannot take it.
 
         Other errors (a ROUTER_MANDATORY peer unknown, the socket closed:
-        ENOTSOCK) raise ``zmq.ZMQError``; nothing is ever half-sent.
+        ENOTSOCK) raise ``zmq.ZMQError``; nothing is ever half-sent. A send
+        may take in the edge of a message waiting, so the socket is looked at
+        afterwards; with ``look`` False the caller calls ``readable()`` itself
+        (once after several sends, say).
         """
         self._touched = True
-        if self._send(self._target, frames):
-            if self._serving is not None or self._reading:
-                self._after_send()
-            return True
-        return False
+        target = self._target
+        if not self._send(target, frames):
+            return False
+        if look and (self._serving is not None or self._reading):
+            # the send may have taken in the command that announced a message: look now
+            try:
+                ready = self._events(target) & _POLLIN
+            except zmq.ZMQError:
+                return True
+            if ready:
+                self._wake_readers()
+        return True
 
     def try_send_each(self, messages: Sequence[Sequence[bytes]]) -> int:
         """``try_send`` each of ``messages`` in order until one cannot go; how many went."""
@@ -430,7 +441,8 @@ class HubSocket:
 
     def serve(self, on_message: MessageHandler,
               on_oversized: Optional[Callable[[bytes], None]] = None,
-              backpressure: Any = None, *, metadata: Optional[str] = None) -> None:
+              backpressure: Any = None, *, metadata: Optional[str] = None,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
         """Call ``on_message(first, rest)`` on the hub for every message until closed.
 
         Messages are drained from the descriptor's watcher callback, so
@@ -440,7 +452,8 @@ class HubSocket:
         ``full()``, ``wait_room()``, ``hold()``, ``release()``): while full,
         reading pauses until ``wait_room()`` returns, and each batch is
         bracketed by ``hold()``/``release()`` (its reader wakes once per
-        batch). A handler's exception is logged, never fatal. Returns once the
+        batch). ``after_batch()`` is called once the handlers of a batch have
+        run. A handler's exception is logged, never fatal. Returns once the
         socket is closed (or the calling greenlet is killed).
         """
         if self._serving is not None or self.closed:
@@ -469,29 +482,36 @@ class HubSocket:
                 return False
             finally:
                 self._draining = False
-            if metadata is None:
-                for first, rest in batch:
-                    if self.closed:  # a handler closed the socket
-                        return False
+            try:
+                if metadata is None:
+                    for first, rest in batch:
+                        if self.closed:  # a handler closed the socket
+                            return False
+                        try:
+                            if rest is not None:
+                                on_message(first, rest)
+                            elif on_oversized is not None:
+                                on_oversized(first)
+                        except Exception:  # a bug must not stop the reader
+                            log.exception("handling a message from %r failed", first)
+                else:
+                    for first, rest, value in batch:
+                        if self.closed:
+                            return False
+                        try:
+                            if rest is not None:
+                                on_message(first, rest, value)
+                            elif on_oversized is not None:
+                                on_oversized(first)
+                        except Exception:
+                            log.exception("handling a message from %r failed", first)
+                return len(batch) == BATCH
+            finally:
+                if after_batch is not None and batch:
                     try:
-                        if rest is not None:
-                            on_message(first, rest)
-                        elif on_oversized is not None:
-                            on_oversized(first)
-                    except Exception:  # a bug must not stop the reader
-                        log.exception("handling a message from %r failed", first)
-            else:
-                for first, rest, value in batch:
-                    if self.closed:
-                        return False
-                    try:
-                        if rest is not None:
-                            on_message(first, rest, value)
-                        elif on_oversized is not None:
-                            on_oversized(first)
+                        after_batch()
                     except Exception:
-                        log.exception("handling a message from %r failed", first)
-            return len(batch) == BATCH
+                        log.exception("finishing a batch failed")
 
         def drain() -> None:
             self._scheduled = False

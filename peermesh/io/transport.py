@@ -259,9 +259,11 @@ class GuardedMailbox:
         return len(self.accepted)
 
     def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
-              backpressure: Any = None, *, metadata: Optional[str] = None) -> None:
+              backpressure: Any = None, *, metadata: Optional[str] = None,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
         """``HubSocket.serve`` of the mailbox."""
-        self.mailbox.serve(on_message, on_oversized, backpressure, metadata=metadata)
+        self.mailbox.serve(on_message, on_oversized, backpressure, metadata=metadata,
+                           after_batch=after_batch)
 
     def _on_events(self, batch: list) -> None:
         accepted, per_address, limit = self.accepted, self.per_address, self.max_per_address or 0

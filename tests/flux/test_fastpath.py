@@ -117,3 +117,16 @@ def test_ping_for_this_rank_is_answered_from_its_frames() -> None:
              tree.now)
     stray = encode(Response("broker.ping", None, 0, 9, routes=(b"@7",)))
     same(cores[3], PARENT, stray, tree.now)   # a response to no handle
+
+
+def test_responses_going_up() -> None:
+    """A response whose top route is the parent goes up as it came, the route popped;
+    at the root (no parent) both paths drop it."""
+    tree, cores = in_state("settled")
+    up = encode(Response("broker.ping", b"p", 0, 9, routes=(PARENT, PARENT, b"@1")))
+    for variant in variants(up):
+        same(cores[1], cores[3].identity, variant, tree.now)
+    (output,) = cores[1].receive(cores[3].identity, list(up), tree.now)
+    assert output.link == PARENT and output.frames == up[1:]  # type: ignore[union-attr]
+    same(cores[0], cores[1].identity, up, tree.now)
+    assert cores[0].receive(cores[1].identity, list(up), tree.now) == []

@@ -188,6 +188,37 @@ def test_a_send_looks_for_a_message_whose_edge_was_taken(
     server.kill()
 
 
+def test_a_send_without_its_look_leaves_it_to_readable(
+        pair: tuple[HubSocket, HubSocket], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(io_socket, "GUARD", 60.0)
+    router, dealer = pair
+    got, _, server = served(router)
+    gevent.sleep(0)  # serving
+    assert dealer.try_send([b"unseen"])
+    take_edge_unseen(router)
+    assert router.try_send([b"dealer", b"reply"], look=False)
+    assert router.readable()  # the caller's one look after its sends finds the message
+    wait_for(lambda: got, "message found by readable()")
+    assert got == [(b"dealer", [b"unseen"])]
+    server.kill()
+
+
+def test_after_batch_follows_the_handlers_of_each_batch(
+        pair: tuple[HubSocket, HubSocket], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(io_socket, "BATCH", 4)
+    router, dealer = pair
+    seen: list[object] = []
+    server = gevent.spawn(router.serve, lambda first, rest: seen.append(rest[0]),
+                          after_batch=lambda: seen.append("end"))
+    for i in range(10):
+        assert dealer.try_send([b"%d" % i])
+    wait_for(lambda: b"9" in seen and seen[-1] == "end", "the last batch's end")
+    assert [x for x in seen if x != "end"] == [b"%d" % i for i in range(10)]
+    batches = " ".join("e" if x == "end" else "m" for x in seen).split("e")[:-1]
+    assert all(1 <= batch.count("m") <= 4 for batch in batches)  # no empty batch, none over 4
+    server.kill()
+
+
 def test_a_waiting_reader_is_woken_by_the_look_after_a_send(
         pair: tuple[HubSocket, HubSocket], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(io_socket, "GUARD", 60.0)
