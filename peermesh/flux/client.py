@@ -174,7 +174,7 @@ class FluxClient:
 
     def _open(self, endpoint: str) -> None:
         secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
-        link = self.transport.connect(self.identity, endpoint, SNDHWM, **secure)
+        link = self.transport.connect(self.identity, endpoint, SNDHWM, handover=True, **secure)
         link.limit = self.max_message
         self._link = link
         self._heard = self._sent = self.transport.now()

@@ -412,6 +412,8 @@ class FluxOverlay(Overlay):
                 log.exception("flux listener failed")
 
     def _dial(self, endpoint: str, identity: bytes) -> None:
+        log.debug("flux %s rank %s: dialing %s as %s", self.instance, self.core.rank, endpoint,
+                  identity.hex())
         self._hangup()
         secure: dict[str, bytes] = {}  # (the simulated transport takes no keys)
         if getattr(self.transport, "curve", None) is not None:
@@ -421,7 +423,7 @@ class FluxOverlay(Overlay):
                             "is unknown", endpoint)
                 return
             secure["server_key"] = key.encode()
-        link = self.transport.connect(identity, endpoint, SNDHWM, **secure)
+        link = self.transport.connect(identity, endpoint, SNDHWM, handover=True, **secure)
         link.limit = self.max_message
         self._link = link
         self._greenlets.append(gevent.spawn(self._serve_link, link))

@@ -122,16 +122,17 @@ class ZmqTransport:
                               counters or Counters(log, f"mailbox {endpoint}"), max_per_address)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
-                server_key: Optional[bytes] = None) -> HubSocket:
+                server_key: Optional[bytes] = None, handover: bool = False) -> HubSocket:
         """A DEALER link to ``endpoint`` (a CURVE client of ``server_key`` when the
-        transport has keys); sends never block."""
+        transport has keys); sends never block. With ``handover`` (the far end hands an
+        identity to its newest connection) it connects at once, without ``RECONNECT_GAP``."""
         sock = make_socket(zmq.DEALER, {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm,
                                         zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
                                         zmq.RECONNECT_IVL_MAX: 1000}, self.context,
                            curve=self.curve, server_key=server_key)
         key = (identity, endpoint)
         closed = self._closed.pop(key, None)
-        wait = 0.0 if closed is None else closed + RECONNECT_GAP - time.monotonic()
+        wait = 0.0 if closed is None or handover else closed + RECONNECT_GAP - time.monotonic()
         try:
             if wait <= 0:
                 sock.connect(endpoint)

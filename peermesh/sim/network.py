@@ -490,7 +490,8 @@ class SimTransport:
         port = int(endpoint.rpartition(":")[2]) if endpoint else next(self._ports)
         return SimMailbox(self.network, self.address, port, max_message)
 
-    def connect(self, identity: bytes, endpoint: str, sndhwm: int) -> SimLink:
+    def connect(self, identity: bytes, endpoint: str, sndhwm: int,
+                handover: bool = False) -> SimLink:
         return SimLink(self.network, self.address, identity, endpoint)
 
     def beacon_socket(self, port: int) -> SimBeaconSocket:

@@ -68,3 +68,26 @@ def test_a_link_closed_and_made_again_at_once_gets_through() -> None:
         mailbox.close()
     finally:
         transport.context.destroy(linger=0)
+
+
+def test_a_link_made_again_to_a_handover_mailbox_takes_a_send_at_once() -> None:
+    # (the Flux tree: a member retrying its join sends once on a link made again at once;
+    # a send refused there would be lost, and so would every retry after it)
+    transport = ZmqTransport(zmq.Context())
+    got: list[bytes] = []
+    try:
+        mailbox = transport.bind_mailbox("127.0.0.1", 1000, handover=True)
+        endpoint = f"tcp://127.0.0.1:{mailbox.port}"
+        server = gevent.spawn(mailbox.serve, lambda i, f: got.append(f[0]))
+        for round_ in range(5):
+            link = transport.connect(b"\x01same", endpoint, 100, handover=True)
+            token = b"%d" % round_
+            assert link.try_send([token]), f"round {round_}: the send was refused"
+            with gevent.Timeout(WAIT, AssertionError(f"round {round_}: {got}")):
+                while token not in got:
+                    gevent.sleep(0.005)
+            link.close()
+        server.kill()
+        mailbox.close()
+    finally:
+        transport.context.destroy(linger=0)
