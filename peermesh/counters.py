@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Hashable, Iterable, MutableMapping, Optional
 
 __all__ = ["Counters", "REPORT_PERIOD"]
 
@@ -76,3 +76,12 @@ class Counters:
             detail = self._details.pop(name, "")
             parts.append(f"{name} +{count}" + (f" (last: {detail})" if detail else ""))
         self.log.warning("%s: %s", self.what, ", ".join(parts))
+
+
+def take_one(counts: MutableMapping[Hashable, int], key: Hashable) -> None:
+    """Count one fewer of ``key``, forgetting it at zero (tallies that senders can grow)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]

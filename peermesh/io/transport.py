@@ -41,7 +41,7 @@ import gevent
 import gevent.socket
 import zmq
 
-from ..counters import Counters
+from ..counters import Counters, take_one
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
 from .endpoints import bind, bind_ephemeral
@@ -292,11 +292,7 @@ class GuardedMailbox:
     def _forget_source(self, fd: int) -> None:
         address = self.sources.pop(fd, "")
         if address:
-            left = self.per_address[address] - 1
-            if left:
-                self.per_address[address] = left
-            else:
-                del self.per_address[address]
+            take_one(self.per_address, address)
 
     def _shed(self, count: int, address: Optional[str] = None) -> None:
         """Shut down ``count`` connections (from ``address`` if given): oldest first those

@@ -90,7 +90,7 @@ from typing import AbstractSet, Callable, Optional, Protocol, Sequence
 from uuid import UUID
 
 from ..config import NodeConfig
-from ..counters import Counters
+from ..counters import Counters, take_one
 from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..wire import zre
@@ -464,11 +464,7 @@ class Session:
         del self.by_identity[peer.identity]
         address = self._address(peer.endpoint)
         if address:
-            left = self.per_address[address] - 1
-            if left:
-                self.per_address[address] = left
-            else:
-                del self.per_address[address]
+            take_one(self.per_address, address)
         self.pending.pop(peer.uuid, None)
         if self.by_endpoint.get(peer.endpoint) is peer:
             del self.by_endpoint[peer.endpoint]
