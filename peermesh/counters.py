@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Hashable, Iterable, MutableMapping, Optional
+from typing import Callable, Iterable, MutableMapping, Optional, TypeVar
 
 __all__ = ["Counters", "REPORT_PERIOD"]
 
@@ -78,7 +78,10 @@ class Counters:
         self.log.warning("%s: %s", self.what, ", ".join(parts))
 
 
-def take_one(counts: MutableMapping[Hashable, int], key: Hashable) -> None:
+_Key = TypeVar("_Key")
+
+
+def take_one(counts: MutableMapping[_Key, int], key: _Key) -> None:
     """Count one fewer of ``key``, forgetting it at zero (tallies that senders can grow)."""
     left = counts[key] - 1
     if left:
