@@ -13,7 +13,7 @@ import socket
 import stat
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -24,6 +24,7 @@ from peermesh.errors import PeermeshError
 from peermesh.zre.node import Node
 
 from cliprocess import PEERMESH, WAIT, CliProcess, _env
+from waiting import poll_until
 
 NOBODY = 65534
 LIMIT = 160          # descriptors of the flooded agent: the node needs ~20, and 64 spare
@@ -180,11 +181,5 @@ def _answers(path: str, peer: str = "", busy_too: bool = False) -> bool:
         return busy_too and "clients already" in str(exc)
 
 
-def _wait(predicate: object, what: str, timeout: float = 20.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():   # type: ignore[operator]
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.05)
+def _wait(predicate: Callable[[], object], what: str, timeout: float = 20.0) -> None:
+    poll_until(predicate, timeout, what, step=0.05)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -20,20 +19,15 @@ import gevent
 import pytest
 import waiting
 
+from peermesh.flux import FluxOverlay, FluxSettings
+
 HERE = Path(__file__).resolve().parent
 T = TypeVar("T")
 
 
 def wait_until(check: Callable[[], Optional[T]], timeout: float, what: str) -> T:
     """Poll ``check()`` on the hub until it returns something true; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {timeout} s")
-        gevent.sleep(0.01)
+    return waiting.poll_until(check, timeout, what, sleep=gevent.sleep, step=0.01)
 
 
 class FluxChild:
@@ -99,3 +93,18 @@ def flux_children() -> Iterator[Callable[..., FluxChild]]:
     finally:
         for child in started:
             child.close()
+
+
+@pytest.fixture
+def instance() -> Iterator[tuple[FluxOverlay, FluxOverlay]]:
+    """Rank 0 and rank 1 (kary:2, fast heartbeats) on real sockets, rank 1 online."""
+    fast = FluxSettings(heartbeat=0.1, torpid=0.3, lost=0.6, hello_timeout=0.5)
+    root = FluxOverlay(root=True, topology="kary:2", settings=fast, address="127.0.0.1").start()
+    one = FluxOverlay(parents=[root.endpoint], topology="kary:2", settings=fast,
+                      address="127.0.0.1").start()
+    try:
+        assert one.wait_online(10)
+        yield root, one
+    finally:
+        one.stop()
+        root.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import gevent
 import pytest
@@ -96,19 +95,6 @@ def test_only_a_direct_link_is_a_client() -> None:
 
 
 # --- real sockets ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def instance() -> Iterator[tuple[FluxOverlay, FluxOverlay]]:
-    root = FluxOverlay(root=True, topology="kary:2", settings=FAST, address="127.0.0.1").start()
-    one = FluxOverlay(parents=[root.endpoint], topology="kary:2", settings=FAST,
-                      address="127.0.0.1").start()
-    try:
-        assert one.wait_online(10)
-        yield root, one
-    finally:
-        one.stop()
-        root.stop()
 
 
 def test_a_client_calls_subscribes_and_leaves_no_trace(

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any, Callable
 
 import gevent
@@ -114,22 +113,9 @@ def test_a_lost_child_is_told_to_the_services_its_requests_reached() -> None:
 # --- real sockets: failover ----------------------------------------------------------------
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[FluxOverlay, FluxOverlay]]:
-    root = FluxOverlay(root=True, topology="kary:2", settings=FAST, address="127.0.0.1").start()
-    one = FluxOverlay(parents=[root.endpoint], topology="kary:2", settings=FAST,
-                      address="127.0.0.1").start()
-    try:
-        assert one.wait_online(10)
-        yield root, one
-    finally:
-        one.stop()
-        root.stop()
-
-
 def test_a_client_whose_member_leaves_carries_on_through_another(
-        pair: tuple[FluxOverlay, FluxOverlay]) -> None:
-    root, one = pair
+        instance: tuple[FluxOverlay, FluxOverlay]) -> None:
+    root, one = instance
     ended: list[bool] = []
 
     def watch(request: FluxRequest) -> None:
@@ -165,8 +151,8 @@ def test_a_client_whose_member_leaves_carries_on_through_another(
         client.close()
 
 
-def test_a_client_with_no_member_left_says_so(pair: tuple[FluxOverlay, FluxOverlay]) -> None:
-    root, one = pair
+def test_a_client_with_no_member_left_says_so(instance: tuple[FluxOverlay, FluxOverlay]) -> None:
+    root, one = instance
     client = FluxClient([one.endpoint], heartbeat=0.1, lost=0.6, failover=0.5).connect(5)
     notices: list[Any] = []
     client.add_listener(notices.append)
@@ -183,8 +169,8 @@ def test_a_client_with_no_member_left_says_so(pair: tuple[FluxOverlay, FluxOverl
 
 
 def test_a_failover_looks_for_members_again_and_takes_one_that_came_later(
-        pair: tuple[FluxOverlay, FluxOverlay]) -> None:
-    root, one = pair
+        instance: tuple[FluxOverlay, FluxOverlay]) -> None:
+    root, one = instance
     came: list[str] = []
     looks: list[float] = []
 

@@ -11,6 +11,7 @@ import zmq
 
 from peermesh.counters import Counters
 from peermesh.io.transport import GuardedMailbox, ZmqTransport, _remote_address
+from waiting import poll_until
 
 WAIT = 5.0
 
@@ -32,17 +33,15 @@ def test_connections_from_one_other_address_are_kept_under_the_bound() -> None:
     made += [connection("127.0.0.3", mailbox.port)]
     made += [connection("127.0.0.1", mailbox.port) for _ in range(3)]  # this host: not counted
     try:
-        with gevent.Timeout(WAIT, AssertionError(f"not shed: {mailbox.per_address}")):
-            while counters.get("connections_shed") < 3 or mailbox.connections != 6:
-                gevent.sleep(0.01)
+        poll_until(lambda: counters.get("connections_shed") >= 3 and mailbox.connections == 6,
+                   WAIT, "3 connections shed", sleep=gevent.sleep, step=0.01)
         assert mailbox.per_address == {"127.0.0.2": 2, "127.0.0.3": 1}
         gevent.sleep(0.1)  # nothing more is shed
         assert counters.get("connections_shed") == 3 and mailbox.connections == 6
         for sock in made:
             sock.close()
-        with gevent.Timeout(WAIT, AssertionError(f"not forgotten: {mailbox.per_address}")):
-            while mailbox.per_address or mailbox.connections:
-                gevent.sleep(0.01)
+        poll_until(lambda: not (mailbox.per_address or mailbox.connections), WAIT,
+                   "the closed connections forgotten", sleep=gevent.sleep, step=0.01)
     finally:
         for sock in made:
             sock.close()

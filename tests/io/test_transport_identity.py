@@ -12,6 +12,7 @@ import gevent
 import zmq
 
 from peermesh.io.transport import ZmqTransport
+from waiting import poll_until
 
 WAIT = 5.0
 
@@ -83,9 +84,8 @@ def test_a_link_made_again_to_a_handover_mailbox_takes_a_send_at_once() -> None:
             link = transport.connect(b"\x01same", endpoint, 100, handover=True)
             token = b"%d" % round_
             assert link.try_send([token]), f"round {round_}: the send was refused"
-            with gevent.Timeout(WAIT, AssertionError(f"round {round_}: {got}")):
-                while token not in got:
-                    gevent.sleep(0.005)
+            poll_until(lambda: token in got, WAIT, f"round {round_}", sleep=gevent.sleep,
+                       step=0.005)
             link.close()
         server.kill()
         mailbox.close()
