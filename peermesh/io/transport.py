@@ -140,7 +140,7 @@ class ZmqTransport:
             sock.close(linger=0)
             raise
         link = _Link(sock, key, self._link_closed)
-        if wait > 0:  # (until then, sends wait in the link's backlog)
+        if wait > 0:  # (until then try_send refuses: a ZRE peer link holds its backlog)
             link.connect_after(wait, endpoint)
         return link
 
