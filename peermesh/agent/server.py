@@ -494,6 +494,8 @@ class AgentServer:
         self._pool = gevent.pool.Pool(MAX_CONCURRENT)
         self._closing = False
         self._warned: dict[str, float] = {}
+        #: more of ``info``'s answer: key -> a call that gives its value
+        self.reports: dict[str, Callable[[], Any]] = {}
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self._op_ping, "info": self._op_info, "peers": self._op_peers,
             "groups": self._op_groups, "join": self._op_join, "leave": self._op_leave,
@@ -825,6 +827,7 @@ class AgentServer:
             "port": node.config.port, "groups": node.groups(), "headers": node.headers,
             "peers": len(node.peers()), "uptime": round(time.monotonic() - self.started, 3),
             "subscribers": self.subscribers, "stats": node.stats(),
+            **{key: report() for key, report in self.reports.items()},
         }
 
     def _op_peers(self, args: dict[str, Any]) -> Any:

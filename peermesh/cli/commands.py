@@ -286,6 +286,9 @@ def _add_agent(command: CommandFactory) -> None:
                        help="also print every event on stdout, as `run` does")
     agent.add_argument("--json", action="store_true",
                        help="print events as JSON lines (implies --print-events)")
+    from .agenthooks import add_options as add_hook_options  # --handler, --web
+
+    add_hook_options(agent)
 
 
 def _add_peers(command: CommandFactory) -> None:
@@ -621,11 +624,25 @@ def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
             session.close()
             raise
         try:
+            from .agenthooks import AgentHooks  # --handler, --web
+
+            hooks = AgentHooks.start(args, node)
+        except BaseException:
+            server.close()
+            session.close()
+            raise
+        server.reports["hooks"] = hooks.stats
+        try:
             note(f"{_start_line(node)}; agent at {path} (pid {os.getpid()}); "
                  "Ctrl-C to leave")
             render = _renderer(args) if args.print_events or args.json else None
-            return _print_events(session, render, server.publish)
+
+            def publish(event: Event) -> None:
+                server.publish(event)
+                hooks.publish(event)
+            return _print_events(session, render, publish)
         finally:
+            hooks.close()
             server.close()
     finally:
         claim.release()
