@@ -271,35 +271,34 @@ class HandlerRunner:
 
     def _run(self, spec: HandlerSpec, env: dict[str, str], payload: bytes) -> None:
         """Run the command once: feed stdin, log its output, end it past ``timeout``."""
+        import subprocess
+
         import gevent
-        from gevent import subprocess
 
         what = f"handler {spec.describe()[:80]!r} ({env['PEERMESH_EVENT']})"
         try:
+            # the standard library's Popen (vfork and exec) starts a command in a fraction
+            # of the time gevent's fork of the whole process takes; the waits below are
+            # cooperative all the same
             proc = subprocess.Popen([self.shell, "-c", spec.command], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **env}, start_new_session=True,
-                                    close_fds=True)
+                                    env={**os.environ, **env}, start_new_session=True)
         except (OSError, ValueError) as exc:
             self.counters.over("not_started", f"{what} could not start: {exc}")
             return
         self.counters.add("started")
-        feeder = gevent.spawn(_feed, proc, payload)
+        assert proc.stdin is not None and proc.stdout is not None
+        feeder = gevent.spawn(_feed, proc.stdin.fileno(), payload, proc.stdin)
         output = bytearray()
         extra = 0
         timer = gevent.Timeout(self.timeout)
         timer.start()
         try:
-            assert proc.stdout is not None
-            while True:
-                chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") \
-                    else proc.stdout.read(65536)
-                if not chunk:
-                    break
+            for chunk in _chunks(proc.stdout.fileno()):
                 keep = max(0, OUTPUT_LIMIT - len(output))
                 output += chunk[:keep]
                 extra += len(chunk) - min(keep, len(chunk))
-            status = proc.wait()
+            status: Optional[int] = _wait(proc)
         except gevent.Timeout as exc:
             if exc is not timer:
                 raise
@@ -310,6 +309,7 @@ class HandlerRunner:
         finally:
             timer.close()
             feeder.kill()
+            proc.stdout.close()
         _log_output(what, output, extra)
         if status is None:
             _end(proc)
@@ -319,22 +319,54 @@ class HandlerRunner:
             self.counters.over("failed", f"{what} exited with status {status}")
         else:
             self.counters.add("succeeded")
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
-def _feed(proc: Any, payload: bytes) -> None:
+def _chunks(fd: int) -> Any:
+    """What the command writes on ``fd``, as it comes, until it closes (cooperative)."""
+    import gevent.os
+
+    gevent.os.make_nonblocking(fd)
+    while True:
+        chunk = gevent.os.nb_read(fd, 65536)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _wait(proc: Any) -> int:
+    """The command's exit status, waiting on the hub (a pidfd where the kernel has them)."""
+    import gevent
+    import gevent.socket
+
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):   # no pidfd: poll
+        while proc.poll() is None:
+            gevent.sleep(0.005)
+        return int(proc.returncode)
+    try:
+        if proc.poll() is None:
+            gevent.socket.wait_read(pidfd)
+        return int(proc.wait())
+    finally:
+        os.close(pidfd)
+
+
+def _feed(fd: int, payload: bytes, pipe: Any) -> None:
     """Write the payload to the command's stdin and close it (a command that does not read
     it is fine)."""
+    import gevent.os
+
     try:
-        if payload:
-            proc.stdin.write(payload)
-            proc.stdin.flush()
+        gevent.os.make_nonblocking(fd)
+        view = memoryview(payload)
+        while view:
+            view = view[gevent.os.nb_write(fd, view):]
     except OSError:
         pass
     finally:
         try:
-            proc.stdin.close()
+            pipe.close()
         except OSError:
             pass
 
@@ -349,13 +381,12 @@ def _end(proc: Any) -> None:
         except (ProcessLookupError, PermissionError):
             pass
         with gevent.Timeout(KILL_GRACE, False):
-            proc.wait()
-            if sig is signal.SIGTERM:
-                # the shell may be gone while its children still run: kill them too
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            _wait(proc)
+            # the shell may be gone while its children still run: kill them too
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             return
     log.warning("handler process %d did not end after SIGKILL", proc.pid)
 
