@@ -5,8 +5,9 @@ the agent's hub:
 
 ========================  ====================================================
 ``GET /``                 the page (``webui/index.html``, ``view.js``,
-                          ``view.css``: plain SVG and JavaScript shipped in the
-                          package; nothing is fetched from elsewhere)
+                          ``view.css``, ``favicon.svg``: plain SVG and JavaScript
+                          shipped in the package; nothing is fetched from
+                          elsewhere)
 ``GET /api/mesh``         ``MeshView.snapshot()`` as JSON
 ``GET /api/stream``       server-sent events: ``snapshot`` (the whole picture,
                           first, every ``REFRESH`` seconds and after a client
@@ -66,7 +67,8 @@ KEEPALIVE = 15.0
 _COOKIE = "peermesh_token"
 _FILES = {"/": ("index.html", "text/html; charset=utf-8"),
           "/view.js": ("view.js", "text/javascript; charset=utf-8"),
-          "/view.css": ("view.css", "text/css; charset=utf-8")}
+          "/view.css": ("view.css", "text/css; charset=utf-8"),
+          "/favicon.svg": ("favicon.svg", "image/svg+xml")}
 _SECURITY = [("X-Content-Type-Options", "nosniff"), ("Cache-Control", "no-store"),
              ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"),
              ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; "
@@ -116,8 +118,9 @@ class WebView:
     """Serves the page for ``node`` at ``host:port`` on the current hub.
 
     ``publish(event)`` for each event (the owner drains the node's queue),
-    ``close()`` to stop. ``token``: required on a non-loopback address
-    (``public``); one is made when none is given (``self.token``).
+    ``close()`` to stop. ``public`` allows a non-loopback address and needs a
+    token: ``token``, or one made (``self.token``). A token given without
+    ``public`` is needed all the same.
     """
 
     def __init__(self, node: Any, host: str = "127.0.0.1", port: int = 0, *,
@@ -130,7 +133,7 @@ class WebView:
         self.view = MeshView(node)
         self.host, self.port = host, port
         self.loopback = is_loopback(host)
-        self.token = token if token or self.loopback else secrets.token_urlsafe(24)
+        self.token = token or (secrets.token_urlsafe(24) if public else None)
         self._streams: set[_Stream] = set()
         self._server: Any = None
         self._hosts: frozenset[str] = frozenset()

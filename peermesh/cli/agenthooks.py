@@ -103,6 +103,18 @@ class AgentHooks:
         self.runner: Any = None
         self.web: Any = None
 
+    @staticmethod
+    def check(args: argparse.Namespace) -> None:
+        """Refuse what cannot be served before anything starts (ValueError: usage)."""
+        from ..agent.web import is_loopback
+
+        if args.web is not None and not is_loopback(args.web[0]) and not args.web_public:
+            raise ValueError(f"--web {args.web[0]}:{args.web[1]} is not a loopback address: "
+                             "the page shows the mesh to whoever connects; add --web-public "
+                             "to serve it there behind a token")
+        if args.web is not None and (args.web_public or args.web_token_file):
+            _token(args)
+
     @classmethod
     def start(cls, args: argparse.Namespace, node: Any) -> "AgentHooks":
         """Start what ``args`` asks for; ValueError (usage) or RuntimeError (cannot bind)."""
@@ -123,10 +135,10 @@ class AgentHooks:
         return hooks
 
     def _start_web(self, args: argparse.Namespace, node: Any) -> None:
-        from ..agent.web import WebView, is_loopback
+        from ..agent.web import WebView
 
         host, port = args.web
-        token = _token(args) if not is_loopback(host) else None
+        token = _token(args) if args.web_public or args.web_token_file else None
         try:
             self.web = WebView(node, host, port, public=args.web_public, token=token).start()
         except OSError as exc:
@@ -134,7 +146,7 @@ class AgentHooks:
                                f"{exc.strerror or exc}") from None
         shown = self.web.url if token is None else self.web.url.split("?")[0]
         note(f"web view at {shown}")
-        if not self.web.loopback and token is None:
+        if self.web.token and token is None:
             note(f"open it with its token: {self.web.url} (give one with --web-token-file "
                  f"or ${TOKEN_ENV} to keep it across restarts; see `{PROG} agent --help`)")
 

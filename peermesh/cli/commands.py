@@ -608,7 +608,9 @@ def cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
 def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
     """Run the node and its control socket until SIGINT/SIGTERM."""
     from ..agent import server as agent_module
+    from .agenthooks import AgentHooks  # --handler, --web
 
+    AgentHooks.check(args)
     path = agent_module.resolve_path(args.agent)
     claim = agent_module.claim_path(path)
     try:
@@ -624,8 +626,6 @@ def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
             session.close()
             raise
         try:
-            from .agenthooks import AgentHooks  # --handler, --web
-
             hooks = AgentHooks.start(args, node)
         except BaseException:
             server.close()

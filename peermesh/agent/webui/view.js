@@ -16,7 +16,7 @@
   const dom = new Map();       // peer UUID -> {g, dot, label, link, rtt, ring}
   // Numbers for tests and the benchmark: what was drawn, how long updates took.
   const stats = window.peermeshView = {
-    peers: 0, snapshots: 0, changes: 0, firstDrawn: null, latencies: [],
+    peers: 0, snapshots: 0, changes: 0, firstDrawn: null, latencies: [], enterLag: {},
   };
 
   const $ = (id) => document.getElementById(id);
@@ -77,8 +77,10 @@
     for (const event of events) listEvent(event);
     const now = Date.now();
     for (const event of events) {
-      stats.latencies.push(now - event.time * 1000);
+      const lag = now - event.time * 1000;   // the event at the agent to drawn here, ms
+      stats.latencies.push(lag);
       if (stats.latencies.length > 5000) stats.latencies.shift();
+      if (event.type === "ENTER" && event.peer) stats.enterLag[event.peer] = lag;
     }
   }
 

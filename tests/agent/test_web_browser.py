@@ -1,0 +1,72 @@
+"""The web view in a real headless Chromium (Debian's ``chromium``): the page loads, shows
+the peers within a second of their ENTER, removes one after its EXIT, shows a peer's
+details, and logs no console error. Skipped, with the reason, where Chromium is missing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cliprocess import WAIT
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "scripts"))
+
+from chromium import Chromium  # noqa: E402
+from test_web import Agent  # noqa: E402
+
+PEERS = 4
+DRAWN = "document.querySelectorAll('#peers g[data-peer]').length"
+
+
+@pytest.fixture
+def browser() -> Any:
+    reason = Chromium.available()
+    if reason is not None:
+        pytest.skip(reason)
+    with Chromium() as chromium:
+        yield chromium
+
+
+def test_page_follows_the_mesh(browser: Chromium, free_udp_port: int, tmp_path: Path) -> None:
+    agent = Agent(free_udp_port, tmp_path, "127.0.0.1:0")
+    try:
+        browser.open(agent.base + "/")
+        browser.wait_for("window.peermeshView && peermeshView.snapshots > 0", WAIT)
+        assert browser.evaluate("document.getElementById('node-name').textContent") == "alice"
+        assert browser.evaluate(DRAWN) == 0
+
+        peers = []
+        for i in range(PEERS):   # one by one: a starting interpreter takes a core
+            peers.append(agent.peer(f"p{i}"))
+            browser.wait_for(f"{DRAWN} === {i + 1}", WAIT)
+        labels = browser.evaluate(
+            "Array.from(document.querySelectorAll('#peers g[data-peer] text'))"
+            ".map(t => t.textContent).filter(Boolean).sort()")
+        assert labels == [f"p{i}" for i in range(PEERS)]
+        lags = browser.evaluate("Object.values(peermeshView.enterLag)")
+        print(f"ENTER at the agent to drawn in the page: {sorted(round(x) for x in lags)} ms")
+        assert len(lags) == PEERS and max(lags) < 1000, lags
+
+        gone = peers[0]
+        assert gone.stop(signal.SIGTERM) == 0
+        browser.wait_for(f"{DRAWN} === {PEERS - 1}", WAIT)
+        labels = browser.evaluate(
+            "Array.from(document.querySelectorAll('#peers g[data-peer] text'))"
+            ".map(t => t.textContent)")
+        assert "p0" not in labels
+        assert browser.evaluate("document.querySelector('#events .kind.EXIT') !== null")
+
+        browser.evaluate("document.querySelector('#peers g[data-peer]')"
+                         ".dispatchEvent(new MouseEvent('click', {bubbles: true}))")
+        details = browser.evaluate("document.getElementById('details').textContent")
+        assert "UUID" in details and "chat" in details
+        browser.pump(0.2)
+        assert browser.errors == []
+    finally:
+        agent.close()
