@@ -8,10 +8,14 @@
   const RECENT = 200;          // events listed
   const LABELS_UP_TO = 120;    // peers drawn with their name beside them
   const RTT_UP_TO = 40;        // peers drawn with the round trip on their link
+  const LINKS_UP_TO = 200;     // peers drawn with a link (beyond, the links only blur the picture
+                               // and make every repaint slow)
 
   const state = {
     node: null, peers: new Map(), broker: null, leaders: {}, flux: {},
     selected: null, layoutDirty: true, pending: [], scheduled: false,
+    dirty: new Set(),          // peers to redraw (all of them after a new layout)
+    primary: new Map(),        // peer -> the group it is placed with (its first, when seen)
   };
   const dom = new Map();       // peer UUID -> {g, dot, label, link, rtt, ring}
   // Numbers for tests and the benchmark: what was drawn, how long updates took.
@@ -28,12 +32,18 @@
   };
   const short = (uuid) => (uuid || "").slice(0, 8);
 
-  function hue(text) {
-    let h = 0;
-    for (let i = 0; i < text.length; i++) h = (h * 31 + text.charCodeAt(i)) >>> 0;
-    return h % 360;
+  // Groups get colours in the order they are first seen (the page keeps them).
+  const PALETTE = ["#1f77b4", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                   "#bcbd22", "#7f7f7f", "#ff7f0e", "#393b79", "#637939", "#843c39"];
+  const colours = new Map();
+  function groupColour(group) {
+    if (!colours.has(group)) {
+      const n = colours.size;
+      colours.set(group, n < PALETTE.length ? PALETTE[n]
+                                            : `hsl(${(n * 137.5) % 360}, 60%, 42%)`);
+    }
+    return colours.get(group);
   }
-  const groupColour = (group) => `hsl(${hue(group)}, 65%, 45%)`;
 
   // --- receiving ------------------------------------------------------
 
@@ -86,17 +96,30 @@
 
   function applySnapshot(snap) {
     state.node = snap.node;
-    state.broker = snap.broker;
-    state.leaders = snap.leaders || {};
+    if (snap.broker !== state.broker) {
+      state.dirty.add(state.broker);
+      state.dirty.add(snap.broker);
+      state.broker = snap.broker;
+    }
+    if (JSON.stringify(snap.leaders || {}) !== JSON.stringify(state.leaders)) {
+      state.leaders = snap.leaders || {};
+      state.layoutDirty = true;
+    }
     state.flux = snap.flux || {};
+    state.fluxDirty = true;
     const seen = new Set();
     for (const peer of snap.peers) {
       seen.add(peer.peer);
-      if (!state.peers.has(peer.peer)) state.layoutDirty = true;
+      const old = state.peers.get(peer.peer);
+      if (!old || JSON.stringify(old) !== JSON.stringify(peer)) state.dirty.add(peer.peer);
+      if (state.primary.get(peer.peer) !== (peer.groups[0] || "")) {
+        state.primary.set(peer.peer, peer.groups[0] || "");   // regroup at each snapshot
+        state.layoutDirty = true;
+      }
       state.peers.set(peer.peer, peer);
     }
     for (const uuid of Array.from(state.peers.keys())) {
-      if (!seen.has(uuid)) { state.peers.delete(uuid); state.layoutDirty = true; }
+      if (!seen.has(uuid)) forget(uuid);
     }
     const list = $("events");
     list.textContent = "";
@@ -105,24 +128,37 @@
     stats.snapshots++;
   }
 
+  function forget(uuid) {
+    if (state.peers.delete(uuid)) state.layoutDirty = true;
+    state.primary.delete(uuid);
+  }
+
   function applyChange(change) {
     stats.changes++;
     if (change.gone) {
-      if (state.peers.delete(change.gone)) state.layoutDirty = true;
+      forget(change.gone);
     } else if (change.peer) {
-      const old = state.peers.get(change.peer.peer);
-      if (!old || String(old.groups) !== String(change.peer.groups)) state.layoutDirty = true;
-      state.peers.set(change.peer.peer, change.peer);
+      const uuid = change.peer.peer;
+      if (!state.peers.has(uuid)) {
+        state.primary.set(uuid, change.peer.groups[0] || "");
+        state.layoutDirty = true;
+      }
+      state.peers.set(uuid, change.peer);
+      state.dirty.add(uuid);
     }
-    if ("broker" in change) state.broker = change.broker;
-    if (change.flux) state.flux = change.flux;
-    if (change.leaders) state.leaders = change.leaders;
+    if ("broker" in change && change.broker !== state.broker) {
+      state.dirty.add(state.broker);
+      state.dirty.add(change.broker);
+      state.broker = change.broker;
+    }
+    if (change.flux) { state.flux = change.flux; state.fluxDirty = true; }
+    if (change.leaders) { state.leaders = change.leaders; state.layoutDirty = true; }
   }
 
   // --- drawing ----------------------------------------------------------
 
   function sortedPeers() {
-    const key = (p) => (p.groups[0] || "\uffff") + "\u0000" + p.name + "\u0000" + p.peer;
+    const key = (p) => (state.primary.get(p.peer) || "\uffff") + "\u0000" + p.name + "\u0000" + p.peer;
     return Array.from(state.peers.values()).sort((a, b) => key(a) < key(b) ? -1 : 1);
   }
 
@@ -132,7 +168,7 @@
     let best = {k: 1, radius: 0};
     for (let k = 1; k <= 40 && n > 0; k++) {
       const radii = [];
-      for (let i = 0; i < k; i++) radii.push(k === 1 ? Math.min(300, inner + 40 + n * 4) : inner + (outer - inner) * i / (k - 1));
+      for (let i = 0; i < k; i++) radii.push(k === 1 ? Math.min(330, inner + 60 + n * 8) : inner + (outer - inner) * i / (k - 1));
       const total = radii.reduce((s, r) => s + 2 * Math.PI * r, 0);
       const gap = k === 1 ? 200 : (outer - inner) / (k - 1);
       const radius = Math.min(16, 0.42 * total / n, 0.42 * gap);
@@ -155,12 +191,21 @@
   let geometry = {positions: new Map(), radius: 14};
 
   function draw() {
-    const peers = sortedPeers();
-    if (state.layoutDirty) {
+    let peers;
+    const relayout = state.layoutDirty;
+    if (relayout) {
+      peers = sortedPeers();
       geometry = layout(peers);
       state.layoutDirty = false;
+    } else {
+      peers = [];
+      for (const uuid of state.dirty) if (state.peers.has(uuid)) peers.push(state.peers.get(uuid));
     }
-    const labels = peers.length <= LABELS_UP_TO, rtts = peers.length <= RTT_UP_TO;
+    state.dirty.clear();
+    const total = state.peers.size;
+    const labels = total <= LABELS_UP_TO, rtts = total <= RTT_UP_TO;
+    $("links").style.display = total <= LINKS_UP_TO ? "" : "none";
+    $("graph").setAttribute("shape-rendering", total <= LINKS_UP_TO ? "auto" : "optimizeSpeed");
     const leaders = new Set(Object.values(state.leaders));
     for (const uuid of Array.from(dom.keys())) {
       if (!state.peers.has(uuid)) {
@@ -199,8 +244,9 @@
       }
     }
     drawCenter();
-    drawFlux();
-    drawLegend(peers);
+    if (relayout || state.fluxDirty) drawFlux();
+    state.fluxDirty = false;
+    drawLegend();
     stats.peers = dom.size;
     if (stats.firstDrawn === null && state.node) {
       stats.firstDrawn = performance.now();
@@ -248,19 +294,22 @@
         if (!p || member === info.root) continue;
         el("line", {class: "flux", x1: root[0], y1: root[1], x2: p[0], y2: p[1]}, layer);
       }
-      const label = el("text", {class: "flux-label", x: root[0], y: root[1] - geometry.radius - 22}, layer);
+      const label = el("text", {class: "flux-label", x: root[0], y: root[1] + geometry.radius + 26}, layer);
       label.textContent = `flux ${instance}: root, ${info.members.length} members`;
     }
   }
 
-  function drawLegend(peers) {
+  function drawLegend() {
+    const peers = Array.from(state.peers.values());
     const counts = new Map();
     for (const peer of peers) for (const g of peer.groups) counts.set(g, (counts.get(g) || 0) + 1);
     const states = {alive: 0, evasive: 0, silent: 0};
     for (const peer of peers) states[peer.state || "alive"] = (states[peer.state || "alive"] || 0) + 1;
     const legend = $("legend");
-    legend.textContent = "";
     const groups = Array.from(counts.entries()).sort().slice(0, 30);
+    const key = JSON.stringify(groups);
+    if (legend.dataset.key === key) groups.length = 0;   // unchanged: leave it be
+    else { legend.dataset.key = key; legend.textContent = ""; }
     for (const [group, count] of groups) {
       const li = document.createElement("li");
       const swatch = document.createElement("span");
@@ -271,9 +320,10 @@
     }
     const broker = state.broker && (state.peers.get(state.broker) ||
                                     (state.node && state.node.peer === state.broker ? state.node : null));
-    $("summary").textContent = `${peers.length} peers: ${states.alive} alive, ` +
+    const summary = `${peers.length} peers: ${states.alive} alive, ` +
       `${states.evasive} evasive, ${states.silent} silent \u00b7 ${counts.size} groups` +
       (broker ? ` \u00b7 broker ${broker.name}` : "");
+    if ($("summary").textContent !== summary) $("summary").textContent = summary;
   }
 
   // --- details and events ---------------------------------------------
