@@ -21,8 +21,9 @@ page receives it. Both are JSON-friendly dicts:
   the epoch, ``type``, ``peer``, ``name``, ``group``, ``size`` of the
   content in octets, ``reason``). Message content is never shown.
 
-``apply`` returns ``{"event": ..., "peer": record or None, "gone": UUID hex
-or None, "broker": ..., "flux": ... (after ENTER and EXIT), "leaders": ...
+``apply`` returns ``{"event": ..., "peer": the peer's record (None when it
+left, or for a message that changed nothing about it), "gone": UUID hex or
+None, "broker": ..., "flux": ... (after ENTER and EXIT), "leaders": ...
 (after LEADER)}``.
 """
 
@@ -42,6 +43,7 @@ __all__ = ["MeshView", "RECENT"]
 RECENT = 200
 _FLUX_HEADER = "X-PM-FLUX-TREE"   # peermesh.flux.overlay.FLUX_HEADER (not imported: no zmq here)
 _LIVENESS = {"EVASIVE": "evasive", "SILENT": "silent"}
+_MESSAGES = frozenset({"SHOUT", "WHISPER"})
 
 
 def _flux_member(headers: Any) -> Optional[tuple[str, int]]:
@@ -166,8 +168,11 @@ class MeshView:
         else:
             if kind == "ENTER":
                 self._entered(uuid)
-            self._state[uuid] = _LIVENESS.get(kind, "alive")
-            change["peer"] = self.record(uuid)
+            state = _LIVENESS.get(kind, "alive")
+            before = self._state.get(uuid)
+            self._state[uuid] = state
+            if kind not in _MESSAGES or before != state:   # a message changes no record
+                change["peer"] = self.record(uuid)
         if kind in ("ENTER", "EXIT"):
             self._elect()
             change["flux"] = self.flux()
