@@ -62,7 +62,9 @@ def role_mesh(parent: Parent, peers: int, seed: int = 1) -> dict[str, Any]:
                                  port)
 
     network = StarNetwork(latency=0.001, seed=seed)
-    base = NodeConfig(interface="sim0", interval=1.0, max_peers=peers + 10)
+    # short liveness timeouts, so a peer cut off shows EVASIVE and SILENT within seconds
+    base = NodeConfig(interface="sim0", interval=1.0, max_peers=peers + 10, evasive=1.0,
+                      silent=2.5, expired=600.0)
     observed = Node("observer", config=base.replace(groups=("web",)),
                     transport=network.transport())
     network.hub = observed.transport.address
@@ -113,6 +115,9 @@ def role_mesh(parent: Parent, peers: int, seed: int = 1) -> dict[str, Any]:
                 sent += 1
                 gevent.sleep(step)
             return {"events": sent}
+        if command.get("op") == "isolate":   # cut peers off: the observer sees them go quiet
+            network.partition([[nodes[i].transport.address] for i in command["peers"]])
+            return {}
         return {"peers": len(observed.peers())}
 
     parent.serve(answer, green=True)
@@ -134,7 +139,11 @@ def measure(url: str, peers: int, churn: float, rate: float, kid: Any,
                                  ".startTime")
         result: dict[str, Any] = {"peers": peers, "first_paint_ms": paint,
                                   "mesh_drawn_ms": drawn, "open_to_drawn_ms": load_ms}
-        if screenshot:
+        if screenshot:   # two peers cut off: one silent, one evasive by the time it is taken
+            kid.ask(op="isolate", peers=[2])
+            time.sleep(1.5)
+            kid.ask(op="isolate", peers=[2, 11])
+            time.sleep(1.4)
             browser.evaluate("document.querySelector('#peers g[data-peer]')"
                              ".dispatchEvent(new MouseEvent('click', {bubbles: true}))")
             browser.pump(0.5)
@@ -173,7 +182,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=20.0,
                         help="group changes a second during the churn (default 20)")
     parser.add_argument("--screenshot", default="", metavar="PNG",
-                        help="also save the page, one peer selected, as PNG")
+                        help="also save the page as PNG, with one peer selected and two cut "
+                             "off (one silent, one evasive)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     reason = Chromium.available()
