@@ -29,7 +29,7 @@ the cookie, or ``Authorization: Bearer``; compared in constant time.
 Bounds
 ------
 At most ``MAX_STREAMS`` (16) pages follow the stream at once (one more gets
-503) and ``MAX_CONNECTIONS`` (64) requests are served at once; each stream
+503; a page that went away frees its place within ``KEEPALIVE``, 5 s) and ``MAX_CONNECTIONS`` (64) requests are served at once; each stream
 holds at most ``BACKLOG`` (2,000) changes not yet sent: a page that falls
 further behind gets a fresh snapshot instead of the changes it missed.
 """
@@ -62,8 +62,9 @@ MAX_CONNECTIONS = 64
 BACKLOG = 2000
 #: seconds between two snapshots on a stream (liveness fields move without events)
 REFRESH = 10.0
-#: seconds between two keep-alive comments on a quiet stream
-KEEPALIVE = 15.0
+#: seconds between two keep-alive comments on a quiet stream (a page that went away frees
+#: its place when one is written)
+KEEPALIVE = 5.0
 _COOKIE = "peermesh_token"
 _FILES = {"/": ("index.html", "text/html; charset=utf-8"),
           "/view.js": ("view.js", "text/javascript; charset=utf-8"),

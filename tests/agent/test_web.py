@@ -239,3 +239,22 @@ def test_agent_refuses_a_non_loopback_web_address(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "not a loopback address" in result.stderr and "--web-public" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_streams_are_bounded(agent_factory: Any) -> None:
+    from peermesh.agent.web import MAX_STREAMS
+
+    agent = agent_factory("127.0.0.1:0")
+    request = b"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % agent.port
+    streams = []
+    try:
+        for _ in range(MAX_STREAMS):
+            stream = socket.create_connection(("127.0.0.1", agent.port), timeout=WAIT)
+            streams.append(stream)
+            stream.sendall(request)
+            assert _next_event(stream.makefile("rb"))[0] == "snapshot"
+        status, _, body = _get(agent.base + "/api/stream")
+        assert status == 503 and b"follow the mesh already" in body
+    finally:
+        for stream in streams:
+            stream.close()
