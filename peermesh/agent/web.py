@@ -22,8 +22,8 @@ Access
 The address is loopback unless ``public`` is given: a loopback view is open
 to every local user (as a loopback port is), and requests whose ``Host`` is not
 a loopback name are refused, so a web page elsewhere cannot reach it through a
-rebound DNS name. On another address a token is required: ``?token=`` on the
-page's address (the answer sets it as a cookie for the page's own requests),
+rebound DNS name. With ``public`` (any address) a token is required:
+``?token=`` on the page's address (the answer sets it as a cookie for the page's own requests),
 the cookie, or ``Authorization: Bearer``; compared in constant time.
 
 Bounds
