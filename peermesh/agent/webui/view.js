@@ -271,15 +271,17 @@
 
   function drawCenter() {
     const center = $("center");
-    if (!state.node || center.firstChild) {
-      if (center.lastChild) center.lastChild.textContent = state.node ? state.node.name : "";
-      return;
+    if (!state.node) return;
+    if (!center.firstChild) {
+      el("circle", {r: 34}, center);
+      el("text", {y: 4}, center);
+      center.style.cursor = "pointer";
+      center.addEventListener("click", () => select(state.node.peer));
     }
-    el("circle", {r: 34}, center);
-    const text = el("text", {y: 4}, center);
-    text.textContent = state.node.name;
-    center.style.cursor = "pointer";
-    center.addEventListener("click", () => select(state.node.peer));
+    const me = state.node.peer;
+    const leads = Object.values(state.leaders).includes(me);
+    center.lastChild.textContent = state.node.name + (leads ? " \u2605" : "") +
+      (state.broker === me ? " (broker)" : "");
   }
 
   function drawFlux() {
