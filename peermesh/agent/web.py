@@ -30,8 +30,9 @@ Bounds
 ------
 At most ``MAX_STREAMS`` (16) pages follow the stream at once (one more gets
 503; a page that went away frees its place within ``KEEPALIVE``, 5 s) and
-``MAX_CONNECTIONS`` (64) requests are served at once; each stream holds at
-most ``BACKLOG`` (2,000) changes not yet sent: a page that falls further
+``MAX_CONNECTIONS`` (64) requests are served at once, and a client that
+takes longer than ``SOCKET_TIMEOUT`` (10 s) to send its request or to read
+what is sent is disconnected; each stream holds at most ``BACKLOG`` (2,000) changes not yet sent: a page that falls further
 behind gets a fresh snapshot instead of the changes it missed.
 """
 
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 MAX_STREAMS = 16
 #: requests served at once
 MAX_CONNECTIONS = 64
+#: seconds a client may take to send its request, or to take what is sent to it
+SOCKET_TIMEOUT = 10.0
 #: changes held for one page before it is sent a snapshot instead
 BACKLOG = 2000
 #: seconds between two snapshots on a stream (liveness fields move without events)
@@ -154,8 +157,13 @@ class WebView:
         import gevent.pool
         from gevent.pywsgi import WSGIServer
 
-        server = WSGIServer((self.host, self.port), self._app, log=None,
-                            error_log=_ErrorLog(), spawn=gevent.pool.Pool(MAX_CONNECTIONS))
+        class Server(WSGIServer):
+            def handle(self, sock: Any, address: Any) -> None:
+                sock.settimeout(SOCKET_TIMEOUT)   # a client that stalls gives its place up
+                super().handle(sock, address)
+
+        server = Server((self.host, self.port), self._app, log=None, error_log=_ErrorLog(),
+                        spawn=gevent.pool.Pool(MAX_CONNECTIONS))
         server.start()
         self._server = server
         self.port = server.server_port
