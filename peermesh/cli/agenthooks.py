@@ -9,14 +9,15 @@ See ``peermesh.agent.handlers`` and ``peermesh.agent.web``.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Optional
 
-from .output import PROG, note
+from .output import PROG, clean, note
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing (``status``)
 if TYPE_CHECKING:
     import argparse
+    from typing import Any, Optional
 
-__all__ = ["add_options", "AgentHooks", "TOKEN_ENV"]
+__all__ = ["add_options", "AgentHooks", "status_rows", "TOKEN_ENV"]
 
 #: environment variable holding the web view's token (instead of --web-token-file)
 TOKEN_ENV = "PEERMESH_WEB_TOKEN"
@@ -173,3 +174,19 @@ class AgentHooks:
             self.web.close()
         if self.runner is not None:
             self.runner.close()
+
+
+def status_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """Lines of ``peermesh status`` for the handlers and the web view an agent runs."""
+    hooks = info.get("hooks")
+    rows: list[tuple[str, str]] = []
+    if not isinstance(hooks, dict):
+        return rows
+    handlers = hooks.get("handlers")
+    if isinstance(handlers, dict):
+        rows.append(("handlers", " ".join(f"{clean(str(k))}={v}" for k, v in handlers.items())))
+    web = hooks.get("web")
+    if isinstance(web, dict):
+        rows.append(("web view", f"{clean(str(web.get('url')))} ({web.get('pages')} pages "
+                                 f"following, {web.get('refused')} requests refused)"))
+    return rows

@@ -940,6 +940,9 @@ def cmd_status(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
         ("subscribers", str(info.get("subscribers"))),
         ("limits", _limits_hit(info.get("stats"))),
     ]
+    from .agenthooks import status_rows  # --handler, --web
+
+    rows += status_rows(info)
     emit("\n".join(f"{key:<12} {value}" for key, value in rows))
     return EXIT_OK
 

@@ -221,6 +221,9 @@ def test_agent_runs_handlers_on_enter_and_exit(free_udp_port: int, tmp_path: Pat
                                 capture_output=True, env=_env(), timeout=WAIT, text=True)
         handlers = json.loads(status.stdout)["hooks"]["handlers"]
         assert handlers["succeeded"] == 2 and handlers["failed"] == 1
+        human = subprocess.run([*PEERMESH, "status", "--agent", sock], capture_output=True,
+                               env=_env(), timeout=WAIT, text=True).stdout
+        assert "succeeded=2 failed=1" in human
     finally:
         if peer is not None:
             peer.kill()
