@@ -32,8 +32,9 @@ At most ``MAX_STREAMS`` (16) pages follow the stream at once (one more gets
 503; a page that went away frees its place within ``KEEPALIVE``, 5 s) and
 ``MAX_CONNECTIONS`` (64) requests are served at once, and a client that
 takes longer than ``SOCKET_TIMEOUT`` (10 s) to send its request or to read
-what is sent is disconnected; each stream holds at most ``BACKLOG`` (2,000) changes not yet sent: a page that falls further
-behind gets a fresh snapshot instead of the changes it missed.
+what is sent is disconnected; each stream holds at most ``BACKLOG`` (2,000)
+changes not yet sent: a page that falls further behind gets a fresh snapshot
+instead of the changes it missed.
 """
 
 from __future__ import annotations

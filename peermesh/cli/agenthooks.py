@@ -54,7 +54,8 @@ def add_options(agent: argparse.ArgumentParser) -> None:
 
     hooks = agent.add_argument_group("event handlers")
     hooks.add_argument(
-        "--handler", dest="handlers", type=_handler, action="append", default=[], metavar="[EVENTS=]COMMAND",
+        "--handler", dest="handlers", type=_handler, action="append", default=[],
+        metavar="[EVENTS=]COMMAND",
         help="run COMMAND (with /bin/sh -c) for each event EVENTS selects (default every "
              "event): a comma-separated list of ENTER, EXIT, JOIN, LEAVE, WHISPER, SHOUT, "
              "EVASIVE, SILENT, LEADER, *; JOIN, LEAVE, SHOUT and LEADER may name a group "

@@ -5,7 +5,6 @@ running a handler on a real ENTER and EXIT."""
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -154,6 +153,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_burst_of_1000_events_within_the_queue(tmp_path: Path) -> None:
     out = tmp_path / "out"
     runner = HandlerRunner([parse_handler(f'echo "$PEERMESH_PEER_NAME" >> {out}')]).start()

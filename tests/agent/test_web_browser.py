@@ -33,6 +33,7 @@ def browser() -> Any:
         yield chromium
 
 
+@pytest.mark.slow
 def test_page_follows_the_mesh(browser: Chromium, free_udp_port: int, tmp_path: Path) -> None:
     agent = Agent(free_udp_port, tmp_path, "127.0.0.1:0")
     try:
