@@ -13,7 +13,9 @@ Environment (besides the agent's own): ``PEERMESH_EVENT`` (the name),
 ``PEERMESH_PEER_UUID`` (hex), ``PEERMESH_PEER_NAME``, ``PEERMESH_PEER_ADDRESS``,
 ``PEERMESH_GROUP``, ``PEERMESH_REASON``, ``PEERMESH_PEER_HEADERS`` (JSON
 object), ``PEERMESH_FRAMES`` (count), ``PEERMESH_NODE_NAME``,
-``PEERMESH_NODE_UUID``; a field the event does not have is an empty string.
+``PEERMESH_NODE_UUID``, and ``PEERMESH_AGENT`` (the agent's socket, so a
+``peermesh`` command run by the handler reaches this agent); a field the event
+does not have is an empty string.
 The payload (a SHOUT's or WHISPER's frames, joined) comes on stdin. Values
 come from remote peers: NUL characters are removed, and a variable longer than
 ``MAX_VARIABLE`` characters is cut there (``PEERMESH_PEER_HEADERS`` is left
@@ -187,7 +189,8 @@ class HandlerRunner:
 
     def __init__(self, specs: list[HandlerSpec], *, concurrency: int = 1,
                  timeout: float = TIMEOUT, queue: int = QUEUE, node_name: str = "",
-                 node_uuid: str = "", shell: str = "/bin/sh") -> None:
+                 node_uuid: str = "", shell: str = "/bin/sh",
+                 env: Optional[dict[str, str]] = None) -> None:
         if concurrency < 1 or queue < 1 or not timeout > 0:
             raise ValueError("handler concurrency and queue must be 1 or more, timeout > 0")
         self.concurrency = concurrency
@@ -196,6 +199,8 @@ class HandlerRunner:
         self.node_name = node_name
         self.node_uuid = node_uuid
         self.shell = shell
+        #: variables every run gets (besides the agent's environment and the event's)
+        self.env = dict(env or {})
         self._handlers = [_Handler(spec) for spec in specs]
         self._wakes: list[Any] = []
         self._closed = False
@@ -282,7 +287,8 @@ class HandlerRunner:
             # cooperative all the same
             proc = subprocess.Popen([self.shell, "-c", spec.command], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **env}, start_new_session=True)
+                                    env={**os.environ, **self.env, **env},
+                                    start_new_session=True)
         except (OSError, ValueError) as exc:
             self.counters.over("not_started", f"{what} could not start: {exc}")
             return

@@ -125,12 +125,14 @@ class AgentHooks:
             if args.web is not None:
                 hooks._start_web(args, node)
             if args.handlers:
+                from ..agent.client import resolve_path
                 from ..agent.handlers import HandlerRunner
 
                 hooks.runner = HandlerRunner(
                     args.handlers, concurrency=args.handler_concurrency,
                     timeout=args.handler_timeout, queue=args.handler_queue,
-                    node_name=node.name, node_uuid=node.uuid.hex).start()
+                    node_name=node.name, node_uuid=node.uuid.hex,
+                    env={"PEERMESH_AGENT": resolve_path(args.agent)}).start()
         except BaseException:
             hooks.close()
             raise

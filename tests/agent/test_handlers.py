@@ -204,28 +204,35 @@ def test_agent_runs_handlers_on_enter_and_exit(free_udp_port: int, tmp_path: Pat
     import json
     import signal
     import subprocess
+    import sys
 
     out = tmp_path / "events"
+    peers_file = tmp_path / "peers"
     sock = str(tmp_path / "agent.sock")
     net = ["--interface", "lo", "--port", str(free_udp_port), "--interval", "0.1"]
     agent = CliProcess(["agent", "--agent", sock, *net, "--handler",
                         f'ENTER,EXIT=echo "$PEERMESH_EVENT $PEERMESH_PEER_NAME" >> {out}',
-                        "--handler", "JOIN=exit 4"])
+                        "--handler", "JOIN=exit 4", "--handler",
+                        f"ENTER={sys.executable} -m peermesh peers --json > {peers_file}.new "
+                        f"&& mv {peers_file}.new {peers_file}"])
     peer = None
     try:
         agent.expect_line(lambda s: "agent at" in s, "agent start-up line", "err")
         peer = CliProcess(["run", "--name", "bob", "--group", "chat", *net])
         poll_until(lambda: out.exists() and "ENTER bob" in out.read_text(), WAIT,
                    "the ENTER handler")
+        # a command in a handler reaches this agent (PEERMESH_AGENT), which knows bob
+        poll_until(peers_file.exists, WAIT, "the handler that asks the agent")
+        assert [p["name"] for p in json.loads(peers_file.read_text())] == ["bob"]
         assert peer.stop(signal.SIGTERM) == 0
         poll_until(lambda: "EXIT bob" in out.read_text(), WAIT, "the EXIT handler")
         status = subprocess.run([*PEERMESH, "status", "--agent", sock, "--json"],
                                 capture_output=True, env=_env(), timeout=WAIT, text=True)
         handlers = json.loads(status.stdout)["hooks"]["handlers"]
-        assert handlers["succeeded"] == 2 and handlers["failed"] == 1
+        assert handlers["succeeded"] == 3 and handlers["failed"] == 1
         human = subprocess.run([*PEERMESH, "status", "--agent", sock], capture_output=True,
                                env=_env(), timeout=WAIT, text=True).stdout
-        assert "succeeded=2 failed=1" in human
+        assert "succeeded=3 failed=1" in human
     finally:
         if peer is not None:
             peer.kill()
