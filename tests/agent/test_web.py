@@ -258,3 +258,18 @@ def test_streams_are_bounded(agent_factory: Any) -> None:
     finally:
         for stream in streams:
             stream.close()
+
+
+def test_agent_says_when_the_web_port_is_taken(free_udp_port: int, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([*PEERMESH, "agent", "--interface", "lo", "--port",
+                                 str(free_udp_port), "--agent", str(tmp_path / "a.sock"),
+                                 "--web", f"127.0.0.1:{port}"],
+                                capture_output=True, env=_env(), timeout=WAIT, text=True)
+    assert result.returncode == 1, result.stderr
+    assert f"cannot serve the web view at 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "a.sock").exists()   # the agent cleaned up
