@@ -167,7 +167,7 @@ MAX_QUEUED = 100_000
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
     """The control endpoint in an ``X-PM-MTL-GATEWAY`` value; None if absent or malformed."""
-    return header_endpoint(raw, "control")
+    return header_endpoint(raw, "control", GATEWAY_HEADER)
 
 
 def _mechanisms(plain: bool) -> tuple[str, ...]:

@@ -70,6 +70,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 import msgpack
 
 from ..errors import ProtocolError
+from . import jsonsafe
 from .frames import as_bytes
 
 __all__ = [
@@ -260,8 +261,8 @@ def _json_object(data: bytes, limit: int) -> Any:
     if len(data) > limit:
         raise ProtocolError(f"body of {len(data)} octets exceeds {limit}")
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        return jsonsafe.loads(data, limit)
+    except ValueError:
         raise ProtocolError("body is not JSON") from None
 
 
