@@ -372,6 +372,10 @@ class _Failure(Exception):
         self.code = code
 
 
+#: what ``_read_frame`` returns at the end of the stream (a body may be msgpack nil: None)
+_EOF: Any = object()
+
+
 class _TooLarge(Exception):
     """A frame over the size limit (the stream cannot be trusted after it)."""
 
@@ -626,16 +630,16 @@ class AgentServer:
 
     def _read_frame(self, conn: _Connection) -> Any:
         """The next frame's body, unpacked (a body that is not msgpack is returned as
-        ``bytes``); None at the end of the stream."""
+        ``bytes``); ``_EOF`` at the end of the stream."""
         head = conn.read(4)
         if head is None:
-            return None
+            return _EOF
         size = int.from_bytes(head, "big")
         if size > self.max_request:
             raise _TooLarge(size)
         body = conn.read(size)
         if body is None:
-            return None
+            return _EOF
         try:
             return msgpack.unpackb(body, raw=False)
         except Exception:  # msgpack raises several kinds for bad input
@@ -647,7 +651,7 @@ class AgentServer:
             if self._handshake(conn):
                 while True:
                     request = self._read_frame(conn)
-                    if request is None:
+                    if request is _EOF:
                         return
                     self._on_request(conn, request)
         except _TooLarge as exc:
@@ -674,7 +678,7 @@ class AgentServer:
         finally:
             timer.close()
         if not isinstance(hello, dict) or "hello" not in hello:
-            if hello is not None:
+            if hello is not _EOF:
                 self._refuse(conn, "bad-request",
                              "the first message must be the handshake {hello: protocol}")
             return False
