@@ -432,7 +432,7 @@ class HubSocket:
                 if self.closed:
                     return
                 if len(batch) == BATCH:
-                    gevent.sleep(0)  # more may wait: let others run first
+                    gevent.idle()  # more may wait: what else is ready (I/O too) runs first
                     continue
             if not self._touched:
                 park(me, None, True)

@@ -310,7 +310,7 @@ class GuardedMailbox:
             if address is not None and self.sources.get(fd) != address:
                 continue
             if i and not i % _SHED_BATCH:
-                gevent.sleep(0)
+                gevent.idle()   # (not sleep(0): that would not let the hub poll for I/O)
             if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
                 continue
             octets = _octets_received(fd, self.port)

@@ -430,7 +430,7 @@ class Gateway(Overlay):
             if batch:
                 on_batch(batch)
             if len(batch) == BATCH:
-                gevent.sleep(0)  # more may wait: let others run first
+                gevent.idle()  # more may wait: what else is ready (I/O too) runs first
             elif not sock.wait_readable():
                 return  # closed
 
