@@ -36,7 +36,7 @@ __all__ = ["BeaconDiscovery", "parse_seed"]
 log = logging.getLogger(__name__)
 
 _IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.12 names it
-_BATCH = 64  # datagrams read before the listener lets other greenlets run
+_BATCH = 16  # datagrams read before the listener lets the rest of the hub run
 
 
 def parse_seed(text: str, default_port: int) -> tuple[str, int]:

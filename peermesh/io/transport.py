@@ -344,7 +344,7 @@ class GuardedMailbox:
         self.mailbox.close(linger)
 
 
-_SHED_BATCH = 64  # connections asked about between two yields of the monitor's reader
+_SHED_BATCH = 16  # connections asked about between two yields of the monitor's reader
 _SMALL = 1024  # octets: a connection that sent fewer did no more than a handshake and a HELLO
 _MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
 _TCP_INFO_SIZE = 232
