@@ -408,6 +408,8 @@ def string_payload(text: str) -> bytes:
 
 def read_string(payload: Optional[bytes]) -> str:
     """The string in a payload; ``ProtocolError`` without its terminating NUL."""
+    if type(payload) is not bytes and payload is not None:
+        payload = _as_bytes(payload)
     if not payload or payload[-1:] != b"\0":
         raise ProtocolError("a string payload ends with a NUL")
     try:

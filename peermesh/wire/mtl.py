@@ -517,6 +517,8 @@ def decode_table(data: bytes) -> dict[str, Any]:
         raise ProtocolError(f"field table is not msgpack: {type(error).__name__}") from None
     if type(table) is not dict or any(type(key) is not str for key in table):
         raise ProtocolError("field table is not a map with string keys")
+    if jsonsafe.depth(table) > jsonsafe.MAX_DEPTH:   # (every table can be sent on again)
+        raise ProtocolError(f"field table nests deeper than {jsonsafe.MAX_DEPTH}")
     return table
 
 
