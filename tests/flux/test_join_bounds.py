@@ -130,3 +130,19 @@ def test_settings_bound_reclaim_below_lost() -> None:
     with pytest.raises(FluxStateError, match="joins_per_link"):
         FluxSettings(joins_per_link=0)
     assert FluxCore(os.urandom(16), "tcp://x", root=True).directory.max_joining == 1024
+
+
+def test_nesting_bombs_from_a_stranger_are_answered_eproto(caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+    root = FluxCore(os.urandom(16), "tcp://root", root=True)
+    root.start(0.0)
+    stranger = os.urandom(16)
+    bombs = [b"[" * 3000, b'{"a":' * 3000, b"[" * 200 + b"]" * 200]
+    with caplog.at_level(logging.DEBUG):
+        for tag, bomb in enumerate(bombs * 50, 1):
+            for topic in ("overlay.join", "overlay.hello"):
+                frames = encode(Request(topic, bomb + b"\0", 0, tag, 0, ()))
+                for answer in _answers(root.receive(stranger, frames, 0.0)):
+                    assert answer.errnum in (Errno.EPROTO, Errno.EINVAL)
+    assert not [r for r in caplog.records if r.exc_info]
+    assert sorted(root.directory.members) == [0]
