@@ -34,7 +34,8 @@ without waiting.
 A request is ``{"op": str, "args": map, "id": int|str}`` (``args`` and ``id``
 optional). The reply is ``{"ok": true, "result": ...}`` or ``{"ok": false,
 "error": message, "code": code}``, with the request's ``id`` when it had one.
-Codes: ``bad-request`` (not msgpack, not a map, no op, no handshake),
+Codes: ``bad-request`` (not msgpack, not a map - msgpack nil included -, nested
+deeper than 128, no op, no handshake; the connection stays open),
 ``unknown-op``, ``bad-args``, ``not-found``, ``ambiguous``,
 ``not-responding``, ``busy``, ``stopping``, ``failed``, ``internal``.
 Requests are served concurrently; a client may send several and match
