@@ -12,6 +12,7 @@ hitting one is counted, never logged each time. Two ways in:
   has passed (overlays and the agent, which have no timer of their own).
 
 ``snapshot()`` gives the totals (``Node.stats``, ``Worker.stats`` ...).
+Lines go out at WARNING, or at ``level`` (malformed input is logged at DEBUG).
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ REPORT_PERIOD = 10.0
 class Counters:
     """Named totals; ``report`` logs what moved since the last report."""
 
-    __slots__ = ("log", "what", "period", "_clock", "_totals", "_reported", "_details", "_next")
+    __slots__ = ("log", "what", "period", "level", "_clock", "_totals", "_reported", "_details",
+                 "_next")
 
     def __init__(self, log: logging.Logger, what: str, names: Iterable[str] = (),
                  period: float = REPORT_PERIOD,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 level: int = logging.WARNING) -> None:
         self.log = log
+        self.level = level
         self.what = what
         self.period = period
         self._clock = clock
@@ -62,7 +66,7 @@ class Counters:
         return dict(self._totals)
 
     def report(self, now: float) -> None:
-        """Log, at WARNING, what moved since the last report, if ``period`` has passed."""
+        """Log, at ``level``, what moved since the last report, if ``period`` has passed."""
         if self._next is not None and now < self._next:
             return
         moved = {k: v - self._reported.get(k, 0) for k, v in self._totals.items()
@@ -75,7 +79,7 @@ class Counters:
         for name, count in sorted(moved.items()):
             detail = self._details.pop(name, "")
             parts.append(f"{name} +{count}" + (f" (last: {detail})" if detail else ""))
-        self.log.warning("%s: %s", self.what, ", ".join(parts))
+        self.log.log(self.level, "%s: %s", self.what, ", ".join(parts))
 
 
 _Key = TypeVar("_Key")

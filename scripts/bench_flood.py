@@ -208,9 +208,14 @@ def phase(good: harness.Child, target: harness.Child, seconds: float,
 def measure(code: str, args: argparse.Namespace) -> dict[str, Any]:
     port = harness.free_udp_port()
     with harness.Children() as children:
-        target = children.start("bench_flood", "target", code, port=port, limits=args.set)
+        profile = {} if not args.profile else {
+            "target": {"_profile": os.path.join(args.profile, "target.prof")},
+            "good": {"_profile": os.path.join(args.profile, "good.prof")}}
+        target = children.start("bench_flood", "target", code, port=port, limits=args.set,
+                                **profile.get("target", {}))
         uuid, endpoint = target.expect("ready", WAIT)
-        good = children.start("bench_flood", "good", port=port, target=uuid)
+        good = children.start("bench_flood", "good", port=port, target=uuid,
+                              **profile.get("good", {}))
         good.expect("ready", WAIT)
         flood = children.start("bench_flood", "flood", port=port, endpoint=endpoint,
                                beacons=args.beacons, hellos=args.hellos, seconds=args.seconds)
@@ -234,6 +239,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="a NodeConfig setting of the target (an integer or a number)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="write cProfile stats of the target and the good peer to DIR "
+                             "(target.prof, good.prof)")
     args = parser.parse_args(argv)
     try:
         args.set = {key: (float(value) if "." in value else int(value))

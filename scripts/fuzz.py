@@ -4,9 +4,11 @@
     python scripts/fuzz.py -n 200000 zre sada   # more inputs, some decoders
     python scripts/fuzz.py --save               # add crashing inputs to the corpus
 
-Inputs come from hypothesis: random frames, and the kept corpus
-(``tests/wire/corpus/NAME.txt``, which the test suite runs) mutated (bytes
-flipped, frames cut, dropped, doubled, swapped or replaced). Each decoder gets
+Inputs come from hypothesis: random frames, nesting bombs (JSON or msgpack
+containers opened hundreds to thousands of times, alone or as one frame among
+random ones), and the kept corpus (``tests/wire/corpus/NAME.txt``, which the
+test suite runs) mutated (bytes flipped, frames cut, dropped, doubled, swapped
+or replaced). Each decoder gets
 ``-n`` inputs; the report counts, per decoder, the inputs decoded, those
 refused with ``ProtocolError``, and crashes: anything else raised, shown with
 the smallest input hypothesis found. The exit status is 1 if any decoder
@@ -14,7 +16,10 @@ crashed.
 
 A new decoder is one line in ``DECODERS``: its name (also its corpus file's),
 where it is (``module:function``) and whether it takes a list of frames or one
-byte string. A decoder whose module does not exist yet is reported absent; one
+byte string. The overlays' HELLO header parsers answer None (or ``[]``) for
+what they refuse, never raising: each is fuzzed through a ``hello_*`` adapter
+below, which takes the header's value as UTF-8 octets and calls a None a
+refusal. A decoder whose module does not exist yet is reported absent; one
 without a corpus file gets random inputs only (add one with valid messages:
 mutations of real messages reach deeper than random bytes).
 
@@ -72,7 +77,74 @@ DECODERS = [
     Decoder("mtl-reply", "peermesh.wire.mtl:decode_reply"),
     Decoder("mtl-data", "peermesh.wire.mtl:decode_data"),
     Decoder("mtl-table", "peermesh.wire.mtl:decode_table", frames=False),
+    Decoder("flux-json", "peermesh.wire.flux:read_json", frames=False),
+    Decoder("agent-request", "peermesh.agent.server:parse_request", frames=False),
+    Decoder("hello-flux", "fuzz:hello_flux", frames=False),
+    Decoder("hello-nfp-worker", "fuzz:hello_nfp_worker", frames=False),
+    Decoder("hello-nfp-broker", "fuzz:hello_nfp_broker", frames=False),
+    Decoder("hello-mtl-gateway", "fuzz:hello_mtl_gateway", frames=False),
+    Decoder("hello-broker", "fuzz:hello_broker", frames=False),
+    Decoder("hello-sada-channel", "fuzz:hello_sada_channel", frames=False),
 ]
+
+
+# --------------------------------------------------------------------------
+# HELLO header parsers as decoders: the header's value in, None (or []) a refusal
+
+
+def _header(data: Any) -> str:
+    from peermesh.errors import ProtocolError
+    from peermesh.wire.frames import as_bytes
+    try:
+        return as_bytes(data, "a header value").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("a header value is UTF-8") from None
+
+
+def _refused_if_empty(value: Any) -> Any:
+    from peermesh.errors import ProtocolError
+    if value is None or value == []:
+        raise ProtocolError("refused")
+    return value
+
+
+def hello_flux(data: bytes) -> Any:
+    """``X-PM-FLUX-TREE`` of instance ``flux`` (``parse_member``)."""
+    from peermesh.flux.overlay import FLUX_HEADER, parse_member
+    return _refused_if_empty(parse_member({FLUX_HEADER: _header(data)}, "flux"))
+
+
+def hello_nfp_worker(data: bytes) -> Any:
+    """``X-PM-NFP-WORKER`` (``parse_workers``)."""
+    from peermesh.nfp.mesh import parse_workers
+    return _refused_if_empty(parse_workers(_header(data)))
+
+
+def hello_nfp_broker(data: bytes) -> Any:
+    """``X-PM-NFP-BROKER`` (``parse_broker_endpoint``)."""
+    from peermesh.nfp.mesh import parse_broker_endpoint
+    return _refused_if_empty(parse_broker_endpoint(_header(data)))
+
+
+def hello_mtl_gateway(data: bytes) -> Any:
+    """``X-PM-MTL-GATEWAY`` (``parse_gateway_header``)."""
+    from peermesh.mtl.gateway import parse_gateway_header
+    return _refused_if_empty(parse_gateway_header(_header(data)))
+
+
+def hello_broker(data: bytes) -> Any:
+    """``X-PM-BROKER``, the neutral broker candidacy (``parse_candidate``)."""
+    from uuid import UUID
+
+    from peermesh.overlay.election import BROKER_HEADER, parse_candidate
+    return _refused_if_empty(parse_candidate(UUID(int=1), {BROKER_HEADER: _header(data)}))
+
+
+def hello_sada_channel(data: bytes) -> Any:
+    """``X-PM-SADA-CHANNEL``, admitted as a server admits a channel from the mesh
+    (``mesh_endpoint`` within 127.0.0.0/8)."""
+    from peermesh.sada.endpoints import as_networks, mesh_endpoint
+    return _refused_if_empty(mesh_endpoint(_header(data), as_networks(["127.0.0.0/8"])))
 
 
 # --------------------------------------------------------------------------
@@ -120,20 +192,36 @@ def strategy(decoder: Decoder, corpus: list[Input]) -> Any:
     from hypothesis import strategies as st
 
     frame = st.binary(max_size=96)
+    bomb = st.builds(_bomb, st.sampled_from(_OPENERS), st.integers(100, 5000),
+                     st.sampled_from([b"", b"\0", b"\xc0", b"1"]))
     if not decoder.frames:
-        plain = st.binary(max_size=128)
+        plain = st.one_of(st.binary(max_size=128), bomb)
         if not corpus:
             return plain
         return st.one_of(plain, st.builds(_mutate_bytes, st.sampled_from(corpus),
                                           st.lists(st.tuples(st.integers(0, 3),
                                                              st.integers(0, 1 << 16), frame),
                                                    min_size=1, max_size=4)))
-    plain_frames = st.lists(frame, max_size=12)
+    plain_frames = st.one_of(st.lists(frame, max_size=12),
+                             st.builds(_with_bomb, st.lists(frame, max_size=4), bomb,
+                                       st.integers(0, 4)))
     if not corpus:
         return plain_frames
     edits = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 1 << 16),
                                st.integers(0, 1 << 16), frame), min_size=1, max_size=4)
     return st.one_of(plain_frames, st.builds(_mutate_frames, st.sampled_from(corpus), edits))
+
+
+#: what a nesting bomb repeats: JSON array and object, msgpack fixarray and fixmap
+_OPENERS = [b"[", b'{"a":', b"\x91", b"\x81\xa1a"]
+
+
+def _bomb(opener: bytes, times: int, tail: bytes) -> bytes:
+    return opener * times + tail
+
+
+def _with_bomb(frames: list[bytes], bomb: bytes, at: int) -> list[bytes]:
+    return frames[:at] + [bomb] + frames[at:]
 
 
 def _mutate_bytes(data: Input, edits: list[tuple[int, int, bytes]]) -> bytes:
@@ -256,15 +344,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--inputs must be 1 or more")
     sys.path.insert(0, str(ROOT))
     chosen = [d for d in DECODERS if not args.decoders or d.name in args.decoders]
-    print(f"{'decoder':<14} {'inputs':>9} {'decoded':>9} {'refused':>9} {'crashes':>8} "
+    print(f"{'decoder':<18} {'inputs':>9} {'decoded':>9} {'refused':>9} {'crashes':>8} "
           f"{'seconds':>8}")
     crashed = 0
     for decoder in chosen:
         report = fuzz(decoder, args.inputs, seed=args.seed)
         if report.absent:
-            print(f"{decoder.name:<14} absent ({decoder.where.partition(':')[0]} does not exist)")
+            print(f"{decoder.name:<18} absent ({decoder.where.partition(':')[0]} does not exist)")
             continue
-        print(f"{report.name:<14} {report.inputs:>9,} {report.decoded:>9,} {report.refused:>9,} "
+        print(f"{report.name:<18} {report.inputs:>9,} {report.decoded:>9,} {report.refused:>9,} "
               f"{int(report.crash is not None):>8} {report.seconds:>8.1f}", flush=True)
         if report.crash is not None:
             crashed += 1

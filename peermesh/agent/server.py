@@ -34,7 +34,8 @@ without waiting.
 A request is ``{"op": str, "args": map, "id": int|str}`` (``args`` and ``id``
 optional). The reply is ``{"ok": true, "result": ...}`` or ``{"ok": false,
 "error": message, "code": code}``, with the request's ``id`` when it had one.
-Codes: ``bad-request`` (not msgpack, not a map, no op, no handshake),
+Codes: ``bad-request`` (not msgpack, not a map - msgpack nil included -, nested
+deeper than 128, no op, no handshake; the connection stays open),
 ``unknown-op``, ``bad-args``, ``not-found``, ``ambiguous``,
 ``not-responding``, ``busy``, ``stopping``, ``failed``, ``internal``.
 Requests are served concurrently; a client may send several and match
@@ -111,7 +112,9 @@ from uuid import UUID
 
 import msgpack
 
-from ..errors import PeermeshError
+from ..errors import PeermeshError, ProtocolError
+from ..wire import jsonsafe
+from ..wire.frames import as_bytes
 from ..counters import Counters
 from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, PROTOCOL, AgentClient, AgentError,
                      AgentGone, AgentMismatch, NoAgent, default_agent_path, frame,
@@ -372,6 +375,53 @@ class _Failure(Exception):
         self.code = code
 
 
+#: what ``_read_frame`` returns at the end of the stream (a body may be msgpack nil: None)
+_EOF: Any = object()
+
+
+class BadRequest(ProtocolError):
+    """A request frame the agent answers with an error: ``code``, and ``rid`` (the
+    request's id, when it had a usable one)."""
+
+    def __init__(self, reason: str, code: str = "bad-request", rid: Any = None) -> None:
+        super().__init__(reason)
+        self.code, self.rid = code, rid
+
+
+def unpack_body(body: bytes) -> Any:
+    """A frame's body unpacked; ``BadRequest`` if it is not one msgpack value or nests
+    deeper than ``jsonsafe.MAX_DEPTH``."""
+    try:
+        value = msgpack.unpackb(as_bytes(body, "a frame's body"), raw=False)
+    except ProtocolError:
+        raise
+    except Exception:  # msgpack raises several kinds for bad input
+        raise BadRequest("request is not msgpack") from None
+    if isinstance(value, (dict, list)) and jsonsafe.depth(value) > jsonsafe.MAX_DEPTH:
+        raise BadRequest(f"request nests deeper than {jsonsafe.MAX_DEPTH}")
+    return value
+
+
+def parse_request(body: bytes) -> tuple[Any, str, dict[str, Any]]:
+    """``(id, op, args)`` of a request frame's body (msgpack ``{op, args, id}``);
+    ``BadRequest`` for anything else."""
+    request = unpack_body(body)
+    if not isinstance(request, dict):
+        raise BadRequest("request must be a map {op, args}")
+    rid = request.get("id")
+    if not isinstance(rid, (int, str)) or isinstance(rid, bool):
+        rid = None
+    op = request.get("op")
+    args = request.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(op, str):
+        raise BadRequest("request has no op (a string)", rid=rid)
+    if not isinstance(args, dict):
+        raise BadRequest("args must be a map", rid=rid)
+    return rid, op, args
+
+
 class _TooLarge(Exception):
     """A frame over the size limit (the stream cannot be trusted after it)."""
 
@@ -627,21 +677,15 @@ class AgentServer:
         conn.sock.close()
 
     def _read_frame(self, conn: _Connection) -> Any:
-        """The next frame's body, unpacked (a body that is not msgpack is returned as
-        ``bytes``); None at the end of the stream."""
+        """The next frame's body; ``_EOF`` at the end of the stream."""
         head = conn.read(4)
         if head is None:
-            return None
+            return _EOF
         size = int.from_bytes(head, "big")
         if size > self.max_request:
             raise _TooLarge(size)
         body = conn.read(size)
-        if body is None:
-            return None
-        try:
-            return msgpack.unpackb(body, raw=False)
-        except Exception:  # msgpack raises several kinds for bad input
-            return body
+        return _EOF if body is None else body
 
     def _serve(self, conn: _Connection) -> None:
         """Read ``conn``'s handshake, then its requests, until it closes."""
@@ -649,7 +693,7 @@ class AgentServer:
             if self._handshake(conn):
                 while True:
                     request = self._read_frame(conn)
-                    if request is None:
+                    if request is _EOF:
                         return
                     self._on_request(conn, request)
         except _TooLarge as exc:
@@ -675,8 +719,13 @@ class AgentServer:
             return False
         finally:
             timer.close()
+        if hello is not _EOF:
+            try:
+                hello = unpack_body(hello)
+            except BadRequest:
+                pass
         if not isinstance(hello, dict) or "hello" not in hello:
-            if hello is not None:
+            if hello is not _EOF:
                 self._refuse(conn, "bad-request",
                              "the first message must be the handshake {hello: protocol}")
             return False
@@ -691,25 +740,11 @@ class AgentServer:
 
     # --- requests -------------------------------------------------------
 
-    def _on_request(self, conn: _Connection, request: Any) -> None:
-        if isinstance(request, bytes):
-            self._reply(conn, None, error=("bad-request", "request is not msgpack"))
-            return
-        if not isinstance(request, dict):
-            self._reply(conn, None, error=("bad-request", "request must be a map {op, args}"))
-            return
-        rid = request.get("id")
-        if not isinstance(rid, (int, str)) or isinstance(rid, bool):
-            rid = None
-        op = request.get("op")
-        args = request.get("args", {})
-        if args is None:
-            args = {}
-        if not isinstance(op, str):
-            self._reply(conn, rid, error=("bad-request", "request has no op (a string)"))
-            return
-        if not isinstance(args, dict):
-            self._reply(conn, rid, error=("bad-request", "args must be a map"))
+    def _on_request(self, conn: _Connection, body: bytes) -> None:
+        try:
+            rid, op, args = parse_request(body)
+        except BadRequest as exc:
+            self._reply(conn, exc.rid, error=(exc.code, exc.reason))
             return
         if self._closing or not self.node.running:
             self._reply(conn, rid, error=("stopping", "the agent is stopping"))

@@ -10,8 +10,11 @@ node can serve as a seed.
 
 A port-0 beacon is passed on with the address it came from: the node heeds
 it only from the peer's own address, so a forged one cannot cut a peer off.
-A flood of datagrams is read in batches of ``_BATCH``, with other greenlets
-run between them.
+A flood of datagrams is read in batches of ``_BATCH``; between two, the
+listener waits until the hub is idle (``gevent.idle``), so that everything
+else ready, the mailbox first, runs before the next batch. (``gevent.sleep(0)``
+would not do: it lets other greenlets run but not the hub poll for I/O, so a
+mailbox message would wait for tens of milliseconds behind a flood.)
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ __all__ = ["BeaconDiscovery", "parse_seed"]
 log = logging.getLogger(__name__)
 
 _IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.12 names it
-_BATCH = 64  # datagrams read before the listener lets other greenlets run
+_BATCH = 16  # datagrams read before the listener lets the rest of the hub run
 
 
 def parse_seed(text: str, default_port: int) -> tuple[str, int]:
@@ -115,7 +118,7 @@ class BeaconDiscovery:
         version = 1 if node.public_key is None else 3  # a node with a key hears only keys
         for count in itertools.count(1):
             if not count % _BATCH:
-                gevent.sleep(0)  # a flood of datagrams never waits: let the others run
+                gevent.idle()  # a flood of datagrams: everything else ready runs first
             data, cmsgs, _, (address, _) = sock.recvmsg(64, ancillary)
             unicast = _unicast(cmsgs, broadcast)
             try:

@@ -109,7 +109,8 @@ class FluxCore(Membership):
         self._held: list[Event] = []
         self._replay_to = 0  # last seq of the gap being fetched (0: none)
         #: rank 0's directory of ranks
-        self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid)
+        self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid,
+                                   settings.max_joining, settings.joins_per_link)
         self._tick = settings.heartbeat
         self.next_deadline = 0.0
         self.stats = {"dropped": 0, "forwarded": 0, "replayed": 0}
@@ -298,6 +299,8 @@ class FluxCore(Membership):
             out += self._retry(now)
         if self.state in (State.JOINING, State.ATTACHING):
             self.next_deadline = min(self.next_deadline, self._deadline)
+        if self.root:
+            self.directory.expire(now, s.lost, s.reclaim)
         heartbeat: Optional[list[bytes]] = None
         for child in list(self.children.values()):
             silent = now - child.heard

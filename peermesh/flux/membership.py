@@ -136,10 +136,11 @@ class Membership(EventLog):
             for rank in failed[:self.settings.max_ancestors]:
                 if isinstance(rank, int) and not isinstance(rank, bool):
                     self.directory.lost(rank)
+        link = request.routes   # the connection the join came over, and its way here
         taken = body.get("taken")
         if isinstance(taken, int) and not isinstance(taken, bool):
-            self.directory.taken(taken)
-        given = self.directory.give(claim, uuid, endpoint)
+            self.directory.taken(taken, now, link)
+        given = self.directory.give(claim, uuid, endpoint, now, link)
         if isinstance(given, Refusal):
             return self._error(request, given.errnum, given.text, now)
         rank, parent, parent_endpoint = given
@@ -207,7 +208,7 @@ class Membership(EventLog):
     def _lost_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
             body = read_json(request.payload)
-            self.directory.lost(int_field(body, "rank", 1), str_field(body, "uuid", 64))
+            self.directory.lost(int_field(body, "rank", 1), str_field(body, "uuid", 64), now)
         return []
 
     def _join(self, now: float) -> list[Output]:
@@ -404,7 +405,7 @@ class Membership(EventLog):
         out += self._fail_via(child.identity, f"rank {child.rank} was lost ({why})")
         out += self._sender_gone(child.identity, now)
         if self.root:
-            self.directory.lost(child.rank, child.uuid)
+            self.directory.lost(child.rank, child.uuid, now)
         elif self.state is State.ONLINE:
             out += self._internal_rpc("overlay.lost", {"rank": child.rank, "uuid": child.uuid},
                                       0, now, None)

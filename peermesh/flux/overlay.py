@@ -72,7 +72,7 @@ from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
 from ..events import EventType
 from ..counters import Counters
-from ..overlay.contract import Lifecycle, Overlay, PeerNetworks
+from ..overlay.contract import Lifecycle, Overlay, PeerNetworks, header_json
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY
 from ..wire.zre import PUBLIC_KEY_HEADER
@@ -99,10 +99,7 @@ SNDHWM = 100_000
 def parse_member(headers: Mapping[str, str], instance: str) -> Optional[tuple[int, str]]:
     """``(priority, endpoint)`` of a member of ``instance`` from its ``X-PM-FLUX-TREE``;
     None if the header is absent, malformed or another instance's."""
-    try:
-        data = json.loads(headers.get(FLUX_HEADER, ""))
-    except ValueError:
-        return None
+    data = header_json(headers.get(FLUX_HEADER), FLUX_HEADER)
     if not isinstance(data, dict) or data.get("instance") != instance:
         return None
     endpoint, priority = data.get("endpoint"), data.get("priority", 0)

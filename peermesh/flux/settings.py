@@ -34,6 +34,10 @@ class FluxSettings:
                                  #: per refusal up to ``heartbeat``
     max_children: int = 4096     #: children (and adopted orphans) one node accepts
     max_size: int = 1 << 17      #: ranks (and rank numbers) rank 0 gives and keeps
+    max_joining: int = 1024      #: ranks rank 0 gave that did not attach yet (reclaimed
+                                 #: after ``lost`` s)
+    joins_per_link: int = 4      #: of those, asked for over one connection
+    reclaim: float = 300.0       #: a rank reported lost is given again after this
     max_inflight: int = 65536    #: requests one node tracks in flight through its links
     max_pending: int = 65536     #: RPCs in flight per local handle
     recent_events: int = 1024    #: events rank 0 keeps for replay; events a node holds
@@ -47,9 +51,13 @@ class FluxSettings:
         if not 0 < self.heartbeat <= self.torpid <= self.lost:
             raise FluxStateError("Flux settings need 0 < heartbeat <= torpid <= lost, not "
                                  f"{self.heartbeat}, {self.torpid}, {self.lost}")
+        if self.reclaim < self.lost:
+            raise FluxStateError(f"Flux setting reclaim must be at least lost ({self.lost}), "
+                                 f"not {self.reclaim}")
         if not 0 < self.retry <= self.heartbeat:
             raise FluxStateError(f"Flux setting retry must be in (0, heartbeat], not {self.retry}")
-        for name in ("max_children", "max_size", "max_inflight", "max_pending",
+        for name in ("max_children", "max_size", "max_joining", "joins_per_link",
+                     "max_inflight", "max_pending",
                      "recent_events", "replay_batch", "max_ancestors", "max_clients",
                      "client_prefixes", "client_services"):
             if getattr(self, name) < 1:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import deque
 from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
@@ -40,6 +41,7 @@ import gevent.event
 import zmq
 from greenlet import getcurrent
 
+from ..counters import REPORT_PERIOD, Counters
 from . import zmqbatch
 from .context import shared_context
 
@@ -50,6 +52,22 @@ if TYPE_CHECKING:
 __all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH"]
 
 log = logging.getLogger(__name__)
+
+#: messages whose handler raised, in this process (a bug, maybe one a remote sender can
+#: trigger at will): the first traceback each ``REPORT_PERIOD`` seconds is logged, the
+#: rest only counted here (one line per period)
+HANDLER_FAILURES = Counters(log, "message handlers failed")
+_traceback_due = [0.0]   # when the next traceback may be logged (monotonic)
+
+
+def _handler_failed(first: bytes, exc: Exception) -> None:
+    """Log a message handler's exception (the traceback at most once a period)."""
+    now = time.monotonic()
+    if now >= _traceback_due[0]:
+        _traceback_due[0] = now + REPORT_PERIOD
+        log.error("handling a message from %r failed", first[:32], exc_info=exc)
+    HANDLER_FAILURES.over("handler_failures", f"from {first[:32]!r}: "
+                          f"{type(exc).__name__}: {exc}"[:200], now)
 
 #: seconds a wait trusts the edge-triggered descriptor alone before it looks anyway
 GUARD = 5.0
@@ -432,7 +450,7 @@ class HubSocket:
                 if self.closed:
                     return
                 if len(batch) == BATCH:
-                    gevent.sleep(0)  # more may wait: let others run first
+                    gevent.idle()  # more may wait: what else is ready (I/O too) runs first
                     continue
             if not self._touched:
                 park(me, None, True)
@@ -492,8 +510,8 @@ class HubSocket:
                                 on_message(first, rest)
                             elif on_oversized is not None:
                                 on_oversized(first)
-                        except Exception:  # a bug must not stop the reader
-                            log.exception("handling a message from %r failed", first)
+                        except Exception as exc:  # a bug must not stop the reader
+                            _handler_failed(first, exc)
                 else:
                     for first, rest, value in batch:
                         if self.closed:
@@ -503,8 +521,8 @@ class HubSocket:
                                 on_message(first, rest, value)
                             elif on_oversized is not None:
                                 on_oversized(first)
-                        except Exception:
-                            log.exception("handling a message from %r failed", first)
+                        except Exception as exc:
+                            _handler_failed(first, exc)
                 return len(batch) == BATCH
             finally:
                 if after_batch is not None and batch:

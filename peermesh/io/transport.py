@@ -310,7 +310,7 @@ class GuardedMailbox:
             if address is not None and self.sources.get(fd) != address:
                 continue
             if i and not i % _SHED_BATCH:
-                gevent.sleep(0)
+                gevent.idle()   # (not sleep(0): that would not let the hub poll for I/O)
             if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
                 continue
             octets = _octets_received(fd, self.port)
@@ -344,7 +344,7 @@ class GuardedMailbox:
         self.mailbox.close(linger)
 
 
-_SHED_BATCH = 64  # connections asked about between two yields of the monitor's reader
+_SHED_BATCH = 16  # connections asked about between two yields of the monitor's reader
 _SMALL = 1024  # octets: a connection that sent fewer did no more than a handshake and a HELLO
 _MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
 _TCP_INFO_SIZE = 232

@@ -62,13 +62,16 @@ user name exists.
 Throttling
 ----------
 ``Throttle`` (sans-io: time is passed in) counts failed exchanges per user
-name and per client address. After ``free`` failures in a row, each further
-attempt must wait ``base`` seconds, doubling per failure up to
-``max_delay``; a success clears the user's count (not the address's); a
-count is forgotten ``forget`` seconds after its last failure. Each table
-holds at most ``max_entries`` keys, evicting the one whose last failure is
-oldest. Defaults: users 5 free, addresses 20 free, 1 s doubling to 60 s,
-forgotten after 15 minutes, 10,000 entries per table.
+name *from each client address* and per client address. After ``free``
+failures in a row, each further attempt must wait ``base`` seconds, doubling
+per failure up to ``max_delay``; a success clears the count of that user from
+that address (not the address's); a count is forgotten ``forget`` seconds
+after its last failure. A user's count is kept per address so that failures
+from one host (an attacker guessing, or failing a user's logins on purpose)
+never hold back that user's logins from another host. Each table holds at
+most ``max_entries`` keys, evicting the one whose last failure is oldest.
+Defaults: a user from one address 5 free, an address 20 free, 1 s doubling
+to 60 s, forgotten after 15 minutes, 10,000 entries per table.
 """
 
 from __future__ import annotations
@@ -511,25 +514,34 @@ class FailureTable:
 
 @dataclass(slots=True)
 class Throttle:
-    """Failed-attempt throttling per user name and per client address (sans-io)."""
+    """Failed-attempt throttling per user name from each client address, and per client
+    address (sans-io; see the module doc)."""
 
     users: FailureTable = field(default_factory=FailureTable)
     addresses: FailureTable = field(default_factory=lambda: FailureTable(free=20))
 
+    @staticmethod
+    def user_key(user: str, address: str) -> str:
+        """The key of ``user`` from ``address`` in ``users``."""
+        return f"{address}\0{user}"
+
     def retry_after(self, user: Optional[str], address: str, now: float) -> float:
         """Seconds until this user (None: not known yet) from this address may try again."""
         wait = self.addresses.retry_after(address, now)
-        return max(wait, self.users.retry_after(user, now)) if user is not None else wait
+        if user is None:
+            return wait
+        return max(wait, self.users.retry_after(self.user_key(user, address), now))
 
     def failed(self, user: Optional[str], address: str, now: float) -> None:
         """Count a failed attempt."""
         self.addresses.failed(address, now)
         if user is not None:
-            self.users.failed(user, now)
+            self.users.failed(self.user_key(user, address), now)
 
-    def succeeded(self, user: str) -> None:
-        """Clear the user's count (the address's stays until it is forgotten)."""
-        self.users.clear(user)
+    def succeeded(self, user: str, address: str) -> None:
+        """Clear the count of ``user`` from ``address`` (the address's stays until it is
+        forgotten)."""
+        self.users.clear(self.user_key(user, address))
 
 
 # --------------------------------------------------------------------------
@@ -679,7 +691,7 @@ class SaslExchange:
     def _succeed(self, additional: Optional[bytes] = None) -> SaslStep:
         assert self._user is not None
         self._state = _DONE
-        self._auth.throttle.succeeded(self._user.name)
+        self._auth.throttle.succeeded(self._user.name, self.client)
         return SaslStep(user=self._user, additional=additional)
 
     def _fail(self, reason: str, now: float, wait: float = 0.0, count: bool = True) -> SaslStep:

@@ -167,7 +167,7 @@ MAX_QUEUED = 100_000
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
     """The control endpoint in an ``X-PM-MTL-GATEWAY`` value; None if absent or malformed."""
-    return header_endpoint(raw, "control")
+    return header_endpoint(raw, "control", GATEWAY_HEADER)
 
 
 def _mechanisms(plain: bool) -> tuple[str, ...]:
@@ -430,7 +430,7 @@ class Gateway(Overlay):
             if batch:
                 on_batch(batch)
             if len(batch) == BATCH:
-                gevent.sleep(0)  # more may wait: let others run first
+                gevent.idle()  # more may wait: what else is ready (I/O too) runs first
             elif not sock.wait_readable():
                 return  # closed
 

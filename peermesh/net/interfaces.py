@@ -13,7 +13,7 @@ import ipaddress
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import InterfaceError
@@ -37,6 +37,13 @@ class Interface:
     network: ipaddress.IPv4Network
     up: bool = True
     can_broadcast: bool = True
+    #: the network's mask and address as integers (every beacon is checked against them)
+    _mask: int = field(init=False, repr=False, compare=False)
+    _base: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_mask", int(self.network.netmask))
+        object.__setattr__(self, "_base", int(self.network.network_address))
 
     @property
     def loopback(self) -> bool:
@@ -56,8 +63,7 @@ class Interface:
             value = int.from_bytes(socket.inet_aton(address), "big")
         except (OSError, TypeError):
             return False
-        network = self.network
-        return value & int(network.netmask) == int(network.network_address)
+        return value & self._mask == self._base
 
 
 def _flags(name: str) -> int:

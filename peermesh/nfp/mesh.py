@@ -53,7 +53,7 @@ from ..counters import Counters
 from ..errors import NodeStateError
 from ..io import bind_ephemeral, shared_context
 from ..net.interfaces import select_interface
-from ..overlay import Lifecycle, Overlay, PeerNetworks, advertise, header_endpoint
+from ..overlay import Lifecycle, Overlay, PeerNetworks, advertise, header_endpoint, header_json
 from ..overlay.broker import BrokerChanged, BrokerTracker
 from ..overlay.election import LEGACY_BROKER_HEADER, MODES, Candidate, Change, Election
 from ..zre.node import Node
@@ -88,12 +88,7 @@ class NfpCandidate(Candidate):
 
 def parse_workers(raw: Optional[str]) -> list[tuple[str, str, str]]:
     """``(service, name, endpoint)`` from an ``X-PM-NFP-WORKER`` value; [] if malformed."""
-    if not raw:
-        return []
-    try:
-        items = json.loads(raw)
-    except ValueError:
-        return []
+    items = header_json(raw, WORKER_HEADER)
     if not isinstance(items, list):
         return []
     out = []
@@ -112,7 +107,7 @@ def parse_workers(raw: Optional[str]) -> list[tuple[str, str, str]]:
 
 def parse_broker_endpoint(raw: Optional[str]) -> Optional[str]:
     """The ``endpoint`` of an ``X-PM-NFP-BROKER`` value; None if absent or malformed."""
-    return header_endpoint(raw, "endpoint")
+    return header_endpoint(raw, "endpoint", NFP_BROKER_HEADER)
 
 
 class NfpNode(Overlay):

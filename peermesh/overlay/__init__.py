@@ -15,7 +15,7 @@ that follows one node's view), so any overlay can ride on the elected node.
 """
 
 from .contract import (ROLES_HEADER, Lifecycle, Overlay, PeerNetworks, advertise,
-                       header_endpoint, roles_of)
+                       header_endpoint, header_json, roles_of)
 
 __all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "PeerNetworks", "advertise", "header_endpoint",
-           "roles_of"]
+           "header_json", "roles_of"]

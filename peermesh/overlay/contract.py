@@ -16,18 +16,21 @@ after ``stop`` raise ``NodeStateError``; ``stop`` is idempotent.
 from __future__ import annotations
 
 import enum
-import json
+import logging
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Optional
 
 from ..counters import Counters
 from ..errors import NodeStateError
 from ..io.endpoints import Network, as_networks, peer_endpoint
+from ..wire import jsonsafe
 
 if TYPE_CHECKING:
     from ..zre.node import Node
 
 __all__ = ["ROLES_HEADER", "Lifecycle", "Overlay", "advertise", "roles_of", "header_endpoint",
-           "PeerNetworks"]
+           "header_json", "PeerNetworks", "MALFORMED_HEADERS"]
+
+log = logging.getLogger(__name__)
 
 #: HELLO header listing every role a node plays, comma-separated (``sada-channel,nfp-worker``)
 ROLES_HEADER = "X-PM-ROLES"
@@ -47,15 +50,31 @@ def roles_of(headers: Mapping[str, str]) -> list[str]:
     return [role for role in headers.get(ROLES_HEADER, "").split(",") if role]
 
 
-def header_endpoint(raw: Optional[str], key: str) -> Optional[str]:
-    """The ``tcp://`` endpoint under ``key`` in a JSON object header (an overlay's
-    advertised socket); None if the header is absent or malformed."""
+#: malformed overlay HELLO headers seen in this process, per header; logged at DEBUG at
+#: most once every ``REPORT_PERIOD`` seconds with the last one's reason
+MALFORMED_HEADERS = Counters(log, "malformed HELLO headers dropped", level=logging.DEBUG)
+
+#: octets of one overlay header's JSON value (a HELLO holds at most ``max_hello`` in all)
+MAX_HEADER_JSON = 16 * 1024
+
+
+def header_json(raw: Optional[str], header: str) -> Any:
+    """The JSON value of the HELLO header ``header`` (``raw``, a remote sender's text);
+    None if absent, or if malformed, too long or too deep (counted in
+    ``MALFORMED_HEADERS``, logged at debug, rate limited): never an exception."""
     if not raw:
         return None
     try:
-        data = json.loads(raw)
-    except ValueError:
+        return jsonsafe.loads(raw, MAX_HEADER_JSON, jsonsafe.HEADER_DEPTH)
+    except ValueError as exc:
+        MALFORMED_HEADERS.over(header, str(exc))
         return None
+
+
+def header_endpoint(raw: Optional[str], key: str, header: str = "") -> Optional[str]:
+    """The ``tcp://`` endpoint under ``key`` in a JSON object header (an overlay's
+    advertised socket); None if the header is absent or malformed."""
+    data = header_json(raw, header or key)
     endpoint = data.get(key) if isinstance(data, dict) else None
     if isinstance(endpoint, str) and endpoint.startswith("tcp://") and endpoint.isprintable() \
             and len(endpoint) < 256:

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 from uuid import UUID
 
+from .contract import header_json
+
 __all__ = ["BROKER_HEADER", "LEGACY_BROKER_HEADER", "MODES", "Candidate", "Change",
            "Election", "elect", "parse_candidate", "candidate_header"]
 
@@ -105,10 +107,7 @@ def parse_candidate(uuid: UUID, headers: Mapping[str, str], name: str = "") -> O
         raw = headers.get(LEGACY_BROKER_HEADER)
         if raw is None:
             return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
+    data = header_json(raw, BROKER_HEADER)
     if not isinstance(data, dict):
         return None
     mode, priority = data.get("mode"), data.get("priority")

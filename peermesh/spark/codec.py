@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import msgpack
 
+from ..wire import jsonsafe
+
 __all__ = ["payload_text", "payload_texts", "stored_texts", "payload_value", "pack_value",
            "to_jsonable", "DECODE_MODES", "TEXT_NULL", "TEXT_STORED", "TEXT_LATER",
            "STORED_TEXT_MAX"]
@@ -170,7 +172,7 @@ def payload_value(payload: bytes, mode: str = "auto") -> Any:
         return None
     if mode in ("auto", "json"):
         try:
-            return json.loads(text)
+            return jsonsafe.loads(text, len(text))   # the payload's size is bounded already
         except ValueError:
             if mode == "json":
                 return None

@@ -52,6 +52,7 @@ from enum import IntEnum, IntFlag
 from typing import Any, Optional, Sequence, Union
 
 from ..errors import ProtocolError
+from . import jsonsafe
 
 __all__ = [
     "MAGIC", "VERSION", "PROTO_SIZE", "NODEID_ANY", "NODEID_UPSTREAM", "USERID_UNKNOWN",
@@ -407,6 +408,8 @@ def string_payload(text: str) -> bytes:
 
 def read_string(payload: Optional[bytes]) -> str:
     """The string in a payload; ``ProtocolError`` without its terminating NUL."""
+    if type(payload) is not bytes and payload is not None:
+        payload = _as_bytes(payload)
     if not payload or payload[-1:] != b"\0":
         raise ProtocolError("a string payload ends with a NUL")
     try:
@@ -422,11 +425,16 @@ def json_payload(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\0"
 
 
+#: characters of a JSON payload ``read_json`` decodes (a node's messages are bounded too)
+MAX_JSON = 16 * 1024 * 1024
+
+
 def read_json(payload: Optional[bytes]) -> dict[str, Any]:
-    """The JSON object in a payload; ``ProtocolError`` if it is none or lacks its NUL."""
+    """The JSON object in a payload; ``ProtocolError`` if it is none, lacks its NUL, is
+    over ``MAX_JSON`` or nests deeper than ``jsonsafe.MAX_DEPTH``."""
     text = read_string(payload)
     try:
-        obj = json.loads(text)
+        obj = jsonsafe.loads(text, MAX_JSON)
     except ValueError as exc:
         raise ProtocolError(f"payload is not JSON: {str(exc)[:80]}") from None
     if not isinstance(obj, dict):

@@ -70,6 +70,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 import msgpack
 
 from ..errors import ProtocolError
+from . import jsonsafe
 from .frames import as_bytes
 
 __all__ = [
@@ -260,8 +261,8 @@ def _json_object(data: bytes, limit: int) -> Any:
     if len(data) > limit:
         raise ProtocolError(f"body of {len(data)} octets exceeds {limit}")
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        return jsonsafe.loads(data, limit)
+    except ValueError:
         raise ProtocolError("body is not JSON") from None
 
 
@@ -516,6 +517,8 @@ def decode_table(data: bytes) -> dict[str, Any]:
         raise ProtocolError(f"field table is not msgpack: {type(error).__name__}") from None
     if type(table) is not dict or any(type(key) is not str for key in table):
         raise ProtocolError("field table is not a map with string keys")
+    if jsonsafe.depth(table) > jsonsafe.MAX_DEPTH:   # (every table can be sent on again)
+        raise ProtocolError(f"field table nests deeper than {jsonsafe.MAX_DEPTH}")
     return table
 
 

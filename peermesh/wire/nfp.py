@@ -53,6 +53,7 @@ from enum import Enum, IntEnum
 from typing import Any, Callable, Sequence, Union
 
 from ..errors import ProtocolError
+from . import jsonsafe
 from .frames import as_bytes, as_frames
 
 __all__ = [
@@ -324,14 +325,12 @@ def format_target(target: Target) -> str:
 
 #: compact JSON, non-ASCII kept as UTF-8 (one encoder, not one per call)
 _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_from_json = json.JSONDecoder().decode
-# The C encoder and scanner, made once: ``JSONEncoder.encode`` builds a new C encoder per
-# call, ``JSONDecoder.decode`` adds two regex passes. Same output, same errors (anything
-# unusual - circular or very deep data, whitespace around a body - takes the full path).
+# The C encoder, made once: ``JSONEncoder.encode`` builds a new C encoder per call. Same
+# output, same errors (circular or very deep data takes the full path). Bodies are
+# decoded by ``jsonsafe.loads`` (bounded in size and depth).
 _c_encoder = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
     None, json.JSONEncoder().default, json.encoder.encode_basestring, None, ":", ",",
     False, False, True) if json.encoder.c_make_encoder is not None else None  # type: ignore
-_scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def to_json(obj: Any) -> str:
@@ -365,14 +364,8 @@ def decode_body(frame: bytes) -> dict[str, Any]:
     if not frame:
         return {}
     try:
-        text = frame.decode("utf-8")
-        try:
-            obj, end = _scan_once(text, 0)
-        except StopIteration:
-            end = -1
-        if end != len(text):
-            obj = _from_json(text)
-    except (ValueError, RecursionError) as exc:
+        obj = jsonsafe.loads(frame, MAX_MESSAGE)
+    except ValueError as exc:
         raise ProtocolError(f"body is not JSON: {str(exc)[:80]}") from None
     if type(obj) is not dict:
         raise ProtocolError(f"body is JSON {type(obj).__name__}, not an object")

@@ -167,6 +167,7 @@ class Node:
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
         self._events.bound_bytes(self.config.event_queue_bytes)
         self._listeners: list[Callable[[Event], None]] = []
+        self._failed_listeners: set[int] = set()   # whose traceback was logged already
         self._session = Session(self._uuid, self._name, self._headers, self.config,
                                 self._connect, self._events.put)
         for group in self.config.groups:
@@ -498,9 +499,21 @@ class Node:
         for listener in self._listeners:
             try:
                 listener(event)
-            except Exception:  # an overlay's bug must not take the node down
-                log.exception("event listener %r failed", listener)
+            except Exception as exc:  # an overlay's bug must not take the node down
+                self._listener_failed(listener, event, exc)
         self._events.put(event)
+
+    def _listener_failed(self, listener: Callable[[Event], None], event: Event,
+                         exc: Exception) -> None:
+        """Log a listener's first failure with its traceback; count the others
+        (``listener_failures``, one line per period): a peer's event that makes an
+        overlay fail each time must not fill the log."""
+        if id(listener) not in self._failed_listeners:
+            self._failed_listeners.add(id(listener))
+            log.error("event listener %r failed on %s", listener, event.type.name,
+                      exc_info=exc)
+        self._session.counters.over("listener_failures", f"{listener!r} on "
+                                    f"{event.type.name}: {type(exc).__name__}: {exc}"[:200])
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event, or None after ``timeout`` seconds (None: wait for ever)."""

@@ -630,6 +630,9 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
 
         assert error(b"\xc1garbage\x00\xff")[0] == "bad-request"
         assert error(b"")[0] == "bad-request"
+        assert error(b"\xc0") == ("bad-request", "request must be a map {op, args}")  # nil
+        assert error(b"\x91" * 5000 + b"\xc0")[0] == "bad-request"   # nested past msgpack's stack
+        assert error(b"\x91" * 1000 + b"\xc0")[0] == "bad-request"   # nested within it
         assert error(pack([1, 2, 3]))[0] == "bad-request"
         assert error(pack({"op": 5}))[0] == "bad-request"
         assert error(pack({"op": "peers", "args": "all"}))[0] == "bad-request"
@@ -669,6 +672,15 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
         reply = raw.recv()
         assert reply is not None and reply["code"] == "bad-request"
         assert "the first message must be the handshake" in reply["error"]
+        assert raw.recv() is None
+    finally:
+        raw.close()
+    # A nil handshake: refused with an answer, not read as the end of the stream
+    raw = RawClient(mesh.sock, hello=None)
+    try:
+        raw.send(b"\xc0")
+        reply = raw.recv()
+        assert reply is not None and reply["code"] == "bad-request"
         assert raw.recv() is None
     finally:
         raw.close()

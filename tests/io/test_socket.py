@@ -7,6 +7,7 @@ finding a missed edge, waits with timeouts, close while waiting, and
 
 from __future__ import annotations
 
+import logging
 import resource
 import select
 from collections.abc import Iterator
@@ -162,6 +163,29 @@ def test_serve_drains_in_batches_and_survives_a_failing_handler(
     wait_for(lambda: len(got) == 1000, "1,000 messages")
     assert got[4:] == [b"%d" % i for i in range(4, 1000)]
     server.kill()
+
+
+def test_a_handler_failing_on_every_message_logs_one_traceback_a_period(
+        pair: tuple[HubSocket, HubSocket], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a remote sender can make fail at will must not fill the log with tracebacks."""
+    router, dealer = pair
+    monkeypatch.setattr(io_socket, "_traceback_due", [0.0])
+    before = io_socket.HANDLER_FAILURES.get("handler_failures")
+    seen: list[bytes] = []
+
+    def on_message(first: bytes, rest: list[bytes]) -> None:
+        seen.append(rest[0])
+        raise ValueError("malformed")
+
+    server = gevent.spawn(router.serve, on_message)
+    with caplog.at_level(logging.DEBUG, "peermesh.io.socket"):
+        for i in range(300):
+            assert dealer.try_send([b"%d" % i])
+        wait_for(lambda: len(seen) == 300, "300 messages")
+    server.kill()
+    assert io_socket.HANDLER_FAILURES.get("handler_failures") == before + 300
+    assert len([r for r in caplog.records if r.exc_info]) == 1
 
 
 def take_edge_unseen(sock: HubSocket) -> None:

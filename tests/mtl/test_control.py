@@ -49,23 +49,24 @@ class Harness:
         self.credentials.update(lambda users: users.pop(name))
         self.credentials.refresh(force=True)
 
-    def ask(self, request: object, identity: bytes = ME) -> Reply:
+    def ask(self, request: object, identity: bytes = ME, address: str = ADDRESS) -> Reply:
         frames = encode_request(request) if not isinstance(request, list) else request
-        answer = self.control.handle(identity, ADDRESS, frames, self.now)
+        answer = self.control.handle(identity, address, frames, self.now)
         assert answer is not None
         return decode_reply(answer)
 
     def state(self, identity: bytes = ME) -> State:
         return self.control.sessions[identity].state
 
-    def scram(self, user: str, password: str, identity: bytes = ME) -> Reply:
+    def scram(self, user: str, password: str, identity: bytes = ME,
+              address: str = ADDRESS) -> Reply:
         client = scramp.ScramClient(["SCRAM-SHA-256"], user, password)
         reply = self.ask(Authorize("SCRAM-SHA-256", client.get_client_first().encode()),
-                         identity)
+                         identity, address)
         if isinstance(reply, Challenged):
             client.set_server_first(reply.challenge.decode())
             reply = self.ask(Authorize("SCRAM-SHA-256", client.get_client_final().encode()),
-                             identity)
+                             identity, address)
             if isinstance(reply, Ready):
                 assert reply.additional is not None
                 client.set_server_final(reply.additional.decode())  # the server is genuine
@@ -173,6 +174,21 @@ def test_throttled_after_repeated_failures(gw: Harness) -> None:
     gw.now += 3600  # the throttle forgets
     gw.ask(Open("/"))
     assert isinstance(gw.scram("alice", "wonderland"), Ready)
+
+
+def test_another_hosts_failures_do_not_lock_a_user_out(gw: Harness) -> None:
+    """An attacker failing alice's logins every 0.2 s from its own address is throttled;
+    alice, logging in from hers meanwhile, never gets 429."""
+    attacker, mallory = "192.0.2.66", b"mallory-identity"
+    statuses = []
+    for _ in range(70):
+        gw.ask(Open("/"), mallory, attacker)
+        reply = gw.scram("alice", "guess", mallory, attacker)
+        statuses.append(reply.status if isinstance(reply, Failure) else 401)
+        gw.ask(Open("/"))
+        assert isinstance(gw.scram("alice", "wonderland"), Ready)
+        gw.now += 0.2
+    assert statuses.count(429) > 50          # the attacker waits, doubling to 60 s
 
 
 # (state, request) -> the status answered, for requests a state does not take

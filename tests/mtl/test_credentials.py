@@ -323,11 +323,15 @@ def test_throttle_per_user_and_per_address(tmp_path: Path) -> None:
         assert scram_login(auth, "alice", "guess", now=NOW).retry_after == 0.0
     fifth = scram_login(auth, "alice", "guess", now=NOW)
     assert fifth.failure and fifth.retry_after == pytest.approx(1.0)
-    # throttled, even with the right password, from anywhere: no password check is made
-    blocked = scram_login(auth, "alice", "correct horse", now=NOW + 0.5, client="10.9.9.9")
+    # throttled from this address, even with the right password: no password check is made
+    blocked = scram_login(auth, "alice", "correct horse", now=NOW + 0.5)
     assert blocked.failure == "user throttled" and blocked.retry_after == pytest.approx(0.5)
+    # ... but not from another address: someone else's failures do not lock alice out
+    assert scram_login(auth, "alice", "correct horse", now=NOW + 0.5,
+                       client="10.9.9.9").user == ALICE
     assert scram_login(auth, "alice", "correct horse", now=NOW + 1).user == ALICE
-    assert throttle.users.retry_after("alice", NOW + 1) == 0.0   # success clears the user
+    key = Throttle.user_key("alice", ADDRESS)
+    assert throttle.users.retry_after(key, NOW + 1) == 0.0   # success clears the user here
     # an address that guesses at many names is throttled after 20 failures
     for i in range(14):
         assert scram_login(auth, f"user{i}", "guess", now=NOW + 3).retry_after == 0.0

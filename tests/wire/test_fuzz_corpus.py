@@ -44,7 +44,9 @@ def test_every_corpus_file_belongs_to_a_decoder() -> None:
     files = {p.stem for p in fuzz.CORPUS.glob("*.txt")}
     assert files <= names, files - names
     assert {"beacon", "zre", "sada", "nfp", "spark-request", "flux", "mtl-request", "mtl-reply",
-            "mtl-data", "mtl-table"} <= {d.name for d in KEPT}
+            "mtl-data", "mtl-table", "flux-json", "agent-request", "hello-flux",
+            "hello-nfp-worker", "hello-nfp-broker", "hello-mtl-gateway", "hello-broker",
+            "hello-sada-channel"} <= {d.name for d in KEPT}
 
 
 @pytest.mark.parametrize("decoder", KEPT, ids=_name)
@@ -124,3 +126,18 @@ def test_the_fuzzer_reports_a_crash_with_a_small_input(tmp_path: Path) -> None:
 def test_an_absent_decoder_is_reported_absent() -> None:
     report = fuzz.fuzz(fuzz.Decoder("later", "peermesh.wire.not_yet_written:decode"), 10)
     assert report.absent and report.inputs == 0
+
+
+def unchecked_json(data: Any) -> Any:
+    """A JSON decoder that catches only ValueError (a nesting bomb escapes it)."""
+    import json
+    try:
+        return json.loads(bytes(data).decode("utf-8", "replace"))
+    except ValueError:
+        raise ProtocolError("not JSON") from None
+
+
+def test_the_fuzzer_finds_a_nesting_bomb_without_a_corpus(tmp_path: Path) -> None:
+    decoder = fuzz.Decoder("unchecked", f"{__name__}:unchecked_json", frames=False)
+    report = fuzz.fuzz(decoder, 300, corpus_dir=tmp_path)
+    assert report.crash is not None and report.crash[1].startswith("RecursionError")

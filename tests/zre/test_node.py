@@ -8,6 +8,7 @@ saw. Every node is stopped by the ``make_node`` fixture, also on failure.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import threading
@@ -767,3 +768,25 @@ def test_a_silent_peer_is_not_expired_while_its_backlog_drains(make_node):
         waiting.poll_until(lambda: not reader.is_alive(), 60.0, "the slow reader",
                            sleep=gevent.sleep, step=0.05)
         assert got == list(range(count))  # an expiry on the way would have cut the link
+
+
+def test_a_listener_failing_on_every_event_logs_one_traceback(make_node, caplog):
+    """A peer whose events make an overlay's listener fail each time (as a malformed HELLO
+    header once did) must not fill the log: one traceback, then counted."""
+    alice = make_node("alice")
+    bob = make_node("bob", start=False)
+
+    def fragile(event):
+        raise ValueError(f"cannot handle {event.type.name}")
+
+    bob.add_listener(fragile)
+    with caplog.at_level(logging.DEBUG, "peermesh.zre.node"):
+        bob.start()
+        mesh(alice, bob)
+        for i in range(20):
+            alice.whisper(bob.uuid, b"%d" % i)
+        got = [wait_for(bob, match(WHISPER, alice.uuid)) for _ in range(20)]
+    assert [e.frames for e in got] == [(b"%d" % i,) for i in range(20)]  # events still come
+    assert bob.stats()["listener_failures"] >= 21                      # ENTER and 20 WHISPERs
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1 and "cannot handle ENTER" in caplog.text
