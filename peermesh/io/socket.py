@@ -47,7 +47,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .curve import Curve
 
-__all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH"]
+__all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH", "KEY_AND_FD"]
 
 log = logging.getLogger(__name__)
 
@@ -610,7 +610,20 @@ def _pyzmq_events(sock: zmq.Socket) -> int:
     return _backend_get(sock, _EVENTS)
 
 
-def _property(frame: zmq.Frame, name: str) -> Optional[str]:
+#: the pseudo-property read as (the message's "User-Id", the descriptor of the connection
+#: it came by, its "Peer-Address"): what a ``GuardedListener`` needs to close a revoked
+#: key's connections
+KEY_AND_FD = "User-Id+fd"
+_SRCFD = 2  # ZMQ_SRCFD: the descriptor a message was read from
+
+
+def _property(frame: zmq.Frame, name: str) -> Any:
+    if name == KEY_AND_FD:
+        try:
+            fd = int(frame.get(_SRCFD))
+        except zmq.ZMQError:
+            fd = -1
+        return _property(frame, "User-Id"), fd, _property(frame, "Peer-Address")
     try:
         value = frame.get(name)
     except (zmq.ZMQError, UnicodeDecodeError):
