@@ -318,6 +318,7 @@ class GuardedListener:
         for "User-Id", an address for "Peer-Address")."""
         allowlist, keys, counters = self.allowlist, self.keys, self.counters
         assert allowlist is not None
+        seen: list = [None, frozenset()]  # the allowlist's keys (bytes) last read, as str
 
         def batch(count: int, limit: int, max_frames: int, name: Optional[str]) -> list:
             out: list = []
@@ -328,7 +329,10 @@ class GuardedListener:
             while True:
                 wanted = count - len(out)
                 got = read(wanted, limit, max_frames, KEY_AND_FD)
-                allowed = allowlist.keys
+                if allowlist.keys is not seen[0]:
+                    seen[0] = allowlist.keys
+                    seen[1] = frozenset(k.decode() for k in seen[0])
+                allowed = seen[1]
                 for first, rest, value in got:
                     key, fd = value[0], value[1]
                     if key is not None and key not in allowed:
