@@ -159,6 +159,11 @@ class GuardedListener:
         self._paused = False
         self._closed = False
         self._greenlets: list[gevent.Greenlet] = []
+        # the socket's own, without ``__getattr__`` on each call
+        self.socket, self.endpoint = listener.socket, listener.endpoint
+        self.try_send, self.try_send_each = listener.try_send, listener.try_send_each
+        self.readable, self.recv_batch, self.read = \
+            listener.readable, listener.recv_batch, listener.read
         self.allowlist = allowlist if allowlist is not None and not allowlist.any_key else None
         if self.allowlist is not None:
             self._checked = self.allowlist.keys
