@@ -1,0 +1,53 @@
+"""Bounded connection floods on loopback, shared by the tests of every overlay listener."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any, Callable, Iterator
+
+from peermesh.io.connections import ConnectionPolicy, set_default_policy
+from waiting import poll_until
+
+#: idle connections a flood opens, and the cap the listeners get meanwhile
+FLOOD, CAP = 300, 32
+WAIT = 8.0
+
+
+@contextlib.contextmanager
+def lowered_cap(cap: int = CAP) -> Iterator[ConnectionPolicy]:
+    """Listeners bound meanwhile keep at most ``cap`` connections."""
+    policy = ConnectionPolicy(max_connections=cap)
+    old = set_default_policy(policy)
+    try:
+        yield policy
+    finally:
+        set_default_policy(old)
+
+
+@contextlib.contextmanager
+def flood(port: int, count: int = FLOOD, address: str = "127.0.0.1") -> Iterator[list[socket.socket]]:
+    """``count`` idle TCP connections to ``port`` (they never say anything), closed after."""
+    made: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.setblocking(False)
+            try:
+                sock.connect((address, port))
+            except BlockingIOError:
+                pass
+            made.append(sock)
+        yield made
+    finally:
+        for sock in made:
+            sock.close()
+
+
+def wait_shed(counters: Any, at_least: int = FLOOD - CAP,
+              sleep: Callable[[float], None] | None = None) -> None:
+    """Wait until ``counters`` count ``at_least`` connections shed."""
+    kwargs = {"sleep": sleep} if sleep is not None else {}
+    poll_until(lambda: counters.get("connections_shed") >= at_least, WAIT,
+               f"{at_least} connections shed (so far {counters.get('connections_shed')})",
+               step=0.02, **kwargs)

@@ -1,0 +1,139 @@
+"""The connection policy of every listener: a bounded flood of idle connections is shed,
+a real client is still answered, and the connections of a revoked key are closed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import gevent
+import pytest
+import zmq
+
+from peermesh.counters import Counters
+from peermesh.io import HubSocket, bind_ephemeral, make_socket
+from peermesh.io.connections import COUNTERS, ConnectionPolicy, GuardedListener
+from peermesh.io.curve import Curve
+from flooding import CAP, FLOOD, flood, wait_shed
+from waiting import poll_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zre"))
+from curvemesh import KeyRing  # noqa: E402
+
+WAIT = 5.0
+
+
+def counters() -> Counters:
+    return Counters(logging.getLogger(__name__), "test listener", COUNTERS)
+
+
+def echo(listener: GuardedListener) -> gevent.Greenlet:
+    def on_message(identity: bytes, frames: list[bytes]) -> None:
+        listener.try_send([identity, b"echo", *frames])
+
+    return gevent.spawn(listener.serve, on_message)
+
+
+def ask(dealer: HubSocket, text: bytes) -> list[bytes]:
+    assert dealer.try_send([text])
+    assert dealer.wait_readable(WAIT), f"no answer to {text!r}"
+    ((first, rest),) = dealer.recv_batch(1)
+    return [first, *rest]
+
+
+def test_a_flood_of_idle_connections_is_shed_and_a_client_still_answered() -> None:
+    router = make_socket(zmq.ROUTER)
+    endpoint = bind_ephemeral(router, "127.0.0.1")
+    shed = counters()
+    listener = GuardedListener(HubSocket(router, endpoint=endpoint), shed,
+                               ConnectionPolicy(max_connections=CAP))
+    server = echo(listener)
+    dealer = HubSocket(make_socket(zmq.DEALER))
+    try:
+        with flood(listener.port):
+            wait_shed(shed, sleep=gevent.sleep)
+            assert listener.connections <= CAP
+            dealer.socket.connect(endpoint)
+            assert ask(dealer, b"hello") == [b"echo", b"hello"]
+        poll_until(lambda: listener.connections <= 1, WAIT, "the flood's connections forgotten",
+                   sleep=gevent.sleep)
+        assert shed.get("connections_shed") >= FLOOD - CAP
+    finally:
+        dealer.close()
+        listener.close()
+        server.kill()
+
+
+def test_the_connections_of_a_revoked_key_are_closed_and_its_messages_dropped(
+        tmp_path: Path) -> None:
+    ring = KeyRing(tmp_path)
+    allowed = ring.allow("allowed", "a", "b")
+    server_curve = Curve.load(ring.secret("server"), allowed)
+    router = make_socket(zmq.ROUTER, curve=server_curve)
+    endpoint = bind_ephemeral(router, "127.0.0.1")
+    seen = counters()
+    revoked: list[frozenset[str]] = []
+    listener = GuardedListener(HubSocket(router, endpoint=endpoint), seen,
+                               allowlist=server_curve.allowlist, on_revoked=revoked.append)
+    server = echo(listener)
+    dealers = {}
+    for name in ("a", "b"):
+        curve = Curve.load(ring.secret(name))
+        dealers[name] = HubSocket(make_socket(zmq.DEALER, curve=curve,
+                                              server_key=server_curve.public))
+        dealers[name].socket.connect(endpoint)
+    monitor = dealers["b"].socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        for name, dealer in dealers.items():
+            assert ask(dealer, name.encode()) == [b"echo", name.encode()]
+        os.remove(Path(allowed) / "b.key")
+        poll_until(lambda: seen.get("connections_revoked") >= 1, WAIT, "b's connection closed",
+                   sleep=gevent.sleep)
+        assert monitor.poll(int(WAIT * 1000)), "b's client never saw its connection end"
+        assert revoked == [frozenset({ring.public("b").decode()})]
+        assert ask(dealers["a"], b"still") == [b"echo", b"still"]
+        assert not dealers["b"].wait_readable(0.3)  # refused by ZAP now: never answered
+    finally:
+        monitor.close()
+        dealers["b"].socket.disable_monitor()
+        for dealer in dealers.values():
+            dealer.close()
+        listener.close()
+        server.kill()
+        server_curve.release(router.context)
+
+
+def test_a_message_of_a_key_revoked_before_it_was_read_is_not_served(tmp_path: Path) -> None:
+    ring = KeyRing(tmp_path)
+    allowed = ring.allow("allowed", "b")
+    server_curve = Curve.load(ring.secret("server"), allowed)
+    router = make_socket(zmq.ROUTER, curve=server_curve)
+    endpoint = bind_ephemeral(router, "127.0.0.1")
+    seen = counters()
+    listener = GuardedListener(HubSocket(router, endpoint=endpoint), seen,
+                               allowlist=server_curve.allowlist)
+    dealer = HubSocket(make_socket(zmq.DEALER, curve=Curve.load(ring.secret("b")),
+                                   server_key=server_curve.public))
+    dealer.socket.connect(endpoint)
+    try:
+        assert dealer.try_send([b"queued"])
+        assert listener.listener.wait_readable(WAIT)  # waiting, unread
+        poll_until(lambda: listener.connections == 1, WAIT, "the connection seen",
+                   sleep=gevent.sleep)
+        os.remove(Path(allowed) / "b.key")
+        server_curve.allowlist.reload()
+        assert listener.recv_batch(16) == []
+        assert seen.get("messages_revoked") == 1 and seen.get("connections_revoked") == 1
+    finally:
+        dealer.close()
+        listener.close()
+        server_curve.release(router.context)
+
+
+def test_policies_out_of_range_are_refused() -> None:
+    for bad in ({"max_connections": 0}, {"max_per_address": 0}, {"revoke_check": 2.0},
+                {"accept_pause": 0}):
+        with pytest.raises(ValueError):
+            ConnectionPolicy(**bad)  # type: ignore[arg-type]
