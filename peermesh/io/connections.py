@@ -11,9 +11,10 @@ carry the connection's descriptor) and keeps it under its
 
 * **a cap per listener** (``max_connections``, and at most half the
   descriptors beyond a reserve): over it, connections are shut down to 7/8 of
-  the cap, oldest first those that sent under 1 KiB (no handshake, or nothing
-  since it but a greeting), then those that sent the fewest octets, so a
-  client that talks is shed last (``connections_shed``);
+  the cap, oldest first those that never sent a whole ZMTP greeting (no
+  handshake), then those that sent under 1 KiB (nothing since the handshake
+  but a greeting), then those that sent the fewest octets, so a client that
+  talks is shed last (``connections_shed``);
 * **a cap per source address** (``max_per_address``; the listener's own host
   is not counted): the connections from one other host over it are shed the
   same way (``connections_shed``);
@@ -30,8 +31,8 @@ carry the connection's descriptor) and keeps it under its
   it came by (``KEY_AND_FD``), so the listener knows each connection's key.
   Every ``revoke_check`` seconds it re-reads the allowlist if its directory
   changed; the connections of a key no longer in it are shut down
-  (``connections_revoked``), ``on_revoked(keys)`` lets the overlay fail that
-  key's work in flight, and a message of such a key still unread is dropped,
+  (``connections_revoked``), ``on_revoked(keys)`` lets the overlay fail the
+  work in flight of keys no longer allowed, and a message of such a key still unread is dropped,
   never served (``messages_revoked``). A key's connections are therefore
   closed within ``revoke_check`` (0.25 s) of the change, and at once when a
   handshake elsewhere re-read the directory first.
@@ -124,7 +125,9 @@ class GuardedListener:
     """A bound ROUTER kept under a ``ConnectionPolicy`` (see the module's docstring).
 
     ``allowlist`` (an ``Allowlist`` with a directory): connections of keys
-    removed from it are closed and ``on_revoked(keys)`` is called on the hub.
+    removed from it are closed and ``on_revoked(keys)`` is called on the hub after
+    each change of it (``keys``: those it knew that are gone; the overlay fails the
+    work of every key the allowlist no longer holds).
     ``on_event(event, value, endpoint)`` hears the monitor events of
     ``events`` too (libzmq allows one monitor per socket).
     """
@@ -206,8 +209,7 @@ class GuardedListener:
                 continue
             event, fd = _MONITOR_EVENT.unpack_from(first)
             if event == zmq.EVENT_ACCEPTED:
-                accepted[fd] = time.monotonic()
-                self.keys.pop(fd, None)
+                accepted[fd] = time.monotonic()  # (its first messages may be read already)
                 address = _remote_address(fd, self.port) if limit else ""
                 if address:
                     self.sources[fd] = address
@@ -242,15 +244,16 @@ class GuardedListener:
             take_one(self.per_address, address)
 
     def _shed(self, count: int, address: Optional[str] = None) -> int:
-        """Shut down ``count`` connections (from ``address`` if given): oldest first those
-        that sent under ``_SMALL`` octets (no more than a handshake and a greeting), then
-        the fewest; how many were.
+        """Shut down ``count`` connections (from ``address`` if given); how many were.
 
-        Asking the kernel costs a few system calls per connection, so the scan
-        stops once it has found enough small ones, and lets other greenlets
-        run every ``_SHED_BATCH`` connections.
+        First, oldest first, those that never sent a whole ZMTP greeting
+        (``_GREETING`` octets: no handshake), then those that sent under
+        ``_SMALL`` octets (no more than a handshake and a greeting), then the
+        fewest. Asking the kernel costs a few system calls per connection, so
+        the scan stops once it has found enough of the first kind, and lets
+        other greenlets run every ``_SHED_BATCH`` connections.
         """
-        accepted, larger, shed = self.accepted, [], 0
+        accepted, small, larger, shed = self.accepted, [], [], 0
         for i, (fd, when) in enumerate(list(accepted.items())):  # oldest first
             if shed >= count:
                 return shed
@@ -264,12 +267,16 @@ class GuardedListener:
             if octets is None:  # not a connection of ours any more: its event is late
                 del accepted[fd]
                 self._forget(fd)
-            elif octets < _SMALL:
+            elif octets < _GREETING:
                 self._shut_down(fd, "connections_shed")
                 shed += 1
+            elif octets < _SMALL:
+                small.append((when, fd))
             else:
                 larger.append((octets, when, fd))
-        for _, when, fd in sorted(larger)[:count - shed]:
+        for when, fd in small + [(when, fd) for _, when, fd in sorted(larger)]:
+            if shed >= count:
+                break
             if accepted.get(fd) == when:
                 self._shut_down(fd, "connections_shed")
                 shed += 1
@@ -361,20 +368,25 @@ class GuardedListener:
             gevent.sleep(self.policy.revoke_check)
             allowlist.refresh()
             if allowlist.keys is not self._checked:
-                self.revoke(frozenset(k.decode() for k in self._checked - allowlist.keys))
-                self._checked = allowlist.keys
+                # every key this listener knew that is gone (also one added and removed
+                # again between two looks)
+                allowed = allowlist.keys
+                known = {k.decode() for k in self._checked} | set(self.keys.values())
+                self._checked = allowed
+                self.revoke(frozenset(k for k in known if k.encode() not in allowed))
 
     def revoke(self, keys: frozenset[str]) -> int:
-        """Close the connections of ``keys`` (Z85) and tell ``on_revoked``; how many."""
-        if not keys:
-            return 0
+        """Close the connections of ``keys`` (Z85) and call ``on_revoked(keys)``, which
+        also follows every change of the allowlist (its work may be of keys this listener
+        never saw: it checks against the allowlist); how many were closed."""
         closed = 0
         for fd, key in list(self.keys.items()):
             if key in keys and fd in self.accepted:
                 self._shut_down(fd, "connections_revoked")
                 closed += 1
-        log.info("keys no longer allowed: closed %d connection(s) at %s", closed,
-                 self.listener.endpoint)
+        if keys:
+            log.info("keys no longer allowed: closed %d connection(s) at %s", closed,
+                     self.listener.endpoint)
         if self.on_revoked is not None:
             try:
                 self.on_revoked(keys)
@@ -405,6 +417,7 @@ class GuardedListener:
 
 _SHED_BATCH = 64  # connections asked about between two yields of the monitor's reader
 _SMALL = 1024  # octets: a connection that sent fewer did no more than a handshake and a HELLO
+_GREETING = 64  # octets of a ZMTP 3 greeting: a connection that sent fewer has no handshake
 _MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
 _TCP_INFO_SIZE = 232
 _BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received ...

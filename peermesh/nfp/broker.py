@@ -445,10 +445,12 @@ class Broker(Overlay):
                                    raw=relay)
 
     def _revoked(self, keys: frozenset[str]) -> None:
-        """Keys were removed from the allowlist: their POSTs still queued are withdrawn (the
-        workers fail those they hold)."""
+        """The allowlist changed: POSTs still queued of keys it no longer holds are withdrawn
+        (the workers fail those they hold)."""
+        allowed = self.allowlist.keys if self.allowlist is not None else frozenset()
         if self.dispatcher is not None:
-            for uuid in [u for u, key in self._posters.items() if key in keys]:
+            for uuid in [u for u, key in self._posters.items()
+                         if key in keys or key.encode() not in allowed]:
                 self.dispatcher.withdraw(uuid)
 
     def _may_use(self, uuid: str, caller: Optional[str]) -> bool:

@@ -853,8 +853,11 @@ class Worker(Overlay):
         return channel is not None and channel.readable()
 
     def _revoked(self, keys: frozenset[str]) -> None:
-        """Keys were removed from the allowlist: their jobs fail, queued or running."""
-        for job in [j for j in self._jobs.values() if j.caller in keys]:
+        """The allowlist changed: the jobs of keys it no longer holds fail, queued or
+        running (``keys``: those whose connections were closed here)."""
+        allowed = self._curve.allowlist.keys if self._curve is not None else None
+        for job in [j for j in self._jobs.values() if j.caller is not None and (
+                j.caller in keys or (allowed is not None and j.caller.encode() not in allowed))]:
             job.revoked = job.cancelled = True
             if job.state == PENDING:
                 try:
