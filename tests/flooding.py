@@ -50,7 +50,9 @@ def flood(port: int, count: int = FLOOD, address: str = "127.0.0.1") -> Iterator
 
 def wait_shed(counters: Any, at_least: int = FLOOD - CAP,
               sleep: Callable[[float], None] | None = None) -> None:
-    """Wait until ``counters`` count ``at_least`` connections shed."""
+    """Wait until ``counters`` (a ``Counters``, or a function of a counter's name) count
+    ``at_least`` connections shed."""
     kwargs = {"sleep": sleep} if sleep is not None else {}
-    poll_until(lambda: counters.get("connections_shed") >= at_least, WAIT,
+    get = counters if callable(counters) else counters.get
+    poll_until(lambda: get("connections_shed") >= at_least, WAIT,
                f"{at_least} connections shed", step=0.02, **kwargs)

@@ -442,8 +442,10 @@ class Channel(Overlay):
     @property
     def stats(self) -> dict[str, int]:
         """Counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,
-        intr, rintr_sent, dropped (malformed, oversized or unexpected messages), and the
-        INTRs refused by each limit (``max_services``, ``max_catalog``)."""
+        intr, rintr_sent, dropped (malformed, oversized or unexpected messages), the
+        INTRs refused by each limit (``max_services``, ``max_catalog``), and what the
+        connection policy shed or closed (``connections_shed``, ``connections_revoked``,
+        ``messages_revoked``, ``accept_paused``: see ``peermesh.io.connections``)."""
         return self._core.stats
 
     def wait_until(self, predicate: Callable[["Channel"], bool],
