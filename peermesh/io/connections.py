@@ -157,6 +157,9 @@ class GuardedListener:
         self.on_revoked = on_revoked
         self.on_event = on_event
         self._events = events
+        #: accepts libzmq reported failed for lack of descriptors (a spinning listener
+        #: would report them as fast as it can)
+        self.accept_failures = 0
         self._peak = 0
         self._trimmed = 0.0
         self._paused = False
@@ -228,6 +231,7 @@ class GuardedListener:
             self._shed(per_address[address] - limit, address)
         if len(accepted) > self.cap:  # down to 7/8 of it: one scan sheds many
             self._shed(len(accepted) - self.cap + self.cap // 8)
+        self.accept_failures += failed
         if failed and not self._paused:
             self._out_of_descriptors()
         count = len(accepted)

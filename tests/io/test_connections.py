@@ -3,8 +3,10 @@ a real client is still answered, and the connections of a revoked key are closed
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -137,3 +139,45 @@ def test_policies_out_of_range_are_refused() -> None:
                 {"accept_pause": 0}):
         with pytest.raises(ValueError):
             ConnectionPolicy(**bad)  # type: ignore[arg-type]
+
+
+def test_out_of_descriptors_the_listener_pauses_instead_of_spinning() -> None:
+    """A process with every descriptor taken: accept fails (EMFILE), the listener stops
+    listening a while instead of letting libzmq retry for ever, and serves again once
+    descriptors are free."""
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("emfilechild.py"))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert child.stdin is not None and child.stdout is not None
+
+    def stats() -> dict:
+        child.stdin.write(b"stats\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(child.stdout.readline())  # type: ignore[union-attr]
+
+    try:
+        port = json.loads(child.stdout.readline())["port"]
+        with flood(port, 20):
+            poll_until(lambda: stats()["accept_paused"] >= 1, WAIT, "the listener paused")
+            # libzmq retries a failed accept at once: spinning, it reports failures by
+            # the hundred thousand a second for as long as the flood waits; paused, only
+            # those before the pause took effect (the flood's connections are refused)
+            counts: list[int] = []
+
+            def steady() -> bool:
+                counts.append(stats()["failures"])
+                return counts[-2:-1] == counts[-1:]
+
+            poll_until(steady, WAIT, "no more failed accepts")
+        assert counts[-1] < 50_000
+        child.stdin.write(b"free\n")
+        child.stdin.flush()
+        with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+            dealer.send(b"back")
+            assert dealer.poll(int(WAIT * 1000)), "not listening again"
+            assert dealer.recv() == b"back"
+    finally:
+        child.stdin.close()
+        child.wait(WAIT)
