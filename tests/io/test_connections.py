@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from peermesh.counters import Counters
 from peermesh.io import HubSocket, bind_ephemeral, make_socket
 from peermesh.io.connections import COUNTERS, ConnectionPolicy, GuardedListener
 from peermesh.io.curve import Curve
+from peermesh.io.socket import KEY_AND_FD
 from flooding import CAP, FLOOD, flood, wait_shed
 from waiting import poll_until
 
@@ -181,3 +183,30 @@ def test_out_of_descriptors_the_listener_pauses_instead_of_spinning() -> None:
     finally:
         child.stdin.close()
         child.wait(WAIT)
+
+
+def test_a_message_is_read_with_its_key_descriptor_and_address(tmp_path: Path) -> None:
+    """``KEY_AND_FD``, through the C extension (when built) and through pyzmq alike."""
+    ring = KeyRing(tmp_path)
+    server_curve = Curve.load(ring.secret("server"), ring.allow("allowed", "a"))
+    router = HubSocket(make_socket(zmq.ROUTER, curve=server_curve))
+    endpoint = bind_ephemeral(router.socket, "127.0.0.1")
+    dealer = make_socket(zmq.DEALER, curve=Curve.load(ring.secret("a")),
+                         server_key=server_curve.public)
+    dealer.connect(endpoint)
+    try:
+        got = []
+        for read in (router._batch, router._pyzmq_batch):  # (the same one without the extension)
+            dealer.send(b"x")
+            assert router.wait_readable(WAIT)
+            ((first, rest, value),) = read(1, 1 << 20, -1, KEY_AND_FD)
+            got.append(value)
+        key, fd, address = got[0]
+        assert got[0] == got[1] and rest == [b"x"]
+        assert key == ring.public("a").decode() and address == "127.0.0.1"
+        with socket.socket(fileno=os.dup(fd)) as connection:
+            assert connection.getsockname()[1] == int(endpoint.split(":")[-1])
+    finally:
+        dealer.close(0)
+        router.close()
+        server_curve.release(router.socket.context)
