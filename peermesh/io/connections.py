@@ -349,16 +349,23 @@ class GuardedListener:
                     seen[0] = allowlist.keys
                     seen[1] = frozenset(k.decode() for k in seen[0])
                 allowed = seen[1]
-                for first, rest, value in got:
-                    key, fd = value[0], value[1]
-                    if key is not None and key not in allowed:
-                        counters.add("messages_revoked")
-                        if fd in self.accepted:
-                            self._shut_down(fd, "connections_revoked")
-                        continue
-                    if key is not None and keys.get(fd) != key:
-                        keys[fd] = key
-                    append((first, rest) if pick < 0 else (first, rest, value[pick]))
+                last_fd = last_key = None  # a batch mostly comes from few connections
+                for first, rest, (key, fd, address) in got:
+                    if fd != last_fd or key != last_key:
+                        if key is not None and key not in allowed:
+                            counters.add("messages_revoked")
+                            if fd in self.accepted:
+                                self._shut_down(fd, "connections_revoked")
+                            continue
+                        if key is not None and keys.get(fd) != key:
+                            keys[fd] = key
+                        last_fd, last_key = fd, key
+                    if pick == 0:
+                        append((first, rest, key))
+                    elif pick < 0:
+                        append((first, rest))
+                    else:
+                        append((first, rest, address))
                 # fewer than asked must still mean "found empty" (the edge re-armed)
                 if len(got) < wanted or len(out) == count:
                     return out
