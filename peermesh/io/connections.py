@@ -160,6 +160,8 @@ class GuardedListener:
         #: accepts libzmq reported failed for lack of descriptors (a spinning listener
         #: would report them as fast as it can)
         self.accept_failures = 0
+        #: times the heap was trimmed after the connections fell (see ``TRIM_AFTER``)
+        self.trims = 0
         self._peak = 0
         self._trimmed = 0.0
         self._paused = False
@@ -323,6 +325,7 @@ class GuardedListener:
         now = time.monotonic()
         if now - self._trimmed >= TRIM_PERIOD and _malloc_trim is not None:
             self._trimmed = now
+            self.trims += 1
             _malloc_trim(0)
 
     # --- revoked keys --------------------------------------------------------------

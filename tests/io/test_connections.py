@@ -17,6 +17,7 @@ import zmq
 
 from peermesh.counters import Counters
 from peermesh.io import HubSocket, bind_ephemeral, make_socket
+from peermesh.io import connections
 from peermesh.io.connections import COUNTERS, ConnectionPolicy, GuardedListener
 from peermesh.io.curve import Curve
 from peermesh.io.socket import KEY_AND_FD
@@ -68,6 +69,22 @@ def test_a_flood_of_idle_connections_is_shed_and_a_client_still_answered() -> No
         dealer.close()
         listener.close()
         server.kill()
+
+
+@pytest.mark.skipif(connections._malloc_trim is None, reason="no malloc_trim (not glibc)")
+def test_the_heap_is_trimmed_once_many_connections_have_closed() -> None:
+    router = make_socket(zmq.ROUTER)
+    endpoint = bind_ephemeral(router, "127.0.0.1")
+    listener = GuardedListener(HubSocket(router, endpoint=endpoint), counters())
+    try:
+        with flood(listener.port, connections.TRIM_AFTER + 44):
+            poll_until(lambda: listener.connections >= connections.TRIM_AFTER, WAIT,
+                       "the connections accepted", sleep=gevent.sleep)
+            assert listener.trims == 0
+        poll_until(lambda: listener.trims == 1, WAIT, "the heap trimmed", sleep=gevent.sleep)
+        assert listener.connections <= connections.TRIM_AFTER // 2
+    finally:
+        listener.close()
 
 
 def test_the_connections_of_a_revoked_key_are_closed_and_its_messages_dropped(
