@@ -28,7 +28,8 @@ def lowered_cap(cap: int = CAP) -> Iterator[ConnectionPolicy]:
 
 
 @contextlib.contextmanager
-def flood(port: int, count: int = FLOOD, address: str = "127.0.0.1") -> Iterator[list[socket.socket]]:
+def flood(port: int, count: int = FLOOD,
+          address: str = "127.0.0.1") -> Iterator[list[socket.socket]]:
     """``count`` idle TCP connections to ``port`` (they never say anything), closed after.
 
     Each is connected before the next (the kernel queues what the listener has not
