@@ -175,7 +175,7 @@ class GuardedListener:
         self.allowlist = allowlist if allowlist is not None and not allowlist.any_key else None
         if self.allowlist is not None:
             self._checked = self.allowlist.keys
-            listener._batch = self._admitting(listener._batch)
+            listener.wrap_reader(self._admitting)
             self._greenlets.append(gevent.spawn(self._watch_keys))
         router = listener.socket
         address = f"inproc://peermesh-monitor-{id(self):x}"

@@ -401,6 +401,15 @@ class HubSocket:
                 append((first, rest, _property(frame, name)))
         return batch
 
+    def wrap_reader(self, wrap: Callable[[Callable[..., list]], Callable[..., list]]) -> None:
+        """Read every batch through ``wrap(reader)``, a function of the same arguments as
+        ``recv_batch``'s reader (``count, limit, max_frames, metadata``) that must still
+        return fewer than ``count`` messages only once the socket is found empty. Before
+        anyone serves or reads (a ``GuardedListener`` drops what revoked keys sent)."""
+        if self._serving is not None or self._reading:
+            raise RuntimeError("the socket is already read")
+        self._batch = wrap(self._batch)
+
     def read(self, on_batch: Callable[[list], None], metadata: Optional[str] = None) -> None:
         """Hand every batch of messages (as ``recv_batch`` gives them, with ``metadata``
         too) to ``on_batch``, in the calling greenlet, until the socket is closed;
