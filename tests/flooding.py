@@ -33,8 +33,9 @@ def flood(port: int, count: int = FLOOD,
     """``count`` idle TCP connections to ``port`` (they never say anything), closed after.
 
     Each is connected before the next (the kernel queues what the listener has not
-    accepted yet), so all ``count`` reach it; cooperatively (gevent sockets), so a hub
-    the test shares with its nodes goes on running meanwhile.
+    accepted yet), so all ``count`` reach a listener that listens; cooperatively
+    (gevent sockets), so a hub the test shares with its nodes goes on running
+    meanwhile. One refused or reset (a listener that paused) is left out.
     """
     made: list[socket.socket] = []
     try:
@@ -42,7 +43,10 @@ def flood(port: int, count: int = FLOOD,
             sock = gevent.socket.socket()
             made.append(sock)
             sock.settimeout(WAIT)
-            sock.connect((address, port))
+            try:
+                sock.connect((address, port))
+            except (ConnectionRefusedError, ConnectionResetError):
+                made.pop().close()
         yield made
     finally:
         for sock in made:
