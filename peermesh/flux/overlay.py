@@ -72,6 +72,7 @@ from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
 from ..events import EventType
 from ..counters import Counters
+from ..io.connections import default_policy
 from ..overlay.contract import Lifecycle, Overlay, PeerNetworks, header_json
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY
@@ -195,7 +196,9 @@ class FluxOverlay(Overlay):
             transport = ZmqTransport()
         self.transport = transport
         # members re-attach under their identity: the newer connection takes it over
-        router = transport.bind_mailbox(address, self.max_message, self.listen, handover=True)
+        router = transport.bind_mailbox(address, self.max_message, self.listen, handover=True,
+                                        policy=default_policy(), counters=self.limits,
+                                        on_revoked=self._revoked)
         sock = getattr(router, "socket", None)
         if sock is not None:  # a real ROUTER: a send to a gone child fails at once
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -464,6 +467,11 @@ class FluxOverlay(Overlay):
             self._router.serve(on_message, self._oversized, None)
         else:
             self._router.serve(on_message, self._oversized, None, after_batch=self._end_batch)
+
+    def _revoked(self, keys: frozenset[str]) -> None:
+        # their connections are closed and what they sent unread is dropped (the router's
+        # guard); their members are then lost like any other gone member
+        self.limits.add("keys_revoked", len(keys))
 
     def _oversized(self, identity: bytes) -> None:
         self.dropped += 1

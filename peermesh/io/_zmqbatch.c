@@ -18,6 +18,11 @@
 #define ZMQ_DONTWAIT 1
 #define ZMQ_SNDMORE 2
 #define ZMQ_EVENTS 15
+#define ZMQ_SRCFD 2
+/* The pseudo-property that reads a message's "User-Id", the descriptor of the
+ * connection it came by (ZMQ_SRCFD) and its "Peer-Address" together, as
+ * (str or None, int, str or None). */
+#define KEY_AND_FD "User-Id+fd"
 
 /* zmq_msg_t as libzmq 4 declares it: 64 opaque bytes, pointer-aligned. */
 typedef struct {
@@ -31,6 +36,7 @@ static void *(*msg_data)(zmq_msg *);
 static size_t (*msg_size)(const zmq_msg *);
 static int (*msg_more)(const zmq_msg *);
 static const char *(*msg_gets)(const zmq_msg *, const char *);
+static int (*msg_get)(const zmq_msg *, int);
 static int (*zmq_send_)(void *, const void *, size_t, int);
 static int (*zmq_getsockopt_)(void *, int, void *, size_t *);
 static int (*zmq_errno_)(void);
@@ -91,6 +97,7 @@ load(PyObject *self, PyObject *args)
     FIND(msg_size, "zmq_msg_size");
     FIND(msg_more, "zmq_msg_more");
     FIND(msg_gets, "zmq_msg_gets");
+    FIND(msg_get, "zmq_msg_get");
     FIND(zmq_send_, "zmq_send");
     FIND(zmq_getsockopt_, "zmq_getsockopt");
     FIND(zmq_errno_, "zmq_errno");
@@ -106,10 +113,20 @@ load(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* A message property (such as "Peer-Address") of a received frame: str, or None. */
+/* A message property (such as "Peer-Address") of a received frame: str, or None;
+ * for KEY_AND_FD, (its "User-Id", the descriptor it came by, its "Peer-Address"). */
 static PyObject *
 property_of(zmq_msg *msg, const char *name)
 {
+    if (name[0] == 'U' && strcmp(name, KEY_AND_FD) == 0) {
+        PyObject *key = property_of(msg, "User-Id");
+        PyObject *address = key ? property_of(msg, "Peer-Address") : NULL;
+        PyObject *value = address ? Py_BuildValue("(OiO)", key, msg_get(msg, ZMQ_SRCFD),
+                                                  address) : NULL;
+        Py_XDECREF(key);
+        Py_XDECREF(address);
+        return value;
+    }
     const char *value = msg_gets(msg, name);
     if (!value)
         Py_RETURN_NONE;
@@ -161,7 +178,8 @@ PyDoc_STRVAR(recv_batch_doc,
 "instead of the list when those add up to more than limit bytes or more than\n"
 "max_frames frames (-1: any number). With name, each is (first, rest, value),\n"
 "value being that message property of the last frame (e.g. \"Peer-Address\"),\n"
-"str or None. Fewer than count means the socket is empty (and its\n"
+"str or None (for \"User-Id+fd\": the tuple (User-Id, the descriptor the message\n"
+"came by, Peer-Address)). Fewer than count means the socket is empty (and its\n"
 "descriptor's edge re-armed).");
 
 static PyObject *

@@ -49,7 +49,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .curve import Curve
 
-__all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH"]
+__all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH", "KEY_AND_FD"]
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +419,15 @@ class HubSocket:
                 append((first, rest, _property(frame, name)))
         return batch
 
+    def wrap_reader(self, wrap: Callable[[Callable[..., list]], Callable[..., list]]) -> None:
+        """Read every batch through ``wrap(reader)``, a function of the same arguments as
+        ``recv_batch``'s reader (``count, limit, max_frames, metadata``) that must still
+        return fewer than ``count`` messages only once the socket is found empty. Before
+        anyone serves or reads (a ``GuardedListener`` drops what revoked keys sent)."""
+        if self._serving is not None or self._reading:
+            raise RuntimeError("the socket is already read")
+        self._batch = wrap(self._batch)
+
     def read(self, on_batch: Callable[[list], None], metadata: Optional[str] = None) -> None:
         """Hand every batch of messages (as ``recv_batch`` gives them, with ``metadata``
         too) to ``on_batch``, in the calling greenlet, until the socket is closed;
@@ -628,7 +637,20 @@ def _pyzmq_events(sock: zmq.Socket) -> int:
     return _backend_get(sock, _EVENTS)
 
 
-def _property(frame: zmq.Frame, name: str) -> Optional[str]:
+#: the pseudo-property read as (the message's "User-Id", the descriptor of the connection
+#: it came by, its "Peer-Address"): what a ``GuardedListener`` needs to close a revoked
+#: key's connections
+KEY_AND_FD = "User-Id+fd"
+_SRCFD = 2  # ZMQ_SRCFD: the descriptor a message was read from
+
+
+def _property(frame: zmq.Frame, name: str) -> Any:
+    if name == KEY_AND_FD:
+        try:
+            fd = int(frame.get(_SRCFD))
+        except zmq.ZMQError:
+            fd = -1
+        return _property(frame, "User-Id"), fd, _property(frame, "Peer-Address")
     try:
         value = frame.get(name)
     except (zmq.ZMQError, UnicodeDecodeError):

@@ -23,7 +23,7 @@ peer that really reconnects is not locked out by a dead one. The same holds
 for this node's links at its peers' mailboxes: a new link under the same
 identity to an endpoint whose previous link closed moments ago connects only
 ``RECONNECT_GAP`` after that close, so the peer has seen the old connection
-end first. With limits, a ``GuardedMailbox`` also bounds its connections.
+end first. With limits, a ``GuardedListener`` also bounds its connections.
 """
 
 from __future__ import annotations
@@ -32,18 +32,17 @@ import logging
 import os
 import resource
 import socket
-import struct
 import time
-from collections import Counter
 from typing import Any, Callable, Optional
 
 import gevent
 import gevent.socket
 import zmq
 
-from ..counters import Counters, take_one
+from ..counters import Counters
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
+from .connections import FD_RESERVE, ConnectionPolicy, GuardedListener
 from .endpoints import bind, bind_ephemeral
 from .context import shared_context
 from .curve import Curve
@@ -51,12 +50,15 @@ from .socket import HubSocket, make_socket
 
 __all__ = ["ZmqTransport", "CapacityError", "GuardedMailbox"]
 
+#: the guarded mailbox is a ``GuardedListener`` (see ``peermesh.io.connections``)
+GuardedMailbox = GuardedListener
+
 log = logging.getLogger(__name__)
 
 #: file descriptors one peer costs in one process: its DEALER's connection, the
 #: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
 FDS_PER_PEER = 3
-_FD_RESERVE = 64
+_FD_RESERVE = FD_RESERVE
 #: milliseconds between ZMTP heartbeats on a mailbox's connections (at most)
 HEARTBEAT_IVL = 2_000
 #: seconds between closing a link and connecting a new one under the same identity to the
@@ -89,7 +91,9 @@ class ZmqTransport:
     def bind_mailbox(self, address: str, max_message: int, endpoint: Optional[str] = None, *,
                      max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
                      dead_after: float = 30.0, counters: Optional[Counters] = None,
-                     handover: bool = False, max_per_address: Optional[int] = None) -> Any:
+                     handover: bool = False, max_per_address: Optional[int] = None,
+                     policy: Optional[ConnectionPolicy] = None,
+                     on_revoked: Optional[Callable[[frozenset[str]], None]] = None) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -99,7 +103,10 @@ class ZmqTransport:
         answered heartbeats for ``dead_after`` seconds. With ``max_connections``
         the mailbox is a ``GuardedMailbox`` that counts what it sheds in
         ``counters`` (and keeps at most ``max_per_address`` connections from any one
-        other host). Without ``handover`` (the ZRE mailbox), a second connection
+        other host); with ``policy`` instead, a ``GuardedListener`` under it, which
+        with ``on_revoked`` and the transport's allowlist also closes the connections of
+        keys removed from it (see ``peermesh.io.connections``). Without ``handover``
+        (the ZRE mailbox), a second connection
         under a routing identity in use is ignored while the first lasts, so no one
         can take a live peer's identity; ``handover`` lets the newer connection
         take it (the Flux tree, whose members re-attach under their identity).
@@ -116,10 +123,13 @@ class ZmqTransport:
             router.close(linger=0)
             raise
         mailbox = HubSocket(router, endpoint=endpoint, limit=max_message)
-        if max_connections is None:
+        if max_connections is not None:
+            policy = ConnectionPolicy(max_connections, max_per_address)
+        if policy is None:
             return mailbox
-        return GuardedMailbox(mailbox, max_connections,
-                              counters or Counters(log, f"mailbox {endpoint}"), max_per_address)
+        allowlist = self.curve.allowlist if self.curve is not None and on_revoked else None
+        return GuardedListener(mailbox, counters or Counters(log, f"listener {endpoint}"),
+                               policy, allowlist=allowlist, on_revoked=on_revoked)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
                 server_key: Optional[bytes] = None, handover: bool = False) -> HubSocket:
@@ -211,204 +221,6 @@ def _open_descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 0
-
-
-class GuardedMailbox:
-    """A mailbox that keeps its connections under a cap, so descriptors never run out.
-
-    libzmq accepts every connection it can; once the process is out of
-    descriptors, ``accept`` fails and libzmq retries it at once, for ever: the
-    I/O thread spins and no peer gets in. So the mailbox's socket monitor
-    counts the accepted connections (``connections``), and once they exceed
-    ``cap`` (``max_connections``, and at most half the descriptors beyond a
-    reserve, so that the node can still connect back to its peers) some are
-    shut down, down to 7/8 of the cap: oldest first those that sent under 1 KiB
-    (no handshake, or nothing since it but a HELLO), then those that sent the
-    fewest octets; a peer that talks is shed last. With ``max_per_address``, the
-    connections from one address other than the connection's own local one
-    (another host) are kept under it the same way, so one host cannot take every
-    connection. Each is counted as ``connections_shed``.
-    """
-
-    def __init__(self, mailbox: HubSocket, max_connections: int, counters: Counters,
-                 max_per_address: Optional[int] = None) -> None:
-        self.mailbox = mailbox
-        self.port = mailbox.port
-        self.counters = counters
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        self.cap = max_connections if limit == resource.RLIM_INFINITY else \
-            max(1, min(max_connections, (limit - _FD_RESERVE) // 2))
-        #: accepted connections still open: descriptor -> when accepted (oldest first)
-        self.accepted: dict[int, float] = {}
-        self.max_per_address = max_per_address
-        #: accepted connections from other hosts: descriptor -> the address
-        self.sources: dict[int, str] = {}
-        self.per_address: Counter[str] = Counter()
-        router = mailbox.socket
-        address = f"inproc://peermesh-monitor-{id(self):x}"
-        router.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
-        # libzmq sends monitor events blocking (its I/O thread, every connection of the
-        # context with it, would wait for this reader): no high-water mark on them
-        monitor = make_socket(zmq.PAIR, {zmq.RCVHWM: 0}, router.context)
-        monitor.connect(address)
-        self._monitor = HubSocket(monitor)
-        self._reader = gevent.spawn(self._monitor.read, self._on_events)
-
-    @property
-    def connections(self) -> int:
-        """Connections to the mailbox now open."""
-        return len(self.accepted)
-
-    def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
-              backpressure: Any = None, *, metadata: Optional[str] = None,
-              after_batch: Optional[Callable[[], None]] = None) -> None:
-        """``HubSocket.serve`` of the mailbox."""
-        self.mailbox.serve(on_message, on_oversized, backpressure, metadata=metadata,
-                           after_batch=after_batch)
-
-    def _on_events(self, batch: list) -> None:
-        accepted, per_address, limit = self.accepted, self.per_address, self.max_per_address or 0
-        crowded = set()
-        for first, rest in batch:
-            if len(first) < 6:
-                continue
-            event, fd = _MONITOR_EVENT.unpack_from(first)
-            if event == zmq.EVENT_ACCEPTED:
-                accepted[fd] = time.monotonic()
-                address = _remote_address(fd, self.port) if limit else ""
-                if address:
-                    self.sources[fd] = address
-                    per_address[address] += 1
-                    if per_address[address] > limit:
-                        crowded.add(address)
-            else:
-                accepted.pop(fd, None)
-                self._forget_source(fd)
-        for address in crowded:
-            self._shed(per_address[address] - limit, address)
-        if len(accepted) > self.cap:  # down to 7/8 of it: one scan sheds many
-            self._shed(len(accepted) - self.cap + self.cap // 8)
-
-    def _forget_source(self, fd: int) -> None:
-        address = self.sources.pop(fd, "")
-        if address:
-            take_one(self.per_address, address)
-
-    def _shed(self, count: int, address: Optional[str] = None) -> None:
-        """Shut down ``count`` connections (from ``address`` if given): oldest first those
-        that sent under ``_SMALL`` octets (no more than a handshake and a HELLO), then the
-        fewest.
-
-        Asking the kernel costs a few system calls per connection, so the scan
-        stops once it has found enough small ones, and lets other greenlets
-        run every ``_SHED_BATCH`` connections.
-        """
-        accepted, larger = self.accepted, []
-        for i, (fd, when) in enumerate(list(accepted.items())):  # oldest first
-            if not count:
-                return
-            if address is not None and self.sources.get(fd) != address:
-                continue
-            if i and not i % _SHED_BATCH:
-                gevent.idle()   # (not sleep(0): that would not let the hub poll for I/O)
-            if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
-                continue
-            octets = _octets_received(fd, self.port)
-            if octets is None:  # not a connection of ours any more: its event is late
-                del accepted[fd]
-                self._forget_source(fd)
-            elif octets < _SMALL:
-                self._shut_down(fd)
-                count -= 1
-            else:
-                larger.append((octets, when, fd))
-        for _, when, fd in sorted(larger)[:count]:
-            if accepted.get(fd) == when:
-                self._shut_down(fd)
-
-    def _shut_down(self, fd: int) -> None:
-        del self.accepted[fd]  # (its DISCONNECTED follows)
-        self._forget_source(fd)
-        _shut_down(fd)
-        self.counters.add("connections_shed")
-
-    def close(self, linger: float = 0.0) -> None:
-        """Stop the monitor (before its reader: libzmq sends its events blocking), close."""
-        router = self.mailbox.socket
-        try:
-            router.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        self._reader.kill(block=False)
-        self._monitor.close()
-        self.mailbox.close(linger)
-
-
-_SHED_BATCH = 16  # connections asked about between two yields of the monitor's reader
-_SMALL = 1024  # octets: a connection that sent fewer did no more than a handshake and a HELLO
-_MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
-_TCP_INFO_SIZE = 232
-_BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received ...
-_BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
-
-
-def _borrow(fd: int, port: int) -> Optional[socket.socket]:
-    """A socket object on descriptor ``fd`` (not a copy: ``detach`` it after) if ``fd`` is
-    still a TCP connection accepted on local ``port``; otherwise None."""
-    try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
-    except OSError:  # closed already (its event is on the way)
-        return None
-    try:
-        if sock.getsockname()[1] == port:
-            return sock
-    except (OSError, IndexError, TypeError):
-        pass
-    sock.detach()
-    return None
-
-
-def _remote_address(fd: int, port: int) -> str:
-    """The address connection ``fd`` comes from; "" when it is the connection's own local
-    address (this host) or ``fd`` is no longer one of ``port``'s connections."""
-    sock = _borrow(fd, port)
-    if sock is None:
-        return ""
-    try:
-        remote, local = sock.getpeername()[0], sock.getsockname()[0]
-    except (OSError, IndexError):
-        return ""
-    finally:
-        sock.detach()
-    return "" if remote == local else remote
-
-
-def _octets_received(fd: int, port: int) -> Optional[int]:
-    """Octets connection ``fd`` has received so far (0 if the kernel cannot tell), or None
-    when ``fd`` is no longer one of ``port``'s connections."""
-    sock = _borrow(fd, port)
-    if sock is None:
-        return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-    except OSError:
-        return 0
-    finally:
-        sock.detach()
-    if len(info) < _BYTES_RECEIVED_AT + 8:
-        return 0
-    return int(_BYTES_RECEIVED.unpack_from(info, _BYTES_RECEIVED_AT)[0])
-
-
-def _shut_down(fd: int) -> None:
-    """Shut connection ``fd`` down both ways; libzmq sees it end and closes it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.detach()
 
 
 class _Link(HubSocket):

@@ -119,6 +119,7 @@ import zmq
 from ..counters import Counters
 from ..events import Event, EventType
 from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
+from ..io.connections import GuardedListener
 from ..io.curve import Curve, shared_allowlist
 from ..io.socket import BATCH
 from ..overlay import Overlay, PeerNetworks, header_endpoint
@@ -236,7 +237,7 @@ class Gateway(Overlay):
         #: refusals by limit: ``peer_networks`` (gateways' endpoints outside them)
         self.limits = Counters(log, "MTL gateway hit its limits")
         self.peer_networks = PeerNetworks(peer_networks, self.limits)
-        self._sockets: list[HubSocket] = []
+        self._sockets: list[GuardedListener] = []
         self._greenlets: list[gevent.Greenlet] = []
         self._shouts: deque[Event] = deque()
         self._shouted = gevent.event.Event()
@@ -276,7 +277,7 @@ class Gateway(Overlay):
             separators=(",", ":")))
         self.tracker.attach(node)
 
-    def _bind(self, which: int, limit: int, frames: int) -> HubSocket:
+    def _bind(self, which: int, limit: int, frames: int) -> GuardedListener:
         sock = make_socket(zmq.ROUTER, {zmq.MAXMSGSIZE: limit, zmq.SNDHWM: SNDHWM,
                                         zmq.RCVHWM: SNDHWM}, curve=self.curve)
         try:
@@ -286,7 +287,10 @@ class Gateway(Overlay):
         except BaseException:
             sock.close(linger=0)
             raise
-        return HubSocket(sock, endpoint=endpoint, limit=limit, max_frames=frames)
+        # any key may connect (users authenticate by SASL): the connection policy bounds
+        # the connections, there are no keys to revoke
+        return GuardedListener(HubSocket(sock, endpoint=endpoint, limit=limit, max_frames=frames),
+                               self.limits)
 
     def on_start(self) -> None:
         node = self._node()
@@ -420,7 +424,7 @@ class Gateway(Overlay):
 
         self._read_with_address(sock, on_batch)
 
-    def _read_with_address(self, sock: HubSocket, on_batch: Any) -> None:
+    def _read_with_address(self, sock: GuardedListener, on_batch: Any) -> None:
         """``HubSocket.read``, with each message's peer address (for throttling)."""
         while True:
             try:

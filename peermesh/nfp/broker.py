@@ -58,7 +58,7 @@ from .dispatch import Dispatcher, Reply, without_rid
 from .grants import Grants, may_use_job
 from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
-from .transport import CorkedSocket
+from .transport import CorkedSocket, guarded
 from .worker import Tasks, TaskFunction, Worker
 
 if TYPE_CHECKING:
@@ -108,7 +108,8 @@ class Broker(Overlay):
                  grants: Optional[Grants] = None, keyed: bool = False,
                  inventory_dir: Optional[os.PathLike[str] | str] = None,
                  files_root: Optional[os.PathLike[str] | str] = None,
-                 on_shutdown: Optional[Callable[[], None]] = None) -> None:
+                 on_shutdown: Optional[Callable[[], None]] = None,
+                 allowlist: Optional[Allowlist] = None) -> None:
         super().__init__()
         self.endpoint = endpoint
         self.name = name
@@ -125,6 +126,8 @@ class Broker(Overlay):
         self.grants = grants
         #: a CURVE socket: each client's key goes with its requests (as ``caller``)
         self.keyed = keyed
+        #: with keys: the node's allowlist; a client whose key leaves it is cut off
+        self.allowlist = allowlist
         self.inventory_dir = inventory_dir
         self.files_root = files_root
         self.on_shutdown = on_shutdown
@@ -168,8 +171,10 @@ class Broker(Overlay):
 
     def on_start(self) -> None:
         """Start reading the ROUTER (standby) and the services (idle until activated)."""
+        listener = guarded(self._router, self.endpoint, self.limits, self.allowlist,
+                           self._revoked)
         self._channel = CorkedSocket(self._router, self._on_message, f"broker {self.name}",
-                                     keyed=self.keyed)
+                                     keyed=self.keyed, listener=listener)
         for service in self._services:
             service.start()
 
@@ -438,6 +443,15 @@ class Broker(Overlay):
         else:
             self.dispatcher.delete(msg.service, msg.target, uuid, body, done,  # type: ignore
                                    raw=relay)
+
+    def _revoked(self, keys: frozenset[str]) -> None:
+        """The allowlist changed: POSTs still queued of keys it no longer holds are withdrawn
+        (the workers fail those they hold)."""
+        allowed = self.allowlist.keys if self.allowlist is not None else frozenset()
+        if self.dispatcher is not None:
+            for uuid in [u for u, key in self._posters.items()
+                         if key in keys or key.encode() not in allowed]:
+                self.dispatcher.withdraw(uuid)
 
     def _may_use(self, uuid: str, caller: Optional[str]) -> bool:
         """Whether key ``caller`` may GET or DELETE job ``uuid`` as far as this broker knows

@@ -232,6 +232,7 @@ class NfpNode(Overlay):
                                      admin_token=self.admin_token,
                                      admin_keys=self.admin_keys, grants=self.grants,
                                      keyed=self.curve is not None,
+                                     allowlist=self.curve.allowlist if self.curve else None,
                                      inventory_dir=self.inventory_dir,
                                      files_root=self.files_root, on_shutdown=self._shutdown)
                 self.broker.attach(node)

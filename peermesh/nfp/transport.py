@@ -33,11 +33,14 @@ from typing import Callable, Mapping, Optional, Sequence
 import gevent
 import zmq
 
+from ..counters import Counters
 from ..io import HubSocket, make_socket
+from ..io.connections import GuardedListener
 from ..io.curve import Curve
+from ..io.zap import Allowlist
 from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["CorkedSocket", "nfp_socket", "nfp_dealer"]
+__all__ = ["CorkedSocket", "nfp_socket", "nfp_dealer", "guarded"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,14 @@ def nfp_socket(context: Optional[zmq.Context], kind: int, curve: Optional[Curve]
     """A socket for NFP: no linger, and a peer sending over ``MAX_MESSAGE`` is cut off;
     with ``curve`` (the node's keys) a CURVE server admitting the node's allowed keys."""
     return make_socket(kind, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context, curve=curve)
+
+
+def guarded(sock: zmq.Socket, endpoint: str, counters: Counters, allowlist: Optional[Allowlist],
+            on_revoked: Callable[[frozenset[str]], None]) -> GuardedListener:
+    """A bound NFP ROUTER under the process's connection policy: with ``allowlist`` (the
+    node's), the connections of keys it drops are closed and ``on_revoked(keys)`` called."""
+    return GuardedListener(HubSocket(sock, endpoint=endpoint, limit=MAX_MESSAGE), counters,
+                           allowlist=allowlist, on_revoked=on_revoked)
 
 
 def nfp_dealer(context: Optional[zmq.Context], endpoint: str, curve: Optional[Curve],
@@ -71,7 +82,8 @@ class CorkedSocket:
     """One socket, a reader greenlet calling ``handler(frames)``, and a non-blocking send."""
 
     def __init__(self, sock: zmq.Socket, handler: Callable[[list[bytes]], None],
-                 name: str = "channel", send_timeout: float = 5.0, keyed: bool = False) -> None:
+                 name: str = "channel", send_timeout: float = 5.0, keyed: bool = False,
+                 listener: Optional[GuardedListener] = None) -> None:
         self.socket = sock
         self.name = name
         self.send_timeout = send_timeout
@@ -79,7 +91,9 @@ class CorkedSocket:
         #: ``keyed`` (a CURVE socket): the key (Z85) the message being handled was sent with
         self.sender_key: Optional[str] = None
         self._keyed = keyed
-        self._io = HubSocket(sock, limit=MAX_MESSAGE)
+        #: a bound ROUTER's guard (``peermesh.io.connections``), stopped with the socket
+        self.listener = listener
+        self._io = listener.listener if listener is not None else HubSocket(sock, limit=MAX_MESSAGE)
         self._hub = gevent.get_hub()
         self._corked = False
         self._outbox: list[Sequence[bytes]] = []
@@ -211,6 +225,8 @@ class CorkedSocket:
             if greenlet is not None and greenlet is not gevent.getcurrent():
                 greenlet.kill(block=False)
         self._backlog.clear()
+        if self.listener is not None:
+            self.listener.stop()  # (its monitor before the socket)
         self._io.close(linger)
 
     def __repr__(self) -> str:

@@ -79,7 +79,7 @@ from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from ..io import bind_ephemeral, shared_context
 from ..io.curve import Curve
 from ..io.zap import Allowlist
-from .transport import CorkedSocket, nfp_dealer, nfp_socket
+from .transport import CorkedSocket, guarded, nfp_dealer, nfp_socket
 
 __all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
 
@@ -98,6 +98,7 @@ MAX_STORED = 1024 * 1024 * 1024
 MAX_STORED_PER_CLIENT = 128 * 1024 * 1024
 _RECOUNT_EVERY = 60.0        # seconds between two recounts of the stored octets when full
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
+_REVOKED = "the caller's key is no longer allowed"
 _STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
                   "the first time); not run a third time: does the task end its process?")
 
@@ -180,6 +181,7 @@ class _Job:
     final: Optional[str] = None  # the final body, when it rides on the 202
     recovered: bool = False      # found unfinished on disk at start (see start)
     caller: Optional[str] = None  # the key the request came with (a mesh with keys)
+    revoked: bool = False        # its caller's key was removed from the allowlist
 
 
 class JobContext:
@@ -299,8 +301,11 @@ class Worker(Overlay):
     def on_start(self) -> None:
         """Start serving (on the node's hub); re-queue jobs left unfinished by a crash."""
         if not self.internal:
+            listener = guarded(self._router, self.endpoint, self.limits,
+                               self._curve.allowlist if self._curve is not None else None,
+                               self._revoked)
             self._direct = CorkedSocket(self._router, self._on_direct, f"worker {self.name}",
-                                        keyed=self._curve is not None)
+                                        keyed=self._curve is not None, listener=listener)
         else:
             self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
@@ -798,7 +803,10 @@ class Worker(Overlay):
                 value = fn(JobContext(self, job), *job.args, **job.kwargs)
             except _Interrupt:
                 duration = round(time.time() - started, 6)
-                if job.cancelled:
+                if job.revoked:
+                    self._finish(job, FAILED, {"failed": True, "duration": duration,
+                                               "errors": [_REVOKED]})
+                elif job.cancelled:
                     self._finish(job, CANCELLED, {"failed": True, "duration": duration,
                                                   "errors": ["cancelled while running"]})
                 else:
@@ -843,6 +851,22 @@ class Worker(Overlay):
         the next commit; one on the other socket only costs a commit of its own)."""
         channel = self._last_source
         return channel is not None and channel.readable()
+
+    def _revoked(self, keys: frozenset[str]) -> None:
+        """The allowlist changed: the jobs of keys it no longer holds fail, queued or
+        running (``keys``: those whose connections were closed here)."""
+        allowed = self._curve.allowlist.keys if self._curve is not None else None
+        for job in [j for j in self._jobs.values() if j.caller is not None and (
+                j.caller in keys or (allowed is not None and j.caller.encode() not in allowed))]:
+            job.revoked = job.cancelled = True
+            if job.state == PENDING:
+                try:
+                    self._queue.remove(job)
+                except ValueError:
+                    pass
+                self._finish(job, FAILED, {"failed": True, "errors": [_REVOKED]})
+            elif job.greenlet is not None:
+                self._cancel_running(job)
 
     def _cancel_running(self, job: _Job) -> None:
         """Interrupt a running job at its next switch (DELETE)."""

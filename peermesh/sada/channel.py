@@ -38,6 +38,7 @@ from greenlet import getcurrent
 
 from ..errors import NodeStateError
 from ..io import BindError, make_socket, shared_context
+from ..io.connections import GuardedListener
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import _transport
@@ -122,7 +123,7 @@ class Channel(Overlay):
         #: bound before its node exists): a CURVE server admitting the allowed keys
         self._curve = curve if curve is not None else getattr(node, "curve", None)
         self._router: Any = None
-        self._monitor: Optional[zmq.Socket] = None
+        self._guard: Optional[GuardedListener] = None
         self._greenlets: list[gevent.Greenlet] = []
         self._timer: Any = None
         self._timer_at = math.inf
@@ -201,12 +202,17 @@ class Channel(Overlay):
         self._hub = gevent.get_hub()
         self._loop = self._hub.loop
         assert self._sock is not None
-        self._router = _transport.RouterSocket(self._sock)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._router = _transport.RouterSocket(self._sock, endpoint=self.endpoint or "")
+        # the connection policy, and the disconnects that make the router probe its servers
+        curve = self._curve
+        self._guard = GuardedListener(
+            self._router, self._core.limits,
+            allowlist=curve.allowlist if curve is not None else None,
+            on_revoked=lambda keys: self._probe(), events=zmq.EVENT_DISCONNECTED,
+            on_event=lambda event, value, endpoint: self._on_monitor(event, endpoint))
         self._greenlets = [
             gevent.spawn(self._router.serve, self._on_message, 3 + 2 * self._core.max_services,
                          self._on_oversized),
-            gevent.spawn(_transport.read_monitor, self._monitor, self._on_monitor),
         ]
         self._arm(self._core.next_deadline())
         log.debug("channel %s at %s started", self.id, self.endpoint)
@@ -220,7 +226,8 @@ class Channel(Overlay):
 
     def on_stop(self, timeout: float) -> None:
         assert self._sock is not None
-        _transport.stop_monitor(self._sock)  # while its reader is still open
+        if self._guard is not None:
+            self._guard.stop()  # (its monitor while its reader is still open)
         gevent.killall(self._greenlets)
         self._deferring = True
         self._core.close(ChannelClosed("the channel stopped"))
@@ -228,7 +235,7 @@ class Channel(Overlay):
             self._timer.close()
             self._timer = None
         assert self._sock is not None
-        _transport.close_monitored(self._sock, self._monitor, linger=0)
+        self._sock.close(linger=0)
         self._changed.set()
 
     def __enter__(self) -> "Channel":
@@ -435,8 +442,10 @@ class Channel(Overlay):
     @property
     def stats(self) -> dict[str, int]:
         """Counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,
-        intr, rintr_sent, dropped (malformed, oversized or unexpected messages), and the
-        INTRs refused by each limit (``max_services``, ``max_catalog``)."""
+        intr, rintr_sent, dropped (malformed, oversized or unexpected messages), the
+        INTRs refused by each limit (``max_services``, ``max_catalog``), and what the
+        connection policy shed or closed (``connections_shed``, ``connections_revoked``,
+        ``messages_revoked``, ``accept_paused``: see ``peermesh.io.connections``)."""
         return self._core.stats
 
     def wait_until(self, predicate: Callable[["Channel"], bool],

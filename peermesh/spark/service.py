@@ -38,9 +38,11 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 import gevent
 import zmq
 
+from ..counters import Counters
 from ..errors import NodeStateError, PeermeshError
 from ..events import EventType
 from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
+from ..io.connections import COUNTERS, GuardedListener
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import protocol
@@ -251,7 +253,9 @@ class DriverService:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
-        self._server: Optional[tuple[HubSocket, Any]] = None  # and its hub's loop
+        self._server: Optional[tuple[GuardedListener, Any]] = None  # and its hub's loop
+        #: connections the log server shed (``peermesh.io.connections``)
+        self.limits = Counters(log, "Spark log server hit its limits", COUNTERS)
         #: NEW, ATTACHED while starting or stopping (resources held), RUNNING, STOPPED
         self.lifecycle = Lifecycle.NEW
 
@@ -514,7 +518,7 @@ class DriverService:
         sock = self._sock
         assert sock is not None
         hub = gevent.get_hub()  # this thread's own
-        server = HubSocket(sock, endpoint=self.endpoint or "")
+        server = GuardedListener(HubSocket(sock, endpoint=self.endpoint or ""), self.limits)
         handle = self._handle
 
         def on_message(identity: bytes, body: list[bytes]) -> None:

@@ -10,7 +10,8 @@ import gevent
 import zmq
 
 from peermesh.counters import Counters
-from peermesh.io.transport import GuardedMailbox, ZmqTransport, _remote_address
+from peermesh.io.connections import _remote_address
+from peermesh.io.transport import GuardedMailbox, ZmqTransport
 from waiting import poll_until
 
 WAIT = 5.0

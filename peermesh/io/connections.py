@@ -1,0 +1,512 @@
+"""One connection policy for every listening ROUTER: caps, shedding, EMFILE, revoked keys.
+
+How it works
+------------
+libzmq accepts every connection it can; once the process is out of
+descriptors, ``accept`` fails and libzmq retries it at once, for ever: the
+I/O thread spins and no client gets in. A ``GuardedListener`` watches a
+bound ROUTER through its socket monitor (``ACCEPTED`` and ``DISCONNECTED``
+carry the connection's descriptor) and keeps it under its
+``ConnectionPolicy``:
+
+* **a cap per listener** (``max_connections``, and at most half the
+  descriptors beyond a reserve): over it, connections are shut down to 7/8 of
+  the cap, oldest first those that never sent a whole ZMTP greeting (no
+  handshake), then those that sent under 1 KiB (nothing since the handshake
+  but a greeting), then those that sent the fewest octets, so a client that
+  talks is shed last (``connections_shed``);
+* **a cap per source address** (``max_per_address``; the listener's own host
+  is not counted): the connections from one other host over it are shed the
+  same way (``connections_shed``);
+* **accept paused at EMFILE**: an ``ACCEPT_FAILED`` for lack of descriptors
+  sheds the quietest eighth of the listener's connections; a listener that
+  has none stops listening (``unbind``) and binds again ``accept_pause``
+  seconds later (``accept_paused``), so the I/O thread never spins;
+* **memory returned**: once the connections fall to half of a peak of at
+  least ``TRIM_AFTER``, the C heap is trimmed (``malloc_trim``), at most once
+  every ``TRIM_PERIOD`` seconds: libzmq's per-connection buffers go back to
+  the system instead of staying in its allocator's arenas;
+* **revoked keys** (a CURVE listener with an allowlist directory): each
+  message is read with the key it was authenticated with and the descriptor
+  it came by (``KEY_AND_FD``), so the listener knows each connection's key.
+  Every ``revoke_check`` seconds it re-reads the allowlist if its directory
+  changed; the connections of a key no longer in it are shut down
+  (``connections_revoked``), ``on_revoked(keys)`` lets the overlay fail the
+  work in flight of keys no longer allowed, and a message of such a key still unread is dropped,
+  never served (``messages_revoked``). A key's connections are therefore
+  closed within ``revoke_check`` (0.25 s) of the change, and at once when a
+  handshake elsewhere re-read the directory first.
+
+The guard installs itself on the ``HubSocket``'s batch reader, so every way
+of reading it (``serve``, ``read``, ``recv_batch``, with or without
+``metadata``) drops what a revoked key sent; a listener without revocable
+keys reads as before, at no cost.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import resource
+import socket
+import struct
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import gevent
+import zmq
+
+from ..counters import Counters, take_one
+from .socket import KEY_AND_FD, HubSocket, make_socket
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .zap import Allowlist
+
+__all__ = ["ConnectionPolicy", "GuardedListener", "default_policy", "set_default_policy",
+           "COUNTERS"]
+
+log = logging.getLogger(__name__)
+
+#: the counters a guarded listener adds to (see the module's docstring)
+COUNTERS = ("connections_shed", "connections_revoked", "messages_revoked", "accept_paused")
+#: descriptors kept out of a listener's cap for the process's own sockets
+FD_RESERVE = 64
+#: connections a listener must have held before a fall to half of them trims the heap
+TRIM_AFTER = 256
+#: seconds between two trims of the heap
+TRIM_PERIOD = 10.0
+
+
+@dataclass(frozen=True)
+class ConnectionPolicy:
+    """How many connections a listener keeps, and how often it looks for revoked keys."""
+
+    #: connections to one listener (at most half the descriptors beyond ``FD_RESERVE``)
+    max_connections: int = 1024
+    #: connections to one listener from one other host (None: no bound)
+    max_per_address: Optional[int] = 128
+    #: seconds between two looks at the allowlist for keys removed from it
+    revoke_check: float = 0.25
+    #: seconds a listener that could not accept for lack of descriptors stops listening
+    accept_pause: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.max_connections >= 1:
+            raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
+        if self.max_per_address is not None and not self.max_per_address >= 1:
+            raise ValueError(f"max_per_address must be at least 1, not {self.max_per_address}")
+        if not 0 < self.revoke_check <= 1.0:
+            raise ValueError(f"revoke_check must be in (0, 1] seconds, not {self.revoke_check}")
+        if not self.accept_pause > 0:
+            raise ValueError(f"accept_pause must be positive, not {self.accept_pause}")
+
+
+_default = ConnectionPolicy()
+
+
+def default_policy() -> ConnectionPolicy:
+    """The policy of every overlay listener of the process (unless one is given its own)."""
+    return _default
+
+
+def set_default_policy(policy: ConnectionPolicy) -> ConnectionPolicy:
+    """Make ``policy`` the process's default for listeners bound from now on; the old one."""
+    global _default
+    old, _default = _default, policy
+    return old
+
+
+class GuardedListener:
+    """A bound ROUTER kept under a ``ConnectionPolicy`` (see the module's docstring).
+
+    ``allowlist`` (an ``Allowlist`` with a directory): connections of keys
+    removed from it are closed and ``on_revoked(keys)`` is called on the hub after
+    each change of it (``keys``: those it knew that are gone; the overlay fails the
+    work of every key the allowlist no longer holds).
+    ``on_event(event, value, endpoint)`` hears the monitor events of
+    ``events`` too (libzmq allows one monitor per socket).
+    """
+
+    def __init__(self, listener: HubSocket, counters: Counters,
+                 policy: Optional[ConnectionPolicy] = None, *,
+                 allowlist: Optional[Allowlist] = None,
+                 on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
+                 events: int = 0,
+                 on_event: Optional[Callable[[int, int, str], None]] = None) -> None:
+        policy = policy or default_policy()
+        self.listener = listener
+        self.policy = policy
+        self.port = listener.port
+        self.counters = counters
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.cap = policy.max_connections if limit == resource.RLIM_INFINITY else \
+            max(1, min(policy.max_connections, (limit - FD_RESERVE) // 2))
+        self.max_per_address = policy.max_per_address
+        #: accepted connections still open: descriptor -> when accepted (oldest first)
+        self.accepted: dict[int, float] = {}
+        #: accepted connections from other hosts: descriptor -> the address
+        self.sources: dict[int, str] = {}
+        self.per_address: Counter[str] = Counter()
+        #: descriptor -> the key (Z85) its messages were authenticated with
+        self.keys: dict[int, str] = {}
+        self.on_revoked = on_revoked
+        self.on_event = on_event
+        self._events = events
+        #: accepts libzmq reported failed for lack of descriptors (a spinning listener
+        #: would report them as fast as it can)
+        self.accept_failures = 0
+        #: times the heap was trimmed after the connections fell (see ``TRIM_AFTER``)
+        self.trims = 0
+        self._peak = 0
+        self._trimmed = 0.0
+        self._paused = False
+        self._closed = False
+        self._greenlets: list[gevent.Greenlet] = []
+        # the socket's own, without ``__getattr__`` on each call
+        self.socket, self.endpoint = listener.socket, listener.endpoint
+        self.try_send, self.try_send_each = listener.try_send, listener.try_send_each
+        self.readable, self.recv_batch, self.read = \
+            listener.readable, listener.recv_batch, listener.read
+        self.allowlist = allowlist if allowlist is not None and not allowlist.any_key else None
+        if self.allowlist is not None:
+            self._checked = self.allowlist.keys
+            listener.wrap_reader(self._admitting)
+            self._greenlets.append(gevent.spawn(self._watch_keys))
+        router = listener.socket
+        address = f"inproc://peermesh-monitor-{id(self):x}"
+        router.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+                       | zmq.EVENT_ACCEPT_FAILED | events)
+        # libzmq sends monitor events blocking (its I/O thread, every connection of the
+        # context with it, would wait for this reader): no high-water mark on them
+        monitor = make_socket(zmq.PAIR, {zmq.RCVHWM: 0}, router.context)
+        monitor.connect(address)
+        self._monitor = HubSocket(monitor)
+        self._greenlets.append(gevent.spawn(self._monitor.read, self._on_events))
+
+    @property
+    def connections(self) -> int:
+        """Connections to the listener now open."""
+        return len(self.accepted)
+
+    def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
+              backpressure: Any = None, *, metadata: Optional[str] = None,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
+        """``HubSocket.serve`` of the listener."""
+        self.listener.serve(on_message, on_oversized, backpressure, metadata=metadata,
+                            after_batch=after_batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.listener, name)  # try_send, readable, endpoint ... of the socket
+
+    # --- connections -------------------------------------------------------------
+
+    def _on_events(self, batch: list) -> None:
+        accepted, per_address, limit = self.accepted, self.per_address, self.max_per_address or 0
+        crowded = set()
+        failed = 0
+        for first, rest in batch:
+            if len(first) < 6:
+                continue
+            event, fd = _MONITOR_EVENT.unpack_from(first)
+            if event == zmq.EVENT_ACCEPTED:
+                accepted[fd] = time.monotonic()  # (its first messages may be read already)
+                address = _remote_address(fd, self.port) if limit else ""
+                if address:
+                    self.sources[fd] = address
+                    per_address[address] += 1
+                    if per_address[address] > limit:
+                        crowded.add(address)
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                if accepted.pop(fd, None) is not None:
+                    self._forget(fd)
+            elif event == zmq.EVENT_ACCEPT_FAILED:
+                if fd in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    failed += 1
+            if self.on_event is not None and rest and event & self._events:
+                self.on_event(event, fd, rest[0].decode("utf-8", "replace"))
+        for address in crowded:
+            self._shed(per_address[address] - limit, address)
+        if len(accepted) > self.cap:  # down to 7/8 of it: one scan sheds many
+            self._shed(len(accepted) - self.cap + self.cap // 8)
+        self.accept_failures += failed
+        if failed and not self._paused:
+            self._out_of_descriptors()
+        count = len(accepted)
+        if count > self._peak:
+            self._peak = count
+        elif self._peak >= TRIM_AFTER and count <= self._peak // 2:
+            self._peak = count
+            self._trim()
+
+    def _forget(self, fd: int) -> None:
+        self.keys.pop(fd, None)
+        address = self.sources.pop(fd, "")
+        if address:
+            take_one(self.per_address, address)
+
+    def _shed(self, count: int, address: Optional[str] = None) -> int:
+        """Shut down ``count`` connections (from ``address`` if given); how many were.
+
+        First, oldest first, those that never sent a whole ZMTP greeting
+        (``_GREETING`` octets: no handshake), then those that sent under
+        ``_SMALL`` octets (no more than a handshake and a greeting), then the
+        fewest. Asking the kernel costs a few system calls per connection, so
+        the scan stops once it has found enough of the first kind, and lets
+        other greenlets run every ``_SHED_BATCH`` connections.
+        """
+        accepted, small, larger, shed = self.accepted, [], [], 0
+        for i, (fd, when) in enumerate(list(accepted.items())):  # oldest first
+            if shed >= count:
+                return shed
+            if address is not None and self.sources.get(fd) != address:
+                continue
+            if i and not i % _SHED_BATCH:
+                gevent.idle()  # (not sleep(0): that would not let the hub poll for I/O)
+            if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
+                continue
+            octets = _octets_received(fd, self.port)
+            if octets is None:  # not a connection of ours any more: its event is late
+                del accepted[fd]
+                self._forget(fd)
+            elif octets < _GREETING:
+                self._shut_down(fd, "connections_shed")
+                shed += 1
+            elif octets < _SMALL:
+                small.append((when, fd))
+            else:
+                larger.append((octets, when, fd))
+        for when, fd in small + [(when, fd) for _, when, fd in sorted(larger)]:
+            if shed >= count:
+                break
+            if accepted.get(fd) == when:
+                self._shut_down(fd, "connections_shed")
+                shed += 1
+        return shed
+
+    def _shut_down(self, fd: int, why: str) -> None:
+        del self.accepted[fd]  # (its DISCONNECTED follows)
+        self._forget(fd)
+        if _shut_down(fd, self.port):
+            self.counters.add(why)
+
+    def _out_of_descriptors(self) -> None:
+        """Accept failed for lack of descriptors: free some, or stop listening a while."""
+        self.counters.add("accept_paused")
+        if self._shed(max(1, len(self.accepted) // 8)):
+            return  # the next accept has descriptors again
+        endpoint = self.listener.endpoint
+        try:
+            self.listener.socket.unbind(endpoint)
+        except zmq.ZMQError as exc:
+            log.debug("cannot pause listening at %s: %s", endpoint, exc)
+            return
+        self._paused = True
+        log.warning("out of descriptors: not listening at %s for %.1fs", endpoint,
+                    self.policy.accept_pause)
+        self._greenlets.append(gevent.spawn_later(self.policy.accept_pause, self._listen_again))
+
+    def _listen_again(self) -> None:
+        while not self._closed:
+            try:
+                self.listener.socket.bind(self.listener.endpoint)
+            except zmq.ZMQError as exc:
+                log.debug("cannot listen at %s again yet: %s", self.listener.endpoint, exc)
+                gevent.sleep(self.policy.accept_pause)
+                continue
+            self._paused = False
+            return
+
+    def _trim(self) -> None:
+        now = time.monotonic()
+        if now - self._trimmed >= TRIM_PERIOD and _malloc_trim is not None:
+            self._trimmed = now
+            self.trims += 1
+            _malloc_trim(0)
+
+    # --- revoked keys --------------------------------------------------------------
+
+    def _admitting(self, read: Callable[..., list]) -> Callable[..., list]:
+        """``read`` (a ``HubSocket``'s batch reader) reading each message's key and
+        descriptor, learning the key of each connection and dropping what keys no longer
+        allowed sent; it returns what the caller asked for (``metadata`` None, a key
+        for "User-Id", an address for "Peer-Address")."""
+        allowlist, keys, counters = self.allowlist, self.keys, self.counters
+        assert allowlist is not None
+        seen: list = [None, frozenset()]  # the allowlist's keys (bytes) last read, as str
+
+        def batch(count: int, limit: int, max_frames: int, name: Optional[str]) -> list:
+            out: list = []
+            append = out.append
+            pick = 0 if name == "User-Id" else 2 if name == "Peer-Address" else -1
+            if pick < 0 and name is not None:
+                raise ValueError(f"a guarded listener cannot read {name!r} with the keys")
+            while True:
+                wanted = count - len(out)
+                got = read(wanted, limit, max_frames, KEY_AND_FD)
+                if allowlist.keys is not seen[0]:
+                    seen[0] = allowlist.keys
+                    seen[1] = frozenset(k.decode() for k in seen[0])
+                allowed = seen[1]
+                last_fd = last_key = None  # a batch mostly comes from few connections
+                for first, rest, (key, fd, address) in got:
+                    if fd != last_fd or key != last_key:
+                        if key is not None and key not in allowed:
+                            counters.add("messages_revoked")
+                            if fd in self.accepted:
+                                self._shut_down(fd, "connections_revoked")
+                            continue
+                        if key is not None and keys.get(fd) != key:
+                            keys[fd] = key
+                        last_fd, last_key = fd, key
+                    if pick == 0:
+                        append((first, rest, key))
+                    elif pick < 0:
+                        append((first, rest))
+                    else:
+                        append((first, rest, address))
+                # fewer than asked must still mean "found empty" (the edge re-armed)
+                if len(got) < wanted or len(out) == count:
+                    return out
+
+        return batch
+
+    def _watch_keys(self) -> None:
+        allowlist = self.allowlist
+        assert allowlist is not None
+        while not self._closed:
+            gevent.sleep(self.policy.revoke_check)
+            allowlist.refresh()
+            if allowlist.keys is not self._checked:
+                # every key this listener knew that is gone (also one added and removed
+                # again between two looks)
+                allowed = allowlist.keys
+                known = {k.decode() for k in self._checked} | set(self.keys.values())
+                self._checked = allowed
+                self.revoke(frozenset(k for k in known if k.encode() not in allowed))
+
+    def revoke(self, keys: frozenset[str]) -> int:
+        """Close the connections of ``keys`` (Z85) and call ``on_revoked(keys)``, which
+        also follows every change of the allowlist (its work may be of keys this listener
+        never saw: it checks against the allowlist); how many were closed."""
+        closed = 0
+        for fd, key in list(self.keys.items()):
+            if key in keys and fd in self.accepted:
+                self._shut_down(fd, "connections_revoked")
+                closed += 1
+        if keys:
+            log.info("keys no longer allowed: closed %d connection(s) at %s", closed,
+                     self.listener.endpoint)
+        if self.on_revoked is not None:
+            try:
+                self.on_revoked(keys)
+            except Exception:
+                log.exception("failing the work of revoked keys failed")
+        return closed
+
+    # --- closing ----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop guarding (the monitor before its reader: libzmq sends its events blocking);
+        the socket stays open."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.listener.socket.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        gevent.killall(self._greenlets, block=False)
+        self._monitor.close()
+
+    def close(self, linger: float = 0.0) -> None:
+        """Stop guarding and close the socket."""
+        self.stop()
+        self.listener.close(linger)
+
+
+_SHED_BATCH = 16  # connections asked about between two yields of the monitor's reader
+_SMALL = 1024  # octets: a connection that sent fewer did no more than a handshake and a HELLO
+_GREETING = 64  # octets of a ZMTP 3 greeting: a connection that sent fewer has no handshake
+_MONITOR_EVENT = struct.Struct("=HI")  # event number, value (a descriptor for ours)
+_TCP_INFO_SIZE = 232
+_BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received ...
+_BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
+
+
+def _load_malloc_trim() -> Optional[Callable[[int], int]]:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def _borrow(fd: int, port: int) -> Optional[socket.socket]:
+    """A socket object on descriptor ``fd`` (not a copy: ``detach`` it after) if ``fd`` is
+    still a TCP connection accepted on local ``port``; otherwise None."""
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # (no probing)
+    except OSError:  # closed already (its event is on the way)
+        return None
+    try:
+        if sock.getsockname()[1] == port:
+            return sock
+    except (OSError, IndexError, TypeError):
+        pass
+    sock.detach()
+    return None
+
+
+def _remote_address(fd: int, port: int) -> str:
+    """The address connection ``fd`` comes from; "" when it is the connection's own local
+    address (this host) or ``fd`` is no longer one of ``port``'s connections."""
+    sock = _borrow(fd, port)
+    if sock is None:
+        return ""
+    try:
+        remote, local = sock.getpeername()[0], sock.getsockname()[0]
+    except (OSError, IndexError):
+        return ""
+    finally:
+        sock.detach()
+    return "" if remote == local else remote
+
+
+def _octets_received(fd: int, port: int) -> Optional[int]:
+    """Octets connection ``fd`` has received so far (0 if the kernel cannot tell), or None
+    when ``fd`` is no longer one of ``port``'s connections."""
+    sock = _borrow(fd, port)
+    if sock is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+    except OSError:
+        return 0
+    finally:
+        sock.detach()
+    if len(info) < _BYTES_RECEIVED_AT + 8:
+        return 0
+    return int(_BYTES_RECEIVED.unpack_from(info, _BYTES_RECEIVED_AT)[0])
+
+
+def _shut_down(fd: int, port: int) -> bool:
+    """Shut connection ``fd`` down both ways if it is still one of ``port``'s (libzmq sees
+    it end and closes it); whether it was."""
+    sock = _borrow(fd, port)
+    if sock is None:
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
+    return True
