@@ -72,19 +72,21 @@ _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre m
 class PeerInfo:
     """A snapshot of what a node knows about a peer."""
 
-    __slots__ = ("uuid", "name", "address", "headers", "groups")
+    __slots__ = ("uuid", "name", "address", "headers", "groups", "leads")
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Peer, leads: Sequence[str] = ()) -> None:
         self.uuid: UUID = peer.uuid
         self.name: str = peer.name
         self.address: str = peer.endpoint
         self.headers: dict[str, str] = dict(peer.headers)
         self.groups: list[str] = sorted(peer.groups)
+        #: the groups (of this node's) that elected the peer their leader
+        self.leads: list[str] = sorted(leads)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {"peer": self.uuid.hex, "name": self.name, "address": self.address,
-                "headers": self.headers, "groups": self.groups}
+                "headers": self.headers, "groups": self.groups, "leads": self.leads}
 
     def __repr__(self) -> str:
         return f"PeerInfo({self.uuid.hex[:8]} {self.name!r} {self.address})"
@@ -169,6 +171,8 @@ class Node:
         self._listeners: list[Callable[[Event], None]] = []
         self._session = Session(self._uuid, self._name, self._headers, self.config,
                                 self._connect, self._events.put)
+        for group in self.config.contest:
+            self._session.contest(_checked_string("group", group))
         for group in self.config.groups:
             self._session.add_group(_checked_string("group", group))
         self._gate = KeyGate(self._session, self.curve.allowlist) if self.curve else None
@@ -369,6 +373,28 @@ class Node:
         """The groups this node is in."""
         return sorted(self._session.groups)
 
+    def contest(self, group: str) -> None:
+        """Stand for leader of ``group`` in Zyre's election (``zyre_set_contest_in_group``).
+
+        Every node takes part in the elections of its groups; the contesting
+        members start them (when a peer joins the group, when its leader
+        goes, and here if the node is already in it with peers), and the
+        lowest UUID among them wins. Each member then reports a LEADER event
+        (``peer``: the winner, this node's UUID if it won); ``leader(group)``
+        names it. Set it before ``join`` to stand from the start.
+        """
+        self._check_not_stopped()
+        self._session.contest(_checked_string("group", group))
+
+    def contested(self) -> list[str]:
+        """The groups this node stands for leader of."""
+        return sorted(self._session.contested)
+
+    def leader(self, group: str) -> Optional[UUID]:
+        """The elected leader of ``group`` (this node's UUID if it won), or None while
+        there is none (no election finished, or the leader left)."""
+        return self._session.leaders.get(group)
+
     # --- sending --------------------------------------------------------
 
     def whisper(self, peer: PeerRef, *frames: Frame) -> None:
@@ -551,8 +577,9 @@ class Node:
         return list(self._session.members.get(group, ()))
 
     def peer_info(self, peer: PeerRef) -> PeerInfo:
-        """A snapshot of one peer: name, address, headers, groups."""
-        return PeerInfo(self._ready_peer(peer))
+        """A snapshot of one peer: name, address, headers, groups, the groups it leads."""
+        target = self._ready_peer(peer)
+        return PeerInfo(target, [g for g, u in self._session.leaders.items() if u == target.uuid])
 
     def peer_name(self, peer: PeerRef) -> str:
         """The peer's name."""

@@ -94,6 +94,7 @@ from ..counters import Counters, take_one
 from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..wire import zre
+from .election import Elected, Election, SendElect, parse_id, zyre_id
 
 __all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
 
@@ -116,6 +117,7 @@ COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed
             "events_dropped", "connections_shed", "descriptors_refused")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
+LEADER = EventType.LEADER
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
 
 
@@ -264,6 +266,10 @@ class Session:
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
         self._evasive: list[Peer] = []  # ready peers EVASIVE at the last tick (shed first)
         self._hello: Optional[list[bytes]] = None
+        #: Zyre's leader election: the groups this node contests, its waves, the winners
+        self.contested: set[str] = set()
+        self.election: Election[UUID] = Election(zyre_id(uuid))
+        self.leaders: dict[str, UUID] = {}
 
     # --- own state --------------------------------------------------------
 
@@ -283,6 +289,8 @@ class Session:
         self.pending.clear()
         self.per_address.clear()
         self._claims.clear()
+        self.election.waves.clear()
+        self.leaders.clear()
         return peers
 
     def add_group(self, group: str) -> bool:
@@ -295,6 +303,8 @@ class Session:
         self._hello = None
         for peer in list(self.peers.values()):
             self.send_control(peer, zre.Join(peer.next_sequence(), group, self.status))
+        if group in self.contested and self.members.get(group):
+            self.elect(group)
         return True
 
     def remove_group(self, group: str) -> bool:
@@ -307,7 +317,82 @@ class Session:
         self._hello = None
         for peer in list(self.peers.values()):
             self.send_control(peer, zre.Leave(peer.next_sequence(), group, self.status))
+        self.election.forget(group)
+        self.leaders.pop(group, None)
         return True
+
+    # --- leader election (Zyre's; see ``election``) ---------------------------
+
+    def contest(self, group: str) -> None:
+        """Stand for leader of ``group`` (now, if in it with peers; then whenever a peer
+        joins it or its leader goes)."""
+        self.contested.add(group)
+        if group in self.groups and self.members.get(group) and not self.election.running(group):
+            self.elect(group)
+
+    def elect(self, group: str) -> None:
+        """Start a wave of our own in ``group`` (Zyre: on a peer's HELLO or JOIN)."""
+        self.leaders.pop(group, None)
+        self._act(group, self.election.start(group, self.members.get(group, {})))
+
+    def _act(self, group: str, actions: list) -> None:
+        """Carry out what the election asks: ELECT and LEADER messages, LEADER events."""
+        members = self.members.get(group, {})
+        for action in actions:
+            if isinstance(action, Elected):
+                self._elected(group, action.leader)
+                continue
+            make = zre.Elect if isinstance(action, SendElect) else zre.Leader
+            text = action.challenger if isinstance(action, SendElect) else action.leader
+            for uuid in action.to:
+                peer = members.get(uuid)
+                if peer is not None:
+                    self.send_control(peer, make(peer.next_sequence(), group, text))
+
+    def _elected(self, group: str, leader: str) -> None:
+        uuid = parse_id(leader)
+        if uuid == self.uuid:
+            name = self.name
+        else:
+            peer = self.peers.get(uuid) if uuid is not None else None
+            if peer is None or not peer.ready:
+                log.debug("group %s elected %s, not a peer", group, leader)
+                return
+            name = peer.name
+        assert uuid is not None
+        self.leaders[group] = uuid
+        self.emit(Event(LEADER, uuid, name, group))
+
+    def _on_wave(self, peer: Peer, message: "zre.Elect | zre.Leader") -> None:
+        """ELECT or LEADER from a member of one of our groups (others are ignored)."""
+        group = message.group
+        members = self.members.get(group)
+        if group not in self.groups or members is None or peer.uuid not in members:
+            log.debug("ignored %s for %r from %s: not a member of it here",
+                      type(message).__name__.upper(), group[:40], peer.name)
+            return
+        if isinstance(message, zre.Elect):
+            if parse_id(message.challenger) is None:
+                log.debug("ignored ELECT with ID %r from %s", message.challenger[:40], peer.name)
+                return
+            actions = self.election.on_elect(group, peer.uuid, message.challenger, members)
+        else:
+            if parse_id(message.leader) is None:
+                log.debug("ignored LEADER with ID %r from %s", message.leader[:40], peer.name)
+                return
+            actions = self.election.on_leader(group, peer.uuid, message.leader, members)
+        self._act(group, actions)
+
+    def _member_gone(self, peer: Peer, group: str) -> None:
+        """``peer`` is no longer in our ``group``: Zyre re-elects if it led, or if a wave
+        was under way (a contesting node starts it; the rest forget a gone leader)."""
+        if group not in self.groups:
+            return
+        led = self.leaders.get(group) == peer.uuid
+        if led:
+            del self.leaders[group]
+        if group in self.contested and (led or self.election.running(group)):
+            self.elect(group)
 
     # --- sending control commands ------------------------------------------
 
@@ -481,6 +566,8 @@ class Session:
             peer.ready = False  # for whoever still holds it (the node's last whisper target)
             log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
             self.emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
+            for group in peer.groups:
+                self._member_gone(peer, group)
 
     def _peer_join(self, peer: Peer, group: str) -> None:
         groups = peer.groups
@@ -495,6 +582,8 @@ class Session:
         groups.add(group)  # type: ignore[attr-defined]
         self.members.setdefault(group, {})[peer.uuid] = peer
         self.emit(Event(JOIN, peer.uuid, peer.name, group))
+        if group in self.contested and group in self.groups:
+            self.elect(group)  # Zyre: a new member starts an election
 
     def _peer_leave(self, peer: Peer, group: str) -> None:
         if group not in peer.groups:
@@ -506,6 +595,7 @@ class Session:
             if not members:
                 del self.members[group]
         self.emit(Event(LEAVE, peer.uuid, peer.name, group))
+        self._member_gone(peer, group)
 
     # --- the mailbox -------------------------------------------------------
 
@@ -588,7 +678,10 @@ class Session:
                 peer.confirmed = peer.pings.popleft()
             if peer.pong is not None:
                 peer.pong.set()
-        # Unknown commands (Zyre's ELECT/LEADER) only advance the sequence
+        elif isinstance(message, (zre.Elect, zre.Leader)):
+            self._on_wave(peer, message)
+        # Unknown commands (and Zyre's GOODBYE: its beacon or link says it) only advance
+        # the sequence
 
     def _peer_status(self, peer: Peer, status: int) -> None:
         expected = (peer.status + 1) & 0xFF

@@ -145,7 +145,7 @@ MAILBOX_CASES: list[tuple[str, list[Any], list[tuple[EventType, Any]]]] = [
      [lambda p: p.hello(), lambda p: p.hello()],
      [(ENTER, "bob"), (EXIT, "restarted (new HELLO)"), (ENTER, "bob")]),
     ("unknown command ids keep the sequence",
-     [lambda p: p.hello(), lambda p: zre.Unknown(p.next(), 8), lambda p: p.whisper(b"after")],
+     [lambda p: p.hello(), lambda p: zre.Unknown(p.next(), 11), lambda p: p.whisper(b"after")],
      [(ENTER, "bob"), (WHISPER, b"after")]),
     ("shout to a group we are not in is not reported",
      [lambda p: p.hello(), lambda p: zre.Shout(p.next(), "elsewhere", (b"x",)),

@@ -1,0 +1,265 @@
+"""Zyre's leader election as tables: one node's waves (``election.Election``), then whole
+groups of them exchanging ELECT and LEADER in every order, then sessions in memory."""
+
+from __future__ import annotations
+
+import random
+import uuid as uuid_module
+from typing import Optional, Sequence
+from uuid import UUID
+
+import pytest
+
+from peermesh.config import NodeConfig
+from peermesh.events import Event, EventType
+from peermesh.wire import zre
+from peermesh.zre.election import (Elected, Election, SendElect, SendLeader, parse_id,
+                                   zyre_id)
+from peermesh.zre.session import Session
+
+A, B, C, D = "A" * 32, "B" * 32, "C" * 32, "D" * 32  # IDs in the order they win
+
+# (me, neighbours, [(input, sender, id) ...], actions expected after each input)
+# input: "start", "elect" or "leader"
+TABLE = [
+    ("a lone challenger wins at once",
+     A, [], [("start", None, None)], [[Elected(A)]]),
+    ("a challenger sends its wave to every neighbour",
+     B, ["a", "c"], [("start", None, None)], [[SendElect(("a", "c"), B)]]),
+    ("a leaf joins a wave and echoes it to its father at once",
+     C, ["b"], [("elect", "b", B)], [[SendElect(("b",), B)]]),
+    ("an inner node passes the wave on, and echoes once every neighbour has answered",
+     C, ["b", "d"], [("elect", "b", B), ("elect", "d", B)],
+     [[SendElect(("d",), B)], [SendElect(("b",), B)]]),
+    ("a lower challenger replaces the wave; counts restart",
+     C, ["a", "b", "d"], [("elect", "b", B), ("elect", "a", A), ("elect", "b", A),
+                          ("elect", "d", A)],
+     [[SendElect(("a", "d"), B)], [SendElect(("b", "d"), A)], [],
+      [SendElect(("a",), A)]]),
+    ("a higher challenger dies here",
+     B, ["c"], [("start", None, None), ("elect", "c", C)], [[SendElect(("c",), B)], []]),
+    ("the challenger wins when every neighbour echoed, and says so to all",
+     A, ["b", "c"], [("start", None, None), ("elect", "b", A), ("elect", "c", A)],
+     [[SendElect(("b", "c"), A)], [], [SendLeader(("b", "c"), A)]]),
+    ("a LEADER is passed on once; the last one ends the election",
+     C, ["a", "b"], [("elect", "a", A), ("elect", "b", A), ("leader", "a", A),
+                     ("leader", "b", A)],
+     [[SendElect(("b",), A)], [SendElect(("a",), A)], [SendLeader(("a", "b"), A)],
+      [Elected(A)]]),
+    ("the winner does not pass LEADER on; it is elected when all have answered",
+     A, ["b", "c"], [("start", None, None), ("elect", "b", A), ("elect", "c", A),
+                     ("leader", "b", A), ("leader", "c", A)],
+     [[SendElect(("b", "c"), A)], [], [SendLeader(("b", "c"), A)], [], [Elected(A)]]),
+    ("a LEADER without a wave is ignored",
+     B, ["a"], [("leader", "a", A)], [[]]),
+    ("a new start drops the wave under way",
+     B, ["c"], [("elect", "c", C), ("start", None, None)],
+     [[SendElect(("c",), C)], [SendElect(("c",), B)]]),
+]
+
+
+@pytest.mark.parametrize("me, neighbours, inputs, expected", [c[1:] for c in TABLE],
+                         ids=[c[0] for c in TABLE])
+def test_election_table(me: str, neighbours: list[str], inputs: list, expected: list) -> None:
+    election: Election[str] = Election(me)
+    for (kind, sender, text), want in zip(inputs, expected, strict=True):
+        if kind == "start":
+            got = election.start("g", neighbours)
+        elif kind == "elect":
+            got = election.on_elect("g", sender, text, neighbours)
+        else:
+            got = election.on_leader("g", sender, text, neighbours)
+        assert got == want, (kind, sender, text)
+
+
+def test_ids_are_zyre_upper_case_hex() -> None:
+    uuid = UUID("0123456789abcdef0123456789abcdef")
+    assert zyre_id(uuid) == "0123456789ABCDEF0123456789ABCDEF"
+    assert parse_id(zyre_id(uuid)) == uuid
+    assert parse_id(uuid.hex) == uuid
+    for bad in ("", "A" * 31, "A" * 33, "G" * 32, "0123456789abcdef-123456789abcdef"):
+        assert parse_id(bad) is None
+
+
+def run_group(ids: Sequence[str], contest: Sequence[str], seed: int) -> dict[str, list[str]]:
+    """A full mesh of nodes ``ids``; each of ``contest`` starts; messages are delivered in
+    a random order (per sender-receiver pair in order, as on a ZeroMQ link). Returns each
+    node's Elected leaders."""
+    rng = random.Random(seed)
+    nodes = {i: Election[str](i) for i in ids}
+    queues: dict[tuple[str, str], list] = {}
+    elected: dict[str, list[str]] = {i: [] for i in ids}
+
+    def act(node: str, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, Elected):
+                elected[node].append(action.leader)
+                continue
+            for to in action.to:
+                queues.setdefault((node, to), []).append(action)
+
+    for node in contest:
+        act(node, nodes[node].start("g", [i for i in ids if i != node]))
+    while any(queues.values()):
+        pair = rng.choice([p for p, q in queues.items() if q])
+        action = queues[pair].pop(0)
+        sender, node = pair
+        others = [i for i in ids if i != node]
+        if isinstance(action, SendElect):
+            act(node, nodes[node].on_elect("g", sender, action.challenger, others))
+        else:
+            act(node, nodes[node].on_leader("g", sender, action.leader, others))
+    return elected
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 12])
+@pytest.mark.parametrize("seed", range(6))
+def test_every_member_learns_the_lowest_challenger(size: int, seed: int) -> None:
+    rng = random.Random(seed * 100 + size)
+    ids = [uuid_module.UUID(int=rng.getrandbits(128)).hex.upper() for _ in range(size)]
+    contest = rng.sample(ids, rng.randint(1, size))
+    elected = run_group(ids, contest, seed)
+    assert all(leaders == [min(contest)] for leaders in elected.values()), elected
+
+
+# --- sessions in memory: the election through the peer table ----------------
+
+CONFIG = NodeConfig(interval=1.0, evasive=5.0, silent=10.0, expired=30.0)
+
+
+class Wire:
+    """The link from one session to another: frames wait in ``Mesh.queue``."""
+
+    limit = 1 << 30
+    stalled_since: Optional[float] = None
+
+    def __init__(self, mesh: "Mesh", source: "Session", target: UUID) -> None:
+        self.mesh, self.source, self.target = mesh, source, target
+        self.closed = False
+
+    def offer(self, frames: Sequence[bytes]) -> None:
+        if not self.closed:
+            self.mesh.queue.append((self.source, self.target, list(frames)))
+
+    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        for frames in messages:
+            self.offer(frames)
+        return len(messages)
+
+    def queued(self) -> int:
+        return 0
+
+    def has_room(self) -> bool:
+        return True
+
+    def close(self, linger: float = 0) -> None:
+        self.closed = True
+
+
+class Mesh:
+    """Sessions that reach each other through in-memory wires, all at time 0."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.sessions: dict[UUID, Session] = {}
+        self.events: dict[UUID, list[Event]] = {}
+        self.queue: list[tuple[Session, UUID, list[bytes]]] = []
+        self.rng = random.Random(seed)
+
+    def add(self, name: str, groups: Sequence[str] = (), contest: Sequence[str] = ()) -> Session:
+        uuid = uuid_module.uuid4()
+        events: list[Event] = []
+        holder: list[Session] = []
+        session = Session(uuid, name, {}, CONFIG,
+                          lambda peer, endpoint: Wire(self, holder[0], peer), events.append)
+        holder.append(session)
+        session.start(f"tcp://10.0.0.{len(self.sessions) + 1}:5000")
+        for group in contest:
+            session.contest(group)
+        for group in groups:
+            session.add_group(group)
+        for other in self.sessions.values():
+            assert other.endpoint is not None and session.endpoint is not None
+            other.peer_appeared(uuid, session.endpoint, 0.0)
+            session.peer_appeared(other.uuid, other.endpoint, 0.0)
+        self.sessions[uuid], self.events[uuid] = session, events
+        return session
+
+    def pump(self) -> None:
+        """Deliver everything, in a random order between pairs, in order within one."""
+        while self.queue:
+            first = self.rng.randrange(len(self.queue))
+            source, target = self.queue[first][:2]
+            # the oldest message of that pair goes first (a link keeps order)
+            index = next(i for i, m in enumerate(self.queue) if m[0] is source and m[1] == target)
+            _, _, frames = self.queue.pop(index)
+            session = self.sessions.get(target)
+            if session is not None and session.running:
+                session.on_message(b"\x01" + source.uuid.bytes, frames, 0.0)
+
+    def leaders(self, group: str) -> dict[str, list[Optional[str]]]:
+        """Each session's LEADER events for ``group`` (the winner's name), then forgotten."""
+        got = {}
+        for uuid, events in self.events.items():
+            got[self.sessions[uuid].name] = [e.name for e in events
+                                            if e.type is EventType.LEADER and e.group == group]
+            events.clear()
+        return got
+
+
+def test_sessions_elect_the_lowest_contester_and_non_contesters_take_part() -> None:
+    mesh = Mesh(seed=1)
+    sessions = [mesh.add(n, groups=["g"], contest=["g"] if n != "plain" else [])
+                for n in ("one", "two", "plain")]
+    mesh.pump()
+    winner = min((s for s in sessions if s.name != "plain"), key=lambda s: s.uuid.hex)
+    leaders = mesh.leaders("g")
+    assert leaders and all(names and set(names) == {winner.name} for names in leaders.values())
+    assert all(s.leaders["g"] == winner.uuid for s in sessions)
+
+
+def test_a_leader_that_leaves_is_replaced() -> None:
+    mesh = Mesh(seed=2)
+    sessions = [mesh.add(f"n{i}", groups=["g"], contest=["g"]) for i in range(4)]
+    mesh.pump()
+    first = min(sessions, key=lambda s: s.uuid.hex)
+    assert all(s.leaders["g"] == first.uuid for s in sessions)
+    mesh.leaders("g")
+    first.remove_group("g")
+    mesh.pump()
+    rest = [s for s in sessions if s is not first]
+    second = min(rest, key=lambda s: s.uuid.hex)
+    assert all(s.leaders["g"] == second.uuid for s in rest)
+    assert "g" not in first.leaders
+    got = mesh.leaders("g")
+    assert all(got[s.name][-1] == second.name for s in rest)
+
+
+def test_a_leader_that_exits_is_replaced_and_the_last_one_leads_alone() -> None:
+    mesh = Mesh(seed=3)
+    a, b = (mesh.add(n, groups=["g"], contest=["g"]) for n in ("a", "b"))
+    mesh.pump()
+    winner, other = (a, b) if a.uuid.hex < b.uuid.hex else (b, a)
+    assert other.leaders["g"] == winner.uuid
+    other.peer_left(winner.uuid, 0.0)  # a departure the session was told of
+    assert other.leaders["g"] == other.uuid
+    assert mesh.leaders("g")[other.name] == [winner.name, other.name]
+
+
+def test_elect_from_a_non_member_or_with_a_bad_id_is_ignored() -> None:
+    mesh = Mesh(seed=4)
+    a = mesh.add("a", groups=["g"])
+    b = mesh.add("b", groups=["other"])
+    mesh.pump()
+    peer = a.peers[b.uuid]
+    want = peer.want
+    # b is not in g at a: its ELECT is dropped (but its number counts)
+    a.on_message(b"\x01" + b.uuid.bytes,
+                 zre.encode(zre.Elect(want, "g", zyre_id(b.uuid))), 0.0)
+    assert not a.election.waves and not a.peers[b.uuid].link.closed  # type: ignore
+    assert peer.want == (want + 1) & 0xFFFF
+    b.add_group("g")
+    mesh.pump()
+    a.on_message(b"\x01" + b.uuid.bytes, zre.encode(zre.Elect(peer.want, "g", "not-an-id")),
+                 0.0)
+    assert not a.election.waves
+    assert not any(e.type is EventType.LEADER for e in mesh.events[a.uuid])
