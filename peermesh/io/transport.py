@@ -244,6 +244,7 @@ class GuardedMailbox:
         #: accepted connections from other hosts: descriptor -> the address
         self.sources: dict[int, str] = {}
         self.per_address: Counter[str] = Counter()
+        self._mandatory = False  # ROUTER_MANDATORY set (by the first ``routes_to``)
         router = mailbox.socket
         address = f"inproc://peermesh-monitor-{id(self):x}"
         router.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
@@ -258,6 +259,27 @@ class GuardedMailbox:
     def connections(self) -> int:
         """Connections to the mailbox now open."""
         return len(self.accepted)
+
+    def routes_to(self, identity: bytes) -> bool:
+        """True while a connection under routing ``identity`` is open to the mailbox.
+
+        The ROUTER is asked by sending that identity one empty frame with
+        ``ROUTER_MANDATORY`` (which fails at once for an identity it no longer
+        routes to); the peer's DEALER receives it, and ZRE peers never read
+        their DEALERs. A full pipe means the connection is open.
+        """
+        mailbox = self.mailbox
+        if not self._mandatory:
+            mailbox.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._mandatory = True
+        try:
+            mailbox.try_send([identity, b""])
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return False
+            log.debug("cannot ask the mailbox about %r: %s", identity, exc)
+            return mailbox.closed is False and exc.errno == zmq.EAGAIN
+        return True
 
     def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
               backpressure: Any = None, *, metadata: Optional[str] = None,

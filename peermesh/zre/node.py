@@ -65,6 +65,8 @@ PeerRef = Union[UUID, str]
 _WHISPER_HEADER = struct.Struct(">HBBH").pack
 _SIGNATURE = zre.SIGNATURE
 _WHISPER = 2
+#: seconds between looks at a link that a claim or departure waits on, at most
+SETTLE_STEP = 0.064
 _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre merges "
                "an empty message into the next one it delivers)")
 
@@ -170,7 +172,8 @@ class Node:
         self._events.bound_bytes(self.config.event_queue_bytes)
         self._listeners: list[Callable[[Event], None]] = []
         self._session = Session(self._uuid, self._name, self._headers, self.config,
-                                self._connect, self._events.put)
+                                self._connect, self._events.put, linked=self._linked,
+                                wake=self._wake_settler)
         for group in self.config.contest:
             self._session.contest(_checked_string("group", group))
         for group in self.config.groups:
@@ -185,6 +188,7 @@ class Node:
         self.mailbox_port = 0
         self._last_target: Optional[tuple[PeerRef, Peer]] = None
         self._mailbox: Any = None
+        self._settler: Optional[gevent.Greenlet] = None
 
     # --- identity -------------------------------------------------------
 
@@ -267,7 +271,7 @@ class Node:
             for source in self._discovery:
                 source.stop()
         finally:
-            gevent.killall(self._greenlets)
+            gevent.killall(self._greenlets + ([self._settler] if self._settler else []))
             linger = max(0.0, deadline - self._clock())
             for peer in self._session.stop():
                 peer.link.close(linger)
@@ -702,6 +706,27 @@ class Node:
                 log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
             return None
         return PeerLink(link, cfg.send_buffer, cfg.send_queue, self._clock)
+
+    def _linked(self, identity: bytes) -> Optional[bool]:
+        """Whether ``identity`` holds a connection to the mailbox now (None: the transport
+        cannot tell)."""
+        routes_to = getattr(self._mailbox, "routes_to", None)
+        return routes_to(identity) if routes_to is not None else None
+
+    def _wake_settler(self) -> None:
+        """The session waits on a peer's link or answer: settle it now and again, every
+        few milliseconds (backing off to ``SETTLE_STEP``), until nothing waits."""
+        if self._settler is None and self._state == "running":
+            self._settler = gevent.spawn(self._settle)
+
+    def _settle(self) -> None:
+        delay = SETTLE_STEP / 32
+        try:
+            while self._session.settle(self._clock()):
+                self.transport.sleep(delay)
+                delay = min(delay * 2, SETTLE_STEP)
+        finally:
+            self._settler = None
 
     def _mailbox_reader(self) -> None:
         receive, clock = self._session.on_message, self._clock

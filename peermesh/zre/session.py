@@ -110,11 +110,14 @@ PEX_HEADER = "X-PM-PEX"
 _PEX_CHUNK = 1024  # peers per PEX message
 _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
+#: commands held per claimant while its claim waits (and at most ``max_message`` octets)
+HELD_MESSAGES = 1024
 #: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
 COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed",
             "evasive_shed", "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
-            "events_dropped", "connections_shed", "descriptors_refused")
+            "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
+            "sequence_resyncs")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 LEADER = EventType.LEADER
@@ -201,12 +204,26 @@ class Peer:
 
 
 class _Claim:
-    """A HELLO from a new UUID at a known peer's endpoint, waiting on that peer."""
+    """A HELLO from a new UUID at a known peer's endpoint, waiting on that peer, and the
+    commands its sender sent after it (held, up to ``HELD_MESSAGES`` / ``held_octets``)."""
 
-    __slots__ = ("uuid", "hello", "since")
+    __slots__ = ("uuid", "identity", "hello", "since", "held", "octets", "overflow")
 
-    def __init__(self, uuid: UUID, hello: zre.Hello, since: float) -> None:
-        self.uuid, self.hello, self.since = uuid, hello, since
+    def __init__(self, uuid: UUID, identity: bytes, hello: zre.Hello, since: float) -> None:
+        self.uuid, self.identity, self.hello, self.since = uuid, identity, hello, since
+        self.held: list[list[bytes]] = []
+        self.octets = 0
+        self.overflow = False  # some were dropped: the first after them is a gap
+
+    def hold(self, frames: list[bytes], octets: int) -> bool:
+        """Keep one command for later; False (dropped) past the bounds."""
+        size = sum(map(len, frames))
+        if self.overflow or len(self.held) >= HELD_MESSAGES or self.octets + size > octets:
+            self.overflow = True
+            return False
+        self.held.append(frames)
+        self.octets += size
+        return True
 
 
 @functools.lru_cache(maxsize=2048)
@@ -237,7 +254,9 @@ class Session:
 
     def __init__(self, uuid: UUID, name: str, headers: dict[str, str], config: NodeConfig,
                  connect: Callable[[UUID, str], Optional[Link]],
-                 emit: Callable[[Event], None]) -> None:
+                 emit: Callable[[Event], None],
+                 linked: Optional[Callable[[bytes], Optional[bool]]] = None,
+                 wake: Optional[Callable[[], None]] = None) -> None:
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
         self.name = name
@@ -245,6 +264,10 @@ class Session:
         self.config = config
         self.connect = connect
         self.emit = emit
+        #: does a routing identity hold a connection to our mailbox now (None: cannot tell)
+        self.linked = linked
+        #: asks the driver to call ``settle`` soon and again while it returns True
+        self.wake = wake
         self.groups: set[str] = set()
         #: each of ``groups`` by its encoded ZRE string (a SHOUT header's tail)
         self._group_fields: dict[bytes, str] = {}
@@ -264,6 +287,9 @@ class Session:
         self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
         self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
+        self._claimants: dict[bytes, _Claim] = {}  # the same claims by the claimant's identity
+        #: peers a port-0 beacon said are leaving -> (when, ``total`` after the probe PING)
+        self._leaving: dict[UUID, tuple[float, int]] = {}
         self._evasive: list[Peer] = []  # ready peers EVASIVE at the last tick (shed first)
         self._hello: Optional[list[bytes]] = None
         #: Zyre's leader election: the groups this node contests, its waves, the winners
@@ -289,6 +315,8 @@ class Session:
         self.pending.clear()
         self.per_address.clear()
         self._claims.clear()
+        self._claimants.clear()
+        self._leaving.clear()
         self.election.waves.clear()
         self.leaders.clear()
         return peers
@@ -436,8 +464,13 @@ class Session:
     def peer_left(self, uuid: UUID, now: float, address: Optional[str] = None) -> None:
         """A discovery source says ``uuid`` is leaving; ``address``: where that came from.
 
-        Heeded only from the peer's own address (when the source knows one):
-        anyone can send a port-0 beacon with a UUID that beacons broadcast.
+        Heeded only from the peer's own address (when the source knows one), and
+        only as the peer's own link confirms it: anyone can send a port-0 beacon
+        with a UUID that beacons broadcast. A peer whose connection to our
+        mailbox is closed (a node that leaves sends its beacon and closes) is
+        removed at once; one whose connection is open is PINGed and removed
+        when the connection closes or no answer came within ``interval``. An
+        answer means the beacon was forged (``leaves_ignored``).
         """
         peer = self.peers.get(uuid)
         if peer is None:
@@ -447,12 +480,53 @@ class Session:
                       peer.endpoint)
             self.counters.add("leaves_ignored")
             return
+        if peer.ready and self._link_open(peer):
+            if uuid not in self._leaving:
+                self.ping(peer)
+                self._leaving[uuid] = (now, peer.total)
+                if self.wake is not None:
+                    self.wake()
+            return
+        self._depart(peer, now)
+
+    def _depart(self, peer: Peer, now: float) -> None:
+        """Remove a peer that left; reports of it are ignored for ``expired``."""
         departed = self._departed
-        departed.pop(uuid, None)
-        departed[uuid] = now
+        departed.pop(peer.uuid, None)
+        departed[peer.uuid] = now
         if len(departed) > self.config.max_peers:
             del departed[next(iter(departed))]
         self.remove(peer, "left")
+
+    def _link_open(self, peer: Peer) -> bool:
+        """True when the peer's connection to our mailbox is known to be open (a driver
+        that cannot tell, as the simulator, has ``linked`` None: port-0 beacons count
+        at once there, from the peer's address)."""
+        return self.linked is not None and self.linked(peer.identity) is not False
+
+    def _link_closed(self, peer: Peer) -> bool:
+        """True when a ready peer's connection to our mailbox is known to be closed."""
+        return peer.ready and self.linked is not None and self.linked(peer.identity) is False
+
+    def settle(self, now: float) -> bool:
+        """Decide the claims and departures that wait on a peer's link or its answer;
+        True while some still wait (the driver calls again soon: links close at any
+        time)."""
+        if self._claims:
+            self._settle_claims(now)
+        leaving = self._leaving
+        for uuid, (since, probe) in list(leaving.items()):
+            peer = self.peers.get(uuid)
+            if peer is None:
+                del leaving[uuid]
+            elif peer.confirmed >= probe:  # it answered the PING: the beacon was forged
+                del leaving[uuid]
+                self.counters.add("leaves_ignored")
+                log.debug("%s answered after a port-0 beacon: ignored it", peer.name)
+            elif self._link_closed(peer) or now - since >= self.config.interval:
+                del leaving[uuid]
+                self._depart(peer, now)
+        return bool(self._claims or leaving)
 
     # --- the peer table ----------------------------------------------------
 
@@ -487,7 +561,7 @@ class Session:
             return None
         holder = self.by_endpoint.get(endpoint)
         if holder is not None:
-            if now - holder.last_seen < self.config.evasive:
+            if now - holder.last_seen < self.config.evasive and not self._link_closed(holder):
                 log.debug("ignored peer %s: %s already lives at %s", uuid, holder.name, endpoint)
                 return None
             self.remove(holder, "replaced by another node at its endpoint")
@@ -645,11 +719,16 @@ class Session:
             self._on_hello(identity, frames, peer, now)
             return
         if peer is None or not peer.ready:
+            claim = self._claimants.get(identity)
+            if claim is not None:  # its HELLO waits on a claim: keep what follows it
+                if not claim.hold(frames, self.config.max_message):
+                    self.counters.add("held_dropped")
+                return
             log.debug("ignored command %d before HELLO from %r", command, identity)
             return
         if sequence != peer.want:
             log.debug("sequence gap from %s: expected %d, got %d", peer.name, peer.want, sequence)
-            self.remove(peer, f"sequence gap (expected {peer.want}, got {sequence})")
+            self._resync(peer, f"sequence gap (expected {peer.want}, got {sequence})", now)
             return
         peer.want = (sequence + 1) & 0xFFFF
         peer.last_seen = now
@@ -682,6 +761,15 @@ class Session:
             self._on_wave(peer, message)
         # Unknown commands (and Zyre's GOODBYE: its beacon or link says it) only advance
         # the sequence
+
+    def _resync(self, peer: Peer, reason: str, now: float) -> None:
+        """Out of step with a peer: EXIT it and say HELLO again at once, so that it
+        starts over too (a second HELLO is a restart to it, Zyre's as ours) and says
+        HELLO back, instead of sending into a session that ignores it."""
+        self.counters.add("sequence_resyncs")
+        self.remove(peer, reason)
+        if self.running:
+            self._require_peer(peer.uuid, peer.endpoint, now, hello=True)
 
     def _peer_status(self, peer: Peer, status: int) -> None:
         expected = (peer.status + 1) & 0xFF
@@ -735,8 +823,11 @@ class Session:
         uuid = UUID(bytes=identity[1:])
         if peer is None:
             holder = self.by_endpoint.get(hello.endpoint)
-            if holder is not None and now - holder.last_seen < self.config.evasive:
-                self._claim(holder, uuid, hello, now)
+            if holder is not None and self._link_closed(holder):
+                # gone (only one process listens at an endpoint): the new node is in
+                self.remove(holder, "replaced by another node at its endpoint")
+            elif holder is not None and now - holder.last_seen < self.config.evasive:
+                self._claim(holder, uuid, identity, hello, now)
                 return
             peer = self._require_peer(uuid, hello.endpoint, now, hello=True)
             if peer is None:
@@ -750,27 +841,42 @@ class Session:
         if peer is not None:
             self.remove(peer, f"HELLO refused: {why}")
 
-    def _claim(self, holder: Peer, uuid: UUID, hello: zre.Hello, now: float) -> None:
-        """A new node says HELLO from ``holder``'s endpoint: ask the holder if it lives."""
-        if holder.uuid not in self._claims:
+    def _claim(self, holder: Peer, uuid: UUID, identity: bytes, hello: zre.Hello,
+               now: float) -> None:
+        """A new node says HELLO from ``holder``'s endpoint, whose link is open: ask the
+        holder if it lives; hold what the new node sends meanwhile."""
+        old = self._claims.get(holder.uuid)
+        if old is None:
             log.debug("%s claims %s of %s: PINGing it", uuid, holder.endpoint, holder.name)
             self.ping(holder)
-        self._claims[holder.uuid] = _Claim(uuid, hello, now)
+        else:
+            self._claimants.pop(old.identity, None)
+        claim = self._claims[holder.uuid] = self._claimants[identity] = \
+            _Claim(uuid, identity, hello, now)
+        if old is not None:
+            claim.since = old.since  # a second HELLO does not restart the wait
+        if self.wake is not None:
+            self.wake()
 
     def _settle_claims(self, now: float) -> None:
         for holder_uuid, claim in list(self._claims.items()):
             holder = self.peers.get(holder_uuid)
             if holder is None:  # gone meanwhile: the claimant may have its endpoint
-                del self._claims[holder_uuid]
+                self._drop_claim(holder_uuid)
                 self._take_claim(claim, now)
             elif holder.last_seen > claim.since:
-                del self._claims[holder_uuid]
+                self._drop_claim(holder_uuid)
                 log.debug("ignored HELLO of %s: %s still lives at %s", claim.uuid, holder.name,
                           holder.endpoint)
-            elif now - claim.since >= self.config.interval:
-                del self._claims[holder_uuid]
+            elif self._link_closed(holder) or now - claim.since >= self.config.interval:
+                self._drop_claim(holder_uuid)
                 self.remove(holder, "replaced by another node at its endpoint")
                 self._take_claim(claim, now)
+
+    def _drop_claim(self, holder_uuid: UUID) -> None:
+        claim = self._claims.pop(holder_uuid)
+        if self._claimants.get(claim.identity) is claim:
+            del self._claimants[claim.identity]
 
     def _take_claim(self, claim: _Claim, now: float) -> None:
         peer = self.peers.get(claim.uuid) or self._require_peer(
@@ -778,6 +884,8 @@ class Session:
         # A report may have made it a peer meanwhile; its one HELLO is the claim's.
         if peer is not None and not peer.ready and peer.endpoint == claim.hello.endpoint:
             self._accept_hello(peer, claim.hello, now, announce=True)
+            for frames in claim.held:  # in order, numbered after the HELLO
+                self.on_message(claim.identity, frames, now)
 
     def _accept_hello(self, peer: Peer, hello: zre.Hello, now: float, announce: bool) -> None:
         self.pending.pop(peer.uuid, None)
@@ -847,8 +955,7 @@ class Session:
                       peer.endpoint)
             self.remove(peer, "no HELLO")
         self.counters.report(now)
-        if self._claims:
-            self._settle_claims(now)
+        self.settle(now)
         evasive: list[Peer] = []
         for peer in list(self.peers.values()):
             stalled = peer.link.stalled_since
@@ -872,6 +979,8 @@ class Session:
                 self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
         self._evasive = evasive
         period = min(cfg.interval, cfg.evasive / 2)
-        if self._claims:
-            return min(now + period, min(c.since for c in self._claims.values()) + cfg.interval)
+        waits = [c.since for c in self._claims.values()]
+        waits.extend(since for since, _ in self._leaving.values())
+        if waits:
+            return min(now + period, min(waits) + cfg.interval)
         return now + period
