@@ -9,13 +9,17 @@ moves bytes and time. Inputs, each with the current time ``now``:
 * ``peer_appeared(uuid, endpoint, now)`` / ``peer_alive(uuid, now)`` /
   ``peer_left(uuid, now)`` - reports of discovery sources;
 * ``tick(now)`` - the timers; returns when it wants to be called again;
+* ``settle(now)`` - claims and departures that wait on a peer's link (the
+  driver calls it soon after ``wake`` asks, and again while it returns True);
 * ``add_group`` / ``remove_group`` / ``ping`` - the application's group
   changes and ``flush``'s probes.
 
-Outputs go through two callables the driver supplies: ``connect(uuid,
+Outputs go through callables the driver supplies: ``connect(uuid,
 endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
-it), ``emit(event)`` takes events. Nothing here reads a clock, opens a
-socket or blocks.
+it), ``emit(event)`` takes events; optionally ``linked(identity)`` says
+whether that routing identity holds a connection to our mailbox now (None:
+cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
+clock, opens a socket or blocks.
 
 Peer states and transitions (all of them are in this module)::
 
@@ -23,33 +27,55 @@ Peer states and transitions (all of them are in this module)::
     (none) --HELLO from a new node-------> ready       (link opened, HELLO sent; ENTER)
     connecting --its HELLO---------------> ready       (ENTER, JOINs)
     ready --next command in sequence-----> ready       (WHISPER/SHOUT/JOIN/LEAVE, PING-OK...)
-    ready --sequence gap, out of order---> (none)      (EXIT "sequence gap")
+    ready --sequence gap, out of order---> connecting  (EXIT "sequence gap"; HELLO again
+                                                        at once, so the peer restarts too)
     ready --a second HELLO (restart)-----> ready again (EXIT "restarted", then ENTER)
-    any --HELLO of a new UUID at its ---> claimed     (PINGed; see below)
-          endpoint
-    claimed --sign of life in interval---> as before   (the claim is dropped)
-    claimed --none in interval-----------> (none)      (EXIT "replaced by another node
-                                                        at its endpoint"; the new one ENTERs)
+    ready, link closed --HELLO of a ----> (none)      (EXIT "replaced by another node at
+          new UUID at its endpoint                      its endpoint"; the new one ENTERs)
+    any --HELLO of a new UUID at its ---> claimed     (PINGed; see below; what the new
+          endpoint                                      node sends after it is held)
+    claimed --sign of life in interval---> as before   (the claim and what it held dropped)
+    claimed --link closes, or none ------> (none)      (EXIT "replaced by another node
+          in interval                                   at its endpoint"; the new one
+                                                        ENTERs, then its held commands)
     ready --silent >= evasive------------> PINGed      (EVASIVE once; SILENT at ``silent``)
     any --silent >= expired--------------> (none)      (EXIT "expired"), unless its send
                                                         backlog is still draining
     any --backlog stalled >= expired-----> (none)      (EXIT "not responding")
     any --port-0 beacon from its address-> (none)      (EXIT "left"; reports ignored
-          / mDNS goodbye                                for ``expired`` after)
+          / mDNS goodbye, link closed                   for ``expired`` after)
+    ready --the same, link open----------> leaving     (PINGed)
+    leaving --link closes, or no answer -> (none)      (EXIT "left")
+          in interval
+    leaving --PING-OK--------------------> ready       (the beacon was forged:
+                                                        ``leaves_ignored``)
     connecting --no HELLO in hello_timeout-> (none)    (no event)
 
 Sequence numbers: HELLO is 1, every later command the next number mod
-65536; anything else disconnects the peer, whose next beacon or HELLO may
-bring it back. Any message, and any discovery report, is a sign of life.
+65536; anything else disconnects the peer and sends it a fresh HELLO at
+once: to Zyre as to peermesh a second HELLO means a restart, so the peer
+starts over and says HELLO back instead of sending on into a session that
+ignores it. Any message, and any discovery report, is a sign of life.
 
 A node at a known endpoint under a new UUID: a peer that crashed and came
 back at the same port (Zyre does: it binds the first free port from 49152)
-sends HELLO under its new UUID. If the old peer there (ready or still
-connecting) has been silent for ``evasive`` it is replaced at once.
-Otherwise the old peer is PINGed: if it shows no sign of life within
-``interval`` (a live node beacons that often, and answers a PING sooner) it
-is replaced by the new one then; if it does, the claim was false and is
-dropped, so no one can evict a live peer by claiming its mailbox.
+sends HELLO under its new UUID. Only one process listens at an endpoint,
+so if the old peer's connection to our mailbox has closed (``linked``), or
+it has been silent for ``evasive``, it is replaced at once. Otherwise the
+old peer is PINGed: if its connection closes, or it shows no sign of life
+within ``interval`` (a live node beacons that often, and answers a PING
+sooner), it is replaced by the new one then; if it lives, the claim was
+false and is dropped, so no one can evict a live peer by claiming its
+mailbox. Zyre sends as soon as it has heard our beacon, so what the new
+node sends after its HELLO is held meanwhile (``HELD_MESSAGES`` and
+``max_message`` octets; more is dropped, ``held_dropped``, and the gap it
+leaves resynchronises as above) and applied in order once it is in.
+
+Zyre's leader election (ELECT, LEADER) runs in ``election``; the session
+feeds it the waves of its own groups from their members, sends what it
+asks, reports LEADER and keeps each group's winner (``leaders``). A
+contested group (``contest``) starts a wave when a peer joins it and when
+its leader leaves (or a wave was under way).
 
 Flow control lives in the ``Link``: ``has_room`` is False once a peer's
 backlog reaches its bound; ``queued``/``limit`` let control commands go past
@@ -71,8 +97,9 @@ one of its address's peers still waiting for HELLO rather than being
 refused); ``hello_timeout`` for a found peer to say HELLO; ``max_hello``
 octets of HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
 departed peers remembered, at most ``max_peers``. A port-0 beacon removes a
-peer only when it comes from the peer's own address, and a report of a known
-UUID at another endpoint neither moves nor refreshes it.
+peer only when it comes from the peer's own address and its link confirms
+it (above), and a report of a known UUID at another endpoint neither moves
+nor refreshes it.
 
 Peer exchange (``X-PM-PEX``, a peermesh extension): a node that uses seeds
 asks for it in its HELLO headers; a node that sees that header sends it the
