@@ -17,8 +17,8 @@ check, here, without I/O:
   public key from its beacons) counts only if it carries the key the peer
   authenticated with, and then as ``Session.peer_left`` says: the peer's
   own authenticated connection decides (closed: EXIT "left" at once; open:
-  PINGed, and removed unless it answers within ``interval``), so a live
-  peer cannot be cut off by a forged beacon.
+  PINGed, and removed if it closes within ``interval`` or no answer came by
+  then), so a live peer cannot be cut off by a forged beacon.
 * **Messages** carry the key their connection authenticated with (the ZAP
   User-Id, read by the mailbox with each message). A routing identity is
   bound to the key of the HELLO that introduced it: any other message under

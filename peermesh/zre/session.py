@@ -45,10 +45,10 @@ Peer states and transitions (all of them are in this module)::
     any --port-0 beacon from its address-> (none)      (EXIT "left"; reports ignored
           / mDNS goodbye, link closed                   for ``expired`` after)
     ready --the same, link open----------> leaving     (PINGed)
-    leaving --link closes, or no answer -> (none)      (EXIT "left")
-          in interval
-    leaving --PING-OK--------------------> ready       (the beacon was forged:
-                                                        ``leaves_ignored``)
+    leaving --link closes in interval,---> (none)      (EXIT "left")
+          or no PING-OK by then
+    leaving --PING-OK, link open at -----> ready       (the beacon was forged:
+          interval                                      ``leaves_ignored``)
     connecting --no HELLO in hello_timeout-> (none)    (no event)
 
 Sequence numbers: HELLO is 1, every later command the next number mod
@@ -496,8 +496,9 @@ class Session:
         with a UUID that beacons broadcast. A peer whose connection to our
         mailbox is closed (a node that leaves sends its beacon and closes) is
         removed at once; one whose connection is open is PINGed and removed
-        when the connection closes or no answer came within ``interval``. An
-        answer means the beacon was forged (``leaves_ignored``).
+        when the connection closes within ``interval``, or when no answer came
+        by then; a peer that answered and whose connection is still open then
+        was the subject of a forged beacon (``leaves_ignored``).
         """
         peer = self.peers.get(uuid)
         if peer is None:
@@ -546,13 +547,16 @@ class Session:
             peer = self.peers.get(uuid)
             if peer is None:
                 del leaving[uuid]
-            elif peer.confirmed >= probe:  # it answered the PING: the beacon was forged
-                del leaving[uuid]
-                self.counters.add("leaves_ignored")
-                log.debug("%s answered after a port-0 beacon: ignored it", peer.name)
-            elif self._link_closed(peer) or now - since >= self.config.interval:
+            elif self._link_closed(peer):
                 del leaving[uuid]
                 self._depart(peer, now)
+            elif now - since >= self.config.interval:
+                del leaving[uuid]
+                if peer.confirmed >= probe:  # it answered, its link is open: forged
+                    self.counters.add("leaves_ignored")
+                    log.debug("%s answered after a port-0 beacon: ignored it", peer.name)
+                else:
+                    self._depart(peer, now)
         return bool(self._claims or leaving)
 
     # --- the peer table ----------------------------------------------------
