@@ -266,7 +266,9 @@ class GuardedMailbox:
         The ROUTER is asked by sending that identity one empty frame with
         ``ROUTER_MANDATORY`` (which fails at once for an identity it no longer
         routes to); the peer's DEALER receives it, and ZRE peers never read
-        their DEALERs. A full pipe means the connection is open.
+        their DEALERs (what piles up there stays under the DEALER's receive
+        high-water mark, 1000 messages by default). A full pipe means the
+        connection is open.
         """
         mailbox = self.mailbox
         if not self._mandatory:

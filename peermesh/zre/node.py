@@ -553,8 +553,9 @@ class Node:
         every counter of a limit hit so far (``peers_refused``,
         ``pending_refused``, ``pending_shed``, ``pending_timed_out``,
         ``hellos_refused``, ``groups_refused``, ``leaves_ignored``,
-        ``reports_ignored``, ``events_dropped``, ``connections_shed``...; see
-        the configuration reference).
+        ``reports_ignored``, ``events_dropped``, ``connections_shed``,
+        ``held_dropped``, ``sequence_resyncs``...; see the configuration
+        reference).
         """
         session, events = self._session, self._events
         result = {"peers": len(self._peers) - len(session.pending),
