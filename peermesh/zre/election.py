@@ -7,8 +7,8 @@ node of a group takes part; only the nodes that *contest* the group start
 waves, and the wave of the lowest ID wins (IDs are UUIDs as 32 upper-case hex
 digits, compared as strings, as Zyre does). Per group, a node keeps the
 current active wave (``caw``: whose wave it supports), the ``father`` (the
-neighbour it first heard that wave from) and two counts of messages received
-for it (``erec`` ELECTs, ``lrec`` LEADERs). A node's neighbours are the peers
+neighbour it first heard that wave from) and who sent messages for it (Zyre
+counts them: ``erec`` ELECTs, ``lrec`` LEADERs). A node's neighbours are the peers
 it sees in the group.
 
 * ``start``: a contesting node opens its own wave: ``caw`` = its ID, ELECT to
@@ -24,10 +24,14 @@ it sees in the group.
   forgotten.
 
 The node that owns this object turns the actions it returns into messages
-(``SendElect``, ``SendLeader``) and its LEADER event (``Elected``). One
-deliberate difference from Zyre: a wave completes once the count reaches
-the neighbours *present* (``>=``), so a member that left during a wave does
-not stall it. State is one small record per group the node is in; remote
+(``SendElect``, ``SendLeader``) and its LEADER event (``Elected``). Deliberate
+differences from Zyre, which only make stalls rarer: a wave completes once
+every neighbour *present* has sent (checked again by ``member_gone``), so a
+member that left during a wave does not stall it; a neighbour counts once
+per wave however many ELECTs it sent (they come twice where waves of one
+challenger overlap); an ELECT of this node's own ID when its own wave is
+over is ignored; and a wave not over after a bound is dropped
+(``stale``). State is one small record per group the node is in; remote
 input cannot grow it.
 """
 
@@ -85,14 +89,32 @@ Action = Union[SendElect, SendLeader, Elected]
 class Wave(Generic[P]):
     """One group's election state at one node."""
 
-    __slots__ = ("caw", "father", "erec", "lrec", "leader")
+    __slots__ = ("caw", "father", "heard", "told", "leader", "echoed", "since")
 
-    def __init__(self, caw: Optional[str] = None, father: Optional[P] = None) -> None:
+    def __init__(self, caw: Optional[str] = None, father: Optional[P] = None,
+                 since: float = 0.0) -> None:
         self.caw = caw          # the ID whose wave this node supports
         self.father = father    # the neighbour that wave came from first
-        self.erec = 0           # ELECTs received for it
-        self.lrec = 0           # LEADERs received
+        self.heard: set[P] = set()  # neighbours whose ELECT for it came (Zyre's count, erec)
+        self.told: set[P] = set()   # neighbours whose LEADER came (lrec)
         self.leader: Optional[str] = None
+        self.echoed = False     # its echo (or, for its own wave, LEADER) went out
+        self.since = since      # when this node joined the wave
+
+    @property
+    def erec(self) -> int:
+        """ELECTs received for the wave (from distinct neighbours)."""
+        return len(self.heard)
+
+    @property
+    def lrec(self) -> int:
+        """LEADERs received (from distinct neighbours)."""
+        return len(self.told)
+
+
+def _all(got: set[P], neighbours: Collection[P]) -> bool:
+    """Every neighbour is in ``got`` (the count first: cheap while it falls short)."""
+    return len(got) >= len(neighbours) and got.issuperset(neighbours)
 
 
 class Election(Generic[P]):
@@ -111,36 +133,57 @@ class Election(Generic[P]):
         """Drop ``group``'s wave (the node left the group)."""
         self.waves.pop(group, None)
 
-    def start(self, group: str, neighbours: Collection[P]) -> list[Action]:
+    def start(self, group: str, neighbours: Collection[P], now: float = 0.0) -> list[Action]:
         """Challenge for ``group``: a new wave of this node's own, any earlier one dropped."""
         if not neighbours:
             self.waves.pop(group, None)
             return [Elected(self.me)]
-        self.waves[group] = Wave(self.me)
+        self.waves[group] = Wave(self.me, since=now)
         return [SendElect(tuple(neighbours), self.me)]
 
+    def stale(self, now: float, bound: float) -> list[str]:
+        """Forget the waves joined ``bound`` seconds ago or more and still not over; their
+        groups (a contester then starts again: a wave can stall where members saw the
+        group's membership differently while it ran)."""
+        groups = [g for g, w in self.waves.items() if w.caw is not None and now - w.since >= bound]
+        for group in groups:
+            del self.waves[group]
+        return groups
+
     def on_elect(self, group: str, sender: P, challenger: str,
-                 neighbours: Collection[P]) -> list[Action]:
+                 neighbours: Collection[P], now: float = 0.0) -> list[Action]:
         """ELECT(``challenger``) from ``sender``; ``neighbours``: the group's peers now."""
         actions: list[Action] = []
         wave = self.waves.get(group)
+        if challenger == self.me and (wave is None or wave.caw != self.me):
+            return []  # an echo of a wave of ours that is over: nothing to join
         if wave is None:
             wave = self.waves[group] = Wave()
         if wave.caw is None or challenger < wave.caw:
             wave.caw, wave.father = challenger, sender  # a better wave: join it
-            wave.erec = wave.lrec = 0
+            wave.heard, wave.told = set(), set()
             wave.leader = None
+            wave.echoed = False
+            wave.since = now
             others = tuple(p for p in neighbours if p != sender)
             if others:
                 actions.append(SendElect(others, challenger))
         if wave.caw == challenger:
-            wave.erec += 1
-            if wave.erec >= len(neighbours):
-                if challenger == self.me:
-                    actions.append(SendLeader(tuple(neighbours), self.me))
-                elif wave.father is not None:
-                    actions.append(SendElect((wave.father,), challenger))
+            wave.heard.add(sender)
+            actions.extend(self._echo(wave, neighbours))
         return actions
+
+    def _echo(self, wave: Wave[P], neighbours: Collection[P]) -> list[Action]:
+        """Once every neighbour has echoed: LEADER for our own wave, else the echo to the
+        father (each once)."""
+        if wave.echoed or wave.caw is None or not _all(wave.heard, neighbours):
+            return []
+        wave.echoed = True
+        if wave.caw == self.me:
+            return [SendLeader(tuple(neighbours), self.me)]
+        if wave.father is not None:
+            return [SendElect((wave.father,), wave.caw)]
+        return []
 
     def on_leader(self, group: str, sender: P, leader: str,
                   neighbours: Collection[P]) -> list[Action]:
@@ -149,11 +192,28 @@ class Election(Generic[P]):
         if wave is None or wave.caw is None:
             return []  # no wave here (reset meanwhile): Zyre ignores it too
         actions: list[Action] = []
-        if leader != self.me and wave.lrec == 0:
+        if leader != self.me and not wave.told:
             actions.append(SendLeader(tuple(neighbours), wave.caw))
-        wave.lrec += 1
+        wave.told.add(sender)
         wave.leader = leader
-        if wave.lrec >= len(neighbours):
+        if _all(wave.told, neighbours):
             del self.waves[group]
             actions.append(Elected(leader))
         return actions
+
+    def member_gone(self, group: str, gone: P, neighbours: Collection[P]) -> list[Action]:
+        """``gone`` left ``group`` (``neighbours``: those left): a wave that waited only on
+        it completes; one whose father it was dies here (its challenger starts again)."""
+        wave = self.waves.get(group)
+        if wave is None or wave.caw is None:
+            return []
+        if wave.father == gone and wave.caw != self.me:
+            del self.waves[group]
+            return []
+        if wave.told and wave.leader is not None and _all(wave.told, neighbours):
+            del self.waves[group]
+            return [Elected(wave.leader)]
+        if not neighbours and wave.caw == self.me:
+            del self.waves[group]
+            return [Elected(self.me)]
+        return self._echo(wave, neighbours)

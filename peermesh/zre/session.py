@@ -75,7 +75,9 @@ Zyre's leader election (ELECT, LEADER) runs in ``election``; the session
 feeds it the waves of its own groups from their members, sends what it
 asks, reports LEADER and keeps each group's winner (``leaders``). A
 contested group (``contest``) starts a wave when a peer joins it and when
-its leader leaves (or a wave was under way).
+its leader leaves (or a wave was under way); a wave not over within
+``interval`` (they take milliseconds) is dropped, and a contester starts
+again.
 
 Flow control lives in the ``Link``: ``has_room`` is False once a peer's
 backlog reaches its bound; ``queued``/``limit`` let control commands go past
@@ -323,6 +325,7 @@ class Session:
         self.contested: set[str] = set()
         self.election: Election[UUID] = Election(zyre_id(uuid))
         self.leaders: dict[str, UUID] = {}
+        self._now = 0.0  # the latest time a command or tick brought (waves start then)
 
     # --- own state --------------------------------------------------------
 
@@ -388,7 +391,7 @@ class Session:
     def elect(self, group: str) -> None:
         """Start a wave of our own in ``group`` (Zyre: on a peer's HELLO or JOIN)."""
         self.leaders.pop(group, None)
-        self._act(group, self.election.start(group, self.members.get(group, {})))
+        self._act(group, self.election.start(group, self.members.get(group, {}), self._now))
 
     def _act(self, group: str, actions: list) -> None:
         """Carry out what the election asks: ELECT and LEADER messages, LEADER events."""
@@ -418,7 +421,7 @@ class Session:
         self.leaders[group] = uuid
         self.emit(Event(LEADER, uuid, name, group))
 
-    def _on_wave(self, peer: Peer, message: "zre.Elect | zre.Leader") -> None:
+    def _on_wave(self, peer: Peer, message: "zre.Elect | zre.Leader", now: float) -> None:
         """ELECT or LEADER from a member of one of our groups (others are ignored)."""
         group = message.group
         members = self.members.get(group)
@@ -430,7 +433,11 @@ class Session:
             if parse_id(message.challenger) is None:
                 log.debug("ignored ELECT with ID %r from %s", message.challenger[:40], peer.name)
                 return
-            actions = self.election.on_elect(group, peer.uuid, message.challenger, members)
+            if (group in self.contested and not self.election.running(group)
+                    and message.challenger > self.election.me):
+                self.elect(group)  # a worse challenger while we stand: challenge it
+            actions = self.election.on_elect(group, peer.uuid, message.challenger, members,
+                                             now)
         else:
             if parse_id(message.leader) is None:
                 log.debug("ignored LEADER with ID %r from %s", message.leader[:40], peer.name)
@@ -448,6 +455,9 @@ class Session:
             del self.leaders[group]
         if group in self.contested and (led or self.election.running(group)):
             self.elect(group)
+        else:  # a wave under way may have waited only on it
+            self._act(group, self.election.member_gone(group, peer.uuid,
+                                                       self.members.get(group, {})))
 
     # --- sending control commands ------------------------------------------
 
@@ -739,6 +749,7 @@ class Session:
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:
+        self._now = now  # (a wave this command starts is timed from it)
         if len(head) < 6:
             log.debug("dropped short message from %r", identity)
             return
@@ -789,7 +800,7 @@ class Session:
             if peer.pong is not None:
                 peer.pong.set()
         elif isinstance(message, (zre.Elect, zre.Leader)):
-            self._on_wave(peer, message)
+            self._on_wave(peer, message, now)
         # Unknown commands (and Zyre's GOODBYE: its beacon or link says it) only advance
         # the sequence
 
@@ -987,6 +998,13 @@ class Session:
             self.remove(peer, "no HELLO")
         self.counters.report(now)
         self.settle(now)
+        self._now = now
+        if self.election.waves:
+            for group in self.election.stale(now, cfg.interval):
+                log.debug("election in %s not over after interval: %s", group,
+                          "starting again" if group in self.contested else "forgotten")
+                if group in self.contested and group in self.groups:
+                    self.elect(group)
         evasive: list[Peer] = []
         for peer in list(self.peers.values()):
             stalled = peer.link.stalled_since

@@ -634,7 +634,7 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
         assert error(pack({"op": 5}))[0] == "bad-request"
         assert error(pack({"op": "peers", "args": "all"}))[0] == "bad-request"
         code, message = error(pack({"op": "format-disk"}))
-        assert code == "unknown-op" and "known: events, groups, info" in message
+        assert code == "unknown-op" and "known: contest, events, groups, info" in message
         assert error(pack({"op": "whisper", "args": {"peer": 5, "message": "x"}}))[0] == \
             "bad-args"
         assert error(pack({"op": "whisper", "args": {"peer": "x"}}))[0] == "bad-args"
@@ -677,7 +677,7 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
         garbage.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(512))
 
     with mesh.client() as client:
-        assert client.call("groups") == {"joined": [], "known": []}
+        assert client.call("groups") == {"joined": [], "known": [], "leaders": {}}
         with pytest.raises(AgentError) as caught:
             client.call("whisper", {"peer": "nobody", "message": b"x"})
         assert caught.value.code == "not-found"

@@ -30,7 +30,7 @@ def fleet(lan_factory: Callable[..., netlab.Lan]) -> Iterator[Fleet]:
         fleet.close()
 
 
-def poll(what: str, check: Callable[[], Any], timeout: float = lanpeers.WAIT) -> Any:
+def poll(what: str, check: Callable[[], Any], timeout: float = 3 * lanpeers.WAIT) -> Any:
     """``check()`` again every 50 ms until it returns something true; fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -100,14 +100,15 @@ def test_a_live_election_among_peermesh_faces_and_a_reelection_when_the_leader_l
     for x in nodes:
         poll(f"{x.name} names the leader",
              lambda x=x: x.call("leader", group="ops") == winner.uuid)
-        event = x.wait(match("LEADER", peer=winner.uuid, group="ops"))
+        event = x.wait(match("LEADER", peer=winner.uuid, group="ops"), 3 * lanpeers.WAIT)
         assert event["name"] == winner.name
 
     marks = {x.name: x.mark() for x in (runner_up, c)}
     winner.stop()  # the leader leaves: the other contester takes over
     for x in (runner_up, c):
         x.wait(match("EXIT", peer=winner.uuid), since=marks[x.name])
-        event = x.wait(match("LEADER", peer=runner_up.uuid, group="ops"), since=marks[x.name])
+        event = x.wait(match("LEADER", peer=runner_up.uuid, group="ops"), 3 * lanpeers.WAIT,
+                       since=marks[x.name])
         assert event["name"] == runner_up.name
         poll(f"{x.name} names the new leader",
              lambda x=x: x.call("leader", group="ops") == runner_up.uuid)
