@@ -29,7 +29,8 @@ differences from Zyre, which only make stalls rarer: a wave completes once
 every neighbour *present* has sent (checked again by ``member_gone``), so a
 member that left during a wave does not stall it; a neighbour counts once
 per wave however many ELECTs it sent (they come twice where waves of one
-challenger overlap); an ELECT of this node's own ID when its own wave is
+challenger overlap), and an ELECT from its challenger itself starts that
+challenger's wave afresh (it started again); an ELECT of this node's own ID when its own wave is
 over is ignored; and a wave not over after a bound is dropped
 (``stale``). State is one small record per group the node is in; remote
 input cannot grow it.
@@ -151,16 +152,19 @@ class Election(Generic[P]):
         return groups
 
     def on_elect(self, group: str, sender: P, challenger: str,
-                 neighbours: Collection[P], now: float = 0.0) -> list[Action]:
-        """ELECT(``challenger``) from ``sender``; ``neighbours``: the group's peers now."""
+                 neighbours: Collection[P], now: float = 0.0,
+                 origin: bool = False) -> list[Action]:
+        """ELECT(``challenger``) from ``sender``; ``neighbours``: the group's peers now;
+        ``origin``: the sender is the challenger (a challenger sends its own ELECT only
+        when it starts a wave, so one of a wave this node is in is a new wave)."""
         actions: list[Action] = []
         wave = self.waves.get(group)
         if challenger == self.me and (wave is None or wave.caw != self.me):
             return []  # an echo of a wave of ours that is over: nothing to join
         if wave is None:
             wave = self.waves[group] = Wave()
-        if wave.caw is None or challenger < wave.caw:
-            wave.caw, wave.father = challenger, sender  # a better wave: join it
+        if wave.caw is None or challenger < wave.caw or (origin and challenger == wave.caw):
+            wave.caw, wave.father = challenger, sender  # a better (or new) wave: join it
             wave.heard, wave.told = set(), set()
             wave.leader = None
             wave.echoed = False

@@ -437,7 +437,7 @@ class Session:
                     and message.challenger > self.election.me):
                 self.elect(group)  # a worse challenger while we stand: challenge it
             actions = self.election.on_elect(group, peer.uuid, message.challenger, members,
-                                             now)
+                                             now, origin=peer.uuid == parse_id(message.challenger))
         else:
             if parse_id(message.leader) is None:
                 log.debug("ignored LEADER with ID %r from %s", message.leader[:40], peer.name)

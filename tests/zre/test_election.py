@@ -332,3 +332,12 @@ def test_a_wave_not_over_in_time_is_forgotten() -> None:
     assert election.stale(14.9, 5.0) == []
     assert election.stale(15.0, 5.0) == ["g"] and list(election.waves) == ["h"]
     assert election.stale(17.0, 5.0) == ["h"] and not election.waves
+
+
+def test_the_challengers_own_elect_starts_its_wave_afresh() -> None:
+    # c joined a's wave and echoed; a starts again (its wave stalled elsewhere): c counts
+    # afresh and echoes again, instead of taking the new ELECT for one it already had.
+    election: Election[str] = Election(C)
+    assert election.on_elect("g", "a", A, ["a"]) == [SendElect(("a",), A)]
+    assert election.on_elect("g", "a", A, ["a"]) == []  # the same wave: counted once
+    assert election.on_elect("g", "a", A, ["a"], origin=True) == [SendElect(("a",), A)]

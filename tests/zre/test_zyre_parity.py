@@ -98,7 +98,9 @@ def test_a_live_election_among_peermesh_faces_and_a_reelection_when_the_leader_l
                 x.wait(match("JOIN", peer=y.uuid, group="ops"))
     winner, runner_up = sorted((a, b), key=lambda d: d.uuid)
     for x in nodes:
-        poll(f"{x.name} names the leader",
+        poll(f"{x.name} names the leader {winner.uuid}: "
+             f"{[(e['event'], e.get('peer')) for e in x.find(lambda e: e.get('event') in ('LEADER', 'JOIN', 'ENTER', 'EXIT'))]} "
+             f"{[(y.name, y.uuid) for y in nodes]}",
              lambda x=x: x.call("leader", group="ops") == winner.uuid)
         event = x.wait(match("LEADER", peer=winner.uuid, group="ops"), 3 * lanpeers.WAIT)
         assert event["name"] == winner.name
