@@ -228,6 +228,18 @@ class AsyncNode(NodeIdentity):
         """See ``Node.groups``."""
         return await self._call(self._started().groups)
 
+    async def contest(self, group: str) -> None:
+        """See ``Node.contest``."""
+        await self._call(self._started().contest, group)
+
+    async def contested(self) -> list[str]:
+        """See ``Node.contested``."""
+        return await self._call(self._started().contested)
+
+    async def leader(self, group: str) -> Optional[UUID]:
+        """See ``Node.leader``."""
+        return await self._call(self._started().leader, group)
+
     async def flush(self, timeout: float = 1.0) -> bool:
         """See ``Node.flush`` (after the sends this task queued)."""
         return await self._call(self._started().flush, timeout)

@@ -92,6 +92,8 @@ class NodeConfig:
     name: Optional[str] = None
     #: groups joined at start
     groups: tuple[str, ...] = ()
+    #: groups this node stands for leader of (Zyre's election; see ``Node.contest``)
+    contest: tuple[str, ...] = ()
     #: headers sent in HELLO (fixed once the node has started)
     headers: Mapping[str, str] = field(default_factory=dict)
     #: interface name, IPv4 address or CIDR; None: $PEERMESH_INTERFACE, then the default
@@ -189,7 +191,7 @@ class NodeConfig:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise bad(key, "a non-empty string")
-        for key in ("groups", "discovery", "seeds"):
+        for key in ("groups", "contest", "discovery", "seeds"):
             value = getattr(self, key)
             if isinstance(value, str) or not all(isinstance(g, str) and g for g in value):
                 raise bad(key, "a list of non-empty strings")
@@ -220,7 +222,7 @@ class NodeConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        for key in ("groups", "discovery", "seeds"):
+        for key in ("groups", "contest", "discovery", "seeds"):
             if isinstance(changes.get(key), list):
                 changes[key] = tuple(changes[key])
         return dataclasses.replace(self, **changes)
@@ -273,7 +275,7 @@ def parse_discovery(text: str) -> tuple[str, ...]:
 def _parse(name: str, raw: str, kind: Any) -> Any:
     if name == "discovery":
         return parse_discovery(raw)
-    if name in ("groups", "seeds"):
+    if name in ("groups", "contest", "seeds"):
         return tuple(g.strip() for g in raw.split(",") if g.strip())
     if name == "headers":
         return dict(parse_header(item) for item in raw.split(",") if item)

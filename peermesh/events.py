@@ -22,6 +22,7 @@ class EventType(str, Enum):
     SHOUT = "SHOUT"        #: a peer sent ``frames`` to ``group``
     EVASIVE = "EVASIVE"    #: a peer has been silent for the evasive timeout and was PINGed
     SILENT = "SILENT"      #: a peer has been silent for the silent timeout
+    LEADER = "LEADER"      #: ``group`` elected ``peer`` (this node's own UUID if it won)
     STOP = "STOP"          #: this node stopped; the last event it reports
 
     def __str__(self) -> str:

@@ -69,8 +69,8 @@ def _frames(cmd: dict[str, Any]) -> list[bytes]:
 
 
 def _node_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    keys = ("groups", "headers", "interface", "port", "interval", "evasive", "silent",
-            "expired", "send_timeout")
+    keys = ("groups", "contest", "headers", "interface", "port", "interval", "evasive",
+            "silent", "expired", "send_timeout")
     return {k: cfg[k] for k in keys if cfg.get(k) is not None}
 
 
@@ -88,6 +88,13 @@ def _peermesh_command(node: Any, cmd: dict[str, Any]) -> Any:
         return [node.peer_info(p).to_dict() for p in node.peers()]
     if op == "groups":
         return node.groups()
+    if op == "flush":
+        return node.flush(cmd.get("seconds", 1.0))
+    if op == "contest":
+        return node.contest(cmd["group"])
+    if op == "leader":
+        leader = node.leader(cmd["group"])
+        return leader.hex if leader is not None else None
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -182,6 +189,14 @@ def _run_pyre(cfg: dict[str, Any]) -> None:
     from pyre.pyre_event import PyreEvent
 
     out = _Out()
+    if cfg.get("mailbox_port"):  # at a given port, as Zyre (the first free from 49152)
+        port = int(cfg["mailbox_port"])
+
+        def bind_at(sock: Any, address: str, *args: Any, **kwargs: Any) -> int:
+            sock.bind(f"{address}:{port}")
+            return port
+
+        zmq.Socket.bind_to_random_port = bind_at  # type: ignore[method-assign]
     node = Pyre(cfg.get("name"))
     for key, value in (cfg.get("headers") or {}).items():
         node.set_header(key, value)
@@ -204,6 +219,8 @@ def _run_pyre(cfg: dict[str, Any]) -> None:
         if op == "peers":
             return [{"peer": p.hex, "address": node.peer_address(p),
                      "headers": node.peer_headers(p)} for p in node.peers()]
+        if op == "known":  # every peer in its table, ready or not (found by beacon)
+            return sorted(p.hex for p in node.peers())
         if op == "groups":
             return sorted(node.own_groups())
         raise ValueError(f"unknown op {op!r}")

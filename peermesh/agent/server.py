@@ -549,6 +549,7 @@ class AgentServer:
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self._op_ping, "info": self._op_info, "peers": self._op_peers,
             "groups": self._op_groups, "join": self._op_join, "leave": self._op_leave,
+            "contest": self._op_contest, "leader": self._op_leader,
             "shout": self._op_shout, "whisper": self._op_whisper,
         }
 
@@ -883,7 +884,20 @@ class AgentServer:
         return [info.to_dict() for info in infos]
 
     def _op_groups(self, args: dict[str, Any]) -> Any:
-        return {"joined": self.node.groups(), "known": self.node.known_groups()}
+        node = self.node
+        leaders = {g: u.hex for g in node.groups() if (u := node.leader(g)) is not None}
+        return {"joined": node.groups(), "known": node.known_groups(), "leaders": leaders}
+
+    def _op_contest(self, args: dict[str, Any]) -> Any:
+        group = _req_str(args, "group")
+        self.node.contest(group)
+        return {"group": group, "contested": self.node.contested()}
+
+    def _op_leader(self, args: dict[str, Any]) -> Any:
+        group = _req_str(args, "group")
+        leader = self.node.leader(group)
+        return {"group": group, "leader": leader.hex if leader is not None else None,
+                "self": leader == self.node.uuid}
 
     def _op_join(self, args: dict[str, Any]) -> Any:
         group = _req_str(args, "group")

@@ -176,6 +176,10 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
                       help="HELLO header sent to peers; repeatable")
     node.add_argument("--group", "-g", dest="groups", action="append", default=[], type=text,
                       metavar="GROUP", help="group to join at start; repeatable")
+    node.add_argument("--contest", dest="contest", action="append", default=[], type=text,
+                      metavar="GROUP",
+                      help="stand for leader of GROUP (Zyre's election; LEADER events name the "
+                           "winner); repeatable")
     node.add_argument("--seed", dest="seeds", action="append", default=[], type=text,
                       metavar="HOST[:PORT]",
                       help="a node to reach by unicast beacons (PORT: its beacon port, default "
@@ -296,7 +300,8 @@ def _add_peers(command: CommandFactory) -> None:
 
     peers = command(
         "peers", "list the peers (the agent's, or found within a few seconds)",
-        "List the peers (UUID, name, address, groups, headers). Through the agent: the "
+        "List the peers (UUID, name, address, groups, headers; a * after a group marks its "
+        "elected leader). Through the agent: the "
         "peers it knows, at once. Without: start a short-lived node, collect peers for "
         "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
         f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
@@ -304,7 +309,8 @@ def _add_peers(command: CommandFactory) -> None:
     peers.add_argument("--wait", "-w", type=seconds, default=WAIT_PEERS, metavar="SECONDS",
                        help="how long to collect peers without an agent (default: %(default)s)")
     peers.add_argument("--json", action="store_true",
-                       help="print one JSON list of {peer, name, address, headers, groups}")
+                       help="print one JSON list of {peer, name, address, headers, groups, "
+                            "leads}")
 
 
 def _add_shout(command: CommandFactory) -> None:
@@ -506,6 +512,8 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         return base.replace(**overrides)
     if args.groups:
         overrides["groups"] = tuple(dict.fromkeys([*base.groups, *args.groups]))
+    if getattr(args, "contest", None):
+        overrides["contest"] = tuple(dict.fromkeys([*base.contest, *args.contest]))
     if args.seeds:
         overrides["seeds"] = tuple(dict.fromkeys([*base.seeds, *args.seeds]))
     discovery = args.discovery if args.discovery is not None else base.discovery
@@ -766,10 +774,13 @@ def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInf
 
 
 def _peer_table(entries: Sequence[dict[str, Any]]) -> str:
+    """The peers as a table; a ``*`` after a group: the peer is its elected leader."""
     rows = [("UUID", "NAME", "ADDRESS", "GROUPS", "HEADERS")]
     for entry in entries:
+        leads = set(entry.get("leads") or ())
         rows.append((clean(entry["peer"]), clean(entry["name"]), clean(entry["address"]),
-                     ",".join(clean(g) for g in entry["groups"]) or "-",
+                     ",".join(clean(g) + ("*" if g in leads else "")
+                              for g in entry["groups"]) or "-",
                      " ".join(f"{clean(k)}={clean(v)}" for k, v in entry["headers"].items())
                      or "-"))
     return table(rows)

@@ -166,6 +166,7 @@ class GuardedListener:
         self._trimmed = 0.0
         self._paused = False
         self._closed = False
+        self._mandatory = False  # ROUTER_MANDATORY set (by the first ``routes_to``)
         self._greenlets: list[gevent.Greenlet] = []
         # the socket's own, without ``__getattr__`` on each call
         self.socket, self.endpoint = listener.socket, listener.endpoint
@@ -192,6 +193,29 @@ class GuardedListener:
     def connections(self) -> int:
         """Connections to the listener now open."""
         return len(self.accepted)
+
+    def routes_to(self, identity: bytes) -> bool:
+        """True while a connection under routing ``identity`` is open to the listener.
+
+        The ROUTER is asked by sending that identity one empty frame with
+        ``ROUTER_MANDATORY`` (which fails at once for an identity it no longer
+        routes to); the peer's DEALER receives it, and ZRE peers never read
+        their DEALERs (what piles up there stays under the DEALER's receive
+        high-water mark, 1000 messages by default). A full pipe means the
+        connection is open.
+        """
+        listener = self.listener
+        if not self._mandatory:
+            listener.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._mandatory = True
+        try:
+            listener.try_send([identity, b""])
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return False
+            log.debug("cannot ask the listener about %r: %s", identity, exc)
+            return listener.closed is False and exc.errno == zmq.EAGAIN
+        return True
 
     def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
               backpressure: Any = None, *, metadata: Optional[str] = None,

@@ -1,4 +1,4 @@
-"""ZRE v2 codec (spec 36/ZRE): the UDP beacon and the seven mailbox commands.
+"""ZRE v2 codec (spec 36/ZRE): the UDP beacon, the seven mailbox commands and Zyre's three.
 
 How it works
 ------------
@@ -16,9 +16,17 @@ and WHISPER and SHOUT carry their content as the frames after it
 
 ``encode`` turns a message dataclass into frames and ``decode`` does the
 reverse. Every malformed input makes ``decode`` raise ``ProtocolError`` and
-nothing else. Command ids this codec does not know (Zyre's ELECT and LEADER
-extensions use 8-10) decode to ``Unknown`` so the caller can still honour the
-sequence number.
+nothing else. Command ids this codec does not know decode to ``Unknown`` so
+the caller can still honour the sequence number.
+
+Zyre adds three commands beyond the spec (its leader election and, for its
+gossip discovery, a goodbye)::
+
+    elect      = signature %d8 version sequence group challenger
+    leader     = signature %d9 version sequence group leader
+    goodbye    = signature %d10 version sequence
+    challenger = string                   ; a node's UUID, 32 upper-case hex digits
+    leader     = string                   ; the same, of the elected node
 
 peermesh adds one command of its own, PEX (id %x50), sent only to peers that
 advertise ``X-PM-PEX`` in their HELLO headers (plain Zyre and pyre peers never
@@ -40,7 +48,8 @@ from .frames import as_bytes, as_frames
 
 __all__ = [
     "BEACON_SIZE", "BEACON_SIZE_V3", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
-    "Shout", "Join", "Leave", "Ping", "PingOk", "Unknown", "Message",
+    "Shout", "Join", "Leave", "Ping", "PingOk", "Elect", "Leader", "Goodbye", "Unknown",
+    "Message",
     "encode_beacon", "decode_beacon", "encode", "decode", "whisper_header",
     "shout_header", "shouts", "next_sequence", "PeerExchange", "PEX", "PUBLIC_KEY_HEADER",
 ]
@@ -80,6 +89,9 @@ class Command(IntEnum):
     LEAVE = 5
     PING = 6
     PING_OK = 7
+    ELECT = 8     #: Zyre's leader election: a wave for a challenger
+    LEADER = 9    #: Zyre's leader election: the result
+    GOODBYE = 10  #: Zyre: the sender is leaving (sent with its gossip discovery)
 
 
 def next_sequence(sequence: int) -> int:
@@ -203,6 +215,31 @@ class PingOk:
 
 
 @dataclass(frozen=True, slots=True)
+class Elect:
+    """elect = signature %d8 version sequence group challenger (Zyre's)"""
+
+    sequence: int
+    group: str
+    challenger: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """leader = signature %d9 version sequence group leader (Zyre's)"""
+
+    sequence: int
+    group: str
+    leader: str
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    """goodbye = signature %d10 version sequence (Zyre's)"""
+
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
 class PeerExchange:
     """pex = signature %x50 version sequence peers (a peermesh extension)"""
 
@@ -212,13 +249,14 @@ class PeerExchange:
 
 @dataclass(frozen=True, slots=True)
 class Unknown:
-    """A well-formed header with a command id outside 1-7 (e.g. Zyre's ELECT)."""
+    """A well-formed header with a command id this codec does not know."""
 
     sequence: int
     command: int
 
 
-Message = Union[Hello, Whisper, Shout, Join, Leave, Ping, PingOk, PeerExchange, Unknown]
+Message = Union[Hello, Whisper, Shout, Join, Leave, Ping, PingOk, Elect, Leader, Goodbye,
+                PeerExchange, Unknown]
 
 
 # --- encoding -------------------------------------------------------------
@@ -290,6 +328,14 @@ def encode(message: Message) -> list[bytes]:
         return [_header(Command.PING, message.sequence)]
     if isinstance(message, PingOk):
         return [_header(Command.PING_OK, message.sequence)]
+    if isinstance(message, Elect):
+        return [_header(Command.ELECT, message.sequence) + _string(message.group)
+                + _string(message.challenger)]
+    if isinstance(message, Leader):
+        return [_header(Command.LEADER, message.sequence) + _string(message.group)
+                + _string(message.leader)]
+    if isinstance(message, Goodbye):
+        return [_header(Command.GOODBYE, message.sequence)]
     if isinstance(message, PeerExchange):
         return [_header(PEX, message.sequence) + _N4.pack(len(message.peers))
                 + b"".join(_longstr(p) for p in message.peers)]
@@ -383,7 +429,7 @@ def decode(frames: Sequence[bytes]) -> Message:
         group = reader.string()
         reader.end()
         return Shout(sequence, group, content)
-    if content and (command <= 7 or command == PEX):
+    if content and (command <= 10 or command == PEX):
         raise ProtocolError(f"unexpected content frames in command {command}")
     if command == 1:
         message: Message = Hello(sequence, reader.string(), reader.strings(), reader.number1(),
@@ -395,6 +441,11 @@ def decode(frames: Sequence[bytes]) -> Message:
         message = Ping(sequence)
     elif command == 7:
         message = PingOk(sequence)
+    elif command in (8, 9):
+        group, who = reader.string(), reader.string()
+        message = (Elect if command == 8 else Leader)(sequence, group, who)
+    elif command == 10:
+        message = Goodbye(sequence)
     elif command == PEX:
         message = PeerExchange(sequence, reader.strings())
     else:

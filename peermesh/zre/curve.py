@@ -14,11 +14,11 @@ check, here, without I/O:
   authenticated with (which wins: beacons are not authenticated). A beacon
   whose key differs from the key a known peer authenticated with is
   ignored. A port-0 beacon (which anyone can forge, copying a peer's
-  public key from its beacons) only makes the node PING that peer, if it
-  carries the key the peer authenticated with: the peer is removed (EXIT
-  "left") when no sign of life came within ``interval``, so a live peer
-  cannot be cut off by a forged beacon, and a leaving one goes within about
-  ``interval``.
+  public key from its beacons) counts only if it carries the key the peer
+  authenticated with, and then as ``Session.peer_left`` says: the peer's
+  own authenticated connection decides (closed: EXIT "left" at once; open:
+  PINGed, and removed if it closes within ``interval`` or no answer came by
+  then), so a live peer cannot be cut off by a forged beacon.
 * **Messages** carry the key their connection authenticated with (the ZAP
   User-Id, read by the mailbox with each message). A routing identity is
   bound to the key of the HELLO that introduced it: any other message under
@@ -68,8 +68,6 @@ class KeyGate:
         #: UUID of a peer connected to but not yet ready -> when it was first seen so
         self.pending: dict[UUID, float] = {}
         self._checked = allowlist.keys  # the allowed keys the peers were last checked against
-        #: UUID of a peer a port-0 beacon said is leaving -> when (it was PINGed then)
-        self.leaving: dict[UUID, float] = {}
         #: routing identity -> the Z85 key (str) its HELLO authenticated with
         self.authenticated: dict[bytes, str] = {}
         #: UUID -> the Z85 key (str) its beacon announced
@@ -110,17 +108,15 @@ class KeyGate:
         return True
 
     def left(self, uuid: UUID, key: Optional[bytes], now: float) -> None:
-        """A port-0 beacon of ``uuid``: PING the peer (ready, with that key); ``tick``
-        removes it if it shows no sign of life within ``interval``."""
+        """A port-0 beacon of ``uuid``: heard (``Session.peer_left``: its authenticated
+        link decides) only for a ready peer and with the key it authenticated with."""
         peer = self.session.peers.get(uuid)
         if peer is None or not peer.ready or key is None:
             return
         if self.authenticated.get(peer.identity) != z85.encode(key).decode():
             log.debug("ignored port-0 beacon of %s: not the key it authenticated with", uuid)
             return
-        if uuid not in self.leaving:
-            self.leaving[uuid] = now
-            self.session.ping(peer)
+        self.session.peer_left(uuid, now)
 
     # --- the mailbox ---------------------------------------------------------------
 
@@ -173,15 +169,6 @@ class KeyGate:
                     session.remove(peer, "key no longer allowed")
         # A peer that refused our key (ZAP) never reconnects by itself: drop the link, and
         # the next beacon makes a new one (its allowlist may hold our key by then).
-        for uuid, since in list(self.leaving.items()):
-            peer = session.peers.get(uuid)
-            if peer is None or peer.last_seen > since:
-                del self.leaving[uuid]  # gone meanwhile, or alive: the beacon was forged
-                if peer is not None:
-                    log.debug("%s is alive after a port-0 beacon: ignored it", peer.name)
-            elif now - since >= session.config.interval:
-                del self.leaving[uuid]
-                session.peer_left(uuid, now)
         pending, lifetime = self.pending, session.config.evasive
         for uuid, peer in list(session.peers.items()):
             if peer.ready:
@@ -192,6 +179,6 @@ class KeyGate:
         for identity in [i for i in self.authenticated if i not in by_identity]:
             del self.authenticated[identity]
         peers = session.peers
-        for table in (self.announced, pending, self.leaving):
+        for table in (self.announced, pending):
             for uuid in [u for u in table if u not in peers]:
                 del table[uuid]

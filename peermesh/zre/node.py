@@ -65,6 +65,8 @@ PeerRef = Union[UUID, str]
 _WHISPER_HEADER = struct.Struct(">HBBH").pack
 _SIGNATURE = zre.SIGNATURE
 _WHISPER = 2
+#: seconds between looks at a link that a claim or departure waits on, at most
+SETTLE_STEP = 0.064
 _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre merges "
                "an empty message into the next one it delivers)")
 
@@ -72,19 +74,21 @@ _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre m
 class PeerInfo:
     """A snapshot of what a node knows about a peer."""
 
-    __slots__ = ("uuid", "name", "address", "headers", "groups")
+    __slots__ = ("uuid", "name", "address", "headers", "groups", "leads")
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Peer, leads: Sequence[str] = ()) -> None:
         self.uuid: UUID = peer.uuid
         self.name: str = peer.name
         self.address: str = peer.endpoint
         self.headers: dict[str, str] = dict(peer.headers)
         self.groups: list[str] = sorted(peer.groups)
+        #: the groups (of this node's) that elected the peer their leader
+        self.leads: list[str] = sorted(leads)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {"peer": self.uuid.hex, "name": self.name, "address": self.address,
-                "headers": self.headers, "groups": self.groups}
+                "headers": self.headers, "groups": self.groups, "leads": self.leads}
 
     def __repr__(self) -> str:
         return f"PeerInfo({self.uuid.hex[:8]} {self.name!r} {self.address})"
@@ -169,7 +173,10 @@ class Node:
         self._listeners: list[Callable[[Event], None]] = []
         self._failed_listeners: set[int] = set()   # whose traceback was logged already
         self._session = Session(self._uuid, self._name, self._headers, self.config,
-                                self._connect, self._events.put)
+                                self._connect, self._events.put, linked=self._linked,
+                                wake=self._wake_settler)
+        for group in self.config.contest:
+            self._session.contest(_checked_string("group", group))
         for group in self.config.groups:
             self._session.add_group(_checked_string("group", group))
         self._gate = KeyGate(self._session, self.curve.allowlist) if self.curve else None
@@ -182,6 +189,7 @@ class Node:
         self.mailbox_port = 0
         self._last_target: Optional[tuple[PeerRef, Peer]] = None
         self._mailbox: Any = None
+        self._settler: Optional[gevent.Greenlet] = None
 
     # --- identity -------------------------------------------------------
 
@@ -264,7 +272,7 @@ class Node:
             for source in self._discovery:
                 source.stop()
         finally:
-            gevent.killall(self._greenlets)
+            gevent.killall(self._greenlets + ([self._settler] if self._settler else []))
             linger = max(0.0, deadline - self._clock())
             for peer in self._session.stop():
                 peer.link.close(linger)
@@ -369,6 +377,28 @@ class Node:
     def groups(self) -> list[str]:
         """The groups this node is in."""
         return sorted(self._session.groups)
+
+    def contest(self, group: str) -> None:
+        """Stand for leader of ``group`` in Zyre's election (``zyre_set_contest_in_group``).
+
+        Every node takes part in the elections of its groups; the contesting
+        members start them (when a peer joins the group, when its leader
+        goes, and here if the node is already in it with peers), and the
+        lowest UUID among them wins. Each member then reports a LEADER event
+        (``peer``: the winner, this node's UUID if it won); ``leader(group)``
+        names it. Set it before ``join`` to stand from the start.
+        """
+        self._check_not_stopped()
+        self._session.contest(_checked_string("group", group))
+
+    def contested(self) -> list[str]:
+        """The groups this node stands for leader of."""
+        return sorted(self._session.contested)
+
+    def leader(self, group: str) -> Optional[UUID]:
+        """The elected leader of ``group`` (this node's UUID if it won), or None while
+        there is none (no election finished, or the leader left)."""
+        return self._session.leaders.get(group)
 
     # --- sending --------------------------------------------------------
 
@@ -536,8 +566,9 @@ class Node:
         every counter of a limit hit so far (``peers_refused``,
         ``pending_refused``, ``pending_shed``, ``pending_timed_out``,
         ``hellos_refused``, ``groups_refused``, ``leaves_ignored``,
-        ``reports_ignored``, ``events_dropped``, ``connections_shed``...; see
-        the configuration reference).
+        ``reports_ignored``, ``events_dropped``, ``connections_shed``,
+        ``held_dropped``, ``sequence_resyncs``...; see the configuration
+        reference).
         """
         session, events = self._session, self._events
         result = {"peers": len(self._peers) - len(session.pending),
@@ -564,8 +595,9 @@ class Node:
         return list(self._session.members.get(group, ()))
 
     def peer_info(self, peer: PeerRef) -> PeerInfo:
-        """A snapshot of one peer: name, address, headers, groups."""
-        return PeerInfo(self._ready_peer(peer))
+        """A snapshot of one peer: name, address, headers, groups, the groups it leads."""
+        target = self._ready_peer(peer)
+        return PeerInfo(target, [g for g, u in self._session.leaders.items() if u == target.uuid])
 
     def peer_name(self, peer: PeerRef) -> str:
         """The peer's name."""
@@ -688,6 +720,27 @@ class Node:
                 log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
             return None
         return PeerLink(link, cfg.send_buffer, cfg.send_queue, self._clock)
+
+    def _linked(self, identity: bytes) -> Optional[bool]:
+        """Whether ``identity`` holds a connection to the mailbox now (None: the transport
+        cannot tell)."""
+        routes_to = getattr(self._mailbox, "routes_to", None)
+        return routes_to(identity) if routes_to is not None else None
+
+    def _wake_settler(self) -> None:
+        """The session waits on a peer's link or answer: settle it now and again, every
+        few milliseconds (backing off to ``SETTLE_STEP``), until nothing waits."""
+        if self._settler is None and self._state == "running":
+            self._settler = gevent.spawn(self._settle)
+
+    def _settle(self) -> None:
+        delay = SETTLE_STEP / 32
+        try:
+            while self._session.settle(self._clock()):
+                self.transport.sleep(delay)
+                delay = min(delay * 2, SETTLE_STEP)
+        finally:
+            self._settler = None
 
     def _mailbox_reader(self) -> None:
         receive, clock = self._session.on_message, self._clock

@@ -9,13 +9,17 @@ moves bytes and time. Inputs, each with the current time ``now``:
 * ``peer_appeared(uuid, endpoint, now)`` / ``peer_alive(uuid, now)`` /
   ``peer_left(uuid, now)`` - reports of discovery sources;
 * ``tick(now)`` - the timers; returns when it wants to be called again;
+* ``settle(now)`` - claims and departures that wait on a peer's link (the
+  driver calls it soon after ``wake`` asks, and again while it returns True);
 * ``add_group`` / ``remove_group`` / ``ping`` - the application's group
   changes and ``flush``'s probes.
 
-Outputs go through two callables the driver supplies: ``connect(uuid,
+Outputs go through callables the driver supplies: ``connect(uuid,
 endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
-it), ``emit(event)`` takes events. Nothing here reads a clock, opens a
-socket or blocks.
+it), ``emit(event)`` takes events; optionally ``linked(identity)`` says
+whether that routing identity holds a connection to our mailbox now (None:
+cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
+clock, opens a socket or blocks.
 
 Peer states and transitions (all of them are in this module)::
 
@@ -23,33 +27,57 @@ Peer states and transitions (all of them are in this module)::
     (none) --HELLO from a new node-------> ready       (link opened, HELLO sent; ENTER)
     connecting --its HELLO---------------> ready       (ENTER, JOINs)
     ready --next command in sequence-----> ready       (WHISPER/SHOUT/JOIN/LEAVE, PING-OK...)
-    ready --sequence gap, out of order---> (none)      (EXIT "sequence gap")
+    ready --sequence gap, out of order---> connecting  (EXIT "sequence gap"; HELLO again
+                                                        at once, so the peer restarts too)
     ready --a second HELLO (restart)-----> ready again (EXIT "restarted", then ENTER)
-    any --HELLO of a new UUID at its ---> claimed     (PINGed; see below)
-          endpoint
-    claimed --sign of life in interval---> as before   (the claim is dropped)
-    claimed --none in interval-----------> (none)      (EXIT "replaced by another node
-                                                        at its endpoint"; the new one ENTERs)
+    ready, link closed --HELLO of a ----> (none)      (EXIT "replaced by another node at
+          new UUID at its endpoint                      its endpoint"; the new one ENTERs)
+    any --HELLO of a new UUID at its ---> claimed     (PINGed; see below; what the new
+          endpoint                                      node sends after it is held)
+    claimed --sign of life in interval---> as before   (the claim and what it held dropped)
+    claimed --link closes, or none ------> (none)      (EXIT "replaced by another node
+          in interval                                   at its endpoint"; the new one
+                                                        ENTERs, then its held commands)
     ready --silent >= evasive------------> PINGed      (EVASIVE once; SILENT at ``silent``)
     any --silent >= expired--------------> (none)      (EXIT "expired"), unless its send
                                                         backlog is still draining
     any --backlog stalled >= expired-----> (none)      (EXIT "not responding")
     any --port-0 beacon from its address-> (none)      (EXIT "left"; reports ignored
-          / mDNS goodbye                                for ``expired`` after)
+          / mDNS goodbye, link closed                   for ``expired`` after)
+    ready --the same, link open----------> leaving     (PINGed)
+    leaving --link closes in interval,---> (none)      (EXIT "left")
+          or no PING-OK by then
+    leaving --PING-OK, link open at -----> ready       (the beacon was forged:
+          interval                                      ``leaves_ignored``)
     connecting --no HELLO in hello_timeout-> (none)    (no event)
 
 Sequence numbers: HELLO is 1, every later command the next number mod
-65536; anything else disconnects the peer, whose next beacon or HELLO may
-bring it back. Any message, and any discovery report, is a sign of life.
+65536; anything else disconnects the peer and sends it a fresh HELLO at
+once: to Zyre as to peermesh a second HELLO means a restart, so the peer
+starts over and says HELLO back instead of sending on into a session that
+ignores it. Any message, and any discovery report, is a sign of life.
 
 A node at a known endpoint under a new UUID: a peer that crashed and came
 back at the same port (Zyre does: it binds the first free port from 49152)
-sends HELLO under its new UUID. If the old peer there (ready or still
-connecting) has been silent for ``evasive`` it is replaced at once.
-Otherwise the old peer is PINGed: if it shows no sign of life within
-``interval`` (a live node beacons that often, and answers a PING sooner) it
-is replaced by the new one then; if it does, the claim was false and is
-dropped, so no one can evict a live peer by claiming its mailbox.
+sends HELLO under its new UUID. Only one process listens at an endpoint,
+so if the old peer's connection to our mailbox has closed (``linked``), or
+it has been silent for ``evasive``, it is replaced at once. Otherwise the
+old peer is PINGed: if its connection closes, or it shows no sign of life
+within ``interval`` (a live node beacons that often, and answers a PING
+sooner), it is replaced by the new one then; if it lives, the claim was
+false and is dropped, so no one can evict a live peer by claiming its
+mailbox. Zyre sends as soon as it has heard our beacon, so what the new
+node sends after its HELLO is held meanwhile (``HELD_MESSAGES`` and
+``max_message`` octets; more is dropped, ``held_dropped``, and the gap it
+leaves resynchronises as above) and applied in order once it is in.
+
+Zyre's leader election (ELECT, LEADER) runs in ``election``; the session
+feeds it the waves of its own groups from their members, sends what it
+asks, reports LEADER and keeps each group's winner (``leaders``). A
+contested group (``contest``) starts a wave when a peer joins it and when
+its leader leaves (or a wave was under way); a wave not over within
+``interval`` (they take milliseconds) is dropped, and a contester starts
+again.
 
 Flow control lives in the ``Link``: ``has_room`` is False once a peer's
 backlog reaches its bound; ``queued``/``limit`` let control commands go past
@@ -71,8 +99,9 @@ one of its address's peers still waiting for HELLO rather than being
 refused); ``hello_timeout`` for a found peer to say HELLO; ``max_hello``
 octets of HELLO; ``max_groups`` groups per peer (a join or leave costs O(1)); and the
 departed peers remembered, at most ``max_peers``. A port-0 beacon removes a
-peer only when it comes from the peer's own address, and a report of a known
-UUID at another endpoint neither moves nor refreshes it.
+peer only when it comes from the peer's own address and its link confirms
+it (above), and a report of a known UUID at another endpoint neither moves
+nor refreshes it.
 
 Peer exchange (``X-PM-PEX``, a peermesh extension): a node that uses seeds
 asks for it in its HELLO headers; a node that sees that header sends it the
@@ -94,6 +123,7 @@ from ..counters import Counters, take_one
 from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..wire import zre
+from .election import Elected, Election, SendElect, parse_id, zyre_id
 
 __all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
 
@@ -109,13 +139,17 @@ PEX_HEADER = "X-PM-PEX"
 _PEX_CHUNK = 1024  # peers per PEX message
 _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
+#: commands held per claimant while its claim waits (and at most ``max_message`` octets)
+HELD_MESSAGES = 1024
 #: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
 COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed",
             "evasive_shed", "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
-            "events_dropped", "connections_shed", "descriptors_refused")
+            "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
+            "sequence_resyncs")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
+LEADER = EventType.LEADER
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
 
 
@@ -199,12 +233,26 @@ class Peer:
 
 
 class _Claim:
-    """A HELLO from a new UUID at a known peer's endpoint, waiting on that peer."""
+    """A HELLO from a new UUID at a known peer's endpoint, waiting on that peer, and the
+    commands its sender sent after it (held, up to ``HELD_MESSAGES`` / ``held_octets``)."""
 
-    __slots__ = ("uuid", "hello", "since")
+    __slots__ = ("uuid", "identity", "hello", "since", "held", "octets", "overflow")
 
-    def __init__(self, uuid: UUID, hello: zre.Hello, since: float) -> None:
-        self.uuid, self.hello, self.since = uuid, hello, since
+    def __init__(self, uuid: UUID, identity: bytes, hello: zre.Hello, since: float) -> None:
+        self.uuid, self.identity, self.hello, self.since = uuid, identity, hello, since
+        self.held: list[list[bytes]] = []
+        self.octets = 0
+        self.overflow = False  # some were dropped: the first after them is a gap
+
+    def hold(self, frames: list[bytes], octets: int) -> bool:
+        """Keep one command for later; False (dropped) past the bounds."""
+        size = sum(map(len, frames))
+        if self.overflow or len(self.held) >= HELD_MESSAGES or self.octets + size > octets:
+            self.overflow = True
+            return False
+        self.held.append(frames)
+        self.octets += size
+        return True
 
 
 @functools.lru_cache(maxsize=2048)
@@ -235,7 +283,9 @@ class Session:
 
     def __init__(self, uuid: UUID, name: str, headers: dict[str, str], config: NodeConfig,
                  connect: Callable[[UUID, str], Optional[Link]],
-                 emit: Callable[[Event], None]) -> None:
+                 emit: Callable[[Event], None],
+                 linked: Optional[Callable[[bytes], Optional[bool]]] = None,
+                 wake: Optional[Callable[[], None]] = None) -> None:
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
         self.name = name
@@ -243,6 +293,10 @@ class Session:
         self.config = config
         self.connect = connect
         self.emit = emit
+        #: does a routing identity hold a connection to our mailbox now (None: cannot tell)
+        self.linked = linked
+        #: asks the driver to call ``settle`` soon and again while it returns True
+        self.wake = wake
         self.groups: set[str] = set()
         #: each of ``groups`` by its encoded ZRE string (a SHOUT header's tail)
         self._group_fields: dict[bytes, str] = {}
@@ -262,8 +316,16 @@ class Session:
         self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
         self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
+        self._claimants: dict[bytes, _Claim] = {}  # the same claims by the claimant's identity
+        #: peers a port-0 beacon said are leaving -> (when, ``total`` after the probe PING)
+        self._leaving: dict[UUID, tuple[float, int]] = {}
         self._evasive: list[Peer] = []  # ready peers EVASIVE at the last tick (shed first)
         self._hello: Optional[list[bytes]] = None
+        #: Zyre's leader election: the groups this node contests, its waves, the winners
+        self.contested: set[str] = set()
+        self.election: Election[UUID] = Election(zyre_id(uuid))
+        self.leaders: dict[str, UUID] = {}
+        self._now = 0.0  # the latest time a command or tick brought (waves start then)
 
     # --- own state --------------------------------------------------------
 
@@ -283,6 +345,10 @@ class Session:
         self.pending.clear()
         self.per_address.clear()
         self._claims.clear()
+        self._claimants.clear()
+        self._leaving.clear()
+        self.election.waves.clear()
+        self.leaders.clear()
         return peers
 
     def add_group(self, group: str) -> bool:
@@ -295,6 +361,8 @@ class Session:
         self._hello = None
         for peer in list(self.peers.values()):
             self.send_control(peer, zre.Join(peer.next_sequence(), group, self.status))
+        if group in self.contested and self.members.get(group):
+            self.elect(group)
         return True
 
     def remove_group(self, group: str) -> bool:
@@ -307,7 +375,89 @@ class Session:
         self._hello = None
         for peer in list(self.peers.values()):
             self.send_control(peer, zre.Leave(peer.next_sequence(), group, self.status))
+        self.election.forget(group)
+        self.leaders.pop(group, None)
         return True
+
+    # --- leader election (Zyre's; see ``election``) ---------------------------
+
+    def contest(self, group: str) -> None:
+        """Stand for leader of ``group`` (now, if in it with peers; then whenever a peer
+        joins it or its leader goes)."""
+        self.contested.add(group)
+        if group in self.groups and self.members.get(group) and not self.election.running(group):
+            self.elect(group)
+
+    def elect(self, group: str) -> None:
+        """Start a wave of our own in ``group`` (Zyre: on a peer's HELLO or JOIN)."""
+        self.leaders.pop(group, None)
+        self._act(group, self.election.start(group, self.members.get(group, {}), self._now))
+
+    def _act(self, group: str, actions: list) -> None:
+        """Carry out what the election asks: ELECT and LEADER messages, LEADER events."""
+        members = self.members.get(group, {})
+        for action in actions:
+            if isinstance(action, Elected):
+                self._elected(group, action.leader)
+                continue
+            make = zre.Elect if isinstance(action, SendElect) else zre.Leader
+            text = action.challenger if isinstance(action, SendElect) else action.leader
+            for uuid in action.to:
+                peer = members.get(uuid)
+                if peer is not None:
+                    self.send_control(peer, make(peer.next_sequence(), group, text))
+
+    def _elected(self, group: str, leader: str) -> None:
+        uuid = parse_id(leader)
+        if uuid == self.uuid:
+            name = self.name
+        else:
+            peer = self.peers.get(uuid) if uuid is not None else None
+            if peer is None or not peer.ready:
+                log.debug("group %s elected %s, not a peer", group, leader)
+                return
+            name = peer.name
+        assert uuid is not None
+        self.leaders[group] = uuid
+        self.emit(Event(LEADER, uuid, name, group))
+
+    def _on_wave(self, peer: Peer, message: "zre.Elect | zre.Leader", now: float) -> None:
+        """ELECT or LEADER from a member of one of our groups (others are ignored)."""
+        group = message.group
+        members = self.members.get(group)
+        if group not in self.groups or members is None or peer.uuid not in members:
+            log.debug("ignored %s for %r from %s: not a member of it here",
+                      type(message).__name__.upper(), group[:40], peer.name)
+            return
+        if isinstance(message, zre.Elect):
+            if parse_id(message.challenger) is None:
+                log.debug("ignored ELECT with ID %r from %s", message.challenger[:40], peer.name)
+                return
+            if (group in self.contested and not self.election.running(group)
+                    and message.challenger > self.election.me):
+                self.elect(group)  # a worse challenger while we stand: challenge it
+            actions = self.election.on_elect(group, peer.uuid, message.challenger, members,
+                                             now, origin=peer.uuid == parse_id(message.challenger))
+        else:
+            if parse_id(message.leader) is None:
+                log.debug("ignored LEADER with ID %r from %s", message.leader[:40], peer.name)
+                return
+            actions = self.election.on_leader(group, peer.uuid, message.leader, members)
+        self._act(group, actions)
+
+    def _member_gone(self, peer: Peer, group: str) -> None:
+        """``peer`` is no longer in our ``group``: Zyre re-elects if it led, or if a wave
+        was under way (a contesting node starts it; the rest forget a gone leader)."""
+        if group not in self.groups:
+            return
+        led = self.leaders.get(group) == peer.uuid
+        if led:
+            del self.leaders[group]
+        if group in self.contested and (led or self.election.running(group)):
+            self.elect(group)
+        else:  # a wave under way may have waited only on it
+            self._act(group, self.election.member_gone(group, peer.uuid,
+                                                       self.members.get(group, {})))
 
     # --- sending control commands ------------------------------------------
 
@@ -351,8 +501,14 @@ class Session:
     def peer_left(self, uuid: UUID, now: float, address: Optional[str] = None) -> None:
         """A discovery source says ``uuid`` is leaving; ``address``: where that came from.
 
-        Heeded only from the peer's own address (when the source knows one):
-        anyone can send a port-0 beacon with a UUID that beacons broadcast.
+        Heeded only from the peer's own address (when the source knows one), and
+        only as the peer's own link confirms it: anyone can send a port-0 beacon
+        with a UUID that beacons broadcast. A peer whose connection to our
+        mailbox is closed (a node that leaves sends its beacon and closes) is
+        removed at once; one whose connection is open is PINGed and removed
+        when the connection closes within ``interval``, or when no answer came
+        by then; a peer that answered and whose connection is still open then
+        was the subject of a forged beacon (``leaves_ignored``).
         """
         peer = self.peers.get(uuid)
         if peer is None:
@@ -362,12 +518,56 @@ class Session:
                       peer.endpoint)
             self.counters.add("leaves_ignored")
             return
+        if peer.ready and self._link_open(peer):
+            if uuid not in self._leaving:
+                self.ping(peer)
+                self._leaving[uuid] = (now, peer.total)
+                if self.wake is not None:
+                    self.wake()
+            return
+        self._depart(peer, now)
+
+    def _depart(self, peer: Peer, now: float) -> None:
+        """Remove a peer that left; reports of it are ignored for ``expired``."""
         departed = self._departed
-        departed.pop(uuid, None)
-        departed[uuid] = now
+        departed.pop(peer.uuid, None)
+        departed[peer.uuid] = now
         if len(departed) > self.config.max_peers:
             del departed[next(iter(departed))]
         self.remove(peer, "left")
+
+    def _link_open(self, peer: Peer) -> bool:
+        """True when the peer's connection to our mailbox is known to be open (a driver
+        that cannot tell, as the simulator, has ``linked`` None: port-0 beacons count
+        at once there, from the peer's address)."""
+        return self.linked is not None and self.linked(peer.identity) is not False
+
+    def _link_closed(self, peer: Peer) -> bool:
+        """True when a ready peer's connection to our mailbox is known to be closed."""
+        return peer.ready and self.linked is not None and self.linked(peer.identity) is False
+
+    def settle(self, now: float) -> bool:
+        """Decide the claims and departures that wait on a peer's link or its answer;
+        True while some still wait (the driver calls again soon: links close at any
+        time)."""
+        if self._claims:
+            self._settle_claims(now)
+        leaving = self._leaving
+        for uuid, (since, probe) in list(leaving.items()):
+            peer = self.peers.get(uuid)
+            if peer is None:
+                del leaving[uuid]
+            elif self._link_closed(peer):
+                del leaving[uuid]
+                self._depart(peer, now)
+            elif now - since >= self.config.interval:
+                del leaving[uuid]
+                if peer.confirmed >= probe:  # it answered, its link is open: forged
+                    self.counters.add("leaves_ignored")
+                    log.debug("%s answered after a port-0 beacon: ignored it", peer.name)
+                else:
+                    self._depart(peer, now)
+        return bool(self._claims or leaving)
 
     # --- the peer table ----------------------------------------------------
 
@@ -402,7 +602,7 @@ class Session:
             return None
         holder = self.by_endpoint.get(endpoint)
         if holder is not None:
-            if now - holder.last_seen < self.config.evasive:
+            if now - holder.last_seen < self.config.evasive and not self._link_closed(holder):
                 log.debug("ignored peer %s: %s already lives at %s", uuid, holder.name, endpoint)
                 return None
             self.remove(holder, "replaced by another node at its endpoint")
@@ -481,6 +681,8 @@ class Session:
             peer.ready = False  # for whoever still holds it (the node's last whisper target)
             log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
             self.emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
+            for group in peer.groups:
+                self._member_gone(peer, group)
 
     def _peer_join(self, peer: Peer, group: str) -> None:
         groups = peer.groups
@@ -495,6 +697,8 @@ class Session:
         groups.add(group)  # type: ignore[attr-defined]
         self.members.setdefault(group, {})[peer.uuid] = peer
         self.emit(Event(JOIN, peer.uuid, peer.name, group))
+        if group in self.contested and group in self.groups:
+            self.elect(group)  # Zyre: a new member starts an election
 
     def _peer_leave(self, peer: Peer, group: str) -> None:
         if group not in peer.groups:
@@ -506,6 +710,7 @@ class Session:
             if not members:
                 del self.members[group]
         self.emit(Event(LEAVE, peer.uuid, peer.name, group))
+        self._member_gone(peer, group)
 
     # --- the mailbox -------------------------------------------------------
 
@@ -544,6 +749,7 @@ class Session:
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:
+        self._now = now  # (a wave this command starts is timed from it)
         if len(head) < 6:
             log.debug("dropped short message from %r", identity)
             return
@@ -555,11 +761,16 @@ class Session:
             self._on_hello(identity, frames, peer, now)
             return
         if peer is None or not peer.ready:
+            claim = self._claimants.get(identity)
+            if claim is not None:  # its HELLO waits on a claim: keep what follows it
+                if not claim.hold(frames, self.config.max_message):
+                    self.counters.add("held_dropped")
+                return
             log.debug("ignored command %d before HELLO from %r", command, identity)
             return
         if sequence != peer.want:
             log.debug("sequence gap from %s: expected %d, got %d", peer.name, peer.want, sequence)
-            self.remove(peer, f"sequence gap (expected {peer.want}, got {sequence})")
+            self._resync(peer, f"sequence gap (expected {peer.want}, got {sequence})", now)
             return
         peer.want = (sequence + 1) & 0xFFFF
         peer.last_seen = now
@@ -588,7 +799,19 @@ class Session:
                 peer.confirmed = peer.pings.popleft()
             if peer.pong is not None:
                 peer.pong.set()
-        # Unknown commands (Zyre's ELECT/LEADER) only advance the sequence
+        elif isinstance(message, (zre.Elect, zre.Leader)):
+            self._on_wave(peer, message, now)
+        # Unknown commands (and Zyre's GOODBYE: its beacon or link says it) only advance
+        # the sequence
+
+    def _resync(self, peer: Peer, reason: str, now: float) -> None:
+        """Out of step with a peer: EXIT it and say HELLO again at once, so that it
+        starts over too (a second HELLO is a restart to it, Zyre's as ours) and says
+        HELLO back, instead of sending into a session that ignores it."""
+        self.counters.add("sequence_resyncs")
+        self.remove(peer, reason)
+        if self.running:
+            self._require_peer(peer.uuid, peer.endpoint, now, hello=True)
 
     def _peer_status(self, peer: Peer, status: int) -> None:
         expected = (peer.status + 1) & 0xFF
@@ -642,8 +865,11 @@ class Session:
         uuid = UUID(bytes=identity[1:])
         if peer is None:
             holder = self.by_endpoint.get(hello.endpoint)
-            if holder is not None and now - holder.last_seen < self.config.evasive:
-                self._claim(holder, uuid, hello, now)
+            if holder is not None and self._link_closed(holder):
+                # gone (only one process listens at an endpoint): the new node is in
+                self.remove(holder, "replaced by another node at its endpoint")
+            elif holder is not None and now - holder.last_seen < self.config.evasive:
+                self._claim(holder, uuid, identity, hello, now)
                 return
             peer = self._require_peer(uuid, hello.endpoint, now, hello=True)
             if peer is None:
@@ -657,27 +883,42 @@ class Session:
         if peer is not None:
             self.remove(peer, f"HELLO refused: {why}")
 
-    def _claim(self, holder: Peer, uuid: UUID, hello: zre.Hello, now: float) -> None:
-        """A new node says HELLO from ``holder``'s endpoint: ask the holder if it lives."""
-        if holder.uuid not in self._claims:
+    def _claim(self, holder: Peer, uuid: UUID, identity: bytes, hello: zre.Hello,
+               now: float) -> None:
+        """A new node says HELLO from ``holder``'s endpoint, whose link is open: ask the
+        holder if it lives; hold what the new node sends meanwhile."""
+        old = self._claims.get(holder.uuid)
+        if old is None:
             log.debug("%s claims %s of %s: PINGing it", uuid, holder.endpoint, holder.name)
             self.ping(holder)
-        self._claims[holder.uuid] = _Claim(uuid, hello, now)
+        else:
+            self._claimants.pop(old.identity, None)
+        claim = self._claims[holder.uuid] = self._claimants[identity] = \
+            _Claim(uuid, identity, hello, now)
+        if old is not None:
+            claim.since = old.since  # a second HELLO does not restart the wait
+        if self.wake is not None:
+            self.wake()
 
     def _settle_claims(self, now: float) -> None:
         for holder_uuid, claim in list(self._claims.items()):
             holder = self.peers.get(holder_uuid)
             if holder is None:  # gone meanwhile: the claimant may have its endpoint
-                del self._claims[holder_uuid]
+                self._drop_claim(holder_uuid)
                 self._take_claim(claim, now)
             elif holder.last_seen > claim.since:
-                del self._claims[holder_uuid]
+                self._drop_claim(holder_uuid)
                 log.debug("ignored HELLO of %s: %s still lives at %s", claim.uuid, holder.name,
                           holder.endpoint)
-            elif now - claim.since >= self.config.interval:
-                del self._claims[holder_uuid]
+            elif self._link_closed(holder) or now - claim.since >= self.config.interval:
+                self._drop_claim(holder_uuid)
                 self.remove(holder, "replaced by another node at its endpoint")
                 self._take_claim(claim, now)
+
+    def _drop_claim(self, holder_uuid: UUID) -> None:
+        claim = self._claims.pop(holder_uuid)
+        if self._claimants.get(claim.identity) is claim:
+            del self._claimants[claim.identity]
 
     def _take_claim(self, claim: _Claim, now: float) -> None:
         peer = self.peers.get(claim.uuid) or self._require_peer(
@@ -685,6 +926,8 @@ class Session:
         # A report may have made it a peer meanwhile; its one HELLO is the claim's.
         if peer is not None and not peer.ready and peer.endpoint == claim.hello.endpoint:
             self._accept_hello(peer, claim.hello, now, announce=True)
+            for frames in claim.held:  # in order, numbered after the HELLO
+                self.on_message(claim.identity, frames, now)
 
     def _accept_hello(self, peer: Peer, hello: zre.Hello, now: float, announce: bool) -> None:
         self.pending.pop(peer.uuid, None)
@@ -754,8 +997,14 @@ class Session:
                       peer.endpoint)
             self.remove(peer, "no HELLO")
         self.counters.report(now)
-        if self._claims:
-            self._settle_claims(now)
+        self.settle(now)
+        self._now = now
+        if self.election.waves:
+            for group in self.election.stale(now, cfg.interval):
+                log.debug("election in %s not over after interval: %s", group,
+                          "starting again" if group in self.contested else "forgotten")
+                if group in self.contested and group in self.groups:
+                    self.elect(group)
         evasive: list[Peer] = []
         for peer in list(self.peers.values()):
             stalled = peer.link.stalled_since
@@ -779,6 +1028,8 @@ class Session:
                 self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
         self._evasive = evasive
         period = min(cfg.interval, cfg.evasive / 2)
-        if self._claims:
-            return min(now + period, min(c.since for c in self._claims.values()) + cfg.interval)
+        waits = [c.since for c in self._claims.values()]
+        waits.extend(since for since, _ in self._leaving.values())
+        if waits:
+            return min(now + period, min(waits) + cfg.interval)
         return now + period

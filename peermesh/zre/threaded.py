@@ -530,6 +530,18 @@ class ThreadedNode(NodeIdentity):
         """See ``Node.groups``."""
         return self._call(self._started().groups)
 
+    def contest(self, group: str) -> None:
+        """See ``Node.contest``."""
+        self._call(self._started().contest, group)
+
+    def contested(self) -> list[str]:
+        """See ``Node.contested``."""
+        return self._call(self._started().contested)
+
+    def leader(self, group: str) -> Optional[UUID]:
+        """See ``Node.leader``."""
+        return self._call(self._started().leader, group)
+
     def flush(self, timeout: float = 1.0) -> bool:
         """See ``Node.flush`` (after the sends this thread queued)."""
         return self._call(self._started().flush, timeout)

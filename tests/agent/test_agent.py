@@ -637,7 +637,7 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
         assert error(pack({"op": 5}))[0] == "bad-request"
         assert error(pack({"op": "peers", "args": "all"}))[0] == "bad-request"
         code, message = error(pack({"op": "format-disk"}))
-        assert code == "unknown-op" and "known: events, groups, info" in message
+        assert code == "unknown-op" and "known: contest, events, groups, info" in message
         assert error(pack({"op": "whisper", "args": {"peer": 5, "message": "x"}}))[0] == \
             "bad-args"
         assert error(pack({"op": "whisper", "args": {"peer": "x"}}))[0] == "bad-args"
@@ -689,7 +689,7 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
         garbage.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(512))
 
     with mesh.client() as client:
-        assert client.call("groups") == {"joined": [], "known": []}
+        assert client.call("groups") == {"joined": [], "known": [], "leaders": {}}
         with pytest.raises(AgentError) as caught:
             client.call("whisper", {"peer": "nobody", "message": b"x"})
         assert caught.value.code == "not-found"
@@ -789,3 +789,51 @@ def test_a_client_that_never_sends_its_handshake_is_closed(
         server.close()
         node.stop()
         claim.release()
+
+
+def test_zyre_election_through_the_agent_and_the_cli(mesh: Mesh) -> None:
+    # An agent that contests "ops" and a `run` that only takes part: both report LEADER;
+    # the agent's `leader` op names the winner, `peers` marks it with *, `events` prints it.
+    bob = mesh.start("run", "--json", "--name", "bob", "--group", "ops")
+    _, bob_uuid = bob.started()
+    alice = mesh.agent("--name", "alice", "--group", "ops", "--contest", "ops")
+    follower = mesh.start("events", "--json", "--agent", mesh.sock)
+    follower.expect_line(lambda s: "following events of alice" in s, "following line", "err")
+    human = mesh.start("events", "--agent", mesh.sock)
+    human.expect_line(lambda s: "following events of alice" in s, "following line", "err")
+    with mesh.client() as client:
+        alice_uuid = client.info["uuid"]
+        # contesting again starts a new election now that both followers listen
+        assert client.call("contest", {"group": "ops"})["contested"] == ["ops"]
+    leader = bob.expect_event(event="LEADER", group="ops", peer=alice_uuid)
+    assert leader["name"] == "alice"
+    assert follower.expect_event(event="LEADER", group="ops", peer=alice_uuid)["name"] == "alice"
+    human.expect_line(lambda s: " LEADER  alice (" in s and s.endswith("[ops]"),
+                      "human-readable LEADER line")
+    with mesh.client() as client:
+        answer = _wait_for(lambda: client.call("leader", {"group": "ops"})["leader"],
+                           "the agent's leader of ops")
+        assert answer == alice_uuid
+        assert client.call("leader", {"group": "ops"})["self"] is True
+        assert client.call("groups")["leaders"] == {"ops": alice_uuid}
+    # bob leads nothing: no * in the agent's peers; alice's own win is in `groups`
+    result = mesh.call("peers", "--json")
+    assert result.returncode == 0, _report(result)
+    (entry,) = json.loads(result.stdout)
+    assert entry["peer"] == bob_uuid and entry["leads"] == []
+    assert alice.popen.poll() is None
+
+
+def test_a_peer_that_leads_is_marked_in_peers(mesh: Mesh) -> None:
+    bob = mesh.start("run", "--json", "--name", "bob", "--group", "ops", "--contest", "ops")
+    _, bob_uuid = bob.started()
+    mesh.agent("--name", "alice", "--group", "ops")
+    bob.expect_event(event="LEADER", group="ops", peer=bob_uuid)
+    # alice joined after bob: bob's contest started the election when alice's JOIN came
+
+    def marked() -> bool:
+        result = mesh.call("peers")
+        return result.returncode == 0 and "ops*" in result.stdout
+    _wait_for(marked, "bob marked as the leader of ops")
+    result = json.loads(mesh.call("peers", "--json").stdout)
+    assert result[0]["leads"] == ["ops"]

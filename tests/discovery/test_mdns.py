@@ -468,8 +468,10 @@ def test_malformed_records_are_ignored_and_the_node_keeps_working(make_node, pub
     alice.whisper(bob.uuid, b"still fine")
     wait_for(bob, lambda e: e.type is WHISPER and e.frames == (b"still fine",))
 
-    # withdrawing the real record is bob leaving
+    # withdrawing the real record is bob leaving once his link confirms it: a goodbye
+    # proves nothing by itself (bob still answers), a node that leaves also closes
     publisher.withdraw(real)
+    bob.stop()
     assert wait_for(alice, exited(bob), timeout=5.0).reason == "left"
     # and alice still meets a real newcomer
     carol = make_node("carol")

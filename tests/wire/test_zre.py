@@ -27,6 +27,9 @@ from peermesh.wire.zre import (
     PingOk,
     Shout,
     Unknown,
+    Elect,
+    Leader,
+    Goodbye,
     PeerExchange,
     PEX,
     Whisper,
@@ -217,8 +220,16 @@ COMMAND_GOLDEN = [
     pytest.param(PingOk(0), [bytes.fromhex("aaa1" "07" "02" "0000")], id="ping-ok-0"),
     pytest.param(PingOk(1), [bytes.fromhex("aaa1" "07" "02" "0001")], id="ping-ok-1"),
     pytest.param(PingOk(65535), [bytes.fromhex("aaa1" "07" "02" "ffff")], id="ping-ok-65535"),
-    pytest.param(Unknown(7000, 8), [bytes.fromhex("aaa1" "08" "02" "1b58")],
-                 id="unknown-8"),
+    # Zyre's three (zre_msg.xml): group and UUID as ``string`` fields
+    pytest.param(Elect(7, "g", "0A" * 16),
+                 [bytes.fromhex("aaa1" "08" "02" "0007" "01" "67" "20") + b"0A" * 16],
+                 id="elect"),
+    pytest.param(Leader(65535, "chat", "FF" * 16),
+                 [bytes.fromhex("aaa1" "09" "02" "ffff" "04") + b"chat\x20" + b"FF" * 16],
+                 id="leader"),
+    pytest.param(Goodbye(3), [bytes.fromhex("aaa1" "0a" "02" "0003")], id="goodbye"),
+    pytest.param(Unknown(7000, 11), [bytes.fromhex("aaa1" "0b" "02" "1b58")],
+                 id="unknown-11"),
 ]
 
 
@@ -242,9 +253,21 @@ def test_decode_accepts_tuple_and_non_bytes_frames() -> None:
 
 
 def test_unknown_command_keeps_sequence_with_body_and_content() -> None:
-    # Zyre's ELECT (8) / LEADER (9) carry fields this codec does not parse.
-    assert decode([b"\xaa\xa1\x08\x02\x00\x2a" + b"\x05group\x00"]) == Unknown(42, 8)
-    assert decode([b"\xaa\xa1\x09\x02\xff\xff", b"extra"]) == Unknown(65535, 9)
+    # Commands this codec does not know may carry fields it does not parse.
+    assert decode([b"\xaa\xa1\x0c\x02\x00\x2a" + b"\x05group\x00"]) == Unknown(42, 12)
+    assert decode([b"\xaa\xa1\x0d\x02\xff\xff", b"extra"]) == Unknown(65535, 13)
+
+
+@pytest.mark.parametrize("frames", [
+    [b"\xaa\xa1\x08\x02\x00\x05"],                         # ELECT without its fields
+    [b"\xaa\xa1\x08\x02\x00\x05\x01g"],                     # ELECT without a challenger
+    [b"\xaa\xa1\x09\x02\x00\x05\x01g\x01A\x00"],            # LEADER with a trailing octet
+    [b"\xaa\xa1\x09\x02\x00\x05\x01g\x01A", b"content"],    # LEADER with content
+    [b"\xaa\xa1\x0a\x02\x00\x05\x00"],                      # GOODBYE with a field
+])
+def test_zyre_commands_malformed(frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError):
+        decode(frames)
 
 
 def test_next_sequence() -> None:
@@ -341,7 +364,7 @@ def test_every_truncation_of_other_commands_rejected(frame: bytes) -> None:
 
 @pytest.mark.parametrize("signature", [b"\xaa\xa0", b"\xa1\xaa", b"\x00\x00", b"\xff\xff",
                                        b"\xab\xa1", b"ZR"])
-@pytest.mark.parametrize("command", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("command", [1, 2, 3, 4, 5, 6, 7, 8, 11])
 def test_wrong_signature_rejected(signature: bytes, command: int) -> None:
     valid = {
         1: HELLO_EMPTY_FRAME,
@@ -351,7 +374,8 @@ def test_wrong_signature_rejected(signature: bytes, command: int) -> None:
         5: bytes.fromhex("aaa1" "05" "02" "0001" "00" "00"),
         6: bytes.fromhex("aaa1" "06" "02" "0001"),
         7: bytes.fromhex("aaa1" "07" "02" "0001"),
-        8: bytes.fromhex("aaa1" "08" "02" "0001"),
+        8: bytes.fromhex("aaa1" "08" "02" "0001" "01" "67" "01" "41"),
+        11: bytes.fromhex("aaa1" "0b" "02" "0001"),
     }[command]
     decode([valid])
     with pytest.raises(ProtocolError):
@@ -477,9 +501,9 @@ def test_content_frames_on_non_content_commands_rejected(frame: bytes,
         decode([frame, *content])
 
 
-def test_unknown_command_8_decodes() -> None:
-    assert decode([b"\xaa\xa1\x08\x02\x00\x05"]) == Unknown(5, 8)
-    assert decode([b"\xaa\xa1\x08\x02\xff\xff"]) == Unknown(65535, 8)
+def test_unknown_command_11_decodes() -> None:
+    assert decode([b"\xaa\xa1\x0b\x02\x00\x05"]) == Unknown(5, 11)
+    assert decode([b"\xaa\xa1\x0b\x02\xff\xff"]) == Unknown(65535, 11)
 
 
 # --------------------------------------------------------------------------
@@ -559,6 +583,9 @@ non_content_messages = st.one_of(
     st.builds(Leave, sequence=sequences, group=short_strings, status=statuses),
     st.builds(Ping, sequence=sequences),
     st.builds(PingOk, sequence=sequences),
+    st.builds(Elect, sequence=sequences, group=short_strings, challenger=short_strings),
+    st.builds(Leader, sequence=sequences, group=short_strings, leader=short_strings),
+    st.builds(Goodbye, sequence=sequences),
 )
 known_messages = st.one_of(
     non_content_messages,
@@ -568,7 +595,7 @@ known_messages = st.one_of(
 messages = st.one_of(
     known_messages,
     st.builds(Unknown, sequence=sequences,
-              command=st.integers(8, 255).filter(lambda c: c != PEX)),
+              command=st.integers(11, 255).filter(lambda c: c != PEX)),
     st.builds(PeerExchange, sequence=sequences, peers=st.lists(st.text(), max_size=5).map(tuple)),
 )
 beacons = st.builds(Beacon, uuid=st.binary(min_size=16, max_size=16), port=sequences)
@@ -604,8 +631,8 @@ def _decode_or_protocol_error(frames) -> None:
         result = decode(frames)
     except ProtocolError:
         return
-    assert isinstance(result, (Hello, Whisper, Shout, Join, Leave, Ping, PingOk, PeerExchange,
-                               Unknown))
+    assert isinstance(result, (Hello, Whisper, Shout, Join, Leave, Ping, PingOk, Elect, Leader,
+                               Goodbye, PeerExchange, Unknown))
 
 
 def _decode_beacon_or_protocol_error(data: bytes) -> None:

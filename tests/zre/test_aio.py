@@ -303,3 +303,22 @@ def test_overlays_on_an_async_node(run_async):
         assert greeter.log == [("start", True), ("stop", True)]
 
     run_async(body)
+
+
+def test_zyre_election_on_the_asyncio_face(run_async):
+    async def body(make: Make) -> None:
+        alice = await make("alice", groups=["ops"])
+        bob = await make("bob", groups=["ops"])
+        await meet(alice, bob)
+        await wait_for(alice, match(EventType.JOIN, bob.uuid, "ops"))
+        await wait_for(bob, match(EventType.JOIN, alice.uuid, "ops"))
+        assert await alice.leader("ops") is None
+        await bob.contest("ops")  # in the group with a peer: an election starts now
+        assert await bob.contested() == ["ops"]
+        for node in (alice, bob):
+            event = await wait_for(node, match(EventType.LEADER, bob.uuid, "ops"))
+            assert event.name == "bob"
+        assert await alice.leader("ops") == bob.uuid
+        assert await bob.leader("ops") == bob.uuid
+        assert (await alice.peer_info(bob.uuid)).leads == ["ops"]
+    run_async(body)

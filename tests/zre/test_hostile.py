@@ -505,7 +505,8 @@ def test_port_zero_beacon_reports_exit_at_once(mesh: Mesh,
     enter_raw(mesh, raw)
     start = mesh.events.mark()
     began = time.monotonic()
-    raw.beacon(mesh.port, 0)
+    raw.beacon(mesh.port, 0)  # a leaving node says goodbye and closes its link
+    raw.disconnect()
     exit_ = mesh.events.wait_for(is_(EXIT, raw.uuid), start=start, timeout=1.0)
     assert time.monotonic() - began < 1.0  # well before any timeout could expire it
     assert exit_.reason == "left"

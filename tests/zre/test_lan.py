@@ -109,7 +109,7 @@ def test_two_hosts_discover_each_other(lan_factory, fleet, form):
     (info,) = alice.call("peers")
     assert info == {"peer": bob.uuid, "name": "bob", "address": bob.endpoint,
                     "headers": {"role": "right", "büro": "straße ☕"},
-                    "groups": ["chat", "ops"]}
+                    "groups": ["chat", "ops"], "leads": []}
     (info,) = bob.call("peers")
     assert info["peer"] == alice.uuid and info["address"] == alice.endpoint
 

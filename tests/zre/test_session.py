@@ -145,7 +145,7 @@ MAILBOX_CASES: list[tuple[str, list[Any], list[tuple[EventType, Any]]]] = [
      [lambda p: p.hello(), lambda p: p.hello()],
      [(ENTER, "bob"), (EXIT, "restarted (new HELLO)"), (ENTER, "bob")]),
     ("unknown command ids keep the sequence",
-     [lambda p: p.hello(), lambda p: zre.Unknown(p.next(), 8), lambda p: p.whisper(b"after")],
+     [lambda p: p.hello(), lambda p: zre.Unknown(p.next(), 11), lambda p: p.whisper(b"after")],
      [(ENTER, "bob"), (WHISPER, b"after")]),
     ("shout to a group we are not in is not reported",
      [lambda p: p.hello(), lambda p: zre.Shout(p.next(), "elsewhere", (b"x",)),
@@ -435,3 +435,116 @@ def test_the_session_module_does_no_io_and_reads_no_clock() -> None:
                  if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
     forbidden = {"gevent", "zmq", "socket", "select", "threading", "asyncio", "time"}
     assert not imported & forbidden
+
+
+# --------------------------------------------------------------------------
+# The peer's own link decides: restarts at its endpoint and port-0 beacons
+
+
+class LinkedHarness(Harness):
+    """A harness whose driver can tell which identities hold a mailbox connection
+    (``open``), and counts the wake-ups the session asks for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: set[bytes] = set()
+        self.wakes = 0
+        self.session.linked = lambda identity: identity in self.open
+        self.session.wake = self.woken
+
+    def woken(self) -> None:
+        self.wakes += 1
+
+    def enter(self, peer: Remote, now: float = 0.0) -> None:
+        self.open.add(peer.identity)
+        entered(self, peer, now)
+
+
+def test_a_new_node_at_an_endpoint_whose_holder_closed_its_link_enters_at_its_hello() -> None:
+    h = LinkedHarness()
+    old, new = Remote("old", 50001), Remote("new", 50001)
+    h.enter(old)
+    h.open.discard(old.identity)  # its process is gone
+    h.send(new, new.hello(), 0.5)
+    h.send(new, new.whisper(b"at once"), 0.5)
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new"),
+                         (WHISPER, b"at once")]
+    assert "Ping" not in h.link(old.endpoint).kinds()
+
+
+def test_commands_after_a_held_hello_are_applied_once_the_holder_is_gone() -> None:
+    h = LinkedHarness()
+    old, new = Remote("old", 50001), Remote("new", 50001)
+    h.enter(old)
+    h.send(new, new.hello(), 0.5)
+    h.send(new, zre.Join(new.next(), "g", 1), 0.5)
+    h.send(new, new.whisper(b"one"), 0.6)
+    h.send(new, new.whisper(b"two"), 0.7)
+    assert h.taken() == [] and h.wakes == 1
+    assert h.session.settle(0.8) is True  # still waiting: the link is open, no answer yet
+    h.open.discard(old.identity)  # then its connection closes
+    assert h.session.settle(0.9) is False
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new"),
+                         (JOIN, "g"), (WHISPER, b"one"), (WHISPER, b"two")]
+    h.send(new, new.whisper(b"three"), 1.0)
+    assert h.taken() == [(WHISPER, b"three")]
+
+
+def test_held_commands_are_bounded_and_a_gap_after_them_resynchronises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session_module, "HELD_MESSAGES", 2)
+    h = LinkedHarness()
+    old, new = Remote("old", 50001), Remote("new", 50001)
+    h.enter(old)
+    h.send(new, new.hello(), 0.5)
+    for text in (b"one", b"two", b"three"):
+        h.send(new, new.whisper(text), 0.6)
+    assert h.session.counters.get("held_dropped") == 1
+    h.session.settle(0.5 + CONFIG.interval)  # no answer within interval: replaced
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new"),
+                         (WHISPER, b"one"), (WHISPER, b"two")]
+    links = len(h.links[new.endpoint])
+    h.send(new, new.whisper(b"four"), 2.0)  # number 5 where 4 was due
+    assert h.taken() == [(EXIT, "sequence gap (expected 4, got 5)")]
+    # ... and a fresh HELLO goes out at once on a new link: the peer starts over too
+    assert len(h.links[new.endpoint]) == links + 1
+    assert h.link(new.endpoint).kinds() == ["Hello"]
+    assert h.session.counters.get("sequence_resyncs") == 1
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("link closed", [(EXIT, "left")]),
+    ("answered", []),
+    ("answered, then link closed", [(EXIT, "left")]),  # a leaver may answer as it goes
+    ("unanswered", [(EXIT, "left")]),
+])
+def test_a_port_zero_beacon_counts_as_the_peers_link_says(case: str, expected: list) -> None:
+    h = LinkedHarness()
+    peer = Remote("bob", 50001)
+    h.enter(peer)
+    h.session.peer_left(peer.uuid, 1.0, "10.0.0.2")
+    assert h.taken() == [] and h.link(peer.endpoint).kinds()[-1] == "Ping"
+    if case == "link closed":
+        h.open.discard(peer.identity)
+        h.session.settle(1.01)
+    elif case.startswith("answered"):
+        h.send(peer, zre.PingOk(peer.next()), 1.01)
+        assert h.session.settle(1.02) is True  # the link decides, up to interval
+        if case.endswith("closed"):
+            h.open.discard(peer.identity)
+        h.session.settle(1.0 + CONFIG.interval)
+    else:
+        assert h.session.settle(0.5 + CONFIG.interval) is True
+        h.session.settle(1.0 + CONFIG.interval)
+    assert h.taken() == expected
+    assert (peer.uuid in h.session.peers) == (case == "answered")
+    assert h.session.counters.get("leaves_ignored") == (case == "answered")
+
+
+def test_a_port_zero_beacon_of_a_peer_whose_link_is_already_closed_is_an_exit_at_once() -> None:
+    h = LinkedHarness()
+    peer = Remote("bob", 50001)
+    h.enter(peer)
+    h.open.discard(peer.identity)  # it closed, then its beacon arrived
+    h.session.peer_left(peer.uuid, 1.0, "10.0.0.2")
+    assert h.taken() == [(EXIT, "left")]

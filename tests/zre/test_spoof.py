@@ -17,15 +17,17 @@ from peermesh.events import EventType
 from peermesh.wire import zre
 
 try:  # tests/ as a package
+    from ..waiting import poll_until
     from .test_hostile import (Mesh, RawPeer, assert_no_mail, assert_none, beacon_barrier,
                                enter_raw, is_, make_raw, mesh)
 except ImportError:  # tests/zre on sys.path (pytest's default "prepend" import mode)
+    from waiting import poll_until
     from test_hostile import (Mesh, RawPeer, assert_no_mail, assert_none, beacon_barrier,
                               enter_raw, is_, make_raw, mesh)
 
 __all__ = ["make_raw", "mesh"]  # fixtures, used by name
 
-ENTER, EXIT = EventType.ENTER, EventType.EXIT
+ENTER, EXIT, WHISPER = EventType.ENTER, EventType.EXIT, EventType.WHISPER
 FORGER = "127.0.0.2"
 
 
@@ -64,8 +66,49 @@ def test_a_peers_own_port_zero_beacon_still_removes_it(
     start = mesh.events.mark()
     forge(mesh.port, raw.beacon_bytes(0))  # forged: ignored
     raw.beacon(mesh.port, 0)  # its own, from its address
+    raw.disconnect()  # and its link closes, as a leaving node's does
     exit_ = mesh.events.wait_for(is_(EXIT, raw.uuid), start=start)
     assert exit_.reason == "left"
+    mesh.assert_serving()
+
+
+def test_a_port_zero_beacon_from_the_peers_own_address_does_not_cut_it_off(
+        mesh: Mesh, make_raw: Callable[..., RawPeer]) -> None:
+    # Another process on the peer's host (or a forged source address): the beacon
+    # is the peer's own as far as UDP can tell, but its live link answers the PING.
+    assert mesh.good is not None and mesh.target is not None
+    start, good_start = mesh.events.mark(), mesh.good_events.mark()
+    same_host = make_raw()  # at 127.0.0.1, where the good peer lives
+    for _ in range(3):
+        same_host.beacon(mesh.port, 0, uuid=mesh.good.uuid)
+        same_host.beacon(mesh.port, 0, uuid=mesh.target.uuid)
+    beacon_barrier(mesh, make_raw)
+    for n in range(40):
+        mesh.good.whisper(mesh.target.uuid, b"after-%d" % n)
+    mesh.events.wait_for(is_(WHISPER, mesh.good.uuid, (b"after-39",)), start=start)
+    got = [e.frames for e in mesh.events.since(start, mesh.good.uuid) if e.type is WHISPER
+           and e.frames[0].startswith(b"after-")]
+    assert got == [(b"after-%d" % n,) for n in range(40)]
+    # the decision comes once `interval` has passed with the link still open
+    poll_until(lambda: mesh.target.stats()["leaves_ignored"] >= 1  # type: ignore[union-attr]
+               and mesh.good.stats()["leaves_ignored"] >= 1,  # type: ignore[union-attr]
+               10.0, "the beacons judged forged")
+    mesh.assert_serving()
+    assert_none(mesh.events, is_(EXIT, mesh.good.uuid), start=start, window=0)
+    assert_none(mesh.good_events, is_(EXIT, mesh.target.uuid), start=good_start, window=0)
+
+
+def test_an_unanswered_port_zero_beacon_removes_the_peer_within_interval(
+        mesh: Mesh, make_raw: Callable[..., RawPeer]) -> None:
+    # The link stays open but nothing answers the PING (a node that hangs as it
+    # leaves): gone after ``interval``, not after ``expired``.
+    raw = make_raw()
+    enter_raw(mesh, raw)
+    start = mesh.events.mark()
+    raw.beacon(mesh.port, 0)
+    exit_ = mesh.events.wait_for(is_(EXIT, raw.uuid), start=start)
+    assert exit_.reason == "left"
+    assert isinstance(raw.expect(zre.Ping, sender=mesh.uuid), zre.Ping)
     mesh.assert_serving()
 
 
