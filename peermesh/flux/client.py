@@ -1,7 +1,7 @@
 """A rankless client of a Flux instance: RPCs, events and pings without joining the tree.
 
 ``FluxClient`` connects one DEALER to a member's ROUTER (the first of the
-endpoints given that accepts it) and says ``overlay.client``; the member
+endpoints given that accepts it) and says ``peermesh.client``; the member
 then routes the client's requests as its own (to any rank, or a given one)
 and answers down the client's routing identity, and hands it the events
 that match its subscriptions (see ``peermesh.flux.clients`` for what the
@@ -10,11 +10,11 @@ size and rank 0's directory never count it, however often clients come
 and go. It runs on the caller's gevent hub, as ``FluxOverlay`` does::
 
     client = FluxClient([member.endpoint]).connect(5)
-    print(client.rpc("overlay.info", None, 0).get_json(5)["size"])
+    print(client.rpc("peermesh.info", None, 0).get_json(5)["size"])
     client.close()
 
 When idle it sends a heartbeat every ``heartbeat`` seconds (the member's
-own, if shorter: the member answers ``overlay.client`` with it); a member
+own, if shorter: the member answers ``peermesh.client`` with it); a member
 silent for ``lost`` seconds, or one that says DISCONNECT, is lost: every
 RPC in flight fails with EHOSTUNREACH (streams too: they are not resumed),
 and the listeners hear ``Notice("member-lost")``.
@@ -30,7 +30,7 @@ round of endpoints that brought no member. Members it finds are tried
 before the rest, so a member that joined after the client connected can take
 over; the client knows the endpoints it was given and those of the last
 look.
-Then it fetches from rank 0 (``event.replay``) the events published since
+Then it fetches from rank 0 (``peermesh.replay``) the events published since
 the last it had and hands those that match to its subscriptions, in order,
 before the new member's (which it holds meanwhile); events older than
 rank 0's buffer are reported as ``Notice("events-lost", -1, (first, last))``
@@ -67,7 +67,7 @@ from ..wire.flux import (
     encode, string_payload,
 )
 from .errors import FluxError, FluxStateError
-from .bodies import unb64
+from .bodies import ping_body, publish_body, unb64
 from .handle import SUBSCRIPTION_QUEUE, Payload, RpcFuture, Subscription, to_payload
 from .matchtags import Handle, Pending
 from .outputs import IDENTITY_SIZE, Notice
@@ -118,7 +118,7 @@ class FluxClient:
         #: seconds to look for another member once the member is lost (0: do not)
         self.failover = failover
         self.identity = os.urandom(IDENTITY_SIZE)
-        #: the member's answer to ``overlay.client``: rank, size, topology, seq, heartbeat
+        #: the member's answer to ``peermesh.client``: rank, size, topology, seq, heartbeat
         self.member: dict[str, Any] = {}
         self.endpoint = ""  # the member's, once connected
         self._link: Any = None
@@ -146,7 +146,7 @@ class FluxClient:
         self._closed = False
         share = timeout / len(self.endpoints)
         error = FluxError(Errno.ETIMEDOUT, f"no member answered in {timeout:g} s",
-                          "overlay.client")
+                          "peermesh.client")
         for endpoint in self.endpoints:
             try:
                 self._attach(endpoint, share)
@@ -158,11 +158,11 @@ class FluxClient:
         raise error
 
     def _attach(self, endpoint: str, timeout: float) -> None:
-        """Connect to the member at ``endpoint`` and say ``overlay.client``; ``FluxError``
+        """Connect to the member at ``endpoint`` and say ``peermesh.client``; ``FluxError``
         (and no link) unless it accepts within ``timeout`` seconds."""
         self._open(endpoint)
         try:
-            self.member = self._request("overlay.client", None, NODEID_ANY, 0).get_json(timeout)
+            self.member = self._request("peermesh.client", None, NODEID_ANY, 0).get_json(timeout)
         except FluxError:
             self._drop_link(0)
             raise
@@ -286,10 +286,7 @@ class FluxClient:
         """Publish an event (numbered by rank 0); the future answers ``{"seq": n}``."""
         if not isinstance(topic, str) or not topic:
             raise FluxStateError(f"an event topic is a non-empty string, not {topic!r}")
-        data = to_payload(payload)
-        body = {"topic": topic,
-                "payload": None if data is None else base64.b64encode(data).decode("ascii")}
-        return self.rpc("event.pub", body, 0)
+        return self.rpc("event.publish", publish_body(topic, to_payload(payload)), 0)
 
     def subscribe(self, prefix: str, timeout: Optional[float] = None,
                   callback: Optional[Callable[[Event], None]] = None) -> Subscription:
@@ -302,10 +299,12 @@ class FluxClient:
         self._subscriptions.append(subscription)
         return subscription
 
-    def ping(self, rank: int, timeout: Optional[float] = None) -> float:
-        """Round-trip seconds of ``broker.ping`` to ``rank``."""
+    def ping(self, rank: int, timeout: Optional[float] = None, seq: int = 0,
+             pad: str = "") -> float:
+        """Round-trip seconds of ``broker.ping`` to ``rank`` with flux's body
+        (``{"seq", "pad"}``), as a flux-core broker and a peermesh rank answer it."""
         start = self.transport.now()
-        self.rpc("broker.ping", b"", rank).get(timeout)
+        self.rpc("broker.ping", ping_body(seq, pad), rank).get(timeout)
         return self.transport.now() - start
 
     # --- what RpcFuture and Subscription call back --------------------------------------
@@ -476,9 +475,9 @@ class FluxClient:
         for future in [self._request("event.subscribe", {"topic": prefix}, NODEID_ANY, 0)
                        for prefix in prefixes]:
             future.get(attempt)
-        info = self._request("overlay.info", None, NODEID_ANY, 0).get_json(attempt)
+        info = self._request("peermesh.info", None, NODEID_ANY, 0).get_json(attempt)
         if not self._catch_up(info.get("seq"), attempt):
-            raise FluxError(Errno.EHOSTUNREACH, "lost while catching up", "event.replay")
+            raise FluxError(Errno.EHOSTUNREACH, "lost while catching up", "peermesh.replay")
 
     def _round(self, lost: str) -> list[str]:
         """The endpoints to try in turn, the lost member's last."""
@@ -521,11 +520,11 @@ class FluxClient:
         if isinstance(upto, int) and self._subscriptions and first <= upto:
             try:
                 while first <= upto:
-                    body = self._request("event.replay", {"from": first, "to": upto}, 0,
+                    body = self._request("peermesh.replay", {"from": first, "to": upto}, 0,
                                          0).get_json(timeout)
                     to, events = body.get("to"), body.get("events")
                     if not isinstance(to, int) or to < first or not isinstance(events, list):
-                        raise FluxError(Errno.EPROTO, "a malformed replay", "event.replay")
+                        raise FluxError(Errno.EPROTO, "a malformed replay", "peermesh.replay")
                     for item in events:
                         try:
                             seq, topic, payload = item

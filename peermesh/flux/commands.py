@@ -79,7 +79,7 @@ def add_commands(command: Factory) -> None:
             f"  {PROG} flux run --interface lo                 # a member found through the mesh\n"
             f"  {PROG} flux run --root --interface lo          # rank 0 without a mesh\n"
             f"  {PROG} flux tree --interface lo\n"
-            f"  {PROG} flux rpc overlay.info --rank 0 --parent tcp://127.0.0.1:40123",
+            f"  {PROG} flux rpc peermesh.info --rank 0 --parent tcp://127.0.0.1:40123",
             None)
     _add_run(command)
     _add_rpc(command)
@@ -173,7 +173,7 @@ def _add_rpc(command: Factory) -> None:
         "exit code 1. --json prints {\"topic\", \"payload\"} (and {\"errnum\", \"error\", "
         "\"message\"} for an error) per answer.\n\n" + _REACH,
         f"  {PROG} flux rpc broker.ping '{{\"hi\": 1}}' --rank 3\n"
-        f"  {PROG} flux rpc overlay.info --rank 0\n"
+        f"  {PROG} flux rpc peermesh.info --rank 0\n"
         f"  {PROG} flux rpc kvs.watch '{{\"key\": \"a\"}}' --stream --json",
         _cmd_rpc)
     rpc.add_argument("topic", metavar="TOPIC", type=text, help="service.method")
@@ -237,7 +237,7 @@ def _add_ping(command: Factory) -> None:
 def _add_tree(command: Factory) -> None:
     tree = command(
         "flux tree", "show the tree: ranks, parents, states",
-        "Ask rank 0 and then each member down the tree (overlay.info) and print one row "
+        "Ask rank 0 and then each member down the tree (peermesh.info) and print one row "
         "per rank: its parent, state (online, or torpid when its parent has not heard from "
         "it lately), children. A member that does not answer is shown as unreachable. "
         "--json prints the answers as a list of {rank, parent, state, children, torpid "
@@ -667,7 +667,7 @@ def _checked_rank(flux: FluxClient, rank: Optional[int], timeout: float) -> Opti
     if rank is None or rank < flux.size:
         return rank
     with leaving("asking rank 0 for the instance's size"):
-        size = flux.rpc("overlay.info", None, 0).get_json(timeout).get("size")
+        size = flux.rpc("peermesh.info", None, 0).get_json(timeout).get("size")
     if isinstance(size, int) and rank >= size:
         raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{size - 1}")
     return rank
@@ -774,7 +774,7 @@ def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[s
 
 
 def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
-    """``overlay.info`` of rank 0, then of each rank's children, level by level: rows of
+    """``peermesh.info`` of rank 0, then of each rank's children, level by level: rows of
     {rank, parent, state, children, torpid, size, seq, topology, clients}; a rank that does not
     answer is {rank, parent, state: "unreachable", error}."""
     rows: list[dict[str, Any]] = []
@@ -782,7 +782,7 @@ def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
     seen: set[int] = set()
     while level:
         seen.update(level)
-        futures = [(rank, parent, flux.rpc("overlay.info", None, rank))
+        futures = [(rank, parent, flux.rpc("peermesh.info", None, rank))
                    for rank, parent in level.items()]
         level = {}
         for rank, parent, future in futures:
@@ -800,7 +800,7 @@ def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
 
 
 def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[str, Any]:
-    """A member's ``overlay.info`` answer as a row, whatever it sent (rank and parent as
+    """A member's ``peermesh.info`` answer as a row, whatever it sent (rank and parent as
     the walk found them)."""
     def ranks(key: str) -> list[int]:
         value = info.get(key)

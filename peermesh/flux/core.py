@@ -45,7 +45,7 @@ from ..wire.flux import (
     MAGIC, USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
     encode, json_payload, make_request, make_response, read_json, service_of,
 )
-from .bodies import b64, str_field
+from .bodies import ping_answer, publish_body, str_field
 from .clients import ClientTable
 from .directory import Directory
 from .errors import FluxStateError
@@ -204,8 +204,8 @@ class FluxCore(Membership):
     def publish(self, handle: int, topic: str, payload: Optional[bytes],
                 now: float) -> tuple[int, list[Output]]:
         """Publish an event (through rank 0); the matchtag answers with its sequence."""
-        body = json_payload({"topic": topic, "payload": b64(payload)})
-        return self.rpc(handle, "event.pub", body, 0, 0, now)
+        return self.rpc(handle, "event.publish", json_payload(publish_body(topic, payload)),
+                        0, 0, now)
 
     def receive(self, link: bytes, frames: list[bytes], now: float) -> list[Output]:
         """A message arrived on ``link`` (``PARENT``, or a ROUTER identity, frames without it)."""
@@ -237,7 +237,7 @@ class FluxCore(Membership):
         if kind is Request:
             assert isinstance(message, Request)
             if child is None and link != PARENT and client is None and message.topic not in (
-                    "overlay.join", "overlay.hello", "overlay.client"):
+                    "peermesh.join", "peermesh.hello", "peermesh.client"):
                 return self._drop(link, "a request from a stranger")
             if client is not None and not message.flags & _NORESPONSE:
                 service = service_of(message.topic)
@@ -357,11 +357,24 @@ class FluxCore(Membership):
 
     def _ping(self, request: Request, now: float,
               wire: Optional[list[bytes]] = None) -> list[Output]:
-        """Answer with the request's payload; from its frames when at hand (the same
-        routes, topic and payload: only PROTO changes)."""
+        """flux-core's ``broker.ping``: a JSON object answered with ``route``, ``userid``,
+        ``rolemask`` and ``rank`` added. Any other payload (none included) is echoed
+        as it is, from the request's frames when at hand (the same routes, topic and
+        payload: only PROTO changes): peermesh's raw ping, where flux-core answers
+        EPROTO."""
         if request.flags & _NORESPONSE:
             return []
-        response = make_response(request.topic, request.payload, 0, request.matchtag, 0,
+        payload = request.payload
+        if payload is not None and payload[:1] == b"{":
+            try:
+                answer = ping_answer(payload, request.routes or (), self.uuid, self.rank or 0,
+                                     request.userid, request.rolemask)
+            except ProtocolError as exc:
+                return self._error(request, Errno.EPROTO, exc.reason, now)
+            return self._route_response(
+                make_response(request.topic, answer, 0, request.matchtag, 0, request.routes,
+                              USERID_UNKNOWN, 0), now)
+        response = make_response(request.topic, payload, 0, request.matchtag, 0,
                                  request.routes, USERID_UNKNOWN, 0)
         if wire is not None:
             flags = wire[-1][3] & _FRAMES
@@ -374,7 +387,7 @@ class FluxCore(Membership):
         """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE or link in self.children:
-            return self._error(request, Errno.EINVAL, "overlay.client comes from a client", now)
+            return self._error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
         if self.state is not State.ONLINE:
             return self._error(request, Errno.EAGAIN, "not in the tree", now)
         if not self.clients.accept(link, now):
@@ -410,15 +423,15 @@ class FluxCore(Membership):
 
 _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "broker.ping": FluxCore._ping,
-    "overlay.info": FluxCore._info,
-    "overlay.join": FluxCore._join_request,
-    "overlay.hello": FluxCore._hello_request,
-    "overlay.attached": FluxCore._attached_request,
-    "overlay.lost": FluxCore._lost_request,
-    "overlay.client": FluxCore._client_request,
+    "peermesh.info": FluxCore._info,
+    "peermesh.join": FluxCore._join_request,
+    "peermesh.hello": FluxCore._hello_request,
+    "peermesh.attached": FluxCore._attached_request,
+    "peermesh.lost": FluxCore._lost_request,
+    "peermesh.client": FluxCore._client_request,
     "event.subscribe": FluxCore._subscribe_request,
     "event.unsubscribe": FluxCore._subscribe_request,
-    "event.pub": FluxCore._pub_request,
-    "event.replay": FluxCore._replay_request,
+    "event.publish": FluxCore._publish_request,
+    "peermesh.replay": FluxCore._replay_request,
 }
 

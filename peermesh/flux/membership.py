@@ -6,7 +6,7 @@ Identities and hello. Every node has a random 16-byte identity per start
 (its DEALER's routing id). A node joins in two steps, both ordinary Flux
 requests from the core's own handle (``@0``):
 
-1. ``overlay.join`` to rank 0 (``nodeid`` 0), sent from a bootstrap
+1. ``peermesh.join`` to rank 0 (``nodeid`` 0), sent from a bootstrap
    endpoint (any member of the instance: a parent list, or the root's
    endpoint from the ZRE mesh) with ``{"rank": R or -1, "uuid", "endpoint"}``.
    Rank 0 answers ``{"rank", "parent", "endpoint", "size", "topology"}``
@@ -18,11 +18,11 @@ requests from the core's own handle (``@0``):
    attaching itself: it accepts children already). A node that could reach
    none of its candidate parents says so when it joins again (``failed``),
    and rank 0 passes over those ranks.
-2. ``overlay.hello`` to that parent over a new DEALER, ``{"rank", "uuid",
+2. ``peermesh.hello`` to that parent over a new DEALER, ``{"rank", "uuid",
    "endpoint"}``. The parent accepts a rank below it in the formula tree
    (EEXIST if a live child holds it, ENOSPC past ``max_children``) and
    answers ``{"ancestors": [[rank, endpoint], ...], "seq", "size"}``; it tells
-   rank 0 with ``overlay.attached`` (no response), so rank 0's directory
+   rank 0 with ``peermesh.attached`` (no response), so rank 0's directory
    knows where each rank listens.
 
 States (``State``)::
@@ -53,7 +53,7 @@ dropped where they are served: each local service gets
 stack of everything that came through the child (``FluxHandle`` ends those
 streams), and each request it sent on is forgotten and followed along its
 link by a ``<service>.disconnect`` with that request's own stack; and rank 0
-is told (``overlay.lost``), which
+is told (``peermesh.lost``), which
 marks the rank offline (it stays reserved for the node that held it, and a
 node may claim it again). Orphans re-attach to the nearest live ancestor
 (the hello answer gave each node its ancestor chain), keeping their ranks
@@ -190,7 +190,7 @@ class Membership(EventLog):
             return []
         if self.state is not State.ONLINE:
             return []  # reported when this node comes online
-        return self._internal_rpc("overlay.attached", note, 0, now, None)
+        return self._internal_rpc("peermesh.attached", note, 0, now, None)
 
     def _attached_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
@@ -233,7 +233,7 @@ class Membership(EventLog):
         guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
         out: list[Output] = [Dial(endpoint, guest)]
         self._parent_heard = self._parent_sent = now
-        out += self._guest_rpc("overlay.join", body, 0, now, self._joined)
+        out += self._guest_rpc("peermesh.join", body, 0, now, self._joined)
         return out
 
     def _guest_rpc(self, topic: str, body: dict, nodeid: int, now: float,
@@ -250,7 +250,7 @@ class Membership(EventLog):
         """Drop the core's own join and hello requests still unanswered."""
         state = self.handles[0]
         for tag in [t for t, p in state.pending.items()
-                    if p.topic in ("overlay.join", "overlay.hello")]:
+                    if p.topic in ("peermesh.join", "peermesh.hello")]:
             state.release(tag)
             self._internal.pop(tag, None)
 
@@ -298,7 +298,7 @@ class Membership(EventLog):
         self._forget_internal()
         self._parent_heard = self._parent_sent = now
         out: list[Output] = [Dial(endpoint, self.identity)]
-        out += self._guest_rpc("overlay.hello", {"rank": self.rank, "uuid": self.uuid,
+        out += self._guest_rpc("peermesh.hello", {"rank": self.rank, "uuid": self.uuid,
                                                  "endpoint": self.endpoint},
                                parent, now, self._helloed)
         return out
@@ -406,6 +406,6 @@ class Membership(EventLog):
         if self.root:
             self.directory.lost(child.rank, child.uuid)
         elif self.state is State.ONLINE:
-            out += self._internal_rpc("overlay.lost", {"rank": child.rank, "uuid": child.uuid},
+            out += self._internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
                                       0, now, None)
         return out

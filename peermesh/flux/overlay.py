@@ -80,6 +80,7 @@ from .core import (
     IDENTITY_SIZE, PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output, Send,
     State,
 )
+from .bodies import ping_body
 from .errors import FluxError, FluxStateError
 from .handle import FluxHandle, Handler, Payload, RpcFuture, Subscription
 from .topology import DEFAULT_TOPOLOGY, Topology
@@ -309,10 +310,12 @@ class FluxOverlay(Overlay):
         """See ``FluxHandle.subscribe``."""
         return self.default.subscribe(prefix, callback)
 
-    def ping(self, rank: int, timeout: Optional[float] = None) -> float:
-        """Round-trip seconds of ``broker.ping`` to ``rank`` (on the transport's clock)."""
+    def ping(self, rank: int, timeout: Optional[float] = None, seq: int = 0,
+             pad: str = "") -> float:
+        """Round-trip seconds of ``broker.ping`` to ``rank`` with flux's body
+        (``{"seq", "pad"}``), as a flux-core broker and a peermesh rank answer it."""
         start = self.now()
-        self.rpc("broker.ping", b"", rank).get(timeout)
+        self.rpc("broker.ping", ping_body(seq, pad), rank).get(timeout)
         return self.now() - start
 
     @property
@@ -330,7 +333,7 @@ class FluxOverlay(Overlay):
         return self.core.state
 
     def info(self) -> dict[str, Any]:
-        """This node's place in the tree (what ``overlay.info`` answers)."""
+        """This node's place in the tree (what ``peermesh.info`` answers)."""
         return self.core.info()
 
     def wait_online(self, timeout: Optional[float] = None) -> bool:

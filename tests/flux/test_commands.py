@@ -123,14 +123,14 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     assert re.match(r"rank 0: seq=0 time=[\d.]+ ms\nrank 1: seq=0 time=[\d.]+ ms\n"
                     r"2 answered, 0 unreachable: min/mean/max = ", result.stdout), result.stdout
 
-    result = flux(cli, "rpc", "overlay.info", "--rank", "0", parent=endpoint)
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "0", parent=endpoint)
     assert json.loads(result.stdout)["size"] == 2, _report(result)  # for all those commands
 
     claimed = cli.start("flux", "run", "--json", "--parent", endpoint, "--topology", "kary:2",
                         "--rank", "30")
     claimed.expect_event(event="online", rank=30)
     # through rank 1, which knows the size it joined (2): the range is rank 0's
-    result = flux(cli, "rpc", "overlay.info", "--rank", "30", parent=one_endpoint)
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "30", parent=one_endpoint)
     info = json.loads(result.stdout)
     assert info["rank"] == 30 and info["parent"] == 0, _report(result)  # 14, 6, 2 vacant
 
@@ -175,7 +175,7 @@ def test_members_and_commands_find_each_other_through_the_mesh(cli: Cli) -> None
     assert result.returncode == 0, _report(result)
     rows = json.loads(result.stdout)
     assert [row["rank"] for row in rows] == [0, 1] and rows[0]["clients"] == 1, rows
-    result = flux(cli, "rpc", "overlay.info", "--rank", "1")
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "1")
     assert result.returncode == 0 and json.loads(result.stdout)["parent"] == 0, _report(result)
     assert second.stop(signal.SIGTERM) == 0 and first.stop(signal.SIGTERM) == 0
 
@@ -284,7 +284,7 @@ def test_a_root_restarted_at_its_endpoint_is_rejoined(cli: Cli, free_tcp_port: i
     # (a join sent while the old root was closing is tried again after hello_timeout, 5 s)
     again.expect_event(timeout=30, event="child-attached", rank=1)
     one.expect_event(timeout=30, event="online", rank=1)            # its rank kept
-    result = flux(cli, "rpc", "overlay.info", "--rank", "1", parent=endpoint)
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "1", parent=endpoint)
     assert json.loads(result.stdout)["parent"] == 0, _report(result)
     assert one.stop(signal.SIGTERM) == 0 and again.stop(signal.SIGTERM) == 0
 
