@@ -566,6 +566,7 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
         signals = HubSignals(on_first=stopped.set)
         how = "rank 0" if args.root else "joining through " + ", ".join(parents)
     flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
+    flux.add_listener(lambda notice: notice.what == "refused" and stopped.set())
     try:
         if session is not None:
             session.start()
@@ -588,6 +589,9 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
             session.close()
         if signals is not None:
             signals.close()
+    if flux.refusal is not None:
+        note(f"error: joining was refused: {flux.refusal}")
+        return EXIT_FAILURE
     return EXIT_OK
 
 

@@ -267,6 +267,10 @@ class FluxCore(Membership):
         if message.ctype == ControlType.DISCONNECT:
             if link == PARENT and self.state is State.ONLINE:
                 return self._parent_lost(now, "the parent left")
+            if link == PARENT and self.state in (State.JOINING, State.ATTACHING):
+                return self._refused(now, "DISCONNECT: the peer at that endpoint refuses this "
+                                     "node (not a peermesh member, e.g. a flux-core broker, "
+                                     "or one that does not know it)")
             if child is not None:
                 return self._child_lost(child, now, "the child left")
             if client is not None:

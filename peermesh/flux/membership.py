@@ -36,12 +36,19 @@ States (``State``)::
     ATTACHING  hello answered                            ONLINE      Notice online (replay gap)
     ATTACHING  EEXIST                                    JOINING     join again, rank -1
     ATTACHING  other error or hello_timeout              ATTACHING   next ancestor, else JOINING
+    JOINING,   DISCONNECT from the peer dialed, or       STOPPED     Notice refused (why),
+    ATTACHING  ENOSYS / EPROTO answered                              DISCONNECT to all links
     ONLINE     parent lost (DISCONNECT, link down,       ATTACHING   fail RPCs via parent,
                silent for ``lost`` s)                                hello to the grandparent
     any        stop                                      STOPPED     DISCONNECT to all links
 
 A refused join or hello is tried again after ``retry`` seconds, doubled per
-refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``.
+refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``. A
+refusal that asking again cannot change stops the node instead: the peer
+dialed answers DISCONNECT (what a flux-core broker answers a stranger), or
+ENOSYS or EPROTO (it does not serve ``peermesh.join``/``peermesh.hello``, or
+not in this form or version); ``Notice("refused")`` says which, with the
+peer's message.
 
 Leaving and faults. A child that sends DISCONNECT, that a send finds gone
 (ROUTER_MANDATORY: at once when its process died), or that is silent for
@@ -72,13 +79,14 @@ Heartbeats (control messages) go on every link idle for ``heartbeat`` s.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import ProtocolError
 from ..wire.flux import (
     MAX_RANK, NODEID_ANY, USERID_UNKNOWN, Errno, Request, Response, encode, json_payload,
-    make_request, read_json, service_of,
+    error_message, make_request, read_json, service_of,
 )
 from .bodies import int_field, str_field
 from .directory import Directory, Refusal
@@ -90,6 +98,17 @@ from .settings import State
 from .topology import Topology, TopologyError
 
 __all__ = ["Membership", "Child"]
+
+#: answers to a join or hello that asking again cannot change: the peer does not
+#: serve the method (ENOSYS) or refuses the body (EPROTO: another protocol or version)
+_REFUSALS = frozenset({Errno.ENOSYS, Errno.EPROTO})
+
+
+def _refusal_text(response: Response) -> str:
+    """``ENOSYS: No service matching ...``: a refusal's errno name and its message."""
+    name = errno.errorcode.get(response.errnum, str(response.errnum))
+    text = error_message(response.payload)
+    return f"{name} answering {response.topic}" + (f": {text}" if text else "")
 
 
 @dataclass(slots=True)
@@ -262,6 +281,8 @@ class Membership(EventLog):
                 out: list[Output] = [Notice("rank-taken", self.claim)]
                 self.claim = None
                 return out + self._join(now)
+            if response.errnum in _REFUSALS:
+                return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next endpoint
             return [Notice("join-failed", -1, response.errnum)]
         try:
@@ -311,6 +332,8 @@ class Membership(EventLog):
                 self._taken, self.claim = self.rank, None
                 self._attempt = 0
                 return [Notice("rank-taken", self.rank or -1)] + self._join(now)
+            if response.errnum in _REFUSALS:
+                return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next candidate
             return [Notice("hello-failed", self.rank or -1, response.errnum)]
         try:
@@ -347,6 +370,16 @@ class Membership(EventLog):
                 for event in held:
                     out += self._event(event, encode(event), now)
         return out
+
+    def stop(self, now: float) -> list[Output]:
+        raise NotImplementedError  # (FluxCore's)
+
+    def _refused(self, now: float, why: str) -> list[Output]:
+        """Joining was refused for good (``_REFUSALS``, or DISCONNECT from the peer
+        dialed): stop, with ``Notice("refused", rank, why)``, rather than ask again."""
+        self._forget_internal()
+        return [Notice("refused", -1 if self.rank is None else self.rank, why),
+                *self.stop(now)]
 
     def _retry_soon(self, now: float) -> None:
         """A join or hello was refused: try again after the backoff (doubled per refusal, at

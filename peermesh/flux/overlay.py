@@ -167,6 +167,8 @@ class FluxOverlay(Overlay):
         self._unlooked: list[Any] = []  # sockets sent on, not yet looked at
         self._listeners: list[Callable[[Notice], None]] = []
         self._online = gevent.event.Event()
+        #: why joining was refused for good (``Notice("refused")``), else None
+        self.refusal: Optional[str] = None
         self._members: dict[UUID, tuple[Candidate, str]] = {}  # mesh: flux peers
         self._root_endpoint: Optional[str] = None
         self.core: FluxCore = FluxCore(self.identity, "", settings=self.settings)
@@ -337,8 +339,13 @@ class FluxOverlay(Overlay):
         return self.core.info()
 
     def wait_online(self, timeout: Optional[float] = None) -> bool:
-        """Wait until this node is part of the tree; False after ``timeout`` seconds."""
-        return self._online.wait(timeout) if not self.core.online else True
+        """Wait until this node is part of the tree; False after ``timeout`` seconds.
+        ``FluxStateError`` naming why when joining was refused for good (the node
+        stopped then; ``refusal`` holds the reason)."""
+        online = self._online.wait(timeout) if not self.core.online else True
+        if self.refusal is not None:
+            raise FluxStateError(f"refused: {self.refusal}")
+        return online
 
     def add_listener(self, callback: Callable[[Notice], None]) -> None:
         """Call ``callback(notice)`` on the hub for each ``Notice`` (online, child-lost, ...)."""
@@ -406,6 +413,9 @@ class FluxOverlay(Overlay):
                   notice.rank, notice.detail)
         if notice.what == "online":
             self._online.set()
+        elif notice.what == "refused":
+            self.refusal = str(notice.detail)
+            self._online.set()  # wakes wait_online, which says so
         elif notice.what == "parent-lost":
             self._online.clear()
         for listener in self._listeners:
