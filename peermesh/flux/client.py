@@ -144,6 +144,7 @@ class FluxClient:
         if self._link is not None or self.reconnecting:
             raise FluxStateError("the Flux client is connected already")
         self._closed = False
+        self.endpoint = ""  # none until one accepts: a loss meanwhile is no member's
         share = timeout / len(self.endpoints)
         error = FluxError(Errno.ETIMEDOUT, f"no member answered in {timeout:g} s",
                           "peermesh.client")
@@ -379,7 +380,9 @@ class FluxClient:
         elif kind is Control:
             assert isinstance(message, Control)
             if message.ctype == ControlType.DISCONNECT:
-                self._member_lost("the member left")
+                self._member_lost("the member left" if self.endpoint else
+                                  "DISCONNECT: the peer refused the client (not a peermesh "
+                                  "member, or one that does not take clients)")
         else:
             self.dropped += 1  # a request: clients serve nothing
 
@@ -415,6 +418,9 @@ class FluxClient:
         self._drop_link(0)
         if self._failing_over is not None:  # the member being tried went: look on
             self._fail_all(f"the member was lost ({why})")
+            return
+        if not lost:  # refused while connecting: connect() says so (no failover, no notice)
+            self._fail_all(why)
             return
         if self.failover > 0 and not self._closed:
             self._failing_over = gevent.spawn(self._fail_over, lost)

@@ -43,6 +43,7 @@ from ..errors import PeermeshError, ProtocolError
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
+from .outputs import MAX_OFFLINE
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
 
 log = logging.getLogger(__name__)
@@ -577,7 +578,8 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
             except Exception as exc:
                 raise ValueError(f"handlers module {name!r}: register(flux) raised "
                                  f"{type(exc).__name__}: {exc}") from None
-        note(f"Flux instance {args.instance!r} ({args.topology}): member at {flux.endpoint}, "
+        shape = args.topology if args.root else "the topology of rank 0"  # a joining node's
+        note(f"Flux instance {args.instance!r} ({shape}): member at {flux.endpoint}, "
              f"{how}; Ctrl-C to leave")
         if session is not None:
             session.wait_stopped()
@@ -738,6 +740,8 @@ def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
         if args.target is None:
             rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
             ranks = [row["rank"] for row in rows]
+            # and the ranks rank 0 has lost (a killed member is no one's child any more)
+            ranks += [r for r in rows[0].get("offline", ()) if r not in ranks]
             counts = 1
         else:
             _checked_rank(flux, args.target, args.timeout)
@@ -816,7 +820,8 @@ def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[st
 
     return {"rank": rank, "parent": parent, "state": str(info.get("state", "?")),
             "children": ranks("children"), "torpid": ranks("torpid"), "size": scalar("size"),
-            "seq": scalar("seq"), "topology": scalar("topology"), "clients": scalar("clients")}
+            "seq": scalar("seq"), "topology": scalar("topology"), "clients": scalar("clients"),
+            **({"offline": ranks("offline")[:MAX_OFFLINE]} if rank == 0 else {})}
 
 
 def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:

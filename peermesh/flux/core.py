@@ -52,7 +52,7 @@ from .errors import FluxStateError
 from .matchtags import Handle, Pending
 from .membership import Child, Membership
 from .outputs import (
-    IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
+    IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
 )
 from .routing import _FRAMES, _NORESPONSE, _PROTO, _UPSTREAM, BUILTIN_SERVICES, InflightKey
 from .settings import FluxSettings, State
@@ -119,7 +119,7 @@ class FluxCore(Membership):
         self.next_deadline = now + self._tick
         if self.root:
             self.state = State.ONLINE
-            return [Notice("online", 0, {"size": self.size})]
+            return [Notice("online", 0, {"size": self.size, "topology": str(self.topology)})]
         return self._join(now) if self.bootstrap else []
 
     def set_bootstrap(self, endpoints: Sequence[str], now: float) -> list[Output]:
@@ -422,7 +422,8 @@ class FluxCore(Membership):
                 "state": self.state.value, "seq": self.seq,
                 "children": sorted(c.rank for c in self.children.values()),
                 "torpid": sorted(c.rank for c in self.children.values() if c.torpid),
-                "topology": str(self.topology), "clients": len(self.clients)}
+                "topology": str(self.topology), "clients": len(self.clients),
+                **({"offline": self.directory.offline(MAX_OFFLINE)} if self.root else {})}
 
 
 _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {

@@ -92,6 +92,10 @@ class Directory:
         if 0 < rank < self.max_size and rank not in self.members and not self.full:
             self._record(rank, Member(None, "", True))
 
+    def offline(self, limit: int) -> list[int]:
+        """The lowest ``limit`` ranks given out and now offline (lost or left)."""
+        return sorted(r for r, m in self.members.items() if not m.online)[:limit]
+
     def lost(self, rank: int, uuid: str = "") -> None:
         """``rank`` was lost (or could not be reached): no longer handed out as a parent."""
         member = self.members.get(rank) if rank else None

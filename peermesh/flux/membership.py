@@ -354,7 +354,8 @@ class Membership(EventLog):
         self.claim = self.rank
         self._backoff = self.settings.retry
         out: list[Output] = [Notice("online", self.rank or 0,
-                                    {"parent": self.parent_rank, "size": self.size})]
+                                    {"parent": self.parent_rank, "size": self.size,
+                                     "topology": str(self.topology)})]
         self._failed = []
         for child in list(self.children.values()):
             out += self._report_attached(child, now)

@@ -300,3 +300,21 @@ def test_a_run_endpoint_that_cannot_be_used_is_named(cli: Cli, args: tuple[str, 
     result = flux(cli, "run", "--root", *args)
     assert result.returncode == 2, _report(result)
     assert message in result.stderr, _report(result)
+
+
+def test_ping_all_lists_a_killed_rank_and_a_joining_member_takes_the_roots_kary(
+        cli: Cli) -> None:
+    root, endpoint = member(cli, "--root", "--topology", "kary:2")
+    process = cli.start("flux", "run", "--json", "--parent", endpoint)  # default kary:32
+    line = process.expect_line(lambda s: ENDPOINT.search(s) is not None, "endpoint", "err")
+    assert "kary:32" not in line and "(the topology of rank 0)" in line, line
+    assert process.expect_event(event="online")["detail"]["topology"] == "kary:2"
+    other, _ = member(cli, "--parent", endpoint)
+    process.kill()                                   # kill -9: it says no goodbye
+    root.expect_event(event="child-lost", rank=1)
+    result = flux(cli, "ping", "all", "--json", parent=endpoint)
+    assert result.returncode == 1, _report(result)
+    report = json.loads(result.stdout)
+    assert [p["rank"] for p in report["pings"]] == [0, 2]
+    assert [u["rank"] for u in report["unreachable"]] == [1]
+    assert root.stop(signal.SIGTERM) == 0 and other.stop(signal.SIGINT) == 0

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-import threading
 from typing import Optional
 
 import pytest
-import zmq
-
 from cliprocess import Cli
 from peermesh.flux.core import PARENT, Dial, FluxCore, FluxSettings, Hangup, Notice, State
 from peermesh.wire.flux import (
@@ -62,28 +59,21 @@ def test_a_passing_refusal_is_asked_again() -> None:
     assert any(isinstance(o, Dial) for o in core.timer(core.next_deadline))
 
 
-def test_cli_member_refused_by_a_stranger_exits_1_naming_why(free_udp_port: int) -> None:
-    """A ROUTER that answers every message DISCONNECT, as flux-core answers a stranger."""
-    context = zmq.Context.instance()
-    router = context.socket(zmq.ROUTER)
-    router.linger = 0
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    stop = threading.Event()
-
-    def answer() -> None:
-        while not stop.is_set():
-            if router.poll(50):
-                identity, *_ = router.recv_multipart()
-                router.send_multipart([identity, *encode(Control(ControlType.DISCONNECT))])
-
-    thread = threading.Thread(target=answer, daemon=True)
-    thread.start()
-    try:
-        result = Cli(free_udp_port).call("flux", "run", "--parent",
-                                         f"tcp://127.0.0.1:{port}", timeout=60)
-    finally:
-        stop.set()
-        thread.join(5)
-        router.close()
+def test_cli_member_refused_by_a_stranger_exits_1_naming_why(free_udp_port: int,
+                                                             refusing: str) -> None:
+    result = Cli(free_udp_port).call("flux", "run", "--parent", refusing, timeout=60)
     assert result.returncode == 1, result.stderr
     assert "error: joining was refused: DISCONNECT" in result.stderr
+
+
+def test_client_refused_while_connecting_raises_and_can_connect_again(refusing: str) -> None:
+    from peermesh.flux import FluxClient, FluxError
+
+    client = FluxClient([refusing], failover=5)
+    for _ in range(2):                     # the second connect is refused the same way
+        with pytest.raises(FluxError) as caught:
+            client.connect(2)
+        assert caught.value.errnum == Errno.EHOSTUNREACH
+        assert "DISCONNECT" in caught.value.message
+        assert not client.reconnecting and not client.connected
+    client.close()
