@@ -68,6 +68,7 @@ from ..wire.flux import (
 )
 from .errors import FluxError, FluxStateError
 from .bodies import ping_body, publish_body, unb64
+from .local import LocalLink, is_local
 from .handle import SUBSCRIPTION_QUEUE, Payload, RpcFuture, Subscription, to_payload
 from .matchtags import Handle, Pending
 from .outputs import IDENTITY_SIZE, Notice
@@ -159,24 +160,40 @@ class FluxClient:
         raise error
 
     def _attach(self, endpoint: str, timeout: float) -> None:
-        """Connect to the member at ``endpoint`` and say ``peermesh.client``; ``FluxError``
+        """Connect to the member at ``endpoint`` and say ``peermesh.client`` (to a flux-core
+        broker's local connector: ask its ``rank`` and ``size`` attributes); ``FluxError``
         (and no link) unless it accepts within ``timeout`` seconds."""
-        self._open(endpoint)
+        start = self.transport.now()
+        self._open(endpoint, timeout)
         try:
-            self.member = self._request("peermesh.client", None, NODEID_ANY, 0).get_json(timeout)
+            if is_local(endpoint):
+                left = max(timeout - (self.transport.now() - start), 0.05)
+                rank, size = [self._request("attr.get", {"name": name}, NODEID_ANY, 0)
+                              for name in ("rank", "size")]
+                self.member = {"rank": _attr_int(rank.get_json(left)),
+                               "size": _attr_int(size.get_json(left)), "seq": 0}
+            else:
+                self.member = self._request("peermesh.client", None, NODEID_ANY,
+                                            0).get_json(timeout)
         except FluxError:
             self._drop_link(0)
             raise
         self.endpoint = endpoint
+        if is_local(endpoint):
+            return  # a broker neither sends heartbeats to its local clients nor wants them
         beat = self.member.get("heartbeat")  # the member forgets a client silent longer
         if isinstance(beat, (int, float)) and 0 < beat < self.heartbeat:
             self.heartbeat = float(beat)
         self._greenlets.append(gevent.spawn(self._run_timer, self._link))
 
-    def _open(self, endpoint: str) -> None:
-        secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
-        link = self.transport.connect(self.identity, endpoint, SNDHWM, handover=True, **secure)
-        link.limit = self.max_message
+    def _open(self, endpoint: str, timeout: float) -> None:
+        if is_local(endpoint):
+            link: Any = LocalLink(endpoint, timeout, self.max_message)
+        else:
+            secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
+            link = self.transport.connect(self.identity, endpoint, SNDHWM, handover=True,
+                                          **secure)
+            link.limit = self.max_message
         self._link = link
         self._heard = self._sent = self.transport.now()
         self._greenlets.append(gevent.spawn(self._serve, link))
@@ -308,6 +325,14 @@ class FluxClient:
         self.rpc("broker.ping", ping_body(seq, pad), rank).get(timeout)
         return self.transport.now() - start
 
+    def attr_get(self, name: str, timeout: Optional[float] = None) -> str:
+        """The value of the broker attribute ``name`` (``attr.get``, as flux-core
+        serves it and a peermesh member too: see ``peermesh.flux.core``)."""
+        value = self.rpc("attr.get", {"name": name}).get_json(timeout).get("value")
+        if not isinstance(value, str):
+            raise FluxError(Errno.EPROTO, f"attr.get {name}: no value in the answer", "attr.get")
+        return value
+
     # --- what RpcFuture and Subscription call back --------------------------------------
 
     def _abandon(self, future: RpcFuture) -> None:
@@ -352,6 +377,8 @@ class FluxClient:
                 self._receive(rest)
 
         link.serve(on_message, self._oversized)
+        if link is self._link and getattr(link, "eof", False):  # a local link's end
+            self._member_lost("the broker closed the connection")
 
     def _oversized(self, first: bytes) -> None:
         self.dropped += 1
@@ -422,7 +449,7 @@ class FluxClient:
         if not lost:  # refused while connecting: connect() says so (no failover, no notice)
             self._fail_all(why)
             return
-        if self.failover > 0 and not self._closed:
+        if self.failover > 0 and not self._closed and not is_local(lost):
             self._failing_over = gevent.spawn(self._fail_over, lost)
         # listeners first: failing a future may switch to its waiter
         self._notify(Notice("member-lost", self.rank if self.rank is not None else -1, why))
@@ -579,3 +606,10 @@ class FluxClient:
         for tag, future in futures.items():
             future._put(Response(future.topic, string_payload(why), Errno.EHOSTUNREACH, tag))
 
+
+def _attr_int(answer: dict[str, Any]) -> int:
+    """The whole number an ``attr.get`` answer holds (as a string); EPROTO if none."""
+    value = answer.get("value")
+    if not isinstance(value, str) or not value.isdigit():
+        raise FluxError(Errno.EPROTO, f"attr.get: {value!r} is not a whole number", "attr.get")
+    return int(value)

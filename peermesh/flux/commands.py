@@ -43,7 +43,7 @@ from ..errors import PeermeshError, ProtocolError
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
 from .errors import FluxError
-from .outputs import MAX_OFFLINE
+from .outputs import MAX_OFFLINE, Notice
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ Factory = Callable[..., argparse.ArgumentParser]
 
 #: environment variable with the endpoints one-shot commands join through (comma-separated)
 PARENTS_VARIABLE = "PEERMESH_FLUX_PARENTS"
+URI_VARIABLE = "FLUX_URI"
 #: default --wait: seconds to find the instance and join it
 WAIT_JOIN = 5.0
 #: default --timeout: seconds for each answer
@@ -113,6 +114,11 @@ def _instance_options(parser: argparse.ArgumentParser, *, member: bool = False) 
                                 "keypair, or one of its own") + " (default: a plain link)")
     if member:
         return
+    group.add_argument("--uri", type=text, metavar="URI",
+                       help="connect through this URI, as flux's tools do: a flux-core broker's "
+                            "local connector (local://PATH) or a member (tcp://HOST:PORT) "
+                            f"(default: ${URI_VARIABLE} when neither --parent nor "
+                            f"${PARENTS_VARIABLE} is given)")
     group.add_argument("--wait", "-w", type=seconds, default=WAIT_JOIN, metavar="SECONDS",
                        help="longest wait to find the instance and join it "
                             "(default: %(default)s)")
@@ -292,13 +298,22 @@ def _payload(text_: Optional[str]) -> Optional[dict[str, Any]]:
 
 
 def _parents(args: argparse.Namespace) -> list[str]:
+    if getattr(args, "uri", None):
+        return [args.uri]
     if args.parents:
         return list(args.parents)
-    return [p.strip() for p in os.environ.get(PARENTS_VARIABLE, "").split(",") if p.strip()]
+    parents = [p.strip() for p in os.environ.get(PARENTS_VARIABLE, "").split(",") if p.strip()]
+    if not parents and hasattr(args, "uri") and os.environ.get(URI_VARIABLE):
+        return [os.environ[URI_VARIABLE]]  # a one-shot command inside a flux-core instance
+    return parents
 
 
-def _check_endpoints(endpoints: list[str]) -> None:
+def _check_endpoints(endpoints: list[str], local: bool = False) -> None:
     for endpoint in endpoints:
+        if local and endpoint.startswith("local://"):
+            if len(endpoint) == len("local://"):
+                raise ValueError(f"{endpoint!r} names no socket: local://PATH")
+            continue
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
         if not endpoint.startswith("tcp://") or not host or not port.isdigit():
             raise ValueError(f"--parent {endpoint!r} is not tcp://HOST:PORT")
@@ -380,7 +395,7 @@ class Connection:
         args = self.args
         deadline = time.monotonic() + args.wait
         parents: Union[list[str], dict[str, str]] = _parents(args)
-        _check_endpoints(list(parents))
+        _check_endpoints(list(parents), local=True)
         curve = None
         keys = _server_keys(args.server_keys, list(parents), self.config.key_file)
         if parents:
@@ -567,7 +582,12 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
         signals = HubSignals(on_first=stopped.set)
         how = "rank 0" if args.root else "joining through " + ", ".join(parents)
     flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
-    flux.add_listener(lambda notice: notice.what == "refused" and stopped.set())
+
+    def on_refused(notice: Notice) -> None:
+        if notice.what == "refused":
+            stopped.set()
+
+    flux.add_listener(on_refused)
     try:
         if session is not None:
             session.start()

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional, Sequence
 
+from .. import __version__
 from ..errors import ProtocolError
 from ..wire.flux import (
     MAGIC, USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
@@ -413,6 +414,14 @@ class FluxCore(Membership):
                                "subscriptions per client (client_prefixes)", now)
         return self._answer(request, {}, now)
 
+    def _attr_request(self, request: Request, now: float) -> list[Output]:
+        """``attr.get`` ``{"name"}`` as flux-core answers it, ``{"value": text, "flags"}``,
+        for the attributes a peermesh member has (``ATTRIBUTES``); ENOENT for others."""
+        name = str_field(read_json(request.payload), "name", 128)
+        if name not in ATTRIBUTES:
+            return self._error(request, Errno.ENOENT, f"no attribute {name}", now)
+        return self._answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
+
     def _info(self, request: Request, now: float) -> list[Output]:
         return self._answer(request, self.info(), now)
 
@@ -426,7 +435,17 @@ class FluxCore(Membership):
                 **({"offline": self.directory.offline(MAX_OFFLINE)} if self.root else {})}
 
 
+#: the broker attributes a member serves (``attr.get``), under flux-core's names
+ATTRIBUTES: dict[str, Callable[[FluxCore], str]] = {
+    "rank": lambda core: str(core.rank),
+    "size": lambda core: str(core.size),
+    "tbon.topo": lambda core: str(core.topology),
+    "version": lambda core: __version__,
+    "broker.uuid": lambda core: core.uuid,
+}
+
 _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
+    "attr.get": FluxCore._attr_request,
     "broker.ping": FluxCore._ping,
     "peermesh.info": FluxCore._info,
     "peermesh.join": FluxCore._join_request,

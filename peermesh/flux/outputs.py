@@ -30,7 +30,7 @@ MAX_OFFLINE = 1024
 #: services every node answers itself: flux-core's names with flux-core's bodies
 #: (``broker.ping``, ``event.publish``, ...), and peermesh's own methods under
 #: ``peermesh.*``, a service flux-core does not have
-BUILTIN_SERVICES = frozenset({"overlay", "event", "broker", "peermesh"})
+BUILTIN_SERVICES = frozenset({"overlay", "event", "broker", "attr", "peermesh"})
 
 
 # Send and Deliver are made per message: plain slotted classes (a frozen dataclass's

@@ -9,7 +9,7 @@ Request routing (RFC 3; ``me`` is this node's rank)::
     ANY, UPSTREAM != me   a local handle serves the service and is    deliver to it
                           not the sender
     ANY                   built-in service (overlay, event, broker,   answer here
-                          peermesh)
+                          attr, peermesh)
     ANY                   a parent                                    up
     ANY                   root                                        ENOSYS
     me                    local service / built-in                    deliver / answer
@@ -77,8 +77,8 @@ InflightKey = tuple[bytes, tuple[bytes, ...], int]
 _STREAM_ENDS = frozenset({".cancel", ".disconnect"})
 
 #: built-ins any node answers for NODEID_ANY (a client's requests among them)
-_ANSWERED_ANYWHERE = frozenset({"broker.ping", "peermesh.info", "peermesh.client",
-                                "event.subscribe", "event.unsubscribe"})
+_ANSWERED_ANYWHERE = frozenset({"broker.ping", "attr.get", "peermesh.info",
+                                "peermesh.client", "event.subscribe", "event.unsubscribe"})
 
 
 def _rerouted(response: Response, routes: tuple[bytes, ...]) -> Response:

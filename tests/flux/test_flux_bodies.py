@@ -113,3 +113,17 @@ def test_peermesh_methods_live_under_their_own_service() -> None:
     tree.rpc(cores[1], me, "peermesh.info", None, 0)
     (info,) = tree.taken(cores[1], me)
     assert read_json(info.payload)["rank"] == 0
+
+
+def test_attr_get_answers_flux_core_form() -> None:
+    tree = Tree(k=2)
+    cores = ranks(tree, 3)
+    me = cores[0].open_handle()
+    for name, value in (("rank", "2"), ("size", "3"), ("tbon.topo", "kary:2"),
+                        ("broker.uuid", cores[2].uuid)):
+        tree.rpc(cores[0], me, "attr.get", json_payload({"name": name}), 2)
+        (answer,) = tree.taken(cores[0], me)
+        assert read_json(answer.payload) == {"value": value, "flags": 0}
+    tree.rpc(cores[0], me, "attr.get", json_payload({"name": "no.such"}), 2)
+    (missing,) = tree.taken(cores[0], me)
+    assert missing.errnum == Errno.ENOENT
