@@ -35,13 +35,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
-from ..argtypes import cidr, positive_count, seconds, text, utf8
+from ..argtypes import cidr, count, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
 from ..cli.session import HubSignals, NodeSession, leaving
 from ..config import NodeConfig
 from ..errors import PeermeshError, ProtocolError
 from ..overlay.election import Candidate, elect
-from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
+from ..wire.flux import NODEID_ANY, NODEID_UPSTREAM, Errno, read_json, read_string
 from .errors import FluxError
 from .outputs import MAX_OFFLINE, Notice
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
@@ -143,7 +143,7 @@ def _add_run(command: Factory) -> None:
         f"  {PROG} flux run --root --topology kary:2\n"
         f"  {PROG} flux run --parent tcp://127.0.0.1:40123 --rank 7\n"
         f"  {PROG} flux run --root --handlers myapp.fluxservices --json",
-        _cmd_run)
+        _cmd_run, node_options="long")
     _instance_options(run, member=True)
     group = run.add_argument_group("member options")
     group.add_argument("--root", action="store_true", help="be rank 0 (no mesh, no --parent)")
@@ -182,7 +182,7 @@ def _add_rpc(command: Factory) -> None:
         f"  {PROG} flux rpc broker.ping '{{\"hi\": 1}}' --rank 3\n"
         f"  {PROG} flux rpc peermesh.info --rank 0\n"
         f"  {PROG} flux rpc kvs.watch '{{\"key\": \"a\"}}' --stream --json",
-        _cmd_rpc)
+        _cmd_rpc, node_options="long")
     rpc.add_argument("topic", metavar="TOPIC", type=text, help="service.method")
     rpc.add_argument("payload", metavar="JSON", nargs="?", type=utf8,
                      help="the request's payload: a JSON object (default: no payload)")
@@ -196,14 +196,18 @@ def _add_pub(command: Factory) -> None:
     pub = command(
         "flux pub", "publish an event",
         "Publish event TOPIC with JSON (an object; default none). Rank 0 numbers it and "
-        "sends it down the tree to every subscriber; the sequence number and topic are "
-        "printed (--json: {\"seq\", \"topic\"}).\n\n" + _REACH,
-        f"  {PROG} flux pub job.done '{{\"id\": 42}}'\n"
+        "sends it down the tree to every subscriber. As flux-core's `flux event pub`, it "
+        "prints nothing unless -s, which prints seq=N (--json: {\"seq\", \"topic\"}); it "
+        "always waits for rank 0's answer, so an error is reported either way.\n\n"
+        + _REACH,
+        f"  {PROG} flux pub -s job.done '{{\"id\": 42}}'\n"
         f"  {PROG} flux pub heartbeat --json",
-        _cmd_pub)
+        _cmd_pub, node_options="long")
     pub.add_argument("topic", metavar="TOPIC", type=text, help="the event's topic")
     pub.add_argument("payload", metavar="JSON", nargs="?", type=utf8,
                      help="the event's payload: a JSON object (default: no payload)")
+    pub.add_argument("-s", "--synchronous", action="store_true",
+                     help="print the sequence rank 0 gave the event (seq=N)")
     _instance_options(pub)
 
 
@@ -211,16 +215,17 @@ def _add_sub(command: Factory) -> None:
     sub = command(
         "flux sub", "print events whose topic starts with PREFIX",
         "Subscribe to events whose topic starts with PREFIX ('' for all) and print each as "
-        "SEQ TOPIC PAYLOAD (--json: {\"seq\", \"topic\", \"payload\"}) until Ctrl-C, SIGTERM "
+        "flux-core's `flux event sub` does, TOPIC<tab>PAYLOAD (--json: {\"seq\", \"topic\", "
+        "\"payload\"}) until Ctrl-C, SIGTERM "
         "or --count events. The member passes events on in order (it fetches what it "
         "missed from rank 0 itself). If the member is lost the command says so on stderr "
         "and carries on through another of the members (--parent, or those found on the "
         "mesh), subscribed again there, with the events it missed meanwhile fetched from "
         "rank 0. When none accepts it within --wait seconds it exits with 1.\n\n" + _REACH,
         f"  {PROG} flux sub job.\n  {PROG} flux sub '' --count 10 --json",
-        _cmd_sub)
+        _cmd_sub, node_options="long")
     sub.add_argument("prefix", metavar="PREFIX", type=utf8, help="topic prefix ('' for all)")
-    sub.add_argument("--count", type=positive_count, metavar="N",
+    sub.add_argument("-c", "--count", type=positive_count, metavar="N",
                      help="stop after N events (default: until stopped)")
     _instance_options(sub)
 
@@ -228,16 +233,34 @@ def _add_sub(command: Factory) -> None:
 def _add_ping(command: Factory) -> None:
     ping = command(
         "flux ping", "round-trip time to a rank, or to every rank",
-        "Send broker.ping to RANK --count times and print each round trip; with 'all', "
-        "ping every member in the tree (as `flux tree` finds it) once and print each "
-        "rank's round trip, the ranks that did not answer and a summary (min, mean, max). "
-        "Exit code 1 when a rank did not answer.\n\n" + _REACH,
-        f"  {PROG} flux ping 0 --count 5\n  {PROG} flux ping all --json",
-        _cmd_ping)
-    ping.add_argument("target", metavar="RANK|all", type=_target_arg,
-                      help="a rank, or 'all'")
-    ping.add_argument("--count", type=positive_count, default=1, metavar="N",
-                      help="pings to RANK (default: %(default)s)")
+        "Send broker.ping (flux's body: seq, pad) to TARGET every --interval seconds, "
+        "--count times (default: until Ctrl-C), and print each answer as flux-core's "
+        "`flux ping` does: a header line, then RANK!TOPIC pad=N seq=N time=MS ms (ROUTE). "
+        "TARGET as in flux: any (the nearest member), upstream (the member's parent), a "
+        "rank N, N!SERVICE (SERVICE.ping on rank N) or SERVICE (on any rank); and 'all': "
+        "every member in the tree (as `flux tree` finds it) and every rank rank 0 has "
+        "lost, once each, the ranks that do not answer listed as unreachable. --summary "
+        "adds a line: answered, unreachable, min/mean/max. Exit code 1 when a ping got "
+        "no answer. Node options here have long forms only (-c, -i, -p are flux's).\n\n"
+        + _REACH,
+        f"  {PROG} flux ping -c 5 -i 0.2 1\n  {PROG} flux ping -c 1 3!broker\n"
+        f"  {PROG} flux ping all --summary\n  {PROG} flux ping any --uri local:///run/flux/local",
+        _cmd_ping, node_options="long, own --interval")
+    ping.add_argument("target", metavar="TARGET", type=_ping_target,
+                      help="all, any, upstream, N, N!SERVICE or SERVICE")
+    ping.add_argument("-c", "--count", type=count, metavar="N",
+                      help="pings to send (default: until stopped; with all, 1 per rank)")
+    ping.add_argument("-i", "--interval", dest="ping_interval", type=seconds, default=1.0,
+                      metavar="SECONDS",
+                      help="seconds between pings (default: %(default)s)")
+    ping.add_argument("-p", "--pad", type=count, default=0, metavar="N",
+                      help="N bytes of padding in each ping (default: %(default)s)")
+    ping.add_argument("-u", "--userid", action="store_true",
+                      help="print the userid and rolemask of each answer")
+    ping.add_argument("-b", "--batch", action="store_true",
+                      help="send every ping (needs --count) before reading the answers")
+    ping.add_argument("--summary", action="store_true",
+                      help="end with a summary line: answered, unreachable, min/mean/max")
     _instance_options(ping)
 
 
@@ -250,7 +273,7 @@ def _add_tree(command: Factory) -> None:
         "--json prints the answers as a list of {rank, parent, state, children, torpid "
         "(its torpid children), size, seq, topology, clients}.\n\n" + _REACH,
         f"  {PROG} flux tree\n  {PROG} flux tree --parent tcp://127.0.0.1:40123 --json",
-        _cmd_tree)
+        _cmd_tree, node_options="long")
     _instance_options(tree)
 
 
@@ -272,8 +295,29 @@ def _port_arg(value: str) -> int:
     return int(value)
 
 
-def _target_arg(value: str) -> Optional[int]:
-    return None if value == "all" else _rank_arg(value)
+#: a ping target: (nodeid, or None for every rank; service; how flux names the nodeid)
+PingTarget = tuple[Optional[int], str, str]
+
+
+def _ping_target(value: str) -> PingTarget:
+    """flux ping's TARGET (``any``, ``upstream``, ``N``, ``N!service``, ``service``) and
+    peermesh's ``all``."""
+    node, bang, service = value.partition("!")
+    if not bang:
+        node, service = value, "broker"
+    if not service or "." in service:
+        raise argparse.ArgumentTypeError(f"{value!r}: a service is one word (broker, kvs, ...)")
+    if node == "all" and not bang:
+        return None, service, "all"
+    if node == "any":
+        return NODEID_ANY, service, "any"
+    if node == "upstream":
+        return NODEID_UPSTREAM, service, "upstream"
+    if node.isdigit():
+        return _rank_arg(node), service, node
+    if bang:
+        raise argparse.ArgumentTypeError(f"invalid nodeid: {node!r} (any, upstream or a rank)")
+    return NODEID_ANY, value, "any"  # SERVICE alone: on any rank, as flux ping
 
 
 def _topology_arg(value: str) -> Topology:
@@ -707,8 +751,10 @@ def _cmd_pub(args: argparse.Namespace, config: NodeConfig) -> int:
                 seq = flux.publish(args.topic, payload).get_json(args.timeout)["seq"]
         except FluxError as exc:
             return _rpc_error(args, exc)
-    emit(to_json({"seq": seq, "topic": args.topic}) if args.json
-         else f"{seq} {clean(args.topic)}")
+    if args.json:
+        emit(to_json({"seq": seq, "topic": args.topic}))
+    elif args.synchronous:
+        emit(f"seq={seq}")
     return EXIT_OK
 
 
@@ -732,7 +778,7 @@ def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
                     emit(to_json({"seq": event.seq, "topic": event.topic,
                                   "payload": _readable(event.payload)}))
                 else:
-                    emit(f"{event.seq} {clean(event.topic)} {_shown(event.payload)}".rstrip())
+                    emit(f"{clean(event.topic)}\t{_shown(event.payload)}")
                 shown += 1
                 if args.count is not None and shown >= args.count:
                     break
@@ -756,40 +802,79 @@ def _report_lost(notice: Any) -> None:
 
 
 def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
+    import gevent
+
+    from .bodies import ping_body
+
+    nodeid, service, label = args.target
+    if args.batch and not args.count:
+        raise ValueError("--batch needs --count: it sends every ping first")
+    topic = service + ".ping"
+    pad = "p" * args.pad
+    rtts: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     with Connection(args, config) as flux:
-        if args.target is None:
+        if nodeid is None:
             rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
-            ranks = [row["rank"] for row in rows]
+            targets = [(row["rank"], str(row["rank"])) for row in rows]
             # and the ranks rank 0 has lost (a killed member is no one's child any more)
-            ranks += [r for r in rows[0].get("offline", ()) if r not in ranks]
-            counts = 1
+            targets += [(r, str(r)) for r in rows[0].get("offline", ()) if r not in
+                        {t for t, _ in targets}]
+            counts = args.count or 1
         else:
-            _checked_rank(flux, args.target, args.timeout)
-            ranks = [args.target]
-            counts = args.count
-        rtts: list[dict[str, Any]] = []
-        failed: list[dict[str, Any]] = []
+            if nodeid <= 0xFFFFFFFD:
+                _checked_rank(flux, nodeid, args.timeout)
+            targets, counts = [(nodeid, label)], args.count or 0
+        if not args.json:
+            emit(f"flux-ping {label}!{service}")
+
+        def answered(name: str, seq: int, sent: float, future: Any) -> bool:
+            try:
+                answer = future.get_json(args.timeout)
+            except FluxError as exc:
+                failed.append({"rank": int(name) if name.isdigit() else name,
+                               "error": _error_text(exc)})
+                if not args.json:
+                    note(f"{'' if name == 'any' else name + '!'}{_error_text(exc)}")
+                return False
+            ms = (time.monotonic() - sent) * 1000
+            rank, route = answer.get("rank"), answer.get("route", "")
+            rtts.append({"rank": rank, "seq": seq, "ms": round(ms, 3), "route": route})
+            if not args.json:
+                cred = (f" userid={answer.get('userid')} rolemask="
+                        f"{_hex(answer.get('rolemask'))}" if args.userid else "")
+                emit(f"{rank}!{topic} pad={args.pad}{cred} seq={seq} time={ms:.3f} ms "
+                     f"({clean(str(route))})")
+            return True
+
         with leaving("pinging"):
-            for rank in ranks:
-                for seq in range(counts):
-                    try:
-                        ms = flux.ping(rank, args.timeout) * 1000
-                    except FluxError as exc:
-                        failed.append({"rank": rank, "error": _error_text(exc)})
-                        if not args.json:
-                            note(f"rank {rank}: {_error_text(exc)}")
-                        continue
-                    rtts.append({"rank": rank, "seq": seq, "ms": round(ms, 3)})
-                    if not args.json:
-                        emit(f"rank {rank}: seq={seq} time={ms:.3f} ms")
+            for target, name in targets:
+                seq = 0
+                batch: list[tuple[int, float, Any]] = []
+                while not counts or seq < counts:
+                    if seq:
+                        gevent.sleep(args.ping_interval)
+                    sent = time.monotonic()
+                    future = flux.rpc(topic, ping_body(seq, pad), target)
+                    if args.batch:
+                        batch.append((seq, sent, future))
+                    elif not answered(name, seq, sent, future) and nodeid is not None:
+                        break  # as flux ping: the first error ends it
+                    seq += 1
+                for seq, sent, future in batch:
+                    answered(name, seq, sent, future)
     summary = _summary(rtts, failed)
     if args.json:
         emit(to_json({"pings": rtts, "unreachable": failed, "summary": summary}))
-    elif rtts or failed:
+    elif args.summary and (rtts or failed):
         times = (f": min/mean/max = {summary['min_ms']:.3f}/{summary['mean_ms']:.3f}/"
                  f"{summary['max_ms']:.3f} ms" if rtts else "")
         emit(f"{summary['answered']} answered, {summary['unreachable']} unreachable{times}")
     return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _hex(value: Any) -> str:
+    return f"{value:#x}" if isinstance(value, int) else str(value)
 
 
 def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any]:

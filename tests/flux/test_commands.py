@@ -118,9 +118,25 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     assert report["summary"]["answered"] == 2 and report["unreachable"] == []
     assert all(p["ms"] > 0 for p in report["pings"])
 
-    result = flux(cli, "ping", "all", parent=endpoint)  # every member; the command is none
+    # flux ping's options and output: -c count, -i interval, -p pad, -u userid, header line
+    result = flux(cli, "ping", "-c", "2", "-i", "0.01", "-p", "3", "-u", "1", parent=endpoint)
     assert result.returncode == 0, _report(result)
-    assert re.match(r"rank 0: seq=0 time=[\d.]+ ms\nrank 1: seq=0 time=[\d.]+ ms\n"
+    lines = result.stdout.splitlines()
+    assert lines[0] == "flux-ping 1!broker" and len(lines) == 3, result.stdout
+    for seq, line in enumerate(lines[1:]):
+        assert re.fullmatch(rf"1!broker\.ping pad=3 userid=\d+ rolemask=0x[0-9a-f]+ "
+                            rf"seq={seq} time=[\d.]+ ms \([0-9a-f]{{8}}!\^!(\^!)?[0-9a-f]{{8}}\)",
+                            line), line
+    result = flux(cli, "ping", "-c", "1", "any", parent=endpoint)
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == "flux-ping any!broker"
+    assert re.match(r"\d!broker\.ping pad=0 seq=0 time=", result.stdout.splitlines()[1])
+    result = flux(cli, "ping", "-c", "1", "0!nosuch", parent=endpoint)
+    assert result.returncode == 1 and "0!nosuch.ping: " in result.stderr, _report(result)
+
+    result = flux(cli, "ping", "all", "--summary", parent=endpoint)  # the command is none
+    assert result.returncode == 0, _report(result)
+    assert re.match(r"flux-ping all!broker\n0!broker\.ping pad=0 seq=0 time=[\d.]+ ms \(.*\)\n"
+                    r"1!broker\.ping pad=0 seq=0 time=[\d.]+ ms \(.*\)\n"
                     r"2 answered, 0 unreachable: min/mean/max = ", result.stdout), result.stdout
 
     result = flux(cli, "rpc", "peermesh.info", "--rank", "0", parent=endpoint)
@@ -152,16 +168,16 @@ def test_pub_and_sub_with_sequence_numbers(cli: Cli) -> None:
         result = flux(cli, "pub", *args, "--json", parent=endpoint)
         assert result.returncode == 0, _report(result)
         assert json.loads(result.stdout)["topic"] == args[0]
-    assert sub.expect_line(lambda s: True, "first event") == "2 ev.one"
-    assert sub.expect_line(lambda s: True, "second event") == '3 ev.two {"n": 2}'
+    assert sub.expect_line(lambda s: True, "first event") == "ev.one\t"
+    assert sub.expect_line(lambda s: True, "second event") == 'ev.two\t{"n": 2}'
     assert sub.popen.wait(10) == 0, sub.describe()
 
     follower = cli.start("flux", "sub", "", "--json", "--parent", endpoint)
     follower.expect_line(lambda s: "subscribed to ''" in s, "subscribed", "err")
-    done = subprocess.run([*PEERMESH, "flux", "pub", "any.thing", "--interface", "lo"],
+    done = subprocess.run([*PEERMESH, "flux", "pub", "-s", "any.thing", "--interface", "lo"],
                           env={**os.environ, "PEERMESH_FLUX_PARENTS": f" {endpoint} ,"},
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    assert done.stdout == "4 any.thing\n", _report(done)     # joined through the variable
+    assert done.stdout == "seq=4\n", _report(done)     # joined through the variable
     assert follower.expect_event(topic="any.thing") == {"seq": 4, "topic": "any.thing",
                                                         "payload": None}
     assert follower.stop(signal.SIGINT) == 0      # following ends normally on Ctrl-C
@@ -198,7 +214,9 @@ def test_commands_take_only_members_inside_the_peer_networks(cli: Cli) -> None:
     (("rpc", "a.b", "[1, 2]"), "JSON argument must be an object"),
     (("pub", "a.b", "7"), "JSON argument must be an object"),
     (("rpc", "a.b", "--rank", "-1"), "'-1' is not a rank"),
-    (("ping", "first"), "'first' is not a rank"),
+    (("ping", "1!a.b"), "a service is one word"),
+    (("ping", "x!broker"), "invalid nodeid: 'x'"),
+    (("ping", "-b", "1"), "--batch needs --count"),
     (("rpc", "a.b", "--parent", "127.0.0.1:5"), "--parent '127.0.0.1:5' is not tcp://HOST:PORT"),
     (("run", "--root", "--parent", "tcp://127.0.0.1:5"), "--root and --parent exclude each other"),
     (("run", "--root", "--topology", "ring"), "topology 'ring' is not kary:K"),
@@ -227,7 +245,7 @@ def test_error_answers_are_messages(cli: Cli) -> None:
     answer = json.loads(result.stdout)
     assert (answer["errnum"], answer["error"]) == (113, "EHOSTUNREACH")
     assert "(EHOSTUNREACH: that rank cannot be reached)" in result.stderr
-    result = flux(cli, "ping", str(vacant), parent=endpoint)
+    result = flux(cli, "ping", str(vacant), "--summary", parent=endpoint)
     assert result.returncode == 1 and "0 answered, 1 unreachable" in result.stdout, \
         _report(result)
 
