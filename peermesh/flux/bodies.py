@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any, Optional, Sequence
 
 from ..errors import ProtocolError
@@ -71,9 +72,10 @@ def route_string(routes: Sequence[bytes], me: str) -> str:
 
 def ping_answer(payload: Optional[bytes], routes: Sequence[bytes], me: str, rank: int,
                 userid: int, rolemask: int) -> bytes:
-    """flux-core's answer to a ``broker.ping`` body: the request's JSON object with
-    ``route``, ``userid``, ``rolemask`` and ``rank`` added; ``ProtocolError`` if the
-    body is not a JSON object (flux-core answers EPROTO then)."""
+    """flux-core's answer to a ``broker.ping`` body, byte for byte: the request's JSON
+    object with ``route``, ``userid``, ``rolemask`` and ``rank`` added; ``ProtocolError``
+    if the body is not a JSON object (flux-core answers EPROTO then)."""
     body = read_json(payload)
     body.update(route=route_string(routes, me), userid=userid, rolemask=rolemask, rank=rank)
-    return json_payload(body)
+    # as jansson's json_dumps(o, 0) writes it: ", " and ": ", UTF-8 as it is
+    return json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\0"
