@@ -13,7 +13,10 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: the reason the interop tests give when they cannot run
 SKIP = "flux-core >= 0.88 not found"
@@ -45,7 +48,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 class FluxCoreInstance:
     """``flux start --test-size=size``; ``uri`` is rank 0's local connector."""
 
-    def __init__(self, size: int, timeout: float = 60.0) -> None:
+    def __init__(self, size: int) -> None:
         self.proc = subprocess.Popen(
             ["flux", "start", f"--test-size={size}", "sh", "-c", 'echo "$FLUX_URI"; exec cat'],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -57,7 +60,6 @@ class FluxCoreInstance:
             raise RuntimeError(f"flux start printed {line!r}; stderr: {self.stderr()}")
         self.uri = line
         self.size = size
-        self.timeout = timeout
 
     def env(self) -> dict[str, str]:
         """An environment whose FLUX_URI names this instance (for flux's own tools)."""
@@ -77,10 +79,48 @@ class FluxCoreInstance:
             try:
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
-                self.proc.wait(self.timeout)
+                self.proc.wait(60)
             except (subprocess.TimeoutExpired, OSError, BrokenPipeError):
                 self.proc.kill()
                 self.proc.wait(10)
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+class ConfigBootedRank0:
+    """A flux-core rank 0 booted from a configuration of ``size`` hosts (fake0, fake1,
+    ...) listening on loopback, with a CURVE certificate of ``flux keygen``; the other
+    ranks are for peermesh to take. Quorum 1: it runs without them."""
+
+    def __init__(self, directory: "Path", size: int, port: int) -> None:
+        import subprocess as sp
+        conf, run = directory / "conf", directory / "run"
+        conf.mkdir()
+        run.mkdir()
+        self.cert = directory / "curve.cert"
+        sp.run(["flux", "keygen", str(self.cert)], check=True, capture_output=True,
+               env=clean_env(), timeout=60)
+        self.cert.chmod(0o600)
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        hosts = [f'[[bootstrap.hosts]]\nhost = "fake0"\nbind = "{self.endpoint}"\n'
+                 f'connect = "{self.endpoint}"\n']
+        hosts += [f'[[bootstrap.hosts]]\nhost = "fake{r}"\n' for r in range(1, size)]
+        (conf / "bootstrap.toml").write_text(
+            f'[bootstrap]\ncurve_cert = "{self.cert}"\n' + "".join(hosts))
+        self.uri = f"local://{run}/local-0"
+        self.proc = sp.Popen(["flux", "broker", "-Shostname=fake0", f"--config-path={conf}",
+                              "-Sbroker.rc1_path=", "-Sbroker.rc3_path=", "-Sbroker.quorum=1",
+                              f"-Srundir={run}", "sh", "-c", "echo up; exec cat"],
+                             stdin=sp.PIPE, stdout=sp.PIPE, stderr=sp.PIPE, text=True,
+                             env=clean_env())
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "up":
+            self.stop()
+            raise RuntimeError("the config-booted broker did not start")
+
+    def env(self) -> dict[str, str]:
+        return clean_env(FLUX_URI=self.uri)
+
+    def stop(self) -> None:
+        FluxCoreInstance.stop(self)  # type: ignore[arg-type]

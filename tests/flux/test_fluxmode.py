@@ -1,0 +1,107 @@
+"""A peermesh rank inside a real flux-core tree (flux mode): a config-booted flux-core
+rank 0 on loopback, and rank 1 a ``FluxModeMember``. Skipped without flux-core >= 0.88."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import gevent
+import pytest
+from gevent import subprocess
+
+from peermesh.flux import FluxClient
+from peermesh.flux.errors import FluxStateError
+from peermesh.flux.fluxmode import FluxModeMember
+
+from .fluxcore import SKIP, ConfigBootedRank0, flux_core_version
+
+pytestmark = pytest.mark.skipif(flux_core_version() is None, reason=SKIP)
+
+
+@pytest.fixture
+def rank0(tmp_path: Path, free_tcp_port: int) -> Iterator[ConfigBootedRank0]:
+    broker = ConfigBootedRank0(tmp_path, 3, free_tcp_port)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def overlay_status(rank0: ConfigBootedRank0) -> str:
+    return subprocess.run(["flux", "overlay", "status"], capture_output=True, text=True,
+                          env=rank0.env(), timeout=60).stdout
+
+
+def test_a_peermesh_rank_in_a_flux_core_tree(rank0: ConfigBootedRank0) -> None:
+    member = FluxModeMember(rank0.endpoint, str(rank0.cert), rank=1, size=3,
+                            hostname="fake1").start()
+    try:
+        assert member.wait_online(30) and len(member.core.parent_uuid) == 36
+        member.register("pm.hello", lambda request: {"from": "peermesh", "rank": 1})
+        assert re.search(r"1 fake1: full", overlay_status(rank0))
+        # flux-core's own tools reach it through rank 0
+        ping = subprocess.run(["flux", "ping", "-c", "2", "-i", "0.01", "1"],
+                              capture_output=True, text=True, env=rank0.env(), timeout=60)
+        assert ping.returncode == 0, ping.stderr
+        assert re.fullmatch(r"flux-ping 1!broker\n(1!broker\.ping pad=0 seq=\d time=[\d.]+ "
+                            r"ms \([0-9a-f!-]+\)\n){2}", ping.stdout), ping.stdout
+        call = subprocess.run(
+            ["flux", "python", "-c", "import flux, json; "
+             "print(json.dumps(flux.Flux().rpc('pm.hello', nodeid=1).get()))"],
+            capture_output=True, text=True, env=rank0.env(), timeout=60)
+        assert call.returncode == 0 and json.loads(call.stdout) == {
+            "from": "peermesh", "rank": 1}, call.stderr
+        # its own requests go through the tree; the instance's events come down to it
+        assert json.loads(member.rpc("attr.get", {"name": "size"}, 0, 10).rstrip(b"\0")) == \
+            {"value": "3", "flags": 1}
+        events = member.subscribe("fm.")
+        pub = subprocess.run(["flux", "event", "pub", "fm.x", '{"a": 1}'], capture_output=True,
+                             text=True, env=rank0.env(), timeout=60)
+        assert pub.returncode == 0, pub.stderr
+        event = events(10)
+        assert event is not None and event.topic == "fm.x"
+        # a peermesh client of rank 0's local connector reaches the peermesh rank too
+        client = FluxClient([rank0.uri]).connect(20)
+        try:
+            assert client.rpc("pm.hello", None, 1).get_json(10)["from"] == "peermesh"
+            assert client.attr_get("size", 10) == "3"
+        finally:
+            client.close()
+        gevent.sleep(member.core.heartbeat * 2)   # heartbeats keep it full, not torpid
+        assert re.search(r"1 fake1: full", overlay_status(rank0))
+    finally:
+        member.stop()
+    assert member.core.state == "stopped"
+    assert re.search(r"1 fake1: offline", overlay_status(rank0))   # overlay.goodbye
+
+
+@pytest.mark.parametrize("rank,hostname,why", [
+    (1, "elsewhere", "EINVAL answering overlay.hello"),  # not the hostname the config gives
+    (2, "fake2", None),                               # fine: the check is per rank
+])
+def test_a_rank_the_config_does_not_give_is_refused(rank0: ConfigBootedRank0, rank: int,
+                                                     hostname: str, why: str) -> None:
+    member = FluxModeMember(rank0.endpoint, str(rank0.cert), rank=rank, size=3,
+                            hostname=hostname).start()
+    try:
+        if why is None:
+            assert member.wait_online(30)
+            return
+        with pytest.raises(FluxStateError, match=why):
+            member.wait_online(30)
+        assert member.core.state == "stopped"
+    finally:
+        member.stop()
+
+
+def test_a_version_the_parent_does_not_run_is_refused(rank0: ConfigBootedRank0) -> None:
+    member = FluxModeMember(rank0.endpoint, str(rank0.cert), rank=1, size=3,
+                            hostname="fake1", version=(0, 87, 0)).start()
+    try:
+        with pytest.raises(FluxStateError, match="version"):
+            member.wait_online(30)
+    finally:
+        member.stop()
