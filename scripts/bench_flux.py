@@ -716,6 +716,7 @@ def fluxcore_section(n: int, rounds: int, sizes: list[int]) -> tuple[dict[str, A
               "ratio: median of per-round ratios to flux ping):"] + table(
         ["case", "p50 us", "/ flux ping"],
         [[k, f"{p50[k]:.0f}", f"{ratio[k]:.2f}"] for k in cases])
+    progress("\n".join(lines))  # (the ping all rows take minutes)
     rows = []
     for size in sizes:
         for topology in ("kary:2", "kary:32"):
@@ -724,14 +725,23 @@ def fluxcore_section(n: int, rounds: int, sizes: list[int]) -> tuple[dict[str, A
             try:
                 theirs = child_result("fluxcore_ping_all", 600, uri=instance.uri, size=size,
                                       rounds=5)
+            except harness.ChildFailed as exc:  # reported in its row, the others still run
+                theirs = {"error": str(exc).splitlines()[-1]}
             finally:
                 _flux_core_stop(instance)
             progress(f"peermesh, {size} ranks, {topology} ...")
-            ours = child_result("ranks", 900, n=size, topology=topology)
-            rows.append([str(size), topology, f"{theirs['ping_all_mean_ms']:.2f}",
-                         f"{theirs['ping_all_all_ms']:.2f}", f"{ours['ping_all_mean_ms']:.2f}",
-                         f"{ours['ping_all_all_ms']:.2f}",
-                         f"{ours['ping_all_all_ms'] / theirs['ping_all_all_ms']:.2f}"])
+            try:
+                ours = child_result("ranks", 900, n=size, topology=topology)
+            except harness.ChildFailed as exc:
+                ours = {"error": str(exc).splitlines()[-1]}
+            if "error" in theirs or "error" in ours:
+                rows.append([str(size), topology, theirs.get("error", ""), "", ours.get(
+                    "error", ""), "", "failed"])
+            else:
+                rows.append([str(size), topology, f"{theirs['ping_all_mean_ms']:.2f}",
+                             f"{theirs['ping_all_all_ms']:.2f}",
+                             f"{ours['ping_all_mean_ms']:.2f}", f"{ours['ping_all_all_ms']:.2f}",
+                             f"{ours['ping_all_all_ms'] / theirs['ping_all_all_ms']:.2f}"])
             out.setdefault("ping_all", []).append({"size": size, "topology": topology,
                                                    "flux_core": theirs, "peermesh": ours})
     lines += ["", "a ping to every rank at once (flux-core: one process per broker, pinged "
