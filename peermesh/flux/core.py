@@ -44,7 +44,7 @@ from .. import __version__
 from ..errors import ProtocolError
 from ..wire.flux import (
     MAGIC, USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
-    encode, json_payload, make_request, make_response, read_json, service_of,
+    encode, json_payload, make_request, make_response, read_json, service_of, string_payload,
 )
 from .bodies import ping_answer, publish_body, str_field
 from .clients import ClientTable
@@ -213,7 +213,7 @@ class FluxCore(Membership):
         if self.state is State.STOPPED:
             return []
         if len(link) != IDENTITY_SIZE and link != PARENT:
-            return self._drop(link, "an identity that is not 16 bytes")
+            return self._stranger(link, frames)
         passed = self._pass_through(link, frames, now)
         if passed is not None:
             return passed
@@ -277,6 +277,22 @@ class FluxCore(Membership):
             if client is not None:
                 return self._client_gone(link, now)
         return []
+
+    def _stranger(self, link: bytes, frames: list[bytes]) -> list[Output]:
+        """A peer whose identity is not a member's: a flux-core broker's ``overlay.hello``
+        (its identity is its 36-character UUID) is refused with EPROTO and a message
+        saying why, on which that broker stops; anything else is dropped."""
+        try:
+            message = decode(frames)
+        except ProtocolError:
+            message = None
+        if type(message) is not Request or message.topic != "overlay.hello" \
+                or message.flags & _NORESPONSE:
+            return self._drop(link, "an identity that is not 16 bytes")
+        refusal = make_response(message.topic, string_payload(FLUX_CORE_CHILD_REFUSED),
+                                Errno.EPROTO, message.matchtag, 0, message.routes or (),
+                                USERID_UNKNOWN, 0)
+        return [Send(link, [link, *encode(refusal)])]
 
     def link_down(self, link: bytes, now: float) -> list[Output]:
         """A send found ``link`` gone (its peer's connection closed)."""
@@ -434,6 +450,10 @@ class FluxCore(Membership):
                 "topology": str(self.topology), "clients": len(self.clients),
                 **({"offline": self.directory.offline(MAX_OFFLINE)} if self.root else {})}
 
+
+#: the answer to a flux-core broker's ``overlay.hello``
+FLUX_CORE_CHILD_REFUSED = ("a peermesh member takes no flux-core broker as its child: "
+                           "flux-core brokers join a flux-core parent")
 
 #: the broker attributes a member serves (``attr.get``), under flux-core's names
 ATTRIBUTES: dict[str, Callable[[FluxCore], str]] = {

@@ -85,6 +85,9 @@ from .errors import FluxError, FluxStateError
 from .handle import FluxHandle, Handler, Payload, RpcFuture, Subscription
 from .topology import DEFAULT_TOPOLOGY, Topology
 
+#: the identity of a flux-core broker (its UUID as text), whose hello the core refuses
+FLUX_CORE_IDENTITY_SIZE = 36
+
 __all__ = ["FluxOverlay", "FLUX_HEADER", "MAX_MESSAGE", "parse_member"]
 
 log = logging.getLogger(__name__)
@@ -471,8 +474,8 @@ class FluxOverlay(Overlay):
         look = not self._batched
 
         def on_message(identity: bytes, frames: list[bytes]) -> None:
-            if len(identity) != IDENTITY_SIZE:
-                self._oversized(identity)
+            if len(identity) != IDENTITY_SIZE and len(identity) != FLUX_CORE_IDENTITY_SIZE:
+                self._oversized(identity)  # (a flux-core broker's: the core refuses it)
                 return
             self._apply(self.core.receive(identity, frames, clock()), look)
 

@@ -105,3 +105,43 @@ def test_a_version_the_parent_does_not_run_is_refused(rank0: ConfigBootedRank0) 
             member.wait_online(30)
     finally:
         member.stop()
+
+
+def test_a_flux_core_broker_under_a_peermesh_rank_0_is_refused_with_a_reason(
+        tmp_path: Path) -> None:
+    """Not a hang: the flux-core child logs the refusal and shuts down."""
+    from peermesh.flux import FluxOverlay
+    from peermesh.flux.core import FLUX_CORE_CHILD_REFUSED
+    from peermesh.io.curve import Curve
+
+    from .fluxcore import clean_env
+
+    cert = tmp_path / "curve.cert"
+    subprocess.run(["flux", "keygen", str(cert)], check=True, capture_output=True,
+                   env=clean_env(), timeout=60)
+    cert.chmod(0o600)
+    root = FluxOverlay(root=True, address="127.0.0.1", curve=Curve.load(cert)).start()
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "bootstrap.toml").write_text(
+        f'[bootstrap]\ncurve_cert = "{cert}"\n[[bootstrap.hosts]]\nhost = "fake0"\n'
+        f'connect = "{root.endpoint}"\n[[bootstrap.hosts]]\nhost = "fake1"\n')
+    child = subprocess.Popen(["flux", "broker", "-v", "-Shostname=fake1",
+                              f"--config-path={conf}", "-Sbroker.rc1_path=",
+                              "-Sbroker.rc3_path=", "true"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=clean_env())
+    try:
+        assert child.stderr is not None
+        line = ""
+        with gevent.Timeout(60, False):
+            for line in child.stderr:
+                if "overlay.hello" in line:
+                    assert FLUX_CORE_CHILD_REFUSED in line, line
+                    break
+        assert FLUX_CORE_CHILD_REFUSED in line
+        assert root.info()["children"] == []
+    finally:
+        child.kill()
+        child.wait(10)
+        root.stop()

@@ -77,3 +77,23 @@ def test_client_refused_while_connecting_raises_and_can_connect_again(refusing: 
         assert "DISCONNECT" in caught.value.message
         assert not client.reconnecting and not client.connected
     client.close()
+
+
+def test_a_flux_core_brokers_hello_is_refused_with_a_reason() -> None:
+    from peermesh.flux.core import FLUX_CORE_CHILD_REFUSED
+    from peermesh.flux.outputs import Send
+    from peermesh.wire.flux import Role, error_message, json_payload
+
+    root = FluxCore(os.urandom(16), "tcp://root", settings=FluxSettings(), root=True)
+    root.start(0.0)
+    uuid = b"0f8fad5b-d9cb-469f-a165-70867728950e"
+    hello = Request("overlay.hello", json_payload({"rank": 1, "version": 0x5800, "uuid":
+                                                   uuid.decode(), "status": 0}),
+                    0xFFFFFFFF, 3, routes=(), rolemask=Role.OWNER)
+    (answer,) = root.receive(uuid, encode(hello), 1.0)
+    assert isinstance(answer, Send) and answer.link == uuid and answer.frames[0] == uuid
+    response = decode(answer.frames[1:])
+    assert isinstance(response, Response) and response.errnum == Errno.EPROTO
+    assert response.matchtag == 3 and response.routes == ()
+    assert error_message(response.payload) == FLUX_CORE_CHILD_REFUSED
+    assert root.receive(uuid, encode(Control(ControlType.HEARTBEAT, routes=())), 2.0) == []
