@@ -6,7 +6,7 @@
     python scripts/bench_flux.py --only pingall,events --ranks 512
     python scripts/bench_flux.py --only sim --sim-sizes 100,1000,10000
     python scripts/bench_flux.py --only latency,pingall --baseline flux   # next to a branch
-    python scripts/bench_flux.py --only fluxcore --rounds 3 -n 500   # next to flux-core
+    python scripts/bench_flux.py --only fluxcore --rounds 3 -n 500 --fluxcore-sizes 16,64
 
 Sections:
 
@@ -48,7 +48,7 @@ Sections:
 * ``fluxcore`` (not in the default set; needs flux-core's ``flux`` on PATH): the
   ping of one rank one hop away, interleaved in rounds: a peermesh
   ``FluxClient`` of a flux-core broker (``flux start --test-size=2``, its local
-  connector) pinging rank 1, flux-core's own ``flux ping -i 0`` of the same
+  connector) pinging rank 1, flux-core's own ``flux ping -i 0.002`` of the same
   rank, and peermesh -> peermesh (the ``latency`` one hop); then a ping to every
   rank at once of flux-core instances of ``--fluxcore-sizes`` brokers (kary:2
   and kary:32, from a peermesh client of rank 0) next to peermesh ranks of
@@ -671,13 +671,15 @@ def role_fluxcore_ping_all(parent: Parent, uri: str, size: int, rounds: int) -> 
 
 
 def _flux_ping_times(uri: str, target: int, n: int) -> dict[str, Any]:
-    """flux-core's own ``flux ping -c n -i 0 target``: its per-ping times."""
+    """flux-core's own ``flux ping -c n -i 0.002 target``: its per-ping times (``-i 0``
+    would send the next ping without waiting for the answer, timing a flood; 2 ms apart
+    each ping is alone in flight)."""
     import re
     import subprocess
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
     env["FLUX_URI"] = uri
-    out = subprocess.run(["flux", "ping", "-c", str(n), "-i", "0", str(target)], env=env,
-                         capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(["flux", "ping", "-c", str(n), "-i", "0.002", str(target)], env=env,
+                         capture_output=True, text=True, timeout=120 + n * 0.01).stdout
     times = sorted(float(t) * 1000 for t in re.findall(r"time=([\d.]+) ms", out))
     if len(times) != n:
         raise RuntimeError(f"flux ping printed {len(times)} times, not {n}")

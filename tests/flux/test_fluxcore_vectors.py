@@ -91,3 +91,46 @@ def test_every_type_is_present() -> None:
              for r in RECORDS}
     assert {"Request", "Response", "Event"} <= kinds
     assert MsgType.REQUEST == 1
+
+
+OVERLAY: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "vectors" / "fluxcore-0.88-overlay.json").read_text())
+
+
+def overlay_messages() -> list[tuple[str, Any]]:
+    return [(r["dir"], decode([bytes.fromhex(f) for f in r["frames"]]))
+            for r in OVERLAY["records"]]
+
+
+@pytest.mark.parametrize("record", OVERLAY["records"], ids=lambda r: r["dir"])
+def test_each_tbon_message_encodes_identically(record: dict[str, Any]) -> None:
+    frames = [bytes.fromhex(f) for f in record["frames"]]
+    assert encode(decode(frames)) == frames
+
+
+def test_the_tbon_exchange_a_flux_core_parent_accepted() -> None:
+    from peermesh.wire.flux import Control, ControlType, Role
+
+    exchange = overlay_messages()
+    (way, hello), (back, answer) = exchange[:2]
+    assert (way, back) == ("to-parent", "from-parent")
+    assert isinstance(hello, Request) and hello.topic == "overlay.hello"
+    assert hello.routes == () and hello.rolemask == Role.OWNER   # ROUTE + empty delimiter
+    assert set(read_json(hello.payload)) == {"rank", "version", "uuid", "status", "hostname"}
+    assert read_json(hello.payload)["version"] >> 8 == 0x58       # 0.88
+    assert isinstance(answer, Response) and set(read_json(answer.payload)) == {"uuid"}
+    heartbeats = [m for d, m in exchange if isinstance(m, Control)]
+    assert heartbeats and all(m.ctype == ControlType.HEARTBEAT and m.routes == ()
+                              for m in heartbeats)
+    # a request from the parent carries its route stack; the answer goes back with it whole
+    requests = {m.topic: m for d, m in exchange if d == "from-parent" and isinstance(m, Request)}
+    answers = {m.topic: m for d, m in exchange if d == "to-parent" and isinstance(m, Response)}
+    for topic in ("broker.ping", "pm.hello"):
+        assert answers[topic].routes == requests[topic].routes and len(requests[topic].routes) == 3
+        assert answers[topic].matchtag == requests[topic].matchtag
+    assert requests["broker.disconnect"].flags & 0x04 and "broker.disconnect" not in answers
+    events = [m for d, m in exchange if isinstance(m, Event)]
+    assert [e.topic for e in events] == ["golden.three"] and events[0].routes
+    goodbye = [m for d, m in exchange if getattr(m, "topic", None) == "overlay.goodbye"]
+    assert [type(m).__name__ for m in goodbye] == ["Request", "Response"]
+    assert goodbye[1].errnum == 0
