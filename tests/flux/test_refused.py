@@ -72,7 +72,7 @@ def test_client_refused_while_connecting_raises_and_can_connect_again(refusing: 
     client = FluxClient([refusing], failover=5)
     for _ in range(2):                     # the second connect is refused the same way
         with pytest.raises(FluxError) as caught:
-            client.connect(2)
+            client.connect(15)
         assert caught.value.errnum == Errno.EHOSTUNREACH
         assert "DISCONNECT" in caught.value.message
         assert not client.reconnecting and not client.connected
