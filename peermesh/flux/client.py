@@ -42,6 +42,13 @@ at once with EHOSTUNREACH. RPCs are never sent again by the client: it
 cannot know whether the lost member had passed one on, nor whether doing
 it twice is harmless; the caller, who knows, may send it again.
 
+A flux-core broker is reached through its local connector: an endpoint
+``local://PATH`` (what ``FLUX_URI`` names; ``peermesh.flux.local``). The
+client then asks the broker's ``rank`` and ``size`` attributes instead of
+saying ``peermesh.client``, sends no heartbeats (the broker wants none) and
+does not fail over: the broker closing the connection fails what is in
+flight.
+
 A member on keys (CURVE) is reached with its public key: ``endpoints`` as
 ``{endpoint: key}`` (Z85); the client connects as a CURVE client with
 ``curve``'s keypair, or with a keypair of its own made for the connection
