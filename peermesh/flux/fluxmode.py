@@ -9,7 +9,9 @@ a ZeroMQ certificate, as ``peermesh.io.keys`` reads it). ``FluxModeCore``
 (sans-io) is one such rank without children of its own; ``FluxModeMember``
 drives it on a gevent hub with one DEALER to its parent's ``connect`` URI
 (a CURVE client of the certificate's own public key, as flux-core's
-brokers are).
+brokers are); ``FluxModeMember.from_config`` reads its place (rank, size,
+parent, certificate) from the instance's own configuration file
+(``read_config``).
 
 What the parent (flux-core 0.88) expects, and what it gets:
 
@@ -61,7 +63,7 @@ from .errors import FluxError, FluxStateError
 from .handle import SUBSCRIPTION_QUEUE, Payload, to_payload
 from .outputs import PARENT, Deliver, Notice, Output, Send
 
-__all__ = ["FluxModeCore", "FluxModeMember", "FLUX_VERSION", "STATUS_FULL"]
+__all__ = ["FluxModeCore", "FluxModeMember", "read_config", "FLUX_VERSION", "STATUS_FULL"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,64 @@ FLUX_VERSION = (0, 88, 0)
 #: subtree status "full" (flux-core's SUBTREE_STATUS_FULL)
 STATUS_FULL = 1
 _NORESPONSE, _STREAMING = 0x04, 0x40
+
+
+def read_config(path: str, hostname: str) -> dict[str, Any]:
+    """Where flux-core's config boot puts host ``hostname``: ``{"rank", "size",
+    "parent" (the parent's connect URI), "cert"}``; ValueError naming what the file
+    lacks. Ranks follow ``[[bootstrap.hosts]]`` (one plain host name per entry); the
+    parent follows ``tbon.topo`` (``kary:K``, or flux-core's config-boot default
+    ``custom``: an entry's ``parent`` host, else rank 0); a URI is the parent entry's
+    ``connect``, else ``bootstrap.default_connect`` with ``%h`` (host) and ``%p``
+    (``bootstrap.default_port``); ``curve_cert`` is relative to the file's directory."""
+    import os
+    import tomllib
+
+    with open(path, "rb") as file:
+        try:
+            conf = tomllib.load(file)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not TOML: {exc}") from None
+    boot = conf.get("bootstrap")
+    if not isinstance(boot, dict):
+        raise ValueError(f"{path}: no [bootstrap] table")
+    hosts = boot.get("hosts")
+    if not isinstance(hosts, list) or not all(isinstance(h, dict) and isinstance(
+            h.get("host"), str) for h in hosts):
+        raise ValueError(f"{path}: no [[bootstrap.hosts]] entries with a host")
+    names = [h["host"] for h in hosts]
+    if any("[" in name or "," in name for name in names):
+        raise ValueError(f"{path}: host lists (node[0-3]) are not read here; one host an entry")
+    if hostname not in names:
+        raise ValueError(f"{path}: {hostname} is not among the hosts {names}")
+    rank = names.index(hostname)
+    if rank == 0:
+        raise ValueError(f"{path}: {hostname} is rank 0; a peermesh rank is a leaf below it")
+    cert = boot.get("curve_cert")
+    if not isinstance(cert, str):
+        raise ValueError(f"{path}: no bootstrap.curve_cert")
+    tbon = conf.get("tbon")
+    topo = tbon.get("topo", "custom") if isinstance(tbon, dict) else "custom"
+    if isinstance(topo, str) and topo.startswith("kary:") and topo[5:].isdigit():
+        k = int(topo[5:])
+        parent = 0 if k == 0 else (rank - 1) // k
+        if any(k and r and (r - 1) // k == rank for r in range(len(names))):
+            raise ValueError(f"{path}: rank {rank} has children under {topo}; a peermesh "
+                             "rank in a flux-core tree is a leaf")
+    elif topo == "custom":
+        above = hosts[rank].get("parent")
+        parent = names.index(above) if above in names else 0
+        if any(h.get("parent") == hostname for h in hosts):
+            raise ValueError(f"{path}: {hostname} has children; a peermesh rank in a "
+                             "flux-core tree is a leaf")
+    else:
+        raise ValueError(f"{path}: tbon.topo {topo!r} is not kary:K or custom")
+    uri = hosts[parent].get("connect") or boot.get("default_connect")
+    if not isinstance(uri, str):
+        raise ValueError(f"{path}: no connect URI for {names[parent]} (rank {parent})")
+    uri = uri.replace("%h", names[parent]).replace("%p", str(boot.get("default_port", "")))
+    return {"rank": rank, "size": len(names), "parent": uri,
+            "cert": os.path.join(os.path.dirname(os.path.abspath(path)), cert)}
 
 
 class FluxModeCore:
@@ -276,6 +336,14 @@ class FluxModeMember:
         self._subscriptions: list[tuple[str, deque[Event], gevent.event.Event]] = []
         self._link: Any = None
         self._greenlets: list[gevent.Greenlet] = []
+
+    @classmethod
+    def from_config(cls, path: str, hostname: str, **options: Any) -> "FluxModeMember":
+        """The member the flux-core configuration file ``path`` (its ``[bootstrap]``
+        and ``[tbon]`` tables, TOML) makes of host ``hostname``: see ``read_config``."""
+        place = read_config(path, hostname)
+        return cls(place["parent"], place["cert"], rank=place["rank"], size=place["size"],
+                   hostname=hostname, **options)
 
     @property
     def rank(self) -> int:

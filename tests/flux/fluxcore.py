@@ -106,7 +106,8 @@ class ConfigBootedRank0:
         hosts = [f'[[bootstrap.hosts]]\nhost = "fake0"\nbind = "{self.endpoint}"\n'
                  f'connect = "{self.endpoint}"\n']
         hosts += [f'[[bootstrap.hosts]]\nhost = "fake{r}"\n' for r in range(1, size)]
-        (conf / "bootstrap.toml").write_text(
+        self.config = conf / "bootstrap.toml"
+        self.config.write_text(
             f'[bootstrap]\ncurve_cert = "{self.cert}"\n' + "".join(hosts))
         self.uri = f"local://{run}/local-0"
         self.proc = sp.Popen(["flux", "broker", "-Shostname=fake0", f"--config-path={conf}",

@@ -36,8 +36,8 @@ def overlay_status(rank0: ConfigBootedRank0) -> str:
 
 
 def test_a_peermesh_rank_in_a_flux_core_tree(rank0: ConfigBootedRank0) -> None:
-    member = FluxModeMember(rank0.endpoint, str(rank0.cert), rank=1, size=3,
-                            hostname="fake1").start()
+    member = FluxModeMember.from_config(str(rank0.config), "fake1").start()  # the same file
+    assert (member.rank, member.core.size, member.parent) == (1, 3, rank0.endpoint)
     try:
         assert member.wait_online(30) and len(member.core.parent_uuid) == 36
         member.register("pm.hello", lambda request: {"from": "peermesh", "rank": 1})

@@ -97,3 +97,31 @@ def test_a_flux_core_brokers_hello_is_refused_with_a_reason() -> None:
     assert response.matchtag == 3 and response.routes == ()
     assert error_message(response.payload) == FLUX_CORE_CHILD_REFUSED
     assert root.receive(uuid, encode(Control(ControlType.HEARTBEAT, routes=())), 2.0) == []
+
+
+def test_read_config_finds_rank_parent_and_uri(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from peermesh.flux.fluxmode import read_config
+
+    conf = tmp_path / "boot.toml"
+    hosts = "".join(f'[[bootstrap.hosts]]\nhost = "n{r}"\n' for r in range(1, 5))
+    conf.write_text('[bootstrap]\ncurve_cert = "c.cert"\ndefault_port = 8050\n'
+                    'default_connect = "tcp://%h:%p"\n[tbon]\ntopo = "kary:2"\n'
+                    '[[bootstrap.hosts]]\nhost = "n0"\nconnect = "tcp://10.0.0.1:9"\n' + hosts)
+    assert read_config(str(conf), "n3") == {"rank": 3, "size": 5, "parent": "tcp://n1:8050",
+                                            "cert": str(tmp_path / "c.cert")}
+    assert read_config(str(conf), "n4")["parent"] == "tcp://n1:8050"
+    with pytest.raises(ValueError, match="has children"):
+        read_config(str(conf), "n1")
+    with pytest.raises(ValueError, match="is rank 0"):
+        read_config(str(conf), "n0")
+    with pytest.raises(ValueError, match="not among the hosts"):
+        read_config(str(conf), "elsewhere")
+    custom = tmp_path / "custom.toml"
+    custom.write_text('[bootstrap]\ncurve_cert = "/c"\n[[bootstrap.hosts]]\nhost = "a"\n'
+                      'connect = "tcp://127.0.0.1:1"\n[[bootstrap.hosts]]\nhost = "b"\n')
+    assert read_config(str(custom), "b") == {"rank": 1, "size": 2,
+                                             "parent": "tcp://127.0.0.1:1", "cert": "/c"}
+    custom.write_text('[bootstrap]\n[[bootstrap.hosts]]\nhost = "a"\n[[bootstrap.hosts]]\n'
+                      'host = "b"\n')
+    with pytest.raises(ValueError, match="no bootstrap.curve_cert"):
+        read_config(str(custom), "b")
