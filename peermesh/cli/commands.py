@@ -184,10 +184,12 @@ def _node_options(timers_only: bool = False, long_only: bool = False,
         return common
     node.add_argument("--name", *short("-n"), type=text,
                       help="public name of this node (default: first 6 hex digits of its UUID)")
-    node.add_argument("--header", *short("-H"), dest="headers", action="append", type=_header_arg,
+    node.add_argument("--header", *short("-H"), dest="headers", action="append",
+                      type=_header_arg,
                       default=[], metavar="K=V",
                       help="HELLO header sent to peers; repeatable")
-    node.add_argument("--group", *short("-g"), dest="groups", action="append", default=[], type=text,
+    node.add_argument("--group", *short("-g"), dest="groups", action="append", default=[],
+                      type=text,
                       metavar="GROUP", help="group to join at start; repeatable")
     node.add_argument("--seed", dest="seeds", action="append", default=[], type=text,
                       metavar="HOST[:PORT]",

@@ -244,7 +244,8 @@ def test_hostile_hello_and_stranger_traffic() -> None:
     tree = Tree(k=2)
     cores = {c.rank: c for c in tree.grow(5)}
     from peermesh.wire.flux import encode, json_payload
-    hello = encode(Request("peermesh.hello", json_payload({"rank": 2, "uuid": "x", "endpoint": "e"}),
+    hello = encode(Request("peermesh.hello",
+                           json_payload({"rank": 2, "uuid": "x", "endpoint": "e"}),
                            1, 5, routes=()))
     out = cores[1].receive(b"S" * 16, hello, tree.now)   # rank 2 is not below rank 1
     (send,) = out

@@ -155,7 +155,8 @@ def test_hostile_frames_are_dropped_and_traffic_goes_on(
         hostile.append(sock)
     junk = [[b""], [b"x" * 100], [b"\x8e\x01" + b"\0" * 18], [b"a"] * 50, [b"x" * 200000],
             encode(Request("svc.echo", b"{}\0", 1, 9, routes=())),
-            encode(Request("peermesh.hello", json_payload({"rank": 1, "uuid": "u", "endpoint": "e"}),
+            encode(Request("peermesh.hello",
+                           json_payload({"rank": 1, "uuid": "u", "endpoint": "e"}),
                            0, 3, routes=())),
             encode(Request("peermesh.join", b"not json", 0, 4, routes=()))]
     for sock in hostile:
