@@ -42,7 +42,7 @@ from ..config import NodeConfig
 from ..errors import PeermeshError, ProtocolError
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY, NODEID_UPSTREAM, Errno, read_json, read_string
-from .errors import FluxError
+from .errors import FluxError, FluxStateError
 from .outputs import MAX_OFFLINE, Notice
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
 
@@ -60,6 +60,8 @@ Factory = Callable[..., argparse.ArgumentParser]
 #: environment variable with the endpoints one-shot commands join through (comma-separated)
 PARENTS_VARIABLE = "PEERMESH_FLUX_PARENTS"
 URI_VARIABLE = "FLUX_URI"
+#: seconds a flux-mode rank waits for its parent's answer to overlay.hello
+HELLO_WAIT = 30.0
 #: default --wait: seconds to find the instance and join it
 WAIT_JOIN = 5.0
 #: default --timeout: seconds for each answer
@@ -167,6 +169,14 @@ def _add_run(command: Factory) -> None:
     group.add_argument("--json", action="store_true",
                        help="one JSON object per line: {\"event\": \"online\"|...,\"rank\", "
                             "\"detail\"}")
+    group.add_argument("--flux-config", type=text, metavar="FILE",
+                       help="be a leaf rank of a flux-core instance booted from its "
+                            "configuration FILE (its [bootstrap] and [tbon] tables): the rank, "
+                            "parent and certificate of --flux-hostname there (flux mode; no "
+                            "mesh, --root or --parent)")
+    group.add_argument("--flux-hostname", type=text, metavar="NAME",
+                       help="with --flux-config: the host name this rank has in FILE "
+                            "(default: this host's name)")
 
 
 def _add_rpc(command: Factory) -> None:
@@ -587,6 +597,9 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
 
     from .overlay import FluxOverlay
 
+    if args.flux_config:
+        return _run_flux_mode(args)
+
     parents = _parents(args)
     _check_endpoints(parents)
     if args.root and parents:
@@ -661,6 +674,45 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     return EXIT_OK
 
 
+def _run_flux_mode(args: argparse.Namespace) -> int:
+    """``flux run --flux-config``: a ``FluxModeMember`` until a signal, then goodbye."""
+    import socket
+
+    import gevent.event
+
+    from .fluxmode import FluxModeMember
+
+    if args.root or _parents(args):
+        raise ValueError("--flux-config excludes --root and --parent: the file gives the place")
+    hostname = args.flux_hostname or socket.gethostname()
+    registers = _import_handlers(args.handlers)
+    member = FluxModeMember.from_config(args.flux_config, hostname)  # ValueError: why
+    render = _notice_json if args.json else _notice_text
+    stopped = gevent.event.Event()
+    signals = HubSignals(on_first=stopped.set)
+    try:
+        member.start()
+        try:
+            online = member.wait_online(HELLO_WAIT)
+        except FluxStateError as exc:
+            note(f"error: joining was refused: {str(exc).removeprefix('refused: ')}")
+            return EXIT_FAILURE
+        if not online:
+            note(f"error: the parent at {member.parent} did not answer overlay.hello")
+            return EXIT_FAILURE
+        for name, register in registers:
+            register(member)
+        emit(render("online", member.rank, {"parent": member.core.parent_uuid,
+                                            "size": member.core.size}))
+        note(f"flux-core instance ({args.flux_config}): rank {member.rank} of "
+             f"{member.core.size} as {hostname}, parent {member.parent}; Ctrl-C to leave")
+        stopped.wait()
+    finally:
+        member.stop()
+        signals.close()
+    return EXIT_OK
+
+
 def _notice_text(what: str, rank: int, detail: Any) -> str:
     if what.endswith("-failed") and isinstance(detail, int):  # join-failed, hello-failed
         detail = errno.errorcode.get(detail, str(detail))
@@ -673,7 +725,7 @@ def _notice_json(what: str, rank: int, detail: Any) -> str:
     return to_json({"event": what, "rank": rank, "detail": detail})
 
 
-def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[FluxOverlay], Any]]]:
+def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[Any], Any]]]:
     """Each module's ``register(flux)``; ValueError naming a module that has none."""
     registers = []
     for name in modules:

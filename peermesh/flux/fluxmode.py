@@ -60,7 +60,7 @@ from ..wire.flux import (
 )
 from .bodies import ping_answer, str_field
 from .errors import FluxError, FluxStateError
-from .handle import SUBSCRIPTION_QUEUE, Payload, to_payload
+from .handle import SUBSCRIPTION_QUEUE, FluxRequest, Payload, to_payload
 from .outputs import PARENT, Deliver, Notice, Output, Send
 
 __all__ = ["FluxModeCore", "FluxModeMember", "read_config", "FLUX_VERSION", "STATUS_FULL"]
@@ -301,7 +301,7 @@ class FluxModeCore:
         return []
 
 
-Handler = Callable[[Request], Payload]
+Handler = Callable[[FluxRequest], Payload]
 
 
 class FluxModeMember:
@@ -367,8 +367,9 @@ class FluxModeMember:
         return online and self.core.state == "online"
 
     def register(self, topic: str, handler: Handler) -> None:
-        """Serve ``topic`` with ``handler(request)``: its return value is the answer (a
-        ``FluxError`` raised answers that error)."""
+        """Serve ``topic`` with ``handler(request)`` (a ``FluxRequest``, as
+        ``FluxOverlay.register``'s): its return value is the answer (a ``FluxError``
+        raised answers that error)."""
         self.handlers[topic] = handler
         self.core.topics.add(topic)
 
@@ -452,16 +453,26 @@ class FluxModeMember:
         elif isinstance(message, Request):
             gevent.spawn(self._serve, message)
 
-    def _serve(self, request: Request) -> None:
-        handler = self.handlers.get(request.topic)
+    def _serve(self, message: Request) -> None:
+        """Run the handler of ``message`` with a ``FluxRequest``, as ``FluxOverlay``'s
+        handlers get: its return value answers unless the handler answered itself."""
+        request = FluxRequest(self, message)  # type: ignore[arg-type]  # (its _respond)
+        handler = self.handlers.get(message.topic)
+        if handler is None:
+            return
         try:
-            payload, errnum = to_payload(handler(request) if handler else None), 0
+            result = handler(request)
         except FluxError as exc:
-            payload, errnum = string_payload(exc.message) if exc.message else None, exc.errnum
+            request.error(exc.errnum, exc.message)
         except Exception as exc:  # a handler's bug: an answer, not a silence
-            log.exception("flux-mode handler of %s failed", request.topic)
-            payload, errnum = string_payload(f"{type(exc).__name__}: {exc}"), Errno.EIO
-        self._apply(self.core.respond(request, payload, errnum, self.transport.now()))
+            log.exception("flux-mode handler of %s failed", message.topic)
+            request.error(Errno.EIO, f"{type(exc).__name__}: {exc}"[:200])
+        else:
+            if result is not None and not request.finished:
+                request.respond(result)
+
+    def _respond(self, request: FluxRequest, payload: Optional[bytes], errnum: int) -> None:
+        self._apply(self.core.respond(request.message, payload, errnum, self.transport.now()))
 
     def _notice(self, notice: Notice) -> None:
         log.debug("flux-mode rank %d: %s %s", notice.rank, notice.what, notice.detail)

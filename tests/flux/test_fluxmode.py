@@ -145,3 +145,35 @@ def test_a_flux_core_broker_under_a_peermesh_rank_0_is_refused_with_a_reason(
         child.kill()
         child.wait(10)
         root.stop()
+
+
+def test_flux_run_with_the_instances_config_is_that_rank(
+        rank0: ConfigBootedRank0, tmp_path: Path, free_udp_port: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    from cliprocess import Cli
+
+    (tmp_path / "fluxmode_services.py").write_text(
+        "def register(flux):\n"
+        "    flux.register('fm.echo', lambda request: {'rank': flux.rank, "
+        "'got': request.json()})\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path.cwd()}")
+    cli = Cli(free_udp_port)
+    try:
+        process = cli.start("flux", "run", "--json", "--flux-config", str(rank0.config),
+                            "--flux-hostname", "fake1", "--handlers", "fluxmode_services")
+        assert process.expect_event(event="online")["rank"] == 1
+        assert re.search(r"1 fake1: full", overlay_status(rank0))
+        call = subprocess.run(
+            ["flux", "python", "-c", "import flux, json; print(json.dumps(flux.Flux().rpc("
+             "'fm.echo', {'x': 1}, nodeid=1).get()))"],
+            capture_output=True, text=True, env=rank0.env(), timeout=60)
+        assert json.loads(call.stdout) == {"rank": 1, "got": {"x": 1}}, call.stderr
+        assert process.stop(signal.SIGTERM) == 0, process.describe()
+        assert re.search(r"1 fake1: offline", overlay_status(rank0))
+        refused = cli.call("flux", "run", "--flux-config", str(rank0.config),
+                           "--flux-hostname", "fake0", timeout=60)
+        assert refused.returncode == 2 and "fake0 is rank 0" in refused.stderr, refused.stderr
+    finally:
+        cli.close()
