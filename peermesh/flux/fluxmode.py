@@ -38,8 +38,9 @@ What the parent (flux-core 0.88) expects, and what it gets:
   rank offline), then the link closes.
 
 Bounds: RPCs of this rank in flight (``max_pending``, past it
-``FluxStateError``), subscriptions' queues (``SUBSCRIPTION_QUEUE`` events
-each, the oldest dropped), messages of at most ``max_message`` octets.
+``FluxStateError``), requests being served at once (``max_serving``, past
+it EAGAIN), subscriptions' queues (``SUBSCRIPTION_QUEUE`` events each, the
+oldest dropped), messages of at most ``max_message`` octets.
 """
 
 from __future__ import annotations
@@ -315,7 +316,8 @@ class FluxModeMember:
     """
 
     def __init__(self, parent: str, cert: str, *, rank: int, size: int, hostname: str,
-                 heartbeat: float = 2.0, max_message: int = 1 << 26,
+                 heartbeat: float = 2.0, max_message: int = 16 << 20,
+                 max_serving: int = 1024,
                  version: tuple[int, int, int] = FLUX_VERSION) -> None:
         from ..io.curve import Curve
         from ..io.keys import load_keypair
@@ -328,6 +330,9 @@ class FluxModeMember:
         self.server_key = keypair.public  # every broker of the instance holds this one
         self.transport = ZmqTransport(curve=Curve(keypair, Allowlist(None)))
         self.max_message = max_message
+        #: requests being served at once (each its greenlet); past it EAGAIN
+        self.max_serving = max_serving
+        self._serving = 0
         self.handlers: dict[str, Handler] = {}
         self.refusal: Optional[str] = None
         self._online = gevent.event.Event()
@@ -451,6 +456,12 @@ class FluxModeMember:
                     queue.append(message)
                     ready.set()
         elif isinstance(message, Request):
+            if self._serving >= self.max_serving:
+                self._apply(self.core.respond(message, string_payload(
+                    f"{self.max_serving} requests being served (max_serving)"), Errno.EAGAIN,
+                    self.transport.now()))
+                return
+            self._serving += 1
             gevent.spawn(self._serve, message)
 
     def _serve(self, message: Request) -> None:
@@ -459,6 +470,7 @@ class FluxModeMember:
         request = FluxRequest(self, message)  # type: ignore[arg-type]  # (its _respond)
         handler = self.handlers.get(message.topic)
         if handler is None:
+            self._serving -= 1
             return
         try:
             result = handler(request)
@@ -470,6 +482,8 @@ class FluxModeMember:
         else:
             if result is not None and not request.finished:
                 request.respond(result)
+        finally:
+            self._serving -= 1
 
     def _respond(self, request: FluxRequest, payload: Optional[bytes], errnum: int) -> None:
         self._apply(self.core.respond(request.message, payload, errnum, self.transport.now()))

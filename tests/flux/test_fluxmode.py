@@ -12,7 +12,7 @@ import gevent
 import pytest
 from gevent import subprocess
 
-from peermesh.flux import FluxClient
+from peermesh.flux import FluxClient, FluxError
 from peermesh.flux.errors import FluxStateError
 from peermesh.flux.fluxmode import FluxModeMember
 
@@ -177,3 +177,20 @@ def test_flux_run_with_the_instances_config_is_that_rank(
         assert refused.returncode == 2 and "fake0 is rank 0" in refused.stderr, refused.stderr
     finally:
         cli.close()
+
+
+def test_requests_past_max_serving_get_eagain(rank0: ConfigBootedRank0) -> None:
+    member = FluxModeMember.from_config(str(rank0.config), "fake1", max_serving=0).start()
+    try:
+        assert member.wait_online(30)
+        member.register("pm.hello", lambda request: {"rank": 1})
+        client = FluxClient([rank0.uri]).connect(20)
+        try:
+            with pytest.raises(FluxError) as busy:
+                client.rpc("pm.hello", None, 1).get(10)
+            assert busy.value.errnum == 11 and "max_serving" in busy.value.message
+            assert client.ping(1, 10) > 0          # the built-ins are answered still
+        finally:
+            client.close()
+    finally:
+        member.stop()
