@@ -6,6 +6,7 @@
     python scripts/bench_flux.py --only pingall,events --ranks 512
     python scripts/bench_flux.py --only sim --sim-sizes 100,1000,10000
     python scripts/bench_flux.py --only latency,pingall --baseline flux   # next to a branch
+    python scripts/bench_flux.py --only fluxcore --rounds 3 -n 500 --fluxcore-sizes 16,64
 
 Sections:
 
@@ -44,6 +45,14 @@ Sections:
   and the memory used.
 * ``thousand``: 1,000 real-socket ranks in one process start, converge and
   answer ping all.
+* ``fluxcore`` (not in the default set; needs flux-core's ``flux`` on PATH): the
+  ping of one rank one hop away, interleaved in rounds: a peermesh
+  ``FluxClient`` of a flux-core broker (``flux start --test-size=2``, its local
+  connector) pinging rank 1, flux-core's own ``flux ping -i 0.002`` of the same
+  rank, and peermesh -> peermesh (the ``latency`` one hop); then a ping to every
+  rank at once of flux-core instances of ``--fluxcore-sizes`` brokers (kary:2
+  and kary:32, from a peermesh client of rank 0) next to peermesh ranks of
+  the same size and topology in one process.
 """
 
 from __future__ import annotations
@@ -602,6 +611,149 @@ def _timed(ping: Any, others: list[Any], total: int, timeout: float) -> dict[str
     return result
 
 
+# --- flux-core next to peermesh (section fluxcore) -------------------------------
+
+def _flux_core(size: int, topology: str) -> Any:
+    """``flux start --test-size=size`` (ipc:// sockets on this host) with ``tbon.topo``;
+    the process, after its first line (rank 0's FLUX_URI)."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
+    proc = subprocess.Popen(["flux", "start", f"--test-size={size}", f"-Stbon.topo={topology}",
+                             "sh", "-c", 'echo "$FLUX_URI"; exec cat'], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    proc.uri = proc.stdout.readline().strip()  # type: ignore[attr-defined]
+    if not proc.uri.startswith("local://"):  # type: ignore[attr-defined]
+        proc.kill()
+        raise RuntimeError("flux start did not print FLUX_URI")
+    return proc
+
+
+def _flux_core_stop(proc: Any) -> None:
+    proc.stdin.close()
+    proc.wait(120)
+
+
+def role_fluxcore_client(parent: Parent, uri: str, target: int, n: int,
+                         warmup: int) -> dict[str, Any]:
+    """A ``FluxClient`` of a flux-core broker (local connector): ``broker.ping`` with
+    flux's body to ``target``, one at a time."""
+    from peermesh.flux import FluxClient
+    from peermesh.flux.bodies import ping_body
+    client = FluxClient([uri]).connect(30)
+    body = ping_body(0)
+
+    def ping() -> None:
+        client.rpc("broker.ping", body, target).get(10)
+
+    parent.send("ready", {})
+    parent.expect("go", 60, green=True)
+    stats = _round_trips(ping, n, warmup)
+    client.close()
+    return stats
+
+
+def role_fluxcore_ping_all(parent: Parent, uri: str, size: int, rounds: int) -> dict[str, Any]:
+    """``broker.ping`` to every rank of a flux-core instance at once from one client
+    (as ``_ping_all`` does on a peermesh instance)."""
+    from peermesh.flux import FluxClient
+    client = FluxClient([uri]).connect(30)
+    from peermesh.flux.bodies import ping_body
+
+    class Root:
+        def rpc(self, topic: str, payload: bytes, rank: int) -> Any:
+            return client.rpc(topic, ping_body(rank), rank)
+
+    _ping_all(Root(), size)  # warm-up
+    pings = [_ping_all(Root(), size) for _ in range(rounds)]
+    client.close()
+    return {"ping_all_mean_ms": statistics.median(p["mean_ms"] for p in pings),
+            "ping_all_all_ms": statistics.median(p["all_ms"] for p in pings)}
+
+
+def _flux_ping_times(uri: str, target: int, n: int) -> dict[str, Any]:
+    """flux-core's own ``flux ping -c n -i 0.002 target``: its per-ping times (``-i 0``
+    would send the next ping without waiting for the answer, timing a flood; 2 ms apart
+    each ping is alone in flight)."""
+    import re
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
+    env["FLUX_URI"] = uri
+    out = subprocess.run(["flux", "ping", "-c", str(n), "-i", "0.002", str(target)], env=env,
+                         capture_output=True, text=True, timeout=120 + n * 0.01).stdout
+    times = sorted(float(t) * 1000 for t in re.findall(r"time=([\d.]+) ms", out))
+    if len(times) != n:
+        raise RuntimeError(f"flux ping printed {len(times)} times, not {n}")
+    return {"p50_us": percentile(times, 50), "mean_us": statistics.fmean(times)}
+
+
+def fluxcore_section(n: int, rounds: int, sizes: list[int]) -> tuple[dict[str, Any], list[str]]:
+    """The ping of one rank (peermesh client -> flux-core, flux ping -> flux-core,
+    peermesh -> peermesh, interleaved), and ping all over flux-core instances of
+    ``sizes`` brokers against peermesh ranks of the same size and topology."""
+    import shutil
+    if shutil.which("flux") is None:
+        return {}, ["", "flux-core: no `flux` on PATH (flux-core >= 0.88 not found): skipped"]
+    out: dict[str, Any] = {}
+    lines: list[str] = []
+    instance = _flux_core(2, "kary:2")
+    try:
+        def client_case(r: int) -> dict[str, Any]:
+            with Children() as kids:
+                ping = kids.start("bench_flux", "fluxcore_client", uri=instance.uri, target=1,
+                                  n=n, warmup=200)
+                ping.expect("ready", 60)
+                return _timed(ping, [], n + 200, 60 + n / 50)
+
+        cases = {"peermesh client -> flux-core": client_case,
+                 "flux ping -> flux-core": lambda r: _flux_ping_times(instance.uri, 1, n),
+                 "peermesh -> peermesh": lambda r: latency_case("one_hop", n, 200)}
+        runs = interleaved(cases, rounds)
+    finally:
+        _flux_core_stop(instance)
+    p50 = {k: statistics.median(x["p50_us"] for x in v) for k, v in runs.items()}
+    base = "flux ping -> flux-core"
+    ratio = {k: statistics.median(round_ratios(v, runs[base], "p50_us")) for k, v in runs.items()}
+    out["ping_one_rank"] = {"runs": runs, "p50_us": p50, "vs_flux_ping": ratio}
+    lines += ["", f"ping of rank 1, one hop (p50 of {n}, median of {rounds} interleaved rounds; "
+              "ratio: median of per-round ratios to flux ping):"] + table(
+        ["case", "p50 us", "/ flux ping"],
+        [[k, f"{p50[k]:.0f}", f"{ratio[k]:.2f}"] for k in cases])
+    progress("\n".join(lines))  # (the ping all rows take minutes)
+    rows = []
+    for size in sizes:
+        for topology in ("kary:2", "kary:32"):
+            progress(f"flux-core, {size} brokers, {topology} ...")
+            instance = _flux_core(size, topology)
+            try:
+                theirs = child_result("fluxcore_ping_all", 600, uri=instance.uri, size=size,
+                                      rounds=5)
+            except harness.ChildFailed as exc:  # reported in its row, the others still run
+                theirs = {"error": str(exc).splitlines()[-1]}
+            finally:
+                _flux_core_stop(instance)
+            progress(f"peermesh, {size} ranks, {topology} ...")
+            try:
+                ours = child_result("ranks", 900, n=size, topology=topology)
+            except harness.ChildFailed as exc:
+                ours = {"error": str(exc).splitlines()[-1]}
+            if "error" in theirs or "error" in ours:
+                rows.append([str(size), topology, theirs.get("error", ""), "", ours.get(
+                    "error", ""), "", "failed"])
+            else:
+                rows.append([str(size), topology, f"{theirs['ping_all_mean_ms']:.2f}",
+                             f"{theirs['ping_all_all_ms']:.2f}",
+                             f"{ours['ping_all_mean_ms']:.2f}", f"{ours['ping_all_all_ms']:.2f}",
+                             f"{ours['ping_all_all_ms'] / theirs['ping_all_all_ms']:.2f}"])
+            out.setdefault("ping_all", []).append({"size": size, "topology": topology,
+                                                   "flux_core": theirs, "peermesh": ours})
+    lines += ["", "a ping to every rank at once (flux-core: one process per broker, pinged "
+              "from a peermesh client on rank 0's local connector; peermesh: every rank in "
+              "one process, pinged from rank 0; median of 5):"] + table(
+        ["ranks", "topology", "flux-core mean ms", "flux-core all ms", "peermesh mean ms",
+         "peermesh all ms", "all: peermesh / flux-core"], rows)
+    return out, lines
+
+
 def child_result(role: str, timeout: float, code: Optional[str] = None,
                  **kwargs: Any) -> dict[str, Any]:
     with Children(grace=0) as kids:
@@ -621,6 +773,8 @@ def main() -> int:
                              "Flux in turn)")
     parser.add_argument("--events", type=int, default=20, help="events published (20)")
     parser.add_argument("--sim-sizes", default="100,1000,10000")
+    parser.add_argument("--fluxcore-sizes", default="16,64",
+                        help="flux-core instance sizes of section fluxcore (16,64)")
     parser.add_argument("--baseline", metavar="REV",
                         help="also run the Flux cases with this commit's code (or a tree)")
     parser.add_argument("--json", action="store_true")
@@ -708,6 +862,11 @@ def main() -> int:
                                    events=args.events)
                 row["code"] = label
                 rows.append(row)
+    if "fluxcore" in only:
+        section, more = fluxcore_section(args.n, args.rounds,
+                                         [int(x) for x in args.fluxcore_sizes.split(",") if x])
+        out["fluxcore"] = section
+        lines += more
     if "thousand" in only:
         progress("1,000 ranks on real sockets, kary:32 ...")
         rows.append(child_result("ranks", 900, n=1000, topology="kary:32", rounds=3))

@@ -141,25 +141,38 @@ def _discovery_arg(value: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: ``command(node_options=...)`` of the node options without short forms (and, for
+#: the second, without ``--interval``)
+_LONG_ONLY = ("long", "long, own --interval")
+
+
 @functools.cache
-def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
-    """The node options; ``timers_only``: just the beacon timers (a simulated network)."""
+def _node_options(timers_only: bool = False, long_only: bool = False,
+                  interval: bool = True) -> argparse.ArgumentParser:
+    """The node options; ``timers_only``: just the beacon timers (a simulated network);
+    ``long_only``: without their short forms (commands whose own short options mean
+    what another tool's do, as ``flux ping -c/-i/-p``); ``interval`` False: without
+    ``--interval`` (a command whose own ``--interval`` means something else)."""
     import argparse
 
     from ..argtypes import seconds, text
+
+    def short(flag: str) -> tuple[str, ...]:
+        return () if long_only else (flag,)
 
     common = argparse.ArgumentParser(add_help=False, formatter_class=_formatter())
     node = common.add_argument_group("node options")
     if not timers_only:
         node.add_argument(
-            "--interface", "-i", metavar="IFACE", type=text,
+            "--interface", *short("-i"), metavar="IFACE", type=text,
             help="network interface: a name (eth0, lo), one of its IPv4 addresses or a CIDR "
                  "(10.0.0.0/24); 'lo' keeps the mesh on this host (default: "
                  "$PEERMESH_INTERFACE, then the first up non-loopback IPv4 interface)")
-        node.add_argument("--port", "-p", type=int, metavar="PORT",
+        node.add_argument("--port", *short("-p"), type=int, metavar="PORT",
                           help=f"UDP beacon port (default: {_NODE_DEFAULT})")
-    node.add_argument("--interval", type=seconds, metavar="SECONDS",
-                      help=f"seconds between beacons (default: {_NODE_DEFAULT})")
+    if interval:
+        node.add_argument("--interval", type=seconds, metavar="SECONDS",
+                          help=f"seconds between beacons (default: {_NODE_DEFAULT})")
     node.add_argument("--evasive", type=seconds, metavar="SECONDS",
                       help="silence after which a peer is PINGed and reported EVASIVE "
                            f"(default: {_NODE_DEFAULT})")
@@ -169,12 +182,14 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
     if timers_only:
         _add_verbose(node)
         return common
-    node.add_argument("--name", "-n", type=text,
+    node.add_argument("--name", *short("-n"), type=text,
                       help="public name of this node (default: first 6 hex digits of its UUID)")
-    node.add_argument("--header", "-H", dest="headers", action="append", type=_header_arg,
+    node.add_argument("--header", *short("-H"), dest="headers", action="append",
+                      type=_header_arg,
                       default=[], metavar="K=V",
                       help="HELLO header sent to peers; repeatable")
-    node.add_argument("--group", "-g", dest="groups", action="append", default=[], type=text,
+    node.add_argument("--group", *short("-g"), dest="groups", action="append", default=[],
+                      type=text,
                       metavar="GROUP", help="group to join at start; repeatable")
     node.add_argument("--contest", dest="contest", action="append", default=[], type=text,
                       metavar="GROUP",
@@ -201,7 +216,7 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
                       help="directory of the public certificates of the nodes admitted; "
                            "re-read when it changes or on SIGHUP (default: "
                            "$PEERMESH_ALLOWED_KEYS, then any node with a key)")
-    node.add_argument("--config", "-c", metavar="FILE",
+    node.add_argument("--config", *short("-c"), metavar="FILE",
                       help="TOML file with a [node] table (and [nfp] for the NFP commands); "
                            f"`{PROG} config example` prints one to start from. $PEERMESH_* "
                            "variables and these options override it")
@@ -470,7 +485,8 @@ Run '{PROG} COMMAND --help' for the options of a command.
             groups[name] = p.add_subparsers(dest="action", metavar="ACTION", title="actions",
                                             required=True)
             return p
-        options = _node_options(node_options == "timers") if node_options \
+        options = _node_options(node_options == "timers", node_options in _LONG_ONLY,
+                                node_options != "long, own --interval") if node_options \
             else _verbose_option()
         p = where.add_parser(leaf, parents=[options, *parents], help=summary,
                              formatter_class=_formatter(), description=description,

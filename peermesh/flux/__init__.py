@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..wire.flux import NODEID_ANY, NODEID_UPSTREAM, Errno, MsgFlag
     from .client import FluxClient
+    from .fluxmode import FluxModeMember
     from .core import FluxCore
     from .errors import FluxError, FluxStateError
     from .handle import FluxHandle, FluxRequest, RpcFuture, Subscription
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 _WHERE = {
     **dict.fromkeys(("NODEID_ANY", "NODEID_UPSTREAM", "Errno", "MsgFlag"), "..wire.flux"),
     "FluxClient": ".client",
+    "FluxModeMember": ".fluxmode",
     "FluxCore": ".core",
     **dict.fromkeys(("FluxSettings", "State"), ".settings"),
     "Notice": ".outputs",
@@ -48,7 +50,7 @@ _WHERE = {
     **dict.fromkeys(("FluxOverlay", "FLUX_HEADER", "call_all"), ".overlay"),
     **dict.fromkeys(("Topology", "TopologyError"), ".topology"),
 }
-__all__ = ["FluxOverlay", "FluxClient", "FluxHandle", "FluxRequest", "RpcFuture",
+__all__ = ["FluxOverlay", "FluxClient", "FluxModeMember", "FluxHandle", "FluxRequest", "RpcFuture",
            "Subscription", "FluxError", "FluxStateError", "FluxSettings", "FluxCore", "Notice",
            "State", "Topology", "TopologyError", "NODEID_ANY", "NODEID_UPSTREAM", "MsgFlag",
            "Errno", "FLUX_HEADER", "call_all"]

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Optional
+import json
+from typing import Any, Optional, Sequence
 
 from ..errors import ProtocolError
-from ..wire.flux import MAX_RANK
+from ..wire.flux import MAX_RANK, json_payload, read_json
 
-__all__ = ["b64", "unb64", "int_field", "str_field"]
+__all__ = ["b64", "unb64", "int_field", "str_field", "publish_body", "ping_body", "ping_answer",
+           "route_string"]
 
 
 def b64(data: Optional[bytes]) -> Optional[str]:
@@ -43,3 +45,37 @@ def str_field(obj: dict, key: str, limit: int = 1024) -> str:
     if not isinstance(value, str) or len(value) > limit:
         raise ProtocolError(f"{key!r} is not a string of at most {limit} characters")
     return value
+
+
+def publish_body(topic: str, payload: Optional[bytes], flags: int = 0) -> dict:
+    """An ``event.publish`` body as libflux sends it: ``{"topic", "flags"}`` and
+    ``"payload"`` (base64) only when there is one."""
+    body: dict = {"topic": topic, "flags": flags}
+    if payload is not None:
+        body["payload"] = b64(payload)
+    return body
+
+
+def ping_body(seq: int, pad: str = "") -> bytes:
+    """A ``broker.ping`` request body as ``flux ping`` sends it (less its
+    timestamps, which the server echoes without reading)."""
+    return json_payload({"seq": seq, "pad": pad})
+
+
+def route_string(routes: Sequence[bytes], me: str) -> str:
+    """flux-core's route string of a request: its hops oldest first, each cut to 8
+    characters (a 16-byte identity as hex), then this node's ``me``, joined by ``!``."""
+    hops = [(r.hex() if len(r) == 16 else r.decode("ascii", "replace"))[:8]
+            for r in reversed(routes)]
+    return "!".join([*hops, me[:8]])
+
+
+def ping_answer(payload: Optional[bytes], routes: Sequence[bytes], me: str, rank: int,
+                userid: int, rolemask: int) -> bytes:
+    """flux-core's answer to a ``broker.ping`` body, byte for byte: the request's JSON
+    object with ``route``, ``userid``, ``rolemask`` and ``rank`` added; ``ProtocolError``
+    if the body is not a JSON object (flux-core answers EPROTO then)."""
+    body = read_json(payload)
+    body.update(route=route_string(routes, me), userid=userid, rolemask=rolemask, rank=rank)
+    # as jansson's json_dumps(o, 0) writes it: ", " and ": ", UTF-8 as it is
+    return json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\0"

@@ -1,7 +1,7 @@
 """A rankless client of a Flux instance: RPCs, events and pings without joining the tree.
 
 ``FluxClient`` connects one DEALER to a member's ROUTER (the first of the
-endpoints given that accepts it) and says ``overlay.client``; the member
+endpoints given that accepts it) and says ``peermesh.client``; the member
 then routes the client's requests as its own (to any rank, or a given one)
 and answers down the client's routing identity, and hands it the events
 that match its subscriptions (see ``peermesh.flux.clients`` for what the
@@ -10,11 +10,11 @@ size and rank 0's directory never count it, however often clients come
 and go. It runs on the caller's gevent hub, as ``FluxOverlay`` does::
 
     client = FluxClient([member.endpoint]).connect(5)
-    print(client.rpc("overlay.info", None, 0).get_json(5)["size"])
+    print(client.rpc("peermesh.info", None, 0).get_json(5)["size"])
     client.close()
 
 When idle it sends a heartbeat every ``heartbeat`` seconds (the member's
-own, if shorter: the member answers ``overlay.client`` with it); a member
+own, if shorter: the member answers ``peermesh.client`` with it); a member
 silent for ``lost`` seconds, or one that says DISCONNECT, is lost: every
 RPC in flight fails with EHOSTUNREACH (streams too: they are not resumed),
 and the listeners hear ``Notice("member-lost")``.
@@ -30,7 +30,7 @@ round of endpoints that brought no member. Members it finds are tried
 before the rest, so a member that joined after the client connected can take
 over; the client knows the endpoints it was given and those of the last
 look.
-Then it fetches from rank 0 (``event.replay``) the events published since
+Then it fetches from rank 0 (``peermesh.replay``) the events published since
 the last it had and hands those that match to its subscriptions, in order,
 before the new member's (which it holds meanwhile); events older than
 rank 0's buffer are reported as ``Notice("events-lost", -1, (first, last))``
@@ -41,6 +41,13 @@ longer ``connected``). Meanwhile ``reconnecting`` is true and new RPCs fail
 at once with EHOSTUNREACH. RPCs are never sent again by the client: it
 cannot know whether the lost member had passed one on, nor whether doing
 it twice is harmless; the caller, who knows, may send it again.
+
+A flux-core broker is reached through its local connector: an endpoint
+``local://PATH`` (what ``FLUX_URI`` names; ``peermesh.flux.local``). The
+client then asks the broker's ``rank`` and ``size`` attributes instead of
+saying ``peermesh.client``, sends no heartbeats (the broker wants none) and
+does not fail over: the broker closing the connection fails what is in
+flight.
 
 A member on keys (CURVE) is reached with its public key: ``endpoints`` as
 ``{endpoint: key}`` (Z85); the client connects as a CURVE client with
@@ -67,7 +74,8 @@ from ..wire.flux import (
     encode, string_payload,
 )
 from .errors import FluxError, FluxStateError
-from .bodies import unb64
+from .bodies import ping_body, publish_body, unb64
+from .local import LocalLink, is_local
 from .handle import SUBSCRIPTION_QUEUE, Payload, RpcFuture, Subscription, to_payload
 from .matchtags import Handle, Pending
 from .outputs import IDENTITY_SIZE, Notice
@@ -118,7 +126,7 @@ class FluxClient:
         #: seconds to look for another member once the member is lost (0: do not)
         self.failover = failover
         self.identity = os.urandom(IDENTITY_SIZE)
-        #: the member's answer to ``overlay.client``: rank, size, topology, seq, heartbeat
+        #: the member's answer to ``peermesh.client``: rank, size, topology, seq, heartbeat
         self.member: dict[str, Any] = {}
         self.endpoint = ""  # the member's, once connected
         self._link: Any = None
@@ -144,9 +152,10 @@ class FluxClient:
         if self._link is not None or self.reconnecting:
             raise FluxStateError("the Flux client is connected already")
         self._closed = False
+        self.endpoint = ""  # none until one accepts: a loss meanwhile is no member's
         share = timeout / len(self.endpoints)
         error = FluxError(Errno.ETIMEDOUT, f"no member answered in {timeout:g} s",
-                          "overlay.client")
+                          "peermesh.client")
         for endpoint in self.endpoints:
             try:
                 self._attach(endpoint, share)
@@ -158,24 +167,40 @@ class FluxClient:
         raise error
 
     def _attach(self, endpoint: str, timeout: float) -> None:
-        """Connect to the member at ``endpoint`` and say ``overlay.client``; ``FluxError``
+        """Connect to the member at ``endpoint`` and say ``peermesh.client`` (to a flux-core
+        broker's local connector: ask its ``rank`` and ``size`` attributes); ``FluxError``
         (and no link) unless it accepts within ``timeout`` seconds."""
-        self._open(endpoint)
+        start = self.transport.now()
+        self._open(endpoint, timeout)
         try:
-            self.member = self._request("overlay.client", None, NODEID_ANY, 0).get_json(timeout)
+            if is_local(endpoint):
+                left = max(timeout - (self.transport.now() - start), 0.05)
+                rank, size = [self._request("attr.get", {"name": name}, NODEID_ANY, 0)
+                              for name in ("rank", "size")]
+                self.member = {"rank": _attr_int(rank.get_json(left)),
+                               "size": _attr_int(size.get_json(left)), "seq": 0}
+            else:
+                self.member = self._request("peermesh.client", None, NODEID_ANY,
+                                            0).get_json(timeout)
         except FluxError:
             self._drop_link(0)
             raise
         self.endpoint = endpoint
+        if is_local(endpoint):
+            return  # a broker neither sends heartbeats to its local clients nor wants them
         beat = self.member.get("heartbeat")  # the member forgets a client silent longer
         if isinstance(beat, (int, float)) and 0 < beat < self.heartbeat:
             self.heartbeat = float(beat)
         self._greenlets.append(gevent.spawn(self._run_timer, self._link))
 
-    def _open(self, endpoint: str) -> None:
-        secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
-        link = self.transport.connect(self.identity, endpoint, SNDHWM, handover=True, **secure)
-        link.limit = self.max_message
+    def _open(self, endpoint: str, timeout: float) -> None:
+        if is_local(endpoint):
+            link: Any = LocalLink(endpoint, timeout, self.max_message)
+        else:
+            secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
+            link = self.transport.connect(self.identity, endpoint, SNDHWM, handover=True,
+                                          **secure)
+            link.limit = self.max_message
         self._link = link
         self._heard = self._sent = self.transport.now()
         self._greenlets.append(gevent.spawn(self._serve, link))
@@ -286,10 +311,7 @@ class FluxClient:
         """Publish an event (numbered by rank 0); the future answers ``{"seq": n}``."""
         if not isinstance(topic, str) or not topic:
             raise FluxStateError(f"an event topic is a non-empty string, not {topic!r}")
-        data = to_payload(payload)
-        body = {"topic": topic,
-                "payload": None if data is None else base64.b64encode(data).decode("ascii")}
-        return self.rpc("event.pub", body, 0)
+        return self.rpc("event.publish", publish_body(topic, to_payload(payload)), 0)
 
     def subscribe(self, prefix: str, timeout: Optional[float] = None,
                   callback: Optional[Callable[[Event], None]] = None) -> Subscription:
@@ -302,11 +324,21 @@ class FluxClient:
         self._subscriptions.append(subscription)
         return subscription
 
-    def ping(self, rank: int, timeout: Optional[float] = None) -> float:
-        """Round-trip seconds of ``broker.ping`` to ``rank``."""
+    def ping(self, rank: int, timeout: Optional[float] = None, seq: int = 0,
+             pad: str = "") -> float:
+        """Round-trip seconds of ``broker.ping`` to ``rank`` with flux's body
+        (``{"seq", "pad"}``), as a flux-core broker and a peermesh rank answer it."""
         start = self.transport.now()
-        self.rpc("broker.ping", b"", rank).get(timeout)
+        self.rpc("broker.ping", ping_body(seq, pad), rank).get(timeout)
         return self.transport.now() - start
+
+    def attr_get(self, name: str, timeout: Optional[float] = None) -> str:
+        """The value of the broker attribute ``name`` (``attr.get``, as flux-core
+        serves it and a peermesh member too: see ``peermesh.flux.core``)."""
+        value = self.rpc("attr.get", {"name": name}).get_json(timeout).get("value")
+        if not isinstance(value, str):
+            raise FluxError(Errno.EPROTO, f"attr.get {name}: no value in the answer", "attr.get")
+        return value
 
     # --- what RpcFuture and Subscription call back --------------------------------------
 
@@ -352,6 +384,8 @@ class FluxClient:
                 self._receive(rest)
 
         link.serve(on_message, self._oversized)
+        if link is self._link and getattr(link, "eof", False):  # a local link's end
+            self._member_lost("the broker closed the connection")
 
     def _oversized(self, first: bytes) -> None:
         self.dropped += 1
@@ -380,7 +414,9 @@ class FluxClient:
         elif kind is Control:
             assert isinstance(message, Control)
             if message.ctype == ControlType.DISCONNECT:
-                self._member_lost("the member left")
+                self._member_lost("the member left" if self.endpoint else
+                                  "DISCONNECT: the peer refused the client (not a peermesh "
+                                  "member, or one that does not take clients)")
         else:
             self.dropped += 1  # a request: clients serve nothing
 
@@ -417,7 +453,10 @@ class FluxClient:
         if self._failing_over is not None:  # the member being tried went: look on
             self._fail_all(f"the member was lost ({why})")
             return
-        if self.failover > 0 and not self._closed:
+        if not lost:  # refused while connecting: connect() says so (no failover, no notice)
+            self._fail_all(why)
+            return
+        if self.failover > 0 and not self._closed and not is_local(lost):
             self._failing_over = gevent.spawn(self._fail_over, lost)
         # listeners first: failing a future may switch to its waiter
         self._notify(Notice("member-lost", self.rank if self.rank is not None else -1, why))
@@ -476,9 +515,9 @@ class FluxClient:
         for future in [self._request("event.subscribe", {"topic": prefix}, NODEID_ANY, 0)
                        for prefix in prefixes]:
             future.get(attempt)
-        info = self._request("overlay.info", None, NODEID_ANY, 0).get_json(attempt)
+        info = self._request("peermesh.info", None, NODEID_ANY, 0).get_json(attempt)
         if not self._catch_up(info.get("seq"), attempt):
-            raise FluxError(Errno.EHOSTUNREACH, "lost while catching up", "event.replay")
+            raise FluxError(Errno.EHOSTUNREACH, "lost while catching up", "peermesh.replay")
 
     def _round(self, lost: str) -> list[str]:
         """The endpoints to try in turn, the lost member's last."""
@@ -521,11 +560,11 @@ class FluxClient:
         if isinstance(upto, int) and self._subscriptions and first <= upto:
             try:
                 while first <= upto:
-                    body = self._request("event.replay", {"from": first, "to": upto}, 0,
+                    body = self._request("peermesh.replay", {"from": first, "to": upto}, 0,
                                          0).get_json(timeout)
                     to, events = body.get("to"), body.get("events")
                     if not isinstance(to, int) or to < first or not isinstance(events, list):
-                        raise FluxError(Errno.EPROTO, "a malformed replay", "event.replay")
+                        raise FluxError(Errno.EPROTO, "a malformed replay", "peermesh.replay")
                     for item in events:
                         try:
                             seq, topic, payload = item
@@ -574,3 +613,10 @@ class FluxClient:
         for tag, future in futures.items():
             future._put(Response(future.topic, string_payload(why), Errno.EHOSTUNREACH, tag))
 
+
+def _attr_int(answer: dict[str, Any]) -> int:
+    """The whole number an ``attr.get`` answer holds (as a string); EPROTO if none."""
+    value = answer.get("value")
+    if not isinstance(value, str) or not value.isdigit():
+        raise FluxError(Errno.EPROTO, f"attr.get: {value!r} is not a whole number", "attr.get")
+    return int(value)

@@ -4,14 +4,14 @@ Pure bookkeeping (no messages, no clock), used by ``FluxCore``. A client
 (``peermesh.flux.client.FluxClient``, or anything that speaks the same)
 connects a DEALER to a member's ROUTER, as flux-core's local connector
 clients connect to their broker without being brokers, and says
-``overlay.client`` first. Once accepted it sends requests (to any rank or a
+``peermesh.client`` first. Once accepted it sends requests (to any rank or a
 given rank: routed as from that member, and answered down its routing
 identity), subscribes to events by prefix (``event.subscribe`` /
 ``event.unsubscribe``, answered by the member itself) and gets the events
 that match, in order. It takes no rank: the instance's size and rank 0's
 directory do not count it.
 
-Bounds: ``max_clients`` links per member (``overlay.client`` answered
+Bounds: ``max_clients`` links per member (``peermesh.client`` answered
 ENOSPC past it), ``client_prefixes`` subscriptions per client (EAGAIN past
 it; each prefix at most 1024 characters). A client is forgotten when it
 sends DISCONNECT, when a send finds its connection gone, or when it is

@@ -35,14 +35,15 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
-from ..argtypes import cidr, positive_count, seconds, text, utf8
+from ..argtypes import cidr, count, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, clean, emit, note, table, to_json
 from ..cli.session import HubSignals, NodeSession, leaving
 from ..config import NodeConfig
 from ..errors import PeermeshError, ProtocolError
 from ..overlay.election import Candidate, elect
-from ..wire.flux import NODEID_ANY, Errno, read_json, read_string
-from .errors import FluxError
+from ..wire.flux import NODEID_ANY, NODEID_UPSTREAM, Errno, read_json, read_string
+from .errors import FluxError, FluxStateError
+from .outputs import MAX_OFFLINE, Notice
 from .topology import DEFAULT_TOPOLOGY, Topology, TopologyError, check_rank
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ Factory = Callable[..., argparse.ArgumentParser]
 
 #: environment variable with the endpoints one-shot commands join through (comma-separated)
 PARENTS_VARIABLE = "PEERMESH_FLUX_PARENTS"
+URI_VARIABLE = "FLUX_URI"
+#: seconds a flux-mode rank waits for its parent's answer to overlay.hello
+HELLO_WAIT = 30.0
 #: default --wait: seconds to find the instance and join it
 WAIT_JOIN = 5.0
 #: default --timeout: seconds for each answer
@@ -79,7 +83,7 @@ def add_commands(command: Factory) -> None:
             f"  {PROG} flux run --interface lo                 # a member found through the mesh\n"
             f"  {PROG} flux run --root --interface lo          # rank 0 without a mesh\n"
             f"  {PROG} flux tree --interface lo\n"
-            f"  {PROG} flux rpc overlay.info --rank 0 --parent tcp://127.0.0.1:40123",
+            f"  {PROG} flux rpc peermesh.info --rank 0 --parent tcp://127.0.0.1:40123",
             None)
     _add_run(command)
     _add_rpc(command)
@@ -112,6 +116,11 @@ def _instance_options(parser: argparse.ArgumentParser, *, member: bool = False) 
                                 "keypair, or one of its own") + " (default: a plain link)")
     if member:
         return
+    group.add_argument("--uri", type=text, metavar="URI",
+                       help="connect through this URI, as flux's tools do: a flux-core broker's "
+                            "local connector (local://PATH) or a member (tcp://HOST:PORT) "
+                            f"(default: ${URI_VARIABLE} when neither --parent nor "
+                            f"${PARENTS_VARIABLE} is given)")
     group.add_argument("--wait", "-w", type=seconds, default=WAIT_JOIN, metavar="SECONDS",
                        help="longest wait to find the instance and join it "
                             "(default: %(default)s)")
@@ -136,7 +145,7 @@ def _add_run(command: Factory) -> None:
         f"  {PROG} flux run --root --topology kary:2\n"
         f"  {PROG} flux run --parent tcp://127.0.0.1:40123 --rank 7\n"
         f"  {PROG} flux run --root --handlers myapp.fluxservices --json",
-        _cmd_run)
+        _cmd_run, node_options="long")
     _instance_options(run, member=True)
     group = run.add_argument_group("member options")
     group.add_argument("--root", action="store_true", help="be rank 0 (no mesh, no --parent)")
@@ -160,6 +169,14 @@ def _add_run(command: Factory) -> None:
     group.add_argument("--json", action="store_true",
                        help="one JSON object per line: {\"event\": \"online\"|...,\"rank\", "
                             "\"detail\"}")
+    group.add_argument("--flux-config", type=text, metavar="FILE",
+                       help="be a leaf rank of a flux-core instance booted from its "
+                            "configuration FILE (its [bootstrap] and [tbon] tables): the rank, "
+                            "parent and certificate of --flux-hostname there (flux mode; no "
+                            "mesh, --root or --parent)")
+    group.add_argument("--flux-hostname", type=text, metavar="NAME",
+                       help="with --flux-config: the host name this rank has in FILE "
+                            "(default: this host's name)")
 
 
 def _add_rpc(command: Factory) -> None:
@@ -173,9 +190,9 @@ def _add_rpc(command: Factory) -> None:
         "exit code 1. --json prints {\"topic\", \"payload\"} (and {\"errnum\", \"error\", "
         "\"message\"} for an error) per answer.\n\n" + _REACH,
         f"  {PROG} flux rpc broker.ping '{{\"hi\": 1}}' --rank 3\n"
-        f"  {PROG} flux rpc overlay.info --rank 0\n"
+        f"  {PROG} flux rpc peermesh.info --rank 0\n"
         f"  {PROG} flux rpc kvs.watch '{{\"key\": \"a\"}}' --stream --json",
-        _cmd_rpc)
+        _cmd_rpc, node_options="long")
     rpc.add_argument("topic", metavar="TOPIC", type=text, help="service.method")
     rpc.add_argument("payload", metavar="JSON", nargs="?", type=utf8,
                      help="the request's payload: a JSON object (default: no payload)")
@@ -189,14 +206,18 @@ def _add_pub(command: Factory) -> None:
     pub = command(
         "flux pub", "publish an event",
         "Publish event TOPIC with JSON (an object; default none). Rank 0 numbers it and "
-        "sends it down the tree to every subscriber; the sequence number and topic are "
-        "printed (--json: {\"seq\", \"topic\"}).\n\n" + _REACH,
-        f"  {PROG} flux pub job.done '{{\"id\": 42}}'\n"
+        "sends it down the tree to every subscriber. As flux-core's `flux event pub`, it "
+        "prints nothing unless -s, which prints seq=N (--json: {\"seq\", \"topic\"}); it "
+        "always waits for rank 0's answer, so an error is reported either way.\n\n"
+        + _REACH,
+        f"  {PROG} flux pub -s job.done '{{\"id\": 42}}'\n"
         f"  {PROG} flux pub heartbeat --json",
-        _cmd_pub)
+        _cmd_pub, node_options="long")
     pub.add_argument("topic", metavar="TOPIC", type=text, help="the event's topic")
     pub.add_argument("payload", metavar="JSON", nargs="?", type=utf8,
                      help="the event's payload: a JSON object (default: no payload)")
+    pub.add_argument("-s", "--synchronous", action="store_true",
+                     help="print the sequence rank 0 gave the event (seq=N)")
     _instance_options(pub)
 
 
@@ -204,16 +225,17 @@ def _add_sub(command: Factory) -> None:
     sub = command(
         "flux sub", "print events whose topic starts with PREFIX",
         "Subscribe to events whose topic starts with PREFIX ('' for all) and print each as "
-        "SEQ TOPIC PAYLOAD (--json: {\"seq\", \"topic\", \"payload\"}) until Ctrl-C, SIGTERM "
+        "flux-core's `flux event sub` does, TOPIC<tab>PAYLOAD (--json: {\"seq\", \"topic\", "
+        "\"payload\"}) until Ctrl-C, SIGTERM "
         "or --count events. The member passes events on in order (it fetches what it "
         "missed from rank 0 itself). If the member is lost the command says so on stderr "
         "and carries on through another of the members (--parent, or those found on the "
         "mesh), subscribed again there, with the events it missed meanwhile fetched from "
         "rank 0. When none accepts it within --wait seconds it exits with 1.\n\n" + _REACH,
         f"  {PROG} flux sub job.\n  {PROG} flux sub '' --count 10 --json",
-        _cmd_sub)
+        _cmd_sub, node_options="long")
     sub.add_argument("prefix", metavar="PREFIX", type=utf8, help="topic prefix ('' for all)")
-    sub.add_argument("--count", type=positive_count, metavar="N",
+    sub.add_argument("-c", "--count", type=positive_count, metavar="N",
                      help="stop after N events (default: until stopped)")
     _instance_options(sub)
 
@@ -221,29 +243,47 @@ def _add_sub(command: Factory) -> None:
 def _add_ping(command: Factory) -> None:
     ping = command(
         "flux ping", "round-trip time to a rank, or to every rank",
-        "Send broker.ping to RANK --count times and print each round trip; with 'all', "
-        "ping every member in the tree (as `flux tree` finds it) once and print each "
-        "rank's round trip, the ranks that did not answer and a summary (min, mean, max). "
-        "Exit code 1 when a rank did not answer.\n\n" + _REACH,
-        f"  {PROG} flux ping 0 --count 5\n  {PROG} flux ping all --json",
-        _cmd_ping)
-    ping.add_argument("target", metavar="RANK|all", type=_target_arg,
-                      help="a rank, or 'all'")
-    ping.add_argument("--count", type=positive_count, default=1, metavar="N",
-                      help="pings to RANK (default: %(default)s)")
+        "Send broker.ping (flux's body: seq, pad) to TARGET every --interval seconds, "
+        "--count times (default: until Ctrl-C), and print each answer as flux-core's "
+        "`flux ping` does: a header line, then RANK!TOPIC pad=N seq=N time=MS ms (ROUTE). "
+        "TARGET as in flux: any (the nearest member), upstream (the member's parent), a "
+        "rank N, N!SERVICE (SERVICE.ping on rank N) or SERVICE (on any rank); and 'all': "
+        "every member in the tree (as `flux tree` finds it) and every rank rank 0 has "
+        "lost, once each, the ranks that do not answer listed as unreachable. --summary "
+        "adds a line: answered, unreachable, min/mean/max. Exit code 1 when a ping got "
+        "no answer. Node options here have long forms only (-c, -i, -p are flux's).\n\n"
+        + _REACH,
+        f"  {PROG} flux ping -c 5 -i 0.2 1\n  {PROG} flux ping -c 1 3!broker\n"
+        f"  {PROG} flux ping all --summary\n  {PROG} flux ping any --uri local:///run/flux/local",
+        _cmd_ping, node_options="long, own --interval")
+    ping.add_argument("target", metavar="TARGET", type=_ping_target,
+                      help="all, any, upstream, N, N!SERVICE or SERVICE")
+    ping.add_argument("-c", "--count", type=count, metavar="N",
+                      help="pings to send (default: until stopped; with all, 1 per rank)")
+    ping.add_argument("-i", "--interval", dest="ping_interval", type=seconds, default=1.0,
+                      metavar="SECONDS",
+                      help="seconds between pings (default: %(default)s)")
+    ping.add_argument("-p", "--pad", type=count, default=0, metavar="N",
+                      help="N bytes of padding in each ping (default: %(default)s)")
+    ping.add_argument("-u", "--userid", action="store_true",
+                      help="print the userid and rolemask of each answer")
+    ping.add_argument("-b", "--batch", action="store_true",
+                      help="send every ping (needs --count) before reading the answers")
+    ping.add_argument("--summary", action="store_true",
+                      help="end with a summary line: answered, unreachable, min/mean/max")
     _instance_options(ping)
 
 
 def _add_tree(command: Factory) -> None:
     tree = command(
         "flux tree", "show the tree: ranks, parents, states",
-        "Ask rank 0 and then each member down the tree (overlay.info) and print one row "
+        "Ask rank 0 and then each member down the tree (peermesh.info) and print one row "
         "per rank: its parent, state (online, or torpid when its parent has not heard from "
         "it lately), children. A member that does not answer is shown as unreachable. "
         "--json prints the answers as a list of {rank, parent, state, children, torpid "
         "(its torpid children), size, seq, topology, clients}.\n\n" + _REACH,
         f"  {PROG} flux tree\n  {PROG} flux tree --parent tcp://127.0.0.1:40123 --json",
-        _cmd_tree)
+        _cmd_tree, node_options="long")
     _instance_options(tree)
 
 
@@ -265,8 +305,29 @@ def _port_arg(value: str) -> int:
     return int(value)
 
 
-def _target_arg(value: str) -> Optional[int]:
-    return None if value == "all" else _rank_arg(value)
+#: a ping target: (nodeid, or None for every rank; service; how flux names the nodeid)
+PingTarget = tuple[Optional[int], str, str]
+
+
+def _ping_target(value: str) -> PingTarget:
+    """flux ping's TARGET (``any``, ``upstream``, ``N``, ``N!service``, ``service``) and
+    peermesh's ``all``."""
+    node, bang, service = value.partition("!")
+    if not bang:
+        node, service = value, "broker"
+    if not service or "." in service:
+        raise argparse.ArgumentTypeError(f"{value!r}: a service is one word (broker, kvs, ...)")
+    if node == "all" and not bang:
+        return None, service, "all"
+    if node == "any":
+        return NODEID_ANY, service, "any"
+    if node == "upstream":
+        return NODEID_UPSTREAM, service, "upstream"
+    if node.isdigit():
+        return _rank_arg(node), service, node
+    if bang:
+        raise argparse.ArgumentTypeError(f"invalid nodeid: {node!r} (any, upstream or a rank)")
+    return NODEID_ANY, value, "any"  # SERVICE alone: on any rank, as flux ping
 
 
 def _topology_arg(value: str) -> Topology:
@@ -291,13 +352,22 @@ def _payload(text_: Optional[str]) -> Optional[dict[str, Any]]:
 
 
 def _parents(args: argparse.Namespace) -> list[str]:
+    if getattr(args, "uri", None):
+        return [args.uri]
     if args.parents:
         return list(args.parents)
-    return [p.strip() for p in os.environ.get(PARENTS_VARIABLE, "").split(",") if p.strip()]
+    parents = [p.strip() for p in os.environ.get(PARENTS_VARIABLE, "").split(",") if p.strip()]
+    if not parents and hasattr(args, "uri") and os.environ.get(URI_VARIABLE):
+        return [os.environ[URI_VARIABLE]]  # a one-shot command inside a flux-core instance
+    return parents
 
 
-def _check_endpoints(endpoints: list[str]) -> None:
+def _check_endpoints(endpoints: list[str], local: bool = False) -> None:
     for endpoint in endpoints:
+        if local and endpoint.startswith("local://"):
+            if len(endpoint) == len("local://"):
+                raise ValueError(f"{endpoint!r} names no socket: local://PATH")
+            continue
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
         if not endpoint.startswith("tcp://") or not host or not port.isdigit():
             raise ValueError(f"--parent {endpoint!r} is not tcp://HOST:PORT")
@@ -379,7 +449,7 @@ class Connection:
         args = self.args
         deadline = time.monotonic() + args.wait
         parents: Union[list[str], dict[str, str]] = _parents(args)
-        _check_endpoints(list(parents))
+        _check_endpoints(list(parents), local=True)
         curve = None
         keys = _server_keys(args.server_keys, list(parents), self.config.key_file)
         if parents:
@@ -527,6 +597,9 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
 
     from .overlay import FluxOverlay
 
+    if args.flux_config:
+        return _run_flux_mode(args)
+
     parents = _parents(args)
     _check_endpoints(parents)
     if args.root and parents:
@@ -566,6 +639,12 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
         signals = HubSignals(on_first=stopped.set)
         how = "rank 0" if args.root else "joining through " + ", ".join(parents)
     flux.add_listener(lambda notice: emit(render(notice.what, notice.rank, notice.detail)))
+
+    def on_refused(notice: Notice) -> None:
+        if notice.what == "refused":
+            stopped.set()
+
+    flux.add_listener(on_refused)
     try:
         if session is not None:
             session.start()
@@ -576,7 +655,8 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
             except Exception as exc:
                 raise ValueError(f"handlers module {name!r}: register(flux) raised "
                                  f"{type(exc).__name__}: {exc}") from None
-        note(f"Flux instance {args.instance!r} ({args.topology}): member at {flux.endpoint}, "
+        shape = args.topology if args.root else "the topology of rank 0"  # a joining node's
+        note(f"Flux instance {args.instance!r} ({shape}): member at {flux.endpoint}, "
              f"{how}; Ctrl-C to leave")
         if session is not None:
             session.wait_stopped()
@@ -588,6 +668,48 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
             session.close()
         if signals is not None:
             signals.close()
+    if flux.refusal is not None:
+        note(f"error: joining was refused: {flux.refusal}")
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _run_flux_mode(args: argparse.Namespace) -> int:
+    """``flux run --flux-config``: a ``FluxModeMember`` until a signal, then goodbye."""
+    import socket
+
+    import gevent.event
+
+    from .fluxmode import FluxModeMember
+
+    if args.root or _parents(args):
+        raise ValueError("--flux-config excludes --root and --parent: the file gives the place")
+    hostname = args.flux_hostname or socket.gethostname()
+    registers = _import_handlers(args.handlers)
+    member = FluxModeMember.from_config(args.flux_config, hostname)  # ValueError: why
+    render = _notice_json if args.json else _notice_text
+    stopped = gevent.event.Event()
+    signals = HubSignals(on_first=stopped.set)
+    try:
+        member.start()
+        try:
+            online = member.wait_online(HELLO_WAIT)
+        except FluxStateError as exc:
+            note(f"error: joining was refused: {str(exc).removeprefix('refused: ')}")
+            return EXIT_FAILURE
+        if not online:
+            note(f"error: the parent at {member.parent} did not answer overlay.hello")
+            return EXIT_FAILURE
+        for name, register in registers:
+            register(member)
+        emit(render("online", member.rank, {"parent": member.core.parent_uuid,
+                                            "size": member.core.size}))
+        note(f"flux-core instance ({args.flux_config}): rank {member.rank} of "
+             f"{member.core.size} as {hostname}, parent {member.parent}; Ctrl-C to leave")
+        stopped.wait()
+    finally:
+        member.stop()
+        signals.close()
     return EXIT_OK
 
 
@@ -603,7 +725,7 @@ def _notice_json(what: str, rank: int, detail: Any) -> str:
     return to_json({"event": what, "rank": rank, "detail": detail})
 
 
-def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[FluxOverlay], Any]]]:
+def _import_handlers(modules: list[str]) -> list[tuple[str, Callable[[Any], Any]]]:
     """Each module's ``register(flux)``; ValueError naming a module that has none."""
     registers = []
     for name in modules:
@@ -667,7 +789,7 @@ def _checked_rank(flux: FluxClient, rank: Optional[int], timeout: float) -> Opti
     if rank is None or rank < flux.size:
         return rank
     with leaving("asking rank 0 for the instance's size"):
-        size = flux.rpc("overlay.info", None, 0).get_json(timeout).get("size")
+        size = flux.rpc("peermesh.info", None, 0).get_json(timeout).get("size")
     if isinstance(size, int) and rank >= size:
         raise ValueError(f"rank {rank} is out of range: the instance has ranks 0..{size - 1}")
     return rank
@@ -681,8 +803,10 @@ def _cmd_pub(args: argparse.Namespace, config: NodeConfig) -> int:
                 seq = flux.publish(args.topic, payload).get_json(args.timeout)["seq"]
         except FluxError as exc:
             return _rpc_error(args, exc)
-    emit(to_json({"seq": seq, "topic": args.topic}) if args.json
-         else f"{seq} {clean(args.topic)}")
+    if args.json:
+        emit(to_json({"seq": seq, "topic": args.topic}))
+    elif args.synchronous:
+        emit(f"seq={seq}")
     return EXIT_OK
 
 
@@ -706,7 +830,7 @@ def _cmd_sub(args: argparse.Namespace, config: NodeConfig) -> int:
                     emit(to_json({"seq": event.seq, "topic": event.topic,
                                   "payload": _readable(event.payload)}))
                 else:
-                    emit(f"{event.seq} {clean(event.topic)} {_shown(event.payload)}".rstrip())
+                    emit(f"{clean(event.topic)}\t{_shown(event.payload)}")
                 shown += 1
                 if args.count is not None and shown >= args.count:
                     break
@@ -730,38 +854,79 @@ def _report_lost(notice: Any) -> None:
 
 
 def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
+    import gevent
+
+    from .bodies import ping_body
+
+    nodeid, service, label = args.target
+    if args.batch and not args.count:
+        raise ValueError("--batch needs --count: it sends every ping first")
+    topic = service + ".ping"
+    pad = "p" * args.pad
+    rtts: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     with Connection(args, config) as flux:
-        if args.target is None:
+        if nodeid is None:
             rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
-            ranks = [row["rank"] for row in rows]
-            counts = 1
+            targets = [(row["rank"], str(row["rank"])) for row in rows]
+            # and the ranks rank 0 has lost (a killed member is no one's child any more)
+            targets += [(r, str(r)) for r in rows[0].get("offline", ()) if r not in
+                        {t for t, _ in targets}]
+            counts = args.count or 1
         else:
-            _checked_rank(flux, args.target, args.timeout)
-            ranks = [args.target]
-            counts = args.count
-        rtts: list[dict[str, Any]] = []
-        failed: list[dict[str, Any]] = []
+            if nodeid <= 0xFFFFFFFD:
+                _checked_rank(flux, nodeid, args.timeout)
+            targets, counts = [(nodeid, label)], args.count or 0
+        if not args.json:
+            emit(f"flux-ping {label}!{service}")
+
+        def answered(name: str, seq: int, sent: float, future: Any) -> bool:
+            try:
+                answer = future.get_json(args.timeout)
+            except FluxError as exc:
+                failed.append({"rank": int(name) if name.isdigit() else name,
+                               "error": _error_text(exc)})
+                if not args.json:
+                    note(f"{'' if name == 'any' else name + '!'}{_error_text(exc)}")
+                return False
+            ms = (time.monotonic() - sent) * 1000
+            rank, route = answer.get("rank"), answer.get("route", "")
+            rtts.append({"rank": rank, "seq": seq, "ms": round(ms, 3), "route": route})
+            if not args.json:
+                cred = (f" userid={answer.get('userid')} rolemask="
+                        f"{_hex(answer.get('rolemask'))}" if args.userid else "")
+                emit(f"{rank}!{topic} pad={args.pad}{cred} seq={seq} time={ms:.3f} ms "
+                     f"({clean(str(route))})")
+            return True
+
         with leaving("pinging"):
-            for rank in ranks:
-                for seq in range(counts):
-                    try:
-                        ms = flux.ping(rank, args.timeout) * 1000
-                    except FluxError as exc:
-                        failed.append({"rank": rank, "error": _error_text(exc)})
-                        if not args.json:
-                            note(f"rank {rank}: {_error_text(exc)}")
-                        continue
-                    rtts.append({"rank": rank, "seq": seq, "ms": round(ms, 3)})
-                    if not args.json:
-                        emit(f"rank {rank}: seq={seq} time={ms:.3f} ms")
+            for target, name in targets:
+                seq = 0
+                batch: list[tuple[int, float, Any]] = []
+                while not counts or seq < counts:
+                    if seq:
+                        gevent.sleep(args.ping_interval)
+                    sent = time.monotonic()
+                    future = flux.rpc(topic, ping_body(seq, pad), target)
+                    if args.batch:
+                        batch.append((seq, sent, future))
+                    elif not answered(name, seq, sent, future) and nodeid is not None:
+                        break  # as flux ping: the first error ends it
+                    seq += 1
+                for seq, sent, future in batch:
+                    answered(name, seq, sent, future)
     summary = _summary(rtts, failed)
     if args.json:
         emit(to_json({"pings": rtts, "unreachable": failed, "summary": summary}))
-    elif rtts or failed:
+    elif args.summary and (rtts or failed):
         times = (f": min/mean/max = {summary['min_ms']:.3f}/{summary['mean_ms']:.3f}/"
                  f"{summary['max_ms']:.3f} ms" if rtts else "")
         emit(f"{summary['answered']} answered, {summary['unreachable']} unreachable{times}")
     return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _hex(value: Any) -> str:
+    return f"{value:#x}" if isinstance(value, int) else str(value)
 
 
 def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -774,7 +939,7 @@ def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[s
 
 
 def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
-    """``overlay.info`` of rank 0, then of each rank's children, level by level: rows of
+    """``peermesh.info`` of rank 0, then of each rank's children, level by level: rows of
     {rank, parent, state, children, torpid, size, seq, topology, clients}; a rank that does not
     answer is {rank, parent, state: "unreachable", error}."""
     rows: list[dict[str, Any]] = []
@@ -782,7 +947,7 @@ def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
     seen: set[int] = set()
     while level:
         seen.update(level)
-        futures = [(rank, parent, flux.rpc("overlay.info", None, rank))
+        futures = [(rank, parent, flux.rpc("peermesh.info", None, rank))
                    for rank, parent in level.items()]
         level = {}
         for rank, parent, future in futures:
@@ -800,7 +965,7 @@ def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
 
 
 def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[str, Any]:
-    """A member's ``overlay.info`` answer as a row, whatever it sent (rank and parent as
+    """A member's ``peermesh.info`` answer as a row, whatever it sent (rank and parent as
     the walk found them)."""
     def ranks(key: str) -> list[int]:
         value = info.get(key)
@@ -812,7 +977,8 @@ def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[st
 
     return {"rank": rank, "parent": parent, "state": str(info.get("state", "?")),
             "children": ranks("children"), "torpid": ranks("torpid"), "size": scalar("size"),
-            "seq": scalar("seq"), "topology": scalar("topology"), "clients": scalar("clients")}
+            "seq": scalar("seq"), "topology": scalar("topology"), "clients": scalar("clients"),
+            **({"offline": ranks("offline")[:MAX_OFFLINE]} if rank == 0 else {})}
 
 
 def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:

@@ -40,19 +40,20 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional, Sequence
 
+from .. import __version__
 from ..errors import ProtocolError
 from ..wire.flux import (
     MAGIC, USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
-    encode, json_payload, make_request, make_response, read_json, service_of,
+    encode, json_payload, make_request, make_response, read_json, service_of, string_payload,
 )
-from .bodies import b64, str_field
+from .bodies import ping_answer, publish_body, str_field
 from .clients import ClientTable
 from .directory import Directory
 from .errors import FluxStateError
 from .matchtags import Handle, Pending
 from .membership import Child, Membership
 from .outputs import (
-    IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
+    IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
 )
 from .routing import _FRAMES, _NORESPONSE, _PROTO, _UPSTREAM, BUILTIN_SERVICES, InflightKey
 from .settings import FluxSettings, State
@@ -120,7 +121,7 @@ class FluxCore(Membership):
         self.next_deadline = now + self._tick
         if self.root:
             self.state = State.ONLINE
-            return [Notice("online", 0, {"size": self.size})]
+            return [Notice("online", 0, {"size": self.size, "topology": str(self.topology)})]
         return self._join(now) if self.bootstrap else []
 
     def set_bootstrap(self, endpoints: Sequence[str], now: float) -> list[Output]:
@@ -205,15 +206,15 @@ class FluxCore(Membership):
     def publish(self, handle: int, topic: str, payload: Optional[bytes],
                 now: float) -> tuple[int, list[Output]]:
         """Publish an event (through rank 0); the matchtag answers with its sequence."""
-        body = json_payload({"topic": topic, "payload": b64(payload)})
-        return self.rpc(handle, "event.pub", body, 0, 0, now)
+        return self.rpc(handle, "event.publish", json_payload(publish_body(topic, payload)),
+                        0, 0, now)
 
     def receive(self, link: bytes, frames: list[bytes], now: float) -> list[Output]:
         """A message arrived on ``link`` (``PARENT``, or a ROUTER identity, frames without it)."""
         if self.state is State.STOPPED:
             return []
         if len(link) != IDENTITY_SIZE and link != PARENT:
-            return self._drop(link, "an identity that is not 16 bytes")
+            return self._stranger(link, frames)
         passed = self._pass_through(link, frames, now)
         if passed is not None:
             return passed
@@ -238,7 +239,7 @@ class FluxCore(Membership):
         if kind is Request:
             assert isinstance(message, Request)
             if child is None and link != PARENT and client is None and message.topic not in (
-                    "overlay.join", "overlay.hello", "overlay.client"):
+                    "peermesh.join", "peermesh.hello", "peermesh.client"):
                 return self._drop(link, "a request from a stranger")
             if client is not None and not message.flags & _NORESPONSE:
                 service = service_of(message.topic)
@@ -268,11 +269,31 @@ class FluxCore(Membership):
         if message.ctype == ControlType.DISCONNECT:
             if link == PARENT and self.state is State.ONLINE:
                 return self._parent_lost(now, "the parent left")
+            if link == PARENT and self.state in (State.JOINING, State.ATTACHING):
+                return self._refused(now, "DISCONNECT: the peer at that endpoint refuses this "
+                                     "node (not a peermesh member, e.g. a flux-core broker, "
+                                     "or one that does not know it)")
             if child is not None:
                 return self._child_lost(child, now, "the child left")
             if client is not None:
                 return self._client_gone(link, now)
         return []
+
+    def _stranger(self, link: bytes, frames: list[bytes]) -> list[Output]:
+        """A peer whose identity is not a member's: a flux-core broker's ``overlay.hello``
+        (its identity is its 36-character UUID) is refused with EPROTO and a message
+        saying why, on which that broker stops; anything else is dropped."""
+        try:
+            message = decode(frames)
+        except ProtocolError:
+            message = None
+        if type(message) is not Request or message.topic != "overlay.hello" \
+                or message.flags & _NORESPONSE:
+            return self._drop(link, "an identity that is not 16 bytes")
+        refusal = make_response(message.topic, string_payload(FLUX_CORE_CHILD_REFUSED),
+                                Errno.EPROTO, message.matchtag, 0, message.routes or (),
+                                USERID_UNKNOWN, 0)
+        return [Send(link, [link, *encode(refusal)])]
 
     def link_down(self, link: bytes, now: float) -> list[Output]:
         """A send found ``link`` gone (its peer's connection closed)."""
@@ -360,11 +381,24 @@ class FluxCore(Membership):
 
     def _ping(self, request: Request, now: float,
               wire: Optional[list[bytes]] = None) -> list[Output]:
-        """Answer with the request's payload; from its frames when at hand (the same
-        routes, topic and payload: only PROTO changes)."""
+        """flux-core's ``broker.ping``: a JSON object answered with ``route``, ``userid``,
+        ``rolemask`` and ``rank`` added. Any other payload (none included) is echoed
+        as it is, from the request's frames when at hand (the same routes, topic and
+        payload: only PROTO changes): peermesh's raw ping, where flux-core answers
+        EPROTO."""
         if request.flags & _NORESPONSE:
             return []
-        response = make_response(request.topic, request.payload, 0, request.matchtag, 0,
+        payload = request.payload
+        if payload is not None and payload[:1] == b"{":
+            try:
+                answer = ping_answer(payload, request.routes or (), self.uuid, self.rank or 0,
+                                     request.userid, request.rolemask)
+            except ProtocolError as exc:
+                return self._error(request, Errno.EPROTO, exc.reason, now)
+            return self._route_response(
+                make_response(request.topic, answer, 0, request.matchtag, 0, request.routes,
+                              USERID_UNKNOWN, 0), now)
+        response = make_response(request.topic, payload, 0, request.matchtag, 0,
                                  request.routes, USERID_UNKNOWN, 0)
         if wire is not None:
             flags = wire[-1][3] & _FRAMES
@@ -377,7 +411,7 @@ class FluxCore(Membership):
         """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE or link in self.children:
-            return self._error(request, Errno.EINVAL, "overlay.client comes from a client", now)
+            return self._error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
         if self.state is not State.ONLINE:
             return self._error(request, Errno.EAGAIN, "not in the tree", now)
         if not self.clients.accept(link, now):
@@ -399,6 +433,14 @@ class FluxCore(Membership):
                                "subscriptions per client (client_prefixes)", now)
         return self._answer(request, {}, now)
 
+    def _attr_request(self, request: Request, now: float) -> list[Output]:
+        """``attr.get`` ``{"name"}`` as flux-core answers it, ``{"value": text, "flags"}``,
+        for the attributes a peermesh member has (``ATTRIBUTES``); ENOENT for others."""
+        name = str_field(read_json(request.payload), "name", 128)
+        if name not in ATTRIBUTES:
+            return self._error(request, Errno.ENOENT, f"no attribute {name}", now)
+        return self._answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
+
     def _info(self, request: Request, now: float) -> list[Output]:
         return self._answer(request, self.info(), now)
 
@@ -408,20 +450,35 @@ class FluxCore(Membership):
                 "state": self.state.value, "seq": self.seq,
                 "children": sorted(c.rank for c in self.children.values()),
                 "torpid": sorted(c.rank for c in self.children.values() if c.torpid),
-                "topology": str(self.topology), "clients": len(self.clients)}
+                "topology": str(self.topology), "clients": len(self.clients),
+                **({"offline": self.directory.offline(MAX_OFFLINE)} if self.root else {})}
 
+
+#: the answer to a flux-core broker's ``overlay.hello``
+FLUX_CORE_CHILD_REFUSED = ("a peermesh member takes no flux-core broker as its child: "
+                           "flux-core brokers join a flux-core parent")
+
+#: the broker attributes a member serves (``attr.get``), under flux-core's names
+ATTRIBUTES: dict[str, Callable[[FluxCore], str]] = {
+    "rank": lambda core: str(core.rank),
+    "size": lambda core: str(core.size),
+    "tbon.topo": lambda core: str(core.topology),
+    "version": lambda core: __version__,
+    "broker.uuid": lambda core: core.uuid,
+}
 
 _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
+    "attr.get": FluxCore._attr_request,
     "broker.ping": FluxCore._ping,
-    "overlay.info": FluxCore._info,
-    "overlay.join": FluxCore._join_request,
-    "overlay.hello": FluxCore._hello_request,
-    "overlay.attached": FluxCore._attached_request,
-    "overlay.lost": FluxCore._lost_request,
-    "overlay.client": FluxCore._client_request,
+    "peermesh.info": FluxCore._info,
+    "peermesh.join": FluxCore._join_request,
+    "peermesh.hello": FluxCore._hello_request,
+    "peermesh.attached": FluxCore._attached_request,
+    "peermesh.lost": FluxCore._lost_request,
+    "peermesh.client": FluxCore._client_request,
     "event.subscribe": FluxCore._subscribe_request,
     "event.unsubscribe": FluxCore._subscribe_request,
-    "event.pub": FluxCore._pub_request,
-    "event.replay": FluxCore._replay_request,
+    "event.publish": FluxCore._publish_request,
+    "peermesh.replay": FluxCore._replay_request,
 }
 

@@ -187,6 +187,10 @@ class Directory:
             self._record(rank, Member(None, "", True))
             self._join(rank, now, link, "")
 
+    def offline(self, limit: int) -> list[int]:
+        """The lowest ``limit`` ranks given out and now offline (lost or left)."""
+        return sorted(r for r, m in self.members.items() if not m.online)[:limit]
+
     def lost(self, rank: int, uuid: str = "", now: Optional[float] = None) -> None:
         """``rank`` was lost (or could not be reached): no longer handed out as a parent;
         with ``now`` (its parent reported it lost), reclaimed by ``expire`` unless it comes

@@ -2,10 +2,11 @@
 
 How it works
 ------------
-Rank 0 numbers events from 1 (``event.pub`` requests from other
-ranks), keeps the last ``recent_events`` and sends them to its children,
+Rank 0 numbers events from 1 (``event.publish`` requests, flux-core's
+body: ``{"topic", "flags", "payload"}`` with the payload in base64, answered
+``{"seq"}``), keeps the last ``recent_events`` and sends them to its children,
 which forward them down. A node that sees a sequence gap holds later
-events, fetches the missed ones from rank 0 (``event.replay``) and
+events, fetches the missed ones from rank 0 (``peermesh.replay``) and
 forwards them in order, so its subtree sees no gap; events older than the
 buffer are reported lost (``Notice("events-lost")``). A node that joins
 (rather than re-attaches) takes the sequence of its new parent as it is: rank 0
@@ -26,6 +27,8 @@ from .routing import Routing
 
 __all__ = ["EventLog"]
 
+_PRIVATE = 0x20
+
 
 class EventLog(Routing):
     """Event numbering, fan-out and replay of ``FluxCore`` (see the module's docstring)."""
@@ -37,20 +40,27 @@ class EventLog(Routing):
     _synced: bool
     clients: ClientTable
 
-    def _pub_request(self, request: Request, now: float) -> list[Output]:
+    def _publish_request(self, request: Request, now: float) -> list[Output]:
+        """``event.publish`` as flux-core serves it: ``{"topic", "flags", "payload"?}``
+        (flags 0 or PRIVATE, payload base64), answered ``{"seq"}``; EPROTO on any
+        other rank, as flux-core answers."""
         if not self.root:
-            return self._error(request, Errno.EHOSTUNREACH, "only rank 0 publishes", now)
+            return self._error(request, Errno.EPROTO,
+                               "this service is only available on rank 0", now)
         body = read_json(request.payload)
         topic = str_field(body, "topic")
+        flags = int_field(body, "flags", 0, 0xFFFFFFFF)
         if not topic:
             raise ProtocolError("'topic' is empty")
-        seq, out = self._publish_here(topic, unb64(body.get("payload")), now)
+        if flags & ~_PRIVATE:
+            raise ProtocolError("'flags' other than PRIVATE")
+        seq, out = self._publish_here(topic, unb64(body.get("payload")), now, flags)
         return out + self._answer(request, {"seq": seq}, now)
 
-    def _publish_here(self, topic: str, payload: Optional[bytes],
-                      now: float) -> tuple[int, list[Output]]:
+    def _publish_here(self, topic: str, payload: Optional[bytes], now: float,
+                      flags: int = 0) -> tuple[int, list[Output]]:
         self.seq += 1
-        event = Event(topic, payload, self.seq)
+        event = Event(topic, payload, self.seq, flags)
         self.recent.append(event)
         return self.seq, self._pass_down(event, encode(event))
 
@@ -100,7 +110,7 @@ class EventLog(Routing):
 
     def _fetch(self, first: int, last: int, now: float) -> list[Output]:
         self._replay_to = last
-        return self._internal_rpc("event.replay", {"from": first, "to": last}, 0, now,
+        return self._internal_rpc("peermesh.replay", {"from": first, "to": last}, 0, now,
                                   self._replayed)
 
     def _replayed(self, response: Response, now: float) -> list[Output]:

@@ -308,7 +308,7 @@ class FluxHandle:
             raise FluxStateError(f"an event topic is a non-empty string, not {topic!r}")
         tag, outputs = self.overlay.core.publish(self.number, topic, to_payload(payload),
                                                  self.overlay.now())
-        future = RpcFuture(self, tag, "event.pub", False)
+        future = RpcFuture(self, tag, "event.publish", False)
         self._futures[tag] = future
         self.overlay._apply(outputs)
         return future

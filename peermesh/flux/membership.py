@@ -6,7 +6,7 @@ Identities and hello. Every node has a random 16-byte identity per start
 (its DEALER's routing id). A node joins in two steps, both ordinary Flux
 requests from the core's own handle (``@0``):
 
-1. ``overlay.join`` to rank 0 (``nodeid`` 0), sent from a bootstrap
+1. ``peermesh.join`` to rank 0 (``nodeid`` 0), sent from a bootstrap
    endpoint (any member of the instance: a parent list, or the root's
    endpoint from the ZRE mesh) with ``{"rank": R or -1, "uuid", "endpoint"}``.
    Rank 0 answers ``{"rank", "parent", "endpoint", "size", "topology"}``
@@ -18,11 +18,11 @@ requests from the core's own handle (``@0``):
    attaching itself: it accepts children already). A node that could reach
    none of its candidate parents says so when it joins again (``failed``),
    and rank 0 passes over those ranks.
-2. ``overlay.hello`` to that parent over a new DEALER, ``{"rank", "uuid",
+2. ``peermesh.hello`` to that parent over a new DEALER, ``{"rank", "uuid",
    "endpoint"}``. The parent accepts a rank below it in the formula tree
    (EEXIST if a live child holds it, ENOSPC past ``max_children``) and
    answers ``{"ancestors": [[rank, endpoint], ...], "seq", "size"}``; it tells
-   rank 0 with ``overlay.attached`` (no response), so rank 0's directory
+   rank 0 with ``peermesh.attached`` (no response), so rank 0's directory
    knows where each rank listens.
 
 States (``State``)::
@@ -36,12 +36,19 @@ States (``State``)::
     ATTACHING  hello answered                            ONLINE      Notice online (replay gap)
     ATTACHING  EEXIST                                    JOINING     join again, rank -1
     ATTACHING  other error or hello_timeout              ATTACHING   next ancestor, else JOINING
+    JOINING,   DISCONNECT from the peer dialed, or       STOPPED     Notice refused (why),
+    ATTACHING  ENOSYS / EPROTO answered                              DISCONNECT to all links
     ONLINE     parent lost (DISCONNECT, link down,       ATTACHING   fail RPCs via parent,
                silent for ``lost`` s)                                hello to the grandparent
     any        stop                                      STOPPED     DISCONNECT to all links
 
 A refused join or hello is tried again after ``retry`` seconds, doubled per
-refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``.
+refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``. A
+refusal that asking again cannot change stops the node instead: the peer
+dialed answers DISCONNECT (what a flux-core broker answers a stranger), or
+ENOSYS or EPROTO (it does not serve ``peermesh.join``/``peermesh.hello``, or
+not in this form or version); ``Notice("refused")`` says which, with the
+peer's message.
 
 Leaving and faults. A child that sends DISCONNECT, that a send finds gone
 (ROUTER_MANDATORY: at once when its process died), or that is silent for
@@ -53,7 +60,7 @@ dropped where they are served: each local service gets
 stack of everything that came through the child (``FluxHandle`` ends those
 streams), and each request it sent on is forgotten and followed along its
 link by a ``<service>.disconnect`` with that request's own stack; and rank 0
-is told (``overlay.lost``), which
+is told (``peermesh.lost``), which
 marks the rank offline (it stays reserved for the node that held it, and a
 node may claim it again). Orphans re-attach to the nearest live ancestor
 (the hello answer gave each node its ancestor chain), keeping their ranks
@@ -72,13 +79,14 @@ Heartbeats (control messages) go on every link idle for ``heartbeat`` s.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import ProtocolError
 from ..wire.flux import (
     MAX_RANK, NODEID_ANY, USERID_UNKNOWN, Errno, Request, Response, encode, json_payload,
-    make_request, read_json, service_of,
+    error_message, make_request, read_json, service_of,
 )
 from .bodies import int_field, str_field
 from .directory import Directory, Refusal
@@ -90,6 +98,17 @@ from .settings import State
 from .topology import Topology, TopologyError
 
 __all__ = ["Membership", "Child"]
+
+#: answers to a join or hello that asking again cannot change: the peer does not
+#: serve the method (ENOSYS) or refuses the body (EPROTO: another protocol or version)
+_REFUSALS = frozenset({Errno.ENOSYS, Errno.EPROTO})
+
+
+def _refusal_text(response: Response) -> str:
+    """``ENOSYS: No service matching ...``: a refusal's errno name and its message."""
+    name = errno.errorcode.get(response.errnum, str(response.errnum))
+    text = error_message(response.payload)
+    return f"{name} answering {response.topic}" + (f": {text}" if text else "")
 
 
 @dataclass(slots=True)
@@ -191,7 +210,7 @@ class Membership(EventLog):
             return []
         if self.state is not State.ONLINE:
             return []  # reported when this node comes online
-        return self._internal_rpc("overlay.attached", note, 0, now, None)
+        return self._internal_rpc("peermesh.attached", note, 0, now, None)
 
     def _attached_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
@@ -234,7 +253,7 @@ class Membership(EventLog):
         guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
         out: list[Output] = [Dial(endpoint, guest)]
         self._parent_heard = self._parent_sent = now
-        out += self._guest_rpc("overlay.join", body, 0, now, self._joined)
+        out += self._guest_rpc("peermesh.join", body, 0, now, self._joined)
         return out
 
     def _guest_rpc(self, topic: str, body: dict, nodeid: int, now: float,
@@ -251,7 +270,7 @@ class Membership(EventLog):
         """Drop the core's own join and hello requests still unanswered."""
         state = self.handles[0]
         for tag in [t for t, p in state.pending.items()
-                    if p.topic in ("overlay.join", "overlay.hello")]:
+                    if p.topic in ("peermesh.join", "peermesh.hello")]:
             state.release(tag)
             self._internal.pop(tag, None)
 
@@ -263,6 +282,8 @@ class Membership(EventLog):
                 out: list[Output] = [Notice("rank-taken", self.claim)]
                 self.claim = None
                 return out + self._join(now)
+            if response.errnum in _REFUSALS:
+                return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next endpoint
             return [Notice("join-failed", -1, response.errnum)]
         try:
@@ -299,7 +320,7 @@ class Membership(EventLog):
         self._forget_internal()
         self._parent_heard = self._parent_sent = now
         out: list[Output] = [Dial(endpoint, self.identity)]
-        out += self._guest_rpc("overlay.hello", {"rank": self.rank, "uuid": self.uuid,
+        out += self._guest_rpc("peermesh.hello", {"rank": self.rank, "uuid": self.uuid,
                                                  "endpoint": self.endpoint},
                                parent, now, self._helloed)
         return out
@@ -312,6 +333,8 @@ class Membership(EventLog):
                 self._taken, self.claim = self.rank, None
                 self._attempt = 0
                 return [Notice("rank-taken", self.rank or -1)] + self._join(now)
+            if response.errnum in _REFUSALS:
+                return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next candidate
             return [Notice("hello-failed", self.rank or -1, response.errnum)]
         try:
@@ -332,7 +355,8 @@ class Membership(EventLog):
         self.claim = self.rank
         self._backoff = self.settings.retry
         out: list[Output] = [Notice("online", self.rank or 0,
-                                    {"parent": self.parent_rank, "size": self.size})]
+                                    {"parent": self.parent_rank, "size": self.size,
+                                     "topology": str(self.topology)})]
         self._failed = []
         for child in list(self.children.values()):
             out += self._report_attached(child, now)
@@ -348,6 +372,16 @@ class Membership(EventLog):
                 for event in held:
                     out += self._event(event, encode(event), now)
         return out
+
+    def stop(self, now: float) -> list[Output]:
+        raise NotImplementedError  # (FluxCore's)
+
+    def _refused(self, now: float, why: str) -> list[Output]:
+        """Joining was refused for good (``_REFUSALS``, or DISCONNECT from the peer
+        dialed): stop, with ``Notice("refused", rank, why)``, rather than ask again."""
+        self._forget_internal()
+        return [Notice("refused", -1 if self.rank is None else self.rank, why),
+                *self.stop(now)]
 
     def _retry_soon(self, now: float) -> None:
         """A join or hello was refused: try again after the backoff (doubled per refusal, at
@@ -407,6 +441,6 @@ class Membership(EventLog):
         if self.root:
             self.directory.lost(child.rank, child.uuid, now)
         elif self.state is State.ONLINE:
-            out += self._internal_rpc("overlay.lost", {"rank": child.rank, "uuid": child.uuid},
+            out += self._internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
                                       0, now, None)
         return out

@@ -25,8 +25,12 @@ SELF = b"@0"
 #: bytes of a node's identity (its DEALER's routing id); ROUTER peers with other
 #: identities (libzmq's own are 5 bytes) are dropped, so no peer can pose as ``^`` or ``@n``
 IDENTITY_SIZE = 16
-#: services every node answers itself
-BUILTIN_SERVICES = frozenset({"overlay", "event", "broker"})
+#: offline ranks rank 0's ``peermesh.info`` lists at most (``offline``)
+MAX_OFFLINE = 1024
+#: services every node answers itself: flux-core's names with flux-core's bodies
+#: (``broker.ping``, ``event.publish``, ...), and peermesh's own methods under
+#: ``peermesh.*``, a service flux-core does not have
+BUILTIN_SERVICES = frozenset({"overlay", "event", "broker", "attr", "peermesh"})
 
 
 # Send and Deliver are made per message: plain slotted classes (a frozen dataclass's

@@ -81,9 +81,13 @@ from .core import (
     IDENTITY_SIZE, PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output, Send,
     State,
 )
+from .bodies import ping_body
 from .errors import FluxError, FluxStateError
 from .handle import FluxHandle, Handler, Payload, RpcFuture, Subscription
 from .topology import DEFAULT_TOPOLOGY, Topology
+
+#: the identity of a flux-core broker (its UUID as text), whose hello the core refuses
+FLUX_CORE_IDENTITY_SIZE = 36
 
 __all__ = ["FluxOverlay", "FLUX_HEADER", "MAX_MESSAGE", "parse_member"]
 
@@ -164,6 +168,8 @@ class FluxOverlay(Overlay):
         self._unlooked: list[Any] = []  # sockets sent on, not yet looked at
         self._listeners: list[Callable[[Notice], None]] = []
         self._online = gevent.event.Event()
+        #: why joining was refused for good (``Notice("refused")``), else None
+        self.refusal: Optional[str] = None
         self._members: dict[UUID, tuple[Candidate, str]] = {}  # mesh: flux peers
         self._root_endpoint: Optional[str] = None
         self.core: FluxCore = FluxCore(self.identity, "", settings=self.settings)
@@ -309,10 +315,12 @@ class FluxOverlay(Overlay):
         """See ``FluxHandle.subscribe``."""
         return self.default.subscribe(prefix, callback)
 
-    def ping(self, rank: int, timeout: Optional[float] = None) -> float:
-        """Round-trip seconds of ``broker.ping`` to ``rank`` (on the transport's clock)."""
+    def ping(self, rank: int, timeout: Optional[float] = None, seq: int = 0,
+             pad: str = "") -> float:
+        """Round-trip seconds of ``broker.ping`` to ``rank`` with flux's body
+        (``{"seq", "pad"}``), as a flux-core broker and a peermesh rank answer it."""
         start = self.now()
-        self.rpc("broker.ping", b"", rank).get(timeout)
+        self.rpc("broker.ping", ping_body(seq, pad), rank).get(timeout)
         return self.now() - start
 
     @property
@@ -330,12 +338,17 @@ class FluxOverlay(Overlay):
         return self.core.state
 
     def info(self) -> dict[str, Any]:
-        """This node's place in the tree (what ``overlay.info`` answers)."""
+        """This node's place in the tree (what ``peermesh.info`` answers)."""
         return self.core.info()
 
     def wait_online(self, timeout: Optional[float] = None) -> bool:
-        """Wait until this node is part of the tree; False after ``timeout`` seconds."""
-        return self._online.wait(timeout) if not self.core.online else True
+        """Wait until this node is part of the tree; False after ``timeout`` seconds.
+        ``FluxStateError`` naming why when joining was refused for good (the node
+        stopped then; ``refusal`` holds the reason)."""
+        online = self._online.wait(timeout) if not self.core.online else True
+        if self.refusal is not None:
+            raise FluxStateError(f"refused: {self.refusal}")
+        return online
 
     def add_listener(self, callback: Callable[[Notice], None]) -> None:
         """Call ``callback(notice)`` on the hub for each ``Notice`` (online, child-lost, ...)."""
@@ -403,6 +416,9 @@ class FluxOverlay(Overlay):
                   notice.rank, notice.detail)
         if notice.what == "online":
             self._online.set()
+        elif notice.what == "refused":
+            self.refusal = str(notice.detail)
+            self._online.set()  # wakes wait_online, which says so
         elif notice.what == "parent-lost":
             self._online.clear()
         for listener in self._listeners:
@@ -458,8 +474,8 @@ class FluxOverlay(Overlay):
         look = not self._batched
 
         def on_message(identity: bytes, frames: list[bytes]) -> None:
-            if len(identity) != IDENTITY_SIZE:
-                self._oversized(identity)
+            if len(identity) != IDENTITY_SIZE and len(identity) != FLUX_CORE_IDENTITY_SIZE:
+                self._oversized(identity)  # (a flux-core broker's: the core refuses it)
                 return
             self._apply(self.core.receive(identity, frames, clock()), look)
 

@@ -8,7 +8,8 @@ Request routing (RFC 3; ``me`` is this node's rank)::
     --------------------  -----------------------------------------  -------------------
     ANY, UPSTREAM != me   a local handle serves the service and is    deliver to it
                           not the sender
-    ANY                   built-in service (overlay, event, broker)   answer here
+    ANY                   built-in service (overlay, event, broker,   answer here
+                          attr, peermesh)
     ANY                   a parent                                    up
     ANY                   root                                        ENOSYS
     me                    local service / built-in                    deliver / answer
@@ -28,7 +29,8 @@ The common cases never decode a message: a request for another rank and a
 response for a child or the parent go on as they came, the route pushed or
 popped (``_pass_through``, from the PROTO and route frames alone); an RPC of a
 local handle for another rank is framed directly, and a ping for this rank
-is answered from the request's frames. Everything else (and anything
+is answered from the request's frames (unless its body is JSON: flux's ping,
+answered by ``FluxCore._ping``). Everything else (and anything
 malformed, which is then dropped) is decoded first.
 """
 
@@ -45,7 +47,7 @@ from ..wire.flux import (
 )
 from .errors import FluxStateError
 from .matchtags import Handle, Pending
-from .outputs import IDENTITY_SIZE, PARENT, Deliver, Output, Send
+from .outputs import BUILTIN_SERVICES, IDENTITY_SIZE, PARENT, Deliver, Output, Send
 from .settings import FluxSettings, State
 from .topology import Topology
 
@@ -56,8 +58,6 @@ __all__ = ["Routing", "BUILTIN_SERVICES", "InflightKey"]
 
 log = logging.getLogger(__name__)
 
-#: services every node answers itself
-BUILTIN_SERVICES = frozenset({"overlay", "event", "broker"})
 
 # MsgFlag bits as plain ints: IntFlag's operators are Python-level calls
 _NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
@@ -77,8 +77,8 @@ InflightKey = tuple[bytes, tuple[bytes, ...], int]
 _STREAM_ENDS = frozenset({".cancel", ".disconnect"})
 
 #: built-ins any node answers for NODEID_ANY (a client's requests among them)
-_ANSWERED_ANYWHERE = frozenset({"broker.ping", "overlay.info", "overlay.client",
-                                "event.subscribe", "event.unsubscribe"})
+_ANSWERED_ANYWHERE = frozenset({"broker.ping", "attr.get", "peermesh.info",
+                                "peermesh.client", "event.subscribe", "event.unsubscribe"})
 
 
 def _rerouted(response: Response, routes: tuple[bytes, ...]) -> Response:
@@ -241,7 +241,8 @@ class Routing:
                       nodeid: int, matchtag: int, now: float) -> Optional[list[Output]]:
         """``_pass_through`` of a request for another rank, or of a ping for this one."""
         if nodeid == self.rank:
-            if self.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
+            if self.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping" \
+                    or flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: full path
                 return None
             if flags & _NORESPONSE:
                 return []
@@ -305,7 +306,7 @@ class Routing:
                                    f"No service matching {topic} is registered", now)
             return self._error(request, Errno.EHOSTUNREACH, "not attached to the tree", now)
         if nodeid == me and self.state is State.ONLINE or (
-                topic in ("overlay.hello", "overlay.join") and nodeid == me):
+                topic in ("peermesh.hello", "peermesh.join") and nodeid == me):
             owner = self.services.get(service)
             if owner is not None:
                 return self._deliver_request(owner, request, now)

@@ -108,3 +108,34 @@ def instance() -> Iterator[tuple[FluxOverlay, FluxOverlay]]:
     finally:
         one.stop()
         root.stop()
+
+
+@pytest.fixture
+def refusing() -> Iterator[str]:
+    """The endpoint of a ROUTER that answers every message with CONTROL DISCONNECT, as
+    a flux-core broker answers a peer it does not know (a thread; closed at the end)."""
+    import threading
+
+    import zmq
+
+    from peermesh.wire.flux import Control, ControlType, encode
+
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                identity, *_ = router.recv_multipart()
+                router.send_multipart([identity, *encode(Control(ControlType.DISCONNECT))])
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        thread.join(5)
+        router.close()

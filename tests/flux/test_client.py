@@ -40,7 +40,7 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
     root, one = tree.grow(2)
     me = os.urandom(16)
     assert one.receive(me, request("broker.ping", nodeid=0), tree.now) == []   # stranger: dropped
-    (hello,) = said(one.receive(me, request("overlay.client"), tree.now), me)
+    (hello,) = said(one.receive(me, request("peermesh.client"), tree.now), me)
     assert isinstance(hello, Response) and hello.errnum == 0
     assert read_json(hello.payload) == {"rank": 1, "size": 2, "seq": 0, "topology": "kary:2",
                                         "heartbeat": 2.0}
@@ -48,7 +48,7 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
     assert one.info()["clients"] == 1
 
     # a request to rank 0 goes up as from rank 1 and its answer comes back down to the client
-    (up,) = one.receive(me, request("overlay.info", nodeid=0, tag=7), tree.now)
+    (up,) = one.receive(me, request("peermesh.info", nodeid=0, tag=7), tree.now)
     assert isinstance(up, Send) and up.link == b"^"
     (down,) = root.receive(one.identity, up.frames, tree.now)
     assert isinstance(down, Send) and down.link == one.identity
@@ -66,14 +66,14 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
     assert [(e.topic, e.seq) for e in events] == [("job.done", 2)]
 
     others = [os.urandom(16), os.urandom(16)]
-    (second,) = said(one.receive(others[0], request("overlay.client"), tree.now), others[0])
-    (third,) = said(one.receive(others[1], request("overlay.client"), tree.now), others[1])
+    (second,) = said(one.receive(others[0], request("peermesh.client"), tree.now), others[0])
+    (third,) = said(one.receive(others[1], request("peermesh.client"), tree.now), others[1])
     assert second.errnum == 0 and third.errnum == Errno.ENOSPC    # max_clients
     one.receive(others[0], encode(Control(ControlType.DISCONNECT)), tree.now)
     one.link_down(me, tree.now)                        # a send found its connection gone
     assert one.info()["clients"] == 0
 
-    (again,) = said(one.receive(me, request("overlay.client"), tree.now), me)
+    (again,) = said(one.receive(me, request("peermesh.client"), tree.now), me)
     beats = said(one.timer(tree.now + FAST.heartbeat + 2.0), me)    # idle: a heartbeat
     assert again.errnum == 0 and isinstance(beats[0], Control)
     one.timer(tree.now + tree.settings.lost + 1)       # silent for ``lost``: forgotten
@@ -83,7 +83,7 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
 def test_only_a_direct_link_is_a_client() -> None:
     tree = Tree(k=2)
     root, one = tree.grow(2)
-    (refused,) = said(root.receive(one.identity, request("overlay.client"), tree.now),
+    (refused,) = said(root.receive(one.identity, request("peermesh.client"), tree.now),
                       one.identity)                    # rank 1 is rank 0's child
     assert refused.errnum == Errno.EINVAL
     stranger = os.urandom(16)                          # not a client: its requests are dropped
@@ -120,7 +120,7 @@ def test_a_client_calls_subscribes_and_leaves_no_trace(
             with pytest.raises(FluxError) as info:      # UPSTREAM: past the member, up
                 client.rpc("here.who", None, NODEID_UPSTREAM).get(5)
             assert info.value.errnum == Errno.ENOSYS
-            assert client.rpc("overlay.info", None, 0).get_json(5)["clients"] == 0
+            assert client.rpc("peermesh.info", None, 0).get_json(5)["clients"] == 0
             assert [read_json(p)["i"] for p in
                     client.rpc("demo.count", {"n": 3}, 0, streaming=True).stream(5)] == [0, 1, 2]
             with pytest.raises(FluxError) as info:

@@ -44,7 +44,7 @@ def test_a_gone_client_is_told_to_each_service_it_used() -> None:
     for topic in ("svc.watch", "svc.get", "more.x"):
         root.register(served, topic)
     me = os.urandom(16)
-    from_client(tree, one, me, request("overlay.client"))
+    from_client(tree, one, me, request("peermesh.client"))
 
     def send(topic: str, nodeid: int, tag: int, flags: int = 0) -> None:
         from_client(tree, one, me, encode(Request(topic, None, nodeid, tag, flags, ())))
@@ -54,7 +54,7 @@ def test_a_gone_client_is_told_to_each_service_it_used() -> None:
     send("svc.get", NODEID_ANY, 3)                  # the same target: remembered once
     send("svc.note", 0, 0, NORESPONSE)              # nothing to answer: nothing to tell
     send("more.x", 0, 4)                            # past client_services: counted
-    send("overlay.info", 1, 5)                      # built in: nothing to tell
+    send("peermesh.info", 1, 5)                      # built in: nothing to tell
     watch, *_ = tree.taken(root, served)
     assert one.clients.clients[me].targets == {("svc", 0, 0), ("svc", NODEID_ANY, 0)}
     assert one.clients.untracked == 1
@@ -75,7 +75,7 @@ def test_a_member_leaving_tells_the_services_its_clients_used() -> None:
     served = root.open_handle()
     root.register(served, "svc.watch")
     me = os.urandom(16)
-    from_client(tree, one, me, request("overlay.client"))
+    from_client(tree, one, me, request("peermesh.client"))
     from_client(tree, one, me, encode(Request("svc.watch", None, 0, 1, STREAMING, ())))
     (watch,) = tree.taken(root, served)
     tree.call(one, [o for o in one.stop(tree.now) if not (isinstance(o, Send) and o.link == me)])
@@ -94,7 +94,7 @@ def test_a_lost_child_is_told_to_the_services_its_requests_reached() -> None:
     root.register(here, "up.watch")
     two.register(there, "down.watch")
     me = os.urandom(16)
-    from_client(tree, one, me, request("overlay.client"))
+    from_client(tree, one, me, request("peermesh.client"))
     for topic, rank, tag in (("up.watch", 0, 1), ("down.watch", 2, 2), ("down.watch", 2, 3)):
         from_client(tree, one, me, encode(Request(topic, None, rank, tag, STREAMING, ())))
     (up,) = tree.taken(root, here)
@@ -143,7 +143,7 @@ def test_a_client_whose_member_leaves_carries_on_through_another(
         assert (client.rank, client.endpoint) == (0, root.endpoint)
         # the stream the leaving member carried ended on the service (its disconnect)
         assert wait_until(lambda: ended, 5, "the stream ended on rank 0") == [True]
-        assert client.rpc("overlay.info").get_json(5)["rank"] == 0
+        assert client.rpc("peermesh.info").get_json(5)["rank"] == 0
         assert client.publish("demo.after").get_json(5)["seq"] >= 1
         event = events.get(5)
         assert event is not None and event.topic == "demo.after"

@@ -118,19 +118,35 @@ def test_members_tree_rpc_stream_and_ping_through_a_parent(cli: Cli) -> None:
     assert report["summary"]["answered"] == 2 and report["unreachable"] == []
     assert all(p["ms"] > 0 for p in report["pings"])
 
-    result = flux(cli, "ping", "all", parent=endpoint)  # every member; the command is none
+    # flux ping's options and output: -c count, -i interval, -p pad, -u userid, header line
+    result = flux(cli, "ping", "-c", "2", "-i", "0.01", "-p", "3", "-u", "1", parent=endpoint)
     assert result.returncode == 0, _report(result)
-    assert re.match(r"rank 0: seq=0 time=[\d.]+ ms\nrank 1: seq=0 time=[\d.]+ ms\n"
+    lines = result.stdout.splitlines()
+    assert lines[0] == "flux-ping 1!broker" and len(lines) == 3, result.stdout
+    for seq, line in enumerate(lines[1:]):
+        assert re.fullmatch(rf"1!broker\.ping pad=3 userid=\d+ rolemask=0x[0-9a-f]+ "
+                            rf"seq={seq} time=[\d.]+ ms \([0-9a-f]{{8}}!\^!(\^!)?[0-9a-f]{{8}}\)",
+                            line), line
+    result = flux(cli, "ping", "-c", "1", "any", parent=endpoint)
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == "flux-ping any!broker"
+    assert re.match(r"\d!broker\.ping pad=0 seq=0 time=", result.stdout.splitlines()[1])
+    result = flux(cli, "ping", "-c", "1", "0!nosuch", parent=endpoint)
+    assert result.returncode == 1 and "0!nosuch.ping: " in result.stderr, _report(result)
+
+    result = flux(cli, "ping", "all", "--summary", parent=endpoint)  # the command is none
+    assert result.returncode == 0, _report(result)
+    assert re.match(r"flux-ping all!broker\n0!broker\.ping pad=0 seq=0 time=[\d.]+ ms \(.*\)\n"
+                    r"1!broker\.ping pad=0 seq=0 time=[\d.]+ ms \(.*\)\n"
                     r"2 answered, 0 unreachable: min/mean/max = ", result.stdout), result.stdout
 
-    result = flux(cli, "rpc", "overlay.info", "--rank", "0", parent=endpoint)
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "0", parent=endpoint)
     assert json.loads(result.stdout)["size"] == 2, _report(result)  # for all those commands
 
     claimed = cli.start("flux", "run", "--json", "--parent", endpoint, "--topology", "kary:2",
                         "--rank", "30")
     claimed.expect_event(event="online", rank=30)
     # through rank 1, which knows the size it joined (2): the range is rank 0's
-    result = flux(cli, "rpc", "overlay.info", "--rank", "30", parent=one_endpoint)
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "30", parent=one_endpoint)
     info = json.loads(result.stdout)
     assert info["rank"] == 30 and info["parent"] == 0, _report(result)  # 14, 6, 2 vacant
 
@@ -152,16 +168,16 @@ def test_pub_and_sub_with_sequence_numbers(cli: Cli) -> None:
         result = flux(cli, "pub", *args, "--json", parent=endpoint)
         assert result.returncode == 0, _report(result)
         assert json.loads(result.stdout)["topic"] == args[0]
-    assert sub.expect_line(lambda s: True, "first event") == "2 ev.one"
-    assert sub.expect_line(lambda s: True, "second event") == '3 ev.two {"n": 2}'
+    assert sub.expect_line(lambda s: True, "first event") == "ev.one\t"
+    assert sub.expect_line(lambda s: True, "second event") == 'ev.two\t{"n": 2}'
     assert sub.popen.wait(10) == 0, sub.describe()
 
     follower = cli.start("flux", "sub", "", "--json", "--parent", endpoint)
     follower.expect_line(lambda s: "subscribed to ''" in s, "subscribed", "err")
-    done = subprocess.run([*PEERMESH, "flux", "pub", "any.thing", "--interface", "lo"],
+    done = subprocess.run([*PEERMESH, "flux", "pub", "-s", "any.thing", "--interface", "lo"],
                           env={**os.environ, "PEERMESH_FLUX_PARENTS": f" {endpoint} ,"},
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    assert done.stdout == "4 any.thing\n", _report(done)     # joined through the variable
+    assert done.stdout == "seq=4\n", _report(done)     # joined through the variable
     assert follower.expect_event(topic="any.thing") == {"seq": 4, "topic": "any.thing",
                                                         "payload": None}
     assert follower.stop(signal.SIGINT) == 0      # following ends normally on Ctrl-C
@@ -175,7 +191,7 @@ def test_members_and_commands_find_each_other_through_the_mesh(cli: Cli) -> None
     assert result.returncode == 0, _report(result)
     rows = json.loads(result.stdout)
     assert [row["rank"] for row in rows] == [0, 1] and rows[0]["clients"] == 1, rows
-    result = flux(cli, "rpc", "overlay.info", "--rank", "1")
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "1")
     assert result.returncode == 0 and json.loads(result.stdout)["parent"] == 0, _report(result)
     assert second.stop(signal.SIGTERM) == 0 and first.stop(signal.SIGTERM) == 0
 
@@ -198,7 +214,9 @@ def test_commands_take_only_members_inside_the_peer_networks(cli: Cli) -> None:
     (("rpc", "a.b", "[1, 2]"), "JSON argument must be an object"),
     (("pub", "a.b", "7"), "JSON argument must be an object"),
     (("rpc", "a.b", "--rank", "-1"), "'-1' is not a rank"),
-    (("ping", "first"), "'first' is not a rank"),
+    (("ping", "1!a.b"), "a service is one word"),
+    (("ping", "x!broker"), "invalid nodeid: 'x'"),
+    (("ping", "-b", "1"), "--batch needs --count"),
     (("rpc", "a.b", "--parent", "127.0.0.1:5"), "--parent '127.0.0.1:5' is not tcp://HOST:PORT"),
     (("run", "--root", "--parent", "tcp://127.0.0.1:5"), "--root and --parent exclude each other"),
     (("run", "--root", "--topology", "ring"), "topology 'ring' is not kary:K"),
@@ -227,7 +245,7 @@ def test_error_answers_are_messages(cli: Cli) -> None:
     answer = json.loads(result.stdout)
     assert (answer["errnum"], answer["error"]) == (113, "EHOSTUNREACH")
     assert "(EHOSTUNREACH: that rank cannot be reached)" in result.stderr
-    result = flux(cli, "ping", str(vacant), parent=endpoint)
+    result = flux(cli, "ping", str(vacant), "--summary", parent=endpoint)
     assert result.returncode == 1 and "0 answered, 1 unreachable" in result.stdout, \
         _report(result)
 
@@ -284,7 +302,7 @@ def test_a_root_restarted_at_its_endpoint_is_rejoined(cli: Cli, free_tcp_port: i
     # (a join sent while the old root was closing is tried again after hello_timeout, 5 s)
     again.expect_event(timeout=30, event="child-attached", rank=1)
     one.expect_event(timeout=30, event="online", rank=1)            # its rank kept
-    result = flux(cli, "rpc", "overlay.info", "--rank", "1", parent=endpoint)
+    result = flux(cli, "rpc", "peermesh.info", "--rank", "1", parent=endpoint)
     assert json.loads(result.stdout)["parent"] == 0, _report(result)
     assert one.stop(signal.SIGTERM) == 0 and again.stop(signal.SIGTERM) == 0
 
@@ -300,3 +318,21 @@ def test_a_run_endpoint_that_cannot_be_used_is_named(cli: Cli, args: tuple[str, 
     result = flux(cli, "run", "--root", *args)
     assert result.returncode == 2, _report(result)
     assert message in result.stderr, _report(result)
+
+
+def test_ping_all_lists_a_killed_rank_and_a_joining_member_takes_the_roots_kary(
+        cli: Cli) -> None:
+    root, endpoint = member(cli, "--root", "--topology", "kary:2")
+    process = cli.start("flux", "run", "--json", "--parent", endpoint)  # default kary:32
+    line = process.expect_line(lambda s: ENDPOINT.search(s) is not None, "endpoint", "err")
+    assert "kary:32" not in line and "(the topology of rank 0)" in line, line
+    assert process.expect_event(event="online")["detail"]["topology"] == "kary:2"
+    other, _ = member(cli, "--parent", endpoint)
+    process.kill()                                   # kill -9: it says no goodbye
+    root.expect_event(event="child-lost", rank=1)
+    result = flux(cli, "ping", "all", "--json", parent=endpoint)
+    assert result.returncode == 1, _report(result)
+    report = json.loads(result.stdout)
+    assert [p["rank"] for p in report["pings"]] == [0, 2]
+    assert [u["rank"] for u in report["unreachable"]] == [1]
+    assert root.stop(signal.SIGTERM) == 0 and other.stop(signal.SIGINT) == 0

@@ -53,7 +53,7 @@ def test_join_while_running_and_static_claims() -> None:
     clash = tree.add(rank=9)              # rank 9 is held by a live node
     assert clash.rank == 11 and notices(tree, "rank-taken")
     ping = tree.by_rank(0).open_handle()
-    tree.rpc(tree.by_rank(0), ping, "overlay.info", None, 9)
+    tree.rpc(tree.by_rank(0), ping, "peermesh.info", None, 9)
     (answer,) = tree.taken(tree.by_rank(0), ping)
     assert read_json(answer.payload)["rank"] == 9
 
@@ -244,7 +244,8 @@ def test_hostile_hello_and_stranger_traffic() -> None:
     tree = Tree(k=2)
     cores = {c.rank: c for c in tree.grow(5)}
     from peermesh.wire.flux import encode, json_payload
-    hello = encode(Request("overlay.hello", json_payload({"rank": 2, "uuid": "x", "endpoint": "e"}),
+    hello = encode(Request("peermesh.hello",
+                           json_payload({"rank": 2, "uuid": "x", "endpoint": "e"}),
                            1, 5, routes=()))
     out = cores[1].receive(b"S" * 16, hello, tree.now)   # rank 2 is not below rank 1
     (send,) = out
@@ -260,7 +261,7 @@ def test_a_join_cannot_grow_the_instance_past_max_size() -> None:
     tree = Tree(k=2, max_size=8)
     root = tree.grow(3)[0]
     for rank in (8, 0xFFFFFFF0):
-        join = encode(Request("overlay.join", json_payload(
+        join = encode(Request("peermesh.join", json_payload(
             {"rank": rank, "uuid": "u", "endpoint": "tcp://x"}), 0, 5, routes=()))
         (answer,) = root.receive(b"S" * 16, join, tree.now)
         assert decode(answer.frames[1:]).errnum == Errno.EPROTO  # type: ignore[union-attr]

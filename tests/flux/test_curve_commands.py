@@ -35,8 +35,8 @@ def test_commands_and_members_reach_a_keyed_instance_through_parent(
         _, endpoint = member(cli, "--root", *keyed("root"))
         one, _ = member(cli, "--parent", endpoint, "--server-key", root_key, *keyed("one"))
 
-        result = cli.call("flux", "ping", "1", "--parent", endpoint, "--server-key", root_key,
-                          "--key-file", ring.secret("tool"), "--json")
+        result = cli.call("flux", "ping", "-c", "1", "1", "--parent", endpoint, "--server-key",
+                          root_key, "--key-file", ring.secret("tool"), "--json")
         assert result.returncode == 0, _report(result)
         assert [p["rank"] for p in json.loads(result.stdout)["pings"]] == [1]
         result = cli.call("flux", "tree", "--json", "--parent", endpoint, "--server-key",
@@ -44,7 +44,7 @@ def test_commands_and_members_reach_a_keyed_instance_through_parent(
         assert [row["rank"] for row in json.loads(result.stdout)] == [0, 1], _report(result)
 
         # a key the instance does not admit gets no answer
-        result = flux("ping", "0", "--server-key", root_key, "--key-file",
+        result = flux("ping", "-c", "1", "0", "--server-key", root_key, "--key-file",
                       ring.secret("stranger"))
         assert result.returncode == 1 and "could not connect" in result.stderr, _report(result)
 
@@ -55,13 +55,14 @@ def test_commands_and_members_reach_a_keyed_instance_through_parent(
                  "once per --parent"),
                 (("--server-key", str(tmp_path / "missing.key")), 1, "no key file at"),
                 (("--server-key", str(tmp_path / "allowed")), 1, "is a directory")]:
-            result = flux("ping", "0", *args)
+            result = flux("ping", "-c", "1", "0", *args)
             assert result.returncode == code and message in result.stderr, _report(result)
         (tmp_path / "junk.key").write_text("not a certificate\n")
-        result = flux("ping", "0", "--server-key", str(tmp_path / "junk.key"))
+        result = flux("ping", "-c", "1", "0", "--server-key", str(tmp_path / "junk.key"))
         assert result.returncode == 1 and "is not a certificate" in result.stderr, \
             _report(result)
-        result = cli.call("flux", "ping", "0", "--server-key", root_key, "--wait", "1")
+        result = cli.call("flux", "ping", "-c", "1", "0", "--server-key", root_key,
+                          "--wait", "1")
         assert result.returncode == 2 and "--server-key goes with --parent" in result.stderr, \
             _report(result)
         result = cli.call("flux", "run", "--parent", endpoint, "--server-key", root_key)

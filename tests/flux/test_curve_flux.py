@@ -165,6 +165,6 @@ def test_a_client_on_keys_fails_over_to_a_member_found_later_with_its_key(
         assert client.endpoint == two.endpoint and client.rank == two.rank
         assert "tcp://127.0.0.1:1" not in client.endpoints
         assert client.keys[two.endpoint] == ring.public("two").decode()
-        assert client.rpc("overlay.info").get_json(5)["rank"] == two.rank
+        assert client.rpc("peermesh.info").get_json(5)["rank"] == two.rank
     finally:
         client.close()

@@ -53,7 +53,7 @@ def test_members_elect_the_root_and_join_it(mesh: Callable[..., tuple[Node, Flux
     assert root.rank == 0 and sorted(f.rank or 0 for f in members) == [0, 1, 2, 3]
     assert "flux" in roles_of(root.node.headers) and FLUX_HEADER in root.node.headers
     assert FLUX_HEADER == "X-PM-FLUX-TREE"      # X-PM-<OVERLAY>-<WHAT>, as docs/overlays.md says
-    answers = {members[0].rpc("overlay.info", None, r).get_json(5)["rank"] for r in range(4)}
+    answers = {members[0].rpc("peermesh.info", None, r).get_json(5)["rank"] for r in range(4)}
     assert answers == {0, 1, 2, 3}
 
 

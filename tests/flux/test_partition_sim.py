@@ -68,7 +68,7 @@ def test_partition_splits_and_heals_to_one_tree(island_sim: Any) -> None:
                          all(f.state is State.ONLINE for f in fluxes), limit=40.0)
     for side in (even, odd):                      # each island is one tree of its own
         top = fluxes[side[0]]
-        answers = [top.rpc("overlay.info", None, fluxes[i].rank) for i in side]
+        answers = [top.rpc("peermesh.info", None, fluxes[i].rank) for i in side]
         sim.run(1.0)
         assert sorted(a.get_json(0)["rank"] for a in answers) == sorted(
             fluxes[i].rank for i in side)  # type: ignore[type-var]

@@ -135,7 +135,7 @@ def test_orphans_reattach_keeping_ranks_and_fetch_missed_events(
         assert me.core.stats["replayed"] == 3     # fetched from rank 0, not missed
         assert not [n for n in notices if n.what == "events-lost"]
         assert me.rpc("svc.echo", {}, 2).get_json(5)["rank"] == 2
-        assert me.rpc("overlay.info", None, 0).get_json(5)["children"] == [2, 3]
+        assert me.rpc("peermesh.info", None, 0).get_json(5)["children"] == [2, 3]
     finally:
         me.stop()
 
@@ -155,16 +155,17 @@ def test_hostile_frames_are_dropped_and_traffic_goes_on(
         hostile.append(sock)
     junk = [[b""], [b"x" * 100], [b"\x8e\x01" + b"\0" * 18], [b"a"] * 50, [b"x" * 200000],
             encode(Request("svc.echo", b"{}\0", 1, 9, routes=())),
-            encode(Request("overlay.hello", json_payload({"rank": 1, "uuid": "u", "endpoint": "e"}),
+            encode(Request("peermesh.hello",
+                           json_payload({"rank": 1, "uuid": "u", "endpoint": "e"}),
                            0, 3, routes=())),
-            encode(Request("overlay.join", b"not json", 0, 4, routes=()))]
+            encode(Request("peermesh.join", b"not json", 0, 4, routes=()))]
     for sock in hostile:
         for frames in junk:
             sock.send_multipart(frames)
     for _ in range(20):
         answer = me.rpc("svc.echo", {}, one.ready["rank"]).get_json(5)
         assert answer["rank"] == 1
-    info = me.rpc("overlay.info", None, 0).get_json(5)
+    info = me.rpc("peermesh.info", None, 0).get_json(5)
     assert info["children"] == [1, 2]            # no stranger became a child
     for sock in hostile:
         sock.close(linger=0)

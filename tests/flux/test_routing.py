@@ -158,7 +158,7 @@ def test_every_request_answered_once_by_rank() -> None:
     tree, cores, _ = settled()
     client = cores[6].open_handle()
     for rank in range(7):
-        tree.rpc(cores[6], client, "overlay.info", None, rank)
+        tree.rpc(cores[6], client, "peermesh.info", None, rank)
     got = tree.taken(cores[6], client)
     assert all(r.errnum == 0 for r in got)
     assert [read_json(r.payload)["rank"] for r in got] == list(range(7))
