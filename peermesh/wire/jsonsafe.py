@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any, Union
 
+from ..errors import PeermeshError
+
 __all__ = ["JsonError", "MAX_DEPTH", "HEADER_DEPTH", "loads", "depth"]
 
 #: nesting depth of remote JSON (an object in a list is depth 2)
@@ -28,7 +30,7 @@ _scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _decode = json.JSONDecoder().decode
 
 
-class JsonError(ValueError):
+class JsonError(PeermeshError, ValueError):
     """Remote JSON that is malformed, too long or too deep."""
 
 
