@@ -166,6 +166,15 @@ class NodeConfig:
     #: ZAP domain of the allowed keys (local to the process, never sent); None: one of the
     #: allowlist's own, so nodes of one process with other allowed keys never clash
     zap_domain: Optional[str] = None
+    #: seconds between the PINGs that time each ready peer's round trip (``peers``, the
+    #: metrics); 0: only the PINGs ZRE sends anyway (silent peers, ``flush``)
+    rtt_probe: float = 10.0
+    #: ``HOST:PORT`` (or ``PORT``: on 127.0.0.1) where a serving command exports Prometheus
+    #: metrics over HTTP; None: no metrics. A host other than loopback needs
+    #: ``metrics_public``
+    metrics: Optional[str] = None
+    #: allow ``metrics`` on an address other than loopback (the metrics name the peers)
+    metrics_public: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -175,6 +184,8 @@ class NodeConfig:
                     "hello_timeout"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be positive")
+        if self.rtt_probe < 0:
+            raise ValueError("rtt_probe must be 0 (off) or positive")
         if not self.evasive <= self.silent <= self.expired:
             raise ValueError("timeouts must satisfy evasive <= silent <= expired")
         for key in _COUNTS:
@@ -185,7 +196,7 @@ class NodeConfig:
         def bad(key: str, what: str) -> ValueError:
             return ValueError(f"{key} must be {what}, not {getattr(self, key)!r}")
 
-        for key in ("name", "interface", "key_file", "allowed_keys", "zap_domain"):
+        for key in ("name", "interface", "key_file", "allowed_keys", "zap_domain", "metrics"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise bad(key, "a non-empty string")
@@ -209,10 +220,12 @@ class NodeConfig:
             if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
                 raise bad(key, "an integer")
         for key in ("interval", "evasive", "silent", "expired", "send_timeout",
-                    "hello_timeout"):
+                    "hello_timeout", "rtt_probe"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise bad(key, "a number")
+        if not isinstance(self.metrics_public, bool):
+            raise bad("metrics_public", "true or false")
 
     def replace(self, **changes: Any) -> "NodeConfig":
         """A copy with ``changes`` applied (None values are ignored)."""
@@ -277,6 +290,12 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         return tuple(g.strip() for g in raw.split(",") if g.strip())
     if name == "headers":
         return dict(parse_header(item) for item in raw.split(",") if item)
+    if kind in ("bool", bool):
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("not one of 1, true, yes, on, 0, false, no, off")
     if kind in ("int", int):
         return int(raw)
     if kind in ("float", float):

@@ -120,7 +120,7 @@ class KeyGate:
             return
         if uuid not in self.leaving:
             self.leaving[uuid] = now
-            self.session.ping(peer)
+            self.session.ping(peer, now)
 
     # --- the mailbox ---------------------------------------------------------------
 

@@ -46,6 +46,8 @@ class _ByteBound:
     size = 0
     #: items dropped for ``max_bytes``
     dropped = 0
+    #: octets of content admitted, ever (the metrics' bytes received)
+    admitted = 0
     #: the content octets of each item not yet known to be taken, oldest first
     #: (None: no bound in octets)
     _sizes: Optional[deque[int]] = None
@@ -69,6 +71,7 @@ class _ByteBound:
                 self.dropped += 1
                 return False
         self.size += size
+        self.admitted += size
         sizes.append(size)
         return True
 

@@ -63,6 +63,8 @@ Frame = Union[bytes, bytearray, memoryview, str]
 PeerRef = Union[UUID, str]
 
 _WHISPER_HEADER = struct.Struct(">HBBH").pack
+#: the HELLO header where overlays list their roles (``peermesh.overlay.ROLES_HEADER``)
+ROLES_HEADER = "X-PM-ROLES"
 _SIGNATURE = zre.SIGNATURE
 _WHISPER = 2
 _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre merges "
@@ -70,21 +72,35 @@ _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre m
 
 
 class PeerInfo:
-    """A snapshot of what a node knows about a peer."""
+    """A snapshot of what a node knows about a peer.
 
-    __slots__ = ("uuid", "name", "address", "headers", "groups")
+    Liveness: ``state`` is "alive", "evasive" (silent for ``evasive``, being
+    PINGed) or "silent" (silent for ``silent``); ``last_heard`` the seconds
+    since anything came from it; ``rtt`` the smoothed PING to PING-OK time in
+    seconds (None until it answered one; ``NodeConfig.rtt_probe``); ``roles``
+    what its ``X-PM-ROLES`` header lists.
+    """
 
-    def __init__(self, peer: Peer) -> None:
+    __slots__ = ("uuid", "name", "address", "headers", "groups", "state", "last_heard", "rtt",
+                 "roles")
+
+    def __init__(self, peer: Peer, now: float) -> None:
         self.uuid: UUID = peer.uuid
         self.name: str = peer.name
         self.address: str = peer.endpoint
         self.headers: dict[str, str] = dict(peer.headers)
         self.groups: list[str] = sorted(peer.groups)
+        self.state: str = peer.state
+        self.last_heard: float = max(0.0, now - peer.last_seen)
+        self.rtt: Optional[float] = peer.rtt.smoothed if peer.rtt is not None else None
+        self.roles: list[str] = [r for r in peer.headers.get(ROLES_HEADER, "").split(",") if r]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form."""
+        """JSON-friendly form (``rtt`` and ``last_heard`` in seconds)."""
         return {"peer": self.uuid.hex, "name": self.name, "address": self.address,
-                "headers": self.headers, "groups": self.groups}
+                "headers": self.headers, "groups": self.groups, "state": self.state,
+                "last_heard": round(self.last_heard, 3),
+                "rtt": None if self.rtt is None else round(self.rtt, 6), "roles": self.roles}
 
     def __repr__(self) -> str:
         return f"PeerInfo({self.uuid.hex[:8]} {self.name!r} {self.address})"
@@ -181,6 +197,8 @@ class Node:
         self.mailbox_port = 0
         self._last_target: Optional[tuple[PeerRef, Peer]] = None
         self._mailbox: Any = None
+        #: WHISPERs and SHOUTs sent (one per peer a SHOUT went to), octets of their content
+        self._sent_whispers = self._sent_shouts = self._sent_octets = 0
 
     # --- identity -------------------------------------------------------
 
@@ -290,8 +308,8 @@ class Node:
         for peer, target in pending:
             peer.unconfirmed = False
             peer.pong = woken
-            if not peer.pings or peer.pings[-1] < target:
-                session.ping(peer)  # a PING already on its way may predate the last message
+            if not peer.pings or peer.pings[-1][0] < target:
+                session.ping(peer, self._clock())  # a PING already on its way may predate the last message
 
         def answered() -> bool:
             return all(peer.confirmed >= target or self._peers.get(peer.uuid) is not peer
@@ -392,6 +410,8 @@ class Node:
         content[0] = _WHISPER_HEADER(_SIGNATURE, _WHISPER, zre.VERSION, target.next_sequence())
         link.offer(content)
         target.unconfirmed = True
+        self._sent_whispers += 1
+        self._sent_octets += len(content[1]) if len(content) == 2 else sum(map(len, content[1:]))
 
     def shout(self, group: str, *frames: Frame) -> None:
         """Send ``frames`` to every peer in ``group``, one unicast SHOUT each.
@@ -408,6 +428,8 @@ class Node:
         members = self._session.members.get(group)
         if not members:
             return
+        self._sent_shouts += len(members)
+        self._sent_octets += len(members) * sum(map(len, content))
         slow = []
         for peer in list(members.values()):
             if peer.link.has_room():
@@ -433,6 +455,8 @@ class Node:
         if not members or not bodies:
             return
         count = len(bodies)
+        self._sent_shouts += count * len(members)
+        self._sent_octets += len(members) * sum(map(len, bodies))
         slow = []
         for peer in list(members.values()):
             done = peer.link.offer_each(zre.shouts(peer.sent + 1, group_field, bodies))
@@ -535,6 +559,36 @@ class Node:
         result.update(session.counters.snapshot())
         return result
 
+    def traffic(self) -> dict[str, int]:
+        """Totals of what went through the mailbox since start (for the metrics).
+
+        ``received_whispers``, ``received_shouts``, ``received_control`` (other
+        ZRE commands), ``received_octets`` (content of WHISPERs and SHOUTs),
+        ``sent_whispers``, ``sent_shouts`` (one per member a SHOUT went to),
+        ``sent_control``, ``sent_octets`` (content), and ``dropped_REASON`` for
+        input dropped as malformed or out of place (``short``,
+        ``bad_signature``, ``before_hello``, ``sequence_gap``, ``malformed``).
+        """
+        session = self._session
+        result = {"received_whispers": session.received_whispers,
+                  "received_shouts": session.received_shouts,
+                  "received_control": session.received_control,
+                  "received_octets": getattr(self._events, "admitted", 0),
+                  "sent_whispers": self._sent_whispers, "sent_shouts": self._sent_shouts,
+                  "sent_control": session.sent_control, "sent_octets": self._sent_octets}
+        result.update((f"dropped_{reason}", count) for reason, count in session.dropped.items())
+        return result
+
+    def peer_infos(self) -> list[PeerInfo]:
+        """A snapshot of every ready peer (``peer_info`` of each, one clock reading)."""
+        now = self._clock()
+        return [PeerInfo(p, now) for p in self._peers.values() if p.ready]
+
+    def round_trips(self) -> dict[UUID, Any]:
+        """Each ready peer's ``roundtrip.RoundTrip`` (those that answered a PING), live:
+        read them on the node's hub."""
+        return {p.uuid: p.rtt for p in self._peers.values() if p.ready and p.rtt is not None}
+
     def _count_dropped(self) -> None:
         """Move the event queue's drops since the last call into the session's counters."""
         counters = self._session.counters
@@ -552,7 +606,7 @@ class Node:
 
     def peer_info(self, peer: PeerRef) -> PeerInfo:
         """A snapshot of one peer: name, address, headers, groups."""
-        return PeerInfo(self._ready_peer(peer))
+        return PeerInfo(self._ready_peer(peer), self._clock())
 
     def peer_name(self, peer: PeerRef) -> str:
         """The peer's name."""

@@ -94,6 +94,7 @@ from ..counters import Counters, take_one
 from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..wire import zre
+from .roundtrip import RoundTrip
 
 __all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
 
@@ -153,7 +154,7 @@ class Peer:
     __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
                  "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
                  "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed",
-                 "since")
+                 "since", "rtt", "next_probe")
 
     def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
         self.uuid = uuid
@@ -175,9 +176,17 @@ class Peer:
         self.unconfirmed = False    # application messages sent since the last flush
         self.pong: Optional[_Waker] = None  # set on each PING-OK and on removal (flush waits)
         self.total = 0              # messages sent to the peer, ever
-        self.pings: Optional[deque[int]] = None  # ``total`` when each unanswered PING went
+        #: (``total``, the time or None) when each unanswered PING went
+        self.pings: Optional[deque[tuple[int, Optional[float]]]] = None
         self.confirmed = 0          # messages the peer is known to have handled
         self.since = now            # when it entered the table
+        self.rtt: Optional[RoundTrip] = None  # PING to PING-OK times, once it answered one
+        self.next_probe = now       # when to PING it for a round-trip time (``rtt_probe``)
+
+    @property
+    def state(self) -> str:
+        """Liveness: "alive", "evasive" (PINGed after ``evasive`` of silence) or "silent"."""
+        return "silent" if self.silent else "evasive" if self.evasive else "alive"
 
     def next_sequence(self) -> int:
         """The sequence number for the next message to this peer."""
@@ -263,6 +272,12 @@ class Session:
         self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
         self._evasive: list[Peer] = []  # ready peers EVASIVE at the last tick (shed first)
+        #: ZRE commands received: WHISPER, SHOUT, any other (after HELLO, in sequence)
+        self.received_whispers = self.received_shouts = self.received_control = 0
+        #: control commands sent (HELLO aside); messages sent to peers no longer in the table
+        self.sent_control = self.sent_departed = 0
+        #: input dropped as malformed or out of place, by reason (never logged each time)
+        self.dropped: Counter[str] = Counter()
         self._hello: Optional[list[bytes]] = None
 
     # --- own state --------------------------------------------------------
@@ -317,14 +332,16 @@ class Session:
         if link.queued() > 2 * link.limit:
             self.remove(peer, "not responding: send queue full")
             return
+        self.sent_control += 1
         link.offer(zre.encode(message))
 
-    def ping(self, peer: Peer) -> None:
-        """PING ``peer``; its PING-OK confirms everything sent before (``peer.confirmed``)."""
+    def ping(self, peer: Peer, now: Optional[float] = None) -> None:
+        """PING ``peer``; its PING-OK confirms everything sent before (``peer.confirmed``)
+        and, given ``now``, times the round trip (``peer.rtt``)."""
         self.send_control(peer, zre.Ping(peer.next_sequence()))
         if peer.pings is None:
             peer.pings = deque()
-        peer.pings.append(peer.total)
+        peer.pings.append((peer.total, now))
 
     # --- discovery reports -------------------------------------------------
 
@@ -462,6 +479,7 @@ class Session:
             return
         del self.peers[peer.uuid]
         del self.by_identity[peer.identity]
+        self.sent_departed += peer.total
         address = self._address(peer.endpoint)
         if address:
             take_one(self.per_address, address)
@@ -479,7 +497,8 @@ class Session:
             peer.pong.set()  # wake flush(): the peer is gone
         if peer.ready:
             peer.ready = False  # for whoever still holds it (the node's last whisper target)
-            log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
+            log.info("peer %s (%s) at %s left: %s", peer.name, peer.uuid.hex, peer.endpoint,
+                     reason, extra={"peer": peer.uuid.hex, "peer_name": peer.name})
             self.emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
 
     def _peer_join(self, peer: Peer, group: str) -> None:
@@ -533,6 +552,10 @@ class Session:
             else:
                 fast = prefix == _WHISPER_PREFIX and len(head) == 6
             if fast:
+                if group is None:
+                    self.received_whispers += 1
+                else:
+                    self.received_shouts += 1
                 peer.want = (peer.want + 1) & 0xFFFF
                 peer.last_seen = now
                 if peer.next_ping:
@@ -545,19 +568,23 @@ class Session:
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:
         if len(head) < 6:
+            self.dropped["short"] += 1
             log.debug("dropped short message from %r", identity)
             return
         signature, command, version, sequence = _HEADER.unpack_from(head)
         if signature != _SIGNATURE or version != zre.VERSION:
+            self.dropped["bad_signature"] += 1
             log.debug("dropped message with bad signature/version from %r", identity)
             return
         if command == _HELLO:
             self._on_hello(identity, frames, peer, now)
             return
         if peer is None or not peer.ready:
+            self.dropped["before_hello"] += 1
             log.debug("ignored command %d before HELLO from %r", command, identity)
             return
         if sequence != peer.want:
+            self.dropped["sequence_gap"] += 1
             log.debug("sequence gap from %s: expected %d, got %d", peer.name, peer.want, sequence)
             self.remove(peer, f"sequence gap (expected {peer.want}, got {sequence})")
             return
@@ -568,9 +595,11 @@ class Session:
         try:
             message = zre.decode(frames)
         except ProtocolError as exc:
+            self.dropped["malformed"] += 1
             log.debug("dropped malformed command from %s: %s", peer.name, exc.reason)
             return
         if isinstance(message, zre.Shout):
+            self.received_shouts += 1
             if message.group in self.groups:
                 self.emit(Event(SHOUT, peer.uuid, peer.name, message.group, message.content))
         elif isinstance(message, zre.Join):
@@ -585,10 +614,18 @@ class Session:
             self._on_peer_exchange(peer, message, now)
         elif isinstance(message, zre.PingOk):
             if peer.pings:
-                peer.confirmed = peer.pings.popleft()
+                peer.confirmed, sent = peer.pings.popleft()
+                if sent is not None:
+                    if peer.rtt is None:
+                        peer.rtt = RoundTrip()
+                    peer.rtt.add(now - sent)
             if peer.pong is not None:
                 peer.pong.set()
         # Unknown commands (Zyre's ELECT/LEADER) only advance the sequence
+        if isinstance(message, zre.Whisper):
+            self.received_whispers += 1
+        elif not isinstance(message, zre.Shout):
+            self.received_control += 1
 
     def _peer_status(self, peer: Peer, status: int) -> None:
         expected = (peer.status + 1) & 0xFF
@@ -661,7 +698,7 @@ class Session:
         """A new node says HELLO from ``holder``'s endpoint: ask the holder if it lives."""
         if holder.uuid not in self._claims:
             log.debug("%s claims %s of %s: PINGing it", uuid, holder.endpoint, holder.name)
-            self.ping(holder)
+            self.ping(holder, now)
         self._claims[holder.uuid] = _Claim(uuid, hello, now)
 
     def _settle_claims(self, now: float) -> None:
@@ -695,6 +732,8 @@ class Session:
         peer.status = hello.status
         peer.refresh(now)
         if announce:
+            log.info("peer %s (%s) entered from %s", peer.name, peer.uuid.hex, peer.endpoint,
+                     extra={"peer": peer.uuid.hex, "peer_name": peer.name})
             self.emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
                             address=peer.endpoint))
             if peer.headers.get(PEX_HEADER) == "1":
@@ -757,6 +796,7 @@ class Session:
         if self._claims:
             self._settle_claims(now)
         evasive: list[Peer] = []
+        probe = cfg.rtt_probe
         for peer in list(self.peers.values()):
             stalled = peer.link.stalled_since
             if stalled is not None and now - stalled >= cfg.expired:
@@ -768,14 +808,22 @@ class Session:
                 continue
             if idle >= cfg.evasive and now >= peer.next_ping:
                 peer.next_ping = now + cfg.evasive
-                self.ping(peer)
+                self.ping(peer, now)
                 if not peer.evasive and peer.ready:
                     peer.evasive = True
+                    log.info("peer %s (%s) is evasive: silent for %.1fs", peer.name,
+                             peer.uuid.hex, idle,
+                             extra={"peer": peer.uuid.hex, "peer_name": peer.name})
                     self.emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
+            elif probe and peer.ready and now >= peer.next_probe and not peer.pings:
+                peer.next_probe = now + probe
+                self.ping(peer, now)
             if peer.evasive:
                 evasive.append(peer)
             if idle >= cfg.silent and not peer.silent and peer.ready:
                 peer.silent = True
+                log.info("peer %s (%s) is silent for %.1fs", peer.name, peer.uuid.hex, idle,
+                         extra={"peer": peer.uuid.hex, "peer_name": peer.name})
                 self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
         self._evasive = evasive
         period = min(cfg.interval, cfg.evasive / 2)
