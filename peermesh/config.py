@@ -184,6 +184,10 @@ class NodeConfig:
                     "hello_timeout"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be positive")
+        if self.metrics is not None:
+            from .metrics import parse_listen
+
+            parse_listen(self.metrics, self.metrics_public)
         if self.rtt_probe < 0:
             raise ValueError("rtt_probe must be 0 (off) or positive")
         if not self.evasive <= self.silent <= self.expired:

@@ -197,6 +197,13 @@ def _node_options(timers_only: bool = False) -> argparse.ArgumentParser:
                       help="directory of the public certificates of the nodes admitted; "
                            "re-read when it changes or on SIGHUP (default: "
                            "$PEERMESH_ALLOWED_KEYS, then any node with a key)")
+    node.add_argument("--metrics", metavar="HOST:PORT", type=text,
+                      help="commands that serve (run, agent, serve, worker, broker run, flux "
+                           "run, mtl gateway): export Prometheus metrics at "
+                           "http://HOST:PORT/metrics; PORT alone listens on 127.0.0.1 "
+                           "(default: $PEERMESH_METRICS, then none)")
+    node.add_argument("--metrics-public", action="store_true", default=None,
+                      help="allow --metrics on an address other than loopback")
     node.add_argument("--config", "-c", metavar="FILE",
                       help="TOML file with a [node] table (and [nfp] for the NFP commands); "
                            f"`{PROG} config example` prints one to start from. $PEERMESH_* "
@@ -498,7 +505,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
     overrides: dict[str, Any] = {
         key: getattr(args, key, None)
         for key in ("name", "interface", "port", "interval", "evasive", "expired", "key_file",
-                    "allowed_keys")}
+                    "allowed_keys", "metrics", "metrics_public")}
     if getattr(args, "node_options", True) == "timers":  # a simulated network
         return base.replace(**overrides)
     if args.groups:

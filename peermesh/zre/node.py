@@ -199,6 +199,8 @@ class Node:
         self._mailbox: Any = None
         #: WHISPERs and SHOUTs sent (one per peer a SHOUT went to), octets of their content
         self._sent_whispers = self._sent_shouts = self._sent_octets = 0
+        #: overlays attached to this node (``Overlay.attach`` adds them; the metrics read them)
+        self.overlays: list[Any] = []
 
     # --- identity -------------------------------------------------------
 
@@ -543,7 +545,9 @@ class Node:
 
         ``peers`` (said HELLO), ``pending`` (found, no HELLO yet), ``departed``,
         ``event_queue`` (events) and ``event_queue_bytes`` (octets of content)
-        waiting for the application, ``connections`` to the mailbox; then
+        waiting for the application, ``connections`` to the mailbox,
+        ``send_backlog`` (messages) and ``send_backlog_bytes`` waiting for slow
+        peers; then
         every counter of a limit hit so far (``peers_refused``,
         ``pending_refused``, ``pending_shed``, ``pending_timed_out``,
         ``hellos_refused``, ``groups_refused``, ``leaves_ignored``,
@@ -554,7 +558,13 @@ class Node:
         result = {"peers": len(self._peers) - len(session.pending),
                   "pending": len(session.pending), "departed": len(session._departed),
                   "event_queue": len(events), "event_queue_bytes": events.octets(),
-                  "connections": getattr(self._mailbox, "connections", 0)}
+                  "connections": getattr(self._mailbox, "connections", 0),
+                  "send_backlog": 0, "send_backlog_bytes": 0}
+        for peer in self._peers.values():
+            backlog = getattr(peer.link, "backlog", None)
+            if backlog:
+                result["send_backlog"] += len(backlog)
+                result["send_backlog_bytes"] += peer.link.size  # type: ignore[attr-defined]
         self._count_dropped()
         result.update(session.counters.snapshot())
         return result
@@ -584,10 +594,11 @@ class Node:
         now = self._clock()
         return [PeerInfo(p, now) for p in self._peers.values() if p.ready]
 
-    def round_trips(self) -> dict[UUID, Any]:
-        """Each ready peer's ``roundtrip.RoundTrip`` (those that answered a PING), live:
+    def round_trips(self) -> dict[UUID, tuple[str, Any]]:
+        """(name, ``roundtrip.RoundTrip``) of each ready peer that answered a PING, live:
         read them on the node's hub."""
-        return {p.uuid: p.rtt for p in self._peers.values() if p.ready and p.rtt is not None}
+        return {p.uuid: (p.name, p.rtt) for p in self._peers.values()
+                if p.ready and p.rtt is not None}
 
     def _count_dropped(self) -> None:
         """Move the event queue's drops since the last call into the session's counters."""

@@ -116,6 +116,9 @@ COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed", "descriptors_refused")
 
+#: why mailbox input is dropped without a word to its sender (``Session.dropped``)
+DROP_REASONS = ("short", "bad_signature", "before_hello", "sequence_gap", "malformed")
+
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
 
@@ -277,7 +280,7 @@ class Session:
         #: control commands sent (HELLO aside); messages sent to peers no longer in the table
         self.sent_control = self.sent_departed = 0
         #: input dropped as malformed or out of place, by reason (never logged each time)
-        self.dropped: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter(dict.fromkeys(DROP_REASONS, 0))
         self._hello: Optional[list[bytes]] = None
 
     # --- own state --------------------------------------------------------
