@@ -135,10 +135,10 @@ class MeshCollector:
         yield self._round_trips(HistogramMetricFamily)
         overlay_families: dict[str, Any] = {}
         for overlay in list(getattr(node, "overlays", ())):
-            for name, labels, value in _overlay_samples(overlay):
+            for name, labels, amount in _overlay_samples(overlay):
                 if name == "limit_hits_total":
                     limits.add_metric([labels.get("component", _component(overlay)),
-                                       labels.get("limit", "")], value)
+                                       labels.get("limit", "")], amount)
                     continue
                 family = overlay_families.get(name)
                 if family is None:
@@ -147,7 +147,7 @@ class MeshCollector:
                         f"peermesh_{name.removesuffix('_total')}",
                         f"Overlay metric {name} (see the operations page).",
                         labels=sorted(labels))
-                family.add_metric([labels[k] for k in sorted(labels)], value)
+                family.add_metric([labels[k] for k in sorted(labels)], amount)
         yield limits
         yield from overlay_families.values()
 

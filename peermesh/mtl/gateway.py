@@ -379,6 +379,15 @@ class Gateway(Overlay):
         if self._on_state is not None:
             self._on_state(state)
 
+    def metrics(self) -> Any:
+        """``Overlay.metrics`` plus sessions, links, leases (grants) and replicas."""
+        yield from super().metrics()
+        control, data = self.control, self.data
+        yield "mtl_sessions", {}, len(control.sessions) if control is not None else 0
+        yield "mtl_links", {}, len(data.links) if data is not None else 0
+        yield "mtl_leases", {}, len(data.grants) if data is not None else 0
+        yield "mtl_replicas", {}, len(self.replicas)
+
     @property
     def replicas(self) -> frozenset[UUID]:
         """The standby gateways that hold a copy of this (serving) gateway's content."""

@@ -160,12 +160,20 @@ class LogAdvert(Overlay):
 
     roles = ("spark-log",)
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, stats: Optional[ServiceStats] = None) -> None:
         super().__init__()
         self.endpoint = endpoint
+        self.service_stats = stats
 
     def headers(self) -> dict[str, str]:
         return {HEADER_LOG: self.endpoint}
+
+    def metrics(self) -> Any:
+        """``Overlay.metrics`` plus the service's totals as ``spark_log_total{what}``."""
+        yield from super().metrics()
+        if self.service_stats is not None:
+            for what, count in asdict(self.service_stats).items():
+                yield "spark_log_total", {"what": what}, count
 
 
 def _sada() -> Any:
@@ -235,6 +243,7 @@ class DriverService:
         self._want_channel = channel
         self._node_settings = node_settings
         self.stats = ServiceStats()
+        self._metrics: Any = None  # the Prometheus endpoint (``metrics`` setting), once started
         self.node: Any = None
         self.channel: Any = None
         self.endpoint: Optional[str] = None
@@ -301,8 +310,12 @@ class DriverService:
         if self._port is not None:
             settings["port"] = self._port
         self.node = node_class(self.name, groups=self.groups, interface=self._interface,
-                               headers=headers, overlays=[LogAdvert(self.endpoint)],
+                               headers=headers,
+                               overlays=[LogAdvert(self.endpoint, self.stats)],
                                **settings).start()
+        from ..metrics import serve_configured
+
+        self._metrics = self.node.call(serve_configured)  # config.metrics, $PEERMESH_METRICS
         if self.channel is not None:
             self.channel.start(self.node)
         self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config),
@@ -329,6 +342,9 @@ class DriverService:
                 self.channel.stop()
             except Exception:
                 log.debug("stopping the channel failed", exc_info=True)
+        metrics, self._metrics = self._metrics, None
+        if metrics is not None and self.node is not None:
+            self.node.call(lambda node: metrics.close())
         if self.node is not None:
             self.node.stop(timeout)
         self._stopping.set()
