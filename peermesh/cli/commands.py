@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from ..config import NodeConfig
     from ..events import Event
-    from ..zre.node import Node, PeerInfo
+    from ..zre.node import Node
 
 # A command that goes through the agent loads only msgpack and
 # ``peermesh.agent.client``: argparse (when the command line is plain, see
@@ -50,6 +50,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.mtl.commands",
     "peermesh.cli.keygen",
 )
+#: a peer's liveness, as ``peers --status`` filters it
+PEER_STATES = ("alive", "evasive", "silent")
 #: default --wait (seconds) of the commands that try the agent first
 WAIT_PEERS, WAIT_SEND = 2.0, 3.0
 #: in a help text: the NodeConfig default of the option's field, filled in when help is shown
@@ -300,15 +302,21 @@ def _add_peers(command: CommandFactory) -> None:
 
     peers = command(
         "peers", "list the peers (the agent's, or found within a few seconds)",
-        "List the peers (UUID, name, address, groups, headers). Through the agent: the "
+        "List the peers: UUID, name, address, liveness (STATE alive, evasive or silent; "
+        "HEARD: seconds since anything came from it; RTT: round trip from PING to PING-OK), "
+        "groups, roles, whether it is the elected broker, headers. Through the agent: the "
         "peers it knows, at once. Without: start a short-lived node, collect peers for "
         "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
-        f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
+        f"  {PROG} peers\n  {PROG} peers --status evasive --status silent\n"
+        f"  {PROG} peers --interface lo --wait 1 --json",
         cmd_peers, parents=[_agent_options(True)], agent_first=True)
     peers.add_argument("--wait", "-w", type=seconds, default=WAIT_PEERS, metavar="SECONDS",
                        help="how long to collect peers without an agent (default: %(default)s)")
+    peers.add_argument("--status", action="append", choices=PEER_STATES, metavar="STATE",
+                       help="only peers in STATE (alive, evasive, silent); repeatable")
     peers.add_argument("--json", action="store_true",
-                       help="print one JSON list of {peer, name, address, headers, groups}")
+                       help="print one JSON list of {peer, name, address, headers, groups, "
+                            "state, last_heard, rtt, roles, broker} (seconds)")
 
 
 def _add_shout(command: CommandFactory) -> None:
@@ -729,8 +737,12 @@ def cmd_peers(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
             raise RuntimeError(f"unexpected answer from the agent: {entries!r:.200}")
         empty = f"the agent at {client.path} knows no peers"
     else:
-        entries = [info.to_dict() for info in _collect_peers(args, build_config(args))]
+        entries = _collect_peers(args, build_config(args))
         empty = f"no peers found within {args.wait:g} s"
+    wanted = getattr(args, "status", None)
+    if wanted:
+        entries = [e for e in entries if e.get("state") in wanted]
+        empty = f"no peers {' or '.join(wanted)}"
     if args.json:
         emit(to_json(entries))
     elif entries:
@@ -740,7 +752,9 @@ def cmd_peers(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     return EXIT_OK
 
 
-def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInfo]:
+def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[dict[str, Any]]:
+    from ..overlay.election import peer_entries
+
     session = NodeSession(config)
     node = session.start()
     try:
@@ -749,20 +763,38 @@ def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInf
             event = session.wait_event(deadline)
             if _is_stop(event):
                 break
-        return sorted((node.peer_info(uuid) for uuid in node.peers()),
-                      key=lambda info: (info.name, info.uuid.hex))
+        return peer_entries(node, sorted(node.peer_infos(),
+                                         key=lambda info: (info.name, info.uuid.hex)))
     finally:
         session.close()
 
 
 def _peer_table(entries: Sequence[dict[str, Any]]) -> str:
-    rows = [("UUID", "NAME", "ADDRESS", "GROUPS", "HEADERS")]
+    rows = [("UUID", "NAME", "ADDRESS", "STATE", "HEARD", "RTT", "GROUPS", "ROLES", "BROKER",
+             "HEADERS")]
     for entry in entries:
         rows.append((clean(entry["peer"]), clean(entry["name"]), clean(entry["address"]),
+                     clean(entry.get("state", "?")), _seconds(entry.get("last_heard")),
+                     _seconds(entry.get("rtt")),
                      ",".join(clean(g) for g in entry["groups"]) or "-",
-                     " ".join(f"{clean(k)}={clean(v)}" for k, v in entry["headers"].items())
-                     or "-"))
+                     ",".join(clean(r) for r in entry.get("roles") or ()) or "-",
+                     "yes" if entry.get("broker") else "-",
+                     " ".join(f"{clean(k)}={clean(v)}" for k, v in entry["headers"].items()
+                              if k not in _SHOWN_HEADERS) or "-"))
     return table(rows)
+
+
+#: headers the table shows in a column of their own
+_SHOWN_HEADERS = frozenset({"X-PM-ROLES"})
+
+
+def _seconds(value: Any) -> str:
+    """``0.42s``, ``3.1ms``, ``12s`` for a number of seconds; ``-`` for None."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.3g}ms"
+    return f"{value:.3g}s" if value < 100 else f"{value:.0f}s"
 
 
 def cmd_shout(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
