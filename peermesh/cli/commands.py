@@ -225,7 +225,12 @@ def _verbose_option() -> argparse.ArgumentParser:
 
 def _add_verbose(group: Any) -> None:
     group.add_argument("--verbose", "-v", action="count", default=0,
-                       help="log to stderr: -v info, -vv debug")
+                       help="log to stderr: -v info (peers entering and leaving, limits hit, "
+                            "elections), -vv debug")
+    group.add_argument("--log-format", choices=("text", "json"), default=None,
+                       help="log lines as text, or as JSON objects with time, level, logger, "
+                            "message, node and peer fields (default: $PEERMESH_LOG_FORMAT, "
+                            "then text)")
 
 
 @functools.cache
@@ -657,7 +662,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
     from ..agent.client import AgentClient, AgentMismatch, NoAgent, resolve_path
 
     if getattr(args, "no_agent", False):
-        _setup_logging(args.verbose)  # for the node of its own
+        _setup_logging(args)  # for the node of its own
         return None, "--no-agent"
     path = resolve_path(args.agent)
     probe, args.agent_probe = getattr(args, "agent_probe", None), None
@@ -674,7 +679,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
                                else str(exc)) from None
         if not none:  # an agent may be there, but cannot be used: say so
             note(f"{exc}; using a node of its own")
-        _setup_logging(args.verbose)
+        _setup_logging(args)
         _log().info("%s; using a node of its own", exc)
         return None, str(exc)
     if not required:
@@ -682,7 +687,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
         if mismatch:
             client.close()
             why = f"not using the agent at {path}: {mismatch}"
-            _setup_logging(args.verbose)
+            _setup_logging(args)
             _log().info("%s", why)
             return None, why
     return client, ""
@@ -1074,13 +1079,18 @@ def _log() -> logging.Logger:
     return logging.getLogger("peermesh.cli.commands")
 
 
-def _setup_logging(verbosity: int) -> None:
-    """Log to stderr at WARNING, or INFO (-v) or DEBUG (-vv); once per process."""
-    import logging
+def _setup_logging(args: Any) -> None:
+    """Log to stderr at WARNING, or INFO (-v) or DEBUG (-vv), as text or JSON lines
+    (--log-format, $PEERMESH_LOG_FORMAT); once per process (``peermesh.logs``)."""
+    from ..logs import setup
 
-    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = getattr(args, "log_format", None) or os.environ.get("PEERMESH_LOG_FORMAT") or "text"
+    setup(args.verbose, "json" if fmt == "json" else "text")
+    if fmt == "json":
+        from . import output
+        from ..logs import json_note
+
+        output.note_sink = json_note
 
 
 def _failures() -> tuple[type[BaseException], ...]:
@@ -1182,8 +1192,9 @@ def _execute(args: argparse.Namespace) -> int:
     """Run the command ``args`` chose, mapping failures onto exit codes."""
     config: Optional[NodeConfig] = None
     agent_first = getattr(args, "agent_first", False)
-    if args.verbose or not agent_first:  # else when it starts a node of its own
-        _setup_logging(args.verbose)
+    if args.verbose or not agent_first or getattr(args, "log_format", None):
+        # (else when it starts a node of its own)
+        _setup_logging(args)
     try:
         sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     except (AttributeError, ValueError):

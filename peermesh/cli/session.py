@@ -168,6 +168,9 @@ class NodeSession:
                                f"{exc.strerror or exc}") from exc
         except zmq.ZMQError as exc:
             raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
+        from ..logs import set_node
+
+        set_node(node.name, node.uuid.hex)
         _logger().info("node %s (%s) at %s, beacons on port %d every %gs", node.name, node.uuid.hex,
                  node.endpoint, cfg.port, cfg.interval)
         if self._serving and cfg.metrics:
