@@ -178,6 +178,10 @@ class NodeSession:
 
             try:
                 self.metrics = serve_configured(node)
+                if self.metrics is not None:
+                    from .output import note
+
+                    note(f"metrics at {self.metrics.url}")
             except OSError as exc:
                 self.stop()
                 raise RuntimeError(f"cannot serve metrics at {cfg.metrics}: "
