@@ -11,12 +11,17 @@ and keyword arguments or CLI flags.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir"]
+__all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir",
+           "parse_listen", "DEFAULT_METRICS_HOST"]
+
+#: where ``--metrics PORT`` listens
+DEFAULT_METRICS_HOST = "127.0.0.1"
 
 #: the tables a config file may have: ``[node]`` (NodeConfig), ``[nfp]`` (the NFP
 #: commands) and ``[mtl]`` (``peermesh mtl gateway``); anything else, and any key outside a
@@ -185,8 +190,6 @@ class NodeConfig:
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be positive")
         if self.metrics is not None:
-            from .metrics import parse_listen
-
             parse_listen(self.metrics, self.metrics_public)
         if self.rtt_probe < 0:
             raise ValueError("rtt_probe must be 0 (off) or positive")
@@ -313,6 +316,39 @@ def parse_header(item: str) -> tuple[str, str]:
     if not sep or not key:
         raise ValueError(f"header {item!r} is not KEY=VALUE")
     return key, value
+
+
+def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``PORT`` (on ``DEFAULT_METRICS_HOST``) as (host, port).
+
+    ValueError for a malformed value, and for a host that is not loopback
+    unless ``public``: the metrics name every peer, so they stay on this host
+    unless asked for.
+    """
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep:
+        host, port_text = DEFAULT_METRICS_HOST, text.strip()
+    host = host.strip("[]") or DEFAULT_METRICS_HOST
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"metrics address {text!r} is not HOST:PORT or PORT") from None
+    if not 0 <= port < 65536:
+        raise ValueError(f"metrics port must be 0..65535, not {port}")
+    if not public and not _is_loopback(host):
+        raise ValueError(f"metrics address {host} is not loopback: the metrics name every "
+                         "peer; add --metrics-public (metrics_public = true) to serve them "
+                         "beyond this host")
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def default_data_dir() -> Path:

@@ -22,9 +22,11 @@ starts, so a node without metrics loads neither.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+
+from .config import DEFAULT_METRICS_HOST as DEFAULT_HOST
+from .config import parse_listen
 
 if TYPE_CHECKING:
     from .zre.node import Node
@@ -32,9 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["MeshCollector", "MetricsServer", "parse_listen", "serve_configured", "DEFAULT_HOST"]
 
 log = logging.getLogger(__name__)
-
-#: where ``--metrics PORT`` listens
-DEFAULT_HOST = "127.0.0.1"
 
 #: ``Node.stats`` keys that are sizes (gauges), by metric name; every other key counts
 #: limit hits
@@ -52,39 +51,6 @@ _SIZES = {
                            "Octets waiting in the send backlogs of slow peers."),
 }
 _STATES = ("alive", "evasive", "silent")
-
-
-def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPv6]:PORT`` or ``PORT`` (on ``DEFAULT_HOST``) as (host, port).
-
-    ValueError for a malformed value, and for a host that is not loopback
-    unless ``public``: the metrics name every peer, so they stay on this host
-    unless asked for.
-    """
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep:
-        host, port_text = DEFAULT_HOST, text.strip()
-    host = host.strip("[]") or DEFAULT_HOST
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"metrics address {text!r} is not HOST:PORT or PORT") from None
-    if not 0 <= port < 65536:
-        raise ValueError(f"metrics port must be 0..65535, not {port}")
-    if not public and not _is_loopback(host):
-        raise ValueError(f"metrics address {host} is not loopback: the metrics name every "
-                         "peer; add --metrics-public (metrics_public = true) to serve them "
-                         "beyond this host")
-    return host, port
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class MeshCollector:
