@@ -2,13 +2,13 @@
 
 How it works
 ------------
-Nothing is counted for the metrics: a ``MeshCollector`` reads, when
-Prometheus scrapes, the totals the node and its overlays keep anyway
-(``Node.stats``, ``Node.traffic``, each peer's liveness and round trips,
-each overlay's ``metrics()``), and turns them into metric families with
-``prometheus_client``. The HTTP server is gevent's ``pywsgi`` on the node's
+The node keeps plain integer totals whether or not anything exports them
+(an addition or two per message: ``Node.traffic``), and a ``MeshCollector``
+reads them, with ``Node.stats``, each peer's liveness and round trips and
+each overlay's ``metrics()``, only when Prometheus scrapes, turning them
+into metric families with ``prometheus_client``. The HTTP server is gevent's ``pywsgi`` on the node's
 hub, so a scrape reads the node's state between two of its greenlets' steps:
-no thread, no lock, and the hot path costs nothing more.
+no thread, no lock, and serving metrics adds nothing to the hot path.
 
 New counters appear without edits here: every key of ``Node.stats`` that is
 not a size is a limit hit (``peermesh_limit_hits_total{component="node",
