@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 import harness
 from harness import (INTERFACE, LO_BROADCAST, LOOPBACK, REPO, Children, Parent, busy_pct,
-                     c_extension, cpu, dump_json, free_udp_port, interleaved, median_run,
+                     c_extension, cpu, dump_json, fmt, free_udp_port, interleaved, median_run,
                      percentile, progress, ratio, round_ratios, rss_mb, table, trees, verdict)
 
 PAYLOAD = 100
@@ -897,6 +897,9 @@ def render(r: dict[str, Any]) -> str:
         row("  with --metrics (scraped 1/s), msg/s", None, tm, None,
             target=f"{m_pm:.3f}x peermesh {verdict(m_pm, TARGETS['metrics_ratio'], True)}"
             if m_pm is not None else "")
+        row("    receiver / sender CPU, us/msg", None,
+            f"{fmt(_get(r, 'throughput', 'metrics', 'rx_cpu_us'))} / "
+            f"{fmt(_get(r, 'throughput', 'metrics', 'tx_cpu_us'))}", None)
     tt = _get(r, "throughput", "threaded", "rate")
     tb = _get(r, "throughput", "threaded_baseline", "rate")
     row("ThreadedNode->Node, msg/s", None, tt, None, ratio(tt, tr), baseline=tb,
