@@ -14,7 +14,8 @@ New counters appear without edits here: every key of ``Node.stats`` that is
 not a size is a limit hit (``peermesh_limit_hits_total{component="node",
 limit=KEY}``), every ``dropped_REASON`` of ``Node.traffic`` a drop, and
 every overlay reports its own samples (``Overlay.metrics``: its ``limits``
-counters and ``stats`` totals by default).
+counters and ``stats`` totals by default; a ``RoundTrip`` value becomes a
+histogram).
 
 ``prometheus_client`` and ``gevent.pywsgi`` are imported only when a server
 starts, so a node without metrics loads neither.
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from .config import DEFAULT_METRICS_HOST as DEFAULT_HOST
 from .config import parse_listen
+from .zre.roundtrip import BUCKETS, RoundTrip
 
 if TYPE_CHECKING:
     from .zre.node import Node
@@ -101,19 +103,25 @@ class MeshCollector:
         yield self._round_trips(HistogramMetricFamily)
         overlay_families: dict[str, Any] = {}
         for overlay in list(getattr(node, "overlays", ())):
-            for name, labels, amount in _overlay_samples(overlay):
+            for name, labels, amount in _overlay_samples(overlay):  # a number or a RoundTrip
                 if name == "limit_hits_total":
                     limits.add_metric([labels.get("component", _component(overlay)),
                                        labels.get("limit", "")], amount)
                     continue
-                family = overlay_families.get(name)
+                family: Any = overlay_families.get(name)
+                histogram = isinstance(amount, RoundTrip)
                 if family is None:
-                    kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+                    kind = (HistogramMetricFamily if histogram else CounterMetricFamily
+                            if name.endswith("_total") else GaugeMetricFamily)
                     family = overlay_families[name] = kind(
                         f"peermesh_{name.removesuffix('_total')}",
                         f"Overlay metric {name} (see the operations page).",
                         labels=sorted(labels))
-                family.add_metric([labels[k] for k in sorted(labels)], amount)
+                values = [labels[k] for k in sorted(labels)]
+                if isinstance(amount, RoundTrip):
+                    family.add_metric(values, _buckets(amount), amount.total)
+                else:
+                    family.add_metric(values, amount)
         yield limits
         yield from overlay_families.values()
 
@@ -139,19 +147,25 @@ class MeshCollector:
         yield dropped
 
     def _round_trips(self, histogram: Any) -> Any:
-        from .zre.roundtrip import BUCKETS
-
         family = histogram("peermesh_peer_rtt_seconds",
                            "Round trips from PING to PING-OK, per peer.",
                            labels=["peer", "name"])
-        bounds = [f"{b:g}" for b in BUCKETS] + ["+Inf"]
         for uuid, (name, rtt) in self.node.round_trips().items():
-            cumulative, buckets = 0, []
-            for bound, count in zip(bounds, rtt.counts):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            family.add_metric([uuid.hex, name], buckets, rtt.total)
+            family.add_metric([uuid.hex, name], _buckets(rtt), rtt.total)
         return family
+
+
+_BOUNDS = [f"{b:g}" for b in BUCKETS] + ["+Inf"]
+
+
+def _buckets(times: RoundTrip) -> list[tuple[str, float]]:
+    """The cumulative (upper bound, count) buckets of ``times``, as a histogram has them."""
+    cumulative = 0
+    buckets: list[tuple[str, float]] = []
+    for bound, count in zip(_BOUNDS, times.counts):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return buckets
 
 
 def _component(overlay: Any) -> str:
@@ -159,7 +173,7 @@ def _component(overlay: Any) -> str:
     return roles[0] if roles else type(overlay).__name__.lower()
 
 
-def _overlay_samples(overlay: Any) -> Iterable[tuple[str, dict[str, str], float]]:
+def _overlay_samples(overlay: Any) -> Iterable[tuple[str, dict[str, str], Any]]:
     """``overlay.metrics()``, with a broken overlay logged rather than failing the scrape."""
     metrics = getattr(overlay, "metrics", None)
     if metrics is None:

@@ -24,6 +24,7 @@ from peermesh.events import EventType
 from peermesh.metrics import MetricsServer, parse_listen
 from peermesh.overlay import Overlay
 from peermesh.zre.node import Node
+from peermesh.zre.roundtrip import RoundTrip
 from waiting import poll_until, wait_for
 
 METRICS_URL = re.compile(r"^peermesh: metrics at (http://\S+)$")
@@ -70,7 +71,7 @@ def test_config_checks_the_address_and_reads_the_environment() -> None:
 
 
 class CountingOverlay(Overlay):
-    """An overlay that keeps limits and stats as the real ones do (no metrics() of its own)."""
+    """An overlay that keeps limits and stats as the real ones do, and times something."""
 
     roles = ("counting",)
 
@@ -78,6 +79,11 @@ class CountingOverlay(Overlay):
         super().__init__()
         self.limits = Counters(__import__("logging").getLogger(__name__), "counting")
         self.stats = {"requests": 0, "state": "idle"}
+        self.times = RoundTrip()
+
+    def metrics(self) -> Any:
+        yield from super().metrics()
+        yield "counting_seconds", {"what": "work"}, self.times
 
 
 def _scrape(url: str) -> dict[str, Any]:
@@ -134,6 +140,8 @@ def test_families_follow_the_nodes_totals(pair: tuple[Node, Node, CountingOverla
         wait_for(alice, lambda e: e.type is EventType.WHISPER, 10)
         overlay.stats["requests"] = 7
         overlay.limits.add("max_things", 2)
+        overlay.times.add(0.003)
+        overlay.times.add(7.0)
 
         families = _scrape(server.url)
     finally:
@@ -165,6 +173,13 @@ def test_families_follow_the_nodes_totals(pair: tuple[Node, Node, CountingOverla
                   limit="max_things") == 2
     assert _value(families, "peermesh_node_info", name="alice", uuid=alice.uuid.hex) == 1
     assert "process_cpu_seconds" in families
+    assert families["peermesh_counting_seconds"].type == "histogram"
+    assert _value(families, "peermesh_counting_seconds", "peermesh_counting_seconds_bucket",
+                  what="work", le="0.005") == 1
+    assert _value(families, "peermesh_counting_seconds", "peermesh_counting_seconds_bucket",
+                  what="work", le="+Inf") == 2
+    assert _value(families, "peermesh_counting_seconds", "peermesh_counting_seconds_sum",
+                  what="work") == pytest.approx(7.003)
 
 
 def test_a_failing_overlay_does_not_fail_the_scrape(

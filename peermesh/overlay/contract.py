@@ -138,8 +138,9 @@ class Overlay:
     def metrics(self) -> Iterable[tuple[str, dict[str, str], float]]:
         """Samples for the node's metrics endpoint (``peermesh.metrics``), read on the hub
         when scraped: ``(name, labels, value)``; a name ending in ``_total`` is a counter
-        (``peermesh_`` + name without ``_total``), any other a gauge, and every sample of a
-        name has the same label names.
+        (``peermesh_`` + name without ``_total``), any other a gauge (a histogram when the
+        value is a ``peermesh.zre.roundtrip.RoundTrip``), and every sample of a name has the
+        same label names.
 
         By default: each counter of ``self.limits`` as ``limit_hits_total`` and each
         number in ``self.stats`` as ``overlay_events_total{overlay, event}``. Overlays
