@@ -259,6 +259,12 @@ def test_a_public_address_is_refused_with_one_line(cli: Cli) -> None:
         "peer; add --metrics-public (metrics_public = true) to serve them beyond this host"]
 
 
+def test_a_flux_member_without_the_mesh_refuses_metrics(cli: Cli) -> None:
+    result = cli.call("flux", "run", "--root", "--metrics", "0")
+    assert result.returncode == 2, _report(result)
+    assert "a member given --root or --parent runs without one" in result.stderr
+
+
 def test_a_port_in_use_is_a_runtime_failure(cli: Cli) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
