@@ -976,7 +976,8 @@ def _limits_hit(stats: Any) -> str:
     if not isinstance(stats, dict):
         return "?"
     counted = [f"{clean(str(k))}={v}" for k, v in sorted(stats.items())
-               if k.endswith(("_refused", "_shed", "_timed_out", "_ignored", "_dropped")) and v]
+               if k.endswith(("_refused", "_shed", "_timed_out", "_ignored", "_dropped", "_full"))
+               and v]
     return " ".join(counted) or "none"
 
 

@@ -48,6 +48,8 @@ class _ByteBound:
     dropped = 0
     #: octets of content admitted, ever (the metrics' bytes received)
     admitted = 0
+    #: times the queue was full and its producer had to wait (``event_queue``)
+    pauses = 0
     #: the content octets of each item not yet known to be taken, oldest first
     #: (None: no bound in octets)
     _sizes: Optional[deque[int]] = None
@@ -143,6 +145,7 @@ class GreenEventQueue(_ByteBound, Generic[T]):
         if len(self._items) >= self.limit:
             self._room.clear()
             self._paused = True
+            self.pauses += 1
             return True
         return False
 
@@ -208,6 +211,7 @@ class _HandOff(_ByteBound, Generic[T]):
         """True when the producer should wait for ``wait_room``."""
         if len(self._items) >= self.limit:
             self._room.clear()
+            self.pauses += 1
             return True
         return False
 

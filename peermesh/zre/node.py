@@ -547,7 +547,8 @@ class Node:
         ``event_queue`` (events) and ``event_queue_bytes`` (octets of content)
         waiting for the application, ``connections`` to the mailbox,
         ``send_backlog`` (messages) and ``send_backlog_bytes`` waiting for slow
-        peers; then
+        peers, ``event_queue_full`` (times the mailbox stopped being read because
+        ``event_queue`` events waited); then
         every counter of a limit hit so far (``peers_refused``,
         ``pending_refused``, ``pending_shed``, ``pending_timed_out``,
         ``hellos_refused``, ``groups_refused``, ``leaves_ignored``,
@@ -559,7 +560,8 @@ class Node:
                   "pending": len(session.pending), "departed": len(session._departed),
                   "event_queue": len(events), "event_queue_bytes": events.octets(),
                   "connections": getattr(self._mailbox, "connections", 0),
-                  "send_backlog": 0, "send_backlog_bytes": 0}
+                  "send_backlog": 0, "send_backlog_bytes": 0,
+                  "event_queue_full": getattr(events, "pauses", 0)}
         for peer in self._peers.values():
             backlog = getattr(peer.link, "backlog", None)
             if backlog:

@@ -114,7 +114,7 @@ _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed",
             "evasive_shed", "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
-            "events_dropped", "connections_shed", "descriptors_refused")
+            "events_dropped", "connections_shed", "descriptors_refused", "messages_refused")
 
 #: why mailbox input is dropped without a word to its sender (``Session.dropped``)
 DROP_REASONS = ("short", "bad_signature", "before_hello", "sequence_gap", "malformed")
@@ -533,6 +533,7 @@ class Session:
 
     def on_oversized(self, identity: bytes) -> None:
         """A message over ``max_message`` from ``identity`` was dropped."""
+        self.counters.add("messages_refused")
         log.debug("dropped message over max_message=%d from %r", self.config.max_message,
                   identity)
         peer = self.by_identity.get(identity)

@@ -221,6 +221,7 @@ def test_oversized_message_disconnects_its_sender() -> None:
     h.session.on_oversized(peer.identity)
     assert h.taken() == [(EXIT, f"sent a message over max_message ({CONFIG.max_message})")]
     assert h.link(peer.endpoint).closed
+    assert h.session.counters.get("messages_refused") == 1
 
 
 # --------------------------------------------------------------------------
