@@ -260,6 +260,10 @@ class AsyncNode(NodeIdentity):
         """See ``Node.peer_info``."""
         return await self._call(self._started().peer_info, peer)
 
+    async def peer_infos(self) -> list[PeerInfo]:
+        """See ``Node.peer_infos``."""
+        return await self._call(self._started().peer_infos)
+
     async def peer_name(self, peer: PeerRef) -> str:
         """See ``Node.peer_name``."""
         return await self._call(self._started().peer_name, peer)

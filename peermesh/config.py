@@ -11,12 +11,17 @@ and keyword arguments or CLI flags.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir"]
+__all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir",
+           "parse_listen", "DEFAULT_METRICS_HOST"]
+
+#: where ``--metrics PORT`` listens
+DEFAULT_METRICS_HOST = "127.0.0.1"
 
 #: the tables a config file may have: ``[node]`` (NodeConfig), ``[nfp]`` (the NFP
 #: commands) and ``[mtl]`` (``peermesh mtl gateway``); anything else, and any key outside a
@@ -168,6 +173,15 @@ class NodeConfig:
     #: ZAP domain of the allowed keys (local to the process, never sent); None: one of the
     #: allowlist's own, so nodes of one process with other allowed keys never clash
     zap_domain: Optional[str] = None
+    #: seconds between the PINGs that time each ready peer's round trip (``peers``, the
+    #: metrics); 0: only the PINGs ZRE sends anyway (silent peers, ``flush``)
+    rtt_probe: float = 10.0
+    #: ``HOST:PORT`` (or ``PORT``: on 127.0.0.1) where a serving command exports Prometheus
+    #: metrics over HTTP; None: no metrics. A host other than loopback needs
+    #: ``metrics_public``
+    metrics: Optional[str] = None
+    #: allow ``metrics`` on an address other than loopback (the metrics name the peers)
+    metrics_public: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -177,6 +191,10 @@ class NodeConfig:
                     "hello_timeout"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be positive")
+        if self.metrics is not None:
+            parse_listen(self.metrics, self.metrics_public)
+        if self.rtt_probe < 0:
+            raise ValueError("rtt_probe must be 0 (off) or positive")
         if not self.evasive <= self.silent <= self.expired:
             raise ValueError("timeouts must satisfy evasive <= silent <= expired")
         for key in _COUNTS:
@@ -187,7 +205,7 @@ class NodeConfig:
         def bad(key: str, what: str) -> ValueError:
             return ValueError(f"{key} must be {what}, not {getattr(self, key)!r}")
 
-        for key in ("name", "interface", "key_file", "allowed_keys", "zap_domain"):
+        for key in ("name", "interface", "key_file", "allowed_keys", "zap_domain", "metrics"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise bad(key, "a non-empty string")
@@ -211,10 +229,12 @@ class NodeConfig:
             if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
                 raise bad(key, "an integer")
         for key in ("interval", "evasive", "silent", "expired", "send_timeout",
-                    "hello_timeout"):
+                    "hello_timeout", "rtt_probe"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise bad(key, "a number")
+        if not isinstance(self.metrics_public, bool):
+            raise bad("metrics_public", "true or false")
 
     def replace(self, **changes: Any) -> "NodeConfig":
         """A copy with ``changes`` applied (None values are ignored)."""
@@ -279,6 +299,12 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         return tuple(g.strip() for g in raw.split(",") if g.strip())
     if name == "headers":
         return dict(parse_header(item) for item in raw.split(",") if item)
+    if kind in ("bool", bool):
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("not one of 1, true, yes, on, 0, false, no, off")
     if kind in ("int", int):
         return int(raw)
     if kind in ("float", float):
@@ -292,6 +318,39 @@ def parse_header(item: str) -> tuple[str, str]:
     if not sep or not key:
         raise ValueError(f"header {item!r} is not KEY=VALUE")
     return key, value
+
+
+def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``PORT`` (on ``DEFAULT_METRICS_HOST``) as (host, port).
+
+    ValueError for a malformed value, and for a host that is not loopback
+    unless ``public``: the metrics name every peer, so they stay on this host
+    unless asked for.
+    """
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep:
+        host, port_text = DEFAULT_METRICS_HOST, text.strip()
+    host = host.strip("[]") or DEFAULT_METRICS_HOST
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"metrics address {text!r} is not HOST:PORT or PORT") from None
+    if not 0 <= port < 65536:
+        raise ValueError(f"metrics port must be 0..65535, not {port}")
+    if not public and not _is_loopback(host):
+        raise ValueError(f"metrics address {host} is not loopback: the metrics name every "
+                         "peer; add --metrics-public (metrics_public = true) to serve them "
+                         "beyond this host")
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def default_data_dir() -> Path:

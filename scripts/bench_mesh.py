@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 import harness
 from harness import (INTERFACE, LO_BROADCAST, LOOPBACK, REPO, Children, Parent, busy_pct,
-                     c_extension, cpu, dump_json, free_udp_port, interleaved, median_run,
+                     c_extension, cpu, dump_json, fmt, free_udp_port, interleaved, median_run,
                      percentile, progress, ratio, round_ratios, rss_mb, table, trees, verdict)
 
 PAYLOAD = 100
@@ -51,6 +51,7 @@ TARGETS = {
     "import_ms": 150.0,         # at most
     "idle_cpu_pct": 0.1,        # at most
     "idle_rss_mb": 25.0,        # at most
+    "metrics_ratio": 0.97,      # throughput with --metrics / without, at least
 }
 
 
@@ -216,6 +217,33 @@ def _pm_node(name: str, beacon_port: int, threaded: bool = False) -> Any:
     return cls(name, interface=INTERFACE, port=beacon_port).start()
 
 
+#: what scrapes a node's metrics once a second in ``--metrics`` runs: a process of its own,
+#: as a Prometheus server on the same host would be
+_SCRAPER = """
+import sys, time, urllib.request
+while True:
+    time.sleep(1.0)
+    with urllib.request.urlopen(sys.argv[1], timeout=30) as answer:
+        answer.read()
+"""
+
+
+def _serve_metrics(node: Any) -> Callable[[], None]:
+    """Serve ``node``'s Prometheus metrics on loopback, scraped once a second by another
+    process (``--metrics``); returns what stops both."""
+    from peermesh.metrics import MetricsServer
+
+    server = MetricsServer(node).start("127.0.0.1:0")
+    scraper = subprocess.Popen([sys.executable, "-c", _SCRAPER, server.url],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def stop() -> None:
+        scraper.kill()
+        scraper.wait()
+        server.close()
+    return stop
+
+
 def _pm_wait_enter(node: Any, timeout: float) -> Any:
     from peermesh import EventType
     deadline = now() + timeout
@@ -229,10 +257,11 @@ def _pm_wait_enter(node: Any, timeout: float) -> Any:
 
 
 def role_pm_sink(parent: Parent, beacon_port: int, n: int,
-                 threaded: bool = False) -> dict[str, Any]:
+                 threaded: bool = False, metrics: bool = False) -> dict[str, Any]:
     from peermesh import EventType
     WHISPER, EXIT = EventType.WHISPER, EventType.EXIT
     node = _pm_node("bench-sink", beacon_port, threaded)
+    stop_metrics = _serve_metrics(node) if metrics else None
     try:
         _pm_wait_enter(node, 15)
         parent.send("ready")
@@ -259,6 +288,8 @@ def role_pm_sink(parent: Parent, beacon_port: int, n: int,
         return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
                 "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6}
     finally:
+        if stop_metrics is not None:
+            stop_metrics()
         node.stop(0.5)
 
 
@@ -274,8 +305,10 @@ def _send_numbered(whisper: Callable[[Any, bytes], Any], peer: Any, n: int,
     return {"send_seconds": t1 - t0, "tx_cpu_us": (cpu() - c0) / n * 1e6}
 
 
-def role_pm_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
+def role_pm_source(parent: Parent, beacon_port: int, n: int,
+                   metrics: bool = False) -> dict[str, Any]:
     node = _pm_node("bench-source", beacon_port)
+    stop_metrics = _serve_metrics(node) if metrics else None
     try:
         peer = _pm_wait_enter(node, 15).peer
         parent.send("ready")
@@ -283,6 +316,8 @@ def role_pm_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
         # the hub keeps flushing the backlog until "stop"
         return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600, green=True))
     finally:
+        if stop_metrics is not None:
+            stop_metrics()
         node.stop(0.5)
 
 
@@ -573,8 +608,9 @@ def _profile(profile_dir: Optional[str], name: str) -> dict[str, str]:
 
 
 def bench_throughput(kind: str, n: int, code: Optional[str] = None,
-                     profile_dir: Optional[str] = None) -> dict[str, Any]:
-    """``kind``: raw, peermesh, threaded or pyre; peermesh from ``code``."""
+                     profile_dir: Optional[str] = None, metrics: bool = False) -> dict[str, Any]:
+    """``kind``: raw, peermesh, threaded or pyre; peermesh from ``code``; ``metrics``: both
+    peermesh nodes serve Prometheus metrics, scraped every second."""
     with Children() as kids:
         if kind == "raw":
             sink = kids.start("bench_mesh", "raw_sink", n=n)
@@ -585,10 +621,11 @@ def bench_throughput(kind: str, n: int, code: Optional[str] = None,
             sink_role, source_role = {"peermesh": ("pm_sink", "pm_source"),
                                       "threaded": ("pm_sink", "pm_threaded_source"),
                                       "pyre": ("pyre_sink", "pyre_source")}[kind]
+            served = {"metrics": True} if metrics else {}
             sink = kids.start("bench_mesh", sink_role, code, beacon_port=bp, n=n,
-                              **_profile(profile_dir, "sink"))
+                              **served, **_profile(profile_dir, "sink"))
             source = kids.start("bench_mesh", source_role, code, beacon_port=bp, n=n,
-                                **_profile(profile_dir, "source"))
+                                **served, **_profile(profile_dir, "source"))
             extra = {"beacon_port": bp}
             check = sink.expect("ready", 30)
             if check:
@@ -857,6 +894,15 @@ def render(r: dict[str, Any]) -> str:
         **vs_base("throughput", "rx_cpu_us"))
     row("  sender CPU, us/msg", *three("throughput", "tx_cpu_us"),
         **vs_base("throughput", "tx_cpu_us"))
+    tm = _get(r, "throughput", "metrics", "rate")
+    if tm is not None:
+        m_pm = _get(r, "throughput", "ratio_metrics_peermesh") or ratio(tm, tp)
+        row("  with --metrics (scraped 1/s), msg/s", None, tm, None,
+            target=f"{m_pm:.3f}x peermesh {verdict(m_pm, TARGETS['metrics_ratio'], True)}"
+            if m_pm is not None else "")
+        row("    receiver / sender CPU, us/msg", None,
+            f"{fmt(_get(r, 'throughput', 'metrics', 'rx_cpu_us'))} / "
+            f"{fmt(_get(r, 'throughput', 'metrics', 'tx_cpu_us'))}", None)
     tt = _get(r, "throughput", "threaded", "rate")
     tb = _get(r, "throughput", "threaded_baseline", "rate")
     row("ThreadedNode->Node, msg/s", None, tt, None, ratio(tt, tr), baseline=tb,
@@ -973,6 +1019,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--idle-seconds", type=float, default=10.0, metavar="S",
                    help="how long the idle node is watched (default: %(default)s)")
     p.add_argument("--no-pyre", action="store_true", help="skip the pyre comparison")
+    p.add_argument("--metrics", action="store_true",
+                   help="add throughput rounds where both nodes serve Prometheus metrics, "
+                        "scraped every second by another process, and print their ratio to "
+                        "plain peermesh")
     p.add_argument("--only", metavar="LIST",
                    help=f"comma-separated subset of: {', '.join(SECTIONS)}")
     p.add_argument("--baseline", metavar="REV",
@@ -1074,12 +1124,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             "raw": lambda r: bench_throughput("raw", n),
             "peermesh": lambda r: bench_throughput("peermesh", n, code["peermesh"],
                                                    profiled(r))}
+        if args.metrics:  # right after plain peermesh in each round
+            cases["metrics"] = lambda r: bench_throughput("peermesh", n, code["peermesh"],
+                                                          metrics=True)
         if "baseline" in code:
             cases["baseline"] = lambda r: bench_throughput("peermesh", n, code["baseline"])
         progress(f"throughput: {n:,} messages one way")
         _rounds("throughput", cases, rounds, results, "rate",
                 {"ratio_peermesh_raw": ("peermesh", "raw"),
-                 "ratio_peermesh_baseline": ("peermesh", "baseline")})
+                 "ratio_peermesh_baseline": ("peermesh", "baseline"),
+                 "ratio_metrics_peermesh": ("metrics", "peermesh")})
         if with_pyre:
             progress(f"throughput: pyre, {args.pyre_messages:,} messages")
             res = once("throughput/pyre", lambda: bench_throughput("pyre", args.pyre_messages))

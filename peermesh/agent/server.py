@@ -867,6 +867,9 @@ class AgentServer:
         }
 
     def _op_peers(self, args: dict[str, Any]) -> Any:
+        """Peers with their liveness (``PeerInfo.to_dict``) and ``broker``."""
+        from ..overlay.election import peer_entries
+
         group = _opt_str(args, "group")
         wait = _wait_arg(args)
         settled = min(self._settled_at(), time.monotonic() + wait)
@@ -881,7 +884,7 @@ class AgentServer:
             except Exception:  # gone meanwhile
                 continue
         infos.sort(key=lambda info: (info.name, info.uuid.hex))
-        return [info.to_dict() for info in infos]
+        return peer_entries(node, infos)
 
     def _op_groups(self, args: dict[str, Any]) -> Any:
         node = self.node

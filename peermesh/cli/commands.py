@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from ..config import NodeConfig
     from ..events import Event
-    from ..zre.node import Node, PeerInfo
+    from ..zre.node import Node
 
 # A command that goes through the agent loads only msgpack and
 # ``peermesh.agent.client``: argparse (when the command line is plain, see
@@ -50,6 +50,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.mtl.commands",
     "peermesh.cli.keygen",
 )
+#: a peer's liveness, as ``peers --status`` filters it
+PEER_STATES = ("alive", "evasive", "silent")
 #: default --wait (seconds) of the commands that try the agent first
 WAIT_PEERS, WAIT_SEND = 2.0, 3.0
 #: in a help text: the NodeConfig default of the option's field, filled in when help is shown
@@ -216,6 +218,13 @@ def _node_options(timers_only: bool = False, long_only: bool = False,
                       help="directory of the public certificates of the nodes admitted; "
                            "re-read when it changes or on SIGHUP (default: "
                            "$PEERMESH_ALLOWED_KEYS, then any node with a key)")
+    node.add_argument("--metrics", metavar="HOST:PORT", type=text,
+                      help="commands that serve (run, agent, serve, worker, broker run, flux "
+                           "run, mtl gateway): export Prometheus metrics at "
+                           "http://HOST:PORT/metrics; PORT alone listens on 127.0.0.1 "
+                           "(default: $PEERMESH_METRICS, then none)")
+    node.add_argument("--metrics-public", action="store_true", default=None,
+                      help="allow --metrics on an address other than loopback")
     node.add_argument("--config", *short("-c"), metavar="FILE",
                       help="TOML file with a [node] table (and [nfp] for the NFP commands); "
                            f"`{PROG} config example` prints one to start from. $PEERMESH_* "
@@ -235,7 +244,12 @@ def _verbose_option() -> argparse.ArgumentParser:
 
 def _add_verbose(group: Any) -> None:
     group.add_argument("--verbose", "-v", action="count", default=0,
-                       help="log to stderr: -v info, -vv debug")
+                       help="log to stderr: -v info (peers entering and leaving, limits hit, "
+                            "elections), -vv debug")
+    group.add_argument("--log-format", choices=("text", "json"), default=None,
+                       help="log lines as text, or as JSON objects with time, level, logger, "
+                            "message, node and peer fields (default: $PEERMESH_LOG_FORMAT, "
+                            "then text)")
 
 
 @functools.cache
@@ -315,17 +329,22 @@ def _add_peers(command: CommandFactory) -> None:
 
     peers = command(
         "peers", "list the peers (the agent's, or found within a few seconds)",
-        "List the peers (UUID, name, address, groups, headers; a * after a group marks its "
-        "elected leader). Through the agent: the "
+        "List the peers: UUID, name, address, liveness (STATE alive, evasive or silent; "
+        "HEARD: seconds since anything came from it; RTT: round trip from PING to PING-OK), "
+        "groups (a * after a group marks its elected leader), roles, whether it is the "
+        "elected broker, headers. Through the agent: the "
         "peers it knows, at once. Without: start a short-lived node, collect peers for "
         "--wait seconds, print them and leave.\n\n" + _AGENT_NOTE,
-        f"  {PROG} peers\n  {PROG} peers --interface lo --wait 1 --json",
+        f"  {PROG} peers\n  {PROG} peers --status evasive --status silent\n"
+        f"  {PROG} peers --interface lo --wait 1 --json",
         cmd_peers, parents=[_agent_options(True)], agent_first=True)
     peers.add_argument("--wait", "-w", type=seconds, default=WAIT_PEERS, metavar="SECONDS",
                        help="how long to collect peers without an agent (default: %(default)s)")
+    peers.add_argument("--status", action="append", choices=PEER_STATES, metavar="STATE",
+                       help="only peers in STATE (alive, evasive, silent); repeatable")
     peers.add_argument("--json", action="store_true",
                        help="print one JSON list of {peer, name, address, headers, groups, "
-                            "leads}")
+                            "state, last_heard, rtt, roles, broker, leads} (seconds)")
 
 
 def _add_shout(command: CommandFactory) -> None:
@@ -523,7 +542,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
     overrides: dict[str, Any] = {
         key: getattr(args, key, None)
         for key in ("name", "interface", "port", "interval", "evasive", "expired", "key_file",
-                    "allowed_keys")}
+                    "allowed_keys", "metrics", "metrics_public")}
     if getattr(args, "node_options", True) == "timers":  # a simulated network
         return base.replace(**overrides)
     if args.groups:
@@ -683,7 +702,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
     from ..agent.client import AgentClient, AgentMismatch, NoAgent, resolve_path
 
     if getattr(args, "no_agent", False):
-        _setup_logging(args.verbose)  # for the node of its own
+        _setup_logging(args)  # for the node of its own
         return None, "--no-agent"
     path = resolve_path(args.agent)
     probe, args.agent_probe = getattr(args, "agent_probe", None), None
@@ -700,7 +719,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
                                else str(exc)) from None
         if not none:  # an agent may be there, but cannot be used: say so
             note(f"{exc}; using a node of its own")
-        _setup_logging(args.verbose)
+        _setup_logging(args)
         _log().info("%s; using a node of its own", exc)
         return None, str(exc)
     if not required:
@@ -708,7 +727,7 @@ def _agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any
         if mismatch:
             client.close()
             why = f"not using the agent at {path}: {mismatch}"
-            _setup_logging(args.verbose)
+            _setup_logging(args)
             _log().info("%s", why)
             return None, why
     return client, ""
@@ -763,8 +782,12 @@ def cmd_peers(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
             raise RuntimeError(f"unexpected answer from the agent: {entries!r:.200}")
         empty = f"the agent at {client.path} knows no peers"
     else:
-        entries = [info.to_dict() for info in _collect_peers(args, build_config(args))]
+        entries = _collect_peers(args, build_config(args))
         empty = f"no peers found within {args.wait:g} s"
+    wanted = getattr(args, "status", None)
+    if wanted:
+        entries = [e for e in entries if e.get("state") in wanted]
+        empty = f"no peers {' or '.join(wanted)}"
     if args.json:
         emit(to_json(entries))
     elif entries:
@@ -774,7 +797,9 @@ def cmd_peers(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     return EXIT_OK
 
 
-def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInfo]:
+def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[dict[str, Any]]:
+    from ..overlay.election import peer_entries
+
     session = NodeSession(config)
     node = session.start()
     try:
@@ -783,23 +808,41 @@ def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInf
             event = session.wait_event(deadline)
             if _is_stop(event):
                 break
-        return sorted((node.peer_info(uuid) for uuid in node.peers()),
-                      key=lambda info: (info.name, info.uuid.hex))
+        return peer_entries(node, sorted(node.peer_infos(),
+                                         key=lambda info: (info.name, info.uuid.hex)))
     finally:
         session.close()
 
 
 def _peer_table(entries: Sequence[dict[str, Any]]) -> str:
     """The peers as a table; a ``*`` after a group: the peer is its elected leader."""
-    rows = [("UUID", "NAME", "ADDRESS", "GROUPS", "HEADERS")]
+    rows = [("UUID", "NAME", "ADDRESS", "STATE", "HEARD", "RTT", "GROUPS", "ROLES", "BROKER",
+             "HEADERS")]
     for entry in entries:
         leads = set(entry.get("leads") or ())
         rows.append((clean(entry["peer"]), clean(entry["name"]), clean(entry["address"]),
+                     clean(entry.get("state", "?")), _seconds(entry.get("last_heard")),
+                     _seconds(entry.get("rtt")),
                      ",".join(clean(g) + ("*" if g in leads else "")
                               for g in entry["groups"]) or "-",
-                     " ".join(f"{clean(k)}={clean(v)}" for k, v in entry["headers"].items())
-                     or "-"))
+                     ",".join(clean(r) for r in entry.get("roles") or ()) or "-",
+                     "yes" if entry.get("broker") else "-",
+                     " ".join(f"{clean(k)}={clean(v)}" for k, v in entry["headers"].items()
+                              if k not in _SHOWN_HEADERS) or "-"))
     return table(rows)
+
+
+#: headers the table shows in a column of their own
+_SHOWN_HEADERS = frozenset({"X-PM-ROLES"})
+
+
+def _seconds(value: Any) -> str:
+    """``0.42s``, ``3.1ms``, ``12s`` for a number of seconds; ``-`` for None."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.3g}ms"
+    return f"{value:.3g}s" if value < 100 else f"{value:.0f}s"
 
 
 def cmd_shout(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
@@ -979,7 +1022,8 @@ def _limits_hit(stats: Any) -> str:
     if not isinstance(stats, dict):
         return "?"
     counted = [f"{clean(str(k))}={v}" for k, v in sorted(stats.items())
-               if k.endswith(("_refused", "_shed", "_timed_out", "_ignored", "_dropped")) and v]
+               if k.endswith(("_refused", "_shed", "_timed_out", "_ignored", "_dropped", "_full"))
+               and v]
     return " ".join(counted) or "none"
 
 
@@ -1082,13 +1126,18 @@ def _log() -> logging.Logger:
     return logging.getLogger("peermesh.cli.commands")
 
 
-def _setup_logging(verbosity: int) -> None:
-    """Log to stderr at WARNING, or INFO (-v) or DEBUG (-vv); once per process."""
-    import logging
+def _setup_logging(args: Any) -> None:
+    """Log to stderr at WARNING, or INFO (-v) or DEBUG (-vv), as text or JSON lines
+    (--log-format, $PEERMESH_LOG_FORMAT); once per process (``peermesh.logs``)."""
+    from ..logs import setup
 
-    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = getattr(args, "log_format", None) or os.environ.get("PEERMESH_LOG_FORMAT") or "text"
+    setup(args.verbose, "json" if fmt == "json" else "text")
+    if fmt == "json":
+        from . import output
+        from ..logs import json_note
+
+        output.note_sink = json_note
 
 
 def _failures() -> tuple[type[BaseException], ...]:
@@ -1190,8 +1239,9 @@ def _execute(args: argparse.Namespace) -> int:
     """Run the command ``args`` chose, mapping failures onto exit codes."""
     config: Optional[NodeConfig] = None
     agent_first = getattr(args, "agent_first", False)
-    if args.verbose or not agent_first:  # else when it starts a node of its own
-        _setup_logging(args.verbose)
+    if args.verbose or not agent_first or getattr(args, "log_format", None):
+        # (else when it starts a node of its own)
+        _setup_logging(args)
     try:
         sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     except (AttributeError, ValueError):

@@ -10,7 +10,7 @@ import sys
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence
+    from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["PROG", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED", "clean",
            "emit", "note", "to_json", "table", "stdout_utf8"]
@@ -33,8 +33,16 @@ def emit(line: str) -> None:
     sys.stdout.flush()
 
 
+#: where notes go instead of stderr's text lines (``--log-format json`` sets it)
+note_sink: Optional[Callable[[str], None]] = None
+
+
 def note(message: str) -> None:
-    """One line for the user on stderr: ``peermesh: message``."""
+    """One line for the user on stderr: ``peermesh: message`` (a JSON object with
+    ``--log-format json``)."""
+    if note_sink is not None:
+        note_sink(message)
+        return
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 

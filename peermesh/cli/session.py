@@ -133,6 +133,9 @@ class NodeSession:
         except TypeError as exc:  # e.g. a TOML group or header that is not a string
             raise ValueError(f"invalid configuration: {exc}") from None
         self._stopper: Optional[gevent.Greenlet] = None
+        self._serving = serving
+        #: the Prometheus endpoint (``config.metrics``) of a serving command, once started
+        self.metrics: Any = None
         self._signals = HubSignals((lambda: gevent.spawn(self.stop)) if serving else None)
         #: SIGHUP re-reads the allowed keys of a serving command's node (`systemctl reload`)
         self._reload = (gevent.signal_handler(_signal.SIGHUP, self._reload_keys)
@@ -165,8 +168,24 @@ class NodeSession:
                                f"{exc.strerror or exc}") from exc
         except zmq.ZMQError as exc:
             raise RuntimeError(f"cannot start the node (mailbox): {exc}") from exc
+        from ..logs import set_node
+
+        set_node(node.name, node.uuid.hex)
         _logger().info("node %s (%s) at %s, beacons on port %d every %gs", node.name, node.uuid.hex,
                  node.endpoint, cfg.port, cfg.interval)
+        if self._serving and cfg.metrics:
+            from ..metrics import serve_configured
+
+            try:
+                self.metrics = serve_configured(node)
+                if self.metrics is not None:
+                    from .output import note
+
+                    note(f"metrics at {self.metrics.url}")
+            except OSError as exc:
+                self.stop()
+                raise RuntimeError(f"cannot serve metrics at {cfg.metrics}: "
+                                   f"{exc.strerror or exc}") from exc
         return node
 
     def stop(self) -> None:
@@ -180,6 +199,8 @@ class NodeSession:
     def close(self) -> None:
         """Stop the node and hand the signals back to ``install_handlers``."""
         try:
+            if self.metrics is not None:
+                self.metrics.close()
             self.stop()
         finally:
             self._signals.close()

@@ -609,6 +609,9 @@ def _cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
                          "listen")
     registers = _import_handlers(args.handlers)
     mesh = not args.root and not parents
+    if not mesh and config.metrics:
+        raise ValueError("--metrics exports a mesh node's metrics: a member given --root or "
+                         "--parent runs without one")
     keys = _server_keys(args.server_keys, parents, config.key_file)
     curve = None
     if not mesh and config.key_file is not None:  # alone on keys: the node's, as on the mesh

@@ -341,6 +341,23 @@ class FluxOverlay(Overlay):
         """This node's place in the tree (what ``peermesh.info`` answers)."""
         return self.core.info()
 
+    def metrics(self) -> Any:
+        """``Overlay.metrics`` plus the tree: rank, size, state, children, clients, and the
+        core's totals (forwarded, dropped, replayed) as ``flux_messages_total{what}``."""
+        yield from super().metrics()
+        core, state = self.core, self.core.state
+        for gauge, value in (("flux_rank", -1 if core.rank is None else core.rank),
+                             ("flux_size", core.size), ("flux_children", len(core.children)),
+                             ("flux_torpid_children",
+                              sum(1 for c in core.children.values() if c.torpid)),
+                             ("flux_clients", len(core.clients))):
+            yield gauge, {"instance": self.instance}, value
+        for each in type(state):
+            yield ("flux_state", {"instance": self.instance, "state": each.value},
+                   1 if each is state else 0)
+        for what, count in core.stats.items():
+            yield "flux_messages_total", {"instance": self.instance, "what": what}, count
+
     def wait_online(self, timeout: Optional[float] = None) -> bool:
         """Wait until this node is part of the tree; False after ``timeout`` seconds.
         ``FluxStateError`` naming why when joining was refused for good (the node

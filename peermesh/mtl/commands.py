@@ -31,11 +31,13 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..argtypes import cidr, is_seconds, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_OK, PROG, clean, emit, note, table, to_json
+from ..cli.progress import Progress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -357,13 +359,20 @@ def _cmd_read(args: argparse.Namespace, config: Any) -> int:
             reader.summon(group)
         note(f"reading {', '.join(clean(g) for g in args.groups)} through {client.gateway}"
              f" as {clean(client.user or 'anonymous')}")
-        for received in reader:
-            emit(_render(received, args.json, len(args.groups) > 1))
-            if args.confirm == "full":
-                reader.confirm(received)
-            shown += 1
-            if args.count is not None and shown >= args.count:
-                break
+        with Progress("reading", total=args.count, unit="msg") if args.count is not None \
+                else nullcontext(None) as bar:
+            for received in reader:
+                line = _render(received, args.json, len(args.groups) > 1)
+                if bar is not None:
+                    bar.emit(line)
+                    bar.update()
+                else:
+                    emit(line)
+                if args.confirm == "full":
+                    reader.confirm(received)
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    break
     except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the normal end of following
         pass
     finally:

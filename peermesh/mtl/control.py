@@ -119,6 +119,8 @@ class ControlFlow:
         #: the data ROUTER's port, given in every 202
         self.data_port = 0
         self.sessions: dict[bytes, ControlSession] = {}
+        #: authentications by outcome: ``ok``, ``failed``, ``throttled`` (the metrics' logins)
+        self.logins = {"ok": 0, "failed": 0, "throttled": 0}
 
     # --- requests ---------------------------------------------------------------
 
@@ -220,6 +222,7 @@ class ControlFlow:
         session.exchange = None
         if step.user is None:
             self._unauthenticate(session)
+            self.logins["throttled" if step.retry_after > 0 else "failed"] += 1
             if step.retry_after > 0:
                 return Failure(Status.TOO_MANY_REQUESTS,
                                f"too many failed attempts: retry in {step.retry_after:.0f} s")
@@ -233,6 +236,7 @@ class ControlFlow:
             session.profile = None
         session.user = user
         session.authenticated = now
+        self.logins["ok"] += 1
         session.state = State.PROFILED if session.profile is not None else State.READY
         return Ready(tuple(p.name for p in self.profiles), additional, self.gateways())
 

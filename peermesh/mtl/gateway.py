@@ -383,6 +383,18 @@ class Gateway(Overlay):
         if self._on_state is not None:
             self._on_state(state)
 
+    def metrics(self) -> Any:
+        """``Overlay.metrics`` plus sessions, logins by result, links, leases (grants) and
+        replicas."""
+        yield from super().metrics()
+        control, data = self.control, self.data
+        yield "mtl_sessions", {}, len(control.sessions) if control is not None else 0
+        for result, count in (control.logins.items() if control is not None else ()):
+            yield "mtl_logins_total", {"result": result}, count
+        yield "mtl_links", {}, len(data.links) if data is not None else 0
+        yield "mtl_leases", {}, len(data.grants) if data is not None else 0
+        yield "mtl_replicas", {}, len(self.replicas)
+
     @property
     def replicas(self) -> frozenset[UUID]:
         """The standby gateways that hold a copy of this (serving) gateway's content."""

@@ -40,6 +40,7 @@ import gevent
 
 from ..argtypes import cidr, is_seconds, positive_count, seconds, text, utf8
 from ..cli.output import EXIT_FAILURE, EXIT_OK, PROG, emit, note, table, to_json
+from ..cli.progress import Progress
 from ..cli.session import Interrupted, NodeSession, leaving
 from ..config import NodeConfig, read_table
 from ..wire import nfp as wire
@@ -618,8 +619,11 @@ def _cmd_broker_show(args: argparse.Namespace, config: NodeConfig) -> int:
     return EXIT_OK
 
 
-def fetch_file(client: Any, url: str, dest: Path, timeout: float = 60.0) -> dict[str, Any]:
-    """Fetch ``url`` from fss.service.broker into ``dest``; checks SHA-256 per chunk and file."""
+def fetch_file(client: Any, url: str, dest: Path, timeout: float = 60.0,
+               progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
+    """Fetch ``url`` from fss.service.broker into ``dest``; checks SHA-256 per chunk and file.
+
+    ``progress(octets, total)`` is called after each chunk."""
     def call(task: str, **kwargs: Any) -> dict[str, Any]:
         reply = client.run("fss.service.broker", task, kwargs=kwargs, target="any",
                            timeout=timeout)
@@ -647,6 +651,8 @@ def fetch_file(client: Any, url: str, dest: Path, timeout: float = 60.0) -> dict
                     raise RuntimeError(f"chunk {chunk} of {url} failed its checksum")
                 digest.update(data)
                 out.write(data)
+                if progress is not None:
+                    progress(len(data), details["size"])
         if digest.hexdigest() != details["sha256"]:
             raise RuntimeError(f"{url} changed or was corrupted in transfer (SHA-256 differs)")
         os.replace(tmp, dest)
@@ -669,7 +675,10 @@ def _cmd_file_get(args: argparse.Namespace, config: NodeConfig) -> int:
     with _Client(args, config) as c:
         if c.nfp.current_broker is None:
             raise RuntimeError("no broker on the mesh: the file service runs on the broker")
-        with leaving(f"{args.url} not fetched"):
-            result = fetch_file(c.nfp.client, args.url, dest, args.timeout)
+        with leaving(f"{args.url} not fetched"), Progress(args.url, unit="B") as bar:
+            def advanced(octets: int, total: int) -> None:
+                bar.set_total(total)
+                bar.update(octets)
+            result = fetch_file(c.nfp.client, args.url, dest, args.timeout, advanced)
     note(f"{args.url}: {result['size']} bytes, sha256 {result['sha256']} -> {result['dest']}")
     return EXIT_OK

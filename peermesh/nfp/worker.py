@@ -921,6 +921,15 @@ class Worker(Overlay):
 
     # --- management -----------------------------------------------------
 
+    def metrics(self) -> Any:
+        """``Overlay.metrics`` plus jobs by state in the store, the queue and the load."""
+        yield from super().metrics()
+        labels = {"worker": self.name, "service": self.service}
+        for state, count in self.store.count_worker_jobs(self.name).items():
+            yield "nfp_jobs", {**labels, "state": state}, count
+        yield "nfp_queued_jobs", labels, len(self._queue)
+        yield "nfp_worker_load", labels, self.load
+
     def info(self) -> dict[str, Any]:
         """What MMI's show_workers reports about this worker."""
         return {"name": self.name, "service": self.service, "node": self.node_name,

@@ -154,6 +154,29 @@ class Overlay:
     def on_stop(self, timeout: float) -> None:
         """Hook: stop serving within about ``timeout`` seconds, on the node's hub."""
 
+    def metrics(self) -> Iterable[tuple[str, dict[str, str], float]]:
+        """Samples for the node's metrics endpoint (``peermesh.metrics``), read on the hub
+        when scraped: ``(name, labels, value)``; a name ending in ``_total`` is a counter
+        (``peermesh_`` + name without ``_total``), any other a gauge (a histogram when the
+        value is a ``peermesh.zre.roundtrip.RoundTrip``), and every sample of a name has the
+        same label names.
+
+        By default: each counter of ``self.limits`` as ``limit_hits_total`` and each
+        number in ``self.stats`` as ``overlay_events_total{overlay, event}``. Overlays
+        that keep more (queues, states, lags) extend it.
+        """
+        component = self.roles[0] if self.roles else type(self).__name__.lower()
+        limits = getattr(self, "limits", None)
+        if isinstance(limits, Counters):
+            for name, count in limits.snapshot().items():
+                yield "limit_hits_total", {"component": component, "limit": name}, count
+        stats = getattr(self, "stats", None)
+        if isinstance(stats, Mapping):
+            for name, value in stats.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    yield ("overlay_events_total", {"overlay": component, "event": str(name)},
+                           value)
+
     # --- the contract -----------------------------------------------------------
 
     def attach(self, node: "Node") -> None:
@@ -165,6 +188,9 @@ class Overlay:
                                  "HELLO headers are sent once per connection")
         advertise(node, self.headers(), self.roles)
         self.node = node
+        overlays = getattr(node, "overlays", None)
+        if overlays is not None:
+            overlays.append(self)
         self.on_attach(node)
         self.lifecycle = Lifecycle.ATTACHED
 

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 from uuid import UUID
 
 from .contract import header_json
 
 __all__ = ["BROKER_HEADER", "LEGACY_BROKER_HEADER", "MODES", "Candidate", "Change",
-           "Election", "elect", "parse_candidate", "candidate_header"]
+           "Election", "elect", "elected", "peer_entries", "parse_candidate", "candidate_header"]
 
 #: HELLO header of a broker candidate: JSON ``{"mode", "priority"}``
 BROKER_HEADER = "X-PM-BROKER"
@@ -89,6 +89,22 @@ class Change:
 def elect(candidates: Iterable[Candidate]) -> Optional[Candidate]:
     """The broker among ``candidates``: highest (always, priority, UUID); None if empty."""
     return max(candidates, key=lambda c: c.rank, default=None)
+
+
+def elected(members: Iterable[tuple[UUID, Mapping[str, str]]]) -> Optional[UUID]:
+    """The UUID of the broker among ``members`` (UUID, HELLO headers): a node and its
+    peers give the broker that node sees; None when none is a candidate."""
+    winner = elect(c for c in (parse_candidate(uuid, headers) for uuid, headers in members)
+                   if c is not None)
+    return winner.uuid if winner is not None else None
+
+
+def peer_entries(node: Any, infos: Iterable[Any]) -> list[dict[str, Any]]:
+    """``PeerInfo.to_dict`` of each of ``infos`` with ``broker``: True for the broker that
+    ``node`` (a ``Node``, on its hub) sees among itself and its peers."""
+    infos = list(infos)
+    broker = elected([(node.uuid, node.headers), *((i.uuid, i.headers) for i in infos)])
+    return [{**info.to_dict(), "broker": info.uuid == broker} for info in infos]
 
 
 def candidate_header(mode: str, priority: int) -> str:

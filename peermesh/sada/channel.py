@@ -439,6 +439,13 @@ class Channel(Overlay):
         """How many servers could serve ``service`` at ``version`` now."""
         return self._core.offers(service, version)
 
+    def metrics(self) -> Any:
+        """``Overlay.metrics`` (requests, replies, timeouts, failovers, ... by ``stats``) plus
+        the reply times as a histogram and the requests waiting for an answer."""
+        yield from super().metrics()
+        yield "sada_reply_seconds", {}, self._core.reply_times
+        yield "sada_pending_requests", {}, self._core.pending
+
     @property
     def stats(self) -> dict[str, int]:
         """Counters: requests, replies, timeouts, failovers, retries_503, servers_dropped,

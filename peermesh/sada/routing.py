@@ -70,6 +70,7 @@ import msgpack
 from ..errors import ProtocolError
 from ..counters import Counters
 from ..wire import sada as wire
+from ..zre.roundtrip import RoundTrip
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
 from .handlers import pack
@@ -257,6 +258,8 @@ class RequestRouter:
         #: changes whenever the catalog (servers or their services) changes
         self.catalog_version = 0
         self._replies = 0
+        #: seconds from a request's (last) sending to a server to its reply
+        self.reply_times = RoundTrip()
         self._counts: dict[str, int] = dict.fromkeys(
             ("timeouts", "failovers", "retries_503", "servers_dropped", "intr", "rintr_sent",
              "dropped"), 0)
@@ -587,6 +590,7 @@ class RequestRouter:
         server.replies += 1
         server.latency += _EWMA * (now - pending.sent_at - server.latency)
         self._replies += 1
+        self.reply_times.add(now - pending.sent_at)
         if status < 400:
             if pending.raw:
                 self._finish(pending, payload)

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..cli.progress import Progress
 from ..cli.session import HubSignals
 from ..config import NodeConfig
 from .simulation import Simulation
@@ -121,7 +122,8 @@ def _simulate(args: argparse.Namespace, config: NodeConfig) -> int:
     events = sorted([(at, "split", islands) for at, _, islands in args.partition]
                     + [(at + duration, "heal", 0) for at, duration, _ in args.partition])
 
-    progress = _progress_printer(began)
+    bar = Progress("simulating", total=args.duration, unit="s")
+    progress = _progress_bar(bar) if bar.active else _progress_printer(began)
     sim.watch(progress, every=5.0)  # also during a long first round of HELLOs
 
     for at, kind, islands in events:
@@ -137,6 +139,7 @@ def _simulate(args: argparse.Namespace, config: NodeConfig) -> int:
             _progress_line(f"t={sim.clock.now():6.1f}s  healed")
     if sim.clock.now() < args.duration:
         sim.run(args.duration - sim.clock.now(), progress=progress)
+    bar.close()
     report: dict[str, Any] = sim.report()
     report["wall_seconds"] = round(time.perf_counter() - began, 3)
     sim.stop()
@@ -159,6 +162,13 @@ def _progress_printer(began: float) -> Callable[[Simulation], None]:
         if state != shown:
             shown = state
             _progress_line(f"{state}  wall {time.perf_counter() - began:6.1f}s")
+    return progress
+
+
+def _progress_bar(bar: Progress) -> Callable[[Simulation], None]:
+    """A progress callback that moves a terminal's bar over the virtual seconds."""
+    def progress(s: Simulation) -> None:
+        bar.advance_to(s.clock.now(), f"full view {s.complete()}/{s.size}, ENTERs {s.entered}")
     return progress
 
 

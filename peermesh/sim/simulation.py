@@ -70,7 +70,9 @@ class Simulation:
             raise ValueError("a simulation needs at least one node")
         self.network = SimNetwork(latency, jitter, loss, seed)
         self.clock = self.network.clock
-        base = (config or NodeConfig()).replace(**settings)
+        # no round-trip probes unless asked for as a setting: a full mesh of N nodes would
+        # PING N*(N-1) pairs every rtt_probe, and the runs measure the mesh itself
+        base = (config or NodeConfig()).replace(**{"rtt_probe": 0, **settings})
         if config is None and "max_peers" not in settings:  # a full mesh: nodes - 1 peers each
             base = base.replace(max_peers=max(base.max_peers, nodes))
         self.config = base.replace(interface="sim0")

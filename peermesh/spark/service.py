@@ -162,12 +162,40 @@ class LogAdvert(Overlay):
 
     roles = ("spark-log",)
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, stats: Optional[ServiceStats] = None,
+                 path: Optional[Path] = None) -> None:
         super().__init__()
         self.endpoint = endpoint
+        self.service_stats = stats
+        self.path = path                          # the log, read when metrics are scraped
+        self._reader: Optional[MessageLog] = None  # opened on first scrape, on the hub
+
+    def on_stop(self, timeout: float) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
 
     def headers(self) -> dict[str, str]:
         return {HEADER_LOG: self.endpoint}
+
+    def metrics(self) -> Any:
+        """``Overlay.metrics`` plus the service's totals as ``spark_log_total{what}``, the
+        log's offsets and each streaming query's committed offset and lag (messages)."""
+        yield from super().metrics()
+        if self.service_stats is not None:
+            for what, count in asdict(self.service_stats).items():
+                yield "spark_log_total", {"what": what}, count
+        if self.path is None or not self.running:
+            return
+        if self._reader is None:
+            self._reader = MessageLog(self.path)
+        earliest, following = self._reader.bounds()
+        yield "spark_log_earliest_offset", {}, earliest
+        yield "spark_log_next_offset", {}, following
+        for consumer in self._reader.consumers():
+            labels = {"consumer": consumer.id, "groups": ",".join(consumer.groups)}
+            yield "spark_consumer_committed_offset", labels, consumer.committed
+            yield "spark_consumer_lag", labels, max(0, following - consumer.committed)
 
 
 def _sada() -> Any:
@@ -237,6 +265,8 @@ class DriverService:
         self._want_channel = channel
         self._node_settings = node_settings
         self.stats = ServiceStats()
+        #: the Prometheus endpoint (``metrics`` setting, ``$PEERMESH_METRICS``) once started
+        self.metrics: Any = None
         self.node: Any = None
         self.channel: Any = None
         self.endpoint: Optional[str] = None
@@ -305,8 +335,12 @@ class DriverService:
         if self._port is not None:
             settings["port"] = self._port
         self.node = node_class(self.name, groups=self.groups, interface=self._interface,
-                               headers=headers, overlays=[LogAdvert(self.endpoint)],
+                               headers=headers,
+                               overlays=[LogAdvert(self.endpoint, self.stats, self.path)],
                                **settings).start()
+        from ..metrics import serve_configured
+
+        self.metrics = self.node.call(serve_configured)  # config.metrics, $PEERMESH_METRICS
         if self.channel is not None:
             self.channel.start(self.node)
         self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config),
@@ -333,6 +367,9 @@ class DriverService:
                 self.channel.stop()
             except Exception:
                 log.debug("stopping the channel failed", exc_info=True)
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None and self.node is not None:
+            self.node.call(lambda node: metrics.close())
         if self.node is not None:
             self.node.stop(timeout)
         self._stopping.set()

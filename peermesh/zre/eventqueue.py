@@ -46,6 +46,10 @@ class _ByteBound:
     size = 0
     #: items dropped for ``max_bytes``
     dropped = 0
+    #: octets of content admitted, ever (the metrics' bytes received)
+    admitted = 0
+    #: times the queue was full and its producer had to wait (``event_queue``)
+    pauses = 0
     #: the content octets of each item not yet known to be taken, oldest first
     #: (None: no bound in octets)
     _sizes: Optional[deque[int]] = None
@@ -69,6 +73,7 @@ class _ByteBound:
                 self.dropped += 1
                 return False
         self.size += size
+        self.admitted += size
         sizes.append(size)
         return True
 
@@ -140,6 +145,7 @@ class GreenEventQueue(_ByteBound, Generic[T]):
         if len(self._items) >= self.limit:
             self._room.clear()
             self._paused = True
+            self.pauses += 1
             return True
         return False
 
@@ -205,6 +211,7 @@ class _HandOff(_ByteBound, Generic[T]):
         """True when the producer should wait for ``wait_room``."""
         if len(self._items) >= self.limit:
             self._room.clear()
+            self.pauses += 1
             return True
         return False
 

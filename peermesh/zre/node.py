@@ -63,6 +63,8 @@ Frame = Union[bytes, bytearray, memoryview, str]
 PeerRef = Union[UUID, str]
 
 _WHISPER_HEADER = struct.Struct(">HBBH").pack
+#: the HELLO header where overlays list their roles (``peermesh.overlay.ROLES_HEADER``)
+ROLES_HEADER = "X-PM-ROLES"
 _SIGNATURE = zre.SIGNATURE
 _WHISPER = 2
 #: seconds between looks at a link that a claim or departure waits on, at most
@@ -72,23 +74,38 @@ _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre m
 
 
 class PeerInfo:
-    """A snapshot of what a node knows about a peer."""
+    """A snapshot of what a node knows about a peer.
 
-    __slots__ = ("uuid", "name", "address", "headers", "groups", "leads")
+    Liveness: ``state`` is "alive", "evasive" (silent for ``evasive``, being
+    PINGed) or "silent" (silent for ``silent``); ``last_heard`` the seconds
+    since anything came from it; ``rtt`` the smoothed PING to PING-OK time in
+    seconds (None until it answered one; ``NodeConfig.rtt_probe``); ``roles``
+    what its ``X-PM-ROLES`` header lists; ``leads`` the groups (of this node's)
+    that elected the peer their leader.
+    """
 
-    def __init__(self, peer: Peer, leads: Sequence[str] = ()) -> None:
+    __slots__ = ("uuid", "name", "address", "headers", "groups", "state", "last_heard", "rtt",
+                 "roles", "leads")
+
+    def __init__(self, peer: Peer, now: float, leads: Sequence[str] = ()) -> None:
         self.uuid: UUID = peer.uuid
         self.name: str = peer.name
         self.address: str = peer.endpoint
         self.headers: dict[str, str] = dict(peer.headers)
         self.groups: list[str] = sorted(peer.groups)
-        #: the groups (of this node's) that elected the peer their leader
+        self.state: str = peer.state
+        self.last_heard: float = max(0.0, now - peer.last_seen)
+        self.rtt: Optional[float] = peer.rtt.smoothed if peer.rtt is not None else None
+        self.roles: list[str] = [r for r in peer.headers.get(ROLES_HEADER, "").split(",") if r]
         self.leads: list[str] = sorted(leads)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form."""
+        """JSON-friendly form (``rtt`` and ``last_heard`` in seconds)."""
         return {"peer": self.uuid.hex, "name": self.name, "address": self.address,
-                "headers": self.headers, "groups": self.groups, "leads": self.leads}
+                "headers": self.headers, "groups": self.groups, "state": self.state,
+                "last_heard": round(self.last_heard, 3),
+                "rtt": None if self.rtt is None else round(self.rtt, 6), "roles": self.roles,
+                "leads": self.leads}
 
     def __repr__(self) -> str:
         return f"PeerInfo({self.uuid.hex[:8]} {self.name!r} {self.address})"
@@ -190,6 +207,10 @@ class Node:
         self._last_target: Optional[tuple[PeerRef, Peer]] = None
         self._mailbox: Any = None
         self._settler: Optional[gevent.Greenlet] = None
+        #: WHISPERs and SHOUTs sent (one per peer a SHOUT went to), octets of their content
+        self._sent_whispers = self._sent_shouts = self._sent_octets = 0
+        #: overlays attached to this node (``Overlay.attach`` adds them; the metrics read them)
+        self.overlays: list[Any] = []
 
     # --- identity -------------------------------------------------------
 
@@ -299,8 +320,8 @@ class Node:
         for peer, target in pending:
             peer.unconfirmed = False
             peer.pong = woken
-            if not peer.pings or peer.pings[-1] < target:
-                session.ping(peer)  # a PING already on its way may predate the last message
+            if not peer.pings or peer.pings[-1][0] < target:
+                session.ping(peer, self._clock())  # a PING already on its way may predate the last message
 
         def answered() -> bool:
             return all(peer.confirmed >= target or self._peers.get(peer.uuid) is not peer
@@ -423,6 +444,8 @@ class Node:
         content[0] = _WHISPER_HEADER(_SIGNATURE, _WHISPER, zre.VERSION, target.next_sequence())
         link.offer(content)
         target.unconfirmed = True
+        self._sent_whispers += 1
+        self._sent_octets += len(content[1]) if len(content) == 2 else sum(map(len, content[1:]))
 
     def shout(self, group: str, *frames: Frame) -> None:
         """Send ``frames`` to every peer in ``group``, one unicast SHOUT each.
@@ -439,6 +462,8 @@ class Node:
         members = self._session.members.get(group)
         if not members:
             return
+        self._sent_shouts += len(members)
+        self._sent_octets += len(members) * sum(map(len, content))
         slow = []
         for peer in list(members.values()):
             if peer.link.has_room():
@@ -464,6 +489,8 @@ class Node:
         if not members or not bodies:
             return
         count = len(bodies)
+        self._sent_shouts += count * len(members)
+        self._sent_octets += len(members) * sum(map(len, bodies))
         slow = []
         for peer in list(members.values()):
             done = peer.link.offer_each(zre.shouts(peer.sent + 1, group_field, bodies))
@@ -562,7 +589,10 @@ class Node:
 
         ``peers`` (said HELLO), ``pending`` (found, no HELLO yet), ``departed``,
         ``event_queue`` (events) and ``event_queue_bytes`` (octets of content)
-        waiting for the application, ``connections`` to the mailbox; then
+        waiting for the application, ``connections`` to the mailbox,
+        ``send_backlog`` (messages) and ``send_backlog_bytes`` waiting for slow
+        peers, ``event_queue_full`` (times the mailbox stopped being read because
+        ``event_queue`` events waited); then
         every counter of a limit hit so far (``peers_refused``,
         ``pending_refused``, ``pending_shed``, ``pending_timed_out``,
         ``hellos_refused``, ``groups_refused``, ``leaves_ignored``,
@@ -574,10 +604,48 @@ class Node:
         result = {"peers": len(self._peers) - len(session.pending),
                   "pending": len(session.pending), "departed": len(session._departed),
                   "event_queue": len(events), "event_queue_bytes": events.octets(),
-                  "connections": getattr(self._mailbox, "connections", 0)}
+                  "connections": getattr(self._mailbox, "connections", 0),
+                  "send_backlog": 0, "send_backlog_bytes": 0,
+                  "event_queue_full": getattr(events, "pauses", 0)}
+        for peer in self._peers.values():
+            backlog = getattr(peer.link, "backlog", None)
+            if backlog:
+                result["send_backlog"] += len(backlog)
+                result["send_backlog_bytes"] += peer.link.size  # type: ignore[attr-defined]
         self._count_dropped()
         result.update(session.counters.snapshot())
         return result
+
+    def traffic(self) -> dict[str, int]:
+        """Totals of what went through the mailbox since start (for the metrics).
+
+        ``received_whispers``, ``received_shouts``, ``received_control`` (other
+        ZRE commands), ``received_octets`` (content of WHISPERs and SHOUTs),
+        ``sent_whispers``, ``sent_shouts`` (one per member a SHOUT went to),
+        ``sent_control``, ``sent_octets`` (content), and ``dropped_REASON`` for
+        input dropped as malformed or out of place (``short``,
+        ``bad_signature``, ``before_hello``, ``sequence_gap``, ``malformed``).
+        """
+        session = self._session
+        result = {"received_whispers": session.received_whispers,
+                  "received_shouts": session.received_shouts,
+                  "received_control": session.received_control,
+                  "received_octets": getattr(self._events, "admitted", 0),
+                  "sent_whispers": self._sent_whispers, "sent_shouts": self._sent_shouts,
+                  "sent_control": session.sent_control, "sent_octets": self._sent_octets}
+        result.update((f"dropped_{reason}", count) for reason, count in session.dropped.items())
+        return result
+
+    def peer_infos(self) -> list[PeerInfo]:
+        """A snapshot of every ready peer (``peer_info`` of each, one clock reading)."""
+        now = self._clock()
+        return [PeerInfo(p, now, self._leads(p)) for p in self._peers.values() if p.ready]
+
+    def round_trips(self) -> dict[UUID, tuple[str, Any]]:
+        """(name, ``roundtrip.RoundTrip``) of each ready peer that answered a PING, live:
+        read them on the node's hub."""
+        return {p.uuid: (p.name, p.rtt) for p in self._peers.values()
+                if p.ready and p.rtt is not None}
 
     def _count_dropped(self) -> None:
         """Move the event queue's drops since the last call into the session's counters."""
@@ -595,9 +663,14 @@ class Node:
         return list(self._session.members.get(group, ()))
 
     def peer_info(self, peer: PeerRef) -> PeerInfo:
-        """A snapshot of one peer: name, address, headers, groups, the groups it leads."""
+        """A snapshot of one peer: name, address, headers, groups, liveness, the groups it
+        leads."""
         target = self._ready_peer(peer)
-        return PeerInfo(target, [g for g, u in self._session.leaders.items() if u == target.uuid])
+        return PeerInfo(target, self._clock(), self._leads(target))
+
+    def _leads(self, peer: Peer) -> list[str]:
+        """The groups that elected ``peer`` their leader."""
+        return [g for g, u in self._session.leaders.items() if u == peer.uuid]
 
     def peer_name(self, peer: PeerRef) -> str:
         """The peer's name."""

@@ -124,6 +124,7 @@ from ..errors import ProtocolError
 from ..events import Event, EventType
 from ..wire import zre
 from .election import Elected, Election, SendElect, parse_id, zyre_id
+from .roundtrip import RoundTrip
 
 __all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
 
@@ -146,7 +147,10 @@ COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed
             "evasive_shed", "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
-            "sequence_resyncs")
+            "sequence_resyncs", "messages_refused")
+
+#: why mailbox input is dropped without a word to its sender (``Session.dropped``)
+DROP_REASONS = ("short", "bad_signature", "before_hello", "sequence_gap", "malformed")
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 LEADER = EventType.LEADER
@@ -187,7 +191,7 @@ class Peer:
     __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
                  "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
                  "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed",
-                 "since")
+                 "since", "rtt", "next_probe")
 
     def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
         self.uuid = uuid
@@ -209,9 +213,17 @@ class Peer:
         self.unconfirmed = False    # application messages sent since the last flush
         self.pong: Optional[_Waker] = None  # set on each PING-OK and on removal (flush waits)
         self.total = 0              # messages sent to the peer, ever
-        self.pings: Optional[deque[int]] = None  # ``total`` when each unanswered PING went
+        #: (``total``, the time or None) when each unanswered PING went
+        self.pings: Optional[deque[tuple[int, Optional[float]]]] = None
         self.confirmed = 0          # messages the peer is known to have handled
         self.since = now            # when it entered the table
+        self.rtt: Optional[RoundTrip] = None  # PING to PING-OK times, once it answered one
+        self.next_probe = now       # when to PING it for a round-trip time (``rtt_probe``)
+
+    @property
+    def state(self) -> str:
+        """Liveness: "alive", "evasive" (PINGed after ``evasive`` of silence) or "silent"."""
+        return "silent" if self.silent else "evasive" if self.evasive else "alive"
 
     def next_sequence(self) -> int:
         """The sequence number for the next message to this peer."""
@@ -320,6 +332,12 @@ class Session:
         #: peers a port-0 beacon said are leaving -> (when, ``total`` after the probe PING)
         self._leaving: dict[UUID, tuple[float, int]] = {}
         self._evasive: list[Peer] = []  # ready peers EVASIVE at the last tick (shed first)
+        #: ZRE commands received: WHISPER, SHOUT, any other (after HELLO, in sequence)
+        self.received_whispers = self.received_shouts = self.received_control = 0
+        #: control commands sent (HELLO aside); messages sent to peers no longer in the table
+        self.sent_control = self.sent_departed = 0
+        #: input dropped as malformed or out of place, by reason (never logged each time)
+        self.dropped: Counter[str] = Counter(dict.fromkeys(DROP_REASONS, 0))
         self._hello: Optional[list[bytes]] = None
         #: Zyre's leader election: the groups this node contests, its waves, the winners
         self.contested: set[str] = set()
@@ -467,14 +485,16 @@ class Session:
         if link.queued() > 2 * link.limit:
             self.remove(peer, "not responding: send queue full")
             return
+        self.sent_control += 1
         link.offer(zre.encode(message))
 
-    def ping(self, peer: Peer) -> None:
-        """PING ``peer``; its PING-OK confirms everything sent before (``peer.confirmed``)."""
+    def ping(self, peer: Peer, now: Optional[float] = None) -> None:
+        """PING ``peer``; its PING-OK confirms everything sent before (``peer.confirmed``)
+        and, given ``now``, times the round trip (``peer.rtt``)."""
         self.send_control(peer, zre.Ping(peer.next_sequence()))
         if peer.pings is None:
             peer.pings = deque()
-        peer.pings.append(peer.total)
+        peer.pings.append((peer.total, now))
 
     # --- discovery reports -------------------------------------------------
 
@@ -520,7 +540,7 @@ class Session:
             return
         if peer.ready and self._link_open(peer):
             if uuid not in self._leaving:
-                self.ping(peer)
+                self.ping(peer, now)
                 self._leaving[uuid] = (now, peer.total)
                 if self.wake is not None:
                     self.wake()
@@ -662,6 +682,7 @@ class Session:
             return
         del self.peers[peer.uuid]
         del self.by_identity[peer.identity]
+        self.sent_departed += peer.total
         address = self._address(peer.endpoint)
         if address:
             take_one(self.per_address, address)
@@ -679,7 +700,8 @@ class Session:
             peer.pong.set()  # wake flush(): the peer is gone
         if peer.ready:
             peer.ready = False  # for whoever still holds it (the node's last whisper target)
-            log.debug("peer %s (%s) removed: %s", peer.name, peer.uuid.hex, reason)
+            log.info("peer %s (%s) at %s left: %s", peer.name, peer.uuid.hex, peer.endpoint,
+                     reason, extra={"peer": peer.uuid.hex, "peer_name": peer.name})
             self.emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
             for group in peer.groups:
                 self._member_gone(peer, group)
@@ -716,6 +738,7 @@ class Session:
 
     def on_oversized(self, identity: bytes) -> None:
         """A message over ``max_message`` from ``identity`` was dropped."""
+        self.counters.add("messages_refused")
         log.debug("dropped message over max_message=%d from %r", self.config.max_message,
                   identity)
         peer = self.by_identity.get(identity)
@@ -738,6 +761,10 @@ class Session:
             else:
                 fast = prefix == _WHISPER_PREFIX and len(head) == 6
             if fast:
+                if group is None:
+                    self.received_whispers += 1
+                else:
+                    self.received_shouts += 1
                 peer.want = (peer.want + 1) & 0xFFFF
                 peer.last_seen = now
                 if peer.next_ping:
@@ -751,10 +778,12 @@ class Session:
                     peer: Optional[Peer], now: float) -> None:
         self._now = now  # (a wave this command starts is timed from it)
         if len(head) < 6:
+            self.dropped["short"] += 1
             log.debug("dropped short message from %r", identity)
             return
         signature, command, version, sequence = _HEADER.unpack_from(head)
         if signature != _SIGNATURE or version != zre.VERSION:
+            self.dropped["bad_signature"] += 1
             log.debug("dropped message with bad signature/version from %r", identity)
             return
         if command == _HELLO:
@@ -766,9 +795,11 @@ class Session:
                 if not claim.hold(frames, self.config.max_message):
                     self.counters.add("held_dropped")
                 return
+            self.dropped["before_hello"] += 1
             log.debug("ignored command %d before HELLO from %r", command, identity)
             return
         if sequence != peer.want:
+            self.dropped["sequence_gap"] += 1
             log.debug("sequence gap from %s: expected %d, got %d", peer.name, peer.want, sequence)
             self._resync(peer, f"sequence gap (expected {peer.want}, got {sequence})", now)
             return
@@ -779,9 +810,11 @@ class Session:
         try:
             message = zre.decode(frames)
         except ProtocolError as exc:
+            self.dropped["malformed"] += 1
             log.debug("dropped malformed command from %s: %s", peer.name, exc.reason)
             return
         if isinstance(message, zre.Shout):
+            self.received_shouts += 1
             if message.group in self.groups:
                 self.emit(Event(SHOUT, peer.uuid, peer.name, message.group, message.content))
         elif isinstance(message, zre.Join):
@@ -796,13 +829,21 @@ class Session:
             self._on_peer_exchange(peer, message, now)
         elif isinstance(message, zre.PingOk):
             if peer.pings:
-                peer.confirmed = peer.pings.popleft()
+                peer.confirmed, sent = peer.pings.popleft()
+                if sent is not None:
+                    if peer.rtt is None:
+                        peer.rtt = RoundTrip()
+                    peer.rtt.add(now - sent)
             if peer.pong is not None:
                 peer.pong.set()
         elif isinstance(message, (zre.Elect, zre.Leader)):
             self._on_wave(peer, message, now)
         # Unknown commands (and Zyre's GOODBYE: its beacon or link says it) only advance
         # the sequence
+        if isinstance(message, zre.Whisper):
+            self.received_whispers += 1
+        elif not isinstance(message, zre.Shout):
+            self.received_control += 1
 
     def _resync(self, peer: Peer, reason: str, now: float) -> None:
         """Out of step with a peer: EXIT it and say HELLO again at once, so that it
@@ -890,7 +931,7 @@ class Session:
         old = self._claims.get(holder.uuid)
         if old is None:
             log.debug("%s claims %s of %s: PINGing it", uuid, holder.endpoint, holder.name)
-            self.ping(holder)
+            self.ping(holder, now)
         else:
             self._claimants.pop(old.identity, None)
         claim = self._claims[holder.uuid] = self._claimants[identity] = \
@@ -938,6 +979,8 @@ class Session:
         peer.status = hello.status
         peer.refresh(now)
         if announce:
+            log.info("peer %s (%s) entered from %s", peer.name, peer.uuid.hex, peer.endpoint,
+                     extra={"peer": peer.uuid.hex, "peer_name": peer.name})
             self.emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
                             address=peer.endpoint))
             if peer.headers.get(PEX_HEADER) == "1":
@@ -1006,6 +1049,7 @@ class Session:
                 if group in self.contested and group in self.groups:
                     self.elect(group)
         evasive: list[Peer] = []
+        probe = cfg.rtt_probe
         for peer in list(self.peers.values()):
             stalled = peer.link.stalled_since
             if stalled is not None and now - stalled >= cfg.expired:
@@ -1017,14 +1061,22 @@ class Session:
                 continue
             if idle >= cfg.evasive and now >= peer.next_ping:
                 peer.next_ping = now + cfg.evasive
-                self.ping(peer)
+                self.ping(peer, now)
                 if not peer.evasive and peer.ready:
                     peer.evasive = True
+                    log.info("peer %s (%s) is evasive: silent for %.1fs", peer.name,
+                             peer.uuid.hex, idle,
+                             extra={"peer": peer.uuid.hex, "peer_name": peer.name})
                     self.emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
+            elif probe and peer.ready and now >= peer.next_probe and not peer.pings:
+                peer.next_probe = now + probe
+                self.ping(peer, now)
             if peer.evasive:
                 evasive.append(peer)
             if idle >= cfg.silent and not peer.silent and peer.ready:
                 peer.silent = True
+                log.info("peer %s (%s) is silent for %.1fs", peer.name, peer.uuid.hex, idle,
+                         extra={"peer": peer.uuid.hex, "peer_name": peer.name})
                 self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
         self._evasive = evasive
         period = min(cfg.interval, cfg.evasive / 2)

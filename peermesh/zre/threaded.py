@@ -562,6 +562,10 @@ class ThreadedNode(NodeIdentity):
         """See ``Node.peer_info``."""
         return self._call(self._started().peer_info, peer)
 
+    def peer_infos(self) -> list[PeerInfo]:
+        """See ``Node.peer_infos``."""
+        return self._call(self._started().peer_infos)
+
     def peer_name(self, peer: PeerRef) -> str:
         """See ``Node.peer_name``."""
         return self._call(self._started().peer_name, peer)

@@ -178,9 +178,14 @@ def test_round_trips_through_the_agent(mesh: Mesh) -> None:
     (entry,) = json.loads(result.stdout)
     assert entry["peer"] == bob_uuid and entry["name"] == "bob" and entry["groups"] == ["chat"]
     assert entry["address"].startswith("tcp://127.0.0.1:")
+    assert entry["state"] == "alive" and entry["broker"] is False and entry["roles"] == []
+    assert entry["last_heard"] >= 0 and (entry["rtt"] is None or entry["rtt"] > 0)
     result = mesh.call("peers")
     assert result.returncode == 0, _report(result)
     assert result.stdout.splitlines()[1].split()[:2] == [bob_uuid, "bob"]
+    result = mesh.call("peers", "--json", "--status", "silent")
+    assert result.returncode == 0, _report(result)
+    assert json.loads(result.stdout) == []
 
     result = timed("status", "status", "--json")
     assert result.returncode == 0, _report(result)

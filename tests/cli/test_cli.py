@@ -110,14 +110,22 @@ def test_peers_lists_headers_and_groups(cli: Cli) -> None:
     assert entry["headers"] == {"city": "Zürich", "formula": "a=b"}
     assert entry["groups"] == ["chat", "ümlaut"]
     assert entry["address"].startswith("tcp://127.0.0.1:")
+    assert entry["state"] == "alive" and entry["roles"] == [] and entry["broker"] is False
+    assert 0 <= entry["last_heard"] < 30
 
     result = cli.call("peers", "--wait", "0.5")
     assert result.returncode == 0, _report(result)
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["UUID", "NAME", "ADDRESS", "GROUPS", "HEADERS"]
+    assert header.split() == ["UUID", "NAME", "ADDRESS", "STATE", "HEARD", "RTT", "GROUPS",
+                              "ROLES", "BROKER", "HEADERS"]
     (row,) = [r for r in rows if r.startswith(zoe_uuid)]
-    assert row.split() == [zoe_uuid, "Zoë", entry["address"], "chat,ümlaut",
-                           "city=Zürich", "formula=a=b"]
+    fields = row.split()
+    assert fields[:4] == [zoe_uuid, "Zoë", entry["address"], "alive"]
+    assert fields[6:] == ["chat,ümlaut", "-", "-", "city=Zürich", "formula=a=b"]
+
+    result = cli.call("peers", "--json", "--wait", "0.5", "--status", "evasive")
+    assert result.returncode == 0, _report(result)
+    assert zoe_uuid not in result.stdout
 
 
 def test_whisper_refuses_an_ambiguous_name(cli: Cli) -> None:

@@ -174,6 +174,7 @@ def test_throttled_after_repeated_failures(gw: Harness) -> None:
     gw.now += 3600  # the throttle forgets
     gw.ask(Open("/"))
     assert isinstance(gw.scram("alice", "wonderland"), Ready)
+    assert gw.control.logins == {"ok": 1, "failed": 4, "throttled": 2}  # (the metrics)
 
 
 def test_another_hosts_failures_do_not_lock_a_user_out(gw: Harness) -> None:

@@ -56,6 +56,10 @@ def test_scram_login_profile_and_lease(gateway: Gateway, clients: list[RawClient
     assert isinstance(lease, DataLease) and lease.port == gateway.data_port
     assert client.connect_data(lease) == Response(1, 200)
     assert client.command(Summon(client.next(), "chat")) == Response(2, 200)
+    samples = {(name, tuple(sorted(labels.items()))): value
+               for name, labels, value in gateway.metrics()}  # (settled: read from here)
+    assert samples[("mtl_logins_total", (("result", "ok"),))] == 1
+    assert samples[("mtl_sessions", ())] == 1 and samples[("mtl_leases", ())] == 1
 
 
 def test_wrong_password_mechanism_not_offered_and_retry(gateway: Gateway,

@@ -325,3 +325,24 @@ def test_help_text_of_each_action(argv: list[str], has: list[str], lacks: list[s
         assert option in text, option
     for option in lacks:
         assert option not in text, option
+
+
+def test_a_worker_serves_its_jobs_by_state_as_metrics(cli: Callable[..., Any]) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    worker = cli("worker", "--name", "mw1", "--service", "demo", "--metrics", "0", serve=True)
+    line = worker.stderr.readline()  # printed before "ready"
+    assert line.startswith("peermesh: metrics at http://127.0.0.1:"), line
+    url = line.split()[-1]
+    done = cli("job", "post", "demo", "add", "[1, 2]", "--target", "any", "--wait")
+    assert done.returncode == 0, done.stderr
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        families = {f.name: f for f in text_string_to_metric_families(answer.read().decode())}
+    jobs = {s.labels["state"]: s.value for s in families["peermesh_nfp_jobs"].samples
+            if s.labels["worker"] == "mw1"}
+    assert jobs == {"completed": 1}
+    accepted = [s.value for s in families["peermesh_overlay_events"].samples
+                if s.labels == {"overlay": "nfp-worker", "event": "accepted"}]
+    assert accepted == [1]

@@ -92,6 +92,7 @@ def test_request_goes_out_as_the_spec_draws_it_and_the_reply_comes_back() -> Non
     (info,) = router.servers(0.6)
     assert (info.in_flight, info.replies) == (0, 1)
     assert info.latency == pytest.approx(0.001 + 0.2 * (0.1 - 0.001))
+    assert router.reply_times.count == 1 and router.reply_times.last == pytest.approx(0.1)
     assert router.pending == 0 and router._deadlines == []   # noqa: SLF001
     assert router.submit("t2", "echo", "say", raw=True, payload=b"\x01", now=1.0) == b"c0ffee-2"
 

@@ -176,3 +176,31 @@ def test_the_driver_node_advertises_the_log_and_its_roles(
     service.stop(0.2)
     assert service.lifecycle is Lifecycle.STOPPED and not service.running
     service.stop(0.2)                       # twice is fine
+
+
+def test_the_service_node_serves_log_offsets_and_consumer_lag_as_metrics(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from peermesh.spark.log import MessageLog
+
+    service = make_service(["tele"], channel=False, metrics="127.0.0.1:0")
+    alice = make_peer("alice")
+    meet(alice, "tele")
+    shout_all(alice, "tele", [{"i": i} for i in range(10)])
+    assert service.wait_for_offset(10, 10)
+    with MessageLog(service.path) as log:
+        log.commit("query-1", 4, ["tele"])
+    with urllib.request.urlopen(service.metrics.url, timeout=10) as answer:
+        families = {f.name: f for f in text_string_to_metric_families(answer.read().decode())}
+
+    def value(name: str, **labels: str) -> float:
+        (found,) = [s.value for s in families[name].samples
+                    if all(s.labels.get(k) == v for k, v in labels.items())]
+        return found
+    assert value("peermesh_spark_log_next_offset") == 10
+    assert value("peermesh_spark_consumer_lag", consumer="query-1", groups="tele") == 6
+    assert value("peermesh_spark_log", what="messages") == 10
+    assert value("peermesh_peers") == 1

@@ -112,6 +112,8 @@ def test_two_async_nodes_meet_whisper_shout_and_stop(run_async):
         assert await bob.known_groups() == ["g"]
         assert await bob.find_peer("alice") == alice.uuid
         assert (await bob.peer_info(alice.uuid)).name == "alice"
+        (info,) = await bob.peer_infos()
+        assert (info.uuid, info.state) == (alice.uuid, "alive") and info.last_heard >= 0
         assert await bob.call(lambda node: node.name) == "bob"
 
         await bob.shout("g", b"hello", b"", b"world")

@@ -107,9 +107,11 @@ def test_two_hosts_discover_each_other(lan_factory, fleet, form):
     assert_sees(bob, alice, ("chat",), headers={"role": "left"})
 
     (info,) = alice.call("peers")
+    liveness = {key: info.pop(key) for key in ("state", "last_heard", "rtt", "roles")}
     assert info == {"peer": bob.uuid, "name": "bob", "address": bob.endpoint,
                     "headers": {"role": "right", "büro": "straße ☕"},
                     "groups": ["chat", "ops"], "leads": []}
+    assert liveness["state"] == "alive" and liveness["roles"] == []
     (info,) = bob.call("peers")
     assert info["peer"] == alice.uuid and info["address"] == alice.endpoint
 

@@ -730,6 +730,7 @@ def test_send_queue_stuck_past_expired_is_reported(make_node):
         sender.whisper(stalled.uuid, PAYLOAD)
     event = wait_for(sender, match(EXIT, stalled.uuid), timeout=3.0)
     assert event.reason.startswith("not responding"), event
+    assert stalled.stats()["event_queue_full"] >= 1  # it stopped reading its mailbox
 
 
 def test_a_silent_peer_is_not_expired_while_its_backlog_drains(make_node):

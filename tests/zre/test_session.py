@@ -25,7 +25,7 @@ ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, Even
 WHISPER, SHOUT, EVASIVE, SILENT = (EventType.WHISPER, EventType.SHOUT, EventType.EVASIVE,
                                    EventType.SILENT)
 OWN_ENDPOINT = "tcp://10.0.0.1:50000"
-CONFIG = NodeConfig(interval=1.0, evasive=5.0, silent=10.0, expired=30.0)
+CONFIG = NodeConfig(interval=1.0, evasive=5.0, silent=10.0, expired=30.0, rtt_probe=0)
 
 
 class MemoryLink:
@@ -221,6 +221,7 @@ def test_oversized_message_disconnects_its_sender() -> None:
     h.session.on_oversized(peer.identity)
     assert h.taken() == [(EXIT, f"sent a message over max_message ({CONFIG.max_message})")]
     assert h.link(peer.endpoint).closed
+    assert h.session.counters.get("messages_refused") == 1
 
 
 # --------------------------------------------------------------------------
@@ -263,6 +264,56 @@ def test_a_sign_of_life_ends_the_silence(sign_of_life: str) -> None:
     assert h.taken() == []
     h.session.tick(12.0)
     assert h.taken() == [(EVASIVE, "bob")]
+
+
+def test_liveness_state_follows_the_silence_and_a_sign_of_life() -> None:
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    (bob,) = h.session.peers.values()
+    states = []
+    for now in (1.0, 5.0, 10.0):
+        h.session.tick(now)
+        states.append(bob.state)
+    h.send(peer, peer.whisper(), 11.0)
+    assert states + [bob.state] == ["alive", "evasive", "silent", "alive"]
+
+
+def test_round_trips_are_timed_from_ping_to_ping_ok_and_probed_every_rtt_probe() -> None:
+    h = Harness(NodeConfig(interval=1.0, evasive=5.0, silent=10.0, expired=30.0, rtt_probe=2.0))
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    (bob,) = h.session.peers.values()
+    link = h.link(peer.endpoint)
+    h.session.tick(0.5)            # a new peer is timed at once
+    assert link.kinds().count("Ping") == 1 and bob.rtt is None
+    h.send(peer, zre.PingOk(peer.next()), 0.504)
+    h.session.tick(1.0)            # answered, next probe due at 2.5
+    assert link.kinds().count("Ping") == 1
+    h.session.tick(2.5)
+    assert link.kinds().count("Ping") == 2
+    h.session.tick(4.6)            # one PING unanswered: no second probe behind it
+    assert link.kinds().count("Ping") == 2
+    h.send(peer, zre.PingOk(peer.next()), 2.52)
+    assert bob.rtt is not None and bob.rtt.count == 2
+    assert bob.rtt.last == pytest.approx(0.02)
+    assert bob.rtt.smoothed == pytest.approx(0.004 + (0.02 - 0.004) / 8)
+    assert sum(bob.rtt.counts) == 2 and bob.rtt.total == pytest.approx(0.024)
+
+
+def test_traffic_totals_count_each_kind_and_drops_by_reason() -> None:
+    h = Harness()
+    h.session.add_group("g")
+    peer = Remote("bob", 50001)
+    entered(h, peer, now=0.0)
+    h.send(peer, peer.whisper(), 1.0)
+    h.send(peer, zre.Shout(peer.next(), "g", (b"x",)), 1.0)
+    h.send(peer, zre.Shout(peer.next(), "other", (b"x",)), 1.0)  # the slow path counts too
+    h.send(peer, zre.Join(peer.next(), "h", 1), 1.0)
+    h.session.on_message(peer.identity, [b"\xaa"], 1.0)
+    s = h.session
+    assert (s.received_whispers, s.received_shouts, s.received_control) == (1, 2, 1)
+    assert s.dropped["short"] == 1 and set(s.dropped) == set(session_module.DROP_REASONS)
 
 
 def test_a_draining_backlog_keeps_its_peer_and_a_stalled_one_does_not() -> None:

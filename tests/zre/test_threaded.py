@@ -92,6 +92,9 @@ def test_two_threaded_nodes_mesh_shout_and_whisper(make_tnode):
     assert bob.groups() == ["g"]
     assert bob.find_peer("alice") == alice.uuid
     assert bob.peer_info(alice.uuid).name == "alice"
+    (info,) = bob.peer_infos()
+    assert (info.uuid, info.state, info.roles) == (alice.uuid, "alive", [])
+    assert info.last_heard >= 0
 
     bob.shout("g", b"hello", b"", b"world")
     event = wait_for(alice, match(SHOUT, bob.uuid, "g"))
