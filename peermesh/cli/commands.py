@@ -739,6 +739,10 @@ def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[PeerInf
     session = NodeSession(config)
     node = session.start()
     try:
+        itf = node.interface
+        if itf is not None:  # a node of its own: say where it looks, so a wrong LAN shows
+            note(f"no agent: looking for peers on {clean(itf.name)} ({itf.address}, beacon "
+                 f"port {config.port}) for {args.wait:g} s")
         deadline = time.monotonic() + args.wait
         while time.monotonic() < deadline:
             event = session.wait_event(deadline)

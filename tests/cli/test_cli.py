@@ -145,6 +145,14 @@ def test_nothing_found(cli: Cli) -> None:
     assert "no peers found" in result.stderr
 
 
+def test_peers_without_an_agent_says_which_interface_it_looks_on(cli: Cli, tmp_path: Any) -> None:
+    result = cli.call("peers", "--wait", "0.2", "--agent", str(tmp_path / "none.sock"))
+    assert result.returncode == 0, _report(result)
+    assert result.stderr.splitlines() == [
+        f"peermesh: no agent: looking for peers on lo (127.0.0.1, beacon port {cli.port}) "
+        "for 0.2 s", "peermesh: no peers found within 0.2 s"]
+
+
 # --------------------------------------------------------------------------
 # Errors
 
