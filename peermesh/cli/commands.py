@@ -381,14 +381,20 @@ def _add_status(command: CommandFactory) -> None:
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+#: what each table of a configuration file (``config.TABLES``) holds
+_TABLES = {"node": "the node options", "nfp": "the NFP commands' options",
+           "mtl": "the options of mtl gateway"}
+
+
 def _add_config(command: CommandFactory) -> None:
+    tables = ", ".join(f"[{name}] ({what})" for name, what in _TABLES.items())
     command("config", "configuration files",
-            "A configuration file is TOML with a [node] table (the node options) and an "
-            "[nfp] table (the NFP commands' options); any other table, or a key outside a "
-            "table, is an error.", f"  {PROG} config example > peermesh.toml", None)
+            f"A configuration file is TOML with up to three tables: {tables}; any other "
+            "table, or a key outside a table, is an error.",
+            f"  {PROG} config example > peermesh.toml", None)
     command("config example", "print an example configuration file (every key, documented)",
             "Print a configuration file that lists every key of [node] with its default "
-            "(but interface = \"lo\") and every key of [nfp], commented out.",
+            "(but interface = \"lo\") and every key of [mtl] and [nfp], commented out.",
             f"  {PROG} config example > /etc/peermesh/peermesh.toml", cmd_config_example,
             node_options=False)
 
