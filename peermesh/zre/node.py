@@ -149,6 +149,8 @@ class Node:
         #: how frames, beacons and time move (``transport.ZmqTransport`` or a simulated one)
         self.transport: Any = transport if transport is not None else ZmqTransport(
             curve=self.curve)
+        # max_peers and max_connections left to None follow what the transport can hold
+        self.config = self.config.fitted(self.transport.peer_capacity())
         #: discovery sources; by default those ``config.discovery`` and ``config.seeds`` name
         self._discovery = list(sources) if sources is not None else \
             _discovery_from_config(self.config)
