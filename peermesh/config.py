@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+if TYPE_CHECKING:  # pathlib only for the stores' data directory: a plain node does without
+    from pathlib import Path
 
 __all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir"]
 
@@ -316,6 +318,8 @@ def parse_header(item: str) -> tuple[str, str]:
 def default_data_dir() -> Path:
     """Where stores live by default: ``$PEERMESH_DATA_DIR``, else
     ``$XDG_DATA_HOME/peermesh``, else ``~/.local/share/peermesh``."""
+    from pathlib import Path
+
     env = os.environ.get("PEERMESH_DATA_DIR")
     if env:
         return Path(env)

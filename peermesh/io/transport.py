@@ -35,7 +35,7 @@ import socket
 import struct
 import time
 from collections import Counter
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import gevent
 import gevent.socket
@@ -46,9 +46,11 @@ from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
 from .endpoints import bind, bind_ephemeral
 from .context import shared_context
-from .curve import Curve
 from .descriptors import FD_RESERVE, FDS_PER_PEER, peer_capacity
 from .socket import HubSocket, make_socket
+
+if TYPE_CHECKING:  # CURVE is loaded only by nodes with keys
+    from .curve import Curve
 
 __all__ = ["ZmqTransport", "CapacityError", "GuardedMailbox"]
 
