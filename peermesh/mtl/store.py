@@ -9,7 +9,9 @@ same, so a restarted gateway finds what it stored. ``open_gateway_store``
 opens it and takes in stores of the earlier default name,
 ``mtl-<6 hex digits>.sqlite3`` (named after a random node name): the one
 such store is renamed, several are copied in and removed, so an upgrade
-loses none of their content. Each stored content is
+loses none of their content. The gateway holds a lock on ``<store>.lock`` while it runs:
+a second gateway of the same name and data directory is refused rather than
+handing out the same content again. Each stored content is
 one row of ``mtl_content``: an id that only grows (never reused), the
 resource it was written to, its properties (the encoded field table, opaque
 here) and its body. A resource's content is a queue, handed out in id order:
@@ -159,6 +161,8 @@ def open_gateway_store(data_dir: os.PathLike[str] | str, name: Optional[str],
     """The ``ContentStore`` at ``gateway_store_path``; without a ``name``, with the
     content of stores of the earlier default name taken in (see the module doc)."""
     path = gateway_store_path(data_dir, name)
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    lock = _lock(path)
     earlier = [] if name else sorted(
         p for p in Path(data_dir).glob("mtl-*.sqlite3") if _EARLIER_DEFAULT.fullmatch(p.name))
     if len(earlier) == 1 and not path.exists():
@@ -167,7 +171,12 @@ def open_gateway_store(data_dir: os.PathLike[str] | str, name: Optional[str],
         log.warning("MTL content store %s renamed %s (a restart finds it there)",
                     earlier[0], path)
         earlier = []
-    store = ContentStore(path, **options)
+    try:
+        store = ContentStore(path, **options)
+    except BaseException:
+        os.close(lock)
+        raise
+    store.lock = lock
     try:
         for old in earlier:
             _take_in(store, old)
@@ -175,6 +184,21 @@ def open_gateway_store(data_dir: os.PathLike[str] | str, name: Optional[str],
         store.close()
         raise
     return store
+
+
+def _lock(path: Path) -> int:
+    """An exclusive lock on ``<path>.lock`` (its descriptor), held while the gateway runs:
+    two gateways must not serve one store; StoreError if another holds it."""
+    import fcntl
+
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StoreError(f"the MTL content store {path} is in use by another gateway; give "
+                         "each gateway of a data directory its own name (--name)") from None
+    return fd
 
 
 def _checkpointed(path: Path) -> None:
@@ -283,6 +307,8 @@ class ContentStore:
         self.committed: list[tuple[int, bytes, str, bytes, bytes]] = []
         #: cids confirmed or dropped since last emptied
         self.deleted: list[bytes] = []
+        #: a descriptor holding the gateway's lock on the file (``open_gateway_store``)
+        self.lock: Optional[int] = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(self.path, synchronous)
         self.origin, self._next_id = self._load()
@@ -344,10 +370,15 @@ class ContentStore:
         return queue
 
     def close(self) -> None:
-        """Commit, then close the file (after a last checkpoint)."""
-        self.commit()
-        self._checkpointer.stop()
-        self._db.close()
+        """Commit, then close the file (after a last checkpoint); release ``lock``."""
+        try:
+            self.commit()
+            self._checkpointer.stop()
+            self._db.close()
+        finally:
+            if self.lock is not None:
+                os.close(self.lock)
+                self.lock = None
 
     # --- writing ---------------------------------------------------------
 

@@ -357,3 +357,15 @@ def test_a_gateway_with_a_configured_name_leaves_other_stores_alone(tmp_path: Pa
     finally:
         store.close()
     assert (tmp_path / "mtl-36AE6D.sqlite3").exists()
+
+
+def test_two_gateways_never_serve_one_store(tmp_path: Path) -> None:
+    first = open_gateway_store(tmp_path, None)
+    try:
+        with pytest.raises(StoreError, match="in use by another gateway"):
+            open_gateway_store(tmp_path, None)
+        other = open_gateway_store(tmp_path, "gw")  # a store of its own
+        other.close()
+    finally:
+        first.close()
+    open_gateway_store(tmp_path, None).close()  # free again once the first stopped
