@@ -1,9 +1,32 @@
-"""Build of the optional C extension; metadata lives in pyproject.toml."""
+"""Build of the optional C extension; metadata lives in pyproject.toml.
+
+The extension is optional: without a C compiler it is skipped and peermesh
+runs on pyzmq alone. The wheel's tag follows what was built: with the
+extension it is platform-specific (cp311-cp311-linux_x86_64, say); without
+it the wheel holds only Python and is tagged py3-none-any.
+"""
+
+import os
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 
-setup(ext_modules=[
+EXTENSION = Extension("peermesh.io._zmqbatch", ["peermesh/io/_zmqbatch.c"], optional=True)
+
+
+class BdistWheel(bdist_wheel):
+    """A pure wheel when the optional extension was not built."""
+
+    def run(self) -> None:
+        self.run_command("build")
+        build_ext = self.get_finalized_command("build_ext")
+        if not os.path.exists(build_ext.get_ext_fullpath(EXTENSION.name)):
+            self.root_is_pure = True  # tagged py3-none-any, files in purelib
+        super().run()
+
+
+setup(
     # Batched ZeroMQ receive/send for the node's hot paths (peermesh/io/zmqbatch.py).
-    # Optional: without a C compiler peermesh installs and runs on pyzmq alone.
-    Extension("peermesh.io._zmqbatch", ["peermesh/io/_zmqbatch.c"], optional=True),
-])
+    ext_modules=[EXTENSION],
+    cmdclass={"bdist_wheel": BdistWheel},
+)

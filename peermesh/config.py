@@ -14,8 +14,10 @@ import dataclasses
 import ipaddress
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+if TYPE_CHECKING:  # pathlib only for the stores' data directory: a plain node does without
+    from pathlib import Path
 
 __all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir",
            "parse_listen", "DEFAULT_METRICS_HOST"]
@@ -83,10 +85,14 @@ def read_table(path: Optional[os.PathLike[str] | str], name: str,
     return dict(table)
 
 
-#: integer settings that must be at least 1
+#: integer settings that must be at least 1 (those in _FITTED may also be None: fitted
+#: to what the node can hold when it is made, see ``Node``)
 _COUNTS = ("sndhwm", "send_queue", "send_buffer", "event_queue", "event_queue_bytes",
            "max_message", "max_peers", "max_peers_per_address", "max_pending", "max_hello",
            "max_groups", "max_connections")
+_FITTED = ("max_peers", "max_connections")
+#: ``max_peers`` where nothing bounds it (the simulated network has no descriptors)
+UNBOUNDED_PEERS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -134,9 +140,13 @@ class NodeConfig:
     #: are kept
     event_queue_bytes: int = 64 * 1024 * 1024
     #: peers in the table (said HELLO or found by discovery); over it, a new peer is
-    #: refused (``peers_refused``), unless it said HELLO and a peer still waiting for
-    #: HELLO (``pending_shed``) or an EVASIVE one (``evasive_shed``) can be shed
-    max_peers: int = 512
+    #: refused (``peers_refused``; the node says so once), unless it said HELLO and a
+    #: peer still waiting for HELLO (``pending_shed``) or an EVASIVE one
+    #: (``evasive_shed``) can be shed. None: as many as the node can hold, on real
+    #: sockets (descriptor limit, raised to the hard limit at start, less 64) / 3
+    #: (nodes of one process share the descriptors); on the simulated network, which
+    #: has no descriptors, no cap
+    max_peers: Optional[int] = None
     #: peers at one address other than the node's own (the address a beacon came from, a
     #: HELLO names, or a mailbox connection comes from): over it, a new peer from there is
     #: refused, unless it said HELLO and a peer of that address still waiting for HELLO can
@@ -144,8 +154,9 @@ class NodeConfig:
     max_peers_per_address: int = 128
     #: peers found by discovery (beacon, mDNS, PEX) that have not said HELLO yet; over
     #: it, a new one replaces the oldest if that has waited ``interval`` (``pending_shed``),
-    #: else it is ignored (``pending_refused``)
-    max_pending: int = 64
+    #: else it is ignored (``pending_refused``) until its next beacon. A LAN of up to
+    #: this many hosts that boot at once meets in one beacon round
+    max_pending: int = 1024
     #: seconds a peer found by discovery, or a connection to the mailbox, has to say
     #: HELLO (or finish the ZeroMQ handshake) before it is dropped
     hello_timeout: float = 5.0
@@ -155,11 +166,11 @@ class NodeConfig:
     #: groups one peer may be in; a HELLO listing more is refused, a JOIN past it
     #: removes the peer (``groups_refused``)
     max_groups: int = 1024
-    #: connections to the mailbox, each peer's one among them (keep it above max_peers +
+    #: connections to the mailbox, each peer's one among them (None: max_peers +
     #: max_pending; at most half the descriptors beyond 64 go to them); over it, the
     #: oldest that sent under 1 KiB, then those that sent the fewest octets, are closed
     #: (``connections_shed``)
-    max_connections: int = 640
+    max_connections: Optional[int] = None
     #: largest mailbox message accepted (bytes, all frames); bigger ones are dropped
     #: and the sender disconnected
     max_message: int = 64 * 1024 * 1024
@@ -198,7 +209,8 @@ class NodeConfig:
         if not self.evasive <= self.silent <= self.expired:
             raise ValueError("timeouts must satisfy evasive <= silent <= expired")
         for key in _COUNTS:
-            if getattr(self, key) < 1:
+            value = getattr(self, key)
+            if value is not None and value < 1:
                 raise ValueError(f"{key} must be at least 1")
 
     def _check_types(self) -> None:
@@ -226,7 +238,10 @@ class NodeConfig:
                 isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
             raise bad("headers", "a table of strings")
         for key in ("port", *_COUNTS):
-            if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
+            value = getattr(self, key)
+            if value is None and key in _FITTED:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
                 raise bad(key, "an integer")
         for key in ("interval", "evasive", "silent", "expired", "send_timeout",
                     "hello_timeout", "rtt_probe"):
@@ -246,6 +261,14 @@ class NodeConfig:
             if isinstance(changes.get(key), list):
                 changes[key] = tuple(changes[key])
         return dataclasses.replace(self, **changes)
+
+    def fitted(self, capacity: int) -> "NodeConfig":
+        """A copy with ``max_peers`` (None: ``capacity``, the peers the node's transport
+        can hold) and ``max_connections`` (None: ``max_peers + max_pending``) set."""
+        peers = self.max_peers if self.max_peers is not None else capacity
+        connections = self.max_connections if self.max_connections is not None \
+            else peers + self.max_pending
+        return self.replace(max_peers=peers, max_connections=connections)
 
     @classmethod
     def load(cls, path: Optional[os.PathLike[str] | str] = None,
@@ -305,7 +328,7 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         if raw.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError("not one of 1, true, yes, on, 0, false, no, off")
-    if kind in ("int", int):
+    if kind in ("int", int, "Optional[int]"):
         return int(raw)
     if kind in ("float", float):
         return float(raw)
@@ -356,6 +379,8 @@ def _is_loopback(host: str) -> bool:
 def default_data_dir() -> Path:
     """Where stores live by default: ``$PEERMESH_DATA_DIR``, else
     ``$XDG_DATA_HOME/peermesh``, else ``~/.local/share/peermesh``."""
+    from pathlib import Path
+
     env = os.environ.get("PEERMESH_DATA_DIR")
     if env:
         return Path(env)

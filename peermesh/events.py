@@ -6,7 +6,6 @@ from enum import Enum
 from typing import Any, Callable, Iterator, Mapping, Optional
 from uuid import UUID
 
-import msgpack
 
 __all__ = ["EventType", "Event"]
 
@@ -55,6 +54,8 @@ class Event:
 
     def unpack(self) -> Any:
         """The content decoded from msgpack (what ``shout_packed``/``whisper_packed`` sent)."""
+        import msgpack  # (only where packed content is used: a plain node does without)
+
         return msgpack.unpackb(self.message, raw=False)
 
     def to_dict(self) -> dict[str, Any]:

@@ -137,6 +137,69 @@ def test_nav_lists_every_page() -> None:
     assert listed <= pages, listed - pages
 
 
+def test_readme_and_the_home_page_link_every_page_of_the_manual() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    listed = set(re.findall(r":\s*([\w/.-]+\.md)\s*$", nav, re.M)) - {"index.md"}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    documentation = readme[readme.index("## Documentation"):]
+    features = readme[readme.index("## What it does"):readme.index("## Documentation")]
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    for page in sorted(listed):
+        assert f"(docs/{page})" in documentation, f"README's Documentation misses {page}"
+    for page in ("mtl.md", "curve.md", "security.md"):
+        assert f"(docs/{page})" in features, f"README's feature table misses {page}"
+        assert f"]({page})" in home, f"docs/index.md misses {page}"
+
+
+def test_readme_tour_says_the_agent_socket_directory_is_private() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    tour = readme[readme.index("## A five-minute tour"):readme.index("## What it does")]
+    agent = " ".join(tour[tour.index("`peermesh agent`"):].split())
+    assert "directory only its user may enter (mode 0700" in agent
+
+
+def test_config_help_names_every_table() -> None:
+    from peermesh.config import TABLES
+
+    done = subprocess.run([sys.executable, "-m", "peermesh", "config", "--help"],
+                          capture_output=True, encoding="utf-8", timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    for table in TABLES:
+        assert f"[{table}]" in done.stdout, table
+
+
+def test_the_example_config_points_at_pages_that_exist() -> None:
+    text = (ROOT / "peermesh" / "cli" / "peermesh.example.toml").read_text(encoding="utf-8")
+    headings = set(re.findall(r"^#+ (.+)$", (ROOT / "README.md").read_text(encoding="utf-8"),
+                              re.M))
+    for section in re.findall(r'README, "([^"]+)"', text):
+        assert section in headings, f"the README has no section {section!r}"
+    pointers = re.findall(r"\b(docs/[\w/.-]+\.md)\b", text)
+    assert pointers
+    for pointer in pointers:
+        assert (ROOT / pointer).is_file(), pointer
+
+
+#: constructors of nodes on a real network, and what may name the interface instead
+NODE_CALL = re.compile(r"\b(?:Node|ThreadedNode|AsyncNode)\((.*)")
+
+
+def test_python_examples_name_their_interface() -> None:
+    """Copied literally, an example stays on this host: the suite runs them with
+    PEERMESH_INTERFACE=lo, which would hide a node that joins the LAN."""
+    missing = []
+    for page in PAGES:
+        for lang, line, code, _ in fenced(page):
+            if lang != "python":
+                continue
+            for offset, text in enumerate(code.splitlines()):
+                call = NODE_CALL.search(text)
+                if call and "interface=" not in call.group(1) and "config=" not in call.group(1):
+                    missing.append(f"{page.relative_to(ROOT)}:{line + offset}: {text.strip()}")
+    assert missing == []
+
+
 # --------------------------------------------------------------------------
 # The examples
 

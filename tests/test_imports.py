@@ -17,6 +17,10 @@ modules: dunder names of the package itself are not counted.
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -200,3 +204,38 @@ def test_checker_reads_every_kind_of_import() -> None:
 def test_cycle_finder_finds_a_three_module_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
     assert cycles(graph) == {("a", "b", "c")}
+
+
+# --------------------------------------------------------------------------
+# What a plain node loads (its memory: scripts/bench_mesh.py reports it idle)
+
+#: modules a node without keys, on beacons, never needs
+NOT_FOR_A_PLAIN_NODE = ("asyncio", "msgpack", "zeroconf", "pathlib", "peermesh.io.curve",
+                        "peermesh.io.zap", "peermesh.io.keys", "peermesh.zre.curve",
+                        "peermesh.discovery.mdns", "peermesh.overlay", "peermesh.sada",
+                        "peermesh.nfp", "peermesh.flux", "peermesh.mtl", "peermesh.sim",
+                        "peermesh.agent", "peermesh.cli", "peermesh.spark")
+
+PLAIN_NODE = """
+import json, sys
+before = set(sys.modules)
+import gevent
+from peermesh import EventType, Node
+node = Node("plain", interface="lo", port=int(sys.argv[1])).start()
+gevent.sleep(0.2)
+node.stop()
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_plain_node_loads_only_what_it_needs(free_udp_port: int) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
+    # -S: what site's .pth files load (pathlib, say) is not counted as the node's
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR.parent), *sys.path[1:]])
+    done = subprocess.run([sys.executable, "-S", "-c", PLAIN_NODE, str(free_udp_port)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    wrong = [m for m in loaded if m.split(".")[0] in NOT_FOR_A_PLAIN_NODE
+             or any(m == n or m.startswith(n + ".") for n in NOT_FOR_A_PLAIN_NODE)]
+    assert wrong == []

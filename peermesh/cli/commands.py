@@ -60,11 +60,11 @@ _NODE_DEFAULT = "{node default}"
 _EXIT_CODES = """\
 exit codes:
   0    success
-  1    runtime failure: cannot bind a port, delivery not confirmed, no agent
+  1    runtime failure: a port in use, delivery not confirmed, no agent
        running (join, leave, status), an agent already running at the path
        (agent), the agent stopped or was lost (events)
-  2    usage error (bad option, unknown interface, bad config), or the peer or
-       group was not found in time
+  2    usage error (bad option, unknown interface, bad config or key file), or
+       the peer or group was not found in time
   130  interrupted (Ctrl-C or SIGTERM) before the command completed"""
 
 
@@ -424,14 +424,20 @@ def _add_status(command: CommandFactory) -> None:
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+#: what each table of a configuration file (``config.TABLES``) holds
+_TABLES = {"node": "the node options", "nfp": "the NFP commands' options",
+           "mtl": "the options of mtl gateway"}
+
+
 def _add_config(command: CommandFactory) -> None:
+    tables = ", ".join(f"[{name}] ({what})" for name, what in _TABLES.items())
     command("config", "configuration files",
-            "A configuration file is TOML with a [node] table (the node options) and an "
-            "[nfp] table (the NFP commands' options); any other table, or a key outside a "
-            "table, is an error.", f"  {PROG} config example > peermesh.toml", None)
+            f"A configuration file is TOML with up to three tables: {tables}; any other "
+            "table, or a key outside a table, is an error.",
+            f"  {PROG} config example > peermesh.toml", None)
     command("config example", "print an example configuration file (every key, documented)",
             "Print a configuration file that lists every key of [node] with its default "
-            "(but interface = \"lo\") and every key of [nfp], commented out.",
+            "(but interface = \"lo\") and every key of [mtl] and [nfp], commented out.",
             f"  {PROG} config example > /etc/peermesh/peermesh.toml", cmd_config_example,
             node_options=False)
 
@@ -501,6 +507,7 @@ Run '{PROG} COMMAND --help' for the options of a command.
         if handler is None:
             p = where.add_parser(leaf, help=summary, formatter_class=_formatter(),
                                  description=description, epilog=epilog)
+            p.set_defaults(usage_parser=p)
             groups[name] = p.add_subparsers(dest="action", metavar="ACTION", title="actions",
                                             required=True)
             return p
@@ -510,7 +517,8 @@ Run '{PROG} COMMAND --help' for the options of a command.
         p = where.add_parser(leaf, parents=[options, *parents], help=summary,
                              formatter_class=_formatter(), description=description,
                              epilog=epilog)
-        p.set_defaults(handler=handler, node_options=node_options, agent_first=agent_first)
+        p.set_defaults(handler=handler, node_options=node_options, agent_first=agent_first,
+                       usage_parser=p)
         return p
 
     for name, add in _BUILTIN.items():
@@ -803,6 +811,10 @@ def _collect_peers(args: argparse.Namespace, config: NodeConfig) -> list[dict[st
     session = NodeSession(config)
     node = session.start()
     try:
+        itf = node.interface
+        if itf is not None:  # a node of its own: say where it looks, so a wrong LAN shows
+            note(f"no agent: looking for peers on {clean(itf.name)} ({itf.address}, beacon "
+                 f"port {config.port}) for {args.wait:g} s")
         deadline = time.monotonic() + args.wait
         while time.monotonic() < deadline:
             event = session.wait_event(deadline)
@@ -1146,6 +1158,13 @@ def _failures() -> tuple[type[BaseException], ...]:
     return (RuntimeError, OSError, PeermeshError) + ((zmq.ZMQError,) if zmq else ())
 
 
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    """Usage errors (exit code 2): bad values, unknown names, a key file that cannot be
+    used (``KeyFileError``, only when something has loaded it)."""
+    keys = sys.modules.get("peermesh.io.keys")
+    return (_NotFound, InterfaceError, ValueError) + ((keys.KeyFileError,) if keys else ())
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``peermesh`` command; returns the exit code."""
     install_handlers()
@@ -1166,7 +1185,10 @@ def _main(argv: list[str]) -> int:
     first = next((a for a in argv if not a.startswith("-")), None)
     builtin = first in _BUILTIN
     parser = build_parser(command_modules=not builtin, only=first if builtin else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage line, not the top-level one
+        getattr(args, "usage_parser", parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -1258,8 +1280,9 @@ def _execute(args: argparse.Namespace) -> int:
         return _fail(exc, EXIT_USAGE, args.verbose)
     try:
         return int(args.handler(args, config))
-    except (_NotFound, InterfaceError, ValueError) as exc:
-        return _fail(exc, EXIT_USAGE, args.verbose)
+    except _usage_errors() as exc:
+        in_use = getattr(exc, "in_use", False)  # a port someone else holds: runtime
+        return _fail(exc, EXIT_FAILURE if in_use else EXIT_USAGE, args.verbose)
     except KeyboardInterrupt as exc:
         return _interrupted(exc)
     except Exception as exc:

@@ -50,7 +50,7 @@ def cmd_keygen(args: argparse.Namespace, config: Optional[NodeConfig]) -> int:
     try:
         public, secret = write_keypair(args.path, keypair, metadata, overwrite=args.force)
     except (KeyFileError, ValueError) as exc:
-        note(str(exc))
+        note(f"error: {exc}")
         return EXIT_FAILURE
     if args.json:
         emit(json.dumps({"public_key": keypair.public.decode(), "public": public,

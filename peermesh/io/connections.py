@@ -61,6 +61,7 @@ import gevent
 import zmq
 
 from ..counters import Counters, take_one
+from .descriptors import FD_RESERVE
 from .socket import KEY_AND_FD, HubSocket, make_socket
 
 TYPE_CHECKING = False
@@ -74,8 +75,6 @@ log = logging.getLogger(__name__)
 
 #: the counters a guarded listener adds to (see the module's docstring)
 COUNTERS = ("connections_shed", "connections_revoked", "messages_revoked", "accept_paused")
-#: descriptors kept out of a listener's cap for the process's own sockets
-FD_RESERVE = 64
 #: connections a listener must have held before a fall to half of them trims the heap
 TRIM_AFTER = 256
 #: seconds between two trims of the heap

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import resource
 import threading
 from typing import Optional
 
 import zmq
+
+from .descriptors import raise_descriptor_limit
 
 __all__ = ["shared_context"]
 
@@ -18,7 +19,8 @@ def shared_context() -> zmq.Context:
     """The process's ZeroMQ context for peermesh, allowing as many sockets as descriptors.
 
     libzmq's default of 1,023 sockets per context would stop a process at
-    about 25 nodes in a full mesh, and libzmq fails silently when it does. A
+    about 25 nodes in a full mesh, and libzmq fails silently when it does. The
+    descriptor limit is raised to the hard limit first (``descriptors``). A
     plain (not ``zmq.green``) context: sockets are driven by ``HubSocket``.
     """
     global _context
@@ -28,8 +30,8 @@ def shared_context() -> zmq.Context:
     with _lock:  # nodes of several threads (ThreadedNode) may ask at once
         if _context is None or _context.closed:
             context = zmq.Context()
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            wanted = 65536 if limit == resource.RLIM_INFINITY else max(1024, limit)
+            limit = raise_descriptor_limit()
+            wanted = 65536 if limit is None else max(1024, limit)
             context.set(zmq.MAX_SOCKETS, min(wanted, context.get(zmq.SOCKET_LIMIT)))
             _context = context
         return _context

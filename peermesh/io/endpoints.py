@@ -50,7 +50,13 @@ class BindError(PeermeshError, ValueError):
     """A socket cannot listen at an endpoint; the message names it and says why.
 
     Also a ``ValueError``: the endpoint (or address) given cannot be used.
+    ``in_use``: the endpoint is valid but something else holds it now (a
+    runtime failure, exit code 1 on the command line, not a usage error).
     """
+
+    def __init__(self, message: str, in_use: bool = False) -> None:
+        super().__init__(message)
+        self.in_use = in_use
 
 
 def check_endpoint(endpoint: str) -> None:
@@ -140,7 +146,7 @@ def bind_ephemeral(sock: zmq.Socket, address: str, prepare: Optional[Prepare] = 
             if exc.errno != errno.EADDRINUSE:
                 raise _error(f"an ephemeral port on {address}", exc) from None
     raise BindError(f"cannot bind an ephemeral port on {address}: no free port in "
-                    f"{EPHEMERAL_PORTS.start}-{EPHEMERAL_PORTS.stop - 1}")
+                    f"{EPHEMERAL_PORTS.start}-{EPHEMERAL_PORTS.stop - 1}", in_use=True)
 
 
 def _bind_once(sock: zmq.Socket, endpoint: str, prepare: Optional[Prepare]) -> str:
@@ -161,4 +167,5 @@ def _error(what: str, exc: zmq.ZMQError) -> BindError:
         errno.EINVAL: "the endpoint is not valid",
     }
     reason = reasons.get(exc.errno or 0, str(exc))
-    return BindError(f"cannot bind {what}: {reason} ({exc.strerror})")
+    return BindError(f"cannot bind {what}: {reason} ({exc.strerror})",
+                     in_use=exc.errno == errno.EADDRINUSE)

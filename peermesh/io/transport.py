@@ -33,7 +33,7 @@ import os
 import resource
 import socket
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import gevent
 import gevent.socket
@@ -42,11 +42,14 @@ import zmq
 from ..counters import Counters
 from ..errors import PeermeshError
 from ..net.interfaces import Interface, select_interface
-from .connections import FD_RESERVE, ConnectionPolicy, GuardedListener
+from .connections import ConnectionPolicy, GuardedListener
 from .endpoints import bind, bind_ephemeral
 from .context import shared_context
-from .curve import Curve
+from .descriptors import FD_RESERVE, FDS_PER_PEER, peer_capacity
 from .socket import HubSocket, make_socket
+
+if TYPE_CHECKING:  # CURVE is loaded only by nodes with keys
+    from .curve import Curve
 
 __all__ = ["ZmqTransport", "CapacityError", "GuardedMailbox"]
 
@@ -55,10 +58,6 @@ GuardedMailbox = GuardedListener
 
 log = logging.getLogger(__name__)
 
-#: file descriptors one peer costs in one process: its DEALER's connection, the
-#: peer's connection to our ROUTER, and libzmq's signalling pipe for the socket
-FDS_PER_PEER = 3
-_FD_RESERVE = FD_RESERVE
 #: milliseconds between ZMTP heartbeats on a mailbox's connections (at most)
 HEARTBEAT_IVL = 2_000
 #: seconds between closing a link and connecting a new one under the same identity to the
@@ -178,6 +177,12 @@ class ZmqTransport:
             raise
         return sock
 
+    @staticmethod
+    def peer_capacity() -> int:
+        """Peers the process's descriptors allow (``descriptors.peer_capacity``): the
+        default ``max_peers``."""
+        return peer_capacity()
+
     def check_capacity(self, peers: int) -> None:
         """Raise ``CapacityError`` when the process is near its descriptor limit.
 
@@ -194,11 +199,11 @@ class ZmqTransport:
         # says the limit may be near.
         _fds.since += 1
         estimate = _fds.counted + FDS_PER_PEER * _fds.since
-        if estimate + _FD_RESERVE < 0.75 * limit and _fds.since < 256:
+        if estimate + FD_RESERVE < 0.75 * limit and _fds.since < 256:
             return
         used = _fds.counted = _open_descriptors()
         _fds.since = 0
-        if used + FDS_PER_PEER + _FD_RESERVE > limit:
+        if used + FDS_PER_PEER + FD_RESERVE > limit:
             raise CapacityError(
                 f"{used} of {limit} file descriptors in use: one more peer (about "
                 f"{FDS_PER_PEER}) would exhaust them. Run fewer nodes per process "

@@ -512,7 +512,8 @@ def _add_gateway_command(command: Callable[..., argparse.ArgumentParser]) -> Non
                             "any free one)")
     _credentials_option(group, short=False)
     group.add_argument("--data-dir", metavar="DIR", type=text,
-                       help="where confirm: full content is stored (mtl-<node name>.sqlite3; "
+                       help="where confirm: full content is stored (mtl.sqlite3, or "
+                            "mtl-NAME.sqlite3 with --name; "
                             "default: $PEERMESH_DATA_DIR, else ~/.local/share/peermesh)")
     group.add_argument("--vhost", metavar="NAME=PREFIX", action="append", type=_virtual_host,
                        help="a virtual host and the prefix of the groups it reaches; "
@@ -552,7 +553,6 @@ def _cmd_gateway(args: argparse.Namespace, config: "NodeConfig") -> int:
     from ..net.interfaces import select_interface
     from .credentials import CredentialsFile, default_credentials_path, default_data_dir
     from .gateway import Gateway
-    from .store import store_path
 
     settings = _gateway_settings(args)
     if config.interface is None:            # not configured anywhere: stay on this host
@@ -598,7 +598,7 @@ def _cmd_gateway(args: argparse.Namespace, config: "NodeConfig") -> int:
                       "pid": os.getpid(), "control": gateway.control_endpoint,
                       "data": gateway.data_endpoint, "run": settings["run"],
                       "credentials": str(credentials_path),
-                      "store": str(store_path(data_dir, node.name))}))
+                      "store": str(gateway.store.path if gateway.store else "")}))
         note(f"MTL gateway on {node.name} ({node.uuid.hex}): control {gateway.control_endpoint},"
              f" data {gateway.data_endpoint}"
              f"{'' if settings['run'] == 'always' else ', serving while elected'}; "

@@ -132,7 +132,7 @@ from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, Join, MeshAction, Shout
 from .delivery import DurableQueues
 from .replication import Follower, Offers, Replicas
-from .store import ContentStore, store_path
+from .store import ContentStore, open_gateway_store
 
 if TYPE_CHECKING:
     from ..zre.node import Node
@@ -295,7 +295,7 @@ class Gateway(Overlay):
     def on_start(self) -> None:
         node = self._node()
         if self._data_dir is not None:
-            self.store = ContentStore(store_path(self._data_dir, node.name))
+            self.store = open_gateway_store(self._data_dir, node.config.name)
         queues = DurableQueues(self.store) if self.store is not None else None
         if queues is not None:
             self._follower = Follower(queues, REPLICA_WAIT)

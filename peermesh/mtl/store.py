@@ -2,8 +2,16 @@
 
 How it works
 ------------
-``ContentStore(path)`` opens (or creates) the file, by default
-``<data dir>/mtl-<name>.sqlite3`` (``store_path``). Each stored content is
+``ContentStore(path)`` opens (or creates) the file. A gateway's is
+``<data dir>/mtl.sqlite3``, or ``mtl-<name>.sqlite3`` when its node has a
+configured name (``gateway_store_path``): named by something that stays the
+same, so a restarted gateway finds what it stored. ``open_gateway_store``
+opens it and takes in stores of the earlier default name,
+``mtl-<6 hex digits>.sqlite3`` (named after a random node name): the one
+such store is renamed, several are copied in and removed, so an upgrade
+loses none of their content. The gateway holds a lock on ``<store>.lock`` while it runs:
+a second gateway of the same name and data directory is refused rather than
+handing out the same content again. Each stored content is
 one row of ``mtl_content``: an id that only grows (never reused), the
 resource it was written to, its properties (the encoded field table, opaque
 here) and its body. A resource's content is a queue, handed out in id order:
@@ -79,12 +87,13 @@ import sqlite3
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import PeermeshError, StoreError
 from ..walcheckpoint import WalCheckpointer
 
-__all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "make_cid", "split_cid",
+__all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "gateway_store_path",
+           "open_gateway_store", "make_cid", "split_cid",
            "CID_BYTES", "OVERHEAD", "MAX_BYTES", "MAX_RESOURCE_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -135,6 +144,99 @@ def store_path(data_dir: os.PathLike[str] | str, name: str) -> Path:
     """``<data_dir>/mtl-<name>.sqlite3`` (the name made safe for a file name)."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "gateway"
     return Path(data_dir) / f"mtl-{safe}.sqlite3"
+
+
+#: the store name gateways without a configured name once used: their random node name
+_EARLIER_DEFAULT = re.compile(r"mtl-[0-9A-F]{6}\.sqlite3")
+
+
+def gateway_store_path(data_dir: os.PathLike[str] | str, name: Optional[str]) -> Path:
+    """A gateway's store: ``mtl-<name>.sqlite3`` for a configured node ``name``, else
+    ``mtl.sqlite3`` (the data directory alone names it)."""
+    return store_path(data_dir, name) if name else Path(data_dir) / "mtl.sqlite3"
+
+
+def open_gateway_store(data_dir: os.PathLike[str] | str, name: Optional[str],
+                       **options: Any) -> ContentStore:
+    """The ``ContentStore`` at ``gateway_store_path``; without a ``name``, with the
+    content of stores of the earlier default name taken in (see the module doc)."""
+    path = gateway_store_path(data_dir, name)
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    lock = _lock(path)
+    earlier = [] if name else sorted(
+        p for p in Path(data_dir).glob("mtl-*.sqlite3") if _EARLIER_DEFAULT.fullmatch(p.name))
+    if len(earlier) == 1 and not path.exists():
+        _checkpointed(earlier[0])
+        os.replace(earlier[0], path)
+        log.warning("MTL content store %s renamed %s (a restart finds it there)",
+                    earlier[0], path)
+        earlier = []
+    try:
+        store = ContentStore(path, **options)
+    except BaseException:
+        os.close(lock)
+        raise
+    store.lock = lock
+    try:
+        for old in earlier:
+            _take_in(store, old)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _lock(path: Path) -> int:
+    """An exclusive lock on ``<path>.lock`` (its descriptor), held while the gateway runs:
+    two gateways must not serve one store; StoreError if another holds it."""
+    import fcntl
+
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StoreError(f"the MTL content store {path} is in use by another gateway; give "
+                         "each gateway of a data directory its own name (--name)") from None
+    return fd
+
+
+def _checkpointed(path: Path) -> None:
+    """Write ``path``'s WAL into it (its -wal and -shm files go), so it can be moved."""
+    db = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode=DELETE")
+    finally:
+        db.close()
+
+
+def _take_in(store: ContentStore, path: Path) -> None:
+    """Copy every content of the store at ``path`` into ``store`` (keeping its content
+    ids), then remove that file; left in place if it does not fit."""
+    old = ContentStore(path)
+    copied, after = 0, 0
+    try:
+        while True:
+            rows, after = old.snapshot(after, 256)
+            if not rows:
+                break
+            for _, cid, resource, properties, body in rows:
+                if not store.knows(cid):
+                    store.append(resource, body, properties, cid=cid)
+                    copied += 1
+            store.commit()
+    except StoreFull as exc:
+        store.commit()
+        log.warning("MTL content store %s: not all of %s fits (%s); that file is kept",
+                    store.path, path, exc)
+        return
+    finally:
+        old.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    log.warning("MTL content store %s took in %d content(s) of %s (removed)", store.path,
+                copied, path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +307,8 @@ class ContentStore:
         self.committed: list[tuple[int, bytes, str, bytes, bytes]] = []
         #: cids confirmed or dropped since last emptied
         self.deleted: list[bytes] = []
+        #: a descriptor holding the gateway's lock on the file (``open_gateway_store``)
+        self.lock: Optional[int] = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(self.path, synchronous)
         self.origin, self._next_id = self._load()
@@ -266,10 +370,15 @@ class ContentStore:
         return queue
 
     def close(self) -> None:
-        """Commit, then close the file (after a last checkpoint)."""
-        self.commit()
-        self._checkpointer.stop()
-        self._db.close()
+        """Commit, then close the file (after a last checkpoint); release ``lock``."""
+        try:
+            self.commit()
+            self._checkpointer.stop()
+            self._db.close()
+        finally:
+            if self.lock is not None:
+                os.close(self.lock)
+                self.lock = None
 
     # --- writing ---------------------------------------------------------
 

@@ -184,8 +184,10 @@ def _human(r: dict[str, Any]) -> str:
         f"nodes                 {r['nodes']}",
         f"virtual time          {r['virtual_seconds']} s   (wall {r['wall_seconds']} s)",
         f"full mesh reached     {converged}; full mesh now: {'yes' if r['full_mesh'] else 'no'}",
-        f"mailbox messages      sent {m['sent']}, delivered {m['delivered']}, lost {m['lost']}",
-        f"beacon copies         sent {b['sent']}, delivered {b['delivered']}, lost {b['lost']}",
+        f"mailbox messages      sent {m['sent']}, delivered {m['delivered']}, lost {m['lost']}, "
+        f"in flight {m['in_flight']}",
+        f"beacon copies         sent {b['sent']}, delivered {b['delivered']}, lost {b['lost']}, "
+        f"in flight {b['in_flight']}",
         f"churn                 ENTER {e.get('ENTER', 0)}, EXIT {e.get('EXIT', 0)}, "
         f"EVASIVE {e.get('EVASIVE', 0)}, SILENT {e.get('SILENT', 0)}",
         f"memory per node       {r['memory_per_node_bytes'] / 1024:.1f} KiB",

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import gevent
 import gevent.event
 
+from ..config import UNBOUNDED_PEERS
 from ..net.interfaces import Interface
 
 __all__ = ["SimClock", "SimNetwork", "SimTransport", "LinkSettings"]
@@ -134,8 +135,10 @@ class SimNetwork:
         self._inboxes: dict[SimLink, _Inbox] = {}
         self._partitioned = False
         self._hosts = 0
+        #: mailbox messages and beacon copies: sent = delivered + lost + in flight
         self.sent = self.delivered = self.lost = 0
         self.beacons_sent = self.beacons_delivered = self.beacons_lost = 0
+        self.beacons_in_flight = 0
 
     # --- topology -------------------------------------------------------
 
@@ -227,12 +230,22 @@ class SimNetwork:
                 continue
             batch.setdefault(now + self._delay(settings), []).append(target)
         for when, group in batch.items():
+            self.beacons_in_flight += len(group)
+
             def deliver(group: list[SimBeaconSocket] = group) -> None:
+                self.beacons_in_flight -= len(group)
                 for target in group:
                     if self._beacons.get(port, {}).get(target.host) is target:
                         self.beacons_delivered += 1
                         target.deliver(data, source, destination)
+                    else:  # its host closed the socket meanwhile
+                        self.beacons_lost += 1
             self.clock.call_at(when, deliver)
+
+    @property
+    def in_flight(self) -> int:
+        """Mailbox messages sent and not yet delivered or lost."""
+        return sum(map(len, self._arriving.values())) + sum(map(len, self._descending.values()))
 
     # --- mailboxes ------------------------------------------------------
 
@@ -496,6 +509,11 @@ class SimTransport:
 
     def beacon_socket(self, port: int) -> SimBeaconSocket:
         return SimBeaconSocket(self.network, self.address, port)
+
+    @staticmethod
+    def peer_capacity() -> int:
+        """Simulated hosts have no descriptors: no cap follows from them."""
+        return UNBOUNDED_PEERS
 
     def check_capacity(self, peers: int) -> None:
         """Simulated hosts have no descriptor limit."""

@@ -71,10 +71,9 @@ class Simulation:
         self.network = SimNetwork(latency, jitter, loss, seed)
         self.clock = self.network.clock
         # no round-trip probes unless asked for as a setting: a full mesh of N nodes would
-        # PING N*(N-1) pairs every rtt_probe, and the runs measure the mesh itself
+        # PING N*(N-1) pairs every rtt_probe, and the runs measure the mesh itself; max_peers
+        # left to None: no cap, as simulated hosts have no descriptors
         base = (config or NodeConfig()).replace(**{"rtt_probe": 0, **settings})
-        if config is None and "max_peers" not in settings:  # a full mesh: nodes - 1 peers each
-            base = base.replace(max_peers=max(base.max_peers, nodes))
         self.config = base.replace(interface="sim0")
         self.size = nodes
         self.nodes: list[Node] = []
@@ -212,16 +211,18 @@ class Simulation:
         return int(max(0, _rss_bytes() - self._rss_before) / self.size)
 
     def report(self) -> dict[str, Any]:
-        """What happened: convergence time, traffic, churn, memory."""
+        """What happened: convergence time, traffic (sent = delivered + lost + still in
+        flight at the end), churn, memory."""
         net = self.network
         return {
             "nodes": self.size,
             "virtual_seconds": round(self.clock.now(), 3),
             "full_mesh": self.is_full_mesh(),
             "converged_after": None if self.converged_at is None else round(self.converged_at, 3),
-            "messages": {"sent": net.sent, "delivered": net.delivered, "lost": net.lost},
+            "messages": {"sent": net.sent, "delivered": net.delivered, "lost": net.lost,
+                         "in_flight": net.in_flight},
             "beacons": {"sent": net.beacons_sent, "delivered": net.beacons_delivered,
-                        "lost": net.beacons_lost},
+                        "lost": net.beacons_lost, "in_flight": net.beacons_in_flight},
             "events": dict(self.counts),
             "memory_per_node_bytes": self.memory_per_node(),
         }

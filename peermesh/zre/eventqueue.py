@@ -21,15 +21,17 @@ same hub; ``ThreadEventQueue`` serves consumers in other threads;
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
-from typing import Callable, Generic, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
 
 import gevent
 import gevent.event
 from gevent.hub import Waiter, getcurrent
+
+if TYPE_CHECKING:  # asyncio only where a loop is served: a plain node does not load it
+    import asyncio
 
 __all__ = ["GreenEventQueue", "ThreadEventQueue", "LoopEventQueue"]
 
@@ -313,6 +315,8 @@ class LoopEventQueue(_HandOff[T]):
 
     async def get(self, timeout: Optional[float] = None) -> Optional[T]:
         """The next item, or None after ``timeout`` seconds (None: wait for ever)."""
+        import asyncio  # (loaded already: this runs on a loop)
+
         items = self._items
         if not items:
             try:

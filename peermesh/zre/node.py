@@ -31,12 +31,11 @@ import errno
 import logging
 import struct
 import uuid as uuid_module
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 from uuid import UUID
 
 import gevent
 import gevent.event
-import msgpack
 import zmq
 
 from ..config import NodeConfig
@@ -46,14 +45,16 @@ from ..discovery.beacon import BeaconDiscovery, parse_seed
 from ..errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
                       UnknownPeerError)
 from ..events import Event, EventType, until_stop
-from ..io.curve import Curve
 from ..io.transport import ZmqTransport
 from ..net.interfaces import Interface
 from ..wire import zre
-from .curve import KeyGate
 from .eventqueue import GreenEventQueue
 from .peer import PeerLink
 from .session import PEX_HEADER, Peer, Session
+
+if TYPE_CHECKING:  # CURVE (and its key files and ZAP) is loaded only by nodes with keys
+    from ..io.curve import Curve
+    from .curve import KeyGate
 
 __all__ = ["Node", "PeerInfo", "Frame"]
 
@@ -162,6 +163,8 @@ class Node:
         #: the keypair and allowed keys (``config.key_file``): every socket speaks CURVE
         self.curve: Optional[Curve] = None
         if self.config.key_file is not None:
+            from ..io.curve import Curve
+
             self.curve = Curve.load(self.config.key_file, self.config.allowed_keys,
                                     self.config.zap_domain)
             if transport is not None:
@@ -170,6 +173,8 @@ class Node:
         #: how frames, beacons and time move (``transport.ZmqTransport`` or a simulated one)
         self.transport: Any = transport if transport is not None else ZmqTransport(
             curve=self.curve)
+        # max_peers and max_connections left to None follow what the transport can hold
+        self.config = self.config.fitted(self.transport.peer_capacity())
         #: discovery sources; by default those ``config.discovery`` and ``config.seeds`` name
         self._discovery = list(sources) if sources is not None else \
             _discovery_from_config(self.config)
@@ -196,7 +201,11 @@ class Node:
             self._session.contest(_checked_string("group", group))
         for group in self.config.groups:
             self._session.add_group(_checked_string("group", group))
-        self._gate = KeyGate(self._session, self.curve.allowlist) if self.curve else None
+        self._gate: Optional[KeyGate] = None
+        if self.curve is not None:
+            from .curve import KeyGate
+
+            self._gate = KeyGate(self._session, self.curve.allowlist)
         self._peers = self._session.peers  # the peer table, read by the public API
         self._descriptors_logged = -REPORT_PERIOD  # when the last descriptor refusal was logged
         self._state = "new"
@@ -509,10 +518,14 @@ class Node:
 
     def whisper_packed(self, peer: PeerRef, obj: Any) -> None:
         """``whisper`` one msgpack-encoded object (read it with ``Event.unpack``)."""
+        import msgpack  # (only where packed content is used: a plain node does without)
+
         self.whisper(peer, msgpack.packb(obj, use_bin_type=True))
 
     def shout_packed(self, group: str, obj: Any) -> None:
         """``shout`` one msgpack-encoded object (read it with ``Event.unpack``)."""
+        import msgpack
+
         self.shout(group, msgpack.packb(obj, use_bin_type=True))
 
     def _wait_room(self, peer: Peer) -> None:

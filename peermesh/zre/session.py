@@ -118,7 +118,7 @@ from collections import Counter, deque
 from typing import AbstractSet, Callable, Optional, Protocol, Sequence
 from uuid import UUID
 
-from ..config import NodeConfig
+from ..config import UNBOUNDED_PEERS, NodeConfig
 from ..counters import Counters, take_one
 from ..errors import ProtocolError
 from ..events import Event, EventType
@@ -303,6 +303,9 @@ class Session:
         self.name = name
         self.headers = headers
         self.config = config
+        #: ``config.max_peers``; None (not fitted by a driver to what its transport can
+        #: hold, as ``Node`` does): no cap
+        self.max_peers: int = UNBOUNDED_PEERS if config.max_peers is None else config.max_peers
         self.connect = connect
         self.emit = emit
         #: does a routing identity hold a connection to our mailbox now (None: cannot tell)
@@ -344,6 +347,7 @@ class Session:
         self.election: Election[UUID] = Election(zyre_id(uuid))
         self.leaders: dict[str, UUID] = {}
         self._now = 0.0  # the latest time a command or tick brought (waves start then)
+        self._caps_said: set[str] = set()  # the bounds the node said once it is at
 
     # --- own state --------------------------------------------------------
 
@@ -552,7 +556,7 @@ class Session:
         departed = self._departed
         departed.pop(peer.uuid, None)
         departed[peer.uuid] = now
-        if len(departed) > self.config.max_peers:
+        if len(departed) > self.max_peers:
             del departed[next(iter(departed))]
         self.remove(peer, "left")
 
@@ -609,6 +613,8 @@ class Session:
             oldest = next(iter(self.pending.values()))
             if now - oldest.since < cfg.interval:
                 self.counters.add("pending_refused")
+                self._at_cap("max_pending", "peers found by discovery wait for their HELLO; "
+                             "others are ignored until their next beacon")
                 return None
             self.counters.add("pending_shed")  # it had its chance: a live node answers at once
             self.remove(oldest, "shed for a newer peer")
@@ -617,8 +623,9 @@ class Session:
                 and not (hello and self._shed_pending_at(address))):
             self.counters.add("address_refused")
             return None
-        if len(self.peers) >= cfg.max_peers and not (hello and self._shed_for_newcomer()):
+        if len(self.peers) >= self.max_peers and not (hello and self._shed_for_newcomer()):
             self.counters.add("peers_refused")
+            self._at_cap("max_peers", "peers in its table; new peers are refused")
             return None
         holder = self.by_endpoint.get(endpoint)
         if holder is not None:
@@ -643,6 +650,15 @@ class Session:
         peer.next_sequence()  # HELLO is always number 1
         link.offer(self._hello)
         return peer
+
+    def _at_cap(self, setting: str, what: str) -> None:
+        """Say once that the node is at ``setting``, and how to raise it."""
+        if setting not in self._caps_said:
+            self._caps_said.add(setting)
+            log.warning("node %s holds %s=%d %s: for a larger mesh raise %s "
+                        "(PEERMESH_%s, or %s in the [node] table)", self.name, setting,
+                        self.max_peers if setting == "max_peers" else self.config.max_pending,
+                        what, setting, setting.upper(), setting)
 
     def _address(self, endpoint: str) -> str:
         """The address ``max_peers_per_address`` counts a peer at ``endpoint`` under; ""
@@ -672,7 +688,7 @@ class Session:
             if self.peers.get(peer.uuid) is peer and peer.evasive:
                 self.counters.add("evasive_shed")
                 self.remove(peer, f"evasive, shed for a new peer (max_peers="
-                                  f"{self.config.max_peers})")
+                                  f"{self.max_peers})")
                 return True
         return False
 

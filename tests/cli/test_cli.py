@@ -153,6 +153,14 @@ def test_nothing_found(cli: Cli) -> None:
     assert "no peers found" in result.stderr
 
 
+def test_peers_without_an_agent_says_which_interface_it_looks_on(cli: Cli, tmp_path: Any) -> None:
+    result = cli.call("peers", "--wait", "0.2", "--agent", str(tmp_path / "none.sock"))
+    assert result.returncode == 0, _report(result)
+    assert result.stderr.splitlines() == [
+        f"peermesh: no agent: looking for peers on lo (127.0.0.1, beacon port {cli.port}) "
+        "for 0.2 s", "peermesh: no peers found within 0.2 s"]
+
+
 # --------------------------------------------------------------------------
 # Errors
 
@@ -193,6 +201,52 @@ def test_beacon_port_taken_is_a_runtime_error(free_udp_port: int) -> None:
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"peermesh: error: cannot start the node (UDP beacon port "
                            f"{free_udp_port})")
+
+
+def test_a_mistyped_option_shows_the_commands_usage_line(free_udp_port: int) -> None:
+    result = Cli(free_udp_port).call("run", "--intreface", "lo", net=False)
+    assert result.returncode == 2, _report(result)
+    assert result.stderr.startswith("usage: peermesh run ")
+    assert "peermesh run: error: unrecognized arguments: --intreface lo" in result.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["flux", "run", "--tree-port"],
+    ["mtl", "gateway", "--control-port"],
+])
+def test_a_tcp_port_in_use_is_a_runtime_error_as_help_says(
+        free_udp_port: int, free_tcp_port: int, tmp_path: Any, command: list[str]) -> None:
+    extra = ["--data-dir", str(tmp_path), "--credentials", str(tmp_path / "c.json")] \
+        if command[0] == "mtl" else []
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", free_tcp_port))
+        blocker.listen()
+        result = Cli(free_udp_port).call(*command, str(free_tcp_port), *extra)
+    assert result.returncode == 1, _report(result)
+    assert f"peermesh: error: cannot bind tcp://127.0.0.1:{free_tcp_port}: the address " \
+        "is in use" in result.stderr
+
+
+def test_a_key_file_open_to_others_is_a_bad_config(cli: Cli, tmp_path: Any) -> None:
+    made = cli.call("keygen", str(tmp_path / "node.key"), net=False)
+    assert made.returncode == 0, _report(made)
+    secret = tmp_path / "node.key_secret"
+    secret.chmod(0o644)
+    result = cli.call("run", "--key-file", str(secret))
+    assert result.returncode == 2, _report(result)
+    (line,) = result.stderr.strip().splitlines()
+    assert line == f"peermesh: error: secret key file {secret} is open to others (mode " \
+        f"0644); run: chmod 600 {secret}"
+
+
+def test_keygen_errors_say_error(cli: Cli, tmp_path: Any) -> None:
+    assert cli.call("keygen", str(tmp_path / "node.key"), net=False).returncode == 0
+    result = cli.call("keygen", str(tmp_path / "node.key"), net=False)
+    assert result.returncode == 1, _report(result)
+    assert result.stderr.startswith("peermesh: error: ")
+    result = cli.call("keygen", str(tmp_path / "no" / "such" / "dir" / "node.key"), net=False)
+    assert result.returncode == 1, _report(result)
+    assert result.stderr.startswith("peermesh: error: ")
 
 
 def test_bad_config_value(cli: Cli, tmp_path: Any) -> None:

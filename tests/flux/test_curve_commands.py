@@ -53,13 +53,13 @@ def test_commands_and_members_reach_a_keyed_instance_through_parent(
                 (("--key-file", ring.secret("tool")), 2, "needs --server-key"),
                 (("--server-key", root_key, "--server-key", root_key), 2,
                  "once per --parent"),
-                (("--server-key", str(tmp_path / "missing.key")), 1, "no key file at"),
-                (("--server-key", str(tmp_path / "allowed")), 1, "is a directory")]:
+                (("--server-key", str(tmp_path / "missing.key")), 2, "no key file at"),
+                (("--server-key", str(tmp_path / "allowed")), 2, "is a directory")]:
             result = flux("ping", "-c", "1", "0", *args)
             assert result.returncode == code and message in result.stderr, _report(result)
         (tmp_path / "junk.key").write_text("not a certificate\n")
         result = flux("ping", "-c", "1", "0", "--server-key", str(tmp_path / "junk.key"))
-        assert result.returncode == 1 and "is not a certificate" in result.stderr, \
+        assert result.returncode == 2 and "is not a certificate" in result.stderr, \
             _report(result)
         result = cli.call("flux", "ping", "-c", "1", "0", "--server-key", root_key,
                           "--wait", "1")

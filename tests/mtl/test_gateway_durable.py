@@ -121,8 +121,10 @@ def settled(client: RawClient) -> None:
         pass
 
 
-def test_confirm_full_across_kill_9_and_reconnect(config: dict[str, Any],
+@pytest.mark.parametrize("name", ["gw", None])  # None: a random node name at each start
+def test_confirm_full_across_kill_9_and_reconnect(config: dict[str, Any], name: Any,
                                                   children: list[Child]) -> None:
+    config = {**config, "name": name}
     child = Child(config)
     children.append(child)
     control = child.endpoints["control"]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from peermesh.errors import PeermeshError, StoreError
-from peermesh.mtl.store import OVERHEAD, ContentStore, Delivery, StoreFull, store_path
+from peermesh.mtl.store import (OVERHEAD, ContentStore, Delivery, StoreFull, gateway_store_path,
+                                open_gateway_store, store_path)
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT = 20.0   # upper bound for a child that normally answers in milliseconds
@@ -294,3 +295,77 @@ def test_copies_keep_their_content_id_and_are_never_stored_twice(tmp_path: Path)
         assert reopened.knows(written[0][1]) and reopened.origin == second.origin
     finally:
         reopened.close()
+
+
+# --------------------------------------------------------------------------
+# The gateway's store: named by something stable, earlier stores taken in
+
+
+def _earlier(data: Path, name: str, *texts: str) -> None:
+    """A store of the earlier default name (a random node name) holding ``texts``."""
+    old = ContentStore(data / f"mtl-{name}.sqlite3")
+    fill(old, "jobs", *texts)
+    old.close()
+
+
+def test_a_gateway_store_is_named_by_its_data_directory_or_configured_name(
+        tmp_path: Path) -> None:
+    assert gateway_store_path(tmp_path, None) == tmp_path / "mtl.sqlite3"
+    assert gateway_store_path(tmp_path, "gw") == tmp_path / "mtl-gw.sqlite3"
+    first = open_gateway_store(tmp_path, None)
+    fill(first, "jobs", "kept")
+    first.close()
+    again = open_gateway_store(tmp_path, None)  # a restart, whatever its node is called
+    assert bodies(again.take("l", "jobs", 10)) == [b"kept"]
+    again.close()
+
+
+def test_the_one_store_of_the_earlier_default_name_is_renamed_on_upgrade(
+        tmp_path: Path) -> None:
+    _earlier(tmp_path, "36AE6D", "a", "b")
+    store = open_gateway_store(tmp_path, None)
+    try:
+        assert store.path == tmp_path / "mtl.sqlite3"
+        assert bodies(store.take("l", "jobs", 10)) == [b"a", b"b"]
+    finally:
+        store.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("mtl-")) == []
+
+
+def test_several_stores_of_the_earlier_default_name_are_taken_in_and_removed(
+        tmp_path: Path) -> None:
+    _earlier(tmp_path, "36AE6D", "a", "b")
+    _earlier(tmp_path, "4ED0BE", "c")
+    store = open_gateway_store(tmp_path, None)
+    try:
+        assert sorted(bodies(store.take("l", "jobs", 10))) == [b"a", b"b", b"c"]
+    finally:
+        store.close()
+    assert not any(p.name.startswith("mtl-") for p in tmp_path.iterdir())
+    store = open_gateway_store(tmp_path, None)  # and only once
+    try:
+        assert sorted(bodies(store.take("l", "jobs", 10))) == [b"a", b"b", b"c"]
+    finally:
+        store.close()
+
+
+def test_a_gateway_with_a_configured_name_leaves_other_stores_alone(tmp_path: Path) -> None:
+    _earlier(tmp_path, "36AE6D", "theirs")
+    store = open_gateway_store(tmp_path, "gw")
+    try:
+        assert store.take("l", "jobs", 10) == []
+    finally:
+        store.close()
+    assert (tmp_path / "mtl-36AE6D.sqlite3").exists()
+
+
+def test_two_gateways_never_serve_one_store(tmp_path: Path) -> None:
+    first = open_gateway_store(tmp_path, None)
+    try:
+        with pytest.raises(StoreError, match="in use by another gateway"):
+            open_gateway_store(tmp_path, None)
+        other = open_gateway_store(tmp_path, "gw")  # a store of its own
+        other.close()
+    finally:
+        first.close()
+    open_gateway_store(tmp_path, None).close()  # free again once the first stopped

@@ -247,3 +247,38 @@ def test_flush_and_stop_wait_on_virtual_time(make_sim):
     stopping = gevent.spawn(a.stop, 5.0)
     sim.run(5.1)
     assert stopping.dead and stopping.exception is None and not a.running
+
+
+# --------------------------------------------------------------------------
+# Caps that follow what a node can hold; a report that adds up
+
+
+def test_simulated_nodes_have_no_descriptor_caps_whatever_config_they_get(make_sim):
+    from peermesh.config import UNBOUNDED_PEERS, NodeConfig
+
+    sim = make_sim(3, config=NodeConfig())  # as `peermesh simulate` passes one
+    for node in sim.nodes:
+        assert node.config.max_peers == node._session.max_peers == UNBOUNDED_PEERS
+    capped = make_sim(3, max_peers=40)      # a cap asked for is kept
+    assert {node.config.max_peers for node in capped.nodes} == {40}
+
+
+def test_a_hundred_nodes_booting_at_once_are_all_taken_in_their_first_round(make_sim):
+    sim = make_sim(150)  # every node hears 149 beacons in one instant: none is ignored
+    assert sim.run_until(sim.is_full_mesh, limit=1.0)
+    for node in sim.nodes:
+        stats = node._session.counters.snapshot()
+        assert stats["pending_refused"] == stats["peers_refused"] == 0, stats
+
+
+def test_the_reports_counts_add_up(make_sim):
+    sim = make_sim(30, latency=0.001, jitter=0.001, loss=0.05)
+    sim.run(3.0)
+    # stop while some beacons are on their way (1-2 ms each)
+    assert sim.run_until(lambda: sim.network.beacons_in_flight > 0, limit=2.0, step=0.0002)
+    report = sim.report()
+    for kind in ("messages", "beacons"):
+        counts = report[kind]
+        assert counts["sent"] == counts["delivered"] + counts["lost"] + counts["in_flight"], \
+            (kind, counts)
+    assert report["beacons"]["in_flight"] > 0

@@ -6,6 +6,7 @@ shape, fewer inputs. Live versions on loopback are in test_bounds_live.py.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid as uuid_module
 
@@ -96,6 +97,21 @@ def test_hellos_past_max_peers_are_refused() -> None:
     assert len(h.session.peers) == 10
     assert [kind for kind, _ in h.taken()].count(ENTER) == 10
     assert h.session.counters.get("peers_refused") == 40
+
+
+def test_a_node_at_a_cap_says_so_once_naming_the_setting(caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    h = harness(max_peers=10, max_pending=4)
+    with caplog.at_level(logging.WARNING, logger="peermesh.zre.session"):
+        for i in range(50):
+            h.send(Remote(f"fake{i}", 2000 + i), Remote(f"fake{i}", 2000 + i).hello(), 0.0)
+            h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{3000 + i}", 0.0)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert any("max_pending=4 peers found by discovery" in line
+               and "raise max_pending (PEERMESH_MAX_PENDING" in line for line in said), said
+    assert any("max_peers=10 peers in its table" in line
+               and "raise max_peers (PEERMESH_MAX_PEERS" in line for line in said), said
 
 
 def test_one_address_holds_at_most_max_peers_per_address() -> None:

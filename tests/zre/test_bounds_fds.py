@@ -36,7 +36,7 @@ WAIT = 10.0
 
 CHILD = textwrap.dedent("""
     import json, resource, sys
-    resource.setrlimit(resource.RLIMIT_NOFILE, (%d, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (%d, %d))  # hard too: a node raises soft to hard
     from peermesh import ThreadedNode
     node = ThreadedNode("fds", interface="lo", discovery=(), port=%d).start()
     print(json.dumps({"endpoint": node.endpoint}), flush=True)
@@ -51,7 +51,8 @@ class Child:
 
     def __init__(self, beacon_port: int) -> None:
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-        self.process = subprocess.Popen([sys.executable, "-c", CHILD % (LIMIT, beacon_port)],
+        self.process = subprocess.Popen([sys.executable, "-c",
+                                         CHILD % (LIMIT, LIMIT, beacon_port)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         env=env)
         self.endpoint = self._read()["endpoint"]

@@ -13,7 +13,7 @@ def test_descriptor_refusals_are_counted_and_logged_once_per_period(free_udp_por
     script = textwrap.dedent(f"""
         import resource, gevent, logging, peermesh
         logging.basicConfig(level=logging.ERROR)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (400, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (400, 400))  # hard too: a node raises soft
         nodes = [peermesh.Node(f"n{{i}}", interface="lo", port={free_udp_port}, interval=0.1).start()
                  for i in range(16)]
         gevent.sleep(2.0)
