@@ -18,6 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cliprocess import Cli, CliProcess, _report
+from scraping import scrape as _scrape
+from scraping import value as _value
 from peermesh.config import NodeConfig
 from peermesh.counters import Counters
 from peermesh.events import EventType
@@ -84,27 +86,6 @@ class CountingOverlay(Overlay):
     def metrics(self) -> Any:
         yield from super().metrics()
         yield "counting_seconds", {"what": "work"}, self.times
-
-
-def _scrape(url: str) -> dict[str, Any]:
-    """GET ``url`` from a thread of the hub's pool (the hub goes on serving it), parsed with
-    prometheus_client's parser: {family name: family}."""
-    def get() -> str:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            return answer.read().decode("utf-8")
-    text = gevent.get_hub().threadpool.apply(get)
-    return {family.name: family for family in text_string_to_metric_families(text)}
-
-
-def _value(families: dict[str, Any], family_name: str, sample: Optional[str] = None, /,
-           **labels: str) -> float:
-    """The value of the one sample of ``family_name`` (sample name ``sample``) with ``labels``."""
-    family = families[family_name]
-    found = [s.value for s in family.samples
-             if (sample is None or s.name == sample)
-             and all(s.labels.get(k) == v for k, v in labels.items())]
-    assert len(found) == 1, (family_name, labels, family.samples)
-    return found[0]
 
 
 @pytest.fixture

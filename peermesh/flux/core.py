@@ -115,6 +115,12 @@ class FluxCore(Membership):
         self._tick = settings.heartbeat
         self.next_deadline = 0.0
         self.stats = {"dropped": 0, "forwarded": 0, "replayed": 0}
+        #: RPCs of this node: requests its handles sent and were delivered, responses
+        #: its handles sent and got, error responses made here (``flux_rpcs_total``)
+        self.rpcs = {"sent": 0, "received": 0, "answered": 0, "errors": 0, "responses": 0}
+        #: events its handles published, numbered here (rank 0), delivered to its
+        #: handles, sent on to children and clients (``flux_events_total``)
+        self.events = {"published": 0, "sequenced": 0, "delivered": 0, "forwarded": 0}
 
     def start(self, now: float) -> list[Output]:
         """Begin: the root is online at once, others join through the bootstrap endpoints."""
@@ -206,6 +212,7 @@ class FluxCore(Membership):
     def publish(self, handle: int, topic: str, payload: Optional[bytes],
                 now: float) -> tuple[int, list[Output]]:
         """Publish an event (through rank 0); the matchtag answers with its sequence."""
+        self.events["published"] += 1
         return self.rpc(handle, "event.publish", json_payload(publish_body(topic, payload)),
                         0, 0, now)
 

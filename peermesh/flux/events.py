@@ -39,6 +39,7 @@ class EventLog(Routing):
     _replay_to: int
     _synced: bool
     clients: ClientTable
+    events: dict[str, int]
 
     def _publish_request(self, request: Request, now: float) -> list[Output]:
         """``event.publish`` as flux-core serves it: ``{"topic", "flags", "payload"?}``
@@ -60,6 +61,7 @@ class EventLog(Routing):
     def _publish_here(self, topic: str, payload: Optional[bytes], now: float,
                       flags: int = 0) -> tuple[int, list[Output]]:
         self.seq += 1
+        self.events["sequenced"] += 1
         event = Event(topic, payload, self.seq, flags)
         self.recent.append(event)
         return self.seq, self._pass_down(event, encode(event))
@@ -101,11 +103,15 @@ class EventLog(Routing):
                 if topic.startswith(prefix):
                     out.append(Deliver(number, event))
                     break
+        delivered = len(out)
         for identity, child in self.children.items():
             out.append(Send(identity, [identity, *frames]))
         if self.clients.subscribed:
             for client in self.clients.subscribers(topic):
                 out.append(Send(client.identity, [client.identity, *frames]))
+        events = self.events
+        events["delivered"] += delivered
+        events["forwarded"] += len(out) - delivered
         return out
 
     def _fetch(self, first: int, last: int, now: float) -> list[Output]:

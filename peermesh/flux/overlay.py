@@ -265,6 +265,8 @@ class FluxOverlay(Overlay):
         settings = replace(self.settings, topology=self.core.topology)
         core = FluxCore(self.identity, self.endpoint, settings=settings, rank=rank,
                         root=root, bootstrap=bootstrap)
+        old = self.core  # its totals go on counting (counters never go back)
+        core.stats, core.rpcs, core.events = old.stats, old.rpcs, old.events
         for number in self._handles:  # keep the handles' numbers (and their services)
             while core._next_handle <= number:
                 core.open_handle()
@@ -343,7 +345,9 @@ class FluxOverlay(Overlay):
 
     def metrics(self) -> Any:
         """``Overlay.metrics`` plus the tree: rank, size, state, children, clients, and the
-        core's totals (forwarded, dropped, replayed) as ``flux_messages_total{what}``."""
+        core's totals: messages (forwarded, dropped, replayed) as
+        ``flux_messages_total{what}``, RPCs as ``flux_rpcs_total{kind}``, events as
+        ``flux_events_total{kind}``."""
         yield from super().metrics()
         core, state = self.core, self.core.state
         for gauge, value in (("flux_rank", -1 if core.rank is None else core.rank),
@@ -357,6 +361,10 @@ class FluxOverlay(Overlay):
                    1 if each is state else 0)
         for what, count in core.stats.items():
             yield "flux_messages_total", {"instance": self.instance, "what": what}, count
+        for family, totals in (("flux_rpcs_total", core.rpcs),
+                               ("flux_events_total", core.events)):
+            for kind, count in totals.items():
+                yield family, {"instance": self.instance, "kind": kind}, count
 
     def wait_online(self, timeout: Optional[float] = None) -> bool:
         """Wait until this node is part of the tree; False after ``timeout`` seconds.

@@ -103,6 +103,7 @@ class Routing:
     services: dict[str, int]
     methods: dict[str, int]
     stats: dict[str, int]
+    rpcs: dict[str, int]
     _inflight: dict[InflightKey, Pending]
     _via: dict[bytes, set[InflightKey]]
     _internal: dict[int, Callable[[Response, float], list[Output]]]
@@ -113,6 +114,8 @@ class Routing:
             flags: int, now: float) -> tuple[int, list[Output]]:
         """Send a request from ``handle``; its matchtag (0 with NORESPONSE) and outputs."""
         state = self.handles[handle]
+        if handle:  # (0: the node's own)
+            self.rpcs["sent"] += 1
         if nodeid == NODEID_UPSTREAM:
             if self.rank is None:
                 raise FluxStateError("NODEID_UPSTREAM needs a rank: the node is not online")
@@ -152,6 +155,7 @@ class Routing:
         """Answer ``request`` (delivered to ``handle``); nothing with NORESPONSE."""
         if request.flags & _NORESPONSE:
             return []
+        self.rpcs["errors" if errnum else "answered"] += 1
         flags = _STREAMING if request.flags & _STREAMING else 0
         response = make_response(request.topic, payload, errnum, request.matchtag, flags,
                                  request.routes, USERID_UNKNOWN, 0)
@@ -423,17 +427,20 @@ class Routing:
             return callback(response, now) if callback is not None else []
         if not pending.topic:  # abandoned
             return []
+        self.rpcs["responses"] += 1
         return [Deliver(number, response)]
 
     def _deliver_request(self, handle: int, request: Request, now: float) -> list[Output]:
         topic = request.topic
         if topic in self.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
+            self.rpcs["received"] += 1
             return [Deliver(handle, request)]
         return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 
     def _error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
         if request.flags & _NORESPONSE:
             return []
+        self.rpcs["errors"] += 1
         flags = _STREAMING if request.flags & _STREAMING else 0
         return self._route_response(Response(request.topic, string_payload(text), errnum,
                                              request.matchtag, flags, request.routes), now)
@@ -473,6 +480,7 @@ class Routing:
             if pending is None:
                 continue
             _, routes, matchtag = key
+            self.rpcs["errors"] += 1
             flags = _STREAMING if pending.streaming else 0
             out += self._route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
                                                  matchtag, flags, routes), 0.0)

@@ -156,6 +156,9 @@ class DataFlow:
         self.actions: list[MeshAction] = []
         self._names: dict[str, bytes] = {}
         self._peer_tables: dict[str, bytes] = {}
+        #: contents taken from writers, and sent to readers (``mtl_contents_total``)
+        self.received = 0
+        self.delivered = 0
 
     # --- leases (from the control flow) -------------------------------------
 
@@ -204,6 +207,7 @@ class DataFlow:
         links = self.links
         readers = self.readers
         outgoing = self.outgoing
+        passed = 0
         for identity, frames in batch:
             if frames is None:
                 continue
@@ -220,6 +224,7 @@ class DataFlow:
                     key = passthrough.get(header[9:]) \
                         if header[:1] == b"\x05" and len(header) > 9 else None
                     if key is not None and type(body) is bytes:
+                        passed += 1
                         if outgoing is not None and key[0] == "mesh" and key not in readers:
                             bodies = outgoing.get(key[1])
                             if bodies is None:
@@ -233,6 +238,7 @@ class DataFlow:
                 self._command(identity, link, frames, now)
             except Exception:
                 log.exception("handling a data command from %r failed", identity[:16])
+        self.received += passed
 
     def _command(self, identity: bytes, link: Optional[Link], frames: list[bytes],
                  now: float) -> None:
@@ -346,6 +352,7 @@ class DataFlow:
 
     def _write(self, identity: bytes, link: Link, command: Content, now: float) -> None:
         grant = link.grant
+        self.received += 1
         name = command.resource
         if not name and len(grant.resources) == 1:
             name = grant.resources[0]
@@ -394,6 +401,7 @@ class DataFlow:
             link.sequence += 1
             sends.append((link.identity, content_frames(link.sequence, self.encoded_name(name),
                                                         body, table)))
+            self.delivered += 1
 
     def shouted(self, group: str, frames: list[bytes], peer: str) -> None:
         """A shout from mesh peer ``peer`` (UUID hex) into ``group``: deliver it."""

@@ -163,10 +163,12 @@ class DurableQueues:
             room = self.window - self.store.held(token)
             if room <= 0:
                 return
-            for delivery in self.store.take(token, key[1], room):
+            deliveries = self.store.take(token, key[1], room)
+            for delivery in deliveries:
                 sends.append((link.identity, content_frames(
                     delivery.sequence, flow.encoded_name(name), delivery.body,
                     delivery.properties or b"\x00\x00")))
+            flow.delivered += len(deliveries)
 
     # --- copies from other gateways -------------------------------------------
 

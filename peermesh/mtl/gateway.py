@@ -384,8 +384,10 @@ class Gateway(Overlay):
             self._on_state(state)
 
     def metrics(self) -> Any:
-        """``Overlay.metrics`` plus sessions, logins by result, links, leases (grants) and
-        replicas."""
+        """``Overlay.metrics`` plus sessions, logins by result, links, leases (grants),
+        replicas, contents (received from writers, delivered to readers, stored,
+        confirmed) and what waits for a confirm (contents, octets, handed out, the
+        oldest one's age)."""
         yield from super().metrics()
         control, data = self.control, self.data
         yield "mtl_sessions", {}, len(control.sessions) if control is not None else 0
@@ -394,6 +396,17 @@ class Gateway(Overlay):
         yield "mtl_links", {}, len(data.links) if data is not None else 0
         yield "mtl_leases", {}, len(data.grants) if data is not None else 0
         yield "mtl_replicas", {}, len(self.replicas)
+        store = self.store
+        for what, count in (("received", data.received if data is not None else 0),
+                            ("delivered", data.delivered if data is not None else 0),
+                            ("stored", store.stored if store is not None else 0),
+                            ("confirmed", store.confirmed if store is not None else 0)):
+            yield "mtl_contents_total", {"what": what}, count
+        yield "mtl_stored_contents", {}, store.count if store is not None else 0
+        yield "mtl_stored_bytes", {}, store.size if store is not None else 0
+        yield "mtl_unconfirmed_contents", {}, store.handed_out if store is not None else 0
+        yield ("mtl_oldest_content_age_seconds", {},
+               store.oldest_age() if store is not None else 0.0)
 
     @property
     def replicas(self) -> frozenset[UUID]:

@@ -74,6 +74,15 @@ the writer may retry once readers have confirmed some. Memory holds about
 a copy from another store, its content id), so ``max_bytes`` bounds it too:
 with the defaults at most about 1.6 million contents, ~240-480 MB. One mark
 per other store that content came from (a handful of gateways).
+
+What is watched (the gateway's metrics): ``stored`` and ``confirmed`` count
+contents committed and confirmed; ``count``, ``size`` and ``handed_out`` say
+what is there; ``oldest_age()`` is how long the oldest stored content has waited
+for its confirm, from the time of the commit that wrote it (or from the start,
+for content stored before). One time is kept per commit, at most
+``_COMMIT_TIMES`` of them (thinned by half, keeping the oldest, when more):
+past that the age is read from an older commit, so it may be overstated,
+never understated.
 """
 
 from __future__ import annotations
@@ -84,6 +93,7 @@ import os
 import re
 import secrets
 import sqlite3
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +113,7 @@ MAX_BYTES = 256 * 1024 * 1024          # default bound of the whole store
 MAX_RESOURCE_BYTES = 64 * 1024 * 1024  # default bound of one resource
 _CHECKPOINT_EVERY = 0.5                # seconds between WAL checkpoints (background thread)
 _READ_CHUNK = 500                      # ids per SELECT (below SQLite's variable limit)
+_COMMIT_TIMES = 1024                   # commit times kept for ``oldest_age``
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mtl_content (
@@ -312,6 +323,11 @@ class ContentStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(self.path, synchronous)
         self.origin, self._next_id = self._load()
+        #: contents committed, and confirmed by readers, since the store opened
+        self.stored = 0
+        self.confirmed = 0
+        #: (first id a commit wrote, its monotonic time), oldest first (``oldest_age``)
+        self._commit_times: list[tuple[int, float]] = [(0, time.monotonic())]
         self._checkpointer = WalCheckpointer(self.path, _CHECKPOINT_EVERY)
 
     @staticmethod
@@ -448,6 +464,11 @@ class ContentStore:
         self.commits += 1
         if staged:
             self._marks.update(marks)
+            self.stored += len(staged)
+            times = self._commit_times
+            times.append((staged[0][0], time.monotonic()))
+            if len(times) > _COMMIT_TIMES:
+                del times[1::2]
         for content_id, resource, properties, body, cid in staged:
             if content_id in self._sizes:     # (unless forgotten meanwhile)
                 self._queues[resource].fresh.append(content_id)
@@ -546,6 +567,7 @@ class ContentStore:
         picked = self._pick(lease, sequence, multiple)
         for content_id, resource in picked:
             self._delete(content_id)
+        self.confirmed += len(picked)
         return len(picked)
 
     def reject(self, lease: str, sequence: int, multiple: bool = False,
@@ -620,6 +642,23 @@ class ContentStore:
         """How many contents ``lease`` holds unconfirmed."""
         held = self._leases.get(lease)
         return len(held.held) if held is not None else 0
+
+    @property
+    def handed_out(self) -> int:
+        """How many contents readers hold unconfirmed (every lease)."""
+        return sum(len(held.held) for held in self._leases.values())
+
+    def oldest_age(self) -> float:
+        """Seconds the oldest stored content has waited (0 when none, or only staged
+        content): see the module doc. Reads the whole table of sizes in the worst case:
+        for a scrape, not for every message."""
+        oldest = next(iter(self._sizes), None)
+        if oldest is None or self._staged and oldest >= self._staged[0][0]:
+            return 0.0
+        times = self._commit_times
+        at = bisect.bisect_right(times, (oldest, float("inf"))) - 1
+        del times[:max(at, 0)]  # commits whose content is all gone
+        return time.monotonic() - times[0][1] if times else 0.0
 
     def resources(self) -> list[str]:
         """Resources that hold content."""

@@ -15,8 +15,11 @@ from typing import Any, Callable
 import pytest
 
 from peermesh import Node, ThreadedNode
-from peermesh.flux import FLUX_HEADER, FluxOverlay, FluxSettings, State
+from peermesh.flux import FLUX_HEADER, FluxError, FluxOverlay, FluxSettings, State
+from peermesh.metrics import MetricsServer
 from peermesh.overlay.contract import Lifecycle, roles_of
+
+from scraping import scrape, value
 
 from .conftest import wait_until
 
@@ -80,6 +83,54 @@ def test_rank_0_lost_the_next_member_takes_over(
     successor.publish("t.after").get(5)                 # numbered on from the old root's
     after = seen.get(5)
     assert after is not None and after.topic == "t.after" and after.seq >= 2
+
+
+def test_metrics_count_rpcs_and_events_per_rank(
+        mesh: Callable[..., tuple[Node, FluxOverlay]]) -> None:
+    """Scraped from the two members' nodes: what each rank sent, served, answered,
+    published and got, as prometheus_client parses it."""
+    (root_node, root), (member_node, member) = mesh("root", priority=9), mesh("member")
+    assert root.wait_online(10) and member.wait_online(10) and root.rank == 0
+
+    def refuse(request: Any) -> None:
+        raise FluxError(22, "no")
+    member.register("m.echo", lambda request: request.payload)
+    member.register("m.refuse", refuse)
+    seen = member.subscribe("t.")
+    servers = [MetricsServer(n).start("127.0.0.1:0") for n in (root_node, member_node)]
+    try:
+        def rpcs(at: int, kind: str) -> float:
+            return value(scrape(servers[at].url), "peermesh_flux_rpcs", instance="test",
+                         kind=kind)
+
+        def events(at: int, kind: str) -> float:
+            return value(scrape(servers[at].url), "peermesh_flux_events", instance="test",
+                         kind=kind)
+        before = {(at, kind): rpcs(at, kind) for at in (0, 1)
+                  for kind in ("sent", "received", "answered", "errors", "responses")}
+        for i in range(3):
+            assert root.rpc("m.echo", b"%d" % i, member.rank).get(5) == b"%d" % i
+        with pytest.raises(FluxError):
+            root.rpc("m.refuse", None, member.rank).get(5)
+        with pytest.raises(FluxError):  # no such method there: the member's routing says so
+            root.rpc("m.missing", None, member.rank).get(5)
+        root.publish("t.one").get(5)
+        assert seen.get(5).topic == "t.one"  # type: ignore[union-attr]
+        families = scrape(servers[0].url)
+        assert families["peermesh_flux_rpcs"].type == "counter"
+        assert families["peermesh_flux_events"].type == "counter"
+        assert rpcs(0, "sent") - before[0, "sent"] == 6   # 5 RPCs and the publish
+        assert rpcs(0, "responses") - before[0, "responses"] == 6
+        assert rpcs(1, "received") - before[1, "received"] == 4
+        assert rpcs(1, "answered") - before[1, "answered"] == 3
+        assert rpcs(1, "errors") - before[1, "errors"] == 2   # refused, and no such method
+        assert events(0, "published") == 1 and events(0, "sequenced") == 1
+        assert events(0, "forwarded") == 1                   # to its one child
+        assert events(1, "delivered") == 1 and events(1, "sequenced") == 0
+        assert events(1, "published") == 0
+    finally:
+        for server in servers:
+            server.close()
 
 
 def test_threaded_node_runs_the_overlay(free_udp_port: int) -> None:

@@ -4,19 +4,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 import pytest
 import zmq
 
-from gatewayhelp import TIMING, RawClient, default_users
+from gatewayhelp import TIMING, WAIT, RawClient, default_users
+from scraping import scrape, value
 from waiting import poll_until
 from peermesh import ThreadedNode
+from peermesh.metrics import MetricsServer
 from peermesh.mtl.credentials import make_user
 from peermesh.mtl.gateway import Gateway
-from peermesh.wire.mtl import (Authorize, Content, DataLease, Direction, Failure, Ok, Open,
-                               Ping, Pong, Ready, Response, SelectProfile, Summon, Unauthorized,
-                               encode_data)
+from peermesh.wire.mtl import (Authorize, Confirm, Content, DataLease, Direction, Failure, Ok,
+                               Open, Ping, Pong, Ready, Response, SelectProfile, Summon,
+                               Unauthorized, encode_data)
 
 
 @pytest.fixture
@@ -60,6 +62,70 @@ def test_scram_login_profile_and_lease(gateway: Gateway, clients: list[RawClient
                for name, labels, value in gateway.metrics()}  # (settled: read from here)
     assert samples[("mtl_logins_total", (("result", "ok"),))] == 1
     assert samples[("mtl_sessions", ())] == 1 and samples[("mtl_leases", ())] == 1
+
+
+def test_metrics_count_contents_and_what_waits_for_a_confirm(
+        tmp_path: Path, free_udp_port: int) -> None:
+    """Scraped from the gateway's node while a writer writes and a confirmed reader reads,
+    then confirms."""
+    default_users(tmp_path / "creds.json")
+    gw = Gateway(tmp_path / "creds.json", run="always", heartbeat=0.5, data_dir=tmp_path)
+    node = ThreadedNode("gw", interface="lo", port=free_udp_port, overlays=[gw], **TIMING)
+    node.start()
+    reader, writer = RawClient(gw.control_endpoint), RawClient(gw.control_endpoint)
+    server = node.call(lambda n: MetricsServer(n).start("127.0.0.1:0"))
+    try:
+        families = scrape(server.url)
+        assert families["peermesh_mtl_contents"].type == "counter"
+        assert families["peermesh_mtl_oldest_content_age_seconds"].type == "gauge"
+        assert value(families, "peermesh_mtl_contents", what="received") == 0
+        reader.login()
+        lease = reader.lease(Direction.READ, ("jobs",), "full")
+        assert isinstance(lease, DataLease)
+        reader.connect_data(lease)
+        assert reader.command(Summon(reader.next(), "jobs")) == Response(2, 200)
+        writer.login()
+        lease = writer.lease(Direction.WRITE, ("jobs",), "full")
+        assert isinstance(lease, DataLease)
+        writer.connect_data(lease)
+        for i in range(1, 4):
+            writer.send(Content(i, "", b"job %d" % i))
+        contents = reader.contents(3)
+        families = scrape(server.url)
+        for what, count in (("received", 3), ("stored", 3), ("delivered", 3), ("confirmed", 0)):
+            assert value(families, "peermesh_mtl_contents", what=what) == count, what
+        assert value(families, "peermesh_mtl_stored_contents") == 3
+        assert value(families, "peermesh_mtl_unconfirmed_contents") == 3
+        assert value(families, "peermesh_mtl_stored_bytes") > 3 * len(b"job 1")
+        assert value(families, "peermesh_mtl_oldest_content_age_seconds") > 0
+        reader.send(Confirm(contents[-1].sequence, True))
+
+        def confirmed() -> Optional[dict[str, Any]]:
+            now = scrape(server.url)
+            return now if value(now, "peermesh_mtl_contents", what="confirmed") == 3 else None
+        families = poll_until(confirmed, WAIT, "the confirm counted", step=0.05)
+        assert value(families, "peermesh_mtl_stored_contents") == 0
+        assert value(families, "peermesh_mtl_unconfirmed_contents") == 0
+        assert value(families, "peermesh_mtl_oldest_content_age_seconds") == 0
+        # unconfirmed content (after the first, routed on its header's bytes) counts too
+        fast = RawClient(gw.control_endpoint)
+        try:
+            fast.login()
+            lease = fast.lease(Direction.WRITE, ("jobs",))
+            assert isinstance(lease, DataLease)
+            fast.connect_data(lease)
+            for i in range(1, 4):
+                fast.send(Content(i, "", b"quick %d" % i))
+            poll_until(lambda: value(scrape(server.url), "peermesh_mtl_contents",
+                                     what="received") == 6, WAIT, "6 contents received",
+                       step=0.05)
+        finally:
+            fast.close()
+    finally:
+        node.call(lambda n: server.close())
+        reader.close()
+        writer.close()
+        node.stop()
 
 
 def test_wrong_password_mechanism_not_offered_and_retry(gateway: Gateway,

@@ -369,3 +369,22 @@ def test_two_gateways_never_serve_one_store(tmp_path: Path) -> None:
     finally:
         first.close()
     open_gateway_store(tmp_path, None).close()  # free again once the first stopped
+
+
+def test_what_waits_for_a_confirm_is_counted_and_its_age_never_understated(
+        store: ContentStore) -> None:
+    assert (store.stored, store.confirmed, store.handed_out, store.oldest_age()) == (0, 0, 0, 0)
+    store.append("jobs", b"first")
+    assert store.oldest_age() == 0  # staged only: nothing waits yet
+    store.commit()
+    first_committed = time.monotonic()
+    for i in range(3000):  # many commits while the first content waits: times are thinned
+        store.append("other", b"%d" % i)
+        store.commit()
+    assert len(store._commit_times) <= 1024
+    before = time.monotonic()
+    assert store.oldest_age() >= before - first_committed
+    taken = store.take("lease", "jobs", 10)
+    assert store.handed_out == 1 and store.stored == 3001
+    store.confirm("lease", taken[0].sequence)
+    assert store.confirmed == 1 and store.handed_out == 0 and store.count == 3000
