@@ -264,7 +264,7 @@ def test_packaging_metadata_is_consistent() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     meta = project["project"]
     # the licence text shipped is the one the SPDX identifier names
-    assert meta["license"] == {"text": "MPL-2.0"}
+    assert meta["license"] == "MPL-2.0"
     assert (ROOT / "LICENSE").read_text().startswith("Mozilla Public License Version 2.0\n")
     # the version lives in one place: peermesh.__version__, read by setuptools
     assert "version" not in meta and "version" in meta["dynamic"]

@@ -562,9 +562,9 @@ class Session:
 
     def _link_open(self, peer: Peer) -> bool:
         """True when the peer's connection to our mailbox is known to be open (a driver
-        that cannot tell, as the simulator, has ``linked`` None: port-0 beacons count
-        at once there, from the peer's address)."""
-        return self.linked is not None and self.linked(peer.identity) is not False
+        that cannot tell, as the simulator, has ``linked`` None or answering None: port-0
+        beacons count at once there, from the peer's address)."""
+        return self.linked is not None and self.linked(peer.identity) is True
 
     def _link_closed(self, peer: Peer) -> bool:
         """True when a ready peer's connection to our mailbox is known to be closed."""
