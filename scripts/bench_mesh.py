@@ -791,19 +791,31 @@ def _idle_script() -> str:
     return _IDLE_SCRIPT % {"pyre_patch": patch}
 
 
-def _run_idle(kids: Children, kind: str, beacon_port: int, seconds: float,
+def _run_idle(kids: Children, kind: str, beacon_port: int, seconds: float, base: dict[str, str],
               no_site: bool = False) -> "subprocess.Popen[str]":
-    """The idle child; ``no_site``: ``python -S`` (no ``.pth`` files run) with the same path."""
-    flags, env = [], dict(os.environ)
+    """The idle child, in environment ``base``; ``no_site``: ``python -S`` (no ``.pth``
+    files run) with the same path."""
+    flags, env = [], dict(base)
     if no_site:
         import peermesh
         import site
         root = os.path.dirname(os.path.dirname(os.path.abspath(peermesh.__file__)))
-        flags, env = ["-S"], dict(os.environ,
-                                  PYTHONPATH=os.pathsep.join([root, *site.getsitepackages()]))
+        flags, env = ["-S"], dict(base, PYTHONPATH=os.pathsep.join([root, *site.getsitepackages()]))
     return kids.popen([sys.executable, *flags, "-c", _idle_script(), kind, str(beacon_port),
                        str(seconds)], env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True).process
+
+
+def _compile_package() -> None:
+    """Compile peermesh's modules (into their ``__pycache__``), as installing it does.
+
+    The library's dependencies come with their bytecode; a checkout run with
+    ``PYTHONDONTWRITEBYTECODE`` would compile peermesh at every start, and the
+    compiler's memory would count as the node's."""
+    import peermesh
+    subprocess.run([sys.executable, "-m", "compileall", "-q",
+                    os.path.dirname(os.path.abspath(peermesh.__file__))],
+                   check=True, timeout=120, stdout=subprocess.DEVNULL)
 
 
 def _finish_idle(proc: "subprocess.Popen[str]", timeout: float) -> dict[str, Any]:
@@ -815,19 +827,21 @@ def _finish_idle(proc: "subprocess.Popen[str]", timeout: float) -> dict[str, Any
 
 def bench_idle(seconds: float, with_pyre: bool) -> dict[str, Any]:
     """An idle node with one peer, in a minimal interpreter; pyre alongside (both idle)."""
+    _compile_package()
+    base = dict(os.environ)
     with Children() as kids:
         bp = free_udp_port()
         kids.start("bench_mesh", "pm_peer", beacon_port=bp).expect("ready", 30)
-        procs = [("peermesh", _run_idle(kids, "peermesh", bp, seconds))]
+        procs = [("peermesh", _run_idle(kids, "peermesh", bp, seconds, base))]
         # Site .pth files run in every interpreter (on this VM one loads certifi,
         # ~4 MB): the same node without them shows what peermesh itself costs.
         bp3 = free_udp_port()
         kids.start("bench_mesh", "pm_peer", beacon_port=bp3).expect("ready", 30)
-        procs.append(("peermesh_no_site", _run_idle(kids, "peermesh", bp3, seconds, True)))
+        procs.append(("peermesh_no_site", _run_idle(kids, "peermesh", bp3, seconds, base, True)))
         if with_pyre:  # idle processes: measuring both at once disturbs neither
             bp2 = free_udp_port()
             kids.start("bench_mesh", "pyre_peer", beacon_port=bp2).expect("ready", 30)
-            procs.append(("pyre", _run_idle(kids, "pyre", bp2, seconds)))
+            procs.append(("pyre", _run_idle(kids, "pyre", bp2, seconds, base)))
         result: dict[str, Any] = {}
         for kind, proc in procs:
             try:

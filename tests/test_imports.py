@@ -210,7 +210,8 @@ def test_cycle_finder_finds_a_three_module_cycle() -> None:
 # What a plain node loads (its memory: scripts/bench_mesh.py reports it idle)
 
 #: modules a node without keys, on beacons, never needs
-NOT_FOR_A_PLAIN_NODE = ("asyncio", "msgpack", "zeroconf", "pathlib", "peermesh.io.curve",
+NOT_FOR_A_PLAIN_NODE = ("asyncio", "msgpack", "zeroconf", "pathlib", "ctypes", "subprocess",
+                        "peermesh.io.curve",
                         "peermesh.io.zap", "peermesh.io.keys", "peermesh.zre.curve",
                         "peermesh.discovery.mdns", "peermesh.overlay", "peermesh.sada",
                         "peermesh.nfp", "peermesh.flux", "peermesh.mtl", "peermesh.sim",

@@ -45,8 +45,6 @@ keys reads as before, at no cost.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import logging
 import resource
@@ -54,6 +52,7 @@ import socket
 import struct
 import time
 from collections import Counter
+from functools import cache
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -346,10 +345,11 @@ class GuardedListener:
 
     def _trim(self) -> None:
         now = time.monotonic()
-        if now - self._trimmed >= TRIM_PERIOD and _malloc_trim is not None:
+        trim = _malloc_trim() if now - self._trimmed >= TRIM_PERIOD else None
+        if trim is not None:
             self._trimmed = now
             self.trims += 1
-            _malloc_trim(0)
+            trim(0)
 
     # --- revoked keys --------------------------------------------------------------
 
@@ -461,15 +461,15 @@ _BYTES_RECEIVED = struct.Struct("=Q")  # struct tcp_info's tcpi_bytes_received .
 _BYTES_RECEIVED_AT = 128  # ... at this offset (Linux 4.1 and later)
 
 
-def _load_malloc_trim() -> Optional[Callable[[int], int]]:
-    name = ctypes.util.find_library("c")
+@cache
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """glibc's ``malloc_trim``, None elsewhere; looked up on first use (ctypes is
+    loaded only by a listener that had many connections to give back)."""
+    import ctypes
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None  # type: ignore[no-any-return]
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
     except (OSError, AttributeError):  # not glibc
         return None
-
-
-_malloc_trim = _load_malloc_trim()
 
 
 def _borrow(fd: int, port: int) -> Optional[socket.socket]:

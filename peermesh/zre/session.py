@@ -30,6 +30,8 @@ Peer states and transitions (all of them are in this module)::
     ready --sequence gap, out of order---> connecting  (EXIT "sequence gap"; HELLO again
                                                         at once, so the peer restarts too)
     ready --a second HELLO (restart)-----> ready again (EXIT "restarted", then ENTER)
+    ready --the same HELLO again, -------> ready       (our HELLO again on a fresh link;
+          nothing unconfirmed                           no event: see below)
     ready, link closed --HELLO of a ----> (none)      (EXIT "replaced by another node at
           new UUID at its endpoint                      its endpoint"; the new one ENTERs)
     any --HELLO of a new UUID at its ---> claimed     (PINGed; see below; what the new
@@ -55,7 +57,13 @@ Sequence numbers: HELLO is 1, every later command the next number mod
 65536; anything else disconnects the peer and sends it a fresh HELLO at
 once: to Zyre as to peermesh a second HELLO means a restart, so the peer
 starts over and says HELLO back instead of sending on into a session that
-ignores it. Any message, and any discovery report, is a sign of life.
+ignores it. A second HELLO from a ready peer's endpoint with its name and
+headers, while nothing sent to it waits to be confirmed (``unconfirmed``,
+a ``flush``), is that node starting over with us (it gave up on us: our
+HELLO never reached it, as when its allowlist refused our key then): our
+HELLO goes again on a fresh link and no event is emitted, as nothing was
+lost (``sessions_restarted``). Any message, and any discovery report, is a
+sign of life.
 
 A node at a known endpoint under a new UUID: a peer that crashed and came
 back at the same port (Zyre does: it binds the first free port from 49152)
@@ -147,7 +155,7 @@ COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed
             "evasive_shed", "pending_timed_out",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
-            "sequence_resyncs", "messages_refused")
+            "sequence_resyncs", "sessions_restarted", "messages_refused")
 
 #: why mailbox input is dropped without a word to its sender (``Session.dropped``)
 DROP_REASONS = ("short", "bad_signature", "before_hello", "sequence_gap", "malformed")
@@ -643,13 +651,17 @@ class Session:
         self.pending[uuid] = peer
         self.by_identity[peer.identity] = peer
         self.by_endpoint[endpoint] = peer
-        if self._hello is None:  # the same for every peer until our groups change
+        peer.next_sequence()  # HELLO is always number 1
+        link.offer(self._hello_frames())
+        return peer
+
+    def _hello_frames(self) -> list[bytes]:
+        """Our HELLO, encoded once until our groups change."""
+        if self._hello is None:
             assert self.endpoint is not None
             self._hello = zre.encode(zre.Hello(1, self.endpoint, tuple(self.groups),
                                                self.status, self.name, self.headers))
-        peer.next_sequence()  # HELLO is always number 1
-        link.offer(self._hello)
-        return peer
+        return self._hello
 
     def _at_cap(self, setting: str, what: str) -> None:
         """Say once that the node is at ``setting``, and how to raise it."""
@@ -912,6 +924,8 @@ class Session:
                 self._accept_hello(peer, hello, now, announce=False)
                 return
             self._restarts[peer.uuid] = now
+            if self._reconnected(peer, hello, now):
+                return
             self.remove(peer, "restarted (new HELLO)")
             peer = None
         elif peer is not None and hello.endpoint != peer.endpoint:
@@ -932,6 +946,30 @@ class Session:
             if peer is None:
                 return
         self._accept_hello(peer, hello, now, announce=True)
+
+    def _reconnected(self, peer: Peer, hello: zre.Hello, now: float) -> bool:
+        """A ready peer's second HELLO, from its endpoint with its name and headers, while
+        nothing we sent it waits to be confirmed: the same node started its session with
+        us over (it gave up on us: our HELLO never reached it, as when its allowlist
+        refused our key then, or it lost count). Take its HELLO and start ours over on a
+        fresh link, without EXIT and ENTER. False: a restart to report."""
+        if (hello.endpoint != peer.endpoint or hello.name != peer.name
+                or dict(hello.headers) != peer.headers or peer.unconfirmed
+                or peer.pong is not None):
+            return False
+        peer.link.close()
+        link = self.connect(peer.uuid, peer.endpoint)
+        if link is None:
+            return False
+        log.debug("peer %s (%s) said HELLO again: saying ours again", peer.name, peer.uuid.hex)
+        self.counters.add("sessions_restarted")
+        peer.link = link
+        peer.sent = 0
+        peer.pings = None  # (PINGs on the old link are never answered)
+        peer.next_sequence()  # HELLO is always number 1
+        link.offer(self._hello_frames())
+        self._accept_hello(peer, hello, now, announce=False)
+        return True
 
     def _refuse_hello(self, peer: Optional[Peer], why: str) -> None:
         """A HELLO over a limit: dropped undecoded or unused, and its sender with it."""

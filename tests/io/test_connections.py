@@ -71,7 +71,7 @@ def test_a_flood_of_idle_connections_is_shed_and_a_client_still_answered() -> No
         server.kill()
 
 
-@pytest.mark.skipif(connections._malloc_trim is None, reason="no malloc_trim (not glibc)")
+@pytest.mark.skipif(connections._malloc_trim() is None, reason="no malloc_trim (not glibc)")
 def test_the_heap_is_trimmed_once_many_connections_have_closed() -> None:
     router = make_socket(zmq.ROUTER)
     endpoint = bind_ephemeral(router, "127.0.0.1")

@@ -122,6 +122,28 @@ def test_allowlist_reload_admits_a_new_key_without_restart(nodes: Nodes, ring: K
     assert wait_for(a, match(WHISPER, b.uuid)).frames == (b"in",)
 
 
+def test_a_key_admitted_later_brings_no_restart_of_a_peer_that_did_not_restart(
+        nodes: Nodes, ring: KeyRing) -> None:
+    """alice's allowlist refuses bob's key, and libzmq does not retry bob's refused
+    connection to her. Once her allowlist holds his key her HELLO reaches bob (who admits
+    any key) but his went into the dead connection: she gives up on him (``evasive``) and
+    says HELLO again; bob says his again on a new link, and reports no EXIT and ENTER."""
+    a = nodes.start("alice", allow=["alice"], evasive=0.5)
+    b = nodes.start("bob", evasive=5.0)  # keeps the refused link until alice's HELLO
+    seen: list = []
+    hear_beacons(nodes.port, [a.uuid, b.uuid])
+    assert b.uuid not in a.peers() and not drain(b)
+    shutil.copy(ring.root / "bob.key", ring.root / "allow-alice" / "bob.key")
+    wait_for(a, match(ENTER, b.uuid))
+    b.whisper(a.uuid, b"in")
+    assert wait_for(a, match(WHISPER, b.uuid)).frames == (b"in",)
+    a.whisper(b.uuid, b"back")
+    assert wait_for(b, match(WHISPER, a.uuid), seen=seen).frames == (b"back",)
+    assert [(e.type, e.reason) for e in seen if e.peer == a.uuid and e.type in (ENTER, EXIT)] \
+        == [(ENTER, None)]
+    assert b.stats()["sessions_restarted"] >= 1
+
+
 def test_removing_a_key_removes_its_peer(nodes: Nodes, ring: KeyRing) -> None:
     a = nodes.start("alice", allow=["alice", "bob"])
     b = nodes.start("bob", allow=["alice", "bob"])

@@ -141,9 +141,12 @@ MAILBOX_CASES: list[tuple[str, list[Any], list[tuple[EventType, Any]]]] = [
     ("a repeated number disconnects",
      [lambda p: p.hello(), lambda p: p.whisper(), lambda p: zre.Whisper(2, (b"again",))],
      [(ENTER, "bob"), (WHISPER, b"hi"), (EXIT, "sequence gap (expected 3, got 2)")]),
-    ("a second hello is a restart",
-     [lambda p: p.hello(), lambda p: p.hello()],
+    ("a second hello with other headers is a restart",
+     [lambda p: p.hello(), lambda p: p.hello(headers={"X-NEW": "1"})],
      [(ENTER, "bob"), (EXIT, "restarted (new HELLO)"), (ENTER, "bob")]),
+    ("the same hello again starts the session over without events",
+     [lambda p: p.hello(groups=("mine",)), lambda p: p.hello(), lambda p: p.whisper(b"after")],
+     [(ENTER, "bob"), (JOIN, "mine"), (LEAVE, "mine"), (WHISPER, b"after")]),
     ("unknown command ids keep the sequence",
      [lambda p: p.hello(), lambda p: zre.Unknown(p.next(), 11), lambda p: p.whisper(b"after")],
      [(ENTER, "bob"), (WHISPER, b"after")]),
@@ -599,3 +602,32 @@ def test_a_port_zero_beacon_of_a_peer_whose_link_is_already_closed_is_an_exit_at
     h.open.discard(peer.identity)  # it closed, then its beacon arrived
     h.session.peer_left(peer.uuid, 1.0, "10.0.0.2")
     assert h.taken() == [(EXIT, "left")]
+
+
+def test_the_same_hello_again_is_answered_with_ours_on_a_fresh_link() -> None:
+    """A peer that gave up on us (our HELLO never reached it: its allowlist refused our
+    key then) says HELLO again: ours goes again, numbered from 1, and nothing is reported."""
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    old = h.link(peer.endpoint)
+    h.send(peer, peer.hello(), 2.0)
+    new = h.link(peer.endpoint)
+    assert old.closed and new is not old and new.kinds() == ["Hello"]
+    assert new.sent[0].sequence == 1 and h.taken() == []
+    assert h.session.counters.get("sessions_restarted") == 1
+    h.session.ping(h.session.peers[peer.uuid])
+    assert new.sent[-1].sequence == 2  # our numbering started over with the link
+    h.send(peer, peer.whisper(b"on"), 2.0)
+    assert h.taken() == [(WHISPER, b"on")]
+
+
+def test_a_second_hello_while_a_whisper_waits_to_be_confirmed_is_a_restart() -> None:
+    """What we sent may be lost with the session the peer gave up: the application
+    hears of it (EXIT, ENTER), as of a restart."""
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.session.peers[peer.uuid].unconfirmed = True  # (the node's whisper sets it)
+    h.send(peer, peer.hello(), 2.0)
+    assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
