@@ -89,7 +89,8 @@ class ZmqTransport:
     def bind_mailbox(self, address: str, max_message: int, endpoint: Optional[str] = None, *,
                      max_connections: Optional[int] = None, handshake_timeout: float = 30.0,
                      dead_after: float = 30.0, counters: Optional[Counters] = None,
-                     handover: bool = False, max_per_address: Optional[int] = None) -> Any:
+                     handover: bool = False, max_per_address: Optional[int] = None,
+                     keepalive: bool = False) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -103,13 +104,23 @@ class ZmqTransport:
         under a routing identity in use is ignored while the first lasts, so no one
         can take a live peer's identity; ``handover`` lets the newer connection
         take it (the Flux tree, whose members re-attach under their identity).
+        A dead connection is found by ZMTP heartbeats, or with ``keepalive`` by TCP
+        keepalive probes (in whole seconds, at least 4 s): those are answered by the
+        far end's kernel, so a mailbox that stops reading to push back on its
+        senders (the ZRE node's full event queue) keeps their connections, where
+        heartbeats it does not read would close them.
         """
-        router = make_socket(zmq.ROUTER, {
-            zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
-            zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
-            zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
-            zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))},
-            self.context, curve=self.curve)
+        options = {zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
+                   zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000))}
+        if keepalive:
+            options.update({zmq.TCP_KEEPALIVE: 1,
+                            zmq.TCP_KEEPALIVE_IDLE: max(1, round(dead_after / 3)),
+                            zmq.TCP_KEEPALIVE_INTVL: max(1, round(dead_after / 6)),
+                            zmq.TCP_KEEPALIVE_CNT: 3})
+        else:
+            options.update({zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
+                            zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))})
+        router = make_socket(zmq.ROUTER, options, self.context, curve=self.curve)
         try:
             endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
         except BaseException:

@@ -227,7 +227,7 @@ class Node:
             itf.address, cfg.max_message, max_connections=cfg.max_connections,
             # a dead connection must be gone before its peer expires: with ROUTER_HANDOVER
             # off, a peer back after a network cut reconnects only once the old one is closed
-            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired / 2,
+            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired / 2, keepalive=True,
             counters=self._session.counters, max_per_address=cfg.max_peers_per_address)
         self.mailbox_port = self._mailbox.port
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
@@ -273,6 +273,7 @@ class Node:
                 self.curve.release(self.transport.context)
             self._state = "stopped"
             self._emit(Event(EventType.STOP))
+            self._events.spill()  # nothing reads the mailbox any more: queue what waited
 
     def flush(self, timeout: float = 1.0) -> bool:
         """Wait until every peer sent to since the last check has processed it.
@@ -701,9 +702,22 @@ class Node:
         while True:
             self._count_dropped()
             now = clock()
+            if self._events.blocked():
+                self._held_back(now)
             if self._gate is not None:
                 self._gate.tick(now)
             sleep(min(period, max(0.0, tick(now) - now)))
+
+    def _held_back(self, now: float) -> None:
+        """While the application's queue is full the mailbox is not read: the peers'
+        silence is this node's, so none is judged by it (EVASIVE, SILENT, expired), and
+        each is PINGed every ``evasive / 2`` so that it hears this node is alive."""
+        session, evasive = self._session, self.config.evasive
+        for peer in list(self._peers.values()):
+            peer.last_seen = now
+            if peer.ready and now >= peer.next_ping:
+                peer.next_ping = now + evasive / 2
+                session.ping(peer)
 
     def __repr__(self) -> str:
         return f"<Node {self._name} {self._uuid.hex[:8]} {self._state} {self.endpoint or ''}>"
