@@ -579,8 +579,10 @@ class DriverService:
         if op is Op.LATEST:
             return self._latest(reader, body)
         if op is Op.INFO:
-            earliest, nxt = reader.bounds(_groups(body.get("groups")))
-            return {"log": reader.log_id, "earliest": earliest, "next": nxt,
+            floors, nxt = reader.group_bounds(_groups(body.get("groups")))
+            return {"log": reader.log_id, "earliest": min(floors.values(),
+                                                          default=reader.earliest),
+                    "floors": floors, "next": nxt,
                     "groups": list(self.groups),
                     "channel": getattr(self.channel, "endpoint", None),
                     "mesh": self.mesh.to_options() if self.mesh else {},
@@ -616,7 +618,8 @@ class DriverService:
     def _latest(self, reader: MessageLog, body: Any) -> dict[str, Any]:
         groups = _groups(body.get("groups"))
         start = int(body["start"])
-        earliest, nxt = reader.bounds(groups)
+        floors, nxt = reader.group_bounds(groups)
+        earliest = min(floors.values(), default=reader.earliest)
         ceiling = nxt if body.get("ceiling") is None else min(nxt, int(body["ceiling"]))
         begin = max(start, earliest)
         end = start
@@ -629,7 +632,8 @@ class DriverService:
                 found = reader.last_offset(begin, ceiling, groups)
             if found is not None:
                 end = found + 1
-        return {"log": reader.log_id, "earliest": earliest, "next": nxt, "end": max(end, start)}
+        return {"log": reader.log_id, "earliest": earliest, "floors": floors, "next": nxt,
+                "end": max(end, start)}
 
     def _fetch(self, reader: MessageLog, body: Any) -> dict[str, Any]:
         reply = reader.fetch(int(body["start"]), int(body["end"]), _groups(body.get("groups")),

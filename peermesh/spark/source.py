@@ -270,6 +270,14 @@ def _resolve(spec: str, earliest: int, nxt: int) -> int:
     return int(spec)
 
 
+def consumer_id(name: Optional[str]) -> str:
+    """A new query's consumer id: ``NAME#`` and a random suffix with ``consumerName``, so
+    that two queries given one name (two checkpoints) commit apart and neither trims what
+    the other has not read; a query restarted from its checkpoint keeps its id there."""
+    suffix = uuid.uuid4().hex
+    return f"{name}#{suffix[:12]}" if name else suffix
+
+
 # --- reading rows -------------------------------------------------------------
 
 
@@ -511,22 +519,43 @@ def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> It
             _data_loss(opts, f"the log service now serves log {reply['log']}, not "
                              f"{part.log_id}: offsets {position}-{end - 1} are gone")
             return
-        earliest = int(reply["earliest"])
-        if first and earliest > position:
-            _data_loss(opts, f"offsets {position}-{min(earliest, end) - 1} were trimmed from "
-                             "the log before this query read them")
+        floors = _group_floors(reply, opts.groups)
+        if first:
+            _check_trimmed(opts, position, part.floors, floors, end)
         first = False
         resume = int(reply["resume"])
         chunks = [Chunk(*c) for c in reply["chunks"]]
         if chunks:
-            yield from columns.emit(chunks, max(position, earliest), min(resume, end),
-                                    part.floors)
+            keep = {g: max(part.floors.get(g, 0), floors[g]) for g in opts.groups}
+            yield from columns.emit(chunks, position, min(resume, end), keep)
         if resume <= position:
             if int(reply["next"]) < end:
                 _data_loss(opts, f"the log ends at {reply['next']}, before offset {end} "
                                  "that this batch was planned with")
             return
         position = resume
+
+
+def _group_floors(reply: Mapping[str, Any], groups: Sequence[str]) -> dict[str, int]:
+    """Each group's earliest offset in a reply (a service without ``floors``: its one
+    ``earliest`` for all)."""
+    floors = reply.get("floors") or {}
+    return {g: int(floors.get(g, reply["earliest"])) for g in groups}
+
+
+def _check_trimmed(opts: SourceOptions, position: int, starts: Mapping[str, int],
+                   floors: Mapping[str, int], end: Optional[int] = None) -> None:
+    """Data loss where a group was trimmed above where the query reads it (``position``,
+    or the group's later start in ``starts``), group by group."""
+    lost = []
+    for group, floor in floors.items():
+        begin = max(position, int(starts.get(group, position)))
+        if floor > begin and (end is None or begin < end):
+            top = floor if end is None else min(floor, end)
+            lost.append(f"offsets {begin}-{top - 1} of group {group!r}")
+    if lost:
+        _data_loss(opts, f"{', '.join(lost)} were trimmed from the log before this query "
+                         "read them")
 
 
 def _data_loss(opts: SourceOptions, what: str) -> None:
@@ -630,8 +659,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         start, floors = self._starts(self.opts.starting)
         # Registered with the log by the first latestOffset that uses it: Spark may ask
         # for an initial offset more than once and use only one of the answers.
-        consumer = self.opts.consumer_name or uuid.uuid4().hex
-        return _offset(info["log"], start, consumer, floors)
+        return _offset(info["log"], start, consumer_id(self.opts.consumer_name), floors)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxOffsetsPerTrigger`` as ``ReadMaxRows``, else everything available."""
@@ -665,9 +693,8 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         client = self._client()
         reply = client.latest(self.opts.groups, position, max_rows, self._target)
-        if position < reply["earliest"]:
-            _data_loss(self.opts, f"offsets {position}-{reply['earliest'] - 1} were trimmed "
-                                  "from the log before this query read them")
+        _check_trimmed(self.opts, position, floors or {},
+                       _group_floors(reply, self.opts.groups))
         end = int(reply["end"])
         least = self.opts.min_offsets
         if (least is not None and end > position and self._target is None
