@@ -61,6 +61,8 @@ DEFAULT_DIRECTORY = "peermesh-data"
 _MAX_REQUEST = 1024 * 1024
 _SERVER_SNDHWM = 4
 _SERVER_RCVHWM = 256
+#: how long the log keeps a message by default (Kafka's ``retention.ms``: 7 days)
+DEFAULT_RETENTION = 7 * 24 * 3600.0
 _INGEST_BATCH = 20_000              #: messages appended in one transaction, at most
 _INGEST_BYTES = 64 * 1024 * 1024    #: payload bytes appended in one transaction, at most
 _RETAIN_EVERY = 1.0                 #: seconds between two retention passes
@@ -192,12 +194,13 @@ class DriverService:
     to readers through the plan); requests over 1 MiB are refused, and a
     client that does not read its replies holds at most a few of them.
 
-    ``trim``: delete, group by group, what every registered streaming query
-    of that group has committed (consumers silent for ``consumer_ttl``
-    seconds no longer count). ``retention`` (seconds) and
-    ``retention_bytes`` bound the log by age and size whether or not any
-    query runs, like Kafka's ``retention.ms`` and ``retention.bytes`` (None:
-    no bound). ``max_record_bytes`` caps what one stored chunk of messages may
+    ``retention`` (seconds, default 7 days) and ``retention_bytes`` (default
+    None: no bound) bound the log by age and size whether or not any query
+    runs, as Kafka's ``retention.ms`` and ``retention.bytes`` do, with the
+    same defaults. ``trim`` (default False; opt in): also delete, group by
+    group, what every registered streaming query of that group has committed
+    (consumers silent for ``consumer_ttl`` seconds no longer count), so a
+    later batch read no longer sees it. ``max_record_bytes`` caps what one stored chunk of messages may
     take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
     is dropped with a logged reason (``stats.rejected``), never retried.
     ``channel``: add a Safir-Darbaan channel to the node (needs
@@ -209,8 +212,9 @@ class DriverService:
                  name: str = "spark-driver", interface: Optional[str] = None,
                  port: Optional[int] = None, bind: Optional[str] = None, bind_port: int = 0,
                  advertise: Optional[str] = None,
-                 trim: bool = True, consumer_ttl: Optional[float] = 24 * 3600.0,
-                 retention: Optional[float] = None, retention_bytes: Optional[int] = None,
+                 trim: bool = False, consumer_ttl: Optional[float] = 24 * 3600.0,
+                 retention: Optional[float] = DEFAULT_RETENTION,
+                 retention_bytes: Optional[int] = None,
                  max_record_bytes: Optional[int] = None, channel: Optional[bool] = None, **node_settings: Any) -> None:
         if isinstance(groups, str):
             groups = [groups]

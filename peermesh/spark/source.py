@@ -77,8 +77,16 @@ SCHEMA = StructType([
     StructField("payload", BinaryType(), False),       # the message (frames joined)
     StructField("text", StringType(), True),           # msgpack as JSON, or UTF-8; else null
 ])
-#: the column ``includeHeaders`` adds: the sender's HELLO headers
-HEADERS = StructField("headers", MapType(StringType(), StringType(), True), True)
+#: the column ``includeHeaders`` adds: the sender's HELLO headers, as Kafka's source gives
+#: a record's headers (``array<struct<key: string, value: binary>>``)
+HEADERS = StructField("headers", ArrayType(StructType([
+    StructField("key", StringType(), True), StructField("value", BinaryType(), True)]), False),
+    True)
+
+
+def _header_pairs(headers: Optional[Mapping[str, str]]) -> list[tuple[str, bytes]]:
+    """HELLO headers as Kafka's ``(key, value)`` pairs, values as UTF-8 octets."""
+    return [(k, str(v).encode("utf-8")) for k, v in (headers or {}).items()]
 METADATA = ("group", "sender", "sender_name", "received", "offset", "payload", "text",
             "headers")
 #: the column a write without option ``group`` takes each row's group from (Kafka's ``topic``)
@@ -114,6 +122,8 @@ class SourceOptions:
     min_offsets: Optional[int] = None
     max_trigger_delay: float = 15 * 60.0
     consumer_name: Optional[str] = None
+    #: a group with no message at or after its starting time: ``error`` or ``latest``
+    timestamp_strategy: str = "error"
 
     @classmethod
     def parse(cls, options: Mapping[str, str], batch: bool) -> "SourceOptions":
@@ -133,24 +143,41 @@ class SourceOptions:
         starting = parsed(options, "startingOffsets", default)
         by_group = starting if isinstance(starting, dict) else {}
         at = parsed(options, "startingTimestamp")
-        times = parsed(options, "startingOffsetsByTimestamp",
-                       {} if at is None else {g: at for g in groups})
+        named_times = parsed(options, "startingOffsetsByTimestamp", {})
+        # startingOffsetsByTimestamp wins for the groups it names, startingTimestamp holds
+        # for the others
+        times = {**({g: at for g in groups} if at is not None else {}), **named_times}
         for name, named in (("startingOffsets", by_group),
-                            ("startingOffsetsByTimestamp", times)):
+                            ("startingOffsetsByTimestamp", named_times)):
             stray = sorted(set(named) - set(groups))
             if stray:
                 raise ValueError(f"option {name} names group(s) {', '.join(stray)} that the "
                                  f"read does not include (groups: {', '.join(groups)})")
+        ending = parsed(options, "endingOffsets", "latest")
+        if batch:  # as Kafka's source: a batch reads a range that is there
+            if "latest" in ([starting] if isinstance(starting, str) else starting.values()):
+                raise ValueError("option startingOffsets: latest (-1) is not valid for a "
+                                 "batch read (spark.read), as in Kafka's source: start at "
+                                 "earliest, an offset, or use spark.readStream")
+            if ending == "earliest":
+                raise ValueError("option endingOffsets: earliest (-2) is not valid for a "
+                                 "batch read, as in Kafka's source: end at latest or an offset")
+        least, most = (parsed(options, "minOffsetsPerTrigger"),
+                       parsed(options, "maxOffsetsPerTrigger"))
+        if least is not None and most is not None and least > most:
+            raise ValueError(f"option minOffsetsPerTrigger ({least}) must not be greater than "
+                             f"maxOffsetsPerTrigger ({most}), as in Kafka's source")
         return cls(endpoint=endpoint, groups=tuple(groups), token=options.get("token") or None,
                    server_key=options.get("serverkey") or None,
                    partitions=parsed(options, "partitions", 1),
                    starting=default if by_group else starting,
                    starting_by_group=by_group, starting_times=times,
-                   min_offsets=parsed(options, "minOffsetsPerTrigger"),
+                   min_offsets=least,
                    max_trigger_delay=parsed(options, "maxTriggerDelay", 15 * 60.0),
                    consumer_name=parsed(options, "consumerName"),
-                   ending=parsed(options, "endingOffsets", "latest"),
-                   max_offsets=parsed(options, "maxOffsetsPerTrigger"),
+                   ending=ending, max_offsets=most,
+                   timestamp_strategy=parsed(options, "startingOffsetsByTimestampStrategy",
+                                             "error"),
                    fail_on_data_loss=parsed(options, "failOnDataLoss", True),
                    decode=parsed(options, "decode", "auto"),
                    auto_join=parsed(options, "autoJoin", True))
@@ -339,7 +366,8 @@ class _Columns:
                 if peers is None:
                     peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
                 if name == "headers":
-                    described = [list(p[2].items()) if len(p) > 2 and p[2] else []
+                    described = [[{"key": k, "value": v} for k, v in
+                                  _header_pairs(p[2] if len(p) > 2 else None)]
                                  for p in chunk.peers]
                 else:
                     column = 0 if name == "sender" else 1
@@ -397,7 +425,7 @@ class _Columns:
                 elif name == "text":
                     item = payload_text(payload, decode)
                 elif name == "headers":
-                    item = headers.get(sender) or {}
+                    item = _header_pairs(headers.get(sender))
                 else:
                     item = value.get(name) if isinstance(value, dict) else None
                 row.append(convert(item))
@@ -612,7 +640,14 @@ class _ReaderBase:
         for group in opts.groups:
             when = opts.starting_times.get(group)
             if when is not None:
-                starts[group] = int(client.seek([group], when)["offset"])
+                found = client.seek([group], when)
+                if found["offset"] >= found["next"] and opts.timestamp_strategy == "error":
+                    raise ValueError(
+                        f"group {group!r} has no message received at or after "
+                        f"{when * 1000:.0f} (ms since the epoch), the starting timestamp; set "
+                        "option startingOffsetsByTimestampStrategy to latest to start at "
+                        "the end instead (as in Kafka's source)")
+                starts[group] = int(found["offset"])
                 continue
             info = client.info([group])
             spec = opts.starting_by_group.get(group, default)
