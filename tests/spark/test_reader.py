@@ -301,6 +301,42 @@ def test_a_read_of_several_groups_after_one_was_trimmed(
         [15, 16, 17, 18, 19]
 
 
+def test_a_driver_restarted_on_another_host_resumes_from_the_checkpoint(
+        make_service: Callable[..., Any], tmp_path: Any) -> None:
+    # The log lived on the driver's local disk: a driver restarted elsewhere found no log
+    # and the query failed with data loss. Its place is the user's choice: here a volume
+    # that moves to the new host (copied while no driver runs), the new driver listening
+    # at another address.
+    import shutil
+
+    first = make_service(["g"], channel=False, directory=tmp_path / "volume")
+    fill(first, ["g"], 50)
+    stream = reader(first, startingOffsets="earliest")
+    start = stream.initialOffset()
+    checkpointed = stream.latestOffset(start, ReadAllAvailable())  # what Spark keeps
+    stream.commit(checkpointed)
+    first.stop()
+    shutil.copytree(tmp_path / "volume", tmp_path / "elsewhere")
+    second = make_service(["g"], channel=False, directory=tmp_path / "elsewhere",
+                          bind="127.0.0.2")
+    assert second.endpoint.startswith("tcp://127.0.0.2:") and second.log_id == first.log_id
+    fill(second, ["g"], 10, start=50)
+    resumed = reader(second, startingOffsets="earliest")
+    end = resumed.latestOffset(checkpointed, ReadAllAvailable())
+    assert end["offset"] == 60 and end["consumer"] == start["consumer"]
+    got = [msgpack.unpackb(r[5])["i"] for p in resumed.partitions(checkpointed, end)
+           for r in _rows_of(resumed, p)]
+    assert got == list(range(50, 60))
+    assert [c.id for c in second.consumers()] == [start["consumer"]]
+
+
+def _rows_of(opts_reader: Any, part: OffsetRange) -> list[tuple]:
+    """``(offset, group, sender, sender_name, received, payload)`` of ``part``."""
+    return [tuple(r) for b in read_range(opts_reader.opts, SCHEMA, part)
+            for r in zip(*(b.column(n).to_pylist() for n in
+                           ("offset", "group", "sender", "sender_name", "received", "payload")))]
+
+
 def test_kafka_checks_of_trigger_and_batch_options(make_service: Callable[..., Any]) -> None:
     service = make_service(["g"], channel=False)
     with pytest.raises(ValueError, match="minOffsetsPerTrigger .20. must not be greater"):
