@@ -35,7 +35,7 @@ import socket
 import struct
 import time
 from collections import Counter
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import gevent
 import gevent.socket
@@ -110,7 +110,8 @@ class ZmqTransport:
         senders (the ZRE node's full event queue) keeps their connections, where
         heartbeats it does not read would close them.
         """
-        options = {zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
+        options: dict[int, Union[int, bytes]] = {
+            zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
                    zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000))}
         if keepalive:
             options.update({zmq.TCP_KEEPALIVE: 1,
