@@ -304,9 +304,10 @@ class DriverService:
         settings = dict(self._node_settings)
         if self._port is not None:
             settings["port"] = self._port
+        # a sender's flush() says True only once what it sent is in the log
         self.node = node_class(self.name, groups=self.groups, interface=self._interface,
                                headers=headers, overlays=[LogAdvert(self.endpoint)],
-                               **settings).start()
+                               setup=lambda node: node.hold_confirms(), **settings).start()
         if self.channel is not None:
             self.channel.start(self.node)
         self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config),
@@ -414,7 +415,7 @@ class DriverService:
 
     def _ingest(self, writer: MessageLog) -> None:
         recv = self.node.recv
-        shout, stop = EventType.SHOUT, EventType.STOP
+        shout, stop, confirm = EventType.SHOUT, EventType.STOP, EventType.CONFIRM
         now = time.time
         stats = self.stats
         largest = writer.max_payload
@@ -433,8 +434,12 @@ class DriverService:
                 batch = []
                 size = 0
                 stopped = False
+                confirms = []
                 while event is not None:
                     kind = event.type
+                    if kind is confirm:  # answered once what came before it is stored
+                        confirms.append(event.peer)
+                        break
                     if kind is shout:
                         message = event.message
                         if len(message) > largest:
@@ -459,10 +464,19 @@ class DriverService:
                 if batch:
                     stats.messages += self._append(writer, batch)
                     stats.batches += 1
+                for peer in confirms:
+                    self._confirm(peer)
                 if stopped:
                     return
         finally:
             writer.close()
+
+    def _confirm(self, peer: Any) -> None:
+        """Answer ``peer``'s PING: everything it sent before is in the log."""
+        try:
+            self.node.call(lambda node: node.confirm(peer))
+        except PeermeshError:  # the node is stopping: the peer's flush says False
+            log.debug("could not confirm to %s", peer)
 
     def _headers_of(self, peer: Any) -> dict:
         """The HELLO headers of ``peer`` ({} once it has left)."""

@@ -284,7 +284,8 @@ class Node:
         ``stop`` calls this first.
         """
         session = self._session
-        pending = [(p, p.total) for p in self._peers.values() if p.unconfirmed and p.ready]
+        pending = [(p, p.total) for p in self._peers.values()
+                   if p.unconfirmed and p.ready and p.confirmed < p.total]
         if not pending:
             return True
         woken = gevent.event.Event()
@@ -300,8 +301,10 @@ class Node:
         try:
             self._wait(answered, woken, timeout)
         finally:
-            for peer, _ in pending:
+            for peer, target in pending:
                 peer.pong = None
+                if peer.confirmed < target:
+                    peer.unconfirmed = True  # the next flush asks again
         return all(peer.confirmed >= target for peer, target in pending)
 
     def _wait(self, done: Callable[[], bool], woken: gevent.event.Event,
@@ -343,6 +346,27 @@ class Node:
     def running(self) -> bool:
         """True between ``start`` and ``stop``."""
         return self._state == "running"
+
+    def hold_confirms(self) -> None:
+        """From now on, answer a peer's PING only when the application says so.
+
+        Each PING becomes a ``CONFIRM`` event, queued after every event the peer
+        caused before it; the application calls ``confirm(event.peer)`` once it
+        has handled those (stored them, say), so the peer's ``flush()`` returns
+        True only for what the application holds. Until then the peer waits
+        (its ``flush`` timeout); a CONFIRM never answered leaves the peer's
+        flush False, as an answer that never came.
+        """
+        self._session.hold_confirms = True
+
+    def confirm(self, peer: PeerRef) -> bool:
+        """Answer ``peer``'s PING (a ``CONFIRM`` event) now; False if it is gone."""
+        try:
+            target = self._ready_peer(peer)
+        except (UnknownPeerError, NodeStateError):
+            return False
+        self._session.send_control(target, zre.PingOk(target.next_sequence()))
+        return True
 
     def reload_allowed_keys(self) -> int:
         """Read ``allowed_keys`` again now (it is also re-read whenever the directory

@@ -11,8 +11,9 @@ message arrives, in order, once it reads again.
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -74,3 +75,45 @@ def test_a_stalled_reader_loses_nothing_and_nobody_leaves(
     assert receiver.peers() == [sender.uuid] and sender.peers() == [receiver.uuid]
     poll_until(lambda: not receiver.call(lambda node: node._events.blocked()), WAIT,
                "the receiver reading again")
+
+
+def test_confirms_held_for_the_application(free_udp_port: int) -> None:
+    """With ``hold_confirms`` a PING is the application's to answer (CONFIRM, ``confirm``):
+    the sender's flush is True only once the application says it handled what came
+    before; a flush that timed out leaves the peer unconfirmed for the next one."""
+    with ThreadedNode("receiver", port=free_udp_port, setup=lambda node: node.hold_confirms(),
+                      **TIMERS) as receiver, \
+            ThreadedNode("sender", port=free_udp_port, **TIMERS) as sender:
+        uuid, endpoint = receiver.uuid, receiver.endpoint
+        sender.call(lambda node: node.peer_appeared(uuid, endpoint))
+        wait_for(receiver, lambda e: e.type is EventType.ENTER, WAIT, "ENTER of the sender")
+        wait_for(sender, lambda e: e.type is EventType.ENTER, WAIT, "ENTER of the receiver")
+        answering, done = threading.Event(), threading.Event()
+        seen: list[Event] = []
+
+        def application() -> None:  # answers every CONFIRM, once allowed to
+            held: list[Any] = []
+            while not done.is_set():
+                event = receiver.recv(0.05)
+                if event is not None:
+                    seen.append(event)
+                    if event.type is EventType.CONFIRM:
+                        held.append(event.peer)
+                while held and answering.is_set():
+                    peer = held.pop(0)
+                    receiver.call(lambda node: node.confirm(peer))
+
+        thread = threading.Thread(target=application)
+        thread.start()
+        try:
+            sender.whisper(uuid, b"first")
+            assert not sender.flush(0.3)  # not answered yet
+            assert not sender.flush(0.3)  # still not: the failure is remembered
+            answering.set()
+            assert sender.flush(WAIT)
+            kinds = [e.type for e in seen]
+            assert EventType.WHISPER in kinds
+            assert kinds.index(EventType.WHISPER) < kinds.index(EventType.CONFIRM)
+        finally:
+            done.set()
+            thread.join(WAIT)
