@@ -46,7 +46,10 @@ messages may be gone. A reader of some groups has lost data only if one of
 costs a query on another its unread messages, and a quiet group never holds
 the rest of the log back. ``meta.start`` is a floor for every group, set by
 ``trim(before)`` over the whole log (a chunk that straddles it keeps its
-older messages on disk until it is wholly below, and readers skip them).
+older messages on disk until it is wholly below, and readers skip them);
+``trim(before, groups)`` records ``before`` as those groups' floor in the
+same way when the cut falls inside a chunk. ``group_bounds`` gives each
+group's own earliest offset: a read of several groups checks each.
 ``log_id`` is a random id made when the file is created: a reader that kept
 offsets of another log (the file was deleted and made anew) can tell that
 its offsets mean nothing here.

@@ -388,7 +388,8 @@ class DriverService:
             return reader.consumers()
 
     def forget_consumer(self, consumer: str) -> bool:
-        """Stop ``consumer`` (a query that will not run again) from holding the log back."""
+        """Stop ``consumer`` (a query that will not run again; a ``consumerName``: every
+        query of that name) from holding the log back."""
         with MessageLog(self.path) as writer:
             known = writer.forget(consumer)
             if self.trim_on_commit:
@@ -396,8 +397,9 @@ class DriverService:
             return known
 
     def trim(self, before: int, groups: Optional[Sequence[str]] = None) -> int:
-        """Delete the messages of ``groups`` (default: all) below offset ``before``;
-        the new earliest offset of those groups."""
+        """Delete the messages of ``groups`` (default: all) below offset ``before`` (a cut
+        inside a stored chunk hides them at once); the new earliest offset of those
+        groups (the lowest of them)."""
         with MessageLog(self.path) as writer:
             return writer.trim(before, groups)
 
