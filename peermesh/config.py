@@ -135,9 +135,9 @@ class NodeConfig:
     send_timeout: float = 5.0
     #: events held for the application before the node stops reading its mailbox
     event_queue: int = 100_000
-    #: octets of WHISPER/SHOUT content held for the application: while more wait unread,
-    #: new WHISPERs and SHOUTs are dropped (counted as ``events_dropped``); other events
-    #: are kept
+    #: octets of WHISPER/SHOUT content held for the application, at most: a message that
+    #: does not fit waits and the node stops reading its mailbox until it does (content
+    #: larger than the whole bound is dropped, counted as ``events_dropped``)
     event_queue_bytes: int = 64 * 1024 * 1024
     #: peers in the table (said HELLO or found by discovery); over it, a new peer is
     #: refused (``peers_refused``; the node says so once), unless it said HELLO and a

@@ -23,6 +23,10 @@ class EventType(str, Enum):
     SILENT = "SILENT"      #: a peer has been silent for the silent timeout
     LEADER = "LEADER"      #: ``group`` elected ``peer`` (this node's own UUID if it won)
     STOP = "STOP"          #: this node stopped; the last event it reports
+    #: a peer asks this node to confirm (PING) what it sent before; only for a node that
+    #: ``hold_confirms()``: the application answers with ``confirm(event.peer)`` once it
+    #: has handled (stored) every event before this one (not a Zyre event)
+    CONFIRM = "CONFIRM"
 
     def __str__(self) -> str:
         return self.value

@@ -46,6 +46,7 @@ Targets: ingest >= 50,000 messages/s end to end; a batch read >= 0.7 and an
 from __future__ import annotations
 
 import argparse
+import shutil
 import json
 import os
 import statistics
@@ -263,23 +264,24 @@ class TreeCpu:
         self.seconds = used / os.sysconf("SC_CLK_TCK")
 
 
-def role_reader(parent: harness.Parent, rows: int, timeout: float,
+def role_reader(parent: harness.Parent, rows: int, timeout: float, directory: str,
                 conf: Optional[dict[str, str]] = None) -> None:
     """A Spark session (with the settings ``conf``) and a log of ``rows`` messages (and the
-    same rows as parquet); each command from the parent is one round (``read_cases``)."""
+    same rows as parquet) under ``directory`` (the parent's: it removes it, also when this
+    process is killed); each command from the parent is one round (``read_cases``)."""
     import peermesh.spark as ps
     from peermesh.spark.session import local_session
 
-    with tempfile.TemporaryDirectory(prefix="bench-spark-read-") as tmp:
-        spark = local_session(tmp, app="bench_spark_read", **(conf or {}))
-        service = ps.start_service(spark, groups=["bench-read"],
-                                   directory=os.path.join(tmp, "log"), interface="lo",
-                                   port=free_udp_port(), interval=INTERVAL, bind="127.0.0.1")
-        try:
-            read_cases(spark, service, rows, timeout, tmp, parent)
-        finally:
-            service.stop()
-            spark.stop()
+    spark = local_session(directory, app="bench_spark_read", **(conf or {}))
+    service = ps.start_service(spark, groups=["bench-read"],
+                               directory=os.path.join(directory, "log"), interface="lo",
+                               port=free_udp_port(), interval=INTERVAL, bind="127.0.0.1",
+                               retention=None)
+    try:
+        read_cases(spark, service, rows, timeout, directory, parent)
+    finally:
+        service.stop()
+        spark.stop()
 
 
 def memory_source(spark: Any, parquet_dir: str, schema: Any, tmp: str) -> dict[str, str]:
@@ -360,20 +362,27 @@ def bench_read(args: argparse.Namespace) -> dict[str, Any]:
     in a Spark session of their own per code tree (this checkout, ``--baseline``)."""
     code = harness.trees(args.baseline)
     results: dict[str, Any] = {"rows": args.rows, "rounds": args.rounds}
-    with harness.Children() as children:
-        readers = {}
-        for label, tree in code.items():
-            progress(f"{label}: Spark, {args.rows:,} messages into the log and parquet")
-            readers[label] = children.start("bench_spark", "reader", tree, rows=args.rows,
-                                            timeout=args.timeout,
-                                            conf=args.conf if label == "peermesh" else {})
-            readers[label].expect("filled", 600)
-        rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
-        for r in range(args.rounds):
-            for label, child in readers.items():
-                progress(f"{label}: round {r + 1}/{args.rounds} (batch: peermesh, parquet, "
-                         "memory; the same as streams)")
-                rounds[label].append(child.ask(args.timeout * 4, go=r))
+    # the readers' logs, parquet and Spark directories (GBs at 10M rows): made and removed
+    # here, since a reader may be killed before it could remove them itself
+    scratch = tempfile.mkdtemp(prefix="bench-spark-read-")
+    try:
+        with harness.Children() as children:
+            readers = {}
+            for label, tree in code.items():
+                progress(f"{label}: Spark, {args.rows:,} messages into the log and parquet")
+                readers[label] = children.start(
+                    "bench_spark", "reader", tree, rows=args.rows, timeout=args.timeout,
+                    directory=os.path.join(scratch, label),
+                    conf=args.conf if label == "peermesh" else {})
+                readers[label].expect("filled", 600)
+            rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
+            for r in range(args.rounds):
+                for label, child in readers.items():
+                    progress(f"{label}: round {r + 1}/{args.rounds} (batch: peermesh, "
+                             "parquet, memory; the same as streams)")
+                    rounds[label].append(child.ask(args.timeout * 4, go=r))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     for label, runs in rounds.items():
         summary: dict[str, Any] = {"rounds": runs}
         for kind in ("batch", "stream"):
@@ -445,7 +454,7 @@ def with_session(results: dict[str, Any], args: argparse.Namespace) -> None:
         port = free_udp_port()
         service = ps.start_service(spark, groups=["bench"], directory=os.path.join(tmp, "log"),
                                    interface="lo", port=port, interval=INTERVAL,
-                                   bind="127.0.0.1")
+                                   bind="127.0.0.1", trim=True)
         try:
             if "ingest" in args.only:
                 results["ingest"] = median_ingest(spark, service, port, args, tmp)

@@ -476,8 +476,9 @@ class HubSocket:
         handlers must not wait. A message over the limits goes to
         ``on_oversized(first)``; with ``metadata``, ``on_message`` gets that
         property as a third argument. ``backpressure`` (a queue with
-        ``full()``, ``wait_room()``, ``hold()``, ``release()``): while full,
-        reading pauses until ``wait_room()`` returns, and each batch is
+        ``full()``, ``wait_room()``, ``hold()``, ``release()``): ``full()`` is
+        asked before and after each batch; while it is true, reading pauses
+        until ``wait_room()`` returns (then it is asked again), and each batch is
         bracketed by ``hold()``/``release()`` (its reader wakes once per
         batch). ``after_batch()`` is called once the handlers of a batch have
         run. A handler's exception is logged, never fatal. Returns once the
@@ -546,20 +547,26 @@ class HubSocket:
                 return
             if full is not None:
                 if full():
-                    self._paused = True
-                    self._watch()
-                    resuming.append(gevent.spawn(resume))
+                    pause()
                     return
                 hold()
                 try:
                     more = drain_batch()
                 finally:
                     release()  # wake the reader once per batch
+                if full():  # (also with nothing more to read: what waits must get in)
+                    pause()
+                    return
             else:
                 more = drain_batch()
             if more and not self._scheduled:
                 self._scheduled = True
                 loop.run_callback(drain)  # more may wait: let others run first
+
+        def pause() -> None:
+            self._paused = True
+            self._watch()
+            resuming.append(gevent.spawn(resume))
 
         def resume() -> None:
             backpressure.wait_room()

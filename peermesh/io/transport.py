@@ -33,7 +33,7 @@ import os
 import resource
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import gevent
 import gevent.socket
@@ -92,7 +92,8 @@ class ZmqTransport:
                      dead_after: float = 30.0, counters: Optional[Counters] = None,
                      handover: bool = False, max_per_address: Optional[int] = None,
                      policy: Optional[ConnectionPolicy] = None,
-                     on_revoked: Optional[Callable[[frozenset[str]], None]] = None) -> Any:
+                     on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
+                     keepalive: bool = False) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -109,13 +110,24 @@ class ZmqTransport:
         under a routing identity in use is ignored while the first lasts, so no one
         can take a live peer's identity; ``handover`` lets the newer connection
         take it (the Flux tree, whose members re-attach under their identity).
+        A dead connection is found by ZMTP heartbeats, or with ``keepalive`` by TCP
+        keepalive probes (in whole seconds, at least 4 s): those are answered by the
+        far end's kernel, so a mailbox that stops reading to push back on its
+        senders (the ZRE node's full event queue) keeps their connections, where
+        heartbeats it does not read would close them.
         """
-        router = make_socket(zmq.ROUTER, {
+        options: dict[int, Union[int, bytes]] = {
             zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
-            zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000)),
-            zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
-            zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))},
-            self.context, curve=self.curve)
+            zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000))}
+        if keepalive:
+            options.update({zmq.TCP_KEEPALIVE: 1,
+                            zmq.TCP_KEEPALIVE_IDLE: max(1, round(dead_after / 3)),
+                            zmq.TCP_KEEPALIVE_INTVL: max(1, round(dead_after / 6)),
+                            zmq.TCP_KEEPALIVE_CNT: 3})
+        else:
+            options.update({zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
+                            zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))})
+        router = make_socket(zmq.ROUTER, options, self.context, curve=self.curve)
         try:
             endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
         except BaseException:

@@ -42,6 +42,12 @@ class _Sink:
     def full(self) -> bool:
         return False
 
+    def blocked(self) -> bool:
+        return False
+
+    def spill(self) -> None:
+        pass
+
     def get(self, timeout: Optional[float] = None) -> None:
         return None
 

@@ -46,7 +46,10 @@ messages may be gone. A reader of some groups has lost data only if one of
 costs a query on another its unread messages, and a quiet group never holds
 the rest of the log back. ``meta.start`` is a floor for every group, set by
 ``trim(before)`` over the whole log (a chunk that straddles it keeps its
-older messages on disk until it is wholly below, and readers skip them).
+older messages on disk until it is wholly below, and readers skip them);
+``trim(before, groups)`` records ``before`` as those groups' floor in the
+same way when the cut falls inside a chunk. ``group_bounds`` gives each
+group's own earliest offset: a read of several groups checks each.
 ``log_id`` is a random id made when the file is created: a reader that kept
 offsets of another log (the file was deleted and made anew) can tell that
 its offsets mean nothing here.
@@ -319,19 +322,33 @@ class MessageLog:
         return row[0]
 
     def bounds(self, groups: Optional[Sequence[str]] = None) -> tuple[int, int]:
-        """``(earliest, next)``: every message of ``groups`` (default: any group) with
-        ``earliest <= offset < next`` is still held."""
+        """``(earliest, next)``: the lowest of the groups' earliest offsets (see
+        ``earliests``; default: of the whole log) and the next offset."""
+        with self._snapshot():
+            floors, nxt = self.group_bounds(groups)
+            return min(floors.values(), default=self.earliest), nxt
+
+    def group_bounds(self, groups: Optional[Sequence[str]] = None
+                     ) -> tuple[dict[str, int], int]:
+        """``({group: earliest}, next)``: every message of a group with ``earliest <=
+        offset < next`` is still held. Each group has its own (trims are per group); a
+        reader of several groups has lost data only where one of them starts above it."""
         rows = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN "
                                      "('start', 'next')").fetchall())
-        return self._earliest(int(rows["start"]), groups), int(rows["next"])
+        floor = int(rows["start"])
+        if not groups:
+            return {}, int(rows["next"])
+        below = dict(self._db.execute(
+            f"SELECT grp, below FROM trimmed WHERE grp IN ({','.join('?' * len(groups))})",
+            list(groups)).fetchall())
+        return ({g: max(floor, int(below.get(g, floor))) for g in groups},
+                int(rows["next"]))
 
     def _earliest(self, floor: int, groups: Optional[Sequence[str]]) -> int:
         if not groups:
             return floor
-        (below,) = self._db.execute(
-            f"SELECT max(below) FROM trimmed WHERE grp IN ({','.join('?' * len(groups))})",
-            list(groups)).fetchone()
-        return floor if below is None else max(floor, int(below))
+        floors, _ = self.group_bounds(groups)
+        return min(floors.values())
 
     @property
     def next_offset(self) -> int:
@@ -390,6 +407,14 @@ class MessageLog:
             else:
                 where, args = _group_filter(groups)
                 self._delete(f"hi < ?{where}", [before, *args])
+                # a chunk that straddles ``before`` keeps its older messages on disk; the
+                # group's floor hides them (only where the group held something below)
+                floors, _ = self.group_bounds(groups)
+                cut = [g for g in groups if floors[g] < before and
+                       self._count_group(floors[g], before, g)]
+                db.executemany("INSERT INTO trimmed VALUES (?, ?) ON CONFLICT(grp) DO UPDATE "
+                               "SET below = max(below, excluded.below)",
+                               [(g, before) for g in cut])
             earliest = self._earliest(int(self._meta("start")), groups)
             db.execute("COMMIT")
         except BaseException:
@@ -466,8 +491,11 @@ class MessageLog:
         self.register(consumer, offset, groups, now)
 
     def forget(self, consumer: str) -> bool:
-        """Stop tracking ``consumer``; True if it was known."""
-        cursor = self._db.execute("DELETE FROM consumers WHERE id = ?", (consumer,))
+        """Stop tracking ``consumer`` (an id, or a ``consumerName``: every query of that
+        name); True if it was known."""
+        cursor = self._db.execute("DELETE FROM consumers WHERE id = ? OR (instr(id, '#') > 0 "
+                                  "AND substr(id, 1, instr(id, '#') - 1) = ?)",
+                                  (consumer, consumer))
         return cursor.rowcount > 0
 
     def consumers(self) -> list[Consumer]:
@@ -552,10 +580,12 @@ class MessageLog:
         and bounds, the chunks holding the range from ``earliest`` on (at most about
         ``max_bytes``) and where the next fetch resumes."""
         with self._snapshot():  # bounds and chunks as of one moment
-            earliest, nxt = self.bounds(groups)
+            floors, nxt = self.group_bounds(groups)
+            earliest = min(floors.values(), default=self.earliest)
             first, last = max(start, earliest), min(end, nxt)
             chunks, resume = self._chunks(first, last, groups, max_bytes)
         return {"log": self.log_id, "earliest": earliest, "next": nxt, "chunks": chunks,
+                "floors": floors,
                 "resume": max(start, resume) if last > first else max(start, last)}
 
     def _offset_lists(self, start: int, end: int, groups: Optional[Sequence[str]],
@@ -607,9 +637,20 @@ class MessageLog:
         return -found[0] if len(found) >= n else None
 
     def count(self, start: int, end: int, groups: Optional[Sequence[str]] = None) -> int:
-        """How many messages of those groups ``[start, end)`` holds."""
+        """How many messages of those groups ``[start, end)`` holds (from each group's
+        earliest offset on)."""
+        with self._snapshot():
+            if not groups:
+                return self._count(max(start, self.earliest), end, None)
+            floors, _ = self.group_bounds(groups)
+            return sum(self._count_group(max(start, floors[g]), end, g) for g in groups)
+
+    def _count_group(self, start: int, end: int, group: str) -> int:
+        return self._count(start, end, [group])
+
+    def _count(self, start: int, end: int, groups: Optional[Sequence[str]]) -> int:
         total = 0
-        for lo, hi, offsets in self._offset_lists(max(start, self.earliest), end, groups):
+        for lo, hi, offsets in self._offset_lists(start, end, groups):
             if lo >= start and hi < end:
                 total += len(offsets)
             else:
@@ -620,9 +661,12 @@ class MessageLog:
              limit: Optional[int] = None) -> list[LogRow]:
         """Messages with ``start <= offset < end`` in those groups, in offset order (at most
         ``limit``): ``(offset, group, sender, name, received, payload)``."""
-        start = max(int(start), self.bounds(groups)[0])
-        chunks, _ = self.chunks(start, end, groups)
-        rows = sorted(rows_of(chunks, start, end), key=lambda r: r[0])
+        with self._snapshot():
+            floors, _ = self.group_bounds(groups)
+            start = max(int(start), min(floors.values(), default=self.earliest))
+            chunks, _ = self._chunks(start, end, groups, None)
+        rows = sorted((r for r in rows_of(chunks, start, end) if r[0] >= floors.get(r[1], 0)),
+                      key=lambda r: r[0])
         return rows if limit is None else rows[:limit]
 
     def offset_at(self, when: float, groups: Optional[Sequence[str]] = None) -> int:

@@ -139,19 +139,30 @@ def times_by_group(key: str, raw: str) -> dict[str, float]:
             for group, value in _json_object(key, raw).items()}
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+#: Spark's duration suffixes (``JavaUtils.timeStringAs``), in seconds; a bare number is
+#: milliseconds, as Kafka's source reads ``maxTriggerDelay``
+_UNIT = {"us": 1e-6, "ms": 0.001, "": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0,
+         "h": 3600.0, "d": 86400.0}
 
 
 def duration(key: str, raw: str) -> float:
-    """A duration as Spark writes them (``100ms``, ``30s``, ``15m``, ``1h``) or plain
-    seconds; in seconds."""
+    """A duration as Spark and Kafka's source read them (``100ms``, ``30s``, ``15m``,
+    ``1h``; a bare number is milliseconds); in seconds."""
     match = _DURATION.match(raw)
-    if match is None or float(match.group(1)) <= 0:
-        raise ValueError(f"option {key} must be a positive duration such as 30s or 15m, "
-                         f"not {raw!r}")
-    unit = match.group(2).lower() if match.group(2) else None
+    unit = match.group(2).lower() if match is not None else None
+    if match is None or unit not in _UNIT or float(match.group(1)) <= 0:
+        raise ValueError(f"option {key} must be a positive duration such as 30s, 15m or 1h "
+                         f"(a bare number is milliseconds, as in Kafka's source), not {raw!r}")
     return float(match.group(1)) * _UNIT[unit]
+
+
+def timestamp_strategy(key: str, raw: str) -> str:
+    """``error`` or ``latest`` (Kafka's ``startingOffsetsByTimestampStrategy``)."""
+    text = raw.strip().lower()
+    if text not in ("error", "latest"):
+        raise ValueError(f"option {key} must be error or latest, not {raw!r}")
+    return text
 
 
 def _name(key: str, raw: str) -> str:
@@ -195,6 +206,7 @@ OPTIONS: dict[str, tuple[Use, Parser]] = {
     "startingOffsets": (Use.READ, starting_spec),
     "startingTimestamp": (Use.READ, milliseconds),
     "startingOffsetsByTimestamp": (Use.READ, times_by_group),
+    "startingOffsetsByTimestampStrategy": (Use.READ, timestamp_strategy),
     "endingOffsets": (Use.BATCH_READ, offset_spec),
     "maxOffsetsPerTrigger": (Use.STREAM_READ, positive_int),
     "minOffsetsPerTrigger": (Use.STREAM_READ, positive_int),

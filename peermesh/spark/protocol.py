@@ -19,10 +19,11 @@ Request bodies (offsets are log offsets; ``end`` is exclusive; ``groups``
 empty means every group; every body also carries the service's ``token``,
 and a request without it is answered ERR ``unauthorised``):
 
-    INFO      {groups?}                               -> {log, earliest, next, groups, channel,
-                                                          path, host}
-    LATEST    {groups, start, max?, ceiling?}         -> {log, earliest, next, end}
-    FETCH     {groups, start, end}                    -> {log, earliest, next, chunks, resume}
+    INFO      {groups?}                               -> {log, earliest, floors, next, groups,
+                                                          channel, path, host}
+    LATEST    {groups, start, max?, ceiling?}         -> {log, earliest, floors, next, end}
+    FETCH     {groups, start, end}                    -> {log, earliest, floors, next, chunks,
+                                                          resume}
     REGISTER  {consumer, groups, offset}              -> {log}
     COMMIT    {consumer, groups, offset}              -> {log, earliest}
     TRIM      {before, groups?}                       -> {log, earliest}
@@ -30,8 +31,11 @@ and a request without it is answered ERR ``unauthorised``):
     SEEK      {groups, time}                          -> {log, earliest, next, offset}
     COUNT     {groups, start, end}                    -> {log, count}
 
-``earliest`` is per ``groups``: every message of those groups from it on is
-still held. ``SEEK.offset`` is the first message of ``groups`` received at
+``floors`` maps each of ``groups`` to its own earliest offset: every message
+of that group from it on is still held (trims are per group, and may cut
+inside a stored chunk). ``earliest`` is the lowest of them (without groups:
+the whole log's). A reader of several groups has lost data only where one
+group's floor is above where it reads that group. ``SEEK.offset`` is the first message of ``groups`` received at
 or after ``time`` (epoch seconds), or ``next`` when there is none.
 
 ``LATEST.end`` is one past the last message of ``groups`` at or after
@@ -39,7 +43,7 @@ or after ``time`` (epoch seconds), or ``next`` when there is none.
 messages; ``start`` itself when there is none. ``FETCH.chunks`` is a list
 of ``[group, seqs, data]``, the log's chunks as stored (see ``log``), by
 lowest offset; they may hold offsets outside the range asked for, and the
-reader keeps those in ``[max(start, earliest), min(resume, end))``. Every
+reader keeps those in ``[max(start, floors[group]), min(resume, end))``. Every
 message of the range below ``resume`` is in the reply: the next FETCH
 starts there (``resume`` is ``end``, or ``next`` when that is lower, once
 the range is done). A reply holds at most about ``MAX_FETCH_BYTES`` of chunks.

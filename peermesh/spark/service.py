@@ -63,6 +63,8 @@ DEFAULT_DIRECTORY = "peermesh-data"
 _MAX_REQUEST = 1024 * 1024
 _SERVER_SNDHWM = 4
 _SERVER_RCVHWM = 256
+#: how long the log keeps a message by default (Kafka's ``retention.ms``: 7 days)
+DEFAULT_RETENTION = 7 * 24 * 3600.0
 _INGEST_BATCH = 20_000              #: messages appended in one transaction, at most
 _INGEST_BYTES = 64 * 1024 * 1024    #: payload bytes appended in one transaction, at most
 _RETAIN_EVERY = 1.0                 #: seconds between two retention passes
@@ -222,12 +224,13 @@ class DriverService:
     to readers through the plan); requests over 1 MiB are refused, and a
     client that does not read its replies holds at most a few of them.
 
-    ``trim``: delete, group by group, what every registered streaming query
-    of that group has committed (consumers silent for ``consumer_ttl``
-    seconds no longer count). ``retention`` (seconds) and
-    ``retention_bytes`` bound the log by age and size whether or not any
-    query runs, like Kafka's ``retention.ms`` and ``retention.bytes`` (None:
-    no bound). ``max_record_bytes`` caps what one stored chunk of messages may
+    ``retention`` (seconds, default 7 days) and ``retention_bytes`` (default
+    None: no bound) bound the log by age and size whether or not any query
+    runs, as Kafka's ``retention.ms`` and ``retention.bytes`` do, with the
+    same defaults. ``trim`` (default False; opt in): also delete, group by
+    group, what every registered streaming query of that group has committed
+    (consumers silent for ``consumer_ttl`` seconds no longer count), so a
+    later batch read no longer sees it. ``max_record_bytes`` caps what one stored chunk of messages may
     take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
     is dropped with a logged reason (``stats.rejected``), never retried.
     ``channel``: add a Safir-Darbaan channel to the node (needs
@@ -239,8 +242,9 @@ class DriverService:
                  name: str = "spark-driver", interface: Optional[str] = None,
                  port: Optional[int] = None, bind: Optional[str] = None, bind_port: int = 0,
                  advertise: Optional[str] = None,
-                 trim: bool = True, consumer_ttl: Optional[float] = 24 * 3600.0,
-                 retention: Optional[float] = None, retention_bytes: Optional[int] = None,
+                 trim: bool = False, consumer_ttl: Optional[float] = 24 * 3600.0,
+                 retention: Optional[float] = DEFAULT_RETENTION,
+                 retention_bytes: Optional[int] = None,
                  max_record_bytes: Optional[int] = None, channel: Optional[bool] = None, **node_settings: Any) -> None:
         if isinstance(groups, str):
             groups = [groups]
@@ -334,10 +338,11 @@ class DriverService:
         settings = dict(self._node_settings)
         if self._port is not None:
             settings["port"] = self._port
+        # a sender's flush() says True only once what it sent is in the log
         self.node = node_class(self.name, groups=self.groups, interface=self._interface,
                                headers=headers,
                                overlays=[LogAdvert(self.endpoint, self.stats, self.path)],
-                               **settings).start()
+                               setup=lambda node: node.hold_confirms(), **settings).start()
         from ..metrics import serve_configured
 
         self.metrics = self.node.call(serve_configured)  # config.metrics, $PEERMESH_METRICS
@@ -424,7 +429,8 @@ class DriverService:
             return reader.consumers()
 
     def forget_consumer(self, consumer: str) -> bool:
-        """Stop ``consumer`` (a query that will not run again) from holding the log back."""
+        """Stop ``consumer`` (a query that will not run again; a ``consumerName``: every
+        query of that name) from holding the log back."""
         with MessageLog(self.path) as writer:
             known = writer.forget(consumer)
             if self.trim_on_commit:
@@ -432,8 +438,9 @@ class DriverService:
             return known
 
     def trim(self, before: int, groups: Optional[Sequence[str]] = None) -> int:
-        """Delete the messages of ``groups`` (default: all) below offset ``before``;
-        the new earliest offset of those groups."""
+        """Delete the messages of ``groups`` (default: all) below offset ``before`` (a cut
+        inside a stored chunk hides them at once); the new earliest offset of those
+        groups (the lowest of them)."""
         with MessageLog(self.path) as writer:
             return writer.trim(before, groups)
 
@@ -451,7 +458,7 @@ class DriverService:
 
     def _ingest(self, writer: MessageLog) -> None:
         recv = self.node.recv
-        shout, stop = EventType.SHOUT, EventType.STOP
+        shout, stop, confirm = EventType.SHOUT, EventType.STOP, EventType.CONFIRM
         now = time.time
         stats = self.stats
         largest = writer.max_payload
@@ -470,8 +477,12 @@ class DriverService:
                 batch = []
                 size = 0
                 stopped = False
+                confirms = []
                 while event is not None:
                     kind = event.type
+                    if kind is confirm:  # answered once what came before it is stored
+                        confirms.append(event.peer)
+                        break
                     if kind is shout:
                         message = event.message
                         if len(message) > largest:
@@ -496,10 +507,19 @@ class DriverService:
                 if batch:
                     stats.messages += self._append(writer, batch)
                     stats.batches += 1
+                for peer in confirms:
+                    self._confirm(peer)
                 if stopped:
                     return
         finally:
             writer.close()
+
+    def _confirm(self, peer: Any) -> None:
+        """Answer ``peer``'s PING: everything it sent before is in the log."""
+        try:
+            self.node.call(lambda node: node.confirm(peer))
+        except PeermeshError:  # the node is stopping: the peer's flush says False
+            log.debug("could not confirm to %s", peer)
 
     def _headers_of(self, peer: Any) -> dict:
         """The HELLO headers of ``peer`` ({} once it has left)."""
@@ -620,8 +640,10 @@ class DriverService:
         if op is Op.LATEST:
             return self._latest(reader, body)
         if op is Op.INFO:
-            earliest, nxt = reader.bounds(_groups(body.get("groups")))
-            return {"log": reader.log_id, "earliest": earliest, "next": nxt,
+            floors, nxt = reader.group_bounds(_groups(body.get("groups")))
+            return {"log": reader.log_id, "earliest": min(floors.values(),
+                                                          default=reader.earliest),
+                    "floors": floors, "next": nxt,
                     "groups": list(self.groups),
                     "channel": getattr(self.channel, "endpoint", None),
                     "mesh": self.mesh.to_options() if self.mesh else {},
@@ -657,7 +679,8 @@ class DriverService:
     def _latest(self, reader: MessageLog, body: Any) -> dict[str, Any]:
         groups = _groups(body.get("groups"))
         start = int(body["start"])
-        earliest, nxt = reader.bounds(groups)
+        floors, nxt = reader.group_bounds(groups)
+        earliest = min(floors.values(), default=reader.earliest)
         ceiling = nxt if body.get("ceiling") is None else min(nxt, int(body["ceiling"]))
         begin = max(start, earliest)
         end = start
@@ -670,7 +693,8 @@ class DriverService:
                 found = reader.last_offset(begin, ceiling, groups)
             if found is not None:
                 end = found + 1
-        return {"log": reader.log_id, "earliest": earliest, "next": nxt, "end": max(end, start)}
+        return {"log": reader.log_id, "earliest": earliest, "floors": floors, "next": nxt,
+                "end": max(end, start)}
 
     def _fetch(self, reader: MessageLog, body: Any) -> dict[str, Any]:
         reply = reader.fetch(int(body["start"]), int(body["end"]), _groups(body.get("groups")),

@@ -77,8 +77,16 @@ SCHEMA = StructType([
     StructField("payload", BinaryType(), False),       # the message (frames joined)
     StructField("text", StringType(), True),           # msgpack as JSON, or UTF-8; else null
 ])
-#: the column ``includeHeaders`` adds: the sender's HELLO headers
-HEADERS = StructField("headers", MapType(StringType(), StringType(), True), True)
+#: the column ``includeHeaders`` adds: the sender's HELLO headers, as Kafka's source gives
+#: a record's headers (``array<struct<key: string, value: binary>>``)
+HEADERS = StructField("headers", ArrayType(StructType([
+    StructField("key", StringType(), True), StructField("value", BinaryType(), True)]), False),
+    True)
+
+
+def _header_pairs(headers: Optional[Mapping[str, str]]) -> list[tuple[str, bytes]]:
+    """HELLO headers as Kafka's ``(key, value)`` pairs, values as UTF-8 octets."""
+    return [(k, str(v).encode("utf-8")) for k, v in (headers or {}).items()]
 METADATA = ("group", "sender", "sender_name", "received", "offset", "payload", "text",
             "headers")
 #: the column a write without option ``group`` takes each row's group from (Kafka's ``topic``)
@@ -114,6 +122,8 @@ class SourceOptions:
     min_offsets: Optional[int] = None
     max_trigger_delay: float = 15 * 60.0
     consumer_name: Optional[str] = None
+    #: a group with no message at or after its starting time: ``error`` or ``latest``
+    timestamp_strategy: str = "error"
 
     @classmethod
     def parse(cls, options: Mapping[str, str], batch: bool) -> "SourceOptions":
@@ -133,24 +143,41 @@ class SourceOptions:
         starting = parsed(options, "startingOffsets", default)
         by_group = starting if isinstance(starting, dict) else {}
         at = parsed(options, "startingTimestamp")
-        times = parsed(options, "startingOffsetsByTimestamp",
-                       {} if at is None else {g: at for g in groups})
+        named_times = parsed(options, "startingOffsetsByTimestamp", {})
+        # startingOffsetsByTimestamp wins for the groups it names, startingTimestamp holds
+        # for the others
+        times = {**({g: at for g in groups} if at is not None else {}), **named_times}
         for name, named in (("startingOffsets", by_group),
-                            ("startingOffsetsByTimestamp", times)):
+                            ("startingOffsetsByTimestamp", named_times)):
             stray = sorted(set(named) - set(groups))
             if stray:
                 raise ValueError(f"option {name} names group(s) {', '.join(stray)} that the "
                                  f"read does not include (groups: {', '.join(groups)})")
+        ending = parsed(options, "endingOffsets", "latest")
+        if batch:  # as Kafka's source: a batch reads a range that is there
+            if "latest" in ([starting] if isinstance(starting, str) else starting.values()):
+                raise ValueError("option startingOffsets: latest (-1) is not valid for a "
+                                 "batch read (spark.read), as in Kafka's source: start at "
+                                 "earliest, an offset, or use spark.readStream")
+            if ending == "earliest":
+                raise ValueError("option endingOffsets: earliest (-2) is not valid for a "
+                                 "batch read, as in Kafka's source: end at latest or an offset")
+        least, most = (parsed(options, "minOffsetsPerTrigger"),
+                       parsed(options, "maxOffsetsPerTrigger"))
+        if least is not None and most is not None and least > most:
+            raise ValueError(f"option minOffsetsPerTrigger ({least}) must not be greater than "
+                             f"maxOffsetsPerTrigger ({most}), as in Kafka's source")
         return cls(endpoint=endpoint, groups=tuple(groups), token=options.get("token") or None,
                    server_key=options.get("serverkey") or None,
                    partitions=parsed(options, "partitions", 1),
                    starting=default if by_group else starting,
                    starting_by_group=by_group, starting_times=times,
-                   min_offsets=parsed(options, "minOffsetsPerTrigger"),
+                   min_offsets=least,
                    max_trigger_delay=parsed(options, "maxTriggerDelay", 15 * 60.0),
                    consumer_name=parsed(options, "consumerName"),
-                   ending=parsed(options, "endingOffsets", "latest"),
-                   max_offsets=parsed(options, "maxOffsetsPerTrigger"),
+                   ending=ending, max_offsets=most,
+                   timestamp_strategy=parsed(options, "startingOffsetsByTimestampStrategy",
+                                             "error"),
                    fail_on_data_loss=parsed(options, "failOnDataLoss", True),
                    decode=parsed(options, "decode", "auto"),
                    auto_join=parsed(options, "autoJoin", True))
@@ -270,6 +297,14 @@ def _resolve(spec: str, earliest: int, nxt: int) -> int:
     return int(spec)
 
 
+def consumer_id(name: Optional[str]) -> str:
+    """A new query's consumer id: ``NAME#`` and a random suffix with ``consumerName``, so
+    that two queries given one name (two checkpoints) commit apart and neither trims what
+    the other has not read; a query restarted from its checkpoint keeps its id there."""
+    suffix = uuid.uuid4().hex
+    return f"{name}#{suffix[:12]}" if name else suffix
+
+
 # --- reading rows -------------------------------------------------------------
 
 
@@ -331,7 +366,8 @@ class _Columns:
                 if peers is None:
                     peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
                 if name == "headers":
-                    described = [list(p[2].items()) if len(p) > 2 and p[2] else []
+                    described = [[{"key": k, "value": v} for k, v in
+                                  _header_pairs(p[2] if len(p) > 2 else None)]
                                  for p in chunk.peers]
                 else:
                     column = 0 if name == "sender" else 1
@@ -389,7 +425,7 @@ class _Columns:
                 elif name == "text":
                     item = payload_text(payload, decode)
                 elif name == "headers":
-                    item = headers.get(sender) or {}
+                    item = _header_pairs(headers.get(sender))
                 else:
                     item = value.get(name) if isinstance(value, dict) else None
                 row.append(convert(item))
@@ -511,22 +547,43 @@ def read_range(opts: SourceOptions, schema: StructType, part: OffsetRange) -> It
             _data_loss(opts, f"the log service now serves log {reply['log']}, not "
                              f"{part.log_id}: offsets {position}-{end - 1} are gone")
             return
-        earliest = int(reply["earliest"])
-        if first and earliest > position:
-            _data_loss(opts, f"offsets {position}-{min(earliest, end) - 1} were trimmed from "
-                             "the log before this query read them")
+        floors = _group_floors(reply, opts.groups)
+        if first:
+            _check_trimmed(opts, position, part.floors, floors, end)
         first = False
         resume = int(reply["resume"])
         chunks = [Chunk(*c) for c in reply["chunks"]]
         if chunks:
-            yield from columns.emit(chunks, max(position, earliest), min(resume, end),
-                                    part.floors)
+            keep = {g: max(part.floors.get(g, 0), floors[g]) for g in opts.groups}
+            yield from columns.emit(chunks, position, min(resume, end), keep)
         if resume <= position:
             if int(reply["next"]) < end:
                 _data_loss(opts, f"the log ends at {reply['next']}, before offset {end} "
                                  "that this batch was planned with")
             return
         position = resume
+
+
+def _group_floors(reply: Mapping[str, Any], groups: Sequence[str]) -> dict[str, int]:
+    """Each group's earliest offset in a reply (a service without ``floors``: its one
+    ``earliest`` for all)."""
+    floors = reply.get("floors") or {}
+    return {g: int(floors.get(g, reply["earliest"])) for g in groups}
+
+
+def _check_trimmed(opts: SourceOptions, position: int, starts: Mapping[str, int],
+                   floors: Mapping[str, int], end: Optional[int] = None) -> None:
+    """Data loss where a group was trimmed above where the query reads it (``position``,
+    or the group's later start in ``starts``), group by group."""
+    lost = []
+    for group, floor in floors.items():
+        begin = max(position, int(starts.get(group, position)))
+        if floor > begin and (end is None or begin < end):
+            top = floor if end is None else min(floor, end)
+            lost.append(f"offsets {begin}-{top - 1} of group {group!r}")
+    if lost:
+        _data_loss(opts, f"{', '.join(lost)} were trimmed from the log before this query "
+                         "read them")
 
 
 def _data_loss(opts: SourceOptions, what: str) -> None:
@@ -583,7 +640,14 @@ class _ReaderBase:
         for group in opts.groups:
             when = opts.starting_times.get(group)
             if when is not None:
-                starts[group] = int(client.seek([group], when)["offset"])
+                found = client.seek([group], when)
+                if found["offset"] >= found["next"] and opts.timestamp_strategy == "error":
+                    raise ValueError(
+                        f"group {group!r} has no message received at or after "
+                        f"{when * 1000:.0f} (ms since the epoch), the starting timestamp; set "
+                        "option startingOffsetsByTimestampStrategy to latest to start at "
+                        "the end instead (as in Kafka's source)")
+                starts[group] = int(found["offset"])
                 continue
             info = client.info([group])
             spec = opts.starting_by_group.get(group, default)
@@ -630,8 +694,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         start, floors = self._starts(self.opts.starting)
         # Registered with the log by the first latestOffset that uses it: Spark may ask
         # for an initial offset more than once and use only one of the answers.
-        consumer = self.opts.consumer_name or uuid.uuid4().hex
-        return _offset(info["log"], start, consumer, floors)
+        return _offset(info["log"], start, consumer_id(self.opts.consumer_name), floors)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxOffsetsPerTrigger`` as ``ReadMaxRows``, else everything available."""
@@ -665,9 +728,8 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         client = self._client()
         reply = client.latest(self.opts.groups, position, max_rows, self._target)
-        if position < reply["earliest"]:
-            _data_loss(self.opts, f"offsets {position}-{reply['earliest'] - 1} were trimmed "
-                                  "from the log before this query read them")
+        _check_trimmed(self.opts, position, floors or {},
+                       _group_floors(reply, self.opts.groups))
         end = int(reply["end"])
         least = self.opts.min_offsets
         if (least is not None and end > position and self._target is None

@@ -5,15 +5,20 @@ The node (on its hub) ``put``s; the application ``get``s. When a queue holds
 taken half of them, so a slow application pushes back on its peers instead of
 growing memory without bound.
 
-Counting events does not bound memory when the events are large (and ZeroMQ
-buffers behind a mailbox that is not read, up to its high-water mark in
-messages, not octets), so a node also bounds the octets of content waiting
-(``bound_bytes``): while they are over the bound, new events with content
-(WHISPER, SHOUT) are dropped and counted in ``dropped``; events without
-content (ENTER, EXIT, JOIN...) are always kept. Octets are counted on the
-producer's side only: consumers take items in order, so the producer learns
-what they took from the queue's length (when the count nears the bound, or
-every ``_RECOUNT`` items), and no lock is needed.
+Counting events does not bound memory when the events are large, so a node
+also bounds the octets of content waiting (``bound_bytes``): the queue never
+holds more than that many octets of WHISPER/SHOUT content. An item that does
+not fit in what is left waits beside the queue (with every item put after it,
+so order is kept) and the producer stops reading, exactly as for ``limit``,
+until consumers have taken enough for it to enter: a slow application pushes
+back on its peers, nothing it was sent is dropped. What waits is at most the
+rest of one batch the producer was handling. Only an item whose content alone
+is larger than the bound can never enter: it is dropped and counted in
+``dropped``. Octets are counted on the producer's side only: consumers take
+items in order, so the producer learns what they took from the queue's length
+(when the count nears the bound, or every ``_RECOUNT`` items), and no lock is
+needed; the producer tells consumers the queue length at which it may go on
+(``_resume_at``).
 ``GreenEventQueue`` serves a consumer on the
 same hub; ``ThreadEventQueue`` serves consumers in other threads;
 ``LoopEventQueue`` serves the tasks of an asyncio loop in another thread.
@@ -38,15 +43,18 @@ __all__ = ["GreenEventQueue", "ThreadEventQueue", "LoopEventQueue"]
 T = TypeVar("T")
 
 
-class _ByteBound:
-    """The octets of content a queue holds, counted by the producer (see the module)."""
+class _ByteBound(Generic[T]):
+    """The producer's side of a queue: its bounds in items and in octets of content
+    (see the module)."""
 
     _items: deque
-    #: octets of content beyond which new items with content are dropped
+    _room: gevent.event.Event
+    limit: int
+    #: octets of content the queue may hold (0: no bound in octets)
     max_bytes = 0
     #: octets of content held (including items taken since the last recount)
     size = 0
-    #: items dropped for ``max_bytes``
+    #: items dropped because their content alone is larger than ``max_bytes``
     dropped = 0
     #: octets of content admitted, ever (the metrics' bytes received)
     admitted = 0
@@ -55,29 +63,110 @@ class _ByteBound:
     #: the content octets of each item not yet known to be taken, oldest first
     #: (None: no bound in octets)
     _sizes: Optional[deque[int]] = None
+    #: items put while there was no room for them, with their octets, oldest first
+    _waiting: deque[tuple[T, int]] = deque()
+    #: the queue length at which a producer waiting for room may go on
+    _resume_at = 0
 
     def bound_bytes(self, limit: int) -> None:
-        """Drop new items with content (``item.frames``) while ``limit`` octets wait."""
+        """Hold at most ``limit`` octets of content (``item.frames``); what does not fit
+        waits for room, and the producer's ``full()`` says so."""
         self.max_bytes = limit
         self._sizes = deque()
+        self._waiting = deque()
 
-    def _admit(self, item: object, sizes: deque[int]) -> bool:
-        """For the producer, before it appends ``item``: False if it is to be dropped.
+    def _enter(self, item: T) -> None:
+        """Append ``item`` to the queue and wake a consumer (each queue's own way)."""
+        raise NotImplementedError
 
-        ``size`` counts taken items too until ``_recount`` subtracts them, which
-        happens only when it reaches the bound or enough were taken: cheap per item.
-        """
+    def put(self, item: T) -> None:
+        """Add ``item`` (never blocks; the producer checks ``full`` to pace itself)."""
+        sizes = self._sizes
+        if sizes is None:
+            self._enter(item)
+            return
+        waiting = self._waiting
         frames = item.frames  # type: ignore[attr-defined]
         size = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
-        if self.size >= self.max_bytes or len(sizes) - len(self._items) > _RECOUNT:
+        if waiting:  # behind what waits already: order is kept
+            waiting.append((item, size))
+            return
+        if self.size + size > self.max_bytes or len(sizes) - len(self._items) > _RECOUNT:
             self._recount(sizes)
-            if size and self.size >= self.max_bytes:
-                self.dropped += 1
-                return False
+            if size and self.size + size > self.max_bytes:
+                if size > self.max_bytes:  # can never fit
+                    self.dropped += 1
+                else:
+                    waiting.append((item, size))
+                return
         self.size += size
         self.admitted += size
         sizes.append(size)
-        return True
+        self._enter(item)
+
+    def full(self) -> bool:
+        """For the producer: True when it should stop until ``wait_room`` returns.
+
+        Moves what waits into the queue as far as there is room first.
+        """
+        while True:
+            items = self._items
+            if self._waiting:
+                resume_at = self._let_in()
+            elif len(items) >= self.limit:
+                resume_at = self.limit // 2
+            else:
+                return False
+            self._resume_at = resume_at
+            self._room.clear()
+            if len(items) > resume_at:  # (checked after clearing: a consumer that took
+                self.pauses += 1        # items meanwhile saw the room cleared, or not)
+                return True
+            self._room.set()
+
+    def _let_in(self) -> int:
+        """Move waiting items that fit into the queue; the queue length at which the
+        next one fits (-1: none waits, only the count bound is left to check)."""
+        sizes = self._sizes
+        assert sizes is not None
+        self._recount(sizes)
+        waiting, items = self._waiting, self._items
+        while waiting:
+            item, size = waiting[0]
+            if self.size + size > self.max_bytes or len(items) >= self.limit:
+                break
+            waiting.popleft()
+            self.size += size
+            self.admitted += size
+            sizes.append(size)
+            self._enter(item)
+        if not waiting:
+            return self.limit // 2 if len(items) >= self.limit else len(items)
+        need, left = self.size + waiting[0][1] - self.max_bytes, len(items)
+        for size in sizes:  # the oldest first: how many must go for the next one to fit
+            if need <= 0:
+                break
+            need -= size
+            left -= 1
+        return min(left, self.limit // 2 if len(items) >= self.limit else left)
+
+    def spill(self) -> None:
+        """Queue whatever waits, bounds or not: the producer stops for good."""
+        waiting, sizes = self._waiting, self._sizes
+        while waiting:
+            item, size = waiting.popleft()
+            self.size += size
+            if sizes is not None:
+                sizes.append(size)
+            self._enter(item)
+
+    def blocked(self) -> bool:
+        """True while the producer waits for consumers to make room."""
+        return not self._room.is_set()
+
+    def waiting(self) -> int:
+        """Items put that wait for room (not in the queue yet)."""
+        return len(self._waiting)
 
     def octets(self) -> int:
         """Octets of content held now (for the producer's thread)."""
@@ -94,7 +183,7 @@ class _ByteBound:
 _RECOUNT = 1024  # items taken before the producer subtracts their octets
 
 
-class GreenEventQueue(_ByteBound, Generic[T]):
+class GreenEventQueue(_ByteBound[T]):
     """Producer and consumer are greenlets on one hub.
 
     A consumer waiting in ``get`` is switched to straight from the hub
@@ -109,18 +198,13 @@ class GreenEventQueue(_ByteBound, Generic[T]):
         self._waiters: deque[Waiter] = deque()
         self._room = gevent.event.Event()
         self._room.set()
-        self._paused = False  # the producer waits for room
         self._hub = gevent.get_hub()
         self._held = False
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: T) -> None:
-        """Add ``item`` (never blocks; check ``full`` to pace the producer)."""
-        sizes = self._sizes
-        if sizes is not None and not self._admit(item, sizes):
-            return
+    def _enter(self, item: T) -> None:
         self._items.append(item)
         if self._waiters and not self._held:
             self._wake()
@@ -142,17 +226,8 @@ class GreenEventQueue(_ByteBound, Generic[T]):
         else:
             self._hub.loop.run_callback(waiter.switch, None)
 
-    def full(self) -> bool:
-        """True when the producer should wait for ``wait_room``."""
-        if len(self._items) >= self.limit:
-            self._room.clear()
-            self._paused = True
-            self.pauses += 1
-            return True
-        return False
-
     def wait_room(self) -> None:
-        """Block the producer until the consumer has drained half the queue."""
+        """Block the producer until the consumer has made room (see ``full``)."""
         self._room.wait()
 
     def get(self, timeout: Optional[float] = None) -> Optional[T]:
@@ -180,8 +255,7 @@ class GreenEventQueue(_ByteBound, Generic[T]):
                 if self._waiters and waiter in self._waiters:  # put() did not take it
                     self._waiters.remove(waiter)
         item = items.popleft()
-        if self._paused and len(items) <= self.limit // 2:
-            self._paused = False
+        if len(items) <= self._resume_at and not self._room.is_set():
             self._room.set()
         return item
 
@@ -189,7 +263,7 @@ class GreenEventQueue(_ByteBound, Generic[T]):
 _TIMED_OUT = object()
 
 
-class _HandOff(_ByteBound, Generic[T]):
+class _HandOff(_ByteBound[T]):
     """The part every cross-thread queue shares: the producer is a greenlet on a hub,
     consumers are elsewhere.
 
@@ -209,16 +283,8 @@ class _HandOff(_ByteBound, Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def full(self) -> bool:
-        """True when the producer should wait for ``wait_room``."""
-        if len(self._items) >= self.limit:
-            self._room.clear()
-            self.pauses += 1
-            return True
-        return False
-
     def wait_room(self) -> None:
-        """Block the producer until consumers have drained half the queue."""
+        """Block the producer until consumers have made room (see ``full``)."""
         self._room.wait()
 
     def hold(self) -> None:
@@ -226,8 +292,8 @@ class _HandOff(_ByteBound, Generic[T]):
         self._held = True
 
     def _taken(self) -> None:
-        """After a consumer took an item: release a waiting producer at half the limit."""
-        if not self._room.is_set() and len(self._items) <= self.limit // 2:
+        """After a consumer took an item: release a producer waiting for room."""
+        if not self._room.is_set() and len(self._items) <= self._resume_at:
             self._wake(self._room.set)
 
 
@@ -238,11 +304,7 @@ class ThreadEventQueue(_HandOff[T]):
         super().__init__(limit, wake_producer)
         self._lock = threading.Condition(threading.Lock())
 
-    def put(self, item: T) -> None:
-        """Add ``item`` (never blocks; the producer checks ``full``)."""
-        sizes = self._sizes
-        if sizes is not None and not self._admit(item, sizes):
-            return
+    def _enter(self, item: T) -> None:
         if self._held:
             self._items.append(item)  # deque appends are atomic; release() notifies
             return
@@ -284,11 +346,7 @@ class LoopEventQueue(_HandOff[T]):
         self._waiters: list[asyncio.Future[None]] = []
         self._scheduled = False
 
-    def put(self, item: T) -> None:
-        """Add ``item`` (never blocks; the producer checks ``full``)."""
-        sizes = self._sizes
-        if sizes is not None and not self._admit(item, sizes):
-            return
+    def _enter(self, item: T) -> None:
         self._items.append(item)
         if not self._held and self._waiters:
             self._notify()

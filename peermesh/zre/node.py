@@ -266,7 +266,7 @@ class Node:
             itf.address, cfg.max_message, max_connections=cfg.max_connections,
             # a dead connection must be gone before its peer expires: with ROUTER_HANDOVER
             # off, a peer back after a network cut reconnects only once the old one is closed
-            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired / 2,
+            handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired / 2, keepalive=True,
             counters=self._session.counters, max_per_address=cfg.max_peers_per_address)
         self.mailbox_port = self._mailbox.port
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
@@ -312,6 +312,7 @@ class Node:
                 self.curve.release(self.transport.context)
             self._state = "stopped"
             self._emit(Event(EventType.STOP))
+            self._events.spill()  # nothing reads the mailbox any more: queue what waited
 
     def flush(self, timeout: float = 1.0) -> bool:
         """Wait until every peer sent to since the last check has processed it.
@@ -322,7 +323,8 @@ class Node:
         ``stop`` calls this first.
         """
         session = self._session
-        pending = [(p, p.total) for p in self._peers.values() if p.unconfirmed and p.ready]
+        pending = [(p, p.total) for p in self._peers.values()
+                   if p.unconfirmed and p.ready and p.confirmed < p.total]
         if not pending:
             return True
         woken = gevent.event.Event()
@@ -338,8 +340,10 @@ class Node:
         try:
             self._wait(answered, woken, timeout)
         finally:
-            for peer, _ in pending:
+            for peer, target in pending:
                 peer.pong = None
+                if peer.confirmed < target:
+                    peer.unconfirmed = True  # the next flush asks again
         return all(peer.confirmed >= target for peer, target in pending)
 
     def _wait(self, done: Callable[[], bool], woken: gevent.event.Event,
@@ -381,6 +385,27 @@ class Node:
     def running(self) -> bool:
         """True between ``start`` and ``stop``."""
         return self._state == "running"
+
+    def hold_confirms(self) -> None:
+        """From now on, answer a peer's PING only when the application says so.
+
+        Each PING becomes a ``CONFIRM`` event, queued after every event the peer
+        caused before it; the application calls ``confirm(event.peer)`` once it
+        has handled those (stored them, say), so the peer's ``flush()`` returns
+        True only for what the application holds. Until then the peer waits
+        (its ``flush`` timeout); a CONFIRM never answered leaves the peer's
+        flush False, as an answer that never came.
+        """
+        self._session.hold_confirms = True
+
+    def confirm(self, peer: PeerRef) -> bool:
+        """Answer ``peer``'s PING (a ``CONFIRM`` event) now; False if it is gone."""
+        try:
+            target = self._ready_peer(peer)
+        except (UnknownPeerError, NodeStateError):
+            return False
+        self._session.send_control(target, zre.PingOk(target.next_sequence()))
+        return True
 
     def reload_allowed_keys(self) -> int:
         """Read ``allowed_keys`` again now (it is also re-read whenever the directory
@@ -853,9 +878,22 @@ class Node:
         while True:
             self._count_dropped()
             now = clock()
+            if self._events.blocked():
+                self._held_back(now)
             if self._gate is not None:
                 self._gate.tick(now)
             sleep(min(period, max(0.0, tick(now) - now)))
+
+    def _held_back(self, now: float) -> None:
+        """While the application's queue is full the mailbox is not read: the peers'
+        silence is this node's, so none is judged by it (EVASIVE, SILENT, expired), and
+        each is PINGed every ``evasive / 2`` so that it hears this node is alive."""
+        session, evasive = self._session, self.config.evasive
+        for peer in list(self._peers.values()):
+            peer.last_seen = now
+            if peer.ready and now >= peer.next_ping:
+                peer.next_ping = now + evasive / 2
+                session.ping(peer)
 
     def __repr__(self) -> str:
         return f"<Node {self._name} {self._uuid.hex[:8]} {self._state} {self.endpoint or ''}>"

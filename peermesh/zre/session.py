@@ -326,6 +326,8 @@ class Session:
         self.status = 0
         self.endpoint: Optional[str] = None  # our mailbox; set by ``start``
         self.running = False  # taking new peers (the driver clears it when it starts leaving)
+        #: PINGs become CONFIRM events, answered by the application (``Node.hold_confirms``)
+        self.hold_confirms = False
         self.peers: dict[UUID, Peer] = {}
         self.by_identity: dict[bytes, Peer] = {}
         self.by_endpoint: dict[str, Peer] = {}
@@ -852,7 +854,10 @@ class Session:
             self._peer_status(peer, message.status)
             self._peer_leave(peer, message.group)
         elif isinstance(message, zre.Ping):
-            self.send_control(peer, zre.PingOk(peer.next_sequence()))
+            if self.hold_confirms:
+                self.emit(Event(EventType.CONFIRM, peer.uuid, peer.name))
+            else:
+                self.send_control(peer, zre.PingOk(peer.next_sequence()))
         elif isinstance(message, zre.PeerExchange):
             self._on_peer_exchange(peer, message, now)
         elif isinstance(message, zre.PingOk):

@@ -328,8 +328,9 @@ def test_backpressure_pauses_reading_and_wakes_once_per_batch(
         assert dealer.try_send([b"%d" % i])
     wait_for(lambda: len(queue.items) == 5, "5 messages")
     assert dealer.try_send([b"5"])
-    wait_for(lambda: router._paused, "reading paused")  # the drain found the queue full
-    assert len(queue.items) == 5 and router.readable()   # the message waits unread
+    # the drain found the queue full (after its batch): the next message waits unread
+    wait_for(lambda: router._paused and router.readable(), "reading paused, a message waiting")
+    assert len(queue.items) == 5
     room.set()
     wait_for(lambda: len(queue.items) == 6, "the 6th message")
     assert queue.items == [b"%d" % i for i in range(6)]

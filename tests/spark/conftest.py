@@ -80,6 +80,9 @@ def make_service(tmp_path: Any, beacon_port: int) -> Iterator[Callable[..., Any]
         settings.setdefault("interface", "lo")
         settings.setdefault("port", beacon_port)
         settings.setdefault("interval", INTERVAL)
+        # many tests append messages stamped near 1970 straight to the log: the default
+        # retention by age (7 days) would delete them at once
+        settings.setdefault("retention", None)
         service = start_service(spark, groups=groups, **settings)
         services.append(service)
         return service

@@ -40,6 +40,62 @@ def test_a_message_too_large_to_store_never_blocks_the_others(
     assert payloads == medium + small
 
 
+def test_every_shout_the_driver_confirmed_is_in_the_log_after_a_burst(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
+    # 40 shouts of 50 MiB then 10 small ones logged 10 big and 0 small, and one at a time
+    # with a flush after each 19 of 40, every flush True: the driver's node dropped what
+    # did not fit in its event queue (64 MiB). The same burst, scaled down.
+    service = make_service(["burst"], channel=False, event_queue_bytes=3_000_000,
+                           max_message=1_100_000)
+    peer = make_peer("sender")
+    meet(peer, "burst")
+    big = [bytes([i]) * 1_000_000 for i in range(20)]
+    small = [b"s%d" % i for i in range(10)]
+
+    def send(node: Any) -> bool:
+        for message in big + small:
+            node.shout("burst", message)
+        return node.flush(30.0)
+
+    from peermesh.spark.log import MessageLog
+
+    def logged() -> list[bytes]:
+        with MessageLog(service.path) as log:
+            return [row[5] for row in log.read(0, 100, ["burst"])]
+
+    assert peer.call(send), "the service did not confirm the burst"
+    assert logged() == big + small  # confirmed: in the log already, not on its way
+    one_by_one = [bytes([100 + i]) * 1_000_000 for i in range(10)]
+    for i, message in enumerate(one_by_one):
+        assert peer.call(lambda node: (node.shout("burst", message), node.flush(30.0))[1])
+        assert len(logged()) == len(big) + len(small) + i + 1
+    stats = service.node.stats()
+    assert stats["events_dropped"] == 0 and stats["event_queue_bytes"] <= 3_000_000
+    assert service.stats.rejected == 0
+
+
+def test_flush_is_true_only_once_the_log_holds_what_was_sent(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
+    import sqlite3
+
+    service = make_service(["held"], channel=False)
+    peer = make_peer("sender")
+    meet(peer, "held")
+    lock = sqlite3.connect(str(service.path), isolation_level=None)
+    try:
+        lock.execute("BEGIN EXCLUSIVE")  # the log cannot be written meanwhile
+        assert not peer.call(lambda node: (node.shout("held", b"one"), node.flush(1.0))[1])
+        assert service.stats.messages == 0
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    assert peer.call(lambda node: node.flush(30.0)), "confirmed once written"
+    from peermesh.spark.log import MessageLog
+
+    with MessageLog(service.path) as log:
+        assert [row[5] for row in log.read(0, 10, ["held"])] == [b"one"]
+
+
 def test_a_message_that_fits_only_without_its_text_is_stored_without_it(
         make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
     from peermesh.spark.codec import TEXT_LATER

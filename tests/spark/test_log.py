@@ -117,6 +117,57 @@ def test_retention_is_per_group(tmp_path: Path) -> None:
         assert log.bounds(["quiet"])[0] == 0 and log.count(0, 101, ["quiet"]) == 1
 
 
+def test_bounds_are_per_group_for_a_read_of_several(tmp_path: Path) -> None:
+    # A stream on A trimmed A; a read of A and B then raised DataLossError (or, with
+    # failOnDataLoss=false, returned 10 rows of 60): one earliest offset for the set.
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        for start in range(0, 60, 20):
+            log.append(records(10, "A", start) + records(10, "B", start + 10))
+        log.register("on-A", 0, ["A"], now=1.0)
+        log.commit("on-A", 60, ["A"], now=2.0)
+        assert log.trim_committed(now=3.0) == 30
+        floors, nxt = log.group_bounds(["A", "B"])
+        assert floors == {"A": 50, "B": 0} and nxt == 60   # A's last chunk ends at 49
+        assert log.bounds(["A", "B"]) == (0, 60)
+        assert [r[0] for r in log.read(0, 60, ["A", "B"])] == \
+            [o for s in range(0, 60, 20) for o in range(s + 10, s + 20)]
+        reply = log.fetch(0, 60, ["A", "B"])
+        assert reply["floors"] == {"A": 50, "B": 0} and reply["earliest"] == 0
+        assert log.count(0, 60, ["A", "B"]) == 30
+
+
+def test_a_trim_that_cuts_inside_a_chunk_hides_what_is_below(tmp_path: Path) -> None:
+    # service.trim(n, groups=[g]) removed nothing when n fell inside a stored chunk
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        log.append(records(10, "g") + records(10, "h", 10))  # g: 0-9, h: 10-19, one chunk each
+        assert log.trim(5, ["g"]) == 5
+        assert [r[0] for r in log.read(0, 20, ["g"])] == list(range(5, 10))
+        assert log.count(0, 20, ["g"]) == 5 and log.group_bounds(["g", "h"])[0] == \
+            {"g": 5, "h": 0}
+        assert log.trim(15, ["h"]) == 15
+        assert [r[0] for r in log.read(0, 20, ["g", "h"])] == \
+            list(range(5, 10)) + list(range(15, 20))
+        assert log.trim(3, ["g"]) == 5   # never back down
+        log.append(records(2, "g", 20))  # offsets 20, 21
+        # the chunk 0-9 goes whole; g holds nothing in 10-19, so nothing of it is lost there
+        assert log.trim(20, ["g"]) == 10 and log.count(0, 22, ["g"]) == 2
+
+
+def test_queries_sharing_a_name_commit_apart(tmp_path: Path) -> None:
+    # Two queries with one consumerName: the log kept the higher commit of the two, so
+    # the fast one trimmed what the slow one had not read.
+    with MessageLog(tmp_path / "log.sqlite") as log:
+        for start in range(0, 200, 20):
+            log.append(records(20, start=start))
+        log.register("etl#fast", 0, ["g"], now=1.0)
+        log.register("etl#slow", 0, ["g"], now=1.0)
+        log.commit("etl#fast", 180, ["g"], now=2.0)
+        log.commit("etl#slow", 20, ["g"], now=2.0)
+        assert log.trim_committed(now=3.0) == 20   # what both have read, no more
+        assert log.bounds(["g"])[0] == 20
+        assert log.forget("etl") and log.consumers() == []  # a name forgets all of its own
+
+
 def test_retention_by_age_and_size_with_no_query(tmp_path: Path) -> None:
     with MessageLog(tmp_path / "log.sqlite") as log:
         for i in range(10):  # ten chunks of 10 messages, received at 1000+i*10 ...

@@ -86,7 +86,7 @@ def test_fail_on_data_loss(make_service: Callable[..., Any]) -> None:
     end = stream.latestOffset(start, ReadAllAvailable())
     assert end["offset"] == 50
     service.trim(30)  # e.g. retention, or a consumer that was forgotten
-    with pytest.raises(DataLossError, match="offsets 0-29 were trimmed.*failOnDataLoss"):
+    with pytest.raises(DataLossError, match="offsets 0-29 of group .g. were trimmed.*failOnDataLoss"):
         stream.latestOffset(start, ReadAllAvailable())
     with pytest.raises(DataLossError, match="trimmed"):
         rows(stream, stream.partitions(start, end)[0])
@@ -176,7 +176,8 @@ def test_kafka_offsets_minus_two_is_earliest_and_minus_one_latest(
     fill(service, ["g"], 10)
     earliest = reader(service, batch=True, startingOffsets="-2").partitions()
     assert [(p.start, p.end) for p in earliest] == [(0, 10)]
-    assert reader(service, batch=True, startingOffsets="-1").partitions() == []
+    latest = reader(service, batch=True, endingOffsets="-1").partitions()
+    assert [(p.start, p.end) for p in latest] == [(0, 10)]
     stream = reader(service, startingOffsets="-2")
     assert stream.initialOffset()["offset"] == 0
     assert reader(service, startingOffsets="-1").initialOffset()["offset"] == 10
@@ -209,7 +210,7 @@ def test_per_group_starts_by_offset_and_by_time(make_service: Callable[..., Any]
     got = sorted(o for p in parts for o in rows(batch, p))
     assert got == sorted(list(range(0, 100, 2)) + [91, 93, 95, 97, 99])
     by_time = reader(service, batch=True, startingOffsetsByTimestamp='{"g": 50000}',
-                     startingOffsets='{"h": -1}', **both)
+                     startingOffsets='{"h": 100}', **both)
     assert sorted(o for p in by_time.partitions() for o in rows(by_time, p)) == \
         list(range(50, 100, 2))
     everything_since = reader(service, batch=True, startingTimestamp="96000", **both)
@@ -224,6 +225,18 @@ def test_per_group_starts_by_offset_and_by_time(make_service: Callable[..., Any]
         sorted(list(range(0, 100, 2)) + [97, 99])
     with pytest.raises(ValueError, match="names group.*x.*that the read does not include"):
         reader(service, batch=True, startingOffsets='{"x": 1}', **both)
+    # startingTimestamp holds for the groups startingOffsetsByTimestamp leaves out (420
+    # rows instead of 20: it was ignored for them)
+    combined = reader(service, batch=True, startingTimestamp="96000",
+                      startingOffsetsByTimestamp='{"g": 90000}', **both)
+    assert sorted(o for p in combined.partitions() for o in rows(combined, p)) == \
+        [90, 92, 94, 95, 96, 97, 98, 99]
+    # a starting time after every message: an error, unless the strategy is latest
+    with pytest.raises(ValueError, match="no message received at or after.*Strategy"):
+        reader(service, batch=True, startingTimestamp="200000", **both).partitions()
+    late = reader(service, batch=True, startingTimestamp="200000",
+                  startingOffsetsByTimestampStrategy="latest", **both)
+    assert late.partitions() == []
 
 
 def test_a_named_consumer_keeps_its_name(make_service: Callable[..., Any]) -> None:
@@ -231,9 +244,114 @@ def test_a_named_consumer_keeps_its_name(make_service: Callable[..., Any]) -> No
     fill(service, ["g"], 10)
     stream = reader(service, startingOffsets="earliest", consumerName="nightly-report")
     start = stream.initialOffset()
-    assert start["consumer"] == "nightly-report"
+    assert start["consumer"].startswith("nightly-report#")
     stream.commit(stream.latestOffset(start, ReadAllAvailable()))
-    assert [(c.id, c.committed) for c in service.consumers()] == [("nightly-report", 10)]
+    assert [(c.id, c.committed) for c in service.consumers()] == [(start["consumer"], 10)]
+
+
+def test_two_queries_with_one_consumer_name_never_trim_for_each_other(
+        make_service: Callable[..., Any]) -> None:
+    # The slow one of two queries named alike failed after 20 rows with "offsets 100-179
+    # were trimmed": the log kept the higher commit of the two.
+    service = make_service(["g"], channel=False, trim=True)
+    for start in range(0, 200, 20):
+        fill(service, ["g"], 20, start=start)   # chunks of 20
+    fast = reader(service, startingOffsets="earliest", consumerName="etl")
+    slow = reader(service, startingOffsets="earliest", consumerName="etl",
+                  maxOffsetsPerTrigger="20")
+    fast_start, slow_start = fast.initialOffset(), slow.initialOffset()
+    assert fast_start["consumer"] != slow_start["consumer"]
+    fast_end = fast.latestOffset(fast_start, ReadAllAvailable())
+    slow_end = slow.latestOffset(slow_start, ReadMaxRows(20))
+    assert (fast_end["offset"], slow_end["offset"]) == (200, 20)
+    fast.commit(fast_end)
+    slow.commit(slow_end)
+    assert service.bounds(["g"])[0] == 20  # what both have read, no more
+    following = slow.latestOffset(slow_end, ReadMaxRows(20))
+    assert rows(slow, slow.partitions(slow_end, following)[0]) == list(range(20, 40))
+    assert service.forget_consumer("etl") and service.consumers() == []
+
+
+def test_a_read_of_several_groups_after_one_was_trimmed(
+        make_service: Callable[..., Any]) -> None:
+    # After a stream on A trimmed A, a read of A and B raised DataLossError though all of
+    # B was there (with failOnDataLoss=false: 10 rows of 60); the stream's latestOffset too.
+    service = make_service(["A", "B"], channel=False, trim=True)
+    for start in range(0, 60, 20):
+        fill(service, ["A"], 10, start=start)
+        fill(service, ["B"], 10, start=start + 10)
+    on_a = reader(service, startingOffsets="earliest", group="A")
+    begin = on_a.initialOffset()
+    on_a.commit(on_a.latestOffset(begin, ReadAllAvailable()))
+    assert service.bounds(["A"])[0] == 50 and service.bounds(["B"])[0] == 0
+    both = reader(service, batch=True, group="A,B")
+    got = [o for p in both.partitions() for o in rows(both, p)]
+    assert sorted(got) == [o for s in range(0, 60, 20) for o in range(s + 10, s + 20)]
+    stream = reader(service, startingOffsets="earliest", group="A,B")
+    start = stream.initialOffset()
+    assert start["offset"] == 0 and start["floors"] == {"A": 50}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert len([o for p in stream.partitions(start, end) for o in rows(stream, p)]) == 30
+    # a query that had not read A when it went: the loss is A's, named
+    with pytest.raises(DataLossError, match="offsets 0-49 of group 'A' were trimmed"):
+        stream.latestOffset({**start, "floors": {}}, ReadAllAvailable())
+    # a trim that cuts inside B's chunk 10-19 hides what is below the cut
+    service.trim(15, ["B"])
+    assert sorted(o for p in both.partitions() for o in rows(both, p))[:5] == \
+        [15, 16, 17, 18, 19]
+
+
+def test_a_driver_restarted_on_another_host_resumes_from_the_checkpoint(
+        make_service: Callable[..., Any], tmp_path: Any) -> None:
+    # The log lived on the driver's local disk: a driver restarted elsewhere found no log
+    # and the query failed with data loss. Its place is the user's choice: here a volume
+    # that moves to the new host (copied while no driver runs), the new driver listening
+    # at another address.
+    import shutil
+
+    first = make_service(["g"], channel=False, directory=tmp_path / "volume")
+    fill(first, ["g"], 50)
+    stream = reader(first, startingOffsets="earliest")
+    start = stream.initialOffset()
+    checkpointed = stream.latestOffset(start, ReadAllAvailable())  # what Spark keeps
+    stream.commit(checkpointed)
+    first.stop()
+    shutil.copytree(tmp_path / "volume", tmp_path / "elsewhere")
+    second = make_service(["g"], channel=False, directory=tmp_path / "elsewhere",
+                          bind="127.0.0.2")
+    assert second.endpoint.startswith("tcp://127.0.0.2:") and second.log_id == first.log_id
+    fill(second, ["g"], 10, start=50)
+    resumed = reader(second, startingOffsets="earliest")
+    end = resumed.latestOffset(checkpointed, ReadAllAvailable())
+    assert end["offset"] == 60 and end["consumer"] == start["consumer"]
+    got = [msgpack.unpackb(r[5])["i"] for p in resumed.partitions(checkpointed, end)
+           for r in _rows_of(resumed, p)]
+    assert got == list(range(50, 60))
+    assert [c.id for c in second.consumers()] == [start["consumer"]]
+
+
+def _rows_of(opts_reader: Any, part: OffsetRange) -> list[tuple]:
+    """``(offset, group, sender, sender_name, received, payload)`` of ``part``."""
+    return [tuple(r) for b in read_range(opts_reader.opts, SCHEMA, part)
+            for r in zip(*(b.column(n).to_pylist() for n in
+                           ("offset", "group", "sender", "sender_name", "received", "payload")))]
+
+
+def test_kafka_checks_of_trigger_and_batch_options(make_service: Callable[..., Any]) -> None:
+    service = make_service(["g"], channel=False)
+    with pytest.raises(ValueError, match="minOffsetsPerTrigger .20. must not be greater"):
+        reader(service, minOffsetsPerTrigger="20", maxOffsetsPerTrigger="10")
+    with pytest.raises(ValueError, match="startingOffsets: latest .* not valid for a batch"):
+        reader(service, batch=True, startingOffsets="latest")
+    with pytest.raises(ValueError, match="startingOffsets: latest"):
+        reader(service, batch=True, startingOffsets='{"g": -1}')
+    with pytest.raises(ValueError, match="endingOffsets: earliest"):
+        reader(service, batch=True, endingOffsets="-2")
+    # maxTriggerDelay as Kafka's source reads it: a bare number is milliseconds
+    assert reader(service, maxTriggerDelay="1500").opts.max_trigger_delay == 1.5
+    assert reader(service, maxTriggerDelay="2min").opts.max_trigger_delay == 120.0
+    with pytest.raises(ValueError, match="maxTriggerDelay must be a positive duration"):
+        reader(service, maxTriggerDelay="15 parsecs")
 
 
 def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
@@ -288,12 +406,15 @@ def test_sender_headers_as_a_column(make_service: Callable[..., Any]) -> None:
                                 "group": "g", "includeheaders": "true"}, True)
     part = BatchReader(opts, schema).partitions()[0]
     batches = list(read_range(opts, schema, part))
-    assert [dict(h) for b in batches for h in b.column("headers").to_pylist()] == \
-        [{"X-ROLE": "sensor"}, {}]
+    # Kafka's type: array<struct<key: string, value: binary>>
+    assert str(HEADERS.dataType) == ("ArrayType(StructType([StructField('key', StringType(), "
+                                     "True), StructField('value', BinaryType(), True)]), False)")
+    assert [h for b in batches for h in b.column("headers").to_pylist()] == \
+        [[{"key": "X-ROLE", "value": b"sensor"}], []]
     # any other schema (a field of the payload): row by row
     only = StructType([SCHEMA["offset"], HEADERS, StructField("x", LongType())])
     slow = [tuple(r) for r in read_range(opts, only, part)]
-    assert [(r[0], r[1]) for r in slow] == [(0, {"X-ROLE": "sensor"}), (1, {})]
+    assert [(r[0], r[1]) for r in slow] == [(0, [("X-ROLE", b"sensor")]), (1, [])]
 
 
 def test_arrow_batches_agree_with_rows_made_one_by_one(

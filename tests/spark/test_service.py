@@ -27,7 +27,7 @@ def test_import_peermesh_spark_needs_no_pyspark() -> None:
 
 def test_shouts_become_an_ordered_log_served_over_the_socket(
         make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
-    service = make_service(["tele", "other"], channel=False)
+    service = make_service(["tele", "other"], channel=False, trim=True)
     alice, bob = make_peer("alice"), make_peer("bob")
     for peer in (alice, bob):
         meet(peer, "tele")

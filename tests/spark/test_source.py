@@ -312,6 +312,7 @@ def test_kafka_style_options_end_to_end(spark: Any, make_service: Callable[..., 
     read = (spark.read.format("peermesh").option("group", "tele,logs")
             .option("includeHeaders", "true")
             .option("startingOffsets", '{"tele": "earliest", "logs": 8}').load())
-    got = sorted((r.group, r.offset, dict(r.headers)) for r in read.collect())
+    got = sorted((r.group, r.offset, {h.key: h.value.decode() for h in r.headers})
+                 for r in read.collect())
     assert [g for g, _, _ in got] == ["logs", "logs"] + ["tele"] * 5
     assert all(h.get("X-SITE") == "lab-3" for _, _, h in got)

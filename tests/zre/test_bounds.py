@@ -260,17 +260,36 @@ def whisper(size: int) -> Event:
     return Event(WHISPER, uuid_module.uuid4(), "w", frames=(b"x" * size,))
 
 
-def test_green_queue_drops_content_over_its_octets_and_keeps_the_rest() -> None:
-    # 60 x 20 MB whispers to an application that does not read: 1.17 GB.
+def test_green_queue_holds_no_more_octets_than_its_bound_and_loses_nothing() -> None:
+    # 60 x 20 MB whispers to an application that does not read: 1.17 GB. A whisper that
+    # does not fit waits (with what comes after it) and the producer stops reading.
     queue: GreenEventQueue[Event] = GreenEventQueue(1000)
     queue.bound_bytes(2_500)
     for _ in range(10):
         queue.put(whisper(1000))
     queue.put(Event(ENTER, uuid_module.uuid4(), "e"))
-    assert len(queue) == 4 and queue.dropped == 7  # 0, 1000, 2000 octets held: room
-    assert queue.get(0).frames and queue.get(0).frames  # type: ignore[union-attr]
-    queue.put(whisper(1000))  # two were taken: room again
-    assert queue.size == 2000 and len(queue) == 3 and queue.dropped == 7
+    assert len(queue) == 2 and queue.waiting() == 9 and queue.dropped == 0
+    assert queue.octets() == 2000
+    assert queue.full() and queue.blocked()  # the producer stops reading
+    taken = [queue.get(0)]  # room for the next one
+    assert not queue.blocked()
+    assert queue.full() and len(queue) == 2 and queue.octets() <= 2_500
+    while len(taken) < 11:
+        event = queue.get(0)
+        assert event is not None
+        taken.append(event)
+        queue.full()
+        assert queue.octets() <= 2_500
+    assert [e.type for e in taken] == [WHISPER] * 10 + [ENTER]  # all, in order
+    assert not queue.full() and queue.waiting() == 0 and not queue.blocked()
+
+
+def test_content_larger_than_the_whole_bound_is_dropped_and_counted() -> None:
+    queue: GreenEventQueue[Event] = GreenEventQueue(1000)
+    queue.bound_bytes(2_500)
+    queue.put(whisper(2_501))
+    queue.put(whisper(2_500))
+    assert queue.dropped == 1 and len(queue) == 1 and not queue.full()
 
 
 def test_thread_queue_counts_what_other_threads_took() -> None:
@@ -285,9 +304,14 @@ def test_thread_queue_counts_what_other_threads_took() -> None:
     assert len(taken) == 10
     for _ in range(10):
         queue.put(whisper(1000))
-    assert queue.dropped == 0 and queue.size == 10_000
+    assert queue.waiting() == 0 and queue.size == 10_000 and not queue.full()
     queue.put(whisper(1))
-    assert queue.dropped == 1
+    assert queue.waiting() == 1 and queue.full() and queue.dropped == 0
+    consumer = threading.Thread(target=lambda: taken.append(queue.get(1)))  # type: ignore
+    consumer.start()
+    consumer.join(5)
+    assert not queue.blocked()  # the consumer released the producer
+    assert not queue.full() and queue.waiting() == 0 and len(queue) == 10
 
 
 @pytest.mark.parametrize("key", ["max_peers", "max_pending", "max_hello", "max_groups",
