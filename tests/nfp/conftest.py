@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import gevent
+# gevent's Popen: once any test of the run used gevent.subprocess, gevent's SIGCHLD watcher
+# reaps every child first, and a standard Popen then reads a dead child's exit code as 0
+from gevent import subprocess
 
 import waiting
 import pytest
@@ -131,7 +133,7 @@ def mesh(free_udp_port: int, tmp_path: Path) -> Iterator[Mesh]:
 class Child:
     """One ``nfpchild.py`` process."""
 
-    def __init__(self, proc: subprocess.Popen[str], name: str) -> None:
+    def __init__(self, proc: subprocess.Popen, name: str) -> None:
         self.proc = proc
         self.name = name
         self.lines: list[dict[str, Any]] = []
