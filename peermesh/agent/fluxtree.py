@@ -101,6 +101,7 @@ class TreeWatch:
         changed = False
         roots = sorted(self.view.roots().items())[:MAX_INSTANCES]
         for instance, endpoint in roots:
+            tree: dict[str, Any]
             if peer_endpoint(endpoint, networks) is None:
                 tree = {"ranks": [], "size": None,
                         "error": f"endpoint {endpoint[:80]!r} is not tcp://IP:PORT in the "
