@@ -38,6 +38,7 @@ MAX_RANKS = 64
 #: seconds the trees are still walked after the last ``/api/mesh``
 LINGER = 30.0
 _FIELDS = ("rank", "parent", "state", "error")
+_TEXT = 200   # characters of a state or an error shown
 
 
 def fetch_tree(endpoint: str, timeout: float = TIMEOUT,
@@ -53,10 +54,11 @@ def fetch_tree(endpoint: str, timeout: float = TIMEOUT,
         rows = walk_tree(client, timeout, limit)
     except Exception as exc:   # unreachable, refused, closed meanwhile: shown, not raised
         log.debug("web view: the Flux tree at %s: %s", endpoint, exc)
-        return {"ranks": [], "size": None, "error": str(exc)[:200] or type(exc).__name__}
+        return {"ranks": [], "size": None, "error": str(exc)[:_TEXT] or type(exc).__name__}
     finally:
         client.close()
-    ranks = [{k: row[k] for k in _FIELDS if k in row} for row in rows]
+    ranks = [{k: row[k][:_TEXT] if isinstance(row[k], str) else row[k]
+              for k in _FIELDS if k in row} for row in rows]   # a member's text, bounded
     return {"ranks": ranks, "size": rows[0].get("size") if rows else None, "error": None}
 
 

@@ -293,16 +293,19 @@ def flux_instance(port: int, ranks: int) -> Iterator[tuple[Any, list[Any]]]:
     """Instance ``webtree`` (kary:2): rank 0 on a node of the mesh at beacon ``port``, the
     other ranks joined through it (not on the mesh), on that node's hub: (node, members)."""
     from peermesh import ThreadedNode
-    from peermesh.flux import FluxOverlay
+    from peermesh.flux import FluxOverlay, State
 
     root = FluxOverlay("webtree", root=True, topology="kary:2")
     members: list[FluxOverlay] = []
     with ThreadedNode("fx", overlays=[root], interface="lo", port=port, interval=0.1) as tn:
         try:
-            for _ in range(ranks - 1):
-                members.append(tn.call(lambda node: FluxOverlay(
+            for _ in range(ranks - 1):   # one by one: each attaches to its formula parent
+                member = tn.call(lambda node: FluxOverlay(
                     "webtree", parents=[root.endpoint], topology="kary:2",
-                    address="127.0.0.1").start()))
+                    address="127.0.0.1").start())
+                members.append(member)
+                poll_until(lambda: tn.call(lambda node: member.state is State.ONLINE), WAIT,
+                           "the member online")
             yield tn, members
         finally:
             for member in members:
