@@ -15,8 +15,11 @@ page receives it. Both are JSON-friendly dicts:
 * ``broker``: the UUID (hex) the broker election names from the peers'
   ``X-PM-BROKER`` headers, or None; ``leaders``: ``{group: UUID hex}`` when
   the node elects group leaders.
-* ``flux``: ``{instance: {root, members}}`` from the ``X-PM-FLUX-TREE``
-  headers: the members of each Flux instance and the root they elect.
+* ``flux``: ``{instance: {root, members, tree}}`` from the ``X-PM-FLUX-TREE``
+  headers: the mesh peers of each Flux instance and the root they elect;
+  ``tree`` is None, or what the instance itself said last (``set_tree``, as
+  ``peermesh.agent.fluxtree`` asks it): ``{"ranks": [{rank, parent, state}],
+  "size", "error"}``, ranks joined through a parent list included.
 * ``events``: the last ``recent`` events (``seq``, ``time`` in seconds since
   the epoch, ``type``, ``peer``, ``name``, ``group``, ``size`` of the
   content in octets, ``reason``). Message content is never shown.
@@ -46,8 +49,8 @@ _LIVENESS = {"EVASIVE": "evasive", "SILENT": "silent"}
 _MESSAGES = frozenset({"SHOUT", "WHISPER"})
 
 
-def _flux_member(headers: Any) -> Optional[tuple[str, int]]:
-    """``(instance, priority)`` from a ``X-PM-FLUX-TREE`` header; None when absent or bad."""
+def _flux_member(headers: Any) -> Optional[tuple[str, int, str]]:
+    """``(instance, priority, endpoint)`` from a ``X-PM-FLUX-TREE`` header; None when absent or bad."""
     try:
         data = json.loads(headers.get(_FLUX_HEADER, ""))
     except (ValueError, TypeError):
@@ -55,10 +58,11 @@ def _flux_member(headers: Any) -> Optional[tuple[str, int]]:
     if not isinstance(data, dict):
         return None
     instance, priority = data.get("instance"), data.get("priority", 0)
+    endpoint = data.get("endpoint", "")
     if not isinstance(instance, str) or not isinstance(priority, int) \
-            or isinstance(priority, bool):
+            or isinstance(priority, bool) or not isinstance(endpoint, str):
         return None
-    return instance[:200], priority
+    return instance[:200], priority, endpoint[:256]
 
 
 class MeshView:
@@ -69,7 +73,8 @@ class MeshView:
         self.events: deque[dict[str, Any]] = deque(maxlen=recent)
         self._seq = 0
         self._candidates: dict[UUID, Candidate] = {}
-        self._flux: dict[UUID, tuple[str, int]] = {}
+        self._flux: dict[UUID, tuple[str, int, str]] = {}
+        self._trees: dict[str, dict[str, Any]] = {}
         self._state: dict[UUID, str] = {}
         self.broker: Optional[str] = None
         me = node.uuid
@@ -115,14 +120,34 @@ class MeshView:
     def flux(self) -> dict[str, dict[str, Any]]:
         """``{instance: {root, members}}``: each Flux instance's members and elected root."""
         instances: dict[str, list[Candidate]] = {}
-        for uuid, (instance, priority) in self._flux.items():
+        for uuid, (instance, priority, _) in self._flux.items():
             instances.setdefault(instance, []).append(Candidate(uuid, priority))
         result = {}
         for instance, members in sorted(instances.items()):
             root = elect(members)
             result[instance] = {"root": root.uuid.hex if root else None,
-                                "members": sorted(m.uuid.hex for m in members)}
+                                "members": sorted(m.uuid.hex for m in members),
+                                "tree": self._trees.get(instance)}
         return result
+
+    def roots(self) -> dict[str, str]:
+        """``{instance: the elected root's endpoint}`` (as its header names it)."""
+        return {instance: self._flux[UUID(info["root"])][2]
+                for instance, info in self.flux().items() if info["root"]}
+
+    def set_tree(self, instance: str, tree: dict[str, Any]) -> bool:
+        """What ``instance`` said its tree is (see the module docstring); whether it changed."""
+        if self._trees.get(instance) == tree:
+            return False
+        self._trees[instance] = tree
+        return True
+
+    def keep_trees(self, instances: Any) -> bool:
+        """Forget the trees of instances not in ``instances``; whether any was forgotten."""
+        gone = [name for name in self._trees if name not in instances]
+        for name in gone:
+            del self._trees[name]
+        return bool(gone)
 
     def leaders(self) -> dict[str, str]:
         """``{group: leader UUID hex}`` where the node elects group leaders (else empty)."""

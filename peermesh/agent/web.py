@@ -11,8 +11,13 @@ the agent's hub:
 ``GET /api/mesh``         ``MeshView.snapshot()`` as JSON
 ``GET /api/stream``       server-sent events: ``snapshot`` (the whole picture,
                           first, every ``REFRESH`` seconds and after a client
-                          fell behind), ``change`` (one event folded in)
+                          fell behind), ``change`` (one event folded in),
+                          ``flux`` (``{"flux": ...}``: a Flux tree changed)
 ========================  ====================================================
+
+While a page follows the stream (or ``/api/mesh`` was asked lately), the
+trees of the mesh's Flux instances are asked of the instances themselves
+(``peermesh.agent.fluxtree``, bounded there).
 
 The view is read-only: no request changes the node. Message content is never
 shown (only its size).
@@ -51,6 +56,7 @@ from importlib import resources
 from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs
 
+from .fluxtree import LINGER, TreeWatch
 from .meshview import MeshView
 
 __all__ = ["WebView", "parse_listen", "MAX_STREAMS", "MAX_CONNECTIONS", "BACKLOG", "REFRESH"]
@@ -145,6 +151,8 @@ class WebView:
         self._hosts: frozenset[str] = frozenset()
         self._snapshot: Optional[bytes] = None   # cached until the next change
         self.refused = 0
+        self._asked = float("-inf")   # when /api/mesh was last asked (monotonic)
+        self.trees = TreeWatch(self.view, self._watched, self._trees_changed)
 
     @property
     def url(self) -> str:
@@ -178,6 +186,7 @@ class WebView:
         if self._server is None:
             return
         server, self._server = self._server, None
+        self.trees.close()
         for stream in list(self._streams):
             stream.wake.set()
         server.stop(timeout=1.0)
@@ -195,9 +204,11 @@ class WebView:
             return
         change = self.view.apply(event)
         self._snapshot = None
-        if not self._streams:
-            return
-        data = _sse("change", change)
+        if self._streams:
+            self._push(_sse("change", change))
+
+    def _push(self, data: bytes) -> None:
+        """Queue ``data`` for every page."""
         for stream in self._streams:
             if stream.behind:
                 continue
@@ -207,6 +218,16 @@ class WebView:
             else:
                 stream.backlog.append(data)
             stream.wake.set()
+
+    def _watched(self) -> bool:
+        """Whether someone looks: the Flux trees are walked only then."""
+        return self._server is not None and (
+            bool(self._streams) or time.monotonic() - self._asked < LINGER)
+
+    def _trees_changed(self) -> None:
+        self._snapshot = None
+        if self._streams:
+            self._push(_sse("flux", {"flux": self.view.flux()}))
 
     def _snapshot_json(self) -> bytes:
         if self._snapshot is None:
@@ -238,6 +259,8 @@ class WebView:
                              *_SECURITY, *extra])
             return [b""] if method == "HEAD" else [body]
         if path == "/api/mesh":
+            self._asked = time.monotonic()
+            self.trees.poke()
             body = self._snapshot_json()
             start("200 OK", [("Content-Type", "application/json"),
                              ("Content-Length", str(len(body))), *_SECURITY])
@@ -278,6 +301,7 @@ class WebView:
         """The server-sent events of one page, until it goes or the view closes."""
         stream = _Stream()
         self._streams.add(stream)
+        self.trees.poke()
         try:
             yield b"retry: 1000\n\n" + _sse_raw("snapshot", self._snapshot_json())
             refreshed = last = time.monotonic()

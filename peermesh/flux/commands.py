@@ -870,7 +870,7 @@ def _cmd_ping(args: argparse.Namespace, config: NodeConfig) -> int:
     failed: list[dict[str, Any]] = []
     with Connection(args, config) as flux:
         if nodeid is None:
-            rows = _walk(flux, args.timeout)   # a rank that did not answer fails its ping too
+            rows = walk_tree(flux, args.timeout)   # a rank that did not answer fails its ping too
             targets = [(row["rank"], str(row["rank"])) for row in rows]
             # and the ranks rank 0 has lost (a killed member is no one's child any more)
             targets += [(r, str(r)) for r in rows[0].get("offline", ()) if r not in
@@ -941,14 +941,18 @@ def _summary(rtts: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[s
     return summary
 
 
-def _walk(flux: FluxClient, timeout: float) -> list[dict[str, Any]]:
+def walk_tree(flux: FluxClient, timeout: float,
+              limit: Optional[int] = None) -> list[dict[str, Any]]:
     """``peermesh.info`` of rank 0, then of each rank's children, level by level: rows of
     {rank, parent, state, children, torpid, size, seq, topology, clients}; a rank that does not
-    answer is {rank, parent, state: "unreachable", error}."""
+    answer is {rank, parent, state: "unreachable", error}. With ``limit``, at most that many
+    ranks are asked (the lowest of each level first)."""
     rows: list[dict[str, Any]] = []
     level: dict[int, Optional[int]] = {0: None}  # rank -> the rank that listed it
     seen: set[int] = set()
     while level:
+        if limit is not None:
+            level = dict(sorted(level.items())[:max(0, limit - len(rows))])
         seen.update(level)
         futures = [(rank, parent, flux.rpc("peermesh.info", None, rank))
                    for rank, parent in level.items()]
@@ -987,7 +991,7 @@ def _tree_row(rank: int, parent: Optional[int], info: dict[str, Any]) -> dict[st
 def _cmd_tree(args: argparse.Namespace, config: NodeConfig) -> int:
     with Connection(args, config) as flux:
         with leaving("walking the tree"):
-            rows = _walk(flux, args.timeout)
+            rows = walk_tree(flux, args.timeout)
     if args.json:
         emit(to_json(rows))
         return EXIT_OK

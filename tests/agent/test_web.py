@@ -4,6 +4,7 @@ stream, access rules)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -66,7 +67,15 @@ def test_mesh_view_of_a_simulated_mesh() -> None:
         assert snap["broker"] == nodes[2].uuid.hex
         assert snap["flux"] == {"f": {"root": nodes[2].uuid.hex,
                                       "members": sorted([nodes[1].uuid.hex,
-                                                         nodes[2].uuid.hex])}}
+                                                         nodes[2].uuid.hex]),
+                                      "tree": None}}
+        assert view.roots() == {"f": "y"}
+        tree = {"ranks": [{"rank": 0, "parent": None, "state": "online"}], "size": 1,
+                "error": None}
+        assert view.set_tree("f", tree) and not view.set_tree("f", dict(tree))
+        assert view.snapshot()["flux"]["f"]["tree"] == tree
+        assert not view.keep_trees({"f"}) and view.keep_trees(set())
+        assert view.flux()["f"]["tree"] is None
         assert [e["type"] for e in snap["events"]].count("ENTER") == 3
         nodes[2].stop()
         network.clock.advance(1.0)
@@ -273,3 +282,56 @@ def test_agent_says_when_the_web_port_is_taken(free_udp_port: int, tmp_path: Pat
     assert f"cannot serve the web view at 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "a.sock").exists()   # the agent cleaned up
+
+
+# --------------------------------------------------------------------------
+# The Flux tree, asked of a real instance
+
+
+@contextlib.contextmanager
+def flux_instance(port: int, ranks: int) -> Iterator[tuple[Any, list[Any]]]:
+    """Instance ``webtree`` (kary:2): rank 0 on a node of the mesh at beacon ``port``, the
+    other ranks joined through it (not on the mesh), on that node's hub: (node, members)."""
+    from peermesh import ThreadedNode
+    from peermesh.flux import FluxOverlay, State
+
+    root = FluxOverlay("webtree", root=True, topology="kary:2")
+    members: list[FluxOverlay] = []
+    with ThreadedNode("fx", overlays=[root], interface="lo", port=port, interval=0.1) as tn:
+        try:
+            for _ in range(ranks - 1):   # one by one: each attaches to its formula parent
+                member = tn.call(lambda node: FluxOverlay(
+                    "webtree", parents=[root.endpoint], topology="kary:2",
+                    address="127.0.0.1").start())
+                members.append(member)
+                poll_until(lambda: tn.call(lambda node: member.state is State.ONLINE), WAIT,
+                           "the member online")
+            yield tn, members
+        finally:
+            for member in members:
+                tn.call(lambda node, m=member: m.stop())
+
+
+def test_the_view_shows_the_flux_tree(agent_factory: Any, free_udp_port: int) -> None:
+    """Rank 0 on the mesh and three ranks joined through it (not on the mesh): /api/mesh
+    carries every rank with its parent (kary:2: 1 and 2 under 0, 3 under 1) and state."""
+    agent = agent_factory("127.0.0.1:0")
+    with flux_instance(free_udp_port, 4) as (tn, members):
+        def tree() -> Optional[list[tuple[int, Optional[int], str]]]:
+            flux = json.loads(_get(agent.base + "/api/mesh")[2])["flux"]
+            got = (flux.get("webtree") or {}).get("tree") or {"ranks": []}
+            ranks = sorted((r["rank"], r["parent"], r["state"]) for r in got["ranks"])
+            return ranks if len(ranks) == 4 and all(
+                state == "online" for _, _, state in ranks) else None
+        ranks = poll_until(tree, WAIT, "the Flux tree of 4 ranks in the view", step=0.2)
+        assert [(rank, parent) for rank, parent, _ in ranks] == \
+            [(0, None), (1, 0), (2, 0), (3, 1)]
+        info = json.loads(_get(agent.base + "/api/mesh")[2])["flux"]["webtree"]
+        assert info["root"] == tn.uuid.hex and info["tree"]["error"] is None
+        assert info["tree"]["size"] == 4
+
+        last = members.pop()
+        tn.call(lambda node: last.stop())   # rank 3 leaves: its parent says so
+        poll_until(lambda: [r["rank"] for r in json.loads(_get(agent.base + "/api/mesh")[2])
+                            ["flux"]["webtree"]["tree"]["ranks"]] == [0, 1, 2], WAIT,
+                   "rank 3 gone from the tree", step=0.2)

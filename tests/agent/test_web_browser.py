@@ -1,6 +1,6 @@
 """The web view in a real headless Chromium (Debian's ``chromium``): the page loads, shows
 the peers within a second of their ENTER, removes one after its EXIT, shows a peer's
-details, and logs no console error. Skipped, with the reason, where Chromium is missing."""
+details, draws a Flux instance's tree, and logs no console error. Skipped, with the reason, where Chromium is missing."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "scripts"))
 
 from chromium import Chromium  # noqa: E402
-from test_web import Agent  # noqa: E402
+from test_web import Agent, flux_instance  # noqa: E402
 
 PEERS = 4
 DRAWN = "document.querySelectorAll('#peers g[data-peer]').length"
@@ -69,5 +69,26 @@ def test_page_follows_the_mesh(browser: Chromium, free_udp_port: int, tmp_path: 
         assert "UUID" in details and "chat" in details
         browser.pump(0.2)
         assert browser.errors == []
+    finally:
+        agent.close()
+
+
+@pytest.mark.slow
+def test_page_draws_the_flux_tree(browser: Chromium, free_udp_port: int,
+                                  tmp_path: Path) -> None:
+    agent = Agent(free_udp_port, tmp_path, "127.0.0.1:0")
+    try:
+        with flux_instance(free_udp_port, 3):
+            browser.open(agent.base + "/")
+            browser.wait_for("document.querySelectorAll('#flux-trees g.rank.online')"
+                             ".length === 3", WAIT)
+            edges = browser.evaluate(
+                "Array.from(document.querySelectorAll('#flux-trees line.tree-edge'))"
+                ".map(l => [+l.dataset.parent, +l.dataset.child]).sort()")
+            assert edges == [[0, 1], [0, 2]]
+            assert not browser.evaluate("document.getElementById('flux-pane').hidden")
+            assert browser.evaluate("peermeshView.trees.webtree.length") == 3
+            browser.pump(0.2)
+            assert browser.errors == []
     finally:
         agent.close()

@@ -21,6 +21,7 @@
   // Numbers for tests and the benchmark: what was drawn, how long updates took.
   const stats = window.peermeshView = {
     peers: 0, snapshots: 0, changes: 0, firstDrawn: null, latencies: [], enterLag: {},
+    trees: {},                 // instance -> [[rank, parent], ...] as drawn
   };
 
   const $ = (id) => document.getElementById(id);
@@ -53,6 +54,7 @@
     source.addEventListener("error", () => setStatus(false));
     source.addEventListener("snapshot", (e) => queue({snapshot: JSON.parse(e.data)}));
     source.addEventListener("change", (e) => queue({change: JSON.parse(e.data)}));
+    source.addEventListener("flux", (e) => queue({change: JSON.parse(e.data)}));
   }
 
   function setStatus(live) {
@@ -80,7 +82,7 @@
         events.length = 0;
       } else {
         applyChange(item.change);
-        events.push(item.change.event);
+        if (item.change.event) events.push(item.change.event);
       }
     }
     draw();
@@ -134,7 +136,7 @@
   }
 
   function applyChange(change) {
-    stats.changes++;
+    if (change.event) stats.changes++;
     if (change.gone) {
       forget(change.gone);
     } else if (change.peer) {
@@ -244,7 +246,7 @@
       }
     }
     drawCenter();
-    if (relayout || state.fluxDirty) drawFlux();
+    if (relayout || state.fluxDirty) { drawFlux(); drawTrees(); }
     state.fluxDirty = false;
     drawLegend();
     stats.peers = dom.size;
@@ -299,6 +301,84 @@
       const label = el("text", {class: "flux-label", x: root[0], y: root[1] + geometry.radius + 26}, layer);
       label.textContent = `flux ${instance}: root, ${info.members.length} members`;
     }
+  }
+
+  // Each instance's tree as its members said it (ranks, parent -> child edges, states).
+  function drawTrees() {
+    const box = $("flux-trees");
+    box.textContent = "";
+    stats.trees = {};
+    let shown = false;
+    for (const [instance, info] of Object.entries(state.flux)) {
+      const tree = info.tree;
+      if (!tree) continue;
+      shown = true;
+      const title = document.createElement("h3");
+      const size = tree.size != null ? `, size ${tree.size}` : "";
+      title.textContent = `${instance}: ${tree.ranks.length} ranks${size}`;
+      box.appendChild(title);
+      if (tree.error) {
+        const p = document.createElement("p");
+        p.className = "error";
+        p.textContent = tree.error;
+        box.appendChild(p);
+      }
+      if (tree.ranks.length) box.appendChild(treeSvg(tree.ranks));
+      stats.trees[instance] = tree.ranks.map((r) => [r.rank, r.parent]);
+    }
+    $("flux-pane").hidden = !shown;
+  }
+
+  function treeSvg(ranks) {
+    const byRank = new Map(ranks.map((r) => [r.rank, r]));
+    const kids = new Map();
+    const tops = [];
+    for (const r of ranks) {
+      if (r.parent == null || !byRank.has(r.parent) || r.parent === r.rank) tops.push(r);
+      else (kids.get(r.parent) || kids.set(r.parent, []).get(r.parent)).push(r);
+    }
+    const STEP = 30, LEVEL = 40, R = 10;
+    const at = new Map();
+    let leaves = 0, depthMax = 0;
+    const place = (r, depth) => {       // leaves left to right, a parent above its children
+      depthMax = Math.max(depthMax, depth);
+      const children = (kids.get(r.rank) || []).sort((a, b) => a.rank - b.rank);
+      let x;
+      if (children.length) {
+        const xs = children.map((c) => place(c, depth + 1));
+        x = (xs[0] + xs[xs.length - 1]) / 2;
+      } else {
+        x = leaves++ * STEP;
+      }
+      at.set(r.rank, [x + R + 4, depth * LEVEL + R + 4]);
+      return x;
+    };
+    for (const r of tops.sort((a, b) => a.rank - b.rank)) place(r, 0);
+    const svg = document.createElementNS(SVG, "svg");
+    const width = Math.max(1, leaves) * STEP + 2 * R, height = (depthMax + 1) * LEVEL;
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    svg.setAttribute("width", width);
+    svg.setAttribute("class", "tree");
+    svg.setAttribute("role", "img");
+    svg.setAttribute("aria-label", "the Flux tree");
+    for (const r of ranks) {
+      const p = at.get(r.parent), c = at.get(r.rank);
+      if (!p || !c || r.parent === r.rank) continue;
+      el("line", {class: "tree-edge", x1: p[0], y1: p[1], x2: c[0], y2: c[1],
+                  "data-parent": r.parent, "data-child": r.rank}, svg);
+    }
+    for (const r of ranks) {
+      const c = at.get(r.rank);
+      if (!c) continue;
+      const g = el("g", {class: "rank " + String(r.state).replace(/[^a-z-]/g, ""),
+                         "data-rank": r.rank, transform: `translate(${c[0]},${c[1]})`}, svg);
+      el("circle", {r: R}, g);
+      const label = el("text", {y: 3.5}, g);
+      label.textContent = r.rank;
+      const tip = el("title", {}, g);
+      tip.textContent = `rank ${r.rank}: ${r.state}` + (r.error ? ` (${r.error})` : "");
+    }
+    return svg;
   }
 
   function drawLegend() {
