@@ -68,9 +68,9 @@ def assert_on_lan(driver: Driver, host: netlab.Host) -> None:
 
 
 def assert_sees(observer: Driver, peer: Driver, groups: tuple[str, ...] = (),
-                since: int = 0, headers: dict | None = None) -> dict:
+                since: int = 0, headers: dict | None = None, timeout: float = 5.0) -> dict:
     """``observer`` reports ENTER for ``peer`` (at its LAN endpoint) and JOIN for ``groups``."""
-    enter = observer.wait(match("ENTER", peer=peer.uuid), since=since)
+    enter = observer.wait(match("ENTER", peer=peer.uuid), timeout, since)
     assert enter["name"] == peer.name
     assert enter["address"] == peer.endpoint, enter
     assert "127.0.0.1" not in enter["address"]
@@ -250,8 +250,10 @@ def test_cable_pull_expires_peer_and_replug_reenters(lan_factory, fleet):
 
     since = {"alice": alice.mark(), "bob": bob.mark()}
     b.plug_cable()
-    assert_sees(alice, bob, ("chat",), since=since["alice"])
-    assert_sees(bob, alice, ("chat",), since=since["bob"])
+    # the mailbox finds the pulled connection dead by TCP keepalive, in whole seconds (at
+    # least 4 s at these timings); until then the peer's new one under the same identity waits
+    assert_sees(alice, bob, ("chat",), since=since["alice"], timeout=15.0)
+    assert_sees(bob, alice, ("chat",), since=since["bob"], timeout=15.0)
     alice.call("whisper", peer=bob.uuid, msg="welcome back")
     bob.wait(match("WHISPER", peer=alice.uuid, message="welcome back"), since=since["bob"])
     bob.call("shout", group="chat", msg="thanks")
