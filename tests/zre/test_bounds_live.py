@@ -36,8 +36,11 @@ ENTER, WHISPER = EventType.ENTER, EventType.WHISPER
 @pytest.fixture
 def bounded(free_udp_port: int, request: pytest.FixtureRequest) -> Mesh:
     """The hostile-test mesh with a target of small limits."""
+    # max_connections as it was before it followed max_peers + max_pending (40 here): these
+    # tests are about peers and HELLOs, not the mailbox's connection shedding
     mesh = Mesh(free_udp_port, max_pending=16, max_peers=24, max_groups=64, max_hello=8192,
-                max_message=65536, interval=0.2)  # a pending peer may be replaced after 0.2 s
+                max_message=65536, max_connections=640,
+                interval=0.2)  # a pending peer may be replaced after 0.2 s
     request.addfinalizer(mesh.close)
     return mesh.start()
 
