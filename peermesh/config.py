@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 if TYPE_CHECKING:  # pathlib only for the stores' data directory: a plain node does without
     from pathlib import Path
 
-__all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir",
+__all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir", "is_loopback",
            "parse_listen", "DEFAULT_METRICS_HOST"]
 
 #: where ``--metrics PORT`` listens
@@ -360,14 +360,15 @@ def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
         raise ValueError(f"metrics address {text!r} is not HOST:PORT or PORT") from None
     if not 0 <= port < 65536:
         raise ValueError(f"metrics port must be 0..65535, not {port}")
-    if not public and not _is_loopback(host):
+    if not public and not is_loopback(host):
         raise ValueError(f"metrics address {host} is not loopback: the metrics name every "
                          "peer; add --metrics-public (metrics_public = true) to serve them "
                          "beyond this host")
     return host, port
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for a loopback address or ``localhost``."""
     if host == "localhost":
         return True
     try:

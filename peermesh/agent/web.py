@@ -45,7 +45,6 @@ instead of the changes it missed.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import secrets
@@ -56,6 +55,7 @@ from importlib import resources
 from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs
 
+from ..config import is_loopback
 from .fluxtree import LINGER, TreeWatch
 from .meshview import MeshView
 
@@ -101,16 +101,6 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ValueError(f"port {number} in {text!r} is not within 0..65535")
     return host, number
-
-
-def is_loopback(host: str) -> bool:
-    """True for a loopback address or ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Stream:
