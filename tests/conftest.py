@@ -6,8 +6,9 @@ loopback ports. Append new fixtures in their own section below.
 
 from __future__ import annotations
 
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -90,3 +91,18 @@ def zmq_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     else:
         monkeypatch.setattr(zmqbatch, "native", None)
     return str(request.param)
+
+
+# --------------------------------------------------------------------------
+# Signal handlers: a command run in-process installs its own
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """SIGINT and SIGTERM handled as before each test (``cli.main`` run in-process
+    makes them raise ``Interrupted``, which would outlive the test)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
