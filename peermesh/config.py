@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pathlib only for the stores' data directory: a plain node d
     from pathlib import Path
 
 __all__ = ["NodeConfig", "read_tables", "read_table", "TABLES", "default_data_dir", "is_loopback",
-           "parse_listen", "DEFAULT_METRICS_HOST"]
+           "parse_listen", "parse_host_port", "DEFAULT_METRICS_HOST"]
 
 #: where ``--metrics PORT`` listens
 DEFAULT_METRICS_HOST = "127.0.0.1"
@@ -343,13 +343,9 @@ def parse_header(item: str) -> tuple[str, str]:
     return key, value
 
 
-def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPv6]:PORT`` or ``PORT`` (on ``DEFAULT_METRICS_HOST``) as (host, port).
-
-    ValueError for a malformed value, and for a host that is not loopback
-    unless ``public``: the metrics name every peer, so they stay on this host
-    unless asked for.
-    """
+def parse_host_port(text: str, what: str = "address") -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``PORT`` (on 127.0.0.1) as (host, port);
+    ValueError naming ``what`` was malformed."""
     host, sep, port_text = text.strip().rpartition(":")
     if not sep:
         host, port_text = DEFAULT_METRICS_HOST, text.strip()
@@ -357,9 +353,18 @@ def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
     try:
         port = int(port_text)
     except ValueError:
-        raise ValueError(f"metrics address {text!r} is not HOST:PORT or PORT") from None
+        raise ValueError(f"{what} {text!r} is not HOST:PORT or PORT "
+                         "(e.g. 127.0.0.1:8470)") from None
     if not 0 <= port < 65536:
-        raise ValueError(f"metrics port must be 0..65535, not {port}")
+        raise ValueError(f"{what} port must be 0..65535, not {port}")
+    return host, port
+
+
+def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
+    """The metrics address (see ``parse_host_port``); ValueError also for a host that
+    is not loopback unless ``public``: the metrics name every peer, so they stay on
+    this host unless asked for."""
+    host, port = parse_host_port(text, "metrics address")
     if not public and not is_loopback(host):
         raise ValueError(f"metrics address {host} is not loopback: the metrics name every "
                          "peer; add --metrics-public (metrics_public = true) to serve them "

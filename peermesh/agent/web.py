@@ -59,7 +59,7 @@ from ..config import is_loopback
 from .fluxtree import LINGER, TreeWatch
 from .meshview import MeshView
 
-__all__ = ["WebView", "parse_listen", "MAX_STREAMS", "MAX_CONNECTIONS", "BACKLOG", "REFRESH"]
+__all__ = ["WebView", "MAX_STREAMS", "MAX_CONNECTIONS", "BACKLOG", "REFRESH"]
 
 log = logging.getLogger(__name__)
 
@@ -85,22 +85,6 @@ _SECURITY = [("X-Content-Type-Options", "nosniff"), ("Cache-Control", "no-store"
              ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"),
              ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; "
                                          "frame-ancestors 'none'")]
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPv6]:PORT`` or ``PORT`` (on 127.0.0.1) as ``(host, port)``;
-    ValueError naming what is wrong."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", text
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        number = int(port)
-    except ValueError:
-        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:8470)") from None
-    if not 0 <= number <= 65535:
-        raise ValueError(f"port {number} in {text!r} is not within 0..65535")
-    return host, number
 
 
 class _Stream:

@@ -39,10 +39,10 @@ def _listen(text: str) -> tuple[str, int]:
     """Option type of ``--web``: ``HOST:PORT`` or ``PORT``."""
     import argparse
 
-    from ..agent.web import parse_listen
+    from ..config import parse_host_port
 
     try:
-        return parse_listen(text)
+        return parse_host_port(text, "web view address")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -18,8 +18,8 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from peermesh.agent.meshview import MeshView
-from peermesh.agent.web import WebView, is_loopback, parse_listen
-from peermesh.config import NodeConfig
+from peermesh.agent.web import WebView, is_loopback
+from peermesh.config import NodeConfig, parse_host_port
 from peermesh.events import Event, EventType
 from peermesh.zre.node import Node
 
@@ -110,14 +110,14 @@ def test_mesh_view_shows_no_content_and_follows_liveness() -> None:
     ("8470", ("127.0.0.1", 8470)), ("localhost:1", ("localhost", 1)),
     ("[::1]:80", ("::1", 80)), ("0.0.0.0:0", ("0.0.0.0", 0)),
 ])
-def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
-    assert parse_listen(text) == expected
+def test_parse_host_port(text: str, expected: tuple[str, int]) -> None:
+    assert parse_host_port(text) == expected
 
 
 @pytest.mark.parametrize("text", ["host:port", "1.2.3.4:70000", ""])
-def test_parse_listen_refuses(text: str) -> None:
+def test_parse_host_port_refuses(text: str) -> None:
     with pytest.raises(ValueError):
-        parse_listen(text)
+        parse_host_port(text)
 
 
 def test_non_loopback_needs_public() -> None:
