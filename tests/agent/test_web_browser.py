@@ -1,6 +1,7 @@
-"""The web view in a real headless Chromium (Debian's ``chromium``): the page loads, shows
-the peers within a second of their ENTER, removes one after its EXIT, shows a peer's
-details, draws a Flux instance's tree, and logs no console error. Skipped, with the reason, where Chromium is missing."""
+"""The web view in a real headless Chromium (Debian's ``chromium``): the page loads,
+shows the peers as they ENTER (how soon is measured by ``scripts/bench_web.py``),
+removes one after its EXIT, shows a peer's details, draws a Flux instance's tree, and
+logs no console error. Skipped, with the reason, where Chromium is missing."""
 
 from __future__ import annotations
 
