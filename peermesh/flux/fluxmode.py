@@ -248,7 +248,7 @@ class FluxModeMember:
         it itself; another rank asks rank 0 (``event.publish``, flux's body)."""
         if self.rank == 0:
             self._apply(self.core.publish(topic, to_payload(payload), self.transport.now()))
-            return self.core._seq
+            return self.core.seq
         from .bodies import publish_body
         from ..wire.flux import read_json
         answer = self.rpc("event.publish", publish_body(topic, to_payload(payload)), 0, timeout)

@@ -67,7 +67,7 @@ class FluxModeCore:
                  parents: Optional[Sequence[int]] = None, hosts: Optional[Sequence[str]] = None,
                  config: Optional[dict[str, Any]] = None,
                  version: tuple[int, int, int] = FLUX_VERSION, heartbeat: float = 2.0,
-                 max_pending: int = 1024, max_waiters: int = 1024,
+                 max_pending: int = 1024, max_waiters: int = 1024, max_inflight: int = 65536,
                  uuid: Optional[str] = None, userid: Optional[int] = None) -> None:
         if not 0 <= rank < size:
             raise FluxStateError(f"rank {rank} is not a rank of {size}")
@@ -89,6 +89,10 @@ class FluxModeCore:
         self.max_pending = max_pending
         #: streaming requests kept for updates (health, state), at most
         self.max_waiters = max_waiters
+        #: requests sent to each child and not answered yet, kept to fail them
+        #: (EHOSTUNREACH) if it goes, at most (past it, such a request is not kept)
+        self.max_inflight = max_inflight
+        self._inflight: dict[int, dict[tuple[int, tuple[bytes, ...]], Request]] = {}
         # hello -> online -> draining -> leaving -> stopped (rank 0: online at once)
         self.state = "detached"
         self.parent_uuid = ""
@@ -106,7 +110,7 @@ class FluxModeCore:
         self._sent = 0.0
         self._seq = 0
         self._watch = -1   # the matchtag of this rank's watch of its parent's state
-        self.stats = {"dropped": 0}
+        self.stats = {"dropped": 0, "log_lines": 0}
 
     # --- what the driver calls ------------------------------------------------------
 
@@ -243,6 +247,11 @@ class FluxModeCore:
         if isinstance(message, Response):
             if len(stack) < 2 or stack[1] != self.identity:
                 return self._drop(f"a response from rank {child.rank} not through this rank")
+            inflight = self._inflight.get(child.rank, {})
+            key = (message.matchtag, stack[2:])
+            asked = inflight.get(key)
+            if asked is not None and (message.errnum or not asked.flags & _STREAMING):
+                del inflight[key]
             return self._answer(dataclasses.replace(message, routes=stack[2:]), now)
         assert isinstance(message, Event)     # an unpublished event goes up to rank 0
         if self.rank:
@@ -256,6 +265,11 @@ class FluxModeCore:
         if child is None or not child.online:
             return []
         return self._set_status(child, LOST, "lost connection", now)
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of the last event rank 0 published."""
+        return self._seq
 
     def health(self, now: float) -> dict[str, Any]:
         """``overlay.health``'s answer: this rank's subtree status and its children's."""
@@ -296,6 +310,10 @@ class FluxModeCore:
                 return self.respond(here, string_payload(
                     f"rank {below} ({child.hostname}) is {status_name(child.status)}"),
                     Errno.EHOSTUNREACH, now)
+            if not request.flags & _NORESPONSE:
+                inflight = self._inflight.setdefault(below, {})
+                if len(inflight) < self.max_inflight:
+                    inflight[(request.matchtag, stack)] = here
             return [self._down(child.uuid, dataclasses.replace(
                 request, routes=(self.identity, *stack)))]
         if came is PARENT:
@@ -433,6 +451,13 @@ class FluxModeCore:
             out.append(Notice("child", child.rank, status_name(status)))
         child.error = why
         if not child.online:
+            # what went down to it and is not answered fails now, as flux-core's tracker
+            # fails it (EHOSTUNREACH), instead of waiting for ever
+            for asked in self._inflight.pop(child.rank, {}).values():
+                out += self._answer(Response(
+                    asked.topic, string_payload(f"rank {child.rank} ({child.hostname}) is "
+                                                f"{status_name(status)}"),
+                    Errno.EHOSTUNREACH, asked.matchtag, 0, asked.routes), now)
             self._by_uuid.pop(child.uuid, None)
             self._monitors = [m for m in self._monitors if child.uuid not in (m.routes or ())]
             self._health = [h for h in self._health if child.uuid not in (h.routes or ())]
@@ -500,9 +525,10 @@ class FluxModeCore:
             int_field(body, "flags", 0, 0xFF)
             out = self.publish(event_topic, payload, now)
             return out + self.respond(request, json_payload({"seq": self._seq}), 0, now)
-        if topic == "log.append":       # a log line of a broker below: kept at debug
-            if self.stats["dropped"] < 1000:
-                log.debug("flux-mode rank 0 got a log line of %d octets",
+        if topic == "log.append":       # a log line of a broker below: at debug, bounded
+            self.stats["log_lines"] += 1
+            if self.stats["log_lines"] <= 100:
+                log.debug("flux-mode rank 0: a log line of %d octets from below",
                           len(request.payload or b""))
             return []
         # groups.update: group membership of the brokers below, which rank 0 does not

@@ -142,9 +142,10 @@ def test_a_version_the_parent_does_not_run_is_refused(rank0: ConfigBootedRank0) 
         member.stop()
 
 
-def test_a_flux_core_broker_under_a_peermesh_rank_0_is_refused_with_a_reason(
+def test_a_flux_core_broker_under_a_peermesh_instance_is_refused_with_a_reason(
         tmp_path: Path) -> None:
-    """Not a hang: the flux-core child logs the refusal and shuts down."""
+    """A member of a peermesh instance (not flux mode) takes no flux-core broker; not a
+    hang: the flux-core child logs the refusal and shuts down."""
     from peermesh.flux import FluxOverlay
     from peermesh.flux.core import FLUX_CORE_CHILD_REFUSED
     from peermesh.io.curve import Curve

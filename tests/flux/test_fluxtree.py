@@ -117,6 +117,9 @@ def test_an_interior_rank_reports_its_subtree_upstream() -> None:
     pong = Response("broker.ping", b"{}\0", 0, 5, routes=down.routes)
     [back] = sent(core.receive_child(CHILD.encode(), encode(pong), 4.0), PARENT)
     assert back.routes == (parent.encode(), b"client")
+    # a request the child has not answered when it goes fails (EHOSTUNREACH), not waits
+    held = Request("pm.hold", None, 2, 6, routes=(parent.encode(), b"client"))
+    assert sent(core.receive(encode(held), 4.5), CHILD.encode())[0].topic == "pm.hold"
     # leaving: the child is told SHUTDOWN (its stream ends); goodbye waits for its goodbye
     out = core.leave(5.0)
     told = sent(out, CHILD.encode())
@@ -124,9 +127,12 @@ def test_an_interior_rank_reports_its_subtree_upstream() -> None:
         told[1].errnum == Errno.ENODATA
     assert sent(out, PARENT) == [] and core.state == "draining"
     bye = encode(Request("overlay.goodbye", None, NODEID_ANY, 9, routes=()))
-    goodbye = [m for m in sent(core.receive_child(CHILD.encode(), bye, 6.0), PARENT)
-               if isinstance(m, Request)]
-    assert [m.topic for m in goodbye] == ["overlay.goodbye"] and core.state == "leaving"
+    up = sent(core.receive_child(CHILD.encode(), bye, 6.0), PARENT)
+    failed = [m for m in up if isinstance(m, Response)]
+    assert [(m.topic, m.errnum, m.matchtag, m.routes) for m in failed] == [
+        ("pm.hold", Errno.EHOSTUNREACH, 6, (parent.encode(), b"client"))]
+    assert [m.topic for m in up if isinstance(m, Request)] == ["overlay.goodbye"]
+    assert core.state == "leaving"
 
 
 # --- a tree of peermesh ranks on loopback ----------------------------------------------
