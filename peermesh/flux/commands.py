@@ -170,10 +170,10 @@ def _add_run(command: Factory) -> None:
                        help="one JSON object per line: {\"event\": \"online\"|...,\"rank\", "
                             "\"detail\"}")
     group.add_argument("--flux-config", type=text, metavar="FILE",
-                       help="be a leaf rank of a flux-core instance booted from its "
+                       help="be a rank of a flux-core instance booted from its "
                             "configuration FILE (its [bootstrap] and [tbon] tables): the rank, "
-                            "parent and certificate of --flux-hostname there (flux mode; no "
-                            "mesh, --root or --parent)")
+                            "parent, children and certificate of --flux-hostname there "
+                            "(flux mode; no mesh, --root or --parent)")
     group.add_argument("--flux-hostname", type=text, metavar="NAME",
                        help="with --flux-config: the host name this rank has in FILE "
                             "(default: this host's name)")

@@ -60,6 +60,8 @@ whose ``rc1`` loads modules needing them fails its ``rc1`` and stops.
 Bounds: RPCs of this rank in flight (``max_pending``, past it
 ``FluxStateError``), requests being served at once (``max_serving``, past
 it EAGAIN), streams kept for updates (``max_waiters``, past it EAGAIN),
+requests sent to a child and not answered, kept to fail them EHOSTUNREACH if
+it goes (``FluxModeCore.max_inflight`` per child, past it not kept),
 subscriptions' queues (``SUBSCRIPTION_QUEUE`` events each, the oldest
 dropped), messages of at most ``max_message`` octets, children (those of the
 topology; any other is refused).
