@@ -326,3 +326,28 @@ def test_flux_core_brokers_under_a_peermesh_rank_0(tmp_path: Path) -> None:
         root.stop(5)
         for broker in brokers:
             broker.stop()
+
+
+def test_flux_run_as_rank_0_of_flux_core_brokers(tmp_path: Path, free_udp_port: int) -> None:
+    """``peermesh flux run --flux-config`` as the first host: rank 0; SIGTERM shuts the
+    flux-core broker below down first."""
+    import signal
+
+    from cliprocess import Cli
+
+    config, _ = write_config(tmp_path, 2, {0: free_port()})
+    cli = Cli(free_udp_port)
+    broker = None
+    try:
+        process = cli.start("flux", "run", "--json", "--flux-config", str(config),
+                            "--flux-hostname", "fake0")
+        assert process.expect_event(event="online")["rank"] == 0
+        broker = FluxCoreBroker(tmp_path, config, 1)
+        status = wait_full(broker, 2)
+        assert re.search(r"0 fake0: full\n.*1 fake1: full", status, re.S), status
+        assert process.stop(signal.SIGTERM) == 0, process.describe()
+        assert broker.proc.wait(30) == 0, broker.text()
+    finally:
+        cli.close()
+        if broker is not None:
+            broker.stop()
