@@ -117,10 +117,10 @@ def write_config(directory: "Path", size: int, listen: dict[int, int],
 class FluxCoreBroker:
     """A flux-core broker of rank ``rank`` (host ``fake<rank>``) of the configuration
     ``config`` (``write_config``), without rc1/rc3 (no modules beyond the built-in
-    ones); ``uri`` is its local connector, its log goes to ``directory/broker<rank>.log``.
+    ones) unless ``rc`` (flux-core's own: its modules); ``uri`` is its local connector, its log goes to ``directory/broker<rank>.log``.
     """
 
-    def __init__(self, directory: "Path", config: "Path", rank: int) -> None:
+    def __init__(self, directory: "Path", config: "Path", rank: int, rc: bool = False) -> None:
         run = directory / f"run{rank}"
         run.mkdir()
         self.uri = f"local://{run}/local-{rank}"
@@ -129,9 +129,9 @@ class FluxCoreBroker:
         with open(self.log, "w") as log:
             self.proc = gsp.Popen(
                 ["flux", "broker", "-v", f"-Shostname=fake{rank}",
-                 f"--config-path={config.parent}", "-Sbroker.rc1_path=", "-Sbroker.rc3_path=",
-                 f"-Srundir={run}"], stdin=gsp.DEVNULL, stdout=log, stderr=gsp.STDOUT,
-                env=clean_env())
+                 f"--config-path={config.parent}", f"-Srundir={run}",
+                 *(() if rc else ("-Sbroker.rc1_path=", "-Sbroker.rc3_path="))],
+                stdin=gsp.DEVNULL, stdout=log, stderr=gsp.STDOUT, env=clean_env())
 
     def env(self) -> dict[str, str]:
         return clean_env(FLUX_URI=self.uri)

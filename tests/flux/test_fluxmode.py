@@ -351,3 +351,20 @@ def test_flux_run_as_rank_0_of_flux_core_brokers(tmp_path: Path, free_udp_port: 
         cli.close()
         if broker is not None:
             broker.stop()
+
+
+def test_a_flux_core_broker_needing_more_of_rank_0_stops_at_once(tmp_path: Path) -> None:
+    """With flux-core's own rc1 a broker loads modules that need theirs on rank 0
+    (job-ingest, kvs, ...): a peermesh rank 0 answers them ENOSYS at once, so the
+    broker's rc1 fails and it stops, saying goodbye; no hang."""
+    config, _ = write_config(tmp_path, 2, {0: free_port()})
+    root = FluxModeMember.from_config(str(config), "fake0").start()
+    broker = FluxCoreBroker(tmp_path, config, 1, rc=True)
+    try:
+        assert broker.proc.wait(60) != 0
+        log = broker.text()
+        assert "Function not implemented" in log and "rc1-fail" in log, log
+        assert root.core.children[1].error == "administrative shutdown"   # its goodbye
+    finally:
+        broker.stop()
+        root.stop(5)
