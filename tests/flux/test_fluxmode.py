@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import gevent
 import pytest
+import waiting
 from gevent import subprocess
 
 from peermesh.flux import FluxClient, FluxError
@@ -368,3 +369,28 @@ def test_a_flux_core_broker_needing_more_of_rank_0_stops_at_once(tmp_path: Path)
     finally:
         broker.stop()
         root.stop(5)
+
+
+def test_the_instance_shutting_down_takes_the_peermesh_rank_and_its_child_along(
+        tmp_path: Path, free_tcp_port: int) -> None:
+    """flux-core rank 0 shuts down: the peermesh rank hears it (state-machine.monitor),
+    shuts its flux-core child down, says goodbye, and rank 0 ends cleanly."""
+    rank0 = ConfigBootedRank0(tmp_path, 3, free_tcp_port, {1: free_port()}, "kary:1")
+    member = FluxModeMember.from_config(str(rank0.config), "fake1").start()
+    child = None
+    try:
+        assert member.wait_online(30)
+        child = FluxCoreBroker(tmp_path, rank0.config, 2)
+        wait_full(rank0, 3)
+        assert rank0.proc.stdin is not None
+        rank0.proc.stdin.close()                    # its initial program ends: shutdown
+        waiting.poll_until(lambda: rank0.proc.poll() is not None, 60, "rank 0 to end",
+                           sleep=gevent.sleep)         # (a blocking wait would stop the hub)
+        assert rank0.proc.returncode == 0
+        assert member.ended.wait(10) and member.core.state == "stopped"
+        assert child.proc.wait(30) == 0, child.text()
+    finally:
+        member.stop(5)
+        if child is not None:
+            child.stop()
+        rank0.stop()
