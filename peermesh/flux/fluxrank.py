@@ -61,7 +61,8 @@ class FluxModeCore:
     ``Send(PARENT, frames)``, ``Send(identity, [identity, *frames])`` to a child,
     ``Deliver(0, message)`` (a request for a registered topic, an event, or a response
     to ``rpc``) and ``Notice(what, rank, detail)`` (``online``, ``refused``,
-    ``parent-lost``, ``child``, ``drained``, ``left``)."""
+    ``parent-lost``, ``parent-shutdown``, ``child`` (a child's new status),
+    ``drained``, ``left``)."""
 
     def __init__(self, rank: int, size: int, hostname: str, *,
                  parents: Optional[Sequence[int]] = None, hosts: Optional[Sequence[str]] = None,
@@ -73,8 +74,9 @@ class FluxModeCore:
             raise FluxStateError(f"rank {rank} is not a rank of {size}")
         if parents is None:
             parents = [-1] + [0] * (size - 1)
-        if len(parents) != size:
-            raise FluxStateError(f"{len(parents)} parents for {size} ranks")
+        if len(parents) != size or (hosts is not None and len(hosts) != size):
+            raise FluxStateError(f"{len(parents)} parents and "
+                                 f"{'no' if hosts is None else len(hosts)} hosts for {size} ranks")
         self.tree = FluxTree(parents, rank)
         self.rank, self.size, self.hostname = rank, size, hostname
         self.hosts = list(hosts) if hosts is not None else None
