@@ -24,7 +24,8 @@ from typing import Any, Optional, Sequence
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, MsgFlag, Request, Response, Role,
+    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, MsgFlag, Request,
+    Response, Role,
     decode, encode, json_payload, read_json, service_of, string_payload,
 )
 from .bodies import int_field, ping_answer, str_field, unb64

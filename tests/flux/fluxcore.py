@@ -117,7 +117,8 @@ def write_config(directory: "Path", size: int, listen: dict[int, int],
 class FluxCoreBroker:
     """A flux-core broker of rank ``rank`` (host ``fake<rank>``) of the configuration
     ``config`` (``write_config``), without rc1/rc3 (no modules beyond the built-in
-    ones) unless ``rc`` (flux-core's own: its modules); ``uri`` is its local connector, its log goes to ``directory/broker<rank>.log``.
+    ones) unless ``rc`` (flux-core's own: its modules); ``uri`` is its local connector,
+    its log goes to ``directory/broker<rank>.log``.
     """
 
     def __init__(self, directory: "Path", config: "Path", rank: int, rc: bool = False) -> None:
