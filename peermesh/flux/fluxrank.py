@@ -240,6 +240,8 @@ class FluxModeCore:
         stack = (identity, *message.routes)
         if isinstance(message, Control):
             if message.ctype == ControlType.STATUS:
+                if not FULL <= message.status <= OFFLINE:
+                    return self._drop(f"rank {child.rank} sent status {message.status}")
                 return self._set_status(child, message.status, "", now)
             return []
         if isinstance(message, Request):

@@ -135,6 +135,22 @@ def test_an_interior_rank_reports_its_subtree_upstream() -> None:
     assert core.state == "leaving"
 
 
+@pytest.mark.parametrize("frames", [
+    [b"garbage"],                                                    # not a message
+    encode(Request("broker.ping", b"{}\0", 0, 3)),                   # no route stack
+    encode(Response("broker.ping", b"{}\0", 0, 3, routes=(b"someone-else",))),
+    encode(Control(ControlType.STATUS, 99, routes=())),              # a status out of range
+])
+def test_hostile_messages_of_a_child_are_dropped(frames: list[bytes]) -> None:
+    core = rank0()
+    child = CHILD.encode()
+    core.receive_child(child, hello(1), 1.0)
+    dropped = core.stats["dropped"]
+    out = core.receive_child(child, frames, 2.0)
+    assert out == [] and core.stats["dropped"] == dropped + 1
+    assert core.health(3.0)["children"][0]["status"] == "full"
+
+
 # --- a tree of peermesh ranks on loopback ----------------------------------------------
 
 @pytest.fixture
