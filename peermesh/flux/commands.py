@@ -170,10 +170,10 @@ def _add_run(command: Factory) -> None:
                        help="one JSON object per line: {\"event\": \"online\"|...,\"rank\", "
                             "\"detail\"}")
     group.add_argument("--flux-config", type=text, metavar="FILE",
-                       help="be a leaf rank of a flux-core instance booted from its "
+                       help="be a rank of a flux-core instance booted from its "
                             "configuration FILE (its [bootstrap] and [tbon] tables): the rank, "
-                            "parent and certificate of --flux-hostname there (flux mode; no "
-                            "mesh, --root or --parent)")
+                            "parent, children and certificate of --flux-hostname there "
+                            "(flux mode; no mesh, --root or --parent)")
     group.add_argument("--flux-hostname", type=text, metavar="NAME",
                        help="with --flux-config: the host name this rank has in FILE "
                             "(default: this host's name)")
@@ -681,6 +681,7 @@ def _run_flux_mode(args: argparse.Namespace) -> int:
     """``flux run --flux-config``: a ``FluxModeMember`` until a signal, then goodbye."""
     import socket
 
+    import gevent
     import gevent.event
 
     from .fluxmode import FluxModeMember
@@ -707,9 +708,12 @@ def _run_flux_mode(args: argparse.Namespace) -> int:
             register(member)
         emit(render("online", member.rank, {"parent": member.core.parent_uuid,
                                             "size": member.core.size}))
+        where = f"parent {member.parent}" if member.parent else f"children at {member.bind}"
         note(f"flux-core instance ({args.flux_config}): rank {member.rank} of "
-             f"{member.core.size} as {hostname}, parent {member.parent}; Ctrl-C to leave")
-        stopped.wait()
+             f"{member.core.size} as {hostname}, {where}; Ctrl-C to leave")
+        gevent.wait([stopped, member.ended], count=1)   # a signal, or the tree let it go
+        if member.ended.is_set():
+            note(f"left the flux-core instance: {member.core.state}")
     finally:
         member.stop()
         signals.close()

@@ -463,7 +463,8 @@ class FluxCore(Membership):
 
 #: the answer to a flux-core broker's ``overlay.hello``
 FLUX_CORE_CHILD_REFUSED = ("a peermesh member takes no flux-core broker as its child: "
-                           "flux-core brokers join a flux-core parent")
+                           "flux-core brokers join a flux-core parent or a peermesh rank "
+                           "in flux mode (FluxModeMember)")
 
 #: the broker attributes a member serves (``attr.get``), under flux-core's names
 ATTRIBUTES: dict[str, Callable[[FluxCore], str]] = {

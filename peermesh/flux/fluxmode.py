@@ -1,4 +1,5 @@
-"""A peermesh rank inside a flux-core tree ("flux mode"): a leaf broker of flux-core's overlay.
+"""A peermesh rank inside a flux-core tree ("flux mode"): a broker of flux-core's overlay,
+at any place of it: a leaf, a rank with flux-core brokers below it, or rank 0.
 
 How it works
 ------------
@@ -6,61 +7,82 @@ A flux-core instance booted from a configuration file lists its hosts
 (``[[bootstrap.hosts]]``), their ranks follow the list and ``tbon.topo``, and
 every broker holds the instance's CURVE certificate (``flux keygen``'s file:
 a ZeroMQ certificate, as ``peermesh.io.keys`` reads it). ``FluxModeCore``
-(sans-io) is one such rank without children of its own; ``FluxModeMember``
-drives it on a gevent hub with one DEALER to its parent's ``connect`` URI
-(a CURVE client of the certificate's own public key, as flux-core's
-brokers are); ``FluxModeMember.from_config`` reads its place (rank, size,
-parent, certificate) from the instance's own configuration file
-(``read_config``).
+(sans-io, ``peermesh.flux.fluxrank``) is one such rank; ``FluxModeMember``
+drives it on a gevent hub: a DEALER to its parent's ``connect`` URI (a CURVE
+client of the certificate's own public key, as flux-core's brokers are) unless
+it is rank 0, and a ROUTER on its ``bind`` URI when the topology gives it
+children (a CURVE server admitting the certificate's key alone).
+``FluxModeMember.from_config`` reads its place from the instance's own
+configuration file (``read_config``).
 
-What the parent (flux-core 0.88) expects, and what it gets:
+What a parent (flux-core 0.88) expects, and what it gets:
 
 - the DEALER's ZeroMQ identity is the rank's UUID as a 36-character string;
 - first an ``overlay.hello`` request, rolemask OWNER, body ``{"rank",
   "version", "uuid", "status", "hostname"}``: version ``0xMMmmpp`` (the
-  parent compares MAJOR.MINOR: ``FLUX_VERSION``), status 1 (full: a leaf's
-  subtree is itself), hostname the one the configuration gives the rank.
-  The answer ``{"uuid"}`` names the parent; an error answer (a hostname or
-  rank the configuration does not have, a version mismatch) stops the rank
-  with ``Notice("refused")`` naming the parent's message;
-- everything sent upstream carries flag ROUTE and an empty route stack,
-  CONTROL messages included (without it the parent drops them as
-  malformed); a CONTROL HEARTBEAT goes up when nothing else was sent for
-  ``heartbeat`` seconds (flux-core's ``torpid_min`` is 5 s);
-- a request from the parent is answered with its route stack as it came
-  (the parent pops its own hops); ``broker.ping`` (flux's body and answer),
-  ``attr.get`` (``rank``, ``size``, ``hostname``, ``version``,
-  ``broker.uuid``) and the ``service.method`` topics registered are served,
-  anything else gets ENOSYS with flux-core's message;
-- events come down from the parent and go to the subscriptions they match;
+  parent compares MAJOR.MINOR: ``FLUX_VERSION``), status the subtree's (full
+  for a leaf, partial until its children are), hostname the one the
+  configuration gives the rank. The answer ``{"uuid"}`` names the parent; an
+  error answer (a hostname or rank the configuration does not have, a version
+  mismatch) stops the rank with ``Notice("refused")`` naming the parent's
+  message;
+- everything sent upstream carries flag ROUTE and a route stack, CONTROL
+  messages included (without it the parent drops them as malformed); a
+  CONTROL STATUS goes up whenever the subtree's status changes, a CONTROL
+  HEARTBEAT when nothing else was sent for ``heartbeat`` seconds (flux-core's
+  ``torpid_min`` is 5 s);
+- requests are routed as flux-core's brokers route them (``fluxrank``); this
+  rank serves ``broker.ping`` (flux's body and answer), ``attr.get``
+  (``rank``, ``size``, ``hostname``, ``version``, ``broker.uuid``),
+  ``overlay.health`` and ``overlay.topology`` (what ``flux overlay status``
+  walks), ``state-machine.monitor`` and ``config.get`` (what a flux-core child
+  asks its parent), and the ``service.method`` topics registered; anything
+  else addressed to it gets ENOSYS with flux-core's message;
+- events come down from the parent, go to the subscriptions they match and
+  on to every child;
 - a CONTROL DISCONNECT from the parent ends the rank (``Notice("parent-lost")``);
-- leaving is ``overlay.goodbye`` (answered by the parent, which marks the
-  rank offline), then the link closes.
+- leaving is as a flux-core broker's: the children's ``state-machine.monitor``
+  streams are told SHUTDOWN (each child shuts down and says ``overlay.goodbye``),
+  then ``overlay.goodbye`` to the parent (answered by the parent, which marks the
+  rank offline), then the links close.
+
+What a flux-core child expects of its parent, and gets: its ``overlay.hello``
+checked (a rank that is its child, the configuration's hostname for it,
+MAJOR.MINOR) and answered ``{"uuid"}``; ``state-machine.monitor`` answered
+with the parent's state (run; shutdown when it leaves); ``config.get``
+answered with the configuration file; CONTROL STATUS and heartbeats taken;
+``overlay.goodbye`` answered; events sent down. Rank 0 serves besides
+``event.publish`` (events numbered from 1), and takes ``groups.update`` and
+``log.append`` (which want no answer); other services (``kvs``,
+``job-manager``, ...) are answered ENOSYS naming what it serves, so a child
+whose ``rc1`` loads modules needing them fails its ``rc1`` and stops.
 
 Bounds: RPCs of this rank in flight (``max_pending``, past it
 ``FluxStateError``), requests being served at once (``max_serving``, past
-it EAGAIN), subscriptions' queues (``SUBSCRIPTION_QUEUE`` events each, the
-oldest dropped), messages of at most ``max_message`` octets.
+it EAGAIN), streams kept for updates (``max_waiters``, past it EAGAIN),
+requests sent to a child and not answered, kept to fail them EHOSTUNREACH if
+it goes (``FluxModeCore.max_inflight`` per child, past it not kept),
+subscriptions' queues (``SUBSCRIPTION_QUEUE`` events each, the oldest
+dropped), messages of at most ``max_message`` octets, children (those of the
+topology; any other is refused).
 """
 
 from __future__ import annotations
 
-import errno as errnos
+import errno
 import logging
-import uuid as uuids
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import gevent
 import gevent.event
+import zmq
 
-from ..errors import ProtocolError
-from ..wire.flux import (
-    NODEID_ANY, Control, ControlType, Errno, Event, Request, Response, Role,
-    decode, encode, json_payload, read_json, string_payload,
-)
-from .bodies import ping_answer, str_field
+from ..io.zap import Allowlist
+from ..wire.flux import NODEID_ANY, Errno, Event, Request, Response, string_payload
 from .errors import FluxError, FluxStateError
+from .fluxrank import FLUX_VERSION, STATUS_FULL, FluxModeCore
+from .fluxtree import read_config
 from .handle import SUBSCRIPTION_QUEUE, FluxRequest, Payload, to_payload
 from .outputs import PARENT, Deliver, Notice, Output, Send
 
@@ -68,267 +90,60 @@ __all__ = ["FluxModeCore", "FluxModeMember", "read_config", "FLUX_VERSION", "STA
 
 log = logging.getLogger(__name__)
 
-#: the flux-core version this rank says it is (the parent compares MAJOR.MINOR)
-FLUX_VERSION = (0, 88, 0)
-#: subtree status "full" (flux-core's SUBTREE_STATUS_FULL)
-STATUS_FULL = 1
-_NORESPONSE, _STREAMING = 0x04, 0x40
-
-
-def read_config(path: str, hostname: str) -> dict[str, Any]:
-    """Where flux-core's config boot puts host ``hostname``: ``{"rank", "size",
-    "parent" (the parent's connect URI), "cert"}``; ValueError naming what the file
-    lacks. Ranks follow ``[[bootstrap.hosts]]`` (one plain host name per entry); the
-    parent follows ``tbon.topo`` (``kary:K``, or flux-core's config-boot default
-    ``custom``: an entry's ``parent`` host, else rank 0); a URI is the parent entry's
-    ``connect``, else ``bootstrap.default_connect`` with ``%h`` (host) and ``%p``
-    (``bootstrap.default_port``); ``curve_cert`` is relative to the file's directory."""
-    import os
-    import tomllib
-
-    with open(path, "rb") as file:
-        try:
-            conf = tomllib.load(file)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: not TOML: {exc}") from None
-    boot = conf.get("bootstrap")
-    if not isinstance(boot, dict):
-        raise ValueError(f"{path}: no [bootstrap] table")
-    hosts = boot.get("hosts")
-    if not isinstance(hosts, list) or not all(isinstance(h, dict) and isinstance(
-            h.get("host"), str) for h in hosts):
-        raise ValueError(f"{path}: no [[bootstrap.hosts]] entries with a host")
-    names = [h["host"] for h in hosts]
-    if any("[" in name or "," in name for name in names):
-        raise ValueError(f"{path}: host lists (node[0-3]) are not read here; one host an entry")
-    if hostname not in names:
-        raise ValueError(f"{path}: {hostname} is not among the hosts {names}")
-    rank = names.index(hostname)
-    if rank == 0:
-        raise ValueError(f"{path}: {hostname} is rank 0; a peermesh rank is a leaf below it")
-    cert = boot.get("curve_cert")
-    if not isinstance(cert, str):
-        raise ValueError(f"{path}: no bootstrap.curve_cert")
-    tbon = conf.get("tbon")
-    topo = tbon.get("topo", "custom") if isinstance(tbon, dict) else "custom"
-    if isinstance(topo, str) and topo.startswith("kary:") and topo[5:].isdigit():
-        k = int(topo[5:])
-        parent = 0 if k == 0 else (rank - 1) // k
-        if any(k and r and (r - 1) // k == rank for r in range(len(names))):
-            raise ValueError(f"{path}: rank {rank} has children under {topo}; a peermesh "
-                             "rank in a flux-core tree is a leaf")
-    elif topo == "custom":
-        above = hosts[rank].get("parent")
-        parent = names.index(above) if above in names else 0
-        if any(h.get("parent") == hostname for h in hosts):
-            raise ValueError(f"{path}: {hostname} has children; a peermesh rank in a "
-                             "flux-core tree is a leaf")
-    else:
-        raise ValueError(f"{path}: tbon.topo {topo!r} is not kary:K or custom")
-    uri = hosts[parent].get("connect") or boot.get("default_connect")
-    if not isinstance(uri, str):
-        raise ValueError(f"{path}: no connect URI for {names[parent]} (rank {parent})")
-    uri = uri.replace("%h", names[parent]).replace("%p", str(boot.get("default_port", "")))
-    return {"rank": rank, "size": len(names), "parent": uri,
-            "cert": os.path.join(os.path.dirname(os.path.abspath(path)), cert)}
-
-
-class FluxModeCore:
-    """One leaf rank of a flux-core tree, sans-io (see the module's docstring).
-
-    Calls return outputs: ``Send(PARENT, frames)``, ``Deliver(0, message)``
-    (a request for a registered topic, an event, or a response to ``rpc``)
-    and ``Notice(what, rank, detail)`` (``online``, ``refused``,
-    ``parent-lost``, ``left``)."""
-
-    def __init__(self, rank: int, size: int, hostname: str, *,
-                 version: tuple[int, int, int] = FLUX_VERSION, heartbeat: float = 2.0,
-                 max_pending: int = 1024, uuid: Optional[str] = None) -> None:
-        if not 0 < rank < size:
-            raise FluxStateError(f"rank {rank} is not a non-root rank of {size}")
-        self.rank, self.size, self.hostname = rank, size, hostname
-        self.uuid = uuid or str(uuids.uuid4())
-        self.identity = self.uuid.encode()
-        self.version = version
-        self.heartbeat = heartbeat
-        self.max_pending = max_pending
-        self.state = "detached"   # hello -> online -> leaving -> stopped
-        self.parent_uuid = ""
-        self.topics: set[str] = set()
-        self.pending: dict[int, str] = {}  # matchtag -> topic, of this rank's own RPCs
-        self._next_tag = 1
-        self._sent = 0.0
-        self.stats = {"dropped": 0}
-
-    # --- what the driver calls ------------------------------------------------------
-
-    def start(self, now: float) -> list[Output]:
-        """Say hello to the parent."""
-        self.state = "hello"
-        (major, minor, patch) = self.version
-        body = {"rank": self.rank, "version": major << 16 | minor << 8 | patch,
-                "uuid": self.uuid, "status": STATUS_FULL, "hostname": self.hostname}
-        return [self._up(Request("overlay.hello", json_payload(body), NODEID_ANY,
-                                 self._tag("overlay.hello"), routes=(),
-                                 rolemask=Role.OWNER), now)]
-
-    def leave(self, now: float) -> list[Output]:
-        """``overlay.goodbye`` to the parent; ``Notice("left")`` once it answers."""
-        if self.state != "online":
-            self.state = "stopped"
-            return [Notice("left", self.rank, "not online")]
-        self.state = "leaving"
-        return [self._up(Request("overlay.goodbye", None, NODEID_ANY,
-                                 self._tag("overlay.goodbye"), routes=(),
-                                 rolemask=Role.OWNER), now)]
-
-    def rpc(self, topic: str, payload: Optional[bytes], nodeid: int, now: float,
-            flags: int = 0) -> tuple[int, list[Output]]:
-        """A request of this rank, routed by the parent; its matchtag (0: NORESPONSE)."""
-        if self.state != "online":
-            raise FluxStateError("the rank is not online in the flux-core tree")
-        tag = 0 if flags & _NORESPONSE else self._tag(topic)
-        return tag, [self._up(Request(topic, payload, nodeid, tag, flags, ()), now)]
-
-    def respond(self, request: Request, payload: Optional[bytes], errnum: int,
-                now: float) -> list[Output]:
-        """Answer ``request`` (delivered earlier) back along its route stack."""
-        if request.flags & _NORESPONSE or self.state not in ("online", "leaving"):
-            return []
-        return [self._up(Response(request.topic, payload, errnum, request.matchtag,
-                                  request.flags & _STREAMING, request.routes or ()), now)]
-
-    def timer(self, now: float) -> list[Output]:
-        """A heartbeat when nothing went up for ``heartbeat`` seconds; call every second."""
-        if self.state == "online" and now - self._sent >= self.heartbeat:
-            return [self._up(Control(ControlType.HEARTBEAT, 0, routes=()), now)]
-        return []
-
-    def receive(self, frames: list[bytes], now: float) -> list[Output]:
-        """A message from the parent."""
-        try:
-            message = decode(frames)
-        except ProtocolError as exc:
-            return self._drop(f"malformed: {exc.reason}")
-        if isinstance(message, Response):
-            return self._response(message, now)
-        if isinstance(message, Control):
-            if message.ctype == ControlType.DISCONNECT and self.state != "stopped":
-                was = self.state
-                self.state = "stopped"
-                if was == "hello":
-                    return [Notice("refused", self.rank, "DISCONNECT: the parent does not "
-                                   "know this rank (its configuration or certificate?)")]
-                return [Notice("parent-lost", self.rank, "DISCONNECT")]
-            return []
-        if self.state != "online":
-            return self._drop(f"a {type(message).__name__} before hello was answered")
-        if isinstance(message, Event):
-            return [Deliver(0, message)]
-        assert isinstance(message, Request)
-        return self._request(message, now)
-
-    # --- inside ----------------------------------------------------------------------
-
-    def _response(self, response: Response, now: float) -> list[Output]:
-        topic = self.pending.get(response.matchtag)
-        if topic != response.topic:
-            return self._drop(f"a response to no RPC ({response.matchtag})")
-        if not response.flags & _STREAMING or response.errnum:
-            del self.pending[response.matchtag]
-        if topic == "overlay.hello":
-            if response.errnum:
-                self.state = "stopped"
-                name = errnos.errorcode.get(response.errnum, str(response.errnum))
-                text = (response.payload or b"").rstrip(b"\0").decode("utf-8", "replace")
-                return [Notice("refused", self.rank, f"{name} answering overlay.hello"
-                                                      + (f": {text}" if text else ""))]
-            try:
-                self.parent_uuid = str_field(read_json(response.payload), "uuid", 64)
-            except ProtocolError as exc:
-                self.state = "stopped"
-                return [Notice("refused", self.rank, f"overlay.hello answer: {exc.reason}")]
-            self.state = "online"
-            return [Notice("online", self.rank, {"parent": self.parent_uuid,
-                                                 "size": self.size})]
-        if topic == "overlay.goodbye":
-            self.state = "stopped"
-            return [Notice("left", self.rank, response.errnum)]
-        return [Deliver(0, response)]
-
-    def _request(self, request: Request, now: float) -> list[Output]:
-        topic = request.topic
-        if topic == "broker.ping":
-            try:
-                answer = ping_answer(request.payload, request.routes or (), self.uuid,
-                                     self.rank, request.userid, request.rolemask)
-            except ProtocolError as exc:
-                return self.respond(request, string_payload(exc.reason), Errno.EPROTO, now)
-            return self.respond(request, answer, 0, now)
-        if topic == "attr.get":
-            try:
-                name = str_field(read_json(request.payload), "name", 128)
-            except ProtocolError as exc:
-                return self.respond(request, string_payload(exc.reason), Errno.EPROTO, now)
-            values = {"rank": str(self.rank), "size": str(self.size), "hostname": self.hostname,
-                      "version": "%d.%d.%d" % self.version, "broker.uuid": self.uuid}
-            if name not in values:
-                return self.respond(request, None, Errno.ENOENT, now)
-            return self.respond(request, json_payload({"value": values[name], "flags": 1}), 0,
-                                now)
-        if topic in self.topics:
-            return [Deliver(0, request)]
-        return self.respond(request, string_payload(
-            f"No service matching {topic} is registered"), Errno.ENOSYS, now)
-
-    def _tag(self, topic: str) -> int:
-        if len(self.pending) >= self.max_pending:
-            raise FluxStateError(f"{len(self.pending)} RPCs in flight (max_pending)")
-        tag = self._next_tag
-        while tag in self.pending or tag == 0:
-            tag = tag % 0xFFFFFFFF + 1
-        self._next_tag = tag % 0xFFFFFFFF + 1
-        self.pending[tag] = topic
-        return tag
-
-    def _up(self, message: Any, now: float) -> Send:
-        self._sent = now
-        return Send(PARENT, encode(message))
-
-    def _drop(self, why: str) -> list[Output]:
-        self.stats["dropped"] += 1
-        if self.stats["dropped"] <= 100:
-            log.debug("flux-mode rank %d dropped a message: %s", self.rank, why)
-        return []
-
-
 Handler = Callable[[FluxRequest], Payload]
 
 
+class InstanceKey(Allowlist):
+    """An allowlist of one key: the instance certificate's (config boot's CURVE)."""
+
+    def __init__(self, key: bytes) -> None:
+        super().__init__(None)
+        self.keys = frozenset({key})
+
+    @property
+    def any_key(self) -> bool:
+        return False
+
+    def allows(self, key: bytes) -> bool:
+        return key in self.keys
+
+    def refresh(self) -> bool:
+        return False
+
+
 class FluxModeMember:
-    """``FluxModeCore`` on a gevent hub: one DEALER to the parent (see the module's
-    docstring)::
+    """``FluxModeCore`` on a gevent hub (see the module's docstring)::
 
         member = FluxModeMember("tcp://127.0.0.1:8050", "/etc/flux/curve.cert", rank=1,
                                 size=2, hostname="node1").start()
         member.wait_online(10)
         member.register("hello.world", lambda request: {"rank": 1})
-    """
 
-    def __init__(self, parent: str, cert: str, *, rank: int, size: int, hostname: str,
-                 heartbeat: float = 2.0, max_message: int = 16 << 20,
-                 max_serving: int = 1024,
+    ``parent`` is None for rank 0; ``bind`` is where children connect (needed when
+    ``parents`` gives this rank children; ``hosts`` the hostname of each rank)."""
+
+    def __init__(self, parent: Optional[str], cert: str, *, rank: int, size: int,
+                 hostname: str, bind: Optional[str] = None,
+                 parents: Optional[Sequence[int]] = None, hosts: Optional[Sequence[str]] = None,
+                 config: Optional[dict[str, Any]] = None, heartbeat: float = 2.0,
+                 max_message: int = 16 << 20, max_serving: int = 1024, max_waiters: int = 1024,
                  version: tuple[int, int, int] = FLUX_VERSION) -> None:
         from ..io.curve import Curve
         from ..io.keys import load_keypair
         from ..io.transport import ZmqTransport
-        from ..io.zap import Allowlist
 
         keypair = load_keypair(cert)  # KeyFileError naming what is wrong
-        self.core = FluxModeCore(rank, size, hostname, version=version, heartbeat=heartbeat)
+        self.core = FluxModeCore(rank, size, hostname, parents=parents, hosts=hosts,
+                                 config=config, version=version, heartbeat=heartbeat,
+                                 max_waiters=max_waiters)
+        if (parent is None) != (rank == 0):
+            raise FluxStateError("rank 0 has no parent URI; every other rank has one")
+        if self.core.children and bind is None:
+            raise FluxStateError(f"rank {rank} has children: it needs a bind URI")
         self.parent = parent
+        self.bind = bind
         self.server_key = keypair.public  # every broker of the instance holds this one
-        self.transport = ZmqTransport(curve=Curve(keypair, Allowlist(None)))
+        self.transport = ZmqTransport(curve=Curve(keypair, InstanceKey(keypair.public)))
         self.max_message = max_message
         #: requests being served at once (each its greenlet); past it EAGAIN
         self.max_serving = max_serving
@@ -340,6 +155,7 @@ class FluxModeMember:
         self._futures: dict[int, gevent.event.AsyncResult] = {}
         self._subscriptions: list[tuple[str, deque[Event], gevent.event.Event]] = []
         self._link: Any = None
+        self._router: Any = None
         self._greenlets: list[gevent.Greenlet] = []
 
     @classmethod
@@ -348,19 +164,27 @@ class FluxModeMember:
         and ``[tbon]`` tables, TOML) makes of host ``hostname``: see ``read_config``."""
         place = read_config(path, hostname)
         return cls(place["parent"], place["cert"], rank=place["rank"], size=place["size"],
-                   hostname=hostname, **options)
+                   hostname=hostname, bind=place["bind"], parents=place["parents"],
+                   hosts=place["hosts"], config=place["config"], **options)
 
     @property
     def rank(self) -> int:
         return self.core.rank
 
     def start(self) -> "FluxModeMember":
-        link = self.transport.connect(self.core.identity, self.parent, 1000,
-                                      server_key=self.server_key, handover=True)
-        link.limit = self.max_message
-        self._link = link
-        self._greenlets = [gevent.spawn(link.serve, self._on_message, None),
-                           gevent.spawn(self._run_timer)]
+        if self.core.children:
+            router = self.transport.bind_mailbox("127.0.0.1", self.max_message, self.bind,
+                                                 handover=True)
+            router.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone child: EHOSTUNREACH
+            self._router = router
+            self._greenlets.append(gevent.spawn(router.serve, self._on_child, None, None))
+        if self.parent is not None:
+            link = self.transport.connect(self.core.identity, self.parent, 1000,
+                                          server_key=self.server_key, handover=True)
+            link.limit = self.max_message
+            self._link = link
+            self._greenlets.append(gevent.spawn(link.serve, self._on_message, None))
+        self._greenlets.append(gevent.spawn(self._run_timer))
         self._apply(self.core.start(self.transport.now()))
         return self
 
@@ -370,6 +194,12 @@ class FluxModeMember:
         if self.refusal is not None:
             raise FluxStateError(f"refused: {self.refusal}")
         return online and self.core.state == "online"
+
+    @property
+    def ended(self) -> gevent.event.Event:
+        """Set once the rank is out of the tree: it left, its parent shut down or
+        dropped it, or the parent refused it."""
+        return self._left
 
     def register(self, topic: str, handler: Handler) -> None:
         """Serve ``topic`` with ``handler(request)`` (a ``FluxRequest``, as
@@ -414,21 +244,48 @@ class FluxModeMember:
             return event
         return next_event
 
+    def publish(self, topic: str, payload: Payload = None, timeout: Optional[float] = None
+                ) -> int:
+        """Publish an event to the whole instance; its sequence number. Rank 0 numbers
+        it itself; another rank asks rank 0 (``event.publish``, flux's body)."""
+        if self.rank == 0:
+            self._apply(self.core.publish(topic, to_payload(payload), self.transport.now()))
+            return self.core.seq
+        from .bodies import publish_body
+        from ..wire.flux import read_json
+        answer = self.rpc("event.publish", publish_body(topic, to_payload(payload)), 0, timeout)
+        return int(read_json(answer)["seq"])
+
     def stop(self, timeout: float = 5.0) -> None:
-        """Say goodbye (wait up to ``timeout`` for the answer) and close the link."""
-        if self._link is None:
+        """Leave: the children are told this rank shuts down and say goodbye (waited for
+        up to ``timeout``), then goodbye to the parent (its answer waited for up to
+        ``timeout``); then the links close."""
+        if not self._greenlets:
             return
-        self._apply(self.core.leave(self.transport.now()))
-        self._left.wait(timeout)
-        link, self._link = self._link, None
+        now = self.transport.now
+        self._apply(self.core.leave(now()))
+        if not self._left.wait(timeout) and self.core.state == "draining":
+            log.info("flux-mode rank %d: children still online after %g s: leaving without "
+                     "them", self.rank, timeout)
+            self._apply(self.core.leave(now(), force=True))
+            self._left.wait(timeout)
         gevent.killall(self._greenlets, block=False)
-        link.close(linger=0.5)
+        self._greenlets = []
+        link, self._link = self._link, None
+        router, self._router = self._router, None
+        if link is not None:
+            link.close(linger=0.5)
+        if router is not None:
+            router.close(linger=0.5)
 
     # --- the driver ------------------------------------------------------------------
 
     def _on_message(self, first: bytes, rest: list[bytes]) -> None:
         rest.insert(0, first)
         self._apply(self.core.receive(rest, self.transport.now()))
+
+    def _on_child(self, identity: bytes, frames: list[bytes]) -> None:
+        self._apply(self.core.receive_child(identity, frames, self.transport.now()))
 
     def _run_timer(self) -> None:
         while True:
@@ -438,8 +295,16 @@ class FluxModeMember:
     def _apply(self, outputs: list[Output]) -> None:
         for output in outputs:
             if isinstance(output, Send):
-                if self._link is not None:
-                    self._link.try_send(output.frames)
+                if output.link == PARENT:
+                    if self._link is not None:
+                        self._link.try_send(output.frames)
+                elif self._router is not None:
+                    try:
+                        self._router.try_send(output.frames)
+                    except zmq.ZMQError as exc:  # (ROUTER_MANDATORY) the child is gone
+                        if exc.errno != errno.EHOSTUNREACH:
+                            raise
+                        self._apply(self.core.child_lost(output.link, self.transport.now()))
             elif isinstance(output, Deliver):
                 self._deliver(output.message)
             elif isinstance(output, Notice):
@@ -495,6 +360,7 @@ class FluxModeMember:
         elif notice.what == "refused":
             self.refusal = str(notice.detail)
             self._online.set()
+            self._left.set()
         elif notice.what in ("left", "parent-lost"):
             self._left.set()
             self._online.set()

@@ -88,27 +88,88 @@ class FluxCoreInstance:
                 pipe.close()
 
 
+def write_config(directory: "Path", size: int, listen: dict[int, int],
+                 topo: Optional[str] = None) -> tuple["Path", "Path"]:
+    """A config-boot configuration of ``size`` hosts (fake0, fake1, ...) in
+    ``directory/conf``, with ``bind``/``connect`` on loopback ports for the ranks in
+    ``listen`` (those with children), a ``flux keygen`` certificate and ``tbon.topo``;
+    the paths of the file and the certificate."""
+    import subprocess as sp
+    conf = directory / "conf"
+    conf.mkdir()
+    cert = directory / "curve.cert"
+    sp.run(["flux", "keygen", str(cert)], check=True, capture_output=True,
+           env=clean_env(), timeout=60)
+    cert.chmod(0o600)
+    hosts = []
+    for rank in range(size):
+        entry = f'[[bootstrap.hosts]]\nhost = "fake{rank}"\n'
+        if rank in listen:
+            endpoint = f"tcp://127.0.0.1:{listen[rank]}"
+            entry += f'bind = "{endpoint}"\nconnect = "{endpoint}"\n'
+        hosts.append(entry)
+    tbon = f'[tbon]\ntopo = "{topo}"\n' if topo else ""
+    config = conf / "bootstrap.toml"
+    config.write_text(f'{tbon}[bootstrap]\ncurve_cert = "{cert}"\n' + "".join(hosts))
+    return config, cert
+
+
+class FluxCoreBroker:
+    """A flux-core broker of rank ``rank`` (host ``fake<rank>``) of the configuration
+    ``config`` (``write_config``), without rc1/rc3 (no modules beyond the built-in
+    ones) unless ``rc`` (flux-core's own: its modules); ``uri`` is its local connector,
+    its log goes to ``directory/broker<rank>.log``.
+    """
+
+    def __init__(self, directory: "Path", config: "Path", rank: int, rc: bool = False) -> None:
+        run = directory / f"run{rank}"
+        run.mkdir()
+        self.uri = f"local://{run}/local-{rank}"
+        self.log = directory / f"broker{rank}.log"
+        from gevent import subprocess as gsp  # (its exit code read right under gevent)
+        with open(self.log, "w") as log:
+            self.proc = gsp.Popen(
+                ["flux", "broker", "-v", f"-Shostname=fake{rank}",
+                 f"--config-path={config.parent}", f"-Srundir={run}",
+                 *(() if rc else ("-Sbroker.rc1_path=", "-Sbroker.rc3_path="))],
+                stdin=gsp.DEVNULL, stdout=log, stderr=gsp.STDOUT, env=clean_env())
+
+    def env(self) -> dict[str, str]:
+        return clean_env(FLUX_URI=self.uri)
+
+    def flux(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """One of flux-core's commands run against this broker."""
+        from gevent import subprocess as gsp
+        return gsp.run(["flux", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env(), stdin=subprocess.DEVNULL)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> Optional[int]:
+        """Its exit code if it ended by itself, else None (then it is killed)."""
+        code = self.proc.poll()
+        if code is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        return code
+
+
 class ConfigBootedRank0:
     """A flux-core rank 0 booted from a configuration of ``size`` hosts (fake0, fake1,
     ...) listening on loopback, with a CURVE certificate of ``flux keygen``; the other
-    ranks are for peermesh to take. Quorum 1: it runs without them."""
+    ranks are for peermesh to take (``listen``: bind/connect ports of other ranks with
+    children, ``topo``: ``tbon.topo``). Quorum 1: it runs without them."""
 
-    def __init__(self, directory: "Path", size: int, port: int) -> None:
+    def __init__(self, directory: "Path", size: int, port: int,
+                 listen: Optional[dict[int, int]] = None, topo: Optional[str] = None) -> None:
         import subprocess as sp
-        conf, run = directory / "conf", directory / "run"
-        conf.mkdir()
+        run = directory / "run"
         run.mkdir()
-        self.cert = directory / "curve.cert"
-        sp.run(["flux", "keygen", str(self.cert)], check=True, capture_output=True,
-               env=clean_env(), timeout=60)
-        self.cert.chmod(0o600)
         self.endpoint = f"tcp://127.0.0.1:{port}"
-        hosts = [f'[[bootstrap.hosts]]\nhost = "fake0"\nbind = "{self.endpoint}"\n'
-                 f'connect = "{self.endpoint}"\n']
-        hosts += [f'[[bootstrap.hosts]]\nhost = "fake{r}"\n' for r in range(1, size)]
-        self.config = conf / "bootstrap.toml"
-        self.config.write_text(
-            f'[bootstrap]\ncurve_cert = "{self.cert}"\n' + "".join(hosts))
+        self.config, self.cert = write_config(directory, size, {0: port, **(listen or {})},
+                                              topo)
+        conf = self.config.parent
         self.uri = f"local://{run}/local-0"
         self.proc = sp.Popen(["flux", "broker", "-Shostname=fake0", f"--config-path={conf}",
                               "-Sbroker.rc1_path=", "-Sbroker.rc3_path=", "-Sbroker.quorum=1",

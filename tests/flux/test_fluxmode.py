@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Callable
 
 import gevent
 import pytest
+import waiting
 from gevent import subprocess
 
 from peermesh.flux import FluxClient, FluxError
 from peermesh.flux.errors import FluxStateError
 from peermesh.flux.fluxmode import FluxModeMember
 
-from .fluxcore import SKIP, ConfigBootedRank0, flux_core_version
+from .fluxcore import SKIP, ConfigBootedRank0, FluxCoreBroker, flux_core_version, write_config
 
 pytestmark = pytest.mark.skipif(flux_core_version() is None, reason=SKIP)
 
@@ -30,9 +33,42 @@ def rank0(tmp_path: Path, free_tcp_port: int) -> Iterator[ConfigBootedRank0]:
         broker.stop()
 
 
-def overlay_status(rank0: ConfigBootedRank0) -> str:
+def overlay_status(rank0: "ConfigBootedRank0 | FluxCoreBroker") -> str:
     return subprocess.run(["flux", "overlay", "status"], capture_output=True, text=True,
                           env=rank0.env(), timeout=60).stdout
+
+
+def wait_full(broker: "ConfigBootedRank0 | FluxCoreBroker", ranks: int) -> str:
+    """``flux overlay status`` once it shows ``ranks`` ranks, all full (bounded)."""
+    status = ""
+    with gevent.Timeout(60, False):
+        while True:
+            status = overlay_status(broker)
+            if len(re.findall(r"\d+ fake\d+: full", status)) == ranks:
+                return status
+            gevent.sleep(0.2)
+    pytest.fail(f"not full in 60 s: {status}")
+
+
+def sub_one(broker: FluxCoreBroker, prefix: str) -> "subprocess.Popen[str]":
+    """``flux event sub --count=1`` on ``broker``: its output once an event came."""
+    return subprocess.Popen(["flux", "event", "sub", "--count=1", prefix],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=broker.env())
+
+
+def until_received(sub: "subprocess.Popen[str]", publish: Callable[[], Any]) -> str:
+    """Publish until the subscriber (which may subscribe after the first) got one."""
+    with gevent.Timeout(60, False):
+        while sub.poll() is None:
+            publish()
+            gevent.sleep(0.2)
+    if sub.poll() is None:
+        sub.kill()
+        sub.wait(10)
+        pytest.fail("no event reached the subscriber in 60 s")
+    assert sub.stdout is not None
+    return sub.stdout.read()
 
 
 def test_a_peermesh_rank_in_a_flux_core_tree(rank0: ConfigBootedRank0) -> None:
@@ -107,9 +143,10 @@ def test_a_version_the_parent_does_not_run_is_refused(rank0: ConfigBootedRank0) 
         member.stop()
 
 
-def test_a_flux_core_broker_under_a_peermesh_rank_0_is_refused_with_a_reason(
+def test_a_flux_core_broker_under_a_peermesh_instance_is_refused_with_a_reason(
         tmp_path: Path) -> None:
-    """Not a hang: the flux-core child logs the refusal and shuts down."""
+    """A member of a peermesh instance (not flux mode) takes no flux-core broker; not a
+    hang: the flux-core child logs the refusal and shuts down."""
     from peermesh.flux import FluxOverlay
     from peermesh.flux.core import FLUX_CORE_CHILD_REFUSED
     from peermesh.io.curve import Curve
@@ -173,8 +210,9 @@ def test_flux_run_with_the_instances_config_is_that_rank(
         assert process.stop(signal.SIGTERM) == 0, process.describe()
         assert re.search(r"1 fake1: offline", overlay_status(rank0))
         refused = cli.call("flux", "run", "--flux-config", str(rank0.config),
-                           "--flux-hostname", "fake0", timeout=60)
-        assert refused.returncode == 2 and "fake0 is rank 0" in refused.stderr, refused.stderr
+                           "--flux-hostname", "elsewhere", timeout=60)
+        assert refused.returncode == 2 and "elsewhere is not among the hosts" in \
+            refused.stderr, refused.stderr
     finally:
         cli.close()
 
@@ -194,3 +232,165 @@ def test_requests_past_max_serving_get_eagain(rank0: ConfigBootedRank0) -> None:
             client.close()
     finally:
         member.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_peermesh_rank_with_flux_core_children(tmp_path: Path, free_tcp_port: int) -> None:
+    """flux-core rank 0 -> peermesh rank 1 -> flux-core rank 2 (kary:1)."""
+    rank0 = ConfigBootedRank0(tmp_path, 3, free_tcp_port, {1: free_port()}, "kary:1")
+    member = child = None
+    try:
+        member = FluxModeMember.from_config(str(rank0.config), "fake1").start()
+        assert member.wait_online(30) and list(member.core.children) == [2]
+        child = FluxCoreBroker(tmp_path, rank0.config, 2)
+        status = wait_full(rank0, 3)                 # flux-core's view: the whole tree full
+        assert re.search(r"0 fake0: full\n.*1 fake1: full\n.*2 fake2: full", status), status
+        # pings cross the peermesh rank both ways
+        down = subprocess.run(["flux", "ping", "-c", "1", "2"], capture_output=True,
+                              text=True, env=rank0.env(), timeout=60)
+        assert down.returncode == 0 and "2!broker.ping pad=0 seq=0" in down.stdout, down.stderr
+        up = child.flux("ping", "-c", "1", "0")
+        assert up.returncode == 0 and "0!broker.ping pad=0 seq=0" in up.stdout, up.stderr
+        assert json.loads(member.rpc("broker.ping", {"seq": 1}, 2, 10).rstrip(b"\0"))[
+            "rank"] == 2
+        # the instance's events go down through it; the child's through it to rank 0
+        got = until_received(sub_one(child, "fm."), lambda: subprocess.run(
+            ["flux", "event", "pub", "fm.down"], env=rank0.env(), timeout=60,
+            capture_output=True))
+        assert got.startswith("fm.down"), got
+        published = child.flux("event", "pub", "-s", "fm.up")
+        assert published.returncode == 0 and published.stdout.startswith("seq="), \
+            published.stderr
+        gevent.sleep(member.core.heartbeat * 3)      # heartbeats keep it full, not torpid
+        assert len(re.findall(r"fake\d: full", overlay_status(rank0))) == 3
+        # leaving: the child shuts down first (its goodbye), then the rank says goodbye
+        member.stop(30)
+        assert child.proc.wait(30) == 0, child.text()
+        status = overlay_status(rank0)
+        assert re.search(r"1 fake1: offline", status), status
+    finally:
+        if member is not None:
+            member.stop(5)
+        if child is not None:
+            child.stop()
+        rank0.stop()
+
+
+def test_flux_core_brokers_under_a_peermesh_rank_0(tmp_path: Path) -> None:
+    """peermesh rank 0 -> flux-core 1, 2; flux-core 1 -> flux-core 3 (kary:2)."""
+    config, _ = write_config(tmp_path, 4, {0: free_port(), 1: free_port()}, "kary:2")
+    root = FluxModeMember.from_config(str(config), "fake0").start()
+    brokers: list[FluxCoreBroker] = []
+    try:
+        assert root.wait_online(10) and list(root.core.children) == [1, 2]
+        events = root.subscribe("fm.")
+        brokers = [FluxCoreBroker(tmp_path, config, rank) for rank in (1, 2, 3)]
+        status = wait_full(brokers[2], 4)            # as the deepest flux-core broker sees it
+        assert re.search(r"0 fake0: full\n.*1 fake1: full\n.*3 fake3: full\n.*2 fake2: full",
+                         status, re.S), status
+        # flux-core's tools on a child reach rank 0, and through it the other subtree
+        for target, rank in (("0", 0), ("2", 2)):
+            ping = brokers[2].flux("ping", "-c", "1", target)
+            assert ping.returncode == 0 and f"{rank}!broker.ping pad=0" in ping.stdout, \
+                ping.stderr
+        assert brokers[0].flux("getattr", "size").stdout.strip() == "4"
+        assert json.loads(root.rpc("broker.ping", {"seq": 1}, 3, 10).rstrip(b"\0"))[
+            "rank"] == 3
+        # events: rank 0 numbers them, published by it or by a child, and sends them down
+        published = brokers[2].flux("event", "pub", "-s", "fm.up", '{"n": 1}')
+        assert published.returncode == 0 and published.stdout.strip() == "seq=1", \
+            published.stderr
+        event = events(10)
+        assert event is not None and (event.topic, event.seq) == ("fm.up", 1)
+        got = until_received(sub_one(brokers[2], "fm.down"),
+                             lambda: root.publish("fm.down", {"n": 2}))
+        assert got.startswith("fm.down"), got
+        # what rank 0 does not serve is refused at once, naming it
+        kvs = brokers[0].flux("kvs", "get", "a", timeout=30)
+        assert kvs.returncode != 0 and "Function not implemented" in kvs.stderr, kvs.stderr
+        execs = brokers[0].flux("exec", "-r", "0", "true", timeout=30)
+        assert execs.returncode != 0 and "a peermesh rank 0 has no rexec service" in \
+            execs.stderr, execs.stderr
+        gevent.sleep(root.core.heartbeat * 3)       # they stay full
+        assert len(re.findall(r"fake\d: full", overlay_status(brokers[2]))) == 4
+        # rank 0 leaving shuts the flux-core brokers down, each saying goodbye
+        root.stop(30)
+        for broker in brokers:
+            assert broker.proc.wait(30) == 0, broker.text()
+        assert not any(child.online for child in root.core.children.values())
+    finally:
+        root.stop(5)
+        for broker in brokers:
+            broker.stop()
+
+
+def test_flux_run_as_rank_0_of_flux_core_brokers(tmp_path: Path, free_udp_port: int) -> None:
+    """``peermesh flux run --flux-config`` as the first host: rank 0; SIGTERM shuts the
+    flux-core broker below down first."""
+    import signal
+
+    from cliprocess import Cli
+
+    config, _ = write_config(tmp_path, 2, {0: free_port()})
+    cli = Cli(free_udp_port)
+    broker = None
+    try:
+        process = cli.start("flux", "run", "--json", "--flux-config", str(config),
+                            "--flux-hostname", "fake0")
+        assert process.expect_event(event="online")["rank"] == 0
+        broker = FluxCoreBroker(tmp_path, config, 1)
+        status = wait_full(broker, 2)
+        assert re.search(r"0 fake0: full\n.*1 fake1: full", status, re.S), status
+        assert process.stop(signal.SIGTERM) == 0, process.describe()
+        assert broker.proc.wait(30) == 0, broker.text()
+    finally:
+        cli.close()
+        if broker is not None:
+            broker.stop()
+
+
+def test_a_flux_core_broker_needing_more_of_rank_0_stops_at_once(tmp_path: Path) -> None:
+    """With flux-core's own rc1 a broker loads modules that need theirs on rank 0
+    (job-ingest, kvs, ...): a peermesh rank 0 answers them ENOSYS at once, so the
+    broker's rc1 fails and it stops, saying goodbye; no hang."""
+    config, _ = write_config(tmp_path, 2, {0: free_port()})
+    root = FluxModeMember.from_config(str(config), "fake0").start()
+    broker = FluxCoreBroker(tmp_path, config, 1, rc=True)
+    try:
+        assert broker.proc.wait(60) != 0
+        log = broker.text()
+        assert "Function not implemented" in log and "rc1-fail" in log, log
+        assert root.core.children[1].error == "administrative shutdown"   # its goodbye
+    finally:
+        broker.stop()
+        root.stop(5)
+
+
+def test_the_instance_shutting_down_takes_the_peermesh_rank_and_its_child_along(
+        tmp_path: Path, free_tcp_port: int) -> None:
+    """flux-core rank 0 shuts down: the peermesh rank hears it (state-machine.monitor),
+    shuts its flux-core child down, says goodbye, and rank 0 ends cleanly."""
+    rank0 = ConfigBootedRank0(tmp_path, 3, free_tcp_port, {1: free_port()}, "kary:1")
+    member = FluxModeMember.from_config(str(rank0.config), "fake1").start()
+    child = None
+    try:
+        assert member.wait_online(30)
+        child = FluxCoreBroker(tmp_path, rank0.config, 2)
+        wait_full(rank0, 3)
+        assert rank0.proc.stdin is not None
+        rank0.proc.stdin.close()                    # its initial program ends: shutdown
+        waiting.poll_until(lambda: rank0.proc.poll() is not None, 60, "rank 0 to end",
+                           sleep=gevent.sleep)         # (a blocking wait would stop the hub)
+        assert rank0.proc.returncode == 0
+        assert member.ended.wait(10) and member.core.state == "stopped"
+        assert child.proc.wait(30) == 0, child.text()
+    finally:
+        member.stop(5)
+        if child is not None:
+            child.stop()
+        rank0.stop()

@@ -107,20 +107,28 @@ def test_read_config_finds_rank_parent_and_uri(tmp_path) -> None:  # type: ignor
     conf.write_text('[bootstrap]\ncurve_cert = "c.cert"\ndefault_port = 8050\n'
                     'default_connect = "tcp://%h:%p"\n[tbon]\ntopo = "kary:2"\n'
                     '[[bootstrap.hosts]]\nhost = "n0"\nconnect = "tcp://10.0.0.1:9"\n' + hosts)
-    assert read_config(str(conf), "n3") == {"rank": 3, "size": 5, "parent": "tcp://n1:8050",
-                                            "cert": str(tmp_path / "c.cert")}
+    place = read_config(str(conf), "n3")
+    assert {k: place[k] for k in ("rank", "size", "parent", "bind", "cert", "hosts")} == {
+        "rank": 3, "size": 5, "parent": "tcp://n1:8050", "bind": None,
+        "cert": str(tmp_path / "c.cert"), "hosts": ["n0", "n1", "n2", "n3", "n4"]}
+    assert place["parents"] == [-1, 0, 0, 1, 1]
     assert read_config(str(conf), "n4")["parent"] == "tcp://n1:8050"
-    with pytest.raises(ValueError, match="has children"):
-        read_config(str(conf), "n1")
-    with pytest.raises(ValueError, match="is rank 0"):
-        read_config(str(conf), "n0")
+    for host in ("n1", "n0"):          # ranks with children need somewhere to listen
+        with pytest.raises(ValueError, match=f"{host} .* has children under kary:2 but no "
+                                             "bind URI"):
+            read_config(str(conf), host)
+    conf.write_text(conf.read_text().replace('default_connect', 'default_bind = '
+                                             '"tcp://*:%p"\ndefault_connect'))
+    assert read_config(str(conf), "n1")["bind"] == "tcp://*:8050"
+    assert read_config(str(conf), "n0")["parent"] is None
     with pytest.raises(ValueError, match="not among the hosts"):
         read_config(str(conf), "elsewhere")
     custom = tmp_path / "custom.toml"
     custom.write_text('[bootstrap]\ncurve_cert = "/c"\n[[bootstrap.hosts]]\nhost = "a"\n'
                       'connect = "tcp://127.0.0.1:1"\n[[bootstrap.hosts]]\nhost = "b"\n')
-    assert read_config(str(custom), "b") == {"rank": 1, "size": 2,
-                                             "parent": "tcp://127.0.0.1:1", "cert": "/c"}
+    place = read_config(str(custom), "b")
+    assert (place["rank"], place["size"], place["parent"], place["cert"]) == (
+        1, 2, "tcp://127.0.0.1:1", "/c")
     custom.write_text('[bootstrap]\n[[bootstrap.hosts]]\nhost = "a"\n[[bootstrap.hosts]]\n'
                       'host = "b"\n')
     with pytest.raises(ValueError, match="no bootstrap.curve_cert"):
