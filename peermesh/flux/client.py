@@ -198,6 +198,9 @@ class FluxClient:
             link: Any = LocalLink(endpoint, timeout, self.max_message)
         else:
             secure = {"server_key": self.keys[endpoint].encode()} if self.keys else {}
+            # an identity per connection: a ROUTER without ROUTER_HANDOVER (flux-core's, a
+            # refusing peer's) ignores a new connection under one it has not yet let go
+            self.identity = os.urandom(IDENTITY_SIZE)
             link = self.transport.connect(self.identity, endpoint, SNDHWM, handover=True,
                                           **secure)
             link.limit = self.max_message

@@ -176,7 +176,7 @@ def _park(future: RpcFuture, timeout: Optional[float]) -> bool:
         finally:
             future._waiter = None
     timer = hub.loop.timer(max(timeout, 0.0))
-    timer.start(waiter.switch, False)
+    timer.start(waiter.switch, False, update=True)
     try:
         return bool(waiter.get())
     finally:

@@ -274,7 +274,10 @@ class HubSocket:
 
     def _wait(self, flag: int, timeout: Optional[float]) -> bool:
         loop = self._loop()
-        deadline = None if timeout is None else loop.now() + timeout
+        deadline = None
+        if timeout is not None:
+            loop.update_now()  # (the hub's clock is as old as its last round)
+            deadline = loop.now() + timeout
         me = getcurrent()
         while not self.closed:
             try:
@@ -299,11 +302,11 @@ class HubSocket:
         io = self._io
         if not io.active:
             io.start(self._on_edge)
-            self._guard.again(self._on_guard)  # (a stopped timer started again fires at once)
+            self._guard.again(self._on_guard, update=True)
         timer = None
         if seconds is not None and seconds < GUARD:
             timer = self._hub.loop.timer(seconds)
-            timer.start(self._resume, me)
+            timer.start(self._resume, me, update=True)
         try:
             self._hub.switch()
         finally:
@@ -342,7 +345,7 @@ class HubSocket:
         if self._parked or (self._serving is not None and not self._paused):
             if not io.active:
                 io.start(self._on_edge)
-                self._guard.again(self._on_guard)  # (a stopped timer started again fires at once)
+                self._guard.again(self._on_guard, update=True)
         elif io.active:
             io.stop()
             self._guard.stop()

@@ -253,7 +253,7 @@ class _Link(HubSocket):
     def connect_after(self, seconds: float, endpoint: str) -> None:
         """Connect to ``endpoint`` in ``seconds``, unless closed meanwhile."""
         timer = gevent.get_hub().loop.timer(seconds)
-        timer.start(self._connect, timer, endpoint)
+        timer.start(self._connect, timer, endpoint, update=True)
 
     def _connect(self, timer: Any, endpoint: str) -> None:
         timer.close()

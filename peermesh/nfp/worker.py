@@ -714,7 +714,7 @@ class Worker(Overlay):
                 else:
                     self._respond(origin, msg, Status.PENDING, {"state": live.state}, rid)
             timer = gevent.get_hub().loop.timer(min(float(wait), 3600.0))
-            timer.start(answer)
+            timer.start(answer, update=True)
             job.waiters.append(answer)
             return
         self._respond(origin, msg, Status.PENDING, {"state": job.state}, rid)

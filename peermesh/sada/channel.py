@@ -389,7 +389,7 @@ class Channel(Overlay):
             self._timer.close()
         self._timer_at = deadline
         self._timer = self._loop.timer(max(_TIMER_STEP, deadline - self._clock()))
-        self._timer.start(self._on_timer)
+        self._timer.start(self._on_timer, update=True)
 
     def _on_timer(self) -> None:
         self._timer.close()

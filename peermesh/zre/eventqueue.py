@@ -246,7 +246,7 @@ class GreenEventQueue(_ByteBound[T]):
             timer = None
             if timeout is not None:
                 timer = self._hub.loop.timer(remaining)
-                timer.start(waiter.switch, _TIMED_OUT)
+                timer.start(waiter.switch, _TIMED_OUT, update=True)
             try:
                 waiter.get()
             finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import gevent
@@ -113,3 +114,27 @@ def test_answers_from_other_greenlets_wake_the_waiting_caller(
     waiters = [gevent.spawn(lambda: leaf.rpc("job.later", None, leaf.rank).get(5))
                for _ in range(3)]
     assert [w.get(5) for w in waiters] == [b"done\0"] * 3
+
+
+def test_an_rpc_after_the_hub_was_idle_counts_its_timeout_from_the_call() -> None:
+    """A response within the timeout is got however long the hub had not run before
+    the call (its clock is as old as its last round; counted from it, the timeout ran
+    out at once)."""
+    from peermesh.flux.handle import RpcFuture
+    from peermesh.wire.flux import Response
+
+    class Owner:
+        def _abandon(self, future: RpcFuture) -> None:
+            pass
+
+    future = RpcFuture(Owner(), 5, "svc.late", False)  # type: ignore[arg-type]
+
+    def answer_soon() -> None:
+        gevent.sleep(0.01)  # (gevent.sleep brings the hub's clock up to date)
+        future._put(Response("svc.late", matchtag=5))
+
+    hub = gevent.get_hub()
+    hub.wait(hub.loop.timer(0.001))  # resumed straight from a watcher (as by a message)
+    time.sleep(0.3)  # then the hub does not run: its clock stays 0.3 s behind
+    gevent.spawn(answer_soon)
+    assert future.response(0.2).matchtag == 5
