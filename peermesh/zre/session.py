@@ -100,6 +100,11 @@ discovery and still waiting for HELLO (a new one found when they are
 full sheds the oldest if that has waited ``interval``, as a live node
 answers at once; a HELLO, which proves a live connection, sheds the oldest
 of those when the table is full, else a peer that is EVASIVE);
+``max_unproven`` peers that said HELLO before any report of them and have
+not proven since that a node lives at the endpoint they name (a PING-OK, or
+a report there; ``unproven``): a new one sheds the oldest if a PING to it
+went unanswered for ``interval``, else is refused (the PINGs go when the
+bound is first met, unless ``rtt_probe`` sent them);
 ``max_peers_per_address`` peers at one address (their endpoint's; the
 node's own address, where its host's other nodes live, is not counted: a
 flood from one host cannot fill the table, and a peer that said HELLO sheds
@@ -152,7 +157,7 @@ _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 HELD_MESSAGES = 1024
 #: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
 COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed",
-            "evasive_shed", "pending_timed_out",
+            "evasive_shed", "pending_timed_out", "unproven_refused", "unproven_shed",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
             "sequence_resyncs", "sessions_restarted", "messages_refused")
@@ -287,6 +292,14 @@ def _decode_hello(frame: bytes) -> zre.Message:
     return zre.decode([frame])
 
 
+def _asked(peer: Peer) -> Optional[float]:
+    """When the oldest timed PING to ``peer`` still unanswered went; None if none."""
+    for _, when in peer.pings or ():
+        if when is not None:
+            return when
+    return None
+
+
 def _host(endpoint: str) -> str:
     """The address of ``tcp://address:port``."""
     return endpoint[6:].rpartition(":")[0]
@@ -334,6 +347,10 @@ class Session:
         self.members: dict[str, dict[UUID, Peer]] = {}
         #: peers found by discovery, waiting for their HELLO, oldest first
         self.pending: dict[UUID, Peer] = {}
+        #: peers that said HELLO before any discovery report of them and have neither been
+        #: reported at their endpoint nor answered a PING since, oldest first (a HELLO
+        #: names any endpoint: only a PING-OK or a report shows a node lives there)
+        self.unproven: dict[UUID, Peer] = {}
         #: peers per address (their endpoint's), but those at our own
         self.per_address: Counter[str] = Counter()
         #: what remote senders made the session refuse, drop or shed
@@ -375,6 +392,7 @@ class Session:
         self.by_endpoint.clear()
         self.members.clear()
         self.pending.clear()
+        self.unproven.clear()
         self.per_address.clear()
         self._claims.clear()
         self._claimants.clear()
@@ -520,6 +538,8 @@ class Session:
         if peer is not None:
             if peer.endpoint == endpoint:
                 peer.refresh(now)
+                if self.unproven:
+                    self.unproven.pop(uuid, None)
             else:  # a stale or forged report: the peer's own HELLO said where it is
                 self.counters.add("reports_ignored")
         elif now - self._departed.get(uuid, -1e18) >= self.config.expired:
@@ -671,7 +691,7 @@ class Session:
             self._caps_said.add(setting)
             log.warning("node %s holds %s=%d %s: for a larger mesh raise %s "
                         "(PEERMESH_%s, or %s in the [node] table)", self.name, setting,
-                        self.max_peers if setting == "max_peers" else self.config.max_pending,
+                        self.max_peers if setting == "max_peers" else getattr(self.config, setting),
                         what, setting, setting.upper(), setting)
 
     def _address(self, endpoint: str) -> str:
@@ -717,6 +737,7 @@ class Session:
         if address:
             take_one(self.per_address, address)
         self.pending.pop(peer.uuid, None)
+        self.unproven.pop(peer.uuid, None)
         if self.by_endpoint.get(peer.endpoint) is peer:
             del self.by_endpoint[peer.endpoint]
         for group in peer.groups:
@@ -861,6 +882,8 @@ class Session:
         elif isinstance(message, zre.PeerExchange):
             self._on_peer_exchange(peer, message, now)
         elif isinstance(message, zre.PingOk):
+            if self.unproven:
+                self.unproven.pop(peer.uuid, None)
             if peer.pings:
                 peer.confirmed, sent = peer.pings.popleft()
                 if sent is not None:
@@ -947,10 +970,40 @@ class Session:
             elif holder is not None and now - holder.last_seen < self.config.evasive:
                 self._claim(holder, uuid, identity, hello, now)
                 return
+            if not self._room_for_unproven(now):
+                return
             peer = self._require_peer(uuid, hello.endpoint, now, hello=True)
             if peer is None:
                 return
+            self.unproven[uuid] = peer
+            self._accept_hello(peer, hello, now, announce=True)
+            return
         self._accept_hello(peer, hello, now, announce=True)
+
+    def _room_for_unproven(self, now: float) -> bool:
+        """Whether a node that says HELLO before any report of it may enter: at most
+        ``max_unproven`` such peers wait for their proof (a PING-OK, or a report at their
+        endpoint). When they are full, the oldest is shed if a PING went to it
+        ``interval`` ago or more (``unproven_shed``: a live node answers at once); else
+        those not PINGed yet are, and the newcomer is refused (``unproven_refused``: it
+        enters when it says HELLO again, as a live node does after ``hello_timeout``)."""
+        unproven = self.unproven
+        if len(unproven) < self.config.max_unproven:
+            return True
+        oldest = next(iter(unproven.values()))
+        asked = _asked(oldest)
+        if asked is None or now - asked < self.config.interval:
+            if asked is None:  # (once per oldest: the next ones are asked with it)
+                for peer in unproven.values():
+                    if _asked(peer) is None:
+                        self.ping(peer, now)
+            self.counters.add("unproven_refused")
+            self._at_cap("max_unproven", "peers that said HELLO wait for a PING-OK or a "
+                         "beacon; new ones are refused")
+            return False
+        self.counters.add("unproven_shed")
+        self.remove(oldest, "shed for a newer peer: no PING-OK or beacon within interval")
+        return True
 
     def _reconnected(self, peer: Peer, hello: zre.Hello, now: float) -> bool:
         """A ready peer's second HELLO, from its endpoint with its name and headers, while
