@@ -161,9 +161,11 @@ class NodeConfig:
     #: peers that said HELLO before discovery reported them and have not proven since
     #: that a node lives at their endpoint (a PING-OK, or a report there): over it, a new
     #: one sheds the oldest if a PING to it went unanswered for ``interval``
-    #: (``unproven_shed``), else it is refused (``unproven_refused``) and gets in when it
-    #: says HELLO again; and the mailbox connections that are no peer's (no HELLO yet, or
-    #: refused): over it, the oldest quiet ones are closed (``connections_shed``)
+    #: (``unproven_shed``), else its HELLO waits (at most ``max_pending`` of them) and it
+    #: enters when a report comes from its endpoint, or is refused after
+    #: ``hello_timeout`` (``unproven_refused``); and the mailbox connections that are no
+    #: peer's (no HELLO yet, or refused): over it, the oldest quiet ones are closed
+    #: (``connections_shed``)
     max_unproven: int = 256
     #: seconds a peer found by discovery, or a connection to the mailbox, has to say
     #: HELLO (or finish the ZeroMQ handshake) before it is dropped

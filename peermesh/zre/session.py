@@ -103,8 +103,10 @@ of those when the table is full, else a peer that is EVASIVE);
 ``max_unproven`` peers that said HELLO before any report of them and have
 not proven since that a node lives at the endpoint they name (a PING-OK, or
 a report there; ``unproven``): a new one sheds the oldest if a PING to it
-went unanswered for ``interval``, else is refused (the PINGs go when the
-bound is first met, unless ``rtt_probe`` sent them);
+went unanswered for ``interval`` (the PINGs go when the bound is first met,
+unless ``rtt_probe`` sent them), else its HELLO waits, with no link, until a
+report comes from its endpoint (it enters then) or ``hello_timeout`` passed
+(refused: at most ``max_pending`` HELLOs and ``HELD_HELLO_OCTETS`` wait);
 ``max_peers_per_address`` peers at one address (their endpoint's; the
 node's own address, where its host's other nodes live, is not counted: a
 flood from one host cannot fill the table, and a peer that said HELLO sheds
@@ -155,6 +157,8 @@ _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 #: commands held per claimant while its claim waits (and at most ``max_message`` octets)
 HELD_MESSAGES = 1024
+#: octets of the HELLOs refused by ``max_unproven`` that are kept for their sender's proof
+HELD_HELLO_OCTETS = 1 << 20
 #: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
 COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed",
             "evasive_shed", "pending_timed_out", "unproven_refused", "unproven_shed",
@@ -351,6 +355,10 @@ class Session:
         #: reported at their endpoint nor answered a PING since, oldest first (a HELLO
         #: names any endpoint: only a PING-OK or a report shows a node lives there)
         self.unproven: dict[UUID, Peer] = {}
+        #: the HELLOs refused as ``unproven`` was full (when, the HELLO, its octets), oldest
+        #: first: a report of the sender at the endpoint it names lets it in at once
+        self._held_hellos: dict[UUID, tuple[float, zre.Hello, int]] = {}
+        self._held_octets = 0
         #: peers per address (their endpoint's), but those at our own
         self.per_address: Counter[str] = Counter()
         #: what remote senders made the session refuse, drop or shed
@@ -393,6 +401,8 @@ class Session:
         self.members.clear()
         self.pending.clear()
         self.unproven.clear()
+        self._held_hellos.clear()
+        self._held_octets = 0
         self.per_address.clear()
         self._claims.clear()
         self._claimants.clear()
@@ -543,6 +553,13 @@ class Session:
             else:  # a stale or forged report: the peer's own HELLO said where it is
                 self.counters.add("reports_ignored")
         elif now - self._departed.get(uuid, -1e18) >= self.config.expired:
+            held = self._unhold(uuid) if self._held_hellos else None
+            if held is not None:
+                if held[1].endpoint == endpoint:  # its HELLO, proven now: it enters
+                    peer = self._require_peer(uuid, endpoint, now, hello=True)
+                    if peer is not None:
+                        self._accept_hello(peer, held[1], now, announce=True)
+                    return
             self._require_peer(uuid, endpoint, now, hello=False)
         # else: it said it was leaving; a stale report (PEX, mDNS cache) must not revive it
 
@@ -971,10 +988,13 @@ class Session:
                 self._claim(holder, uuid, identity, hello, now)
                 return
             if not self._room_for_unproven(now):
+                self._hold_hello(uuid, hello, size, now)
                 return
             peer = self._require_peer(uuid, hello.endpoint, now, hello=True)
             if peer is None:
                 return
+            if self._held_hellos:
+                self._unhold(uuid)
             self.unproven[uuid] = peer
             self._accept_hello(peer, hello, now, announce=True)
             return
@@ -985,8 +1005,7 @@ class Session:
         ``max_unproven`` such peers wait for their proof (a PING-OK, or a report at their
         endpoint). When they are full, the oldest is shed if a PING went to it
         ``interval`` ago or more (``unproven_shed``: a live node answers at once); else
-        those not PINGed yet are, and the newcomer is refused (``unproven_refused``: it
-        enters when it says HELLO again, as a live node does after ``hello_timeout``)."""
+        those not PINGed yet are, and the newcomer waits (``_hold_hello``)."""
         unproven = self.unproven
         if len(unproven) < self.config.max_unproven:
             return True
@@ -997,13 +1016,43 @@ class Session:
                 for peer in unproven.values():
                     if _asked(peer) is None:
                         self.ping(peer, now)
-            self.counters.add("unproven_refused")
-            self._at_cap("max_unproven", "peers that said HELLO wait for a PING-OK or a "
-                         "beacon; new ones are refused")
             return False
         self.counters.add("unproven_shed")
         self.remove(oldest, "shed for a newer peer: no PING-OK or beacon within interval")
         return True
+
+    def _hold_hello(self, uuid: UUID, hello: zre.Hello, size: int, now: float) -> None:
+        """Keep a HELLO that found ``unproven`` full (no link, no peer: a report of its
+        sender at the endpoint it names lets it in) for ``hello_timeout``, at most
+        ``max_pending`` of them and ``HELD_HELLO_OCTETS``; one dropped unproven is refused
+        (``unproven_refused``: its sender gets in when it says HELLO again, as a live node
+        does after ``hello_timeout``)."""
+        held = self._held_hellos
+        self._unhold(uuid)
+        held[uuid] = (now, hello, size)
+        self._held_octets += size
+        self._drop_held_hellos(now - self.config.hello_timeout)
+
+    def _unhold(self, uuid: UUID) -> Optional[tuple[float, zre.Hello, int]]:
+        """Take ``uuid``'s held HELLO out, if any."""
+        held = self._held_hellos.pop(uuid, None)
+        if held is not None:
+            self._held_octets -= held[2]
+        return held
+
+    def _drop_held_hellos(self, before: float) -> None:
+        """Drop the held HELLOs past their bounds or held since before ``before``."""
+        held = self._held_hellos
+        while held:
+            uuid, (when, _, size) = next(iter(held.items()))
+            if (when >= before and len(held) <= self.config.max_pending
+                    and self._held_octets <= HELD_HELLO_OCTETS):
+                break
+            del held[uuid]
+            self._held_octets -= size
+            self.counters.add("unproven_refused")
+            self._at_cap("max_unproven", "peers that said HELLO wait for a PING-OK or a "
+                         "beacon; HELLOs past them wait for a beacon, else are refused")
 
     def _reconnected(self, peer: Peer, hello: zre.Hello, now: float) -> bool:
         """A ready peer's second HELLO, from its endpoint with its name and headers, while
@@ -1142,6 +1191,8 @@ class Session:
             if now - when < cfg.expired:
                 break
             del departed[uuid]
+        if self._held_hellos:
+            self._drop_held_hellos(now - cfg.hello_timeout)
         pending = self.pending
         while pending:  # oldest first
             peer = next(iter(pending.values()))

@@ -107,26 +107,37 @@ def test_hellos_that_nothing_proves_wait_at_most_max_unproven() -> None:
     for fake in fakes:
         h.send(fake, fake.hello(), 0.0)
     assert list(h.session.unproven) == [f.uuid for f in fakes]
-    real, other = Remote("real", 3000), Remote("other", 3001)
-    h.send(real, real.hello(), 0.1)  # full: refused, and each waiting peer is PINGed
-    assert real.uuid not in h.session.peers
+    real, other, third = Remote("real", 3000), Remote("other", 3001), Remote("third", 3002)
+    links = sum(map(len, h.links.values()))
+    h.send(real, real.hello(), 0.1)  # full: its HELLO waits, and each fake is PINGed
+    assert real.uuid not in h.session.peers and sum(map(len, h.links.values())) == links
     assert all(h.link(f.endpoint).kinds() == ["Hello", "Ping"] for f in fakes)
-    h.send(real, real.hello(), 0.5)  # asked 0.4 s ago: still refused
+    h.taken()
+    h.session.peer_appeared(real.uuid, real.endpoint, 0.2)  # its beacon: in at once, proven
+    assert h.taken() == [(ENTER, "real")] and real.uuid not in h.session.unproven
+    h.send(other, other.hello(), 0.3)  # the fakes were asked 0.2 s ago: it waits
     h.send(fakes[1], zre.PingOk(fakes[1].next()), 0.6)  # one answers: proven
-    entered(h, real, 0.7)
-    h.session.peer_appeared(real.uuid, real.endpoint, 0.8)  # its beacon proves it
-    assert list(h.session.unproven) == [fakes[0].uuid, fakes[2].uuid, fakes[3].uuid]
-    entered(h, other, 0.8)  # room again
-    third = Remote("third", 3002)
+    entered(h, other, 0.7)  # it said HELLO again: room now
     h.send(third, third.hello(), 1.0)  # full, and fake0 was asked 0.9 s ago
-    assert h.session.counters.get("unproven_refused") == 3
+    assert third.uuid not in h.session.peers
     h.send(third, third.hello(), 1.1)  # fake0 had an interval to answer its PING: shed
-    assert h.taken()[-2:] == [(EXIT, "shed for a newer peer: no PING-OK or beacon within "
-                                     "interval"), (ENTER, "third")]
+    assert h.taken() == [(EXIT, "shed for a newer peer: no PING-OK or beacon within "
+                                "interval"), (ENTER, "third")]
     assert h.session.counters.get("unproven_shed") == 1
     assert set(h.session.peers) == {f.uuid for f in fakes[1:]} | {real.uuid, other.uuid,
                                                                    third.uuid}
     assert list(h.session.unproven) == [fakes[2].uuid, fakes[3].uuid, other.uuid, third.uuid]
+    assert h.session.counters.get("unproven_refused") == 0  # each held HELLO got in
+    # A held HELLO that nothing proves within hello_timeout is refused.
+    h = harness(max_unproven=1, hello_timeout=2.0)
+    h.send(fakes[0], fakes[0].hello(), 0.0)
+    h.send(fakes[1], fakes[1].hello(), 0.1)
+    h.session.tick(2.0)
+    assert h.session.counters.get("unproven_refused") == 0
+    h.session.tick(2.2)
+    assert h.session.counters.get("unproven_refused") == 1
+    h.session.peer_appeared(fakes[1].uuid, fakes[1].endpoint, 2.3)  # too late: found only
+    assert fakes[1].uuid in h.session.pending
 
 
 def test_a_node_at_a_cap_says_so_once_naming_the_setting(caplog: pytest.LogCaptureFixture
