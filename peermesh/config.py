@@ -160,7 +160,7 @@ class NodeConfig:
     max_pending: int = 1024
     #: peers that said HELLO before discovery reported them and have not proven since
     #: that a node lives at their endpoint (a PING-OK, or a report there): over it, a new
-    #: one sheds the oldest if a PING to it went unanswered for ``interval``
+    #: one sheds the oldest if a PING to it went unanswered for ``hello_timeout``
     #: (``unproven_shed``), else its HELLO waits (at most ``max_pending`` of them) and it
     #: enters when a report comes from its endpoint, or is refused after
     #: ``hello_timeout`` (``unproven_refused``); and the mailbox connections that are no

@@ -30,10 +30,11 @@ carry the connection's descriptor) and keeps it under its
   has none stops listening (``unbind``) and binds again ``accept_pause``
   seconds later (``accept_paused``), so the I/O thread never spins;
 * **memory returned**: once the connections fall to half of a peak of at
-  least ``TRIM_AFTER``, the C heap is trimmed (``malloc_trim``), at most once
-  every ``TRIM_PERIOD`` seconds (a fall within it is trimmed once it is
-  over): libzmq's per-connection buffers go back to the system instead of
-  staying in its allocator's arenas;
+  least ``TRIM_AFTER``, or ``TRIM_AFTER`` connections were shut down (a flood
+  whose clients reconnect turns them over), the C heap is trimmed
+  (``malloc_trim``), at most once every ``TRIM_PERIOD`` seconds (a fall
+  within it is trimmed once it is over): libzmq's per-connection buffers go
+  back to the system instead of staying in its allocator's arenas;
 * **revoked keys** (a CURVE listener with an allowlist directory): each
   message is read with the key it was authenticated with and the descriptor
   it came by (``KEY_AND_FD``), so the listener knows each connection's key.
@@ -186,6 +187,7 @@ class GuardedListener:
         self._peak = 0
         self._trimmed = -TRIM_PERIOD
         self._trim_due = False  # a trim waits for TRIM_PERIOD to pass
+        self._shed_since = 0  # connections shut down since the last trim
         self._paused = False
         self._closed = False
         self._mandatory = False  # ROUTER_MANDATORY set (by the first ``routes_to``)
@@ -294,6 +296,8 @@ class GuardedListener:
         elif self._peak >= TRIM_AFTER and count <= self._peak // 2:
             self._peak = count
             self._trim()
+        elif self._shed_since >= TRIM_AFTER:  # a flood turning connections over
+            self._trim()
 
     def _kept(self, fd: int) -> bool:
         """Whether ``keep`` accepts the routing id connection ``fd`` sent under."""
@@ -369,6 +373,7 @@ class GuardedListener:
     def _shut_down(self, fd: int, why: str) -> None:
         del self.accepted[fd]  # (its DISCONNECTED follows)
         self._forget(fd)
+        self._shed_since += 1
         if _shut_down(fd, self.port):
             self.counters.add(why)
 
@@ -412,6 +417,7 @@ class GuardedListener:
         trim = _malloc_trim()
         if trim is not None:
             self._trimmed = now
+            self._shed_since = 0
             self.trims += 1
             trim(0)
 

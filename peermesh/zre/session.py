@@ -103,7 +103,7 @@ of those when the table is full, else a peer that is EVASIVE);
 ``max_unproven`` peers that said HELLO before any report of them and have
 not proven since that a node lives at the endpoint they name (a PING-OK, or
 a report there; ``unproven``): a new one sheds the oldest if a PING to it
-went unanswered for ``interval`` (the PINGs go when the bound is first met,
+went unanswered for ``hello_timeout`` (the PINGs go when the bound is first met,
 unless ``rtt_probe`` sent them), else its HELLO waits, with no link, until a
 report comes from its endpoint (it enters then) or ``hello_timeout`` passed
 (refused: at most ``max_pending`` HELLOs and ``HELD_HELLO_OCTETS`` wait);
@@ -1004,21 +1004,23 @@ class Session:
         """Whether a node that says HELLO before any report of it may enter: at most
         ``max_unproven`` such peers wait for their proof (a PING-OK, or a report at their
         endpoint). When they are full, the oldest is shed if a PING went to it
-        ``interval`` ago or more (``unproven_shed``: a live node answers at once); else
+        ``hello_timeout`` ago or more (``unproven_shed``: a live node answers at once, and
+        each shed costs a link closed and one opened: they turn over at most so often);
+        else
         those not PINGed yet are, and the newcomer waits (``_hold_hello``)."""
         unproven = self.unproven
         if len(unproven) < self.config.max_unproven:
             return True
         oldest = next(iter(unproven.values()))
         asked = _asked(oldest)
-        if asked is None or now - asked < self.config.interval:
+        if asked is None or now - asked < self.config.hello_timeout:
             if asked is None:  # (once per oldest: the next ones are asked with it)
                 for peer in unproven.values():
                     if _asked(peer) is None:
                         self.ping(peer, now)
             return False
         self.counters.add("unproven_shed")
-        self.remove(oldest, "shed for a newer peer: no PING-OK or beacon within interval")
+        self.remove(oldest, "shed for a newer peer: no PING-OK or beacon within hello_timeout")
         return True
 
     def _hold_hello(self, uuid: UUID, hello: zre.Hello, size: int, now: float) -> None:

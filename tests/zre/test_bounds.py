@@ -118,11 +118,11 @@ def test_hellos_that_nothing_proves_wait_at_most_max_unproven() -> None:
     h.send(other, other.hello(), 0.3)  # the fakes were asked 0.2 s ago: it waits
     h.send(fakes[1], zre.PingOk(fakes[1].next()), 0.6)  # one answers: proven
     entered(h, other, 0.7)  # it said HELLO again: room now
-    h.send(third, third.hello(), 1.0)  # full, and fake0 was asked 0.9 s ago
+    h.send(third, third.hello(), 5.0)  # full, and fake0 was asked 4.9 s ago
     assert third.uuid not in h.session.peers
-    h.send(third, third.hello(), 1.1)  # fake0 had an interval to answer its PING: shed
+    h.send(third, third.hello(), 5.1)  # fake0 had hello_timeout to answer its PING: shed
     assert h.taken() == [(EXIT, "shed for a newer peer: no PING-OK or beacon within "
-                                "interval"), (ENTER, "third")]
+                                "hello_timeout"), (ENTER, "third")]
     assert h.session.counters.get("unproven_shed") == 1
     assert set(h.session.peers) == {f.uuid for f in fakes[1:]} | {real.uuid, other.uuid,
                                                                    third.uuid}

@@ -106,7 +106,7 @@ def test_hellos_from_many_identities_wait_at_most_max_unproven(
         fake.connect(bounded.endpoint)
         fake.hello()
     # Nothing proves the fakes (no beacon, no PING-OK): 16 (max_unproven) wait for it; each
-    # other HELLO sheds the oldest once that had interval to answer a PING, or waits for a
+    # other HELLO sheds the oldest once that had hello_timeout to answer a PING, or waits for a
     # beacon, refused after hello_timeout (5 s)
     stats = poll_until(lambda: (s := target.stats())["unproven_refused"]
                        + s["unproven_shed"] >= 24 and s, 5.0 + WAIT,
