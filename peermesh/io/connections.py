@@ -22,9 +22,10 @@ carry the connection's descriptor) and keeps it under its
   (``keep(routing_id)``: the ZRE mailbox keeps its peers' connections) learns
   the routing id of each connection from the messages it reads, and never
   sheds the connections ``keep`` accepts; the others are at most
-  ``max_unknown`` (those over it are shed the same way): a flood of
-  connections, with or without a greeting or a HELLO, never cuts a known
-  sender's connection, and holds no more than ``max_unknown`` of its own;
+  ``max_unknown`` (over it, they are shed the same way down to half of it):
+  a flood of connections, with or without a greeting or a HELLO, never cuts
+  a known sender's connection, and holds no more than ``max_unknown`` of its
+  own;
 * **accept paused at EMFILE**: an ``ACCEPT_FAILED`` for lack of descriptors
   sheds the quietest eighth of the listener's connections; a listener that
   has none stops listening (``unbind``) and binds again ``accept_pause``
@@ -305,7 +306,7 @@ class GuardedListener:
         return route is not None and self.keep is not None and self.keep(route)
 
     def _bound_unknown(self, bound: int) -> None:
-        """Shed connections ``keep`` does not accept down to 7/8 of ``bound``. They are
+        """Shed connections ``keep`` does not accept down to half of ``bound``. They are
         counted (each asks ``keep``) only when so many connections are open that they
         could be over it, going by the last count, or a second after it (a sender the
         owner forgot since)."""
@@ -317,8 +318,8 @@ class GuardedListener:
         kept = self._kept
         self._known = known = sum(1 for fd in list(accepted) if kept(fd))
         unknown = len(accepted) - known
-        if unknown > bound:
-            self._shed(unknown - bound + bound // 8)
+        if unknown > bound:  # down to half of it: a flood's clients reconnect at once,
+            self._shed(unknown - bound // 2)  # and each scan asks the kernel of each
 
     def _forget(self, fd: int) -> None:
         self.routes.pop(fd, None)
