@@ -88,7 +88,8 @@ def read_table(path: Optional[os.PathLike[str] | str], name: str,
 #: integer settings that must be at least 1 (those in _FITTED may also be None: fitted
 #: to what the node can hold when it is made, see ``Node``)
 _COUNTS = ("sndhwm", "send_queue", "send_buffer", "event_queue", "event_queue_bytes",
-           "max_message", "max_peers", "max_peers_per_address", "max_pending", "max_hello",
+           "max_message", "max_peers", "max_peers_per_address", "max_pending", "max_unproven",
+           "max_hello",
            "max_groups", "max_connections")
 _FITTED = ("max_peers", "max_connections")
 #: ``max_peers`` where nothing bounds it (the simulated network has no descriptors)
@@ -157,6 +158,15 @@ class NodeConfig:
     #: else it is ignored (``pending_refused``) until its next beacon. A LAN of up to
     #: this many hosts that boot at once meets in one beacon round
     max_pending: int = 1024
+    #: peers that said HELLO before discovery reported them and have not proven since
+    #: that a node lives at their endpoint (a PING-OK, or a report there): over it, a new
+    #: one sheds the oldest if a PING to it went unanswered for ``hello_timeout``
+    #: (``unproven_shed``), else its HELLO waits (at most ``max_pending`` of them) and it
+    #: enters when a report comes from its endpoint, or is refused after
+    #: ``hello_timeout`` (``unproven_refused``); and the mailbox connections that are no
+    #: peer's (no HELLO yet, or refused): over it, the oldest quiet ones are closed
+    #: (``connections_shed``)
+    max_unproven: int = 256
     #: seconds a peer found by discovery, or a connection to the mailbox, has to say
     #: HELLO (or finish the ZeroMQ handshake) before it is dropped
     hello_timeout: float = 5.0

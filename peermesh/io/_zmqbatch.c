@@ -135,10 +135,11 @@ property_of(zmq_msg *msg, const char *name)
 
 /* The rest of a message whose first frame was read: its frames, or None when
  * they add up to more than `room` bytes or more than `max_frames` frames (they
- * are read and dropped). With `name`, *value gets that property of the last frame. */
+ * are read and dropped). With `name`, *value gets that property of the last frame;
+ * with `fd`, *fd gets the descriptor the last frame came by. */
 static PyObject *
 recv_rest(void *sock, int more, Py_ssize_t room, Py_ssize_t max_frames, const char *name,
-          PyObject **value)
+          PyObject **value, int *fd)
 {
     PyObject *frames = PyList_New(0);
     int fits = 1;
@@ -162,6 +163,8 @@ recv_rest(void *sock, int more, Py_ssize_t room, Py_ssize_t max_frames, const ch
         }
         if (!more && name && !*value)
             *value = property_of(&msg, name);
+        if (!more && fd)
+            *fd = msg_get(&msg, ZMQ_SRCFD);
         msg_close(&msg);
     }
     if (frames && !fits) {
@@ -171,23 +174,39 @@ recv_rest(void *sock, int more, Py_ssize_t room, Py_ssize_t max_frames, const ch
     return frames;
 }
 
+/* routes[fd] = first, unless it holds an equal routing id already; -1 on error. */
+static int
+note_route(PyObject *routes, int fd, PyObject *first)
+{
+    PyObject *key = PyLong_FromLong(fd);
+    if (!key)
+        return -1;
+    PyObject *known = PyDict_GetItemWithError(routes, key); /* borrowed */
+    int same = known ? PyObject_RichCompareBool(known, first, Py_EQ) : 0;
+    int result = same < 0 || (!known && PyErr_Occurred()) ? -1
+                 : same ? 0 : PyDict_SetItem(routes, key, first);
+    Py_DECREF(key);
+    return result;
+}
+
 PyDoc_STRVAR(recv_batch_doc,
-"recv_batch(handle, count, limit, max_frames=-1, name=None) -> list\n\n"
+"recv_batch(handle, count, limit, max_frames=-1, name=None, routes=None) -> list\n\n"
 "Read up to count messages without waiting: each as (first, rest), its first\n"
 "frame (bytes; a ROUTER's routing id) and a list of the other frames, or None\n"
 "instead of the list when those add up to more than limit bytes or more than\n"
 "max_frames frames (-1: any number). With name, each is (first, rest, value),\n"
 "value being that message property of the last frame (e.g. \"Peer-Address\"),\n"
 "str or None (for \"User-Id+fd\": the tuple (User-Id, the descriptor the message\n"
-"came by, Peer-Address)). Fewer than count means the socket is empty (and its\n"
-"descriptor's edge re-armed).");
+"came by, Peer-Address)). With routes (a dict), each message's first frame is\n"
+"stored in it under the descriptor of the connection the message came by.\n"
+"Fewer than count means the socket is empty (and its descriptor's edge re-armed).");
 
 static PyObject *
 recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 3 || nargs > 5)
-        return PyErr_Format(PyExc_TypeError,
-                            "recv_batch(handle, count, limit, max_frames=-1, name=None)");
+    if (nargs < 3 || nargs > 6)
+        return PyErr_Format(PyExc_TypeError, "recv_batch(handle, count, limit, max_frames=-1, "
+                            "name=None, routes=None)");
     void *sock = handle_of(args[0]);
     if (!sock)
         return NULL;
@@ -203,6 +222,12 @@ recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         name = PyUnicode_AsUTF8(args[4]);
         if (!name)
             return NULL;
+    }
+    PyObject *routes = NULL;
+    if (nargs > 5 && args[5] != Py_None) {
+        if (!PyDict_Check(args[5]))
+            return PyErr_Format(PyExc_TypeError, "routes must be a dict");
+        routes = args[5];
     }
     PyObject *batch = PyList_New(0);
     if (!batch)
@@ -223,9 +248,13 @@ recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *value = NULL;
         if (name && !more)
             value = property_of(&msg, name);
+        int fd = routes && !more ? msg_get(&msg, ZMQ_SRCFD) : -1;
         msg_close(&msg);
-        PyObject *rest = recv_rest(sock, more, limit, max_frames, name, &value);
+        PyObject *rest = recv_rest(sock, more, limit, max_frames, name, &value,
+                                   routes ? &fd : NULL);
         PyObject *item = NULL;
+        if (first && rest && routes && fd >= 0 && note_route(routes, fd, first) < 0)
+            Py_CLEAR(rest);
         if (first && rest && (!name || value))
             item = name ? PyTuple_Pack(3, first, rest, value) : PyTuple_Pack(2, first, rest);
         Py_XDECREF(first);

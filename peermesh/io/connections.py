@@ -18,14 +18,24 @@ carry the connection's descriptor) and keeps it under its
 * **a cap per source address** (``max_per_address``; the listener's own host
   is not counted): the connections from one other host over it are shed the
   same way (``connections_shed``);
+* **known senders kept**: a listener whose owner can tell who it knows
+  (``keep(routing_id)``: the ZRE mailbox keeps its peers' connections) learns
+  the routing id of each connection from the messages it reads, and never
+  sheds the connections ``keep`` accepts; the others are at most
+  ``max_unknown`` (over it, they are shed the same way down to half of it):
+  a flood of connections, with or without a greeting or a HELLO, never cuts
+  a known sender's connection, and holds no more than ``max_unknown`` of its
+  own;
 * **accept paused at EMFILE**: an ``ACCEPT_FAILED`` for lack of descriptors
   sheds the quietest eighth of the listener's connections; a listener that
   has none stops listening (``unbind``) and binds again ``accept_pause``
   seconds later (``accept_paused``), so the I/O thread never spins;
 * **memory returned**: once the connections fall to half of a peak of at
-  least ``TRIM_AFTER``, the C heap is trimmed (``malloc_trim``), at most once
-  every ``TRIM_PERIOD`` seconds: libzmq's per-connection buffers go back to
-  the system instead of staying in its allocator's arenas;
+  least ``TRIM_AFTER``, or ``TRIM_AFTER`` connections were shut down (a flood
+  whose clients reconnect turns them over), the C heap is trimmed
+  (``malloc_trim``), at most once every ``TRIM_PERIOD`` seconds (a fall
+  within it is trimmed once it is over): libzmq's per-connection buffers go
+  back to the system instead of staying in its allocator's arenas;
 * **revoked keys** (a CURVE listener with an allowlist directory): each
   message is read with the key it was authenticated with and the descriptor
   it came by (``KEY_AND_FD``), so the listener knows each connection's key.
@@ -92,12 +102,17 @@ class ConnectionPolicy:
     revoke_check: float = 0.25
     #: seconds a listener that could not accept for lack of descriptors stops listening
     accept_pause: float = 0.5
+    #: connections whose sender the owner does not know (``GuardedListener``'s ``keep``),
+    #: at most (None: no bound but ``max_connections``)
+    max_unknown: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.max_connections >= 1:
             raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
-        if self.max_per_address is not None and not self.max_per_address >= 1:
-            raise ValueError(f"max_per_address must be at least 1, not {self.max_per_address}")
+        for name in ("max_per_address", "max_unknown"):
+            value = getattr(self, name)
+            if value is not None and not value >= 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
         if not 0 < self.revoke_check <= 1.0:
             raise ValueError(f"revoke_check must be in (0, 1] seconds, not {self.revoke_check}")
         if not self.accept_pause > 0:
@@ -127,7 +142,10 @@ class GuardedListener:
     each change of it (``keys``: those it knew that are gone; the overlay fails the
     work of every key the allowlist no longer holds).
     ``on_event(event, value, endpoint)`` hears the monitor events of
-    ``events`` too (libzmq allows one monitor per socket).
+    ``events`` too (libzmq allows one monitor per socket). ``keep(routing_id)``:
+    whether the owner knows the sender of a connection that sent under that
+    routing id (its connections are never shed; the others are bounded by the
+    policy's ``max_unknown``).
     """
 
     def __init__(self, listener: HubSocket, counters: Counters,
@@ -135,7 +153,8 @@ class GuardedListener:
                  allowlist: Optional[Allowlist] = None,
                  on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
                  events: int = 0,
-                 on_event: Optional[Callable[[int, int, str], None]] = None) -> None:
+                 on_event: Optional[Callable[[int, int, str], None]] = None,
+                 keep: Optional[Callable[[bytes], bool]] = None) -> None:
         policy = policy or default_policy()
         self.listener = listener
         self.policy = policy
@@ -152,6 +171,12 @@ class GuardedListener:
         self.per_address: Counter[str] = Counter()
         #: descriptor -> the key (Z85) its messages were authenticated with
         self.keys: dict[int, str] = {}
+        #: descriptor -> the routing id its messages came under (learned with ``keep``)
+        self.routes: dict[int, bytes] = {}
+        self.keep = keep
+        self.max_unknown = policy.max_unknown if keep is not None else None
+        self._known = 0  # connections ``keep`` accepted at the last count
+        self._counted = 0.0  # when the unknown connections were last counted
         self.on_revoked = on_revoked
         self.on_event = on_event
         self._events = events
@@ -161,7 +186,9 @@ class GuardedListener:
         #: times the heap was trimmed after the connections fell (see ``TRIM_AFTER``)
         self.trims = 0
         self._peak = 0
-        self._trimmed = 0.0
+        self._trimmed = -TRIM_PERIOD
+        self._trim_due = False  # a trim waits for TRIM_PERIOD to pass
+        self._shed_since = 0  # connections shut down since the last trim
         self._paused = False
         self._closed = False
         self._mandatory = False  # ROUTER_MANDATORY set (by the first ``routes_to``)
@@ -172,6 +199,10 @@ class GuardedListener:
         self.readable, self.recv_batch, self.read = \
             listener.readable, listener.recv_batch, listener.read
         self.allowlist = allowlist if allowlist is not None and not allowlist.any_key else None
+        if keep is not None:
+            routes = self.routes
+            listener.wrap_reader(lambda read: lambda count, limit, max_frames, name:
+                                 read(count, limit, max_frames, name, routes))
         if self.allowlist is not None:
             self._checked = self.allowlist.keys
             listener.wrap_reader(self._admitting)
@@ -255,6 +286,8 @@ class GuardedListener:
             self._shed(per_address[address] - limit, address)
         if len(accepted) > self.cap:  # down to 7/8 of it: one scan sheds many
             self._shed(len(accepted) - self.cap + self.cap // 8)
+        if self.max_unknown is not None:
+            self._bound_unknown(self.max_unknown)
         self.accept_failures += failed
         if failed and not self._paused:
             self._out_of_descriptors()
@@ -264,15 +297,40 @@ class GuardedListener:
         elif self._peak >= TRIM_AFTER and count <= self._peak // 2:
             self._peak = count
             self._trim()
+        elif self._shed_since >= TRIM_AFTER:  # a flood turning connections over
+            self._trim()
+
+    def _kept(self, fd: int) -> bool:
+        """Whether ``keep`` accepts the routing id connection ``fd`` sent under."""
+        route = self.routes.get(fd)
+        return route is not None and self.keep is not None and self.keep(route)
+
+    def _bound_unknown(self, bound: int) -> None:
+        """Shed connections ``keep`` does not accept down to half of ``bound``. They are
+        counted (each asks ``keep``) only when so many connections are open that they
+        could be over it, going by the last count, or a second after it (a sender the
+        owner forgot since)."""
+        accepted, now = self.accepted, time.monotonic()
+        if len(accepted) - self._known <= bound and not (
+                len(accepted) > bound and now - self._counted >= 1.0):
+            return
+        self._counted = now
+        kept = self._kept
+        self._known = known = sum(1 for fd in list(accepted) if kept(fd))
+        unknown = len(accepted) - known
+        if unknown > bound:  # down to half of it: a flood's clients reconnect at once,
+            self._shed(unknown - bound // 2)  # and each scan asks the kernel of each
 
     def _forget(self, fd: int) -> None:
+        self.routes.pop(fd, None)
         self.keys.pop(fd, None)
         address = self.sources.pop(fd, "")
         if address:
             take_one(self.per_address, address)
 
     def _shed(self, count: int, address: Optional[str] = None) -> int:
-        """Shut down ``count`` connections (from ``address`` if given); how many were.
+        """Shut down ``count`` connections (from ``address`` if given) but those of
+        senders ``keep`` accepts; how many were.
 
         First, oldest first, those that never sent a whole ZMTP greeting
         (``_GREETING`` octets: no handshake), then those that sent under
@@ -282,11 +340,14 @@ class GuardedListener:
         other greenlets run every ``_SHED_BATCH`` connections.
         """
         accepted, small, larger, shed = self.accepted, [], [], 0
+        kept = self._kept if self.keep is not None else None
         for i, (fd, when) in enumerate(list(accepted.items())):  # oldest first
             if shed >= count:
                 return shed
             if address is not None and self.sources.get(fd) != address:
                 continue
+            if kept is not None and kept(fd):
+                continue  # a known sender's: never shed
             if i and not i % _SHED_BATCH:
                 gevent.idle()  # (not sleep(0): that would not let the hub poll for I/O)
             if accepted.get(fd) != when:  # closed (and maybe reused) meanwhile
@@ -313,6 +374,7 @@ class GuardedListener:
     def _shut_down(self, fd: int, why: str) -> None:
         del self.accepted[fd]  # (its DISCONNECTED follows)
         self._forget(fd)
+        self._shed_since += 1
         if _shut_down(fd, self.port):
             self.counters.add(why)
 
@@ -344,12 +406,26 @@ class GuardedListener:
             return
 
     def _trim(self) -> None:
+        """Trim the heap now, or once ``TRIM_PERIOD`` has passed since the last trim (a
+        flood's connections rise and fall many times: its last fall is trimmed too)."""
         now = time.monotonic()
-        trim = _malloc_trim() if now - self._trimmed >= TRIM_PERIOD else None
+        wait = self._trimmed + TRIM_PERIOD - now
+        if wait > 0:
+            if not self._trim_due:
+                self._trim_due = True
+                self._greenlets.append(gevent.spawn_later(wait, self._trim_later))
+            return
+        trim = _malloc_trim()
         if trim is not None:
             self._trimmed = now
+            self._shed_since = 0
             self.trims += 1
             trim(0)
+
+    def _trim_later(self) -> None:
+        self._trim_due = False
+        if not self._closed:
+            self._trim()
 
     # --- revoked keys --------------------------------------------------------------
 

@@ -387,8 +387,10 @@ class HubSocket:
         return self._batch(count, self.limit, self.max_frames, metadata)
 
     def _pyzmq_batch(self, count: int, limit: int, max_frames: int,
-                     name: Optional[str]) -> list:
-        """``recv_batch`` through pyzmq: the C extension's reader, frame by frame."""
+                     name: Optional[str], routes: Optional[dict[int, bytes]] = None) -> list:
+        """``recv_batch`` through pyzmq: the C extension's reader, frame by frame (with
+        ``routes``, each message's first frame is stored there under the descriptor of
+        the connection it came by)."""
         recv = self._recv
         readable = self._readable
         if max_frames < 0:
@@ -416,6 +418,13 @@ class HubSocket:
                         rest = None  # read to its end, dropped
                     else:
                         rest.append(data)
+            if routes is not None:
+                try:
+                    fd = int(frame.get(_SRCFD))
+                except zmq.ZMQError:
+                    fd = -1
+                if fd >= 0 and routes.get(fd) != first:
+                    routes[fd] = first
             if name is None:
                 append((first, rest))
             else:

@@ -93,7 +93,8 @@ class ZmqTransport:
                      handover: bool = False, max_per_address: Optional[int] = None,
                      policy: Optional[ConnectionPolicy] = None,
                      on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
-                     keepalive: bool = False) -> Any:
+                     keepalive: bool = False, keep: Optional[Callable[[bytes], bool]] = None,
+                     max_unknown: Optional[int] = None) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -103,7 +104,9 @@ class ZmqTransport:
         answered heartbeats for ``dead_after`` seconds. With ``max_connections``
         the mailbox is a ``GuardedMailbox`` that counts what it sheds in
         ``counters`` (and keeps at most ``max_per_address`` connections from any one
-        other host); with ``policy`` instead, a ``GuardedListener`` under it, which
+        other host, never sheds the connections of routing ids ``keep`` accepts and keeps
+        at most ``max_unknown`` others); with ``policy`` instead, a ``GuardedListener``
+        under it, which
         with ``on_revoked`` and the transport's allowlist also closes the connections of
         keys removed from it (see ``peermesh.io.connections``). Without ``handover``
         (the ZRE mailbox), a second connection
@@ -135,12 +138,12 @@ class ZmqTransport:
             raise
         mailbox = HubSocket(router, endpoint=endpoint, limit=max_message)
         if max_connections is not None:
-            policy = ConnectionPolicy(max_connections, max_per_address)
+            policy = ConnectionPolicy(max_connections, max_per_address, max_unknown=max_unknown)
         if policy is None:
             return mailbox
         allowlist = self.curve.allowlist if self.curve is not None and on_revoked else None
         return GuardedListener(mailbox, counters or Counters(log, f"listener {endpoint}"),
-                               policy, allowlist=allowlist, on_revoked=on_revoked)
+                               policy, allowlist=allowlist, on_revoked=on_revoked, keep=keep)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
                 server_key: Optional[bytes] = None, handover: bool = False) -> HubSocket:

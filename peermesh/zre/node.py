@@ -267,7 +267,10 @@ class Node:
             # a dead connection must be gone before its peer expires: with ROUTER_HANDOVER
             # off, a peer back after a network cut reconnects only once the old one is closed
             handshake_timeout=cfg.hello_timeout, dead_after=cfg.expired / 2, keepalive=True,
-            counters=self._session.counters, max_per_address=cfg.max_peers_per_address)
+            counters=self._session.counters, max_per_address=cfg.max_peers_per_address,
+            # its peers' connections are never shed; the others (before HELLO, or refused)
+            # are at most max_unproven
+            keep=self._knows, max_unknown=cfg.max_unproven)
         self.mailbox_port = self._mailbox.port
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
         self._session.start(self.endpoint)
@@ -633,6 +636,7 @@ class Node:
         ``event_queue`` events waited); then
         every counter of a limit hit so far (``peers_refused``,
         ``pending_refused``, ``pending_shed``, ``pending_timed_out``,
+        ``unproven_refused``, ``unproven_shed``,
         ``hellos_refused``, ``groups_refused``, ``leaves_ignored``,
         ``reports_ignored``, ``events_dropped``, ``connections_shed``,
         ``held_dropped``, ``sequence_resyncs``...; see the configuration
@@ -831,6 +835,11 @@ class Node:
                 log.debug("cannot connect to %s at %r: %s", uuid, endpoint, exc)
             return None
         return PeerLink(link, cfg.send_buffer, cfg.send_queue, self._clock)
+
+    def _knows(self, identity: bytes) -> bool:
+        """Whether ``identity`` is a peer that said HELLO (its mailbox connection is kept)."""
+        peer = self._session.by_identity.get(identity)
+        return peer is not None and peer.ready
 
     def _linked(self, identity: bytes) -> Optional[bool]:
         """Whether ``identity`` holds a connection to the mailbox now (None: the transport

@@ -100,6 +100,13 @@ discovery and still waiting for HELLO (a new one found when they are
 full sheds the oldest if that has waited ``interval``, as a live node
 answers at once; a HELLO, which proves a live connection, sheds the oldest
 of those when the table is full, else a peer that is EVASIVE);
+``max_unproven`` peers that said HELLO before any report of them and have
+not proven since that a node lives at the endpoint they name (a PING-OK, or
+a report there; ``unproven``): a new one sheds the oldest if a PING to it
+went unanswered for ``hello_timeout`` (the PINGs go when the bound is first met,
+unless ``rtt_probe`` sent them), else its HELLO waits, with no link, until a
+report comes from its endpoint (it enters then) or ``hello_timeout`` passed
+(refused: at most ``max_pending`` HELLOs and ``HELD_HELLO_OCTETS`` wait);
 ``max_peers_per_address`` peers at one address (their endpoint's; the
 node's own address, where its host's other nodes live, is not counted: a
 flood from one host cannot fill the table, and a peer that said HELLO sheds
@@ -150,9 +157,11 @@ _PEX_ENTRY = re.compile(r"([0-9a-f]{32}) (tcp://\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})
 _HELLO_CACHED = 1024  # octets: longer HELLO frames are decoded every time
 #: commands held per claimant while its claim waits (and at most ``max_message`` octets)
 HELD_MESSAGES = 1024
+#: octets of the HELLOs refused by ``max_unproven`` that are kept for their sender's proof
+HELD_HELLO_OCTETS = 1 << 20
 #: what ``Session.counters`` counts (and ``Node.stats`` reports); see the module docstring
 COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed",
-            "evasive_shed", "pending_timed_out",
+            "evasive_shed", "pending_timed_out", "unproven_refused", "unproven_shed",
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
             "sequence_resyncs", "sessions_restarted", "messages_refused")
@@ -287,6 +296,14 @@ def _decode_hello(frame: bytes) -> zre.Message:
     return zre.decode([frame])
 
 
+def _asked(peer: Peer) -> Optional[float]:
+    """When the oldest timed PING to ``peer`` still unanswered went; None if none."""
+    for _, when in peer.pings or ():
+        if when is not None:
+            return when
+    return None
+
+
 def _host(endpoint: str) -> str:
     """The address of ``tcp://address:port``."""
     return endpoint[6:].rpartition(":")[0]
@@ -334,6 +351,14 @@ class Session:
         self.members: dict[str, dict[UUID, Peer]] = {}
         #: peers found by discovery, waiting for their HELLO, oldest first
         self.pending: dict[UUID, Peer] = {}
+        #: peers that said HELLO before any discovery report of them and have neither been
+        #: reported at their endpoint nor answered a PING since, oldest first (a HELLO
+        #: names any endpoint: only a PING-OK or a report shows a node lives there)
+        self.unproven: dict[UUID, Peer] = {}
+        #: the HELLOs refused as ``unproven`` was full (when, the HELLO, its octets), oldest
+        #: first: a report of the sender at the endpoint it names lets it in at once
+        self._held_hellos: dict[UUID, tuple[float, zre.Hello, int]] = {}
+        self._held_octets = 0
         #: peers per address (their endpoint's), but those at our own
         self.per_address: Counter[str] = Counter()
         #: what remote senders made the session refuse, drop or shed
@@ -375,6 +400,9 @@ class Session:
         self.by_endpoint.clear()
         self.members.clear()
         self.pending.clear()
+        self.unproven.clear()
+        self._held_hellos.clear()
+        self._held_octets = 0
         self.per_address.clear()
         self._claims.clear()
         self._claimants.clear()
@@ -520,9 +548,18 @@ class Session:
         if peer is not None:
             if peer.endpoint == endpoint:
                 peer.refresh(now)
+                if self.unproven:
+                    self.unproven.pop(uuid, None)
             else:  # a stale or forged report: the peer's own HELLO said where it is
                 self.counters.add("reports_ignored")
         elif now - self._departed.get(uuid, -1e18) >= self.config.expired:
+            held = self._unhold(uuid) if self._held_hellos else None
+            if held is not None:
+                if held[1].endpoint == endpoint:  # its HELLO, proven now: it enters
+                    peer = self._require_peer(uuid, endpoint, now, hello=True)
+                    if peer is not None:
+                        self._accept_hello(peer, held[1], now, announce=True)
+                    return
             self._require_peer(uuid, endpoint, now, hello=False)
         # else: it said it was leaving; a stale report (PEX, mDNS cache) must not revive it
 
@@ -671,7 +708,7 @@ class Session:
             self._caps_said.add(setting)
             log.warning("node %s holds %s=%d %s: for a larger mesh raise %s "
                         "(PEERMESH_%s, or %s in the [node] table)", self.name, setting,
-                        self.max_peers if setting == "max_peers" else self.config.max_pending,
+                        self.max_peers if setting == "max_peers" else getattr(self.config, setting),
                         what, setting, setting.upper(), setting)
 
     def _address(self, endpoint: str) -> str:
@@ -717,6 +754,7 @@ class Session:
         if address:
             take_one(self.per_address, address)
         self.pending.pop(peer.uuid, None)
+        self.unproven.pop(peer.uuid, None)
         if self.by_endpoint.get(peer.endpoint) is peer:
             del self.by_endpoint[peer.endpoint]
         for group in peer.groups:
@@ -861,6 +899,8 @@ class Session:
         elif isinstance(message, zre.PeerExchange):
             self._on_peer_exchange(peer, message, now)
         elif isinstance(message, zre.PingOk):
+            if self.unproven:
+                self.unproven.pop(peer.uuid, None)
             if peer.pings:
                 peer.confirmed, sent = peer.pings.popleft()
                 if sent is not None:
@@ -947,10 +987,74 @@ class Session:
             elif holder is not None and now - holder.last_seen < self.config.evasive:
                 self._claim(holder, uuid, identity, hello, now)
                 return
+            if not self._room_for_unproven(now):
+                self._hold_hello(uuid, hello, size, now)
+                return
             peer = self._require_peer(uuid, hello.endpoint, now, hello=True)
             if peer is None:
                 return
+            if self._held_hellos:
+                self._unhold(uuid)
+            self.unproven[uuid] = peer
+            self._accept_hello(peer, hello, now, announce=True)
+            return
         self._accept_hello(peer, hello, now, announce=True)
+
+    def _room_for_unproven(self, now: float) -> bool:
+        """Whether a node that says HELLO before any report of it may enter: at most
+        ``max_unproven`` such peers wait for their proof (a PING-OK, or a report at their
+        endpoint). When they are full, the oldest is shed if a PING went to it
+        ``hello_timeout`` ago or more (``unproven_shed``: a live node answers at once, and
+        each shed costs a link closed and one opened: they turn over at most so often);
+        else
+        those not PINGed yet are, and the newcomer waits (``_hold_hello``)."""
+        unproven = self.unproven
+        if len(unproven) < self.config.max_unproven:
+            return True
+        oldest = next(iter(unproven.values()))
+        asked = _asked(oldest)
+        if asked is None or now - asked < self.config.hello_timeout:
+            if asked is None:  # (once per oldest: the next ones are asked with it)
+                for peer in unproven.values():
+                    if _asked(peer) is None:
+                        self.ping(peer, now)
+            return False
+        self.counters.add("unproven_shed")
+        self.remove(oldest, "shed for a newer peer: no PING-OK or beacon within hello_timeout")
+        return True
+
+    def _hold_hello(self, uuid: UUID, hello: zre.Hello, size: int, now: float) -> None:
+        """Keep a HELLO that found ``unproven`` full (no link, no peer: a report of its
+        sender at the endpoint it names lets it in) for ``hello_timeout``, at most
+        ``max_pending`` of them and ``HELD_HELLO_OCTETS``; one dropped unproven is refused
+        (``unproven_refused``: its sender gets in when it says HELLO again, as a live node
+        does after ``hello_timeout``)."""
+        held = self._held_hellos
+        self._unhold(uuid)
+        held[uuid] = (now, hello, size)
+        self._held_octets += size
+        self._drop_held_hellos(now - self.config.hello_timeout)
+
+    def _unhold(self, uuid: UUID) -> Optional[tuple[float, zre.Hello, int]]:
+        """Take ``uuid``'s held HELLO out, if any."""
+        held = self._held_hellos.pop(uuid, None)
+        if held is not None:
+            self._held_octets -= held[2]
+        return held
+
+    def _drop_held_hellos(self, before: float) -> None:
+        """Drop the held HELLOs past their bounds or held since before ``before``."""
+        held = self._held_hellos
+        while held:
+            uuid, (when, _, size) = next(iter(held.items()))
+            if (when >= before and len(held) <= self.config.max_pending
+                    and self._held_octets <= HELD_HELLO_OCTETS):
+                break
+            del held[uuid]
+            self._held_octets -= size
+            self.counters.add("unproven_refused")
+            self._at_cap("max_unproven", "peers that said HELLO wait for a PING-OK or a "
+                         "beacon; HELLOs past them wait for a beacon, else are refused")
 
     def _reconnected(self, peer: Peer, hello: zre.Hello, now: float) -> bool:
         """A ready peer's second HELLO, from its endpoint with its name and headers, while
@@ -1089,6 +1193,8 @@ class Session:
             if now - when < cfg.expired:
                 break
             del departed[uuid]
+        if self._held_hellos:
+            self._drop_held_hellos(now - cfg.hello_timeout)
         pending = self.pending
         while pending:  # oldest first
             peer = next(iter(pending.values()))

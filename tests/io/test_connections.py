@@ -226,3 +226,38 @@ def test_a_message_is_read_with_its_key_descriptor_and_address(tmp_path: Path) -
         dealer.close(0)
         router.close()
         server_curve.release(router.socket.context)
+
+
+@pytest.mark.usefixtures("zmq_path")
+def test_a_known_senders_connection_is_never_shed_and_the_unknown_ones_are_bounded() -> None:
+    # Past its cap the listener shed the connections that sent the fewest octets: a
+    # sender the owner knew went before newer connections that sent more.
+    router = make_socket(zmq.ROUTER)
+    endpoint = bind_ephemeral(router, "127.0.0.1")
+    shed = counters()
+    listener = GuardedListener(HubSocket(router, endpoint=endpoint), shed,
+                               ConnectionPolicy(max_connections=CAP, max_unknown=8),
+                               keep=lambda identity: identity == b"\x01known")
+    server = echo(listener)
+    known = HubSocket(make_socket(zmq.DEALER, {zmq.IDENTITY: b"\x01known"}))
+    loud = [HubSocket(make_socket(zmq.DEALER, {zmq.IDENTITY: b"\x01loud%d" % i}))
+            for i in range(CAP)]
+    try:
+        known.socket.connect(endpoint)
+        assert ask(known, b"hello") == [b"echo", b"hello"]
+        (fd,) = [fd for fd, route in listener.routes.items() if route == b"\x01known"]
+        since = listener.accepted[fd]
+        for dealer in loud:  # each sends more than the known sender did
+            dealer.socket.connect(endpoint)
+            assert dealer.try_send([b"x" * 4096])
+        wait_shed(shed, CAP - 8, sleep=gevent.sleep)
+        with flood(listener.port):
+            wait_shed(shed, CAP - 8 + FLOOD - 8, sleep=gevent.sleep)
+            assert listener.accepted.get(fd) == since, "the known sender's connection was shed"
+            assert listener.routes.get(fd) == b"\x01known"
+            assert ask(known, b"still") == [b"echo", b"still"]
+    finally:
+        for dealer in [known, *loud]:
+            dealer.close()
+        listener.close()
+        server.kill()

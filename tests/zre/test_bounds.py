@@ -99,17 +99,65 @@ def test_hellos_past_max_peers_are_refused() -> None:
     assert h.session.counters.get("peers_refused") == 40
 
 
+def test_hellos_that_nothing_proves_wait_at_most_max_unproven() -> None:
+    # 5,000 fake HELLOs from one host, each naming an endpoint where nobody listens, made
+    # 5,000 peers (max_peers followed the descriptors) and grew the node to 271 MB.
+    h = harness(max_unproven=4)
+    fakes = [Remote(f"fake{i}", 2000 + i) for i in range(4)]
+    for fake in fakes:
+        h.send(fake, fake.hello(), 0.0)
+    assert list(h.session.unproven) == [f.uuid for f in fakes]
+    real, other, third = Remote("real", 3000), Remote("other", 3001), Remote("third", 3002)
+    links = sum(map(len, h.links.values()))
+    h.send(real, real.hello(), 0.1)  # full: its HELLO waits, and each fake is PINGed
+    assert real.uuid not in h.session.peers and sum(map(len, h.links.values())) == links
+    assert all(h.link(f.endpoint).kinds() == ["Hello", "Ping"] for f in fakes)
+    h.taken()
+    h.session.peer_appeared(real.uuid, real.endpoint, 0.2)  # its beacon: in at once, proven
+    assert h.taken() == [(ENTER, "real")] and real.uuid not in h.session.unproven
+    h.send(other, other.hello(), 0.3)  # the fakes were asked 0.2 s ago: it waits
+    h.send(fakes[1], zre.PingOk(fakes[1].next()), 0.6)  # one answers: proven
+    entered(h, other, 0.7)  # it said HELLO again: room now
+    h.send(third, third.hello(), 5.0)  # full, and fake0 was asked 4.9 s ago
+    assert third.uuid not in h.session.peers
+    h.send(third, third.hello(), 5.1)  # fake0 had hello_timeout to answer its PING: shed
+    assert h.taken() == [(EXIT, "shed for a newer peer: no PING-OK or beacon within "
+                                "hello_timeout"), (ENTER, "third")]
+    assert h.session.counters.get("unproven_shed") == 1
+    assert set(h.session.peers) == {f.uuid for f in fakes[1:]} | {real.uuid, other.uuid,
+                                                                   third.uuid}
+    assert list(h.session.unproven) == [fakes[2].uuid, fakes[3].uuid, other.uuid, third.uuid]
+    assert h.session.counters.get("unproven_refused") == 0  # each held HELLO got in
+    # A held HELLO that nothing proves within hello_timeout is refused.
+    h = harness(max_unproven=1, hello_timeout=2.0)
+    h.send(fakes[0], fakes[0].hello(), 0.0)
+    h.send(fakes[1], fakes[1].hello(), 0.1)
+    h.session.tick(2.0)
+    assert h.session.counters.get("unproven_refused") == 0
+    h.session.tick(2.2)
+    assert h.session.counters.get("unproven_refused") == 1
+    h.session.peer_appeared(fakes[1].uuid, fakes[1].endpoint, 2.3)  # too late: found only
+    assert fakes[1].uuid in h.session.pending
+
+
 def test_a_node_at_a_cap_says_so_once_naming_the_setting(caplog: pytest.LogCaptureFixture
                                                          ) -> None:
-    h = harness(max_peers=10, max_pending=4)
+    h = harness(max_peers=10, max_pending=4, max_unproven=4)
     with caplog.at_level(logging.WARNING, logger="peermesh.zre.session"):
-        for i in range(50):
-            h.send(Remote(f"fake{i}", 2000 + i), Remote(f"fake{i}", 2000 + i).hello(), 0.0)
-            h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{3000 + i}", 0.0)
+        for i in range(8):  # beacons faster than pending peers may be replaced
+            h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{4000 + i}", 0.0)
+        for i in range(1, 50):
+            fake = Remote(f"fake{i}", 2000 + i)
+            if i % 2:  # reported at its endpoint (beacon) first, the others say HELLO first
+                h.session.peer_appeared(fake.uuid, fake.endpoint, float(i))
+            h.send(fake, fake.hello(), float(i))
+            h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{3000 + i}", float(i))
     said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 2, said
+    assert len(said) == 3, said
     assert any("max_pending=4 peers found by discovery" in line
                and "raise max_pending (PEERMESH_MAX_PENDING" in line for line in said), said
+    assert any("max_unproven=4 peers that said HELLO wait for a PING-OK" in line
+               and "raise max_unproven (PEERMESH_MAX_UNPROVEN" in line for line in said), said
     assert any("max_peers=10 peers in its table" in line
                and "raise max_peers (PEERMESH_MAX_PEERS" in line for line in said), said
 

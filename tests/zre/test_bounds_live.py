@@ -20,10 +20,12 @@ from peermesh.events import EventType
 from peermesh.wire import zre
 
 try:  # tests/ as a package
+    from ..flooding import flood, wait_shed
     from .test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier, enter_raw, hello_frame,
                                make_raw)
     from ..waiting import poll_until
 except ImportError:  # tests/ and tests/zre on sys.path (pytest's "prepend" import mode)
+    from flooding import flood, wait_shed
     from test_hostile import (WAIT, Mesh, RawPeer, beacon_barrier, enter_raw, hello_frame,
                               make_raw)
     from waiting import poll_until
@@ -36,13 +38,25 @@ ENTER, WHISPER = EventType.ENTER, EventType.WHISPER
 @pytest.fixture
 def bounded(free_udp_port: int, request: pytest.FixtureRequest) -> Mesh:
     """The hostile-test mesh with a target of small limits."""
-    # max_connections as it was before it followed max_peers + max_pending (40 here): these
-    # tests are about peers and HELLOs, not the mailbox's connection shedding
-    mesh = Mesh(free_udp_port, max_pending=16, max_peers=24, max_groups=64, max_hello=8192,
-                max_message=65536, max_connections=640,
+    # (max_connections: max_peers + max_pending = 40; the mailbox never sheds the good
+    # peer's connection, see test_a_talking_peers_connection_is_never_shed)
+    mesh = Mesh(free_udp_port, max_pending=16, max_unproven=16, max_peers=24, max_groups=64,
+                max_hello=8192, max_message=65536,
                 interval=0.2)  # a pending peer may be replaced after 0.2 s
     request.addfinalizer(mesh.close)
     return mesh.start()
+
+
+def accepted_at(port: int) -> set[int]:
+    """The remote ports of the established IPv4 TCP connections to local ``port``."""
+    found = set()
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(local.rpartition(":")[2], 16) == port:
+                found.add(int(remote.rpartition(":")[2], 16))
+    return found
 
 
 def open_descriptors() -> int:
@@ -81,20 +95,50 @@ def test_beacons_from_random_uuids_at_closed_ports(bounded: Mesh,
     assert bounded.raw_enters() == [newcomer.uuid]
 
 
-def test_hellos_from_many_identities_stop_at_max_peers(bounded: Mesh,
-                                                       make_raw: Callable[..., RawPeer]) -> None:
-    # 5,000 HELLOs from distinct identities gave 4,298 fake ready peers.
+def test_hellos_from_many_identities_wait_at_most_max_unproven(
+        bounded: Mesh, make_raw: Callable[..., RawPeer]) -> None:
+    # 5,000 HELLOs from distinct identities gave 4,298 fake ready peers, and then (with
+    # max_peers following the descriptors) 5,000 and 271 MB.
     target = bounded.target
     assert target is not None
     for i in range(40):
         fake = make_raw(name=f"fake{i}")
         fake.connect(bounded.endpoint)
         fake.hello()
-    # The good peer and 23 fakes fill max_peers=24; the other 17 are refused.
-    stats = poll_until(lambda: (s := target.stats())["peers_refused"] >= 17 and s, WAIT,
+    # Nothing proves the fakes (no beacon, no PING-OK): 16 (max_unproven) wait for it; each
+    # other HELLO sheds the oldest once that had hello_timeout to answer a PING, or waits for a
+    # beacon, refused after hello_timeout (5 s)
+    stats = poll_until(lambda: (s := target.stats())["unproven_refused"]
+                       + s["unproven_shed"] >= 24 and s, 5.0 + WAIT,
                        "the target to handle every HELLO")
-    assert stats["peers"] == 24 and stats["peers_refused"] == 17, stats
+    assert stats["peers"] == 1 + 16 and stats["unproven_refused"] + stats["unproven_shed"] == 24
+    assert stats["peers_refused"] == 0, stats
     bounded.assert_serving()
+
+
+def test_a_talking_peers_connection_is_never_shed(bounded: Mesh,
+                                                 make_raw: Callable[..., RawPeer]) -> None:
+    # The mailbox shed, past its cap, the connections that sent under 1 KiB oldest first,
+    # then those that sent the fewest octets: a peer that had said HELLO and chatted a
+    # little went before newer connections that sent more, and what it had in flight was
+    # lost (the next command a sequence gap: sequence_resyncs +1, EXIT and ENTER).
+    target = bounded.target
+    assert target is not None
+    port = int(bounded.endpoint.rpartition(":")[2])
+    good = accepted_at(port)  # the good peer's connection, the only one yet
+    assert len(good) == 1, good
+    for i in range(60):  # each sends more than the good peer did: a command before HELLO
+        loud = make_raw(name=f"loud{i}")
+        loud.connect(bounded.endpoint)
+        loud.send([zre.SIGNATURE.to_bytes(2, "big") + b"\x02\x02\x00\x07", b"x" * 32768])
+    # max_connections 40 (max_peers 24 + max_pending 16); at most 16 (max_unproven) no peer's
+    wait_shed(lambda name: target.stats()[name], at_least=60 - 16)
+    with flood(port, 100):  # idle connections too, without a handshake
+        wait_shed(lambda name: target.stats()[name], at_least=60 - 16 + 100 - 16)
+        bounded.assert_serving()  # the chatter complete and in order, no EXIT of the peer
+        assert good <= accepted_at(port), "the good peer's connection was shed"
+    assert target.stats()["sequence_resyncs"] == 0
+    assert bounded.good is not None and bounded.good.stats()["sequence_resyncs"] == 0
 
 
 def test_hello_with_too_many_groups_is_refused_at_once(bounded: Mesh,
