@@ -287,8 +287,10 @@ def _decode_hello(frame: bytes) -> zre.Message:
     return zre.decode([frame])
 
 
+@functools.lru_cache(maxsize=4096)
 def _host(endpoint: str) -> str:
-    """The address of ``tcp://address:port``."""
+    """The address of ``tcp://address:port`` (remembered: a node asks for each peer's,
+    and where many nodes share a process they share the strings)."""
     return endpoint[6:].rpartition(":")[0]
 
 
@@ -325,6 +327,7 @@ class Session:
         self._group_fields: dict[bytes, str] = {}
         self.status = 0
         self.endpoint: Optional[str] = None  # our mailbox; set by ``start``
+        self._own_host: Optional[str] = None  # its address (``_address``)
         self.running = False  # taking new peers (the driver clears it when it starts leaving)
         #: PINGs become CONFIRM events, answered by the application (``Node.hold_confirms``)
         self.hold_confirms = False
@@ -364,6 +367,7 @@ class Session:
     def start(self, endpoint: str) -> None:
         """Our mailbox is at ``endpoint``; take peers from now on."""
         self.endpoint = endpoint
+        self._own_host = _host(endpoint)
         self.running = True
 
     def stop(self) -> list[Peer]:
@@ -522,8 +526,8 @@ class Session:
                 peer.refresh(now)
             else:  # a stale or forged report: the peer's own HELLO said where it is
                 self.counters.add("reports_ignored")
-        elif now - self._departed.get(uuid, -1e18) >= self.config.expired:
-            self._require_peer(uuid, endpoint, now, hello=False)
+        elif not self._departed or now - self._departed.get(uuid, -1e18) >= self.config.expired:
+            self._add_peer(uuid, endpoint, now, hello=False)
         # else: it said it was leaving; a stale report (PEX, mDNS cache) must not revive it
 
     def peer_alive(self, uuid: UUID, now: float) -> None:
@@ -613,8 +617,10 @@ class Session:
         peer still waiting for one; a peer found by discovery may not.
         """
         peer = self.peers.get(uuid)
-        if peer is not None:
-            return peer
+        return peer if peer is not None else self._add_peer(uuid, endpoint, now, hello)
+
+    def _add_peer(self, uuid: UUID, endpoint: str, now: float, hello: bool) -> Optional[Peer]:
+        """``_require_peer`` for a ``uuid`` not in the table."""
         if not endpoint.startswith("tcp://") or endpoint == self.endpoint:
             log.debug("ignored peer %s with endpoint %r", uuid, endpoint)
             return None
@@ -629,7 +635,8 @@ class Session:
             self.counters.add("pending_shed")  # it had its chance: a live node answers at once
             self.remove(oldest, "shed for a newer peer")
         address = self._address(endpoint)
-        if (address and self.per_address[address] >= cfg.max_peers_per_address
+        per_address = self.per_address
+        if (address and per_address.get(address, 0) >= cfg.max_peers_per_address
                 and not (hello and self._shed_pending_at(address))):
             self.counters.add("address_refused")
             return None
@@ -648,8 +655,8 @@ class Session:
             return None
         peer = Peer(uuid, endpoint, link, now)
         self.peers[uuid] = peer
-        if address:
-            self.per_address[address] += 1
+        if address:  # (not ``+= 1``: a Counter's __missing__ is a Python call)
+            per_address[address] = per_address.get(address, 0) + 1
         self.pending[uuid] = peer
         self.by_identity[peer.identity] = peer
         self.by_endpoint[endpoint] = peer
@@ -678,7 +685,7 @@ class Session:
         """The address ``max_peers_per_address`` counts a peer at ``endpoint`` under; ""
         for our own (nodes of this host)."""
         address = _host(endpoint)
-        return "" if self.endpoint is None or address == _host(self.endpoint) else address
+        return "" if self._own_host is None or address == self._own_host else address
 
     def _shed_pending_at(self, address: str) -> bool:
         """Shed the oldest peer at ``address`` still waiting for its HELLO, if any."""
@@ -938,8 +945,8 @@ class Session:
             # word wins, or it would never hear from us.
             self.remove(peer, "connected to the wrong endpoint")
             peer = None
-        uuid = UUID(bytes=identity[1:])
         if peer is None:
+            uuid = zre.uuid_of(identity[1:])
             holder = self.by_endpoint.get(hello.endpoint)
             if holder is not None and self._link_closed(holder):
                 # gone (only one process listens at an endpoint): the new node is in
@@ -1038,14 +1045,16 @@ class Session:
         peer.status = hello.status
         peer.refresh(now)
         if announce:
-            log.info("peer %s (%s) entered from %s", peer.name, peer.uuid.hex, peer.endpoint,
-                     extra={"peer": peer.uuid.hex, "peer_name": peer.name})
+            if log.isEnabledFor(logging.INFO):  # (its arguments cost more than the check)
+                log.info("peer %s (%s) entered from %s", peer.name, peer.uuid.hex,
+                         peer.endpoint, extra={"peer": peer.uuid.hex, "peer_name": peer.name})
             self.emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
                             address=peer.endpoint))
             if peer.headers.get(PEX_HEADER) == "1":
                 self._send_peer_exchange(peer)
-        for group in peer.groups - set(hello.groups):
-            self._peer_leave(peer, group)
+        if peer.groups:
+            for group in peer.groups - set(hello.groups):
+                self._peer_leave(peer, group)
         for group in hello.groups:
             self._peer_join(peer, group)
 
