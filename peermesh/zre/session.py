@@ -193,6 +193,10 @@ class _Waker(Protocol):
     def set(self) -> None: ...
 
 
+#: the groups of every peer that joined none (one object: ``frozenset()`` makes a new one)
+_NO_GROUPS: frozenset[str] = frozenset()
+
+
 class Peer:
     """A remote node: identity, HELLO data, groups, sequence and liveness state."""
 
@@ -203,14 +207,14 @@ class Peer:
 
     def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
         self.uuid = uuid
-        self.uuid_bytes = uuid.bytes
+        self.uuid_bytes = uuid.int.to_bytes(16, "big")  # (``uuid.bytes``, without its call)
         self.identity = b"\x01" + self.uuid_bytes
         self.endpoint = endpoint
         self.link = link
         self.ready = False          # HELLO received
         self.name = ""
         self.headers: dict[str, str] = {}
-        self.groups: AbstractSet[str] = frozenset()  # a set once it joins (few peers do)
+        self.groups: AbstractSet[str] = _NO_GROUPS  # a set once it joins (few peers do)
         self.status = 0             # peer's group status (mod 256)
         self.want = 1               # next sequence expected from the peer
         self.sent = 0               # last sequence sent to the peer
@@ -310,6 +314,7 @@ class Session:
                  wake: Optional[Callable[[], None]] = None) -> None:
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
+        self._identity = b"\x01" + self.uuid_bytes  # our routing identity
         self.name = name
         self.headers = headers
         self.config = config
@@ -915,7 +920,7 @@ class Session:
             log.debug("dropped malformed HELLO from %r: %s", identity, exc.reason)
             return
         assert isinstance(hello, zre.Hello)
-        if len(identity) != 17 or identity[0] != 1 or identity[1:] == self.uuid_bytes:
+        if len(identity) != 17 or identity[0] != 1 or identity == self._identity:
             log.debug("dropped HELLO with identity %r", identity)
             return
         if len(hello.groups) > self.config.max_groups:
