@@ -23,7 +23,6 @@ import itertools
 import logging
 import socket
 from typing import Optional, Sequence
-from uuid import UUID
 
 import gevent
 
@@ -114,7 +113,6 @@ class BeaconDiscovery:
         sock.setsockopt(socket.IPPROTO_IP, _IP_PKTINFO, 1)
         ancillary = socket.CMSG_SPACE(12)
         broadcast = socket.inet_aton(interface.broadcast)
-        uuids: dict[bytes, UUID] = {}
         version = 1 if node.public_key is None else 3  # a node with a key hears only keys
         for count in itertools.count(1):
             if not count % _BATCH:
@@ -122,7 +120,7 @@ class BeaconDiscovery:
             data, cmsgs, _, (address, _) = sock.recvmsg(64, ancillary)
             unicast = _unicast(cmsgs, broadcast)
             try:
-                beacon = zre.decode_beacon(data, version)
+                beacon = zre.decode_beacon_cached(data, version)
             except ProtocolError as exc:
                 log.debug("dropped datagram from %s: %s", address, exc.reason)
                 continue
@@ -131,11 +129,7 @@ class BeaconDiscovery:
             if not unicast and address not in interface:
                 log.debug("ignored beacon from %s, outside %s", address, interface.network)
                 continue
-            uuid = uuids.get(beacon.uuid)
-            if uuid is None:
-                if len(uuids) > 4096:
-                    uuids.clear()
-                uuid = uuids[beacon.uuid] = UUID(bytes=beacon.uuid)
+            uuid = zre.uuid_of(beacon.uuid)
             if beacon.port == 0:
                 node.peer_left(uuid, address, beacon.key)
             else:

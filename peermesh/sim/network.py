@@ -257,13 +257,18 @@ class SimNetwork:
             del self._mailboxes[mailbox.endpoint]
 
     def _send(self, link: "SimLink", frames: Sequence[bytes]) -> None:
+        # (every mailbox message of the simulation passes here: the common case, no
+        # partition, no per-link settings and no jitter, costs no calls)
         self.sent += 1
         mailbox = self._mailboxes.get(link.endpoint)
-        if mailbox is None or not self._reachable(link.source, mailbox.host):
+        if mailbox is None or (self._partitioned
+                               and not self._reachable(link.source, mailbox.host)):
             self.lost += 1
             return
-        when = max(self.clock.now() + self._delay(self._settings(link.source, mailbox.host)),
-                   link.last_delivery)
+        settings = self._settings(link.source, mailbox.host) if self._links else self.default
+        when = self.clock._now + (self._delay(settings) if settings.jitter else settings.latency)
+        if when < link.last_delivery:
+            when = link.last_delivery
         link.last_delivery = when
         self._schedule(self._arriving, when, (link, mailbox, frames))
 
@@ -380,9 +385,10 @@ class SimMailbox:
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
               on_oversized: Callable[[bytes], None], backpressure: Any = None) -> None:
         queue = self._queue
+        full = backpressure.full if backpressure is not None else None
         while True:
             while queue:
-                if backpressure is not None and backpressure.full():
+                if full is not None and full():
                     backpressure.wait_room()
                 identity, frames = queue.popleft()
                 if sum(map(len, frames)) > self.max_message:

@@ -87,6 +87,7 @@ class Simulation:
         self.counts: Counter[str] = Counter()
         self._keep = keep_events
         self._known: dict[Node, int] = {}
+        self._complete = 0  # nodes whose count in ``_known`` is size - 1
         #: ENTER events so far, from every node
         self.entered = 0
         self._seen = 0
@@ -109,6 +110,8 @@ class Simulation:
                         _events=_Sink())
             node.add_listener(self._listener(node))
             self._known[node] = 0
+            if self.size == 1:
+                self._complete = 1
             self.nodes.append(node)
             node.start()
         self.started = True
@@ -118,16 +121,26 @@ class Simulation:
         return self
 
     def _listener(self, node: Node) -> Callable[[Event], None]:
-        known, counts = self._known, self.counts
+        known, counts, want = self._known, self.counts, self.size - 1
 
         def listen(event: Event) -> None:
             kind = event.type
-            counts[kind.value] += 1
+            counts[kind._value_] += 1  # (``value`` is a property: this runs for every event)
             if kind is ENTER:
-                known[node] += 1
+                had = known[node]
+                known[node] = had + 1
                 self.entered += 1
+                if had + 1 == want:
+                    self._complete += 1
+                elif had == want:
+                    self._complete -= 1
             elif kind is EXIT:
-                known[node] -= 1
+                had = known[node]
+                known[node] = had - 1
+                if had == want:
+                    self._complete -= 1
+                elif had - 1 == want:
+                    self._complete += 1
             if self._keep:
                 self.events.append((self.clock.now(), node, event))
             self._seen += 1
@@ -154,8 +167,7 @@ class Simulation:
 
     def complete(self) -> int:
         """How many nodes have every other node as a ready peer."""
-        want = self.size - 1
-        return sum(1 for known in self._known.values() if known == want)
+        return self._complete
 
     def _check_converged(self) -> None:
         if self.converged_at is None and self.is_full_mesh():
@@ -163,8 +175,7 @@ class Simulation:
 
     def is_full_mesh(self) -> bool:
         """True when every node has every other as a ready peer."""
-        want = self.size - 1
-        return all(known == want for known in self._known.values())
+        return self._complete == len(self._known)
 
     def run(self, seconds: float, step: float = 0.05,
             progress: Optional[Callable[["Simulation"], None]] = None,

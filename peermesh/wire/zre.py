@@ -38,10 +38,12 @@ see it)::
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Mapping, Optional, Sequence, Union
+from uuid import UUID
 
 from ..errors import ProtocolError
 from .frames import as_bytes, as_frames
@@ -52,6 +54,7 @@ __all__ = [
     "Message",
     "encode_beacon", "decode_beacon", "encode", "decode", "whisper_header",
     "shout_header", "shouts", "next_sequence", "PeerExchange", "PEX", "PUBLIC_KEY_HEADER",
+    "uuid_of", "decode_beacon_cached",
 ]
 
 # Beacon: 'Z' 'R' 'E' %x01 | UUID (16 octets) | port (2 octets)
@@ -149,6 +152,21 @@ def decode_beacon(data: bytes, version: int = 1) -> Beacon:
     if prefix != BEACON_PREFIX:
         raise ProtocolError("beacon header is not 'ZRE' %x01")
     return Beacon(uuid, port)
+
+
+@functools.lru_cache(maxsize=1024)
+def decode_beacon_cached(data: bytes, version: int = 1) -> Beacon:
+    """``decode_beacon`` of a ``bytes`` datagram, remembered for the whole process (a
+    node hears each peer's same beacon every interval, and where many nodes share a
+    process each of them hears every other's; beacons are immutable)."""
+    return decode_beacon(data, version)
+
+
+@functools.lru_cache(maxsize=4096)
+def uuid_of(raw: bytes) -> UUID:
+    """``UUID(bytes=raw)`` for the 16 octets of a beacon or a routing identity,
+    remembered for the whole process (UUIDs are immutable)."""
+    return UUID(bytes=raw)
 
 
 # --- commands -------------------------------------------------------------

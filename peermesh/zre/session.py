@@ -202,6 +202,10 @@ class _Waker(Protocol):
     def set(self) -> None: ...
 
 
+#: the groups of every peer that joined none (one object: ``frozenset()`` makes a new one)
+_NO_GROUPS: frozenset[str] = frozenset()
+
+
 class Peer:
     """A remote node: identity, HELLO data, groups, sequence and liveness state."""
 
@@ -212,14 +216,14 @@ class Peer:
 
     def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
         self.uuid = uuid
-        self.uuid_bytes = uuid.bytes
+        self.uuid_bytes = uuid.int.to_bytes(16, "big")  # (``uuid.bytes``, without its call)
         self.identity = b"\x01" + self.uuid_bytes
         self.endpoint = endpoint
         self.link = link
         self.ready = False          # HELLO received
         self.name = ""
         self.headers: dict[str, str] = {}
-        self.groups: AbstractSet[str] = frozenset()  # a set once it joins (few peers do)
+        self.groups: AbstractSet[str] = _NO_GROUPS  # a set once it joins (few peers do)
         self.status = 0             # peer's group status (mod 256)
         self.want = 1               # next sequence expected from the peer
         self.sent = 0               # last sequence sent to the peer
@@ -304,8 +308,10 @@ def _asked(peer: Peer) -> Optional[float]:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def _host(endpoint: str) -> str:
-    """The address of ``tcp://address:port``."""
+    """The address of ``tcp://address:port`` (remembered: a node asks for each peer's,
+    and where many nodes share a process they share the strings)."""
     return endpoint[6:].rpartition(":")[0]
 
 
@@ -325,6 +331,7 @@ class Session:
                  wake: Optional[Callable[[], None]] = None) -> None:
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
+        self._identity = b"\x01" + self.uuid_bytes  # our routing identity
         self.name = name
         self.headers = headers
         self.config = config
@@ -342,6 +349,7 @@ class Session:
         self._group_fields: dict[bytes, str] = {}
         self.status = 0
         self.endpoint: Optional[str] = None  # our mailbox; set by ``start``
+        self._own_host: Optional[str] = None  # its address (``_address``)
         self.running = False  # taking new peers (the driver clears it when it starts leaving)
         #: PINGs become CONFIRM events, answered by the application (``Node.hold_confirms``)
         self.hold_confirms = False
@@ -389,6 +397,7 @@ class Session:
     def start(self, endpoint: str) -> None:
         """Our mailbox is at ``endpoint``; take peers from now on."""
         self.endpoint = endpoint
+        self._own_host = _host(endpoint)
         self.running = True
 
     def stop(self) -> list[Peer]:
@@ -552,7 +561,7 @@ class Session:
                     self.unproven.pop(uuid, None)
             else:  # a stale or forged report: the peer's own HELLO said where it is
                 self.counters.add("reports_ignored")
-        elif now - self._departed.get(uuid, -1e18) >= self.config.expired:
+        elif not self._departed or now - self._departed.get(uuid, -1e18) >= self.config.expired:
             held = self._unhold(uuid) if self._held_hellos else None
             if held is not None:
                 if held[1].endpoint == endpoint:  # its HELLO, proven now: it enters
@@ -560,7 +569,7 @@ class Session:
                     if peer is not None:
                         self._accept_hello(peer, held[1], now, announce=True)
                     return
-            self._require_peer(uuid, endpoint, now, hello=False)
+            self._add_peer(uuid, endpoint, now, hello=False)
         # else: it said it was leaving; a stale report (PEX, mDNS cache) must not revive it
 
     def peer_alive(self, uuid: UUID, now: float) -> None:
@@ -650,8 +659,10 @@ class Session:
         peer still waiting for one; a peer found by discovery may not.
         """
         peer = self.peers.get(uuid)
-        if peer is not None:
-            return peer
+        return peer if peer is not None else self._add_peer(uuid, endpoint, now, hello)
+
+    def _add_peer(self, uuid: UUID, endpoint: str, now: float, hello: bool) -> Optional[Peer]:
+        """``_require_peer`` for a ``uuid`` not in the table."""
         if not endpoint.startswith("tcp://") or endpoint == self.endpoint:
             log.debug("ignored peer %s with endpoint %r", uuid, endpoint)
             return None
@@ -666,7 +677,8 @@ class Session:
             self.counters.add("pending_shed")  # it had its chance: a live node answers at once
             self.remove(oldest, "shed for a newer peer")
         address = self._address(endpoint)
-        if (address and self.per_address[address] >= cfg.max_peers_per_address
+        per_address = self.per_address
+        if (address and per_address.get(address, 0) >= cfg.max_peers_per_address
                 and not (hello and self._shed_pending_at(address))):
             self.counters.add("address_refused")
             return None
@@ -685,8 +697,8 @@ class Session:
             return None
         peer = Peer(uuid, endpoint, link, now)
         self.peers[uuid] = peer
-        if address:
-            self.per_address[address] += 1
+        if address:  # (not ``+= 1``: a Counter's __missing__ is a Python call)
+            per_address[address] = per_address.get(address, 0) + 1
         self.pending[uuid] = peer
         self.by_identity[peer.identity] = peer
         self.by_endpoint[endpoint] = peer
@@ -715,7 +727,7 @@ class Session:
         """The address ``max_peers_per_address`` counts a peer at ``endpoint`` under; ""
         for our own (nodes of this host)."""
         address = _host(endpoint)
-        return "" if self.endpoint is None or address == _host(self.endpoint) else address
+        return "" if self._own_host is None or address == self._own_host else address
 
     def _shed_pending_at(self, address: str) -> bool:
         """Shed the oldest peer at ``address`` still waiting for its HELLO, if any."""
@@ -948,7 +960,7 @@ class Session:
             log.debug("dropped malformed HELLO from %r: %s", identity, exc.reason)
             return
         assert isinstance(hello, zre.Hello)
-        if len(identity) != 17 or identity[0] != 1 or identity[1:] == self.uuid_bytes:
+        if len(identity) != 17 or identity[0] != 1 or identity == self._identity:
             log.debug("dropped HELLO with identity %r", identity)
             return
         if len(hello.groups) > self.config.max_groups:
@@ -978,8 +990,8 @@ class Session:
             # word wins, or it would never hear from us.
             self.remove(peer, "connected to the wrong endpoint")
             peer = None
-        uuid = UUID(bytes=identity[1:])
         if peer is None:
+            uuid = zre.uuid_of(identity[1:])
             holder = self.by_endpoint.get(hello.endpoint)
             if holder is not None and self._link_closed(holder):
                 # gone (only one process listens at an endpoint): the new node is in
@@ -1142,14 +1154,16 @@ class Session:
         peer.status = hello.status
         peer.refresh(now)
         if announce:
-            log.info("peer %s (%s) entered from %s", peer.name, peer.uuid.hex, peer.endpoint,
-                     extra={"peer": peer.uuid.hex, "peer_name": peer.name})
+            if log.isEnabledFor(logging.INFO):  # (its arguments cost more than the check)
+                log.info("peer %s (%s) entered from %s", peer.name, peer.uuid.hex,
+                         peer.endpoint, extra={"peer": peer.uuid.hex, "peer_name": peer.name})
             self.emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
                             address=peer.endpoint))
             if peer.headers.get(PEX_HEADER) == "1":
                 self._send_peer_exchange(peer)
-        for group in peer.groups - set(hello.groups):
-            self._peer_leave(peer, group)
+        if peer.groups:
+            for group in peer.groups - set(hello.groups):
+                self._peer_leave(peer, group)
         for group in hello.groups:
             self._peer_join(peer, group)
 

@@ -106,6 +106,24 @@ def test_beacon_loss_slows_nothing_that_matters(make_sim):
     assert report["events"].get("EXIT", 0) == 0  # 30% loss never looks like a dead peer
 
 
+def test_complete_follows_every_enter_and_exit(make_sim):
+    assert make_sim(1).is_full_mesh() and make_sim(1).complete() == 1  # no one to meet
+    sim = make_sim(5, interval=1.0, evasive=5.0, silent=10.0, expired=30.0)
+
+    def full_views() -> int:
+        return sum(1 for node in sim.nodes if len(node.peers()) == 4)
+
+    assert sim.run_until(sim.is_full_mesh, limit=2.0)
+    assert sim.complete() == full_views() == 5
+    sim.partition([sim.nodes[:1]])  # one node alone: every view loses a peer
+    sim.run(32.0)
+    assert sim.complete() == full_views() == 0 and not sim.is_full_mesh()
+    assert sim.counts["EXIT"] == 8
+    sim.heal()
+    assert sim.run_until(sim.is_full_mesh, limit=3.0)
+    assert sim.complete() == full_views() == 5
+
+
 def test_links_can_change_during_a_run(make_sim):
     sim = make_sim(4)
     assert sim.run_until(sim.is_full_mesh, limit=1.0)
