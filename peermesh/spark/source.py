@@ -61,6 +61,7 @@ from .options import Use, check as check_options, check_use, parsed
 from .protocol import MAX_FETCH_BYTES, DataLossError
 
 if TYPE_CHECKING:
+    from .executor import GatewaySettings
     from .service import MeshSettings
 
 __all__ = ["PeermeshDataSource", "SCHEMA", "register", "SourceOptions", "WriteOptions"]
@@ -202,11 +203,14 @@ class WriteOptions:
     retries: int = 0
     #: shout each row to the group its ``group`` column names (no option ``group``)
     group_column: bool = False
+    #: write through the driver's MTL gateway (option ``gateway``) instead of a mesh node
+    gateway: Optional[GatewaySettings] = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], columns: Sequence[str] = ()) -> "WriteOptions":
         """From data source options (and the data's column names); ``ValueError`` naming
         the bad option."""
+        from .executor import GatewaySettings
         from .service import MeshSettings
 
         check_use(options, Use.WRITE)
@@ -233,7 +237,8 @@ class WriteOptions:
                    require_delivery=parsed(options, "requireDelivery", True),
                    timeout=parsed(options, "timeout"),
                    max_in_flight=parsed(options, "maxInFlight", 64),
-                   retries=parsed(options, "retries", 0), group_column=by_column)
+                   retries=parsed(options, "retries", 0), group_column=by_column,
+                   gateway=GatewaySettings.from_options(options))
 
 
 # --- offsets ------------------------------------------------------------------
@@ -838,6 +843,8 @@ def write_rows(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
 
     total = 0
     mesh = None
+    if opts.gateway is not None and opts.service is None:
+        return _write_through_gateway(opts, iterator)
     if opts.group_column:
         return _shout_by_column(opts, iterator)
     if opts.group is not None:
@@ -905,6 +912,44 @@ def _shout_by_column(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
         raise MeshWriteError(f"not every member of groups {', '.join(sorted(met))} confirmed "
                              f"the {total} messages within {opts.discovery_timeout:g} s")
     return MeshCommit(total, "shout")
+
+
+def _write_through_gateway(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
+    """Send every row through the driver's MTL gateway; done once it confirmed them all
+    (they are in the driver's log)."""
+    from .executor import MeshWriteError, executor_gateway
+
+    assert opts.gateway is not None
+    writer = None
+    total = 0
+    for chunk in _chunks(iterator, 2000):
+        if writer is None:
+            writer = executor_gateway(opts.gateway)
+            writer.lock.acquire()
+        try:
+            if opts.group is not None:
+                writer.send_many(opts.group, _payloads(chunk, opts.column))
+            else:
+                by_group: dict[str, list] = {}
+                for row in chunk:
+                    target = row[GROUP_COLUMN]
+                    if not isinstance(target, str) or not target:
+                        raise MeshWriteError(f"row {total} of this task has no group in its "
+                                             f"{GROUP_COLUMN!r} column ({target!r})")
+                    by_group.setdefault(target, []).append(row)
+                for target, rows in by_group.items():
+                    writer.send_many(target, _payloads(rows, opts.column, without=GROUP_COLUMN))
+            total += len(chunk)
+        except BaseException:
+            writer.lock.release()
+            raise
+    if writer is not None:
+        try:
+            if opts.require_delivery:
+                writer.confirm(opts.discovery_timeout)
+        finally:
+            writer.lock.release()
+    return MeshCommit(total, "gateway")
 
 
 class MeshWriter(DataSourceWriter):
