@@ -223,7 +223,9 @@ class WriteOptions:
                              "request, with option 'action')")
         if service is not None and not options.get("action"):
             raise ValueError("option 'service' needs option 'action'")
-        if options.get("serverkey") and not options.get("keyfile"):
+        gateway = GatewaySettings.from_options(options)
+        if options.get("serverkey") and not options.get("keyfile") \
+                and (gateway is None or service is not None):
             raise ValueError("the mesh has keys (option serverKey is set): a write needs "
                              "option keyFile, the secret certificate of the workers' hosts "
                              "(and allowedKeys, the directory of the keys they admit)")
@@ -238,7 +240,7 @@ class WriteOptions:
                    timeout=parsed(options, "timeout"),
                    max_in_flight=parsed(options, "maxInFlight", 64),
                    retries=parsed(options, "retries", 0), group_column=by_column,
-                   gateway=GatewaySettings.from_options(options))
+                   gateway=gateway)
 
 
 # --- offsets ------------------------------------------------------------------

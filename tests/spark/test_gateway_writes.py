@@ -85,6 +85,32 @@ def test_a_group_the_driver_does_not_log_is_refused(
     assert _payloads(service, "later")[-1:] == [b"y"]
 
 
+def test_on_a_mesh_with_keys_the_gateway_speaks_curve(
+        make_service: Callable[..., Any], gateway_writer: Callable[..., Any],
+        tmp_path: Any) -> None:
+    import sys
+    from pathlib import Path
+
+    from peermesh.spark.source import WriteOptions
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zre"))
+    from curvemesh import KeyRing
+
+    ring = KeyRing(tmp_path)
+    allowed = ring.allow("allowed", "driver")
+    service = make_service(["secure"], channel=False, gateway="127.0.0.1",
+                           key_file=ring.secret("driver"), allowed_keys=allowed)
+    options = {k.lower(): v for k, v in service.options().items()}
+    assert options["serverkey"] == ring.public("driver").decode()
+    # no keyFile: the executor makes no mesh node, the gateway needs only the driver's key
+    opts = WriteOptions.parse({**options, "group": "secure"})
+    assert opts.gateway is not None and opts.gateway.server_key == options["serverkey"]
+    writer = gateway_writer(opts.gateway)
+    writer.send_many("secure", [b"a", b"b"])
+    writer.confirm(10.0)
+    assert _payloads(service, "secure") == [b"a", b"b"]
+
+
 def test_gateway_options_need_the_credentials() -> None:
     from peermesh.spark.source import WriteOptions
 
