@@ -60,6 +60,25 @@ def test_what_the_gateway_confirmed_is_in_the_log(
     assert row_sender == "mtl:spark-executors"
 
 
+def test_writers_are_pushed_back_when_the_log_lags_and_nothing_is_lost(
+        make_service: Callable[..., Any], gateway_writer: Callable[..., Any]) -> None:
+    from peermesh.spark.executor import GatewaySettings
+
+    service = make_service(["burst"], channel=False, gateway="127.0.0.1")
+    queues = service.gateway.data.queues
+    queues.max_pending = 4096       # four contents wait for the log, at most
+    settings = GatewaySettings.from_options(
+        {k.lower(): v for k, v in service.options().items()})
+    assert settings is not None
+    writer = gateway_writer(settings)
+    sent = [b"%04d" % i + b"x" * 1020 for i in range(2000)]
+    writer.send_many("burst", sent)
+    writer.confirm(30.0)
+    got = _payloads(service, "burst")
+    assert sorted(got) == sent      # each once (refused ones came again, later)
+    assert queues.refused > 0       # (the ingest takes what waits every 10 ms, at most)
+
+
 def test_a_group_the_driver_does_not_log_is_refused(
         make_service: Callable[..., Any], gateway_writer: Callable[..., Any]) -> None:
     from peermesh.spark.executor import GatewaySettings, MeshWriteError
