@@ -30,6 +30,7 @@ every message arrives exactly once.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import logging
 import math
@@ -897,14 +898,7 @@ def _shout_by_column(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
     for chunk in _chunks(iterator, 2000):
         if mesh is None:
             mesh = executor_mesh(opts.mesh)
-        by_group: dict[str, list] = {}
-        for row in chunk:
-            target = row[GROUP_COLUMN]
-            if not isinstance(target, str) or not target:
-                raise MeshWriteError(f"row {total + len(by_group)} of this task has no group "
-                                     f"in its {GROUP_COLUMN!r} column ({target!r})")
-            by_group.setdefault(target, []).append(row)
-        for target, rows in by_group.items():
+        for target, rows in _by_group(chunk, total).items():
             if target not in met:
                 mesh.wait_group(target, opts.peers, opts.discovery_timeout)
                 met.add(target)
@@ -919,39 +913,41 @@ def _shout_by_column(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
 def _write_through_gateway(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
     """Send every row through the driver's MTL gateway; done once it confirmed them all
     (they are in the driver's log)."""
-    from .executor import MeshWriteError, executor_gateway
+    from .executor import executor_gateway
 
     assert opts.gateway is not None
-    writer = None
+    chunks = _chunks(iterator, 2000)
+    first = next(chunks, None)
+    if first is None:
+        return MeshCommit(0, "gateway")
+    writer = executor_gateway(opts.gateway)
     total = 0
-    for chunk in _chunks(iterator, 2000):
-        if writer is None:
-            writer = executor_gateway(opts.gateway)
-            writer.lock.acquire()
-        try:
+    with writer.lock:
+        for chunk in itertools.chain([first], chunks):
             if opts.group is not None:
                 writer.send_many(opts.group, _payloads(chunk, opts.column))
             else:
-                by_group: dict[str, list] = {}
-                for row in chunk:
-                    target = row[GROUP_COLUMN]
-                    if not isinstance(target, str) or not target:
-                        raise MeshWriteError(f"row {total} of this task has no group in its "
-                                             f"{GROUP_COLUMN!r} column ({target!r})")
-                    by_group.setdefault(target, []).append(row)
-                for target, rows in by_group.items():
+                for target, rows in _by_group(chunk, total).items():
                     writer.send_many(target, _payloads(rows, opts.column, without=GROUP_COLUMN))
             total += len(chunk)
-        except BaseException:
-            writer.lock.release()
-            raise
-    if writer is not None:
-        try:
-            if opts.require_delivery:
-                writer.confirm(opts.discovery_timeout)
-        finally:
-            writer.lock.release()
+        if opts.require_delivery:
+            writer.confirm(opts.discovery_timeout)
     return MeshCommit(total, "gateway")
+
+
+def _by_group(chunk: list, first: int) -> dict[str, list]:
+    """The rows of ``chunk`` by the group their ``group`` column names (``first``: the
+    task's number of the chunk's first row, for the error)."""
+    from .executor import MeshWriteError
+
+    by_group: dict[str, list] = {}
+    for index, row in enumerate(chunk, first):
+        target = row[GROUP_COLUMN]
+        if not isinstance(target, str) or not target:
+            raise MeshWriteError(f"row {index} of this task has no group in its "
+                                 f"{GROUP_COLUMN!r} column ({target!r})")
+        by_group.setdefault(target, []).append(row)
+    return by_group
 
 
 class MeshWriter(DataSourceWriter):

@@ -60,6 +60,28 @@ def test_what_the_gateway_confirmed_is_in_the_log(
     assert row_sender == "mtl:spark-executors"
 
 
+def test_a_write_task_through_the_gateway_routes_rows_by_their_group_column(
+        make_service: Callable[..., Any], gateway_writer: Callable[..., Any]) -> None:
+    from pyspark.sql import Row
+
+    from peermesh.spark.executor import MeshWriteError
+    from peermesh.spark.source import WriteOptions, write_rows
+
+    service = make_service(["a", "b"], channel=False, gateway="127.0.0.1")
+    options = {k.lower(): v for k, v in service.options().items()}
+    opts = WriteOptions.parse(options, columns=["group", "i"])
+    assert opts.group_column and opts.gateway is not None
+    rows = [Row(group="ab"[i % 2], i=i) for i in range(4100)]
+    commit = write_rows(opts, iter(rows))
+    assert (commit.rows, commit.mode) == (4100, "gateway")
+    for name, parity in (("a", 0), ("b", 1)):
+        logged = [msgpack.unpackb(p)["i"] for p in _payloads(service, name)]
+        assert logged == list(range(parity, 4100, 2))
+    assert write_rows(opts, iter([])).rows == 0
+    with pytest.raises(MeshWriteError, match="row 1 of this task has no group"):
+        write_rows(opts, iter([Row(group="a", i=0), Row(group="", i=1)]))
+
+
 def test_writers_are_pushed_back_when_the_log_lags_and_nothing_is_lost(
         make_service: Callable[..., Any], gateway_writer: Callable[..., Any]) -> None:
     from peermesh.spark.executor import GatewaySettings
