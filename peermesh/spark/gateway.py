@@ -23,6 +23,9 @@ node's hub with the writers' Confirms (``multiple``). So a writer's Confirm
 means the content is in the log: nothing confirmed is lost. Content not
 confirmed (the driver stopped, the link went) is sent again by the writer
 after it reconnects: delivery is at least once across such a failure.
+Only ``confirm: full`` leases reach the log (the executors always take
+one): content of a ``confirm: none`` lease is only shouted into the group,
+which the driver's own node does not hear.
 
 Bounds: content handed to the ingest and not yet appended is at most
 ``max_pending`` bytes (default 256 MiB); beyond that a writer's content is
