@@ -42,6 +42,8 @@ def test_what_the_gateway_confirmed_is_in_the_log(
     assert options["gateway"] == service.gateway_endpoint
     opts = WriteOptions.parse({**options, "group": "telemetry"})
     assert opts.gateway == GatewaySettings.from_options(options)
+    # an empty option gateway: this write goes through a mesh node
+    assert WriteOptions.parse({**options, "group": "other", "gateway": ""}).gateway is None
 
     writer = gateway_writer(opts.gateway)
     sent = [msgpack.packb({"i": i}) for i in range(5000)]
