@@ -80,7 +80,8 @@ class LogQueues(DurableQueues):
 
     def __init__(self, store: "ContentStore", *, logged: Callable[[str], bool],
                  hand: Callable[[Handed], None], sender: str, largest: int,
-                 max_pending: int = MAX_PENDING) -> None:
+                 stats: Any = None, max_pending: int = MAX_PENDING) -> None:
+        """``stats``: the service's ``ServiceStats`` (``gateway_refused`` counts refusals)."""
         super().__init__(store)
         self.logged = logged
         self.hand = hand
@@ -94,8 +95,7 @@ class LogQueues(DurableQueues):
         self._pending = 0
         self._lock = threading.Lock()
         self._headers: dict[str, tuple[str, dict[str, str]]] = {}
-        #: contents refused: not a logged group, too large, or the ingest behind
-        self.refused = 0
+        self.stats = stats
 
     def written(self, flow: "DataFlow", link: "Link", key: tuple[str, str], command: "Content",
                 now: float) -> None:
@@ -121,7 +121,8 @@ class LogQueues(DurableQueues):
                    if command.properties else b"\x00\x00")
 
     def _refuse(self, flow: "DataFlow", link: "Link", sequence: int, recycle: bool) -> None:
-        self.refused += 1
+        if self.stats is not None:
+            self.stats.gateway_refused += 1
         flow.sends.append((link.identity, encode_data(Reject(sequence, False, recycle))))
 
     def flush(self, flow: "DataFlow") -> bool:

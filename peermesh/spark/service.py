@@ -159,6 +159,9 @@ class ServiceStats:
     chunks_served: int = 0     #: log chunks sent in FETCH replies
     trimmed: int = 0           #: messages deleted (commits, retention, trims)
     rejected: int = 0          #: SHOUTs that could not be stored (too large for SQLite)
+    #: writes through the gateway refused: not a logged group, too large, or (sent again)
+    #: while the log was behind
+    gateway_refused: int = 0
 
 
 class LogAdvert(Overlay):
@@ -397,7 +400,8 @@ class DriverService:
         def queues(store: Any) -> LogQueues:  # (on start: the node is attached)
             assert gateway.node is not None
             return LogQueues(store, logged=self.groups.__contains__, hand=self._handover.put,
-                             sender=gateway.node.uuid.hex, largest=largest)
+                             sender=gateway.node.uuid.hex, largest=largest,
+                             stats=self.stats)
 
         gateway = Gateway(credentials, address=address, control_port=port,
                           data_port=port + 1 if port else 0, run="always",
