@@ -17,6 +17,13 @@ for every ``Lan``, so concurrent runs and other jobs never share a name)::
   namespace. No traffic can reach the machine's real interfaces.
 * :meth:`Host.pull_cable` sets the switch-side veth end down: the host's eth0
   loses carrier, traffic stops, and ``sendto`` still succeeds silently.
+* :meth:`Lan.link_root` is the one exception to "nothing in the root
+  namespace": it plugs this process's namespace into the switch with a veth
+  ``<tag>r`` at ``10.88.K.1/24`` (no other address, no IPv6, no route but
+  the LAN's own), so a program there (a Spark driver and master, say) talks
+  to the hosts as one more host. It refuses when the root namespace already
+  has an address or route in ``10.88.K.0/24``. The veth goes with the switch
+  namespace (deleting one end deletes both); ``close`` checks it is gone.
 
 Cleanup (:meth:`Lan.close`, run by the context manager's ``finally``, by the
 ``lan_factory`` fixture finaliser, and at interpreter exit as a last resort)
@@ -421,6 +428,8 @@ class Lan:
         self.hosts: list[Host] = []
         self._initial_hosts = hosts
         self._namespaces: list[str] = []  # created by us and not yet deleted
+        #: the root namespace's veth end (``link_root``), None without one
+        self.root_link: str | None = None
         self._procs: list[subprocess.Popen[Any]] = []
         self._started = False
         self._closed = False
@@ -523,6 +532,30 @@ class Lan:
         self.hosts.extend(new)
         return new
 
+    def link_root(self) -> str:
+        """Plug this process's (root) namespace into the switch; its address there."""
+        self._check_open()
+        if not self._started:
+            raise NetlabError("start the Lan first")
+        if self.root_link is not None:
+            return f"{self.prefix}.1"
+        used = _ip("-4", "-o", "addr", "show").stdout + _ip("-4", "route", "show").stdout
+        if f"{self.prefix}." in used:
+            raise NetlabError(f"the root namespace already uses {self.network}")
+        name, port = f"{self.tag}r", f"{self.tag}pr"
+        _ip("-n", self.switch, batch=[
+            f"link add name {port} type veth peer name {name} netns {os.getpid()}",
+            f"link set {port} addrgenmode none",
+            f"link set {port} master {self.bridge} up",
+        ])
+        self.root_link = name
+        _ip(batch=[
+            f"link set {name} addrgenmode none",
+            f"addr add {self.prefix}.1/{self.prefixlen} broadcast {self.broadcast} dev {name}",
+            f"link set {name} up",
+        ])
+        return f"{self.prefix}.1"
+
     # -- teardown
 
     def close(self) -> None:
@@ -538,8 +571,19 @@ class Lan:
         finally:
             try:
                 self._delete_namespaces()
+                self._delete_root_link()
             finally:
                 _LIVE.discard(self)
+
+    def _delete_root_link(self) -> None:
+        """The root end of ``link_root`` went with the switch; delete it if it did not."""
+        name = self.root_link
+        if name is None:
+            return
+        if subprocess.run([IP, "link", "show", "dev", name], capture_output=True,
+                          timeout=_IP_TIMEOUT).returncode == 0:
+            _ip("link", "del", "dev", name)
+        self.root_link = None
 
     def _stop_processes(self) -> None:
         keys = _netns_keys(self._namespaces)

@@ -226,6 +226,35 @@ def test_pull_cable_stops_traffic(lan_factory: Callable[..., netlab.Lan]) -> Non
     assert f"GOT during {pulled.address}" not in at_other.lines
 
 
+def test_link_root_makes_this_namespace_one_more_host() -> None:
+    reason = netlab.lan_available()
+    if reason is not None:
+        pytest.skip(reason)
+    with pytest.raises(RuntimeError):
+        with netlab.Lan(1) as lan:
+            address = lan.link_root()
+            assert address == f"{lan.prefix}.1" and lan.root_link is not None
+            assert f"inet {address}/24" in subprocess.run(
+                [netlab.IP, "-o", "-4", "addr", "show", "dev", lan.root_link],
+                capture_output=True, text=True, check=True, timeout=10).stdout
+            with socket.socket() as server:
+                server.bind((address, 0))
+                server.listen()
+                host = lan.hosts[0]
+                reply = host.run_python(
+                    "import socket, sys\n"
+                    "socket.create_connection((sys.argv[1], int(sys.argv[2])), 5).close()",
+                    address, str(server.getsockname()[1]), capture_output=True, text=True,
+                    timeout=WAIT)
+                assert reply.returncode == 0, reply.stderr
+                server.settimeout(WAIT)
+                conn, peer = server.accept()
+                conn.close()
+                assert peer[0] == host.address
+            raise RuntimeError("cleanup on failure")
+    assert lan.tag not in root_links()   # the root end went with the switch
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

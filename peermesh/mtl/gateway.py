@@ -194,13 +194,16 @@ class Gateway(Overlay):
                  lease_ttl: float = 30.0, session_lifetime: Optional[float] = None,
                  max_content: int = MAX_CONTENT, settle: Optional[float] = None,
                  peer_networks: Optional[Sequence[str]] = None,
-                 on_state: Optional[Callable[[str], None]] = None) -> None:
+                 on_state: Optional[Callable[[str], None]] = None,
+                 queues: Optional[Callable[[ContentStore], DurableQueues]] = None) -> None:
         """``peer_networks``: networks (CIDR) the control endpoints other gateways
         advertise must be in to be used or handed to clients (default: the network
         of the node's interface). ``on_state(state)``, if given, is called on the
         node's hub with ``"serving"`` or ``"standing-by"`` each time the gateway starts
         or stops serving (``run="elected"``), and with ``"replica"`` when a standby
-        holds a copy of the serving gateway's content and follows it."""
+        holds a copy of the serving gateway's content and follows it. ``queues``: what
+        makes the ``confirm: full`` side from the store (default ``DurableQueues``; a
+        subclass may put confirmed content elsewhere, as the Spark driver's log does)."""
         super().__init__()
         if run not in RUNS:
             raise ValueError(f"run must be one of {', '.join(RUNS)}, not {run!r}")
@@ -216,6 +219,7 @@ class Gateway(Overlay):
         self._on_state = on_state
         self._ports = (control_port, data_port)
         self._data_dir = data_dir
+        self._make_queues: Callable[[ContentStore], DurableQueues] = queues or DurableQueues
         self._core_options: dict[str, Any] = dict(
             virtual_hosts=dict(virtual_hosts) if virtual_hosts is not None else None,
             profiles=profiles, plain=bool(plain), anonymous=anonymous,
@@ -296,7 +300,7 @@ class Gateway(Overlay):
         node = self._node()
         if self._data_dir is not None:
             self.store = open_gateway_store(self._data_dir, node.config.name)
-        queues = DurableQueues(self.store) if self.store is not None else None
+        queues = self._make_queues(self.store) if self.store is not None else None
         if queues is not None:
             self._follower = Follower(queues, REPLICA_WAIT)
             self._offers = Offers(queues)
@@ -833,6 +837,12 @@ class Gateway(Overlay):
                     node.leave(action.group)
             except Exception as error:  # the node stopping, a group name it refuses
                 log.debug("mesh action %r failed: %s", action, error)
+
+    def answer(self, sends: list[tuple[bytes, list[bytes]]]) -> None:
+        """Send data-flow commands (identity, frames) now, on the node's hub: answers
+        decided after their batch, e.g. a writer's Confirm once content is stored
+        elsewhere."""
+        self._send((sends, []))
 
     # --- introspection -----------------------------------------------------------------
 

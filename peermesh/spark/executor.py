@@ -16,6 +16,17 @@ per batch rather than per row: ``shout_many`` shouts a list of payloads,
 returns one ``Outcome`` per payload, in order.
 
 A node nobody reads would fill its event queue; every use drains it.
+
+Through the driver's MTL gateway
+--------------------------------
+A write whose options name the driver's gateway (``gateway``,
+``gatewayUser``, ``gatewayPassword``: ``start_service(..., gateway=...)``
+sets them) needs no mesh node, no address on the mesh's network and no
+discovery: ``executor_gateway(settings)`` opens one MTL ``Client`` per
+process and a ``confirm: full`` writer lease per group, and
+``GatewayWriter.confirm`` waits until the gateway confirmed every content,
+which it does once the content is in the driver's log
+(``peermesh.spark.gateway``).
 """
 
 from __future__ import annotations
@@ -25,13 +36,14 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
 
 from ..errors import PeermeshError
 from .service import MeshSettings
 
-__all__ = ["ExecutorMesh", "Outcome", "executor_mesh", "sada_available", "MeshWriteError"]
+__all__ = ["ExecutorMesh", "Outcome", "executor_mesh", "sada_available", "MeshWriteError",
+           "GatewaySettings", "GatewayWriter", "executor_gateway"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +71,78 @@ class Outcome:
     value: Any = None
     status: Optional[int] = None    #: REP status (200 on success); None if no REP came
     error: Optional[str] = None     #: "404 no such service" / "RequestTimeout: ..."
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """How a worker reaches the driver's MTL gateway (picklable; from the options)."""
+
+    endpoint: str                       #: its control endpoint, ``tcp://HOST:PORT``
+    user: str
+    password: str = field(repr=False)
+    server_key: Optional[str] = None    #: Z85 public key, on a mesh with keys
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> Optional["GatewaySettings"]:
+        """From data source options (lower-cased); None without option ``gateway``."""
+        endpoint = options.get("gateway")
+        if not endpoint:
+            return None
+        user, password = options.get("gatewayuser"), options.get("gatewaypassword")
+        if not user or not password:
+            raise ValueError("option gateway needs options gatewayUser and gatewayPassword "
+                             "(start_service(..., gateway=...) sets all three)")
+        return cls(endpoint, user, password, options.get("serverkey") or None)
+
+
+class GatewayWriter:
+    """This worker process's writes through the driver's MTL gateway."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        from ..mtl.client import Client
+
+        self.settings = settings
+        self.client = Client(settings.endpoint, settings.user, settings.password,
+                             server_key=settings.server_key)
+        self.writers: dict[str, Any] = {}
+        #: one task at a time uses this process's leases
+        self.lock = threading.Lock()
+
+    def send_many(self, group: str, payloads: Sequence[bytes]) -> None:
+        """Send every payload to ``group``, in order (waits while the window is full)."""
+        from ..mtl.client import ClientError
+
+        try:
+            writer = self.writers.get(group)
+            if writer is None:
+                writer = self.writers[group] = self.client.writer([group], confirm="full")
+            send = writer.send
+            for payload in payloads:
+                send(payload)
+        except ClientError as exc:
+            raise MeshWriteError(f"the driver's gateway {self.settings.endpoint} did not take "
+                                 f"the rows for group {group!r}: {exc} (is the group logged "
+                                 "by the driver's service?)") from exc
+
+    def confirm(self, timeout: float) -> None:
+        """Wait until the gateway confirmed everything sent (it is in the driver's log);
+        ``MeshWriteError`` if it did not within ``timeout`` or refused some."""
+        deadline = time.monotonic() + timeout
+        for group, writer in self.writers.items():
+            if not writer.wait(max(0.0, deadline - time.monotonic())):
+                raise MeshWriteError(f"the driver's gateway {self.settings.endpoint} did not "
+                                     f"confirm {writer.unconfirmed} rows for group {group!r} "
+                                     f"within {timeout:g} s")
+            if writer.rejected:
+                count = len(writer.rejected)
+                writer.rejected.clear()
+                raise MeshWriteError(f"the driver's gateway refused {count} rows for group "
+                                     f"{group!r} (not a logged group, or larger than the "
+                                     "log's largest record)")
+
+    def close(self) -> None:
+        """Close the leases and the client."""
+        self.client.close()
 
 
 def _outcome_of(exc: BaseException) -> Outcome:
@@ -261,12 +345,8 @@ _forked: list[ExecutorMesh] = []
 
 def executor_mesh(settings: MeshSettings, channel: bool = False) -> ExecutorMesh:
     """This process's mesh node for ``settings`` (started on first use)."""
-    global _meshes_pid
     with _meshes_lock:
-        if _meshes_pid != os.getpid():
-            _forked.extend(_meshes.values())  # the parent's threads do not exist here
-            _meshes.clear()
-            _meshes_pid = os.getpid()
+        _forget_parent()
         key = (settings, bool(channel))
         mesh = _meshes.get(key)
         if mesh is None or not mesh.node.running:
@@ -275,10 +355,39 @@ def executor_mesh(settings: MeshSettings, channel: bool = False) -> ExecutorMesh
         return mesh
 
 
+_gateways: dict[GatewaySettings, GatewayWriter] = {}
+
+
+def _forget_parent() -> None:
+    """In a forked child: drop the parent's nodes and clients (their threads and sockets
+    are not this process's); under ``_meshes_lock``."""
+    global _meshes_pid
+    if _meshes_pid != os.getpid():
+        _forked.extend(_meshes.values())
+        _meshes.clear()
+        _gateways.clear()
+        _meshes_pid = os.getpid()
+
+
+def executor_gateway(settings: GatewaySettings) -> GatewayWriter:
+    """This process's writer through the gateway of ``settings`` (opened on first use)."""
+    with _meshes_lock:
+        _forget_parent()
+        writer = _gateways.get(settings)
+        if writer is None:
+            writer = _gateways[settings] = GatewayWriter(settings)
+        return writer
+
+
 def stop_all() -> None:
-    """Stop every mesh node of this process (tests, and the end of a driver program)."""
+    """Stop every mesh node and gateway writer of this process (tests, and the end of a
+    driver program)."""
     with _meshes_lock:
         meshes = list(_meshes.values())
         _meshes.clear()
+        writers = list(_gateways.values())
+        _gateways.clear()
     for mesh in meshes:
         mesh.stop()
+    for writer in writers:
+        writer.close()

@@ -199,6 +199,10 @@ OPTIONS: dict[str, tuple[Use, Parser]] = {
     "expired": (Use.ANY, _seconds),
     "discovery": (Use.ANY, _text),
     "seeds": (Use.ANY, _text),
+    # the driver's MTL gateway (``start_service(..., gateway=...)``): writes go through it
+    "gateway": (Use.ANY, _text),
+    "gatewayUser": (Use.ANY, _text),
+    "gatewayPassword": (Use.ANY, _text),
     # reads
     "group": (Use.ANY, _text),
     "groups": (Use.READ, _text),

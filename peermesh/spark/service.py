@@ -46,6 +46,8 @@ from ..io.connections import COUNTERS, GuardedListener
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import protocol
+from .gateway import GATEWAY_USER, HandOver, LogQueues, new_password, parse_gateway, \
+    write_patterns
 from .log import MessageLog, host_id
 from .protocol import Op, Reply, Request
 
@@ -69,6 +71,7 @@ _INGEST_BATCH = 20_000              #: messages appended in one transaction, at 
 _INGEST_BYTES = 64 * 1024 * 1024    #: payload bytes appended in one transaction, at most
 _RETAIN_EVERY = 1.0                 #: seconds between two retention passes
 _POLL_MS = 100
+_GATEWAY_POLL_MS = 10   #: with a gateway: how soon its hand-overs are appended, at most
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,9 @@ class ServiceStats:
     chunks_served: int = 0     #: log chunks sent in FETCH replies
     trimmed: int = 0           #: messages deleted (commits, retention, trims)
     rejected: int = 0          #: SHOUTs that could not be stored (too large for SQLite)
+    #: writes through the gateway refused: not a logged group, too large, or (sent again)
+    #: while the log was behind
+    gateway_refused: int = 0
 
 
 class LogAdvert(Overlay):
@@ -234,7 +240,12 @@ class DriverService:
     take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
     is dropped with a logged reason (``stats.rejected``), never retried.
     ``channel``: add a Safir-Darbaan channel to the node (needs
-    ``peermesh.sada``; None: when available).
+    ``peermesh.sada``; None: when available). ``gateway``: also run an MTL
+    gateway for executors that cannot join the mesh (True: at the log
+    server's address, any port; ``"HOST"`` or ``"HOST:PORT"``: where it
+    listens, the data port being PORT+1); writes through it are confirmed
+    once they are in the log (``peermesh.spark.gateway``), and ``options()``
+    hands executors its endpoint (with ``advertise``) and credentials.
     """
 
     def __init__(self, groups: Iterable[str] = (), *,
@@ -245,7 +256,8 @@ class DriverService:
                  trim: bool = False, consumer_ttl: Optional[float] = 24 * 3600.0,
                  retention: Optional[float] = DEFAULT_RETENTION,
                  retention_bytes: Optional[int] = None,
-                 max_record_bytes: Optional[int] = None, channel: Optional[bool] = None, **node_settings: Any) -> None:
+                 max_record_bytes: Optional[int] = None, channel: Optional[bool] = None,
+                 gateway: Union[bool, str, None] = None, **node_settings: Any) -> None:
         if isinstance(groups, str):
             groups = [groups]
         self.groups: list[str] = list(dict.fromkeys(groups))
@@ -268,6 +280,12 @@ class DriverService:
         self._advertise = advertise
         self._want_channel = channel
         self._node_settings = node_settings
+        self._gateway_at = parse_gateway(gateway) if gateway not in (None, False) else None
+        #: the MTL gateway for executors (``gateway``), its endpoint and user's password
+        self.gateway: Any = None
+        self.gateway_endpoint: Optional[str] = None
+        self._gateway_password = ""
+        self._handover = HandOver()
         self.stats = ServiceStats()
         #: the Prometheus endpoint (``metrics`` setting, ``$PEERMESH_METRICS``) once started
         self.metrics: Any = None
@@ -338,11 +356,19 @@ class DriverService:
         settings = dict(self._node_settings)
         if self._port is not None:
             settings["port"] = self._port
+        overlays: list[Overlay] = [LogAdvert(self.endpoint, self.stats, self.path)]
+        if self._gateway_at is not None:
+            overlays.append(self._make_gateway(self._gateway_at[0] or address,
+                                               self._gateway_at[1], writer.max_payload))
         # a sender's flush() says True only once what it sent is in the log
         self.node = node_class(self.name, groups=self.groups, interface=self._interface,
-                               headers=headers,
-                               overlays=[LogAdvert(self.endpoint, self.stats, self.path)],
+                               headers=headers, overlays=overlays,
                                setup=lambda node: node.hold_confirms(), **settings).start()
+        if self.gateway is not None:
+            self.gateway_endpoint = _advertised(
+                self.gateway.control_endpoint,
+                self._advertise or (itf.address if self.gateway.address in ("0.0.0.0", "*")
+                                    else None))
         from ..metrics import serve_configured
 
         self.metrics = self.node.call(serve_configured)  # config.metrics, $PEERMESH_METRICS
@@ -360,6 +386,36 @@ class DriverService:
             thread.start()
         log.info("spark service %s: log %s at %s, groups %s", self.name, self.path,
                  self.endpoint, ", ".join(self.groups) or "(none)")
+
+    def _make_gateway(self, address: str, port: int, largest: int) -> Overlay:
+        """The MTL gateway for executors, with a user of its own (see ``gateway``)."""
+        from ..mtl.credentials import CredentialsFile
+        from ..mtl.gateway import Gateway
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        credentials = CredentialsFile(self.directory / f"{self.name}-gateway-users.json")
+        self._gateway_password = new_password()
+        self._gateway_user(credentials)
+
+        def queues(store: Any) -> LogQueues:  # (on start: the node is attached)
+            assert gateway.node is not None
+            return LogQueues(store, logged=self.groups.__contains__, hand=self._handover.put,
+                             sender=gateway.node.uuid.hex, largest=largest,
+                             stats=self.stats)
+
+        gateway = Gateway(credentials, address=address, control_port=port,
+                          data_port=port + 1 if port else 0, run="always",
+                          data_dir=self.directory, profiles=("mesh",), queues=queues)
+        self.gateway = gateway
+        return gateway
+
+    def _gateway_user(self, credentials: Any) -> None:
+        """(Re)write the executors' user: write access to exactly the logged groups."""
+        from ..mtl.credentials import make_user
+
+        user = make_user(GATEWAY_USER, self._gateway_password,
+                         write=write_patterns(self.groups))
+        credentials.update(lambda users: users.update({GATEWAY_USER: user}))
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the channel, the node (port-0 beacon), the ingest and the log server."""
@@ -410,11 +466,16 @@ class DriverService:
         self.node.join(group)
         if group not in self.groups:
             self.groups.append(group)
+            if self.gateway is not None:
+                self._gateway_user(self.gateway.credentials)
 
     def options(self) -> dict[str, str]:
         """Data source options that point readers and writers at this service and mesh."""
         assert self.endpoint is not None and self.mesh is not None
         keyed = {"serverKey": self.server_key} if self.server_key is not None else {}
+        if self.gateway_endpoint is not None:
+            keyed.update(gateway=self.gateway_endpoint, gatewayUser=GATEWAY_USER,
+                         gatewayPassword=self._gateway_password)
         return {"endpoint": self.endpoint, "token": self.token, **keyed,
                 **self.mesh.to_options()}
 
@@ -464,12 +525,15 @@ class DriverService:
         largest = writer.max_payload
         senders: dict[Any, tuple[str, dict]] = {}  # peer UUID -> (hex, HELLO headers)
         retain_at = time.monotonic()
+        poll = (_POLL_MS if self.gateway is None else _GATEWAY_POLL_MS) / 1000
         try:
             while True:
                 if time.monotonic() >= retain_at:
                     self._retain(writer)
                     retain_at = time.monotonic() + _RETAIN_EVERY
-                event = recv(_POLL_MS / 1000)
+                if len(self._handover):
+                    self._from_gateway(writer)
+                event = recv(poll)
                 if event is None:
                     if self._stopping.is_set():
                         return
@@ -513,6 +577,24 @@ class DriverService:
                     return
         finally:
             writer.close()
+
+    def _from_gateway(self, writer: MessageLog) -> None:
+        """Append what the gateway handed over, then confirm it to its writers."""
+        gateway = self.gateway
+        queues = gateway.data.queues
+        handed = self._handover.take()
+        while handed is not None:
+            records = handed[0]
+            stored = self._append(writer, records)
+            self.stats.messages += stored
+            self.stats.batches += 1
+            confirms = queues.appended(handed, stored == len(records))
+            if confirms:
+                try:
+                    self.node.call(lambda node: gateway.answer(confirms))
+                except PeermeshError:  # stopping: the writers send it again elsewhere
+                    log.debug("could not confirm %d gateway writes", len(records))
+            handed = self._handover.take()
 
     def _confirm(self, peer: Any) -> None:
         """Answer ``peer``'s PING: everything it sent before is in the log."""

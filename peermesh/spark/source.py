@@ -30,6 +30,7 @@ every message arrives exactly once.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import logging
 import math
@@ -61,6 +62,7 @@ from .options import Use, check as check_options, check_use, parsed
 from .protocol import MAX_FETCH_BYTES, DataLossError
 
 if TYPE_CHECKING:
+    from .executor import GatewaySettings
     from .service import MeshSettings
 
 __all__ = ["PeermeshDataSource", "SCHEMA", "register", "SourceOptions", "WriteOptions"]
@@ -202,11 +204,14 @@ class WriteOptions:
     retries: int = 0
     #: shout each row to the group its ``group`` column names (no option ``group``)
     group_column: bool = False
+    #: write through the driver's MTL gateway (option ``gateway``) instead of a mesh node
+    gateway: Optional[GatewaySettings] = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], columns: Sequence[str] = ()) -> "WriteOptions":
         """From data source options (and the data's column names); ``ValueError`` naming
         the bad option."""
+        from .executor import GatewaySettings
         from .service import MeshSettings
 
         check_use(options, Use.WRITE)
@@ -219,7 +224,9 @@ class WriteOptions:
                              "request, with option 'action')")
         if service is not None and not options.get("action"):
             raise ValueError("option 'service' needs option 'action'")
-        if options.get("serverkey") and not options.get("keyfile"):
+        gateway = GatewaySettings.from_options(options)
+        if options.get("serverkey") and not options.get("keyfile") \
+                and (gateway is None or service is not None):
             raise ValueError("the mesh has keys (option serverKey is set): a write needs "
                              "option keyFile, the secret certificate of the workers' hosts "
                              "(and allowedKeys, the directory of the keys they admit)")
@@ -233,7 +240,8 @@ class WriteOptions:
                    require_delivery=parsed(options, "requireDelivery", True),
                    timeout=parsed(options, "timeout"),
                    max_in_flight=parsed(options, "maxInFlight", 64),
-                   retries=parsed(options, "retries", 0), group_column=by_column)
+                   retries=parsed(options, "retries", 0), group_column=by_column,
+                   gateway=gateway)
 
 
 # --- offsets ------------------------------------------------------------------
@@ -838,6 +846,8 @@ def write_rows(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
 
     total = 0
     mesh = None
+    if opts.gateway is not None and opts.service is None:
+        return _write_through_gateway(opts, iterator)
     if opts.group_column:
         return _shout_by_column(opts, iterator)
     if opts.group is not None:
@@ -888,14 +898,7 @@ def _shout_by_column(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
     for chunk in _chunks(iterator, 2000):
         if mesh is None:
             mesh = executor_mesh(opts.mesh)
-        by_group: dict[str, list] = {}
-        for row in chunk:
-            target = row[GROUP_COLUMN]
-            if not isinstance(target, str) or not target:
-                raise MeshWriteError(f"row {total + len(by_group)} of this task has no group "
-                                     f"in its {GROUP_COLUMN!r} column ({target!r})")
-            by_group.setdefault(target, []).append(row)
-        for target, rows in by_group.items():
+        for target, rows in _by_group(chunk, total).items():
             if target not in met:
                 mesh.wait_group(target, opts.peers, opts.discovery_timeout)
                 met.add(target)
@@ -905,6 +908,46 @@ def _shout_by_column(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
         raise MeshWriteError(f"not every member of groups {', '.join(sorted(met))} confirmed "
                              f"the {total} messages within {opts.discovery_timeout:g} s")
     return MeshCommit(total, "shout")
+
+
+def _write_through_gateway(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
+    """Send every row through the driver's MTL gateway; done once it confirmed them all
+    (they are in the driver's log)."""
+    from .executor import executor_gateway
+
+    assert opts.gateway is not None
+    chunks = _chunks(iterator, 2000)
+    first = next(chunks, None)
+    if first is None:
+        return MeshCommit(0, "gateway")
+    writer = executor_gateway(opts.gateway)
+    total = 0
+    with writer.lock:
+        for chunk in itertools.chain([first], chunks):
+            if opts.group is not None:
+                writer.send_many(opts.group, _payloads(chunk, opts.column))
+            else:
+                for target, rows in _by_group(chunk, total).items():
+                    writer.send_many(target, _payloads(rows, opts.column, without=GROUP_COLUMN))
+            total += len(chunk)
+        if opts.require_delivery:
+            writer.confirm(opts.discovery_timeout)
+    return MeshCommit(total, "gateway")
+
+
+def _by_group(chunk: list, first: int) -> dict[str, list]:
+    """The rows of ``chunk`` by the group their ``group`` column names (``first``: the
+    task's number of the chunk's first row, for the error)."""
+    from .executor import MeshWriteError
+
+    by_group: dict[str, list] = {}
+    for index, row in enumerate(chunk, first):
+        target = row[GROUP_COLUMN]
+        if not isinstance(target, str) or not target:
+            raise MeshWriteError(f"row {index} of this task has no group in its "
+                                 f"{GROUP_COLUMN!r} column ({target!r})")
+        by_group.setdefault(target, []).append(row)
+    return by_group
 
 
 class MeshWriter(DataSourceWriter):
