@@ -29,8 +29,9 @@ shared harness (``role_shouter`` and ``role_server`` below).
    every column materialised, ``partitions`` 2) runs throughout. Reported:
    the end-to-end rate (messages / seconds from the first shout until the
    query has processed the last one), the rate at which the service logged
-   them, and the query's own processing rate (rows / batch durations); the
-   median of ``--ingest-rounds`` runs.
+   them, the query's own processing rate (rows / batch durations) and the CPU
+   of the whole pipeline per message (peers, service, Spark); the median of
+   ``--ingest-rounds`` runs.
 3. **requests**: ``--servers`` processes run a Safir-Darbaan server on the
    mesh with an ``echo`` action; ``ServiceCaller.apply`` sends one request
    per row of ``spark.range(--requests)`` (2 partitions) from the executors
@@ -172,16 +173,19 @@ def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
             base = service.bounds()[1]
             warm_batches = {p["batchId"] for p in query.recentProgress}
             progress(f"{args.peers} peers shout {args.messages} messages each")
-            start = time.perf_counter()
-            for proc in procs:
-                proc.send("go")
-            # (one reader polls, in this process beside the service: not a connection a poll)
-            if not service.wait_for_offset(base + total, args.timeout):
-                raise RuntimeError(f"only {service.bounds()[1] - base} of {total} messages "
-                                   f"were logged within {args.timeout} s")
-            logged_at = time.perf_counter()
-            query.processAllAvailable()
-            done = time.perf_counter()
+            # the CPU of the whole pipeline: peers, the driver's service, Spark's JVM and
+            # Python workers (all descendants of this process)
+            with TreeCpu(os.getpid()) as cpu:
+                start = time.perf_counter()
+                for proc in procs:
+                    proc.send("go")
+                # (one reader polls, beside the service: not a new connection per poll)
+                if not service.wait_for_offset(base + total, args.timeout):
+                    raise RuntimeError(f"only {service.bounds()[1] - base} of {total} "
+                                       f"messages were logged within {args.timeout} s")
+                logged_at = time.perf_counter()
+                query.processAllAvailable()
+                done = time.perf_counter()
             sent = [proc.expect("sent", args.timeout) for proc in procs]
         timed = [p for p in query.recentProgress
                  if p["numInputRows"] and p["batchId"] not in warm_batches]
@@ -191,6 +195,9 @@ def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
         return {"messages": total, "peers": args.peers,
                 "seconds": done - start,
                 "per_s": total / (done - start),
+                # CPU per message, and the rate it allows with every core of the machine
+                "cpu_us": cpu.seconds / total * 1e6,
+                "cpu_bound_per_s": total * (os.cpu_count() or 1) / cpu.seconds,
                 "logged_per_s": total / (logged_at - start),
                 "shout_per_s": shout_rate,
                 "query_rows": rows, "query_busy_s": busy,
@@ -502,8 +509,11 @@ def median_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
     runs = []
     for r in range(args.ingest_rounds):
         progress(f"ingest round {r + 1}/{args.ingest_rounds}")
-        runs.append(bench_ingest(spark, service, port, args, os.path.join(tmp, f"i{r}")))
-    return harness.median_run(runs, "per_s")
+        tries = iter(range(STREAM_RESTARTS + 1))  # a fresh checkpoint for each start
+        run, restarts = restarting(lambda: bench_ingest(
+            spark, service, port, args, os.path.join(tmp, f"i{r}-{next(tries)}")))
+        runs.append({**run, "restarts": restarts})
+    return {**harness.median_run(runs, "per_s"), "cpu_us_trials": [r["cpu_us"] for r in runs]}
 
 
 def table(r: dict[str, Any]) -> str:
@@ -516,6 +526,9 @@ def table(r: dict[str, Any]) -> str:
                      f"{ingest['per_s']:,.0f} msg/s (runs: "
                      f"{', '.join(f'{t:,.0f}' for t in ingest['trials'])}) | "
                      f">= {TARGETS['ingest_per_s']:,} ({ok}) |")
+        lines.append(f"| - CPU of the whole pipeline per message (peers, service, Spark) | "
+                     f"{ingest['cpu_us']:.1f} µs: {ingest['cpu_bound_per_s']:,.0f} msg/s "
+                     f"with all {os.cpu_count()} cores to itself | |")
         lines.append(f"| - peers shouting | {ingest['shout_per_s']:,.0f} msg/s | |")
         lines.append(f"| - logged by the driver's service | {ingest['logged_per_s']:,.0f} msg/s "
                      "| |")
