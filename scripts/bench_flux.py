@@ -525,7 +525,7 @@ def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
     if serve:
         parent.send("serving", {"endpoint": root.endpoint})
         parent.expect("stop", None, green=True)
-    for node in nodes:
+    for node in reversed(nodes):  # leaves first: no orphan dials a parent again
         node.stop(0)
     return result
 
@@ -625,7 +625,11 @@ def _flux_core(size: int, topology: str) -> Any:
     """``flux start --test-size=size`` (ipc:// sockets on this host) with ``tbon.topo``;
     the process, after its first line (rank 0's FLUX_URI)."""
     import subprocess
+    import sys
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
+    # the brokers' rc scripts run python3: this interpreter's directory first, not a
+    # version manager's shim (64 brokers at once queue on its lock for a minute)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     proc = subprocess.Popen(["flux", "start", f"--test-size={size}", f"-Stbon.topo={topology}",
                              "sh", "-c", 'echo "$FLUX_URI"; exec cat'], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
@@ -696,7 +700,7 @@ def ping_all():
         left[0] -= 1
         if not left[0]:
             h.reactor_stop()
-    began = clock()
+    began, c0 = clock(), time.process_time()
     for rank in range(size):
         sent[rank] = clock()
         futures.append(h.rpc("broker.ping", {"seq": rank, "pad": ""}, nodeid=rank)
@@ -705,7 +709,7 @@ def ping_all():
     if left[0]:
         raise SystemExit(f"{left[0]} of {size} ranks did not answer")
     return {"mean_ms": statistics.fmean(took) * 1000, "max_ms": max(took) * 1000,
-            "all_ms": (clock() - began) * 1000}
+            "all_ms": (clock() - began) * 1000, "cpu_ms": (time.process_time() - c0) * 1000}
 
 ping_all()  # warm-up
 pings = [ping_all() for _ in range(rounds)]
@@ -794,6 +798,29 @@ PING_ALL_CASES = (("flux_core_own", "flux-core", "flux-core's client (libflux)")
                   ("peermesh_rank0", "peermesh", "rank 0's own handle"))
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s processes below it (Linux: /proc/PID/task/PID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        try:
+            with open(f"/proc/{todo[-1]}/task/{todo.pop()}/children") as f:
+                children = [int(x) for x in f.read().split()]
+        except OSError:
+            continue
+        found += children
+        todo += children
+    return found
+
+
+def _served(case: Callable[[], dict[str, Any]], pids: list[int]) -> dict[str, Any]:
+    """``case()`` (5 ping alls after a warm-up), with ``server_cpu_ms``: the CPU the
+    processes ``pids`` (the instance) used per ping all meanwhile."""
+    before = sum(harness.proc_cpu(pid) for pid in pids)
+    result = case()
+    result["server_cpu_ms"] = (sum(harness.proc_cpu(pid) for pid in pids) - before) / 6 * 1000
+    return result
+
+
 def _failed(exc: Exception) -> dict[str, Any]:
     return {"error": str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)}
 
@@ -819,13 +846,14 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
                     runs.setdefault("flux_core_own", []).append(_failed(exc))
                     continue
                 try:
+                    brokers = [instance.pid] + _descendants(instance.pid)
                     for key, case in (("flux_core_own", lambda: _flux_core_ping_all(
                                           instance.uri, size, 5)),
                                       ("flux_core", lambda: child_result(
                                           "client_ping_all", 600, uri=instance.uri, size=size,
                                           rounds=5))):
                         try:
-                            runs.setdefault(key, []).append(case())
+                            runs.setdefault(key, []).append(_served(case, brokers))
                         except (harness.ChildFailed, RuntimeError) as exc:
                             runs.setdefault(key, []).append(_failed(exc))
                 finally:
@@ -838,10 +866,12 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
                             ranks = kids.start("bench_flux", "ranks", tree, n=size,
                                                topology=topology, flux_body=True, serve=True)
                             endpoint = ranks.expect("serving", 900)["endpoint"]
-                            client = child_result("client_ping_all", 600, tree, uri=endpoint,
-                                                  size=size, rounds=5)
+                            client = _served(lambda: child_result(
+                                "client_ping_all", 600, tree, uri=endpoint, size=size, rounds=5),
+                                [ranks.pid])
                             ranks.send("stop")
                             own = dict(ranks.expect("result", 120))
+                            own["server_cpu_ms"] = own.pop("ping_all_cpu_ms")  # (one process)
                         runs.setdefault("peermesh" + suffix, []).append(client)
                         runs.setdefault("peermesh_rank0" + suffix, []).append(own)
                     except harness.ChildFailed as exc:
@@ -849,8 +879,12 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
             row: dict[str, Any] = {"size": size, "topology": topology, "runs": runs}
             for key, done in runs.items():
                 good = [x for x in done if "error" not in x]
-                row[key] = ({"all_ms": statistics.median(x["ping_all_all_ms"] for x in good),
-                             "mean_ms": statistics.median(x["ping_all_mean_ms"] for x in good)}
+                row[key] = ({k: statistics.median(x[name] for x in good)
+                             for k, name in (("all_ms", "ping_all_all_ms"),
+                                             ("mean_ms", "ping_all_mean_ms"),
+                                             ("client_cpu_ms", "ping_all_cpu_ms"),
+                                             ("server_cpu_ms", "server_cpu_ms"))
+                             if all(name in x for x in good)}
                             if good else {"error": done[-1]["error"]})
             for key in [k for k in runs if k.startswith("peermesh")]:
                 for base in ("flux_core_own", "flux_core"):
@@ -880,18 +914,22 @@ def ping_all_lines(results: list[dict[str, Any]]) -> list[str]:
                 instance += f" [{key.split('@')[1]}]"
             cell = row[key]
             ratios = row.get("ratios", {})
+            cpu = [f"{cell[k]:.1f}" if k in cell else "" for k in ("server_cpu_ms",
+                                                                      "client_cpu_ms")]
             rows.append([str(row["size"]), row["topology"], instance, client,
                          cell.get("error", f"{cell.get('mean_ms', 0):.2f}"),
-                         "" if "error" in cell else f"{cell['all_ms']:.2f}",
+                         "" if "error" in cell else f"{cell['all_ms']:.2f}", *cpu,
                          f"{ratios[key + '/flux_core_own']:.2f}"
                          if key + "/flux_core_own" in ratios else "",
                          f"{ratios[key + '/flux_core']:.2f}" if key + "/flux_core" in ratios
                          else ""])
     return ["", "a ping to every rank at once, flux's body, one request per rank (flux-core: "
             "a broker process per rank; peermesh: every rank in one process; each run the "
-            "median of 5; rounds: medians, ratios: median of per-round ratios of 'all'):"
+            "median of 5; rounds: medians, ratios: median of per-round ratios of 'all'; CPU "
+            "per ping all: the instance's processes, the client's):"
             ] + table(["ranks", "topology", "instance", "client", "mean ms", "all ms",
-                       "all / flux-core's own", "all / flux-core, same client"], rows)
+                       "CPU ms: instance", "client", "all / flux-core's own",
+                       "all / flux-core, same client"], rows)
 
 
 def child_result(role: str, timeout: float, code: Optional[str] = None,
