@@ -7,6 +7,7 @@
     python scripts/bench_flux.py --only sim --sim-sizes 100,1000,10000
     python scripts/bench_flux.py --only latency,pingall --baseline flux   # next to a branch
     python scripts/bench_flux.py --only fluxcore --rounds 3 -n 500 --fluxcore-sizes 16,64
+    python scripts/bench_flux.py --only fluxcore-pingall --fluxcore-rounds 3 --baseline REV
 
 Sections:
 
@@ -49,10 +50,20 @@ Sections:
   ping of one rank one hop away, interleaved in rounds: a peermesh
   ``FluxClient`` of a flux-core broker (``flux start --test-size=2``, its local
   connector) pinging rank 1, flux-core's own ``flux ping -i 0.002`` of the same
-  rank, and peermesh -> peermesh (the ``latency`` one hop); then a ping to every
-  rank at once of flux-core instances of ``--fluxcore-sizes`` brokers (kary:2
-  and kary:32, from a peermesh client of rank 0) next to peermesh ranks of
-  the same size and topology in one process.
+  rank, and peermesh -> peermesh (the ``latency`` one hop); then ping all
+  (``fluxcore-pingall`` alone): one ``broker.ping`` per rank, all in flight at
+  once, with flux's JSON body (what ``flux ping`` and ``peermesh flux ping``
+  send; flux-core has no broadcast request, and ``flux exec -r all`` also sends
+  one request per rank), from a client of rank 0. flux-core instances of
+  ``--fluxcore-sizes`` brokers (``--fluxcore-topologies``, a process per broker)
+  are pinged by flux-core's own client (its Python bindings over libflux, run by
+  ``flux python``) and by a peermesh ``FluxClient`` on the local connector;
+  peermesh ranks of the same size and topology, all in one process, by the same
+  ``FluxClient`` in a process of its own (over TCP to rank 0) and by rank 0's
+  own handle. Each case in each of ``--fluxcore-rounds`` rounds (a new instance
+  each): the median of 5 after a warm-up, with the CPU per ping all of the
+  instance's processes and of the client. ``--baseline REV`` adds the peermesh
+  cases with an older commit's code, in the same rounds.
 """
 
 from __future__ import annotations
@@ -747,8 +758,8 @@ def _flux_ping_times(uri: str, target: int, n: int) -> dict[str, Any]:
 
 
 def fluxcore_section(n: int, rounds: int, sizes: list[int], topologies: list[str],
-                     ping_rounds: int, code: dict[str, str], one_rank: bool = True
-                     ) -> tuple[dict[str, Any], list[str]]:
+                     ping_rounds: int, code: dict[str, str], one_rank: bool = True,
+                     processes: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The ping of one rank (peermesh client -> flux-core, flux ping -> flux-core,
     peermesh -> peermesh, interleaved; unless not ``one_rank``), and ping all over
     flux-core instances of ``sizes`` brokers against peermesh ranks of the same size and
@@ -759,7 +770,7 @@ def fluxcore_section(n: int, rounds: int, sizes: list[int], topologies: list[str
     out: dict[str, Any] = {}
     lines: list[str] = []
     if not one_rank:
-        ping_all = fluxcore_ping_all(sizes, topologies, ping_rounds, code)
+        ping_all = fluxcore_ping_all(sizes, topologies, ping_rounds, code, processes)
         out["ping_all"] = ping_all
         return out, ping_all_lines(ping_all)
     instance = _flux_core(2, "kary:2")
@@ -786,7 +797,7 @@ def fluxcore_section(n: int, rounds: int, sizes: list[int], topologies: list[str
         ["case", "p50 us", "/ flux ping"],
         [[k, f"{p50[k]:.0f}", f"{ratio[k]:.2f}"] for k in cases])
     progress("\n".join(lines))  # (the ping all rows take minutes)
-    ping_all = fluxcore_ping_all(sizes, topologies, ping_rounds, code)
+    ping_all = fluxcore_ping_all(sizes, topologies, ping_rounds, code, processes)
     out["ping_all"] = ping_all
     return out, lines + ping_all_lines(ping_all)
 
@@ -795,7 +806,22 @@ def fluxcore_section(n: int, rounds: int, sizes: list[int], topologies: list[str
 PING_ALL_CASES = (("flux_core_own", "flux-core", "flux-core's client (libflux)"),
                   ("flux_core", "flux-core", "peermesh FluxClient"),
                   ("peermesh", "peermesh", "peermesh FluxClient"),
-                  ("peermesh_rank0", "peermesh", "rank 0's own handle"))
+                  ("peermesh_rank0", "peermesh", "rank 0's own handle"),
+                  ("peermesh_procs", "peermesh, a process per rank", "peermesh FluxClient"))
+
+
+def _peermesh_processes(size: int, topology: str, code: Optional[str]) -> dict[str, Any]:
+    """Ping all of peermesh ranks each in a process of its own (as flux-core's brokers
+    are) by a ``FluxClient`` of rank 0, with the CPU of the ranks' processes."""
+    with Children(grace=0) as kids:
+        root = kids.start("bench_flux", "flux_node", code, topology=topology, root=True)
+        endpoint = root.expect("ready", 120)["endpoint"]
+        nodes = [root] + [kids.start("bench_flux", "flux_node", code, topology=topology,
+                                     parents=[endpoint]) for _ in range(size - 1)]
+        for node in nodes[1:]:
+            node.expect("ready", 600)
+        return _served(lambda: child_result("client_ping_all", 600, code, uri=endpoint,
+                                            size=size, rounds=5), [n.pid for n in nodes])
 
 
 def _descendants(pid: int) -> list[int]:
@@ -826,14 +852,15 @@ def _failed(exc: Exception) -> dict[str, Any]:
 
 
 def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
-                      code: dict[str, str]) -> list[dict[str, Any]]:
+                      code: dict[str, str], processes: bool = False) -> list[dict[str, Any]]:
     """A ping to every rank at once (flux's body, one request per rank, all in flight
     together), ``rounds`` rounds of each size and topology: a flux-core instance
     (``flux start --test-size``) pinged by flux-core's own client and by a peermesh
     ``FluxClient`` on rank 0's local connector; then peermesh ranks of the same size
     and topology in one process (for each tree of ``code``), pinged by a ``FluxClient``
-    in a process of its own on rank 0's ROUTER and by rank 0's own handle. Each run:
-    the median of 5 ping alls after a warm-up."""
+    in a process of its own on rank 0's ROUTER and by rank 0's own handle; with
+    ``processes`` also peermesh ranks each in a process of its own, as flux-core's
+    brokers are. Each run: the median of 5 ping alls after a warm-up."""
     results = []
     for size in sizes:
         for topology in topologies:
@@ -876,6 +903,14 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
                         runs.setdefault("peermesh_rank0" + suffix, []).append(own)
                     except harness.ChildFailed as exc:
                         runs.setdefault("peermesh" + suffix, []).append(_failed(exc))
+                    if processes:
+                        progress(f"peermesh{suffix}, {size} ranks, {topology}, a process "
+                                 "per rank ...")
+                        try:
+                            runs.setdefault("peermesh_procs" + suffix, []).append(
+                                _peermesh_processes(size, topology, tree))
+                        except harness.ChildFailed as exc:
+                            runs.setdefault("peermesh_procs" + suffix, []).append(_failed(exc))
             row: dict[str, Any] = {"size": size, "topology": topology, "runs": runs}
             for key, done in runs.items():
                 good = [x for x in done if "error" not in x]
@@ -955,6 +990,9 @@ def main() -> int:
                         help="flux-core instance sizes of section fluxcore (16,64)")
     parser.add_argument("--fluxcore-topologies", default="kary:2,kary:32",
                         help="topologies of section fluxcore's ping all (kary:2,kary:32)")
+    parser.add_argument("--fluxcore-processes", action="store_true",
+                        help="section fluxcore's ping all also over peermesh ranks each in "
+                             "a process of its own, as flux-core's brokers (slow to start)")
     parser.add_argument("--fluxcore-rounds", type=int, default=1,
                         help="rounds of section fluxcore's ping all (a new flux-core "
                              "instance and new peermesh ranks each; default: 1)")
@@ -1049,7 +1087,7 @@ def main() -> int:
         section, more = fluxcore_section(
             args.n, args.rounds, [int(x) for x in args.fluxcore_sizes.split(",") if x],
             [x for x in args.fluxcore_topologies.split(",") if x], args.fluxcore_rounds, code,
-            one_rank="fluxcore" in only)
+            one_rank="fluxcore" in only, processes=args.fluxcore_processes)
         out["fluxcore"] = section
         lines += more
     if "thousand" in only:
