@@ -652,8 +652,24 @@ def _flux_core(size: int, topology: str) -> Any:
 
 
 def _flux_core_stop(proc: Any) -> None:
+    """Stop the instance and wait (up to 120 s) until every process of it has ended,
+    so that its shutdown does not load what is measured next."""
+    left = _descendants(proc.pid)
     proc.stdin.close()
     proc.wait(120)
+    deadline = time.monotonic() + 120
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if os.path.exists(f"/proc/{pid}")
+                and not _zombie(pid)]
+        time.sleep(0.1)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def role_fluxcore_client(parent: Parent, uri: str, target: int, n: int,
@@ -885,7 +901,8 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
                             runs.setdefault(key, []).append(_failed(exc))
                 finally:
                     _flux_core_stop(instance)
-                for label, tree in code.items():
+                trees = list(code.items())
+                for label, tree in trees[r % 2:] + trees[:r % 2]:  # each first in turn
                     suffix = "" if label == "peermesh" else "@" + label
                     progress(f"peermesh{suffix}, {size} ranks, {topology} ...")
                     try:
@@ -903,7 +920,7 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
                         runs.setdefault("peermesh_rank0" + suffix, []).append(own)
                     except harness.ChildFailed as exc:
                         runs.setdefault("peermesh" + suffix, []).append(_failed(exc))
-                    if processes:
+                    if processes and label == "peermesh":  # (this checkout's alone)
                         progress(f"peermesh{suffix}, {size} ranks, {topology}, a process "
                                  "per rank ...")
                         try:
