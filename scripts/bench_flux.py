@@ -704,6 +704,8 @@ def role_client_ping_all(parent: Parent, uri: str, size: int, rounds: int) -> di
     from peermesh.flux import FluxClient
     client = FluxClient([uri]).connect(30)
     _ping_all(client, size, _flux_ping_body)  # warm-up
+    parent.send("ready")
+    parent.expect("go", 600, green=True)
     pings = [_ping_all(client, size, _flux_ping_body) for _ in range(rounds)]
     client.close()
     return _summary(pings, {})
@@ -739,22 +741,51 @@ def ping_all():
             "all_ms": (clock() - began) * 1000, "cpu_ms": (time.process_time() - c0) * 1000}
 
 ping_all()  # warm-up
+print("ready", flush=True)
+sys.stdin.readline()  # go
 pings = [ping_all() for _ in range(rounds)]
 print(json.dumps({"ping_all_" + k: statistics.median(p[k] for p in pings) for k in pings[0]}))
 """
 
 
-def _flux_core_ping_all(uri: str, size: int, rounds: int) -> dict[str, Any]:
-    """``FLUX_CORE_PING_ALL`` against the instance at ``uri``."""
+def _flux_core_ping_all(uri: str, size: int, rounds: int, pids: list[int]) -> dict[str, Any]:
+    """``FLUX_CORE_PING_ALL`` against the instance at ``uri``, with the CPU per ping all
+    of the processes ``pids`` (the instance) over the timed rounds."""
     import json
     import subprocess
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
     env["FLUX_URI"] = uri
-    done = subprocess.run(["flux", "python", "-c", FLUX_CORE_PING_ALL, str(size), str(rounds)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode:
-        raise RuntimeError(f"flux python: {done.stderr.strip()[-500:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    with subprocess.Popen(["flux", "python", "-c", FLUX_CORE_PING_ALL, str(size), str(rounds)],
+                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            if not _line_within(proc.stdout, 300).startswith("ready"):
+                raise RuntimeError("flux python: no ready line")
+            before = _cpu_of(pids)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            last = _line_within(proc.stdout, 300)
+            used = _cpu_of(pids) - before
+        finally:
+            proc.kill()
+    if not last.startswith("{"):
+        raise RuntimeError(f"flux python ended without a result: {last[-200:]!r}")
+    result = dict(json.loads(last))
+    result["server_cpu_ms"] = used / rounds * 1000
+    return result
+
+
+def _line_within(stream: Any, timeout: float) -> str:
+    """The next line of a child's ``stream`` ('' at its end); RuntimeError after ``timeout``."""
+    import select
+    if not select.select([stream], [], [], timeout)[0]:
+        raise RuntimeError(f"no answer within {timeout:g} s")
+    return str(stream.readline())
+
+
+def _cpu_of(pids: list[int]) -> float:
+    return sum(harness.proc_cpu(pid) for pid in pids)
 
 
 def _flux_ping_times(uri: str, target: int, n: int) -> dict[str, Any]:
@@ -836,8 +867,7 @@ def _peermesh_processes(size: int, topology: str, code: Optional[str]) -> dict[s
                                      parents=[endpoint]) for _ in range(size - 1)]
         for node in nodes[1:]:
             node.expect("ready", 600)
-        return _served(lambda: child_result("client_ping_all", 600, code, uri=endpoint,
-                                            size=size, rounds=5), [n.pid for n in nodes])
+        return _served(endpoint, size, [n.pid for n in nodes], code)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -854,12 +884,18 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _served(case: Callable[[], dict[str, Any]], pids: list[int]) -> dict[str, Any]:
-    """``case()`` (5 ping alls after a warm-up), with ``server_cpu_ms``: the CPU the
-    processes ``pids`` (the instance) used per ping all meanwhile."""
-    before = sum(harness.proc_cpu(pid) for pid in pids)
-    result = case()
-    result["server_cpu_ms"] = (sum(harness.proc_cpu(pid) for pid in pids) - before) / 6 * 1000
+def _served(uri: str, size: int, pids: list[int], code: Optional[str] = None
+            ) -> dict[str, Any]:
+    """``role_client_ping_all`` of ``uri`` (5 ping alls after a warm-up), with
+    ``server_cpu_ms``: the CPU per ping all of the processes ``pids`` (the instance) over
+    the 5 (heartbeats included, the client's start not)."""
+    with Children(grace=0) as kids:
+        client = kids.start("bench_flux", "client_ping_all", code, uri=uri, size=size, rounds=5)
+        client.expect("ready", 600)
+        before = _cpu_of(pids)
+        client.send("go")
+        result = dict(client.expect("result", 600))
+    result["server_cpu_ms"] = (_cpu_of(pids) - before) / 5 * 1000
     return result
 
 
@@ -891,12 +927,11 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
                 try:
                     brokers = [instance.pid] + _descendants(instance.pid)
                     for key, case in (("flux_core_own", lambda: _flux_core_ping_all(
-                                          instance.uri, size, 5)),
-                                      ("flux_core", lambda: child_result(
-                                          "client_ping_all", 600, uri=instance.uri, size=size,
-                                          rounds=5))):
+                                          instance.uri, size, 5, brokers)),
+                                      ("flux_core", lambda: _served(instance.uri, size,
+                                                                    brokers))):
                         try:
-                            runs.setdefault(key, []).append(_served(case, brokers))
+                            runs.setdefault(key, []).append(case())
                         except (harness.ChildFailed, RuntimeError) as exc:
                             runs.setdefault(key, []).append(_failed(exc))
                 finally:
@@ -910,9 +945,7 @@ def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
                             ranks = kids.start("bench_flux", "ranks", tree, n=size,
                                                topology=topology, flux_body=True, serve=True)
                             endpoint = ranks.expect("serving", 900)["endpoint"]
-                            client = _served(lambda: child_result(
-                                "client_ping_all", 600, tree, uri=endpoint, size=size, rounds=5),
-                                [ranks.pid])
+                            client = _served(endpoint, size, [ranks.pid], tree)
                             ranks.send("stop")
                             own = dict(ranks.expect("result", 120))
                             own["server_cpu_ms"] = own.pop("ping_all_cpu_ms")  # (one process)
