@@ -7,6 +7,7 @@
     python scripts/bench_flux.py --only sim --sim-sizes 100,1000,10000
     python scripts/bench_flux.py --only latency,pingall --baseline flux   # next to a branch
     python scripts/bench_flux.py --only fluxcore --rounds 3 -n 500 --fluxcore-sizes 16,64
+    python scripts/bench_flux.py --only fluxcore-pingall --fluxcore-rounds 3 --baseline REV
 
 Sections:
 
@@ -49,10 +50,20 @@ Sections:
   ping of one rank one hop away, interleaved in rounds: a peermesh
   ``FluxClient`` of a flux-core broker (``flux start --test-size=2``, its local
   connector) pinging rank 1, flux-core's own ``flux ping -i 0.002`` of the same
-  rank, and peermesh -> peermesh (the ``latency`` one hop); then a ping to every
-  rank at once of flux-core instances of ``--fluxcore-sizes`` brokers (kary:2
-  and kary:32, from a peermesh client of rank 0) next to peermesh ranks of
-  the same size and topology in one process.
+  rank, and peermesh -> peermesh (the ``latency`` one hop); then ping all
+  (``fluxcore-pingall`` alone): one ``broker.ping`` per rank, all in flight at
+  once, with flux's JSON body (what ``flux ping`` and ``peermesh flux ping``
+  send; flux-core has no broadcast request, and ``flux exec -r all`` also sends
+  one request per rank), from a client of rank 0. flux-core instances of
+  ``--fluxcore-sizes`` brokers (``--fluxcore-topologies``, a process per broker)
+  are pinged by flux-core's own client (its Python bindings over libflux, run by
+  ``flux python``) and by a peermesh ``FluxClient`` on the local connector;
+  peermesh ranks of the same size and topology, all in one process, by the same
+  ``FluxClient`` in a process of its own (over TCP to rank 0) and by rank 0's
+  own handle. Each case in each of ``--fluxcore-rounds`` rounds (a new instance
+  each): the median of 5 after a warm-up, with the CPU per ping all of the
+  instance's processes and of the client. ``--baseline REV`` adds the peermesh
+  cases with an older commit's code, in the same rounds.
 """
 
 from __future__ import annotations
@@ -232,9 +243,11 @@ def role_flux_ping(parent: Parent, topology: str, parents: list[str], target: in
     return stats
 
 
-def _ping_all(root: Any, n: int) -> dict[str, float]:
-    """``broker.ping`` to every rank at once: each round trip from its own request to its
-    response (as ``flux ping`` times them), and the time until the last answer."""
+def _ping_all(root: Any, n: int, body: Optional[Callable[[int], bytes]] = None
+              ) -> dict[str, float]:
+    """``broker.ping`` to every rank at once (``body(rank)``: its payload, empty without):
+    each round trip from its own request to its response (as ``flux ping`` times them),
+    and the time until the last answer."""
     import gevent.event
     clock = time.perf_counter
     sent, took = [0.0] * n, [0.0] * n
@@ -254,7 +267,7 @@ def _ping_all(root: Any, n: int) -> dict[str, float]:
     began, c0, t0 = clock(), cpu(), harness.threads_cpu(os.getpid())
     for rank in range(n):
         sent[rank] = clock()
-        root.rpc("broker.ping", b"", rank).on_response(answered(rank))
+        root.rpc("broker.ping", body(rank) if body else b"", rank).on_response(answered(rank))
     if not everyone.wait(60):
         raise RuntimeError(f"{left[0]} of {n} ranks did not answer in 60 s")
     if failed:
@@ -478,9 +491,11 @@ def _summary(pings: list[dict[str, float]], result: dict[str, Any]) -> dict[str,
 
 
 def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
-               rounds: int = 5) -> dict[str, Any]:
-    """``n`` ranks on real sockets in this one process: start, converge, ping all,
-    and (``events``) CPU per delivered event."""
+               rounds: int = 5, flux_body: bool = False, serve: bool = False) -> dict[str, Any]:
+    """``n`` ranks on real sockets in this one process: start, converge, ping all (with
+    ``flux_body``: flux's JSON body, as ``flux ping`` and ``peermesh flux ping`` send it;
+    else empty), and (``events``) CPU per delivered event. With ``serve`` the ranks
+    then serve clients of rank 0 (``serving``: its endpoint) until told to stop."""
     import gevent
     from peermesh.flux import FluxOverlay, State
     fds0 = len(os.listdir("/proc/self/fd"))
@@ -499,8 +514,9 @@ def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
         gevent.sleep(0.02)
     converged = time.perf_counter()
     fds = len(os.listdir("/proc/self/fd")) - fds0
-    _ping_all(root, n)  # warm-up
-    pings = [_ping_all(root, n) for _ in range(rounds)]
+    body = _flux_ping_body if flux_body else None
+    _ping_all(root, n, body)  # warm-up
+    pings = [_ping_all(root, n, body) for _ in range(rounds)]
     result = _summary(pings, {
         "ranks": n, "topology": topology, "start_s": started - began,
         "converge_s": converged - started, "fds": fds, "fds_per_rank": fds / n,
@@ -517,7 +533,10 @@ def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
                 gevent.sleep(0.001)
         result["event_cpu_us_per_delivery"] = (cpu() - c0) / (events * n) * 1e6
         result["event_to_all_ms"] = (time.perf_counter() - t0) / events * 1000
-    for node in nodes:
+    if serve:
+        parent.send("serving", {"endpoint": root.endpoint})
+        parent.expect("stop", None, green=True)
+    for node in reversed(nodes):  # leaves first: no orphan dials a parent again
         node.stop(0)
     return result
 
@@ -617,7 +636,11 @@ def _flux_core(size: int, topology: str) -> Any:
     """``flux start --test-size=size`` (ipc:// sockets on this host) with ``tbon.topo``;
     the process, after its first line (rank 0's FLUX_URI)."""
     import subprocess
+    import sys
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
+    # the brokers' rc scripts run python3: this interpreter's directory first, not a
+    # version manager's shim (64 brokers at once queue on its lock for a minute)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     proc = subprocess.Popen(["flux", "start", f"--test-size={size}", f"-Stbon.topo={topology}",
                              "sh", "-c", 'echo "$FLUX_URI"; exec cat'], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
@@ -629,8 +652,24 @@ def _flux_core(size: int, topology: str) -> Any:
 
 
 def _flux_core_stop(proc: Any) -> None:
+    """Stop the instance and wait (up to 120 s) until every process of it has ended,
+    so that its shutdown does not load what is measured next."""
+    left = _descendants(proc.pid)
     proc.stdin.close()
     proc.wait(120)
+    deadline = time.monotonic() + 120
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if os.path.exists(f"/proc/{pid}")
+                and not _zombie(pid)]
+        time.sleep(0.1)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def role_fluxcore_client(parent: Parent, uri: str, target: int, n: int,
@@ -652,22 +691,101 @@ def role_fluxcore_client(parent: Parent, uri: str, target: int, n: int,
     return stats
 
 
-def role_fluxcore_ping_all(parent: Parent, uri: str, size: int, rounds: int) -> dict[str, Any]:
-    """``broker.ping`` to every rank of a flux-core instance at once from one client
-    (as ``_ping_all`` does on a peermesh instance)."""
+def _flux_ping_body(rank: int) -> bytes:
+    """flux's ``broker.ping`` body (``{"seq", "pad"}``), as ``flux ping`` sends it."""
+    from peermesh.flux.bodies import ping_body
+    return ping_body(rank)
+
+
+def role_client_ping_all(parent: Parent, uri: str, size: int, rounds: int) -> dict[str, Any]:
+    """A peermesh ``FluxClient`` of rank 0 at ``uri`` (a flux-core broker's local connector,
+    or a peermesh member's ``tcp://``) pings every rank at once with flux's body, as
+    ``_ping_all`` times it."""
     from peermesh.flux import FluxClient
     client = FluxClient([uri]).connect(30)
-    from peermesh.flux.bodies import ping_body
-
-    class Root:
-        def rpc(self, topic: str, payload: bytes, rank: int) -> Any:
-            return client.rpc(topic, ping_body(rank), rank)
-
-    _ping_all(Root(), size)  # warm-up
-    pings = [_ping_all(Root(), size) for _ in range(rounds)]
+    _ping_all(client, size, _flux_ping_body)  # warm-up
+    parent.send("ready")
+    parent.expect("go", 600, green=True)
+    pings = [_ping_all(client, size, _flux_ping_body) for _ in range(rounds)]
     client.close()
-    return {"ping_all_mean_ms": statistics.median(p["mean_ms"] for p in pings),
-            "ping_all_all_ms": statistics.median(p["all_ms"] for p in pings)}
+    return _summary(pings, {})
+
+
+#: flux-core's own client of its instance, run by ``flux python`` (flux-core's Python
+#: bindings over libflux): ``broker.ping`` with flux's body to every rank at once, each
+#: timed from its request to its response (as ``_ping_all``); argv: size, rounds
+FLUX_CORE_PING_ALL = r"""
+import json, statistics, sys, time
+import flux
+size, rounds = int(sys.argv[1]), int(sys.argv[2])
+h = flux.Flux()
+clock = time.perf_counter
+
+def ping_all():
+    sent, took, left, futures = [0.0] * size, [0.0] * size, [size], []
+    def answered(future, rank):
+        future.get()  # an error response raises: the run fails
+        took[rank] = clock() - sent[rank]
+        left[0] -= 1
+        if not left[0]:
+            h.reactor_stop()
+    began, c0 = clock(), time.process_time()
+    for rank in range(size):
+        sent[rank] = clock()
+        futures.append(h.rpc("broker.ping", {"seq": rank, "pad": ""}, nodeid=rank)
+                       .then(answered, rank))
+    h.reactor_run()
+    if left[0]:
+        raise SystemExit(f"{left[0]} of {size} ranks did not answer")
+    return {"mean_ms": statistics.fmean(took) * 1000, "max_ms": max(took) * 1000,
+            "all_ms": (clock() - began) * 1000, "cpu_ms": (time.process_time() - c0) * 1000}
+
+ping_all()  # warm-up
+print("ready", flush=True)
+sys.stdin.readline()  # go
+pings = [ping_all() for _ in range(rounds)]
+print(json.dumps({"ping_all_" + k: statistics.median(p[k] for p in pings) for k in pings[0]}))
+"""
+
+
+def _flux_core_ping_all(uri: str, size: int, rounds: int, pids: list[int]) -> dict[str, Any]:
+    """``FLUX_CORE_PING_ALL`` against the instance at ``uri``, with the CPU per ping all
+    of the processes ``pids`` (the instance) over the timed rounds."""
+    import json
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
+    env["FLUX_URI"] = uri
+    with subprocess.Popen(["flux", "python", "-c", FLUX_CORE_PING_ALL, str(size), str(rounds)],
+                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            if not _line_within(proc.stdout, 300).startswith("ready"):
+                raise RuntimeError("flux python: no ready line")
+            before = _cpu_of(pids)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            last = _line_within(proc.stdout, 300)
+            used = _cpu_of(pids) - before
+        finally:
+            proc.kill()
+    if not last.startswith("{"):
+        raise RuntimeError(f"flux python ended without a result: {last[-200:]!r}")
+    result = dict(json.loads(last))
+    result["server_cpu_ms"] = used / rounds * 1000
+    return result
+
+
+def _line_within(stream: Any, timeout: float) -> str:
+    """The next line of a child's ``stream`` ('' at its end); RuntimeError after ``timeout``."""
+    import select
+    if not select.select([stream], [], [], timeout)[0]:
+        raise RuntimeError(f"no answer within {timeout:g} s")
+    return str(stream.readline())
+
+
+def _cpu_of(pids: list[int]) -> float:
+    return sum(harness.proc_cpu(pid) for pid in pids)
 
 
 def _flux_ping_times(uri: str, target: int, n: int) -> dict[str, Any]:
@@ -686,15 +804,22 @@ def _flux_ping_times(uri: str, target: int, n: int) -> dict[str, Any]:
     return {"p50_us": percentile(times, 50), "mean_us": statistics.fmean(times)}
 
 
-def fluxcore_section(n: int, rounds: int, sizes: list[int]) -> tuple[dict[str, Any], list[str]]:
+def fluxcore_section(n: int, rounds: int, sizes: list[int], topologies: list[str],
+                     ping_rounds: int, code: dict[str, str], one_rank: bool = True,
+                     processes: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The ping of one rank (peermesh client -> flux-core, flux ping -> flux-core,
-    peermesh -> peermesh, interleaved), and ping all over flux-core instances of
-    ``sizes`` brokers against peermesh ranks of the same size and topology."""
+    peermesh -> peermesh, interleaved; unless not ``one_rank``), and ping all over
+    flux-core instances of ``sizes`` brokers against peermesh ranks of the same size and
+    topology (``fluxcore_ping_all``)."""
     import shutil
     if shutil.which("flux") is None:
         return {}, ["", "flux-core: no `flux` on PATH (flux-core >= 0.88 not found): skipped"]
     out: dict[str, Any] = {}
     lines: list[str] = []
+    if not one_rank:
+        ping_all = fluxcore_ping_all(sizes, topologies, ping_rounds, code, processes)
+        out["ping_all"] = ping_all
+        return out, ping_all_lines(ping_all)
     instance = _flux_core(2, "kary:2")
     try:
         def client_case(r: int) -> dict[str, Any]:
@@ -719,39 +844,177 @@ def fluxcore_section(n: int, rounds: int, sizes: list[int]) -> tuple[dict[str, A
         ["case", "p50 us", "/ flux ping"],
         [[k, f"{p50[k]:.0f}", f"{ratio[k]:.2f}"] for k in cases])
     progress("\n".join(lines))  # (the ping all rows take minutes)
-    rows = []
+    ping_all = fluxcore_ping_all(sizes, topologies, ping_rounds, code, processes)
+    out["ping_all"] = ping_all
+    return out, lines + ping_all_lines(ping_all)
+
+
+#: the ping-all cases of section fluxcore: (key, instance, client)
+PING_ALL_CASES = (("flux_core_own", "flux-core", "flux-core's client (libflux)"),
+                  ("flux_core", "flux-core", "peermesh FluxClient"),
+                  ("peermesh", "peermesh", "peermesh FluxClient"),
+                  ("peermesh_rank0", "peermesh", "rank 0's own handle"),
+                  ("peermesh_procs", "peermesh, a process per rank", "peermesh FluxClient"))
+
+
+def _peermesh_processes(size: int, topology: str, code: Optional[str]) -> dict[str, Any]:
+    """Ping all of peermesh ranks each in a process of its own (as flux-core's brokers
+    are) by a ``FluxClient`` of rank 0, with the CPU of the ranks' processes."""
+    with Children(grace=0) as kids:
+        root = kids.start("bench_flux", "flux_node", code, topology=topology, root=True)
+        endpoint = root.expect("ready", 120)["endpoint"]
+        nodes = [root] + [kids.start("bench_flux", "flux_node", code, topology=topology,
+                                     parents=[endpoint]) for _ in range(size - 1)]
+        for node in nodes[1:]:
+            node.expect("ready", 600)
+        return _served(endpoint, size, [n.pid for n in nodes], code)
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s processes below it (Linux: /proc/PID/task/PID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        try:
+            with open(f"/proc/{todo[-1]}/task/{todo.pop()}/children") as f:
+                children = [int(x) for x in f.read().split()]
+        except OSError:
+            continue
+        found += children
+        todo += children
+    return found
+
+
+def _served(uri: str, size: int, pids: list[int], code: Optional[str] = None
+            ) -> dict[str, Any]:
+    """``role_client_ping_all`` of ``uri`` (5 ping alls after a warm-up), with
+    ``server_cpu_ms``: the CPU per ping all of the processes ``pids`` (the instance) over
+    the 5 (heartbeats included, the client's start not)."""
+    with Children(grace=0) as kids:
+        client = kids.start("bench_flux", "client_ping_all", code, uri=uri, size=size, rounds=5)
+        client.expect("ready", 600)
+        before = _cpu_of(pids)
+        client.send("go")
+        result = dict(client.expect("result", 600))
+    result["server_cpu_ms"] = (_cpu_of(pids) - before) / 5 * 1000
+    return result
+
+
+def _failed(exc: Exception) -> dict[str, Any]:
+    return {"error": str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)}
+
+
+def fluxcore_ping_all(sizes: list[int], topologies: list[str], rounds: int,
+                      code: dict[str, str], processes: bool = False) -> list[dict[str, Any]]:
+    """A ping to every rank at once (flux's body, one request per rank, all in flight
+    together), ``rounds`` rounds of each size and topology: a flux-core instance
+    (``flux start --test-size``) pinged by flux-core's own client and by a peermesh
+    ``FluxClient`` on rank 0's local connector; then peermesh ranks of the same size
+    and topology in one process (for each tree of ``code``), pinged by a ``FluxClient``
+    in a process of its own on rank 0's ROUTER and by rank 0's own handle; with
+    ``processes`` also peermesh ranks each in a process of its own, as flux-core's
+    brokers are. Each run: the median of 5 ping alls after a warm-up."""
+    results = []
     for size in sizes:
-        for topology in ("kary:2", "kary:32"):
-            progress(f"flux-core, {size} brokers, {topology} ...")
-            instance = _flux_core(size, topology)
-            try:
-                theirs = child_result("fluxcore_ping_all", 600, uri=instance.uri, size=size,
-                                      rounds=5)
-            except harness.ChildFailed as exc:  # reported in its row, the others still run
-                theirs = {"error": str(exc).splitlines()[-1]}
-            finally:
-                _flux_core_stop(instance)
-            progress(f"peermesh, {size} ranks, {topology} ...")
-            try:
-                ours = child_result("ranks", 900, n=size, topology=topology)
-            except harness.ChildFailed as exc:
-                ours = {"error": str(exc).splitlines()[-1]}
-            if "error" in theirs or "error" in ours:
-                rows.append([str(size), topology, theirs.get("error", ""), "", ours.get(
-                    "error", ""), "", "failed"])
-            else:
-                rows.append([str(size), topology, f"{theirs['ping_all_mean_ms']:.2f}",
-                             f"{theirs['ping_all_all_ms']:.2f}",
-                             f"{ours['ping_all_mean_ms']:.2f}", f"{ours['ping_all_all_ms']:.2f}",
-                             f"{ours['ping_all_all_ms'] / theirs['ping_all_all_ms']:.2f}"])
-            out.setdefault("ping_all", []).append({"size": size, "topology": topology,
-                                                   "flux_core": theirs, "peermesh": ours})
-    lines += ["", "a ping to every rank at once (flux-core: one process per broker, pinged "
-              "from a peermesh client on rank 0's local connector; peermesh: every rank in "
-              "one process, pinged from rank 0; median of 5):"] + table(
-        ["ranks", "topology", "flux-core mean ms", "flux-core all ms", "peermesh mean ms",
-         "peermesh all ms", "all: peermesh / flux-core"], rows)
-    return out, lines
+        for topology in topologies:
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for r in range(rounds):
+                progress(f"flux-core, {size} brokers, {topology} (round {r + 1}/{rounds}) ...")
+                try:
+                    instance = _flux_core(size, topology)
+                except Exception as exc:
+                    runs.setdefault("flux_core_own", []).append(_failed(exc))
+                    continue
+                try:
+                    brokers = [instance.pid] + _descendants(instance.pid)
+                    for key, case in (("flux_core_own", lambda: _flux_core_ping_all(
+                                          instance.uri, size, 5, brokers)),
+                                      ("flux_core", lambda: _served(instance.uri, size,
+                                                                    brokers))):
+                        try:
+                            runs.setdefault(key, []).append(case())
+                        except (harness.ChildFailed, RuntimeError) as exc:
+                            runs.setdefault(key, []).append(_failed(exc))
+                finally:
+                    _flux_core_stop(instance)
+                trees = list(code.items())
+                for label, tree in trees[r % 2:] + trees[:r % 2]:  # each first in turn
+                    suffix = "" if label == "peermesh" else "@" + label
+                    progress(f"peermesh{suffix}, {size} ranks, {topology} ...")
+                    try:
+                        with Children(grace=0) as kids:
+                            ranks = kids.start("bench_flux", "ranks", tree, n=size,
+                                               topology=topology, flux_body=True, serve=True)
+                            endpoint = ranks.expect("serving", 900)["endpoint"]
+                            client = _served(endpoint, size, [ranks.pid], tree)
+                            ranks.send("stop")
+                            own = dict(ranks.expect("result", 120))
+                            own["server_cpu_ms"] = own.pop("ping_all_cpu_ms")  # (one process)
+                        runs.setdefault("peermesh" + suffix, []).append(client)
+                        runs.setdefault("peermesh_rank0" + suffix, []).append(own)
+                    except harness.ChildFailed as exc:
+                        runs.setdefault("peermesh" + suffix, []).append(_failed(exc))
+                    if processes and label == "peermesh":  # (this checkout's alone)
+                        progress(f"peermesh{suffix}, {size} ranks, {topology}, a process "
+                                 "per rank ...")
+                        try:
+                            runs.setdefault("peermesh_procs" + suffix, []).append(
+                                _peermesh_processes(size, topology, tree))
+                        except harness.ChildFailed as exc:
+                            runs.setdefault("peermesh_procs" + suffix, []).append(_failed(exc))
+            row: dict[str, Any] = {"size": size, "topology": topology, "runs": runs}
+            for key, done in runs.items():
+                good = [x for x in done if "error" not in x]
+                row[key] = ({k: statistics.median(x[name] for x in good)
+                             for k, name in (("all_ms", "ping_all_all_ms"),
+                                             ("mean_ms", "ping_all_mean_ms"),
+                                             ("client_cpu_ms", "ping_all_cpu_ms"),
+                                             ("server_cpu_ms", "server_cpu_ms"))
+                             if all(name in x for x in good)}
+                            if good else {"error": done[-1]["error"]})
+            for key in [k for k in runs if k.startswith("peermesh")]:
+                for base in ("flux_core_own", "flux_core"):
+                    pairs = [a["ping_all_all_ms"] / b["ping_all_all_ms"]
+                             for a, b in zip(runs[key], runs.get(base, []))
+                             if "error" not in a and "error" not in b]
+                    if pairs:
+                        row.setdefault("ratios", {})[f"{key}/{base}"] = statistics.median(pairs)
+            results.append(row)
+            progress("\n".join(ping_all_lines([row])))
+    return results
+
+
+def ping_all_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The table of ``fluxcore_ping_all``."""
+    rows = []
+    for row in results:
+        keys = [k for k, _, _ in PING_ALL_CASES]
+        keys += sorted(k for k in row["runs"] if k not in keys)
+        for key in keys:
+            if key not in row:
+                continue
+            base = key.split("@")[0]
+            names = {k: (instance, client) for k, instance, client in PING_ALL_CASES}
+            instance, client = names.get(base, (key, ""))
+            if "@" in key:
+                instance += f" [{key.split('@')[1]}]"
+            cell = row[key]
+            ratios = row.get("ratios", {})
+            cpu = [f"{cell[k]:.1f}" if k in cell else "" for k in ("server_cpu_ms",
+                                                                      "client_cpu_ms")]
+            rows.append([str(row["size"]), row["topology"], instance, client,
+                         cell.get("error", f"{cell.get('mean_ms', 0):.2f}"),
+                         "" if "error" in cell else f"{cell['all_ms']:.2f}", *cpu,
+                         f"{ratios[key + '/flux_core_own']:.2f}"
+                         if key + "/flux_core_own" in ratios else "",
+                         f"{ratios[key + '/flux_core']:.2f}" if key + "/flux_core" in ratios
+                         else ""])
+    return ["", "a ping to every rank at once, flux's body, one request per rank (flux-core: "
+            "a broker process per rank; peermesh: every rank in one process; each run the "
+            "median of 5; rounds: medians, ratios: median of per-round ratios of 'all'; CPU "
+            "per ping all: the instance's processes, the client's):"
+            ] + table(["ranks", "topology", "instance", "client", "mean ms", "all ms",
+                       "CPU ms: instance", "client", "all / flux-core's own",
+                       "all / flux-core, same client"], rows)
 
 
 def child_result(role: str, timeout: float, code: Optional[str] = None,
@@ -775,6 +1038,14 @@ def main() -> int:
     parser.add_argument("--sim-sizes", default="100,1000,10000")
     parser.add_argument("--fluxcore-sizes", default="16,64",
                         help="flux-core instance sizes of section fluxcore (16,64)")
+    parser.add_argument("--fluxcore-topologies", default="kary:2,kary:32",
+                        help="topologies of section fluxcore's ping all (kary:2,kary:32)")
+    parser.add_argument("--fluxcore-processes", action="store_true",
+                        help="section fluxcore's ping all also over peermesh ranks each in "
+                             "a process of its own, as flux-core's brokers (slow to start)")
+    parser.add_argument("--fluxcore-rounds", type=int, default=1,
+                        help="rounds of section fluxcore's ping all (a new flux-core "
+                             "instance and new peermesh ranks each; default: 1)")
     parser.add_argument("--baseline", metavar="REV",
                         help="also run the Flux cases with this commit's code (or a tree)")
     parser.add_argument("--json", action="store_true")
@@ -862,9 +1133,11 @@ def main() -> int:
                                    events=args.events)
                 row["code"] = label
                 rows.append(row)
-    if "fluxcore" in only:
-        section, more = fluxcore_section(args.n, args.rounds,
-                                         [int(x) for x in args.fluxcore_sizes.split(",") if x])
+    if "fluxcore" in only or "fluxcore-pingall" in only:
+        section, more = fluxcore_section(
+            args.n, args.rounds, [int(x) for x in args.fluxcore_sizes.split(",") if x],
+            [x for x in args.fluxcore_topologies.split(",") if x], args.fluxcore_rounds, code,
+            one_rank="fluxcore" in only, processes=args.fluxcore_processes)
         out["fluxcore"] = section
         lines += more
     if "thousand" in only:

@@ -25,13 +25,14 @@ Requests carry the route back: arriving from a child its identity is pushed
 forwarded to a link (unless NORESPONSE) is remembered until its final
 response so that the loss of that link can answer it.
 
-The common cases never decode a message: a request for another rank and a
-response for a child or the parent go on as they came, the route pushed or
-popped (``_pass_through``, from the PROTO and route frames alone); an RPC of a
-local handle for another rank is framed directly, and a ping for this rank
-is answered from the request's frames (unless its body is JSON: flux's ping,
-answered by ``FluxCore._ping``). Everything else (and anything
-malformed, which is then dropped) is decoded first.
+The common cases never decode a message: a request for another rank (from
+the parent, a child or a rankless client) and a response for a child or the
+parent go on as they came, the route pushed or popped (``_pass_through``,
+from the PROTO and route frames alone); an RPC of a local handle for another
+rank is framed directly, and a ping for this rank is answered from the
+request's frames (flux's JSON ping with its answer, ``bodies.ping_answer``, as
+``FluxCore._ping`` gives it; any other body echoed). Everything else (and
+anything malformed, which is then dropped) is decoded first.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ import logging
 import struct
 from typing import TYPE_CHECKING, Callable, Optional
 
+from ..errors import ProtocolError
 from ..wire.flux import (
     MAGIC, MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, VERSION,
     Errno, Request, Response, encode, json_payload, make_request, make_response, service_of,
     string_payload,
 )
+from .bodies import ping_answer
+from .clients import ClientTable
 from .errors import FluxStateError
 from .matchtags import Handle, Pending
 from .outputs import BUILTIN_SERVICES, IDENTITY_SIZE, PARENT, Deliver, Output, Send
@@ -67,6 +71,8 @@ _NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
 _PROTO = struct.Struct(">BBBBIIII")
 #: what routing reads of a PROTO: magic and version, type, flags, aux1, aux2
 _PEEK = struct.Struct(">HBB8xII")
+#: userid and rolemask of a PROTO (at offset 4)
+_CREDENTIALS = struct.Struct(">II")
 _MAGIC_VERSION = MAGIC << 8 | VERSION
 
 #: a request forwarded on a link: (link, its routes, its matchtag)
@@ -91,6 +97,7 @@ class Routing:
     """Request and response routing of ``FluxCore`` (see the module's docstring)."""
 
     rank: Optional[int]
+    uuid: str
     root: bool
     size: int
     state: State
@@ -98,6 +105,7 @@ class Routing:
     settings: FluxSettings
     topology: Topology
     children: dict[bytes, "Child"]
+    clients: ClientTable
     by_rank: dict[int, bytes]
     handles: dict[int, Handle]
     services: dict[str, int]
@@ -176,7 +184,8 @@ class Routing:
     def _pass_through(self, link: bytes, frames: list[bytes],
                       now: float) -> Optional[list[Output]]:
         """Route the common messages from their PROTO and route frames alone: a
-        request for another rank and a response for a child or the parent are
+        request for another rank (from the parent, a child or a client) and a
+        response for a child or the parent are
         forwarded as they came (the route pushed or popped), a ping for this rank
         is answered from its frames, a response for a local handle is built once.
         None for everything else (and for anything malformed): ``receive`` decodes
@@ -201,12 +210,15 @@ class Routing:
             topic = frames[d + 1].decode()
         except UnicodeDecodeError:
             return None
+        client = None
         if link == PARENT:
             child = None
         else:
             child = self.children.get(link)
             if child is None:
-                return None
+                client = self.clients.get(link)
+                if client is None or kind == 2:
+                    return None  # a stranger's, or a response from a client: the full path
         if kind == 2:
             top = frames[0] if d else b""
             if len(top) == IDENTITY_SIZE:
@@ -224,7 +236,13 @@ class Routing:
         else:
             out = self._pass_request(link, frames, d, topic, flags, aux1, aux2, now)
         if out is not None:
-            if child is None:
+            if client is not None:
+                client.heard = now
+                if not flags & _NORESPONSE:
+                    service = topic.partition(".")[0]
+                    if service not in BUILTIN_SERVICES:
+                        self.clients.arm(client, service, aux1, flags & _UPSTREAM)
+            elif child is None:
                 self._parent_heard = now
             else:
                 child.heard = now
@@ -245,12 +263,19 @@ class Routing:
                       nodeid: int, matchtag: int, now: float) -> Optional[list[Output]]:
         """``_pass_through`` of a request for another rank, or of a ping for this one."""
         if nodeid == self.rank:
-            if self.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping" \
-                    or flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: full path
+            if self.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
                 return None
             if flags & _NORESPONSE:
                 return []
-            frames = frames[:-1]  # the same routes, topic and payload: only PROTO changes
+            proto = frames[-1]
+            frames = frames[:-1]  # the same routes and topic: only payload and PROTO change
+            if flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: its answer
+                userid, rolemask = _CREDENTIALS.unpack_from(proto, 4)
+                try:
+                    frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), self.uuid,
+                                                nodeid, userid, rolemask)
+                except ProtocolError:
+                    return None  # (the full path answers EPROTO)
             frames.append(_PROTO.pack(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
                                       matchtag))
             if link == PARENT:

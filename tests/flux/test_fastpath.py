@@ -14,8 +14,9 @@ from typing import Any, Optional
 
 import pytest
 
+from peermesh.flux.bodies import ping_body
 from peermesh.flux.core import PARENT, FluxCore
-from peermesh.wire.flux import NODEID_ANY, MsgFlag, Request, Response, encode
+from peermesh.wire.flux import NODEID_ANY, MsgFlag, Request, Response, decode, encode, read_json
 
 from .test_routing import ROWS, in_state
 
@@ -49,6 +50,8 @@ def same(core: FluxCore, link: bytes, frames: list[bytes], now: float) -> None:
     assert core.receive(link, list(frames), now) == twin.receive(link, list(frames), now)
     assert core._inflight == twin._inflight and core._via == twin._via
     assert core.stats == twin.stats
+    assert core.clients.clients == twin.clients.clients
+    assert core.clients.untracked == twin.clients.untracked
 
 
 @pytest.mark.parametrize("state, node, source, frames", [row[:4] for row in ROWS])
@@ -117,6 +120,62 @@ def test_ping_for_this_rank_is_answered_from_its_frames() -> None:
              tree.now)
     stray = encode(Response("broker.ping", None, 0, 9, routes=(b"@7",)))
     same(cores[3], PARENT, stray, tree.now)   # a response to no handle
+
+
+@pytest.mark.parametrize("body", [ping_body(3, "pp"), b'{"seq":1,"pad":"\xc3\xa9"}\0',
+                                  b"{}\0", b"{not json\0", b'{"a":1}', b"{" * 300 + b"\0"])
+def test_flux_json_ping_is_answered_from_its_frames(body: bytes) -> None:
+    """flux's JSON ping for this rank, from the parent and from a child, with and without
+    routes: the answer flux-core gives (route, userid, rolemask, rank added), made from
+    the frames; malformed bodies get the full path's EPROTO."""
+    tree, cores = in_state("settled")
+    for flags in (0, MsgFlag.NORESPONSE, MsgFlag.STREAMING):
+        same(cores[3], PARENT, encode(Request("broker.ping", body, 3, 9, flags, (b"@2",),
+                                              1000, 5)), tree.now)
+        same(cores[1], cores[3].identity, encode(Request("broker.ping", body, 1, 9, flags, ())),
+             tree.now)
+    (answer,) = cores[1].receive(cores[3].identity,
+                                 encode(Request("broker.ping", ping_body(3, "pp"), 1, 9, 0, ())),
+                                 tree.now)
+    assert copy.deepcopy(cores[1])._pass_through(   # (taken by the fast path)
+        cores[3].identity, encode(Request("broker.ping", ping_body(3), 1, 9, 0, ())),
+        tree.now) is not None
+    got = read_json(decode(answer.frames[1:]).payload)  # type: ignore[union-attr]
+    assert got["rank"] == 1 and got["seq"] == 3 and got["pad"] == "pp"
+    assert got["route"] == f"{cores[3].uuid[:8]}!{cores[1].uuid[:8]}"
+
+
+CLIENT = b"C" * 16
+
+
+@pytest.mark.parametrize("frames", [
+    encode(Request("broker.ping", ping_body(0), 5, 9, 0, ())),       # routed down
+    encode(Request("broker.ping", ping_body(0), 1, 9, 0, ())),       # this rank, JSON
+    encode(Request("broker.ping", b"raw", 1, 9, 0, ())),             # this rank, raw
+    encode(Request("broker.ping", ping_body(0), 0, 9, 0, ())),       # up to the parent
+    encode(Request("svc.echo", b"x", 4, 9, 0, ())),                  # a service: armed
+    encode(Request("svc.echo", b"x", 4, 9, MsgFlag.NORESPONSE, ())),  # not armed
+    encode(Request("svc.echo", b"x", 4, 9, MsgFlag.STREAMING, ())),
+    encode(Request("svc.echo", b"x", 9, 9, 0, ())),                  # no rank 9
+    encode(Request("svc.echo", b"x", 1, 9, MsgFlag.UPSTREAM, ())),
+    encode(Request("peermesh.info", None, NODEID_ANY, 9, 0, ())),
+    encode(Response("broker.ping", b"p", 0, 9, routes=(PARENT,))),    # a client answers nothing
+])
+def test_requests_of_a_client_go_as_on_the_full_path(frames: list[bytes]) -> None:
+    """A rankless client's requests (``peermesh.flux.clients``) take the fast path too:
+    the same outputs, in-flight tracking, counters, and what the member keeps of the
+    client (when it was heard, the services told of its going)."""
+    tree, cores = in_state("settled")
+    core = cores[1]
+    assert core.clients.accept(CLIENT, tree.now - 1)
+    for variant in variants(frames):
+        same(core, CLIENT, variant, tree.now)
+    message = decode(frames)
+    if isinstance(message, Request) and message.nodeid in (1, 5) \
+            and not message.flags & MsgFlag.UPSTREAM:  # (the fast path takes it)
+        assert copy.deepcopy(core)._pass_through(CLIENT, list(frames), tree.now) is not None
+    core.clients.max_targets = 0  # past the bound: counted as untracked alike
+    same(core, CLIENT, frames, tree.now)
 
 
 def test_responses_going_up() -> None:
