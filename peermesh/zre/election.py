@@ -135,10 +135,15 @@ class Election(Generic[P]):
         self.waves.pop(group, None)
 
     def start(self, group: str, neighbours: Collection[P], now: float = 0.0) -> list[Action]:
-        """Challenge for ``group``: a new wave of this node's own, any earlier one dropped."""
+        """Challenge for ``group``: a new wave of this node's own, replacing one of a higher
+        ID; none while a wave of a lower ID runs here (ours would die in it, and leaving
+        it made this node pass on LEADER of its own ID, so the group ended split)."""
         if not neighbours:
             self.waves.pop(group, None)
             return [Elected(self.me)]
+        running = self.waves.get(group)
+        if running is not None and running.caw is not None and running.caw < self.me:
+            return []
         self.waves[group] = Wave(self.me, since=now)
         return [SendElect(tuple(neighbours), self.me)]
 

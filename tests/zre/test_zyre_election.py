@@ -167,7 +167,7 @@ class Mesh:
         self.now = 0.0
 
     def add(self, name: str, groups: Sequence[str] = (), contest: Sequence[str] = ()) -> Session:
-        uuid = uuid_module.uuid4()
+        uuid = uuid_module.UUID(int=self.rng.getrandbits(128), version=4)  # (reproducible)
         events: list[Event] = []
         holder: list[Session] = []
         session = Session(uuid, name, {}, CONFIG,
