@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import statistics
 import time
 from functools import partial
@@ -658,18 +659,15 @@ def _flux_core_stop(proc: Any) -> None:
     proc.stdin.close()
     proc.wait(120)
     deadline = time.monotonic() + 120
-    while left and time.monotonic() < deadline:
-        left = [pid for pid in left if os.path.exists(f"/proc/{pid}")
-                and not _zombie(pid)]
-        time.sleep(0.1)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
+    for pid in left:  # (a pidfd turns readable when its process ends, child or not)
+        try:
+            handle = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            select.select([handle], [], [], max(deadline - time.monotonic(), 0))
+        finally:
+            os.close(handle)
 
 
 def role_fluxcore_client(parent: Parent, uri: str, target: int, n: int,

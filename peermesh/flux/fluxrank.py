@@ -113,7 +113,7 @@ class FluxModeCore:
         self._sent = 0.0
         self._seq = 0
         self._watch = -1   # the matchtag of this rank's watch of its parent's state
-        self.stats = {"dropped": 0, "log_lines": 0}
+        self.stats = {"dropped": 0, "log_lines": 0, "heartbeats_sent": 0, "heartbeats_heard": 0}
 
     # --- what the driver calls ------------------------------------------------------
 
@@ -193,6 +193,7 @@ class FluxModeCore:
         """A heartbeat when nothing went up for ``heartbeat`` seconds; call every second."""
         if self.rank and self.state in ("online", "draining") and \
                 now - self._sent >= self.heartbeat:
+            self.stats["heartbeats_sent"] += 1
             return [self._up(Control(ControlType.HEARTBEAT, 0, routes=()), now)]
         return []
 
@@ -243,6 +244,8 @@ class FluxModeCore:
                 if not FULL <= message.status <= OFFLINE:
                     return self._drop(f"rank {child.rank} sent status {message.status}")
                 return self._set_status(child, message.status, "", now)
+            if message.ctype == ControlType.HEARTBEAT:
+                self.stats["heartbeats_heard"] += 1
             return []
         if isinstance(message, Request):
             if message.topic == "overlay.goodbye":

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from .topology import Topology, TopologyError
+
 __all__ = ["FULL", "PARTIAL", "DEGRADED", "LOST", "OFFLINE", "STATUS_NAMES", "FluxTree",
            "FluxChild", "subtree_status", "read_config", "status_name"]
 
@@ -86,7 +88,8 @@ class FluxTree:
     @classmethod
     def kary(cls, size: int, k: int, me: int) -> "FluxTree":
         """flux-core's ``kary:K`` (``kary:0``: every rank a child of rank 0)."""
-        return cls([-1] + [0 if k == 0 else (r - 1) // k for r in range(1, size)], me)
+        topology = Topology(k)
+        return cls([-1] + [topology.parent(r) for r in range(1, size)], me)
 
     @property
     def size(self) -> int:
@@ -149,9 +152,7 @@ def read_config(path: str, hostname: str) -> dict[str, Any]:
         raise ValueError(f"{path}: no bootstrap.curve_cert")
     tbon = conf.get("tbon")
     topo = tbon.get("topo", "custom") if isinstance(tbon, dict) else "custom"
-    if isinstance(topo, str) and topo.startswith("kary:") and topo[5:].isdigit():
-        tree = FluxTree.kary(len(names), int(topo[5:]), rank)
-    elif topo == "custom":
+    if topo == "custom":
         parents = [-1] + [names.index(h["parent"]) if h.get("parent") in names else 0
                           for h in hosts[1:]]
         try:
@@ -159,7 +160,10 @@ def read_config(path: str, hostname: str) -> dict[str, Any]:
         except ValueError:
             raise ValueError(f"{path}: the hosts' parent entries make no tree") from None
     else:
-        raise ValueError(f"{path}: tbon.topo {topo!r} is not kary:K or custom")
+        try:
+            tree = FluxTree.kary(len(names), Topology.parse(topo).k, rank)
+        except TopologyError:
+            raise ValueError(f"{path}: tbon.topo {topo!r} is not kary:K or custom") from None
 
     def uri(entry: int, key: str) -> Optional[str]:
         value = hosts[entry].get(key) or boot.get(f"default_{key}")

@@ -50,6 +50,13 @@ def wait_full(broker: "ConfigBootedRank0 | FluxCoreBroker", ranks: int) -> str:
     pytest.fail(f"not full in 60 s: {status}")
 
 
+def heartbeats(rank: FluxModeMember, counter: str, count: int = 3) -> None:
+    """Wait (bounded) until ``rank`` has sent or heard ``count`` more heartbeats."""
+    start = rank.core.stats[counter]
+    waiting.poll_until(lambda: rank.core.stats[counter] >= start + count, 60,
+               f"{count} {counter.replace('_', ' ')}", sleep=gevent.sleep)
+
+
 def sub_one(broker: FluxCoreBroker, prefix: str) -> "subprocess.Popen[str]":
     """``flux event sub --count=1`` on ``broker``: its output once an event came."""
     return subprocess.Popen(["flux", "event", "sub", "--count=1", prefix],
@@ -266,7 +273,7 @@ def test_a_peermesh_rank_with_flux_core_children(tmp_path: Path, free_tcp_port: 
         published = child.flux("event", "pub", "-s", "fm.up")
         assert published.returncode == 0 and published.stdout.startswith("seq="), \
             published.stderr
-        gevent.sleep(member.core.heartbeat * 3)      # heartbeats keep it full, not torpid
+        heartbeats(member, "heartbeats_sent")       # heartbeats keep it full, not torpid
         assert len(re.findall(r"fake\d: full", overlay_status(rank0))) == 3
         # leaving: the child shuts down first (its goodbye), then the rank says goodbye
         member.stop(30)
@@ -316,7 +323,7 @@ def test_flux_core_brokers_under_a_peermesh_rank_0(tmp_path: Path) -> None:
         execs = brokers[0].flux("exec", "-r", "0", "true", timeout=30)
         assert execs.returncode != 0 and "a peermesh rank 0 has no rexec service" in \
             execs.stderr, execs.stderr
-        gevent.sleep(root.core.heartbeat * 3)       # they stay full
+        heartbeats(root, "heartbeats_heard")        # they stay full
         assert len(re.findall(r"fake\d: full", overlay_status(brokers[2]))) == 4
         # rank 0 leaving shuts the flux-core brokers down, each saying goodbye
         root.stop(30)
