@@ -18,6 +18,11 @@ from peermesh import EventType, NodeConfig, NodeStateError, ThreadedNode
 from peermesh.io.keys import CurveError, KeyFileError
 from peermesh.wire import zre
 
+try:  # tests/ as a package
+    from ..waiting import poll_until
+except ImportError:  # tests/ on sys.path (pytest's default "prepend" import mode)
+    from waiting import poll_until
+
 from curvemesh import (KeyRing, Nodes, drain, handshake, hear_beacons, hello, match,
                        raw_dealer, wait_for)
 
@@ -123,15 +128,21 @@ def test_allowlist_reload_admits_a_new_key_without_restart(nodes: Nodes, ring: K
 
 
 def test_a_key_admitted_later_brings_no_restart_of_a_peer_that_did_not_restart(
-        nodes: Nodes, ring: KeyRing) -> None:
+        nodes: Nodes, ring: KeyRing, caplog: pytest.LogCaptureFixture) -> None:
     """alice's allowlist refuses bob's key, and libzmq does not retry bob's refused
     connection to her. Once her allowlist holds his key her HELLO reaches bob (who admits
     any key) but his went into the dead connection: she gives up on him (``evasive``) and
     says HELLO again; bob says his again on a new link, and reports no EXIT and ENTER."""
+    caplog.set_level(logging.DEBUG, "peermesh.io.zap")
     a = nodes.start("alice", allow=["alice"], evasive=0.5)
     b = nodes.start("bob", evasive=5.0)  # keeps the refused link until alice's HELLO
     seen: list = []
     hear_beacons(nodes.port, [a.uuid, b.uuid])
+    # bob's link to alice must have been refused before his key is admitted (under load
+    # he may hear her beacon late, and connect only once his key is in)
+    refusal = f"refused CURVE key {ring.public('bob').decode()}"
+    poll_until(lambda: any(r.getMessage().startswith(refusal) for r in caplog.records), 10,
+               "alice's ZAP to refuse bob's key")
     assert b.uuid not in a.peers() and not drain(b)
     shutil.copy(ring.root / "bob.key", ring.root / "allow-alice" / "bob.key")
     wait_for(a, match(ENTER, b.uuid))
