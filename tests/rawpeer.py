@@ -147,8 +147,9 @@ class RawPeer:
     # --- the DEALER to a node's mailbox ------------------------------------
 
     def connect(self, endpoint: str, *, identity: Optional[bytes] = None,
-                sndhwm: int = 1000) -> zmq.Socket:
-        """A new DEALER (identity ``0x01 + uuid`` unless given) connected to ``endpoint``.
+                sndhwm: int = 1000, reconnect: bool = True) -> zmq.Socket:
+        """A new DEALER (identity ``0x01 + uuid`` unless given) connected to ``endpoint``;
+        ``reconnect=False``: a connection the node closes stays closed.
 
         Any previous DEALER is closed first. Returns the socket.
         """
@@ -158,7 +159,7 @@ class RawPeer:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         dealer.setsockopt(zmq.SNDHWM, sndhwm)
-        dealer.setsockopt(zmq.RECONNECT_IVL, 50)
+        dealer.setsockopt(zmq.RECONNECT_IVL, 50 if reconnect else -1)
         self._monitor = dealer.get_monitor_socket()
         if self.address != LOOPBACK:  # from our own address: tcp://SOURCE;DESTINATION
             endpoint = endpoint.replace("tcp://", f"tcp://{self.address}:0;", 1)
