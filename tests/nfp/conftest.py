@@ -9,10 +9,7 @@ are bounded polls of a condition, never fixed sleeps.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -22,6 +19,7 @@ import gevent
 # reaps every child first, and a standard Popen then reads a dead child's exit code as 0
 from gevent import subprocess
 
+import childprocs
 import waiting
 import pytest
 
@@ -130,45 +128,8 @@ def mesh(free_udp_port: int, tmp_path: Path) -> Iterator[Mesh]:
         m.close()
 
 
-class Child:
+class Child(childprocs.JsonChild):
     """One ``nfpchild.py`` process."""
-
-    def __init__(self, proc: subprocess.Popen, name: str) -> None:
-        self.proc = proc
-        self.name = name
-        self.lines: list[dict[str, Any]] = []
-        self._reader = gevent.spawn(self._read)
-        self.ready: dict[str, Any] = {}
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        waiting.read_json_lines(self.proc.stdout, self.lines)
-
-    def wait_ready(self, timeout: float = 15.0) -> dict[str, Any]:
-        def ready() -> Optional[dict[str, Any]]:
-            if self.proc.poll() is not None:
-                pytest.fail(f"child {self.name} exited with {self.proc.returncode}")
-            return next((ln for ln in self.lines if ln.get("event") == "ready"), None)
-        self.ready = wait_until(ready, timeout, f"child {self.name} ready")
-        return self.ready
-
-    def kill9(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
-
-    def close(self) -> None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(3)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self._reader.kill(block=False)
 
 
 @pytest.fixture
