@@ -1,10 +1,13 @@
 """Child processes of the tests: how one is stopped, and a child that prints JSON lines.
 
 ``stop`` is the one way a child ends: its stdin closed (the children end on
-EOF), a bounded wait, then SIGKILL. ``JsonChild`` reads what a child prints,
-one JSON object a line, on the gevent hub (``waiting.read_json_lines``) and
-waits for its ``ready`` line with a bounded poll. The ``peermesh`` command
-itself runs under ``cliprocess``.
+EOF), a bounded wait, then SIGKILL; ``terminate`` does the same with SIGTERM
+first, ``kill9`` kills at once and ``alive`` tells whether a process is still
+there. ``JsonChild`` reads what a child prints, one JSON object a line, on
+the gevent hub (``waiting.read_json_lines``) and waits for its ``ready``
+line with a bounded poll; ``ready_children`` is the body of a fixture that
+starts such children and closes them all. The ``peermesh`` command itself
+runs under ``cliprocess``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Any, Optional
+from collections.abc import Callable, Iterator
+from typing import Any, Optional, TypeVar
 
 import gevent
 import pytest
@@ -33,6 +37,25 @@ def stop(proc: Any, timeout: float = 3.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+
+
+def terminate(proc: Any, timeout: float = 10.0) -> None:
+    """SIGTERM ``proc``, wait up to ``timeout`` seconds, then SIGKILL it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def kill9(proc: Any) -> None:
@@ -77,3 +100,24 @@ class JsonChild:
     def close(self) -> None:
         stop(self.proc)
         self._reader.kill(block=False)
+
+
+C = TypeVar("C", bound=JsonChild)
+
+
+def ready_children(make: Callable[..., C]) -> Iterator[Callable[..., C]]:
+    """A fixture's body (``yield from``): the fixture's value starts a child with ``make``
+    and waits until it is ready; every child started is closed when the test ends."""
+    started: list[C] = []
+
+    def start(*args: Any, **kwargs: Any) -> C:
+        child = make(*args, **kwargs)
+        started.append(child)
+        child.wait_ready()
+        return child
+
+    try:
+        yield start
+    finally:
+        for child in started:
+            child.close()

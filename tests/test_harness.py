@@ -13,16 +13,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
 
 import harness  # noqa: E402
+from childprocs import alive as _alive  # noqa: E402
 from harness import ChildFailed, Children  # noqa: E402
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _gone_within(pid: int, seconds: float) -> bool:

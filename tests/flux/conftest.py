@@ -50,19 +50,7 @@ class FluxChild(childprocs.JsonChild):
 @pytest.fixture
 def flux_children() -> Iterator[Callable[..., FluxChild]]:
     """``flux_children(root=True)`` / ``flux_children(parents=[...])``: a ready child."""
-    started: list[FluxChild] = []
-
-    def start(**config: Any) -> FluxChild:
-        child = FluxChild(config)
-        started.append(child)
-        child.wait_ready()
-        return child
-
-    try:
-        yield start
-    finally:
-        for child in started:
-            child.close()
+    yield from childprocs.ready_children(lambda **config: FluxChild(config))
 
 
 @pytest.fixture

@@ -135,24 +135,14 @@ class Child(childprocs.JsonChild):
 @pytest.fixture
 def children(free_udp_port: int, tmp_path: Path) -> Iterator[Callable[..., Child]]:
     """``children(name, workers=[(service, name)], broker=..., ...)`` starts an nfpchild."""
-    started: list[Child] = []
-
-    def start(name: str, **cfg: Any) -> Child:
+    def make(name: str, **cfg: Any) -> Child:
         config = {"name": name, "port": free_udp_port, "data_dir": str(tmp_path), **TIMING,
                   "keepalive": 0.1, **cfg}
-        proc = subprocess.Popen([sys.executable, str(HERE / "nfpchild.py"), json.dumps(config)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                cwd=str(HERE))
-        child = Child(proc, name)  # type: ignore[arg-type]
-        started.append(child)
-        child.wait_ready()
-        return child
+        return Child(subprocess.Popen([sys.executable, str(HERE / "nfpchild.py"),
+                                       json.dumps(config)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, cwd=str(HERE)), name)
 
-    try:
-        yield start
-    finally:
-        for child in started:
-            child.close()
+    yield from childprocs.ready_children(make)
 
 
 def runs(data_dir: Path, worker: str) -> list[tuple[str, str]]:
