@@ -11,8 +11,9 @@ from importlib import import_module
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the CLI's agent path)
 if TYPE_CHECKING:
     from .config import NodeConfig
-    from .errors import (AmbiguousPeerError, InterfaceError, NodeStateError, PeermeshError,
-                         PeerNotResponding, ProtocolError, UnknownPeerError)
+    from .errors import (AmbiguousPeerError, InterfaceError, LocalProtocolError,
+                         NodeStateError, PeermeshError, PeerNotResponding, ProtocolError,
+                         RemoteProtocolError, UnknownPeerError)
     from .events import Event, EventType
     from .zre.node import Node, PeerInfo
     from .zre.threaded import ThreadedNode
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Node", "ThreadedNode", "AsyncNode", "NodeConfig", "Event", "EventType", "PeerInfo",
     "PeermeshError", "ProtocolError", "InterfaceError", "UnknownPeerError", "AmbiguousPeerError",
-    "PeerNotResponding", "NodeStateError",
+    "PeerNotResponding", "NodeStateError", "LocalProtocolError", "RemoteProtocolError",
 ]
 
 __version__ = "0.1.0"
@@ -32,7 +33,8 @@ _HOMES = {
     "Event": "events", "EventType": "events",
     **{name: "errors" for name in ("PeermeshError", "ProtocolError", "InterfaceError",
                                    "UnknownPeerError", "AmbiguousPeerError",
-                                   "PeerNotResponding", "NodeStateError")},
+                                   "PeerNotResponding", "NodeStateError",
+                                   "LocalProtocolError", "RemoteProtocolError")},
 }
 
 

@@ -1,4 +1,10 @@
-"""Exceptions raised by peermesh."""
+"""Exceptions raised by peermesh: every one is a ``PeermeshError``.
+
+Errors every layer shares live here; each overlay has one root under
+``PeermeshError`` (``peermesh.sada.errors.SadaError``,
+``peermesh.flux.errors.FluxOverlayError``, ``peermesh.mtl.errors.MtlError``,
+``NfpError`` and ``SparkError`` below) that its own errors derive from.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,25 @@ class PeermeshError(Exception):
 
 
 class ProtocolError(PeermeshError):
-    """Bytes that do not follow the wire protocol; ``reason`` says why."""
+    """Bytes that do not follow the wire protocol; ``reason`` says why.
+
+    Catch it for either side; ``LocalProtocolError`` and ``RemoteProtocolError`` say
+    which one broke the protocol (as h11 does).
+    """
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class LocalProtocolError(ProtocolError):
+    """This program asked for something the protocol cannot carry (an encoder refused
+    it): a bug or a bad argument here, nothing from the network."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """A peer sent bytes that break the protocol (a decoder refused them): dropped,
+    logged at debug, never fatal to the receiver."""
 
 
 class InterfaceError(PeermeshError):
@@ -37,3 +57,11 @@ class NodeStateError(PeermeshError):
 
 class StoreError(PeermeshError):
     """A job store file cannot be opened or is not one (not SQLite, another schema)."""
+
+
+class NfpError(PeermeshError):
+    """Base class of the NFP overlay's errors (``peermesh.nfp``)."""
+
+
+class SparkError(PeermeshError):
+    """Base class of the Spark integration's errors (``peermesh.spark``)."""

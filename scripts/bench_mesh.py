@@ -24,6 +24,7 @@ Processes, CPU readers and the table come from ``harness.py``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -87,129 +88,135 @@ def _proc_net_bound(kind: str, port: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# roles: each runs in a child process of its own (harness.Children.start)
+# backends: one adapter each (raw pyzmq, peermesh, pyre); the roles below are written once
 
-# --- raw pyzmq ------------------------------------------------------------
-
-def _raw_socket(ctx: Any, kind: int) -> Any:
-    import zmq
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 15000)  # every wait bounded: zmq.Again after 15 s
-    sock.setsockopt(zmq.SNDTIMEO, 15000)
-    return sock
+#: every wait in a role is bounded by this (seconds)
+WAIT = 15.0
 
 
-def role_raw_sink(parent: Parent, n: int) -> dict[str, Any]:
-    import zmq
-    ctx = zmq.Context()
-    sock = _raw_socket(ctx, zmq.ROUTER)
-    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
-    parent.send("ready", port)
-    recv = sock.recv
-    frame = recv(copy=False)           # identity of the first message
-    t0, c0 = now(), cpu()
-    while frame.more:
-        frame = recv(copy=False)
-    for _ in range(n - 1):
-        frame = recv(copy=False)       # identity
-        while frame.more:
-            frame = recv(copy=False)   # payload
-    t1, c1 = now(), cpu()
-    _check_last(frame.bytes, n, "raw sink")
-    sock.close()
-    return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
-            "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6}
+class Stalled(RuntimeError):
+    """No message within ``WAIT``, or the peer left."""
 
 
-def role_raw_source(parent: Parent, port: int, n: int) -> dict[str, Any]:
-    import zmq
-    ctx = zmq.Context()
-    sock = _raw_socket(ctx, zmq.DEALER)
-    sock.connect(f"tcp://{LOOPBACK}:{port}")
-    parent.send("ready")
-    parent.expect("go", 60)
-    send = sock.send
-    pack, tail = _PACK.pack, _TAIL
-    t0, c0 = now(), cpu()
-    for i in range(n):
-        send(pack(i) + tail)
-    t1 = now()
-    parent.expect("stop", 600)
-    c1 = cpu()
-    sock.close()
-    return {"send_seconds": t1 - t0, "tx_cpu_us": (c1 - c0) / n * 1e6}
+class Backend:
+    """How one implementation joins, meets its peer, and moves 100-byte messages.
+
+    ``receive()`` returns the next message (waiting at most ``WAIT``, else
+    ``Stalled``), ``payload(message)`` its bytes, ``echo(message)`` sends it
+    back to its sender and ``sender(peer)`` is a send of one argument.
+    ``ready`` is what the role's "ready" carries, ``report`` what its result
+    adds; ``green``: the parent's waits let the gevent hub run (a gevent node
+    keeps sending meanwhile).
+    """
+
+    label = ""
+    green = False
+    ready: Any = None
+    report: dict[str, Any] = {}
+
+    def meet(self) -> Any:
+        """Wait until the peer is there (before "ready"); the peer to send to."""
+
+    def begin(self) -> None:
+        """What comes after "ready" and before the first message that counts."""
+
+    def sender(self, peer: Any) -> Callable[[bytes], Any]:
+        raise NotImplementedError
+
+    def receive(self) -> Any:
+        raise NotImplementedError
+
+    def payload(self, message: Any) -> bytes:
+        raise NotImplementedError
+
+    def echo(self, message: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def role_raw_echo(parent: Parent, total: int, each_way: bool = False) -> dict[str, Any]:
-    """Echo every message back to its sender: on the same connection, or (``each_way``,
-    ZRE's shape) on a DEALER of its own, connected to the endpoint the first message names."""
-    import zmq
-    ctx = zmq.Context()
-    sock = _raw_socket(ctx, zmq.ROUTER)
-    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
-    parent.send("ready", port)
-    recv, send, more = sock.recv, sock.send, zmq.SNDMORE
-    reply = None
-    if each_way:
-        reply = _raw_socket(ctx, zmq.DEALER)
-        recv()                          # the pinger's identity, then its endpoint
-        reply.connect(recv().decode())
-    c0 = 0.0
-    for i in range(total):
-        ident = recv(copy=False)
-        if i == 0:
-            c0 = cpu()
-        body = recv(copy=False)
-        if reply is None:
-            send(ident, more, copy=False)
-            send(body, copy=False)
+class RawBackend(Backend):
+    """Raw pyzmq: a ROUTER that binds (sink, echo: ``ready`` is its port) or a DEALER
+    connected to ``port`` (source, ping). ``each_way``: answers go on a connection of
+    their own (ZRE's shape), to the endpoint the pinger's first message names."""
+
+    label = "raw"
+
+    def __init__(self, role: str, port: Optional[int] = None, each_way: bool = False) -> None:
+        import zmq
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._sockets: list[Any] = []
+        self._each_way = each_way
+        self._reply: Any = None
+        if port is None:
+            self._sock = self._socket(zmq.ROUTER)
+            self.ready = self._sock.bind_to_random_port(f"tcp://{LOOPBACK}")
         else:
-            reply.send(body, copy=False)
-    c1 = cpu()
-    parent.expect("stop", 60)
-    sock.close()
-    if reply is not None:
-        reply.close()
-    return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
+            self._sock = self._socket(zmq.DEALER)
+            self._sock.connect(f"tcp://{LOOPBACK}:{port}")
+        self.receive = self._receiver(self._sock)  # type: ignore[method-assign]
 
+    def _socket(self, kind: int) -> Any:
+        zmq = self._zmq
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, int(WAIT * 1000))  # every wait bounded: zmq.Again
+        sock.setsockopt(zmq.SNDTIMEO, int(WAIT * 1000))
+        self._sockets.append(sock)
+        return sock
 
-def role_raw_ping(parent: Parent, port: int, n: int, warmup: int,
-                  each_way: bool = False) -> dict[str, Any]:
-    """Send and wait for the echo: on one DEALER, or (``each_way``) answered to a ROUTER
-    of its own whose endpoint the first message names."""
-    import zmq
-    ctx = zmq.Context()
-    sock = inbox = _raw_socket(ctx, zmq.DEALER)
-    sock.connect(f"tcp://{LOOPBACK}:{port}")
-    if each_way:
-        inbox = _raw_socket(ctx, zmq.ROUTER)
-        sock.send(f"tcp://{LOOPBACK}:{inbox.bind_to_random_port(f'tcp://{LOOPBACK}')}".encode())
-    parent.send("ready")
-    parent.expect("go", 60)
-    send, recv, clock = sock.send, inbox.recv, time.perf_counter_ns
-    samples = []
-    c0 = cpu()
-    for i in range(warmup + n):
-        msg = _payload(i)
-        t = clock()
-        send(msg)
-        frame = recv(copy=False)
-        while frame.more:
-            frame = recv(copy=False)
-        dt = clock() - t
-        if i >= warmup:
-            samples.append(dt)
-        elif i == warmup - 1:
-            c0 = cpu()
-    _check_last(frame.bytes, warmup + n, "raw ping")
-    sock.close()
-    if inbox is not sock:
-        inbox.close()
-    return _latency_stats(samples, cpu() - c0)
+    def _receiver(self, sock: Any) -> Callable[[], Any]:
+        """``receive`` on ``sock``: (first frame, last frame) of the next message."""
+        recv, again = sock.recv, self._zmq.Again
 
+        def receive() -> Any:   # (RCVTIMEO bounds each wait)
+            try:
+                first = frame = recv(copy=False)
+                while frame.more:
+                    frame = recv(copy=False)
+            except again:
+                raise Stalled(f"nothing for {WAIT:g} s") from None
+            return first, frame
+        return receive
 
-# --- peermesh --------------------------------------------------------------
+    def meet(self) -> Any:
+        if self._each_way and self.ready is None:   # the pinger: answers come to a ROUTER
+            inbox = self._socket(self._zmq.ROUTER)
+            port = inbox.bind_to_random_port(f"tcp://{LOOPBACK}")
+            self._sock.send(f"tcp://{LOOPBACK}:{port}".encode())
+            self.receive = self._receiver(inbox)  # type: ignore[method-assign]
+        return None
+
+    def begin(self) -> None:
+        if self._each_way and self.ready is not None:   # the echo: where answers go
+            self._reply = self._socket(self._zmq.DEALER)
+            self._reply.connect(self.payload(self.receive()).decode())
+
+    def sender(self, peer: Any) -> Callable[[bytes], Any]:
+        return self._sock.send
+
+    def payload(self, message: Any) -> bytes:
+        return bytes(message[1].bytes)
+
+    def echo(self, message: Any) -> None:
+        if self._reply is not None:
+            self._reply.send(message[1], copy=False)
+        else:
+            self._sock.send(message[0], self._zmq.SNDMORE, copy=False)
+            self._sock.send(message[1], copy=False)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
 
 def _pm_node(name: str, beacon_port: int, threaded: bool = False) -> Any:
     from peermesh import Node, ThreadedNode
@@ -256,182 +263,50 @@ def _pm_wait_enter(node: Any, timeout: float) -> Any:
             return event
 
 
-def role_pm_sink(parent: Parent, beacon_port: int, n: int,
-                 threaded: bool = False, metrics: bool = False) -> dict[str, Any]:
-    from peermesh import EventType
-    WHISPER, EXIT = EventType.WHISPER, EventType.EXIT
-    node = _pm_node("bench-sink", beacon_port, threaded)
-    stop_metrics = _serve_metrics(node) if metrics else None
-    try:
-        _pm_wait_enter(node, 15)
-        parent.send("ready")
-        recv = node.recv
-        count = 0
-        t0 = c0 = 0.0
-        last = None
-        while count < n:
-            event = recv(15)
+class PeermeshBackend(Backend):
+    """A peermesh ``Node`` (``threaded``: a ``ThreadedNode``, used from this thread) on
+    beacon port ``beacon_port``; ``metrics``: it serves Prometheus metrics, scraped every
+    second. A message is a WHISPER event."""
+
+    label = "peermesh"
+
+    def __init__(self, role: str, beacon_port: int, threaded: bool = False,
+                 metrics: bool = False) -> None:
+        from peermesh import EventType
+        self._whisper_type, self._exit_type = EventType.WHISPER, EventType.EXIT
+        self.node = _pm_node(f"bench-{role}", beacon_port, threaded)
+        self.green = not threaded
+        self._stop_metrics = _serve_metrics(self.node) if metrics else None
+
+    def meet(self) -> Any:
+        return _pm_wait_enter(self.node, WAIT).peer
+
+    def sender(self, peer: Any) -> Callable[[bytes], Any]:
+        return functools.partial(self.node.whisper, peer)
+
+    def receive(self) -> Any:
+        recv, whisper, exit_ = self.node.recv, self._whisper_type, self._exit_type
+        while True:
+            event = recv(WAIT)
             if event is None:
-                raise RuntimeError(f"no event for 15 s after {count} of {n} WHISPERs")
-            if event.type is WHISPER:
-                if count == 0:
-                    t0, c0 = now(), cpu()
-                count += 1
-                last = event
-            elif event.type is EXIT:
-                raise RuntimeError(f"peer exited after {count} of {n} WHISPERs: {event.reason}")
-        t1, c1 = now(), cpu()
-        assert last is not None
-        if len(last.frames) != 1:
-            raise RuntimeError(f"a WHISPER event carried {len(last.frames)} frames, not 1")
-        _check_last(last.frames[0], n, "peermesh sink")
-        return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
-                "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6}
-    finally:
-        if stop_metrics is not None:
-            stop_metrics()
-        node.stop(0.5)
+                raise Stalled(f"no event for {WAIT:g} s")
+            if event.type is whisper:
+                return event
+            if event.type is exit_:
+                raise Stalled(f"the peer exited: {event.reason}")
 
+    def payload(self, message: Any) -> bytes:
+        if len(message.frames) != 1:
+            raise RuntimeError(f"a WHISPER event carried {len(message.frames)} frames, not 1")
+        return bytes(message.frames[0])
 
-def _send_numbered(whisper: Callable[[Any, bytes], Any], peer: Any, n: int,
-                   until_stop: Callable[[], None]) -> dict[str, Any]:
-    """Whisper ``n`` numbered payloads, then wait for "stop": send time and CPU per message."""
-    pack, tail = _PACK.pack, _TAIL
-    t0, c0 = now(), cpu()
-    for i in range(n):
-        whisper(peer, pack(i) + tail)
-    t1 = now()
-    until_stop()
-    return {"send_seconds": t1 - t0, "tx_cpu_us": (cpu() - c0) / n * 1e6}
+    def echo(self, message: Any) -> None:
+        self.node.whisper(message.peer, *message.frames)
 
-
-def role_pm_source(parent: Parent, beacon_port: int, n: int,
-                   metrics: bool = False) -> dict[str, Any]:
-    node = _pm_node("bench-source", beacon_port)
-    stop_metrics = _serve_metrics(node) if metrics else None
-    try:
-        peer = _pm_wait_enter(node, 15).peer
-        parent.send("ready")
-        parent.expect("go", 60, green=True)
-        # the hub keeps flushing the backlog until "stop"
-        return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600, green=True))
-    finally:
-        if stop_metrics is not None:
-            stop_metrics()
-        node.stop(0.5)
-
-
-def role_pm_threaded_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
-    node = _pm_node("bench-threaded-source", beacon_port, threaded=True)
-    try:
-        peer = _pm_wait_enter(node, 15).peer
-        parent.send("ready")
-        parent.expect("go", 60)
-        return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600))
-    finally:
-        node.stop(0.5)
-
-
-def role_pm_echo(parent: Parent, beacon_port: int, total: int) -> dict[str, Any]:
-    from peermesh import EventType
-    WHISPER = EventType.WHISPER
-    node = _pm_node("bench-echo", beacon_port)
-    try:
-        _pm_wait_enter(node, 15)
-        parent.send("ready")
-        recv, whisper = node.recv, node.whisper
-        count = 0
-        c0 = 0.0
-        while count < total:
-            event = recv(15)
-            if event is None:
-                raise RuntimeError(f"no event for 15 s after {count} echoes")
-            if event.type is WHISPER:
-                if count == 0:
-                    c0 = cpu()
-                whisper(event.peer, *event.frames)
-                count += 1
-        c1 = cpu()
-        parent.expect("stop", 60, green=True)
-        return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
-    finally:
-        node.stop(0.5)
-
-
-def role_pm_ping(parent: Parent, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
-    from peermesh import EventType
-    WHISPER = EventType.WHISPER
-    node = _pm_node("bench-ping", beacon_port)
-    try:
-        peer = _pm_wait_enter(node, 15).peer
-        parent.send("ready")
-        parent.expect("go", 60, green=True)
-        recv, whisper, clock = node.recv, node.whisper, time.perf_counter_ns
-        samples = []
-        event = None
-        c0 = cpu()
-        for i in range(warmup + n):
-            msg = _payload(i)
-            t = clock()
-            whisper(peer, msg)
-            while True:
-                event = recv(15)
-                if event is None:
-                    raise RuntimeError(f"no echo within 15 s (round trip {i})")
-                if event.type is WHISPER:
-                    break
-            dt = clock() - t
-            if i >= warmup:
-                samples.append(dt)
-            elif i == warmup - 1:
-                c0 = cpu()
-        assert event is not None
-        _check_last(event.frames[0], warmup + n, "peermesh ping")
-        return _latency_stats(samples, cpu() - c0)
-    finally:
-        node.stop(0.5)
-
-
-def role_pm_peer(parent: Parent, beacon_port: int, threaded: bool = False) -> dict[str, Any]:
-    """A peer that just stays up (and idle) until told to stop; reports its idle cost."""
-    node = _pm_node("bench-peer", beacon_port, threaded)
-    try:
-        parent.send("ready")
-        t0, c0 = now(), cpu()
-        if threaded:
-            parent.expect("stop", 600)
-        else:
-            parent.expect("stop", 600, green=True)
-        t1, c1 = now(), cpu()
-        return {"cpu_pct": (c1 - c0) / (t1 - t0) * 100.0, "rss_mb": rss_mb()}
-    finally:
-        node.stop(0.5)
-
-
-def role_pm_enter_probe(parent: Parent, beacon_port: int, tries: int) -> dict[str, Any]:
-    """Start fresh nodes next to a running peer; time start() and start()->first ENTER."""
-    import gevent
-    from peermesh import Node, ThreadedNode
-    out: dict[str, Any] = {}
-    for label, cls in (("node", Node), ("threaded", ThreadedNode)):
-        start_ms, enter_ms = [], []
-        for k in range(tries):
-            node = cls(f"probe-{label}-{k}", interface=INTERFACE, port=beacon_port)
-            a = now()
-            node.start()
-            b = now()
-            try:
-                _pm_wait_enter(node, 5)
-                c = now()
-            finally:
-                node.stop(0.2)
-            start_ms.append((b - a) * 1e3)
-            enter_ms.append((c - b) * 1e3)
-            gevent.sleep(0.15)  # let the peer see our port-0 beacon before the next try
-        out[label] = {"enter_ms": enter_ms, "start_ms": start_ms,
-                      "enter_ms_median": statistics.median(enter_ms),
-                      "start_ms_median": statistics.median(start_ms)}
-    return out
+    def close(self) -> None:
+        if self._stop_metrics is not None:
+            self._stop_metrics()
+        self.node.stop(0.5)
 
 
 # --- pyre ------------------------------------------------------------------
@@ -482,118 +357,204 @@ def _pyre_node(name: str, beacon_port: int) -> Any:
     return node
 
 
-def _pyre_recv(node: Any, timeout: float) -> Optional[list[bytes]]:
-    if node.socket().poll(int(timeout * 1000)):
-        return node.recv()
-    return None
+class PyreBackend(Backend):
+    """A pyre node, confined to loopback (``_pyre_on_loopback``); ``ready`` and ``report``
+    show where it is bound. A message is a WHISPER's parts."""
 
+    label = "pyre"
 
-def _pyre_wait_enter(node: Any, timeout: float) -> Any:
-    import uuid
-    deadline = now() + timeout
-    while True:
-        remaining = deadline - now()
-        if remaining <= 0:
-            raise TimeoutError(f"pyre: no ENTER within {timeout} s")
-        parts = _pyre_recv(node, remaining)
-        if parts and parts[0] == b"ENTER":
-            return uuid.UUID(bytes=parts[1])
+    def __init__(self, role: str, beacon_port: int) -> None:
+        self.node = _pyre_node(f"pyre-{role}", beacon_port)
+        self._beacon_port = beacon_port
 
-
-def role_pyre_sink(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
-    node = _pyre_node("pyre-sink", beacon_port)
-    _pyre_wait_enter(node, 15)
-    check = {"endpoint": node.endpoint(), "udp_bound": sorted(set(_proc_net_bound("udp",
-                                                                                  beacon_port)))}
-    parent.send("ready", check)
-    sock = node.socket()
-    poll, recv = sock.poll, node.recv
-    count = 0
-    t0 = c0 = 0.0
-    last = None
-    while count < n:
-        if not poll(15000):
-            raise RuntimeError(f"pyre: no event for 15 s after {count} of {n} WHISPERs "
-                               "(its sender drops the link when its 3,000-message queue fills)")
-        parts = recv()
-        kind = parts[0]
-        if kind == b"WHISPER":
-            if count == 0:
-                t0, c0 = now(), cpu()
-            count += 1
-            last = parts
-        elif kind == b"EXIT":
-            raise RuntimeError(f"pyre: peer exited after {count} of {n} WHISPERs")
-    t1, c1 = now(), cpu()
-    assert last is not None
-    _check_last(last[3], n, "pyre sink")
-    return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
-            "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6, "loopback": check}
-
-
-def role_pyre_source(parent: Parent, beacon_port: int, n: int) -> dict[str, Any]:
-    node = _pyre_node("pyre-source", beacon_port)
-    peer = _pyre_wait_enter(node, 15)
-    parent.send("ready")
-    parent.expect("go", 60)
-    return _send_numbered(node.whisper, peer, n, lambda: parent.expect("stop", 600))
-
-
-def role_pyre_echo(parent: Parent, beacon_port: int, total: int) -> dict[str, Any]:
-    import uuid
-    node = _pyre_node("pyre-echo", beacon_port)
-    _pyre_wait_enter(node, 15)
-    parent.send("ready")
-    count = 0
-    c0 = 0.0
-    while count < total:
-        parts = _pyre_recv(node, 15)
-        if parts is None:
-            raise RuntimeError(f"pyre: no event for 15 s after {count} echoes")
-        if parts[0] == b"WHISPER":
-            if count == 0:
-                c0 = cpu()
-            node.whisper(uuid.UUID(bytes=parts[1]), parts[3])
-            count += 1
-    c1 = cpu()
-    parent.expect("stop", 60)
-    return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
-
-
-def role_pyre_ping(parent: Parent, beacon_port: int, n: int, warmup: int) -> dict[str, Any]:
-    node = _pyre_node("pyre-ping", beacon_port)
-    peer = _pyre_wait_enter(node, 15)
-    parent.send("ready")
-    parent.expect("go", 60)
-    sock = node.socket()
-    clock = time.perf_counter_ns
-    samples = []
-    parts: list[bytes] = []
-    c0 = cpu()
-    for i in range(warmup + n):
-        msg = _payload(i)
-        t = clock()
-        node.whisper(peer, msg)
+    def meet(self) -> Any:
+        import uuid
+        deadline = now() + WAIT
+        poll, recv = self.node.socket().poll, self.node.recv
         while True:
-            if not sock.poll(15000):
-                raise RuntimeError(f"pyre: no echo within 15 s (round trip {i})")
-            parts = node.recv()
-            if parts[0] == b"WHISPER":
+            remaining = deadline - now()
+            if remaining <= 0:
+                raise TimeoutError(f"pyre: no ENTER within {WAIT:g} s")
+            parts = recv() if poll(int(remaining * 1000)) else None
+            if parts and parts[0] == b"ENTER":
                 break
-        dt = clock() - t
-        if i >= warmup:
-            samples.append(dt)
-        elif i == warmup - 1:
-            c0 = cpu()
-    _check_last(parts[3], warmup + n, "pyre ping")
-    return _latency_stats(samples, cpu() - c0)
+        self.ready = {"endpoint": self.node.endpoint(),
+                      "udp_bound": sorted(set(_proc_net_bound("udp", self._beacon_port)))}
+        self.report = {"loopback": self.ready}
+        return uuid.UUID(bytes=parts[1])
+
+    def sender(self, peer: Any) -> Callable[[bytes], Any]:
+        return functools.partial(self.node.whisper, peer)
+
+    def receive(self) -> Any:
+        poll, recv = self.node.socket().poll, self.node.recv
+        while True:
+            if not poll(int(WAIT * 1000)):
+                raise Stalled(f"pyre: no event for {WAIT:g} s (its sender drops the link "
+                              "when its 3,000-message queue fills)")
+            parts = recv()
+            if parts[0] == b"WHISPER":
+                return parts
+            if parts[0] == b"EXIT":
+                raise Stalled("pyre: the peer exited")
+
+    def payload(self, message: Any) -> bytes:
+        return bytes(message[3])
+
+    def echo(self, message: Any) -> None:
+        import uuid
+        self.node.whisper(uuid.UUID(bytes=message[1]), message[3])
 
 
-def role_pyre_peer(parent: Parent, beacon_port: int) -> dict[str, Any]:
-    _pyre_node("pyre-peer", beacon_port)
-    parent.send("ready")
-    parent.expect("stop", 600)
-    return {}
+BACKENDS: dict[str, Callable[..., Backend]] = {
+    "raw": RawBackend, "pm": PeermeshBackend, "pyre": PyreBackend}
+
+
+# ---------------------------------------------------------------------------
+# roles: each runs in a child process of its own (harness.Children.start), on the backend
+# named ``backend`` (raw, pm, pyre), made with ``where`` (see its adapter)
+
+def role_sink(parent: Parent, backend: str, n: int, **where: Any) -> dict[str, Any]:
+    """Receive ``n`` messages; the rate from the first to the last."""
+    with BACKENDS[backend]("sink", **where) as mesh:
+        mesh.meet()
+        parent.send("ready", mesh.ready)
+        mesh.begin()
+        receive = mesh.receive
+        count = 0
+        try:
+            message = receive()
+            t0, c0 = now(), cpu()
+            for count in range(1, n):
+                message = receive()
+        except Stalled as exc:
+            raise RuntimeError(f"{mesh.label} sink: {exc} after {count} of {n} WHISPERs")
+        t1, c1 = now(), cpu()
+        _check_last(mesh.payload(message), n, f"{mesh.label} sink")
+        return {"messages": n, "seconds": t1 - t0, "rate": (n - 1) / (t1 - t0),
+                "rx_cpu_us": (c1 - c0) / (n - 1) * 1e6, **mesh.report}
+
+
+def _send_numbered(send: Callable[[bytes], Any], n: int,
+                   until_stop: Callable[[], None]) -> dict[str, Any]:
+    """Send ``n`` numbered payloads, then wait for "stop": send time and CPU per message."""
+    pack, tail = _PACK.pack, _TAIL
+    t0, c0 = now(), cpu()
+    for i in range(n):
+        send(pack(i) + tail)
+    t1 = now()
+    until_stop()
+    return {"send_seconds": t1 - t0, "tx_cpu_us": (cpu() - c0) / n * 1e6}
+
+
+def role_source(parent: Parent, backend: str, n: int, **where: Any) -> dict[str, Any]:
+    """Send ``n`` messages on "go" (a gevent node flushes its backlog until "stop")."""
+    with BACKENDS[backend]("source", **where) as mesh:
+        send = mesh.sender(mesh.meet())
+        parent.send("ready", mesh.ready)
+        mesh.begin()
+        parent.expect("go", 60, green=mesh.green)
+        return _send_numbered(send, n, lambda: parent.expect("stop", 600, green=mesh.green))
+
+
+def role_echo(parent: Parent, backend: str, total: int, **where: Any) -> dict[str, Any]:
+    """Send each of ``total`` messages back to its sender."""
+    with BACKENDS[backend]("echo", **where) as mesh:
+        mesh.meet()
+        parent.send("ready", mesh.ready)
+        mesh.begin()
+        receive, echo = mesh.receive, mesh.echo
+        c0 = 0.0
+        count = 0
+        try:
+            for count in range(total):
+                message = receive()
+                if count == 0:
+                    c0 = cpu()
+                echo(message)
+        except Stalled as exc:
+            raise RuntimeError(f"{mesh.label} echo: {exc} after {count} echoes")
+        c1 = cpu()
+        parent.expect("stop", 60, green=mesh.green)
+        return {"echo_cpu_us": (c1 - c0) / max(1, total - 1) * 1e6}
+
+
+def role_ping(parent: Parent, backend: str, n: int, warmup: int,
+              **where: Any) -> dict[str, Any]:
+    """On "go", ``warmup`` then ``n`` measured round trips: send, wait for the echo."""
+    with BACKENDS[backend]("ping", **where) as mesh:
+        send = mesh.sender(mesh.meet())
+        parent.send("ready", mesh.ready)
+        mesh.begin()
+        parent.expect("go", 60, green=mesh.green)
+        receive, clock = mesh.receive, time.perf_counter_ns
+        samples = []
+        message = None
+        c0 = cpu()
+        for i in range(warmup + n):
+            payload = _payload(i)
+            t = clock()
+            send(payload)
+            try:
+                message = receive()
+            except Stalled as exc:
+                raise RuntimeError(f"{mesh.label} ping: {exc} (round trip {i})")
+            dt = clock() - t
+            if i >= warmup:
+                samples.append(dt)
+            elif i == warmup - 1:
+                c0 = cpu()
+        _check_last(mesh.payload(message), warmup + n, f"{mesh.label} ping")
+        return _latency_stats(samples, cpu() - c0)
+
+
+def role_peer(parent: Parent, backend: str, **where: Any) -> dict[str, Any]:
+    """A peer that just stays up (and idle) until told to stop; reports its idle cost."""
+    with BACKENDS[backend]("peer", **where) as mesh:
+        parent.send("ready")
+        t0, c0 = now(), cpu()
+        parent.expect("stop", 600, green=mesh.green)
+        t1, c1 = now(), cpu()
+        return {"cpu_pct": (c1 - c0) / (t1 - t0) * 100.0, "rss_mb": rss_mb()}
+
+
+#: the roles above, also as ``role_<backend>_<role>`` (``raw_ping``, ``pm_peer``, ...)
+ROLES: dict[str, Callable[..., dict[str, Any]]] = {
+    "sink": role_sink, "source": role_source, "echo": role_echo, "ping": role_ping,
+    "peer": role_peer}
+
+
+def __getattr__(name: str) -> Any:
+    backend, _, role = name.removeprefix("role_").partition("_")
+    if name.startswith("role_") and backend in BACKENDS and role in ROLES:
+        return functools.partial(ROLES[role], backend=backend)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def role_pm_enter_probe(parent: Parent, beacon_port: int, tries: int) -> dict[str, Any]:
+    """Start fresh nodes next to a running peer; time start() and start()->first ENTER."""
+    import gevent
+    from peermesh import Node, ThreadedNode
+    out: dict[str, Any] = {}
+    for label, cls in (("node", Node), ("threaded", ThreadedNode)):
+        start_ms, enter_ms = [], []
+        for k in range(tries):
+            node = cls(f"probe-{label}-{k}", interface=INTERFACE, port=beacon_port)
+            a = now()
+            node.start()
+            b = now()
+            try:
+                _pm_wait_enter(node, 5)
+                c = now()
+            finally:
+                node.stop(0.2)
+            start_ms.append((b - a) * 1e3)
+            enter_ms.append((c - b) * 1e3)
+            gevent.sleep(0.15)  # let the peer see our port-0 beacon before the next try
+        out[label] = {"enter_ms": enter_ms, "start_ms": start_ms,
+                      "enter_ms_median": statistics.median(enter_ms),
+                      "start_ms_median": statistics.median(start_ms)}
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -611,21 +572,22 @@ def bench_throughput(kind: str, n: int, code: Optional[str] = None,
                      profile_dir: Optional[str] = None, metrics: bool = False) -> dict[str, Any]:
     """``kind``: raw, peermesh, threaded or pyre; peermesh from ``code``; ``metrics``: both
     peermesh nodes serve Prometheus metrics, scraped every second."""
+    backend, source_where = {"raw": ("raw", {}), "peermesh": ("pm", {}),
+                             "threaded": ("pm", {"threaded": True}),
+                             "pyre": ("pyre", {})}[kind]
     with Children() as kids:
         if kind == "raw":
-            sink = kids.start("bench_mesh", "raw_sink", n=n)
-            source = kids.start("bench_mesh", "raw_source", port=sink.expect("ready", 30), n=n)
+            sink = kids.start("bench_mesh", "sink", backend=backend, n=n)
+            source = kids.start("bench_mesh", "source", backend=backend,
+                                port=sink.expect("ready", 30), n=n)
             extra: dict[str, Any] = {}
         else:
             bp = free_udp_port()
-            sink_role, source_role = {"peermesh": ("pm_sink", "pm_source"),
-                                      "threaded": ("pm_sink", "pm_threaded_source"),
-                                      "pyre": ("pyre_sink", "pyre_source")}[kind]
             served = {"metrics": True} if metrics else {}
-            sink = kids.start("bench_mesh", sink_role, code, beacon_port=bp, n=n,
+            sink = kids.start("bench_mesh", "sink", code, backend=backend, beacon_port=bp, n=n,
                               **served, **_profile(profile_dir, "sink"))
-            source = kids.start("bench_mesh", source_role, code, beacon_port=bp, n=n,
-                                **served, **_profile(profile_dir, "source"))
+            source = kids.start("bench_mesh", "source", code, backend=backend, beacon_port=bp,
+                                n=n, **source_where, **served, **_profile(profile_dir, "source"))
             extra = {"beacon_port": bp}
             check = sink.expect("ready", 30)
             if check:
@@ -647,16 +609,17 @@ def bench_latency(kind: str, n: int, warmup: int, code: Optional[str] = None,
     with Children() as kids:
         if kind in ("raw", "raw_each_way"):
             each_way = kind == "raw_each_way"
-            echo = kids.start("bench_mesh", "raw_echo", total=total, each_way=each_way)
-            port = echo.expect("ready", 30)
-            ping = kids.start("bench_mesh", "raw_ping", port=port, n=n, warmup=warmup,
+            echo = kids.start("bench_mesh", "echo", backend="raw", total=total,
                               each_way=each_way)
+            port = echo.expect("ready", 30)
+            ping = kids.start("bench_mesh", "ping", backend="raw", port=port, n=n,
+                              warmup=warmup, each_way=each_way)
         else:
             bp = free_udp_port()
-            prefix = "pm" if kind == "peermesh" else "pyre"
-            echo = kids.start("bench_mesh", f"{prefix}_echo", code, beacon_port=bp,
+            backend = "pm" if kind == "peermesh" else "pyre"
+            echo = kids.start("bench_mesh", "echo", code, backend=backend, beacon_port=bp,
                               total=total, **_profile(profile_dir, "echo"))
-            ping = kids.start("bench_mesh", f"{prefix}_ping", code, beacon_port=bp, n=n,
+            ping = kids.start("bench_mesh", "ping", code, backend=backend, beacon_port=bp, n=n,
                               warmup=warmup, **_profile(profile_dir, "ping"))
             echo.expect("ready", 30)
         ping.expect("ready", 30)
@@ -673,7 +636,7 @@ def bench_latency(kind: str, n: int, warmup: int, code: Optional[str] = None,
 def bench_enter(tries: int) -> dict[str, Any]:
     bp = free_udp_port()
     with Children() as kids:
-        kids.start("bench_mesh", "pm_peer", beacon_port=bp).expect("ready", 30)
+        kids.start("bench_mesh", "peer", backend="pm", beacon_port=bp).expect("ready", 30)
         time.sleep(0.3)  # the peer is up and beaconing
         probe = kids.start("bench_mesh", "pm_enter_probe", beacon_port=bp, tries=tries)
         return probe.expect("result", 30 + tries * 12)
@@ -831,16 +794,16 @@ def bench_idle(seconds: float, with_pyre: bool) -> dict[str, Any]:
     base = dict(os.environ)
     with Children() as kids:
         bp = free_udp_port()
-        kids.start("bench_mesh", "pm_peer", beacon_port=bp).expect("ready", 30)
+        kids.start("bench_mesh", "peer", backend="pm", beacon_port=bp).expect("ready", 30)
         procs = [("peermesh", _run_idle(kids, "peermesh", bp, seconds, base))]
         # Site .pth files run in every interpreter (on this VM one loads certifi,
         # ~4 MB): the same node without them shows what peermesh itself costs.
         bp3 = free_udp_port()
-        kids.start("bench_mesh", "pm_peer", beacon_port=bp3).expect("ready", 30)
+        kids.start("bench_mesh", "peer", backend="pm", beacon_port=bp3).expect("ready", 30)
         procs.append(("peermesh_no_site", _run_idle(kids, "peermesh", bp3, seconds, base, True)))
         if with_pyre:  # idle processes: measuring both at once disturbs neither
             bp2 = free_udp_port()
-            kids.start("bench_mesh", "pyre_peer", beacon_port=bp2).expect("ready", 30)
+            kids.start("bench_mesh", "peer", backend="pyre", beacon_port=bp2).expect("ready", 30)
             procs.append(("pyre", _run_idle(kids, "pyre", bp2, seconds, base)))
         result: dict[str, Any] = {}
         for kind, proc in procs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +17,9 @@ try:  # tests/ as a package
     from . import netlab
 except ImportError:  # tests/ on sys.path (pytest's default "prepend" import mode)
     import netlab
+
+if TYPE_CHECKING:
+    from cliprocess import Cli
 
 
 # --------------------------------------------------------------------------
@@ -106,3 +110,20 @@ def _signal_handlers_restored() -> Iterator[None]:
     for sig, handler in saved.items():
         if signal.getsignal(sig) is not handler and handler is not None:
             signal.signal(sig, handler)
+
+
+# --------------------------------------------------------------------------
+# The ``peermesh`` command in child processes (see ``cliprocess.py``)
+
+
+@pytest.fixture
+def cli(free_udp_port: int) -> Iterator["Cli"]:
+    """A ``cliprocess.Cli`` on a free loopback port; every process it started is killed
+    afterwards. (Test folders that need more of it define a ``cli`` of their own.)"""
+    from cliprocess import Cli
+
+    runner = Cli(free_udp_port)
+    try:
+        yield runner
+    finally:
+        runner.close()

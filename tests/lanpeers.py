@@ -488,30 +488,13 @@ class JsonLines:
                 pass
 
 
-class Driver(JsonLines):
-    """One mesh node in one host: this file run as a script there (see the top)."""
+class Commanded(JsonLines):
+    """A child that takes JSON commands on stdin (``{"op", "id", ...}``) and answers each
+    with an ``OK`` or ``ERROR`` line of the same id."""
 
-    def __init__(self, host: Any, kind: str, config: Optional[dict[str, Any]] = None,
-                 *, env: Optional[dict[str, Optional[str]]] = None) -> None:
-        import subprocess
-
-        self.host = host
-        self.kind = kind
-        self.config = dict(config or {})
-        proc = host.popen([sys.executable, SCRIPT, kind, json.dumps(self.config)],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, env=env)
-        super().__init__(proc, f"{kind}:{self.config.get('name') or '?'}@{host.address}")
+    def __init__(self, proc: Any, label: str) -> None:
+        super().__init__(proc, label)
         self._ids = 0
-        self._closed = False
-        try:
-            self.ready = self.wait(match("READY"), START_WAIT)
-        except BaseException:
-            self.kill()
-            raise
-        self.uuid: str = self.ready["uuid"]
-        self.name: str = self.ready["name"]
-        self.endpoint: str = self.ready["endpoint"]
 
     def send(self, op: str, **args: Any) -> int:
         """Send one command without waiting for its answer; returns its id."""
@@ -531,6 +514,31 @@ class Driver(JsonLines):
         if reply["event"] == "ERROR":
             raise DriverError(f"{self.label}: {op} {args} failed: {reply['error']}")
         return reply["result"]
+
+
+class Driver(Commanded):
+    """One mesh node in one host: this file run as a script there (see the top)."""
+
+    def __init__(self, host: Any, kind: str, config: Optional[dict[str, Any]] = None,
+                 *, env: Optional[dict[str, Optional[str]]] = None) -> None:
+        import subprocess
+
+        self.host = host
+        self.kind = kind
+        self.config = dict(config or {})
+        proc = host.popen([sys.executable, SCRIPT, kind, json.dumps(self.config)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env)
+        super().__init__(proc, f"{kind}:{self.config.get('name') or '?'}@{host.address}")
+        self._closed = False
+        try:
+            self.ready = self.wait(match("READY"), START_WAIT)
+        except BaseException:
+            self.kill()
+            raise
+        self.uuid: str = self.ready["uuid"]
+        self.name: str = self.ready["name"]
+        self.endpoint: str = self.ready["endpoint"]
 
     def begin_stop(self) -> int:
         """Ask the node to stop gracefully, without waiting; returns a mark for ``stop``."""

@@ -13,16 +13,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
 
 import harness  # noqa: E402
+from childprocs import alive as _alive  # noqa: E402
 from harness import ChildFailed, Children  # noqa: E402
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
@@ -158,3 +150,28 @@ def test_children_die_with_their_parent() -> None:
     out = subprocess.run([sys.executable, "-c", code, harness.HERE], capture_output=True,
                          text=True, timeout=30, check=True)
     assert _gone_within(int(out.stdout), 5)
+
+
+# --- bench_mesh: the roles over each backend's adapter ---------------------
+
+@pytest.mark.parametrize("kind", ["raw", "peermesh", "threaded"])
+def test_bench_mesh_throughput_roles_run_on_a_backend(kind: str) -> None:
+    import bench_mesh
+    result = bench_mesh.bench_throughput(kind, 300)
+    assert result["messages"] == 300 and result["rate"] > 0 and result["tx_cpu_us"] > 0
+
+
+@pytest.mark.parametrize("kind", ["raw", "raw_each_way", "peermesh"])
+def test_bench_mesh_latency_roles_run_on_a_backend(kind: str) -> None:
+    import bench_mesh
+    result = bench_mesh.bench_latency(kind, 50, 5)
+    assert result["round_trips"] == 50 and 0 < result["min_us"] <= result["p50_us"]
+    assert result["echo_cpu_us"] >= 0
+
+
+def test_bench_mesh_names_a_role_on_one_backend() -> None:
+    import bench_mesh
+    assert bench_mesh.role_raw_ping.keywords == {"backend": "raw"}
+    assert bench_mesh.role_pm_peer.func is bench_mesh.role_peer
+    with pytest.raises(AttributeError):
+        bench_mesh.role_nosuch_ping

@@ -199,15 +199,6 @@ def test_a_bad_request_gets_an_http_error_not_a_traceback(
 # The commands
 
 
-@pytest.fixture
-def cli(free_udp_port: int) -> Iterator[Cli]:
-    runner = Cli(free_udp_port)
-    try:
-        yield runner
-    finally:
-        runner.close()
-
-
 def _metrics_url(process: CliProcess) -> str:
     line = process.expect_line(lambda s: METRICS_URL.match(s) is not None, "metrics line", "err")
     match = METRICS_URL.match(line)

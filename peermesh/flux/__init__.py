@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .client import FluxClient
     from .fluxmode import FluxModeMember
     from .core import FluxCore
-    from .errors import FluxError, FluxStateError
+    from .errors import FluxError, FluxOverlayError, FluxStateError
     from .handle import FluxHandle, FluxRequest, RpcFuture, Subscription
     from .outputs import Notice
     from .overlay import FLUX_HEADER, FluxOverlay, call_all
@@ -45,15 +45,15 @@ _WHERE = {
     "FluxCore": ".core",
     **dict.fromkeys(("FluxSettings", "State"), ".settings"),
     "Notice": ".outputs",
-    **dict.fromkeys(("FluxError", "FluxStateError"), ".errors"),
+    **dict.fromkeys(("FluxError", "FluxOverlayError", "FluxStateError"), ".errors"),
     **dict.fromkeys(("FluxHandle", "FluxRequest", "RpcFuture", "Subscription"), ".handle"),
     **dict.fromkeys(("FluxOverlay", "FLUX_HEADER", "call_all"), ".overlay"),
     **dict.fromkeys(("Topology", "TopologyError"), ".topology"),
 }
 __all__ = ["FluxOverlay", "FluxClient", "FluxModeMember", "FluxHandle", "FluxRequest", "RpcFuture",
-           "Subscription", "FluxError", "FluxStateError", "FluxSettings", "FluxCore", "Notice",
-           "State", "Topology", "TopologyError", "NODEID_ANY", "NODEID_UPSTREAM", "MsgFlag",
-           "Errno", "FLUX_HEADER", "call_all"]
+           "Subscription", "FluxError", "FluxOverlayError", "FluxStateError", "FluxSettings",
+           "FluxCore", "Notice", "State", "Topology", "TopologyError", "NODEID_ANY",
+           "NODEID_UPSTREAM", "MsgFlag", "Errno", "FLUX_HEADER", "call_all"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,10 +7,14 @@ import os
 
 from ..errors import PeermeshError
 
-__all__ = ["FluxError", "FluxStateError"]
+__all__ = ["FluxOverlayError", "FluxError", "FluxStateError"]
 
 
-class FluxError(PeermeshError):
+class FluxOverlayError(PeermeshError):
+    """Base class of the Flux overlay's errors (``FluxError`` is an RPC's own)."""
+
+
+class FluxError(FluxOverlayError):
     """An RPC failed: ``errnum`` (a Linux errno: ENOSYS 38, EHOSTUNREACH 113, ...) and
     the message the responder sent, if any."""
 
@@ -23,5 +27,5 @@ class FluxError(PeermeshError):
         super().__init__(f"{where}{self.message} ({name})")
 
 
-class FluxStateError(PeermeshError):
+class FluxStateError(FluxOverlayError):
     """The call needs the overlay in another state (e.g. online) or was misused."""

@@ -14,15 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..errors import PeermeshError
 from ..wire.flux import MAX_RANK
+from .errors import FluxOverlayError
 
 __all__ = ["Topology", "TopologyError", "DEFAULT_TOPOLOGY"]
 
 DEFAULT_TOPOLOGY = "kary:32"
 
 
-class TopologyError(PeermeshError, ValueError):
+class TopologyError(FluxOverlayError, ValueError):
     """A topology that is not ``kary:K`` with K >= 0."""
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .credentials import (Authenticator, CredentialsError, CredentialsFile, SaslExchange,
                               SaslStep, Throttle, User, make_user)
     from .dataflow import DataFlow
+    from .errors import MtlError
     from .gateway import GATEWAY_HEADER, Gateway
     from .store import ContentStore, Delivery, StoreFull
 
@@ -28,6 +29,7 @@ _WHERE = {
     **dict.fromkeys(("ContentStore", "Delivery", "StoreFull"), "store"),
     "ControlFlow": "control",
     "DataFlow": "dataflow",
+    "MtlError": "errors",
     **dict.fromkeys(("Gateway", "GATEWAY_HEADER"), "gateway"),
     **dict.fromkeys(("Client", "AsyncClient", "Received", "ClientError", "GatewayUnavailable",
                      "AuthenticationFailed", "RequestRefused"), "client"),

@@ -96,8 +96,8 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import scramp
 from scramp.utils import saslprep
 
-from ..errors import PeermeshError
 from ..config import default_data_dir
+from .errors import MtlError
 
 __all__ = ["CredentialsError", "Verifier", "User", "CredentialsFile", "make_user",
            "check_name", "parse_credentials", "dump_credentials", "parse_time", "format_time",
@@ -120,7 +120,7 @@ _KEY_BYTES = 32                     # SHA-256 output: stored key and server key
 _MIN_SALT = 12                      # scramp's minimum
 
 
-class CredentialsError(PeermeshError):
+class CredentialsError(MtlError):
     """A credentials file that cannot be read or used, or a user entry that is not valid."""
 
 

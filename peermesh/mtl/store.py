@@ -99,7 +99,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import PeermeshError, StoreError
+from ..errors import StoreError
+from .errors import MtlError
 from ..walcheckpoint import WalCheckpointer
 
 __all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "gateway_store_path",
@@ -147,7 +148,7 @@ def split_cid(cid: bytes) -> tuple[int, int]:
     return int.from_bytes(cid[:8], "big"), int.from_bytes(cid[8:], "big")
 
 
-class StoreFull(PeermeshError):
+class StoreFull(MtlError):
     """Appending would take a resource or the store past its bound; nothing was stored."""
 
 

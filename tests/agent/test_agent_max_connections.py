@@ -12,6 +12,7 @@ import pytest
 from peermesh.agent.server import AgentClient
 from peermesh.errors import PeermeshError
 
+from childprocs import terminate
 from cliprocess import PEERMESH, WAIT, _env
 from test_security import _answers, _wait
 
@@ -35,12 +36,7 @@ def test_the_agent_serves_at_most_max_connections_clients(tmp_path: Path,
                     third.call("peers")
         _wait(lambda: _answers(path), "the agent to serve again once they closed")
     finally:
-        agent.terminate()
-        try:
-            agent.wait(WAIT)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(WAIT)
+        terminate(agent, WAIT)
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])

@@ -16,6 +16,7 @@ from peermesh.agent.handlers import (HandlerRunner, HandlerSpec, handler_environ
                                      parse_handler)
 from peermesh.events import Event, EventType
 
+from childprocs import alive as _alive
 from cliprocess import PEERMESH, WAIT, CliProcess, _env
 from waiting import poll_until
 
@@ -145,14 +146,6 @@ def test_slow_command_is_ended_with_its_children(tmp_path: Path) -> None:
     child = int(pidfile.read_text())
     poll_until(lambda: not _alive(child), WAIT, "the handler's child to end",
                sleep=gevent.sleep)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow

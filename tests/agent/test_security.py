@@ -23,6 +23,7 @@ from peermesh.config import NodeConfig
 from peermesh.errors import PeermeshError
 from peermesh.zre.node import Node
 
+from childprocs import terminate
 from cliprocess import PEERMESH, WAIT, CliProcess, _env
 from waiting import poll_until
 
@@ -143,12 +144,7 @@ def test_half_open_connections_past_the_descriptor_limit_do_not_end_the_agent(
             sock.close()
         if newcomer is not None:
             newcomer.kill()
-        agent.terminate()
-        try:
-            agent.wait(WAIT)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(WAIT)
+        terminate(agent, WAIT)
 
 
 def _half_open(path: str, count: int, within: float = 5.0) -> list[socket.socket]:

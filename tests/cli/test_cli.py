@@ -12,23 +12,12 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any, Optional
 from uuid import UUID
 
 import pytest
 
 from cliprocess import Cli, _report
-
-
-@pytest.fixture
-def cli(free_udp_port: int) -> Iterator[Cli]:
-    """A ``Cli`` on a free loopback port; every process it started is killed afterwards."""
-    runner = Cli(free_udp_port)
-    try:
-        yield runner
-    finally:
-        runner.close()
 
 
 

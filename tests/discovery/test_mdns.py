@@ -26,6 +26,7 @@ from typing import Any
 import gevent
 import pytest
 
+import childprocs
 import waiting
 from peermesh import Event, EventType, Node, NodeConfig, ThreadedNode
 from peermesh.discovery import mdns
@@ -535,13 +536,7 @@ class Child(lanpeers.JsonLines):
         self.proc.stdin.flush()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-                self.proc.wait(5.0)
-            except Exception:
-                self.kill()
+        childprocs.stop(self.proc, 5.0)
 
 
 def child_env() -> dict[str, str]:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
+import childprocs
 import gevent
 import pytest
 import waiting
@@ -30,69 +30,27 @@ def wait_until(check: Callable[[], Optional[T]], timeout: float, what: str) -> T
     return waiting.poll_until(check, timeout, what, sleep=gevent.sleep, step=0.01)
 
 
-class FluxChild:
+class FluxChild(childprocs.JsonChild):
     """One ``fluxchild.py`` process and the JSON lines it printed."""
+
+    ready_timeout = 20.0
 
     def __init__(self, config: dict[str, Any]) -> None:
         env = dict(os.environ, PYTHONPATH=str(HERE.parent.parent))
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "fluxchild.py"),
-                                      json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=str(HERE), env=env)
-        self.lines: list[dict[str, Any]] = []
-        self._reader = gevent.spawn(self._read)
-        self.ready: dict[str, Any] = {}
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        waiting.read_json_lines(self.proc.stdout, self.lines)
-
-    def wait_ready(self, timeout: float = 20.0) -> dict[str, Any]:
-        def ready() -> Optional[dict[str, Any]]:
-            if self.proc.poll() is not None:
-                pytest.fail(f"flux child exited with {self.proc.returncode}: {self.lines}")
-            return next((line for line in self.lines if line.get("event") == "ready"), None)
-        self.ready = wait_until(ready, timeout, "flux child ready")
-        return self.ready
+        super().__init__(subprocess.Popen([sys.executable, str(HERE / "fluxchild.py"),
+                                           json.dumps(config)], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, cwd=str(HERE), env=env),
+                         "flux child")
 
     @property
     def endpoint(self) -> str:
         return str(self.ready["endpoint"])
 
-    def kill9(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
-
-    def close(self) -> None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(3)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self._reader.kill(block=False)
-
 
 @pytest.fixture
 def flux_children() -> Iterator[Callable[..., FluxChild]]:
     """``flux_children(root=True)`` / ``flux_children(parents=[...])``: a ready child."""
-    started: list[FluxChild] = []
-
-    def start(**config: Any) -> FluxChild:
-        child = FluxChild(config)
-        started.append(child)
-        child.wait_ready()
-        return child
-
-    try:
-        yield start
-    finally:
-        for child in started:
-            child.close()
+    yield from childprocs.ready_children(lambda **config: FluxChild(config))
 
 
 @pytest.fixture

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING, Optional
 
+import childprocs
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -75,14 +77,7 @@ class FluxCoreInstance:
             else ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-                self.proc.wait(60)
-            except (subprocess.TimeoutExpired, OSError, BrokenPipeError):
-                self.proc.kill()
-                self.proc.wait(10)
+        childprocs.stop(self.proc, 60)
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,6 @@ from cliprocess import Cli
 from peermesh.mtl.commands import MTL_KEYS, load_mtl_table
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def cli(free_udp_port: int) -> Iterator[Cli]:
-    runner = Cli(free_udp_port)
-    try:
-        yield runner
-    finally:
-        runner.close()
 
 
 def test_write_and_read_through_a_gateway_the_command_started(cli: Cli, tmp_path: Path) -> None:

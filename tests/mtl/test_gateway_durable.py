@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import childprocs
 import pytest
 
 from gatewayhelp import WAIT, RawClient, default_users
@@ -62,13 +63,7 @@ class Child:
         self.proc.wait(10)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        childprocs.stop(self.proc, 10)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sqlitefiles import make_database
 from peermesh.errors import PeermeshError, StoreError
 from peermesh.mtl.store import (OVERHEAD, ContentStore, Delivery, StoreFull, gateway_store_path,
                                 open_gateway_store, store_path)
@@ -178,10 +178,7 @@ def test_a_file_that_is_not_a_store_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=f"{text} is not a usable MTL content store"):
         ContentStore(text)
     other = tmp_path / "other.sqlite3"
-    db = sqlite3.connect(other)
-    db.execute("CREATE TABLE jobs (x)")
-    db.commit()
-    db.close()
+    make_database(other, "CREATE TABLE jobs (x)")
     with pytest.raises(StoreError, match=r"holds other tables \(jobs\)"):
         ContentStore(other)
     with pytest.raises(ValueError, match="synchronous"):

@@ -9,10 +9,7 @@ are bounded polls of a condition, never fixed sleeps.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -22,6 +19,7 @@ import gevent
 # reaps every child first, and a standard Popen then reads a dead child's exit code as 0
 from gevent import subprocess
 
+import childprocs
 import waiting
 import pytest
 
@@ -130,68 +128,21 @@ def mesh(free_udp_port: int, tmp_path: Path) -> Iterator[Mesh]:
         m.close()
 
 
-class Child:
+class Child(childprocs.JsonChild):
     """One ``nfpchild.py`` process."""
-
-    def __init__(self, proc: subprocess.Popen, name: str) -> None:
-        self.proc = proc
-        self.name = name
-        self.lines: list[dict[str, Any]] = []
-        self._reader = gevent.spawn(self._read)
-        self.ready: dict[str, Any] = {}
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        waiting.read_json_lines(self.proc.stdout, self.lines)
-
-    def wait_ready(self, timeout: float = 15.0) -> dict[str, Any]:
-        def ready() -> Optional[dict[str, Any]]:
-            if self.proc.poll() is not None:
-                pytest.fail(f"child {self.name} exited with {self.proc.returncode}")
-            return next((ln for ln in self.lines if ln.get("event") == "ready"), None)
-        self.ready = wait_until(ready, timeout, f"child {self.name} ready")
-        return self.ready
-
-    def kill9(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
-
-    def close(self) -> None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(3)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self._reader.kill(block=False)
 
 
 @pytest.fixture
 def children(free_udp_port: int, tmp_path: Path) -> Iterator[Callable[..., Child]]:
     """``children(name, workers=[(service, name)], broker=..., ...)`` starts an nfpchild."""
-    started: list[Child] = []
-
-    def start(name: str, **cfg: Any) -> Child:
+    def make(name: str, **cfg: Any) -> Child:
         config = {"name": name, "port": free_udp_port, "data_dir": str(tmp_path), **TIMING,
                   "keepalive": 0.1, **cfg}
-        proc = subprocess.Popen([sys.executable, str(HERE / "nfpchild.py"), json.dumps(config)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                cwd=str(HERE))
-        child = Child(proc, name)  # type: ignore[arg-type]
-        started.append(child)
-        child.wait_ready()
-        return child
+        return Child(subprocess.Popen([sys.executable, str(HERE / "nfpchild.py"),
+                                       json.dumps(config)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, cwd=str(HERE)), name)
 
-    try:
-        yield start
-    finally:
-        for child in started:
-            child.close()
+    yield from childprocs.ready_children(make)
 
 
 def runs(data_dir: Path, worker: str) -> list[tuple[str, str]]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
+from sqlitefiles import journal_mode, make_database, other_view
 from peermesh.nfp import StoreError
 from peermesh.nfp.store import (_PURGE_CHUNK, CANCELLED, COMPLETED, PENDING, JobStore,
                                  store_path)
@@ -27,8 +27,7 @@ def test_wal_mode_and_reopen(tmp_path: Path) -> None:
     store.finish_worker_job("w1", "u1", COMPLETED, {"result": 3, "failed": False})
     store.add_worker_job("w1", "u2", "svc", "sleep", {"task": "sleep"})
     store.close()
-    mode = sqlite3.connect(str(path)).execute("PRAGMA journal_mode").fetchone()[0]
-    assert mode == "wal"
+    assert journal_mode(path) == "wal"
     again = JobStore(path)
     job = again.worker_job("w1", "u1")
     assert job is not None and job.state == COMPLETED and job.result == {"result": 3,
@@ -48,10 +47,7 @@ def test_a_file_that_is_not_a_job_store_is_refused_clearly(tmp_path: Path) -> No
     for name, table, error in (("other", "notes", "it holds other tables \\(notes\\)"),
                                ("clash", "worker_jobs", "no such column")):
         foreign = tmp_path / f"{name}.sqlite3"
-        db = sqlite3.connect(str(foreign))
-        db.execute(f"CREATE TABLE {table} (worker TEXT, uuid TEXT, note TEXT)")
-        db.commit()
-        db.close()
+        make_database(foreign, f"CREATE TABLE {table} (worker TEXT, uuid TEXT, note TEXT)")
         before = foreign.read_bytes()
         with pytest.raises(StoreError, match=error):
             JobStore(foreign)
@@ -112,25 +108,24 @@ def test_group_commit_and_after_commit_order(tmp_path: Path) -> None:
 
     path = tmp_path / "g.sqlite3"
     store = JobStore(path)
-    other = sqlite3.connect(str(path))              # another process's view of the file
-    seen: list[str] = []
-    store.after_commit(seen.append, "nothing pending: at once")
-    assert seen == ["nothing pending: at once"] and not store.pending
-    assert store.add_worker_job("w", "u1", "svc", "t", {})
-    store.add_client_job("c1", "svc", "t", "any", {})
-    store.after_commit(seen.append, "ack 1")
-    store.after_commit(seen.append, "ack 2")
-    assert store.pending and seen == ["nothing pending: at once"]
-    assert other.execute("SELECT count(*) FROM worker_jobs").fetchone() == (0,)  # not yet
-    assert store.client_job("c1") is not None       # this process reads its own writes
-    gevent.sleep(0.01)                              # the hub gets idle: one commit
-    assert seen[1:] == ["ack 1", "ack 2"] and not store.pending
-    assert other.execute("SELECT count(*) FROM worker_jobs").fetchone() == (1,)
-    assert other.execute("SELECT count(*) FROM client_jobs").fetchone() == (1,)
-    store.update_client_job("c1", state="completed")
-    store.close()                                   # commits what is left
-    assert other.execute("SELECT state FROM client_jobs").fetchone() == ("completed",)
-    other.close()
+    with other_view(path) as other:                 # another process's view of the file
+        seen: list[str] = []
+        store.after_commit(seen.append, "nothing pending: at once")
+        assert seen == ["nothing pending: at once"] and not store.pending
+        assert store.add_worker_job("w", "u1", "svc", "t", {})
+        store.add_client_job("c1", "svc", "t", "any", {})
+        store.after_commit(seen.append, "ack 1")
+        store.after_commit(seen.append, "ack 2")
+        assert store.pending and seen == ["nothing pending: at once"]
+        assert other.execute("SELECT count(*) FROM worker_jobs").fetchone() == (0,)  # not yet
+        assert store.client_job("c1") is not None       # this process reads its own writes
+        gevent.sleep(0.01)                              # the hub gets idle: one commit
+        assert seen[1:] == ["ack 1", "ack 2"] and not store.pending
+        assert other.execute("SELECT count(*) FROM worker_jobs").fetchone() == (1,)
+        assert other.execute("SELECT count(*) FROM client_jobs").fetchone() == (1,)
+        store.update_client_job("c1", state="completed")
+        store.close()                                   # commits what is left
+        assert other.execute("SELECT state FROM client_jobs").fetchone() == ("completed",)
 
 
 def test_a_busy_hub_still_commits_within_commit_delay(tmp_path: Path) -> None:
@@ -152,30 +147,29 @@ def test_client_records_are_held_merged_and_written_at_the_commit(tmp_path: Path
     store.add_client_job("j1", "svc", "echo", "any", {"task": "echo"})
     store.update_client_job("j1", state="completed", status=200, workers=["w1"],
                             result={"w1": {"result": 1}})
-    raw = sqlite3.connect(str(tmp_path / "h.sqlite3"))
-    assert raw.execute("SELECT count(*) FROM client_jobs").fetchone() == (0,)   # held
-    store.commit()
-    row = raw.execute("SELECT state, status, workers, result FROM client_jobs").fetchall()
-    assert row == [("completed", 200, '["w1"]', '{"w1":{"result":1}}')]
-    # a record already in the file gets only the changed columns
-    store.update_client_job("j1", reason="why")
-    job = store.client_job("j1")          # reads see held changes
-    assert job is not None and job.reason == "why" and job.state == "completed"
-    store.close()
-    assert raw.execute("SELECT reason, state FROM client_jobs").fetchall() == [("why",
-                                                                                 "completed")]
-    raw.close()
+    with other_view(tmp_path / "h.sqlite3") as raw:
+        assert raw.execute("SELECT count(*) FROM client_jobs").fetchone() == (0,)   # held
+        store.commit()
+        row = raw.execute("SELECT state, status, workers, result FROM client_jobs").fetchall()
+        assert row == [("completed", 200, '["w1"]', '{"w1":{"result":1}}')]
+        # a record already in the file gets only the changed columns
+        store.update_client_job("j1", reason="why")
+        job = store.client_job("j1")          # reads see held changes
+        assert job is not None and job.reason == "why" and job.state == "completed"
+        store.close()
+        assert raw.execute("SELECT reason, state FROM client_jobs").fetchall() == [("why",
+                                                                                     "completed")]
+        raw.close()
 
 
 def test_purge_in_chunks_and_no_time_index_on_worker_jobs(tmp_path: Path) -> None:
     path = tmp_path / "s.sqlite3"
-    old = sqlite3.connect(str(path))          # a file made before the index was dropped
-    old.executescript("CREATE TABLE worker_jobs (worker TEXT NOT NULL, uuid TEXT NOT NULL, "
-                      "service TEXT NOT NULL, task TEXT NOT NULL, body TEXT NOT NULL, "
-                      "state TEXT NOT NULL, result TEXT, created REAL NOT NULL, finished REAL, "
-                      "PRIMARY KEY (worker, uuid)) WITHOUT ROWID; CREATE INDEX "
-                      "worker_jobs_created ON worker_jobs (created);")
-    old.close()
+    make_database(path,                       # a file made before the index was dropped
+                  "CREATE TABLE worker_jobs (worker TEXT NOT NULL, uuid TEXT NOT NULL, "
+                  "service TEXT NOT NULL, task TEXT NOT NULL, body TEXT NOT NULL, "
+                  "state TEXT NOT NULL, result TEXT, created REAL NOT NULL, finished REAL, "
+                  "PRIMARY KEY (worker, uuid)) WITHOUT ROWID; CREATE INDEX "
+                  "worker_jobs_created ON worker_jobs (created);")
     store = JobStore(path, retention=60)
     indexes = store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND "
                                 "tbl_name = 'worker_jobs' AND sql IS NOT NULL").fetchall()

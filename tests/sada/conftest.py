@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,9 +24,10 @@ import pytest
 from peermesh.sada import Channel, Server, echo_service
 
 try:
+    import childprocs
     import lanpeers
 except ImportError:  # pragma: no cover - tests/ is on sys.path under pytest
-    from .. import lanpeers  # type: ignore[no-redef]
+    from .. import childprocs, lanpeers  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -57,51 +57,24 @@ def child_env() -> dict[str, str]:
     return env
 
 
-class Child(lanpeers.JsonLines):
+class Child(lanpeers.Commanded):
     """A ``sadachild.py`` process: READY line first, JSON commands on stdin."""
 
     def __init__(self, proc: subprocess.Popen, label: str) -> None:
         super().__init__(proc, label)
-        self._ids = 0
         try:
             self.ready = self.wait(lanpeers.match("READY"), START_WAIT)
         except BaseException:
             self.kill()
             raise
 
-    def send(self, op: str, **args: Any) -> int:
-        self._ids += 1
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"op": op, "id": self._ids, **args}) + "\n").encode())
-        self.proc.stdin.flush()
-        return self._ids
-
-    def call(self, op: str, timeout: float = WAIT, **args: Any) -> Any:
-        since = self.mark()
-        ident = self.send(op, **args)
-        reply = self.wait(lambda e: e.get("event") in ("OK", "ERROR") and e.get("id") == ident,
-                          timeout, since, what=f"answer to {op}")
-        if reply["event"] == "ERROR":
-            raise lanpeers.DriverError(f"{self.label}: {op} failed: {reply['error']}")
-        return reply["result"]
-
     def kill9(self) -> None:
         """SIGKILL, and wait (bounded) until it is gone."""
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(WAIT)
+        childprocs.kill9(self.proc)
 
     def close(self) -> None:
         """End of input stops the child; kill it if that takes long."""
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(3.0)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        childprocs.stop(self.proc)
 
 
 def start_child(role: str, popen: Optional[Callable[..., Any]] = None, **cfg: Any) -> Child:

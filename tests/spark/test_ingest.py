@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import pytest
 
+from sqlitefiles import other_view
+
 from .conftest import meet, spark_unavailable, wait_until
 
 if spark_unavailable():
@@ -76,19 +78,16 @@ def test_every_shout_the_driver_confirmed_is_in_the_log_after_a_burst(
 
 def test_flush_is_true_only_once_the_log_holds_what_was_sent(
         make_service: Callable[..., Any], make_peer: Callable[..., Any]) -> None:
-    import sqlite3
-
     service = make_service(["held"], channel=False)
     peer = make_peer("sender")
     meet(peer, "held")
-    lock = sqlite3.connect(str(service.path), isolation_level=None)
-    try:
+    with other_view(service.path, isolation_level=None) as lock:
         lock.execute("BEGIN EXCLUSIVE")  # the log cannot be written meanwhile
-        assert not peer.call(lambda node: (node.shout("held", b"one"), node.flush(1.0))[1])
-        assert service.stats.messages == 0
-    finally:
-        lock.execute("COMMIT")
-        lock.close()
+        try:
+            assert not peer.call(lambda node: (node.shout("held", b"one"), node.flush(1.0))[1])
+            assert service.stats.messages == 0
+        finally:
+            lock.execute("COMMIT")
     assert peer.call(lambda node: node.flush(30.0)), "confirmed once written"
     from peermesh.spark.log import MessageLog
 

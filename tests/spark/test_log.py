@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from array import array
 from pathlib import Path
 
 import msgpack
 import pytest
 
+from sqlitefiles import journal_mode
 from peermesh.errors import ProtocolError
 from peermesh.spark import protocol
 from peermesh.spark.codec import STORED_TEXT_MAX, TEXT_LATER, TEXT_NULL, TEXT_STORED
@@ -38,8 +38,7 @@ def test_offsets_grow_across_appends_and_reopening(tmp_path: Path) -> None:
         assert [r[0] for r in rows] == list(range(6))
         assert [msgpack.unpackb(r[5])["i"] for r in rows] == list(range(6))
         assert rows[0][1:5] == ("g", SENDER, "p1", 1000.0)
-    journal = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
-    assert journal == "wal"
+    assert journal_mode(path) == "wal"
 
 
 def test_a_new_file_is_a_new_log(tmp_path: Path) -> None:
