@@ -44,8 +44,9 @@ from .. import __version__
 from ..errors import ProtocolError
 from ..wire.flux import (
     FLAG_NORESPONSE as _NORESPONSE, FLAG_UPSTREAM as _UPSTREAM, FRAME_BITS as _FRAMES, MAGIC,
-    USERID_UNKNOWN, VERSION, pack_proto, Control, ControlType, Errno, Event, Request, Response, decode,
-    encode, json_payload, make_request, make_response, read_json, service_of, string_payload,
+    USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
+    encode, json_payload, make_request, make_response, pack_proto, read_json, service_of,
+    string_payload,
 )
 from .bodies import ping_answer, publish_body, str_field
 from .clients import ClientTable

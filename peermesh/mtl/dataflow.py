@@ -54,7 +54,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol, Union
 
 from ..errors import ProtocolError
 from ..wire.mtl import (COMMAND_HEAD_SIZE, CONTENT_TYPE, EMPTY_TABLE, PING_FRAMES,
@@ -66,9 +66,8 @@ from .profiles import Profile
 
 if TYPE_CHECKING:
     from .credentials import User
-    from .delivery import DurableQueues
 
-__all__ = ["DataFlow", "Grant", "Link", "MeshShout", "MeshJoin", "MeshLeave", "MeshAction"]
+__all__ = ["DataFlow", "Grant", "Link", "Queues", "MeshShout", "MeshJoin", "MeshLeave", "MeshAction"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +101,45 @@ class MeshLeave:
 
 
 MeshAction = Union[MeshShout, MeshJoin, MeshLeave]
+_Key = tuple[str, str]
+
+
+class Queues(Protocol):
+    """What the data flow asks of its store-backed side for leases with ``confirm: full``
+    (``peermesh.mtl.delivery.DurableQueues``, which imports this module)."""
+
+    def wants(self, key: _Key) -> bool:
+        """True if shouts into this group are stored."""
+
+    def written(self, flow: "DataFlow", link: Link, key: _Key, command: Content,
+                now: float) -> None:
+        """Store a writer's content."""
+
+    def shouted(self, flow: "DataFlow", key: _Key, body: bytes, table: bytes) -> None:
+        """Store a shout into a durable group."""
+
+    def summoned(self, flow: "DataFlow", link: Link, key: _Key, now: float) -> None:
+        """A confirmed reader summoned a group."""
+
+    def dismissed(self, flow: "DataFlow", link: Link, key: _Key) -> None:
+        """A confirmed reader stopped reading a group."""
+
+    def confirmed(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+                  now: float) -> None:
+        """The reader confirmed content."""
+
+    def rejected(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+                 recycle: bool, now: float) -> None:
+        """The reader rejected content."""
+
+    def unbound(self, flow: "DataFlow", link: Link) -> None:
+        """The reader's link went."""
+
+    def flush(self, flow: "DataFlow") -> bool:
+        """Commit, then answer; False if the commit failed."""
+
+    def close(self) -> None:
+        """Commit what is due and close the store."""
 
 
 class DataFlow:
@@ -109,7 +147,7 @@ class DataFlow:
 
     def __init__(self, *, still_valid: Callable[["User", float], bool],
                  heartbeat: float = 1.0, liveness: int = 3, lease_ttl: float = 30.0,
-                 queues: Optional["DurableQueues"] = None, batch_shouts: bool = False) -> None:
+                 queues: Optional[Queues] = None, batch_shouts: bool = False) -> None:
         """``batch_shouts``: content into mesh groups is gathered in ``outgoing`` (group ->
         bodies, in order; the driver's hot path) instead of one ``MeshShout`` action each."""
         self.still_valid = still_valid

@@ -36,7 +36,7 @@ a second copy, or one of content a reader confirmed, is not stored again.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..wire.mtl import (EMPTY_TABLE, Confirm, Content, Reject, content_frames, encode_data,
@@ -44,28 +44,15 @@ from ..wire.mtl import (EMPTY_TABLE, Confirm, Content, Reject, content_frames, e
 from .leases import Link
 from .store import ContentStore, StoreFull
 
-__all__ = ["DurableQueues", "Flow", "WINDOW"]
+if TYPE_CHECKING:
+    from .dataflow import DataFlow
+
+__all__ = ["DurableQueues", "WINDOW"]
 
 log = logging.getLogger(__name__)
 
 #: unconfirmed contents one confirmed reader holds at most
 WINDOW = 1000
-
-
-class Flow(Protocol):
-    """What the queues need of the data flow they serve (``DataFlow``)."""
-
-    #: (identity, frames) to send on the data socket, in order
-    sends: list[tuple[bytes, list[bytes]]]
-    #: contents sent to readers
-    delivered: int
-
-    def route(self, key: tuple[str, str], body: bytes, properties: Any,
-              table: Optional[bytes] = None) -> None:
-        """Hand content to the local readers of ``key`` and, for a mesh profile, the group."""
-
-    def encoded_name(self, name: str) -> bytes:
-        """``name`` as a short string."""
 
 
 class DurableQueues:
@@ -88,7 +75,7 @@ class DurableQueues:
 
     # --- writers ----------------------------------------------------------------
 
-    def written(self, flow: Flow, link: Link, key: tuple[str, str], command: Content,
+    def written(self, flow: "DataFlow", link: Link, key: tuple[str, str], command: Content,
                 now: float) -> None:
         """Store a writer's content; its Confirm follows the next commit."""
         table = encode_table(command.properties) if command.properties else EMPTY_TABLE
@@ -103,11 +90,11 @@ class DurableQueues:
         self.fresh.add(key[1])
         flow.route(key, command.body, None, table)
 
-    def _confirm_writer(self, flow: Flow, link: Link) -> None:
+    def _confirm_writer(self, flow: "DataFlow", link: Link) -> None:
         if link in self.unconfirmed:
             self.flush(flow)
 
-    def shouted(self, flow: Flow, key: tuple[str, str], body: bytes, table: bytes) -> None:
+    def shouted(self, flow: "DataFlow", key: tuple[str, str], body: bytes, table: bytes) -> None:
         """Store a shout into a durable group."""
         try:
             self.store.append(key[1], body, table)
@@ -116,7 +103,7 @@ class DurableQueues:
             return
         self.fresh.add(key[1])
 
-    def flush(self, flow: Flow) -> bool:
+    def flush(self, flow: "DataFlow") -> bool:
         """Commit; then confirm writers and hand fresh content to confirmed readers.
         False if the commit failed (writers get Reject instead)."""
         unconfirmed, self.unconfirmed = self.unconfirmed, {}
@@ -137,13 +124,13 @@ class DurableQueues:
 
     # --- readers ----------------------------------------------------------------
 
-    def summoned(self, flow: Flow, link: Link, key: tuple[str, str], now: float) -> None:
+    def summoned(self, flow: "DataFlow", link: Link, key: tuple[str, str], now: float) -> None:
         """A confirmed reader summoned a group: it becomes durable; hand out what waits."""
         self.durable.add(key[1])
         self.readers.setdefault(key[1], {})[link] = None
         self.pump(flow, link)
 
-    def dismissed(self, flow: Flow, link: Link, key: tuple[str, str]) -> None:
+    def dismissed(self, flow: "DataFlow", link: Link, key: tuple[str, str]) -> None:
         """A confirmed reader stopped reading a group (what it holds stays held)."""
         readers = self.readers.get(key[1])
         if readers is not None:
@@ -151,13 +138,13 @@ class DurableQueues:
             if not readers:
                 del self.readers[key[1]]
 
-    def confirmed(self, flow: Flow, link: Link, sequence: int, multiple: bool,
+    def confirmed(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
                   now: float) -> None:
         """The reader confirmed content: delete it, hand out more."""
         if self.store.confirm(link.grant.token, sequence, multiple):
             self.pump(flow, link)
 
-    def rejected(self, flow: Flow, link: Link, sequence: int, multiple: bool,
+    def rejected(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
                  recycle: bool, now: float) -> None:
         """The reader rejected content: put it back (``recycle``) or drop it."""
         if self.store.reject(link.grant.token, sequence, multiple, recycle):
@@ -165,12 +152,12 @@ class DurableQueues:
                 for reader in list(self.readers.get(group, ())):
                     self.pump(flow, reader)
 
-    def unbound(self, flow: Flow, link: Link) -> None:
+    def unbound(self, flow: "DataFlow", link: Link) -> None:
         """The reader's link went: everything it held goes back to its queues."""
         if self.store.release(link.grant.token):
             self.fresh.update(self.readers)
 
-    def pump(self, flow: Flow, link: Link) -> None:
+    def pump(self, flow: "DataFlow", link: Link) -> None:
         """Hand ``link`` pending content of the groups it summoned, up to the window."""
         token = link.grant.token
         sends = flow.sends

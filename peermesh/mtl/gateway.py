@@ -128,8 +128,9 @@ from ..overlay.election import Change
 from ..errors import PeermeshError
 from ..wire import mtl_replication as repl
 from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
-from ..wire.mtl_replication import (
-    HANDOFF_OK, Forget, Handoff, HandoffEnd, HandoffOk, Mark, MarkOk, Repl, Resync, Sync,
+from ..wire.mtl_replication import (  # (the kinds are importable from here too, as before)
+    FORGET, HANDOFF, HANDOFF_END, HANDOFF_OK, MARK, MARK_OK, REPL, RESYNC, SYNC, Forget,
+    Handoff, HandoffEnd, HandoffOk, Mark, MarkOk, Repl, Resync, Sync,
 )
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
