@@ -355,7 +355,7 @@ class FluxHandle:
 
     def _cancel(self, future: RpcFuture) -> None:
         self.overlay.carry_out(self.overlay.core.cancel(self.number, future.matchtag,
-                                                     self.overlay.now()))
+                                                        self.overlay.now()))
 
     # --- server ----------------------------------------------------------------
 
@@ -428,8 +428,8 @@ class FluxHandle:
         message = request.message
         if request.streaming and (errnum or request.finished):
             self._streams.pop((message.routes or (), message.matchtag), None)
-        self.overlay.carry_out(self.overlay.core.respond(self.number, message, payload, errnum,
-                                                      self.overlay.now()))
+        self.overlay.carry_out(self.overlay.core.respond(self.number, message, payload,
+                                                         errnum, self.overlay.now()))
 
     # --- from the driver ----------------------------------------------------------
 

@@ -67,7 +67,8 @@ from .profiles import Profile
 if TYPE_CHECKING:
     from .credentials import User
 
-__all__ = ["DataFlow", "Grant", "Link", "Queues", "MeshShout", "MeshJoin", "MeshLeave", "MeshAction"]
+__all__ = ["DataFlow", "Grant", "Link", "Queues", "MeshShout", "MeshJoin", "MeshLeave",
+           "MeshAction"]
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,8 @@ __all__ = [
     "RESYNC", "KINDS", "CID_BYTES", "NUMBER_BYTES", "Handoff", "HandoffEnd",
     "HandoffOk", "Sync", "Repl", "Forget", "Mark", "MarkOk", "Resync", "ReplicationMessage",
     "decode", "encode_number", "decode_number", "content_group", "split_cids", "handoff",
-    "handoff_end", "handoff_ok", "sync", "repl_batches", "forget_batches", "mark", "mark_ok", "resync",
+    "handoff_end", "handoff_ok", "sync", "repl_batches", "forget_batches", "mark", "mark_ok",
+    "resync",
 ]
 
 HANDOFF, HANDOFF_END, HANDOFF_OK = b"MTL-HANDOFF", b"MTL-HANDOFF-END", b"MTL-HANDOFF-OK"
