@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import peermesh.wire
+from test_imports import MODULES, cycles, imports_of
 
 WIRE_DIR = Path(peermesh.wire.__file__).resolve().parent
 FORBIDDEN = frozenset({"zmq", "gevent", "socket", "select", "threading", "asyncio", "time"})
@@ -152,114 +153,23 @@ def test_framing_checker_detects_struct_and_to_bytes() -> None:
         "1: import struct", "2: from struct import", "4: to_bytes", "5: from_bytes"]
 
 
-# --- no import circles ---------------------------------------------------------------
+# --- no import circles, also behind TYPE_CHECKING --------------------------------------
 
-def module_name(path: Path, root: Path) -> str:
-    """The dotted name of the module at ``path`` (a package: its ``__init__.py``)."""
-    parts = list(path.relative_to(root.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def imports_of(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set[str]:
-    """The modules of ``known`` that module ``name`` imports anywhere (behind
-    ``TYPE_CHECKING`` and inside functions too); ``from package import x`` counts as
-    an import of the submodule ``x`` when there is one, else of the package."""
-    here = name.split(".") if is_package else name.split(".")[:-1]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here[:len(here) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                found.add(sub if sub in known or _is_extension(sub) else target)
-    return {module for module in found if module in known and module != name}
+def test_no_import_circles_also_behind_type_checking() -> None:
+    # (test_imports checks the imports that run: these are all of them)
+    graph = {module: imports_of(module, path.read_text(encoding="utf-8"), type_checking=True)
+             for module, path in MODULES.items()}
+    found = cycles(graph)
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in sorted(found))
 
 
-def _is_extension(module: str) -> bool:
-    """True for a compiled submodule of peermesh (``peermesh.io._zmqbatch``)."""
-    *package, last = module.split(".")
-    folder = PACKAGE_DIR.parent.joinpath(*package)
-    return folder.is_dir() and any(p.suffix in (".so", ".pyd") for p in folder.glob(f"{last}.*"))
-
-
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the same package tree it imports."""
-    paths = {module_name(p, root): p for p in root.rglob("*.py")}
-    known = set(paths)
-    return {name: imports_of(ast.parse(path.read_text(encoding="utf-8")), name,
-                             path.name == "__init__.py", known)
-            for name, path in paths.items()}
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(start: str) -> None:  # iterative: no recursion limit
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, edges = work[-1]
-            for nxt in edges:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = len(index)
-                    stack.append(nxt)
-                    on_stack.add(nxt)
-                    work.append((nxt, iter(sorted(graph[nxt]))))
-                    break
-                if nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    component = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        component.append(member)
-                        if member == node:
-                            break
-                    if len(component) > 1:
-                        found.append(sorted(component))
-
-    for name in sorted(graph):
-        if name not in index:
-            visit(name)
-    return found
-
-
-def test_no_import_circles() -> None:
-    assert circles(import_graph(PACKAGE_DIR)) == []
-
-
-def test_circle_checker_sees_type_checking_imports(tmp_path: Path) -> None:
-    package = tmp_path / "pkg"
-    (package / "sub").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "sub" / "__init__.py").write_text("from .a import A\n")
-    (package / "sub" / "a.py").write_text("from .b import B\n")
-    (package / "sub" / "b.py").write_text(
+def test_circle_checker_reads_type_checking_imports() -> None:
+    source = (
         "from typing import TYPE_CHECKING\n"
+        "from .outputs import Send\n"
         "if TYPE_CHECKING:\n"
-        "    from .c import C\n")
-    (package / "sub" / "c.py").write_text("def f():\n    from . import a\n")
-    (package / "d.py").write_text("from .sub import A\n")   # into the circle, not part of it
-    graph = import_graph(package)
-    assert graph["pkg.sub.b"] == {"pkg.sub.c"} and graph["pkg.d"] == {"pkg.sub"}
-    assert circles(graph) == [["pkg.sub.a", "pkg.sub.b", "pkg.sub.c"]]
+        "    from .membership import Child\n"
+    )
+    assert imports_of("peermesh.flux.routing", source) == {"peermesh.flux.outputs"}
+    assert imports_of("peermesh.flux.routing", source, type_checking=True) == {
+        "peermesh.flux.outputs", "peermesh.flux.membership"}
