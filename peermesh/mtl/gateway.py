@@ -125,7 +125,7 @@ from ..io.socket import BATCH
 from ..overlay import Overlay, PeerNetworks, header_endpoint
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
-from ..errors import PeermeshError
+from ..errors import PeermeshError, ProtocolError
 from ..wire import mtl_replication as repl
 from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
 from ..wire.mtl_replication import (  # (the kinds are importable from here too, as before)
@@ -165,6 +165,15 @@ COPY_BATCH = 256       # contents per MTL-REPL
 COPY_BYTES = 4 * 1024 * 1024   # octets per MTL-REPL, roughly (one content may pass it)
 #: mesh events (shouts, handovers) waiting for the mesh greenlet; beyond, new ones are dropped
 MAX_QUEUED = 100_000
+
+
+def _replication(frames: Sequence[bytes]) -> Optional[repl.ReplicationMessage]:
+    """The replication message in a whisper from another gateway; None if ill-formed
+    (ignored: only gateways send these)."""
+    try:
+        return repl.decode(frames)
+    except ProtocolError:
+        return None
 
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
@@ -491,8 +500,8 @@ class Gateway(Overlay):
                 if self._is_gateway(event.peer):
                     self._queue(event)
             elif kind == HANDOFF_OK and event.peer == self._handoff_peer:
-                message = repl.decode(event.frames)
-                if type(message) is HandoffOk:
+                message = _replication(event.frames)
+                if isinstance(message, HandoffOk):
                     self._acked = max(self._acked, message.number)
                     self._answered()
 
@@ -560,7 +569,7 @@ class Gateway(Overlay):
         """One whisper from another gateway (in order, on the mesh greenlet)."""
         peer = event.peer
         assert peer is not None
-        message = repl.decode(event.frames)   # (None: ill-formed)
+        message = _replication(event.frames)
         offers = self._offers
         if isinstance(message, Handoff):
             if offers is not None:             # (also while not serving: never lost)

@@ -32,6 +32,7 @@ from collections import deque
 from typing import Iterator, Optional, Sequence, TypeVar
 from uuid import UUID
 
+from ..errors import ProtocolError
 from ..wire.mtl_replication import (CID_BYTES, HANDOFF, Handoff, content_group, decode,
                                     encode_number, split_cids)
 from .delivery import DurableQueues
@@ -250,9 +251,12 @@ class Offers:
     def offered(self, peer: UUID, frames: Sequence[bytes]) -> None:
         """One ``MTL-HANDOFF`` from ``peer`` (its frames after the first: group, id,
         content id, field table, body); an ill-formed one is not counted."""
-        message = decode([HANDOFF, *frames])
-        if type(message) is Handoff:
-            self.offer(peer, message)
+        try:
+            message = decode([HANDOFF, *frames])
+        except ProtocolError:
+            return
+        assert isinstance(message, Handoff)
+        self.offer(peer, message)
 
     def offer(self, peer: UUID, message: Handoff) -> None:
         """One ``MTL-HANDOFF`` from ``peer``, decoded; not counted if its group or field

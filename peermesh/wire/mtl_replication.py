@@ -24,10 +24,10 @@ first frame names it::
     group       = UTF-8, a valid MTL short string's text (``peermesh.wire.mtl``)
     field table = shortint length | msgpack map (``peermesh.wire.mtl.encode_table``)
 
-``decode`` turns a whisper's frames into one of the message classes, or None
-for frames that are not a well-formed replication message (the gateway then
-ignores them: only other gateways send these). The builders return a
-message's frames.
+``decode`` turns a whisper's frames into one of the message classes and
+raises ``ProtocolError`` (and nothing else) for frames that are not a
+well-formed replication message (the gateway ignores those: only other
+gateways send these). The builders return a message's frames.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from ..errors import ProtocolError
+from .frames import as_frames
 from .mtl import EMPTY_TABLE, decode_table, valid_string
 
 __all__ = [
@@ -59,13 +60,17 @@ CID_BYTES = 16
 NUMBER_BYTES = 8
 
 _NUMBER = struct.Struct(">Q")
+#: frames of each message of a fixed count (REPL and RESYNC: any)
+_FRAMES = {HANDOFF: 6, HANDOFF_END: 3, HANDOFF_OK: 2, SYNC: 2, FORGET: 2, MARK: 3, MARK_OK: 2}
 _SHORT = struct.Struct(">H")
 #: a number's 8 octets (``struct.error`` unless 0 <= number < 2**64)
 encode_number = _NUMBER.pack
 
 
 def decode_number(frame: bytes) -> int:
-    """The number in an 8-octet frame (``struct.error`` for another size)."""
+    """The number in an 8-octet frame; ``ProtocolError`` for another size."""
+    if len(frame) != NUMBER_BYTES:
+        raise ProtocolError(f"a number is {NUMBER_BYTES} octets, not {len(frame)}")
     return _NUMBER.unpack(frame)[0]
 
 
@@ -166,38 +171,40 @@ ReplicationMessage = Union[Handoff, HandoffEnd, HandoffOk, Sync, Repl, Forget, M
                            Resync]
 
 
-def decode(frames: Sequence[bytes]) -> Optional[ReplicationMessage]:
-    """The replication message in a whisper's ``frames``; None unless well-formed."""
+def decode(frames: Sequence[bytes]) -> ReplicationMessage:
+    """The replication message in a whisper's ``frames``; ``ProtocolError`` unless it is
+    a well-formed one."""
+    if type(frames) is not list or any(type(frame) is not bytes for frame in frames):
+        frames = as_frames(frames, "an MTL replication message")
     if not frames:
-        return None
+        raise ProtocolError("an empty message")
     kind, count = frames[0], len(frames)
     if kind == REPL:
         return Repl(tuple(frames[1:]))
-    if kind == HANDOFF:
-        if count != 6 or len(frames[2]) != NUMBER_BYTES or len(frames[3]) != CID_BYTES:
-            return None
-        return Handoff(frames[1], decode_number(frames[2]), frames[3], frames[4], frames[5])
-    if kind == MARK:
-        if count != 3 or len(frames[1]) != NUMBER_BYTES:
-            return None
-        return Mark(frames[1], frames[2])
-    if kind == FORGET:
-        return Forget(frames[1]) if count == 2 else None
     if kind == RESYNC:
         return Resync()
+    need = _FRAMES.get(kind)
+    if need is None:
+        raise ProtocolError(f"not a replication message: {kind[:20]!r}")
+    if count != need:
+        raise ProtocolError(f"{kind.decode()} has {count} frames, not {need}")
+    if kind == HANDOFF:
+        if len(frames[3]) != CID_BYTES:
+            raise ProtocolError(f"a content id is {CID_BYTES} octets, not {len(frames[3])}")
+        return Handoff(frames[1], decode_number(frames[2]), frames[3], frames[4], frames[5])
+    if kind == MARK:
+        decode_number(frames[1])
+        return Mark(frames[1], frames[2])
+    if kind == FORGET:
+        return Forget(frames[1])
     if kind == HANDOFF_END:
-        if count != 3 or len(frames[1]) != NUMBER_BYTES or len(frames[2]) != NUMBER_BYTES:
-            return None
         return HandoffEnd(decode_number(frames[1]), decode_number(frames[2]))
-    if count != 2 or len(frames[1]) != NUMBER_BYTES:
-        return None
     if kind == MARK_OK:
         return MarkOk(decode_number(frames[1]))
     if kind == HANDOFF_OK:
         return HandoffOk(decode_number(frames[1]))
-    if kind == SYNC:
-        return Sync(frames[1])
-    return None
+    decode_number(frames[1])
+    return Sync(frames[1])
 
 
 # --- builders ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The MTL gateways' replication frames: golden bytes, round trips, and every ill-formed
-message decoded to None (never an exception)."""
+message refused with ProtocolError (and nothing else)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peermesh.errors import ProtocolError
 from peermesh.mtl.store import CID_BYTES as STORE_CID_BYTES
 from peermesh.mtl.store import make_cid
 from peermesh.wire import mtl_replication as repl
@@ -72,8 +73,9 @@ def test_decode(frames: list[bytes], message: object) -> None:
     [b"MTL-MARK-OK", b""],
     [b"MTL-FORGET", CID, CID],
 ])
-def test_ill_formed_is_none(frames: list[bytes]) -> None:
-    assert decode(frames) is None
+def test_ill_formed_is_refused(frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError):
+        decode(frames)
 
 
 def test_split_cids() -> None:
@@ -113,10 +115,12 @@ def test_forget_batches() -> None:
 @given(st.lists(st.binary(max_size=24), max_size=7),
        st.sampled_from(sorted(repl.KINDS) + [b"MTL-X", b""]))
 @settings(max_examples=300, deadline=None)
-def test_decode_never_raises(rest: list[bytes], kind: bytes) -> None:
-    message = decode([kind, *rest])
-    if message is not None:
-        assert kind in repl.KINDS
+def test_decode_refuses_with_protocol_error_only(rest: list[bytes], kind: bytes) -> None:
+    try:
+        decode([kind, *rest])
+    except ProtocolError:
+        return
+    assert kind in repl.KINDS
 
 
 @given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
