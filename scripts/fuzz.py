@@ -77,6 +77,7 @@ DECODERS = [
     Decoder("mtl-reply", "peermesh.wire.mtl:decode_reply"),
     Decoder("mtl-data", "peermesh.wire.mtl:decode_data"),
     Decoder("mtl-table", "peermesh.wire.mtl:decode_table", frames=False),
+    Decoder("mtl-replication", "peermesh.wire.mtl_replication:decode"),
     Decoder("flux-json", "peermesh.wire.flux:read_json", frames=False),
     Decoder("agent-request", "peermesh.agent.server:parse_request", frames=False),
     Decoder("hello-flux", "fuzz:hello_flux", frames=False),

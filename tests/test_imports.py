@@ -57,13 +57,14 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:``."""
+def _runtime_nodes(tree: ast.AST, type_checking: bool = False) -> Iterator[ast.AST]:
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (with
+    ``type_checking``: every node)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not type_checking and isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(node.orelse)
             continue
         stack.extend(ast.iter_child_nodes(node))
@@ -85,12 +86,13 @@ def _resolve(name: str) -> str | None:
     return None
 
 
-def imports_of(module: str, source: str) -> set[str]:
-    """The ``peermesh`` modules that ``module`` (with this source) imports at run time."""
+def imports_of(module: str, source: str, type_checking: bool = False) -> set[str]:
+    """The ``peermesh`` modules that ``module`` (with this source) imports at run time
+    (with ``type_checking``: also those it imports under ``if TYPE_CHECKING:``)."""
     is_package = MODULES.get(module, Path()).name == "__init__.py"
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in _runtime_nodes(ast.parse(source)):
+    for node in _runtime_nodes(ast.parse(source), type_checking):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -43,19 +43,22 @@ from typing import Any, Callable, Optional, Sequence
 from .. import __version__
 from ..errors import ProtocolError
 from ..wire.flux import (
-    MAGIC, USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
-    encode, json_payload, make_request, make_response, read_json, service_of, string_payload,
+    FLAG_NORESPONSE as _NORESPONSE, FLAG_UPSTREAM as _UPSTREAM, FRAME_BITS as _FRAMES, MAGIC,
+    USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
+    encode, json_payload, make_request, make_response, pack_proto, read_json, service_of,
+    string_payload,
 )
 from .bodies import ping_answer, publish_body, str_field
 from .clients import ClientTable
 from .directory import Directory
 from .errors import FluxStateError
+from .children import Child
 from .matchtags import Handle, Pending
-from .membership import Child, Membership
+from .membership import Membership
 from .outputs import (
     IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
 )
-from .routing import _FRAMES, _NORESPONSE, _PROTO, _UPSTREAM, BUILTIN_SERVICES, InflightKey
+from .routing import BUILTIN_SERVICES, InflightKey
 from .settings import FluxSettings, State
 
 __all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Dial", "Hangup", "Notice",
@@ -410,7 +413,7 @@ class FluxCore(Membership):
         if wire is not None:
             flags = wire[-1][3] & _FRAMES
             wire = wire[:-1]
-            wire.append(_PROTO.pack(MAGIC, VERSION, 2, flags, USERID_UNKNOWN, 0, 0,
+            wire.append(pack_proto(MAGIC, VERSION, 2, flags, USERID_UNKNOWN, 0, 0,
                                     request.matchtag))
         return self._route_response(response, now, wire)
 

@@ -30,11 +30,14 @@ from ..wire.flux import (
     read_json, service_of, string_payload,
 )
 from .errors import FluxError, FluxStateError
+from .outputs import Output
+from .settings import FluxSettings
 
 if TYPE_CHECKING:
-    from .overlay import FluxOverlay
+    from .core import FluxCore
 
-__all__ = ["FluxHandle", "RpcFuture", "FluxRequest", "Subscription", "Payload", "to_payload"]
+__all__ = ["FluxHandle", "RpcFuture", "FluxRequest", "Subscription", "Payload", "to_payload",
+           "HandleHost"]
 
 log = logging.getLogger(__name__)
 
@@ -267,10 +270,26 @@ class Subscription:
         self.handle._unsubscribe(self)
 
 
+class HandleHost(Protocol):
+    """What a handle needs of the overlay that opened it (``FluxOverlay``)."""
+
+    core: "FluxCore"
+    settings: FluxSettings
+
+    def now(self) -> float:
+        """The overlay's clock."""
+
+    def carry_out(self, outputs: list[Output]) -> None:
+        """Carry out the core's ``outputs``."""
+
+    def forget_handle(self, number: int) -> None:
+        """Handle ``number`` was closed."""
+
+
 class FluxHandle:
     """One client of a Flux node (see the module's docstring)."""
 
-    def __init__(self, overlay: "FluxOverlay") -> None:
+    def __init__(self, overlay: HandleHost) -> None:
         self.overlay = overlay
         self.number = overlay.core.open_handle()
         self._futures: dict[int, RpcFuture] = {}
@@ -299,7 +318,7 @@ class FluxHandle:
         future = RpcFuture(self, tag, topic, bool(message_flags & _STREAMING))
         if tag:
             self._futures[tag] = future
-        self.overlay._apply(outputs)
+        self.overlay.carry_out(outputs)
         return future
 
     def publish(self, topic: str, payload: Payload = None) -> RpcFuture:
@@ -310,7 +329,7 @@ class FluxHandle:
                                                  self.overlay.now())
         future = RpcFuture(self, tag, "event.publish", False)
         self._futures[tag] = future
-        self.overlay._apply(outputs)
+        self.overlay.carry_out(outputs)
         return future
 
     def subscribe(self, prefix: str,
@@ -335,8 +354,8 @@ class FluxHandle:
         future.done = True
 
     def _cancel(self, future: RpcFuture) -> None:
-        self.overlay._apply(self.overlay.core.cancel(self.number, future.matchtag,
-                                                     self.overlay.now()))
+        self.overlay.carry_out(self.overlay.core.cancel(self.number, future.matchtag,
+                                                        self.overlay.now()))
 
     # --- server ----------------------------------------------------------------
 
@@ -409,8 +428,8 @@ class FluxHandle:
         message = request.message
         if request.streaming and (errnum or request.finished):
             self._streams.pop((message.routes or (), message.matchtag), None)
-        self.overlay._apply(self.overlay.core.respond(self.number, message, payload, errnum,
-                                                      self.overlay.now()))
+        self.overlay.carry_out(self.overlay.core.respond(self.number, message, payload,
+                                                         errnum, self.overlay.now()))
 
     # --- from the driver ----------------------------------------------------------
 
@@ -440,4 +459,4 @@ class FluxHandle:
         """Stop serving and subscribing; pending RPCs fail."""
         self._fail_all("the handle was closed")
         self.overlay.core.close_handle(self.number)
-        self.overlay._handles.pop(self.number, None)
+        self.overlay.forget_handle(self.number)

@@ -80,20 +80,19 @@ Heartbeats (control messages) go on every link idle for ``heartbeat`` s.
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    MAX_RANK, NODEID_ANY, USERID_UNKNOWN, Errno, Request, Response, encode, json_payload,
-    error_message, make_request, read_json, service_of,
+    FLAG_NORESPONSE, MAX_RANK, NODEID_ANY, USERID_UNKNOWN, Errno, Request, Response, encode,
+    json_payload, error_message, make_request, read_json, service_of,
 )
 from .bodies import int_field, str_field
+from .children import Child
 from .directory import Directory, Refusal
 from .events import EventLog
 from .matchtags import Pending
 from .outputs import IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send
-from .routing import _NORESPONSE
 from .settings import State
 from .topology import Topology, TopologyError
 
@@ -109,19 +108,6 @@ def _refusal_text(response: Response) -> str:
     name = errno.errorcode.get(response.errnum, str(response.errnum))
     text = error_message(response.payload)
     return f"{name} answering {response.topic}" + (f": {text}" if text else "")
-
-
-@dataclass(slots=True)
-class Child:
-    """A peer on this node's ROUTER that said hello."""
-
-    identity: bytes
-    rank: int
-    endpoint: str
-    uuid: str
-    heard: float
-    sent: float
-    torpid: bool = False
 
 
 class Membership(EventLog):
@@ -410,7 +396,7 @@ class Membership(EventLog):
         gone = (link,)
         out: list[Output] = [
             Deliver(handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
-                                         _NORESPONSE, gone, USERID_UNKNOWN, 0))
+                                         FLAG_NORESPONSE, gone, USERID_UNKNOWN, 0))
             for service, handle in self.services.items()]
         told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
         for key in [k for k in self._inflight if k[1][:1] == gone]:
@@ -426,7 +412,7 @@ class Membership(EventLog):
                 continue
             told.add((target, service, pending.nodeid, routes))
             frames = encode(Request(service + ".disconnect", None, pending.nodeid, 0,
-                                    _NORESPONSE, routes))
+                                    FLAG_NORESPONSE, routes))
             out.append(self._to_parent(frames, now) if target == PARENT
                        else Send(target, [target, *frames]))
         return out

@@ -381,6 +381,10 @@ class FluxOverlay(Overlay):
 
     # --- the driver ----------------------------------------------------------------
 
+    def forget_handle(self, number: int) -> None:
+        """Handle ``number`` was closed (``HandleHost``)."""
+        self._handles.pop(number, None)
+
     def _apply(self, outputs: list[Output], look: bool = True) -> None:
         """Carry out the core's outputs. Without ``look`` (handling a batch read from a
         real socket) a socket sent on is looked at for a message waiting once, at the
@@ -426,6 +430,9 @@ class FluxOverlay(Overlay):
             else:
                 assert isinstance(output, Notice)
                 self._notice(output)
+
+    #: a handle's outputs are carried out at once (``HandleHost``)
+    carry_out = _apply
 
     def _end_batch(self) -> None:
         """A socket's batch was handled: look once at each socket its handlers sent on

@@ -38,42 +38,33 @@ anything malformed, which is then dropped) is decoded first.
 from __future__ import annotations
 
 import logging
-import struct
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    MAGIC, MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, VERSION,
-    Errno, Request, Response, encode, json_payload, make_request, make_response, service_of,
-    string_payload,
+    FLAG_NORESPONSE as _NORESPONSE, FLAG_ROUTE as _ROUTE, FLAG_STREAMING as _STREAMING,
+    FLAG_UPSTREAM as _UPSTREAM, FRAME_BITS as _FRAMES, MAGIC, MAGIC_VERSION as _MAGIC_VERSION,
+    MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, VERSION, Errno,
+    Request, Response, encode, json_payload, make_request, make_response, service_of,
+    string_payload, pack_proto as _pack_proto, peek_credentials as _peek_credentials,
+    peek_proto as _peek_proto, unpack_proto as _unpack_proto,
 )
 from .bodies import ping_answer
 from .clients import ClientTable
 from .errors import FluxStateError
+from .children import Child
 from .matchtags import Handle, Pending
 from .outputs import BUILTIN_SERVICES, IDENTITY_SIZE, PARENT, Deliver, Output, Send
 from .settings import FluxSettings, State
 from .topology import Topology
 
-if TYPE_CHECKING:
-    from .membership import Child
 
 __all__ = ["Routing", "BUILTIN_SERVICES", "InflightKey"]
 
 log = logging.getLogger(__name__)
 
 
-# MsgFlag bits as plain ints: IntFlag's operators are Python-level calls
-_NORESPONSE, _UPSTREAM, _STREAMING = 0x04, 0x10, 0x40
-_FRAMES = 0x0B  # TOPIC | PAYLOAD | ROUTE: which frames are there
-_ROUTE = 0x08
 _NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
-_PROTO = struct.Struct(">BBBBIIII")
-#: what routing reads of a PROTO: magic and version, type, flags, aux1, aux2
-_PEEK = struct.Struct(">HBB8xII")
-#: userid and rolemask of a PROTO (at offset 4)
-_CREDENTIALS = struct.Struct(">II")
-_MAGIC_VERSION = MAGIC << 8 | VERSION
 
 #: a request forwarded on a link: (link, its routes, its matchtag)
 InflightKey = tuple[bytes, tuple[bytes, ...], int]
@@ -104,7 +95,7 @@ class Routing:
     parent_rank: Optional[int]
     settings: FluxSettings
     topology: Topology
-    children: dict[bytes, "Child"]
+    children: dict[bytes, Child]
     clients: ClientTable
     by_rank: dict[int, bytes]
     handles: dict[int, Handle]
@@ -149,7 +140,7 @@ class Routing:
             if payload is not None:
                 frames.append(payload)
                 wire_flags |= 2
-            frames.append(_PROTO.pack(MAGIC, VERSION, 1, wire_flags, USERID_UNKNOWN, 0, nodeid,
+            frames.append(_pack_proto(MAGIC, VERSION, 1, wire_flags, USERID_UNKNOWN, 0, nodeid,
                                       tag))
             self.stats["forwarded"] += 1
             if target == PARENT:
@@ -195,7 +186,7 @@ class Routing:
         proto = frames[-1]
         if type(proto) is not bytes or len(proto) != 20:
             return None
-        head, kind, flags, aux1, aux2 = _PEEK.unpack(proto)
+        head, kind, flags, aux1, aux2 = _peek_proto(proto)
         if head != _MAGIC_VERSION or kind > 2 or not flags & _ROUTE \
                 or flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
             return None
@@ -252,7 +243,7 @@ class Routing:
     def _response_here(self, link: bytes, frames: list[bytes], d: int, topic: str,
                        now: float) -> list[Output]:
         """``_pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""
-        _, _, _, flags, userid, rolemask, errnum, matchtag = _PROTO.unpack(frames[-1])
+        _, _, _, flags, userid, rolemask, errnum, matchtag = _unpack_proto(frames[-1])
         routes = tuple(frames[:d])
         self._settle_key(link, routes, matchtag, flags, errnum)
         response = make_response(topic, frames[d + 2] if flags & 2 else None, errnum, matchtag,
@@ -270,13 +261,13 @@ class Routing:
             proto = frames[-1]
             frames = frames[:-1]  # the same routes and topic: only payload and PROTO change
             if flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: its answer
-                userid, rolemask = _CREDENTIALS.unpack_from(proto, 4)
+                userid, rolemask = _peek_credentials(proto)
                 try:
                     frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), self.uuid,
                                                 nodeid, userid, rolemask)
                 except ProtocolError:
                     return None  # (the full path answers EPROTO)
-            frames.append(_PROTO.pack(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
+            frames.append(_pack_proto(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
                                       matchtag))
             if link == PARENT:
                 return [self._to_parent(frames, now)]

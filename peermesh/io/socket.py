@@ -34,7 +34,7 @@ import sys
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 import gevent
 import gevent.event
@@ -44,10 +44,6 @@ from greenlet import getcurrent
 from ..counters import REPORT_PERIOD, Counters
 from . import zmqbatch
 from .context import shared_context
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .curve import Curve
 
 __all__ = ["HubSocket", "make_socket", "is_closed", "GUARD", "BATCH", "KEY_AND_FD"]
 
@@ -91,8 +87,17 @@ is_closed: Callable[[zmq.Socket], bool] = _Backend.__dict__["_closed"].__get__
 MessageHandler = Callable[..., None]
 
 
+class SocketSecurity(Protocol):
+    """What ``make_socket`` needs of ``peermesh.io.curve.Curve`` (which needs ``HubSocket``
+    for its ZAP responder: a protocol, not an import, keeps the two apart)."""
+
+    def options(self, context: zmq.Context,
+                server_key: Optional[bytes] = None) -> dict[int, Union[int, bytes]]:
+        """The socket options of a CURVE client of ``server_key``, or of a server."""
+
+
 def make_socket(kind: int, options: Mapping[int, Union[int, bytes]] = {},
-                context: Optional[zmq.Context] = None, *, curve: Optional[Curve] = None,
+                context: Optional[zmq.Context] = None, *, curve: Optional[SocketSecurity] = None,
                 server_key: Optional[bytes] = None) -> zmq.Socket:
     """A plain ZeroMQ socket of ``kind`` from ``context`` (default: ``shared_context()``).
 

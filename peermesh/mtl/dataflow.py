@@ -31,10 +31,10 @@ after a Dismiss's Response the link is no longer a reader of it.
 Routing: readers are indexed by ``(profile, resource)``; the resource of a
 mesh lease is the ZRE group (the virtual host's prefix + the name the
 client uses). A writer's content goes to every local reader of the key and,
-for ``mesh``, out into the group (a ``Shout`` action, or with ``batch_shouts``
+for ``mesh``, out into the group (a ``MeshShout`` action, or with ``batch_shouts``
 gathered per group in ``outgoing`` for the driver to shout after the batch);
 the driver joins a group while a
-local reader summons it (``Join`` / ``Leave`` actions) and feeds the
+local reader summons it (``MeshJoin`` / ``MeshLeave`` actions) and feeds the
 group's shouts back through ``shouted``. Unconfirmed content without
 properties to a resource the link wrote before is routed on its header's
 bytes (``Link.passthrough``), without decoding it.
@@ -53,30 +53,34 @@ from __future__ import annotations
 
 import logging
 import secrets
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol, Union
 
 from ..errors import ProtocolError
-from ..wire.mtl import (Confirm, Content, Direction, Dismiss, Lease, Ping, Reject, Summon,
-                        content_frames, decode_data, encode_data, encode_table)
+from ..wire.mtl import (COMMAND_HEAD_SIZE, CONTENT_TYPE, EMPTY_TABLE, PING_FRAMES,
+                        PONG_FRAMES, Confirm, Content, Direction, Dismiss, Lease, Ping, Reject,
+                        Summon, content_frames, decode_data, encode_data, encode_table,
+                        response_frames)
+from .leases import Grant, Link
 from .profiles import Profile
 
 if TYPE_CHECKING:
     from .credentials import User
-    from .delivery import DurableQueues
 
-__all__ = ["DataFlow", "Grant", "Link", "Shout", "Join", "Leave", "MeshAction"]
+__all__ = ["DataFlow", "Grant", "Link", "Queues", "MeshShout", "MeshJoin", "MeshLeave",
+           "MeshAction"]
 
 log = logging.getLogger(__name__)
 
-_PING = [b"\x08", b""]
-_PONG = [b"\x09", b""]
-_EMPTY_TABLE = b"\x00\x00"
+_PING = PING_FRAMES
+_PONG = PONG_FRAMES
+_HEAD = COMMAND_HEAD_SIZE
+_EMPTY_TABLE = EMPTY_TABLE
 _PEER_TABLES_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Shout:
+class MeshShout:
     """Shout ``frames`` into mesh group ``group``."""
 
     group: str
@@ -84,50 +88,59 @@ class Shout:
 
 
 @dataclass(frozen=True, slots=True)
-class Join:
+class MeshJoin:
     """Join mesh group ``group`` (a local reader summoned it)."""
 
     group: str
 
 
 @dataclass(frozen=True, slots=True)
-class Leave:
+class MeshLeave:
     """Leave mesh group ``group`` (no local reader left)."""
 
     group: str
 
 
-MeshAction = Union[Shout, Join, Leave]
+MeshAction = Union[MeshShout, MeshJoin, MeshLeave]
+_Key = tuple[str, str]
 
 
-@dataclass(eq=False, slots=True)
-class Grant:
-    """A lease the control flow granted: who, what, which way."""
+class Queues(Protocol):
+    """What the data flow asks of its store-backed side for leases with ``confirm: full``
+    (``peermesh.mtl.delivery.DurableQueues``, which imports this module)."""
 
-    token: str
-    session: bytes
-    user: "User"
-    profile: Profile
-    namespace: str
-    direction: Direction
-    resources: tuple[str, ...]
-    confirm: str
-    expires: float
-    link: Optional["Link"] = None
+    def wants(self, key: _Key) -> bool:
+        """True if shouts into this group are stored."""
 
+    def written(self, flow: "DataFlow", link: Link, key: _Key, command: Content,
+                now: float) -> None:
+        """Store a writer's content."""
 
-@dataclass(eq=False, slots=True)
-class Link:
-    """A data connection bound to a lease."""
+    def shouted(self, flow: "DataFlow", key: _Key, body: bytes, table: bytes) -> None:
+        """Store a shout into a durable group."""
 
-    identity: bytes
-    grant: Grant
-    heard: float
-    summoned: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> key
-    writable: dict[str, tuple[str, str]] = field(default_factory=dict)  # cache: name -> key
-    #: cache of an unconfirmed writer: header bytes after the sequence -> key
-    passthrough: dict[bytes, tuple[str, str]] = field(default_factory=dict)
-    sequence: int = 0
+    def summoned(self, flow: "DataFlow", link: Link, key: _Key, now: float) -> None:
+        """A confirmed reader summoned a group."""
+
+    def dismissed(self, flow: "DataFlow", link: Link, key: _Key) -> None:
+        """A confirmed reader stopped reading a group."""
+
+    def confirmed(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+                  now: float) -> None:
+        """The reader confirmed content."""
+
+    def rejected(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+                 recycle: bool, now: float) -> None:
+        """The reader rejected content."""
+
+    def unbound(self, flow: "DataFlow", link: Link) -> None:
+        """The reader's link went."""
+
+    def flush(self, flow: "DataFlow") -> bool:
+        """Commit, then answer; False if the commit failed."""
+
+    def close(self) -> None:
+        """Commit what is due and close the store."""
 
 
 class DataFlow:
@@ -135,9 +148,9 @@ class DataFlow:
 
     def __init__(self, *, still_valid: Callable[["User", float], bool],
                  heartbeat: float = 1.0, liveness: int = 3, lease_ttl: float = 30.0,
-                 queues: Optional["DurableQueues"] = None, batch_shouts: bool = False) -> None:
+                 queues: Optional[Queues] = None, batch_shouts: bool = False) -> None:
         """``batch_shouts``: content into mesh groups is gathered in ``outgoing`` (group ->
-        bodies, in order; the driver's hot path) instead of one ``Shout`` action each."""
+        bodies, in order; the driver's hot path) instead of one ``MeshShout`` action each."""
         self.still_valid = still_valid
         #: group -> bodies to shout, one SHOUT each (with ``batch_shouts``)
         self.outgoing: Optional[dict[str, list[bytes]]] = {} if batch_shouts else None
@@ -221,8 +234,8 @@ class DataFlow:
                     # decoded; into a mesh group with no local reader, straight to
                     # ``outgoing``
                     header, body = frames
-                    key = passthrough.get(header[9:]) \
-                        if header[:1] == b"\x05" and len(header) > 9 else None
+                    key = passthrough.get(header[_HEAD:]) \
+                        if header[:1] == CONTENT_TYPE and len(header) > _HEAD else None
                     if key is not None and type(body) is bytes:
                         passed += 1
                         if outgoing is not None and key[0] == "mesh" and key not in readers:
@@ -257,7 +270,7 @@ class DataFlow:
             handler(self, identity, link, command, now)
 
     def _respond(self, identity: bytes, sequence: int, code: int) -> None:
-        self.sends.append((identity, [b"\x02" + sequence.to_bytes(8, "big"), b"%d" % code]))
+        self.sends.append((identity, response_frames(sequence, code)))
 
     def _lease(self, identity: bytes, link: Optional[Link], command: Lease, now: float) -> None:
         grant = self.grants.get(command.lease)
@@ -340,7 +353,7 @@ class DataFlow:
         count = self.joined.get(group, 0)
         self.joined[group] = count + 1
         if not count:
-            self.actions.append(Join(group))
+            self.actions.append(MeshJoin(group))
 
     def _leave(self, group: str) -> None:
         count = self.joined.get(group, 0) - 1
@@ -348,7 +361,7 @@ class DataFlow:
             self.joined[group] = count
         else:
             self.joined.pop(group, None)
-            self.actions.append(Leave(group))
+            self.actions.append(MeshLeave(group))
 
     def _write(self, identity: bytes, link: Link, command: Content, now: float) -> None:
         grant = link.grant
@@ -384,7 +397,7 @@ class DataFlow:
                 else:
                     bodies.append(body)
             else:
-                self.actions.append(Shout(key[1], [body]))
+                self.actions.append(MeshShout(key[1], [body]))
         if key in self.readers:
             self.deliver(key, body, table if table is not None
                          else encode_table(properties) if properties else _EMPTY_TABLE)

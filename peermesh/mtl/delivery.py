@@ -39,11 +39,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
-from ..wire.mtl import Confirm, Content, Reject, content_frames, encode_data, encode_table
+from ..wire.mtl import (EMPTY_TABLE, Confirm, Content, Reject, content_frames, encode_data,
+                        encode_table)
+from .leases import Link
 from .store import ContentStore, StoreFull
 
 if TYPE_CHECKING:
-    from .dataflow import DataFlow, Link
+    from .dataflow import DataFlow
 
 __all__ = ["DurableQueues", "WINDOW"]
 
@@ -62,9 +64,9 @@ class DurableQueues:
         #: groups whose shouts are stored
         self.durable: set[str] = set(store.resources())
         #: group -> its confirmed readers
-        self.readers: dict[str, dict["Link", None]] = {}
+        self.readers: dict[str, dict[Link, None]] = {}
         #: writer link -> the highest sequence stored and not yet confirmed
-        self.unconfirmed: dict["Link", int] = {}
+        self.unconfirmed: dict[Link, int] = {}
         self.fresh: set[str] = set()
 
     def wants(self, key: tuple[str, str]) -> bool:
@@ -73,10 +75,10 @@ class DurableQueues:
 
     # --- writers ----------------------------------------------------------------
 
-    def written(self, flow: "DataFlow", link: "Link", key: tuple[str, str], command: Content,
+    def written(self, flow: "DataFlow", link: Link, key: tuple[str, str], command: Content,
                 now: float) -> None:
         """Store a writer's content; its Confirm follows the next commit."""
-        table = encode_table(command.properties) if command.properties else b"\x00\x00"
+        table = encode_table(command.properties) if command.properties else EMPTY_TABLE
         try:
             self.store.append(key[1], command.body, table)
         except StoreFull as full:
@@ -88,7 +90,7 @@ class DurableQueues:
         self.fresh.add(key[1])
         flow.route(key, command.body, None, table)
 
-    def _confirm_writer(self, flow: "DataFlow", link: "Link") -> None:
+    def _confirm_writer(self, flow: "DataFlow", link: Link) -> None:
         if link in self.unconfirmed:
             self.flush(flow)
 
@@ -122,13 +124,13 @@ class DurableQueues:
 
     # --- readers ----------------------------------------------------------------
 
-    def summoned(self, flow: "DataFlow", link: "Link", key: tuple[str, str], now: float) -> None:
+    def summoned(self, flow: "DataFlow", link: Link, key: tuple[str, str], now: float) -> None:
         """A confirmed reader summoned a group: it becomes durable; hand out what waits."""
         self.durable.add(key[1])
         self.readers.setdefault(key[1], {})[link] = None
         self.pump(flow, link)
 
-    def dismissed(self, flow: "DataFlow", link: "Link", key: tuple[str, str]) -> None:
+    def dismissed(self, flow: "DataFlow", link: Link, key: tuple[str, str]) -> None:
         """A confirmed reader stopped reading a group (what it holds stays held)."""
         readers = self.readers.get(key[1])
         if readers is not None:
@@ -136,13 +138,13 @@ class DurableQueues:
             if not readers:
                 del self.readers[key[1]]
 
-    def confirmed(self, flow: "DataFlow", link: "Link", sequence: int, multiple: bool,
+    def confirmed(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
                   now: float) -> None:
         """The reader confirmed content: delete it, hand out more."""
         if self.store.confirm(link.grant.token, sequence, multiple):
             self.pump(flow, link)
 
-    def rejected(self, flow: "DataFlow", link: "Link", sequence: int, multiple: bool,
+    def rejected(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
                  recycle: bool, now: float) -> None:
         """The reader rejected content: put it back (``recycle``) or drop it."""
         if self.store.reject(link.grant.token, sequence, multiple, recycle):
@@ -150,12 +152,12 @@ class DurableQueues:
                 for reader in list(self.readers.get(group, ())):
                     self.pump(flow, reader)
 
-    def unbound(self, flow: "DataFlow", link: "Link") -> None:
+    def unbound(self, flow: "DataFlow", link: Link) -> None:
         """The reader's link went: everything it held goes back to its queues."""
         if self.store.release(link.grant.token):
             self.fresh.update(self.readers)
 
-    def pump(self, flow: "DataFlow", link: "Link") -> None:
+    def pump(self, flow: "DataFlow", link: Link) -> None:
         """Hand ``link`` pending content of the groups it summoned, up to the window."""
         token = link.grant.token
         sends = flow.sends
@@ -167,7 +169,7 @@ class DurableQueues:
             for delivery in deliveries:
                 sends.append((link.identity, content_frames(
                     delivery.sequence, flow.encoded_name(name), delivery.body,
-                    delivery.properties or b"\x00\x00")))
+                    delivery.properties or EMPTY_TABLE)))
             flow.delivered += len(deliveries)
 
     # --- copies from other gateways -------------------------------------------

@@ -125,11 +125,16 @@ from ..io.socket import BATCH
 from ..overlay import Overlay, PeerNetworks, header_endpoint
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
-from ..errors import PeermeshError
+from ..errors import PeermeshError, ProtocolError
+from ..wire import mtl_replication as repl
 from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
+from ..wire.mtl_replication import (  # (the kinds are importable from here too, as before)
+    FORGET, HANDOFF, HANDOFF_END, HANDOFF_OK, MARK, MARK_OK, REPL, RESYNC, SYNC, Forget,
+    Handoff, HandoffEnd, HandoffOk, Mark, MarkOk, Repl, Resync, Sync,
+)
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
-from .dataflow import DataFlow, Join, MeshAction, Shout
+from .dataflow import DataFlow, MeshAction, MeshJoin, MeshShout
 from .delivery import DurableQueues
 from .replication import Follower, Offers, Replicas
 from .store import ContentStore, open_gateway_store
@@ -149,12 +154,8 @@ RUNS = ("always", "elected")
 MAX_CONTENT = 16 * 1024 * 1024
 SNDHWM = 10_000
 _REFRESH_EVERY = 1.0
-#: whispers between gateways: confirmed content offered to, and copied from, the serving one
-HANDOFF, HANDOFF_END, HANDOFF_OK = b"MTL-HANDOFF", b"MTL-HANDOFF-END", b"MTL-HANDOFF-OK"
-SYNC = b"MTL-SYNC"
-REPL, FORGET, MARK, MARK_OK, RESYNC = (b"MTL-REPL", b"MTL-FORGET", b"MTL-MARK",
-                                       b"MTL-MARK-OK", b"MTL-RESYNC")
-_QUEUED_KINDS = frozenset((HANDOFF, HANDOFF_END, REPL, FORGET, MARK, MARK_OK, SYNC, RESYNC))
+#: whispers between gateways (``peermesh.wire.mtl_replication``) handled on the mesh greenlet
+_QUEUED_KINDS = repl.KINDS - {HANDOFF_OK}
 #: contents per offered or copied batch
 HANDOFF_BATCH = 256
 #: seconds a batch, a mark or a copy under way may go unanswered
@@ -164,6 +165,15 @@ COPY_BATCH = 256       # contents per MTL-REPL
 COPY_BYTES = 4 * 1024 * 1024   # octets per MTL-REPL, roughly (one content may pass it)
 #: mesh events (shouts, handovers) waiting for the mesh greenlet; beyond, new ones are dropped
 MAX_QUEUED = 100_000
+
+
+def _replication(frames: Sequence[bytes]) -> Optional[repl.ReplicationMessage]:
+    """The replication message in a whisper from another gateway; None if ill-formed
+    (ignored: only gateways send these)."""
+    try:
+        return repl.decode(frames)
+    except ProtocolError:
+        return None
 
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
@@ -489,10 +499,11 @@ class Gateway(Overlay):
             if kind in _QUEUED_KINDS:
                 if self._is_gateway(event.peer):
                     self._queue(event)
-            elif kind == HANDOFF_OK and event.peer == self._handoff_peer \
-                    and len(event.frames) == 2 and len(event.frames[1]) == 8:
-                self._acked = max(self._acked, int.from_bytes(event.frames[1], "big"))
-                self._answered()
+            elif kind == HANDOFF_OK and event.peer == self._handoff_peer:
+                message = _replication(event.frames)
+                if isinstance(message, HandoffOk):
+                    self._acked = max(self._acked, message.number)
+                    self._answered()
 
     def _is_gateway(self, peer: Optional[UUID]) -> bool:
         """True if ``peer`` advertises a gateway (asked of the node: its ENTER may still
@@ -541,7 +552,7 @@ class Gateway(Overlay):
             committed = self._settle()
             if committed:
                 for peer, sequence in acks.items():
-                    self._whisper(peer, HANDOFF_OK, sequence.to_bytes(8, "big"))
+                    self._whisper(peer, *repl.handoff_ok(sequence))
             gevent.sleep(0)
 
     def _whisper(self, peer: UUID, *frames: bytes) -> bool:
@@ -556,35 +567,35 @@ class Gateway(Overlay):
 
     def _whispered(self, event: Event, acks: dict[UUID, int]) -> None:
         """One whisper from another gateway (in order, on the mesh greenlet)."""
-        frames, peer = event.frames, event.peer
-        kind = frames[0]
+        peer = event.peer
         assert peer is not None
+        message = _replication(event.frames)
         offers = self._offers
-        if kind == HANDOFF:
+        if isinstance(message, Handoff):
             if offers is not None:             # (also while not serving: never lost)
-                offers.offered(peer, frames[1:])
-        elif kind == HANDOFF_END and len(frames) == 3 and len(frames[1]) == len(frames[2]) == 8:
-            if offers is not None and offers.ended(peer, int.from_bytes(frames[2], "big")):
-                acks[peer] = int.from_bytes(frames[1], "big")
-        elif kind == RESYNC and self.active:
+                offers.offer(peer, message)
+        elif isinstance(message, HandoffEnd):
+            if offers is not None and offers.ended(peer, message.count):
+                acks[peer] = message.last
+        elif isinstance(message, Resync) and self.active:
             self._replicas.discard(peer)          # a replica that could not store a copy
             self._release()
-        elif kind == MARK_OK and len(frames) == 2 and len(frames[1]) == 8:
-            self._replicas.acknowledged(peer, int.from_bytes(frames[1], "big"))
+        elif isinstance(message, MarkOk):
+            self._replicas.acknowledged(peer, message.number)
             self._answered()
             self._release()
-        elif kind == SYNC and len(frames) == 2 and len(frames[1]) == 8:
-            self._copy_to(peer, frames[1])
+        elif isinstance(message, Sync):
+            self._copy_to(peer, message.copy)
         elif (follower := self._follower) is not None and peer == follower.upstream \
                 and not self.active:
             follower.heard(time.monotonic())
-            if kind == REPL:
-                follower.copied(frames[1:])
-            elif kind == FORGET and len(frames) == 2:
-                follower.forgotten(frames[1])
-            elif kind == MARK and len(frames) == 3 and len(frames[1]) == 8:
-                self._marked(follower, peer, frames[1], frames[2])
-            elif kind == RESYNC:
+            if isinstance(message, Repl):
+                follower.copied(message.frames)
+            elif isinstance(message, Forget):
+                follower.forgotten(message.blob)
+            elif isinstance(message, Mark):
+                self._marked(follower, peer, message.number, message.copy)
+            elif isinstance(message, Resync):
                 follower.stop()
 
     def _marked(self, follower: Follower, peer: UUID, number: bytes, copy: bytes) -> None:
@@ -594,7 +605,7 @@ class Gateway(Overlay):
         if follower.broken:                   # something before the mark was not stored
             log.info("MTL gateway %s: a copied content could not be stored; copying again",
                      self.control_endpoint)
-            self._whisper(peer, RESYNC)
+            self._whisper(peer, *repl.resync())
             follower.stop()
             return
         dropped = follower.complete(copy)
@@ -603,7 +614,7 @@ class Gateway(Overlay):
                      "confirmed there)", self.control_endpoint, dropped)
             self._state("replica")
         if self.data.flush():
-            self._whisper(peer, MARK_OK, number)
+            self._whisper(peer, *repl.mark_ok(number))
 
     def _join_later(self) -> None:
         """Join the serving gateway (offer, then ask for a copy), unless doing so."""
@@ -627,18 +638,15 @@ class Gateway(Overlay):
             if rows:
                 self._handoff_peer, self._acked = target, 0
                 last = rows[-1][0]
-                sent = all(self._whisper(target, HANDOFF, group.encode("utf-8"),
-                                         number.to_bytes(8, "big"), cid,
-                                         table or b"\x00\x00", body)
+                sent = all(self._whisper(target, *repl.handoff(group, number, cid, table, body))
                            for number, cid, group, table, body in rows) \
-                    and self._whisper(target, HANDOFF_END, last.to_bytes(8, "big"),
-                                      len(rows).to_bytes(8, "big"))
+                    and self._whisper(target, *repl.handoff_end(last, len(rows)))
                 if not (sent and self._wait(lambda: self._acked >= last)):
                     log.info("offering content to %s stopped: not acknowledged", target)
                     return
             cursor = after
         if not self.active and self._follower is not None:
-            self._whisper(target, SYNC, self._follower.follow(target, time.monotonic()))
+            self._whisper(target, *repl.sync(self._follower.follow(target, time.monotonic())))
 
     def _wait(self, done: Callable[[], bool]) -> bool:
         """Wait (at most ``REPLICA_WAIT``) until ``done()``, woken by each answer."""
@@ -681,7 +689,7 @@ class Gateway(Overlay):
                 number = self._mark(peer)
                 if not self._wait(lambda: self._replicas.reached(peer, number)):
                     log.info("copy to %s stopped: not acknowledged", peer)
-                    self._whisper(peer, RESYNC)
+                    self._whisper(peer, *repl.resync())
                     return
                 cursor = after
         finally:
@@ -692,23 +700,14 @@ class Gateway(Overlay):
                      rows: list[tuple[int, bytes, str, bytes, bytes]]) -> None:
         """Whisper ``rows`` to ``peers`` in ``MTL-REPL`` messages of up to ``COPY_BATCH``
         contents and about ``COPY_BYTES`` octets."""
-        frames: list[bytes] = [REPL]
-        size = 0
-        for _, cid, group, table, body in rows:
-            frames += (group.encode("utf-8"), cid, table or b"\x00\x00", body)
-            size += len(body) + len(table) + 64
-            if len(frames) > 4 * COPY_BATCH or size > COPY_BYTES:
-                for peer in peers:
-                    self._whisper(peer, *frames)
-                frames, size = [REPL], 0
-        if len(frames) > 1:
+        for frames in repl.repl_batches(rows, COPY_BATCH, COPY_BYTES):
             for peer in peers:
                 self._whisper(peer, *frames)
 
     def _mark(self, peer: UUID, copy: bytes = b"", number: int = 0) -> int:
         """Whisper ``peer`` its next mark (or mark ``number``); its number."""
         number = number or self._replicas.next_mark(peer)
-        self._whisper(peer, MARK, number.to_bytes(8, "big"), copy)
+        self._whisper(peer, *repl.mark(number, copy))
         return number
 
     def _stop_copying(self) -> None:
@@ -739,10 +738,9 @@ class Gateway(Overlay):
                    sends: list[tuple[bytes, list[bytes]]]) -> list[tuple[bytes, list[bytes]]]:
         """Copy a commit to the replicas; the sends that may go now (the others are held
         until a replica acknowledged)."""
-        for start in range(0, len(gone), _FORGET_MAX):
-            blob = b"".join(gone[start:start + _FORGET_MAX])
+        for frames in repl.forget_batches(gone, _FORGET_MAX):
             for peer in (*self._replicas, *self._copies):
-                self._whisper(peer, FORGET, blob)
+                self._whisper(peer, *frames)
         replicas = list(self._replicas)
         if not replicas:
             return sends
@@ -768,7 +766,7 @@ class Gateway(Overlay):
         for peer in self._replicas.late(time.monotonic()):
             log.warning("MTL gateway %s: replica %s did not answer in %g s; it copies "
                         "again", self.control_endpoint, peer, REPLICA_WAIT)
-            self._whisper(peer, RESYNC)
+            self._whisper(peer, *repl.resync())
         self._release()
 
     def _timer(self) -> None:
@@ -798,7 +796,7 @@ class Gateway(Overlay):
                         and follower.due(time.monotonic()) == "ask":
                     # the copy has not started: ask again (it may not have been serving
                     # yet); one that stalled stopped, and is joined again below
-                    self._whisper(follower.upstream, SYNC, follower.ask(time.monotonic()))
+                    self._whisper(follower.upstream, *repl.sync(follower.ask(time.monotonic())))
                 if self.run == "elected":
                     self._join_later()  # (again, after an offer that stopped)
             gevent.sleep(max(0.0, min(wake, refreshed + _REFRESH_EVERY) - time.time()))
@@ -829,9 +827,9 @@ class Gateway(Overlay):
         shout = node.shout
         for action in actions:
             try:
-                if type(action) is Shout:
+                if type(action) is MeshShout:
                     shout(action.group, *action.frames)
-                elif type(action) is Join:
+                elif type(action) is MeshJoin:
                     node.join(action.group)
                 else:
                     node.leave(action.group)

@@ -33,9 +33,9 @@ from typing import Iterator, Optional, Sequence, TypeVar
 from uuid import UUID
 
 from ..errors import ProtocolError
-from ..wire.mtl import decode_table, valid_string
+from ..wire.mtl_replication import (CID_BYTES, HANDOFF, Handoff, content_group, decode,
+                                    encode_number, split_cids)
 from .delivery import DurableQueues
-from .store import CID_BYTES
 
 __all__ = ["Replicas", "Follower", "Offers", "content_group"]
 
@@ -139,19 +139,6 @@ class Replicas:
         return slow
 
 
-def content_group(group: bytes, table: bytes) -> Optional[str]:
-    """The group of content copied or offered by another gateway (its group name and
-    its length-prefixed field table, as they travel), or None if they are ill-formed."""
-    if len(table) < 2 or int.from_bytes(table[:2], "big") != len(table) - 2:
-        return None
-    try:
-        name = group.decode("utf-8")
-        decode_table(table[2:])
-    except (UnicodeDecodeError, ProtocolError):
-        return None
-    return name if name and valid_string(name) else None
-
-
 class Follower:
     """A standby's side of the copy: it follows one serving gateway (``upstream``).
 
@@ -188,7 +175,7 @@ class Follower:
     def ask(self, now: float) -> bytes:
         """The number of the copy asked for (asked again now)."""
         self._asked = now
-        return self._number.to_bytes(8, "big")
+        return encode_number(self._number)
 
     def stop(self) -> None:
         """Follow no one (the copy stopped, or this gateway serves now)."""
@@ -224,14 +211,14 @@ class Follower:
     def forgotten(self, blob: bytes) -> None:
         """Delete the contents whose ids an ``MTL-FORGET`` names (confirmed or dropped
         on the serving gateway)."""
-        if len(blob) % CID_BYTES == 0:
-            self.queues.store.forget([blob[k:k + CID_BYTES]
-                                      for k in range(0, len(blob), CID_BYTES)])
+        cids = split_cids(blob)
+        if cids is not None:
+            self.queues.store.forget(cids)
 
     def complete(self, copy: bytes) -> Optional[int]:
         """A mark naming copy ``copy``: if it ends the copy under way, drop what the store
         holds that the copy did not (confirmed meanwhile) and return how many; else None."""
-        if self._seen is None or copy != self._number.to_bytes(8, "big"):
+        if self._seen is None or copy != encode_number(self._number):
             return None
         store = self.queues.store
         stale = store.all_cids() - self._seen
@@ -264,11 +251,19 @@ class Offers:
     def offered(self, peer: UUID, frames: Sequence[bytes]) -> None:
         """One ``MTL-HANDOFF`` from ``peer`` (its frames after the first: group, id,
         content id, field table, body); an ill-formed one is not counted."""
-        if len(frames) != 5 or len(frames[1]) != 8 or len(frames[2]) != CID_BYTES:
+        try:
+            message = decode([HANDOFF, *frames])
+        except ProtocolError:
             return
-        group_bytes, _, cid, table, body = frames
-        group = content_group(group_bytes, table)
-        if group is not None and self.queues.received(group, body, table, cid):
+        assert isinstance(message, Handoff)
+        self.offer(peer, message)
+
+    def offer(self, peer: UUID, message: Handoff) -> None:
+        """One ``MTL-HANDOFF`` from ``peer``, decoded; not counted if its group or field
+        table is ill-formed."""
+        group = content_group(message.group, message.table)
+        if group is not None and self.queues.received(group, message.body, message.table,
+                                                      message.cid):
             self._stored[peer] = self._stored.get(peer, 0) + 1
 
     def ended(self, peer: UUID, count: int) -> bool:

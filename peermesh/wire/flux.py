@@ -60,6 +60,9 @@ __all__ = [
     "Request", "Response", "Event", "Control", "Message", "encode", "decode",
     "encode_proto", "decode_proto", "Proto", "string_payload", "read_string",
     "json_payload", "read_json", "error_message", "service_of", "make_request", "make_response",
+    "pack_proto", "unpack_proto", "peek_proto", "peek_credentials", "MAGIC_VERSION",
+    "FLAG_TOPIC", "FLAG_PAYLOAD", "FLAG_NORESPONSE", "FLAG_ROUTE", "FLAG_UPSTREAM",
+    "FLAG_PRIVATE", "FLAG_STREAMING", "FRAME_BITS",
 ]
 
 MAGIC = 0x8E
@@ -75,6 +78,17 @@ USERID_UNKNOWN = 0xFFFFFFFF
 MATCHTAG_NONE = 0
 
 _PROTO = struct.Struct(">BBBBIIII")
+#: a PROTO frame from ``(magic, version, type, flags, userid, rolemask, aux1, aux2)``
+#: (the hot paths' builder: ``struct.Struct.pack``, ``struct.error`` out of range)
+pack_proto = _PROTO.pack
+#: the eight fields of a 20-octet PROTO frame (``struct.error`` for another size)
+unpack_proto = _PROTO.unpack
+#: what routing reads of a 20-octet PROTO frame: ``(magic << 8 | version, type, flags,
+#: aux1, aux2)``; compare the first with ``MAGIC_VERSION``
+peek_proto = struct.Struct(">HBB8xII").unpack
+#: ``(userid, rolemask)`` of a PROTO frame
+peek_credentials = struct.Struct(">4xII").unpack_from
+MAGIC_VERSION = MAGIC << 8 | VERSION
 
 
 class MsgType(IntEnum):
@@ -101,10 +115,14 @@ class MsgFlag(IntFlag):
 
 #: flags that say which frames are present (the encoder sets them from the fields)
 FRAME_FLAGS = MsgFlag.TOPIC | MsgFlag.PAYLOAD | MsgFlag.ROUTE
-# plain ints on decode's hot path: IntFlag's operators are Python-level calls
-_TOPIC, _PAYLOAD, _ROUTE = 0x01, 0x02, 0x08
-_NORESPONSE_STREAMING = 0x44
-_FRAMES = 0x0B
+# MsgFlag bits as plain ints for the hot paths: IntFlag's operators are Python-level calls
+FLAG_TOPIC, FLAG_PAYLOAD, FLAG_NORESPONSE, FLAG_ROUTE = 0x01, 0x02, 0x04, 0x08
+FLAG_UPSTREAM, FLAG_PRIVATE, FLAG_STREAMING = 0x10, 0x20, 0x40
+#: ``FRAME_FLAGS`` as a plain int
+FRAME_BITS = 0x0B
+_TOPIC, _PAYLOAD, _ROUTE = FLAG_TOPIC, FLAG_PAYLOAD, FLAG_ROUTE
+_NORESPONSE_STREAMING = FLAG_NORESPONSE | FLAG_STREAMING
+_FRAMES = FRAME_BITS
 
 
 class Role(IntFlag):

@@ -81,7 +81,8 @@ __all__ = [
     "Lease", "Response", "Summon", "Dismiss", "Content", "Confirm", "Reject", "Ping", "Pong",
     "DataCommand", "encode_request", "decode_request", "encode_reply", "decode_reply",
     "encode_data", "decode_data", "content_frames", "encode_string", "encode_table",
-    "decode_table", "valid_string",
+    "decode_table", "valid_string", "pack_command_head", "COMMAND_HEAD_SIZE", "CONTENT_TYPE",
+    "PING_FRAMES", "PONG_FRAMES", "response_frames", "EMPTY_TABLE",
 ]
 
 PROTOCOL_NAME = "MTL"
@@ -98,6 +99,18 @@ _H = struct.Struct(">H")
 _TYPE_Q = struct.Struct(">BQ")
 _PING_HEADER = b"\x08"
 _PONG_HEADER = b"\x09"
+#: a data command's type and sequence, its first 9 octets (the hot paths' builder:
+#: ``struct.Struct.pack``, no range check)
+pack_command_head = _TYPE_Q.pack
+#: octets of a type and a sequence: a Content header's resource starts here
+COMMAND_HEAD_SIZE = _TYPE_Q.size
+#: a Content header's first octet
+CONTENT_TYPE = b"\x05"
+#: the empty field table
+EMPTY_TABLE = b"\x00\x00"
+#: Ping's and Pong's frames (shared: never change them)
+PING_FRAMES = [_PING_HEADER, b""]
+PONG_FRAMES = [_PONG_HEADER, b""]
 
 
 # --- constants ------------------------------------------------------------
@@ -619,6 +632,11 @@ def content_frames(sequence: int, resource: bytes, body: bytes, table: bytes = b
     encoded field table (``encode_table``).
     """
     return [_TYPE_Q.pack(5, sequence) + resource + table, body]
+
+
+def response_frames(sequence: int, code: int) -> list[bytes]:
+    """A Response command's frames (the hot path: ``code`` is not checked)."""
+    return [_TYPE_Q.pack(2, sequence), b"%d" % code]
 
 
 def encode_data(command: DataCommand) -> list[bytes]:

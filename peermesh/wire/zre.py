@@ -54,7 +54,8 @@ __all__ = [
     "Message",
     "encode_beacon", "decode_beacon", "encode", "decode", "whisper_header",
     "shout_header", "shouts", "next_sequence", "PeerExchange", "PEX", "PUBLIC_KEY_HEADER",
-    "uuid_of", "decode_beacon_cached",
+    "uuid_of", "decode_beacon_cached", "peek_header", "pack_header", "WHISPER_PREFIX",
+    "SHOUT_PREFIX",
 ]
 
 # Beacon: 'Z' 'R' 'E' %x01 | UUID (16 octets) | port (2 octets)
@@ -70,6 +71,14 @@ SIGNATURE = 0xAAA1
 VERSION = 2
 _HEADER = struct.Struct(">HBBH")  # signature, id, version, sequence
 _HEADER_SIZE = _HEADER.size
+#: frame 0's header as ``(signature, id, version, sequence)``, fields may follow it
+#: (the hot paths' reader: ``struct.Struct.unpack_from``, no Python call of its own)
+peek_header = _HEADER.unpack_from
+#: frame 0's header from ``(signature, id, version, sequence)`` (the hot paths' builder)
+pack_header = _HEADER.pack
+#: the first four octets (signature, id, version) of a WHISPER's and a SHOUT's frame 0
+WHISPER_PREFIX = b"\xaa\xa1\x02\x02"
+SHOUT_PREFIX = b"\xaa\xa1\x03\x02"
 _N1 = struct.Struct(">B")
 _N4 = struct.Struct(">I")
 MAX_STRING = 0xFF

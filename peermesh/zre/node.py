@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import struct
 import uuid as uuid_module
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 from uuid import UUID
@@ -63,7 +62,7 @@ log = logging.getLogger(__name__)
 Frame = Union[bytes, bytearray, memoryview, str]
 PeerRef = Union[UUID, str]
 
-_WHISPER_HEADER = struct.Struct(">HBBH").pack
+_WHISPER_HEADER = zre.pack_header
 #: the HELLO header where overlays list their roles (``peermesh.overlay.ROLES_HEADER``)
 ROLES_HEADER = "X-PM-ROLES"
 _SIGNATURE = zre.SIGNATURE

@@ -128,7 +128,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import struct
 from collections import Counter, deque
 from typing import AbstractSet, Callable, Optional, Protocol, Sequence
 from uuid import UUID
@@ -145,11 +144,11 @@ __all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
 
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct(">HBBH")
+_PEEK_HEADER = zre.peek_header
 _SIGNATURE = zre.SIGNATURE
 _HELLO = 1
-_WHISPER_PREFIX = b"\xaa\xa1\x02\x02"  # signature, WHISPER, version 2
-_SHOUT_PREFIX = b"\xaa\xa1\x03\x02"    # signature, SHOUT, version 2
+_WHISPER_PREFIX = zre.WHISPER_PREFIX
+_SHOUT_PREFIX = zre.SHOUT_PREFIX
 #: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
 PEX_HEADER = "X-PM-PEX"
 _PEX_CHUNK = 1024  # peers per PEX message
@@ -216,7 +215,7 @@ class Peer:
 
     def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
         self.uuid = uuid
-        self.uuid_bytes = uuid.int.to_bytes(16, "big")  # (``uuid.bytes``, without its call)
+        self.uuid_bytes = uuid.bytes
         self.identity = b"\x01" + self.uuid_bytes
         self.endpoint = endpoint
         self.link = link
@@ -861,7 +860,7 @@ class Session:
             self.dropped["short"] += 1
             log.debug("dropped short message from %r", identity)
             return
-        signature, command, version, sequence = _HEADER.unpack_from(head)
+        signature, command, version, sequence = _PEEK_HEADER(head)
         if signature != _SIGNATURE or version != zre.VERSION:
             self.dropped["bad_signature"] += 1
             log.debug("dropped message with bad signature/version from %r", identity)

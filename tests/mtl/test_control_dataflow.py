@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from peermesh.mtl.credentials import CredentialsFile, User, make_user
-from peermesh.mtl.dataflow import HANDLERS, DataFlow, Join, Leave, Shout
+from peermesh.mtl.dataflow import HANDLERS, DataFlow, MeshJoin, MeshLeave, MeshShout
 from peermesh.mtl.profiles import MESH, TEST
 from peermesh.wire.mtl import (Confirm, Content, Direction, Dismiss, Lease, Ping, Pong, Reject,
                                Response, Summon, decode_data, encode_data)
@@ -130,11 +130,11 @@ def test_mesh_profile_shouts_joins_and_delivers_shouts(flow: DataFlow,
                                                        users: CredentialsFile) -> None:
     lease(flow, users, R1, Direction.READ, ("chat",), MESH, "lab.")
     flow.handle(R1, encode_data(Summon(1, "chat")), NOW)
-    assert flow.take()[1] == [Join("lab.chat")]
+    assert flow.take()[1] == [MeshJoin("lab.chat")]
     lease(flow, users, W1, Direction.WRITE, ("chat",), MESH, "lab.")
     flow.handle(W1, encode_data(Content(1, "", b"up")), NOW)
     sends, actions = flow.take()
-    assert actions == [Shout("lab.chat", [b"up"])]
+    assert actions == [MeshShout("lab.chat", [b"up"])]
     assert [decode_data(f) for _, f in sends] == [Content(1, "chat", b"up")]
     flow.shouted("lab.chat", [b"from-peer"], "ab" * 16)
     flow.shouted("lab.other", [b"nobody reads"], "ab" * 16)
@@ -144,7 +144,7 @@ def test_mesh_profile_shouts_joins_and_delivers_shouts(flow: DataFlow,
         Content(2, "chat", b"from-peer", {"peer": "ab" * 16}),
         Content(3, "chat", b"two", {"peer": "cd" * 16, "more": [b"frames"]})]
     flow.handle(R1, encode_data(Dismiss(2, "chat")), NOW)
-    assert flow.take()[1] == [Leave("lab.chat")]
+    assert flow.take()[1] == [MeshLeave("lab.chat")]
 
 
 def test_ping_pong_and_dead_link(flow: DataFlow, users: CredentialsFile) -> None:
@@ -214,7 +214,7 @@ def test_repeated_unconfirmed_content_routes_the_same_way(flow: DataFlow,
         flow.handle(W1, encode_data(command), NOW)
         sends, actions = flow.take()
         out += [decode_data(f).body for _, f in sends]
-        assert actions == [Shout("chat", [command.body])]
+        assert actions == [MeshShout("chat", [command.body])]
     assert out == [b"a", b"b", b"c", b"d", b"e"]
     assert len(flow.links[W1].passthrough) == 2
     flow.handle(W1, [b"\x05" + bytes(8) + b"\x00\x00\x00", "not bytes"], NOW)  # type: ignore
@@ -245,6 +245,6 @@ def test_a_batch_is_taken_in_order_and_one_failing_command_costs_no_other(
     sends, actions = flow.take()
     assert [(who, decode_data(f)) for who, f in sends] == [
         (R1, Response(1, 200)), (R1, Content(1, "chat", b"after"))]
-    assert actions == [Join("chat")]
+    assert actions == [MeshJoin("chat")]
     assert flow.outgoing == {"chat": [b"before", b"after"]}
     assert flow.links[W1].heard == flow.links[R1].heard == NOW + 1

@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from peermesh.mtl.credentials import CredentialsFile, make_user
-from peermesh.mtl.dataflow import DataFlow, Shout
+from peermesh.mtl.dataflow import DataFlow, MeshShout
 from peermesh.mtl.delivery import DurableQueues
 from peermesh.mtl.profiles import MESH
 from peermesh.mtl.store import ContentStore
@@ -66,7 +66,7 @@ def test_writer_confirmed_only_after_commit_with_multiple(flow: DataFlow,
     for command in (Content(1, "", b"a"), Content(2, "", b"b")):
         flow.handle(W1, encode_data(command), NOW)
     sends, actions = flow.take()
-    assert sends == [] and actions == [Shout("jobs", [b"a"]), Shout("jobs", [b"b"])]
+    assert sends == [] and actions == [MeshShout("jobs", [b"a"]), MeshShout("jobs", [b"b"])]
     flow.flush()
     sends, _ = flow.take()
     assert [(w, decode_data(f)) for w, f in sends] == [(W1, Confirm(2, True))]

@@ -180,3 +180,27 @@ def test_valid_proto_with_random_frames(frames: list[bytes], fields: tuple) -> N
         return
     assert message.userid == fields[2] and decode(encode(message)) == message
     assert MsgType(fields[0])
+
+
+# --- the hot paths' PROTO helpers --------------------------------------------------
+
+@given(st.sampled_from([1, 2, 4, 8]), st.integers(0, 0xFF), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_proto_helpers_match_the_codec(kind: int, flags: int, userid: int, rolemask: int,
+                                       aux1: int, aux2: int) -> None:
+    from peermesh.wire import flux
+    frame = flux.pack_proto(flux.MAGIC, flux.VERSION, kind, flags, userid, rolemask, aux1, aux2)
+    assert frame == encode_proto(Proto(kind, flags, userid, rolemask, aux1, aux2))
+    assert flux.unpack_proto(frame) == (flux.MAGIC, flux.VERSION, kind, flags, userid,
+                                        rolemask, aux1, aux2)
+    assert flux.peek_proto(frame) == (flux.MAGIC_VERSION, kind, flags, aux1, aux2)
+    assert flux.peek_credentials(frame) == (userid, rolemask)
+
+
+def test_plain_flag_ints_are_msgflag() -> None:
+    from peermesh.wire import flux
+    assert (flux.FLAG_TOPIC, flux.FLAG_PAYLOAD, flux.FLAG_NORESPONSE, flux.FLAG_ROUTE,
+            flux.FLAG_UPSTREAM, flux.FLAG_PRIVATE, flux.FLAG_STREAMING) == (
+        MsgFlag.TOPIC, MsgFlag.PAYLOAD, MsgFlag.NORESPONSE, MsgFlag.ROUTE, MsgFlag.UPSTREAM,
+        MsgFlag.PRIVATE, MsgFlag.STREAMING)
+    assert flux.FRAME_BITS == flux.FRAME_FLAGS

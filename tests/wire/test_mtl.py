@@ -396,3 +396,16 @@ def test_mutated_tables_raise_only_protocol_error(table: dict, noise: bytes) -> 
         decode_data([header, b""])
     except ProtocolError:
         pass
+
+
+# --- the hot paths' data-command helpers ---------------------------------------------
+
+@given(st.integers(0, 2**64 - 1), st.integers(200, 599))
+def test_data_helpers_match_the_codec(sequence: int, code: int) -> None:
+    from peermesh.wire import mtl
+    assert mtl.response_frames(sequence, code) == encode_data(Response(sequence, code))
+    assert decode_data(mtl.response_frames(sequence, code)) == Response(sequence, code)
+    head = mtl.pack_command_head(5, sequence)
+    assert len(head) == mtl.COMMAND_HEAD_SIZE and head[:1] == mtl.CONTENT_TYPE
+    assert content_frames(sequence, b"\x01r", b"body")[0] == head + b"\x01r" + mtl.EMPTY_TABLE
+    assert mtl.PING_FRAMES == encode_data(Ping()) and mtl.PONG_FRAMES == encode_data(Pong())

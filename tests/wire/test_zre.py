@@ -751,3 +751,15 @@ def test_pex_golden_bytes():
         decode([frame, b"content"])
     with pytest.raises(ValueError):
         encode(Unknown(1, PEX))
+
+
+# --- the hot paths' header helpers -------------------------------------------------
+
+@given(st.integers(0, 0xFFFF))
+def test_header_helpers_match_the_codec(sequence: int) -> None:
+    from peermesh.wire import zre
+    frame = zre.pack_header(zre.SIGNATURE, 2, zre.VERSION, sequence)
+    assert frame == zre.whisper_header(sequence) == zre.encode(zre.Whisper(sequence, ()))[0]
+    assert frame[:4] == zre.WHISPER_PREFIX
+    assert zre.shout_header(sequence, b"\x01g")[:4] == zre.SHOUT_PREFIX
+    assert zre.peek_header(frame + b"fields") == (zre.SIGNATURE, 2, zre.VERSION, sequence)
