@@ -10,7 +10,6 @@ lease gets its sockets and new leases from its ``Session`` (the ``Client``).
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -20,7 +19,8 @@ import zmq
 
 from ...errors import ProtocolError
 from ...wire.mtl import (Confirm, Content, DataCommand, Direction, Dismiss, Lease, Ping, Pong,
-                         Reject, Response, Summon, decode_data, encode_data, encode_string)
+                         Reject, Response, Summon, decode_data, encode_data, encode_string,
+                         pack_command_head)
 from ..errors import ClientError, GatewayUnavailable, RequestRefused
 
 __all__ = ["Reader", "Writer", "Received", "Session", "MAX_CONTENT"]
@@ -30,7 +30,7 @@ log = logging.getLogger("peermesh.mtl.client")
 #: largest data command taken from a gateway (bytes, all frames); libzmq drops the
 #: connection of a gateway that sends more (the lease then reconnects)
 MAX_CONTENT = 64 * 1024 * 1024
-_CONTENT_HEAD = struct.Struct(">BQ").pack   # a data command's type and sequence
+_CONTENT_HEAD = pack_command_head   # a data command's type and sequence
 _EMPTY_TABLE = b"\x00\x00"
 _MAX_TAILS = 1024      # resources whose encoded Content header a writer keeps
 _Backend: Any = zmq.backend.Socket  # the Cython socket under pyzmq's Python layer
