@@ -185,24 +185,37 @@ def rss_of(pid: int) -> float:
 
 def phase(good: harness.Child, target: harness.Child, seconds: float,
           flood: Optional[harness.Child] = None) -> dict[str, Any]:
-    """One phase: the good peer's round trips, the target's RSS and mailbox connections (peaks of samples every 0.2 s) and CPU."""
-    cpu0 = harness.proc_cpu(target.pid)
+    """One phase: the good peer's round trips, the target's RSS and mailbox connections
+    (peaks of samples every 0.2 s), connections it shed, and the CPU of each process (the
+    target's by thread: its main thread, libzmq's I/O threads)."""
+    target.send("stats")
+    shed0 = target.expect("stats", WAIT).get("connections_shed", 0)
+    cpu0 = harness.threads_cpu(target.pid)
+    others0 = {name: harness.proc_cpu(child.pid)
+               for name, child in (("good", good), ("flood", flood)) if child is not None}
     good.send({"seconds": seconds})
     if flood is not None:
         flood.send("go")
-    peak, connections = rss_of(target.pid), 0
+    peak, connections, stats = rss_of(target.pid), 0, {}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         time.sleep(0.2)
         peak = max(peak, rss_of(target.pid))
         target.send("stats")
-        connections = max(connections, target.expect("stats", WAIT).get("connections", 0))
+        stats = target.expect("stats", WAIT)
+        connections = max(connections, stats.get("connections", 0))
     trips, lost = good.expect("trips", WAIT + seconds)
     sent = flood.expect("sent", WAIT + seconds) if flood is not None else None
+    cpu = {kind: (used - cpu0[kind]) / seconds * 100
+           for kind, used in harness.threads_cpu(target.pid).items()}
+    others = {name: (harness.proc_cpu(child.pid) - others0[name]) / seconds * 100
+              for name, child in (("good", good), ("flood", flood)) if child is not None}
     return {"p50": harness.percentile(trips, 50), "p99": harness.percentile(trips, 99),
             "trips": len(trips), "lost": lost, "rss_mb": peak,
-            "cpu_pct": (harness.proc_cpu(target.pid) - cpu0) / seconds * 100, "sent": sent,
-            "connections": connections}
+            "cpu_pct": sum(cpu.values()), "main_pct": cpu["main"], "zmq_pct": cpu["zmq"],
+            "good_pct": others["good"], "flood_pct": others.get("flood", 0.0),
+            "sent": sent, "connections": connections,
+            "shed": stats.get("connections_shed", 0) - shed0}
 
 
 def measure(code: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -262,9 +275,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         for name in ("quiet", "flood", "after"):
             r = result[name]
             rows.append([f"{label} {name}", r["p50"], r["p99"], r["trips"], r["lost"],
-                         r["rss_mb"], r["cpu_pct"], r["connections"]])
+                         r["rss_mb"], r["main_pct"], r["zmq_pct"], r["good_pct"],
+                         r["flood_pct"], r["connections"], r["shed"]])
     print("\n".join(harness.table(["phase", "p50 ms", "p99 ms", "trips", "lost",
-                                   "target RSS MB", "target CPU %", "connections"], rows)))
+                                   "target RSS MB", "target main CPU %", "target zmq CPU %",
+                                   "good CPU %", "flood CPU %", "connections", "shed"], rows)))
     for label, result in results.items():
         flood, quiet = result["flood"], result["quiet"]
         print(f"{label}: p99 under flood {harness.verdict(flood['p99'], P99_TARGET_MS, False)}"
