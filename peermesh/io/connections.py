@@ -22,7 +22,7 @@ carry the connection's descriptor) and keeps it under its
   (``keep(routing_id)``: the ZRE mailbox keeps its peers' connections) learns
   the routing id of each connection from the messages it reads, and never
   sheds the connections ``keep`` accepts; the others are at most
-  ``max_unknown`` (over it, they are shed the same way down to half of it):
+  ``max_unknown`` (over it, they are shed the same way down to 7/8 of it):
   a flood of connections, with or without a greeting or a HELLO, never cuts
   a known sender's connection, and holds no more than ``max_unknown`` of its
   own;
@@ -324,10 +324,10 @@ class GuardedListener:
         return route is not None and self.keep is not None and self.keep(route)
 
     def _bound_unknown(self, bound: int) -> None:
-        """Shed connections ``keep`` does not accept down to half of ``bound``. They are
-        counted (each asks ``keep``) only when so many connections are open that they
-        could be over it, going by the last count, or a second after it (a sender the
-        owner forgot since)."""
+        """Over ``bound``, hold the accepts (``_hold``) and shed connections ``keep``
+        does not accept down to 7/8 of it. They are counted (each asks ``keep``) only
+        when so many connections are open that they could be over it, going by the last
+        count, or a second after it (a sender the owner forgot since)."""
         accepted, now = self.accepted, time.monotonic()
         if len(accepted) - self._known <= bound and not (
                 len(accepted) > bound and now - self._counted >= 1.0):
@@ -336,9 +336,9 @@ class GuardedListener:
         kept = self._kept
         self._known = known = sum(1 for fd in list(accepted) if kept(fd))
         unknown = len(accepted) - known
-        if unknown > bound:  # down to half of it: a flood's clients reconnect at once,
-            self._shed(unknown - bound // 2)  # and each scan asks the kernel of each
-            self._hold()  # and no new ones a while: they would be the flood's again
+        if unknown > bound:  # no new ones a while: they would be the flood's again,
+            self._hold()  # and those shed come back once accepts are no longer held
+            self._shed(unknown - bound + bound // 8)  # down to 7/8: one scan sheds many
 
     def _forget(self, fd: int) -> None:
         self.routes.pop(fd, None)
@@ -382,9 +382,11 @@ class GuardedListener:
                 small.append((when, fd))
             else:
                 larger.append((octets, when, fd))
-        for when, fd in small + [(when, fd) for _, when, fd in sorted(larger)]:
+        for i, (when, fd) in enumerate(small + [(when, fd) for _, when, fd in sorted(larger)]):
             if shed >= count:
                 break
+            if i and not i % _SHED_BATCH:
+                gevent.idle()
             if accepted.get(fd) == when:
                 self._shut_down(fd, "connections_shed")
                 shed += 1
