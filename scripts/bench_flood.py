@@ -16,8 +16,13 @@ part in its own process started by the shared harness (``harness.py``):
 Phases: **quiet** (the good peer alone) and **flood** (the flood running),
 each ``--seconds`` long; then **after**, ``--seconds`` once the flood
 stopped. The table shows the good peer's round trips (p50, p99, how many),
-the target's RSS and CPU over each phase, and its ``Node.stats()``
-afterwards. Targets: under the flood, p99 below 10 ms and RSS below 100 MB.
+the target's RSS and CPU over each phase (its main thread and libzmq's I/O
+thread), the CPU of the good peer and of the flood, the mailbox connections
+(peak) and those shed, and the target's hub rounds by CPU time (the longest,
+and how many took 5 ms or more: a measure of what a message waits for that
+a loaded machine does not blur, see ``HubRounds``); then its
+``Node.stats()`` afterwards. Targets: under the flood, p99 below 10 ms and
+RSS below 100 MB.
 ``--baseline REV`` runs the same with the target on an older commit (the
 flood and good peer always run this checkout); ``--set KEY=VALUE`` changes
 a setting of the target (a limit, say).
@@ -52,8 +57,39 @@ def settings(port: int) -> dict[str, Any]:
 
 # --- the node under the flood ---------------------------------------------------------------
 
+class HubRounds:
+    """The CPU time (of the hub's thread: not the time it waited for a core) each round
+    of the gevent hub took, from one poll for I/O to the next: a message that arrives
+    during a round waits for the rest of it, so on an idle machine the longest rounds
+    are the worst round trips. Rounds of ``MIN_MS`` or more are kept."""
+
+    MIN_MS = 1.0
+
+    def __init__(self) -> None:
+        import gevent
+        self.long: list[float] = []
+        self.count = 0
+        self._last = time.thread_time()
+        self._watcher = gevent.get_hub().loop.prepare()
+        self._watcher.start(self._round)
+
+    def _round(self) -> None:
+        now = time.thread_time()
+        ms, self._last = (now - self._last) * 1000, now
+        self.count += 1
+        if ms >= self.MIN_MS:
+            self.long.append(ms)
+
+    def take(self) -> dict[str, Any]:
+        """The rounds since the last ``take``: how many, and those of ``MIN_MS`` or more."""
+        out = {"rounds": self.count, "long": sorted(self.long)}
+        self.long, self.count = [], 0
+        return out
+
+
 def role_target(parent: harness.Parent, port: int, limits: dict[str, Any]) -> None:
-    """Echo every WHISPER to its sender; answer "stats" with ``Node.stats()``."""
+    """Echo every WHISPER to its sender; answer "stats" with ``Node.stats()``, "rounds"
+    with its hub's long rounds (``HubRounds``)."""
     import gevent
 
     from peermesh import EventType, Node
@@ -68,10 +104,14 @@ def role_target(parent: harness.Parent, port: int, limits: dict[str, Any]) -> No
                     pass
 
     echoing = gevent.spawn(echo)
+    rounds = HubRounds()
     try:
         parent.send("ready", [node.uuid.hex, node.endpoint])
         for command in parent.commands(green=True):
-            parent.send("stats", getattr(node, "stats", dict)())
+            if command == "rounds":
+                parent.send("rounds", rounds.take())
+            else:
+                parent.send("stats", getattr(node, "stats", dict)())
     finally:
         echoing.kill()
         node.stop(0.5)
@@ -185,24 +225,43 @@ def rss_of(pid: int) -> float:
 
 def phase(good: harness.Child, target: harness.Child, seconds: float,
           flood: Optional[harness.Child] = None) -> dict[str, Any]:
-    """One phase: the good peer's round trips, the target's RSS and mailbox connections (peaks of samples every 0.2 s) and CPU."""
-    cpu0 = harness.proc_cpu(target.pid)
+    """One phase: the good peer's round trips, the target's RSS and mailbox connections
+    (peaks of samples every 0.2 s), connections it shed, and the CPU of each process (the
+    target's by thread: its main thread, libzmq's I/O threads)."""
+    target.send("stats")
+    shed0 = target.expect("stats", WAIT).get("connections_shed", 0)
+    target.send("rounds")
+    target.expect("rounds", WAIT)
+    cpu0 = harness.threads_cpu(target.pid)
+    others0 = {name: harness.proc_cpu(child.pid)
+               for name, child in (("good", good), ("flood", flood)) if child is not None}
     good.send({"seconds": seconds})
     if flood is not None:
         flood.send("go")
-    peak, connections = rss_of(target.pid), 0
+    peak, connections, stats = rss_of(target.pid), 0, {}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         time.sleep(0.2)
         peak = max(peak, rss_of(target.pid))
         target.send("stats")
-        connections = max(connections, target.expect("stats", WAIT).get("connections", 0))
+        stats = target.expect("stats", WAIT)
+        connections = max(connections, stats.get("connections", 0))
     trips, lost = good.expect("trips", WAIT + seconds)
+    target.send("rounds")
+    rounds = target.expect("rounds", WAIT)
     sent = flood.expect("sent", WAIT + seconds) if flood is not None else None
+    cpu = {kind: (used - cpu0[kind]) / seconds * 100
+           for kind, used in harness.threads_cpu(target.pid).items()}
+    others = {name: (harness.proc_cpu(child.pid) - others0[name]) / seconds * 100
+              for name, child in (("good", good), ("flood", flood)) if child is not None}
     return {"p50": harness.percentile(trips, 50), "p99": harness.percentile(trips, 99),
             "trips": len(trips), "lost": lost, "rss_mb": peak,
-            "cpu_pct": (harness.proc_cpu(target.pid) - cpu0) / seconds * 100, "sent": sent,
-            "connections": connections}
+            "cpu_pct": sum(cpu.values()), "main_pct": cpu["main"], "zmq_pct": cpu["zmq"],
+            "good_pct": others["good"], "flood_pct": others.get("flood", 0.0),
+            "sent": sent, "connections": connections, "hub_rounds": rounds["rounds"],
+            "hub_max_ms": max(rounds["long"], default=0.0),
+            "hub_over_5ms": sum(1 for ms in rounds["long"] if ms >= 5.0),
+            "shed": stats.get("connections_shed", 0) - shed0}
 
 
 def measure(code: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -262,9 +321,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         for name in ("quiet", "flood", "after"):
             r = result[name]
             rows.append([f"{label} {name}", r["p50"], r["p99"], r["trips"], r["lost"],
-                         r["rss_mb"], r["cpu_pct"], r["connections"]])
+                         r["rss_mb"], r["main_pct"], r["zmq_pct"], r["good_pct"],
+                         r["flood_pct"], r["connections"], r["shed"], r["hub_max_ms"],
+                         r["hub_over_5ms"]])
     print("\n".join(harness.table(["phase", "p50 ms", "p99 ms", "trips", "lost",
-                                   "target RSS MB", "target CPU %", "connections"], rows)))
+                                   "target RSS MB", "target main CPU %", "target zmq CPU %",
+                                   "good CPU %", "flood CPU %", "connections", "shed",
+                                   "longest hub round CPU ms", "hub rounds >= 5 ms CPU"],
+                                  rows)))
     for label, result in results.items():
         flood, quiet = result["flood"], result["quiet"]
         print(f"{label}: p99 under flood {harness.verdict(flood['p99'], P99_TARGET_MS, False)}"

@@ -28,14 +28,17 @@ def lowered_cap(cap: int = CAP) -> Iterator[ConnectionPolicy]:
 
 
 @contextlib.contextmanager
-def flood(port: int, count: int = FLOOD,
-          address: str = "127.0.0.1") -> Iterator[list[socket.socket]]:
+def flood(port: int, count: int = FLOOD, address: str = "127.0.0.1",
+          wait: bool = True) -> Iterator[list[socket.socket]]:
     """``count`` idle TCP connections to ``port`` (they never say anything), closed after.
 
     Each is connected before the next (the kernel queues what the listener has not
     accepted yet), so all ``count`` reach a listener that listens; cooperatively
     (gevent sockets), so a hub the test shares with its nodes goes on running
-    meanwhile. One refused or reset (a listener that paused) is left out.
+    meanwhile. One refused or reset (a listener that paused) is left out. Without
+    ``wait`` every connection is only begun: one to a listener that holds its accepts
+    (its SYN dropped) gets in when the kernel sends the SYN again, if the listener
+    accepts then.
     """
     made: list[socket.socket] = []
     try:
@@ -44,7 +47,11 @@ def flood(port: int, count: int = FLOOD,
             made.append(sock)
             sock.settimeout(WAIT)
             try:
-                sock.connect((address, port))
+                if wait:
+                    sock.connect((address, port))
+                else:
+                    sock.setblocking(False)
+                    sock.connect_ex((address, port))
             except (ConnectionRefusedError, ConnectionResetError):
                 made.pop().close()
         yield made

@@ -22,10 +22,23 @@ carry the connection's descriptor) and keeps it under its
   (``keep(routing_id)``: the ZRE mailbox keeps its peers' connections) learns
   the routing id of each connection from the messages it reads, and never
   sheds the connections ``keep`` accepts; the others are at most
-  ``max_unknown`` (over it, they are shed the same way down to half of it):
+  ``max_unknown`` (over it, they are shed the same way down to 7/8 of it):
   a flood of connections, with or without a greeting or a HELLO, never cuts
   a known sender's connection, and holds no more than ``max_unknown`` of its
   own;
+* **accept held under a flood of unknown connections**: a client whose
+  connection was shed connects again (a ZeroMQ DEALER 0.1 s later, and so on
+  for ever), so shedding alone turns a flood into a storm of connections
+  accepted, greeted and shed again, and that storm takes the CPU the known
+  senders wait for. So when unknown connections were over ``max_unknown``,
+  the listener takes no new connection for ``accept_pause`` seconds
+  (``accept_held``): a filter on the listening socket has the kernel drop
+  each SYN (the first segment of a new connection) and nothing else, so
+  the connections open, and handshakes under way, go on; the kernels of the
+  clients send their SYN again 1 s later, then 3 s, 7 s ... (TCP's own
+  back-off), which costs the listener nothing. A peer that connects
+  meanwhile (also a real newcomer) gets in once its SYN comes while the
+  listener accepts again;
 * **accept paused at EMFILE**: an ``ACCEPT_FAILED`` for lack of descriptors
   sheds the quietest eighth of the listener's connections; a listener that
   has none stops listening (``unbind``) and binds again ``accept_pause``
@@ -57,6 +70,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import resource
 import socket
 import struct
@@ -83,7 +97,8 @@ __all__ = ["ConnectionPolicy", "GuardedListener", "default_policy", "set_default
 log = logging.getLogger(__name__)
 
 #: the counters a guarded listener adds to (see the module's docstring)
-COUNTERS = ("connections_shed", "connections_revoked", "messages_revoked", "accept_paused")
+COUNTERS = ("connections_shed", "connections_revoked", "messages_revoked", "accept_paused",
+            "accept_held")
 #: connections a listener must have held before a fall to half of them trims the heap
 TRIM_AFTER = 256
 #: seconds between two trims of the heap
@@ -100,7 +115,8 @@ class ConnectionPolicy:
     max_per_address: Optional[int] = 128
     #: seconds between two looks at the allowlist for keys removed from it
     revoke_check: float = 0.25
-    #: seconds a listener that could not accept for lack of descriptors stops listening
+    #: seconds a listener that could not accept for lack of descriptors stops listening,
+    #: and one whose unknown connections were over ``max_unknown`` takes no new ones
     accept_pause: float = 0.5
     #: connections whose sender the owner does not know (``GuardedListener``'s ``keep``),
     #: at most (None: no bound but ``max_connections``)
@@ -190,6 +206,8 @@ class GuardedListener:
         self._trim_due = False  # a trim waits for TRIM_PERIOD to pass
         self._shed_since = 0  # connections shut down since the last trim
         self._paused = False
+        self._held: Optional[int] = None  # the listening descriptor while accept is held
+        self._listening: Optional[int] = None  # the listening descriptor, once looked up
         self._closed = False
         self._mandatory = False  # ROUTER_MANDATORY set (by the first ``routes_to``)
         self._greenlets: list[gevent.Greenlet] = []
@@ -306,10 +324,10 @@ class GuardedListener:
         return route is not None and self.keep is not None and self.keep(route)
 
     def _bound_unknown(self, bound: int) -> None:
-        """Shed connections ``keep`` does not accept down to half of ``bound``. They are
-        counted (each asks ``keep``) only when so many connections are open that they
-        could be over it, going by the last count, or a second after it (a sender the
-        owner forgot since)."""
+        """Over ``bound``, hold the accepts (``_hold``) and shed connections ``keep``
+        does not accept down to 7/8 of it. They are counted (each asks ``keep``) only
+        when so many connections are open that they could be over it, going by the last
+        count, or a second after it (a sender the owner forgot since)."""
         accepted, now = self.accepted, time.monotonic()
         if len(accepted) - self._known <= bound and not (
                 len(accepted) > bound and now - self._counted >= 1.0):
@@ -318,8 +336,9 @@ class GuardedListener:
         kept = self._kept
         self._known = known = sum(1 for fd in list(accepted) if kept(fd))
         unknown = len(accepted) - known
-        if unknown > bound:  # down to half of it: a flood's clients reconnect at once,
-            self._shed(unknown - bound // 2)  # and each scan asks the kernel of each
+        if unknown > bound:  # no new ones a while: they would be the flood's again,
+            self._hold()  # and those shed come back once accepts are no longer held
+            self._shed(unknown - bound + bound // 8)  # down to 7/8: one scan sheds many
 
     def _forget(self, fd: int) -> None:
         self.routes.pop(fd, None)
@@ -363,9 +382,11 @@ class GuardedListener:
                 small.append((when, fd))
             else:
                 larger.append((octets, when, fd))
-        for when, fd in small + [(when, fd) for _, when, fd in sorted(larger)]:
+        for i, (when, fd) in enumerate(small + [(when, fd) for _, when, fd in sorted(larger)]):
             if shed >= count:
                 break
+            if i and not i % _SHED_BATCH:
+                gevent.idle()
             if accepted.get(fd) == when:
                 self._shut_down(fd, "connections_shed")
                 shed += 1
@@ -392,7 +413,7 @@ class GuardedListener:
         self._paused = True
         log.warning("out of descriptors: not listening at %s for %.1fs", endpoint,
                     self.policy.accept_pause)
-        self._greenlets.append(gevent.spawn_later(self.policy.accept_pause, self._listen_again))
+        self._later(self.policy.accept_pause, self._listen_again)
 
     def _listen_again(self) -> None:
         while not self._closed:
@@ -405,6 +426,30 @@ class GuardedListener:
             self._paused = False
             return
 
+    def _later(self, seconds: float, function: Callable[[], None]) -> None:
+        """Call ``function`` on the hub in ``seconds`` (unless the guard stops first)."""
+        self._greenlets = [g for g in self._greenlets if not g.dead]
+        self._greenlets.append(gevent.spawn_later(seconds, function))
+
+    def _hold(self) -> None:
+        """Take no new connection for ``accept_pause`` seconds (see the module's docstring)."""
+        if self._held is not None or self._paused or self._closed:
+            return
+        fd = self._listening
+        if fd is None or not _listens(fd, self.port):
+            fd = self._listening = _listening_descriptor(self.port)
+        if fd is None or not _hold_accepts(fd, True):
+            return
+        self._held = fd
+        self.counters.add("accept_held")
+        self._later(self.policy.accept_pause, self._release)
+
+    def _release(self) -> None:
+        """Accept new connections again."""
+        fd, self._held = self._held, None
+        if fd is not None and _listens(fd, self.port):
+            _hold_accepts(fd, False)
+
     def _trim(self) -> None:
         """Trim the heap now, or once ``TRIM_PERIOD`` has passed since the last trim (a
         flood's connections rise and fall many times: its last fall is trimmed too)."""
@@ -413,7 +458,7 @@ class GuardedListener:
         if wait > 0:
             if not self._trim_due:
                 self._trim_due = True
-                self._greenlets.append(gevent.spawn_later(wait, self._trim_later))
+                self._later(wait, self._trim_later)
             return
         trim = _malloc_trim()
         if trim is not None:
@@ -520,6 +565,7 @@ class GuardedListener:
         except zmq.ZMQError:
             pass
         gevent.killall(self._greenlets, block=False)
+        self._release()
         self._monitor.close()
 
     def close(self, linger: float = 0.0) -> None:
@@ -562,6 +608,75 @@ def _borrow(fd: int, port: int) -> Optional[socket.socket]:
         pass
     sock.detach()
     return None
+
+
+def _listens(fd: int, port: int) -> bool:
+    """Whether ``fd`` is a TCP socket listening on local ``port``."""
+    try:
+        sock = socket.socket(fileno=fd)  # (probes its family: a listener may be IPv6)
+    except OSError:
+        return False
+    try:
+        return sock.type == socket.SOCK_STREAM and sock.getsockname()[1] == port and \
+            bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    except (OSError, IndexError, TypeError):
+        return False
+    finally:
+        sock.detach()
+
+
+def _listening_descriptor(port: int) -> Optional[int]:
+    """The descriptor of this process listening on TCP ``port`` (libzmq's, for a bound
+    ROUTER), None if there is none."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        if name.isdigit() and _listens(int(name), port):
+            return int(name)
+    return None
+
+
+#: classic BPF on a listening TCP socket (the data starts at the TCP header): drop a
+#: segment that has SYN and not ACK (a new connection), keep every other (handshakes
+#: under way; connections accepted meanwhile inherit the filter, and never get such one)
+_DROP_SYN = ((0x30, 0, 0, 13),  # ldb [13]: the flags
+             (0x54, 0, 0, 0x12),  # and #(SYN | ACK)
+             (0x15, 0, 1, 0x02),  # jeq #SYN: the next, else the one after
+             (0x06, 0, 0, 0),  # ret #0: drop
+             (0x06, 0, 0, 0xFFFFFFFF))  # ret #-1: keep it whole
+_SO_ATTACH_FILTER, _SO_DETACH_FILTER = 26, 27  # Linux's <asm-generic/socket.h>
+
+
+@cache
+def _syn_filter() -> tuple[Any, bytes]:
+    """``_DROP_SYN`` in memory and a ``struct sock_fprog`` pointing at it (ctypes is
+    loaded only by a listener that holds its accepts)."""
+    import ctypes
+    code = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *op) for op in _DROP_SYN))
+    return code, struct.pack("@HP", len(_DROP_SYN), ctypes.addressof(code))
+
+
+def _hold_accepts(fd: int, hold: bool) -> bool:
+    """Have the kernel drop (``hold``) or take again the new connections to listening
+    socket ``fd``; whether it did."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        if hold:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, _syn_filter()[1])
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, 0)
+        return True
+    except OSError as exc:  # not Linux, or no filter attached
+        log.debug("cannot %s new connections on descriptor %d: %s",
+                  "hold" if hold else "take again", fd, exc)
+        return False
+    finally:
+        sock.detach()
 
 
 def _remote_address(fd: int, port: int) -> str:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import gevent
+import gevent.socket
 import pytest
 import zmq
 
@@ -251,8 +252,9 @@ def test_a_known_senders_connection_is_never_shed_and_the_unknown_ones_are_bound
             dealer.socket.connect(endpoint)
             assert dealer.try_send([b"x" * 4096])
         wait_shed(shed, CAP - 8, sleep=gevent.sleep)
-        with flood(listener.port):
-            wait_shed(shed, CAP - 8 + FLOOD - 8, sleep=gevent.sleep)
+        # the listener holds its accepts meanwhile: the flood gets in in waves (see below)
+        with flood(listener.port, wait=False):
+            wait_shed(shed, CAP - 8 + FLOOD // 4, sleep=gevent.sleep)
             assert listener.accepted.get(fd) == since, "the known sender's connection was shed"
             assert listener.routes.get(fd) == b"\x01known"
             assert ask(known, b"still") == [b"echo", b"still"]
@@ -261,3 +263,83 @@ def test_a_known_senders_connection_is_never_shed_and_the_unknown_ones_are_bound
             dealer.close()
         listener.close()
         server.kill()
+
+
+def begin_connect(port: int) -> socket.socket:
+    """A TCP connection to ``port`` on loopback, begun (not waited for)."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    sock.connect_ex(("127.0.0.1", port))
+    return sock
+
+
+def connected(sock: socket.socket, seconds: float) -> bool:
+    """Whether ``sock``'s connection is established within ``seconds`` (gevent's wait)."""
+    try:
+        gevent.socket.wait_write(sock.fileno(), timeout=seconds)
+    except gevent.socket.timeout:
+        return False
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+
+
+def held_listener(pause: float) -> tuple[GuardedListener, Counters, HubSocket]:
+    """A listener keeping at most 8 connections of senders it does not know (it knows only
+    ``\\x01known``), holding its accepts for ``pause`` seconds once over it; and the known
+    sender, connected and answered."""
+    router = make_socket(zmq.ROUTER)
+    endpoint = bind_ephemeral(router, "127.0.0.1")
+    shed = counters()
+    listener = GuardedListener(HubSocket(router, endpoint=endpoint), shed,
+                               ConnectionPolicy(max_connections=CAP, max_unknown=8,
+                                                accept_pause=pause),
+                               keep=lambda identity: identity == b"\x01known")
+    known = HubSocket(make_socket(zmq.DEALER, {zmq.IDENTITY: b"\x01known"}))
+    known.socket.connect(endpoint)
+    return listener, shed, known
+
+
+def test_over_max_unknown_the_listener_holds_new_connections_and_serves_the_known() -> None:
+    # A shed client connects again at once (a DEALER 0.1 s later, for ever): shedding
+    # alone turned a flood into a storm of connections accepted and shed again.
+    listener, shed, known = held_listener(pause=1.0)
+    server = echo(listener)
+    late: list[socket.socket] = []
+    try:
+        assert ask(known, b"hello") == [b"echo", b"hello"]
+        with flood(listener.port, 20, wait=False):
+            poll_until(lambda: shed.get("accept_held") >= 1, WAIT, "the accepts held",
+                       sleep=gevent.sleep)
+            poll_until(lambda: listener.connections - 1 <= 8, WAIT, "at most 8 unknown",
+                       sleep=gevent.sleep)
+            # held: a new connection's SYN is dropped (the kernel sends it again in 1 s)
+            late.append(begin_connect(listener.port))
+            assert listener._held is not None
+            assert not connected(late[0], 0.3), "a connection got in while accepts were held"
+            assert ask(known, b"held") == [b"echo", b"held"]  # the known sender served
+            # ... and accepted again after accept_pause
+            assert connected(late[0], WAIT), "no connection got in after the hold"
+        assert shed.get("connections_shed") >= 20 - 8
+    finally:
+        for sock in late:
+            sock.close()
+        known.close()
+        listener.close()
+        server.kill()
+
+
+def test_a_listener_stopped_while_holding_accepts_again() -> None:
+    listener, shed, known = held_listener(pause=60.0)
+    late: list[socket.socket] = []
+    try:
+        with flood(listener.port, 20, wait=False):
+            poll_until(lambda: shed.get("accept_held") >= 1, WAIT, "the accepts held",
+                       sleep=gevent.sleep)
+            late.append(begin_connect(listener.port))
+            assert not connected(late[0], 0.3), "a connection got in while accepts were held"
+            listener.stop()  # a guard stopped (the socket stays open) holds nothing back
+            assert connected(late[0], WAIT), "the connection held after stop()"
+    finally:
+        for sock in late:
+            sock.close()
+        known.close()
+        listener.close()

@@ -107,9 +107,11 @@ def test_hellos_from_many_identities_wait_at_most_max_unproven(
         fake.hello()
     # Nothing proves the fakes (no beacon, no PING-OK): 16 (max_unproven) wait for it; each
     # other HELLO sheds the oldest once that had hello_timeout to answer a PING, or waits for a
-    # beacon, refused after hello_timeout (5 s)
+    # beacon, refused after hello_timeout (5 s); the connections that are no peer's are over
+    # 16, so the mailbox holds its accepts a while (accept_held): the last fakes connect,
+    # and say HELLO, when their SYN comes again (1 s later, then 3 s)
     stats = poll_until(lambda: (s := target.stats())["unproven_refused"]
-                       + s["unproven_shed"] >= 24 and s, 5.0 + WAIT,
+                       + s["unproven_shed"] >= 24 and s, 5.0 + 2 * WAIT,
                        "the target to handle every HELLO")
     assert stats["peers"] == 1 + 16 and stats["unproven_refused"] + stats["unproven_shed"] == 24
     assert stats["peers_refused"] == 0, stats
@@ -133,11 +135,12 @@ def test_a_talking_peers_connection_is_never_shed(bounded: Mesh,
         loud.send([zre.SIGNATURE.to_bytes(2, "big") + b"\x02\x02\x00\x07", b"x" * 32768])
     # max_connections 40 (max_peers 24 + max_pending 16); at most 16 (max_unproven) no peer's
     wait_shed(lambda name: target.stats()[name], at_least=60 - 16)
-    with flood(port, 100):  # idle connections too, without a handshake
-        wait_shed(lambda name: target.stats()[name], at_least=60 - 16 + 100 - 16)
+    # the mailbox holds its accepts meanwhile (accept_held): the rest get in in waves
+    with flood(port, 100, wait=False):  # idle connections too, without a handshake
+        wait_shed(lambda name: target.stats()[name], at_least=60 - 16 + 100 // 2)
         bounded.assert_serving()  # the chatter complete and in order, no EXIT of the peer
         assert good <= accepted_at(port), "the good peer's connection was shed"
-    assert target.stats()["sequence_resyncs"] == 0
+    assert target.stats()["sequence_resyncs"] == 0 and target.stats()["accept_held"] >= 1
     assert bounded.good is not None and bounded.good.stats()["sequence_resyncs"] == 0
 
 
