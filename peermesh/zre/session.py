@@ -1027,13 +1027,16 @@ class Session:
         name endpoints on its own addresses only, and ``max_peers_per_address`` bounds the
         peers one address makes, as it bounds those its beacons would report. At this
         node's own address and on loopback (any process of this host can connect from
-        any 127.x.y.z) it proves nothing: the PING or report proof stays."""
+        any 127.x.y.z) it proves nothing: the PING or report proof stays. An address at
+        its cap is not asked about (a real mailbox scans its connections to answer)."""
         source = self.source
         if source is None:
             return False
         address = self._address(endpoint)
-        return (bool(address) and not address.startswith("127.")
-                and source(identity) == address)
+        if (not address or address.startswith("127.")
+                or self.per_address.get(address, 0) >= self.config.max_peers_per_address):
+            return False
+        return source(identity) == address
 
     def _room_for_unproven(self, now: float) -> bool:
         """Whether a node that says HELLO before any report of it may enter: at most
