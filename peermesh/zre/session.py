@@ -18,7 +18,8 @@ Outputs go through callables the driver supplies: ``connect(uuid,
 endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
 it), ``emit(event)`` takes events; optionally ``linked(identity)`` says
 whether that routing identity holds a connection to our mailbox now (None:
-cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
+cannot tell), ``source(identity)`` the address the message being handled
+came from (None: cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
 clock, opens a socket or blocks.
 
 Peer states and transitions (all of them are in this module)::
