@@ -222,20 +222,26 @@ class SimNetwork:
         self.beacons_sent += len(targets)
         now = self.clock.now()
         batch: dict[float, list[SimBeaconSocket]] = {}
-        for target in targets:
-            settings = self._settings(source, target.host)
-            if not self._reachable(source, target.host) or (
-                    settings.loss and self.random.random() < settings.loss):
-                self.beacons_lost += 1
-                continue
-            batch.setdefault(now + self._delay(settings), []).append(target)
+        default = self.default
+        if not (self._partitioned or self._links or default.loss or default.jitter):
+            if targets:  # (every copy alike: one batch, no draws, as below)
+                batch[now + default.latency] = targets
+        else:
+            for target in targets:
+                settings = self._settings(source, target.host)
+                if not self._reachable(source, target.host) or (
+                        settings.loss and self.random.random() < settings.loss):
+                    self.beacons_lost += 1
+                    continue
+                batch.setdefault(now + self._delay(settings), []).append(target)
         for when, group in batch.items():
             self.beacons_in_flight += len(group)
 
             def deliver(group: list[SimBeaconSocket] = group) -> None:
                 self.beacons_in_flight -= len(group)
+                bound = self._beacons.get(port, {})
                 for target in group:
-                    if self._beacons.get(port, {}).get(target.host) is target:
+                    if bound.get(target.host) is target:
                         self.beacons_delivered += 1
                         target.deliver(data, source, destination)
                     else:  # its host closed the socket meanwhile
