@@ -264,6 +264,17 @@ class GuardedListener:
             return listener.closed is False and exc.errno == zmq.EAGAIN
         return True
 
+    def source_of(self, identity: bytes) -> Optional[str]:
+        """The address of the host whose connection a message under routing ``identity``
+        came by: "" for this host's own, None when no such message was read (needs
+        ``keep``). It scans the connections: for the few messages that ask, as a new
+        peer's HELLO (``Session.source``)."""
+        for fd, route in self.routes.items():
+            if route == identity:
+                address = self.sources.get(fd)
+                return address if address is not None else _remote_address(fd, self.port)
+        return None
+
     def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
               backpressure: Any = None, *, metadata: Optional[str] = None,
               after_batch: Optional[Callable[[], None]] = None) -> None:

@@ -222,20 +222,26 @@ class SimNetwork:
         self.beacons_sent += len(targets)
         now = self.clock.now()
         batch: dict[float, list[SimBeaconSocket]] = {}
-        for target in targets:
-            settings = self._settings(source, target.host)
-            if not self._reachable(source, target.host) or (
-                    settings.loss and self.random.random() < settings.loss):
-                self.beacons_lost += 1
-                continue
-            batch.setdefault(now + self._delay(settings), []).append(target)
+        default = self.default
+        if not (self._partitioned or self._links or default.loss or default.jitter):
+            if targets:  # (every copy alike: one batch, no draws, as below)
+                batch[now + default.latency] = targets
+        else:
+            for target in targets:
+                settings = self._settings(source, target.host)
+                if not self._reachable(source, target.host) or (
+                        settings.loss and self.random.random() < settings.loss):
+                    self.beacons_lost += 1
+                    continue
+                batch.setdefault(now + self._delay(settings), []).append(target)
         for when, group in batch.items():
             self.beacons_in_flight += len(group)
 
             def deliver(group: list[SimBeaconSocket] = group) -> None:
                 self.beacons_in_flight -= len(group)
+                bound = self._beacons.get(port, {})
                 for target in group:
-                    if self._beacons.get(port, {}).get(target.host) is target:
+                    if bound.get(target.host) is target:
                         self.beacons_delivered += 1
                         target.deliver(data, source, destination)
                     else:  # its host closed the socket meanwhile
@@ -357,8 +363,9 @@ class SimMailbox:
         self.network, self.host, self.port = network, host, port
         self.endpoint = f"tcp://{host}:{port}"
         self.max_message = max_message
-        self._queue: deque[tuple[bytes, Sequence[bytes]]] = deque()
+        self._queue: deque[tuple[SimLink, Sequence[bytes]]] = deque()
         self._ready = gevent.event.Event()
+        self._reading: Optional[SimLink] = None  # the link of the message ``serve`` hands on
         #: set by an owner that sends back down the links (a ROUTER, as the Flux tree
         #: uses it): only then are links remembered, by identity (a ZRE mailbox never
         #: sends, and thousands of them would keep a link per peer each)
@@ -369,8 +376,14 @@ class SimMailbox:
     def deliver(self, link: "SimLink", frames: Sequence[bytes]) -> None:
         if self.replies:
             self._links[link.identity] = link
-        self._queue.append((link.identity, frames))
+        self._queue.append((link, frames))
         self._ready.set()
+
+    def source_of(self, identity: bytes) -> Optional[str]:
+        """The address the message ``serve`` is handing on came from, if ``identity``
+        sent it (a real mailbox reads it as the message's "Peer-Address")."""
+        link = self._reading
+        return link.source if link is not None and link.identity == identity else None
 
     def try_send(self, frames: Sequence[bytes]) -> bool:
         """Send ``frames[1:]`` down the link whose identity is ``frames[0]`` (as a
@@ -390,11 +403,13 @@ class SimMailbox:
             while queue:
                 if full is not None and full():
                     backpressure.wait_room()
-                identity, frames = queue.popleft()
+                link, frames = queue.popleft()
                 if sum(map(len, frames)) > self.max_message:
-                    on_oversized(identity)
+                    on_oversized(link.identity)
                 else:  # a list of its own, as a real mailbox gives, made only now
-                    on_message(identity, list(frames))
+                    self._reading = link
+                    on_message(link.identity, list(frames))
+                    self._reading = None
             self._ready.clear()
             self._ready.wait()
 

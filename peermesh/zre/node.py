@@ -271,6 +271,8 @@ class Node:
             # are at most max_unproven
             keep=self._knows, max_unknown=cfg.max_unproven)
         self.mailbox_port = self._mailbox.port
+        # where each message came from, if the mailbox can tell (a HELLO from its host)
+        self._session.source = getattr(self._mailbox, "source_of", None)
         self.endpoint = f"tcp://{itf.address}:{self.mailbox_port}"
         self._session.start(self.endpoint)
         self._state = "running"

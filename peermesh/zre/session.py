@@ -18,7 +18,8 @@ Outputs go through callables the driver supplies: ``connect(uuid,
 endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
 it), ``emit(event)`` takes events; optionally ``linked(identity)`` says
 whether that routing identity holds a connection to our mailbox now (None:
-cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
+cannot tell), ``source(identity)`` the address the message being handled
+came from (None: cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
 clock, opens a socket or blocks.
 
 Peer states and transitions (all of them are in this module)::
@@ -107,6 +108,9 @@ went unanswered for ``hello_timeout`` (the PINGs go when the bound is first met,
 unless ``rtt_probe`` sent them), else its HELLO waits, with no link, until a
 report comes from its endpoint (it enters then) or ``hello_timeout`` passed
 (refused: at most ``max_pending`` HELLOs and ``HELD_HELLO_OCTETS`` wait);
+a HELLO that came from the address its endpoint names (when the driver can
+tell, ``source``), another host's and not loopback, is not unproven: only
+that host could send it, and the next bound caps what one address makes;
 ``max_peers_per_address`` peers at one address (their endpoint's; the
 node's own address, where its host's other nodes live, is not counted: a
 flood from one host cannot fill the table, and a peer that said HELLO sheds
@@ -327,7 +331,8 @@ class Session:
                  connect: Callable[[UUID, str], Optional[Link]],
                  emit: Callable[[Event], None],
                  linked: Optional[Callable[[bytes], Optional[bool]]] = None,
-                 wake: Optional[Callable[[], None]] = None) -> None:
+                 wake: Optional[Callable[[], None]] = None,
+                 source: Optional[Callable[[bytes], Optional[str]]] = None) -> None:
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
         self._identity = b"\x01" + self.uuid_bytes  # our routing identity
@@ -343,6 +348,9 @@ class Session:
         self.linked = linked
         #: asks the driver to call ``settle`` soon and again while it returns True
         self.wake = wake
+        #: the address the message being handled, from a routing identity, came from
+        #: (None: cannot tell); ``_from_its_host``
+        self.source = source
         self.groups: set[str] = set()
         #: each of ``groups`` by its encoded ZRE string (a SHOUT header's tail)
         self._group_fields: dict[bytes, str] = {}
@@ -998,7 +1006,8 @@ class Session:
             elif holder is not None and now - holder.last_seen < self.config.evasive:
                 self._claim(holder, uuid, identity, hello, now)
                 return
-            if not self._room_for_unproven(now):
+            proven = self._from_its_host(identity, hello.endpoint)
+            if not proven and not self._room_for_unproven(now):
                 self._hold_hello(uuid, hello, size, now)
                 return
             peer = self._require_peer(uuid, hello.endpoint, now, hello=True)
@@ -1006,10 +1015,28 @@ class Session:
                 return
             if self._held_hellos:
                 self._unhold(uuid)
-            self.unproven[uuid] = peer
+            if not proven:
+                self.unproven[uuid] = peer
             self._accept_hello(peer, hello, now, announce=True)
             return
         self._accept_hello(peer, hello, now, announce=True)
+
+    def _from_its_host(self, identity: bytes, endpoint: str) -> bool:
+        """Whether the HELLO being handled came from the address its ``endpoint`` names,
+        another host's (``source``): what a real node sends, and proof enough. A host can
+        name endpoints on its own addresses only, and ``max_peers_per_address`` bounds the
+        peers one address makes, as it bounds those its beacons would report. At this
+        node's own address and on loopback (any process of this host can connect from
+        any 127.x.y.z) it proves nothing: the PING or report proof stays. An address at
+        its cap is not asked about (a real mailbox scans its connections to answer)."""
+        source = self.source
+        if source is None:
+            return False
+        address = self._address(endpoint)
+        if (not address or address.startswith("127.")
+                or self.per_address.get(address, 0) >= self.config.max_peers_per_address):
+            return False
+        return source(identity) == address
 
     def _room_for_unproven(self, now: float) -> bool:
         """Whether a node that says HELLO before any report of it may enter: at most

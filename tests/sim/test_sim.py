@@ -300,3 +300,18 @@ def test_the_reports_counts_add_up(make_sim):
         assert counts["sent"] == counts["delivered"] + counts["lost"] + counts["in_flight"], \
             (kind, counts)
     assert report["beacons"]["in_flight"] > 0
+
+
+def test_hellos_from_the_hosts_their_endpoints_name_need_no_other_proof(make_sim):
+    # Each node that starts after the others hears their HELLOs before any of their
+    # beacons: far more than max_unproven. Each comes from the host its endpoint names,
+    # which the simulated mailbox tells (as "Peer-Address" would): all enter in the first
+    # round, with no PING and no HELLO held for a beacon.
+    sim = make_sim(40, max_unproven=4)
+    assert sim.run_until(sim.is_full_mesh, limit=0.5)  # the next beacons go at 1 s
+    for node in sim.nodes:
+        session = node._session
+        stats = session.counters.snapshot()
+        assert stats["unproven_refused"] == stats["unproven_shed"] == 0, stats
+        assert not session.unproven and session.sent_control == 0
+    assert sim.nodes[-1]._session.source is not None

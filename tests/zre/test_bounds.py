@@ -140,6 +140,45 @@ def test_hellos_that_nothing_proves_wait_at_most_max_unproven() -> None:
     assert fakes[1].uuid in h.session.pending
 
 
+def test_a_hello_from_the_host_its_endpoint_names_is_proof_enough_but_the_cap_holds() -> None:
+    # Where the driver tells each message's source address, a HELLO from the host whose
+    # endpoint it names needs no PING or beacon; one host still makes at most
+    # max_peers_per_address peers. Other sources, loopback and this node's own address
+    # (any local process can connect from any 127.x.y.z) prove nothing.
+    h = harness(max_unproven=2, max_peers_per_address=4)
+    sources: dict[bytes, str] = {}
+    h.session.source = sources.get
+    own = OWN_ENDPOINT[6:].rpartition(":")[0]
+
+    def hello(name: str, endpoint: str, source: str, now: float) -> Remote:
+        remote = Remote(name, 0)
+        remote.endpoint = endpoint
+        sources[remote.identity] = source
+        h.send(remote, remote.hello(), now)
+        return remote
+
+    hosts = [hello(f"host{i}", f"tcp://10.0.0.2:{2000 + i}", "10.0.0.2", 0.0)
+             for i in range(10)]
+    assert [h.session.peers[r.uuid].ready for r in hosts[:4]] == [True] * 4
+    assert not any(r.uuid in h.session.peers for r in hosts[4:])
+    assert h.session.counters.get("address_refused") == 6
+    assert not h.session.unproven and all(h.link(r.endpoint).kinds() == ["Hello"]
+                                          for r in hosts[:4])
+    elsewhere = hello("elsewhere", "tcp://10.0.0.7:3000", "10.0.0.2", 0.1)
+    loopback = hello("loopback", "tcp://127.0.0.9:3001", "127.0.0.9", 0.1)
+    local = hello("local", f"tcp://{own}:3002", own, 0.1)
+    assert list(h.session.unproven) == [elsewhere.uuid, loopback.uuid]
+    assert local.uuid not in h.session.peers  # unproven is full: its HELLO waits
+    assert h.session.counters.get("unproven_refused") == 0
+    unknown = Remote("unknown", 0)  # the driver cannot tell where it came from
+    unknown.endpoint = "tcp://10.0.0.8:3003"
+    h.send(unknown, unknown.hello(), 0.2)
+    assert unknown.uuid not in h.session.peers
+    assert all(h.link(r.endpoint).kinds() == ["Hello", "Ping"] for r in (elsewhere, loopback))
+    other = hello("other", "tcp://10.0.0.3:4000", "10.0.0.3", 0.3)  # another host: in
+    assert h.session.peers[other.uuid].ready and other.uuid not in h.session.unproven
+
+
 def test_a_node_at_a_cap_says_so_once_naming_the_setting(caplog: pytest.LogCaptureFixture
                                                          ) -> None:
     h = harness(max_peers=10, max_pending=4, max_unproven=4)
