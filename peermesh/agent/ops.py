@@ -106,10 +106,7 @@ class MeshOps:
 
     def shout(self, args: dict[str, Any]) -> Any:
         node = self.node
-        group = _req_str(args, "group")
-        frames = _frames_arg(args)
-        wait = _wait_arg(args)
-        confirm = _bool_arg(args, "confirm", True)
+        group, frames, wait, confirm = _send_args(args, "group")
         deadline = time.monotonic() + wait
         settled = min(self._settled_at(), deadline)
         while True:
@@ -129,10 +126,7 @@ class MeshOps:
 
     def whisper(self, args: dict[str, Any]) -> Any:
         node = self.node
-        target = _req_str(args, "peer")
-        frames = _frames_arg(args)
-        wait = _wait_arg(args)
-        confirm = _bool_arg(args, "confirm", True)
+        target, frames, wait, confirm = _send_args(args, "peer")
         try:
             uuid = resolve_peer(node, target, wait, self._settled_at(), self._wait_change)
         except AmbiguousPeerError as exc:
@@ -143,6 +137,13 @@ class MeshOps:
         node.whisper(uuid, *frames)
         confirmed = node.flush(1.0) if confirm else None
         return {"peer": uuid.hex, "name": name, "confirmed": confirmed}
+
+
+def _send_args(args: dict[str, Any], key: str) -> tuple[str, list[bytes], float, bool]:
+    """What ``shout`` and ``whisper`` take: ``key`` (the group or peer), the frames, ``wait``
+    and ``confirm``."""
+    return (_req_str(args, key), _frames_arg(args), _wait_arg(args),
+            _bool_arg(args, "confirm", True))
 
 
 def _req_str(args: dict[str, Any], key: str) -> str:

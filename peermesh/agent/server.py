@@ -429,8 +429,8 @@ class AgentServer:
         if op == "events":
             self._subscribe(conn, rid, args)
             return
-        handler = self._ops.get(op)
-        if handler is None:
+        run = self._ops.get(op)
+        if run is None:
             known = ", ".join(sorted([*self._ops, "events"]))
             self._reply(conn, rid,
                         error=("unknown-op", f"unknown op {op[:40]!r}; known: {known}"))
@@ -438,14 +438,14 @@ class AgentServer:
         if self._pool.full():
             self._reply(conn, rid, error=("busy", "too many requests in progress"))
             return
-        self._pool.spawn(self._run_op, handler, conn, rid, args)
+        self._pool.spawn(self._run_op, run, conn, rid, args)
 
-    def _run_op(self, handler: Callable[[dict[str, Any]], Any], conn: _Connection,
+    def _run_op(self, run: Callable[[dict[str, Any]], Any], conn: _Connection,
                 rid: Any, args: dict[str, Any]) -> None:
         from ..errors import NodeStateError, PeerNotResponding, UnknownPeerError
 
         try:
-            result = handler(args)
+            result = run(args)
         except OpRefused as exc:
             self._reply(conn, rid, error=(exc.code, str(exc)))
         except NodeStateError as exc:

@@ -22,7 +22,7 @@ import sys
 
 from ..errors import InterfaceError, PeermeshError
 from .fastpath import plain_agent_args, probe_agent
-from .options import build_config, setup_logging
+from .options import build_config, command_log, setup_logging
 from .output import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, NotFound, note
 from .parser import BUILTIN, COMMAND_MODULES, build_parser
 from .serving import cmd_agent
@@ -31,7 +31,6 @@ from .session import install_handlers
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
     import argparse
-    import logging
     from typing import Optional, Sequence
 
     from ..config import NodeConfig
@@ -39,12 +38,6 @@ if TYPE_CHECKING:
 # build_parser, build_config, COMMAND_MODULES and cmd_agent are imported here for the
 # programs and tests that use them as ``peermesh.cli.commands.*``.
 __all__ = ["main", "build_parser", "build_config"]
-
-
-def _log() -> logging.Logger:
-    import logging
-
-    return logging.getLogger("peermesh.cli.commands")
 
 
 def _failures() -> tuple[type[BaseException], ...]:
@@ -137,7 +130,7 @@ def _interrupted(exc: Optional[BaseException]) -> int:
 
 def _fail(exc: BaseException | str, code: int, verbosity: int) -> int:
     if verbosity >= 2 and isinstance(exc, BaseException):
-        _log().debug("details", exc_info=exc)
+        command_log().debug("details", exc_info=exc)
     note(f"error: {exc}")
     return code
 

@@ -21,12 +21,14 @@ from .output import EXIT_OK, PROG
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
     import argparse
+    import logging
     from typing import Any, Optional
 
     from ..config import NodeConfig
 
 __all__ = ["help_formatter", "node_options_parser", "verbose_option", "agent_options",
-           "build_config", "setup_logging", "cmd_config_example", "NODE_DEFAULT", "LONG_ONLY"]
+           "build_config", "setup_logging", "command_log", "cmd_config_example",
+           "NODE_DEFAULT", "LONG_ONLY"]
 
 #: in a help text: the NodeConfig default of the option's field, filled in when help is shown
 NODE_DEFAULT = "{node default}"
@@ -267,6 +269,13 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
     if args.evasive or args.expired:
         overrides["silent"] = min(max(base.silent, evasive), expired)
     return base.replace(**overrides)
+
+
+def command_log() -> logging.Logger:
+    """The logger of the command line (logging is loaded on first use)."""
+    import logging
+
+    return logging.getLogger("peermesh.cli.commands")
 
 
 def setup_logging(args: Any) -> None:

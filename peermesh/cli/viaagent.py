@@ -8,22 +8,15 @@ its own when it gets none; ``join``, ``leave`` and ``status`` require one.
 
 from __future__ import annotations
 
-from .options import setup_logging
+from .options import command_log, setup_logging
 from .output import PROG, NotFound, note
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
     import argparse
-    import logging
     from typing import Any
 
 __all__ = ["agent_client", "call_agent", "checked_answer"]
-
-
-def _log() -> logging.Logger:
-    import logging
-
-    return logging.getLogger("peermesh.cli.commands")
 
 
 def agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any, str]:
@@ -52,7 +45,7 @@ def agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any,
         if not none:  # an agent may be there, but cannot be used: say so
             note(f"{exc}; using a node of its own")
         setup_logging(args)
-        _log().info("%s; using a node of its own", exc)
+        command_log().info("%s; using a node of its own", exc)
         return None, str(exc)
     if not required:
         mismatch = _mesh_mismatch(args, client.info)
@@ -60,7 +53,7 @@ def agent_client(args: argparse.Namespace, required: bool = False) -> tuple[Any,
             client.close()
             why = f"not using the agent at {path}: {mismatch}"
             setup_logging(args)
-            _log().info("%s", why)
+            command_log().info("%s", why)
             return None, why
     return client, ""
 
