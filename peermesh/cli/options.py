@@ -112,7 +112,7 @@ LONG_ONLY = ("long", "long, own --interval")
 
 @functools.cache
 def node_options_parser(timers_only: bool = False, long_only: bool = False,
-                  interval: bool = True) -> argparse.ArgumentParser:
+                        interval: bool = True) -> argparse.ArgumentParser:
     """The node options; ``timers_only``: just the beacon timers (a simulated network);
     ``long_only``: without their short forms (commands whose own short options mean
     what another tool's do, as ``flux ping -c/-i/-p``); ``interval`` False: without

@@ -287,8 +287,8 @@ Run '{PROG} COMMAND --help' for the options of a command.
                                             required=True)
             return p
         options = node_options_parser(node_options == "timers", node_options in LONG_ONLY,
-                                node_options != "long, own --interval") if node_options \
-            else verbose_option()
+                                      node_options != "long, own --interval") \
+            if node_options else verbose_option()
         p = where.add_parser(leaf, parents=[options, *parents], help=summary,
                              formatter_class=help_formatter(), description=description,
                              epilog=epilog)

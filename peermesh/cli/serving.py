@@ -21,15 +21,15 @@ if TYPE_CHECKING:
     from ..events import Event
     from ..zre.node import Node
 
-__all__ = ["cmd_run", "cmd_agent", "print_events"]
+__all__ = ["cmd_run", "cmd_agent"]
 
 
-def start_line(node: Node) -> str:
+def _start_line(node: Node) -> str:
     groups = ", ".join(clean(g) for g in node.groups()) or "none"
     return f"{clean(node.name)} ({node.uuid.hex}) at {node.endpoint}, groups: {groups}"
 
 
-def print_events(session: NodeSession, render: Optional[Callable[[Event], str]],
+def _print_events(session: NodeSession, render: Optional[Callable[[Event], str]],
                   publish: Optional[Callable[[Event], None]] = None) -> int:
     """Hand every event to ``publish`` and print it with ``render`` until the node stops."""
     try:
@@ -52,8 +52,8 @@ def cmd_run(args: argparse.Namespace, config: NodeConfig) -> int:
     """Print every event until SIGINT/SIGTERM stops the node."""
     session = NodeSession(config, serving=True)
     node = session.start()
-    note(f"{start_line(node)}; Ctrl-C to leave")
-    return print_events(session, renderer(args))
+    note(f"{_start_line(node)}; Ctrl-C to leave")
+    return _print_events(session, renderer(args))
 
 
 def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
@@ -84,14 +84,14 @@ def cmd_agent(args: argparse.Namespace, config: NodeConfig) -> int:
             raise
         server.reports["hooks"] = hooks.stats
         try:
-            note(f"{start_line(node)}; agent at {path} (pid {os.getpid()}); "
+            note(f"{_start_line(node)}; agent at {path} (pid {os.getpid()}); "
                  "Ctrl-C to leave")
             render = renderer(args) if args.print_events or args.json else None
 
             def publish(event: Event) -> None:
                 server.publish(event)
                 hooks.publish(event)
-            return print_events(session, render, publish)
+            return _print_events(session, render, publish)
         finally:
             hooks.close()
             server.close()
