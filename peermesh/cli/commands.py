@@ -24,20 +24,31 @@ from ..errors import InterfaceError, PeermeshError
 from .fastpath import plain_agent_args, probe_agent
 from .options import build_config, command_log, setup_logging
 from .output import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, NotFound, note
-from .parser import BUILTIN, COMMAND_MODULES, build_parser
-from .serving import cmd_agent
 from .session import install_handlers
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
     import argparse
-    from typing import Optional, Sequence
+    from typing import Any, Optional, Sequence
 
     from ..config import NodeConfig
 
-# build_parser, build_config, COMMAND_MODULES and cmd_agent are imported here for the
-# programs and tests that use them as ``peermesh.cli.commands.*``.
 __all__ = ["main", "build_parser", "build_config"]
+
+
+def __getattr__(name: str) -> Any:
+    """``build_parser`` and ``COMMAND_MODULES`` (``peermesh.cli.parser``) and ``cmd_agent``
+    (``peermesh.cli.serving``), for the programs that use them from here; loaded when
+    asked for, as the fast path does without them."""
+    if name in ("build_parser", "COMMAND_MODULES"):
+        from . import parser
+
+        return getattr(parser, name)
+    if name == "cmd_agent":
+        from .serving import cmd_agent
+
+        return cmd_agent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _failures() -> tuple[type[BaseException], ...]:
@@ -70,6 +81,8 @@ def _main(argv: list[str]) -> int:
         if probe is not None and not isinstance(probe, BaseException):
             plain.agent_probe = probe
             return _execute(plain)
+    from .parser import BUILTIN, build_parser
+
     first = next((a for a in argv if not a.startswith("-")), None)
     builtin = first in BUILTIN
     parser = build_parser(command_modules=not builtin, only=first if builtin else None)
