@@ -9,7 +9,7 @@ The first frame each side sends is the handshake, ``{"hello": PROTOCOL}``;
 the agent adds ``pid`` and ``version`` to its own and, when the numbers
 differ, an ``error`` (and closes). The client sends its handshake and its
 first request in one write and never waits for the handshake alone, so a
-command through the agent costs one round trip. See ``peermesh.agent.server``
+command through the agent costs one round trip. See ``peermesh.agent.protocol``
 for the requests and replies.
 
 This module loads only msgpack and the ``_socket`` extension (the ``socket``
@@ -20,25 +20,22 @@ more than a whole request), so a CLI command through the agent starts fast.
 from __future__ import annotations
 
 import _socket
-import os
 import time
 
 import msgpack
 
 from ..errors import PeermeshError
+from .path import MAX_PATH, default_agent_path, resolve_path
+from .protocol import PROTOCOL, frame
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
-    from typing import Any, Iterator, Mapping, Optional
+    from typing import Any, Iterator, Optional
 
 __all__ = ["AgentClient", "AgentError", "NoAgent", "AgentMismatch", "AgentGone",
            "default_agent_path", "resolve_path", "PROTOCOL", "MAX_PATH", "PROBE_TIMEOUT",
            "LOST_AFTER", "MAX_REPLY", "frame"]
 
-#: version of the agent protocol; a change that an older peer would misread bumps it
-PROTOCOL = 1
-#: longest socket path a Unix socket address holds (sun_path is 108 octets with the NUL)
-MAX_PATH = 107
 #: how long a client or a starting agent waits for an existing agent to answer
 PROBE_TIMEOUT = 1.0
 #: silence after which a subscriber considers the agent gone
@@ -78,48 +75,6 @@ class AgentMismatch(NoAgent):
 
 class AgentGone(PeermeshError, RuntimeError):
     """An agent stopped answering, or said it stops, during a request or subscription."""
-
-
-# --------------------------------------------------------------------------
-# Where the socket lives
-
-
-def default_agent_path(environ: Optional[Mapping[str, str]] = None,
-                       uid: Optional[int] = None) -> str:
-    """``$PEERMESH_AGENT``, else ``$XDG_RUNTIME_DIR/peermesh/agent.sock``, else /tmp."""
-    env = os.environ if environ is None else environ
-    explicit = env.get("PEERMESH_AGENT")
-    if explicit:
-        return os.path.abspath(explicit)
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        return os.path.join(runtime, "peermesh", "agent.sock")
-    return tmp_path(os.getuid() if uid is None else uid)
-
-
-def tmp_path(uid: int) -> str:
-    """The last-resort socket path of user ``uid``."""
-    return f"/tmp/peermesh-{uid}/agent.sock"
-
-
-def resolve_path(path: Optional[str] = None) -> str:
-    """``path`` made absolute, or the default; ValueError when too long for a socket."""
-    result = os.path.abspath(path) if path else default_agent_path()
-    size = len(os.fsencode(result))
-    if size > MAX_PATH:
-        raise ValueError(f"agent socket path is {size} bytes, longer than a Unix socket "
-                         f"allows ({MAX_PATH}): {result}")
-    return result
-
-
-# --------------------------------------------------------------------------
-# Frames
-
-
-def frame(message: Any) -> bytes:
-    """``message`` packed as one frame: its msgpack length (4 octets, big-endian), then it."""
-    body = msgpack.packb(message, use_bin_type=True)
-    return len(body).to_bytes(4, "big") + body
 
 
 class _NotAgent(Exception):

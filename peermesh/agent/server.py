@@ -4,78 +4,16 @@
 a Unix stream socket, so ``peermesh peers``, ``shout``, ``whisper``, ``join``,
 ``leave`` and ``events`` answer at once instead of starting a node of their
 own and waiting for the mesh to be found. The library (the node), the agent
-(this module) and the client (``peermesh.agent.client``) are apart; they
-meet only in the versioned protocol below.
+and the client (``peermesh.agent.client``) are apart; they meet only in the
+versioned protocol (``peermesh.agent.protocol``: frames, handshake, the ops
+and their replies, the event stream). The agent is made of:
 
-Where the socket lives
-----------------------
-``$PEERMESH_AGENT`` if set, else ``$XDG_RUNTIME_DIR/peermesh/agent.sock``,
-else ``/tmp/peermesh-$UID/agent.sock``; ``--agent PATH`` overrides all three.
-The socket's directory is private whatever the umask: a missing one is
-created with mode 0700, and an existing one must be a real directory owned by
-the user with no group or other permissions, or the agent refuses to use it
-(naming its owner and mode). The socket file gets mode 0600. So only the
-agent's own user can drive it: other users run their own agent, or run as the
-agent's user. Next to the socket, ``agent.sock.lock`` holds an
-exclusive ``flock`` and the agent's pid for as long as the agent runs.
-
-Protocol
---------
-Every message, either way, is one frame: a 4-octet big-endian length, then
-that many octets holding one msgpack map. The first frame from each side is
-the handshake: the client sends ``{"hello": PROTOCOL}`` (``PROTOCOL`` in
-``peermesh.agent.client``, today 1), the agent answers ``{"hello": PROTOCOL,
-"pid": int, "version": str}``. When the numbers differ the agent adds
-``"error": "agent speaks protocol N, this client M: restart the agent"``,
-logs the same, and closes; the client raises ``AgentMismatch`` with that
-advice. A client may send its first request right after its handshake,
-without waiting.
-
-A request is ``{"op": str, "args": map, "id": int|str}`` (``args`` and ``id``
-optional). The reply is ``{"ok": true, "result": ...}`` or ``{"ok": false,
-"error": message, "code": code}``, with the request's ``id`` when it had one.
-Codes: ``bad-request`` (not msgpack, not a map - msgpack nil included -, nested
-deeper than 128, no op, no handshake; the connection stays open),
-``unknown-op``, ``bad-args``, ``not-found``, ``ambiguous``,
-``not-responding``, ``busy``, ``stopping``, ``failed``, ``internal``.
-Requests are served concurrently; a client may send several and match
-replies by ``id``.
-
-========  ============================================  =========================================
-op        args                                          result
-========  ============================================  =========================================
-ping                                                    ``{pid, version}``
-info                                                    ``{pid, version, path, name, uuid,
-                                                        endpoint, interface: {name, address},
-                                                        port, groups, headers, peers, uptime,
-                                                        subscribers}``
-peers     ``group`` (only its members), ``wait``        list of ``{peer, name, address, headers,
-                                                        groups}`` sorted by name
-groups                                                  ``{joined: [...], known: [...]}``
-join      ``group``                                     ``{group, changed, groups}``
-leave     ``group``                                     ``{group, changed, groups}``
-shout     ``group``, ``message`` (bytes/str) or         ``{group, peers, confirmed}``
-          ``frames`` (list), ``wait``, ``confirm``
-whisper   ``peer`` (name, UUID or UUID hex prefix,      ``{peer, name, confirmed}``
-          as ``Node.find_peer``), ``message`` or
-          ``frames``, ``wait``, ``confirm``
-events    ``types`` (list of event names; default all)  ``{subscribed: true}``, then a stream
-========  ============================================  =========================================
-
-``wait`` (seconds, default 0, at most 3600) is how long the agent may wait
-for a peer or group member that it does not know yet; an agent younger than
-about one beacon interval also waits until it has heard every peer once, so
-an ambiguous name is refused rather than matched to the first peer found.
-``confirm`` (default true) waits up to 1 s for the receivers' PING-OK.
-
-``events`` turns the connection into a subscription: after the reply, the
-agent sends ``{"event": {type, peer (UUID hex), name, group, frames (list of
-bytes), headers, address, reason}}`` for each event of the node,
-``{"heartbeat": true}`` after a second without one, ``{"dropped": n}`` when
-the client was too slow and ``n`` events did not fit its backlog (10,000),
-and ``{"end": reason}`` when the agent stops. The subscription ends when the
-client closes the connection. A client that hears nothing for ``LOST_AFTER``
-seconds may consider the agent gone.
+* ``peermesh.agent.path``: where the socket lives;
+* ``peermesh.agent.claim``: the private directory, the lock and the stale
+  socket file (``claim_path``);
+* ``peermesh.agent.ops``: the ops that act on the node;
+* this module: the server, which accepts clients, reads their handshakes and
+  requests, runs the ops within the bounds below and streams events.
 
 Bounds
 ------
@@ -100,29 +38,30 @@ above) but keeps its subscription.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import socket
-import stat
 import time
 from collections import deque
 from typing import Any, Callable, Optional
-from uuid import UUID
 
-import msgpack
-
-from ..errors import PeermeshError, ProtocolError
-from ..wire import jsonsafe
-from ..wire.frames import as_bytes
 from ..counters import Counters
-from .client import (LOST_AFTER, MAX_PATH, PROBE_TIMEOUT, PROTOCOL, AgentClient, AgentError,
-                     AgentGone, AgentMismatch, NoAgent, default_agent_path, frame,
-                     resolve_path)
+from ..errors import PeermeshError
+from .claim import AgentClaim, AgentPathError, AgentRunning, claim_path
+from .client import (LOST_AFTER, PROBE_TIMEOUT, AgentClient, AgentError, AgentGone,
+                     AgentMismatch, NoAgent)
+from .ops import MAX_WAIT, MeshOps, OpRefused
+from .path import MAX_PATH, default_agent_path, resolve_path
+from .protocol import (PROTOCOL, BadRequest, event_message, frame, hello_frame, parse_request,
+                       reply_frame, unpack_body)
 
+# The agent's public names in one place: default_agent_path, resolve_path, MAX_PATH (path);
+# claim_path, AgentClaim, AgentRunning, AgentPathError (claim); the client's; PROTOCOL,
+# BadRequest, parse_request, unpack_body, event_message (protocol); MAX_WAIT (ops).
 __all__ = ["default_agent_path", "resolve_path", "claim_path", "AgentClaim", "AgentServer",
            "AgentClient", "AgentError", "AgentRunning", "AgentPathError", "NoAgent",
-           "AgentMismatch", "AgentGone", "PROTOCOL", "MAX_PATH", "PROBE_TIMEOUT", "LOST_AFTER"]
+           "AgentMismatch", "AgentGone", "PROTOCOL", "MAX_PATH", "PROBE_TIMEOUT", "LOST_AFTER",
+           "BadRequest", "parse_request", "unpack_body", "event_message", "MAX_WAIT"]
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +75,6 @@ MAX_CONNECTIONS = 128
 MAX_SUBSCRIBERS = 64
 #: requests in progress at once
 MAX_CONCURRENT = 256
-#: longest ``wait`` argument, in seconds
-MAX_WAIT = 3600.0
 #: a request frame may be this much larger than the node's ``max_message``
 REQUEST_OVERHEAD = 64 * 1024
 #: seconds a new connection has to send its handshake
@@ -147,30 +84,6 @@ SEND_TIMEOUT = 5.0
 #: descriptors kept for the node's own peers and sockets, beyond those open at start
 NODE_RESERVE = 128
 _WARN_EVERY = 60.0  # seconds between two log lines about the same kind of misbehaviour
-
-
-# --------------------------------------------------------------------------
-# Errors (the client's own are in peermesh.agent.client)
-
-
-class AgentRunning(PeermeshError, RuntimeError):
-    """Another agent holds the socket path."""
-
-    def __init__(self, path: str, pid: Optional[int], answering: bool = True) -> None:
-        who = f"pid {pid}" if pid else "pid unknown"
-        if not answering:
-            who += "; it holds the lock but does not answer"
-        super().__init__(f"an agent is already running at {path} ({who})")
-        self.path = path
-        self.pid = pid
-
-
-class AgentPathError(PeermeshError, RuntimeError):
-    """The socket path or its directory cannot be used safely."""
-
-
-# --------------------------------------------------------------------------
-# Where the socket lives (default_agent_path, resolve_path: peermesh.agent.client)
 
 
 def _free_descriptors() -> int:
@@ -186,240 +99,12 @@ def _free_descriptors() -> int:
         return soft
 
 
-def _prepare_directory(path: str) -> None:
-    """Create the socket's directory (0700, whatever the umask) or check that the existing
-    one is private: a directory (not a link) of this user with no group or other bits."""
-    directory = os.path.dirname(path) or "."
-    try:
-        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
-        try:
-            os.mkdir(directory, 0o700)
-            os.chmod(directory, 0o700)   # mkdir's mode is narrowed by the umask, never widened
-        except FileExistsError:
-            pass
-        st = os.lstat(directory)
-    except OSError as exc:
-        raise AgentPathError(f"cannot create the agent directory {directory}: "
-                             f"{exc.strerror or exc}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        kind = "directory" if stat.S_ISDIR(st.st_mode) else "link or file"
-        raise AgentPathError(
-            f"{directory} is not a private directory of this user (a {kind} of owner uid "
-            f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}; the agent needs one owned by "
-            f"uid {os.getuid()} with mode 0700); fix it, remove it or choose another path "
-            "with --agent or $PEERMESH_AGENT")
-
-
-def _listening(path: str) -> bool:
-    """True when something accepts connections on the Unix socket ``path`` (no ZeroMQ).
-
-    PermissionError when we may not connect: someone may well be listening.
-    """
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(PROBE_TIMEOUT)
-        probe.connect(path)
-        return True
-    except PermissionError:
-        raise
-    except OSError:
-        return False
-    finally:
-        probe.close()
-
-
-class AgentClaim:
-    """The right to serve at ``path``: a held ``flock`` on ``path + ".lock"``."""
-
-    def __init__(self, path: str, lock_fd: int, removed_stale: bool) -> None:
-        self.path = path
-        self.lock_path = path + ".lock"
-        self.removed_stale = removed_stale
-        self._fd: Optional[int] = lock_fd
-        self._socket_id: Optional[tuple[int, int]] = None
-
-    def bound(self) -> None:
-        """Remember which file our bind created, so release removes only that one."""
-        try:
-            st = os.stat(self.path)
-            self._socket_id = (st.st_dev, st.st_ino)
-        except OSError:
-            self._socket_id = None
-
-    def release(self) -> None:
-        """Remove our socket file and the lock file, then drop the lock."""
-        if self._fd is None:
-            return
-        try:
-            st = os.lstat(self.path)
-            if self._socket_id is not None and (st.st_dev, st.st_ino) == self._socket_id:
-                os.unlink(self.path)
-        except OSError:
-            pass
-        try:
-            os.unlink(self.lock_path)
-        except OSError:
-            pass
-        os.close(self._fd)
-        self._fd = None
-
-
-def claim_path(path: str, probe_timeout: float = PROBE_TIMEOUT) -> AgentClaim:
-    """Make ``path`` ours: lock it, refuse if a live agent answers there, remove a stale file.
-
-    Raises ``AgentRunning`` (another agent holds or answers at the path) or
-    ``AgentPathError``.
-    """
-    _prepare_directory(path)
-    lock_path = path + ".lock"
-    for _ in range(10):
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise AgentPathError(f"cannot open the agent lock file {lock_path}: "
-                                 f"{exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _read_pid(fd)
-            os.close(fd)
-            info = _probe(path, probe_timeout)
-            if info is not None:
-                raise AgentRunning(path, _int(info.get("pid")) or pid) from None
-            raise AgentRunning(path, pid, answering=False) from None
-        except OSError as exc:
-            os.close(fd)
-            raise AgentPathError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
-        # The previous holder may have removed the file between our open and our lock.
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
-        except OSError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    else:
-        raise AgentPathError(f"cannot lock {lock_path}: it keeps being replaced")
-    try:
-        removed = _clear_stale(path, probe_timeout)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-    except BaseException:
-        os.close(fd)
-        raise
-    return AgentClaim(path, fd, removed)
-
-
-def _clear_stale(path: str, probe_timeout: float) -> bool:
-    """Remove a socket file nobody answers on; True if one was removed."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISSOCK(st.st_mode):
-        raise AgentPathError(f"{path} exists and is not a socket; remove it or choose "
-                             "another path with --agent")
-    try:
-        _listening(path)
-    except PermissionError:  # never remove what may be another user's live agent
-        raise AgentPathError(f"{path} belongs to someone else (no permission to connect); "
-                             "choose another path with --agent") from None
-    info = _probe(path, probe_timeout)
-    if info is not None:  # an agent that does not use the lock (e.g. its lock file was deleted)
-        raise AgentRunning(path, _int(info.get("pid")))
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise AgentPathError(f"cannot remove the stale agent socket {path}: "
-                             f"{exc.strerror or exc}") from None
-    log.info("removed the stale agent socket %s", path)
-    return True
-
-
-def _read_pid(fd: int) -> Optional[int]:
-    try:
-        return _int(os.pread(fd, 32, 0).decode("ascii", "replace").strip())
-    except OSError:
-        return None
-
-
-def _int(value: Any) -> Optional[int]:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _probe(path: str, timeout: float) -> Optional[dict[str, Any]]:
-    """The ping answer of an agent at ``path``, or None when nobody answers in time."""
-    try:
-        client = AgentClient.connect(path, timeout, op="ping")
-    except AgentMismatch as exc:  # an agent of another version: it runs all the same
-        return {"pid": exc.pid}
-    except NoAgent:
-        return None
-    try:
-        return client.info
-    finally:
-        client.close()
-
 # --------------------------------------------------------------------------
 # The server
 
 
-class _Failure(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 #: what ``_read_frame`` returns at the end of the stream (a body may be msgpack nil: None)
 _EOF: Any = object()
-
-
-class BadRequest(ProtocolError):
-    """A request frame the agent answers with an error: ``code``, and ``rid`` (the
-    request's id, when it had a usable one)."""
-
-    def __init__(self, reason: str, code: str = "bad-request", rid: Any = None) -> None:
-        super().__init__(reason)
-        self.code, self.rid = code, rid
-
-
-def unpack_body(body: bytes) -> Any:
-    """A frame's body unpacked; ``BadRequest`` if it is not one msgpack value or nests
-    deeper than ``jsonsafe.MAX_DEPTH``."""
-    try:
-        value = msgpack.unpackb(as_bytes(body, "a frame's body"), raw=False)
-    except ProtocolError:
-        raise
-    except Exception:  # msgpack raises several kinds for bad input
-        raise BadRequest("request is not msgpack") from None
-    if isinstance(value, (dict, list)) and jsonsafe.depth(value) > jsonsafe.MAX_DEPTH:
-        raise BadRequest(f"request nests deeper than {jsonsafe.MAX_DEPTH}")
-    return value
-
-
-def parse_request(body: bytes) -> tuple[Any, str, dict[str, Any]]:
-    """``(id, op, args)`` of a request frame's body (msgpack ``{op, args, id}``);
-    ``BadRequest`` for anything else."""
-    request = unpack_body(body)
-    if not isinstance(request, dict):
-        raise BadRequest("request must be a map {op, args}")
-    rid = request.get("id")
-    if not isinstance(rid, (int, str)) or isinstance(rid, bool):
-        rid = None
-    op = request.get("op")
-    args = request.get("args", {})
-    if args is None:
-        args = {}
-    if not isinstance(op, str):
-        raise BadRequest("request has no op (a string)", rid=rid)
-    if not isinstance(args, dict):
-        raise BadRequest("args must be a map", rid=rid)
-    return rid, op, args
 
 
 class _TooLarge(Exception):
@@ -490,16 +175,8 @@ class _Subscription:
         self.wake = gevent.event.Event()
 
 
-_HEARTBEAT = frame({"heartbeat": True})
+_HEARTBEAT_FRAME = frame({"heartbeat": True})
 _STREAM_BATCH = 1 << 20  # octets of events joined into one send
-
-
-def event_message(event: Any) -> dict[str, Any]:
-    """An ``Event`` as the agent streams it (frames stay bytes)."""
-    return {"type": event.type.value, "peer": event.peer.hex if event.peer else None,
-            "name": event.name, "group": event.group, "frames": list(event.frames),
-            "headers": dict(event.headers) if event.headers is not None else None,
-            "address": event.address, "reason": event.reason}
 
 
 class AgentServer:
@@ -546,11 +223,10 @@ class AgentServer:
         self._warned: dict[str, float] = {}
         #: more of ``info``'s answer: key -> a call that gives its value
         self.reports: dict[str, Callable[[], Any]] = {}
+        #: op name -> its call (args -> result); ``events`` is the server's own
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "ping": self._op_ping, "info": self._op_info, "peers": self._op_peers,
-            "groups": self._op_groups, "join": self._op_join, "leave": self._op_leave,
-            "contest": self._op_contest, "leader": self._op_leader,
-            "shout": self._op_shout, "whisper": self._op_whisper,
+            "ping": self._op_ping, "info": self._op_info,
+            **MeshOps(node, self.started, self._wait_change).by_name,
         }
 
     # --- life cycle -----------------------------------------------------
@@ -665,7 +341,7 @@ class AgentServer:
             self._connections[conn] = gevent.spawn(self._serve, conn)
 
     def _hello(self, **extra: Any) -> bytes:
-        return frame({"hello": PROTOCOL, "pid": os.getpid(), "version": self.version, **extra})
+        return hello_frame(os.getpid(), self.version, **extra)
 
     def _refuse(self, conn: _Connection, code: str, message: str) -> None:
         """Answer the handshake with ``code`` and close at once (never waits: a refused
@@ -753,8 +429,8 @@ class AgentServer:
         if op == "events":
             self._subscribe(conn, rid, args)
             return
-        handler = self._ops.get(op)
-        if handler is None:
+        run = self._ops.get(op)
+        if run is None:
             known = ", ".join(sorted([*self._ops, "events"]))
             self._reply(conn, rid,
                         error=("unknown-op", f"unknown op {op[:40]!r}; known: {known}"))
@@ -762,15 +438,15 @@ class AgentServer:
         if self._pool.full():
             self._reply(conn, rid, error=("busy", "too many requests in progress"))
             return
-        self._pool.spawn(self._handle, handler, conn, rid, args)
+        self._pool.spawn(self._run_op, run, conn, rid, args)
 
-    def _handle(self, handler: Callable[[dict[str, Any]], Any], conn: _Connection,
+    def _run_op(self, run: Callable[[dict[str, Any]], Any], conn: _Connection,
                 rid: Any, args: dict[str, Any]) -> None:
         from ..errors import NodeStateError, PeerNotResponding, UnknownPeerError
 
         try:
-            result = handler(args)
-        except _Failure as exc:
+            result = run(args)
+        except OpRefused as exc:
             self._reply(conn, rid, error=(exc.code, str(exc)))
         except NodeStateError as exc:
             self._reply(conn, rid, error=("stopping", f"the agent's node: {exc}"))
@@ -788,21 +464,9 @@ class AgentServer:
         else:
             self._reply(conn, rid, result=result)
 
-    @staticmethod
-    def _answer(rid: Any, result: Any = None,
-                error: Optional[tuple[str, str]] = None) -> bytes:
-        reply: dict[str, Any]
-        if error is None:
-            reply = {"ok": True, "result": result}
-        else:
-            reply = {"ok": False, "code": error[0], "error": error[1]}
-        if rid is not None:
-            reply["id"] = rid
-        return frame(reply)
-
     def _reply(self, conn: _Connection, rid: Any, result: Any = None,
                error: Optional[tuple[str, str]] = None) -> None:
-        conn.send(self._answer(rid, result, error))
+        conn.send(reply_frame(rid, result, error))
 
     def _subscribe(self, conn: _Connection, rid: Any, args: dict[str, Any]) -> None:
         import gevent
@@ -818,7 +482,7 @@ class AgentServer:
             return
         first = conn.subscription is None
         conn.subscription = sub = _Subscription(types)
-        sub.backlog.append(self._answer(rid, {"subscribed": True}))  # before any event
+        sub.backlog.append(reply_frame(rid, {"subscribed": True}))  # before any event
         sub.wake.set()
         if first:
             gevent.spawn(self._stream, conn)
@@ -830,7 +494,7 @@ class AgentServer:
             sub.wake.wait(self.heartbeat)
             sub.wake.clear()
             if not sub.backlog and not sub.dropped:
-                batch = [_HEARTBEAT]
+                batch = [_HEARTBEAT_FRAME]
             else:
                 batch, size = [], 0
                 while sub.backlog and size < _STREAM_BATCH:
@@ -845,10 +509,6 @@ class AgentServer:
                 return
 
     # --- ops ------------------------------------------------------------
-
-    def _settled_at(self) -> float:
-        """When every peer on the LAN has beaconed at least once since the agent started."""
-        return self.started + self.node.config.interval * 1.25 + 0.05
 
     def _op_ping(self, args: dict[str, Any]) -> Any:
         return {"pid": os.getpid(), "version": self.version}
@@ -865,161 +525,3 @@ class AgentServer:
             "subscribers": self.subscribers, "stats": node.stats(),
             **{key: report() for key, report in self.reports.items()},
         }
-
-    def _op_peers(self, args: dict[str, Any]) -> Any:
-        """Peers with their liveness (``PeerInfo.to_dict``) and ``broker``."""
-        from ..overlay.election import peer_entries
-
-        group = _opt_str(args, "group")
-        wait = _wait_arg(args)
-        settled = min(self._settled_at(), time.monotonic() + wait)
-        while time.monotonic() < settled:
-            self._wait_change(settled)
-        node = self.node
-        uuids = node.peers_by_group(group) if group is not None else node.peers()
-        infos = []
-        for uuid in uuids:
-            try:
-                infos.append(node.peer_info(uuid))
-            except Exception:  # gone meanwhile
-                continue
-        infos.sort(key=lambda info: (info.name, info.uuid.hex))
-        return peer_entries(node, infos)
-
-    def _op_groups(self, args: dict[str, Any]) -> Any:
-        node = self.node
-        leaders = {g: u.hex for g in node.groups() if (u := node.leader(g)) is not None}
-        return {"joined": node.groups(), "known": node.known_groups(), "leaders": leaders}
-
-    def _op_contest(self, args: dict[str, Any]) -> Any:
-        group = _req_str(args, "group")
-        self.node.contest(group)
-        return {"group": group, "contested": self.node.contested()}
-
-    def _op_leader(self, args: dict[str, Any]) -> Any:
-        group = _req_str(args, "group")
-        leader = self.node.leader(group)
-        return {"group": group, "leader": leader.hex if leader is not None else None,
-                "self": leader == self.node.uuid}
-
-    def _op_join(self, args: dict[str, Any]) -> Any:
-        group = _req_str(args, "group")
-        changed = group not in self.node.groups()
-        self.node.join(group)
-        return {"group": group, "changed": changed, "groups": self.node.groups()}
-
-    def _op_leave(self, args: dict[str, Any]) -> Any:
-        group = _req_str(args, "group")
-        changed = group in self.node.groups()
-        self.node.leave(group)
-        return {"group": group, "changed": changed, "groups": self.node.groups()}
-
-    def _op_shout(self, args: dict[str, Any]) -> Any:
-        node = self.node
-        group = _req_str(args, "group")
-        frames = _frames_arg(args)
-        wait = _wait_arg(args)
-        confirm = _bool_arg(args, "confirm", True)
-        deadline = time.monotonic() + wait
-        settled = min(self._settled_at(), deadline)
-        while True:
-            now = time.monotonic()
-            members = node.peers_by_group(group)
-            if members and now >= settled:
-                break
-            if now >= deadline:
-                if members:
-                    break
-                raise _Failure("not-found", f"no peer in group {group!r} appeared "
-                                            f"within {wait:g} s")
-            self._wait_change(deadline if not members else settled)
-        node.shout(group, *frames)
-        confirmed = node.flush(1.0) if confirm else None
-        return {"group": group, "peers": len(members), "confirmed": confirmed}
-
-    def _op_whisper(self, args: dict[str, Any]) -> Any:
-        from ..errors import AmbiguousPeerError, UnknownPeerError
-
-        node = self.node
-        target = _req_str(args, "peer")
-        frames = _frames_arg(args)
-        wait = _wait_arg(args)
-        confirm = _bool_arg(args, "confirm", True)
-        deadline = time.monotonic() + wait
-        exact = _is_full_uuid(target)
-        sure = min(self._settled_at(), deadline)
-        while True:
-            now = time.monotonic()
-            try:
-                uuid = node.find_peer(target)
-                if exact or now >= sure:
-                    break
-                wake = sure
-            except AmbiguousPeerError as exc:
-                raise _Failure("ambiguous", f"{exc}; give more of the UUID") from None
-            except UnknownPeerError:
-                if now >= deadline:
-                    raise _Failure("not-found", f"no peer matching {target!r} appeared "
-                                                f"within {wait:g} s") from None
-                wake = deadline
-            self._wait_change(wake)
-        name = node.peer_name(uuid)
-        node.whisper(uuid, *frames)
-        confirmed = node.flush(1.0) if confirm else None
-        return {"peer": uuid.hex, "name": name, "confirmed": confirmed}
-
-
-def _req_str(args: dict[str, Any], key: str) -> str:
-    value = args.get(key)
-    if not isinstance(value, str) or not value:
-        raise _Failure("bad-args", f"{key} must be a non-empty string")
-    return value
-
-
-def _opt_str(args: dict[str, Any], key: str) -> Optional[str]:
-    if args.get(key) is None:
-        return None
-    return _req_str(args, key)
-
-
-def _wait_arg(args: dict[str, Any]) -> float:
-    value = args.get("wait", 0)
-    if value is None:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_WAIT:
-        raise _Failure("bad-args", f"wait must be a number of seconds from 0 to {MAX_WAIT:g}")
-    return float(value)
-
-
-def _bool_arg(args: dict[str, Any], key: str, default: bool) -> bool:
-    value = args.get(key, default)
-    if not isinstance(value, bool):
-        raise _Failure("bad-args", f"{key} must be true or false")
-    return value
-
-
-def _frames_arg(args: dict[str, Any]) -> list[bytes]:
-    if "frames" in args:
-        frames = args["frames"]
-        if not isinstance(frames, list) or not frames or len(frames) > 1024:
-            raise _Failure("bad-args", "frames must be a list of 1 to 1024 byte strings")
-    elif "message" in args:
-        frames = [args["message"]]
-    else:
-        raise _Failure("bad-args", "give message (bytes or str) or frames (a list)")
-    out = []
-    for part in frames:
-        if isinstance(part, str):
-            part = part.encode("utf-8")
-        if not isinstance(part, bytes):
-            raise _Failure("bad-args", "message and frames must be bytes or strings")
-        out.append(part)
-    return out
-
-
-def _is_full_uuid(text: str) -> bool:
-    try:
-        UUID(text)
-        return True
-    except ValueError:
-        return False

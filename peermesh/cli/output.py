@@ -1,4 +1,5 @@
-"""What a command shows: result lines on stdout, notes on stderr, JSON, tables, exit codes.
+"""What a command shows: result lines on stdout, notes on stderr, JSON, tables, event
+lines, exit codes.
 
 Everything a peer or a file supplies goes through ``clean`` before it reaches
 a terminal, so that nobody on the mesh can drive it with control characters.
@@ -8,15 +9,26 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import PeermeshError
+
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
+    import argparse
     from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["PROG", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED", "clean",
-           "emit", "note", "to_json", "table", "stdout_utf8"]
+    from ..events import Event
+
+__all__ = ["PROG", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED", "NotFound",
+           "clean", "emit", "note", "to_json", "table", "stdout_utf8", "format_event",
+           "renderer"]
 
 PROG = "peermesh"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class NotFound(PeermeshError, LookupError):
+    """The peer or group a command named never appeared, or names several peers:
+    exit code 2 (``EXIT_USAGE``)."""
 
 
 def clean(text: Any) -> str:
@@ -75,3 +87,48 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]).rstrip()
                      for row in rows)
+
+
+def _content(event: Event) -> str:
+    parts = []
+    for frame in event.frames:
+        try:
+            parts.append(clean(frame.decode("utf-8")))
+        except UnicodeDecodeError:
+            parts.append("0x" + frame.hex())
+    if len(parts) == 1:
+        return parts[0]
+    return f"({len(parts)} frames) " + " | ".join(parts)
+
+
+def format_event(event: Event) -> str:
+    """One human-readable line: time, event, peer name and short UUID, then details."""
+    from datetime import datetime
+
+    from ..events import EventType
+
+    fields = [datetime.now().strftime("%H:%M:%S.%f")[:-3], f"{event.type.value:<7}"]
+    if event.peer is not None:
+        fields.append(f"{clean(event.name)} ({event.peer.hex[:8]})")
+    if event.group is not None:
+        fields.append(f"[{clean(event.group)}]")
+    kind = event.type
+    if kind in (EventType.SHOUT, EventType.WHISPER):
+        fields.append(_content(event))
+    if kind is EventType.ENTER:
+        if event.address:
+            fields.append(event.address)
+        if event.headers:
+            fields.append(" ".join(f"{clean(k)}={clean(v)}" for k, v in event.headers.items()))
+    if event.reason:
+        fields.append(f"({clean(event.reason)})")
+    return " ".join(fields).rstrip()
+
+
+def renderer(args: argparse.Namespace) -> Callable[[Event], str]:
+    """How a command prints events: JSON lines with ``--json``, else ``format_event``."""
+    from ..events import Event
+
+    if args.json:
+        return Event.to_json if stdout_utf8() else lambda e: to_json(e.to_dict())
+    return format_event

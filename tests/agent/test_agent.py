@@ -25,8 +25,10 @@ from typing import Any, Optional
 import msgpack
 import pytest
 
+from peermesh import __version__
 from peermesh.agent import server as agent_module
 from peermesh.cli import commands as cli
+from peermesh.cli.fastpath import plain_agent_args
 from peermesh.agent.server import AgentClient, AgentError, AgentPathError, AgentRunning
 
 from cliprocess import PEERMESH, WAIT, CliProcess, _env, _report
@@ -370,7 +372,7 @@ def test_plain_commands_skip_argparse(mesh: Mesh) -> None:
     ["whisper", "bob", "hi", "--agent", "/tmp/x.sock"],
 ])
 def test_the_plain_form_reads_like_argparse(argv: list[str]) -> None:
-    plain = cli._plain_agent_args(argv)
+    plain = plain_agent_args(argv)
     parsed = cli.build_parser(command_modules=False, only=argv[0]).parse_args(argv)
     assert plain is not None
     for key, value in vars(plain).items():
@@ -386,7 +388,7 @@ def test_the_plain_form_reads_like_argparse(argv: list[str]) -> None:
     ["peers", "--interface", "lo"], ["whisper", "bob", "hi", "--", "x"], ["peers", "--help"],
 ])
 def test_anything_else_goes_through_argparse(argv: list[str]) -> None:
-    assert cli._plain_agent_args(argv) is None
+    assert plain_agent_args(argv) is None
 
 
 def test_a_plain_command_asks_a_silent_agent_once(tmp_path: Path, free_udp_port: int) -> None:
@@ -625,7 +627,7 @@ def test_bad_requests_get_errors_and_the_agent_keeps_serving(mesh: Mesh) -> None
     try:
         hello = raw.recv()
         assert hello == {"hello": agent_module.PROTOCOL, "pid": alice.popen.pid,
-                         "version": cli._version()}
+                         "version": __version__}
 
         def error(body: bytes) -> tuple[str, str]:
             raw.send(body)
