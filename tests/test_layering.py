@@ -48,9 +48,6 @@ NOT_WIRE_FRAMING = {
 #: framing still outside wire/, each with the helper it is to use instead: remove the
 #: entry when the module moves (``test_exceptions_are_still_needed`` says when)
 NOT_YET_IN_WIRE = {
-    # the agent IPC's 4-octet length prefix (no wire module yet)
-    "agent/client.py": "agent IPC length prefix",
-    "agent/server.py": "agent IPC length prefix",
 }
 
 

@@ -25,6 +25,7 @@ import time
 import msgpack
 
 from ..errors import PeermeshError
+from ..wire.agent import HEAD_SIZE, frame_size
 from .path import MAX_PATH, default_agent_path, resolve_path
 from .protocol import PROTOCOL, frame
 
@@ -160,10 +161,10 @@ class AgentClient:
 
     def _read_message(self, deadline: float) -> Any:
         """The next frame, unpacked; _NotAgent for what no agent sends."""
-        head = self._read(4, deadline)
+        head = self._read(HEAD_SIZE, deadline)
         if head[0] == _ZMTP_SIGNATURE and not self.hello:
             raise AgentMismatch(self.path, 0)  # a ZeroMQ agent: protocol 0
-        size = int.from_bytes(head, "big")
+        size = frame_size(head)
         if size > MAX_REPLY:
             raise _NotAgent
         try:

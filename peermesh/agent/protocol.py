@@ -72,6 +72,7 @@ from __future__ import annotations
 import msgpack
 
 from ..errors import ProtocolError
+from ..wire.agent import pack_frame
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ PROTOCOL = 1
 def frame(message: Any) -> bytes:
     """``message`` packed as one frame: its msgpack length (4 octets, big-endian), then it."""
     body = msgpack.packb(message, use_bin_type=True)
-    return len(body).to_bytes(4, "big") + body
+    return pack_frame(body)
 
 
 def hello_frame(pid: int, version: str, **extra: Any) -> bytes:

@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional
 
 from ..counters import Counters
 from ..errors import PeermeshError
+from ..wire.agent import HEAD_SIZE, frame_size
 from .claim import AgentClaim, AgentPathError, AgentRunning, claim_path
 from .client import (LOST_AFTER, PROBE_TIMEOUT, AgentClient, AgentError, AgentGone,
                      AgentMismatch, NoAgent)
@@ -355,10 +356,10 @@ class AgentServer:
 
     def _read_frame(self, conn: _Connection) -> Any:
         """The next frame's body; ``_EOF`` at the end of the stream."""
-        head = conn.read(4)
+        head = conn.read(HEAD_SIZE)
         if head is None:
             return _EOF
-        size = int.from_bytes(head, "big")
+        size = frame_size(head)
         if size > self.max_request:
             raise _TooLarge(size)
         body = conn.read(size)
