@@ -82,11 +82,19 @@ class Driver:
 
     # --- reading --------------------------------------------------------
 
-    def listen(self, mailbox: Mailbox) -> None:
-        """Serve ``mailbox``: its messages go to the core, named by sender identity."""
+    def listen(self, mailbox: Mailbox, metadata: Optional[str] = None) -> None:
+        """Serve ``mailbox``: its messages go to the core, named by sender identity; with
+        ``metadata`` (a ZeroMQ message property, such as a CURVE peer's ``User-Id``) named
+        ``(identity, property)`` instead (``Send`` still names the identity)."""
         self.mailbox = mailbox
-        self._spawn(mailbox.serve, self._on_message, self._on_oversized, None,
-                    after_batch=self._after_batch)
+        if metadata is None:
+            self._spawn(mailbox.serve, self._on_message, self._on_oversized, None,
+                        after_batch=self._after_batch)
+        else:
+            def on_message(identity: bytes, frames: list[bytes], prop: Any) -> None:
+                self._on_message((identity, prop), frames)
+            self._spawn(mailbox.serve, on_message, self._on_oversized, None,
+                        metadata=metadata, after_batch=self._after_batch)
         self._rearm()
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
