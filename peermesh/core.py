@@ -19,7 +19,7 @@ of outputs from a small closed set; nothing is called back:
 * ``Deliver(item)`` - something for the core's user (a job to run, a
   request's answer, a whisper);
 * ``Emit(event)`` - an event for listeners (a peer entered, a job finished);
-* ``Dial(link, endpoint, identity)`` - open an outgoing link under the name
+* ``Dial(link, endpoint, identity, server_key)`` - open an outgoing link under the name
   ``link``; ``Hangup(link)`` - close it.
 
 Storage is an injected port (an object the core is given, such as NFP's
@@ -88,12 +88,14 @@ class Emit:
 
 @dataclass(frozen=True, slots=True)
 class Dial:
-    """Open an outgoing link to ``endpoint`` (routing identity ``identity``), named ``link``;
-    what comes back on it arrives as ``receive(link, ...)``."""
+    """Open an outgoing link to ``endpoint`` (routing identity ``identity``; a CURVE client
+    of ``server_key`` where keys are used), named ``link``; what comes back on it arrives as
+    ``receive(link, ...)``."""
 
     link: Hashable
     endpoint: str
     identity: bytes = b""
+    server_key: Optional[bytes] = None
 
 
 @dataclass(frozen=True, slots=True)

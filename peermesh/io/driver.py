@@ -63,12 +63,15 @@ class Driver:
     def __init__(self, core: Core, transport: Transport, *,
                  on_deliver: Optional[Callable[[Any], None]] = None,
                  on_event: Optional[Callable[[Any], None]] = None,
-                 send_timeout: float = 5.0, name: str = "driver") -> None:
+                 send_timeout: float = 5.0, max_message: Optional[int] = None,
+                 name: str = "driver") -> None:
         self.core = core
         self.transport = transport
         self.on_deliver = on_deliver
         self.on_event = on_event
         self.send_timeout = send_timeout
+        #: the largest message a dialled link takes back (None: the transport's default)
+        self.max_message = max_message
         self.name = name
         self.mailbox: Optional[Mailbox] = None
         self.links: dict[Hashable, Link] = {}
@@ -144,18 +147,21 @@ class Driver:
                 if self.on_event is not None:
                     self.on_event(output.event)          # type: ignore[union-attr]
             elif cls is Dial:
-                self.dial(output.link, output.endpoint, output.identity)  # type: ignore
+                self.dial(output.link, output.endpoint, output.identity,  # type: ignore
+                          output.server_key)                       # type: ignore
             elif cls is Hangup:
                 self.hangup(output.link)                 # type: ignore[union-attr]
             else:
                 raise TypeError(f"not a core output: {output!r}")
 
-    def dial(self, name: Hashable, endpoint: str, identity: bytes = b"") -> None:
+    def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
+             server_key: Optional[bytes] = None) -> None:
         """Open link ``name`` to ``endpoint`` (replacing one of that name) and serve it."""
         if self.closed:
             return
         self.hangup(name)
-        link = self.transport.connect(identity, endpoint, SNDHWM, handover=True)
+        link = self.transport.connect(identity, endpoint, SNDHWM, server_key=server_key,
+                                      handover=True, max_message=self.max_message)
         self.links[name] = link
         self._serve_link(name, link)
 

@@ -149,8 +149,11 @@ class Transport(Protocol):
         ...
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
-                server_key: Optional[bytes] = None, handover: bool = False) -> Link:
-        """A link to ``endpoint`` (a CURVE client of ``server_key`` where keys are used)."""
+                server_key: Optional[bytes] = None, handover: bool = False,
+                max_message: Optional[int] = None) -> Link:
+        """A link to ``endpoint`` (a CURVE client of ``server_key`` where keys are used);
+        with ``max_message``, a message back over it cuts the connection (ZeroMQ) or is
+        dropped."""
         ...
 
     def beacon_socket(self, port: int) -> BeaconSocket: ...
@@ -241,14 +244,21 @@ class ZmqTransport:
                                policy, allowlist=allowlist, on_revoked=on_revoked, keep=keep)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
-                server_key: Optional[bytes] = None, handover: bool = False) -> HubSocket:
+                server_key: Optional[bytes] = None, handover: bool = False,
+                max_message: Optional[int] = None) -> HubSocket:
         """A DEALER link to ``endpoint`` (a CURVE client of ``server_key`` when the
-        transport has keys); sends never block. With ``handover`` (the far end hands an
-        identity to its newest connection) it connects at once, without ``RECONNECT_GAP``."""
-        sock = make_socket(zmq.DEALER, {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm,
-                                        zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
-                                        zmq.RECONNECT_IVL_MAX: 1000}, self.context,
-                           curve=self.curve, server_key=server_key)
+        transport has keys; ``inproc://`` never leaves the process and speaks plain);
+        sends never block. With ``handover`` (the far end hands an identity to its newest
+        connection) it connects at once, without ``RECONNECT_GAP``. With ``max_message``
+        a peer sending more is cut off (``MAXMSGSIZE``)."""
+        options: dict[int, Union[int, bytes]] = {
+            zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm, zmq.SNDTIMEO: 0,
+            zmq.RECONNECT_IVL: 100, zmq.RECONNECT_IVL_MAX: 1000}
+        if max_message is not None:
+            options[zmq.MAXMSGSIZE] = max_message
+        plain = endpoint.startswith("inproc://")
+        sock = make_socket(zmq.DEALER, options, self.context,
+                           curve=None if plain else self.curve, server_key=server_key)
         key = (identity, endpoint)
         closed = self._closed.pop(key, None)
         wait = 0.0 if closed is None or handover else closed + RECONNECT_GAP - time.monotonic()
@@ -258,7 +268,7 @@ class ZmqTransport:
         except BaseException:
             sock.close(linger=0)
             raise
-        link = _Link(sock, key, self._link_closed)
+        link = _Link(sock, key, self._link_closed, max_message)
         if wait > 0:  # (until then try_send refuses: a ZRE peer link holds its backlog)
             link.connect_after(wait, endpoint)
         return link
@@ -344,8 +354,9 @@ class _Link(HubSocket):
     __slots__ = ("key", "on_close")
 
     def __init__(self, sock: zmq.Socket, key: tuple[bytes, str],
-                 on_close: Callable[[tuple[bytes, str]], None]) -> None:
-        super().__init__(sock)
+                 on_close: Callable[[tuple[bytes, str]], None],
+                 limit: Optional[int] = None) -> None:
+        super().__init__(sock, limit=limit)
         self.key, self.on_close = key, on_close
 
     def connect_after(self, seconds: float, endpoint: str) -> None:

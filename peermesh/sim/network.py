@@ -523,9 +523,14 @@ class SimTransport:
         return SimMailbox(self.network, self.address, port, max_message)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
-                server_key: Optional[bytes] = None, handover: bool = False) -> SimLink:
-        """A link to ``endpoint`` (keys mean nothing here)."""
-        return SimLink(self.network, self.address, identity, endpoint)
+                server_key: Optional[bytes] = None, handover: bool = False,
+                max_message: Optional[int] = None) -> SimLink:
+        """A link to ``endpoint`` (keys mean nothing here); with ``max_message`` larger
+        messages back down it are dropped."""
+        link = SimLink(self.network, self.address, identity, endpoint)
+        if max_message is not None:
+            link.limit = max_message
+        return link
 
     def beacon_socket(self, port: int) -> SimBeaconSocket:
         return SimBeaconSocket(self.network, self.address, port)
