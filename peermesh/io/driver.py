@@ -90,6 +90,8 @@ class Driver:
         ``metadata`` (a ZeroMQ message property, such as a CURVE peer's ``User-Id``) named
         ``(identity, property)`` instead (``Send`` still names the identity)."""
         self.mailbox = mailbox
+        if hasattr(mailbox, "replies"):
+            mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         if metadata is None:
             self._spawn(mailbox.serve, self._on_message, self._on_oversized, None,
                         after_batch=self._after_batch)

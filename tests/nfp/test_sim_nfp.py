@@ -36,7 +36,6 @@ class Mesh:
         host = self.network.transport()
         self.broker_host = host.address
         mailbox = host.bind_mailbox(host.address, MAX_MESSAGE)
-        mailbox.replies = True      # a ROUTER: it answers down its links
         self.endpoint = mailbox.endpoint
         self.core = BrokerCore(name="broker", node="b" * 32, keepalive=KEEPALIVE,
                                multiplier=MULTIPLIER, request_timeout=5.0, queue_timeout=30.0)
