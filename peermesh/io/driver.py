@@ -24,7 +24,9 @@ How it works
   ``on_deliver`` and ``on_event``.
 * **Time.** One timer greenlet sleeps on the transport's clock
   (``transport.sleep``) until ``core.next_deadline()`` and then calls
-  ``handle_timer``; a core that names an earlier deadline re-arms it. On
+  ``handle_timer``; a core that names an earlier deadline re-arms it.
+  Deadlines that crowd are served together, at most ``SLACK`` late (a core
+  with a deadline per request costs a wake-up per ``SLACK``, not per request). On
   ``peermesh.sim`` this is virtual time, so a core's 30-second timeout costs
   nothing.
 * **Full queues.** A send refused because a link's queue is full waits, with
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: messages a link's queue holds before a send waits (its ZeroMQ SNDHWM)
 SNDHWM = 10_000
+#: seconds the timer waits at least between two runs when deadlines crowd (a core with a
+#: deadline per request is served a batch of them at a time, not one wake-up each)
+SLACK = 0.01
 
 
 class Driver:
@@ -74,6 +79,7 @@ class Driver:
         self.max_message = max_message
         self.name = name
         self.mailbox: Optional[Mailbox] = None
+        self._reply: Optional[Callable[[Sequence[bytes]], bool]] = None  # mailbox.try_send
         self.links: dict[Hashable, Link] = {}
         self.closed = False
         self._held: Optional[list[Output]] = None      # outputs of the batch being read
@@ -90,6 +96,7 @@ class Driver:
         ``metadata`` (a ZeroMQ message property, such as a CURVE peer's ``User-Id``) named
         ``(identity, property)`` instead (``Send`` still names the identity)."""
         self.mailbox = mailbox
+        self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
         if hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         if metadata is None:
@@ -175,10 +182,11 @@ class Driver:
             link.close(0)
 
     def _send(self, name: Hashable, frames: Sequence[bytes]) -> None:
-        backlog = self._backlogs.get(name)
-        if backlog is not None:
-            backlog.append(frames)
-            return
+        if self._backlogs:
+            backlog = self._backlogs.get(name)
+            if backlog is not None:
+                backlog.append(frames)
+                return
         if self._try_send(name, frames) is False:
             self._backlogs[name] = deque((frames,))
             self._spawn(self._send_backlog, name)
@@ -189,8 +197,8 @@ class Driver:
         try:
             if link is not None:
                 sent = link.try_send(frames)
-            elif self.mailbox is not None and isinstance(name, bytes):
-                sent = self.mailbox.try_send([name, *frames])
+            elif self._reply is not None and type(name) is bytes:
+                sent = self._reply([name, *frames])
             else:
                 log.debug("%s: no link %r; a message dropped", self.name, name)
                 self.stats["dropped"] += 1
@@ -226,8 +234,8 @@ class Driver:
         if self.closed:
             return
         deadline = self.core.next_deadline()
-        if deadline is None or (self._armed is not None and self._armed <= deadline
-                                and self._timer is not None):
+        if deadline is None or (self._timer is not None and self._armed is not None
+                                and deadline >= self._armed - SLACK):
             return
         timer, self._timer = self._timer, None
         if timer is not None and timer is not gevent.getcurrent():
@@ -250,7 +258,7 @@ class Driver:
             following = core.next_deadline()
             if following is None:
                 break
-            deadline = self._armed = following
+            deadline = self._armed = max(following, transport.now() + SLACK)
         self._armed = None
         if self._timer is gevent.getcurrent():
             self._timer = None

@@ -641,7 +641,10 @@ class Dispatcher:
         except ProtocolError as exc:
             log.debug("dropped a malformed message from worker %s: %s", link, exc.reason)
             return self.take()
-        if type(msg) is nfp.Response:
+        if msg.role is not nfp.WORKER:
+            log.debug("dropped %s with header %s from worker %s", type(msg).__name__,
+                      msg.role.value, link)
+        elif type(msg) is nfp.Response:
             self.on_response(str(link), msg)
         elif type(msg) is nfp.Event:
             self.on_event(str(link), msg)

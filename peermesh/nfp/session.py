@@ -31,7 +31,7 @@ from ..core import Deliver, Dial, Hangup, Output, Outputs, Send
 from ..errors import ProtocolError
 from ..wire import nfp
 
-__all__ = ["WorkerSession", "BROKER_LINK"]
+__all__ = ["WorkerSession", "BROKER_LINK", "server_key"]
 
 log = logging.getLogger(__name__)
 
@@ -157,16 +157,11 @@ class WorkerSession(Outputs):
                      self.endpoint, why)
         endpoint = self.endpoint
         assert endpoint is not None
-        server_key = None
-        if self.keys is not None and not endpoint.startswith("inproc://"):
-            key = self.keys.get(endpoint)
-            if key is None:
-                log.warning("not connecting to %s: the public key of its node is unknown",
-                            endpoint)
-                self._hangup()
-                return
-            server_key = key.encode()
-        self._out(Dial(BROKER_LINK, endpoint, self.new_identity(), server_key))
+        dialable, key = server_key(endpoint, self.keys)
+        if not dialable:
+            self._hangup()
+            return
+        self._out(Dial(BROKER_LINK, endpoint, self.new_identity(), key))
         self.linked = True
         self.state = "opening"
         self.last_recv = self.since = now
@@ -202,3 +197,16 @@ class WorkerSession(Outputs):
             self.keepalive = float(keepalive)
         if isinstance(multiplier, int) and 2 <= multiplier <= 100:
             self.multiplier = multiplier
+
+
+def server_key(endpoint: str, keys: Optional[Mapping[str, str]]) -> tuple[bool, Optional[bytes]]:
+    """Whether ``endpoint`` may be dialled, and the CURVE server key to dial it with: with
+    ``keys`` (a mesh with keys: each endpoint's node's authenticated ``X-PUBLICKEY``) the
+    key held for it, and not at all (logged) when none is; ``inproc://`` needs no key."""
+    if keys is None or endpoint.startswith("inproc://"):
+        return True, None
+    key = keys.get(endpoint)
+    if key is None:
+        log.warning("not connecting to %s: the public key of its node is unknown", endpoint)
+        return False, None
+    return True, key.encode()
