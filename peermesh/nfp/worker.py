@@ -9,7 +9,10 @@ NFP/Worker: OPEN, (broker) OPEN, READY, then requests relayed by the broker,
 and KEEPALIVE both ways every ``keepalive`` seconds when nothing else was
 sent. No command from the broker for ``keepalive * multiplier`` seconds, or
 a DISCONNECT, and the worker closes that socket and starts a new
-conversation on a new one.
+conversation on a new one. That conversation is ``WorkerSession``
+(``peermesh.nfp.session``), a sans-io core the worker serves with the one
+driver (``peermesh.io.driver``) on its transport, whose clock every timer of
+the worker reads (virtual on ``peermesh.sim``).
 
 Requests from both sides go to the same handlers:
 
@@ -51,6 +54,11 @@ JSON can encode; they run on the hub, so a task that blocks without yielding
 to gevent stalls the worker (and its heartbeats): use ``job.run_blocking``.
 For concurrency run several workers of the same service (several ``Worker``
 objects in one node, or several nodes): a worker is strictly sequential.
+
+This module is the ``Worker`` overlay alone (about 800 lines: its request
+handlers, executor and management share one job table); what stands apart
+lives beside it: the broker conversation (``session.py``), tasks and jobs
+(``tasks.py``), the bound on stored octets (``quota.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +82,7 @@ from .dispatch import WORKER_MMI
 from .grants import Grants, may_use_job
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
+from .quota import Quota
 from .tasks import Interrupt, Job, JobCancelled, JobContext, Tasks, TaskFunction
 from ..io import bind_ephemeral, shared_context
 from ..io.curve import Curve
@@ -98,7 +107,6 @@ MAX_STORED = 1024 * 1024 * 1024
 #: octets of POST bodies one client key may keep in a worker's store by default (a mesh
 #: with keys); a POST past it is answered 500 and not stored
 MAX_STORED_PER_CLIENT = 128 * 1024 * 1024
-_RECOUNT_EVERY = 60.0        # seconds between two recounts of the stored octets when full
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
 _REVOKED = "the caller's key is no longer allowed"
 _STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
@@ -167,16 +175,17 @@ class Worker(Overlay):
         self._running: Optional[Job] = None
         self._wake = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
-        if not max_clients >= 1 or not max_stored >= 1 or not max_stored_per_client >= 1:
-            raise ValueError("max_clients, max_stored and max_stored_per_client must be at "
-                             "least 1")
+        if not max_clients >= 1:
+            raise ValueError("max_clients must be at least 1")
+        #: octets of job bodies held, against ``max_stored`` and ``max_stored_per_client``
+        self.quota = Quota(max_stored, max_stored_per_client,
+                           lambda: store.worker_bytes(name),
+                           (lambda: store.worker_bytes_by_caller(name)) if curve is not None
+                           else None)
         self.max_clients = max_clients
         self.max_stored = max_stored
         self.max_stored_per_client = max_stored_per_client
         self._clients: OrderedDict[bytes, float] = OrderedDict()   # least recently heard first
-        self._stored: Optional[int] = None    # octets of bodies in the store (counted at start)
-        self._stored_by: dict[str, int] = {}  # the same by caller key (a mesh with keys)
-        self._recounted = -_RECOUNT_EVERY
         #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` and
         #: ``max_stored_per_client`` (POSTs), ``max_target`` (requests whose target is over
         #: MAX_TARGET, dropped)
@@ -364,37 +373,6 @@ class Worker(Overlay):
         self._respond(origin, msg, Status.ERROR, {
             "error": f"job {msg.uuid} was posted by another key"}, rid)
 
-    def _over(self, size: int, caller: Optional[str]) -> Optional[str]:
-        """The limit a body of ``size`` octets from key ``caller`` would pass (``max_stored``,
-        ``max_stored_per_client``), or None; when one is reached, the store is counted
-        again (at most once per ``_RECOUNT_EVERY``: purges free room)."""
-        stored = self._stored
-        if caller is None and stored is not None and stored + size <= self.max_stored:
-            return None     # the common case, without keys
-        if stored is None:
-            self._count_stored()
-        over = self._limit_passed(size, caller)
-        now = self._clock()
-        if over is not None and now - self._recounted >= _RECOUNT_EVERY:
-            self._recounted = now
-            self._count_stored()
-            over = self._limit_passed(size, caller)
-        return over
-
-    def _count_stored(self) -> None:
-        self._stored = self.store.worker_bytes(self.name)
-        if self._curve is not None:
-            self._stored_by = self.store.worker_bytes_by_caller(self.name)
-
-    def _limit_passed(self, size: int, caller: Optional[str]) -> Optional[str]:
-        assert self._stored is not None
-        if self._stored + size > self.max_stored:
-            return "max_stored"
-        if caller is not None and (self._stored_by.get(caller, 0) + size
-                                   > self.max_stored_per_client):
-            return "max_stored_per_client"
-        return None
-
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
         """Answer a request, once what the store holds about it is committed."""
@@ -442,10 +420,10 @@ class Worker(Overlay):
         if client is not None and origin[0] == "direct":
             text = nfp.to_json(body)   # the caller's key is stored with the job
             size = len(text.encode("utf-8"))
-        over = self._over(size, client) if existing is None and not mmi else None
+        over = self.quota.over(size, client, self._clock()) \
+            if existing is None and not mmi else None
         if over is not None and self.store.worker_job(self.name, msg.uuid) is None:
-            held, limit = ((self._stored, self.max_stored) if over == "max_stored" else
-                           (self._stored_by.get(client or "", 0), self.max_stored_per_client))
+            held, limit = self.quota.held(over, client)
             whose = "" if over == "max_stored" else " for this client's key"
             self.limits.over(over, f"worker {self.name} refused a POST of {size:,} octets: "
                              f"{held:,} of {limit:,} stored{whose}")
@@ -479,9 +457,7 @@ class Worker(Overlay):
                    bool(body.get("notify")), origin)
         job.caller = caller
         if not mmi:
-            self._stored = (self._stored or 0) + size
-            if client is not None:
-                self._stored_by[client] = self._stored_by.get(client, 0) + size
+            self.quota.add(size, client)
         self._jobs[job.uuid] = job
         self.stats["accepted"] += 1
         if mmi:
