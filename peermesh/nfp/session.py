@@ -1,4 +1,5 @@
-"""A worker's conversation with its broker (NFP/Worker) as a sans-io core.
+"""A worker's conversations as sans-io cores: with its broker (NFP/Worker), and with the
+clients that reach it directly.
 
 How it works
 ------------
@@ -25,13 +26,15 @@ and what the worker sends goes out through ``send``.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Callable, Hashable, Mapping, Optional, Sequence
 
 from ..core import Deliver, Dial, Hangup, Output, Outputs, Send
+from ..counters import Counters
 from ..errors import ProtocolError
 from ..wire import nfp
 
-__all__ = ["WorkerSession", "BROKER_LINK", "server_key"]
+__all__ = ["WorkerSession", "DirectDoor", "BROKER_LINK", "server_key"]
 
 log = logging.getLogger(__name__)
 
@@ -210,3 +213,57 @@ def server_key(endpoint: str, keys: Optional[Mapping[str, str]]) -> tuple[bool, 
         log.warning("not connecting to %s: the public key of its node is unknown", endpoint)
         return False, None
     return True, key.encode()
+
+
+class DirectDoor(Outputs):
+    """A worker's own ROUTER, for clients without a broker, as a core: a request comes out
+    as ``Deliver((identity, key, msg))`` (``key``: the CURVE key it came with, on a mailbox
+    read with ``User-Id``), OPEN is answered at once, anything else is dropped.
+
+    Bounds: the clients heard are remembered for ``show_clients``, at most
+    ``max_clients`` (the least recently heard is forgotten, counted in ``limits``);
+    requests whose target is over ``MAX_TARGET`` are dropped and counted.
+    """
+
+    def __init__(self, name: str, service: str, max_clients: int, limits: Counters) -> None:
+        super().__init__()
+        self.name, self.service = name, service
+        self.max_clients = max_clients
+        self.limits = limits
+        #: direct clients by identity: when last heard, least recently heard first
+        self.clients: OrderedDict[bytes, float] = OrderedDict()
+
+    def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
+        """A message on the worker's ROUTER from ``link`` (identity, or (identity, key))."""
+        identity, key = link if type(link) is tuple else (link, None)
+        try:
+            msg = nfp.decode(frames)
+        except ProtocolError as exc:
+            if isinstance(exc, nfp.TargetTooLong):
+                self.limits.over("max_target", f"worker {self.name} dropped a request: "
+                                 f"{exc.reason}")
+            else:
+                log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
+            return self.take()
+        if not isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)) or msg.role is not nfp.CLIENT:
+            if isinstance(msg, nfp.Open) and msg.role is nfp.CLIENT:
+                self._out(Send(identity, nfp.encode(nfp.Open(nfp.WORKER, nfp.encode_body(
+                    {"name": self.name, "service": self.service})))))
+            return self.take()
+        clients = self.clients
+        clients[identity] = now
+        clients.move_to_end(identity)
+        if len(clients) > self.max_clients:
+            clients.popitem(last=False)
+            self.limits.over("max_clients", f"worker {self.name} forgot its least recently "
+                             f"heard direct client ({self.max_clients} remembered)")
+        self._out(Deliver((identity, key, msg)))
+        return self.take()
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """Nothing waits on time here."""
+        return []
+
+    def next_deadline(self) -> Optional[float]:
+        """None: only messages move it."""
+        return None

@@ -66,7 +66,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional
 
 import gevent
@@ -87,8 +87,10 @@ from .tasks import Interrupt, Job, JobCancelled, JobContext, Tasks, TaskFunction
 from ..io import bind_ephemeral, shared_context
 from ..io.curve import Curve
 from ..io.zap import Allowlist
-from .session import BROKER_LINK, WorkerSession
-from .transport import CorkedSocket, guarded, nfp_socket
+from .session import BROKER_LINK, DirectDoor, WorkerSession
+from .transport import guarded, nfp_socket
+from ..core import Send
+from ..io.connections import GuardedListener
 from ..io.driver import Driver
 from ..io.transport import Transport, ZmqTransport
 from ..wire.nfp import MAX_MESSAGE
@@ -167,7 +169,8 @@ class Worker(Overlay):
         self._driver: Optional[Driver] = None
         self._router = nfp_socket(self._context, zmq.ROUTER, curve)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
-        self._direct: Optional[CorkedSocket] = None
+        self._direct: Optional[Driver] = None          # serves ``_door`` on ``_router``
+        self._listener: Optional[GuardedListener] = None
         self._last_source: Any = None   # the socket the last request came through
         self.broker_endpoint: Optional[str] = None
         self._queue: deque[Job] = deque()
@@ -185,7 +188,6 @@ class Worker(Overlay):
         self.max_clients = max_clients
         self.max_stored = max_stored
         self.max_stored_per_client = max_stored_per_client
-        self._clients: OrderedDict[bytes, float] = OrderedDict()   # least recently heard first
         #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` and
         #: ``max_stored_per_client`` (POSTs), ``max_target`` (requests whose target is over
         #: MAX_TARGET, dropped)
@@ -193,6 +195,8 @@ class Worker(Overlay):
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0, "not_granted": 0, "not_owner": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
+        #: the direct clients' door (sans-io): requests, OPEN, the clients remembered
+        self._door = DirectDoor(name, service, max_clients, self.limits)
 
     # --- life cycle -----------------------------------------------------
 
@@ -202,8 +206,10 @@ class Worker(Overlay):
             listener = guarded(self._router, self.endpoint, self.limits,
                                self._curve.allowlist if self._curve is not None else None,
                                self._revoked)
-            self._direct = CorkedSocket(self._router, self._on_direct, f"worker {self.name}",
-                                        keyed=self._curve is not None, listener=listener)
+            self._listener = listener
+            self._direct = Driver(self._door, self.transport, on_deliver=self._from_client,
+                                  name=f"worker {self.name}")
+            self._direct.listen(listener, "User-Id" if self._curve is not None else None)
         else:
             self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
@@ -243,6 +249,9 @@ class Worker(Overlay):
             driver.apply(self._session.stop(self._clock()))
             driver.close()
         gevent.killall(self._greenlets, block=False)   # a running job stays unfinished on disk
+        if self._listener is not None:
+            self._listener.stop()   # (its monitor before the socket)
+            self._listener = None
         if self._direct is not None:
             self._direct.close()
             self._direct = None
@@ -282,43 +291,17 @@ class Worker(Overlay):
 
     # --- clients that talk to the worker directly -----------------------
 
-    def _on_direct(self, frames: list[bytes]) -> None:
-        if len(frames) < 2:
-            return
-        identity = frames[0]
-        try:
-            msg = nfp.decode(frames[1:])
-        except ProtocolError as exc:
-            if isinstance(exc, nfp.TargetTooLong):
-                self.limits.over("max_target", f"worker {self.name} dropped a request: "
-                                 f"{exc.reason}")
-            else:
-                log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
-            return
-        if not isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)) or msg.role is not nfp.CLIENT:
-            if isinstance(msg, nfp.Open) and msg.role is nfp.CLIENT:
-                self._reply_direct(identity, nfp.Open(nfp.WORKER, nfp.encode_body(
-                    {"name": self.name, "service": self.service})))
-            return
-        clients = self._clients
-        clients[identity] = self._clock()
-        clients.move_to_end(identity)
-        if len(clients) > self.max_clients:
-            clients.popitem(last=False)
-            self.limits.over("max_clients", f"worker {self.name} forgot its least recently "
-                             f"heard direct client ({self.max_clients} remembered)")
-        self._last_source = self._direct
-        self._on_request(msg, ("direct", identity))
-
-    def _reply_direct(self, identity: bytes, msg: nfp.Message) -> None:
-        if self._direct is not None:
-            self._direct.send([identity, *nfp.encode(msg)])
+    def _from_client(self, request: tuple[bytes, Optional[str], Any]) -> None:
+        """A request the door delivered: (identity, the key it came with, the message)."""
+        identity, key, msg = request
+        self._last_source = self._listener
+        self._on_request(msg, ("direct", identity, key))
 
     def _send_to_origin(self, origin: tuple[Any, ...], frames: list[bytes],
                         ready_only: bool) -> None:
         if origin[0] == "direct":
             if self._direct is not None:
-                self._direct.send([origin[1], *frames])
+                self._direct.apply((Send(origin[1], frames),))
         else:
             self._send_broker(frames, ready_only)
 
@@ -332,7 +315,7 @@ class Worker(Overlay):
             return
         rid = body.get("rid")
         if origin[0] == "direct":  # the caller's own key; through a broker, the broker's word
-            body["caller"] = self._direct.sender_key if self._direct is not None else None
+            body["caller"] = origin[2]
         if msg.service != self.service and msg.service != WORKER_MMI:
             error = f"worker {self.name} serves {self.service}, not {msg.service}"
             self._respond(origin, msg, Status.ERROR, {"error": error}, rid)
@@ -744,8 +727,9 @@ class Worker(Overlay):
     def clients_info(self) -> dict[str, Any]:
         """Clients that talked to this worker directly (brokerless)."""
         now = self._clock()
-        return {"direct_clients": len(self._clients),
-                "last_seconds_ago": round(min((now - t for t in self._clients.values()),
+        clients = self._door.clients
+        return {"direct_clients": len(clients),
+                "last_seconds_ago": round(min((now - t for t in clients.values()),
                                               default=0.0), 3)}
 
     def reconnect(self) -> None:
