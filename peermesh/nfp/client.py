@@ -69,8 +69,9 @@ from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_
 from ..io.curve import Curve
 from .store import ClientJob, JobStore
 from ..io import shared_context
+from .clientcore import BROKER, ClientCore
 from .session import server_key
-from .transport import CorkedSocket, nfp_dealer
+from ..core import Send
 from ..io.driver import Driver
 from ..io.transport import Transport, ZmqTransport
 from ..wire.nfp import MAX_MESSAGE
@@ -183,7 +184,7 @@ class Client(Overlay):
                  queue_timeout: float = 30.0, curve: Optional[Curve] = None,
                  keys: Mapping[str, str] = {}, transport: Optional[Transport] = None) -> None:
         super().__init__()
-        #: the node's CURVE keys, and the key of each endpoint's node (see ``nfp_dealer``)
+        #: the node's CURVE keys, and the key of each endpoint's node (see ``server_key``)
         self._curve, self._keys = curve, keys
         self.store = store
         self.name = name
@@ -198,12 +199,15 @@ class Client(Overlay):
         self._direct = Dispatcher(nfp.CLIENT, request_timeout=request_timeout,
                                   queue_timeout=queue_timeout, on_job_event=self._on_job_event,
                                   clock=self._clock)
-        #: serves the brokerless dispatcher: one link per worker, named by the worker
-        self._workers = Driver(self._direct, self.transport, max_message=MAX_MESSAGE,
-                               name="client -> workers")
+        #: serves the client's links (sans-io): the broker's, and one per worker for the
+        #: brokerless dispatcher, named by the worker
+        self._core = ClientCore(self._direct)
+        self._workers = Driver(self._core, self.transport, on_deliver=self._on_broker,
+                               max_message=MAX_MESSAGE, name="client")
         #: the elected broker's NFP endpoint (None: no broker, workers are asked directly)
         self.broker: Optional[str] = None
-        self._broker_channel: Optional[CorkedSocket] = None
+        self._broker_linked = 0     # the generation of the broker link (0: none)
+        self._generations = itertools.count(1)
         self._opened: Optional[gevent.event.AsyncResult] = None
         self._waiting: dict[str, gevent.event.AsyncResult] = {}
         # (deadline, rid) of requests sent to the broker: the ticker expires them, so a
@@ -325,9 +329,9 @@ class Client(Overlay):
             waiter.check()
 
     def _close_broker(self) -> None:
-        channel, self._broker_channel = self._broker_channel, None
-        if channel is not None:
-            channel.close()
+        if self._broker_linked:
+            self._broker_linked = 0
+            self._workers.hangup(BROKER)
         opened, self._opened = self._opened, None
         if opened is not None and not opened.ready():
             opened.set(False)
@@ -338,20 +342,22 @@ class Client(Overlay):
 
     # --- broker link ----------------------------------------------------
 
-    def _broker_link(self, deadline: float) -> Optional[CorkedSocket]:
+    def _broker_link(self, deadline: float) -> int:
+        """The generation of an open link to the broker (dialled, OPEN answered), or 0."""
         broker = self.broker
         if broker is None:
-            return None
-        if self._broker_channel is None:
-            sock = nfp_dealer(self._context, broker, self._curve, self._keys)
-            if sock is None:
-                return None
-            self._broker_channel = CorkedSocket(sock, self._on_broker, "client -> broker")
+            return 0
+        if not self._broker_linked:
+            dialable, key = server_key(broker, self._keys if self._curve is not None else None)
+            if not dialable:
+                return 0
+            self._workers.dial(BROKER, broker, _new_identity(), key)
+            self._broker_linked = next(self._generations)
             self._opened = gevent.event.AsyncResult()
-            self._broker_channel.send(nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(
-                {"name": self.name, "node": self.node_id}))))
+            self._workers.apply((Send(BROKER, nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(
+                {"name": self.name, "node": self.node_id})))),))
         opened = self._opened
-        channel = self._broker_channel
+        channel = self._broker_linked
         assert opened is not None
         if opened.ready():     # (nearly always: no Timeout made per request)
             ok = opened.value
@@ -362,19 +368,13 @@ class Client(Overlay):
             except gevent.Timeout:
                 ok = False
         if not ok:
-            if self._broker_channel is channel:   # not answering / not the broker: a new socket
+            if self._broker_linked == channel:   # not answering / not the broker: a new link
                 self._close_broker()
-            return None
+            return 0
         return channel
 
-    def _on_broker(self, frames: list[bytes]) -> None:
-        try:
-            msg = nfp.decode(frames)
-        except ProtocolError as exc:
-            log.debug("client: dropped a malformed message from the broker: %s", exc.reason)
-            return
-        if msg.role is not nfp.BROKER:
-            return
+    def _on_broker(self, msg: nfp.Message) -> None:
+        """A message from the broker (``ClientCore`` decoded it)."""
         if isinstance(msg, nfp.Response):
             try:
                 body = nfp.decode_body(msg.body[0])
@@ -453,8 +453,7 @@ class Client(Overlay):
 
     def _via_broker(self, kind: str, service: str, target: str, uuid: str,
                     body: dict[str, Any], deadline: float, raw: Optional[bytes] = None) -> Any:
-        channel = self._broker_link(deadline)
-        if channel is None:
+        if not self._broker_link(deadline):
             return _RETRY
         rid = f"c{next(self._rids):x}"
         command = _COMMANDS[kind]
@@ -462,7 +461,8 @@ class Client(Overlay):
         self._waiting[rid] = result
         # "rid" goes last: a broker passes the rest of the body on as it is
         payload = with_rid(raw, rid) if raw is not None else nfp.encode_body({**body, "rid": rid})
-        channel.send(nfp.request_frames(command, nfp.CLIENT, service, target, uuid, (payload,)))
+        self._workers.apply((Send(BROKER, nfp.request_frames(command, nfp.CLIENT, service,
+                                                             target, uuid, (payload,))),))
         if self._ticker is not None:
             heapq.heappush(self._expiry, (deadline, rid))
             answer = result.get()
