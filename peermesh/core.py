@@ -54,6 +54,8 @@ MTL ``DataFlow``              its outboxes drained by ``take()`` are the returne
 
 ``Outputs`` is the small helper a core may inherit to collect what it
 returns: methods append with ``_out``; ``take()`` hands the list over.
+Outputs are plain slotted records, made on every message: treat them as
+values (they are not frozen because frozen ones cost twice as much to make).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from typing import Any, Hashable, Optional, Protocol, Sequence, Union, runtime_c
 __all__ = ["Send", "Deliver", "Emit", "Dial", "Hangup", "Output", "Core", "Outputs"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Send:
     """Send ``frames`` as one message on ``link``."""
 
@@ -72,21 +74,21 @@ class Send:
     frames: Sequence[bytes]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Deliver:
     """Hand ``item`` to the core's user."""
 
     item: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Emit:
     """Tell listeners about ``event``."""
 
     event: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Dial:
     """Open an outgoing link to ``endpoint`` (routing identity ``identity``; a CURVE client
     of ``server_key`` where keys are used), named ``link``; what comes back on it arrives as
@@ -98,7 +100,7 @@ class Dial:
     server_key: Optional[bytes] = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hangup:
     """Close the outgoing link ``link`` (nothing if it is not open)."""
 
