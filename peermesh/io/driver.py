@@ -213,16 +213,22 @@ class Driver:
 
     def _send_backlog(self, name: Hashable) -> None:
         backlog = self._backlogs.get(name)
+        now = self.transport.now
+        give_up = now() + self.send_timeout
         while backlog and not self.closed:
             link = self.links.get(name)
-            if link is not None and not link.wait_writable(self.send_timeout):
+            if link is not None:
+                link.wait_writable(max(0.0, give_up - now()))
+            while backlog and self._try_send(name, backlog[0]) is not False:
+                backlog.popleft()
+            if not backlog:
+                break
+            if now() >= give_up:
                 log.warning("%s: send queue to %r full for %.1fs; %d message(s) dropped",
                             self.name, name, self.send_timeout, len(backlog))
                 self.stats["dropped"] += len(backlog)
                 break
-            while backlog and self._try_send(name, backlog[0]) is not False:
-                backlog.popleft()
-            if backlog and link is None:   # the mailbox is full: wait on the clock a little
+            if link is None:   # a full mailbox has nothing to wait on: the clock, a little
                 self.transport.sleep(0.01)
         if self._backlogs.get(name) is backlog:
             del self._backlogs[name]

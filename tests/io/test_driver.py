@@ -115,3 +115,36 @@ def test_sends_answers_timers_and_hangups(transports: tuple[Any, Any, Any]) -> N
         for driver in drivers:
             driver.close()
     assert all(driver.closed for driver in drivers)
+
+
+def test_a_full_link_holds_its_backlog_then_drops_it_after_send_timeout() -> None:
+    """Nobody listens at the far end: the link queues up to its high-water mark, the rest
+    waits in the driver's backlog (in order, behind what waits) and is dropped, counted,
+    once ``send_timeout`` passed; the driver goes on serving."""
+    from peermesh.io import bind_ephemeral, make_socket
+    import zmq
+
+    probe = make_socket(zmq.ROUTER)
+    endpoint = bind_ephemeral(probe, "127.0.0.1")
+    probe.close(linger=0)                       # a free port: nothing will listen there
+    caller = Caller(endpoint)
+    driver = Driver(caller, ZmqTransport(), send_timeout=0.3, name="caller")
+    try:
+        driver.apply(caller.start())
+        sent = 0
+        while "far" not in driver._backlogs:   # until the link's queue is full
+            driver.apply(caller.say(b"%d" % sent))
+            sent += 1
+            assert sent < 200_000, "the link never filled"
+        for i in range(50):
+            driver.apply(caller.say(b"late"))
+        held = len(driver._backlogs["far"])
+        assert held == 51
+        poll_until(lambda: "far" not in driver._backlogs, 10, "the backlog given up",
+                   sleep=gevent.sleep)
+        assert driver.stats["dropped"] == held
+        assert driver.stats["sent"] == sent - 1
+        driver.apply(caller.hang_up())
+        assert not driver.links
+    finally:
+        driver.close()
