@@ -8,7 +8,9 @@ from typing import Any, Hashable, Iterator, Optional
 
 import gevent
 import pytest
+import zmq
 
+from peermesh.io import bind_ephemeral, make_socket
 from peermesh.core import Core, Deliver, Dial, Hangup, Output, Outputs, Send
 from peermesh.io.driver import Driver
 from peermesh.io.transport import ZmqTransport
@@ -121,9 +123,6 @@ def test_a_full_link_holds_its_backlog_then_drops_it_after_send_timeout() -> Non
     """Nobody listens at the far end: the link queues up to its high-water mark, the rest
     waits in the driver's backlog (in order, behind what waits) and is dropped, counted,
     once ``send_timeout`` passed; the driver goes on serving."""
-    from peermesh.io import bind_ephemeral, make_socket
-    import zmq
-
     probe = make_socket(zmq.ROUTER)
     endpoint = bind_ephemeral(probe, "127.0.0.1")
     probe.close(linger=0)                       # a free port: nothing will listen there
