@@ -47,10 +47,14 @@ class WorkerSession(Outputs):
 
     def __init__(self, name: str, service: str, node_name: str, *, keepalive: float = 1.0,
                  multiplier: int = 3, new_identity: Callable[[], bytes],
-                 keys: Optional[Mapping[str, str]] = None) -> None:
+                 keys: Optional[Mapping[str, str]] = None,
+                 stats: Optional[dict[str, int]] = None) -> None:
         super().__init__()
         #: with CURVE: the public key (Z85) of each endpoint's node; None: no keys
         self.keys = keys
+        #: counters: ``broker_connects`` (conversations begun)
+        self.stats = stats if stats is not None else {}
+        self.stats.setdefault("broker_connects", 0)
         self.name, self.service, self.node_name = name, service, node_name
         self.keepalive = float(keepalive)
         self.multiplier = int(multiplier)
@@ -62,7 +66,6 @@ class WorkerSession(Outputs):
         self.since = 0.0
         self.last_recv = 0.0
         self.last_sent = 0.0
-        self.connects = 0
         self._beat: Optional[float] = None        # the next liveness check
         self._resume: Optional[float] = None      # a new conversation after DISCONNECT
         self._resume_why = ""
@@ -169,7 +172,7 @@ class WorkerSession(Outputs):
         self.state = "opening"
         self.last_recv = self.since = now
         self._beat = now + self.keepalive / 2
-        self.connects += 1
+        self.stats["broker_connects"] += 1
         self._send(nfp.encode(nfp.Open(nfp.WORKER, nfp.encode_body(
             {"name": self.name, "service": self.service, "node": self.node_name,
              "keepalive": self.keepalive, "multiplier": self.multiplier}))), now)

@@ -162,10 +162,6 @@ class Worker(Overlay):
         self.transport: Transport = transport if transport is not None else ZmqTransport(
             self._context, curve)
         self._clock = self.transport.now
-        #: the conversation with the broker (sans-io), served by ``_driver`` while running
-        self._session = WorkerSession(name, service, node_name, keepalive=keepalive,
-                                      multiplier=multiplier, new_identity=_new_identity,
-                                      keys=keys if curve is not None else None)
         self._driver: Optional[Driver] = None
         self._router = nfp_socket(self._context, zmq.ROUTER, curve)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
@@ -195,6 +191,11 @@ class Worker(Overlay):
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0, "not_granted": 0, "not_owner": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
+        #: the conversation with the broker (sans-io), served by ``_driver`` while running
+        self._session = WorkerSession(name, service, node_name, keepalive=keepalive,
+                                      multiplier=multiplier, new_identity=_new_identity,
+                                      keys=keys if curve is not None else None,
+                                      stats=self.stats)
         #: the direct clients' door (sans-io): requests, OPEN, the clients remembered
         self._door = DirectDoor(name, service, max_clients, self.limits)
 
@@ -712,7 +713,7 @@ class Worker(Overlay):
                 "running": self._running.uuid if self._running else None,
                 "queued": len(self._queue), "broker": self.broker_endpoint,
                 "broker_state": self._session.state,
-                "stats": {**self.stats, "broker_connects": self._session.connects},
+                "stats": dict(self.stats),
                 "limits": dict(self.limits.snapshot()),
                 "jobs": self.store.count_worker_jobs(self.name)}
 

@@ -142,6 +142,7 @@ def test_jobs_run_and_their_results_come_back_in_virtual_time(mesh: Mesh) -> Non
         held = [w.store.worker_job(w.name, uuid) for w in mesh.workers.values()]
         assert [r.state for r in held if r is not None] == ["completed"]
     assert mesh.clock.now() < 20.0
+    assert [w.stats["broker_connects"] for w in mesh.workers.values()] == [1, 1]
 
 
 def test_a_lost_worker_has_its_job_run_again_by_another(mesh: Mesh) -> None:
@@ -163,6 +164,9 @@ def test_a_lost_worker_has_its_job_run_again_by_another(mesh: Mesh) -> None:
     moved = [e for e in events if e.get("state") == "redispatched"]
     assert moved and moved[0]["from"] == "w1" and moved[0]["to"] == "w2"
     assert "w1" not in mesh.core.dispatcher.workers  # type: ignore[union-attr]
+    # w1 heard nothing from the broker for keepalive * multiplier: it began again, and again
+    mesh.until("w1 trying again", lambda: mesh.workers["w1"].stats["broker_connects"] >= 2,
+               KEEPALIVE * MULTIPLIER + 2.0)
     mesh.until("its result", lambda: bool(mesh.final("job-lost")), 70.0)
     (result,) = mesh.final("job-lost")
     assert result["result"] == {"value": "x", "by": "w2"}
