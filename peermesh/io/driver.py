@@ -55,8 +55,8 @@ __all__ = ["Driver"]
 
 log = logging.getLogger(__name__)
 
-#: messages a link's queue holds before a send waits (its ZeroMQ SNDHWM)
-SNDHWM = 10_000
+#: messages a link's queue holds before a send waits (its ZeroMQ SNDHWM: libzmq's default)
+SNDHWM = 1_000
 #: seconds the timer waits at least between two runs when deadlines crowd (a core with a
 #: deadline per request is served a batch of them at a time, not one wake-up each)
 SLACK = 0.01
