@@ -4,7 +4,7 @@ Every module of ``peermesh`` is read with ``ast``; every import counts,
 relative or absolute, at module level or inside a function, except those
 under ``if TYPE_CHECKING:`` (they never run). Layers, bottom up::
 
-    errors, config, events, argtypes, counters, logs  <  wire  <  net  <  io  <  discovery
+    errors, config, events, argtypes, counters, logs, core  <  wire  <  net  <  io  <  discovery
         <  zre, aio  <  overlay, metrics  <  sada, nfp, spark, sim  <  agent, cli (and every
         commands.py)
 
@@ -32,7 +32,7 @@ PACKAGE_DIR = Path(peermesh.__file__).resolve().parent
 
 LAYERS: dict[str, int] = {
     "errors": 0, "config": 0, "events": 0, "argtypes": 0, "counters": 0, "walcheckpoint": 0,
-    "logs": 0, "metrics": 6,
+    "logs": 0, "core": 0, "metrics": 6,
     "wire": 1, "net": 2, "io": 3, "discovery": 4, "zre": 5, "aio": 5, "overlay": 6,
     "sada": 7, "nfp": 7, "spark": 7, "sim": 7, "mtl": 7, "flux": 7,
     "agent": 8, "cli": 8,

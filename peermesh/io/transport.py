@@ -1,14 +1,16 @@
 """How a node's frames and beacons move: the real transport on ZeroMQ and UDP.
 
-A node talks to its transport through a small interface, so the same node
-and protocol code also runs on the simulated network (``peermesh.sim``):
+A node talks to its transport through a small typed interface, ``Transport``
+(with ``Mailbox``, ``Link`` and ``BeaconSocket``), so the same node, protocol
+and driver code also runs on the simulated network (``peermesh.sim``):
 
 * ``interface(choice)`` - the ``Interface`` to use;
-* ``bind_mailbox(address, max_message, endpoint=None, **limits)`` - a mailbox with ``port``,
-  ``serve(on_message, on_oversized, backpressure)`` and ``close()``;
-* ``connect(identity, endpoint, sndhwm)`` - an outgoing link with
-  ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``
-  and ``close(linger)``;
+* ``bind_mailbox(address, max_message, endpoint=None, **limits)`` - a ``Mailbox``
+  with ``port``, ``endpoint``, ``serve(on_message, on_oversized, backpressure)``,
+  ``try_send([identity, *frames])`` (back down the link of ``identity``) and ``close()``;
+* ``connect(identity, endpoint, sndhwm)`` - an outgoing ``Link`` with
+  ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``,
+  ``serve(on_message)`` (what the mailbox sends back) and ``close(linger)``;
 * ``beacon_socket(port)`` - UDP with ``sendto``, ``recvfrom``, ``close``;
 * ``now()`` and ``sleep(seconds)`` - the clock the node's timers use;
 * ``check_capacity(peers)`` - raise before a new peer would exhaust resources.
@@ -33,7 +35,7 @@ import os
 import resource
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union
 
 import gevent
 import gevent.socket
@@ -51,7 +53,8 @@ from .socket import HubSocket, make_socket
 if TYPE_CHECKING:  # CURVE is loaded only by nodes with keys
     from .curve import Curve
 
-__all__ = ["ZmqTransport", "CapacityError", "GuardedMailbox"]
+__all__ = ["Transport", "Mailbox", "Link", "BeaconSocket", "ZmqTransport", "CapacityError",
+           "GuardedMailbox"]
 
 #: the guarded mailbox is a ``GuardedListener`` (see ``peermesh.io.connections``)
 GuardedMailbox = GuardedListener
@@ -63,6 +66,101 @@ HEARTBEAT_IVL = 2_000
 #: seconds between closing a link and connecting a new one under the same identity to the
 #: same endpoint (a mailbox ignores a second connection while it still sees the first)
 RECONNECT_GAP = 0.2
+
+
+#: ``on_message(first frame, the rest)``: a mailbox's first frame is the sender's identity
+MessageHandler = Callable[[bytes, list[bytes]], None]
+
+
+class Link(Protocol):
+    """An outgoing connection to one mailbox (a DEALER; ``SimLink`` on the simulator)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def try_send(self, frames: Sequence[bytes]) -> bool:
+        """Queue one message; False when the queue is full (nothing sent)."""
+        ...
+
+    def wait_writable(self, timeout: Optional[float] = None) -> bool:
+        """Wait (cooperatively) for room; False if none came in ``timeout``."""
+        ...
+
+    def serve(self, on_message: MessageHandler, on_oversized: Any = None,
+              backpressure: Any = None, *,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
+        """Call ``on_message(first, rest)`` for each message the mailbox sends back, until
+        closed (blocks the calling greenlet); ``after_batch()`` after each batch."""
+        ...
+
+    def close(self, linger: float = 0.0) -> None: ...
+
+
+class Mailbox(Protocol):
+    """Where a node receives (a ROUTER; ``SimMailbox`` on the simulator)."""
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def endpoint(self) -> str: ...
+
+    def try_send(self, frames: Sequence[bytes]) -> bool:
+        """Send ``frames[1:]`` back down the link whose identity is ``frames[0]``."""
+        ...
+
+    def serve(self, on_message: MessageHandler, on_oversized: Any = None,
+              backpressure: Any = None, *,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
+        """Call ``on_message(identity, frames)`` for each message, until closed (blocks the
+        calling greenlet); a message over the mailbox's limit goes to ``on_oversized``, and
+        ``after_batch()`` is called after each batch."""
+        ...
+
+    def close(self, linger: float = 0.0) -> None: ...
+
+
+class BeaconSocket(Protocol):
+    """A UDP socket for beacons."""
+
+    def sendto(self, data: bytes, address: tuple[str, int]) -> int: ...
+
+    def recvfrom(self, size: int) -> tuple[bytes, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """What a node and a driver need of the network (``ZmqTransport``, ``SimTransport``)."""
+
+    def now(self) -> float:
+        """The clock every timer of the node runs on (seconds)."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Block the calling greenlet for ``seconds`` of that clock."""
+        ...
+
+    def interface(self, choice: Optional[str]) -> Interface: ...
+
+    def bind_mailbox(self, address: str, max_message: int,
+                     endpoint: Optional[str] = None) -> Mailbox:
+        """A mailbox (a transport may take limits as further keywords)."""
+        ...
+
+    def connect(self, identity: bytes, endpoint: str, sndhwm: int,
+                server_key: Optional[bytes] = None, handover: bool = False,
+                max_message: Optional[int] = None) -> Link:
+        """A link to ``endpoint`` (a CURVE client of ``server_key`` where keys are used);
+        with ``max_message``, a message back over it cuts the connection (ZeroMQ) or is
+        dropped."""
+        ...
+
+    def beacon_socket(self, port: int) -> BeaconSocket: ...
+
+    def peer_capacity(self) -> int: ...
+
+    def check_capacity(self, peers: int) -> None: ...
 
 
 class CapacityError(PeermeshError):
@@ -146,14 +244,23 @@ class ZmqTransport:
                                policy, allowlist=allowlist, on_revoked=on_revoked, keep=keep)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
-                server_key: Optional[bytes] = None, handover: bool = False) -> HubSocket:
+                server_key: Optional[bytes] = None, handover: bool = False,
+                max_message: Optional[int] = None) -> HubSocket:
         """A DEALER link to ``endpoint`` (a CURVE client of ``server_key`` when the
-        transport has keys); sends never block. With ``handover`` (the far end hands an
-        identity to its newest connection) it connects at once, without ``RECONNECT_GAP``."""
-        sock = make_socket(zmq.DEALER, {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm,
-                                        zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
-                                        zmq.RECONNECT_IVL_MAX: 1000}, self.context,
-                           curve=self.curve, server_key=server_key)
+        transport has keys; ``inproc://`` never leaves the process and speaks plain);
+        sends never block. With ``handover`` (the far end hands an identity to its newest
+        connection) it connects at once, without ``RECONNECT_GAP``. With ``max_message``
+        (a link of ``peermesh.io.driver``) a peer sending more is cut off (``MAXMSGSIZE``)
+        and reconnects keep libzmq's timing."""
+        options: dict[int, Union[int, bytes]] = {zmq.IDENTITY: identity, zmq.SNDHWM: sndhwm}
+        if max_message is None:   # a ZRE peer link: it reconnects fast, sends never wait
+            options.update({zmq.SNDTIMEO: 0, zmq.RECONNECT_IVL: 100,
+                            zmq.RECONNECT_IVL_MAX: 1000})
+        else:   # a driver's link: the bound, libzmq's own timing (measured: cheaper per job)
+            options[zmq.MAXMSGSIZE] = max_message
+        plain = endpoint.startswith("inproc://")
+        sock = make_socket(zmq.DEALER, options, self.context,
+                           curve=None if plain else self.curve, server_key=server_key)
         key = (identity, endpoint)
         closed = self._closed.pop(key, None)
         wait = 0.0 if closed is None or handover else closed + RECONNECT_GAP - time.monotonic()
@@ -163,7 +270,7 @@ class ZmqTransport:
         except BaseException:
             sock.close(linger=0)
             raise
-        link = _Link(sock, key, self._link_closed)
+        link = _Link(sock, key, self._link_closed, max_message)
         if wait > 0:  # (until then try_send refuses: a ZRE peer link holds its backlog)
             link.connect_after(wait, endpoint)
         return link
@@ -249,8 +356,9 @@ class _Link(HubSocket):
     __slots__ = ("key", "on_close")
 
     def __init__(self, sock: zmq.Socket, key: tuple[bytes, str],
-                 on_close: Callable[[tuple[bytes, str]], None]) -> None:
-        super().__init__(sock)
+                 on_close: Callable[[tuple[bytes, str]], None],
+                 limit: Optional[int] = None) -> None:
+        super().__init__(sock, limit=limit)
         self.key, self.on_close = key, on_close
 
     def connect_after(self, seconds: float, endpoint: str) -> None:
@@ -270,3 +378,8 @@ class _Link(HubSocket):
         if not self.closed:
             self.on_close(self.key)
         super().close(linger)
+
+
+if TYPE_CHECKING:  # the real transport implements the interface it defines
+    def _conforms(transport: ZmqTransport) -> Transport:
+        return transport

@@ -34,31 +34,32 @@ to the new broker at once instead of waiting for a timeout.
 Malformed frames are dropped (counted in ``show_broker``) without touching
 other traffic; a peer that sends them is not trusted with anything else
 because nothing it sends is ever decoded into a command.
+
+The protocol itself is ``BrokerCore`` (``peermesh.nfp.brokercore``), a
+sans-io core; this overlay is its shell: the ROUTER (under the connection
+policy) is served by the one driver (``peermesh.io.driver.Driver``) on the
+node's transport clock, and the broker services and MMI live here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import gevent
 import zmq
 
-from ..errors import ProtocolError
 from ..counters import Counters
+from ..io.connections import GuardedListener
+from ..io.driver import Driver
 from ..io.zap import Allowlist
 from ..overlay import Overlay
-from ..wire import nfp
-from ..wire.nfp import Status
-from .dispatch import Dispatcher, Reply, without_rid
-from .grants import Grants, may_use_job
+from .brokercore import NOT_BROKER, STEPPED_DOWN, BrokerCore
+from .dispatch import Dispatcher
+from .grants import Grants
 from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
-from .transport import CorkedSocket, guarded
+from .transport import guarded
 from .worker import Tasks, TaskFunction, Worker
 
 if TYPE_CHECKING:
@@ -67,26 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["Broker", "NOT_BROKER"]
 
 log = logging.getLogger(__name__)
-
-NOT_BROKER = "not the broker"
-STEPPED_DOWN = "broker stepped down"
-_MAX_OWNERS = 100_000
-_CLIENT_IDLE = 600.0
-
-
-@dataclass(eq=False, slots=True)
-class _Peer:
-    identity: bytes
-    kind: str                        # worker, client
-    name: str = ""
-    service: str = ""
-    node: str = ""
-    ready: bool = False
-    since: float = 0.0
-    last_recv: float = 0.0
-    last_sent: float = 0.0
-    requests: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 class _ServiceWorker(Worker):
@@ -115,10 +96,13 @@ class Broker(Overlay):
         self.name = name
         self.node_id = node   # the node's UUID in hex, for the wire
         self.store = store
-        self.keepalive = float(keepalive)
-        self.multiplier = int(multiplier)
-        self.queue_timeout = float(queue_timeout)
-        self.request_timeout = float(request_timeout)
+        #: the protocol: peers, heartbeats, dispatch (sans-io)
+        self.core = BrokerCore(name=name, node=node, keepalive=keepalive,
+                               multiplier=multiplier, queue_timeout=queue_timeout,
+                               request_timeout=request_timeout, keyed=keyed,
+                               admin_keys=admin_keys, grants=grants, allowlist=allowlist)
+        self.keepalive = self.core.keepalive
+        self.multiplier = self.core.multiplier
         self.admin_token = admin_token
         #: with keys: the public keys allowed the destructive MMI calls (instead of the token)
         self.admin_keys = admin_keys
@@ -135,22 +119,38 @@ class Broker(Overlay):
         self._router = router
         self.inproc = f"inproc://peermesh-nfp-broker-{node}-{id(self):x}"
         router.bind(self.inproc)
-        self._channel: Optional[CorkedSocket] = None
-        self.active = False
-        self.dispatcher: Optional[Dispatcher] = None
-        self._peers: dict[bytes, _Peer] = {}
-        self._worker_ids: dict[str, bytes] = {}
-        self._owners: OrderedDict[str, bytes] = OrderedDict()
-        #: with keys: the key each job was posted with (as many as ``_owners``)
-        self._posters: OrderedDict[str, str] = OrderedDict()
+        self._driver: Optional[Driver] = None
+        self._listener: Optional[GuardedListener] = None
         self._services: list[Worker] = []
-        self._received: tuple[Any, list[bytes]] = (None, [])   # the command being handled
-        self._greenlets: list[gevent.Greenlet] = []
-        self.since = 0.0
-        self.stats = {"dropped": 0, "requests": 0, "events": 0, "elections_won": 0,
-                      "disconnects_sent": 0, "not_owner": 0}
-        #: refusals by limit: ``max_target`` (requests whose target is over MAX_TARGET)
-        self.limits = Counters(log, "NFP broker hit its limits")
+
+    # --- the core's state -------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """True while this broker is the elected one."""
+        return self.core.active
+
+    @property
+    def dispatcher(self) -> Optional[Dispatcher]:
+        """The dispatcher while active."""
+        return self.core.dispatcher
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: dropped, requests, events, elections_won, disconnects_sent, not_owner."""
+        return self.core.stats
+
+    @property
+    def limits(self) -> Counters:
+        """Refusals by limit (``max_target``)."""
+        return self.core.limits
+
+    def _now(self) -> float:
+        return self.node.transport.now() if self.node is not None else 0.0
+
+    def _apply(self, outputs: list[Any]) -> None:
+        if self._driver is not None:
+            self._driver.apply(outputs)
 
     # --- life cycle -----------------------------------------------------
 
@@ -171,10 +171,12 @@ class Broker(Overlay):
 
     def on_start(self) -> None:
         """Start reading the ROUTER (standby) and the services (idle until activated)."""
+        assert self.node is not None
         listener = guarded(self._router, self.endpoint, self.limits, self.allowlist,
                            self._revoked)
-        self._channel = CorkedSocket(self._router, self._on_message, f"broker {self.name}",
-                                     keyed=self.keyed, listener=listener)
+        self._driver = Driver(self.core, self.node.transport, name=f"broker {self.name}")
+        self._driver.listen(listener, "User-Id" if self.keyed else None)
+        self._listener = listener
         for service in self._services:
             service.start()
 
@@ -183,23 +185,19 @@ class Broker(Overlay):
         self.deactivate("broker closing")
         for service in self._services:
             service.stop(timeout)
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-        else:
-            self._router.close(linger=0)
+        if self._listener is not None:
+            self._listener.stop()   # (its monitor before the socket)
+            self._listener = None
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.close()
+        self._router.close(linger=0)
 
     def activate(self) -> None:
         """Become the broker: fresh state, services connected, heartbeats on."""
         if self.active or not self.running:
             return
-        self.active = True
-        self.since = time.monotonic()
-        self.stats["elections_won"] += 1
-        self.dispatcher = Dispatcher(nfp.BROKER, request_timeout=self.request_timeout,
-                                     queue_timeout=self.queue_timeout,
-                                     on_job_event=self._relay_event, clock=time.monotonic)
-        self._greenlets = [gevent.spawn(self._heartbeat), gevent.spawn(self._ticker)]
+        self._apply(self.core.activate(self._now()))
         for service in self._services:
             service.connect_broker(self.inproc)
         log.info("broker %s active at %s", self.name, self.endpoint)
@@ -208,22 +206,9 @@ class Broker(Overlay):
         """Stop being the broker: workers get DISCONNECT, open requests get 500."""
         if not self.active:
             return
-        self.active = False
         for service in self._services:
             service.connect_broker(None)
-        gevent.killall(self._greenlets, block=False)
-        self._greenlets = []
-        for peer in list(self._peers.values()):
-            if peer.kind == "worker":
-                self._send(peer, nfp.Disconnect(nfp.BROKER, peer.service or "-",
-                                                reason.encode()))
-        dispatcher, self.dispatcher = self.dispatcher, None
-        if dispatcher is not None:
-            dispatcher.fail_all(Status.ERROR, reason)
-        self._peers.clear()
-        self._worker_ids.clear()
-        self._owners.clear()
-        self._posters.clear()
+        self._apply(self.core.deactivate(reason))
         log.info("broker %s inactive: %s", self.name, reason)
 
     def restart(self) -> None:
@@ -240,277 +225,10 @@ class Broker(Overlay):
 
     def disconnect_workers(self) -> None:
         """MMI disconnect: every worker gets DISCONNECT (they register again)."""
-        for peer in list(self._peers.values()):
-            if peer.kind == "worker":
-                self._drop_worker(peer, "disconnected by MMI", tell=True)
-
-    # --- sending --------------------------------------------------------
-
-    def _send(self, peer: _Peer, msg: nfp.Message) -> bool:
-        channel = self._channel
-        if channel is None:
-            return False
-        peer.last_sent = time.monotonic()
-        return channel.send([peer.identity, *nfp.encode(msg)])
-
-    def _send_to(self, identity: bytes, msg: nfp.Message) -> None:
-        if self._channel is not None:
-            self._channel.send([identity, *nfp.encode(msg)])
-
-    # --- receiving ------------------------------------------------------
-
-    def _on_message(self, frames: list[bytes]) -> None:
-        if len(frames) < 2:
-            self.stats["dropped"] += 1
-            return
-        identity = frames[0]
-        command = frames[1:]
-        try:
-            msg = nfp.decode(command)
-        except ProtocolError as exc:
-            self.stats["dropped"] += 1
-            if isinstance(exc, nfp.TargetTooLong):
-                self.limits.over("max_target", f"broker dropped a request from {identity!r}: "
-                                 f"{exc.reason}")
-            else:
-                log.debug("broker: dropped a malformed message from %r: %s", identity,
-                          exc.reason)
-            return
-        role = msg.role
-        if role is nfp.WORKER:
-            cls = type(msg)
-            if cls is nfp.Response or cls is nfp.Event:
-                peer = self._peers.get(identity)
-                dispatcher = self.dispatcher
-                if peer is not None and peer.ready and dispatcher is not None:
-                    peer.last_recv = time.monotonic()
-                    if cls is nfp.Response:
-                        dispatcher.on_response(peer.name, msg)   # type: ignore[arg-type]
-                    else:
-                        self._received = (msg, command)
-                        dispatcher.on_event(peer.name, msg)      # type: ignore[arg-type]
-                    return
-            self._on_worker(identity, msg)
-        elif role is nfp.CLIENT:
-            self._on_client(identity, msg)
-        else:
-            self.stats["dropped"] += 1   # another broker talking to us: not in the protocol
-
-    def _on_worker(self, identity: bytes, msg: nfp.Message) -> None:
-        peer = self._peers.get(identity)
-        now = time.monotonic()
-        if not self.active:
-            if not isinstance(msg, nfp.Disconnect):
-                self._send_to(identity, nfp.Disconnect(nfp.BROKER, _service(msg),
-                                                       NOT_BROKER.encode()))
-            return
-        if isinstance(msg, nfp.Open):
-            try:
-                body = nfp.decode_body(msg.body)
-                name = body.get("name")
-                if not isinstance(name, str):
-                    raise ValueError("no name")
-                nfp.format_target((name,))
-            except (ProtocolError, ValueError, TypeError):
-                self.stats["dropped"] += 1
-                self._send_to(identity, nfp.Disconnect(nfp.BROKER, "-", b"OPEN needs a name"))
-                return
-            if peer is not None and peer.kind == "worker" and peer.ready:
-                self._drop_worker(peer, "opened again", tell=False)
-            peer = _Peer(identity, "worker", str(name), str(body.get("service") or ""),
-                         str(body.get("node") or ""), since=now, last_recv=now)
-            self._peers[identity] = peer
-            self._send(peer, nfp.Open(nfp.BROKER, nfp.encode_body(
-                {"broker": self.name, "node": self.node_id, "keepalive": self.keepalive,
-                 "multiplier": self.multiplier})))
-            return
-        if peer is None or peer.kind != "worker":
-            if not isinstance(msg, nfp.Disconnect):
-                self._send_to(identity, nfp.Disconnect(nfp.BROKER, _service(msg),
-                                                       b"OPEN first"))
-            return
-        peer.last_recv = now
-        if isinstance(msg, nfp.Ready):
-            if peer.ready:
-                self._drop_worker(peer, "sent READY twice", tell=True)
-                return
-            self._register(peer, msg.service)
-        elif isinstance(msg, nfp.Keepalive):
-            pass
-        elif isinstance(msg, nfp.Disconnect):
-            self._drop_worker(peer, "worker disconnected", tell=False)
-        elif not peer.ready:
-            self._drop_worker(peer, f"{type(msg).__name__} before READY", tell=True)
-        elif isinstance(msg, nfp.Response):
-            assert self.dispatcher is not None
-            self.dispatcher.on_response(peer.name, msg)
-        elif isinstance(msg, nfp.Event):
-            assert self.dispatcher is not None
-            self.dispatcher.on_event(peer.name, msg)
-
-    def _register(self, peer: _Peer, service: str) -> None:
-        assert self.dispatcher is not None
-        old = self._worker_ids.get(peer.name)
-        if old is not None and old != peer.identity:
-            stale = self._peers.get(old)
-            if stale is not None:
-                self._drop_worker(stale, "replaced by a new connection of the same worker",
-                                  tell=True)
-        peer.ready = True
-        peer.service = service
-        self._worker_ids[peer.name] = peer.identity
-        identity = peer.identity
-        channel = self._channel
-        assert channel is not None
-
-        def send(frames: list[bytes]) -> bool:
-            peer.last_sent = time.monotonic()
-            return channel.send([identity, *frames])
-        self.dispatcher.add_worker(peer.name, service, send, {"node": peer.node})
-        log.debug("broker: worker %s ready for %s", peer.name, service)
-
-    def _drop_worker(self, peer: _Peer, reason: str, tell: bool) -> None:
-        if tell:
-            self.stats["disconnects_sent"] += 1
-            self._send(peer, nfp.Disconnect(nfp.BROKER, peer.service or "-", reason.encode()))
-        self._peers.pop(peer.identity, None)
-        if self._worker_ids.get(peer.name) == peer.identity:
-            del self._worker_ids[peer.name]
-            if self.dispatcher is not None:
-                self.dispatcher.remove_worker(peer.name, reason)
-
-    def _on_client(self, identity: bytes, msg: nfp.Message) -> None:
-        now = time.monotonic()
-        if isinstance(msg, nfp.Open):
-            try:
-                body = nfp.decode_body(msg.body)
-            except ProtocolError:
-                body = {}
-            if self.active:
-                self._peers[identity] = _Peer(identity, "client", str(body.get("name") or ""),
-                                              node=str(body.get("node") or ""), since=now,
-                                              last_recv=now)
-            self._send_to(identity, nfp.Open(nfp.BROKER, nfp.encode_body(
-                {"broker": self.name, "node": self.node_id, "active": self.active})))
-            return
-        cls = type(msg)
-        if cls is not nfp.Post and cls is not nfp.Get and cls is not nfp.Delete:
-            self.stats["dropped"] += 1
-            return
-        raw: bytes = msg.body[0]   # type: ignore[union-attr,assignment]
-        try:
-            body = nfp.decode_body(raw)
-        except ProtocolError as exc:
-            self._answer(identity, msg, None, Reply(Status.ERROR, {"error": exc.reason},
-                                                    "invalid body"))
-            return
-        rid = body.pop("rid", None)
-        if not self.active or self.dispatcher is None:
-            self._answer(identity, msg, rid, Reply(Status.ERROR, {"error": NOT_BROKER},
-                                                   NOT_BROKER))
-            return
-        peer = self._peers.get(identity)
-        if peer is None or peer.kind != "client":
-            peer = _Peer(identity, "client", since=now)
-            self._peers[identity] = peer
-        peer.last_recv = now
-        peer.requests += 1
-        self.stats["requests"] += 1
-
-        def done(reply: Reply) -> None:
-            self._answer(identity, msg, rid, reply)
-        # the body goes on as the client wrote it, without its rid (or re-encoded if the
-        # rid is not where the client puts it: last)
-        relay = without_rid(raw, rid) if rid is not None else raw or b"{}"
-        uuid = msg.uuid   # type: ignore[union-attr]
-        if self.keyed and self._channel is not None:  # who asked, for the workers' MMI
-            caller = body["caller"] = self._channel.sender_key
-            relay = nfp.encode_body(body)
-            if not self._may_use(uuid, caller):   # (a POST: again, of a job it knows)
-                self.stats["not_owner"] += 1
-                text = f"job {uuid} was posted by another key"
-                done(Reply(Status.ERROR, {"uuid": uuid, "error": text}, text))
-                return
-            if cls is nfp.Post and uuid not in self._posters:
-                _remember(self._posters, uuid, caller)
-        if cls is nfp.Post:
-            _remember(self._owners, uuid, identity)
-            self.dispatcher.post(msg.service, msg.target, uuid, body, done,   # type: ignore
-                                 raw=relay)
-        elif cls is nfp.Get:
-            self.dispatcher.get(msg.service, msg.target, uuid, body, done,    # type: ignore
-                                raw=relay)
-        else:
-            self.dispatcher.delete(msg.service, msg.target, uuid, body, done,  # type: ignore
-                                   raw=relay)
+        self._apply(self.core.disconnect_workers())
 
     def _revoked(self, keys: frozenset[str]) -> None:
-        """The allowlist changed: POSTs still queued of keys it no longer holds are withdrawn
-        (the workers fail those they hold)."""
-        allowed = self.allowlist.keys if self.allowlist is not None else frozenset()
-        if self.dispatcher is not None:
-            for uuid in [u for u, key in self._posters.items()
-                         if key in keys or key.encode() not in allowed]:
-                self.dispatcher.withdraw(uuid)
-
-    def _may_use(self, uuid: str, caller: Optional[str]) -> bool:
-        """Whether key ``caller`` may GET or DELETE job ``uuid`` as far as this broker knows
-        (the workers check it again against what they stored)."""
-        admin = self.admin_keys
-        return may_use_job(self._posters.get(uuid), caller,
-                           admin.keys if admin is not None else None, self.grants)
-
-    def _answer(self, identity: bytes, msg: Any, rid: Any, reply: Reply) -> None:
-        frame = _answer_body(reply, rid)
-        if len(frame) > nfp.MAX_BODY:   # several workers' results together
-            text = (f"the answer is {len(frame):,} bytes, more than an NFP message carries: "
-                    f"ask its workers one at a time")
-            reply = Reply(Status.ERROR, {"uuid": msg.uuid, "error": text}, text)
-            frame = _answer_body(reply, rid)
-        if self._channel is not None:
-            self._channel.send([identity, *nfp.response_frames(
-                nfp.BROKER, msg.service, msg.uuid, reply.status, (frame,), reply.text)])
-
-    def _relay_event(self, uuid: str, worker: str, body: dict[str, Any],
-                     msg: nfp.Event) -> None:
-        owner = self._owners.get(uuid)
-        if owner is None:
-            return
-        channel = self._channel
-        if channel is None:
-            return
-        self.stats["events"] += 1
-        received, command = self._received
-        if received is msg and body.get("worker") == worker:
-            channel.send([owner, *nfp.reheaded(command, nfp.BROKER)])  # as the worker wrote it
-            return
-        channel.send([owner, *nfp.event_frames(nfp.BROKER, msg.service, uuid, msg.status,
-                                               (nfp.encode_body({**body, "worker": worker}),),
-                                               msg.text)])
-
-    # --- timers ---------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        while True:
-            gevent.sleep(self.keepalive / 2)
-            now = time.monotonic()
-            liveness = self.keepalive * self.multiplier
-            for peer in list(self._peers.values()):
-                if peer.kind == "worker":
-                    if now - peer.last_recv > liveness:
-                        log.info("broker: worker %s silent for %.1fs; dropped", peer.name,
-                                 now - peer.last_recv)
-                        self._drop_worker(peer, f"no keepalive for {liveness:g}s", tell=True)
-                    elif peer.ready and now - peer.last_sent >= self.keepalive:
-                        self._send(peer, nfp.Keepalive(nfp.BROKER, peer.service))
-                elif now - peer.last_recv > _CLIENT_IDLE:
-                    del self._peers[peer.identity]
-
-    def _ticker(self) -> None:
-        while True:
-            gevent.sleep(0.05)
-            if self.dispatcher is not None:
-                self.dispatcher.tick(time.monotonic())
+        self._apply(self.core.revoked(keys))
 
     # --- management -----------------------------------------------------
 
@@ -555,64 +273,18 @@ class Broker(Overlay):
 
     def info(self) -> dict[str, Any]:
         """``show_broker``."""
-        d = self.dispatcher
-        return {"name": self.name, "node": self.node_id, "endpoint": self.endpoint,
-                "active": self.active,
-                "uptime": round(time.monotonic() - self.since, 3) if self.active else None,
-                "keepalive": self.keepalive, "multiplier": self.multiplier,
-                "queue_timeout": self.queue_timeout,
-                "workers": sum(1 for p in self._peers.values() if p.kind == "worker" and p.ready),
-                "clients": sum(1 for p in self._peers.values() if p.kind == "client"),
-                "services": sorted(d.services) if d else [],
-                "queued": d.queued() if d else {}, "inflight": len(d.inflight()) if d else 0,
-                "stats": {**self.stats, **(d.stats if d else {})}}
+        info = self.core.info(self._now())
+        info["endpoint"] = self.endpoint
+        return info
 
     def workers_info(self) -> list[dict[str, Any]]:
         """``show_workers``."""
-        now = time.monotonic()
-        d = self.dispatcher
-        out = []
-        for peer in self._peers.values():
-            if peer.kind != "worker":
-                continue
-            link = d.workers.get(peer.name) if d else None
-            out.append({"name": peer.name, "service": peer.service, "node": peer.node,
-                        "ready": peer.ready, "load": link.load if link else None,
-                        "connected_for": round(now - peer.since, 3),
-                        "last_seen_ago": round(now - peer.last_recv, 3),
-                        "inflight": len(link.jobs) if link else 0})
-        return sorted(out, key=lambda w: (w["service"], w["name"]))
+        return self.core.workers_info(self._now())
 
     def clients_info(self) -> list[dict[str, Any]]:
         """``show_clients``."""
-        now = time.monotonic()
-        return [{"name": p.name, "node": p.node, "requests": p.requests,
-                 "connected_for": round(now - p.since, 3),
-                 "last_seen_ago": round(now - p.last_recv, 3)}
-                for p in self._peers.values() if p.kind == "client"]
+        return self.core.clients_info(self._now())
 
     def services_info(self) -> dict[str, Any]:
         """``show_services``."""
-        d = self.dispatcher
-        if d is None:
-            return {}
-        queued = d.queued()
-        names = set(d.services) | set(queued)
-        return {s: {"workers": sorted(d.services.get(s, {})), "queued": queued.get(s, 0)}
-                for s in sorted(names)}
-
-
-def _answer_body(reply: Reply, rid: Any) -> bytes:
-    """A reply's body frame, with the client's rid when it gave one."""
-    return nfp.encode_body(reply.body if rid is None else {**reply.body, "rid": rid})
-
-
-def _remember(table: OrderedDict[str, Any], uuid: str, value: Any) -> None:
-    """``table[uuid] = value``, forgetting the oldest past ``_MAX_OWNERS``."""
-    table[uuid] = value
-    if len(table) > _MAX_OWNERS:
-        table.popitem(last=False)
-
-
-def _service(msg: nfp.Message) -> str:
-    return getattr(msg, "service", None) or "-"
+        return self.core.services_info()

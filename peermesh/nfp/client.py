@@ -51,7 +51,6 @@ import heapq
 import itertools
 import logging
 import os
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -70,7 +69,12 @@ from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_
 from ..io.curve import Curve
 from .store import ClientJob, JobStore
 from ..io import shared_context
-from .transport import CorkedSocket, nfp_dealer
+from .clientcore import BROKER, ClientCore
+from .session import server_key
+from ..core import Send
+from ..io.driver import Driver
+from ..io.transport import Transport, ZmqTransport
+from ..wire.nfp import MAX_MESSAGE
 
 __all__ = ["Client", "JobEvent", "Reply"]
 
@@ -178,9 +182,9 @@ class Client(Overlay):
     def __init__(self, store: JobStore, *, name: str = "", node: str = "",
                  context: Optional[zmq.Context] = None, request_timeout: float = 5.0,
                  queue_timeout: float = 30.0, curve: Optional[Curve] = None,
-                 keys: Mapping[str, str] = {}) -> None:
+                 keys: Mapping[str, str] = {}, transport: Optional[Transport] = None) -> None:
         super().__init__()
-        #: the node's CURVE keys, and the key of each endpoint's node (see ``nfp_dealer``)
+        #: the node's CURVE keys, and the key of each endpoint's node (see ``server_key``)
         self._curve, self._keys = curve, keys
         self.store = store
         self.name = name
@@ -188,13 +192,22 @@ class Client(Overlay):
         self.request_timeout = float(request_timeout)
         self.queue_timeout = float(queue_timeout)
         self._context = context or shared_context()
+        #: how the links to workers are made, and the clock of every deadline of the client
+        self.transport: Transport = transport if transport is not None else ZmqTransport(
+            self._context, curve)
+        self._clock = self.transport.now
         self._direct = Dispatcher(nfp.CLIENT, request_timeout=request_timeout,
                                   queue_timeout=queue_timeout, on_job_event=self._on_job_event,
-                                  clock=time.monotonic)
-        self._links: dict[str, CorkedSocket] = {}
+                                  clock=self._clock)
+        #: serves the client's links (sans-io): the broker's, and one per worker for the
+        #: brokerless dispatcher, named by the worker
+        self._core = ClientCore(self._direct)
+        self._workers = Driver(self._core, self.transport, on_deliver=self._on_broker,
+                               max_message=MAX_MESSAGE, name="client")
         #: the elected broker's NFP endpoint (None: no broker, workers are asked directly)
         self.broker: Optional[str] = None
-        self._broker_channel: Optional[CorkedSocket] = None
+        self._broker_linked = 0     # the generation of the broker link (0: none)
+        self._generations = itertools.count(1)
         self._opened: Optional[gevent.event.AsyncResult] = None
         self._waiting: dict[str, gevent.event.AsyncResult] = {}
         # (deadline, rid) of requests sent to the broker: the ticker expires them, so a
@@ -225,15 +238,15 @@ class Client(Overlay):
                 greenlet.kill(block=False)
         self._ticker = self._reposter = None
         self._close_broker()
-        for name in list(self._links):
+        for name in list(self._direct.workers):
             self.remove_worker(name)
+        self._workers.close()
 
     def _tick(self) -> None:
         expiry = self._expiry
         while True:
-            gevent.sleep(_TICK)
-            now = time.monotonic()
-            self._direct.tick(now)
+            self.transport.sleep(_TICK)
+            now = self._clock()
             while expiry and expiry[0][0] <= now:
                 result = self._waiting.pop(heapq.heappop(expiry)[1], None)
                 if result is not None and not result.ready():
@@ -243,36 +256,20 @@ class Client(Overlay):
 
     def add_worker(self, name: str, service: str, endpoint: str) -> None:
         """A worker the mesh advertises (used when there is no broker)."""
-        old = self._links.pop(name, None)
-        if old is not None:
-            old.close()
-        sock = nfp_dealer(self._context, endpoint, self._curve, self._keys)
-        if sock is None:
+        if name in self._direct.workers:
+            self.remove_worker(name, "replaced by a new registration")
+        dialable, key = server_key(endpoint, self._keys if self._curve is not None else None)
+        if not dialable:
             return
-
-        def on_message(frames: list[bytes]) -> None:
-            try:
-                msg = nfp.decode(frames)
-            except ProtocolError as exc:
-                log.debug("client: dropped a malformed message from worker %s: %s", name,
-                          exc.reason)
-                return
-            if msg.role is not nfp.WORKER:
-                return
-            if isinstance(msg, nfp.Response):
-                self._direct.on_response(name, msg)
-            elif isinstance(msg, nfp.Event):
-                self._direct.on_event(name, msg)
-        channel = CorkedSocket(sock, on_message, f"client -> worker {name}")
-        self._links[name] = channel
-        self._direct.add_worker(name, service, channel.send, {"endpoint": endpoint})
+        self._workers.dial(name, endpoint, _new_identity(), key)
+        self._direct.add_worker(name, service, info={"endpoint": endpoint})
+        self._workers.apply(self._direct.take())
 
     def remove_worker(self, name: str, reason: str = "left the mesh") -> None:
         """A worker left the mesh."""
         self._direct.remove_worker(name, reason)
-        channel = self._links.pop(name, None)
-        if channel is not None:
-            channel.close()
+        self._workers.apply(self._direct.take())
+        self._workers.hangup(name)
 
     def direct_workers(self) -> dict[str, list[str]]:
         """Workers reachable without a broker, by service."""
@@ -332,9 +329,9 @@ class Client(Overlay):
             waiter.check()
 
     def _close_broker(self) -> None:
-        channel, self._broker_channel = self._broker_channel, None
-        if channel is not None:
-            channel.close()
+        if self._broker_linked:
+            self._broker_linked = 0
+            self._workers.hangup(BROKER)
         opened, self._opened = self._opened, None
         if opened is not None and not opened.ready():
             opened.set(False)
@@ -345,43 +342,39 @@ class Client(Overlay):
 
     # --- broker link ----------------------------------------------------
 
-    def _broker_link(self, deadline: float) -> Optional[CorkedSocket]:
+    def _broker_link(self, deadline: float) -> int:
+        """The generation of an open link to the broker (dialled, OPEN answered), or 0."""
         broker = self.broker
         if broker is None:
-            return None
-        if self._broker_channel is None:
-            sock = nfp_dealer(self._context, broker, self._curve, self._keys)
-            if sock is None:
-                return None
-            self._broker_channel = CorkedSocket(sock, self._on_broker, "client -> broker")
+            return 0
+        if not self._broker_linked:
+            dialable, key = server_key(broker, self._keys if self._curve is not None else None)
+            if not dialable:
+                return 0
+            self._workers.dial(BROKER, broker, _new_identity(), key)
+            self._broker_linked = next(self._generations)
             self._opened = gevent.event.AsyncResult()
-            self._broker_channel.send(nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(
-                {"name": self.name, "node": self.node_id}))))
+            self._workers.apply((Send(BROKER, nfp.encode(nfp.Open(nfp.CLIENT, nfp.encode_body(
+                {"name": self.name, "node": self.node_id})))),))
         opened = self._opened
-        channel = self._broker_channel
+        channel = self._broker_linked
         assert opened is not None
         if opened.ready():     # (nearly always: no Timeout made per request)
             ok = opened.value
         else:
             try:
-                ok = opened.get(timeout=max(0.0, min(deadline - time.monotonic(),
+                ok = opened.get(timeout=max(0.0, min(deadline - self._clock(),
                                                      self.request_timeout)))
             except gevent.Timeout:
                 ok = False
         if not ok:
-            if self._broker_channel is channel:   # not answering / not the broker: a new socket
+            if self._broker_linked == channel:   # not answering / not the broker: a new link
                 self._close_broker()
-            return None
+            return 0
         return channel
 
-    def _on_broker(self, frames: list[bytes]) -> None:
-        try:
-            msg = nfp.decode(frames)
-        except ProtocolError as exc:
-            log.debug("client: dropped a malformed message from the broker: %s", exc.reason)
-            return
-        if msg.role is not nfp.BROKER:
-            return
+    def _on_broker(self, msg: nfp.Message) -> None:
+        """A message from the broker (``ClientCore`` decoded it)."""
         if isinstance(msg, nfp.Response):
             try:
                 body = nfp.decode_body(msg.body[0])
@@ -416,10 +409,10 @@ class Client(Overlay):
     def _request(self, kind: str, service: str, target: str, uuid: str, body: dict[str, Any],
                  timeout: float, raw: Optional[bytes] = None) -> Reply:
         """Send one request until it is answered (``raw``: ``body`` as JSON, if known)."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         attempts = 0
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock()
             if remaining <= 0:
                 text = f"no answer within {timeout:g}s" + (" (the broker kept changing)"
                                                            if attempts else "")
@@ -436,12 +429,13 @@ class Client(Overlay):
                 assert isinstance(reply, Reply)
                 return reply
             attempts += 1
-            changed.wait(min(_PAUSE * attempts, 0.5, max(0.0, deadline - time.monotonic())))
+            changed.wait(min(_PAUSE * attempts, 0.5, max(0.0, deadline - self._clock())))
 
     def _via_direct(self, kind: str, service: str, target: str, uuid: str,
                     body: dict[str, Any], remaining: float, raw: Optional[bytes] = None) -> Any:
         result: gevent.event.AsyncResult = gevent.event.AsyncResult()
         getattr(self._direct, kind)(service, target, uuid, body, result.set, raw=raw)
+        self._workers.apply(self._direct.take())
         changed = self._changed
         try:
             return result.get(timeout=remaining)
@@ -459,8 +453,7 @@ class Client(Overlay):
 
     def _via_broker(self, kind: str, service: str, target: str, uuid: str,
                     body: dict[str, Any], deadline: float, raw: Optional[bytes] = None) -> Any:
-        channel = self._broker_link(deadline)
-        if channel is None:
+        if not self._broker_link(deadline):
             return _RETRY
         rid = f"c{next(self._rids):x}"
         command = _COMMANDS[kind]
@@ -468,13 +461,14 @@ class Client(Overlay):
         self._waiting[rid] = result
         # "rid" goes last: a broker passes the rest of the body on as it is
         payload = with_rid(raw, rid) if raw is not None else nfp.encode_body({**body, "rid": rid})
-        channel.send(nfp.request_frames(command, nfp.CLIENT, service, target, uuid, (payload,)))
+        self._workers.apply((Send(BROKER, nfp.request_frames(command, nfp.CLIENT, service,
+                                                             target, uuid, (payload,))),))
         if self._ticker is not None:
             heapq.heappush(self._expiry, (deadline, rid))
             answer = result.get()
         else:   # not started: no ticker to expire it
             try:
-                answer = result.get(timeout=max(0.0, deadline - time.monotonic()))
+                answer = result.get(timeout=max(0.0, deadline - self._clock()))
             except gevent.Timeout:
                 self._waiting.pop(rid, None)
                 answer = _EXPIRED
@@ -585,7 +579,7 @@ class Client(Overlay):
             timeout: float = 60.0, job_timeout: Optional[float] = None,
             on_event: Optional[Callable[[JobEvent], None]] = None) -> Reply:
         """POST a job and wait for its result (the reply of a GET: 200, or why not)."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         uuid = new_job_uuid()
         waiter = _RunWaiter()
         self._runs[uuid] = waiter
@@ -605,7 +599,7 @@ class Client(Overlay):
             waiter.armed = True
             waiter.check()
             if not waiter.fetch and not waiter.complete:
-                waiter.done.wait(max(0.0, deadline - time.monotonic()))
+                waiter.done.wait(max(0.0, deadline - self._clock()))
             if waiter.complete:
                 statuses = {name: _final_status(body) for name, body in waiter.finals.items()
                             if name in waiter.expected}
@@ -621,13 +615,13 @@ class Client(Overlay):
                                          workers=sorted(waiter.expected))
             while True:
                 reply = self.get(uuid, service=service, target=sorted(waiter.expected) or None,
-                                 wait=max(0.0, deadline - time.monotonic()
+                                 wait=max(0.0, deadline - self._clock()
                                           - self.request_timeout),
-                                 timeout=max(0.01, deadline - time.monotonic()))
+                                 timeout=max(0.01, deadline - self._clock()))
                 # Just after a broker change the job's workers may not have reached the
                 # new broker yet ("not connected"): ask again while there is time.
                 if reply.status is not Status.REQUEST_TIMEOUT \
-                        or deadline - time.monotonic() < 2 * _PAUSE:
+                        or deadline - self._clock() < 2 * _PAUSE:
                     return reply
                 gevent.sleep(_PAUSE)
         finally:
@@ -725,3 +719,8 @@ class Client(Overlay):
                 callback(event)
             except Exception:
                 log.exception("job event listener %r failed", callback)
+
+
+def _new_identity() -> bytes:
+    """A routing identity for a new link to a worker (never a live one's)."""
+    return b"c" + os.urandom(8)

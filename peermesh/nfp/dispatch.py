@@ -9,8 +9,13 @@ targeted worker, then folds the workers' RESPONSEs into one ``Reply``. The
 broker runs one (its workers are DEALERs on its ROUTER, its requesters are
 clients); a client without a broker runs one too (its workers are the ones
 the mesh advertises, reached directly). The dispatcher does no I/O of its
-own and reads no clock: the owner feeds it ``on_response``, ``on_event``,
-``add_worker`` / ``remove_worker`` and ``tick(now)``.
+own and reads no clock (``clock`` is the driver's): it is a core of
+``peermesh.core``. The owner feeds it ``receive(worker, frames, now)`` (a
+worker's RESPONSE or EVENT; or ``on_response`` / ``on_event`` with the
+decoded message), ``add_worker`` / ``remove_worker`` and
+``handle_timer(now)`` at ``next_deadline()``. A worker added without a
+``send`` function is sent to through ``Send(link, frames)`` outputs, which
+``receive``, ``handle_timer`` and ``take`` return.
 
 * **Targeting.** ``all``: every worker of the service; ``any``: the one with
   the lowest load (its last reported queue length, plus what was sent to it
@@ -55,8 +60,9 @@ import itertools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Hashable, Optional
 
+from ..core import Output, Outputs, Send
 from ..errors import ProtocolError
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -87,7 +93,8 @@ class WorkerLink:
 
     name: str
     service: str
-    send: Callable[[list[bytes]], Any]
+    send: Optional[Callable[[list[bytes]], Any]]   # None: a ``Send`` output to ``link``
+    link: Hashable = None
     load: int = 0
     used: int = 0
     jobs: set[str] = field(default_factory=set)   # any-targeted jobs in flight on it
@@ -182,8 +189,10 @@ class Dispatcher:
                  queue_timeout: float = 30.0,
                  on_job_event: Optional[Callable[[str, str, dict[str, Any], nfp.Event],
                                                  None]] = None,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], outputs: Optional[Outputs] = None) -> None:
         self.role = role
+        #: where ``Send`` outputs collect (an owner core may share its own)
+        self.outputs = outputs if outputs is not None else Outputs()
         self.request_timeout = request_timeout
         self.queue_timeout = queue_timeout
         self.on_job_event = on_job_event
@@ -202,21 +211,27 @@ class Dispatcher:
 
     # --- workers --------------------------------------------------------
 
-    def add_worker(self, name: str, service: str, send: Callable[[list[bytes]], Any],
-                   info: Optional[dict[str, Any]] = None) -> WorkerLink:
-        """Register (or replace) a worker; dispatches POSTs queued for its service."""
+    def add_worker(self, name: str, service: str,
+                   send: Optional[Callable[[list[bytes]], Any]] = None,
+                   info: Optional[dict[str, Any]] = None,
+                   link: Hashable = None) -> WorkerLink:
+        """Register (or replace) a worker; dispatches POSTs queued for its service.
+
+        Commands for it go to ``send(frames)``, or without ``send`` out as
+        ``Send(link, frames)`` (``link`` defaults to the worker's name)."""
+        key = name if link is None else link
         old = self.workers.get(name)
         if old is not None:
-            if old.service == service and old.send is send:
+            if old.service == service and old.send is send and old.link == key:
                 return old
             self.remove_worker(name, "replaced by a new registration")
-        link = WorkerLink(name, service, send, info=dict(info or {}))
-        self.workers[name] = link
-        self.services.setdefault(service, {})[name] = link
+        worker = WorkerLink(name, service, send, key, info=dict(info or {}))
+        self.workers[name] = worker
+        self.services.setdefault(service, {})[name] = worker
         self._drain_queue(service)
         if service not in BROKER_SERVICES:
             self._drain_queue(WORKER_MMI)
-        return link
+        return worker
 
     def remove_worker(self, name: str, reason: str) -> None:
         """Forget a worker: its outstanding requests fail over or time out."""
@@ -396,7 +411,9 @@ class Dispatcher:
             if kind == "post":
                 link.load += 1
                 link.used = next(self._uses)
-            if link.send(frames) is False:
+            if link.send is None:
+                self.outputs._out(Send(link.link, frames))
+            elif link.send(frames) is False:
                 self._record(pending, link.name, Status.REQUEST_TIMEOUT,
                              f"could not send to worker {link.name}", {})
         return pending
@@ -615,6 +632,32 @@ class Dispatcher:
     def next_deadline(self) -> Optional[float]:
         """When ``tick`` next has something to do (None: nothing waits)."""
         return self._deadlines[0][0] if self._deadlines else None
+
+    def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
+        """A message from worker ``link`` (its name): a RESPONSE or an EVENT (anything else,
+        or malformed, is dropped); the outputs it caused."""
+        try:
+            msg = nfp.decode(frames)
+        except ProtocolError as exc:
+            log.debug("dropped a malformed message from worker %s: %s", link, exc.reason)
+            return self.take()
+        if msg.role is not nfp.WORKER:
+            log.debug("dropped %s with header %s from worker %s", type(msg).__name__,
+                      msg.role.value, link)
+        elif type(msg) is nfp.Response:
+            self.on_response(str(link), msg)
+        elif type(msg) is nfp.Event:
+            self.on_event(str(link), msg)
+        return self.take()
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """``tick(now)``; the outputs it caused."""
+        self.tick(now)
+        return self.take()
+
+    def take(self) -> list[Output]:
+        """The outputs collected since the last call."""
+        return self.outputs.take()
 
     def tick(self, now: float) -> None:
         """Time out requests and expire queued POSTs whose deadline has passed."""

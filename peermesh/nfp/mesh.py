@@ -55,7 +55,7 @@ from ..io import bind_ephemeral, shared_context
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay, PeerNetworks, advertise, header_endpoint, header_json
 from ..overlay.broker import BrokerChanged, BrokerTracker
-from ..overlay.election import LEGACY_BROKER_HEADER, MODES, Candidate, Change, Election
+from ..overlay.election import NFP_BROKER_HEADER, MODES, Candidate, Change, Election
 from ..zre.node import Node
 from .broker import Broker
 from .client import Client
@@ -75,8 +75,6 @@ __all__ = ["NfpNode", "NfpCandidate", "WORKER_HEADER", "NFP_BROKER_HEADER",
 log = logging.getLogger(__name__)
 
 WORKER_HEADER = "X-PM-NFP-WORKER"
-#: where a candidate's NFP broker listens: JSON ``{"mode", "priority", "endpoint"}``
-NFP_BROKER_HEADER = LEGACY_BROKER_HEADER
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,9 @@
-"""A corked socket for NFP: one socket, a reader greenlet whose handlers may wait, and sends
-that never block the hub.
+"""NFP's sockets: ``nfp_socket`` (the bound on message size, CURVE), ``guarded`` (a ROUTER
+under the connection policy), and ``CorkedSocket``.
+
+The NFP overlays read and send only through the one driver
+(``peermesh.io.driver``); ``CorkedSocket`` stays for the benchmarks' floor
+(``scripts/harness.py``), which measures the same message pattern without NFP.
 
 How it works
 ------------
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import gevent
 import zmq
@@ -40,7 +44,7 @@ from ..io.curve import Curve
 from ..io.zap import Allowlist
 from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["CorkedSocket", "nfp_socket", "nfp_dealer", "guarded"]
+__all__ = ["CorkedSocket", "nfp_socket", "guarded"]
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +62,6 @@ def guarded(sock: zmq.Socket, endpoint: str, counters: Counters, allowlist: Opti
     node's), the connections of keys it drops are closed and ``on_revoked(keys)`` called."""
     return GuardedListener(HubSocket(sock, endpoint=endpoint, limit=MAX_MESSAGE), counters,
                            allowlist=allowlist, on_revoked=on_revoked)
-
-
-def nfp_dealer(context: Optional[zmq.Context], endpoint: str, curve: Optional[Curve],
-               keys: Mapping[str, str]) -> Optional[zmq.Socket]:
-    """A DEALER connected to ``endpoint``; with ``curve``, a CURVE client of the key
-    ``keys`` holds for that endpoint (its node's authenticated ``X-PUBLICKEY``), or None
-    (logged) when the key is unknown. ``inproc://`` endpoints need no key."""
-    server_key = None
-    if curve is not None and not endpoint.startswith("inproc://"):
-        key = keys.get(endpoint)
-        if key is None:
-            log.warning("not connecting to %s: the public key of its node is unknown", endpoint)
-            return None
-        server_key = key.encode()
-    sock = make_socket(zmq.DEALER, {zmq.MAXMSGSIZE: MAX_MESSAGE}, context,
-                       curve=curve if server_key is not None else None, server_key=server_key)
-    sock.connect(endpoint)
-    return sock
 
 
 class CorkedSocket:

@@ -9,7 +9,10 @@ NFP/Worker: OPEN, (broker) OPEN, READY, then requests relayed by the broker,
 and KEEPALIVE both ways every ``keepalive`` seconds when nothing else was
 sent. No command from the broker for ``keepalive * multiplier`` seconds, or
 a DISCONNECT, and the worker closes that socket and starts a new
-conversation on a new one.
+conversation on a new one. That conversation is ``WorkerSession``
+(``peermesh.nfp.session``), a sans-io core the worker serves with the one
+driver (``peermesh.io.driver``) on its transport, whose clock every timer of
+the worker reads (virtual on ``peermesh.sim``).
 
 Requests from both sides go to the same handlers:
 
@@ -51,16 +54,19 @@ JSON can encode; they run on the hub, so a task that blocks without yielding
 to gevent stalls the worker (and its heartbeats): use ``job.run_blocking``.
 For concurrency run several workers of the same service (several ``Worker``
 objects in one node, or several nodes): a worker is strictly sequential.
+
+This module is the ``Worker`` overlay alone (about 800 lines: its request
+handlers, executor and management share one job table); what stands apart
+lives beside it: the broker conversation (``session.py``), tasks and jobs
+(``tasks.py``), the bound on stored octets (``quota.py``).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+import os
+from collections import deque
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional
 
 import gevent
@@ -76,16 +82,23 @@ from .dispatch import WORKER_MMI
 from .grants import Grants, may_use_job
 from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
+from .quota import Quota
+from .tasks import Interrupt, Job, JobCancelled, JobContext, Tasks, TaskFunction
 from ..io import bind_ephemeral, shared_context
 from ..io.curve import Curve
 from ..io.zap import Allowlist
-from .transport import CorkedSocket, guarded, nfp_dealer, nfp_socket
+from .session import BROKER_LINK, DirectDoor, WorkerSession
+from .transport import guarded, nfp_socket
+from ..core import Send
+from ..io.connections import GuardedListener
+from ..io.driver import Driver
+from ..io.transport import Transport, ZmqTransport
+from ..wire.nfp import MAX_MESSAGE
 
-__all__ = ["Worker", "Tasks", "JobContext", "JobCancelled"]
+__all__ = ["Worker", "Tasks", "TaskFunction", "JobContext", "JobCancelled", "advertised"]
 
 log = logging.getLogger(__name__)
 
-TaskFunction = Callable[..., Any]
 #: longest result (JSON characters) a 202 carries (a longer one follows in the final EVENT)
 FINAL_IN_ACCEPT = 64 * 1024
 #: direct clients a worker remembers by default (the least recently heard go first)
@@ -96,127 +109,10 @@ MAX_STORED = 1024 * 1024 * 1024
 #: octets of POST bodies one client key may keep in a worker's store by default (a mesh
 #: with keys); a POST past it is answered 500 and not stored
 MAX_STORED_PER_CLIENT = 128 * 1024 * 1024
-_RECOUNT_EVERY = 60.0        # seconds between two recounts of the stored octets when full
 _FROM_BROKER = ("broker",)   # the origin of a request that came through the broker
 _REVOKED = "the caller's key is no longer allowed"
 _STOPPED_TWICE = ("the worker's process ended twice while this job ran (it ran again after "
                   "the first time); not run a third time: does the task end its process?")
-
-
-class JobCancelled(Exception):
-    """Raised by ``JobContext.check`` once the job was cancelled (DELETE)."""
-
-
-class _Interrupt(BaseException):
-    """Thrown into a running task: it was cancelled (DELETE) or timed out."""
-
-
-class Tasks:
-    """Task functions by name: ``@tasks.task()`` or ``tasks.add(name, fn)``."""
-
-    def __init__(self, functions: Optional[Mapping[str, TaskFunction]] = None) -> None:
-        self._functions: dict[str, TaskFunction] = {}
-        for name, fn in (functions or {}).items():
-            self.add(name, fn)
-
-    def add(self, name: str, fn: TaskFunction) -> None:
-        """Register ``fn(job, *args, **kwargs)`` as task ``name``."""
-        if not name or not isinstance(name, str):
-            raise ValueError("a task needs a non-empty name")
-        if not callable(fn):
-            raise TypeError(f"task {name!r} is not callable")
-        self._functions[name] = fn
-
-    def task(self, name: Optional[str] = None) -> Callable[[TaskFunction], TaskFunction]:
-        """Decorator: register the function under ``name`` (default: its own name)."""
-        def register(fn: TaskFunction) -> TaskFunction:
-            self.add(name or fn.__name__, fn)
-            return fn
-        return register
-
-    def update(self, other: "Tasks") -> None:
-        """Add every task of ``other``."""
-        self._functions.update(other._functions)
-
-    def get(self, name: str) -> Optional[TaskFunction]:
-        """The task called ``name``, or None."""
-        return self._functions.get(name)
-
-    def names(self) -> list[str]:
-        """Names of the registered tasks."""
-        return sorted(self._functions)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._functions
-
-    @classmethod
-    def from_module(cls, path: str) -> "Tasks":
-        """Tasks of module ``path``: its ``tasks`` (a ``Tasks`` or a dict of functions)."""
-        module = importlib.import_module(path)
-        found = getattr(module, "tasks", None)
-        if found is None:
-            found = getattr(module, "TASKS", None)
-        if isinstance(found, Tasks):
-            return found
-        if isinstance(found, Mapping):
-            return cls(found)
-        raise ValueError(f"module {path} has no 'tasks' (a peermesh.nfp.Tasks or a dict)")
-
-
-@dataclass(eq=False, slots=True)
-class _Job:
-    uuid: str
-    service: str
-    task: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    timeout: Optional[float]
-    notify: bool
-    origin: Optional[tuple[Any, ...]]
-    state: str = PENDING
-    greenlet: Optional[gevent.Greenlet] = None
-    waiters: list[Callable[[], None]] = field(default_factory=list)
-    cancelled: bool = False
-    acknowledged: bool = True    # False while its 202 waits for the commit (see _accept)
-    final: Optional[str] = None  # the final body, when it rides on the 202
-    recovered: bool = False      # found unfinished on disk at start (see start)
-    caller: Optional[str] = None  # the key the request came with (a mesh with keys)
-    revoked: bool = False        # its caller's key was removed from the allowlist
-
-
-class JobContext:
-    """What a task function gets as its first argument."""
-
-    __slots__ = ("uuid", "task", "args", "kwargs", "worker", "caller", "_job", "_owner")
-
-    def __init__(self, owner: "Worker", job: _Job) -> None:
-        self.uuid = job.uuid
-        self.task = job.task
-        self.args = job.args
-        self.kwargs = job.kwargs
-        self.worker = owner.name
-        #: the public key (Z85) the request was authenticated with, on a mesh with keys
-        self.caller = job.caller
-        self._job = job
-        self._owner = owner
-
-    @property
-    def cancelled(self) -> bool:
-        """True once a DELETE cancelled this job."""
-        return self._job.cancelled
-
-    def check(self) -> None:
-        """Raise ``JobCancelled`` if the job was cancelled (for long loops)."""
-        if self._job.cancelled:
-            raise JobCancelled(self.uuid)
-
-    def event(self, message: str = "", **data: Any) -> None:
-        """Send a progress EVENT to whoever posted the job."""
-        self._owner._send_event(self._job, {"state": RUNNING, "message": message, **data})
-
-    def run_blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run blocking ``fn`` in the hub's thread pool, so the worker keeps answering."""
-        return gevent.get_hub().threadpool.apply(fn, args, kwargs)
 
 
 class Worker(Overlay):
@@ -241,7 +137,8 @@ class Worker(Overlay):
                  max_stored: int = MAX_STORED, curve: Optional[Curve] = None,
                  keys: Mapping[str, str] = {}, admin_keys: Optional[Allowlist] = None,
                  grants: Optional[Grants] = None,
-                 max_stored_per_client: int = MAX_STORED_PER_CLIENT) -> None:
+                 max_stored_per_client: int = MAX_STORED_PER_CLIENT,
+                 transport: Optional[Transport] = None) -> None:
         super().__init__()
         nfp.format_target((name,))  # a name that can be targeted
         if not service or not service.isprintable() or service == WORKER_MMI:
@@ -250,8 +147,6 @@ class Worker(Overlay):
         self.name = name
         self.tasks = tasks if isinstance(tasks, Tasks) else Tasks(tasks)
         self.store = store
-        self.keepalive = float(keepalive)
-        self.multiplier = int(multiplier)
         self.admin_token = admin_token
         #: with keys: the public keys allowed the destructive MMI calls (instead of the token)
         self.admin_keys = admin_keys
@@ -261,33 +156,34 @@ class Worker(Overlay):
         self.on_shutdown = on_shutdown
         self.internal = internal
         self._context = context or shared_context()
-        #: the node's CURVE keys, and the key of each endpoint's node (see ``nfp_dealer``)
+        #: the node's CURVE keys, and the key of each endpoint's node
         self._curve, self._keys = curve, keys
+        #: how the broker link is made and the clock every timer of the worker runs on
+        self.transport: Transport = transport if transport is not None else ZmqTransport(
+            self._context, curve)
+        self._clock = self.transport.now
+        self._driver: Optional[Driver] = None
         self._router = nfp_socket(self._context, zmq.ROUTER, curve)
         self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
-        self._direct: Optional[CorkedSocket] = None
-        self._broker: Optional[CorkedSocket] = None
-        self._last_source: Optional[CorkedSocket] = None   # the channel of the last request
+        self._direct: Optional[Driver] = None          # serves ``_door`` on ``_router``
+        self._listener: Optional[GuardedListener] = None
+        self._last_source: Any = None   # the socket the last request came through
         self.broker_endpoint: Optional[str] = None
-        self._broker_state = "none"     # none, opening, ready
-        self._broker_since = 0.0
-        self._last_recv = 0.0
-        self._last_sent = 0.0
-        self._queue: deque[_Job] = deque()
-        self._jobs: dict[str, _Job] = {}
-        self._running: Optional[_Job] = None
+        self._queue: deque[Job] = deque()
+        self._jobs: dict[str, Job] = {}
+        self._running: Optional[Job] = None
         self._wake = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
-        if not max_clients >= 1 or not max_stored >= 1 or not max_stored_per_client >= 1:
-            raise ValueError("max_clients, max_stored and max_stored_per_client must be at "
-                             "least 1")
+        if not max_clients >= 1:
+            raise ValueError("max_clients must be at least 1")
+        #: octets of job bodies held, against ``max_stored`` and ``max_stored_per_client``
+        self.quota = Quota(max_stored, max_stored_per_client,
+                           lambda: store.worker_bytes(name),
+                           (lambda: store.worker_bytes_by_caller(name)) if curve is not None
+                           else None)
         self.max_clients = max_clients
         self.max_stored = max_stored
         self.max_stored_per_client = max_stored_per_client
-        self._clients: OrderedDict[bytes, float] = OrderedDict()   # least recently heard first
-        self._stored: Optional[int] = None    # octets of bodies in the store (counted at start)
-        self._stored_by: dict[str, int] = {}  # the same by caller key (a mesh with keys)
-        self._recounted = -_RECOUNT_EVERY
         #: refusals by limit: ``max_clients`` (clients forgotten), ``max_stored`` and
         #: ``max_stored_per_client`` (POSTs), ``max_target`` (requests whose target is over
         #: MAX_TARGET, dropped)
@@ -295,6 +191,13 @@ class Worker(Overlay):
         self.stats = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                       "recovered": 0, "broker_connects": 0, "not_granted": 0, "not_owner": 0}
         self._mmi_tasks: Optional[dict[str, TaskFunction]] = None
+        #: the conversation with the broker (sans-io), served by ``_driver`` while running
+        self._session = WorkerSession(name, service, node_name, keepalive=keepalive,
+                                      multiplier=multiplier, new_identity=_new_identity,
+                                      keys=keys if curve is not None else None,
+                                      stats=self.stats)
+        #: the direct clients' door (sans-io): requests, OPEN, the clients remembered
+        self._door = DirectDoor(name, service, max_clients, self.limits)
 
     # --- life cycle -----------------------------------------------------
 
@@ -304,8 +207,10 @@ class Worker(Overlay):
             listener = guarded(self._router, self.endpoint, self.limits,
                                self._curve.allowlist if self._curve is not None else None,
                                self._revoked)
-            self._direct = CorkedSocket(self._router, self._on_direct, f"worker {self.name}",
-                                        keyed=self._curve is not None, listener=listener)
+            self._listener = listener
+            self._direct = Driver(self._door, self.transport, on_deliver=self._from_client,
+                                  name=f"worker {self.name}")
+            self._direct.listen(listener, "User-Id" if self._curve is not None else None)
         else:
             self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
@@ -317,7 +222,7 @@ class Worker(Overlay):
                 self.stats[FAILED] = self.stats.get(FAILED, 0) + 1
                 continue
             body = stored.body
-            job = _Job(stored.uuid, stored.service, stored.task, list(body.get("args") or []),
+            job = Job(stored.uuid, stored.service, stored.task, list(body.get("args") or []),
                        dict(body.get("kwargs") or {}), _timeout(body), False, _FROM_BROKER,
                        recovered=True,   # with keys, the key it came with is stored too
                        caller=_key(body.get("caller")) if self._curve is not None else None)
@@ -327,7 +232,11 @@ class Worker(Overlay):
         if self._queue:
             log.info("worker %s: %d unfinished job(s) from before a restart queued again",
                      self.name, len(self._queue))
-        self._greenlets = [gevent.spawn(self._executor), gevent.spawn(self._heartbeat)]
+        self._driver = Driver(self._session, self.transport, on_deliver=self._from_broker,
+                              max_message=MAX_MESSAGE, name=f"worker {self.name} -> broker")
+        self._greenlets = [gevent.spawn(self._executor)]
+        if self.broker_endpoint is not None:
+            self._driver.apply(self._session.connect(self.broker_endpoint, self._clock()))
 
     def on_stop(self, timeout: float) -> None:
         """Disconnect from the broker, stop running jobs (they stay queued on disk), close."""
@@ -336,10 +245,14 @@ class Worker(Overlay):
             # a clean stop is not a crash: it runs again next time as if never started
             self.store.set_worker_state(self.name, running.uuid, PENDING)
         self.store.commit()     # answers waiting for the commit leave before the sockets close
-        if self._broker is not None and self._broker_state != "none":
-            self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"worker stopping"))
-        self._close_broker()
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.apply(self._session.stop(self._clock()))
+            driver.close()
         gevent.killall(self._greenlets, block=False)   # a running job stays unfinished on disk
+        if self._listener is not None:
+            self._listener.stop()   # (its monitor before the socket)
+            self._listener = None
         if self._direct is not None:
             self._direct.close()
             self._direct = None
@@ -351,153 +264,47 @@ class Worker(Overlay):
 
     # --- broker link ----------------------------------------------------
 
+    @property
+    def keepalive(self) -> float:
+        """Seconds between KEEPALIVEs (the broker's, once it said OPEN)."""
+        return self._session.keepalive
+
+    @property
+    def multiplier(self) -> int:
+        """KEEPALIVE periods of silence after which the broker is given up."""
+        return self._session.multiplier
+
     def connect_broker(self, endpoint: Optional[str]) -> None:
         """Talk to the broker at ``endpoint`` (None: no broker; serve clients directly)."""
-        if endpoint == self.broker_endpoint and (endpoint is None or self._broker is not None):
-            return
-        if self._broker is not None and self._broker_state != "none":
-            self._send_broker(nfp.Disconnect(nfp.WORKER, self.service, b"broker changed"))
-        self._close_broker()
         self.broker_endpoint = endpoint
-        if endpoint is not None and self.running:
-            self._open_broker()
+        if self._driver is not None:
+            self._driver.apply(self._session.connect(endpoint, self._clock()))
 
-    def _open_broker(self) -> None:
-        assert self.broker_endpoint is not None
-        sock = nfp_dealer(self._context, self.broker_endpoint, self._curve, self._keys)
-        if sock is None:
-            return
-        self._broker = CorkedSocket(sock, self._on_broker, f"worker {self.name} -> broker")
-        self._broker_state = "opening"
-        now = time.monotonic()
-        self._last_recv = now
-        self._broker_since = now
-        self.stats["broker_connects"] += 1
-        self._send_broker(nfp.Open(nfp.WORKER, nfp.encode_body(
-            {"name": self.name, "service": self.service, "node": self.node_name,
-             "keepalive": self.keepalive, "multiplier": self.multiplier})))
+    def _from_broker(self, msg: nfp.Post | nfp.Get | nfp.Delete) -> None:
+        """A request the session delivered (the broker relayed it)."""
+        driver = self._driver
+        self._last_source = driver.links.get(BROKER_LINK) if driver is not None else None
+        self._on_request(msg, _FROM_BROKER)
 
-    def _close_broker(self) -> None:
-        channel, self._broker = self._broker, None
-        self._broker_state = "none"
-        if channel is not None:
-            channel.close()
-
-    def _reconnect(self, why: str) -> None:
-        log.info("worker %s: new conversation with broker %s (%s)", self.name,
-                 self.broker_endpoint, why)
-        self._close_broker()
-        if self.broker_endpoint is not None and self.running:
-            self._open_broker()
-
-    def _send_broker(self, msg: nfp.Message) -> bool:
-        channel = self._broker
-        if channel is None:
-            return False
-        self._last_sent = time.monotonic()
-        return channel.send(nfp.encode(msg))
-
-    def _heartbeat(self) -> None:
-        while True:
-            gevent.sleep(self.keepalive / 2)
-            if self._broker is None:
-                continue
-            now = time.monotonic()
-            if now - self._last_recv > self.keepalive * self.multiplier:
-                self._reconnect(f"no command from the broker for "
-                                f"{self.keepalive * self.multiplier:g}s")
-                continue
-            if self._broker_state == "ready" and now - self._last_sent >= self.keepalive:
-                self._send_broker(nfp.Keepalive(nfp.WORKER, self.service))
-
-    def _on_broker(self, frames: list[bytes]) -> None:
-        try:
-            msg = nfp.decode(frames)
-        except ProtocolError as exc:
-            log.debug("worker %s: dropped a malformed message from the broker: %s", self.name,
-                      exc.reason)
-            return
-        if msg.role is not nfp.BROKER:
-            log.debug("worker %s: dropped %s with header %s on the broker link", self.name,
-                      type(msg).__name__, msg.role.value)
-            return
-        self._last_recv = time.monotonic()
-        cls = type(msg)
-        if cls is nfp.Post or cls is nfp.Get or cls is nfp.Delete:
-            if self._broker_state == "ready":
-                self._last_source = self._broker
-                self._on_request(msg, _FROM_BROKER)   # type: ignore[arg-type]
-            return
-        if isinstance(msg, nfp.Disconnect):
-            why = msg.body.decode("utf-8", "replace") or "no reason given"
-            # a new socket, after a pause so a broker that keeps refusing is not hammered
-            self._close_broker()
-            gevent.spawn_later(self.keepalive, self._after_disconnect, self.broker_endpoint, why)
-            return
-        if isinstance(msg, nfp.Open):
-            if self._broker_state == "opening":
-                self._adopt_timing(msg.body)
-                self._broker_state = "ready"
-                self._send_broker(nfp.Ready(self.service))
-            return
-
-    def _after_disconnect(self, endpoint: Optional[str], why: str) -> None:
-        if self.running and self._broker is None and endpoint == self.broker_endpoint:
-            self._reconnect(f"broker sent DISCONNECT: {why}")
-
-    def _adopt_timing(self, body: bytes) -> None:
-        try:
-            data = nfp.decode_body(body)
-        except ProtocolError:
-            return
-        keepalive, multiplier = data.get("keepalive"), data.get("multiplier")
-        if isinstance(keepalive, (int, float)) and 0.01 <= keepalive <= 3600:
-            self.keepalive = float(keepalive)
-        if isinstance(multiplier, int) and 2 <= multiplier <= 100:
-            self.multiplier = multiplier
+    def _send_broker(self, frames: list[bytes], ready_only: bool) -> None:
+        if self._driver is not None:
+            self._driver.apply(self._session.send(frames, ready_only, self._clock()))
 
     # --- clients that talk to the worker directly -----------------------
 
-    def _on_direct(self, frames: list[bytes]) -> None:
-        if len(frames) < 2:
-            return
-        identity = frames[0]
-        try:
-            msg = nfp.decode(frames[1:])
-        except ProtocolError as exc:
-            if isinstance(exc, nfp.TargetTooLong):
-                self.limits.over("max_target", f"worker {self.name} dropped a request: "
-                                 f"{exc.reason}")
-            else:
-                log.debug("worker %s: dropped a malformed message: %s", self.name, exc.reason)
-            return
-        if not isinstance(msg, (nfp.Post, nfp.Get, nfp.Delete)) or msg.role is not nfp.CLIENT:
-            if isinstance(msg, nfp.Open) and msg.role is nfp.CLIENT:
-                self._reply_direct(identity, nfp.Open(nfp.WORKER, nfp.encode_body(
-                    {"name": self.name, "service": self.service})))
-            return
-        clients = self._clients
-        clients[identity] = time.monotonic()
-        clients.move_to_end(identity)
-        if len(clients) > self.max_clients:
-            clients.popitem(last=False)
-            self.limits.over("max_clients", f"worker {self.name} forgot its least recently "
-                             f"heard direct client ({self.max_clients} remembered)")
-        self._last_source = self._direct
-        self._on_request(msg, ("direct", identity))
-
-    def _reply_direct(self, identity: bytes, msg: nfp.Message) -> None:
-        if self._direct is not None:
-            self._direct.send([identity, *nfp.encode(msg)])
+    def _from_client(self, request: tuple[bytes, Optional[str], Any]) -> None:
+        """A request the door delivered: (identity, the key it came with, the message)."""
+        identity, key, msg = request
+        self._last_source = self._listener
+        self._on_request(msg, ("direct", identity, key))
 
     def _send_to_origin(self, origin: tuple[Any, ...], frames: list[bytes],
                         ready_only: bool) -> None:
         if origin[0] == "direct":
             if self._direct is not None:
-                self._direct.send([origin[1], *frames])
-        elif self._broker is not None and (not ready_only or self._broker_state == "ready"):
-            self._last_sent = time.monotonic()
-            self._broker.send(frames)
+                self._direct.apply((Send(origin[1], frames),))
+        else:
+            self._send_broker(frames, ready_only)
 
     # --- requests -------------------------------------------------------
 
@@ -509,7 +316,7 @@ class Worker(Overlay):
             return
         rid = body.get("rid")
         if origin[0] == "direct":  # the caller's own key; through a broker, the broker's word
-            body["caller"] = self._direct.sender_key if self._direct is not None else None
+            body["caller"] = origin[2]
         if msg.service != self.service and msg.service != WORKER_MMI:
             error = f"worker {self.name} serves {self.service}, not {msg.service}"
             self._respond(origin, msg, Status.ERROR, {"error": error}, rid)
@@ -549,37 +356,6 @@ class Worker(Overlay):
         self.stats["not_owner"] += 1
         self._respond(origin, msg, Status.ERROR, {
             "error": f"job {msg.uuid} was posted by another key"}, rid)
-
-    def _over(self, size: int, caller: Optional[str]) -> Optional[str]:
-        """The limit a body of ``size`` octets from key ``caller`` would pass (``max_stored``,
-        ``max_stored_per_client``), or None; when one is reached, the store is counted
-        again (at most once per ``_RECOUNT_EVERY``: purges free room)."""
-        stored = self._stored
-        if caller is None and stored is not None and stored + size <= self.max_stored:
-            return None     # the common case, without keys
-        if stored is None:
-            self._count_stored()
-        over = self._limit_passed(size, caller)
-        now = time.monotonic()
-        if over is not None and now - self._recounted >= _RECOUNT_EVERY:
-            self._recounted = now
-            self._count_stored()
-            over = self._limit_passed(size, caller)
-        return over
-
-    def _count_stored(self) -> None:
-        self._stored = self.store.worker_bytes(self.name)
-        if self._curve is not None:
-            self._stored_by = self.store.worker_bytes_by_caller(self.name)
-
-    def _limit_passed(self, size: int, caller: Optional[str]) -> Optional[str]:
-        assert self._stored is not None
-        if self._stored + size > self.max_stored:
-            return "max_stored"
-        if caller is not None and (self._stored_by.get(caller, 0) + size
-                                   > self.max_stored_per_client):
-            return "max_stored_per_client"
-        return None
 
     def _respond(self, origin: Optional[tuple[Any, ...]], msg: Any, status: Status,
                  body: dict[str, Any], rid: Any = None) -> None:
@@ -628,10 +404,10 @@ class Worker(Overlay):
         if client is not None and origin[0] == "direct":
             text = nfp.to_json(body)   # the caller's key is stored with the job
             size = len(text.encode("utf-8"))
-        over = self._over(size, client) if existing is None and not mmi else None
+        over = self.quota.over(size, client, self._clock()) \
+            if existing is None and not mmi else None
         if over is not None and self.store.worker_job(self.name, msg.uuid) is None:
-            held, limit = ((self._stored, self.max_stored) if over == "max_stored" else
-                           (self._stored_by.get(client or "", 0), self.max_stored_per_client))
+            held, limit = self.quota.held(over, client)
             whose = "" if over == "max_stored" else " for this client's key"
             self.limits.over(over, f"worker {self.name} refused a POST of {size:,} octets: "
                              f"{held:,} of {limit:,} stored{whose}")
@@ -661,13 +437,11 @@ class Worker(Overlay):
             self._respond(origin, msg, Status.ACCEPTED,
                           {"state": existing.state, "duplicate": True}, rid)
             return
-        job = _Job(msg.uuid, msg.service, task, args, kwargs, _timeout(body),
+        job = Job(msg.uuid, msg.service, task, args, kwargs, _timeout(body),
                    bool(body.get("notify")), origin)
         job.caller = caller
         if not mmi:
-            self._stored = (self._stored or 0) + size
-            if client is not None:
-                self._stored_by[client] = self._stored_by.get(client, 0) + size
+            self.quota.add(size, client)
         self._jobs[job.uuid] = job
         self.stats["accepted"] += 1
         if mmi:
@@ -682,7 +456,7 @@ class Worker(Overlay):
         if not self._wake.is_set():
             self._wake.set()
 
-    def _accept(self, job: _Job, origin: tuple[Any, ...], rid: Any) -> None:
+    def _accept(self, job: Job, origin: tuple[Any, ...], rid: Any) -> None:
         """Send a new job's 202, its final state and result too if it finished already."""
         job.acknowledged = True
         text = nfp.to_json(self._answer_head(
@@ -771,7 +545,7 @@ class Worker(Overlay):
                 continue
             self._run(job)
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: Job) -> None:
         """Run ``job`` in the current greenlet (the executor's, or an MMI job's own)."""
         mmi = job.service == WORKER_MMI
         if mmi:
@@ -790,8 +564,9 @@ class Worker(Overlay):
             # a job posted by ``run`` (notify) waits for the hub's next idle moment, so a
             # quick one is accepted and finished in one commit
             self.store.commit()
-        started = time.time()
-        timeout = gevent.Timeout(job.timeout, _Interrupt("timeout")) if job.timeout else None
+        clock = self._clock
+        started = clock()
+        timeout = gevent.Timeout(job.timeout, Interrupt("timeout")) if job.timeout else None
         try:
             if fn is None:
                 self._finish(job, FAILED, {"failed": True,
@@ -801,8 +576,8 @@ class Worker(Overlay):
                 if timeout is not None:
                     timeout.start()
                 value = fn(JobContext(self, job), *job.args, **job.kwargs)
-            except _Interrupt:
-                duration = round(time.time() - started, 6)
+            except Interrupt:
+                duration = round(clock() - started, 6)
                 if job.revoked:
                     self._finish(job, FAILED, {"failed": True, "duration": duration,
                                                "errors": [_REVOKED]})
@@ -815,7 +590,7 @@ class Worker(Overlay):
                 return
             except JobCancelled:
                 self._finish(job, CANCELLED, {"failed": True,
-                                              "duration": round(time.time() - started, 6),
+                                              "duration": round(clock() - started, 6),
                                               "errors": ["cancelled while running"]})
                 return
             except gevent.GreenletExit:
@@ -823,13 +598,13 @@ class Worker(Overlay):
             except BaseException as exc:   # also SystemExit, KeyboardInterrupt or a gevent
                 # Timeout of the task's own: the job failed, the worker goes on serving
                 self._finish(job, FAILED, {"failed": True,
-                                           "duration": round(time.time() - started, 6),
+                                           "duration": round(clock() - started, 6),
                                            "errors": [f"{type(exc).__name__}: {exc}"]})
                 return
             finally:
                 if timeout is not None:
                     timeout.close()
-            duration = round(time.time() - started, 6)
+            duration = round(clock() - started, 6)
             if job.cancelled:
                 self._finish(job, CANCELLED, {"failed": True, "duration": duration,
                                               "errors": ["cancelled while running"]})
@@ -849,8 +624,9 @@ class Worker(Overlay):
     def _unread(self) -> bool:
         """True if a request waits on the socket the last one came through (it would join
         the next commit; one on the other socket only costs a commit of its own)."""
-        channel = self._last_source
-        return channel is not None and channel.readable()
+        source = self._last_source
+        readable = getattr(source, "readable", None)   # (a simulated link: never waits)
+        return readable is not None and not source.closed and readable()
 
     def _revoked(self, keys: frozenset[str]) -> None:
         """The allowlist changed: the jobs of keys it no longer holds fail, queued or
@@ -868,17 +644,17 @@ class Worker(Overlay):
             elif job.greenlet is not None:
                 self._cancel_running(job)
 
-    def _cancel_running(self, job: _Job) -> None:
+    def _cancel_running(self, job: Job) -> None:
         """Interrupt a running job at its next switch (DELETE)."""
         gevent.get_hub().loop.run_callback(self._interrupt, job)
 
     @staticmethod
-    def _interrupt(job: _Job) -> None:
+    def _interrupt(job: Job) -> None:
         greenlet = job.greenlet
         if job.state == RUNNING and greenlet is not None and not greenlet.dead:
-            greenlet.throw(_Interrupt("cancelled"))
+            greenlet.throw(Interrupt("cancelled"))
 
-    def _finish(self, job: _Job, state: str, result: dict[str, Any]) -> None:
+    def _finish(self, job: Job, state: str, result: dict[str, Any]) -> None:
         if job.state in (COMPLETED, FAILED, CANCELLED):
             return
         try:
@@ -902,19 +678,19 @@ class Worker(Overlay):
                 log.exception("worker %s: answering a held GET of %s failed", self.name,
                               job.uuid)
 
-    def _send_final_event(self, job: _Job, state: str, text: str) -> None:
+    def _send_final_event(self, job: Job, state: str, text: str) -> None:
         load = self.load - (1 if self._running is job else 0)
         head = nfp.to_json({"worker": self.name, "state": state, "load": load})
         # the final EVENT: its head, plus the result fields when the POST asked for them
         body = _merged(head, text) if job.notify else head
         self._send_event_frame(job, body.encode("utf-8"))
 
-    def _send_event(self, job: _Job, body: dict[str, Any]) -> None:
+    def _send_event(self, job: Job, body: dict[str, Any]) -> None:
         text = nfp.to_json({"worker": self.name, **body})
         nfp.check_size(text, "the event")
         self._send_event_frame(job, text.encode("utf-8"))
 
-    def _send_event_frame(self, job: _Job, frame: bytes) -> None:
+    def _send_event_frame(self, job: Job, frame: bytes) -> None:
         frames = nfp.event_frames(nfp.WORKER, job.service, job.uuid, Status.OK, (frame,))
         origin = job.origin if job.origin is not None else _FROM_BROKER
         self.store.after_commit(self._send_to_origin, origin, frames, True)
@@ -936,27 +712,31 @@ class Worker(Overlay):
                 "endpoint": self.endpoint, "tasks": self.tasks.names(), "load": self.load,
                 "running": self._running.uuid if self._running else None,
                 "queued": len(self._queue), "broker": self.broker_endpoint,
-                "broker_state": self._broker_state, "stats": dict(self.stats),
+                "broker_state": self._session.state,
+                "stats": dict(self.stats),
                 "limits": dict(self.limits.snapshot()),
                 "jobs": self.store.count_worker_jobs(self.name)}
 
     def broker_info(self) -> dict[str, Any]:
         """The broker this worker talks to."""
-        return {"endpoint": self.broker_endpoint, "state": self._broker_state,
-                "connected_for": round(time.monotonic() - self._broker_since, 3)
-                if self._broker is not None else None,
+        session = self._session
+        return {"endpoint": self.broker_endpoint, "state": session.state,
+                "connected_for": round(self._clock() - session.since, 3)
+                if session.linked else None,
                 "keepalive": self.keepalive, "multiplier": self.multiplier}
 
     def clients_info(self) -> dict[str, Any]:
         """Clients that talked to this worker directly (brokerless)."""
-        now = time.monotonic()
-        return {"direct_clients": len(self._clients),
-                "last_seconds_ago": round(min((now - t for t in self._clients.values()),
+        now = self._clock()
+        clients = self._door.clients
+        return {"direct_clients": len(clients),
+                "last_seconds_ago": round(min((now - t for t in clients.values()),
                                               default=0.0), 3)}
 
     def reconnect(self) -> None:
         """Drop the broker conversation and start a new one (MMI disconnect/restart)."""
-        self._reconnect("asked by MMI")
+        if self._driver is not None and self.broker_endpoint is not None:
+            self._driver.apply(self._session.reconnect("asked by MMI", self._clock()))
 
     def mmi_tasks(self) -> dict[str, TaskFunction]:
         """The ``mmi.service.worker`` tasks: show_broker, show_workers, show_clients; and
@@ -1030,3 +810,8 @@ def advertised(workers: Iterable[Worker]) -> str:
     """The ``X-PM-NFP-WORKER`` header value for ``workers``."""
     return json.dumps([{"service": w.service, "name": w.name, "endpoint": w.endpoint}
                        for w in workers if not w.internal], separators=(",", ":"))
+
+
+def _new_identity() -> bytes:
+    """A routing identity for a new conversation with the broker (never a live one's)."""
+    return b"w" + os.urandom(8)

@@ -40,13 +40,14 @@ from uuid import UUID
 
 from .contract import header_json
 
-__all__ = ["BROKER_HEADER", "LEGACY_BROKER_HEADER", "MODES", "Candidate", "Change",
+__all__ = ["BROKER_HEADER", "NFP_BROKER_HEADER", "MODES", "Candidate", "Change",
            "Election", "elect", "elected", "peer_entries", "parse_candidate", "candidate_header"]
 
 #: HELLO header of a broker candidate: JSON ``{"mode", "priority"}``
 BROKER_HEADER = "X-PM-BROKER"
-#: where peermesh before the neutral header advertised candidacy (NFP's broker header)
-LEGACY_BROKER_HEADER = "X-PM-NFP-BROKER"
+#: HELLO header of an NFP broker candidate: JSON ``{"mode", "priority", "endpoint"}`` (NFP
+#: advertises it; the election also reads candidacy from it when ``X-PM-BROKER`` is absent)
+NFP_BROKER_HEADER = "X-PM-NFP-BROKER"
 #: candidacy choices: never (not a candidate), auto (candidate), always (candidate that
 #: outranks every "auto" candidate)
 MODES = ("never", "auto", "always")
@@ -120,7 +121,7 @@ def parse_candidate(uuid: UUID, headers: Mapping[str, str], name: str = "") -> O
     """The candidate a peer's headers describe; None if it is none or the header is malformed."""
     raw = headers.get(BROKER_HEADER)
     if raw is None:
-        raw = headers.get(LEGACY_BROKER_HEADER)
+        raw = headers.get(NFP_BROKER_HEADER)
         if raw is None:
             return None
     data = header_json(raw, BROKER_HEADER)

@@ -42,13 +42,16 @@ import random
 import struct
 from collections import deque
 from itertools import count
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import gevent
 import gevent.event
 
 from ..config import UNBOUNDED_PEERS
 from ..net.interfaces import Interface
+
+if TYPE_CHECKING:
+    from ..io.transport import Link, Mailbox, Transport
 
 __all__ = ["SimClock", "SimNetwork", "SimTransport", "LinkSettings"]
 
@@ -396,7 +399,10 @@ class SimMailbox:
         return True
 
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
-              on_oversized: Callable[[bytes], None], backpressure: Any = None) -> None:
+              on_oversized: Optional[Callable[[bytes], None]] = None, backpressure: Any = None, *,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
+        """Call ``on_message(identity, frames)`` for every message; ``after_batch()`` once
+        the queue is drained (what arrived together is one batch)."""
         queue = self._queue
         full = backpressure.full if backpressure is not None else None
         while True:
@@ -405,11 +411,14 @@ class SimMailbox:
                     backpressure.wait_room()
                 link, frames = queue.popleft()
                 if sum(map(len, frames)) > self.max_message:
-                    on_oversized(link.identity)
+                    if on_oversized is not None:
+                        on_oversized(link.identity)
                 else:  # a list of its own, as a real mailbox gives, made only now
                     self._reading = link
                     on_message(link.identity, list(frames))
                     self._reading = None
+            if after_batch is not None:
+                after_batch()
             self._ready.clear()
             self._ready.wait()
 
@@ -467,8 +476,10 @@ class SimLink:
 
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
               on_oversized: Optional[Callable[[bytes], None]] = None,
-              backpressure: Any = None) -> None:
-        """Call ``on_message(first frame, the rest)`` for what the mailbox sends, until closed."""
+              backpressure: Any = None, *,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
+        """Call ``on_message(first frame, the rest)`` for what the mailbox sends, until closed
+        (``after_batch()`` once the queue is drained)."""
         inbox = self.inbox
         queue = inbox.queue
         ready = inbox.ready = gevent.event.Event()
@@ -480,6 +491,8 @@ class SimLink:
                         on_oversized(frames[0] if frames else b"")
                 elif frames:
                     on_message(frames[0], list(frames[1:]))
+            if after_batch is not None and not self.closed:
+                after_batch()
             ready.clear()
             ready.wait()
 
@@ -525,8 +538,14 @@ class SimTransport:
         return SimMailbox(self.network, self.address, port, max_message)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
-                handover: bool = False) -> SimLink:
-        return SimLink(self.network, self.address, identity, endpoint)
+                server_key: Optional[bytes] = None, handover: bool = False,
+                max_message: Optional[int] = None) -> SimLink:
+        """A link to ``endpoint`` (keys mean nothing here); with ``max_message`` larger
+        messages back down it are dropped."""
+        link = SimLink(self.network, self.address, identity, endpoint)
+        if max_message is not None:
+            link.limit = max_message
+        return link
 
     def beacon_socket(self, port: int) -> SimBeaconSocket:
         return SimBeaconSocket(self.network, self.address, port)
@@ -538,3 +557,14 @@ class SimTransport:
 
     def check_capacity(self, peers: int) -> None:
         """Simulated hosts have no descriptor limit."""
+
+
+if TYPE_CHECKING:  # the simulated network implements the transport interface
+    def _conforms(transport: SimTransport) -> Transport:
+        return transport
+
+    def _mailbox_conforms(mailbox: SimMailbox) -> "Mailbox":
+        return mailbox
+
+    def _link_conforms(link: SimLink) -> "Link":
+        return link

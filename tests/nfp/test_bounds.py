@@ -109,7 +109,7 @@ def test_direct_clients_remembered_are_bounded(worker: Worker,
             finally:
                 sock.close()
     assert worker.clients_info()["direct_clients"] == 16
-    assert list(worker._clients)[0] == b"client-24"
+    assert list(worker._door.clients)[0] == b"client-24"
     assert worker.limits.get("max_clients") == 24
     assert worker.info()["limits"] == {"max_clients": 24}     # what MMI show_workers reports
     assert len([r for r in caplog.records if "max_clients" in r.getMessage()]) == 1

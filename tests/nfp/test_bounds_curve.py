@@ -67,5 +67,5 @@ def test_stored_bytes_are_bounded_per_client_key(keyed: KeyedMesh, brokered: boo
     modest_key = keyed.ring.public("modest").decode()
     counted = worker.store.worker_bytes_by_caller("w1")
     assert set(counted) == {greedy_key, modest_key}
-    assert counted == worker._stored_by
+    assert counted == worker.quota.stored_by
     assert 9000 < counted[greedy_key] <= 10_000

@@ -411,3 +411,33 @@ def test_a_client_ignores_a_finished_list_that_makes_no_sense(tmp_path: Any,
         assert events == [] and list(client._open) == ["u" * 32]   # still waits for its end
     finally:
         store.close()
+
+
+def test_the_core_contract_returns_sends_and_takes_frames() -> None:
+    """A worker added without a send function is sent to through returned ``Send``
+    outputs; ``receive`` takes its RESPONSE as frames and ``handle_timer`` times out."""
+    from peermesh.core import Core, Send
+
+    h = Harness()
+    d = h.d
+    assert isinstance(d, Core)
+    d.add_worker("w1", "svc", link=b"\x00id1")
+    d.add_worker("w2", "svc")
+    d.post("svc", "all", "J", job(), h.done)
+    sends = d.take()
+    assert all(type(out) is Send for out in sends)
+    assert {out.link for out in sends} == {b"\x00id1", "w2"}   # type: ignore[union-attr]
+    assert d.take() == []
+    posts = {out.link: nfp.decode(out.frames) for out in sends}  # type: ignore[union-attr]
+    rid = nfp.decode_body(posts["w2"].body[0])["rid"]
+    answer = nfp.response_frames(nfp.WORKER, "svc", "J", Status.ACCEPTED,
+                                 (nfp.encode_body({"rid": rid}),))
+    assert d.receive("w2", list(answer), h.clock.now) == []
+    assert d.receive("w1", [b"garbage"], h.clock.now) == []     # dropped, no traceback
+    assert not h.replies
+    deadline = d.next_deadline()
+    assert deadline is not None and deadline > h.clock.now
+    assert d.handle_timer(deadline) == []
+    (reply,) = h.replies
+    assert reply.status is Status.ACCEPTED and reply.body["workers"] == ["w2"]
+    assert "w1" in reply.body["errors"]

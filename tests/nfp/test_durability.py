@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import gevent
 import gevent.event
@@ -20,19 +20,22 @@ import pytest
 
 from peermesh import Node
 from peermesh.nfp.store import JobStore
+from peermesh.nfp.session import BROKER_LINK
 from peermesh.nfp.worker import FINAL_IN_ACCEPT, Tasks, Worker
 from peermesh.wire import nfp
 
 
 class Recorder:
-    """Stands in for the worker's broker channel; notes what the file held at each send."""
+    """Stands in for the worker's link to its broker; notes what the file held at each send."""
+
+    closed = False
 
     def __init__(self, path: Path) -> None:
         self.other = sqlite3.connect(str(path))
         self.sent: list[tuple[Any, list[tuple[str, str]]]] = []
         self.one_more = gevent.event.Event()
 
-    def send(self, frames: list[bytes]) -> bool:
+    def try_send(self, frames: list[bytes]) -> bool:
         rows = self.other.execute("SELECT uuid, state FROM worker_jobs ORDER BY uuid").fetchall()
         self.sent.append((nfp.decode(frames), rows))
         self.one_more.set()
@@ -41,6 +44,9 @@ class Recorder:
     def readable(self) -> bool:
         return False    # nothing waits to be read: the worker may commit at once
 
+    def wait_writable(self, timeout: Optional[float] = None) -> bool:
+        return True
+
     def wait_for(self, count: int, timeout: float = 5.0) -> None:
         """Until ``count`` messages were sent (the worker runs on this hub meanwhile)."""
         with gevent.Timeout(timeout, AssertionError(f"{count} message(s) not sent in time")):
@@ -48,7 +54,8 @@ class Recorder:
                 self.one_more.clear()
                 self.one_more.wait()
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        self.closed = True
         self.other.close()
 
 
@@ -64,7 +71,9 @@ def recorded_worker(tmp_path: Path, tasks: Tasks,
     node.start()
     worker.start()
     recorder = Recorder(path)
-    worker._broker, worker._broker_state = recorder, "ready"   # type: ignore[assignment]
+    assert worker._driver is not None
+    worker._driver.links[BROKER_LINK] = recorder   # type: ignore[assignment]
+    worker._session.linked, worker._session.state = True, "ready"
     try:
         yield worker, store, recorder
     finally:
@@ -77,7 +86,9 @@ def recorded_worker(tmp_path: Path, tasks: Tasks,
 def post(worker: Worker, uuid: str, task: str, notify: bool) -> None:
     body = nfp.encode_body({"task": task, "args": [], "kwargs": {}, "notify": notify,
                             "rid": uuid})
-    worker._on_broker(nfp.encode(nfp.Post(nfp.BROKER, "svc", "w1", uuid, (body,))))
+    frames = nfp.encode(nfp.Post(nfp.BROKER, "svc", "w1", uuid, (body,)))
+    assert worker._driver is not None
+    worker._driver.apply(worker._session.receive(BROKER_LINK, frames, worker._clock()))
 
 
 def test_acknowledgements_follow_the_commit(tmp_path: Path, free_udp_port: int) -> None:

@@ -487,7 +487,7 @@ def test_endpoints_peers_advertise_outside_the_nodes_network_are_never_dialled(
         wait_until(lambda: client.limits.get("peer_networks") == 2, 5,
                    "both endpoints of the liar refused")
         assert client.client.direct_workers() == {"svc": ["w1"]}
-        assert "evil" not in client.client._links   # no DEALER was made for it
+        assert "evil" not in client.client._workers.links   # no DEALER was made for it
         assert client.client.run("svc", "echo", [1], target="any", timeout=5).status \
             is Status.OK
     finally:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peermesh.overlay.election import (BROKER_HEADER, LEGACY_BROKER_HEADER, Candidate, Election,
+from peermesh.overlay.election import (BROKER_HEADER, NFP_BROKER_HEADER, Candidate, Election,
                                        candidate_header, elect, parse_candidate)
 
 U = [UUID(int=i) for i in range(10)]
@@ -65,13 +65,13 @@ def test_an_older_peer_is_read_from_the_nfp_header_it_advertised() -> None:
     """Before the neutral header, candidacy was NFP's X-PM-NFP-BROKER (with the endpoint):
     a mixed mesh of old and new versions still elects one broker."""
     old = json.dumps({"mode": "auto", "priority": 3, "endpoint": "tcp://127.0.0.1:5001"})
-    assert parse_candidate(U[4], {LEGACY_BROKER_HEADER: old}, "n4") == cand(4, 3)
-    both = {LEGACY_BROKER_HEADER: old, **headers(cand(4, 8, "always"))}
+    assert parse_candidate(U[4], {NFP_BROKER_HEADER: old}, "n4") == cand(4, 3)
+    both = {NFP_BROKER_HEADER: old, **headers(cand(4, 8, "always"))}
     assert parse_candidate(U[4], both, "n4") == cand(4, 8, "always")   # the neutral one counts
     new_view, old_view = Election(cand(1, 5)), Election(None, U[7])
-    change = new_view.peer_entered(U[4], {LEGACY_BROKER_HEADER: old}, "n4")
+    change = new_view.peer_entered(U[4], {NFP_BROKER_HEADER: old}, "n4")
     assert change is None and new_view.broker == cand(1, 5)            # 5 beats the old 3
-    assert old_view.peer_entered(U[4], {LEGACY_BROKER_HEADER: old}, "n4") is not None
+    assert old_view.peer_entered(U[4], {NFP_BROKER_HEADER: old}, "n4") is not None
 
 
 def test_tracker_reelects_on_exit() -> None:

@@ -1,0 +1,147 @@
+"""The core contract: one shape for every protocol's sans-io logic.
+
+A protocol core (the state machine of one role: an NFP broker, a ZRE
+session, a Flux broker, ...) does no I/O and reads no clock. Its driver
+(``peermesh.io.driver.Driver``) owns the sockets and the clock and feeds it
+three calls, the surface aioquic's ``QuicConnection`` has:
+
+* ``receive(link, frames, now)`` - one message arrived on ``link`` (the
+  driver's name for where it came from: a peer's routing identity on a
+  mailbox, the key of a link the core dialled);
+* ``handle_timer(now)`` - the time ``next_deadline()`` named has come;
+* ``next_deadline()`` - when the core next needs ``handle_timer`` (None:
+  only when something arrives).
+
+``receive`` and ``handle_timer`` *return* what the core wants done, a list
+of outputs from a small closed set; nothing is called back:
+
+* ``Send(link, frames)`` - one message out on ``link``;
+* ``Deliver(item)`` - something for the core's user (a job to run, a
+  request's answer, a whisper);
+* ``Emit(event)`` - an event for listeners (a peer entered, a job finished);
+* ``Dial(link, endpoint, identity, server_key)`` - open an outgoing link under the name
+  ``link``; ``Hangup(link)`` - close it.
+
+Storage is an injected port (an object the core is given, such as NFP's
+``JobStore`` whose answers leave only ``after_commit``), never a file the
+core opens. A core may also have plain methods for its user's requests (an
+NFP ``post``), which return outputs the same way.
+
+How each protocol maps onto the contract
+----------------------------------------
+
+============================  ==========================================================
+core                          receive / handle_timer / next_deadline, outputs
+============================  ==========================================================
+NFP ``Dispatcher``            ``receive(worker, frames, now)`` takes a worker's RESPONSE
+                              or EVENT; ``handle_timer`` is the old ``tick``; sends to
+                              workers added with ``send=None`` are returned as ``Send``.
+NFP ``BrokerCore`` /          the broker's and the worker's conversations (OPEN, READY,
+``WorkerSession``             KEEPALIVE, DISCONNECT, liveness) on the same surface;
+                              requests for a worker come out as ``Deliver``.
+ZRE ``Session``               ``receive`` is the mailbox message; its ``connect``/``emit``
+                              callbacks become ``Dial``/``Emit``; ``tick`` (which returns
+                              the next deadline) splits into ``handle_timer`` and
+                              ``next_deadline``.
+SADA ``RequestRouter``        already ``handle_timer``/``next_deadline``; its ``send``
+                              and ``answer`` callbacks become ``Send`` and ``Deliver``.
+``FluxCore``                  already returns ``list[Output]``; ``timer(now)`` is
+                              ``handle_timer`` and its deadline attribute
+                              ``next_deadline()``; its outputs map one to one.
+MTL ``DataFlow``              its outboxes drained by ``take()`` are the returned list;
+                              ``tick`` splits like ZRE's; durable queues become a port.
+============================  ==========================================================
+
+``Outputs`` is the small helper a core may inherit to collect what it
+returns: methods append with ``_out``; ``take()`` hands the list over.
+Outputs are plain slotted records, made on every message: treat them as
+values (they are not frozen because frozen ones cost twice as much to make).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Optional, Protocol, Sequence, Union, runtime_checkable
+
+__all__ = ["Send", "Deliver", "Emit", "Dial", "Hangup", "Output", "Core", "Outputs"]
+
+
+@dataclass(slots=True)
+class Send:
+    """Send ``frames`` as one message on ``link``."""
+
+    link: Hashable
+    frames: Sequence[bytes]
+
+
+@dataclass(slots=True)
+class Deliver:
+    """Hand ``item`` to the core's user."""
+
+    item: Any
+
+
+@dataclass(slots=True)
+class Emit:
+    """Tell listeners about ``event``."""
+
+    event: Any
+
+
+@dataclass(slots=True)
+class Dial:
+    """Open an outgoing link to ``endpoint`` (routing identity ``identity``; a CURVE client
+    of ``server_key`` where keys are used), named ``link``; what comes back on it arrives as
+    ``receive(link, ...)``."""
+
+    link: Hashable
+    endpoint: str
+    identity: bytes = b""
+    server_key: Optional[bytes] = None
+
+
+@dataclass(slots=True)
+class Hangup:
+    """Close the outgoing link ``link`` (nothing if it is not open)."""
+
+    link: Hashable
+
+
+#: everything a core may return
+Output = Union[Send, Deliver, Emit, Dial, Hangup]
+
+
+@runtime_checkable
+class Core(Protocol):
+    """A sans-io protocol core (see the module docstring)."""
+
+    def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
+        """One message ``frames`` arrived on ``link`` at ``now``; what to do about it."""
+        ...
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """The deadline has come; what to do about it."""
+        ...
+
+    def next_deadline(self) -> Optional[float]:
+        """When ``handle_timer`` is next needed (None: not until something arrives)."""
+        ...
+
+
+class Outputs:
+    """Collects a core's outputs between two ``take`` calls."""
+
+    __slots__ = ("_outputs",)
+
+    def __init__(self) -> None:
+        self._outputs: list[Output] = []
+
+    def _out(self, output: Output) -> None:
+        self._outputs.append(output)
+
+    def take(self) -> list[Output]:
+        """The outputs collected since the last call (the list is the caller's now)."""
+        out = self._outputs
+        if out:
+            self._outputs = []
+        return out if out else []

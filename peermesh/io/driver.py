@@ -1,0 +1,291 @@
+"""The one driver: serves a sans-io core (``peermesh.core``) over a ``Transport``.
+
+How it works
+------------
+::
+
+     mailbox / links (Transport)           Driver                     core
+    ───────────────────────────── ───────────────────────── ───────────────────────
+     batch of messages   ───────▶ receive(link, frames, now) ─▶ state machine
+                                  outputs held for the batch ◀─ [Send, Deliver, ...]
+     try_send (corked) ◀───────── apply after the batch
+     transport.sleep ──────────▶ handle_timer(now)          ─▶ next_deadline()
+
+* **Reading.** ``listen(mailbox)`` and every link the core dials are served
+  in batches (``serve`` with ``after_batch``: on ZeroMQ one ``recv_batch`` of
+  ``peermesh.io.zmqbatch``); each message becomes ``core.receive(link,
+  frames, transport.now())``. A mailbox names a message's link by the
+  sender's routing identity; a dialled link by the name the core gave it.
+* **Outputs.** What the core returns while a batch is handled is held and
+  applied once the batch is done (corked: the sends of one batch go out back
+  to back). ``Send`` goes down the dialled link of that name, else back
+  through the mailbox to that identity; ``Dial``/``Hangup`` open and close
+  links through the transport; ``Deliver`` and ``Emit`` go to the owner's
+  ``on_deliver`` and ``on_event``.
+* **Time.** One timer greenlet sleeps on the transport's clock
+  (``transport.sleep``) until ``core.next_deadline()`` and then calls
+  ``handle_timer``; a core that names an earlier deadline re-arms it.
+  Deadlines that crowd are served together, at most ``SLACK`` late (a core
+  with a deadline per request costs a wake-up per ``SLACK``, not per request). On
+  ``peermesh.sim`` this is virtual time, so a core's 30-second timeout costs
+  nothing.
+* **Full queues.** A send refused because a link's queue is full waits, with
+  every later message of that link, in a per-link backlog that one greenlet
+  sends once there is room; what has not left within ``send_timeout`` is
+  dropped and logged (the core's own timeouts answer for it).
+
+The owner may also call ``apply(outputs)`` with what a core method called from
+outside returned (an NFP ``post``, say), and ``close()`` ends it all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Callable, Hashable, Optional, Sequence
+
+import gevent
+import gevent.event
+import zmq
+
+from ..core import Core, Deliver, Dial, Emit, Hangup, Output, Send
+from .transport import Link, Mailbox, Transport
+
+__all__ = ["Driver"]
+
+log = logging.getLogger(__name__)
+
+#: messages a link's queue holds before a send waits (its ZeroMQ SNDHWM: libzmq's default)
+SNDHWM = 1_000
+#: seconds the timer waits at least between two runs when deadlines crowd (a core with a
+#: deadline per request is served a batch of them at a time, not one wake-up each)
+SLACK = 0.01
+
+
+class Driver:
+    """Serves ``core`` over ``transport``: reads, timer, outputs (see the module docstring)."""
+
+    def __init__(self, core: Core, transport: Transport, *,
+                 on_deliver: Optional[Callable[[Any], None]] = None,
+                 on_event: Optional[Callable[[Any], None]] = None,
+                 send_timeout: float = 5.0, max_message: Optional[int] = None,
+                 name: str = "driver") -> None:
+        self.core = core
+        self.transport = transport
+        self.on_deliver = on_deliver
+        self.on_event = on_event
+        self.send_timeout = send_timeout
+        #: the largest message a dialled link takes back (None: the transport's default)
+        self.max_message = max_message
+        self.name = name
+        self.mailbox: Optional[Mailbox] = None
+        self._reply: Optional[Callable[[Sequence[bytes]], bool]] = None  # mailbox.try_send
+        self.links: dict[Hashable, Link] = {}
+        self.closed = False
+        self._held: Optional[list[Output]] = None      # outputs of the batch being read
+        self._backlogs: dict[Hashable, deque[Sequence[bytes]]] = {}
+        self._greenlets: set[gevent.Greenlet] = set()
+        self._armed: Optional[float] = None             # the deadline the timer sleeps to
+        self._timer: Optional[gevent.Greenlet] = None
+        self.stats = {"received": 0, "sent": 0, "dropped": 0, "timers": 0}
+
+    # --- reading --------------------------------------------------------
+
+    def listen(self, mailbox: Mailbox, metadata: Optional[str] = None) -> None:
+        """Serve ``mailbox``: its messages go to the core, named by sender identity; with
+        ``metadata`` (a ZeroMQ message property, such as a CURVE peer's ``User-Id``) named
+        ``(identity, property)`` instead (``Send`` still names the identity)."""
+        self.mailbox = mailbox
+        self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
+        if hasattr(mailbox, "replies"):
+            mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
+        if metadata is None:
+            self._spawn(mailbox.serve, self._on_message, self._on_oversized, None,
+                        after_batch=self._after_batch)
+        else:
+            def on_message(identity: bytes, frames: list[bytes], prop: Any) -> None:
+                self._on_message((identity, prop), frames)
+            self._spawn(mailbox.serve, on_message, self._on_oversized, None,
+                        metadata=metadata, after_batch=self._after_batch)
+        self._rearm()
+
+    def _serve_link(self, name: Hashable, link: Link) -> None:
+        def on_message(first: bytes, rest: list[bytes]) -> None:
+            rest.insert(0, first)
+            self._on_message(name, rest)
+        self._spawn(link.serve, on_message, self._on_oversized, None,
+                    after_batch=self._after_batch)
+
+    def _on_message(self, link: Hashable, frames: list[bytes]) -> None:
+        if self.closed:
+            return
+        self.stats["received"] += 1
+        out = self.core.receive(link, frames, self.transport.now())
+        if out:
+            if self._held is None:
+                self._held = out
+            else:
+                self._held += out
+
+    def _on_oversized(self, first: bytes) -> None:
+        self.stats["dropped"] += 1
+        log.debug("%s: an oversized message dropped", self.name)
+
+    def _after_batch(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.apply(held)
+        self._rearm()
+
+    # --- outputs --------------------------------------------------------
+
+    def apply(self, outputs: Sequence[Output]) -> None:
+        """Carry out ``outputs`` (in order), then re-arm the timer."""
+        self._carry_out(outputs)
+        self._rearm()
+
+    def _carry_out(self, outputs: Sequence[Output]) -> None:
+        for output in outputs:
+            cls = type(output)
+            if cls is Send:
+                self._send(output.link, output.frames)   # type: ignore[union-attr]
+            elif cls is Deliver:
+                if self.on_deliver is not None:
+                    self.on_deliver(output.item)         # type: ignore[union-attr]
+            elif cls is Emit:
+                if self.on_event is not None:
+                    self.on_event(output.event)          # type: ignore[union-attr]
+            elif cls is Dial:
+                self.dial(output.link, output.endpoint, output.identity,  # type: ignore
+                          output.server_key)                       # type: ignore
+            elif cls is Hangup:
+                self.hangup(output.link)                 # type: ignore[union-attr]
+            else:
+                raise TypeError(f"not a core output: {output!r}")
+
+    def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
+             server_key: Optional[bytes] = None) -> None:
+        """Open link ``name`` to ``endpoint`` (replacing one of that name) and serve it."""
+        if self.closed:
+            return
+        self.hangup(name)
+        link = self.transport.connect(identity, endpoint, SNDHWM, server_key=server_key,
+                                      handover=True, max_message=self.max_message)
+        self.links[name] = link
+        self._serve_link(name, link)
+
+    def hangup(self, name: Hashable) -> None:
+        """Close link ``name`` (what waits in its backlog is dropped)."""
+        link = self.links.pop(name, None)
+        self._backlogs.pop(name, None)
+        if link is not None:
+            link.close(0)
+
+    def _send(self, name: Hashable, frames: Sequence[bytes]) -> None:
+        if self._backlogs:
+            backlog = self._backlogs.get(name)
+            if backlog is not None:
+                backlog.append(frames)
+                return
+        if self._try_send(name, frames) is False:
+            self._backlogs[name] = deque((frames,))
+            self._spawn(self._send_backlog, name)
+
+    def _try_send(self, name: Hashable, frames: Sequence[bytes]) -> Optional[bool]:
+        """True if sent, False if the queue is full, None if there is no way (dropped)."""
+        link = self.links.get(name)
+        try:
+            if link is not None:
+                sent = link.try_send(frames)
+            elif self._reply is not None and type(name) is bytes:
+                sent = self._reply([name, *frames])
+            else:
+                log.debug("%s: no link %r; a message dropped", self.name, name)
+                self.stats["dropped"] += 1
+                return None
+        except (OSError, zmq.ZMQError) as exc:   # a peer gone from the mailbox
+            log.debug("%s: cannot send to %r: %s", self.name, name, exc)
+            self.stats["dropped"] += 1
+            return None
+        if sent:
+            self.stats["sent"] += 1
+        return sent
+
+    def _send_backlog(self, name: Hashable) -> None:
+        backlog = self._backlogs.get(name)
+        now = self.transport.now
+        give_up = now() + self.send_timeout
+        while backlog and not self.closed:
+            link = self.links.get(name)
+            if link is not None:
+                link.wait_writable(max(0.0, give_up - now()))
+            while backlog and self._try_send(name, backlog[0]) is not False:
+                backlog.popleft()
+            if not backlog:
+                break
+            if now() >= give_up:
+                log.warning("%s: send queue to %r full for %.1fs; %d message(s) dropped",
+                            self.name, name, self.send_timeout, len(backlog))
+                self.stats["dropped"] += len(backlog)
+                break
+            if link is None:   # a full mailbox has nothing to wait on: the clock, a little
+                self.transport.sleep(0.01)
+        if self._backlogs.get(name) is backlog:
+            del self._backlogs[name]
+
+    # --- time -----------------------------------------------------------
+
+    def _rearm(self) -> None:
+        """Make the timer sleep to the core's next deadline if that is earlier than now armed."""
+        if self.closed:
+            return
+        deadline = self.core.next_deadline()
+        if deadline is None or (self._timer is not None and self._armed is not None
+                                and deadline >= self._armed - SLACK):
+            return
+        timer, self._timer = self._timer, None
+        if timer is not None and timer is not gevent.getcurrent():
+            self._greenlets.discard(timer)
+            timer.kill(block=False)
+        self._armed = deadline
+        self._timer = self._spawn(self._run_timer, deadline)
+
+    def _run_timer(self, deadline: float) -> None:
+        transport, core = self.transport, self.core
+        while not self.closed:
+            delay = deadline - transport.now()
+            if delay > 0:
+                transport.sleep(delay)
+                continue
+            self.stats["timers"] += 1
+            out = core.handle_timer(transport.now())
+            if out:
+                self._carry_out(out)
+            following = core.next_deadline()
+            if following is None:
+                break
+            deadline = self._armed = max(following, transport.now() + SLACK)
+        self._armed = None
+        if self._timer is gevent.getcurrent():
+            self._timer = None
+
+    # --- life -----------------------------------------------------------
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> gevent.Greenlet:
+        greenlet = gevent.spawn(fn, *args, **kwargs)
+        self._greenlets.add(greenlet)
+        greenlet.link(self._greenlets.discard)
+        return greenlet
+
+    def close(self) -> None:
+        """Stop reading and the timer; close every link and the mailbox."""
+        if self.closed:
+            return
+        self.closed = True
+        for name in list(self.links):
+            self.hangup(name)
+        if self.mailbox is not None:
+            self.mailbox.close(0)
+        current = gevent.getcurrent()
+        gevent.killall([g for g in self._greenlets if g is not current], block=False)
+        self._greenlets.clear()
