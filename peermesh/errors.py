@@ -3,7 +3,8 @@
 Errors every layer shares live here; each overlay has one root under
 ``PeermeshError`` (``peermesh.sada.errors.SadaError``,
 ``peermesh.flux.errors.FluxOverlayError``, ``peermesh.mtl.errors.MtlError``,
-``NfpError`` and ``SparkError`` below) that its own errors derive from.
+``peermesh.nfp.errors.NfpError``, and ``SparkError`` below) that its own errors
+derive from.
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ class NodeStateError(PeermeshError):
 
 class StoreError(PeermeshError):
     """A job store file cannot be opened or is not one (not SQLite, another schema)."""
-
-
-class NfpError(PeermeshError):
-    """Base class of the NFP overlay's errors (``peermesh.nfp``)."""
 
 
 class SparkError(PeermeshError):

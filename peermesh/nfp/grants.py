@@ -52,7 +52,7 @@ from typing import AbstractSet, Any, Optional
 
 from zmq.utils import z85
 
-from ..errors import PeermeshError
+from .errors import NfpError
 
 __all__ = ["Grants", "GrantsError", "may_use_job"]
 
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 _CHECK_EVERY = 1.0    # seconds between two looks at the file's modification time
 
 
-class GrantsError(PeermeshError, ValueError):
+class GrantsError(NfpError, ValueError):
     """A grants file that cannot be read or is not valid."""
 
 

@@ -48,7 +48,7 @@ from typing import AbstractSet, Any, Callable, Optional
 
 import gevent
 
-from ..errors import PeermeshError
+from .errors import NfpError
 from .grants import Grants
 
 __all__ = ["authorise", "later", "sid_tasks", "fss_tasks", "resolve_nf_url",
@@ -59,7 +59,7 @@ MAX_CHUNK = 4 * 1024 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
 
-class NotAuthorised(PeermeshError):
+class NotAuthorised(NfpError):
     """A destructive management call without the right token."""
 
 
