@@ -225,8 +225,7 @@ class WriteOptions:
         if service is not None and not options.get("action"):
             raise ValueError("option 'service' needs option 'action'")
         gateway = GatewaySettings.from_options(options)
-        if options.get("serverkey") and not options.get("keyfile") \
-                and (gateway is None or service is not None):
+        if options.get("serverkey") and not options.get("keyfile") and gateway is None:
             raise ValueError("the mesh has keys (option serverKey is set): a write needs "
                              "option keyFile, the secret certificate of the workers' hosts "
                              "(and allowedKeys, the directory of the keys they admit)")
@@ -842,7 +841,7 @@ def write_rows(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
     The worker's mesh node is opened (and the group or service waited for)
     only once a task has a row to send: empty partitions send nothing.
     """
-    from .executor import MeshWriteError, executor_mesh, sada_available
+    from .executor import MeshWriteError, executor_mesh, request_many
 
     total = 0
     mesh = None
@@ -864,21 +863,11 @@ def write_rows(opts: WriteOptions, iterator: Iterator[Any]) -> MeshCommit:
         return MeshCommit(total, "shout")
     assert opts.service is not None and opts.action is not None
     for chunk in _chunks(iterator, 2000):
-        if mesh is None:
-            if not sada_available():
-                raise MeshWriteError("option 'service' needs peermesh.sada (Safir-Darbaan), "
-                                     "which is not importable here")
-            mesh = executor_mesh(opts.mesh, channel=True)
-            if not mesh.wait_service(opts.service, opts.version, opts.discovery_timeout):
-                raise MeshWriteError(
-                    f"no server offers service {opts.service!r}"
-                    f"{' ' + opts.version if opts.version else ''} on the mesh after "
-                    f"{opts.discovery_timeout:g} s")
-        outcomes = mesh.request_many(opts.service, opts.action,
-                                     _request_values(chunk, opts.column),
-                                     version=opts.version, category=opts.category,
-                                     timeout=opts.timeout, window=opts.max_in_flight,
-                                     retries=opts.retries)
+        outcomes = request_many(opts.mesh, opts.gateway, opts.service, opts.action,
+                                _request_values(chunk, opts.column), version=opts.version,
+                                category=opts.category, timeout=opts.timeout,
+                                window=opts.max_in_flight, retries=opts.retries,
+                                discovery_timeout=opts.discovery_timeout)
         for index, outcome in enumerate(outcomes):
             if not outcome.ok:
                 raise MeshWriteError(f"request {opts.service}/{opts.action} for row "
