@@ -257,13 +257,26 @@ class GatewayCalls:
 
     def __init__(self, client: Any) -> None:
         """``client``: a connected ``peermesh.mtl.Client`` of the gateway's user."""
+        self.client = client
         self.queue = REPLIES + secrets.token_hex(16)
         self.writer = client.writer([CALLS], confirm="full")
-        self.reader = client.reader([self.queue], confirm="full")
-        self.reader.summon(self.queue)
+        self.reader = self._summon()
         self.endpoint = client.gateway or ""
         self.lock = threading.Lock()
         self._id = 0
+        self._used = time.monotonic()
+
+    def _summon(self) -> Any:
+        reader = self.client.reader([self.queue], confirm="full")
+        reader.summon(self.queue)
+        return reader
+
+    def _awake(self) -> None:
+        """Summon the queue on a new lease when idle for a heartbeat: the gateway unbinds
+        a link it has not heard from (and forgets its queue) while no task calls."""
+        if time.monotonic() - self._used >= self.client.heartbeat:
+            self.reader.close()
+            self.reader = self._summon()
 
     def request_many(self, service: str, action: str, payloads: Sequence[Any], *,
                      version: Optional[str] = None, category: str = "",
@@ -283,9 +296,10 @@ class GatewayCalls:
         wait = (timeout or DEFAULT_TIMEOUT) + GRACE
         results: list[Optional[Outcome]] = [None] * len(payloads)
         pending: dict[int, tuple[int, float]] = {}   # id -> (index, deadline)
-        writer, reader = self.writer, self.reader
         index = 0
         with self.lock:
+            self._awake()
+            writer, reader = self.writer, self.reader
             while index < len(payloads) or pending:
                 while index < len(payloads) and len(pending) < max(1, window):
                     try:
@@ -327,6 +341,7 @@ class GatewayCalls:
                         results[i] = Outcome(False, None, None, "RequestTimeout: no reply "
                                              f"through the driver's gateway within {wait:g} s")
             writer.wait(0)
+            self._used = time.monotonic()
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
