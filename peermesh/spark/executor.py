@@ -27,6 +27,9 @@ process and a ``confirm: full`` writer lease per group, and
 ``GatewayWriter.confirm`` waits until the gateway confirmed every content,
 which it does once the content is in the driver's log
 (``peermesh.spark.gateway``).
+Service calls with a gateway (``request_many``) go through the same client:
+``GatewayWriter.calls`` opens a request lease and a reply queue
+(``peermesh.spark.remotecalls``) and the driver's channel makes the calls.
 """
 
 from __future__ import annotations
