@@ -27,9 +27,9 @@ process and a ``confirm: full`` writer lease per group, and
 ``GatewayWriter.confirm`` waits until the gateway confirmed every content,
 which it does once the content is in the driver's log
 (``peermesh.spark.gateway``).
-Service calls with a gateway (``request_many``) go through the same client:
-``GatewayWriter.calls`` opens a request lease and a reply queue
-(``peermesh.spark.remotecalls``) and the driver's channel makes the calls.
+Service calls with a gateway (``request_many``): ``GatewayWriter.calls``
+opens a client with a request lease and a reply queue
+(``peermesh.spark.remotecalls``), and the driver's channel makes the calls.
 """
 
 from __future__ import annotations
@@ -116,17 +116,12 @@ class GatewayWriter:
         self._calls_lock = threading.Lock()
 
     def calls(self) -> Any:
-        """This process's ``remotecalls.GatewayCalls`` (its leases opened on first use)."""
-        from ..mtl.client import ClientError
+        """This process's ``remotecalls.GatewayCalls`` (its client opened on first use)."""
         from .remotecalls import GatewayCalls
 
         with self._calls_lock:
             if self._calls is None:
-                try:
-                    self._calls = GatewayCalls(self.client)
-                except ClientError as exc:
-                    raise MeshWriteError(f"the driver's gateway {self.settings.endpoint} "
-                                         f"refused the leases for service calls: {exc}") from exc
+                self._calls = GatewayCalls(self.settings)
             return self._calls
 
     def send_many(self, group: str, payloads: Sequence[bytes]) -> None:
@@ -162,8 +157,10 @@ class GatewayWriter:
                                      "log's largest record)")
 
     def close(self) -> None:
-        """Close the leases and the client."""
+        """Close the leases and the clients."""
         self.client.close()
+        if self._calls is not None:
+            self._calls.close()
 
 
 def request_many(mesh: MeshSettings, gateway: Optional[GatewaySettings], service: str,

@@ -59,6 +59,7 @@ from .executor import MeshWriteError, Outcome, outcome_of
 if TYPE_CHECKING:
     from ..mtl.dataflow import Link
     from ..wire.mtl import Content
+    from .executor import GatewaySettings
 
 __all__ = ["CALLS", "REPLIES", "MAX_PER_CLIENT", "MAX_CALLS", "GRACE", "Call", "CallRelay",
            "GatewayCalls", "is_local", "submit"]
@@ -252,39 +253,44 @@ def submit(channel: Any, relay: CallRelay, call: Call,
 
 
 class GatewayCalls:
-    """An executor's calls through the driver's gateway (one per MTL client; not shared
-    between threads at once: ``lock``)."""
+    """An executor's calls through the driver's gateway: an MTL client of its own, with a
+    request lease and a reply queue (not used by two threads at once: ``lock``)."""
 
-    def __init__(self, client: Any) -> None:
-        """``client``: a connected ``peermesh.mtl.Client`` of the gateway's user."""
-        self.client = client
+    def __init__(self, settings: "GatewaySettings") -> None:
+        self.settings = settings
+        self.endpoint = settings.endpoint
         self.queue = REPLIES + secrets.token_hex(16)
-        self.writer = client.writer([CALLS], confirm="full")
-        self.reader = self._summon()
-        self.endpoint = client.gateway or ""
         self.lock = threading.Lock()
+        self.client: Any = None
+        self.writer: Any = None
+        self.reader: Any = None
         self._id = 0
-        self._used = time.monotonic()
+        self._used = 0.0
 
-    def _summon(self) -> Any:
-        reader = self.client.reader([self.queue], confirm="full")
-        reader.summon(self.queue)
-        return reader
+    def _open(self) -> None:
+        """A new session, request lease and reply queue (closing the old ones)."""
+        from ..mtl.client import Client
+
+        if self.client is not None:
+            self.client.close()
+        settings = self.settings
+        self.client = client = Client(settings.endpoint, settings.user, settings.password,
+                                      server_key=settings.server_key)
+        self.writer = client.writer([CALLS], confirm="full")
+        self.reader = client.reader([self.queue], confirm="full")
+        self.reader.summon(self.queue)
 
     def _awake(self) -> None:
-        """Summon the queue on a new lease when idle for a heartbeat: the gateway unbinds
-        a link it has not heard from (and forgets its queue) while no task calls."""
-        if time.monotonic() - self._used >= self.client.heartbeat:
-            self.reader.close()
-            self.reader = self._summon()
+        """Open again when idle for a heartbeat: while no task calls, nobody answers the
+        gateway's heartbeats, so it unbinds the links and forgets the reply queue."""
+        if self.client is None or time.monotonic() - self._used >= self.client.heartbeat:
+            self._open()
 
     def request_many(self, service: str, action: str, payloads: Sequence[Any], *,
                      version: Optional[str] = None, category: str = "",
                      timeout: Optional[float] = None, window: int = 64, retries: int = 0
                      ) -> list[Outcome]:
         """One request per payload, at most ``window`` without a reply; outcomes in order."""
-        from ..sada.handlers import pack, unpack
-
         base: dict[str, Any] = {"service": service, "action": action, "reply-to": self.queue}
         for key, value in (("version", version), ("timeout", timeout)):
             if value is not None:
@@ -293,61 +299,71 @@ class GatewayCalls:
             base["category"] = category
         if retries:
             base["retries"] = retries
-        wait = (timeout or DEFAULT_TIMEOUT) + GRACE
+        with self.lock:
+            try:
+                return self._run(base, payloads, window, (timeout or DEFAULT_TIMEOUT) + GRACE)
+            except BaseException:
+                self.close()             # the next batch opens a new client
+                raise
+
+    def _run(self, base: dict[str, Any], payloads: Sequence[Any], window: int,
+             wait: float) -> list[Outcome]:
+        from ..sada.handlers import pack, unpack
+
         results: list[Optional[Outcome]] = [None] * len(payloads)
         pending: dict[int, tuple[int, float]] = {}   # id -> (index, deadline)
         index = 0
-        with self.lock:
-            self._awake()
-            writer, reader = self.writer, self.reader
-            while index < len(payloads) or pending:
-                while index < len(payloads) and len(pending) < max(1, window):
-                    try:
-                        body = pack(payloads[index])
-                    except Exception as exc:
-                        results[index] = outcome_of(exc)
-                        index += 1
-                        continue
-                    self._id += 1
-                    writer.send(body, CALLS, {**base, "id": self._id})
-                    pending[self._id] = (index, time.monotonic() + wait)
+        self._awake()
+        writer, reader = self.writer, self.reader
+        while index < len(payloads) or pending:
+            while index < len(payloads) and len(pending) < max(1, window):
+                try:
+                    body = pack(payloads[index])
+                except Exception as exc:
+                    results[index] = outcome_of(exc)
                     index += 1
-                writer.wait(0)              # its Confirms, heartbeats
-                if writer.rejected:
-                    count = len(writer.rejected)
-                    writer.rejected.clear()
-                    raise MeshWriteError(f"the driver's gateway {self.endpoint} refused "
-                                         f"{count} calls (its user may not call, or the "
-                                         "reply queue is gone)")
-                if not pending:
                     continue
-                first = min(deadline for _, deadline in pending.values())
-                received = reader.receive(max(0.0, min(first - time.monotonic(), 1.0)))
-                last = None
-                while received is not None:
-                    last = received
-                    properties = received.properties
-                    entry = pending.pop(properties.get("id"), None) \
-                        if isinstance(properties.get("id"), int) else None
-                    if entry is not None:
-                        results[entry[0]] = _outcome(properties, received.body, unpack)
-                    received = reader.receive(0)
-                if last is not None:
-                    reader.confirm(last, multiple=True)
-                now = time.monotonic()
-                for cid, (i, deadline) in list(pending.items()):
-                    if deadline <= now:
-                        del pending[cid]
-                        results[i] = Outcome(False, None, None, "RequestTimeout: no reply "
-                                             f"through the driver's gateway within {wait:g} s")
-            writer.wait(0)
-            self._used = time.monotonic()
+                self._id += 1
+                writer.send(body, CALLS, {**base, "id": self._id})
+                pending[self._id] = (index, time.monotonic() + wait)
+                index += 1
+            writer.wait(0)              # its Confirms, heartbeats
+            if writer.rejected:
+                count = len(writer.rejected)
+                writer.rejected.clear()
+                raise MeshWriteError(f"the driver's gateway {self.endpoint} refused "
+                                     f"{count} calls (its user may not call, or the "
+                                     "reply queue is gone)")
+            if not pending:
+                continue
+            first = min(deadline for _, deadline in pending.values())
+            received = reader.receive(max(0.0, min(first - time.monotonic(), 1.0)))
+            last = None
+            while received is not None:
+                last = received
+                properties = received.properties
+                entry = pending.pop(properties.get("id"), None) \
+                    if isinstance(properties.get("id"), int) else None
+                if entry is not None:
+                    results[entry[0]] = _outcome(properties, received.body, unpack)
+                received = reader.receive(0)
+            if last is not None:
+                reader.confirm(last, multiple=True)
+            now = time.monotonic()
+            for cid, (i, deadline) in list(pending.items()):
+                if deadline <= now:
+                    del pending[cid]
+                    results[i] = Outcome(False, None, None, "RequestTimeout: no reply "
+                                         f"through the driver's gateway within {wait:g} s")
+        writer.wait(0)
+        self._used = time.monotonic()
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Close both leases (the client closes with its owner)."""
-        self.reader.close()
-        self.writer.close()
+        """Close the client and its leases."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
 
 
 def _outcome(properties: Any, body: bytes, unpack: Callable[[bytes], Any]) -> Outcome:

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 sada = pytest.importorskip("peermesh.sada", reason="Safir-Darbaan (peermesh.sada) is missing")
 
 
+@pytest.mark.timeout(300)   # the first test of the directory: it starts the Spark session
 def test_service_caller_replies_as_columns(spark: Any, make_service: Callable[..., Any],
                                            calc: Any) -> None:
     from peermesh.spark import ServiceCaller, call_service
