@@ -207,7 +207,7 @@ class _ArrowMapper:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from .codec import to_jsonable
-        from .source import value_converter
+        from .columns import value_converter
 
         arrow = to_arrow_schema(self.out_schema, timezone="UTC")
         reply_fields = self.reply.fields

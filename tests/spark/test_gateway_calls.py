@@ -124,6 +124,38 @@ def test_a_request_without_its_own_reply_queue_is_rejected(
     assert service.stats.gateway_calls == 0
 
 
+def test_on_a_mesh_with_keys_calls_need_only_the_drivers_key(
+        make_service: Callable[..., Any], make_peer: Callable[..., Any], executors: Any,
+        tmp_path: Any) -> None:
+    import sys
+    from pathlib import Path
+
+    from peermesh.spark.source import WriteOptions
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zre"))
+    from curvemesh import KeyRing
+
+    ring = KeyRing(tmp_path)
+    allowed = ring.allow("allowed", "driver", "server")
+    service = make_service(["secure"], gateway="127.0.0.1", key_file=ring.secret("driver"),
+                           allowed_keys=allowed)
+    calc = sada.Service("calc", "1.0")
+    calc.add("double", lambda value: value * 2, inline=True)
+    node = make_peer("calc-server", headers=dict(sada.ThreadedServer.headers),
+                     key_file=ring.secret("server"), allowed_keys=allowed)
+    server = sada.ThreadedServer(services=[calc]).start(node)
+    try:
+        assert service.channel.wait_for("calc", timeout=20)
+        options = {k.lower(): v for k, v in service.options().items()}
+        # a write with a service needs no keyFile through the gateway
+        opts = WriteOptions.parse({**options, "service": "calc", "action": "double"})
+        assert opts.gateway is not None and opts.gateway.server_key == options["serverkey"]
+        outcomes = executors.request_many(None, opts.gateway, "calc", "double", [1, 2, 3])
+        assert [o.value for o in outcomes] == [2, 4, 6]
+    finally:
+        server.stop(0.2)
+
+
 def test_relay_ignores_a_request_it_still_runs() -> None:
     from peermesh.mtl.credentials import make_user
     from peermesh.mtl.dataflow import Grant, Link
