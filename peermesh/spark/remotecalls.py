@@ -37,6 +37,10 @@ client per worker process)::
   sends again only what was not confirmed when its link broke, and the relay
   ignores a copy of a call it still runs (same queue and id). A reply lost
   with its link is a timeout for the client.
+* **Idle workers**: nobody answers the gateway's heartbeats while a worker
+  runs no task, so the gateway unbinds its links and forgets its queue; a
+  worker idle for a heartbeat opens a new session and summons its queue
+  again before its next calls.
 
 ``CallRelay`` is the driver's sans-io core, ``submit`` hands its calls to
 the driver's ``ThreadedChannel`` on the node's hub, ``GatewayCalls`` is the
