@@ -205,7 +205,8 @@ class Gateway(Overlay):
                  max_content: int = MAX_CONTENT, settle: Optional[float] = None,
                  peer_networks: Optional[Sequence[str]] = None,
                  on_state: Optional[Callable[[str], None]] = None,
-                 queues: Optional[Callable[[ContentStore], DurableQueues]] = None) -> None:
+                 queues: Optional[Callable[[ContentStore], DurableQueues]] = None,
+                 local: Optional[Callable[[str], bool]] = None) -> None:
         """``peer_networks``: networks (CIDR) the control endpoints other gateways
         advertise must be in to be used or handed to clients (default: the network
         of the node's interface). ``on_state(state)``, if given, is called on the
@@ -213,7 +214,10 @@ class Gateway(Overlay):
         or stops serving (``run="elected"``), and with ``"replica"`` when a standby
         holds a copy of the serving gateway's content and follows it. ``queues``: what
         makes the ``confirm: full`` side from the store (default ``DurableQueues``; a
-        subclass may put confirmed content elsewhere, as the Spark driver's log does)."""
+        subclass may put confirmed content elsewhere, as the Spark driver's log does).
+        ``local(group)``: true for the mesh profile's resources that ``queues`` serves
+        itself (the Spark driver's service calls): never joined, left or shouted into
+        on the mesh."""
         super().__init__()
         if run not in RUNS:
             raise ValueError(f"run must be one of {', '.join(RUNS)}, not {run!r}")
@@ -230,6 +234,7 @@ class Gateway(Overlay):
         self._ports = (control_port, data_port)
         self._data_dir = data_dir
         self._make_queues: Callable[[ContentStore], DurableQueues] = queues or DurableQueues
+        self._local = local
         self._core_options: dict[str, Any] = dict(
             virtual_hosts=dict(virtual_hosts) if virtual_hosts is not None else None,
             profiles=profiles, plain=bool(plain), anonymous=anonymous,
@@ -808,7 +813,10 @@ class Gateway(Overlay):
         if not outgoing:
             return
         node = self._node()
+        local = self._local
         for group, bodies in outgoing.items():
+            if local is not None and local(group):
+                continue
             try:
                 node.shout_each(group, bodies)
             except Exception as error:  # the node stopping
@@ -825,7 +833,10 @@ class Gateway(Overlay):
                 return  # closed while stopping
         node = self._node()
         shout = node.shout
+        local = self._local
         for action in actions:
+            if local is not None and local(action.group):
+                continue
             try:
                 if type(action) is MeshShout:
                     shout(action.group, *action.frames)

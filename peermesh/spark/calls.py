@@ -14,6 +14,11 @@ time it calls (``executor.executor_mesh``) and keeps it; servers on the mesh
 connect to it. A batch of payloads goes to the node's hub in one hand-over
 and at most ``max_in_flight`` requests are outstanding at any time.
 
+When the driver's service runs an MTL gateway (``start_service(...,
+gateway=...)``), calls go through it instead (``gateway``; see
+``remotecalls``): the worker opens no mesh node, the driver's channel makes
+the calls, and the outcomes are the same.
+
 ``errors="fail"`` (default): the first failed request (an error status,
 no server, a timeout) fails the Spark task. ``errors="column"``: failures
 become rows whose reply columns are null and whose ``status`` / ``error``
@@ -25,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
-from .executor import MeshWriteError, Outcome, executor_mesh, sada_available
+from .executor import GatewaySettings, MeshWriteError, Outcome, request_many
 from .service import MeshSettings, current_service
 
 __all__ = ["ServiceCaller", "ServiceCallError", "call_service"]
@@ -66,16 +71,25 @@ class ServiceCaller:
     mesh: Optional[MeshSettings] = field(default=None)
     key_file: Optional[str] = None
     allowed_keys: Optional[str] = None
+    gateway: Union[GatewaySettings, bool, None] = None
 
     def __post_init__(self) -> None:
         if self.errors not in ("fail", "column"):
             raise ValueError(f"errors must be 'fail' or 'column', not {self.errors!r}")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        service = current_service() if self.mesh is None or self.gateway is None else None
         if self.mesh is None:
-            service = current_service()
             object.__setattr__(self, "mesh", service.mesh if service is not None and
                                service.mesh is not None else MeshSettings())
+        if self.gateway is None:
+            options = service.options() if service is not None and \
+                service.gateway_endpoint is not None else {}
+            object.__setattr__(self, "gateway", GatewaySettings.from_options(
+                {k.lower(): v for k, v in options.items()}) or False)
+        elif self.gateway is True or not isinstance(self.gateway, (GatewaySettings, bool)):
+            raise ValueError("gateway is GatewaySettings, False or None (the driver "
+                             f"service's gateway, if any), not {self.gateway!r}")
         for name in ("key_file", "allowed_keys"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -92,20 +106,16 @@ class ServiceCaller:
 
     def call_many(self, payloads: Sequence[Any]) -> list[Outcome]:
         """One ``Outcome`` per payload, in order (``errors="fail"``: raise on the first failure)."""
-        if not sada_available():
-            raise ServiceCallError("peermesh.sada (Safir-Darbaan) is not importable here")
         assert self.mesh is not None
-        mesh = executor_mesh(self.mesh, channel=True)
-        if not mesh.wait_service(self.service, self.version, self.discovery_timeout):
-            outcome = Outcome(False, None, 404, f"404 no server offers service "
-                              f"{self.service!r} on the mesh after {self.discovery_timeout:g} s")
-            if self.errors == "fail":
-                raise ServiceCallError(outcome.error)
-            return [outcome] * len(payloads)
-        outcomes = mesh.request_many(self.service, self.action, list(payloads),
-                                     version=self.version, category=self.category,
-                                     timeout=self.timeout, window=self.max_in_flight,
-                                     retries=self.retries)
+        try:
+            gateway = self.gateway if isinstance(self.gateway, GatewaySettings) else None
+            outcomes = request_many(self.mesh, gateway, self.service, self.action,
+                                    list(payloads), version=self.version,
+                                    category=self.category, timeout=self.timeout,
+                                    window=self.max_in_flight, retries=self.retries,
+                                    discovery_timeout=self.discovery_timeout)
+        except MeshWriteError as exc:
+            raise ServiceCallError(str(exc)) from exc
         if self.errors == "fail":
             for index, outcome in enumerate(outcomes):
                 if not outcome.ok:
@@ -197,7 +207,7 @@ class _ArrowMapper:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from .codec import to_jsonable
-        from .source import value_converter
+        from .columns import value_converter
 
         arrow = to_arrow_schema(self.out_schema, timezone="UTC")
         reply_fields = self.reply.fields

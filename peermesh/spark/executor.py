@@ -27,6 +27,9 @@ process and a ``confirm: full`` writer lease per group, and
 ``GatewayWriter.confirm`` waits until the gateway confirmed every content,
 which it does once the content is in the driver's log
 (``peermesh.spark.gateway``).
+Service calls with a gateway (``request_many``): ``GatewayWriter.calls``
+opens a client with a request lease and a reply queue
+(``peermesh.spark.remotecalls``), and the driver's channel makes the calls.
 """
 
 from __future__ import annotations
@@ -37,13 +40,15 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from ..errors import PeermeshError
-from .service import MeshSettings
+
+if TYPE_CHECKING:   # (service imports the gateway, which imports this module)
+    from .service import MeshSettings
 
 __all__ = ["ExecutorMesh", "Outcome", "executor_mesh", "sada_available", "MeshWriteError",
-           "GatewaySettings", "GatewayWriter", "executor_gateway"]
+           "GatewaySettings", "GatewayWriter", "executor_gateway", "outcome_of", "request_many"]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +101,7 @@ class GatewaySettings:
 
 
 class GatewayWriter:
-    """This worker process's writes through the driver's MTL gateway."""
+    """This worker process's writes (and service calls) through the driver's MTL gateway."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         from ..mtl.client import Client
@@ -107,6 +112,17 @@ class GatewayWriter:
         self.writers: dict[str, Any] = {}
         #: one task at a time uses this process's leases
         self.lock = threading.Lock()
+        self._calls: Any = None
+        self._calls_lock = threading.Lock()
+
+    def calls(self) -> Any:
+        """This process's ``remotecalls.GatewayCalls`` (its client opened on first use)."""
+        from .remotecalls import GatewayCalls
+
+        with self._calls_lock:
+            if self._calls is None:
+                self._calls = GatewayCalls(self.settings)
+            return self._calls
 
     def send_many(self, group: str, payloads: Sequence[bytes]) -> None:
         """Send every payload to ``group``, in order (waits while the window is full)."""
@@ -141,11 +157,46 @@ class GatewayWriter:
                                      "log's largest record)")
 
     def close(self) -> None:
-        """Close the leases and the client."""
+        """Close the leases and the clients."""
         self.client.close()
+        if self._calls is not None:
+            self._calls.close()
 
 
-def _outcome_of(exc: BaseException) -> Outcome:
+def request_many(mesh: MeshSettings, gateway: Optional[GatewaySettings], service: str,
+                 action: str, payloads: Sequence[Any], *, version: Optional[str] = None,
+                 category: str = "", timeout: Optional[float] = None, window: int = 64,
+                 retries: int = 0, discovery_timeout: float = 10.0) -> list[Outcome]:
+    """One ``Outcome`` per payload, in order: through the driver's gateway when
+    ``gateway`` is given, else through this process's mesh node and channel (after
+    waiting up to ``discovery_timeout`` for a server: 404 outcomes if none came).
+    ``MeshWriteError`` when the calls cannot be made at all."""
+    if not payloads:
+        return []
+    if gateway is not None:
+        from ..mtl.client import ClientError
+
+        try:
+            return executor_gateway(gateway).calls().request_many(
+                service, action, payloads, version=version, category=category,
+                timeout=timeout, window=window, retries=retries)
+        except ClientError as exc:
+            raise MeshWriteError(f"calls through the driver's gateway {gateway.endpoint} "
+                                 f"failed: {exc}") from exc
+    if not sada_available():
+        raise MeshWriteError("service calls through the mesh need peermesh.sada "
+                             "(Safir-Darbaan), which is not importable here")
+    node = executor_mesh(mesh, channel=True)
+    if not node.wait_service(service, version, discovery_timeout):
+        return [Outcome(False, None, 404, f"404 no server offers service {service!r}"
+                        f"{' ' + version if version else ''} on the mesh after "
+                        f"{discovery_timeout:g} s")] * len(payloads)
+    return node.request_many(service, action, payloads, version=version, category=category,
+                             timeout=timeout, window=window, retries=retries)
+
+
+def outcome_of(exc: BaseException) -> Outcome:
+    """The ``Outcome`` of a request that raised ``exc`` (a status if it carries one)."""
     status = getattr(exc, "status", None)
     if status is not None:
         message = getattr(exc, "message", str(exc))
@@ -287,7 +338,7 @@ class ExecutorMesh:
                 if result.successful():
                     results[i] = Outcome(True, result.value, 200)
                 else:
-                    results[i] = _outcome_of(result.exception)
+                    results[i] = outcome_of(result.exception)
                 room.release()
                 left[0] -= 1
                 if not left[0]:

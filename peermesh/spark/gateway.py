@@ -33,6 +33,11 @@ rejected with ``recycle`` (the client sends it again), so a burst pushes
 back on writers instead of growing memory. Content larger than the log's
 largest record, and content for a group the driver does not log, is
 rejected without ``recycle``.
+
+Service calls: content to ``remotecalls.CALLS`` is a Safir-Darbaan request,
+and a confirmed reader of a ``remotecalls.REPLIES`` queue gets the replies;
+``LogQueues`` hands both to the ``CallRelay`` (``relay``) and its calls to
+``call`` (``remotecalls.submit`` on the driver's channel) instead of the log.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..mtl.delivery import DurableQueues
 from ..wire.mtl import Confirm, Reject, encode_data, encode_table
+from .remotecalls import CALLS, Call, CallRelay, is_local
 
 if TYPE_CHECKING:
     from ..mtl.dataflow import DataFlow, Link
@@ -80,9 +86,14 @@ class LogQueues(DurableQueues):
 
     def __init__(self, store: "ContentStore", *, logged: Callable[[str], bool],
                  hand: Callable[[Handed], None], sender: str, largest: int,
-                 stats: Any = None, max_pending: int = MAX_PENDING) -> None:
-        """``stats``: the service's ``ServiceStats`` (``gateway_refused`` counts refusals)."""
+                 stats: Any = None, max_pending: int = MAX_PENDING,
+                 relay: Optional[CallRelay] = None,
+                 call: Optional[Callable[[Call], None]] = None) -> None:
+        """``stats``: the service's ``ServiceStats`` (``gateway_refused`` counts refusals).
+        ``relay`` and ``call``: service calls (see the module doc; None: refused)."""
         super().__init__(store)
+        self.relay = relay
+        self.call = call
         self.logged = logged
         self.hand = hand
         self.sender = sender
@@ -102,6 +113,12 @@ class LogQueues(DurableQueues):
         """Stage a writer's content for the log; its Confirm follows the append."""
         body = command.body
         group = key[1]
+        if group == CALLS and self.relay is not None and self.call is not None:
+            sends, call = self.relay.request(link, command, now)
+            flow.sends += sends
+            if call is not None:
+                self.call(call)
+            return
         if key[0] != "mesh" or not self.logged(group) or len(body) > self.largest:
             self._refuse(flow, link, command.sequence, False)
             return
@@ -135,6 +152,42 @@ class LogQueues(DurableQueues):
                 self._pending += size
             self.hand((records, list(confirms.items()), size))
         return committed
+
+    # --- reply queues: the relay's, not the store's --------------------------------
+
+    def summoned(self, flow: "DataFlow", link: "Link", key: tuple[str, str], now: float) -> None:
+        """A reply queue goes to the relay; other groups are the store's."""
+        if is_local(key[1]):
+            if self.relay is not None:
+                self.relay.summoned(link, key[1])
+            return
+        super().summoned(flow, link, key, now)
+
+    def dismissed(self, flow: "DataFlow", link: "Link", key: tuple[str, str]) -> None:
+        """(See ``summoned``.)"""
+        if is_local(key[1]):
+            if self.relay is not None:
+                self.relay.gone(link)
+            return
+        super().dismissed(flow, link, key)
+
+    def confirmed(self, flow: "DataFlow", link: "Link", sequence: int, multiple: bool,
+                  now: float) -> None:
+        """Replies need no confirm (a lost one is the client's timeout)."""
+        if self.relay is None or link not in self.relay.readers:
+            super().confirmed(flow, link, sequence, multiple, now)
+
+    def rejected(self, flow: "DataFlow", link: "Link", sequence: int, multiple: bool,
+                 recycle: bool, now: float) -> None:
+        """(See ``confirmed``.)"""
+        if self.relay is None or link not in self.relay.readers:
+            super().rejected(flow, link, sequence, multiple, recycle, now)
+
+    def unbound(self, flow: "DataFlow", link: "Link") -> None:
+        """A link went: a reply queue's replies go nowhere until it is summoned again."""
+        if self.relay is not None:
+            self.relay.gone(link)
+        super().unbound(flow, link)
 
     def appended(self, handed: Handed, stored: bool) -> list[tuple[bytes, list[bytes]]]:
         """The ingest appended ``handed`` (``stored``) or gave up (stopping): the

@@ -49,6 +49,7 @@ from . import protocol
 from .gateway import GATEWAY_USER, HandOver, LogQueues, new_password, parse_gateway, \
     write_patterns
 from .log import MessageLog, host_id
+from .remotecalls import CALLS, REPLIES, Call, CallRelay, is_local, submit
 from .protocol import Op, Reply, Request
 
 __all__ = ["DriverService", "LogAdvert", "MeshSettings", "start_service", "current_service",
@@ -162,6 +163,8 @@ class ServiceStats:
     #: writes through the gateway refused: not a logged group, too large, or (sent again)
     #: while the log was behind
     gateway_refused: int = 0
+    #: service calls relayed through the gateway (``peermesh.spark.remotecalls``)
+    gateway_calls: int = 0
 
 
 class LogAdvert(Overlay):
@@ -206,6 +209,13 @@ class LogAdvert(Overlay):
             yield "spark_consumer_lag", labels, max(0, following - consumer.committed)
 
 
+def _check_group(group: str) -> None:
+    """``ValueError`` for a group name the gateway keeps for service calls."""
+    if is_local(group):
+        raise ValueError(f"group {group!r} is kept for service calls through the gateway "
+                         f"({CALLS!r}, {REPLIES!r}...): log another group")
+
+
 def _sada() -> Any:
     """``peermesh.sada`` when it is importable, else None."""
     try:
@@ -246,6 +256,10 @@ class DriverService:
     listens, the data port being PORT+1); writes through it are confirmed
     once they are in the log (``peermesh.spark.gateway``), and ``options()``
     hands executors its endpoint (with ``advertise``) and credentials.
+    Executors' Safir-Darbaan calls go through it too, made by the driver's
+    channel (``peermesh.spark.remotecalls``): ``gateway_services`` names the
+    services they may call (None, the default: every service on the mesh;
+    ``()``: none).
     """
 
     def __init__(self, groups: Iterable[str] = (), *,
@@ -257,10 +271,16 @@ class DriverService:
                  retention: Optional[float] = DEFAULT_RETENTION,
                  retention_bytes: Optional[int] = None,
                  max_record_bytes: Optional[int] = None, channel: Optional[bool] = None,
-                 gateway: Union[bool, str, None] = None, **node_settings: Any) -> None:
+                 gateway: Union[bool, str, None] = None,
+                 gateway_services: Optional[Iterable[str]] = None,
+                 **node_settings: Any) -> None:
         if isinstance(groups, str):
             groups = [groups]
         self.groups: list[str] = list(dict.fromkeys(groups))
+        for group in self.groups:
+            _check_group(group)
+        if isinstance(gateway_services, str):
+            gateway_services = [gateway_services]
         base = directory or os.environ.get("PEERMESH_SPARK_DIR") or DEFAULT_DIRECTORY
         self.directory = Path(base).resolve()
         self.name = name
@@ -286,6 +306,7 @@ class DriverService:
         self.gateway_endpoint: Optional[str] = None
         self._gateway_password = ""
         self._handover = HandOver()
+        self._relay = CallRelay(GATEWAY_USER, gateway_services)
         self.stats = ServiceStats()
         #: the Prometheus endpoint (``metrics`` setting, ``$PEERMESH_METRICS``) once started
         self.metrics: Any = None
@@ -401,11 +422,12 @@ class DriverService:
             assert gateway.node is not None
             return LogQueues(store, logged=self.groups.__contains__, hand=self._handover.put,
                              sender=gateway.node.uuid.hex, largest=largest,
-                             stats=self.stats)
+                             stats=self.stats, relay=self._relay, call=self._call)
 
         gateway = Gateway(credentials, address=address, control_port=port,
                           data_port=port + 1 if port else 0, run="always",
-                          data_dir=self.directory, profiles=("mesh",), queues=queues)
+                          data_dir=self.directory, profiles=("mesh",), queues=queues,
+                          local=is_local)
         self.gateway = gateway
         return gateway
 
@@ -414,8 +436,15 @@ class DriverService:
         from ..mtl.credentials import make_user
 
         user = make_user(GATEWAY_USER, self._gateway_password,
-                         write=write_patterns(self.groups))
+                         write=write_patterns(self.groups + [CALLS]),
+                         read=[write_patterns([REPLIES])[0] + "*"])
         credentials.update(lambda users: users.update({GATEWAY_USER: user}))
+
+    def _call(self, call: Call) -> None:
+        """Make an executor's call with the driver's channel (on the node's hub)."""
+        self.stats.gateway_calls += 1
+        gateway = self.gateway
+        submit(self.channel, self._relay, call, gateway.answer)
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the channel, the node (port-0 beacon), the ingest and the log server."""
@@ -463,6 +492,7 @@ class DriverService:
 
     def join(self, group: str) -> None:
         """Join ``group``: its SHOUTs are logged from now on."""
+        _check_group(group)
         self.node.join(group)
         if group not in self.groups:
             self.groups.append(group)

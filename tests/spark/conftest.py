@@ -133,3 +133,42 @@ def shout_all(peer: Any, group: str, items: list[Any]) -> None:
 def meet(peer: Any, group: str, timeout: float = 10.0) -> None:
     """Wait until ``peer`` sees a member of ``group`` (e.g. the driver's node)."""
     wait_until(lambda: peer.peers_by_group(group), timeout, f"{peer.name} to meet {group}")
+
+
+@pytest.fixture
+def calc(make_peer: Callable[..., Any]) -> Iterator[Any]:
+    """A server of ``calc`` 1.0 on the mesh; ``calc.recorded`` holds what ``record`` got.
+    ``slow`` answers after 30 s (a request with a shorter timeout times out)."""
+    sada = pytest.importorskip("peermesh.sada", reason="Safir-Darbaan (peermesh.sada) is missing")
+    import gevent
+
+    service = sada.Service("calc", "1.0")
+    recorded: list[Any] = []
+
+    @service.action("double", inline=True)
+    def double(value: Any) -> Any:
+        return {"value": value * 2, "kind": "doubled"}
+
+    @service.action("picky", inline=True)
+    def picky(value: Any) -> Any:
+        if value % 2:
+            raise sada.ServiceError(409, f"{value} is odd")
+        return value
+
+    @service.action("record", inline=True)
+    def record(value: Any) -> Any:
+        recorded.append(value)
+        if isinstance(value, dict) and value.get("id") == -1:
+            raise sada.ServiceError(422, "id -1 is refused")
+        return None
+
+    @service.action("slow")
+    def slow(value: Any) -> Any:
+        gevent.sleep(30)
+        return value
+
+    node = make_peer("calc-server", headers=dict(sada.ThreadedServer.headers))
+    server = sada.ThreadedServer(services=[service]).start(node)
+    server.recorded = recorded
+    yield server
+    server.stop(0.2)

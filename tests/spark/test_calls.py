@@ -2,7 +2,7 @@
 
 A ``ThreadedServer`` on a loopback node offers ``calc`` 1.0; the executors'
 Python workers open their own mesh node and channel, which the server finds
-through the mesh and connects to.
+through the mesh and connects to (``calc`` is in conftest.py).
 """
 
 from __future__ import annotations
@@ -17,36 +17,7 @@ pytestmark = pytest.mark.slow
 sada = pytest.importorskip("peermesh.sada", reason="Safir-Darbaan (peermesh.sada) is missing")
 
 
-@pytest.fixture
-def calc(make_peer: Callable[..., Any]) -> Any:
-    """A server of ``calc`` 1.0 on the mesh; ``calc.recorded`` holds what ``record`` got."""
-    service = sada.Service("calc", "1.0")
-    recorded: list[Any] = []
-
-    @service.action("double", inline=True)
-    def double(value: Any) -> Any:
-        return {"value": value * 2, "kind": "doubled"}
-
-    @service.action("picky", inline=True)
-    def picky(value: Any) -> Any:
-        if value % 2:
-            raise sada.ServiceError(409, f"{value} is odd")
-        return value
-
-    @service.action("record", inline=True)
-    def record(value: Any) -> Any:
-        recorded.append(value)
-        if isinstance(value, dict) and value.get("id") == -1:
-            raise sada.ServiceError(422, "id -1 is refused")
-        return None
-
-    node = make_peer("calc-server", headers=dict(sada.ThreadedServer.headers))
-    server = sada.ThreadedServer(services=[service]).start(node)
-    server.recorded = recorded
-    yield server
-    server.stop(0.2)
-
-
+@pytest.mark.timeout(300)   # the first test of the directory: it starts the Spark session
 def test_service_caller_replies_as_columns(spark: Any, make_service: Callable[..., Any],
                                            calc: Any) -> None:
     from peermesh.spark import ServiceCaller, call_service

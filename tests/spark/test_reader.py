@@ -421,7 +421,7 @@ def test_arrow_batches_agree_with_rows_made_one_by_one(
         make_service: Callable[..., Any]) -> None:
     from peermesh.spark.codec import STORED_TEXT_MAX
     from peermesh.spark.log import MessageLog
-    from peermesh.spark.source import _Columns
+    from peermesh.spark.columns import _Columns
 
     service = make_service(["g", "h"], channel=False)
     payloads = [msgpack.packb({"i": 1, "s": "x"}), b"7", b"plain", b"\xff\xfe", b"",

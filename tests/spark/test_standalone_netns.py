@@ -4,10 +4,11 @@ The master, the driver program and its ``DriverService`` (mesh on ``lo``,
 log server and MTL gateway on the root end of a veth, ``netlab.Lan.link_root``)
 run in this machine's namespace; the worker, its executor and their Python
 workers in a namespace of their own, with no address on the driver's mesh.
-The executor writes through the driver's gateway; the driver logs every row
-once. Needs root and ``ip`` (CI runs as root); skips with the reason
-elsewhere. Every namespace, veth and process the test made is removed, also
-on failure (the ``lan_factory`` finaliser, the ``finally`` below).
+The executor writes through the driver's gateway (the driver logs every row
+once) and calls a Safir-Darbaan service on the driver's mesh through it.
+Needs root and ``ip`` (CI runs as root); skips with the reason elsewhere.
+Every namespace, veth and process the test made is removed, also on failure
+(the ``lan_factory`` finaliser, the ``finally`` below).
 """
 
 from __future__ import annotations
@@ -45,13 +46,20 @@ DRIVER = r"""
 import json, os, sys
 cfg = json.loads(sys.argv[1])
 from pyspark.sql import SparkSession
-from peermesh.spark import register, start_service
+from peermesh import NodeConfig, ThreadedNode, sada
+from peermesh.spark import call_service, register, start_service
 from peermesh.spark.log import MessageLog
 import msgpack
 
+calc = sada.Service("calc", "1.0")
+calc.add("double", lambda value: value * 2, inline=True)
+calc_node = ThreadedNode("calc", config=NodeConfig(), interface="lo", port=cfg["beacon"],
+                         interval=0.1, headers=dict(sada.ThreadedServer.headers)).start()
+server = sada.ThreadedServer(services=[calc]).start(calc_node)
 service = start_service(None, groups=["telemetry"], directory=cfg["dir"], interface="lo",
-                        port=cfg["beacon"], interval=0.1, retention=None, channel=False,
+                        port=cfg["beacon"], interval=0.1, retention=None,
                         bind=cfg["root"], gateway=cfg["root"])
+assert service.channel.wait_for("calc", timeout=60)
 print("READY", flush=True)
 sys.stdin.readline()  # the master is up
 spark = (SparkSession.builder.master(cfg["master"]).appName("peermesh-netns")
@@ -83,12 +91,18 @@ spark.createDataFrame(rows, "i long, ns long").write.format("peermesh") \
 with MessageLog(service.path) as log:
     logged = log.read(0, 10 ** 9, ["telemetry"])
 values = [msgpack.unpackb(r[5]) for r in logged]
+called = call_service(spark.createDataFrame(rows, "i long, ns long"), "calc", "double",
+                      payload="i", reply_schema="doubled long", errors="column").collect()
 print("RESULT " + json.dumps({
     "driver_ns": os.stat("/proc/self/ns/net").st_ino,
     "ids": [v["i"] for v in values], "ns": sorted({v["ns"] for v in values}),
-    "senders": sorted({r[3] for r in logged})}), flush=True)
+    "senders": sorted({r[3] for r in logged}),
+    "calls": sorted([r.i, r.doubled, r.status, r.ns] for r in called),
+    "gateway_calls": service.stats.gateway_calls}), flush=True)
 spark.stop()
 service.stop()
+server.stop()
+calc_node.stop()
 """
 
 
@@ -136,7 +150,7 @@ def _tail(path: Path) -> str:
 
 
 @pytest.mark.timeout(MASTER_TIMEOUT + DRIVER_TIMEOUT + 30)
-def test_a_worker_on_another_host_writes_through_the_drivers_gateway(
+def test_a_worker_on_another_host_writes_and_calls_through_the_drivers_gateway(
         tmp_path: Path, beacon_port: int, lan_factory: Callable[..., Any]) -> None:
     java_env = {"SPARK_DAEMON_MEMORY": "256m", "PYSPARK_PYTHON": sys.executable,
                 "SPARK_DAEMON_JAVA_OPTS": f"-Djava.io.tmpdir={tmp_path}",
@@ -198,3 +212,7 @@ def test_a_worker_on_another_host_writes_through_the_drivers_gateway(
     # every row was written by an executor in the worker's namespace, through the gateway
     assert len(result["ns"]) == 1 and result["ns"][0] != result["driver_ns"], result["ns"]
     assert result["senders"] == ["mtl:spark-executors"]
+    # and called calc, on the driver's mesh, through it: every reply right
+    assert result["calls"] == [[i, 2 * i, 200, result["ns"][0]] for i in range(ROWS)], \
+        result["calls"][:5]
+    assert result["gateway_calls"] == ROWS
