@@ -3,8 +3,8 @@
 Errors every layer shares live here; each overlay has one root under
 ``PeermeshError`` (``peermesh.sada.errors.SadaError``,
 ``peermesh.flux.errors.FluxOverlayError``, ``peermesh.mtl.errors.MtlError``,
-``peermesh.nfp.errors.NfpError``, and ``SparkError`` below) that its own errors
-derive from.
+``peermesh.nfp.errors.NfpError``, ``peermesh.spark.errors.SparkError``) that its
+own errors derive from.
 """
 
 from __future__ import annotations
@@ -58,7 +58,3 @@ class NodeStateError(PeermeshError):
 
 class StoreError(PeermeshError):
     """A job store file cannot be opened or is not one (not SQLite, another schema)."""
-
-
-class SparkError(PeermeshError):
-    """Base class of the Spark integration's errors (``peermesh.spark``)."""

@@ -26,6 +26,7 @@ from peermesh.mtl.errors import MtlError
 from peermesh.mtl.store import StoreFull
 from peermesh.nfp.errors import NfpError
 from peermesh.sada.errors import EndpointError, SadaError, ServerLost
+from peermesh.spark.errors import SparkError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +111,8 @@ def test_the_tree_reader_sees_a_misplaced_class() -> None:
 
 #: each overlay's package and its one root
 ROOTS = {"peermesh.sada.": SadaError, "peermesh.mtl.": MtlError,
-         "peermesh.flux.": FluxOverlayError, "peermesh.nfp.": NfpError}
+         "peermesh.flux.": FluxOverlayError, "peermesh.nfp.": NfpError,
+         "peermesh.spark.": SparkError}
 
 
 @pytest.mark.parametrize("prefix", sorted(ROOTS))
@@ -147,5 +149,5 @@ def test_existing_names_keep_working() -> None:
     assert issubclass(EndpointError, SadaError) and issubclass(ServerLost, SadaError)
     refused = client.RequestRefused("Summon 'chat'", 403, "not yours")
     assert (refused.status, refused.reason) == (403, "not yours")
-    for root in (NfpError, errors.SparkError, MtlError, FluxOverlayError, SadaError):
+    for root in (NfpError, SparkError, MtlError, FluxOverlayError, SadaError):
         assert root.__bases__ == (errors.PeermeshError,)

@@ -39,12 +39,12 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from ..errors import PeermeshError
+from .errors import MeshWriteError
+from .requests import GatewaySettings, Outcome, outcome_of
 
-if TYPE_CHECKING:   # (service imports the gateway, which imports this module)
+if TYPE_CHECKING:
     from .service import MeshSettings
 
 __all__ = ["ExecutorMesh", "Outcome", "executor_mesh", "sada_available", "MeshWriteError",
@@ -62,42 +62,6 @@ def sada_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-class MeshWriteError(PeermeshError, RuntimeError):
-    """Rows could not be delivered to the mesh (the Spark task fails with this)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What became of one request: ``value`` (the reply) or ``status`` + ``error``."""
-
-    ok: bool
-    value: Any = None
-    status: Optional[int] = None    #: REP status (200 on success); None if no REP came
-    error: Optional[str] = None     #: "404 no such service" / "RequestTimeout: ..."
-
-
-@dataclass(frozen=True, slots=True)
-class GatewaySettings:
-    """How a worker reaches the driver's MTL gateway (picklable; from the options)."""
-
-    endpoint: str                       #: its control endpoint, ``tcp://HOST:PORT``
-    user: str
-    password: str = field(repr=False)
-    server_key: Optional[str] = None    #: Z85 public key, on a mesh with keys
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> Optional["GatewaySettings"]:
-        """From data source options (lower-cased); None without option ``gateway``."""
-        endpoint = options.get("gateway")
-        if not endpoint:
-            return None
-        user, password = options.get("gatewayuser"), options.get("gatewaypassword")
-        if not user or not password:
-            raise ValueError("option gateway needs options gatewayUser and gatewayPassword "
-                             "(start_service(..., gateway=...) sets all three)")
-        return cls(endpoint, user, password, options.get("serverkey") or None)
 
 
 class GatewayWriter:
@@ -193,15 +157,6 @@ def request_many(mesh: MeshSettings, gateway: Optional[GatewaySettings], service
                         f"{discovery_timeout:g} s")] * len(payloads)
     return node.request_many(service, action, payloads, version=version, category=category,
                              timeout=timeout, window=window, retries=retries)
-
-
-def outcome_of(exc: BaseException) -> Outcome:
-    """The ``Outcome`` of a request that raised ``exc`` (a status if it carries one)."""
-    status = getattr(exc, "status", None)
-    if status is not None:
-        message = getattr(exc, "message", str(exc))
-        return Outcome(False, None, int(status), f"{int(status)} {message}")
-    return Outcome(False, None, None, f"{type(exc).__name__}: {exc}")
 
 
 class ExecutorMesh:

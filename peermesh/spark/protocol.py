@@ -62,7 +62,8 @@ from typing import Any, Mapping, Sequence
 
 import msgpack
 
-from ..errors import PeermeshError, ProtocolError
+from ..errors import ProtocolError
+from .errors import SparkError
 from ..wire.frames import as_frames
 
 __all__ = ["PROTOCOL", "Op", "Request", "Reply", "encode_request", "decode_request",
@@ -94,7 +95,7 @@ ERROR_KINDS = ("bad-request", "unknown-op", "data-loss", "internal", "unavailabl
                "unauthorised")
 
 
-class LogServiceError(PeermeshError):
+class LogServiceError(SparkError):
     """The log service answered ERR, or could not be reached; ``kind`` says which."""
 
     def __init__(self, kind: str, message: str) -> None:

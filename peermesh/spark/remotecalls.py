@@ -28,7 +28,7 @@ client per worker process)::
   A request is at most the gateway's ``max_content`` (16 MiB). The client
   itself keeps at most ``max_in_flight`` requests without their reply.
 * **Outcomes**: a reply's ``status`` and ``error`` are those of
-  ``executor.Outcome`` on the mesh (200; 404 no server; 409 ... from the
+  ``requests.Outcome`` on the mesh (200; 404 no server; 409 ... from the
   handler; None with ``RequestTimeout: ...`` for a timeout), so
   ``ServiceCaller`` columns are the same whichever way a call went. A reply
   that does not come within the request's timeout plus ``GRACE`` seconds (the
@@ -58,12 +58,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 from ..counters import Counters
 from ..wire.mtl import Confirm, Reject, content_frames, encode_data, encode_string, encode_table
-from .executor import MeshWriteError, Outcome, outcome_of
+from .errors import MeshWriteError
+from .requests import GatewaySettings, Outcome, outcome_of
 
 if TYPE_CHECKING:
     from ..mtl.dataflow import Link
     from ..wire.mtl import Content
-    from .executor import GatewaySettings
 
 __all__ = ["CALLS", "REPLIES", "MAX_PER_CLIENT", "MAX_CALLS", "GRACE", "Call", "CallRelay",
            "GatewayCalls", "is_local", "submit"]
@@ -260,7 +260,7 @@ class GatewayCalls:
     """An executor's calls through the driver's gateway: an MTL client of its own, with a
     request lease and a reply queue (not used by two threads at once: ``lock``)."""
 
-    def __init__(self, settings: "GatewaySettings") -> None:
+    def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.endpoint = settings.endpoint
         self.queue = REPLIES + secrets.token_hex(16)
