@@ -15,7 +15,7 @@ and WHISPER and SHOUT carry their content as the frames after it
     dictionary = number-4 *(string longstr)
 
 ``encode`` turns a message dataclass into frames and ``decode`` does the
-reverse. Every malformed input makes ``decode`` raise ``ProtocolError`` and
+reverse. Every malformed input makes ``decode`` raise ``RemoteProtocolError`` and
 nothing else. Command ids this codec does not know decode to ``Unknown`` so
 the caller can still honour the sequence number.
 
@@ -45,7 +45,7 @@ from enum import IntEnum
 from typing import Mapping, Optional, Sequence, Union
 from uuid import UUID
 
-from ..errors import ProtocolError
+from ..errors import RemoteProtocolError
 from .frames import as_bytes, as_frames
 
 __all__ = [
@@ -142,24 +142,24 @@ def encode_beacon(beacon: Beacon) -> bytes:
 def decode_beacon(data: bytes, version: int = 1) -> Beacon:
     """Parse a beacon of ``version``: 1 (22 octets, a plain node's) or 3 (54 octets, with
     the key: a node with a keypair hears only these, as in Zyre); anything else raises
-    ``ProtocolError``."""
+    ``RemoteProtocolError``."""
     if type(data) is not bytes:
         data = as_bytes(data, "a beacon")
     if version == 3:
         if len(data) != BEACON_SIZE_V3:
-            raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE_V3} "
-                                "(version 3, with a key)")
+            raise RemoteProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE_V3} "
+                                      "(version 3, with a key)")
         prefix, uuid, port, key = _BEACON_V3.unpack(data)
         if prefix != BEACON_PREFIX_V3:
-            raise ProtocolError("beacon header is not 'ZRE' %x03")
+            raise RemoteProtocolError("beacon header is not 'ZRE' %x03")
         return Beacon(uuid, port, key)
     if version != 1:
         raise ValueError("beacon version must be 1 or 3")
     if len(data) != BEACON_SIZE:
-        raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE}")
+        raise RemoteProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE}")
     prefix, uuid, port = _BEACON.unpack(data)
     if prefix != BEACON_PREFIX:
-        raise ProtocolError("beacon header is not 'ZRE' %x01")
+        raise RemoteProtocolError("beacon header is not 'ZRE' %x01")
     return Beacon(uuid, port)
 
 
@@ -376,7 +376,7 @@ def encode(message: Message) -> list[bytes]:
 # --- decoding -------------------------------------------------------------
 
 class _Reader:
-    """Reads ZRE fields from one frame, raising ProtocolError past its end."""
+    """Reads ZRE fields from one frame, raising RemoteProtocolError past its end."""
 
     __slots__ = ("data", "pos")
 
@@ -387,7 +387,7 @@ class _Reader:
     def take(self, size: int) -> bytes:
         end = self.pos + size
         if end > len(self.data):
-            raise ProtocolError("frame truncated")
+            raise RemoteProtocolError("frame truncated")
         chunk = self.data[self.pos:end]
         self.pos = end
         return chunk
@@ -402,7 +402,7 @@ class _Reader:
         try:
             return self.take(size).decode("utf-8")
         except UnicodeDecodeError:
-            raise ProtocolError("string is not valid UTF-8") from None
+            raise RemoteProtocolError("string is not valid UTF-8") from None
 
     def string(self) -> str:
         return self.text(self.number1())
@@ -423,7 +423,8 @@ class _Reader:
 
     def end(self) -> None:
         if self.pos != len(self.data):
-            raise ProtocolError(f"{len(self.data) - self.pos} unexpected octets after the fields")
+            raise RemoteProtocolError(f"{len(self.data) - self.pos} unexpected octets after "
+                                      "the fields")
 
 
 def decode(frames: Sequence[bytes]) -> Message:
@@ -431,17 +432,17 @@ def decode(frames: Sequence[bytes]) -> Message:
     if type(frames) is not list:
         frames = as_frames(frames, "a ZRE message")
     if not frames:
-        raise ProtocolError("empty message")
+        raise RemoteProtocolError("empty message")
     data = frames[0]
     if type(data) is not bytes:
         data = as_bytes(data, "a ZRE command frame")
     if len(data) < _HEADER_SIZE:
-        raise ProtocolError(f"command frame of {len(data)} octets is shorter than a header")
+        raise RemoteProtocolError(f"command frame of {len(data)} octets is shorter than a header")
     signature, command, version, sequence = _HEADER.unpack_from(data)
     if signature != SIGNATURE:
-        raise ProtocolError("bad signature")
+        raise RemoteProtocolError("bad signature")
     if version != VERSION:
-        raise ProtocolError(f"unsupported version {version}")
+        raise RemoteProtocolError(f"unsupported version {version}")
     content = tuple(frames[1:])
     for frame in content:
         if type(frame) is not bytes:
@@ -449,7 +450,7 @@ def decode(frames: Sequence[bytes]) -> Message:
             break
     if command == 2:
         if len(data) != _HEADER_SIZE:
-            raise ProtocolError("unexpected octets in WHISPER")
+            raise RemoteProtocolError("unexpected octets in WHISPER")
         return Whisper(sequence, content)
     reader = _Reader(data, _HEADER_SIZE)
     if command == 3:
@@ -457,7 +458,7 @@ def decode(frames: Sequence[bytes]) -> Message:
         reader.end()
         return Shout(sequence, group, content)
     if content and (command <= 10 or command == PEX):
-        raise ProtocolError(f"unexpected content frames in command {command}")
+        raise RemoteProtocolError(f"unexpected content frames in command {command}")
     if command == 1:
         message: Message = Hello(sequence, reader.string(), reader.strings(), reader.number1(),
                                  reader.string(), reader.dictionary())
