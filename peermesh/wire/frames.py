@@ -5,7 +5,8 @@ anything else with ``RemoteProtocolError``, never ``TypeError``: ``as_frames`` i
 their slow path, taken only when the input is not already a list of
 ``bytes``; ``as_bytes`` does the same for a single datagram or frame. An
 encoder checking its own argument passes ``remote=False`` and gets
-``LocalProtocolError`` instead.
+``LocalProtocolError`` instead; an encoder refusing a value the wire cannot
+carry raises ``EncodeError``, a ``LocalProtocolError`` that is also a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from typing import Any
 
 from ..errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 
-__all__ = ["as_frames", "as_bytes"]
+__all__ = ["as_frames", "as_bytes", "EncodeError"]
+
+
+class EncodeError(LocalProtocolError, ValueError):
+    """An encoder refused a value the wire cannot carry: a bad argument in this program,
+    never anything from a peer (a ``ValueError`` too, as Python's own checks are)."""
 
 
 def _error(remote: bool) -> type[ProtocolError]:

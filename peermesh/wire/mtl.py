@@ -54,7 +54,9 @@ well-formed but invalid ones with an error. The codec keeps the two apart:
 ``decode_request`` and ``decode_data`` raise ``RemoteProtocolError`` (and nothing
 else) for ill-formed frames, while ``decode_request`` returns an
 ``InvalidRequest`` for a well-formed request it cannot accept (an unknown
-command, a missing or mistyped field), so the caller can answer it.
+command, a missing or mistyped field), so the caller can answer it. The
+encoders refuse a value the wire cannot carry with ``EncodeError`` (a
+``LocalProtocolError`` that is also a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ import msgpack
 
 from ..errors import RemoteProtocolError
 from . import jsonsafe
-from .frames import as_bytes
+from .frames import EncodeError, as_bytes
 
 __all__ = [
     "PROTOCOL_NAME", "PROTOCOL_VERSION", "MAX_REQUEST", "MAX_RESOURCES", "MAX_STRING",
@@ -445,7 +447,7 @@ def encode_reply(reply: Reply) -> list[bytes]:
                            "challenge": base64.b64encode(reply.challenge).decode("ascii")}
     elif isinstance(reply, Failure):
         if not 200 <= reply.status <= 599:
-            raise ValueError(f"status {reply.status} is not three digits 2xx-5xx")
+            raise EncodeError(f"status {reply.status} is not three digits 2xx-5xx")
         code, body = reply.status, {"reason": reply.reason} if reply.reason else {}
     else:
         raise TypeError(f"not an MTL reply: {reply!r}")
@@ -508,13 +510,13 @@ def encode_table(table: Mapping[str, Any]) -> bytes:
     if not table:
         return b"\x00\x00"
     if any(type(key) is not str for key in table):
-        raise ValueError("field table keys must be strings")
+        raise EncodeError("field table keys must be strings")
     try:
         data = msgpack.packb(dict(table), use_bin_type=True)
     except (TypeError, OverflowError, ValueError) as error:
-        raise ValueError(f"field table value cannot be msgpack: {error}") from None
+        raise EncodeError(f"field table value cannot be msgpack: {error}") from None
     if len(data) > MAX_TABLE:
-        raise ValueError(f"field table of {len(data)} octets exceeds {MAX_TABLE}")
+        raise EncodeError(f"field table of {len(data)} octets exceeds {MAX_TABLE}")
     return _H.pack(len(data)) + data
 
 
@@ -610,17 +612,17 @@ DataCommand = Union[Lease, Response, Summon, Dismiss, Content, Confirm, Reject, 
 
 
 def encode_string(text: str) -> bytes:
-    """A short string: 1 length octet and the UTF-8 text; ValueError unless it is
+    """A short string: 1 length octet and the UTF-8 text; ``EncodeError`` unless it is
     printable and at most 255 octets."""
     data = text.encode("utf-8")
     if len(data) > MAX_STRING or not text.isprintable():
-        raise ValueError(f"not a short string (printable, at most 255 octets): {text[:40]!r}")
+        raise EncodeError(f"not a short string (printable, at most 255 octets): {text[:40]!r}")
     return bytes((len(data),)) + data
 
 
 def _integer(kind: int, value: int) -> bytes:
     if not 0 <= value <= MAX_INTEGER:
-        raise ValueError(f"sequence {value} does not fit 64 unsigned bits")
+        raise EncodeError(f"sequence {value} does not fit 64 unsigned bits")
     return _TYPE_Q.pack(kind, value)
 
 
@@ -650,7 +652,7 @@ def encode_data(command: DataCommand) -> list[bytes]:
         return [_integer(kind, command.sequence) + encode_string(text), b""]
     if isinstance(command, Response):
         if not 200 <= command.code <= 599:
-            raise ValueError(f"response code {command.code} is not three digits 2xx-5xx")
+            raise EncodeError(f"response code {command.code} is not three digits 2xx-5xx")
         return [_integer(2, command.sequence), b"%d" % command.code]
     if isinstance(command, Confirm):
         return [_integer(6, command.sequence) + bytes((command.multiple,)), b""]

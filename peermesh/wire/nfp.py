@@ -36,11 +36,12 @@ jobs and the broker"):
 * Status codes not listed in the spec are invalid ("MAY NOT use status codes
   that are not defined here").
 
-``encode`` builds frames from a message dataclass; ``decode`` parses frames
-and raises ``RemoteProtocolError`` (never anything else) on malformed input. Hot
-paths build frames without a message object (``request_frames``,
-``response_frames``, ``event_frames``) and a broker relays a decoded command
-with only its header changed (``reheaded``). Bodies
+``encode`` builds frames from a message dataclass (``EncodeError``, a
+``LocalProtocolError`` that is also a ``ValueError``, for a value the wire cannot
+carry); ``decode`` parses frames and raises ``RemoteProtocolError`` (never
+anything else) on malformed input. Hot paths build frames without a message
+object (``request_frames``, ``response_frames``, ``event_frames``) and a broker
+relays a decoded command with only its header changed (``reheaded``). Bodies
 are opaque to the spec; peermesh's NFP overlay puts one JSON object in the
 first body frame (``encode_body`` / ``decode_body``).
 """
@@ -54,7 +55,7 @@ from typing import Any, Callable, Sequence, Union
 
 from ..errors import RemoteProtocolError
 from . import jsonsafe
-from .frames import as_bytes, as_frames
+from .frames import EncodeError, as_bytes, as_frames
 
 __all__ = [
     "Role", "Command", "Status", "Open", "Ready", "Keepalive", "Disconnect", "Post",
@@ -242,7 +243,7 @@ def _encode_string(kind: str, value: str) -> bytes:
     if not isinstance(value, str):
         raise TypeError(f"{kind} must be a str, not {type(value).__name__}")
     if not value or not value.isprintable():
-        raise ValueError(f"{kind} must be a non-empty printable string, not {value!r}")
+        raise EncodeError(f"{kind} must be a non-empty printable string, not {value!r}")
     return value.encode("utf-8")
 
 
@@ -257,11 +258,11 @@ def encode_status(status: Union[Status, int], text: str = "") -> bytes:
             return frame
     code = _STATUS_BY_CODE.get(int(status))
     if code is None:
-        raise ValueError(f"{status} is not an NFP status code")
+        raise EncodeError(f"{status} is not an NFP status code")
     if not text:
         return b"%d" % code
     if not text.isprintable():
-        raise ValueError(f"status text {text!r} is not printable")
+        raise EncodeError(f"status text {text!r} is not printable")
     return b"%d %s" % (code, text.encode("utf-8"))
 
 
@@ -314,10 +315,10 @@ def format_target(target: Target) -> str:
         return format_target(parse_target(target)) if target not in (ALL, ANY) else target
     names = tuple(target)
     if not names:
-        raise ValueError("target names no worker")
+        raise EncodeError("target names no worker")
     for name in names:
         if not name or "," in name or not name.isprintable() or name != name.strip():
-            raise ValueError(f"worker name {name!r} cannot be targeted")
+            raise EncodeError(f"worker name {name!r} cannot be targeted")
     return ",".join(names)
 
 
@@ -349,12 +350,12 @@ def encode_body(obj: Any) -> bytes:
 
 
 def check_size(text: str, what: str) -> None:
-    """ValueError, naming ``what``, if JSON ``text`` is more than a job's arguments,
+    """``EncodeError``, naming ``what``, if JSON ``text`` is more than a job's arguments,
     result or event may be (``MAX_CONTENT`` bytes)."""
     size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > MAX_CONTENT:
-        raise ValueError(f"{what} cannot be sent: it is {size:,} bytes as JSON; at most "
-                         f"{MAX_CONTENT:,} go in an NFP message")
+        raise EncodeError(f"{what} cannot be sent: it is {size:,} bytes as JSON; at most "
+                          f"{MAX_CONTENT:,} go in an NFP message")
 
 
 def decode_body(frame: bytes) -> dict[str, Any]:
@@ -406,7 +407,7 @@ def _target_frame(target: Target) -> bytes:
             return frame
     frame = _encode_string("target", format_target(target))
     if len(frame) > MAX_TARGET:
-        raise ValueError(f"target is over {MAX_TARGET} octets (MAX_TARGET)")
+        raise EncodeError(f"target is over {MAX_TARGET} octets (MAX_TARGET)")
     if (type(target) is str and len(frame) <= _MAX_CACHED_TARGET
             and len(_TARGETS) < _MAX_TARGETS and frame == target.encode("utf-8")):
         _TARGETS[target] = frame        # worker names repeat: remember valid ones
@@ -429,7 +430,7 @@ def _header(command: Command, role: Role) -> bytes:
     header = _HEADERS[command].get(role)   # type: ignore[call-overload]
     if header is None:
         name = role.value.decode() if isinstance(role, Role) else repr(role)
-        raise ValueError(f"{command.name} cannot carry header {name}")
+        raise EncodeError(f"{command.name} cannot carry header {name}")
     return header
 
 
@@ -437,7 +438,7 @@ def request_frames(command: Command, role: Role, service: str, target: Target, u
                    body: Sequence[bytes] = (b"",)) -> list[bytes]:
     """The frames of a POST, GET or DELETE (what ``encode`` gives for its message)."""
     if command not in _REQUESTS:
-        raise ValueError(f"{command!r} is not POST, GET or DELETE")
+        raise EncodeError(f"{command!r} is not POST, GET or DELETE")
     frames = [b"", _header(command, role), _COMMAND_FRAME[command], _string("service", service),
               _target_frame(target), _string("job UUID", uuid)]
     frames += _bodies(body)

@@ -36,6 +36,9 @@ Decisions where the draft is loose:
 * A command with more or fewer frames than its drawing, an unknown command
   name, or anything before the signature other than the empty delimiter is
   invalid: ``decode`` raises ``RemoteProtocolError`` (and nothing else) for it.
+
+An encoder refuses a value the wire cannot carry with ``EncodeError`` (a
+``LocalProtocolError`` that is also a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from enum import Enum, IntEnum
 from typing import Sequence, Union
 
 from ..errors import RemoteProtocolError
-from .frames import as_frames
+from .frames import EncodeError, as_frames
 
 __all__ = [
     "PROTOCOL", "DELIMITER", "MAX_TEXT", "MAX_REQUEST_ID", "Command", "Status", "ServiceId",
@@ -99,11 +102,11 @@ _STATUS_VALUES = {frame: code for code, frame in _STATUS_FRAMES.items()}
 
 
 def status_frame(status: int) -> bytes:
-    """Frame 5 of a REP: the status as three ASCII digits; ValueError outside 100-599."""
+    """Frame 5 of a REP: the status as three ASCII digits; ``EncodeError`` outside 100-599."""
     try:
         return _STATUS_FRAMES[status]
     except (KeyError, TypeError):
-        raise ValueError(f"status must be an HTTP status code 100-599, not {status!r}") from None
+        raise EncodeError(f"status must be an HTTP status code 100-599, not {status!r}") from None
 
 
 # --- messages ---------------------------------------------------------------
@@ -229,10 +232,10 @@ def _text(kind: str, value: str, empty_ok: bool = False) -> bytes:
         raise TypeError(f"{kind} must be a str, not {type(value).__name__}")
     data = value.encode("utf-8")
     if len(data) > MAX_TEXT:
-        raise ValueError(f"{kind} {value[:40]!r} is {len(data)} UTF-8 octets; the limit is "
-                         f"{MAX_TEXT}")
+        raise EncodeError(f"{kind} {value[:40]!r} is {len(data)} UTF-8 octets; the limit is "
+                          f"{MAX_TEXT}")
     if not data and not empty_ok:
-        raise ValueError(f"{kind} must not be empty")
+        raise EncodeError(f"{kind} must not be empty")
     return data
 
 
@@ -241,7 +244,7 @@ def _request_id(value: bytes) -> bytes:
         raise TypeError(f"request id must be bytes, not {type(value).__name__}")
     value = bytes(value)
     if not 0 < len(value) <= MAX_REQUEST_ID:
-        raise ValueError(f"request id must be 1-{MAX_REQUEST_ID} octets, not {len(value)}")
+        raise EncodeError(f"request id must be 1-{MAX_REQUEST_ID} octets, not {len(value)}")
     return value
 
 

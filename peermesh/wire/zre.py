@@ -17,7 +17,9 @@ and WHISPER and SHOUT carry their content as the frames after it
 ``encode`` turns a message dataclass into frames and ``decode`` does the
 reverse. Every malformed input makes ``decode`` raise ``RemoteProtocolError`` and
 nothing else. Command ids this codec does not know decode to ``Unknown`` so
-the caller can still honour the sequence number.
+the caller can still honour the sequence number. An encoder refuses a value
+the wire cannot carry with ``EncodeError`` (a ``LocalProtocolError`` that is
+also a ``ValueError``).
 
 Zyre adds three commands beyond the spec (its leader election and, for its
 gossip discovery, a goodbye)::
@@ -46,7 +48,7 @@ from typing import Mapping, Optional, Sequence, Union
 from uuid import UUID
 
 from ..errors import RemoteProtocolError
-from .frames import as_bytes, as_frames
+from .frames import EncodeError, as_bytes, as_frames
 
 __all__ = [
     "BEACON_SIZE", "BEACON_SIZE_V3", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
@@ -129,13 +131,13 @@ class Beacon:
 def encode_beacon(beacon: Beacon) -> bytes:
     """The 22-octet beacon for ``beacon``, or the 54-octet version 3 with its key."""
     if len(beacon.uuid) != 16:
-        raise ValueError("beacon UUID must be 16 bytes")
+        raise EncodeError("beacon UUID must be 16 bytes")
     if not 0 <= beacon.port <= 0xFFFF:
-        raise ValueError("beacon port must fit in 16 bits")
+        raise EncodeError("beacon port must fit in 16 bits")
     if beacon.key is None:
         return _BEACON.pack(BEACON_PREFIX, beacon.uuid, beacon.port)
     if len(beacon.key) != 32:
-        raise ValueError("beacon key must be 32 bytes")
+        raise EncodeError("beacon key must be 32 bytes")
     return _BEACON_V3.pack(BEACON_PREFIX_V3, beacon.uuid, beacon.port, beacon.key)
 
 
@@ -291,14 +293,15 @@ Message = Union[Hello, Whisper, Shout, Join, Leave, Ping, PingOk, Elect, Leader,
 def _string(value: str) -> bytes:
     data = value.encode("utf-8")
     if len(data) > MAX_STRING:
-        raise ValueError(f"string of {len(data)} UTF-8 octets exceeds {MAX_STRING}: {value[:40]!r}")
+        raise EncodeError(f"string of {len(data)} UTF-8 octets exceeds {MAX_STRING}: "
+                          f"{value[:40]!r}")
     return _N1.pack(len(data)) + data
 
 
 def _longstr(value: str) -> bytes:
     data = value.encode("utf-8")
     if len(data) > MAX_LONGSTR:
-        raise ValueError("longstr exceeds 2**32-1 octets")
+        raise EncodeError("longstr exceeds 2**32-1 octets")
     return _N4.pack(len(data)) + data
 
 
@@ -326,7 +329,7 @@ def shouts(first: int, group: bytes, bodies: Sequence[bytes]
 
 
 def encode_string(value: str) -> bytes:
-    """A ZRE ``string`` field (1-octet length); ValueError if over 255 octets."""
+    """A ZRE ``string`` field (1-octet length); ``EncodeError`` if over 255 octets."""
     return _string(value)
 
 
@@ -368,7 +371,7 @@ def encode(message: Message) -> list[bytes]:
                 + b"".join(_longstr(p) for p in message.peers)]
     if isinstance(message, Unknown):
         if message.command == PEX:
-            raise ValueError("command id %x50 is PEX: use PeerExchange")
+            raise EncodeError("command id %x50 is PEX: use PeerExchange")
         return [_header(message.command, message.sequence)]
     raise TypeError(f"not a ZRE message: {message!r}")
 
