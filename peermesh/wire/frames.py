@@ -48,4 +48,4 @@ def as_frames(frames: Any, what: str = "a message", remote: bool = True) -> list
     except TypeError:
         raise _error(remote)(f"{what} is a list of frames (bytes), "
                              f"not {type(frames).__name__}") from None
-    return [as_bytes(frame, remote=remote) for frame in items]
+    return [frame if type(frame) is bytes else as_bytes(frame, remote=remote) for frame in items]
