@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import msgpack
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, RemoteProtocolError
 from ..wire.agent import pack_frame
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
@@ -117,8 +117,8 @@ def event_message(event: Any) -> dict[str, Any]:
             "address": event.address, "reason": event.reason}
 
 
-class BadRequest(ProtocolError):
-    """A request frame the agent answers with an error: ``code``, and ``rid`` (the
+class BadRequest(RemoteProtocolError):
+    """A request frame (from a client) the agent answers with an error: ``code``, and ``rid`` (the
     request's id, when it had a usable one)."""
 
     def __init__(self, reason: str, code: str = "bad-request", rid: Any = None) -> None:

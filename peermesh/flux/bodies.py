@@ -1,7 +1,7 @@
 """The JSON bodies of the built-in services: checked readers and base64 payloads.
 
-Every reader raises ``ProtocolError`` for a field that is missing, of the
-wrong type or out of range; the caller answers EPROTO (or drops the message).
+Every reader of a peer's body raises ``RemoteProtocolError`` for a field that is
+missing, of the wrong type or out of range; the caller answers EPROTO (or drops the message).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import binascii
 import json
 from typing import Any, Optional, Sequence
 
-from ..errors import ProtocolError
+from ..errors import RemoteProtocolError
 from ..wire.flux import MAX_RANK, json_payload, read_json
 
 __all__ = ["b64", "unb64", "int_field", "str_field", "publish_body", "ping_body", "ping_answer",
@@ -26,24 +26,24 @@ def unb64(text: Any) -> Optional[bytes]:
     if text is None:
         return None
     if not isinstance(text, str):
-        raise ProtocolError("payload is not base64 text")
+        raise RemoteProtocolError("payload is not base64 text")
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise ProtocolError("payload is not base64") from None
+        raise RemoteProtocolError("payload is not base64") from None
 
 
 def int_field(obj: dict, key: str, low: int = -1, high: int = MAX_RANK) -> int:
     value = obj.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ProtocolError(f"{key!r} is not a whole number in {low}..{high}")
+        raise RemoteProtocolError(f"{key!r} is not a whole number in {low}..{high}")
     return value
 
 
 def str_field(obj: dict, key: str, limit: int = 1024) -> str:
     value = obj.get(key)
     if not isinstance(value, str) or len(value) > limit:
-        raise ProtocolError(f"{key!r} is not a string of at most {limit} characters")
+        raise RemoteProtocolError(f"{key!r} is not a string of at most {limit} characters")
     return value
 
 
@@ -73,8 +73,8 @@ def route_string(routes: Sequence[bytes], me: str) -> str:
 def ping_answer(payload: Optional[bytes], routes: Sequence[bytes], me: str, rank: int,
                 userid: int, rolemask: int) -> bytes:
     """flux-core's answer to a ``broker.ping`` body, byte for byte: the request's JSON
-    object with ``route``, ``userid``, ``rolemask`` and ``rank`` added; ``ProtocolError``
-    if the body is not a JSON object (flux-core answers EPROTO then)."""
+    object with ``route``, ``userid``, ``rolemask`` and ``rank`` added;
+    ``RemoteProtocolError`` if the body is not a JSON object (flux-core answers EPROTO then)."""
     body = read_json(payload)
     body.update(route=route_string(routes, me), userid=userid, rolemask=rolemask, rank=rank)
     # as jansson's json_dumps(o, 0) writes it: ", " and ": ", UTF-8 as it is

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Optional
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, RemoteProtocolError
 from ..wire.flux import Errno, Event, Request, Response, encode, read_json
 from .bodies import b64, int_field, str_field, unb64
 from .clients import ClientTable
@@ -52,9 +52,9 @@ class EventLog(Routing):
         topic = str_field(body, "topic")
         flags = int_field(body, "flags", 0, 0xFFFFFFFF)
         if not topic:
-            raise ProtocolError("'topic' is empty")
+            raise RemoteProtocolError("'topic' is empty")
         if flags & ~_PRIVATE:
-            raise ProtocolError("'flags' other than PRIVATE")
+            raise RemoteProtocolError("'flags' other than PRIVATE")
         seq, out = self._publish_here(topic, unb64(body.get("payload")), now, flags)
         return out + self._answer(request, {"seq": seq}, now)
 

@@ -31,8 +31,9 @@ has no route stack (``routes`` None, flag ROUTE clear) or one, possibly
 empty (``()``; libflux sets ROUTE with an empty stack on requests). Events
 may carry routes too (a live broker sends them so).
 
-``encode`` builds frames from a message dataclass; ``decode`` parses frames
-and raises ``ProtocolError`` (never anything else) on malformed input:
+``encode`` builds frames from a message dataclass (``LocalProtocolError`` for a
+field the wire cannot carry); ``decode`` parses frames and raises
+``RemoteProtocolError`` (never anything else) on malformed input:
 a PROTO of another length, magic or version, an unknown type, flags that
 announce frames that are not there (or frames no flag announces), an empty
 topic, NORESPONSE with STREAMING, a nodeid of NODEID_UPSTREAM (never on the
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from typing import Any, Optional, Sequence, Union
 
-from ..errors import ProtocolError
+from ..errors import LocalProtocolError, RemoteProtocolError
 from . import jsonsafe
 
 __all__ = [
@@ -173,25 +174,26 @@ class Proto:
 
 
 def encode_proto(proto: Proto) -> bytes:
-    """The 20-byte PROTO frame; ``ProtocolError`` for a field out of range."""
+    """The 20-byte PROTO frame; ``LocalProtocolError`` for a field out of range."""
     try:
         return _PROTO.pack(MAGIC, VERSION, proto.type, proto.flags, proto.userid,
                            proto.rolemask, proto.aux1, proto.aux2)
     except struct.error as exc:
-        raise ProtocolError(f"PROTO field out of range: {exc}") from None
+        raise LocalProtocolError(f"PROTO field out of range: {exc}") from None
 
 
 def decode_proto(frame: bytes) -> Proto:
-    """The fields of a PROTO frame; ``ProtocolError`` unless 20 bytes, magic 0x8E, version 1."""
+    """The fields of a PROTO frame; ``RemoteProtocolError`` unless 20 bytes, magic 0x8E,
+    version 1."""
     if type(frame) is not bytes:
         frame = _as_bytes(frame)
     if len(frame) != PROTO_SIZE:
-        raise ProtocolError(f"PROTO frame of {len(frame)} octets, not {PROTO_SIZE}")
+        raise RemoteProtocolError(f"PROTO frame of {len(frame)} octets, not {PROTO_SIZE}")
     magic, version, kind, flags, userid, rolemask, aux1, aux2 = _PROTO.unpack(frame)
     if magic != MAGIC:
-        raise ProtocolError(f"PROTO magic {magic:#04x}, not 0x8e")
+        raise RemoteProtocolError(f"PROTO magic {magic:#04x}, not 0x8e")
     if version != VERSION:
-        raise ProtocolError(f"PROTO version {version}, not 1")
+        raise RemoteProtocolError(f"PROTO version {version}, not 1")
     return Proto(kind, flags, userid, rolemask, aux1, aux2)
 
 
@@ -278,11 +280,11 @@ make_response = _maker(Response)
 
 
 def encode(message: Message) -> list[bytes]:
-    """The frames of ``message``; ``ProtocolError`` for fields the wire cannot carry."""
+    """The frames of ``message``; ``LocalProtocolError`` for fields the wire cannot carry."""
     kind = type(message)
     if kind is Request:
         if message.nodeid == NODEID_UPSTREAM:  # type: ignore[union-attr]
-            raise ProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
+            raise LocalProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
         code, aux1, aux2 = 1, message.nodeid, message.matchtag  # type: ignore[union-attr]
     elif kind is Response:
         code, aux1, aux2 = 2, message.errnum, message.matchtag  # type: ignore[union-attr]
@@ -291,44 +293,44 @@ def encode(message: Message) -> list[bytes]:
     elif kind is Control:
         code, aux1, aux2 = 8, message.ctype, message.status  # type: ignore[union-attr]
     else:
-        raise ProtocolError(f"{kind.__name__} is not a Flux message")
+        raise LocalProtocolError(f"{kind.__name__} is not a Flux message")
     flags = message.flags
     if type(flags) is not int:
         flags = int(flags)
     flags &= ~_FRAMES
     if flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
-        raise ProtocolError("NORESPONSE with STREAMING is invalid")
+        raise LocalProtocolError("NORESPONSE with STREAMING is invalid")
     routes = message.routes
     if routes is not None:
         flags |= _ROUTE
         for route in routes:
             if type(route) is not bytes or not route:
-                raise ProtocolError("a route identity is a non-empty bytes frame")
+                raise LocalProtocolError("a route identity is a non-empty bytes frame")
         frames = [*routes, b""]
     else:
         frames = []
     topic = message.topic
     if topic is not None:
         if not topic:
-            raise ProtocolError("topic is empty")
+            raise LocalProtocolError("topic is empty")
         flags |= _TOPIC
         frames.append(topic.encode())
     payload = message.payload
     if payload is not None:
         if type(payload) is not bytes:
-            raise ProtocolError("payload is not bytes")
+            raise LocalProtocolError("payload is not bytes")
         flags |= _PAYLOAD
         frames.append(payload)
     try:
         frames.append(_PROTO.pack(MAGIC, VERSION, code, flags, message.userid, message.rolemask,
                                   aux1, aux2))
     except struct.error as exc:
-        raise ProtocolError(f"PROTO field out of range: {exc}") from None
+        raise LocalProtocolError(f"PROTO field out of range: {exc}") from None
     return frames
 
 
 def decode(frames: Sequence[bytes]) -> Message:
-    """Parse one Flux message; ``ProtocolError`` (only) if it is malformed."""
+    """Parse one Flux message; ``RemoteProtocolError`` (only) if it is malformed."""
     if type(frames) is not list:
         frames = _as_frames(frames)
     else:
@@ -337,64 +339,65 @@ def decode(frames: Sequence[bytes]) -> Message:
                 frames = _as_frames(frames)
                 break
     if not frames:
-        raise ProtocolError("no frames: a Flux message ends with a PROTO frame")
+        raise RemoteProtocolError("no frames: a Flux message ends with a PROTO frame")
     last = frames[-1]
     if len(last) != PROTO_SIZE:
-        raise ProtocolError(f"PROTO frame of {len(last)} octets, not {PROTO_SIZE}")
+        raise RemoteProtocolError(f"PROTO frame of {len(last)} octets, not {PROTO_SIZE}")
     magic, version, kind, flags, userid, rolemask, aux1, aux2 = _PROTO.unpack(last)
     if magic != MAGIC:
-        raise ProtocolError(f"PROTO magic {magic:#04x}, not 0x8e")
+        raise RemoteProtocolError(f"PROTO magic {magic:#04x}, not 0x8e")
     if version != VERSION:
-        raise ProtocolError(f"PROTO version {version}, not 1")
+        raise RemoteProtocolError(f"PROTO version {version}, not 1")
     pos, end = 0, len(frames) - 1
     routes: Routes = None
     if flags & _ROUTE:
         try:
             delimiter = frames.index(b"", 0, end)
         except ValueError:
-            raise ProtocolError("flag ROUTE without a route delimiter frame") from None
+            raise RemoteProtocolError("flag ROUTE without a route delimiter frame") from None
         routes = tuple(frames[:delimiter])
         pos = delimiter + 1
     topic: Optional[str] = None
     if flags & _TOPIC:
         if pos >= end:
-            raise ProtocolError("flag TOPIC without a topic frame")
+            raise RemoteProtocolError("flag TOPIC without a topic frame")
         raw = frames[pos]
         if not raw:
-            raise ProtocolError("topic frame is empty")
+            raise RemoteProtocolError("topic frame is empty")
         try:
             topic = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ProtocolError("topic is not UTF-8") from None
+            raise RemoteProtocolError("topic is not UTF-8") from None
         pos += 1
     payload: Optional[bytes] = None
     if flags & _PAYLOAD:
         if pos >= end:
-            raise ProtocolError("flag PAYLOAD without a payload frame")
+            raise RemoteProtocolError("flag PAYLOAD without a payload frame")
         payload = frames[pos]
         pos += 1
     if pos != end:
-        raise ProtocolError(f"{end - pos} frames that no flag announces")
+        raise RemoteProtocolError(f"{end - pos} frames that no flag announces")
     if flags & _NORESPONSE_STREAMING == _NORESPONSE_STREAMING:
-        raise ProtocolError("NORESPONSE with STREAMING is invalid")
+        raise RemoteProtocolError("NORESPONSE with STREAMING is invalid")
     other = flags & ~_FRAMES
     if kind == 1:
         if topic is None:
-            raise ProtocolError("a request has no topic")
+            raise RemoteProtocolError("a request has no topic")
         if aux1 == NODEID_UPSTREAM:
-            raise ProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
+            raise RemoteProtocolError("nodeid NODEID_UPSTREAM never appears on the wire")
         return make_request(topic, payload, aux1, aux2, other, routes, userid, rolemask)
     if kind == 2:
         if topic is None:
-            raise ProtocolError("a response has no topic")
+            raise RemoteProtocolError("a response has no topic")
         return make_response(topic, payload, aux1, aux2, other, routes, userid, rolemask)
     if kind == 4:
         if topic is None:
-            raise ProtocolError("an event has no topic")
+            raise RemoteProtocolError("an event has no topic")
         return Event(topic, payload, aux1, other, routes, userid, rolemask)
     if kind == 8:
         return Control(aux1, aux2, other, routes, topic, payload, userid, rolemask)
-    raise ProtocolError(f"message type {kind:#04x} is not request, response, event or control")
+    raise RemoteProtocolError(f"message type {kind:#04x} is not request, response, event or "
+                              "control")
 
 
 def _as_bytes(frame: Any) -> bytes:
@@ -402,17 +405,17 @@ def _as_bytes(frame: Any) -> bytes:
         return frame
     if isinstance(frame, (bytearray, memoryview)):
         return bytes(frame)
-    raise ProtocolError(f"frame of type {type(frame).__name__}, not bytes")
+    raise RemoteProtocolError(f"frame of type {type(frame).__name__}, not bytes")
 
 
 def _as_frames(frames: Any) -> list[bytes]:
-    """``frames`` as a list of bytes; ``ProtocolError`` if it is not a list of frames."""
+    """``frames`` as a list of bytes; ``RemoteProtocolError`` if it is not a list of frames."""
     if isinstance(frames, (bytes, bytearray, memoryview, str)):
-        raise ProtocolError("a Flux message is a list of frames, not one byte string")
+        raise RemoteProtocolError("a Flux message is a list of frames, not one byte string")
     try:
         items = list(frames)
     except TypeError:
-        raise ProtocolError("a Flux message is a list of frames") from None
+        raise RemoteProtocolError("a Flux message is a list of frames") from None
     return [_as_bytes(frame) for frame in items]
 
 
@@ -425,21 +428,21 @@ def string_payload(text: str) -> bytes:
 
 
 def read_string(payload: Optional[bytes]) -> str:
-    """The string in a payload; ``ProtocolError`` without its terminating NUL."""
+    """The string in a payload; ``RemoteProtocolError`` without its terminating NUL."""
     if type(payload) is not bytes and payload is not None:
         payload = _as_bytes(payload)
     if not payload or payload[-1:] != b"\0":
-        raise ProtocolError("a string payload ends with a NUL")
+        raise RemoteProtocolError("a string payload ends with a NUL")
     try:
         return payload[:-1].decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError("string payload is not UTF-8") from None
+        raise RemoteProtocolError("string payload is not UTF-8") from None
 
 
 def json_payload(obj: Any) -> bytes:
-    """A JSON payload (an object, RFC 3) with the terminating NUL."""
+    """A JSON payload (an object, RFC 3) with the terminating NUL; else ``LocalProtocolError``."""
     if not isinstance(obj, dict):
-        raise ProtocolError(f"a JSON payload is an object, not {type(obj).__name__}")
+        raise LocalProtocolError(f"a JSON payload is an object, not {type(obj).__name__}")
     return json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\0"
 
 
@@ -448,15 +451,15 @@ MAX_JSON = 16 * 1024 * 1024
 
 
 def read_json(payload: Optional[bytes]) -> dict[str, Any]:
-    """The JSON object in a payload; ``ProtocolError`` if it is none, lacks its NUL, is
+    """The JSON object in a payload; ``RemoteProtocolError`` if it is none, lacks its NUL, is
     over ``MAX_JSON`` or nests deeper than ``jsonsafe.MAX_DEPTH``."""
     text = read_string(payload)
     try:
         obj = jsonsafe.loads(text, MAX_JSON)
     except ValueError as exc:
-        raise ProtocolError(f"payload is not JSON: {str(exc)[:80]}") from None
+        raise RemoteProtocolError(f"payload is not JSON: {str(exc)[:80]}") from None
     if not isinstance(obj, dict):
-        raise ProtocolError(f"JSON payload is {type(obj).__name__}, not an object")
+        raise RemoteProtocolError(f"JSON payload is {type(obj).__name__}, not an object")
     return obj
 
 

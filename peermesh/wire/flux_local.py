@@ -25,7 +25,7 @@ route stack (the body starts with ``00``, the delimiter).
 
 ``encode`` makes the octets of one message; ``Reader`` takes octets as they
 arrive (``feed``) and gives back whole messages as lists of frames, at most
-``limit`` octets of body each: ``ProtocolError`` (only) for a wrong magic, a
+``limit`` octets of body each: ``RemoteProtocolError`` (only) for a wrong magic, a
 body over the limit, a frame that overruns its body, or an empty body. The
 frames are then ``peermesh.wire.flux.decode``'s to check.
 """
@@ -36,7 +36,7 @@ import struct
 import sys
 from typing import Sequence
 
-from ..errors import ProtocolError
+from ..errors import LocalProtocolError, RemoteProtocolError
 from .frames import as_bytes, as_frames
 
 __all__ = ["MAGIC", "AUTH_OK", "HEADER_SIZE", "encode", "encode_body", "decode_body", "Reader"]
@@ -55,7 +55,7 @@ _LONG = 0xFF
 def encode_body(frames: Sequence[bytes]) -> bytes:
     """The frames of one message, each with its length (1 octet, or 0xFF + 4 octets)."""
     parts: list[bytes] = []
-    for frame in as_frames(frames):
+    for frame in as_frames(frames, remote=False):
         size = len(frame)
         if size < _LONG:
             parts.append(bytes((size,)))
@@ -66,30 +66,31 @@ def encode_body(frames: Sequence[bytes]) -> bytes:
 
 
 def encode(frames: Sequence[bytes]) -> bytes:
-    """One message as the local connector carries it: header and body."""
+    """One message as the local connector carries it: header and body; ``LocalProtocolError``
+    if ``frames`` is not a list of byte frames or the body is over 4 GiB."""
     body = encode_body(frames)
     if len(body) > 0xFFFFFFFF:
-        raise ProtocolError("a message of more than 4 GiB")
+        raise LocalProtocolError("a message of more than 4 GiB")
     return _MAGIC_OCTETS + _SIZE.pack(len(body)) + body
 
 
 def decode_body(body: bytes) -> list[bytes]:
-    """The frames of a body; ``ProtocolError`` when a frame overruns it or it is empty."""
+    """The frames of a body; ``RemoteProtocolError`` when a frame overruns it or it is empty."""
     body = as_bytes(body, "a body")
     frames: list[bytes] = []
     pos, end = 0, len(body)
     if not end:
-        raise ProtocolError("an empty message body")
+        raise RemoteProtocolError("an empty message body")
     while pos < end:
         size = body[pos]
         pos += 1
         if size == _LONG:
             if end - pos < 4:
-                raise ProtocolError("a long frame length cut short")
+                raise RemoteProtocolError("a long frame length cut short")
             (size,) = _SIZE.unpack_from(body, pos)
             pos += 4
         if end - pos < size:
-            raise ProtocolError(f"a frame of {size} octets overruns the message body")
+            raise RemoteProtocolError(f"a frame of {size} octets overruns the message body")
         frames.append(body[pos:pos + size])
         pos += size
     return frames
@@ -113,12 +114,13 @@ class Reader:
         pos = 0
         while len(buffer) - pos >= HEADER_SIZE:
             if buffer[pos:pos + 4] != _MAGIC_OCTETS:
-                raise ProtocolError(f"local connector magic {bytes(buffer[pos:pos + 4]).hex()}, "
-                                    f"not {_MAGIC_OCTETS.hex()}")
+                raise RemoteProtocolError(f"local connector magic "
+                                          f"{bytes(buffer[pos:pos + 4]).hex()}, "
+                                          f"not {_MAGIC_OCTETS.hex()}")
             (size,) = _SIZE.unpack_from(buffer, pos + 4)
             if size > self.limit:
-                raise ProtocolError(f"a message of {size} octets, over the limit of "
-                                    f"{self.limit}")
+                raise RemoteProtocolError(f"a message of {size} octets, over the limit of "
+                                          f"{self.limit}")
             if len(buffer) - pos - HEADER_SIZE < size:
                 break
             start = pos + HEADER_SIZE

@@ -51,10 +51,12 @@ Decisions where the spec is silent or loose (docs/mtl.md lists them all):
 
 The spec tells the server to drop ill-formed requests silently and to answer
 well-formed but invalid ones with an error. The codec keeps the two apart:
-``decode_request`` and ``decode_data`` raise ``ProtocolError`` (and nothing
+``decode_request`` and ``decode_data`` raise ``RemoteProtocolError`` (and nothing
 else) for ill-formed frames, while ``decode_request`` returns an
 ``InvalidRequest`` for a well-formed request it cannot accept (an unknown
-command, a missing or mistyped field), so the caller can answer it.
+command, a missing or mistyped field), so the caller can answer it. The
+encoders refuse a value the wire cannot carry with ``EncodeError`` (a
+``LocalProtocolError`` that is also a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -69,9 +71,9 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 import msgpack
 
-from ..errors import ProtocolError
+from ..errors import RemoteProtocolError
 from . import jsonsafe
-from .frames import as_bytes
+from .frames import EncodeError, as_bytes
 
 __all__ = [
     "PROTOCOL_NAME", "PROTOCOL_VERSION", "MAX_REQUEST", "MAX_RESOURCES", "MAX_STRING",
@@ -249,15 +251,15 @@ def encode_request(request: Request) -> list[bytes]:
 
 
 def _two_frames(frames: Sequence[bytes], what: str) -> tuple[bytes, bytes]:
-    """Frames 0 and 1 as bytes; ``ProtocolError`` unless there are exactly two byte frames."""
+    """Frames 0 and 1 as bytes; ``RemoteProtocolError`` unless there are exactly two byte frames."""
     if isinstance(frames, (bytes, bytearray, memoryview, str)):
-        raise ProtocolError(f"an MTL {what} is a list of frames, not one byte string")
+        raise RemoteProtocolError(f"an MTL {what} is a list of frames, not one byte string")
     try:
         items = list(frames)
     except TypeError:
-        raise ProtocolError(f"an MTL {what} is a list of frames") from None
+        raise RemoteProtocolError(f"an MTL {what} is a list of frames") from None
     if len(items) != 2:
-        raise ProtocolError(f"{len(items)} frames; an MTL {what} has exactly 2")
+        raise RemoteProtocolError(f"{len(items)} frames; an MTL {what} has exactly 2")
     out = []
     for frame in items:
         if type(frame) is bytes:
@@ -265,18 +267,18 @@ def _two_frames(frames: Sequence[bytes], what: str) -> tuple[bytes, bytes]:
         elif isinstance(frame, (bytearray, memoryview)):
             out.append(bytes(frame))
         else:
-            raise ProtocolError(f"frame of type {type(frame).__name__}, not bytes")
+            raise RemoteProtocolError(f"frame of type {type(frame).__name__}, not bytes")
     return out[0], out[1]
 
 
 def _json_object(data: bytes, limit: int) -> Any:
-    """The JSON value in ``data``; ``ProtocolError`` if it is not JSON or too long."""
+    """The JSON value in ``data``; ``RemoteProtocolError`` if it is not JSON or too long."""
     if len(data) > limit:
-        raise ProtocolError(f"body of {len(data)} octets exceeds {limit}")
+        raise RemoteProtocolError(f"body of {len(data)} octets exceeds {limit}")
     try:
         return jsonsafe.loads(data, limit)
     except ValueError:
-        raise ProtocolError("body is not JSON") from None
+        raise RemoteProtocolError("body is not JSON") from None
 
 
 class _Invalid(Exception):
@@ -344,7 +346,7 @@ _PARSE_REQUEST: dict[ControlCommand, Callable[[dict[str, Any]], Request]] = {
 def decode_request(frames: Sequence[bytes]) -> Request:
     """Parse a control request (without the ROUTER identity).
 
-    Raises ``ProtocolError`` if the request is ill-formed (not two frames, a
+    Raises ``RemoteProtocolError`` if the request is ill-formed (not two frames, a
     command name that is not printable UTF-8, a body that is not JSON or over
     ``MAX_REQUEST`` octets); returns ``InvalidRequest`` if it is well-formed
     but cannot be accepted.
@@ -353,9 +355,9 @@ def decode_request(frames: Sequence[bytes]) -> Request:
     try:
         name = name_frame.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError("command name is not UTF-8") from None
+        raise RemoteProtocolError("command name is not UTF-8") from None
     if not name or len(name_frame) > MAX_STRING or not name.isprintable():
-        raise ProtocolError("command name is not a printable short string")
+        raise RemoteProtocolError("command name is not a printable short string")
     body = _json_object(body_frame, MAX_REQUEST)
     command = _COMMAND_BY_NAME.get(name.lower())
     if command is None:
@@ -445,7 +447,7 @@ def encode_reply(reply: Reply) -> list[bytes]:
                            "challenge": base64.b64encode(reply.challenge).decode("ascii")}
     elif isinstance(reply, Failure):
         if not 200 <= reply.status <= 599:
-            raise ValueError(f"status {reply.status} is not three digits 2xx-5xx")
+            raise EncodeError(f"status {reply.status} is not three digits 2xx-5xx")
         code, body = reply.status, {"reason": reply.reason} if reply.reason else {}
     else:
         raise TypeError(f"not an MTL reply: {reply!r}")
@@ -455,7 +457,7 @@ def encode_reply(reply: Reply) -> list[bytes]:
 def _strings(body: Mapping[str, Any], key: str) -> tuple[str, ...]:
     value = body.get(key, [])
     if type(value) is not list or any(type(item) is not str for item in value):
-        raise ProtocolError(f'"{key}" is not a list of strings')
+        raise RemoteProtocolError(f'"{key}" is not a list of strings')
     return tuple(value)
 
 
@@ -463,18 +465,18 @@ def _base64(body: Mapping[str, Any], key: str) -> bytes:
     try:
         return base64.b64decode(body[key], validate=True)
     except (KeyError, TypeError, binascii.Error, ValueError):
-        raise ProtocolError(f'"{key}" is not base64') from None
+        raise RemoteProtocolError(f'"{key}" is not base64') from None
 
 
 def decode_reply(frames: Sequence[bytes]) -> Reply:
-    """Parse a control reply; ``ProtocolError`` if it is malformed."""
+    """Parse a control reply; ``RemoteProtocolError`` if it is malformed."""
     status_frame, body_frame = _two_frames(frames, "reply")
     if len(status_frame) != 3 or not status_frame.isdigit() or not b"2" <= status_frame[:1] <= b"5":
-        raise ProtocolError(f"status {status_frame[:8]!r} is not three digits 2xx-5xx")
+        raise RemoteProtocolError(f"status {status_frame[:8]!r} is not three digits 2xx-5xx")
     code = int(status_frame)
     body = _json_object(body_frame, MAX_REQUEST)
     if type(body) is not dict:
-        raise ProtocolError("reply body is not a JSON object")
+        raise RemoteProtocolError("reply body is not a JSON object")
     if code == 200:
         return Ok()
     if code == 201:
@@ -483,7 +485,7 @@ def decode_reply(frames: Sequence[bytes]) -> Reply:
     if code == 202:
         port, lease = body.get("port"), body.get("lease")
         if type(port) is not int or not 0 < port <= 0xFFFF or type(lease) is not str:
-            raise ProtocolError("202 without a port and a lease")
+            raise RemoteProtocolError("202 without a port and a lease")
         return DataLease(port, lease)
     reason = body.get("reason", "")
     reason = reason if type(reason) is str else str(reason)
@@ -492,7 +494,7 @@ def decode_reply(frames: Sequence[bytes]) -> Reply:
     if code == 402:
         mechanism = body.get("mechanism")
         if type(mechanism) is not str:
-            raise ProtocolError('402 without a "mechanism"')
+            raise RemoteProtocolError('402 without a "mechanism"')
         return Challenged(mechanism, _base64(body, "challenge"))
     return Failure(code, reason)
 
@@ -508,18 +510,18 @@ def encode_table(table: Mapping[str, Any]) -> bytes:
     if not table:
         return b"\x00\x00"
     if any(type(key) is not str for key in table):
-        raise ValueError("field table keys must be strings")
+        raise EncodeError("field table keys must be strings")
     try:
         data = msgpack.packb(dict(table), use_bin_type=True)
     except (TypeError, OverflowError, ValueError) as error:
-        raise ValueError(f"field table value cannot be msgpack: {error}") from None
+        raise EncodeError(f"field table value cannot be msgpack: {error}") from None
     if len(data) > MAX_TABLE:
-        raise ValueError(f"field table of {len(data)} octets exceeds {MAX_TABLE}")
+        raise EncodeError(f"field table of {len(data)} octets exceeds {MAX_TABLE}")
     return _H.pack(len(data)) + data
 
 
 def decode_table(data: bytes) -> dict[str, Any]:
-    """The map in a table's octets (without its length); ``ProtocolError`` if malformed."""
+    """The map in a table's octets (without its length); ``RemoteProtocolError`` if malformed."""
     if type(data) is not bytes:
         data = as_bytes(data, "a field table")
     if not data:
@@ -527,11 +529,11 @@ def decode_table(data: bytes) -> dict[str, Any]:
     try:
         table = msgpack.unpackb(data, raw=False, ext_hook=_no_extension, strict_map_key=True)
     except Exception as error:  # msgpack raises several unrelated types
-        raise ProtocolError(f"field table is not msgpack: {type(error).__name__}") from None
+        raise RemoteProtocolError(f"field table is not msgpack: {type(error).__name__}") from None
     if type(table) is not dict or any(type(key) is not str for key in table):
-        raise ProtocolError("field table is not a map with string keys")
+        raise RemoteProtocolError("field table is not a map with string keys")
     if jsonsafe.depth(table) > jsonsafe.MAX_DEPTH:   # (every table can be sent on again)
-        raise ProtocolError(f"field table nests deeper than {jsonsafe.MAX_DEPTH}")
+        raise RemoteProtocolError(f"field table nests deeper than {jsonsafe.MAX_DEPTH}")
     return table
 
 
@@ -610,17 +612,17 @@ DataCommand = Union[Lease, Response, Summon, Dismiss, Content, Confirm, Reject, 
 
 
 def encode_string(text: str) -> bytes:
-    """A short string: 1 length octet and the UTF-8 text; ValueError unless it is
+    """A short string: 1 length octet and the UTF-8 text; ``EncodeError`` unless it is
     printable and at most 255 octets."""
     data = text.encode("utf-8")
     if len(data) > MAX_STRING or not text.isprintable():
-        raise ValueError(f"not a short string (printable, at most 255 octets): {text[:40]!r}")
+        raise EncodeError(f"not a short string (printable, at most 255 octets): {text[:40]!r}")
     return bytes((len(data),)) + data
 
 
 def _integer(kind: int, value: int) -> bytes:
     if not 0 <= value <= MAX_INTEGER:
-        raise ValueError(f"sequence {value} does not fit 64 unsigned bits")
+        raise EncodeError(f"sequence {value} does not fit 64 unsigned bits")
     return _TYPE_Q.pack(kind, value)
 
 
@@ -650,7 +652,7 @@ def encode_data(command: DataCommand) -> list[bytes]:
         return [_integer(kind, command.sequence) + encode_string(text), b""]
     if isinstance(command, Response):
         if not 200 <= command.code <= 599:
-            raise ValueError(f"response code {command.code} is not three digits 2xx-5xx")
+            raise EncodeError(f"response code {command.code} is not three digits 2xx-5xx")
         return [_integer(2, command.sequence), b"%d" % command.code]
     if isinstance(command, Confirm):
         return [_integer(6, command.sequence) + bytes((command.multiple,)), b""]
@@ -666,61 +668,61 @@ def encode_data(command: DataCommand) -> list[bytes]:
 def _short_string(header: bytes, pos: int) -> tuple[str, int]:
     """The short string at ``pos`` and the position after it."""
     if pos >= len(header):
-        raise ProtocolError("header truncated before a short string")
+        raise RemoteProtocolError("header truncated before a short string")
     end = pos + 1 + header[pos]
     if end > len(header):
-        raise ProtocolError("short string runs past the header")
+        raise RemoteProtocolError("short string runs past the header")
     try:
         text = header[pos + 1:end].decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError("short string is not UTF-8") from None
+        raise RemoteProtocolError("short string is not UTF-8") from None
     if not text.isprintable():
-        raise ProtocolError("short string has unprintable characters")
+        raise RemoteProtocolError("short string has unprintable characters")
     return text, end
 
 
 def _boolean(octet: int) -> bool:
     if octet > 1:
-        raise ProtocolError(f"boolean octet {octet}, expected 0 or 1")
+        raise RemoteProtocolError(f"boolean octet {octet}, expected 0 or 1")
     return octet == 1
 
 
 def _sized(header: bytes, size: int, name: str) -> None:
     if len(header) != size:
-        raise ProtocolError(f"{name} header of {len(header)} octets, expected {size}")
+        raise RemoteProtocolError(f"{name} header of {len(header)} octets, expected {size}")
 
 
 def _sequence(header: bytes) -> int:
     if len(header) < 9:
-        raise ProtocolError("header truncated before the sequence")
+        raise RemoteProtocolError("header truncated before the sequence")
     return _Q.unpack_from(header, 1)[0]
 
 
 def decode_data(frames: Sequence[bytes]) -> DataCommand:
-    """Parse a data command (without the ROUTER identity); ``ProtocolError`` if ill-formed."""
+    """Parse a data command (without the ROUTER identity); ``RemoteProtocolError`` if ill-formed."""
     if type(frames) is list and len(frames) == 2 and type(frames[0]) is bytes \
             and type(frames[1]) is bytes:
         header, body = frames
     else:
         header, body = _two_frames(frames, "data command")
     if not header:
-        raise ProtocolError("empty header frame")
+        raise RemoteProtocolError("empty header frame")
     kind = header[0]
     if kind == 5:
         sequence = _sequence(header)
         resource, pos = _short_string(header, 9)
         if pos + 2 > len(header):
-            raise ProtocolError("header truncated before the field table")
+            raise RemoteProtocolError("header truncated before the field table")
         size = _H.unpack_from(header, pos)[0]
         if pos + 2 + size != len(header):
-            raise ProtocolError("field table length does not match the header")
+            raise RemoteProtocolError("field table length does not match the header")
         table = decode_table(header[pos + 2:]) if size else {}
         return Content(sequence, resource, body, table)
     if kind in (1, 3, 4):
         sequence = _sequence(header)
         text, pos = _short_string(header, 9)
         if pos != len(header):
-            raise ProtocolError("unexpected octets after the header's fields")
+            raise RemoteProtocolError("unexpected octets after the header's fields")
         cls = Lease if kind == 1 else Summon if kind == 3 else Dismiss
         return cls(sequence, text)
     if kind == 6:
@@ -732,7 +734,7 @@ def decode_data(frames: Sequence[bytes]) -> DataCommand:
     if kind == 2:
         _sized(header, 9, "Response")
         if len(body) != 3 or not body.isdigit() or not b"2" <= body[:1] <= b"5":
-            raise ProtocolError("Response body is not a three-digit code")
+            raise RemoteProtocolError("Response body is not a three-digit code")
         return Response(_sequence(header), int(body))
     if kind == 8:
         _sized(header, 1, "Ping")
@@ -740,4 +742,4 @@ def decode_data(frames: Sequence[bytes]) -> DataCommand:
     if kind == 9:
         _sized(header, 1, "Pong")
         return Pong()
-    raise ProtocolError(f"unknown data command type {kind:#04x}")
+    raise RemoteProtocolError(f"unknown data command type {kind:#04x}")

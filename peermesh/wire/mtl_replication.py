@@ -25,7 +25,7 @@ first frame names it::
     field table = shortint length | msgpack map (``peermesh.wire.mtl.encode_table``)
 
 ``decode`` turns a whisper's frames into one of the message classes and
-raises ``ProtocolError`` (and nothing else) for frames that are not a
+raises ``RemoteProtocolError`` (and nothing else) for frames that are not a
 well-formed replication message (the gateway ignores those: only other
 gateways send these). The builders return a message's frames.
 """
@@ -36,7 +36,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, RemoteProtocolError
 from .frames import as_frames
 from .mtl import EMPTY_TABLE, decode_table, valid_string
 
@@ -68,9 +68,9 @@ encode_number = _NUMBER.pack
 
 
 def decode_number(frame: bytes) -> int:
-    """The number in an 8-octet frame; ``ProtocolError`` for another size."""
+    """The number in an 8-octet frame; ``RemoteProtocolError`` for another size."""
     if len(frame) != NUMBER_BYTES:
-        raise ProtocolError(f"a number is {NUMBER_BYTES} octets, not {len(frame)}")
+        raise RemoteProtocolError(f"a number is {NUMBER_BYTES} octets, not {len(frame)}")
     return _NUMBER.unpack(frame)[0]
 
 
@@ -172,12 +172,12 @@ ReplicationMessage = Union[Handoff, HandoffEnd, HandoffOk, Sync, Repl, Forget, M
 
 
 def decode(frames: Sequence[bytes]) -> ReplicationMessage:
-    """The replication message in a whisper's ``frames``; ``ProtocolError`` unless it is
+    """The replication message in a whisper's ``frames``; ``RemoteProtocolError`` unless it is
     a well-formed one."""
     if type(frames) is not list or any(type(frame) is not bytes for frame in frames):
         frames = as_frames(frames, "an MTL replication message")
     if not frames:
-        raise ProtocolError("an empty message")
+        raise RemoteProtocolError("an empty message")
     kind, count = frames[0], len(frames)
     if kind == REPL:
         return Repl(tuple(frames[1:]))
@@ -185,12 +185,12 @@ def decode(frames: Sequence[bytes]) -> ReplicationMessage:
         return Resync()
     need = _FRAMES.get(kind)
     if need is None:
-        raise ProtocolError(f"not a replication message: {kind[:20]!r}")
+        raise RemoteProtocolError(f"not a replication message: {kind[:20]!r}")
     if count != need:
-        raise ProtocolError(f"{kind.decode()} has {count} frames, not {need}")
+        raise RemoteProtocolError(f"{kind.decode()} has {count} frames, not {need}")
     if kind == HANDOFF:
         if len(frames[3]) != CID_BYTES:
-            raise ProtocolError(f"a content id is {CID_BYTES} octets, not {len(frames[3])}")
+            raise RemoteProtocolError(f"a content id is {CID_BYTES} octets, not {len(frames[3])}")
         return Handoff(frames[1], decode_number(frames[2]), frames[3], frames[4], frames[5])
     if kind == MARK:
         decode_number(frames[1])

@@ -36,11 +36,12 @@ jobs and the broker"):
 * Status codes not listed in the spec are invalid ("MAY NOT use status codes
   that are not defined here").
 
-``encode`` builds frames from a message dataclass; ``decode`` parses frames
-and raises ``ProtocolError`` (never anything else) on malformed input. Hot
-paths build frames without a message object (``request_frames``,
-``response_frames``, ``event_frames``) and a broker relays a decoded command
-with only its header changed (``reheaded``). Bodies
+``encode`` builds frames from a message dataclass (``EncodeError``, a
+``LocalProtocolError`` that is also a ``ValueError``, for a value the wire cannot
+carry); ``decode`` parses frames and raises ``RemoteProtocolError`` (never
+anything else) on malformed input. Hot paths build frames without a message
+object (``request_frames``, ``response_frames``, ``event_frames``) and a broker
+relays a decoded command with only its header changed (``reheaded``). Bodies
 are opaque to the spec; peermesh's NFP overlay puts one JSON object in the
 first body frame (``encode_body`` / ``decode_body``).
 """
@@ -52,9 +53,9 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any, Callable, Sequence, Union
 
-from ..errors import ProtocolError
+from ..errors import RemoteProtocolError
 from . import jsonsafe
-from .frames import as_bytes, as_frames
+from .frames import EncodeError, as_bytes, as_frames
 
 __all__ = [
     "Role", "Command", "Status", "Open", "Ready", "Keepalive", "Disconnect", "Post",
@@ -70,12 +71,12 @@ MAX_BODY = MAX_MESSAGE - 65536   # bytes of a body frame peermesh sends (the res
 MAX_CONTENT = MAX_BODY - 65536   # bytes of JSON in a job's arguments, result or event (the rest:
                                  # the answer around it)
 #: octets of a request's target frame (a comma-separated list of worker names); a longer
-#: one is a ProtocolError (dropped by whoever decodes it). Process-wide: set it before
+#: one is a RemoteProtocolError (dropped by whoever decodes it). Process-wide: set it before
 #: starting nodes to change it.
 MAX_TARGET = 65536
 
 
-class TargetTooLong(ProtocolError):
+class TargetTooLong(RemoteProtocolError):
     """A request's target frame is over ``MAX_TARGET`` octets."""
 
 
@@ -242,7 +243,7 @@ def _encode_string(kind: str, value: str) -> bytes:
     if not isinstance(value, str):
         raise TypeError(f"{kind} must be a str, not {type(value).__name__}")
     if not value or not value.isprintable():
-        raise ValueError(f"{kind} must be a non-empty printable string, not {value!r}")
+        raise EncodeError(f"{kind} must be a non-empty printable string, not {value!r}")
     return value.encode("utf-8")
 
 
@@ -257,33 +258,33 @@ def encode_status(status: Union[Status, int], text: str = "") -> bytes:
             return frame
     code = _STATUS_BY_CODE.get(int(status))
     if code is None:
-        raise ValueError(f"{status} is not an NFP status code")
+        raise EncodeError(f"{status} is not an NFP status code")
     if not text:
         return b"%d" % code
     if not text.isprintable():
-        raise ValueError(f"status text {text!r} is not printable")
+        raise EncodeError(f"status text {text!r} is not printable")
     return b"%d %s" % (code, text.encode("utf-8"))
 
 
 def decode_status(frame: bytes) -> tuple[Status, str]:
-    """``(status, text)`` from a status frame; ``ProtocolError`` if malformed."""
+    """``(status, text)`` from a status frame; ``RemoteProtocolError`` if malformed."""
     frame = bytes(frame)
     head = frame[:3]
     if len(head) != 3 or not head.isdigit():
-        raise ProtocolError(f"status frame {frame[:20]!r} does not start with three digits")
+        raise RemoteProtocolError(f"status frame {frame[:20]!r} does not start with three digits")
     status = _STATUS_BY_CODE.get(int(head))
     if status is None:
-        raise ProtocolError(f"status code {head.decode()} is not defined by NFP")
+        raise RemoteProtocolError(f"status code {head.decode()} is not defined by NFP")
     if len(frame) == 3:
         return status, ""
     if frame[3:4] != b" ":
-        raise ProtocolError("status code is not followed by a space and text")
+        raise RemoteProtocolError("status code is not followed by a space and text")
     try:
         text = frame[4:].decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError("status text is not UTF-8") from None
+        raise RemoteProtocolError("status text is not UTF-8") from None
     if not text.isprintable():
-        raise ProtocolError("status text is not printable")
+        raise RemoteProtocolError("status text is not printable")
     return status, text
 
 
@@ -314,10 +315,10 @@ def format_target(target: Target) -> str:
         return format_target(parse_target(target)) if target not in (ALL, ANY) else target
     names = tuple(target)
     if not names:
-        raise ValueError("target names no worker")
+        raise EncodeError("target names no worker")
     for name in names:
         if not name or "," in name or not name.isprintable() or name != name.strip():
-            raise ValueError(f"worker name {name!r} cannot be targeted")
+            raise EncodeError(f"worker name {name!r} cannot be targeted")
     return ",".join(names)
 
 
@@ -349,16 +350,16 @@ def encode_body(obj: Any) -> bytes:
 
 
 def check_size(text: str, what: str) -> None:
-    """ValueError, naming ``what``, if JSON ``text`` is more than a job's arguments,
+    """``EncodeError``, naming ``what``, if JSON ``text`` is more than a job's arguments,
     result or event may be (``MAX_CONTENT`` bytes)."""
     size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > MAX_CONTENT:
-        raise ValueError(f"{what} cannot be sent: it is {size:,} bytes as JSON; at most "
-                         f"{MAX_CONTENT:,} go in an NFP message")
+        raise EncodeError(f"{what} cannot be sent: it is {size:,} bytes as JSON; at most "
+                          f"{MAX_CONTENT:,} go in an NFP message")
 
 
 def decode_body(frame: bytes) -> dict[str, Any]:
-    """The JSON object in a body frame; an empty frame is ``{}``; else ``ProtocolError``."""
+    """The JSON object in a body frame; an empty frame is ``{}``; else ``RemoteProtocolError``."""
     if type(frame) is not bytes:
         frame = as_bytes(frame, "a body")
     if not frame:
@@ -366,9 +367,9 @@ def decode_body(frame: bytes) -> dict[str, Any]:
     try:
         obj = jsonsafe.loads(frame, MAX_MESSAGE)
     except ValueError as exc:
-        raise ProtocolError(f"body is not JSON: {str(exc)[:80]}") from None
+        raise RemoteProtocolError(f"body is not JSON: {str(exc)[:80]}") from None
     if type(obj) is not dict:
-        raise ProtocolError(f"body is JSON {type(obj).__name__}, not an object")
+        raise RemoteProtocolError(f"body is JSON {type(obj).__name__}, not an object")
     return obj
 
 
@@ -406,7 +407,7 @@ def _target_frame(target: Target) -> bytes:
             return frame
     frame = _encode_string("target", format_target(target))
     if len(frame) > MAX_TARGET:
-        raise ValueError(f"target is over {MAX_TARGET} octets (MAX_TARGET)")
+        raise EncodeError(f"target is over {MAX_TARGET} octets (MAX_TARGET)")
     if (type(target) is str and len(frame) <= _MAX_CACHED_TARGET
             and len(_TARGETS) < _MAX_TARGETS and frame == target.encode("utf-8")):
         _TARGETS[target] = frame        # worker names repeat: remember valid ones
@@ -429,7 +430,7 @@ def _header(command: Command, role: Role) -> bytes:
     header = _HEADERS[command].get(role)   # type: ignore[call-overload]
     if header is None:
         name = role.value.decode() if isinstance(role, Role) else repr(role)
-        raise ValueError(f"{command.name} cannot carry header {name}")
+        raise EncodeError(f"{command.name} cannot carry header {name}")
     return header
 
 
@@ -437,7 +438,7 @@ def request_frames(command: Command, role: Role, service: str, target: Target, u
                    body: Sequence[bytes] = (b"",)) -> list[bytes]:
     """The frames of a POST, GET or DELETE (what ``encode`` gives for its message)."""
     if command not in _REQUESTS:
-        raise ValueError(f"{command!r} is not POST, GET or DELETE")
+        raise EncodeError(f"{command!r} is not POST, GET or DELETE")
     frames = [b"", _header(command, role), _COMMAND_FRAME[command], _string("service", service),
               _target_frame(target), _string("job UUID", uuid)]
     frames += _bodies(body)
@@ -509,15 +510,15 @@ def encode(msg: Message) -> list[bytes]:
 
 
 def _text(kind: str, frame: bytes) -> str:
-    """A string field: non-empty printable UTF-8, else ``ProtocolError``."""
+    """A string field: non-empty printable UTF-8, else ``RemoteProtocolError``."""
     try:
         text = frame.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError(f"{kind} is not UTF-8") from None
+        raise RemoteProtocolError(f"{kind} is not UTF-8") from None
     if not text:
-        raise ProtocolError(f"{kind} is empty")
+        raise RemoteProtocolError(f"{kind} is empty")
     if not text.isprintable():
-        raise ProtocolError(f"{kind} {text[:40]!r} is not printable")
+        raise RemoteProtocolError(f"{kind} {text[:40]!r} is not printable")
     return text
 
 
@@ -567,7 +568,7 @@ _MAKE = {Post: _maker(Post, _REQUEST_FIELDS), Get: _maker(Get, _REQUEST_FIELDS),
 
 def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
     if count < 7:
-        raise ProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
+        raise RemoteProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
     if len(frames[4]) > MAX_TARGET:
         raise TargetTooLong(f"target of {len(frames[4])} octets: over {MAX_TARGET} (MAX_TARGET)")
     service, target, uuid = _texts(_REQUEST_KINDS, frames[3], frames[4], frames[5])
@@ -575,7 +576,7 @@ def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Me
         try:
             parse_target(target)
         except ValueError as exc:
-            raise ProtocolError(str(exc)) from None
+            raise RemoteProtocolError(str(exc)) from None
         if (len(frames[4]) <= _MAX_CACHED_TARGET and len(_TARGETS) < _MAX_TARGETS
                 and "," not in target and target == target.strip()):
             _TARGETS[target] = frames[4]
@@ -585,7 +586,7 @@ def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Me
 
 def _parse_reply(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
     if count < 7:
-        raise ProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
+        raise RemoteProtocolError(f"{cls.__name__.upper()} has 7 or more frames, not {count}")
     status = _STATUS_OF_FRAME.get(frames[5])
     if status is None:
         status = decode_status(frames[5])
@@ -603,7 +604,7 @@ def _parse_reply(frames: list[bytes], count: int, role: Role, cls: type) -> Mess
 def _parse_fixed(frames: list[bytes], count: int, role: Role, cls: type) -> Message:
     fixed = 5 if cls is Disconnect else 4
     if count != fixed:
-        raise ProtocolError(f"{cls.__name__.upper()} has {fixed} frames, not {count}")
+        raise RemoteProtocolError(f"{cls.__name__.upper()} has {fixed} frames, not {count}")
     if cls is Open:
         return Open(role, frames[3])
     service = _text("service", frames[3])
@@ -625,15 +626,15 @@ _PARSERS: dict[tuple[bytes, bytes], tuple[Callable[..., Message], Role, type]] =
     for command, roles in ROLES.items() for role in roles}
 
 
-def _no_parser(frames: list[bytes]) -> ProtocolError:
+def _no_parser(frames: list[bytes]) -> RemoteProtocolError:
     """Why (header, command) names no command the spec allows."""
     role = _ROLE_BY_BYTES.get(frames[1])
     if role is None:
-        return ProtocolError(f"header {frames[1][:12]!r} is not NFPC01, NFPW01 or NFPB01")
+        return RemoteProtocolError(f"header {frames[1][:12]!r} is not NFPC01, NFPW01 or NFPB01")
     command = _COMMAND_BY_BYTE.get(frames[2])
     if command is None:
-        return ProtocolError(f"command frame {frames[2][:8]!r} is not one known octet")
-    return ProtocolError(f"{command.name} does not come with header {role.value.decode()}")
+        return RemoteProtocolError(f"command frame {frames[2][:8]!r} is not one known octet")
+    return RemoteProtocolError(f"{command.name} does not come with header {role.value.decode()}")
 
 
 def decode(frames: Sequence[bytes]) -> Message:
@@ -647,9 +648,9 @@ def decode(frames: Sequence[bytes]) -> Message:
                 break
     count = len(frames)
     if count < 4:
-        raise ProtocolError(f"{count} frames; every NFP command has at least 4")
+        raise RemoteProtocolError(f"{count} frames; every NFP command has at least 4")
     if frames[0]:
-        raise ProtocolError("frame 0 is not empty")
+        raise RemoteProtocolError("frame 0 is not empty")
     entry = _PARSERS.get((frames[1], frames[2]))
     if entry is None:
         raise _no_parser(frames)

@@ -35,7 +35,10 @@ Decisions where the draft is loose:
   like the other text frames; 100-599 are accepted.
 * A command with more or fewer frames than its drawing, an unknown command
   name, or anything before the signature other than the empty delimiter is
-  invalid: ``decode`` raises ``ProtocolError`` (and nothing else) for it.
+  invalid: ``decode`` raises ``RemoteProtocolError`` (and nothing else) for it.
+
+An encoder refuses a value the wire cannot carry with ``EncodeError`` (a
+``LocalProtocolError`` that is also a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Sequence, Union
 
-from ..errors import ProtocolError
-from .frames import as_frames
+from ..errors import RemoteProtocolError
+from .frames import EncodeError, as_frames
 
 __all__ = [
     "PROTOCOL", "DELIMITER", "MAX_TEXT", "MAX_REQUEST_ID", "Command", "Status", "ServiceId",
@@ -99,11 +102,11 @@ _STATUS_VALUES = {frame: code for code, frame in _STATUS_FRAMES.items()}
 
 
 def status_frame(status: int) -> bytes:
-    """Frame 5 of a REP: the status as three ASCII digits; ValueError outside 100-599."""
+    """Frame 5 of a REP: the status as three ASCII digits; ``EncodeError`` outside 100-599."""
     try:
         return _STATUS_FRAMES[status]
     except (KeyError, TypeError):
-        raise ValueError(f"status must be an HTTP status code 100-599, not {status!r}") from None
+        raise EncodeError(f"status must be an HTTP status code 100-599, not {status!r}") from None
 
 
 # --- messages ---------------------------------------------------------------
@@ -229,10 +232,10 @@ def _text(kind: str, value: str, empty_ok: bool = False) -> bytes:
         raise TypeError(f"{kind} must be a str, not {type(value).__name__}")
     data = value.encode("utf-8")
     if len(data) > MAX_TEXT:
-        raise ValueError(f"{kind} {value[:40]!r} is {len(data)} UTF-8 octets; the limit is "
-                         f"{MAX_TEXT}")
+        raise EncodeError(f"{kind} {value[:40]!r} is {len(data)} UTF-8 octets; the limit is "
+                          f"{MAX_TEXT}")
     if not data and not empty_ok:
-        raise ValueError(f"{kind} must not be empty")
+        raise EncodeError(f"{kind} must not be empty")
     return data
 
 
@@ -241,7 +244,7 @@ def _request_id(value: bytes) -> bytes:
         raise TypeError(f"request id must be bytes, not {type(value).__name__}")
     value = bytes(value)
     if not 0 < len(value) <= MAX_REQUEST_ID:
-        raise ValueError(f"request id must be 1-{MAX_REQUEST_ID} octets, not {len(value)}")
+        raise EncodeError(f"request id must be 1-{MAX_REQUEST_ID} octets, not {len(value)}")
     return value
 
 
@@ -293,39 +296,40 @@ def encode(message: Message) -> list[bytes]:
 
 def _decode_text(kind: str, data: bytes, empty_ok: bool = False) -> str:
     if len(data) > MAX_TEXT:
-        raise ProtocolError(f"{kind} of {len(data)} octets exceeds {MAX_TEXT}")
+        raise RemoteProtocolError(f"{kind} of {len(data)} octets exceeds {MAX_TEXT}")
     if not data and not empty_ok:
-        raise ProtocolError(f"empty {kind}")
+        raise RemoteProtocolError(f"empty {kind}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError(f"{kind} is not valid UTF-8") from None
+        raise RemoteProtocolError(f"{kind} is not valid UTF-8") from None
 
 
 def _decode_request_id(data: bytes) -> bytes:
     if not 0 < len(data) <= MAX_REQUEST_ID:
-        raise ProtocolError(f"request id of {len(data)} octets (must be 1-{MAX_REQUEST_ID})")
+        raise RemoteProtocolError(f"request id of {len(data)} octets (must be 1-{MAX_REQUEST_ID})")
     return data
 
 
 def _decode_status(data: bytes) -> int:
     if len(data) != 3 or not data.isdigit():
-        raise ProtocolError(f"status frame {data[:8]!r} is not three ASCII digits")
+        raise RemoteProtocolError(f"status frame {data[:8]!r} is not three ASCII digits")
     status = int(data)
     if not 100 <= status <= 599:
-        raise ProtocolError(f"status {status} is outside 100-599")
+        raise RemoteProtocolError(f"status {status} is outside 100-599")
     return status
 
 
 def _count(command: str, frames: Sequence[bytes], fields: int) -> None:
     if len(frames) != 3 + fields:
-        raise ProtocolError(f"{command} has {len(frames) - 3} field frames, expected {fields}")
+        raise RemoteProtocolError(f"{command} has {len(frames) - 3} field frames, "
+                                  f"expected {fields}")
 
 
 def decode(frames: Sequence[bytes]) -> Message:
     """Parse one command from its frames after the routing id (delimiter first).
 
-    Raises ``ProtocolError`` with a reason for anything that is not a valid
+    Raises ``RemoteProtocolError`` with a reason for anything that is not a valid
     SADA1 command, and no other exception.
     """
     if type(frames) is not list or not all(type(f) is bytes for f in frames):
@@ -337,7 +341,7 @@ def decode(frames: Sequence[bytes]) -> Message:
         return Rep(*parse_rep(frames))
     if command == _INTR:
         if len(frames) % 2 == 0:
-            raise ProtocolError("INTR has an odd number of service frames")
+            raise RemoteProtocolError("INTR has an odd number of service frames")
         return Intr(tuple(ServiceId(_decode_text("service name", frames[i]),
                                     _decode_text("service version", frames[i + 1]))
                           for i in range(3, len(frames), 2)))
@@ -350,7 +354,7 @@ def decode(frames: Sequence[bytes]) -> Message:
     if command == _RINTR:
         _count("RINTR", frames, 0)
         return Rintr()
-    raise ProtocolError(f"unknown command {command[:16]!r}")
+    raise RemoteProtocolError(f"unknown command {command[:16]!r}")
 
 
 # The two commands every request crosses get parsers that return plain tuples:
@@ -358,16 +362,17 @@ def decode(frames: Sequence[bytes]) -> Message:
 
 
 def command_of(frames: list[bytes]) -> bytes:
-    """Frame 3 (the command name) once frames 1 and 2 are checked; ``ProtocolError`` if not."""
+    """Frame 3 (the command name) once frames 1 and 2 are checked; ``RemoteProtocolError``
+    if not."""
     if len(frames) < 3:
-        raise ProtocolError(f"{len(frames)} frames: too short for a SADA1 command")
+        raise RemoteProtocolError(f"{len(frames)} frames: too short for a SADA1 command")
     if frames[0]:
-        raise ProtocolError("frame 1 is not the empty delimiter")
+        raise RemoteProtocolError("frame 1 is not the empty delimiter")
     signature = frames[1]
     if signature != PROTOCOL and signature != PROTOCOL_ALT:
         if signature[:4] == b"SADA":
-            raise ProtocolError(f"unsupported protocol version {signature[4:]!r}")
-        raise ProtocolError(f"not a SADA1 command (signature {signature[:8]!r})")
+            raise RemoteProtocolError(f"unsupported protocol version {signature[4:]!r}")
+        raise RemoteProtocolError(f"not a SADA1 command (signature {signature[:8]!r})")
     return frames[2]
 
 

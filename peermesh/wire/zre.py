@@ -15,9 +15,11 @@ and WHISPER and SHOUT carry their content as the frames after it
     dictionary = number-4 *(string longstr)
 
 ``encode`` turns a message dataclass into frames and ``decode`` does the
-reverse. Every malformed input makes ``decode`` raise ``ProtocolError`` and
+reverse. Every malformed input makes ``decode`` raise ``RemoteProtocolError`` and
 nothing else. Command ids this codec does not know decode to ``Unknown`` so
-the caller can still honour the sequence number.
+the caller can still honour the sequence number. An encoder refuses a value
+the wire cannot carry with ``EncodeError`` (a ``LocalProtocolError`` that is
+also a ``ValueError``).
 
 Zyre adds three commands beyond the spec (its leader election and, for its
 gossip discovery, a goodbye)::
@@ -45,8 +47,8 @@ from enum import IntEnum
 from typing import Mapping, Optional, Sequence, Union
 from uuid import UUID
 
-from ..errors import ProtocolError
-from .frames import as_bytes, as_frames
+from ..errors import RemoteProtocolError
+from .frames import EncodeError, as_bytes, as_frames
 
 __all__ = [
     "BEACON_SIZE", "BEACON_SIZE_V3", "SIGNATURE", "VERSION", "Command", "Beacon", "Hello", "Whisper",
@@ -129,37 +131,37 @@ class Beacon:
 def encode_beacon(beacon: Beacon) -> bytes:
     """The 22-octet beacon for ``beacon``, or the 54-octet version 3 with its key."""
     if len(beacon.uuid) != 16:
-        raise ValueError("beacon UUID must be 16 bytes")
+        raise EncodeError("beacon UUID must be 16 bytes")
     if not 0 <= beacon.port <= 0xFFFF:
-        raise ValueError("beacon port must fit in 16 bits")
+        raise EncodeError("beacon port must fit in 16 bits")
     if beacon.key is None:
         return _BEACON.pack(BEACON_PREFIX, beacon.uuid, beacon.port)
     if len(beacon.key) != 32:
-        raise ValueError("beacon key must be 32 bytes")
+        raise EncodeError("beacon key must be 32 bytes")
     return _BEACON_V3.pack(BEACON_PREFIX_V3, beacon.uuid, beacon.port, beacon.key)
 
 
 def decode_beacon(data: bytes, version: int = 1) -> Beacon:
     """Parse a beacon of ``version``: 1 (22 octets, a plain node's) or 3 (54 octets, with
     the key: a node with a keypair hears only these, as in Zyre); anything else raises
-    ``ProtocolError``."""
+    ``RemoteProtocolError``."""
     if type(data) is not bytes:
         data = as_bytes(data, "a beacon")
     if version == 3:
         if len(data) != BEACON_SIZE_V3:
-            raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE_V3} "
-                                "(version 3, with a key)")
+            raise RemoteProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE_V3} "
+                                      "(version 3, with a key)")
         prefix, uuid, port, key = _BEACON_V3.unpack(data)
         if prefix != BEACON_PREFIX_V3:
-            raise ProtocolError("beacon header is not 'ZRE' %x03")
+            raise RemoteProtocolError("beacon header is not 'ZRE' %x03")
         return Beacon(uuid, port, key)
     if version != 1:
         raise ValueError("beacon version must be 1 or 3")
     if len(data) != BEACON_SIZE:
-        raise ProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE}")
+        raise RemoteProtocolError(f"beacon of {len(data)} octets, expected {BEACON_SIZE}")
     prefix, uuid, port = _BEACON.unpack(data)
     if prefix != BEACON_PREFIX:
-        raise ProtocolError("beacon header is not 'ZRE' %x01")
+        raise RemoteProtocolError("beacon header is not 'ZRE' %x01")
     return Beacon(uuid, port)
 
 
@@ -291,14 +293,15 @@ Message = Union[Hello, Whisper, Shout, Join, Leave, Ping, PingOk, Elect, Leader,
 def _string(value: str) -> bytes:
     data = value.encode("utf-8")
     if len(data) > MAX_STRING:
-        raise ValueError(f"string of {len(data)} UTF-8 octets exceeds {MAX_STRING}: {value[:40]!r}")
+        raise EncodeError(f"string of {len(data)} UTF-8 octets exceeds {MAX_STRING}: "
+                          f"{value[:40]!r}")
     return _N1.pack(len(data)) + data
 
 
 def _longstr(value: str) -> bytes:
     data = value.encode("utf-8")
     if len(data) > MAX_LONGSTR:
-        raise ValueError("longstr exceeds 2**32-1 octets")
+        raise EncodeError("longstr exceeds 2**32-1 octets")
     return _N4.pack(len(data)) + data
 
 
@@ -326,7 +329,7 @@ def shouts(first: int, group: bytes, bodies: Sequence[bytes]
 
 
 def encode_string(value: str) -> bytes:
-    """A ZRE ``string`` field (1-octet length); ValueError if over 255 octets."""
+    """A ZRE ``string`` field (1-octet length); ``EncodeError`` if over 255 octets."""
     return _string(value)
 
 
@@ -368,7 +371,7 @@ def encode(message: Message) -> list[bytes]:
                 + b"".join(_longstr(p) for p in message.peers)]
     if isinstance(message, Unknown):
         if message.command == PEX:
-            raise ValueError("command id %x50 is PEX: use PeerExchange")
+            raise EncodeError("command id %x50 is PEX: use PeerExchange")
         return [_header(message.command, message.sequence)]
     raise TypeError(f"not a ZRE message: {message!r}")
 
@@ -376,7 +379,7 @@ def encode(message: Message) -> list[bytes]:
 # --- decoding -------------------------------------------------------------
 
 class _Reader:
-    """Reads ZRE fields from one frame, raising ProtocolError past its end."""
+    """Reads ZRE fields from one frame, raising RemoteProtocolError past its end."""
 
     __slots__ = ("data", "pos")
 
@@ -387,7 +390,7 @@ class _Reader:
     def take(self, size: int) -> bytes:
         end = self.pos + size
         if end > len(self.data):
-            raise ProtocolError("frame truncated")
+            raise RemoteProtocolError("frame truncated")
         chunk = self.data[self.pos:end]
         self.pos = end
         return chunk
@@ -402,7 +405,7 @@ class _Reader:
         try:
             return self.take(size).decode("utf-8")
         except UnicodeDecodeError:
-            raise ProtocolError("string is not valid UTF-8") from None
+            raise RemoteProtocolError("string is not valid UTF-8") from None
 
     def string(self) -> str:
         return self.text(self.number1())
@@ -423,7 +426,8 @@ class _Reader:
 
     def end(self) -> None:
         if self.pos != len(self.data):
-            raise ProtocolError(f"{len(self.data) - self.pos} unexpected octets after the fields")
+            raise RemoteProtocolError(f"{len(self.data) - self.pos} unexpected octets after "
+                                      "the fields")
 
 
 def decode(frames: Sequence[bytes]) -> Message:
@@ -431,17 +435,17 @@ def decode(frames: Sequence[bytes]) -> Message:
     if type(frames) is not list:
         frames = as_frames(frames, "a ZRE message")
     if not frames:
-        raise ProtocolError("empty message")
+        raise RemoteProtocolError("empty message")
     data = frames[0]
     if type(data) is not bytes:
         data = as_bytes(data, "a ZRE command frame")
     if len(data) < _HEADER_SIZE:
-        raise ProtocolError(f"command frame of {len(data)} octets is shorter than a header")
+        raise RemoteProtocolError(f"command frame of {len(data)} octets is shorter than a header")
     signature, command, version, sequence = _HEADER.unpack_from(data)
     if signature != SIGNATURE:
-        raise ProtocolError("bad signature")
+        raise RemoteProtocolError("bad signature")
     if version != VERSION:
-        raise ProtocolError(f"unsupported version {version}")
+        raise RemoteProtocolError(f"unsupported version {version}")
     content = tuple(frames[1:])
     for frame in content:
         if type(frame) is not bytes:
@@ -449,7 +453,7 @@ def decode(frames: Sequence[bytes]) -> Message:
             break
     if command == 2:
         if len(data) != _HEADER_SIZE:
-            raise ProtocolError("unexpected octets in WHISPER")
+            raise RemoteProtocolError("unexpected octets in WHISPER")
         return Whisper(sequence, content)
     reader = _Reader(data, _HEADER_SIZE)
     if command == 3:
@@ -457,7 +461,7 @@ def decode(frames: Sequence[bytes]) -> Message:
         reader.end()
         return Shout(sequence, group, content)
     if content and (command <= 10 or command == PEX):
-        raise ProtocolError(f"unexpected content frames in command {command}")
+        raise RemoteProtocolError(f"unexpected content frames in command {command}")
     if command == 1:
         message: Message = Hello(sequence, reader.string(), reader.strings(), reader.number1(),
                                  reader.string(), reader.dictionary())

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peermesh.errors import ProtocolError
+from peermesh.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from peermesh.wire.flux import (
     NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, Control, ControlType, Errno, Event, MsgFlag,
     MsgType, Proto, Request, Response, Role, decode, decode_proto, encode, encode_proto,
@@ -107,8 +107,8 @@ GOOD = H("8e01010b0000006400000001ffffffff00000000")
     (GOOD, "not one byte string"),
     (None, "list of frames"),
 ])
-def test_malformed_is_a_protocol_error(frames: object, reason: str) -> None:
-    with pytest.raises(ProtocolError) as info:
+def test_malformed_is_a_remote_protocol_error(frames: object, reason: str) -> None:
+    with pytest.raises(RemoteProtocolError) as info:
         decode(frames)  # type: ignore[arg-type]
     assert reason in info.value.reason
 
@@ -122,18 +122,26 @@ def test_encode_refuses_what_the_wire_cannot_carry() -> None:
     for message in (Request("a.b", nodeid=NODEID_UPSTREAM),
                     Request("a.b", flags=MsgFlag.NORESPONSE | MsgFlag.STREAMING),
                     Request("a.b", matchtag=1 << 32), Request(""),
-                    Request("a.b", routes=(b"",)), "not a message"):
-        with pytest.raises(ProtocolError):
+                    Request("a.b", routes=(b"",)), Request("a.b", "text"),  # type: ignore[arg-type]
+                    "not a message"):
+        with pytest.raises(LocalProtocolError):
             encode(message)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError):
+        encode_proto(Proto(1, 0, 1 << 32))
+    for frame in (b"\x8e" * 19, b"\x8f" + bytes(19), b"\x8e\x02" + bytes(18), None):
+        with pytest.raises(RemoteProtocolError):
+            decode_proto(frame)  # type: ignore[arg-type]
 
 
 def test_payload_conventions() -> None:
     assert string_payload("hi") == b"hi\0" and read_string(b"hi\0") == "hi"
     assert read_json(json_payload({"a": 1})) == {"a": 1}
     for bad in (None, b"", b"{}", b"[1]\0", b"{\0", b"\xff\0"):
-        with pytest.raises(ProtocolError):
+        with pytest.raises(RemoteProtocolError):
             read_json(bad)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
+        read_string(b"\xff\0")
+    with pytest.raises(LocalProtocolError):
         json_payload([1])  # type: ignore[arg-type]
     assert error_message(None) == "" and service_of("kvs.get.x") == "kvs"
 

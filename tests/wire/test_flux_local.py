@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from peermesh.errors import ProtocolError
+from peermesh.errors import LocalProtocolError, RemoteProtocolError
 from peermesh.wire.flux import NODEID_ANY, Request, decode, encode as encode_flux
 from peermesh.wire.flux_local import HEADER_SIZE, Reader, decode_body, encode, encode_body
 
@@ -62,7 +62,7 @@ BAD = [
 
 @pytest.mark.parametrize("stream,why", BAD)
 def test_reader_refuses_malformed_streams(stream: bytes, why: str) -> None:
-    with pytest.raises(ProtocolError, match=why):
+    with pytest.raises(RemoteProtocolError, match=why):
         Reader(64).feed(stream)
 
 
@@ -72,7 +72,13 @@ def test_reader_holds_a_partial_message_within_its_limit() -> None:
     assert reader.pending == HEADER_SIZE + 1
 
 
-def test_encode_refuses_what_is_not_frames() -> None:
-    for bad in (b"one string", ["text"], 5):
-        with pytest.raises(ProtocolError):
+def test_encode_refuses_what_is_not_frames_as_a_local_error() -> None:
+    for bad in (b"one string", ["text"], 5, [b"ok", None]):
+        with pytest.raises(LocalProtocolError):
             encode(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("body", [b"", b"\x05ab", "text", None])
+def test_decode_body_refuses_as_a_remote_error(body: object) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_body(body)  # type: ignore[arg-type]

@@ -2,7 +2,9 @@
 
 The kept corpus (``tests/wire/corpus``) runs through its decoder; every
 decoder refuses what is not bytes the same way; and a short run of
-``scripts/fuzz.py`` per decoder finds no crash (and would report one).
+``scripts/fuzz.py`` per decoder finds no crash (and would report one). The wire
+codecs and the agent's request parser say the peer broke the protocol: each of
+their refusals is a ``RemoteProtocolError``.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
-from peermesh.errors import ProtocolError
+from peermesh.errors import ProtocolError, RemoteProtocolError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "scripts"))
@@ -25,6 +27,8 @@ PRESENT = [d for d in fuzz.DECODERS if d.load() is not None]
 FRAMES = [d for d in PRESENT if d.frames]
 SINGLE = [d for d in PRESENT if not d.frames]
 KEPT = [d for d in PRESENT if (fuzz.CORPUS / f"{d.name}.txt").exists()]
+#: decoders whose refusals are all ``RemoteProtocolError`` (the rest: modules of their own)
+REMOTE = [d for d in PRESENT if d.where.startswith(("peermesh.wire.", "peermesh.agent."))]
 
 
 def _name(decoder: fuzz.Decoder) -> str:
@@ -141,3 +145,49 @@ def test_the_fuzzer_finds_a_nesting_bomb_without_a_corpus(tmp_path: Path) -> Non
     decoder = fuzz.Decoder("unchecked", f"{__name__}:unchecked_json", frames=False)
     report = fuzz.fuzz(decoder, 300, corpus_dir=tmp_path)
     assert report.crash is not None and report.crash[1].startswith("RecursionError")
+
+
+def test_the_remote_decoders_are_the_wire_codecs() -> None:
+    assert {"beacon", "zre", "sada", "nfp", "nfp-body", "flux", "flux-json", "mtl-request",
+            "mtl-reply", "mtl-data", "mtl-table", "mtl-replication",
+            "agent-request"} <= {d.name for d in REMOTE}
+
+
+def _refusal(function: Any, data: Any) -> Optional[ProtocolError]:
+    try:
+        function(data)
+    except ProtocolError as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("decoder", REMOTE, ids=_name)
+def test_a_wire_decoder_refuses_with_remote_protocol_error(decoder: fuzz.Decoder) -> None:
+    function = decoder.load()
+    corpus = fuzz.load_corpus(decoder)
+    garbage: list[Any] = [*corpus, *(NOT_FRAMES if decoder.frames else
+                                     [None, 5, "text", [b"frame"], object()])]
+    refusals = [exc for exc in (_refusal(function, data) for data in garbage) if exc]
+    assert refusals
+    wrong = [type(exc).__name__ for exc in refusals if not isinstance(exc, RemoteProtocolError)]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("decoder", REMOTE, ids=_name)
+def test_fuzzed_garbage_is_refused_with_remote_protocol_error(decoder: fuzz.Decoder) -> None:
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    function = decoder.load()
+    seen = {"refused": 0}
+
+    @settings(max_examples=120, database=None, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])
+    @given(fuzz.strategy(decoder, fuzz.load_corpus(decoder)))
+    def one(data: Any) -> None:
+        try:
+            function(data)
+        except RemoteProtocolError:
+            seen["refused"] += 1
+
+    one()       # any other exception (a plain or local ProtocolError too) fails here
+    assert seen["refused"] > 0
