@@ -10,7 +10,8 @@ import peermesh
 from peermesh.errors import PeermeshError
 
 #: exceptions that are not errors: a cancellation thrown into a running task
-NOT_ERRORS = {"peermesh.nfp.worker.JobCancelled"}
+NOT_ERRORS = {"peermesh.nfp.tasks.JobCancelled",
+              "peermesh.nfp.tasks.Interrupt"}
 
 
 def _modules() -> list[str]:
