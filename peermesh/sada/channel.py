@@ -7,10 +7,11 @@ connect to it and INTR their catalog.
 
 Which server gets each request, liveness (PING, suspect, dead), deadlines,
 retries and failover are decided by ``routing.RequestRouter``, which does no
-I/O and reads no clock. This module is its gevent driver: it feeds the router
-every message read from the socket, every request and the time, sends the
-messages the router hands it, gives the router's answers to the waiting
-callers and keeps one timer on the hub armed for the router's next deadline.
+I/O and reads no clock (a core on the contract of ``peermesh.core``). This
+module is its gevent driver: it feeds the router every message read from the
+socket, every request and the time, applies the outputs the router returns
+(``Send``: the message goes out; ``Deliver``: the answer goes to its waiting
+caller) and keeps one timer on the hub armed for the router's next deadline.
 A disconnect seen by the socket monitor makes the router PING every server at
 once, and ROUTER_MANDATORY makes a PING to a vanished connection fail on the
 spot, so a killed server is dropped within milliseconds.
@@ -36,6 +37,7 @@ import zmq
 from gevent.hub import Waiter
 from greenlet import getcurrent
 
+from ..core import Send
 from ..errors import NodeStateError
 from ..io import BindError, make_socket, shared_context
 from ..io.connections import GuardedListener
@@ -106,10 +108,10 @@ class Channel(Overlay):
         self._clock = clock
         #: unique per channel instance: the prefix of every request id
         self.id = os.urandom(8).hex()
-        self._core = RequestRouter(self.id, self._send, self._answer,
-                                   ping_interval=ping_interval, dead_after=dead_after,
+        self._core = RequestRouter(self.id, ping_interval=ping_interval, dead_after=dead_after,
                                    timeout=timeout, now=clock(), max_services=max_services,
                                    max_catalog=max_catalog, address_of=_peer_address)
+        self._take = self._core.take
         self.ping_interval = self._core.ping_interval
         self.dead_after = self._core.dead_after
         self.timeout = self._core.timeout
@@ -197,6 +199,7 @@ class Channel(Overlay):
     def _on_oversized(self, identity: bytes) -> None:
         """A message longer than the longest INTR accepted was read and dropped."""
         self._core.over_services(identity, self._clock())
+        self._apply(self._take())
 
     def on_start(self) -> None:
         self._hub = gevent.get_hub()
@@ -231,6 +234,7 @@ class Channel(Overlay):
         gevent.killall(self._greenlets)
         self._deferring = True
         self._core.close(ChannelClosed("the channel stopped"))
+        self._apply(self._take())
         if self._timer is not None:
             self._timer.close()
             self._timer = None
@@ -270,8 +274,10 @@ class Channel(Overlay):
             raise self._not_running()
         waiter = Waiter(self._hub)
         now = self._clock()
-        self._core.submit(waiter, service, action, payload, now, version, category, timeout,
-                          server, retries, raw)
+        core = self._core
+        core.submit(waiter, service, action, payload, now, version, category, timeout,
+                    server, retries, raw)
+        self._apply(core.take())
         if now + (timeout or self.timeout) < self._timer_at:   # the earliest deadline now
             self._arm(self._core.next_deadline())
         if self._failed:
@@ -296,6 +302,7 @@ class Channel(Overlay):
         now = self._clock()
         self._core.submit(token, service, action, payload, now, version, category, timeout,
                           server, retries, raw)
+        self._apply(self._take())
         if now + (timeout or self.timeout) < self._timer_at:   # the earliest deadline now
             self._arm(self._core.next_deadline())
         if self._failed:
@@ -306,13 +313,15 @@ class Channel(Overlay):
             "" if self.lifecycle is Lifecycle.STOPPED else "; call start() first"))
 
     # --- the driver -------------------------------------------------------------
-    # The router sends through _send and answers through _answer while it runs.
-    # After every input: report the sends that failed, tell waiters of a catalog
-    # change, and arm the timer earlier if the router's next deadline moved up
-    # (only a new request or the timer itself can do that).
+    # After every input the router's outputs are applied (_apply: Send through
+    # _send, Deliver through _answer); then: report the sends that failed, tell
+    # waiters of a catalog change, and arm the timer earlier if the router's next
+    # deadline moved up (only a new request or the timer itself can do that).
 
     def _on_message(self, identity: bytes, frames: list, last: Optional[str]) -> None:
-        self._core.on_message(identity, frames, self._clock(), last)
+        out = self._core.receive((identity, last), frames, self._clock())
+        if out:
+            self._apply(out)
         if self._failed:
             self._report_failed()
         if self._core.catalog_version != self._catalog_seen:
@@ -333,8 +342,16 @@ class Channel(Overlay):
         changed, self._changed = self._changed, gevent.event.Event()
         changed.set()
 
+    def _apply(self, outputs: list[Any]) -> None:
+        """Carry out the router's outputs, in order: ``Send`` and ``Deliver``."""
+        for output in outputs:
+            if type(output) is Send:
+                self._send(output.link, output.frames)   # type: ignore[arg-type]
+            else:
+                self._answer(*output.item)
+
     def _send(self, identity: bytes, frames: list[bytes]) -> None:
-        """The router's ``send``: a failure is kept for ``_report_failed``."""
+        """Apply a ``Send``: a failure is kept for ``_report_failed``."""
         try:
             if len(frames) == 9:    # a REQ: the unrolled sender
                 self._router.send_req(identity, *frames[3:])
@@ -356,11 +373,12 @@ class Channel(Overlay):
                     self._router.drain_pending()   # its last answers may wait unread
                 self._core.send_failed(identity, frames, self._clock(), full=full,
                                        reason=reason)
+                self._apply(self._take())
         finally:
             self._deferring = deferring
 
     def _answer(self, token: Any, value: Any, error: Optional[BaseException]) -> None:
-        """The router's ``answer``: hand ``value`` or ``error`` to the caller of ``token``.
+        """Apply a ``Deliver``: hand ``value`` or ``error`` to the caller of ``token``.
 
         A waiting ``request()`` is switched to at once when the router answers
         a message (on the hub, as the last step of ``on_message``); otherwise,
@@ -400,7 +418,7 @@ class Channel(Overlay):
         # judge nobody dead while answers wait unread in the socket
         self._deferring = True
         try:
-            self._core.handle_timer(self._clock(), backlog=self._router.poll())
+            self._apply(self._core.handle_timer(self._clock(), backlog=self._router.poll()))
         finally:
             self._deferring = False
         self._flush()
@@ -418,6 +436,7 @@ class Channel(Overlay):
     def _probe(self) -> None:
         if self.running:
             self._core.probe(self._clock())
+            self._apply(self._take())
             self._flush()
 
     # --- the catalog ----------------------------------------------------------
@@ -425,6 +444,7 @@ class Channel(Overlay):
     def refresh(self) -> None:
         """Send RINTR to every known server: each answers with a fresh INTR."""
         self._core.refresh()
+        self._apply(self._take())
         self._flush()
 
     def servers(self) -> list[ServerInfo]:

@@ -3,16 +3,22 @@
 How it works
 ------------
 A ``RequestRouter`` is the Safir-Darbaan channel without sockets and without
-a clock. Its driver (``Channel``) feeds it what happened: messages from
-servers (``on_message(identity, frames, now)``), new requests (``submit``),
-sends that failed (``send_failed``), a connection that went away (``probe``)
-and the passing of time (``handle_timer(now)``, due at ``next_deadline()``).
-The router answers through the two functions it was made with:
-``send(identity, frames)`` for every message to a server and
-``answer(token, value, error)`` for every finished request, each called once
-the router's own state is updated; ``catalog_version`` changes whenever the
-catalog does. ``send`` must not call the router back: a send that failed is
-reported with ``send_failed`` after the call that made it returns.
+a clock: a core on the contract of ``peermesh.core``. Its driver
+(``Channel``) feeds it what happened: messages from servers
+(``receive(link, frames, now)``, the link a server's routing id or
+``(routing id, Peer-Address)``), new requests (``submit``), sends that failed
+(``send_failed``), a connection that went away (``probe``) and the passing of
+time (``handle_timer(now)``, due at ``next_deadline()``). What the router
+wants done is returned (``receive``, ``handle_timer``) or collected for
+``take()`` (the other calls): ``Send(routing id, frames)`` for every message
+to a server and ``Deliver((token, value, error))`` for every finished
+request, in order, once the router's own state is updated;
+``catalog_version`` changes whenever the catalog does. A send that failed is
+reported with ``send_failed`` after the outputs are applied.
+
+A router made with the functions ``send(identity, frames)`` and
+``answer(token, value, error)`` calls them instead of collecting outputs
+(then ``on_message(identity, frames, now)`` is the same as ``receive``).
 
 Per server (known by the routing id ZeroMQ gave its connection) it keeps:
 
@@ -67,6 +73,8 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
+from ..core import Deliver, Outputs
+from ..core import Send as SendOutput
 from ..errors import ProtocolError
 from ..counters import Counters
 from ..wire import sada as wire
@@ -80,7 +88,8 @@ __all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX
 
 log = logging.getLogger(__name__)
 
-#: sends a message: ``send(routing id, frames after it)``
+#: sends a message: ``send(routing id, frames after it)`` (a router made without it returns
+#: ``peermesh.core.Send`` outputs instead)
 Send = Callable[[bytes, list[bytes]], Any]
 #: answers a caller: ``answer(the token given to submit, value, error or None)``
 Answer = Callable[[Any, Any, Optional[BaseException]], Any]
@@ -210,16 +219,18 @@ def _no_address(meta: Any) -> str:
     return ""
 
 
-class RequestRouter:
+class RequestRouter(Outputs):
     """The routing state of one channel; no I/O, time given by the caller.
 
-    ``channel_id`` prefixes every request id; ``send`` and ``answer`` are
-    how it sends messages and answers callers. ``address_of(meta)`` gives the
-    address of a new server from the ``meta`` its first message came with
-    (the driver's, e.g. the last ZeroMQ frame).
+    ``channel_id`` prefixes every request id. Without ``send`` and ``answer``
+    the router returns ``Send`` and ``Deliver((token, value, error))``
+    outputs (``peermesh.core``); with them it calls them instead.
+    ``address_of(meta)`` gives the address of a new server from the ``meta``
+    its first message came with (the driver's, e.g. its Peer-Address).
     """
 
-    def __init__(self, channel_id: str, send: Send, answer: Answer, *,
+    def __init__(self, channel_id: str, send: Optional[Send] = None,
+                 answer: Optional[Answer] = None, *,
                  ping_interval: float = 1.0, dead_after: float = 3.0, timeout: float = 5.0,
                  now: float = 0.0, max_services: int = MAX_SERVICES,
                  max_catalog: int = MAX_CATALOG,
@@ -231,8 +242,9 @@ class RequestRouter:
         self.ping_interval = float(ping_interval)
         self.dead_after = float(dead_after)
         self.timeout = float(timeout)
-        self._send = send
-        self._answer = answer
+        super().__init__()
+        self._send: Send = send if send is not None else self._send_output
+        self._answer: Answer = answer if answer is not None else self._answer_output
         self._address_of = address_of
         self.max_services = max_services
         self._max_frames = 3 + 2 * max_services
@@ -263,6 +275,22 @@ class RequestRouter:
         self._counts: dict[str, int] = dict.fromkeys(
             ("timeouts", "failovers", "retries_503", "servers_dropped", "intr", "rintr_sent",
              "dropped"), 0)
+
+    # --- the core contract ----------------------------------------------------
+
+    def receive(self, link: Any, frames: list[bytes], now: float) -> list[Any]:
+        """A message from ``link`` (a routing id, or ``(routing id, meta)``); the outputs."""
+        if type(link) is tuple:
+            self.on_message(link[0], frames, now, link[1])
+        else:
+            self.on_message(link, frames, now)
+        return self.take()
+
+    def _send_output(self, identity: bytes, frames: list[bytes]) -> None:
+        self._outputs.append(SendOutput(identity, frames))
+
+    def _answer_output(self, token: Any, value: Any, error: Optional[BaseException]) -> None:
+        self._outputs.append(Deliver((token, value, error)))
 
     # --- requests -------------------------------------------------------------
 
@@ -469,11 +497,12 @@ class RequestRouter:
             return deadlines[0][0]
         return self._next_tick
 
-    def handle_timer(self, now: float, *, backlog: bool = False) -> None:
+    def handle_timer(self, now: float, *, backlog: bool = False) -> list[Any]:
         """Expire requests whose deadline passed; PING, suspect and drop silent servers.
 
         ``backlog``: messages wait unread at the driver (then nobody is judged
         dead now, as when the driver's process was too busy to call on time).
+        Returns the outputs.
         """
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
@@ -487,6 +516,7 @@ class RequestRouter:
             self._last_tick = now
             self._next_tick = now + self._period
             self._tick(now, judge)
+        return self.take()
 
     def _expire(self, pending: _Pending, now: float) -> None:
         """The request's deadline passed."""
