@@ -12,8 +12,9 @@ time (``handle_timer(now)``, due at ``next_deadline()``). What the router
 wants done is returned (``receive``, ``handle_timer``) or collected for
 ``take()`` (the other calls): ``Send(routing id, frames)`` for every message
 to a server and ``Deliver((token, value, error))`` for every finished
-request, in order, once the router's own state is updated;
-``catalog_version`` changes whenever the catalog does. A send that failed is
+request, in order, once the router's own state is updated, and
+``Emit(CATALOG_CHANGED)`` whenever the catalog changes (``catalog_version``
+counts the changes). A send that failed is
 reported with ``send_failed`` after the outputs are applied.
 
 A router made with the functions ``send(identity, frames)`` and
@@ -73,7 +74,7 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
-from ..core import Deliver, Outputs
+from ..core import Deliver, Emit, Outputs
 from ..core import Send as SendOutput
 from ..errors import ProtocolError
 from ..counters import Counters
@@ -84,7 +85,8 @@ from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
 from .handlers import pack
 from .versions import choose_version, is_compatible, version_key
 
-__all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX_CATALOG"]
+__all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX_CATALOG",
+           "CATALOG_CHANGED"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,10 @@ log = logging.getLogger(__name__)
 Send = Callable[[bytes, list[bytes]], Any]
 #: answers a caller: ``answer(the token given to submit, value, error or None)``
 Answer = Callable[[Any, Any, Optional[BaseException]], Any]
+
+#: the event a router without callbacks emits whenever its catalog changes
+CATALOG_CHANGED = "catalog"
+_CATALOG_CHANGED = Emit(CATALOG_CHANGED)
 
 #: services one INTR may list by default; a longer INTR is dropped unread (a
 #: remote sender's bound; servers refuse to offer more)
@@ -226,7 +232,9 @@ class RequestRouter(Outputs):
     the router returns ``Send`` and ``Deliver((token, value, error))``
     outputs (``peermesh.core``); with them it calls them instead.
     ``address_of(meta)`` gives the address of a new server from the ``meta``
-    its first message came with (the driver's, e.g. its Peer-Address).
+    its first message came with (the driver's, e.g. its Peer-Address);
+    ``unread()`` says whether messages wait unread at the driver (a port the
+    timer asks, see ``handle_timer``).
     """
 
     def __init__(self, channel_id: str, send: Optional[Send] = None,
@@ -234,7 +242,8 @@ class RequestRouter(Outputs):
                  ping_interval: float = 1.0, dead_after: float = 3.0, timeout: float = 5.0,
                  now: float = 0.0, max_services: int = MAX_SERVICES,
                  max_catalog: int = MAX_CATALOG,
-                 address_of: Callable[[Any], str] = _no_address) -> None:
+                 address_of: Callable[[Any], str] = _no_address,
+                 unread: Callable[[], bool] = bool) -> None:
         if not ping_interval > 0 or not dead_after >= 1 or not timeout > 0:
             raise ValueError("ping_interval and timeout must be positive, dead_after at least 1")
         if not max_services >= 1 or not max_catalog >= 1:
@@ -246,6 +255,8 @@ class RequestRouter(Outputs):
         self._send: Send = send if send is not None else self._send_output
         self._answer: Answer = answer if answer is not None else self._answer_output
         self._address_of = address_of
+        self._unread = unread
+        self._emits = answer is None
         self.max_services = max_services
         self._max_frames = 3 + 2 * max_services
         self._max_catalog = max_catalog
@@ -497,12 +508,12 @@ class RequestRouter(Outputs):
             return deadlines[0][0]
         return self._next_tick
 
-    def handle_timer(self, now: float, *, backlog: bool = False) -> list[Any]:
+    def handle_timer(self, now: float, *, backlog: Optional[bool] = None) -> list[Any]:
         """Expire requests whose deadline passed; PING, suspect and drop silent servers.
 
         ``backlog``: messages wait unread at the driver (then nobody is judged
-        dead now, as when the driver's process was too busy to call on time).
-        Returns the outputs.
+        dead now, as when the driver's process was too busy to call on time;
+        None: ask the ``unread`` port). Returns the outputs.
         """
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
@@ -512,6 +523,8 @@ class RequestRouter(Outputs):
         while deadlines and deadlines[0][2].token is None:
             heappop(deadlines)
         if now >= self._next_tick:
+            if backlog is None:
+                backlog = self._unread()
             judge = now - self._last_tick < 2 * self._period and not backlog
             self._last_tick = now
             self._next_tick = now + self._period
@@ -777,6 +790,8 @@ class RequestRouter(Outputs):
 
     def _catalog_changed(self, now: float) -> None:
         self.catalog_version += 1
+        if self._emits:
+            self._outputs.append(_CATALOG_CHANGED)
         for pending in list(self._parked):
             if pending.parked and pending.token is not None:
                 self._dispatch(pending, now)
