@@ -140,7 +140,7 @@ class Channel(Overlay):
         self._router: Optional[HubSocket] = None
         self._guard: Optional[GuardedListener] = None
         self._driver: Optional[Driver] = None
-        self._deferring = False    # answers wait for the hub's next turn (see _answer)
+        self._deferring = False    # answers wait for the hub's next turn (see _deliver)
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
