@@ -34,6 +34,11 @@ How it works
   sends once there is room; what has not left within ``send_timeout`` is
   dropped and logged (the core's own timeouts answer for it).
 
+Two options serve a core that wants to know of its failures: ``on_send_failed(link,
+frames, error)`` is told of a send with no way out (the link gone, a mailbox peer
+unreachable) instead of only dropping it, and ``on_oversized(first)`` of a message over
+the limits read and dropped (its first frame: on a mailbox, the sender's identity).
+
 The owner may also call ``apply(outputs)`` with what a core method called from
 outside returned (an NFP ``post``, say), and ``close()`` ends it all.
 """
@@ -69,11 +74,16 @@ class Driver:
                  on_deliver: Optional[Callable[[Any], None]] = None,
                  on_event: Optional[Callable[[Any], None]] = None,
                  send_timeout: float = 5.0, max_message: Optional[int] = None,
-                 name: str = "driver") -> None:
+                 name: str = "driver",
+                 on_send_failed: Optional[Callable[[Hashable, Sequence[bytes],
+                                                    BaseException], None]] = None,
+                 on_oversized: Optional[Callable[[bytes], None]] = None) -> None:
         self.core = core
         self.transport = transport
         self.on_deliver = on_deliver
         self.on_event = on_event
+        self.on_send_failed = on_send_failed
+        self.on_oversized = on_oversized
         self.send_timeout = send_timeout
         #: the largest message a dialled link takes back (None: the transport's default)
         self.max_message = max_message
@@ -130,6 +140,8 @@ class Driver:
     def _on_oversized(self, first: bytes) -> None:
         self.stats["dropped"] += 1
         log.debug("%s: an oversized message dropped", self.name)
+        if self.on_oversized is not None:
+            self.on_oversized(first)
 
     def _after_batch(self) -> None:
         held, self._held = self._held, None
@@ -206,6 +218,8 @@ class Driver:
         except (OSError, zmq.ZMQError) as exc:   # a peer gone from the mailbox
             log.debug("%s: cannot send to %r: %s", self.name, name, exc)
             self.stats["dropped"] += 1
+            if self.on_send_failed is not None:
+                self.on_send_failed(name, frames, exc)
             return None
         if sent:
             self.stats["sent"] += 1

@@ -7,10 +7,12 @@ connect to it and INTR their catalog.
 
 Which server gets each request, liveness (PING, suspect, dead), deadlines,
 retries and failover are decided by ``routing.RequestRouter``, which does no
-I/O and reads no clock. This module is its gevent driver: it feeds the router
-every message read from the socket, every request and the time, sends the
-messages the router hands it, gives the router's answers to the waiting
-callers and keeps one timer on the hub armed for the router's next deadline.
+I/O and reads no clock (a core on the contract of ``peermesh.core``). The one
+driver (``peermesh.io.driver.Driver``) serves it: it reads the channel's
+ROUTER in batches, runs the router's timer and applies its outputs (``Send``:
+the message goes out; ``Deliver``: the answer goes to its waiting caller;
+``Emit``: the catalog changed). This module binds the socket, feeds the
+router the callers' requests and hands the answers over.
 A disconnect seen by the socket monitor makes the router PING every server at
 once, and ROUTER_MANDATORY makes a PING to a vanished connection fail on the
 spot, so a killed server is dropped within milliseconds.
@@ -25,7 +27,6 @@ greenlet waiting in ``request()`` (switched to from the reader, no
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from typing import Any, Callable, Optional
@@ -39,6 +40,9 @@ from greenlet import getcurrent
 from ..errors import NodeStateError
 from ..io import BindError, make_socket, shared_context
 from ..io.connections import GuardedListener
+from ..io.driver import Driver
+from ..io.socket import HubSocket
+from ..io.transport import ZmqTransport
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
 from . import _transport
@@ -55,7 +59,6 @@ HEADER_CHANNEL = "X-PM-SADA-CHANNEL"
 #: HELLO header of a server's node: the protocol it speaks ("SADA1"); informational
 HEADER_SERVER = "X-PM-SADA-SERVER"
 
-_TIMER_STEP = 0.001                  # seconds: the shortest wait of the deadline timer
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
 _RUNNING = Lifecycle.RUNNING
 
@@ -63,6 +66,17 @@ _RUNNING = Lifecycle.RUNNING
 def _peer_address(last: Optional[str]) -> str:
     """The address a message came from (its Peer-Address, as the transport read it)."""
     return last or ""
+
+
+class _ClockTransport(ZmqTransport):
+    """The real transport on the channel's clock (the driver's timer runs on it)."""
+
+    def __init__(self, context: zmq.Context, clock: Callable[[], float]) -> None:
+        super().__init__(context)
+        self._clock = clock
+
+    def now(self) -> float:  # type: ignore[override]
+        return self._clock()
 
 
 class Channel(Overlay):
@@ -106,10 +120,11 @@ class Channel(Overlay):
         self._clock = clock
         #: unique per channel instance: the prefix of every request id
         self.id = os.urandom(8).hex()
-        self._core = RequestRouter(self.id, self._send, self._answer,
-                                   ping_interval=ping_interval, dead_after=dead_after,
+        self._core = RequestRouter(self.id, ping_interval=ping_interval, dead_after=dead_after,
                                    timeout=timeout, now=clock(), max_services=max_services,
-                                   max_catalog=max_catalog, address_of=_peer_address)
+                                   max_catalog=max_catalog, address_of=_peer_address,
+                                   unread=self._unread)
+        self._take = self._core.take
         self.ping_interval = self._core.ping_interval
         self.dead_after = self._core.dead_after
         self.timeout = self._core.timeout
@@ -122,17 +137,13 @@ class Channel(Overlay):
         #: the node's CURVE keys (or ``curve``, a ``peermesh.io.curve.Curve``, for a channel
         #: bound before its node exists): a CURVE server admitting the allowed keys
         self._curve = curve if curve is not None else getattr(node, "curve", None)
-        self._router: Any = None
+        self._router: Optional[HubSocket] = None
         self._guard: Optional[GuardedListener] = None
-        self._greenlets: list[gevent.Greenlet] = []
-        self._timer: Any = None
-        self._timer_at = math.inf
-        self._failed: list[tuple[bytes, list[bytes], bool, str]] = []   # sends to report
-        self._deferring = False    # answers wait for the hub's next turn (see _answer)
+        self._driver: Optional[Driver] = None
+        self._deferring = False    # answers wait for the hub's next turn (see _deliver)
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
-        self._catalog_seen = 0
         if node is not None and advertise_on:
             self.attach(node)
         elif node is not None:
@@ -197,12 +208,13 @@ class Channel(Overlay):
     def _on_oversized(self, identity: bytes) -> None:
         """A message longer than the longest INTR accepted was read and dropped."""
         self._core.over_services(identity, self._clock())
+        self._apply(self._take())
 
     def on_start(self) -> None:
         self._hub = gevent.get_hub()
         self._loop = self._hub.loop
         assert self._sock is not None
-        self._router = _transport.RouterSocket(self._sock, endpoint=self.endpoint or "")
+        self._router = HubSocket(self._sock, endpoint=self.endpoint or "")
         # the connection policy, and the disconnects that make the router probe its servers
         curve = self._curve
         self._guard = GuardedListener(
@@ -210,11 +222,14 @@ class Channel(Overlay):
             allowlist=curve.allowlist if curve is not None else None,
             on_revoked=lambda keys: self._probe(), events=zmq.EVENT_DISCONNECTED,
             on_event=lambda event, value, endpoint: self._on_monitor(event, endpoint))
-        self._greenlets = [
-            gevent.spawn(self._router.serve, self._on_message, 3 + 2 * self._core.max_services,
-                         self._on_oversized),
-        ]
-        self._arm(self._core.next_deadline())
+        router = self._router
+        router.max_frames = 3 + 2 * self._core.max_services
+        transport = (ZmqTransport(self._context) if self._clock is time.monotonic
+                     else _ClockTransport(self._context, self._clock))
+        self._driver = Driver(self._core, transport, on_deliver=self._deliver,
+                              on_event=self._on_event, on_send_failed=self._send_failed,
+                              on_oversized=self._on_oversized, name=f"channel {self.id}")
+        self._driver.listen(self._guard, metadata="Peer-Address")
         log.debug("channel %s at %s started", self.id, self.endpoint)
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -228,13 +243,11 @@ class Channel(Overlay):
         assert self._sock is not None
         if self._guard is not None:
             self._guard.stop()  # (its monitor while its reader is still open)
-        gevent.killall(self._greenlets)
         self._deferring = True
         self._core.close(ChannelClosed("the channel stopped"))
-        if self._timer is not None:
-            self._timer.close()
-            self._timer = None
-        assert self._sock is not None
+        self._apply(self._take())
+        if self._driver is not None:
+            self._driver.close()   # (its reader, its timer and the socket)
         self._sock.close(linger=0)
         self._changed.set()
 
@@ -270,12 +283,10 @@ class Channel(Overlay):
             raise self._not_running()
         waiter = Waiter(self._hub)
         now = self._clock()
-        self._core.submit(waiter, service, action, payload, now, version, category, timeout,
-                          server, retries, raw)
-        if now + (timeout or self.timeout) < self._timer_at:   # the earliest deadline now
-            self._arm(self._core.next_deadline())
-        if self._failed:
-            self._report_failed()
+        core = self._core
+        core.submit(waiter, service, action, payload, now, version, category, timeout,
+                    server, retries, raw)
+        self._apply(core.take())
         return waiter.get()
 
     def request_async(self, service: str, action: str, payload: Any = None, *,
@@ -296,78 +307,52 @@ class Channel(Overlay):
         now = self._clock()
         self._core.submit(token, service, action, payload, now, version, category, timeout,
                           server, retries, raw)
-        if now + (timeout or self.timeout) < self._timer_at:   # the earliest deadline now
-            self._arm(self._core.next_deadline())
-        if self._failed:
-            self._report_failed()
+        self._apply(self._take())
 
     def _not_running(self) -> ChannelClosed:
         return ChannelClosed(f"channel is {self.lifecycle.value}" + (
             "" if self.lifecycle is Lifecycle.STOPPED else "; call start() first"))
 
-    # --- the driver -------------------------------------------------------------
-    # The router sends through _send and answers through _answer while it runs.
-    # After every input: report the sends that failed, tell waiters of a catalog
-    # change, and arm the timer earlier if the router's next deadline moved up
-    # (only a new request or the timer itself can do that).
+    # --- what the driver hands over -----------------------------------------------
 
-    def _on_message(self, identity: bytes, frames: list, last: Optional[str]) -> None:
-        self._core.on_message(identity, frames, self._clock(), last)
-        if self._failed:
-            self._report_failed()
-        if self._core.catalog_version != self._catalog_seen:
-            self._catalog_changed()
+    def _apply(self, outputs: list[Any]) -> None:
+        """Have the driver carry out what the router returned to a call of ours."""
+        if outputs:
+            assert self._driver is not None
+            self._driver.apply(outputs)
 
-    def _flush(self) -> None:
-        core = self._core
-        if self._failed:
-            self._report_failed()
-        if core.catalog_version != self._catalog_seen:
-            self._catalog_changed()
-        deadline = core.next_deadline()
-        if deadline < self._timer_at:
-            self._arm(deadline)
+    def _unread(self) -> bool:
+        """The router's ``unread`` port: do messages wait unread in the socket?"""
+        return self._router is not None and self._router.readable()
 
-    def _catalog_changed(self) -> None:
-        self._catalog_seen = self._core.catalog_version
+    def _on_event(self, event: Any) -> None:
+        """The router's catalog changed: wake whoever waits for it."""
         changed, self._changed = self._changed, gevent.event.Event()
         changed.set()
 
-    def _send(self, identity: bytes, frames: list[bytes]) -> None:
-        """The router's ``send``: a failure is kept for ``_report_failed``."""
-        try:
-            if len(frames) == 9:    # a REQ: the unrolled sender
-                self._router.send_req(identity, *frames[3:])
-            else:
-                self._router.send(identity, frames)
-        except zmq.Again:
-            self._failed.append((identity, frames, True, ""))
-        except zmq.ZMQError as exc:
-            self._failed.append((identity, frames, False, exc.strerror))
-
-    def _report_failed(self) -> None:
-        """Tell the router which sends failed (what it sends instead may fail too)."""
-        failed = self._failed
+    def _send_failed(self, identity: Any, frames: Any, error: BaseException) -> None:
+        """A send found no way out (the connection is gone): the router drops the server."""
+        if self._router is None or type(identity) is not bytes:
+            return
         deferring, self._deferring = self._deferring, True
         try:
-            while failed:
-                identity, frames, full, reason = failed.pop(0)
-                if not full:
-                    self._router.drain_pending()   # its last answers may wait unread
-                self._core.send_failed(identity, frames, self._clock(), full=full,
-                                       reason=reason)
+            self._router.drain(16)   # its last answers may wait unread
+            reason = error.strerror if isinstance(error, zmq.ZMQError) else str(error)
+            self._core.send_failed(identity, list(frames), self._clock(), full=False,
+                                   reason=reason)
+            self._apply(self._take())
         finally:
             self._deferring = deferring
 
-    def _answer(self, token: Any, value: Any, error: Optional[BaseException]) -> None:
-        """The router's ``answer``: hand ``value`` or ``error`` to the caller of ``token``.
+    def _deliver(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
+        """A ``Deliver``: hand ``value`` or ``error`` to the caller of ``token``.
 
         A waiting ``request()`` is switched to at once when the router answers
-        a message (on the hub, as the last step of ``on_message``); otherwise,
-        and while the router is told of the time, of failed sends or of
-        ``stop`` (it may answer several callers in one loop then), on the
-        hub's next turn.
+        a message (on the hub, once the driver read its batch); otherwise, and
+        while the router is told of the time, of failed sends or of ``stop``
+        (it may answer several callers in one loop then), on the hub's next turn.
         """
+        token, value, error = item
         if type(token) is not Waiter:
             if error is None:
                 token.set(value)
@@ -383,30 +368,6 @@ class Channel(Overlay):
         else:
             self._loop.run_callback(token.throw, error)
 
-    def _arm(self, deadline: float) -> None:
-        """(Re)start the one timer to fire at ``deadline`` (on this channel's clock)."""
-        if self._timer is not None:
-            self._timer.close()
-        self._timer_at = deadline
-        self._timer = self._loop.timer(max(_TIMER_STEP, deadline - self._clock()))
-        self._timer.start(self._on_timer, update=True)
-
-    def _on_timer(self) -> None:
-        self._timer.close()
-        self._timer = None
-        self._timer_at = math.inf
-        if not self.running:
-            return
-        # judge nobody dead while answers wait unread in the socket
-        self._deferring = True
-        try:
-            self._core.handle_timer(self._clock(), backlog=self._router.poll())
-        finally:
-            self._deferring = False
-        self._flush()
-        if self._timer is None:
-            self._arm(self._core.next_deadline())
-
     def _on_monitor(self, event: int, endpoint: str) -> None:
         if event == zmq.EVENT_DISCONNECTED:
             # Some connection went away: a PING to a routing id whose pipe is gone
@@ -418,14 +379,14 @@ class Channel(Overlay):
     def _probe(self) -> None:
         if self.running:
             self._core.probe(self._clock())
-            self._flush()
+            self._apply(self._take())
 
     # --- the catalog ----------------------------------------------------------
 
     def refresh(self) -> None:
         """Send RINTR to every known server: each answers with a fresh INTR."""
         self._core.refresh()
-        self._flush()
+        self._apply(self._take())
 
     def servers(self) -> list[ServerInfo]:
         """Every server that introduced itself and is alive, by id."""

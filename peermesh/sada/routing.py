@@ -3,16 +3,23 @@
 How it works
 ------------
 A ``RequestRouter`` is the Safir-Darbaan channel without sockets and without
-a clock. Its driver (``Channel``) feeds it what happened: messages from
-servers (``on_message(identity, frames, now)``), new requests (``submit``),
-sends that failed (``send_failed``), a connection that went away (``probe``)
-and the passing of time (``handle_timer(now)``, due at ``next_deadline()``).
-The router answers through the two functions it was made with:
-``send(identity, frames)`` for every message to a server and
-``answer(token, value, error)`` for every finished request, each called once
-the router's own state is updated; ``catalog_version`` changes whenever the
-catalog does. ``send`` must not call the router back: a send that failed is
-reported with ``send_failed`` after the call that made it returns.
+a clock: a core on the contract of ``peermesh.core``. Its driver
+(``Channel``) feeds it what happened: messages from servers
+(``receive(link, frames, now)``, the link a server's routing id or
+``(routing id, Peer-Address)``), new requests (``submit``), sends that failed
+(``send_failed``), a connection that went away (``probe``) and the passing of
+time (``handle_timer(now)``, due at ``next_deadline()``). What the router
+wants done is returned (``receive``, ``handle_timer``) or collected for
+``take()`` (the other calls): ``Send(routing id, frames)`` for every message
+to a server and ``Deliver((token, value, error))`` for every finished
+request, in order, once the router's own state is updated, and
+``Emit(CATALOG_CHANGED)`` whenever the catalog changes (``catalog_version``
+counts the changes). A send that failed is
+reported with ``send_failed`` after the outputs are applied.
+
+A router made with the functions ``send(identity, frames)`` and
+``answer(token, value, error)`` calls them instead of collecting outputs
+(then ``on_message(identity, frames, now)`` is the same as ``receive``).
 
 Per server (known by the routing id ZeroMQ gave its connection) it keeps:
 
@@ -67,6 +74,8 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
+from ..core import Deliver, Emit, Outputs
+from ..core import Send as SendOutput
 from ..errors import ProtocolError
 from ..counters import Counters
 from ..wire import sada as wire
@@ -76,14 +85,20 @@ from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
 from .handlers import pack
 from .versions import choose_version, is_compatible, version_key
 
-__all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX_CATALOG"]
+__all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX_CATALOG",
+           "CATALOG_CHANGED"]
 
 log = logging.getLogger(__name__)
 
-#: sends a message: ``send(routing id, frames after it)``
+#: sends a message: ``send(routing id, frames after it)`` (a router made without it returns
+#: ``peermesh.core.Send`` outputs instead)
 Send = Callable[[bytes, list[bytes]], Any]
 #: answers a caller: ``answer(the token given to submit, value, error or None)``
 Answer = Callable[[Any, Any, Optional[BaseException]], Any]
+
+#: the event a router without callbacks emits whenever its catalog changes
+CATALOG_CHANGED = "catalog"
+_CATALOG_CHANGED = Emit(CATALOG_CHANGED)
 
 #: services one INTR may list by default; a longer INTR is dropped unread (a
 #: remote sender's bound; servers refuse to offer more)
@@ -210,20 +225,25 @@ def _no_address(meta: Any) -> str:
     return ""
 
 
-class RequestRouter:
+class RequestRouter(Outputs):
     """The routing state of one channel; no I/O, time given by the caller.
 
-    ``channel_id`` prefixes every request id; ``send`` and ``answer`` are
-    how it sends messages and answers callers. ``address_of(meta)`` gives the
-    address of a new server from the ``meta`` its first message came with
-    (the driver's, e.g. the last ZeroMQ frame).
+    ``channel_id`` prefixes every request id. Without ``send`` and ``answer``
+    the router returns ``Send`` and ``Deliver((token, value, error))``
+    outputs (``peermesh.core``); with them it calls them instead.
+    ``address_of(meta)`` gives the address of a new server from the ``meta``
+    its first message came with (the driver's, e.g. its Peer-Address);
+    ``unread()`` says whether messages wait unread at the driver (a port the
+    timer asks, see ``handle_timer``).
     """
 
-    def __init__(self, channel_id: str, send: Send, answer: Answer, *,
+    def __init__(self, channel_id: str, send: Optional[Send] = None,
+                 answer: Optional[Answer] = None, *,
                  ping_interval: float = 1.0, dead_after: float = 3.0, timeout: float = 5.0,
                  now: float = 0.0, max_services: int = MAX_SERVICES,
                  max_catalog: int = MAX_CATALOG,
-                 address_of: Callable[[Any], str] = _no_address) -> None:
+                 address_of: Callable[[Any], str] = _no_address,
+                 unread: Callable[[], bool] = bool) -> None:
         if not ping_interval > 0 or not dead_after >= 1 or not timeout > 0:
             raise ValueError("ping_interval and timeout must be positive, dead_after at least 1")
         if not max_services >= 1 or not max_catalog >= 1:
@@ -231,9 +251,12 @@ class RequestRouter:
         self.ping_interval = float(ping_interval)
         self.dead_after = float(dead_after)
         self.timeout = float(timeout)
-        self._send = send
-        self._answer = answer
+        super().__init__()
+        self._send: Send = send if send is not None else self._send_output
+        self._answer: Answer = answer if answer is not None else self._answer_output
         self._address_of = address_of
+        self._unread = unread
+        self._emits = answer is None
         self.max_services = max_services
         self._max_frames = 3 + 2 * max_services
         self._max_catalog = max_catalog
@@ -263,6 +286,22 @@ class RequestRouter:
         self._counts: dict[str, int] = dict.fromkeys(
             ("timeouts", "failovers", "retries_503", "servers_dropped", "intr", "rintr_sent",
              "dropped"), 0)
+
+    # --- the core contract ----------------------------------------------------
+
+    def receive(self, link: Any, frames: list[bytes], now: float) -> list[Any]:
+        """A message from ``link`` (a routing id, or ``(routing id, meta)``); the outputs."""
+        if type(link) is tuple:
+            self.on_message(link[0], frames, now, link[1])
+        else:
+            self.on_message(link, frames, now)
+        return self.take()
+
+    def _send_output(self, identity: bytes, frames: list[bytes]) -> None:
+        self._outputs.append(SendOutput(identity, frames))
+
+    def _answer_output(self, token: Any, value: Any, error: Optional[BaseException]) -> None:
+        self._outputs.append(Deliver((token, value, error)))
 
     # --- requests -------------------------------------------------------------
 
@@ -469,11 +508,12 @@ class RequestRouter:
             return deadlines[0][0]
         return self._next_tick
 
-    def handle_timer(self, now: float, *, backlog: bool = False) -> None:
+    def handle_timer(self, now: float, *, backlog: Optional[bool] = None) -> list[Any]:
         """Expire requests whose deadline passed; PING, suspect and drop silent servers.
 
         ``backlog``: messages wait unread at the driver (then nobody is judged
-        dead now, as when the driver's process was too busy to call on time).
+        dead now, as when the driver's process was too busy to call on time;
+        None: ask the ``unread`` port). Returns the outputs.
         """
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
@@ -483,10 +523,13 @@ class RequestRouter:
         while deadlines and deadlines[0][2].token is None:
             heappop(deadlines)
         if now >= self._next_tick:
+            if backlog is None:
+                backlog = self._unread()
             judge = now - self._last_tick < 2 * self._period and not backlog
             self._last_tick = now
             self._next_tick = now + self._period
             self._tick(now, judge)
+        return self.take()
 
     def _expire(self, pending: _Pending, now: float) -> None:
         """The request's deadline passed."""
@@ -747,6 +790,8 @@ class RequestRouter:
 
     def _catalog_changed(self, now: float) -> None:
         self.catalog_version += 1
+        if self._emits:
+            self._outputs.append(_CATALOG_CHANGED)
         for pending in list(self._parked):
             if pending.parked and pending.token is not None:
                 self._dispatch(pending, now)

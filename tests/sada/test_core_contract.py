@@ -1,0 +1,96 @@
+"""The routing core on the one core contract (``peermesh.core``): outputs returned.
+
+A ``RequestRouter`` made without ``send``/``answer`` returns what it wants
+done: ``Send`` for messages to servers, ``Deliver((token, value, error))``
+for answers and ``Emit(CATALOG_CHANGED)`` when the catalog changes. No
+sockets and no clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from peermesh.core import Core, Deliver, Emit, Send
+from peermesh.sada import RequestTimeout, ServerLost
+from peermesh.sada.routing import CATALOG_CHANGED, RequestRouter
+
+from .test_routing import PING, intr, rep
+
+
+def router(**settings: Any) -> RequestRouter:
+    return RequestRouter("c0ffee", now=0.0, **settings)
+
+
+def test_a_router_without_callbacks_is_a_core_returning_its_outputs() -> None:
+    core = router()
+    assert isinstance(core, Core)
+    assert core.receive(b"s1", intr("echo 1.0"), 0.0) == [Emit(CATALOG_CHANGED)]
+    assert core.catalog_version == 1
+    rid = core.submit("token", "echo", "say", {"x": 1}, 0.1)
+    (out,) = core.take()
+    assert type(out) is Send and out.link == b"s1"
+    assert list(out.frames[:4]) == [b"", b"SADA1", b"REQ", rid]
+    assert core.take() == []
+    # the link may carry the driver's metadata (the Peer-Address) with the routing id
+    assert core.receive((b"s1", "127.0.0.1"), rep(rid, "hi"), 0.2) == [
+        Deliver(("token", "hi", None))]
+    assert core.pending == 0
+
+
+def test_a_new_servers_address_comes_from_the_links_metadata() -> None:
+    core = router(address_of=lambda meta: meta or "?")
+    core.receive((b"s1", "10.0.0.7"), intr("echo 1.0"), 0.0)
+    core.receive(b"s2", intr("echo 1.0"), 0.0)
+    assert {s.id: s.address for s in core.servers(0.0)} == {b"s1".hex(): "10.0.0.7",
+                                                             b"s2".hex(): "?"}
+
+
+def test_handle_timer_returns_timeouts_pings_and_drops() -> None:
+    core = router(ping_interval=1.0, dead_after=3.0)
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    core.submit("late", "echo", "say", None, 0.0, timeout=0.5)
+    core.take()
+    assert core.next_deadline() <= 0.5
+    (answer,) = core.handle_timer(0.5)
+    assert type(answer) is Deliver and answer.item[0] == "late"
+    assert isinstance(answer.item[2], RequestTimeout)
+    pings = core.handle_timer(1.0)
+    assert pings == [Send(b"s1", PING)]
+    core.submit("held", "echo", "say", None, 1.0)
+    core.take()
+    out = []
+    now = 1.0
+    while now < 4.5:
+        now += 0.25
+        out += core.handle_timer(now)
+    delivered = [o.item for o in out if type(o) is Deliver]
+    assert [(token, type(error)) for token, _, error in delivered] == [("held", ServerLost)]
+    assert Emit(CATALOG_CHANGED) in out and core.offers("echo") == 0
+
+
+def test_the_unread_port_keeps_the_timer_from_judging() -> None:
+    waiting = [True]
+    core = router(ping_interval=1.0, dead_after=3.0, unread=lambda: waiting[0])
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    now = 0.0
+    while now < 5.0:
+        now += 0.25
+        core.handle_timer(now)
+    assert core.offers("echo") == 1          # messages wait unread: nobody is judged dead
+    waiting[0] = False
+    core.handle_timer(now + 0.25)
+    assert core.offers("echo") == 0
+
+
+def test_a_router_with_callbacks_returns_nothing_and_calls_them() -> None:
+    sent: list[tuple[bytes, list[bytes]]] = []
+    answered: list[tuple[Any, Any, Any]] = []
+    core = RequestRouter("c0ffee", lambda i, f: sent.append((i, f)),
+                         lambda t, v, e: answered.append((t, v, e)), now=0.0)
+    assert core.receive(b"s1", intr("echo 1.0"), 0.0) == []
+    rid = core.submit("t", "echo", "say", None, 0.0)
+    assert core.take() == [] and sent[0][0] == b"s1"
+    assert core.receive(b"s1", rep(rid, msgpack.unpackb(msgpack.packb(3))), 0.1) == []
+    assert answered == [("t", 3, None)]
