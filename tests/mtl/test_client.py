@@ -503,3 +503,21 @@ def test_closed_leases_are_forgotten(gateways: Any) -> None:
         kept.close()
         kept.close()                      # twice: nothing more happens
         assert alice._leases == []
+
+
+def test_closed_async_leases_are_forgotten(gateways: Any) -> None:
+    gateway = gateways()
+
+    async def main() -> None:
+        async with AsyncClient([gateway.endpoint], "alice", "pencil",
+                               heartbeat=HEARTBEAT) as alice:
+            for _ in range(3):
+                reader = await alice.reader(["chat"])
+                await reader.close()
+                writer = await alice.writer(["chat"])
+                await writer.send(b"x")
+                await writer.close()
+            kept = await alice.reader(["chat"])
+            assert alice._leases == [kept] and alice.client._leases == [kept.lease]
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
