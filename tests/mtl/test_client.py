@@ -92,8 +92,8 @@ def gateways(tmp_path: Path, credentials: CredentialsFile,
 def client(gateway: Any, user: Optional[str] = "alice", password: str = "pencil",
            **options: Any) -> Client:
     endpoints = gateway if isinstance(gateway, list) else [gateway.endpoint]
-    return Client(endpoints, user, password, heartbeat=HEARTBEAT,
-                  **{"timeout": 2.0, **options})
+    return Client(endpoints, user, password, **{"timeout": 2.0, "heartbeat": HEARTBEAT,
+                                                **options})
 
 
 def receive(reader: Any, count: int) -> list[Received]:
@@ -428,3 +428,96 @@ def test_a_confirmed_writer_holds_at_most_window_contents(gateways: Any) -> None
             most = max(most, writer.unconfirmed)
         assert most == 3 and writer.wait(WAIT)
     assert gateway.store.count == 30
+
+
+def _unbound_while_idle(gateway: Any, reader: Any) -> None:
+    """Wait (not calling ``reader``) until the gateway unbound the reader's link."""
+    poll_until(lambda: not gateway.data.links, WAIT,
+               "the gateway to unbind the link nobody answers")
+
+
+def _hears(reader: Any, writer: Any, body: bytes) -> bool:
+    """Send ``body`` and look for it (a content sent while the link is unbound is gone)."""
+    writer.send(body)
+    return any(r.body == body for r in iter(lambda: reader.receive(timeout=0.2), None))
+
+
+def test_a_reader_unbound_while_idle_summons_again_on_its_next_call(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway) as alice, client(gateway) as bob:
+        reader = alice.reader(["chat"])
+        reader.summon("chat")
+        link = reader.link
+        writer = bob.writer(["chat"])
+        # the gateway's Pings queue up unanswered, then it unbinds the link: those Pings
+        # prove nothing, the reader presents its lease again (200) and summons again
+        _unbound_while_idle(gateway, reader)
+        poll_until(lambda: _hears(reader, writer, b"after"), WAIT,
+                   "the reader to hear the writer again")
+        assert reader.link > link and reader.summoned == ["chat"]
+
+
+def test_a_periodic_check_answered_200_restores_the_summons(gateways: Any) -> None:
+    # the client's heartbeat is longer than the gateway's: the reader does not count itself
+    # idle, its periodic Lease gets 200 (bound again): it summons again
+    gateway = gateways()
+    with client(gateway, heartbeat=0.5) as alice, client(gateway) as bob:
+        reader = alice.reader(["chat"], confirm="full")
+        reader.summon("chat")
+        writer = bob.writer(["chat"], confirm="full")
+        writer.send(b"before")
+        assert writer.wait(WAIT)
+        before = receive(reader, 1)[0]
+        link = reader.link
+        _unbound_while_idle(gateway, reader)
+        poll_until(lambda: _hears(reader, writer, b"after"), WAIT,
+                   "the reader to hear the writer again")
+        assert reader.link > link and reader.summoned == ["chat"]
+        assert not reader.confirm(before)     # it came on the link the gateway unbound
+
+
+def test_a_dropped_connection_is_noticed_at_once(gateways: Any) -> None:
+    # a heartbeat of 5 s: only the dropped connection tells the reader (within WAIT)
+    first, second = gateways("a"), gateways("b")
+    with client([first.endpoint, second.endpoint], heartbeat=5.0, timeout=1.0) as alice, \
+            client(second) as bob:
+        reader = alice.reader(["chat"])
+        reader.summon("chat")
+        assert alice.gateway == first.endpoint
+        first.stop()
+        writer = bob.writer(["chat"])
+        poll_until(lambda: _hears(reader, writer, b"on the second"), WAIT,
+                   "the reader to move to the second gateway")
+        assert alice.gateway == second.endpoint and reader.summoned == ["chat"]
+
+
+def test_closed_leases_are_forgotten(gateways: Any) -> None:
+    gateway = gateways()
+    with client(gateway) as alice:
+        kept = alice.reader(["chat"])
+        for _ in range(5):
+            alice.reader(["chat"]).close()
+            with alice.writer(["chat"]) as writer:
+                writer.send(b"x")
+        assert alice._leases == [kept]
+        kept.close()
+        kept.close()                      # twice: nothing more happens
+        assert alice._leases == []
+
+
+def test_closed_async_leases_are_forgotten(gateways: Any) -> None:
+    gateway = gateways()
+
+    async def main() -> None:
+        async with AsyncClient([gateway.endpoint], "alice", "pencil",
+                               heartbeat=HEARTBEAT) as alice:
+            for _ in range(3):
+                reader = await alice.reader(["chat"])
+                await reader.close()
+                writer = await alice.writer(["chat"])
+                await writer.send(b"x")
+                await writer.close()
+            kept = await alice.reader(["chat"])
+            assert alice._leases == [kept] and alice.client._leases == [kept.lease]
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))

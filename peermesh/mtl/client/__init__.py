@@ -26,12 +26,19 @@ Heartbeats and failover: while it is called (``receive``, ``send``,
 ``wait``), a lease pings the gateway after ``heartbeat`` seconds without
 hearing from it, answers its Pings, and presents its lease again every
 ``heartbeat * liveness * 2`` seconds (a second ``Lease``: 400 means it is
-still bound, 200 that it was bound again, 403 that the gateway revoked it:
-then it asks for a new one). A lease nobody called for ``heartbeat *
-liveness`` seconds may have been unbound by the gateway: it binds again
-before it sends. When the gateway stays silent for ``heartbeat * liveness``
-seconds, or a command's Response does not come within ``timeout``, the
-lease reconnects: first a new DEALER with the same lease (the gateway keeps
+still bound; 200 that the gateway had unbound the link and bound it again:
+the lease then restores what it had, as after a reconnection (a reader
+summons again; content the unbound link brought counts as an earlier
+connection's); 403 that the gateway revoked it: then it asks for a new
+one). A lease nobody called for ``heartbeat * liveness`` seconds may have
+been unbound by the gateway while its Pings queued up (they prove nothing):
+a reader presents its lease again on its next call, a writer binds again
+before it sends. Each data connection has a socket monitor: once ZeroMQ
+reports it disconnected (the gateway stopped or restarted), the lease
+reconnects on its next call, whatever was queued on it before (a writer
+checks every 256 sends and in ``wait``). When the gateway stays silent for
+``heartbeat * liveness`` seconds, or a command's Response does not come
+within ``timeout``, the lease reconnects: first a new DEALER with the same lease (the gateway keeps
 an unbound lease for a while), else a new control session on the same
 gateway or the next one in ``gateways`` (also those a 201 named; a standby
 gateway's 503 names the elected one, which is tried first), a new lease with
@@ -41,6 +48,7 @@ the same resources, the same Summons again. A writer with
 ones again after a reconnection: delivery is at least once. A reader's
 ``Received`` remembers which connection brought it; confirming one that an
 earlier connection brought does nothing (the gateway hands it out again).
+A closed lease is forgotten by its client.
 
 On keys: a gateway on a node with keys speaks CURVE on both flows; give the
 client its public key (``server_key``: Z85, one for every gateway, or

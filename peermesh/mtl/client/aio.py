@@ -33,13 +33,30 @@ class _OnThread:
         self._executor.shutdown(wait=False)
 
 
+class _AsyncLease(_OnThread):
+    """A lease on a thread of its own; ``close`` ends both (its client forgets it)."""
+
+    lease: "Reader | Writer"
+
+    def __init__(self, name: str, owner: list["_AsyncLease"]) -> None:
+        super().__init__(name)
+        self._owner = owner
+
+    async def close(self) -> None:
+        """As the lease's ``close``; its thread ends too."""
+        await self._run(self.lease.close)
+        self._shutdown()
+        if self in self._owner:
+            self._owner.remove(self)
+
+
 class AsyncClient(_OnThread):
     """``Client`` for asyncio: the same arguments, every call a coroutine."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__("peermesh-mtl-control")
         self.client = Client(*args, **kwargs)
-        self._leases: list[_OnThread] = []
+        self._leases: list[_AsyncLease] = []
 
     async def connect(self) -> "AsyncClient":
         await self._run(self.client.connect)
@@ -48,16 +65,24 @@ class AsyncClient(_OnThread):
     async def reader(self, resources: Sequence[str] = (), confirm: str = "none"
                      ) -> "AsyncReader":
         """As ``Client.reader``."""
-        lease = AsyncReader()
-        lease.lease = await lease._run(self.client.reader, resources, confirm)
+        lease = AsyncReader(self._leases)
+        try:
+            lease.lease = await lease._run(self.client.reader, resources, confirm)
+        except BaseException:
+            lease._shutdown()
+            raise
         self._leases.append(lease)
         return lease
 
     async def writer(self, resources: Sequence[str] = (), confirm: str = "none"
                      ) -> "AsyncWriter":
         """As ``Client.writer``."""
-        lease = AsyncWriter()
-        lease.lease = await lease._run(self.client.writer, resources, confirm)
+        lease = AsyncWriter(self._leases)
+        try:
+            lease.lease = await lease._run(self.client.writer, resources, confirm)
+        except BaseException:
+            lease._shutdown()
+            raise
         self._leases.append(lease)
         return lease
 
@@ -74,13 +99,13 @@ class AsyncClient(_OnThread):
         await self.close()
 
 
-class AsyncReader(_OnThread):
+class AsyncReader(_AsyncLease):
     """``Reader`` for asyncio (``async for received in reader``)."""
 
     lease: Reader
 
-    def __init__(self) -> None:
-        super().__init__("peermesh-mtl-reader")
+    def __init__(self, owner: list[_AsyncLease]) -> None:
+        super().__init__("peermesh-mtl-reader", owner)
 
     async def summon(self, resource: str) -> None:
         await self._run(self.lease.summon, resource)
@@ -114,13 +139,13 @@ class AsyncReader(_OnThread):
                 yield received
 
 
-class AsyncWriter(_OnThread):
+class AsyncWriter(_AsyncLease):
     """``Writer`` for asyncio."""
 
     lease: Writer
 
-    def __init__(self) -> None:
-        super().__init__("peermesh-mtl-writer")
+    def __init__(self, owner: list[_AsyncLease]) -> None:
+        super().__init__("peermesh-mtl-writer", owner)
 
     async def send(self, body: bytes, resource: str = "",
                    properties: Optional[Mapping[str, Any]] = None) -> int:

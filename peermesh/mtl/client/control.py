@@ -317,6 +317,12 @@ class Client:
             self._leases.append(lease)
         return lease
 
+    def _release(self, lease: _Leased) -> None:
+        """Forget a closed lease (``_Leased.close``)."""
+        with self._lock:
+            if lease in self._leases:
+                self._leases.remove(lease)
+
     def close(self) -> None:
         """Close every lease and the control socket."""
         with self._lock:

@@ -73,6 +73,9 @@ class Session(Protocol):
     def _failover(self, generation: int) -> None:
         """A new control session, unless one newer than ``generation`` exists already."""
 
+    def _release(self, lease: "_Leased") -> None:
+        """Forget a closed lease."""
+
 
 @dataclass(frozen=True, slots=True)
 class Received:
@@ -98,16 +101,22 @@ class _Leased:
         #: which data connection this is (goes up with each reconnection)
         self.link = 0
         self._dealer: Optional[zmq.Socket[Any]] = None
+        self._monitor: Optional[zmq.Socket[Any]] = None   # the dealer's disconnections
+        self._poller = zmq.Poller()
         self._endpoint = ""
         self._token = ""
         self._generation = -1
         self._sequence = 0                   # command sequence
         self._heard = self._said = self._pinged = self._probed = 0.0
         self._probe: Optional[int] = None    # sequence of a Lease sent to check the binding
-        self._revoked = False                # the gateway answered the probe with 403
+        self._answer: Optional[int] = None   # the gateway's code for it, not yet acted on
         self._pings = self._pongs = 0        # on this connection (the k-th Pong answers ...)
         self._closed = False
-        self._bind(renew=True)
+        try:
+            self._bind(renew=True)
+        except BaseException:
+            self._close_dealer()
+            raise
 
     # --- the connection ---------------------------------------------------------
 
@@ -122,12 +131,17 @@ class _Leased:
         self._close_dealer()
         dealer = self.client._socket(zmq.DEALER, {zmq.SNDTIMEO: int(self.client.timeout * 1000),
                                                   zmq.MAXMSGSIZE: MAX_CONTENT})
-        dealer.connect(self._endpoint)
         self._dealer = dealer
-        self.link += 1
-        self._heard = self._said = self._pinged = self._probed = time.monotonic()
-        self._probe, self._revoked = None, False
-        self._pings = self._pongs = 0
+        try:
+            self._monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        except BaseException:
+            self._close_dealer()
+            raise
+        self._poller = zmq.Poller()
+        self._poller.register(dealer, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        dealer.connect(self._endpoint)
+        self._new_link()
         code = self._exchange(lambda seq: Lease(seq, self._token), self._patience())
         if code == 403 and not renew:
             self._bind(renew=True)
@@ -135,6 +149,13 @@ class _Leased:
         if code != 200:
             raise RequestRefused("Lease", code)
         self._bound()
+
+    def _new_link(self) -> None:
+        """A new binding: nothing heard before it counts for its liveness."""
+        self.link += 1
+        self._heard = self._said = self._pinged = self._probed = time.monotonic()
+        self._probe = self._answer = None
+        self._pings = self._pongs = 0
 
     def _patience(self) -> float:
         return min(self.client.timeout, self.client.heartbeat * self.client.liveness)
@@ -148,6 +169,7 @@ class _Leased:
             raise ClientError("the lease is closed")
         log.info("MTL %s lease on %s: reconnecting", self.direction.name.lower(),
                  self._endpoint)
+        self._drain()
         try:
             self._bind(renew=False)
         except GatewayUnavailable:
@@ -162,11 +184,53 @@ class _Leased:
                                      f"(send timed out)") from None
         self._said = time.monotonic()
 
+    def _drain(self) -> None:
+        """Take what the gateway sent before the link was lost (content, confirms) off the
+        old connection; its Pings are not answered (nobody would hear the Pong)."""
+        if self._dealer is None:
+            return
+        for command in self._read(0):
+            if not isinstance(command, Ping):
+                self._incoming(command)
+
+    def _dropped(self) -> bool:
+        """True if the data connection was lost (the gateway went or closed it): the gateway
+        no longer serves the link, whatever is still queued on it."""
+        monitor = self._monitor
+        if monitor is None or not monitor.poll(0, zmq.POLLIN):
+            return False
+        try:
+            while True:
+                monitor.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        return True
+
     def _awake(self) -> None:
-        """Reconnect first if the gateway may have unbound the link: it heard nothing from
-        it for ``heartbeat * liveness`` seconds (nobody called this lease)."""
-        if time.monotonic() - self._said >= self.client.heartbeat * self.client.liveness:
+        """Before a call waits on the link: reconnect if the connection was lost; present
+        the lease again if nobody called this lease for ``heartbeat * liveness`` seconds
+        (the gateway may have unbound the link meanwhile, while its Pings queued up)."""
+        if self._dropped():
             self._recover()
+        elif time.monotonic() - self._said >= self.client.heartbeat * self.client.liveness:
+            try:
+                code = self._exchange(lambda seq: Lease(seq, self._token), self._patience())
+            except GatewayUnavailable:
+                self._recover()
+                return
+            self._presented(code)
+
+    def _presented(self, code: int) -> None:
+        """The gateway's answer to the lease presented again on a bound connection: 400
+        (still bound), 200 (it had unbound the link and bound it again: what the lease had
+        is restored), 403 (revoked: a new lease)."""
+        if code == 200:
+            log.info("MTL %s lease on %s: bound again", self.direction.name.lower(),
+                     self._endpoint)
+            self._new_link()     # (content an unbound link brought is the gateway's again)
+            self._bound()
+        elif code == 403:
+            self._bind(renew=True)
 
     def _exchange(self, make: Callable[[int], DataCommand], patience: float) -> int:
         """Send a command with the next sequence and wait for its Response code;
@@ -190,6 +254,7 @@ class _Leased:
 
     def _command(self, make: Callable[[int], DataCommand]) -> int:
         """``_exchange`` with a reconnection (and one more try) if the gateway is gone."""
+        self._awake()
         try:
             return self._exchange(make, self.client.timeout)
         except GatewayUnavailable:
@@ -201,7 +266,8 @@ class _Leased:
         dealer = self._dealer
         assert dealer is not None
         commands: list[DataCommand] = []
-        if not dealer.poll(max(0, int(timeout * 1000)), zmq.POLLIN):
+        ready = dict(self._poller.poll(max(0, int(timeout * 1000))))
+        if dealer not in ready:
             return commands
         while len(commands) < 1000:
             try:
@@ -239,17 +305,20 @@ class _Leased:
         elif isinstance(command, Pong):
             self._pongs += 1
         elif isinstance(command, Response) and command.sequence == self._probe:
-            self._probe = None
-            self._revoked = command.code == 403
+            self._probe, self._answer = None, command.code
 
     def _pump(self, timeout: float) -> None:
         """Read and handle what arrives within ``timeout``; keep the connection alive."""
+        self._awake()
         for command in self._read(timeout):
             self._incoming(command)
         now = time.monotonic()
         heartbeat, liveness = self.client.heartbeat, self.client.liveness
-        if self._revoked:             # the gateway revoked the lease: a new one
-            self._bind(renew=True)
+        if self._answer is not None:  # the periodic check: still bound?
+            code, self._answer = self._answer, None
+            self._presented(code)
+        elif self._dropped():
+            self._recover()
         elif now - self._heard >= heartbeat * liveness:
             self._recover()
         elif now - self._heard >= heartbeat and now - self._pinged >= heartbeat:
@@ -268,14 +337,21 @@ class _Leased:
 
     def _close_dealer(self, linger: float = 0.0) -> None:
         if self._dealer is not None:
+            if self._monitor is not None:
+                self._dealer.disable_monitor()
+                self._monitor.close(0)
+                self._monitor = None
             self._dealer.close(int(linger * 1000))
             self._dealer = None
 
     def close(self) -> None:
         """Close the data connection (the gateway forgets the lease after a while); what
-        is still queued to send gets up to ``timeout`` seconds to leave."""
-        self._closed = True
-        self._close_dealer(self.client.timeout)
+        is still queued to send gets up to ``timeout`` seconds to leave. The client
+        forgets the lease."""
+        if not self._closed:
+            self._closed = True
+            self._close_dealer(self.client.timeout)
+            self.client._release(self)
 
     def __enter__(self: "_L") -> "_L":
         return self
@@ -388,7 +464,7 @@ class Writer(_Leased):
         With ``confirm="full"`` it waits while ``window`` contents are unconfirmed."""
         client = self.client
         if time.monotonic() - self._said >= client.heartbeat * client.liveness:
-            self._recover()      # (as ``_awake``, inline: this is the hot path)
+            self._recover()      # (idle: as ``_awake``, inline: this is the hot path)
         full = self.confirm_model == "full"
         while full and len(self._unconfirmed) >= client.window:
             self._pump(client.heartbeat)
