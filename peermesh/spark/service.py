@@ -9,17 +9,20 @@ program, with no monkey-patching:
   configured groups and, when ``peermesh.sada`` is importable, carries a
   Safir-Darbaan channel (``X-PM-SADA-CHANNEL`` in its HELLO), so servers on
   the LAN connect to it as to any channel;
-* an **ingest** thread takes every SHOUT the node receives in its groups and
-  appends it, in arrival order, to a ``MessageLog`` (SQLite, WAL) under the
-  configured directory, in batches of whatever has arrived;
-* a **log server** thread answers the ``PMLOG1`` protocol (see
-  ``protocol``) on a ZeroMQ ROUTER, served by the I/O layer's ``HubSocket``
-  on that thread's own gevent hub: offsets, ranges of rows, consumer
-  registration, commits and trims. Spark calls the data source only in
+* an **ingest** thread (``ingest.Ingest``) takes every SHOUT the node
+  receives in its groups and appends it, in arrival order, to a
+  ``MessageLog`` (SQLite, WAL) under the configured directory, in batches of
+  whatever has arrived;
+* a **log server** thread (``logserver.LogServer``) answers the ``PMLOG1``
+  protocol (see ``protocol``) on a ZeroMQ ROUTER, served by the I/O layer's
+  ``HubSocket`` on that thread's own gevent hub: offsets, ranges of rows,
+  consumer registration, commits and trims. Spark calls the data source only in
   Python worker processes, never in the driver's own; they reach the log
   through this socket.
 
-Nothing here imports pyspark.
+This module holds the service's settings and life cycle; what the mesh sees of
+it (``ServiceStats``, ``LogAdvert``) is in ``advert``, ``MeshSettings`` in
+``meshsettings``. Nothing here imports pyspark.
 """
 
 from __future__ import annotations
