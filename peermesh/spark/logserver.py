@@ -71,7 +71,6 @@ class LogServer:
         """Answer requests with ``reader`` until ``close`` (on this thread's own hub); closes
         ``reader``."""
         sock = self.sock
-        assert sock is not None
         hub = gevent.get_hub()  # this thread's own
         server = GuardedListener(HubSocket(sock, endpoint=self.endpoint), self.limits)
         handle = self.handle
@@ -106,6 +105,7 @@ class LogServer:
                 pass
 
     def handle(self, reader: MessageLog, frames: list[bytes]) -> Optional[Reply]:
+        """The reply to one request's ``frames`` (None: dropped as malformed)."""
         self.owner.stats.requests += 1
         try:
             request = protocol.decode_request(frames)
