@@ -100,8 +100,8 @@ class DriverService:
     same defaults. ``trim`` (default False; opt in): also delete, group by
     group, what every registered streaming query of that group has committed
     (consumers silent for ``consumer_ttl`` seconds no longer count), so a
-    later batch read no longer sees it. ``max_record_bytes`` caps what one stored chunk of messages may
-    take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
+    later batch read no longer sees it. ``max_record_bytes`` caps what one
+    stored chunk of messages may take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
     is dropped with a logged reason (``stats.rejected``), never retried.
     ``channel``: add a Safir-Darbaan channel to the node (needs
     ``peermesh.sada``; None: when available). ``gateway``: also run an MTL
