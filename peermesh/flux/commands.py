@@ -22,6 +22,9 @@ up to ``--wait`` seconds, for peers advertising the instance, the elected
 rank 0 first, and leaves the mesh once the client is connected). A client
 takes no rank and grows nothing in the instance, so running them from a
 script forever costs the instance nothing.
+
+This module builds the parser; ``run`` is in ``runcommand``, the other commands in
+``clientcommands``, and how they reach the instance in ``cliclient``.
 """
 
 from __future__ import annotations

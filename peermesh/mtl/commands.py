@@ -23,6 +23,10 @@ command line: it comes from
 ``--password-file PATH`` (its first line; ``-`` is stdin),
 ``--password-env VAR``, else ``$PEERMESH_MTL_PASSWORD``, else a prompt on
 the terminal.
+
+This module builds the parser; the actions are in ``usercommands``,
+``clientcommands`` (``read``, ``write``) and ``gatewaycommand``; passwords are read by
+``passwords``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ options win over the environment (``$PEERMESH_DATA_DIR``,
 reads the local store. ``worker`` and ``broker run`` serve until Ctrl-C /
 SIGTERM and print one JSON line per notable event (``ready``, ``broker``) on
 stdout.
+
+This module builds the parser; the options are read in ``cliconfig``, the client
+commands are in ``clientcommands``, ``worker`` and ``broker run`` in ``servecommands``.
 """
 
 from __future__ import annotations
