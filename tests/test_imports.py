@@ -39,6 +39,13 @@ LAYERS: dict[str, int] = {
 }
 TOP = 9  # peermesh/__init__.py and __main__.py
 COMMANDS = 8  # an overlay's commands.py is part of the command line
+#: the modules an overlay's ``commands`` (its parser) runs its actions in: command line too
+COMMAND_MODULES = {
+    "peermesh.flux.cliclient", "peermesh.flux.clientcommands", "peermesh.flux.runcommand",
+    "peermesh.nfp.cliconfig", "peermesh.nfp.clientcommands", "peermesh.nfp.servecommands",
+    "peermesh.mtl.passwords", "peermesh.mtl.usercommands", "peermesh.mtl.clientcommands",
+    "peermesh.mtl.gatewaycommand",
+}
 
 
 
@@ -118,7 +125,7 @@ def layer(module: str) -> int:
     parts = module.split(".")
     if len(parts) == 1 or parts[1] == "__main__":
         return TOP
-    if parts[-1] == "commands" and len(parts) == 3:
+    if (parts[-1] == "commands" and len(parts) == 3) or module in COMMAND_MODULES:
         return COMMANDS
     return LAYERS[parts[1]]
 
@@ -242,3 +249,7 @@ def test_a_plain_node_loads_only_what_it_needs(free_udp_port: int) -> None:
     wrong = [m for m in loaded if m.split(".")[0] in NOT_FOR_A_PLAIN_NODE
              or any(m == n or m.startswith(n + ".") for n in NOT_FOR_A_PLAIN_NODE)]
     assert wrong == []
+
+
+def test_command_modules_exist() -> None:
+    assert COMMAND_MODULES <= set(MODULES), sorted(COMMAND_MODULES - set(MODULES))

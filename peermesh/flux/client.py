@@ -53,6 +53,10 @@ A member on keys (CURVE) is reached with its public key: ``endpoints`` as
 ``{endpoint: key}`` (Z85); the client connects as a CURVE client with
 ``curve``'s keypair, or with a keypair of its own made for the connection
 (the member admits it only if its allowlist admits any key).
+
+Kept whole: one client (``FluxClient``): its RPCs, subscriptions and pings share the one
+link that failover replaces (failing the RPCs in flight, taking the subscriptions
+again).
 """
 
 from __future__ import annotations

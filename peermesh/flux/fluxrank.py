@@ -10,6 +10,9 @@ goes up with the stack as it came. Requests are routed as
 flux-core's broker routes them: to this rank's services when addressed to it (or to any
 rank, or upstream from a child, and served here), down to the child whose subtree holds
 the rank addressed, else up; rank 0 answers what nobody serves with ENOSYS.
+
+Kept whole: one sans-io core (``FluxModeCore``): routing, hellos, events and monitors
+all read and move the same route stacks and child table.
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ allowed keys, and the DEALER to a parent is a CURVE client of the key of the
 member at that endpoint: its authenticated ``X-PUBLICKEY`` in the mesh, or
 the key given with the endpoint (``parents={endpoint: key}``) alone. An
 endpoint whose key is unknown is not connected to (the join tries the next).
+
+Kept whole: one driver (``FluxOverlay``): its socket readers, timer and mesh bootstrap
+all apply the outputs of one ``FluxCore`` on one hub.
 """
 
 from __future__ import annotations

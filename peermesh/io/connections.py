@@ -64,6 +64,9 @@ The guard installs itself on the ``HubSocket``'s batch reader, so every way
 of reading it (``serve``, ``read``, ``recv_batch``, with or without
 ``metadata``) drops what a revoked key sent; a listener without revocable
 keys reads as before, at no cost.
+
+Kept whole: one policy (``GuardedListener``) and the descriptor-level helpers only it
+uses (out of descriptors, the SYN filter, ``tcp_info``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ handlers may wait (NFP). Either way messages come in batches: one call of the
 C extension (``zmqbatch.native``) reads every waiting message, or pyzmq does
 the same frame by frame; and a message is sent whole in one call. The choice
 between the two is made in ``zmqbatch``, once, when a socket is wrapped.
+
+Kept whole: one class (``HubSocket``) whose reads, sends and waits share the edge-
+triggered ``zmq.FD`` bookkeeping described above; splitting it would split that
+invariant.
 """
 
 from __future__ import annotations

@@ -100,6 +100,10 @@ command at most ``max_content`` bytes (default 16 MiB) and 2 frames; a
 peer's send queue holds ``SNDHWM`` messages (beyond that ROUTER drops, so
 a stalled client never stalls the gateway). Sessions, leases and links are
 bounded by the cores.
+
+Kept whole: one driver (``Gateway``): its greenlets drive the control, data and
+replication cores, which share one store and one commit (an answer waits for a replica's
+mark).
 """
 
 from __future__ import annotations

@@ -83,6 +83,9 @@ for content stored before). One time is kept per commit, at most
 ``_COMMIT_TIMES`` of them (thinned by half, keeping the oldest, when more):
 past that the age is read from an older commit, so it may be overstated,
 never understated.
+
+Kept whole: one store (``ContentStore``) and how its file is named, locked and taken
+over from earlier names: all of it is the one schema's life cycle.
 """
 
 from __future__ import annotations

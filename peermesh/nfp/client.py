@@ -43,6 +43,9 @@ between) it falls back to a GET that waits at the worker. A worker that
 finished the job before its 202 left puts the result in the 202 instead (the
 broker's 202 lists it under ``"finished"``); ``post`` hands each such entry
 to the same code as a final EVENT, listeners included.
+
+Kept whole: one overlay (``Client``): its broker and direct paths must answer callers
+alike, and share the table of open jobs that a broker change posts again.
 """
 
 from __future__ import annotations

@@ -51,6 +51,9 @@ decoded message), ``add_worker`` / ``remove_worker`` and
   body names the job's previous workers (``"holders"``) and none of them is
   connected yet (they are moving to this broker too), it waits for them up
   to ``request_timeout`` first, then asks the workers that are there.
+
+Kept whole: one sans-io core (``Dispatcher``): targeting, queueing, re-dispatch and
+folding of answers are decisions over the same pending and in-flight tables.
 """
 
 from __future__ import annotations

@@ -59,6 +59,8 @@ This module is the ``Worker`` overlay alone (about 800 lines: its request
 handlers, executor and management share one job table); what stands apart
 lives beside it: the broker conversation (``session.py``), tasks and jobs
 (``tasks.py``), the bound on stored octets (``quota.py``).
+
+Kept whole: one overlay (``Worker``), as the paragraph above says.
 """
 
 from __future__ import annotations

@@ -62,6 +62,10 @@ for a RINTR answer are remembered up to 4096.
 The usual REP (as the spec draws it, from the server holding the request) is
 matched without ``wire.sada``'s careful decoding; anything else takes that
 path.
+
+Kept whole: one sans-io core (``RequestRouter``): choosing a server, timeouts, retries
+and what each server is known to offer are decisions over the same table of pending
+requests.
 """
 
 from __future__ import annotations

@@ -47,6 +47,10 @@ catalog changes) and the handler by its category and action frames
 server INTRs an empty catalog, answers new REQs with 503 (channels send
 those elsewhere) and lets running handlers finish for up to ``grace``
 seconds.
+
+Kept whole: one role (``Server``): its catalog, channel links and request handling share
+one ROUTER and the routing ids it gives channels; ``_Workers`` is the pool only it runs
+handlers in.
 """
 
 from __future__ import annotations

@@ -65,6 +65,9 @@ with or without any query running (Kafka's ``retention.ms`` and
 One ``MessageLog`` object is one SQLite connection: use it from one thread
 at a time. Several objects (threads, processes) may open the same file; WAL
 lets readers read while one writer writes.
+
+Kept whole: one log (``MessageLog``) and its chunk format, which is the format of its
+rows: readers are handed chunks as they are stored.
 """
 
 from __future__ import annotations

@@ -9,204 +9,58 @@ program, with no monkey-patching:
   configured groups and, when ``peermesh.sada`` is importable, carries a
   Safir-Darbaan channel (``X-PM-SADA-CHANNEL`` in its HELLO), so servers on
   the LAN connect to it as to any channel;
-* an **ingest** thread takes every SHOUT the node receives in its groups and
-  appends it, in arrival order, to a ``MessageLog`` (SQLite, WAL) under the
-  configured directory, in batches of whatever has arrived;
-* a **log server** thread answers the ``PMLOG1`` protocol (see
-  ``protocol``) on a ZeroMQ ROUTER, served by the I/O layer's ``HubSocket``
-  on that thread's own gevent hub: offsets, ranges of rows, consumer
-  registration, commits and trims. Spark calls the data source only in
+* an **ingest** thread (``ingest.Ingest``) takes every SHOUT the node
+  receives in its groups and appends it, in arrival order, to a
+  ``MessageLog`` (SQLite, WAL) under the configured directory, in batches of
+  whatever has arrived;
+* a **log server** thread (``logserver.LogServer``) answers the ``PMLOG1``
+  protocol (see ``protocol``) on a ZeroMQ ROUTER, served by the I/O layer's
+  ``HubSocket`` on that thread's own gevent hub: offsets, ranges of rows,
+  consumer registration, commits and trims. Spark calls the data source only in
   Python worker processes, never in the driver's own; they reach the log
   through this socket.
 
-Nothing here imports pyspark.
+This module holds the service's settings and life cycle; what the mesh sees of
+it (``ServiceStats``, ``LogAdvert``) is in ``advert``, ``MeshSettings`` in
+``meshsettings``. Nothing here imports pyspark.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import hmac
 import secrets
-import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-import gevent
 import zmq
 
 from ..counters import Counters
-from ..errors import NodeStateError, PeermeshError
-from ..events import EventType
-from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
-from ..io.connections import COUNTERS, GuardedListener
+from ..errors import NodeStateError
+from ..io import bind, bind_ephemeral, shared_context
+from ..io.connections import COUNTERS
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay
-from . import protocol
+from .advert import HEADER_LOG, LogAdvert, ServiceStats
 from .gateway import GATEWAY_USER, HandOver, LogQueues, new_password, parse_gateway, \
     write_patterns
-from .log import MessageLog, host_id
+from .ingest import Ingest
+from .log import MessageLog
+from .logserver import LogServer, server_socket
+from .meshsettings import MeshSettings
 from .remotecalls import CALLS, REPLIES, Call, CallRelay, is_local, submit
-from .protocol import Op, Reply, Request
 
 __all__ = ["DriverService", "LogAdvert", "MeshSettings", "start_service", "current_service",
            "HEADER_LOG", "DEFAULT_DIRECTORY"]
 
 log = logging.getLogger(__name__)
 
-#: HELLO header of the driver node: the log service's endpoint
-HEADER_LOG = "X-PM-SPARK-LOG"
 #: where logs go when no directory is given: $PEERMESH_SPARK_DIR, else ./peermesh-data
 DEFAULT_DIRECTORY = "peermesh-data"
-#: bounds of the log server's socket: a request is a small msgpack map, and a client
-#: that does not read its replies holds at most a few FETCH replies (16 MiB each)
-_MAX_REQUEST = 1024 * 1024
-_SERVER_SNDHWM = 4
-_SERVER_RCVHWM = 256
 #: how long the log keeps a message by default (Kafka's ``retention.ms``: 7 days)
 DEFAULT_RETENTION = 7 * 24 * 3600.0
-_INGEST_BATCH = 20_000              #: messages appended in one transaction, at most
-_INGEST_BYTES = 64 * 1024 * 1024    #: payload bytes appended in one transaction, at most
-_RETAIN_EVERY = 1.0                 #: seconds between two retention passes
-_POLL_MS = 100
-_GATEWAY_POLL_MS = 10   #: with a gateway: how soon its hand-overs are appended, at most
-
-
-@dataclass(frozen=True)
-class MeshSettings:
-    """How a node in a Spark worker process joins the same mesh as the driver.
-
-    Picklable; the data source and ``ServiceCaller`` carry one to executors.
-    Fields are ``NodeConfig`` settings (None: the worker's own default,
-    ``PEERMESH_*`` or built-in).
-    """
-
-    interface: Optional[str] = None
-    port: Optional[int] = None
-    interval: Optional[float] = None
-    evasive: Optional[float] = None
-    silent: Optional[float] = None
-    expired: Optional[float] = None
-    discovery: Optional[tuple[str, ...]] = None
-    seeds: Optional[tuple[str, ...]] = None
-    #: the secret certificate and allowed-keys directory of the worker's host (options
-    #: ``keyFile``, ``allowedKeys``), for a mesh with keys; never taken from the driver
-    key_file: Optional[str] = None
-    allowed_keys: Optional[str] = None
-
-    def node_settings(self) -> dict[str, Any]:
-        """Keyword settings for ``ThreadedNode`` (only those that are set)."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    def to_options(self) -> dict[str, str]:
-        """As data source options (strings; tuples comma-separated)."""
-        result = {}
-        for key, value in asdict(self).items():
-            if value is None:
-                continue
-            name = _OPTION_NAMES.get(key, key)
-            result[name] = ",".join(value) if isinstance(value, tuple) else str(value)
-        return result
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> "MeshSettings":
-        """From data source options (lower-cased keys, string values)."""
-        values: dict[str, Any] = {}
-        for key in ("interface",):
-            if options.get(key):
-                values[key] = options[key]
-        for key, name in _OPTION_NAMES.items():
-            if options.get(name.lower()):
-                values[key] = options[name.lower()]
-        if options.get("port"):
-            values["port"] = int(options["port"])
-        for key in ("interval", "evasive", "silent", "expired"):
-            if options.get(key):
-                values[key] = float(options[key])
-        for key in ("discovery", "seeds"):
-            if options.get(key) is not None and key in options:
-                values[key] = tuple(v.strip() for v in options[key].split(",") if v.strip())
-        return cls(**values)
-
-    @classmethod
-    def from_config(cls, config: Any, interface: Any = None) -> "MeshSettings":
-        """The settings of a running node's ``NodeConfig``.
-
-        ``interface`` (the node's ``Interface``) is passed on as its network in
-        CIDR form, so that a worker picks its own interface on the same network
-        whatever that interface is named on its host.
-        """
-        where = str(interface.network) if interface is not None else config.interface
-        return cls(interface=where, port=config.port, interval=config.interval,
-                   evasive=config.evasive, silent=config.silent, expired=config.expired,
-                   discovery=tuple(config.discovery), seeds=tuple(config.seeds))
-
-
-#: MeshSettings fields whose data source option is spelled otherwise
-_OPTION_NAMES = {"key_file": "keyFile", "allowed_keys": "allowedKeys"}
-
-
-@dataclass
-class ServiceStats:
-    """Counters of a running ``DriverService``."""
-
-    messages: int = 0          #: SHOUTs appended to the log
-    batches: int = 0           #: append transactions
-    requests: int = 0          #: PMLOG1 requests answered
-    errors: int = 0            #: of which ERR
-    chunks_served: int = 0     #: log chunks sent in FETCH replies
-    trimmed: int = 0           #: messages deleted (commits, retention, trims)
-    rejected: int = 0          #: SHOUTs that could not be stored (too large for SQLite)
-    #: writes through the gateway refused: not a logged group, too large, or (sent again)
-    #: while the log was behind
-    gateway_refused: int = 0
-    #: service calls relayed through the gateway (``peermesh.spark.remotecalls``)
-    gateway_calls: int = 0
-
-
-class LogAdvert(Overlay):
-    """The driver's log service as the mesh sees it: ``X-PM-SPARK-LOG`` and role
-    ``spark-log`` on the driver node's HELLO."""
-
-    roles = ("spark-log",)
-
-    def __init__(self, endpoint: str, stats: Optional[ServiceStats] = None,
-                 path: Optional[Path] = None) -> None:
-        super().__init__()
-        self.endpoint = endpoint
-        self.service_stats = stats
-        self.path = path                          # the log, read when metrics are scraped
-        self._reader: Optional[MessageLog] = None  # opened on first scrape, on the hub
-
-    def on_stop(self, timeout: float) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.close()
-
-    def headers(self) -> dict[str, str]:
-        return {HEADER_LOG: self.endpoint}
-
-    def metrics(self) -> Any:
-        """``Overlay.metrics`` plus the service's totals as ``spark_log_total{what}``, the
-        log's offsets and each streaming query's committed offset and lag (messages)."""
-        yield from super().metrics()
-        if self.service_stats is not None:
-            for what, count in asdict(self.service_stats).items():
-                yield "spark_log_total", {"what": what}, count
-        if self.path is None or not self.running:
-            return
-        if self._reader is None:
-            self._reader = MessageLog(self.path)
-        earliest, following = self._reader.bounds()
-        yield "spark_log_earliest_offset", {}, earliest
-        yield "spark_log_next_offset", {}, following
-        for consumer in self._reader.consumers():
-            labels = {"consumer": consumer.id, "groups": ",".join(consumer.groups)}
-            yield "spark_consumer_committed_offset", labels, consumer.committed
-            yield "spark_consumer_lag", labels, max(0, following - consumer.committed)
 
 
 def _check_group(group: str) -> None:
@@ -246,8 +100,8 @@ class DriverService:
     same defaults. ``trim`` (default False; opt in): also delete, group by
     group, what every registered streaming query of that group has committed
     (consumers silent for ``consumer_ttl`` seconds no longer count), so a
-    later batch read no longer sees it. ``max_record_bytes`` caps what one stored chunk of messages may
-    take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
+    later batch read no longer sees it. ``max_record_bytes`` caps what one
+    stored chunk of messages may take (default: SQLite's limit, about 1 GB); a SHOUT too large to store
     is dropped with a logged reason (``stats.rejected``), never retried.
     ``channel``: add a Safir-Darbaan channel to the node (needs
     ``peermesh.sada``; None: when available). ``gateway``: also run an MTL
@@ -326,7 +180,7 @@ class DriverService:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: Optional[zmq.Socket] = None
-        self._server: Optional[tuple[GuardedListener, Any]] = None  # and its hub's loop
+        self._log_server: Optional[LogServer] = None
         #: connections the log server shed (``peermesh.io.connections``)
         self.limits = Counters(log, "Spark log server hit its limits", COUNTERS)
         #: NEW, ATTACHED while starting or stopping (resources held), RUNNING, STOPPED
@@ -355,8 +209,7 @@ class DriverService:
         self.log_id = writer.log_id
         itf = select_interface(self._interface)
         self._curve = _log_curve(self._node_settings)
-        sock = make_socket(zmq.ROUTER, {zmq.SNDHWM: _SERVER_SNDHWM, zmq.RCVHWM: _SERVER_RCVHWM,
-                                        zmq.MAXMSGSIZE: _MAX_REQUEST}, curve=self._curve)
+        sock = server_socket(self._curve)
         if self._curve is not None:
             self.server_key = self._curve.public.decode()
         self._sock = sock
@@ -398,11 +251,14 @@ class DriverService:
         self.mesh = MeshSettings.from_config(self.node.call(lambda n: n.config),
                                              self.node.interface)
 
-        ingest = threading.Thread(target=self._ingest, args=(writer,), daemon=True,
-                                  name=f"peermesh-ingest-{self.name}")
-        server = threading.Thread(target=self._serve, args=(MessageLog(self.path),),
+        ingest = Ingest(self.node, self.gateway, self._handover, self.stats, self._stopping,
+                        self.path, self.retention, self.retention_bytes)
+        self._log_server = LogServer(self, sock, self.endpoint, self.limits, self._stopping)
+        ingester = threading.Thread(target=ingest.run, args=(writer,), daemon=True,
+                                    name=f"peermesh-ingest-{self.name}")
+        server = threading.Thread(target=self._log_server.serve, args=(MessageLog(self.path),),
                                   daemon=True, name=f"peermesh-log-{self.name}")
-        self._threads = [ingest, server]
+        self._threads = [ingester, server]
         for thread in self._threads:
             thread.start()
         log.info("spark service %s: log %s at %s, groups %s", self.name, self.path,
@@ -463,12 +319,8 @@ class DriverService:
         if self.node is not None:
             self.node.stop(timeout)
         self._stopping.set()
-        server = self._server
-        if server is not None:  # the log server's hub runs in its own thread
-            try:
-                server[1].run_callback_threadsafe(server[0].close)
-            except Exception:  # that thread ended meanwhile, and its hub with it
-                pass
+        if self._log_server is not None:
+            self._log_server.close()
         for thread in self._threads:
             thread.join(timeout + 5)
         if self._sock is not None:
@@ -545,294 +397,15 @@ class DriverService:
                 time.sleep(0.01)
         return True
 
-    # --- ingest ---------------------------------------------------------
-
-    def _ingest(self, writer: MessageLog) -> None:
-        recv = self.node.recv
-        shout, stop, confirm = EventType.SHOUT, EventType.STOP, EventType.CONFIRM
-        now = time.time
-        stats = self.stats
-        largest = writer.max_payload
-        senders: dict[Any, tuple[str, dict]] = {}  # peer UUID -> (hex, HELLO headers)
-        retain_at = time.monotonic()
-        poll = (_POLL_MS if self.gateway is None else _GATEWAY_POLL_MS) / 1000
-        try:
-            while True:
-                if time.monotonic() >= retain_at:
-                    self._retain(writer)
-                    retain_at = time.monotonic() + _RETAIN_EVERY
-                if len(self._handover):
-                    self._from_gateway(writer)
-                event = recv(poll)
-                if event is None:
-                    if self._stopping.is_set():
-                        return
-                    continue
-                batch = []
-                size = 0
-                stopped = False
-                confirms = []
-                while event is not None:
-                    kind = event.type
-                    if kind is confirm:  # answered once what came before it is stored
-                        confirms.append(event.peer)
-                        break
-                    if kind is shout:
-                        message = event.message
-                        if len(message) > largest:
-                            stats.rejected += 1
-                            _log_rejected(event.group, event.peer, len(message), largest)
-                        else:
-                            peer = event.peer
-                            sender = senders.get(peer)
-                            if sender is None:
-                                if len(senders) > 65536:
-                                    senders.clear()
-                                sender = senders[peer] = (peer.hex, self._headers_of(peer))
-                            batch.append((event.group, sender[0], event.name, now(), message,
-                                          sender[1]))
-                            size += len(message)
-                            if len(batch) >= _INGEST_BATCH or size >= _INGEST_BYTES:
-                                break
-                    elif kind is stop:
-                        stopped = True
-                        break
-                    event = recv(0)
-                if batch:
-                    stats.messages += self._append(writer, batch)
-                    stats.batches += 1
-                for peer in confirms:
-                    self._confirm(peer)
-                if stopped:
-                    return
-        finally:
-            writer.close()
-
-    def _from_gateway(self, writer: MessageLog) -> None:
-        """Append what the gateway handed over, then confirm it to its writers."""
-        gateway = self.gateway
-        queues = gateway.data.queues
-        handed = self._handover.take()
-        while handed is not None:
-            records = handed[0]
-            stored = self._append(writer, records)
-            self.stats.messages += stored
-            self.stats.batches += 1
-            confirms = queues.appended(handed, stored == len(records))
-            if confirms:
-                try:
-                    self.node.call(lambda node: gateway.answer(confirms))
-                except PeermeshError:  # stopping: the writers send it again elsewhere
-                    log.debug("could not confirm %d gateway writes", len(records))
-            handed = self._handover.take()
-
-    def _confirm(self, peer: Any) -> None:
-        """Answer ``peer``'s PING: everything it sent before is in the log."""
-        try:
-            self.node.call(lambda node: node.confirm(peer))
-        except PeermeshError:  # the node is stopping: the peer's flush says False
-            log.debug("could not confirm to %s", peer)
-
-    def _headers_of(self, peer: Any) -> dict:
-        """The HELLO headers of ``peer`` ({} once it has left)."""
-        try:
-            return dict(self.node.peer_headers(peer))
-        except PeermeshError:
-            return {}
-
-    def _append(self, writer: MessageLog, batch: list) -> int:
-        """Append ``batch``, retrying what may pass later (a full disk); how many were stored.
-
-        A message SQLite refuses outright (too big, even without its stored
-        ``text``) is dropped with a logged reason and never holds up the others.
-        """
-        delay = 0.05
-        texts = True
-        while True:
-            try:
-                writer.append(batch, texts)
-                return len(batch)
-            except sqlite3.DataError as exc:
-                if len(batch) == 1 and texts:
-                    texts = False  # its text made it too big: leave the text to readers
-                    continue
-                if len(batch) == 1:
-                    self.stats.rejected += 1
-                    record = batch[0]
-                    log.warning("a SHOUT to %s from %s (%d bytes) cannot be stored: %s",
-                                record[0], record[2], len(record[4]), exc)
-                    return 0
-                half = len(batch) // 2
-                return self._append(writer, batch[:half]) + self._append(writer, batch[half:])
-            except Exception:
-                # e.g. a full disk: keep the batch, let the node's queue push back on peers
-                log.exception("appending %d messages to %s failed; retrying", len(batch),
-                              self.path)
-                if self._stopping.wait(delay):
-                    return 0
-                delay = min(delay * 2, 2.0)
-
-    def _retain(self, writer: MessageLog) -> None:
-        if self.retention is None and self.retention_bytes is None:
-            return
-        try:
-            self.stats.trimmed += writer.retain(self.retention, self.retention_bytes)
-        except sqlite3.Error:
-            log.warning("the retention pass over %s failed; trying again later", self.path,
-                        exc_info=True)
-
-    # --- the log server ---------------------------------------------------
-
-    def _serve(self, reader: MessageLog) -> None:
-        sock = self._sock
-        assert sock is not None
-        hub = gevent.get_hub()  # this thread's own
-        server = GuardedListener(HubSocket(sock, endpoint=self.endpoint or ""), self.limits)
-        handle = self._handle
-
-        def on_message(identity: bytes, body: list[bytes]) -> None:
-            reply = handle(reader, body)
-            if reply is None:
-                return
-            try:
-                if not server.try_send([identity, *protocol.encode_reply(reply)]):
-                    log.debug("could not reply to %r", identity)
-            except zmq.ZMQError:
-                log.debug("could not reply to %r", identity)
-
-        self._server = (server, hub.loop)
-        try:
-            if not self._stopping.is_set():  # else stop() came first
-                server.serve(on_message)  # until stop() closes it
-        finally:
-            self._server = None
-            server.close()
-            reader.close()
-            hub.destroy(destroy_loop=True)
-
     def _release_keys(self) -> None:
         for curve in (self._curve, self._channel_curve):
             if curve is not None:
                 curve.release(shared_context())
         self._curve = self._channel_curve = None
 
-    def _handle(self, reader: MessageLog, frames: list[bytes]) -> Optional[Reply]:
-        self.stats.requests += 1
-        try:
-            request = protocol.decode_request(frames)
-        except protocol.ProtocolError as exc:
-            self.stats.errors += 1
-            if len(frames) == 4 and exc.reason.startswith("unknown op") and frames[1]:
-                return protocol.error_reply(bytes(frames[1])[:protocol.MAX_REQUEST_ID],
-                                            "unknown-op", exc.reason)
-            log.debug("dropped a malformed request: %s", exc.reason)
-            return None
-        if not hmac.compare_digest(str(request.body.get("token", "")).encode(),
-                                   self.token.encode()):
-            self.stats.errors += 1
-            return protocol.error_reply(request.id, "unauthorised",
-                                        "this log service needs its token (DriverService.token,"
-                                        " passed to readers as option 'token')")
-        try:
-            return Reply(request.id, True, self._answer(reader, request))
-        except (KeyError, TypeError, ValueError) as exc:
-            self.stats.errors += 1
-            return protocol.error_reply(request.id, "bad-request",
-                                        f"{request.op.value}: {type(exc).__name__}: {exc}")
-        except Exception as exc:
-            self.stats.errors += 1
-            log.exception("answering %s failed", request.op.value)
-            return protocol.error_reply(request.id, "internal", f"{type(exc).__name__}: {exc}")
-
-    def _answer(self, reader: MessageLog, request: Request) -> dict[str, Any]:
-        body = request.body
-        op = request.op
-        if op is Op.FETCH:
-            return self._fetch(reader, body)
-        if op is Op.LATEST:
-            return self._latest(reader, body)
-        if op is Op.INFO:
-            floors, nxt = reader.group_bounds(_groups(body.get("groups")))
-            return {"log": reader.log_id, "earliest": min(floors.values(),
-                                                          default=reader.earliest),
-                    "floors": floors, "next": nxt,
-                    "groups": list(self.groups),
-                    "channel": getattr(self.channel, "endpoint", None),
-                    "mesh": self.mesh.to_options() if self.mesh else {},
-                    "path": str(self.path), "host": host_id()}
-        if op is Op.REGISTER:
-            reader.register(str(body["consumer"]), int(body["offset"]),
-                            _groups(body.get("groups")))
-            return {"log": reader.log_id}
-        if op is Op.COMMIT:
-            groups = _groups(body.get("groups"))
-            reader.commit(str(body["consumer"]), int(body["offset"]), groups)
-            if self.trim_on_commit:
-                self.stats.trimmed += reader.trim_committed(self.consumer_ttl)
-            return {"log": reader.log_id, "earliest": reader.bounds(groups)[0]}
-        if op is Op.TRIM:
-            earliest = reader.trim(int(body["before"]), _groups(body.get("groups")))
-            return {"log": reader.log_id, "earliest": earliest}
-        if op is Op.SEEK:
-            groups = _groups(body.get("groups"))
-            earliest, nxt = reader.bounds(groups)
-            return {"log": reader.log_id, "earliest": earliest, "next": nxt,
-                    "offset": reader.offset_at(float(body["time"]), groups)}
-        if op is Op.COUNT:
-            return {"log": reader.log_id,
-                    "count": reader.count(int(body["start"]), int(body["end"]),
-                                          _groups(body.get("groups")))}
-        if op is Op.JOIN:
-            for group in _groups(body.get("groups")):
-                self.join(group)
-            return {"groups": list(self.groups)}
-        raise ValueError(f"op {op.value} is not served")  # pragma: no cover
-
-    def _latest(self, reader: MessageLog, body: Any) -> dict[str, Any]:
-        groups = _groups(body.get("groups"))
-        start = int(body["start"])
-        floors, nxt = reader.group_bounds(groups)
-        earliest = min(floors.values(), default=reader.earliest)
-        ceiling = nxt if body.get("ceiling") is None else min(nxt, int(body["ceiling"]))
-        begin = max(start, earliest)
-        end = start
-        if begin < ceiling:
-            most = body.get("max")
-            found = None
-            if most is not None:
-                found = reader.nth_offset(begin, ceiling, int(most), groups)
-            if found is None:
-                found = reader.last_offset(begin, ceiling, groups)
-            if found is not None:
-                end = found + 1
-        return {"log": reader.log_id, "earliest": earliest, "floors": floors, "next": nxt,
-                "end": max(end, start)}
-
-    def _fetch(self, reader: MessageLog, body: Any) -> dict[str, Any]:
-        reply = reader.fetch(int(body["start"]), int(body["end"]), _groups(body.get("groups")),
-                             protocol.MAX_FETCH_BYTES)
-        self.stats.chunks_served += len(reply["chunks"])
-        # chunks as stored: the executors decode them (the driver is the busier side)
-        reply["chunks"] = [[c.group, c.seqs, c.data] for c in reply["chunks"]]
-        return reply
-
     def __repr__(self) -> str:
         return (f"<DriverService {self.name} {self.lifecycle.value} {self.endpoint or ''} "
                 f"{self.path}>")
-
-
-_last_rejected = 0.0
-
-
-def _log_rejected(group: str, peer: Any, size: int, largest: int) -> None:
-    """Say, at most once a minute, that a SHOUT was too large to store."""
-    global _last_rejected
-    moment = time.monotonic()
-    if moment - _last_rejected >= 60.0:
-        _last_rejected = moment
-        log.warning("a SHOUT to %s from %s is %d bytes, more than the log can store in one "
-                    "row (%d); it was dropped (counted in stats.rejected)", group, peer, size,
-                    largest)
 
 
 def _advertised(endpoint: str, host: Optional[str]) -> str:
@@ -841,14 +414,6 @@ def _advertised(endpoint: str, host: Optional[str]) -> str:
         return endpoint
     port = endpoint.rpartition(":")[2]
     return f"tcp://{host}:{port}"
-
-
-def _groups(value: Any) -> list[str]:
-    if not value:
-        return []
-    if isinstance(value, str):
-        return [g for g in value.split(",") if g]
-    return [str(g) for g in value]
 
 
 _services: list[DriverService] = []

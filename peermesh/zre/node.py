@@ -23,6 +23,10 @@ the peer counts as not responding: it is disconnected (EXIT, reason given)
 and ``whisper`` raises ``PeerNotResponding`` naming the bound.
 ``whisper`` and ``shout`` number and queue their messages here, not in the
 session: it is the hot path, kept to one call.
+
+Kept whole: one driver (``Node``): its start and stop, sends and readers all carry out
+one ``Session``'s requests on one hub; ``PeerInfo`` is the view of that session it hands
+out.
 """
 
 from __future__ import annotations

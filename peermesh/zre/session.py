@@ -125,6 +125,10 @@ nor refreshes it.
 Peer exchange (``X-PM-PEX``, a peermesh extension): a node that uses seeds
 asks for it in its HELLO headers; a node that sees that header sends it the
 UUID and endpoint of every other ready peer in ``PEER-EXCHANGE`` commands.
+
+Kept whole: one state machine (``Session``): the peer table, groups, elections and
+claims are read and changed together on every input, so no part of it can be followed
+apart from the rest.
 """
 
 from __future__ import annotations
