@@ -182,13 +182,6 @@ KEPT_WHOLE = "Kept whole:"
 #: long modules without that line, each with why: remove the entry when the module is
 #: split or says why it stays whole (``test_long_module_exceptions_are_still_needed``)
 LONG_WITHOUT_REASON = {
-    # peermesh/wire/ is being changed elsewhere; the sentences they are to get:
-    # "Kept whole: one codec, both directions of every NFP command over the same frame
-    # layouts and the checks they share (a decoder and its encoder change together)."
-    "wire/nfp.py": "wire/ is being changed elsewhere",
-    # "Kept whole: one codec for both MTL flows, whose control and data commands share
-    # the status codes, strings and checks above (a decoder and its encoder change together)."
-    "wire/mtl.py": "wire/ is being changed elsewhere",
     # two jobs: to be split, not excused
     "zre/threaded.py": "the engine it shares with the asyncio face (NodeThread) and the "
                        "threaded face (ThreadedNode)",

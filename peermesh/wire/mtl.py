@@ -57,6 +57,9 @@ else) for ill-formed frames, while ``decode_request`` returns an
 command, a missing or mistyped field), so the caller can answer it. The
 encoders refuse a value the wire cannot carry with ``EncodeError`` (a
 ``LocalProtocolError`` that is also a ``ValueError``).
+
+Kept whole: one codec for both MTL flows, whose control and data commands share
+the status codes, strings and checks (a decoder and its encoder change together).
 """
 
 from __future__ import annotations

@@ -44,6 +44,9 @@ object (``request_frames``, ``response_frames``, ``event_frames``) and a broker
 relays a decoded command with only its header changed (``reheaded``). Bodies
 are opaque to the spec; peermesh's NFP overlay puts one JSON object in the
 first body frame (``encode_body`` / ``decode_body``).
+
+Kept whole: one codec, both directions of every NFP command over the same frame
+layouts and the checks they share (a decoder and its encoder change together).
 """
 
 from __future__ import annotations
