@@ -175,8 +175,9 @@ class KeyGate:
                 pending.pop(uuid, None)
             elif now - pending.setdefault(uuid, now) >= lifetime:
                 session.remove(peer, "no HELLO")
-        by_identity = session.by_identity
-        for identity in [i for i in self.authenticated if i not in by_identity]:
+        by_identity, awaits = session.by_identity, session.awaits
+        for identity in [i for i in self.authenticated
+                         if i not in by_identity and not awaits(i)]:
             del self.authenticated[identity]
         peers = session.peers
         for table in (self.announced, pending):

@@ -827,6 +827,15 @@ class Session:
 
     # --- the mailbox -------------------------------------------------------
 
+    def awaits(self, identity: bytes) -> bool:
+        """Whether a HELLO from ``identity`` waits here to be decided on (a claim on a live
+        peer's endpoint, or held for the proof of its endpoint): not a peer yet, but may
+        become one with that HELLO."""
+        if identity in self._claimants:
+            return True
+        return bool(self._held_hellos) and len(identity) == 17 and \
+            zre.uuid_of(identity[1:]) in self._held_hellos
+
     def on_oversized(self, identity: bytes) -> None:
         """A message over ``max_message`` from ``identity`` was dropped."""
         self.counters.add("messages_refused")

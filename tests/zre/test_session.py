@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import uuid as uuid_module
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 from uuid import UUID
 
 import pytest
@@ -631,3 +631,68 @@ def test_a_second_hello_while_a_whisper_waits_to_be_confirmed_is_a_restart() -> 
     h.session.peers[peer.uuid].unconfirmed = True  # (the node's whisper sets it)
     h.send(peer, peer.hello(), 2.0)
     assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
+
+
+# --------------------------------------------------------------------------
+# The key gate in front of the session (a node with keys)
+
+KEY = "K" * 40  # the Z85 key every remote here authenticated with
+
+
+def gated(h: Harness) -> Callable[[Remote, zre.Message, float], None]:
+    """A sender through a ``KeyGate`` (any key allowed) in front of ``h``'s session, its
+    timer ticked by ``h.session.tick`` (as the node's timer ticks both)."""
+    from peermesh.io.zap import Allowlist
+    from peermesh.zre.curve import KeyGate
+
+    gate = KeyGate(h.session, Allowlist(None))
+    tick = h.session.tick
+
+    def gated_tick(now: float) -> float:
+        gate.tick(now)
+        return tick(now)
+
+    h.session.tick = gated_tick  # type: ignore[method-assign]
+
+    def send(peer: Remote, message: zre.Message, now: float) -> None:
+        frames = zre.encode(message)
+        if gate.admit(peer.identity, frames, KEY):
+            h.session.on_message(peer.identity, frames, now)
+
+    return send
+
+
+def test_the_key_gate_keeps_the_key_of_a_hello_the_session_still_decides_on() -> None:
+    """A new node claims the endpoint of a peer whose link is open: the session PINGs the
+    old one and holds the claim for up to ``interval``. A key-gate tick meanwhile must
+    not forget which key the claimant's HELLO came with, or once the claim is settled
+    everything the new peer sends is dropped as coming from an identity no key
+    introduced."""
+    h = Harness()
+    send = gated(h)
+    old, new = Remote("old", 50001), Remote("new", 50001)
+    send(old, old.hello(headers={zre.PUBLIC_KEY_HEADER: KEY}), 0.0)
+    assert (ENTER, "old") in h.taken()
+    send(new, new.hello(headers={zre.PUBLIC_KEY_HEADER: KEY}), 1.0)
+    assert h.taken() == []  # the claim waits for the old one's answer
+    h.session.tick(1.5)
+    h.session.tick(1.0 + CONFIG.interval)
+    assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new")]
+    send(new, new.whisper(b"from new"), 2.5)
+    assert h.taken() == [(WHISPER, b"from new")]
+
+
+def test_the_key_gate_keeps_the_key_of_a_held_hello() -> None:
+    """Past ``max_unproven`` a HELLO waits for a beacon from its endpoint; a key-gate tick
+    meanwhile keeps its key, so the peer it lets in is heard."""
+    h = Harness(CONFIG.replace(max_unproven=1))
+    send = gated(h)
+    first, held = Remote("first", 50001), Remote("held", 50002)
+    send(first, first.hello(headers={zre.PUBLIC_KEY_HEADER: KEY}), 0.0)
+    send(held, held.hello(headers={zre.PUBLIC_KEY_HEADER: KEY}), 0.1)
+    assert held.uuid not in h.session.peers  # waits for a beacon from its endpoint
+    h.session.tick(0.5)
+    h.session.peer_appeared(held.uuid, held.endpoint, 0.6)
+    assert (ENTER, "held") in h.taken()
+    send(held, held.whisper(b"from held"), 0.7)
+    assert h.taken() == [(WHISPER, b"from held")]
