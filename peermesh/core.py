@@ -43,8 +43,10 @@ ZRE ``Session``               ``receive`` is the mailbox message; its ``connect`
                               callbacks become ``Dial``/``Emit``; ``tick`` (which returns
                               the next deadline) splits into ``handle_timer`` and
                               ``next_deadline``.
-SADA ``RequestRouter``        already ``handle_timer``/``next_deadline``; its ``send``
-                              and ``answer`` callbacks become ``Send`` and ``Deliver``.
+SADA ``RequestRouter``        ``receive(link, frames, now)`` takes a server's reply;
+                              answers come out as ``Deliver``, requests as ``Send``, a
+                              catalog change as ``Emit`` (the old ``send``/``answer``
+                              callbacks still work when given).
 ``FluxCore``                  already returns ``list[Output]``; ``timer(now)`` is
                               ``handle_timer`` and its deadline attribute
                               ``next_deadline()``; its outputs map one to one.
