@@ -185,8 +185,6 @@ LONG_WITHOUT_REASON = {
     # two jobs: to be split, not excused
     "zre/threaded.py": "the engine it shares with the asyncio face (NodeThread) and the "
                        "threaded face (ThreadedNode)",
-    "mtl/credentials.py": "three jobs: the credentials file, SASL exchanges, failed-attempt "
-                          "throttling",
 }
 
 

@@ -268,7 +268,7 @@ def test_an_unreadable_or_huge_file_is_a_clear_error(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(CredentialsError, match="cannot read credentials file .*directory"):
         CredentialsFile(tmp_path)
-    monkeypatch.setattr("peermesh.mtl.credentials.MAX_FILE_BYTES", 10)
+    monkeypatch.setattr("peermesh.mtl.users.MAX_FILE_BYTES", 10)
     (tmp_path / "big.json").write_bytes(b" " * 11)
     with pytest.raises(CredentialsError, match="larger than 10 bytes"):
         CredentialsFile(tmp_path / "big.json")
