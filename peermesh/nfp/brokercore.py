@@ -280,7 +280,7 @@ class BrokerCore(Outputs):
                 return
             self._register(peer, msg.service)
         elif isinstance(msg, nfp.Keepalive):
-            pass
+            pass  # its whole effect is ``last_recv`` above
         elif isinstance(msg, nfp.Disconnect):
             self._drop_worker(peer, "worker disconnected", tell=False)
         elif not peer.ready:

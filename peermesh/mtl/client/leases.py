@@ -20,7 +20,7 @@ import zmq
 from ...errors import ProtocolError
 from ...wire.mtl import (Confirm, Content, DataCommand, Direction, Dismiss, Lease, Ping, Pong,
                          Reject, Response, Summon, decode_data, encode_data, encode_string,
-                         pack_command_head)
+                         EMPTY_TABLE, pack_command_head)
 from ..errors import ClientError, GatewayUnavailable, RequestRefused
 
 __all__ = ["Reader", "Writer", "Received", "Session", "MAX_CONTENT"]
@@ -30,8 +30,6 @@ log = logging.getLogger("peermesh.mtl.client")
 #: largest data command taken from a gateway (bytes, all frames); libzmq drops the
 #: connection of a gateway that sends more (the lease then reconnects)
 MAX_CONTENT = 64 * 1024 * 1024
-_CONTENT_HEAD = pack_command_head   # a data command's type and sequence
-_EMPTY_TABLE = b"\x00\x00"
 _MAX_TAILS = 1024      # resources whose encoded Content header a writer keeps
 _Backend: Any = zmq.backend.Socket  # the Cython socket under pyzmq's Python layer
 #: pyzmq's send without its Python layer (flag enums, keyword handling): a third of the
@@ -478,11 +476,11 @@ class Writer(_Leased):
         else:
             tail = self._tails.get(resource)
             if tail is None:     # ValueError for a bad resource
-                tail = encode_string(resource) + _EMPTY_TABLE
+                tail = encode_string(resource) + EMPTY_TABLE
                 if len(self._tails) >= _MAX_TAILS:
                     self._tails.clear()
                 self._tails[resource] = tail
-            header = _CONTENT_HEAD(5, sequence) + tail
+            header = pack_command_head(5, sequence) + tail
         if full:
             self._unconfirmed[sequence] = Content(sequence, resource, body, properties or {})
         assert self._dealer is not None
