@@ -74,7 +74,7 @@ from ..io.keys import generate
 from ..io.transport import ZmqTransport
 from ..io.zap import Allowlist
 from ..wire.flux import (
-    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, Request, Response, decode,
+    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, EventMessage, Request, Response, decode,
     encode, string_payload,
 )
 from .errors import FluxError, FluxStateError
@@ -143,7 +143,7 @@ class FluxClient:
         self._closed = False
         #: the sequence of the last event the client had (or its member had when it came)
         self.seq = 0
-        self._held: Optional[list[Event]] = None  # events of a new member, during catch-up
+        self._held: Optional[list[EventMessage]] = None  # events of a new member, during catch-up
         self._heard = self._sent = 0.0
         self.dropped = 0
 
@@ -321,7 +321,7 @@ class FluxClient:
         return self.rpc("event.publish", publish_body(topic, to_payload(payload)), 0)
 
     def subscribe(self, prefix: str, timeout: Optional[float] = None,
-                  callback: Optional[Callable[[Event], None]] = None) -> Subscription:
+                  callback: Optional[Callable[[EventMessage], None]] = None) -> Subscription:
         """Receive events whose topic starts with ``prefix``; returns once the member has
         taken the subscription (``FluxError`` if it refused, e.g. EAGAIN past its bound)."""
         if not isinstance(prefix, str):
@@ -409,8 +409,8 @@ class FluxClient:
         if kind is Response:
             assert isinstance(message, Response)
             self._response(message)
-        elif kind is Event:
-            assert isinstance(message, Event)
+        elif kind is EventMessage:
+            assert isinstance(message, EventMessage)
             held = self._held
             if held is None:
                 self._hand_out(message)
@@ -575,7 +575,7 @@ class FluxClient:
                     for item in events:
                         try:
                             seq, topic, payload = item
-                            event = Event(str(topic), unb64(payload), int(seq))
+                            event = EventMessage(str(topic), unb64(payload), int(seq))
                         except (ValueError, TypeError, ProtocolError):
                             continue
                         if event.seq >= first:
@@ -600,7 +600,7 @@ class FluxClient:
     def _lost(self, first: int, last: int) -> None:
         self._notify(Notice("events-lost", -1, (first, last)))
 
-    def _hand_out(self, event: Event) -> None:
+    def _hand_out(self, event: EventMessage) -> None:
         """``event`` to the subscriptions it matches."""
         self.seq = event.seq
         for subscription in list(self._subscriptions):

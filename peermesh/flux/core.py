@@ -44,7 +44,7 @@ from .. import __version__
 from ..errors import ProtocolError
 from ..wire.flux import (
     FLAG_NORESPONSE as _NORESPONSE, FLAG_UPSTREAM as _UPSTREAM, FRAME_BITS as _FRAMES, MAGIC,
-    USERID_UNKNOWN, VERSION, Control, ControlType, Errno, Event, Request, Response, decode,
+    USERID_UNKNOWN, VERSION, Control, ControlType, Errno, EventMessage, Request, Response, decode,
     encode, json_payload, make_request, make_response, pack_proto, read_json, service_of,
     string_payload,
 )
@@ -109,8 +109,8 @@ class FluxCore(Membership):
         # events
         self.seq = 0
         self._synced = root  # whether ``seq`` follows rank 0 (set by the first hello answer)
-        self.recent: deque[Event] = deque(maxlen=settings.recent_events)
-        self._held: list[Event] = []
+        self.recent: deque[EventMessage] = deque(maxlen=settings.recent_events)
+        self._held: list[EventMessage] = []
         self._replay_to = 0  # last seq of the gap being fetched (0: none)
         #: rank 0's directory of ranks
         self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid,
@@ -270,8 +270,8 @@ class FluxCore(Membership):
                 return self._drop(link, "a response without routes")
             self._settle(link, message)
             return self._route_response(message, now, frames)
-        if kind is Event:
-            assert isinstance(message, Event)
+        if kind is EventMessage:
+            assert isinstance(message, EventMessage)
             if link != PARENT or self.state is not State.ONLINE:
                 return self._drop(link, "an event not from the parent")
             return self._event(message, frames, now)

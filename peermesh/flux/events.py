@@ -19,7 +19,7 @@ from collections import deque
 from typing import Optional
 
 from ..errors import ProtocolError, RemoteProtocolError
-from ..wire.flux import Errno, Event, Request, Response, encode, read_json
+from ..wire.flux import Errno, EventMessage, Request, Response, encode, read_json
 from .bodies import b64, int_field, str_field, unb64
 from .clients import ClientTable
 from .outputs import Deliver, Notice, Output, Send
@@ -34,8 +34,8 @@ class EventLog(Routing):
     """Event numbering, fan-out and replay of ``FluxCore`` (see the module's docstring)."""
 
     seq: int
-    recent: deque[Event]
-    _held: list[Event]
+    recent: deque[EventMessage]
+    _held: list[EventMessage]
     _replay_to: int
     _synced: bool
     clients: ClientTable
@@ -62,7 +62,7 @@ class EventLog(Routing):
                       flags: int = 0) -> tuple[int, list[Output]]:
         self.seq += 1
         self.events["sequenced"] += 1
-        event = Event(topic, payload, self.seq, flags)
+        event = EventMessage(topic, payload, self.seq, flags)
         self.recent.append(event)
         return self.seq, self._pass_down(event, encode(event))
 
@@ -76,7 +76,7 @@ class EventLog(Routing):
                   if first <= e.seq <= last]
         return self._answer(request, {"events": events, "to": last}, now)
 
-    def _event(self, event: Event, frames: list[bytes], now: float) -> list[Output]:
+    def _event(self, event: EventMessage, frames: list[bytes], now: float) -> list[Output]:
         seq = event.seq
         if seq <= self.seq:
             return []  # a duplicate
@@ -87,12 +87,12 @@ class EventLog(Routing):
             return []
         if seq == self.seq + 1 or not self._synced:
             return self._pass_down(event, frames if event.routes is None else
-                                   encode(Event(event.topic, event.payload, event.seq,
+                                   encode(EventMessage(event.topic, event.payload, event.seq,
                                                 event.flags)))
         self._held.append(event)
         return self._fetch(self.seq + 1, seq - 1, now)
 
-    def _pass_down(self, event: Event, frames: list[bytes]) -> list[Output]:
+    def _pass_down(self, event: EventMessage, frames: list[bytes]) -> list[Output]:
         """Take ``event`` as the next one: hand it to subscribers, children and the
         clients that subscribed to it."""
         self.seq = event.seq
@@ -138,7 +138,7 @@ class EventLog(Routing):
         for item in events if isinstance(events, list) else []:
             try:
                 seq, topic, payload = item
-                event = Event(str(topic), unb64(payload), int(seq))
+                event = EventMessage(str(topic), unb64(payload), int(seq))
             except (ValueError, TypeError, ProtocolError):
                 continue
             if event.seq <= self.seq:

@@ -79,7 +79,7 @@ import gevent.event
 import zmq
 
 from ..io.zap import Allowlist
-from ..wire.flux import NODEID_ANY, Errno, Event, Request, Response, string_payload
+from ..wire.flux import NODEID_ANY, Errno, EventMessage, Request, Response, string_payload
 from .errors import FluxError, FluxStateError
 from .fluxrank import FLUX_VERSION, STATUS_FULL, FluxModeCore
 from .fluxtree import read_config
@@ -153,7 +153,7 @@ class FluxModeMember:
         self._online = gevent.event.Event()
         self._left = gevent.event.Event()
         self._futures: dict[int, gevent.event.AsyncResult] = {}
-        self._subscriptions: list[tuple[str, deque[Event], gevent.event.Event]] = []
+        self._subscriptions: list[tuple[str, deque[EventMessage], gevent.event.Event]] = []
         self._link: Any = None
         self._router: Any = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -228,14 +228,14 @@ class FluxModeMember:
                             topic)
         return response.payload
 
-    def subscribe(self, prefix: str) -> Callable[[Optional[float]], Optional[Event]]:
+    def subscribe(self, prefix: str) -> Callable[[Optional[float]], Optional[EventMessage]]:
         """Events whose topic starts with ``prefix``: a function returning the next one
         (None after ``timeout`` seconds). flux-core sends every event down the tree."""
-        queue: deque[Event] = deque(maxlen=SUBSCRIPTION_QUEUE)
+        queue: deque[EventMessage] = deque(maxlen=SUBSCRIPTION_QUEUE)
         ready = gevent.event.Event()
         self._subscriptions.append((prefix, queue, ready))
 
-        def next_event(timeout: Optional[float] = None) -> Optional[Event]:
+        def next_event(timeout: Optional[float] = None) -> Optional[EventMessage]:
             if not queue and not ready.wait(timeout):
                 return None
             event = queue.popleft() if queue else None
@@ -315,7 +315,7 @@ class FluxModeMember:
             future = self._futures.get(message.matchtag)
             if future is not None:
                 future.set(message)
-        elif isinstance(message, Event):
+        elif isinstance(message, EventMessage):
             for prefix, queue, ready in self._subscriptions:
                 if message.topic.startswith(prefix):
                     queue.append(message)

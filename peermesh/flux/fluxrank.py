@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, Event, MsgFlag, Request,
+    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Errno, EventMessage, MsgFlag, Request,
     Response, Role,
     decode, encode, json_payload, read_json, service_of, string_payload,
 )
@@ -182,7 +182,7 @@ class FluxModeCore:
             raise FluxStateError("events are numbered by rank 0: publish through it "
                                  "(rpc event.publish)")
         self._seq += 1
-        return self._event(Event(topic, payload, self._seq, routes=()), now)
+        return self._event(EventMessage(topic, payload, self._seq, routes=()), now)
 
     def respond(self, request: Request, payload: Optional[bytes], errnum: int,
                 now: float) -> list[Output]:
@@ -222,7 +222,7 @@ class FluxModeCore:
             return []
         if self.state not in ("online", "draining", "leaving"):
             return self._drop(f"a {type(message).__name__} before hello was answered")
-        if isinstance(message, Event):
+        if isinstance(message, EventMessage):
             return self._event(message, now)
         assert isinstance(message, Request)
         return self._route(message, stack, PARENT, now)
@@ -264,7 +264,7 @@ class FluxModeCore:
             if asked is not None and (message.errnum or not asked.flags & _STREAMING):
                 del inflight[key]
             return self._answer(dataclasses.replace(message, routes=stack[2:]), now)
-        assert isinstance(message, Event)     # an unpublished event goes up to rank 0
+        assert isinstance(message, EventMessage)     # an unpublished event goes up to rank 0
         if self.rank:
             return [self._up(dataclasses.replace(message, routes=()), now)]
         self._seq += 1
@@ -402,7 +402,7 @@ class FluxModeCore:
                                                           "size": self.size})]
         return out + self._tell_monitors(now)
 
-    def _event(self, event: Event, now: float) -> list[Output]:
+    def _event(self, event: EventMessage, now: float) -> list[Output]:
         """Deliver an event here and send it to every online child."""
         out: list[Output] = [Deliver(0, event)]
         down = dataclasses.replace(event, routes=())

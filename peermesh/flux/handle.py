@@ -26,7 +26,7 @@ from greenlet import getcurrent
 
 from ..errors import ProtocolError
 from ..wire.flux import (
-    NODEID_ANY, Errno, Event, MsgFlag, Request, Response, error_message, json_payload,
+    NODEID_ANY, Errno, EventMessage, MsgFlag, Request, Response, error_message, json_payload,
     read_json, service_of, string_payload,
 )
 from .errors import FluxError, FluxStateError
@@ -230,15 +230,15 @@ class Subscription:
     """Events whose topic starts with ``prefix``: iterate, or ``get(timeout)``."""
 
     def __init__(self, handle: "Owner", prefix: str,
-                 callback: Optional[Callable[[Event], None]]) -> None:
+                 callback: Optional[Callable[[EventMessage], None]]) -> None:
         self.handle = handle
         self.prefix = prefix
         self.callback = callback
-        self._events: deque[Event] = deque()
+        self._events: deque[EventMessage] = deque()
         self._ready = gevent.event.Event()
         self.dropped = 0
 
-    def _put(self, event: Event) -> None:
+    def _put(self, event: EventMessage) -> None:
         if self.callback is not None:
             try:
                 self.callback(event)
@@ -251,7 +251,7 @@ class Subscription:
         self._events.append(event)
         self._ready.set()
 
-    def get(self, timeout: Optional[float] = None) -> Optional[Event]:
+    def get(self, timeout: Optional[float] = None) -> Optional[EventMessage]:
         """The next event; None after ``timeout`` seconds."""
         while not self._events:
             self._ready.clear()
@@ -259,7 +259,7 @@ class Subscription:
                 return None
         return self._events.popleft()
 
-    def __iter__(self) -> Iterator[Event]:
+    def __iter__(self) -> Iterator[EventMessage]:
         while True:
             event = self.get()
             if event is not None:
@@ -333,7 +333,7 @@ class FluxHandle:
         return future
 
     def subscribe(self, prefix: str,
-                  callback: Optional[Callable[[Event], None]] = None) -> Subscription:
+                  callback: Optional[Callable[[EventMessage], None]] = None) -> Subscription:
         """Receive events whose topic starts with ``prefix`` (``""``: all), queued or
         handed to ``callback(event)`` on the hub."""
         if not isinstance(prefix, str):
@@ -444,7 +444,7 @@ class FluxHandle:
             future._put(message)
         elif kind is Request:
             self._serve(message)
-        elif kind is Event:
+        elif kind is EventMessage:
             for subscription in list(self._subscriptions):
                 if message.topic.startswith(subscription.prefix):
                     subscription._put(message)

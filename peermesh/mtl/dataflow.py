@@ -37,7 +37,7 @@ the driver joins a group while a
 local reader summons it (``MeshJoin`` / ``MeshLeave`` actions) and feeds the
 group's shouts back through ``shouted``. Unconfirmed content without
 properties to a resource the link wrote before is routed on its header's
-bytes (``Link.passthrough``), without decoding it.
+bytes (``LeaseLink.passthrough``), without decoding it.
 
 Confirmed content (``confirm: full``) goes through a ``DurableQueues``
 (``peermesh.mtl.delivery``); without one, ``full`` is not offered.
@@ -61,13 +61,13 @@ from ..wire.mtl import (COMMAND_HEAD_SIZE, CONTENT_TYPE, EMPTY_TABLE, PING_FRAME
                         PONG_FRAMES, Confirm, Content, Direction, Dismiss, Lease, Ping, Reject,
                         Summon, content_frames, decode_data, encode_data, encode_table,
                         response_frames)
-from .leases import Grant, Link
+from .leases import Grant, LeaseLink
 from .profiles import Profile
 
 if TYPE_CHECKING:
     from .credentials import User
 
-__all__ = ["DataFlow", "Grant", "Link", "Queues", "MeshShout", "MeshJoin", "MeshLeave",
+__all__ = ["DataFlow", "Grant", "LeaseLink", "Queues", "MeshShout", "MeshJoin", "MeshLeave",
            "MeshAction"]
 
 log = logging.getLogger(__name__)
@@ -112,28 +112,28 @@ class Queues(Protocol):
     def wants(self, key: _Key) -> bool:
         """True if shouts into this group are stored."""
 
-    def written(self, flow: "DataFlow", link: Link, key: _Key, command: Content,
+    def written(self, flow: "DataFlow", link: LeaseLink, key: _Key, command: Content,
                 now: float) -> None:
         """Store a writer's content."""
 
     def shouted(self, flow: "DataFlow", key: _Key, body: bytes, table: bytes) -> None:
         """Store a shout into a durable group."""
 
-    def summoned(self, flow: "DataFlow", link: Link, key: _Key, now: float) -> None:
+    def summoned(self, flow: "DataFlow", link: LeaseLink, key: _Key, now: float) -> None:
         """A confirmed reader summoned a group."""
 
-    def dismissed(self, flow: "DataFlow", link: Link, key: _Key) -> None:
+    def dismissed(self, flow: "DataFlow", link: LeaseLink, key: _Key) -> None:
         """A confirmed reader stopped reading a group."""
 
-    def confirmed(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+    def confirmed(self, flow: "DataFlow", link: LeaseLink, sequence: int, multiple: bool,
                   now: float) -> None:
         """The reader confirmed content."""
 
-    def rejected(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+    def rejected(self, flow: "DataFlow", link: LeaseLink, sequence: int, multiple: bool,
                  recycle: bool, now: float) -> None:
         """The reader rejected content."""
 
-    def unbound(self, flow: "DataFlow", link: Link) -> None:
+    def unbound(self, flow: "DataFlow", link: LeaseLink) -> None:
         """The reader's link went."""
 
     def flush(self, flow: "DataFlow") -> bool:
@@ -159,9 +159,9 @@ class DataFlow:
         self.lease_ttl = lease_ttl
         self.queues = queues
         self.grants: dict[str, Grant] = {}
-        self.links: dict[bytes, Link] = {}
+        self.links: dict[bytes, LeaseLink] = {}
         #: (profile, resource) -> the links reading it, in summon order
-        self.readers: dict[tuple[str, str], dict[Link, str]] = {}
+        self.readers: dict[tuple[str, str], dict[LeaseLink, str]] = {}
         self.joined: dict[str, int] = {}
         #: (identity, frames) to send on the data socket, in order
         self.sends: list[tuple[bytes, list[bytes]]] = []
@@ -253,7 +253,7 @@ class DataFlow:
                 log.exception("handling a data command from %r failed", identity[:16])
         self.received += passed
 
-    def _command(self, identity: bytes, link: Optional[Link], frames: list[bytes],
+    def _command(self, identity: bytes, link: Optional[LeaseLink], frames: list[bytes],
                  now: float) -> None:
         """One data command, decoded, to its handler in ``HANDLERS``."""
         try:
@@ -272,7 +272,7 @@ class DataFlow:
     def _respond(self, identity: bytes, sequence: int, code: int) -> None:
         self.sends.append((identity, response_frames(sequence, code)))
 
-    def _lease(self, identity: bytes, link: Optional[Link], command: Lease, now: float) -> None:
+    def _lease(self, identity: bytes, link: Optional[LeaseLink], command: Lease, now: float) -> None:
         grant = self.grants.get(command.lease)
         if grant is None or not self.still_valid(grant.user, now):
             self._respond(identity, command.sequence, 403)
@@ -281,20 +281,20 @@ class DataFlow:
             old = grant.link
             self._unbind(old)
             self.links.pop(old.identity, None)
-        link = Link(identity, grant, now)
+        link = LeaseLink(identity, grant, now)
         grant.link = link
         self.links[identity] = link
         self._respond(identity, command.sequence, 200)
 
-    def _second_lease(self, identity: bytes, link: Optional[Link], command: Lease,
+    def _second_lease(self, identity: bytes, link: Optional[LeaseLink], command: Lease,
                       now: float) -> None:
         self._respond(identity, command.sequence, 400)
 
-    def _not_leased(self, identity: bytes, link: Optional[Link],
+    def _not_leased(self, identity: bytes, link: Optional[LeaseLink],
                     command: Union[Summon, Dismiss], now: float) -> None:
         self._respond(identity, command.sequence, 403)
 
-    def _wrong_way(self, identity: bytes, link: Optional[Link],
+    def _wrong_way(self, identity: bytes, link: Optional[LeaseLink],
                    command: Union[Summon, Dismiss], now: float) -> None:
         self._respond(identity, command.sequence, 400)
 
@@ -314,7 +314,7 @@ class DataFlow:
             return None
         return grant.profile.name, resource
 
-    def _summon(self, identity: bytes, link: Link, command: Summon, now: float) -> None:
+    def _summon(self, identity: bytes, link: LeaseLink, command: Summon, now: float) -> None:
         name = command.resource
         key = None if name in link.summoned else self._key(link.grant, name, False, now)
         if key is None:
@@ -329,7 +329,7 @@ class DataFlow:
         if link.grant.confirm == "full" and self.queues is not None:
             self.queues.summoned(self, link, key, now)
 
-    def _dismiss(self, identity: bytes, link: Link, command: Dismiss, now: float) -> None:
+    def _dismiss(self, identity: bytes, link: LeaseLink, command: Dismiss, now: float) -> None:
         key = link.summoned.pop(command.resource, None)
         if key is None:
             self._respond(identity, command.sequence, 400)
@@ -337,7 +337,7 @@ class DataFlow:
         self._drop_reader(link, key)
         self._respond(identity, command.sequence, 200)
 
-    def _drop_reader(self, link: Link, key: tuple[str, str]) -> None:
+    def _drop_reader(self, link: LeaseLink, key: tuple[str, str]) -> None:
         readers = self.readers.get(key)
         if readers is None:
             return
@@ -363,7 +363,7 @@ class DataFlow:
             self.joined.pop(group, None)
             self.actions.append(MeshLeave(group))
 
-    def _write(self, identity: bytes, link: Link, command: Content, now: float) -> None:
+    def _write(self, identity: bytes, link: LeaseLink, command: Content, now: float) -> None:
         grant = link.grant
         self.received += 1
         name = command.resource
@@ -443,21 +443,21 @@ class DataFlow:
             encoded = self._names[name] = bytes((len(data),)) + data
         return encoded
 
-    def _confirm(self, identity: bytes, link: Link, command: Confirm, now: float) -> None:
+    def _confirm(self, identity: bytes, link: LeaseLink, command: Confirm, now: float) -> None:
         if link.grant.confirm == "full" and self.queues is not None:
             self.queues.confirmed(self, link, command.sequence, command.multiple, now)
 
-    def _reject(self, identity: bytes, link: Link, command: Reject, now: float) -> None:
+    def _reject(self, identity: bytes, link: LeaseLink, command: Reject, now: float) -> None:
         if link.grant.confirm == "full" and self.queues is not None:
             self.queues.rejected(self, link, command.sequence, command.multiple,
                                  command.recycle, now)
 
-    def _ping(self, identity: bytes, link: Optional[Link], command: Any, now: float) -> None:
+    def _ping(self, identity: bytes, link: Optional[LeaseLink], command: Any, now: float) -> None:
         self.sends.append((identity, _PONG))
 
     # --- time -------------------------------------------------------------------
 
-    def _unbind(self, link: Link) -> None:
+    def _unbind(self, link: LeaseLink) -> None:
         for key in list(link.summoned.values()):
             self._drop_reader(link, key)
         link.summoned.clear()

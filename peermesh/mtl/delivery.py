@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from ..errors import StoreError
 from ..wire.mtl import (EMPTY_TABLE, Confirm, Content, Reject, content_frames, encode_data,
                         encode_table)
-from .leases import Link
+from .leases import LeaseLink
 from .store import ContentStore, StoreFull
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ class DurableQueues:
         #: groups whose shouts are stored
         self.durable: set[str] = set(store.resources())
         #: group -> its confirmed readers
-        self.readers: dict[str, dict[Link, None]] = {}
+        self.readers: dict[str, dict[LeaseLink, None]] = {}
         #: writer link -> the highest sequence stored and not yet confirmed
-        self.unconfirmed: dict[Link, int] = {}
+        self.unconfirmed: dict[LeaseLink, int] = {}
         self.fresh: set[str] = set()
 
     def wants(self, key: tuple[str, str]) -> bool:
@@ -75,7 +75,7 @@ class DurableQueues:
 
     # --- writers ----------------------------------------------------------------
 
-    def written(self, flow: "DataFlow", link: Link, key: tuple[str, str], command: Content,
+    def written(self, flow: "DataFlow", link: LeaseLink, key: tuple[str, str], command: Content,
                 now: float) -> None:
         """Store a writer's content; its Confirm follows the next commit."""
         table = encode_table(command.properties) if command.properties else EMPTY_TABLE
@@ -90,7 +90,7 @@ class DurableQueues:
         self.fresh.add(key[1])
         flow.route(key, command.body, None, table)
 
-    def _confirm_writer(self, flow: "DataFlow", link: Link) -> None:
+    def _confirm_writer(self, flow: "DataFlow", link: LeaseLink) -> None:
         if link in self.unconfirmed:
             self.flush(flow)
 
@@ -124,13 +124,13 @@ class DurableQueues:
 
     # --- readers ----------------------------------------------------------------
 
-    def summoned(self, flow: "DataFlow", link: Link, key: tuple[str, str], now: float) -> None:
+    def summoned(self, flow: "DataFlow", link: LeaseLink, key: tuple[str, str], now: float) -> None:
         """A confirmed reader summoned a group: it becomes durable; hand out what waits."""
         self.durable.add(key[1])
         self.readers.setdefault(key[1], {})[link] = None
         self.pump(flow, link)
 
-    def dismissed(self, flow: "DataFlow", link: Link, key: tuple[str, str]) -> None:
+    def dismissed(self, flow: "DataFlow", link: LeaseLink, key: tuple[str, str]) -> None:
         """A confirmed reader stopped reading a group (what it holds stays held)."""
         readers = self.readers.get(key[1])
         if readers is not None:
@@ -138,13 +138,13 @@ class DurableQueues:
             if not readers:
                 del self.readers[key[1]]
 
-    def confirmed(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+    def confirmed(self, flow: "DataFlow", link: LeaseLink, sequence: int, multiple: bool,
                   now: float) -> None:
         """The reader confirmed content: delete it, hand out more."""
         if self.store.confirm(link.grant.token, sequence, multiple):
             self.pump(flow, link)
 
-    def rejected(self, flow: "DataFlow", link: Link, sequence: int, multiple: bool,
+    def rejected(self, flow: "DataFlow", link: LeaseLink, sequence: int, multiple: bool,
                  recycle: bool, now: float) -> None:
         """The reader rejected content: put it back (``recycle``) or drop it."""
         if self.store.reject(link.grant.token, sequence, multiple, recycle):
@@ -152,12 +152,12 @@ class DurableQueues:
                 for reader in list(self.readers.get(group, ())):
                     self.pump(flow, reader)
 
-    def unbound(self, flow: "DataFlow", link: Link) -> None:
+    def unbound(self, flow: "DataFlow", link: LeaseLink) -> None:
         """The reader's link went: everything it held goes back to its queues."""
         if self.store.release(link.grant.token):
             self.fresh.update(self.readers)
 
-    def pump(self, flow: "DataFlow", link: Link) -> None:
+    def pump(self, flow: "DataFlow", link: LeaseLink) -> None:
         """Hand ``link`` pending content of the groups it summoned, up to the window."""
         token = link.grant.token
         sends = flow.sends

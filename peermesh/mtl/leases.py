@@ -11,7 +11,7 @@ from .profiles import Profile
 if TYPE_CHECKING:
     from .credentials import User
 
-__all__ = ["Grant", "Link"]
+__all__ = ["Grant", "LeaseLink"]
 
 
 @dataclass(eq=False, slots=True)
@@ -27,11 +27,11 @@ class Grant:
     resources: tuple[str, ...]
     confirm: str
     expires: float
-    link: Optional["Link"] = None
+    link: Optional["LeaseLink"] = None
 
 
 @dataclass(eq=False, slots=True)
-class Link:
+class LeaseLink:
     """A data connection bound to a lease."""
 
     identity: bytes

@@ -223,7 +223,7 @@ class BrokerCore(Outputs):
         role = msg.role
         if role is nfp.WORKER:
             cls = type(msg)
-            if cls is nfp.Response or cls is nfp.Event:
+            if cls is nfp.Response or cls is nfp.EventCommand:
                 peer = self._peers.get(identity)
                 dispatcher = self.dispatcher
                 if peer is not None and peer.ready and dispatcher is not None:
@@ -288,7 +288,7 @@ class BrokerCore(Outputs):
         elif isinstance(msg, nfp.Response):
             assert self.dispatcher is not None
             self.dispatcher.on_response(peer.name, msg)
-        elif isinstance(msg, nfp.Event):
+        elif isinstance(msg, nfp.EventCommand):
             assert self.dispatcher is not None
             self.dispatcher.on_event(peer.name, msg)
 
@@ -400,7 +400,7 @@ class BrokerCore(Outputs):
             nfp.BROKER, msg.service, msg.uuid, reply.status, (frame,), reply.text)))
 
     def _relay_event(self, uuid: str, worker: str, body: dict[str, Any],
-                     msg: nfp.Event) -> None:
+                     msg: nfp.EventCommand) -> None:
         owner = self._owners.get(uuid)
         if owner is None:
             return

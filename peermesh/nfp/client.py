@@ -393,7 +393,7 @@ class Client(Overlay):
                 result.set(_RETRY)
             else:
                 result.set(Reply(msg.status, body, msg.text))
-        elif isinstance(msg, nfp.Event):
+        elif isinstance(msg, nfp.EventCommand):
             try:
                 body = nfp.decode_body(msg.body[0])
             except ProtocolError:
@@ -680,7 +680,7 @@ class Client(Overlay):
         self._listeners.remove(callback)
 
     def _on_job_event(self, uuid: str, worker: str, body: dict[str, Any],
-                      msg: Optional[nfp.Event] = None) -> None:
+                      msg: Optional[nfp.EventCommand] = None) -> None:
         state = body.get("state")
         waiter = self._runs.get(uuid)
         if waiter is not None:

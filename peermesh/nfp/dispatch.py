@@ -190,7 +190,7 @@ class Dispatcher:
 
     def __init__(self, role: nfp.Role, *, request_timeout: float = 5.0,
                  queue_timeout: float = 30.0,
-                 on_job_event: Optional[Callable[[str, str, dict[str, Any], nfp.Event],
+                 on_job_event: Optional[Callable[[str, str, dict[str, Any], nfp.EventCommand],
                                                  None]] = None,
                  clock: Callable[[], float], outputs: Optional[Outputs] = None) -> None:
         self.role = role
@@ -495,7 +495,7 @@ class Dispatcher:
     def _event(self, uuid: str, service: str, worker: str, body: dict[str, Any]) -> None:
         if self.on_job_event is not None:
             body = {**body, "worker": worker}
-            msg = nfp.Event(nfp.BROKER if self.role is nfp.BROKER else nfp.WORKER, service, uuid,
+            msg = nfp.EventCommand(nfp.BROKER if self.role is nfp.BROKER else nfp.WORKER, service, uuid,
                             Status.OK, (nfp.encode_body(body),))
             self.on_job_event(uuid, worker, body, msg)
 
@@ -532,7 +532,7 @@ class Dispatcher:
             self._track(pending.uuid, pending.service, pending.target, pending.body, worker)
         self._record(pending, worker, msg.status, msg.text, body)
 
-    def on_event(self, worker: str, msg: nfp.Event) -> None:
+    def on_event(self, worker: str, msg: nfp.EventCommand) -> None:
         """A worker's EVENT: note finished jobs and hand it to ``on_job_event``."""
         body = self._worker_body(worker, msg, "EVENT")
         if body is None:
@@ -649,7 +649,7 @@ class Dispatcher:
                       msg.role.value, link)
         elif type(msg) is nfp.Response:
             self.on_response(str(link), msg)
-        elif type(msg) is nfp.Event:
+        elif type(msg) is nfp.EventCommand:
             self.on_event(str(link), msg)
         return self.take()
 

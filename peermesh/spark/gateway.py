@@ -53,7 +53,7 @@ from ..wire.mtl import Confirm, Reject, encode_data, encode_table
 from .remotecalls import CALLS, Call, CallRelay, is_local
 
 if TYPE_CHECKING:
-    from ..mtl.dataflow import DataFlow, Link
+    from ..mtl.dataflow import DataFlow, LeaseLink
     from ..mtl.store import ContentStore
     from ..wire.mtl import Content
 
@@ -108,7 +108,7 @@ class LogQueues(DurableQueues):
         self._headers: dict[str, tuple[str, dict[str, str]]] = {}
         self.stats = stats
 
-    def written(self, flow: "DataFlow", link: "Link", key: tuple[str, str], command: "Content",
+    def written(self, flow: "DataFlow", link: "LeaseLink", key: tuple[str, str], command: "Content",
                 now: float) -> None:
         """Stage a writer's content for the log; its Confirm follows the append."""
         body = command.body
@@ -137,7 +137,7 @@ class LogQueues(DurableQueues):
         flow.route(key, body, None, encode_table(command.properties)
                    if command.properties else b"\x00\x00")
 
-    def _refuse(self, flow: "DataFlow", link: "Link", sequence: int, recycle: bool) -> None:
+    def _refuse(self, flow: "DataFlow", link: "LeaseLink", sequence: int, recycle: bool) -> None:
         if self.stats is not None:
             self.stats.gateway_refused += 1
         flow.sends.append((link.identity, encode_data(Reject(sequence, False, recycle))))
@@ -155,7 +155,7 @@ class LogQueues(DurableQueues):
 
     # --- reply queues: the relay's, not the store's --------------------------------
 
-    def summoned(self, flow: "DataFlow", link: "Link", key: tuple[str, str], now: float) -> None:
+    def summoned(self, flow: "DataFlow", link: "LeaseLink", key: tuple[str, str], now: float) -> None:
         """A reply queue goes to the relay; other groups are the store's."""
         if is_local(key[1]):
             if self.relay is not None:
@@ -163,7 +163,7 @@ class LogQueues(DurableQueues):
             return
         super().summoned(flow, link, key, now)
 
-    def dismissed(self, flow: "DataFlow", link: "Link", key: tuple[str, str]) -> None:
+    def dismissed(self, flow: "DataFlow", link: "LeaseLink", key: tuple[str, str]) -> None:
         """(See ``summoned``.)"""
         if is_local(key[1]):
             if self.relay is not None:
@@ -171,19 +171,19 @@ class LogQueues(DurableQueues):
             return
         super().dismissed(flow, link, key)
 
-    def confirmed(self, flow: "DataFlow", link: "Link", sequence: int, multiple: bool,
+    def confirmed(self, flow: "DataFlow", link: "LeaseLink", sequence: int, multiple: bool,
                   now: float) -> None:
         """Replies need no confirm (a lost one is the client's timeout)."""
         if self.relay is None or link not in self.relay.readers:
             super().confirmed(flow, link, sequence, multiple, now)
 
-    def rejected(self, flow: "DataFlow", link: "Link", sequence: int, multiple: bool,
+    def rejected(self, flow: "DataFlow", link: "LeaseLink", sequence: int, multiple: bool,
                  recycle: bool, now: float) -> None:
         """(See ``confirmed``.)"""
         if self.relay is None or link not in self.relay.readers:
             super().rejected(flow, link, sequence, multiple, recycle, now)
 
-    def unbound(self, flow: "DataFlow", link: "Link") -> None:
+    def unbound(self, flow: "DataFlow", link: "LeaseLink") -> None:
         """A link went: a reply queue's replies go nowhere until it is summoned again."""
         if self.relay is not None:
             self.relay.gone(link)

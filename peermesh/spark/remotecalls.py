@@ -62,7 +62,7 @@ from .errors import MeshWriteError
 from .requests import GatewaySettings, Outcome, outcome_of
 
 if TYPE_CHECKING:
-    from ..mtl.dataflow import Link
+    from ..mtl.dataflow import LeaseLink
     from ..wire.mtl import Content
 
 __all__ = ["CALLS", "REPLIES", "MAX_PER_CLIENT", "MAX_CALLS", "GRACE", "Call", "CallRelay",
@@ -142,8 +142,8 @@ class CallRelay:
         self.per_client = per_client
         self.total = total
         #: reply queue -> the reader link that summoned it, and back
-        self.queues: dict[str, "Link"] = {}
-        self.readers: dict["Link", str] = {}
+        self.queues: dict[str, "LeaseLink"] = {}
+        self.readers: dict["LeaseLink", str] = {}
         #: reply queue -> ids of its calls in flight
         self.in_flight: dict[str, set[int]] = {}
         self.running = 0
@@ -154,7 +154,7 @@ class CallRelay:
 
     # --- reply queues ---------------------------------------------------------------
 
-    def summoned(self, link: "Link", name: str) -> None:
+    def summoned(self, link: "LeaseLink", name: str) -> None:
         """A confirmed reader summoned ``name``: its replies go to ``link`` from now on."""
         if not name.startswith(REPLIES) or link.grant.user.name != self.user:
             return
@@ -164,7 +164,7 @@ class CallRelay:
         self.queues[name] = link
         self.readers[link] = name
 
-    def gone(self, link: "Link") -> None:
+    def gone(self, link: "LeaseLink") -> None:
         """``link`` dismissed its queue or went."""
         name = self.readers.pop(link, None)
         if name is not None and self.queues.get(name) is link:
@@ -172,7 +172,7 @@ class CallRelay:
 
     # --- requests ---------------------------------------------------------------
 
-    def request(self, link: "Link", command: "Content", now: float
+    def request(self, link: "LeaseLink", command: "Content", now: float
                 ) -> tuple[list[tuple[bytes, list[bytes]]], Optional[Call]]:
         """A request from ``link``: (what to send now, the call to make or None)."""
         call = _parse(command.properties, command.body) \

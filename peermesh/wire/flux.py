@@ -58,7 +58,7 @@ from . import jsonsafe
 __all__ = [
     "MAGIC", "VERSION", "PROTO_SIZE", "NODEID_ANY", "NODEID_UPSTREAM", "USERID_UNKNOWN",
     "MATCHTAG_NONE", "MAX_RANK", "MsgType", "MsgFlag", "Role", "ControlType", "Errno",
-    "Request", "Response", "Event", "Control", "Message", "encode", "decode",
+    "Request", "Response", "EventMessage", "Control", "Message", "encode", "decode",
     "encode_proto", "decode_proto", "Proto", "string_payload", "read_string",
     "json_payload", "read_json", "error_message", "service_of", "make_request", "make_response",
     "pack_proto", "unpack_proto", "peek_proto", "peek_credentials", "MAGIC_VERSION",
@@ -229,7 +229,7 @@ class Response:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class EventMessage:
     """An event, numbered by rank 0 (``seq`` from 1)."""
 
     topic: str
@@ -255,7 +255,7 @@ class Control:
     rolemask: int = 0
 
 
-Message = Union[Request, Response, Event, Control]
+Message = Union[Request, Response, EventMessage, Control]
 
 
 def _maker(cls: type) -> Any:
@@ -288,7 +288,7 @@ def encode(message: Message) -> list[bytes]:
         code, aux1, aux2 = 1, message.nodeid, message.matchtag  # type: ignore[union-attr]
     elif kind is Response:
         code, aux1, aux2 = 2, message.errnum, message.matchtag  # type: ignore[union-attr]
-    elif kind is Event:
+    elif kind is EventMessage:
         code, aux1, aux2 = 4, message.seq, 0  # type: ignore[union-attr]
     elif kind is Control:
         code, aux1, aux2 = 8, message.ctype, message.status  # type: ignore[union-attr]
@@ -393,7 +393,7 @@ def decode(frames: Sequence[bytes]) -> Message:
     if kind == 4:
         if topic is None:
             raise RemoteProtocolError("an event has no topic")
-        return Event(topic, payload, aux1, other, routes, userid, rolemask)
+        return EventMessage(topic, payload, aux1, other, routes, userid, rolemask)
     if kind == 8:
         return Control(aux1, aux2, other, routes, topic, payload, userid, rolemask)
     raise RemoteProtocolError(f"message type {kind:#04x} is not request, response, event or "

@@ -62,7 +62,7 @@ from .frames import EncodeError, as_bytes, as_frames
 
 __all__ = [
     "Role", "Command", "Status", "Open", "Ready", "Keepalive", "Disconnect", "Post",
-    "Response", "Get", "Delete", "Event", "Message", "Target", "ALL", "ANY",
+    "Response", "Get", "Delete", "EventCommand", "Message", "Target", "ALL", "ANY",
     "encode", "decode", "encode_status", "decode_status", "parse_target", "format_target",
     "encode_body", "decode_body", "to_json", "CLIENT", "WORKER", "BROKER", "request_frames",
     "response_frames", "event_frames", "reheaded", "MAX_MESSAGE", "MAX_BODY", "MAX_CONTENT",
@@ -220,7 +220,7 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class EventCommand:
     """EVENT: information about a job's execution (topic is usually the job UUID)."""
 
     role: Role
@@ -231,12 +231,12 @@ class Event:
     text: str = ""
 
 
-Message = Union[Open, Ready, Keepalive, Disconnect, Post, Response, Get, Delete, Event]
+Message = Union[Open, Ready, Keepalive, Disconnect, Post, Response, Get, Delete, EventCommand]
 
 _COMMAND_OF: dict[type, Command] = {
     Open: Command.OPEN, Ready: Command.READY, Keepalive: Command.KEEPALIVE,
     Disconnect: Command.DISCONNECT, Post: Command.POST, Response: Command.RESPONSE,
-    Get: Command.GET, Delete: Command.DELETE, Event: Command.EVENT,
+    Get: Command.GET, Delete: Command.DELETE, EventCommand: Command.EVENT,
 }
 
 
@@ -480,7 +480,7 @@ def _encode_response(msg: Response) -> list[bytes]:
     return response_frames(msg.role, msg.service, msg.uuid, msg.status, msg.body, msg.text)
 
 
-def _encode_event(msg: Event) -> list[bytes]:
+def _encode_event(msg: EventCommand) -> list[bytes]:
     return event_frames(msg.role, msg.service, msg.topic, msg.status, msg.body, msg.text)
 
 
@@ -499,7 +499,7 @@ def _encode_service(msg: Union[Ready, Keepalive, Disconnect]) -> list[bytes]:
 
 _ENCODERS: dict[type, Callable[[Any], list[bytes]]] = {
     Post: _encode_request, Get: _encode_request, Delete: _encode_request,
-    Response: _encode_response, Event: _encode_event, Open: _encode_open,
+    Response: _encode_response, EventCommand: _encode_event, Open: _encode_open,
     Ready: _encode_service, Keepalive: _encode_service, Disconnect: _encode_service,
 }
 
@@ -566,7 +566,7 @@ _REQUEST_FIELDS = ("role", "service", "target", "uuid", "body")
 _MAKE = {Post: _maker(Post, _REQUEST_FIELDS), Get: _maker(Get, _REQUEST_FIELDS),
          Delete: _maker(Delete, _REQUEST_FIELDS),
          Response: _maker(Response, ("role", "service", "uuid", "status", "body", "text")),
-         Event: _maker(Event, ("role", "service", "topic", "status", "body", "text"))}
+         EventCommand: _maker(EventCommand, ("role", "service", "topic", "status", "body", "text"))}
 
 
 def _parse_request(frames: list[bytes], count: int, role: Role, cls: type) -> Message:

@@ -15,7 +15,7 @@ moves bytes and time. Inputs, each with the current time ``now``:
   changes and ``flush``'s probes.
 
 Outputs go through callables the driver supplies: ``connect(uuid,
-endpoint)`` gives a ``Link`` to a peer's mailbox (frames are ``offer``-ed to
+endpoint)`` gives an ``Outbox`` to a peer's mailbox (frames are ``offer``-ed to
 it), ``emit(event)`` takes events; optionally ``linked(identity)`` says
 whether that routing identity holds a connection to our mailbox now (None:
 cannot tell), ``source(identity)`` the address the message being handled
@@ -88,7 +88,7 @@ its leader leaves (or a wave was under way); a wave not over within
 ``interval`` (they take milliseconds) is dropped, and a contester starts
 again.
 
-Flow control lives in the ``Link``: ``has_room`` is False once a peer's
+Flow control lives in the ``Outbox``: ``has_room`` is False once a peer's
 backlog reaches its bound; ``queued``/``limit`` let control commands go past
 that bound up to twice it, after which the peer counts as not responding.
 A link whose backlog drains (``stalled_since`` recent) keeps its peer from
@@ -148,7 +148,7 @@ from ..wire import zre
 from .election import Elected, Election, SendElect, parse_id, zyre_id
 from .roundtrip import RoundTrip
 
-__all__ = ["Session", "Link", "Peer", "PEX_HEADER"]
+__all__ = ["Session", "Outbox", "Peer", "PEX_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ LEADER = EventType.LEADER
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
 
 
-class Link(Protocol):
+class Outbox(Protocol):
     """A peer's outgoing link as the session sees it (``peer.PeerLink`` on gevent)."""
 
     limit: int
@@ -221,7 +221,7 @@ class Peer:
                  "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed",
                  "since", "rtt", "next_probe")
 
-    def __init__(self, uuid: UUID, endpoint: str, link: Link, now: float) -> None:
+    def __init__(self, uuid: UUID, endpoint: str, link: Outbox, now: float) -> None:
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
         self.identity = b"\x01" + self.uuid_bytes
@@ -332,7 +332,7 @@ class Session:
     """
 
     def __init__(self, uuid: UUID, name: str, headers: dict[str, str], config: NodeConfig,
-                 connect: Callable[[UUID, str], Optional[Link]],
+                 connect: Callable[[UUID, str], Optional[Outbox]],
                  emit: Callable[[Event], None],
                  linked: Optional[Callable[[bytes], Optional[bool]]] = None,
                  wake: Optional[Callable[[], None]] = None,

@@ -12,7 +12,7 @@ from peermesh.flux import (
 )
 from peermesh.flux.core import Send
 from peermesh.wire.flux import (
-    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, Event, Request, Response, decode, encode,
+    NODEID_ANY, NODEID_UPSTREAM, Control, ControlType, EventMessage, Request, Response, decode, encode,
     json_payload, read_json,
 )
 
@@ -62,7 +62,7 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
     assert full.errnum == Errno.EAGAIN                      # client_prefixes
     events = []
     for seq, topic in enumerate(("other.a", "job.done"), 1):
-        events += said(one.receive(b"^", encode(Event(topic, None, seq)), tree.now), me)
+        events += said(one.receive(b"^", encode(EventMessage(topic, None, seq)), tree.now), me)
     assert [(e.topic, e.seq) for e in events] == [("job.done", 2)]
 
     others = [os.urandom(16), os.urandom(16)]

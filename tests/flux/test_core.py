@@ -8,7 +8,7 @@ from peermesh.flux.core import FluxCore, FluxSettings, Notice, State
 from peermesh.flux.errors import FluxStateError
 from peermesh.flux.topology import Topology, TopologyError
 from peermesh.wire.flux import (
-    NODEID_UPSTREAM, Errno, Event, MsgFlag, Request, Response, read_json,
+    NODEID_UPSTREAM, Errno, EventMessage, MsgFlag, Request, Response, read_json,
 )
 
 from .harness import Tree
@@ -202,7 +202,7 @@ def test_missed_events_are_fetched_from_rank_0() -> None:
         tree.call(cores[0], cores[0].publish(root, topic, None, tree.now)[1])
     tree.advance(8.0)                        # 3 re-attaches to 0 and fetches 2..3
     tree.call(cores[0], cores[0].publish(root, "d", None, tree.now)[1])
-    got = [(e.topic, e.seq) for e in tree.taken(cores[7], watcher) if isinstance(e, Event)]
+    got = [(e.topic, e.seq) for e in tree.taken(cores[7], watcher) if isinstance(e, EventMessage)]
     assert got == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
     assert not notices(tree, "events-lost")
 

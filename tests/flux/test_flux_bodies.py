@@ -7,7 +7,7 @@ import pytest
 from peermesh.flux.bodies import ping_answer, ping_body, publish_body, route_string
 from peermesh.flux.core import FluxCore
 from peermesh.wire.flux import (
-    USERID_UNKNOWN, Errno, Event, MsgFlag, Role, error_message, json_payload, read_json,
+    USERID_UNKNOWN, Errno, EventMessage, MsgFlag, Role, error_message, json_payload, read_json,
 )
 
 from .harness import Tree
@@ -72,7 +72,7 @@ def test_event_publish_takes_flux_body_and_answers_seq() -> None:
     (answer,) = tree.taken(cores[1], me)
     assert answer.errnum == 0 and read_json(answer.payload) == {"seq": 1}
     (event,) = tree.taken(cores[2], listener)
-    assert isinstance(event, Event) and (event.topic, event.payload, event.seq) == (
+    assert isinstance(event, EventMessage) and (event.topic, event.payload, event.seq) == (
         "flux.a", b"\x00data", 1)
     tree.rpc(cores[1], me, "event.publish", json_payload(publish_body("flux.b", None)))
     (second,) = tree.taken(cores[1], me)       # NODEID_ANY reaches rank 0 too

@@ -12,7 +12,7 @@ import pytest
 
 from peermesh.flux.bodies import ping_answer, publish_body
 from peermesh.wire.flux import (
-    Event, MsgType, Request, Response, decode, encode, read_json,
+    EventMessage, MsgType, Request, Response, decode, encode, read_json,
 )
 from peermesh.wire.flux_local import Reader, decode_body, encode as encode_local, encode_body
 
@@ -71,7 +71,7 @@ def test_flux_event_pub_body_and_answer() -> None:
 
 def test_an_event_reaches_a_subscriber_with_route_frames() -> None:
     exchange = messages("flux event sub -c 1 golden.")
-    events = [m for d, m in exchange if isinstance(m, Event)]
+    events = [m for d, m in exchange if isinstance(m, EventMessage)]
     assert [e.topic for e in events] == ["golden.two"]
     assert events[0].routes is not None     # events carry route frames from a live broker
     assert read_json(events[0].payload) == {"n": 2}
@@ -89,7 +89,7 @@ def test_an_unknown_service_is_enosys_with_a_message() -> None:
 def test_every_type_is_present() -> None:
     kinds = {decode([bytes.fromhex(f) for f in r["frames"]]).__class__.__name__
              for r in RECORDS}
-    assert {"Request", "Response", "Event"} <= kinds
+    assert {"Request", "Response", "EventMessage"} <= kinds
     assert MsgType.REQUEST == 1
 
 
@@ -129,7 +129,7 @@ def test_the_tbon_exchange_a_flux_core_parent_accepted() -> None:
         assert answers[topic].routes == requests[topic].routes and len(requests[topic].routes) == 3
         assert answers[topic].matchtag == requests[topic].matchtag
     assert requests["broker.disconnect"].flags & 0x04 and "broker.disconnect" not in answers
-    events = [m for d, m in exchange if isinstance(m, Event)]
+    events = [m for d, m in exchange if isinstance(m, EventMessage)]
     assert [e.topic for e in events] == ["golden.three"] and events[0].routes
     goodbye = [m for d, m in exchange if getattr(m, "topic", None) == "overlay.goodbye"]
     assert [type(m).__name__ for m in goodbye] == ["Request", "Response"]

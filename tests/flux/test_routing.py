@@ -22,7 +22,7 @@ import pytest
 
 from peermesh.flux.core import PARENT, Deliver, FluxCore, Send, State
 from peermesh.wire.flux import (
-    NODEID_ANY, Control, ControlType, Errno, Event, MsgFlag, Request, Response, decode, encode,
+    NODEID_ANY, Control, ControlType, Errno, EventMessage, MsgFlag, Request, Response, decode, encode,
     read_json,
 )
 
@@ -87,7 +87,7 @@ ROWS = [
      ("down", "stranger")),
     ("settled", 1, "stranger", encode(Response("svc.echo", None, 0, 7, routes=(b"z" * 16,))),
      ()),
-    ("settled", 3, 3, encode(Event("x", None, 1)), ()),
+    ("settled", 3, 3, encode(EventMessage("x", None, 1)), ()),
     ("settled", 1, 3, [b"junk"], ()),
     ("settled", 1, 3, encode(Control(ControlType.HEARTBEAT)), ()),
     # rank 3 is gone (its parent's heartbeat found it so)

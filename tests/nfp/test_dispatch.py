@@ -53,7 +53,7 @@ class Harness:
         self.replies.append(reply)
 
     def event(self, name: str, uuid: str, body: dict[str, Any]) -> None:
-        self.d.on_event(name, nfp.Event(nfp.WORKER, "svc", uuid, Status.OK,
+        self.d.on_event(name, nfp.EventCommand(nfp.WORKER, "svc", uuid, Status.OK,
                                         (nfp.encode_body({"worker": name, **body}),)))
 
 
@@ -336,7 +336,7 @@ def test_responses_that_answer_nothing_are_ignored() -> None:
     h.d.on_response("w2", nfp.Response(nfp.WORKER, "svc", "J", Status.ACCEPTED,
                                        (nfp.encode_body({"rid": nfp.decode_body(post.body[0])
                                                          ["rid"]}),)))   # wrong worker
-    h.d.on_event("w1", nfp.Event(nfp.WORKER, "svc", "J", Status.OK, (b"{bad",)))
+    h.d.on_event("w1", nfp.EventCommand(nfp.WORKER, "svc", "J", Status.OK, (b"{bad",)))
     assert not h.replies
     h.answer("w1", Status.ACCEPTED)
     assert h.replies[0].status is Status.ACCEPTED

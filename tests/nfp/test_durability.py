@@ -116,7 +116,7 @@ def test_acknowledgements_follow_the_commit(tmp_path: Path, free_udp_port: int) 
         assert ("b" * 32, "pending") in rows
         recorder.wait_for(2)
         final, rows = recorder.sent[1]
-        assert isinstance(final, nfp.Event) and ("b" * 32, "completed") in rows
+        assert isinstance(final, nfp.EventCommand) and ("b" * 32, "completed") in rows
 
 
 def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path,
@@ -129,7 +129,7 @@ def test_a_result_too_big_for_the_202_follows_in_the_final_event(tmp_path: Path,
         (accepted, _), (final, rows) = recorder.sent
         assert isinstance(accepted, nfp.Response) and accepted.status is nfp.Status.ACCEPTED
         assert nfp.decode_body(accepted.body[0])["state"] == "pending"
-        assert isinstance(final, nfp.Event)
+        assert isinstance(final, nfp.EventCommand)
         body = nfp.decode_body(final.body[0])
         assert body["state"] == "completed" and len(body["result"]) == FINAL_IN_ACCEPT + 1
         assert rows == [("c" * 32, "completed")] and store.commits == 1

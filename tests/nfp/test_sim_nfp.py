@@ -160,7 +160,7 @@ def test_a_lost_worker_has_its_job_run_again_by_another(mesh: Mesh) -> None:
     mesh.network.partition([[w1_host], others])
     mesh.until("the job runs again on w2", lambda: ("w2", "x") in mesh.runs,
                KEEPALIVE * MULTIPLIER + 5.0)
-    events = [nfp.decode_body(m.body[0]) for m in mesh.inbox if isinstance(m, nfp.Event)]
+    events = [nfp.decode_body(m.body[0]) for m in mesh.inbox if isinstance(m, nfp.EventCommand)]
     moved = [e for e in events if e.get("state") == "redispatched"]
     assert moved and moved[0]["from"] == "w1" and moved[0]["to"] == "w2"
     assert "w1" not in mesh.core.dispatcher.workers  # type: ignore[union-attr]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from peermesh.errors import ProtocolError
 from peermesh.wire import nfp
-from peermesh.wire.nfp import (BROKER, CLIENT, WORKER, Delete, Disconnect, Event, Get, Keepalive,
+from peermesh.wire.nfp import (BROKER, CLIENT, WORKER, Delete, Disconnect, EventCommand, Get, Keepalive,
                                Open, Post, Ready, Response, Status, decode, decode_body,
                                decode_status, encode, encode_body, encode_status, format_target,
                                parse_target)
@@ -52,9 +52,9 @@ GOLDEN = [
     (Delete(BROKER, "nornir", "w1", JOB, (b"x",)),
      [b"", b"NFPB01", b"\x07", b"nornir", b"w1", JOB.encode(), b"x"]),
     # EVENT: empty | NFPW01 | 0x08 | service | topic | status 200 | body...
-    (Event(WORKER, "nornir", JOB, Status.OK, (b'{"p":1}',)),
+    (EventCommand(WORKER, "nornir", JOB, Status.OK, (b'{"p":1}',)),
      [b"", b"NFPW01", b"\x08", b"nornir", JOB.encode(), b"200", b'{"p":1}']),
-    (Event(BROKER, "nornir", JOB), [b"", b"NFPB01", b"\x08", b"nornir", JOB.encode(), b"200",
+    (EventCommand(BROKER, "nornir", JOB), [b"", b"NFPB01", b"\x08", b"nornir", JOB.encode(), b"200",
                                     b""]),
 ]
 
@@ -67,13 +67,13 @@ def test_golden(msg: nfp.Message, frames: list[bytes]) -> None:
 
 
 @pytest.mark.parametrize("msg, frames", [g for g in GOLDEN if isinstance(
-    g[0], (Post, Get, Delete, Response, Event))], ids=lambda v: type(v).__name__
+    g[0], (Post, Get, Delete, Response, EventCommand))], ids=lambda v: type(v).__name__
     if not isinstance(v, list) else "")
 def test_frame_builders_give_the_golden_frames(msg: nfp.Message, frames: list[bytes]) -> None:
     if isinstance(msg, Response):
         built = nfp.response_frames(msg.role, msg.service, msg.uuid, msg.status, msg.body,
                                     msg.text)
-    elif isinstance(msg, Event):
+    elif isinstance(msg, EventCommand):
         built = nfp.event_frames(msg.role, msg.service, msg.topic, msg.status, msg.body,
                                  msg.text)
     else:
@@ -97,7 +97,7 @@ def test_reheaded_relays_a_workers_event_as_the_broker() -> None:
     frames = [b"", b"NFPW01", b"\x08", b"nornir", JOB.encode(), b"200 step 1", b"a", b"b"]
     relayed = nfp.reheaded(frames, BROKER)
     assert relayed == [b"", b"NFPB01", *frames[2:]]
-    assert decode(relayed) == Event(BROKER, "nornir", JOB, Status.OK, (b"a", b"b"), "step 1")
+    assert decode(relayed) == EventCommand(BROKER, "nornir", JOB, Status.OK, (b"a", b"b"), "step 1")
     with pytest.raises(ValueError):
         nfp.reheaded(frames, CLIENT)     # an EVENT never comes from a client
 
@@ -237,7 +237,7 @@ messages = st.one_of(
     st.builds(Delete, st.sampled_from([CLIENT, BROKER]), printable, targets, printable, bodies),
     st.builds(Response, st.sampled_from([BROKER, WORKER]), printable, printable, statuses,
               bodies, texts),
-    st.builds(Event, st.sampled_from([BROKER, WORKER]), printable, printable, statuses, bodies,
+    st.builds(EventCommand, st.sampled_from([BROKER, WORKER]), printable, printable, statuses, bodies,
               texts),
 )
 

@@ -158,7 +158,7 @@ def test_on_a_mesh_with_keys_calls_need_only_the_drivers_key(
 
 def test_relay_ignores_a_request_it_still_runs() -> None:
     from peermesh.mtl.credentials import make_user
-    from peermesh.mtl.dataflow import Grant, Link
+    from peermesh.mtl.dataflow import Grant, LeaseLink
     from peermesh.mtl.profiles import MESH
     from peermesh.spark.executor import Outcome
     from peermesh.spark.remotecalls import CALLS, REPLIES, CallRelay
@@ -167,10 +167,10 @@ def test_relay_ignores_a_request_it_still_runs() -> None:
     user = make_user("spark-executors", "pw", read=["*"], write=["*"])
     stranger = make_user("someone", "pw", read=["*"], write=["*"])
 
-    def link(identity: bytes, direction: Direction, who: Any = user) -> Link:
+    def link(identity: bytes, direction: Direction, who: Any = user) -> LeaseLink:
         grant = Grant("t" + identity.hex(), b"session", who, MESH, "", direction, (),
                       "full", 0.0)
-        return Link(identity, grant, 0.0)
+        return LeaseLink(identity, grant, 0.0)
 
     relay = CallRelay("spark-executors")
     reader, writer = link(b"r", Direction.READ), link(b"w", Direction.WRITE)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from peermesh.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from peermesh.wire.flux import (
-    NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, Control, ControlType, Errno, Event, MsgFlag,
+    NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, Control, ControlType, Errno, EventMessage, MsgFlag,
     MsgType, Proto, Request, Response, Role, decode, decode_proto, encode, encode_proto,
     error_message, json_payload, read_json, read_string, service_of, string_payload,
 )
@@ -79,7 +79,7 @@ def test_event_with_route_frames_is_accepted() -> None:
     frames = [b"abc", b"def", b"", b"fluxlab.x", b"{}\0",
               H("8e01040b" "00000000" "00000005" "00000003" "00000000")]
     message = decode(frames)
-    assert message == Event("fluxlab.x", b"{}\0", 3, MsgFlag(0), (b"abc", b"def"), 0, 5)
+    assert message == EventMessage("fluxlab.x", b"{}\0", 3, MsgFlag(0), (b"abc", b"def"), 0, 5)
     assert encode(message) == frames
 
 
@@ -156,7 +156,7 @@ messages = st.one_of(
     st.builds(Request, topics, payloads, u32.filter(lambda n: n != NODEID_UPSTREAM), u32, flags,
               routes, u32, u32),
     st.builds(Response, topics, payloads, u32, u32, flags, routes, u32, u32),
-    st.builds(Event, topics, payloads, u32, flags, routes, u32, u32),
+    st.builds(EventMessage, topics, payloads, u32, flags, routes, u32, u32),
     st.builds(Control, u32, u32, flags, routes, st.none() | topics, payloads, u32, u32),
 )
 
