@@ -45,28 +45,40 @@ T = TypeVar("T")
 
 class _ByteBound(Generic[T]):
     """The producer's side of a queue: its bounds in items and in octets of content
-    (see the module)."""
+    (see the module).
 
-    _items: deque
-    _room: gevent.event.Event
-    limit: int
-    #: octets of content the queue may hold (0: no bound in octets)
-    max_bytes = 0
-    #: octets of content held (including items taken since the last recount)
-    size = 0
-    #: items dropped because their content alone is larger than ``max_bytes``
-    dropped = 0
-    #: octets of content admitted, ever (the metrics' bytes received)
-    admitted = 0
-    #: times the queue was full and its producer had to wait (``event_queue``)
-    pauses = 0
-    #: the content octets of each item not yet known to be taken, oldest first
-    #: (None: no bound in octets)
-    _sizes: Optional[deque[int]] = None
-    #: items put while there was no room for them, with their octets, oldest first
-    _waiting: deque[tuple[T, int]] = deque()
-    #: the queue length at which a producer waiting for room may go on
-    _resume_at = 0
+    Every attribute is a slot set in ``__init__`` (none falls back to a class default):
+    ``put`` runs once per event received, and an attribute that lives first on the class
+    and then on the instance keeps Python from specialising its reads (put cost 1.5 us
+    with the byte bound instead of 0.5 us without it).
+    """
+
+    __slots__ = ("limit", "max_bytes", "size", "dropped", "admitted", "pauses", "_items",
+                 "_room", "_sizes", "_waiting", "_resume_at", "_held")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: octets of content the queue may hold (0: no bound in octets)
+        self.max_bytes = 0
+        #: octets of content held (including items taken since the last recount)
+        self.size = 0
+        #: items dropped because their content alone is larger than ``max_bytes``
+        self.dropped = 0
+        #: octets of content admitted, ever (the metrics' bytes received)
+        self.admitted = 0
+        #: times the queue was full and its producer had to wait (``event_queue``)
+        self.pauses = 0
+        self._items: deque[T] = deque()
+        self._room = gevent.event.Event()
+        self._room.set()
+        #: the content octets of each item not yet known to be taken, oldest first
+        #: (None: no bound in octets)
+        self._sizes: Optional[deque[int]] = None
+        #: items put while there was no room for them, with their octets, oldest first
+        self._waiting: deque[tuple[T, int]] = deque()
+        #: the queue length at which a producer waiting for room may go on
+        self._resume_at = 0
+        self._held = False  # between ``hold`` and ``release``: consumers are woken once
 
     def bound_bytes(self, limit: int) -> None:
         """Hold at most ``limit`` octets of content (``item.frames``); what does not fit
@@ -85,20 +97,31 @@ class _ByteBound(Generic[T]):
         if sizes is None:
             self._enter(item)
             return
-        waiting = self._waiting
         frames = item.frames  # type: ignore[attr-defined]
         size = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+        held = self.size + size
+        if self._waiting or held > self.max_bytes or len(sizes) - len(self._items) > _RECOUNT:
+            self._put_checked(item, size, sizes)
+            return
+        self.size = held
+        self.admitted += size
+        sizes.append(size)
+        self._enter(item)
+
+    def _put_checked(self, item: T, size: int, sizes: deque[int]) -> None:
+        """``put`` when items wait already, or the count of octets is due (near the
+        bound, or ``_RECOUNT`` items taken since the last recount)."""
+        waiting = self._waiting
         if waiting:  # behind what waits already: order is kept
             waiting.append((item, size))
             return
-        if self.size + size > self.max_bytes or len(sizes) - len(self._items) > _RECOUNT:
-            self._recount(sizes)
-            if size and self.size + size > self.max_bytes:
-                if size > self.max_bytes:  # can never fit
-                    self.dropped += 1
-                else:
-                    waiting.append((item, size))
-                return
+        self._recount(sizes)
+        if size and self.size + size > self.max_bytes:
+            if size > self.max_bytes:  # can never fit
+                self.dropped += 1
+            else:
+                waiting.append((item, size))
+            return
         self.size += size
         self.admitted += size
         sizes.append(size)
@@ -192,14 +215,12 @@ class GreenEventQueue(_ByteBound[T]):
     woken once, at the end, so a burst costs one switch, not one per event.
     """
 
+    __slots__ = ("_waiters", "_hub")
+
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._items: deque[T] = deque()
+        super().__init__(limit)
         self._waiters: deque[Waiter] = deque()
-        self._room = gevent.event.Event()
-        self._room.set()
         self._hub = gevent.get_hub()
-        self._held = False
 
     def __len__(self) -> int:
         return len(self._items)
@@ -272,13 +293,11 @@ class _HandOff(_ByteBound[T]):
     that waits for room.
     """
 
+    __slots__ = ("_wake",)
+
     def __init__(self, limit: int, wake_producer: Callable[[Callable[[], None]], object]) -> None:
-        self.limit = limit
-        self._items: deque[T] = deque()
-        self._room = gevent.event.Event()
-        self._room.set()
+        super().__init__(limit)
         self._wake = wake_producer
-        self._held = False
 
     def __len__(self) -> int:
         return len(self._items)
@@ -299,6 +318,8 @@ class _HandOff(_ByteBound[T]):
 
 class ThreadEventQueue(_HandOff[T]):
     """Producer is a greenlet on a hub in one thread; consumers are other threads."""
+
+    __slots__ = ("_lock",)
 
     def __init__(self, limit: int, wake_producer: Callable[[Callable[[], None]], object]) -> None:
         super().__init__(limit, wake_producer)
@@ -338,6 +359,8 @@ class LoopEventQueue(_HandOff[T]):
     A consumer waiting in ``get`` is woken by one ``loop.call_soon_threadsafe``
     per batch (per ``hold``/``release``), and only while some consumer waits.
     """
+
+    __slots__ = ("_loop", "_waiters", "_scheduled")
 
     def __init__(self, limit: int, wake_producer: Callable[[Callable[[], None]], object],
                  loop: asyncio.AbstractEventLoop) -> None:
