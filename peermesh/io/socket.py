@@ -38,7 +38,7 @@ import sys
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, Union
 
 import gevent
 import gevent.event
@@ -140,6 +140,16 @@ def _pyzmq_send(sock: zmq.Socket, frames: Sequence[bytes]) -> bool:
     return True
 
 
+def _pyzmq_send_each(sock: zmq.Socket, messages: Iterable[Sequence[bytes]]) -> int:
+    """``_pyzmq_send`` each of ``messages`` in order until one cannot go; how many went."""
+    done = 0
+    for frames in messages:
+        if not _pyzmq_send(sock, frames):
+            break
+        done += 1
+    return done
+
+
 class HubSocket:
     """A plain pyzmq socket read, written and waited on cooperatively on one gevent hub.
 
@@ -150,7 +160,7 @@ class HubSocket:
     """
 
     __slots__ = ("socket", "endpoint", "limit", "max_frames", "closed", "_target", "_send",
-                 "_events", "_batch", "_recv", "_readable", "_hub", "_io", "_guard",
+                 "_send_each", "_events", "_batch", "_recv", "_readable", "_hub", "_io", "_guard",
                  "_parked", "_reading", "_touched", "_serving", "_paused", "_scheduled",
                  "_draining", "_drain", "_drainer", "_done")
 
@@ -166,11 +176,13 @@ class HubSocket:
         if native is not None:
             self._target: Any = sock.underlying  # 0 once closed: the extension raises ENOTSOCK
             self._send: Callable[[Any, Sequence[bytes]], bool] = native.send
+            self._send_each: Callable[[Any, Iterable[Sequence[bytes]]], int] = native.send_each
             self._events: Callable[[Any], int] = native.events
             self._batch: Callable[..., list] = partial(native.recv_batch, self._target)
         else:
             self._target = sock
             self._send = _pyzmq_send
+            self._send_each = _pyzmq_send_each
             self._events = _pyzmq_events
             self._batch = self._pyzmq_batch
         self._recv = _Backend.recv.__get__(sock)
@@ -224,14 +236,12 @@ class HubSocket:
                 self._wake_readers()
         return True
 
-    def try_send_each(self, messages: Sequence[Sequence[bytes]]) -> int:
-        """``try_send`` each of ``messages`` in order until one cannot go; how many went."""
+    def try_send_each(self, messages: Iterable[Sequence[bytes]]) -> int:
+        """``try_send`` each of ``messages`` in order until one cannot go; how many went.
+        One call of the C extension sends them all (a backlog flushed costs no Python
+        per message)."""
         self._touched = True
-        send, target, done = self._send, self._target, 0
-        for frames in messages:
-            if not send(target, frames):
-                break
-            done += 1
+        done = self._send_each(self._target, messages)
         if done and (self._serving is not None or self._reading):
             self._after_send()
         return done

@@ -66,11 +66,9 @@ log = logging.getLogger(__name__)
 Frame = Union[bytes, bytearray, memoryview, str]
 PeerRef = Union[UUID, str]
 
-_WHISPER_HEADER = zre.pack_header
+_whisper_header = zre.whisper_header
 #: the HELLO header where overlays list their roles (``peermesh.overlay.ROLES_HEADER``)
 ROLES_HEADER = "X-PM-ROLES"
-_SIGNATURE = zre.SIGNATURE
-_WHISPER = 2
 #: seconds between looks at a link that a claim or departure waits on, at most
 SETTLE_STEP = 0.064
 _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre merges "
@@ -474,20 +472,20 @@ class Node:
         then disconnected).
         """
         target = self._ready_peer(peer)
-        if len(frames) == 1 and type(frames[0]) is bytes:
-            content = [b"", frames[0]]
+        if len(frames) == 1 and type(frames[0]) is bytes:  # the usual case: as given
+            content: Sequence[bytes] = frames  # type: ignore[assignment]
         elif frames:
-            content = [b"", *map(_frame, frames)]
+            content = [*map(_frame, frames)]
         else:
             raise ValueError(_NO_CONTENT.format("whisper"))
         link: PeerLink = target.link  # type: ignore[assignment]
         if link.backlog and not link.has_room():
             self._wait_room(target)
-        content[0] = _WHISPER_HEADER(_SIGNATURE, _WHISPER, zre.VERSION, target.next_sequence())
-        link.offer(content)
+        # numbered once there is room: the message is built whole, in one step
+        link.offer([_whisper_header(target.next_sequence()), *content])
         target.unconfirmed = True
         self._sent_whispers += 1
-        self._sent_octets += len(content[1]) if len(content) == 2 else sum(map(len, content[1:]))
+        self._sent_octets += len(content[0]) if len(content) == 1 else sum(map(len, content))
 
     def shout(self, group: str, *frames: Frame) -> None:
         """Send ``frames`` to every peer in ``group``, one unicast SHOUT each.

@@ -134,6 +134,37 @@ def test_bytes_like_frames_are_sent(transport: ZmqTransport, mailbox: Mailbox) -
     link.close()
 
 
+def test_send_each_sends_in_order_until_one_cannot_go(transport: ZmqTransport,
+                                                      mailbox: Mailbox) -> None:
+    from collections import deque
+
+    link = connect(transport, mailbox)
+    backlog = deque([b"head", b"%d" % i] for i in range(300))
+    assert link.try_send_each(backlog) == 300  # a deque (a node's backlog), in one call
+    assert link.try_send_each(iter([[b"one"], (b"two", bytearray(b"2"))])) == 2
+    assert link.try_send_each([]) == 0
+    mailbox.wait(302)
+    assert mailbox.messages == [(b"\x01peer", list(frames)) for frames in backlog] + \
+        [(b"\x01peer", [b"one"]), (b"\x01peer", [b"two", b"2"])]
+    with pytest.raises(TypeError):
+        link.try_send_each([[b"fine"], [b"first", 5]])  # raised, as one send would
+    link.close()
+    with pytest.raises(zmq.ZMQError) as caught:
+        link.try_send_each([[b"late"]])
+    assert caught.value.errno == errno.ENOTSOCK
+
+
+def test_send_each_stops_at_the_high_water_mark(transport: ZmqTransport) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    link = transport.connect(b"\x01peer", f"tcp://127.0.0.1:{port}", sndhwm=10)
+    went = link.try_send_each([[b"nobody", b"there"]] * 100)
+    assert 1 <= went < 100
+    assert link.try_send_each([[b"more"]]) == 0 and not link.try_send([b"more"])
+    link.close()
+
+
 def native_only(zmq_path: str) -> Any:
     if zmq_path != "native":
         pytest.skip("a promise of the C extension only")
