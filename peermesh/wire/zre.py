@@ -84,7 +84,8 @@ SHOUT_PREFIX = b"\xaa\xa1\x03\x02"
 #: ``whisper_header(sequence)``: frame 0 of a WHISPER (the content frames follow it); the
 #: fixed prefix bound to a ``struct`` packer, so building it costs no Python call (it is
 #: built once per message sent)
-whisper_header: Callable[[int], bytes] = functools.partial(struct.Struct(">4sH").pack, WHISPER_PREFIX)
+whisper_header: Callable[[int], bytes] = functools.partial(struct.Struct(">4sH").pack,
+                                                           WHISPER_PREFIX)
 _N1 = struct.Struct(">B")
 _N4 = struct.Struct(">I")
 MAX_STRING = 0xFF
