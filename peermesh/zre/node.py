@@ -483,8 +483,8 @@ class Node:
             self._wait_room(target)
         # Numbered once there is room, and built whole as a tuple: a tuple of bytes is
         # untracked by Python's garbage collector at its first pass, a list never is, so a
-        # backlog of lists made every older-generation pass walk all of it again (1.5 us
-        # of collection per message sent in a one-way burst, 0.2 us with tuples).
+        # backlog of lists made every older-generation pass walk all of it again (with
+        # 100,000 messages queued: 0.24 us of collection per message, 0.06 with tuples).
         link.offer((_whisper_header(target.next_sequence()), *content))
         target.unconfirmed = True
         self._sent_whispers += 1
