@@ -13,7 +13,8 @@ about 0.4 us per message to read instead of about 1.8 us.
 
 ``native`` is the loaded extension, or None: no compiler at install, a pyzmq
 whose libzmq hides its functions, or ``PEERMESH_PURE_PYTHON=1`` in the
-environment. The transport then uses pyzmq alone, with the same behaviour.
+environment, or a build older than this code (one that lacks a function the
+transport calls). The transport then uses pyzmq alone, with the same behaviour.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ __all__ = ["native", "why_not"]
 log = logging.getLogger(__name__)
 
 
+#: what the transport calls in the extension
+_FUNCTIONS = ("load", "recv_batch", "send", "send_each", "events")
+
+
 def _load() -> tuple[Optional[ModuleType], str]:
     if os.environ.get("PEERMESH_PURE_PYTHON"):
         return None, "PEERMESH_PURE_PYTHON is set"
@@ -38,6 +43,9 @@ def _load() -> tuple[Optional[ModuleType], str]:
         from . import _zmqbatch as extension  # type: ignore[attr-defined]
     except ImportError as exc:
         return None, f"the C extension was not built ({exc})"
+    missing = [name for name in _FUNCTIONS if not hasattr(extension, name)]
+    if missing:  # a build older than this code (an in-place build not redone)
+        return None, f"the C extension lacks {', '.join(missing)}: rebuild it"
     try:
         extension.load(_zmq.__file__, zmq.ZMQError)
     except ImportError as exc:
