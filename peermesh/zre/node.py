@@ -9,9 +9,12 @@ runs these on the hub of the thread that started it:
 * its **discovery sources** (``peermesh.discovery``), which report peers
   through ``peer_appeared`` / ``peer_alive`` / ``peer_left``;
 * the **mailbox reader** - the transport drains the mailbox without blocking
-  and hands each message to the session with the time;
-* the **timer** - calls ``Session.tick(now)`` and sleeps until the time it
-  returns (at most ``min(interval, evasive / 2)``).
+  and hands each message to ``Session.receive`` with the time;
+* the **timer** - calls ``Session.handle_timer(now)`` and sleeps until its
+  ``next_deadline()`` (woken sooner after a batch that made it earlier).
+
+What the session returns is applied at once (``_apply``): events to the
+listeners and the queue, each ``Dial`` answered with a ``peer.PeerLink``.
 
 Time is the transport's (``transport.now`` / ``transport.sleep``), so on the
 simulated network every wait (``stop``, ``flush`` and a send waiting for
@@ -297,7 +300,7 @@ class Node:
             self._state = "stopped"
             raise
         self._ticker = gevent.spawn(self._timer)
-        self._greenlets = [gevent.spawn(self._mailbox_reader)]
+        self._greenlets = [gevent.spawn(self._mailbox_reader), self._ticker]
         log.debug("node %s (%s) started on %s", self._name, self._uuid.hex, self.endpoint)
         return self
 
@@ -313,7 +316,7 @@ class Node:
             for source in self._discovery:
                 source.stop()
         finally:
-            gevent.killall(self._greenlets + ([self._ticker] if self._ticker else []))
+            gevent.killall(self._greenlets)
             self._ticker = None
             linger = max(0.0, deadline - self._clock())
             for peer in self._session.stop():
@@ -905,10 +908,11 @@ class Node:
         waits on a peer's link)."""
         ticker = self._ticker
         if (ticker is None or self._ticking or self._session.next_deadline() >= self._armed
-                or self._state != "running"):
+                or ticker.dead or self._state != "running"):
             return
         ticker.kill(block=False)
         self._ticker = gevent.spawn(self._timer)
+        self._greenlets[self._greenlets.index(ticker)] = self._ticker
 
     def _mailbox_reader(self) -> None:
         receive, clock, apply = self._session.receive, self._clock, self._apply

@@ -3,24 +3,33 @@
 How it works
 ------------
 A ``Session`` is what a node knows and decides; its driver (``node.Node``)
-moves bytes and time. Inputs, each with the current time ``now``:
+moves bytes and time. It is a core of ``peermesh.core``:
 
-* ``on_message(identity, frames, now)`` - one message from the mailbox;
-* ``peer_appeared(uuid, endpoint, now)`` / ``peer_alive(uuid, now)`` /
-  ``peer_left(uuid, now)`` - reports of discovery sources;
-* ``tick(now)`` - the timers; returns when it wants to be called again;
-* ``settle(now)`` - claims and departures that wait on a peer's link (the
-  driver calls it soon after ``wake`` asks, and again while it returns True);
-* ``add_group`` / ``remove_group`` / ``ping`` - the application's group
-  changes and ``flush``'s probes.
+* ``receive(identity, frames, now)`` - one message from the mailbox (named
+  by its sender's routing identity);
+* ``handle_timer(now)`` at ``next_deadline()`` - the liveness timers
+  (``tick``: at most ``min(interval, evasive / 2)`` apart) and, while a
+  claim or departure waits on a peer's link, ``settle`` (at once, then every
+  few milliseconds backing off to ``SETTLE_STEP``);
+* reports of discovery sources - ``peer_appeared(uuid, endpoint, now)`` /
+  ``peer_alive(uuid, now)`` / ``peer_left(uuid, now)`` - and the
+  application's ``add_group`` / ``remove_group`` / ``contest`` / ``ping``,
+  whose outputs ``take()`` hands over.
 
-Outputs go through callables the driver supplies: ``connect(uuid,
-endpoint)`` gives an ``Outbox`` to a peer's mailbox (frames are ``offer``-ed to
-it), ``emit(event)`` takes events; optionally ``linked(identity)`` says
-whether that routing identity holds a connection to our mailbox now (None:
-cannot tell), ``source(identity)`` the address the message being handled
-came from (None: cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
-clock, opens a socket or blocks.
+Outputs: ``Dial(uuid, endpoint, our identity)`` opens a link to a peer's
+mailbox; the driver answers it with ``attach(uuid, outbox)`` (or None: none
+could be made) before it feeds the session again, and what was sent to the
+peer meanwhile goes to that outbox first. ``Emit(event)`` carries ENTER,
+EXIT, JOIN, LEAVE, LEADER, EVASIVE, SILENT, CONFIRM; ``Deliver(event)`` a
+WHISPER or SHOUT. Commands to a peer are not ``Send`` outputs: they are
+numbered and ``offer``-ed to the peer's ``Outbox`` at once, the
+flow-controlled path (its bounded backlog, ``has_room``; see below). Two
+queries are injected: ``linked(identity)`` says whether that routing
+identity holds a connection to our mailbox now (None: cannot tell), and
+``source(identity)`` the address the message being handled came from (None:
+cannot tell). Nothing here reads a clock, opens a socket or blocks. (Given
+``connect`` and ``emit`` callables, and ``wake`` for ``settle``, the session
+calls them instead, as tables of tests drive it with ``on_message``/``tick``.)
 
 Peer states and transitions (all of them are in this module)::
 
