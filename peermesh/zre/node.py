@@ -935,7 +935,10 @@ class Node:
         def on_message(identity: bytes, frames: list[bytes]) -> None:
             out = receive(identity, frames, clock())
             if out:
-                apply(out)
+                if len(out) == 1 and type(out[0]) is Deliver:  # a WHISPER or SHOUT
+                    self._sink(out[0].item)  # type: ignore[union-attr]
+                else:
+                    apply(out)
 
         self._mailbox.serve(on_message, self._on_oversized, self._events,
                             after_batch=self._rearm)

@@ -411,6 +411,7 @@ class Session(Outputs):
         #: hold, as ``Node`` does): no cap
         self.max_peers: int = UNBOUNDED_PEERS if config.max_peers is None else config.max_peers
         self.connect = connect
+        self._returns = emit is None  # events are outputs (not ``emit`` calls)
         #: where events go: ``Emit`` outputs, or the ``emit`` callable given
         self.emit: Callable[[Event], None] = emit if emit is not None else self._emit_output
         #: where WHISPERs and SHOUTs go: ``Deliver`` outputs, or ``emit``
@@ -477,15 +478,6 @@ class Session(Outputs):
 
     # --- the core contract (``peermesh.core``) ---------------------------
 
-    def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
-        """One message from the mailbox, sent by the DEALER with routing identity ``link``;
-        the outputs it leaves."""
-        self.on_message(link, frames, now)  # type: ignore[arg-type]
-        out = self._outputs
-        if out:
-            self._outputs = []
-            return out
-        return []
 
     def handle_timer(self, now: float) -> list[Output]:
         """The timers due at ``now``: ``tick`` when its time came, else ``settle``."""
@@ -999,9 +991,17 @@ class Session(Outputs):
             self.remove(peer, f"sent a message over max_message ({self.config.max_message})")
 
     def on_message(self, identity: bytes, frames: list[bytes], now: float) -> None:
-        """One message from the mailbox, sent by the DEALER with ``identity``."""
+        """``receive``, what it returns left for ``take`` (the older form: given ``connect``
+        and ``emit``, there is nothing to take)."""
+        out = self.receive(identity, frames, now)
+        if out:
+            self._outputs = out  # (``receive`` took what was there before too)
+
+    def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
+        """One message from the mailbox, sent by the DEALER with routing identity ``link``;
+        the outputs it leaves (and those left before by calls outside ``receive``)."""
         head = frames[0] if frames else b""
-        peer = self.by_identity.get(identity)
+        peer = self.by_identity.get(link)  # type: ignore[call-overload]
         # Fast path: the next WHISPER, or SHOUT into one of our groups, from a ready peer
         # (most of the traffic); anything else (a SHOUT into another group too) is decoded
         if (peer is not None and peer.ready and len(head) >= 6
@@ -1022,10 +1022,14 @@ class Session(Outputs):
                 peer.last_seen = now
                 if peer.next_ping:
                     peer.refresh(now)
-                self.deliver(Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
-                                group, (frames[1],) if len(frames) == 2 else tuple(frames[1:])))
-                return
-        self._on_command(identity, frames, head, peer, now)
+                event = Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
+                              group, (frames[1],) if len(frames) == 2 else tuple(frames[1:]))
+                if self._returns and not self._outputs:
+                    return [Deliver(event)]
+                self.deliver(event)
+                return self.take()
+        self._on_command(link, frames, head, peer, now)  # type: ignore[arg-type]
+        return self.take()
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:
