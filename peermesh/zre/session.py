@@ -135,9 +135,13 @@ Peer exchange (``X-PM-PEX``, a peermesh extension): a node that uses seeds
 asks for it in its HELLO headers; a node that sees that header sends it the
 UUID and endpoint of every other ready peer in ``PEER-EXCHANGE`` commands.
 
-Kept whole: one state machine (``Session``): the peer table, groups, elections and
-claims are read and changed together on every input, so no part of it can be followed
-apart from the rest.
+Kept whole: one state machine (``Session``): one input reads and changes the peer table,
+the groups, the claims and the waves together (a HELLO may shed a pending peer, settle a
+claim, join groups, start a wave and send PEX in one call), so no part of it can be
+followed apart from the rest; the parts that stand alone are apart already (Zyre's
+election in ``election``, round-trip times in ``roundtrip``, the key gate in ``curve``,
+the send backlog in ``peer``). Moving methods out would need mixins or a back-reference
+to the session: the reading split, the state not.
 """
 
 from __future__ import annotations
