@@ -162,7 +162,7 @@ from ..wire import zre
 from .election import Elected, Election, SendElect, parse_id, zyre_id
 from .roundtrip import RoundTrip
 
-__all__ = ["Session", "Outbox", "Peer", "PEX_HEADER"]
+__all__ = ["Session", "Outbox", "Dialling", "Peer", "PEX_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class Session(Outputs):
     the driver answers each ``Dial`` with ``attach``. Commands to a peer go
     to its ``Outbox`` (``peer.link.offer``): that is the flow-controlled path.
 
-    Given ``connect`` and ``emit`` (the older form, which tables of tests
+    Given ``connect`` and ``emit`` both (the older form, which tables of tests
     use), it calls them instead: ``connect(uuid, endpoint)`` returns a link to
     a new peer's mailbox, or None when none can be made; ``emit`` receives every
     event and may be replaced at any time; ``wake`` asks for ``settle`` calls.
@@ -481,7 +481,6 @@ class Session(Outputs):
         self._settle_step = SETTLE_STEP
 
     # --- the core contract (``peermesh.core``) ---------------------------
-
 
     def handle_timer(self, now: float) -> list[Output]:
         """The timers due at ``now``: ``tick`` when its time came, else ``settle``."""
