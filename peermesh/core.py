@@ -39,10 +39,14 @@ NFP ``Dispatcher``            ``receive(worker, frames, now)`` takes a worker's 
 NFP ``BrokerCore`` /          the broker's and the worker's conversations (OPEN, READY,
 ``WorkerSession``             KEEPALIVE, DISCONNECT, liveness) on the same surface;
                               requests for a worker come out as ``Deliver``.
-ZRE ``Session``               ``receive`` is the mailbox message; its ``connect``/``emit``
-                              callbacks become ``Dial``/``Emit``; ``tick`` (which returns
-                              the next deadline) splits into ``handle_timer`` and
-                              ``next_deadline``.
+ZRE ``Session``               ``receive(identity, frames, now)`` is the mailbox message;
+                              ``handle_timer`` runs ``tick`` (liveness) and ``settle``
+                              (claims, departures) when due. A new peer is a ``Dial(uuid,
+                              endpoint, identity)`` the node answers with ``attach(uuid,
+                              PeerLink)``; events are ``Emit``, WHISPER/SHOUT ``Deliver``.
+                              Commands to a peer stay on its ``Outbox`` (``offer``, the
+                              flow-controlled path), not ``Send``; discovery reports and
+                              group calls leave outputs for ``take()``.
 SADA ``RequestRouter``        ``receive(link, frames, now)`` takes a server's reply;
                               answers come out as ``Deliver``, requests as ``Send``, a
                               catalog change as ``Emit`` (the old ``send``/``answer``

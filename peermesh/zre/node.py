@@ -9,9 +9,12 @@ runs these on the hub of the thread that started it:
 * its **discovery sources** (``peermesh.discovery``), which report peers
   through ``peer_appeared`` / ``peer_alive`` / ``peer_left``;
 * the **mailbox reader** - the transport drains the mailbox without blocking
-  and hands each message to the session with the time;
-* the **timer** - calls ``Session.tick(now)`` and sleeps until the time it
-  returns (at most ``min(interval, evasive / 2)``).
+  and hands each message to ``Session.receive`` with the time;
+* the **timer** - calls ``Session.handle_timer(now)`` and sleeps until its
+  ``next_deadline()`` (woken sooner after a batch that made it earlier).
+
+What the session returns is applied at once (``_apply``): events to the
+listeners and the queue, each ``Dial`` answered with a ``peer.PeerLink``.
 
 Time is the transport's (``transport.now`` / ``transport.sleep``), so on the
 simulated network every wait (``stop``, ``flush`` and a send waiting for
@@ -34,7 +37,7 @@ from __future__ import annotations
 import errno
 import logging
 import uuid as uuid_module
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union, cast
 from uuid import UUID
 
 import gevent
@@ -42,6 +45,7 @@ import gevent.event
 import zmq
 
 from ..config import NodeConfig
+from ..core import Deliver, Dial, Emit, Output
 from ..counters import REPORT_PERIOD
 from ..discovery import Discovery
 from ..discovery.beacon import BeaconDiscovery, parse_seed
@@ -69,8 +73,6 @@ PeerRef = Union[UUID, str]
 _whisper_header = zre.whisper_header
 #: the HELLO header where overlays list their roles (``peermesh.overlay.ROLES_HEADER``)
 ROLES_HEADER = "X-PM-ROLES"
-#: seconds between looks at a link that a claim or departure waits on, at most
-SETTLE_STEP = 0.064
 _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre merges "
                "an empty message into the next one it delivers)")
 
@@ -196,8 +198,9 @@ class Node:
         self._listeners: list[Callable[[Event], None]] = []
         self._failed_listeners: set[int] = set()   # whose traceback was logged already
         self._session = Session(self._uuid, self._name, self._headers, self.config,
-                                self._connect, self._events.put, linked=self._linked,
-                                wake=self._wake_settler)
+                                linked=self._linked)
+        #: where the session's events go: the queue, or ``_emit`` while listeners listen
+        self._sink: Callable[[Event], None] = self._events.put
         for group in self.config.contest:
             self._session.contest(_checked_string("group", group))
         for group in self.config.groups:
@@ -216,7 +219,9 @@ class Node:
         self.mailbox_port = 0
         self._last_target: Optional[tuple[PeerRef, Peer]] = None
         self._mailbox: Any = None
-        self._settler: Optional[gevent.Greenlet] = None
+        self._ticker: Optional[gevent.Greenlet] = None  # the timer greenlet
+        self._armed = 0.0  # the deadline it sleeps to
+        self._ticking = False  # it runs the session's timers (not to be killed then)
         #: WHISPERs and SHOUTs sent (one per peer a SHOUT went to), octets of their content
         self._sent_whispers = self._sent_shouts = self._sent_octets = 0
         #: overlays attached to this node (``Overlay.attach`` adds them; the metrics read them)
@@ -292,7 +297,8 @@ class Node:
                 self.curve.release(self.transport.context)
             self._state = "stopped"
             raise
-        self._greenlets = [gevent.spawn(self._mailbox_reader), gevent.spawn(self._timer)]
+        self._ticker = gevent.spawn(self._timer)
+        self._greenlets = [gevent.spawn(self._mailbox_reader), self._ticker]
         log.debug("node %s (%s) started on %s", self._name, self._uuid.hex, self.endpoint)
         return self
 
@@ -308,7 +314,8 @@ class Node:
             for source in self._discovery:
                 source.stop()
         finally:
-            gevent.killall(self._greenlets + ([self._settler] if self._settler else []))
+            gevent.killall(self._greenlets)
+            self._ticker = None
             linger = max(0.0, deadline - self._clock())
             for peer in self._session.stop():
                 peer.link.close(linger)
@@ -339,6 +346,7 @@ class Node:
             peer.pong = woken
             if not peer.pings or peer.pings[-1][0] < target:
                 session.ping(peer, self._clock())  # a PING already on its way may predate the last message
+        self._apply_taken()
 
         def answered() -> bool:
             return all(peer.confirmed >= target or self._peers.get(peer.uuid) is not peer
@@ -411,6 +419,7 @@ class Node:
         except (UnknownPeerError, NodeStateError):
             return False
         self._session.send_control(target, zre.PingOk(target.next_sequence()))
+        self._apply_taken()
         return True
 
     def reload_allowed_keys(self) -> int:
@@ -429,11 +438,13 @@ class Node:
         """Join ``group`` and tell every peer (JOIN)."""
         self._check_not_stopped()
         self._session.add_group(_checked_string("group", group))
+        self._apply_taken()
 
     def leave(self, group: str) -> None:
         """Leave ``group`` and tell every peer (LEAVE)."""
         self._check_not_stopped()
         self._session.remove_group(_checked_string("group", group))
+        self._apply_taken()
 
     def groups(self) -> list[str]:
         """The groups this node is in."""
@@ -451,6 +462,7 @@ class Node:
         """
         self._check_not_stopped()
         self._session.contest(_checked_string("group", group))
+        self._apply_taken()
 
     def contested(self) -> list[str]:
         """The groups this node stands for leader of."""
@@ -574,6 +586,7 @@ class Node:
                 and peers.get(peer.uuid) is peer):
             return
         self._session.remove(peer, "not responding: send queue full")  # no-op if already gone
+        self._apply_taken()   # its EXIT reaches listeners now
         raise PeerNotResponding(
             f"peer {peer.name} ({peer.uuid}) is not responding: its send buffer "
             f"(send_buffer={cfg.send_buffer} octets, send_queue={cfg.send_queue} messages) "
@@ -591,13 +604,13 @@ class Node:
         greenlet of its own.
         """
         self._listeners.append(callback)
-        self._session.emit = self._emit
+        self._sink = self._emit
 
     def remove_listener(self, callback: Callable[[Event], None]) -> None:
         """Stop calling ``callback``."""
         self._listeners.remove(callback)
         if not self._listeners:
-            self._session.emit = self._events.put
+            self._sink = self._events.put
 
     def _emit(self, event: Event) -> None:
         for listener in self._listeners:
@@ -795,10 +808,11 @@ class Node:
         (``key``: the CURVE public key its beacon carried)."""
         if self._gate is None or self._gate.appeared(uuid, key):
             self._session.peer_appeared(uuid, endpoint, self._clock())
+            self._apply_taken()
 
     def peer_alive(self, uuid: UUID) -> None:
         """A discovery source heard from ``uuid``: it is alive."""
-        self._session.peer_alive(uuid, self._clock())
+        self._session.peer_alive(uuid, self._clock())  # (no outputs: a refresh)
 
     def peer_left(self, uuid: UUID, address: Optional[str] = None,
                   key: Optional[bytes] = None) -> None:
@@ -808,11 +822,13 @@ class Node:
             self._gate.left(uuid, key, self._clock())
         else:
             self._session.peer_left(uuid, self._clock(), address)
+        self._apply_taken()
+        self._rearm()  # (a departure to settle may wait on the peer's link)
 
     # --- for the session: links, the mailbox, the timer -----------------
 
     def _connect(self, uuid: UUID, endpoint: str) -> Optional[PeerLink]:
-        """A link to the peer ``uuid`` at ``endpoint`` (for the session), or None."""
+        """A link to the peer ``uuid`` at ``endpoint`` (the session's ``Dial``), or None."""
         try:
             self.transport.check_capacity(len(self._peers) + 1)
         except PeermeshError as exc:  # every beacon would say it again: count, log once a period
@@ -853,51 +869,105 @@ class Node:
         routes_to = getattr(self._mailbox, "routes_to", None)
         return routes_to(identity) if routes_to is not None else None
 
-    def _wake_settler(self) -> None:
-        """The session waits on a peer's link or answer: settle it now and again, every
-        few milliseconds (backing off to ``SETTLE_STEP``), until nothing waits."""
-        if self._settler is None and self._state == "running":
-            self._settler = gevent.spawn(self._settle)
+    def _apply(self, outputs: list[Output]) -> None:
+        """Carry out the session's outputs in order: events (``Emit``, and WHISPERs and
+        SHOUTs as ``Deliver``) to the listeners and the queue; each ``Dial`` answered with
+        a ``PeerLink`` (``Session.attach``). A peer no link could be made to is forgotten,
+        and its events that came after its ``Dial`` are dropped (it never entered)."""
+        failed: Optional[set[Any]] = None
+        sink = self._sink
+        for output in outputs:
+            cls = type(output)
+            if cls is Deliver:
+                event = output.item   # type: ignore[union-attr]
+            elif cls is Emit:
+                event = output.event  # type: ignore[union-attr]
+            elif cls is Dial:
+                dial = cast(Dial, output)
+                uuid = cast(UUID, dial.link)
+                link = self._connect(uuid, dial.endpoint)
+                if not self._session.attach(uuid, link):
+                    if link is not None:
+                        link.close()
+                    else:
+                        failed = {uuid} if failed is None else failed | {uuid}
+                continue
+            else:
+                raise TypeError(f"not a ZRE session output: {output!r}")
+            if failed is None or event.peer not in failed:
+                sink(event)
+        if failed is not None:
+            self._apply_taken()  # (forgetting a peer may start a wave)
 
-    def _settle(self) -> None:
-        delay = SETTLE_STEP / 32
-        try:
-            while self._session.settle(self._clock()):
-                self.transport.sleep(delay)
-                delay = min(delay * 2, SETTLE_STEP)
-        finally:
-            self._settler = None
+    def _apply_taken(self) -> None:
+        """Carry out what the session was asked outside ``receive`` and ``handle_timer``."""
+        outputs = self._session.take()
+        if outputs:
+            self._apply(outputs)
+
+    def _rearm(self) -> None:
+        """Wake the timer sooner if the session now needs it sooner (a claim or departure
+        waits on a peer's link)."""
+        ticker = self._ticker
+        if (ticker is None or self._ticking or self._session.next_deadline() >= self._armed
+                or ticker.dead or self._state != "running"):
+            return
+        ticker.kill(block=False)
+        self._ticker = gevent.spawn(self._timer)
+        self._greenlets[self._greenlets.index(ticker)] = self._ticker
 
     def _mailbox_reader(self) -> None:
-        receive, clock = self._session.on_message, self._clock
+        receive, clock, apply = self._session.receive, self._clock, self._apply
         if self._gate is not None:
             admit, bound = self._gate.admit, self._gate.authenticated.get
 
             def on_keyed(identity: bytes, frames: list[bytes], key: Optional[str]) -> None:
                 # the identity's key, checked inline: the hot path costs one lookup
                 if (key is not None and bound(identity) == key) or admit(identity, frames, key):
-                    receive(identity, frames, clock())
+                    out = receive(identity, frames, clock())
+                    if out:
+                        apply(out)
+                else:
+                    self._apply_taken()  # (a key refused may remove its peer)
 
-            self._mailbox.serve(on_keyed, self._session.on_oversized, self._events,
-                                metadata="User-Id")
+            self._mailbox.serve(on_keyed, self._on_oversized, self._events,
+                                metadata="User-Id", after_batch=self._rearm)
             return
 
         def on_message(identity: bytes, frames: list[bytes]) -> None:
-            receive(identity, frames, clock())
+            out = receive(identity, frames, clock())
+            if out:
+                if len(out) == 1 and type(out[0]) is Deliver:  # a WHISPER or SHOUT
+                    self._sink(out[0].item)  # type: ignore[union-attr]
+                else:
+                    apply(out)
 
-        self._mailbox.serve(on_message, self._session.on_oversized, self._events)
+        self._mailbox.serve(on_message, self._on_oversized, self._events,
+                            after_batch=self._rearm)
+
+    def _on_oversized(self, identity: bytes) -> None:
+        self._session.on_oversized(identity)
+        self._apply_taken()
 
     def _timer(self) -> None:
-        tick, clock, sleep = self._session.tick, self._clock, self.transport.sleep
-        period = min(self.config.interval, self.config.evasive / 2)
+        """Run the session's timers (and this node's checks) at its ``next_deadline``."""
+        session, clock, sleep = self._session, self._clock, self.transport.sleep
         while True:
+            self._ticking = True
             self._count_dropped()
             now = clock()
             if self._events.blocked():
                 self._held_back(now)
             if self._gate is not None:
                 self._gate.tick(now)
-            sleep(min(period, max(0.0, tick(now) - now)))
+            outputs = session.handle_timer(now)
+            if outputs:
+                self._apply(outputs)
+            self._armed = session.next_deadline()
+            self._ticking = False
+            delay = self._armed - clock()
+            if delay > 0:
+                sleep(delay)
 
     def _held_back(self, now: float) -> None:
         """While the application's queue is full the mailbox is not read: the peers'

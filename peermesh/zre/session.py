@@ -3,24 +3,33 @@
 How it works
 ------------
 A ``Session`` is what a node knows and decides; its driver (``node.Node``)
-moves bytes and time. Inputs, each with the current time ``now``:
+moves bytes and time. It is a core of ``peermesh.core``:
 
-* ``on_message(identity, frames, now)`` - one message from the mailbox;
-* ``peer_appeared(uuid, endpoint, now)`` / ``peer_alive(uuid, now)`` /
-  ``peer_left(uuid, now)`` - reports of discovery sources;
-* ``tick(now)`` - the timers; returns when it wants to be called again;
-* ``settle(now)`` - claims and departures that wait on a peer's link (the
-  driver calls it soon after ``wake`` asks, and again while it returns True);
-* ``add_group`` / ``remove_group`` / ``ping`` - the application's group
-  changes and ``flush``'s probes.
+* ``receive(identity, frames, now)`` - one message from the mailbox (named
+  by its sender's routing identity);
+* ``handle_timer(now)`` at ``next_deadline()`` - the liveness timers
+  (``tick``: at most ``min(interval, evasive / 2)`` apart) and, while a
+  claim or departure waits on a peer's link, ``settle`` (at once, then every
+  few milliseconds backing off to ``SETTLE_STEP``);
+* reports of discovery sources - ``peer_appeared(uuid, endpoint, now)`` /
+  ``peer_alive(uuid, now)`` / ``peer_left(uuid, now)`` - and the
+  application's ``add_group`` / ``remove_group`` / ``contest`` / ``ping``,
+  whose outputs ``take()`` hands over.
 
-Outputs go through callables the driver supplies: ``connect(uuid,
-endpoint)`` gives an ``Outbox`` to a peer's mailbox (frames are ``offer``-ed to
-it), ``emit(event)`` takes events; optionally ``linked(identity)`` says
-whether that routing identity holds a connection to our mailbox now (None:
-cannot tell), ``source(identity)`` the address the message being handled
-came from (None: cannot tell) and ``wake()`` asks for ``settle`` calls. Nothing here reads a
-clock, opens a socket or blocks.
+Outputs: ``Dial(uuid, endpoint, our identity)`` opens a link to a peer's
+mailbox; the driver answers it with ``attach(uuid, outbox)`` (or None: none
+could be made) before it feeds the session again, and what was sent to the
+peer meanwhile goes to that outbox first. ``Emit(event)`` carries ENTER,
+EXIT, JOIN, LEAVE, LEADER, EVASIVE, SILENT, CONFIRM; ``Deliver(event)`` a
+WHISPER or SHOUT. Commands to a peer are not ``Send`` outputs: they are
+numbered and ``offer``-ed to the peer's ``Outbox`` at once, the
+flow-controlled path (its bounded backlog, ``has_room``; see below). Two
+queries are injected: ``linked(identity)`` says whether that routing
+identity holds a connection to our mailbox now (None: cannot tell), and
+``source(identity)`` the address the message being handled came from (None:
+cannot tell). Nothing here reads a clock, opens a socket or blocks. (Given
+``connect`` and ``emit`` callables, and ``wake`` for ``settle``, the session
+calls them instead, as tables of tests drive it with ``on_message``/``tick``.)
 
 Peer states and transitions (all of them are in this module)::
 
@@ -126,9 +135,13 @@ Peer exchange (``X-PM-PEX``, a peermesh extension): a node that uses seeds
 asks for it in its HELLO headers; a node that sees that header sends it the
 UUID and endpoint of every other ready peer in ``PEER-EXCHANGE`` commands.
 
-Kept whole: one state machine (``Session``): the peer table, groups, elections and
-claims are read and changed together on every input, so no part of it can be followed
-apart from the rest.
+Kept whole: one state machine (``Session``): one input reads and changes the peer table,
+the groups, the claims and the waves together (a HELLO may shed a pending peer, settle a
+claim, join groups, start a wave and send PEX in one call), so no part of it can be
+followed apart from the rest; the parts that stand alone are apart already (Zyre's
+election in ``election``, round-trip times in ``roundtrip``, the key gate in ``curve``,
+the send backlog in ``peer``). Moving methods out would need mixins or a back-reference
+to the session: the reading split, the state not.
 """
 
 from __future__ import annotations
@@ -137,10 +150,11 @@ import functools
 import logging
 import re
 from collections import Counter, deque
-from typing import AbstractSet, Callable, Optional, Protocol, Sequence
+from typing import AbstractSet, Callable, Hashable, Optional, Protocol, Sequence
 from uuid import UUID
 
 from ..config import UNBOUNDED_PEERS, NodeConfig
+from ..core import Deliver, Dial, Emit, Output, Outputs
 from ..counters import Counters, take_one
 from ..errors import ProtocolError
 from ..events import Event, EventType
@@ -148,7 +162,7 @@ from ..wire import zre
 from .election import Elected, Election, SendElect, parse_id, zyre_id
 from .roundtrip import RoundTrip
 
-__all__ = ["Session", "Outbox", "Peer", "PEX_HEADER"]
+__all__ = ["Session", "Outbox", "Dialling", "Peer", "PEX_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +186,10 @@ COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed
             "hellos_refused", "groups_refused", "leaves_ignored", "reports_ignored",
             "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
             "sequence_resyncs", "sessions_restarted", "messages_refused")
+
+#: seconds between ``settle`` runs while a claim or departure waits, at most (the first
+#: is at once, then 1/32 of this, doubling)
+SETTLE_STEP = 0.064
 
 #: why mailbox input is dropped without a word to its sender (``Session.dropped``)
 DROP_REASONS = ("short", "bad_signature", "before_hello", "sequence_gap", "malformed")
@@ -201,6 +219,48 @@ class Outbox(Protocol):
 
     def close(self, linger: float = 0) -> None:
         """Drop the backlog and close."""
+
+
+class Dialling:
+    """The ``Outbox`` of a peer whose ``Dial`` the driver has not answered yet: it keeps
+    what is offered (a HELLO, the commands of the same input) for ``Session.attach`` to
+    hand to the real one, in order. A driver answers every ``Dial`` before it feeds the
+    session again, so it never holds more than one input's commands."""
+
+    __slots__ = ("limit", "stalled_since", "frames", "octets", "closed")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.stalled_since: Optional[float] = None
+        self.frames: list[Sequence[bytes]] = []
+        self.octets = 0
+        self.closed = False
+
+    def offer(self, frames: Sequence[bytes]) -> None:
+        """Keep ``frames`` for the real link."""
+        if not self.closed:
+            self.frames.append(frames)
+            self.octets += sum(map(len, frames))
+
+    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """Keep each of ``messages``; all of them."""
+        for frames in messages:
+            self.offer(frames)
+        return len(messages)
+
+    def queued(self) -> int:
+        """Octets kept."""
+        return self.octets
+
+    def has_room(self) -> bool:
+        """True while under ``limit`` octets."""
+        return self.octets < self.limit
+
+    def close(self, linger: float = 0) -> None:
+        """Drop what is kept; the real link, when it comes, is closed at once."""
+        self.closed = True
+        self.frames.clear()
+        self.octets = 0
 
 
 class _Waker(Protocol):
@@ -322,21 +382,29 @@ def _host(endpoint: str) -> str:
     return endpoint[6:].rpartition(":")[0]
 
 
-class Session:
+class Session(Outputs):
     """One node's ZRE state: own identity and groups, the peer table, the timers.
 
-    ``connect(uuid, endpoint)`` returns a link to a new peer's mailbox, or
-    None when none can be made (the driver logs why). ``emit`` receives every
-    event; the driver may replace it at any time (the node points it straight
-    at its event queue while nobody listens).
+    A core of ``peermesh.core`` (see the module docstring): ``receive``,
+    ``handle_timer`` and ``next_deadline``, and its other inputs (discovery
+    reports, group changes, ``ping``), leave ``Dial``, ``Emit`` and ``Deliver``
+    outputs that ``receive``/``handle_timer`` return and ``take`` hands over;
+    the driver answers each ``Dial`` with ``attach``. Commands to a peer go
+    to its ``Outbox`` (``peer.link.offer``): that is the flow-controlled path.
+
+    Given ``connect`` and ``emit`` both (the older form, which tables of tests
+    use), it calls them instead: ``connect(uuid, endpoint)`` returns a link to
+    a new peer's mailbox, or None when none can be made; ``emit`` receives every
+    event and may be replaced at any time; ``wake`` asks for ``settle`` calls.
     """
 
     def __init__(self, uuid: UUID, name: str, headers: dict[str, str], config: NodeConfig,
-                 connect: Callable[[UUID, str], Optional[Outbox]],
-                 emit: Callable[[Event], None],
+                 connect: Optional[Callable[[UUID, str], Optional[Outbox]]] = None,
+                 emit: Optional[Callable[[Event], None]] = None,
                  linked: Optional[Callable[[bytes], Optional[bool]]] = None,
                  wake: Optional[Callable[[], None]] = None,
                  source: Optional[Callable[[bytes], Optional[str]]] = None) -> None:
+        super().__init__()
         self.uuid = uuid
         self.uuid_bytes = uuid.bytes
         self._identity = b"\x01" + self.uuid_bytes  # our routing identity
@@ -347,7 +415,12 @@ class Session:
         #: hold, as ``Node`` does): no cap
         self.max_peers: int = UNBOUNDED_PEERS if config.max_peers is None else config.max_peers
         self.connect = connect
-        self.emit = emit
+        self._returns = emit is None  # events are outputs (not ``emit`` calls)
+        #: where events go: ``Emit`` outputs, or the ``emit`` callable given
+        self.emit: Callable[[Event], None] = emit if emit is not None else self._emit_output
+        #: where WHISPERs and SHOUTs go: ``Deliver`` outputs, or ``emit``
+        self.deliver: Callable[[Event], None] = \
+            self._deliver_output if emit is None else self._deliver_emit
         #: does a routing identity hold a connection to our mailbox now (None: cannot tell)
         self.linked = linked
         #: asks the driver to call ``settle`` soon and again while it returns True
@@ -402,6 +475,80 @@ class Session:
         self.leaders: dict[str, UUID] = {}
         self._now = 0.0  # the latest time a command or tick brought (waves start then)
         self._caps_said: set[str] = set()  # the bounds the node said once it is at
+        self._tick_at = 0.0  # when ``tick`` is due (``handle_timer``)
+        #: when ``settle`` is due while claims or departures wait, and the step to the next
+        self._settle_at: Optional[float] = None
+        self._settle_step = SETTLE_STEP
+
+    # --- the core contract (``peermesh.core``) ---------------------------
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """The timers due at ``now``: ``tick`` when its time came, else ``settle``."""
+        if now >= self._tick_at:
+            self._tick_at = self.tick(now)  # (it settles too)
+            waiting = bool(self._claims or self._leaving)
+        elif self._settle_at is not None and now >= self._settle_at:
+            waiting = self.settle(now)
+        else:
+            waiting = self._settle_at is not None
+        if not waiting:
+            self._settle_at = None
+        elif self._settle_at is None or now >= self._settle_at:
+            self._settle_step = min(self._settle_step * 2, SETTLE_STEP)
+            self._settle_at = now + self._settle_step
+        return self.take()
+
+    def next_deadline(self) -> float:
+        """When ``handle_timer`` is next due: the next ``tick`` (at most ``min(interval,
+        evasive / 2)`` after the last), sooner while claims or departures wait on a
+        peer's link (``settle``: at once, then every few milliseconds backing off to
+        ``SETTLE_STEP``)."""
+        settle = self._settle_at
+        return self._tick_at if settle is None or settle > self._tick_at else settle
+
+    def attach(self, uuid: UUID, link: Optional[Outbox]) -> bool:
+        """The driver's answer to ``Dial(uuid, ...)``: the peer's ``Outbox`` (what was offered
+        meanwhile goes to it, in order), or None if none could be made (the peer is
+        forgotten without an event: the driver drops the events of it that came after the
+        ``Dial``). False if the link is not wanted (the peer left meanwhile): close it."""
+        peer = self.peers.get(uuid)
+        waiting = peer.link if peer is not None else None
+        if type(waiting) is not Dialling:
+            return False
+        assert peer is not None and isinstance(waiting, Dialling)
+        if link is None:
+            peer.ready = False  # (no EXIT: its ENTER is not told either)
+            self.remove(peer, "no link")
+            return False
+        peer.link = link
+        for frames in waiting.frames:
+            link.offer(frames)
+        return True
+
+    def _emit_output(self, event: Event) -> None:
+        self._outputs.append(Emit(event))
+
+    def _deliver_output(self, event: Event) -> None:
+        self._outputs.append(Deliver(event))
+
+    def _deliver_emit(self, event: Event) -> None:
+        self.emit(event)
+
+    def _dial(self, uuid: UUID, endpoint: str) -> Optional[Outbox]:
+        """A link to ``uuid``'s mailbox at ``endpoint``: ``connect``'s, or a ``Dialling``
+        until the driver answers the ``Dial`` it asks for."""
+        if self.connect is not None:
+            return self.connect(uuid, endpoint)
+        self._outputs.append(Dial(uuid, endpoint, self._identity))
+        return Dialling(self.config.send_buffer)
+
+    def _wake(self) -> None:
+        """A claim or departure waits on a peer's link: ``settle`` soon and again."""
+        if self.wake is not None:
+            self.wake()
+        elif self.connect is None and self._settle_at is None:
+            self._settle_step = SETTLE_STEP / 64
+            self._settle_at = self._now
 
     # --- own state --------------------------------------------------------
 
@@ -429,6 +576,8 @@ class Session:
         self._leaving.clear()
         self.election.waves.clear()
         self.leaders.clear()
+        self._settle_at = None
+        self._outputs = []
         return peers
 
     def add_group(self, group: str) -> bool:
@@ -613,8 +762,7 @@ class Session:
             if uuid not in self._leaving:
                 self.ping(peer, now)
                 self._leaving[uuid] = (now, peer.total)
-                if self.wake is not None:
-                    self.wake()
+                self._wake()
             return
         self._depart(peer, now)
 
@@ -703,7 +851,7 @@ class Session:
                 log.debug("ignored peer %s: %s already lives at %s", uuid, holder.name, endpoint)
                 return None
             self.remove(holder, "replaced by another node at its endpoint")
-        link = self.connect(uuid, endpoint)
+        link = self._dial(uuid, endpoint)
         if link is None:
             return None
         peer = Peer(uuid, endpoint, link, now)
@@ -846,9 +994,17 @@ class Session:
             self.remove(peer, f"sent a message over max_message ({self.config.max_message})")
 
     def on_message(self, identity: bytes, frames: list[bytes], now: float) -> None:
-        """One message from the mailbox, sent by the DEALER with ``identity``."""
+        """``receive``, what it returns left for ``take`` (the older form: given ``connect``
+        and ``emit``, there is nothing to take)."""
+        out = self.receive(identity, frames, now)
+        if out:
+            self._outputs = out  # (``receive`` took what was there before too)
+
+    def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
+        """One message from the mailbox, sent by the DEALER with routing identity ``link``;
+        the outputs it leaves (and those left before by calls outside ``receive``)."""
         head = frames[0] if frames else b""
-        peer = self.by_identity.get(identity)
+        peer = self.by_identity.get(link)  # type: ignore[call-overload]
         # Fast path: the next WHISPER, or SHOUT into one of our groups, from a ready peer
         # (most of the traffic); anything else (a SHOUT into another group too) is decoded
         if (peer is not None and peer.ready and len(head) >= 6
@@ -869,10 +1025,14 @@ class Session:
                 peer.last_seen = now
                 if peer.next_ping:
                     peer.refresh(now)
-                self.emit(Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
-                                group, (frames[1],) if len(frames) == 2 else tuple(frames[1:])))
-                return
-        self._on_command(identity, frames, head, peer, now)
+                event = Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
+                              group, (frames[1],) if len(frames) == 2 else tuple(frames[1:]))
+                if self._returns and not self._outputs:
+                    return [Deliver(event)]
+                self.deliver(event)
+                return self.take()
+        self._on_command(link, frames, head, peer, now)  # type: ignore[arg-type]
+        return self.take()
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:
@@ -916,7 +1076,8 @@ class Session:
         if isinstance(message, zre.Shout):
             self.received_shouts += 1
             if message.group in self.groups:
-                self.emit(Event(SHOUT, peer.uuid, peer.name, message.group, message.content))
+                self.deliver(Event(SHOUT, peer.uuid, peer.name, message.group,
+                                   message.content))
         elif isinstance(message, zre.Join):
             self._peer_status(peer, message.status)
             self._peer_join(peer, message.group)
@@ -1118,7 +1279,7 @@ class Session:
                 or peer.pong is not None):
             return False
         peer.link.close()
-        link = self.connect(peer.uuid, peer.endpoint)
+        link = self._dial(peer.uuid, peer.endpoint)
         if link is None:
             return False
         log.debug("peer %s (%s) said HELLO again: saying ours again", peer.name, peer.uuid.hex)
@@ -1152,8 +1313,7 @@ class Session:
             _Claim(uuid, identity, hello, now)
         if old is not None:
             claim.since = old.since  # a second HELLO does not restart the wait
-        if self.wake is not None:
-            self.wake()
+        self._wake()
 
     def _settle_claims(self, now: float) -> None:
         for holder_uuid, claim in list(self._claims.items()):

@@ -16,6 +16,7 @@ from uuid import UUID
 import pytest
 
 from peermesh.config import NodeConfig
+from peermesh.core import Deliver, Dial, Emit
 from peermesh.events import Event, EventType
 from peermesh.wire import zre
 from peermesh.zre import session as session_module
@@ -696,3 +697,111 @@ def test_the_key_gate_keeps_the_key_of_a_held_hello() -> None:
     assert (ENTER, "held") in h.taken()
     send(held, held.whisper(b"from held"), 0.7)
     assert h.taken() == [(WHISPER, b"from held")]
+
+
+# --------------------------------------------------------------------------
+# The core contract: receive / handle_timer / next_deadline and what they return
+
+class Contract:
+    """A session driven only through ``peermesh.core``'s surface: every ``Dial`` it returns
+    is answered (``attach``) with an in-memory link, as a driver does."""
+
+    def __init__(self, config: NodeConfig = CONFIG, linked: Optional[bool] = None) -> None:
+        self.links: dict[UUID, MemoryLink] = {}
+        self.session = Session(uuid_module.uuid4(), "me", {}, config,
+                               linked=None if linked is None else lambda identity: linked)
+        self.session.start(OWN_ENDPOINT)
+
+    def answer(self, outputs: list[Any], refuse: bool = False) -> list[Any]:
+        """Answer the ``Dial``s among ``outputs``; the outputs, as comparable tuples."""
+        seen: list[Any] = []
+        for output in outputs:
+            if isinstance(output, Dial):
+                link = None if refuse else MemoryLink(output.endpoint)
+                if link is not None:
+                    self.links[output.link] = link
+                self.session.attach(output.link, link)
+                seen.append(("dial", output.link, output.endpoint, output.identity))
+            elif isinstance(output, Emit):
+                seen.append((output.event.type, output.event.name, output.event.reason))
+            elif isinstance(output, Deliver):
+                seen.append(("deliver", output.item.type, output.item.frames))
+            else:
+                raise AssertionError(f"a ZRE session returned {output!r}")
+        return seen
+
+    def receive(self, peer: Remote, message: zre.Message, now: float) -> list[Any]:
+        return self.answer(self.session.receive(peer.identity, zre.encode(message), now))
+
+    def run_until(self, until: float) -> list[tuple[float, list[Any]]]:
+        """``handle_timer`` at each deadline the session names, up to ``until``: (time,
+        outputs) of the runs that returned some."""
+        ran = []
+        now = self.session.next_deadline()
+        while now <= until:
+            outputs = self.answer(self.session.handle_timer(now))
+            if outputs:
+                ran.append((now, outputs))
+            following = self.session.next_deadline()
+            assert following > now, "a deadline that does not move on"
+            now = following
+        return ran
+
+
+def test_contract_a_hello_returns_dial_and_enter_and_whispers_come_as_deliver() -> None:
+    c = Contract()
+    peer = Remote("bob", 50001)
+    me = b"\x01" + c.session.uuid.bytes
+    assert c.receive(peer, peer.hello(), 0.0) == [
+        ("dial", peer.uuid, peer.endpoint, me), (ENTER, "bob", None)]
+    # our HELLO waited for the link and went down it first
+    assert c.links[peer.uuid].kinds() == ["Hello"]
+    assert c.receive(peer, peer.whisper(b"one"), 0.1) == [("deliver", WHISPER, (b"one",))]
+    assert c.receive(peer, zre.Ping(peer.next()), 0.2) == []
+    assert c.links[peer.uuid].kinds() == ["Hello", "PingOk"]
+
+
+def test_contract_a_silent_peer_is_evicted_at_the_deadline_it_named() -> None:
+    c = Contract()
+    peer = Remote("bob", 50001)
+    c.receive(peer, peer.hello(), 0.0)
+    assert c.session.next_deadline() == 0.0  # (the first tick: at once)
+    ran = c.run_until(CONFIG.expired + 5)
+    assert ran == [(CONFIG.evasive, [(EVASIVE, "bob", None)]),
+                   (CONFIG.silent, [(SILENT, "bob", None)]),
+                   (CONFIG.expired, [(EXIT, "bob", "expired")])]
+    assert peer.uuid not in c.session.peers and c.links[peer.uuid].closed
+
+
+def test_contract_a_discovery_report_dials_and_a_refused_dial_forgets_the_peer() -> None:
+    c = Contract()
+    found, refused = Remote("found", 50001), Remote("refused", 50002)
+    c.session.peer_appeared(found.uuid, found.endpoint, 0.0)
+    assert c.answer(c.session.take()) == [("dial", found.uuid, found.endpoint,
+                                           b"\x01" + c.session.uuid.bytes)]
+    assert c.links[found.uuid].kinds() == ["Hello"]
+    c.session.peer_appeared(refused.uuid, refused.endpoint, 0.0)
+    c.answer(c.session.take(), refuse=True)
+    assert refused.uuid not in c.session.peers and found.uuid in c.session.peers
+    assert c.session.take() == []  # forgotten quietly: it never entered
+
+
+def test_contract_a_claim_is_settled_on_the_deadlines_it_names() -> None:
+    """A new node says HELLO from a live peer's endpoint: the old one is PINGed and the
+    session asks for its timer at once and every few milliseconds after (its link may
+    close at any time), backing off; no answer within ``interval`` and the new node is
+    in: EXIT of the old, a Dial and ENTER of the new, at the deadline that reached it."""
+    c = Contract(linked=True)
+    old, new = Remote("old", 50001), Remote("new", 50001)
+    c.receive(old, old.hello(), 0.0)
+    c.answer(c.session.handle_timer(0.0))
+    assert c.receive(new, new.hello(), 0.5) == []
+    assert c.links[old.uuid].kinds() == ["Hello", "Ping"]
+    assert c.session.next_deadline() == 0.5  # settle at once
+    ran = c.run_until(0.5 + CONFIG.interval)
+    assert ran == [(0.5 + CONFIG.interval, [
+        (EXIT, "old", "replaced by another node at its endpoint"),
+        ("dial", new.uuid, new.endpoint, b"\x01" + c.session.uuid.bytes),
+        (ENTER, "new", None)])]
+    # nothing waits now: the next tick only, a period after the one that settled it
+    assert c.session.next_deadline() == 0.5 + 2 * CONFIG.interval
