@@ -12,6 +12,7 @@ the holder of that key's secret.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from .keys import Keypair, KeyFileError, load_keypair, z85_key
 from .zap import Allowlist, zap_responder
 
 __all__ = ["Curve", "shared_allowlist"]
+
+log = logging.getLogger(__name__)
 
 _allowlists: "weakref.WeakValueDictionary[Optional[str], Allowlist]" = \
     weakref.WeakValueDictionary()
@@ -44,6 +47,10 @@ class Curve:
         """The keypair of secret certificate ``key_file``; admitting the certificates in
         directory ``allowed_keys`` (None: any key). KeyFileError saying what is wrong."""
         keypair = load_keypair(key_file)
+        if keypair.public_raw[0] == 0:
+            log.warning("the public key in %s starts with a zero octet: Zyre and peermesh "
+                        "peers drop beacons carrying it, so they will not connect to this "
+                        "node; make a new one with `peermesh keygen`", key_file)
         return cls(keypair, shared_allowlist(allowed_keys), domain)
 
     @property

@@ -85,9 +85,14 @@ class Keypair:
 
 
 def generate() -> Keypair:
-    """A new random keypair (libsodium through libzmq)."""
-    public, secret = zmq.curve_keypair()
-    return Keypair(public, secret)
+    """A new random keypair (libsodium through libzmq) whose public key does not start
+    with a zero octet: Zyre, and peermesh as Zyre does, drop a beacon carrying such a key
+    (it reads as "no key"), so one key in 256 would leave its node unreachable."""
+    while True:
+        public, secret = zmq.curve_keypair()
+        keypair = Keypair(public, secret)
+        if keypair.public_raw[0] != 0:
+            return keypair
 
 
 def z85_key(value: object, what: str = "key") -> bytes:
