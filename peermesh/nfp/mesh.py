@@ -51,7 +51,7 @@ import zmq
 
 from ..counters import Counters
 from ..errors import NodeStateError
-from ..io import bind_ephemeral, shared_context
+from ..io import shared_context
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay, PeerNetworks, advertise, header_endpoint, header_json
 from ..overlay.broker import BrokerChanged, BrokerTracker
@@ -62,9 +62,9 @@ from .client import Client
 from .store import JobStore, store_path
 from ..io.curve import Curve, shared_allowlist
 from ..io.zap import Allowlist
+from ..wire.nfp import MAX_MESSAGE
 from ..wire.zre import PUBLIC_KEY_HEADER
 from ..config import default_data_dir
-from .transport import nfp_socket
 from .grants import Grants
 from .worker import (MAX_CLIENTS, MAX_STORED, MAX_STORED_PER_CLIENT, Tasks, TaskFunction, Worker,
                      advertised)
@@ -219,10 +219,11 @@ class NfpNode(Overlay):
                               self.retention)
         try:
             if self.mode != "never":
-                router = nfp_socket(self.context, zmq.ROUTER, self.curve)
-                endpoint = bind_ephemeral(router, self.address)
+                inproc = f"inproc://peermesh-nfp-broker-{node.uuid.hex}-{id(self):x}"
+                mailbox = node.transport.bind_mailbox(self.address, MAX_MESSAGE, inproc=inproc)
+                endpoint = mailbox.endpoint
                 self._own_key(endpoint)
-                self.broker = Broker(router, endpoint, name=node.name, node=node.uuid.hex,
+                self.broker = Broker(mailbox, inproc, name=node.name, node=node.uuid.hex,
                                      store=self.store, context=self.context,
                                      keepalive=self.keepalive, multiplier=self.multiplier,
                                      queue_timeout=self.queue_timeout,

@@ -56,7 +56,7 @@ class Mesh:
     def _on_reply(self, first: bytes, rest: list[bytes]) -> None:
         self.inbox.append(nfp.decode([first, *rest]))
 
-    def worker(self, name: str) -> Worker:
+    def worker(self, name: str, internal: bool = True) -> Worker:
         tasks = Tasks()
         clock = self.clock
 
@@ -70,7 +70,7 @@ class Mesh:
         node = Node(name, config=NodeConfig(interface="sim0", rtt_probe=0),
                     transport=transport)
         store = JobStore(self.tmp / f"{name}.db")
-        worker = Worker("svc", name, tasks, store, internal=True, transport=transport,
+        worker = Worker("svc", name, tasks, store, internal=internal, transport=transport,
                         keepalive=KEEPALIVE, multiplier=MULTIPLIER, node_name=name)
         worker.attach(node)
         node.start()
@@ -170,3 +170,23 @@ def test_a_lost_worker_has_its_job_run_again_by_another(mesh: Mesh) -> None:
     mesh.until("its result", lambda: bool(mesh.final("job-lost")), 70.0)
     (result,) = mesh.final("job-lost")
     assert result["result"] == {"value": "x", "by": "w2"}
+
+
+def test_a_worker_answers_direct_clients_on_a_mailbox_of_its_transport(mesh: Mesh) -> None:
+    # no ZeroMQ on the simulator: the worker's ROUTER can only come from its transport
+    worker = mesh.worker("w1", internal=False)
+    assert worker.endpoint.startswith("tcp://")
+    link = mesh.network.transport().connect(b"direct-1", worker.endpoint, 1000)
+    got: list[nfp.Message] = []
+    reader = gevent.spawn(link.serve, lambda first, rest: got.append(nfp.decode([first, *rest])))
+    mesh.closers += [link.close, lambda: reader.kill(block=False)]
+    assert link.try_send(nfp.encode(nfp.Open(nfp.CLIENT)))
+    mesh.until("the worker's OPEN", lambda: any(isinstance(m, nfp.Open) for m in got), 5.0)
+    body = nfp.encode_body({"task": "work", "args": [0.5, 7], "notify": True, "rid": "d1"})
+    assert link.try_send(nfp.request_frames(nfp.Command.POST, nfp.CLIENT, "svc", nfp.ANY,
+                                            "job-direct", (body,)))
+    mesh.inbox = got
+    mesh.until("the result", lambda: bool(mesh.final("job-direct")), 10.0)
+    (result,) = mesh.final("job-direct")
+    assert result["result"] == {"value": 7, "by": "w1"}
+    assert mesh.runs == [("w1", 7)]
