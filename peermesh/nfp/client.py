@@ -64,6 +64,7 @@ import zmq
 
 from ..argtypes import is_seconds
 from ..errors import ProtocolError
+from ..events import tell
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -713,12 +714,8 @@ class Client(Overlay):
                 else:
                     self.store.update_client_job(uuid, state="lost",
                                                  reason=str(body.get("reason", "")))
-        event = JobEvent(uuid, worker, body)
-        for callback in (*self._listeners, *self._per_job.get(uuid, ())):
-            try:
-                callback(event)
-            except Exception:
-                log.exception("job event listener %r failed", callback)
+        tell((*self._listeners, *self._per_job.get(uuid, ())), JobEvent(uuid, worker, body),
+             "job event listener")
 
 
 def _new_identity() -> bytes:

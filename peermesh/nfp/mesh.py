@@ -54,6 +54,7 @@ from ..errors import NodeStateError
 from ..io import shared_context
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay, PeerNetworks, advertise, header_endpoint, header_json
+from ..events import tell
 from ..overlay.broker import BrokerChanged, BrokerTracker
 from ..overlay.election import NFP_BROKER_HEADER, MODES, Candidate, Change, Election
 from ..zre.node import Node
@@ -407,12 +408,8 @@ class NfpNode(Overlay):
         old, self._current = self._current, new
         if old == new:
             return
-        event = BrokerChanged(old, new, change.took_over, change.stepped_down)
-        for callback in list(self._listeners):
-            try:
-                callback(event)
-            except Exception:
-                log.exception("broker listener %r failed", callback)
+        tell(self._listeners, BrokerChanged(old, new, change.took_over, change.stepped_down),
+             "broker listener")
 
     # --- introspection --------------------------------------------------
 
