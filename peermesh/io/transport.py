@@ -146,8 +146,9 @@ class Transport(Protocol):
     def interface(self, choice: Optional[str]) -> Interface: ...
 
     def bind_mailbox(self, address: str, max_message: int,
-                     endpoint: Optional[str] = None) -> Mailbox:
-        """A mailbox (a transport may take limits as further keywords)."""
+                     endpoint: Optional[str] = None, *, heartbeat: bool = True) -> Mailbox:
+        """A mailbox (a transport may take limits as further keywords); without
+        ``heartbeat`` the transport need not look for dead connections itself."""
         ...
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
@@ -201,7 +202,8 @@ class ZmqTransport:
                      policy: Optional[ConnectionPolicy] = None,
                      on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
                      keepalive: bool = False, keep: Optional[Callable[[bytes], bool]] = None,
-                     max_unknown: Optional[int] = None, inproc: Optional[str] = None) -> Any:
+                     max_unknown: Optional[int] = None, inproc: Optional[str] = None,
+                     heartbeat: bool = True) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -226,12 +228,16 @@ class ZmqTransport:
         senders (the ZRE node's full event queue) keeps their connections, where
         heartbeats it does not read would close them. With ``inproc`` (an ``inproc://``
         address) the mailbox is bound there too, for parts of this process (plain: no
-        CURVE handshake inside the process).
+        CURVE handshake inside the process). Without ``heartbeat``, neither heartbeats
+        nor keepalive probes: for a protocol that finds its dead peers itself (NFP's
+        keepalive), whose connections then cost libzmq no heartbeat timer per message.
         """
         options: dict[int, Union[int, bytes]] = {
             zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
             zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000))}
-        if keepalive:
+        if not heartbeat:
+            pass
+        elif keepalive:
             options.update({zmq.TCP_KEEPALIVE: 1,
                             zmq.TCP_KEEPALIVE_IDLE: max(1, round(dead_after / 3)),
                             zmq.TCP_KEEPALIVE_INTVL: max(1, round(dead_after / 6)),

@@ -221,7 +221,8 @@ class NfpNode(Overlay):
         try:
             if self.mode != "never":
                 inproc = f"inproc://peermesh-nfp-broker-{node.uuid.hex}-{id(self):x}"
-                mailbox = node.transport.bind_mailbox(self.address, MAX_MESSAGE, inproc=inproc)
+                mailbox = node.transport.bind_mailbox(self.address, MAX_MESSAGE, inproc=inproc,
+                                                      heartbeat=False)
                 endpoint = mailbox.endpoint
                 self._own_key(endpoint)
                 self.broker = Broker(mailbox, inproc, name=node.name, node=node.uuid.hex,

@@ -166,7 +166,8 @@ class Worker(Overlay):
         self._driver: Optional[Driver] = None
         #: the direct clients' mailbox (none when internal), guarded once started
         self._mailbox: Any = (None if internal else
-                              self.transport.bind_mailbox(address, MAX_MESSAGE))
+                              self.transport.bind_mailbox(address, MAX_MESSAGE,
+                                                          heartbeat=False))
         self.endpoint: str = self._mailbox.endpoint if self._mailbox is not None else ""
         self._direct: Optional[Driver] = None          # serves ``_door`` on ``_mailbox``
         self._listener: Any = None                      # ``_mailbox`` under the policy

@@ -58,6 +58,7 @@ def test_a_worker_binds_its_router_through_its_transport_and_guards_it_when_star
     assert mailbox.endpoint == worker.endpoint and worker.endpoint.startswith("tcp://127.0.0.1:")
     assert mailbox.socket.getsockopt(zmq.MAXMSGSIZE) == MAX_MESSAGE
     assert mailbox.socket.getsockopt(zmq.LINGER) == 0
+    assert mailbox.socket.getsockopt(zmq.HEARTBEAT_IVL) == 0    # NFP's keepalive finds the dead
     worker.start()
     assert isinstance(worker._listener, GuardedListener)
     assert worker._listener.listener is mailbox
