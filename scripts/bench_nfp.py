@@ -11,7 +11,7 @@ brokered case, each in a process of its own:
    SQLite stores), brokerless and brokered: jobs/s, p50, p99;
 2. a reference "floor": the brokered message pattern (client -> broker ->
    worker, one answer back through the broker: a quick job's 202 carries its
-   result) through peermesh's socket driver with no NFP processing;
+   result) through peermesh's one driver with no NFP processing;
 3. broker failover: two broker candidates (priority 10 and 5) and a worker;
    the elected broker is killed with SIGKILL and the time until a job has
    gone through the new broker is measured. With ZRE ``expired`` set to E
@@ -92,7 +92,7 @@ def role_nfp_node(parent: Parent, **cfg: Any) -> None:
 
 def role_relay(parent: Parent, side: str, endpoint: str) -> None:
     """The floor's broker (a ROUTER passing client <-> worker) or worker (a DEALER that
-    answers every message with itself), on peermesh's socket driver."""
+    answers every message with itself), on peermesh's one driver."""
     peers: dict[str, bytes] = {}
     if side == "broker":
         def relay(frames: list[bytes]) -> None:
@@ -387,7 +387,7 @@ def report(results: dict[str, Any], repeat: int) -> str:
             f"jobs/s of each run ({repeat})"]
     lines = table(head, rows) if rows else []
     if "floor" in results:
-        lines.append("floor: the brokered message pattern through peermesh's socket driver, "
+        lines.append("floor: the brokered message pattern through peermesh's one driver, "
                      "no processing")
     if base:
         lines.append(f"baseline: {base['library']}; now/base = jobs/s ratio of the median runs")

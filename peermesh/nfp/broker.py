@@ -52,6 +52,7 @@ import zmq
 from ..counters import Counters
 from ..io.connections import GuardedListener
 from ..io.driver import Driver
+from ..io.transport import Mailbox
 from ..io.zap import Allowlist
 from ..overlay import Overlay
 from .brokercore import NOT_BROKER, STEPPED_DOWN, BrokerCore
@@ -77,11 +78,13 @@ class _ServiceWorker(Worker):
 
 class Broker(Overlay):
     """The broker role of one candidate node, an overlay of its node (standby until
-    ``activate``; the node's ``BrokerTracker`` says when)."""
+    ``activate``; the node's ``BrokerTracker`` says when). ``mailbox``: its ROUTER, from
+    the node's transport (``bind_mailbox``), also bound at ``inproc`` for the broker
+    services."""
 
     roles = ("nfp-broker",)
 
-    def __init__(self, mailbox: Any, inproc: str, *, name: str, node: str,
+    def __init__(self, mailbox: Mailbox, inproc: str, *, name: str, node: str,
                  store: JobStore, context: zmq.Context, keepalive: float = 1.0,
                  multiplier: int = 3, queue_timeout: float = 30.0, request_timeout: float = 5.0,
                  admin_token: Optional[str] = None, admin_keys: Optional[Allowlist] = None,
