@@ -3,7 +3,7 @@
 How it works
 ------------
 The node lives on a private gevent hub in a thread of its own: the engine
-of ``ThreadedNode`` (``peermesh.zre.threaded.NodeThread``). gevent is
+of ``ThreadedNode`` (``peermesh.zre.nodethread.NodeThread``). gevent is
 imported but never runs in the loop's thread, so the program needs no
 monkey-patching. Calls reach the hub in batches, one wake-up per batch;
 results and events come back the same way, one ``call_soon_threadsafe`` per
@@ -39,7 +39,7 @@ from .errors import NodeStateError
 from .events import Event, EventType
 from .zre.eventqueue import LoopEventQueue
 from .zre.node import Frame, Node, PeerInfo, PeerRef
-from .zre.threaded import MARK, MARK_EVERY, Attachable, NodeIdentity, NodeThread, Stream
+from .zre.nodethread import MARK, MARK_EVERY, Attachable, NodeIdentity, NodeThread, Stream
 
 __all__ = ["AsyncNode"]
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from enum import Enum
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 from uuid import UUID
 
 
-__all__ = ["EventType", "Event"]
+__all__ = ["EventType", "Event", "tell"]
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E")
 
 
 class EventType(str, Enum):
@@ -110,6 +115,17 @@ def until_stop(recv: Callable[[Optional[float]], Optional[Event]],
         yield event
         if event.type is EventType.STOP:
             return
+
+
+def tell(listeners: Iterable[Callable[[E], None]], event: E, what: str) -> None:
+    """Call each of ``listeners`` (a snapshot: one may remove itself) with ``event``; one
+    that raises is logged with its traceback (``what``: whose listener) and the rest still
+    run."""
+    for callback in tuple(listeners):
+        try:
+            callback(event)
+        except Exception:
+            log.exception("%s %r failed", what, callback)
 
 
 def _frame_text(frame: bytes) -> dict[str, str]:

@@ -11,7 +11,7 @@ brokered case, each in a process of its own:
    SQLite stores), brokerless and brokered: jobs/s, p50, p99;
 2. a reference "floor": the brokered message pattern (client -> broker ->
    worker, one answer back through the broker: a quick job's 202 carries its
-   result) through peermesh's socket driver with no NFP processing;
+   result) through peermesh's one driver with no NFP processing;
 3. broker failover: two broker candidates (priority 10 and 5) and a worker;
    the elected broker is killed with SIGKILL and the time until a job has
    gone through the new broker is measured. With ZRE ``expired`` set to E
@@ -92,15 +92,9 @@ def role_nfp_node(parent: Parent, **cfg: Any) -> None:
 
 def role_relay(parent: Parent, side: str, endpoint: str) -> None:
     """The floor's broker (a ROUTER passing client <-> worker) or worker (a DEALER that
-    answers every message with itself), on peermesh's socket driver."""
-    import zmq
-    ctx: Any = zmq.Context.instance()
+    answers every message with itself), on peermesh's one driver."""
     peers: dict[str, bytes] = {}
-    sock: Any
     if side == "broker":
-        sock = ctx.socket(zmq.ROUTER)
-        sock.bind(endpoint)
-
         def relay(frames: list[bytes]) -> None:
             if frames[-1] == b"W":
                 peers["w"] = frames[0]
@@ -110,12 +104,9 @@ def role_relay(parent: Parent, side: str, endpoint: str) -> None:
                 peers["c"] = frames[0]
                 driver.send([peers["w"], *frames[1:]])
     else:
-        sock = ctx.socket(zmq.DEALER)
-        sock.connect(endpoint)
-
         def relay(frames: list[bytes]) -> None:
             driver.send(frames)   # the 202, carrying the result
-    driver = socket_driver(sock, relay)
+    driver = socket_driver(endpoint, side == "broker", relay)
     if side == "worker":
         driver.send([b"", b"", b"W"])
     parent.send("ready")
@@ -163,7 +154,6 @@ def transport_floor(count: int) -> dict[str, Any]:
     """The brokered message pattern (C->B->W->B->C) with no processing at all."""
     import gevent
     import gevent.event
-    import zmq
 
     endpoint = free_tcp_endpoint()
     with Children(grace=3) as kids:
@@ -171,10 +161,8 @@ def transport_floor(count: int) -> dict[str, Any]:
                  for side in ("broker", "worker")]
         for proc in procs:
             proc.expect("ready", 30)
-        sock: Any = zmq.Context.instance().socket(zmq.DEALER)
-        sock.connect(endpoint)
         got = gevent.event.Event()
-        driver = socket_driver(sock, lambda frames: got.set())
+        driver = socket_driver(endpoint, False, lambda frames: got.set())
         frames = [b"", b"NFPC01", b"\x04", b"bench", b"any", b"0" * 32,
                   b'{"task":"echo","args":[1],"kwargs":{},"rid":"1"}']
         gevent.sleep(0.3)   # let both connections finish their handshakes
@@ -399,7 +387,7 @@ def report(results: dict[str, Any], repeat: int) -> str:
             f"jobs/s of each run ({repeat})"]
     lines = table(head, rows) if rows else []
     if "floor" in results:
-        lines.append("floor: the brokered message pattern through peermesh's socket driver, "
+        lines.append("floor: the brokered message pattern through peermesh's one driver, "
                      "no processing")
     if base:
         lines.append(f"baseline: {base['library']}; now/base = jobs/s ratio of the median runs")

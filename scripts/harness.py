@@ -263,11 +263,57 @@ def c_extension(code: str = REPO) -> str:
     return out.stdout.strip() or f"unknown: {out.stderr.strip()[-200:]}"
 
 
-def socket_driver(sock: Any, handler: Callable[[list[bytes]], None]) -> Any:
-    """peermesh's gevent driver of a pyzmq socket: ``handler(frames)`` for every message
-    received; the result has ``send(frames)`` and ``close()``."""
-    from peermesh.nfp.transport import CorkedSocket
-    return CorkedSocket(sock, handler)
+def socket_driver(endpoint: str, bind: bool, handler: Callable[[list[bytes]], None]) -> Any:
+    """peermesh's one driver (``peermesh.io.driver``) on a socket of its transport: a
+    mailbox (ROUTER) bound at ``endpoint`` or a link (DEALER) to it; ``handler(frames)``
+    for every message received (a mailbox's with the sender's identity first). The result
+    has ``send(frames)`` (held while a batch is handled, as a core's outputs are) and
+    ``close()``."""
+    from peermesh.core import Send
+    from peermesh.io.driver import Driver
+    from peermesh.io.transport import ZmqTransport
+
+    peer = ("peer",)
+
+    class Relay:
+        """A core handing each message to ``handler``; what it sends meanwhile is held."""
+
+        def __init__(self) -> None:
+            self.held: Optional[list[Any]] = None
+            self.driver = Driver(self, ZmqTransport(), max_message=1 << 26, name="floor")
+
+        def receive(self, link: Any, frames: list[bytes], now: float) -> list[Any]:
+            if type(link) is bytes:
+                frames.insert(0, link)
+            self.held = []
+            try:
+                handler(frames)
+                return self.held
+            finally:
+                self.held = None
+
+        def handle_timer(self, now: float) -> list[Any]:
+            return []
+
+        def next_deadline(self) -> Optional[float]:
+            return None
+
+        def send(self, frames: list[bytes]) -> None:
+            out = Send(frames[0], frames[1:]) if bind else Send(peer, frames)
+            if self.held is not None:
+                self.held.append(out)
+            else:
+                self.driver.apply((out,))
+
+        def close(self) -> None:
+            self.driver.close()
+
+    relay = Relay()
+    if bind:
+        relay.driver.listen(relay.driver.transport.bind_mailbox(LOOPBACK, 1 << 26, endpoint))
+    else:
+        relay.driver.dial(peer, endpoint, b"floor-" + os.urandom(6))
+    return relay
 
 
 # ---------------------------------------------------------------------------

@@ -181,11 +181,7 @@ LONG_MODULE = 600
 KEPT_WHOLE = "Kept whole:"
 #: long modules without that line, each with why: remove the entry when the module is
 #: split or says why it stays whole (``test_long_module_exceptions_are_still_needed``)
-LONG_WITHOUT_REASON = {
-    # two jobs: to be split, not excused
-    "zre/threaded.py": "the engine it shares with the asyncio face (NodeThread) and the "
-                       "threaded face (ThreadedNode)",
-}
+LONG_WITHOUT_REASON: dict[str, str] = {}
 
 
 def kept_whole(source: str) -> bool:

@@ -27,7 +27,7 @@ import msgpack
 from ..errors import PeermeshError
 from ..wire.agent import HEAD_SIZE, frame_size
 from .path import MAX_PATH, default_agent_path, resolve_path
-from .protocol import PROTOCOL, frame
+from .protocol import PROTOCOL, frame, take_exact
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
@@ -145,18 +145,18 @@ class AgentClient:
 
     def _read(self, size: int, deadline: float) -> bytes:
         """Exactly ``size`` octets; TimeoutError at ``deadline``, _Closed at end of stream."""
-        buffer = self._buffer
-        while len(buffer) < size:
+        sock = self._sock
+
+        def recv(most: int) -> bytes:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            self._sock.settimeout(remaining)
-            chunk = self._sock.recv(max(65536, size - len(buffer)))
-            if not chunk:
-                raise _Closed
-            buffer += chunk
-        data = bytes(buffer[:size])
-        del buffer[:size]
+            sock.settimeout(remaining)
+            return sock.recv(most)
+
+        data = take_exact(self._buffer, size, recv)
+        if data is None:
+            raise _Closed
         return data
 
     def _read_message(self, deadline: float) -> Any:

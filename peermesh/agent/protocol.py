@@ -76,13 +76,27 @@ from ..wire.agent import pack_frame
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without loading typing at run time
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
 __all__ = ["PROTOCOL", "frame", "hello_frame", "reply_frame", "event_message",
-           "BadRequest", "unpack_body", "parse_request"]
+           "BadRequest", "unpack_body", "parse_request", "take_exact"]
 
 #: version of the agent protocol; a change that an older peer would misread bumps it
 PROTOCOL = 1
+
+
+def take_exact(buffer: bytearray, size: int, recv: Callable[[int], bytes]) -> Optional[bytes]:
+    """Exactly ``size`` octets: from ``buffer`` (what was read ahead, kept there), topped up
+    with ``recv(at most)`` (a socket's, up to 1 MiB at a time); None when ``recv`` says the
+    stream ended (b"")."""
+    while len(buffer) < size:
+        chunk = recv(min(max(65536, size - len(buffer)), 1 << 20))
+        if not chunk:
+            return None
+        buffer += chunk
+    data = bytes(buffer[:size])
+    del buffer[:size]
+    return data
 
 
 def frame(message: Any) -> bytes:

@@ -54,7 +54,7 @@ from .client import (LOST_AFTER, PROBE_TIMEOUT, AgentClient, AgentError, AgentGo
 from .ops import MAX_WAIT, MeshOps, OpRefused
 from .path import MAX_PATH, default_agent_path, resolve_path
 from .protocol import (PROTOCOL, BadRequest, event_message, frame, hello_frame, parse_request,
-                       reply_frame, unpack_body)
+                       reply_frame, take_exact, unpack_body)
 
 # The agent's public names in one place: default_agent_path, resolve_path, MAX_PATH (path);
 # claim_path, AgentClaim, AgentRunning, AgentPathError (claim); the client's; PROTOCOL,
@@ -128,15 +128,7 @@ class _Connection:
 
     def read(self, size: int) -> Optional[bytes]:
         """Exactly ``size`` octets, or None when the client closed the connection."""
-        buffer = self.buffer
-        while len(buffer) < size:
-            chunk = self.sock.recv(min(max(65536, size - len(buffer)), 1 << 20))
-            if not chunk:
-                return None
-            buffer += chunk
-        data = bytes(buffer[:size])
-        del buffer[:size]
-        return data
+        return take_exact(self.buffer, size, self.sock.recv)
 
     def send(self, data: bytes, timeout: Optional[float] = SEND_TIMEOUT) -> bool:
         """Send ``data`` whole; False (and the connection closed) when the client is gone

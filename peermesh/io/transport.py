@@ -11,6 +11,8 @@ and driver code also runs on the simulated network (``peermesh.sim``):
 * ``connect(identity, endpoint, sndhwm)`` - an outgoing ``Link`` with
   ``try_send(frames) -> bool`` (False when full), ``wait_writable(timeout)``,
   ``serve(on_message)`` (what the mailbox sends back) and ``close(linger)``;
+* ``guard(mailbox, counters, policy)`` - a mailbox bound without limits, under the
+  connection policy from when its owner starts serving it;
 * ``beacon_socket(port)`` - UDP with ``sendto``, ``recvfrom``, ``close``;
 * ``now()`` and ``sleep(seconds)`` - the clock the node's timers use;
 * ``check_capacity(peers)`` - raise before a new peer would exhaust resources.
@@ -144,8 +146,9 @@ class Transport(Protocol):
     def interface(self, choice: Optional[str]) -> Interface: ...
 
     def bind_mailbox(self, address: str, max_message: int,
-                     endpoint: Optional[str] = None) -> Mailbox:
-        """A mailbox (a transport may take limits as further keywords)."""
+                     endpoint: Optional[str] = None, *, heartbeat: bool = True) -> Mailbox:
+        """A mailbox (a transport may take limits as further keywords); without
+        ``heartbeat`` the transport need not look for dead connections itself."""
         ...
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
@@ -157,6 +160,13 @@ class Transport(Protocol):
         ...
 
     def beacon_socket(self, port: int) -> BeaconSocket: ...
+
+    def guard(self, mailbox: Any, counters: Optional[Counters] = None,
+              policy: Optional[ConnectionPolicy] = None, *,
+              on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
+              keep: Optional[Callable[[bytes], bool]] = None) -> Any:
+        """A mailbox bound without limits, under the connection policy from now on."""
+        ...
 
     def peer_capacity(self) -> int: ...
 
@@ -192,7 +202,8 @@ class ZmqTransport:
                      policy: Optional[ConnectionPolicy] = None,
                      on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
                      keepalive: bool = False, keep: Optional[Callable[[bytes], bool]] = None,
-                     max_unknown: Optional[int] = None) -> Any:
+                     max_unknown: Optional[int] = None, inproc: Optional[str] = None,
+                     heartbeat: bool = True) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -215,12 +226,18 @@ class ZmqTransport:
         keepalive probes (in whole seconds, at least 4 s): those are answered by the
         far end's kernel, so a mailbox that stops reading to push back on its
         senders (the ZRE node's full event queue) keeps their connections, where
-        heartbeats it does not read would close them.
+        heartbeats it does not read would close them. With ``inproc`` (an ``inproc://``
+        address) the mailbox is bound there too, for parts of this process (plain: no
+        CURVE handshake inside the process). Without ``heartbeat``, neither heartbeats
+        nor keepalive probes: for a protocol that finds its dead peers itself (NFP's
+        keepalive), whose connections then cost libzmq no heartbeat timer per message.
         """
         options: dict[int, Union[int, bytes]] = {
             zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
             zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000))}
-        if keepalive:
+        if not heartbeat:
+            pass
+        elif keepalive:
             options.update({zmq.TCP_KEEPALIVE: 1,
                             zmq.TCP_KEEPALIVE_IDLE: max(1, round(dead_after / 3)),
                             zmq.TCP_KEEPALIVE_INTVL: max(1, round(dead_after / 6)),
@@ -231,6 +248,8 @@ class ZmqTransport:
         router = make_socket(zmq.ROUTER, options, self.context, curve=self.curve)
         try:
             endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
+            if inproc is not None:
+                router.bind(inproc)
         except BaseException:
             router.close(linger=0)
             raise
@@ -239,8 +258,18 @@ class ZmqTransport:
             policy = ConnectionPolicy(max_connections, max_per_address, max_unknown=max_unknown)
         if policy is None:
             return mailbox
+        return self.guard(mailbox, counters, policy, on_revoked=on_revoked, keep=keep)
+
+    def guard(self, mailbox: HubSocket, counters: Optional[Counters] = None,
+              policy: Optional[ConnectionPolicy] = None, *,
+              on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
+              keep: Optional[Callable[[bytes], bool]] = None) -> GuardedListener:
+        """``mailbox`` (bound without limits) under ``policy`` (default: the process's
+        connection policy) from now on, as ``bind_mailbox`` with limits makes it: for an
+        owner that binds before it serves (its endpoint advertised first) and guards the
+        mailbox when it starts serving on its hub."""
         allowlist = self.curve.allowlist if self.curve is not None and on_revoked else None
-        return GuardedListener(mailbox, counters or Counters(log, f"listener {endpoint}"),
+        return GuardedListener(mailbox, counters or Counters(log, f"listener {mailbox.endpoint}"),
                                policy, allowlist=allowlist, on_revoked=on_revoked, keep=keep)
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,

@@ -52,6 +52,7 @@ import zmq
 from ..counters import Counters
 from ..io.connections import GuardedListener
 from ..io.driver import Driver
+from ..io.transport import Mailbox
 from ..io.zap import Allowlist
 from ..overlay import Overlay
 from .brokercore import NOT_BROKER, STEPPED_DOWN, BrokerCore
@@ -59,7 +60,6 @@ from .dispatch import Dispatcher
 from .grants import Grants
 from .services import authorise, fss_tasks, later, sid_tasks
 from .store import JobStore
-from .transport import guarded
 from .worker import Tasks, TaskFunction, Worker
 
 if TYPE_CHECKING:
@@ -78,11 +78,13 @@ class _ServiceWorker(Worker):
 
 class Broker(Overlay):
     """The broker role of one candidate node, an overlay of its node (standby until
-    ``activate``; the node's ``BrokerTracker`` says when)."""
+    ``activate``; the node's ``BrokerTracker`` says when). ``mailbox``: its ROUTER, from
+    the node's transport (``bind_mailbox``), also bound at ``inproc`` for the broker
+    services."""
 
     roles = ("nfp-broker",)
 
-    def __init__(self, router: zmq.Socket, endpoint: str, *, name: str, node: str,
+    def __init__(self, mailbox: Mailbox, inproc: str, *, name: str, node: str,
                  store: JobStore, context: zmq.Context, keepalive: float = 1.0,
                  multiplier: int = 3, queue_timeout: float = 30.0, request_timeout: float = 5.0,
                  admin_token: Optional[str] = None, admin_keys: Optional[Allowlist] = None,
@@ -92,7 +94,9 @@ class Broker(Overlay):
                  on_shutdown: Optional[Callable[[], None]] = None,
                  allowlist: Optional[Allowlist] = None) -> None:
         super().__init__()
-        self.endpoint = endpoint
+        #: where clients and workers reach it (the mailbox's endpoint), and the services
+        self.endpoint: str = mailbox.endpoint
+        self.inproc = inproc
         self.name = name
         self.node_id = node   # the node's UUID in hex, for the wire
         self.store = store
@@ -116,11 +120,11 @@ class Broker(Overlay):
         self.files_root = files_root
         self.on_shutdown = on_shutdown
         self._context = context
-        self._router = router
-        self.inproc = f"inproc://peermesh-nfp-broker-{node}-{id(self):x}"
-        router.bind(self.inproc)
+        #: the ROUTER (``transport.bind_mailbox``, also bound at ``inproc``), guarded once
+        #: started
+        self._mailbox = mailbox
         self._driver: Optional[Driver] = None
-        self._listener: Optional[GuardedListener] = None
+        self._listener: Any = None
         self._services: list[Worker] = []
 
     # --- the core's state -------------------------------------------------
@@ -172,9 +176,9 @@ class Broker(Overlay):
     def on_start(self) -> None:
         """Start reading the ROUTER (standby) and the services (idle until activated)."""
         assert self.node is not None
-        listener = guarded(self._router, self.endpoint, self.limits, self.allowlist,
-                           self._revoked)
-        self._driver = Driver(self.core, self.node.transport, name=f"broker {self.name}")
+        transport = self.node.transport
+        listener = transport.guard(self._mailbox, self.limits, on_revoked=self._revoked)
+        self._driver = Driver(self.core, transport, name=f"broker {self.name}")
         self._driver.listen(listener, "User-Id" if self.keyed else None)
         self._listener = listener
         for service in self._services:
@@ -185,13 +189,13 @@ class Broker(Overlay):
         self.deactivate("broker closing")
         for service in self._services:
             service.stop(timeout)
-        if self._listener is not None:
-            self._listener.stop()   # (its monitor before the socket)
-            self._listener = None
+        listener, self._listener = self._listener, None
+        if isinstance(listener, GuardedListener):
+            listener.stop()   # (its monitor before the socket)
         driver, self._driver = self._driver, None
         if driver is not None:
             driver.close()
-        self._router.close(linger=0)
+        self._mailbox.close(0)
 
     def activate(self) -> None:
         """Become the broker: fresh state, services connected, heartbeats on."""

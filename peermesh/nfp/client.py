@@ -50,7 +50,6 @@ alike, and share the table of open jobs that a broker change posts again.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import os
@@ -65,6 +64,7 @@ import zmq
 
 from ..argtypes import is_seconds
 from ..errors import ProtocolError
+from ..events import tell
 from ..overlay import Overlay
 from ..wire import nfp
 from ..wire.nfp import Status
@@ -72,7 +72,7 @@ from .dispatch import FINAL_STATES, Dispatcher, Reply, overall_get_status, with_
 from ..io.curve import Curve
 from .store import ClientJob, JobStore
 from ..io import shared_context
-from .clientcore import BROKER, ClientCore
+from .clientcore import BROKER, ClientCore, Expired
 from .session import server_key
 from ..core import Send
 from ..io.driver import Driver
@@ -87,7 +87,6 @@ _RETRY = object()   # the request met a broker change: send it again
 _EXPIRED = object()  # no answer from the broker by the request's deadline
 _PAUSE = 0.05       # seconds between attempts while the mesh settles
 MAX_OPEN = 10_000   # open jobs remembered for re-posting after a broker change
-_TICK = 0.05        # seconds between expiry checks (a request may outlive its deadline by this)
 _REPOSTS = 16       # re-POSTs in flight at once after a broker change
 _COMMANDS = {"post": nfp.Command.POST, "get": nfp.Command.GET, "delete": nfp.Command.DELETE}
 
@@ -212,10 +211,9 @@ class Client(Overlay):
         self._broker_linked = 0     # the generation of the broker link (0: none)
         self._generations = itertools.count(1)
         self._opened: Optional[gevent.event.AsyncResult] = None
+        #: requests sent to the broker, by rid; once started, the core's timer (on the
+        #: driver) expires them, so a request needs no timer of its own
         self._waiting: dict[str, gevent.event.AsyncResult] = {}
-        # (deadline, rid) of requests sent to the broker: the ticker expires them, so a
-        # request needs no timer of its own
-        self._expiry: list[tuple[float, str]] = []
         self._rids = itertools.count(1)
         self._changed = gevent.event.Event()
         self._listeners: list[Callable[[JobEvent], None]] = []
@@ -226,34 +224,24 @@ class Client(Overlay):
         # POSTs waiting for their answer: workers whose final EVENT came first (a worker
         # sends its 202 and a quick job's final EVENT together)
         self._posting: dict[str, set[str]] = {}
-        self._ticker: Optional[gevent.Greenlet] = None
+        self._started = False
 
     # --- life cycle -----------------------------------------------------
 
     def on_start(self) -> None:
-        """Start the timer that expires requests."""
-        self._ticker = gevent.spawn(self._tick)
+        """From now on requests to the broker expire on the driver's timer."""
+        self._started = True
 
     def on_stop(self, timeout: float) -> None:
         """Close every socket; open requests end with 408."""
-        for greenlet in (self._ticker, self._reposter):
-            if greenlet is not None:
-                greenlet.kill(block=False)
-        self._ticker = self._reposter = None
+        self._started = False
+        if self._reposter is not None:
+            self._reposter.kill(block=False)
+        self._reposter = None
         self._close_broker()
         for name in list(self._direct.workers):
             self.remove_worker(name)
         self._workers.close()
-
-    def _tick(self) -> None:
-        expiry = self._expiry
-        while True:
-            self.transport.sleep(_TICK)
-            now = self._clock()
-            while expiry and expiry[0][0] <= now:
-                result = self._waiting.pop(heapq.heappop(expiry)[1], None)
-                if result is not None and not result.ready():
-                    result.set(_EXPIRED)
 
     # --- the mesh view --------------------------------------------------
 
@@ -339,7 +327,8 @@ class Client(Overlay):
         if opened is not None and not opened.ready():
             opened.set(False)
         waiting, self._waiting = self._waiting, {}
-        for result in waiting.values():
+        for rid, result in waiting.items():
+            self._core.settle(rid)
             if not result.ready():
                 result.set(_RETRY)
 
@@ -376,16 +365,23 @@ class Client(Overlay):
             return 0
         return channel
 
-    def _on_broker(self, msg: nfp.Message) -> None:
-        """A message from the broker (``ClientCore`` decoded it)."""
-        if isinstance(msg, nfp.Response):
+    def _on_broker(self, msg: nfp.Message | Expired) -> None:
+        """A message from the broker (``ClientCore`` decoded it), or a request to it that
+        expired."""
+        if type(msg) is Expired:
+            expired = self._waiting.pop(msg.rid, None)
+            if expired is not None and not expired.ready():
+                expired.set(_EXPIRED)
+        elif isinstance(msg, nfp.Response):
             try:
                 body = nfp.decode_body(msg.body[0])
             except ProtocolError:
                 return
-            result = self._waiting.pop(str(body.pop("rid", "")), None)
+            rid = str(body.pop("rid", ""))
+            result = self._waiting.pop(rid, None)
             if result is None:
                 return
+            self._core.settle(rid)
             if msg.status is Status.ERROR and msg.text in ("not the broker",
                                                            "broker stepped down",
                                                            "broker restarting",
@@ -464,12 +460,14 @@ class Client(Overlay):
         self._waiting[rid] = result
         # "rid" goes last: a broker passes the rest of the body on as it is
         payload = with_rid(raw, rid) if raw is not None else nfp.encode_body({**body, "rid": rid})
+        started = self._started
+        if started:    # (before the send: applying it arms the driver's timer)
+            self._core.expect(rid, deadline)
         self._workers.apply((Send(BROKER, nfp.request_frames(command, nfp.CLIENT, service,
                                                              target, uuid, (payload,))),))
-        if self._ticker is not None:
-            heapq.heappush(self._expiry, (deadline, rid))
+        if started:
             answer = result.get()
-        else:   # not started: no ticker to expire it
+        else:   # not started: no timer to expire it
             try:
                 answer = result.get(timeout=max(0.0, deadline - self._clock()))
             except gevent.Timeout:
@@ -716,12 +714,8 @@ class Client(Overlay):
                 else:
                     self.store.update_client_job(uuid, state="lost",
                                                  reason=str(body.get("reason", "")))
-        event = JobEvent(uuid, worker, body)
-        for callback in (*self._listeners, *self._per_job.get(uuid, ())):
-            try:
-                callback(event)
-            except Exception:
-                log.exception("job event listener %r failed", callback)
+        tell((*self._listeners, *self._per_job.get(uuid, ())), JobEvent(uuid, worker, body),
+             "job event listener")
 
 
 def _new_identity() -> bytes:

@@ -51,9 +51,10 @@ import zmq
 
 from ..counters import Counters
 from ..errors import NodeStateError
-from ..io import bind_ephemeral, shared_context
+from ..io import shared_context
 from ..net.interfaces import select_interface
 from ..overlay import Lifecycle, Overlay, PeerNetworks, advertise, header_endpoint, header_json
+from ..events import tell
 from ..overlay.broker import BrokerChanged, BrokerTracker
 from ..overlay.election import NFP_BROKER_HEADER, MODES, Candidate, Change, Election
 from ..zre.node import Node
@@ -62,9 +63,9 @@ from .client import Client
 from .store import JobStore, store_path
 from ..io.curve import Curve, shared_allowlist
 from ..io.zap import Allowlist
+from ..wire.nfp import MAX_MESSAGE
 from ..wire.zre import PUBLIC_KEY_HEADER
 from ..config import default_data_dir
-from .transport import nfp_socket
 from .grants import Grants
 from .worker import (MAX_CLIENTS, MAX_STORED, MAX_STORED_PER_CLIENT, Tasks, TaskFunction, Worker,
                      advertised)
@@ -219,10 +220,12 @@ class NfpNode(Overlay):
                               self.retention)
         try:
             if self.mode != "never":
-                router = nfp_socket(self.context, zmq.ROUTER, self.curve)
-                endpoint = bind_ephemeral(router, self.address)
+                inproc = f"inproc://peermesh-nfp-broker-{node.uuid.hex}-{id(self):x}"
+                mailbox = node.transport.bind_mailbox(self.address, MAX_MESSAGE, inproc=inproc,
+                                                      heartbeat=False)
+                endpoint = mailbox.endpoint
                 self._own_key(endpoint)
-                self.broker = Broker(router, endpoint, name=node.name, node=node.uuid.hex,
+                self.broker = Broker(mailbox, inproc, name=node.name, node=node.uuid.hex,
                                      store=self.store, context=self.context,
                                      keepalive=self.keepalive, multiplier=self.multiplier,
                                      queue_timeout=self.queue_timeout,
@@ -406,12 +409,8 @@ class NfpNode(Overlay):
         old, self._current = self._current, new
         if old == new:
             return
-        event = BrokerChanged(old, new, change.took_over, change.stepped_down)
-        for callback in list(self._listeners):
-            try:
-                callback(event)
-            except Exception:
-                log.exception("broker listener %r failed", callback)
+        tell(self._listeners, BrokerChanged(old, new, change.took_over, change.stepped_down),
+             "broker listener")
 
     # --- introspection --------------------------------------------------
 

@@ -86,11 +86,10 @@ from .services import authorise, later
 from .store import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobStore
 from .quota import Quota
 from .tasks import Interrupt, Job, JobCancelled, JobContext, Tasks, TaskFunction
-from ..io import bind_ephemeral, shared_context
+from ..io import shared_context
 from ..io.curve import Curve
 from ..io.zap import Allowlist
 from .session import BROKER_LINK, DirectDoor, WorkerSession
-from .transport import guarded, nfp_socket
 from ..core import Send
 from ..io.connections import GuardedListener
 from ..io.driver import Driver
@@ -165,10 +164,13 @@ class Worker(Overlay):
             self._context, curve)
         self._clock = self.transport.now
         self._driver: Optional[Driver] = None
-        self._router = nfp_socket(self._context, zmq.ROUTER, curve)
-        self.endpoint = bind_ephemeral(self._router, address) if not internal else ""
-        self._direct: Optional[Driver] = None          # serves ``_door`` on ``_router``
-        self._listener: Optional[GuardedListener] = None
+        #: the direct clients' mailbox (none when internal), guarded once started
+        self._mailbox: Any = (None if internal else
+                              self.transport.bind_mailbox(address, MAX_MESSAGE,
+                                                          heartbeat=False))
+        self.endpoint: str = self._mailbox.endpoint if self._mailbox is not None else ""
+        self._direct: Optional[Driver] = None          # serves ``_door`` on ``_mailbox``
+        self._listener: Any = None                      # ``_mailbox`` under the policy
         self._last_source: Any = None   # the socket the last request came through
         self.broker_endpoint: Optional[str] = None
         self._queue: deque[Job] = deque()
@@ -205,16 +207,13 @@ class Worker(Overlay):
 
     def on_start(self) -> None:
         """Start serving (on the node's hub); re-queue jobs left unfinished by a crash."""
-        if not self.internal:
-            listener = guarded(self._router, self.endpoint, self.limits,
-                               self._curve.allowlist if self._curve is not None else None,
-                               self._revoked)
+        if self._mailbox is not None:
+            listener = self.transport.guard(self._mailbox, self.limits,
+                                            on_revoked=self._revoked)
             self._listener = listener
             self._direct = Driver(self._door, self.transport, on_deliver=self._from_client,
                                   name=f"worker {self.name}")
             self._direct.listen(listener, "User-Id" if self._curve is not None else None)
-        else:
-            self._router.close()
         for stored in self.store.unfinished_worker_jobs(self.name):
             if stored.state == RUNNING:
                 # run again once already, and the process died again while it ran: it may
@@ -252,9 +251,9 @@ class Worker(Overlay):
             driver.apply(self._session.stop(self._clock()))
             driver.close()
         gevent.killall(self._greenlets, block=False)   # a running job stays unfinished on disk
-        if self._listener is not None:
-            self._listener.stop()   # (its monitor before the socket)
-            self._listener = None
+        listener, self._listener = self._listener, None
+        if isinstance(listener, GuardedListener):
+            listener.stop()   # (its monitor before the socket; the driver closes a plain one)
         if self._direct is not None:
             self._direct.close()
             self._direct = None

@@ -37,7 +37,7 @@ from uuid import UUID
 import gevent
 import gevent.event
 
-from ..events import Event, EventType
+from ..events import Event, EventType, tell
 from .contract import Overlay
 from .election import BROKER_HEADER, MODES, Candidate, Change, Election, candidate_header
 
@@ -194,12 +194,8 @@ class BrokerTracker(Overlay):
         new = change.new
         log.info("broker: %s -> %s", change.old.name if change.old else None,
                  new.name if new else None)
-        event = BrokerChanged(change.old, new, change.took_over, change.stepped_down)
-        for callback in list(self._listeners):
-            try:
-                callback(event)
-            except Exception:
-                log.exception("broker listener %r failed", callback)
+        tell(self._listeners, BrokerChanged(change.old, new, change.took_over,
+                                            change.stepped_down), "broker listener")
 
     # --- introspection --------------------------------------------------
 

@@ -537,6 +537,12 @@ class SimTransport:
         port = int(endpoint.rpartition(":")[2]) if endpoint else next(self._ports)
         return SimMailbox(self.network, self.address, port, max_message)
 
+    @staticmethod
+    def guard(mailbox: SimMailbox, counters: Any = None, policy: Any = None,
+              **options: Any) -> SimMailbox:
+        """``mailbox`` itself: simulated hosts have no connections to bound."""
+        return mailbox
+
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
                 server_key: Optional[bytes] = None, handover: bool = False,
                 max_message: Optional[int] = None) -> SimLink:

@@ -165,20 +165,27 @@ def encode_request(request: Request) -> list[bytes]:
             _pack(request.body)]
 
 
+def _four_frames(frames: Sequence[bytes], what: str) -> list[bytes]:
+    """``frames`` as four ``bytes`` starting with ``PROTOCOL`` (``what``: "a request" or
+    "a reply"); ``ProtocolError`` if they are not."""
+    if type(frames) is not list or len(frames) != 4 or type(frames[0]) is not bytes \
+            or type(frames[1]) is not bytes or type(frames[2]) is not bytes \
+            or type(frames[3]) is not bytes:
+        frames = as_frames(frames, what)
+    if len(frames) != 4:
+        raise ProtocolError(f"{what} has 4 frames, not {len(frames)}")
+    if frames[0] != PROTOCOL:
+        raise ProtocolError(f"not {PROTOCOL.decode()}: {frames[0][:16]!r}")
+    return frames
+
+
 def decode_request(frames: Sequence[bytes]) -> Request:
     """A request from its frames (after the ROUTER's identity); ``ProtocolError`` if bad.
 
     An unknown op raises ``ProtocolError`` whose ``reason`` starts with
     ``unknown op`` (the service answers it with an ERR ``unknown-op``).
     """
-    if type(frames) is not list or len(frames) != 4 or type(frames[0]) is not bytes \
-            or type(frames[1]) is not bytes or type(frames[2]) is not bytes \
-            or type(frames[3]) is not bytes:
-        frames = as_frames(frames, "a request")
-    if len(frames) != 4:
-        raise ProtocolError(f"a request has 4 frames, not {len(frames)}")
-    if bytes(frames[0]) != PROTOCOL:
-        raise ProtocolError(f"not {PROTOCOL.decode()}: {bytes(frames[0])[:16]!r}")
+    frames = _four_frames(frames, "a request")
     request_id = _check_id(bytes(frames[1]))
     try:
         op = Op(bytes(frames[2]).decode("ascii"))
@@ -194,14 +201,7 @@ def encode_reply(reply: Reply) -> list[bytes]:
 
 def decode_reply(frames: Sequence[bytes]) -> Reply:
     """A reply from its frames (what a DEALER receives); ``ProtocolError`` if bad."""
-    if type(frames) is not list or len(frames) != 4 or type(frames[0]) is not bytes \
-            or type(frames[1]) is not bytes or type(frames[2]) is not bytes \
-            or type(frames[3]) is not bytes:
-        frames = as_frames(frames, "a reply")
-    if len(frames) != 4:
-        raise ProtocolError(f"a reply has 4 frames, not {len(frames)}")
-    if bytes(frames[0]) != PROTOCOL:
-        raise ProtocolError(f"not {PROTOCOL.decode()}: {bytes(frames[0])[:16]!r}")
+    frames = _four_frames(frames, "a reply")
     status = bytes(frames[2])
     if status not in (b"OK", b"ERR"):
         raise ProtocolError(f"unknown status {status[:16]!r}")

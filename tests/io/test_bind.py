@@ -159,8 +159,8 @@ def test_an_nfp_worker_on_an_address_that_does_not_resolve_raises(tmp_path: Path
         with pytest.raises(BindError, match="nosuchhost.invalid"):
             Worker("svc", "w1", {}, store, address="nosuchhost.invalid")
         worker = Worker("svc", "w1", {}, store, address="127.0.0.1")
-        assert worker.endpoint == worker._router.get(zmq.LAST_ENDPOINT).decode()
-        worker._router.close()
+        assert worker.endpoint == worker._mailbox.socket.get(zmq.LAST_ENDPOINT).decode()
+        worker._mailbox.close()
     finally:
         store.close()
 

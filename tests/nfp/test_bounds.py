@@ -162,7 +162,7 @@ def test_worker_defaults_and_checks(tmp_path: Path) -> None:
     try:
         worker = Worker("svc", "w1", make_tasks(), store, address="127.0.0.1")
         assert (worker.max_clients, worker.max_stored) == (MAX_CLIENTS, MAX_STORED)
-        worker._router.close()
+        worker._mailbox.close()
         with pytest.raises(ValueError):
             Worker("svc", "w2", make_tasks(), store, address="127.0.0.1", max_clients=0)
     finally:

@@ -14,8 +14,10 @@ import pytest
 from peermesh.config import NodeConfig
 from peermesh.io.driver import Driver
 from peermesh.nfp.brokercore import BrokerCore
+from peermesh.nfp.client import Client
 from peermesh.nfp.store import JobStore
 from peermesh.nfp.worker import Tasks, Worker
+from peermesh.overlay import Lifecycle
 from peermesh.sim import SimNetwork
 from peermesh.wire import nfp
 from peermesh.wire.nfp import MAX_MESSAGE, Status
@@ -56,7 +58,7 @@ class Mesh:
     def _on_reply(self, first: bytes, rest: list[bytes]) -> None:
         self.inbox.append(nfp.decode([first, *rest]))
 
-    def worker(self, name: str) -> Worker:
+    def worker(self, name: str, internal: bool = True) -> Worker:
         tasks = Tasks()
         clock = self.clock
 
@@ -70,7 +72,7 @@ class Mesh:
         node = Node(name, config=NodeConfig(interface="sim0", rtt_probe=0),
                     transport=transport)
         store = JobStore(self.tmp / f"{name}.db")
-        worker = Worker("svc", name, tasks, store, internal=True, transport=transport,
+        worker = Worker("svc", name, tasks, store, internal=internal, transport=transport,
                         keepalive=KEEPALIVE, multiplier=MULTIPLIER, node_name=name)
         worker.attach(node)
         node.start()
@@ -170,3 +172,64 @@ def test_a_lost_worker_has_its_job_run_again_by_another(mesh: Mesh) -> None:
     mesh.until("its result", lambda: bool(mesh.final("job-lost")), 70.0)
     (result,) = mesh.final("job-lost")
     assert result["result"] == {"value": "x", "by": "w2"}
+
+
+def test_a_worker_answers_direct_clients_on_a_mailbox_of_its_transport(mesh: Mesh) -> None:
+    # no ZeroMQ on the simulator: the worker's ROUTER can only come from its transport
+    worker = mesh.worker("w1", internal=False)
+    assert worker.endpoint.startswith("tcp://")
+    link = mesh.network.transport().connect(b"direct-1", worker.endpoint, 1000)
+    got: list[nfp.Message] = []
+    reader = gevent.spawn(link.serve, lambda first, rest: got.append(nfp.decode([first, *rest])))
+    mesh.closers += [link.close, lambda: reader.kill(block=False)]
+    assert link.try_send(nfp.encode(nfp.Open(nfp.CLIENT)))
+    mesh.until("the worker's OPEN", lambda: any(isinstance(m, nfp.Open) for m in got), 5.0)
+    body = nfp.encode_body({"task": "work", "args": [0.5, 7], "notify": True, "rid": "d1"})
+    assert link.try_send(nfp.request_frames(nfp.Command.POST, nfp.CLIENT, "svc", nfp.ANY,
+                                            "job-direct", (body,)))
+    mesh.inbox = got
+    mesh.until("the result", lambda: bool(mesh.final("job-direct")), 10.0)
+    (result,) = mesh.final("job-direct")
+    assert result["result"] == {"value": 7, "by": "w1"}
+    assert mesh.runs == [("w1", 7)]
+
+
+def test_a_request_the_broker_never_answers_expires_on_the_transport_clock(
+        tmp_path: Path) -> None:
+    # the client's deadlines are the driver's timer on the transport's clock: in virtual
+    # time here, and to the deadline, not to a polling period after it
+    network = SimNetwork(latency=0.002, seed=7)
+    clock = network.clock
+    host = network.transport()
+    mailbox = host.bind_mailbox(host.address, MAX_MESSAGE)
+    mailbox.replies = True                    # it answers down the links it is sent on
+    heard: list[nfp.Message] = []
+
+    def on_message(identity: bytes, frames: list[bytes]) -> None:   # OPEN, then silence
+        msg = nfp.decode(frames)
+        heard.append(msg)
+        if isinstance(msg, nfp.Open):
+            assert mailbox.try_send([identity, *nfp.encode(nfp.Open(
+                nfp.BROKER, nfp.encode_body({"active": True})))])
+
+    server = gevent.spawn(mailbox.serve, on_message)
+    store = JobStore(tmp_path / "client.db")
+    client = Client(store, name="c", node="c" * 32, transport=network.transport())
+    client.lifecycle = Lifecycle.ATTACHED     # (no node: the client alone)
+    client.start()
+    try:
+        client.set_broker(mailbox.endpoint)
+        start = clock.now()
+        asked = gevent.spawn(client.get, "a" * 32, service="svc", target="any", timeout=3.02)
+        while not asked.ready() and clock.now() - start < 10.0:
+            clock.advance(0.01)
+        reply = asked.get(timeout=5)
+        assert reply.status is Status.REQUEST_TIMEOUT, reply
+        assert reply.text == "no answer from the broker in time"
+        assert 3.02 <= clock.now() - start < 3.02 + 0.025    # the driver's SLACK, a step
+        assert [type(m) for m in heard] == [nfp.Open, nfp.Get]
+    finally:
+        client.stop()
+        server.kill(block=False)
+        mailbox.close()
+        store.close()
