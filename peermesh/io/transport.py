@@ -192,7 +192,8 @@ class ZmqTransport:
                      policy: Optional[ConnectionPolicy] = None,
                      on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
                      keepalive: bool = False, keep: Optional[Callable[[bytes], bool]] = None,
-                     max_unknown: Optional[int] = None) -> Any:
+                     max_unknown: Optional[int] = None, security: Optional[Curve] = None,
+                     hwm: Optional[int] = None, max_frames: Optional[int] = None) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -215,7 +216,10 @@ class ZmqTransport:
         keepalive probes (in whole seconds, at least 4 s): those are answered by the
         far end's kernel, so a mailbox that stops reading to push back on its
         senders (the ZRE node's full event queue) keeps their connections, where
-        heartbeats it does not read would close them.
+        heartbeats it does not read would close them. ``security``: the mailbox's own
+        CURVE server keys instead of the transport's (the MTL gateway admits any client
+        key); ``hwm``: the ROUTER's send and receive queues (messages); ``max_frames``:
+        a message of more frames is oversized.
         """
         options: dict[int, Union[int, bytes]] = {
             zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
@@ -228,13 +232,16 @@ class ZmqTransport:
         else:
             options.update({zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
                             zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))})
-        router = make_socket(zmq.ROUTER, options, self.context, curve=self.curve)
+        if hwm is not None:
+            options.update({zmq.SNDHWM: hwm, zmq.RCVHWM: hwm})
+        router = make_socket(zmq.ROUTER, options, self.context,
+                             curve=security if security is not None else self.curve)
         try:
             endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
         except BaseException:
             router.close(linger=0)
             raise
-        mailbox = HubSocket(router, endpoint=endpoint, limit=max_message)
+        mailbox = HubSocket(router, endpoint=endpoint, limit=max_message, max_frames=max_frames)
         if max_connections is not None:
             policy = ConnectionPolicy(max_connections, max_per_address, max_unknown=max_unknown)
         if policy is None:
