@@ -155,7 +155,10 @@ class Driver:
         if self.on_batch_end is not None and not self.closed:
             more = self.on_batch_end(self.transport.now())
             if more:
-                held = [*held, *more] if held else more
+                if held:
+                    held += more
+                else:
+                    held = more if type(more) is list else list(more)
         if held:
             self.apply(held)
         self._rearm()
