@@ -1,33 +1,21 @@
-"""The gateway's clock: its transport's, read as Unix time.
+"""The gateway's clock: its transport's, and how far that is from Unix time.
 
-The MTL cores take ``now`` in Unix seconds (a user's ``expires`` is a Unix
-time). ``UnixClock`` is the transport with ``now()`` shifted by the
-difference between Unix time and the transport's clock, measured once: its
-timers run on the transport's clock (on ``peermesh.sim``, virtual time that
-starts at the Unix time the simulation was set up); everything else is the
-transport's.
+The MTL cores run on the gateway's transport clock (``transport.now``: on
+``peermesh.sim``, virtual time). A user's ``expires`` is a Unix time, so
+where a user's validity is checked ``now`` is shifted by ``unix_offset``,
+the difference between Unix time and the transport's clock, measured once
+when the gateway starts (on the simulator, virtual time then starts at the
+Unix time the gateway was set up).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Callable
 
-__all__ = ["UnixClock"]
+__all__ = ["unix_offset"]
 
 
-class UnixClock:
-    """``transport`` with ``now()`` in Unix seconds (see the module docstring)."""
-
-    def __init__(self, transport: Any) -> None:
-        self.transport = transport
-        self._now = transport.now
-        self.offset = time.time() - transport.now()
-        self.sleep = transport.sleep
-
-    def now(self) -> float:
-        """The transport's clock, as Unix time."""
-        return self._now() + self.offset
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
+def unix_offset(now: Callable[[], float]) -> float:
+    """Seconds to add to the clock ``now`` to read Unix time."""
+    return time.time() - now()

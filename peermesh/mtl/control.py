@@ -109,8 +109,12 @@ class ControlFlow:
                  plain: bool = False, anonymous: bool = False,
                  session_lifetime: Optional[float] = None, session_idle: float = 300.0,
                  max_sessions: int = 10_000, max_leases: int = 64,
-                 gateways: Callable[[], tuple[str, ...]] = tuple) -> None:
+                 gateways: Callable[[], tuple[str, ...]] = tuple,
+                 unix_offset: float = 0.0) -> None:
+        """``unix_offset``: seconds to add to ``now`` to read Unix time (users expire at a
+        Unix time): the gateway's cores run on its transport's clock."""
         self.authenticator = authenticator
+        self.unix_offset = unix_offset
         self.data = data
         #: virtual host -> the mesh-group prefix of its resources
         self.virtual_hosts = {"/": ""} if virtual_hosts is None else dict(virtual_hosts)
@@ -206,7 +210,7 @@ class ControlFlow:
         if self.session_lifetime is not None \
                 and now - session.authenticated > self.session_lifetime:
             return False
-        return self.authenticator.credentials.still_valid(session.user, now)
+        return self.authenticator.credentials.still_valid(session.user, now + self.unix_offset)
 
     def _revoke(self, session: ControlSession) -> None:
         for token in session.leases:
@@ -246,16 +250,16 @@ class ControlFlow:
             return Unauthorized(self.mechanisms, f"mechanism {request.mechanism!r} not offered")
         if mechanism == ANONYMOUS:
             user = self.authenticator.credentials.user(ANONYMOUS_USER)
-            if user is None or user.expired(now):
+            if user is None or user.expired(now + self.unix_offset):
                 self._unauthenticate(session)
                 return Unauthorized(self.mechanisms, "anonymous access has no grants")
             return self._authenticated(session, user, now)
         exchange = session.exchange
         if exchange is None or session.state is not State.CHALLENGED \
                 or exchange.mechanism != mechanism:
-            exchange = session.exchange = self.authenticator.begin(mechanism, session.address,
-                                                                   now)
-        step = exchange.respond(request.response, now)
+            exchange = session.exchange = self.authenticator.begin(
+                mechanism, session.address, now + self.unix_offset)
+        step = exchange.respond(request.response, now + self.unix_offset)
         if step.challenge is not None:
             if session.state is not State.CHALLENGED:
                 # a re-authentication under way: no leases until it finishes

@@ -78,6 +78,12 @@ _PONG = PONG_FRAMES
 _HEAD = COMMAND_HEAD_SIZE
 _EMPTY_TABLE = EMPTY_TABLE
 _PEER_TABLES_MAX = 1024
+_NOTHING: list[Output] = []    # (what ``take_command`` returns: never appended to)
+
+
+def _other(link: Any, frames: list[bytes], now: float) -> list[Output]:
+    log.debug("a message on %r, no data connection: dropped", link)
+    return _NOTHING
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +188,8 @@ class DataFlow:
         self.received = 0
         self.delivered = 0
         self._deadline: Optional[float] = None   # the next ``tick`` (None: nothing to watch)
+        #: what takes messages on links that are no data connection (see ``take_command``)
+        self.other: Callable[[Any, list[bytes], float], list[Output]] = _other
 
     # --- leases (from the control flow) -------------------------------------
 
@@ -234,9 +242,14 @@ class DataFlow:
             if frames is not None:
                 take(identity, frames, now)
 
-    def take_command(self, identity: bytes, frames: list[bytes], now: float) -> None:
+    def take_command(self, identity: Any, frames: list[bytes], now: float) -> list[Output]:
         """Take one data command from the connection ``identity`` (what it asks for waits
-        in ``sends`` and ``actions``); a command that raises (a bug) is logged."""
+        in ``sends`` and ``actions``; a command that raises, a bug, is logged); returns
+        nothing (an empty list). A message on a link that is no connection (not ``bytes``)
+        goes to ``other(link, frames, now)``. The ``receive`` of a core that takes the
+        outputs once per batch (``peermesh.mtl.gatewaycore``): the hot path."""
+        if type(identity) is not bytes:
+            return self.other(identity, frames, now)
         link = self.links.get(identity)
         if link is not None:
             link.heard = now
@@ -260,11 +273,12 @@ class DataFlow:
                             bodies.append(body)
                     else:
                         self.route(key, body, None, _EMPTY_TABLE)
-                    return
+                    return _NOTHING
         try:
             self._command(identity, link, frames, now)
         except Exception:
             log.exception("handling a data command from %r failed", identity[:16])
+        return _NOTHING
 
     def _command(self, identity: bytes, link: Optional[LeaseLink], frames: list[bytes],
                  now: float) -> None:

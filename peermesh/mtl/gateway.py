@@ -70,8 +70,8 @@ or stalled) and ``Offers`` (what is offered, and whether a batch may be
 acknowledged); the gateway whispers and sends what the core returns.
 
 The gateway is a thin shell around sans-io cores, on the node's transport
-(its sockets and its clock, read as Unix time: users expire at a Unix time)
-and the one driver (``peermesh.io.driver.Driver``):
+(its sockets and its clock; users expire at a Unix time, see
+``peermesh.mtl.clock``) and the one driver (``peermesh.io.driver.Driver``):
 
 * the control mailbox's driver serves ``ControlFlow`` (each request with its
   sender's address, for throttling): the reply goes back at once;
@@ -134,7 +134,7 @@ from ..wire.mtl_replication import (  # (the kinds are importable from here too,
     FORGET, HANDOFF, HANDOFF_END, HANDOFF_OK, MARK, MARK_OK, REPL, RESYNC, SYNC, Forget,
     Handoff, HandoffEnd, HandoffOk, Mark, MarkOk, Repl, Resync, Sync,
 )
-from .clock import UnixClock
+from .clock import unix_offset
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
 from .dataflow import DataFlow, MeshJoin, MeshLeave, MeshShout, MeshShouts
@@ -287,14 +287,17 @@ class Gateway(Overlay):
 
     def on_start(self) -> None:
         node = self._node()
-        clock = UnixClock(node.transport)
+        transport = node.transport
+        offset = unix_offset(transport.now)
+        still_valid = self.credentials.still_valid
         if self._data_dir is not None:
             self.store = open_gateway_store(self._data_dir, node.config.name)
         queues = self._make_queues(self.store) if self.store is not None else None
-        self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
-                             batch_shouts=True, **self._flow_options)
+        self.data = DataFlow(still_valid=lambda user, now: still_valid(user, now + offset),
+                             queues=queues, batch_shouts=True, **self._flow_options)
         self.control = control = ControlFlow(self.authenticator, self.data,
-                                             gateways=self.gateways, **self._core_options)
+                                             gateways=self.gateways, unix_offset=offset,
+                                             **self._core_options)
         control.data_port = self._data_port()
         control.serving = self.active
         control.elsewhere = self.elected_endpoint
@@ -303,14 +306,14 @@ class Gateway(Overlay):
                                        credentials_changed=self._credentials_changed,
                                        join=self.run == "elected", name=self.control_endpoint)
         name = f"MTL gateway {self.control_endpoint}"
-        control_driver = Driver(control, clock, name=f"{name} control")
+        control_driver = Driver(control, transport, name=f"{name} control")
         self._data_driver = data_driver = Driver(
-            core, clock, on_deliver=self._deliver, on_event=self._state,
+            core, transport, on_deliver=self._deliver, on_event=self._state,
             on_batch_end=core.end_batch, name=f"{name} data")
         self._drivers = [control_driver, data_driver]
         control_driver.listen(self._sockets[0], "Peer-Address")
         data_driver.listen(self._sockets[1])
-        data_driver.apply(core.start(clock.now()))
+        data_driver.apply(core.start(transport.now()))
         node.add_listener(self._on_node_event)
         self.tracker.start()
         self._mesh = gevent.spawn(self._mesh_work)
@@ -495,7 +498,8 @@ class Gateway(Overlay):
                                         for _ in range(min(len(mesh_in), _MESH_BATCH))])
             while mesh_out:
                 self._on_mesh(mesh_out.popleft())
-            gevent.sleep(0)
+            if mesh_in:
+                gevent.sleep(0)   # (more waits: what else is ready runs first)
 
     def _on_mesh(self, item: Any) -> None:
         node = self._node()

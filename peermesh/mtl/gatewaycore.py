@@ -74,6 +74,7 @@ COPY_BATCH = 256       # contents per MTL-REPL
 COPY_BYTES = 4 * 1024 * 1024   # octets per MTL-REPL, roughly (one content may pass it)
 
 _Row = tuple[int, bytes, str, bytes, bytes]
+_NOTHING: list[Output] = []    # (what ``receive`` returns: never appended to)
 _Sends = list[tuple[bytes, list[bytes]]]
 
 
@@ -116,8 +117,10 @@ class GatewayCore:
         """``serving_peer()``: the serving gateway as the node sees it (a standby joins
         it, if ``join``); ``credentials_changed()``: the port that re-reads the users."""
         self.flow = flow
+        flow.other = self._other
         self.store = store
-        self.active = active
+        self.active = False
+        self._serve(active)
         self.serving_peer = serving_peer
         self.credentials_changed = credentials_changed
         self.join = join
@@ -140,18 +143,27 @@ class GatewayCore:
 
     def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
         """A data command (``link`` an identity), a shout (``Shouted``) or a whisper from a
-        gateway (``link`` its UUID); what it asks for comes from ``end_batch``."""
-        if type(link) is bytes:
-            if self.active:
-                self.flow.take_command(link, frames, now)
-        elif type(link) is Shouted:
+        gateway (``link`` its UUID); what it asks for comes from ``end_batch``. (While
+        serving, the instance's ``receive`` is ``DataFlow.take_command`` itself, which hands
+        the other links to ``_other``: the hot path is one call.)"""
+        if type(link) is not bytes:
+            return self._other(link, frames, now)
+        return _NOTHING      # standing by: data commands are dropped
+
+    def _other(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
+        if type(link) is Shouted:
             if self.active:
                 self.flow.shouted(link.group, frames, link.peer)  # type: ignore[union-attr]
         elif type(link) is UUID:
-            self._whispered(link, frames, now)
-        if self._deadline is None:
-            self._deadline = now
-        return []
+            self._whispered(link, frames, now)  # type: ignore[arg-type]
+        return _NOTHING
+
+    def _serve(self, active: bool) -> None:
+        self.active = active
+        if active:
+            self.receive = self.flow.take_command  # type: ignore[method-assign, assignment]
+        else:
+            self.__dict__.pop("receive", None)
 
     def end_batch(self, now: float) -> list[Output]:
         """Commit what the batch brought, copy it to the replicas; everything to do."""
@@ -195,8 +207,7 @@ class GatewayCore:
         return self._take()
 
     def next_deadline(self) -> Optional[float]:
-        """The next heartbeat or look at the credentials (None before anything arrived or
-        ``start``)."""
+        """The next heartbeat or look at the credentials (None before ``start``)."""
         return self._deadline
 
     # --- the gateway's requests ----------------------------------------------------
@@ -210,7 +221,7 @@ class GatewayCore:
         """The election changed: serve (``elected``) or stand by; a standby (again) joins
         the serving gateway."""
         if elected != self.active:
-            self.active = elected
+            self._serve(elected)
             store = self.store
             if store is not None:
                 store.record = elected
