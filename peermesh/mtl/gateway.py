@@ -301,7 +301,7 @@ class Gateway(Overlay):
         control.data_port = self._data_port()
         control.serving = self.active
         control.elsewhere = self.elected_endpoint
-        self.core = core = GatewayCore(self.data, self.store, active=self.active,
+        self.core = core = GatewayCore(self.data, self.store, active=self.active, queues=queues,
                                        serving_peer=self._serving_peer,
                                        credentials_changed=self._credentials_changed,
                                        join=self.run == "elected", name=self.control_endpoint)

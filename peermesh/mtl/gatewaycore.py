@@ -55,8 +55,8 @@ from ..errors import ProtocolError
 from ..wire import mtl_replication as repl
 from ..wire.mtl_replication import (Forget, Handoff, HandoffEnd, HandoffOk, Mark, MarkOk, Repl,
                                     Resync, Sync)
-from .dataflow import DataFlow, MeshShouts, Queues
-from .replication import Follower, Offers, Replicas
+from .dataflow import DataFlow, MeshShouts
+from .replication import CopyQueues, Follower, Offers, Replicas
 from .store import ContentStore
 
 __all__ = ["GatewayCore", "Shouted", "Whisper", "HANDOFF_BATCH", "REPLICA_WAIT"]
@@ -111,11 +111,14 @@ class GatewayCore:
     """A gateway's data flow and replication (see the module docstring)."""
 
     def __init__(self, flow: DataFlow, store: Optional[ContentStore], *, active: bool,
+                 queues: Optional[CopyQueues] = None,
                  serving_peer: Callable[[], Optional[UUID]] = lambda: None,
                  credentials_changed: Callable[[], bool] = lambda: False,
                  join: bool = True, name: str = "") -> None:
-        """``serving_peer()``: the serving gateway as the node sees it (a standby joins
-        it, if ``join``); ``credentials_changed()``: the port that re-reads the users."""
+        """``store`` and ``queues`` (the data flow's durable queues, where copies are stored)
+        are ports; ``serving_peer()``: the serving gateway as the node sees it (a standby
+        joins it, if ``join``); ``credentials_changed()``: the port that re-reads the
+        users."""
         self.flow = flow
         flow.other = self._other
         self.store = store
@@ -125,9 +128,8 @@ class GatewayCore:
         self.credentials_changed = credentials_changed
         self.join = join
         self.name = name
-        queues: Optional[Queues] = flow.queues
-        self.follower = Follower(queues, REPLICA_WAIT) if queues is not None else None  # type: ignore[arg-type]
-        self.offers = Offers(queues) if queues is not None else None  # type: ignore[arg-type]
+        self.follower = Follower(queues, REPLICA_WAIT) if queues is not None else None
+        self.offers = Offers(queues) if queues is not None else None
         #: the standbys copied to, and the answers held for them
         self.replicas = Replicas(REPLICA_WAIT)
         self.copies: dict[UUID, _Transfer] = {}
