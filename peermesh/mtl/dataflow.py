@@ -47,6 +47,16 @@ Time: ``tick(now)`` sends Ping to every link not heard from for
 (its lease survives ``lease_ttl`` more seconds, so a client can reconnect
 and present it again) and forgets unbound leases past their expiry. It
 returns the next time it wants to be called.
+
+On the core contract (``peermesh.core``): ``receive(identity, frames, now)``
+takes one command and returns what it asks for as outputs (``Send`` on the
+data mailbox, ``Deliver`` of a mesh action); ``handle_timer`` is ``tick`` and
+a ``flush``; ``next_deadline`` is None while no lease is granted;
+``end_batch`` commits a batch (``flush``) and returns the Confirms and
+contents that waited for it, with what ``outgoing`` gathered
+(``Deliver(MeshShouts)``). ``take_command`` is the hot path of a driver that
+takes the outputs once per batch (``peermesh.mtl.gatewaycore``). The older
+surface (``handle``, ``tick``, ``flush``, ``take``) stays.
 """
 
 from __future__ import annotations
