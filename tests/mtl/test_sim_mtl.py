@@ -26,7 +26,7 @@ from peermesh.zre.node import Node
 
 from gatewayhelp import default_users
 
-TIMING = dict(interval=0.1, evasive=0.3, silent=0.5, expired=1.0)
+TIMING: dict[str, Any] = dict(interval=0.1, evasive=0.3, silent=0.5, expired=1.0)
 
 
 class Mesh:
@@ -188,6 +188,7 @@ def test_the_standby_delivers_what_the_lost_gateway_confirmed(mesh: Mesh) -> Non
     mesh.until("the writer's Confirm of everything", lambda: any(
         isinstance(c, Confirm) and c.multiple and c.sequence >= last for c in writer.inbox),
         20.0)
+    assert standby.node is not None
     assert standby.replicas == frozenset() and serving.replicas == {standby.node.uuid}
 
     reader = mesh.client("reader", serving.control_endpoint)
