@@ -108,21 +108,23 @@ class Driver:
 
     # --- reading --------------------------------------------------------
 
-    def listen(self, mailbox: Mailbox, metadata: Optional[str] = None) -> None:
+    def listen(self, mailbox: Mailbox, metadata: Optional[str] = None,
+               backpressure: Any = None) -> None:
         """Serve ``mailbox``: its messages go to the core, named by sender identity; with
         ``metadata`` (a ZeroMQ message property, such as a CURVE peer's ``User-Id``) named
-        ``(identity, property)`` instead (``Send`` still names the identity)."""
+        ``(identity, property)`` instead (``Send`` still names the identity). With
+        ``backpressure`` (see ``HubSocket.serve``), reading pauses while it is full."""
         self.mailbox = mailbox
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
         if hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         if metadata is None:
-            self._spawn(mailbox.serve, self._on_message, self._on_oversized, None,
+            self._spawn(mailbox.serve, self._on_message, self._on_oversized, backpressure,
                         after_batch=self._after_batch)
         else:
             def on_message(identity: bytes, frames: list[bytes], prop: Any) -> None:
                 self._on_message((identity, prop), frames)
-            self._spawn(mailbox.serve, on_message, self._on_oversized, None,
+            self._spawn(mailbox.serve, on_message, self._on_oversized, backpressure,
                         metadata=metadata, after_batch=self._after_batch)
         self._rearm()
 

@@ -95,7 +95,9 @@ user. SASL PLAIN, which sends the password, is offered by default only
 then (``plain=None``); ``plain=True`` offers it on a plain link too.
 
 Bounds: at most ``MAX_QUEUED`` mesh events wait for the mesh greenlet (more
-are dropped: shouts are best effort, a handover is sent again); a control
+are dropped: shouts are best effort, a handover is sent again); while
+``MAX_PENDING`` items of work for the node wait (a batch's shouts into one
+group, a whisper: a slow mesh peer), the data mailbox is not read; a control
 request is at most ``MAX_REQUEST`` + 1 KiB (libzmq drops
 a peer that sends more: ``MAXMSGSIZE``) and of at most 4 frames; a data
 command at most ``max_content`` bytes (default 16 MiB) and 2 frames; a
@@ -159,6 +161,38 @@ SNDHWM = 10_000
 #: mesh events (shouts, handovers) waiting for the core; beyond, new ones are dropped
 MAX_QUEUED = 100_000
 _MESH_BATCH = 256      # mesh events fed to the core at once
+#: what the core asked of the node (a batch's shouts into one group, a whisper, a join)
+#: waiting for the mesh greenlet, at most; beyond, the data mailbox is not read until
+#: there is room (a slow mesh peer holds writers up, as their own queues fill)
+MAX_PENDING = 64
+
+
+class _Room:
+    """The data mailbox's backpressure (``HubSocket.serve``): full while ``MAX_PENDING``
+    items of the node's work wait."""
+
+    def __init__(self, pending: "deque[Any]") -> None:
+        self.pending = pending
+        self.event = gevent.event.Event()
+
+    def full(self) -> bool:
+        return len(self.pending) >= MAX_PENDING
+
+    def wait_room(self) -> None:
+        while len(self.pending) >= MAX_PENDING:
+            self.event.clear()
+            self.event.wait()
+
+    def freed(self) -> None:
+        """The mesh greenlet took some: a paused reader may go on."""
+        if len(self.pending) < MAX_PENDING:
+            self.event.set()
+
+    def hold(self) -> None:
+        """(Nothing to hold: the mesh greenlet is woken per item.)"""
+
+    def release(self) -> None:
+        """(See ``hold``.)"""
 
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
@@ -249,6 +283,7 @@ class Gateway(Overlay):
         self._mesh_in: deque[tuple[Any, list[bytes]]] = deque()   # node events for the core
         self._mesh_out: deque[Any] = deque()    # whispers, shouts, joins for the node
         self._wake = gevent.event.Event()
+        self._room = _Room(self._mesh_out)
         self._mesh: Optional[gevent.Greenlet] = None
         self._dropped_logged = 0.0
 
@@ -312,7 +347,7 @@ class Gateway(Overlay):
             on_batch_end=core.end_batch, name=f"{name} data")
         self._drivers = [control_driver, data_driver]
         control_driver.listen(self._sockets[0], "Peer-Address")
-        data_driver.listen(self._sockets[1])
+        data_driver.listen(self._sockets[1], backpressure=self._room)
         data_driver.apply(core.start(transport.now()))
         node.add_listener(self._on_node_event)
         self.tracker.start()
@@ -498,6 +533,7 @@ class Gateway(Overlay):
                                         for _ in range(min(len(mesh_in), _MESH_BATCH))])
             while mesh_out:
                 self._on_mesh(mesh_out.popleft())
+            self._room.freed()
             if mesh_in:
                 gevent.sleep(0)   # (more waits: what else is ready runs first)
 
