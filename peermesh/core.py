@@ -54,8 +54,18 @@ SADA ``RequestRouter``        ``receive(link, frames, now)`` takes a server's re
 ``FluxCore``                  already returns ``list[Output]``; ``timer(now)`` is
                               ``handle_timer`` and its deadline attribute
                               ``next_deadline()``; its outputs map one to one.
-MTL ``DataFlow``              its outboxes drained by ``take()`` are the returned list;
-                              ``tick`` splits like ZRE's; durable queues become a port.
+MTL ``DataFlow``              ``receive`` takes a data command and returns its sends
+                              (``Send``) and mesh actions (``Deliver``); ``handle_timer``
+                              is ``tick`` (heartbeats, dead links, expiry) and a commit;
+                              the durable queues are a port (``Queues``).
+MTL ``ControlFlow``           ``receive((identity, address), frames, now)`` takes a REQ
+                              envelope, the reply is one ``Send``; ``handle_timer``
+                              forgets idle sessions.
+MTL ``GatewayCore``           the gateway's data side: ``DataFlow`` and the copies between
+                              gateways (MTL-HANDOFF, MTL-REPL, MTL-MARK ...: whispers
+                              as ``Deliver``); it answers once per batch
+                              (``end_batch``, the driver's ``on_batch_end``), holding
+                              ``confirm: full`` answers for a replica's mark.
 ============================  ==========================================================
 
 ``Outputs`` is the small helper a core may inherit to collect what it

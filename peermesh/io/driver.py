@@ -39,6 +39,11 @@ frames, error)`` is told of a send with no way out (the link gone, a mailbox pee
 unreachable) instead of only dropping it, and ``on_oversized(first)`` of a message over
 the limits read and dropped (its first frame: on a mailbox, the sender's identity).
 
+Two more serve a core fed from elsewhere too: ``on_batch_end(now)`` is called after
+each batch read (its outputs applied after the batch's: a core that commits once per
+batch, as the MTL gateway's), and ``feed(messages)`` hands the core messages that
+did not come through the transport (a node's events) as one batch.
+
 The owner may also call ``apply(outputs)`` with what a core method called from
 outside returned (an NFP ``post``, say), and ``close()`` ends it all.
 """
@@ -47,7 +52,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 import gevent
 import gevent.event
@@ -77,8 +82,10 @@ class Driver:
                  name: str = "driver",
                  on_send_failed: Optional[Callable[[Hashable, Sequence[bytes],
                                                     BaseException], None]] = None,
-                 on_oversized: Optional[Callable[[bytes], None]] = None) -> None:
+                 on_oversized: Optional[Callable[[bytes], None]] = None,
+                 on_batch_end: Optional[Callable[[float], Sequence[Output]]] = None) -> None:
         self.core = core
+        self.on_batch_end = on_batch_end
         self.transport = transport
         self.on_deliver = on_deliver
         self.on_event = on_event
@@ -101,21 +108,23 @@ class Driver:
 
     # --- reading --------------------------------------------------------
 
-    def listen(self, mailbox: Mailbox, metadata: Optional[str] = None) -> None:
+    def listen(self, mailbox: Mailbox, metadata: Optional[str] = None,
+               backpressure: Any = None) -> None:
         """Serve ``mailbox``: its messages go to the core, named by sender identity; with
         ``metadata`` (a ZeroMQ message property, such as a CURVE peer's ``User-Id``) named
-        ``(identity, property)`` instead (``Send`` still names the identity)."""
+        ``(identity, property)`` instead (``Send`` still names the identity). With
+        ``backpressure`` (see ``HubSocket.serve``), reading pauses while it is full."""
         self.mailbox = mailbox
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
         if hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         if metadata is None:
-            self._spawn(mailbox.serve, self._on_message, self._on_oversized, None,
+            self._spawn(mailbox.serve, self._on_message, self._on_oversized, backpressure,
                         after_batch=self._after_batch)
         else:
             def on_message(identity: bytes, frames: list[bytes], prop: Any) -> None:
                 self._on_message((identity, prop), frames)
-            self._spawn(mailbox.serve, on_message, self._on_oversized, None,
+            self._spawn(mailbox.serve, on_message, self._on_oversized, backpressure,
                         metadata=metadata, after_batch=self._after_batch)
         self._rearm()
 
@@ -145,9 +154,23 @@ class Driver:
 
     def _after_batch(self) -> None:
         held, self._held = self._held, None
+        if self.on_batch_end is not None and not self.closed:
+            more = self.on_batch_end(self.transport.now())
+            if more:
+                if held:
+                    held += more
+                else:
+                    held = more if type(more) is list else list(more)
         if held:
             self.apply(held)
         self._rearm()
+
+    def feed(self, messages: Iterable[tuple[Hashable, list[bytes]]]) -> None:
+        """Hand the core ``messages`` (link, frames) that came another way, as one batch
+        (``receive`` each, then as after a batch read)."""
+        for link, frames in messages:
+            self._on_message(link, frames)
+        self._after_batch()
 
     # --- outputs --------------------------------------------------------
 

@@ -203,7 +203,8 @@ class ZmqTransport:
                      on_revoked: Optional[Callable[[frozenset[str]], None]] = None,
                      keepalive: bool = False, keep: Optional[Callable[[bytes], bool]] = None,
                      max_unknown: Optional[int] = None, inproc: Optional[str] = None,
-                     heartbeat: bool = True) -> Any:
+                     heartbeat: bool = True, security: Optional[Curve] = None,
+                     hwm: Optional[int] = None, max_frames: Optional[int] = None) -> Any:
         """A ROUTER mailbox at ``endpoint`` if given (``BindError`` if it cannot
         listen there), else on a random port of ``address``; messages over
         ``max_message`` bytes in all are oversized (one frame over it: cut off).
@@ -231,6 +232,9 @@ class ZmqTransport:
         CURVE handshake inside the process). Without ``heartbeat``, neither heartbeats
         nor keepalive probes: for a protocol that finds its dead peers itself (NFP's
         keepalive), whose connections then cost libzmq no heartbeat timer per message.
+        ``security``: the mailbox's own CURVE server keys instead of the transport's (the
+        MTL gateway admits any client key); ``hwm``: the ROUTER's send and receive queues
+        (messages); ``max_frames``: a message of more frames is oversized.
         """
         options: dict[int, Union[int, bytes]] = {
             zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
@@ -245,7 +249,10 @@ class ZmqTransport:
         else:
             options.update({zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
                             zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))})
-        router = make_socket(zmq.ROUTER, options, self.context, curve=self.curve)
+        if hwm is not None:
+            options.update({zmq.SNDHWM: hwm, zmq.RCVHWM: hwm})
+        router = make_socket(zmq.ROUTER, options, self.context,
+                             curve=security if security is not None else self.curve)
         try:
             endpoint = bind(router, endpoint) if endpoint else bind_ephemeral(router, address)
             if inproc is not None:
@@ -253,7 +260,7 @@ class ZmqTransport:
         except BaseException:
             router.close(linger=0)
             raise
-        mailbox = HubSocket(router, endpoint=endpoint, limit=max_message)
+        mailbox = HubSocket(router, endpoint=endpoint, limit=max_message, max_frames=max_frames)
         if max_connections is not None:
             policy = ConnectionPolicy(max_connections, max_per_address, max_unknown=max_unknown)
         if policy is None:

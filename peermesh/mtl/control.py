@@ -35,6 +35,13 @@ Open and before a profile, 401 before authentication). Further rules:
 
 Sessions are kept at most ``max_sessions``; ``expire(now)`` forgets
 sessions idle for ``session_idle`` seconds that hold no lease.
+
+On the core contract (``peermesh.core``), under the control mailbox's driver:
+``receive((identity, peer address), frames, now)`` takes a REQ envelope (the
+empty delimiter and two frames; anything else is dropped) and returns the
+reply as one ``Send``; while ``serving`` is false every request is answered
+503 naming ``elsewhere()``, the gateway serving now. ``handle_timer`` is
+``expire``, every ``EXPIRE_EVERY`` seconds while there are sessions.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from ..core import Output, Send
 from ..errors import ProtocolError
 from ..wire.mtl import (PROTOCOL_NAME, PROTOCOL_VERSION, Authorize, Challenged, DataLease,
                         Direction, Failure, InvalidRequest, LeaseRequest, Ok, Open, Ready, Reply,
@@ -62,6 +70,8 @@ log = logging.getLogger(__name__)
 ANONYMOUS = "ANONYMOUS"
 #: the credentials entry whose grants an ANONYMOUS client gets
 ANONYMOUS_USER = "anonymous"
+#: seconds between two looks for idle sessions
+EXPIRE_EVERY = 1.0
 
 
 class State(enum.Enum):
@@ -99,8 +109,12 @@ class ControlFlow:
                  plain: bool = False, anonymous: bool = False,
                  session_lifetime: Optional[float] = None, session_idle: float = 300.0,
                  max_sessions: int = 10_000, max_leases: int = 64,
-                 gateways: Callable[[], tuple[str, ...]] = tuple) -> None:
+                 gateways: Callable[[], tuple[str, ...]] = tuple,
+                 unix_offset: float = 0.0) -> None:
+        """``unix_offset``: seconds to add to ``now`` to read Unix time (users expire at a
+        Unix time): the gateway's cores run on its transport's clock."""
         self.authenticator = authenticator
+        self.unix_offset = unix_offset
         self.data = data
         #: virtual host -> the mesh-group prefix of its resources
         self.virtual_hosts = {"/": ""} if virtual_hosts is None else dict(virtual_hosts)
@@ -121,6 +135,38 @@ class ControlFlow:
         self.sessions: dict[bytes, ControlSession] = {}
         #: authentications by outcome: ``ok``, ``failed``, ``throttled`` (the metrics' logins)
         self.logins = {"ok": 0, "failed": 0, "throttled": 0}
+        #: False while another gateway serves: requests are answered 503 naming ``elsewhere()``
+        self.serving = True
+        self.elsewhere: Callable[[], Optional[str]] = lambda: None
+        self._deadline: Optional[float] = None
+
+    # --- the core contract (``peermesh.core``) ------------------------------------
+
+    def receive(self, link: Any, frames: list[bytes], now: float) -> list[Output]:
+        """One message of the control mailbox: ``link`` is ``(identity, peer address)``
+        (or the identity alone), ``frames`` a REQ envelope; the reply, if any."""
+        identity, address = link if type(link) is tuple else (link, "")
+        if len(frames) != 3 or frames[0]:
+            return []  # not a REQ envelope: dropped
+        if self.serving:
+            reply = self.handle(identity, address or "", frames[1:], now)
+        else:
+            reply = encode_reply(Failure(
+                Status.SERVICE_UNAVAILABLE,
+                f"not the elected gateway; use {self.elsewhere() or 'none yet'}"))
+        if self._deadline is None:
+            self._deadline = now + EXPIRE_EVERY
+        return [Send(identity, [b"", *reply])] if reply is not None else []
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """``expire``; nothing to send."""
+        self.expire(now)
+        self._deadline = now + EXPIRE_EVERY if self.sessions else None
+        return []
+
+    def next_deadline(self) -> Optional[float]:
+        """When idle sessions are next looked for (None: there are none)."""
+        return self._deadline
 
     # --- requests ---------------------------------------------------------------
 
@@ -164,7 +210,7 @@ class ControlFlow:
         if self.session_lifetime is not None \
                 and now - session.authenticated > self.session_lifetime:
             return False
-        return self.authenticator.credentials.still_valid(session.user, now)
+        return self.authenticator.credentials.still_valid(session.user, now + self.unix_offset)
 
     def _revoke(self, session: ControlSession) -> None:
         for token in session.leases:
@@ -204,16 +250,16 @@ class ControlFlow:
             return Unauthorized(self.mechanisms, f"mechanism {request.mechanism!r} not offered")
         if mechanism == ANONYMOUS:
             user = self.authenticator.credentials.user(ANONYMOUS_USER)
-            if user is None or user.expired(now):
+            if user is None or user.expired(now + self.unix_offset):
                 self._unauthenticate(session)
                 return Unauthorized(self.mechanisms, "anonymous access has no grants")
             return self._authenticated(session, user, now)
         exchange = session.exchange
         if exchange is None or session.state is not State.CHALLENGED \
                 or exchange.mechanism != mechanism:
-            exchange = session.exchange = self.authenticator.begin(mechanism, session.address,
-                                                                   now)
-        step = exchange.respond(request.response, now)
+            exchange = session.exchange = self.authenticator.begin(
+                mechanism, session.address, now + self.unix_offset)
+        step = exchange.respond(request.response, now + self.unix_offset)
         if step.challenge is not None:
             if session.state is not State.CHALLENGED:
                 # a re-authentication under way: no leases until it finishes

@@ -47,6 +47,16 @@ Time: ``tick(now)`` sends Ping to every link not heard from for
 (its lease survives ``lease_ttl`` more seconds, so a client can reconnect
 and present it again) and forgets unbound leases past their expiry. It
 returns the next time it wants to be called.
+
+On the core contract (``peermesh.core``): ``receive(identity, frames, now)``
+takes one command and returns what it asks for as outputs (``Send`` on the
+data mailbox, ``Deliver`` of a mesh action); ``handle_timer`` is ``tick`` and
+a ``flush``; ``next_deadline`` is None while no lease is granted;
+``end_batch`` commits a batch (``flush``) and returns the Confirms and
+contents that waited for it, with what ``outgoing`` gathered
+(``Deliver(MeshShouts)``). ``take_command`` is the hot path of a driver that
+takes the outputs once per batch (``peermesh.mtl.gatewaycore``). The older
+surface (``handle``, ``tick``, ``flush``, ``take``) stays.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol, Union
 
+from ..core import Deliver, Output, Send
 from ..errors import ProtocolError
 from ..wire.mtl import (COMMAND_HEAD_SIZE, CONTENT_TYPE, EMPTY_TABLE, PING_FRAMES,
                         PONG_FRAMES, Confirm, Content, Direction, Dismiss, Lease, Ping, Reject,
@@ -67,8 +78,8 @@ from .profiles import Profile
 if TYPE_CHECKING:
     from .credentials import User
 
-__all__ = ["DataFlow", "Grant", "LeaseLink", "Queues", "MeshShout", "MeshJoin", "MeshLeave",
-           "MeshAction"]
+__all__ = ["DataFlow", "Grant", "LeaseLink", "Queues", "MeshShout", "MeshShouts", "MeshJoin",
+           "MeshLeave", "MeshAction"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +88,12 @@ _PONG = PONG_FRAMES
 _HEAD = COMMAND_HEAD_SIZE
 _EMPTY_TABLE = EMPTY_TABLE
 _PEER_TABLES_MAX = 1024
+_NOTHING: list[Output] = []    # (what ``take_command`` returns: never appended to)
+
+
+def _other(link: Any, frames: list[bytes], now: float) -> list[Output]:
+    log.debug("a message on %r, no data connection: dropped", link)
+    return _NOTHING
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +116,14 @@ class MeshLeave:
     """Leave mesh group ``group`` (no local reader left)."""
 
     group: str
+
+
+@dataclass(frozen=True, slots=True)
+class MeshShouts:
+    """Shout each of ``bodies`` into mesh group ``group`` (one SHOUT each, in order)."""
+
+    group: str
+    bodies: list[bytes]
 
 
 MeshAction = Union[MeshShout, MeshJoin, MeshLeave]
@@ -172,6 +197,9 @@ class DataFlow:
         #: contents taken from writers, and sent to readers (``mtl_contents_total``)
         self.received = 0
         self.delivered = 0
+        self._deadline: Optional[float] = None   # the next ``tick`` (None: nothing to watch)
+        #: what takes messages on links that are no data connection (see ``take_command``)
+        self.other: Callable[[Any, list[bytes], float], list[Output]] = _other
 
     # --- leases (from the control flow) -------------------------------------
 
@@ -189,6 +217,8 @@ class DataFlow:
         grant = Grant(token, session, user, profile, namespace, direction, resources, confirm,
                       now + self.lease_ttl)
         self.grants[token] = grant
+        if self._deadline is None:
+            self._deadline = now + self.heartbeat
         return grant
 
     def revoke(self, token: str) -> None:
@@ -217,41 +247,48 @@ class DataFlow:
         """Take data commands ``(identity, frames)`` in order, as read from the data
         socket (frames None: over its limits, dropped). A command that raises (a bug) is
         logged; the others are still taken."""
-        links = self.links
-        readers = self.readers
-        outgoing = self.outgoing
-        passed = 0
+        take = self.take_command
         for identity, frames in batch:
-            if frames is None:
-                continue
-            link = links.get(identity)
-            if link is not None:
-                link.heard = now
-                passthrough = link.passthrough
-                if passthrough and len(frames) == 2:
-                    # the hot path: unconfirmed content to a resource this link wrote
-                    # before, without properties: routed on the header's bytes, nothing
-                    # decoded; into a mesh group with no local reader, straight to
-                    # ``outgoing``
-                    header, body = frames
-                    key = passthrough.get(header[_HEAD:]) \
-                        if header[:1] == CONTENT_TYPE and len(header) > _HEAD else None
-                    if key is not None and type(body) is bytes:
-                        passed += 1
-                        if outgoing is not None and key[0] == "mesh" and key not in readers:
-                            bodies = outgoing.get(key[1])
-                            if bodies is None:
-                                outgoing[key[1]] = [body]
-                            else:
-                                bodies.append(body)
+            if frames is not None:
+                take(identity, frames, now)
+
+    def take_command(self, identity: Any, frames: list[bytes], now: float) -> list[Output]:
+        """Take one data command from the connection ``identity`` (what it asks for waits
+        in ``sends`` and ``actions``; a command that raises, a bug, is logged); returns
+        nothing (an empty list). A message on a link that is no connection (not ``bytes``)
+        goes to ``other(link, frames, now)``. The ``receive`` of a core that takes the
+        outputs once per batch (``peermesh.mtl.gatewaycore``): the hot path."""
+        if type(identity) is not bytes:
+            return self.other(identity, frames, now)
+        link = self.links.get(identity)
+        if link is not None:
+            link.heard = now
+            passthrough = link.passthrough
+            if passthrough and len(frames) == 2:
+                # the hot path: unconfirmed content to a resource this link wrote
+                # before, without properties: routed on the header's bytes, nothing
+                # decoded; into a mesh group with no local reader, straight to
+                # ``outgoing``
+                header, body = frames
+                key = passthrough.get(header[_HEAD:]) \
+                    if header[:1] == CONTENT_TYPE and len(header) > _HEAD else None
+                if key is not None and type(body) is bytes:
+                    self.received += 1
+                    outgoing = self.outgoing
+                    if outgoing is not None and key[0] == "mesh" and key not in self.readers:
+                        bodies = outgoing.get(key[1])
+                        if bodies is None:
+                            outgoing[key[1]] = [body]
                         else:
-                            self.route(key, body, None, _EMPTY_TABLE)
-                        continue
-            try:
-                self._command(identity, link, frames, now)
-            except Exception:
-                log.exception("handling a data command from %r failed", identity[:16])
-        self.received += passed
+                            bodies.append(body)
+                    else:
+                        self.route(key, body, None, _EMPTY_TABLE)
+                    return _NOTHING
+        try:
+            self._command(identity, link, frames, now)
+        except Exception:
+            log.exception("handling a data command from %r failed", identity[:16])
+        return _NOTHING
 
     def _command(self, identity: bytes, link: Optional[LeaseLink], frames: list[bytes],
                  now: float) -> None:
@@ -483,6 +520,7 @@ class DataFlow:
         for token, grant in list(self.grants.items()):
             if grant.link is None and grant.expires <= now:
                 del self.grants[token]
+        self._deadline = now + self.heartbeat if self.grants or self.links else None
         return now + self.heartbeat
 
     def flush(self) -> bool:
@@ -495,6 +533,45 @@ class DataFlow:
         sends, actions = self.sends, self.actions
         self.sends, self.actions = [], []
         return sends, actions
+
+    # --- the core contract (``peermesh.core``) ------------------------------------
+
+    def receive(self, link: bytes, frames: list[bytes], now: float) -> list[Output]:
+        """One data command from the connection ``link``; what to send and do now (the
+        batch's commit, and the answers that wait for it, come from ``end_batch``)."""
+        self.take_command(link, frames, now)
+        return self.outputs() if self.sends or self.actions else []
+
+    def end_batch(self, now: float) -> list[Output]:
+        """A batch of commands was taken: commit (``flush``); what to send and do."""
+        self.flush()
+        return self.outputs(shouts=True)
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """``tick`` and ``flush``; what to send and do."""
+        self.tick(now)
+        self.flush()
+        return self.outputs(shouts=True)
+
+    def next_deadline(self) -> Optional[float]:
+        """When ``handle_timer`` is next due (None while no lease is granted)."""
+        return self._deadline
+
+    def outputs(self, shouts: bool = False) -> list[Output]:
+        """What ``take`` gives, as core outputs: with ``shouts`` first what ``outgoing``
+        gathered (``Deliver(MeshShouts)``), then ``Send(identity, frames)`` for the data
+        mailbox, then ``Deliver(action)`` for the mesh."""
+        out: list[Output] = []
+        outgoing = self.outgoing
+        if shouts and outgoing:
+            out += [Deliver(MeshShouts(group, bodies)) for group, bodies in outgoing.items()]
+            outgoing.clear()
+        sends, actions = self.take()
+        if sends:
+            out += [Send(identity, frames) for identity, frames in sends]
+        if actions:
+            out += [Deliver(action) for action in actions]
+        return out
 
 
 ANY = object()

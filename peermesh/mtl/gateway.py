@@ -61,29 +61,31 @@ the batch's mark. So a writer's Confirm means the content is committed on two
 gateways, and an answered Ping means what the reader confirmed before it is
 deleted on both. A replica that does not acknowledge within ``REPLICA_WAIT``
 (or leaves) stops being one (``MTL-RESYNC``); with no replica left, answers
-go after the local commit alone. The state and decisions of both sides are
-sans-io cores in ``peermesh.mtl.replication``: ``Replicas`` (which standbys
-are replicas, the marks, the held answers), ``Follower`` (a standby's copy:
-what it stores, when it is complete, broken or stalled) and ``Offers`` (what
-is offered, and whether a batch may be acknowledged); the gateway whispers
-and sends what they decide.
+go after the local commit alone. Both sides are one sans-io core,
+``GatewayCore`` (``peermesh.mtl.gatewaycore``: the offering, the copies and
+their deadlines), with the parts in ``peermesh.mtl.replication``:
+``Replicas`` (which standbys are replicas, the marks, the held answers),
+``Follower`` (a standby's copy: what it stores, when it is complete, broken
+or stalled) and ``Offers`` (what is offered, and whether a batch may be
+acknowledged); the gateway whispers and sends what the core returns.
 
-Greenlets on the node's hub, each a thin loop around the sans-io cores:
+The gateway is a thin shell around sans-io cores, on the node's transport
+(its sockets and its clock; users expire at a Unix time, see
+``peermesh.mtl.clock``) and the one driver (``peermesh.io.driver.Driver``):
 
-* control reader: each batch of requests -> ``ControlFlow.handle``, the
-  reply sent at once (the core decides; the driver only strips and adds
-  the ROUTER identity and REQ's empty delimiter);
-* data reader: each batch of commands -> ``DataFlow.handle``, then
-  ``DataFlow.flush`` (one store commit per batch: the group commit behind
-  ``confirm: full``), then the sends and mesh actions;
-* mesh: the group shouts and gateway whispers the node hears (a listener
-  queues them, in order) -> ``DataFlow.shouted``, the store, the marks; a
-  flush per batch (then the handovers are acknowledged);
-* join (a standby: offer, then ask for a copy) and one copy per standby
-  being copied (while serving): see above;
-* timer: ``DataFlow.tick`` (heartbeats, dead links, lease expiry),
-  ``ControlFlow.expire``, and a credentials-file check every second (users
-  changed: their leases are revoked, their sessions answered 401).
+* the control mailbox's driver serves ``ControlFlow`` (each request with its
+  sender's address, for throttling): the reply goes back at once;
+* the data mailbox's driver serves ``GatewayCore``
+  (``peermesh.mtl.gatewaycore``): the ``DataFlow`` and the copies between
+  gateways; after each batch it commits once (the group commit behind
+  ``confirm: full``) and returns the sends, whispers and mesh actions;
+* the node's shouts and the gateways' whispers are queued (a listener may run
+  on the hub) and fed to the same driver in batches; the whispers, shouts,
+  joins and leaves the core asks for are done by one greenlet, since the
+  node's sends may wait for room;
+* the core's timer (heartbeats, dead links, lease expiry, slow replicas,
+  asking for a copy again, the credentials file every second) runs on the
+  driver's clock.
 
 On keys: on a node with keys (CURVE) both ROUTERs are CURVE servers with the
 node's keypair, so clients need only the gateway's public key. They admit
@@ -93,7 +95,9 @@ user. SASL PLAIN, which sends the password, is offered by default only
 then (``plain=None``); ``plain=True`` offers it on a plain link too.
 
 Bounds: at most ``MAX_QUEUED`` mesh events wait for the mesh greenlet (more
-are dropped: shouts are best effort, a handover is sent again); a control
+are dropped: shouts are best effort, a handover is sent again); while
+``MAX_PENDING`` items of work for the node wait (a batch's shouts into one
+group, a whisper: a slow mesh peer), the data mailbox is not read; a control
 request is at most ``MAX_REQUEST`` + 1 KiB (libzmq drops
 a peer that sends more: ``MAXMSGSIZE``) and of at most 4 frames; a data
 command at most ``max_content`` bytes (default 16 MiB) and 2 frames; a
@@ -101,9 +105,6 @@ peer's send queue holds ``SNDHWM`` messages (beyond that ROUTER drops, so
 a stalled client never stalls the gateway). Sessions, leases and links are
 bounded by the cores.
 
-Kept whole: one driver (``Gateway``): its greenlets drive the control, data and
-replication cores, which share one store and one commit (an answer waits for a replica's
-mark).
 """
 
 from __future__ import annotations
@@ -111,36 +112,36 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from uuid import UUID
 
 import gevent
 import gevent.event
-import zmq
 
+from ..core import Output, Send
 from ..counters import Counters
 from ..events import Event, EventType
-from ..io import HubSocket, bind, bind_ephemeral, make_socket, shared_context
-from ..io.connections import GuardedListener
+from ..io.connections import default_policy
 from ..io.curve import Curve, shared_allowlist
-from ..io.socket import BATCH
+from ..io.driver import Driver
+from ..io.transport import Mailbox
 from ..overlay import Overlay, PeerNetworks, header_endpoint
 from ..overlay.broker import BrokerTracker
 from ..overlay.election import Change
-from ..errors import PeermeshError, ProtocolError
+from ..errors import PeermeshError
 from ..wire import mtl_replication as repl
-from ..wire.mtl import MAX_REQUEST, Failure, Status, encode_reply
+from ..wire.mtl import MAX_REQUEST
 from ..wire.mtl_replication import (  # (the kinds are importable from here too, as before)
     FORGET, HANDOFF, HANDOFF_END, HANDOFF_OK, MARK, MARK_OK, REPL, RESYNC, SYNC, Forget,
     Handoff, HandoffEnd, HandoffOk, Mark, MarkOk, Repl, Resync, Sync,
 )
+from .clock import unix_offset
 from .control import ControlFlow
 from .credentials import Authenticator, CredentialsError, CredentialsFile
-from .dataflow import DataFlow, MeshAction, MeshJoin, MeshShout
+from .dataflow import DataFlow, MeshJoin, MeshLeave, MeshShout, MeshShouts
 from .delivery import DurableQueues
-from .replication import Follower, Offers, Replicas
+from .gatewaycore import HANDOFF_BATCH, REPLICA_WAIT, GatewayCore, Shouted, Whisper
 from .store import ContentStore, open_gateway_store
 
 if TYPE_CHECKING:
@@ -157,27 +158,41 @@ GATEWAY_HEADER = "X-PM-MTL-GATEWAY"
 RUNS = ("always", "elected")
 MAX_CONTENT = 16 * 1024 * 1024
 SNDHWM = 10_000
-_REFRESH_EVERY = 1.0
-#: whispers between gateways (``peermesh.wire.mtl_replication``) handled on the mesh greenlet
-_QUEUED_KINDS = repl.KINDS - {HANDOFF_OK}
-#: contents per offered or copied batch
-HANDOFF_BATCH = 256
-#: seconds a batch, a mark or a copy under way may go unanswered
-REPLICA_WAIT = 10.0
-_FORGET_MAX = 4096     # content ids per MTL-FORGET
-COPY_BATCH = 256       # contents per MTL-REPL
-COPY_BYTES = 4 * 1024 * 1024   # octets per MTL-REPL, roughly (one content may pass it)
-#: mesh events (shouts, handovers) waiting for the mesh greenlet; beyond, new ones are dropped
+#: mesh events (shouts, handovers) waiting for the core; beyond, new ones are dropped
 MAX_QUEUED = 100_000
+_MESH_BATCH = 256      # mesh events fed to the core at once
+#: what the core asked of the node (a batch's shouts into one group, a whisper, a join)
+#: waiting for the mesh greenlet, at most; beyond, the data mailbox is not read until
+#: there is room (a slow mesh peer holds writers up, as their own queues fill)
+MAX_PENDING = 64
 
 
-def _replication(frames: Sequence[bytes]) -> Optional[repl.ReplicationMessage]:
-    """The replication message in a whisper from another gateway; None if ill-formed
-    (ignored: only gateways send these)."""
-    try:
-        return repl.decode(frames)
-    except ProtocolError:
-        return None
+class _Room:
+    """The data mailbox's backpressure (``HubSocket.serve``): full while ``MAX_PENDING``
+    items of the node's work wait."""
+
+    def __init__(self, pending: "deque[Any]") -> None:
+        self.pending = pending
+        self.event = gevent.event.Event()
+
+    def full(self) -> bool:
+        return len(self.pending) >= MAX_PENDING
+
+    def wait_room(self) -> None:
+        while len(self.pending) >= MAX_PENDING:
+            self.event.clear()
+            self.event.wait()
+
+    def freed(self) -> None:
+        """The mesh greenlet took some: a paused reader may go on."""
+        if len(self.pending) < MAX_PENDING:
+            self.event.set()
+
+    def hold(self) -> None:
+        """(Nothing to hold: the mesh greenlet is woken per item.)"""
+
+    def release(self) -> None:
+        """(See ``hold``.)"""
 
 
 def parse_gateway_header(raw: Optional[str]) -> Optional[str]:
@@ -254,27 +269,23 @@ class Gateway(Overlay):
         self.store: Optional[ContentStore] = None
         self.data: Optional[DataFlow] = None
         self.control: Optional[ControlFlow] = None
+        #: the data side's core: the data flow and the copies between gateways
+        self.core: Optional[GatewayCore] = None
         #: whether this gateway serves now (always, or while elected)
         self.active = run == "always"
         self._peers: dict[UUID, str] = {}       # peer -> its gateway's control endpoint
         #: refusals by limit: ``peer_networks`` (gateways' endpoints outside them)
         self.limits = Counters(log, "MTL gateway hit its limits")
         self.peer_networks = PeerNetworks(peer_networks, self.limits)
-        self._sockets: list[GuardedListener] = []
-        self._greenlets: list[gevent.Greenlet] = []
-        self._shouts: deque[Event] = deque()
-        self._shouted = gevent.event.Event()
+        self._sockets: list[Mailbox] = []
+        self._drivers: list[Driver] = []
+        self._data_driver: Optional[Driver] = None
+        self._mesh_in: deque[tuple[Any, list[bytes]]] = deque()   # node events for the core
+        self._mesh_out: deque[Any] = deque()    # whispers, shouts, joins for the node
+        self._wake = gevent.event.Event()
+        self._room = _Room(self._mesh_out)
+        self._mesh: Optional[gevent.Greenlet] = None
         self._dropped_logged = 0.0
-        # standby: joining the serving gateway, then copying from it
-        self._joining: Optional[gevent.Greenlet] = None
-        self._handoff_peer: Optional[UUID] = None
-        self._acked = 0                           # highest id the serving one took
-        self._follower: Optional[Follower] = None   # the copy from the serving one
-        self._offers: Optional[Offers] = None     # what other gateways offer this one
-        # serving: the standbys copied to
-        self._replicas = Replicas(REPLICA_WAIT)   # and the answers held for them
-        self._copies: dict[UUID, gevent.Greenlet] = {}
-        self._answer = gevent.event.Event()       # replaced (after set) on each answer
 
     # --- the overlay contract -----------------------------------------------------
 
@@ -285,63 +296,70 @@ class Gateway(Overlay):
             if self._plain is None:  # the link is encrypted: PLAIN is safe to offer
                 self.authenticator = Authenticator(self.credentials, _mechanisms(True))
                 self._core_options["plain"] = True
-        self._control_sock = self._bind(0, MAX_REQUEST + 1024, 3)
-        self._sockets = [self._control_sock]
+        control = self._bind(node, 0, MAX_REQUEST + 1024, 3)
+        self._sockets = [control]
         try:
-            self._data_sock = self._bind(1, self.max_content + 1024, 2)
+            data = self._bind(node, 1, self.max_content + 1024, 2)
         except BaseException:
-            self._control_sock.close()
+            control.close(0)
             raise
-        self._sockets.append(self._data_sock)
-        self.control_endpoint = self._control_sock.endpoint
-        self.data_endpoint = self._data_sock.endpoint
+        self._sockets.append(data)
+        self.control_endpoint = control.endpoint
+        self.data_endpoint = data.endpoint
         node.set_header(GATEWAY_HEADER, json.dumps(
             {"control": self.control_endpoint, "data": self.data_endpoint},
             separators=(",", ":")))
         self.tracker.attach(node)
 
-    def _bind(self, which: int, limit: int, frames: int) -> GuardedListener:
-        sock = make_socket(zmq.ROUTER, {zmq.MAXMSGSIZE: limit, zmq.SNDHWM: SNDHWM,
-                                        zmq.RCVHWM: SNDHWM}, curve=self.curve)
-        try:
-            port = self._ports[which]
-            endpoint = bind(sock, _endpoint(self.address, port)) if port \
-                else bind_ephemeral(sock, self.address)
-        except BaseException:
-            sock.close(linger=0)
-            raise
-        # any key may connect (users authenticate by SASL): the connection policy bounds
-        # the connections, there are no keys to revoke
-        return GuardedListener(HubSocket(sock, endpoint=endpoint, limit=limit, max_frames=frames),
-                               self.limits)
+    def _bind(self, node: "Node", which: int, limit: int, frames: int) -> Mailbox:
+        """A mailbox of the node's transport: any key may connect (users authenticate by
+        SASL): the connection policy bounds the connections, there are no keys to revoke."""
+        port = self._ports[which]
+        return node.transport.bind_mailbox(
+            self.address, limit, _endpoint(self.address, port) if port else None,
+            security=self.curve, hwm=SNDHWM, max_frames=frames, counters=self.limits,
+            policy=default_policy())
 
     def on_start(self) -> None:
         node = self._node()
+        transport = node.transport
+        offset = unix_offset(transport.now)
+        still_valid = self.credentials.still_valid
         if self._data_dir is not None:
             self.store = open_gateway_store(self._data_dir, node.config.name)
         queues = self._make_queues(self.store) if self.store is not None else None
-        if queues is not None:
-            self._follower = Follower(queues, REPLICA_WAIT)
-            self._offers = Offers(queues)
-        if self.store is not None:
-            self.store.record = self.active
-        self.data = DataFlow(still_valid=self.credentials.still_valid, queues=queues,
-                             batch_shouts=True, **self._flow_options)
-        self.control = ControlFlow(self.authenticator, self.data, gateways=self.gateways,
-                                   **self._core_options)
-        self.control.data_port = self._data_sock.port
+        self.data = DataFlow(still_valid=lambda user, now: still_valid(user, now + offset),
+                             queues=queues, batch_shouts=True, **self._flow_options)
+        self.control = control = ControlFlow(self.authenticator, self.data,
+                                             gateways=self.gateways, unix_offset=offset,
+                                             **self._core_options)
+        control.data_port = self._data_port()
+        control.serving = self.active
+        control.elsewhere = self.elected_endpoint
+        self.core = core = GatewayCore(self.data, self.store, active=self.active, queues=queues,
+                                       serving_peer=self._serving_peer,
+                                       credentials_changed=self._credentials_changed,
+                                       join=self.run == "elected", name=self.control_endpoint)
+        name = f"MTL gateway {self.control_endpoint}"
+        control_driver = Driver(control, transport, name=f"{name} control")
+        self._data_driver = data_driver = Driver(
+            core, transport, on_deliver=self._deliver, on_event=self._state,
+            on_batch_end=core.end_batch, name=f"{name} data")
+        self._drivers = [control_driver, data_driver]
+        control_driver.listen(self._sockets[0], "Peer-Address")
+        data_driver.listen(self._sockets[1], backpressure=self._room)
+        data_driver.apply(core.start(transport.now()))
         node.add_listener(self._on_node_event)
         self.tracker.start()
-        self._greenlets = [gevent.spawn(self._control_reader), gevent.spawn(self._data_reader),
-                           gevent.spawn(self._mesh_reader), gevent.spawn(self._timer)]
+        self._mesh = gevent.spawn(self._mesh_work)
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop serving (idempotent); the sockets close even if it never started."""
         super().stop(timeout)
         for sock in self._sockets:
-            sock.close()
-        if self.curve is not None:
-            self.curve.release(shared_context())
+            sock.close(0)
+        if self.curve is not None and self.node is not None:   # (keys: a real transport)
+            self.curve.release(self.node.transport.context)
 
     def on_stop(self, timeout: float) -> None:
         node = self._node()
@@ -350,11 +368,15 @@ class Gateway(Overlay):
         except ValueError:
             pass
         self.tracker.stop(timeout)
-        greenlets, self._greenlets = self._greenlets, []
-        greenlets += [g for g in (self._joining, *self._copies.values()) if g is not None]
-        gevent.killall(greenlets, block=True, timeout=timeout)
+        mesh, self._mesh = self._mesh, None
+        if mesh is not None:
+            mesh.kill(block=True, timeout=timeout)
+        drivers, self._drivers = self._drivers, []
+        self._data_driver = None
+        for driver in drivers:
+            driver.close()
         for sock in self._sockets:
-            sock.close()
+            sock.close(0)
         if self.data is not None and self.data.queues is not None:
             self.data.queues.close()
         self.store = None
@@ -362,6 +384,21 @@ class Gateway(Overlay):
     def _node(self) -> "Node":
         assert self.node is not None
         return self.node
+
+    def _apply(self, outputs: list[Output]) -> None:
+        if outputs and self._data_driver is not None:
+            self._data_driver.apply(outputs)
+
+    def _now(self) -> float:
+        driver = self._data_driver
+        return driver.transport.now() if driver is not None else 0.0
+
+    def _credentials_changed(self) -> bool:
+        try:
+            return self.credentials.refresh()
+        except CredentialsError as error:
+            log.warning("%s (the users read before are kept)", error)
+            return False
 
     # --- who serves -------------------------------------------------------------------
 
@@ -374,19 +411,16 @@ class Gateway(Overlay):
             log.info("MTL gateway %s: %s", self.control_endpoint,
                      "serving (elected)" if elected else "standing by")
             self._state("serving" if elected else "standing-by")
-            if self.store is not None:
-                self.store.record = elected
-                self.store.committed, self.store.deleted = [], []
-            if self._follower is not None:
-                self._follower.stop()
-            if not elected and self.data is not None and self.control is not None:
-                for token in list(self.data.grants):
-                    self.data.revoke(token)
-                self.control.sessions.clear()
-                self._settle()
-                self._stop_copying()
-        if not elected:
-            self._join_later()
+            if self.control is not None:
+                self.control.serving = elected
+                if not elected:
+                    self.control.sessions.clear()
+        if self.core is not None:
+            self._apply(self.core.changed(elected, self._now()))
+
+    def _serving_peer(self) -> Optional[UUID]:
+        broker = self.tracker.current_broker
+        return broker.uuid if broker is not None and broker.uuid in self._peers else None
 
     def _peer_entered(self, uuid: UUID, headers: Mapping[str, str], name: str) -> None:
         endpoint = parse_gateway_header(headers.get(GATEWAY_HEADER))
@@ -396,11 +430,8 @@ class Gateway(Overlay):
 
     def _peer_left(self, uuid: UUID) -> None:
         self._peers.pop(uuid, None)
-        self._replicas.forget(uuid)
-        copy = self._copies.pop(uuid, None)
-        if copy is not None:
-            copy.kill(block=False)
-        self._release()
+        if self.core is not None:
+            self._apply(self.core.peer_left(uuid))
 
     def _state(self, state: str) -> None:
         if self._on_state is not None:
@@ -434,7 +465,7 @@ class Gateway(Overlay):
     @property
     def replicas(self) -> frozenset[UUID]:
         """The standby gateways that hold a copy of this (serving) gateway's content."""
-        return frozenset(self._replicas)
+        return frozenset(self.core.replicas) if self.core is not None else frozenset()
 
     def elected_endpoint(self) -> Optional[str]:
         """The control endpoint of the gateway serving now, as this node sees it."""
@@ -449,70 +480,16 @@ class Gateway(Overlay):
         rest = sorted(set(self._peers.values()) | {self.control_endpoint})
         return tuple(([first] if first else []) + [e for e in rest if e != first])
 
-    # --- greenlets ---------------------------------------------------------------------
-
-    def _control_reader(self) -> None:
-        sock = self._control_sock
-        control = self.control
-        assert control is not None
-
-        def on_batch(batch: list) -> None:
-            now = time.time()
-            for identity, rest, address in batch:
-                if rest is None or len(rest) != 3 or rest[0]:
-                    continue  # oversized, or not a REQ envelope: dropped
-                if self.active:
-                    reply = control.handle(identity, address or "", rest[1:], now)
-                else:
-                    reply = encode_reply(Failure(
-                        Status.SERVICE_UNAVAILABLE,
-                        f"not the elected gateway; use {self.elected_endpoint() or 'none yet'}"))
-                if reply is not None:
-                    sock.try_send([identity, b"", *reply])
-
-        self._read_with_address(sock, on_batch)
-
-    def _read_with_address(self, sock: GuardedListener, on_batch: Any) -> None:
-        """``HubSocket.read``, with each message's peer address (for throttling)."""
-        while True:
-            try:
-                batch = sock.recv_batch(BATCH, metadata="Peer-Address")
-            except zmq.ZMQError:
-                return
-            if batch:
-                on_batch(batch)
-            if len(batch) == BATCH:
-                gevent.idle()  # more may wait: what else is ready (I/O too) runs first
-            elif not sock.wait_readable():
-                return  # closed
-
-    def _data_reader(self) -> None:
-        flow = self.data
-        assert flow is not None
-
-        def on_batch(batch: list) -> None:
-            if not self.active:
-                return
-            flow.handle_batch(batch, time.time())
-            self._shout_outgoing()
-            self._settle()
-
-        self._data_sock.read(on_batch)
+    # --- the mesh: what the node hears in, what the core asks of it out --------------
 
     def _on_node_event(self, event: Event) -> None:
-        # may run in a hub callback: queue for the mesh greenlet
+        # may run in a hub callback: queued for the mesh greenlet
         if event.type is EventType.SHOUT and event.group is not None:
-            self._queue(event)
-        elif event.type is EventType.WHISPER and event.frames:
-            kind = event.frames[0]
-            if kind in _QUEUED_KINDS:
-                if self._is_gateway(event.peer):
-                    self._queue(event)
-            elif kind == HANDOFF_OK and event.peer == self._handoff_peer:
-                message = _replication(event.frames)
-                if isinstance(message, HandoffOk):
-                    self._acked = max(self._acked, message.number)
-                    self._answered()
+            peer = event.peer.hex if event.peer else ""
+            self._queue(Shouted(event.group, peer), event.frames)
+        elif event.type is EventType.WHISPER and event.frames \
+                and event.frames[0] in repl.KINDS and self._is_gateway(event.peer):
+            self._queue(event.peer, event.frames)
 
     def _is_gateway(self, peer: Optional[UUID]) -> bool:
         """True if ``peer`` advertises a gateway (asked of the node: its ENTER may still
@@ -527,344 +504,76 @@ class Gateway(Overlay):
             return False
         return parse_gateway_header(raw) is not None
 
-    def _queue(self, event: Event) -> None:
-        if len(self._shouts) >= MAX_QUEUED:
-            if event.type is EventType.WHISPER:
-                if self._follower is not None:  # (a content copied or offered is lost)
-                    self._follower.lost()
-                if self._offers is not None and event.peer is not None:
-                    self._offers.lost(event.peer)
-            now = time.monotonic()
+    def _queue(self, link: Any, frames: Sequence[bytes]) -> None:
+        if len(self._mesh_in) >= MAX_QUEUED:
+            if type(link) is UUID and self.core is not None:
+                self.core.lost(link)   # (a content copied or offered is lost)
+            now = self._now()
             if now - self._dropped_logged > 1.0:
                 self._dropped_logged = now
                 log.debug("mesh events arrive faster than the gateway handles them: dropped")
             return
-        self._shouts.append(event)
-        self._shouted.set()
+        self._mesh_in.append((link, list(frames)))
+        self._wake.set()
 
-    def _mesh_reader(self) -> None:
-        flow = self.data
-        assert flow is not None
-        shouts = self._shouts
+    def _deliver(self, item: Any) -> None:
+        """What the core asks of the node: done by the mesh greenlet (it may wait)."""
+        self._mesh_out.append(item)
+        self._wake.set()
+
+    def _mesh_work(self) -> None:
+        """Feed the node's events to the core, do what the core asks of the node."""
+        mesh_in, mesh_out, wake = self._mesh_in, self._mesh_out, self._wake
         while True:
-            while not shouts:
-                self._shouted.clear()
-                self._shouted.wait()
-            acks: dict[UUID, int] = {}
-            for _ in range(min(len(shouts), 256)):
-                event = shouts.popleft()
-                if event.type is not EventType.SHOUT:
-                    self._whispered(event, acks)
-                elif self.active:
-                    flow.shouted(event.group or "", list(event.frames),
-                                 event.peer.hex if event.peer else "")
-            committed = self._settle()
-            if committed:
-                for peer, sequence in acks.items():
-                    self._whisper(peer, *repl.handoff_ok(sequence))
-            gevent.sleep(0)
+            while not (mesh_in or mesh_out):
+                wake.clear()
+                wake.wait()
+            if mesh_in and self._data_driver is not None:
+                self._data_driver.feed([mesh_in.popleft()
+                                        for _ in range(min(len(mesh_in), _MESH_BATCH))])
+            while mesh_out:
+                self._on_mesh(mesh_out.popleft())
+            self._room.freed()
+            if mesh_in:
+                gevent.sleep(0)   # (more waits: what else is ready runs first)
 
-    def _whisper(self, peer: UUID, *frames: bytes) -> bool:
-        try:
-            self._node().whisper(peer, *frames)
-        except Exception as error:  # the peer left, the node is stopping
-            log.debug("whisper to %s failed: %s", peer, error)
-            return False
-        return True
-
-    # --- copies of confirmed content between gateways -----------------------------
-
-    def _whispered(self, event: Event, acks: dict[UUID, int]) -> None:
-        """One whisper from another gateway (in order, on the mesh greenlet)."""
-        peer = event.peer
-        assert peer is not None
-        message = _replication(event.frames)
-        offers = self._offers
-        if isinstance(message, Handoff):
-            if offers is not None:             # (also while not serving: never lost)
-                offers.offer(peer, message)
-        elif isinstance(message, HandoffEnd):
-            if offers is not None and offers.ended(peer, message.count):
-                acks[peer] = message.last
-        elif isinstance(message, Resync) and self.active:
-            self._replicas.discard(peer)          # a replica that could not store a copy
-            self._release()
-        elif isinstance(message, MarkOk):
-            self._replicas.acknowledged(peer, message.number)
-            self._answered()
-            self._release()
-        elif isinstance(message, Sync):
-            self._copy_to(peer, message.copy)
-        elif (follower := self._follower) is not None and peer == follower.upstream \
-                and not self.active:
-            follower.heard(time.monotonic())
-            if isinstance(message, Repl):
-                follower.copied(message.frames)
-            elif isinstance(message, Forget):
-                follower.forgotten(message.blob)
-            elif isinstance(message, Mark):
-                self._marked(follower, peer, message.number, message.copy)
-            elif isinstance(message, Resync):
-                follower.stop()
-
-    def _marked(self, follower: Follower, peer: UUID, number: bytes, copy: bytes) -> None:
-        """A mark from the serving gateway: commit what came before it, acknowledge it."""
-        if self.data is None:
-            return
-        if follower.broken:                   # something before the mark was not stored
-            log.info("MTL gateway %s: a copied content could not be stored; copying again",
-                     self.control_endpoint)
-            self._whisper(peer, *repl.resync())
-            follower.stop()
-            return
-        dropped = follower.complete(copy)
-        if dropped is not None:               # the copy asked for is complete
-            log.info("MTL gateway %s: a replica of the serving gateway (%d dropped as "
-                     "confirmed there)", self.control_endpoint, dropped)
-            self._state("replica")
-        if self.data.flush():
-            self._whisper(peer, *repl.mark_ok(number))
-
-    def _join_later(self) -> None:
-        """Join the serving gateway (offer, then ask for a copy), unless doing so."""
-        if self.active or self._follower is None:
-            return
-        broker = self.tracker.current_broker
-        target = broker.uuid if broker is not None and broker.uuid in self._peers else None
-        if target is None or target == self._follower.upstream:
-            return
-        if self._joining is None or self._joining.dead:
-            self._joining = gevent.spawn(self._join, target)
-
-    def _join(self, target: UUID) -> None:
-        store = self.store
-        assert store is not None
-        cursor = 0
-        while not self.active:
-            rows, after = store.snapshot(cursor, HANDOFF_BATCH)
-            if after == cursor:
-                break
-            if rows:
-                self._handoff_peer, self._acked = target, 0
-                last = rows[-1][0]
-                sent = all(self._whisper(target, *repl.handoff(group, number, cid, table, body))
-                           for number, cid, group, table, body in rows) \
-                    and self._whisper(target, *repl.handoff_end(last, len(rows)))
-                if not (sent and self._wait(lambda: self._acked >= last)):
-                    log.info("offering content to %s stopped: not acknowledged", target)
-                    return
-            cursor = after
-        if not self.active and self._follower is not None:
-            self._whisper(target, *repl.sync(self._follower.follow(target, time.monotonic())))
-
-    def _wait(self, done: Callable[[], bool]) -> bool:
-        """Wait (at most ``REPLICA_WAIT``) until ``done()``, woken by each answer."""
-        deadline = time.monotonic() + REPLICA_WAIT
-        while not done():
-            answer = self._answer
-            if not answer.wait(deadline - time.monotonic()):
-                return False
-        return True
-
-    def _answered(self) -> None:
-        answer, self._answer = self._answer, gevent.event.Event()
-        answer.set()
-
-    def _copy_to(self, peer: UUID, copy: bytes) -> None:
-        """A standby asked for a copy: send it (unless not serving, or sending it)."""
-        if not self.active or self.store is None:
-            return
-        old = self._copies.get(peer)
-        if old is not None:
-            if old.args[1] == copy and not old.dead:
-                return                            # asked again: under way
-            old.kill(block=False)
-        self._replicas.discard(peer)
-        self._copies[peer] = gevent.spawn(self._copy, peer, copy)
-
-    def _copy(self, peer: UUID, copy: bytes) -> None:
-        store = self.store
-        assert store is not None
-        cursor = 0
-        try:
-            while self.active:
-                rows, after = store.snapshot(cursor, HANDOFF_BATCH)
-                if after == cursor:           # all sent, and nothing yielded since the read:
-                    self._replicas.add(peer)  # what commits from now on goes live
-                    self._mark(peer, copy)
-                    log.info("MTL gateway %s: %s holds a copy", self.control_endpoint, peer)
-                    return
-                self._send_copies([peer], rows)
-                number = self._mark(peer)
-                if not self._wait(lambda: self._replicas.reached(peer, number)):
-                    log.info("copy to %s stopped: not acknowledged", peer)
-                    self._whisper(peer, *repl.resync())
-                    return
-                cursor = after
-        finally:
-            if self._copies.get(peer) is gevent.getcurrent():
-                del self._copies[peer]
-
-    def _send_copies(self, peers: Sequence[UUID],
-                     rows: list[tuple[int, bytes, str, bytes, bytes]]) -> None:
-        """Whisper ``rows`` to ``peers`` in ``MTL-REPL`` messages of up to ``COPY_BATCH``
-        contents and about ``COPY_BYTES`` octets."""
-        for frames in repl.repl_batches(rows, COPY_BATCH, COPY_BYTES):
-            for peer in peers:
-                self._whisper(peer, *frames)
-
-    def _mark(self, peer: UUID, copy: bytes = b"", number: int = 0) -> int:
-        """Whisper ``peer`` its next mark (or mark ``number``); its number."""
-        number = number or self._replicas.next_mark(peer)
-        self._whisper(peer, *repl.mark(number, copy))
-        return number
-
-    def _stop_copying(self) -> None:
-        for copy in self._copies.values():
-            copy.kill(block=False)
-        self._copies.clear()
-        self._replicas.clear()
-        self._release()
-
-    def _settle(self) -> bool:
-        """Flush the data flow (commit), copy what changed to the replicas, send; False if
-        the commit failed."""
-        flow = self.data
-        assert flow is not None
-        committed = flow.flush()
-        sends, actions = flow.take()
-        store = self.store
-        if store is not None and store.record and (store.committed or store.deleted):
-            new, store.committed = store.committed, []
-            gone, store.deleted = store.deleted, []
-            sends = self._replicate(new, gone, sends)
-        elif self._replicas.holding and sends:
-            sends = self._replicate([], [], sends)
-        self._send((sends, actions))
-        return committed
-
-    def _replicate(self, new: list[tuple[int, bytes, str, bytes, bytes]], gone: list[bytes],
-                   sends: list[tuple[bytes, list[bytes]]]) -> list[tuple[bytes, list[bytes]]]:
-        """Copy a commit to the replicas; the sends that may go now (the others are held
-        until a replica acknowledged)."""
-        for frames in repl.forget_batches(gone, _FORGET_MAX):
-            for peer in (*self._replicas, *self._copies):
-                self._whisper(peer, *frames)
-        replicas = list(self._replicas)
-        if not replicas:
-            return sends
-        self._send_copies(replicas, new)
-        links = self.data.links if self.data is not None else {}
-        now_: list[tuple[bytes, list[bytes]]] = []
-        later: list[tuple[bytes, list[bytes]]] = []
-        for send in sends:
-            link = links.get(send[0])
-            (later if link is not None and link.grant.confirm == "full" else now_).append(send)
-        if later:
-            for peer, number in self._replicas.hold(later, time.monotonic()).items():
-                self._mark(peer, number=number)
-        return now_
-
-    def _release(self) -> None:
-        """Send the held answers a replica acknowledged (or that no replica can)."""
-        for sends in self._replicas.release():
-            self._send((sends, []))
-
-    def _drop_slow_replicas(self) -> None:
-        """Replicas that left a mark unanswered for ``REPLICA_WAIT`` stop being ones."""
-        for peer in self._replicas.late(time.monotonic()):
-            log.warning("MTL gateway %s: replica %s did not answer in %g s; it copies "
-                        "again", self.control_endpoint, peer, REPLICA_WAIT)
-            self._whisper(peer, *repl.resync())
-        self._release()
-
-    def _timer(self) -> None:
-        flow, control = self.data, self.control
-        assert flow is not None and control is not None
-        refreshed = 0.0
-        while True:
-            now = time.time()
-            if now - refreshed >= _REFRESH_EVERY:
-                refreshed = now
-                try:
-                    changed = self.credentials.refresh()
-                except CredentialsError as error:
-                    log.warning("%s (the users read before are kept)", error)
-                    changed = False
-                if changed:
-                    flow.revoke_invalid(now)
-            if self.active:
-                wake = flow.tick(now)
-                control.expire(now)
-                self._settle()
-                self._drop_slow_replicas()
-            else:
-                wake = now + flow.heartbeat
-                follower = self._follower
-                if follower is not None and follower.upstream is not None \
-                        and follower.due(time.monotonic()) == "ask":
-                    # the copy has not started: ask again (it may not have been serving
-                    # yet); one that stalled stopped, and is joined again below
-                    self._whisper(follower.upstream, *repl.sync(follower.ask(time.monotonic())))
-                if self.run == "elected":
-                    self._join_later()  # (again, after an offer that stopped)
-            gevent.sleep(max(0.0, min(wake, refreshed + _REFRESH_EVERY) - time.time()))
-
-    def _shout_outgoing(self) -> None:
-        """Shout the batch's content into its groups: one SHOUT per content, per group at
-        once (``Node.shout_each``)."""
-        outgoing = self.data.outgoing if self.data is not None else None
-        if not outgoing:
-            return
+    def _on_mesh(self, item: Any) -> None:
         node = self._node()
-        local = self._local
-        for group, bodies in outgoing.items():
-            if local is not None and local(group):
-                continue
-            try:
-                node.shout_each(group, bodies)
-            except Exception as error:  # the node stopping
-                log.debug("shouting into %s failed: %s", group, error)
-        outgoing.clear()
-
-    def _send(self, work: tuple[list[tuple[bytes, list[bytes]]], list[MeshAction]]) -> None:
-        sends, actions = work
-        sock = self._data_sock
-        for identity, frames in sends:
-            try:
-                sock.try_send([identity, *frames])
-            except zmq.ZMQError:
-                return  # closed while stopping
-        node = self._node()
-        shout = node.shout
-        local = self._local
-        for action in actions:
-            if local is not None and local(action.group):
-                continue
-            try:
-                if type(action) is MeshShout:
-                    shout(action.group, *action.frames)
-                elif type(action) is MeshJoin:
-                    node.join(action.group)
-                else:
-                    node.leave(action.group)
-            except Exception as error:  # the node stopping, a group name it refuses
-                log.debug("mesh action %r failed: %s", action, error)
+        cls = type(item)
+        try:
+            if cls is Whisper:
+                node.whisper(item.peer, *item.frames)
+                return
+            local = self._local
+            if local is not None and local(item.group):
+                return
+            if cls is MeshShouts:
+                node.shout_each(item.group, item.bodies)
+            elif cls is MeshShout:
+                node.shout(item.group, *item.frames)
+            elif cls is MeshJoin:
+                node.join(item.group)
+            elif cls is MeshLeave:
+                node.leave(item.group)
+        except Exception as error:  # the peer left, the node stopping, a group it refuses
+            log.debug("mesh action %r failed: %s", item, error)
 
     def answer(self, sends: list[tuple[bytes, list[bytes]]]) -> None:
         """Send data-flow commands (identity, frames) now, on the node's hub: answers
         decided after their batch, e.g. a writer's Confirm once content is stored
         elsewhere."""
-        self._send((sends, []))
+        self._apply([Send(identity, frames) for identity, frames in sends])
 
     # --- introspection -----------------------------------------------------------------
+
+    def _data_port(self) -> int:
+        return self._sockets[1].port if len(self._sockets) > 1 else 0
 
     @property
     def data_port(self) -> int:
         """The data ROUTER's port (the one every 202 names)."""
-        return self._data_sock.port if self._sockets else 0
+        return self._data_port()
 
     def __repr__(self) -> str:
         state = "serving" if self.active else "standing by"
         return f"<Gateway {self.control_endpoint or 'unbound'} {state}>"
-

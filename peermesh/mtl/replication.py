@@ -29,17 +29,36 @@ numbers and sends the answers it releases:
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator, Optional, Sequence, TypeVar
+from typing import Iterator, Optional, Protocol, Sequence, TypeVar
 from uuid import UUID
 
 from ..errors import ProtocolError
 from ..wire.mtl_replication import (CID_BYTES, HANDOFF, Handoff, content_group, decode,
                                     encode_number, split_cids)
-from .delivery import DurableQueues
 
-__all__ = ["Replicas", "Follower", "Offers", "content_group"]
+__all__ = ["Replicas", "Follower", "Offers", "CopyQueues", "content_group"]
 
 A = TypeVar("A")
+
+
+class CopyStore(Protocol):
+    """What a copy asks of the store (``peermesh.mtl.store.ContentStore``)."""
+
+    def forget(self, cids: list[bytes]) -> int: ...
+
+    def all_cids(self) -> set[bytes]: ...
+
+
+class CopyQueues(Protocol):
+    """The port copies between gateways are stored through
+    (``peermesh.mtl.delivery.DurableQueues``)."""
+
+    @property
+    def store(self) -> CopyStore: ...
+
+    def received(self, group: str, body: bytes, table: bytes, cid: bytes) -> bool:
+        """Store a copy of content ``cid`` unless known; False if it cannot be held."""
+        ...
 
 
 class Replicas:
@@ -151,7 +170,7 @@ class Follower:
     commits and acknowledges. ``due(now)`` says when to ask again (nothing
     heard since asking) or to give up (silent for ``wait`` seconds)."""
 
-    def __init__(self, queues: DurableQueues, wait: float) -> None:
+    def __init__(self, queues: CopyQueues, wait: float) -> None:
         self.queues = queues
         self.wait = wait
         #: the serving gateway followed (None: none, or the copy stopped)
@@ -244,7 +263,7 @@ class Offers:
     """What other gateways offer this one (``MTL-HANDOFF``, in batches): stored unless
     known here, and counted, so that a batch is acknowledged only when all of it was."""
 
-    def __init__(self, queues: DurableQueues) -> None:
+    def __init__(self, queues: CopyQueues) -> None:
         self.queues = queues
         self._stored: dict[UUID, int] = {}   # contents stored of the batch under way
 

@@ -400,9 +400,12 @@ class SimMailbox:
 
     def serve(self, on_message: Callable[[bytes, list[bytes]], None],
               on_oversized: Optional[Callable[[bytes], None]] = None, backpressure: Any = None, *,
-              after_batch: Optional[Callable[[], None]] = None) -> None:
+              after_batch: Optional[Callable[[], None]] = None,
+              metadata: Optional[str] = None) -> None:
         """Call ``on_message(identity, frames)`` for every message; ``after_batch()`` once
-        the queue is drained (what arrived together is one batch)."""
+        the queue is drained (what arrived together is one batch). With ``metadata``,
+        ``on_message`` gets that property as a third argument: the sender's address for
+        "Peer-Address", else None (a simulated link has no other)."""
         queue = self._queue
         full = backpressure.full if backpressure is not None else None
         while True:
@@ -413,6 +416,9 @@ class SimMailbox:
                 if sum(map(len, frames)) > self.max_message:
                     if on_oversized is not None:
                         on_oversized(link.identity)
+                elif metadata is not None:
+                    on_message(link.identity, list(frames),  # type: ignore[call-arg]
+                               link.source if metadata == "Peer-Address" else None)
                 else:  # a list of its own, as a real mailbox gives, made only now
                     self._reading = link
                     on_message(link.identity, list(frames))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from peermesh.core import Core, Deliver, Send
 from peermesh.mtl.credentials import CredentialsFile, User, make_user
 from peermesh.mtl.dataflow import HANDLERS, DataFlow, MeshJoin, MeshLeave, MeshShout
 from peermesh.mtl.profiles import MESH, TEST
@@ -248,3 +249,51 @@ def test_a_batch_is_taken_in_order_and_one_failing_command_costs_no_other(
     assert actions == [MeshJoin("chat")]
     assert flow.outgoing == {"chat": [b"before", b"after"]}
     assert flow.links[W1].heard == flow.links[R1].heard == NOW + 1
+
+
+def test_the_core_contract_returns_outputs(flow: DataFlow, users: CredentialsFile) -> None:
+    """``receive`` / ``handle_timer`` / ``next_deadline`` (``peermesh.core``): what the
+    flow asks for comes back as ``Send`` and ``Deliver`` outputs, nothing waits."""
+    assert isinstance(flow, Core) and flow.next_deadline() is None   # nothing to watch yet
+    grant = flow.grant(b"s", alice(users), MESH, "lab.", Direction.READ, ("chat",), "none", NOW)
+    assert flow.next_deadline() == NOW + 1.0
+    out = flow.receive(R1, encode_data(Lease(1, grant.token)), NOW)
+    assert [(o.link, decode_data(o.frames)) for o in out if isinstance(o, Send)] == [
+        (R1, Response(1, 200))]
+    out = flow.receive(R1, encode_data(Summon(2, "chat")), NOW)
+    assert [o for o in out if isinstance(o, Deliver)] == [Deliver(MeshJoin("lab.chat"))]
+    assert flow.take() == ([], [])                                   # (all returned)
+    assert flow.receive(b"stranger", [b"garbage"], NOW) == []       # dropped
+    assert flow.receive(("not", "a connection"), [b"x"], NOW) == []  # no data link: dropped
+    out = flow.handle_timer(NOW + 1.0)                               # quiet for a heartbeat
+    assert [(o.link, decode_data(o.frames)) for o in out if isinstance(o, Send)] == [
+        (R1, Ping())]
+    assert len(out) == 1
+    assert flow.next_deadline() == NOW + 2.0
+    flow.handle_timer(NOW + 4.5)                 # silent: unbound, its lease lives on
+    assert R1 not in flow.links and flow.next_deadline() == NOW + 5.5
+    flow.handle_timer(NOW + 40)                  # the unbound lease expired: nothing to watch
+    assert flow.grants == {} and flow.next_deadline() is None
+
+
+def test_control_flow_on_the_core_contract(users: CredentialsFile, flow: DataFlow) -> None:
+    """``ControlFlow.receive`` takes a REQ envelope from ``(identity, address)`` and returns
+    the reply as one ``Send``; while another gateway serves, every request gets 503."""
+    from peermesh.mtl.control import ControlFlow
+    from peermesh.mtl.credentials import Authenticator
+    from peermesh.wire.mtl import Failure, Open, Unauthorized, decode_reply, encode_request
+
+    control = ControlFlow(Authenticator(users, ("SCRAM-SHA-256",)), flow)
+    request = [b"", *encode_request(Open("/"))]
+    (out,) = control.receive((b"c1", "10.0.0.9"), request, NOW)
+    assert isinstance(out, Send) and out.link == b"c1" and out.frames[0] == b""
+    assert isinstance(decode_reply(list(out.frames[1:])), Unauthorized)
+    assert control.sessions[b"c1"].address == "10.0.0.9"
+    assert control.receive((b"c1", "10.0.0.9"), request[1:], NOW) == []   # no envelope
+    assert control.next_deadline() == NOW + 1.0
+    control.serving, control.elsewhere = False, lambda: "tcp://10.0.0.2:5560"
+    (out,) = control.receive((b"c2", ""), request, NOW)
+    reply = decode_reply(list(out.frames[1:]))  # type: ignore[union-attr]
+    assert isinstance(reply, Failure) and reply.status == 503 and "10.0.0.2" in reply.reason
+    assert control.handle_timer(NOW + 400) == [] and control.sessions == {}
+    assert control.next_deadline() is None
