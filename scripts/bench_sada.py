@@ -309,6 +309,9 @@ def rounds_of(cases: dict[str, tuple[Setup, dict[str, Any]]], n: int,
                         "servers": 100 * sum(p["servers_cpu"] for p in parts) / outer,
                         "other": 100 * max(0.0, machine - ours) / outer,
                         "machine": 100 * machine / outer}}
+        # CPU per round trip (µs): steadier than rates on a loaded machine
+        result[name]["cpu_us"] = {"client": 1e6 * sum(p["cpu"] for p in parts) / len(us),
+                                  "servers": 1e6 * sum(p["servers_cpu"] for p in parts) / len(us)}
         if "served" in parts[0]:
             served: dict[str, int] = {}
             for part in parts:
@@ -593,7 +596,12 @@ def report(r: dict[str, Any]) -> str:
     lines = table(head, [row[:len(head)] for row in rows])
     if "sada_seq" not in r:
         lines += ["", *(f"pipelined 1 server / raw{label(tag)}: "
-                        f"{ratios['pipelined_1_vs_raw' + tag]:.2f}" for tag in tags),
+                        f"{ratios['pipelined_1_vs_raw' + tag]:.2f}; CPU per round trip: "
+                        f"channel {r['sada_pipe_1' + tag]['cpu_us']['client']:.1f} µs, server "
+                        f"{r['sada_pipe_1' + tag]['cpu_us']['servers']:.1f} µs"
+                        for tag in tags),
+                  f"raw: client {r['raw_pipe']['cpu_us']['client']:.1f} µs, echo "
+                  f"{r['raw_pipe']['cpu_us']['servers']:.1f} µs per round trip",
                   "load average during the run: " + " ".join(
                       f"{x:.2f}" for x in r["load_average"]) + f" ({os.cpu_count()} cores)",
                   *(f"baseline code{label(tag)}: {rev}" for tag, rev in r["baselines"].items())]

@@ -11,6 +11,11 @@ router, a ``RoutedLink`` (``Dial`` with the routing id as the link's name and
 identity), and closing that link disconnects it; its clock is the real one's.
 The router closes with the linger it was made with (the last replies go out
 whatever its driver says).
+
+Both it and any mailbox wrapped in a ``BatchedMailbox`` send quietly while a batch
+is handled: a ``HubSocket`` looks at its socket after every send (a send may take
+in the edge of a message waiting), and here the sends of one batch (what a driver
+with ``gather`` applies after it) are looked after once, when the batch is done.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from .curve import Curve
 from .socket import HubSocket, make_socket
 from .transport import MessageHandler, ZmqTransport
 
-__all__ = ["ConnectingRouter", "RoutedLink", "RoutedTransport", "connecting_router"]
+__all__ = ["BatchedMailbox", "ConnectingRouter", "RoutedLink", "RoutedTransport",
+           "connecting_router"]
 
 log = logging.getLogger(__name__)
 
@@ -43,30 +49,59 @@ def connecting_router(transport: ZmqTransport, options: Mapping[int, Union[int, 
                             secure=curve is not None, linger=linger)
 
 
-class ConnectingRouter:
+class BatchedMailbox:
+    """A mailbox (a ``HubSocket``, or a ``GuardedListener`` of one) whose sends made while
+    a batch of it is handled look at the socket once, after the batch."""
+
+    def __init__(self, mailbox: Any) -> None:
+        self.mailbox = mailbox
+        self._send: Callable[..., bool] = mailbox.try_send
+        self._batching = False   # a batch is being handled (its messages, then after_batch)
+        self._unlooked = False   # a send was made since the last look
+
+    def serve(self, on_message: MessageHandler, on_oversized: Any = None,
+              backpressure: Any = None, *, metadata: Optional[str] = None,
+              after_batch: Optional[Callable[[], None]] = None) -> None:
+        """The mailbox's ``serve``, with the sends of each batch looked after once."""
+        def batched(*message: Any) -> None:
+            self._batching = True
+            on_message(*message)
+
+        def done() -> None:
+            try:
+                if after_batch is not None:
+                    after_batch()
+            finally:
+                self._batching = False
+                if self._unlooked:
+                    self._unlooked = False
+                    self.mailbox.readable()   # (wakes its reader when a message waits)
+
+        self.mailbox.serve(batched, on_oversized, backpressure, metadata=metadata,
+                           after_batch=done)
+
+    def try_send(self, frames: Sequence[bytes]) -> bool:
+        """``frames[1:]`` to the connection whose routing id is ``frames[0]``."""
+        if self._batching:
+            self._unlooked = True
+            return self._send(frames, False)
+        return self._send(frames)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.mailbox, name)
+
+
+class ConnectingRouter(BatchedMailbox):
     """The mailbox side of a connecting ROUTER (``serve``, ``try_send``, ``close``)."""
 
     def __init__(self, hub: HubSocket, *, secure: bool, linger: float) -> None:
+        super().__init__(hub)
         self.hub = hub
         self.secure = secure
         self.linger = linger
         self.endpoint = ""
         self.port = 0
         self._monitor: Optional[zmq.Socket] = None
-
-    def serve(self, on_message: MessageHandler, on_oversized: Any = None,
-              backpressure: Any = None, *, metadata: Optional[str] = None,
-              after_batch: Optional[Callable[[], None]] = None) -> None:
-        """``HubSocket.serve`` of the router."""
-        self.hub.serve(on_message, on_oversized, backpressure, metadata=metadata,
-                       after_batch=after_batch)
-
-    def try_send(self, frames: Sequence[bytes]) -> bool:
-        """``frames[1:]`` to the connection whose routing id is ``frames[0]``."""
-        return self.hub.try_send(frames)
-
-    def readable(self) -> bool:
-        return self.hub.readable()
 
     @property
     def closed(self) -> bool:
@@ -120,7 +155,7 @@ class RoutedLink:
         self.closed = False
 
     def try_send(self, frames: Sequence[bytes]) -> bool:
-        return self.router.hub.try_send([self.identity, *frames])
+        return self.router.try_send([self.identity, *frames])
 
     def wait_writable(self, timeout: Optional[float] = None) -> bool:
         return self.router.hub.wait_writable(timeout)
