@@ -495,7 +495,7 @@ def baseline_tag(i: int) -> str:
     return "_before" if i == 0 else f"_before{i + 1}"
 
 
-def label(tag: str) -> str:
+def tag_label(tag: str) -> str:
     """How a result's tag reads in the report: nothing, or which baseline."""
     return "" if not tag else " [baseline]" if tag == "_before" else \
         f" [baseline {tag[len('_before'):]}]"
@@ -532,7 +532,7 @@ def scaling(r: dict[str, Any], tag: str = "") -> dict[str, Any]:
 
 
 def scaling_lines(r: dict[str, Any], tag: str) -> list[str]:
-    what = label(tag)
+    what = tag_label(tag)
     v = r["scaling" + tag]
     lines = []
     for k, x in v["servers"].items():
@@ -570,7 +570,7 @@ def cpu_table(r: dict[str, Any], tags: list[str]) -> list[str]:
             served = x.get("served_per_server", [])
             total = sum(served) or 1
             spread = " ".join(f"{100 * c / total:.0f}" for c in served) if len(served) > 1 else ""
-            rows.append([NAMES[key] + label(tag),
+            rows.append([NAMES[key] + tag_label(tag),
                          *(f"{cpu[k]:.0f}" for k in ("client", "client_hub", "servers", "other",
                                                      "machine")), spread])
     return [f"CPU while each pipelined case ran, % of one core ({r['cores']} cores = "
@@ -589,13 +589,13 @@ def report(r: dict[str, Any]) -> str:
             continue
         for tag in tags if key.startswith("sada") else [""]:
             x = r[key + tag]
-            rows.append([name + label(tag), f"{x['per_s']:.0f}",
+            rows.append([name + tag_label(tag), f"{x['per_s']:.0f}",
                          f"{x['p50_us']:.0f}", f"{x['p99_us']:.0f}",
                          f"{ratios[key + '_vs' + tag]:.2f}" if tag else ""])
     head = ["case", "round trips/s", "p50 µs", "p99 µs", *(["now/base"] if len(tags) > 1 else [])]
     lines = table(head, [row[:len(head)] for row in rows])
     if "sada_seq" not in r:
-        lines += ["", *(f"pipelined 1 server / raw{label(tag)}: "
+        lines += ["", *(f"pipelined 1 server / raw{tag_label(tag)}: "
                         f"{ratios['pipelined_1_vs_raw' + tag]:.2f}; CPU per round trip: "
                         f"channel {r['sada_pipe_1' + tag]['cpu_us']['client']:.1f} µs, server "
                         f"{r['sada_pipe_1' + tag]['cpu_us']['servers']:.1f} µs"
@@ -604,7 +604,7 @@ def report(r: dict[str, Any]) -> str:
                   f"{r['raw_pipe']['cpu_us']['servers']:.1f} µs per round trip",
                   "load average during the run: " + " ".join(
                       f"{x:.2f}" for x in r["load_average"]) + f" ({os.cpu_count()} cores)",
-                  *(f"baseline code{label(tag)}: {rev}" for tag, rev in r["baselines"].items())]
+                  *(f"baseline code{tag_label(tag)}: {rev}" for tag, rev in r["baselines"].items())]
         return "\n".join(lines)
     lines.append("")
     lines += cpu_table(r, tags)
@@ -612,7 +612,7 @@ def report(r: dict[str, Any]) -> str:
     for tag in tags:
         seq = ratios[f"sequential_vs_raw{tag}"]
         p99 = r[f"sada_seq{tag}"]["p99_us"] / 1000
-        what = label(tag)
+        what = tag_label(tag)
         lines += [
             f"sequential / raw{what}:{' ' * (28 - len(what))}{seq:5.2f}  (target >= "
             f"{TARGETS['sequential_ratio']:.2f}: "
@@ -645,7 +645,7 @@ def report(r: dict[str, Any]) -> str:
         "load average during the run: " + " ".join(f"{x:.2f}" for x in r["load_average"])
         + f" ({os.cpu_count()} cores)",
     ]
-    lines += [f"baseline code{label(tag)}: {rev}" for tag, rev in r["baselines"].items()]
+    lines += [f"baseline code{tag_label(tag)}: {rev}" for tag, rev in r["baselines"].items()]
     return "\n".join(lines)
 
 

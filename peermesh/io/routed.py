@@ -131,16 +131,23 @@ class ConnectingRouter(BatchedMailbox):
         self._monitor = self.hub.socket.get_monitor_socket(events)
         return self._monitor
 
-    def close(self, linger: float = 0.0) -> None:
-        """Stop the monitor (libzmq sends its events blocking: before its reader goes),
-        then close, letting what is queued go out for the router's ``linger``."""
-        if self.hub.closed:
-            return
-        if self._monitor is not None:
+    def stop_monitor(self) -> None:
+        """Stop the monitor while its reader is still open (libzmq sends monitor events
+        blocking, holding the socket's monitor lock: one sent after the reader closed
+        would wait forever, and so would every later call that needs the lock)."""
+        if self._monitor is not None and not self.hub.closed:
             try:
                 self.hub.socket.disable_monitor()
             except zmq.ZMQError:
-                pass
+                pass  # already closed
+
+    def close(self, linger: float = 0.0) -> None:
+        """Stop the monitor, then close, letting what is queued go out for the router's
+        ``linger``."""
+        if self.hub.closed:
+            return
+        self.stop_monitor()
+        if self._monitor is not None:
             self._monitor.close(linger=0)
         self.hub.close(max(linger, self.linger))
 

@@ -294,11 +294,12 @@ class Server(Overlay):
                 self.node.remove_listener(self._on_event)
             except ValueError:
                 pass
-        # the router first, with its linger (the last REPs and the empty INTR go out),
-        # its monitor before that monitor's reader; then the driver (links, timer)
-        self._router.close()
+        # the monitor before its reader; the router, with its linger (the last REPs and
+        # the empty INTR go out), before the driver (its links, its timer)
+        self._router.stop_monitor()
         if self._watcher is not None:
             self._watcher.kill()
+        self._router.close()
         self._driver.close()
 
     def __enter__(self) -> "Server":
