@@ -40,11 +40,7 @@ unreachable) instead of only dropping it, and ``on_oversized(first)`` of a messa
 the limits read and dropped (its first frame: on a mailbox, the sender's identity).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
-outside returned (an NFP ``post``, say), and ``close()`` ends it all. With ``gather``,
-what is applied while a batch's outputs are carried out (a caller a ``Deliver`` woke,
-asking again at once; a reply an ``on_deliver`` made) joins that batch's outputs and
-is carried out after them, so a batch's sends leave back to back (ZeroMQ's I/O thread
-is woken once for them, not once per message).
+outside returned (an NFP ``post``, say), and ``close()`` ends it all.
 """
 
 from __future__ import annotations
@@ -81,8 +77,7 @@ class Driver:
                  name: str = "driver",
                  on_send_failed: Optional[Callable[[Hashable, Sequence[bytes],
                                                     BaseException], None]] = None,
-                 on_oversized: Optional[Callable[[bytes], None]] = None,
-                 gather: bool = False) -> None:
+                 on_oversized: Optional[Callable[[bytes], None]] = None) -> None:
         self.core = core
         self.transport = transport
         self.on_deliver = on_deliver
@@ -98,8 +93,6 @@ class Driver:
         self.links: dict[Hashable, Link] = {}
         self.closed = False
         self._held: Optional[list[Output]] = None      # outputs of the batch being read
-        self.gather = gather
-        self._gathered: Optional[list[Output]] = None  # outputs of the batch being applied
         self._backlogs: dict[Hashable, deque[Sequence[bytes]]] = {}
         self._greenlets: set[gevent.Greenlet] = set()
         self._armed: Optional[float] = None             # the deadline the timer sleeps to
@@ -153,25 +146,13 @@ class Driver:
     def _after_batch(self) -> None:
         held, self._held = self._held, None
         if held:
-            if self.gather and self._gathered is None:
-                self._gathered = held   # (``apply`` appends to it meanwhile: see gather)
-                try:
-                    self._carry_out(held)
-                finally:
-                    self._gathered = None
-            else:
-                self._carry_out(held)
+            self.apply(held)
         self._rearm()
 
     # --- outputs --------------------------------------------------------
 
     def apply(self, outputs: Sequence[Output]) -> None:
-        """Carry out ``outputs`` (in order), then re-arm the timer (with ``gather``, while
-        a batch's outputs are carried out: after them)."""
-        gathered = self._gathered
-        if gathered is not None:
-            gathered += outputs
-            return
+        """Carry out ``outputs`` (in order), then re-arm the timer."""
         self._carry_out(outputs)
         self._rearm()
 

@@ -14,8 +14,9 @@ whatever its driver says).
 
 Both it and any mailbox wrapped in a ``BatchedMailbox`` send quietly while a batch
 is handled: a ``HubSocket`` looks at its socket after every send (a send may take
-in the edge of a message waiting), and here the sends of one batch (what a driver
-with ``gather`` applies after it) are looked after once, when the batch is done.
+in the edge of a message waiting), and here the sends made while one batch is
+handled (the answers the driver carries out after it, a caller woken by one
+asking again) are looked after once, when the batch is done.
 """
 
 from __future__ import annotations

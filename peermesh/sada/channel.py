@@ -229,8 +229,7 @@ class Channel(Overlay):
                      else _ClockTransport(self._context, self._clock))
         self._driver = Driver(self._core, transport, on_deliver=self._deliver,
                               on_event=self._on_event, on_send_failed=self._send_failed,
-                              on_oversized=self._on_oversized, name=f"channel {self.id}",
-                              gather=True)
+                              on_oversized=self._on_oversized, name=f"channel {self.id}")
         self._driver.listen(BatchedMailbox(self._guard), metadata="Peer-Address")
         log.debug("channel %s at %s started", self.id, self.endpoint)
 

@@ -45,7 +45,7 @@ driver reads it in batches, hands each message to the core and carries out
 what comes back (PONGs, INTRs and REPs as ``Send``, a channel to connect to as
 ``Dial``, one forgotten as ``Hangup``); a REQ comes out as a ``Deliver`` of its
 job, which this module runs (``workers``) and whose outcome it gives back to the
-core. The REPs of one batch of inline handlers leave back to back. While
+core. While
 stopping, the server INTRs an empty catalog, answers new REQs with 503
 (channels send those elsewhere) and lets running handlers finish for up to
 ``grace`` seconds.
@@ -253,7 +253,7 @@ class Server(Overlay):
         self._core.serving = True
         self._driver = Driver(self._core, RoutedTransport(transport, router),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
-                              name="Safir-Darbaan server", gather=True)
+                              name="Safir-Darbaan server")
         self._watcher = gevent.spawn(_transport.read_monitor,
                                      router.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED),
                                      self._on_monitor)
