@@ -51,6 +51,11 @@ SADA ``RequestRouter``        ``receive(link, frames, now)`` takes a server's re
                               answers come out as ``Deliver``, requests as ``Send``, a
                               catalog change as ``Emit`` (the old ``send``/``answer``
                               callbacks still work when given).
+SADA ``ServerCore``           ``receive(alias, frames, now)`` takes a channel's REQ, PING
+                              or RINTR: REPs, PONGs and INTRs come out as ``Send``, a
+                              request for a handler as ``Deliver`` (its outcome goes back
+                              to ``reply``), channels as ``Dial``/``Hangup``;
+                              ``handle_timer`` forgets channels that left the mesh.
 ``FluxCore``                  already returns ``list[Output]``; ``timer(now)`` is
                               ``handle_timer`` and its deadline attribute
                               ``next_deadline()``; its outputs map one to one.

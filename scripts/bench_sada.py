@@ -309,6 +309,9 @@ def rounds_of(cases: dict[str, tuple[Setup, dict[str, Any]]], n: int,
                         "servers": 100 * sum(p["servers_cpu"] for p in parts) / outer,
                         "other": 100 * max(0.0, machine - ours) / outer,
                         "machine": 100 * machine / outer}}
+        # CPU per round trip (µs): steadier than rates on a loaded machine
+        result[name]["cpu_us"] = {"client": 1e6 * sum(p["cpu"] for p in parts) / len(us),
+                                  "servers": 1e6 * sum(p["servers_cpu"] for p in parts) / len(us)}
         if "served" in parts[0]:
             served: dict[str, int] = {}
             for part in parts:
@@ -392,16 +395,33 @@ def bench_failover(servers: int, window: int, ping_interval: float, seconds: flo
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    code = trees(args.baseline)
-    versions = {"": code["peermesh"]}
-    if "baseline" in code:
-        versions["_before"] = code["baseline"]
+    versions = {"": trees(None)["peermesh"]}
+    for i, rev in enumerate(args.baseline or []):
+        versions[baseline_tag(i)] = trees(rev)["baseline"]
     service_s = args.service_ms / 1000
     with Children(grace=0) as children:
         raw = raw_setup(children)
         setups = {k: {tag: sada_setup(children, k, tree, service_s)
-                      for tag, tree in versions.items()} for k in (1, 2, 4)}
-        one, four = setups[1], setups[4]
+                      for tag, tree in versions.items()}
+                  for k in ((1,) if args.pipelined_only else (1, 2, 4))}
+        one = setups[1]
+        if args.pipelined_only:
+            w = args.window
+            pipelined_1: dict[str, tuple[Setup, dict[str, Any]]] = {
+                "raw_pipe": (raw, {"window": w})}
+            for tag in versions:
+                pipelined_1[f"sada_pipe_1{tag}"] = (one[tag], {"window": w, "action": "echo"})
+            progress(f"pipelined, 1 server (window {w}): {args.rounds} interleaved rounds")
+            results.update(rounds_of(pipelined_1, args.n * 2, args.rounds))
+            results["ratios"] = {f"pipelined_1_vs_raw{tag}": results[f"sada_pipe_1{tag}"]["per_s"]
+                                 / results["raw_pipe"]["per_s"] for tag in versions}
+            results["baselines"] = dict(zip(list(versions)[1:], args.baseline or []))
+            for tag in results["baselines"]:
+                results["ratios"][f"sada_pipe_1_vs{tag}"] = (
+                    results["sada_pipe_1"]["per_s"] / results[f"sada_pipe_1{tag}"]["per_s"])
+            results["load_average"] = os.getloadavg()
+            return results
+        four = setups[4]
         progress(f"sequential: {args.rounds} interleaved rounds of {args.n} round trips")
         sequential: dict[str, tuple[Setup, dict[str, Any]]] = {
                       "raw_seq": (raw, {"window": 1}),
@@ -442,12 +462,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ratios[f"bound_{k}_vs_1{tag}"] = (results[f"sada_bound_{k}{tag}"]["per_s"]
                                              / results[f"sada_bound_1{tag}"]["per_s"])
     ratios["raw_sada_frames_vs_raw"] = results["raw_seq_sada_frames"]["per_s"] / raw_seq
-    if "_before" in versions:
-        results["baseline"] = f"{args.baseline} ({versions['_before']})"
+    results["baselines"] = {}
+    for i, rev in enumerate(args.baseline or []):
+        tag = baseline_tag(i)
+        results["baselines"][tag] = f"{rev} ({versions[tag]})"
         for key in NAMES:
             if key.startswith("sada"):
-                ratios[f"{key}_vs_baseline"] = (results[key]["per_s"]
-                                                / results[key + "_before"]["per_s"])
+                ratios[f"{key}_vs{tag}"] = results[key]["per_s"] / results[key + tag]["per_s"]
     results["service_ms"] = args.service_ms
     results["cores"] = os.cpu_count()
     for tag in versions:
@@ -467,6 +488,17 @@ NAMES = {"raw_seq": "raw pyzmq echo (1 frame), sequential",
          "sada_bound_2": "channel->2 servers, server-bound",
          "sada_bound_4": "channel->4 servers, server-bound"}
 PIPELINED = [key for key in NAMES if "pipe" in key or "bound" in key]
+
+
+def baseline_tag(i: int) -> str:
+    """The suffix of the results of the ``i``-th ``--baseline`` (from 0)."""
+    return "_before" if i == 0 else f"_before{i + 1}"
+
+
+def tag_label(tag: str) -> str:
+    """How a result's tag reads in the report: nothing, or which baseline."""
+    return "" if not tag else " [baseline]" if tag == "_before" else \
+        f" [baseline {tag[len('_before'):]}]"
 
 
 def scaling(r: dict[str, Any], tag: str = "") -> dict[str, Any]:
@@ -500,7 +532,7 @@ def scaling(r: dict[str, Any], tag: str = "") -> dict[str, Any]:
 
 
 def scaling_lines(r: dict[str, Any], tag: str) -> list[str]:
-    what = " [baseline]" if tag else ""
+    what = tag_label(tag)
     v = r["scaling" + tag]
     lines = []
     for k, x in v["servers"].items():
@@ -538,7 +570,7 @@ def cpu_table(r: dict[str, Any], tags: list[str]) -> list[str]:
             served = x.get("served_per_server", [])
             total = sum(served) or 1
             spread = " ".join(f"{100 * c / total:.0f}" for c in served) if len(served) > 1 else ""
-            rows.append([NAMES[key] + (" [baseline]" if tag else ""),
+            rows.append([NAMES[key] + tag_label(tag),
                          *(f"{cpu[k]:.0f}" for k in ("client", "client_hub", "servers", "other",
                                                      "machine")), spread])
     return [f"CPU while each pipelined case ran, % of one core ({r['cores']} cores = "
@@ -549,24 +581,38 @@ def cpu_table(r: dict[str, Any], tags: list[str]) -> list[str]:
 
 
 def report(r: dict[str, Any]) -> str:
-    tags = [""] + (["_before"] if "baseline" in r else [])
+    tags = ["", *r["baselines"]]
     ratios = r["ratios"]
     rows = []
     for key, name in NAMES.items():
+        if key not in r:    # (--pipelined-only)
+            continue
         for tag in tags if key.startswith("sada") else [""]:
             x = r[key + tag]
-            rows.append([name + (" [baseline]" if tag else ""), f"{x['per_s']:.0f}",
+            rows.append([name + tag_label(tag), f"{x['per_s']:.0f}",
                          f"{x['p50_us']:.0f}", f"{x['p99_us']:.0f}",
-                         ratios.get(f"{key}_vs_baseline", "") if tag == "" else ""])
+                         f"{ratios[key + '_vs' + tag]:.2f}" if tag else ""])
     head = ["case", "round trips/s", "p50 µs", "p99 µs", *(["now/base"] if len(tags) > 1 else [])]
     lines = table(head, [row[:len(head)] for row in rows])
+    if "sada_seq" not in r:
+        lines += ["", *(f"pipelined 1 server / raw{tag_label(tag)}: "
+                        f"{ratios['pipelined_1_vs_raw' + tag]:.2f}; CPU per round trip: "
+                        f"channel {r['sada_pipe_1' + tag]['cpu_us']['client']:.1f} µs, server "
+                        f"{r['sada_pipe_1' + tag]['cpu_us']['servers']:.1f} µs"
+                        for tag in tags),
+                  f"raw: client {r['raw_pipe']['cpu_us']['client']:.1f} µs, echo "
+                  f"{r['raw_pipe']['cpu_us']['servers']:.1f} µs per round trip",
+                  "load average during the run: " + " ".join(
+                      f"{x:.2f}" for x in r["load_average"]) + f" ({os.cpu_count()} cores)",
+                  *(f"baseline code{tag_label(tag)}: {rev}" for tag, rev in r["baselines"].items())]
+        return "\n".join(lines)
     lines.append("")
     lines += cpu_table(r, tags)
     lines.append("")
     for tag in tags:
         seq = ratios[f"sequential_vs_raw{tag}"]
         p99 = r[f"sada_seq{tag}"]["p99_us"] / 1000
-        what = " [baseline]" if tag else ""
+        what = tag_label(tag)
         lines += [
             f"sequential / raw{what}:{' ' * (28 - len(what))}{seq:5.2f}  (target >= "
             f"{TARGETS['sequential_ratio']:.2f}: "
@@ -599,8 +645,7 @@ def report(r: dict[str, Any]) -> str:
         "load average during the run: " + " ".join(f"{x:.2f}" for x in r["load_average"])
         + f" ({os.cpu_count()} cores)",
     ]
-    if "baseline" in r:
-        lines.append(f"baseline code: {r['baseline']}")
+    lines += [f"baseline code{tag_label(tag)}: {rev}" for tag, rev in r["baselines"].items()]
     return "\n".join(lines)
 
 
@@ -614,9 +659,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="service time of the server-bound handler (ms; blocks, burns no CPU)")
     parser.add_argument("--bound-n", type=int, default=400,
                         help="requests per server per server-bound case and round")
-    parser.add_argument("--baseline", metavar="REV",
+    parser.add_argument("--baseline", metavar="REV", action="append",
                         help="also run the channel cases with the peermesh of REV (a commit, or "
-                             "a directory holding a peermesh package)")
+                             "a directory holding a peermesh package); may be repeated")
+    parser.add_argument("--pipelined-only", action="store_true",
+                        help="run only raw vs channel -> 1 server, pipelined (and no failover)")
     parser.add_argument("--ping-interval", type=float, default=1.0,
                         help="channel ping interval in the failover case (s)")
     parser.add_argument("--failover-s", type=float, default=2.0,

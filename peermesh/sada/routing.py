@@ -24,7 +24,8 @@ A router made with the functions ``send(identity, frames)`` and
 Per server (known by the routing id ZeroMQ gave its connection) it keeps:
 
 * its catalog (service name + version pairs), replaced by every INTR;
-* ``in_flight`` requests, a latency EWMA of its replies and a ``penalty``
+* ``in_flight`` requests, a latency EWMA of its replies (a request that
+  timed out there counts as a reply after its whole wait) and a ``penalty``
   that doubles whenever a request to it times out and halves back each
   ping interval: the server chosen for a request is the one with the lowest
   ``(in_flight + 1) * latency * penalty`` among those offering the best
@@ -540,6 +541,7 @@ class RequestRouter(Outputs):
         server = pending.server
         if server is not None:
             self._penalise(server, now)
+            server.latency += _EWMA * (now - pending.sent_at - server.latency)
             self._counts["timeouts"] += 1
             error: Exception = RequestTimeout(
                 f"no reply to {pending.what()} (request {pending.rid_text()}) from server "

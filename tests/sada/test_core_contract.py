@@ -94,3 +94,16 @@ def test_a_router_with_callbacks_returns_nothing_and_calls_them() -> None:
     assert core.take() == [] and sent[0][0] == b"s1"
     assert core.receive(b"s1", rep(rid, msgpack.unpackb(msgpack.packb(3))), 0.1) == []
     assert answered == [("t", 3, None)]
+
+
+def test_a_timeout_counts_in_the_servers_latency() -> None:
+    """A server that let a request time out looks as slow as that wait, not as fast as its
+    last replies (the penalty alone halves back within a ping interval)."""
+    core = router()
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    core.submit("token", "echo", "say", None, 0.0, timeout=1.0)
+    core.take()
+    (timed_out,) = [o for o in core.handle_timer(1.0) if type(o) is Deliver]
+    assert isinstance(timed_out.item[2], RequestTimeout)
+    (info,) = core.servers(1.0)
+    assert info.latency > 0.1 and info.penalty == 2
