@@ -47,9 +47,12 @@ SADA ``RequestRouter``        ``receive(link, frames, now)`` takes a server's re
                               answers come out as ``Deliver``, requests as ``Send``, a
                               catalog change as ``Emit`` (the old ``send``/``answer``
                               callbacks still work when given).
-``FluxCore``                  already returns ``list[Output]``; ``timer(now)`` is
-                              ``handle_timer`` and its deadline attribute
-                              ``next_deadline()``; its outputs map one to one.
+``FluxCore``                  ``receive(link, frames, now)`` (``PARENT`` or a ROUTER
+                              peer's identity); local handles get ``Deliver((handle,
+                              message))``, notices come as ``Emit(Notice)``, the parent
+                              link is ``Dial(PARENT, ...)``/``Hangup(PARENT)``; a
+                              ``Send`` to a ROUTER peer carries its address as the first
+                              frame (the driver's ``addressed`` option).
 MTL ``DataFlow``              its outboxes drained by ``take()`` are the returned list;
                               ``tick`` splits like ZRE's; durable queues become a port.
 ============================  ==========================================================

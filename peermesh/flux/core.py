@@ -2,13 +2,14 @@
 
 How it works
 ------------
-``FluxCore`` owns no socket and reads no clock. The driver feeds it what
-arrives, ``receive(link, frames, now)``, the calls of local handles
-(``rpc``, ``respond``, ``publish``, ...), ``link_down(link, now)`` when a send
-found a link gone, and ``timer(now)`` at ``next_deadline``; every call returns
-a list of outputs: ``Send(link, frames)``, ``Deliver(handle, message)``,
-``Dial(endpoint, identity)`` (replace the link to the parent), ``Hangup()``
-and ``Notice(what, rank, detail)``.
+``FluxCore`` owns no socket and reads no clock: a core of ``peermesh.core``'s
+contract. The driver feeds it what arrives, ``receive(link, frames, now)``,
+the calls of local handles (``rpc``, ``respond``, ``publish``, ...),
+``link_down(link, now)`` when a send found a link gone, and
+``handle_timer(now)`` at ``next_deadline()``; every call returns a list of
+``peermesh.core`` outputs: ``Send(link, frames)``, ``Deliver((handle,
+message))``, ``Dial(PARENT, endpoint, identity)`` (replace the link to the
+parent), ``Hangup(PARENT)`` and ``Emit(Notice(what, rank, detail))``.
 
 Links. ``PARENT`` is the one DEALER this node connects (to its parent, or
 while joining to a bootstrap endpoint); every other link is the identity
@@ -56,12 +57,12 @@ from .children import Child
 from .matchtags import Handle, Pending
 from .membership import Membership
 from .outputs import (
-    IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
+    IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
 )
 from .routing import BUILTIN_SERVICES, InflightKey
 from .settings import FluxSettings, State
 
-__all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Dial", "Hangup", "Notice",
+__all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Emit", "Dial", "Hangup", "Notice",
            "Output", "PARENT", "SELF", "IDENTITY_SIZE", "BUILTIN_SERVICES"]
 
 
@@ -116,7 +117,7 @@ class FluxCore(Membership):
         self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid,
                                    settings.max_joining, settings.joins_per_link)
         self._tick = settings.heartbeat
-        self.next_deadline = 0.0
+        self._next = 0.0  # when handle_timer is next due (``next_deadline``)
         self.stats = {"dropped": 0, "forwarded": 0, "replayed": 0}
         #: RPCs of this node: requests its handles sent and were delivered, responses
         #: its handles sent and got, error responses made here (``flux_rpcs_total``)
@@ -127,10 +128,10 @@ class FluxCore(Membership):
 
     def start(self, now: float) -> list[Output]:
         """Begin: the root is online at once, others join through the bootstrap endpoints."""
-        self.next_deadline = now + self._tick
+        self._next = now + self._tick
         if self.root:
             self.state = State.ONLINE
-            return [Notice("online", 0, {"size": self.size, "topology": str(self.topology)})]
+            return [Emit(Notice("online", 0, {"size": self.size, "topology": str(self.topology)}))]
         return self._join(now) if self.bootstrap else []
 
     def set_bootstrap(self, endpoints: Sequence[str], now: float) -> list[Output]:
@@ -156,7 +157,7 @@ class FluxCore(Membership):
         self.children.clear()
         self.by_rank.clear()
         self.state = State.STOPPED
-        out.append(Hangup())
+        out.append(Hangup(PARENT))
         return out
 
     @property
@@ -314,11 +315,15 @@ class FluxCore(Membership):
             return self._client_gone(link, now)
         return self._child_lost(child, now, "the link is down")
 
-    def timer(self, now: float) -> list[Output]:
-        """Heartbeats, torpid and lost links, timed-out joins; call at ``next_deadline``."""
+    def next_deadline(self) -> float:
+        """When ``handle_timer`` is next due."""
+        return self._next
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """Heartbeats, torpid and lost links, timed-out joins; call at ``next_deadline()``."""
         out: list[Output] = []
         s = self.settings
-        self.next_deadline = now + self._tick
+        self._next = now + self._tick
         if self.state is State.STOPPED:
             return out
         if self.state is State.ONLINE and not self.root:
@@ -329,7 +334,7 @@ class FluxCore(Membership):
         elif self.state in (State.JOINING, State.ATTACHING) and now >= self._deadline:
             out += self._retry(now)
         if self.state in (State.JOINING, State.ATTACHING):
-            self.next_deadline = min(self.next_deadline, self._deadline)
+            self._next = min(self._next, self._deadline)
         if self.root:
             self.directory.expire(now, s.lost, s.reclaim)
         heartbeat: Optional[list[bytes]] = None
@@ -340,7 +345,7 @@ class FluxCore(Membership):
                 continue
             if silent >= s.torpid and not child.torpid:
                 child.torpid = True
-                out.append(Notice("child-torpid", child.rank, silent))
+                out.append(Emit(Notice("child-torpid", child.rank, silent)))
             if now - child.sent >= s.heartbeat:
                 if heartbeat is None:
                     heartbeat = encode(Control(ControlType.HEARTBEAT))

@@ -22,7 +22,7 @@ from ..errors import ProtocolError, RemoteProtocolError
 from ..wire.flux import Errno, EventMessage, Request, Response, encode, read_json
 from .bodies import b64, int_field, str_field, unb64
 from .clients import ClientTable
-from .outputs import Deliver, Notice, Output, Send
+from .outputs import Deliver, Emit, Notice, Output, Send
 from .routing import Routing
 
 __all__ = ["EventLog"]
@@ -82,7 +82,7 @@ class EventLog(Routing):
             return []  # a duplicate
         if self._replay_to:
             if len(self._held) >= self.settings.recent_events:
-                return [Notice("events-lost", self.rank or 0, (seq, seq))]
+                return [Emit(Notice("events-lost", self.rank or 0, (seq, seq)))]
             self._held.append(event)
             return []
         if seq == self.seq + 1 or not self._synced:
@@ -101,7 +101,7 @@ class EventLog(Routing):
         for number, handle in self.handles.items():
             for prefix in handle.prefixes:
                 if topic.startswith(prefix):
-                    out.append(Deliver(number, event))
+                    out.append(Deliver((number, event)))
                     break
         delivered = len(out)
         for identity, child in self.children.items():
@@ -144,13 +144,13 @@ class EventLog(Routing):
             if event.seq <= self.seq:
                 continue
             if event.seq > self.seq + 1:
-                out.append(Notice("events-lost", self.rank or 0, (self.seq + 1, event.seq - 1)))
+                out.append(Emit(Notice("events-lost", self.rank or 0, (self.seq + 1, event.seq - 1))))
             self.stats["replayed"] += 1
             out += self._pass_down(event, encode(event))
         if answered_to < wanted_to and response.errnum == 0:
             return out + self._fetch(answered_to + 1, wanted_to, now)
         if self.seq < wanted_to:
-            out.append(Notice("events-lost", self.rank or 0, (self.seq + 1, wanted_to)))
+            out.append(Emit(Notice("events-lost", self.rank or 0, (self.seq + 1, wanted_to))))
             self.seq = wanted_to
         self._replay_to = 0
         held, self._held = self._held, []

@@ -92,7 +92,9 @@ from .children import Child
 from .directory import Directory, Refusal
 from .events import EventLog
 from .matchtags import Pending
-from .outputs import IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send
+from .outputs import (
+    IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
+)
 from .settings import State
 from .topology import Topology, TopologyError
 
@@ -124,7 +126,7 @@ class Membership(EventLog):
     _candidates: list[tuple[int, str]]
     _deadline: float
     _backoff: float
-    next_deadline: float
+    _next: float
     _failed: list[int]
     _taken: Optional[int]
 
@@ -181,7 +183,7 @@ class Membership(EventLog):
         self.children[link] = Child(link, rank, endpoint, uuid, now, now)
         self.by_rank[rank] = link
         self.size = max(self.size, rank + 1)
-        out.append(Notice("child-attached", rank, endpoint))
+        out.append(Emit(Notice("child-attached", rank, endpoint)))
         chain = [[self.rank, self.endpoint]] + [[r, e] for r, e in self.ancestors]
         out += self._answer(request, {"ancestors": chain[:self.settings.max_ancestors],
                                       "seq": self.seq, "size": self.size}, now)
@@ -220,7 +222,7 @@ class Membership(EventLog):
         """Ask rank 0 for a rank through the next bootstrap endpoint."""
         if not self.bootstrap:
             self.state = State.DETACHED
-            return [Hangup()]
+            return [Hangup(PARENT)]
         endpoint = self.bootstrap[self._attempt % len(self.bootstrap)]
         self._attempt += 1
         self.state = State.JOINING
@@ -237,7 +239,7 @@ class Membership(EventLog):
         # a guest identity of its own: the parent's ROUTER (with ROUTER_HANDOVER) never sees
         # this node's identity move from one connection to another
         guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
-        out: list[Output] = [Dial(endpoint, guest)]
+        out: list[Output] = [Dial(PARENT, endpoint, guest)]
         self._parent_heard = self._parent_sent = now
         out += self._guest_rpc("peermesh.join", body, 0, now, self._joined)
         return out
@@ -265,13 +267,13 @@ class Membership(EventLog):
             return []
         if response.errnum:
             if response.errnum == Errno.EEXIST and self.claim is not None:
-                out: list[Output] = [Notice("rank-taken", self.claim)]
+                out: list[Output] = [Emit(Notice("rank-taken", self.claim))]
                 self.claim = None
                 return out + self._join(now)
             if response.errnum in _REFUSALS:
                 return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next endpoint
-            return [Notice("join-failed", -1, response.errnum)]
+            return [Emit(Notice("join-failed", -1, response.errnum))]
         try:
             body = read_json(response.payload)
             rank, parent = int_field(body, "rank", 1), int_field(body, "parent", 0)
@@ -305,7 +307,7 @@ class Membership(EventLog):
         self._deadline = now + self.settings.hello_timeout
         self._forget_internal()
         self._parent_heard = self._parent_sent = now
-        out: list[Output] = [Dial(endpoint, self.identity)]
+        out: list[Output] = [Dial(PARENT, endpoint, self.identity)]
         out += self._guest_rpc("peermesh.hello", {"rank": self.rank, "uuid": self.uuid,
                                                  "endpoint": self.endpoint},
                                parent, now, self._helloed)
@@ -318,11 +320,11 @@ class Membership(EventLog):
             if response.errnum == Errno.EEXIST:
                 self._taken, self.claim = self.rank, None
                 self._attempt = 0
-                return [Notice("rank-taken", self.rank or -1)] + self._join(now)
+                return [Emit(Notice("rank-taken", self.rank or -1))] + self._join(now)
             if response.errnum in _REFUSALS:
                 return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next candidate
-            return [Notice("hello-failed", self.rank or -1, response.errnum)]
+            return [Emit(Notice("hello-failed", self.rank or -1, response.errnum))]
         try:
             body = read_json(response.payload)
             chain = body.get("ancestors")
@@ -340,9 +342,9 @@ class Membership(EventLog):
         self.state = State.ONLINE
         self.claim = self.rank
         self._backoff = self.settings.retry
-        out: list[Output] = [Notice("online", self.rank or 0,
+        out: list[Output] = [Emit(Notice("online", self.rank or 0,
                                     {"parent": self.parent_rank, "size": self.size,
-                                     "topology": str(self.topology)})]
+                                     "topology": str(self.topology)}))]
         self._failed = []
         for child in list(self.children.values()):
             out += self._report_attached(child, now)
@@ -366,7 +368,7 @@ class Membership(EventLog):
         """Joining was refused for good (``_REFUSALS``, or DISCONNECT from the peer
         dialed): stop, with ``Notice("refused", rank, why)``, rather than ask again."""
         self._forget_internal()
-        return [Notice("refused", -1 if self.rank is None else self.rank, why),
+        return [Emit(Notice("refused", -1 if self.rank is None else self.rank, why)),
                 *self.stop(now)]
 
     def _retry_soon(self, now: float) -> None:
@@ -374,7 +376,7 @@ class Membership(EventLog):
         most ``heartbeat``), not at the next tick; the driver wakes at ``next_deadline``."""
         self._deadline = min(self._deadline, now + self._backoff)
         self._backoff = min(self._backoff * 2, self.settings.heartbeat)
-        self.next_deadline = min(self.next_deadline, self._deadline)
+        self._next = min(self._next, self._deadline)
 
     def _retry(self, now: float) -> list[Output]:
         if self.state is State.JOINING:
@@ -384,7 +386,7 @@ class Membership(EventLog):
         return self._attach(now)
 
     def _parent_lost(self, now: float, why: str) -> list[Output]:
-        out: list[Output] = [Notice("parent-lost", self.parent_rank or 0, why)]
+        out: list[Output] = [Emit(Notice("parent-lost", self.parent_rank or 0, why))]
         out += self._fail_via(PARENT, f"the parent was lost ({why})")
         self._candidates = self.ancestors[1:]
         self._attempt = 0
@@ -395,8 +397,8 @@ class Membership(EventLog):
         """Disconnects for what came from ``link`` (see the module's docstring)."""
         gone = (link,)
         out: list[Output] = [
-            Deliver(handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
-                                         FLAG_NORESPONSE, gone, USERID_UNKNOWN, 0))
+            Deliver((handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
+                                         FLAG_NORESPONSE, gone, USERID_UNKNOWN, 0)))
             for service, handle in self.services.items()]
         told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
         for key in [k for k in self._inflight if k[1][:1] == gone]:
@@ -421,7 +423,7 @@ class Membership(EventLog):
         self.children.pop(child.identity, None)
         if self.by_rank.get(child.rank) == child.identity:
             del self.by_rank[child.rank]
-        out: list[Output] = [Notice("child-lost", child.rank, why)]
+        out: list[Output] = [Emit(Notice("child-lost", child.rank, why))]
         out += self._fail_via(child.identity, f"rank {child.rank} was lost ({why})")
         out += self._sender_gone(child.identity, now)
         if self.root:

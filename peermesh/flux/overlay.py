@@ -81,7 +81,8 @@ from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY
 from ..wire.zre import PUBLIC_KEY_HEADER
 from .core import (
-    IDENTITY_SIZE, PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output, Send,
+    IDENTITY_SIZE, PARENT, Deliver, Dial, Emit, FluxCore, FluxSettings, Hangup, Notice, Output,
+    Send,
     State,
 )
 from .bodies import ping_body
@@ -419,20 +420,22 @@ class FluxOverlay(Overlay):
                     except Exception as exc:  # zmq.ZMQError or OSError: EHOSTUNREACH
                         if getattr(exc, "errno", None) != errno.EHOSTUNREACH:
                             raise
+                        assert isinstance(output.link, bytes)
                         self._apply(self.core.link_down(output.link, self.now()))
             elif kind is Deliver:
                 assert isinstance(output, Deliver)
-                handle = self._handles.get(output.handle)
+                number, message = output.item
+                handle = self._handles.get(number)
                 if handle is not None:
-                    handle._deliver(output.message)
+                    handle._deliver(message)
             elif kind is Dial:
                 assert isinstance(output, Dial)
                 self._dial(output.endpoint, output.identity)
             elif kind is Hangup:
                 self._hangup()
             else:
-                assert isinstance(output, Notice)
-                self._notice(output)
+                assert isinstance(output, Emit)
+                self._notice(output.event)
 
     #: a handle's outputs are carried out at once (``HandleHost``)
     carry_out = _apply
@@ -492,7 +495,7 @@ class FluxOverlay(Overlay):
             if link is self._link:
                 rest.insert(0, first)
                 self._apply(self.core.receive(PARENT, rest, clock()), look)
-                if self.core.next_deadline < self._due:  # e.g. a refused join: retry soon
+                if self.core.next_deadline() < self._due:  # e.g. a refused join: retry soon
                     self._restart_timer()
 
         try:
@@ -542,11 +545,11 @@ class FluxOverlay(Overlay):
     def _run_timer(self) -> None:
         sleep = self.transport.sleep
         while True:
-            self._due = self.core.next_deadline
+            self._due = self.core.next_deadline()
             sleep(max(self._due - self.now(), 0.001))
             now = self.now()
-            if now >= self.core.next_deadline:
-                self._apply(self.core.timer(now))
+            if now >= self.core.next_deadline():
+                self._apply(self.core.handle_timer(now))
 
     # --- bootstrap through the mesh ----------------------------------------------------
 

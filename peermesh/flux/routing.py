@@ -444,13 +444,13 @@ class Routing:
         if not pending.topic:  # abandoned
             return []
         self.rpcs["responses"] += 1
-        return [Deliver(number, response)]
+        return [Deliver((number, response))]
 
     def _deliver_request(self, handle: int, request: Request, now: float) -> list[Output]:
         topic = request.topic
         if topic in self.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
             self.rpcs["received"] += 1
-            return [Deliver(handle, request)]
+            return [Deliver((handle, request))]
         return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 
     def _error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
