@@ -220,8 +220,9 @@ class FluxCore(Membership):
         return self.rpc(handle, "event.publish", json_payload(publish_body(topic, payload)),
                         0, 0, now)
 
-    def receive(self, link: bytes, frames: list[bytes], now: float) -> list[Output]:
-        """A message arrived on ``link`` (``PARENT``, or a ROUTER identity, frames without it)."""
+    def receive(self, link: Any, frames: list[bytes], now: float) -> list[Output]:
+        """A message arrived on ``link`` (bytes: ``PARENT``, or a ROUTER identity, frames
+        without it)."""
         if self.state is State.STOPPED:
             return []
         if len(link) != IDENTITY_SIZE and link != PARENT:
