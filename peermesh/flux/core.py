@@ -18,12 +18,15 @@ Frames sent to a child start with its identity (the ROUTER's address).
 
 The node's work is split by job, one module each, composed here:
 ``routing`` (requests and responses, what is in flight), ``events``
-(numbering, fan-out, replay), ``membership`` (joining, attaching, losses;
-rank 0's ``directory``), ``matchtags`` (a local handle's RPCs), with the
-outputs in ``outputs`` and the settings and states in ``settings``. This
+(numbering, fan-out, replay: ``EventLog``, a part of its own held as
+``log``, with its own state, that reaches the node through ``EventHost``),
+``membership`` (joining, attaching, losses; rank 0's ``directory``),
+``matchtags`` (a local handle's RPCs), with the outputs in ``outputs`` and
+the settings and states in ``settings``. (``routing`` and ``membership``
+are still classes ``FluxCore`` inherits: ``Membership(Routing)``.) This
 module holds the node's state, its life (start, stop), the calls of local
-handles, the entry points (``receive``, ``link_down``, ``timer``) and the
-built-in services.
+handles, the entry points (``receive``, ``link_down``, ``handle_timer``)
+and the built-in services.
 
 Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
@@ -52,6 +55,7 @@ from ..wire.flux import (
 from .bodies import ping_answer, publish_body, str_field
 from .clients import ClientTable
 from .directory import Directory
+from .events import EventLog
 from .errors import FluxStateError
 from .children import Child
 from .matchtags import Handle, Pending
@@ -108,11 +112,8 @@ class FluxCore(Membership):
         self._taken: Optional[int] = None  # a rank found taken, for rank 0 to skip
         self._failed: list[int] = []  # candidate parents that did not answer a hello
         # events
-        self.seq = 0
-        self._synced = root  # whether ``seq`` follows rank 0 (set by the first hello answer)
-        self.recent: deque[EventMessage] = deque(maxlen=settings.recent_events)
-        self._held: list[EventMessage] = []
-        self._replay_to = 0  # last seq of the gap being fetched (0: none)
+        #: the events part: numbering, fan-out, replay (its own state)
+        self.log = EventLog(self, settings.recent_events, synced=root)
         #: rank 0's directory of ranks
         self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid,
                                    settings.max_joining, settings.joins_per_link)
@@ -159,6 +160,20 @@ class FluxCore(Membership):
         self.state = State.STOPPED
         out.append(Hangup(PARENT))
         return out
+
+    @property
+    def seq(self) -> int:
+        """The last event number this node took (``EventLog.seq``)."""
+        return self.log.seq
+
+    @seq.setter
+    def seq(self, seq: int) -> None:
+        self.log.seq = seq
+
+    @property
+    def recent(self) -> deque[EventMessage]:
+        """The events rank 0 keeps for replay (``EventLog.recent``)."""
+        return self.log.recent
 
     @property
     def online(self) -> bool:
@@ -276,7 +291,7 @@ class FluxCore(Membership):
             assert isinstance(message, EventMessage)
             if link != PARENT or self.state is not State.ONLINE:
                 return self._drop(link, "an event not from the parent")
-            return self._event(message, frames, now)
+            return self.log.event(message, frames, now)
         assert isinstance(message, Control)
         if message.ctype == ControlType.DISCONNECT:
             if link == PARENT and self.state is State.ONLINE:
@@ -389,11 +404,11 @@ class FluxCore(Membership):
             return self._ping(request, now, wire)
         handler = _BUILTINS.get(topic)
         if handler is None:
-            return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
+            return self.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
         try:
             return handler(self, request, now)
         except ProtocolError as exc:
-            return self._error(request, Errno.EPROTO, exc.reason, now)
+            return self.error(request, Errno.EPROTO, exc.reason, now)
 
     def _ping(self, request: Request, now: float,
               wire: Optional[list[bytes]] = None) -> list[Output]:
@@ -410,7 +425,7 @@ class FluxCore(Membership):
                 answer = ping_answer(payload, request.routes or (), self.uuid, self.rank or 0,
                                      request.userid, request.rolemask)
             except ProtocolError as exc:
-                return self._error(request, Errno.EPROTO, exc.reason, now)
+                return self.error(request, Errno.EPROTO, exc.reason, now)
             return self._route_response(
                 make_response(request.topic, answer, 0, request.matchtag, 0, request.routes,
                               USERID_UNKNOWN, 0), now)
@@ -427,12 +442,12 @@ class FluxCore(Membership):
         """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE or link in self.children:
-            return self._error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
+            return self.error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
         if self.state is not State.ONLINE:
-            return self._error(request, Errno.EAGAIN, "not in the tree", now)
+            return self.error(request, Errno.EAGAIN, "not in the tree", now)
         if not self.clients.accept(link, now):
-            return self._error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
-        return self._answer(request, {"rank": self.rank, "size": self.size, "seq": self.seq,
+            return self.error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
+        return self.answer(request, {"rank": self.rank, "size": self.size, "seq": self.log.seq,
                                       "topology": str(self.topology),
                                       "heartbeat": self.settings.heartbeat}, now)
 
@@ -440,30 +455,30 @@ class FluxCore(Membership):
         """``event.subscribe`` / ``event.unsubscribe`` ``{"topic": prefix}`` from a client."""
         client = self.clients.get(request.routes[0]) if request.routes else None
         if client is None:
-            return self._error(request, Errno.EPROTO, "only a client subscribes by request", now)
+            return self.error(request, Errno.EPROTO, "only a client subscribes by request", now)
         prefix = str_field(read_json(request.payload), "topic")
         if request.topic == "event.unsubscribe":
             self.clients.unsubscribe(client, prefix)
         elif not self.clients.subscribe(client, prefix):
-            return self._error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
+            return self.error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
                                "subscriptions per client (client_prefixes)", now)
-        return self._answer(request, {}, now)
+        return self.answer(request, {}, now)
 
     def _attr_request(self, request: Request, now: float) -> list[Output]:
         """``attr.get`` ``{"name"}`` as flux-core answers it, ``{"value": text, "flags"}``,
         for the attributes a peermesh member has (``ATTRIBUTES``); ENOENT for others."""
         name = str_field(read_json(request.payload), "name", 128)
         if name not in ATTRIBUTES:
-            return self._error(request, Errno.ENOENT, f"no attribute {name}", now)
-        return self._answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
+            return self.error(request, Errno.ENOENT, f"no attribute {name}", now)
+        return self.answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
 
     def _info(self, request: Request, now: float) -> list[Output]:
-        return self._answer(request, self.info(), now)
+        return self.answer(request, self.info(), now)
 
     def info(self) -> dict[str, Any]:
         """This node's place in the tree."""
         return {"rank": self.rank, "size": self.size, "parent": self.parent_rank,
-                "state": self.state.value, "seq": self.seq,
+                "state": self.state.value, "seq": self.log.seq,
                 "children": sorted(c.rank for c in self.children.values()),
                 "torpid": sorted(c.rank for c in self.children.values() if c.torpid),
                 "topology": str(self.topology), "clients": len(self.clients),
@@ -495,7 +510,7 @@ _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "peermesh.client": FluxCore._client_request,
     "event.subscribe": FluxCore._subscribe_request,
     "event.unsubscribe": FluxCore._subscribe_request,
-    "event.publish": FluxCore._publish_request,
-    "peermesh.replay": FluxCore._replay_request,
+    "event.publish": lambda core, request, now: core.log.publish_request(request, now),
+    "peermesh.replay": lambda core, request, now: core.log.replay_request(request, now),
 }
 

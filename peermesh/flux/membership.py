@@ -91,6 +91,7 @@ from .bodies import int_field, str_field
 from .children import Child
 from .directory import Directory, Refusal
 from .events import EventLog
+from .routing import Routing
 from .matchtags import Pending
 from .outputs import (
     IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
@@ -112,9 +113,10 @@ def _refusal_text(response: Response) -> str:
     return f"{name} answering {response.topic}" + (f": {text}" if text else "")
 
 
-class Membership(EventLog):
+class Membership(Routing):
     """Joining, attaching and losses of ``FluxCore`` (see the module's docstring)."""
 
+    log: EventLog
     identity: bytes
     uuid: str
     endpoint: str
@@ -133,7 +135,7 @@ class Membership(EventLog):
     def _join_request(self, request: Request, now: float) -> list[Output]:
         """Rank 0 gives a rank (claimed or new) and names the parent to attach to."""
         if not self.root:
-            return self._error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
+            return self.error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
         body = read_json(request.payload)
         claim = int_field(body, "rank", -1, self.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
@@ -149,10 +151,10 @@ class Membership(EventLog):
             self.directory.taken(taken, now, link)
         given = self.directory.give(claim, uuid, endpoint, now, link)
         if isinstance(given, Refusal):
-            return self._error(request, given.errnum, given.text, now)
+            return self.error(request, given.errnum, given.text, now)
         rank, parent, parent_endpoint = given
         self.size = self.directory.size
-        return self._answer(request, {"rank": rank, "parent": parent, "size": self.size,
+        return self.answer(request, {"rank": rank, "parent": parent, "size": self.size,
                                       "endpoint": parent_endpoint,
                                       "topology": str(self.topology)}, now)
 
@@ -160,33 +162,33 @@ class Membership(EventLog):
         """A node asks to attach as this node's child."""
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE:
-            return self._error(request, Errno.EINVAL, "hello comes from a child's link", now)
+            return self.error(request, Errno.EINVAL, "hello comes from a child's link", now)
         if self.state not in (State.ONLINE, State.ATTACHING) or self.rank is None:
-            return self._error(request, Errno.EAGAIN, "not in the tree", now)
+            return self.error(request, Errno.EAGAIN, "not in the tree", now)
         body = read_json(request.payload)
         rank = int_field(body, "rank", 1, self.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
         endpoint = str_field(body, "endpoint")
         if not self.topology.is_descendant(rank, self.rank):
-            return self._error(request, Errno.EINVAL,
+            return self.error(request, Errno.EINVAL,
                                f"rank {rank} is not below rank {self.rank}", now)
         old_identity = self.by_rank.get(rank)
         if old_identity is not None and old_identity != link:
             old = self.children[old_identity]
             if old.uuid != uuid and now - old.heard < self.settings.torpid:
-                return self._error(request, Errno.EEXIST, f"rank {rank} is attached", now)
+                return self.error(request, Errno.EEXIST, f"rank {rank} is attached", now)
             out = self._child_lost(old, now, "replaced by a new hello")
         else:
             out = []
         if link not in self.children and len(self.children) >= self.settings.max_children:
-            return out + self._error(request, Errno.ENOSPC, "no room for children", now)
+            return out + self.error(request, Errno.ENOSPC, "no room for children", now)
         self.children[link] = Child(link, rank, endpoint, uuid, now, now)
         self.by_rank[rank] = link
         self.size = max(self.size, rank + 1)
         out.append(Emit(Notice("child-attached", rank, endpoint)))
         chain = [[self.rank, self.endpoint]] + [[r, e] for r, e in self.ancestors]
-        out += self._answer(request, {"ancestors": chain[:self.settings.max_ancestors],
-                                      "seq": self.seq, "size": self.size}, now)
+        out += self.answer(request, {"ancestors": chain[:self.settings.max_ancestors],
+                                      "seq": self.log.seq, "size": self.size}, now)
         out += self._report_attached(self.children[link], now)
         return out
 
@@ -198,7 +200,7 @@ class Membership(EventLog):
             return []
         if self.state is not State.ONLINE:
             return []  # reported when this node comes online
-        return self._internal_rpc("peermesh.attached", note, 0, now, None)
+        return self.internal_rpc("peermesh.attached", note, 0, now, None)
 
     def _attached_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
@@ -289,7 +291,7 @@ class Membership(EventLog):
         self._taken = None
         # rank 0 may be another node (or restarted) with numbering of its own: the hello
         # answer gives the sequence to follow from
-        self._synced, self._held, self._replay_to = False, [], 0
+        self.log.restart()
         self._candidates = [(parent, endpoint)]
         self._attempt = 0
         return self._attach(now)
@@ -348,18 +350,7 @@ class Membership(EventLog):
         self._failed = []
         for child in list(self.children.values()):
             out += self._report_attached(child, now)
-        if not self._synced:
-            self._synced = True
-            self.seq = max(self.seq, seq)  # events before joining are not missed
-        elif not self._replay_to:
-            upto = max(seq, self._held[0].seq - 1 if self._held else 0)
-            if upto > self.seq:
-                out += self._fetch(self.seq + 1, upto, now)
-            else:
-                held, self._held = self._held, []
-                for event in held:
-                    out += self._event(event, encode(event), now)
-        return out
+        return out + self.log.attached(seq, now)
 
     def stop(self, now: float) -> list[Output]:
         raise NotImplementedError  # (FluxCore's)
@@ -429,6 +420,6 @@ class Membership(EventLog):
         if self.root:
             self.directory.lost(child.rank, child.uuid, now)
         elif self.state is State.ONLINE:
-            out += self._internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
+            out += self.internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
                                       0, now, None)
         return out
