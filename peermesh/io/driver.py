@@ -148,8 +148,11 @@ class Driver:
         def on_message(first: bytes, rest: list[bytes]) -> None:
             rest.insert(0, first)
             self._on_message(name, rest)
-        self._spawn(link.serve, on_message, self._on_oversized, None,
-                    after_batch=self._after_batch)
+
+        def serve() -> None:
+            if not link.closed:   # (not hung up before this greenlet ran)
+                link.serve(on_message, self._on_oversized, None, after_batch=self._after_batch)
+        self._spawn(serve)
 
     def _on_message(self, link: Hashable, frames: list[bytes]) -> None:
         if self.closed:
