@@ -56,9 +56,12 @@ SADA ``ServerCore``           ``receive(alias, frames, now)`` takes a channel's 
                               request for a handler as ``Deliver`` (its outcome goes back
                               to ``reply``), channels as ``Dial``/``Hangup``;
                               ``handle_timer`` forgets channels that left the mesh.
-``FluxCore``                  already returns ``list[Output]``; ``timer(now)`` is
-                              ``handle_timer`` and its deadline attribute
-                              ``next_deadline()``; its outputs map one to one.
+``FluxCore``                  ``receive(link, frames, now)`` (``PARENT`` or a ROUTER
+                              peer's identity); local handles get ``Deliver((handle,
+                              message))``, notices come as ``Emit(Notice)``, the parent
+                              link is ``Dial(PARENT, ...)``/``Hangup(PARENT)``; a
+                              ``Send`` to a ROUTER peer carries its address as the first
+                              frame (the driver's ``addressed`` option).
 MTL ``DataFlow``              ``receive`` takes a data command and returns its sends
                               (``Send``) and mesh actions (``Deliver``); ``handle_timer``
                               is ``tick`` (heartbeats, dead links, expiry) and a commit;

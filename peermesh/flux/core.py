@@ -2,13 +2,14 @@
 
 How it works
 ------------
-``FluxCore`` owns no socket and reads no clock. The driver feeds it what
-arrives, ``receive(link, frames, now)``, the calls of local handles
-(``rpc``, ``respond``, ``publish``, ...), ``link_down(link, now)`` when a send
-found a link gone, and ``timer(now)`` at ``next_deadline``; every call returns
-a list of outputs: ``Send(link, frames)``, ``Deliver(handle, message)``,
-``Dial(endpoint, identity)`` (replace the link to the parent), ``Hangup()``
-and ``Notice(what, rank, detail)``.
+``FluxCore`` owns no socket and reads no clock: a core of ``peermesh.core``'s
+contract. The driver feeds it what arrives, ``receive(link, frames, now)``,
+the calls of local handles (``rpc``, ``respond``, ``publish``, ...),
+``link_down(link, now)`` when a send found a link gone, and
+``handle_timer(now)`` at ``next_deadline()``; every call returns a list of
+``peermesh.core`` outputs: ``Send(link, frames)``, ``Deliver((handle,
+message))``, ``Dial(PARENT, endpoint, identity)`` (replace the link to the
+parent), ``Hangup(PARENT)`` and ``Emit(Notice(what, rank, detail))``.
 
 Links. ``PARENT`` is the one DEALER this node connects (to its parent, or
 while joining to a bootstrap endpoint); every other link is the identity
@@ -17,12 +18,15 @@ Frames sent to a child start with its identity (the ROUTER's address).
 
 The node's work is split by job, one module each, composed here:
 ``routing`` (requests and responses, what is in flight), ``events``
-(numbering, fan-out, replay), ``membership`` (joining, attaching, losses;
-rank 0's ``directory``), ``matchtags`` (a local handle's RPCs), with the
-outputs in ``outputs`` and the settings and states in ``settings``. This
+(numbering, fan-out, replay: ``EventLog``, a part of its own held as
+``log``, with its own state, that reaches the node through ``EventHost``),
+``membership`` (joining, attaching, losses; rank 0's ``directory``),
+``matchtags`` (a local handle's RPCs), with the outputs in ``outputs`` and
+the settings and states in ``settings``. (``routing`` and ``membership``
+are still classes ``FluxCore`` inherits: ``Membership(Routing)``.) This
 module holds the node's state, its life (start, stop), the calls of local
-handles, the entry points (``receive``, ``link_down``, ``timer``) and the
-built-in services.
+handles, the entry points (``receive``, ``link_down``, ``handle_timer``)
+and the built-in services.
 
 Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
@@ -51,17 +55,18 @@ from ..wire.flux import (
 from .bodies import ping_answer, publish_body, str_field
 from .clients import ClientTable
 from .directory import Directory
+from .events import EventLog
 from .errors import FluxStateError
 from .children import Child
 from .matchtags import Handle, Pending
 from .membership import Membership
 from .outputs import (
-    IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send,
+    IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
 )
 from .routing import BUILTIN_SERVICES, InflightKey
 from .settings import FluxSettings, State
 
-__all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Dial", "Hangup", "Notice",
+__all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Emit", "Dial", "Hangup", "Notice",
            "Output", "PARENT", "SELF", "IDENTITY_SIZE", "BUILTIN_SERVICES"]
 
 
@@ -107,16 +112,13 @@ class FluxCore(Membership):
         self._taken: Optional[int] = None  # a rank found taken, for rank 0 to skip
         self._failed: list[int] = []  # candidate parents that did not answer a hello
         # events
-        self.seq = 0
-        self._synced = root  # whether ``seq`` follows rank 0 (set by the first hello answer)
-        self.recent: deque[EventMessage] = deque(maxlen=settings.recent_events)
-        self._held: list[EventMessage] = []
-        self._replay_to = 0  # last seq of the gap being fetched (0: none)
+        #: the events part: numbering, fan-out, replay (its own state)
+        self.log = EventLog(self, settings.recent_events, synced=root)
         #: rank 0's directory of ranks
         self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid,
                                    settings.max_joining, settings.joins_per_link)
         self._tick = settings.heartbeat
-        self.next_deadline = 0.0
+        self._next = 0.0  # when handle_timer is next due (``next_deadline``)
         self.stats = {"dropped": 0, "forwarded": 0, "replayed": 0}
         #: RPCs of this node: requests its handles sent and were delivered, responses
         #: its handles sent and got, error responses made here (``flux_rpcs_total``)
@@ -127,10 +129,10 @@ class FluxCore(Membership):
 
     def start(self, now: float) -> list[Output]:
         """Begin: the root is online at once, others join through the bootstrap endpoints."""
-        self.next_deadline = now + self._tick
+        self._next = now + self._tick
         if self.root:
             self.state = State.ONLINE
-            return [Notice("online", 0, {"size": self.size, "topology": str(self.topology)})]
+            return [Emit(Notice("online", 0, {"size": self.size, "topology": str(self.topology)}))]
         return self._join(now) if self.bootstrap else []
 
     def set_bootstrap(self, endpoints: Sequence[str], now: float) -> list[Output]:
@@ -156,8 +158,22 @@ class FluxCore(Membership):
         self.children.clear()
         self.by_rank.clear()
         self.state = State.STOPPED
-        out.append(Hangup())
+        out.append(Hangup(PARENT))
         return out
+
+    @property
+    def seq(self) -> int:
+        """The last event number this node took (``EventLog.seq``)."""
+        return self.log.seq
+
+    @seq.setter
+    def seq(self, seq: int) -> None:
+        self.log.seq = seq
+
+    @property
+    def recent(self) -> deque[EventMessage]:
+        """The events rank 0 keeps for replay (``EventLog.recent``)."""
+        return self.log.recent
 
     @property
     def online(self) -> bool:
@@ -219,8 +235,9 @@ class FluxCore(Membership):
         return self.rpc(handle, "event.publish", json_payload(publish_body(topic, payload)),
                         0, 0, now)
 
-    def receive(self, link: bytes, frames: list[bytes], now: float) -> list[Output]:
-        """A message arrived on ``link`` (``PARENT``, or a ROUTER identity, frames without it)."""
+    def receive(self, link: Any, frames: list[bytes], now: float) -> list[Output]:
+        """A message arrived on ``link`` (bytes: ``PARENT``, or a ROUTER identity, frames
+        without it)."""
         if self.state is State.STOPPED:
             return []
         if len(link) != IDENTITY_SIZE and link != PARENT:
@@ -274,7 +291,7 @@ class FluxCore(Membership):
             assert isinstance(message, EventMessage)
             if link != PARENT or self.state is not State.ONLINE:
                 return self._drop(link, "an event not from the parent")
-            return self._event(message, frames, now)
+            return self.log.event(message, frames, now)
         assert isinstance(message, Control)
         if message.ctype == ControlType.DISCONNECT:
             if link == PARENT and self.state is State.ONLINE:
@@ -314,11 +331,15 @@ class FluxCore(Membership):
             return self._client_gone(link, now)
         return self._child_lost(child, now, "the link is down")
 
-    def timer(self, now: float) -> list[Output]:
-        """Heartbeats, torpid and lost links, timed-out joins; call at ``next_deadline``."""
+    def next_deadline(self) -> float:
+        """When ``handle_timer`` is next due."""
+        return self._next
+
+    def handle_timer(self, now: float) -> list[Output]:
+        """Heartbeats, torpid and lost links, timed-out joins; call at ``next_deadline()``."""
         out: list[Output] = []
         s = self.settings
-        self.next_deadline = now + self._tick
+        self._next = now + self._tick
         if self.state is State.STOPPED:
             return out
         if self.state is State.ONLINE and not self.root:
@@ -329,7 +350,7 @@ class FluxCore(Membership):
         elif self.state in (State.JOINING, State.ATTACHING) and now >= self._deadline:
             out += self._retry(now)
         if self.state in (State.JOINING, State.ATTACHING):
-            self.next_deadline = min(self.next_deadline, self._deadline)
+            self._next = min(self._next, self._deadline)
         if self.root:
             self.directory.expire(now, s.lost, s.reclaim)
         heartbeat: Optional[list[bytes]] = None
@@ -340,7 +361,7 @@ class FluxCore(Membership):
                 continue
             if silent >= s.torpid and not child.torpid:
                 child.torpid = True
-                out.append(Notice("child-torpid", child.rank, silent))
+                out.append(Emit(Notice("child-torpid", child.rank, silent)))
             if now - child.sent >= s.heartbeat:
                 if heartbeat is None:
                     heartbeat = encode(Control(ControlType.HEARTBEAT))
@@ -383,11 +404,11 @@ class FluxCore(Membership):
             return self._ping(request, now, wire)
         handler = _BUILTINS.get(topic)
         if handler is None:
-            return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
+            return self.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
         try:
             return handler(self, request, now)
         except ProtocolError as exc:
-            return self._error(request, Errno.EPROTO, exc.reason, now)
+            return self.error(request, Errno.EPROTO, exc.reason, now)
 
     def _ping(self, request: Request, now: float,
               wire: Optional[list[bytes]] = None) -> list[Output]:
@@ -404,7 +425,7 @@ class FluxCore(Membership):
                 answer = ping_answer(payload, request.routes or (), self.uuid, self.rank or 0,
                                      request.userid, request.rolemask)
             except ProtocolError as exc:
-                return self._error(request, Errno.EPROTO, exc.reason, now)
+                return self.error(request, Errno.EPROTO, exc.reason, now)
             return self._route_response(
                 make_response(request.topic, answer, 0, request.matchtag, 0, request.routes,
                               USERID_UNKNOWN, 0), now)
@@ -421,12 +442,12 @@ class FluxCore(Membership):
         """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE or link in self.children:
-            return self._error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
+            return self.error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
         if self.state is not State.ONLINE:
-            return self._error(request, Errno.EAGAIN, "not in the tree", now)
+            return self.error(request, Errno.EAGAIN, "not in the tree", now)
         if not self.clients.accept(link, now):
-            return self._error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
-        return self._answer(request, {"rank": self.rank, "size": self.size, "seq": self.seq,
+            return self.error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
+        return self.answer(request, {"rank": self.rank, "size": self.size, "seq": self.log.seq,
                                       "topology": str(self.topology),
                                       "heartbeat": self.settings.heartbeat}, now)
 
@@ -434,30 +455,30 @@ class FluxCore(Membership):
         """``event.subscribe`` / ``event.unsubscribe`` ``{"topic": prefix}`` from a client."""
         client = self.clients.get(request.routes[0]) if request.routes else None
         if client is None:
-            return self._error(request, Errno.EPROTO, "only a client subscribes by request", now)
+            return self.error(request, Errno.EPROTO, "only a client subscribes by request", now)
         prefix = str_field(read_json(request.payload), "topic")
         if request.topic == "event.unsubscribe":
             self.clients.unsubscribe(client, prefix)
         elif not self.clients.subscribe(client, prefix):
-            return self._error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
+            return self.error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
                                "subscriptions per client (client_prefixes)", now)
-        return self._answer(request, {}, now)
+        return self.answer(request, {}, now)
 
     def _attr_request(self, request: Request, now: float) -> list[Output]:
         """``attr.get`` ``{"name"}`` as flux-core answers it, ``{"value": text, "flags"}``,
         for the attributes a peermesh member has (``ATTRIBUTES``); ENOENT for others."""
         name = str_field(read_json(request.payload), "name", 128)
         if name not in ATTRIBUTES:
-            return self._error(request, Errno.ENOENT, f"no attribute {name}", now)
-        return self._answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
+            return self.error(request, Errno.ENOENT, f"no attribute {name}", now)
+        return self.answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
 
     def _info(self, request: Request, now: float) -> list[Output]:
-        return self._answer(request, self.info(), now)
+        return self.answer(request, self.info(), now)
 
     def info(self) -> dict[str, Any]:
         """This node's place in the tree."""
         return {"rank": self.rank, "size": self.size, "parent": self.parent_rank,
-                "state": self.state.value, "seq": self.seq,
+                "state": self.state.value, "seq": self.log.seq,
                 "children": sorted(c.rank for c in self.children.values()),
                 "torpid": sorted(c.rank for c in self.children.values() if c.torpid),
                 "topology": str(self.topology), "clients": len(self.clients),
@@ -489,7 +510,7 @@ _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "peermesh.client": FluxCore._client_request,
     "event.subscribe": FluxCore._subscribe_request,
     "event.unsubscribe": FluxCore._subscribe_request,
-    "event.publish": FluxCore._publish_request,
-    "peermesh.replay": FluxCore._replay_request,
+    "event.publish": lambda core, request, now: core.log.publish_request(request, now),
+    "peermesh.replay": lambda core, request, now: core.log.replay_request(request, now),
 }
 

@@ -84,7 +84,7 @@ from .errors import FluxError, FluxStateError
 from .fluxrank import FLUX_VERSION, STATUS_FULL, FluxModeCore
 from .fluxtree import read_config
 from .handle import SUBSCRIPTION_QUEUE, FluxRequest, Payload, to_payload
-from .outputs import PARENT, Deliver, Notice, Output, Send
+from .outputs import PARENT, Deliver, Emit, Notice, Output, Send
 
 __all__ = ["FluxModeCore", "FluxModeMember", "read_config", "FLUX_VERSION", "STATUS_FULL"]
 
@@ -304,11 +304,12 @@ class FluxModeMember:
                     except zmq.ZMQError as exc:  # (ROUTER_MANDATORY) the child is gone
                         if exc.errno != errno.EHOSTUNREACH:
                             raise
+                        assert isinstance(output.link, bytes)
                         self._apply(self.core.child_lost(output.link, self.transport.now()))
             elif isinstance(output, Deliver):
-                self._deliver(output.message)
-            elif isinstance(output, Notice):
-                self._notice(output)
+                self._deliver(output.item[1])
+            elif isinstance(output, Emit):
+                self._notice(output.event)
 
     def _deliver(self, message: Any) -> None:
         if isinstance(message, Response):

@@ -34,7 +34,7 @@ from ..wire.flux import (
 from .bodies import int_field, ping_answer, str_field, unb64
 from .errors import FluxStateError
 from .fluxtree import FULL, LOST, OFFLINE, FluxChild, FluxTree, status_name, subtree_status
-from .outputs import PARENT, Deliver, Notice, Output, Send
+from .outputs import PARENT, Deliver, Emit, Notice, Output, Send
 
 __all__ = ["FluxModeCore", "FLUX_VERSION", "STATUS_FULL", "SERVICES", "ROOT_SERVICES",
            "STATE_RUN", "STATE_SHUTDOWN"]
@@ -127,7 +127,7 @@ class FluxModeCore:
             child.since = now
         if self.rank == 0:
             self.state = "online"
-            return [Notice("online", 0, {"parent": None, "size": self.size})]
+            return [Emit(Notice("online", 0, {"parent": None, "size": self.size}))]
         self.state = "hello"
         (major, minor, patch) = self.version
         body = {"rank": self.rank, "version": major << 16 | minor << 8 | patch,
@@ -152,14 +152,14 @@ class FluxModeCore:
         if self.state in ("draining", "leaving"):
             return []
         self.state = "stopped"
-        return [Notice("left", self.rank, "not online")]
+        return [Emit(Notice("left", self.rank, "not online"))]
 
     def _goodbye(self, now: float) -> list[Output]:
         if self.rank == 0 or not self._parent_id:
             self.state = "stopped"
-            return [Notice("drained", self.rank, None), Notice("left", self.rank, 0)]
+            return [Emit(Notice("drained", self.rank, None)), Emit(Notice("left", self.rank, 0))]
         self.state = "leaving"
-        return [Notice("drained", self.rank, None),
+        return [Emit(Notice("drained", self.rank, None)),
                 self._up(Request("overlay.goodbye", None, NODEID_ANY,
                                  self._tag("overlay.goodbye"), routes=(),
                                  rolemask=Role.OWNER), now)]
@@ -215,10 +215,10 @@ class FluxModeCore:
                 self.state = "stopped"
                 out = self._tell_monitors(now)
                 if was == "hello":
-                    return out + [Notice("refused", self.rank, "DISCONNECT: the parent does "
+                    return out + [Emit(Notice("refused", self.rank, "DISCONNECT: the parent does "
                                          "not know this rank (its configuration or "
-                                         "certificate?)")]
-                return out + [Notice("parent-lost", self.rank, "DISCONNECT")]
+                                         "certificate?)"))]
+                return out + [Emit(Notice("parent-lost", self.rank, "DISCONNECT"))]
             return []
         if self.state not in ("online", "draining", "leaving"):
             return self._drop(f"a {type(message).__name__} before hello was answered")
@@ -362,30 +362,30 @@ class FluxModeCore:
             return self._hello_answer(response, now)
         if topic == "overlay.goodbye":
             self.state = "stopped"
-            return [Notice("left", self.rank, response.errnum)]
+            return [Emit(Notice("left", self.rank, response.errnum))]
         if topic == "state-machine.monitor" and self._monitor_tag(response.matchtag):
             try:
                 state = int_field(read_json(response.payload), "state", 0, 255)
             except ProtocolError:
                 return []          # its end (ENODATA), or a parent that has no such service
             if state >= STATE_SHUTDOWN and self.state == "online":
-                return [Notice("parent-shutdown", self.rank, state), *self.leave(now)]
+                return [Emit(Notice("parent-shutdown", self.rank, state)), *self.leave(now)]
             return []
-        return [Deliver(0, response)]
+        return [Deliver((0, response))]
 
     def _hello_answer(self, response: Response, now: float) -> list[Output]:
         if response.errnum:
             self.state = "stopped"
             name = errnos.errorcode.get(response.errnum, str(response.errnum))
             text = (response.payload or b"").rstrip(b"\0").decode("utf-8", "replace")
-            return self._tell_monitors(now) + [Notice(
+            return self._tell_monitors(now) + [Emit(Notice(
                 "refused", self.rank, f"{name} answering overlay.hello"
-                + (f": {text}" if text else ""))]
+                + (f": {text}" if text else "")))]
         try:
             self.parent_uuid = str_field(read_json(response.payload), "uuid", 64)
         except ProtocolError as exc:
             self.state = "stopped"
-            return [Notice("refused", self.rank, f"overlay.hello answer: {exc.reason}")]
+            return [Emit(Notice("refused", self.rank, f"overlay.hello answer: {exc.reason}"))]
         self._parent_id = self.parent_uuid.encode()
         if self.state == "hello":
             self.state = "online"
@@ -398,13 +398,13 @@ class FluxModeCore:
                           _STREAMING | _UPSTREAM, (), self.userid, Role.OWNER)
         out: list[Output] = [self._up(Control(ControlType.STATUS, self.status, routes=()), now),
                              self._up(monitor, now),
-                             Notice("online", self.rank, {"parent": self.parent_uuid,
-                                                          "size": self.size})]
+                             Emit(Notice("online", self.rank, {"parent": self.parent_uuid,
+                                                          "size": self.size}))]
         return out + self._tell_monitors(now)
 
     def _event(self, event: EventMessage, now: float) -> list[Output]:
         """Deliver an event here and send it to every online child."""
-        out: list[Output] = [Deliver(0, event)]
+        out: list[Output] = [Deliver((0, event))]
         down = dataclasses.replace(event, routes=())
         for child in self.children.values():
             if child.online:
@@ -459,7 +459,7 @@ class FluxModeCore:
         changed = status != child.status
         if changed:
             child.status, child.since = status, now
-            out.append(Notice("child", child.rank, status_name(status)))
+            out.append(Emit(Notice("child", child.rank, status_name(status))))
         child.error = why
         if not child.online:
             # what went down to it and is not answered fails now, as flux-core's tracker
@@ -493,7 +493,7 @@ class FluxModeCore:
     def _serve(self, request: Request, now: float) -> list[Output]:
         topic = request.topic
         if topic in self.topics:
-            return [Deliver(0, request)]
+            return [Deliver((0, request))]
         try:
             return self._builtin(request, now)
         except ProtocolError as exc:

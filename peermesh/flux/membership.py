@@ -91,8 +91,11 @@ from .bodies import int_field, str_field
 from .children import Child
 from .directory import Directory, Refusal
 from .events import EventLog
+from .routing import Routing
 from .matchtags import Pending
-from .outputs import IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Hangup, Notice, Output, Send
+from .outputs import (
+    IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
+)
 from .settings import State
 from .topology import Topology, TopologyError
 
@@ -110,9 +113,10 @@ def _refusal_text(response: Response) -> str:
     return f"{name} answering {response.topic}" + (f": {text}" if text else "")
 
 
-class Membership(EventLog):
+class Membership(Routing):
     """Joining, attaching and losses of ``FluxCore`` (see the module's docstring)."""
 
+    log: EventLog
     identity: bytes
     uuid: str
     endpoint: str
@@ -124,14 +128,14 @@ class Membership(EventLog):
     _candidates: list[tuple[int, str]]
     _deadline: float
     _backoff: float
-    next_deadline: float
+    _next: float
     _failed: list[int]
     _taken: Optional[int]
 
     def _join_request(self, request: Request, now: float) -> list[Output]:
         """Rank 0 gives a rank (claimed or new) and names the parent to attach to."""
         if not self.root:
-            return self._error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
+            return self.error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
         body = read_json(request.payload)
         claim = int_field(body, "rank", -1, self.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
@@ -147,10 +151,10 @@ class Membership(EventLog):
             self.directory.taken(taken, now, link)
         given = self.directory.give(claim, uuid, endpoint, now, link)
         if isinstance(given, Refusal):
-            return self._error(request, given.errnum, given.text, now)
+            return self.error(request, given.errnum, given.text, now)
         rank, parent, parent_endpoint = given
         self.size = self.directory.size
-        return self._answer(request, {"rank": rank, "parent": parent, "size": self.size,
+        return self.answer(request, {"rank": rank, "parent": parent, "size": self.size,
                                       "endpoint": parent_endpoint,
                                       "topology": str(self.topology)}, now)
 
@@ -158,33 +162,33 @@ class Membership(EventLog):
         """A node asks to attach as this node's child."""
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE:
-            return self._error(request, Errno.EINVAL, "hello comes from a child's link", now)
+            return self.error(request, Errno.EINVAL, "hello comes from a child's link", now)
         if self.state not in (State.ONLINE, State.ATTACHING) or self.rank is None:
-            return self._error(request, Errno.EAGAIN, "not in the tree", now)
+            return self.error(request, Errno.EAGAIN, "not in the tree", now)
         body = read_json(request.payload)
         rank = int_field(body, "rank", 1, self.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
         endpoint = str_field(body, "endpoint")
         if not self.topology.is_descendant(rank, self.rank):
-            return self._error(request, Errno.EINVAL,
+            return self.error(request, Errno.EINVAL,
                                f"rank {rank} is not below rank {self.rank}", now)
         old_identity = self.by_rank.get(rank)
         if old_identity is not None and old_identity != link:
             old = self.children[old_identity]
             if old.uuid != uuid and now - old.heard < self.settings.torpid:
-                return self._error(request, Errno.EEXIST, f"rank {rank} is attached", now)
+                return self.error(request, Errno.EEXIST, f"rank {rank} is attached", now)
             out = self._child_lost(old, now, "replaced by a new hello")
         else:
             out = []
         if link not in self.children and len(self.children) >= self.settings.max_children:
-            return out + self._error(request, Errno.ENOSPC, "no room for children", now)
+            return out + self.error(request, Errno.ENOSPC, "no room for children", now)
         self.children[link] = Child(link, rank, endpoint, uuid, now, now)
         self.by_rank[rank] = link
         self.size = max(self.size, rank + 1)
-        out.append(Notice("child-attached", rank, endpoint))
+        out.append(Emit(Notice("child-attached", rank, endpoint)))
         chain = [[self.rank, self.endpoint]] + [[r, e] for r, e in self.ancestors]
-        out += self._answer(request, {"ancestors": chain[:self.settings.max_ancestors],
-                                      "seq": self.seq, "size": self.size}, now)
+        out += self.answer(request, {"ancestors": chain[:self.settings.max_ancestors],
+                                      "seq": self.log.seq, "size": self.size}, now)
         out += self._report_attached(self.children[link], now)
         return out
 
@@ -196,7 +200,7 @@ class Membership(EventLog):
             return []
         if self.state is not State.ONLINE:
             return []  # reported when this node comes online
-        return self._internal_rpc("peermesh.attached", note, 0, now, None)
+        return self.internal_rpc("peermesh.attached", note, 0, now, None)
 
     def _attached_request(self, request: Request, now: float) -> list[Output]:
         if self.root:
@@ -220,7 +224,7 @@ class Membership(EventLog):
         """Ask rank 0 for a rank through the next bootstrap endpoint."""
         if not self.bootstrap:
             self.state = State.DETACHED
-            return [Hangup()]
+            return [Hangup(PARENT)]
         endpoint = self.bootstrap[self._attempt % len(self.bootstrap)]
         self._attempt += 1
         self.state = State.JOINING
@@ -237,7 +241,7 @@ class Membership(EventLog):
         # a guest identity of its own: the parent's ROUTER (with ROUTER_HANDOVER) never sees
         # this node's identity move from one connection to another
         guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
-        out: list[Output] = [Dial(endpoint, guest)]
+        out: list[Output] = [Dial(PARENT, endpoint, guest)]
         self._parent_heard = self._parent_sent = now
         out += self._guest_rpc("peermesh.join", body, 0, now, self._joined)
         return out
@@ -265,13 +269,13 @@ class Membership(EventLog):
             return []
         if response.errnum:
             if response.errnum == Errno.EEXIST and self.claim is not None:
-                out: list[Output] = [Notice("rank-taken", self.claim)]
+                out: list[Output] = [Emit(Notice("rank-taken", self.claim))]
                 self.claim = None
                 return out + self._join(now)
             if response.errnum in _REFUSALS:
                 return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next endpoint
-            return [Notice("join-failed", -1, response.errnum)]
+            return [Emit(Notice("join-failed", -1, response.errnum))]
         try:
             body = read_json(response.payload)
             rank, parent = int_field(body, "rank", 1), int_field(body, "parent", 0)
@@ -287,7 +291,7 @@ class Membership(EventLog):
         self._taken = None
         # rank 0 may be another node (or restarted) with numbering of its own: the hello
         # answer gives the sequence to follow from
-        self._synced, self._held, self._replay_to = False, [], 0
+        self.log.restart()
         self._candidates = [(parent, endpoint)]
         self._attempt = 0
         return self._attach(now)
@@ -305,7 +309,7 @@ class Membership(EventLog):
         self._deadline = now + self.settings.hello_timeout
         self._forget_internal()
         self._parent_heard = self._parent_sent = now
-        out: list[Output] = [Dial(endpoint, self.identity)]
+        out: list[Output] = [Dial(PARENT, endpoint, self.identity)]
         out += self._guest_rpc("peermesh.hello", {"rank": self.rank, "uuid": self.uuid,
                                                  "endpoint": self.endpoint},
                                parent, now, self._helloed)
@@ -318,11 +322,11 @@ class Membership(EventLog):
             if response.errnum == Errno.EEXIST:
                 self._taken, self.claim = self.rank, None
                 self._attempt = 0
-                return [Notice("rank-taken", self.rank or -1)] + self._join(now)
+                return [Emit(Notice("rank-taken", self.rank or -1))] + self._join(now)
             if response.errnum in _REFUSALS:
                 return self._refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next candidate
-            return [Notice("hello-failed", self.rank or -1, response.errnum)]
+            return [Emit(Notice("hello-failed", self.rank or -1, response.errnum))]
         try:
             body = read_json(response.payload)
             chain = body.get("ancestors")
@@ -340,24 +344,13 @@ class Membership(EventLog):
         self.state = State.ONLINE
         self.claim = self.rank
         self._backoff = self.settings.retry
-        out: list[Output] = [Notice("online", self.rank or 0,
+        out: list[Output] = [Emit(Notice("online", self.rank or 0,
                                     {"parent": self.parent_rank, "size": self.size,
-                                     "topology": str(self.topology)})]
+                                     "topology": str(self.topology)}))]
         self._failed = []
         for child in list(self.children.values()):
             out += self._report_attached(child, now)
-        if not self._synced:
-            self._synced = True
-            self.seq = max(self.seq, seq)  # events before joining are not missed
-        elif not self._replay_to:
-            upto = max(seq, self._held[0].seq - 1 if self._held else 0)
-            if upto > self.seq:
-                out += self._fetch(self.seq + 1, upto, now)
-            else:
-                held, self._held = self._held, []
-                for event in held:
-                    out += self._event(event, encode(event), now)
-        return out
+        return out + self.log.attached(seq, now)
 
     def stop(self, now: float) -> list[Output]:
         raise NotImplementedError  # (FluxCore's)
@@ -366,7 +359,7 @@ class Membership(EventLog):
         """Joining was refused for good (``_REFUSALS``, or DISCONNECT from the peer
         dialed): stop, with ``Notice("refused", rank, why)``, rather than ask again."""
         self._forget_internal()
-        return [Notice("refused", -1 if self.rank is None else self.rank, why),
+        return [Emit(Notice("refused", -1 if self.rank is None else self.rank, why)),
                 *self.stop(now)]
 
     def _retry_soon(self, now: float) -> None:
@@ -374,7 +367,7 @@ class Membership(EventLog):
         most ``heartbeat``), not at the next tick; the driver wakes at ``next_deadline``."""
         self._deadline = min(self._deadline, now + self._backoff)
         self._backoff = min(self._backoff * 2, self.settings.heartbeat)
-        self.next_deadline = min(self.next_deadline, self._deadline)
+        self._next = min(self._next, self._deadline)
 
     def _retry(self, now: float) -> list[Output]:
         if self.state is State.JOINING:
@@ -384,7 +377,7 @@ class Membership(EventLog):
         return self._attach(now)
 
     def _parent_lost(self, now: float, why: str) -> list[Output]:
-        out: list[Output] = [Notice("parent-lost", self.parent_rank or 0, why)]
+        out: list[Output] = [Emit(Notice("parent-lost", self.parent_rank or 0, why))]
         out += self._fail_via(PARENT, f"the parent was lost ({why})")
         self._candidates = self.ancestors[1:]
         self._attempt = 0
@@ -395,8 +388,8 @@ class Membership(EventLog):
         """Disconnects for what came from ``link`` (see the module's docstring)."""
         gone = (link,)
         out: list[Output] = [
-            Deliver(handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
-                                         FLAG_NORESPONSE, gone, USERID_UNKNOWN, 0))
+            Deliver((handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
+                                         FLAG_NORESPONSE, gone, USERID_UNKNOWN, 0)))
             for service, handle in self.services.items()]
         told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
         for key in [k for k in self._inflight if k[1][:1] == gone]:
@@ -421,12 +414,12 @@ class Membership(EventLog):
         self.children.pop(child.identity, None)
         if self.by_rank.get(child.rank) == child.identity:
             del self.by_rank[child.rank]
-        out: list[Output] = [Notice("child-lost", child.rank, why)]
+        out: list[Output] = [Emit(Notice("child-lost", child.rank, why))]
         out += self._fail_via(child.identity, f"rank {child.rank} was lost ({why})")
         out += self._sender_gone(child.identity, now)
         if self.root:
             self.directory.lost(child.rank, child.uuid, now)
         elif self.state is State.ONLINE:
-            out += self._internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
+            out += self.internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
                                       0, now, None)
         return out

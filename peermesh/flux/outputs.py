@@ -1,22 +1,25 @@
-"""What ``FluxCore`` hands its driver: outputs, and the names of the links they go on.
+"""What ``FluxCore`` hands its driver: the names of the links, and its notices.
 
-A core returns a list of outputs from every call: ``Send(link, frames)``,
-``Deliver(handle, message)``, ``Dial(endpoint, identity)`` (replace the
-link to the parent), ``Hangup()`` and ``Notice(what, rank, detail)``.
-``PARENT`` names the DEALER to the parent; every other link is a 16-byte
-identity of a peer on the node's ROUTER. Route entries name where a
+A Flux core returns ``peermesh.core``'s outputs (re-exported here):
+``Send(link, frames)``, ``Deliver((handle, message))`` (a request, response
+or event for local handle ``handle``), ``Dial(PARENT, endpoint, identity)``
+(replace the link to the parent), ``Hangup(PARENT)`` and
+``Emit(Notice(what, rank, detail))``. ``PARENT`` names the DEALER to the
+parent; every other link is a 16-byte identity of a peer on the node's
+ROUTER, and a ``Send`` on it carries that identity as its first frame (the
+ROUTER's address: the driver sends the frames as they are). Route entries name where a
 request came from: a peer's identity, ``PARENT`` or ``@n`` (local handle n).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
-from ..wire.flux import Message
+from ..core import Deliver, Dial, Emit, Hangup, Output, Send
 
-__all__ = ["PARENT", "SELF", "IDENTITY_SIZE", "Send", "Deliver", "Dial", "Hangup", "Notice",
-           "Output"]
+__all__ = ["PARENT", "SELF", "IDENTITY_SIZE", "Send", "Deliver", "Emit", "Dial", "Hangup",
+           "Notice", "Output"]
 
 #: the link to the parent (and route entry for "came from the parent")
 PARENT = b"^"
@@ -33,37 +36,6 @@ MAX_OFFLINE = 1024
 BUILTIN_SERVICES = frozenset({"overlay", "event", "broker", "attr", "peermesh"})
 
 
-# Send and Deliver are made per message: plain slotted classes (a frozen dataclass's
-# __init__ costs several times more); nothing changes them once made.
-@dataclass(slots=True)
-class Send:
-    """Send ``frames`` on ``link`` (``PARENT`` or a ROUTER identity: then ``frames[0]``)."""
-
-    link: bytes
-    frames: list[bytes]
-
-
-@dataclass(slots=True)
-class Deliver:
-    """Hand ``message`` to local handle ``handle`` (a request, response or event)."""
-
-    handle: int
-    message: Message
-
-
-@dataclass(frozen=True, slots=True)
-class Dial:
-    """Replace the DEALER to the parent: connect to ``endpoint`` as ``identity``."""
-
-    endpoint: str
-    identity: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Hangup:
-    """Close the DEALER to the parent."""
-
-
 @dataclass(frozen=True, slots=True)
 class Notice:
     """Something worth telling: online, child-attached, child-lost, child-torpid,
@@ -74,4 +46,3 @@ class Notice:
     detail: Any = None
 
 
-Output = Union[Send, Deliver, Dial, Hangup, Notice]

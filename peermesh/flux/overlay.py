@@ -1,4 +1,4 @@
-"""The Flux overlay on its own sockets: the thin gevent driver of ``FluxCore``.
+"""The Flux overlay: ``FluxCore`` served by the one driver (``peermesh.io.driver``).
 
 How it works
 ------------
@@ -10,16 +10,19 @@ by ``bind`` at the ``endpoint`` given, so that a restarted node comes back
 where its members look for it), or the simulated network's. So a node
 holds sockets only to its parent and its children, whatever the size of
 the instance. The ROUTER is ROUTER_MANDATORY: a send
-to a child whose connection closed fails at once, and the core fails what
-was in flight through it. Messages over ``max_message`` bytes and ROUTER
-peers whose identity is not 16 bytes are dropped (counted in ``dropped``,
-logged at debug), and so is a message to a peer whose queue is full
-(``SNDHWM`` on the DEALER, libzmq's default on the ROUTER): sends never wait.
+to a child whose connection closed fails at once (EHOSTUNREACH), and the
+core fails what was in flight through it (``link_down``). Messages over
+``max_message`` bytes and ROUTER peers whose identity is not 16 bytes are
+dropped (counted in ``dropped``, logged at debug). A send to a peer whose
+queue is full (``SNDHWM`` on the DEALER, libzmq's default on the ROUTER)
+waits in the driver's backlog of that link, at most its ``send_timeout``.
 
-The driver hands the core what arrives and applies what the core returns
-(sends, deliveries to handles, dials, notices); one greenlet runs the
-core's timer at ``next_deadline`` on the transport's clock, so the same
-code runs in virtual time on ``peermesh.sim``.
+The mailbox is the ROUTER, the parent's DEALER the link the core dials
+(``Dial(PARENT, ...)``); the driver hands the core what arrives in batches,
+applies what it returns once a batch is done (sends, deliveries to handles,
+notices) looking at each socket it sent on once, and runs the core's timer
+at ``next_deadline()`` on the transport's clock, so the same code runs in
+virtual time on ``peermesh.sim``.
 
 Bootstrap (how a node finds its instance), one of:
 
@@ -51,8 +54,8 @@ member at that endpoint: its authenticated ``X-PUBLICKEY`` in the mesh, or
 the key given with the endpoint (``parents={endpoint: key}``) alone. An
 endpoint whose key is unknown is not connected to (the join tries the next).
 
-Kept whole: one driver (``FluxOverlay``): its socket readers, timer and mesh bootstrap
-all apply the outputs of one ``FluxCore`` on one hub.
+Kept whole: the overlay (``FluxOverlay``): its public API, handles and mesh bootstrap
+all act on one ``FluxCore`` through one driver.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ import json
 import logging
 import os
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Union
 from uuid import UUID
 
 import gevent
@@ -71,6 +74,7 @@ import zmq
 
 from ..events import Event as NodeEvent
 from ..io.curve import Curve
+from ..io.driver import Driver
 from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
 from ..events import EventType
@@ -80,10 +84,7 @@ from ..overlay.contract import Lifecycle, Overlay, PeerNetworks, header_json
 from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY
 from ..wire.zre import PUBLIC_KEY_HEADER
-from .core import (
-    IDENTITY_SIZE, PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output, Send,
-    State,
-)
+from .core import IDENTITY_SIZE, FluxCore, FluxSettings, Notice, Output, State
 from .bodies import ping_body
 from .errors import FluxError, FluxStateError
 from .handle import FluxHandle, Handler, Payload, RpcFuture, Subscription
@@ -115,6 +116,40 @@ def parse_member(headers: Mapping[str, str], instance: str) -> Optional[tuple[in
             or isinstance(priority, bool):
         return None
     return priority, endpoint
+
+
+def _member_identity(identity: bytes) -> bool:
+    """Whether a ROUTER peer's identity is a member's (or a flux-core broker's, whose
+    hello the core refuses); any other (``^``, ``@n``, libzmq's own) is dropped."""
+    return len(identity) == IDENTITY_SIZE or len(identity) == FLUX_CORE_IDENTITY_SIZE
+
+
+class _FluxDriver(Driver):
+    """The one driver, dialling the parent as a Flux node does: as a CURVE client of the
+    key known for the endpoint (none known: not dialled; the core's timeout moves on to
+    the next), and dropping a message back over ``limit`` bytes."""
+
+    def __init__(self, core: FluxCore, transport: Any, keys: Mapping[str, str], limit: int,
+                 **options: Any) -> None:
+        super().__init__(core, transport, **options)
+        self.keys = keys
+        self.limit = limit
+
+    def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
+             server_key: Optional[bytes] = None) -> None:
+        log.debug("%s: dialing %s as %s", self.name, endpoint, identity.hex())
+        if getattr(self.transport, "curve", None) is not None:
+            key = self.keys.get(endpoint)
+            if key is None:
+                self.hangup(name)
+                log.warning("flux: not connecting to %s: the public key of the member there "
+                            "is unknown", endpoint)
+                return
+            server_key = key.encode()
+        super().dial(name, endpoint, identity, server_key)
+        link = self.links.get(name)
+        if link is not None:
+            link.limit = self.limit  # type: ignore[attr-defined]  # (read once it serves)
 
 
 class FluxOverlay(Overlay):
@@ -161,14 +196,9 @@ class FluxOverlay(Overlay):
         self.transport: Any = transport
         self.endpoint = ""
         self._router: Any = None
-        self._link: Any = None
+        self._driver: Optional[_FluxDriver] = None
         self._greenlets: list[gevent.Greenlet] = []
-        self._timer: Optional[gevent.Greenlet] = None
-        self._due = 0.0  # when the timer greenlet wakes next
         self._handles: dict[int, FluxHandle] = {}
-        #: real sockets: handlers look at the sockets they sent on once per batch
-        self._batched = False
-        self._unlooked: list[Any] = []  # sockets sent on, not yet looked at
         self._listeners: list[Callable[[Notice], None]] = []
         self._online = gevent.event.Event()
         #: why joining was refused for good (``Notice("refused")``), else None
@@ -214,7 +244,6 @@ class FluxOverlay(Overlay):
         else:  # a simulated one remembers the links it answers down
             router.replies = True
         self._router = router
-        self._batched = sock is not None
         self.endpoint = router.endpoint
         curve = getattr(transport, "curve", None)
         if curve is not None:
@@ -228,8 +257,14 @@ class FluxOverlay(Overlay):
         if self._router is None:
             self._bind(self._transport, self.address or "127.0.0.1")
         self.core = self._new_core(root=self.root, rank=self.claim, bootstrap=self.parents)
-        self._timer = gevent.spawn(self._run_timer)
-        self._greenlets = [gevent.spawn(self._serve_router), self._timer]
+        # real sockets: the sends of a batch look once at each socket they used
+        batched = getattr(self._router, "socket", None) is not None
+        self._driver = _FluxDriver(
+            self.core, self.transport, self.keys, self.max_message, on_deliver=self._deliver,
+            on_event=self._notice, on_send_failed=self._send_failed,
+            on_oversized=self._oversized, addressed=True, accept=_member_identity,
+            look_once=batched, sndhwm=SNDHWM, name=f"flux {self.instance}")
+        self._greenlets = []
         if mesh:
             node = self.node
             assert node is not None
@@ -241,6 +276,7 @@ class FluxOverlay(Overlay):
             settle = self.settle if self.settle is not None else 1.5 * node.config.interval
             self._greenlets.append(gevent.spawn(self._elect_after, settle))
         self._apply(self.core.start(self.now()))  # (in the mesh: detached until elected)
+        self._driver.listen(self._router)
 
     def on_stop(self, timeout: float) -> None:
         if self._root_endpoint is not None or self._members:  # it followed the mesh
@@ -253,12 +289,12 @@ class FluxOverlay(Overlay):
             handle._fail_all("the node stopped")
         gevent.killall(self._greenlets, block=False)
         self._greenlets = []
-        if self._link is not None:
-            self._link.close(linger=min(timeout, 0.1))
-            self._link = None
-        if self._router is not None:
+        if self._driver is not None:
+            self._driver.close(min(timeout, 0.1))
+            self._driver = None
+        elif self._router is not None:
             self._router.close(linger=min(timeout, 0.1))
-            self._router = None
+        self._router = None
         if self._curve is not None and self.node is None:
             self._curve.release(self.transport.context)
 
@@ -388,63 +424,32 @@ class FluxOverlay(Overlay):
         """Handle ``number`` was closed (``HandleHost``)."""
         self._handles.pop(number, None)
 
-    def _apply(self, outputs: list[Output], look: bool = True) -> None:
-        """Carry out the core's outputs. Without ``look`` (handling a batch read from a
-        real socket) a socket sent on is looked at for a message waiting once, at the
-        end of the batch (``_end_batch``), not after every send."""
-        for output in outputs:
-            kind = type(output)
-            if kind is Send:
-                assert isinstance(output, Send)
-                if output.link == PARENT:
-                    link = self._link
-                    if link is not None:
-                        try:
-                            if not (link.try_send(output.frames) if look else
-                                    link.try_send(output.frames, False)):
-                                self.dropped += 1
-                        except Exception as exc:  # the link was closed under us
-                            log.debug("flux: send to the parent failed: %s", exc)
-                            self.dropped += 1
-                        if not look and link not in self._unlooked:
-                            self._unlooked.append(link)
-                elif self._router is not None:
-                    router = self._router
-                    if not look and router not in self._unlooked:
-                        self._unlooked.append(router)
-                    try:
-                        if not (router.try_send(output.frames) if look else
-                                router.try_send(output.frames, False)):
-                            self.dropped += 1
-                    except Exception as exc:  # zmq.ZMQError or OSError: EHOSTUNREACH
-                        if getattr(exc, "errno", None) != errno.EHOSTUNREACH:
-                            raise
-                        self._apply(self.core.link_down(output.link, self.now()))
-            elif kind is Deliver:
-                assert isinstance(output, Deliver)
-                handle = self._handles.get(output.handle)
-                if handle is not None:
-                    handle._deliver(output.message)
-            elif kind is Dial:
-                assert isinstance(output, Dial)
-                self._dial(output.endpoint, output.identity)
-            elif kind is Hangup:
-                self._hangup()
-            else:
-                assert isinstance(output, Notice)
-                self._notice(output)
+    def _apply(self, outputs: list[Output]) -> None:
+        """Carry out the core's outputs (through the driver, while it runs)."""
+        driver = self._driver
+        if driver is not None:
+            driver.apply(outputs)
 
     #: a handle's outputs are carried out at once (``HandleHost``)
     carry_out = _apply
 
-    def _end_batch(self) -> None:
-        """A socket's batch was handled: look once at each socket its handlers sent on
-        (a send may have taken in the edge of a message waiting there)."""
-        unlooked = self._unlooked
-        while unlooked:
-            sock = unlooked.pop()
-            if not sock.closed:
-                sock.readable()
+    def _serve(self, core: FluxCore) -> None:
+        """Make ``core`` the node's core, on the same sockets."""
+        self.core = core
+        if self._driver is not None:
+            self._driver.replace_core(core)
+
+    def _deliver(self, item: tuple[int, Any]) -> None:
+        number, message = item
+        handle = self._handles.get(number)
+        if handle is not None:
+            handle._deliver(message)
+
+    def _send_failed(self, link: Any, frames: Any, error: BaseException) -> None:
+        # (ROUTER_MANDATORY) a child's or client's connection is gone: so is what went
+        # through it
+        if getattr(error, "errno", None) == errno.EHOSTUNREACH and type(link) is bytes:
+            self._apply(self.core.link_down(link, self.now()))
 
     def _notice(self, notice: Notice) -> None:
         log.debug("flux %s rank %s: %s %s %s", self.instance, self.core.rank, notice.what,
@@ -462,63 +467,6 @@ class FluxOverlay(Overlay):
             except Exception:
                 log.exception("flux listener failed")
 
-    def _dial(self, endpoint: str, identity: bytes) -> None:
-        log.debug("flux %s rank %s: dialing %s as %s", self.instance, self.core.rank, endpoint,
-                  identity.hex())
-        self._hangup()
-        secure: dict[str, bytes] = {}  # (the simulated transport takes no keys)
-        if getattr(self.transport, "curve", None) is not None:
-            key = self.keys.get(endpoint)
-            if key is None:  # the core's hello/join timeout moves on to the next endpoint
-                log.warning("flux: not connecting to %s: the public key of the member there "
-                            "is unknown", endpoint)
-                return
-            secure["server_key"] = key.encode()
-        link = self.transport.connect(identity, endpoint, SNDHWM, handover=True, **secure)
-        link.limit = self.max_message
-        self._link = link
-        self._greenlets.append(gevent.spawn(self._serve_link, link))
-
-    def _hangup(self) -> None:
-        link, self._link = self._link, None
-        if link is not None:
-            link.close(linger=0)
-
-    def _serve_link(self, link: Any) -> None:
-        clock = self.transport.now
-        look = not self._batched
-
-        def on_message(first: bytes, rest: list[bytes]) -> None:
-            if link is self._link:
-                rest.insert(0, first)
-                self._apply(self.core.receive(PARENT, rest, clock()), look)
-                if self.core.next_deadline < self._due:  # e.g. a refused join: retry soon
-                    self._restart_timer()
-
-        try:
-            if look:
-                link.serve(on_message, self._oversized)
-            else:
-                link.serve(on_message, self._oversized, after_batch=self._end_batch)
-        finally:
-            if self._greenlets and gevent.getcurrent() in self._greenlets:
-                self._greenlets.remove(gevent.getcurrent())
-
-    def _serve_router(self) -> None:
-        clock = self.transport.now
-        look = not self._batched
-
-        def on_message(identity: bytes, frames: list[bytes]) -> None:
-            if len(identity) != IDENTITY_SIZE and len(identity) != FLUX_CORE_IDENTITY_SIZE:
-                self._oversized(identity)  # (a flux-core broker's: the core refuses it)
-                return
-            self._apply(self.core.receive(identity, frames, clock()), look)
-
-        if look:
-            self._router.serve(on_message, self._oversized, None)
-        else:
-            self._router.serve(on_message, self._oversized, None, after_batch=self._end_batch)
-
     def _revoked(self, keys: frozenset[str]) -> None:
         # their connections are closed and what they sent unread is dropped (the router's
         # guard); their members are then lost like any other gone member
@@ -529,24 +477,6 @@ class FluxOverlay(Overlay):
         if self.dropped <= 100 or self.dropped % 1000 == 0:
             log.debug("flux: dropped a message from %r (over %d bytes or a bad identity)",
                       identity[:16], self.max_message)
-
-    def _restart_timer(self) -> None:
-        """Wake at the core's (earlier) ``next_deadline`` rather than the one slept for."""
-        old, self._timer = self._timer, gevent.spawn(self._run_timer)
-        if old in self._greenlets:
-            self._greenlets.remove(old)
-        self._greenlets.append(self._timer)
-        if old is not None:
-            old.kill(block=False)
-
-    def _run_timer(self) -> None:
-        sleep = self.transport.sleep
-        while True:
-            self._due = self.core.next_deadline
-            sleep(max(self._due - self.now(), 0.001))
-            now = self.now()
-            if now >= self.core.next_deadline:
-                self._apply(self.core.timer(now))
 
     # --- bootstrap through the mesh ----------------------------------------------------
 
@@ -597,13 +527,13 @@ class FluxOverlay(Overlay):
             if not self.core.root:  # take over as rank 0 at this endpoint
                 seq = self.core.seq
                 self._apply(self.core.stop(now))
-                self.core = self._new_core(root=True, rank=0, bootstrap=())
+                self._serve(self._new_core(root=True, rank=0, bootstrap=()))
                 self.core.seq = seq  # event numbers go on from what this node saw
                 self._apply(self.core.start(now))
         elif self.core.root or self.core.state is State.STOPPED:
             self._apply(self.core.stop(now))  # step down: join the elected root
             self._online.clear()
-            self.core = self._new_core(root=False, rank=None, bootstrap=[endpoint])
+            self._serve(self._new_core(root=False, rank=None, bootstrap=[endpoint]))
             self._apply(self.core.start(now))
         elif self.core.state is State.DETACHED:
             self._apply(self.core.set_bootstrap([endpoint], now))

@@ -322,9 +322,9 @@ class Routing:
             if self.parent_rank is not None and self.state is State.ONLINE:
                 return self._forward(PARENT, request, now, wire)
             if self.root:
-                return self._error(request, Errno.ENOSYS,
+                return self.error(request, Errno.ENOSYS,
                                    f"No service matching {topic} is registered", now)
-            return self._error(request, Errno.EHOSTUNREACH, "not attached to the tree", now)
+            return self.error(request, Errno.EHOSTUNREACH, "not attached to the tree", now)
         if nodeid == me and self.state is State.ONLINE or (
                 topic in ("peermesh.hello", "peermesh.join") and nodeid == me):
             owner = self.services.get(service)
@@ -332,17 +332,17 @@ class Routing:
                 return self._deliver_request(owner, request, now)
             if service in BUILTIN_SERVICES:
                 return self._builtin(request, now, wire)
-            return self._error(request, Errno.ENOSYS,
+            return self.error(request, Errno.ENOSYS,
                                f"No service matching {topic} is registered", now)
         if nodeid > MAX_RANK or self.root and nodeid >= self.size:
-            return self._error(request, Errno.EHOSTUNREACH, f"no rank {nodeid}", now)
+            return self.error(request, Errno.EHOSTUNREACH, f"no rank {nodeid}", now)
         child = self._child_toward(nodeid)
         if child is not None:
             return self._forward(child, request, now, wire)
         if self.parent_rank is not None and self.state is State.ONLINE \
                 and came_from != PARENT:  # never back up: no request bounces
             return self._forward(PARENT, request, now, wire)
-        return self._error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
+        return self.error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
 
     def _answers_here(self, topic: str) -> bool:
         """Built-ins that any node answers for NODEID_ANY (the rest belong to rank 0)."""
@@ -369,7 +369,7 @@ class Routing:
         if not request.flags & _NORESPONSE and not self._track(
                 link, request.routes or (), request.matchtag, request.topic, request.nodeid,
                 request.flags):
-            return self._error(request, Errno.EAGAIN, "too many requests in flight", now)
+            return self.error(request, Errno.EAGAIN, "too many requests in flight", now)
         self.stats["forwarded"] += 1
         frames = wire if wire is not None else encode(request)
         if link == PARENT:
@@ -444,16 +444,16 @@ class Routing:
         if not pending.topic:  # abandoned
             return []
         self.rpcs["responses"] += 1
-        return [Deliver(number, response)]
+        return [Deliver((number, response))]
 
     def _deliver_request(self, handle: int, request: Request, now: float) -> list[Output]:
         topic = request.topic
         if topic in self.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
             self.rpcs["received"] += 1
-            return [Deliver(handle, request)]
-        return self._error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
+            return [Deliver((handle, request))]
+        return self.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 
-    def _error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
+    def error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
         if request.flags & _NORESPONSE:
             return []
         self.rpcs["errors"] += 1
@@ -461,7 +461,7 @@ class Routing:
         return self._route_response(Response(request.topic, string_payload(text), errnum,
                                              request.matchtag, flags, request.routes), now)
 
-    def _answer(self, request: Request, obj: dict, now: float) -> list[Output]:
+    def answer(self, request: Request, obj: dict, now: float) -> list[Output]:
         if request.flags & _NORESPONSE:
             return []
         return self._route_response(Response(request.topic, json_payload(obj), 0,
@@ -477,7 +477,7 @@ class Routing:
             log.debug("flux rank %s dropped a message from %r: %s", self.rank, link[:16], why)
         return []
 
-    def _internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
+    def internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
                       callback: Optional[Callable[[Response, float], list[Output]]],
                       streaming: bool = False) -> list[Output]:
         flags = _NORESPONSE if callback is None else 0

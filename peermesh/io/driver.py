@@ -44,8 +44,17 @@ each batch read (its outputs applied after the batch's: a core that commits once
 batch, as the MTL gateway's), and ``feed(messages)`` hands the core messages that
 did not come through the transport (a node's events) as one batch.
 
+Options for a core that addresses its mailbox peers itself (Flux): ``addressed``
+(a ``Send`` to a mailbox peer carries that peer's identity as its first frame, the
+ROUTER's address, and goes out as it is), ``accept(identity)`` (a mailbox message
+whose sender it refuses goes to ``on_oversized``, never to the core), ``look_once``
+(real sockets only: the sends of a batch do not each look at their socket for a
+message waiting; each socket sent on is looked at once when the batch is done) and
+``sndhwm`` (the queue of a dialled link).
+
 The owner may also call ``apply(outputs)`` with what a core method called from
-outside returned (an NFP ``post``, say), and ``close()`` ends it all.
+outside returned (an NFP ``post``, say), ``replace_core(core)`` to serve another core
+on the same sockets, and ``close()`` ends it all.
 """
 
 from __future__ import annotations
@@ -83,9 +92,16 @@ class Driver:
                  on_send_failed: Optional[Callable[[Hashable, Sequence[bytes],
                                                     BaseException], None]] = None,
                  on_oversized: Optional[Callable[[bytes], None]] = None,
-                 on_batch_end: Optional[Callable[[float], Sequence[Output]]] = None) -> None:
+                 on_batch_end: Optional[Callable[[float], Sequence[Output]]] = None,
+                 addressed: bool = False, accept: Optional[Callable[[bytes], bool]] = None,
+                 look_once: bool = False, sndhwm: int = SNDHWM) -> None:
         self.core = core
         self.on_batch_end = on_batch_end
+        self.addressed = addressed
+        self.accept = accept
+        self.look_once = look_once
+        self.sndhwm = sndhwm
+        self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
         self.transport = transport
         self.on_deliver = on_deliver
         self.on_event = on_event
@@ -96,7 +112,7 @@ class Driver:
         self.max_message = max_message
         self.name = name
         self.mailbox: Optional[Mailbox] = None
-        self._reply: Optional[Callable[[Sequence[bytes]], bool]] = None  # mailbox.try_send
+        self._reply: Optional[Callable[..., bool]] = None  # mailbox.try_send
         self.links: dict[Hashable, Link] = {}
         self.closed = False
         self._held: Optional[list[Output]] = None      # outputs of the batch being read
@@ -118,7 +134,16 @@ class Driver:
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
         if hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
-        if metadata is None:
+        accept = self.accept
+        if metadata is None and accept is not None:
+            def on_accepted(identity: bytes, frames: list[bytes]) -> None:
+                if accept(identity):
+                    self._on_message(identity, frames)
+                else:
+                    self._on_oversized(identity)
+            self._spawn(mailbox.serve, on_accepted, self._on_oversized, backpressure,
+                        after_batch=self._after_batch)
+        elif metadata is None:
             self._spawn(mailbox.serve, self._on_message, self._on_oversized, backpressure,
                         after_batch=self._after_batch)
         else:
@@ -132,8 +157,11 @@ class Driver:
         def on_message(first: bytes, rest: list[bytes]) -> None:
             rest.insert(0, first)
             self._on_message(name, rest)
-        self._spawn(link.serve, on_message, self._on_oversized, None,
-                    after_batch=self._after_batch)
+
+        def serve() -> None:
+            if not link.closed:   # (not hung up before this greenlet ran)
+                link.serve(on_message, self._on_oversized, None, after_batch=self._after_batch)
+        self._spawn(serve)
 
     def _on_message(self, link: Hashable, frames: list[bytes]) -> None:
         if self.closed:
@@ -161,7 +189,17 @@ class Driver:
                     held += more
                 else:
                     held = more if type(more) is list else list(more)
-        if held:
+        if held and self.look_once:
+            looking: list[Any] = []
+            self._looking = looking
+            try:
+                self._carry_out(held)
+            finally:
+                self._looking = None
+                for sock in looking:   # (a send may have taken in the edge of a message)
+                    if not sock.closed:
+                        sock.readable()
+        elif held:
             self.apply(held)
         self._rearm()
 
@@ -204,17 +242,18 @@ class Driver:
         if self.closed:
             return
         self.hangup(name)
-        link = self.transport.connect(identity, endpoint, SNDHWM, server_key=server_key,
+        link = self.transport.connect(identity, endpoint, self.sndhwm, server_key=server_key,
                                       handover=True, max_message=self.max_message)
         self.links[name] = link
         self._serve_link(name, link)
 
-    def hangup(self, name: Hashable) -> None:
-        """Close link ``name`` (what waits in its backlog is dropped)."""
+    def hangup(self, name: Hashable, linger: float = 0.0) -> None:
+        """Close link ``name`` (what waits in its backlog is dropped; ZeroMQ may go on
+        sending what it holds for ``linger`` seconds)."""
         link = self.links.pop(name, None)
         self._backlogs.pop(name, None)
         if link is not None:
-            link.close(0)
+            link.close(linger)
 
     def _send(self, name: Hashable, frames: Sequence[bytes]) -> None:
         if self._backlogs:
@@ -229,11 +268,15 @@ class Driver:
     def _try_send(self, name: Hashable, frames: Sequence[bytes]) -> Optional[bool]:
         """True if sent, False if the queue is full, None if there is no way (dropped)."""
         link = self.links.get(name)
+        looking = self._looking
         try:
-            if link is not None:
+            if looking is not None and (link is not None or self._reply is not None
+                                        and type(name) is bytes):
+                sent = self._try_send_unlooked(link, name, frames, looking)
+            elif link is not None:
                 sent = link.try_send(frames)
             elif self._reply is not None and type(name) is bytes:
-                sent = self._reply([name, *frames])
+                sent = self._reply(frames if self.addressed else [name, *frames])
             else:
                 log.debug("%s: no link %r; a message dropped", self.name, name)
                 self.stats["dropped"] += 1
@@ -247,6 +290,18 @@ class Driver:
         if sent:
             self.stats["sent"] += 1
         return sent
+
+    def _try_send_unlooked(self, link: Optional[Link], name: Hashable,
+                           frames: Sequence[bytes], looking: list[Any]) -> bool:
+        """``_try_send``'s send in a batch with ``look_once``: the socket is noted, not
+        looked at."""
+        sock: Any = link
+        if sock is None:   # back through the mailbox
+            sock = self.mailbox
+            frames = frames if self.addressed else [name, *frames]  # type: ignore[list-item]
+        if sock not in looking:
+            looking.append(sock)
+        return bool(sock.try_send(frames, False))
 
     def _send_backlog(self, name: Hashable) -> None:
         backlog = self._backlogs.get(name)
@@ -288,8 +343,9 @@ class Driver:
         self._timer = self._spawn(self._run_timer, deadline)
 
     def _run_timer(self, deadline: float) -> None:
-        transport, core = self.transport, self.core
+        transport = self.transport
         while not self.closed:
+            core = self.core   # (``replace_core`` may give it another)
             delay = deadline - transport.now()
             if delay > 0:
                 transport.sleep(delay)
@@ -314,15 +370,27 @@ class Driver:
         greenlet.link(self._greenlets.discard)
         return greenlet
 
-    def close(self) -> None:
-        """Stop reading and the timer; close every link and the mailbox."""
+    def replace_core(self, core: Core) -> None:
+        """Serve ``core`` from now on, on the same mailbox and links (the timer follows
+        its deadline)."""
+        self.core = core
+        timer, self._timer = self._timer, None
+        if timer is not None and timer is not gevent.getcurrent():
+            self._greenlets.discard(timer)
+            timer.kill(block=False)
+        self._armed = None
+        self._rearm()
+
+    def close(self, linger: float = 0.0) -> None:
+        """Stop reading and the timer; close every link and the mailbox (ZeroMQ may go on
+        sending what they hold for ``linger`` seconds)."""
         if self.closed:
             return
         self.closed = True
         for name in list(self.links):
-            self.hangup(name)
+            self.hangup(name, linger)
         if self.mailbox is not None:
-            self.mailbox.close(0)
+            self.mailbox.close(linger)
         current = gevent.getcurrent()
         gevent.killall([g for g in self._greenlets if g is not current], block=False)
         self._greenlets.clear()

@@ -14,7 +14,7 @@ from collections import deque
 from typing import Any, Optional
 
 from peermesh.flux.core import (
-    PARENT, Deliver, Dial, FluxCore, FluxSettings, Hangup, Notice, Output,
+    PARENT, Deliver, Dial, Emit, FluxCore, FluxSettings, Hangup, Notice, Output,
 )
 from peermesh.flux.topology import Topology
 
@@ -72,8 +72,8 @@ class Tree:
                 self.dialed[source] = output.endpoint
             elif isinstance(output, Hangup):
                 self.dialed[source] = None
-            elif isinstance(output, Notice):
-                self.notices.append((source, output))
+            elif isinstance(output, Emit):
+                self.notices.append((source, output.event))
             elif isinstance(output, Deliver):
                 self.delivered[source].append(output)
             elif output.link == PARENT:
@@ -102,8 +102,8 @@ class Tree:
         while self.now < end:
             self.now = min(end, self.now + step)
             for endpoint, core in list(self.cores.items()):
-                if endpoint not in self.dead | self.hung and core.next_deadline <= self.now:
-                    self.run(endpoint, core.timer(self.now))
+                if endpoint not in self.dead | self.hung and core.next_deadline() <= self.now:
+                    self.run(endpoint, core.handle_timer(self.now))
 
     def kill(self, core: FluxCore) -> None:
         self.dead.add(core.endpoint)
@@ -121,7 +121,7 @@ class Tree:
     def taken(self, core: FluxCore, handle: Optional[int] = None) -> list[Any]:
         """The messages delivered to ``core`` (to ``handle``), emptied."""
         out = self.delivered[core.endpoint]
-        mine = [d.message for d in out if handle is None or d.handle == handle]
+        mine = [d.item[1] for d in out if handle is None or d.item[0] == handle]
         self.delivered[core.endpoint] = [d for d in out if handle is not None
-                                         and d.handle != handle]
+                                         and d.item[0] != handle]
         return mine

@@ -74,9 +74,9 @@ def test_a_member_serves_a_client_without_giving_it_a_rank() -> None:
     assert one.info()["clients"] == 0
 
     (again,) = said(one.receive(me, request("peermesh.client"), tree.now), me)
-    beats = said(one.timer(tree.now + FAST.heartbeat + 2.0), me)    # idle: a heartbeat
+    beats = said(one.handle_timer(tree.now + FAST.heartbeat + 2.0), me)    # idle: a heartbeat
     assert again.errnum == 0 and isinstance(beats[0], Control)
-    one.timer(tree.now + tree.settings.lost + 1)       # silent for ``lost``: forgotten
+    one.handle_timer(tree.now + tree.settings.lost + 1)       # silent for ``lost``: forgotten
     assert one.info()["clients"] == 0
 
 

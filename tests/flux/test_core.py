@@ -306,14 +306,14 @@ def test_a_refused_join_is_tried_again_soon_with_a_bounded_backoff() -> None:
     detached = tree.add(bootstrap=[])       # not in the tree: it refuses joins (EHOSTUNREACH)
     late = tree.add(bootstrap=[detached.endpoint, root.endpoint])
     assert late.state is State.JOINING and notices(tree, "join-failed")
-    assert late.next_deadline == pytest.approx(tree.now + 0.05)    # not the 2 s tick
+    assert late.next_deadline() == pytest.approx(tree.now + 0.05)    # not the 2 s tick
     tree.advance(0.05, step=0.05)
     assert late.online and late.rank == 1
 
     alone = tree.add(bootstrap=[detached.endpoint])     # refused again and again
     waits = []
     for _ in range(8):
-        waits.append(round(alone.next_deadline - tree.now, 3))
-        tree.advance(alone.next_deadline - tree.now, step=alone.next_deadline - tree.now)
+        waits.append(round(alone.next_deadline() - tree.now, 3))
+        tree.advance(alone.next_deadline() - tree.now, step=alone.next_deadline() - tree.now)
     assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]       # doubled up to heartbeat
     assert not alone.online

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import pytest
 
 from peermesh.flux.bodies import ping_body
-from peermesh.flux.core import PARENT, FluxCore
+from peermesh.flux.core import PARENT, FluxCore, Send
 from peermesh.wire.flux import NODEID_ANY, MsgFlag, Request, Response, decode, encode, read_json
 
 from .test_routing import ROWS, in_state
@@ -86,11 +86,12 @@ def test_responses_on_the_way_back_and_to_a_handle(flags: int) -> None:
         for variant in variants(frames):
             same(core, link, variant, tree.now)
         for output in core.receive(link, list(frames), tree.now):
-            target = next((c for c in cores.values() if c.identity == getattr(output, "link", 0)),
-                          None)
+            if type(output) is not Send:
+                continue
+            target = next((c for c in cores.values() if c.identity == output.link), None)
             if target is not None:
                 hops.append((target, PARENT, output.frames[1:]))
-            elif getattr(output, "link", None) == PARENT:
+            elif output.link == PARENT:
                 parent = cores[core.parent_rank]  # type: ignore[index]
                 hops.append((parent, core.identity, output.frames))
     assert checked == (0 if flags & MsgFlag.NORESPONSE else 4)  # 4 -> 1 -> 0 -> 2 -> 6

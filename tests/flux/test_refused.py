@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 from cliprocess import Cli
-from peermesh.flux.core import PARENT, Dial, FluxCore, FluxSettings, Hangup, Notice, State
+from peermesh.flux.core import PARENT, Dial, Emit, FluxCore, FluxSettings, Hangup, Notice, Send, State
 from peermesh.wire.flux import (
     Control, ControlType, Errno, Request, Response, decode, encode, string_payload,
 )
@@ -18,13 +18,13 @@ def joining() -> tuple[FluxCore, Request]:
                     bootstrap=["tcp://there"])
     out = core.start(0.0)
     assert any(isinstance(o, Dial) for o in out) and core.state is State.JOINING
-    (join,) = [decode(o.frames) for o in out if getattr(o, "link", None) == PARENT]
+    (join,) = [decode(o.frames) for o in out if type(o) is Send and o.link == PARENT]
     assert isinstance(join, Request) and join.topic == "peermesh.join"
     return core, join
 
 
 def refusal(out: list) -> Optional[Notice]:
-    return next((o for o in out if isinstance(o, Notice) and o.what == "refused"), None)
+    return next((o.event for o in out if isinstance(o, Emit) and o.event.what == "refused"), None)
 
 
 def test_disconnect_while_joining_stops_with_a_reason() -> None:
@@ -33,7 +33,7 @@ def test_disconnect_while_joining_stops_with_a_reason() -> None:
     notice = refusal(out)
     assert notice is not None and "DISCONNECT" in str(notice.detail)
     assert core.state is State.STOPPED and any(isinstance(o, Hangup) for o in out)
-    assert core.timer(100.0) == []                    # and never dials again
+    assert core.handle_timer(100.0) == []                    # and never dials again
 
 
 @pytest.mark.parametrize("errnum,text", [
@@ -56,7 +56,7 @@ def test_a_passing_refusal_is_asked_again() -> None:
                       routes=join.routes)
     out = core.receive(PARENT, encode(answer), 1.0)
     assert refusal(out) is None and core.state is State.JOINING
-    assert any(isinstance(o, Dial) for o in core.timer(core.next_deadline))
+    assert any(isinstance(o, Dial) for o in core.handle_timer(core.next_deadline()))
 
 
 def test_cli_member_refused_by_a_stranger_exits_1_naming_why(free_udp_port: int,

@@ -45,7 +45,7 @@ def classify(core: FluxCore, outputs: list, cores: dict[int, FluxCore]) -> tuple
     ranks = {c.identity: r for r, c in cores.items()}
     for output in outputs:
         if isinstance(output, Deliver):
-            message = output.message
+            message = output.item[1]
             if isinstance(message, Response) and message.errnum:
                 return ("error", Errno(message.errnum).name, "local")
             return ("deliver", message.topic)
