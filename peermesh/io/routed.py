@@ -12,11 +12,9 @@ identity), and closing that link disconnects it; its clock is the real one's.
 The router closes with the linger it was made with (the last replies go out
 whatever its driver says).
 
-Both it and any mailbox wrapped in a ``BatchedMailbox`` send quietly while a batch
-is handled: a ``HubSocket`` looks at its socket after every send (a send may take
-in the edge of a message waiting), and here the sends made while one batch is
-handled (the answers the driver carries out after it, a caller woken by one
-asking again) are looked after once, when the batch is done.
+Its driver's ``look_once`` option looks at the router once after a batch's sends,
+not after each (a ``RoutedLink`` passes ``look`` on and is ``readable`` as the
+router).
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ from .curve import Curve
 from .socket import HubSocket, make_socket
 from .transport import MessageHandler, ZmqTransport
 
-__all__ = ["BatchedMailbox", "ConnectingRouter", "RoutedLink", "RoutedTransport",
-           "connecting_router"]
+__all__ = ["ConnectingRouter", "RoutedLink", "RoutedTransport", "connecting_router"]
 
 log = logging.getLogger(__name__)
 
@@ -50,54 +47,12 @@ def connecting_router(transport: ZmqTransport, options: Mapping[int, Union[int, 
                             secure=curve is not None, linger=linger)
 
 
-class BatchedMailbox:
-    """A mailbox (a ``HubSocket``, or a ``GuardedListener`` of one) whose sends made while
-    a batch of it is handled look at the socket once, after the batch."""
-
-    def __init__(self, mailbox: Any) -> None:
-        self.mailbox = mailbox
-        self._send: Callable[..., bool] = mailbox.try_send
-        self._batching = False   # a batch is being handled (its messages, then after_batch)
-        self._unlooked = False   # a send was made since the last look
-
-    def serve(self, on_message: MessageHandler, on_oversized: Any = None,
-              backpressure: Any = None, *, metadata: Optional[str] = None,
-              after_batch: Optional[Callable[[], None]] = None) -> None:
-        """The mailbox's ``serve``, with the sends of each batch looked after once."""
-        def batched(*message: Any) -> None:
-            self._batching = True
-            on_message(*message)
-
-        def done() -> None:
-            try:
-                if after_batch is not None:
-                    after_batch()
-            finally:
-                self._batching = False
-                if self._unlooked:
-                    self._unlooked = False
-                    self.mailbox.readable()   # (wakes its reader when a message waits)
-
-        self.mailbox.serve(batched, on_oversized, backpressure, metadata=metadata,
-                           after_batch=done)
-
-    def try_send(self, frames: Sequence[bytes]) -> bool:
-        """``frames[1:]`` to the connection whose routing id is ``frames[0]``."""
-        if self._batching:
-            self._unlooked = True
-            return self._send(frames, False)
-        return self._send(frames)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.mailbox, name)
-
-
-class ConnectingRouter(BatchedMailbox):
+class ConnectingRouter:
     """The mailbox side of a connecting ROUTER (``serve``, ``try_send``, ``close``)."""
 
     def __init__(self, hub: HubSocket, *, secure: bool, linger: float) -> None:
-        super().__init__(hub)
         self.hub = hub
+        self.serve, self.try_send, self.readable = hub.serve, hub.try_send, hub.readable
         self.secure = secure
         self.linger = linger
         self.endpoint = ""
@@ -162,8 +117,12 @@ class RoutedLink:
         self.router, self.identity, self.endpoint = router, identity, endpoint
         self.closed = False
 
-    def try_send(self, frames: Sequence[bytes]) -> bool:
-        return self.router.try_send([self.identity, *frames])
+    def try_send(self, frames: Sequence[bytes], look: bool = True) -> bool:
+        """``frames`` down this connection (``look``: as ``HubSocket.try_send``'s)."""
+        return self.router.try_send([self.identity, *frames], look)
+
+    def readable(self) -> bool:
+        return self.router.readable()
 
     def wait_writable(self, timeout: Optional[float] = None) -> bool:
         return self.router.hub.wait_writable(timeout)

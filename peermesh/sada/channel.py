@@ -41,7 +41,6 @@ from ..errors import NodeStateError
 from ..io import BindError, make_socket, shared_context
 from ..io.connections import GuardedListener
 from ..io.driver import Driver
-from ..io.routed import BatchedMailbox
 from ..io.socket import HubSocket
 from ..io.transport import ZmqTransport
 from ..net.interfaces import select_interface
@@ -229,8 +228,9 @@ class Channel(Overlay):
                      else _ClockTransport(self._context, self._clock))
         self._driver = Driver(self._core, transport, on_deliver=self._deliver,
                               on_event=self._on_event, on_send_failed=self._send_failed,
-                              on_oversized=self._on_oversized, name=f"channel {self.id}")
-        self._driver.listen(BatchedMailbox(self._guard), metadata="Peer-Address")
+                              on_oversized=self._on_oversized, look_once=True,
+                              name=f"channel {self.id}")
+        self._driver.listen(self._guard, metadata="Peer-Address")
         log.debug("channel %s at %s started", self.id, self.endpoint)
 
     def stop(self, timeout: float = 1.0) -> None:

@@ -253,7 +253,7 @@ class Server(Overlay):
         self._core.serving = True
         self._driver = Driver(self._core, RoutedTransport(transport, router),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
-                              name="Safir-Darbaan server")
+                              look_once=True, name="Safir-Darbaan server")
         self._watcher = gevent.spawn(_transport.read_monitor,
                                      router.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED),
                                      self._on_monitor)

@@ -1,6 +1,6 @@
-"""``peermesh.io.routed.BatchedMailbox``: the sends made while a batch is handled skip the
-look after each send (they are looked after once, when the batch is done); sends made
-outside a batch look at once; answers go out whole and in order."""
+"""The driver's ``look_once``: the sends made while a batch is handled skip the look after
+each send, and the socket is looked at once when the batch is done; sends made outside a
+batch look at once; answers go out whole and in order."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import gevent
 
 from peermesh.core import Deliver, Output, Outputs, Send
 from peermesh.io.driver import Driver
-from peermesh.io.routed import BatchedMailbox
 from peermesh.io.socket import GUARD
 from peermesh.io.transport import ZmqTransport
 
@@ -31,16 +30,23 @@ class Handing(Outputs):
         return None
 
 
-class Logged(BatchedMailbox):
-    """Logs whether each send was made quietly (inside a batch: "q") or not ("s")."""
+class Logged:
+    """A mailbox that logs each send made quietly ("q") or looking ("s"), and each look
+    ("r")."""
 
     def __init__(self, mailbox: Any, log: list[str]) -> None:
-        super().__init__(mailbox)
-        self.log = log
+        self.mailbox, self.log = mailbox, log
 
-    def try_send(self, frames: Any) -> bool:
-        self.log.append("q" if self._batching else "s")
-        return super().try_send(frames)
+    def try_send(self, frames: Any, look: bool = True) -> bool:
+        self.log.append("s" if look else "q")
+        return bool(self.mailbox.try_send(frames, look))
+
+    def readable(self) -> bool:
+        self.log.append("r")
+        return bool(self.mailbox.readable())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.mailbox, name)
 
 
 def test_answers_in_batches_are_sent_quietly_and_nothing_stalls() -> None:
@@ -48,7 +54,7 @@ def test_answers_in_batches_are_sent_quietly_and_nothing_stalls() -> None:
     got: list[Any] = []
     rounds = 200
     try:
-        server = Driver(Handing(), transport, name="handing")
+        server = Driver(Handing(), transport, look_once=True, name="handing")
         drivers.append(server)
         server.on_deliver = lambda item: server.apply([Send(item[0], item[1][::-1])])
         mailbox = transport.bind_mailbox("127.0.0.1", 1 << 16)
@@ -66,7 +72,7 @@ def test_answers_in_batches_are_sent_quietly_and_nothing_stalls() -> None:
         client.apply(caller.say(b"0", b"x"))
         poll_until(lambda: len(got) == rounds, GUARD, f"{rounds} answers", sleep=gevent.sleep)
         assert got == [("far", [b"x", b"%d" % i]) for i in range(rounds)]
-        assert log == ["q"] * rounds    # every answer made inside its batch: quiet
+        assert log == ["q", "r"] * rounds   # each answer sent quietly, then one look
         assert server.mailbox is not None
         server.mailbox.try_send([b"nobody-knows", b"x"])   # (a ROUTER drops it)
         assert log[-1] == "s"           # outside a batch: looked after at once
