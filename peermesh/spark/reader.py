@@ -193,11 +193,13 @@ class _ReaderBase:
         raise TypeError(f"the peermesh source cannot read partition {partition!r}")
 
 
-    def _starts(self, default: str) -> tuple[int, dict[str, int]]:
+    def _starts(self, default: str, info: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
         """Where the read starts: the lowest start of its groups, and the later starts of
-        single groups (``startingOffsets`` per group, or by time)."""
+        single groups (``startingOffsets`` per group, or by time); ``info``: the log's
+        ``INFO`` for the read's groups."""
         opts = self.opts
         client = self._client()
+        earliest, nxt = _group_floors(info, opts.groups), int(info["next"])
         starts: dict[str, int] = {}
         for group in opts.groups:
             when = opts.starting_times.get(group)
@@ -211,12 +213,11 @@ class _ReaderBase:
                         "the end instead (as in Kafka's source)")
                 starts[group] = int(found["offset"])
                 continue
-            info = client.info([group])
             spec = opts.starting_by_group.get(group, default)
-            starts[group] = _resolve(spec, info["earliest"], info["next"])
-            if starts[group] < info["earliest"]:
+            starts[group] = _resolve(spec, earliest[group], nxt)
+            if starts[group] < earliest[group]:
                 _data_loss(opts, f"startingOffsets {starts[group]} of group {group!r} is below "
-                                 f"the earliest offset it holds, {info['earliest']}")
+                                 f"the earliest offset it holds, {earliest[group]}")
         first = min(starts.values())
         return first, {g: n for g, n in starts.items() if n > first}
 
@@ -227,7 +228,7 @@ class BatchReader(_ReaderBase, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         """Split ``[startingOffsets, endingOffsets)`` (default: everything held)."""
         info = self._info()
-        start, floors = self._starts(self.opts.starting)
+        start, floors = self._starts(self.opts.starting, info)
         end = _resolve(self.opts.ending, info["earliest"], info["next"])
         return split_range(info["log"], start, min(end, info["next"]), self.opts.partitions,
                            floors, self._where or {})
@@ -242,6 +243,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         self._target: Optional[int] = None
         self._ready = False
         self._position: Optional[int] = None   # the end of the last batch planned
+        self._latest: Optional[dict] = None    # the log's answer that planned it
         self._last_batch = time.monotonic()    # for minOffsetsPerTrigger's maxTriggerDelay
 
     def _ensure(self) -> None:
@@ -253,7 +255,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         """Where a new query starts (``startingOffsets``); registers it as a consumer."""
         info = self._info(join=True)
         self._ready = True
-        start, floors = self._starts(self.opts.starting)
+        start, floors = self._starts(self.opts.starting, info)
         # Registered with the log by the first latestOffset that uses it: Spark may ask
         # for an initial offset more than once and use only one of the answers.
         return _offset(info["log"], start, consumer_id(self.opts.consumer_name), floors)
@@ -301,11 +303,18 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         if end > position:
             self._last_batch = time.monotonic()
         self._position = end
+        self._latest = reply if end == int(reply["end"]) else None
         return _offset(reply["log"], end, consumer, floors)
 
     def reportLatestOffset(self) -> Optional[dict]:
         """The log's next offset and, per group, how many messages the query is behind
-        (``behind``), for the query's progress reports."""
+        (``behind``), for the query's progress reports: as the log answered the
+        ``latestOffset`` Spark calls this after, without asking again."""
+        latest = self._latest
+        if latest is not None and "behind" in latest:
+            report = _offset(latest["log"], latest["next"], self._consumer)
+            report["behind"] = {g: int(n) for g, n in latest["behind"].items()}
+            return report
         try:
             client = self._client()
             info = client.info(self.opts.groups)

@@ -20,6 +20,7 @@ if spark_unavailable():
 from pyspark.sql.datasource import InputPartition  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
 
+from peermesh.spark.client import log_client  # noqa: E402
 from peermesh.spark.protocol import DataLossError  # noqa: E402
 from peermesh.spark.source import (SCHEMA, BatchReader, OffsetRange, SourceOptions,  # noqa: E402
                                    StreamReader, read_range, split_range)
@@ -387,6 +388,16 @@ def test_progress_reports_how_far_behind_each_group_is(
     report = stream.reportLatestOffset()
     assert report is not None and report["offset"] == 40
     assert report["behind"] == {"g": 15, "h": 15}
+    # the log's answer to latestOffset carries the backlog: the report asks nothing more
+    client = log_client(service.endpoint, service.token)
+    assert client.latest(["g", "h"], 10, 10)["behind"] == {"g": 10, "h": 10}
+    end = stream.latestOffset(end, ReadAllAvailable())
+    assert end["offset"] == 40 and stream.reportLatestOffset()["behind"] == {"g": 0, "h": 0}
+    # an availableNow target below the log's end leaves what came after it behind
+    stream.prepareForTriggerAvailableNow()
+    fill(service, ["g"], 5, start=40)
+    assert stream.latestOffset(end, ReadAllAvailable())["offset"] == 40
+    assert stream.reportLatestOffset() == {**end, "offset": 45, "behind": {"g": 5, "h": 0}}
 
 
 def test_sender_headers_as_a_column(make_service: Callable[..., Any]) -> None:
