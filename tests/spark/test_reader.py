@@ -439,7 +439,9 @@ def test_arrow_batches_agree_with_rows_made_one_by_one(
                 msgpack.packb([1.5, None]), b"y" * (STORED_TEXT_MAX + 1)]
     with MessageLog(service.path) as log:
         for texts in (True, False):  # made at ingest, and left to the reader
-            log.append([(("g", "h")[i % 2], "ab" * 16, "p", 10.0 + i, p)
+            # (with texts: two senders in a chunk; received to the microsecond)
+            log.append([(("g", "h")[i % 2], ("ab", "cd")[texts and i % 3 == 0] * 16,
+                         ("p", "q")[texts and i % 3 == 0], 10.0 + i / 3, p)
                         for i, p in enumerate(payloads * 3)], texts=texts)
         log.append([("g", "ab" * 16, "p", 1.0, p) for p in payloads[:4]])  # no text to make
     columns = SCHEMA.fieldNames()
