@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from typing import Any, Iterator, Mapping, Optional, Sequence
@@ -244,6 +245,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         self._ready = False
         self._position: Optional[int] = None   # the end of the last batch planned
         self._latest: Optional[dict] = None    # the log's answer that planned it
+        self._committing: Optional[threading.Thread] = None  # the last commit sent
         self._last_batch = time.monotonic()    # for minOffsetsPerTrigger's maxTriggerDelay
 
     def _ensure(self) -> None:
@@ -338,14 +340,43 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
                            start.get("floors") if same else None, self._where)
 
     def commit(self, end: dict) -> None:
-        """Everything below ``end`` is processed: tell the log (which may trim it)."""
+        """Everything below ``end`` is processed: tell the log (which may trim it).
+
+        Told from a thread of its own: Spark calls this before it plans each batch, and
+        the log's answer (and its trim) need not hold the batch up. Commits reach the
+        log in order; ``committed`` (and ``stop``) wait for them. The checkpoint, not the log,
+        says where a query resumes: a commit lost with the process only delays a trim."""
         consumer = end.get("consumer")
         if consumer is None or end.get("log") != self._log_id and self._log_id is not None:
             return
-        try:
-            self._client().commit(consumer, self.opts.groups, int(end["offset"]))
-        except Exception:  # trimming is a convenience: never fail the query for it
-            log.warning("peermesh source: commit of offset %s failed", end, exc_info=True)
+        before = self._committing
+        offset = int(end["offset"])
+
+        def tell() -> None:
+            if before is not None:
+                before.join()
+            try:
+                self._client().commit(consumer, self.opts.groups, offset)
+            except Exception:  # trimming is a convenience: never fail the query for it
+                log.warning("peermesh source: commit of offset %s failed", end, exc_info=True)
+
+        self._committing = threading.Thread(target=tell, name="peermesh-commit", daemon=True)
+        self._committing.start()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_committing"] = None  # a thread of this process
+        return state
+
+    def committed(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every commit was answered by the log (at most ``timeout`` s);
+        whether they were."""
+        last = self._committing
+        if last is not None:
+            last.join(timeout)
+            return not last.is_alive()
+        return True
 
     def stop(self) -> None:
-        """Nothing to release: sockets belong to the process, not the reader."""
+        """Wait for the last commit (sockets belong to the process, not the reader)."""
+        self.committed()
