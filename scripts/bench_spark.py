@@ -71,8 +71,9 @@ TARGETS = {"ingest_per_s": 50_000, "requests_per_s": 5_000}
 #: Spark gives the Python process that plans a stream 10 s to connect back, and that
 #: process first imports pyspark from pyspark.zip (no bytecode): on a machine loaded far
 #: beyond its cores it may not make it, and the query fails before any source code runs.
-#: A read round then starts such a case again, at most this many times (and reports it).
-STREAM_RESTARTS = 2
+#: A read round or an ingest run then starts the query again, at most this many times
+#: (and reports it).
+STREAM_RESTARTS = 5
 NO_CONNECT_BACK = "failed to connect back"
 INTERVAL = 0.1
 
