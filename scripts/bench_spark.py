@@ -723,4 +723,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)  # SIGTERM too ends the children and removes the scratch directories
