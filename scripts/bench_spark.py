@@ -443,7 +443,7 @@ def bench_read(args: argparse.Namespace) -> dict[str, Any]:
                     directory=os.path.join(scratch, label),
                     conf=args.conf if label == "peermesh" else {})
                 # filling, writing parquet and warming every case up: long at 10M rows
-                readers[label].expect("filled", max(600.0, args.rows / 5000))
+                readers[label].expect("filled", max(900.0, args.rows / 2000))
             rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
             for r in range(args.rounds):
                 for label, child in readers.items():
