@@ -33,7 +33,7 @@ shared harness (``role_shouter`` and ``role_server`` below).
    of the whole pipeline per message (peers, service, Spark); the median of
    ``--ingest-rounds`` runs. With ``--baseline REV`` each code tree runs in
    a child process of its own (``role_ingester``: its own Spark session and
-   service), the rounds alternating between them; reported beside this
+   service), the rounds alternating between them (ABBA); reported beside this
    checkout's figures: the baseline's, and the median of the per-round ratios
    of end-to-end rates (this checkout's over the baseline's).
 3. **requests**: ``--servers`` processes run a Safir-Darbaan server on the
@@ -589,7 +589,9 @@ def ingest_trees(args: argparse.Namespace) -> dict[str, Any]:
                                                   settings=settings)
                 ingesters[label].expect("ready", 600)
             for r in range(args.ingest_rounds):
-                for label, child in ingesters.items():
+                # ABBA: neither tree always runs second, on a machine whose load drifts
+                order = list(ingesters.items())[::-1 if r % 2 else 1]
+                for label, child in order:
                     progress(f"{label}: ingest round {r + 1}/{args.ingest_rounds}")
                     runs[label].append(child.ask(args.timeout * 4, go=r))
     finally:
