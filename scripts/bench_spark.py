@@ -31,7 +31,11 @@ shared harness (``role_shouter`` and ``role_server`` below).
    query has processed the last one), the rate at which the service logged
    them, the query's own processing rate (rows / batch durations) and the CPU
    of the whole pipeline per message (peers, service, Spark); the median of
-   ``--ingest-rounds`` runs.
+   ``--ingest-rounds`` runs. With ``--baseline REV`` each code tree runs in
+   a child process of its own (``role_ingester``: its own Spark session and
+   service), the rounds alternating between them (ABBA); reported beside this
+   checkout's figures: the baseline's, and the median of the per-round ratios
+   of end-to-end rates (this checkout's over the baseline's).
 3. **requests**: ``--servers`` processes run a Safir-Darbaan server on the
    mesh with an ``echo`` action; ``ServiceCaller.apply`` sends one request
    per row of ``spark.range(--requests)`` (2 partitions) from the executors
@@ -67,8 +71,9 @@ TARGETS = {"ingest_per_s": 50_000, "requests_per_s": 5_000}
 #: Spark gives the Python process that plans a stream 10 s to connect back, and that
 #: process first imports pyspark from pyspark.zip (no bytecode): on a machine loaded far
 #: beyond its cores it may not make it, and the query fails before any source code runs.
-#: A read round then starts such a case again, at most this many times (and reports it).
-STREAM_RESTARTS = 2
+#: A read round or an ingest run then starts the query again, at most this many times
+#: (and reports it).
+STREAM_RESTARTS = 5
 NO_CONNECT_BACK = "failed to connect back"
 INTERVAL = 0.1
 
@@ -197,6 +202,7 @@ def bench_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
                 "per_s": total / (done - start),
                 # CPU per message, and the rate it allows with every core of the machine
                 "cpu_us": cpu.seconds / total * 1e6,
+                "cpu_us_by_part": {k: v / total * 1e6 for k, v in sorted(cpu.parts.items())},
                 "cpu_bound_per_s": total * (os.cpu_count() or 1) / cpu.seconds,
                 "logged_per_s": total / (logged_at - start),
                 "shout_per_s": shout_rate,
@@ -230,13 +236,16 @@ class TreeCpu:
     last sample: Spark's Python daemon lets the kernel reap its workers, so their CPU
     never reaches a parent's accounting. The sampling's own CPU (a walk over the threads
     of the JVM, in ``root``'s tree when ``root`` is this process) is left out: it grows
-    with wall time, not with the work measured."""
+    with wall time, not with the work measured. ``cpu.parts``: the same seconds by part
+    (``part_of``)."""
 
     def __init__(self, root: int, every: float = 0.05) -> None:
         self.root = root
         self.every = every
         self.seconds = 0.0
+        self.parts: dict[str, float] = {}
         self._last: dict[int, int] = {}
+        self._kinds: dict[int, str] = {}
         self._done = threading.Event()
 
     def _sample(self) -> dict[int, int]:
@@ -247,6 +256,8 @@ class TreeCpu:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                 ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+                if pid not in self._kinds:
+                    self._kinds[pid] = self.part_of(pid)
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
                 continue
@@ -276,10 +287,33 @@ class TreeCpu:
         self._thread.join()
         start = time.thread_time()
         self._last.update(self._sample())
-        used = sum(t - self._base.get(pid, 0) for pid, t in self._last.items())
+        tick = os.sysconf("SC_CLK_TCK")
         sampling = self._sampling + time.thread_time() - start
         mine = self.root == os.getpid()
-        self.seconds = max(0.0, used / os.sysconf("SC_CLK_TCK") - (sampling if mine else 0.0))
+        for pid, t in self._last.items():
+            part = self._kinds.get(pid, "other")
+            self.parts[part] = self.parts.get(part, 0.0) + (t - self._base.get(pid, 0)) / tick
+        if mine:
+            self.parts["driver"] = max(0.0, self.parts.get("driver", 0.0) - sampling)
+        self.seconds = sum(self.parts.values())
+
+    def part_of(self, pid: int) -> str:
+        """What process ``pid`` is: "driver" (the root: the service, its node, py4j),
+        "jvm", "peers" (this benchmark's mesh children) or "python" (Spark's Python
+        workers and planners)."""
+        if pid == self.root:
+            return "driver"
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            return "other"
+        name = os.path.basename(argv[0])
+        if name == b"java":
+            return "jvm"
+        if b"harness.py" in b" ".join(argv[1:3]):
+            return "peers"
+        return "python"
 
 
 def role_reader(parent: harness.Parent, rows: int, timeout: float, directory: str,
@@ -408,7 +442,8 @@ def bench_read(args: argparse.Namespace) -> dict[str, Any]:
                     "bench_spark", "reader", tree, rows=args.rows, timeout=args.timeout,
                     directory=os.path.join(scratch, label),
                     conf=args.conf if label == "peermesh" else {})
-                readers[label].expect("filled", 600)
+                # filling, writing parquet and warming every case up: long at 10M rows
+                readers[label].expect("filled", max(900.0, args.rows / 2000))
             rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
             for r in range(args.rounds):
                 for label, child in readers.items():
@@ -470,7 +505,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if "read" in args.only:  # first, while no other Spark session runs beside it
             results["read"] = bench_read(args)
-        if args.only & {"ingest", "requests"}:
+        if "ingest" in args.only and args.baseline:
+            results["ingest"] = ingest_trees(args)
+        if "requests" in args.only or "ingest" in args.only and not args.baseline:
             with_session(results, args)
     finally:
         results["load_average"] = os.getloadavg()
@@ -479,19 +516,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def with_session(results: dict[str, Any], args: argparse.Namespace) -> None:
     """The phases that share one Spark session in this process."""
-    import peermesh.spark as ps
     from peermesh.spark.executor import sada_available
-    from peermesh.spark.session import local_session
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
-        progress("starting Spark (local[2])")
-        spark = local_session(tmp, app="bench_spark")
-        port = free_udp_port()
-        service = ps.start_service(spark, groups=["bench"], directory=os.path.join(tmp, "log"),
-                                   interface="lo", port=port, interval=INTERVAL,
-                                   bind="127.0.0.1", trim=True)
+        spark, service, port = ingest_session(tmp)
         try:
-            if "ingest" in args.only:
+            if "ingest" in args.only and "ingest" not in results:
                 results["ingest"] = median_ingest(spark, service, port, args, tmp)
             if "requests" in args.only:
                 if sada_available():
@@ -503,17 +533,89 @@ def with_session(results: dict[str, Any], args: argparse.Namespace) -> None:
             spark.stop()
 
 
+def role_ingester(parent: harness.Parent, directory: str, settings: dict[str, Any]) -> None:
+    """A Spark session and a driver service of this process's code under ``directory``
+    (the parent's: it removes it); each command from the parent is one ingest run
+    (``bench_ingest`` with the parent's ``settings``)."""
+    args = argparse.Namespace(**settings)
+    spark, service, port = ingest_session(directory)
+    try:
+        runs = iter(range(1_000_000))
+        parent.send("ready")
+        parent.serve(lambda command: one_ingest(
+            spark, service, port, args, os.path.join(directory, f"i{next(runs)}")))
+    finally:
+        service.stop()
+        spark.stop()
+
+
+def ingest_session(directory: str) -> tuple[Any, Any, int]:
+    """A local Spark session and a driver service for ingest runs, under ``directory``;
+    the service's beacon port."""
+    import peermesh.spark as ps
+    from peermesh.spark.session import local_session
+
+    progress("starting Spark (local[2])")
+    spark = local_session(directory, app="bench_spark")
+    port = free_udp_port()
+    service = ps.start_service(spark, groups=["bench"], directory=os.path.join(directory, "log"),
+                               interface="lo", port=port, interval=INTERVAL, bind="127.0.0.1",
+                               trim=True)
+    return spark, service, port
+
+
+def one_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
+               tmp: str) -> dict[str, Any]:
+    """``bench_ingest``, started again when Spark's planner does not connect back."""
+    tries = iter(range(STREAM_RESTARTS + 1))  # a fresh checkpoint for each start
+    run, restarts = restarting(lambda: bench_ingest(spark, service, port, args,
+                                                    os.path.join(tmp, f"t{next(tries)}")))
+    return {**run, "restarts": restarts}
+
+
+def ingest_trees(args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest runs of this checkout and of ``--baseline``, each in a child process with a
+    Spark session of its own, the rounds alternating between them."""
+    code = harness.trees(args.baseline)
+    settings = {k: getattr(args, k) for k in ("peers", "messages", "timeout")}
+    scratch = tempfile.mkdtemp(prefix="bench-spark-ingest-")
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in code}
+    try:
+        with harness.Children() as children:
+            ingesters = {}
+            for label, tree in code.items():
+                ingesters[label] = children.start("bench_spark", "ingester", tree,
+                                                  directory=os.path.join(scratch, label),
+                                                  settings=settings)
+                ingesters[label].expect("ready", 600)
+            for r in range(args.ingest_rounds):
+                # ABBA: neither tree always runs second, on a machine whose load drifts
+                order = list(ingesters.items())[::-1 if r % 2 else 1]
+                for label, child in order:
+                    progress(f"{label}: ingest round {r + 1}/{args.ingest_rounds}")
+                    runs[label].append(child.ask(args.timeout * 4, go=r))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = summary_ingest(runs["peermesh"])
+    result["baseline"] = {**summary_ingest(runs["baseline"]), "library": code["baseline"]}
+    result["now_vs_base"] = statistics.median(
+        n["per_s"] / b["per_s"] for n, b in zip(runs["peermesh"], runs["baseline"]))
+    return result
+
+
+def summary_ingest(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run of ``runs`` (by end-to-end rate), with every run's rate and CPU."""
+    return {**harness.median_run(runs, "per_s"), "cpu_us_trials": [r["cpu_us"] for r in runs]}
+
+
 def median_ingest(spark: Any, service: Any, port: int, args: argparse.Namespace,
                   tmp: str) -> dict[str, Any]:
     """``bench_ingest`` ``--ingest-rounds`` times: the median run, every run's rate."""
     runs = []
     for r in range(args.ingest_rounds):
         progress(f"ingest round {r + 1}/{args.ingest_rounds}")
-        tries = iter(range(STREAM_RESTARTS + 1))  # a fresh checkpoint for each start
-        run, restarts = restarting(lambda: bench_ingest(
-            spark, service, port, args, os.path.join(tmp, f"i{r}-{next(tries)}")))
-        runs.append({**run, "restarts": restarts})
-    return {**harness.median_run(runs, "per_s"), "cpu_us_trials": [r["cpu_us"] for r in runs]}
+        runs.append(one_ingest(spark, service, port, args, os.path.join(tmp, f"i{r}")))
+    return summary_ingest(runs)
 
 
 def table(r: dict[str, Any]) -> str:
@@ -529,12 +631,21 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"| - CPU of the whole pipeline per message (peers, service, Spark) | "
                      f"{ingest['cpu_us']:.1f} µs: {ingest['cpu_bound_per_s']:,.0f} msg/s "
                      f"with all {os.cpu_count()} cores to itself | |")
+        lines.append("| - CPU per message by process | " + ", ".join(
+            f"{k} {v:.1f} µs" for k, v in ingest.get("cpu_us_by_part", {}).items()) + " | |")
         lines.append(f"| - peers shouting | {ingest['shout_per_s']:,.0f} msg/s | |")
         lines.append(f"| - logged by the driver's service | {ingest['logged_per_s']:,.0f} msg/s "
                      "| |")
         if ingest["query_per_s"]:
             lines.append(f"| - query processing ({ingest['batches']} batches with data) | "
                          f"{ingest['query_per_s']:,.0f} rows/s | |")
+        base = ingest.get("baseline")
+        if base:
+            lines.append(f"| ingest end to end [baseline] | {base['per_s']:,.0f} msg/s (runs: "
+                         f"{', '.join(f'{t:,.0f}' for t in base['trials'])}); CPU "
+                         f"{base['cpu_us']:.1f} µs per message | |")
+            lines.append(f"| this checkout / baseline, end-to-end rate | "
+                         f"{ingest['now_vs_base']:.2f}x | |")
     read = r.get("read")
     if read:
         for label in ("peermesh", "baseline"):
@@ -593,8 +704,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ingest-rounds", type=int, default=1,
                         help="ingest runs (the median run is reported)")
     parser.add_argument("--baseline", metavar="REV",
-                        help="read phase: also measure the code of commit REV (or a directory "
-                             "holding peermesh), in a Spark session of its own, same rounds")
+                        help="read and ingest phases: also measure the code of commit REV (or a "
+                             "directory holding peermesh), in a Spark session of its own, same "
+                             "rounds")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="read phase: a Spark setting for this checkout's session (not the "
                              "baseline's: --baseline . measures a setting's effect); repeatable")
@@ -613,4 +725,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)  # SIGTERM too ends the children and removes the scratch directories

@@ -104,8 +104,6 @@ class _Columns:
             if name == "group":
                 arrays.append(pa.repeat(pa.scalar(chunk.group, kind), n))
             elif name in ("sender", "sender_name", "headers"):
-                if peers is None:
-                    peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
                 if name == "headers":
                     described = [[{"key": k, "value": v} for k, v in
                                   _header_pairs(p[2] if len(p) > 2 else None)]
@@ -113,12 +111,16 @@ class _Columns:
                 else:
                     column = 0 if name == "sender" else 1
                     described = [p[column] for p in chunk.peers]
+                if len(described) == 1:  # one sender (often): no index to follow
+                    arrays.append(pa.repeat(pa.scalar(described[0], kind), n))
+                    continue
+                if peers is None:
+                    peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
                 arrays.append(pa.array(described, kind).take(peers))
             elif name == "received":
-                seconds = _fixed(pa.float64(), total, chunk.received).slice(a, n)
-                arrays.append(_micros(seconds).cast(kind))
+                arrays.append(_micros(chunk.received, a, n, kind))
             elif name == "offset":
-                arrays.append(_fixed(pa.int64(), total, offsets).slice(a, n).cast(kind))
+                arrays.append(_fixed(kind, total, offsets).slice(a, n))
             elif name == "payload":
                 arrays.append(_variable(kind, total, chunk.payload_ends,
                                         chunk.payload_data).slice(a, n))
@@ -183,10 +185,15 @@ def _order(keys: Any) -> pa.Array:
     return pc.sort_indices(keys)
 
 
-def _micros(seconds: pa.Array) -> pa.Array:
-    """Epoch seconds (float64) as whole microseconds (int64)."""
-    import pyarrow.compute as pc
-    return pc.round(pc.multiply(seconds, 1_000_000.0)).cast(pa.int64())
+def _micros(seconds: array, a: int, n: int, kind: pa.DataType) -> pa.Array:
+    """Epoch seconds ``a`` to ``a + n - 1`` (float64) as a timestamp column ``kind``: whole
+    microseconds, rounded half to even (numpy: a tenth of the CPU of Arrow's kernels here)."""
+    import numpy as np
+    micros = np.rint(np.frombuffer(seconds, np.float64, n, 8 * a) * 1e6).astype(np.int64)
+    exact = pa.types.is_timestamp(kind) and kind.unit == "us"
+    column = pa.Array.from_buffers(kind if exact else pa.int64(), n,
+                                   [None, pa.py_buffer(micros)])
+    return column if exact else column.cast(kind)
 
 
 def _equal(values: pa.Array, value: int) -> pa.Array:

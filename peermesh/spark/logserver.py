@@ -194,8 +194,14 @@ class LogServer:
                 found = reader.last_offset(begin, ceiling, groups)
             if found is not None:
                 end = found + 1
+        end = max(end, start)
+        # the backlog per group, for the query's progress report: none past the last message
+        # of the groups (only a ``max`` or a ``ceiling`` leaves any)
+        limited = body.get("max") is not None or ceiling < nxt
+        behind = {g: reader.count(end, nxt, [g]) if limited and end < nxt else 0
+                  for g in groups}
         return {"log": reader.log_id, "earliest": earliest, "floors": floors, "next": nxt,
-                "end": max(end, start)}
+                "end": end, "behind": behind}
 
     def _fetch(self, reader: MessageLog, body: Any) -> dict[str, Any]:
         reply = reader.fetch(int(body["start"]), int(body["end"]), _groups(body.get("groups")),

@@ -21,7 +21,8 @@ and a request without it is answered ERR ``unauthorised``):
 
     INFO      {groups?}                               -> {log, earliest, floors, next, groups,
                                                           channel, path, host}
-    LATEST    {groups, start, max?, ceiling?}         -> {log, earliest, floors, next, end}
+    LATEST    {groups, start, max?, ceiling?}         -> {log, earliest, floors, next, end,
+                                                          behind}
     FETCH     {groups, start, end}                    -> {log, earliest, floors, next, chunks,
                                                           resume}
     REGISTER  {consumer, groups, offset}              -> {log}
@@ -40,7 +41,9 @@ or after ``time`` (epoch seconds), or ``next`` when there is none.
 
 ``LATEST.end`` is one past the last message of ``groups`` at or after
 ``start`` and below ``ceiling`` (or ``next``), taking at most ``max``
-messages; ``start`` itself when there is none. ``FETCH.chunks`` is a list
+messages; ``start`` itself when there is none. ``LATEST.behind`` maps each of
+``groups`` to how many of its messages lie in ``[end, next)`` (what a query
+that reads up to ``end`` is behind). ``FETCH.chunks`` is a list
 of ``[group, seqs, data]``, the log's chunks as stored (see ``log``), by
 lowest offset; they may hold offsets outside the range asked for, and the
 reader keeps those in ``[max(start, floors[group]), min(resume, end))``. Every

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from typing import Any, Iterator, Mapping, Optional, Sequence
@@ -193,11 +194,13 @@ class _ReaderBase:
         raise TypeError(f"the peermesh source cannot read partition {partition!r}")
 
 
-    def _starts(self, default: str) -> tuple[int, dict[str, int]]:
+    def _starts(self, default: str, info: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
         """Where the read starts: the lowest start of its groups, and the later starts of
-        single groups (``startingOffsets`` per group, or by time)."""
+        single groups (``startingOffsets`` per group, or by time); ``info``: the log's
+        ``INFO`` for the read's groups."""
         opts = self.opts
         client = self._client()
+        earliest, nxt = _group_floors(info, opts.groups), int(info["next"])
         starts: dict[str, int] = {}
         for group in opts.groups:
             when = opts.starting_times.get(group)
@@ -211,12 +214,11 @@ class _ReaderBase:
                         "the end instead (as in Kafka's source)")
                 starts[group] = int(found["offset"])
                 continue
-            info = client.info([group])
             spec = opts.starting_by_group.get(group, default)
-            starts[group] = _resolve(spec, info["earliest"], info["next"])
-            if starts[group] < info["earliest"]:
+            starts[group] = _resolve(spec, earliest[group], nxt)
+            if starts[group] < earliest[group]:
                 _data_loss(opts, f"startingOffsets {starts[group]} of group {group!r} is below "
-                                 f"the earliest offset it holds, {info['earliest']}")
+                                 f"the earliest offset it holds, {earliest[group]}")
         first = min(starts.values())
         return first, {g: n for g, n in starts.items() if n > first}
 
@@ -227,7 +229,7 @@ class BatchReader(_ReaderBase, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         """Split ``[startingOffsets, endingOffsets)`` (default: everything held)."""
         info = self._info()
-        start, floors = self._starts(self.opts.starting)
+        start, floors = self._starts(self.opts.starting, info)
         end = _resolve(self.opts.ending, info["earliest"], info["next"])
         return split_range(info["log"], start, min(end, info["next"]), self.opts.partitions,
                            floors, self._where or {})
@@ -242,6 +244,8 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         self._target: Optional[int] = None
         self._ready = False
         self._position: Optional[int] = None   # the end of the last batch planned
+        self._latest: Optional[dict] = None    # the log's answer that planned it
+        self._committing: Optional[threading.Thread] = None  # the last commit sent
         self._last_batch = time.monotonic()    # for minOffsetsPerTrigger's maxTriggerDelay
 
     def _ensure(self) -> None:
@@ -253,7 +257,7 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         """Where a new query starts (``startingOffsets``); registers it as a consumer."""
         info = self._info(join=True)
         self._ready = True
-        start, floors = self._starts(self.opts.starting)
+        start, floors = self._starts(self.opts.starting, info)
         # Registered with the log by the first latestOffset that uses it: Spark may ask
         # for an initial offset more than once and use only one of the answers.
         return _offset(info["log"], start, consumer_id(self.opts.consumer_name), floors)
@@ -301,11 +305,18 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
         if end > position:
             self._last_batch = time.monotonic()
         self._position = end
+        self._latest = reply if end == int(reply["end"]) else None
         return _offset(reply["log"], end, consumer, floors)
 
     def reportLatestOffset(self) -> Optional[dict]:
         """The log's next offset and, per group, how many messages the query is behind
-        (``behind``), for the query's progress reports."""
+        (``behind``), for the query's progress reports: as the log answered the
+        ``latestOffset`` Spark calls this after, without asking again."""
+        latest = self._latest
+        if latest is not None and "behind" in latest:
+            report = _offset(latest["log"], latest["next"], self._consumer)
+            report["behind"] = {g: int(n) for g, n in latest["behind"].items()}
+            return report
         try:
             client = self._client()
             info = client.info(self.opts.groups)
@@ -329,14 +340,43 @@ class StreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailable
                            start.get("floors") if same else None, self._where)
 
     def commit(self, end: dict) -> None:
-        """Everything below ``end`` is processed: tell the log (which may trim it)."""
+        """Everything below ``end`` is processed: tell the log (which may trim it).
+
+        Told from a thread of its own: Spark calls this before it plans each batch, and
+        the log's answer (and its trim) need not hold the batch up. Commits reach the
+        log in order; ``committed`` (and ``stop``) wait for them. The checkpoint, not the log,
+        says where a query resumes: a commit lost with the process only delays a trim."""
         consumer = end.get("consumer")
         if consumer is None or end.get("log") != self._log_id and self._log_id is not None:
             return
-        try:
-            self._client().commit(consumer, self.opts.groups, int(end["offset"]))
-        except Exception:  # trimming is a convenience: never fail the query for it
-            log.warning("peermesh source: commit of offset %s failed", end, exc_info=True)
+        before = self._committing
+        offset = int(end["offset"])
+
+        def tell() -> None:
+            if before is not None:
+                before.join()
+            try:
+                self._client().commit(consumer, self.opts.groups, offset)
+            except Exception:  # trimming is a convenience: never fail the query for it
+                log.warning("peermesh source: commit of offset %s failed", end, exc_info=True)
+
+        self._committing = threading.Thread(target=tell, name="peermesh-commit", daemon=True)
+        self._committing.start()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_committing"] = None  # a thread of this process
+        return state
+
+    def committed(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every commit was answered by the log (at most ``timeout`` s);
+        whether they were."""
+        last = self._committing
+        if last is not None:
+            last.join(timeout)
+            return not last.is_alive()
+        return True
 
     def stop(self) -> None:
-        """Nothing to release: sockets belong to the process, not the reader."""
+        """Wait for the last commit (sockets belong to the process, not the reader)."""
+        self.committed()

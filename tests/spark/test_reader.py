@@ -20,6 +20,7 @@ if spark_unavailable():
 from pyspark.sql.datasource import InputPartition  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
 
+from peermesh.spark.client import log_client  # noqa: E402
 from peermesh.spark.protocol import DataLossError  # noqa: E402
 from peermesh.spark.source import (SCHEMA, BatchReader, OffsetRange, SourceOptions,  # noqa: E402
                                    StreamReader, read_range, split_range)
@@ -61,6 +62,7 @@ def test_offsets_admission_and_commits(make_service: Callable[..., Any]) -> None
     assert [o for p in parts for o in rows(stream, p)] == list(range(0, 19, 2))
     assert stream.latestOffset(end, ReadAllAvailable())["offset"] == 99
     stream.commit(end)
+    assert stream.committed(10)  # told from a thread of the planner's process
     consumers = service.consumers()
     assert [(c.id, c.committed) for c in consumers] == [(start["consumer"], 19)]
     # "g" is one chunk (0-98) that straddles 19: kept whole; "h" is not this query's to trim
@@ -246,6 +248,7 @@ def test_a_named_consumer_keeps_its_name(make_service: Callable[..., Any]) -> No
     start = stream.initialOffset()
     assert start["consumer"].startswith("nightly-report#")
     stream.commit(stream.latestOffset(start, ReadAllAvailable()))
+    assert stream.committed(10)
     assert [(c.id, c.committed) for c in service.consumers()] == [(start["consumer"], 10)]
 
 
@@ -266,6 +269,7 @@ def test_two_queries_with_one_consumer_name_never_trim_for_each_other(
     assert (fast_end["offset"], slow_end["offset"]) == (200, 20)
     fast.commit(fast_end)
     slow.commit(slow_end)
+    assert fast.committed(10) and slow.committed(10)
     assert service.bounds(["g"])[0] == 20  # what both have read, no more
     following = slow.latestOffset(slow_end, ReadMaxRows(20))
     assert rows(slow, slow.partitions(slow_end, following)[0]) == list(range(20, 40))
@@ -283,6 +287,7 @@ def test_a_read_of_several_groups_after_one_was_trimmed(
     on_a = reader(service, startingOffsets="earliest", group="A")
     begin = on_a.initialOffset()
     on_a.commit(on_a.latestOffset(begin, ReadAllAvailable()))
+    on_a.stop()  # waits for the commit
     assert service.bounds(["A"])[0] == 50 and service.bounds(["B"])[0] == 0
     both = reader(service, batch=True, group="A,B")
     got = [o for p in both.partitions() for o in rows(both, p)]
@@ -315,6 +320,7 @@ def test_a_driver_restarted_on_another_host_resumes_from_the_checkpoint(
     start = stream.initialOffset()
     checkpointed = stream.latestOffset(start, ReadAllAvailable())  # what Spark keeps
     stream.commit(checkpointed)
+    assert stream.committed(10)
     first.stop()
     shutil.copytree(tmp_path / "volume", tmp_path / "elsewhere")
     second = make_service(["g"], channel=False, directory=tmp_path / "elsewhere",
@@ -387,6 +393,16 @@ def test_progress_reports_how_far_behind_each_group_is(
     report = stream.reportLatestOffset()
     assert report is not None and report["offset"] == 40
     assert report["behind"] == {"g": 15, "h": 15}
+    # the log's answer to latestOffset carries the backlog: the report asks nothing more
+    client = log_client(service.endpoint, service.token)
+    assert client.latest(["g", "h"], 10, 10)["behind"] == {"g": 10, "h": 10}
+    end = stream.latestOffset(end, ReadAllAvailable())
+    assert end["offset"] == 40 and stream.reportLatestOffset()["behind"] == {"g": 0, "h": 0}
+    # an availableNow target below the log's end leaves what came after it behind
+    stream.prepareForTriggerAvailableNow()
+    fill(service, ["g"], 5, start=40)
+    assert stream.latestOffset(end, ReadAllAvailable())["offset"] == 40
+    assert stream.reportLatestOffset() == {**end, "offset": 45, "behind": {"g": 5, "h": 0}}
 
 
 def test_sender_headers_as_a_column(make_service: Callable[..., Any]) -> None:
@@ -428,7 +444,9 @@ def test_arrow_batches_agree_with_rows_made_one_by_one(
                 msgpack.packb([1.5, None]), b"y" * (STORED_TEXT_MAX + 1)]
     with MessageLog(service.path) as log:
         for texts in (True, False):  # made at ingest, and left to the reader
-            log.append([(("g", "h")[i % 2], "ab" * 16, "p", 10.0 + i, p)
+            # (with texts: two senders in a chunk; received to the microsecond)
+            log.append([(("g", "h")[i % 2], ("ab", "cd")[texts and i % 3 == 0] * 16,
+                         ("p", "q")[texts and i % 3 == 0], 10.0 + i / 3, p)
                         for i, p in enumerate(payloads * 3)], texts=texts)
         log.append([("g", "ab" * 16, "p", 1.0, p) for p in payloads[:4]])  # no text to make
     columns = SCHEMA.fieldNames()
@@ -465,3 +483,19 @@ def test_a_task_on_the_drivers_machine_reads_the_file_itself(
     assert [(p.path, p.host) for p in plan] == [(info["path"], info["host"])]
     served = OffsetRange(service.log_id, 0, 30)  # no path: through the service
     assert rows(reader(service), plan[0]) == rows(reader(service), served) == list(range(30))
+
+
+def test_commits_reach_the_log_in_order_from_a_thread(make_service: Callable[..., Any]) -> None:
+    import pickle
+
+    service = make_service(["g"], channel=False)
+    fill(service, ["g"], 50)
+    stream = reader(service, startingOffsets="earliest")
+    start = stream.initialOffset()
+    stream.latestOffset(start, ReadAllAvailable())  # registers the query as a consumer
+    for offset in range(1, 51):
+        stream.commit({**start, "offset": offset})
+    assert stream.committed(30)
+    assert [(c.id, c.committed) for c in service.consumers()] == [(start["consumer"], 50)]
+    copy = pickle.loads(pickle.dumps(stream))  # a reader Spark ships has no thread of ours
+    assert copy.committed(0) and copy.latestOffset(start, ReadAllAvailable())["offset"] == 50
