@@ -934,13 +934,17 @@ class Node:
                                 metadata="User-Id", after_batch=self._rearm)
             return
 
+        delivery = self._session.delivery
+
         def on_message(identity: bytes, frames: list[bytes]) -> None:
-            out = receive(identity, frames, clock())
+            now = clock()
+            event = delivery(identity, frames, now)  # a WHISPER or SHOUT: no outputs
+            if event is not None:
+                self._sink(event)
+                return
+            out = receive(identity, frames, now)
             if out:
-                if len(out) == 1 and type(out[0]) is Deliver:  # a WHISPER or SHOUT
-                    self._sink(out[0].item)  # type: ignore[union-attr]
-                else:
-                    apply(out)
+                apply(out)
 
         self._mailbox.serve(on_message, self._on_oversized, self._events,
                             after_batch=self._rearm)

@@ -169,7 +169,7 @@ log = logging.getLogger(__name__)
 _PEEK_HEADER = zre.peek_header
 _SIGNATURE = zre.SIGNATURE
 _HELLO = 1
-_WHISPER_PREFIX = zre.WHISPER_PREFIX
+_whisper_header = zre.whisper_header
 _SHOUT_PREFIX = zre.SHOUT_PREFIX
 #: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
 PEX_HEADER = "X-PM-PEX"
@@ -1003,36 +1003,43 @@ class Session(Outputs):
     def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
         """One message from the mailbox, sent by the DEALER with routing identity ``link``;
         the outputs it leaves (and those left before by calls outside ``receive``)."""
-        head = frames[0] if frames else b""
-        peer = self.by_identity.get(link)  # type: ignore[call-overload]
-        # Fast path: the next WHISPER, or SHOUT into one of our groups, from a ready peer
-        # (most of the traffic); anything else (a SHOUT into another group too) is decoded
-        if (peer is not None and peer.ready and len(head) >= 6
-                and head[4] << 8 | head[5] == peer.want):
-            prefix = head[:4]
-            group = None
-            if prefix == _SHOUT_PREFIX:
-                group = self._group_fields.get(head[6:])
-                fast = group is not None
-            else:
-                fast = prefix == _WHISPER_PREFIX and len(head) == 6
-            if fast:
-                if group is None:
-                    self.received_whispers += 1
-                else:
-                    self.received_shouts += 1
-                peer.want = (peer.want + 1) & 0xFFFF
-                peer.last_seen = now
-                if peer.next_ping:
-                    peer.refresh(now)
-                event = Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
-                              group, (frames[1],) if len(frames) == 2 else tuple(frames[1:]))
-                if self._returns and not self._outputs:
-                    return [Deliver(event)]
-                self.deliver(event)
-                return self.take()
-        self._on_command(link, frames, head, peer, now)  # type: ignore[arg-type]
+        if self._outputs:  # left by calls outside ``receive``: they come first
+            pending = self.take()
+            return pending + self.receive(link, frames, now)
+        event = self.delivery(link, frames, now)
+        if event is not None:
+            if self._returns:
+                return [Deliver(event)]
+            self.deliver(event)
+            return []
+        self._on_command(link, frames, frames[0] if frames else b"",  # type: ignore[arg-type]
+                         self.by_identity.get(link), now)  # type: ignore[call-overload]
         return self.take()
+
+    def delivery(self, link: Hashable, frames: list[bytes], now: float) -> Optional[Event]:
+        """``receive``'s fast path, for a driver that hands events on itself: the event of
+        the next WHISPER, or SHOUT into one of our groups, from a ready peer (most of the
+        traffic), taken in, when no output waits to be taken (``receive`` would return
+        just ``[Deliver(event)]``); else None, nothing changed: ``receive`` the message."""
+        peer = self.by_identity.get(link)  # type: ignore[call-overload]
+        if peer is None or not peer.ready or self._outputs or not frames:
+            return None
+        head = frames[0]
+        want = peer.want
+        if head == _whisper_header(want):  # (one compare: no slicing, no shifting)
+            group = None
+            self.received_whispers += 1
+        elif (head[:4] == _SHOUT_PREFIX and len(head) > 6 and head[4] << 8 | head[5] == want
+              and (group := self._group_fields.get(head[6:])) is not None):
+            self.received_shouts += 1  # (a SHOUT into another group is decoded)
+        else:
+            return None
+        peer.want = (want + 1) & 0xFFFF
+        peer.last_seen = now
+        if peer.next_ping:
+            peer.refresh(now)
+        return Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name, group,
+                     (frames[1],) if len(frames) == 2 else tuple(frames[1:]))
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:

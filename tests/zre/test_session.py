@@ -761,6 +761,41 @@ def test_contract_a_hello_returns_dial_and_enter_and_whispers_come_as_deliver() 
     assert c.links[peer.uuid].kinds() == ["Hello", "PingOk"]
 
 
+def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it() -> None:
+    c = Contract()
+    c.session.add_group("mine")
+    peer = Remote("bob", 50001)
+    c.receive(peer, peer.hello(), 0.0)
+    session, identity = c.session, peer.identity
+    event = session.delivery(identity, zre.encode(peer.whisper(b"one")), 0.1)
+    assert event is not None and (event.type, event.name, event.frames) == (
+        WHISPER, "bob", (b"one",))
+    event = session.delivery(identity, zre.encode(zre.Shout(peer.next(), "mine", (b"a", b"b"))),
+                             0.2)
+    assert event is not None and (event.type, event.group, event.frames) == (
+        SHOUT, "mine", (b"a", b"b"))
+    assert (session.received_whispers, session.received_shouts) == (1, 1)
+    assert session.peers[peer.uuid].last_seen == 0.2
+    # anything else is left untouched for ``receive``: a PING, a SHOUT into another group,
+    # a WHISPER out of sequence, one from a stranger
+    others = [zre.Ping(peer.sequence + 1), zre.Shout(peer.sequence + 1, "other", (b"x",)),
+              zre.Whisper(peer.sequence + 2, (b"gap",))]
+    for message in others:
+        assert session.delivery(identity, zre.encode(message), 0.3) is None
+    stranger = Remote("stranger", 50002)
+    assert session.delivery(stranger.identity, zre.encode(zre.Whisper(2, (b"x",))), 0.3) is None
+    assert session.delivery(identity, [], 0.3) is None
+    assert session.peers[peer.uuid].want == peer.sequence + 1  # (nothing taken in)
+    # with outputs waiting (left outside ``receive``) the next WHISPER is ``receive``'s:
+    # they come first, then its ``Deliver``
+    session.peer_appeared(stranger.uuid, stranger.endpoint, 0.3)
+    frames = zre.encode(peer.whisper(b"after"))
+    assert session.delivery(identity, frames, 0.4) is None
+    assert c.answer(session.receive(identity, frames, 0.4)) == [
+        ("dial", stranger.uuid, stranger.endpoint, b"\x01" + session.uuid.bytes),
+        ("deliver", WHISPER, (b"after",))]
+
+
 def test_contract_a_silent_peer_is_evicted_at_the_deadline_it_named() -> None:
     c = Contract()
     peer = Remote("bob", 50001)
