@@ -72,8 +72,11 @@ headers, while nothing sent to it waits to be confirmed (``unconfirmed``,
 a ``flush``), is that node starting over with us (it gave up on us: our
 HELLO never reached it, as when its allowlist refused our key then): our
 HELLO goes again on a fresh link and no event is emitted, as nothing was
-lost (``sessions_restarted``). Any message, and any discovery report, is a
-sign of life.
+lost (``sessions_restarted``). The first same HELLO after ours went again
+so (or after a restart), within ``evasive``, answers ours or crossed it on
+the way: it is taken in without a word back and is no restart, whatever
+was sent meanwhile. Any message, and any discovery report, is a sign of
+life.
 
 A node at a known endpoint under a new UUID: a peer that crashed and came
 back at the same port (Zyre does: it binds the first free port from 49152)
@@ -367,6 +370,12 @@ def _decode_hello(frame: bytes) -> zre.Message:
     return zre.decode([frame])
 
 
+def _same(peer: Peer, hello: zre.Hello) -> bool:
+    """Whether ``hello`` says what ``peer``'s last HELLO said (endpoint, name, headers)."""
+    return (hello.endpoint == peer.endpoint and hello.name == peer.name
+            and dict(hello.headers) == peer.headers)
+
+
 def _asked(peer: Peer) -> Optional[float]:
     """When the oldest timed PING to ``peer`` still unanswered went; None if none."""
     for _, when in peer.pings or ():
@@ -455,7 +464,10 @@ class Session(Outputs):
         self.per_address: Counter[str] = Counter()
         #: what remote senders made the session refuse, drop or shed
         self.counters = Counters(log, f"node {name} hit its limits", COUNTERS)
-        self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
+        #: when our HELLO last went to a peer on a fresh link for its second HELLO (a
+        #: restart or a start-over): the first same HELLO after it, within ``evasive``, is
+        #: no restart (``_on_hello``)
+        self._restarts: dict[UUID, float] = {}
         self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
         self._claimants: dict[bytes, _Claim] = {}  # the same claims by the claimant's identity
@@ -1161,11 +1173,13 @@ class Session(Outputs):
         if not self.running:
             return  # leaving: take no new peers
         if peer is not None and peer.ready:
-            if (hello.endpoint == peer.endpoint
-                    and now - self._restarts.get(peer.uuid, -1e18) < self.config.interval):
-                # The HELLO answers one we sent for its restart moments ago: take it
-                # in without answering again, or two nodes would restart each other
-                # for ever.
+            said = self._restarts.pop(peer.uuid, None)
+            if said is not None and now - said < self.config.evasive and _same(peer, hello):
+                # The first HELLO, the same again, since ours went on a fresh link (a
+                # restart or a start-over) answers ours, or crossed it: ours is on its
+                # way, so it is taken in without answering again (or two nodes would
+                # start over each other for ever) and is no restart, however late
+                # it comes (within ``evasive``).
                 self._accept_hello(peer, hello, now, announce=False)
                 return
             self._restarts[peer.uuid] = now
@@ -1281,9 +1295,7 @@ class Session(Outputs):
         us over (it gave up on us: our HELLO never reached it, as when its allowlist
         refused our key then, or it lost count). Take its HELLO and start ours over on a
         fresh link, without EXIT and ENTER. False: a restart to report."""
-        if (hello.endpoint != peer.endpoint or hello.name != peer.name
-                or dict(hello.headers) != peer.headers or peer.unconfirmed
-                or peer.pong is not None):
+        if not _same(peer, hello) or peer.unconfirmed or peer.pong is not None:
             return False
         peer.link.close()
         link = self._dial(peer.uuid, peer.endpoint)
@@ -1405,7 +1417,7 @@ class Session(Outputs):
         """
         cfg = self.config
         for uuid, when in list(self._restarts.items()):
-            if now - when >= cfg.interval:
+            if now - when >= cfg.evasive:
                 del self._restarts[uuid]
         departed = self._departed
         while departed:  # oldest first

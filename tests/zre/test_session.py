@@ -634,6 +634,49 @@ def test_a_second_hello_while_a_whisper_waits_to_be_confirmed_is_a_restart() -> 
     assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
 
 
+@pytest.mark.parametrize("late", [0.5, CONFIG.interval + 0.5, CONFIG.evasive - 0.1])
+def test_the_first_same_hello_after_ours_went_again_is_no_restart_however_late(
+        late: float) -> None:
+    """Its HELLO answers ours (or crossed it): it says nothing of what we sent since, and
+    is not answered again (two nodes would start over each other for ever). A loaded
+    node's answer may come long after ``interval``."""
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.send(peer, peer.hello(), 2.0)  # bob gave up on us: ours goes again
+    link = h.link(peer.endpoint)
+    h.session.peers[peer.uuid].unconfirmed = True  # (we whispered to bob meanwhile)
+    h.session.tick(2.0 + late)
+    h.send(peer, peer.hello(), 2.0 + late)
+    assert h.taken() == [] and h.link(peer.endpoint) is link and link.kinds() == ["Hello"]
+    assert h.session.counters.get("sessions_restarted") == 1
+    h.send(peer, peer.whisper(b"on"), 2.0 + late)
+    assert h.taken() == [(WHISPER, b"on")]
+
+
+def test_a_second_hello_crossing_ours_is_not_answered_and_the_next_is_a_restart() -> None:
+    """bob said HELLO twice before ours reached him (his allowlist took our key late, and he
+    gives up on a link without HELLO after ``evasive``): the second is not answered, so he
+    has one HELLO of ours to take. A HELLO after that again, or another HELLO, is judged
+    anew."""
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.send(peer, peer.hello(), 2.0)
+    h.send(peer, peer.hello(), 2.6)
+    link = h.link(peer.endpoint)
+    assert h.taken() == [] and link.kinds() == ["Hello"]
+    h.session.peers[peer.uuid].unconfirmed = True
+    h.send(peer, peer.hello(), 3.0)
+    assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
+    h.send(peer, peer.hello(headers={"X-NEW": "1"}), 3.1)  # not the same: a restart
+    assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
+    restarted = h.link(peer.endpoint)
+    h.send(peer, peer.hello(headers={"X-NEW": "1"}), 3.1 + CONFIG.evasive)  # too late:
+    assert h.link(peer.endpoint) is not restarted  # answered (ours again)
+    assert h.session.counters.get("sessions_restarted") == 2 and h.taken() == []
+
+
 # --------------------------------------------------------------------------
 # The key gate in front of the session (a node with keys)
 
