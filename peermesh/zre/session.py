@@ -6,7 +6,9 @@ A ``Session`` is what a node knows and decides; its driver (``node.Node``)
 moves bytes and time. It is a core of ``peermesh.core``:
 
 * ``receive(identity, frames, now)`` - one message from the mailbox (named
-  by its sender's routing identity);
+  by its sender's routing identity); its fast path ``delivery`` returns the
+  event of the next WHISPER or SHOUT itself, no output list, for a driver
+  that hands events on (``Node``'s mailbox reader: most of the traffic);
 * ``handle_timer(now)`` at ``next_deadline()`` - the liveness timers
   (``tick``: at most ``min(interval, evasive / 2)`` apart) and, while a
   claim or departure waits on a peer's link, ``settle`` (at once, then every
