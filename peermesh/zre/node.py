@@ -917,31 +917,31 @@ class Node:
         self._greenlets[self._greenlets.index(ticker)] = self._ticker
 
     def _mailbox_reader(self) -> None:
-        receive, clock, apply = self._session.receive, self._clock, self._apply
+        receive, delivery, clock = self._session.receive, self._session.delivery, self._clock
+
+        def on_message(identity: bytes, frames: list[bytes]) -> None:
+            now = clock()
+            event = delivery(identity, frames, now)  # a WHISPER or SHOUT: no output list
+            if event is not None:
+                self._sink(event)
+                return
+            out = receive(identity, frames, now)
+            if out:
+                self._apply(out)
+
         if self._gate is not None:
             admit, bound = self._gate.admit, self._gate.authenticated.get
 
             def on_keyed(identity: bytes, frames: list[bytes], key: Optional[str]) -> None:
                 # the identity's key, checked inline: the hot path costs one lookup
                 if (key is not None and bound(identity) == key) or admit(identity, frames, key):
-                    out = receive(identity, frames, clock())
-                    if out:
-                        apply(out)
+                    on_message(identity, frames)
                 else:
                     self._apply_taken()  # (a key refused may remove its peer)
 
             self._mailbox.serve(on_keyed, self._on_oversized, self._events,
                                 metadata="User-Id", after_batch=self._rearm)
             return
-
-        def on_message(identity: bytes, frames: list[bytes]) -> None:
-            out = receive(identity, frames, clock())
-            if out:
-                if len(out) == 1 and type(out[0]) is Deliver:  # a WHISPER or SHOUT
-                    self._sink(out[0].item)  # type: ignore[union-attr]
-                else:
-                    apply(out)
-
         self._mailbox.serve(on_message, self._on_oversized, self._events,
                             after_batch=self._rearm)
 

@@ -6,7 +6,9 @@ A ``Session`` is what a node knows and decides; its driver (``node.Node``)
 moves bytes and time. It is a core of ``peermesh.core``:
 
 * ``receive(identity, frames, now)`` - one message from the mailbox (named
-  by its sender's routing identity);
+  by its sender's routing identity); its fast path ``delivery`` returns the
+  event of the next WHISPER or SHOUT itself, no output list, for a driver
+  that hands events on (``Node``'s mailbox reader: most of the traffic);
 * ``handle_timer(now)`` at ``next_deadline()`` - the liveness timers
   (``tick``: at most ``min(interval, evasive / 2)`` apart) and, while a
   claim or departure waits on a peer's link, ``settle`` (at once, then every
@@ -72,8 +74,11 @@ headers, while nothing sent to it waits to be confirmed (``unconfirmed``,
 a ``flush``), is that node starting over with us (it gave up on us: our
 HELLO never reached it, as when its allowlist refused our key then): our
 HELLO goes again on a fresh link and no event is emitted, as nothing was
-lost (``sessions_restarted``). Any message, and any discovery report, is a
-sign of life.
+lost (``sessions_restarted``). The first same HELLO after ours went again
+so (or after a restart), within ``evasive``, answers ours or crossed it on
+the way: it is taken in without a word back and is no restart, whatever
+was sent meanwhile. Any message, and any discovery report, is a sign of
+life.
 
 A node at a known endpoint under a new UUID: a peer that crashed and came
 back at the same port (Zyre does: it binds the first free port from 49152)
@@ -169,7 +174,7 @@ log = logging.getLogger(__name__)
 _PEEK_HEADER = zre.peek_header
 _SIGNATURE = zre.SIGNATURE
 _HELLO = 1
-_WHISPER_PREFIX = zre.WHISPER_PREFIX
+_whisper_header = zre.whisper_header
 _SHOUT_PREFIX = zre.SHOUT_PREFIX
 #: HELLO header of nodes that want peer exchange (they use seeds, not broadcast)
 PEX_HEADER = "X-PM-PEX"
@@ -367,6 +372,12 @@ def _decode_hello(frame: bytes) -> zre.Message:
     return zre.decode([frame])
 
 
+def _same(peer: Peer, hello: zre.Hello) -> bool:
+    """Whether ``hello`` says what ``peer``'s last HELLO said (endpoint, name, headers)."""
+    return (hello.endpoint == peer.endpoint and hello.name == peer.name
+            and dict(hello.headers) == peer.headers)
+
+
 def _asked(peer: Peer) -> Optional[float]:
     """When the oldest timed PING to ``peer`` still unanswered went; None if none."""
     for _, when in peer.pings or ():
@@ -455,7 +466,10 @@ class Session(Outputs):
         self.per_address: Counter[str] = Counter()
         #: what remote senders made the session refuse, drop or shed
         self.counters = Counters(log, f"node {name} hit its limits", COUNTERS)
-        self._restarts: dict[UUID, float] = {}  # when a peer's HELLO last meant a restart
+        #: when our HELLO last went to a peer on a fresh link for its second HELLO (a
+        #: restart or a start-over): the first same HELLO after it, within ``evasive``, is
+        #: no restart (``_on_hello``)
+        self._restarts: dict[UUID, float] = {}
         self._departed: dict[UUID, float] = {}  # when a peer said it was leaving, oldest first
         self._claims: dict[UUID, _Claim] = {}   # holder's UUID -> a new node claiming its endpoint
         self._claimants: dict[bytes, _Claim] = {}  # the same claims by the claimant's identity
@@ -1003,36 +1017,43 @@ class Session(Outputs):
     def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
         """One message from the mailbox, sent by the DEALER with routing identity ``link``;
         the outputs it leaves (and those left before by calls outside ``receive``)."""
-        head = frames[0] if frames else b""
-        peer = self.by_identity.get(link)  # type: ignore[call-overload]
-        # Fast path: the next WHISPER, or SHOUT into one of our groups, from a ready peer
-        # (most of the traffic); anything else (a SHOUT into another group too) is decoded
-        if (peer is not None and peer.ready and len(head) >= 6
-                and head[4] << 8 | head[5] == peer.want):
-            prefix = head[:4]
-            group = None
-            if prefix == _SHOUT_PREFIX:
-                group = self._group_fields.get(head[6:])
-                fast = group is not None
-            else:
-                fast = prefix == _WHISPER_PREFIX and len(head) == 6
-            if fast:
-                if group is None:
-                    self.received_whispers += 1
-                else:
-                    self.received_shouts += 1
-                peer.want = (peer.want + 1) & 0xFFFF
-                peer.last_seen = now
-                if peer.next_ping:
-                    peer.refresh(now)
-                event = Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name,
-                              group, (frames[1],) if len(frames) == 2 else tuple(frames[1:]))
-                if self._returns and not self._outputs:
-                    return [Deliver(event)]
-                self.deliver(event)
-                return self.take()
-        self._on_command(link, frames, head, peer, now)  # type: ignore[arg-type]
+        if self._outputs:  # left by calls outside ``receive``: they come first
+            pending = self.take()
+            return pending + self.receive(link, frames, now)
+        event = self.delivery(link, frames, now)
+        if event is not None:
+            if self._returns:
+                return [Deliver(event)]
+            self.deliver(event)
+            return []
+        self._on_command(link, frames, frames[0] if frames else b"",  # type: ignore[arg-type]
+                         self.by_identity.get(link), now)  # type: ignore[call-overload]
         return self.take()
+
+    def delivery(self, link: Hashable, frames: list[bytes], now: float) -> Optional[Event]:
+        """``receive``'s fast path, for a driver that hands events on itself: the event of
+        the next WHISPER, or SHOUT into one of our groups, from a ready peer (most of the
+        traffic), taken in, when no output waits to be taken (``receive`` would return
+        just ``[Deliver(event)]``); else None, nothing changed: ``receive`` the message."""
+        peer = self.by_identity.get(link)  # type: ignore[call-overload]
+        if peer is None or not peer.ready or self._outputs or not frames:
+            return None
+        head = frames[0]
+        want = peer.want
+        if head == _whisper_header(want):  # (one compare: no slicing, no shifting)
+            group = None
+            self.received_whispers += 1
+        elif (head[:4] == _SHOUT_PREFIX and len(head) > 6 and head[4] << 8 | head[5] == want
+              and (group := self._group_fields.get(head[6:])) is not None):
+            self.received_shouts += 1  # (a SHOUT into another group is decoded)
+        else:
+            return None
+        peer.want = (want + 1) & 0xFFFF
+        peer.last_seen = now
+        if peer.next_ping:
+            peer.refresh(now)
+        return Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name, group,
+                     (frames[1],) if len(frames) == 2 else tuple(frames[1:]))
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:
@@ -1154,11 +1175,13 @@ class Session(Outputs):
         if not self.running:
             return  # leaving: take no new peers
         if peer is not None and peer.ready:
-            if (hello.endpoint == peer.endpoint
-                    and now - self._restarts.get(peer.uuid, -1e18) < self.config.interval):
-                # The HELLO answers one we sent for its restart moments ago: take it
-                # in without answering again, or two nodes would restart each other
-                # for ever.
+            said = self._restarts.pop(peer.uuid, None)
+            if said is not None and now - said < self.config.evasive and _same(peer, hello):
+                # The first HELLO, the same again, since ours went on a fresh link (a
+                # restart or a start-over) answers ours, or crossed it: ours is on its
+                # way, so it is taken in without answering again (or two nodes would
+                # start over each other for ever) and is no restart, however late
+                # it comes (within ``evasive``).
                 self._accept_hello(peer, hello, now, announce=False)
                 return
             self._restarts[peer.uuid] = now
@@ -1274,9 +1297,7 @@ class Session(Outputs):
         us over (it gave up on us: our HELLO never reached it, as when its allowlist
         refused our key then, or it lost count). Take its HELLO and start ours over on a
         fresh link, without EXIT and ENTER. False: a restart to report."""
-        if (hello.endpoint != peer.endpoint or hello.name != peer.name
-                or dict(hello.headers) != peer.headers or peer.unconfirmed
-                or peer.pong is not None):
+        if not _same(peer, hello) or peer.unconfirmed or peer.pong is not None:
             return False
         peer.link.close()
         link = self._dial(peer.uuid, peer.endpoint)
@@ -1398,7 +1419,7 @@ class Session(Outputs):
         """
         cfg = self.config
         for uuid, when in list(self._restarts.items()):
-            if now - when >= cfg.interval:
+            if now - when >= cfg.evasive:
                 del self._restarts[uuid]
         departed = self._departed
         while departed:  # oldest first

@@ -634,6 +634,49 @@ def test_a_second_hello_while_a_whisper_waits_to_be_confirmed_is_a_restart() -> 
     assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
 
 
+@pytest.mark.parametrize("late", [0.5, CONFIG.interval + 0.5, CONFIG.evasive - 0.1])
+def test_the_first_same_hello_after_ours_went_again_is_no_restart_however_late(
+        late: float) -> None:
+    """Its HELLO answers ours (or crossed it): it says nothing of what we sent since, and
+    is not answered again (two nodes would start over each other for ever). A loaded
+    node's answer may come long after ``interval``."""
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.send(peer, peer.hello(), 2.0)  # bob gave up on us: ours goes again
+    link = h.link(peer.endpoint)
+    h.session.peers[peer.uuid].unconfirmed = True  # (we whispered to bob meanwhile)
+    h.session.tick(2.0 + late)
+    h.send(peer, peer.hello(), 2.0 + late)
+    assert h.taken() == [] and h.link(peer.endpoint) is link and link.kinds() == ["Hello"]
+    assert h.session.counters.get("sessions_restarted") == 1
+    h.send(peer, peer.whisper(b"on"), 2.0 + late)
+    assert h.taken() == [(WHISPER, b"on")]
+
+
+def test_a_second_hello_crossing_ours_is_not_answered_and_the_next_is_a_restart() -> None:
+    """bob said HELLO twice before ours reached him (his allowlist took our key late, and he
+    gives up on a link without HELLO after ``evasive``): the second is not answered, so he
+    has one HELLO of ours to take. A HELLO after that again, or another HELLO, is judged
+    anew."""
+    h = Harness()
+    peer = Remote("bob", 50001)
+    entered(h, peer)
+    h.send(peer, peer.hello(), 2.0)
+    h.send(peer, peer.hello(), 2.6)
+    link = h.link(peer.endpoint)
+    assert h.taken() == [] and link.kinds() == ["Hello"]
+    h.session.peers[peer.uuid].unconfirmed = True
+    h.send(peer, peer.hello(), 3.0)
+    assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
+    h.send(peer, peer.hello(headers={"X-NEW": "1"}), 3.1)  # not the same: a restart
+    assert h.taken() == [(EXIT, "restarted (new HELLO)"), (ENTER, "bob")]
+    restarted = h.link(peer.endpoint)
+    h.send(peer, peer.hello(headers={"X-NEW": "1"}), 3.1 + CONFIG.evasive)  # too late:
+    assert h.link(peer.endpoint) is not restarted  # answered (ours again)
+    assert h.session.counters.get("sessions_restarted") == 2 and h.taken() == []
+
+
 # --------------------------------------------------------------------------
 # The key gate in front of the session (a node with keys)
 
@@ -759,6 +802,41 @@ def test_contract_a_hello_returns_dial_and_enter_and_whispers_come_as_deliver() 
     assert c.receive(peer, peer.whisper(b"one"), 0.1) == [("deliver", WHISPER, (b"one",))]
     assert c.receive(peer, zre.Ping(peer.next()), 0.2) == []
     assert c.links[peer.uuid].kinds() == ["Hello", "PingOk"]
+
+
+def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it() -> None:
+    c = Contract()
+    c.session.add_group("mine")
+    peer = Remote("bob", 50001)
+    c.receive(peer, peer.hello(), 0.0)
+    session, identity = c.session, peer.identity
+    event = session.delivery(identity, zre.encode(peer.whisper(b"one")), 0.1)
+    assert event is not None and (event.type, event.name, event.frames) == (
+        WHISPER, "bob", (b"one",))
+    event = session.delivery(identity, zre.encode(zre.Shout(peer.next(), "mine", (b"a", b"b"))),
+                             0.2)
+    assert event is not None and (event.type, event.group, event.frames) == (
+        SHOUT, "mine", (b"a", b"b"))
+    assert (session.received_whispers, session.received_shouts) == (1, 1)
+    assert session.peers[peer.uuid].last_seen == 0.2
+    # anything else is left untouched for ``receive``: a PING, a SHOUT into another group,
+    # a WHISPER out of sequence, one from a stranger
+    others = [zre.Ping(peer.sequence + 1), zre.Shout(peer.sequence + 1, "other", (b"x",)),
+              zre.Whisper(peer.sequence + 2, (b"gap",))]
+    for message in others:
+        assert session.delivery(identity, zre.encode(message), 0.3) is None
+    stranger = Remote("stranger", 50002)
+    assert session.delivery(stranger.identity, zre.encode(zre.Whisper(2, (b"x",))), 0.3) is None
+    assert session.delivery(identity, [], 0.3) is None
+    assert session.peers[peer.uuid].want == peer.sequence + 1  # (nothing taken in)
+    # with outputs waiting (left outside ``receive``) the next WHISPER is ``receive``'s:
+    # they come first, then its ``Deliver``
+    session.peer_appeared(stranger.uuid, stranger.endpoint, 0.3)
+    frames = zre.encode(peer.whisper(b"after"))
+    assert session.delivery(identity, frames, 0.4) is None
+    assert c.answer(session.receive(identity, frames, 0.4)) == [
+        ("dial", stranger.uuid, stranger.endpoint, b"\x01" + session.uuid.bytes),
+        ("deliver", WHISPER, (b"after",))]
 
 
 def test_contract_a_silent_peer_is_evicted_at_the_deadline_it_named() -> None:
