@@ -96,7 +96,7 @@ def test_streaming_until_enodata_and_cancel() -> None:
     tree.call(cores[5], cores[5].respond(server, request, None, Errno.ENODATA, tree.now))
     (end,) = tree.taken(cores[3], client)
     assert end.errnum == Errno.ENODATA and tag not in cores[3].handles[client].pending
-    assert not any(c._inflight for c in cores.values())  # nothing left tracked on the way
+    assert not any(c.routing.inflight for c in cores.values())  # nothing left tracked on the way
 
 
 def test_noresponse_and_upstream() -> None:
