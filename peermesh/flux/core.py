@@ -16,17 +16,27 @@ while joining to a bootstrap endpoint); every other link is the identity
 of a peer on this node's ROUTER (children, and guests that are joining).
 Frames sent to a child start with its identity (the ROUTER's address).
 
-The node's work is split by job, one module each, composed here:
-``routing`` (requests and responses, what is in flight), ``events``
-(numbering, fan-out, replay: ``EventLog``, a part of its own held as
-``log``, with its own state, that reaches the node through ``EventHost``),
-``membership`` (joining, attaching, losses; rank 0's ``directory``),
-``matchtags`` (a local handle's RPCs), with the outputs in ``outputs`` and
-the settings and states in ``settings``. (``routing`` and ``membership``
-are still classes ``FluxCore`` inherits: ``Membership(Routing)``.) This
-module holds the node's state, its life (start, stop), the calls of local
-handles, the entry points (``receive``, ``link_down``, ``handle_timer``)
-and the built-in services.
+The node's work is split by job into parts, one module each, that
+``FluxCore`` holds (it inherits from none of them):
+
+* ``routing``: ``Routing``, held as ``routing``: requests and responses;
+  its own state is what is in flight, the core's own RPCs and when the
+  parent was last heard and sent to;
+* ``events``: ``EventLog``, held as ``log``: numbering, fan-out, replay;
+  its own state is the sequence followed and the events kept or held;
+* ``membership``: ``Membership``, held as ``membership``: joining,
+  attaching, losses; its own state is the candidates tried and the deadline
+  and backoff of the join or hello in progress (rank 0's ``directory``
+  of ranks is the node's).
+
+Each part reaches the node through a narrow protocol the node implements
+(``RoutingHost``, ``EventHost``, ``MembershipHost``), and membership asks
+and answers through ``routing``'s public methods. ``matchtags`` holds a
+local handle's RPCs, ``outputs`` the outputs, ``settings`` the settings and
+states. This module holds the node's shared state (its place in the tree,
+its handles, children and clients, its counters), its life (start, stop),
+the calls of local handles, the entry points (``receive``, ``link_down``,
+``handle_timer``) and the built-in services.
 
 Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
@@ -323,9 +333,7 @@ class FluxCore:
             if link == PARENT and self.state is State.ONLINE:
                 return self.membership.parent_lost(now, "the parent left")
             if link == PARENT and self.state in (State.JOINING, State.ATTACHING):
-                return self.membership.refused(now, "DISCONNECT: the peer at that endpoint refuses this "
-                                     "node (not a peermesh member, e.g. a flux-core broker, "
-                                     "or one that does not know it)")
+                return self.membership.refused(now, _REFUSED_BY_PEER)
             if child is not None:
                 return self.membership.child_lost(child, now, "the child left")
             if client is not None:
@@ -424,17 +432,17 @@ class FluxCore:
         return out
 
     def builtin(self, request: Request, now: float,
-                 wire: Optional[list[bytes]] = None) -> list[Output]:
+                wire: Optional[list[bytes]] = None) -> list[Output]:
         topic = request.topic
         if topic == "broker.ping":
             return self._ping(request, now, wire)
         handler = _BUILTINS.get(topic)
         if handler is None:
-            return self.routing.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
+            return self.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
         try:
             return handler(self, request, now)
         except ProtocolError as exc:
-            return self.routing.error(request, Errno.EPROTO, exc.reason, now)
+            return self.error(request, Errno.EPROTO, exc.reason, now)
 
     def _ping(self, request: Request, now: float,
               wire: Optional[list[bytes]] = None) -> list[Output]:
@@ -451,7 +459,7 @@ class FluxCore:
                 answer = ping_answer(payload, request.routes or (), self.uuid, self.rank or 0,
                                      request.userid, request.rolemask)
             except ProtocolError as exc:
-                return self.routing.error(request, Errno.EPROTO, exc.reason, now)
+                return self.error(request, Errno.EPROTO, exc.reason, now)
             return self.routing.route_response(
                 make_response(request.topic, answer, 0, request.matchtag, 0, request.routes,
                               USERID_UNKNOWN, 0), now)
@@ -468,12 +476,12 @@ class FluxCore:
         """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE or link in self.children:
-            return self.routing.error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
+            return self.error(request, Errno.EINVAL, "peermesh.client comes from a client", now)
         if self.state is not State.ONLINE:
-            return self.routing.error(request, Errno.EAGAIN, "not in the tree", now)
+            return self.error(request, Errno.EAGAIN, "not in the tree", now)
         if not self.clients.accept(link, now):
-            return self.routing.error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
-        return self.routing.answer(request, {"rank": self.rank, "size": self.size, "seq": self.log.seq,
+            return self.error(request, Errno.ENOSPC, "no room for clients (max_clients)", now)
+        return self.answer(request, {"rank": self.rank, "size": self.size, "seq": self.log.seq,
                                       "topology": str(self.topology),
                                       "heartbeat": self.settings.heartbeat}, now)
 
@@ -481,25 +489,25 @@ class FluxCore:
         """``event.subscribe`` / ``event.unsubscribe`` ``{"topic": prefix}`` from a client."""
         client = self.clients.get(request.routes[0]) if request.routes else None
         if client is None:
-            return self.routing.error(request, Errno.EPROTO, "only a client subscribes by request", now)
+            return self.error(request, Errno.EPROTO, "only a client subscribes by request", now)
         prefix = str_field(read_json(request.payload), "topic")
         if request.topic == "event.unsubscribe":
             self.clients.unsubscribe(client, prefix)
         elif not self.clients.subscribe(client, prefix):
-            return self.routing.error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
+            return self.error(request, Errno.EAGAIN, f"at most {self.clients.max_prefixes} "
                                "subscriptions per client (client_prefixes)", now)
-        return self.routing.answer(request, {}, now)
+        return self.answer(request, {}, now)
 
     def _attr_request(self, request: Request, now: float) -> list[Output]:
         """``attr.get`` ``{"name"}`` as flux-core answers it, ``{"value": text, "flags"}``,
         for the attributes a peermesh member has (``ATTRIBUTES``); ENOENT for others."""
         name = str_field(read_json(request.payload), "name", 128)
         if name not in ATTRIBUTES:
-            return self.routing.error(request, Errno.ENOENT, f"no attribute {name}", now)
-        return self.routing.answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
+            return self.error(request, Errno.ENOENT, f"no attribute {name}", now)
+        return self.answer(request, {"value": ATTRIBUTES[name](self), "flags": 0}, now)
 
     def _info(self, request: Request, now: float) -> list[Output]:
-        return self.routing.answer(request, self.info(), now)
+        return self.answer(request, self.info(), now)
 
     def info(self) -> dict[str, Any]:
         """This node's place in the tree."""
@@ -510,6 +518,10 @@ class FluxCore:
                 "topology": str(self.topology), "clients": len(self.clients),
                 **({"offline": self.directory.offline(MAX_OFFLINE)} if self.root else {})}
 
+
+#: why joining stopped when the peer dialed answered DISCONNECT
+_REFUSED_BY_PEER = ("DISCONNECT: the peer at that endpoint refuses this node (not a peermesh "
+                    "member, e.g. a flux-core broker, or one that does not know it)")
 
 #: the answer to a flux-core broker's ``overlay.hello``
 FLUX_CORE_CHILD_REFUSED = ("a peermesh member takes no flux-core broker as its child: "

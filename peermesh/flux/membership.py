@@ -159,125 +159,133 @@ class Membership:
 
     def join_request(self, request: Request, now: float) -> list[Output]:
         """Rank 0 gives a rank (claimed or new) and names the parent to attach to."""
-        if not self.node.root:
+        node = self.node
+        if not node.root:
             return self.routing.error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
         body = read_json(request.payload)
-        claim = int_field(body, "rank", -1, self.node.settings.max_size - 1)
+        claim = int_field(body, "rank", -1, node.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
         endpoint = str_field(body, "endpoint")
         failed = body.get("failed")
         if isinstance(failed, list):
-            for rank in failed[:self.node.settings.max_ancestors]:
+            for rank in failed[:node.settings.max_ancestors]:
                 if isinstance(rank, int) and not isinstance(rank, bool):
-                    self.node.directory.lost(rank)
+                    node.directory.lost(rank)
         link = request.routes   # the connection the join came over, and its way here
         taken = body.get("taken")
         if isinstance(taken, int) and not isinstance(taken, bool):
-            self.node.directory.taken(taken, now, link)
-        given = self.node.directory.give(claim, uuid, endpoint, now, link)
+            node.directory.taken(taken, now, link)
+        given = node.directory.give(claim, uuid, endpoint, now, link)
         if isinstance(given, Refusal):
             return self.routing.error(request, given.errnum, given.text, now)
         rank, parent, parent_endpoint = given
-        self.node.size = self.node.directory.size
-        return self.routing.answer(request, {"rank": rank, "parent": parent, "size": self.node.size,
-                                      "endpoint": parent_endpoint,
-                                      "topology": str(self.node.topology)}, now)
+        node.size = node.directory.size
+        return self.routing.answer(request, {"rank": rank, "parent": parent, "size": node.size,
+                                             "endpoint": parent_endpoint,
+                                             "topology": str(node.topology)}, now)
 
     def hello_request(self, request: Request, now: float) -> list[Output]:
         """A node asks to attach as this node's child."""
+        node = self.node
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE:
             return self.routing.error(request, Errno.EINVAL, "hello comes from a child's link", now)
-        if self.node.state not in (State.ONLINE, State.ATTACHING) or self.node.rank is None:
+        if node.state not in (State.ONLINE, State.ATTACHING) or node.rank is None:
             return self.routing.error(request, Errno.EAGAIN, "not in the tree", now)
         body = read_json(request.payload)
-        rank = int_field(body, "rank", 1, self.node.settings.max_size - 1)
+        rank = int_field(body, "rank", 1, node.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
         endpoint = str_field(body, "endpoint")
-        if not self.node.topology.is_descendant(rank, self.node.rank):
+        if not node.topology.is_descendant(rank, node.rank):
             return self.routing.error(request, Errno.EINVAL,
-                               f"rank {rank} is not below rank {self.node.rank}", now)
-        old_identity = self.node.by_rank.get(rank)
+                                      f"rank {rank} is not below rank {node.rank}", now)
+        old_identity = node.by_rank.get(rank)
         if old_identity is not None and old_identity != link:
-            old = self.node.children[old_identity]
-            if old.uuid != uuid and now - old.heard < self.node.settings.torpid:
+            old = node.children[old_identity]
+            if old.uuid != uuid and now - old.heard < node.settings.torpid:
                 return self.routing.error(request, Errno.EEXIST, f"rank {rank} is attached", now)
             out = self.child_lost(old, now, "replaced by a new hello")
         else:
             out = []
-        if link not in self.node.children and len(self.node.children) >= self.node.settings.max_children:
+        if link not in node.children and len(node.children) >= node.settings.max_children:
             return out + self.routing.error(request, Errno.ENOSPC, "no room for children", now)
-        self.node.children[link] = Child(link, rank, endpoint, uuid, now, now)
-        self.node.by_rank[rank] = link
-        self.node.size = max(self.node.size, rank + 1)
+        node.children[link] = Child(link, rank, endpoint, uuid, now, now)
+        node.by_rank[rank] = link
+        node.size = max(node.size, rank + 1)
         out.append(Emit(Notice("child-attached", rank, endpoint)))
-        chain = [[self.node.rank, self.node.endpoint]] + [[r, e] for r, e in self.node.ancestors]
-        out += self.routing.answer(request, {"ancestors": chain[:self.node.settings.max_ancestors],
-                                      "seq": self.node.log.seq, "size": self.node.size}, now)
-        out += self.report_attached(self.node.children[link], now)
+        chain = [[node.rank, node.endpoint]] + [[r, e] for r, e in node.ancestors]
+        out += self.routing.answer(request, {"ancestors": chain[:node.settings.max_ancestors],
+                                             "seq": node.log.seq, "size": node.size}, now)
+        out += self.report_attached(node.children[link], now)
         return out
 
     def report_attached(self, child: Child, now: float) -> list[Output]:
         """Tell rank 0 where ``child`` listens (once this node is online itself)."""
+        node = self.node
         note = {"rank": child.rank, "uuid": child.uuid, "endpoint": child.endpoint}
-        if self.node.root:
+        if node.root:
             self.note_attached(note)
             return []
-        if self.node.state is not State.ONLINE:
+        if node.state is not State.ONLINE:
             return []  # reported when this node comes online
         return self.routing.internal_rpc("peermesh.attached", note, 0, now, None)
 
     def attached_request(self, request: Request, now: float) -> list[Output]:
-        if self.node.root:
+        node = self.node
+        if node.root:
             body = read_json(request.payload)
-            self.note_attached({"rank": int_field(body, "rank", 1, self.node.settings.max_size - 1),
-                            "uuid": str_field(body, "uuid", 64),
-                            "endpoint": str_field(body, "endpoint")})
+            self.note_attached({"rank": int_field(body, "rank", 1, node.settings.max_size - 1),
+                                "uuid": str_field(body, "uuid", 64),
+                                "endpoint": str_field(body, "endpoint")})
         return []
 
     def note_attached(self, body: dict) -> None:
-        self.node.directory.attached(body["rank"], body["uuid"], body["endpoint"])
-        self.node.size = self.node.directory.size
+        node = self.node
+        node.directory.attached(body["rank"], body["uuid"], body["endpoint"])
+        node.size = node.directory.size
 
     def lost_request(self, request: Request, now: float) -> list[Output]:
-        if self.node.root:
+        node = self.node
+        if node.root:
             body = read_json(request.payload)
-            self.node.directory.lost(int_field(body, "rank", 1), str_field(body, "uuid", 64), now)
+            node.directory.lost(int_field(body, "rank", 1), str_field(body, "uuid", 64), now)
         return []
 
     def join(self, now: float) -> list[Output]:
         """Ask rank 0 for a rank through the next bootstrap endpoint."""
-        if not self.node.bootstrap:
-            self.node.state = State.DETACHED
+        node = self.node
+        if not node.bootstrap:
+            node.state = State.DETACHED
             return [Hangup(PARENT)]
-        endpoint = self.node.bootstrap[self.attempt % len(self.node.bootstrap)]
+        endpoint = node.bootstrap[self.attempt % len(node.bootstrap)]
         self.attempt += 1
-        self.node.state = State.JOINING
-        self.node.parent_rank = None
-        self.deadline = now + self.node.settings.hello_timeout
+        node.state = State.JOINING
+        node.parent_rank = None
+        self.deadline = now + node.settings.hello_timeout
         self.routing.forget_internal(_OWN_RPCS)
-        body: dict[str, Any] = {"rank": -1 if self.node.claim is None else self.node.claim,
-                                "uuid": self.node.uuid, "endpoint": self.node.endpoint}
+        body: dict[str, Any] = {"rank": -1 if node.claim is None else node.claim,
+                                "uuid": node.uuid, "endpoint": node.endpoint}
         if self.taken is not None:
             body["taken"] = self.taken
         if self.failed:
-            body["failed"] = self.failed[-self.node.settings.max_ancestors:]
+            body["failed"] = self.failed[-node.settings.max_ancestors:]
             self.failed = []
         # a guest identity of its own: the parent's ROUTER (with ROUTER_HANDOVER) never sees
         # this node's identity move from one connection to another
-        guest = bytes([self.node.identity[0] ^ 0xFF]) + self.node.identity[1:]
+        guest = bytes([node.identity[0] ^ 0xFF]) + node.identity[1:]
         out: list[Output] = [Dial(PARENT, endpoint, guest)]
         self.routing.parent_heard = self.routing.parent_sent = now
         out += self.routing.guest_rpc("peermesh.join", body, 0, now, self._joined)
         return out
 
     def _joined(self, response: Response, now: float) -> list[Output]:
-        if self.node.state is not State.JOINING:
+        node = self.node
+        if node.state is not State.JOINING:
             return []
         if response.errnum:
-            if response.errnum == Errno.EEXIST and self.node.claim is not None:
-                out: list[Output] = [Emit(Notice("rank-taken", self.node.claim))]
-                self.node.claim = None
+            if response.errnum == Errno.EEXIST and node.claim is not None:
+                out: list[Output] = [Emit(Notice("rank-taken", node.claim))]
+                node.claim = None
                 return out + self.join(now)
             if response.errnum in _REFUSALS:
                 return self.refused(now, _refusal_text(response))
@@ -289,51 +297,53 @@ class Membership:
             endpoint = str_field(body, "endpoint")
             size = int_field(body, "size", 1, MAX_RANK + 1)
             topology = Topology.parse(str_field(body, "topology", 32)) if "topology" in body \
-                else self.node.topology  # (a rank 0 that does not say keeps this node's own)
+                else node.topology  # (a rank 0 that does not say keeps this node's own)
         except (ProtocolError, TopologyError) as exc:
             return self.routing.drop(PARENT, f"join answer: {exc}")
-        self.node.topology = topology  # the instance's, whatever this node was started with
-        self.node.rank = rank
-        self.node.size = max(self.node.size, size)
+        node.topology = topology  # the instance's, whatever this node was started with
+        node.rank = rank
+        node.size = max(node.size, size)
         self.taken = None
         # rank 0 may be another node (or restarted) with numbering of its own: the hello
         # answer gives the sequence to follow from
-        self.node.log.restart()
+        node.log.restart()
         self.candidates = [(parent, endpoint)]
         self.attempt = 0
         return self.attach(now)
 
     def attach(self, now: float) -> list[Output]:
         """Say hello to the next candidate parent; join again when none is left."""
+        node = self.node
         if self.attempt >= len(self.candidates):
-            self.node.claim = self.node.rank
+            node.claim = node.rank
             self.attempt = 0
             return self.join(now)
         parent, endpoint = self.candidates[self.attempt]
         self.attempt += 1
-        self.node.state = State.ATTACHING
-        self.node.parent_rank = None
-        self.deadline = now + self.node.settings.hello_timeout
+        node.state = State.ATTACHING
+        node.parent_rank = None
+        self.deadline = now + node.settings.hello_timeout
         self.routing.forget_internal(_OWN_RPCS)
         self.routing.parent_heard = self.routing.parent_sent = now
-        out: list[Output] = [Dial(PARENT, endpoint, self.node.identity)]
-        out += self.routing.guest_rpc("peermesh.hello", {"rank": self.node.rank, "uuid": self.node.uuid,
-                                                 "endpoint": self.node.endpoint},
-                               parent, now, self._helloed)
+        out: list[Output] = [Dial(PARENT, endpoint, node.identity)]
+        out += self.routing.guest_rpc("peermesh.hello", {"rank": node.rank, "uuid": node.uuid,
+                                                         "endpoint": node.endpoint},
+                                       parent, now, self._helloed)
         return out
 
     def _helloed(self, response: Response, now: float) -> list[Output]:
-        if self.node.state is not State.ATTACHING:
+        node = self.node
+        if node.state is not State.ATTACHING:
             return []
         if response.errnum:
             if response.errnum == Errno.EEXIST:
-                self.taken, self.node.claim = self.node.rank, None
+                self.taken, node.claim = node.rank, None
                 self.attempt = 0
-                return [Emit(Notice("rank-taken", self.node.rank or -1))] + self.join(now)
+                return [Emit(Notice("rank-taken", node.rank or -1))] + self.join(now)
             if response.errnum in _REFUSALS:
                 return self.refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next candidate
-            return [Emit(Notice("hello-failed", self.node.rank or -1, response.errnum))]
+            return [Emit(Notice("hello-failed", node.rank or -1, response.errnum))]
         try:
             body = read_json(response.payload)
             chain = body.get("ancestors")
@@ -345,33 +355,35 @@ class Membership:
             return self.attach(now)
         if not ancestors:
             return self.attach(now)
-        self.node.ancestors = ancestors[:self.node.settings.max_ancestors]
-        self.node.parent_rank = ancestors[0][0]
-        self.node.size = max(self.node.size, size)
-        self.node.state = State.ONLINE
-        self.node.claim = self.node.rank
-        self.backoff = self.node.settings.retry
-        out: list[Output] = [Emit(Notice("online", self.node.rank or 0,
-                                    {"parent": self.node.parent_rank, "size": self.node.size,
-                                     "topology": str(self.node.topology)}))]
+        node.ancestors = ancestors[:node.settings.max_ancestors]
+        node.parent_rank = ancestors[0][0]
+        node.size = max(node.size, size)
+        node.state = State.ONLINE
+        node.claim = node.rank
+        self.backoff = node.settings.retry
+        out: list[Output] = [Emit(Notice("online", node.rank or 0,
+                                         {"parent": node.parent_rank, "size": node.size,
+                                          "topology": str(node.topology)}))]
         self.failed = []
-        for child in list(self.node.children.values()):
+        for child in list(node.children.values()):
             out += self.report_attached(child, now)
-        return out + self.node.log.attached(seq, now)
+        return out + node.log.attached(seq, now)
 
     def refused(self, now: float, why: str) -> list[Output]:
         """Joining was refused for good (``_REFUSALS``, or DISCONNECT from the peer
         dialed): stop, with ``Notice("refused", rank, why)``, rather than ask again."""
+        node = self.node
         self.routing.forget_internal(_OWN_RPCS)
-        return [Emit(Notice("refused", -1 if self.node.rank is None else self.node.rank, why)),
-                *self.node.stop(now)]
+        return [Emit(Notice("refused", -1 if node.rank is None else node.rank, why)),
+                *node.stop(now)]
 
     def _retry_soon(self, now: float) -> None:
         """A join or hello was refused: try again after the backoff (doubled per refusal, at
         most ``heartbeat``), not at the next tick; the driver wakes at ``next_deadline``."""
+        node = self.node
         self.deadline = min(self.deadline, now + self.backoff)
-        self.backoff = min(self.backoff * 2, self.node.settings.heartbeat)
-        self.node.wake(self.deadline)
+        self.backoff = min(self.backoff * 2, node.settings.heartbeat)
+        node.wake(self.deadline)
 
     def retry(self, now: float) -> list[Output]:
         if self.node.state is State.JOINING:
@@ -381,23 +393,26 @@ class Membership:
         return self.attach(now)
 
     def parent_lost(self, now: float, why: str) -> list[Output]:
-        out: list[Output] = [Emit(Notice("parent-lost", self.node.parent_rank or 0, why))]
+        node = self.node
+        out: list[Output] = [Emit(Notice("parent-lost", node.parent_rank or 0, why))]
         out += self.routing.fail_via(PARENT, f"the parent was lost ({why})")
-        self.candidates = self.node.ancestors[1:]
+        self.candidates = node.ancestors[1:]
         self.attempt = 0
-        self.node.parent_rank = None
+        node.parent_rank = None
         return out + self.attach(now)
 
     def child_lost(self, child: Child, now: float, why: str) -> list[Output]:
-        self.node.children.pop(child.identity, None)
-        if self.node.by_rank.get(child.rank) == child.identity:
-            del self.node.by_rank[child.rank]
+        node = self.node
+        node.children.pop(child.identity, None)
+        if node.by_rank.get(child.rank) == child.identity:
+            del node.by_rank[child.rank]
         out: list[Output] = [Emit(Notice("child-lost", child.rank, why))]
         out += self.routing.fail_via(child.identity, f"rank {child.rank} was lost ({why})")
         out += self.routing.sender_gone(child.identity, now)
-        if self.node.root:
-            self.node.directory.lost(child.rank, child.uuid, now)
-        elif self.node.state is State.ONLINE:
-            out += self.routing.internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
-                                      0, now, None)
+        if node.root:
+            node.directory.lost(child.rank, child.uuid, now)
+        elif node.state is State.ONLINE:
+            out += self.routing.internal_rpc("peermesh.lost",
+                                             {"rank": child.rank, "uuid": child.uuid},
+                                             0, now, None)
         return out

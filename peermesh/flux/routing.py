@@ -129,17 +129,18 @@ class Routing:
     def rpc(self, handle: int, topic: str, payload: Optional[bytes], nodeid: int,
             flags: int, now: float) -> tuple[int, list[Output]]:
         """Send a request from ``handle``; its matchtag (0 with NORESPONSE) and outputs."""
-        state = self.node.handles[handle]
+        node = self.node
+        state = node.handles[handle]
         if handle:  # (0: the node's own)
-            self.node.rpcs["sent"] += 1
+            node.rpcs["sent"] += 1
         if nodeid == NODEID_UPSTREAM:
-            if self.node.rank is None:
+            if node.rank is None:
                 raise FluxStateError("NODEID_UPSTREAM needs a rank: the node is not online")
-            nodeid, flags = self.node.rank, flags | _UPSTREAM
+            nodeid, flags = node.rank, flags | _UPSTREAM
         if flags & _NORESPONSE:
             tag = MATCHTAG_NONE
         else:
-            if len(state.pending) >= self.node.settings.max_pending:
+            if len(state.pending) >= node.settings.max_pending:
                 raise FluxStateError(f"{len(state.pending)} RPCs already in flight on this "
                                      f"handle (max_pending)")
             tag = state.allocate()
@@ -149,7 +150,7 @@ class Routing:
         if target is not None and topic and (payload is None or type(payload) is bytes) \
                 and 0 <= flags <= 0xFF and flags & _NORESPONSE_STREAMING != _NORESPONSE_STREAMING \
                 and (flags & _NORESPONSE or self._track(target, (route,), tag, topic, nodeid,
-                                                         flags)):
+                                                        flags)):
             # for another rank, valid as it is: the frames straight away (what encode makes;
             # when max_inflight are tracked already, the full path answers EAGAIN)
             frames = [route, b"", topic.encode()]
@@ -159,7 +160,7 @@ class Routing:
                 wire_flags |= 2
             frames.append(_pack_proto(MAGIC, VERSION, 1, wire_flags, USERID_UNKNOWN, 0, nodeid,
                                       tag))
-            self.node.stats["forwarded"] += 1
+            node.stats["forwarded"] += 1
             if target == PARENT:
                 return tag, [self.to_parent(frames, now)]
             return tag, self._send_down(target, [target, *frames], now)
@@ -190,7 +191,7 @@ class Routing:
         return out
 
     def pass_through(self, link: bytes, frames: list[bytes],
-                      now: float) -> Optional[list[Output]]:
+                     now: float) -> Optional[list[Output]]:
         """Route the common messages from their PROTO and route frames alone: a
         request for another rank (from the parent, a child or a client) and a
         response for a child or the parent are
@@ -198,6 +199,7 @@ class Routing:
         is answered from its frames, a response for a local handle is built once.
         None for everything else (and for anything malformed): ``receive`` decodes
         it then."""
+        node = self.node
         if not frames:
             return None
         proto = frames[-1]
@@ -222,9 +224,9 @@ class Routing:
         if link == PARENT:
             child = None
         else:
-            child = self.node.children.get(link)
+            child = node.children.get(link)
             if child is None:
-                client = self.node.clients.get(link)
+                client = node.clients.get(link)
                 if client is None or kind == 2:
                     return None  # a stranger's, or a response from a client: the full path
         if kind == 2:
@@ -233,7 +235,7 @@ class Routing:
                 self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
                 out: Optional[list[Output]] = self._send_down(top, frames, now)
             elif top == PARENT:
-                if self.node.parent_rank is None:
+                if node.parent_rank is None:
                     return None  # (the full path drops it)
                 self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
                 out = [self.to_parent(frames[1:], now)]
@@ -249,7 +251,7 @@ class Routing:
                 if not flags & _NORESPONSE:
                     service = topic.partition(".")[0]
                     if service not in BUILTIN_SERVICES:
-                        self.node.clients.arm(client, service, aux1, flags & _UPSTREAM)
+                        node.clients.arm(client, service, aux1, flags & _UPSTREAM)
             elif child is None:
                 self.parent_heard = now
             else:
@@ -270,8 +272,9 @@ class Routing:
     def _pass_request(self, link: bytes, frames: list[bytes], d: int, topic: str, flags: int,
                       nodeid: int, matchtag: int, now: float) -> Optional[list[Output]]:
         """``pass_through`` of a request for another rank, or of a ping for this one."""
-        if nodeid == self.node.rank:
-            if self.node.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
+        node = self.node
+        if nodeid == node.rank:
+            if node.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
                 return None
             if flags & _NORESPONSE:
                 return []
@@ -280,7 +283,7 @@ class Routing:
             if flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: its answer
                 userid, rolemask = _peek_credentials(proto)
                 try:
-                    frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), self.node.uuid,
+                    frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), node.uuid,
                                                 nodeid, userid, rolemask)
                 except ProtocolError:
                     return None  # (the full path answers EPROTO)
@@ -293,9 +296,9 @@ class Routing:
         if target is None:
             return None
         if not flags & _NORESPONSE and not self._track(target, (link, *frames[:d]), matchtag,
-                                                        topic, nodeid, flags):
+                                                       topic, nodeid, flags):
             return None  # (the full path answers EAGAIN)
-        self.node.stats["forwarded"] += 1
+        node.stats["forwarded"] += 1
         if target == PARENT:
             return [self.to_parent([link, *frames], now)]
         return self._send_down(target, [target, link, *frames], now)
@@ -303,12 +306,13 @@ class Routing:
     def _next_hop(self, nodeid: int, flags: int, came_from: bytes) -> Optional[bytes]:
         """The link a request for rank ``nodeid`` (not this one) goes on: a child on
         its path, else the parent; None when it is to be answered here instead."""
-        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == self.node.rank \
-                or flags & _UPSTREAM or nodeid > MAX_RANK or self.node.root and nodeid >= self.node.size:
+        node = self.node
+        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == node.rank \
+                or flags & _UPSTREAM or nodeid > MAX_RANK or node.root and nodeid >= node.size:
             return None
         target = self._child_toward(nodeid)
         if target is None:
-            if self.node.parent_rank is None or self.node.state is not State.ONLINE \
+            if node.parent_rank is None or node.state is not State.ONLINE \
                     or came_from == PARENT:  # never back up: no request bounces
                 return None
             target = PARENT
@@ -322,41 +326,42 @@ class Routing:
         return [Send(identity, frames)]
 
     def route_request(self, request: Request, came_from: bytes, now: float,
-                       wire: Optional[list[bytes]] = None) -> list[Output]:
+                      wire: Optional[list[bytes]] = None) -> list[Output]:
         """Deliver, answer or forward ``request`` (``wire``: its frames, if at hand)."""
+        node = self.node
         nodeid = request.nodeid
-        me = self.node.rank
+        me = node.rank
         topic = request.topic
         service = service_of(topic)
         upstream = request.flags & _UPSTREAM
         if nodeid == NODEID_ANY or upstream:
             if not (upstream and nodeid == me):  # UPSTREAM: never on the sending rank
-                owner = self.node.services.get(service)
+                owner = node.services.get(service)
                 if owner is not None and came_from != b"@%d" % owner:
                     return self._deliver_request(owner, request, now)
                 if service in BUILTIN_SERVICES and self._answers_here(topic):
-                    return self.node.builtin(request, now, wire)
-            if self.node.parent_rank is not None and self.node.state is State.ONLINE:
+                    return node.builtin(request, now, wire)
+            if node.parent_rank is not None and node.state is State.ONLINE:
                 return self._forward(PARENT, request, now, wire)
-            if self.node.root:
+            if node.root:
                 return self.error(request, Errno.ENOSYS,
-                                   f"No service matching {topic} is registered", now)
+                                  f"No service matching {topic} is registered", now)
             return self.error(request, Errno.EHOSTUNREACH, "not attached to the tree", now)
-        if nodeid == me and self.node.state is State.ONLINE or (
+        if nodeid == me and node.state is State.ONLINE or (
                 topic in ("peermesh.hello", "peermesh.join") and nodeid == me):
-            owner = self.node.services.get(service)
+            owner = node.services.get(service)
             if owner is not None:
                 return self._deliver_request(owner, request, now)
             if service in BUILTIN_SERVICES:
-                return self.node.builtin(request, now, wire)
+                return node.builtin(request, now, wire)
             return self.error(request, Errno.ENOSYS,
-                               f"No service matching {topic} is registered", now)
-        if nodeid > MAX_RANK or self.node.root and nodeid >= self.node.size:
+                              f"No service matching {topic} is registered", now)
+        if nodeid > MAX_RANK or node.root and nodeid >= node.size:
             return self.error(request, Errno.EHOSTUNREACH, f"no rank {nodeid}", now)
         child = self._child_toward(nodeid)
         if child is not None:
             return self._forward(child, request, now, wire)
-        if self.node.parent_rank is not None and self.node.state is State.ONLINE \
+        if node.parent_rank is not None and node.state is State.ONLINE \
                 and came_from != PARENT:  # never back up: no request bounces
             return self._forward(PARENT, request, now, wire)
         return self.error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
@@ -367,11 +372,12 @@ class Routing:
 
     def _child_toward(self, rank: int) -> Optional[bytes]:
         """The child whose subtree holds ``rank`` (walking up from it), if any."""
-        by_rank = self.node.by_rank
+        node = self.node
+        by_rank = node.by_rank
         if not by_rank:
             return None
-        me = self.node.rank
-        k = self.node.topology.k
+        me = node.rank
+        k = node.topology.k
         while rank > 0 and rank != me:
             identity = by_rank.get(rank)
             if identity is not None:
@@ -426,7 +432,7 @@ class Routing:
                     del self.via[link]
 
     def route_response(self, response: Response, now: float,
-                        wire: Optional[list[bytes]] = None) -> list[Output]:
+                       wire: Optional[list[bytes]] = None) -> list[Output]:
         """Pop the top route and send ``response`` that way (``wire``: its frames)."""
         routes = response.routes or ()
         if not routes:
@@ -436,7 +442,7 @@ class Routing:
             if self.node.parent_rank is None:
                 return self.drop(top, "a response for a parent this node has not")
             return [self.to_parent(wire[1:] if wire is not None else
-                                    encode(_rerouted(response, routes[1:])), now)]
+                                   encode(_rerouted(response, routes[1:])), now)]
         if len(top) != IDENTITY_SIZE:  # "@n": a local handle
             if top[:1] != b"@" or not top[1:].isdigit():
                 return self.drop(top, "a response to no handle")
@@ -445,7 +451,8 @@ class Routing:
         return self._send_down(top, wire if wire is not None else encode(response), now)
 
     def _to_handle(self, number: int, response: Response, now: float) -> list[Output]:
-        state = self.node.handles.get(number)
+        node = self.node
+        state = node.handles.get(number)
         if state is None:
             return []
         pending = state.pending.get(response.matchtag)
@@ -460,13 +467,14 @@ class Routing:
             return callback(response, now) if callback is not None else []
         if not pending.topic:  # abandoned
             return []
-        self.node.rpcs["responses"] += 1
+        node.rpcs["responses"] += 1
         return [Deliver((number, response))]
 
     def _deliver_request(self, handle: int, request: Request, now: float) -> list[Output]:
+        node = self.node
         topic = request.topic
-        if topic in self.node.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
-            self.node.rpcs["received"] += 1
+        if topic in node.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
+            node.rpcs["received"] += 1
             return [Deliver((handle, request))]
         return self.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 
@@ -476,27 +484,28 @@ class Routing:
         self.node.rpcs["errors"] += 1
         flags = _STREAMING if request.flags & _STREAMING else 0
         return self.route_response(Response(request.topic, string_payload(text), errnum,
-                                             request.matchtag, flags, request.routes), now)
+                                            request.matchtag, flags, request.routes), now)
 
     def answer(self, request: Request, obj: dict, now: float) -> list[Output]:
         if request.flags & _NORESPONSE:
             return []
         return self.route_response(Response(request.topic, json_payload(obj), 0,
-                                             request.matchtag, 0, request.routes), now)
+                                            request.matchtag, 0, request.routes), now)
 
     def to_parent(self, frames: list[bytes], now: float) -> Send:
         self.parent_sent = now
         return Send(PARENT, frames)
 
     def drop(self, link: bytes, why: str) -> list[Output]:
-        self.node.stats["dropped"] += 1
-        if self.node.stats["dropped"] <= 100 or self.node.stats["dropped"] % 1000 == 0:
-            log.debug("flux rank %s dropped a message from %r: %s", self.node.rank, link[:16], why)
+        node = self.node
+        node.stats["dropped"] += 1
+        if node.stats["dropped"] <= 100 or node.stats["dropped"] % 1000 == 0:
+            log.debug("flux rank %s dropped a message from %r: %s", node.rank, link[:16], why)
         return []
 
     def internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
-                      callback: Optional[Callable[[Response, float], list[Output]]],
-                      streaming: bool = False) -> list[Output]:
+                     callback: Optional[Callable[[Response, float], list[Output]]],
+                     streaming: bool = False) -> list[Output]:
         flags = _NORESPONSE if callback is None else 0
         tag, out = self.rpc(0, topic, json_payload(obj), nodeid, flags, now)
         if callback is not None and tag in self.node.handles[0].pending:
@@ -516,7 +525,7 @@ class Routing:
             self.node.rpcs["errors"] += 1
             flags = _STREAMING if pending.streaming else 0
             out += self.route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
-                                                 matchtag, flags, routes), 0.0)
+                                                matchtag, flags, routes), 0.0)
         return out
 
     def guest_rpc(self, topic: str, body: dict, nodeid: int, now: float,
@@ -544,7 +553,7 @@ class Routing:
         gone = (link,)
         out: list[Output] = [
             Deliver((handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
-                                         _NORESPONSE, gone, USERID_UNKNOWN, 0)))
+                                          _NORESPONSE, gone, USERID_UNKNOWN, 0)))
             for service, handle in self.node.services.items()]
         told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
         for key in [k for k in self.inflight if k[1][:1] == gone]:
