@@ -231,6 +231,7 @@ class Membership:
         return self.routing.internal_rpc("peermesh.attached", note, 0, now, None)
 
     def attached_request(self, request: Request, now: float) -> list[Output]:
+        """Rank 0 notes where a child of another node listens (``peermesh.attached``)."""
         node = self.node
         if node.root:
             body = read_json(request.payload)
@@ -240,11 +241,13 @@ class Membership:
         return []
 
     def note_attached(self, body: dict) -> None:
+        """Rank 0's directory takes an attached rank's uuid and endpoint."""
         node = self.node
         node.directory.attached(body["rank"], body["uuid"], body["endpoint"])
         node.size = node.directory.size
 
     def lost_request(self, request: Request, now: float) -> list[Output]:
+        """Rank 0 marks a rank lost (``peermesh.lost``): offline, still reserved for it."""
         node = self.node
         if node.root:
             body = read_json(request.payload)
@@ -386,6 +389,7 @@ class Membership:
         node.wake(self.deadline)
 
     def retry(self, now: float) -> list[Output]:
+        """The join or hello in progress timed out: the next endpoint or candidate parent."""
         if self.node.state is State.JOINING:
             return self.join(now)
         if 0 < self.attempt <= len(self.candidates):
@@ -393,6 +397,7 @@ class Membership:
         return self.attach(now)
 
     def parent_lost(self, now: float, why: str) -> list[Output]:
+        """The parent went: fail what went through it, hello to the next ancestor."""
         node = self.node
         out: list[Output] = [Emit(Notice("parent-lost", node.parent_rank or 0, why))]
         out += self.routing.fail_via(PARENT, f"the parent was lost ({why})")
@@ -402,6 +407,7 @@ class Membership:
         return out + self.attach(now)
 
     def child_lost(self, child: Child, now: float, why: str) -> list[Output]:
+        """A child went: fail what went to it, drop what came from it, tell rank 0."""
         node = self.node
         node.children.pop(child.identity, None)
         if node.by_rank.get(child.rank) == child.identity:

@@ -479,6 +479,7 @@ class Routing:
         return self.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 
     def error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
+        """Answer ``request`` with ``errnum`` and ``text`` (nothing with NORESPONSE)."""
         if request.flags & _NORESPONSE:
             return []
         self.node.rpcs["errors"] += 1
@@ -487,16 +488,19 @@ class Routing:
                                             request.matchtag, flags, request.routes), now)
 
     def answer(self, request: Request, obj: dict, now: float) -> list[Output]:
+        """Answer ``request`` with the JSON object ``obj`` (nothing with NORESPONSE)."""
         if request.flags & _NORESPONSE:
             return []
         return self.route_response(Response(request.topic, json_payload(obj), 0,
                                             request.matchtag, 0, request.routes), now)
 
     def to_parent(self, frames: list[bytes], now: float) -> Send:
+        """Send ``frames`` to the parent, noting when."""
         self.parent_sent = now
         return Send(PARENT, frames)
 
     def drop(self, link: bytes, why: str) -> list[Output]:
+        """Count a dropped message and say why at debug (rate-limited)."""
         node = self.node
         node.stats["dropped"] += 1
         if node.stats["dropped"] <= 100 or node.stats["dropped"] % 1000 == 0:
@@ -506,6 +510,7 @@ class Routing:
     def internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
                      callback: Optional[Callable[[Response, float], list[Output]]],
                      streaming: bool = False) -> list[Output]:
+        """An RPC of the node itself (handle 0); ``callback`` gets its response."""
         flags = _NORESPONSE if callback is None else 0
         tag, out = self.rpc(0, topic, json_payload(obj), nodeid, flags, now)
         if callback is not None and tag in self.node.handles[0].pending:
