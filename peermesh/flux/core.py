@@ -16,17 +16,27 @@ while joining to a bootstrap endpoint); every other link is the identity
 of a peer on this node's ROUTER (children, and guests that are joining).
 Frames sent to a child start with its identity (the ROUTER's address).
 
-The node's work is split by job, one module each, composed here:
-``routing`` (requests and responses, what is in flight), ``events``
-(numbering, fan-out, replay: ``EventLog``, a part of its own held as
-``log``, with its own state, that reaches the node through ``EventHost``),
-``membership`` (joining, attaching, losses; rank 0's ``directory``),
-``matchtags`` (a local handle's RPCs), with the outputs in ``outputs`` and
-the settings and states in ``settings``. (``routing`` and ``membership``
-are still classes ``FluxCore`` inherits: ``Membership(Routing)``.) This
-module holds the node's state, its life (start, stop), the calls of local
-handles, the entry points (``receive``, ``link_down``, ``handle_timer``)
-and the built-in services.
+The node's work is split by job into parts, one module each, that
+``FluxCore`` holds (it inherits from none of them):
+
+* ``routing``: ``Routing``, held as ``routing``: requests and responses;
+  its own state is what is in flight, the core's own RPCs and when the
+  parent was last heard and sent to;
+* ``events``: ``EventLog``, held as ``log``: numbering, fan-out, replay;
+  its own state is the sequence followed and the events kept or held;
+* ``membership``: ``Membership``, held as ``membership``: joining,
+  attaching, losses; its own state is the candidates tried and the deadline
+  and backoff of the join or hello in progress (rank 0's ``directory``
+  of ranks is the node's).
+
+Each part reaches the node through a narrow protocol the node implements
+(``RoutingHost``, ``EventHost``, ``MembershipHost``), and membership asks
+and answers through ``routing``'s public methods. ``matchtags`` holds a
+local handle's RPCs, ``outputs`` the outputs, ``settings`` the settings and
+states. This module holds the node's shared state (its place in the tree,
+its handles, children and clients, its counters), its life (start, stop),
+the calls of local handles, the entry points (``receive``, ``link_down``,
+``handle_timer``) and the built-in services.
 
 Bounds on what remote senders can grow (``FluxSettings``): children per
 node, ranks in rank 0's directory (``max_size``), requests tracked in
@@ -58,19 +68,19 @@ from .directory import Directory
 from .events import EventLog
 from .errors import FluxStateError
 from .children import Child
-from .matchtags import Handle, Pending
+from .matchtags import Handle
 from .membership import Membership
 from .outputs import (
     IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
 )
-from .routing import BUILTIN_SERVICES, InflightKey
+from .routing import BUILTIN_SERVICES, Routing
 from .settings import FluxSettings, State
 
 __all__ = ["FluxCore", "FluxSettings", "State", "Send", "Deliver", "Emit", "Dial", "Hangup", "Notice",
            "Output", "PARENT", "SELF", "IDENTITY_SIZE", "BUILTIN_SERVICES"]
 
 
-class FluxCore(Membership):
+class FluxCore:
     """One node's routing, events and membership; see the module's docstring."""
 
     def __init__(self, identity: bytes, endpoint: str, *, settings: FluxSettings = FluxSettings(),
@@ -101,22 +111,16 @@ class FluxCore(Membership):
         self._next_handle = 1
         self.services: dict[str, int] = {}
         self.methods: dict[str, int] = {}
-        self._inflight: dict[InflightKey, Pending] = {}
-        self._via: dict[bytes, set[InflightKey]] = {}
-        self._parent_heard = self._parent_sent = 0.0
-        self._deadline = 0.0  # of the join or hello in progress
-        self._backoff = settings.retry  # before trying again after a refused join or hello
-        self._attempt = 0     # bootstrap endpoint / ancestor tried next
-        self._candidates: list[tuple[int, str]] = []
-        self._internal: dict[int, Callable[[Response, float], list[Output]]] = {}
-        self._taken: Optional[int] = None  # a rank found taken, for rank 0 to skip
-        self._failed: list[int] = []  # candidate parents that did not answer a hello
         # events
         #: the events part: numbering, fan-out, replay (its own state)
-        self.log = EventLog(self, settings.recent_events, synced=root)
+        self.log: EventLog = EventLog(self, settings.recent_events, synced=root)
         #: rank 0's directory of ranks
         self.directory = Directory(settings.topology, settings.max_size, endpoint, self.uuid,
                                    settings.max_joining, settings.joins_per_link)
+        #: the routing part: requests and responses, what is in flight (its own state)
+        self.routing: Routing = Routing(self)
+        #: the membership part: joining, attaching, losses (its own state)
+        self.membership: Membership = Membership(self, self.routing)
         self._tick = settings.heartbeat
         self._next = 0.0  # when handle_timer is next due (``next_deadline``)
         self.stats = {"dropped": 0, "forwarded": 0, "replayed": 0}
@@ -133,13 +137,13 @@ class FluxCore(Membership):
         if self.root:
             self.state = State.ONLINE
             return [Emit(Notice("online", 0, {"size": self.size, "topology": str(self.topology)}))]
-        return self._join(now) if self.bootstrap else []
+        return self.membership.join(now) if self.bootstrap else []
 
     def set_bootstrap(self, endpoints: Sequence[str], now: float) -> list[Output]:
         """New bootstrap endpoints (e.g. the root's, from the mesh); joins if detached."""
         self.bootstrap = [e for e in endpoints if e != self.endpoint]
         if self.state is State.DETACHED and self.bootstrap:
-            return self._join(now)
+            return self.membership.join(now)
         return []
 
     def stop(self, now: float) -> list[Output]:
@@ -153,8 +157,8 @@ class FluxCore(Membership):
             out.append(Send(PARENT, bye))
         for identity in [*self.children, *clients]:
             out.append(Send(identity, [identity, *bye]))
-        for link in list(self._via):
-            out += self._fail_via(link, "the node left")
+        for link in list(self.routing.via):
+            out += self.routing.fail_via(link, "the node left")
         self.children.clear()
         self.by_rank.clear()
         self.state = State.STOPPED
@@ -178,6 +182,38 @@ class FluxCore(Membership):
     @property
     def online(self) -> bool:
         return self.state is State.ONLINE
+
+    def wake(self, at: float) -> None:
+        """Have ``handle_timer`` called by ``at`` at the latest."""
+        self._next = min(self._next, at)
+
+    def rpc(self, handle: int, topic: str, payload: Optional[bytes], nodeid: int,
+            flags: int, now: float) -> tuple[int, list[Output]]:
+        """Send a request from ``handle``; its matchtag (0 with NORESPONSE) and outputs."""
+        return self.routing.rpc(handle, topic, payload, nodeid, flags, now)
+
+    def respond(self, handle: int, request: Request, payload: Optional[bytes], errnum: int,
+                now: float, streaming: bool = False) -> list[Output]:
+        """Answer ``request`` (delivered to ``handle``); nothing with NORESPONSE."""
+        return self.routing.respond(handle, request, payload, errnum, now, streaming)
+
+    def cancel(self, handle: int, matchtag: int, now: float) -> list[Output]:
+        """Ask the server of a streaming RPC to end it (``Routing.cancel``)."""
+        return self.routing.cancel(handle, matchtag, now)
+
+    def error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
+        """Answer ``request`` with ``errnum`` and ``text``."""
+        return self.routing.error(request, errnum, text, now)
+
+    def answer(self, request: Request, obj: dict, now: float) -> list[Output]:
+        """Answer ``request`` with the JSON object ``obj``."""
+        return self.routing.answer(request, obj, now)
+
+    def internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
+                     callback: Optional[Callable[[Response, float], list[Output]]],
+                     streaming: bool = False) -> list[Output]:
+        """An RPC of the node itself (handle 0); ``callback`` gets its response."""
+        return self.routing.internal_rpc(topic, obj, nodeid, now, callback, streaming)
 
     def open_handle(self) -> int:
         """A new local handle's number."""
@@ -232,7 +268,7 @@ class FluxCore(Membership):
                 now: float) -> tuple[int, list[Output]]:
         """Publish an event (through rank 0); the matchtag answers with its sequence."""
         self.events["published"] += 1
-        return self.rpc(handle, "event.publish", json_payload(publish_body(topic, payload)),
+        return self.routing.rpc(handle, "event.publish", json_payload(publish_body(topic, payload)),
                         0, 0, now)
 
     def receive(self, link: Any, frames: list[bytes], now: float) -> list[Output]:
@@ -242,16 +278,16 @@ class FluxCore(Membership):
             return []
         if len(link) != IDENTITY_SIZE and link != PARENT:
             return self._stranger(link, frames)
-        passed = self._pass_through(link, frames, now)
+        passed = self.routing.pass_through(link, frames, now)
         if passed is not None:
             return passed
         try:
             message = decode(frames)
         except ProtocolError as exc:
-            return self._drop(link, f"malformed: {exc.reason}")
+            return self.routing.drop(link, f"malformed: {exc.reason}")
         child = client = None
         if link == PARENT:
-            self._parent_heard = now
+            self.routing.parent_heard = now
         else:
             child = self.children.get(link)
             if child is not None:
@@ -267,7 +303,7 @@ class FluxCore(Membership):
             assert isinstance(message, Request)
             if child is None and link != PARENT and client is None and message.topic not in (
                     "peermesh.join", "peermesh.hello", "peermesh.client"):
-                return self._drop(link, "a request from a stranger")
+                return self.routing.drop(link, "a request from a stranger")
             if client is not None and not message.flags & _NORESPONSE:
                 service = service_of(message.topic)
                 if service not in BUILTIN_SERVICES:
@@ -278,30 +314,28 @@ class FluxCore(Membership):
                                    message.rolemask)
             # the frames as they are, the route pushed: forwarded without encoding again
             wire = [link, *frames] if message.routes is not None else None
-            return self._route_request(request, link, now, wire)
+            return self.routing.route_request(request, link, now, wire)
         if kind is Response:
             assert isinstance(message, Response)
             if child is None and link != PARENT:
-                return self._drop(link, "a response from a stranger")
+                return self.routing.drop(link, "a response from a stranger")
             if not message.routes:
-                return self._drop(link, "a response without routes")
-            self._settle(link, message)
-            return self._route_response(message, now, frames)
+                return self.routing.drop(link, "a response without routes")
+            self.routing.settle(link, message)
+            return self.routing.route_response(message, now, frames)
         if kind is EventMessage:
             assert isinstance(message, EventMessage)
             if link != PARENT or self.state is not State.ONLINE:
-                return self._drop(link, "an event not from the parent")
+                return self.routing.drop(link, "an event not from the parent")
             return self.log.event(message, frames, now)
         assert isinstance(message, Control)
         if message.ctype == ControlType.DISCONNECT:
             if link == PARENT and self.state is State.ONLINE:
-                return self._parent_lost(now, "the parent left")
+                return self.membership.parent_lost(now, "the parent left")
             if link == PARENT and self.state in (State.JOINING, State.ATTACHING):
-                return self._refused(now, "DISCONNECT: the peer at that endpoint refuses this "
-                                     "node (not a peermesh member, e.g. a flux-core broker, "
-                                     "or one that does not know it)")
+                return self.membership.refused(now, _REFUSED_BY_PEER)
             if child is not None:
-                return self._child_lost(child, now, "the child left")
+                return self.membership.child_lost(child, now, "the child left")
             if client is not None:
                 return self._client_gone(link, now)
         return []
@@ -316,7 +350,7 @@ class FluxCore(Membership):
             message = None
         if type(message) is not Request or message.topic != "overlay.hello" \
                 or message.flags & _NORESPONSE:
-            return self._drop(link, "an identity that is not 16 bytes")
+            return self.routing.drop(link, "an identity that is not 16 bytes")
         refusal = make_response(message.topic, string_payload(FLUX_CORE_CHILD_REFUSED),
                                 Errno.EPROTO, message.matchtag, 0, message.routes or (),
                                 USERID_UNKNOWN, 0)
@@ -325,11 +359,11 @@ class FluxCore(Membership):
     def link_down(self, link: bytes, now: float) -> list[Output]:
         """A send found ``link`` gone (its peer's connection closed)."""
         if link == PARENT:
-            return self._parent_lost(now, "the link is down") if self.online else []
+            return self.membership.parent_lost(now, "the link is down") if self.online else []
         child = self.children.get(link)
         if child is None:
             return self._client_gone(link, now)
-        return self._child_lost(child, now, "the link is down")
+        return self.membership.child_lost(child, now, "the link is down")
 
     def next_deadline(self) -> float:
         """When ``handle_timer`` is next due."""
@@ -343,21 +377,21 @@ class FluxCore(Membership):
         if self.state is State.STOPPED:
             return out
         if self.state is State.ONLINE and not self.root:
-            if now - self._parent_heard >= s.lost:
-                out += self._parent_lost(now, f"silent for {s.lost:g} s")
-            elif now - self._parent_sent >= s.heartbeat:
-                out.append(self._to_parent(encode(Control(ControlType.HEARTBEAT)), now))
-        elif self.state in (State.JOINING, State.ATTACHING) and now >= self._deadline:
-            out += self._retry(now)
+            if now - self.routing.parent_heard >= s.lost:
+                out += self.membership.parent_lost(now, f"silent for {s.lost:g} s")
+            elif now - self.routing.parent_sent >= s.heartbeat:
+                out.append(self.routing.to_parent(encode(Control(ControlType.HEARTBEAT)), now))
+        elif self.state in (State.JOINING, State.ATTACHING) and now >= self.membership.deadline:
+            out += self.membership.retry(now)
         if self.state in (State.JOINING, State.ATTACHING):
-            self._next = min(self._next, self._deadline)
+            self._next = min(self._next, self.membership.deadline)
         if self.root:
             self.directory.expire(now, s.lost, s.reclaim)
         heartbeat: Optional[list[bytes]] = None
         for child in list(self.children.values()):
             silent = now - child.heard
             if silent >= s.lost:
-                out += self._child_lost(child, now, f"silent for {s.lost:g} s")
+                out += self.membership.child_lost(child, now, f"silent for {s.lost:g} s")
                 continue
             if silent >= s.torpid and not child.torpid:
                 child.torpid = True
@@ -394,11 +428,11 @@ class FluxCore(Membership):
         for service, nodeid, upstream in client.targets:
             request = make_request(service + ".disconnect", None, nodeid, 0,
                                    _NORESPONSE | upstream, (identity,), USERID_UNKNOWN, 0)
-            out += self._route_request(request, identity, now)
+            out += self.routing.route_request(request, identity, now)
         return out
 
-    def _builtin(self, request: Request, now: float,
-                 wire: Optional[list[bytes]] = None) -> list[Output]:
+    def builtin(self, request: Request, now: float,
+                wire: Optional[list[bytes]] = None) -> list[Output]:
         topic = request.topic
         if topic == "broker.ping":
             return self._ping(request, now, wire)
@@ -426,7 +460,7 @@ class FluxCore(Membership):
                                      request.userid, request.rolemask)
             except ProtocolError as exc:
                 return self.error(request, Errno.EPROTO, exc.reason, now)
-            return self._route_response(
+            return self.routing.route_response(
                 make_response(request.topic, answer, 0, request.matchtag, 0, request.routes,
                               USERID_UNKNOWN, 0), now)
         response = make_response(request.topic, payload, 0, request.matchtag, 0,
@@ -436,7 +470,7 @@ class FluxCore(Membership):
             wire = wire[:-1]
             wire.append(pack_proto(MAGIC, VERSION, 2, flags, USERID_UNKNOWN, 0, 0,
                                     request.matchtag))
-        return self._route_response(response, now, wire)
+        return self.routing.route_response(response, now, wire)
 
     def _client_request(self, request: Request, now: float) -> list[Output]:
         """A rankless client on this node's ROUTER says hello (see ``peermesh.flux.clients``)."""
@@ -485,6 +519,10 @@ class FluxCore(Membership):
                 **({"offline": self.directory.offline(MAX_OFFLINE)} if self.root else {})}
 
 
+#: why joining stopped when the peer dialed answered DISCONNECT
+_REFUSED_BY_PEER = ("DISCONNECT: the peer at that endpoint refuses this node (not a peermesh "
+                    "member, e.g. a flux-core broker, or one that does not know it)")
+
 #: the answer to a flux-core broker's ``overlay.hello``
 FLUX_CORE_CHILD_REFUSED = ("a peermesh member takes no flux-core broker as its child: "
                            "flux-core brokers join a flux-core parent or a peermesh rank "
@@ -503,10 +541,10 @@ _BUILTINS: dict[str, Callable[[FluxCore, Request, float], list[Output]]] = {
     "attr.get": FluxCore._attr_request,
     "broker.ping": FluxCore._ping,
     "peermesh.info": FluxCore._info,
-    "peermesh.join": FluxCore._join_request,
-    "peermesh.hello": FluxCore._hello_request,
-    "peermesh.attached": FluxCore._attached_request,
-    "peermesh.lost": FluxCore._lost_request,
+    "peermesh.join": lambda core, request, now: core.membership.join_request(request, now),
+    "peermesh.hello": lambda core, request, now: core.membership.hello_request(request, now),
+    "peermesh.attached": lambda core, request, now: core.membership.attached_request(request, now),
+    "peermesh.lost": lambda core, request, now: core.membership.lost_request(request, now),
     "peermesh.client": FluxCore._client_request,
     "event.subscribe": FluxCore._subscribe_request,
     "event.unsubscribe": FluxCore._subscribe_request,

@@ -80,30 +80,27 @@ Heartbeats (control messages) go on every link idle for ``heartbeat`` s.
 from __future__ import annotations
 
 import errno
-from typing import Any, Callable, Optional
+from typing import Any, Optional, Protocol
 
 from ..errors import ProtocolError
-from ..wire.flux import (
-    FLAG_NORESPONSE, MAX_RANK, NODEID_ANY, USERID_UNKNOWN, Errno, Request, Response, encode,
-    json_payload, error_message, make_request, read_json, service_of,
-)
+from ..wire.flux import MAX_RANK, Errno, Request, Response, error_message, read_json
 from .bodies import int_field, str_field
 from .children import Child
 from .directory import Directory, Refusal
 from .events import EventLog
 from .routing import Routing
-from .matchtags import Pending
-from .outputs import (
-    IDENTITY_SIZE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
-)
-from .settings import State
+from .outputs import IDENTITY_SIZE, PARENT, Dial, Emit, Hangup, Notice, Output
+from .settings import FluxSettings, State
 from .topology import Topology, TopologyError
 
-__all__ = ["Membership", "Child"]
+__all__ = ["Membership", "MembershipHost", "Child"]
 
 #: answers to a join or hello that asking again cannot change: the peer does not
 #: serve the method (ENOSYS) or refuses the body (EPROTO: another protocol or version)
 _REFUSALS = frozenset({Errno.ENOSYS, Errno.EPROTO})
+
+#: the core's own requests while joining and attaching
+_OWN_RPCS = frozenset({"peermesh.join", "peermesh.hello"})
 
 
 def _refusal_text(response: Response) -> str:
@@ -113,167 +110,188 @@ def _refusal_text(response: Response) -> str:
     return f"{name} answering {response.topic}" + (f": {text}" if text else "")
 
 
-class Membership(Routing):
-    """Joining, attaching and losses of ``FluxCore`` (see the module's docstring)."""
+class MembershipHost(Protocol):
+    """What membership needs of its node (``FluxCore``): who it is, its place in the tree
+    (which membership sets), rank 0's directory, the event log, and its life."""
 
-    log: EventLog
     identity: bytes
     uuid: str
     endpoint: str
-    bootstrap: list[str]
+    settings: FluxSettings
+    topology: Topology
+    root: bool
+    rank: Optional[int]
     claim: Optional[int]
+    size: int
+    state: State
+    parent_rank: Optional[int]
+    bootstrap: list[str]
     ancestors: list[tuple[int, str]]
+    children: dict[bytes, Child]
+    by_rank: dict[int, bytes]
     directory: Directory
-    _attempt: int
-    _candidates: list[tuple[int, str]]
-    _deadline: float
-    _backoff: float
-    _next: float
-    _failed: list[int]
-    _taken: Optional[int]
+    log: EventLog
 
-    def _join_request(self, request: Request, now: float) -> list[Output]:
+    def stop(self, now: float) -> list[Output]:
+        """Leave: DISCONNECT to every link."""
+        ...
+
+    def wake(self, at: float) -> None:
+        """Have ``handle_timer`` called by ``at`` at the latest."""
+        ...
+
+
+class Membership:
+    """Joining, attaching and losses of one node (see the module's docstring): the
+    candidates tried, the deadline and backoff of the join or hello in progress are its
+    own; the node's place in the tree it sets through ``node``, and it asks and answers
+    through ``routing``."""
+
+    def __init__(self, node: MembershipHost, routing: Routing) -> None:
+        self.node = node
+        self.routing = routing
+        self.deadline = 0.0  # of the join or hello in progress
+        self.backoff = node.settings.retry  # before trying again after a refused join or hello
+        self.attempt = 0     # bootstrap endpoint / ancestor tried next
+        self.candidates: list[tuple[int, str]] = []
+        self.taken: Optional[int] = None  # a rank found taken, for rank 0 to skip
+        self.failed: list[int] = []  # candidate parents that did not answer a hello
+
+    def join_request(self, request: Request, now: float) -> list[Output]:
         """Rank 0 gives a rank (claimed or new) and names the parent to attach to."""
-        if not self.root:
-            return self.error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
+        node = self.node
+        if not node.root:
+            return self.routing.error(request, Errno.EHOSTUNREACH, "only rank 0 gives ranks", now)
         body = read_json(request.payload)
-        claim = int_field(body, "rank", -1, self.settings.max_size - 1)
+        claim = int_field(body, "rank", -1, node.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
         endpoint = str_field(body, "endpoint")
         failed = body.get("failed")
         if isinstance(failed, list):
-            for rank in failed[:self.settings.max_ancestors]:
+            for rank in failed[:node.settings.max_ancestors]:
                 if isinstance(rank, int) and not isinstance(rank, bool):
-                    self.directory.lost(rank)
+                    node.directory.lost(rank)
         link = request.routes   # the connection the join came over, and its way here
         taken = body.get("taken")
         if isinstance(taken, int) and not isinstance(taken, bool):
-            self.directory.taken(taken, now, link)
-        given = self.directory.give(claim, uuid, endpoint, now, link)
+            node.directory.taken(taken, now, link)
+        given = node.directory.give(claim, uuid, endpoint, now, link)
         if isinstance(given, Refusal):
-            return self.error(request, given.errnum, given.text, now)
+            return self.routing.error(request, given.errnum, given.text, now)
         rank, parent, parent_endpoint = given
-        self.size = self.directory.size
-        return self.answer(request, {"rank": rank, "parent": parent, "size": self.size,
-                                      "endpoint": parent_endpoint,
-                                      "topology": str(self.topology)}, now)
+        node.size = node.directory.size
+        return self.routing.answer(request, {"rank": rank, "parent": parent, "size": node.size,
+                                             "endpoint": parent_endpoint,
+                                             "topology": str(node.topology)}, now)
 
-    def _hello_request(self, request: Request, now: float) -> list[Output]:
+    def hello_request(self, request: Request, now: float) -> list[Output]:
         """A node asks to attach as this node's child."""
+        node = self.node
         link = request.routes[0] if request.routes else b""
         if len(link) != IDENTITY_SIZE:
-            return self.error(request, Errno.EINVAL, "hello comes from a child's link", now)
-        if self.state not in (State.ONLINE, State.ATTACHING) or self.rank is None:
-            return self.error(request, Errno.EAGAIN, "not in the tree", now)
+            return self.routing.error(request, Errno.EINVAL, "hello comes from a child's link", now)
+        if node.state not in (State.ONLINE, State.ATTACHING) or node.rank is None:
+            return self.routing.error(request, Errno.EAGAIN, "not in the tree", now)
         body = read_json(request.payload)
-        rank = int_field(body, "rank", 1, self.settings.max_size - 1)
+        rank = int_field(body, "rank", 1, node.settings.max_size - 1)
         uuid = str_field(body, "uuid", 64)
         endpoint = str_field(body, "endpoint")
-        if not self.topology.is_descendant(rank, self.rank):
-            return self.error(request, Errno.EINVAL,
-                               f"rank {rank} is not below rank {self.rank}", now)
-        old_identity = self.by_rank.get(rank)
+        if not node.topology.is_descendant(rank, node.rank):
+            return self.routing.error(request, Errno.EINVAL,
+                                      f"rank {rank} is not below rank {node.rank}", now)
+        old_identity = node.by_rank.get(rank)
         if old_identity is not None and old_identity != link:
-            old = self.children[old_identity]
-            if old.uuid != uuid and now - old.heard < self.settings.torpid:
-                return self.error(request, Errno.EEXIST, f"rank {rank} is attached", now)
-            out = self._child_lost(old, now, "replaced by a new hello")
+            old = node.children[old_identity]
+            if old.uuid != uuid and now - old.heard < node.settings.torpid:
+                return self.routing.error(request, Errno.EEXIST, f"rank {rank} is attached", now)
+            out = self.child_lost(old, now, "replaced by a new hello")
         else:
             out = []
-        if link not in self.children and len(self.children) >= self.settings.max_children:
-            return out + self.error(request, Errno.ENOSPC, "no room for children", now)
-        self.children[link] = Child(link, rank, endpoint, uuid, now, now)
-        self.by_rank[rank] = link
-        self.size = max(self.size, rank + 1)
+        if link not in node.children and len(node.children) >= node.settings.max_children:
+            return out + self.routing.error(request, Errno.ENOSPC, "no room for children", now)
+        node.children[link] = Child(link, rank, endpoint, uuid, now, now)
+        node.by_rank[rank] = link
+        node.size = max(node.size, rank + 1)
         out.append(Emit(Notice("child-attached", rank, endpoint)))
-        chain = [[self.rank, self.endpoint]] + [[r, e] for r, e in self.ancestors]
-        out += self.answer(request, {"ancestors": chain[:self.settings.max_ancestors],
-                                      "seq": self.log.seq, "size": self.size}, now)
-        out += self._report_attached(self.children[link], now)
+        chain = [[node.rank, node.endpoint]] + [[r, e] for r, e in node.ancestors]
+        out += self.routing.answer(request, {"ancestors": chain[:node.settings.max_ancestors],
+                                             "seq": node.log.seq, "size": node.size}, now)
+        out += self.report_attached(node.children[link], now)
         return out
 
-    def _report_attached(self, child: Child, now: float) -> list[Output]:
+    def report_attached(self, child: Child, now: float) -> list[Output]:
         """Tell rank 0 where ``child`` listens (once this node is online itself)."""
+        node = self.node
         note = {"rank": child.rank, "uuid": child.uuid, "endpoint": child.endpoint}
-        if self.root:
-            self._attached(note)
+        if node.root:
+            self.note_attached(note)
             return []
-        if self.state is not State.ONLINE:
+        if node.state is not State.ONLINE:
             return []  # reported when this node comes online
-        return self.internal_rpc("peermesh.attached", note, 0, now, None)
+        return self.routing.internal_rpc("peermesh.attached", note, 0, now, None)
 
-    def _attached_request(self, request: Request, now: float) -> list[Output]:
-        if self.root:
+    def attached_request(self, request: Request, now: float) -> list[Output]:
+        """Rank 0 notes where a child of another node listens (``peermesh.attached``)."""
+        node = self.node
+        if node.root:
             body = read_json(request.payload)
-            self._attached({"rank": int_field(body, "rank", 1, self.settings.max_size - 1),
-                            "uuid": str_field(body, "uuid", 64),
-                            "endpoint": str_field(body, "endpoint")})
+            self.note_attached({"rank": int_field(body, "rank", 1, node.settings.max_size - 1),
+                                "uuid": str_field(body, "uuid", 64),
+                                "endpoint": str_field(body, "endpoint")})
         return []
 
-    def _attached(self, body: dict) -> None:
-        self.directory.attached(body["rank"], body["uuid"], body["endpoint"])
-        self.size = self.directory.size
+    def note_attached(self, body: dict) -> None:
+        """Rank 0's directory takes an attached rank's uuid and endpoint."""
+        node = self.node
+        node.directory.attached(body["rank"], body["uuid"], body["endpoint"])
+        node.size = node.directory.size
 
-    def _lost_request(self, request: Request, now: float) -> list[Output]:
-        if self.root:
+    def lost_request(self, request: Request, now: float) -> list[Output]:
+        """Rank 0 marks a rank lost (``peermesh.lost``): offline, still reserved for it."""
+        node = self.node
+        if node.root:
             body = read_json(request.payload)
-            self.directory.lost(int_field(body, "rank", 1), str_field(body, "uuid", 64), now)
+            node.directory.lost(int_field(body, "rank", 1), str_field(body, "uuid", 64), now)
         return []
 
-    def _join(self, now: float) -> list[Output]:
+    def join(self, now: float) -> list[Output]:
         """Ask rank 0 for a rank through the next bootstrap endpoint."""
-        if not self.bootstrap:
-            self.state = State.DETACHED
+        node = self.node
+        if not node.bootstrap:
+            node.state = State.DETACHED
             return [Hangup(PARENT)]
-        endpoint = self.bootstrap[self._attempt % len(self.bootstrap)]
-        self._attempt += 1
-        self.state = State.JOINING
-        self.parent_rank = None
-        self._deadline = now + self.settings.hello_timeout
-        self._forget_internal()
-        body: dict[str, Any] = {"rank": -1 if self.claim is None else self.claim,
-                                "uuid": self.uuid, "endpoint": self.endpoint}
-        if self._taken is not None:
-            body["taken"] = self._taken
-        if self._failed:
-            body["failed"] = self._failed[-self.settings.max_ancestors:]
-            self._failed = []
+        endpoint = node.bootstrap[self.attempt % len(node.bootstrap)]
+        self.attempt += 1
+        node.state = State.JOINING
+        node.parent_rank = None
+        self.deadline = now + node.settings.hello_timeout
+        self.routing.forget_internal(_OWN_RPCS)
+        body: dict[str, Any] = {"rank": -1 if node.claim is None else node.claim,
+                                "uuid": node.uuid, "endpoint": node.endpoint}
+        if self.taken is not None:
+            body["taken"] = self.taken
+        if self.failed:
+            body["failed"] = self.failed[-node.settings.max_ancestors:]
+            self.failed = []
         # a guest identity of its own: the parent's ROUTER (with ROUTER_HANDOVER) never sees
         # this node's identity move from one connection to another
-        guest = bytes([self.identity[0] ^ 0xFF]) + self.identity[1:]
+        guest = bytes([node.identity[0] ^ 0xFF]) + node.identity[1:]
         out: list[Output] = [Dial(PARENT, endpoint, guest)]
-        self._parent_heard = self._parent_sent = now
-        out += self._guest_rpc("peermesh.join", body, 0, now, self._joined)
+        self.routing.parent_heard = self.routing.parent_sent = now
+        out += self.routing.guest_rpc("peermesh.join", body, 0, now, self._joined)
         return out
 
-    def _guest_rpc(self, topic: str, body: dict, nodeid: int, now: float,
-                   callback: Callable[[Response, float], list[Output]]) -> list[Output]:
-        """A request from the core straight to the DEALER (not routed: not attached yet)."""
-        state = self.handles[0]
-        tag = state.allocate()
-        state.pending[tag] = Pending(topic, nodeid, False)
-        self._internal[tag] = callback
-        request = Request(topic, json_payload(body), nodeid, tag, 0, (SELF,))
-        return [self._to_parent(encode(request), now)]
-
-    def _forget_internal(self) -> None:
-        """Drop the core's own join and hello requests still unanswered."""
-        state = self.handles[0]
-        for tag in [t for t, p in state.pending.items()
-                    if p.topic in ("peermesh.join", "peermesh.hello")]:
-            state.release(tag)
-            self._internal.pop(tag, None)
-
     def _joined(self, response: Response, now: float) -> list[Output]:
-        if self.state is not State.JOINING:
+        node = self.node
+        if node.state is not State.JOINING:
             return []
         if response.errnum:
-            if response.errnum == Errno.EEXIST and self.claim is not None:
-                out: list[Output] = [Emit(Notice("rank-taken", self.claim))]
-                self.claim = None
-                return out + self._join(now)
+            if response.errnum == Errno.EEXIST and node.claim is not None:
+                out: list[Output] = [Emit(Notice("rank-taken", node.claim))]
+                node.claim = None
+                return out + self.join(now)
             if response.errnum in _REFUSALS:
-                return self._refused(now, _refusal_text(response))
+                return self.refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next endpoint
             return [Emit(Notice("join-failed", -1, response.errnum))]
         try:
@@ -282,51 +300,53 @@ class Membership(Routing):
             endpoint = str_field(body, "endpoint")
             size = int_field(body, "size", 1, MAX_RANK + 1)
             topology = Topology.parse(str_field(body, "topology", 32)) if "topology" in body \
-                else self.topology  # (a rank 0 that does not say keeps this node's own)
+                else node.topology  # (a rank 0 that does not say keeps this node's own)
         except (ProtocolError, TopologyError) as exc:
-            return self._drop(PARENT, f"join answer: {exc}")
-        self.topology = topology  # the instance's, whatever this node was started with
-        self.rank = rank
-        self.size = max(self.size, size)
-        self._taken = None
+            return self.routing.drop(PARENT, f"join answer: {exc}")
+        node.topology = topology  # the instance's, whatever this node was started with
+        node.rank = rank
+        node.size = max(node.size, size)
+        self.taken = None
         # rank 0 may be another node (or restarted) with numbering of its own: the hello
         # answer gives the sequence to follow from
-        self.log.restart()
-        self._candidates = [(parent, endpoint)]
-        self._attempt = 0
-        return self._attach(now)
+        node.log.restart()
+        self.candidates = [(parent, endpoint)]
+        self.attempt = 0
+        return self.attach(now)
 
-    def _attach(self, now: float) -> list[Output]:
+    def attach(self, now: float) -> list[Output]:
         """Say hello to the next candidate parent; join again when none is left."""
-        if self._attempt >= len(self._candidates):
-            self.claim = self.rank
-            self._attempt = 0
-            return self._join(now)
-        parent, endpoint = self._candidates[self._attempt]
-        self._attempt += 1
-        self.state = State.ATTACHING
-        self.parent_rank = None
-        self._deadline = now + self.settings.hello_timeout
-        self._forget_internal()
-        self._parent_heard = self._parent_sent = now
-        out: list[Output] = [Dial(PARENT, endpoint, self.identity)]
-        out += self._guest_rpc("peermesh.hello", {"rank": self.rank, "uuid": self.uuid,
-                                                 "endpoint": self.endpoint},
-                               parent, now, self._helloed)
+        node = self.node
+        if self.attempt >= len(self.candidates):
+            node.claim = node.rank
+            self.attempt = 0
+            return self.join(now)
+        parent, endpoint = self.candidates[self.attempt]
+        self.attempt += 1
+        node.state = State.ATTACHING
+        node.parent_rank = None
+        self.deadline = now + node.settings.hello_timeout
+        self.routing.forget_internal(_OWN_RPCS)
+        self.routing.parent_heard = self.routing.parent_sent = now
+        out: list[Output] = [Dial(PARENT, endpoint, node.identity)]
+        out += self.routing.guest_rpc("peermesh.hello", {"rank": node.rank, "uuid": node.uuid,
+                                                         "endpoint": node.endpoint},
+                                       parent, now, self._helloed)
         return out
 
     def _helloed(self, response: Response, now: float) -> list[Output]:
-        if self.state is not State.ATTACHING:
+        node = self.node
+        if node.state is not State.ATTACHING:
             return []
         if response.errnum:
             if response.errnum == Errno.EEXIST:
-                self._taken, self.claim = self.rank, None
-                self._attempt = 0
-                return [Emit(Notice("rank-taken", self.rank or -1))] + self._join(now)
+                self.taken, node.claim = node.rank, None
+                self.attempt = 0
+                return [Emit(Notice("rank-taken", node.rank or -1))] + self.join(now)
             if response.errnum in _REFUSALS:
-                return self._refused(now, _refusal_text(response))
+                return self.refused(now, _refusal_text(response))
             self._retry_soon(now)  # the next candidate
-            return [Emit(Notice("hello-failed", self.rank or -1, response.errnum))]
+            return [Emit(Notice("hello-failed", node.rank or -1, response.errnum))]
         try:
             body = read_json(response.payload)
             chain = body.get("ancestors")
@@ -335,91 +355,70 @@ class Membership(Routing):
             seq = int_field(body, "seq", 0, 0xFFFFFFFF)
             size = int_field(body, "size", 1, MAX_RANK + 1)
         except (ProtocolError, TypeError, ValueError):
-            return self._attach(now)
+            return self.attach(now)
         if not ancestors:
-            return self._attach(now)
-        self.ancestors = ancestors[:self.settings.max_ancestors]
-        self.parent_rank = ancestors[0][0]
-        self.size = max(self.size, size)
-        self.state = State.ONLINE
-        self.claim = self.rank
-        self._backoff = self.settings.retry
-        out: list[Output] = [Emit(Notice("online", self.rank or 0,
-                                    {"parent": self.parent_rank, "size": self.size,
-                                     "topology": str(self.topology)}))]
-        self._failed = []
-        for child in list(self.children.values()):
-            out += self._report_attached(child, now)
-        return out + self.log.attached(seq, now)
+            return self.attach(now)
+        node.ancestors = ancestors[:node.settings.max_ancestors]
+        node.parent_rank = ancestors[0][0]
+        node.size = max(node.size, size)
+        node.state = State.ONLINE
+        node.claim = node.rank
+        self.backoff = node.settings.retry
+        out: list[Output] = [Emit(Notice("online", node.rank or 0,
+                                         {"parent": node.parent_rank, "size": node.size,
+                                          "topology": str(node.topology)}))]
+        self.failed = []
+        for child in list(node.children.values()):
+            out += self.report_attached(child, now)
+        return out + node.log.attached(seq, now)
 
-    def stop(self, now: float) -> list[Output]:
-        raise NotImplementedError  # (FluxCore's)
-
-    def _refused(self, now: float, why: str) -> list[Output]:
+    def refused(self, now: float, why: str) -> list[Output]:
         """Joining was refused for good (``_REFUSALS``, or DISCONNECT from the peer
         dialed): stop, with ``Notice("refused", rank, why)``, rather than ask again."""
-        self._forget_internal()
-        return [Emit(Notice("refused", -1 if self.rank is None else self.rank, why)),
-                *self.stop(now)]
+        node = self.node
+        self.routing.forget_internal(_OWN_RPCS)
+        return [Emit(Notice("refused", -1 if node.rank is None else node.rank, why)),
+                *node.stop(now)]
 
     def _retry_soon(self, now: float) -> None:
         """A join or hello was refused: try again after the backoff (doubled per refusal, at
         most ``heartbeat``), not at the next tick; the driver wakes at ``next_deadline``."""
-        self._deadline = min(self._deadline, now + self._backoff)
-        self._backoff = min(self._backoff * 2, self.settings.heartbeat)
-        self._next = min(self._next, self._deadline)
+        node = self.node
+        self.deadline = min(self.deadline, now + self.backoff)
+        self.backoff = min(self.backoff * 2, node.settings.heartbeat)
+        node.wake(self.deadline)
 
-    def _retry(self, now: float) -> list[Output]:
-        if self.state is State.JOINING:
-            return self._join(now)
-        if 0 < self._attempt <= len(self._candidates):
-            self._failed.append(self._candidates[self._attempt - 1][0])
-        return self._attach(now)
+    def retry(self, now: float) -> list[Output]:
+        """The join or hello in progress timed out: the next endpoint or candidate parent."""
+        if self.node.state is State.JOINING:
+            return self.join(now)
+        if 0 < self.attempt <= len(self.candidates):
+            self.failed.append(self.candidates[self.attempt - 1][0])
+        return self.attach(now)
 
-    def _parent_lost(self, now: float, why: str) -> list[Output]:
-        out: list[Output] = [Emit(Notice("parent-lost", self.parent_rank or 0, why))]
-        out += self._fail_via(PARENT, f"the parent was lost ({why})")
-        self._candidates = self.ancestors[1:]
-        self._attempt = 0
-        self.parent_rank = None
-        return out + self._attach(now)
+    def parent_lost(self, now: float, why: str) -> list[Output]:
+        """The parent went: fail what went through it, hello to the next ancestor."""
+        node = self.node
+        out: list[Output] = [Emit(Notice("parent-lost", node.parent_rank or 0, why))]
+        out += self.routing.fail_via(PARENT, f"the parent was lost ({why})")
+        self.candidates = node.ancestors[1:]
+        self.attempt = 0
+        node.parent_rank = None
+        return out + self.attach(now)
 
-    def _sender_gone(self, link: bytes, now: float) -> list[Output]:
-        """Disconnects for what came from ``link`` (see the module's docstring)."""
-        gone = (link,)
-        out: list[Output] = [
-            Deliver((handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
-                                         FLAG_NORESPONSE, gone, USERID_UNKNOWN, 0)))
-            for service, handle in self.services.items()]
-        told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
-        for key in [k for k in self._inflight if k[1][:1] == gone]:
-            pending = self._inflight.pop(key)
-            target, routes, _ = key
-            via = self._via.get(target)
-            if via is not None:
-                via.discard(key)
-                if not via:
-                    del self._via[target]
-            service = service_of(pending.topic)
-            if (target, service, pending.nodeid, routes) in told:
-                continue
-            told.add((target, service, pending.nodeid, routes))
-            frames = encode(Request(service + ".disconnect", None, pending.nodeid, 0,
-                                    FLAG_NORESPONSE, routes))
-            out.append(self._to_parent(frames, now) if target == PARENT
-                       else Send(target, [target, *frames]))
-        return out
-
-    def _child_lost(self, child: Child, now: float, why: str) -> list[Output]:
-        self.children.pop(child.identity, None)
-        if self.by_rank.get(child.rank) == child.identity:
-            del self.by_rank[child.rank]
+    def child_lost(self, child: Child, now: float, why: str) -> list[Output]:
+        """A child went: fail what went to it, drop what came from it, tell rank 0."""
+        node = self.node
+        node.children.pop(child.identity, None)
+        if node.by_rank.get(child.rank) == child.identity:
+            del node.by_rank[child.rank]
         out: list[Output] = [Emit(Notice("child-lost", child.rank, why))]
-        out += self._fail_via(child.identity, f"rank {child.rank} was lost ({why})")
-        out += self._sender_gone(child.identity, now)
-        if self.root:
-            self.directory.lost(child.rank, child.uuid, now)
-        elif self.state is State.ONLINE:
-            out += self.internal_rpc("peermesh.lost", {"rank": child.rank, "uuid": child.uuid},
-                                      0, now, None)
+        out += self.routing.fail_via(child.identity, f"rank {child.rank} was lost ({why})")
+        out += self.routing.sender_gone(child.identity, now)
+        if node.root:
+            node.directory.lost(child.rank, child.uuid, now)
+        elif node.state is State.ONLINE:
+            out += self.routing.internal_rpc("peermesh.lost",
+                                             {"rank": child.rank, "uuid": child.uuid},
+                                             0, now, None)
         return out

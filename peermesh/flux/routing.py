@@ -27,18 +27,18 @@ response so that the loss of that link can answer it.
 
 The common cases never decode a message: a request for another rank (from
 the parent, a child or a rankless client) and a response for a child or the
-parent go on as they came, the route pushed or popped (``_pass_through``,
+parent go on as they came, the route pushed or popped (``Routing.pass_through``,
 from the PROTO and route frames alone); an RPC of a local handle for another
 rank is framed directly, and a ping for this rank is answered from the
 request's frames (flux's JSON ping with its answer, ``bodies.ping_answer``, as
-``FluxCore._ping`` gives it; any other body echoed). Everything else (and
+the node's built-in ``broker.ping`` gives it; any other body echoed). Everything else (and
 anything malformed, which is then dropped) is decoded first.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from ..errors import ProtocolError
 from ..wire.flux import (
@@ -54,12 +54,12 @@ from .clients import ClientTable
 from .errors import FluxStateError
 from .children import Child
 from .matchtags import Handle, Pending
-from .outputs import BUILTIN_SERVICES, IDENTITY_SIZE, PARENT, Deliver, Output, Send
+from .outputs import BUILTIN_SERVICES, IDENTITY_SIZE, PARENT, SELF, Deliver, Output, Send
 from .settings import FluxSettings, State
 from .topology import Topology
 
 
-__all__ = ["Routing", "BUILTIN_SERVICES", "InflightKey"]
+__all__ = ["Routing", "RoutingHost", "BUILTIN_SERVICES", "InflightKey"]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,9 @@ def _rerouted(response: Response, routes: tuple[bytes, ...]) -> Response:
                          response.flags, routes, response.userid, response.rolemask)
 
 
-class Routing:
-    """Request and response routing of ``FluxCore`` (see the module's docstring)."""
+class RoutingHost(Protocol):
+    """What routing needs of its node (``FluxCore``): its place in the tree, whom it serves
+    (handles, services, children, clients), its counters, and the built-in services."""
 
     rank: Optional[int]
     uuid: str
@@ -103,26 +104,43 @@ class Routing:
     methods: dict[str, int]
     stats: dict[str, int]
     rpcs: dict[str, int]
-    _inflight: dict[InflightKey, Pending]
-    _via: dict[bytes, set[InflightKey]]
-    _internal: dict[int, Callable[[Response, float], list[Output]]]
-    _parent_heard: float
-    _parent_sent: float
+
+    def builtin(self, request: Request, now: float,
+                wire: Optional[list[bytes]] = None) -> list[Output]:
+        """Answer a request for a built-in service."""
+        ...
+
+
+class Routing:
+    """Request and response routing of one node (see the module's docstring): what is in
+    flight, the core's own RPCs waiting for answers and when the parent was last heard
+    and sent to are its own; the node's place in the tree it reads through ``node``."""
+
+    def __init__(self, node: RoutingHost) -> None:
+        self.node = node
+        #: requests forwarded on a link, until their final response
+        self.inflight: dict[InflightKey, Pending] = {}
+        #: the keys of ``inflight`` per link
+        self.via: dict[bytes, set[InflightKey]] = {}
+        #: the callbacks of the core's own RPCs (handle 0), by matchtag
+        self.internal: dict[int, Callable[[Response, float], list[Output]]] = {}
+        self.parent_heard = self.parent_sent = 0.0
 
     def rpc(self, handle: int, topic: str, payload: Optional[bytes], nodeid: int,
             flags: int, now: float) -> tuple[int, list[Output]]:
         """Send a request from ``handle``; its matchtag (0 with NORESPONSE) and outputs."""
-        state = self.handles[handle]
+        node = self.node
+        state = node.handles[handle]
         if handle:  # (0: the node's own)
-            self.rpcs["sent"] += 1
+            node.rpcs["sent"] += 1
         if nodeid == NODEID_UPSTREAM:
-            if self.rank is None:
+            if node.rank is None:
                 raise FluxStateError("NODEID_UPSTREAM needs a rank: the node is not online")
-            nodeid, flags = self.rank, flags | _UPSTREAM
+            nodeid, flags = node.rank, flags | _UPSTREAM
         if flags & _NORESPONSE:
             tag = MATCHTAG_NONE
         else:
-            if len(state.pending) >= self.settings.max_pending:
+            if len(state.pending) >= node.settings.max_pending:
                 raise FluxStateError(f"{len(state.pending)} RPCs already in flight on this "
                                      f"handle (max_pending)")
             tag = state.allocate()
@@ -132,7 +150,7 @@ class Routing:
         if target is not None and topic and (payload is None or type(payload) is bytes) \
                 and 0 <= flags <= 0xFF and flags & _NORESPONSE_STREAMING != _NORESPONSE_STREAMING \
                 and (flags & _NORESPONSE or self._track(target, (route,), tag, topic, nodeid,
-                                                         flags)):
+                                                        flags)):
             # for another rank, valid as it is: the frames straight away (what encode makes;
             # when max_inflight are tracked already, the full path answers EAGAIN)
             frames = [route, b"", topic.encode()]
@@ -142,29 +160,29 @@ class Routing:
                 wire_flags |= 2
             frames.append(_pack_proto(MAGIC, VERSION, 1, wire_flags, USERID_UNKNOWN, 0, nodeid,
                                       tag))
-            self.stats["forwarded"] += 1
+            node.stats["forwarded"] += 1
             if target == PARENT:
-                return tag, [self._to_parent(frames, now)]
+                return tag, [self.to_parent(frames, now)]
             return tag, self._send_down(target, [target, *frames], now)
         request = make_request(topic, payload, nodeid, tag, flags, (route,), USERID_UNKNOWN, 0)
-        return tag, self._route_request(request, route, now)
+        return tag, self.route_request(request, route, now)
 
     def respond(self, handle: int, request: Request, payload: Optional[bytes], errnum: int,
                 now: float, streaming: bool = False) -> list[Output]:
         """Answer ``request`` (delivered to ``handle``); nothing with NORESPONSE."""
         if request.flags & _NORESPONSE:
             return []
-        self.rpcs["errors" if errnum else "answered"] += 1
+        self.node.rpcs["errors" if errnum else "answered"] += 1
         flags = _STREAMING if request.flags & _STREAMING else 0
         response = make_response(request.topic, payload, errnum, request.matchtag, flags,
                                  request.routes, USERID_UNKNOWN, 0)
-        return self._route_response(response, now)
+        return self.route_response(response, now)
 
     def cancel(self, handle: int, matchtag: int, now: float) -> list[Output]:
         """Ask the server of a streaming RPC to end it: ``<service>.cancel`` with
         ``{"matchtag"}`` (no response) to the same rank; the stream still ends
         with its final response."""
-        pending = self.handles[handle].pending.get(matchtag)
+        pending = self.node.handles[handle].pending.get(matchtag)
         if pending is None or not pending.streaming:
             return []
         topic = service_of(pending.topic) + ".cancel"
@@ -172,8 +190,8 @@ class Routing:
                           _NORESPONSE, now)
         return out
 
-    def _pass_through(self, link: bytes, frames: list[bytes],
-                      now: float) -> Optional[list[Output]]:
+    def pass_through(self, link: bytes, frames: list[bytes],
+                     now: float) -> Optional[list[Output]]:
         """Route the common messages from their PROTO and route frames alone: a
         request for another rank (from the parent, a child or a client) and a
         response for a child or the parent are
@@ -181,6 +199,7 @@ class Routing:
         is answered from its frames, a response for a local handle is built once.
         None for everything else (and for anything malformed): ``receive`` decodes
         it then."""
+        node = self.node
         if not frames:
             return None
         proto = frames[-1]
@@ -205,9 +224,9 @@ class Routing:
         if link == PARENT:
             child = None
         else:
-            child = self.children.get(link)
+            child = node.children.get(link)
             if child is None:
-                client = self.clients.get(link)
+                client = node.clients.get(link)
                 if client is None or kind == 2:
                     return None  # a stranger's, or a response from a client: the full path
         if kind == 2:
@@ -216,10 +235,10 @@ class Routing:
                 self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
                 out: Optional[list[Output]] = self._send_down(top, frames, now)
             elif top == PARENT:
-                if self.parent_rank is None:
+                if node.parent_rank is None:
                     return None  # (the full path drops it)
                 self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
-                out = [self._to_parent(frames[1:], now)]
+                out = [self.to_parent(frames[1:], now)]
             elif top[:1] == b"@" and top[1:].isdigit():
                 out = self._response_here(link, frames, d, topic, now)
             else:
@@ -232,9 +251,9 @@ class Routing:
                 if not flags & _NORESPONSE:
                     service = topic.partition(".")[0]
                     if service not in BUILTIN_SERVICES:
-                        self.clients.arm(client, service, aux1, flags & _UPSTREAM)
+                        node.clients.arm(client, service, aux1, flags & _UPSTREAM)
             elif child is None:
-                self._parent_heard = now
+                self.parent_heard = now
             else:
                 child.heard = now
                 child.torpid = False
@@ -242,7 +261,7 @@ class Routing:
 
     def _response_here(self, link: bytes, frames: list[bytes], d: int, topic: str,
                        now: float) -> list[Output]:
-        """``_pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""
+        """``pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""
         _, _, _, flags, userid, rolemask, errnum, matchtag = _unpack_proto(frames[-1])
         routes = tuple(frames[:d])
         self._settle_key(link, routes, matchtag, flags, errnum)
@@ -252,9 +271,10 @@ class Routing:
 
     def _pass_request(self, link: bytes, frames: list[bytes], d: int, topic: str, flags: int,
                       nodeid: int, matchtag: int, now: float) -> Optional[list[Output]]:
-        """``_pass_through`` of a request for another rank, or of a ping for this one."""
-        if nodeid == self.rank:
-            if self.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
+        """``pass_through`` of a request for another rank, or of a ping for this one."""
+        node = self.node
+        if nodeid == node.rank:
+            if node.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
                 return None
             if flags & _NORESPONSE:
                 return []
@@ -263,35 +283,36 @@ class Routing:
             if flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: its answer
                 userid, rolemask = _peek_credentials(proto)
                 try:
-                    frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), self.uuid,
+                    frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), node.uuid,
                                                 nodeid, userid, rolemask)
                 except ProtocolError:
                     return None  # (the full path answers EPROTO)
             frames.append(_pack_proto(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
                                       matchtag))
             if link == PARENT:
-                return [self._to_parent(frames, now)]
+                return [self.to_parent(frames, now)]
             return self._send_down(link, [link, *frames], now)
         target = self._next_hop(nodeid, flags, link)
         if target is None:
             return None
         if not flags & _NORESPONSE and not self._track(target, (link, *frames[:d]), matchtag,
-                                                        topic, nodeid, flags):
+                                                       topic, nodeid, flags):
             return None  # (the full path answers EAGAIN)
-        self.stats["forwarded"] += 1
+        node.stats["forwarded"] += 1
         if target == PARENT:
-            return [self._to_parent([link, *frames], now)]
+            return [self.to_parent([link, *frames], now)]
         return self._send_down(target, [target, link, *frames], now)
 
     def _next_hop(self, nodeid: int, flags: int, came_from: bytes) -> Optional[bytes]:
         """The link a request for rank ``nodeid`` (not this one) goes on: a child on
         its path, else the parent; None when it is to be answered here instead."""
-        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == self.rank \
-                or flags & _UPSTREAM or nodeid > MAX_RANK or self.root and nodeid >= self.size:
+        node = self.node
+        if nodeid == NODEID_ANY or nodeid == NODEID_UPSTREAM or nodeid == node.rank \
+                or flags & _UPSTREAM or nodeid > MAX_RANK or node.root and nodeid >= node.size:
             return None
         target = self._child_toward(nodeid)
         if target is None:
-            if self.parent_rank is None or self.state is not State.ONLINE \
+            if node.parent_rank is None or node.state is not State.ONLINE \
                     or came_from == PARENT:  # never back up: no request bounces
                 return None
             target = PARENT
@@ -299,62 +320,64 @@ class Routing:
 
     def _send_down(self, identity: bytes, frames: list[bytes], now: float) -> list[Output]:
         """Send ``frames`` (the first: ``identity``) to a child or guest on the ROUTER."""
-        child = self.children.get(identity)
+        child = self.node.children.get(identity)
         if child is not None:
             child.sent = now
         return [Send(identity, frames)]
 
-    def _route_request(self, request: Request, came_from: bytes, now: float,
-                       wire: Optional[list[bytes]] = None) -> list[Output]:
+    def route_request(self, request: Request, came_from: bytes, now: float,
+                      wire: Optional[list[bytes]] = None) -> list[Output]:
         """Deliver, answer or forward ``request`` (``wire``: its frames, if at hand)."""
+        node = self.node
         nodeid = request.nodeid
-        me = self.rank
+        me = node.rank
         topic = request.topic
         service = service_of(topic)
         upstream = request.flags & _UPSTREAM
         if nodeid == NODEID_ANY or upstream:
             if not (upstream and nodeid == me):  # UPSTREAM: never on the sending rank
-                owner = self.services.get(service)
+                owner = node.services.get(service)
                 if owner is not None and came_from != b"@%d" % owner:
                     return self._deliver_request(owner, request, now)
                 if service in BUILTIN_SERVICES and self._answers_here(topic):
-                    return self._builtin(request, now, wire)
-            if self.parent_rank is not None and self.state is State.ONLINE:
+                    return node.builtin(request, now, wire)
+            if node.parent_rank is not None and node.state is State.ONLINE:
                 return self._forward(PARENT, request, now, wire)
-            if self.root:
+            if node.root:
                 return self.error(request, Errno.ENOSYS,
-                                   f"No service matching {topic} is registered", now)
+                                  f"No service matching {topic} is registered", now)
             return self.error(request, Errno.EHOSTUNREACH, "not attached to the tree", now)
-        if nodeid == me and self.state is State.ONLINE or (
+        if nodeid == me and node.state is State.ONLINE or (
                 topic in ("peermesh.hello", "peermesh.join") and nodeid == me):
-            owner = self.services.get(service)
+            owner = node.services.get(service)
             if owner is not None:
                 return self._deliver_request(owner, request, now)
             if service in BUILTIN_SERVICES:
-                return self._builtin(request, now, wire)
+                return node.builtin(request, now, wire)
             return self.error(request, Errno.ENOSYS,
-                               f"No service matching {topic} is registered", now)
-        if nodeid > MAX_RANK or self.root and nodeid >= self.size:
+                              f"No service matching {topic} is registered", now)
+        if nodeid > MAX_RANK or node.root and nodeid >= node.size:
             return self.error(request, Errno.EHOSTUNREACH, f"no rank {nodeid}", now)
         child = self._child_toward(nodeid)
         if child is not None:
             return self._forward(child, request, now, wire)
-        if self.parent_rank is not None and self.state is State.ONLINE \
+        if node.parent_rank is not None and node.state is State.ONLINE \
                 and came_from != PARENT:  # never back up: no request bounces
             return self._forward(PARENT, request, now, wire)
         return self.error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
 
     def _answers_here(self, topic: str) -> bool:
         """Built-ins that any node answers for NODEID_ANY (the rest belong to rank 0)."""
-        return topic in _ANSWERED_ANYWHERE or self.root
+        return topic in _ANSWERED_ANYWHERE or self.node.root
 
     def _child_toward(self, rank: int) -> Optional[bytes]:
         """The child whose subtree holds ``rank`` (walking up from it), if any."""
-        by_rank = self.by_rank
+        node = self.node
+        by_rank = node.by_rank
         if not by_rank:
             return None
-        me = self.rank
-        k = self.topology.k
+        me = node.rank
+        k = node.topology.k
         while rank > 0 and rank != me:
             identity = by_rank.get(rank)
             if identity is not None:
@@ -370,28 +393,28 @@ class Routing:
                 link, request.routes or (), request.matchtag, request.topic, request.nodeid,
                 request.flags):
             return self.error(request, Errno.EAGAIN, "too many requests in flight", now)
-        self.stats["forwarded"] += 1
+        self.node.stats["forwarded"] += 1
         frames = wire if wire is not None else encode(request)
         if link == PARENT:
-            return [self._to_parent(frames, now)]
+            return [self.to_parent(frames, now)]
         return self._send_down(link, [link, *frames], now)
 
     def _track(self, link: bytes, routes: tuple[bytes, ...], matchtag: int, topic: str,
                nodeid: int, flags: int) -> bool:
         """Remember a request forwarded on ``link`` until its final response; False
         when ``max_inflight`` are tracked already."""
-        inflight = self._inflight
-        if len(inflight) >= self.settings.max_inflight:
+        inflight = self.inflight
+        if len(inflight) >= self.node.settings.max_inflight:
             return False
         key = (link, routes, matchtag)
         inflight[key] = Pending(topic, nodeid, bool(flags & _STREAMING))
-        via = self._via.get(link)
+        via = self.via.get(link)
         if via is None:
-            via = self._via[link] = set()
+            via = self.via[link] = set()
         via.add(key)
         return True
 
-    def _settle(self, link: bytes, response: Response) -> None:
+    def settle(self, link: bytes, response: Response) -> None:
         """A response came back on ``link``: forget its request once it is final."""
         self._settle_key(link, response.routes or (), response.matchtag, response.flags,
                          response.errnum)
@@ -401,108 +424,157 @@ class Routing:
         if flags & _STREAMING and not errnum:
             return
         key = (link, routes, matchtag)
-        if self._inflight.pop(key, None) is not None:
-            via = self._via.get(link)
+        if self.inflight.pop(key, None) is not None:
+            via = self.via.get(link)
             if via is not None:
                 via.discard(key)
                 if not via:
-                    del self._via[link]
+                    del self.via[link]
 
-    def _route_response(self, response: Response, now: float,
-                        wire: Optional[list[bytes]] = None) -> list[Output]:
+    def route_response(self, response: Response, now: float,
+                       wire: Optional[list[bytes]] = None) -> list[Output]:
         """Pop the top route and send ``response`` that way (``wire``: its frames)."""
         routes = response.routes or ()
         if not routes:
-            return self._drop(b"", "a response with no route left")
+            return self.drop(b"", "a response with no route left")
         top = routes[0]
         if top == PARENT:
-            if self.parent_rank is None:
-                return self._drop(top, "a response for a parent this node has not")
-            return [self._to_parent(wire[1:] if wire is not None else
-                                    encode(_rerouted(response, routes[1:])), now)]
+            if self.node.parent_rank is None:
+                return self.drop(top, "a response for a parent this node has not")
+            return [self.to_parent(wire[1:] if wire is not None else
+                                   encode(_rerouted(response, routes[1:])), now)]
         if len(top) != IDENTITY_SIZE:  # "@n": a local handle
             if top[:1] != b"@" or not top[1:].isdigit():
-                return self._drop(top, "a response to no handle")
+                return self.drop(top, "a response to no handle")
             return self._to_handle(int(top[1:]), _rerouted(response, routes[1:]), now)
         # the ROUTER takes the top route as the address
         return self._send_down(top, wire if wire is not None else encode(response), now)
 
     def _to_handle(self, number: int, response: Response, now: float) -> list[Output]:
-        state = self.handles.get(number)
+        node = self.node
+        state = node.handles.get(number)
         if state is None:
             return []
         pending = state.pending.get(response.matchtag)
         if pending is None:
-            return self._drop(b"@%d" % number, f"a response to no RPC ({response.matchtag})")
+            return self.drop(b"@%d" % number, f"a response to no RPC ({response.matchtag})")
         final = not pending.streaming or response.errnum != 0
         if final:
             state.release(response.matchtag)
         if number == 0:
-            callback = self._internal.pop(response.matchtag, None) if final else \
-                self._internal.get(response.matchtag)
+            callback = self.internal.pop(response.matchtag, None) if final else \
+                self.internal.get(response.matchtag)
             return callback(response, now) if callback is not None else []
         if not pending.topic:  # abandoned
             return []
-        self.rpcs["responses"] += 1
+        node.rpcs["responses"] += 1
         return [Deliver((number, response))]
 
     def _deliver_request(self, handle: int, request: Request, now: float) -> list[Output]:
+        node = self.node
         topic = request.topic
-        if topic in self.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
-            self.rpcs["received"] += 1
+        if topic in node.methods or topic[len(service_of(topic)):] in _STREAM_ENDS:
+            node.rpcs["received"] += 1
             return [Deliver((handle, request))]
         return self.error(request, Errno.ENOSYS, f"No method {topic} is registered", now)
 
     def error(self, request: Request, errnum: int, text: str, now: float) -> list[Output]:
+        """Answer ``request`` with ``errnum`` and ``text`` (nothing with NORESPONSE)."""
         if request.flags & _NORESPONSE:
             return []
-        self.rpcs["errors"] += 1
+        self.node.rpcs["errors"] += 1
         flags = _STREAMING if request.flags & _STREAMING else 0
-        return self._route_response(Response(request.topic, string_payload(text), errnum,
-                                             request.matchtag, flags, request.routes), now)
+        return self.route_response(Response(request.topic, string_payload(text), errnum,
+                                            request.matchtag, flags, request.routes), now)
 
     def answer(self, request: Request, obj: dict, now: float) -> list[Output]:
+        """Answer ``request`` with the JSON object ``obj`` (nothing with NORESPONSE)."""
         if request.flags & _NORESPONSE:
             return []
-        return self._route_response(Response(request.topic, json_payload(obj), 0,
-                                             request.matchtag, 0, request.routes), now)
+        return self.route_response(Response(request.topic, json_payload(obj), 0,
+                                            request.matchtag, 0, request.routes), now)
 
-    def _to_parent(self, frames: list[bytes], now: float) -> Send:
-        self._parent_sent = now
+    def to_parent(self, frames: list[bytes], now: float) -> Send:
+        """Send ``frames`` to the parent, noting when."""
+        self.parent_sent = now
         return Send(PARENT, frames)
 
-    def _drop(self, link: bytes, why: str) -> list[Output]:
-        self.stats["dropped"] += 1
-        if self.stats["dropped"] <= 100 or self.stats["dropped"] % 1000 == 0:
-            log.debug("flux rank %s dropped a message from %r: %s", self.rank, link[:16], why)
+    def drop(self, link: bytes, why: str) -> list[Output]:
+        """Count a dropped message and say why at debug (rate-limited)."""
+        node = self.node
+        node.stats["dropped"] += 1
+        if node.stats["dropped"] <= 100 or node.stats["dropped"] % 1000 == 0:
+            log.debug("flux rank %s dropped a message from %r: %s", node.rank, link[:16], why)
         return []
 
     def internal_rpc(self, topic: str, obj: dict, nodeid: int, now: float,
-                      callback: Optional[Callable[[Response, float], list[Output]]],
-                      streaming: bool = False) -> list[Output]:
+                     callback: Optional[Callable[[Response, float], list[Output]]],
+                     streaming: bool = False) -> list[Output]:
+        """An RPC of the node itself (handle 0); ``callback`` gets its response."""
         flags = _NORESPONSE if callback is None else 0
         tag, out = self.rpc(0, topic, json_payload(obj), nodeid, flags, now)
-        if callback is not None and tag in self.handles[0].pending:
-            self._internal[tag] = callback
+        if callback is not None and tag in self.node.handles[0].pending:
+            self.internal[tag] = callback
         return out
 
-    def _fail_via(self, link: bytes, why: str) -> list[Output]:
+    def fail_via(self, link: bytes, why: str) -> list[Output]:
         """Answer EHOSTUNREACH to every request forwarded on ``link``."""
         out: list[Output] = []
-        keys = self._via.pop(link, ())
+        keys = self.via.pop(link, ())
         text = string_payload(why)
         for key in keys:
-            pending = self._inflight.pop(key, None)
+            pending = self.inflight.pop(key, None)
             if pending is None:
                 continue
             _, routes, matchtag = key
-            self.rpcs["errors"] += 1
+            self.node.rpcs["errors"] += 1
             flags = _STREAMING if pending.streaming else 0
-            out += self._route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
-                                                 matchtag, flags, routes), 0.0)
+            out += self.route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
+                                                matchtag, flags, routes), 0.0)
         return out
 
-    def _builtin(self, request: Request, now: float,
-                 wire: Optional[list[bytes]] = None) -> list[Output]:
-        """Answer a request for a built-in service (``FluxCore`` serves them)."""
-        raise NotImplementedError
+    def guest_rpc(self, topic: str, body: dict, nodeid: int, now: float,
+                  callback: Callable[[Response, float], list[Output]]) -> list[Output]:
+        """A request from the core straight to the DEALER (not routed: not attached yet)."""
+        state = self.node.handles[0]
+        tag = state.allocate()
+        state.pending[tag] = Pending(topic, nodeid, False)
+        self.internal[tag] = callback
+        request = Request(topic, json_payload(body), nodeid, tag, 0, (SELF,))
+        return [self.to_parent(encode(request), now)]
+
+    def forget_internal(self, topics: frozenset[str]) -> None:
+        """Drop the core's own requests on ``topics`` still unanswered."""
+        state = self.node.handles[0]
+        for tag in [t for t, p in state.pending.items() if p.topic in topics]:
+            state.release(tag)
+            self.internal.pop(tag, None)
+
+    def sender_gone(self, link: bytes, now: float) -> list[Output]:
+        """What came from ``link`` (a lost child) is dropped where it is served: each local
+        service gets ``<service>.disconnect`` with the route stack ``(link,)``, and each
+        request it sent on is forgotten and followed along its link by a
+        ``<service>.disconnect`` with that request's own stack."""
+        gone = (link,)
+        out: list[Output] = [
+            Deliver((handle, make_request(service + ".disconnect", None, NODEID_ANY, 0,
+                                          _NORESPONSE, gone, USERID_UNKNOWN, 0)))
+            for service, handle in self.node.services.items()]
+        told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
+        for key in [k for k in self.inflight if k[1][:1] == gone]:
+            pending = self.inflight.pop(key)
+            target, routes, _ = key
+            via = self.via.get(target)
+            if via is not None:
+                via.discard(key)
+                if not via:
+                    del self.via[target]
+            service = service_of(pending.topic)
+            if (target, service, pending.nodeid, routes) in told:
+                continue
+            told.add((target, service, pending.nodeid, routes))
+            frames = encode(Request(service + ".disconnect", None, pending.nodeid, 0,
+                                    _NORESPONSE, routes))
+            out.append(self.to_parent(frames, now) if target == PARENT
+                       else Send(target, [target, *frames]))
+        return out

@@ -99,7 +99,7 @@ def test_a_lost_child_is_told_to_the_services_its_requests_reached() -> None:
         from_client(tree, one, me, encode(Request(topic, None, rank, tag, STREAMING, ())))
     (up,) = tree.taken(root, here)
     down = tree.taken(two, there)
-    assert len(down) == 2 and len(root._inflight) == 2
+    assert len(down) == 2 and len(root.routing.inflight) == 2
     tree.kill(one)
     tree.advance(tree.settings.lost + 1)            # rank 0 hears nothing from it: lost
     assert [(m.topic, m.routes) for m in tree.taken(root, here)] == [
@@ -107,7 +107,7 @@ def test_a_lost_child_is_told_to_the_services_its_requests_reached() -> None:
     assert up.routes[:1] == (one.identity,)         # (a stream that came through it)
     assert [(m.topic, m.routes) for m in tree.taken(two, there)] == [
         ("down.disconnect", down[0].routes)]        # once for both streams of that sender
-    assert root._inflight == {} and root._via == {}
+    assert root.routing.inflight == {} and root.routing.via == {}
 
 
 # --- real sockets: failover ----------------------------------------------------------------

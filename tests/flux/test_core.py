@@ -96,7 +96,7 @@ def test_streaming_until_enodata_and_cancel() -> None:
     tree.call(cores[5], cores[5].respond(server, request, None, Errno.ENODATA, tree.now))
     (end,) = tree.taken(cores[3], client)
     assert end.errnum == Errno.ENODATA and tag not in cores[3].handles[client].pending
-    assert not any(c._inflight for c in cores.values())  # nothing left tracked on the way
+    assert not any(c.routing.inflight for c in cores.values())  # nothing left tracked on the way
 
 
 def test_noresponse_and_upstream() -> None:
@@ -317,3 +317,30 @@ def test_a_refused_join_is_tried_again_soon_with_a_bounded_backoff() -> None:
         tree.advance(alone.next_deadline() - tree.now, step=alone.next_deadline() - tree.now)
     assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]       # doubled up to heartbeat
     assert not alone.online
+
+
+def test_the_parts_are_held_with_their_own_state_not_inherited() -> None:
+    """Routing, the event log and membership are parts the node holds: no base class, each
+    part's state its own, and no module reads another's private names."""
+    import ast
+    import inspect
+
+    from peermesh.flux import core, events, membership, routing
+
+    assert FluxCore.__bases__ == (object,)
+    tree = Tree(k=2)
+    cores = tree.grow(4)
+    node = cores[3]
+    assert node.routing.node is node and node.log.node is node
+    assert node.membership.node is node and node.membership.routing is node.routing
+    assert node.membership.candidates[0][0] == node.parent_rank == 1  # (the parent it tried)
+    assert not [name for name in vars(node) if name in (
+        "inflight", "via", "internal", "parent_heard", "candidates", "deadline", "backoff")]
+    for module in (core, events, membership, routing):
+        source = ast.parse(inspect.getsource(module))
+        own = {"self", "cls"} | {n.name for n in ast.walk(source) if isinstance(n, ast.ClassDef)}
+        foreign = [f"{module.__name__}:{n.lineno} .{n.attr}" for n in ast.walk(source)
+                   if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+                   and not n.attr.startswith("__")
+                   and not (isinstance(n.value, ast.Name) and n.value.id in own)]
+        assert foreign == []

@@ -85,7 +85,7 @@ def test_a_child_gone_from_the_router_fails_its_requests() -> None:
         assert one.wait_online(10)
         one.register("demo.hang", lambda request: None)   # never answers
         future = root.rpc("demo.hang", None, 1)
-        wait_until(lambda: root.core._via.get(one.identity), 10, "the request in flight")
+        wait_until(lambda: root.core.routing.via.get(one.identity), 10, "the request in flight")
         one.core.children.clear()
         one._driver.close()        # its connections close with nothing said  # type: ignore
         # the root's next heartbeat to the child finds it gone (long before ``lost``):

@@ -2,7 +2,7 @@
 
 Every message of the routing table (``test_routing.ROWS``), its responses, and
 malformed variants of each, go to two copies of the same node: one as it
-is, one whose fast path is switched off (``_pass_through`` and ``_next_hop``
+is, one whose fast path is switched off (``Routing.pass_through`` and ``_next_hop``
 answer None, so every message is decoded and every RPC built as a message).
 Outputs, what each tracks in flight and its counters must be equal.
 """
@@ -24,8 +24,8 @@ from .test_routing import ROWS, in_state
 def full_path_only(core: FluxCore) -> FluxCore:
     """A copy of ``core`` that decodes everything (its fast path switched off)."""
     twin = copy.deepcopy(core)
-    twin._pass_through = lambda *args: None  # type: ignore[method-assign]
-    twin._next_hop = lambda *args: None  # type: ignore[method-assign]
+    twin.routing.pass_through = lambda *args: None  # type: ignore[method-assign]
+    twin.routing._next_hop = lambda *args: None  # type: ignore[method-assign]
     return twin
 
 
@@ -48,7 +48,7 @@ def variants(frames: list[bytes]) -> list[list[bytes]]:
 def same(core: FluxCore, link: bytes, frames: list[bytes], now: float) -> None:
     twin = full_path_only(core)
     assert core.receive(link, list(frames), now) == twin.receive(link, list(frames), now)
-    assert core._inflight == twin._inflight and core._via == twin._via
+    assert core.routing.inflight == twin.routing.inflight and core.routing.via == twin.routing.via
     assert core.stats == twin.stats
     assert core.clients.clients == twin.clients.clients
     assert core.clients.untracked == twin.clients.untracked
@@ -109,7 +109,7 @@ def test_local_rpc_fast_path(nodeid: int, flags: int, payload: Optional[bytes]) 
     got = core.rpc(handle, "svc.echo", payload, nodeid, flags, tree.now)
     want = twin.rpc(handle, "svc.echo", payload, nodeid, flags, tree.now)
     assert got == want
-    assert core._inflight == twin._inflight and core.stats == twin.stats
+    assert core.routing.inflight == twin.routing.inflight and core.stats == twin.stats
 
 
 def test_ping_for_this_rank_is_answered_from_its_frames() -> None:
@@ -138,7 +138,7 @@ def test_flux_json_ping_is_answered_from_its_frames(body: bytes) -> None:
     (answer,) = cores[1].receive(cores[3].identity,
                                  encode(Request("broker.ping", ping_body(3, "pp"), 1, 9, 0, ())),
                                  tree.now)
-    assert copy.deepcopy(cores[1])._pass_through(   # (taken by the fast path)
+    assert copy.deepcopy(cores[1]).routing.pass_through(   # (taken by the fast path)
         cores[3].identity, encode(Request("broker.ping", ping_body(3), 1, 9, 0, ())),
         tree.now) is not None
     got = read_json(decode(answer.frames[1:]).payload)  # type: ignore[union-attr]
@@ -174,7 +174,7 @@ def test_requests_of_a_client_go_as_on_the_full_path(frames: list[bytes]) -> Non
     message = decode(frames)
     if isinstance(message, Request) and message.nodeid in (1, 5) \
             and not message.flags & MsgFlag.UPSTREAM:  # (the fast path takes it)
-        assert copy.deepcopy(core)._pass_through(CLIENT, list(frames), tree.now) is not None
+        assert copy.deepcopy(core).routing.pass_through(CLIENT, list(frames), tree.now) is not None
     core.clients.max_targets = 0  # past the bound: counted as untracked alike
     same(core, CLIENT, frames, tree.now)
 
