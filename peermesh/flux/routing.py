@@ -364,16 +364,20 @@ class Routing:
         return topic in _ANSWERED_ANYWHERE or self.root
 
     def _child_toward(self, rank: int) -> Optional[bytes]:
-        """The child whose subtree holds ``rank`` (walking up from it), if any."""
+        """The child whose subtree holds ``rank`` (walking up from it), if any: a rank
+        that attached out of its formula place goes where its report came up (``placed``)."""
         by_rank = self.by_rank
         if not by_rank:
             return None
         me = self.rank
         k = self.topology.k
-        placed, children = self.placed, self.children
+        placed = self.placed
         while rank > 0 and rank != me:
-            identity = by_rank.get(rank) or placed.get(rank)
-            if identity is not None and identity in children:
+            identity = by_rank.get(rank)
+            if identity is not None:
+                return identity
+            identity = placed.get(rank)   # (a rank out of its formula place)
+            if identity is not None and identity in self.children:
                 return identity
             rank = 0 if k == 0 else (rank - 1) // k
         return None
