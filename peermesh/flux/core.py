@@ -109,6 +109,7 @@ class FluxCore(Membership):
         self._parent_heard = self._parent_sent = 0.0
         self._deadline = 0.0  # of the join or hello in progress
         self._backoff = settings.retry  # before trying again after a refused join or hello
+        self._patience = settings.hello_timeout  # for the answer to a join or hello
         self._attempt = 0     # bootstrap endpoint / ancestor tried next
         self._candidates: list[tuple[int, str]] = []
         self._internal: dict[int, Callable[[Response, float], list[Output]]] = {}

@@ -43,7 +43,9 @@ States (``State``)::
     any        stop                                      STOPPED     DISCONNECT to all links
 
 A refused join or hello is tried again after ``retry`` seconds, doubled per
-refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``. A
+refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``, doubled per
+try up to ``hello_timeout + heartbeat`` (until online: a rank 0 slow to answer hundreds of
+joins at once is not asked again and again). A
 refusal that asking again cannot change stops the node instead: the peer
 dialed answers DISCONNECT (what a flux-core broker answers a stranger), or
 ENOSYS or EPROTO (it does not serve ``peermesh.join``/``peermesh.hello``, or
@@ -128,6 +130,7 @@ class Membership(Routing):
     _candidates: list[tuple[int, str]]
     _deadline: float
     _backoff: float
+    _patience: float
     _next: float
     _failed: list[int]
     _taken: Optional[int]
@@ -229,7 +232,7 @@ class Membership(Routing):
         self._attempt += 1
         self.state = State.JOINING
         self.parent_rank = None
-        self._deadline = now + self.settings.hello_timeout
+        self._deadline = now + self._patience
         self._forget_internal()
         body: dict[str, Any] = {"rank": -1 if self.claim is None else self.claim,
                                 "uuid": self.uuid, "endpoint": self.endpoint}
@@ -306,7 +309,7 @@ class Membership(Routing):
         self._attempt += 1
         self.state = State.ATTACHING
         self.parent_rank = None
-        self._deadline = now + self.settings.hello_timeout
+        self._deadline = now + self._patience
         self._forget_internal()
         self._parent_heard = self._parent_sent = now
         out: list[Output] = [Dial(PARENT, endpoint, self.identity)]
@@ -344,6 +347,7 @@ class Membership(Routing):
         self.state = State.ONLINE
         self.claim = self.rank
         self._backoff = self.settings.retry
+        self._patience = self.settings.hello_timeout
         out: list[Output] = [Emit(Notice("online", self.rank or 0,
                                     {"parent": self.parent_rank, "size": self.size,
                                      "topology": str(self.topology)}))]
@@ -370,6 +374,10 @@ class Membership(Routing):
         self._next = min(self._next, self._deadline)
 
     def _retry(self, now: float) -> list[Output]:
+        # the next try waits longer for its answer: joins that all time out at once (a
+        # loaded rank 0 answering hundreds) must not all be asked again, and again
+        s = self.settings
+        self._patience = min(self._patience * 2, s.hello_timeout + s.heartbeat)
         if self.state is State.JOINING:
             return self._join(now)
         if 0 < self._attempt <= len(self._candidates):
