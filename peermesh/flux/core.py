@@ -105,6 +105,9 @@ class FluxCore:
         self.ancestors: list[tuple[int, str]] = []
         self.children: dict[bytes, Child] = {}
         self.by_rank: dict[int, bytes] = {}
+        #: rank -> the child whose ``peermesh.attached`` report of it came up this way: where
+        #: a rank attached out of its formula place really is (at most one per rank)
+        self.placed: dict[int, bytes] = {}
         self.clients = ClientTable(settings.max_clients, settings.client_prefixes,
                                    settings.client_services)
         self.handles: dict[int, Handle] = {0: Handle()}
@@ -161,6 +164,7 @@ class FluxCore:
             out += self.routing.fail_via(link, "the node left")
         self.children.clear()
         self.by_rank.clear()
+        self.placed.clear()
         self.state = State.STOPPED
         out.append(Hangup(PARENT))
         return out

@@ -43,7 +43,9 @@ States (``State``)::
     any        stop                                      STOPPED     DISCONNECT to all links
 
 A refused join or hello is tried again after ``retry`` seconds, doubled per
-refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``. A
+refusal up to ``heartbeat``; an unanswered one after ``hello_timeout``, doubled per
+try up to ``hello_timeout + heartbeat`` (until online: a rank 0 slow to answer hundreds of
+joins at once is not asked again and again). A
 refusal that asking again cannot change stops the node instead: the peer
 dialed answers DISCONNECT (what a flux-core broker answers a stranger), or
 ENOSYS or EPROTO (it does not serve ``peermesh.join``/``peermesh.hello``, or
@@ -152,6 +154,7 @@ class Membership:
         self.routing = routing
         self.deadline = 0.0  # of the join or hello in progress
         self.backoff = node.settings.retry  # before trying again after a refused join or hello
+        self.patience = node.settings.hello_timeout  # for the answer to a join or hello
         self.attempt = 0     # bootstrap endpoint / ancestor tried next
         self.candidates: list[tuple[int, str]] = []
         self.taken: Optional[int] = None  # a rank found taken, for rank 0 to skip
@@ -264,7 +267,7 @@ class Membership:
         self.attempt += 1
         node.state = State.JOINING
         node.parent_rank = None
-        self.deadline = now + node.settings.hello_timeout
+        self.deadline = now + self.patience
         self.routing.forget_internal(_OWN_RPCS)
         body: dict[str, Any] = {"rank": -1 if node.claim is None else node.claim,
                                 "uuid": node.uuid, "endpoint": node.endpoint}
@@ -325,7 +328,7 @@ class Membership:
         self.attempt += 1
         node.state = State.ATTACHING
         node.parent_rank = None
-        self.deadline = now + node.settings.hello_timeout
+        self.deadline = now + self.patience
         self.routing.forget_internal(_OWN_RPCS)
         self.routing.parent_heard = self.routing.parent_sent = now
         out: list[Output] = [Dial(PARENT, endpoint, node.identity)]
@@ -364,6 +367,7 @@ class Membership:
         node.state = State.ONLINE
         node.claim = node.rank
         self.backoff = node.settings.retry
+        self.patience = node.settings.hello_timeout
         out: list[Output] = [Emit(Notice("online", node.rank or 0,
                                          {"parent": node.parent_rank, "size": node.size,
                                           "topology": str(node.topology)}))]
@@ -390,6 +394,10 @@ class Membership:
 
     def retry(self, now: float) -> list[Output]:
         """The join or hello in progress timed out: the next endpoint or candidate parent."""
+        # the next try waits longer for its answer: joins that all time out at once (a
+        # loaded rank 0 answering hundreds) must not all be asked again, and again
+        s = self.node.settings
+        self.patience = min(self.patience * 2, s.hello_timeout + s.heartbeat)
         if self.node.state is State.JOINING:
             return self.join(now)
         if 0 < self.attempt <= len(self.candidates):

@@ -47,9 +47,9 @@ from ..wire.flux import (
     MATCHTAG_NONE, MAX_RANK, NODEID_ANY, NODEID_UPSTREAM, USERID_UNKNOWN, VERSION, Errno,
     Request, Response, encode, json_payload, make_request, make_response, service_of,
     string_payload, pack_proto as _pack_proto, peek_credentials as _peek_credentials,
-    peek_proto as _peek_proto, unpack_proto as _unpack_proto,
+    peek_proto as _peek_proto, unpack_proto as _unpack_proto, read_json,
 )
-from .bodies import ping_answer
+from .bodies import int_field, ping_answer
 from .clients import ClientTable
 from .errors import FluxStateError
 from .children import Child
@@ -99,6 +99,7 @@ class RoutingHost(Protocol):
     children: dict[bytes, Child]
     clients: ClientTable
     by_rank: dict[int, bytes]
+    placed: dict[int, bytes]
     handles: dict[int, Handle]
     services: dict[str, int]
     methods: dict[str, int]
@@ -225,6 +226,8 @@ class Routing:
             child = None
         else:
             child = node.children.get(link)
+            if child is not None and topic == "peermesh.attached":
+                return None  # (the full path learns where that rank is: ``_placed``)
             if child is None:
                 client = node.clients.get(link)
                 if client is None or kind == 2:
@@ -334,6 +337,8 @@ class Routing:
         topic = request.topic
         service = service_of(topic)
         upstream = request.flags & _UPSTREAM
+        if topic == "peermesh.attached" and came_from in node.children:
+            self._placed(request.payload, came_from)
         if nodeid == NODEID_ANY or upstream:
             if not (upstream and nodeid == me):  # UPSTREAM: never on the sending rank
                 owner = node.services.get(service)
@@ -366,21 +371,36 @@ class Routing:
             return self._forward(PARENT, request, now, wire)
         return self.error(request, Errno.EHOSTUNREACH, f"rank {nodeid} is unreachable", now)
 
+    def _placed(self, payload: Optional[bytes], child: bytes) -> None:
+        """A ``peermesh.attached`` report passing up from ``child``: the rank it names is
+        below that child, wherever its formula puts it (a node that attached to an
+        ancestor while its formula parent could not answer). At most ``max_size`` ranks."""
+        try:
+            rank = int_field(read_json(payload), "rank", 1, self.node.settings.max_size - 1)
+        except (ProtocolError, AttributeError, TypeError, ValueError):
+            return
+        self.node.placed[rank] = child
+
     def _answers_here(self, topic: str) -> bool:
         """Built-ins that any node answers for NODEID_ANY (the rest belong to rank 0)."""
         return topic in _ANSWERED_ANYWHERE or self.node.root
 
     def _child_toward(self, rank: int) -> Optional[bytes]:
-        """The child whose subtree holds ``rank`` (walking up from it), if any."""
+        """The child whose subtree holds ``rank`` (walking up from it), if any: a rank
+        that attached out of its formula place goes where its report came up (``placed``)."""
         node = self.node
         by_rank = node.by_rank
         if not by_rank:
             return None
         me = node.rank
         k = node.topology.k
+        placed = node.placed
         while rank > 0 and rank != me:
             identity = by_rank.get(rank)
             if identity is not None:
+                return identity
+            identity = placed.get(rank)   # (a rank out of its formula place)
+            if identity is not None and identity in node.children:
                 return identity
             rank = 0 if k == 0 else (rank - 1) // k
         return None

@@ -103,6 +103,7 @@ class Driver:
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
         self.transport = transport
+        self._now = transport.now   # (the clock, looked up once: read per message)
         self.on_deliver = on_deliver
         self.on_event = on_event
         self.on_send_failed = on_send_failed
@@ -136,11 +137,14 @@ class Driver:
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         accept = self.accept
         if metadata is None and accept is not None:
+            on_message_ = self._on_message
+            on_refused = self._on_oversized
+
             def on_accepted(identity: bytes, frames: list[bytes]) -> None:
                 if accept(identity):
-                    self._on_message(identity, frames)
+                    on_message_(identity, frames)
                 else:
-                    self._on_oversized(identity)
+                    on_refused(identity)
             self._spawn(mailbox.serve, on_accepted, self._on_oversized, backpressure,
                         after_batch=self._after_batch)
         elif metadata is None:
@@ -167,7 +171,7 @@ class Driver:
         if self.closed:
             return
         self.stats["received"] += 1
-        out = self.core.receive(link, frames, self.transport.now())
+        out = self.core.receive(link, frames, self._now())
         if out:
             if self._held is None:
                 self._held = out
@@ -272,7 +276,16 @@ class Driver:
         try:
             if looking is not None and (link is not None or self._reply is not None
                                         and type(name) is bytes):
-                sent = self._try_send_unlooked(link, name, frames, looking)
+                # a batch with ``look_once``: the socket is noted, not looked at
+                sock: Any = link
+                out = frames
+                if sock is None:   # back through the mailbox
+                    sock = self.mailbox
+                    if not self.addressed:
+                        out = [name, *frames]   # type: ignore[list-item]
+                if sock not in looking:
+                    looking.append(sock)
+                sent = sock.try_send(out, False)
             elif link is not None:
                 sent = link.try_send(frames)
             elif self._reply is not None and type(name) is bytes:
@@ -290,18 +303,6 @@ class Driver:
         if sent:
             self.stats["sent"] += 1
         return sent
-
-    def _try_send_unlooked(self, link: Optional[Link], name: Hashable,
-                           frames: Sequence[bytes], looking: list[Any]) -> bool:
-        """``_try_send``'s send in a batch with ``look_once``: the socket is noted, not
-        looked at."""
-        sock: Any = link
-        if sock is None:   # back through the mailbox
-            sock = self.mailbox
-            frames = frames if self.addressed else [name, *frames]  # type: ignore[list-item]
-        if sock not in looking:
-            looking.append(sock)
-        return bool(sock.try_send(frames, False))
 
     def _send_backlog(self, name: Hashable) -> None:
         backlog = self._backlogs.get(name)
