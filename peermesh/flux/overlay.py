@@ -306,9 +306,8 @@ class FluxOverlay(Overlay):
                         root=root, bootstrap=bootstrap)
         old = self.core  # its totals go on counting (counters never go back)
         core.stats, core.rpcs, core.events = old.stats, old.rpcs, old.events
-        for number in self._handles:  # keep the handles' numbers (and their services)
-            while core._next_handle <= number:
-                core.open_handle()
+        for _ in range(max(self._handles, default=0)):  # keep the handles' numbers
+            core.open_handle()
         for number, handle in self._handles.items():
             for topic in handle._handlers:
                 core.register(number, topic)

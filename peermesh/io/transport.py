@@ -239,14 +239,12 @@ class ZmqTransport:
         options: dict[int, Union[int, bytes]] = {
             zmq.ROUTER_HANDOVER: int(handover), zmq.MAXMSGSIZE: max_message,
             zmq.HANDSHAKE_IVL: max(1, int(handshake_timeout * 1000))}
-        if not heartbeat:
-            pass
-        elif keepalive:
+        if heartbeat and keepalive:
             options.update({zmq.TCP_KEEPALIVE: 1,
                             zmq.TCP_KEEPALIVE_IDLE: max(1, round(dead_after / 3)),
                             zmq.TCP_KEEPALIVE_INTVL: max(1, round(dead_after / 6)),
                             zmq.TCP_KEEPALIVE_CNT: 3})
-        else:
+        elif heartbeat:
             options.update({zmq.HEARTBEAT_IVL: min(HEARTBEAT_IVL, max(1, int(dead_after * 500))),
                             zmq.HEARTBEAT_TIMEOUT: max(1, int(dead_after * 1000))})
         if hwm is not None:
