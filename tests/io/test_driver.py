@@ -4,13 +4,13 @@ transport's clock, hangups close links, and a core that returns nothing costs no
 
 from __future__ import annotations
 
+import socket
+
 from typing import Any, Hashable, Iterator, Optional
 
 import gevent
 import pytest
-import zmq
 
-from peermesh.io import bind_ephemeral, make_socket
 from peermesh.core import Core, Deliver, Dial, Hangup, Output, Outputs, Send
 from peermesh.io.driver import Driver
 from peermesh.io.transport import ZmqTransport
@@ -123,9 +123,11 @@ def test_a_full_link_holds_its_backlog_then_drops_it_after_send_timeout() -> Non
     """Nobody listens at the far end: the link queues up to its high-water mark, the rest
     waits in the driver's backlog (in order, behind what waits) and is dropped, counted,
     once ``send_timeout`` passed; the driver goes on serving."""
-    probe = make_socket(zmq.ROUTER)
-    endpoint = bind_ephemeral(probe, "127.0.0.1")
-    probe.close(linger=0)                       # a free port: nothing will listen there
+    # a port held bound but never listening: connections are refused, and no other socket
+    # of the run can take the port meanwhile (a port merely freed could be bound again)
+    held_port = socket.socket()
+    held_port.bind(("127.0.0.1", 0))
+    endpoint = "tcp://127.0.0.1:%d" % held_port.getsockname()[1]
     caller = Caller(endpoint)
     driver = Driver(caller, ZmqTransport(), send_timeout=0.3, name="caller")
     try:
@@ -147,3 +149,4 @@ def test_a_full_link_holds_its_backlog_then_drops_it_after_send_timeout() -> Non
         assert not driver.links
     finally:
         driver.close()
+        held_port.close()
