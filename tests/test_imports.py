@@ -31,7 +31,7 @@ import peermesh
 PACKAGE_DIR = Path(peermesh.__file__).resolve().parent
 
 LAYERS: dict[str, int] = {
-    "errors": 0, "config": 0, "events": 0, "argtypes": 0, "counters": 0, "walcheckpoint": 0,
+    "errors": 0, "config": 0, "events": 0, "argtypes": 0, "counters": 0, "storefile": 0,
     "logs": 0, "core": 0, "metrics": 6,
     "wire": 1, "net": 2, "io": 3, "discovery": 4, "zre": 5, "aio": 5, "overlay": 6,
     "sada": 7, "nfp": 7, "spark": 7, "sim": 7, "mtl": 7, "flux": 7,

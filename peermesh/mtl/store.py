@@ -104,7 +104,7 @@ from typing import Any, Optional
 
 from ..errors import StoreError
 from .errors import MtlError
-from ..walcheckpoint import WalCheckpointer
+from ..storefile import WalCheckpointer, open_store
 
 __all__ = ["ContentStore", "Delivery", "StoreFull", "store_path", "gateway_store_path",
            "open_gateway_store", "make_cid", "split_cid",
@@ -336,28 +336,13 @@ class ContentStore:
 
     @staticmethod
     def _open(path: Path, synchronous: str) -> sqlite3.Connection:
-        try:
-            db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False,
-                                 timeout=5.0)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the MTL content store {path}: {exc}") from None
-        try:
-            tables = {name for name, in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if tables and "mtl_content" not in tables:
-                raise sqlite3.DatabaseError(f"it holds other tables ({', '.join(sorted(tables))})")
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={synchronous}")
-            db.execute("PRAGMA wal_autocheckpoint=0")
-            db.executescript(_SCHEMA)
+        def migrate(db: sqlite3.Connection) -> None:
             columns = {row[1] for row in db.execute("PRAGMA table_info(mtl_content)")}
             if "cid" not in columns:           # a store made before content ids
                 db.execute("ALTER TABLE mtl_content ADD COLUMN cid BLOB")
             db.execute("SELECT id, resource, properties, body, cid FROM mtl_content LIMIT 0")
-        except sqlite3.Error as exc:
-            db.close()
-            raise StoreError(f"{path} is not a usable MTL content store: {exc}") from None
-        return db
+        return open_store(path, "MTL content store", {"mtl_content"}, _SCHEMA,
+                          synchronous=synchronous, migrate=migrate)
 
     def _load(self) -> tuple[int, int]:
         """Every stored content pending again, in id order; the origin and the next id."""

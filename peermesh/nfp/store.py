@@ -71,7 +71,7 @@ import gevent
 
 from ..errors import StoreError
 from ..wire.nfp import to_json
-from ..walcheckpoint import WalCheckpointer
+from ..storefile import WalCheckpointer, open_store
 
 __all__ = ["JobStore", "WorkerJob", "ClientJob", "store_path", "PENDING", "RUNNING",
            "COMPLETED", "FAILED", "CANCELLED", "FINAL_STATES"]
@@ -197,30 +197,13 @@ class JobStore:
     def _open(path: Path) -> sqlite3.Connection:
         """The store's connection, its schema in place; StoreError if the file cannot be
         one (not SQLite, another program's tables, unreadable, locked)."""
-        try:
-            db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False,
-                                 timeout=5.0)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the job store {path}: {exc}") from None
-        try:
-            # checked before anything is written: someone else's file is left as it was
-            tables = {name for name, in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if tables and not tables & {"worker_jobs", "client_jobs"}:
-                raise sqlite3.DatabaseError(f"it holds other tables ({', '.join(sorted(tables))})")
-            if "worker_jobs" in tables:
+        def check(db: sqlite3.Connection, found: set[str]) -> None:
+            if "worker_jobs" in found:
                 db.execute(_SELECT_WORKER + " LIMIT 0")
-            if "client_jobs" in tables:
+            if "client_jobs" in found:
                 db.execute(_SELECT_CLIENT + " LIMIT 0")
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            # checkpoints (they fsync) run in a thread of their own, never on the hub
-            db.execute("PRAGMA wal_autocheckpoint=0")
-            db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            db.close()
-            raise StoreError(f"{path} is not a usable peermesh job store: {exc}") from None
-        return db
+        return open_store(path, "peermesh job store", {"worker_jobs", "client_jobs"}, _SCHEMA,
+                          check=check)
 
     def close(self) -> None:
         """Commit, close the file (after a last checkpoint)."""
