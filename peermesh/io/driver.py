@@ -193,30 +193,29 @@ class Driver:
                        admitted: Optional[Callable[[bytes], Any]]) -> None:
         """``listen`` with ``delivery`` or ``carry_out``: the per-message path kept to a
         few calls (one clock reading and one count per batch)."""
-        delivery, now_ = self.delivery, self._now
+        delivery, now_, carry_out = self.delivery, self._now, self.carry_out
         stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
         count = 0
 
         def on_message(link: Hashable, frames: list[bytes]) -> None:
             nonlocal stamp, count
-            now = stamp
-            if now is None:
-                now = stamp = now_()
+            if stamp is None:
+                stamp = now_()
             count += 1
             if delivery is not None:
-                item = delivery(link, frames, now)
+                item = delivery(link, frames, stamp)
                 if item is not None:
-                    if self._held is not None:   # (after what waits for the batch's end)
-                        self._held.append(Deliver(item))
+                    if carry_out is None and self._held is not None:
+                        self._held.append(Deliver(item))   # (after what waits for the batch)
                     elif self.on_deliver is not None:
                         self.on_deliver(item)
                     return
             if self.closed:
                 return
-            out = self.core.receive(link, frames, now)
+            out = self.core.receive(link, frames, stamp)
             if out:
-                if self.carry_out is not None:
-                    self.carry_out(out)
+                if carry_out is not None:
+                    carry_out(out)
                 elif self._held is None:
                     self._held = out
                 else:
