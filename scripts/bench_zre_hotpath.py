@@ -28,7 +28,7 @@ PAYLOAD = b"x" * 100
 BATCH = 256
 
 
-def _measure(messages: int) -> float:
+def _measure(messages: int, batch: int) -> float:
     """Microseconds per WHISPER through this interpreter's peermesh (a child's job)."""
     from peermesh.sim import network as simnet
     from peermesh.sim.simulation import Simulation
@@ -54,18 +54,18 @@ def _measure(messages: int) -> float:
     best = []
     for _ in range(5):
         want = peer.want
-        batches = [[[zre.whisper_header((want + b * BATCH + i) & 0xFFFF), PAYLOAD]
-                    for i in range(BATCH)] for b in range(messages // BATCH)]
+        batches = [[[zre.whisper_header((want + b * batch + i) & 0xFFFF), PAYLOAD]
+                    for i in range(batch)] for b in range(messages // batch)]
         before = receiver._session.received_whispers
         start = time.process_time()   # (CPU time: less noise from a loaded machine)
-        for batch in batches:
-            for frames in batch:
+        for frames_of in batches:
+            for frames in frames_of:
                 on_message(identity, frames)
             after_batch()
         elapsed = time.process_time() - start
-        if receiver._session.received_whispers - before != len(batches) * BATCH:
+        if receiver._session.received_whispers - before != len(batches) * batch:
             raise SystemExit("not every WHISPER was taken in")
-        best.append(elapsed / (len(batches) * BATCH) * 1e6)
+        best.append(elapsed / (len(batches) * batch) * 1e6)
     sim.stop()
     return min(best)
 
@@ -74,11 +74,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=BATCH * 200)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--batch", type=int, default=BATCH,
+                   help=f"messages per batch read (default: {BATCH}, a full one)")
     p.add_argument("--baseline", metavar="REV", help="also measure this commit's peermesh")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(_measure(args.messages)))
+        print(json.dumps(_measure(args.messages, args.batch)))
         return 0
     trees = harness.trees(args.baseline)
     runs: dict[str, list[float]] = {label: [] for label in trees}
@@ -86,7 +88,8 @@ def main() -> int:
         for label, tree in trees.items():
             env = {**os.environ, "PYTHONPATH": tree}
             out = subprocess.run([sys.executable, __file__, "--child",
-                                  "--messages", str(args.messages)],
+                                  "--messages", str(args.messages),
+                                  "--batch", str(args.batch)],
                                  env=env, capture_output=True, text=True, timeout=300)
             if out.returncode != 0:
                 raise SystemExit(f"{label}: {out.stderr.strip()[-2000:]}")

@@ -221,11 +221,17 @@ class Driver:
                 else:
                     self._held += out
 
+        stats, rearm, finish = self.stats, self._rearm, self._after_batch
+        held_never = carry_out is not None and self.on_batch_end is None
+
         def after_batch() -> None:
             nonlocal stamp, count
-            self.stats["received"] += count
+            stats["received"] += count
             stamp, count = None, 0
-            self._after_batch()
+            if held_never:
+                rearm()   # (all ``_after_batch`` would do)
+            else:
+                finish()
 
         if metadata is None:
             self._spawn(mailbox.serve, on_message, self._on_oversized, backpressure,
