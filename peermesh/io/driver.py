@@ -164,35 +164,45 @@ class Driver:
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
         if replies and hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
-        accept = self.accept
         if self.delivery is not None or self.carry_out is not None:
-            self._listen_direct(mailbox, metadata, backpressure, admit, admitted)
-        elif metadata is None and accept is not None:
-            on_message_ = self._on_message
+            on_message, after_batch = self._direct()
+        else:
+            on_message, after_batch = self._on_message, self._after_batch
+        handler: Callable[..., None] = on_message
+        accept = self.accept
+        if metadata is None and accept is not None:
             on_refused = self._on_oversized
 
             def on_accepted(identity: bytes, frames: list[bytes]) -> None:
                 if accept(identity):
-                    on_message_(identity, frames)
+                    on_message(identity, frames)
                 else:
                     on_refused(identity)
-            self._spawn(mailbox.serve, on_accepted, self._on_oversized, backpressure,
-                        after_batch=self._after_batch)
-        elif metadata is None:
-            self._spawn(mailbox.serve, self._on_message, self._on_oversized, backpressure,
-                        after_batch=self._after_batch)
+            handler = on_accepted
+        elif metadata is not None and admit is None:
+            def on_named(identity: bytes, frames: list[bytes], prop: Any) -> None:
+                on_message((identity, prop), frames)
+            handler = on_named
+        elif metadata is not None and admit is not None:
+            known = admitted if admitted is not None else (lambda identity: None)
+            gate = admit
+
+            def on_keyed(identity: bytes, frames: list[bytes], prop: Any) -> None:
+                if (prop is not None and known(identity) == prop) or gate(identity, frames, prop):
+                    on_message(identity, frames)
+            handler = on_keyed
+        if metadata is None:
+            self._spawn(mailbox.serve, handler, self._on_oversized, backpressure,
+                        after_batch=after_batch)
         else:
-            def on_message(identity: bytes, frames: list[bytes], prop: Any) -> None:
-                self._on_message((identity, prop), frames)
-            self._spawn(mailbox.serve, on_message, self._on_oversized, backpressure,
-                        metadata=metadata, after_batch=self._after_batch)
+            self._spawn(mailbox.serve, handler, self._on_oversized, backpressure,
+                        metadata=metadata, after_batch=after_batch)
         self._rearm()
 
-    def _listen_direct(self, mailbox: Mailbox, metadata: Optional[str], backpressure: Any,
-                       admit: Optional[Callable[[bytes, list[bytes], Any], bool]],
-                       admitted: Optional[Callable[[bytes], Any]]) -> None:
-        """``listen`` with ``delivery`` or ``carry_out``: the per-message path kept to a
-        few calls (one clock reading and one count per batch)."""
+    def _direct(self) -> tuple[Callable[[Hashable, list[bytes]], None], Callable[[], None]]:
+        """The message handler and end of batch of a mailbox with ``delivery`` or
+        ``carry_out``: the per-message path kept to a few calls (one clock reading and
+        one count per batch)."""
         delivery, now_, carry_out = self.delivery, self._now, self.carry_out
         stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
         count = 0
@@ -232,25 +242,7 @@ class Driver:
                 rearm()   # (all ``_after_batch`` would do)
             else:
                 finish()
-
-        if metadata is None:
-            self._spawn(mailbox.serve, on_message, self._on_oversized, backpressure,
-                        after_batch=after_batch)
-            return
-        if admit is None:
-            def on_named(identity: bytes, frames: list[bytes], prop: Any) -> None:
-                on_message((identity, prop), frames)
-            handler: Callable[..., None] = on_named
-        else:
-            known = admitted if admitted is not None else (lambda identity: None)
-
-            def on_keyed(identity: bytes, frames: list[bytes], prop: Any) -> None:
-                if (prop is not None and known(identity) == prop) or admit(identity, frames,
-                                                                           prop):
-                    on_message(identity, frames)
-            handler = on_keyed
-        self._spawn(mailbox.serve, handler, self._on_oversized, backpressure,
-                    metadata=metadata, after_batch=after_batch)
+        return on_message, after_batch
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
         def on_message(first: bytes, rest: list[bytes]) -> None:

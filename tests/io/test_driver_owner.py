@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Optional, Sequence
 
+import pytest
+
 from peermesh.core import Dial, Emit, Output, Outputs
 from peermesh.io.driver import Driver
 from peermesh.sim import SimNetwork
@@ -114,7 +116,8 @@ def test_fast_path_and_owner_outputs_keep_order_and_answer_before_the_next_messa
         driver.close()
 
 
-def test_a_gate_on_a_message_property_is_checked_inline_once_admitted() -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["fast-path", "general"])
+def test_a_gate_on_a_message_property_is_checked_inline_once_admitted(direct: bool) -> None:
     network = SimNetwork(latency=0.001)
     server_transport = network.transport()
     senders = {name: network.transport() for name in (b"good", b"evil")}
@@ -129,8 +132,9 @@ def test_a_gate_on_a_message_property_is_checked_inline_once_admitted() -> None:
         admitted[identity] = address
         return True
 
-    driver = Driver(core, server_transport, on_deliver=lambda item: None,
-                    delivery=core.delivery, carry_out=lambda outputs: None, name="gated")
+    owner: dict[str, Any] = {"delivery": core.delivery, "carry_out": lambda outputs: None}
+    driver = Driver(core, server_transport, on_deliver=lambda item: None, name="gated",
+                    **(owner if direct else {}))
     try:
         mailbox = server_transport.bind_mailbox("127.0.0.1", 1 << 16)
         driver.listen(mailbox, "Peer-Address", admit=admit, admitted=admitted.get,
