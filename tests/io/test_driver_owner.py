@@ -107,8 +107,10 @@ def test_fast_path_and_owner_outputs_keep_order_and_answer_before_the_next_messa
         assert clock.reads - reads <= 3    # (the batch's reading, and the timer's: not each)
         assert driver.stats["received"] == len(sent)
 
-        poll_until(lambda: (network.clock.advance(0.5), len(core.timers) == 2)[1], 10,
-                   "two timer runs", sleep=lambda s: None)
+        def ran_twice() -> bool:
+            network.clock.advance(0.5)
+            return len(core.timers) == 2
+        poll_until(ran_twice, 10, "two timer runs", sleep=lambda s: None)
         assert [count for _, count in before_timers] == [0, 1]   # each before its run
         assert [now for now, _ in before_timers] == core.timers  # at the same time
         assert all(now >= 5_001.0 for now in core.timers)       # on the owner's clock
