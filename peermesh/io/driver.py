@@ -54,14 +54,15 @@ message waiting; each socket sent on is looked at once when the batch is done) a
 
 Options for a core whose owner handles most of its traffic itself (a ZRE node):
 ``delivery(link, frames, now)``, a per-message fast path tried first, returns an item
-that goes straight to ``on_deliver`` (or None: ``receive`` the message); ``carry_out
-(outputs)`` takes the core's outputs instead of the driver, as soon as each message or
-timer returns them (a core that needs an answer before it is fed again: ZRE's ``Dial``,
-answered by ``attach``); ``on_timer(now)`` runs just before each ``handle_timer(now)``
-(the owner's own checks); ``clock`` replaces the transport's clock (sleeps stay the
-transport's). A mailbox's messages are stamped with one clock reading per
-batch on that path. ``listen`` takes ``admit`` (with ``metadata``: a CURVE key gate
-checked inline) and ``replies=False`` (nothing is ever sent back through the mailbox).
+that goes straight to ``on_deliver`` (or None: ``receive`` the message);
+``carry_out(outputs)`` takes the core's outputs instead of the driver, as soon as each
+message or timer returns them (a core that needs an answer before it is fed again:
+ZRE's ``Dial``, answered by ``attach``); ``on_timer(now)`` runs just before each
+``handle_timer(now)`` (the owner's own checks); ``clock`` replaces the transport's
+clock (sleeps stay the transport's). With ``delivery`` or ``carry_out`` a mailbox's
+messages are stamped with one clock reading per batch. ``listen`` takes ``admit``
+(with ``metadata``: a CURVE key gate checked inline) and ``replies=False`` (nothing is
+ever sent back through the mailbox).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
 outside returned (an NFP ``post``, say), ``replace_core(core)`` to serve another core
