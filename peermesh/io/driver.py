@@ -52,6 +52,18 @@ whose sender it refuses goes to ``on_oversized``, never to the core), ``look_onc
 message waiting; each socket sent on is looked at once when the batch is done) and
 ``sndhwm`` (the queue of a dialled link).
 
+Options for a core whose owner handles most of its traffic itself (a ZRE node):
+``delivery(link, frames, now)``, a per-message fast path tried first, returns an item
+that goes straight to ``on_deliver`` (or None: ``receive`` the message);
+``carry_out(outputs)`` takes the core's outputs instead of the driver, as soon as each
+message or timer returns them (a core that needs an answer before it is fed again:
+ZRE's ``Dial``, answered by ``attach``); ``on_timer(now)`` runs just before each
+``handle_timer(now)`` (the owner's own checks); ``clock`` replaces the transport's
+clock (sleeps stay the transport's). With ``delivery`` or ``carry_out`` a mailbox's
+messages are stamped with one clock reading per batch. ``listen`` takes ``admit``
+(with ``metadata``: a CURVE key gate checked inline) and ``replies=False`` (nothing is
+ever sent back through the mailbox).
+
 The owner may also call ``apply(outputs)`` with what a core method called from
 outside returned (an NFP ``post``, say), ``replace_core(core)`` to serve another core
 on the same sockets, and ``close()`` ends it all.
@@ -94,8 +106,16 @@ class Driver:
                  on_oversized: Optional[Callable[[bytes], None]] = None,
                  on_batch_end: Optional[Callable[[float], Sequence[Output]]] = None,
                  addressed: bool = False, accept: Optional[Callable[[bytes], bool]] = None,
-                 look_once: bool = False, sndhwm: int = SNDHWM) -> None:
+                 look_once: bool = False, sndhwm: int = SNDHWM,
+                 delivery: Optional[Callable[[Hashable, list[bytes], float], Any]] = None,
+                 carry_out: Optional[Callable[[Sequence[Output]], None]] = None,
+                 on_timer: Optional[Callable[[float], None]] = None,
+                 clock: Optional[Callable[[], float]] = None) -> None:
         self.core = core
+        #: the per-message fast path of the mailbox (the module docstring)
+        self.delivery = delivery
+        self.carry_out = carry_out
+        self.on_timer = on_timer
         self.on_batch_end = on_batch_end
         self.addressed = addressed
         self.accept = accept
@@ -103,7 +123,8 @@ class Driver:
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
         self.transport = transport
-        self._now = transport.now   # (the clock, looked up once: read per message)
+        #: the clock (looked up once: read per message): the transport's unless ``clock``
+        self._now = clock if clock is not None else transport.now
         self.on_deliver = on_deliver
         self.on_event = on_event
         self.on_send_failed = on_send_failed
@@ -126,36 +147,103 @@ class Driver:
     # --- reading --------------------------------------------------------
 
     def listen(self, mailbox: Mailbox, metadata: Optional[str] = None,
-               backpressure: Any = None) -> None:
+               backpressure: Any = None, *,
+               admit: Optional[Callable[[bytes, list[bytes], Any], bool]] = None,
+               admitted: Optional[Callable[[bytes], Any]] = None,
+               replies: bool = True) -> None:
         """Serve ``mailbox``: its messages go to the core, named by sender identity; with
         ``metadata`` (a ZeroMQ message property, such as a CURVE peer's ``User-Id``) named
         ``(identity, property)`` instead (``Send`` still names the identity). With
-        ``backpressure`` (see ``HubSocket.serve``), reading pauses while it is full."""
+        ``backpressure`` (see ``HubSocket.serve``), reading pauses while it is full.
+
+        With ``metadata`` and ``admit``, a message is named by identity alone and goes to
+        the core only if ``admitted(identity)`` is its property (the one its sender was let
+        in with: one lookup) or ``admit(identity, frames, property)`` says yes; else it is
+        dropped (``admit`` saw it). ``replies=False``: nothing is sent back through the
+        mailbox (a simulated one then keeps no link per sender)."""
         self.mailbox = mailbox
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
-        if hasattr(mailbox, "replies"):
+        if replies and hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
+        if self.delivery is not None or self.carry_out is not None:
+            on_message, after_batch = self._direct()
+        else:
+            on_message, after_batch = self._on_message, self._after_batch
+        handler: Callable[..., None] = on_message
         accept = self.accept
         if metadata is None and accept is not None:
-            on_message_ = self._on_message
             on_refused = self._on_oversized
 
             def on_accepted(identity: bytes, frames: list[bytes]) -> None:
                 if accept(identity):
-                    on_message_(identity, frames)
+                    on_message(identity, frames)
                 else:
                     on_refused(identity)
-            self._spawn(mailbox.serve, on_accepted, self._on_oversized, backpressure,
-                        after_batch=self._after_batch)
-        elif metadata is None:
-            self._spawn(mailbox.serve, self._on_message, self._on_oversized, backpressure,
-                        after_batch=self._after_batch)
+            handler = on_accepted
+        elif metadata is not None and admit is None:
+            def on_named(identity: bytes, frames: list[bytes], prop: Any) -> None:
+                on_message((identity, prop), frames)
+            handler = on_named
+        elif metadata is not None and admit is not None:
+            known = admitted if admitted is not None else (lambda identity: None)
+            gate = admit
+
+            def on_keyed(identity: bytes, frames: list[bytes], prop: Any) -> None:
+                if (prop is not None and known(identity) == prop) or gate(identity, frames, prop):
+                    on_message(identity, frames)
+            handler = on_keyed
+        if metadata is None:
+            self._spawn(mailbox.serve, handler, self._on_oversized, backpressure,
+                        after_batch=after_batch)
         else:
-            def on_message(identity: bytes, frames: list[bytes], prop: Any) -> None:
-                self._on_message((identity, prop), frames)
-            self._spawn(mailbox.serve, on_message, self._on_oversized, backpressure,
-                        metadata=metadata, after_batch=self._after_batch)
+            self._spawn(mailbox.serve, handler, self._on_oversized, backpressure,
+                        metadata=metadata, after_batch=after_batch)
         self._rearm()
+
+    def _direct(self) -> tuple[Callable[[Hashable, list[bytes]], None], Callable[[], None]]:
+        """The message handler and end of batch of a mailbox with ``delivery`` or
+        ``carry_out``: the per-message path kept to a few calls (one clock reading and
+        one count per batch)."""
+        delivery, now_, carry_out = self.delivery, self._now, self.carry_out
+        stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
+        count = 0
+
+        def on_message(link: Hashable, frames: list[bytes]) -> None:
+            nonlocal stamp, count
+            if stamp is None:
+                stamp = now_()
+            count += 1
+            if delivery is not None:
+                item = delivery(link, frames, stamp)
+                if item is not None:
+                    if carry_out is None and self._held is not None:
+                        self._held.append(Deliver(item))   # (after what waits for the batch)
+                    elif self.on_deliver is not None:
+                        self.on_deliver(item)
+                    return
+            if self.closed:
+                return
+            out = self.core.receive(link, frames, stamp)
+            if out:
+                if carry_out is not None:
+                    carry_out(out)
+                elif self._held is None:
+                    self._held = out
+                else:
+                    self._held += out
+
+        stats, rearm, finish = self.stats, self._rearm, self._after_batch
+        held_never = carry_out is not None and self.on_batch_end is None
+
+        def after_batch() -> None:
+            nonlocal stamp, count
+            stats["received"] += count
+            stamp, count = None, 0
+            if held_never:
+                rearm()   # (all ``_after_batch`` would do)
+            else:
+                finish()
+        return on_message, after_batch
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
         def on_message(first: bytes, rest: list[bytes]) -> None:
@@ -173,7 +261,9 @@ class Driver:
         self.stats["received"] += 1
         out = self.core.receive(link, frames, self._now())
         if out:
-            if self._held is None:
+            if self.carry_out is not None:
+                self.carry_out(out)
+            elif self._held is None:
                 self._held = out
             else:
                 self._held += out
@@ -187,7 +277,7 @@ class Driver:
     def _after_batch(self) -> None:
         held, self._held = self._held, None
         if self.on_batch_end is not None and not self.closed:
-            more = self.on_batch_end(self.transport.now())
+            more = self.on_batch_end(self._now())
             if more:
                 if held:
                     held += more
@@ -222,6 +312,9 @@ class Driver:
         self._rearm()
 
     def _carry_out(self, outputs: Sequence[Output]) -> None:
+        if self.carry_out is not None:
+            self.carry_out(outputs)
+            return
         for output in outputs:
             cls = type(output)
             if cls is Send:
@@ -344,21 +437,26 @@ class Driver:
         self._timer = self._spawn(self._run_timer, deadline)
 
     def _run_timer(self, deadline: float) -> None:
-        transport = self.transport
+        transport, clock = self.transport, self._now
         while not self.closed:
             core = self.core   # (``replace_core`` may give it another)
-            delay = deadline - transport.now()
+            delay = deadline - clock()
             if delay > 0:
                 transport.sleep(delay)
                 continue
             self.stats["timers"] += 1
-            out = core.handle_timer(transport.now())
+            now = clock()
+            if self.on_timer is not None:
+                self.on_timer(now)
+            out = core.handle_timer(now)
             if out:
                 self._carry_out(out)
+                if self._timer is not gevent.getcurrent():
+                    return   # (re-armed by what it carried out: the new timer goes on)
             following = core.next_deadline()
             if following is None:
                 break
-            deadline = self._armed = max(following, transport.now() + SLACK)
+            deadline = self._armed = max(following, clock() + SLACK)
         self._armed = None
         if self._timer is gevent.getcurrent():
             self._timer = None

@@ -8,13 +8,17 @@ runs these on the hub of the thread that started it:
 
 * its **discovery sources** (``peermesh.discovery``), which report peers
   through ``peer_appeared`` / ``peer_alive`` / ``peer_left``;
-* the **mailbox reader** - the transport drains the mailbox without blocking
-  and hands each message to ``Session.receive`` with the time;
-* the **timer** - calls ``Session.handle_timer(now)`` and sleeps until its
-  ``next_deadline()`` (woken sooner after a batch that made it earlier).
+* the one driver, ``peermesh.io.driver.Driver``, serving the session: it
+  reads the mailbox in batches (paused while the event queue is full; under
+  CURVE each message's key checked inline by the ``curve.KeyGate``) and
+  hands each WHISPER or SHOUT from ``Session.delivery`` straight to the
+  listeners and the queue, any other message to ``Session.receive``; its
+  timer calls ``Session.handle_timer(now)`` at ``next_deadline()``, after
+  this node's own checks (``_before_timer``).
 
-What the session returns is applied at once (``_apply``): events to the
-listeners and the queue, each ``Dial`` answered with a ``peer.PeerLink``.
+What the session returns is carried out at once by the node (``_apply``):
+events to the listeners and the queue, each ``Dial`` answered with a
+``peer.PeerLink`` (``Session.attach``) before the session is fed again.
 
 Time is the transport's (``transport.now`` / ``transport.sleep``), so on the
 simulated network every wait (``stop``, ``flush`` and a send waiting for
@@ -27,9 +31,9 @@ and ``whisper`` raises ``PeerNotResponding`` naming the bound.
 ``whisper`` and ``shout`` number and queue their messages here, not in the
 session: it is the hot path, kept to one call.
 
-Kept whole: one driver (``Node``): its start and stop, sends and readers all carry out
-one ``Session``'s requests on one hub; ``PeerInfo`` is the view of that session it hands
-out.
+Kept whole: ``Node`` is the face of one ``Session`` on one hub: its start and stop, sends
+and the answers to the session's requests; ``PeerInfo`` is the view of that session it
+hands out.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from ..discovery.beacon import BeaconDiscovery, parse_seed
 from ..errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
                       UnknownPeerError)
 from ..events import Event, EventType, until_stop
+from ..io.driver import Driver
 from ..io.transport import ZmqTransport
 from ..net.interfaces import Interface
 from ..wire import zre
@@ -213,15 +218,13 @@ class Node:
         self._peers = self._session.peers  # the peer table, read by the public API
         self._descriptors_logged = -REPORT_PERIOD  # when the last descriptor refusal was logged
         self._state = "new"
-        self._greenlets: list[gevent.Greenlet] = []
         self.interface: Optional[Interface] = None
         self.endpoint: Optional[str] = None
         self.mailbox_port = 0
         self._last_target: Optional[tuple[PeerRef, Peer]] = None
         self._mailbox: Any = None
-        self._ticker: Optional[gevent.Greenlet] = None  # the timer greenlet
-        self._armed = 0.0  # the deadline it sleeps to
-        self._ticking = False  # it runs the session's timers (not to be killed then)
+        #: what reads the mailbox and runs the session's timer (made by ``start``)
+        self._driver: Optional[Driver] = None
         #: WHISPERs and SHOUTs sent (one per peer a SHOUT went to), octets of their content
         self._sent_whispers = self._sent_shouts = self._sent_octets = 0
         #: overlays attached to this node (``Overlay.attach`` adds them; the metrics read them)
@@ -297,8 +300,7 @@ class Node:
                 self.curve.release(self.transport.context)
             self._state = "stopped"
             raise
-        self._ticker = gevent.spawn(self._timer)
-        self._greenlets = [gevent.spawn(self._mailbox_reader), self._ticker]
+        self._serve()
         log.debug("node %s (%s) started on %s", self._name, self._uuid.hex, self.endpoint)
         return self
 
@@ -314,13 +316,12 @@ class Node:
             for source in self._discovery:
                 source.stop()
         finally:
-            gevent.killall(self._greenlets)
-            self._ticker = None
+            if self._driver is not None:
+                self._driver.close()   # (the mailbox too: its reader and the timer stop)
             linger = max(0.0, deadline - self._clock())
             for peer in self._session.stop():
                 peer.link.close(linger)
             self._last_target = None
-            self._mailbox.close()
             if self.curve is not None:
                 self.curve.release(self.transport.context)
             self._state = "stopped"
@@ -604,13 +605,18 @@ class Node:
         greenlet of its own.
         """
         self._listeners.append(callback)
-        self._sink = self._emit
+        self._set_sink(self._emit)
 
     def remove_listener(self, callback: Callable[[Event], None]) -> None:
         """Stop calling ``callback``."""
         self._listeners.remove(callback)
         if not self._listeners:
-            self._sink = self._events.put
+            self._set_sink(self._events.put)
+
+    def _set_sink(self, sink: Callable[[Event], None]) -> None:
+        self._sink = sink
+        if self._driver is not None:
+            self._driver.on_deliver = sink   # (WHISPERs and SHOUTs of the fast path)
 
     def _emit(self, event: Event) -> None:
         for listener in self._listeners:
@@ -822,8 +828,7 @@ class Node:
             self._gate.left(uuid, key, self._clock())
         else:
             self._session.peer_left(uuid, self._clock(), address)
-        self._apply_taken()
-        self._rearm()  # (a departure to settle may wait on the peer's link)
+        self._apply_taken()  # (and a departure to settle may wait on the peer's link)
 
     # --- for the session: links, the mailbox, the timer -----------------
 
@@ -869,7 +874,7 @@ class Node:
         routes_to = getattr(self._mailbox, "routes_to", None)
         return routes_to(identity) if routes_to is not None else None
 
-    def _apply(self, outputs: list[Output]) -> None:
+    def _apply(self, outputs: Sequence[Output]) -> None:
         """Carry out the session's outputs in order: events (``Emit``, and WHISPERs and
         SHOUTs as ``Deliver``) to the listeners and the queue; each ``Dial`` answered with
         a ``PeerLink`` (``Session.attach``). A peer no link could be made to is forgotten,
@@ -900,74 +905,55 @@ class Node:
             self._apply_taken()  # (forgetting a peer may start a wave)
 
     def _apply_taken(self) -> None:
-        """Carry out what the session was asked outside ``receive`` and ``handle_timer``."""
+        """Carry out what the session was asked outside ``receive`` and ``handle_timer``
+        (the timer then wakes sooner if the session needs it sooner: a claim or departure
+        waiting on a peer's link)."""
         outputs = self._session.take()
-        if outputs:
+        if self._driver is not None:
+            self._driver.apply(outputs)
+        elif outputs:
             self._apply(outputs)
 
-    def _rearm(self) -> None:
-        """Wake the timer sooner if the session now needs it sooner (a claim or departure
-        waits on a peer's link)."""
-        ticker = self._ticker
-        if (ticker is None or self._ticking or self._session.next_deadline() >= self._armed
-                or ticker.dead or self._state != "running"):
+    def _serve(self) -> None:
+        """Serve the mailbox and the session's timer with a ``Driver``: a WHISPER or SHOUT
+        goes from ``Session.delivery`` straight to the sink, any other message to
+        ``receive``, whose outputs ``_apply`` carries out at once; reading pauses while the
+        event queue is full; under CURVE the key gate checks each message's key inline."""
+        session = self._session
+        driver = self._driver = Driver(
+            session, self.transport, on_deliver=self._sink, delivery=session.delivery,
+            carry_out=self._apply, on_timer=self._before_timer, on_oversized=self._on_oversized,
+            clock=self._clock, name=f"node {self._name}")
+        gate = self._gate
+        if gate is None:
+            driver.listen(self._mailbox, None, self._events, replies=False)
             return
-        ticker.kill(block=False)
-        self._ticker = gevent.spawn(self._timer)
-        self._greenlets[self._greenlets.index(ticker)] = self._ticker
+        gate_admit = gate.admit
 
-    def _mailbox_reader(self) -> None:
-        receive, delivery, clock = self._session.receive, self._session.delivery, self._clock
+        def admit(identity: bytes, frames: list[bytes], key: Optional[str]) -> bool:
+            if gate_admit(identity, frames, key):
+                return True
+            self._apply_taken()  # (a key refused may remove its peer)
+            return False
+        driver.listen(self._mailbox, "User-Id", self._events, admit=admit,
+                      admitted=gate.authenticated.get, replies=False)
 
-        def on_message(identity: bytes, frames: list[bytes]) -> None:
-            now = clock()
-            event = delivery(identity, frames, now)  # a WHISPER or SHOUT: no output list
-            if event is not None:
-                self._sink(event)
-                return
-            out = receive(identity, frames, now)
-            if out:
-                self._apply(out)
-
-        if self._gate is not None:
-            admit, bound = self._gate.admit, self._gate.authenticated.get
-
-            def on_keyed(identity: bytes, frames: list[bytes], key: Optional[str]) -> None:
-                # the identity's key, checked inline: the hot path costs one lookup
-                if (key is not None and bound(identity) == key) or admit(identity, frames, key):
-                    on_message(identity, frames)
-                else:
-                    self._apply_taken()  # (a key refused may remove its peer)
-
-            self._mailbox.serve(on_keyed, self._on_oversized, self._events,
-                                metadata="User-Id", after_batch=self._rearm)
-            return
-        self._mailbox.serve(on_message, self._on_oversized, self._events,
-                            after_batch=self._rearm)
+    @property
+    def _greenlets(self) -> list[gevent.Greenlet]:
+        """The mailbox's reader and the timer (killing them is a crash, as tests make)."""
+        return list(self._driver._greenlets) if self._driver is not None else []
 
     def _on_oversized(self, identity: bytes) -> None:
         self._session.on_oversized(identity)
         self._apply_taken()
 
-    def _timer(self) -> None:
-        """Run the session's timers (and this node's checks) at its ``next_deadline``."""
-        session, clock, sleep = self._session, self._clock, self.transport.sleep
-        while True:
-            self._ticking = True
-            self._count_dropped()
-            now = clock()
-            if self._events.blocked():
-                self._held_back(now)
-            if self._gate is not None:
-                self._gate.tick(now)
-            outputs = session.handle_timer(now)
-            if outputs:
-                self._apply(outputs)
-            self._armed = session.next_deadline()
-            self._ticking = False
-            delay = self._armed - clock()
-            if delay > 0:
-                sleep(delay)
+    def _before_timer(self, now: float) -> None:
+        """This node's checks, run before the session's timers."""
+        self._count_dropped()
+        if self._events.blocked():
+            self._held_back(now)
+        if self._gate is not None:
+            self._gate.tick(now)
 
     def _held_back(self, now: float) -> None:
         """While the application's queue is full the mailbox is not read: the peers'
