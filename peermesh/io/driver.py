@@ -53,7 +53,9 @@ message waiting; each socket sent on is looked at once when the batch is done) a
 ``sndhwm`` (the queue of a dialled link).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
-outside returned (an NFP ``post``, say), ``replace_core(core)`` to serve another core
+outside returned (an NFP ``post``, say), ``apply_all(outputs)`` with outputs it
+gathered from several such calls (sent as a batch's are: one look at each socket),
+``replace_core(core)`` to serve another core
 on the same sockets, and ``close()`` ends it all.
 """
 
@@ -194,15 +196,7 @@ class Driver:
                 else:
                     held = more if type(more) is list else list(more)
         if held and self.look_once:
-            looking: list[Any] = []
-            self._looking = looking
-            try:
-                self._carry_out(held)
-            finally:
-                self._looking = None
-                for sock in looking:   # (a send may have taken in the edge of a message)
-                    if not sock.closed:
-                        sock.readable()
+            self._carry_out_looking(held)
         elif held:
             self.apply(held)
         self._rearm()
@@ -220,6 +214,31 @@ class Driver:
         """Carry out ``outputs`` (in order), then re-arm the timer."""
         self._carry_out(outputs)
         self._rearm()
+
+    def apply_all(self, outputs: Sequence[Output]) -> None:
+        """Carry out ``outputs`` (in order) as those of a batch read: with ``look_once``
+        the sends go back to back and each socket sent on is looked at once after them
+        all (outputs gathered from several calls, such as the requests of one hub turn),
+        then re-arm the timer. Each send is counted, waits in its link's backlog when
+        the queue is full and goes to ``on_send_failed`` when it has no way out, as
+        ``apply``'s do."""
+        if self.look_once and self._looking is None:
+            self._carry_out_looking(outputs)
+        else:   # (within a batch's outputs already: those are looked at after it)
+            self._carry_out(outputs)
+        self._rearm()
+
+    def _carry_out_looking(self, outputs: Sequence[Output]) -> None:
+        """``_carry_out`` noting each socket sent on, each looked at once after all."""
+        looking: list[Any] = []
+        self._looking = looking
+        try:
+            self._carry_out(outputs)
+        finally:
+            self._looking = None
+            for sock in looking:   # (a send may have taken in the edge of a message)
+                if not sock.closed:
+                    sock.readable()
 
     def _carry_out(self, outputs: Sequence[Output]) -> None:
         for output in outputs:
