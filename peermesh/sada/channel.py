@@ -37,6 +37,7 @@ import zmq
 from gevent.hub import Waiter
 from greenlet import getcurrent
 
+from ..core import Send as SendOutput
 from ..errors import NodeStateError
 from ..io import BindError, make_socket, shared_context
 from ..io.connections import GuardedListener
@@ -141,6 +142,8 @@ class Channel(Overlay):
         self._guard: Optional[GuardedListener] = None
         self._driver: Optional[Driver] = None
         self._deferring = False    # answers wait for the hub's next turn (see _deliver)
+        #: the callers' requests of this hub turn, sent together at its end (``_cork``)
+        self._corked: list[Any] = []
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
@@ -245,6 +248,7 @@ class Channel(Overlay):
         if self._guard is not None:
             self._guard.stop()  # (its monitor while its reader is still open)
         self._deferring = True
+        self._corked = []   # (their callers are answered ChannelClosed now)
         self._core.close(ChannelClosed("the channel stopped"))
         self._apply(self._take())
         if self._driver is not None:
@@ -287,7 +291,7 @@ class Channel(Overlay):
         core = self._core
         core.submit(waiter, service, action, payload, now, version, category, timeout,
                     server, retries, raw)
-        self._apply(core.take())
+        self._cork(core.take())
         return waiter.get()
 
     def request_async(self, service: str, action: str, payload: Any = None, *,
@@ -308,7 +312,7 @@ class Channel(Overlay):
         now = self._clock()
         self._core.submit(token, service, action, payload, now, version, category, timeout,
                           server, retries, raw)
-        self._apply(self._take())
+        self._cork(self._take())
 
     def _not_running(self) -> ChannelClosed:
         return ChannelClosed(f"channel is {self.lifecycle.value}" + (
@@ -321,6 +325,31 @@ class Channel(Overlay):
         if outputs:
             assert self._driver is not None
             self._driver.apply(outputs)
+
+    def _cork(self, outputs: list[Any]) -> None:
+        """A caller's request: its message waits for the end of the hub's turn, so the
+        requests callers make in one turn (those answered from one batch of replies, or a
+        loop of ``request_async``) go out together in one ``Driver.apply_all``
+        (``_uncork``). The only request in flight goes out at once: no other caller is
+        there to ask again in this turn."""
+        corked = self._corked
+        if len(outputs) == 1 and type(outputs[0]) is SendOutput and (
+                corked or self._core.pending > 1):
+            if not corked:
+                self._loop.run_callback(self._uncork)
+            corked.append(outputs[0])
+        elif outputs:
+            self._uncork()   # (what was asked before goes first)
+            self._apply(outputs)
+
+    def _uncork(self) -> None:
+        """Send the requests ``_cork`` holds, in the order they were made."""
+        corked = self._corked
+        if corked:
+            self._corked = []
+            if self.lifecycle is _RUNNING:
+                assert self._driver is not None
+                self._driver.apply_all(corked)
 
     def _unread(self) -> bool:
         """The router's ``unread`` port: do messages wait unread in the socket?"""

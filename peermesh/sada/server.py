@@ -148,6 +148,9 @@ class Server(Overlay):
         self._driver: Optional[Driver] = None
         self._workers: Optional[Workers] = None
         self._watcher: Optional[gevent.Greenlet] = None
+        #: the handlers' replies of this hub turn, sent together at its end (``_cork``)
+        self._corked: list[Output] = []
+        self._loop: Any = None
         for service in services:
             self.add_service(service)
         if node is not None:
@@ -250,6 +253,7 @@ class Server(Overlay):
                                                   max_message=self._max_message,
                                                   max_frames=_MAX_FRAMES, linger=_LINGER)
         self._workers = Workers(gevent.get_hub())
+        self._loop = gevent.get_hub().loop
         self._core.serving = True
         self._driver = Driver(self._core, RoutedTransport(transport, router),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
@@ -282,6 +286,7 @@ class Server(Overlay):
         super().stop(grace)
 
     def on_stop(self, timeout: float) -> None:
+        self._uncork()   # (the replies made before the empty INTR go before it)
         self._apply(self._core.stop())
         workers = self._workers
         assert workers is not None and self._router is not None and self._driver is not None
@@ -296,6 +301,7 @@ class Server(Overlay):
                 pass
         # the monitor before its reader; the router, with its linger (the last REPs and
         # the empty INTR go out), before the driver (its links, its timer)
+        self._uncork()
         self._router.stop_monitor()
         if self._watcher is not None:
             self._watcher.kill()
@@ -323,9 +329,9 @@ class Server(Overlay):
         if handler.inline:
             result: Any = call(handler, job.payload, job.request)
             if type(result) is tuple:
-                self._apply(self._core.reply(job, *result))
+                self._cork(self._core.reply(job, *result))
             else:
-                result.rawlink(lambda done: self._apply(
+                result.rawlink(lambda done: self._cork(
                     self._core.reply(job, *finish(handler, done))))
         else:
             assert self._workers is not None
@@ -336,7 +342,27 @@ class Server(Overlay):
         result = call(handler, job.payload, job.request)
         if type(result) is not tuple:
             result = finish(handler, result)
-        self._apply(self._core.reply(job, *result))
+        self._cork(self._core.reply(job, *result))
+
+    def _cork(self, outputs: list[Output]) -> None:
+        """A handler's reply: it waits for the end of the hub's turn, so the replies of
+        one turn (of the handlers one batch of REQs ran, say) go out together in one
+        ``Driver.apply_all`` (``_uncork``)."""
+        if outputs:
+            corked = self._corked
+            if not corked:
+                self._loop.run_callback(self._uncork)
+            corked += outputs
+
+    def _uncork(self) -> None:
+        """Send the replies ``_cork`` holds, in order (a reply that finds its channel gone
+        is counted ``unsent``, as the driver tells of it)."""
+        corked = self._corked
+        if corked:
+            self._corked = []
+            driver = self._driver
+            if driver is not None and not driver.closed:
+                driver.apply_all(corked)
 
     def _unsent(self, alias: Any, frames: Any, error: BaseException) -> None:
         self._core.unsent(frames)
