@@ -64,11 +64,6 @@ _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more
 _RUNNING = Lifecycle.RUNNING
 
 
-def _peer_address(last: Optional[str]) -> str:
-    """The address a message came from (its Peer-Address, as the transport read it)."""
-    return last or ""
-
-
 class _ClockTransport(ZmqTransport):
     """The real transport on the channel's clock (the driver's timer runs on it)."""
 
@@ -123,7 +118,7 @@ class Channel(Overlay):
         self.id = os.urandom(8).hex()
         self._core = RequestRouter(self.id, ping_interval=ping_interval, dead_after=dead_after,
                                    timeout=timeout, now=clock(), max_services=max_services,
-                                   max_catalog=max_catalog, address_of=_peer_address,
+                                   max_catalog=max_catalog, source_of=self._source_of,
                                    unread=self._unread)
         self._take = self._core.take
         self.ping_interval = self._core.ping_interval
@@ -224,7 +219,8 @@ class Channel(Overlay):
             self._router, self._core.limits,
             allowlist=curve.allowlist if curve is not None else None,
             on_revoked=lambda keys: self._probe(), events=zmq.EVENT_DISCONNECTED,
-            on_event=lambda event, value, endpoint: self._on_monitor(event, endpoint))
+            on_event=lambda event, value, endpoint: self._on_monitor(event, endpoint),
+            keep=self._core.knows)
         router = self._router
         router.max_frames = 3 + 2 * self._core.max_services
         transport = (ZmqTransport(self._context) if self._clock is time.monotonic
@@ -233,7 +229,7 @@ class Channel(Overlay):
                               on_event=self._on_event, on_send_failed=self._send_failed,
                               on_oversized=self._on_oversized, look_once=True,
                               name=f"channel {self.id}")
-        self._driver.listen(self._guard, metadata="Peer-Address")
+        self._driver.listen(self._guard)   # (no metadata: see _source_of)
         log.debug("channel %s at %s started", self.id, self.endpoint)
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -350,6 +346,13 @@ class Channel(Overlay):
             if self.lifecycle is _RUNNING:
                 assert self._driver is not None
                 self._driver.apply_all(corked)
+
+    def _source_of(self, identity: bytes) -> str:
+        """The router's ``source_of`` port: the address of a new server (its connection's
+        Peer-Address), looked up for its first message alone: no message is read with its
+        metadata."""
+        address = self._guard.peer_address(identity) if self._guard is not None else None
+        return address or ""
 
     def _unread(self) -> bool:
         """The router's ``unread`` port: do messages wait unread in the socket?"""
