@@ -55,6 +55,8 @@ message waiting; each socket sent on is looked at once when the batch is done) a
 The owner may also call ``apply(outputs)`` with what a core method called from
 outside returned (an NFP ``post``, say), ``apply_all(outputs)`` with outputs it
 gathered from several such calls (sent as a batch's are: one look at each socket),
+``cork(outputs)`` to have them gathered for it (carried out together at the end of
+the hub's turn, or once ``cork_limit`` wait),
 ``replace_core(core)`` to serve another core
 on the same sockets, and ``close()`` ends it all.
 """
@@ -78,6 +80,9 @@ log = logging.getLogger(__name__)
 
 #: messages a link's queue holds before a send waits (its ZeroMQ SNDHWM: libzmq's default)
 SNDHWM = 1_000
+#: outputs ``cork`` holds at most: the one that makes them this many sends them (a far
+#: end gets work while more is made: fewer wake-ups, yet both ends busy)
+CORK_LIMIT = 4
 #: seconds the timer waits at least between two runs when deadlines crowd (a core with a
 #: deadline per request is served a batch of them at a time, not one wake-up each)
 SLACK = 0.01
@@ -96,7 +101,8 @@ class Driver:
                  on_oversized: Optional[Callable[[bytes], None]] = None,
                  on_batch_end: Optional[Callable[[float], Sequence[Output]]] = None,
                  addressed: bool = False, accept: Optional[Callable[[bytes], bool]] = None,
-                 look_once: bool = False, sndhwm: int = SNDHWM) -> None:
+                 look_once: bool = False, sndhwm: int = SNDHWM,
+                 cork_limit: int = CORK_LIMIT) -> None:
         self.core = core
         self.on_batch_end = on_batch_end
         self.addressed = addressed
@@ -104,6 +110,9 @@ class Driver:
         self.look_once = look_once
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
+        self.cork_limit = cork_limit
+        #: outputs ``cork`` holds for the end of the hub's turn
+        self.corked: list[Output] = []
         self.transport = transport
         self._now = transport.now   # (the clock, looked up once: read per message)
         self.on_deliver = on_deliver
@@ -227,6 +236,25 @@ class Driver:
         else:   # (within a batch's outputs already: those are looked at after it)
             self._carry_out(outputs)
         self._rearm()
+
+    def cork(self, outputs: Sequence[Output]) -> None:
+        """Hold ``outputs`` to be carried out by ``apply_all`` at the end of the hub's
+        turn, or as soon as ``cork_limit`` of them wait (what several callers make in
+        one turn goes out together). ``uncork`` carries them out at once."""
+        corked = self.corked
+        if not corked:
+            gevent.get_hub().loop.run_callback(self.uncork)
+        corked += outputs
+        if len(corked) >= self.cork_limit:
+            self.uncork()
+
+    def uncork(self) -> None:
+        """Carry out what ``cork`` holds, in order, now (nothing once closed)."""
+        corked = self.corked
+        if corked:
+            self.corked = []
+            if not self.closed:
+                self.apply_all(corked)
 
     def _carry_out_looking(self, outputs: Sequence[Output]) -> None:
         """``_carry_out`` noting each socket sent on, each looked at once after all."""
@@ -407,6 +435,7 @@ class Driver:
         if self.closed:
             return
         self.closed = True
+        self.corked = []
         for name in list(self.links):
             self.hangup(name, linger)
         if self.mailbox is not None:

@@ -137,8 +137,6 @@ class Channel(Overlay):
         self._guard: Optional[GuardedListener] = None
         self._driver: Optional[Driver] = None
         self._deferring = False    # answers wait for the hub's next turn (see _deliver)
-        #: the callers' requests of this hub turn, sent together at its end (``_cork``)
-        self._corked: list[Any] = []
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
@@ -244,7 +242,8 @@ class Channel(Overlay):
         if self._guard is not None:
             self._guard.stop()  # (its monitor while its reader is still open)
         self._deferring = True
-        self._corked = []   # (their callers are answered ChannelClosed now)
+        if self._driver is not None:
+            self._driver.corked = []   # (their callers are answered ChannelClosed now)
         self._core.close(ChannelClosed("the channel stopped"))
         self._apply(self._take())
         if self._driver is not None:
@@ -323,29 +322,18 @@ class Channel(Overlay):
             self._driver.apply(outputs)
 
     def _cork(self, outputs: list[Any]) -> None:
-        """A caller's request: its message waits for the end of the hub's turn, so the
-        requests callers make in one turn (those answered from one batch of replies, or a
-        loop of ``request_async``) go out together in one ``Driver.apply_all``
-        (``_uncork``). The only request in flight goes out at once: no other caller is
-        there to ask again in this turn."""
-        corked = self._corked
+        """A caller's request: the driver holds its message (``Driver.cork``), so the
+        requests callers make in one hub turn (those answered from one batch of replies,
+        or a loop of ``request_async``) go out together. The only request in flight goes
+        out at once: no other caller is there to ask again in this turn."""
+        driver = self._driver
+        assert driver is not None
         if len(outputs) == 1 and type(outputs[0]) is SendOutput and (
-                corked or self._core.pending > 1):
-            if not corked:
-                self._loop.run_callback(self._uncork)
-            corked.append(outputs[0])
+                driver.corked or self._core.pending > 1):
+            driver.cork(outputs)
         elif outputs:
-            self._uncork()   # (what was asked before goes first)
-            self._apply(outputs)
-
-    def _uncork(self) -> None:
-        """Send the requests ``_cork`` holds, in the order they were made."""
-        corked = self._corked
-        if corked:
-            self._corked = []
-            if self.lifecycle is _RUNNING:
-                assert self._driver is not None
-                self._driver.apply_all(corked)
+            driver.uncork()   # (what was asked before goes first)
+            driver.apply(outputs)
 
     def _source_of(self, identity: bytes) -> str:
         """The router's ``source_of`` port: the address of a new server (its connection's

@@ -148,9 +148,6 @@ class Server(Overlay):
         self._driver: Optional[Driver] = None
         self._workers: Optional[Workers] = None
         self._watcher: Optional[gevent.Greenlet] = None
-        #: the handlers' replies of this hub turn, sent together at its end (``_cork``)
-        self._corked: list[Output] = []
-        self._loop: Any = None
         for service in services:
             self.add_service(service)
         if node is not None:
@@ -253,7 +250,6 @@ class Server(Overlay):
                                                   max_message=self._max_message,
                                                   max_frames=_MAX_FRAMES, linger=_LINGER)
         self._workers = Workers(gevent.get_hub())
-        self._loop = gevent.get_hub().loop
         self._core.serving = True
         self._driver = Driver(self._core, RoutedTransport(transport, router),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
@@ -345,24 +341,16 @@ class Server(Overlay):
         self._cork(self._core.reply(job, *result))
 
     def _cork(self, outputs: list[Output]) -> None:
-        """A handler's reply: it waits for the end of the hub's turn, so the replies of
-        one turn (of the handlers one batch of REQs ran, say) go out together in one
-        ``Driver.apply_all`` (``_uncork``)."""
-        if outputs:
-            corked = self._corked
-            if not corked:
-                self._loop.run_callback(self._uncork)
-            corked += outputs
+        """A handler's reply: the driver holds it (``Driver.cork``), so the replies of one
+        hub turn (of the handlers one batch of REQs ran, say) go out together."""
+        driver = self._driver
+        if outputs and driver is not None and not driver.closed:
+            driver.cork(outputs)
 
     def _uncork(self) -> None:
-        """Send the replies ``_cork`` holds, in order (a reply that finds its channel gone
-        is counted ``unsent``, as the driver tells of it)."""
-        corked = self._corked
-        if corked:
-            self._corked = []
-            driver = self._driver
-            if driver is not None and not driver.closed:
-                driver.apply_all(corked)
+        """Send the replies the driver holds now."""
+        if self._driver is not None:
+            self._driver.uncork()
 
     def _unsent(self, alias: Any, frames: Any, error: BaseException) -> None:
         self._core.unsent(frames)

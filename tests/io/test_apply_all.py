@@ -1,7 +1,8 @@
 """The driver's ``apply_all``: outputs gathered from several calls go out as a batch
 read's do (with ``look_once`` each socket is looked at once after all the sends), in
 order, counted; a send to a peer that is gone goes to ``on_send_failed`` and the rest go
-on; a full link's queue holds the rest in its backlog, in order, as ``apply`` does."""
+on; a full link's queue holds the rest in its backlog, in order, as ``apply`` does.
+``cork`` holds outputs for the end of the hub's turn, or until ``cork_limit`` wait."""
 
 from __future__ import annotations
 
@@ -121,3 +122,34 @@ def test_a_full_link_keeps_the_rest_in_its_backlog_in_order() -> None:
     finally:
         driver.close()
         held_port.close()
+
+
+def test_cork_holds_outputs_for_the_turn_or_until_its_limit() -> None:
+    transport = ZmqTransport()
+    heard: list[Any] = []
+    router = _mandatory_router()
+    server = Driver(Handing(), transport, on_deliver=heard.append, look_once=True,
+                    cork_limit=3, name="handing")
+    client = None
+    try:
+        server.listen(router)
+        client, _, got = _greeted(transport, router, server, heard)
+        identity = heard[0][0]
+        sent = server.stats["sent"]
+        for i in range(7):
+            server.cork([Send(identity, [b"%d" % i])])
+        assert server.stats["sent"] == sent + 6 and len(server.corked) == 1   # by threes
+        poll_until(lambda: not server.corked, GUARD, "the turn's end", sleep=gevent.sleep)
+        assert server.stats["sent"] == sent + 7
+        poll_until(lambda: len(got) == 7, GUARD, "7 messages", sleep=gevent.sleep)
+        assert got == [("far", [b"%d" % i]) for i in range(7)]
+        server.cork([Send(identity, [b"uncorked"])])
+        server.uncork()
+        assert server.stats["sent"] == sent + 8 and not server.corked
+        server.cork([Send(identity, [b"never"])])
+        server.close()   # what it holds goes nowhere
+        assert not server.corked
+    finally:
+        if client is not None:
+            client.close()
+        server.close()

@@ -22,12 +22,16 @@ def test_requests_made_in_one_turn_go_out_together_and_all_are_answered(
     channel = loop.channel()
     server = loop.server(channel)
     assert channel.wait_for("echo", timeout=WAIT)
-    before = server.stats["requests"]
+    driver = channel._driver
+    assert driver is not None
+    before, sent = server.stats["requests"], driver.stats["sent"]
     results = [channel.request_async("echo", "echo", i) for i in range(50)]   # one turn
-    assert channel._corked and server.stats["requests"] == before   # held, not yet sent
+    # the first at once, then by ``cork_limit``; the rest held for the end of the turn
+    held = (50 - 1) % driver.cork_limit
+    assert len(driver.corked) == held and driver.stats["sent"] == sent + 50 - held
     assert [r.get(WAIT) for r in results] == list(range(50))
     assert server.stats["requests"] == before + 50 and server.stats["unsent"] == 0
-    assert not channel._corked
+    assert not channel._driver.corked
 
 
 def test_the_only_request_in_flight_goes_out_at_once(loop: Loopback) -> None:
@@ -36,7 +40,7 @@ def test_the_only_request_in_flight_goes_out_at_once(loop: Loopback) -> None:
     assert channel.wait_for("echo", timeout=WAIT)
     assert channel.request("echo", "echo", "one") == "one"
     result = channel.request_async("echo", "echo", "alone")
-    assert not channel._corked   # (no other caller could join it in this turn)
+    assert not channel._driver.corked   # (no other caller could join it in this turn)
     assert result.get(WAIT) == "alone"
 
 
@@ -83,7 +87,7 @@ def test_replies_of_one_turn_all_arrive_and_a_stopping_server_sends_what_it_hold
     gate.set()
     assert [r.get(WAIT) for r in results] == list(range(30))
     stopper.join(WAIT)
-    assert server.stats["unsent"] == 0 and not server._corked
+    assert server.stats["unsent"] == 0 and not server._driver.corked
 
 
 def test_inline_replies_of_a_batch_all_arrive(loop: Loopback) -> None:
