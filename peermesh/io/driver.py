@@ -80,9 +80,6 @@ log = logging.getLogger(__name__)
 
 #: messages a link's queue holds before a send waits (its ZeroMQ SNDHWM: libzmq's default)
 SNDHWM = 1_000
-#: outputs ``cork`` holds at most: the one that makes them this many sends them (a far
-#: end gets work while more is made: fewer wake-ups, yet both ends busy)
-CORK_LIMIT = 4
 #: seconds the timer waits at least between two runs when deadlines crowd (a core with a
 #: deadline per request is served a batch of them at a time, not one wake-up each)
 SLACK = 0.01
@@ -102,7 +99,7 @@ class Driver:
                  on_batch_end: Optional[Callable[[float], Sequence[Output]]] = None,
                  addressed: bool = False, accept: Optional[Callable[[bytes], bool]] = None,
                  look_once: bool = False, sndhwm: int = SNDHWM,
-                 cork_limit: int = CORK_LIMIT) -> None:
+                 cork_limit: Optional[int] = None) -> None:
         self.core = core
         self.on_batch_end = on_batch_end
         self.addressed = addressed
@@ -110,6 +107,9 @@ class Driver:
         self.look_once = look_once
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
+        #: outputs ``cork`` holds at most (the one that makes them this many carries them
+        #: out: the far end gets work sooner, at the cost of more sends and wake-ups);
+        #: None: all of the turn's
         self.cork_limit = cork_limit
         #: outputs ``cork`` holds for the end of the hub's turn
         self.corked: list[Output] = []
@@ -239,13 +239,14 @@ class Driver:
 
     def cork(self, outputs: Sequence[Output]) -> None:
         """Hold ``outputs`` to be carried out by ``apply_all`` at the end of the hub's
-        turn, or as soon as ``cork_limit`` of them wait (what several callers make in
-        one turn goes out together). ``uncork`` carries them out at once."""
+        turn (what several callers make in one turn goes out together, the far end woken
+        once), or as soon as ``cork_limit`` of them wait. ``uncork`` carries them out
+        at once."""
         corked = self.corked
         if not corked:
             gevent.get_hub().loop.run_callback(self.uncork)
         corked += outputs
-        if len(corked) >= self.cork_limit:
+        if self.cork_limit is not None and len(corked) >= self.cork_limit:
             self.uncork()
 
     def uncork(self) -> None:
