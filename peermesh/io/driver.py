@@ -56,9 +56,8 @@ The owner may also call ``apply(outputs)`` with what a core method called from
 outside returned (an NFP ``post``, say), ``apply_all(outputs)`` with outputs it
 gathered from several such calls (sent as a batch's are: one look at each socket),
 ``cork(outputs)`` to have them gathered for it (carried out together at the end of
-the hub's turn, or once ``cork_limit`` wait),
-``replace_core(core)`` to serve another core
-on the same sockets, and ``close()`` ends it all.
+the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
+core on the same sockets, and ``close()`` ends it all.
 """
 
 from __future__ import annotations
