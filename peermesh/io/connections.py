@@ -278,6 +278,24 @@ class GuardedListener:
                 return address if address is not None else _remote_address(fd, self.port)
         return None
 
+    def peer_address(self, identity: bytes) -> Optional[str]:
+        """The address the connection a message under routing ``identity`` came by comes
+        from, as ZeroMQ's ``Peer-Address`` gives it ("" when it is no TCP connection any
+        more), or None when no such message was read (needs ``keep``). It scans the
+        connections: for the few messages that ask (a new sender's first)."""
+        for fd, route in self.routes.items():
+            if route == identity:
+                sock = _borrow(fd, self.port)
+                if sock is None:
+                    return ""
+                try:
+                    return str(sock.getpeername()[0])
+                except (OSError, IndexError):
+                    return ""
+                finally:
+                    sock.detach()
+        return None
+
     def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
               backpressure: Any = None, *, metadata: Optional[str] = None,
               after_batch: Optional[Callable[[], None]] = None) -> None:

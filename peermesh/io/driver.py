@@ -65,8 +65,11 @@ messages are stamped with one clock reading per batch. ``listen`` takes ``admit`
 ever sent back through the mailbox).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
-outside returned (an NFP ``post``, say), ``replace_core(core)`` to serve another core
-on the same sockets, and ``close()`` ends it all.
+outside returned (an NFP ``post``, say), ``apply_all(outputs)`` with outputs it
+gathered from several such calls (sent as a batch's are: one look at each socket),
+``cork(outputs)`` to have them gathered for it (carried out together at the end of
+the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
+core on the same sockets, and ``close()`` ends it all.
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ class Driver:
                  delivery: Optional[Callable[[Hashable, list[bytes], float], Any]] = None,
                  carry_out: Optional[Callable[[Sequence[Output]], None]] = None,
                  on_timer: Optional[Callable[[float], None]] = None,
-                 clock: Optional[Callable[[], float]] = None) -> None:
+                 clock: Optional[Callable[[], float]] = None,
+                 cork_limit: Optional[int] = None) -> None:
         self.core = core
         #: the per-message fast path of the mailbox (the module docstring)
         self.delivery = delivery
@@ -122,6 +126,12 @@ class Driver:
         self.look_once = look_once
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
+        #: outputs ``cork`` holds at most (the one that makes them this many carries them
+        #: out: the far end gets work sooner, at the cost of more sends and wake-ups);
+        #: None: all of the turn's
+        self.cork_limit = cork_limit
+        #: outputs ``cork`` holds for the end of the hub's turn
+        self.corked: list[Output] = []
         self.transport = transport
         #: the clock (looked up once: read per message): the transport's unless ``clock``
         self._now = clock if clock is not None else transport.now
@@ -284,15 +294,7 @@ class Driver:
                 else:
                     held = more if type(more) is list else list(more)
         if held and self.look_once:
-            looking: list[Any] = []
-            self._looking = looking
-            try:
-                self._carry_out(held)
-            finally:
-                self._looking = None
-                for sock in looking:   # (a send may have taken in the edge of a message)
-                    if not sock.closed:
-                        sock.readable()
+            self._carry_out_looking(held)
         elif held:
             self.apply(held)
         self._rearm()
@@ -310,6 +312,51 @@ class Driver:
         """Carry out ``outputs`` (in order), then re-arm the timer."""
         self._carry_out(outputs)
         self._rearm()
+
+    def apply_all(self, outputs: Sequence[Output]) -> None:
+        """Carry out ``outputs`` (in order) as those of a batch read: with ``look_once``
+        the sends go back to back and each socket sent on is looked at once after them
+        all (outputs gathered from several calls, such as the requests of one hub turn),
+        then re-arm the timer. Each send is counted, waits in its link's backlog when
+        the queue is full and goes to ``on_send_failed`` when it has no way out, as
+        ``apply``'s do."""
+        if self.look_once and self._looking is None:
+            self._carry_out_looking(outputs)
+        else:   # (within a batch's outputs already: those are looked at after it)
+            self._carry_out(outputs)
+        self._rearm()
+
+    def cork(self, outputs: Sequence[Output]) -> None:
+        """Hold ``outputs`` to be carried out by ``apply_all`` at the end of the hub's
+        turn (what several callers make in one turn goes out together, the far end woken
+        once), or as soon as ``cork_limit`` of them wait. ``uncork`` carries them out
+        at once."""
+        corked = self.corked
+        if not corked:
+            gevent.get_hub().loop.run_callback(self.uncork)
+        corked += outputs
+        if self.cork_limit is not None and len(corked) >= self.cork_limit:
+            self.uncork()
+
+    def uncork(self) -> None:
+        """Carry out what ``cork`` holds, in order, now (nothing once closed)."""
+        corked = self.corked
+        if corked:
+            self.corked = []
+            if not self.closed:
+                self.apply_all(corked)
+
+    def _carry_out_looking(self, outputs: Sequence[Output]) -> None:
+        """``_carry_out`` noting each socket sent on, each looked at once after all."""
+        looking: list[Any] = []
+        self._looking = looking
+        try:
+            self._carry_out(outputs)
+        finally:
+            self._looking = None
+            for sock in looking:   # (a send may have taken in the edge of a message)
+                if not sock.closed:
+                    sock.readable()
 
     def _carry_out(self, outputs: Sequence[Output]) -> None:
         if self.carry_out is not None:
@@ -486,6 +533,7 @@ class Driver:
         if self.closed:
             return
         self.closed = True
+        self.corked = []
         for name in list(self.links):
             self.hangup(name, linger)
         if self.mailbox is not None:

@@ -37,6 +37,7 @@ import zmq
 from gevent.hub import Waiter
 from greenlet import getcurrent
 
+from ..core import Send as SendOutput
 from ..errors import NodeStateError
 from ..io import BindError, make_socket, shared_context
 from ..io.connections import GuardedListener
@@ -61,11 +62,6 @@ HEADER_SERVER = "X-PM-SADA-SERVER"
 
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
 _RUNNING = Lifecycle.RUNNING
-
-
-def _peer_address(last: Optional[str]) -> str:
-    """The address a message came from (its Peer-Address, as the transport read it)."""
-    return last or ""
 
 
 class _ClockTransport(ZmqTransport):
@@ -122,7 +118,7 @@ class Channel(Overlay):
         self.id = os.urandom(8).hex()
         self._core = RequestRouter(self.id, ping_interval=ping_interval, dead_after=dead_after,
                                    timeout=timeout, now=clock(), max_services=max_services,
-                                   max_catalog=max_catalog, address_of=_peer_address,
+                                   max_catalog=max_catalog, source_of=self._source_of,
                                    unread=self._unread)
         self._take = self._core.take
         self.ping_interval = self._core.ping_interval
@@ -221,7 +217,8 @@ class Channel(Overlay):
             self._router, self._core.limits,
             allowlist=curve.allowlist if curve is not None else None,
             on_revoked=lambda keys: self._probe(), events=zmq.EVENT_DISCONNECTED,
-            on_event=lambda event, value, endpoint: self._on_monitor(event, endpoint))
+            on_event=lambda event, value, endpoint: self._on_monitor(event, endpoint),
+            keep=self._core.knows)
         router = self._router
         router.max_frames = 3 + 2 * self._core.max_services
         transport = (ZmqTransport(self._context) if self._clock is time.monotonic
@@ -230,7 +227,7 @@ class Channel(Overlay):
                               on_event=self._on_event, on_send_failed=self._send_failed,
                               on_oversized=self._on_oversized, look_once=True,
                               name=f"channel {self.id}")
-        self._driver.listen(self._guard, metadata="Peer-Address")
+        self._driver.listen(self._guard)   # (no metadata: see _source_of)
         log.debug("channel %s at %s started", self.id, self.endpoint)
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -245,6 +242,8 @@ class Channel(Overlay):
         if self._guard is not None:
             self._guard.stop()  # (its monitor while its reader is still open)
         self._deferring = True
+        if self._driver is not None:
+            self._driver.corked.clear()   # (their callers are answered ChannelClosed now)
         self._core.close(ChannelClosed("the channel stopped"))
         self._apply(self._take())
         if self._driver is not None:
@@ -287,7 +286,7 @@ class Channel(Overlay):
         core = self._core
         core.submit(waiter, service, action, payload, now, version, category, timeout,
                     server, retries, raw)
-        self._apply(core.take())
+        self._cork(core.take())
         return waiter.get()
 
     def request_async(self, service: str, action: str, payload: Any = None, *,
@@ -308,7 +307,7 @@ class Channel(Overlay):
         now = self._clock()
         self._core.submit(token, service, action, payload, now, version, category, timeout,
                           server, retries, raw)
-        self._apply(self._take())
+        self._cork(self._take())
 
     def _not_running(self) -> ChannelClosed:
         return ChannelClosed(f"channel is {self.lifecycle.value}" + (
@@ -321,6 +320,27 @@ class Channel(Overlay):
         if outputs:
             assert self._driver is not None
             self._driver.apply(outputs)
+
+    def _cork(self, outputs: list[Any]) -> None:
+        """A caller's request: the driver holds its message (``Driver.cork``), so the
+        requests callers make in one hub turn (those answered from one batch of replies,
+        or a loop of ``request_async``) go out together. The only request in flight goes
+        out at once: no other caller is there to ask again in this turn."""
+        driver = self._driver
+        assert driver is not None
+        if len(outputs) == 1 and type(outputs[0]) is SendOutput and (
+                driver.corked or self._core.pending > 1):
+            driver.cork(outputs)
+        elif outputs:
+            driver.uncork()   # (what was asked before goes first)
+            driver.apply(outputs)
+
+    def _source_of(self, identity: bytes) -> str:
+        """The router's ``source_of`` port: the address of a new server (its connection's
+        Peer-Address), looked up for its first message alone: no message is read with its
+        metadata."""
+        address = self._guard.peer_address(identity) if self._guard is not None else None
+        return address or ""
 
     def _unread(self) -> bool:
         """The router's ``unread`` port: do messages wait unread in the socket?"""

@@ -238,6 +238,8 @@ class RequestRouter(Outputs):
     outputs (``peermesh.core``); with them it calls them instead.
     ``address_of(meta)`` gives the address of a new server from the ``meta``
     its first message came with (the driver's, e.g. its Peer-Address);
+    ``source_of(identity)``, of one whose link is its bare routing id (the
+    driver read no metadata: the owner looks the one sender up);
     ``unread()`` says whether messages wait unread at the driver (a port the
     timer asks, see ``handle_timer``).
     """
@@ -248,6 +250,7 @@ class RequestRouter(Outputs):
                  now: float = 0.0, max_services: int = MAX_SERVICES,
                  max_catalog: int = MAX_CATALOG,
                  address_of: Callable[[Any], str] = _no_address,
+                 source_of: Optional[Callable[[bytes], str]] = None,
                  unread: Callable[[], bool] = bool) -> None:
         if not ping_interval > 0 or not dead_after >= 1 or not timeout > 0:
             raise ValueError("ping_interval and timeout must be positive, dead_after at least 1")
@@ -260,6 +263,7 @@ class RequestRouter(Outputs):
         self._send: Send = send if send is not None else self._send_output
         self._answer: Answer = answer if answer is not None else self._answer_output
         self._address_of = address_of
+        self._source_of = source_of
         self._unread = unread
         self._emits = answer is None
         self.max_services = max_services
@@ -679,7 +683,9 @@ class RequestRouter(Outputs):
             return
         if server is None:
             known = [s.latency for s in self._servers.values()]
-            server = _Server(identity, self._address_of(meta), now,
+            address = (self._source_of(identity) if meta is None and self._source_of
+                       is not None else self._address_of(meta))
+            server = _Server(identity, address, now,
                              min(known) if known else _INITIAL_LATENCY)
             self._servers[identity] = server
             self._rintr_sent.pop(identity, None)
@@ -801,6 +807,10 @@ class RequestRouter(Outputs):
         for pending in list(self._parked):
             if pending.parked and pending.token is not None:
                 self._dispatch(pending, now)
+
+    def knows(self, identity: bytes) -> bool:
+        """Whether the server of routing id ``identity`` introduced itself (and is kept)."""
+        return identity in self._servers
 
     def servers(self, now: float) -> list[ServerInfo]:
         """Every server that introduced itself and is alive, by id."""

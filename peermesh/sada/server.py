@@ -282,6 +282,7 @@ class Server(Overlay):
         super().stop(grace)
 
     def on_stop(self, timeout: float) -> None:
+        self._uncork()   # (the replies made before the empty INTR go before it)
         self._apply(self._core.stop())
         workers = self._workers
         assert workers is not None and self._router is not None and self._driver is not None
@@ -296,6 +297,7 @@ class Server(Overlay):
                 pass
         # the monitor before its reader; the router, with its linger (the last REPs and
         # the empty INTR go out), before the driver (its links, its timer)
+        self._uncork()
         self._router.stop_monitor()
         if self._watcher is not None:
             self._watcher.kill()
@@ -323,9 +325,9 @@ class Server(Overlay):
         if handler.inline:
             result: Any = call(handler, job.payload, job.request)
             if type(result) is tuple:
-                self._apply(self._core.reply(job, *result))
+                self._cork(self._core.reply(job, *result))
             else:
-                result.rawlink(lambda done: self._apply(
+                result.rawlink(lambda done: self._cork(
                     self._core.reply(job, *finish(handler, done))))
         else:
             assert self._workers is not None
@@ -336,7 +338,19 @@ class Server(Overlay):
         result = call(handler, job.payload, job.request)
         if type(result) is not tuple:
             result = finish(handler, result)
-        self._apply(self._core.reply(job, *result))
+        self._cork(self._core.reply(job, *result))
+
+    def _cork(self, outputs: list[Output]) -> None:
+        """A handler's reply: the driver holds it (``Driver.cork``), so the replies of one
+        hub turn (of the handlers one batch of REQs ran, say) go out together."""
+        driver = self._driver
+        if outputs and driver is not None and not driver.closed:
+            driver.cork(outputs)
+
+    def _uncork(self) -> None:
+        """Send the replies the driver holds now."""
+        if self._driver is not None:
+            self._driver.uncork()
 
     def _unsent(self, alias: Any, frames: Any, error: BaseException) -> None:
         self._core.unsent(frames)

@@ -684,3 +684,13 @@ def test_request_to_an_unknown_server_fails_at_once(loop: Loopback) -> None:
     assert time.monotonic() - started < 1
     with pytest.raises(ValueError):
         channel.request("echo", "echo", server="not hex")
+
+
+def test_a_servers_address_is_that_of_its_connection(loop: Loopback) -> None:
+    """Read once, for the server's first message (no message is read with metadata)."""
+    channel = loop.channel()
+    loop.server(channel)
+    assert channel.wait_for("echo", timeout=WAIT)
+    assert [s.address for s in channel.servers()] == ["127.0.0.1"]
+    assert channel.request("echo", "echo", "x") == "x"
+    assert channel._guard is not None and channel._guard.keep is not None
