@@ -40,7 +40,7 @@ NFP ``BrokerCore`` /          the broker's and the worker's conversations (OPEN,
 ``WorkerSession``             KEEPALIVE, DISCONNECT, liveness) on the same surface;
                               requests for a worker come out as ``Deliver``.
 ZRE ``Session``               ``receive(identity, frames, now)`` is the mailbox message;
-                              ``handle_timer`` runs the liveness timers and settles the
+                              ``handle_timer`` runs the liveness timers and settles
                               claims and departures when due. A new peer is a ``Dial(uuid,
                               endpoint, identity)`` the node answers with ``attach(uuid,
                               PeerLink)``; events are ``Emit``, WHISPER/SHOUT ``Deliver``.
