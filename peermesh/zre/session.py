@@ -143,10 +143,11 @@ UUID and endpoint of every other ready peer in ``PEER-EXCHANGE`` commands.
 Kept whole: one state machine (``Session``): one input reads and changes the peer table,
 the groups, the claims and the waves together (a HELLO may shed a pending peer, settle a
 claim, join groups, start a wave and send PEX in one call), so no part of it can be
-followed apart from the rest; the parts that stand alone are apart already (Zyre's
-election in ``election``, round-trip times in ``roundtrip``, the key gate in ``curve``,
-the send backlog in ``peer``). Moving methods out would need mixins or a back-reference
-to the session: the reading split, the state not.
+followed apart from the rest; the parts that stand alone are apart already (the table's
+rows, ``Peer`` and its ``Outbox``, in ``table``, Zyre's election in ``election``,
+round-trip times in ``roundtrip``, the key gate in ``curve``, the send backlog in
+``peer``). Moving methods out would need mixins or a back-reference to the session: the
+reading split, the state not.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ import functools
 import logging
 import re
 from collections import Counter, deque
-from typing import AbstractSet, Callable, Hashable, Optional, Protocol, Sequence
+from typing import Callable, Hashable, Optional
 from uuid import UUID
 
 from ..config import UNBOUNDED_PEERS, NodeConfig
@@ -166,6 +167,7 @@ from ..events import Event, EventType
 from ..wire import zre
 from .election import Elected, Election, SendElect, parse_id, zyre_id
 from .roundtrip import RoundTrip
+from .table import Dialling, Outbox, Peer
 
 __all__ = ["Session", "Outbox", "Dialling", "Peer", "PEX_HEADER"]
 
@@ -202,139 +204,6 @@ DROP_REASONS = ("short", "bad_signature", "before_hello", "sequence_gap", "malfo
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 LEADER = EventType.LEADER
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
-
-
-class Outbox(Protocol):
-    """A peer's outgoing link as the session sees it (``peer.PeerLink`` on gevent)."""
-
-    limit: int
-    stalled_since: Optional[float]
-
-    def offer(self, frames: Sequence[bytes]) -> None:
-        """Send now or queue behind the backlog; never blocks."""
-
-    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
-        """``offer`` each of ``messages`` in order while ``has_room``; how many it took."""
-
-    def queued(self) -> int:
-        """How much waits in the backlog, in the unit of ``limit``."""
-
-    def has_room(self) -> bool:
-        """True while the backlog is below ``limit``."""
-
-    def close(self, linger: float = 0) -> None:
-        """Drop the backlog and close."""
-
-
-class Dialling:
-    """The ``Outbox`` of a peer whose ``Dial`` the driver has not answered yet: it keeps
-    what is offered (a HELLO, the commands of the same input) for ``Session.attach`` to
-    hand to the real one, in order. A driver answers every ``Dial`` before it feeds the
-    session again, so it never holds more than one input's commands."""
-
-    __slots__ = ("limit", "stalled_since", "frames", "octets", "closed")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.stalled_since: Optional[float] = None
-        self.frames: list[Sequence[bytes]] = []
-        self.octets = 0
-        self.closed = False
-
-    def offer(self, frames: Sequence[bytes]) -> None:
-        """Keep ``frames`` for the real link."""
-        if not self.closed:
-            self.frames.append(frames)
-            self.octets += sum(map(len, frames))
-
-    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
-        """Keep each of ``messages``; all of them."""
-        for frames in messages:
-            self.offer(frames)
-        return len(messages)
-
-    def queued(self) -> int:
-        """Octets kept."""
-        return self.octets
-
-    def has_room(self) -> bool:
-        """True while under ``limit`` octets."""
-        return self.octets < self.limit
-
-    def close(self, linger: float = 0) -> None:
-        """Drop what is kept; the real link, when it comes, is closed at once."""
-        self.closed = True
-        self.frames.clear()
-        self.octets = 0
-
-
-class _Waker(Protocol):
-    """What ``flush`` waits on (a gevent event in the node)."""
-
-    def set(self) -> None: ...
-
-
-#: the groups of every peer that joined none (one object: ``frozenset()`` makes a new one)
-_NO_GROUPS: frozenset[str] = frozenset()
-
-
-class Peer:
-    """A remote node: identity, HELLO data, groups, sequence and liveness state."""
-
-    __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
-                 "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
-                 "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed",
-                 "since", "rtt", "next_probe")
-
-    def __init__(self, uuid: UUID, endpoint: str, link: Outbox, now: float) -> None:
-        self.uuid = uuid
-        self.uuid_bytes = uuid.bytes
-        self.identity = b"\x01" + self.uuid_bytes
-        self.endpoint = endpoint
-        self.link = link
-        self.ready = False          # HELLO received
-        self.name = ""
-        self.headers: dict[str, str] = {}
-        self.groups: AbstractSet[str] = _NO_GROUPS  # a set once it joins (few peers do)
-        self.status = 0             # peer's group status (mod 256)
-        self.want = 1               # next sequence expected from the peer
-        self.sent = 0               # last sequence sent to the peer
-        self.last_seen = now
-        self.next_ping = 0.0
-        self.evasive = False        # EVASIVE reported for this silence
-        self.silent = False         # SILENT reported for this silence
-        self.unconfirmed = False    # application messages sent since the last flush
-        self.pong: Optional[_Waker] = None  # set on each PING-OK and on removal (flush waits)
-        self.total = 0              # messages sent to the peer, ever
-        #: (``total``, the time or None) when each unanswered PING went
-        self.pings: Optional[deque[tuple[int, Optional[float]]]] = None
-        self.confirmed = 0          # messages the peer is known to have handled
-        self.since = now            # when it entered the table
-        self.rtt: Optional[RoundTrip] = None  # PING to PING-OK times, once it answered one
-        self.next_probe = now       # when to PING it for a round-trip time (``rtt_probe``)
-
-    @property
-    def state(self) -> str:
-        """Liveness: "alive", "evasive" (PINGed after ``evasive`` of silence) or "silent"."""
-        return "silent" if self.silent else "evasive" if self.evasive else "alive"
-
-    def next_sequence(self) -> int:
-        """The sequence number for the next message to this peer."""
-        self.total += 1
-        self.sent = (self.sent + 1) & 0xFFFF
-        return self.sent
-
-    def advance(self, count: int) -> None:
-        """Count ``count`` messages sent, numbered after ``sent`` (headers made ahead,
-        from ``(sent + 1) & 0xFFFF`` on)."""
-        self.total += count
-        self.sent = (self.sent + count) & 0xFFFF
-
-    def refresh(self, now: float) -> None:
-        """Any sign of life: reset the silence timers."""
-        self.last_seen = now
-        self.next_ping = 0.0
-        self.evasive = self.silent = False
 
 
 class _Claim:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import uuid as uuid_module
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from peermesh.events import EventType
 from peermesh.wire import zre
 from peermesh.zre import session as session_module
+from peermesh.zre import table as table_module
 from peermesh.zre.session import PEX_HEADER
 
 from sessionharness import CONFIG, FINE, OWN_ENDPOINT, Harness, Remote, entered
@@ -391,8 +393,9 @@ def test_a_claimant_found_by_its_beacon_meanwhile_still_enters_with_its_hello() 
     assert h.taken() == [(WHISPER, b"in")]
 
 
-def test_the_session_module_does_no_io_and_reads_no_clock() -> None:
-    tree = ast.parse(Path(session_module.__file__).read_text(encoding="utf-8"))
+@pytest.mark.parametrize("module", [session_module, table_module], ids=lambda m: m.__name__)
+def test_the_session_module_does_no_io_and_reads_no_clock(module: ModuleType) -> None:
+    tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
