@@ -40,8 +40,8 @@ NFP ``BrokerCore`` /          the broker's and the worker's conversations (OPEN,
 ``WorkerSession``             KEEPALIVE, DISCONNECT, liveness) on the same surface;
                               requests for a worker come out as ``Deliver``.
 ZRE ``Session``               ``receive(identity, frames, now)`` is the mailbox message;
-                              ``handle_timer`` runs ``tick`` (liveness) and ``settle``
-                              (claims, departures) when due. A new peer is a ``Dial(uuid,
+                              ``handle_timer`` runs the liveness timers and settles
+                              claims and departures when due. A new peer is a ``Dial(uuid,
                               endpoint, identity)`` the node answers with ``attach(uuid,
                               PeerLink)``; events are ``Emit``, WHISPER/SHOUT ``Deliver``.
                               Commands to a peer stay on its ``Outbox`` (``offer``, the

@@ -9,10 +9,10 @@ moves bytes and time. It is a core of ``peermesh.core``:
   by its sender's routing identity); its fast path ``delivery`` returns the
   event of the next WHISPER or SHOUT itself, no output list, for a driver
   that hands events on (``Node``'s mailbox reader: most of the traffic);
-* ``handle_timer(now)`` at ``next_deadline()`` - the liveness timers
-  (``tick``: at most ``min(interval, evasive / 2)`` apart) and, while a
-  claim or departure waits on a peer's link, ``settle`` (at once, then every
-  few milliseconds backing off to ``SETTLE_STEP``);
+* ``handle_timer(now)`` at ``next_deadline()`` - the liveness timers (at
+  most ``min(interval, evasive / 2)`` apart) and, while a claim or departure
+  waits on a peer's link, its settling (at once, then every few milliseconds
+  backing off to ``SETTLE_STEP``);
 * reports of discovery sources - ``peer_appeared(uuid, endpoint, now)`` /
   ``peer_alive(uuid, now)`` / ``peer_left(uuid, now)`` - and the
   application's ``add_group`` / ``remove_group`` / ``contest`` / ``ping``,
@@ -29,9 +29,9 @@ flow-controlled path (its bounded backlog, ``has_room``; see below). Two
 queries are injected: ``linked(identity)`` says whether that routing
 identity holds a connection to our mailbox now (None: cannot tell), and
 ``source(identity)`` the address the message being handled came from (None:
-cannot tell). Nothing here reads a clock, opens a socket or blocks. (Given
-``connect`` and ``emit`` callables, and ``wake`` for ``settle``, the session
-calls them instead, as tables of tests drive it with ``on_message``/``tick``.)
+cannot tell). Nothing here reads a clock, opens a socket or blocks, and
+nothing is called back: every input's outputs are returned or left for
+``take``.
 
 Peer states and transitions (all of them are in this module)::
 
@@ -143,10 +143,11 @@ UUID and endpoint of every other ready peer in ``PEER-EXCHANGE`` commands.
 Kept whole: one state machine (``Session``): one input reads and changes the peer table,
 the groups, the claims and the waves together (a HELLO may shed a pending peer, settle a
 claim, join groups, start a wave and send PEX in one call), so no part of it can be
-followed apart from the rest; the parts that stand alone are apart already (Zyre's
-election in ``election``, round-trip times in ``roundtrip``, the key gate in ``curve``,
-the send backlog in ``peer``). Moving methods out would need mixins or a back-reference
-to the session: the reading split, the state not.
+followed apart from the rest; the parts that stand alone are apart already (the table's
+rows, ``Peer`` and its ``Outbox``, in ``table``, Zyre's election in ``election``,
+round-trip times in ``roundtrip``, the key gate in ``curve``, the send backlog in
+``peer``). Moving methods out would need mixins or a back-reference to the session: the
+reading split, the state not.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ import functools
 import logging
 import re
 from collections import Counter, deque
-from typing import AbstractSet, Callable, Hashable, Optional, Protocol, Sequence
+from typing import Callable, Hashable, Optional
 from uuid import UUID
 
 from ..config import UNBOUNDED_PEERS, NodeConfig
@@ -166,6 +167,7 @@ from ..events import Event, EventType
 from ..wire import zre
 from .election import Elected, Election, SendElect, parse_id, zyre_id
 from .roundtrip import RoundTrip
+from .table import Dialling, Outbox, Peer
 
 __all__ = ["Session", "Outbox", "Dialling", "Peer", "PEX_HEADER"]
 
@@ -192,7 +194,7 @@ COUNTERS = ("peers_refused", "address_refused", "pending_refused", "pending_shed
             "events_dropped", "connections_shed", "descriptors_refused", "held_dropped",
             "sequence_resyncs", "sessions_restarted", "messages_refused")
 
-#: seconds between ``settle`` runs while a claim or departure waits, at most (the first
+#: seconds between ``_settle`` runs while a claim or departure waits, at most (the first
 #: is at once, then 1/32 of this, doubling)
 SETTLE_STEP = 0.064
 
@@ -202,139 +204,6 @@ DROP_REASONS = ("short", "bad_signature", "before_hello", "sequence_gap", "malfo
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 LEADER = EventType.LEADER
 WHISPER, SHOUT = EventType.WHISPER, EventType.SHOUT
-
-
-class Outbox(Protocol):
-    """A peer's outgoing link as the session sees it (``peer.PeerLink`` on gevent)."""
-
-    limit: int
-    stalled_since: Optional[float]
-
-    def offer(self, frames: Sequence[bytes]) -> None:
-        """Send now or queue behind the backlog; never blocks."""
-
-    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
-        """``offer`` each of ``messages`` in order while ``has_room``; how many it took."""
-
-    def queued(self) -> int:
-        """How much waits in the backlog, in the unit of ``limit``."""
-
-    def has_room(self) -> bool:
-        """True while the backlog is below ``limit``."""
-
-    def close(self, linger: float = 0) -> None:
-        """Drop the backlog and close."""
-
-
-class Dialling:
-    """The ``Outbox`` of a peer whose ``Dial`` the driver has not answered yet: it keeps
-    what is offered (a HELLO, the commands of the same input) for ``Session.attach`` to
-    hand to the real one, in order. A driver answers every ``Dial`` before it feeds the
-    session again, so it never holds more than one input's commands."""
-
-    __slots__ = ("limit", "stalled_since", "frames", "octets", "closed")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.stalled_since: Optional[float] = None
-        self.frames: list[Sequence[bytes]] = []
-        self.octets = 0
-        self.closed = False
-
-    def offer(self, frames: Sequence[bytes]) -> None:
-        """Keep ``frames`` for the real link."""
-        if not self.closed:
-            self.frames.append(frames)
-            self.octets += sum(map(len, frames))
-
-    def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
-        """Keep each of ``messages``; all of them."""
-        for frames in messages:
-            self.offer(frames)
-        return len(messages)
-
-    def queued(self) -> int:
-        """Octets kept."""
-        return self.octets
-
-    def has_room(self) -> bool:
-        """True while under ``limit`` octets."""
-        return self.octets < self.limit
-
-    def close(self, linger: float = 0) -> None:
-        """Drop what is kept; the real link, when it comes, is closed at once."""
-        self.closed = True
-        self.frames.clear()
-        self.octets = 0
-
-
-class _Waker(Protocol):
-    """What ``flush`` waits on (a gevent event in the node)."""
-
-    def set(self) -> None: ...
-
-
-#: the groups of every peer that joined none (one object: ``frozenset()`` makes a new one)
-_NO_GROUPS: frozenset[str] = frozenset()
-
-
-class Peer:
-    """A remote node: identity, HELLO data, groups, sequence and liveness state."""
-
-    __slots__ = ("uuid", "uuid_bytes", "identity", "endpoint", "link", "ready", "name",
-                 "headers", "groups", "status", "want", "sent", "last_seen", "next_ping",
-                 "evasive", "silent", "unconfirmed", "pong", "total", "pings", "confirmed",
-                 "since", "rtt", "next_probe")
-
-    def __init__(self, uuid: UUID, endpoint: str, link: Outbox, now: float) -> None:
-        self.uuid = uuid
-        self.uuid_bytes = uuid.bytes
-        self.identity = b"\x01" + self.uuid_bytes
-        self.endpoint = endpoint
-        self.link = link
-        self.ready = False          # HELLO received
-        self.name = ""
-        self.headers: dict[str, str] = {}
-        self.groups: AbstractSet[str] = _NO_GROUPS  # a set once it joins (few peers do)
-        self.status = 0             # peer's group status (mod 256)
-        self.want = 1               # next sequence expected from the peer
-        self.sent = 0               # last sequence sent to the peer
-        self.last_seen = now
-        self.next_ping = 0.0
-        self.evasive = False        # EVASIVE reported for this silence
-        self.silent = False         # SILENT reported for this silence
-        self.unconfirmed = False    # application messages sent since the last flush
-        self.pong: Optional[_Waker] = None  # set on each PING-OK and on removal (flush waits)
-        self.total = 0              # messages sent to the peer, ever
-        #: (``total``, the time or None) when each unanswered PING went
-        self.pings: Optional[deque[tuple[int, Optional[float]]]] = None
-        self.confirmed = 0          # messages the peer is known to have handled
-        self.since = now            # when it entered the table
-        self.rtt: Optional[RoundTrip] = None  # PING to PING-OK times, once it answered one
-        self.next_probe = now       # when to PING it for a round-trip time (``rtt_probe``)
-
-    @property
-    def state(self) -> str:
-        """Liveness: "alive", "evasive" (PINGed after ``evasive`` of silence) or "silent"."""
-        return "silent" if self.silent else "evasive" if self.evasive else "alive"
-
-    def next_sequence(self) -> int:
-        """The sequence number for the next message to this peer."""
-        self.total += 1
-        self.sent = (self.sent + 1) & 0xFFFF
-        return self.sent
-
-    def advance(self, count: int) -> None:
-        """Count ``count`` messages sent, numbered after ``sent`` (headers made ahead,
-        from ``(sent + 1) & 0xFFFF`` on)."""
-        self.total += count
-        self.sent = (self.sent + count) & 0xFFFF
-
-    def refresh(self, now: float) -> None:
-        """Any sign of life: reset the silence timers."""
-        self.last_seen = now
-        self.next_ping = 0.0
-        self.evasive = self.silent = False
 
 
 class _Claim:
@@ -402,18 +271,11 @@ class Session(Outputs):
     outputs that ``receive``/``handle_timer`` return and ``take`` hands over;
     the driver answers each ``Dial`` with ``attach``. Commands to a peer go
     to its ``Outbox`` (``peer.link.offer``): that is the flow-controlled path.
-
-    Given ``connect`` and ``emit`` both (the older form, which tables of tests
-    use), it calls them instead: ``connect(uuid, endpoint)`` returns a link to
-    a new peer's mailbox, or None when none can be made; ``emit`` receives every
-    event and may be replaced at any time; ``wake`` asks for ``settle`` calls.
+    ``linked`` and ``source`` are the driver's two queries (the module docstring).
     """
 
     def __init__(self, uuid: UUID, name: str, headers: dict[str, str], config: NodeConfig,
-                 connect: Optional[Callable[[UUID, str], Optional[Outbox]]] = None,
-                 emit: Optional[Callable[[Event], None]] = None,
                  linked: Optional[Callable[[bytes], Optional[bool]]] = None,
-                 wake: Optional[Callable[[], None]] = None,
                  source: Optional[Callable[[bytes], Optional[str]]] = None) -> None:
         super().__init__()
         self.uuid = uuid
@@ -425,17 +287,8 @@ class Session(Outputs):
         #: ``config.max_peers``; None (not fitted by a driver to what its transport can
         #: hold, as ``Node`` does): no cap
         self.max_peers: int = UNBOUNDED_PEERS if config.max_peers is None else config.max_peers
-        self.connect = connect
-        self._returns = emit is None  # events are outputs (not ``emit`` calls)
-        #: where events go: ``Emit`` outputs, or the ``emit`` callable given
-        self.emit: Callable[[Event], None] = emit if emit is not None else self._emit_output
-        #: where WHISPERs and SHOUTs go: ``Deliver`` outputs, or ``emit``
-        self.deliver: Callable[[Event], None] = \
-            self._deliver_output if emit is None else self._deliver_emit
         #: does a routing identity hold a connection to our mailbox now (None: cannot tell)
         self.linked = linked
-        #: asks the driver to call ``settle`` soon and again while it returns True
-        self.wake = wake
         #: the address the message being handled, from a routing identity, came from
         #: (None: cannot tell); ``_from_its_host``
         self.source = source
@@ -489,20 +342,21 @@ class Session(Outputs):
         self.leaders: dict[str, UUID] = {}
         self._now = 0.0  # the latest time a command or tick brought (waves start then)
         self._caps_said: set[str] = set()  # the bounds the node said once it is at
-        self._tick_at = 0.0  # when ``tick`` is due (``handle_timer``)
-        #: when ``settle`` is due while claims or departures wait, and the step to the next
+        self._tick_at = 0.0  # when ``_tick`` is due (``handle_timer``)
+        #: when ``_settle`` is due while claims or departures wait, and the step to the next
         self._settle_at: Optional[float] = None
         self._settle_step = SETTLE_STEP
 
     # --- the core contract (``peermesh.core``) ---------------------------
 
     def handle_timer(self, now: float) -> list[Output]:
-        """The timers due at ``now``: ``tick`` when its time came, else ``settle``."""
+        """The timers due at ``now``: the liveness timers (``_tick``) when their time came,
+        else the settling of claims and departures (``_settle``)."""
         if now >= self._tick_at:
-            self._tick_at = self.tick(now)  # (it settles too)
+            self._tick_at = self._tick(now)  # (it settles too)
             waiting = bool(self._claims or self._leaving)
         elif self._settle_at is not None and now >= self._settle_at:
-            waiting = self.settle(now)
+            waiting = self._settle(now)
         else:
             waiting = self._settle_at is not None
         if not waiting:
@@ -513,9 +367,9 @@ class Session(Outputs):
         return self.take()
 
     def next_deadline(self) -> float:
-        """When ``handle_timer`` is next due: the next ``tick`` (at most ``min(interval,
-        evasive / 2)`` after the last), sooner while claims or departures wait on a
-        peer's link (``settle``: at once, then every few milliseconds backing off to
+        """When ``handle_timer`` is next due: the next liveness tick (at most
+        ``min(interval, evasive / 2)`` after the last), sooner while claims or departures
+        wait on a peer's link (at once, then every few milliseconds backing off to
         ``SETTLE_STEP``)."""
         settle = self._settle_at
         return self._tick_at if settle is None or settle > self._tick_at else settle
@@ -539,28 +393,21 @@ class Session(Outputs):
             link.offer(frames)
         return True
 
-    def _emit_output(self, event: Event) -> None:
+    def _emit(self, event: Event) -> None:
         self._outputs.append(Emit(event))
 
-    def _deliver_output(self, event: Event) -> None:
+    def _deliver(self, event: Event) -> None:
         self._outputs.append(Deliver(event))
 
-    def _deliver_emit(self, event: Event) -> None:
-        self.emit(event)
-
-    def _dial(self, uuid: UUID, endpoint: str) -> Optional[Outbox]:
-        """A link to ``uuid``'s mailbox at ``endpoint``: ``connect``'s, or a ``Dialling``
-        until the driver answers the ``Dial`` it asks for."""
-        if self.connect is not None:
-            return self.connect(uuid, endpoint)
+    def _dial(self, uuid: UUID, endpoint: str) -> Dialling:
+        """Ask the driver for a link to ``uuid``'s mailbox at ``endpoint`` (``Dial``); what
+        is offered until it answers waits in the ``Dialling`` returned."""
         self._outputs.append(Dial(uuid, endpoint, self._identity))
         return Dialling(self.config.send_buffer)
 
     def _wake(self) -> None:
-        """A claim or departure waits on a peer's link: ``settle`` soon and again."""
-        if self.wake is not None:
-            self.wake()
-        elif self.connect is None and self._settle_at is None:
+        """A claim or departure waits on a peer's link: settle it soon and again."""
+        if self._settle_at is None:
             self._settle_step = SETTLE_STEP / 64
             self._settle_at = self._now
 
@@ -662,7 +509,7 @@ class Session(Outputs):
             name = peer.name
         assert uuid is not None
         self.leaders[group] = uuid
-        self.emit(Event(LEADER, uuid, name, group))
+        self._emit(Event(LEADER, uuid, name, group))
 
     def _on_wave(self, peer: Peer, message: "zre.Elect | zre.Leader", now: float) -> None:
         """ELECT or LEADER from a member of one of our groups (others are ignored)."""
@@ -799,9 +646,9 @@ class Session(Outputs):
         """True when a ready peer's connection to our mailbox is known to be closed."""
         return peer.ready and self.linked is not None and self.linked(peer.identity) is False
 
-    def settle(self, now: float) -> bool:
+    def _settle(self, now: float) -> bool:
         """Decide the claims and departures that wait on a peer's link or its answer;
-        True while some still wait (the driver calls again soon: links close at any
+        True while some still wait (``handle_timer`` comes again soon: links close at any
         time)."""
         if self._claims:
             self._settle_claims(now)
@@ -866,8 +713,6 @@ class Session(Outputs):
                 return None
             self.remove(holder, "replaced by another node at its endpoint")
         link = self._dial(uuid, endpoint)
-        if link is None:
-            return None
         peer = Peer(uuid, endpoint, link, now)
         self.peers[uuid] = peer
         if address:  # (not ``+= 1``: a Counter's __missing__ is a Python call)
@@ -955,7 +800,7 @@ class Session(Outputs):
             peer.ready = False  # for whoever still holds it (the node's last whisper target)
             log.info("peer %s (%s) at %s left: %s", peer.name, peer.uuid.hex, peer.endpoint,
                      reason, extra={"peer": peer.uuid.hex, "peer_name": peer.name})
-            self.emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
+            self._emit(Event(EXIT, peer.uuid, peer.name, address=peer.endpoint, reason=reason))
             for group in peer.groups:
                 self._member_gone(peer, group)
 
@@ -971,7 +816,7 @@ class Session(Outputs):
             groups = peer.groups = set(groups)
         groups.add(group)  # type: ignore[attr-defined]
         self.members.setdefault(group, {})[peer.uuid] = peer
-        self.emit(Event(JOIN, peer.uuid, peer.name, group))
+        self._emit(Event(JOIN, peer.uuid, peer.name, group))
         if group in self.contested and group in self.groups:
             self.elect(group)  # Zyre: a new member starts an election
 
@@ -984,7 +829,7 @@ class Session(Outputs):
             members.pop(peer.uuid, None)
             if not members:
                 del self.members[group]
-        self.emit(Event(LEAVE, peer.uuid, peer.name, group))
+        self._emit(Event(LEAVE, peer.uuid, peer.name, group))
         self._member_gone(peer, group)
 
     # --- the mailbox -------------------------------------------------------
@@ -1007,28 +852,19 @@ class Session(Outputs):
         if peer is not None:
             self.remove(peer, f"sent a message over max_message ({self.config.max_message})")
 
-    def on_message(self, identity: bytes, frames: list[bytes], now: float) -> None:
-        """``receive``, what it returns left for ``take`` (the older form: given ``connect``
-        and ``emit``, there is nothing to take)."""
-        out = self.receive(identity, frames, now)
-        if out:
-            self._outputs = out  # (``receive`` took what was there before too)
-
     def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
         """One message from the mailbox, sent by the DEALER with routing identity ``link``;
-        the outputs it leaves (and those left before by calls outside ``receive``)."""
-        if self._outputs:  # left by calls outside ``receive``: they come first
-            pending = self.take()
-            return pending + self.receive(link, frames, now)
-        event = self.delivery(link, frames, now)
+        the outputs it leaves (after those left before by calls outside ``receive``)."""
+        event = self.delivery(link, frames, now)  # (None while outputs wait)
         if event is not None:
-            if self._returns:
-                return [Deliver(event)]
-            self.deliver(event)
-            return []
-        self._on_command(link, frames, frames[0] if frames else b"",  # type: ignore[arg-type]
-                         self.by_identity.get(link), now)  # type: ignore[call-overload]
+            return [Deliver(event)]
+        self._take_in(link, frames, now)  # type: ignore[arg-type]
         return self.take()
+
+    def _take_in(self, identity: bytes, frames: list[bytes], now: float) -> None:
+        """One mailbox message, decoded, its outputs left for ``take``."""
+        self._on_command(identity, frames, frames[0] if frames else b"",
+                         self.by_identity.get(identity), now)
 
     def delivery(self, link: Hashable, frames: list[bytes], now: float) -> Optional[Event]:
         """``receive``'s fast path, for a driver that hands events on itself: the event of
@@ -1094,10 +930,12 @@ class Session(Outputs):
             self.dropped["malformed"] += 1
             log.debug("dropped malformed command from %s: %s", peer.name, exc.reason)
             return
-        if isinstance(message, zre.Shout):
+        if isinstance(message, zre.Whisper):
+            self._deliver(Event(WHISPER, peer.uuid, peer.name, None, message.content))
+        elif isinstance(message, zre.Shout):
             self.received_shouts += 1
             if message.group in self.groups:
-                self.deliver(Event(SHOUT, peer.uuid, peer.name, message.group,
+                self._deliver(Event(SHOUT, peer.uuid, peer.name, message.group,
                                    message.content))
         elif isinstance(message, zre.Join):
             self._peer_status(peer, message.status)
@@ -1107,7 +945,7 @@ class Session(Outputs):
             self._peer_leave(peer, message.group)
         elif isinstance(message, zre.Ping):
             if self.hold_confirms:
-                self.emit(Event(EventType.CONFIRM, peer.uuid, peer.name))
+                self._emit(Event(EventType.CONFIRM, peer.uuid, peer.name))
             else:
                 self.send_control(peer, zre.PingOk(peer.next_sequence()))
         elif isinstance(message, zre.PeerExchange):
@@ -1301,8 +1139,6 @@ class Session(Outputs):
             return False
         peer.link.close()
         link = self._dial(peer.uuid, peer.endpoint)
-        if link is None:
-            return False
         log.debug("peer %s (%s) said HELLO again: saying ours again", peer.name, peer.uuid.hex)
         self.counters.add("sessions_restarted")
         peer.link = link
@@ -1363,7 +1199,7 @@ class Session(Outputs):
         if peer is not None and not peer.ready and peer.endpoint == claim.hello.endpoint:
             self._accept_hello(peer, claim.hello, now, announce=True)
             for frames in claim.held:  # in order, numbered after the HELLO
-                self.on_message(claim.identity, frames, now)
+                self._take_in(claim.identity, frames, now)
 
     def _accept_hello(self, peer: Peer, hello: zre.Hello, now: float, announce: bool) -> None:
         self.pending.pop(peer.uuid, None)
@@ -1377,7 +1213,7 @@ class Session(Outputs):
             if log.isEnabledFor(logging.INFO):  # (its arguments cost more than the check)
                 log.info("peer %s (%s) entered from %s", peer.name, peer.uuid.hex,
                          peer.endpoint, extra={"peer": peer.uuid.hex, "peer_name": peer.name})
-            self.emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
+            self._emit(Event(ENTER, peer.uuid, peer.name, headers=dict(peer.headers),
                             address=peer.endpoint))
             if peer.headers.get(PEX_HEADER) == "1":
                 self._send_peer_exchange(peer)
@@ -1410,7 +1246,7 @@ class Session(Outputs):
 
     # --- timers ------------------------------------------------------------
 
-    def tick(self, now: float) -> float:
+    def _tick(self, now: float) -> float:
         """Judge every peer's silence at ``now``; the time of the next tick.
 
         PINGs a peer silent for ``evasive`` (EVASIVE once per silence), reports
@@ -1439,7 +1275,7 @@ class Session(Outputs):
                       peer.endpoint)
             self.remove(peer, "no HELLO")
         self.counters.report(now)
-        self.settle(now)
+        self._settle(now)
         self._now = now
         if self.election.waves:
             for group in self.election.stale(now, cfg.interval):
@@ -1466,7 +1302,7 @@ class Session(Outputs):
                     log.info("peer %s (%s) is evasive: silent for %.1fs", peer.name,
                              peer.uuid.hex, idle,
                              extra={"peer": peer.uuid.hex, "peer_name": peer.name})
-                    self.emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
+                    self._emit(Event(EventType.EVASIVE, peer.uuid, peer.name))
             elif probe and peer.ready and now >= peer.next_probe and not peer.pings:
                 peer.next_probe = now + probe
                 self.ping(peer, now)
@@ -1476,7 +1312,7 @@ class Session(Outputs):
                 peer.silent = True
                 log.info("peer %s (%s) is silent for %.1fs", peer.name, peer.uuid.hex, idle,
                          extra={"peer": peer.uuid.hex, "peer_name": peer.name})
-                self.emit(Event(EventType.SILENT, peer.uuid, peer.name))
+                self._emit(Event(EventType.SILENT, peer.uuid, peer.name))
         self._evasive = evasive
         period = min(cfg.interval, cfg.evasive / 2)
         waits = [c.since for c in self._claims.values()]

@@ -17,10 +17,7 @@ from peermesh.events import Event, EventType
 from peermesh.wire import zre
 from peermesh.zre.eventqueue import GreenEventQueue, ThreadEventQueue
 
-try:  # tests/ as a package
-    from .test_session import CONFIG, OWN_ENDPOINT, Harness, Remote, entered
-except ImportError:  # tests/zre on sys.path (pytest's default "prepend" import mode)
-    from test_session import CONFIG, OWN_ENDPOINT, Harness, Remote, entered
+from sessionharness import CONFIG, OWN_ENDPOINT, Harness, Remote, entered
 
 ENTER, EXIT, JOIN, WHISPER = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.WHISPER
 
@@ -36,7 +33,7 @@ def test_beacons_from_random_uuids_open_at_most_max_pending_links() -> None:
     # 30,000 beacons with random UUIDs at closed ports made 3,679 peers and fds.
     h = harness(max_pending=8)
     for i in range(300):
-        h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{1000 + i}", i / 1000)
+        h.appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{1000 + i}", i / 1000)
     assert sum(map(len, h.links.values())) == 8
     assert len(h.session.pending) == len(h.session.peers) == 8
     assert h.session.counters.get("pending_refused") == 292
@@ -47,11 +44,11 @@ def test_a_pending_peer_that_had_an_interval_to_answer_makes_room() -> None:
     h = harness(max_pending=8)
     fakes = [uuid_module.uuid4() for _ in range(8)]
     for i, fake in enumerate(fakes):
-        h.session.peer_appeared(fake, f"tcp://10.0.0.9:{1000 + i}", i / 10)
+        h.appeared(fake, f"tcp://10.0.0.9:{1000 + i}", i / 10)
     newcomer = Remote("new", 7000)
-    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 0.9)  # the oldest waited 0.9 s
+    h.appeared(newcomer.uuid, newcomer.endpoint, 0.9)  # the oldest waited 0.9 s
     assert newcomer.uuid not in h.session.peers
-    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 1.0)  # its next beacon
+    h.appeared(newcomer.uuid, newcomer.endpoint, 1.0)  # its next beacon
     assert newcomer.uuid in h.session.pending and fakes[0] not in h.session.peers
     assert h.link(newcomer.endpoint).kinds() == ["Hello"]
     assert h.session.counters.get("pending_shed") == 1
@@ -60,17 +57,17 @@ def test_a_pending_peer_that_had_an_interval_to_answer_makes_room() -> None:
 def test_pending_peers_without_hello_time_out() -> None:
     h = harness(max_pending=4, hello_timeout=2.0)
     for i in range(4):
-        h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{1000 + i}", float(i))
-    h.session.tick(2.5)  # the first two are 2.5 and 1.5 s old
+        h.appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{1000 + i}", float(i))
+    h.timer(2.5)  # the first two are 2.5 and 1.5 s old
     assert len(h.session.pending) == 3
-    h.session.tick(5.0)
+    h.timer(5.0)
     assert not h.session.pending and not h.session.peers
     assert all(link.closed for links in h.links.values() for link in links)
     assert h.session.counters.get("pending_timed_out") == 4
     assert h.taken() == []  # they never said HELLO: no EXIT
     # Room again for a newcomer found by discovery.
     newcomer = Remote("new", 7000)
-    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 5.0)
+    h.appeared(newcomer.uuid, newcomer.endpoint, 5.0)
     assert newcomer.uuid in h.session.pending
 
 
@@ -80,9 +77,9 @@ def test_fakes_never_crowd_out_a_newcomer_that_says_hello() -> None:
     h = harness(max_pending=4, max_peers=4)
     fakes = [uuid_module.uuid4() for _ in range(4)]
     for i, fake in enumerate(fakes):
-        h.session.peer_appeared(fake, f"tcp://10.0.0.9:{1000 + i}", 0.0)
+        h.appeared(fake, f"tcp://10.0.0.9:{1000 + i}", 0.0)
     newcomer = Remote("new", 7000)
-    h.session.peer_appeared(newcomer.uuid, newcomer.endpoint, 0.5)  # its beacon: no room
+    h.appeared(newcomer.uuid, newcomer.endpoint, 0.5)  # its beacon: no room
     assert newcomer.uuid not in h.session.peers
     entered(h, newcomer, 0.6)
     assert newcomer.uuid in h.session.peers and fakes[0] not in h.session.peers
@@ -113,7 +110,7 @@ def test_hellos_that_nothing_proves_wait_at_most_max_unproven() -> None:
     assert real.uuid not in h.session.peers and sum(map(len, h.links.values())) == links
     assert all(h.link(f.endpoint).kinds() == ["Hello", "Ping"] for f in fakes)
     h.taken()
-    h.session.peer_appeared(real.uuid, real.endpoint, 0.2)  # its beacon: in at once, proven
+    h.appeared(real.uuid, real.endpoint, 0.2)  # its beacon: in at once, proven
     assert h.taken() == [(ENTER, "real")] and real.uuid not in h.session.unproven
     h.send(other, other.hello(), 0.3)  # the fakes were asked 0.2 s ago: it waits
     h.send(fakes[1], zre.PingOk(fakes[1].next()), 0.6)  # one answers: proven
@@ -129,14 +126,14 @@ def test_hellos_that_nothing_proves_wait_at_most_max_unproven() -> None:
     assert list(h.session.unproven) == [fakes[2].uuid, fakes[3].uuid, other.uuid, third.uuid]
     assert h.session.counters.get("unproven_refused") == 0  # each held HELLO got in
     # A held HELLO that nothing proves within hello_timeout is refused.
-    h = harness(max_unproven=1, hello_timeout=2.0)
+    h = harness(max_unproven=1, hello_timeout=2.0, interval=0.1)  # (a timer every 0.1 s)
     h.send(fakes[0], fakes[0].hello(), 0.0)
     h.send(fakes[1], fakes[1].hello(), 0.1)
-    h.session.tick(2.0)
+    h.timer(2.0)
     assert h.session.counters.get("unproven_refused") == 0
-    h.session.tick(2.2)
+    h.timer(2.2)
     assert h.session.counters.get("unproven_refused") == 1
-    h.session.peer_appeared(fakes[1].uuid, fakes[1].endpoint, 2.3)  # too late: found only
+    h.appeared(fakes[1].uuid, fakes[1].endpoint, 2.3)  # too late: found only
     assert fakes[1].uuid in h.session.pending
 
 
@@ -184,13 +181,13 @@ def test_a_node_at_a_cap_says_so_once_naming_the_setting(caplog: pytest.LogCaptu
     h = harness(max_peers=10, max_pending=4, max_unproven=4)
     with caplog.at_level(logging.WARNING, logger="peermesh.zre.session"):
         for i in range(8):  # beacons faster than pending peers may be replaced
-            h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{4000 + i}", 0.0)
+            h.appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{4000 + i}", 0.0)
         for i in range(1, 50):
             fake = Remote(f"fake{i}", 2000 + i)
             if i % 2:  # reported at its endpoint (beacon) first, the others say HELLO first
-                h.session.peer_appeared(fake.uuid, fake.endpoint, float(i))
+                h.appeared(fake.uuid, fake.endpoint, float(i))
             h.send(fake, fake.hello(), float(i))
-            h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{3000 + i}", float(i))
+            h.appeared(uuid_module.uuid4(), f"tcp://10.0.0.9:{3000 + i}", float(i))
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 3, said
     assert any("max_pending=4 peers found by discovery" in line
@@ -206,7 +203,7 @@ def test_one_address_holds_at_most_max_peers_per_address() -> None:
     # a peer of its own that says HELLO sheds one of its address's pending ones.
     h = harness(max_peers=16, max_peers_per_address=4)
     for i in range(3):
-        h.session.peer_appeared(uuid_module.uuid4(), f"tcp://10.0.0.2:{1000 + i}", 0.0)
+        h.appeared(uuid_module.uuid4(), f"tcp://10.0.0.2:{1000 + i}", 0.0)
     for i in range(10):
         fake = Remote(f"fake{i}", 2000 + i)  # at 10.0.0.2
         h.send(fake, fake.hello(), 0.1)
@@ -224,7 +221,7 @@ def test_one_address_holds_at_most_max_peers_per_address() -> None:
         entered(h, local, 0.3)
     assert len(h.session.peers) == 11 and h.session.per_address == {"10.0.0.2": 4,
                                                                    "10.0.0.3": 1}
-    h.session.remove(h.session.peers[other.uuid], "gone")
+    h.remove(h.session.peers[other.uuid], "gone")
     assert h.session.per_address == {"10.0.0.2": 4}
 
 
@@ -238,7 +235,7 @@ def test_a_newcomer_that_says_hello_replaces_an_evasive_fake() -> None:
     newcomer = Remote("new", 7000)
     h.send(newcomer, newcomer.hello(), 1.0)  # nobody is EVASIVE yet: refused
     assert newcomer.uuid not in h.session.peers
-    h.session.tick(CONFIG.evasive)  # all four PINGed, EVASIVE
+    h.timer(CONFIG.evasive)  # all four PINGed, EVASIVE
     h.taken()
     h.send(newcomer, newcomer.hello(), CONFIG.evasive + 0.5)
     assert newcomer.uuid in h.session.peers and len(h.session.peers) == 4
@@ -256,7 +253,7 @@ def test_hello_over_max_hello_is_refused_and_its_peer_dropped() -> None:
     # A HELLO with a 4 MB header was kept per fake peer.
     h = harness(max_hello=1000)
     big = Remote("big", 3000)
-    h.session.peer_appeared(big.uuid, big.endpoint, 0.0)  # pending, HELLO sent to it
+    h.appeared(big.uuid, big.endpoint, 0.0)  # pending, HELLO sent to it
     h.send(big, big.hello(headers={"X-Big": "x" * 2000}), 0.0)
     assert big.uuid not in h.session.peers and h.link(big.endpoint).closed
     assert h.taken() == []
@@ -307,10 +304,10 @@ def test_port_zero_from_another_address_does_not_remove_the_peer() -> None:
     h = harness()
     peer = Remote("peer", 3000)  # at 10.0.0.2
     entered(h, peer, 0.0)
-    h.session.peer_left(peer.uuid, 1.0, "10.0.0.66")
+    h.left(peer.uuid, 1.0, "10.0.0.66")
     assert peer.uuid in h.session.peers and h.taken() == []
     assert h.session.counters.get("leaves_ignored") == 1
-    h.session.peer_left(peer.uuid, 2.0, "10.0.0.2")
+    h.left(peer.uuid, 2.0, "10.0.0.2")
     assert h.taken() == [(EXIT, "left")]
 
 
@@ -318,13 +315,13 @@ def test_port_zero_beacons_from_random_uuids_leave_nothing_behind() -> None:
     # 200,000 port-0 beacons from random UUIDs grew _departed to 89k entries.
     h = harness(max_peers=8)
     for _ in range(500):
-        h.session.peer_left(uuid_module.uuid4(), 0.0, "10.0.0.9")
+        h.left(uuid_module.uuid4(), 0.0, "10.0.0.9")
     assert not h.session._departed
     # Peers that really leave are remembered, at most max_peers of them.
     for i in range(20):
         peer = Remote(f"p{i}", 3000 + i)
         entered(h, peer, float(i))
-        h.session.peer_left(peer.uuid, float(i), "10.0.0.2")
+        h.left(peer.uuid, float(i), "10.0.0.2")
     assert len(h.session._departed) == 8
 
 
@@ -332,11 +329,11 @@ def test_report_of_a_known_uuid_at_another_endpoint_neither_moves_nor_refreshes_
     h = harness()
     peer = Remote("peer", 3000)
     entered(h, peer, 0.0)
-    h.session.peer_appeared(peer.uuid, "tcp://10.0.0.66:3000", 4.0)
+    h.appeared(peer.uuid, "tcp://10.0.0.66:3000", 4.0)
     assert h.session.peers[peer.uuid].endpoint == peer.endpoint
     assert h.session.peers[peer.uuid].last_seen == 0.0
     assert list(h.links) == [peer.endpoint]
-    h.session.peer_appeared(peer.uuid, peer.endpoint, 4.0)  # its own beacon does
+    h.appeared(peer.uuid, peer.endpoint, 4.0)  # its own beacon does
     assert h.session.peers[peer.uuid].last_seen == 4.0
 
 

@@ -1,8 +1,9 @@
 """The ZRE session core as tables, without sockets or clocks.
 
-A ``Session`` is fed frames, discovery reports and times by hand; what it
-sends is read back from in-memory links (every frame decoded with the codec)
-and what it reports from the list its ``emit`` appends to.
+A ``Session`` is fed frames, discovery reports and times by hand through its
+core contract (``sessionharness.Harness`` plays the node): what it sends is
+read back from in-memory links (every frame decoded with the codec) and what
+it reports from the events its outputs carry.
 """
 
 from __future__ import annotations
@@ -10,113 +11,22 @@ from __future__ import annotations
 import ast
 import uuid as uuid_module
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
-from uuid import UUID
+from types import ModuleType
+from typing import Any, Callable
 
 import pytest
 
-from peermesh.config import NodeConfig
-from peermesh.core import Deliver, Dial, Emit
-from peermesh.events import Event, EventType
+from peermesh.events import EventType
 from peermesh.wire import zre
 from peermesh.zre import session as session_module
-from peermesh.zre.session import PEX_HEADER, Session
+from peermesh.zre import table as table_module
+from peermesh.zre.session import PEX_HEADER
+
+from sessionharness import CONFIG, FINE, OWN_ENDPOINT, Harness, Remote, entered
 
 ENTER, EXIT, JOIN, LEAVE = EventType.ENTER, EventType.EXIT, EventType.JOIN, EventType.LEAVE
 WHISPER, SHOUT, EVASIVE, SILENT = (EventType.WHISPER, EventType.SHOUT, EventType.EVASIVE,
                                    EventType.SILENT)
-OWN_ENDPOINT = "tcp://10.0.0.1:50000"
-CONFIG = NodeConfig(interval=1.0, evasive=5.0, silent=10.0, expired=30.0, rtt_probe=0)
-
-
-class MemoryLink:
-    """A link that keeps what it is given, decoded; its backlog is set by the test."""
-
-    def __init__(self, endpoint: str, limit: int = 1000) -> None:
-        self.endpoint = endpoint
-        self.limit = limit
-        self.backlog = 0
-        self.stalled_since: Optional[float] = None
-        self.sent: list[zre.Message] = []
-        self.closed = False
-
-    def offer(self, frames: Sequence[bytes]) -> None:
-        assert not self.closed, "sent on a closed link"
-        self.sent.append(zre.decode(list(frames)))
-
-    def queued(self) -> int:
-        return self.backlog
-
-    def has_room(self) -> bool:
-        return self.backlog < self.limit
-
-    def close(self, linger: float = 0) -> None:
-        self.closed = True
-
-    def kinds(self) -> list[str]:
-        return [type(m).__name__ for m in self.sent]
-
-
-class Harness:
-    """One session, its links (by endpoint, newest last) and its events."""
-
-    def __init__(self, config: NodeConfig = CONFIG, headers: Optional[dict[str, str]] = None,
-                 refuse: bool = False) -> None:
-        self.links: dict[str, list[MemoryLink]] = {}
-        self.events: list[Event] = []
-        self.refuse = refuse
-        self.session = Session(uuid_module.uuid4(), "me", dict(headers or {}), config,
-                               self.connect, self.events.append)
-        self.session.start(OWN_ENDPOINT)
-
-    def connect(self, uuid: UUID, endpoint: str) -> Optional[MemoryLink]:
-        if self.refuse:
-            return None
-        link = MemoryLink(endpoint)
-        self.links.setdefault(endpoint, []).append(link)
-        return link
-
-    def link(self, endpoint: str) -> MemoryLink:
-        return self.links[endpoint][-1]
-
-    def send(self, peer: "Remote", message: zre.Message, now: float) -> None:
-        self.session.on_message(peer.identity, zre.encode(message), now)
-
-    def taken(self) -> list[tuple[EventType, Any]]:
-        """Events so far as (type, name or reason), then forgotten."""
-        got = [(e.type, e.reason or e.group or (e.frames and e.frames[0]) or e.name)
-               for e in self.events]
-        self.events.clear()
-        return got
-
-
-class Remote:
-    """A peer as the test plays it: numbers its commands."""
-
-    def __init__(self, name: str, port: int, uuid: Optional[UUID] = None) -> None:
-        self.name = name
-        self.uuid = uuid or uuid_module.uuid4()
-        self.identity = b"\x01" + self.uuid.bytes
-        self.endpoint = f"tcp://10.0.0.2:{port}"
-        self.sequence = 0
-
-    def next(self) -> int:
-        self.sequence = (self.sequence + 1) & 0xFFFF
-        return self.sequence
-
-    def hello(self, groups: tuple[str, ...] = (), headers: Optional[dict[str, str]] = None,
-              endpoint: Optional[str] = None) -> zre.Hello:
-        self.sequence = 0
-        return zre.Hello(self.next(), endpoint or self.endpoint, groups, len(groups), self.name,
-                         headers or {})
-
-    def whisper(self, data: bytes = b"hi") -> zre.Whisper:
-        return zre.Whisper(self.next(), (data,))
-
-
-def entered(h: Harness, peer: Remote, now: float = 0.0, **hello: Any) -> None:
-    h.send(peer, peer.hello(**hello), now)
-    assert (ENTER, peer.name) in h.taken()
 
 
 # --------------------------------------------------------------------------
@@ -165,7 +75,7 @@ MAILBOX_CASES: list[tuple[str, list[Any], list[tuple[EventType, Any]]]] = [
                          ids=[c[0] for c in MAILBOX_CASES])
 def test_mailbox(commands: list[Any], expected: list[tuple[EventType, Any]]) -> None:
     h = Harness()
-    h.session.add_group("mine")
+    h.add_group("mine")
     peer = Remote("bob", 50001)
     for make in commands:
         h.send(peer, make(peer), 1.0)
@@ -174,14 +84,14 @@ def test_mailbox(commands: list[Any], expected: list[tuple[EventType, Any]]) -> 
 
 def test_shouts_are_reported_while_in_their_group_and_keep_their_frames() -> None:
     h = Harness()
-    h.session.add_group("mine")
-    h.session.add_group("")   # (an empty name is a group too)
+    h.add_group("mine")
+    h.add_group("")   # (an empty name is a group too)
     peer = Remote("bob", 50001)
     entered(h, peer)
     h.send(peer, zre.Shout(peer.next(), "mine", (b"1",)), 1.0)
-    h.session.remove_group("mine")
+    h.remove_group("mine")
     h.send(peer, zre.Shout(peer.next(), "mine", (b"2",)), 1.0)
-    h.session.add_group("mine")
+    h.add_group("mine")
     h.send(peer, zre.Shout(peer.next(), "mine", (b"3", b"more")), 1.0)
     h.send(peer, zre.Shout(peer.next(), "", ()), 1.0)
     h.send(peer, peer.whisper(b"4"), 1.0)
@@ -194,7 +104,7 @@ def test_shouts_are_reported_while_in_their_group_and_keep_their_frames() -> Non
 
 def test_hello_opens_a_link_and_says_hello_first_then_answers_ping() -> None:
     h = Harness()
-    h.session.add_group("g")
+    h.add_group("g")
     peer = Remote("bob", 50001)
     entered(h, peer)
     h.send(peer, zre.Ping(peer.next()), 1.0)
@@ -213,7 +123,7 @@ def test_malformed_frames_are_dropped_and_the_peer_kept() -> None:
     entered(h, peer)
     identity = peer.identity
     for frames in ([], [b"\xaa"], [b"\x00\x00\x02\x02\x00\x02"], [b"\xaa\xa1\x02\x09\x00\x02"]):
-        h.session.on_message(identity, frames, 1.0)
+        h.receive(identity, frames, 1.0)
     h.send(peer, peer.whisper(b"still"), 1.0)
     assert h.taken() == [(WHISPER, b"still")]
 
@@ -222,7 +132,7 @@ def test_oversized_message_disconnects_its_sender() -> None:
     h = Harness()
     peer = Remote("bob", 50001)
     entered(h, peer)
-    h.session.on_oversized(peer.identity)
+    h.oversized(peer.identity)
     assert h.taken() == [(EXIT, f"sent a message over max_message ({CONFIG.max_message})")]
     assert h.link(peer.endpoint).closed
     assert h.session.counters.get("messages_refused") == 1
@@ -232,7 +142,7 @@ def test_oversized_message_disconnects_its_sender() -> None:
 # Timers: silence after the last sign of life (HELLO at t=0)
 
 TIMER_CASES = [
-    # (tick times, events, PINGs sent)
+    # (times the timer runs, events, PINGs sent)
     ([4.9], [], 0),
     ([5.0], [(EVASIVE, "bob")], 1),
     ([5.0, 6.0], [(EVASIVE, "bob")], 1),               # PINGed once per evasive period
@@ -248,25 +158,25 @@ def test_silence(ticks: list[float], events: list[tuple[EventType, Any]], pings:
     peer = Remote("bob", 50001)
     entered(h, peer, now=0.0)
     for now in ticks:
-        h.session.tick(now)
+        h.timer(now)
     assert h.taken() == events
     assert h.link(peer.endpoint).kinds().count("Ping") == pings
 
 
 @pytest.mark.parametrize("sign_of_life", ["message", "beacon"])
 def test_a_sign_of_life_ends_the_silence(sign_of_life: str) -> None:
-    h = Harness()
+    h = Harness(FINE)  # (its timer runs at 11.9 and at 12.0)
     peer = Remote("bob", 50001)
     entered(h, peer, now=0.0)
-    h.session.tick(6.0)
+    h.timer(6.0)
     assert h.taken() == [(EVASIVE, "bob")]
     if sign_of_life == "message":
         h.send(peer, zre.PingOk(peer.next()), 7.0)
     else:
-        h.session.peer_appeared(peer.uuid, peer.endpoint, 7.0)
-    h.session.tick(11.9)
+        h.appeared(peer.uuid, peer.endpoint, 7.0)
+    h.timer(11.9)
     assert h.taken() == []
-    h.session.tick(12.0)
+    h.timer(12.0)
     assert h.taken() == [(EVASIVE, "bob")]
 
 
@@ -277,26 +187,26 @@ def test_liveness_state_follows_the_silence_and_a_sign_of_life() -> None:
     (bob,) = h.session.peers.values()
     states = []
     for now in (1.0, 5.0, 10.0):
-        h.session.tick(now)
+        h.timer(now)
         states.append(bob.state)
     h.send(peer, peer.whisper(), 11.0)
     assert states + [bob.state] == ["alive", "evasive", "silent", "alive"]
 
 
 def test_round_trips_are_timed_from_ping_to_ping_ok_and_probed_every_rtt_probe() -> None:
-    h = Harness(NodeConfig(interval=1.0, evasive=5.0, silent=10.0, expired=30.0, rtt_probe=2.0))
+    h = Harness(FINE.replace(rtt_probe=2.0))  # (its timer runs at 0.5 and at 1.0)
     peer = Remote("bob", 50001)
     entered(h, peer, now=0.0)
     (bob,) = h.session.peers.values()
     link = h.link(peer.endpoint)
-    h.session.tick(0.5)            # a new peer is timed at once
+    h.timer(0.5)            # a new peer is timed at once
     assert link.kinds().count("Ping") == 1 and bob.rtt is None
     h.send(peer, zre.PingOk(peer.next()), 0.504)
-    h.session.tick(1.0)            # answered, next probe due at 2.5
+    h.timer(1.0)            # answered, next probe due at 2.5
     assert link.kinds().count("Ping") == 1
-    h.session.tick(2.5)
+    h.timer(2.5)
     assert link.kinds().count("Ping") == 2
-    h.session.tick(4.6)            # one PING unanswered: no second probe behind it
+    h.timer(4.6)            # one PING unanswered: no second probe behind it
     assert link.kinds().count("Ping") == 2
     h.send(peer, zre.PingOk(peer.next()), 2.52)
     assert bob.rtt is not None and bob.rtt.count == 2
@@ -307,30 +217,30 @@ def test_round_trips_are_timed_from_ping_to_ping_ok_and_probed_every_rtt_probe()
 
 def test_traffic_totals_count_each_kind_and_drops_by_reason() -> None:
     h = Harness()
-    h.session.add_group("g")
+    h.add_group("g")
     peer = Remote("bob", 50001)
     entered(h, peer, now=0.0)
     h.send(peer, peer.whisper(), 1.0)
     h.send(peer, zre.Shout(peer.next(), "g", (b"x",)), 1.0)
     h.send(peer, zre.Shout(peer.next(), "other", (b"x",)), 1.0)  # the slow path counts too
     h.send(peer, zre.Join(peer.next(), "h", 1), 1.0)
-    h.session.on_message(peer.identity, [b"\xaa"], 1.0)
+    h.receive(peer.identity, [b"\xaa"], 1.0)
     s = h.session
     assert (s.received_whispers, s.received_shouts, s.received_control) == (1, 2, 1)
     assert s.dropped["short"] == 1 and set(s.dropped) == set(session_module.DROP_REASONS)
 
 
 def test_a_draining_backlog_keeps_its_peer_and_a_stalled_one_does_not() -> None:
-    h = Harness()
+    h = Harness(FINE)  # (its timer runs at 58.9 and at 59.0)
     peer = Remote("bob", 50001)
     entered(h, peer, now=0.0)
     link = h.link(peer.endpoint)
     link.backlog, link.stalled_since = 500, 29.0  # still taking messages at t=29
-    h.session.tick(40.0)
+    h.timer(40.0)
     assert (EXIT, "expired") not in h.taken()
-    h.session.tick(58.9)
+    h.timer(58.9)
     assert h.taken() == []
-    h.session.tick(59.0)  # no progress for `expired`
+    h.timer(59.0)  # no progress for `expired`
     assert h.taken() == [(EXIT, "not responding: send queue stalled")]
 
 
@@ -340,16 +250,17 @@ def test_control_commands_past_twice_the_bound_disconnect() -> None:
     entered(h, peer, now=0.0)
     link = h.link(peer.endpoint)
     link.backlog = 2 * link.limit
-    h.session.add_group("one")
+    h.add_group("one")
     assert h.taken() == []
     link.backlog += 1
-    h.session.add_group("two")
+    h.add_group("two")
     assert h.taken() == [(EXIT, "not responding: send queue full")]
 
 
-def test_tick_returns_the_next_deadline() -> None:
+def test_the_timer_names_its_next_deadline() -> None:
     h = Harness()
-    assert h.session.tick(100.0) == 100.0 + min(CONFIG.interval, CONFIG.evasive / 2)
+    h.timer(100.0)
+    assert h.session.next_deadline() == 100.0 + min(CONFIG.interval, CONFIG.evasive / 2)
 
 
 # --------------------------------------------------------------------------
@@ -359,10 +270,10 @@ def test_tick_returns_the_next_deadline() -> None:
 def test_report_opens_a_link_and_hello_makes_it_ready() -> None:
     h = Harness()
     peer = Remote("bob", 50001)
-    h.session.peer_appeared(peer.uuid, peer.endpoint, 0.0)
+    h.appeared(peer.uuid, peer.endpoint, 0.0)
     assert h.link(peer.endpoint).kinds() == ["Hello"]
     assert h.session.peers[peer.uuid].ready is False
-    h.session.peer_appeared(peer.uuid, peer.endpoint, 0.5)  # known: only a refresh
+    h.appeared(peer.uuid, peer.endpoint, 0.5)  # known: only a refresh
     assert len(h.links[peer.endpoint]) == 1
     h.send(peer, peer.hello(), 1.0)
     assert h.taken() == [(ENTER, "bob")]
@@ -372,7 +283,7 @@ def test_report_opens_a_link_and_hello_makes_it_ready() -> None:
 @pytest.mark.parametrize("endpoint", [OWN_ENDPOINT, "ipc:///tmp/x", "udp://10.0.0.2:5"])
 def test_reports_of_unusable_endpoints_are_ignored(endpoint: str) -> None:
     h = Harness()
-    h.session.peer_appeared(uuid_module.uuid4(), endpoint, 0.0)
+    h.appeared(uuid_module.uuid4(), endpoint, 0.0)
     assert h.links == {} and h.session.peers == {}
 
 
@@ -387,12 +298,12 @@ def test_a_peer_that_left_is_not_revived_by_stale_reports_for_expired() -> None:
     h = Harness()
     peer = Remote("bob", 50001)
     entered(h, peer, now=0.0)
-    h.session.peer_left(peer.uuid, 1.0)
+    h.left(peer.uuid, 1.0)
     assert h.taken() == [(EXIT, "left")]
-    h.session.peer_appeared(peer.uuid, peer.endpoint, 30.9)
+    h.appeared(peer.uuid, peer.endpoint, 30.9)
     assert peer.uuid not in h.session.peers
-    h.session.tick(31.0)
-    h.session.peer_appeared(peer.uuid, peer.endpoint, 31.0)
+    h.timer(31.0)
+    h.appeared(peer.uuid, peer.endpoint, 31.0)
     assert peer.uuid in h.session.peers
 
 
@@ -439,10 +350,10 @@ def test_new_uuid_at_the_endpoint_of_a_recent_peer_replaces_it_if_it_does_not_an
     h.send(new, new.hello(), 1.0)
     assert h.taken() == []
     assert h.link(old.endpoint).kinds()[-1] == "Ping"  # is the old one still there?
-    deadline = h.session.tick(1.5)
-    assert deadline <= 1.0 + CONFIG.interval
+    h.timer(1.5)
+    assert h.session.next_deadline() <= 1.0 + CONFIG.interval
     assert h.taken() == []
-    h.session.tick(1.0 + CONFIG.interval)
+    h.timer(1.0 + CONFIG.interval)
     assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new")]
     assert new.uuid in h.session.peers and old.uuid not in h.session.peers
     h.send(new, new.whisper(b"from new"), 2.5)
@@ -459,8 +370,8 @@ def test_a_false_claim_on_a_live_peers_endpoint_is_dropped(answer: str) -> None:
     if answer == "ping-ok":
         h.send(old, zre.PingOk(old.next()), 1.2)
     else:
-        h.session.peer_appeared(old.uuid, old.endpoint, 1.2)
-    h.session.tick(5.0)
+        h.appeared(old.uuid, old.endpoint, 1.2)
+    h.timer(5.0)
     assert h.taken() == []
     assert list(h.session.peers) == [old.uuid]
     assert not h.link(old.endpoint).closed
@@ -473,17 +384,18 @@ def test_a_claimant_found_by_its_beacon_meanwhile_still_enters_with_its_hello() 
     new = Remote("new", 50001)
     h.send(new, new.hello(), 4.9)
     # The old peer's silence reaches `evasive`; the new one's beacon replaces it.
-    h.session.peer_appeared(new.uuid, new.endpoint, 5.0)
+    h.appeared(new.uuid, new.endpoint, 5.0)
     assert h.taken() == [(EXIT, "replaced by another node at its endpoint")]
     assert h.session.peers[new.uuid].ready is False
-    h.session.tick(5.1)
+    h.timer(5.1)
     assert h.taken() == [(ENTER, "new")]
     h.send(new, new.whisper(b"in"), 5.2)
     assert h.taken() == [(WHISPER, b"in")]
 
 
-def test_the_session_module_does_no_io_and_reads_no_clock() -> None:
-    tree = ast.parse(Path(session_module.__file__).read_text(encoding="utf-8"))
+@pytest.mark.parametrize("module", [session_module, table_module], ids=lambda m: m.__name__)
+def test_the_session_module_does_no_io_and_reads_no_clock(module: ModuleType) -> None:
+    tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
@@ -498,21 +410,18 @@ def test_the_session_module_does_no_io_and_reads_no_clock() -> None:
 
 class LinkedHarness(Harness):
     """A harness whose driver can tell which identities hold a mailbox connection
-    (``open``), and counts the wake-ups the session asks for."""
+    (``open``)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.open: set[bytes] = set()
-        self.wakes = 0
-        self.session.linked = lambda identity: identity in self.open
-        self.session.wake = self.woken
-
-    def woken(self) -> None:
-        self.wakes += 1
+        super().__init__(linked=lambda identity: identity in self.open)
 
     def enter(self, peer: Remote, now: float = 0.0) -> None:
+        """``peer`` enters at ``now``, and the timer runs then (what it asks for next is
+        the next tick, until something waits on a link)."""
         self.open.add(peer.identity)
         entered(self, peer, now)
+        self.timer(now)
 
 
 def test_a_new_node_at_an_endpoint_whose_holder_closed_its_link_enters_at_its_hello() -> None:
@@ -535,10 +444,12 @@ def test_commands_after_a_held_hello_are_applied_once_the_holder_is_gone() -> No
     h.send(new, zre.Join(new.next(), "g", 1), 0.5)
     h.send(new, new.whisper(b"one"), 0.6)
     h.send(new, new.whisper(b"two"), 0.7)
-    assert h.taken() == [] and h.wakes == 1
-    assert h.session.settle(0.8) is True  # still waiting: the link is open, no answer yet
+    assert h.taken() == [] and h.session.next_deadline() == 0.5  # the timer, at once
+    h.timer(0.8)
+    assert h.settling()  # still waiting: the link is open, no answer yet
     h.open.discard(old.identity)  # then its connection closes
-    assert h.session.settle(0.9) is False
+    h.timer(0.9)
+    assert not h.settling()
     assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new"),
                          (JOIN, "g"), (WHISPER, b"one"), (WHISPER, b"two")]
     h.send(new, new.whisper(b"three"), 1.0)
@@ -555,7 +466,7 @@ def test_held_commands_are_bounded_and_a_gap_after_them_resynchronises(
     for text in (b"one", b"two", b"three"):
         h.send(new, new.whisper(text), 0.6)
     assert h.session.counters.get("held_dropped") == 1
-    h.session.settle(0.5 + CONFIG.interval)  # no answer within interval: replaced
+    h.timer(0.5 + CONFIG.interval)  # no answer within interval: replaced
     assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new"),
                          (WHISPER, b"one"), (WHISPER, b"two")]
     links = len(h.links[new.endpoint])
@@ -577,20 +488,22 @@ def test_a_port_zero_beacon_counts_as_the_peers_link_says(case: str, expected: l
     h = LinkedHarness()
     peer = Remote("bob", 50001)
     h.enter(peer)
-    h.session.peer_left(peer.uuid, 1.0, "10.0.0.2")
+    h.left(peer.uuid, 1.0, "10.0.0.2")
     assert h.taken() == [] and h.link(peer.endpoint).kinds()[-1] == "Ping"
     if case == "link closed":
         h.open.discard(peer.identity)
-        h.session.settle(1.01)
+        h.timer(1.01)
     elif case.startswith("answered"):
         h.send(peer, zre.PingOk(peer.next()), 1.01)
-        assert h.session.settle(1.02) is True  # the link decides, up to interval
+        h.timer(1.02)
+        assert h.settling()  # the link decides, up to interval
         if case.endswith("closed"):
             h.open.discard(peer.identity)
-        h.session.settle(1.0 + CONFIG.interval)
+        h.timer(1.0 + CONFIG.interval)
     else:
-        assert h.session.settle(0.5 + CONFIG.interval) is True
-        h.session.settle(1.0 + CONFIG.interval)
+        h.timer(0.5 + CONFIG.interval)
+        assert h.settling()
+        h.timer(1.0 + CONFIG.interval)
     assert h.taken() == expected
     assert (peer.uuid in h.session.peers) == (case == "answered")
     assert h.session.counters.get("leaves_ignored") == (case == "answered")
@@ -601,7 +514,7 @@ def test_a_port_zero_beacon_of_a_peer_whose_link_is_already_closed_is_an_exit_at
     peer = Remote("bob", 50001)
     h.enter(peer)
     h.open.discard(peer.identity)  # it closed, then its beacon arrived
-    h.session.peer_left(peer.uuid, 1.0, "10.0.0.2")
+    h.left(peer.uuid, 1.0, "10.0.0.2")
     assert h.taken() == [(EXIT, "left")]
 
 
@@ -617,7 +530,7 @@ def test_the_same_hello_again_is_answered_with_ours_on_a_fresh_link() -> None:
     assert old.closed and new is not old and new.kinds() == ["Hello"]
     assert new.sent[0].sequence == 1 and h.taken() == []
     assert h.session.counters.get("sessions_restarted") == 1
-    h.session.ping(h.session.peers[peer.uuid])
+    h.ping(h.session.peers[peer.uuid])
     assert new.sent[-1].sequence == 2  # our numbering started over with the link
     h.send(peer, peer.whisper(b"on"), 2.0)
     assert h.taken() == [(WHISPER, b"on")]
@@ -646,7 +559,7 @@ def test_the_first_same_hello_after_ours_went_again_is_no_restart_however_late(
     h.send(peer, peer.hello(), 2.0)  # bob gave up on us: ours goes again
     link = h.link(peer.endpoint)
     h.session.peers[peer.uuid].unconfirmed = True  # (we whispered to bob meanwhile)
-    h.session.tick(2.0 + late)
+    h.timer(2.0 + late)
     h.send(peer, peer.hello(), 2.0 + late)
     assert h.taken() == [] and h.link(peer.endpoint) is link and link.kinds() == ["Hello"]
     assert h.session.counters.get("sessions_restarted") == 1
@@ -685,23 +598,18 @@ KEY = "K" * 40  # the Z85 key every remote here authenticated with
 
 def gated(h: Harness) -> Callable[[Remote, zre.Message, float], None]:
     """A sender through a ``KeyGate`` (any key allowed) in front of ``h``'s session, its
-    timer ticked by ``h.session.tick`` (as the node's timer ticks both)."""
+    timer run with the session's by ``h.timer`` (as the node's timer runs both)."""
     from peermesh.io.zap import Allowlist
     from peermesh.zre.curve import KeyGate
 
-    gate = KeyGate(h.session, Allowlist(None))
-    tick = h.session.tick
-
-    def gated_tick(now: float) -> float:
-        gate.tick(now)
-        return tick(now)
-
-    h.session.tick = gated_tick  # type: ignore[method-assign]
+    gate = h.gate = KeyGate(h.session, Allowlist(None))
 
     def send(peer: Remote, message: zre.Message, now: float) -> None:
         frames = zre.encode(message)
         if gate.admit(peer.identity, frames, KEY):
-            h.session.on_message(peer.identity, frames, now)
+            h.receive(peer.identity, frames, now)
+        else:
+            h.take()  # (a key refused may remove its peer)
 
     return send
 
@@ -719,8 +627,8 @@ def test_the_key_gate_keeps_the_key_of_a_hello_the_session_still_decides_on() ->
     assert (ENTER, "old") in h.taken()
     send(new, new.hello(headers={zre.PUBLIC_KEY_HEADER: KEY}), 1.0)
     assert h.taken() == []  # the claim waits for the old one's answer
-    h.session.tick(1.5)
-    h.session.tick(1.0 + CONFIG.interval)
+    h.timer(1.5)
+    h.timer(1.0 + CONFIG.interval)
     assert h.taken() == [(EXIT, "replaced by another node at its endpoint"), (ENTER, "new")]
     send(new, new.whisper(b"from new"), 2.5)
     assert h.taken() == [(WHISPER, b"from new")]
@@ -735,8 +643,8 @@ def test_the_key_gate_keeps_the_key_of_a_held_hello() -> None:
     send(first, first.hello(headers={zre.PUBLIC_KEY_HEADER: KEY}), 0.0)
     send(held, held.hello(headers={zre.PUBLIC_KEY_HEADER: KEY}), 0.1)
     assert held.uuid not in h.session.peers  # waits for a beacon from its endpoint
-    h.session.tick(0.5)
-    h.session.peer_appeared(held.uuid, held.endpoint, 0.6)
+    h.timer(0.5)
+    h.appeared(held.uuid, held.endpoint, 0.6)
     assert (ENTER, "held") in h.taken()
     send(held, held.whisper(b"from held"), 0.7)
     assert h.taken() == [(WHISPER, b"from held")]
@@ -745,70 +653,25 @@ def test_the_key_gate_keeps_the_key_of_a_held_hello() -> None:
 # --------------------------------------------------------------------------
 # The core contract: receive / handle_timer / next_deadline and what they return
 
-class Contract:
-    """A session driven only through ``peermesh.core``'s surface: every ``Dial`` it returns
-    is answered (``attach``) with an in-memory link, as a driver does."""
-
-    def __init__(self, config: NodeConfig = CONFIG, linked: Optional[bool] = None) -> None:
-        self.links: dict[UUID, MemoryLink] = {}
-        self.session = Session(uuid_module.uuid4(), "me", {}, config,
-                               linked=None if linked is None else lambda identity: linked)
-        self.session.start(OWN_ENDPOINT)
-
-    def answer(self, outputs: list[Any], refuse: bool = False) -> list[Any]:
-        """Answer the ``Dial``s among ``outputs``; the outputs, as comparable tuples."""
-        seen: list[Any] = []
-        for output in outputs:
-            if isinstance(output, Dial):
-                link = None if refuse else MemoryLink(output.endpoint)
-                if link is not None:
-                    self.links[output.link] = link
-                self.session.attach(output.link, link)
-                seen.append(("dial", output.link, output.endpoint, output.identity))
-            elif isinstance(output, Emit):
-                seen.append((output.event.type, output.event.name, output.event.reason))
-            elif isinstance(output, Deliver):
-                seen.append(("deliver", output.item.type, output.item.frames))
-            else:
-                raise AssertionError(f"a ZRE session returned {output!r}")
-        return seen
-
-    def receive(self, peer: Remote, message: zre.Message, now: float) -> list[Any]:
-        return self.answer(self.session.receive(peer.identity, zre.encode(message), now))
-
-    def run_until(self, until: float) -> list[tuple[float, list[Any]]]:
-        """``handle_timer`` at each deadline the session names, up to ``until``: (time,
-        outputs) of the runs that returned some."""
-        ran = []
-        now = self.session.next_deadline()
-        while now <= until:
-            outputs = self.answer(self.session.handle_timer(now))
-            if outputs:
-                ran.append((now, outputs))
-            following = self.session.next_deadline()
-            assert following > now, "a deadline that does not move on"
-            now = following
-        return ran
-
 
 def test_contract_a_hello_returns_dial_and_enter_and_whispers_come_as_deliver() -> None:
-    c = Contract()
+    c = Harness()
     peer = Remote("bob", 50001)
     me = b"\x01" + c.session.uuid.bytes
-    assert c.receive(peer, peer.hello(), 0.0) == [
+    assert c.send(peer, peer.hello(), 0.0) == [
         ("dial", peer.uuid, peer.endpoint, me), (ENTER, "bob", None)]
     # our HELLO waited for the link and went down it first
-    assert c.links[peer.uuid].kinds() == ["Hello"]
-    assert c.receive(peer, peer.whisper(b"one"), 0.1) == [("deliver", WHISPER, (b"one",))]
-    assert c.receive(peer, zre.Ping(peer.next()), 0.2) == []
-    assert c.links[peer.uuid].kinds() == ["Hello", "PingOk"]
+    assert c.link(peer.endpoint).kinds() == ["Hello"]
+    assert c.send(peer, peer.whisper(b"one"), 0.1) == [("deliver", WHISPER, (b"one",))]
+    assert c.send(peer, zre.Ping(peer.next()), 0.2) == []
+    assert c.link(peer.endpoint).kinds() == ["Hello", "PingOk"]
 
 
 def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it() -> None:
-    c = Contract()
-    c.session.add_group("mine")
+    c = Harness()
+    c.add_group("mine")
     peer = Remote("bob", 50001)
-    c.receive(peer, peer.hello(), 0.0)
+    c.send(peer, peer.hello(), 0.0)
     session, identity = c.session, peer.identity
     event = session.delivery(identity, zre.encode(peer.whisper(b"one")), 0.1)
     assert event is not None and (event.type, event.name, event.frames) == (
@@ -840,28 +703,29 @@ def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it(
 
 
 def test_contract_a_silent_peer_is_evicted_at_the_deadline_it_named() -> None:
-    c = Contract()
+    c = Harness()
     peer = Remote("bob", 50001)
-    c.receive(peer, peer.hello(), 0.0)
+    c.send(peer, peer.hello(), 0.0)
     assert c.session.next_deadline() == 0.0  # (the first tick: at once)
     ran = c.run_until(CONFIG.expired + 5)
     assert ran == [(CONFIG.evasive, [(EVASIVE, "bob", None)]),
                    (CONFIG.silent, [(SILENT, "bob", None)]),
                    (CONFIG.expired, [(EXIT, "bob", "expired")])]
-    assert peer.uuid not in c.session.peers and c.links[peer.uuid].closed
+    assert peer.uuid not in c.session.peers and c.link(peer.endpoint).closed
 
 
 def test_contract_a_discovery_report_dials_and_a_refused_dial_forgets_the_peer() -> None:
-    c = Contract()
+    c = Harness()
     found, refused = Remote("found", 50001), Remote("refused", 50002)
     c.session.peer_appeared(found.uuid, found.endpoint, 0.0)
     assert c.answer(c.session.take()) == [("dial", found.uuid, found.endpoint,
                                            b"\x01" + c.session.uuid.bytes)]
-    assert c.links[found.uuid].kinds() == ["Hello"]
+    assert c.link(found.endpoint).kinds() == ["Hello"]
     c.session.peer_appeared(refused.uuid, refused.endpoint, 0.0)
-    c.answer(c.session.take(), refuse=True)
+    assert c.answer(c.session.take(), refuse=True) == [  # forgotten quietly: it never entered
+        ("dial", refused.uuid, refused.endpoint, b"\x01" + c.session.uuid.bytes)]
     assert refused.uuid not in c.session.peers and found.uuid in c.session.peers
-    assert c.session.take() == []  # forgotten quietly: it never entered
+    assert c.session.take() == []
 
 
 def test_contract_a_claim_is_settled_on_the_deadlines_it_names() -> None:
@@ -869,12 +733,12 @@ def test_contract_a_claim_is_settled_on_the_deadlines_it_names() -> None:
     session asks for its timer at once and every few milliseconds after (its link may
     close at any time), backing off; no answer within ``interval`` and the new node is
     in: EXIT of the old, a Dial and ENTER of the new, at the deadline that reached it."""
-    c = Contract(linked=True)
+    c = Harness(linked=lambda identity: True)
     old, new = Remote("old", 50001), Remote("new", 50001)
-    c.receive(old, old.hello(), 0.0)
-    c.answer(c.session.handle_timer(0.0))
-    assert c.receive(new, new.hello(), 0.5) == []
-    assert c.links[old.uuid].kinds() == ["Hello", "Ping"]
+    c.send(old, old.hello(), 0.0)
+    c.timer(0.0)
+    assert c.send(new, new.hello(), 0.5) == []
+    assert c.link(old.endpoint).kinds() == ["Hello", "Ping"]
     assert c.session.next_deadline() == 0.5  # settle at once
     ran = c.run_until(0.5 + CONFIG.interval)
     assert ran == [(0.5 + CONFIG.interval, [

@@ -11,11 +11,13 @@ from uuid import UUID
 import pytest
 
 from peermesh.config import NodeConfig
-from peermesh.events import Event, EventType
+from peermesh.events import EventType
 from peermesh.wire import zre
 from peermesh.zre.election import (Elected, Election, SendElect, SendLeader, parse_id,
                                    zyre_id)
 from peermesh.zre.session import Session
+
+from sessionharness import Harness
 
 A, B, C, D = "A" * 32, "B" * 32, "C" * 32, "D" * 32  # IDs in the order they win
 
@@ -157,33 +159,30 @@ class Wire:
 
 
 class Mesh:
-    """Sessions that reach each other through in-memory wires, all at time 0."""
+    """Sessions that reach each other through in-memory wires, all at time 0; each is
+    driven by a ``Harness`` (``.session`` is the session)."""
 
     def __init__(self, seed: int = 0) -> None:
-        self.sessions: dict[UUID, Session] = {}
-        self.events: dict[UUID, list[Event]] = {}
+        self.sessions: dict[UUID, Harness] = {}
         self.queue: list[tuple[Session, UUID, list[bytes]]] = []
         self.rng = random.Random(seed)
         self.now = 0.0
 
-    def add(self, name: str, groups: Sequence[str] = (), contest: Sequence[str] = ()) -> Session:
+    def add(self, name: str, groups: Sequence[str] = (), contest: Sequence[str] = ()) -> Harness:
         uuid = uuid_module.UUID(int=self.rng.getrandbits(128), version=4)  # (reproducible)
-        events: list[Event] = []
-        holder: list[Session] = []
-        session = Session(uuid, name, {}, CONFIG,
-                          lambda peer, endpoint: Wire(self, holder[0], peer), events.append)
-        holder.append(session)
-        session.start(f"tcp://10.0.0.{len(self.sessions) + 1}:5000")
+        h = Harness(CONFIG, uuid=uuid, name=name,
+                    endpoint=f"tcp://10.0.0.{len(self.sessions) + 1}:5000",
+                    link=lambda peer, endpoint: Wire(self, h.session, peer))
         for group in contest:
-            session.contest(group)
+            h.contest(group)
         for group in groups:
-            session.add_group(group)
+            h.add_group(group)
         for other in self.sessions.values():
-            assert other.endpoint is not None and session.endpoint is not None
-            other.peer_appeared(uuid, session.endpoint, 0.0)
-            session.peer_appeared(other.uuid, other.endpoint, 0.0)
-        self.sessions[uuid], self.events[uuid] = session, events
-        return session
+            assert other.session.endpoint is not None and h.session.endpoint is not None
+            other.appeared(uuid, h.session.endpoint, 0.0)
+            h.appeared(other.session.uuid, other.session.endpoint, 0.0)
+        self.sessions[uuid] = h
+        return h
 
     def pump(self) -> None:
         """Deliver everything, in a random order between pairs, in order within one."""
@@ -193,9 +192,9 @@ class Mesh:
             # the oldest message of that pair goes first (a link keeps order)
             index = next(i for i, m in enumerate(self.queue) if m[0] is source and m[1] == target)
             _, _, frames = self.queue.pop(index)
-            session = self.sessions.get(target)
-            if session is not None and session.running:
-                session.on_message(b"\x01" + source.uuid.bytes, frames, self.now)
+            h = self.sessions.get(target)
+            if h is not None and h.session.running:
+                h.receive(b"\x01" + source.uuid.bytes, frames, self.now)
 
     def settle(self, check: Callable[[], bool], rounds: int = 6) -> None:
         """Deliver everything; while ``check()`` fails, let ``interval`` pass (the timers:
@@ -205,24 +204,24 @@ class Mesh:
             if check():
                 return
             self.now += CONFIG.interval
-            for session in self.sessions.values():
-                session.tick(self.now)
+            for h in self.sessions.values():
+                h.timer(self.now)
             self.pump()
-        assert check(), {s.name: s.leaders for s in self.sessions.values()}
+        assert check(), {h.session.name: h.session.leaders for h in self.sessions.values()}
 
     def leaders(self, group: str) -> dict[str, list[Optional[str]]]:
         """Each session's LEADER events for ``group`` (the winner's name), then forgotten."""
         got = {}
-        for uuid, events in self.events.items():
-            got[self.sessions[uuid].name] = [e.name for e in events
-                                            if e.type is EventType.LEADER and e.group == group]
-            events.clear()
+        for h in self.sessions.values():
+            got[h.session.name] = [e.name for e in h.events
+                                   if e.type is EventType.LEADER and e.group == group]
+            h.events.clear()
         return got
 
 
 def test_sessions_elect_the_lowest_contester_and_non_contesters_take_part() -> None:
     mesh = Mesh(seed=1)
-    sessions = [mesh.add(n, groups=["g"], contest=["g"] if n != "plain" else [])
+    sessions = [mesh.add(n, groups=["g"], contest=["g"] if n != "plain" else []).session
                 for n in ("one", "two", "plain")]
     winner = min((s for s in sessions if s.name != "plain"), key=lambda s: s.uuid.hex)
     mesh.settle(lambda: all(s.leaders.get("g") == winner.uuid for s in sessions))
@@ -233,11 +232,11 @@ def test_sessions_elect_the_lowest_contester_and_non_contesters_take_part() -> N
 @pytest.mark.parametrize("seed", range(8))
 def test_a_leader_that_leaves_is_replaced(seed: int) -> None:
     mesh = Mesh(seed=seed)
-    sessions = [mesh.add(f"n{i}", groups=["g"], contest=["g"]) for i in range(4)]
+    sessions = [mesh.add(f"n{i}", groups=["g"], contest=["g"]).session for i in range(4)]
     first = min(sessions, key=lambda s: s.uuid.hex)
     mesh.settle(lambda: all(s.leaders.get("g") == first.uuid for s in sessions))
     mesh.leaders("g")
-    first.remove_group("g")
+    mesh.sessions[first.uuid].remove_group("g")
     rest = [s for s in sessions if s is not first]
     second = min(rest, key=lambda s: s.uuid.hex)
     mesh.settle(lambda: all(s.leaders.get("g") == second.uuid for s in rest))
@@ -248,32 +247,33 @@ def test_a_leader_that_leaves_is_replaced(seed: int) -> None:
 
 def test_a_leader_that_exits_is_replaced_and_the_last_one_leads_alone() -> None:
     mesh = Mesh(seed=3)
-    a, b = (mesh.add(n, groups=["g"], contest=["g"]) for n in ("a", "b"))
+    a, b = (mesh.add(n, groups=["g"], contest=["g"]).session for n in ("a", "b"))
     winner, other = (a, b) if a.uuid.hex < b.uuid.hex else (b, a)
     mesh.settle(lambda: other.leaders.get("g") == winner.uuid == winner.leaders.get("g"))
-    other.peer_left(winner.uuid, mesh.now)  # a departure the session was told of
+    mesh.sessions[other.uuid].left(winner.uuid, mesh.now)  # a departure it was told of
     assert other.leaders["g"] == other.uuid
     assert mesh.leaders("g")[other.name][-2:] == [winner.name, other.name]
 
 
 def test_elect_from_a_non_member_or_with_a_bad_id_is_ignored() -> None:
     mesh = Mesh(seed=4)
-    a = mesh.add("a", groups=["g"])
-    b = mesh.add("b", groups=["other"])
+    driven = mesh.add("a", groups=["g"])
+    b = mesh.add("b", groups=["other"]).session
+    a = driven.session
     mesh.pump()
     peer = a.peers[b.uuid]
     want = peer.want
     # b is not in g at a: its ELECT is dropped (but its number counts)
-    a.on_message(b"\x01" + b.uuid.bytes,
-                 zre.encode(zre.Elect(want, "g", zyre_id(b.uuid))), 0.0)
+    driven.receive(b"\x01" + b.uuid.bytes,
+                   zre.encode(zre.Elect(want, "g", zyre_id(b.uuid))), 0.0)
     assert not a.election.waves and not a.peers[b.uuid].link.closed  # type: ignore
     assert peer.want == (want + 1) & 0xFFFF
-    b.add_group("g")
+    mesh.sessions[b.uuid].add_group("g")
     mesh.pump()
-    a.on_message(b"\x01" + b.uuid.bytes, zre.encode(zre.Elect(peer.want, "g", "not-an-id")),
-                 0.0)
+    driven.receive(b"\x01" + b.uuid.bytes, zre.encode(zre.Elect(peer.want, "g", "not-an-id")),
+                   0.0)
     assert not a.election.waves
-    assert not any(e.type is EventType.LEADER for e in mesh.events[a.uuid])
+    assert not any(e.type is EventType.LEADER for e in driven.events)
 
 
 @pytest.mark.parametrize("case, neighbours, inputs, gone, left, expected", [
@@ -310,17 +310,17 @@ def test_a_non_contesting_member_that_sees_the_leader_go_last_still_completes() 
     # b contests and sees a (the leader) go first; c only takes part and still counts a
     # when b's wave arrives: the wave completes once c sees a go too.
     mesh = Mesh(seed=5)
-    a, b = (mesh.add(n, groups=["g"], contest=["g"]) for n in ("a", "b"))
-    c = mesh.add("c", groups=["g"])
+    a, b = (mesh.add(n, groups=["g"], contest=["g"]).session for n in ("a", "b"))
+    c = mesh.add("c", groups=["g"]).session
     leader = min((a, b), key=lambda s: s.uuid.hex)
     other = b if leader is a else a
     mesh.settle(lambda: all(s.leaders.get("g") == leader.uuid for s in (a, b, c)))
     mesh.leaders("g")
     mesh.sessions.pop(leader.uuid)       # the leader is gone (takes nothing in)
-    other.peer_left(leader.uuid, mesh.now)  # the other contester learns first...
-    mesh.pump()                          # ...its wave reaches c, which still counts leader
+    mesh.sessions[other.uuid].left(leader.uuid, mesh.now)  # the other contester learns
+    mesh.pump()                          # first: its wave reaches c, which still counts leader
     assert "g" not in other.leaders
-    c.peer_left(leader.uuid, mesh.now)   # c learns too: the wave completes
+    mesh.sessions[c.uuid].left(leader.uuid, mesh.now)  # c learns too: the wave completes
     mesh.pump()  # (no timer needed)
     assert other.leaders["g"] == other.uuid and c.leaders["g"] == other.uuid
 
