@@ -580,9 +580,14 @@ class Lan:
         name = self.root_link
         if name is None:
             return
-        if subprocess.run([IP, "link", "show", "dev", name], capture_output=True,
-                          timeout=_IP_TIMEOUT).returncode == 0:
+        try:
             _ip("link", "del", "dev", name)
+        except NetlabError:
+            # gone meanwhile (the kernel removes it with its peer's namespace): fine;
+            # anything else is a link left behind
+            if subprocess.run([IP, "link", "show", "dev", name], capture_output=True,
+                              timeout=_IP_TIMEOUT).returncode == 0:
+                raise
         self.root_link = None
 
     def _stop_processes(self) -> None:
