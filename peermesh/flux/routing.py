@@ -59,7 +59,7 @@ from .settings import FluxSettings, State
 from .topology import Topology
 
 
-__all__ = ["Routing", "RoutingHost", "BUILTIN_SERVICES", "InflightKey"]
+__all__ = ["Routing", "RoutingHost", "BUILTIN_SERVICES", "InflightKey", "Forwarded"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ _NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
 
 #: a request forwarded on a link: (link, its routes, its matchtag)
 InflightKey = tuple[bytes, tuple[bytes, ...], int]
+#: what is kept of it until its final response: (topic, nodeid, streaming) (a plain tuple:
+#: quick to make, and the thousands in flight cost the garbage collector nothing)
+Forwarded = tuple[str, int, bool]
 
 
 #: methods every service has: a handle ends its streams itself unless it serves them
@@ -121,7 +124,7 @@ class Routing:
         self.node = node
         #: requests forwarded on a link, until their final response (the link is the
         #: key's first item: ``via`` groups them per link when one is lost)
-        self.inflight: dict[InflightKey, Pending] = {}
+        self.inflight: dict[InflightKey, Forwarded] = {}
         #: the callbacks of the core's own RPCs (handle 0), by matchtag
         self.internal: dict[int, Callable[[Response, float], list[Output]]] = {}
         self.parent_heard = self.parent_sent = 0.0
@@ -444,7 +447,7 @@ class Routing:
         inflight = self.inflight
         if len(inflight) >= self.node.settings.max_inflight:
             return False
-        inflight[(link, routes, matchtag)] = Pending(topic, nodeid, bool(flags & _STREAMING))
+        inflight[(link, routes, matchtag)] = (topic, nodeid, bool(flags & _STREAMING))
         return True
 
     def settle(self, link: bytes, response: Response) -> None:
@@ -550,13 +553,14 @@ class Routing:
         keys = [key for key in self.inflight if key[0] == link]
         text = string_payload(why)
         for key in keys:
-            pending = self.inflight.pop(key, None)
-            if pending is None:
+            forwarded = self.inflight.pop(key, None)
+            if forwarded is None:
                 continue
+            topic, _, streaming = forwarded
             _, routes, matchtag = key
             self.node.rpcs["errors"] += 1
-            flags = _STREAMING if pending.streaming else 0
-            out += self.route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
+            flags = _STREAMING if streaming else 0
+            out += self.route_response(Response(topic, text, Errno.EHOSTUNREACH,
                                                 matchtag, flags, routes), 0.0)
         return out
 
@@ -589,13 +593,13 @@ class Routing:
             for service, handle in self.node.services.items()]
         told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
         for key in [k for k in self.inflight if k[1][:1] == gone]:
-            pending = self.inflight.pop(key)
+            topic, nodeid, _ = self.inflight.pop(key)
             target, routes, _ = key
-            service = service_of(pending.topic)
-            if (target, service, pending.nodeid, routes) in told:
+            service = service_of(topic)
+            if (target, service, nodeid, routes) in told:
                 continue
-            told.add((target, service, pending.nodeid, routes))
-            frames = encode(Request(service + ".disconnect", None, pending.nodeid, 0,
+            told.add((target, service, nodeid, routes))
+            frames = encode(Request(service + ".disconnect", None, nodeid, 0,
                                     _NORESPONSE, routes))
             out.append(self.to_parent(frames, now) if target == PARENT
                        else Send(target, [target, *frames]))

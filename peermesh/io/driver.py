@@ -253,7 +253,7 @@ class Driver:
                 continue
             name = output.link
             frames = output.frames
-            sock = links.get(name)
+            sock: Any = links.get(name)
             if sock is None:
                 if mailbox is None or type(name) is not bytes:
                     self._send(name, frames)
