@@ -59,7 +59,7 @@ from .settings import FluxSettings, State
 from .topology import Topology
 
 
-__all__ = ["Routing", "RoutingHost", "BUILTIN_SERVICES", "InflightKey"]
+__all__ = ["Routing", "RoutingHost", "BUILTIN_SERVICES", "InflightKey", "Forwarded"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ _NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
 
 #: a request forwarded on a link: (link, its routes, its matchtag)
 InflightKey = tuple[bytes, tuple[bytes, ...], int]
+#: what is kept of it until its final response: (topic, nodeid, streaming) (a plain tuple:
+#: quick to make, and the thousands in flight cost the garbage collector nothing)
+Forwarded = tuple[str, int, bool]
 
 
 #: methods every service has: a handle ends its streams itself unless it serves them
@@ -119,13 +122,24 @@ class Routing:
 
     def __init__(self, node: RoutingHost) -> None:
         self.node = node
-        #: requests forwarded on a link, until their final response
-        self.inflight: dict[InflightKey, Pending] = {}
-        #: the keys of ``inflight`` per link
-        self.via: dict[bytes, set[InflightKey]] = {}
+        #: requests forwarded on a link, until their final response (the link is the
+        #: key's first item: ``via`` groups them per link when one is lost)
+        self.inflight: dict[InflightKey, Forwarded] = {}
         #: the callbacks of the core's own RPCs (handle 0), by matchtag
         self.internal: dict[int, Callable[[Response, float], list[Output]]] = {}
         self.parent_heard = self.parent_sent = 0.0
+
+    @property
+    def via(self) -> dict[bytes, set[InflightKey]]:
+        """The keys of ``inflight`` per link (made when asked: only a lost link needs it,
+        so forwarding a request does not pay for it)."""
+        via: dict[bytes, set[InflightKey]] = {}
+        for key in self.inflight:
+            keys = via.get(key[0])
+            if keys is None:
+                keys = via[key[0]] = set()
+            keys.add(key)
+        return via
 
     def rpc(self, handle: int, topic: str, payload: Optional[bytes], nodeid: int,
             flags: int, now: float) -> tuple[int, list[Output]]:
@@ -395,6 +409,13 @@ class Routing:
         me = node.rank
         k = node.topology.k
         placed = node.placed
+        if not placed:   # (the usual case: every rank in its formula place)
+            while rank > 0 and rank != me:
+                identity = by_rank.get(rank)
+                if identity is not None:
+                    return identity
+                rank = 0 if k == 0 else (rank - 1) // k
+            return None
         while rank > 0 and rank != me:
             identity = by_rank.get(rank)
             if identity is not None:
@@ -426,12 +447,7 @@ class Routing:
         inflight = self.inflight
         if len(inflight) >= self.node.settings.max_inflight:
             return False
-        key = (link, routes, matchtag)
-        inflight[key] = Pending(topic, nodeid, bool(flags & _STREAMING))
-        via = self.via.get(link)
-        if via is None:
-            via = self.via[link] = set()
-        via.add(key)
+        inflight[(link, routes, matchtag)] = (topic, nodeid, bool(flags & _STREAMING))
         return True
 
     def settle(self, link: bytes, response: Response) -> None:
@@ -443,13 +459,7 @@ class Routing:
                     errnum: int) -> None:
         if flags & _STREAMING and not errnum:
             return
-        key = (link, routes, matchtag)
-        if self.inflight.pop(key, None) is not None:
-            via = self.via.get(link)
-            if via is not None:
-                via.discard(key)
-                if not via:
-                    del self.via[link]
+        self.inflight.pop((link, routes, matchtag), None)
 
     def route_response(self, response: Response, now: float,
                        wire: Optional[list[bytes]] = None) -> list[Output]:
@@ -540,16 +550,17 @@ class Routing:
     def fail_via(self, link: bytes, why: str) -> list[Output]:
         """Answer EHOSTUNREACH to every request forwarded on ``link``."""
         out: list[Output] = []
-        keys = self.via.pop(link, ())
+        keys = [key for key in self.inflight if key[0] == link]
         text = string_payload(why)
         for key in keys:
-            pending = self.inflight.pop(key, None)
-            if pending is None:
+            forwarded = self.inflight.pop(key, None)
+            if forwarded is None:
                 continue
+            topic, _, streaming = forwarded
             _, routes, matchtag = key
             self.node.rpcs["errors"] += 1
-            flags = _STREAMING if pending.streaming else 0
-            out += self.route_response(Response(pending.topic, text, Errno.EHOSTUNREACH,
+            flags = _STREAMING if streaming else 0
+            out += self.route_response(Response(topic, text, Errno.EHOSTUNREACH,
                                                 matchtag, flags, routes), 0.0)
         return out
 
@@ -582,18 +593,13 @@ class Routing:
             for service, handle in self.node.services.items()]
         told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
         for key in [k for k in self.inflight if k[1][:1] == gone]:
-            pending = self.inflight.pop(key)
+            topic, nodeid, _ = self.inflight.pop(key)
             target, routes, _ = key
-            via = self.via.get(target)
-            if via is not None:
-                via.discard(key)
-                if not via:
-                    del self.via[target]
-            service = service_of(pending.topic)
-            if (target, service, pending.nodeid, routes) in told:
+            service = service_of(topic)
+            if (target, service, nodeid, routes) in told:
                 continue
-            told.add((target, service, pending.nodeid, routes))
-            frames = encode(Request(service + ".disconnect", None, pending.nodeid, 0,
+            told.add((target, service, nodeid, routes))
+            frames = encode(Request(service + ".disconnect", None, nodeid, 0,
                                     _NORESPONSE, routes))
             out.append(self.to_parent(frames, now) if target == PARENT
                        else Send(target, [target, *frames]))

@@ -351,7 +351,7 @@ class Driver:
         looking: list[Any] = []
         self._looking = looking
         try:
-            self._carry_out(outputs)
+            self._carry_out_quietly(outputs, looking)
         finally:
             self._looking = None
             for sock in looking:   # (a send may have taken in the edge of a message)
@@ -379,6 +379,38 @@ class Driver:
                 self.hangup(output.link)                 # type: ignore[union-attr]
             else:
                 raise TypeError(f"not a core output: {output!r}")
+
+    def _carry_out_quietly(self, outputs: Sequence[Output], looking: list[Any]) -> None:
+        """``_carry_out`` of a batch's outputs with ``look_once``: each ``Send`` goes
+        straight to its socket, not looked at (noted in ``looking``); what is not a plain
+        send (a link with a backlog, no way out, another output) takes the usual path."""
+        links = self.links
+        stats = self.stats
+        mailbox = self.mailbox if self._reply is not None and self.addressed else None
+        for output in outputs:
+            if type(output) is not Send or self._backlogs:
+                self._carry_out((output,))
+                continue
+            name = output.link
+            frames = output.frames
+            sock: Any = links.get(name)
+            if sock is None:
+                if mailbox is None or type(name) is not bytes:
+                    self._send(name, frames)
+                    continue
+                sock = mailbox
+            if sock not in looking:
+                looking.append(sock)
+            try:
+                sent = sock.try_send(frames, False)
+            except (OSError, zmq.ZMQError) as exc:   # a peer gone from the mailbox
+                self._send_failed(name, frames, exc)
+                continue
+            if sent:
+                stats["sent"] += 1
+            else:
+                self._backlogs[name] = deque((frames,))
+                self._spawn(self._send_backlog, name)
 
     def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
              server_key: Optional[bytes] = None) -> None:
@@ -435,14 +467,17 @@ class Driver:
                 self.stats["dropped"] += 1
                 return None
         except (OSError, zmq.ZMQError) as exc:   # a peer gone from the mailbox
-            log.debug("%s: cannot send to %r: %s", self.name, name, exc)
-            self.stats["dropped"] += 1
-            if self.on_send_failed is not None:
-                self.on_send_failed(name, frames, exc)
+            self._send_failed(name, frames, exc)
             return None
         if sent:
             self.stats["sent"] += 1
         return sent
+
+    def _send_failed(self, name: Hashable, frames: Sequence[bytes], exc: BaseException) -> None:
+        log.debug("%s: cannot send to %r: %s", self.name, name, exc)
+        self.stats["dropped"] += 1
+        if self.on_send_failed is not None:
+            self.on_send_failed(name, frames, exc)
 
     def _send_backlog(self, name: Hashable) -> None:
         backlog = self._backlogs.get(name)
