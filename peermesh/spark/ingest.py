@@ -91,12 +91,13 @@ class Ingest:
                             if peer is last_peer:
                                 sender = last_sender
                             else:
-                                sender = senders.get(peer)
-                                if sender is None:
+                                known = senders.get(peer)
+                                if known is None:
                                     if len(senders) > 65536:
                                         senders.clear()
-                                    sender = senders[peer] = (peer.hex, self._headers_of(peer))
-                                last_peer, last_sender = peer, sender
+                                    known = senders[peer] = (peer.hex, self._headers_of(peer))
+                                last_peer = peer
+                                sender = last_sender = known
                             batch.append((event.group, sender[0], event.name, now(), message,
                                           sender[1]))
                             size += len(message)
