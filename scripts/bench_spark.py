@@ -24,7 +24,8 @@ shared harness (``role_shouter`` and ``role_server`` below).
    only (with ``--baseline .``: the setting's effect on the same code).
 2. **ingest**: ``--peers`` processes shout ``--messages`` small msgpack
    telemetry messages (``{"host", "seq", "temp", "load"}``) each, as fast as
-   the mesh's flow control lets them, to a group the driver's service is in.
+   the mesh's flow control lets them (``Node.shout_each``, 256 at a time: one
+   SHOUT per message), to a group the driver's service is in.
    A streaming query (``readStream.format("peermesh")`` -> ``noop`` sink,
    every column materialised, ``partitions`` 2) runs throughout. Reported:
    the end-to-end rate (messages / seconds from the first shout until the
@@ -76,6 +77,8 @@ TARGETS = {"ingest_per_s": 50_000, "requests_per_s": 5_000}
 STREAM_RESTARTS = 5
 NO_CONNECT_BACK = "failed to connect back"
 INTERVAL = 0.1
+#: messages a shouting peer packs and hands to ``Node.shout_each`` at a time (one SHOUT each)
+SHOUT_BATCH = 256
 
 
 # ---------------------------------------------------------------------------
@@ -101,11 +104,11 @@ def role_shouter(parent: harness.Parent, port: int, group: str, count: int, labe
     parent.expect("go", 600, green=True)
     pack = msgpack.Packer(use_bin_type=True).pack
     start = time.perf_counter()
-    for seq in range(count):
-        node.shout(group, pack({"host": label, "seq": seq, "temp": 20.0 + seq % 10,
-                                "load": (seq % 100) / 100}))
-        if seq & 255 == 255:
-            gevent.sleep(0)
+    for first in range(0, count, SHOUT_BATCH):  # as a producer with a batch at hand sends
+        node.shout_each(group, [pack({"host": label, "seq": seq, "temp": 20.0 + seq % 10,
+                                      "load": (seq % 100) / 100})
+                                for seq in range(first, min(first + SHOUT_BATCH, count))])
+        gevent.sleep(0)
     node.flush(60)
     elapsed = time.perf_counter() - start
     parent.send("sent", {"sent": count, "seconds": elapsed})

@@ -109,10 +109,18 @@ def payload_texts(payloads: Sequence[bytes], mode: str = "auto") -> list[Any]:
     strict = mode == "msgpack"
     if payloads and min(map(len, payloads)) > 1:
         try:  # every payload msgpack that JSON carries as it is: no Python loop at all
-            return list(map(partial(dumps, option=options),
-                            map(partial(unpackb, raw=False, strict_map_key=False), payloads)))
+            values = list(map(partial(unpackb, raw=False, strict_map_key=False), payloads))
         except Exception:
-            pass  # one is not: payload by payload below
+            values = None  # one is not: payload by payload below
+        if values is not None:
+            try:  # string keys only (the usual case): orjson's quicker path, the same text
+                return list(map(dumps, values))
+            except Exception:
+                pass
+            try:
+                return list(map(partial(dumps, option=options), values))
+            except Exception:
+                pass  # what JSON cannot carry as it is: payload by payload below
     out: list[Any] = []
     add = out.append
     for payload in payloads:

@@ -56,6 +56,8 @@ class Ingest:
         stats = self.stats
         largest = writer.max_payload
         senders: dict[Any, tuple[str, dict]] = {}  # peer UUID -> (hex, HELLO headers)
+        last_peer: Any = None  # the sender of the last SHOUT (often the next one's too)
+        last_sender: tuple[str, dict] = ("", {})
         retain_at = time.monotonic()
         poll = (_POLL_MS if self.gateway is None else _GATEWAY_POLL_MS) / 1000
         try:
@@ -86,11 +88,16 @@ class Ingest:
                             _log_rejected(event.group, event.peer, len(message), largest)
                         else:
                             peer = event.peer
-                            sender = senders.get(peer)
-                            if sender is None:
-                                if len(senders) > 65536:
-                                    senders.clear()
-                                sender = senders[peer] = (peer.hex, self._headers_of(peer))
+                            if peer is last_peer:
+                                sender = last_sender
+                            else:
+                                known = senders.get(peer)
+                                if known is None:
+                                    if len(senders) > 65536:
+                                        senders.clear()
+                                    known = senders[peer] = (peer.hex, self._headers_of(peer))
+                                last_peer = peer
+                                sender = last_sender = known
                             batch.append((event.group, sender[0], event.name, now(), message,
                                           sender[1]))
                             size += len(message)

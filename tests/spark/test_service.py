@@ -54,6 +54,8 @@ def test_shouts_become_an_ordered_log_served_over_the_socket(
     assert [v["i"] for v in values if v["from"] == "bob"] == list(range(100))
     assert {r[3] for r in rows} == {"alice", "bob"}
     assert {r[2] for r in rows} == {alice.uuid.hex, bob.uuid.hex}
+    uuids = {"alice": alice.uuid.hex, "bob": bob.uuid.hex}
+    assert [(r[2], r[3]) for r in rows] == [(uuids[v["from"]], v["from"]) for v in values]
 
     # admission: the end offset after at most N messages of the groups asked for
     assert client.latest(["tele"], 0)["end"] == 500
