@@ -33,6 +33,9 @@ rank is framed directly, and a ping for this rank is answered from the
 request's frames (flux's JSON ping with its answer, ``bodies.ping_answer``, as
 the node's built-in ``broker.ping`` gives it; any other body echoed). Everything else (and
 anything malformed, which is then dropped) is decoded first.
+
+Kept whole: the table above and what is kept in flight are one job, as each forward
+records in the same pass what the loss of its link must answer.
 """
 
 from __future__ import annotations
