@@ -551,6 +551,11 @@ class Driver:
         greenlet.link(self._greenlets.discard)
         return greenlet
 
+    @property
+    def greenlets(self) -> list[gevent.Greenlet]:
+        """What serves the core now: the readers, the timer, the backlogs' senders."""
+        return list(self._greenlets)
+
     def replace_core(self, core: Core) -> None:
         """Serve ``core`` from now on, on the same mailbox and links (the timer follows
         its deadline)."""

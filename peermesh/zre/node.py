@@ -941,7 +941,7 @@ class Node:
     @property
     def _greenlets(self) -> list[gevent.Greenlet]:
         """The mailbox's reader and the timer (killing them is a crash, as tests make)."""
-        return list(self._driver._greenlets) if self._driver is not None else []
+        return self._driver.greenlets if self._driver is not None else []
 
     def _on_oversized(self, identity: bytes) -> None:
         self._session.on_oversized(identity)
