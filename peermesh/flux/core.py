@@ -160,7 +160,7 @@ class FluxCore:
             out.append(Send(PARENT, bye))
         for identity in [*self.children, *clients]:
             out.append(Send(identity, [identity, *bye]))
-        for link in list(self.routing.via):
+        for link in dict.fromkeys(key[0] for key in self.routing.inflight):
             out += self.routing.fail_via(link, "the node left")
         self.children.clear()
         self.by_rank.clear()

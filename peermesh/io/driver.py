@@ -296,7 +296,7 @@ class Driver:
         if held and self.look_once:
             self._carry_out_looking(held)
         elif held:
-            self.apply(held)
+            self._carry_out(held)
         self._rearm()
 
     def feed(self, messages: Iterable[tuple[Hashable, list[bytes]]]) -> None:
@@ -409,8 +409,7 @@ class Driver:
             if sent:
                 stats["sent"] += 1
             else:
-                self._backlogs[name] = deque((frames,))
-                self._spawn(self._send_backlog, name)
+                self._hold_back(name, frames)
 
     def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
              server_key: Optional[bytes] = None) -> None:
@@ -438,8 +437,12 @@ class Driver:
                 backlog.append(frames)
                 return
         if self._try_send(name, frames) is False:
-            self._backlogs[name] = deque((frames,))
-            self._spawn(self._send_backlog, name)
+            self._hold_back(name, frames)
+
+    def _hold_back(self, name: Hashable, frames: Sequence[bytes]) -> None:
+        """A full queue: ``frames`` start the link's backlog, which one greenlet sends."""
+        self._backlogs[name] = deque((frames,))
+        self._spawn(self._send_backlog, name)
 
     def _try_send(self, name: Hashable, frames: Sequence[bytes]) -> Optional[bool]:
         """True if sent, False if the queue is full, None if there is no way (dropped)."""

@@ -111,16 +111,16 @@ def payload_texts(payloads: Sequence[bytes], mode: str = "auto") -> list[Any]:
         try:  # every payload msgpack that JSON carries as it is: no Python loop at all
             values = list(map(partial(unpackb, raw=False, strict_map_key=False), payloads))
         except Exception:
-            values = None  # one is not: payload by payload below
-        if values is not None:
-            try:  # string keys only (the usual case): orjson's quicker path, the same text
-                return list(map(dumps, values))
-            except Exception:
-                pass
-            try:
-                return list(map(partial(dumps, option=options), values))
-            except Exception:
-                pass  # what JSON cannot carry as it is: payload by payload below
+            pass  # one is not: payload by payload below
+        else:
+            # string keys only (the usual case) take orjson's quicker plain call, the same
+            # text; other keys its option; what JSON cannot carry as it is goes payload by
+            # payload below
+            for encode in (dumps, partial(dumps, option=options)):
+                try:
+                    return list(map(encode, values))
+                except Exception:
+                    continue
     out: list[Any] = []
     add = out.append
     for payload in payloads:

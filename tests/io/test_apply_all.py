@@ -7,7 +7,8 @@ on; a full link's queue holds the rest in its backlog, in order, as ``apply`` do
 from __future__ import annotations
 
 import socket
-from typing import Any, Hashable
+from contextlib import contextmanager
+from typing import Any, Hashable, Iterator, Optional
 
 import gevent
 import zmq
@@ -42,17 +43,31 @@ def _greeted(transport: ZmqTransport, router: HubSocket, server: Driver,
     return client, caller, got
 
 
-def test_outputs_of_several_calls_go_out_in_order_with_one_look() -> None:
-    transport, log = ZmqTransport(), []
+@contextmanager
+def _served(log: Optional[list[str]] = None,
+            **options: Any) -> Iterator[tuple[Driver, list[Any], bytes, list[Any]]]:
+    """A ``Handing`` core served on a mandatory ROUTER (its sockets' calls noted in
+    ``log``, if given) and a caller that said hello to it: the server's driver, what it
+    delivered, the caller's identity and what the caller got back. Both closed after."""
+    transport = ZmqTransport()
     heard: list[Any] = []
     router = _mandatory_router()
     server = Driver(Handing(), transport, on_deliver=heard.append, look_once=True,
-                    name="handing")
+                    name="handing", **options)
     client = None
     try:
-        server.listen(Logged(router, log))
+        server.listen(router if log is None else Logged(router, log))
         client, _, got = _greeted(transport, router, server, heard)
-        identity: Hashable = heard[0][0]
+        yield server, heard, heard[0][0], got
+    finally:
+        if client is not None:
+            client.close()
+        server.close()
+
+
+def test_outputs_of_several_calls_go_out_in_order_with_one_look() -> None:
+    log: list[str] = []
+    with _served(log) as (server, heard, identity, got):
         sent = server.stats["sent"]
         log.clear()
         outputs: list[Any] = [Send(identity, [b"%d" % i]) for i in range(20)]
@@ -63,26 +78,12 @@ def test_outputs_of_several_calls_go_out_in_order_with_one_look() -> None:
         assert server.stats["sent"] == sent + 20
         poll_until(lambda: len(got) == 20, GUARD, "20 messages", sleep=gevent.sleep)
         assert got == [("far", [b"%d" % i]) for i in range(20)]
-    finally:
-        if client is not None:
-            client.close()
-        server.close()
 
 
 def test_a_peer_gone_fails_its_send_and_the_rest_go_on() -> None:
-    transport = ZmqTransport()
-    heard: list[Any] = []
     failed: list[tuple[Hashable, list[bytes], int]] = []
-    router = _mandatory_router()
-    server = Driver(Handing(), transport, on_deliver=heard.append, look_once=True,
-                    on_send_failed=lambda link, frames, exc: failed.append(
-                        (link, list(frames), getattr(exc, "errno", 0))),
-                    name="handing")
-    client = None
-    try:
-        server.listen(router)
-        client, _, got = _greeted(transport, router, server, heard)
-        identity = heard[0][0]
+    with _served(on_send_failed=lambda link, frames, exc: failed.append(
+            (link, list(frames), getattr(exc, "errno", 0)))) as (server, _, identity, got):
         dropped = server.stats["dropped"]
         server.apply_all([Send(identity, [b"1"]), Send(b"gone", [b"x"]),
                           Send(identity, [b"2"])])
@@ -90,10 +91,6 @@ def test_a_peer_gone_fails_its_send_and_the_rest_go_on() -> None:
         assert server.stats["dropped"] == dropped + 1
         poll_until(lambda: len(got) == 2, GUARD, "both messages", sleep=gevent.sleep)
         assert got == [("far", [b"1"]), ("far", [b"2"])]
-    finally:
-        if client is not None:
-            client.close()
-        server.close()
 
 
 def test_a_full_link_keeps_the_rest_in_its_backlog_in_order() -> None:
@@ -125,16 +122,7 @@ def test_a_full_link_keeps_the_rest_in_its_backlog_in_order() -> None:
 
 
 def test_cork_holds_outputs_for_the_turn_or_until_its_limit() -> None:
-    transport = ZmqTransport()
-    heard: list[Any] = []
-    router = _mandatory_router()
-    server = Driver(Handing(), transport, on_deliver=heard.append, look_once=True,
-                    cork_limit=3, name="handing")
-    client = None
-    try:
-        server.listen(router)
-        client, _, got = _greeted(transport, router, server, heard)
-        identity = heard[0][0]
+    with _served(cork_limit=3) as (server, _, identity, got):
         sent = server.stats["sent"]
         for i in range(7):
             server.cork([Send(identity, [b"%d" % i])])
@@ -149,7 +137,3 @@ def test_cork_holds_outputs_for_the_turn_or_until_its_limit() -> None:
         server.cork([Send(identity, [b"never"])])
         server.close()   # what it holds goes nowhere
         assert not server.corked
-    finally:
-        if client is not None:
-            client.close()
-        server.close()
