@@ -17,7 +17,10 @@ import datetime
 import decimal
 import json
 import uuid
+from array import array
 from functools import partial
+from itertools import accumulate
+from operator import sub
 from typing import Any, Sequence
 
 import msgpack
@@ -99,6 +102,13 @@ def payload_text(payload: bytes, mode: str = "auto") -> Any:
         return None
 
 
+def _unpack_all(payloads: Sequence[bytes]) -> list[Any]:
+    """Each payload's msgpack value; raises if one is not exactly one value with string
+    (or binary) map keys. The plain call: passing ``unpackb`` keyword arguments costs
+    three times the decoding of a small map."""
+    return list(map(_unpackb, payloads))   # (msgpack's defaults: raw=False, strict keys)
+
+
 def payload_texts(payloads: Sequence[bytes], mode: str = "auto") -> list[Any]:
     """``payload_text`` of each payload, as UTF-8 ``bytes`` (or None) for an Arrow string
     column: the same text, with no Python ``str`` made and encoded again per row."""
@@ -109,7 +119,7 @@ def payload_texts(payloads: Sequence[bytes], mode: str = "auto") -> list[Any]:
     strict = mode == "msgpack"
     if payloads and min(map(len, payloads)) > 1:
         try:  # every payload msgpack that JSON carries as it is: no Python loop at all
-            values = list(map(partial(unpackb, raw=False, strict_map_key=False), payloads))
+            values = _unpack_all(payloads)
         except Exception:
             pass  # one is not: payload by payload below
         else:
@@ -141,17 +151,22 @@ TEXT_NULL, TEXT_STORED, TEXT_LATER = 0, 1, 2
 STORED_TEXT_MAX = 64 * 1024
 
 
-def stored_texts(payloads: Sequence[bytes]) -> tuple[list[bytes], bytes]:
-    """The ``auto`` text of each payload as UTF-8 (``b""`` where there is none) and a
+def stored_texts(payloads: Sequence[bytes]) -> tuple[bytes, array, bytes]:
+    """The ``auto`` texts of ``payloads`` as the log stores them: one UTF-8 buffer, the
+    n + 1 ends of each payload's text in it (an empty text where there is none) and a
     state per payload (``TEXT_NULL``, ``TEXT_STORED`` or ``TEXT_LATER``): texts of
     large payloads are left to the reader, so no message grows much when stored."""
     limit = STORED_TEXT_MAX
-    if not payloads or max(map(len, payloads)) <= limit:
-        texts = payload_texts(payloads)
-        if None not in texts and max(map(len, texts), default=0) <= limit:
-            return texts, bytes([TEXT_STORED]) * len(texts)  # the usual case: no loop here
-    else:
-        texts = payload_texts([p if len(p) <= limit else b"" for p in payloads])
+    if (_orjson is not None and payloads and min(map(len, payloads)) > 1
+            and max(map(len, payloads)) <= limit):
+        try:  # the usual case: every payload msgpack that JSON carries as it is
+            data, ends = _json_column(_unpack_all(payloads))
+        except Exception:
+            pass  # one is not: payload by payload below
+        else:
+            if len(data) <= limit or max(map(sub, ends[1:], ends)) <= limit:
+                return data, ends, bytes([TEXT_STORED]) * len(payloads)
+    texts = payload_texts([p if len(p) <= limit else b"" for p in payloads])
     states = bytearray(len(texts))
     for i, (payload, text) in enumerate(zip(payloads, texts)):
         if text is None:
@@ -161,7 +176,24 @@ def stored_texts(payloads: Sequence[bytes]) -> tuple[list[bytes], bytes]:
             states[i] = TEXT_LATER
         else:
             states[i] = TEXT_STORED
-    return texts, bytes(states)
+    return b"".join(texts), array("i", accumulate(map(len, texts), initial=0)), bytes(states)
+
+
+def _json_column(values: Sequence[Any]) -> tuple[bytes, array]:
+    """``values`` as JSON texts, one after the other in one buffer, and their n + 1 ends.
+
+    Each text goes into the buffer as soon as it is made: orjson hands back each one in a
+    buffer of a kilobyte, and keeping thousands of those alive at once costs more than
+    making them."""
+    data = bytearray()
+    extend = data.extend
+    ends = array("i", [0])
+    end = ends.append
+    dumps = _orjson.dumps
+    for value in values:
+        extend(dumps(value))
+        end(len(data))
+    return bytes(data), ends
 
 
 def payload_value(payload: bytes, mode: str = "auto") -> Any:

@@ -201,16 +201,17 @@ def encode_chunk(offsets: Sequence[int], records: Sequence[LogRecord],
             described.append([key[0], key[1], headers] if headers else [key[0], key[1]])
         index.append(number)
     payloads = [r[4] for r in records]
-    made, states = [b""] * len(payloads), bytes([TEXT_LATER]) * len(payloads)
+    text_data, text_ends = b"", array("i", bytes(4 * (len(payloads) + 1)))
+    states = bytes([TEXT_LATER]) * len(payloads)
     if texts:
         try:
-            made, states = stored_texts(payloads)
+            text_data, text_ends, states = stored_texts(payloads)
         except Exception:  # a text is a convenience: it never holds a message back
             _log.warning("making the text of %d messages failed; readers will make them",
                          len(payloads), exc_info=True)
     received = array("d", [r[3] for r in records])
     data = msgpack.packb([2, described, _blob(index), _blob(received), _blob(_ends(payloads)),
-                          b"".join(payloads), _blob(_ends(made)), b"".join(made), states],
+                          b"".join(payloads), _blob(text_ends), text_data, states],
                          use_bin_type=True)
     return _offsets_blob(offsets), data
 
