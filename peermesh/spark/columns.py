@@ -49,6 +49,10 @@ METADATA = ("group", "sender", "sender_name", "received", "offset", "payload", "
             "headers")
 
 
+#: columns of repeated values a reader keeps (each a chunk long: tens of kilobytes)
+_REPEATS_KEPT = 16
+
+
 class _Columns:
     """Turns log chunks into Arrow record batches or Python rows for a schema."""
 
@@ -63,6 +67,9 @@ class _Columns:
                         for f in schema.fields)
         self.needs_value = any(n not in METADATA for n in names)
         self.converters = [value_converter(f.dataType) for f in schema.fields]
+        #: (value, type) -> the longest column of it made so far: a chunk's group (and
+        #: often its one sender) repeats in every batch of a read
+        self._repeats: dict[tuple[Any, pa.DataType], pa.Array] = {}
 
     def emit(self, chunks: list[Chunk], start: int, end: int,
              floors: Mapping[str, int]) -> Iterator[Any]:
@@ -102,7 +109,7 @@ class _Columns:
         for pa_field in self.arrow:
             name, kind = pa_field.name, pa_field.type
             if name == "group":
-                arrays.append(pa.repeat(pa.scalar(chunk.group, kind), n))
+                arrays.append(self.repeat(chunk.group, kind, n))
             elif name in ("sender", "sender_name", "headers"):
                 if name == "headers":
                     described = [[{"key": k, "value": v} for k, v in
@@ -112,7 +119,9 @@ class _Columns:
                     column = 0 if name == "sender" else 1
                     described = [p[column] for p in chunk.peers]
                 if len(described) == 1:  # one sender (often): no index to follow
-                    arrays.append(pa.repeat(pa.scalar(described[0], kind), n))
+                    one = described[0]
+                    arrays.append(self.repeat(one, kind, n) if isinstance(one, str)
+                                  else pa.repeat(pa.scalar(one, kind), n))
                     continue
                 if peers is None:
                     peers = _fixed(pa.int32(), total, chunk.peer_index).slice(a, n)
@@ -127,6 +136,17 @@ class _Columns:
             else:  # text
                 arrays.append(self.text(chunk, a, b, kind))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
+
+    def repeat(self, value: str, kind: pa.DataType, n: int) -> pa.Array:
+        """A string column of ``n`` times ``value``: a slice of one made before when it
+        is long enough (Arrow arrays do not change), else made and kept (a few at most)."""
+        key = (value, kind)
+        made = self._repeats.get(key)
+        if made is None or len(made) < n:
+            if len(self._repeats) >= _REPEATS_KEPT:
+                self._repeats.clear()
+            made = self._repeats[key] = _repeated(value.encode("utf-8"), kind, n)
+        return made if len(made) == n else made.slice(0, n)
 
     def text(self, chunk: DecodedChunk, a: int, b: int, kind: pa.DataType) -> pa.Array:
         """The ``text`` of messages ``a`` to ``b - 1``: as the log stored it, when it did
@@ -194,6 +214,16 @@ def _micros(seconds: array, a: int, n: int, kind: pa.DataType) -> pa.Array:
     column = pa.Array.from_buffers(kind if exact else pa.int64(), n,
                                    [None, pa.py_buffer(micros)])
     return column if exact else column.cast(kind)
+
+
+def _repeated(value: bytes, kind: pa.DataType, n: int) -> pa.Array:
+    """A string or binary column of ``n`` times ``value``, made from its two buffers
+    (``pa.repeat`` walks the values: ten times slower, a hundred for a one-octet value)."""
+    import numpy as np
+    if n * len(value) >= 2 ** 31:  # beyond 32-bit offsets: Arrow says why
+        return pa.repeat(pa.scalar(value, kind), n)
+    ends = np.arange(n + 1, dtype=np.int32) * len(value)
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(ends), pa.py_buffer(value * n)])
 
 
 def _equal(values: pa.Array, value: int) -> pa.Array:

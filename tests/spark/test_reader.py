@@ -465,6 +465,24 @@ def test_arrow_batches_agree_with_rows_made_one_by_one(
             assert len(got) == sum(1 for r in rows) and columns[-1] == "text"
 
 
+def test_repeated_columns_are_kept_and_sliced() -> None:
+    import pyarrow as pa
+
+    from peermesh.spark.columns import _Columns
+
+    columns = _Columns(SCHEMA, "auto", merge=False)
+    for value in ("g", "", "capteur-été", "ab" * 16):
+        for kind in (pa.string(), pa.binary()):
+            expected = [value if kind == pa.string() else value.encode()]
+            short = columns.repeat(value, kind, 3)
+            long = columns.repeat(value, kind, 5)   # longer than the one kept: made again
+            again = columns.repeat(value, kind, 2)  # a slice of the longest kept
+            assert (short.to_pylist(), long.to_pylist(), again.to_pylist()) == \
+                (expected * 3, expected * 5, expected * 2)
+            assert again.buffers()[2].address == long.buffers()[2].address
+            short.validate(full=True), long.validate(full=True)
+
+
 def test_a_task_on_the_drivers_machine_reads_the_file_itself(
         make_service: Callable[..., Any]) -> None:
     from peermesh.spark.client import local_log, log_client
