@@ -251,9 +251,12 @@ class Server(Overlay):
                                                   max_frames=_MAX_FRAMES, linger=_LINGER)
         self._workers = Workers(gevent.get_hub())
         self._core.serving = True
+        # the usual REQ goes from the reader to its handler (``ServerCore.job_of``: no
+        # outputs made)
         self._driver = Driver(self._core, RoutedTransport(transport, router),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
-                              look_once=True, name="Safir-Darbaan server")
+                              look_once=True, delivery=self._core.job_of,
+                              name="Safir-Darbaan server")
         self._watcher = gevent.spawn(_transport.read_monitor,
                                      router.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED),
                                      self._on_monitor)

@@ -228,19 +228,32 @@ class ServerCore(Outputs):
 
     # --- messages -------------------------------------------------------------
 
-    def receive(self, alias: Any, frames: list[bytes], now: float) -> list[Output]:
-        """A message from the channel connected under ``alias``; the outputs."""
-        # The fast path: a REQ as the spec draws it, for a service resolved before
-        # and an action it has (a request id of 1-255 octets is all left to check).
+    def job_of(self, alias: Any, frames: list[bytes], now: float) -> Optional[Job]:
+        """The usual message, a REQ as the spec draws it for a service resolved before and
+        an action it has, taken in: its ``Job``, as a ``Deliver`` carries it (the driver's
+        ``delivery`` fast path: no outputs are made). None for any other message, and for
+        one that is answered here (503 past ``max_concurrent``), untouched: ``receive`` it."""
+        # (a request id of 1-255 octets is all left to check)
         if (len(frames) == 9 and frames[2] == _REQ and frames[1] == _PROTOCOL
                 and not frames[0] and 0 < len(frames[3]) <= wire.MAX_REQUEST_ID):
             service = self._by_frames.get((frames[4], frames[5]))
             if service is not None:
                 handler = service.by_frames.get((frames[6], frames[7]))
                 if handler is not None and not handler.with_request and self.serving:
+                    if not handler.inline:
+                        limit = self.max_concurrent
+                        if limit is not None and self.busy >= limit:
+                            return None   # (answered 503 by ``receive``)
+                        self.busy += 1
                     self.stats["requests"] += 1
-                    self._run(alias, handler, frames[3], frames[8], None)
-                    return self.take()
+                    return Job(alias, handler, frames[3], frames[8], None)
+        return None
+
+    def receive(self, alias: Any, frames: list[bytes], now: float) -> list[Output]:
+        """A message from the channel connected under ``alias``; the outputs."""
+        job = self.job_of(alias, frames, now)   # the fast path
+        if job is not None:
+            return [Deliver(job)]
         try:
             command = wire.command_of(frames)
             if command == _REQ:
