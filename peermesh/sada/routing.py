@@ -653,7 +653,7 @@ class RequestRouter(Outputs):
             self._counts["dropped"] += 1
             log.debug("dropped unexpected %s from %r", kind.__name__, identity)
 
-    def answer_of(self, identity: bytes, frames: list[bytes], now: float
+    def answer_of(self, identity: Any, frames: list[bytes], now: float
                   ) -> Optional[tuple[Any, Any, Optional[BaseException]]]:
         """The usual message, a REP (status below 400, as the spec draws it) from the
         server holding its request, taken in: the caller's answer ``(token, value, error)``,
