@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from operator import length_hint
 from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 import gevent
@@ -145,6 +146,7 @@ class Driver:
         self.name = name
         self.mailbox: Optional[Mailbox] = None
         self._reply: Optional[Callable[..., bool]] = None  # mailbox.try_send
+        self._send_each: Optional[Callable[..., int]] = None  # mailbox.try_send_each
         self.links: dict[Hashable, Link] = {}
         self.closed = False
         self._held: Optional[list[Output]] = None      # outputs of the batch being read
@@ -173,6 +175,7 @@ class Driver:
         mailbox (a simulated one then keeps no link per sender)."""
         self.mailbox = mailbox
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
+        self._send_each = getattr(mailbox, "try_send_each", None)
         if replies and hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         if self.delivery is not None or self.carry_out is not None:
@@ -387,6 +390,12 @@ class Driver:
         links = self.links
         stats = self.stats
         mailbox = self.mailbox if self._reply is not None and self.addressed else None
+        if (mailbox is not None and not links and not self._backlogs
+                and self._send_each is not None):
+            run = [o.frames for o in outputs if type(o) is Send and type(o.link) is bytes]
+            if len(run) == len(outputs):   # (all to mailbox peers: the usual)
+                self._send_run(outputs, run)
+                return
         for output in outputs:
             if type(output) is not Send or self._backlogs:
                 self._carry_out((output,))
@@ -410,6 +419,31 @@ class Driver:
                 stats["sent"] += 1
             else:
                 self._hold_back(name, frames)
+
+    def _send_run(self, outputs: Sequence[Output], run: list[Sequence[bytes]]) -> None:
+        """Send ``run``, the frames of ``outputs`` (each a ``Send`` to a mailbox peer,
+        addressed), through the mailbox in one call (``try_send_each``: its socket looked
+        at once after them); what cannot go takes the usual path from there on (a full
+        queue: the backlog; a peer gone: ``on_send_failed``), as sent one by one."""
+        send_each = self._send_each
+        assert send_each is not None
+        stats = self.stats
+        start, total = 0, len(run)
+        while start < total:
+            rest = iter(run) if not start else iter(run[start:])
+            try:
+                done = send_each(rest)
+            except (OSError, zmq.ZMQError) as exc:   # a peer gone from the mailbox
+                failed = total - length_hint(rest) - 1   # (the message it stopped at)
+                stats["sent"] += failed - start
+                output = outputs[failed]
+                self._send_failed(output.link, output.frames, exc)  # type: ignore[union-attr]
+                start = failed + 1
+                continue
+            stats["sent"] += done
+            if start + done < total:   # a full queue: that message and the rest wait
+                self._carry_out(outputs[start + done:])
+            return
 
     def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
              server_key: Optional[bytes] = None) -> None:
