@@ -87,7 +87,6 @@ from ..wire import sada as wire
 from ..zre.roundtrip import RoundTrip
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
-from .handlers import pack
 from .versions import choose_version, is_compatible, version_key
 
 __all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX_CATALOG",
@@ -278,6 +277,9 @@ class RequestRouter(Outputs):
         self._catalog_size = 0                          # (server, service) pairs offered
         self._prefix = channel_id.encode("ascii") + b"-"
         self._counter = 0
+        # payloads packed as ``handlers.pack`` does, by one packer kept (msgpack.packb makes
+        # one per call); the router is used from one thread
+        self._pack = msgpack.Packer(use_bin_type=True).pack
         self._servers: dict[bytes, _Server] = {}
         self._routes: dict[str, dict[str, list[_Server]]] = {}
         self._route_cache: dict[tuple[str, Optional[str]],
@@ -346,7 +348,7 @@ class RequestRouter(Outputs):
                 raise TypeError(f"a raw payload must be bytes, not {type(payload).__name__}")
             body = bytes(payload)
         else:
-            body = pack(payload)
+            body = self._pack(payload)
         if timeout is None:
             timeout = self.timeout
         elif not timeout > 0:
