@@ -46,7 +46,8 @@ did not come through the transport (a node's events) as one batch.
 
 Options for a core that addresses its mailbox peers itself (Flux): ``addressed``
 (a ``Send`` to a mailbox peer carries that peer's identity as its first frame, the
-ROUTER's address, and goes out as it is), ``accept(identity)`` (a mailbox message
+ROUTER's address, and goes out as it is; with ``look_once``, a batch whose outputs are all
+such sends goes out in one ``try_send_each`` of the mailbox), ``accept(identity)`` (a mailbox message
 whose sender it refuses goes to ``on_oversized``, never to the core), ``look_once``
 (real sockets only: the sends of a batch do not each look at their socket for a
 message waiting; each socket sent on is looked at once when the batch is done) and

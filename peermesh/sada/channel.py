@@ -372,7 +372,8 @@ class Channel(Overlay):
         """A ``Deliver``: hand ``value`` or ``error`` to the caller of ``token``.
 
         A waiting ``request()`` is switched to at once when the router answers
-        a message (on the hub, once the driver read its batch); otherwise, and
+        a message (on the hub: from the reader, for the usual REP, or once the driver
+        read its batch); otherwise, and
         while the router is told of the time, of failed sends or of ``stop``
         (it may answer several callers in one loop then), on the hub's next turn.
         """

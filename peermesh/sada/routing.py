@@ -62,7 +62,10 @@ for a RINTR answer are remembered up to 4096.
 
 The usual REP (as the spec draws it, from the server holding the request) is
 matched without ``wire.sada``'s careful decoding; anything else takes that
-path.
+path. ``answer_of(identity, frames, now)`` takes such a REP in and returns its
+caller's answer itself, no outputs made (a driver's ``delivery`` fast path);
+with ``addressed`` every ``Send``'s frames start with the server's routing id
+(a driver's ``addressed`` option: sent as they are).
 
 Kept whole: one sans-io core (``RequestRouter``): choosing a server, timeouts, retries
 and what each server is known to offer are decisions over the same table of pending

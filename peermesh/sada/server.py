@@ -44,8 +44,8 @@ core on the contract of ``peermesh.core``, served by the one driver
 driver reads it in batches, hands each message to the core and carries out
 what comes back (PONGs, INTRs and REPs as ``Send``, a channel to connect to as
 ``Dial``, one forgotten as ``Hangup``); a REQ comes out as a ``Deliver`` of its
-job, which this module runs (``workers``) and whose outcome it gives back to the
-core. While
+job (the usual REQ as the job itself, straight from the reader: ``ServerCore.job_of``),
+which this module runs (``workers``) and whose outcome it gives back to the core. While
 stopping, the server INTRs an empty catalog, answers new REQs with 503
 (channels send those elsewhere) and lets running handlers finish for up to
 ``grace`` seconds.

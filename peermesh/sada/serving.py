@@ -17,8 +17,9 @@ mesh ``forget_after`` seconds ago. Its outputs:
 The common REQ (a service, version and action seen before) is handled without
 decoding its text frames: the service is found by its name and version frames
 (a cache of earlier resolutions, cleared when the catalog changes) and the
-handler by its category and action frames (``Service.by_frames``); anything
-else takes the careful path through ``wire.sada``, which also produces the
+handler by its category and action frames (``Service.by_frames``), and
+``job_of`` hands its job over itself, no outputs made (a driver's ``delivery``
+fast path); anything else takes the careful path through ``wire.sada``, which also produces the
 404/405/406 answers. Once ``stop`` is called the catalog INTRed is empty and
 new REQs are answered 503; past ``max_concurrent`` running handlers too.
 """
