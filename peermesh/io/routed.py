@@ -109,16 +109,21 @@ class ConnectingRouter:
 
 
 class RoutedLink:
-    """One connection of a ``ConnectingRouter``: the ``Link`` a driver sends on."""
+    """One connection of a ``ConnectingRouter``: the ``Link`` a driver sends on.
 
-    __slots__ = ("router", "identity", "endpoint", "closed")
+    ``try_send(frames, look=True)`` sends ``frames`` down this connection (``look``: as
+    ``HubSocket.try_send``'s); ``addressed``: they start with its routing id already (the
+    router's own ``try_send``, no copy)."""
 
-    def __init__(self, router: ConnectingRouter, identity: bytes, endpoint: str) -> None:
+    __slots__ = ("router", "identity", "endpoint", "closed", "try_send")
+
+    def __init__(self, router: ConnectingRouter, identity: bytes, endpoint: str,
+                 addressed: bool = False) -> None:
         self.router, self.identity, self.endpoint = router, identity, endpoint
         self.closed = False
+        self.try_send: Callable[..., bool] = router.try_send if addressed else self._prefixed
 
-    def try_send(self, frames: Sequence[bytes], look: bool = True) -> bool:
-        """``frames`` down this connection (``look``: as ``HubSocket.try_send``'s)."""
+    def _prefixed(self, frames: Sequence[bytes], look: bool = True) -> bool:
         return self.router.try_send([self.identity, *frames], look)
 
     def readable(self) -> bool:
@@ -139,10 +144,13 @@ class RoutedLink:
 
 
 class RoutedTransport:
-    """The transport of a driver whose mailbox is a ``ConnectingRouter``."""
+    """The transport of a driver whose mailbox is a ``ConnectingRouter``; ``addressed``:
+    what is sent on its links starts with the link's routing id already."""
 
-    def __init__(self, base: ZmqTransport, router: ConnectingRouter) -> None:
+    def __init__(self, base: ZmqTransport, router: ConnectingRouter, *,
+                 addressed: bool = False) -> None:
         self.base, self.router = base, router
+        self.addressed = addressed
         self.now, self.sleep = base.now, base.sleep
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
@@ -150,7 +158,7 @@ class RoutedTransport:
                 max_message: Optional[int] = None) -> RoutedLink:
         """A connection of the router to ``endpoint`` under routing id ``identity`` (one
         that cannot be made is logged, and its link sends nowhere)."""
-        link = RoutedLink(self.router, identity, endpoint)
+        link = RoutedLink(self.router, identity, endpoint, self.addressed)
         try:
             self.router.connect(identity, endpoint, server_key)
         except zmq.ZMQError as exc:

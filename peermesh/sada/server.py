@@ -133,8 +133,9 @@ class Server(Overlay):
             raise ValueError(f"max_services must be at least 1, not {max_services!r}")
         self._networks: Optional[list[Network]] = (
             None if channel_networks is None else as_networks(channel_networks))
+        # (every message it sends names its channel first: sent as it is)
         self._core = ServerCore(max_concurrent=max_concurrent, max_services=max_services,
-                                forget_after=forget_after)
+                                forget_after=forget_after, addressed=True)
         #: refusals by limit: ``max_concurrent`` (REQs answered 503), ``channel_networks``
         #: (channel endpoints from the mesh outside them, or not tcp://IP:PORT)
         self.limits = self._core.limits
@@ -253,9 +254,9 @@ class Server(Overlay):
         self._core.serving = True
         # the usual REQ goes from the reader to its handler (``ServerCore.job_of``: no
         # outputs made)
-        self._driver = Driver(self._core, RoutedTransport(transport, router),
+        self._driver = Driver(self._core, RoutedTransport(transport, router, addressed=True),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
-                              look_once=True, delivery=self._core.job_of,
+                              look_once=True, delivery=self._core.job_of, addressed=True,
                               name="Safir-Darbaan server")
         self._watcher = gevent.spawn(_transport.read_monitor,
                                      router.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED),

@@ -64,8 +64,12 @@ class ServerCore(Outputs):
     """The state of one server; no I/O, time given by the caller (see the module)."""
 
     def __init__(self, *, max_concurrent: Optional[int], max_services: int,
-                 forget_after: float, networks: Optional[list[Network]] = None) -> None:
+                 forget_after: float, networks: Optional[list[Network]] = None,
+                 addressed: bool = False) -> None:
         super().__init__()
+        #: every ``Send``'s frames start with the channel's alias (its routing id: a
+        #: driver's ``addressed``, a ``RoutedTransport``'s too: sent as they are)
+        self.addressed = addressed
         self.max_concurrent = max_concurrent
         self.max_services = max_services
         self.forget_after = forget_after
@@ -137,7 +141,8 @@ class ServerCore(Outputs):
         return self.take()
 
     def _send_intr(self, alias: bytes) -> None:
-        self._outputs.append(Send(alias, self._intr))
+        self._outputs.append(Send(alias, (alias, *self._intr) if self.addressed
+                                  else self._intr))
         self.stats["intr_sent"] += 1
 
     def stop(self) -> list[Output]:
@@ -267,7 +272,7 @@ class ServerCore(Outputs):
             return []
         kind = type(message)
         if kind is Ping:
-            return [Send(alias, _PONG)]
+            return [Send(alias, (alias, *_PONG) if self.addressed else _PONG)]
         if kind is Rintr:
             self._send_intr(alias)
             return self.take()
@@ -337,11 +342,16 @@ class ServerCore(Outputs):
         if status >= 400:
             stats["errors"] += 1
         stats["replies"] += 1
+        if self.addressed:
+            return [Send(alias, (alias, _DELIMITER, _PROTOCOL, _REP, request_id,
+                                 _STATUS[status], payload))]
         return [Send(alias, (_DELIMITER, _PROTOCOL, _REP, request_id, _STATUS[status],
                              payload))]
 
     def unsent(self, frames: Any) -> None:
-        """A message found no way to its channel (``frames`` after the routing id)."""
-        if len(frames) > 2 and frames[2] == _REP:
+        """A message found no way to its channel (``frames`` as sent: after the routing
+        id, or from it when ``addressed``)."""
+        command = 3 if self.addressed else 2
+        if len(frames) > command and frames[command] == _REP:
             self.stats["replies"] -= 1
             self.stats["unsent"] += 1
