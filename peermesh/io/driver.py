@@ -47,7 +47,8 @@ did not come through the transport (a node's events) as one batch.
 Options for a core that addresses its mailbox peers itself (Flux): ``addressed``
 (a ``Send`` to a mailbox peer carries that peer's identity as its first frame, the
 ROUTER's address, and goes out as it is; with ``look_once``, a batch whose outputs are all
-such sends goes out in one ``try_send_each`` of the mailbox), ``accept(identity)`` (a mailbox message
+such sends, or all sends down one link that has ``try_send_each``, goes out in one
+``try_send_each`` call), ``accept(identity)`` (a mailbox message
 whose sender it refuses goes to ``on_oversized``, never to the core), ``look_once``
 (real sockets only: the sends of a batch do not each look at their socket for a
 message waiting; each socket sent on is looked at once when the batch is done) and
@@ -391,11 +392,10 @@ class Driver:
         links = self.links
         stats = self.stats
         mailbox = self.mailbox if self._reply is not None and self.addressed else None
-        if (mailbox is not None and not links and not self._backlogs
-                and self._send_each is not None):
-            run = [o.frames for o in outputs if type(o) is Send and type(o.link) is bytes]
-            if len(run) == len(outputs):   # (all to mailbox peers: the usual)
-                self._send_run(outputs, run)
+        if self.addressed and not self._backlogs and outputs:
+            each = self._each_of(outputs, mailbox)
+            if each is not None:   # (the usual: one call sends them all)
+                self._send_run(outputs, [o.frames for o in outputs], each)  # type: ignore[union-attr]
                 return
         for output in outputs:
             if type(output) is not Send or self._backlogs:
@@ -421,13 +421,34 @@ class Driver:
             else:
                 self._hold_back(name, frames)
 
-    def _send_run(self, outputs: Sequence[Output], run: list[Sequence[bytes]]) -> None:
-        """Send ``run``, the frames of ``outputs`` (each a ``Send`` to a mailbox peer,
-        addressed), through the mailbox in one call (``try_send_each``: its socket looked
-        at once after them); what cannot go takes the usual path from there on (a full
-        queue: the backlog; a peer gone: ``on_send_failed``), as sent one by one."""
-        send_each = self._send_each
-        assert send_each is not None
+    def _each_of(self, outputs: Sequence[Output],
+                 mailbox: Any) -> Optional[Callable[[Iterable[Sequence[bytes]]], int]]:
+        """The ``try_send_each`` that takes all of ``outputs`` (addressed) in one call:
+        the mailbox's when all are sends to its peers (no link dialled), a link's when all
+        are sends down that one link (one that has it); else None."""
+        first = outputs[0]
+        if type(first) is not Send:
+            return None
+        name = first.link
+        link = self.links.get(name)
+        if link is None:
+            if mailbox is None or self.links or self._send_each is None:
+                return None
+            if all(type(o) is Send and type(o.link) is bytes for o in outputs):
+                return self._send_each
+            return None
+        each = getattr(link, "try_send_each", None)
+        if each is not None and all(type(o) is Send and o.link == name for o in outputs):
+            return each   # type: ignore[no-any-return]
+        return None
+
+    def _send_run(self, outputs: Sequence[Output], run: list[Sequence[bytes]],
+                  send_each: Callable[[Iterable[Sequence[bytes]]], int]) -> None:
+        """Send ``run``, the frames of ``outputs`` (addressed ``Send``s all to mailbox
+        peers, or all down one link), in one call (``send_each``, a ``try_send_each``: the
+        socket looked at once after them); what cannot go takes the usual path from there
+        on (a full queue: the backlog; a peer gone: ``on_send_failed``), as sent one by
+        one."""
         stats = self.stats
         start, total = 0, len(run)
         while start < total:

@@ -53,6 +53,7 @@ class ConnectingRouter:
     def __init__(self, hub: HubSocket, *, secure: bool, linger: float) -> None:
         self.hub = hub
         self.serve, self.try_send, self.readable = hub.serve, hub.try_send, hub.readable
+        self.try_send_each = hub.try_send_each
         self.secure = secure
         self.linger = linger
         self.endpoint = ""
@@ -113,15 +114,17 @@ class RoutedLink:
 
     ``try_send(frames, look=True)`` sends ``frames`` down this connection (``look``: as
     ``HubSocket.try_send``'s); ``addressed``: they start with its routing id already (the
-    router's own ``try_send``, no copy)."""
+    router's own ``try_send``, no copy; and ``try_send_each`` sends several in one call)."""
 
-    __slots__ = ("router", "identity", "endpoint", "closed", "try_send")
+    __slots__ = ("router", "identity", "endpoint", "closed", "try_send", "try_send_each")
 
     def __init__(self, router: ConnectingRouter, identity: bytes, endpoint: str,
                  addressed: bool = False) -> None:
         self.router, self.identity, self.endpoint = router, identity, endpoint
         self.closed = False
         self.try_send: Callable[..., bool] = router.try_send if addressed else self._prefixed
+        self.try_send_each: Optional[Callable[..., int]] = (router.try_send_each if addressed
+                                                             else None)
 
     def _prefixed(self, frames: Sequence[bytes], look: bool = True) -> bool:
         return self.router.try_send([self.identity, *frames], look)

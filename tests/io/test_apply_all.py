@@ -13,8 +13,9 @@ from typing import Any, Hashable, Iterator, Optional
 import gevent
 import zmq
 
-from peermesh.core import Deliver, Send
+from peermesh.core import Deliver, Dial, Send
 from peermesh.io.driver import Driver
+from peermesh.io.routed import RoutedTransport, connecting_router
 from peermesh.io.socket import GUARD, HubSocket, make_socket
 from peermesh.io.transport import ZmqTransport
 
@@ -202,3 +203,35 @@ def test_addressed_sends_a_full_peer_does_not_take_wait_in_its_backlog_in_order(
         if client is not None:
             client.close()
         server.close()
+
+
+def test_addressed_sends_down_one_routed_link_go_in_one_call_in_order() -> None:
+    """A batch's sends all down one link of a connecting ROUTER (addressed: each names
+    the connection first) go out in one ``try_send_each`` call, in order, counted."""
+    transport = ZmqTransport()
+    router = connecting_router(transport, {zmq.LINGER: 0}, max_message=1 << 20,
+                               max_frames=16, linger=0.0)
+    calls: list[int] = []
+    each = router.try_send_each
+    router.try_send_each = lambda messages: calls.append(1) or each(messages)
+    far = make_socket(zmq.ROUTER, {zmq.LINGER: 0})
+    endpoint = "tcp://127.0.0.1:%d" % far.bind_to_random_port("tcp://127.0.0.1")
+    driver = Driver(Handing(), RoutedTransport(transport, router, addressed=True),
+                    look_once=True, addressed=True, name="routed")
+    got: list[bytes] = []
+
+    def read() -> bool:
+        while far.poll(0):
+            got.append(far.recv_multipart(zmq.NOBLOCK)[-1])
+        return len(got) == 20
+    try:
+        driver.listen(router)
+        driver.apply([Dial(b"ch", endpoint, b"ch")])
+        sent = driver.stats["sent"]
+        driver.apply_all([Send(b"ch", [b"ch", b"%d" % i]) for i in range(20)])
+        assert calls == [1] and driver.stats["sent"] == sent + 20
+        poll_until(read, GUARD, "20 messages", sleep=gevent.sleep)
+        assert got == [b"%d" % i for i in range(20)]
+    finally:
+        driver.close()
+        far.close(linger=0)
