@@ -395,7 +395,8 @@ class Driver:
         if self.addressed and not self._backlogs and outputs:
             each = self._each_of(outputs, mailbox)
             if each is not None:   # (the usual: one call sends them all)
-                self._send_run(outputs, [o.frames for o in outputs], each)  # type: ignore[union-attr]
+                run = [o.frames for o in outputs]   # type: ignore[union-attr]
+                self._send_run(outputs, run, each)
                 return
         for output in outputs:
             if type(output) is not Send or self._backlogs:
