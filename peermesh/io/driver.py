@@ -72,6 +72,9 @@ gathered from several such calls (sent as a batch's are: one look at each socket
 ``cork(outputs)`` to have them gathered for it (carried out together at the end of
 the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
 core on the same sockets, and ``close()`` ends it all.
+
+Kept whole: one driver (``Driver``): its reading, its sending and its timer act on the
+same state (the outputs held for a batch, the links, their backlogs, the armed deadline).
 """
 
 from __future__ import annotations
