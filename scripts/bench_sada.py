@@ -312,6 +312,10 @@ def rounds_of(cases: dict[str, tuple[Setup, dict[str, Any]]], n: int,
         # CPU per round trip (µs): steadier than rates on a loaded machine
         result[name]["cpu_us"] = {"client": 1e6 * sum(p["cpu"] for p in parts) / len(us),
                                   "servers": 1e6 * sum(p["servers_cpu"] for p in parts) / len(us)}
+        # ... and per round, to pair with another case's of the same round
+        result[name]["rounds"] = [{"client": 1e6 * p["cpu"] / len(p["samples"]),
+                                   "servers": 1e6 * p["servers_cpu"] / len(p["samples"]),
+                                   "per_s": len(p["samples"]) / p["wall"]} for p in parts]
         if "served" in parts[0]:
             served: dict[str, int] = {}
             for part in parts:
@@ -419,6 +423,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for tag in results["baselines"]:
                 results["ratios"][f"sada_pipe_1_vs{tag}"] = (
                     results["sada_pipe_1"]["per_s"] / results[f"sada_pipe_1{tag}"]["per_s"])
+                results["ratios"][f"paired{tag}"] = paired(results["sada_pipe_1"],
+                                                           results[f"sada_pipe_1{tag}"])
             results["load_average"] = os.getloadavg()
             return results
         four = setups[4]
@@ -488,6 +494,14 @@ NAMES = {"raw_seq": "raw pyzmq echo (1 frame), sequential",
          "sada_bound_2": "channel->2 servers, server-bound",
          "sada_bound_4": "channel->4 servers, server-bound"}
 PIPELINED = [key for key in NAMES if "pipe" in key or "bound" in key]
+
+
+def paired(now: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """The median over the rounds of this checkout's CPU per round trip (channel, servers)
+    and rate over the baseline's in the same round: load that comes and goes between
+    rounds cancels out."""
+    return {key: statistics.median(a[key] / b[key] for a, b in zip(now["rounds"], base["rounds"]))
+            for key in ("client", "servers", "per_s")}
 
 
 def baseline_tag(i: int) -> str:
@@ -602,6 +616,10 @@ def report(r: dict[str, Any]) -> str:
                         for tag in tags),
                   f"raw: client {r['raw_pipe']['cpu_us']['client']:.1f} µs, echo "
                   f"{r['raw_pipe']['cpu_us']['servers']:.1f} µs per round trip",
+                  *(f"this checkout / baseline{tag_label(tag)}, median of the rounds' ratios: "
+                    f"CPU per round trip channel {ratios['paired' + tag]['client']:.2f}, server "
+                    f"{ratios['paired' + tag]['servers']:.2f}; round trips/s "
+                    f"{ratios['paired' + tag]['per_s']:.2f}" for tag in tags[1:]),
                   "load average during the run: " + " ".join(
                       f"{x:.2f}" for x in r["load_average"]) + f" ({os.cpu_count()} cores)",
                   *(f"baseline code{tag_label(tag)}: {rev}" for tag, rev in r["baselines"].items())]

@@ -46,7 +46,9 @@ did not come through the transport (a node's events) as one batch.
 
 Options for a core that addresses its mailbox peers itself (Flux): ``addressed``
 (a ``Send`` to a mailbox peer carries that peer's identity as its first frame, the
-ROUTER's address, and goes out as it is), ``accept(identity)`` (a mailbox message
+ROUTER's address, and goes out as it is; with ``look_once``, a batch whose outputs are all
+such sends, or all sends down one link that has ``try_send_each``, goes out in one
+``try_send_each`` call), ``accept(identity)`` (a mailbox message
 whose sender it refuses goes to ``on_oversized``, never to the core), ``look_once``
 (real sockets only: the sends of a batch do not each look at their socket for a
 message waiting; each socket sent on is looked at once when the batch is done) and
@@ -70,12 +72,16 @@ gathered from several such calls (sent as a batch's are: one look at each socket
 ``cork(outputs)`` to have them gathered for it (carried out together at the end of
 the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
 core on the same sockets, and ``close()`` ends it all.
+
+Kept whole: one driver (``Driver``): its reading, its sending and its timer act on the
+same state (the outputs held for a batch, the links, their backlogs, the armed deadline).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from operator import length_hint
 from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 import gevent
@@ -145,6 +151,7 @@ class Driver:
         self.name = name
         self.mailbox: Optional[Mailbox] = None
         self._reply: Optional[Callable[..., bool]] = None  # mailbox.try_send
+        self._send_each: Optional[Callable[..., int]] = None  # mailbox.try_send_each
         self.links: dict[Hashable, Link] = {}
         self.closed = False
         self._held: Optional[list[Output]] = None      # outputs of the batch being read
@@ -173,6 +180,7 @@ class Driver:
         mailbox (a simulated one then keeps no link per sender)."""
         self.mailbox = mailbox
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
+        self._send_each = getattr(mailbox, "try_send_each", None)
         if replies and hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         if self.delivery is not None or self.carry_out is not None:
@@ -387,6 +395,12 @@ class Driver:
         links = self.links
         stats = self.stats
         mailbox = self.mailbox if self._reply is not None and self.addressed else None
+        if self.addressed and not self._backlogs and outputs:
+            each = self._each_of(outputs, mailbox)
+            if each is not None:   # (the usual: one call sends them all)
+                run = [o.frames for o in outputs]   # type: ignore[union-attr]
+                self._send_run(outputs, run, each)
+                return
         for output in outputs:
             if type(output) is not Send or self._backlogs:
                 self._carry_out((output,))
@@ -410,6 +424,52 @@ class Driver:
                 stats["sent"] += 1
             else:
                 self._hold_back(name, frames)
+
+    def _each_of(self, outputs: Sequence[Output],
+                 mailbox: Any) -> Optional[Callable[[Iterable[Sequence[bytes]]], int]]:
+        """The ``try_send_each`` that takes all of ``outputs`` (addressed) in one call:
+        the mailbox's when all are sends to its peers (no link dialled), a link's when all
+        are sends down that one link (one that has it); else None."""
+        first = outputs[0]
+        if type(first) is not Send:
+            return None
+        name = first.link
+        link = self.links.get(name)
+        if link is None:
+            if mailbox is None or self.links or self._send_each is None:
+                return None
+            if all(type(o) is Send and type(o.link) is bytes for o in outputs):
+                return self._send_each
+            return None
+        each = getattr(link, "try_send_each", None)
+        if each is not None and all(type(o) is Send and o.link == name for o in outputs):
+            return each   # type: ignore[no-any-return]
+        return None
+
+    def _send_run(self, outputs: Sequence[Output], run: list[Sequence[bytes]],
+                  send_each: Callable[[Iterable[Sequence[bytes]]], int]) -> None:
+        """Send ``run``, the frames of ``outputs`` (addressed ``Send``s all to mailbox
+        peers, or all down one link), in one call (``send_each``, a ``try_send_each``: the
+        socket looked at once after them); what cannot go takes the usual path from there
+        on (a full queue: the backlog; a peer gone: ``on_send_failed``), as sent one by
+        one."""
+        stats = self.stats
+        start, total = 0, len(run)
+        while start < total:
+            rest = iter(run) if not start else iter(run[start:])
+            try:
+                done = send_each(rest)
+            except (OSError, zmq.ZMQError) as exc:   # a peer gone from the mailbox
+                failed = total - length_hint(rest) - 1   # (the message it stopped at)
+                stats["sent"] += failed - start
+                output = outputs[failed]
+                self._send_failed(output.link, output.frames, exc)  # type: ignore[union-attr]
+                start = failed + 1
+                continue
+            stats["sent"] += done
+            if start + done < total:   # a full queue: that message and the rest wait
+                self._carry_out(outputs[start + done:])
+            return
 
     def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
              server_key: Optional[bytes] = None) -> None:

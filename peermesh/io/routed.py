@@ -53,6 +53,7 @@ class ConnectingRouter:
     def __init__(self, hub: HubSocket, *, secure: bool, linger: float) -> None:
         self.hub = hub
         self.serve, self.try_send, self.readable = hub.serve, hub.try_send, hub.readable
+        self.try_send_each = hub.try_send_each
         self.secure = secure
         self.linger = linger
         self.endpoint = ""
@@ -109,16 +110,23 @@ class ConnectingRouter:
 
 
 class RoutedLink:
-    """One connection of a ``ConnectingRouter``: the ``Link`` a driver sends on."""
+    """One connection of a ``ConnectingRouter``: the ``Link`` a driver sends on.
 
-    __slots__ = ("router", "identity", "endpoint", "closed")
+    ``try_send(frames, look=True)`` sends ``frames`` down this connection (``look``: as
+    ``HubSocket.try_send``'s); ``addressed``: they start with its routing id already (the
+    router's own ``try_send``, no copy; and ``try_send_each`` sends several in one call)."""
 
-    def __init__(self, router: ConnectingRouter, identity: bytes, endpoint: str) -> None:
+    __slots__ = ("router", "identity", "endpoint", "closed", "try_send", "try_send_each")
+
+    def __init__(self, router: ConnectingRouter, identity: bytes, endpoint: str,
+                 addressed: bool = False) -> None:
         self.router, self.identity, self.endpoint = router, identity, endpoint
         self.closed = False
+        self.try_send: Callable[..., bool] = router.try_send if addressed else self._prefixed
+        self.try_send_each: Optional[Callable[..., int]] = (router.try_send_each if addressed
+                                                             else None)
 
-    def try_send(self, frames: Sequence[bytes], look: bool = True) -> bool:
-        """``frames`` down this connection (``look``: as ``HubSocket.try_send``'s)."""
+    def _prefixed(self, frames: Sequence[bytes], look: bool = True) -> bool:
         return self.router.try_send([self.identity, *frames], look)
 
     def readable(self) -> bool:
@@ -139,10 +147,13 @@ class RoutedLink:
 
 
 class RoutedTransport:
-    """The transport of a driver whose mailbox is a ``ConnectingRouter``."""
+    """The transport of a driver whose mailbox is a ``ConnectingRouter``; ``addressed``:
+    what is sent on its links starts with the link's routing id already."""
 
-    def __init__(self, base: ZmqTransport, router: ConnectingRouter) -> None:
+    def __init__(self, base: ZmqTransport, router: ConnectingRouter, *,
+                 addressed: bool = False) -> None:
         self.base, self.router = base, router
+        self.addressed = addressed
         self.now, self.sleep = base.now, base.sleep
 
     def connect(self, identity: bytes, endpoint: str, sndhwm: int,
@@ -150,7 +161,7 @@ class RoutedTransport:
                 max_message: Optional[int] = None) -> RoutedLink:
         """A connection of the router to ``endpoint`` under routing id ``identity`` (one
         that cannot be made is logged, and its link sends nowhere)."""
-        link = RoutedLink(self.router, identity, endpoint)
+        link = RoutedLink(self.router, identity, endpoint, self.addressed)
         try:
             self.router.connect(identity, endpoint, server_key)
         except zmq.ZMQError as exc:

@@ -119,7 +119,7 @@ class Channel(Overlay):
         self._core = RequestRouter(self.id, ping_interval=ping_interval, dead_after=dead_after,
                                    timeout=timeout, now=clock(), max_services=max_services,
                                    max_catalog=max_catalog, source_of=self._source_of,
-                                   unread=self._unread)
+                                   unread=self._unread, addressed=True)
         self._take = self._core.take
         self.ping_interval = self._core.ping_interval
         self.dead_after = self._core.dead_after
@@ -223,9 +223,12 @@ class Channel(Overlay):
         router.max_frames = 3 + 2 * self._core.max_services
         transport = (ZmqTransport(self._context) if self._clock is time.monotonic
                      else _ClockTransport(self._context, self._clock))
+        # the usual REP answers its caller from the reader (``RequestRouter.answer_of``: no
+        # outputs made); the router's messages name their server first (``addressed``)
         self._driver = Driver(self._core, transport, on_deliver=self._deliver,
                               on_event=self._on_event, on_send_failed=self._send_failed,
                               on_oversized=self._on_oversized, look_once=True,
+                              addressed=True, delivery=self._core.answer_of,
                               name=f"channel {self.id}")
         self._driver.listen(self._guard)   # (no metadata: see _source_of)
         log.debug("channel %s at %s started", self.id, self.endpoint)
@@ -359,8 +362,8 @@ class Channel(Overlay):
         try:
             self._router.drain(16)   # its last answers may wait unread
             reason = error.strerror if isinstance(error, zmq.ZMQError) else str(error)
-            self._core.send_failed(identity, list(frames), self._clock(), full=False,
-                                   reason=reason)
+            self._core.send_failed(identity, list(frames[1:]), self._clock(), full=False,
+                                   reason=reason)   # (frames[0]: the routing id)
             self._apply(self._take())
         finally:
             self._deferring = deferring
@@ -369,7 +372,8 @@ class Channel(Overlay):
         """A ``Deliver``: hand ``value`` or ``error`` to the caller of ``token``.
 
         A waiting ``request()`` is switched to at once when the router answers
-        a message (on the hub, once the driver read its batch); otherwise, and
+        a message (on the hub: from the reader, for the usual REP, or once the driver
+        read its batch); otherwise, and
         while the router is told of the time, of failed sends or of ``stop``
         (it may answer several callers in one loop then), on the hub's next turn.
         """

@@ -272,7 +272,10 @@ def call(handler: Handler, payload: bytes, request: Optional[Request] = None
             result = handler.fn(argument)
         else:
             result = handler.fn(argument, request)
-        if type(result) in _PLAIN and not handler.raw:
+        if handler.raw:
+            if type(result) is bytes:   # (what ``outcome`` makes of it, at once)
+                return _OK, result
+        elif type(result) in _PLAIN:
             try:
                 return _OK, _packb(result, use_bin_type=True)
             except Exception as exc:

@@ -62,7 +62,10 @@ for a RINTR answer are remembered up to 4096.
 
 The usual REP (as the spec draws it, from the server holding the request) is
 matched without ``wire.sada``'s careful decoding; anything else takes that
-path.
+path. ``answer_of(identity, frames, now)`` takes such a REP in and returns its
+caller's answer itself, no outputs made (a driver's ``delivery`` fast path);
+with ``addressed`` every ``Send``'s frames start with the server's routing id
+(a driver's ``addressed`` option: sent as they are).
 
 Kept whole: one sans-io core (``RequestRouter``): choosing a server, timeouts, retries
 and what each server is known to offer are decisions over the same table of pending
@@ -87,7 +90,6 @@ from ..wire import sada as wire
 from ..zre.roundtrip import RoundTrip
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
-from .handlers import pack
 from .versions import choose_version, is_compatible, version_key
 
 __all__ = ["RequestRouter", "ServerInfo", "Send", "Answer", "MAX_SERVICES", "MAX_CATALOG",
@@ -251,7 +253,7 @@ class RequestRouter(Outputs):
                  max_catalog: int = MAX_CATALOG,
                  address_of: Callable[[Any], str] = _no_address,
                  source_of: Optional[Callable[[bytes], str]] = None,
-                 unread: Callable[[], bool] = bool) -> None:
+                 unread: Callable[[], bool] = bool, addressed: bool = False) -> None:
         if not ping_interval > 0 or not dead_after >= 1 or not timeout > 0:
             raise ValueError("ping_interval and timeout must be positive, dead_after at least 1")
         if not max_services >= 1 or not max_catalog >= 1:
@@ -266,6 +268,10 @@ class RequestRouter(Outputs):
         self._source_of = source_of
         self._unread = unread
         self._emits = answer is None
+        # Send outputs carry the routing id as their first frame (a driver's ``addressed``)
+        self._addressed = addressed and send is None
+        if self._addressed:
+            self._send = self._send_addressed
         self.max_services = max_services
         self._max_frames = 3 + 2 * max_services
         self._max_catalog = max_catalog
@@ -274,6 +280,9 @@ class RequestRouter(Outputs):
         self._catalog_size = 0                          # (server, service) pairs offered
         self._prefix = channel_id.encode("ascii") + b"-"
         self._counter = 0
+        # payloads packed as ``handlers.pack`` does, by one packer kept (msgpack.packb makes
+        # one per call); the router is used from one thread
+        self._pack = msgpack.Packer(use_bin_type=True).pack
         self._servers: dict[bytes, _Server] = {}
         self._routes: dict[str, dict[str, list[_Server]]] = {}
         self._route_cache: dict[tuple[str, Optional[str]],
@@ -309,6 +318,9 @@ class RequestRouter(Outputs):
     def _send_output(self, identity: bytes, frames: list[bytes]) -> None:
         self._outputs.append(SendOutput(identity, frames))
 
+    def _send_addressed(self, identity: bytes, frames: list[bytes]) -> None:
+        self._outputs.append(SendOutput(identity, [identity, *frames]))
+
     def _answer_output(self, token: Any, value: Any, error: Optional[BaseException]) -> None:
         self._outputs.append(Deliver((token, value, error)))
 
@@ -339,7 +351,7 @@ class RequestRouter(Outputs):
                 raise TypeError(f"a raw payload must be bytes, not {type(payload).__name__}")
             body = bytes(payload)
         else:
-            body = pack(payload)
+            body = self._pack(payload)
         if timeout is None:
             timeout = self.timeout
         elif not timeout > 0:
@@ -400,8 +412,14 @@ class RequestRouter(Outputs):
         server.in_flight += 1
         pending.sent_at = now
         fields = pending.fields
-        self._send(server.identity, [_DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0],
-                                     version_frame, fields[1], fields[2], pending.body])
+        identity = server.identity
+        if self._addressed:   # (the usual message: made whole at once, no copy)
+            self._outputs.append(SendOutput(identity, (
+                identity, _DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0], version_frame,
+                fields[1], fields[2], pending.body)))
+        else:
+            self._send(identity, [_DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0],
+                                  version_frame, fields[1], fields[2], pending.body])
 
     def _choose(self, pending: _Pending) -> Optional[tuple[bytes, _Server]]:
         """The server for ``pending`` and the version frame to ask it for, or None."""
@@ -492,9 +510,12 @@ class RequestRouter(Outputs):
     def _finish(self, pending: _Pending, value: Any = None,
                 error: Optional[BaseException] = None) -> None:
         """Take ``pending`` out of every table and answer the caller."""
+        if pending.token is not None:
+            self._answer(self._settle(pending), value, error)
+
+    def _settle(self, pending: _Pending) -> Any:
+        """Take ``pending`` (not yet answered) out of every table; its caller's token."""
         token = pending.token
-        if token is None:
-            return
         pending.token = None
         pending.body = b""
         del self._pending[pending.rid]
@@ -508,7 +529,7 @@ class RequestRouter(Outputs):
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].token is None:  # answered early: forget
             heappop(deadlines)
-        self._answer(token, value, error)
+        return token
 
     def next_deadline(self) -> float:
         """When ``handle_timer`` is next due (the earliest request deadline or liveness check)."""
@@ -637,25 +658,53 @@ class RequestRouter(Outputs):
             self._counts["dropped"] += 1
             log.debug("dropped unexpected %s from %r", kind.__name__, identity)
 
-    def _on_rep(self, server: _Server, pending: _Pending, status: int, payload: bytes,
-                now: float) -> None:
-        """``server`` answered ``pending`` (which it held)."""
+    def answer_of(self, identity: Any, frames: list[bytes], now: float
+                  ) -> Optional[tuple[Any, Any, Optional[BaseException]]]:
+        """The usual message, a REP (status below 400, as the spec draws it) from the
+        server holding its request, taken in: the caller's answer ``(token, value, error)``,
+        as a ``Deliver`` carries it, once the router's state is updated (the driver's
+        ``delivery`` fast path: no outputs are made). None for any other message, untouched
+        (``receive`` it)."""
+        if len(frames) != 6 or frames[2] != _REP or frames[1] != _PROTOCOL or frames[0]:
+            return None
+        pending = self._pending.get(frames[3])
+        if pending is None:
+            return None
+        server = pending.server
+        status = _STATUS_OF.get(frames[4])
+        if server is None or server.identity != identity or status is None or status >= 400:
+            return None
+        server.last_heard = now
+        server.suspect = False
+        self._count_reply(server, pending, now)
+        value, error = self._value_of(server, pending, frames[5])
+        return self._settle(pending), value, error
+
+    def _count_reply(self, server: _Server, pending: _Pending, now: float) -> None:
         server.replies += 1
         server.latency += _EWMA * (now - pending.sent_at - server.latency)
         self._replies += 1
         self.reply_times.add(now - pending.sent_at)
+
+    def _value_of(self, server: _Server, pending: _Pending,
+                  payload: bytes) -> tuple[Any, Optional[BaseException]]:
+        """The value of a successful REP's payload, or the error it is."""
+        if pending.raw:
+            return payload, None
+        try:
+            return (_unpackb(payload, raw=False, strict_map_key=False) if payload else None,
+                    None)
+        except Exception as exc:
+            return None, ServiceError(Status.BAD_REQUEST, f"reply payload is not msgpack: {exc}",
+                                      request_id=pending.rid, server=server.id)
+
+    def _on_rep(self, server: _Server, pending: _Pending, status: int, payload: bytes,
+                now: float) -> None:
+        """``server`` answered ``pending`` (which it held)."""
+        self._count_reply(server, pending, now)
         if status < 400:
-            if pending.raw:
-                self._finish(pending, payload)
-                return
-            try:
-                value = _unpackb(payload, raw=False, strict_map_key=False) if payload else None
-            except Exception as exc:
-                self._finish(pending, error=ServiceError(
-                    Status.BAD_REQUEST, f"reply payload is not msgpack: {exc}",
-                    request_id=pending.rid, server=server.id))
-                return
-            self._finish(pending, value)
+            value, error = self._value_of(server, pending, payload)
+            self._finish(pending, value, error)
             return
         if status == Status.UNAVAILABLE and pending.target is None:
             # not run there: safe to send elsewhere, retries or not

@@ -44,8 +44,8 @@ core on the contract of ``peermesh.core``, served by the one driver
 driver reads it in batches, hands each message to the core and carries out
 what comes back (PONGs, INTRs and REPs as ``Send``, a channel to connect to as
 ``Dial``, one forgotten as ``Hangup``); a REQ comes out as a ``Deliver`` of its
-job, which this module runs (``workers``) and whose outcome it gives back to the
-core. While
+job (the usual REQ as the job itself, straight from the reader: ``ServerCore.job_of``),
+which this module runs (``workers``) and whose outcome it gives back to the core. While
 stopping, the server INTRs an empty catalog, answers new REQs with 503
 (channels send those elsewhere) and lets running handlers finish for up to
 ``grace`` seconds.
@@ -133,8 +133,9 @@ class Server(Overlay):
             raise ValueError(f"max_services must be at least 1, not {max_services!r}")
         self._networks: Optional[list[Network]] = (
             None if channel_networks is None else as_networks(channel_networks))
+        # (every message it sends names its channel first: sent as it is)
         self._core = ServerCore(max_concurrent=max_concurrent, max_services=max_services,
-                                forget_after=forget_after)
+                                forget_after=forget_after, addressed=True)
         #: refusals by limit: ``max_concurrent`` (REQs answered 503), ``channel_networks``
         #: (channel endpoints from the mesh outside them, or not tcp://IP:PORT)
         self.limits = self._core.limits
@@ -251,9 +252,12 @@ class Server(Overlay):
                                                   max_frames=_MAX_FRAMES, linger=_LINGER)
         self._workers = Workers(gevent.get_hub())
         self._core.serving = True
-        self._driver = Driver(self._core, RoutedTransport(transport, router),
+        # the usual REQ goes from the reader to its handler (``ServerCore.job_of``: no
+        # outputs made)
+        self._driver = Driver(self._core, RoutedTransport(transport, router, addressed=True),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
-                              look_once=True, name="Safir-Darbaan server")
+                              look_once=True, delivery=self._core.job_of, addressed=True,
+                              name="Safir-Darbaan server")
         self._watcher = gevent.spawn(_transport.read_monitor,
                                      router.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED),
                                      self._on_monitor)

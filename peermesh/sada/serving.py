@@ -17,8 +17,9 @@ mesh ``forget_after`` seconds ago. Its outputs:
 The common REQ (a service, version and action seen before) is handled without
 decoding its text frames: the service is found by its name and version frames
 (a cache of earlier resolutions, cleared when the catalog changes) and the
-handler by its category and action frames (``Service.by_frames``); anything
-else takes the careful path through ``wire.sada``, which also produces the
+handler by its category and action frames (``Service.by_frames``), and
+``job_of`` hands its job over itself, no outputs made (a driver's ``delivery``
+fast path); anything else takes the careful path through ``wire.sada``, which also produces the
 404/405/406 answers. Once ``stop`` is called the catalog INTRed is empty and
 new REQs are answered 503; past ``max_concurrent`` running handlers too.
 """
@@ -63,8 +64,12 @@ class ServerCore(Outputs):
     """The state of one server; no I/O, time given by the caller (see the module)."""
 
     def __init__(self, *, max_concurrent: Optional[int], max_services: int,
-                 forget_after: float, networks: Optional[list[Network]] = None) -> None:
+                 forget_after: float, networks: Optional[list[Network]] = None,
+                 addressed: bool = False) -> None:
         super().__init__()
+        #: every ``Send``'s frames start with the channel's alias (its routing id: a
+        #: driver's ``addressed``, a ``RoutedTransport``'s too: sent as they are)
+        self.addressed = addressed
         self.max_concurrent = max_concurrent
         self.max_services = max_services
         self.forget_after = forget_after
@@ -136,7 +141,8 @@ class ServerCore(Outputs):
         return self.take()
 
     def _send_intr(self, alias: bytes) -> None:
-        self._outputs.append(Send(alias, self._intr))
+        self._outputs.append(Send(alias, (alias, *self._intr) if self.addressed
+                                  else self._intr))
         self.stats["intr_sent"] += 1
 
     def stop(self) -> list[Output]:
@@ -228,19 +234,32 @@ class ServerCore(Outputs):
 
     # --- messages -------------------------------------------------------------
 
-    def receive(self, alias: Any, frames: list[bytes], now: float) -> list[Output]:
-        """A message from the channel connected under ``alias``; the outputs."""
-        # The fast path: a REQ as the spec draws it, for a service resolved before
-        # and an action it has (a request id of 1-255 octets is all left to check).
+    def job_of(self, alias: Any, frames: list[bytes], now: float) -> Optional[Job]:
+        """The usual message, a REQ as the spec draws it for a service resolved before and
+        an action it has, taken in: its ``Job``, as a ``Deliver`` carries it (the driver's
+        ``delivery`` fast path: no outputs are made). None for any other message, and for
+        one that is answered here (503 past ``max_concurrent``), untouched: ``receive`` it."""
+        # (a request id of 1-255 octets is all left to check)
         if (len(frames) == 9 and frames[2] == _REQ and frames[1] == _PROTOCOL
                 and not frames[0] and 0 < len(frames[3]) <= wire.MAX_REQUEST_ID):
             service = self._by_frames.get((frames[4], frames[5]))
             if service is not None:
                 handler = service.by_frames.get((frames[6], frames[7]))
                 if handler is not None and not handler.with_request and self.serving:
+                    if not handler.inline:
+                        limit = self.max_concurrent
+                        if limit is not None and self.busy >= limit:
+                            return None   # (answered 503 by ``receive``)
+                        self.busy += 1
                     self.stats["requests"] += 1
-                    self._run(alias, handler, frames[3], frames[8], None)
-                    return self.take()
+                    return Job(alias, handler, frames[3], frames[8], None)
+        return None
+
+    def receive(self, alias: Any, frames: list[bytes], now: float) -> list[Output]:
+        """A message from the channel connected under ``alias``; the outputs."""
+        job = self.job_of(alias, frames, now)   # the fast path
+        if job is not None:
+            return [Deliver(job)]
         try:
             command = wire.command_of(frames)
             if command == _REQ:
@@ -253,7 +272,7 @@ class ServerCore(Outputs):
             return []
         kind = type(message)
         if kind is Ping:
-            return [Send(alias, _PONG)]
+            return [Send(alias, (alias, *_PONG) if self.addressed else _PONG)]
         if kind is Rintr:
             self._send_intr(alias)
             return self.take()
@@ -323,11 +342,16 @@ class ServerCore(Outputs):
         if status >= 400:
             stats["errors"] += 1
         stats["replies"] += 1
+        if self.addressed:
+            return [Send(alias, (alias, _DELIMITER, _PROTOCOL, _REP, request_id,
+                                 _STATUS[status], payload))]
         return [Send(alias, (_DELIMITER, _PROTOCOL, _REP, request_id, _STATUS[status],
                              payload))]
 
     def unsent(self, frames: Any) -> None:
-        """A message found no way to its channel (``frames`` after the routing id)."""
-        if len(frames) > 2 and frames[2] == _REP:
+        """A message found no way to its channel (``frames`` as sent: after the routing
+        id, or from it when ``addressed``)."""
+        command = 3 if self.addressed else 2
+        if len(frames) > command and frames[command] == _REP:
             self.stats["replies"] -= 1
             self.stats["unsent"] += 1

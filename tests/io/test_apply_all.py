@@ -13,8 +13,9 @@ from typing import Any, Hashable, Iterator, Optional
 import gevent
 import zmq
 
-from peermesh.core import Deliver, Send
+from peermesh.core import Deliver, Dial, Send
 from peermesh.io.driver import Driver
+from peermesh.io.routed import RoutedTransport, connecting_router
 from peermesh.io.socket import GUARD, HubSocket, make_socket
 from peermesh.io.transport import ZmqTransport
 
@@ -137,3 +138,100 @@ def test_cork_holds_outputs_for_the_turn_or_until_its_limit() -> None:
         server.cork([Send(identity, [b"never"])])
         server.close()   # what it holds goes nowhere
         assert not server.corked
+
+
+def _gone_noted(failed: list[tuple[Hashable, list[bytes], int]]) -> Any:
+    return lambda link, frames, exc: failed.append((link, list(frames),
+                                                    getattr(exc, "errno", 0)))
+
+
+def test_addressed_sends_to_mailbox_peers_go_in_one_call_a_gone_peer_failing_alone() -> None:
+    """``addressed``: the sends of a batch to mailbox peers go through the mailbox in one
+    call (``try_send_each``, no send one by one); a peer gone fails its own sends (told
+    to ``on_send_failed`` as they were made) and the rest go on, in order, counted."""
+    failed: list[tuple[Hashable, list[bytes], int]] = []
+    log: list[str] = []
+    with _served(log, addressed=True, on_send_failed=_gone_noted(failed)) as (
+            server, _, identity, got):
+        sent, dropped = server.stats["sent"], server.stats["dropped"]
+        log.clear()
+        server.apply_all([Send(identity, [identity, b"1"]), Send(b"gone", [b"gone", b"x"]),
+                          Send(identity, [identity, b"2"]), Send(identity, [identity, b"3"]),
+                          Send(b"gone", [b"gone", b"y"])])
+        assert "q" not in log and "s" not in log   # (not one by one)
+        assert failed == [(b"gone", [b"gone", b"x"], zmq.EHOSTUNREACH),
+                          (b"gone", [b"gone", b"y"], zmq.EHOSTUNREACH)]
+        assert server.stats["sent"] == sent + 3 and server.stats["dropped"] == dropped + 2
+        poll_until(lambda: len(got) == 3, GUARD, "3 messages", sleep=gevent.sleep)
+        assert got == [("far", [b"1"]), ("far", [b"2"]), ("far", [b"3"])]
+
+
+def test_addressed_sends_a_full_peer_does_not_take_wait_in_its_backlog_in_order() -> None:
+    """A mailbox peer that reads nothing: what its queue does not take of one call's
+    sends waits in that peer's backlog, in order, then is dropped after ``send_timeout``;
+    the other peers' sends of the same batch go on."""
+    transport = ZmqTransport()
+    sock = make_socket(zmq.ROUTER, {zmq.ROUTER_MANDATORY: 1, zmq.LINGER: 0, zmq.SNDHWM: 10})
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    router = HubSocket(sock, endpoint=f"tcp://127.0.0.1:{port}")
+    heard: list[Any] = []
+    server = Driver(Handing(), transport, on_deliver=heard.append, look_once=True,
+                    addressed=True, send_timeout=0.3, name="handing")
+    slow = make_socket(zmq.DEALER, {zmq.ROUTING_ID: b"slow", zmq.RCVHWM: 10, zmq.LINGER: 0})
+    client = None
+    try:
+        server.listen(router)
+        client, _, got = _greeted(transport, router, server, heard)
+        fast = heard[0][0]
+        slow.connect(router.endpoint)
+        slow.send(b"hello", zmq.NOBLOCK)
+        poll_until(lambda: len(heard) == 2, GUARD, "the slow peer's hello", sleep=gevent.sleep)
+        count = 500
+        sent = server.stats["sent"]
+        server.apply_all([Send(b"slow", [b"slow", b"%d" % i]) for i in range(count)]
+                         + [Send(fast, [fast, b"after"])])
+        backlog = server._backlogs[b"slow"]
+        taken = server.stats["sent"] - sent - 1   # (the fast peer's went)
+        assert 0 < taken < count and len(backlog) == count - taken
+        assert [frames[1] for frames in backlog] == [b"%d" % i for i in range(taken, count)]
+        poll_until(lambda: got == [("far", [b"after"])], GUARD, "the fast peer's message",
+                   sleep=gevent.sleep)
+        poll_until(lambda: b"slow" not in server._backlogs, 10, "the backlog given up",
+                   sleep=gevent.sleep)
+    finally:
+        slow.close(linger=0)
+        if client is not None:
+            client.close()
+        server.close()
+
+
+def test_addressed_sends_down_one_routed_link_go_in_one_call_in_order() -> None:
+    """A batch's sends all down one link of a connecting ROUTER (addressed: each names
+    the connection first) go out in one ``try_send_each`` call, in order, counted."""
+    transport = ZmqTransport()
+    router = connecting_router(transport, {zmq.LINGER: 0}, max_message=1 << 20,
+                               max_frames=16, linger=0.0)
+    calls: list[int] = []
+    each = router.try_send_each
+    router.try_send_each = lambda messages: calls.append(1) or each(messages)
+    far = make_socket(zmq.ROUTER, {zmq.LINGER: 0})
+    endpoint = "tcp://127.0.0.1:%d" % far.bind_to_random_port("tcp://127.0.0.1")
+    driver = Driver(Handing(), RoutedTransport(transport, router, addressed=True),
+                    look_once=True, addressed=True, name="routed")
+    got: list[bytes] = []
+
+    def read() -> bool:
+        while far.poll(0):
+            got.append(far.recv_multipart(zmq.NOBLOCK)[-1])
+        return len(got) == 20
+    try:
+        driver.listen(router)
+        driver.apply([Dial(b"ch", endpoint, b"ch")])
+        sent = driver.stats["sent"]
+        driver.apply_all([Send(b"ch", [b"ch", b"%d" % i]) for i in range(20)])
+        assert calls == [1] and driver.stats["sent"] == sent + 20
+        poll_until(read, GUARD, "20 messages", sleep=gevent.sleep)
+        assert got == [b"%d" % i for i in range(20)]
+    finally:
+        driver.close()
+        far.close(linger=0)

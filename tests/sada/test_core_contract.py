@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 
 from peermesh.core import Core, Deliver, Emit, Send
-from peermesh.sada import RequestTimeout, ServerLost
+from peermesh.sada import RequestTimeout, ServerLost, ServiceError
 from peermesh.sada.routing import CATALOG_CHANGED, RequestRouter
 
 from .test_routing import PING, intr, rep
@@ -107,3 +107,43 @@ def test_a_timeout_counts_in_the_servers_latency() -> None:
     assert isinstance(timed_out.item[2], RequestTimeout)
     (info,) = core.servers(1.0)
     assert info.latency > 0.1 and info.penalty == 2
+
+
+def test_the_usual_rep_is_answered_by_answer_of_and_anything_else_left_alone() -> None:
+    """``answer_of`` (a driver's ``delivery`` fast path) takes in the usual REP (below
+    400, from the server holding the request) and returns its caller's answer, the
+    router's state updated as ``receive`` would; any other message is left untouched
+    (None) for ``receive``."""
+    core = router()
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    core.receive(b"s2", intr("echo 1.0"), 0.0)
+    first = core.submit("first", "echo", "say", None, 0.1)
+    second = core.submit("second", "echo", "say", None, 0.1)
+    raw = core.submit("raw", "echo", "say", b"x", 0.1, raw=True)
+    core.take()
+    held = {rid: core._pending[rid].server.identity for rid in (first, second, raw)}
+    other = b"s2" if held[first] == b"s1" else b"s1"
+    assert core.answer_of(other, rep(first, "wrong"), 0.2) is None   # not its server
+    assert core.answer_of(held[second], rep(second, b"busy", status=503), 0.2) is None
+    assert core.answer_of(held[first], intr("echo 1.0"), 0.2) is None
+    assert core.answer_of(held[first], rep(b"c0ffee-99", "none"), 0.2) is None
+    assert core.pending == 3 and core.stats["replies"] == 0 and core.take() == []
+    assert core.answer_of(held[first], rep(first, {"ok": 1}), 0.3) == ("first", {"ok": 1},
+                                                                       None)
+    assert core.answer_of(held[raw], rep(raw, b"\xc1"), 0.3) == ("raw", b"\xc1", None)
+    token, value, error = core.answer_of(held[second], rep(second, b"\xc1"), 0.3)
+    assert (token, value) == ("second", None) and isinstance(error, ServiceError)
+    assert core.pending == 0 and core.stats["replies"] == 3 and core.take() == []
+    assert sum(s.in_flight for s in core.servers(0.3)) == 0
+    assert core.reply_times.count == 3
+
+
+def test_an_addressed_router_names_the_server_first_in_every_message() -> None:
+    core = router(addressed=True)
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    rid = core.submit("token", "echo", "say", {"x": 1}, 0.1)
+    (req,) = core.take()
+    assert req.link == b"s1" and list(req.frames[:5]) == [b"s1", b"", b"SADA1", b"REQ", rid]
+    assert core.handle_timer(1.0) == [Send(b"s1", [b"s1", *PING])]
+    core.send_failed(b"s1", list(req.frames[1:]), 1.1, full=False)   # (after the id)
+    assert not core.servers(1.1)

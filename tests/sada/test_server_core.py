@@ -127,3 +127,40 @@ def test_a_curve_server_needs_the_channels_key() -> None:
 
 def wire_pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
+
+
+def test_the_usual_req_is_handed_over_by_job_of_and_anything_else_left_alone() -> None:
+    """``job_of`` (a driver's ``delivery`` fast path) returns the job of the usual REQ (a
+    service resolved before, an action it has), counted as ``receive`` counts it; any
+    other message, and a REQ to be answered 503 past ``max_concurrent``, is left
+    untouched (None) for ``receive``."""
+    core = served(max_concurrent=1)
+    core.link(CHANNEL, 0.0, direct=True)
+    assert core.job_of(ALIAS, req(b"r1", "add", wire_pack([1])), 0.0) is None   # unresolved
+    assert core.stats["requests"] == 0
+    (first,) = core.receive(ALIAS, req(b"r1", "add", wire_pack([1])), 0.0)
+    assert core.busy == 1
+    assert core.job_of(ALIAS, req(b"r2", "add", wire_pack([1])), 0.0) is None   # busy
+    assert core.busy == 1 and core.stats["requests"] == 1
+    job = core.job_of(ALIAS, req(b"r3", "double", wire_pack(2)), 0.0)   # inline: no limit
+    assert job == Job(ALIAS, job.handler, b"r3", wire_pack(2), None) and job.handler.inline
+    assert core.job_of(ALIAS, wire.encode(Ping()), 0.0) is None
+    assert core.job_of(ALIAS, req(b"r4", "nope", b""), 0.0) is None
+    assert core.stats["requests"] == 2 and core.take() == []
+    core.reply(first.item, 200, wire_pack(1))
+    job = core.job_of(ALIAS, req(b"r5", "add", wire_pack([2])), 0.0)
+    assert job is not None and core.busy == 1 and core.stats["requests"] == 3
+
+
+def test_an_addressed_core_names_the_channel_first_in_every_message() -> None:
+    core = served(addressed=True)
+    _, intr = core.link(CHANNEL, 0.0, direct=True)
+    assert intr.frames[0] == ALIAS and wire.decode(list(intr.frames[1:])) == Intr(
+        (ServiceId("calc", "1.2"),))
+    assert core.receive(ALIAS, wire.encode(Ping()), 0.1) == [
+        Send(ALIAS, (ALIAS, *wire.encode(wire.Pong())))]
+    (out,) = core.receive(ALIAS, req(b"r1", "add", wire_pack([1, 2])), 1.0)
+    (rep,) = core.reply(out.item, 200, wire_pack(3))
+    assert rep == Send(ALIAS, (ALIAS, b"", b"SADA1", b"REP", b"r1", b"200", wire_pack(3)))
+    core.unsent(rep.frames)   # (as sent: the alias first)
+    assert core.stats["replies"] == 0 and core.stats["unsent"] == 1
