@@ -54,7 +54,9 @@ message waiting; each socket sent on is looked at once when the batch is done) a
 
 Options for a core whose owner handles most of its traffic itself (a ZRE node):
 ``delivery(link, frames, now)``, a per-message fast path tried first, returns an item
-that goes straight to ``on_deliver`` (or None: ``receive`` the message);
+that goes straight to ``on_deliver`` (or None: ``receive`` the message) and leaves the
+core's ``next_deadline`` as it was (with ``carry_out``, a batch that only ``delivery``
+took does not re-arm the timer);
 ``carry_out(outputs)`` takes the core's outputs instead of the driver, as soon as each
 message or timer returns them (a core that needs an answer before it is fed again:
 ZRE's ``Dial``, answered by ``attach``); ``on_timer(now)`` runs just before each
@@ -217,9 +219,10 @@ class Driver:
         delivery, now_, carry_out = self.delivery, self._now, self.carry_out
         stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
         count = 0
+        received = False   # a message of the batch went to ``receive`` (the timer may move)
 
         def on_message(link: Hashable, frames: list[bytes]) -> None:
-            nonlocal stamp, count
+            nonlocal stamp, count, received
             if stamp is None:
                 stamp = now_()
             count += 1
@@ -233,6 +236,7 @@ class Driver:
                     return
             if self.closed:
                 return
+            received = True
             out = self.core.receive(link, frames, stamp)
             if out:
                 if carry_out is not None:
@@ -246,13 +250,14 @@ class Driver:
         held_never = carry_out is not None and self.on_batch_end is None
 
         def after_batch() -> None:
-            nonlocal stamp, count
+            nonlocal stamp, count, received
             stats["received"] += count
             stamp, count = None, 0
-            if held_never:
-                rearm()   # (all ``_after_batch`` would do)
-            else:
+            if not held_never:
                 finish()
+            elif received:   # (all ``_after_batch`` would do; ``delivery`` moves no deadline)
+                received = False
+                rearm()
         return on_message, after_batch
 
     def _serve_link(self, name: Hashable, link: Link) -> None:

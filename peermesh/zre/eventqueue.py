@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
 
 import gevent
 import gevent.event
@@ -215,12 +215,15 @@ class GreenEventQueue(_ByteBound[T]):
     woken once, at the end, so a burst costs one switch, not one per event.
     """
 
-    __slots__ = ("_waiters", "_hub")
+    __slots__ = ("_waiters", "_hub", "_timer")
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
         self._waiters: deque[Waiter] = deque()
         self._hub = gevent.get_hub()
+        #: the timer of the last ``get`` that waited with a timeout, kept for the next one
+        #: of the same timeout (a consumer that waits per event makes no timer each time)
+        self._timer: Any = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -256,23 +259,34 @@ class GreenEventQueue(_ByteBound[T]):
         items = self._items
         deadline = None
         while not items:
-            if timeout is not None:
-                if deadline is None:
-                    deadline = time.monotonic() + timeout
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-            waiter: Waiter = Waiter(self._hub)
-            self._waiters.append(waiter)
             timer = None
             if timeout is not None:
-                timer = self._hub.loop.timer(remaining)
+                if deadline is None:   # the first wait: the whole timeout, on a kept timer
+                    if timeout <= 0:
+                        return None
+                    deadline = time.monotonic() + timeout
+                    timer = self._timer
+                    if timer is None or timer.at != timeout or timer.active:
+                        if timer is not None and not timer.active:
+                            timer.close()
+                        timer = self._timer = self._hub.loop.timer(timeout)
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    timer = self._hub.loop.timer(remaining)
+            waiter: Waiter = Waiter(self._hub)
+            self._waiters.append(waiter)
+            if timer is not None:
                 timer.start(waiter.switch, _TIMED_OUT, update=True)
             try:
                 waiter.get()
             finally:
                 if timer is not None:
-                    timer.close()
+                    if timer is self._timer:
+                        timer.stop()
+                    else:
+                        timer.close()
                 if self._waiters and waiter in self._waiters:  # put() did not take it
                     self._waiters.remove(waiter)
         item = items.popleft()
