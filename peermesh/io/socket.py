@@ -162,7 +162,7 @@ class HubSocket:
     __slots__ = ("socket", "endpoint", "limit", "max_frames", "closed", "_target", "_send",
                  "_send_each", "_events", "_batch", "_recv", "_readable", "_hub", "_io", "_guard",
                  "_parked", "_reading", "_touched", "_serving", "_paused", "_scheduled",
-                 "_draining", "_drain", "_drainer", "_done")
+                 "_draining", "_drain", "_drainer", "_done", "_unread")
 
     def __init__(self, sock: zmq.Socket, *, endpoint: str = "", limit: Optional[int] = None,
                  max_frames: Optional[int] = None) -> None:
@@ -204,6 +204,7 @@ class HubSocket:
         self._drain: Optional[Callable[[], bool]] = None  # one batch of ``serve``
         self._drainer: Optional[Callable[[], None]] = None  # ``serve``'s watcher callback
         self._done: Optional[gevent.event.Event] = None
+        self._unread = False  # a ``numbered_sender`` was handed out: never to be read
 
     @property
     def port(self) -> int:
@@ -246,6 +247,27 @@ class HubSocket:
             self._after_send()
         return done
 
+    def numbered_sender(self) -> Optional[Callable[[bytes, int, Sequence[bytes]], bool]]:
+        """``send(head, sequence, frames)``: ``try_send((head', *frames))`` in one C call,
+        ``head'`` being ``head`` with ``sequence`` written into its octets 4 and 5 (a ZRE
+        command's header, built in the call); None without the C extension.
+
+        For a socket that is only sent on: such a send does not look for the edge of a
+        message it may take in, so once one is handed out the socket cannot be read
+        (``serve``, ``read`` and ``wait_readable`` raise RuntimeError). A closed socket
+        raises ``zmq.ZMQError`` (ENOTSOCK), as ``try_send`` does."""
+        native = zmqbatch.native
+        if native is None:
+            return None
+        if self._serving is not None or self._reading:
+            raise RuntimeError("the socket is read: its sends must look (try_send)")
+        self._unread = True
+        return partial(native.send_numbered, self.socket)
+
+    def _check_readable(self) -> None:
+        if self._unread:
+            raise RuntimeError("the socket is sent on through numbered_sender: it is never read")
+
     def _after_send(self) -> None:
         # the send may have taken in the command that announced a message: look now
         try:
@@ -285,6 +307,7 @@ class HubSocket:
 
     def wait_readable(self, timeout: Optional[float] = None) -> bool:
         """Wait until a message waits; False after ``timeout`` seconds or once closed."""
+        self._check_readable()
         return self._wait(_POLLIN, timeout)
 
     def wait_writable(self, timeout: Optional[float] = None) -> bool:
@@ -469,6 +492,7 @@ class HubSocket:
         the socket was used since (a send, or ``EVENTS`` asked, may have taken
         the edge in): then it looks again first.
         """
+        self._check_readable()
         sock = self.socket
         batch_of = self._batch
         limit, max_frames = self.limit, self.max_frames
@@ -517,6 +541,7 @@ class HubSocket:
         """
         if self._serving is not None or self.closed:
             raise RuntimeError("the socket is already served or closed")
+        self._check_readable()
         loop = self._loop()
         sock = self.socket
         batch_of = self._batch
