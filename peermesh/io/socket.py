@@ -521,10 +521,14 @@ class HubSocket:
                 if self.closed or is_closed(sock):  # (also behind our back)
                     return
 
+    #: ``serve`` takes ``take`` (``Driver`` asks before handing it one)
+    takes_batches = True
+
     def serve(self, on_message: MessageHandler,
               on_oversized: Optional[Callable[[bytes], None]] = None,
               backpressure: Any = None, *, metadata: Optional[str] = None,
-              after_batch: Optional[Callable[[], None]] = None) -> None:
+              after_batch: Optional[Callable[[], None]] = None,
+              take: Optional[Callable[[list, int], int]] = None) -> None:
         """Call ``on_message(first, rest)`` on the hub for every message until closed.
 
         Messages are drained from the descriptor's watcher callback, so
@@ -538,6 +542,13 @@ class HubSocket:
         batch). ``after_batch()`` is called once the handlers of a batch have
         run. A handler's exception is logged, never fatal. Returns once the
         socket is closed (or the calling greenlet is killed).
+
+        ``take(batch, start)`` (without ``metadata``): a fast path handed the whole
+        batch, from index ``start`` on, that handles messages for as long as it can and
+        returns the index of the first one it did not (``len(batch)``: all); that one
+        goes to ``on_message`` (or ``on_oversized``) and ``take`` goes on after it. An
+        exception from ``take`` is logged as the failure of the message at ``start``,
+        and the batch goes on after that message.
         """
         if self._serving is not None or self.closed:
             raise RuntimeError("the socket is already served or closed")
@@ -567,7 +578,29 @@ class HubSocket:
             finally:
                 self._draining = False
             try:
-                if metadata is None:
+                if take is not None and metadata is None:
+                    at, end = 0, len(batch)
+                    while at < end:
+                        if self.closed:
+                            return False
+                        try:
+                            at = take(batch, at)
+                        except Exception as exc:  # a bug must not stop the reader
+                            _handler_failed(batch[at][0], exc)
+                            at += 1
+                            continue
+                        if at >= end:
+                            break
+                        first, rest = batch[at]
+                        at += 1
+                        try:
+                            if rest is not None:
+                                on_message(first, rest)
+                            elif on_oversized is not None:
+                                on_oversized(first)
+                        except Exception as exc:
+                            _handler_failed(first, exc)
+                elif metadata is None:
                     for first, rest in batch:
                         if self.closed:  # a handler closed the socket
                             return False

@@ -929,7 +929,8 @@ class Node:
         session = self._session
         driver = self._driver = Driver(
             session, self.transport, on_deliver=self._sink, delivery=session.delivery,
-            carry_out=self._apply, on_timer=self._before_timer, on_oversized=self._on_oversized,
+            delivery_each=session.delivery_each, carry_out=self._apply,
+            on_timer=self._before_timer, on_oversized=self._on_oversized,
             clock=self._clock, name=f"node {self._name}")
         gate = self._gate
         if gate is None:
