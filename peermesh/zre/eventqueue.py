@@ -88,14 +88,18 @@ class _ByteBound(Generic[T]):
         self._waiting = deque()
 
     def _enter(self, item: T) -> None:
-        """Append ``item`` to the queue and wake a consumer (each queue's own way)."""
+        """Append ``item`` to the queue and wake a consumer (each queue's own way); between
+        ``hold`` and ``release`` every queue only appends (``put`` does it itself)."""
         raise NotImplementedError
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full`` to pace itself)."""
         sizes = self._sizes
         if sizes is None:
-            self._enter(item)
+            if self._held:
+                self._items.append(item)   # (what ``_enter`` does between hold and release)
+            else:
+                self._enter(item)
             return
         frames = item.frames  # type: ignore[attr-defined]
         size = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
@@ -106,7 +110,10 @@ class _ByteBound(Generic[T]):
         self.size = held
         self.admitted += size
         sizes.append(size)
-        self._enter(item)
+        if self._held:
+            self._items.append(item)   # (every queue's ``_enter`` between hold and release:
+        else:                          # one batch's items wait for ``release`` to wake)
+            self._enter(item)
 
     def _put_checked(self, item: T, size: int, sizes: deque[int]) -> None:
         """``put`` when items wait already, or the count of octets is due (near the
