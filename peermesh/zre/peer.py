@@ -85,7 +85,7 @@ class PeerLink:
             self._flusher = gevent.spawn(self._flush)
         elif not len(backlog) % _HELP:
             self._send_queued()
-        if not self.has_room():
+        if self.size >= self.limit or len(backlog) >= self.max_messages:   # (not has_room)
             self.room_event().clear()
 
     def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:
