@@ -344,27 +344,25 @@ send_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(send_numbered_doc,
-"send_numbered(socket, head, sequence, frames) -> bool\n\n"
+"send_numbered(handle, head, sequence, frames) -> bool\n\n"
 "send(handle, (head', *frames)) where head' is head (bytes, at least 6 long) with\n"
 "octets 4 and 5 replaced by sequence (0-65535) in network order: the frame 0 of a\n"
-"numbered command made in the call, no bytes object per message. socket is a pyzmq\n"
-"socket (its handle is read at each call: a closed one raises ENOTSOCK) or a handle.");
+"numbered command made in the call, no bytes object per message. socket is a handle,\n"
+"or a list holding one at index 0, read at each call (its owner writes 0 there when\n"
+"it closes the socket: ENOTSOCK then).");
 
 static PyObject *
 send_numbered(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4)
-        return PyErr_Format(PyExc_TypeError, "send_numbered(socket, head, sequence, frames)");
-    void *sock;
-    if (PyLong_Check(args[0])) {
-        sock = handle_of(args[0]);
-    } else {
-        PyObject *handle = PyObject_GetAttrString(args[0], "underlying");
-        if (!handle)
-            return NULL;
-        sock = handle_of(handle);
-        Py_DECREF(handle);
+        return PyErr_Format(PyExc_TypeError, "send_numbered(handle, head, sequence, frames)");
+    PyObject *handle = args[0];
+    if (PyList_Check(handle)) {
+        if (PyList_GET_SIZE(handle) < 1)
+            return PyErr_Format(PyExc_TypeError, "a handle box holds the handle at 0");
+        handle = PyList_GET_ITEM(handle, 0);
     }
+    void *sock = handle_of(handle);
     if (!sock)
         return NULL;
     if (!PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) < 6)

@@ -162,7 +162,7 @@ class HubSocket:
     __slots__ = ("socket", "endpoint", "limit", "max_frames", "closed", "_target", "_send",
                  "_send_each", "_events", "_batch", "_recv", "_readable", "_hub", "_io", "_guard",
                  "_parked", "_reading", "_touched", "_serving", "_paused", "_scheduled",
-                 "_draining", "_drain", "_drainer", "_done", "_unread")
+                 "_draining", "_drain", "_drainer", "_done", "_unread", "_box")
 
     def __init__(self, sock: zmq.Socket, *, endpoint: str = "", limit: Optional[int] = None,
                  max_frames: Optional[int] = None) -> None:
@@ -205,6 +205,8 @@ class HubSocket:
         self._drainer: Optional[Callable[[], None]] = None  # ``serve``'s watcher callback
         self._done: Optional[gevent.event.Event] = None
         self._unread = False  # a ``numbered_sender`` was handed out: never to be read
+        #: the handle as a ``numbered_sender`` reads it per call (0 once closed)
+        self._box: Optional[list[int]] = None
 
     @property
     def port(self) -> int:
@@ -262,7 +264,9 @@ class HubSocket:
         if self._serving is not None or self._reading:
             raise RuntimeError("the socket is read: its sends must look (try_send)")
         self._unread = True
-        return partial(native.send_numbered, self.socket)
+        if self._box is None:
+            self._box = [0 if self.closed else self._target]
+        return partial(native.send_numbered, self._box)
 
     def _check_readable(self) -> None:
         if self._unread:
@@ -718,6 +722,8 @@ class HubSocket:
             self._io = self._guard = None
         if self._target is not self.socket:
             self._target = 0
+        if self._box is not None:
+            self._box[0] = 0
         self.socket.close(linger=int(linger * 1000))
 
     def __repr__(self) -> str:

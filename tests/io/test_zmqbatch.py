@@ -227,6 +227,8 @@ def test_numbered_sends_write_the_sequence_into_the_head_and_go_whole_or_not_at_
         [b"\xaa\xa1\x02\x02\xff\xff\x05group", b"three"], [b"\xaa\xa1\x02\x02\x00\x07"],
         [b"hhhh\x00\x02" + b"h" * 294, b"long head"], [b"after"])]
     assert native.send_numbered(link.socket.underlying, head, 9, [b"by handle"])
+    with pytest.raises(TypeError):
+        native.send_numbered([], head, 9, [b"an empty box"])
     with pytest.raises(RuntimeError):
         link.serve(lambda first, rest: None)         # never read once sent on so
     with pytest.raises(RuntimeError):
