@@ -910,8 +910,10 @@ class Session(Outputs):
                 sink(Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name, group,
                            (frames[1],) if len(frames) == 2 else tuple(frames[1:])))
         finally:
-            self.received_whispers += whispers
-            self.received_shouts += shouts
+            if whispers:
+                self.received_whispers += whispers
+            if shouts:
+                self.received_shouts += shouts
         return at
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
