@@ -76,6 +76,10 @@ gathered from several such calls (sent as a batch's are: one look at each socket
 ``cork(outputs)`` to have them gathered for it (carried out together at the end of
 the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
 core on the same sockets, and ``close()`` ends it all.
+
+Kept whole: reading, the timer and the outputs share one batch's state (the outputs
+held, its clock reading, the sockets to look at once); split, each would reach into
+the others'.
 """
 
 from __future__ import annotations
