@@ -1,6 +1,7 @@
 /*
  * peermesh.io._zmqbatch: receive a batch of ZeroMQ messages, send one
- * message's frames (or several messages), or ask a socket's ZMQ_EVENTS, in one call from Python.
+ * message's frames (or several messages, or one whose first frame is numbered in the
+ * call), or ask a socket's ZMQ_EVENTS, in one call from Python.
  *
  * pyzmq spends about 0.6 us of Python per frame (a call, a Frame object, the
  * "more" flag); a ZRE WHISPER is three frames at a ROUTER. This module calls
@@ -275,15 +276,14 @@ PyDoc_STRVAR(send_doc,
 "Send a sequence of bytes-like frames as one message without waiting. False\n"
 "when the socket cannot take it now (nothing was sent).");
 
+/* Send `head` (head_len bytes; none when NULL) and then the frames of the sequence `frames`
+ * as one message, without waiting: Py_True, Py_False when the socket cannot take it now
+ * (nothing was sent), or NULL with an exception. Every frame is checked before the first
+ * goes out: a message is sent whole or not at all. Returns a new reference. */
 static PyObject *
-send_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+send_message(void *sock, const char *head, size_t head_len, PyObject *frames)
 {
-    if (nargs != 2)
-        return PyErr_Format(PyExc_TypeError, "send(handle, frames)");
-    void *sock = handle_of(args[0]);
-    if (!sock)
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[1], "frames must be a sequence");
+    PyObject *seq = PySequence_Fast(frames, "frames must be a sequence");
     if (!seq)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -296,21 +296,29 @@ send_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_NoMemory();
         goto done;
     }
-    if (n == 0) {
+    if (n == 0 && !head) {
         PyErr_SetString(PyExc_ValueError, "a message needs at least one frame");
         goto done;
     }
-    /* Every frame is checked before the first goes out: a message is sent whole or not at all. */
     for (; held < n; held++)
         if (PyObject_GetBuffer(items[held], &views[held], PyBUF_SIMPLE) < 0)
             goto done;
     result = Py_True;
+    Py_ssize_t first = 0;
+    if (head) {
+        if (zmq_send_(sock, head, head_len, ZMQ_DONTWAIT | (n ? ZMQ_SNDMORE : 0)) < 0) {
+            int code = zmq_errno_();
+            result = code == EAGAIN ? Py_False : raise_errno(code);
+            goto done;
+        }
+        first = -1; /* the head was the first frame */
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         int flags = ZMQ_DONTWAIT | (i + 1 < n ? ZMQ_SNDMORE : 0);
         if (zmq_send_(sock, views[i].buf, (size_t)views[i].len, flags) < 0) {
             int code = zmq_errno_();
             /* Once the first frame is taken, ZeroMQ takes the whole message. */
-            result = (code == EAGAIN && i == 0) ? Py_False : raise_errno(code);
+            result = (code == EAGAIN && i == first) ? Py_False : raise_errno(code);
             break;
         }
     }
@@ -321,6 +329,60 @@ done:
         PyMem_Free(views);
     Py_DECREF(seq);
     Py_XINCREF(result);
+    return result;
+}
+
+static PyObject *
+send_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2)
+        return PyErr_Format(PyExc_TypeError, "send(handle, frames)");
+    void *sock = handle_of(args[0]);
+    if (!sock)
+        return NULL;
+    return send_message(sock, NULL, 0, args[1]);
+}
+
+PyDoc_STRVAR(send_numbered_doc,
+"send_numbered(handle, head, sequence, frames) -> bool\n\n"
+"send(handle, (head', *frames)) where head' is head (bytes, at least 6 long) with\n"
+"octets 4 and 5 replaced by sequence (0-65535) in network order: the frame 0 of a\n"
+"numbered command made in the call, no bytes object per message. socket is a handle,\n"
+"or a list holding one at index 0, read at each call (its owner writes 0 there when\n"
+"it closes the socket: ENOTSOCK then).");
+
+static PyObject *
+send_numbered(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4)
+        return PyErr_Format(PyExc_TypeError, "send_numbered(handle, head, sequence, frames)");
+    PyObject *handle = args[0];
+    if (PyList_Check(handle)) {
+        if (PyList_GET_SIZE(handle) < 1)
+            return PyErr_Format(PyExc_TypeError, "a handle box holds the handle at 0");
+        handle = PyList_GET_ITEM(handle, 0);
+    }
+    void *sock = handle_of(handle);
+    if (!sock)
+        return NULL;
+    if (!PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) < 6)
+        return PyErr_Format(PyExc_TypeError, "head must be bytes of at least 6 octets");
+    long sequence = PyLong_AsLong(args[2]);
+    if (sequence == -1 && PyErr_Occurred())
+        return NULL;
+    if (sequence < 0 || sequence > 0xFFFF)
+        return PyErr_Format(PyExc_ValueError, "sequence %ld is not in 0-65535", sequence);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[1]);
+    char stack[256];
+    char *head = size <= (Py_ssize_t)sizeof stack ? stack : PyMem_Malloc((size_t)size);
+    if (!head)
+        return PyErr_NoMemory();
+    memcpy(head, PyBytes_AS_STRING(args[1]), (size_t)size);
+    head[4] = (char)(sequence >> 8);
+    head[5] = (char)(sequence & 0xFF);
+    PyObject *result = send_message(sock, head, (size_t)size, args[3]);
+    if (head != stack)
+        PyMem_Free(head);
     return result;
 }
 
@@ -381,6 +443,8 @@ static PyMethodDef methods[] = {
     {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL, recv_batch_doc},
     {"send", (PyCFunction)(void (*)(void))send_frames, METH_FASTCALL, send_doc},
     {"send_each", (PyCFunction)(void (*)(void))send_each, METH_FASTCALL, send_each_doc},
+    {"send_numbered", (PyCFunction)(void (*)(void))send_numbered, METH_FASTCALL,
+     send_numbered_doc},
     {"events", events, METH_O, events_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -296,12 +296,16 @@ class GuardedListener:
                     sock.detach()
         return None
 
+    #: ``serve`` takes ``take`` (``HubSocket.serve``)
+    takes_batches = True
+
     def serve(self, on_message: Callable[..., None], on_oversized: Any = None,
               backpressure: Any = None, *, metadata: Optional[str] = None,
-              after_batch: Optional[Callable[[], None]] = None) -> None:
+              after_batch: Optional[Callable[[], None]] = None,
+              take: Optional[Callable[[list, int], int]] = None) -> None:
         """``HubSocket.serve`` of the listener."""
         self.listener.serve(on_message, on_oversized, backpressure, metadata=metadata,
-                            after_batch=after_batch)
+                            after_batch=after_batch, take=take)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.listener, name)  # try_send, readable, endpoint ... of the socket

@@ -56,13 +56,19 @@ message waiting; each socket sent on is looked at once when the batch is done) a
 
 Options for a core whose owner handles most of its traffic itself (a ZRE node):
 ``delivery(link, frames, now)``, a per-message fast path tried first, returns an item
-that goes straight to ``on_deliver`` (or None: ``receive`` the message);
+that goes straight to ``on_deliver`` (or None: ``receive`` the message) and leaves the
+core's ``next_deadline`` as it was (with ``carry_out``, a batch that only ``delivery``
+took does not re-arm the timer);
 ``carry_out(outputs)`` takes the core's outputs instead of the driver, as soon as each
 message or timer returns them (a core that needs an answer before it is fed again:
 ZRE's ``Dial``, answered by ``attach``); ``on_timer(now)`` runs just before each
 ``handle_timer(now)`` (the owner's own checks); ``clock`` replaces the transport's
-clock (sleeps stay the transport's). With ``delivery`` or ``carry_out`` a mailbox's
-messages are stamped with one clock reading per batch. ``listen`` takes ``admit``
+clock (sleeps stay the transport's); ``delivery_each(batch, start, now, sink)`` is
+``delivery`` over a batch read, from index ``start`` on, each item to ``sink``, returning
+the index of the first message it did not take (one call per batch, not per message;
+used on a mailbox whose ``serve`` takes batches, ``takes_batches``, without ``metadata``
+or ``accept``). With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with
+one clock reading per batch. ``listen`` takes ``admit``
 (with ``metadata``: a CURVE key gate checked inline) and ``replies=False`` (nothing is
 ever sent back through the mailbox).
 
@@ -74,7 +80,8 @@ the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve an
 core on the same sockets, and ``close()`` ends it all.
 
 Kept whole: one driver (``Driver``): its reading, its sending and its timer act on the
-same state (the outputs held for a batch, the links, their backlogs, the armed deadline).
+same state (one batch's held outputs and clock reading, the links and their backlogs, the
+sockets to look at once, the armed deadline); split, each would reach into the others'.
 """
 
 from __future__ import annotations
@@ -120,10 +127,15 @@ class Driver:
                  carry_out: Optional[Callable[[Sequence[Output]], None]] = None,
                  on_timer: Optional[Callable[[float], None]] = None,
                  clock: Optional[Callable[[], float]] = None,
-                 cork_limit: Optional[int] = None) -> None:
+                 cork_limit: Optional[int] = None,
+                 delivery_each: Optional[Callable[[Sequence[tuple[Hashable, Any]], int, float,
+                                                   Callable[[Any], None]], int]] = None
+                 ) -> None:
         self.core = core
         #: the per-message fast path of the mailbox (the module docstring)
         self.delivery = delivery
+        #: ``delivery`` over a whole batch read (the module docstring)
+        self.delivery_each = delivery_each
         self.carry_out = carry_out
         self.on_timer = on_timer
         self.on_batch_end = on_batch_end
@@ -183,12 +195,17 @@ class Driver:
         self._send_each = getattr(mailbox, "try_send_each", None)
         if replies and hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
+        take: Optional[Callable[[list, int], int]] = None
         if self.delivery is not None or self.carry_out is not None:
-            on_message, after_batch = self._direct()
+            on_message, after_batch, take = self._direct()
         else:
             on_message, after_batch = self._on_message, self._after_batch
         handler: Callable[..., None] = on_message
         accept = self.accept
+        batches: dict[str, Any] = {}   # (a fast path over whole batches, where it serves)
+        if (take is not None and metadata is None and accept is None
+                and getattr(mailbox, "takes_batches", False)):
+            batches["take"] = take
         if metadata is None and accept is not None:
             on_refused = self._on_oversized
 
@@ -212,22 +229,26 @@ class Driver:
             handler = on_keyed
         if metadata is None:
             self._spawn(mailbox.serve, handler, self._on_oversized, backpressure,
-                        after_batch=after_batch)
+                        after_batch=after_batch, **batches)
         else:
             self._spawn(mailbox.serve, handler, self._on_oversized, backpressure,
                         metadata=metadata, after_batch=after_batch)
         self._rearm()
 
-    def _direct(self) -> tuple[Callable[[Hashable, list[bytes]], None], Callable[[], None]]:
-        """The message handler and end of batch of a mailbox with ``delivery`` or
-        ``carry_out``: the per-message path kept to a few calls (one clock reading and
+    def _direct(self) -> tuple[Callable[[Hashable, list[bytes]], None], Callable[[], None],
+                               Optional[Callable[[list, int], int]]]:
+        """The message handler, end of batch and batch fast path (``take`` of
+        ``HubSocket.serve``; None without ``delivery_each``) of a mailbox with ``delivery``
+        or ``carry_out``: the per-message path kept to a few calls (one clock reading and
         one count per batch)."""
         delivery, now_, carry_out = self.delivery, self._now, self.carry_out
+        delivery_each = self.delivery_each
         stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
         count = 0
+        received = False   # a message of the batch went to ``receive`` (the timer may move)
 
         def on_message(link: Hashable, frames: list[bytes]) -> None:
-            nonlocal stamp, count
+            nonlocal stamp, count, received
             if stamp is None:
                 stamp = now_()
             count += 1
@@ -241,6 +262,7 @@ class Driver:
                     return
             if self.closed:
                 return
+            received = True
             out = self.core.receive(link, frames, stamp)
             if out:
                 if carry_out is not None:
@@ -250,18 +272,29 @@ class Driver:
                 else:
                     self._held += out
 
+        def take(batch: list, start: int) -> int:
+            nonlocal stamp, count
+            if carry_out is None and self._held is not None or self.on_deliver is None:
+                return start   # (after what waits for the batch: one message at a time)
+            if stamp is None:
+                stamp = now_()
+            end = delivery_each(batch, start, stamp, self.on_deliver)  # type: ignore[misc]
+            count += end - start
+            return end
+
         stats, rearm, finish = self.stats, self._rearm, self._after_batch
         held_never = carry_out is not None and self.on_batch_end is None
 
         def after_batch() -> None:
-            nonlocal stamp, count
+            nonlocal stamp, count, received
             stats["received"] += count
             stamp, count = None, 0
-            if held_never:
-                rearm()   # (all ``_after_batch`` would do)
-            else:
+            if not held_never:
                 finish()
-        return on_message, after_batch
+            elif received:   # (all ``_after_batch`` would do; ``delivery`` moves no deadline)
+                received = False
+                rearm()
+        return on_message, after_batch, take if delivery_each is not None else None
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
         def on_message(first: bytes, rest: list[bytes]) -> None:

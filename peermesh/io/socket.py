@@ -162,7 +162,7 @@ class HubSocket:
     __slots__ = ("socket", "endpoint", "limit", "max_frames", "closed", "_target", "_send",
                  "_send_each", "_events", "_batch", "_recv", "_readable", "_hub", "_io", "_guard",
                  "_parked", "_reading", "_touched", "_serving", "_paused", "_scheduled",
-                 "_draining", "_drain", "_drainer", "_done")
+                 "_draining", "_drain", "_drainer", "_done", "_unread", "_box")
 
     def __init__(self, sock: zmq.Socket, *, endpoint: str = "", limit: Optional[int] = None,
                  max_frames: Optional[int] = None) -> None:
@@ -204,6 +204,9 @@ class HubSocket:
         self._drain: Optional[Callable[[], bool]] = None  # one batch of ``serve``
         self._drainer: Optional[Callable[[], None]] = None  # ``serve``'s watcher callback
         self._done: Optional[gevent.event.Event] = None
+        self._unread = False  # a ``numbered_sender`` was handed out: never to be read
+        #: the handle as a ``numbered_sender`` reads it per call (0 once closed)
+        self._box: Optional[list[int]] = None
 
     @property
     def port(self) -> int:
@@ -246,6 +249,29 @@ class HubSocket:
             self._after_send()
         return done
 
+    def numbered_sender(self) -> Optional[Callable[[bytes, int, Sequence[bytes]], bool]]:
+        """``send(head, sequence, frames)``: ``try_send((head', *frames))`` in one C call,
+        ``head'`` being ``head`` with ``sequence`` written into its octets 4 and 5 (a ZRE
+        command's header, built in the call); None without the C extension.
+
+        For a socket that is only sent on: such a send does not look for the edge of a
+        message it may take in, so once one is handed out the socket cannot be read
+        (``serve``, ``read`` and ``wait_readable`` raise RuntimeError). A closed socket
+        raises ``zmq.ZMQError`` (ENOTSOCK), as ``try_send`` does."""
+        native = zmqbatch.native
+        if native is None:
+            return None
+        if self._serving is not None or self._reading:
+            raise RuntimeError("the socket is read: its sends must look (try_send)")
+        self._unread = True
+        if self._box is None:
+            self._box = [0 if self.closed else self._target]
+        return partial(native.send_numbered, self._box)
+
+    def _check_readable(self) -> None:
+        if self._unread:
+            raise RuntimeError("the socket is sent on through numbered_sender: it is never read")
+
     def _after_send(self) -> None:
         # the send may have taken in the command that announced a message: look now
         try:
@@ -285,6 +311,7 @@ class HubSocket:
 
     def wait_readable(self, timeout: Optional[float] = None) -> bool:
         """Wait until a message waits; False after ``timeout`` seconds or once closed."""
+        self._check_readable()
         return self._wait(_POLLIN, timeout)
 
     def wait_writable(self, timeout: Optional[float] = None) -> bool:
@@ -469,6 +496,7 @@ class HubSocket:
         the socket was used since (a send, or ``EVENTS`` asked, may have taken
         the edge in): then it looks again first.
         """
+        self._check_readable()
         sock = self.socket
         batch_of = self._batch
         limit, max_frames = self.limit, self.max_frames
@@ -497,10 +525,14 @@ class HubSocket:
                 if self.closed or is_closed(sock):  # (also behind our back)
                     return
 
+    #: ``serve`` takes ``take`` (``Driver`` asks before handing it one)
+    takes_batches = True
+
     def serve(self, on_message: MessageHandler,
               on_oversized: Optional[Callable[[bytes], None]] = None,
               backpressure: Any = None, *, metadata: Optional[str] = None,
-              after_batch: Optional[Callable[[], None]] = None) -> None:
+              after_batch: Optional[Callable[[], None]] = None,
+              take: Optional[Callable[[list, int], int]] = None) -> None:
         """Call ``on_message(first, rest)`` on the hub for every message until closed.
 
         Messages are drained from the descriptor's watcher callback, so
@@ -514,9 +546,17 @@ class HubSocket:
         batch). ``after_batch()`` is called once the handlers of a batch have
         run. A handler's exception is logged, never fatal. Returns once the
         socket is closed (or the calling greenlet is killed).
+
+        ``take(batch, start)`` (without ``metadata``): a fast path handed the whole
+        batch, from index ``start`` on, that handles messages for as long as it can and
+        returns the index of the first one it did not (``len(batch)``: all); that one
+        goes to ``on_message`` (or ``on_oversized``) and ``take`` goes on after it. An
+        exception from ``take`` is logged as the failure of the message at ``start``,
+        and the batch goes on after that message.
         """
         if self._serving is not None or self.closed:
             raise RuntimeError("the socket is already served or closed")
+        self._check_readable()
         loop = self._loop()
         sock = self.socket
         batch_of = self._batch
@@ -542,7 +582,29 @@ class HubSocket:
             finally:
                 self._draining = False
             try:
-                if metadata is None:
+                if take is not None and metadata is None:
+                    at, end = 0, len(batch)
+                    while at < end:
+                        if self.closed:
+                            return False
+                        try:
+                            at = take(batch, at)
+                        except Exception as exc:  # a bug must not stop the reader
+                            _handler_failed(batch[at][0], exc)
+                            at += 1
+                            continue
+                        if at >= end:
+                            break
+                        first, rest = batch[at]
+                        at += 1
+                        try:
+                            if rest is not None:
+                                on_message(first, rest)
+                            elif on_oversized is not None:
+                                on_oversized(first)
+                        except Exception as exc:
+                            _handler_failed(first, exc)
+                elif metadata is None:
                     for first, rest in batch:
                         if self.closed:  # a handler closed the socket
                             return False
@@ -660,6 +722,8 @@ class HubSocket:
             self._io = self._guard = None
         if self._target is not self.socket:
             self._target = 0
+        if self._box is not None:
+            self._box[0] = 0
         self.socket.close(linger=int(linger * 1000))
 
     def __repr__(self) -> str:

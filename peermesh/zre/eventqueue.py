@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
 
 import gevent
 import gevent.event
@@ -88,14 +88,18 @@ class _ByteBound(Generic[T]):
         self._waiting = deque()
 
     def _enter(self, item: T) -> None:
-        """Append ``item`` to the queue and wake a consumer (each queue's own way)."""
+        """Append ``item`` to the queue and wake a consumer (each queue's own way); between
+        ``hold`` and ``release`` every queue only appends (``put`` does it itself)."""
         raise NotImplementedError
 
     def put(self, item: T) -> None:
         """Add ``item`` (never blocks; the producer checks ``full`` to pace itself)."""
         sizes = self._sizes
         if sizes is None:
-            self._enter(item)
+            if self._held:
+                self._items.append(item)   # (what ``_enter`` does between hold and release)
+            else:
+                self._enter(item)
             return
         frames = item.frames  # type: ignore[attr-defined]
         size = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
@@ -106,7 +110,10 @@ class _ByteBound(Generic[T]):
         self.size = held
         self.admitted += size
         sizes.append(size)
-        self._enter(item)
+        if self._held:
+            self._items.append(item)   # (every queue's ``_enter`` between hold and release:
+        else:                          # one batch's items wait for ``release`` to wake)
+            self._enter(item)
 
     def _put_checked(self, item: T, size: int, sizes: deque[int]) -> None:
         """``put`` when items wait already, or the count of octets is due (near the
@@ -215,12 +222,15 @@ class GreenEventQueue(_ByteBound[T]):
     woken once, at the end, so a burst costs one switch, not one per event.
     """
 
-    __slots__ = ("_waiters", "_hub")
+    __slots__ = ("_waiters", "_hub", "_timer")
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
         self._waiters: deque[Waiter] = deque()
         self._hub = gevent.get_hub()
+        #: the timer of the last ``get`` that waited with a timeout, kept for the next one
+        #: of the same timeout (a consumer that waits per event makes no timer each time)
+        self._timer: Any = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -256,23 +266,34 @@ class GreenEventQueue(_ByteBound[T]):
         items = self._items
         deadline = None
         while not items:
-            if timeout is not None:
-                if deadline is None:
-                    deadline = time.monotonic() + timeout
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-            waiter: Waiter = Waiter(self._hub)
-            self._waiters.append(waiter)
             timer = None
             if timeout is not None:
-                timer = self._hub.loop.timer(remaining)
+                if deadline is None:   # the first wait: the whole timeout, on a kept timer
+                    if timeout <= 0:
+                        return None
+                    deadline = time.monotonic() + timeout
+                    timer = self._timer
+                    if timer is None or timer.at != timeout or timer.active:
+                        if timer is not None and not timer.active:
+                            timer.close()
+                        timer = self._timer = self._hub.loop.timer(timeout)
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    timer = self._hub.loop.timer(remaining)
+            waiter: Waiter = Waiter(self._hub)
+            self._waiters.append(waiter)
+            if timer is not None:
                 timer.start(waiter.switch, _TIMED_OUT, update=True)
             try:
                 waiter.get()
             finally:
                 if timer is not None:
-                    timer.close()
+                    if timer is self._timer:
+                        timer.stop()
+                    else:
+                        timer.close()
                 if self._waiters and waiter in self._waiters:  # put() did not take it
                     self._waiters.remove(waiter)
         item = items.popleft()

@@ -76,6 +76,8 @@ Frame = Union[bytes, bytearray, memoryview, str]
 PeerRef = Union[UUID, str]
 
 _whisper_header = zre.whisper_header
+#: a WHISPER's frame 0 as ``PeerLink.send_numbered`` takes it (the sequence written in)
+_WHISPER_HEAD = zre.whisper_header(0)
 #: the HELLO header where overlays list their roles (``peermesh.overlay.ROLES_HEADER``)
 ROLES_HEADER = "X-PM-ROLES"
 _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre merges "
@@ -492,13 +494,18 @@ class Node:
         else:
             raise ValueError(_NO_CONTENT.format("whisper"))
         link: PeerLink = target.link  # type: ignore[assignment]
-        if link.backlog and not link.has_room():
+        backlog = link.backlog
+        if backlog and not link.has_room():
             self._wait_room(target)
-        # Numbered once there is room, and built whole as a tuple: a tuple of bytes is
-        # untracked by Python's garbage collector at its first pass, a list never is, so a
-        # backlog of lists made every older-generation pass walk all of it again (with
-        # 100,000 messages queued: 0.24 us of collection per message, 0.06 with tuples).
-        link.offer((_whisper_header(target.next_sequence()), *content))
+            backlog = link.backlog
+        sequence = target.next_sequence()   # (once there is room)
+        send = link.send_numbered
+        if send is None or backlog or not send(_WHISPER_HEAD, sequence, content):
+            # Queued built whole as a tuple: a tuple of bytes is untracked by Python's
+            # garbage collector at its first pass, a list never is, so a backlog of lists
+            # made every older-generation pass walk all of it again (with 100,000
+            # messages queued: 0.24 us of collection per message, 0.06 with tuples).
+            link.offer((_whisper_header(sequence), *content))
         target.unconfirmed = True
         self._sent_whispers += 1
         self._sent_octets += len(content[0]) if len(content) == 1 else sum(map(len, content))
@@ -922,7 +929,8 @@ class Node:
         session = self._session
         driver = self._driver = Driver(
             session, self.transport, on_deliver=self._sink, delivery=session.delivery,
-            carry_out=self._apply, on_timer=self._before_timer, on_oversized=self._on_oversized,
+            delivery_each=session.delivery_each, carry_out=self._apply,
+            on_timer=self._before_timer, on_oversized=self._on_oversized,
             clock=self._clock, name=f"node {self._name}")
         gate = self._gate
         if gate is None:

@@ -36,7 +36,7 @@ class PeerLink:
     """One transport link to one peer's mailbox, with a bounded backlog."""
 
     __slots__ = ("link", "limit", "max_messages", "backlog", "size", "stalled_since", "_room",
-                 "_flusher", "_clock")
+                 "_flusher", "_clock", "send_numbered")
 
     def __init__(self, link: Any, limit: int, max_messages: int,
                  clock: Callable[[], float]) -> None:
@@ -49,6 +49,12 @@ class PeerLink:
         self._room: Optional[gevent.event.Event] = None
         self._flusher: Optional[gevent.Greenlet] = None
         self._clock = clock
+        #: the link's ``numbered_sender`` (a ZeroMQ link: one C call sends a command whose
+        #: header is numbered in the call), or None; only while ``backlog`` is empty, and
+        #: what it cannot send now goes to ``offer``
+        numbered = getattr(link, "numbered_sender", None)
+        self.send_numbered: Optional[Callable[[bytes, int, Sequence[bytes]], bool]] = \
+            numbered() if numbered is not None else None
 
     def queued(self) -> int:
         """Octets waiting in the backlog."""
@@ -79,7 +85,7 @@ class PeerLink:
             self._flusher = gevent.spawn(self._flush)
         elif not len(backlog) % _HELP:
             self._send_queued()
-        if not self.has_room():
+        if self.size >= self.limit or len(backlog) >= self.max_messages:   # (not has_room)
             self.room_event().clear()
 
     def offer_each(self, messages: Sequence[Sequence[bytes]]) -> int:

@@ -156,7 +156,7 @@ import functools
 import logging
 import re
 from collections import Counter, deque
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, Optional, Sequence
 from uuid import UUID
 
 from ..config import UNBOUNDED_PEERS, NodeConfig
@@ -871,25 +871,50 @@ class Session(Outputs):
         the next WHISPER, or SHOUT into one of our groups, from a ready peer (most of the
         traffic), taken in, when no output waits to be taken (``receive`` would return
         just ``[Deliver(event)]``); else None, nothing changed: ``receive`` the message."""
-        peer = self.by_identity.get(link)  # type: ignore[call-overload]
-        if peer is None or not peer.ready or self._outputs or not frames:
-            return None
-        head = frames[0]
-        want = peer.want
-        if head == _whisper_header(want):  # (one compare: no slicing, no shifting)
-            group = None
-            self.received_whispers += 1
-        elif (head[:4] == _SHOUT_PREFIX and len(head) > 6 and head[4] << 8 | head[5] == want
-              and (group := self._group_fields.get(head[6:])) is not None):
-            self.received_shouts += 1  # (a SHOUT into another group is decoded)
-        else:
-            return None
-        peer.want = (want + 1) & 0xFFFF
-        peer.last_seen = now
-        if peer.next_ping:
-            peer.refresh(now)
-        return Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name, group,
-                     (frames[1],) if len(frames) == 2 else tuple(frames[1:]))
+        taken: list[Event] = []
+        return taken[0] if self.delivery_each(((link, frames),), 0, now, taken.append) else None
+
+    def delivery_each(self, batch: Sequence[tuple[Hashable, Optional[list[bytes]]]],
+                      start: int, now: float, sink: Callable[[Event], None]) -> int:
+        """``delivery`` of the messages of a mailbox batch (``(link, frames)`` each; frames
+        None for a message over the limits) from index ``start`` on, each event handed to
+        ``sink`` at once, for as long as they are on the fast path: the index of the first
+        that is not (``len(batch)``: none), left as it was for ``receive``. One call per
+        batch, not per message; ``sink`` must not raise (the messages before it are
+        taken)."""
+        by_identity, group_fields = self.by_identity, self._group_fields
+        at, end = start, len(batch)
+        whispers = shouts = 0
+        try:
+            while at < end and not self._outputs:
+                link, frames = batch[at]
+                peer = by_identity.get(link)  # type: ignore[call-overload]
+                if peer is None or not peer.ready or not frames:
+                    break
+                head = frames[0]
+                want = peer.want
+                if head == _whisper_header(want):  # (one compare: no slicing, no shifting)
+                    group = None
+                    whispers += 1
+                elif (head[:4] == _SHOUT_PREFIX and len(head) > 6
+                      and head[4] << 8 | head[5] == want
+                      and (group := group_fields.get(head[6:])) is not None):
+                    shouts += 1  # (a SHOUT into another group is decoded)
+                else:
+                    break
+                peer.want = (want + 1) & 0xFFFF
+                peer.last_seen = now
+                if peer.next_ping:
+                    peer.refresh(now)
+                at += 1
+                sink(Event(WHISPER if group is None else SHOUT, peer.uuid, peer.name, group,
+                           (frames[1],) if len(frames) == 2 else tuple(frames[1:])))
+        finally:
+            if whispers:
+                self.received_whispers += whispers
+            if shouts:
+                self.received_shouts += shouts
+        return at
 
     def _on_command(self, identity: bytes, frames: list[bytes], head: bytes,
                     peer: Optional[Peer], now: float) -> None:

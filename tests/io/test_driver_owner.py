@@ -155,3 +155,45 @@ def test_a_gate_on_a_message_property_is_checked_inline_once_admitted(direct: bo
         assert admitted == {b"good": senders[b"good"].address}
     finally:
         driver.close()
+
+
+class Counted(Owned):
+    """``Owned`` counting how often the driver asks for its deadline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def next_deadline(self) -> Optional[float]:
+        self.asked += 1
+        return self.deadline
+
+
+def test_a_batch_only_the_fast_path_took_leaves_the_timer_and_one_received_moves_it() -> None:
+    network = SimNetwork(latency=0.001)
+    server_transport, client_transport = network.transport(), network.transport()
+    core, seen = Counted(), []
+    driver = Driver(core, server_transport, on_deliver=seen.append, delivery=core.delivery,
+                    carry_out=lambda outputs: seen.extend(outputs), name="counted")
+    try:
+        mailbox = server_transport.bind_mailbox("127.0.0.1", 1 << 16)
+        driver.listen(mailbox, replies=False)
+        link = client_transport.connect(b"sender", mailbox.endpoint, 1000)
+        asked = core.asked
+        for batch in range(3):                   # three batches, each the fast path's alone
+            for i in range(4):
+                link.try_send([b"d%d" % (batch * 4 + i)])
+            poll_until(lambda: network.clock.advance(0.01) or len(seen) == 4 * (batch + 1),
+                       10, "a batch delivered", sleep=lambda s: None)
+        assert seen == [b"d%d" % i for i in range(12)]
+        assert core.asked == asked               # no deadline can have moved: not asked
+        assert core.timers == []
+        start = network.clock.now()
+        link.try_send([b"x"])                    # received: its deadline (now + 1) is armed
+        poll_until(lambda: network.clock.advance(0.05) or bool(core.timers), 10,
+                   "the timer run at the deadline the received message set",
+                   sleep=lambda s: None)
+        assert core.asked > asked
+        assert start + 1.0 <= core.timers[0] <= start + 1.2
+    finally:
+        driver.close()

@@ -243,6 +243,46 @@ def test_after_batch_follows_the_handlers_of_each_batch(
     server.kill()
 
 
+def test_take_handles_a_batch_until_it_stops_and_the_rest_goes_one_by_one(
+        pair: tuple[HubSocket, HubSocket], monkeypatch: pytest.MonkeyPatch) -> None:
+    # take() handles messages "t..." itself; "x..." it leaves (on_message), "boom" makes
+    # it raise (logged as that message's failure, the batch goes on), an oversized one goes
+    # to on_oversized. Each batch is whole in one take call while only "t..." come.
+    monkeypatch.setattr(io_socket, "BATCH", 8)
+    router, dealer = pair
+    seen: list[object] = []
+    calls: list[tuple[int, int]] = []
+
+    def take(batch: list, start: int) -> int:
+        at = start
+        while at < len(batch):
+            rest = batch[at][1]
+            if rest == [b"boom"]:
+                raise RuntimeError("a fast path's bug")
+            if rest is None or not rest[0].startswith(b"t"):
+                break
+            seen.append(("take", rest[0]))
+            at += 1
+        calls.append((start, at))
+        return at
+
+    server = gevent.spawn(router.serve, lambda first, rest: seen.append(("one", rest[0])),
+                          lambda first: seen.append(("oversized", first)),
+                          after_batch=lambda: seen.append("end"), take=take)
+    sent = [b"t0", b"t1", b"x2", b"t3", b"boom", b"t5", b"big", b"t7", b"t8", b"t9"]
+    failures = io_socket.HANDLER_FAILURES.get("handler_failures")
+    for frame in sent:
+        assert dealer.try_send([b"y" * 2000] if frame == b"big" else [frame])
+    wait_for(lambda: ("take", b"t9") in seen and seen[-1] == "end", "the last batch")
+    handled = [x for x in seen if x != "end"]
+    assert handled == [("take", b"t0"), ("take", b"t1"), ("one", b"x2"), ("take", b"t3"),
+                       ("take", b"t5"), ("oversized", b"dealer"), ("take", b"t7"),
+                       ("take", b"t8"), ("take", b"t9")]
+    assert io_socket.HANDLER_FAILURES.get("handler_failures") > failures   # counted, logged
+    assert all(end > start or end < 8 for start, end in calls)
+    server.kill()
+
+
 def test_a_waiting_reader_is_woken_by_the_look_after_a_send(
         pair: tuple[HubSocket, HubSocket], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(io_socket, "GUARD", 60.0)

@@ -203,6 +203,65 @@ def test_native_calls_check_their_arguments(zmq_path: str) -> None:
         native.events("not a handle")
 
 
+def test_numbered_sends_write_the_sequence_into_the_head_and_go_whole_or_not_at_all(
+        zmq_path: str, transport: ZmqTransport, mailbox: Mailbox) -> None:
+    native = native_only(zmq_path)
+    link = connect(transport, mailbox)
+    send = link.numbered_sender()
+    head = b"\xaa\xa1\x02\x02\x00\x00"
+    assert send(head, 1, [b"one"]) and send(head, 0x1234, (b"two", bytearray(b"2")))
+    assert send(head + b"\x05group", 0xFFFF, [b"three"]) and send(head, 7, [])
+    assert send(b"h" * 300, 2, [b"long head"])      # (a head longer than the stack buffer)
+    with pytest.raises(TypeError):
+        send(head, 8, [b"first", 5])                 # found before anything is sent
+    with pytest.raises(TypeError):
+        send(b"short", 8, [b"x"])
+    with pytest.raises(ValueError):
+        send(head, 0x10000, [b"x"])
+    with pytest.raises(TypeError):
+        native.send_numbered(link.socket.underlying, head, 1)
+    assert link.try_send([b"after"])
+    mailbox.wait(6)
+    assert mailbox.messages == [(b"\x01peer", frames) for frames in (
+        [b"\xaa\xa1\x02\x02\x00\x01", b"one"], [b"\xaa\xa1\x02\x02\x12\x34", b"two", b"2"],
+        [b"\xaa\xa1\x02\x02\xff\xff\x05group", b"three"], [b"\xaa\xa1\x02\x02\x00\x07"],
+        [b"hhhh\x00\x02" + b"h" * 294, b"long head"], [b"after"])]
+    assert native.send_numbered(link.socket.underlying, head, 9, [b"by handle"])
+    with pytest.raises(TypeError):
+        native.send_numbered([], head, 9, [b"an empty box"])
+    with pytest.raises(RuntimeError):
+        link.serve(lambda first, rest: None)         # never read once sent on so
+    with pytest.raises(RuntimeError):
+        link.wait_readable(0)
+    link.close()
+    with pytest.raises(zmq.ZMQError) as caught:
+        send(head, 10, [b"late"])                    # its handle is read per call
+    assert caught.value.errno == errno.ENOTSOCK
+
+
+def test_numbered_sends_stop_at_the_high_water_mark(zmq_path: str,
+                                                    transport: ZmqTransport) -> None:
+    native_only(zmq_path)
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    link = transport.connect(b"\x01peer", f"tcp://127.0.0.1:{port}", sndhwm=10)
+    send = link.numbered_sender()
+    went = [send(b"\xaa\xa1\x02\x02\x00\x00", i, [b"nobody"]) for i in range(100)]
+    full = went.index(False)
+    assert full >= 1 and all(went[:full]) and not any(went[full:])
+    link.close()
+
+
+def test_without_the_extension_there_is_no_numbered_sender(zmq_path: str,
+                                                           transport: ZmqTransport) -> None:
+    if zmq_path == "native":
+        pytest.skip("pyzmq alone only")
+    link = transport.connect(b"\x01peer", "tcp://127.0.0.1:9", sndhwm=10)
+    assert link.numbered_sender() is None
+    link.close()
+
+
 def test_native_events_say_what_pyzmq_says(zmq_path: str) -> None:
     native = native_only(zmq_path)
     context = zmq.Context()

@@ -348,6 +348,34 @@ def test_whisper_by_uuid_and_by_hex_string(make_node):
     assert wait_for(alice, match(WHISPER, bob.uuid)).message == b"back"
 
 
+def test_whispers_and_shouts_of_a_batch_are_taken_in_one_call_in_order(make_node, monkeypatch):
+    # The mailbox hands each batch read to Session.delivery_each (one call for many
+    # messages); every WHISPER and SHOUT arrives once, in order, fast path or not.
+    from peermesh.zre.session import Session
+
+    taken: list[int] = []
+    delivery_each = Session.delivery_each
+
+    def counting(self: Session, batch: Any, start: int, now: float, sink: Any) -> int:
+        end = delivery_each(self, batch, start, now, sink)
+        if len(batch) > 1:   # (a batch read; receive's own single call is left out)
+            taken.append(end - start)
+        return end
+    monkeypatch.setattr(Session, "delivery_each", counting)
+    alice = make_node("alice", groups=["g"])
+    bob = make_node("bob", groups=["g"])
+    mesh(alice, bob)
+    for i in range(2000):
+        if i % 100 == 50:
+            alice.shout("g", b"s%d" % i)
+        else:
+            alice.whisper(bob.uuid, b"w%d" % i)
+    got = [wait_for(bob, lambda e: e.type in (WHISPER, SHOUT)) for _ in range(2000)]
+    assert [e.message for e in got] == [b"%s%d" % (b"s" if i % 100 == 50 else b"w", i)
+                                        for i in range(2000)]
+    assert max(taken) > 1    # (2000 messages sent in one go: batches of more than one)
+
+
 def test_packed_messages_round_trip(make_node):
     alice = make_node("alice", groups=["g"])
     bob = make_node("bob", groups=["g"])

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
-from peermesh.events import EventType
+from peermesh.events import Event, EventType
 from peermesh.wire import zre
 from peermesh.zre import session as session_module
 from peermesh.zre import table as table_module
@@ -700,6 +700,42 @@ def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it(
     assert c.answer(session.receive(identity, frames, 0.4)) == [
         ("dial", stranger.uuid, stranger.endpoint, b"\x01" + session.uuid.bytes),
         ("deliver", WHISPER, (b"after",))]
+
+
+def test_delivery_each_takes_a_batch_up_to_the_first_message_for_receive() -> None:
+    c = Harness()
+    c.add_group("mine")
+    peer = Remote("bob", 50001)
+    c.send(peer, peer.hello(), 0.0)
+    session, identity = c.session, peer.identity
+    stranger = Remote("stranger", 50002)
+
+    def item(message: zre.Message) -> tuple[bytes, list[bytes]]:
+        return identity, zre.encode(message)
+    batch: list[tuple[bytes, object]] = [
+        item(peer.whisper(b"one")), item(zre.Shout(peer.next(), "mine", (b"a", b"b"))),
+        item(peer.whisper(b"two")), (identity, None),                  # oversized: stops
+        item(peer.whisper(b"three")), item(zre.Ping(peer.next())),     # a command: stops
+        item(peer.whisper(b"four")), (stranger.identity, zre.encode(zre.Whisper(1, (b"x",)))),
+        item(zre.Whisper(peer.sequence + 5, (b"gap",))), (identity, [])]
+    events: list[Event] = []
+    assert session.delivery_each(batch, 0, 0.5, events.append) == 3
+    assert [(e.type, e.group, e.frames) for e in events] == [
+        (WHISPER, None, (b"one",)), (SHOUT, "mine", (b"a", b"b")), (WHISPER, None, (b"two",))]
+    assert (session.received_whispers, session.received_shouts) == (2, 1)
+    assert session.peers[peer.uuid].last_seen == 0.5
+    assert session.delivery_each(batch, 3, 0.6, events.append) == 3       # (left as it was)
+    assert session.delivery_each(batch, 4, 0.6, events.append) == 5
+    assert c.answer(session.receive(*batch[5], 0.6)) == []   # (the PING, answered)
+    assert session.delivery_each(batch, 6, 0.7, events.append) == 7       # the stranger's
+    for start in (8, 9):                                                   # a gap, empty
+        assert session.delivery_each(batch, start, 0.7, events.append) == start
+    assert session.delivery_each(batch, len(batch), 0.7, events.append) == len(batch)
+    assert [e.frames for e in events[3:]] == [(b"three",), (b"four",)]
+    # with outputs waiting (left outside ``receive``) nothing is taken: they come first
+    session.peer_appeared(stranger.uuid, stranger.endpoint, 0.8)
+    assert session.delivery_each([item(peer.whisper(b"after"))], 0, 0.8, events.append) == 0
+    assert len(events) == 5
 
 
 def test_contract_a_silent_peer_is_evicted_at_the_deadline_it_named() -> None:
