@@ -73,8 +73,9 @@ class PeerSink(Protocol):
                   key: Optional[bytes] = None) -> None:
         """``uuid`` said it is leaving, in a message from ``address`` (with ``key``) if known."""
 
-    def add_listener(self, callback: Callable[[Event], None]) -> None:
-        """Call ``callback`` with every event of the node."""
+    def add_listener(self, callback: Callable[[Event], None], messages: bool = True) -> None:
+        """Call ``callback`` with every event of the node (``messages=False``: but its
+        WHISPERs and SHOUTs)."""
 
     def remove_listener(self, callback: Callable[[Event], None]) -> None:
         """Stop calling ``callback``."""

@@ -240,7 +240,7 @@ class MdnsDiscovery:
                   "properties": txt_properties(node.uuid, node.endpoint, node.name),
                   "server": f"pm-{node.uuid.hex}.local.",
                   "addresses": [socket.inet_aton(interface.address)]}
-        node.add_listener(self._on_event)
+        node.add_listener(self._on_event, messages=False)
         # zeroconf is imported there too: the first import costs the hub ~0.1 s otherwise
         threading.Thread(target=self._open, args=(interface.address, record),
                          name=f"peermesh-mdns-{instance}", daemon=True).start()

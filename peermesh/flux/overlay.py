@@ -272,7 +272,7 @@ class FluxOverlay(Overlay):
             self._members[node.uuid] = (me, self.endpoint)
             for uuid in node.peers():
                 self._peer_entered(uuid, node.peer_headers(uuid))
-            node.add_listener(self._on_node_event)
+            node.add_listener(self._on_node_event, messages=False)
             settle = self.settle if self.settle is not None else 1.5 * node.config.interval
             self._greenlets.append(gevent.spawn(self._elect_after, settle))
         self._apply(self.core.start(self.now()))  # (in the mesh: detached until elected)

@@ -122,7 +122,7 @@ class BrokerTracker(Overlay):
 
     def on_start(self) -> None:
         node = self._node()
-        node.add_listener(self._on_node_event)
+        node.add_listener(self._on_node_event, messages=False)
         for uuid in node.peers():
             try:
                 self._entered(uuid, node.peer_headers(uuid), node.peer_name(uuid))

@@ -266,7 +266,7 @@ class Server(Overlay):
             self._link(endpoint, direct=True)
         node = self.node
         if node is not None:
-            node.add_listener(self._on_event)
+            node.add_listener(self._on_event, messages=False)
             own = node.headers.get(HEADER_CHANNEL)
             if own and self._curve is not None:
                 self._channel_keys.setdefault(own, self._curve.public.decode())

@@ -80,6 +80,8 @@ _whisper_header = zre.whisper_header
 _WHISPER_HEAD = zre.whisper_header(0)
 #: the HELLO header where overlays list their roles (``peermesh.overlay.ROLES_HEADER``)
 ROLES_HEADER = "X-PM-ROLES"
+#: the events ``add_listener(messages=False)`` leaves out
+_MESSAGES = frozenset((EventType.WHISPER, EventType.SHOUT))
 _NO_CONTENT = ("{} needs at least one content frame (ZRE allows none, but Zyre merges "
                "an empty message into the next one it delivers)")
 
@@ -203,11 +205,16 @@ class Node:
         self._events = _events if _events is not None else GreenEventQueue(self.config.event_queue)
         self._events.bound_bytes(self.config.event_queue_bytes)
         self._listeners: list[Callable[[Event], None]] = []
+        #: the listeners that also hear WHISPERs and SHOUTs
+        self._message_listeners: list[Callable[[Event], None]] = []
         self._failed_listeners: set[int] = set()   # whose traceback was logged already
         self._session = Session(self._uuid, self._name, self._headers, self.config,
                                 linked=self._linked)
-        #: where the session's events go: the queue, or ``_emit`` while listeners listen
+        #: where the session's events go: the queue, or ``_emit`` while listeners listen;
+        #: WHISPERs and SHOUTs (``Deliver``) go to ``_message_sink``: the queue unless a
+        #: listener hears them
         self._sink: Callable[[Event], None] = self._events.put
+        self._message_sink: Callable[[Event], None] = self._events.put
         for group in self.config.contest:
             self._session.contest(_checked_string("group", group))
         for group in self.config.groups:
@@ -602,8 +609,10 @@ class Node:
 
     # --- receiving ------------------------------------------------------
 
-    def add_listener(self, callback: Callable[[Event], None]) -> None:
-        """Call ``callback(event)`` on the node's hub for every event, before it is queued.
+    def add_listener(self, callback: Callable[[Event], None], messages: bool = True) -> None:
+        """Call ``callback(event)`` on the node's hub for every event, before it is queued;
+        with ``messages=False`` for every event but WHISPERs and SHOUTs (a listener that
+        tracks the mesh: the node's messages then cost it nothing).
 
         For overlays that track the mesh (ENTER, EXIT, headers); the
         application still gets every event. The callback may run inside a
@@ -612,21 +621,28 @@ class Node:
         greenlet of its own.
         """
         self._listeners.append(callback)
-        self._set_sink(self._emit)
+        if messages:
+            self._message_listeners.append(callback)
+        self._set_sinks()
 
     def remove_listener(self, callback: Callable[[Event], None]) -> None:
         """Stop calling ``callback``."""
         self._listeners.remove(callback)
-        if not self._listeners:
-            self._set_sink(self._events.put)
+        if callback in self._message_listeners:
+            self._message_listeners.remove(callback)
+        self._set_sinks()
 
-    def _set_sink(self, sink: Callable[[Event], None]) -> None:
-        self._sink = sink
+    def _set_sinks(self) -> None:
+        put = self._events.put
+        self._sink = self._emit if self._listeners else put
+        self._message_sink = self._emit if self._message_listeners else put
         if self._driver is not None:
-            self._driver.on_deliver = sink   # (WHISPERs and SHOUTs of the fast path)
+            self._driver.on_deliver = self._message_sink   # (the fast path's messages)
 
     def _emit(self, event: Event) -> None:
-        for listener in self._listeners:
+        listeners = (self._message_listeners if event.type in _MESSAGES
+                     else self._listeners)
+        for listener in listeners:
             try:
                 listener(event)
             except Exception as exc:  # an overlay's bug must not take the node down
@@ -887,13 +903,14 @@ class Node:
         a ``PeerLink`` (``Session.attach``). A peer no link could be made to is forgotten,
         and its events that came after its ``Dial`` are dropped (it never entered)."""
         failed: Optional[set[Any]] = None
-        sink = self._sink
         for output in outputs:
             cls = type(output)
             if cls is Deliver:
                 event = output.item   # type: ignore[union-attr]
+                sink = self._message_sink
             elif cls is Emit:
                 event = output.event  # type: ignore[union-attr]
+                sink = self._sink
             elif cls is Dial:
                 dial = cast(Dial, output)
                 uuid = cast(UUID, dial.link)
@@ -928,7 +945,7 @@ class Node:
         event queue is full; under CURVE the key gate checks each message's key inline."""
         session = self._session
         driver = self._driver = Driver(
-            session, self.transport, on_deliver=self._sink, delivery=session.delivery,
+            session, self.transport, on_deliver=self._message_sink, delivery=session.delivery,
             delivery_each=session.delivery_each, carry_out=self._apply,
             on_timer=self._before_timer, on_oversized=self._on_oversized,
             clock=self._clock, name=f"node {self._name}")

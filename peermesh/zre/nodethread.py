@@ -250,7 +250,7 @@ class NodeThread:
         cfg = base.replace(name=name, **settings)
         self.events = self._make_events(cfg.event_queue, self._loop.run_callback_threadsafe)
         node = Node(config=cfg, _events=self.events)
-        node.add_listener(self._track)
+        node.add_listener(self._track, messages=False)
         try:
             if self._setup is not None:
                 self._setup(node)

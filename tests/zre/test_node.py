@@ -819,3 +819,34 @@ def test_a_listener_failing_on_every_event_logs_one_traceback(make_node, caplog)
     assert bob.stats()["listener_failures"] >= 21                      # ENTER and 20 WHISPERs
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert len(tracebacks) == 1 and "cannot handle ENTER" in caplog.text
+
+
+def test_a_listener_of_the_mesh_alone_hears_no_messages(make_node):
+    """``add_listener(fn, messages=False)`` hears ENTER, JOIN and EXIT but no WHISPER or
+    SHOUT, while a listener of everything hears them; the queue gets them all either way,
+    in order, and removing the one listener of messages leaves the other as it was."""
+    alice = make_node("alice")
+    bob = make_node("bob", start=False)
+    mesh_only, everything = [], []
+    bob.add_listener(lambda event: mesh_only.append(event.type), messages=False)
+    bob.add_listener(record_all := lambda event: everything.append(event.type))
+    bob.start()
+    bob.join("g")
+    mesh(alice, bob)
+    alice.join("g")
+    wait_for(bob, match(EventType.JOIN, alice.uuid))
+    for i in range(3):
+        alice.whisper(bob.uuid, b"w%d" % i)
+        alice.shout("g", b"s%d" % i)
+    got = [wait_for(bob, lambda e: e.type in (WHISPER, EventType.SHOUT)) for _ in range(6)]
+    assert [e.frames[0] for e in got] == [b"w0", b"s0", b"w1", b"s1", b"w2", b"s2"]
+    assert EventType.ENTER in mesh_only and EventType.JOIN in mesh_only
+    assert not {WHISPER, EventType.SHOUT} & set(mesh_only)
+    assert everything.count(WHISPER) == 3 and everything.count(EventType.SHOUT) == 3
+    bob.remove_listener(record_all)
+    alice.whisper(bob.uuid, b"after")
+    assert wait_for(bob, match(WHISPER, alice.uuid)).frames == (b"after",)
+    assert everything.count(WHISPER) == 3 and WHISPER not in mesh_only
+    alice.stop()
+    wait_for(bob, match(EventType.EXIT, alice.uuid))
+    assert EventType.EXIT in mesh_only
