@@ -249,22 +249,63 @@ class Routing:
                 client = node.clients.get(link)
                 if client is None or kind == 2:
                     return None  # a stranger's, or a response from a client: the full path
+        # (the two forwards, a hop's whole work, are written out here: no call per step)
         if kind == 2:
             top = frames[0] if d else b""
-            if len(top) == IDENTITY_SIZE:
-                self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
-                out: Optional[list[Output]] = self._send_down(top, frames, now)
-            elif top == PARENT:
-                if node.parent_rank is None:
+            if len(top) == IDENTITY_SIZE or top == PARENT:
+                if top == PARENT and node.parent_rank is None:
                     return None  # (the full path drops it)
-                self._settle_key(link, tuple(frames[:d]), aux2, flags, aux1)
-                out = [self.to_parent(frames[1:], now)]
+                if not flags & _STREAMING or aux1:   # final: what was kept of it goes
+                    self.inflight.pop((link, tuple(frames[:d]), aux2), None)
+                if top == PARENT:
+                    self.parent_sent = now
+                    out: Optional[list[Output]] = [Send(PARENT, frames[1:])]
+                else:
+                    below = node.children.get(top)
+                    if below is not None:
+                        below.sent = now
+                    out = [Send(top, frames)]
             elif top[:1] == b"@" and top[1:].isdigit():
                 out = self._response_here(link, frames, d, topic, now)
             else:
                 return None  # to no handle: the full path
-        else:
-            out = self._pass_request(link, frames, d, topic, flags, aux1, aux2, now)
+        elif aux1 == node.rank:
+            out = self._ping_here(link, frames, d, topic, flags, aux1, aux2, now)
+        else:   # a request for another rank: ``_next_hop`` and ``_track``, written out
+            if aux1 == NODEID_ANY or aux1 == NODEID_UPSTREAM or flags & _UPSTREAM \
+                    or aux1 > MAX_RANK or node.root and aux1 >= node.size:
+                return None
+            target: Optional[bytes] = None
+            by_rank = node.by_rank
+            if by_rank and not node.placed:   # (every rank in its formula place)
+                me, k, rank = node.rank, node.topology.k, aux1
+                while rank > 0 and rank != me:
+                    target = by_rank.get(rank)
+                    if target is not None:
+                        break
+                    rank = 0 if k == 0 else (rank - 1) // k
+            elif by_rank:
+                target = self._child_toward(aux1)
+            if target is None:
+                if node.parent_rank is None or node.state is not State.ONLINE \
+                        or link == PARENT:  # never back up: no request bounces
+                    return None
+                target = PARENT
+            if not flags & _NORESPONSE:
+                inflight = self.inflight
+                if len(inflight) >= node.settings.max_inflight:
+                    return None  # (the full path answers EAGAIN)
+                inflight[(target, (link, *frames[:d]), aux2)] = (
+                    topic, aux1, flags & _STREAMING != 0)
+            node.stats["forwarded"] += 1
+            if target == PARENT:
+                self.parent_sent = now
+                out = [Send(PARENT, [link, *frames])]
+            else:
+                below = node.children.get(target)
+                if below is not None:
+                    below.sent = now
+                out = [Send(target, [target, link, *frames])]
         if out is not None:
             if client is not None:
                 client.heard = now
@@ -289,39 +330,28 @@ class Routing:
                                  flags & ~_FRAMES, routes[1:], userid, rolemask)
         return self._to_handle(int(routes[0][1:]), response, now)
 
-    def _pass_request(self, link: bytes, frames: list[bytes], d: int, topic: str, flags: int,
-                      nodeid: int, matchtag: int, now: float) -> Optional[list[Output]]:
-        """``pass_through`` of a request for another rank, or of a ping for this one."""
+    def _ping_here(self, link: bytes, frames: list[bytes], d: int, topic: str, flags: int,
+                   nodeid: int, matchtag: int, now: float) -> Optional[list[Output]]:
+        """``pass_through`` of a request for this rank: a ping is answered from its frames."""
         node = self.node
-        if nodeid == node.rank:
-            if node.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
-                return None
-            if flags & _NORESPONSE:
-                return []
-            proto = frames[-1]
-            frames = frames[:-1]  # the same routes and topic: only payload and PROTO change
-            if flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: its answer
-                userid, rolemask = _peek_credentials(proto)
-                try:
-                    frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), node.uuid,
-                                                nodeid, userid, rolemask)
-                except ProtocolError:
-                    return None  # (the full path answers EPROTO)
-            frames.append(_pack_proto(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
-                                      matchtag))
-            if link == PARENT:
-                return [self.to_parent(frames, now)]
-            return self._send_down(link, [link, *frames], now)
-        target = self._next_hop(nodeid, flags, link)
-        if target is None:
+        if node.state is not State.ONLINE or flags & _UPSTREAM or topic != "broker.ping":
             return None
-        if not flags & _NORESPONSE and not self._track(target, (link, *frames[:d]), matchtag,
-                                                       topic, nodeid, flags):
-            return None  # (the full path answers EAGAIN)
-        node.stats["forwarded"] += 1
-        if target == PARENT:
-            return [self.to_parent([link, *frames], now)]
-        return self._send_down(target, [target, link, *frames], now)
+        if flags & _NORESPONSE:
+            return []
+        proto = frames[-1]
+        frames = frames[:-1]  # the same routes and topic: only payload and PROTO change
+        if flags & 2 and frames[d + 2][:1] == b"{":  # flux's JSON ping: its answer
+            userid, rolemask = _peek_credentials(proto)
+            try:
+                frames[d + 2] = ping_answer(frames[d + 2], (link, *frames[:d]), node.uuid,
+                                            nodeid, userid, rolemask)
+            except ProtocolError:
+                return None  # (the full path answers EPROTO)
+        frames.append(_pack_proto(MAGIC, VERSION, 2, flags & _FRAMES, USERID_UNKNOWN, 0, 0,
+                                  matchtag))
+        if link == PARENT:
+            return [self.to_parent(frames, now)]
+        return self._send_down(link, [link, *frames], now)
 
     def _next_hop(self, nodeid: int, flags: int, came_from: bytes) -> Optional[bytes]:
         """The link a request for rank ``nodeid`` (not this one) goes on: a child on
