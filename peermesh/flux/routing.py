@@ -41,7 +41,7 @@ records in the same pass what the loss of its link must answer.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from ..errors import ProtocolError
 from ..wire.flux import (
@@ -69,8 +69,9 @@ log = logging.getLogger(__name__)
 
 _NORESPONSE_STREAMING = _NORESPONSE | _STREAMING  # invalid together
 
-#: a request forwarded on a link: (link, its routes, its matchtag)
-InflightKey = tuple[bytes, tuple[bytes, ...], int]
+#: a request forwarded on a link: ``(link, its matchtag, *its routes)`` (one flat tuple: the
+#: thousands in flight at once are a third fewer objects for the garbage collector to count)
+InflightKey = tuple[Any, ...]
 #: what is kept of it until its final response: (topic, nodeid, streaming) (a plain tuple:
 #: quick to make, and the thousands in flight cost the garbage collector nothing)
 Forwarded = tuple[str, int, bool]
@@ -256,7 +257,7 @@ class Routing:
                 if top == PARENT and node.parent_rank is None:
                     return None  # (the full path drops it)
                 if not flags & _STREAMING or aux1:   # final: what was kept of it goes
-                    self.inflight.pop((link, tuple(frames[:d]), aux2), None)
+                    self.inflight.pop((link, aux2, *frames[:d]), None)
                 if top == PARENT:
                     self.parent_sent = now
                     out: Optional[list[Output]] = [Send(PARENT, frames[1:])]
@@ -295,7 +296,7 @@ class Routing:
                 inflight = self.inflight
                 if len(inflight) >= node.settings.max_inflight:
                     return None  # (the full path answers EAGAIN)
-                inflight[(target, (link, *frames[:d]), aux2)] = (
+                inflight[(target, aux2, link, *frames[:d])] = (
                     topic, aux1, flags & _STREAMING != 0)
             node.stats["forwarded"] += 1
             if target == PARENT:
@@ -480,7 +481,7 @@ class Routing:
         inflight = self.inflight
         if len(inflight) >= self.node.settings.max_inflight:
             return False
-        inflight[(link, routes, matchtag)] = (topic, nodeid, bool(flags & _STREAMING))
+        inflight[(link, matchtag, *routes)] = (topic, nodeid, bool(flags & _STREAMING))
         return True
 
     def settle(self, link: bytes, response: Response) -> None:
@@ -492,7 +493,7 @@ class Routing:
                     errnum: int) -> None:
         if flags & _STREAMING and not errnum:
             return
-        self.inflight.pop((link, routes, matchtag), None)
+        self.inflight.pop((link, matchtag, *routes), None)
 
     def route_response(self, response: Response, now: float,
                        wire: Optional[list[bytes]] = None) -> list[Output]:
@@ -590,7 +591,7 @@ class Routing:
             if forwarded is None:
                 continue
             topic, _, streaming = forwarded
-            _, routes, matchtag = key
+            matchtag, routes = key[1], key[2:]
             self.node.rpcs["errors"] += 1
             flags = _STREAMING if streaming else 0
             out += self.route_response(Response(topic, text, Errno.EHOSTUNREACH,
@@ -625,9 +626,9 @@ class Routing:
                                           _NORESPONSE, gone, USERID_UNKNOWN, 0)))
             for service, handle in self.node.services.items()]
         told: set[tuple[bytes, str, int, tuple[bytes, ...]]] = set()
-        for key in [k for k in self.inflight if k[1][:1] == gone]:
+        for key in [k for k in self.inflight if k[2:3] == gone]:
             topic, nodeid, _ = self.inflight.pop(key)
-            target, routes, _ = key
+            target, routes = key[0], key[2:]
             service = service_of(topic)
             if (target, service, nodeid, routes) in told:
                 continue
