@@ -263,7 +263,7 @@ class FluxOverlay(Overlay):
             self.core, self.transport, self.keys, self.max_message, on_deliver=self._deliver,
             on_event=self._notice, on_send_failed=self._send_failed,
             on_oversized=self._oversized, addressed=True, accept=_member_identity,
-            look_once=batched, sndhwm=SNDHWM, name=f"flux {self.instance}")
+            look_once=batched, sndhwm=SNDHWM, batch_clock=True, name=f"flux {self.instance}")
         self._greenlets = []
         if mesh:
             node = self.node

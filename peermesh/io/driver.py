@@ -49,8 +49,9 @@ Options for a core that addresses its mailbox peers itself (Flux): ``addressed``
 ROUTER's address, and goes out as it is), ``accept(identity)`` (a mailbox message
 whose sender it refuses goes to ``on_oversized``, never to the core), ``look_once``
 (real sockets only: the sends of a batch do not each look at their socket for a
-message waiting; each socket sent on is looked at once when the batch is done) and
-``sndhwm`` (the queue of a dialled link).
+message waiting; each socket sent on is looked at once when the batch is done),
+``sndhwm`` (the queue of a dialled link) and ``batch_clock`` (the messages of a batch,
+on the mailbox and on every link, are stamped with one clock reading and counted once).
 
 Options for a core whose owner handles most of its traffic itself (a ZRE node):
 ``delivery(link, frames, now)``, a per-message fast path tried first, returns an item
@@ -114,8 +115,11 @@ class Driver:
                  carry_out: Optional[Callable[[Sequence[Output]], None]] = None,
                  on_timer: Optional[Callable[[float], None]] = None,
                  clock: Optional[Callable[[], float]] = None,
-                 cork_limit: Optional[int] = None) -> None:
+                 cork_limit: Optional[int] = None, batch_clock: bool = False) -> None:
         self.core = core
+        #: one clock reading and one count per batch read, on the mailbox and every link
+        #: (the per-message path of ``delivery``/``carry_out`` without them)
+        self.batch_clock = batch_clock
         #: the per-message fast path of the mailbox (the module docstring)
         self.delivery = delivery
         self.carry_out = carry_out
@@ -175,7 +179,7 @@ class Driver:
         self._reply = mailbox.try_send     # (looked up once: a guarded mailbox forwards it)
         if replies and hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
-        if self.delivery is not None or self.carry_out is not None:
+        if self.delivery is not None or self.carry_out is not None or self.batch_clock:
             on_message, after_batch = self._direct()
         else:
             on_message, after_batch = self._on_message, self._after_batch
@@ -256,13 +260,16 @@ class Driver:
         return on_message, after_batch
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
+        handle, after_batch = self._direct() if self.batch_clock else (self._on_message,
+                                                                        self._after_batch)
+
         def on_message(first: bytes, rest: list[bytes]) -> None:
             rest.insert(0, first)
-            self._on_message(name, rest)
+            handle(name, rest)
 
         def serve() -> None:
             if not link.closed:   # (not hung up before this greenlet ran)
-                link.serve(on_message, self._on_oversized, None, after_batch=self._after_batch)
+                link.serve(on_message, self._on_oversized, None, after_batch=after_batch)
         self._spawn(serve)
 
     def _on_message(self, link: Hashable, frames: list[bytes]) -> None:
