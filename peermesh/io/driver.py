@@ -66,7 +66,8 @@ messages are stamped with one clock reading per batch. ``listen`` takes ``admit`
 ever sent back through the mailbox).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
-outside returned (an NFP ``post``, say), ``apply_all(outputs)`` with outputs it
+outside returned (an NFP ``post``, say; with ``look_now=False`` each socket sent on is
+looked at once at the end of the hub's turn), ``apply_all(outputs)`` with outputs it
 gathered from several such calls (sent as a batch's are: one look at each socket),
 ``cork(outputs)`` to have them gathered for it (carried out together at the end of
 the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
@@ -130,6 +131,7 @@ class Driver:
         self.look_once = look_once
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
+        self._later: Optional[list[Any]] = None     # ... in this turn, to be looked at after it
         #: outputs ``cork`` holds at most (the one that makes them this many carries them
         #: out: the far end gets work sooner, at the cost of more sends and wake-ups);
         #: None: all of the turn's
@@ -315,10 +317,31 @@ class Driver:
 
     # --- outputs --------------------------------------------------------
 
-    def apply(self, outputs: Sequence[Output]) -> None:
-        """Carry out ``outputs`` (in order), then re-arm the timer."""
-        self._carry_out(outputs)
+    def apply(self, outputs: Sequence[Output], *, look_now: bool = True) -> None:
+        """Carry out ``outputs`` (in order), then re-arm the timer. With ``look_once`` and
+        ``look_now=False`` the sends still go at once, but each socket sent on is looked at
+        once at the end of the hub's turn, not after each send (what several calls of one
+        turn send, such as a burst of requests, costs one look per socket)."""
+        if look_now or not self.look_once or self._looking is not None:
+            self._carry_out(outputs)
+        else:
+            later = self._later
+            if later is None:
+                later = self._later = []
+                gevent.get_hub().loop.run_callback(self._look_later)
+            self._looking = later
+            try:
+                self._carry_out_quietly(outputs, later)
+            finally:
+                self._looking = None
         self._rearm()
+
+    def _look_later(self) -> None:
+        """Look once at each socket ``apply(look_now=False)`` sent on in this turn."""
+        later, self._later = self._later, None
+        for sock in later or ():
+            if not sock.closed:
+                sock.readable()
 
     def apply_all(self, outputs: Sequence[Output]) -> None:
         """Carry out ``outputs`` (in order) as those of a batch read: with ``look_once``
