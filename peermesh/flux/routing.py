@@ -276,17 +276,7 @@ class Routing:
             if aux1 == NODEID_ANY or aux1 == NODEID_UPSTREAM or flags & _UPSTREAM \
                     or aux1 > MAX_RANK or node.root and aux1 >= node.size:
                 return None
-            target: Optional[bytes] = None
-            by_rank = node.by_rank
-            if by_rank and not node.placed:   # (every rank in its formula place)
-                me, k, rank = node.rank, node.topology.k, aux1
-                while rank > 0 and rank != me:
-                    target = by_rank.get(rank)
-                    if target is not None:
-                        break
-                    rank = 0 if k == 0 else (rank - 1) // k
-            elif by_rank:
-                target = self._child_toward(aux1)
+            target = self._child_toward(aux1)
             if target is None:
                 if node.parent_rank is None or node.state is not State.ONLINE \
                         or link == PARENT:  # never back up: no request bounces
