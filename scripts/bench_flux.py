@@ -37,7 +37,10 @@ Sections:
   the same tree in one process (``role_raw_tree``): the thinnest forwarding
   (two frames a message), and the same carrying RFC 3's route stack as Flux's
   messages do; the CPU of one ping all by thread (Python's, libzmq's I/O
-  thread) for each.
+  thread) for each, the Python thread's per hop traversal (a request down one
+  hop or a response up one: 7,190 of them at kary:2, 1,980 at kary:32, for 512
+  ranks) and its ratio to the thinnest tree's in the same round (CPU is steadier
+  than times on a loaded machine).
 * ``events``: the same process publishes events and measures the CPU per
   delivered event (every rank subscribed).
 * ``sim``: one event's fan-out at ``--sim-sizes`` simulated ranks (kary:32, 1 ms
@@ -502,6 +505,30 @@ def _settled(root: Any, n: int, body: Optional[Callable[[int], bytes]] = None,
             gevent.sleep(1.0)
 
 
+def tree_hops(nodes: list[Any]) -> int:
+    """Hop traversals of one ping all over the tree ``nodes`` formed (a rank that
+    attached while its formula parent could not answer sits higher up: fewer hops)."""
+    parent = {node.rank: node.info()["parent"] for node in nodes}
+    total = 0
+    for rank in parent:
+        seen = 0
+        while rank and seen <= len(parent):
+            rank, seen = parent.get(rank), seen + 1
+            total += 2
+    return total
+
+
+def hops(n: int, topology: str) -> int:
+    """Hop traversals of one ping all over ``n`` ranks of ``topology`` (``kary:K``): each
+    request goes down its rank's depth and its response back up."""
+    k, total = int(topology.split(":")[1]), 0
+    for rank in range(1, n):
+        while rank > 0:
+            rank = (rank - 1) // k if k else 0
+            total += 2
+    return total
+
+
 def _summary(pings: list[dict[str, float]], result: dict[str, Any]) -> dict[str, Any]:
     """The median of each figure of several ping alls, into ``result``."""
     for key in pings[0]:
@@ -537,7 +564,7 @@ def role_ranks(parent: Parent, n: int, topology: str, events: int = 0,
     _settled(root, n, body)  # warm-up
     pings = [_ping_all(root, n, body) for _ in range(rounds)]
     result = _summary(pings, {
-        "ranks": n, "topology": topology, "start_s": started - began,
+        "ranks": n, "topology": topology, "hops": tree_hops(nodes), "start_s": started - began,
         "converge_s": converged - started, "fds": fds, "fds_per_rank": fds / n,
         "rss_mb": rss_mb()})
     if events:
@@ -1135,10 +1162,17 @@ def main() -> int:
                                        events=args.events if "events" in only else 0)
                     row["code"] = label
                     runs.setdefault(label, []).append(row)
+            for done in runs.values():
+                for run in done:   # (the tree a run formed: its own hops)
+                    run["main_us_per_hop"] = run["ping_all_main_ms"] * 1000 / run.get(
+                        "hops", hops(args.ranks, topology))
             for label, done in runs.items():
                 row = median_run(done, "ping_all_mean_ms")
                 row["vs_raw"] = statistics.median(
                     round_ratios(done, runs["raw pyzmq"], "ping_all_mean_ms"))
+                row["main_vs_raw"] = statistics.median(
+                    round_ratios(done, runs["raw pyzmq"], "main_us_per_hop"))
+                row["main_us_per_hop"] = statistics.median(r["main_us_per_hop"] for r in done)
                 ceilings.append(row)
                 if not label.startswith("raw pyzmq"):
                     rows.append(row)
@@ -1179,10 +1213,11 @@ def main() -> int:
                   f"median of {args.pingall_rounds} run(s) of 5; CPU of one ping all by thread):"
                   ] + table(
             ["topology", "code", "mean ms", "all ms", "main thread ms", "I/O thread ms",
-             "mean / raw", "verdict"],
+             "main us/hop", "main / raw", "mean / raw", "verdict"],
             [[r["topology"], r.get("code", "peermesh"), f"{r['ping_all_mean_ms']:.1f}",
               f"{r['ping_all_all_ms']:.1f}", f"{r['ping_all_main_ms']:.1f}",
-              f"{r['ping_all_zmq_ms']:.1f}", f"{r['vs_raw']:.2f}",
+              f"{r['ping_all_zmq_ms']:.1f}", f"{r['main_us_per_hop']:.2f}",
+              f"{r['main_vs_raw']:.2f}", f"{r['vs_raw']:.2f}",
               verdict(r["ping_all_mean_ms"], FLUX_CORE_PING_ALL_MS, False)]
              for r in ceilings])
     if "sim" in only:

@@ -351,8 +351,8 @@ class FluxClient:
 
     def _abandon(self, future: RpcFuture) -> None:
         pending = self._tags.pending.get(future.matchtag)
-        if pending is not None:
-            pending.topic = ""  # released when its final response comes, dropped then
+        if pending is not None:  # released when its final response comes, dropped then
+            self._tags.pending[future.matchtag] = Pending("", pending.nodeid, pending.streaming)
         self._futures.pop(future.matchtag, None)
         future.done = True
 

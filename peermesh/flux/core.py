@@ -68,7 +68,7 @@ from .directory import Directory
 from .events import EventLog
 from .errors import FluxStateError
 from .children import Child
-from .matchtags import Handle
+from .matchtags import Handle, Pending
 from .membership import Membership
 from .outputs import (
     IDENTITY_SIZE, MAX_OFFLINE, PARENT, SELF, Deliver, Dial, Emit, Hangup, Notice, Output, Send,
@@ -266,7 +266,9 @@ class FluxCore:
         only reused after that; a late response is dropped)."""
         state = self.handles.get(handle)
         if state is not None and matchtag in state.pending:
-            state.pending[matchtag].topic = ""  # marks it abandoned; released on final response
+            # marks it abandoned; released on its final response
+            pending = state.pending[matchtag]
+            state.pending[matchtag] = Pending("", pending.nodeid, pending.streaming)
 
     def publish(self, handle: int, topic: str, payload: Optional[bytes],
                 now: float) -> tuple[int, list[Output]]:

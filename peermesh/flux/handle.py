@@ -91,7 +91,8 @@ class RpcFuture:
         self.matchtag = matchtag
         self.topic = topic
         self.streaming = streaming
-        self._responses: deque[Response] = deque()
+        #: responses not taken yet (made by the first: none is needed with a callback)
+        self._responses: Optional[deque[Response]] = None
         self._waiter: Optional[Waiter] = None
         self._callback: Optional[Callable[[Response], None]] = None
         self.done = matchtag == 0  # NORESPONSE: nothing comes
@@ -102,7 +103,10 @@ class RpcFuture:
         if self._callback is not None:
             self._callback(response)
             return
-        self._responses.append(response)
+        responses = self._responses
+        if responses is None:
+            responses = self._responses = deque()
+        responses.append(response)
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -113,18 +117,18 @@ class RpcFuture:
         instead of queueing it: e.g. to complete a ``concurrent.futures.Future`` that a
         thread waits on (the thread calls ``rpc`` through ``ThreadedNode.call``)."""
         self._callback = callback
-        while self._responses:
-            callback(self._responses.popleft())
+        responses = self._responses
+        while responses:
+            callback(responses.popleft())
 
     def _next(self, timeout: Optional[float]) -> Response:
-        responses = self._responses
-        while not responses:
+        while not self._responses:
             if self.done:
                 raise FluxError(Errno.ENODATA, "no more responses", self.topic)
             if not _park(self, timeout):
                 self.handle._abandon(self)
                 raise FluxError(Errno.ETIMEDOUT, f"no response in {timeout:g} s", self.topic)
-        return responses.popleft()
+        return self._responses.popleft()
 
     def response(self, timeout: Optional[float] = None) -> Response:
         """The next response message (errors included, not raised)."""

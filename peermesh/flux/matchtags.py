@@ -9,13 +9,15 @@ that way are reused first, so a long-lived handle keeps its tags small.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = ["Pending", "Handle"]
 
 
-@dataclass(slots=True)
-class Pending:
-    """An RPC of a local handle awaiting its (final) response."""
+class Pending(NamedTuple):
+    """An RPC of a local handle awaiting its (final) response (a plain tuple: the garbage
+    collector stops counting it at its first pass, however long the RPC waits; an
+    abandoned one is replaced by one whose topic is empty)."""
 
     topic: str
     nodeid: int

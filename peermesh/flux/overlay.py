@@ -263,7 +263,7 @@ class FluxOverlay(Overlay):
             self.core, self.transport, self.keys, self.max_message, on_deliver=self._deliver,
             on_event=self._notice, on_send_failed=self._send_failed,
             on_oversized=self._oversized, addressed=True, accept=_member_identity,
-            look_once=batched, sndhwm=SNDHWM, name=f"flux {self.instance}")
+            look_once=batched, sndhwm=SNDHWM, batch_clock=True, name=f"flux {self.instance}")
         self._greenlets = []
         if mesh:
             node = self.node
@@ -429,8 +429,13 @@ class FluxOverlay(Overlay):
         if driver is not None:
             driver.apply(outputs)
 
-    #: a handle's outputs are carried out at once (``HandleHost``)
-    carry_out = _apply
+    def carry_out(self, outputs: list[Output]) -> None:
+        """Carry out a handle's outputs at once (``HandleHost``): its sends go now, and
+        each socket they used is looked at once at the end of the hub's turn (a burst of
+        RPCs, as ``ping all`` sends, costs one look, not one per request)."""
+        driver = self._driver
+        if driver is not None:
+            driver.apply(outputs, look_now=False)
 
     def _serve(self, core: FluxCore) -> None:
         """Make ``core`` the node's core, on the same sockets."""

@@ -51,8 +51,9 @@ such sends, or all sends down one link that has ``try_send_each``, goes out in o
 ``try_send_each`` call), ``accept(identity)`` (a mailbox message
 whose sender it refuses goes to ``on_oversized``, never to the core), ``look_once``
 (real sockets only: the sends of a batch do not each look at their socket for a
-message waiting; each socket sent on is looked at once when the batch is done) and
-``sndhwm`` (the queue of a dialled link).
+message waiting; each socket sent on is looked at once when the batch is done),
+``sndhwm`` (the queue of a dialled link) and ``batch_clock`` (the messages of a batch,
+on the mailbox and on every link, are stamped with one clock reading and counted once).
 
 Options for a core whose owner handles most of its traffic itself (a ZRE node):
 ``delivery(link, frames, now)``, a per-message fast path tried first, returns an item
@@ -73,7 +74,8 @@ one clock reading per batch. ``listen`` takes ``admit``
 ever sent back through the mailbox).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
-outside returned (an NFP ``post``, say), ``apply_all(outputs)`` with outputs it
+outside returned (an NFP ``post``, say; with ``look_now=False`` each socket sent on is
+looked at once at the end of the hub's turn), ``apply_all(outputs)`` with outputs it
 gathered from several such calls (sent as a batch's are: one look at each socket),
 ``cork(outputs)`` to have them gathered for it (carried out together at the end of
 the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
@@ -127,11 +129,14 @@ class Driver:
                  carry_out: Optional[Callable[[Sequence[Output]], None]] = None,
                  on_timer: Optional[Callable[[float], None]] = None,
                  clock: Optional[Callable[[], float]] = None,
-                 cork_limit: Optional[int] = None,
+                 cork_limit: Optional[int] = None, batch_clock: bool = False,
                  delivery_each: Optional[Callable[[Sequence[tuple[Hashable, Any]], int, float,
                                                    Callable[[Any], None]], int]] = None
                  ) -> None:
         self.core = core
+        #: one clock reading and one count per batch read, on the mailbox and every link
+        #: (the per-message path of ``delivery``/``carry_out`` without them)
+        self.batch_clock = batch_clock
         #: the per-message fast path of the mailbox (the module docstring)
         self.delivery = delivery
         #: ``delivery`` over a whole batch read (the module docstring)
@@ -144,6 +149,7 @@ class Driver:
         self.look_once = look_once
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
+        self._later: Optional[list[Any]] = None     # ... in this turn, to be looked at after it
         #: outputs ``cork`` holds at most (the one that makes them this many carries them
         #: out: the far end gets work sooner, at the cost of more sends and wake-ups);
         #: None: all of the turn's
@@ -196,7 +202,7 @@ class Driver:
         if replies and hasattr(mailbox, "replies"):
             mailbox.replies = True    # (a simulated mailbox keeps its links only to answer)
         take: Optional[Callable[[list, int], int]] = None
-        if self.delivery is not None or self.carry_out is not None:
+        if self.delivery is not None or self.carry_out is not None or self.batch_clock:
             on_message, after_batch, take = self._direct()
         else:
             on_message, after_batch = self._on_message, self._after_batch
@@ -239,8 +245,8 @@ class Driver:
                                Optional[Callable[[list, int], int]]]:
         """The message handler, end of batch and batch fast path (``take`` of
         ``HubSocket.serve``; None without ``delivery_each``) of a mailbox with ``delivery``
-        or ``carry_out``: the per-message path kept to a few calls (one clock reading and
-        one count per batch)."""
+        or ``carry_out``, or of any socket with ``batch_clock``: the per-message path kept
+        to a few calls (one clock reading and one count per batch)."""
         delivery, now_, carry_out = self.delivery, self._now, self.carry_out
         delivery_each = self.delivery_each
         stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
@@ -297,13 +303,16 @@ class Driver:
         return on_message, after_batch, take if delivery_each is not None else None
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
+        handle, after_batch = (self._direct()[:2] if self.batch_clock
+                               else (self._on_message, self._after_batch))
+
         def on_message(first: bytes, rest: list[bytes]) -> None:
             rest.insert(0, first)
-            self._on_message(name, rest)
+            handle(name, rest)
 
         def serve() -> None:
             if not link.closed:   # (not hung up before this greenlet ran)
-                link.serve(on_message, self._on_oversized, None, after_batch=self._after_batch)
+                link.serve(on_message, self._on_oversized, None, after_batch=after_batch)
         self._spawn(serve)
 
     def _on_message(self, link: Hashable, frames: list[bytes]) -> None:
@@ -349,10 +358,31 @@ class Driver:
 
     # --- outputs --------------------------------------------------------
 
-    def apply(self, outputs: Sequence[Output]) -> None:
-        """Carry out ``outputs`` (in order), then re-arm the timer."""
-        self._carry_out(outputs)
+    def apply(self, outputs: Sequence[Output], *, look_now: bool = True) -> None:
+        """Carry out ``outputs`` (in order), then re-arm the timer. With ``look_once`` and
+        ``look_now=False`` the sends still go at once, but each socket sent on is looked at
+        once at the end of the hub's turn, not after each send (what several calls of one
+        turn send, such as a burst of requests, costs one look per socket)."""
+        if look_now or not self.look_once or self._looking is not None:
+            self._carry_out(outputs)
+        else:
+            later = self._later
+            if later is None:
+                later = self._later = []
+                gevent.get_hub().loop.run_callback(self._look_later)
+            self._looking = later
+            try:
+                self._carry_out_quietly(outputs, later)
+            finally:
+                self._looking = None
         self._rearm()
+
+    def _look_later(self) -> None:
+        """Look once at each socket ``apply(look_now=False)`` sent on in this turn."""
+        later, self._later = self._later, None
+        for sock in later or ():
+            if not sock.closed:
+                sock.readable()
 
     def apply_all(self, outputs: Sequence[Output]) -> None:
         """Carry out ``outputs`` (in order) as those of a batch read: with ``look_once``

@@ -10,7 +10,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 import pytest
 
-from peermesh.core import Dial, Emit, Output, Outputs
+from peermesh.core import Dial, Emit, Output, Outputs, Send
 from peermesh.io.driver import Driver
 from peermesh.sim import SimNetwork
 from waiting import poll_until
@@ -197,3 +197,66 @@ def test_a_batch_only_the_fast_path_took_leaves_the_timer_and_one_received_moves
         assert start + 1.0 <= core.timers[0] <= start + 1.2
     finally:
         driver.close()
+
+
+class Recorder(Outputs):
+    """A core that notes each message (link, first frame, now), asks "go" of whatever link
+    it has dialled, and answers a "go" with five messages at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fed: list[tuple[Hashable, bytes, float]] = []
+
+    def receive(self, link: Hashable, frames: list[bytes], now: float) -> list[Output]:
+        self.fed.append((link, frames[0], now))
+        if frames[0] == b"go":
+            for i in range(5):
+                self._out(Send(link, [b"m%d" % i]))
+        return self.take()
+
+    def handle_timer(self, now: float) -> list[Output]:
+        return []
+
+    def next_deadline(self) -> Optional[float]:
+        return None
+
+
+@pytest.mark.parametrize("batch_clock", [True, False], ids=["batch-clock", "per-message"])
+def test_batch_clock_reads_the_clock_once_per_batch_on_the_mailbox_and_a_link(
+        batch_clock: bool) -> None:
+    network = SimNetwork(latency=0.001)
+    served, far, sender = network.transport(), network.transport(), network.transport()
+    core, far_core = Recorder(), Recorder()
+    clock = Clock(network, 0.0)
+    driver = Driver(core, served, clock=clock, batch_clock=batch_clock, name="stamped")
+    far_driver = Driver(far_core, far, name="far")
+    try:
+        far_mailbox = far.bind_mailbox("127.0.0.1", 1 << 16)
+        far_driver.listen(far_mailbox)
+        mailbox = served.bind_mailbox("127.0.0.1", 1 << 16)
+        driver.listen(mailbox)
+        reads = clock.reads
+        driver.apply([Dial("up", far_mailbox.endpoint, b"served"), Send("up", [b"go"])])
+        link = sender.connect(b"sender", mailbox.endpoint, 1000)
+        for i in range(4):                       # one instant: read as one batch
+            link.try_send([b"s%d" % i])
+
+        def handled() -> bool:
+            network.clock.advance(0.01)
+            return len(core.fed) == 9
+        poll_until(handled, 10, "every message handled", sleep=lambda s: None)
+        by_link: dict[Hashable, list[tuple[bytes, float]]] = {}
+        for name, frame, now in core.fed:
+            by_link.setdefault(name, []).append((frame, now))
+        assert [f for f, _ in by_link["up"]] == [b"m%d" % i for i in range(5)]   # in order
+        assert [f for f, _ in by_link[b"sender"]] == [b"s%d" % i for i in range(4)]
+        assert driver.stats["received"] == 9
+        if batch_clock:   # each batch stamped once, the link's and the mailbox's
+            assert len({now for _, now in by_link["up"]}) == 1
+            assert len({now for _, now in by_link[b"sender"]}) == 1
+            assert clock.reads - reads == 2
+        else:
+            assert clock.reads - reads == 9
+    finally:
+        driver.close()
+        far_driver.close()

@@ -50,7 +50,8 @@ class Logged:
 
 
 def test_answers_in_batches_are_sent_quietly_and_nothing_stalls() -> None:
-    transport, log, drivers = ZmqTransport(), [], []
+    transport, drivers = ZmqTransport(), []
+    log: list[str] = []
     got: list[Any] = []
     rounds = 200
     try:
@@ -76,6 +77,39 @@ def test_answers_in_batches_are_sent_quietly_and_nothing_stalls() -> None:
         assert server.mailbox is not None
         server.mailbox.try_send([b"nobody-knows", b"x"])   # (a ROUTER drops it)
         assert log[-1] == "s"           # outside a batch: looked after at once
+    finally:
+        for driver in drivers:
+            driver.close()
+
+
+def test_sends_applied_to_look_later_go_at_once_and_are_looked_at_once_per_turn() -> None:
+    transport, drivers = ZmqTransport(), []
+    log: list[str] = []
+    got: list[Any] = []
+    try:
+        server = Driver(Handing(), transport, look_once=True, name="handing")
+        drivers.append(server)
+        heard: list[Any] = []
+        server.on_deliver = heard.append
+        mailbox = transport.bind_mailbox("127.0.0.1", 1 << 16)
+        logged = Logged(mailbox, log)
+        server.listen(logged)
+        caller = Caller(mailbox.endpoint)
+        client = Driver(caller, transport, on_deliver=got.append, name="caller")
+        drivers.append(client)
+        client.apply(caller.start())
+        client.apply(caller.say(b"hello", b"x"))
+        poll_until(lambda: heard, GUARD, "the caller heard", sleep=gevent.sleep)
+        far = heard[0][0]   # (its identity)
+        log.clear()
+        for i in range(3):   # one turn of the hub: sent at once, looked at after it
+            server.apply([Send(far, [b"%d" % i])], look_now=False)
+        assert log == ["q", "q", "q"]
+        poll_until(lambda: len(got) == 3, GUARD, "three answers", sleep=gevent.sleep)
+        assert log == ["q", "q", "q", "r"]   # one look for the turn
+        assert [frames for _, frames in got] == [[b"0"], [b"1"], [b"2"]]
+        server.apply([Send(far, [b"3"])])     # (looking now: as before)
+        assert log[-1] == "s"
     finally:
         for driver in drivers:
             driver.close()
