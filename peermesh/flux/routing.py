@@ -272,16 +272,10 @@ class Routing:
                 return None  # to no handle: the full path
         elif aux1 == node.rank:
             out = self._ping_here(link, frames, d, topic, flags, aux1, aux2, now)
-        else:   # a request for another rank: ``_next_hop`` and ``_track``, written out
-            if aux1 == NODEID_ANY or aux1 == NODEID_UPSTREAM or flags & _UPSTREAM \
-                    or aux1 > MAX_RANK or node.root and aux1 >= node.size:
-                return None
-            target = self._child_toward(aux1)
+        else:   # a request for another rank (``_track`` written out)
+            target = self._next_hop(aux1, flags, link)
             if target is None:
-                if node.parent_rank is None or node.state is not State.ONLINE \
-                        or link == PARENT:  # never back up: no request bounces
-                    return None
-                target = PARENT
+                return None
             if not flags & _NORESPONSE:
                 inflight = self.inflight
                 if len(inflight) >= node.settings.max_inflight:

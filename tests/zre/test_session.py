@@ -667,11 +667,17 @@ def test_contract_a_hello_returns_dial_and_enter_and_whispers_come_as_deliver() 
     assert c.link(peer.endpoint).kinds() == ["Hello", "PingOk"]
 
 
-def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it() -> None:
+def _bob_in_mine() -> tuple[Harness, Remote]:
+    """A session in group "mine" that bob has said HELLO to."""
     c = Harness()
     c.add_group("mine")
     peer = Remote("bob", 50001)
     c.send(peer, peer.hello(), 0.0)
+    return c, peer
+
+
+def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it() -> None:
+    c, peer = _bob_in_mine()
     session, identity = c.session, peer.identity
     event = session.delivery(identity, zre.encode(peer.whisper(b"one")), 0.1)
     assert event is not None and (event.type, event.name, event.frames) == (
@@ -703,10 +709,7 @@ def test_delivery_takes_in_what_receive_would_deliver_and_leaves_the_rest_to_it(
 
 
 def test_delivery_each_takes_a_batch_up_to_the_first_message_for_receive() -> None:
-    c = Harness()
-    c.add_group("mine")
-    peer = Remote("bob", 50001)
-    c.send(peer, peer.hello(), 0.0)
+    c, peer = _bob_in_mine()
     session, identity = c.session, peer.identity
     stranger = Remote("stranger", 50002)
 
