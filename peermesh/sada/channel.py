@@ -20,8 +20,10 @@ spot, so a killed server is dropped within milliseconds.
 Everything runs on one gevent hub: a channel may be made (its socket bound)
 in any thread, but is started and used from the thread (hub) of its node;
 replies are handled on the hub itself, and an answer goes straight to the
-greenlet waiting in ``request()`` (switched to from the reader, no
-``AsyncResult``). For threaded programs see ``ThreadedChannel``.
+greenlet waiting in ``request()``: the reader takes in a batch's usual REPs in one
+call (``RequestRouter.answer_each``) and switches to each caller in turn (no
+``Waiter`` or ``AsyncResult``, no callback of the hub per reply). For threaded
+programs see ``ThreadedChannel``.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from typing import Any, Callable, Optional
 import gevent
 import gevent.event
 import zmq
-from gevent.hub import Waiter
+from gevent.event import AsyncResult
+from gevent.exceptions import BlockingSwitchOutError
 from greenlet import getcurrent
+from greenlet import greenlet as _RawGreenlet
 
 from ..core import Send as SendOutput
 from ..errors import NodeStateError
@@ -62,6 +66,7 @@ HEADER_SERVER = "X-PM-SADA-SERVER"
 
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
 _RUNNING = Lifecycle.RUNNING
+_wait_on = _RawGreenlet.switch       # (hub): a caller waits for its answer on the hub
 
 
 class _ClockTransport(ZmqTransport):
@@ -137,6 +142,8 @@ class Channel(Overlay):
         self._guard: Optional[GuardedListener] = None
         self._driver: Optional[Driver] = None
         self._deferring = False    # answers wait for the hub's next turn (see _deliver)
+        #: callers whose answer waits for the hub's next turn: greenlet -> (value, error)
+        self._due: dict[Any, tuple[Any, Optional[BaseException]]] = {}
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
@@ -223,13 +230,14 @@ class Channel(Overlay):
         router.max_frames = 3 + 2 * self._core.max_services
         transport = (ZmqTransport(self._context) if self._clock is time.monotonic
                      else _ClockTransport(self._context, self._clock))
-        # the usual REP answers its caller from the reader (``RequestRouter.answer_of``: no
-        # outputs made); the router's messages name their server first (``addressed``)
+        # a batch's usual REPs answer their callers from the reader
+        # (``RequestRouter.answer_each``: no outputs made); the router's messages name their
+        # server first (``addressed``)
         self._driver = Driver(self._core, transport, on_deliver=self._deliver,
                               on_event=self._on_event, on_send_failed=self._send_failed,
                               on_oversized=self._on_oversized, look_once=True,
-                              addressed=True, delivery=self._core.answer_of,
-                              name=f"channel {self.id}")
+                              addressed=True, batch_clock=True,
+                              delivery_each=self._answer_each, name=f"channel {self.id}")
         self._driver.listen(self._guard)   # (no metadata: see _source_of)
         log.debug("channel %s at %s started", self.id, self.endpoint)
 
@@ -284,13 +292,21 @@ class Channel(Overlay):
         # _submit's steps, written out: this is the path every request takes
         if self.lifecycle is not _RUNNING:
             raise self._not_running()
-        waiter = Waiter(self._hub)
-        now = self._clock()
+        me = getcurrent()
+        hub = self._hub
+        if me is hub:
+            raise BlockingSwitchOutError("Impossible to call blocking function in the event "
+                                         "loop callback")
         core = self._core
-        core.submit(waiter, service, action, payload, now, version, category, timeout,
-                    server, retries, raw)
+        rid = core.submit(me, service, action, payload, self._clock(), version, category,
+                          timeout, server, retries, raw)
         self._cork(core.take())
-        return waiter.get()
+        try:
+            return _wait_on(hub)   # (the answer switches back here: _wake, _deliver)
+        except BaseException:   # (killed, or a gevent.Timeout: nobody waits any more)
+            core.forget(rid)
+            self._due.pop(me, None)
+            raise
 
     def request_async(self, service: str, action: str, payload: Any = None, *,
                       version: Optional[str] = None, category: str = "",
@@ -368,6 +384,27 @@ class Channel(Overlay):
         finally:
             self._deferring = deferring
 
+    def _answer_each(self, batch: Any, start: int, now: float,
+                     sink: Callable[[Any], None]) -> int:
+        """The driver's ``delivery_each``: a batch's usual REPs taken in by the router, each
+        caller switched to at once (``_wake``; the driver's ``sink``, ``_deliver``, while
+        answers must wait for the hub's next turn)."""
+        return self._core.answer_each(batch, start, now,
+                                      sink if self._deferring else self._wake)
+
+    def _wake(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
+        """An answer, on the hub from the reader: its caller gets it at once."""
+        token, value, error = item
+        if type(token) is AsyncResult:
+            if error is None:
+                token.set(value)
+            else:
+                token.set_exception(error)
+        elif error is None:
+            token.switch(value)   # (its greenlet waits in ``request``)
+        else:
+            token.throw(error)
+
     def _deliver(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
         """A ``Deliver``: hand ``value`` or ``error`` to the caller of ``token``.
 
@@ -377,21 +414,26 @@ class Channel(Overlay):
         while the router is told of the time, of failed sends or of ``stop``
         (it may answer several callers in one loop then), on the hub's next turn.
         """
+        if getcurrent() is self._hub and not self._deferring or type(item[0]) is AsyncResult:
+            self._wake(item)
+            return
         token, value, error = item
-        if type(token) is not Waiter:
-            if error is None:
-                token.set(value)
-            else:
-                token.set_exception(error)
-        elif getcurrent() is self._hub and not self._deferring:
+        if not self._due:
+            self._loop.run_callback(self._resume)
+        self._due[token] = (value, error)
+
+    def _resume(self) -> None:
+        """On the hub: the callers whose answers waited for this turn get them (one whose
+        ``request`` was left meanwhile, by a kill, took its answer out: none goes to a
+        greenlet that waits for something else)."""
+        due = self._due
+        while due:
+            token = next(iter(due))
+            value, error = due.pop(token)
             if error is None:
                 token.switch(value)
             else:
                 token.throw(error)
-        elif error is None:
-            self._loop.run_callback(token.switch, value)
-        else:
-            self._loop.run_callback(token.throw, error)
 
     def _on_monitor(self, event: int, endpoint: str) -> None:
         if event == zmq.EVENT_DISCONNECTED:

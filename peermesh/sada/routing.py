@@ -77,8 +77,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from collections import deque
 from heapq import heappop, heappush
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import msgpack
 
@@ -128,6 +129,8 @@ _INITIAL_LATENCY = 0.001
 _MAX_CACHED = 4096     # encoded fields and versions remembered
 _MAX_RINTR = 4096      # unknown routing ids remembered for the RINTR rate limit
 _NO_EXCLUSION: frozenset = frozenset()
+#: the token of a request whose caller stopped waiting (``forget``): its answer goes nowhere
+_FORGOTTEN = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +191,12 @@ class _Pending:
     """One request between ``submit`` and its answer."""
 
     __slots__ = ("rid", "service", "version", "fields", "body", "raw", "token", "timeout",
-                 "server", "target", "sent_at", "attempts", "retries", "excluded", "parked")
+                 "server", "target", "sent_at", "attempts", "retries", "excluded", "parked",
+                 "deadline")
 
     def __init__(self, rid: bytes, service: str, version: Optional[str],
                  fields: tuple[bytes, bytes, bytes], body: bytes, raw: bool, timeout: float,
-                 target: Optional[bytes], retries: int, token: Any) -> None:
+                 target: Optional[bytes], retries: int, token: Any, deadline: float) -> None:
         self.rid = rid
         self.service = service
         self.version = version
@@ -208,6 +212,7 @@ class _Pending:
         self.retries = retries
         self.excluded: frozenset[bytes] = _NO_EXCLUSION
         self.parked = False
+        self.deadline = deadline        # covering every attempt
 
     def what(self) -> str:
         """The service and action, for messages: ``calc math/add``."""
@@ -288,6 +293,10 @@ class RequestRouter(Outputs):
         self._route_cache: dict[tuple[str, Optional[str]],
                                 list[tuple[bytes, list[_Server]]]] = {}
         self._pending: dict[bytes, _Pending] = {}
+        # Deadlines: those that come in the order of the requests (all of one timeout, as
+        # usual) wait in a queue, first in first out (no heap entry per request); a
+        # deadline earlier than the last queued one (a shorter timeout) waits in a heap.
+        self._due: deque[_Pending] = deque()
         self._deadlines: list[tuple[float, int, _Pending]] = []   # a heap
         self._parked: list[_Pending] = []
         self._rintr_sent: dict[bytes, float] = {}
@@ -366,10 +375,15 @@ class RequestRouter(Outputs):
                 raise ValueError(f"server {server!r} is not a server id (hex)") from None
         counter = self._counter = self._counter + 1
         rid = self._prefix + b"%x" % counter
+        deadline = now + timeout
         pending = _Pending(rid, service, version, fields, body, raw, timeout, target, retries,
-                           token)
+                           token, deadline)
         self._pending[rid] = pending
-        heappush(self._deadlines, (now + timeout, counter, pending))
+        due = self._due
+        if not due or due[-1].deadline <= deadline:
+            due.append(pending)
+        else:
+            heappush(self._deadlines, (deadline, counter, pending))
         self._dispatch(pending, now)
         return rid
 
@@ -378,7 +392,15 @@ class RequestRouter(Outputs):
         for pending in list(self._pending.values()):
             self._finish(pending, error=error)
         self._parked.clear()
+        self._due.clear()
         self._deadlines.clear()
+
+    def forget(self, rid: bytes) -> None:
+        """The caller of request ``rid`` stopped waiting (its greenlet was killed, say):
+        its answer goes nowhere when it comes; the request runs its course."""
+        pending = self._pending.get(rid)
+        if pending is not None and pending.token is not None:
+            pending.token = _FORGOTTEN
 
     @property
     def stats(self) -> dict[str, int]:
@@ -511,7 +533,9 @@ class RequestRouter(Outputs):
                 error: Optional[BaseException] = None) -> None:
         """Take ``pending`` out of every table and answer the caller."""
         if pending.token is not None:
-            self._answer(self._settle(pending), value, error)
+            token = self._settle(pending)
+            if token is not _FORGOTTEN:
+                self._answer(token, value, error)
 
     def _settle(self, pending: _Pending) -> Any:
         """Take ``pending`` (not yet answered) out of every table; its caller's token."""
@@ -526,17 +550,24 @@ class RequestRouter(Outputs):
         if pending.parked:
             pending.parked = False
             self._parked.remove(pending)
+        due = self._due
+        while due and due[0].token is None:   # answered early: forget
+            due.popleft()
         deadlines = self._deadlines
-        while deadlines and deadlines[0][2].token is None:  # answered early: forget
+        while deadlines and deadlines[0][2].token is None:
             heappop(deadlines)
         return token
 
     def next_deadline(self) -> float:
         """When ``handle_timer`` is next due (the earliest request deadline or liveness check)."""
+        earliest = self._next_tick
+        due = self._due
+        if due and due[0].deadline < earliest:
+            earliest = due[0].deadline
         deadlines = self._deadlines
-        if deadlines and deadlines[0][0] < self._next_tick:
-            return deadlines[0][0]
-        return self._next_tick
+        if deadlines and deadlines[0][0] < earliest:
+            earliest = deadlines[0][0]
+        return earliest
 
     def handle_timer(self, now: float, *, backlog: Optional[bool] = None) -> list[Any]:
         """Expire requests whose deadline passed; PING, suspect and drop silent servers.
@@ -545,11 +576,19 @@ class RequestRouter(Outputs):
         dead now, as when the driver's process was too busy to call on time;
         None: ask the ``unread`` port). Returns the outputs.
         """
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            pending = heappop(deadlines)[2]
+        due, deadlines = self._due, self._deadlines
+        while True:   # (the queue's and the heap's, earliest first)
+            if due and due[0].deadline <= now and not (
+                    deadlines and deadlines[0][0] < due[0].deadline):
+                pending = due.popleft()
+            elif deadlines and deadlines[0][0] <= now:
+                pending = heappop(deadlines)[2]
+            else:
+                break
             if pending.token is not None:
                 self._expire(pending, now)
+        while due and due[0].token is None:
+            due.popleft()
         while deadlines and deadlines[0][2].token is None:
             heappop(deadlines)
         if now >= self._next_tick:
@@ -664,21 +703,44 @@ class RequestRouter(Outputs):
         server holding its request, taken in: the caller's answer ``(token, value, error)``,
         as a ``Deliver`` carries it, once the router's state is updated (the driver's
         ``delivery`` fast path: no outputs are made). None for any other message, untouched
-        (``receive`` it)."""
-        if len(frames) != 6 or frames[2] != _REP or frames[1] != _PROTOCOL or frames[0]:
-            return None
-        pending = self._pending.get(frames[3])
-        if pending is None:
-            return None
-        server = pending.server
-        status = _STATUS_OF.get(frames[4])
-        if server is None or server.identity != identity or status is None or status >= 400:
-            return None
-        server.last_heard = now
-        server.suspect = False
-        self._count_reply(server, pending, now)
-        value, error = self._value_of(server, pending, frames[5])
-        return self._settle(pending), value, error
+        (``receive`` it), and for the answer of a ``forget``-ten request (taken in)."""
+        items: list[tuple[Any, Any, Optional[BaseException]]] = []
+        self.answer_each(((identity, frames),), 0, now, items.append)
+        return items[0] if items else None
+
+    def answer_each(self, batch: Sequence[tuple[Any, Optional[list[bytes]]]], start: int,
+                    now: float, sink: Callable[[tuple[Any, Any, Optional[BaseException]]], Any]
+                    ) -> int:
+        """``answer_of`` over the messages of a batch (``(routing id, frames)`` each, frames
+        None for one over the limits) from index ``start`` on, each answer handed to
+        ``sink`` at once (the router's state already updated: ``sink`` may submit again),
+        for as long as they are the usual REP: the index of the first that is not
+        (``len(batch)``: none), left as it was for ``receive``. One call per batch, not
+        per message (a driver's ``delivery_each``)."""
+        pendings, status_of = self._pending, _STATUS_OF
+        at, end = start, len(batch)
+        while at < end:
+            identity, frames = batch[at]
+            if (frames is None or len(frames) != 6 or frames[2] != _REP
+                    or frames[1] != _PROTOCOL or frames[0]):
+                return at
+            pending = pendings.get(frames[3])
+            if pending is None:
+                return at
+            server = pending.server
+            status = status_of.get(frames[4])
+            if (server is None or server.identity != identity or status is None
+                    or status >= 400):
+                return at
+            at += 1
+            server.last_heard = now
+            server.suspect = False
+            self._count_reply(server, pending, now)
+            value, error = self._value_of(server, pending, frames[5])
+            token = self._settle(pending)
+            if token is not _FORGOTTEN:
+                sink((token, value, error))
+        return at
 
     def _count_reply(self, server: _Server, pending: _Pending, now: float) -> None:
         server.replies += 1

@@ -264,7 +264,49 @@ def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
     gate.set()
     assert [r.get(WAIT) for r in held] == ["opened"] * 3
     assert [channel.request("echo", "echo", i) for i in range(100)] == list(range(100))
-    assert channel._core._deadlines == []  # noqa: SLF001
+    assert channel._core._deadlines == [] and not channel._core._due  # noqa: SLF001
+
+
+def test_a_caller_that_stops_waiting_gets_no_late_answer(loop: Loopback) -> None:
+    """A caller killed or timed out (``gevent.Timeout``) while its request waits is left
+    alone when the answer comes: the greenlet waits for something else by then."""
+    channel, gate = _gated(loop)
+    timed_out = gevent.event.Event()
+    after = gevent.event.AsyncResult()
+
+    def impatient() -> None:
+        try:
+            with gevent.Timeout(0.05):
+                channel.request("gate", "wait", timeout=30)
+        except gevent.Timeout:
+            timed_out.set()
+        after.set(gevent.event.Event().wait(0.5))   # (an answer switched in: not False)
+
+    waiting = gevent.spawn(impatient)
+    killed = gevent.spawn(channel.request, "gate", "wait", timeout=30)
+    assert timed_out.wait(WAIT)
+    wait_until(lambda: channel.servers()[0].in_flight == 2)
+    killed.kill(block=True, timeout=WAIT)
+    gate.set()
+    wait_until(lambda: channel.servers()[0].in_flight == 0)
+    assert after.get(WAIT) is False and waiting.join(WAIT) is None
+    assert channel.stats["replies"] == 2 and channel._core.pending == 0  # noqa: SLF001
+    assert channel.request("echo", "echo", 1) == 1
+
+
+def test_request_from_the_hub_itself_is_refused(loop: Loopback) -> None:
+    channel = loop.channel()
+    result = gevent.event.AsyncResult()
+
+    def on_hub() -> None:
+        try:
+            channel.request("echo", "echo", 1)
+        except BaseException as exc:
+            result.set(exc)
+
+    gevent.get_hub().loop.run_callback(on_hub)
+    assert isinstance(result.get(WAIT), gevent.exceptions.BlockingSwitchOutError)
+    assert channel._core.pending == 0  # noqa: SLF001
 
 
 def test_handlers_may_block_in_their_own_greenlet(loop: Loopback) -> None:
