@@ -21,7 +21,9 @@ Everything runs on one gevent hub: a channel may be made (its socket bound)
 in any thread, but is started and used from the thread (hub) of its node;
 replies are handled on the hub itself, and an answer goes straight to the
 greenlet waiting in ``request()``: the reader takes in a batch's usual REPs in one
-call (``RequestRouter.answer_each``) and switches to each caller in turn (no
+call (``RequestRouter.answer_each``) and switches to the first caller; a caller
+that then waits again (its next ``request``) switches straight to the next one,
+and the last back to the hub: one greenlet switch per answer, not two (no
 ``Waiter`` or ``AsyncResult``, no callback of the hub per reply). For threaded
 programs see ``ThreadedChannel``.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from typing import Any, Callable, Optional
 
 import gevent
@@ -66,7 +69,10 @@ HEADER_SERVER = "X-PM-SADA-SERVER"
 
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
 _RUNNING = Lifecycle.RUNNING
-_wait_on = _RawGreenlet.switch       # (hub): a caller waits for its answer on the hub
+# greenlet's own (gevent's Greenlet.throw returns nothing: a caller that threw an answer
+# into the next one must get its own answer back from the call)
+_switch = _RawGreenlet.switch   # _switch(hub): a caller waits for its answer on the hub
+_throw = _RawGreenlet.throw
 
 
 class _ClockTransport(ZmqTransport):
@@ -144,6 +150,9 @@ class Channel(Overlay):
         self._deferring = False    # answers wait for the hub's next turn (see _deliver)
         #: callers whose answer waits for the hub's next turn: greenlet -> (value, error)
         self._due: dict[Any, tuple[Any, Optional[BaseException]]] = {}
+        #: callers answered by the batch being read, each to be switched to in turn
+        #: (greenlet, value, error): by the hub, or by the caller before it (``request``)
+        self._ready: deque[tuple[Any, Any, Optional[BaseException]]] = deque()
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
@@ -301,8 +310,14 @@ class Channel(Overlay):
         rid = core.submit(me, service, action, payload, self._clock(), version, category,
                           timeout, server, retries, raw)
         self._cork(core.take())
+        ready = self._ready
         try:
-            return _wait_on(hub)   # (the answer switches back here: _wake, _deliver)
+            if not ready:
+                return _switch(hub)   # (the answer switches back here: _answer_each ...)
+            token, value, error = ready.popleft()   # (... or a caller answered with us)
+            if error is None:
+                return _switch(token, value)
+            return _throw(token, error)
         except BaseException:   # (killed, or a gevent.Timeout: nobody waits any more)
             core.forget(rid)
             self._due.pop(me, None)
@@ -386,24 +401,38 @@ class Channel(Overlay):
 
     def _answer_each(self, batch: Any, start: int, now: float,
                      sink: Callable[[Any], None]) -> int:
-        """The driver's ``delivery_each``: a batch's usual REPs taken in by the router, each
-        caller switched to at once (``_wake``; the driver's ``sink``, ``_deliver``, while
-        answers must wait for the hub's next turn)."""
-        return self._core.answer_each(batch, start, now,
-                                      sink if self._deferring else self._wake)
+        """The driver's ``delivery_each``: a batch's usual REPs taken in by the router,
+        then each caller switched to in turn (``_wake``; the driver's ``sink``,
+        ``_deliver``, while answers must wait for the hub's next turn)."""
+        if self._deferring:
+            return self._core.answer_each(batch, start, now, sink)
+        at = self._core.answer_each(batch, start, now, self._take_answer)
+        if self._ready:
+            self._wake()
+        return at
 
-    def _wake(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
-        """An answer, on the hub from the reader: its caller gets it at once."""
-        token, value, error = item
-        if type(token) is AsyncResult:
+    def _take_answer(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
+        """An answer read by the hub: a greenlet's waits in ``_ready`` for ``_wake``."""
+        if type(item[0]) is AsyncResult:
+            token, value, error = item
             if error is None:
                 token.set(value)
             else:
                 token.set_exception(error)
-        elif error is None:
-            token.switch(value)   # (its greenlet waits in ``request``)
         else:
-            token.throw(error)
+            self._ready.append(item)
+
+    def _wake(self) -> None:
+        """On the hub: switch to the callers in ``_ready``, in order. A caller that waits
+        again in ``request`` switches to the next one itself, so the hub is back here once
+        the last has run (or one waited for something else)."""
+        ready = self._ready
+        while ready:
+            token, value, error = ready.popleft()
+            if error is None:
+                _switch(token, value)   # (its greenlet waits in ``request``)
+            else:
+                _throw(token, error)
 
     def _deliver(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
         """A ``Deliver``: hand ``value`` or ``error`` to the caller of ``token``.
@@ -414,10 +443,12 @@ class Channel(Overlay):
         while the router is told of the time, of failed sends or of ``stop``
         (it may answer several callers in one loop then), on the hub's next turn.
         """
-        if getcurrent() is self._hub and not self._deferring or type(item[0]) is AsyncResult:
-            self._wake(item)
-            return
         token, value, error = item
+        if type(token) is AsyncResult or getcurrent() is self._hub and not self._deferring:
+            self._take_answer(item)
+            if self._ready:
+                self._wake()
+            return
         if not self._due:
             self._loop.run_callback(self._resume)
         self._due[token] = (value, error)
@@ -431,9 +462,9 @@ class Channel(Overlay):
             token = next(iter(due))
             value, error = due.pop(token)
             if error is None:
-                token.switch(value)
+                _switch(token, value)
             else:
-                token.throw(error)
+                _throw(token, error)
 
     def _on_monitor(self, event: int, endpoint: str) -> None:
         if event == zmq.EVENT_DISCONNECTED:

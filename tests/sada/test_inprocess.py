@@ -294,6 +294,40 @@ def test_a_caller_that_stops_waiting_gets_no_late_answer(loop: Loopback) -> None
     assert channel.request("echo", "echo", 1) == 1
 
 
+def test_callers_answered_by_one_batch_get_their_own_answers(loop: Loopback) -> None:
+    """Callers answered by one batch are switched to in turn, each handing on to the next
+    when it waits again: every caller gets its own answer or error, also a caller that
+    waits for something else in between, or whose answer is an error."""
+    channel = loop.channel()
+    server = loop.server(channel)
+
+    @server.handler("bad", "reply", raw=True, inline=True)
+    def bad_reply(data: bytes) -> bytes:
+        return b"\xc1"   # (not msgpack: the caller's answer is a ServiceError)
+
+    assert channel.wait_for("bad", timeout=WAIT)
+    got: dict[int, list[Any]] = {}
+
+    def caller(n: int) -> None:
+        mine = got.setdefault(n, [])
+        for i in range(20):
+            if (n + i) % 7 == 0:
+                with pytest.raises(ServiceError):
+                    channel.request("bad", "reply")
+                mine.append("error")
+            else:
+                mine.append(channel.request("echo", "echo", [n, i]))
+            if n % 5 == 0:
+                gevent.sleep(0)   # (waits on the hub, not in a request)
+
+    callers = [gevent.spawn(caller, n) for n in range(40)]
+    gevent.joinall(callers, timeout=WAIT * 4, raise_error=True)
+    assert all(c.successful() for c in callers)
+    assert got == {n: ["error" if (n + i) % 7 == 0 else [n, i] for i in range(20)]
+                   for n in range(40)}
+    assert channel._core.pending == 0 and not channel._ready  # noqa: SLF001
+
+
 def test_request_from_the_hub_itself_is_refused(loop: Loopback) -> None:
     channel = loop.channel()
     result = gevent.event.AsyncResult()
