@@ -283,7 +283,8 @@ class RequestRouter(Outputs):
         #: refusals by limit: ``max_services`` (INTRs too long), ``max_catalog``
         self.limits = Counters(log, "Safir-Darbaan channel hit its limits")
         self._catalog_size = 0                          # (server, service) pairs offered
-        self._prefix = channel_id.encode("ascii") + b"-"
+        # a request id: the channel's id, a dash, the counter in hex (one formatting)
+        self._rid_format = channel_id.encode("ascii").replace(b"%", b"%%") + b"-%x"
         self._counter = 0
         # payloads packed as ``handlers.pack`` does, by one packer kept (msgpack.packb makes
         # one per call); the router is used from one thread
@@ -374,7 +375,7 @@ class RequestRouter(Outputs):
             except (ValueError, TypeError):
                 raise ValueError(f"server {server!r} is not a server id (hex)") from None
         counter = self._counter = self._counter + 1
-        rid = self._prefix + b"%x" % counter
+        rid = self._rid_format % counter
         deadline = now + timeout
         pending = _Pending(rid, service, version, fields, body, raw, timeout, target, retries,
                            token, deadline)
