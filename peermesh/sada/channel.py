@@ -227,6 +227,7 @@ class Channel(Overlay):
         self._loop = self._hub.loop
         assert self._sock is not None
         self._router = HubSocket(self._sock, endpoint=self.endpoint or "")
+        _transport.read_known(self._router, self._core.known_frames)
         # the connection policy, and the disconnects that make the router probe its servers
         curve = self._curve
         self._guard = GuardedListener(

@@ -121,7 +121,10 @@ _DELIMITER = wire.DELIMITER
 _PROTOCOL = wire.PROTOCOL
 _REQ = wire.Command.REQ.frame
 _REP = wire.Command.REP.frame
-_STATUS_OF = {wire.status_frame(code): code for code in range(100, 600)}
+_OK = wire.status_frame(200)
+_STATUS_OF = {_OK if code == 200 else wire.status_frame(code): code for code in range(100, 600)}
+#: the frames every usual message from a server has (a REP of 200, a PONG)
+_KNOWN = (_PROTOCOL, _REP, _OK, wire.Command.PONG.frame)
 _unpackb = msgpack.unpackb
 _EWMA = 0.2            # weight of the newest latency sample
 _MAX_PENALTY = 64.0
@@ -950,6 +953,11 @@ class RequestRouter(Outputs):
         for pending in list(self._parked):
             if pending.parked and pending.token is not None:
                 self._dispatch(pending, now)
+
+    def known_frames(self) -> tuple[bytes, ...]:
+        """The frames every usual message from a server has (the driver may read them as
+        these very objects: ``HubSocket.wrap_reader``, ``zmqbatch.knows_frames``)."""
+        return _KNOWN
 
     def knows(self, identity: bytes) -> bool:
         """Whether the server of routing id ``identity`` introduced itself (and is kept)."""

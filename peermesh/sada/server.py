@@ -250,6 +250,7 @@ class Server(Overlay):
         router = self._router = connecting_router(transport, options,
                                                   max_message=self._max_message,
                                                   max_frames=_MAX_FRAMES, linger=_LINGER)
+        _transport.read_known(router.hub, self._core.known_frames)
         self._workers = Workers(gevent.get_hub())
         self._core.serving = True
         # a batch's usual REQs go from the reader to their handlers in one call

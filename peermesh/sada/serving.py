@@ -48,6 +48,9 @@ _PONG = wire.encode(Pong())
 _DELIMITER, _PROTOCOL = wire.DELIMITER, wire.PROTOCOL
 _REQ, _REP = wire.Command.REQ.frame, wire.Command.REP.frame
 _STATUS = {code: wire.status_frame(code) for code in range(100, 600)}
+#: the frames every message from a channel has (a REQ's, a PING's, a RINTR's)
+_KNOWN = (_PROTOCOL, _REQ, wire.Command.PING.frame, wire.Command.RINTR.frame)
+_MAX_KNOWN = 32   # frames ``known_frames`` names at most (each costs a look per frame read)
 _MAX_CACHED = 4096  # (service, version) resolutions remembered
 
 
@@ -89,6 +92,7 @@ class ServerCore(Outputs):
         self._size = 0     # (name, version) pairs in the catalog
         self._resolved: dict[tuple[str, str], Any] = {}  # (service, version) -> Service | outcome
         self._by_frames: dict[tuple[bytes, bytes], Service] = {}  # the same, by REQ frames 5-6
+        self._known: Optional[tuple[bytes, ...]] = _KNOWN   # (None: to be made again)
         self._intr: list[bytes] = self._encode_intr()
         #: handlers running (Deliver given, ``reply`` not yet called) outside the reader
         self.busy = 0
@@ -137,6 +141,7 @@ class ServerCore(Outputs):
     def _catalog_changed(self) -> list[Output]:
         self._resolved.clear()
         self._by_frames.clear()
+        self._known = None
         self._intr = self._encode_intr()
         return self.intr_all()
 
@@ -317,7 +322,24 @@ class ServerCore(Outputs):
                 self._resolved[key] = found
         if type(found) is Service and len(self._by_frames) < _MAX_CACHED:
             self._by_frames[frames] = found
+            self._known = None
         return found
+
+    def known_frames(self) -> tuple[bytes, ...]:
+        """The frames every usual message from a channel has: the protocol's, the
+        commands', and the service, version, category and action frames of the requests
+        resolved so far, as the fast path's tables hold them (the driver may read them as
+        these very objects, whose hashes are kept: ``HubSocket.wrap_reader``,
+        ``zmqbatch.knows_frames``); at most ``_MAX_KNOWN``."""
+        known = self._known
+        if known is None:
+            frames = dict.fromkeys(_KNOWN)
+            for (name, version), service in self._by_frames.items():
+                frames.update(dict.fromkeys((name, version)))
+                for category, action in service.by_frames:
+                    frames.update(dict.fromkeys((category, action)))
+            known = self._known = tuple(frames)[:_MAX_KNOWN]
+        return known
 
     def _on_req(self, alias: bytes, req: ReqFields, frames: tuple[bytes, bytes]) -> None:
         """A REQ off the fast path; ``frames``: its service name and version frames."""
