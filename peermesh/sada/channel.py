@@ -310,7 +310,13 @@ class Channel(Overlay):
         core = self._core
         rid = core.submit(me, service, action, payload, self._clock(), version, category,
                           timeout, server, retries, raw)
-        self._cork(core.take())
+        outputs = core.take()
+        driver = self._driver   # (the usual: held with what this turn's callers ask: _cork)
+        if (driver is not None and driver.corked and len(outputs) == 1
+                and type(outputs[0]) is SendOutput):
+            driver.cork(outputs)
+        else:
+            self._cork(outputs)
         ready = self._ready
         try:
             if not ready:

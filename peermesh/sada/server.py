@@ -331,7 +331,10 @@ class Server(Overlay):
         if handler.inline:
             result: Any = call(handler, job.payload, job.request)
             if type(result) is tuple:
-                self._cork(self._core.reply(job, *result))
+                outputs = self._core.reply(job, *result)
+                driver = self._driver   # (_cork's steps: the path of every inline reply)
+                if outputs and driver is not None and not driver.closed:
+                    driver.cork(outputs)
             else:
                 result.rawlink(lambda done: self._cork(
                     self._core.reply(job, *finish(handler, done))))
