@@ -41,7 +41,9 @@ Per server (known by the routing id ZeroMQ gave its connection) it keeps:
 
 Requests carry ids unique in the cluster: the channel's id (16 random hex
 digits, so a restarted channel never reuses one), a dash, and a counter. Each
-has one deadline covering every attempt; deadlines wait in a heap. A request
+has one deadline covering every attempt; deadlines that come in the order of the
+requests (one timeout for all, as usual) wait in a queue, first in first out, and
+one earlier than the last queued (a shorter timeout) in a heap. A request
 for a service no server offers waits, parked, for one to appear until its
 deadline. A REP 503 (the server did not run the request) is re-sent to
 another server without using up a retry. A REP is accepted only from the
@@ -63,8 +65,10 @@ for a RINTR answer are remembered up to 4096.
 The usual REP (as the spec draws it, from the server holding the request) is
 matched without ``wire.sada``'s careful decoding; anything else takes that
 path. ``answer_of(identity, frames, now)`` takes such a REP in and returns its
-caller's answer itself, no outputs made (a driver's ``delivery`` fast path);
-with ``addressed`` every ``Send``'s frames start with the server's routing id
+caller's answer itself, no outputs made (a driver's ``delivery`` fast path), and
+``answer_each`` takes a batch's in one call (``delivery_each``); ``known_frames``
+names the frames such messages have (a reader may make them once). A caller that
+stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every ``Send``'s frames start with the server's routing id
 (a driver's ``addressed`` option: sent as they are).
 
 Kept whole: one sans-io core (``RequestRouter``): choosing a server, timeouts, retries
