@@ -75,6 +75,14 @@ _switch = _RawGreenlet.switch   # _switch(hub): a caller waits for its answer on
 _throw = _RawGreenlet.throw
 
 
+def _set(result: AsyncResult, value: Any, error: Optional[BaseException]) -> None:
+    """A ``request_async`` caller's answer."""
+    if error is None:
+        result.set(value)
+    else:
+        result.set_exception(error)
+
+
 class _ClockTransport(ZmqTransport):
     """The real transport on the channel's clock (the driver's timer runs on it)."""
 
@@ -319,12 +327,15 @@ class Channel(Overlay):
             self._cork(outputs)
         ready = self._ready
         try:
-            if not ready:
-                return _switch(hub)   # (the answer switches back here: _answer_each ...)
-            token, value, error = ready.popleft()   # (... or a caller answered with us)
-            if error is None:
-                return _switch(token, value)
-            return _throw(token, error)
+            while ready:   # callers answered with us: the next one is switched to from here
+                token, value, error = ready.popleft()
+                if type(token) is AsyncResult:
+                    _set(token, value, error)
+                elif error is None:
+                    return _switch(token, value)   # (our answer comes back as its value)
+                else:
+                    return _throw(token, error)
+            return _switch(hub)   # (the answer switches back here: _wake, _resume, above)
         except BaseException:   # (killed, or a gevent.Timeout: nobody waits any more)
             core.forget(rid)
             self._due.pop(me, None)
@@ -413,30 +424,23 @@ class Channel(Overlay):
         ``_deliver``, while answers must wait for the hub's next turn)."""
         if self._deferring:
             return self._core.answer_each(batch, start, now, sink)
-        at = self._core.answer_each(batch, start, now, self._take_answer)
-        if self._ready:
+        ready = self._ready
+        at = self._core.answer_each(batch, start, now, ready.append)
+        if ready:
             self._wake()
         return at
 
-    def _take_answer(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
-        """An answer read by the hub: a greenlet's waits in ``_ready`` for ``_wake``."""
-        if type(item[0]) is AsyncResult:
-            token, value, error = item
-            if error is None:
-                token.set(value)
-            else:
-                token.set_exception(error)
-        else:
-            self._ready.append(item)
-
     def _wake(self) -> None:
-        """On the hub: switch to the callers in ``_ready``, in order. A caller that waits
-        again in ``request`` switches to the next one itself, so the hub is back here once
-        the last has run (or one waited for something else)."""
+        """On the hub: the answers in ``_ready`` to their callers, in order (a greenlet is
+        switched to; a caller that waits again in ``request`` switches to the next one
+        itself, so the hub is back here once the last has run, or one waited for
+        something else)."""
         ready = self._ready
         while ready:
             token, value, error = ready.popleft()
-            if error is None:
+            if type(token) is AsyncResult:
+                _set(token, value, error)
+            elif error is None:
                 _switch(token, value)   # (its greenlet waits in ``request``)
             else:
                 _throw(token, error)
@@ -451,10 +455,12 @@ class Channel(Overlay):
         (it may answer several callers in one loop then), on the hub's next turn.
         """
         token, value, error = item
-        if type(token) is AsyncResult or getcurrent() is self._hub and not self._deferring:
-            self._take_answer(item)
-            if self._ready:
-                self._wake()
+        if type(token) is AsyncResult:
+            _set(token, value, error)
+            return
+        if getcurrent() is self._hub and not self._deferring:
+            self._ready.append(item)
+            self._wake()
             return
         if not self._due:
             self._loop.run_callback(self._resume)

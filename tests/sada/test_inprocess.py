@@ -297,7 +297,8 @@ def test_a_caller_that_stops_waiting_gets_no_late_answer(loop: Loopback) -> None
 def test_callers_answered_by_one_batch_get_their_own_answers(loop: Loopback) -> None:
     """Callers answered by one batch are switched to in turn, each handing on to the next
     when it waits again: every caller gets its own answer or error, also a caller that
-    waits for something else in between, or whose answer is an error."""
+    waits for something else in between, or whose answer is an error, or who waits on an
+    ``AsyncResult``."""
     channel = loop.channel()
     server = loop.server(channel)
 
@@ -315,6 +316,8 @@ def test_callers_answered_by_one_batch_get_their_own_answers(loop: Loopback) -> 
                 with pytest.raises(ServiceError):
                     channel.request("bad", "reply")
                 mine.append("error")
+            elif n % 3 == 1:   # (an AsyncResult answered with the others)
+                mine.append(channel.request_async("echo", "echo", [n, i]).get(timeout=WAIT))
             else:
                 mine.append(channel.request("echo", "echo", [n, i]))
             if n % 5 == 0:
