@@ -134,13 +134,31 @@ property_of(zmq_msg *msg, const char *name)
     return PyUnicode_DecodeUTF8(value, (Py_ssize_t)strlen(value), "replace");
 }
 
+/* A new reference to the bytes object of `known` (a tuple of bytes, or NULL) whose octets
+ * are `size` at `data`, or NULL when none is. */
+static PyObject *
+known_frame(PyObject *known, const char *data, size_t size)
+{
+    Py_ssize_t n = known ? PyTuple_GET_SIZE(known) : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *frame = PyTuple_GET_ITEM(known, i);
+        if ((size_t)PyBytes_GET_SIZE(frame) == size
+            && memcmp(PyBytes_AS_STRING(frame), data, size) == 0) {
+            Py_INCREF(frame);
+            return frame;
+        }
+    }
+    return NULL;
+}
+
 /* The rest of a message whose first frame was read: its frames, or None when
  * they add up to more than `room` bytes or more than `max_frames` frames (they
  * are read and dropped). With `name`, *value gets that property of the last frame;
- * with `fd`, *fd gets the descriptor the last frame came by. */
+ * with `fd`, *fd gets the descriptor the last frame came by. A frame equal to one of
+ * `known` (a tuple of bytes, or NULL) is that object. */
 static PyObject *
 recv_rest(void *sock, int more, Py_ssize_t room, Py_ssize_t max_frames, const char *name,
-          PyObject **value, int *fd)
+          PyObject **value, int *fd, PyObject *known, size_t known_max)
 {
     PyObject *frames = PyList_New(0);
     int fits = 1;
@@ -157,7 +175,10 @@ recv_rest(void *sock, int more, Py_ssize_t room, Py_ssize_t max_frames, const ch
         if (room < 0 || (frames && PyList_GET_SIZE(frames) >= max_frames))
             fits = 0;
         if (fits && frames) {
-            PyObject *data = PyBytes_FromStringAndSize(msg_data(&msg), (Py_ssize_t)size);
+            PyObject *data = size <= known_max ? known_frame(known, msg_data(&msg), size)
+                                               : NULL;
+            if (!data)
+                data = PyBytes_FromStringAndSize(msg_data(&msg), (Py_ssize_t)size);
             if (!data || PyList_Append(frames, data) < 0)
                 Py_CLEAR(frames);
             Py_XDECREF(data);
@@ -191,7 +212,8 @@ note_route(PyObject *routes, int fd, PyObject *first)
 }
 
 PyDoc_STRVAR(recv_batch_doc,
-"recv_batch(handle, count, limit, max_frames=-1, name=None, routes=None) -> list\n\n"
+"recv_batch(handle, count, limit, max_frames=-1, name=None, routes=None, known=None)\n"
+"-> list\n\n"
 "Read up to count messages without waiting: each as (first, rest), its first\n"
 "frame (bytes; a ROUTER's routing id) and a list of the other frames, or None\n"
 "instead of the list when those add up to more than limit bytes or more than\n"
@@ -199,15 +221,17 @@ PyDoc_STRVAR(recv_batch_doc,
 "value being that message property of the last frame (e.g. \"Peer-Address\"),\n"
 "str or None (for \"User-Id+fd\": the tuple (User-Id, the descriptor the message\n"
 "came by, Peer-Address)). With routes (a dict), each message's first frame is\n"
-"stored in it under the descriptor of the connection the message came by.\n"
+"stored in it under the descriptor of the connection the message came by. With\n"
+"known (a tuple of bytes), a frame after the first equal to one of them is that\n"
+"very object (frames every message has, such as a protocol's name, made once).\n"
 "Fewer than count means the socket is empty (and its descriptor's edge re-armed).");
 
 static PyObject *
 recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 3 || nargs > 6)
+    if (nargs < 3 || nargs > 7)
         return PyErr_Format(PyExc_TypeError, "recv_batch(handle, count, limit, max_frames=-1, "
-                            "name=None, routes=None)");
+                            "name=None, routes=None, known=None)");
     void *sock = handle_of(args[0]);
     if (!sock)
         return NULL;
@@ -230,10 +254,26 @@ recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return PyErr_Format(PyExc_TypeError, "routes must be a dict");
         routes = args[5];
     }
+    PyObject *known = NULL;
+    size_t known_max = 0; /* (no frame longer than the longest known is looked up) */
+    if (nargs > 6 && args[6] != Py_None) {
+        if (!PyTuple_Check(args[6]))
+            return PyErr_Format(PyExc_TypeError, "known must be a tuple of bytes");
+        known = args[6];
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(known); i++) {
+            PyObject *frame = PyTuple_GET_ITEM(known, i);
+            if (!PyBytes_Check(frame))
+                return PyErr_Format(PyExc_TypeError, "known must be a tuple of bytes");
+            if ((size_t)PyBytes_GET_SIZE(frame) > known_max)
+                known_max = (size_t)PyBytes_GET_SIZE(frame);
+        }
+    }
     PyObject *batch = PyList_New(0);
     if (!batch)
         return NULL;
     zmq_msg msg;
+    int noted_fd = -1;        /* routes[noted_fd] is noted_first (held by the batch) */
+    PyObject *noted_first = NULL;
     for (Py_ssize_t n = 0; n < count; n++) {
         msg_init(&msg);
         if (msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) {
@@ -252,10 +292,21 @@ recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         int fd = routes && !more ? msg_get(&msg, ZMQ_SRCFD) : -1;
         msg_close(&msg);
         PyObject *rest = recv_rest(sock, more, limit, max_frames, name, &value,
-                                   routes ? &fd : NULL);
+                                   routes ? &fd : NULL, known, known_max);
         PyObject *item = NULL;
-        if (first && rest && routes && fd >= 0 && note_route(routes, fd, first) < 0)
-            Py_CLEAR(rest);
+        if (first && rest && routes && fd >= 0) {
+            /* (a batch's messages mostly come by one connection: noted once) */
+            if (fd == noted_fd && PyBytes_GET_SIZE(first) == PyBytes_GET_SIZE(noted_first)
+                && memcmp(PyBytes_AS_STRING(first), PyBytes_AS_STRING(noted_first),
+                          (size_t)PyBytes_GET_SIZE(first)) == 0)
+                ;
+            else if (note_route(routes, fd, first) < 0)
+                Py_CLEAR(rest);
+            else {
+                noted_fd = fd;
+                noted_first = first;
+            }
+        }
         if (first && rest && (!name || value))
             item = name ? PyTuple_Pack(3, first, rest, value) : PyTuple_Pack(2, first, rest);
         Py_XDECREF(first);
@@ -288,8 +339,8 @@ send_message(void *sock, const char *head, size_t head_len, PyObject *frames)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_buffer stack[8];
-    Py_buffer *views = n <= 8 ? stack : PyMem_New(Py_buffer, n);
+    Py_buffer stack[16]; /* (a Safir-Darbaan REQ at a ROUTER is 10 frames) */
+    Py_buffer *views = n <= 16 ? stack : PyMem_New(Py_buffer, n);
     Py_ssize_t held = 0;
     PyObject *result = NULL;
     if (!views) {
@@ -300,9 +351,15 @@ send_message(void *sock, const char *head, size_t head_len, PyObject *frames)
         PyErr_SetString(PyExc_ValueError, "a message needs at least one frame");
         goto done;
     }
-    for (; held < n; held++)
-        if (PyObject_GetBuffer(items[held], &views[held], PyBUF_SIMPLE) < 0)
+    for (; held < n; held++) {
+        PyObject *item = items[held];
+        if (PyBytes_CheckExact(item)) { /* (the usual: read in place, held by seq) */
+            views[held].buf = PyBytes_AS_STRING(item);
+            views[held].len = PyBytes_GET_SIZE(item);
+            views[held].obj = NULL; /* nothing to release */
+        } else if (PyObject_GetBuffer(item, &views[held], PyBUF_SIMPLE) < 0)
             goto done;
+    }
     result = Py_True;
     Py_ssize_t first = 0;
     if (head) {
@@ -457,5 +514,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__zmqbatch(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* recv_batch takes known (a build without it lacks this name) */
+    if (m && PyModule_AddIntConstant(m, "KNOWN_FRAMES", 1) < 0)
+        Py_CLEAR(m);
+    return m;
 }

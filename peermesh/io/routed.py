@@ -50,6 +50,9 @@ def connecting_router(transport: ZmqTransport, options: Mapping[int, Union[int, 
 class ConnectingRouter:
     """The mailbox side of a connecting ROUTER (``serve``, ``try_send``, ``close``)."""
 
+    #: ``serve`` takes ``take`` (``HubSocket.serve``)
+    takes_batches = True
+
     def __init__(self, hub: HubSocket, *, secure: bool, linger: float) -> None:
         self.hub = hub
         self.serve, self.try_send, self.readable = hub.serve, hub.try_send, hub.readable

@@ -2,17 +2,20 @@
 
 A channel's routing id is its endpoint, set before each bind attempt
 (``bind_router``, ``bind_endpoint``); a server reads its ROUTER's monitor
-events (a connection to a channel established) with ``read_monitor``.
+events (a connection to a channel established) with ``read_monitor``. Both read
+the frames every message has (the protocol's name, a command, a status) as the same
+bytes objects each time (``read_known``).
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import zmq
 
+from ..io import zmqbatch
 from ..io.endpoints import BindError
 from ..io.endpoints import bind as _bind
 from ..io.endpoints import bind_ephemeral
@@ -60,3 +63,18 @@ def bind_endpoint(sock: zmq.Socket, endpoint: str) -> str:
             raise BindError(f"cannot bind {endpoint}: a channel's identity is its public "
                             "endpoint, so bind a concrete address, not a wildcard")
     return _bind(sock, endpoint, _set_identity(sock))
+
+
+def read_known(sock: HubSocket, known: Callable[[], tuple[bytes, ...]]) -> None:
+    """Have ``sock`` (before anyone reads it) read a frame equal to one of ``known()``
+    (asked per batch) as that very bytes object (one made once, its hash kept: quicker
+    to compare and look up); nothing without the C extension's ``known``."""
+    if not zmqbatch.knows_frames:
+        return
+
+    def wrap(read: Callable[..., list]) -> Callable[..., list]:
+        def reader(count: int, limit: int, max_frames: int, name: Optional[str],
+                   routes: Any = None) -> list:
+            return read(count, limit, max_frames, name, routes, known())
+        return reader
+    sock.wrap_reader(wrap)

@@ -20,8 +20,12 @@ spot, so a killed server is dropped within milliseconds.
 Everything runs on one gevent hub: a channel may be made (its socket bound)
 in any thread, but is started and used from the thread (hub) of its node;
 replies are handled on the hub itself, and an answer goes straight to the
-greenlet waiting in ``request()`` (switched to from the reader, no
-``AsyncResult``). For threaded programs see ``ThreadedChannel``.
+greenlet waiting in ``request()``: the reader takes in a batch's usual REPs in one
+call (``RequestRouter.answer_each``) and switches to the first caller; a caller
+that then waits again (its next ``request``) switches straight to the next one,
+and the last back to the hub: one greenlet switch per answer, not two (no
+``Waiter`` or ``AsyncResult``, no callback of the hub per reply). For threaded
+programs see ``ThreadedChannel``.
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from typing import Any, Callable, Optional
 
 import gevent
 import gevent.event
 import zmq
-from gevent.hub import Waiter
+from gevent.event import AsyncResult
+from gevent.exceptions import BlockingSwitchOutError
 from greenlet import getcurrent
+from greenlet import greenlet as _RawGreenlet
 
 from ..core import Send as SendOutput
 from ..errors import NodeStateError
@@ -62,6 +69,18 @@ HEADER_SERVER = "X-PM-SADA-SERVER"
 
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
 _RUNNING = Lifecycle.RUNNING
+# greenlet's own (gevent's Greenlet.throw returns nothing: a caller that threw an answer
+# into the next one must get its own answer back from the call)
+_switch = _RawGreenlet.switch   # _switch(hub): a caller waits for its answer on the hub
+_throw = _RawGreenlet.throw
+
+
+def _set(result: AsyncResult, value: Any, error: Optional[BaseException]) -> None:
+    """A ``request_async`` caller's answer."""
+    if error is None:
+        result.set(value)
+    else:
+        result.set_exception(error)
 
 
 class _ClockTransport(ZmqTransport):
@@ -137,6 +156,11 @@ class Channel(Overlay):
         self._guard: Optional[GuardedListener] = None
         self._driver: Optional[Driver] = None
         self._deferring = False    # answers wait for the hub's next turn (see _deliver)
+        #: callers whose answer waits for the hub's next turn: greenlet -> (value, error)
+        self._due: dict[Any, tuple[Any, Optional[BaseException]]] = {}
+        #: callers answered by the batch being read, each to be switched to in turn
+        #: (greenlet, value, error): by the hub, or by the caller before it (``request``)
+        self._ready: deque[tuple[Any, Any, Optional[BaseException]]] = deque()
         self._hub: Any = None
         self._loop: Any = None
         self._changed = gevent.event.Event()
@@ -211,6 +235,7 @@ class Channel(Overlay):
         self._loop = self._hub.loop
         assert self._sock is not None
         self._router = HubSocket(self._sock, endpoint=self.endpoint or "")
+        _transport.read_known(self._router, self._core.known_frames)
         # the connection policy, and the disconnects that make the router probe its servers
         curve = self._curve
         self._guard = GuardedListener(
@@ -223,13 +248,14 @@ class Channel(Overlay):
         router.max_frames = 3 + 2 * self._core.max_services
         transport = (ZmqTransport(self._context) if self._clock is time.monotonic
                      else _ClockTransport(self._context, self._clock))
-        # the usual REP answers its caller from the reader (``RequestRouter.answer_of``: no
-        # outputs made); the router's messages name their server first (``addressed``)
+        # a batch's usual REPs answer their callers from the reader
+        # (``RequestRouter.answer_each``: no outputs made); the router's messages name their
+        # server first (``addressed``)
         self._driver = Driver(self._core, transport, on_deliver=self._deliver,
                               on_event=self._on_event, on_send_failed=self._send_failed,
                               on_oversized=self._on_oversized, look_once=True,
-                              addressed=True, delivery=self._core.answer_of,
-                              name=f"channel {self.id}")
+                              addressed=True, batch_clock=True,
+                              delivery_each=self._answer_each, name=f"channel {self.id}")
         self._driver.listen(self._guard)   # (no metadata: see _source_of)
         log.debug("channel %s at %s started", self.id, self.endpoint)
 
@@ -284,13 +310,36 @@ class Channel(Overlay):
         # _submit's steps, written out: this is the path every request takes
         if self.lifecycle is not _RUNNING:
             raise self._not_running()
-        waiter = Waiter(self._hub)
-        now = self._clock()
+        me = getcurrent()
+        hub = self._hub
+        if me is hub:
+            raise BlockingSwitchOutError("Impossible to call blocking function in the event "
+                                         "loop callback")
         core = self._core
-        core.submit(waiter, service, action, payload, now, version, category, timeout,
-                    server, retries, raw)
-        self._cork(core.take())
-        return waiter.get()
+        rid = core.submit(me, service, action, payload, self._clock(), version, category,
+                          timeout, server, retries, raw)
+        outputs = core.take()
+        driver = self._driver   # (the usual: held with what this turn's callers ask: _cork)
+        if (driver is not None and driver.corked and len(outputs) == 1
+                and type(outputs[0]) is SendOutput):
+            driver.cork(outputs)
+        else:
+            self._cork(outputs)
+        ready = self._ready
+        try:
+            while ready:   # callers answered with us: the next one is switched to from here
+                token, value, error = ready.popleft()
+                if type(token) is AsyncResult:
+                    _set(token, value, error)
+                elif error is None:
+                    return _switch(token, value)   # (our answer comes back as its value)
+                else:
+                    return _throw(token, error)
+            return _switch(hub)   # (the answer switches back here: _wake, _resume, above)
+        except BaseException:   # (killed, or a gevent.Timeout: nobody waits any more)
+            core.forget(rid)
+            self._due.pop(me, None)
+            raise
 
     def request_async(self, service: str, action: str, payload: Any = None, *,
                       version: Optional[str] = None, category: str = "",
@@ -368,6 +417,34 @@ class Channel(Overlay):
         finally:
             self._deferring = deferring
 
+    def _answer_each(self, batch: Any, start: int, now: float,
+                     sink: Callable[[Any], None]) -> int:
+        """The driver's ``delivery_each``: a batch's usual REPs taken in by the router,
+        then each caller switched to in turn (``_wake``; the driver's ``sink``,
+        ``_deliver``, while answers must wait for the hub's next turn)."""
+        if self._deferring:
+            return self._core.answer_each(batch, start, now, sink)
+        ready = self._ready
+        at = self._core.answer_each(batch, start, now, ready.append)
+        if ready:
+            self._wake()
+        return at
+
+    def _wake(self) -> None:
+        """On the hub: the answers in ``_ready`` to their callers, in order (a greenlet is
+        switched to; a caller that waits again in ``request`` switches to the next one
+        itself, so the hub is back here once the last has run, or one waited for
+        something else)."""
+        ready = self._ready
+        while ready:
+            token, value, error = ready.popleft()
+            if type(token) is AsyncResult:
+                _set(token, value, error)
+            elif error is None:
+                _switch(token, value)   # (its greenlet waits in ``request``)
+            else:
+                _throw(token, error)
+
     def _deliver(self, item: tuple[Any, Any, Optional[BaseException]]) -> None:
         """A ``Deliver``: hand ``value`` or ``error`` to the caller of ``token``.
 
@@ -378,20 +455,29 @@ class Channel(Overlay):
         (it may answer several callers in one loop then), on the hub's next turn.
         """
         token, value, error = item
-        if type(token) is not Waiter:
+        if type(token) is AsyncResult:
+            _set(token, value, error)
+            return
+        if getcurrent() is self._hub and not self._deferring:
+            self._ready.append(item)
+            self._wake()
+            return
+        if not self._due:
+            self._loop.run_callback(self._resume)
+        self._due[token] = (value, error)
+
+    def _resume(self) -> None:
+        """On the hub: the callers whose answers waited for this turn get them (one whose
+        ``request`` was left meanwhile, by a kill, took its answer out: none goes to a
+        greenlet that waits for something else)."""
+        due = self._due
+        while due:
+            token = next(iter(due))
+            value, error = due.pop(token)
             if error is None:
-                token.set(value)
+                _switch(token, value)
             else:
-                token.set_exception(error)
-        elif getcurrent() is self._hub and not self._deferring:
-            if error is None:
-                token.switch(value)
-            else:
-                token.throw(error)
-        elif error is None:
-            self._loop.run_callback(token.switch, value)
-        else:
-            self._loop.run_callback(token.throw, error)
+                _throw(token, error)
 
     def _on_monitor(self, event: int, endpoint: str) -> None:
         if event == zmq.EVENT_DISCONNECTED:

@@ -41,7 +41,9 @@ Per server (known by the routing id ZeroMQ gave its connection) it keeps:
 
 Requests carry ids unique in the cluster: the channel's id (16 random hex
 digits, so a restarted channel never reuses one), a dash, and a counter. Each
-has one deadline covering every attempt; deadlines wait in a heap. A request
+has one deadline covering every attempt; deadlines that come in the order of the
+requests (one timeout for all, as usual) wait in a queue, first in first out, and
+one earlier than the last queued (a shorter timeout) in a heap. A request
 for a service no server offers waits, parked, for one to appear until its
 deadline. A REP 503 (the server did not run the request) is re-sent to
 another server without using up a retry. A REP is accepted only from the
@@ -63,8 +65,10 @@ for a RINTR answer are remembered up to 4096.
 The usual REP (as the spec draws it, from the server holding the request) is
 matched without ``wire.sada``'s careful decoding; anything else takes that
 path. ``answer_of(identity, frames, now)`` takes such a REP in and returns its
-caller's answer itself, no outputs made (a driver's ``delivery`` fast path);
-with ``addressed`` every ``Send``'s frames start with the server's routing id
+caller's answer itself, no outputs made (a driver's ``delivery`` fast path), and
+``answer_each`` takes a batch's in one call (``delivery_each``); ``known_frames``
+names the frames such messages have (a reader may make them once). A caller that
+stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every ``Send``'s frames start with the server's routing id
 (a driver's ``addressed`` option: sent as they are).
 
 Kept whole: one sans-io core (``RequestRouter``): choosing a server, timeouts, retries
@@ -77,8 +81,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from collections import deque
 from heapq import heappop, heappush
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import msgpack
 
@@ -120,7 +125,10 @@ _DELIMITER = wire.DELIMITER
 _PROTOCOL = wire.PROTOCOL
 _REQ = wire.Command.REQ.frame
 _REP = wire.Command.REP.frame
-_STATUS_OF = {wire.status_frame(code): code for code in range(100, 600)}
+_OK = wire.status_frame(200)
+_STATUS_OF = {_OK if code == 200 else wire.status_frame(code): code for code in range(100, 600)}
+#: the frames every usual message from a server has (a REP of 200, a PONG)
+_KNOWN = (_PROTOCOL, _REP, _OK, wire.Command.PONG.frame)
 _unpackb = msgpack.unpackb
 _EWMA = 0.2            # weight of the newest latency sample
 _MAX_PENALTY = 64.0
@@ -128,6 +136,8 @@ _INITIAL_LATENCY = 0.001
 _MAX_CACHED = 4096     # encoded fields and versions remembered
 _MAX_RINTR = 4096      # unknown routing ids remembered for the RINTR rate limit
 _NO_EXCLUSION: frozenset = frozenset()
+#: the token of a request whose caller stopped waiting (``forget``): its answer goes nowhere
+_FORGOTTEN = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +198,12 @@ class _Pending:
     """One request between ``submit`` and its answer."""
 
     __slots__ = ("rid", "service", "version", "fields", "body", "raw", "token", "timeout",
-                 "server", "target", "sent_at", "attempts", "retries", "excluded", "parked")
+                 "server", "target", "sent_at", "attempts", "retries", "excluded", "parked",
+                 "deadline")
 
     def __init__(self, rid: bytes, service: str, version: Optional[str],
                  fields: tuple[bytes, bytes, bytes], body: bytes, raw: bool, timeout: float,
-                 target: Optional[bytes], retries: int, token: Any) -> None:
+                 target: Optional[bytes], retries: int, token: Any, deadline: float) -> None:
         self.rid = rid
         self.service = service
         self.version = version
@@ -208,6 +219,7 @@ class _Pending:
         self.retries = retries
         self.excluded: frozenset[bytes] = _NO_EXCLUSION
         self.parked = False
+        self.deadline = deadline        # covering every attempt
 
     def what(self) -> str:
         """The service and action, for messages: ``calc math/add``."""
@@ -278,7 +290,8 @@ class RequestRouter(Outputs):
         #: refusals by limit: ``max_services`` (INTRs too long), ``max_catalog``
         self.limits = Counters(log, "Safir-Darbaan channel hit its limits")
         self._catalog_size = 0                          # (server, service) pairs offered
-        self._prefix = channel_id.encode("ascii") + b"-"
+        # a request id: the channel's id, a dash, the counter in hex (one formatting)
+        self._rid_format = channel_id.encode("ascii").replace(b"%", b"%%") + b"-%x"
         self._counter = 0
         # payloads packed as ``handlers.pack`` does, by one packer kept (msgpack.packb makes
         # one per call); the router is used from one thread
@@ -288,6 +301,10 @@ class RequestRouter(Outputs):
         self._route_cache: dict[tuple[str, Optional[str]],
                                 list[tuple[bytes, list[_Server]]]] = {}
         self._pending: dict[bytes, _Pending] = {}
+        # Deadlines: those that come in the order of the requests (all of one timeout, as
+        # usual) wait in a queue, first in first out (no heap entry per request); a
+        # deadline earlier than the last queued one (a shorter timeout) waits in a heap.
+        self._due: deque[_Pending] = deque()
         self._deadlines: list[tuple[float, int, _Pending]] = []   # a heap
         self._parked: list[_Pending] = []
         self._rintr_sent: dict[bytes, float] = {}
@@ -365,11 +382,16 @@ class RequestRouter(Outputs):
             except (ValueError, TypeError):
                 raise ValueError(f"server {server!r} is not a server id (hex)") from None
         counter = self._counter = self._counter + 1
-        rid = self._prefix + b"%x" % counter
+        rid = self._rid_format % counter
+        deadline = now + timeout
         pending = _Pending(rid, service, version, fields, body, raw, timeout, target, retries,
-                           token)
+                           token, deadline)
         self._pending[rid] = pending
-        heappush(self._deadlines, (now + timeout, counter, pending))
+        due = self._due
+        if not due or due[-1].deadline <= deadline:
+            due.append(pending)
+        else:
+            heappush(self._deadlines, (deadline, counter, pending))
         self._dispatch(pending, now)
         return rid
 
@@ -378,7 +400,15 @@ class RequestRouter(Outputs):
         for pending in list(self._pending.values()):
             self._finish(pending, error=error)
         self._parked.clear()
+        self._due.clear()
         self._deadlines.clear()
+
+    def forget(self, rid: bytes) -> None:
+        """The caller of request ``rid`` stopped waiting (its greenlet was killed, say):
+        its answer goes nowhere when it comes; the request runs its course."""
+        pending = self._pending.get(rid)
+        if pending is not None and pending.token is not None:
+            pending.token = _FORGOTTEN
 
     @property
     def stats(self) -> dict[str, int]:
@@ -511,7 +541,9 @@ class RequestRouter(Outputs):
                 error: Optional[BaseException] = None) -> None:
         """Take ``pending`` out of every table and answer the caller."""
         if pending.token is not None:
-            self._answer(self._settle(pending), value, error)
+            token = self._settle(pending)
+            if token is not _FORGOTTEN:
+                self._answer(token, value, error)
 
     def _settle(self, pending: _Pending) -> Any:
         """Take ``pending`` (not yet answered) out of every table; its caller's token."""
@@ -526,17 +558,28 @@ class RequestRouter(Outputs):
         if pending.parked:
             pending.parked = False
             self._parked.remove(pending)
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][2].token is None:  # answered early: forget
-            heappop(deadlines)
+        due = self._due
+        while due and due[0].token is None:   # answered early: forget
+            due.popleft()
+        self._pop_answered()
         return token
+
+    def _pop_answered(self) -> None:
+        """Drop the heap's answered deadlines from its top."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].token is None:
+            heappop(deadlines)
 
     def next_deadline(self) -> float:
         """When ``handle_timer`` is next due (the earliest request deadline or liveness check)."""
+        earliest = self._next_tick
+        due = self._due
+        if due and due[0].deadline < earliest:
+            earliest = due[0].deadline
         deadlines = self._deadlines
-        if deadlines and deadlines[0][0] < self._next_tick:
-            return deadlines[0][0]
-        return self._next_tick
+        if deadlines and deadlines[0][0] < earliest:
+            earliest = deadlines[0][0]
+        return earliest
 
     def handle_timer(self, now: float, *, backlog: Optional[bool] = None) -> list[Any]:
         """Expire requests whose deadline passed; PING, suspect and drop silent servers.
@@ -545,11 +588,19 @@ class RequestRouter(Outputs):
         dead now, as when the driver's process was too busy to call on time;
         None: ask the ``unread`` port). Returns the outputs.
         """
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            pending = heappop(deadlines)[2]
+        due, deadlines = self._due, self._deadlines
+        while True:   # (the queue's and the heap's, earliest first)
+            if due and due[0].deadline <= now and not (
+                    deadlines and deadlines[0][0] < due[0].deadline):
+                pending = due.popleft()
+            elif deadlines and deadlines[0][0] <= now:
+                pending = heappop(deadlines)[2]
+            else:
+                break
             if pending.token is not None:
                 self._expire(pending, now)
+        while due and due[0].token is None:
+            due.popleft()
         while deadlines and deadlines[0][2].token is None:
             heappop(deadlines)
         if now >= self._next_tick:
@@ -664,21 +715,71 @@ class RequestRouter(Outputs):
         server holding its request, taken in: the caller's answer ``(token, value, error)``,
         as a ``Deliver`` carries it, once the router's state is updated (the driver's
         ``delivery`` fast path: no outputs are made). None for any other message, untouched
-        (``receive`` it)."""
-        if len(frames) != 6 or frames[2] != _REP or frames[1] != _PROTOCOL or frames[0]:
-            return None
-        pending = self._pending.get(frames[3])
-        if pending is None:
-            return None
-        server = pending.server
-        status = _STATUS_OF.get(frames[4])
-        if server is None or server.identity != identity or status is None or status >= 400:
-            return None
-        server.last_heard = now
-        server.suspect = False
-        self._count_reply(server, pending, now)
-        value, error = self._value_of(server, pending, frames[5])
-        return self._settle(pending), value, error
+        (``receive`` it), and for the answer of a ``forget``-ten request (taken in)."""
+        items: list[tuple[Any, Any, Optional[BaseException]]] = []
+        self.answer_each(((identity, frames),), 0, now, items.append)
+        return items[0] if items else None
+
+    def answer_each(self, batch: Sequence[tuple[Any, Optional[list[bytes]]]], start: int,
+                    now: float, sink: Callable[[tuple[Any, Any, Optional[BaseException]]], Any]
+                    ) -> int:
+        """``answer_of`` over the messages of a batch (``(routing id, frames)`` each, frames
+        None for one over the limits) from index ``start`` on, each answer handed to
+        ``sink`` at once (the router's state already updated: ``sink`` may submit again),
+        for as long as they are the usual REP: the index of the first that is not
+        (``len(batch)``: none), left as it was for ``receive``. One call per batch, not
+        per message (a driver's ``delivery_each``)."""
+        pendings, status_of, reply_times, due = (self._pending, _STATUS_OF, self.reply_times,
+                                                 self._due)
+        at, end = start, len(batch)
+        while at < end:
+            identity, frames = batch[at]
+            if (frames is None or len(frames) != 6 or frames[2] != _REP
+                    or frames[1] != _PROTOCOL or frames[0]):
+                return at
+            pending = pendings.get(frames[3])
+            if pending is None:
+                return at
+            server = pending.server
+            status = status_of.get(frames[4])
+            if (server is None or server.identity != identity or status is None
+                    or status >= 400):
+                return at
+            at += 1
+            # _count_reply, _value_of and _settle written out: the path of every reply
+            server.last_heard = now
+            server.suspect = False
+            server.replies += 1
+            took = now - pending.sent_at
+            server.latency += _EWMA * (took - server.latency)
+            self._replies += 1
+            reply_times.add(took)
+            payload = frames[5]
+            if pending.raw:
+                value, error = payload, None
+            elif not payload:
+                value, error = None, None
+            else:
+                try:
+                    value, error = _unpackb(payload, raw=False, strict_map_key=False), None
+                except Exception:   # (the error it is)
+                    value, error = self._value_of(server, pending, payload)
+            token = pending.token
+            pending.token = None
+            pending.body = b""
+            del pendings[pending.rid]
+            server.in_flight -= 1
+            pending.server = None
+            if pending.parked:
+                pending.parked = False
+                self._parked.remove(pending)
+            while due and due[0].token is None:   # answered early: forget
+                due.popleft()
+            if self._deadlines:
+                self._pop_answered()
+            if token is not _FORGOTTEN:
+                sink((token, value, error))
+        return at
 
     def _count_reply(self, server: _Server, pending: _Pending, now: float) -> None:
         server.replies += 1
@@ -856,6 +957,11 @@ class RequestRouter(Outputs):
         for pending in list(self._parked):
             if pending.parked and pending.token is not None:
                 self._dispatch(pending, now)
+
+    def known_frames(self) -> tuple[bytes, ...]:
+        """The frames every usual message from a server has (the driver may read them as
+        these very objects: ``HubSocket.wrap_reader``, ``zmqbatch.knows_frames``)."""
+        return _KNOWN
 
     def knows(self, identity: bytes) -> bool:
         """Whether the server of routing id ``identity`` introduced itself (and is kept)."""

@@ -44,7 +44,7 @@ core on the contract of ``peermesh.core``, served by the one driver
 driver reads it in batches, hands each message to the core and carries out
 what comes back (PONGs, INTRs and REPs as ``Send``, a channel to connect to as
 ``Dial``, one forgotten as ``Hangup``); a REQ comes out as a ``Deliver`` of its
-job (the usual REQ as the job itself, straight from the reader: ``ServerCore.job_of``),
+job (a batch's usual REQs as the jobs themselves, straight from the reader: ``ServerCore.job_each``),
 which this module runs (``workers``) and whose outcome it gives back to the core. While
 stopping, the server INTRs an empty catalog, answers new REQs with 503
 (channels send those elsewhere) and lets running handlers finish for up to
@@ -250,13 +250,15 @@ class Server(Overlay):
         router = self._router = connecting_router(transport, options,
                                                   max_message=self._max_message,
                                                   max_frames=_MAX_FRAMES, linger=_LINGER)
+        _transport.read_known(router.hub, self._core.known_frames)
         self._workers = Workers(gevent.get_hub())
         self._core.serving = True
-        # the usual REQ goes from the reader to its handler (``ServerCore.job_of``: no
-        # outputs made)
+        # a batch's usual REQs go from the reader to their handlers in one call
+        # (``ServerCore.job_each``: no outputs made)
         self._driver = Driver(self._core, RoutedTransport(transport, router, addressed=True),
                               on_deliver=self._run_job, on_send_failed=self._unsent,
-                              look_once=True, delivery=self._core.job_of, addressed=True,
+                              look_once=True, batch_clock=True,
+                              delivery_each=self._core.job_each, addressed=True,
                               name="Safir-Darbaan server")
         self._watcher = gevent.spawn(_transport.read_monitor,
                                      router.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED),
@@ -329,7 +331,10 @@ class Server(Overlay):
         if handler.inline:
             result: Any = call(handler, job.payload, job.request)
             if type(result) is tuple:
-                self._cork(self._core.reply(job, *result))
+                outputs = self._core.reply(job, *result)
+                driver = self._driver   # (_cork's steps: the path of every inline reply)
+                if outputs and driver is not None and not driver.closed:
+                    driver.cork(outputs)
             else:
                 result.rawlink(lambda done: self._cork(
                     self._core.reply(job, *finish(handler, done))))

@@ -18,8 +18,9 @@ The common REQ (a service, version and action seen before) is handled without
 decoding its text frames: the service is found by its name and version frames
 (a cache of earlier resolutions, cleared when the catalog changes) and the
 handler by its category and action frames (``Service.by_frames``), and
-``job_of`` hands its job over itself, no outputs made (a driver's ``delivery``
-fast path); anything else takes the careful path through ``wire.sada``, which also produces the
+``job_of`` (one message) and ``job_each`` (a batch's, in one call) hand their jobs
+over themselves, no outputs made (a driver's ``delivery`` and ``delivery_each`` fast
+paths); anything else takes the careful path through ``wire.sada``, which also produces the
 404/405/406 answers. Once ``stop`` is called the catalog INTRed is empty and
 new REQs are answered 503; past ``max_concurrent`` running handlers too.
 """
@@ -27,7 +28,7 @@ new REQs are answered 503; past ``max_concurrent`` running handlers too.
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from ..core import Deliver, Dial, Hangup, Output, Outputs, Send
 from ..counters import Counters
@@ -47,6 +48,9 @@ _PONG = wire.encode(Pong())
 _DELIMITER, _PROTOCOL = wire.DELIMITER, wire.PROTOCOL
 _REQ, _REP = wire.Command.REQ.frame, wire.Command.REP.frame
 _STATUS = {code: wire.status_frame(code) for code in range(100, 600)}
+#: the frames every message from a channel has (a REQ's, a PING's, a RINTR's)
+_KNOWN = (_PROTOCOL, _REQ, wire.Command.PING.frame, wire.Command.RINTR.frame)
+_MAX_KNOWN = 32   # frames ``known_frames`` names at most (each costs a look per frame read)
 _MAX_CACHED = 4096  # (service, version) resolutions remembered
 
 
@@ -58,6 +62,11 @@ class Job(NamedTuple):
     request_id: bytes
     payload: bytes
     request: Optional[Request]
+
+
+#: makes a ``Job`` from its fields' tuple in one C call (a NamedTuple's own ``__new__`` is
+#: a Python function)
+_new_tuple = tuple.__new__
 
 
 class ServerCore(Outputs):
@@ -83,6 +92,7 @@ class ServerCore(Outputs):
         self._size = 0     # (name, version) pairs in the catalog
         self._resolved: dict[tuple[str, str], Any] = {}  # (service, version) -> Service | outcome
         self._by_frames: dict[tuple[bytes, bytes], Service] = {}  # the same, by REQ frames 5-6
+        self._known: Optional[tuple[bytes, ...]] = _KNOWN   # (None: to be made again)
         self._intr: list[bytes] = self._encode_intr()
         #: handlers running (Deliver given, ``reply`` not yet called) outside the reader
         self.busy = 0
@@ -131,6 +141,7 @@ class ServerCore(Outputs):
     def _catalog_changed(self) -> list[Output]:
         self._resolved.clear()
         self._by_frames.clear()
+        self._known = None
         self._intr = self._encode_intr()
         return self.intr_all()
 
@@ -239,21 +250,41 @@ class ServerCore(Outputs):
         an action it has, taken in: its ``Job``, as a ``Deliver`` carries it (the driver's
         ``delivery`` fast path: no outputs are made). None for any other message, and for
         one that is answered here (503 past ``max_concurrent``), untouched: ``receive`` it."""
-        # (a request id of 1-255 octets is all left to check)
-        if (len(frames) == 9 and frames[2] == _REQ and frames[1] == _PROTOCOL
-                and not frames[0] and 0 < len(frames[3]) <= wire.MAX_REQUEST_ID):
-            service = self._by_frames.get((frames[4], frames[5]))
-            if service is not None:
-                handler = service.by_frames.get((frames[6], frames[7]))
-                if handler is not None and not handler.with_request and self.serving:
-                    if not handler.inline:
-                        limit = self.max_concurrent
-                        if limit is not None and self.busy >= limit:
-                            return None   # (answered 503 by ``receive``)
-                        self.busy += 1
-                    self.stats["requests"] += 1
-                    return Job(alias, handler, frames[3], frames[8], None)
-        return None
+        jobs: list[Job] = []
+        self.job_each(((alias, frames),), 0, now, jobs.append)
+        return jobs[0] if jobs else None
+
+    def job_each(self, batch: Sequence[tuple[Any, Optional[list[bytes]]]], start: int,
+                 now: float, sink: Callable[[Job], Any]) -> int:
+        """``job_of`` over the messages of a batch (``(alias, frames)`` each, frames None
+        for one over the limits) from index ``start`` on, each job handed to ``sink`` at
+        once, for as long as they are the usual REQ: the index of the first that is not
+        (``len(batch)``: none), left as it was for ``receive``. One call per batch, not
+        per message (a driver's ``delivery_each``)."""
+        by_frames, stats = self._by_frames, self.stats
+        at, end = start, len(batch)
+        while at < end:
+            alias, frames = batch[at]
+            # (a request id of 1-255 octets is all left to check)
+            if (frames is None or len(frames) != 9 or frames[2] != _REQ
+                    or frames[1] != _PROTOCOL or frames[0]
+                    or not 0 < len(frames[3]) <= wire.MAX_REQUEST_ID):
+                return at
+            service = by_frames.get((frames[4], frames[5]))
+            if service is None:
+                return at
+            handler = service.by_frames.get((frames[6], frames[7]))
+            if handler is None or handler.with_request or not self.serving:
+                return at
+            if not handler.inline:
+                limit = self.max_concurrent
+                if limit is not None and self.busy >= limit:
+                    return at   # (answered 503 by ``receive``)
+                self.busy += 1
+            stats["requests"] += 1
+            at += 1
+            sink(_new_tuple(Job, (alias, handler, frames[3], frames[8], None)))
+        return at
 
     def receive(self, alias: Any, frames: list[bytes], now: float) -> list[Output]:
         """A message from the channel connected under ``alias``; the outputs."""
@@ -291,7 +322,24 @@ class ServerCore(Outputs):
                 self._resolved[key] = found
         if type(found) is Service and len(self._by_frames) < _MAX_CACHED:
             self._by_frames[frames] = found
+            self._known = None
         return found
+
+    def known_frames(self) -> tuple[bytes, ...]:
+        """The frames every usual message from a channel has: the protocol's, the
+        commands', and the service, version, category and action frames of the requests
+        resolved so far, as the fast path's tables hold them (the driver may read them as
+        these very objects, whose hashes are kept: ``HubSocket.wrap_reader``,
+        ``zmqbatch.knows_frames``); at most ``_MAX_KNOWN``."""
+        known = self._known
+        if known is None:
+            frames = dict.fromkeys(_KNOWN)
+            for (name, version), service in self._by_frames.items():
+                frames.update(dict.fromkeys((name, version)))
+                for category, action in service.by_frames:
+                    frames.update(dict.fromkeys((category, action)))
+            known = self._known = tuple(frames)[:_MAX_KNOWN]
+        return known
 
     def _on_req(self, alias: bytes, req: ReqFields, frames: tuple[bytes, bytes]) -> None:
         """A REQ off the fast path; ``frames``: its service name and version frames."""

@@ -288,3 +288,81 @@ def test_the_extension_is_used_where_it_was_built() -> None:
         pytest.skip("PEERMESH_PURE_PYTHON is set")
     native, why_not = zmqbatch._load()
     assert native is not None, why_not
+
+
+def test_a_batch_notes_the_routing_id_of_each_connection_it_came_by(zmq_path: str) -> None:
+    """With ``routes``, a batch whose messages come by several connections, interleaved,
+    notes each connection's routing id under its descriptor (the C reader notes a run from
+    one connection once)."""
+    from peermesh.io.socket import HubSocket
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealers = []
+    try:
+        for name in (b"\x01one", b"\x01two"):
+            dealer = context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.ROUTING_ID, name)
+            dealers.append(dealer)
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+        for i in range(6):
+            dealers[i % 3 == 2].send(b"%d" % i, zmq.NOBLOCK)
+        hub = HubSocket(router)
+        routes: dict[int, bytes] = {}
+        got: list[Any] = []
+        with gevent.Timeout(WAIT, AssertionError(f"{len(got)} of 6 arrived")):
+            while len(got) < 6:
+                got += hub._batch(64, LIMIT, -1, None, routes)  # noqa: SLF001
+                gevent.sleep(0.001)
+        assert sorted(first for first, _ in got) == [b"\x01one"] * 4 + [b"\x01two"] * 2
+        assert sorted(routes.values()) == [b"\x01one", b"\x01two"]
+        assert len(routes) == 2 and all(fd >= 0 for fd in routes)
+        hub.close()
+    finally:
+        for dealer in dealers:
+            dealer.close(linger=0)
+        context.destroy(linger=0)
+
+
+def test_known_frames_are_read_as_the_objects_given(zmq_path: str) -> None:
+    """With ``known``, a frame after the first equal to one of them is that very object;
+    any other frame (a longer one, a prefix of one, the first frame) is a bytes of its own;
+    ``known`` must be a tuple of bytes."""
+    native = native_only(zmq_path)
+    assert zmqbatch.knows_frames
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.ROUTING_ID, b"SADA1")
+    try:
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        sada, rep = b"".join([b"SADA", b"1"]), b"".join([b"RE", b"P"])   # (made, not literals)
+        frames = [b"", b"SADA1", b"REP", b"SADA", b"SADA1x", b"REP"]
+        dealer.send_multipart(frames, zmq.NOBLOCK)
+        dealer.send_multipart([b"x"], zmq.NOBLOCK)
+        got: list[Any] = []
+        with gevent.Timeout(WAIT, AssertionError("nothing arrived")):
+            while len(got) < 2:
+                got += native.recv_batch(router.underlying, 8, LIMIT, -1, None, None,
+                                         (sada, rep, b""))
+                gevent.sleep(0.001)
+        (first, rest), (_, other) = got
+        assert first == b"SADA1" and first is not sada and rest == frames and other == [b"x"]
+        assert rest[1] is sada and rest[2] is rep and rest[5] is rep
+        assert rest[3] is not sada and rest[4] is not sada
+        with pytest.raises(TypeError):
+            native.recv_batch(router.underlying, 8, LIMIT, -1, None, None, [sada])
+        with pytest.raises(TypeError):
+            native.recv_batch(router.underlying, 8, LIMIT, -1, None, None, (sada, "REP"))
+        with pytest.raises(TypeError):
+            native.recv_batch(router.underlying, 8, LIMIT, -1, None, None, (), 1)
+        assert native.recv_batch(router.underlying, 8, LIMIT, -1, None, None, ()) == []
+    finally:
+        dealer.close(linger=0)
+        router.close(linger=0)
+        context.destroy(linger=0)

@@ -147,3 +147,63 @@ def test_an_addressed_router_names_the_server_first_in_every_message() -> None:
     assert core.handle_timer(1.0) == [Send(b"s1", [b"s1", *PING])]
     core.send_failed(b"s1", list(req.frames[1:]), 1.1, full=False)   # (after the id)
     assert not core.servers(1.1)
+
+
+def test_answer_each_takes_a_batchs_usual_reps_and_stops_at_the_first_other() -> None:
+    """``answer_each`` (a driver's ``delivery_each``) takes the usual REPs of a batch in
+    order, each answer to ``sink`` at once, and returns the index of the first message it
+    leaves for ``receive`` (a REP of another server, a 503, an unknown id, a short one, an
+    oversized one: None), untouched."""
+    core = router()
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    rids = [core.submit(f"t{i}", "echo", "say", i, 0.1, server=b"s1".hex()) for i in range(4)]
+    core.take()
+    answers: list[Any] = []
+    batch = [(b"s1", rep(rids[0], 0)), (b"s1", rep(rids[1], 1)), (b"s2", rep(rids[2], 2)),
+             (b"s1", rep(rids[2], 2))]
+    assert core.answer_each(batch, 0, 0.2, answers.append) == 2
+    assert answers == [("t0", 0, None), ("t1", 1, None)]
+    assert core.answer_each(batch, 3, 0.2, answers.append) == 4
+    assert answers[-1] == ("t2", 2, None) and core.pending == 1
+    for other in ([b"", b"SADA1", b"REP", rids[3], b"503", b"busy"],     # a 503
+                  [b"", b"SADA1", b"REP", b"c0ffee-99", b"200", b""],    # unknown id
+                  [b"", b"SADA1", b"REP", rids[3][:-1], b"200", b""],    # a short id
+                  [b"", b"SADA1", b"REP", rids[3], b"200"],              # a frame short
+                  [b"", b"SADA1", b"REP", rids[3], b"200", b"", b""],    # a frame over
+                  [b"x", b"SADA1", b"REP", rids[3], b"200", b""],        # no delimiter
+                  [b"", b"SADA1", b"REP", rids[3], b"2000", b""],        # not a status
+                  None):                                                 # oversized
+        assert core.answer_each([(b"s1", other)], 0, 0.3, answers.append) == 0
+    assert len(answers) == 3 and core.pending == 1 and core.take() == []
+    assert core.answer_each([], 0, 0.3, answers.append) == 0
+
+
+def test_a_forgotten_requests_answer_goes_nowhere_and_its_reply_still_counts() -> None:
+    core = router()
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    first = core.submit("first", "echo", "say", None, 0.1)
+    second = core.submit("second", "echo", "say", None, 0.1, timeout=1.0)
+    core.take()
+    core.forget(first)
+    core.forget(second)
+    core.forget(b"c0ffee-99")   # (an unknown id: nothing)
+    answers: list[Any] = []
+    assert core.answer_each([(b"s1", rep(first, "late"))], 0, 0.2, answers.append) == 1
+    assert answers == [] and core.stats["replies"] == 1
+    assert [o for o in core.handle_timer(1.1) if type(o) is Deliver] == []   # (timed out)
+    assert core.pending == 0 and core.stats["timeouts"] == 1
+
+
+def test_deadlines_expire_in_their_order_whatever_the_order_of_the_requests() -> None:
+    """Deadlines in the order of the requests wait in a queue, an earlier one behind a
+    later one in a heap: they expire earliest first, ties in the order of the requests."""
+    core = router(ping_interval=100.0)
+    core.receive(b"s1", intr("echo 1.0"), 0.0)
+    for token, now, timeout in (("a", 0.0, 1.0), ("b", 0.0, 3.0), ("c", 0.5, 0.5),
+                                ("d", 0.5, 2.5), ("e", 1.0, 0.5), ("f", 2.0, 0.5)):
+        core.submit(token, "echo", "say", None, now, timeout=timeout)
+    core.take()
+    assert core.next_deadline() == 1.0
+    expired = [o.item[0] for o in core.handle_timer(3.0) if type(o) is Deliver]
+    assert expired == ["a", "c", "e", "f", "b", "d"]
+    assert core.pending == 0 and not core._due and core._deadlines == []   # noqa: SLF001

@@ -264,7 +264,86 @@ def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
     gate.set()
     assert [r.get(WAIT) for r in held] == ["opened"] * 3
     assert [channel.request("echo", "echo", i) for i in range(100)] == list(range(100))
-    assert channel._core._deadlines == []  # noqa: SLF001
+    assert channel._core._deadlines == [] and not channel._core._due  # noqa: SLF001
+
+
+def test_a_caller_that_stops_waiting_gets_no_late_answer(loop: Loopback) -> None:
+    """A caller killed or timed out (``gevent.Timeout``) while its request waits is left
+    alone when the answer comes: the greenlet waits for something else by then."""
+    channel, gate = _gated(loop)
+    timed_out = gevent.event.Event()
+    after = gevent.event.AsyncResult()
+
+    def impatient() -> None:
+        try:
+            with gevent.Timeout(0.05):
+                channel.request("gate", "wait", timeout=30)
+        except gevent.Timeout:
+            timed_out.set()
+        after.set(gevent.event.Event().wait(0.5))   # (an answer switched in: not False)
+
+    waiting = gevent.spawn(impatient)
+    killed = gevent.spawn(channel.request, "gate", "wait", timeout=30)
+    assert timed_out.wait(WAIT)
+    wait_until(lambda: channel.servers()[0].in_flight == 2)
+    killed.kill(block=True, timeout=WAIT)
+    gate.set()
+    wait_until(lambda: channel.servers()[0].in_flight == 0)
+    assert after.get(WAIT) is False and waiting.join(WAIT) is None
+    assert channel.stats["replies"] == 2 and channel._core.pending == 0  # noqa: SLF001
+    assert channel.request("echo", "echo", 1) == 1
+
+
+def test_callers_answered_by_one_batch_get_their_own_answers(loop: Loopback) -> None:
+    """Callers answered by one batch are switched to in turn, each handing on to the next
+    when it waits again: every caller gets its own answer or error, also a caller that
+    waits for something else in between, or whose answer is an error, or who waits on an
+    ``AsyncResult``."""
+    channel = loop.channel()
+    server = loop.server(channel)
+
+    @server.handler("bad", "reply", raw=True, inline=True)
+    def bad_reply(data: bytes) -> bytes:
+        return b"\xc1"   # (not msgpack: the caller's answer is a ServiceError)
+
+    assert channel.wait_for("bad", timeout=WAIT)
+    got: dict[int, list[Any]] = {}
+
+    def caller(n: int) -> None:
+        mine = got.setdefault(n, [])
+        for i in range(20):
+            if (n + i) % 7 == 0:
+                with pytest.raises(ServiceError):
+                    channel.request("bad", "reply")
+                mine.append("error")
+            elif n % 3 == 1:   # (an AsyncResult answered with the others)
+                mine.append(channel.request_async("echo", "echo", [n, i]).get(timeout=WAIT))
+            else:
+                mine.append(channel.request("echo", "echo", [n, i]))
+            if n % 5 == 0:
+                gevent.sleep(0)   # (waits on the hub, not in a request)
+
+    callers = [gevent.spawn(caller, n) for n in range(40)]
+    gevent.joinall(callers, timeout=WAIT * 4, raise_error=True)
+    assert all(c.successful() for c in callers)
+    assert got == {n: ["error" if (n + i) % 7 == 0 else [n, i] for i in range(20)]
+                   for n in range(40)}
+    assert channel._core.pending == 0 and not channel._ready  # noqa: SLF001
+
+
+def test_request_from_the_hub_itself_is_refused(loop: Loopback) -> None:
+    channel = loop.channel()
+    result = gevent.event.AsyncResult()
+
+    def on_hub() -> None:
+        try:
+            channel.request("echo", "echo", 1)
+        except BaseException as exc:
+            result.set(exc)
+
+    gevent.get_hub().loop.run_callback(on_hub)
+    assert isinstance(result.get(WAIT), gevent.exceptions.BlockingSwitchOutError)
+    assert channel._core.pending == 0  # noqa: SLF001
 
 
 def test_handlers_may_block_in_their_own_greenlet(loop: Loopback) -> None:

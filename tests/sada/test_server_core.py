@@ -152,6 +152,29 @@ def test_the_usual_req_is_handed_over_by_job_of_and_anything_else_left_alone() -
     assert job is not None and core.busy == 1 and core.stats["requests"] == 3
 
 
+def test_job_each_hands_a_batchs_usual_reqs_over_and_stops_at_the_first_other() -> None:
+    """``job_each`` (a driver's ``delivery_each``) hands the jobs of a batch's usual REQs
+    to ``sink`` in order and returns the index of the first message it leaves for
+    ``receive`` (unresolved, busy, malformed, oversized: None), untouched."""
+    core = served(max_concurrent=1)
+    core.link(CHANNEL, 0.0, direct=True)
+    core.receive(ALIAS, req(b"r0", "double", wire_pack(0)), 0.0)   # (resolved from now on)
+    jobs: list[Job] = []
+    batch = [(ALIAS, req(b"r1", "double", wire_pack(1))), (ALIAS, req(b"r2", "add", b"\x90")),
+             (ALIAS, req(b"r3", "add", b"\x90")), (ALIAS, req(b"r4", "double", b"\x04"))]
+    assert core.job_each(batch, 0, 0.1, jobs.append) == 2    # r3: busy past max_concurrent
+    assert [job.request_id for job in jobs] == [b"r1", b"r2"] and core.busy == 1
+    assert core.job_each(batch, 3, 0.1, jobs.append) == 4 and jobs[-1].request_id == b"r4"
+    good = req(b"r5", "double", b"\x05")
+    for other in (good[:-1], good + [b""], [b"x", *good[1:]],             # frames, delimiter
+                  good[:3] + [b""] + good[4:], good[:3] + [b"r" * 256] + good[4:],   # ids
+                  good[:6] + [b"", b"nope"] + good[8:],                   # no such action
+                  wire.encode(Ping()), None):                             # a PING, oversized
+        assert core.job_each([(ALIAS, other)], 0, 0.2, jobs.append) == 0
+    assert len(jobs) == 3 and core.stats["requests"] == 4 and core.take() == []
+    assert core.job_each([], 0, 0.2, jobs.append) == 0
+
+
 def test_an_addressed_core_names_the_channel_first_in_every_message() -> None:
     core = served(addressed=True)
     _, intr = core.link(CHANNEL, 0.0, direct=True)
