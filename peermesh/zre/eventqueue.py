@@ -115,6 +115,28 @@ class _ByteBound(Generic[T]):
         else:                          # one batch's items wait for ``release`` to wake)
             self._enter(item)
 
+    def put_each(self, items: list[T], octets: list[int]) -> None:
+        """``put`` each of ``items`` in order, ``octets`` being the octets of each one's
+        content: one call for a batch, the bounds checked once for all of it (an item
+        that does not fit, or a recount due, and each is ``put`` on its own)."""
+        sizes = self._sizes
+        if sizes is not None:
+            total = sum(octets)
+            held = self.size + total
+            if (self._waiting or held > self.max_bytes
+                    or len(sizes) - len(self._items) > _RECOUNT):
+                for item in items:
+                    self.put(item)
+                return
+            self.size = held
+            self.admitted += total
+            sizes += octets
+        if self._held:
+            self._items += items   # (what ``_enter`` does between hold and release)
+        else:
+            for item in items:
+                self._enter(item)
+
     def _put_checked(self, item: T, size: int, sizes: deque[int]) -> None:
         """``put`` when items wait already, or the count of octets is due (near the
         bound, or ``_RECOUNT`` items taken since the last recount)."""
