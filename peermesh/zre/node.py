@@ -211,15 +211,15 @@ class Node:
         self._failed_listeners: set[int] = set()   # whose traceback was logged already
         self._session = Session(self._uuid, self._name, self._headers, self.config,
                                 linked=self._linked)
+        # a batch's WHISPERs and SHOUTs taken in by one C call, put in the queue by one
+        # call (``Session.delivery_each``) while no listener hears them
         self._session.compiled_take = getattr(zmqbatch.native, "zre_take", None)
+        self._session.batch_sink = getattr(self._events, "put_each", None)
         #: where the session's events go: the queue, or ``_emit`` while listeners listen;
         #: WHISPERs and SHOUTs (``Deliver``) go to ``_message_sink``: the queue unless a
         #: listener hears them
         self._sink: Callable[[Event], None] = self._events.put
         self._message_sink: Callable[[Event], None] = self._events.put
-        #: the queue's ``put_each`` (None: a queue without one; events go one by one)
-        self._put_each: Optional[Callable[[list[Event], list[int]], None]] = getattr(
-            self._events, "put_each", None)
         for group in self.config.contest:
             self._session.contest(_checked_string("group", group))
         for group in self.config.groups:
@@ -498,7 +498,11 @@ class Node:
         peer's send buffer stayed full for ``send_timeout`` (the peer is
         then disconnected).
         """
-        target = self._ready_peer(peer)
+        last = self._last_target
+        if last is not None and last[0] is peer and last[1].ready:
+            target = last[1]   # (``_ready_peer``'s first test, here: a call less per message)
+        else:
+            target = self._ready_peer(peer)
         if len(frames) == 1 and type(frames[0]) is bytes:  # the usual case: as given
             content: Sequence[bytes] = frames  # type: ignore[assignment]
         elif frames:
@@ -510,7 +514,8 @@ class Node:
         if backlog and not link.has_room():
             self._wait_room(target)
             backlog = link.backlog
-        sequence = target.next_sequence()   # (once there is room)
+        target.total += 1   # (``next_sequence``, once there is room: a call less)
+        sequence = target.sent = (target.sent + 1) & 0xFFFF
         send = link.send_numbered
         if send is None or backlog or not send(_WHISPER_HEAD, sequence, content):
             # Queued built whole as a tuple: a tuple of bytes is untracked by Python's
@@ -641,6 +646,8 @@ class Node:
         put = self._events.put
         self._sink = self._emit if self._listeners else put
         self._message_sink = self._emit if self._message_listeners else put
+        self._session.batch_sink = (None if self._message_listeners
+                                    else getattr(self._events, "put_each", None))
         if self._driver is not None:
             self._driver.on_deliver = self._message_sink   # (the fast path's messages)
 
@@ -951,7 +958,7 @@ class Node:
         session = self._session
         driver = self._driver = Driver(
             session, self.transport, on_deliver=self._message_sink, delivery=session.delivery,
-            delivery_each=self._delivery_each, carry_out=self._apply,
+            delivery_each=session.delivery_each, carry_out=self._apply,
             on_timer=self._before_timer, on_oversized=self._on_oversized,
             clock=self._clock, name=f"node {self._name}")
         gate = self._gate
@@ -967,21 +974,6 @@ class Node:
             return False
         driver.listen(self._mailbox, "User-Id", self._events, admit=admit,
                       admitted=gate.authenticated.get, replies=False)
-
-    def _delivery_each(self, batch: Sequence[tuple[Any, Optional[list[bytes]]]], start: int,
-                       now: float, sink: Callable[[Event], None]) -> int:
-        """The driver's batch fast path (``Session.delivery_each``): while no listener
-        hears messages, a batch's WHISPERs and SHOUTs go into the event queue in one
-        ``put_each`` (``Session.delivery_list``: in C with the extension)."""
-        put_each = self._put_each
-        if put_each is None or self._message_listeners:
-            return self._session.delivery_each(batch, start, now, sink)
-        events: list[Event] = []
-        sizes: list[int] = []
-        end = self._session.delivery_list(batch, start, now, events, sizes)
-        if events:
-            put_each(events, sizes)
-        return end
 
     @property
     def _greenlets(self) -> list[gevent.Greenlet]:
