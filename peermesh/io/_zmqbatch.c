@@ -555,13 +555,17 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         (sizes != Py_None && !PyList_Check(sizes)))
         return PyErr_Format(PyExc_TypeError, "peers and groups must be dicts, events and "
                             "sizes lists");
-    PyTypeObject *cls;
-    PyObject *whisper_prefix, *whisper_type, *shout_prefix, *shout_type;
-    if (!PyArg_ParseTuple(shape, "O!SOSO:zre_take shape", &PyType_Type, &cls,
-                          &whisper_prefix, &whisper_type, &shout_prefix, &shout_type))
-        return NULL;
-    if (PyBytes_GET_SIZE(whisper_prefix) != 4 || PyBytes_GET_SIZE(shout_prefix) != 4)
-        return PyErr_Format(PyExc_ValueError, "the prefixes are 4 octets");
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 5)
+        return PyErr_Format(PyExc_TypeError, "shape is (event_class, WHISPER prefix, WHISPER "
+                            "type, SHOUT prefix, SHOUT type)");
+    PyTypeObject *cls = (PyTypeObject *)PyTuple_GET_ITEM(shape, 0);
+    PyObject *whisper_prefix = PyTuple_GET_ITEM(shape, 1);
+    PyObject *whisper_type = PyTuple_GET_ITEM(shape, 2);
+    PyObject *shout_prefix = PyTuple_GET_ITEM(shape, 3);
+    PyObject *shout_type = PyTuple_GET_ITEM(shape, 4);
+    if (!PyType_Check(cls) || !PyBytes_Check(whisper_prefix) || !PyBytes_Check(shout_prefix) ||
+        PyBytes_GET_SIZE(whisper_prefix) != 4 || PyBytes_GET_SIZE(shout_prefix) != 4)
+        return PyErr_Format(PyExc_TypeError, "shape: a class, then 4-octet prefixes");
     Py_ssize_t at = PyLong_AsSsize_t(args[1]);
     if (at == -1 && PyErr_Occurred())
         return NULL;
@@ -619,9 +623,9 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             else
                 octets += PyBytes_GET_SIZE(frame);
         }
-        PyObject *content = kind ? PyList_GetSlice(frames, 1, n) : NULL;
-        PyObject *frozen = content ? PyList_AsTuple(content) : NULL;
-        Py_XDECREF(content);
+        PyObject *frozen = kind ? PyTuple_New(n - 1) : NULL; /* the content frames */
+        for (Py_ssize_t i = 1; frozen && i < n; i++)
+            PyTuple_SET_ITEM(frozen, i - 1, Py_NewRef(PyList_GET_ITEM(frames, i)));
         PyObject *uuid = frozen ? PyObject_GetAttr(peer, s_uuid) : NULL;
         PyObject *name = uuid ? PyObject_GetAttr(peer, s_name) : NULL;
         PyObject *event = name ? new_event(cls, kind == 1 ? whisper_type : shout_type, uuid,
@@ -666,7 +670,16 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (failed)
         return NULL;
-    return Py_BuildValue("(nnn)", at, whispers, shouts);
+    PyObject *counts[3] = {PyLong_FromSsize_t(at), PyLong_FromSsize_t(whispers),
+                           PyLong_FromSsize_t(shouts)};
+    PyObject *result = counts[0] && counts[1] && counts[2] ? PyTuple_New(3) : NULL;
+    for (int i = 0; i < 3; i++) {
+        if (result)
+            PyTuple_SET_ITEM(result, i, counts[i]);
+        else
+            Py_XDECREF(counts[i]);
+    }
+    return result;
 }
 
 static PyMethodDef methods[] = {
