@@ -514,11 +514,56 @@ intern_names(void)
     return 0;
 }
 
-/* The peer's attribute `name` as a C long (-1 with an exception). */
-static long
-long_attr(PyObject *peer, PyObject *name)
+/* A peer's fields zre_take reads or writes, and where each lives in an instance of the
+ * last peer class seen when it is a slot (0: through getattr/setattr). */
+enum { P_READY, P_WANT, P_UUID, P_NAME, P_LAST_SEEN, P_NEXT_PING, PEER_FIELDS };
+static PyObject **const peer_names[PEER_FIELDS] = {&s_ready, &s_want, &s_uuid, &s_name,
+                                                   &s_last_seen, &s_next_ping};
+static PyTypeObject *peer_class;
+static Py_ssize_t peer_offsets[PEER_FIELDS];
+
+static Py_ssize_t
+peer_offset(PyObject *peer, int field)
 {
-    PyObject *value = PyObject_GetAttr(peer, name);
+    PyTypeObject *cls = Py_TYPE(peer);
+    if (cls != peer_class) {
+        for (int i = 0; i < PEER_FIELDS; i++) {
+            PyObject *descr = _PyType_Lookup(cls, *peer_names[i]); /* borrowed */
+            peer_offsets[i] = descr && Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                              ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX
+                              ? ((PyMemberDescrObject *)descr)->d_member->offset : 0;
+        }
+        Py_INCREF(cls);
+        Py_XSETREF(peer_class, cls);
+    }
+    return peer_offsets[field];
+}
+
+/* peer.<field> (a new reference; NULL with an exception). */
+static PyObject *
+peer_get(PyObject *peer, int field)
+{
+    Py_ssize_t offset = peer_offset(peer, field);
+    PyObject *value = offset ? *(PyObject **)((char *)peer + offset) : NULL;
+    return value ? Py_NewRef(value) : PyObject_GetAttr(peer, *peer_names[field]);
+}
+
+/* peer.<field> = value (-1 with an exception). */
+static int
+peer_set(PyObject *peer, int field, PyObject *value)
+{
+    Py_ssize_t offset = peer_offset(peer, field);
+    if (!offset)
+        return PyObject_SetAttr(peer, *peer_names[field], value);
+    Py_XSETREF(*(PyObject **)((char *)peer + offset), Py_NewRef(value));
+    return 0;
+}
+
+/* The peer's field as a C long (-1 with an exception). */
+static long
+peer_long(PyObject *peer, int field)
+{
+    PyObject *value = peer_get(peer, field);
     if (!value)
         return -1;
     long result = PyLong_AsLong(value);
@@ -589,10 +634,10 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         Py_INCREF(peer); /* (a refresh could drop the table's reference) */
-        PyObject *ready = PyObject_GetAttr(peer, s_ready);
+        PyObject *ready = peer_get(peer, P_READY);
         int is_ready = ready ? PyObject_IsTrue(ready) : -1;
         Py_XDECREF(ready);
-        long want = is_ready > 0 ? long_attr(peer, s_want) : -1;
+        long want = is_ready > 0 ? peer_long(peer, P_WANT) : -1;
         PyObject *head = PyList_GET_ITEM(frames, 0);
         Py_ssize_t n = PyList_GET_SIZE(frames), octets = 0;
         PyObject *group = NULL;
@@ -626,8 +671,8 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *frozen = kind ? PyTuple_New(n - 1) : NULL; /* the content frames */
         for (Py_ssize_t i = 1; frozen && i < n; i++)
             PyTuple_SET_ITEM(frozen, i - 1, Py_NewRef(PyList_GET_ITEM(frames, i)));
-        PyObject *uuid = frozen ? PyObject_GetAttr(peer, s_uuid) : NULL;
-        PyObject *name = uuid ? PyObject_GetAttr(peer, s_name) : NULL;
+        PyObject *uuid = frozen ? peer_get(peer, P_UUID) : NULL;
+        PyObject *name = uuid ? peer_get(peer, P_NAME) : NULL;
         PyObject *event = name ? new_event(cls, kind == 1 ? whisper_type : shout_type, uuid,
                                            name, group, frozen) : NULL;
         Py_XDECREF(frozen);
@@ -640,10 +685,10 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         /* taken in, as delivery_each does: the sequence, the time, the silence */
         PyObject *next = PyLong_FromLong((want + 1) & 0xFFFF);
-        int ok = next && PyObject_SetAttr(peer, s_want, next) == 0 &&
-                 PyObject_SetAttr(peer, s_last_seen, now) == 0;
+        int ok = next && peer_set(peer, P_WANT, next) == 0 &&
+                 peer_set(peer, P_LAST_SEEN, now) == 0;
         Py_XDECREF(next);
-        PyObject *ping = ok ? PyObject_GetAttr(peer, s_next_ping) : NULL;
+        PyObject *ping = ok ? peer_get(peer, P_NEXT_PING) : NULL;
         int pinged = ping ? PyObject_IsTrue(ping) : -1;
         Py_XDECREF(ping);
         if (pinged > 0) {
