@@ -307,10 +307,11 @@ class GreenEventQueue(_ByteBound[T]):
             try:
                 woken = waiter.get()
             finally:
-                if timer is self._timer:
-                    timer.stop()
-                elif timer is not None:
-                    timer.close()
+                if timer is not None:
+                    if timer is self._timer:
+                        timer.stop()
+                    else:
+                        timer.close()
                 if self._waiters and waiter in self._waiters:  # put() did not take it
                     self._waiters.remove(waiter)
             if not items:
