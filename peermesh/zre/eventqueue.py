@@ -27,7 +27,6 @@ same hub; ``ThreadEventQueue`` serves consumers in other threads;
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
 

@@ -904,14 +904,16 @@ class Session(Outputs):
             return start
         events: list[Event] = []
         octets: list[int] = []
-        end, whispers, shouts = take(batch, start, self.by_identity, self._group_fields, now,
-                                     events, octets, _TAKEN_SHAPE)
+        try:
+            end, whispers, shouts = take(batch, start, self.by_identity, self._group_fields,
+                                         now, events, octets, _TAKEN_SHAPE)
+        finally:   # (what was taken in is handed on, even if the call failed after it)
+            if events:
+                put_each(events, octets)
         if whispers:
             self.received_whispers += whispers
         if shouts:
             self.received_shouts += shouts
-        if events:
-            put_each(events, octets)
         return end   # type: ignore[no-any-return]
 
     def _delivery_loop(self, batch: Sequence[tuple[Hashable, Optional[list[bytes]]]],
