@@ -412,8 +412,14 @@ class RequestRouter(Outputs):
         server.in_flight += 1
         pending.sent_at = now
         fields = pending.fields
-        self._send(server.identity, [_DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0],
-                                     version_frame, fields[1], fields[2], pending.body])
+        identity = server.identity
+        if self._addressed:   # (the usual message: made whole at once, no copy)
+            self._outputs.append(SendOutput(identity, (
+                identity, _DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0], version_frame,
+                fields[1], fields[2], pending.body)))
+        else:
+            self._send(identity, [_DELIMITER, _PROTOCOL, _REQ, pending.rid, fields[0],
+                                  version_frame, fields[1], fields[2], pending.body])
 
     def _choose(self, pending: _Pending) -> Optional[tuple[bytes, _Server]]:
         """The server for ``pending`` and the version frame to ask it for, or None."""

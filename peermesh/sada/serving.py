@@ -27,7 +27,7 @@ new REQs are answered 503; past ``max_concurrent`` running handlers too.
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional
 
 from ..core import Deliver, Dial, Hangup, Output, Outputs, Send
 from ..counters import Counters
@@ -140,12 +140,9 @@ class ServerCore(Outputs):
             self._send_intr(alias)
         return self.take()
 
-    def _to(self, alias: Any, frames: Sequence[bytes]) -> Send:
-        """A ``Send`` of ``frames`` to ``alias`` (its routing id first when ``addressed``)."""
-        return Send(alias, (alias, *frames) if self.addressed else frames)
-
     def _send_intr(self, alias: bytes) -> None:
-        self._outputs.append(self._to(alias, self._intr))
+        self._outputs.append(Send(alias, (alias, *self._intr) if self.addressed
+                                  else self._intr))
         self.stats["intr_sent"] += 1
 
     def stop(self) -> list[Output]:
@@ -275,7 +272,7 @@ class ServerCore(Outputs):
             return []
         kind = type(message)
         if kind is Ping:
-            return [self._to(alias, _PONG)]
+            return [Send(alias, (alias, *_PONG) if self.addressed else _PONG)]
         if kind is Rintr:
             self._send_intr(alias)
             return self.take()
@@ -345,8 +342,11 @@ class ServerCore(Outputs):
         if status >= 400:
             stats["errors"] += 1
         stats["replies"] += 1
-        return [self._to(alias, (_DELIMITER, _PROTOCOL, _REP, request_id, _STATUS[status],
-                                 payload))]
+        if self.addressed:
+            return [Send(alias, (alias, _DELIMITER, _PROTOCOL, _REP, request_id,
+                                 _STATUS[status], payload))]
+        return [Send(alias, (_DELIMITER, _PROTOCOL, _REP, request_id, _STATUS[status],
+                             payload))]
 
     def unsent(self, frames: Any) -> None:
         """A message found no way to its channel (``frames`` as sent: after the routing
