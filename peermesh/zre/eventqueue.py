@@ -27,7 +27,6 @@ same hub; ``ThreadEventQueue`` serves consumers in other threads;
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
 
@@ -114,6 +113,28 @@ class _ByteBound(Generic[T]):
             self._items.append(item)   # (every queue's ``_enter`` between hold and release:
         else:                          # one batch's items wait for ``release`` to wake)
             self._enter(item)
+
+    def put_each(self, items: list[T], octets: list[int]) -> None:
+        """``put`` each of ``items`` in order, ``octets`` being the octets of each one's
+        content: one call for a batch, the bounds checked once for all of it (an item
+        that does not fit, or a recount due, and each is ``put`` on its own)."""
+        sizes = self._sizes
+        if sizes is not None:
+            total = sum(octets)
+            held = self.size + total
+            if (self._waiting or held > self.max_bytes
+                    or len(sizes) - len(self._items) > _RECOUNT):
+                for item in items:
+                    self.put(item)
+                return
+            self.size = held
+            self.admitted += total
+            sizes += octets
+        if self._held:
+            self._items += items   # (what ``_enter`` does between hold and release)
+        else:
+            for item in items:
+                self._enter(item)
 
     def _put_checked(self, item: T, size: int, sizes: deque[int]) -> None:
         """``put`` when items wait already, or the count of octets is due (near the
@@ -222,15 +243,17 @@ class GreenEventQueue(_ByteBound[T]):
     woken once, at the end, so a burst costs one switch, not one per event.
     """
 
-    __slots__ = ("_waiters", "_hub", "_timer")
+    __slots__ = ("_waiters", "_hub", "_loop", "_timer", "_timer_for")
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
         self._waiters: deque[Waiter] = deque()
         self._hub = gevent.get_hub()
+        self._loop = self._hub.loop
         #: the timer of the last ``get`` that waited with a timeout, kept for the next one
         #: of the same timeout (a consumer that waits per event makes no timer each time)
         self._timer: Any = None
+        self._timer_for = 0.0   # the timeout it was made for
 
     def __len__(self) -> int:
         return len(self._items)
@@ -264,30 +287,24 @@ class GreenEventQueue(_ByteBound[T]):
     def get(self, timeout: Optional[float] = None) -> Optional[T]:
         """The next item, or None after ``timeout`` seconds (None: wait for ever)."""
         items = self._items
-        deadline = None
-        while not items:
-            timer = None
+        if not items:
+            # The usual wait (a consumer that waits per event): one Waiter, the kept timer
+            # started and stopped, no clock read unless it must wait again
             if timeout is not None:
-                if deadline is None:   # the first wait: the whole timeout, on a kept timer
-                    if timeout <= 0:
-                        return None
-                    deadline = time.monotonic() + timeout
-                    timer = self._timer
-                    if timer is None or timer.at != timeout or timer.active:
-                        if timer is not None and not timer.active:
-                            timer.close()
-                        timer = self._timer = self._hub.loop.timer(timeout)
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return None
-                    timer = self._hub.loop.timer(remaining)
+                if timeout <= 0:
+                    return None
+                timer = self._timer
+                if timer is None or self._timer_for != timeout or timer.active:
+                    timer = self._keep_timer(timeout)
+            else:
+                timer = None
             waiter: Waiter = Waiter(self._hub)
             self._waiters.append(waiter)
-            if timer is not None:
-                timer.start(waiter.switch, _TIMED_OUT, update=True)
+            if timer is not None:   # (``again``: the whole timeout, repeated until stopped)
+                timer.again(waiter.switch, _TIMED_OUT, update=True)
+                started = self._loop.now()   # (just updated: no clock read of its own)
             try:
-                waiter.get()
+                woken = waiter.get()
             finally:
                 if timer is not None:
                     if timer is self._timer:
@@ -296,10 +313,54 @@ class GreenEventQueue(_ByteBound[T]):
                         timer.close()
                 if self._waiters and waiter in self._waiters:  # put() did not take it
                     self._waiters.remove(waiter)
+            if not items:
+                if woken is _TIMED_OUT:
+                    return None
+                return self._get_again(started if timer is not None else 0.0, timeout)
         item = items.popleft()
         if len(items) <= self._resume_at and not self._room.is_set():
             self._room.set()
         return item
+
+    def _keep_timer(self, timeout: float) -> Any:
+        """The timer for a wait of ``timeout``: one kept for the next wait of the same
+        timeout (made anew for another timeout), or one of its own while the kept one
+        runs for another consumer. It repeats every ``timeout`` (``again`` restarts it
+        from the whole of it: a timer stopped early keeps only what was left)."""
+        timer = self._timer
+        if timer is not None and timer.active:   # another consumer waits on it
+            return self._loop.timer(timeout, timeout)
+        if timer is not None:
+            timer.close()
+        timer = self._timer = self._loop.timer(timeout, timeout)
+        self._timer_for = timeout
+        return timer
+
+    def _get_again(self, started: Any, timeout: Optional[float]) -> Optional[T]:
+        """``get`` woken with nothing for it (another consumer took the item): wait for
+        what is left of ``timeout`` from ``started`` (the hub's clock when it began)."""
+        loop = self._loop
+        items = self._items
+        while not items:
+            remaining = None
+            if timeout is not None:
+                loop.update_now()
+                remaining = started + timeout - loop.now()
+                if remaining <= 0:
+                    return None
+            waiter: Waiter = Waiter(self._hub)
+            self._waiters.append(waiter)
+            timer = loop.timer(remaining) if remaining is not None else None
+            if timer is not None:
+                timer.start(waiter.switch, _TIMED_OUT, update=True)
+            try:
+                waiter.get()
+            finally:
+                if timer is not None:
+                    timer.close()
+                if self._waiters and waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        return self.get(0)
 
 
 _TIMED_OUT = object()

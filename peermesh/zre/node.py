@@ -56,6 +56,7 @@ from ..discovery.beacon import BeaconDiscovery, parse_seed
 from ..errors import (AmbiguousPeerError, NodeStateError, PeermeshError, PeerNotResponding,
                       UnknownPeerError)
 from ..events import Event, EventType, until_stop
+from ..io import zmqbatch
 from ..io.driver import Driver
 from ..io.transport import ZmqTransport
 from ..net.interfaces import Interface
@@ -210,6 +211,10 @@ class Node:
         self._failed_listeners: set[int] = set()   # whose traceback was logged already
         self._session = Session(self._uuid, self._name, self._headers, self.config,
                                 linked=self._linked)
+        # a batch's WHISPERs and SHOUTs taken in by one C call, put in the queue by one
+        # call (``Session.delivery_each``) while no listener hears them
+        self._session.compiled_take = getattr(zmqbatch.native, "zre_take", None)
+        self._session.batch_sink = getattr(self._events, "put_each", None)
         #: where the session's events go: the queue, or ``_emit`` while listeners listen;
         #: WHISPERs and SHOUTs (``Deliver``) go to ``_message_sink``: the queue unless a
         #: listener hears them
@@ -493,7 +498,11 @@ class Node:
         peer's send buffer stayed full for ``send_timeout`` (the peer is
         then disconnected).
         """
-        target = self._ready_peer(peer)
+        last = self._last_target
+        if last is not None and last[0] is peer and last[1].ready:
+            target = last[1]   # (``_ready_peer``'s first test, here: a call less per message)
+        else:
+            target = self._ready_peer(peer)
         if len(frames) == 1 and type(frames[0]) is bytes:  # the usual case: as given
             content: Sequence[bytes] = frames  # type: ignore[assignment]
         elif frames:
@@ -505,7 +514,8 @@ class Node:
         if backlog and not link.has_room():
             self._wait_room(target)
             backlog = link.backlog
-        sequence = target.next_sequence()   # (once there is room)
+        target.total += 1   # (``next_sequence``, once there is room: a call less)
+        sequence = target.sent = (target.sent + 1) & 0xFFFF
         send = link.send_numbered
         if send is None or backlog or not send(_WHISPER_HEAD, sequence, content):
             # Queued built whole as a tuple: a tuple of bytes is untracked by Python's
@@ -636,6 +646,8 @@ class Node:
         put = self._events.put
         self._sink = self._emit if self._listeners else put
         self._message_sink = self._emit if self._message_listeners else put
+        self._session.batch_sink = (None if self._message_listeners
+                                    else getattr(self._events, "put_each", None))
         if self._driver is not None:
             self._driver.on_deliver = self._message_sink   # (the fast path's messages)
 

@@ -203,6 +203,24 @@ def test_native_calls_check_their_arguments(zmq_path: str) -> None:
         native.events("not a handle")
 
 
+def test_zre_take_checks_its_arguments_and_makes_events_of_slots_only(zmq_path: str) -> None:
+    from peermesh.events import Event, EventType
+    from peermesh.wire import zre
+
+    native = native_only(zmq_path)
+    shape = (Event, zre.WHISPER_PREFIX, EventType.WHISPER, zre.SHOUT_PREFIX, EventType.SHOUT)
+    assert native.zre_take([], 0, {}, {}, 0.0, [], None, shape) == (0, 0, 0)
+    with pytest.raises(TypeError):
+        native.zre_take([], 0, {}, {}, 0.0, [], None)
+    with pytest.raises(TypeError):
+        native.zre_take([], 0, {}, {}, 0.0, [], None, (Event, b"\xaa\xa1", 1, b"", 2))
+
+    class Plain:   # (fields not slots: no event of it is made behind its __init__)
+        type = peer = name = group = frames = headers = address = reason = None
+    with pytest.raises(TypeError):
+        native.zre_take([], 0, {}, {}, 0.0, [], None, (Plain, *shape[1:]))
+
+
 def test_numbered_sends_write_the_sequence_into_the_head_and_go_whole_or_not_at_all(
         zmq_path: str, transport: ZmqTransport, mailbox: Mailbox) -> None:
     native = native_only(zmq_path)

@@ -376,6 +376,29 @@ def test_content_larger_than_the_whole_bound_is_dropped_and_counted() -> None:
     assert queue.dropped == 1 and len(queue) == 1 and not queue.full()
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["batch", "alone"])
+def test_put_each_keeps_the_bounds_put_keeps(held: bool) -> None:
+    # A batch put whole while it fits (one call); past the bound in octets each item as
+    # ``put`` takes it: what fits goes in, the rest waits in order, the too-large dropped.
+    queues = [GreenEventQueue[Event](1000), GreenEventQueue[Event](1000)]
+    batches = [[whisper(1000), whisper(500)], [whisper(900), whisper(2_501), whisper(200)]]
+    for queue in queues:
+        queue.bound_bytes(2_500)
+    for batch in batches:
+        if held:
+            queues[1].hold()
+        queues[0].put_each(batch, [sum(map(len, e.frames)) for e in batch])
+        for event in batch:
+            queues[1].put(event)
+        queues[1].release()
+    for queue in queues:
+        assert (len(queue), queue.waiting(), queue.dropped, queue.octets()) == (3, 1, 1, 2_400)
+        assert queue.admitted == 2_400 and queue.full()
+    assert [queues[0].get(0) for _ in range(3)] == [queues[1].get(0) for _ in range(3)] == [
+        batches[0][0], batches[0][1], batches[1][0]]
+    assert not queues[0].full() and queues[0].get(0) is batches[1][2]
+
+
 def test_thread_queue_counts_what_other_threads_took() -> None:
     queue: ThreadEventQueue[Event] = ThreadEventQueue(1000, lambda fn: fn())
     queue.bound_bytes(10_000)

@@ -26,6 +26,17 @@ def test_a_wait_is_ended_by_a_put_and_a_timeout_ends_one_with_nothing() -> None:
     assert queue.get(0) == 7
 
 
+def test_a_wait_without_a_timeout_before_any_with_one_is_ended_by_a_put() -> None:
+    queue: GreenEventQueue[int] = GreenEventQueue(100)
+    for i in range(3):   # (no timer made yet, none kept)
+        gevent.get_hub().loop.run_callback(queue.put, i)
+        assert queue.get() == i
+    gevent.get_hub().loop.run_callback(queue.put, 3)
+    assert queue.get(10.0) == 3
+    gevent.get_hub().loop.run_callback(queue.put, 4)
+    assert queue.get() == 4
+
+
 def test_consumers_waiting_together_each_get_their_item_or_their_timeout() -> None:
     queue: GreenEventQueue[int] = GreenEventQueue(100)
     got: list[object] = []

@@ -741,6 +741,65 @@ def test_delivery_each_takes_a_batch_up_to_the_first_message_for_receive() -> No
     assert len(events) == 5
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "c"])
+def test_a_batch_sink_gets_what_delivery_each_takes_with_the_octets(compiled: bool) -> None:
+    # With ``batch_sink`` (and the extension's ``compiled_take``: one C call per run)
+    # ``delivery_each`` takes in exactly what it takes one by one, the events equal to
+    # those, handed on a batch at a time with each one's content octets
+    from peermesh.io import zmqbatch
+
+    take = getattr(zmqbatch.native, "zre_take", None)
+    if compiled and take is None:
+        pytest.skip(f"C extension unavailable: {zmqbatch.why_not}")
+    runs = []
+    for fast in (False, True):   # the reference (one by one), then the one tested
+        c, peer = _bob_in_mine()
+        session, identity = c.session, peer.identity
+        if fast:   # (without compiled_take the batch sink is not used: sink is)
+            session.compiled_take = take if compiled else None
+            session.batch_sink = lambda got, octets: (events.extend(got), sizes.extend(octets))
+        stranger = Remote("stranger", 50002)
+
+        def item(message: zre.Message) -> tuple[bytes, Any]:
+            return identity, zre.encode(message)
+        batch: list[tuple[bytes, Any]] = [
+            item(peer.whisper(b"one")), item(zre.Shout(peer.next(), "mine", (b"a", b"bc"))),
+            item(zre.Whisper(peer.next(), ())), item(peer.whisper(b"two")), (identity, None),
+            item(peer.whisper(b"three")), item(zre.Ping(peer.next())),
+            item(zre.Shout(peer.next(), "other", (b"x",))),
+            item(peer.whisper(b"four")), (stranger.identity, zre.encode(zre.Whisper(1, (b"x",)))),
+            item(zre.Whisper(peer.sequence + 5, (b"gap",))), (identity, []),
+            (identity, [b"\xaa\xa1\x02"])]
+        events: list[Event] = []
+        sizes: list[int] = []
+        ends = []
+        bob = session.peers[peer.uuid]
+        for start, now in ((0, 0.5), (4, 0.6), (5, 0.6), (8, 0.7), (9, 0.7), (10, 0.7),
+                           (11, 0.7), (12, 0.7), (len(batch), 0.7)):
+            before = len(events)
+            end = session.delivery_each(batch, start, now, events.append)
+            if not (fast and compiled):
+                sizes += [sum(map(len, e.frames)) for e in events[before:]]
+            ends.append(end)
+            if start == 5:   # the PING and the SHOUT into another group: receive's
+                c.answer(session.receive(*batch[6], 0.6))
+                c.answer(session.receive(*batch[7], 0.6))
+                bob.next_ping, bob.evasive = 9.0, True   # (a silence: refreshed by the next)
+        assert all(e == Event(e.type, bob.uuid, "bob", e.group, e.frames) for e in events)
+        runs.append((ends, [(e.type, e.name, e.group, e.frames) for e in events], sizes,
+                     session.received_whispers, session.received_shouts, bob.want,
+                     bob.last_seen, bob.next_ping, bob.evasive))
+    assert runs[0] == runs[1]
+    ends, events, sizes = runs[1][:3]
+    assert ends == [4, 4, 6, 9, 9, 10, 11, 12, 13]
+    assert events == [
+        (WHISPER, "bob", None, (b"one",)), (SHOUT, "bob", "mine", (b"a", b"bc")),
+        (WHISPER, "bob", None, ()), (WHISPER, "bob", None, (b"two",)),
+        (WHISPER, "bob", None, (b"three",)), (WHISPER, "bob", None, (b"four",))]
+    assert sizes == [3, 3, 0, 3, 5, 4]
+    assert runs[1][3:] == (5, 2, runs[1][5], 0.7, 0.0, False)   # (a SHOUT elsewhere counts)
+
+
 def test_contract_a_silent_peer_is_evicted_at_the_deadline_it_named() -> None:
     c = Harness()
     peer = Remote("bob", 50001)
