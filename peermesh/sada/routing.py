@@ -729,8 +729,7 @@ class RequestRouter(Outputs):
         for as long as they are the usual REP: the index of the first that is not
         (``len(batch)``: none), left as it was for ``receive``. One call per batch, not
         per message (a driver's ``delivery_each``)."""
-        pendings, status_of, reply_times, due = (self._pending, _STATUS_OF, self.reply_times,
-                                                 self._due)
+        pendings, status_of = self._pending, _STATUS_OF
         at, end = start, len(batch)
         while at < end:
             identity, frames = batch[at]
@@ -746,37 +745,11 @@ class RequestRouter(Outputs):
                     or status >= 400):
                 return at
             at += 1
-            # _count_reply, _value_of and _settle written out: the path of every reply
             server.last_heard = now
             server.suspect = False
-            server.replies += 1
-            took = now - pending.sent_at
-            server.latency += _EWMA * (took - server.latency)
-            self._replies += 1
-            reply_times.add(took)
-            payload = frames[5]
-            if pending.raw:
-                value, error = payload, None
-            elif not payload:
-                value, error = None, None
-            else:
-                try:
-                    value, error = _unpackb(payload, raw=False, strict_map_key=False), None
-                except Exception:   # (the error it is)
-                    value, error = self._value_of(server, pending, payload)
-            token = pending.token
-            pending.token = None
-            pending.body = b""
-            del pendings[pending.rid]
-            server.in_flight -= 1
-            pending.server = None
-            if pending.parked:
-                pending.parked = False
-                self._parked.remove(pending)
-            while due and due[0].token is None:   # answered early: forget
-                due.popleft()
-            if self._deadlines:
-                self._pop_answered()
+            self._count_reply(server, pending, now)
+            value, error = self._value_of(server, pending, frames[5])
+            token = self._settle(pending)
             if token is not _FORGOTTEN:
                 sink((token, value, error))
         return at
