@@ -68,8 +68,9 @@ path. ``answer_of(identity, frames, now)`` takes such a REP in and returns its
 caller's answer itself, no outputs made (a driver's ``delivery`` fast path), and
 ``answer_each`` takes a batch's in one call (``delivery_each``); ``known_frames``
 names the frames such messages have (a reader may make them once). A caller that
-stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every ``Send``'s frames start with the server's routing id
-(a driver's ``addressed`` option: sent as they are).
+stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every
+``Send``'s frames start with the server's routing id (a driver's ``addressed``
+option: sent as they are).
 
 Kept whole: one sans-io core (``RequestRouter``): choosing a server, timeouts, retries
 and what each server is known to offer are decisions over the same table of pending

@@ -44,11 +44,11 @@ core on the contract of ``peermesh.core``, served by the one driver
 driver reads it in batches, hands each message to the core and carries out
 what comes back (PONGs, INTRs and REPs as ``Send``, a channel to connect to as
 ``Dial``, one forgotten as ``Hangup``); a REQ comes out as a ``Deliver`` of its
-job (a batch's usual REQs as the jobs themselves, straight from the reader: ``ServerCore.job_each``),
-which this module runs (``workers``) and whose outcome it gives back to the core. While
-stopping, the server INTRs an empty catalog, answers new REQs with 503
-(channels send those elsewhere) and lets running handlers finish for up to
-``grace`` seconds.
+job (a batch's usual REQs as the jobs themselves, straight from the reader:
+``ServerCore.job_each``), which this module runs (``workers``) and whose outcome
+it gives back to the core. While stopping, the server INTRs an empty catalog,
+answers new REQs with 503 (channels send those elsewhere) and lets running
+handlers finish for up to ``grace`` seconds.
 """
 
 from __future__ import annotations
@@ -331,10 +331,7 @@ class Server(Overlay):
         if handler.inline:
             result: Any = call(handler, job.payload, job.request)
             if type(result) is tuple:
-                outputs = self._core.reply(job, *result)
-                driver = self._driver   # (_cork's steps: the path of every inline reply)
-                if outputs and driver is not None and not driver.closed:
-                    driver.cork(outputs)
+                self._cork(self._core.reply(job, *result))
             else:
                 result.rawlink(lambda done: self._cork(
                     self._core.reply(job, *finish(handler, done))))
