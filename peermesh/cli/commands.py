@@ -81,11 +81,11 @@ def _main(argv: list[str]) -> int:
         if probe is not None and not isinstance(probe, BaseException):
             plain.agent_probe = probe
             return _execute(plain)
-    from .parser import BUILTIN, build_parser
+    from .parser import BUILTIN, COMMANDS_OF, build_parser
 
     first = next((a for a in argv if not a.startswith("-")), None)
-    builtin = first in BUILTIN
-    parser = build_parser(command_modules=not builtin, only=first if builtin else None)
+    known = first in BUILTIN or first in COMMANDS_OF
+    parser = build_parser(command_modules=first not in BUILTIN, only=first if known else None)
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own usage line, not the top-level one
         getattr(args, "usage_parser", parser).error(

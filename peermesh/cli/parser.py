@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from ..config import NodeConfig
 
-__all__ = ["build_parser", "BUILTIN", "COMMAND_MODULES", "PEER_STATES"]
+__all__ = ["build_parser", "BUILTIN", "COMMAND_MODULES", "COMMANDS_OF", "PEER_STATES"]
 
 #: modules whose ``add_commands(command)`` adds overlay subcommands; ``command``
 #: is build_parser's factory: command(name, summary, description, examples,
@@ -41,6 +41,16 @@ COMMAND_MODULES: tuple[str, ...] = (
     "peermesh.mtl.commands",
     "peermesh.cli.keygen",
 )
+#: the top-level commands each of ``COMMAND_MODULES`` adds: running one loads its module
+#: alone (each loads its overlay, a few tenths of a second), the full help all of them
+COMMANDS_OF: dict[str, str] = {
+    "simulate": "peermesh.sim.commands",
+    **dict.fromkeys(("broker", "file", "job", "worker"), "peermesh.nfp.commands"),
+    **dict.fromkeys(("call", "serve", "services"), "peermesh.sada.commands"),
+    "flux": "peermesh.flux.commands",
+    "mtl": "peermesh.mtl.commands",
+    "keygen": "peermesh.cli.keygen",
+}
 #: a peer's liveness, as ``peers --status`` filters it
 PEER_STATES = ("alive", "evasive", "silent")
 
@@ -242,7 +252,8 @@ def build_parser(command_modules: bool = True,
     """The argument parser of the ``peermesh`` command.
 
     ``command_modules``: with the overlays' commands; ``only``: with just that
-    one of the built-in commands (all of them when None).
+    command, built in or an overlay's (``COMMANDS_OF``: only its module is loaded;
+    all of them when None).
     """
     import argparse
 
@@ -299,7 +310,9 @@ Run '{PROG} COMMAND --help' for the options of a command.
     for name, add in BUILTIN.items():
         if only is None or only == name:
             add(command)
-    for module in COMMAND_MODULES if command_modules else ():
+    modules = (COMMAND_MODULES if only is None
+               else tuple(m for m in COMMAND_MODULES if COMMANDS_OF.get(only) == m))
+    for module in modules if command_modules else ():
         importlib.import_module(module).add_commands(command)
     return parser
 

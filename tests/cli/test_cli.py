@@ -359,6 +359,36 @@ def test_discovery_options_build_the_config() -> None:
         ("10.0.0.1", "10.0.0.2:5999")
 
 
+def test_an_overlay_command_loads_only_the_module_that_adds_it() -> None:
+    import argparse
+    import subprocess
+    import sys
+
+    from peermesh.cli.parser import BUILTIN, COMMAND_MODULES, COMMANDS_OF, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> set[str]:
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return set(sub.choices)
+
+    # the table names every overlay command, each under the module that adds it
+    assert commands(build_parser()) == set(BUILTIN) | set(COMMANDS_OF)
+    assert set(COMMANDS_OF.values()) == set(COMMAND_MODULES)
+    for name, module in COMMANDS_OF.items():
+        assert commands(build_parser(only=name)) == {
+            n for n, m in COMMANDS_OF.items() if m == module}, name
+    # running one loads no other overlay's commands
+    probe = ("import sys, runpy; sys.argv = ['peermesh', 'job', '--help']\n"
+             "try:\n    runpy.run_module('peermesh', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.endswith('.commands')), file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                            encoding="utf-8", timeout=30)
+    assert "usage: peermesh job" in result.stdout, _report(result)
+    loaded = result.stderr.strip().splitlines()[-1]
+    assert "peermesh.nfp.commands" in loaded and "peermesh.sada.commands" not in loaded \
+        and "peermesh.flux.commands" not in loaded, loaded
+
+
 def test_simulate_lists_only_the_options_it_uses() -> None:
     from cliprocess import PEERMESH, _env
     import subprocess
