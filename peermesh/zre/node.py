@@ -498,11 +498,7 @@ class Node:
         peer's send buffer stayed full for ``send_timeout`` (the peer is
         then disconnected).
         """
-        last = self._last_target
-        if last is not None and last[0] is peer and last[1].ready:
-            target = last[1]   # (``_ready_peer``'s first test, here: a call less per message)
-        else:
-            target = self._ready_peer(peer)
+        target = self._ready_peer(peer)
         if len(frames) == 1 and type(frames[0]) is bytes:  # the usual case: as given
             content: Sequence[bytes] = frames  # type: ignore[assignment]
         elif frames:
@@ -514,8 +510,7 @@ class Node:
         if backlog and not link.has_room():
             self._wait_room(target)
             backlog = link.backlog
-        target.total += 1   # (``next_sequence``, once there is room: a call less)
-        sequence = target.sent = (target.sent + 1) & 0xFFFF
+        sequence = target.next_sequence()   # (once there is room)
         send = link.send_numbered
         if send is None or backlog or not send(_WHISPER_HEAD, sequence, content):
             # Queued built whole as a tuple: a tuple of bytes is untracked by Python's
