@@ -287,22 +287,33 @@ class GreenEventQueue(_ByteBound[T]):
     def get(self, timeout: Optional[float] = None) -> Optional[T]:
         """The next item, or None after ``timeout`` seconds (None: wait for ever)."""
         items = self._items
-        if not items:
+        started = None   # the hub's clock when the first wait began
+        while not items:
             # The usual wait (a consumer that waits per event): one Waiter, the kept timer
-            # started and stopped, no clock read unless it must wait again
-            if timeout is not None:
+            # started and stopped, no clock read; woken for an item another consumer took,
+            # it waits for what is left of ``timeout`` on a timer of its own
+            if timeout is None:
+                timer = None
+            elif started is None:
                 if timeout <= 0:
                     return None
                 timer = self._timer
                 if timer is None or self._timer_for != timeout or timer.active:
                     timer = self._keep_timer(timeout)
             else:
-                timer = None
+                self._loop.update_now()
+                left = started + timeout - self._loop.now()
+                if left <= 0:
+                    return None
+                timer = self._loop.timer(left)
             waiter: Waiter = Waiter(self._hub)
             self._waiters.append(waiter)
-            if timer is not None:   # (``again``: the whole timeout, repeated until stopped)
-                timer.again(waiter.switch, _TIMED_OUT, update=True)
-                started = self._loop.now()   # (just updated: no clock read of its own)
+            if timer is not None:
+                if started is None:   # (``again``: the whole timeout, repeated until stopped)
+                    timer.again(waiter.switch, _TIMED_OUT, update=True)
+                    started = self._loop.now()   # (just updated: no clock read of its own)
+                else:
+                    timer.start(waiter.switch, _TIMED_OUT, update=True)
             try:
                 woken = waiter.get()
             finally:
@@ -313,10 +324,8 @@ class GreenEventQueue(_ByteBound[T]):
                         timer.close()
                 if self._waiters and waiter in self._waiters:  # put() did not take it
                     self._waiters.remove(waiter)
-            if not items:
-                if woken is _TIMED_OUT:
-                    return None
-                return self._get_again(started if timer is not None else 0.0, timeout)
+            if woken is _TIMED_OUT and not items:
+                return None
         item = items.popleft()
         if len(items) <= self._resume_at and not self._room.is_set():
             self._room.set()
@@ -335,32 +344,6 @@ class GreenEventQueue(_ByteBound[T]):
         timer = self._timer = self._loop.timer(timeout, timeout)
         self._timer_for = timeout
         return timer
-
-    def _get_again(self, started: Any, timeout: Optional[float]) -> Optional[T]:
-        """``get`` woken with nothing for it (another consumer took the item): wait for
-        what is left of ``timeout`` from ``started`` (the hub's clock when it began)."""
-        loop = self._loop
-        items = self._items
-        while not items:
-            remaining = None
-            if timeout is not None:
-                loop.update_now()
-                remaining = started + timeout - loop.now()
-                if remaining <= 0:
-                    return None
-            waiter: Waiter = Waiter(self._hub)
-            self._waiters.append(waiter)
-            timer = loop.timer(remaining) if remaining is not None else None
-            if timer is not None:
-                timer.start(waiter.switch, _TIMED_OUT, update=True)
-            try:
-                waiter.get()
-            finally:
-                if timer is not None:
-                    timer.close()
-                if self._waiters and waiter in self._waiters:
-                    self._waiters.remove(waiter)
-        return self.get(0)
 
 
 _TIMED_OUT = object()

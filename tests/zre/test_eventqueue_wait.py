@@ -67,3 +67,22 @@ def test_a_consumer_killed_while_waiting_leaves_the_queue_usable() -> None:
     queue.put(4)
     assert queue.get(1.0) == 4
     assert queue.get(0.02) is None
+
+
+def test_a_consumer_whose_item_another_took_waits_for_what_is_left_of_its_timeout() -> None:
+    queue: GreenEventQueue[int] = GreenEventQueue(100)
+    waiting = gevent.spawn(queue.get, 0.3)
+    gevent.sleep(0.05)
+    queue.put(1)
+    assert queue.get(0) == 1           # taken before the woken consumer runs
+    gevent.sleep(0.05)
+    assert not waiting.dead            # it waits again, for what is left
+    queue.put(2)
+    waiting.join(5)
+    assert waiting.value == 2
+    again = gevent.spawn(queue.get, 0.3)
+    gevent.sleep(0.05)
+    queue.put(3)
+    assert queue.get(0) == 3
+    again.join(5)
+    assert again.dead and again.value is None   # its timeout, after the stolen wake-up
