@@ -39,6 +39,9 @@ class _Sink:
     def put(self, event: Event) -> None:
         pass
 
+    def put_each(self, events: list[Event], octets: list[int]) -> None:
+        pass
+
     def full(self) -> bool:
         return False
 

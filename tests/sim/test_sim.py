@@ -315,3 +315,14 @@ def test_hellos_from_the_hosts_their_endpoints_name_need_no_other_proof(make_sim
         assert stats["unproven_refused"] == stats["unproven_shed"] == 0, stats
         assert not session.unproven and session.sent_control == 0
     assert sim.nodes[-1]._session.source is not None
+
+
+def test_a_simulated_node_no_one_hears_messages_of_takes_a_batch_in_one_call(make_sim):
+    """As a real node's queue, the simulation's sink takes a batch's events at once, so a
+    node with no message listener runs the batch path a real one runs."""
+    sim = make_sim(2)
+    assert sim.run_until(sim.is_full_mesh, limit=5.0)
+    node = sim.nodes[1]
+    for listener in list(node._listeners):
+        node.remove_listener(listener)
+    assert node._session.batch_sink is not None
