@@ -784,6 +784,221 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* --- Safir-Darbaan: a channel's batch of usual REPs taken in (sada_take) -------------- */
+
+static PyObject *s_server, *s_identity, *s_raw, *s_token, *s_body, *s_parked, *s_sent_at,
+    *s_last_heard, *s_suspect, *s_replies, *s_latency, *s_in_flight, *s_empty;
+
+static int
+sada_names(void)
+{
+    if (s_empty)
+        return 0;
+#define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1;
+    NAME(s_server, "server");
+    NAME(s_identity, "identity");
+    NAME(s_raw, "raw");
+    NAME(s_token, "token");
+    NAME(s_body, "body");
+    NAME(s_parked, "parked");
+    NAME(s_sent_at, "sent_at");
+    NAME(s_last_heard, "last_heard");
+    NAME(s_suspect, "suspect");
+    NAME(s_replies, "replies");
+    NAME(s_latency, "latency");
+    NAME(s_in_flight, "in_flight");
+#undef NAME
+    return (s_empty = PyBytes_FromStringAndSize(NULL, 0)) ? 0 : -1;
+}
+
+/* obj.name as a double into *out (-1 with an exception). */
+static int
+attr_double(PyObject *obj, PyObject *name, double *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (!value)
+        return -1;
+    *out = PyFloat_AsDouble(value);
+    Py_DECREF(value);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The truth of obj.name (-1 with an exception). */
+static int
+attr_true(PyObject *obj, PyObject *name)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    int truth = value ? PyObject_IsTrue(value) : -1;
+    Py_XDECREF(value);
+    return truth;
+}
+
+/* obj.name += delta, an int (-1 with an exception). */
+static int
+attr_add(PyObject *obj, PyObject *name, long delta)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    PyObject *step = value ? PyLong_FromLong(delta) : NULL;
+    PyObject *sum = step ? PyNumber_Add(value, step) : NULL;
+    int result = sum ? PyObject_SetAttr(obj, name, sum) : -1;
+    Py_XDECREF(value);
+    Py_XDECREF(step);
+    Py_XDECREF(sum);
+    return result;
+}
+
+static int
+same_octets(PyObject *frame, PyObject *expected)
+{
+    return frame == expected || (PyBytes_GET_SIZE(frame) == PyBytes_GET_SIZE(expected) &&
+                                 memcmp(PyBytes_AS_STRING(frame), PyBytes_AS_STRING(expected),
+                                        PyBytes_GET_SIZE(frame)) == 0);
+}
+
+PyDoc_STRVAR(sada_take_doc,
+"sada_take(batch, start, pendings, now, sink, shape) -> end\n\n"
+"RequestRouter.answer_each's usual case over a batch in one call. batch holds\n"
+"(routing id, frames) tuples (frames None: over the limits); from index start on, each\n"
+"message that is a REP as the spec draws it (six bytes frames: empty, the protocol,\n"
+"REP, a request id, a status below 400, the payload) for a request of the dict pendings\n"
+"that the sending server holds (request.server.identity is the routing id), neither\n"
+"parked nor answered, whose payload unpacks, is taken in: the server's last_heard set\n"
+"to now, suspect False, replies + 1, latency moved by ewma towards the reply time,\n"
+"add(reply time) called; the request out of pendings (token None, body b'', server\n"
+"None, the server's in_flight - 1) and sink((token, value, None)) called unless its\n"
+"token is the forgotten one. shape is (protocol frame, REP frame, status_of dict\n"
+"(status frame -> int), unpack(payload) for requests not raw, the forgotten token,\n"
+"add, ewma). Stops at the first message it does not take: end is its index\n"
+"(len(batch): none); an error of unpack stops there too (the caller's path decides).");
+
+static PyObject *
+sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError,
+                            "sada_take(batch, start, pendings, now, sink, shape)");
+    PyObject *batch = args[0], *pendings = args[2], *now = args[3], *sink = args[4];
+    PyObject *shape = args[5];
+    if (!PyList_Check(batch) && !PyTuple_Check(batch))
+        return PyErr_Format(PyExc_TypeError, "batch must be a list or tuple");
+    if (!PyDict_Check(pendings) || !PyCallable_Check(sink))
+        return PyErr_Format(PyExc_TypeError, "pendings must be a dict, sink callable");
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 7)
+        return PyErr_Format(PyExc_TypeError, "shape is (protocol, REP, status_of, unpack, "
+                            "forgotten, add, ewma)");
+    PyObject *protocol = PyTuple_GET_ITEM(shape, 0), *rep = PyTuple_GET_ITEM(shape, 1);
+    PyObject *status_of = PyTuple_GET_ITEM(shape, 2), *unpack = PyTuple_GET_ITEM(shape, 3);
+    PyObject *forgotten = PyTuple_GET_ITEM(shape, 4), *add = PyTuple_GET_ITEM(shape, 5);
+    if (!PyBytes_Check(protocol) || !PyBytes_Check(rep) || !PyDict_Check(status_of) ||
+        !PyCallable_Check(unpack) || !PyCallable_Check(add))
+        return PyErr_Format(PyExc_TypeError, "shape: two bytes, a dict, then unpack, "
+                            "forgotten, add callable, ewma");
+    double ewma = PyFloat_AsDouble(PyTuple_GET_ITEM(shape, 6));
+    if (ewma == -1.0 && PyErr_Occurred())
+        return NULL;
+    double when = PyFloat_AsDouble(now);
+    if (when == -1.0 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    if (at < 0)
+        return PyErr_Format(PyExc_ValueError, "start must not be negative");
+    if (sada_names() < 0)
+        return NULL;
+    int failed = 0;
+    /* (the batch's length is read again for every message: a sink may change it) */
+    for (; !failed && at < PySequence_Fast_GET_SIZE(batch); at++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(batch, at);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+            break;
+        PyObject *identity = PyTuple_GET_ITEM(item, 0), *list = PyTuple_GET_ITEM(item, 1);
+        if (!PyList_Check(list) || PyList_GET_SIZE(list) != 6)
+            break;
+        PyObject *f[6];
+        int bytes = 1;
+        for (int i = 0; i < 6; i++) {
+            f[i] = PyList_GET_ITEM(list, i);
+            bytes = bytes && PyBytes_Check(f[i]);
+        }
+        if (!bytes || PyBytes_GET_SIZE(f[0]) != 0 || !same_octets(f[2], rep) ||
+            !same_octets(f[1], protocol))
+            break;
+        PyObject *code = PyDict_GetItemWithError(status_of, f[4]); /* borrowed */
+        long status = code ? PyLong_AsLong(code) : -1;
+        if (!code || status == -1 || status >= 400) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
+        PyObject *pending = PyDict_GetItemWithError(pendings, f[3]); /* borrowed */
+        if (!pending) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
+        /* held for the whole message: unpack, add and sink run Python code */
+        PyObject *rid = Py_NewRef(f[3]), *payload = Py_NewRef(f[5]);
+        Py_INCREF(pending);
+        PyObject *server = PyObject_GetAttr(pending, s_server);
+        PyObject *holder = server && server != Py_None ? PyObject_GetAttr(server, s_identity)
+                                                       : NULL;
+        int held = holder ? PyObject_RichCompareBool(holder, identity, Py_EQ) : 0;
+        Py_XDECREF(holder);
+        PyObject *token = held > 0 ? PyObject_GetAttr(pending, s_token) : NULL;
+        int parked = token && token != Py_None ? attr_true(pending, s_parked) : 1;
+        int raw = parked == 0 ? attr_true(pending, s_raw) : -1;
+        PyObject *value = NULL;
+        if (raw > 0)
+            value = Py_NewRef(payload);
+        else if (raw == 0 && PyBytes_GET_SIZE(payload) == 0)
+            value = Py_NewRef(Py_None);
+        else if (raw == 0) {
+            value = PyObject_CallOneArg(unpack, payload);
+            if (!value && PyErr_ExceptionMatches(PyExc_Exception))
+                PyErr_Clear(); /* not msgpack: the caller's path makes the error */
+        }
+        double sent_at = 0, latency = 0;
+        int ok = value && attr_double(pending, s_sent_at, &sent_at) == 0 &&
+                 attr_double(server, s_latency, &latency) == 0;
+        if (ok) { /* taken in: the server's counts, then the request out of every table */
+            double seconds = when - sent_at;
+            PyObject *moved = PyFloat_FromDouble(latency + ewma * (seconds - latency));
+            PyObject *sample = moved ? PyFloat_FromDouble(seconds) : NULL;
+            PyObject *done = sample ? PyObject_CallOneArg(add, sample) : NULL;
+            ok = done && PyObject_SetAttr(server, s_last_heard, now) == 0 &&
+                 PyObject_SetAttr(server, s_suspect, Py_False) == 0 &&
+                 attr_add(server, s_replies, 1) == 0 &&
+                 PyObject_SetAttr(server, s_latency, moved) == 0 &&
+                 PyObject_SetAttr(pending, s_token, Py_None) == 0 &&
+                 PyObject_SetAttr(pending, s_body, s_empty) == 0 &&
+                 PyDict_DelItem(pendings, rid) == 0 &&
+                 attr_add(server, s_in_flight, -1) == 0 &&
+                 PyObject_SetAttr(pending, s_server, Py_None) == 0;
+            Py_XDECREF(moved);
+            Py_XDECREF(sample);
+            Py_XDECREF(done);
+            if (ok && token != forgotten) {
+                PyObject *answer = PyTuple_Pack(3, token, value, Py_None);
+                PyObject *sunk = answer ? PyObject_CallOneArg(sink, answer) : NULL;
+                ok = sunk != NULL;
+                Py_XDECREF(answer);
+                Py_XDECREF(sunk);
+            }
+            failed = !ok;
+        } else {
+            failed = PyErr_Occurred() != NULL;
+        }
+        Py_XDECREF(value);
+        Py_XDECREF(token);
+        Py_XDECREF(server);
+        Py_DECREF(pending);
+        Py_DECREF(rid);
+        Py_DECREF(payload);
+        if (!ok)
+            break;
+    }
+    return failed ? NULL : PyLong_FromSsize_t(at);
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL, recv_batch_doc},
@@ -793,6 +1008,7 @@ static PyMethodDef methods[] = {
      send_numbered_doc},
     {"events", events, METH_O, events_doc},
     {"zre_take", (PyCFunction)(void (*)(void))zre_take, METH_FASTCALL, zre_take_doc},
+    {"sada_take", (PyCFunction)(void (*)(void))sada_take, METH_FASTCALL, sada_take_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -148,3 +148,15 @@ def loop() -> Iterator[Loopback]:
         yield lb
     finally:
         lb.close()
+
+
+@pytest.fixture(params=["c", "python"])
+def take_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The channel's usual REPs taken in by the C extension (``sada_take``) or by the
+    Python loop alone (as without the extension): tests using it run both ways."""
+    from peermesh.sada import routing
+    if request.param == "python":
+        monkeypatch.setattr(routing, "_take_in_c", None)
+    elif routing._take_in_c is None:
+        pytest.skip("the C extension (sada_take) is not built")
+    return str(request.param)
