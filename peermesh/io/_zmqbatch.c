@@ -999,6 +999,280 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return failed ? NULL : PyLong_FromSsize_t(at);
 }
 
+/* --- Safir-Darbaan: a channel's usual request recorded and its REQ made (sada_submit) --- */
+
+/* Where the slots of a plain class with __slots__ only (no __dict__, no base but object)
+ * live in an instance, found once per class. */
+#define MAX_SLOTS 16
+typedef struct {
+    PyTypeObject *cls;
+    int count;
+    const char *const *names;
+    Py_ssize_t offsets[MAX_SLOTS];
+} slot_layout;
+
+static int
+layout_for(slot_layout *layout, PyObject *cls_object)
+{
+    if (!PyType_Check(cls_object))
+        return PyErr_Format(PyExc_TypeError, "not a class"), -1;
+    PyTypeObject *cls = (PyTypeObject *)cls_object;
+    if (cls == layout->cls)
+        return 0;
+    PyObject *slots = cls->tp_base == &PyBaseObject_Type && !cls->tp_dictoffset
+                      ? PyDict_GetItemString(cls->tp_dict, "__slots__") : NULL; /* borrowed */
+    Py_ssize_t declared = slots && (PyTuple_Check(slots) || PyList_Check(slots))
+                          ? PySequence_Size(slots) : -1;
+    if (declared != layout->count)
+        return PyErr_Format(PyExc_TypeError, "%s must declare exactly %d __slots__",
+                            cls->tp_name, layout->count), -1;
+    Py_ssize_t offsets[MAX_SLOTS];
+    for (int i = 0; i < layout->count; i++) {
+        PyObject *descr = PyObject_GetAttrString(cls_object, layout->names[i]);
+        if (!descr)
+            return -1;
+        int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                   ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (slot)
+            offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!slot)
+            return PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", cls->tp_name,
+                                layout->names[i]), -1;
+    }
+    memcpy(layout->offsets, offsets, sizeof offsets);
+    Py_INCREF(cls);
+    Py_XSETREF(layout->cls, cls);
+    return 0;
+}
+
+/* A new instance of the layout's class with every slot set to values (in the layout's
+ * order; each value gets a reference), without running __init__. */
+static PyObject *
+layout_new(slot_layout *layout, PyObject *const *values)
+{
+    PyObject *obj = layout->cls->tp_alloc(layout->cls, 0);
+    for (int i = 0; obj && i < layout->count; i++)
+        *(PyObject **)((char *)obj + layout->offsets[i]) = Py_NewRef(values[i]);
+    return obj;
+}
+
+static const char *const pending_slots[] = {
+    "rid", "service", "version", "fields", "body", "raw", "token", "timeout", "server",
+    "target", "sent_at", "attempts", "retries", "excluded", "parked", "deadline"};
+static slot_layout pending_layout = {NULL, 16, pending_slots, {0}};
+static const char *const send_slots[] = {"link", "frames"};
+static slot_layout send_layout = {NULL, 2, send_slots, {0}};
+
+static PyObject *s_timeout, *s_counter, *s_outputs, *s_deadline, *s_append;
+
+static int
+submit_names(void)
+{
+    if (s_append)
+        return 0;
+#define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1;
+    NAME(s_timeout, "timeout");
+    NAME(s_counter, "_counter");
+    NAME(s_outputs, "_outputs");
+    NAME(s_deadline, "deadline");
+    NAME(s_append, "append");
+#undef NAME
+    return 0;
+}
+
+/* The one server of the first version group of groups (a route: a list of (version frame,
+ * servers) tuples) when it is alone there and not suspect: *frame and *server get new
+ * references. 0 when the route is another (nothing set), -1 with an exception. */
+static int
+usual_route(PyObject *groups, PyObject **frame, PyObject **server)
+{
+    if (!groups || !PyList_Check(groups) || PyList_GET_SIZE(groups) < 1)
+        return 0;
+    PyObject *group = PyList_GET_ITEM(groups, 0);
+    if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 2 ||
+        !PyBytes_Check(PyTuple_GET_ITEM(group, 0)) || !PyList_Check(PyTuple_GET_ITEM(group, 1))
+        || PyList_GET_SIZE(PyTuple_GET_ITEM(group, 1)) != 1)
+        return 0;
+    PyObject *only = Py_NewRef(PyList_GET_ITEM(PyTuple_GET_ITEM(group, 1), 0));
+    PyObject *first = Py_NewRef(PyTuple_GET_ITEM(group, 0));
+    int suspect = attr_true(only, s_suspect);
+    if (suspect != 0) {
+        Py_DECREF(only);
+        Py_DECREF(first);
+        return suspect < 0 ? -1 : 0;
+    }
+    *frame = first;
+    *server = only;
+    return 1;
+}
+
+PyDoc_STRVAR(sada_submit_doc,
+"sada_submit(router, token, service, category, action, payload, now, shape) -> rid or None\n\n"
+"RequestRouter.submit's usual request (no version, timeout, server, retries, not raw) in\n"
+"one call, for a router whose Sends are addressed: when the (service, category, action)\n"
+"fields are cached, the route of (service, None) is cached with one server alone in its\n"
+"best version, not suspect, and the request's deadline (now + router.timeout) is not\n"
+"before the last one queued, the payload is packed, the request (of pending_class, its\n"
+"__init__ not run) recorded as sent to that server (router._counter + 1 in its id, in\n"
+"pendings and due, the server's in_flight + 1) and a send_class(routing id, REQ frames)\n"
+"appended to router._outputs: its request id is returned. Otherwise None, nothing done.\n"
+"shape is (fields dict, route cache dict, pendings dict, due deque, pack, request id\n"
+"prefix, pending_class, send_class, delimiter, protocol, REQ, no exclusion).");
+
+static PyObject *
+sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8)
+        return PyErr_Format(PyExc_TypeError, "sada_submit(router, token, service, category, "
+                            "action, payload, now, shape)");
+    PyObject *router = args[0], *token = args[1], *payload = args[5], *now = args[6];
+    PyObject *shape = args[7];
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 12)
+        return PyErr_Format(PyExc_TypeError, "shape is (fields, routes, pendings, due, pack, "
+                            "prefix, pending class, send class, delimiter, protocol, REQ, "
+                            "no exclusion)");
+    PyObject *const *s = &PyTuple_GET_ITEM(shape, 0);
+    PyObject *fields_of = s[0], *routes = s[1], *pendings = s[2], *due = s[3], *pack = s[4];
+    PyObject *prefix = s[5];
+    if (!PyDict_Check(fields_of) || !PyDict_Check(routes) || !PyDict_Check(pendings) ||
+        !PyCallable_Check(pack) || !PyBytes_Check(prefix) || !PyBytes_Check(s[8]) ||
+        !PyBytes_Check(s[9]) || !PyBytes_Check(s[10]))
+        return PyErr_Format(PyExc_TypeError, "shape: three dicts, a deque, pack callable, "
+                            "then bytes, two classes, three bytes");
+    double when = PyFloat_AsDouble(now);
+    if (when == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (sada_names() < 0 || submit_names() < 0 || layout_for(&pending_layout, s[6]) < 0 ||
+        layout_for(&send_layout, s[7]) < 0)
+        return NULL;
+    /* the usual request? (its fields known, its route one server) */
+    PyObject *key = PyTuple_Pack(3, args[2], args[3], args[4]);
+    PyObject *fields = key ? PyDict_GetItemWithError(fields_of, key) : NULL;
+    Py_XDECREF(key);
+    if (!fields)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (!PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) != 3)
+        Py_RETURN_NONE;
+    Py_INCREF(fields);
+    PyObject *frame = NULL, *server = NULL, *timeout = NULL, *body = NULL, *identity = NULL;
+    PyObject *counter = NULL, *rid = NULL, *result = NULL;
+    key = PyTuple_Pack(2, args[2], Py_None);
+    PyObject *groups = key ? PyDict_GetItemWithError(routes, key) : NULL;
+    Py_XDECREF(key);
+    int usual = groups ? usual_route(groups, &frame, &server) : -(PyErr_Occurred() != NULL);
+    if (usual <= 0)
+        goto done;
+    usual = -1;
+    identity = PyObject_GetAttr(server, s_identity);
+    if (!identity)
+        goto done;
+    usual = PyBytes_Check(identity) && PyBytes_Check(PyTuple_GET_ITEM(fields, 0)) &&
+            PyBytes_Check(PyTuple_GET_ITEM(fields, 1)) &&
+            PyBytes_Check(PyTuple_GET_ITEM(fields, 2));
+    if (!usual)
+        goto done;
+    /* its deadline, after the last one queued (else: the heap, Python's path) */
+    usual = -1;
+    double wait = 0;
+    timeout = PyObject_GetAttr(router, s_timeout);
+    if (!timeout || ((wait = PyFloat_AsDouble(timeout)) == -1.0 && PyErr_Occurred()))
+        goto done;
+    double deadline = when + wait;
+    Py_ssize_t queued = PyObject_Size(due);
+    if (queued < 0)
+        goto done;
+    if (queued > 0) {
+        double last = 0;
+        PyObject *tail = PySequence_GetItem(due, queued - 1);
+        int read = tail ? attr_double(tail, s_deadline, &last) : -1;
+        Py_XDECREF(tail);
+        if (read < 0)
+            goto done;
+        if (last > deadline) {
+            usual = 0;
+            goto done;
+        }
+    }
+    body = PyObject_CallOneArg(pack, payload); /* (an error: raised, nothing taken) */
+    if (!body)
+        goto done;
+    if (!PyBytes_Check(body)) {
+        usual = 0;
+        goto done;
+    }
+    /* its id: the prefix, then the counter in hex */
+    counter = PyObject_GetAttr(router, s_counter);
+    unsigned long long count = counter ? PyLong_AsUnsignedLongLong(counter) : (unsigned long long)-1;
+    if (count == (unsigned long long)-1 || count >= (1ULL << 62)) {
+        if (!PyErr_Occurred())
+            usual = 0;
+        else if (PyErr_ExceptionMatches(PyExc_OverflowError) ||
+                 PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            usual = 0;
+        }
+        goto done;
+    }
+    Py_SETREF(counter, PyLong_FromUnsignedLongLong(count + 1));
+    char hex[24];
+    int digits = snprintf(hex, sizeof hex, "%llx", count + 1);
+    Py_ssize_t size = PyBytes_GET_SIZE(prefix);
+    rid = counter ? PyBytes_FromStringAndSize(NULL, size + digits) : NULL;
+    if (!rid)
+        goto done;
+    memcpy(PyBytes_AS_STRING(rid), PyBytes_AS_STRING(prefix), size);
+    memcpy(PyBytes_AS_STRING(rid) + size, hex, digits);
+    /* the request, sent to the server; its REQ */
+    PyObject *one = PyLong_FromLong(1), *zero = PyLong_FromLong(0);
+    PyObject *end = PyFloat_FromDouble(deadline);
+    PyObject *pending = NULL, *frames = NULL, *send = NULL;
+    if (one && zero && end) {
+        PyObject *values[16] = {rid, args[2], Py_None, fields, body, Py_False, token, timeout,
+                                server, Py_None, now, one, zero, s[11], Py_False, end};
+        pending = layout_new(&pending_layout, values);
+    }
+    if (pending)
+        frames = PyTuple_Pack(10, identity, s[8], s[9], s[10], rid,
+                              PyTuple_GET_ITEM(fields, 0), frame, PyTuple_GET_ITEM(fields, 1),
+                              PyTuple_GET_ITEM(fields, 2), body);
+    if (frames) {
+        PyObject *values[2] = {identity, frames};
+        send = layout_new(&send_layout, values);
+    }
+    PyObject *outputs = send ? PyObject_GetAttr(router, s_outputs) : NULL;
+    if (outputs && !PyList_Check(outputs))
+        PyErr_SetString(PyExc_TypeError, "router._outputs must be a list");
+    PyObject *appended = NULL;
+    int ok = outputs && PyList_Check(outputs) &&
+             PyObject_SetAttr(router, s_counter, counter) == 0 &&
+             PyDict_SetItem(pendings, rid, pending) == 0 &&
+             (appended = PyObject_CallMethodOneArg(due, s_append, pending)) != NULL &&
+             attr_add(server, s_in_flight, 1) == 0 && PyList_Append(outputs, send) == 0;
+    Py_XDECREF(appended);
+    Py_XDECREF(outputs);
+    Py_XDECREF(send);
+    Py_XDECREF(frames);
+    Py_XDECREF(pending);
+    Py_XDECREF(one);
+    Py_XDECREF(zero);
+    Py_XDECREF(end);
+    if (ok)
+        result = Py_NewRef(rid);
+done:
+    if (!result && usual == 0 && !PyErr_Occurred())
+        result = Py_NewRef(Py_None);
+    Py_DECREF(fields);
+    Py_XDECREF(frame);
+    Py_XDECREF(server);
+    Py_XDECREF(identity);
+    Py_XDECREF(timeout);
+    Py_XDECREF(body);
+    Py_XDECREF(counter);
+    Py_XDECREF(rid);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL, recv_batch_doc},
@@ -1009,6 +1283,7 @@ static PyMethodDef methods[] = {
     {"events", events, METH_O, events_doc},
     {"zre_take", (PyCFunction)(void (*)(void))zre_take, METH_FASTCALL, zre_take_doc},
     {"sada_take", (PyCFunction)(void (*)(void))sada_take, METH_FASTCALL, sada_take_doc},
+    {"sada_submit", (PyCFunction)(void (*)(void))sada_submit, METH_FASTCALL, sada_submit_doc},
     {NULL, NULL, 0, NULL},
 };
 

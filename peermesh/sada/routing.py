@@ -143,6 +143,8 @@ _FORGOTTEN = object()
 #: ``answer_each``'s usual case in C (``peermesh.io._zmqbatch.sada_take``); None without
 #: the extension (or with a build older than it): the Python loop alone, the same behaviour
 _take_in_c: Optional[Callable[..., int]] = getattr(native, "sada_take", None)
+#: ``submit``'s usual request in C (``peermesh.io._zmqbatch.sada_submit``: None, the same)
+_submit_in_c: Optional[Callable[..., Optional[bytes]]] = getattr(native, "sada_submit", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +328,10 @@ class RequestRouter(Outputs):
         # what ``sada_take`` is given to take a batch's usual REPs in as ``answer_each`` does
         self._take_shape = (_PROTOCOL, _REP, _STATUS_OF, _unpack, _FORGOTTEN,
                             self.reply_times.add, _EWMA)
+        # what ``sada_submit`` is given to take the usual request as ``submit`` does
+        self._submit_shape = (self._fields, self._route_cache, self._pending, self._due,
+                              self._pack, channel_id.encode("ascii") + b"-", _Pending,
+                              SendOutput, _DELIMITER, _PROTOCOL, _REQ, _NO_EXCLUSION)
         self._counts: dict[str, int] = dict.fromkeys(
             ("timeouts", "failovers", "retries_503", "servers_dropped", "intr", "rintr_sent",
              "dropped"), 0)
@@ -360,6 +366,13 @@ class RequestRouter(Outputs):
         Returns the request id. Raises ``TypeError``/``ValueError`` for
         arguments that cannot be sent (nothing is taken then).
         """
+        usual = _submit_in_c   # (a cached service and route, the defaults, addressed Sends)
+        if (usual is not None and self._addressed and version is None and timeout is None
+                and server is None and retries == 0 and not raw):
+            rid = usual(self, token, service, category, action, payload, now,
+                        self._submit_shape)
+            if rid is not None:
+                return rid
         key = (service, category, action)
         fields = self._fields.get(key)
         if fields is None:

@@ -151,12 +151,14 @@ def loop() -> Iterator[Loopback]:
 
 
 @pytest.fixture(params=["c", "python"])
-def take_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The channel's usual REPs taken in by the C extension (``sada_take``) or by the
-    Python loop alone (as without the extension): tests using it run both ways."""
+def native_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The channel's usual requests and REPs taken by the C extension (``sada_submit``,
+    ``sada_take``) or by Python alone (as without the extension): tests using it run both
+    ways."""
     from peermesh.sada import routing
     if request.param == "python":
         monkeypatch.setattr(routing, "_take_in_c", None)
-    elif routing._take_in_c is None:
-        pytest.skip("the C extension (sada_take) is not built")
+        monkeypatch.setattr(routing, "_submit_in_c", None)
+    elif routing._take_in_c is None or routing._submit_in_c is None:
+        pytest.skip("the C extension (sada_take, sada_submit) is not built")
     return str(request.param)

@@ -19,7 +19,7 @@ from peermesh.sada.routing import CATALOG_CHANGED, RequestRouter
 
 from .test_routing import PING, intr, rep
 
-pytestmark = pytest.mark.usefixtures("take_path")
+pytestmark = pytest.mark.usefixtures("native_path")
 
 
 def router(**settings: Any) -> RequestRouter:
