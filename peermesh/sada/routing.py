@@ -67,8 +67,13 @@ matched without ``wire.sada``'s careful decoding; anything else takes that
 path. ``answer_of(identity, frames, now)`` takes such a REP in and returns its
 caller's answer itself, no outputs made (a driver's ``delivery`` fast path), and
 ``answer_each`` takes a batch's in one call (``delivery_each``); ``known_frames``
-names the frames such messages have (a reader may make them once). A caller that
-stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every
+names the frames such messages have (a reader may make them once). With the C
+extension a batch's usual REPs are taken in by ``sada_take`` and the usual request (a
+service and action asked for before, one server alone offering its best version, the
+router's timeout, no version, server, retries or raw payload, ``addressed``) is recorded
+and its REQ made by ``sada_submit`` (``peermesh.io._zmqbatch``), each the same steps as
+the Python code here, which takes everything else and everything without the extension.
+A caller that stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every
 ``Send``'s frames start with the server's routing id (a driver's ``addressed``
 option: sent as they are).
 
