@@ -1273,6 +1273,175 @@ done:
     return result;
 }
 
+/* --- Safir-Darbaan: a server's batch of usual REQs handed to their handlers (sada_jobs) */
+
+static PyObject *s_by_frames, *s_with_request, *s_inline, *s_serving, *s_max_concurrent,
+    *s_busy, *s_requests;
+
+static int
+jobs_names(void)
+{
+    if (s_requests)
+        return 0;
+#define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1;
+    NAME(s_by_frames, "by_frames");
+    NAME(s_with_request, "with_request");
+    NAME(s_inline, "inline");
+    NAME(s_serving, "serving");
+    NAME(s_max_concurrent, "max_concurrent");
+    NAME(s_busy, "busy");
+    NAME(s_requests, "requests");
+#undef NAME
+    return 0;
+}
+
+/* table[(first, second)] (a new reference), or NULL: none (or an exception). */
+static PyObject *
+pair_lookup(PyObject *table, PyObject *first, PyObject *second)
+{
+    PyObject *key = PyTuple_Pack(2, first, second);
+    PyObject *value = key ? PyDict_GetItemWithError(table, key) : NULL;
+    Py_XDECREF(key);
+    return Py_XNewRef(value);
+}
+
+/* The handler of a REQ whose frames are f (nine bytes objects, checked) that the server
+ * `core` would run now: a new reference; NULL when it would not (or an exception). */
+static PyObject *
+usual_handler(PyObject *core, PyObject *by_frames, PyObject *const *f)
+{
+    PyObject *service = pair_lookup(by_frames, f[4], f[5]);
+    PyObject *handlers = service ? PyObject_GetAttr(service, s_by_frames) : NULL;
+    Py_XDECREF(service);
+    if (handlers && !PyDict_Check(handlers)) {
+        Py_DECREF(handlers);
+        return NULL;
+    }
+    PyObject *handler = handlers ? pair_lookup(handlers, f[6], f[7]) : NULL;
+    Py_XDECREF(handlers);
+    int other = handler ? attr_true(handler, s_with_request) : -1;
+    int serving = other == 0 ? attr_true(core, s_serving) : -1;
+    if (serving != 1)
+        Py_CLEAR(handler);
+    return handler;
+}
+
+/* A handler not run inline takes one of max_concurrent: 1 when it may run (busy + 1),
+ * 0 when max_concurrent run already, -1 with an exception. */
+static int
+take_a_place(PyObject *core)
+{
+    PyObject *limit = PyObject_GetAttr(core, s_max_concurrent);
+    if (!limit)
+        return -1;
+    int result = 1;
+    if (limit != Py_None) {
+        PyObject *busy = PyObject_GetAttr(core, s_busy);
+        result = busy ? !PyObject_RichCompareBool(busy, limit, Py_GE) : -1;
+        if (busy && PyErr_Occurred())
+            result = -1;
+        Py_XDECREF(busy);
+    }
+    Py_DECREF(limit);
+    return result == 1 && attr_add(core, s_busy, 1) < 0 ? -1 : result;
+}
+
+PyDoc_STRVAR(sada_jobs_doc,
+"sada_jobs(batch, start, core, sink, shape) -> end\n\n"
+"ServerCore.job_each's usual case over a batch in one call. batch holds (alias, frames)\n"
+"tuples (frames None: over the limits); from index start on, each message that is a REQ\n"
+"as the spec draws it (nine bytes frames: empty, the protocol, REQ, a request id of 1 to\n"
+"max_id octets, then service, version, category, action and payload) for a service of\n"
+"the dict by_frames (by its name and version frames) whose by_frames has a handler for\n"
+"its category and action frames, not with_request, while core.serving, is handed on:\n"
+"a handler not inline takes one of core.max_concurrent (core.busy + 1; the message\n"
+"stops the call when they all run), stats['requests'] + 1 and sink(job_class((alias,\n"
+"handler, request id, payload, None))) called (a tuple subclass, made as tuple.__new__\n"
+"makes it). shape is (by_frames, stats, job_class, protocol, REQ, max_id). Stops at\n"
+"the first message it does not take: end is its index (len(batch): none).");
+
+static PyObject *
+sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5)
+        return PyErr_Format(PyExc_TypeError, "sada_jobs(batch, start, core, sink, shape)");
+    PyObject *batch = args[0], *core = args[2], *sink = args[3], *shape = args[4];
+    if (!PyList_Check(batch) && !PyTuple_Check(batch))
+        return PyErr_Format(PyExc_TypeError, "batch must be a list or tuple");
+    if (!PyCallable_Check(sink))
+        return PyErr_Format(PyExc_TypeError, "sink must be callable");
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 6)
+        return PyErr_Format(PyExc_TypeError, "shape is (by_frames, stats, job_class, "
+                            "protocol, REQ, max_id)");
+    PyObject *by_frames = PyTuple_GET_ITEM(shape, 0), *stats = PyTuple_GET_ITEM(shape, 1);
+    PyObject *job_class = PyTuple_GET_ITEM(shape, 2), *protocol = PyTuple_GET_ITEM(shape, 3);
+    PyObject *req = PyTuple_GET_ITEM(shape, 4);
+    if (!PyDict_Check(by_frames) || !PyDict_Check(stats) || !PyType_Check(job_class) ||
+        !PyType_IsSubtype((PyTypeObject *)job_class, &PyTuple_Type) ||
+        !PyBytes_Check(protocol) || !PyBytes_Check(req))
+        return PyErr_Format(PyExc_TypeError, "shape: two dicts, a tuple subclass, two bytes, "
+                            "an int");
+    Py_ssize_t max_id = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 5));
+    if (max_id == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    if (at < 0)
+        return PyErr_Format(PyExc_ValueError, "start must not be negative");
+    PyObject *one = PyLong_FromLong(1);
+    if (!one || jobs_names() < 0) {
+        Py_XDECREF(one);
+        return NULL;
+    }
+    int failed = 0;
+    /* (the batch's length is read again for every message: a sink may change it) */
+    for (; at < PySequence_Fast_GET_SIZE(batch); at++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(batch, at);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+            break;
+        PyObject *list = PyTuple_GET_ITEM(item, 1);
+        if (!PyList_Check(list) || PyList_GET_SIZE(list) != 9)
+            break;
+        PyObject *f[9];
+        int bytes = 1;
+        for (int i = 0; i < 9; i++) {
+            f[i] = PyList_GET_ITEM(list, i);
+            bytes = bytes && PyBytes_Check(f[i]);
+        }
+        if (!bytes || PyBytes_GET_SIZE(f[0]) != 0 || !same_octets(f[2], req) ||
+            !same_octets(f[1], protocol) || PyBytes_GET_SIZE(f[3]) < 1 ||
+            PyBytes_GET_SIZE(f[3]) > max_id)
+            break;
+        Py_INCREF(item); /* (its frames held while Python code runs) */
+        PyObject *handler = usual_handler(core, by_frames, f);
+        int inline_ = handler ? attr_true(handler, s_inline) : -1;
+        int place = inline_ == 0 ? take_a_place(core) : inline_;
+        PyObject *count = place == 1 ? PyDict_GetItemWithError(stats, s_requests) : NULL;
+        PyObject *more = count ? PyNumber_Add(count, one) : NULL;
+        PyObject *job = more && PyDict_SetItem(stats, s_requests, more) == 0
+                        ? ((PyTypeObject *)job_class)->tp_alloc((PyTypeObject *)job_class, 5)
+                        : NULL;
+        Py_XDECREF(more);
+        if (job) {
+            PyObject *values[5] = {PyTuple_GET_ITEM(item, 0), handler, f[3], f[8], Py_None};
+            for (int i = 0; i < 5; i++)
+                PyTuple_SET_ITEM(job, i, Py_NewRef(values[i]));
+        }
+        Py_XDECREF(handler);
+        PyObject *sunk = job ? PyObject_CallOneArg(sink, job) : NULL;
+        Py_XDECREF(job);
+        Py_DECREF(item);
+        if (!sunk) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
+        Py_DECREF(sunk);
+    }
+    Py_DECREF(one);
+    return failed ? NULL : PyLong_FromSsize_t(at);
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL, recv_batch_doc},
@@ -1284,6 +1453,7 @@ static PyMethodDef methods[] = {
     {"zre_take", (PyCFunction)(void (*)(void))zre_take, METH_FASTCALL, zre_take_doc},
     {"sada_take", (PyCFunction)(void (*)(void))sada_take, METH_FASTCALL, sada_take_doc},
     {"sada_submit", (PyCFunction)(void (*)(void))sada_submit, METH_FASTCALL, sada_submit_doc},
+    {"sada_jobs", (PyCFunction)(void (*)(void))sada_jobs, METH_FASTCALL, sada_jobs_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -152,13 +152,14 @@ def loop() -> Iterator[Loopback]:
 
 @pytest.fixture(params=["c", "python"])
 def native_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The channel's usual requests and REPs taken by the C extension (``sada_submit``,
-    ``sada_take``) or by Python alone (as without the extension): tests using it run both
-    ways."""
-    from peermesh.sada import routing
+    """The usual requests, REPs and REQs taken by the C extension (a channel's
+    ``sada_submit`` and ``sada_take``, a server's ``sada_jobs``) or by Python alone (as
+    without the extension): tests using it run both ways."""
+    from peermesh.sada import routing, serving
     if request.param == "python":
         monkeypatch.setattr(routing, "_take_in_c", None)
         monkeypatch.setattr(routing, "_submit_in_c", None)
-    elif routing._take_in_c is None or routing._submit_in_c is None:
-        pytest.skip("the C extension (sada_take, sada_submit) is not built")
+        monkeypatch.setattr(serving, "_jobs_in_c", None)
+    elif None in (routing._take_in_c, routing._submit_in_c, serving._jobs_in_c):
+        pytest.skip("the C extension (sada_take, sada_submit, sada_jobs) is not built")
     return str(request.param)
