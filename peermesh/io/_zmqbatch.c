@@ -937,6 +937,7 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         /* held for the whole message: unpack, add and sink run Python code */
         PyObject *rid = Py_NewRef(f[3]), *payload = Py_NewRef(f[5]);
+        Py_INCREF(item);
         Py_INCREF(pending);
         PyObject *server = PyObject_GetAttr(pending, s_server);
         PyObject *holder = server && server != Py_None ? PyObject_GetAttr(server, s_identity)
@@ -991,6 +992,7 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(token);
         Py_XDECREF(server);
         Py_DECREF(pending);
+        Py_DECREF(item);
         Py_DECREF(rid);
         Py_DECREF(payload);
         if (!ok)
@@ -1413,7 +1415,9 @@ sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             !same_octets(f[1], protocol) || PyBytes_GET_SIZE(f[3]) < 1 ||
             PyBytes_GET_SIZE(f[3]) > max_id)
             break;
-        Py_INCREF(item); /* (its frames held while Python code runs) */
+        /* (held while Python code runs: the message and the frames a job takes) */
+        Py_INCREF(item);
+        PyObject *rid = Py_NewRef(f[3]), *payload = Py_NewRef(f[8]);
         PyObject *handler = usual_handler(core, by_frames, f);
         int inline_ = handler ? attr_true(handler, s_inline) : -1;
         int place = inline_ == 0 ? take_a_place(core) : inline_;
@@ -1424,13 +1428,15 @@ sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         : NULL;
         Py_XDECREF(more);
         if (job) {
-            PyObject *values[5] = {PyTuple_GET_ITEM(item, 0), handler, f[3], f[8], Py_None};
+            PyObject *values[5] = {PyTuple_GET_ITEM(item, 0), handler, rid, payload, Py_None};
             for (int i = 0; i < 5; i++)
                 PyTuple_SET_ITEM(job, i, Py_NewRef(values[i]));
         }
         Py_XDECREF(handler);
         PyObject *sunk = job ? PyObject_CallOneArg(sink, job) : NULL;
         Py_XDECREF(job);
+        Py_DECREF(rid);
+        Py_DECREF(payload);
         Py_DECREF(item);
         if (!sunk) {
             failed = PyErr_Occurred() != NULL;
