@@ -67,8 +67,13 @@ matched without ``wire.sada``'s careful decoding; anything else takes that
 path. ``answer_of(identity, frames, now)`` takes such a REP in and returns its
 caller's answer itself, no outputs made (a driver's ``delivery`` fast path), and
 ``answer_each`` takes a batch's in one call (``delivery_each``); ``known_frames``
-names the frames such messages have (a reader may make them once). A caller that
-stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every
+names the frames such messages have (a reader may make them once). With the C
+extension a batch's usual REPs are taken in by ``sada_take`` and the usual request (a
+service and action asked for before, one server alone offering its best version, the
+router's timeout, no version, server, retries or raw payload, ``addressed``) is recorded
+and its REQ made by ``sada_submit`` (``peermesh.io._zmqbatch``), each the same steps as
+the Python code here, which takes everything else and everything without the extension.
+A caller that stops waiting is ``forget``-ten: its answer goes nowhere. With ``addressed`` every
 ``Send``'s frames start with the server's routing id (a driver's ``addressed``
 option: sent as they are).
 
@@ -91,10 +96,12 @@ import msgpack
 from ..core import Deliver, Emit, Outputs
 from ..core import Send as SendOutput
 from ..errors import ProtocolError
+from ..io.zmqbatch import native
 from ..counters import Counters
 from ..wire import sada as wire
 from ..zre.roundtrip import RoundTrip
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
+from .handlers import unpack as _unpack
 from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
 from .versions import choose_version, is_compatible, version_key
 
@@ -130,7 +137,6 @@ _OK = wire.status_frame(200)
 _STATUS_OF = {_OK if code == 200 else wire.status_frame(code): code for code in range(100, 600)}
 #: the frames every usual message from a server has (a REP of 200, a PONG)
 _KNOWN = (_PROTOCOL, _REP, _OK, wire.Command.PONG.frame)
-_unpackb = msgpack.unpackb
 _EWMA = 0.2            # weight of the newest latency sample
 _MAX_PENALTY = 64.0
 _INITIAL_LATENCY = 0.001
@@ -139,6 +145,11 @@ _MAX_RINTR = 4096      # unknown routing ids remembered for the RINTR rate limit
 _NO_EXCLUSION: frozenset = frozenset()
 #: the token of a request whose caller stopped waiting (``forget``): its answer goes nowhere
 _FORGOTTEN = object()
+#: ``answer_each``'s usual case in C (``peermesh.io._zmqbatch.sada_take``); None without
+#: the extension (or with a build older than it): the Python loop alone, the same behaviour
+_take_in_c: Optional[Callable[..., int]] = getattr(native, "sada_take", None)
+#: ``submit``'s usual request in C (``peermesh.io._zmqbatch.sada_submit``: None, the same)
+_submit_in_c: Optional[Callable[..., Optional[bytes]]] = getattr(native, "sada_submit", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +330,13 @@ class RequestRouter(Outputs):
         self._replies = 0
         #: seconds from a request's (last) sending to a server to its reply
         self.reply_times = RoundTrip()
+        # what ``sada_take`` is given to take a batch's usual REPs in as ``answer_each`` does
+        self._take_shape = (_PROTOCOL, _REP, _STATUS_OF, _unpack, _FORGOTTEN,
+                            self.reply_times.add, _EWMA)
+        # what ``sada_submit`` is given to take the usual request as ``submit`` does
+        self._submit_shape = (self._fields, self._route_cache, self._pending, self._due,
+                              self._pack, channel_id.encode("ascii") + b"-", _Pending,
+                              SendOutput, _DELIMITER, _PROTOCOL, _REQ, _NO_EXCLUSION)
         self._counts: dict[str, int] = dict.fromkeys(
             ("timeouts", "failovers", "retries_503", "servers_dropped", "intr", "rintr_sent",
              "dropped"), 0)
@@ -353,6 +371,13 @@ class RequestRouter(Outputs):
         Returns the request id. Raises ``TypeError``/``ValueError`` for
         arguments that cannot be sent (nothing is taken then).
         """
+        usual = _submit_in_c   # (a cached service and route, the defaults, addressed Sends)
+        if (usual is not None and self._addressed and version is None and timeout is None
+                and server is None and retries == 0 and not raw):
+            rid = usual(self, token, service, category, action, payload, now,
+                        self._submit_shape)
+            if rid is not None:
+                return rid
         key = (service, category, action)
         fields = self._fields.get(key)
         if fields is None:
@@ -559,11 +584,15 @@ class RequestRouter(Outputs):
         if pending.parked:
             pending.parked = False
             self._parked.remove(pending)
+        self._tidy()
+        return token
+
+    def _tidy(self) -> None:
+        """Drop the answered requests from the top of the deadline queue and heap."""
         due = self._due
         while due and due[0].token is None:   # answered early: forget
             due.popleft()
         self._pop_answered()
-        return token
 
     def _pop_answered(self) -> None:
         """Drop the heap's answered deadlines from its top."""
@@ -732,6 +761,12 @@ class RequestRouter(Outputs):
         per message (a driver's ``delivery_each``)."""
         pendings, status_of = self._pending, _STATUS_OF
         at, end = start, len(batch)
+        take = _take_in_c
+        if take is not None and at < end:   # (its first unusual message goes on below)
+            at = take(batch, at, pendings, now, sink, self._take_shape)
+            if at > start:
+                self._replies += at - start
+                self._tidy()
         while at < end:
             identity, frames = batch[at]
             if (frames is None or len(frames) != 6 or frames[2] != _REP
@@ -767,8 +802,7 @@ class RequestRouter(Outputs):
         if pending.raw:
             return payload, None
         try:
-            return (_unpackb(payload, raw=False, strict_map_key=False) if payload else None,
-                    None)
+            return _unpack(payload), None
         except Exception as exc:
             return None, ServiceError(Status.BAD_REQUEST, f"reply payload is not msgpack: {exc}",
                                       request_id=pending.rid, server=server.id)

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 from ..core import Deliver, Dial, Hangup, Output, Outputs, Send
 from ..counters import Counters
 from ..errors import ProtocolError
+from ..io.zmqbatch import native
 from ..wire import sada as wire
 from ..wire.sada import Intr, Ping, Pong, Rintr, ServiceId, Status
 from .endpoints import Network, mesh_endpoint
@@ -67,6 +68,9 @@ class Job(NamedTuple):
 #: makes a ``Job`` from its fields' tuple in one C call (a NamedTuple's own ``__new__`` is
 #: a Python function)
 _new_tuple = tuple.__new__
+#: ``job_each``'s usual case in C (``peermesh.io._zmqbatch.sada_jobs``); None without the
+#: extension (or with a build older than it): the Python loop alone, the same behaviour
+_jobs_in_c: Optional[Callable[..., int]] = getattr(native, "sada_jobs", None)
 
 
 class ServerCore(Outputs):
@@ -92,6 +96,9 @@ class ServerCore(Outputs):
         self._size = 0     # (name, version) pairs in the catalog
         self._resolved: dict[tuple[str, str], Any] = {}  # (service, version) -> Service | outcome
         self._by_frames: dict[tuple[bytes, bytes], Service] = {}  # the same, by REQ frames 5-6
+        # what ``sada_jobs`` is given to hand a batch's usual REQs on as ``job_each`` does
+        self._jobs_shape = (self._by_frames, self.stats, Job, _PROTOCOL, _REQ,
+                            wire.MAX_REQUEST_ID)
         self._known: Optional[tuple[bytes, ...]] = _KNOWN   # (None: to be made again)
         self._intr: list[bytes] = self._encode_intr()
         #: handlers running (Deliver given, ``reply`` not yet called) outside the reader
@@ -263,6 +270,9 @@ class ServerCore(Outputs):
         per message (a driver's ``delivery_each``)."""
         by_frames, stats = self._by_frames, self.stats
         at, end = start, len(batch)
+        take = _jobs_in_c
+        if take is not None and at < end:   # (its first unusual message goes on below)
+            at = take(batch, at, self, sink, self._jobs_shape)
         while at < end:
             alias, frames = batch[at]
             # (a request id of 1-255 octets is all left to check)

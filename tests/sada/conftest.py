@@ -148,3 +148,18 @@ def loop() -> Iterator[Loopback]:
         yield lb
     finally:
         lb.close()
+
+
+@pytest.fixture(params=["c", "python"])
+def native_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The usual requests, REPs and REQs taken by the C extension (a channel's
+    ``sada_submit`` and ``sada_take``, a server's ``sada_jobs``) or by Python alone (as
+    without the extension): tests using it run both ways."""
+    from peermesh.sada import routing, serving
+    if request.param == "python":
+        monkeypatch.setattr(routing, "_take_in_c", None)
+        monkeypatch.setattr(routing, "_submit_in_c", None)
+        monkeypatch.setattr(serving, "_jobs_in_c", None)
+    elif None in (routing._take_in_c, routing._submit_in_c, serving._jobs_in_c):
+        pytest.skip("the C extension (sada_take, sada_submit, sada_jobs) is not built")
+    return str(request.param)

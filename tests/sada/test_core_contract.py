@@ -11,12 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 
 from peermesh.core import Core, Deliver, Emit, Send
 from peermesh.sada import RequestTimeout, ServerLost, ServiceError
 from peermesh.sada.routing import CATALOG_CHANGED, RequestRouter
 
 from .test_routing import PING, intr, rep
+
+pytestmark = pytest.mark.usefixtures("native_path")
 
 
 def router(**settings: Any) -> RequestRouter:

@@ -17,6 +17,7 @@ from .conftest import WAIT, Loopback, wait_until
 from .test_inprocess import RawPeer
 
 
+@pytest.mark.usefixtures("native_path")
 def test_requests_made_in_one_turn_go_out_together_and_all_are_answered(
         loop: Loopback) -> None:
     channel = loop.channel()

@@ -52,6 +52,7 @@ def _good_answers(channel: Channel, count: int, **kw: Any) -> list[str]:
 # A server speaks only for itself
 
 
+@pytest.mark.usefixtures("native_path")
 def test_a_server_cannot_take_over_another_servers_routing_id(loop: Loopback, raw: Any) -> None:
     channel = loop.channel()
     loop.server(channel, label=GOOD)
@@ -68,6 +69,7 @@ def test_a_server_cannot_take_over_another_servers_routing_id(loop: Loopback, ra
     assert [(s.name, s.version) for s in channel.servers()[0].services] == [("echo", "1.0")]
 
 
+@pytest.mark.usefixtures("native_path")
 def test_a_server_cannot_answer_requests_another_server_holds(loop: Loopback, raw: Any) -> None:
     channel = loop.channel()
     loop.server(channel, label=GOOD)

@@ -85,6 +85,7 @@ def raw() -> Any:
 # Requests and replies
 
 
+@pytest.mark.usefixtures("native_path")
 def test_request_reply_sync_async_and_raw(loop: Loopback) -> None:
     channel = loop.channel()
     server = loop.server(channel)
@@ -119,6 +120,7 @@ def test_request_ids_differ_across_channels_and_restarts(loop: Loopback) -> None
     assert len(ids) == 4 and all(len(i) == 16 for i in ids)
 
 
+@pytest.mark.usefixtures("native_path")
 def test_error_statuses(loop: Loopback) -> None:
     channel = loop.channel()
     loop.server(channel)
@@ -215,6 +217,7 @@ def test_pipelined_load_spreads_over_servers_that_serve_one_at_a_time(loop: Loop
     assert sorted(s.replies for s in channel.servers()) == sorted(counts.values())
 
 
+@pytest.mark.usefixtures("native_path")
 def test_timeout_is_clear_and_penalises_the_server(loop: Loopback) -> None:
     channel = loop.channel()
     slow = Service("svc", "1.0")
@@ -267,6 +270,7 @@ def test_one_timer_keeps_every_deadline(loop: Loopback) -> None:
     assert channel._core._deadlines == [] and not channel._core._due  # noqa: SLF001
 
 
+@pytest.mark.usefixtures("native_path")
 def test_a_caller_that_stops_waiting_gets_no_late_answer(loop: Loopback) -> None:
     """A caller killed or timed out (``gevent.Timeout``) while its request waits is left
     alone when the answer comes: the greenlet waits for something else by then."""
@@ -294,6 +298,7 @@ def test_a_caller_that_stops_waiting_gets_no_late_answer(loop: Loopback) -> None
     assert channel.request("echo", "echo", 1) == 1
 
 
+@pytest.mark.usefixtures("native_path")
 def test_callers_answered_by_one_batch_get_their_own_answers(loop: Loopback) -> None:
     """Callers answered by one batch are switched to in turn, each handing on to the next
     when it waits again: every caller gets its own answer or error, also a caller that
@@ -356,6 +361,7 @@ def test_handlers_may_block_in_their_own_greenlet(loop: Loopback) -> None:
     assert [r.get(WAIT) for r in held] == ["opened"] * 3
 
 
+@pytest.mark.usefixtures("native_path")
 def test_max_concurrent_answers_503_and_the_channel_goes_elsewhere(loop: Loopback) -> None:
     channel = loop.channel()
     gate = gevent.event.Event()
@@ -514,6 +520,7 @@ def test_channel_restart_gets_fresh_intrs(loop: Loopback, free_tcp_port: int) ->
 # Liveness and failover
 
 
+@pytest.mark.usefixtures("native_path")
 def test_hung_server_is_avoided_then_dropped_and_its_requests_fail_over(
         loop: Loopback, raw: Any) -> None:
     channel = loop.channel()
@@ -593,6 +600,7 @@ GARBAGE = [
 ]
 
 
+@pytest.mark.usefixtures("native_path")
 def test_hostile_frames_at_the_channel_do_no_harm(loop: Loopback, raw: Any) -> None:
     channel = loop.channel()
     loop.server(channel)

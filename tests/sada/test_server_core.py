@@ -12,12 +12,15 @@ import ipaddress
 from typing import Any
 
 import msgpack
+import pytest
 
 from peermesh.core import Core, Deliver, Dial, Hangup, Send
 from peermesh.sada import Service
 from peermesh.sada.serving import Job, ServerCore
 from peermesh.wire import sada as wire
 from peermesh.wire.sada import Intr, Ping, Rintr, ServiceId
+
+pytestmark = pytest.mark.usefixtures("native_path")
 
 CHANNEL = "tcp://127.0.0.1:5555"
 ALIAS = CHANNEL.encode()
