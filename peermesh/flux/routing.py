@@ -305,6 +305,15 @@ class Routing:
                 child.torpid = False
         return out
 
+    def take_shape(self, router: int, dealer: int) -> tuple[Any, ...]:
+        """What ``flux_take`` (``peermesh.io.zmqbatch``, ``pass_through`` in C over a
+        batch read, sending as it goes on the ROUTER's and the parent DEALER's handles
+        ``router`` and ``dealer``) reads of this node, as it is now."""
+        node = self.node
+        return (router, dealer, PARENT, self, self.inflight, node.children, node.by_rank,
+                node.rank, node.topology.k, node.size if node.root else 1 << 32,
+                node.parent_rank is not None, node.placed, node.settings.max_inflight)
+
     def _response_here(self, link: bytes, frames: list[bytes], d: int, topic: str,
                        now: float) -> list[Output]:
         """``pass_through`` of a response to a local handle (``frames[0]``: ``@n``)."""

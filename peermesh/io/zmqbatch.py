@@ -31,7 +31,7 @@ from typing import Optional
 import zmq
 from zmq.backend.cython import _zmq
 
-__all__ = ["native", "why_not", "knows_frames"]
+__all__ = ["native", "why_not", "knows_frames", "flux_take"]
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +63,6 @@ if native is None:
 #: ``native.recv_batch`` takes ``known``: frames every message has read as given objects
 #: (False without the extension, or with a build older than that)
 knows_frames: bool = native is not None and hasattr(native, "KNOWN_FRAMES")
+#: ``native.flux_take``: a Flux node's common hops routed and sent in one call per batch
+#: (None without the extension, or with a build older than that)
+flux_take = getattr(native, "flux_take", None)
