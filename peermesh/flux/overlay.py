@@ -142,11 +142,11 @@ class _FluxDriver(Driver):
         self.limit = limit
         self._take = take
 
-    def pass_batch(self, link: Optional[Hashable], batch: list, start: int,
-                   now: float) -> int:
+    def pass_batch(self, link: Optional[Hashable], batch: list, start: int, now: float,
+                   looking: list[Any]) -> int:
         """``pass_each``: ``Routing.pass_through`` in C (``flux_take``) over ``batch``
-        from ``start`` on, sending on the ROUTER and the DEALER to the parent; the index
-        of the first message it left to ``receive``."""
+        from ``start`` on, sending on the ROUTER and the DEALER to the parent (each noted
+        in ``looking``); the index of the first message it left to ``receive``."""
         core: FluxCore = self.core  # type: ignore[assignment]
         take = self._take
         if take is None or core.state is not State.ONLINE or link is not None \
@@ -158,9 +158,14 @@ class _FluxDriver(Driver):
             return start
         router = mailbox.socket.underlying
         dealer = 0 if parent is None or parent.closed else parent.socket.underlying
-        end, forwarded = take(batch, start, link, now, core.routing.take_shape(router, dealer))
+        end, forwarded, used = take(batch, start, link, now,
+                                    core.routing.take_shape(router, dealer))
         if forwarded:
             core.stats["forwarded"] += forwarded
+        if used & 1 and mailbox not in looking:
+            looking.append(mailbox)
+        if used & 2 and parent not in looking:
+            looking.append(parent)
         return end  # type: ignore[no-any-return]
 
     def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",

@@ -885,7 +885,7 @@ flux_key(PyObject *target, unsigned long matchtag, PyObject *link, PyObject *con
 }
 
 PyDoc_STRVAR(flux_take_doc,
-"flux_take(batch, start, link, now, shape) -> (end, forwarded)\n\n"
+"flux_take(batch, start, link, now, shape) -> (end, forwarded, used)\n\n"
 "Route the common Flux messages of batch (as recv_batch reads them), from index start\n"
 "on, as Routing.pass_through does, sending each in the call: a request for another\n"
 "rank forwarded to the child on its path or the parent (the route pushed, the request\n"
@@ -899,7 +899,9 @@ PyDoc_STRVAR(flux_take_doc,
 "placed (rank -> the child it was reported below), max_inflight); each child's heard,\n"
 "torpid and sent are kept as pass_through keeps them. Stops at the first message it\n"
 "does not take (anything else, anything malformed, a send that cannot go now): end is\n"
-"its index, forwarded how many requests went on. An error after messages were taken\n"
+"its index, forwarded how many requests went on, used 1 | 2 for the ROUTER and the\n"
+"DEALER sent on (each to be looked at once after the batch: a send may take in the\n"
+"edge of a message waiting there). An error after messages were taken\n"
 "ends the call there, as taken (the next call meets it again).");
 
 static PyObject *
@@ -953,7 +955,7 @@ flux_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const char *parent_buf = PyBytes_AS_STRING(parent_id);
     Py_ssize_t parent_len = PyBytes_GET_SIZE(parent_id);
     Py_ssize_t start = at, forwarded = 0;
-    int heard_parent = 0, sent_parent = 0, failed = 0;
+    int heard_parent = 0, sent_parent = 0, failed = 0, used = 0;
     PyObject *topic = NULL; /* the last topic decoded, and its frame */
     PyObject *topic_frame = NULL;
     for (; at < PyList_GET_SIZE(batch); at++) {
@@ -1158,6 +1160,7 @@ flux_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto next;
         }
         taken = 1; /* sent: what pass_through keeps of it */
+        used |= sock == router ? 1 : 2;
         if (kind == FLUX_REQUEST && aux1 != rank)
             forwarded++;
         if (key && value)
@@ -1198,7 +1201,7 @@ flux_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         failed = 1;
     if (PyErr_Occurred())
         return NULL;
-    return Py_BuildValue("(nn)", at, forwarded);
+    return Py_BuildValue("(nni)", at, forwarded, used);
 }
 
 

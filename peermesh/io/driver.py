@@ -68,15 +68,16 @@ clock (sleeps stay the transport's); ``delivery_each(batch, start, now, sink)`` 
 ``delivery`` over a batch read, from index ``start`` on, each item to ``sink``, returning
 the index of the first message it did not take (one call per batch, not per message;
 used on a mailbox whose ``serve`` takes batches, ``takes_batches``, without ``metadata``
-or ``accept``). ``pass_each(link, batch, start, now)`` (with ``batch_clock``, ``delivery``
-or ``carry_out``) is a core's own fast path over a batch read on the mailbox (``link``
-None; each item ``(sender identity, frames)``; it checks ``accept`` itself) or on a
-dialled link (its name; each item ``(first frame, other frames)``), that routes messages
-itself from index ``start`` on, each sending exactly one message on the mailbox or a link
-and returning no outputs, and returns the index of the first one it did not take (that
-one goes to ``receive``); it is tried only while no backlog waits (outputs the batch
-held so far are carried out first: order is kept), and after a batch it took any of,
-the mailbox and every link are looked at once. With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with
+or ``accept``). ``pass_each(link, batch, start, now, looking)`` (with ``batch_clock``,
+``delivery`` or ``carry_out``) is a core's own fast path over a batch read on the mailbox
+(``link`` None; each item ``(sender identity, frames)``; it checks ``accept`` itself) or
+on a dialled link (its name; each item ``(first frame, other frames)``), that routes
+messages itself from index ``start`` on, each sending exactly one message on the mailbox
+or a link and returning no outputs, notes in the list ``looking`` each socket it sent on
+(once), and returns the index of the first one it did not take (that one goes to
+``receive``); it is tried only while no backlog waits (outputs the batch held so far are
+carried out first: order is kept), and each socket noted is looked at once after the
+batch. With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with
 one clock reading per batch. ``listen`` takes ``admit``
 (with ``metadata``: a CURVE key gate checked inline) and ``replies=False`` (nothing is
 ever sent back through the mailbox).
@@ -140,8 +141,8 @@ class Driver:
                  cork_limit: Optional[int] = None, batch_clock: bool = False,
                  delivery_each: Optional[Callable[[Sequence[tuple[Hashable, Any]], int, float,
                                                    Callable[[Any], None]], int]] = None,
-                 pass_each: Optional[Callable[[Optional[Hashable], list, int, float],
-                                              int]] = None
+                 pass_each: Optional[Callable[[Optional[Hashable], list, int, float,
+                                               list[Any]], int]] = None
                  ) -> None:
         self.core = core
         #: one clock reading and one count per batch read, on the mailbox and every link
@@ -268,7 +269,7 @@ class Driver:
         stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
         count = 0
         received = False   # a message of the batch went to ``receive`` (the timer may move)
-        passed = False     # ``pass_each`` took a message of the batch (sockets to look at)
+        looking: list[Any] = []   # the sockets ``pass_each`` sent on in this batch
 
         def on_message(link: Hashable, frames: list[bytes]) -> None:
             nonlocal stamp, count, received
@@ -306,7 +307,7 @@ class Driver:
             return end
 
         def take_passing(batch: list, start: int) -> int:
-            nonlocal stamp, count, passed
+            nonlocal stamp, count
             if self._backlogs or self.closed:
                 return start   # (after what waits to be sent: one message at a time)
             held = self._held
@@ -320,23 +321,24 @@ class Driver:
                     return start
             if stamp is None:
                 stamp = now_()
-            end = pass_each(name, batch, start, stamp)  # type: ignore[misc]
+            end = pass_each(name, batch, start, stamp, looking)  # type: ignore[misc]
             if end > start:
                 count += end - start
                 stats["sent"] += end - start
-                passed = True
             return end
 
         stats, rearm, finish = self.stats, self._rearm, self._after_batch
         held_never = carry_out is not None and self.on_batch_end is None
 
         def after_batch() -> None:
-            nonlocal stamp, count, received, passed
+            nonlocal stamp, count, received
             stats["received"] += count
             stamp, count = None, 0
-            if passed:   # (its sends may have taken in the edge of a message)
-                passed = False
-                self._look_all()
+            if looking:   # (``pass_each``'s sends may have taken in the edge of a message)
+                for sock in looking:
+                    if not sock.closed:
+                        sock.readable()
+                looking.clear()
             if not held_never:
                 finish()
             elif received:   # (all ``_after_batch`` would do; ``delivery`` moves no deadline)
@@ -345,14 +347,6 @@ class Driver:
         if delivery_each is not None:
             return on_message, after_batch, take
         return on_message, after_batch, take_passing if pass_each is not None else None
-
-    def _look_all(self) -> None:
-        """Look once at the mailbox and every link (after sends made behind the driver's
-        back: ``pass_each``)."""
-        socks: list[Any] = [self.mailbox, *self.links.values()]
-        for sock in socks:
-            if sock is not None and not sock.closed:
-                sock.readable()
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
         take: Optional[Callable[[list, int], int]] = None

@@ -101,12 +101,14 @@ def through_c(core: FluxCore, pipes: Pipes, link: bytes, frames: list[bytes],
         batch = [(link, list(frames))]
     if core.state is State.ONLINE:
         shape = core.routing.take_shape(pipes.router.underlying, pipes.dealer.underlying)
-        end, forwarded = zmqbatch.flux_take(  # type: ignore[misc]
+        end, forwarded, used = zmqbatch.flux_take(  # type: ignore[misc]
             batch, 0, PARENT if link == PARENT else None, now, shape)
         core.stats["forwarded"] += forwarded
         if end == 1:
-            return True, pipes.drain()
-        assert end == 0 and forwarded == 0 and not pipes.drain()
+            sent = pipes.drain()
+            assert used == {"router": 1, "dealer": 2}[sent[0][0]]
+            return True, sent
+        assert end == 0 and forwarded == 0 and used == 0 and not pipes.drain()
     return False, sent_by(core.receive(link, list(frames), now))
 
 
@@ -204,7 +206,7 @@ def test_hostile_input_is_left_to_python(pipes: Pipes) -> None:
         shape = core.routing.take_shape(pipes.router.underlying, pipes.dealer.underlying)
         batch = [(frames[0], list(frames[1:]))]
         before = copy.deepcopy(kept(core))
-        assert zmqbatch.flux_take(batch, 0, PARENT, now, shape) == (0, 0)  # type: ignore
+        assert zmqbatch.flux_take(batch, 0, PARENT, now, shape) == (0, 0, 0)  # type: ignore
         assert kept(core) == before and not pipes.drain()
     up = encode(Request("svc.echo", b"x", 6, 9, 0, ()))
     for stranger in (b"S" * 16, b"S" * 15, b"S" * 36, PARENT):
@@ -227,14 +229,14 @@ def test_a_batch_stops_at_the_first_it_does_not_take(pipes: Pipes) -> None:
                                     for rank, tag in ((3, 1), (4, 2), (5, 3), (3, 4)))]
     shape = core.routing.take_shape(pipes.router.underlying, pipes.dealer.underlying)
     # (rank 5: no child on its path, from the parent: left to Python)
-    assert zmqbatch.flux_take(down, 0, PARENT, now, shape) == (2, 2)  # type: ignore[misc]
-    assert zmqbatch.flux_take(down, 3, PARENT, now, shape) == (4, 1)  # type: ignore[misc]
+    assert zmqbatch.flux_take(down, 0, PARENT, now, shape) == (2, 2, 1)  # type: ignore[misc]
+    assert zmqbatch.flux_take(down, 3, PARENT, now, shape) == (4, 1, 1)  # type: ignore[misc]
     assert [frames[0] for _, frames in pipes.drain()] == [cores[3].identity,
                                                           cores[4].identity, cores[3].identity]
     assert len(core.routing.inflight) == 3 and core.children[cores[3].identity].sent == now
     assert core.routing.parent_heard == now
     no_router = core.routing.take_shape(0, pipes.dealer.underlying)
-    assert zmqbatch.flux_take(down, 0, PARENT, now, no_router) == (0, 0)  # type: ignore
+    assert zmqbatch.flux_take(down, 0, PARENT, now, no_router) == (0, 0, 0)  # type: ignore
 
 
 def shape_of(core: FluxCore, pipes: Pipes, **changed: Any) -> tuple[Any, ...]:
@@ -285,8 +287,8 @@ def test_argument_checks(pipes: Pipes, args: tuple[Any, ...], error: type) -> No
 def test_items_not_read_off_a_socket_are_not_taken(pipes: Pipes, item: Optional[Any]) -> None:
     tree, cores = in_state("settled")
     shape = shape_of(cores[1], pipes)
-    assert zmqbatch.flux_take([item], 0, None, 1.0, shape) == (0, 0)  # type: ignore[misc]
-    assert zmqbatch.flux_take([item], 5, None, 1.0, shape) == (5, 0)  # type: ignore[misc]
+    assert zmqbatch.flux_take([item], 0, None, 1.0, shape) == (0, 0, 0)  # type: ignore[misc]
+    assert zmqbatch.flux_take([item], 5, None, 1.0, shape) == (5, 0, 0)  # type: ignore[misc]
 
 
 def test_a_response_pops_its_inflight_entry(pipes: Pipes) -> None:
@@ -334,9 +336,9 @@ def test_a_tree_on_real_sockets(tree_of_seven: list[Any], both_paths: bool,
     real = zmqbatch.flux_take
 
     def counting(batch: list, start: int, link: Any, now: float, shape: Any) -> Any:
-        end, forwarded = real(batch, start, link, now, shape)  # type: ignore[misc]
+        end, forwarded, used = real(batch, start, link, now, shape)  # type: ignore[misc]
         taken[0] += end - start
-        return end, forwarded
+        return end, forwarded, used
     for node in nodes:   # (each driver looked the function up when it started)
         if node._driver._take is not None:
             monkeypatch.setattr(node._driver, "_take", counting)
