@@ -152,6 +152,10 @@ class _FluxDriver(Driver):
         if take is None or core.state is not State.ONLINE or link is not None \
                 and link != PARENT:
             return start
+        if link is None:   # (a response for a local handle, rank 0's usual: the core's)
+            rest = batch[start][1]
+            if rest and rest[0][:1] == b"@":
+                return start
         mailbox: Any = self.mailbox
         parent: Any = self.links.get(PARENT)
         if mailbox is None or mailbox.closed:
