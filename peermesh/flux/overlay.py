@@ -143,10 +143,11 @@ class _FluxDriver(Driver):
         self._take = take
 
     def pass_batch(self, link: Optional[Hashable], batch: list, start: int, now: float,
-                   looking: list[Any]) -> int:
+                   looking: list[Any], flush: Optional[Callable[[], bool]]) -> int:
         """``pass_each``: ``Routing.pass_through`` in C (``flux_take``) over ``batch``
         from ``start`` on, sending on the ROUTER and the DEALER to the parent (each noted
-        in ``looking``); the index of the first message it left to ``receive``."""
+        in ``looking``; ``flush`` called first); the index of the first message it left
+        to ``receive``."""
         core: FluxCore = self.core  # type: ignore[assignment]
         take = self._take
         if take is None or core.state is not State.ONLINE or link is not None \
@@ -155,6 +156,12 @@ class _FluxDriver(Driver):
         if link is None:   # (a response for a local handle, rank 0's usual: the core's)
             rest = batch[start][1]
             if rest and rest[0][:1] == b"@":
+                return start
+        if flush is not None:   # (the batch's earlier outputs go first)
+            if not flush():
+                return start
+            core = self.core  # type: ignore[assignment]  # (as they left it)
+            if core.state is not State.ONLINE:
                 return start
         mailbox: Any = self.mailbox
         parent: Any = self.links.get(PARENT)

@@ -68,16 +68,17 @@ clock (sleeps stay the transport's); ``delivery_each(batch, start, now, sink)`` 
 ``delivery`` over a batch read, from index ``start`` on, each item to ``sink``, returning
 the index of the first message it did not take (one call per batch, not per message;
 used on a mailbox whose ``serve`` takes batches, ``takes_batches``, without ``metadata``
-or ``accept``). ``pass_each(link, batch, start, now, looking)`` (with ``batch_clock``,
+or ``accept``). ``pass_each(link, batch, start, now, looking, flush)`` (with ``batch_clock``,
 ``delivery`` or ``carry_out``) is a core's own fast path over a batch read on the mailbox
 (``link`` None; each item ``(sender identity, frames)``; it checks ``accept`` itself) or
 on a dialled link (its name; each item ``(first frame, other frames)``), that routes
 messages itself from index ``start`` on, each sending exactly one message on the mailbox
 or a link and returning no outputs, notes in the list ``looking`` each socket it sent on
 (once), and returns the index of the first one it did not take (that one goes to
-``receive``); it is tried only while no backlog waits (outputs the batch held so far are
-carried out first: order is kept), and each socket noted is looked at once after the
-batch. With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with
+``receive``); it is tried only while no backlog waits, and each socket noted is looked
+at once after the batch. ``flush`` is None, or (outputs of the batch's earlier messages
+held) what it calls before its first send: they are carried out then (order is kept),
+and it returns False when sending must wait (a backlog, or closed). With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with
 one clock reading per batch. ``listen`` takes ``admit``
 (with ``metadata``: a CURVE key gate checked inline) and ``replies=False`` (nothing is
 ever sent back through the mailbox).
@@ -142,7 +143,8 @@ class Driver:
                  delivery_each: Optional[Callable[[Sequence[tuple[Hashable, Any]], int, float,
                                                    Callable[[Any], None]], int]] = None,
                  pass_each: Optional[Callable[[Optional[Hashable], list, int, float,
-                                               list[Any]], int]] = None
+                                               list[Any], Optional[Callable[[], bool]]],
+                                              int]] = None
                  ) -> None:
         self.core = core
         #: one clock reading and one count per batch read, on the mailbox and every link
@@ -310,18 +312,10 @@ class Driver:
             nonlocal stamp, count
             if self._backlogs or self.closed:
                 return start   # (after what waits to be sent: one message at a time)
-            held = self._held
-            if held:   # (what the batch's earlier messages made goes first)
-                self._held = None
-                if self.look_once:
-                    self._carry_out_looking(held)
-                else:
-                    self._carry_out(held)
-                if self._backlogs or self.closed:
-                    return start
             if stamp is None:
                 stamp = now_()
-            end = pass_each(name, batch, start, stamp, looking)  # type: ignore[misc]
+            flush = self._flush_held if self._held else None
+            end = pass_each(name, batch, start, stamp, looking, flush)  # type: ignore[misc]
             if end > start:
                 count += end - start
                 stats["sent"] += end - start
@@ -347,6 +341,17 @@ class Driver:
         if delivery_each is not None:
             return on_message, after_batch, take
         return on_message, after_batch, take_passing if pass_each is not None else None
+
+    def _flush_held(self) -> bool:
+        """Carry out the outputs held for the batch being read, now (``pass_each`` is
+        about to send); False when sending must wait (a backlog, or closed)."""
+        held, self._held = self._held, None
+        if held:
+            if self.look_once:
+                self._carry_out_looking(held)
+            else:
+                self._carry_out(held)
+        return not self._backlogs and not self.closed
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
         take: Optional[Callable[[list, int], int]] = None
