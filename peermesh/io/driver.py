@@ -68,19 +68,20 @@ clock (sleeps stay the transport's); ``delivery_each(batch, start, now, sink)`` 
 ``delivery`` over a batch read, from index ``start`` on, each item to ``sink``, returning
 the index of the first message it did not take (one call per batch, not per message;
 used on a mailbox whose ``serve`` takes batches, ``takes_batches``, without ``metadata``
-or ``accept``). ``pass_each(link, batch, start, now, looking, flush)`` (with ``batch_clock``,
-``delivery`` or ``carry_out``) is a core's own fast path over a batch read on the mailbox
-(``link`` None; each item ``(sender identity, frames)``; it checks ``accept`` itself) or
-on a dialled link (its name; each item ``(first frame, other frames)``), that routes
-messages itself from index ``start`` on, each sending exactly one message on the mailbox
-or a link and returning no outputs, notes in the list ``looking`` each socket it sent on
-(once), and returns the index of the first one it did not take (that one goes to
-``receive``); it is tried only while no backlog waits, and each socket noted is looked
-at once after the batch. ``flush`` is None, or (outputs of the batch's earlier messages
-held) what it calls before its first send: they are carried out then (order is kept),
-and it returns False when sending must wait (a backlog, or closed). With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with
-one clock reading per batch. ``listen`` takes ``admit``
-(with ``metadata``: a CURVE key gate checked inline) and ``replies=False`` (nothing is
+or ``accept``). ``pass_each(link, batch, start, now, looking, flush)`` (with
+``batch_clock``, ``delivery`` or ``carry_out``) is a core's own fast path over a batch
+read on the mailbox (``link`` None; each item ``(sender identity, frames)``; it checks
+``accept`` itself) or on a dialled link (its name; each item ``(first frame, other
+frames)``), that routes messages itself from index ``start`` on, each sending exactly one
+message on the mailbox or a link and returning no outputs, notes in the list ``looking``
+each socket it sent on (once), and returns the index of the first one it did not take
+(that one goes to ``receive``); it is tried only while no backlog waits, and each socket
+noted is looked at once after the batch. ``flush`` is None, or (outputs of the batch's
+earlier messages held) what it calls before its first send: they are carried out then
+(order is kept), and it returns False when sending must wait (a backlog, or closed).
+With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with one clock
+reading per batch. ``listen`` takes ``admit`` (with ``metadata``: a CURVE key gate
+checked inline) and ``replies=False`` (nothing is
 ever sent back through the mailbox).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
