@@ -77,6 +77,7 @@ from ..io.curve import Curve
 from ..io.driver import Driver
 from ..io.endpoints import check_endpoint
 from ..io.transport import ZmqTransport
+from ..io import zmqbatch
 from ..events import EventType
 from ..counters import Counters
 from ..io.connections import default_policy
@@ -85,6 +86,7 @@ from ..overlay.election import Candidate, elect
 from ..wire.flux import NODEID_ANY
 from ..wire.zre import PUBLIC_KEY_HEADER
 from .core import IDENTITY_SIZE, FluxCore, FluxSettings, Notice, Output, State
+from .outputs import PARENT
 from .bodies import ping_body
 from .errors import FluxError, FluxStateError
 from .handle import FluxHandle, Handler, Payload, RpcFuture, Subscription
@@ -127,13 +129,55 @@ def _member_identity(identity: bytes) -> bool:
 class _FluxDriver(Driver):
     """The one driver, dialling the parent as a Flux node does: as a CURVE client of the
     key known for the endpoint (none known: not dialled; the core's timeout moves on to
-    the next), and dropping a message back over ``limit`` bytes."""
+    the next), and dropping a message back over ``limit`` bytes. With ``fast`` (real
+    sockets and the C extension's ``flux_take``) the common hops of each batch read are
+    routed and sent in C (``pass_batch``), the rest by the core."""
 
     def __init__(self, core: FluxCore, transport: Any, keys: Mapping[str, str], limit: int,
-                 **options: Any) -> None:
-        super().__init__(core, transport, **options)
+                 fast: bool = False, **options: Any) -> None:
+        take = zmqbatch.flux_take if fast else None
+        super().__init__(core, transport, pass_each=self.pass_batch if take else None,
+                         **options)
         self.keys = keys
         self.limit = limit
+        self._take = take
+
+    def pass_batch(self, link: Optional[Hashable], batch: list, start: int, now: float,
+                   looking: list[Any], flush: Optional[Callable[[], bool]]) -> int:
+        """``pass_each``: ``Routing.pass_through`` in C (``flux_take``) over ``batch``
+        from ``start`` on, sending on the ROUTER and the DEALER to the parent (each noted
+        in ``looking``; ``flush`` called first); the index of the first message it left
+        to ``receive``."""
+        core: FluxCore = self.core  # type: ignore[assignment]
+        take = self._take
+        if take is None or core.state is not State.ONLINE or link is not None \
+                and link != PARENT:
+            return start
+        if link is None:   # (a response for a local handle, rank 0's usual: the core's)
+            rest = batch[start][1]
+            if rest and rest[0][:1] == b"@":
+                return start
+        if flush is not None:   # (the batch's earlier outputs go first)
+            if not flush():
+                return start
+            core = self.core  # type: ignore[assignment]  # (as they left it)
+            if core.state is not State.ONLINE:
+                return start
+        mailbox: Any = self.mailbox
+        parent: Any = self.links.get(PARENT)
+        if mailbox is None or mailbox.closed:
+            return start
+        router = mailbox.socket.underlying
+        dealer = 0 if parent is None or parent.closed else parent.socket.underlying
+        end, forwarded, used = take(batch, start, link, now,
+                                    core.routing.take_shape(router, dealer))
+        if forwarded:
+            core.stats["forwarded"] += forwarded
+        if used & 1 and mailbox not in looking:
+            looking.append(mailbox)
+        if used & 2 and parent not in looking:
+            looking.append(parent)
+        return end  # type: ignore[no-any-return]
 
     def dial(self, name: Hashable, endpoint: str, identity: bytes = b"",
              server_key: Optional[bytes] = None) -> None:
@@ -156,6 +200,9 @@ class FluxOverlay(Overlay):
     """One node of a Flux instance (see the module's docstring)."""
 
     roles = ("flux",)
+    #: route a batch's common hops in C (``flux_take``) when the extension has it and the
+    #: sockets are real; False: every message through ``FluxCore.receive``
+    fast = True
 
     def __init__(self, instance: str = "flux", *, root: bool = False,
                  rank: Optional[int] = None,
@@ -263,7 +310,8 @@ class FluxOverlay(Overlay):
             self.core, self.transport, self.keys, self.max_message, on_deliver=self._deliver,
             on_event=self._notice, on_send_failed=self._send_failed,
             on_oversized=self._oversized, addressed=True, accept=_member_identity,
-            look_once=batched, sndhwm=SNDHWM, batch_clock=True, name=f"flux {self.instance}")
+            look_once=batched, sndhwm=SNDHWM, batch_clock=True, name=f"flux {self.instance}",
+            fast=batched and self.fast)
         self._greenlets = []
         if mesh:
             node = self.node

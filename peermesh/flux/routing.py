@@ -32,7 +32,11 @@ from the PROTO and route frames alone); an RPC of a local handle for another
 rank is framed directly, and a ping for this rank is answered from the
 request's frames (flux's JSON ping with its answer, ``bodies.ping_answer``, as
 the node's built-in ``broker.ping`` gives it; any other body echoed). Everything else (and
-anything malformed, which is then dropped) is decoded first.
+anything malformed, which is then dropped) is decoded first. With the C extension a
+node's driver hands each batch read to ``flux_take`` first (``peermesh.io.zmqbatch``):
+the same forwards and echoes, with the same checks and bookkeeping, read from
+``take_shape`` and sent in the call; ``pass_through`` takes what it leaves (and
+everything without the extension).
 
 Kept whole: the table above and what is kept in flight are one job, as each forward
 records in the same pass what the loss of its link must answer.
@@ -304,6 +308,15 @@ class Routing:
                 child.heard = now
                 child.torpid = False
         return out
+
+    def take_shape(self, router: int, dealer: int) -> tuple[Any, ...]:
+        """What ``flux_take`` (``peermesh.io.zmqbatch``, ``pass_through`` in C over a
+        batch read, sending as it goes on the ROUTER's and the parent DEALER's handles
+        ``router`` and ``dealer``) reads of this node, as it is now."""
+        node = self.node
+        return (router, dealer, PARENT, self, self.inflight, node.children, node.by_rank,
+                node.rank, node.topology.k, node.size if node.root else 1 << 32,
+                node.parent_rank is not None, node.placed, node.settings.max_inflight)
 
     def _response_here(self, link: bytes, frames: list[bytes], d: int, topic: str,
                        now: float) -> list[Output]:

@@ -68,9 +68,20 @@ clock (sleeps stay the transport's); ``delivery_each(batch, start, now, sink)`` 
 ``delivery`` over a batch read, from index ``start`` on, each item to ``sink``, returning
 the index of the first message it did not take (one call per batch, not per message;
 used on a mailbox whose ``serve`` takes batches, ``takes_batches``, without ``metadata``
-or ``accept``). With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with
-one clock reading per batch. ``listen`` takes ``admit``
-(with ``metadata``: a CURVE key gate checked inline) and ``replies=False`` (nothing is
+or ``accept``). ``pass_each(link, batch, start, now, looking, flush)`` (with
+``batch_clock``, ``delivery`` or ``carry_out``) is a core's own fast path over a batch
+read on the mailbox (``link`` None; each item ``(sender identity, frames)``; it checks
+``accept`` itself) or on a dialled link (its name; each item ``(first frame, other
+frames)``), that routes messages itself from index ``start`` on, each sending exactly one
+message on the mailbox or a link and returning no outputs, notes in the list ``looking``
+each socket it sent on (once), and returns the index of the first one it did not take
+(that one goes to ``receive``); it is tried only while no backlog waits, and each socket
+noted is looked at once after the batch. ``flush`` is None, or (outputs of the batch's
+earlier messages held) what it calls before its first send: they are carried out then
+(order is kept), and it returns False when sending must wait (a backlog, or closed).
+With ``delivery`` or ``carry_out`` a mailbox's messages are stamped with one clock
+reading per batch. ``listen`` takes ``admit`` (with ``metadata``: a CURVE key gate
+checked inline) and ``replies=False`` (nothing is
 ever sent back through the mailbox).
 
 The owner may also call ``apply(outputs)`` with what a core method called from
@@ -131,7 +142,10 @@ class Driver:
                  clock: Optional[Callable[[], float]] = None,
                  cork_limit: Optional[int] = None, batch_clock: bool = False,
                  delivery_each: Optional[Callable[[Sequence[tuple[Hashable, Any]], int, float,
-                                                   Callable[[Any], None]], int]] = None
+                                                   Callable[[Any], None]], int]] = None,
+                 pass_each: Optional[Callable[[Optional[Hashable], list, int, float,
+                                               list[Any], Optional[Callable[[], bool]]],
+                                              int]] = None
                  ) -> None:
         self.core = core
         #: one clock reading and one count per batch read, on the mailbox and every link
@@ -141,6 +155,8 @@ class Driver:
         self.delivery = delivery
         #: ``delivery`` over a whole batch read (the module docstring)
         self.delivery_each = delivery_each
+        #: a core's own fast path over a batch read, sends included (the module docstring)
+        self.pass_each = pass_each
         self.carry_out = carry_out
         self.on_timer = on_timer
         self.on_batch_end = on_batch_end
@@ -209,7 +225,8 @@ class Driver:
         handler: Callable[..., None] = on_message
         accept = self.accept
         batches: dict[str, Any] = {}   # (a fast path over whole batches, where it serves)
-        if (take is not None and metadata is None and accept is None
+        if (take is not None and metadata is None
+                and (accept is None or self.delivery_each is None)   # (pass_each: accept)
                 and getattr(mailbox, "takes_batches", False)):
             batches["take"] = take
         if metadata is None and accept is not None:
@@ -241,17 +258,21 @@ class Driver:
                         metadata=metadata, after_batch=after_batch)
         self._rearm()
 
-    def _direct(self) -> tuple[Callable[[Hashable, list[bytes]], None], Callable[[], None],
-                               Optional[Callable[[list, int], int]]]:
+    def _direct(self, name: Optional[Hashable] = None
+                ) -> tuple[Callable[[Hashable, list[bytes]], None], Callable[[], None],
+                           Optional[Callable[[list, int], int]]]:
         """The message handler, end of batch and batch fast path (``take`` of
-        ``HubSocket.serve``; None without ``delivery_each``) of a mailbox with ``delivery``
-        or ``carry_out``, or of any socket with ``batch_clock``: the per-message path kept
-        to a few calls (one clock reading and one count per batch)."""
+        ``HubSocket.serve``; None without ``delivery_each`` or ``pass_each``) of a mailbox
+        (``name`` None) with ``delivery`` or ``carry_out``, or of any socket with
+        ``batch_clock`` (a link: ``name``): the per-message path kept to a few calls (one
+        clock reading and one count per batch)."""
         delivery, now_, carry_out = self.delivery, self._now, self.carry_out
         delivery_each = self.delivery_each
+        pass_each = self.pass_each
         stamp: Optional[float] = None   # the batch's clock reading, taken at its first message
         count = 0
         received = False   # a message of the batch went to ``receive`` (the timer may move)
+        looking: list[Any] = []   # the sockets ``pass_each`` sent on in this batch
 
         def on_message(link: Hashable, frames: list[bytes]) -> None:
             nonlocal stamp, count, received
@@ -288,6 +309,19 @@ class Driver:
             count += end - start
             return end
 
+        def take_passing(batch: list, start: int) -> int:
+            nonlocal stamp, count
+            if self._backlogs or self.closed:
+                return start   # (after what waits to be sent: one message at a time)
+            if stamp is None:
+                stamp = now_()
+            flush = self._flush_held if self._held else None
+            end = pass_each(name, batch, start, stamp, looking, flush)  # type: ignore[misc]
+            if end > start:
+                count += end - start
+                stats["sent"] += end - start
+            return end
+
         stats, rearm, finish = self.stats, self._rearm, self._after_batch
         held_never = carry_out is not None and self.on_batch_end is None
 
@@ -295,16 +329,41 @@ class Driver:
             nonlocal stamp, count, received
             stats["received"] += count
             stamp, count = None, 0
+            if looking:   # (``pass_each``'s sends may have taken in the edge of a message)
+                for sock in looking:
+                    if not sock.closed:
+                        sock.readable()
+                looking.clear()
             if not held_never:
                 finish()
             elif received:   # (all ``_after_batch`` would do; ``delivery`` moves no deadline)
                 received = False
                 rearm()
-        return on_message, after_batch, take if delivery_each is not None else None
+        if delivery_each is not None:
+            return on_message, after_batch, take
+        return on_message, after_batch, take_passing if pass_each is not None else None
+
+    def _flush_held(self) -> bool:
+        """Carry out the outputs held for the batch being read, now (``pass_each`` is
+        about to send); False when sending must wait (a backlog, or closed)."""
+        held, self._held = self._held, None
+        if held:
+            if self.look_once:
+                self._carry_out_looking(held)
+            else:
+                self._carry_out(held)
+        return not self._backlogs and not self.closed
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
-        handle, after_batch = (self._direct()[:2] if self.batch_clock
-                               else (self._on_message, self._after_batch))
+        take: Optional[Callable[[list, int], int]] = None
+        if self.batch_clock:
+            handle, after_batch, take = self._direct(name)
+        else:
+            handle, after_batch = self._on_message, self._after_batch
+        batches: dict[str, Any] = {}
+        if take is not None and self.pass_each is not None and self.delivery_each is None \
+                and getattr(link, "takes_batches", False):
+            batches["take"] = take   # (``pass_each`` over the link's batches)
 
         def on_message(first: bytes, rest: list[bytes]) -> None:
             rest.insert(0, first)
@@ -312,7 +371,8 @@ class Driver:
 
         def serve() -> None:
             if not link.closed:   # (not hung up before this greenlet ran)
-                link.serve(on_message, self._on_oversized, None, after_batch=after_batch)
+                link.serve(on_message, self._on_oversized, None, after_batch=after_batch,
+                           **batches)
         self._spawn(serve)
 
     def _on_message(self, link: Hashable, frames: list[bytes]) -> None:

@@ -53,6 +53,14 @@ def flux_children() -> Iterator[Callable[..., FluxChild]]:
     yield from childprocs.ready_children(lambda **config: FluxChild(config))
 
 
+@pytest.fixture(params=[True, False], ids=["c-path", "python-path"])
+def both_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run the test with the common hops routed in C (``flux_take``, when the extension
+    has it) and with every message through ``FluxCore.receive``."""
+    monkeypatch.setattr(FluxOverlay, "fast", request.param)
+    return bool(request.param)
+
+
 @pytest.fixture
 def instance() -> Iterator[tuple[FluxOverlay, FluxOverlay]]:
     """Rank 0 and rank 1 (kary:2, fast heartbeats) on real sockets, rank 1 online."""

@@ -23,6 +23,9 @@ from .conftest import HERE, FluxChild, wait_until
 from .harness import Tree
 from .test_client import request
 
+#: each test with the common hops routed in C and in Python (conftest ``both_paths``)
+pytestmark = pytest.mark.usefixtures("both_paths")
+
 FAST = FluxSettings(heartbeat=0.1, torpid=0.3, lost=0.6, hello_timeout=0.5)
 STREAMING, NORESPONSE = int(MsgFlag.STREAMING), int(MsgFlag.NORESPONSE)
 

@@ -20,6 +20,9 @@ from curvemesh import KeyRing  # noqa: E402
 
 from .conftest import wait_until  # noqa: E402
 
+#: each test with the common hops routed in C and in Python (conftest ``both_paths``)
+pytestmark = pytest.mark.usefixtures("both_paths")
+
 FAST = FluxSettings(heartbeat=0.1, torpid=0.3, lost=0.6, hello_timeout=0.5)
 
 

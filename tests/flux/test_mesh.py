@@ -23,6 +23,9 @@ from scraping import scrape, value
 
 from .conftest import wait_until
 
+#: each test with the common hops routed in C and in Python (conftest ``both_paths``)
+pytestmark = pytest.mark.usefixtures("both_paths")
+
 TIMING = dict(interval=0.05, evasive=0.3, silent=0.4, expired=0.6)
 FAST = FluxSettings(heartbeat=0.1, torpid=0.3, lost=0.6, hello_timeout=0.5)
 
