@@ -11,7 +11,11 @@ import os
 from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 
-EXTENSION = Extension("peermesh.io._zmqbatch", ["peermesh/io/_zmqbatch.c"], optional=True)
+# the module (libzmq, batched reads and sends), then each protocol's fast path
+EXTENSION = Extension(
+    "peermesh.io._zmqbatch",
+    [f"peermesh/io/_zmqbatch{part}.c" for part in ("", "_zre", "_sada", "_flux")],
+    depends=["peermesh/io/_zmqbatch.h"], optional=True)
 
 
 class BdistWheel(bdist_wheel):

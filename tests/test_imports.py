@@ -77,7 +77,8 @@ def _runtime_nodes(tree: ast.AST, type_checking: bool = False) -> Iterator[ast.A
         stack.extend(ast.iter_child_nodes(node))
 
 
-#: compiled extensions (``peermesh/io/_zmqbatch.c`` is ``peermesh.io._zmqbatch``): leaves
+#: compiled extensions (``peermesh/io/_zmqbatch.c`` is ``peermesh.io._zmqbatch``; the other
+#: parts of it, ``_zmqbatch_zre.c`` and the like, name no module anyone imports): leaves
 #: that import nothing of peermesh, so never part of a cycle or of a layer's imports
 EXTENSIONS = {module_name(p.with_suffix(".py")) for p in PACKAGE_DIR.rglob("*.c")}
 

@@ -2,7 +2,7 @@
 
 From Python, pyzmq costs about 0.6 us per frame (a call, a ``Frame``, its
 ``more`` flag), and a ZRE WHISPER is three frames at a ROUTER. The extension
-``peermesh.io._zmqbatch`` (built from ``peermesh/io/_zmqbatch.c`` at install when a
+``peermesh.io._zmqbatch`` (built from ``peermesh/io/_zmqbatch*.c`` at install when a
 C compiler is present) reads every waiting message in one call, sends a
 message's frames in one call (and a backlog of messages in one call:
 ``send_each``, about 0.14 us less per message than a Python loop of sends,

@@ -1,0 +1,64 @@
+/*
+ * What the parts of peermesh.io._zmqbatch share: libzmq's send as load() found it, the
+ * error it raises, interned names, and instances of slot classes made without __init__.
+ * _zmqbatch.c is the module (loading libzmq, batched reads and sends); each protocol's
+ * fast path over a read batch has a file of its own: _zmqbatch_zre.c, _zmqbatch_sada.c,
+ * _zmqbatch_flux.c.
+ */
+#ifndef PEERMESH_ZMQBATCH_H
+#define PEERMESH_ZMQBATCH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <errno.h>
+#include <string.h>
+
+#define ZMQ_DONTWAIT 1
+#define ZMQ_SNDMORE 2
+
+/* libzmq's zmq_send and zmq_errno, set by load() */
+extern int (*zmq_send_)(void *, const void *, size_t, int);
+extern int (*zmq_errno_)(void);
+/* load() has succeeded */
+extern int loaded;
+/* Raise zmq.ZMQError(code); returns NULL. */
+PyObject *raise_errno(int code);
+
+/* In a function returning int: var = the interned str text, or return -1. */
+#define INTERN(var, text)                                                        \
+    if (!(var = PyUnicode_InternFromString(text)))                               \
+        return -1;
+
+/* Where the slots of a plain class with __slots__ only (no __dict__, no base but object)
+ * live in an instance, found once per class: the class must declare exactly count
+ * __slots__, names among them. */
+#define MAX_SLOTS 16
+typedef struct {
+    PyTypeObject *cls;
+    int count;
+    const char *const *names;
+    Py_ssize_t offsets[MAX_SLOTS];
+} slot_layout;
+
+/* Find the layout's offsets in class cls (once per class): 0, or -1 with TypeError. */
+int layout_for(slot_layout *layout, PyObject *cls);
+/* A new instance of the layout's class, its slots set to values (in the layout's order;
+ * each gets a reference), __init__ not run. */
+PyObject *layout_new(slot_layout *layout, PyObject *const *values);
+
+/* A docstring the module's method table (in _zmqbatch.c) refers to from another file. */
+#define SHARED_DOC(name, text) const char name[] = PyDoc_STR(text)
+
+/* The protocols' fast paths (METH_FASTCALL) and their docstrings. */
+#define FAST_PATH(name)                                                          \
+    PyObject *name(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     \
+    extern const char name##_doc[];
+FAST_PATH(zre_take)
+FAST_PATH(sada_take)
+FAST_PATH(sada_submit)
+FAST_PATH(sada_jobs)
+FAST_PATH(flux_take)
+#undef FAST_PATH
+
+#endif

@@ -1,0 +1,607 @@
+/*
+ * peermesh.io._zmqbatch, Safir-Darbaan: a channel's usual REPs taken in (sada_take) and
+ * usual requests made (sada_submit), a server's usual REQs handed on (sada_jobs).
+ */
+#include "_zmqbatch.h"
+
+/* --- Safir-Darbaan: a channel's batch of usual REPs taken in (sada_take) -------------- */
+
+static PyObject *s_server, *s_identity, *s_raw, *s_token, *s_body, *s_parked, *s_sent_at,
+    *s_last_heard, *s_suspect, *s_replies, *s_latency, *s_in_flight, *s_empty;
+
+static int
+sada_names(void)
+{
+    if (s_empty)
+        return 0;
+    INTERN(s_server, "server");
+    INTERN(s_identity, "identity");
+    INTERN(s_raw, "raw");
+    INTERN(s_token, "token");
+    INTERN(s_body, "body");
+    INTERN(s_parked, "parked");
+    INTERN(s_sent_at, "sent_at");
+    INTERN(s_last_heard, "last_heard");
+    INTERN(s_suspect, "suspect");
+    INTERN(s_replies, "replies");
+    INTERN(s_latency, "latency");
+    INTERN(s_in_flight, "in_flight");
+    return (s_empty = PyBytes_FromStringAndSize(NULL, 0)) ? 0 : -1;
+}
+
+/* obj.name as a double into *out (-1 with an exception). */
+static int
+attr_double(PyObject *obj, PyObject *name, double *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (!value)
+        return -1;
+    *out = PyFloat_AsDouble(value);
+    Py_DECREF(value);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The truth of obj.name (-1 with an exception). */
+static int
+attr_true(PyObject *obj, PyObject *name)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    int truth = value ? PyObject_IsTrue(value) : -1;
+    Py_XDECREF(value);
+    return truth;
+}
+
+/* obj.name += delta, an int (-1 with an exception). */
+static int
+attr_add(PyObject *obj, PyObject *name, long delta)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    PyObject *step = value ? PyLong_FromLong(delta) : NULL;
+    PyObject *sum = step ? PyNumber_Add(value, step) : NULL;
+    int result = sum ? PyObject_SetAttr(obj, name, sum) : -1;
+    Py_XDECREF(value);
+    Py_XDECREF(step);
+    Py_XDECREF(sum);
+    return result;
+}
+
+static int
+same_octets(PyObject *frame, PyObject *expected)
+{
+    return frame == expected || (PyBytes_GET_SIZE(frame) == PyBytes_GET_SIZE(expected) &&
+                                 memcmp(PyBytes_AS_STRING(frame), PyBytes_AS_STRING(expected),
+                                        PyBytes_GET_SIZE(frame)) == 0);
+}
+
+SHARED_DOC(sada_take_doc,
+"sada_take(batch, start, pendings, now, sink, shape) -> end\n\n"
+"RequestRouter.answer_each's usual case over a batch in one call. batch holds\n"
+"(routing id, frames) tuples (frames None: over the limits); from index start on, each\n"
+"message that is a REP as the spec draws it (six bytes frames: empty, the protocol,\n"
+"REP, a request id, a status below 400, the payload) for a request of the dict pendings\n"
+"that the sending server holds (request.server.identity is the routing id), neither\n"
+"parked nor answered, whose payload unpacks, is taken in: the server's last_heard set\n"
+"to now, suspect False, replies + 1, latency moved by ewma towards the reply time,\n"
+"add(reply time) called; the request out of pendings (token None, body b'', server\n"
+"None, the server's in_flight - 1) and sink((token, value, None)) called unless its\n"
+"token is the forgotten one. shape is (protocol frame, REP frame, status_of dict\n"
+"(status frame -> int), unpack(payload) for requests not raw, the forgotten token,\n"
+"add, ewma). Stops at the first message it does not take: end is its index\n"
+"(len(batch): none); an error of unpack stops there too (the caller's path decides).");
+
+PyObject *
+sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError,
+                            "sada_take(batch, start, pendings, now, sink, shape)");
+    PyObject *batch = args[0], *pendings = args[2], *now = args[3], *sink = args[4];
+    PyObject *shape = args[5];
+    if (!PyList_Check(batch) && !PyTuple_Check(batch))
+        return PyErr_Format(PyExc_TypeError, "batch must be a list or tuple");
+    if (!PyDict_Check(pendings) || !PyCallable_Check(sink))
+        return PyErr_Format(PyExc_TypeError, "pendings must be a dict, sink callable");
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 7)
+        return PyErr_Format(PyExc_TypeError, "shape is (protocol, REP, status_of, unpack, "
+                            "forgotten, add, ewma)");
+    PyObject *protocol = PyTuple_GET_ITEM(shape, 0), *rep = PyTuple_GET_ITEM(shape, 1);
+    PyObject *status_of = PyTuple_GET_ITEM(shape, 2), *unpack = PyTuple_GET_ITEM(shape, 3);
+    PyObject *forgotten = PyTuple_GET_ITEM(shape, 4), *add = PyTuple_GET_ITEM(shape, 5);
+    if (!PyBytes_Check(protocol) || !PyBytes_Check(rep) || !PyDict_Check(status_of) ||
+        !PyCallable_Check(unpack) || !PyCallable_Check(add))
+        return PyErr_Format(PyExc_TypeError, "shape: two bytes, a dict, then unpack, "
+                            "forgotten, add callable, ewma");
+    double ewma = PyFloat_AsDouble(PyTuple_GET_ITEM(shape, 6));
+    if (ewma == -1.0 && PyErr_Occurred())
+        return NULL;
+    double when = PyFloat_AsDouble(now);
+    if (when == -1.0 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    if (at < 0)
+        return PyErr_Format(PyExc_ValueError, "start must not be negative");
+    if (sada_names() < 0)
+        return NULL;
+    int failed = 0;
+    /* (the batch's length is read again for every message: a sink may change it) */
+    for (; !failed && at < PySequence_Fast_GET_SIZE(batch); at++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(batch, at);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+            break;
+        PyObject *identity = PyTuple_GET_ITEM(item, 0), *list = PyTuple_GET_ITEM(item, 1);
+        if (!PyList_Check(list) || PyList_GET_SIZE(list) != 6)
+            break;
+        PyObject *f[6];
+        int bytes = 1;
+        for (int i = 0; i < 6; i++) {
+            f[i] = PyList_GET_ITEM(list, i);
+            bytes = bytes && PyBytes_Check(f[i]);
+        }
+        if (!bytes || PyBytes_GET_SIZE(f[0]) != 0 || !same_octets(f[2], rep) ||
+            !same_octets(f[1], protocol))
+            break;
+        PyObject *code = PyDict_GetItemWithError(status_of, f[4]); /* borrowed */
+        long status = code ? PyLong_AsLong(code) : -1;
+        if (!code || status == -1 || status >= 400) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
+        PyObject *pending = PyDict_GetItemWithError(pendings, f[3]); /* borrowed */
+        if (!pending) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
+        /* held for the whole message: unpack, add and sink run Python code */
+        PyObject *rid = Py_NewRef(f[3]), *payload = Py_NewRef(f[5]);
+        Py_INCREF(item);
+        Py_INCREF(pending);
+        PyObject *server = PyObject_GetAttr(pending, s_server);
+        PyObject *holder = server && server != Py_None ? PyObject_GetAttr(server, s_identity)
+                                                       : NULL;
+        int held = holder ? PyObject_RichCompareBool(holder, identity, Py_EQ) : 0;
+        Py_XDECREF(holder);
+        PyObject *token = held > 0 ? PyObject_GetAttr(pending, s_token) : NULL;
+        int parked = token && token != Py_None ? attr_true(pending, s_parked) : 1;
+        int raw = parked == 0 ? attr_true(pending, s_raw) : -1;
+        PyObject *value = NULL;
+        if (raw > 0)
+            value = Py_NewRef(payload);
+        else if (raw == 0 && PyBytes_GET_SIZE(payload) == 0)
+            value = Py_NewRef(Py_None);
+        else if (raw == 0) {
+            value = PyObject_CallOneArg(unpack, payload);
+            if (!value && PyErr_ExceptionMatches(PyExc_Exception))
+                PyErr_Clear(); /* not msgpack: the caller's path makes the error */
+        }
+        double sent_at = 0, latency = 0;
+        int ok = value && attr_double(pending, s_sent_at, &sent_at) == 0 &&
+                 attr_double(server, s_latency, &latency) == 0;
+        if (ok) { /* taken in: the server's counts, then the request out of every table */
+            double seconds = when - sent_at;
+            PyObject *moved = PyFloat_FromDouble(latency + ewma * (seconds - latency));
+            PyObject *sample = moved ? PyFloat_FromDouble(seconds) : NULL;
+            PyObject *done = sample ? PyObject_CallOneArg(add, sample) : NULL;
+            ok = done && PyObject_SetAttr(server, s_last_heard, now) == 0 &&
+                 PyObject_SetAttr(server, s_suspect, Py_False) == 0 &&
+                 attr_add(server, s_replies, 1) == 0 &&
+                 PyObject_SetAttr(server, s_latency, moved) == 0 &&
+                 PyObject_SetAttr(pending, s_token, Py_None) == 0 &&
+                 PyObject_SetAttr(pending, s_body, s_empty) == 0 &&
+                 PyDict_DelItem(pendings, rid) == 0 &&
+                 attr_add(server, s_in_flight, -1) == 0 &&
+                 PyObject_SetAttr(pending, s_server, Py_None) == 0;
+            Py_XDECREF(moved);
+            Py_XDECREF(sample);
+            Py_XDECREF(done);
+            if (ok && token != forgotten) {
+                PyObject *answer = PyTuple_Pack(3, token, value, Py_None);
+                PyObject *sunk = answer ? PyObject_CallOneArg(sink, answer) : NULL;
+                ok = sunk != NULL;
+                Py_XDECREF(answer);
+                Py_XDECREF(sunk);
+            }
+            failed = !ok;
+        } else {
+            failed = PyErr_Occurred() != NULL;
+        }
+        Py_XDECREF(value);
+        Py_XDECREF(token);
+        Py_XDECREF(server);
+        Py_DECREF(pending);
+        Py_DECREF(item);
+        Py_DECREF(rid);
+        Py_DECREF(payload);
+        if (!ok)
+            break;
+    }
+    return failed ? NULL : PyLong_FromSsize_t(at);
+}
+
+/* --- Safir-Darbaan: a channel's usual request recorded and its REQ made (sada_submit) --- */
+
+static const char *const pending_slots[] = {
+    "rid", "service", "version", "fields", "body", "raw", "token", "timeout", "server",
+    "target", "sent_at", "attempts", "retries", "excluded", "parked", "deadline"};
+static slot_layout pending_layout = {NULL, 16, pending_slots, {0}};
+static const char *const send_slots[] = {"link", "frames"};
+static slot_layout send_layout = {NULL, 2, send_slots, {0}};
+
+static PyObject *s_timeout, *s_counter, *s_outputs, *s_deadline, *s_append;
+
+static int
+submit_names(void)
+{
+    if (s_append)
+        return 0;
+    INTERN(s_timeout, "timeout");
+    INTERN(s_counter, "_counter");
+    INTERN(s_outputs, "_outputs");
+    INTERN(s_deadline, "deadline");
+    INTERN(s_append, "append");
+    return 0;
+}
+
+/* The one server of the first version group of groups (a route: a list of (version frame,
+ * servers) tuples) when it is alone there and not suspect: *frame and *server get new
+ * references. 0 when the route is another (nothing set), -1 with an exception. */
+static int
+usual_route(PyObject *groups, PyObject **frame, PyObject **server)
+{
+    if (!groups || !PyList_Check(groups) || PyList_GET_SIZE(groups) < 1)
+        return 0;
+    PyObject *group = PyList_GET_ITEM(groups, 0);
+    if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 2 ||
+        !PyBytes_Check(PyTuple_GET_ITEM(group, 0)) || !PyList_Check(PyTuple_GET_ITEM(group, 1))
+        || PyList_GET_SIZE(PyTuple_GET_ITEM(group, 1)) != 1)
+        return 0;
+    PyObject *only = Py_NewRef(PyList_GET_ITEM(PyTuple_GET_ITEM(group, 1), 0));
+    PyObject *first = Py_NewRef(PyTuple_GET_ITEM(group, 0));
+    int suspect = attr_true(only, s_suspect);
+    if (suspect != 0) {
+        Py_DECREF(only);
+        Py_DECREF(first);
+        return suspect < 0 ? -1 : 0;
+    }
+    *frame = first;
+    *server = only;
+    return 1;
+}
+
+SHARED_DOC(sada_submit_doc,
+"sada_submit(router, token, service, category, action, payload, now, shape) -> rid or None\n\n"
+"RequestRouter.submit's usual request (no version, timeout, server, retries, not raw) in\n"
+"one call, for a router whose Sends are addressed: when the (service, category, action)\n"
+"fields are cached, the route of (service, None) is cached with one server alone in its\n"
+"best version, not suspect, and the request's deadline (now + router.timeout) is not\n"
+"before the last one queued, the payload is packed, the request (of pending_class, its\n"
+"__init__ not run) recorded as sent to that server (router._counter + 1 in its id, in\n"
+"pendings and due, the server's in_flight + 1) and a send_class(routing id, REQ frames)\n"
+"appended to router._outputs: its request id is returned. Otherwise None, nothing done.\n"
+"shape is (fields dict, route cache dict, pendings dict, due deque, pack, request id\n"
+"prefix, pending_class, send_class, delimiter, protocol, REQ, no exclusion).");
+
+PyObject *
+sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8)
+        return PyErr_Format(PyExc_TypeError, "sada_submit(router, token, service, category, "
+                            "action, payload, now, shape)");
+    PyObject *router = args[0], *token = args[1], *payload = args[5], *now = args[6];
+    PyObject *shape = args[7];
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 12)
+        return PyErr_Format(PyExc_TypeError, "shape is (fields, routes, pendings, due, pack, "
+                            "prefix, pending class, send class, delimiter, protocol, REQ, "
+                            "no exclusion)");
+    PyObject *const *s = &PyTuple_GET_ITEM(shape, 0);
+    PyObject *fields_of = s[0], *routes = s[1], *pendings = s[2], *due = s[3], *pack = s[4];
+    PyObject *prefix = s[5];
+    if (!PyDict_Check(fields_of) || !PyDict_Check(routes) || !PyDict_Check(pendings) ||
+        !PyCallable_Check(pack) || !PyBytes_Check(prefix) || !PyBytes_Check(s[8]) ||
+        !PyBytes_Check(s[9]) || !PyBytes_Check(s[10]))
+        return PyErr_Format(PyExc_TypeError, "shape: three dicts, a deque, pack callable, "
+                            "then bytes, two classes, three bytes");
+    double when = PyFloat_AsDouble(now);
+    if (when == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (sada_names() < 0 || submit_names() < 0 || layout_for(&pending_layout, s[6]) < 0 ||
+        layout_for(&send_layout, s[7]) < 0)
+        return NULL;
+    /* the usual request? (its fields known, its route one server) */
+    PyObject *key = PyTuple_Pack(3, args[2], args[3], args[4]);
+    PyObject *fields = key ? PyDict_GetItemWithError(fields_of, key) : NULL;
+    Py_XDECREF(key);
+    if (!fields)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (!PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) != 3)
+        Py_RETURN_NONE;
+    Py_INCREF(fields);
+    PyObject *frame = NULL, *server = NULL, *timeout = NULL, *body = NULL, *identity = NULL;
+    PyObject *counter = NULL, *rid = NULL, *result = NULL;
+    key = PyTuple_Pack(2, args[2], Py_None);
+    PyObject *groups = key ? PyDict_GetItemWithError(routes, key) : NULL;
+    Py_XDECREF(key);
+    int usual = groups ? usual_route(groups, &frame, &server) : -(PyErr_Occurred() != NULL);
+    if (usual <= 0)
+        goto done;
+    usual = -1;
+    identity = PyObject_GetAttr(server, s_identity);
+    if (!identity)
+        goto done;
+    usual = PyBytes_Check(identity) && PyBytes_Check(PyTuple_GET_ITEM(fields, 0)) &&
+            PyBytes_Check(PyTuple_GET_ITEM(fields, 1)) &&
+            PyBytes_Check(PyTuple_GET_ITEM(fields, 2));
+    if (!usual)
+        goto done;
+    /* its deadline, after the last one queued (else: the heap, Python's path) */
+    usual = -1;
+    double wait = 0;
+    timeout = PyObject_GetAttr(router, s_timeout);
+    if (!timeout || ((wait = PyFloat_AsDouble(timeout)) == -1.0 && PyErr_Occurred()))
+        goto done;
+    double deadline = when + wait;
+    Py_ssize_t queued = PyObject_Size(due);
+    if (queued < 0)
+        goto done;
+    if (queued > 0) {
+        double last = 0;
+        PyObject *tail = PySequence_GetItem(due, queued - 1);
+        int read = tail ? attr_double(tail, s_deadline, &last) : -1;
+        Py_XDECREF(tail);
+        if (read < 0)
+            goto done;
+        if (last > deadline) {
+            usual = 0;
+            goto done;
+        }
+    }
+    body = PyObject_CallOneArg(pack, payload); /* (an error: raised, nothing taken) */
+    if (!body)
+        goto done;
+    if (!PyBytes_Check(body)) {
+        usual = 0;
+        goto done;
+    }
+    /* its id: the prefix, then the counter in hex */
+    counter = PyObject_GetAttr(router, s_counter);
+    unsigned long long count = counter ? PyLong_AsUnsignedLongLong(counter) : (unsigned long long)-1;
+    if (count == (unsigned long long)-1 || count >= (1ULL << 62)) {
+        if (!PyErr_Occurred())
+            usual = 0;
+        else if (PyErr_ExceptionMatches(PyExc_OverflowError) ||
+                 PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            usual = 0;
+        }
+        goto done;
+    }
+    Py_SETREF(counter, PyLong_FromUnsignedLongLong(count + 1));
+    char hex[24];
+    int digits = snprintf(hex, sizeof hex, "%llx", count + 1);
+    Py_ssize_t size = PyBytes_GET_SIZE(prefix);
+    rid = counter ? PyBytes_FromStringAndSize(NULL, size + digits) : NULL;
+    if (!rid)
+        goto done;
+    memcpy(PyBytes_AS_STRING(rid), PyBytes_AS_STRING(prefix), size);
+    memcpy(PyBytes_AS_STRING(rid) + size, hex, digits);
+    /* the request, sent to the server; its REQ */
+    PyObject *one = PyLong_FromLong(1), *zero = PyLong_FromLong(0);
+    PyObject *end = PyFloat_FromDouble(deadline);
+    PyObject *pending = NULL, *frames = NULL, *send = NULL;
+    if (one && zero && end) {
+        PyObject *values[16] = {rid, args[2], Py_None, fields, body, Py_False, token, timeout,
+                                server, Py_None, now, one, zero, s[11], Py_False, end};
+        pending = layout_new(&pending_layout, values);
+    }
+    if (pending)
+        frames = PyTuple_Pack(10, identity, s[8], s[9], s[10], rid,
+                              PyTuple_GET_ITEM(fields, 0), frame, PyTuple_GET_ITEM(fields, 1),
+                              PyTuple_GET_ITEM(fields, 2), body);
+    if (frames) {
+        PyObject *values[2] = {identity, frames};
+        send = layout_new(&send_layout, values);
+    }
+    PyObject *outputs = send ? PyObject_GetAttr(router, s_outputs) : NULL;
+    if (outputs && !PyList_Check(outputs))
+        PyErr_SetString(PyExc_TypeError, "router._outputs must be a list");
+    PyObject *appended = NULL;
+    int ok = outputs && PyList_Check(outputs) &&
+             PyObject_SetAttr(router, s_counter, counter) == 0 &&
+             PyDict_SetItem(pendings, rid, pending) == 0 &&
+             (appended = PyObject_CallMethodOneArg(due, s_append, pending)) != NULL &&
+             attr_add(server, s_in_flight, 1) == 0 && PyList_Append(outputs, send) == 0;
+    Py_XDECREF(appended);
+    Py_XDECREF(outputs);
+    Py_XDECREF(send);
+    Py_XDECREF(frames);
+    Py_XDECREF(pending);
+    Py_XDECREF(one);
+    Py_XDECREF(zero);
+    Py_XDECREF(end);
+    if (ok)
+        result = Py_NewRef(rid);
+done:
+    if (!result && usual == 0 && !PyErr_Occurred())
+        result = Py_NewRef(Py_None);
+    Py_DECREF(fields);
+    Py_XDECREF(frame);
+    Py_XDECREF(server);
+    Py_XDECREF(identity);
+    Py_XDECREF(timeout);
+    Py_XDECREF(body);
+    Py_XDECREF(counter);
+    Py_XDECREF(rid);
+    return result;
+}
+
+/* --- Safir-Darbaan: a server's batch of usual REQs handed to their handlers (sada_jobs) */
+
+static PyObject *s_by_frames, *s_with_request, *s_inline, *s_serving, *s_max_concurrent,
+    *s_busy, *s_requests;
+
+static int
+jobs_names(void)
+{
+    if (s_requests)
+        return 0;
+    INTERN(s_by_frames, "by_frames");
+    INTERN(s_with_request, "with_request");
+    INTERN(s_inline, "inline");
+    INTERN(s_serving, "serving");
+    INTERN(s_max_concurrent, "max_concurrent");
+    INTERN(s_busy, "busy");
+    INTERN(s_requests, "requests");
+    return 0;
+}
+
+/* table[(first, second)] (a new reference), or NULL: none (or an exception). */
+static PyObject *
+pair_lookup(PyObject *table, PyObject *first, PyObject *second)
+{
+    PyObject *key = PyTuple_Pack(2, first, second);
+    PyObject *value = key ? PyDict_GetItemWithError(table, key) : NULL;
+    Py_XDECREF(key);
+    return Py_XNewRef(value);
+}
+
+/* The handler of a REQ whose frames are f (nine bytes objects, checked) that the server
+ * `core` would run now: a new reference; NULL when it would not (or an exception). */
+static PyObject *
+usual_handler(PyObject *core, PyObject *by_frames, PyObject *const *f)
+{
+    PyObject *service = pair_lookup(by_frames, f[4], f[5]);
+    PyObject *handlers = service ? PyObject_GetAttr(service, s_by_frames) : NULL;
+    Py_XDECREF(service);
+    if (handlers && !PyDict_Check(handlers)) {
+        Py_DECREF(handlers);
+        return NULL;
+    }
+    PyObject *handler = handlers ? pair_lookup(handlers, f[6], f[7]) : NULL;
+    Py_XDECREF(handlers);
+    int other = handler ? attr_true(handler, s_with_request) : -1;
+    int serving = other == 0 ? attr_true(core, s_serving) : -1;
+    if (serving != 1)
+        Py_CLEAR(handler);
+    return handler;
+}
+
+/* A handler not run inline takes one of max_concurrent: 1 when it may run (busy + 1),
+ * 0 when max_concurrent run already, -1 with an exception. */
+static int
+take_a_place(PyObject *core)
+{
+    PyObject *limit = PyObject_GetAttr(core, s_max_concurrent);
+    if (!limit)
+        return -1;
+    int result = 1;
+    if (limit != Py_None) {
+        PyObject *busy = PyObject_GetAttr(core, s_busy);
+        result = busy ? !PyObject_RichCompareBool(busy, limit, Py_GE) : -1;
+        if (busy && PyErr_Occurred())
+            result = -1;
+        Py_XDECREF(busy);
+    }
+    Py_DECREF(limit);
+    return result == 1 && attr_add(core, s_busy, 1) < 0 ? -1 : result;
+}
+
+SHARED_DOC(sada_jobs_doc,
+"sada_jobs(batch, start, core, sink, shape) -> end\n\n"
+"ServerCore.job_each's usual case over a batch in one call. batch holds (alias, frames)\n"
+"tuples (frames None: over the limits); from index start on, each message that is a REQ\n"
+"as the spec draws it (nine bytes frames: empty, the protocol, REQ, a request id of 1 to\n"
+"max_id octets, then service, version, category, action and payload) for a service of\n"
+"the dict by_frames (by its name and version frames) whose by_frames has a handler for\n"
+"its category and action frames, not with_request, while core.serving, is handed on:\n"
+"a handler not inline takes one of core.max_concurrent (core.busy + 1; the message\n"
+"stops the call when they all run), stats['requests'] + 1 and sink(job_class((alias,\n"
+"handler, request id, payload, None))) called (a tuple subclass, made as tuple.__new__\n"
+"makes it). shape is (by_frames, stats, job_class, protocol, REQ, max_id). Stops at\n"
+"the first message it does not take: end is its index (len(batch): none).");
+
+PyObject *
+sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5)
+        return PyErr_Format(PyExc_TypeError, "sada_jobs(batch, start, core, sink, shape)");
+    PyObject *batch = args[0], *core = args[2], *sink = args[3], *shape = args[4];
+    if (!PyList_Check(batch) && !PyTuple_Check(batch))
+        return PyErr_Format(PyExc_TypeError, "batch must be a list or tuple");
+    if (!PyCallable_Check(sink))
+        return PyErr_Format(PyExc_TypeError, "sink must be callable");
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 6)
+        return PyErr_Format(PyExc_TypeError, "shape is (by_frames, stats, job_class, "
+                            "protocol, REQ, max_id)");
+    PyObject *by_frames = PyTuple_GET_ITEM(shape, 0), *stats = PyTuple_GET_ITEM(shape, 1);
+    PyObject *job_class = PyTuple_GET_ITEM(shape, 2), *protocol = PyTuple_GET_ITEM(shape, 3);
+    PyObject *req = PyTuple_GET_ITEM(shape, 4);
+    if (!PyDict_Check(by_frames) || !PyDict_Check(stats) || !PyType_Check(job_class) ||
+        !PyType_IsSubtype((PyTypeObject *)job_class, &PyTuple_Type) ||
+        !PyBytes_Check(protocol) || !PyBytes_Check(req))
+        return PyErr_Format(PyExc_TypeError, "shape: two dicts, a tuple subclass, two bytes, "
+                            "an int");
+    Py_ssize_t max_id = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 5));
+    if (max_id == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    if (at < 0)
+        return PyErr_Format(PyExc_ValueError, "start must not be negative");
+    PyObject *one = PyLong_FromLong(1);
+    if (!one || jobs_names() < 0) {
+        Py_XDECREF(one);
+        return NULL;
+    }
+    int failed = 0;
+    /* (the batch's length is read again for every message: a sink may change it) */
+    for (; at < PySequence_Fast_GET_SIZE(batch); at++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(batch, at);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+            break;
+        PyObject *list = PyTuple_GET_ITEM(item, 1);
+        if (!PyList_Check(list) || PyList_GET_SIZE(list) != 9)
+            break;
+        PyObject *f[9];
+        int bytes = 1;
+        for (int i = 0; i < 9; i++) {
+            f[i] = PyList_GET_ITEM(list, i);
+            bytes = bytes && PyBytes_Check(f[i]);
+        }
+        if (!bytes || PyBytes_GET_SIZE(f[0]) != 0 || !same_octets(f[2], req) ||
+            !same_octets(f[1], protocol) || PyBytes_GET_SIZE(f[3]) < 1 ||
+            PyBytes_GET_SIZE(f[3]) > max_id)
+            break;
+        /* (held while Python code runs: the message and the frames a job takes) */
+        Py_INCREF(item);
+        PyObject *rid = Py_NewRef(f[3]), *payload = Py_NewRef(f[8]);
+        PyObject *handler = usual_handler(core, by_frames, f);
+        int inline_ = handler ? attr_true(handler, s_inline) : -1;
+        int place = inline_ == 0 ? take_a_place(core) : inline_;
+        PyObject *count = place == 1 ? PyDict_GetItemWithError(stats, s_requests) : NULL;
+        PyObject *more = count ? PyNumber_Add(count, one) : NULL;
+        PyObject *job = more && PyDict_SetItem(stats, s_requests, more) == 0
+                        ? ((PyTypeObject *)job_class)->tp_alloc((PyTypeObject *)job_class, 5)
+                        : NULL;
+        Py_XDECREF(more);
+        if (job) {
+            PyObject *values[5] = {PyTuple_GET_ITEM(item, 0), handler, rid, payload, Py_None};
+            for (int i = 0; i < 5; i++)
+                PyTuple_SET_ITEM(job, i, Py_NewRef(values[i]));
+        }
+        Py_XDECREF(handler);
+        PyObject *sunk = job ? PyObject_CallOneArg(sink, job) : NULL;
+        Py_XDECREF(job);
+        Py_DECREF(rid);
+        Py_DECREF(payload);
+        Py_DECREF(item);
+        if (!sunk) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
+        Py_DECREF(sunk);
+    }
+    Py_DECREF(one);
+    return failed ? NULL : PyLong_FromSsize_t(at);
+}
