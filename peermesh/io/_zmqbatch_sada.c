@@ -6,8 +6,11 @@
 
 /* --- Safir-Darbaan: a channel's batch of usual REPs taken in (sada_take) -------------- */
 
+/* the attribute names the three fast paths read and set, interned once */
 static PyObject *s_server, *s_identity, *s_raw, *s_token, *s_body, *s_parked, *s_sent_at,
-    *s_last_heard, *s_suspect, *s_replies, *s_latency, *s_in_flight, *s_empty;
+    *s_last_heard, *s_suspect, *s_replies, *s_latency, *s_in_flight, *s_timeout, *s_counter,
+    *s_outputs, *s_deadline, *s_append, *s_by_frames, *s_with_request, *s_inline, *s_serving,
+    *s_max_concurrent, *s_busy, *s_requests, *s_empty;
 
 static int
 sada_names(void)
@@ -26,6 +29,18 @@ sada_names(void)
     INTERN(s_replies, "replies");
     INTERN(s_latency, "latency");
     INTERN(s_in_flight, "in_flight");
+    INTERN(s_timeout, "timeout");
+    INTERN(s_counter, "_counter");
+    INTERN(s_outputs, "_outputs");
+    INTERN(s_deadline, "deadline");
+    INTERN(s_append, "append");
+    INTERN(s_by_frames, "by_frames");
+    INTERN(s_with_request, "with_request");
+    INTERN(s_inline, "inline");
+    INTERN(s_serving, "serving");
+    INTERN(s_max_concurrent, "max_concurrent");
+    INTERN(s_busy, "busy");
+    INTERN(s_requests, "requests");
     return (s_empty = PyBytes_FromStringAndSize(NULL, 0)) ? 0 : -1;
 }
 
@@ -228,21 +243,6 @@ static slot_layout pending_layout = {NULL, 16, pending_slots, {0}};
 static const char *const send_slots[] = {"link", "frames"};
 static slot_layout send_layout = {NULL, 2, send_slots, {0}};
 
-static PyObject *s_timeout, *s_counter, *s_outputs, *s_deadline, *s_append;
-
-static int
-submit_names(void)
-{
-    if (s_append)
-        return 0;
-    INTERN(s_timeout, "timeout");
-    INTERN(s_counter, "_counter");
-    INTERN(s_outputs, "_outputs");
-    INTERN(s_deadline, "deadline");
-    INTERN(s_append, "append");
-    return 0;
-}
-
 /* The one server of the first version group of groups (a route: a list of (version frame,
  * servers) tuples) when it is alone there and not suspect: *frame and *server get new
  * references. 0 when the route is another (nothing set), -1 with an exception. */
@@ -305,7 +305,7 @@ sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double when = PyFloat_AsDouble(now);
     if (when == -1.0 && PyErr_Occurred())
         return NULL;
-    if (sada_names() < 0 || submit_names() < 0 || layout_for(&pending_layout, s[6]) < 0 ||
+    if (sada_names() < 0 || layout_for(&pending_layout, s[6]) < 0 ||
         layout_for(&send_layout, s[7]) < 0)
         return NULL;
     /* the usual request? (its fields known, its route one server) */
@@ -437,24 +437,6 @@ done:
 
 /* --- Safir-Darbaan: a server's batch of usual REQs handed to their handlers (sada_jobs) */
 
-static PyObject *s_by_frames, *s_with_request, *s_inline, *s_serving, *s_max_concurrent,
-    *s_busy, *s_requests;
-
-static int
-jobs_names(void)
-{
-    if (s_requests)
-        return 0;
-    INTERN(s_by_frames, "by_frames");
-    INTERN(s_with_request, "with_request");
-    INTERN(s_inline, "inline");
-    INTERN(s_serving, "serving");
-    INTERN(s_max_concurrent, "max_concurrent");
-    INTERN(s_busy, "busy");
-    INTERN(s_requests, "requests");
-    return 0;
-}
-
 /* table[(first, second)] (a new reference), or NULL: none (or an exception). */
 static PyObject *
 pair_lookup(PyObject *table, PyObject *first, PyObject *second)
@@ -550,7 +532,7 @@ sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (at < 0)
         return PyErr_Format(PyExc_ValueError, "start must not be negative");
     PyObject *one = PyLong_FromLong(1);
-    if (!one || jobs_names() < 0) {
+    if (!one || sada_names() < 0) {
         Py_XDECREF(one);
         return NULL;
     }
