@@ -15,9 +15,12 @@ option enum (0.6 us against 1.4), through the libzmq that pyzmq loaded, on the
 handle pyzmq exposes as ``Socket.underlying``. A batch of WHISPERs then costs
 about 0.4 us per message to read instead of about 1.8 us.
 
-Two protocols' per-message paths are there too: ``zre_take`` (a ZRE node's WHISPERs and
-SHOUTs taken in) and ``flux_take`` (a Flux node's common hops routed and sent, as
-``peermesh.flux.routing`` describes).
+Each protocol's usual per-message path is there too, one call per batch: ``zre_take`` (a
+ZRE node's WHISPERs and SHOUTs taken in), ``sada_take``, ``sada_submit`` and ``sada_jobs``
+(a Safir-Darbaan channel's replies taken in and requests made, a server's requests handed
+to their handlers, as ``peermesh.sada.routing`` and ``serving`` describe) and
+``flux_take`` (a Flux node's common hops routed and sent, as ``peermesh.flux.routing``
+describes).
 
 ``native`` is the loaded extension, or None: no compiler at install, a pyzmq
 whose libzmq hides its functions, or ``PEERMESH_PURE_PYTHON=1`` in the
