@@ -88,6 +88,25 @@ same_octets(PyObject *frame, PyObject *expected)
                                         PyBytes_GET_SIZE(frame)) == 0);
 }
 
+/* The n frames (borrowed) of a batch item (routing id, frames list) into f, when they are
+ * all bytes and the message's first three are the empty delimiter, protocol and command:
+ * 1, else 0. */
+static int
+message_frames(PyObject *item, Py_ssize_t n, PyObject **f, PyObject *protocol,
+               PyObject *command)
+{
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+        return 0;
+    PyObject *list = PyTuple_GET_ITEM(item, 1);
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != n)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_Check(f[i] = PyList_GET_ITEM(list, i)))
+            return 0;
+    return PyBytes_GET_SIZE(f[0]) == 0 && same_octets(f[2], command) &&
+           same_octets(f[1], protocol);
+}
+
 SHARED_DOC(sada_take_doc,
 "sada_take(batch, start, pendings, now, sink, shape) -> end\n\n"
 "RequestRouter.answer_each's usual case over a batch in one call. batch holds\n"
@@ -142,21 +161,10 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int failed = 0;
     /* (the batch's length is read again for every message: a sink may change it) */
     for (; !failed && at < PySequence_Fast_GET_SIZE(batch); at++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(batch, at);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+        PyObject *item = PySequence_Fast_GET_ITEM(batch, at), *f[6];
+        if (!message_frames(item, 6, f, protocol, rep))
             break;
-        PyObject *identity = PyTuple_GET_ITEM(item, 0), *list = PyTuple_GET_ITEM(item, 1);
-        if (!PyList_Check(list) || PyList_GET_SIZE(list) != 6)
-            break;
-        PyObject *f[6];
-        int bytes = 1;
-        for (int i = 0; i < 6; i++) {
-            f[i] = PyList_GET_ITEM(list, i);
-            bytes = bytes && PyBytes_Check(f[i]);
-        }
-        if (!bytes || PyBytes_GET_SIZE(f[0]) != 0 || !same_octets(f[2], rep) ||
-            !same_octets(f[1], protocol))
-            break;
+        PyObject *identity = PyTuple_GET_ITEM(item, 0);
         PyObject *code = PyDict_GetItemWithError(status_of, f[4]); /* borrowed */
         long status = code ? PyLong_AsLong(code) : -1;
         if (!code || status == -1 || status >= 400) {
@@ -539,20 +547,8 @@ sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int failed = 0;
     /* (the batch's length is read again for every message: a sink may change it) */
     for (; at < PySequence_Fast_GET_SIZE(batch); at++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(batch, at);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
-            break;
-        PyObject *list = PyTuple_GET_ITEM(item, 1);
-        if (!PyList_Check(list) || PyList_GET_SIZE(list) != 9)
-            break;
-        PyObject *f[9];
-        int bytes = 1;
-        for (int i = 0; i < 9; i++) {
-            f[i] = PyList_GET_ITEM(list, i);
-            bytes = bytes && PyBytes_Check(f[i]);
-        }
-        if (!bytes || PyBytes_GET_SIZE(f[0]) != 0 || !same_octets(f[2], req) ||
-            !same_octets(f[1], protocol) || PyBytes_GET_SIZE(f[3]) < 1 ||
+        PyObject *item = PySequence_Fast_GET_ITEM(batch, at), *f[9];
+        if (!message_frames(item, 9, f, protocol, req) || PyBytes_GET_SIZE(f[3]) < 1 ||
             PyBytes_GET_SIZE(f[3]) > max_id)
             break;
         /* (held while Python code runs: the message and the frames a job takes) */
