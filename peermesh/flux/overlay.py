@@ -160,8 +160,7 @@ class _FluxDriver(Driver):
         if flush is not None:   # (the batch's earlier outputs go first)
             if not flush():
                 return start
-            core = self.core  # type: ignore[assignment]  # (as they left it)
-            if core.state is not State.ONLINE:
+            if core.state is not State.ONLINE:   # (as those outputs left it)
                 return start
         mailbox: Any = self.mailbox
         parent: Any = self.links.get(PARENT)

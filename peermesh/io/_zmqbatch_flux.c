@@ -32,12 +32,12 @@ flux_names(void)
 {
     if (s_heard)
         return 0;
-    s_sent = PyUnicode_InternFromString("sent");
-    s_torpid = PyUnicode_InternFromString("torpid");
-    s_parent_heard = PyUnicode_InternFromString("parent_heard");
-    s_parent_sent = PyUnicode_InternFromString("parent_sent");
-    s_heard = PyUnicode_InternFromString("heard"); /* (last: the others are made then) */
-    return s_heard && s_sent && s_torpid && s_parent_heard && s_parent_sent ? 0 : -1;
+    INTERN(s_sent, "sent");
+    INTERN(s_torpid, "torpid");
+    INTERN(s_parent_heard, "parent_heard");
+    INTERN(s_parent_sent, "parent_sent");
+    INTERN(s_heard, "heard"); /* (last: the others are made then) */
+    return 0;
 }
 
 static unsigned long

@@ -348,10 +348,7 @@ class Driver:
         about to send); False when sending must wait (a backlog, or closed)."""
         held, self._held = self._held, None
         if held:
-            if self.look_once:
-                self._carry_out_looking(held)
-            else:
-                self._carry_out(held)
+            self._carry_out_all(held)
         return not self._backlogs and not self.closed
 
     def _serve_link(self, name: Hashable, link: Link) -> None:
@@ -403,10 +400,8 @@ class Driver:
                     held += more
                 else:
                     held = more if type(more) is list else list(more)
-        if held and self.look_once:
-            self._carry_out_looking(held)
-        elif held:
-            self._carry_out(held)
+        if held:
+            self._carry_out_all(held)
         self._rearm()
 
     def feed(self, messages: Iterable[tuple[Hashable, list[bytes]]]) -> None:
@@ -451,11 +446,16 @@ class Driver:
         then re-arm the timer. Each send is counted, waits in its link's backlog when
         the queue is full and goes to ``on_send_failed`` when it has no way out, as
         ``apply``'s do."""
+        self._carry_out_all(outputs)
+        self._rearm()
+
+    def _carry_out_all(self, outputs: Sequence[Output]) -> None:
+        """Carry out ``outputs`` back to back; with ``look_once`` each socket sent on is
+        looked at once after them all."""
         if self.look_once and self._looking is None:
             self._carry_out_looking(outputs)
         else:   # (within a batch's outputs already: those are looked at after it)
             self._carry_out(outputs)
-        self._rearm()
 
     def cork(self, outputs: Sequence[Output]) -> None:
         """Hold ``outputs`` to be carried out by ``apply_all`` at the end of the hub's

@@ -72,16 +72,16 @@ def test_a_consumer_killed_while_waiting_leaves_the_queue_usable() -> None:
 def test_a_consumer_whose_item_another_took_waits_for_what_is_left_of_its_timeout() -> None:
     queue: GreenEventQueue[int] = GreenEventQueue(100)
     waiting = gevent.spawn(queue.get, 0.3)
-    gevent.sleep(0.05)
+    gevent.sleep(0)                    # (it runs, and waits in get)
     queue.put(1)
     assert queue.get(0) == 1           # taken before the woken consumer runs
-    gevent.sleep(0.05)
+    gevent.sleep(0)                    # (its wake-up, queued before us, runs)
     assert not waiting.dead            # it waits again, for what is left
     queue.put(2)
     waiting.join(5)
     assert waiting.value == 2
     again = gevent.spawn(queue.get, 0.3)
-    gevent.sleep(0.05)
+    gevent.sleep(0)
     queue.put(3)
     assert queue.get(0) == 3
     again.join(5)
