@@ -107,6 +107,116 @@ message_frames(PyObject *item, Py_ssize_t n, PyObject **f, PyObject *protocol,
            same_octets(f[1], protocol);
 }
 
+/* The slots of a request (routing._Pending), a server (routing._Server) and the reply
+ * times (zre.roundtrip.RoundTrip), in their classes' order. */
+static const char *const pending_slots[] = {
+    "rid", "service", "version", "fields", "body", "raw", "token", "timeout", "server",
+    "target", "sent_at", "attempts", "retries", "excluded", "parked", "deadline"};
+static slot_layout pending_layout = {NULL, 16, pending_slots, {0}};
+enum { P_BODY = 4, P_RAW = 5, P_TOKEN = 6, P_SERVER = 8, P_SENT_AT = 10, P_PARKED = 14 };
+static const char *const server_slots[] = {
+    "identity", "id", "address", "services", "in_flight", "latency", "penalty",
+    "penalized_at", "last_heard", "ping_sent", "suspect", "alive", "replies"};
+static slot_layout server_layout = {NULL, 13, server_slots, {0}};
+enum { S_IDENTITY = 0, S_IN_FLIGHT = 4, S_LATENCY = 5, S_LAST_HEARD = 8, S_SUSPECT = 10,
+       S_REPLIES = 12 };
+static const char *const times_slots[] = {"smoothed", "last", "count", "total", "counts"};
+static slot_layout times_layout = {NULL, 5, times_slots, {0}};
+enum { T_SMOOTHED = 0, T_LAST = 1, T_COUNT = 2, T_TOTAL = 3, T_COUNTS = 4 };
+
+/* Slot i of obj (borrowed; NULL when unset), obj of the layout's class. */
+#define SLOT(obj, layout, i) (*(PyObject **)((char *)(obj) + (layout).offsets[i]))
+
+/* Slot i of obj set to value (a new reference taken; NULL: nothing done, -1). */
+static int
+set_slot(PyObject *obj, slot_layout *layout, int i, PyObject *value)
+{
+    if (!value)
+        return -1;
+    Py_XSETREF(*(PyObject **)((char *)obj + layout->offsets[i]), value);
+    return 0;
+}
+
+/* Is obj of the layout's class (its offsets found)? 1, or 0 (no exception left). */
+static int
+of_layout(PyObject *obj, slot_layout *layout)
+{
+    if (Py_TYPE(obj) == layout->cls)
+        return 1;
+    if (layout_for(layout, (PyObject *)Py_TYPE(obj)) == 0)
+        return 1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* A slot's value as a double (an exact float or int), into *out: 1, else 0. */
+static int
+slot_double(PyObject *value, double *out)
+{
+    if (value && PyFloat_CheckExact(value))
+        *out = PyFloat_AS_DOUBLE(value);
+    else if (value && PyLong_CheckExact(value)) {
+        *out = PyLong_AsDouble(value);
+        if (*out == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+    } else
+        return 0;
+    return 1;
+}
+
+/* An exact int slot moved by delta (-1 with an exception; 0: not an exact int, unchanged). */
+static int
+slot_step(PyObject *obj, slot_layout *layout, int i, long delta)
+{
+    PyObject *value = SLOT(obj, *layout, i);
+    if (!value || !PyLong_CheckExact(value))
+        return 0;
+    long n = PyLong_AsLong(value);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    return set_slot(obj, layout, i, PyLong_FromLong(n + delta)) < 0 ? -1 : 1;
+}
+
+/* RoundTrip.add(seconds) on times (of times_layout), buckets its BUCKETS: 1, -1 with an
+ * exception, 0 when its slots are not as RoundTrip keeps them (nothing changed). */
+static int
+times_add(PyObject *times, PyObject *buckets, double seconds)
+{
+    PyObject *counts = SLOT(times, times_layout, T_COUNTS);
+    PyObject *count = SLOT(times, times_layout, T_COUNT);
+    double smoothed, total;
+    if (!counts || !PyList_Check(counts) || !count || !PyLong_CheckExact(count) ||
+        !slot_double(SLOT(times, times_layout, T_SMOOTHED), &smoothed) ||
+        !slot_double(SLOT(times, times_layout, T_TOTAL), &total) ||
+        PyList_GET_SIZE(counts) != PyTuple_GET_SIZE(buckets) + 1)
+        return 0;
+    if (seconds < 0)   /* (a clock that stepped back: not a sample) */
+        return 1;
+    Py_ssize_t bucket = 0, last = PyTuple_GET_SIZE(buckets);
+    while (bucket < last && PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(buckets, bucket)) < seconds)
+        bucket++;   /* (bisect_left: the first bound not below the sample) */
+    PyObject *in_bucket = PyList_GET_ITEM(counts, bucket);
+    long n = PyLong_AsLong(count), k = PyLong_Check(in_bucket) ? PyLong_AsLong(in_bucket) : -1;
+    if ((n == -1 || k == -1) && PyErr_Occurred())
+        return -1;
+    if (k < 0)
+        return 0;
+    smoothed = n ? smoothed + (seconds - smoothed) / 8 : seconds;
+    PyObject *kept = PyLong_FromLong(k + 1);
+    if (!kept || set_slot(times, &times_layout, T_SMOOTHED, PyFloat_FromDouble(smoothed)) < 0 ||
+        set_slot(times, &times_layout, T_LAST, PyFloat_FromDouble(seconds)) < 0 ||
+        set_slot(times, &times_layout, T_COUNT, PyLong_FromLong(n + 1)) < 0 ||
+        set_slot(times, &times_layout, T_TOTAL, PyFloat_FromDouble(total + seconds)) < 0) {
+        Py_XDECREF(kept);
+        return -1;
+    }
+    PyList_SET_ITEM(counts, bucket, kept);
+    Py_DECREF(in_bucket);
+    return 1;
+}
+
 SHARED_DOC(sada_take_doc,
 "sada_take(batch, start, pendings, now, sink, shape) -> end\n\n"
 "RequestRouter.answer_each's usual case over a batch in one call. batch holds\n"
@@ -115,13 +225,46 @@ SHARED_DOC(sada_take_doc,
 "REP, a request id, a status below 400, the payload) for a request of the dict pendings\n"
 "that the sending server holds (request.server.identity is the routing id), neither\n"
 "parked nor answered, whose payload unpacks, is taken in: the server's last_heard set\n"
-"to now, suspect False, replies + 1, latency moved by ewma towards the reply time,\n"
-"add(reply time) called; the request out of pendings (token None, body b'', server\n"
-"None, the server's in_flight - 1) and sink((token, value, None)) called unless its\n"
-"token is the forgotten one. shape is (protocol frame, REP frame, status_of dict\n"
+"to now, suspect False, replies + 1, latency moved by ewma towards the reply time, the\n"
+"reply time added to times (as RoundTrip.add does); the request out of pendings (token\n"
+"None, body b'', server None, the server's in_flight - 1) and sink((token, value, None))\n"
+"called unless its token is the forgotten one. The requests, servers and times are\n"
+"those of routing._Pending, routing._Server and RoundTrip (their slots are read and set\n"
+"as those classes lay them out). shape is (protocol frame, REP frame, status_of dict\n"
 "(status frame -> int), unpack(payload) for requests not raw, the forgotten token,\n"
-"add, ewma). Stops at the first message it does not take: end is its index\n"
-"(len(batch): none); an error of unpack stops there too (the caller's path decides).");
+"times, its BUCKETS (a tuple of floats), ewma). Stops at the first message it does not\n"
+"take: end is its index (len(batch): none); an error of unpack stops there too (the\n"
+"caller's path decides).");
+
+/* The reply to pending (held by server, both of their layouts) taken in: 1, -1 with an
+ * exception, 0 when a slot is not as the Python path keeps it (nothing changed). */
+static int
+settle(PyObject *pending, PyObject *server, PyObject *times, PyObject *buckets, double when,
+       PyObject *now, double ewma)
+{
+    double sent_at, latency;
+    PyObject *replies = SLOT(server, server_layout, S_REPLIES);
+    PyObject *in_flight = SLOT(server, server_layout, S_IN_FLIGHT);
+    if (!slot_double(SLOT(pending, pending_layout, P_SENT_AT), &sent_at) ||
+        !slot_double(SLOT(server, server_layout, S_LATENCY), &latency) ||
+        !replies || !PyLong_CheckExact(replies) || !in_flight || !PyLong_CheckExact(in_flight))
+        return 0;
+    double seconds = when - sent_at;
+    int added = times_add(times, buckets, seconds);
+    if (added <= 0)
+        return added;
+    if (set_slot(server, &server_layout, S_LAST_HEARD, Py_NewRef(now)) < 0 ||
+        set_slot(server, &server_layout, S_SUSPECT, Py_NewRef(Py_False)) < 0 ||
+        slot_step(server, &server_layout, S_REPLIES, 1) < 0 ||
+        set_slot(server, &server_layout, S_LATENCY,
+                 PyFloat_FromDouble(latency + ewma * (seconds - latency))) < 0 ||
+        slot_step(server, &server_layout, S_IN_FLIGHT, -1) < 0)
+        return -1;
+    set_slot(pending, &pending_layout, P_TOKEN, Py_NewRef(Py_None));
+    set_slot(pending, &pending_layout, P_BODY, Py_NewRef(s_empty));
+    set_slot(pending, &pending_layout, P_SERVER, Py_NewRef(Py_None));
+    return 1;
+}
 
 PyObject *
 sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -135,17 +278,21 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_Format(PyExc_TypeError, "batch must be a list or tuple");
     if (!PyDict_Check(pendings) || !PyCallable_Check(sink))
         return PyErr_Format(PyExc_TypeError, "pendings must be a dict, sink callable");
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 7)
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 8)
         return PyErr_Format(PyExc_TypeError, "shape is (protocol, REP, status_of, unpack, "
-                            "forgotten, add, ewma)");
+                            "forgotten, times, buckets, ewma)");
     PyObject *protocol = PyTuple_GET_ITEM(shape, 0), *rep = PyTuple_GET_ITEM(shape, 1);
     PyObject *status_of = PyTuple_GET_ITEM(shape, 2), *unpack = PyTuple_GET_ITEM(shape, 3);
-    PyObject *forgotten = PyTuple_GET_ITEM(shape, 4), *add = PyTuple_GET_ITEM(shape, 5);
+    PyObject *forgotten = PyTuple_GET_ITEM(shape, 4), *times = PyTuple_GET_ITEM(shape, 5);
+    PyObject *buckets = PyTuple_GET_ITEM(shape, 6);
+    int floats = PyTuple_Check(buckets);
+    for (Py_ssize_t i = 0; floats && i < PyTuple_GET_SIZE(buckets); i++)
+        floats = PyFloat_CheckExact(PyTuple_GET_ITEM(buckets, i));
     if (!PyBytes_Check(protocol) || !PyBytes_Check(rep) || !PyDict_Check(status_of) ||
-        !PyCallable_Check(unpack) || !PyCallable_Check(add))
-        return PyErr_Format(PyExc_TypeError, "shape: two bytes, a dict, then unpack, "
-                            "forgotten, add callable, ewma");
-    double ewma = PyFloat_AsDouble(PyTuple_GET_ITEM(shape, 6));
+        !PyCallable_Check(unpack) || !floats)
+        return PyErr_Format(PyExc_TypeError, "shape: two bytes, a dict, unpack callable, "
+                            "forgotten, times, a tuple of floats, ewma");
+    double ewma = PyFloat_AsDouble(PyTuple_GET_ITEM(shape, 7));
     if (ewma == -1.0 && PyErr_Occurred())
         return NULL;
     double when = PyFloat_AsDouble(now);
@@ -158,6 +305,8 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_Format(PyExc_ValueError, "start must not be negative");
     if (sada_names() < 0)
         return NULL;
+    if (!of_layout(times, &times_layout))
+        return PyLong_FromSsize_t(at);   /* (not RoundTrip's slots: all goes the Python way) */
     int failed = 0;
     /* (the batch's length is read again for every message: a sink may change it) */
     for (; !failed && at < PySequence_Fast_GET_SIZE(batch); at++) {
@@ -176,67 +325,60 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             failed = PyErr_Occurred() != NULL;
             break;
         }
-        /* held for the whole message: unpack, add and sink run Python code */
+        if (!of_layout(pending, &pending_layout))
+            break;
+        PyObject *server = SLOT(pending, pending_layout, P_SERVER);
+        PyObject *token = SLOT(pending, pending_layout, P_TOKEN);
+        PyObject *raw = SLOT(pending, pending_layout, P_RAW);
+        PyObject *parked = SLOT(pending, pending_layout, P_PARKED);
+        if (!server || server == Py_None || !of_layout(server, &server_layout) || !token ||
+            token == Py_None || parked != Py_False || (raw != Py_True && raw != Py_False))
+            break;
+        PyObject *holder = SLOT(server, server_layout, S_IDENTITY);
+        int held = holder ? PyObject_RichCompareBool(holder, identity, Py_EQ) : 0;
+        if (held <= 0) {
+            failed = held < 0;
+            break;
+        }
+        /* held for the whole message: unpack and sink run Python code */
         PyObject *rid = Py_NewRef(f[3]), *payload = Py_NewRef(f[5]);
         Py_INCREF(item);
         Py_INCREF(pending);
-        PyObject *server = PyObject_GetAttr(pending, s_server);
-        PyObject *holder = server && server != Py_None ? PyObject_GetAttr(server, s_identity)
-                                                       : NULL;
-        int held = holder ? PyObject_RichCompareBool(holder, identity, Py_EQ) : 0;
-        Py_XDECREF(holder);
-        PyObject *token = held > 0 ? PyObject_GetAttr(pending, s_token) : NULL;
-        int parked = token && token != Py_None ? attr_true(pending, s_parked) : 1;
-        int raw = parked == 0 ? attr_true(pending, s_raw) : -1;
+        Py_INCREF(server);
+        Py_INCREF(token);
         PyObject *value = NULL;
-        if (raw > 0)
+        if (raw == Py_True)
             value = Py_NewRef(payload);
-        else if (raw == 0 && PyBytes_GET_SIZE(payload) == 0)
+        else if (PyBytes_GET_SIZE(payload) == 0)
             value = Py_NewRef(Py_None);
-        else if (raw == 0) {
+        else {
             value = PyObject_CallOneArg(unpack, payload);
             if (!value && PyErr_ExceptionMatches(PyExc_Exception))
                 PyErr_Clear(); /* not msgpack: the caller's path makes the error */
         }
-        double sent_at = 0, latency = 0;
-        int ok = value && attr_double(pending, s_sent_at, &sent_at) == 0 &&
-                 attr_double(server, s_latency, &latency) == 0;
-        if (ok) { /* taken in: the server's counts, then the request out of every table */
-            double seconds = when - sent_at;
-            PyObject *moved = PyFloat_FromDouble(latency + ewma * (seconds - latency));
-            PyObject *sample = moved ? PyFloat_FromDouble(seconds) : NULL;
-            PyObject *done = sample ? PyObject_CallOneArg(add, sample) : NULL;
-            ok = done && PyObject_SetAttr(server, s_last_heard, now) == 0 &&
-                 PyObject_SetAttr(server, s_suspect, Py_False) == 0 &&
-                 attr_add(server, s_replies, 1) == 0 &&
-                 PyObject_SetAttr(server, s_latency, moved) == 0 &&
-                 PyObject_SetAttr(pending, s_token, Py_None) == 0 &&
-                 PyObject_SetAttr(pending, s_body, s_empty) == 0 &&
-                 PyDict_DelItem(pendings, rid) == 0 &&
-                 attr_add(server, s_in_flight, -1) == 0 &&
-                 PyObject_SetAttr(pending, s_server, Py_None) == 0;
-            Py_XDECREF(moved);
-            Py_XDECREF(sample);
-            Py_XDECREF(done);
-            if (ok && token != forgotten) {
+        /* (unpack ran Python code: the request must still be the one answered) */
+        int ok = value && SLOT(pending, pending_layout, P_SERVER) == server &&
+                 SLOT(pending, pending_layout, P_TOKEN) == token
+                 ? settle(pending, server, times, buckets, when, now, ewma) : 0;
+        if (ok > 0) {   /* taken in: the request out of the table, its caller answered */
+            ok = PyDict_DelItem(pendings, rid) == 0 ? 1 : -1;
+            if (ok > 0 && token != forgotten) {
                 PyObject *answer = PyTuple_Pack(3, token, value, Py_None);
                 PyObject *sunk = answer ? PyObject_CallOneArg(sink, answer) : NULL;
-                ok = sunk != NULL;
+                ok = sunk ? 1 : -1;
                 Py_XDECREF(answer);
                 Py_XDECREF(sunk);
             }
-            failed = !ok;
-        } else {
-            failed = PyErr_Occurred() != NULL;
         }
+        failed = ok < 0 || (ok == 0 && PyErr_Occurred() != NULL);
         Py_XDECREF(value);
-        Py_XDECREF(token);
-        Py_XDECREF(server);
+        Py_DECREF(token);
+        Py_DECREF(server);
         Py_DECREF(pending);
         Py_DECREF(item);
         Py_DECREF(rid);
         Py_DECREF(payload);
-        if (!ok)
+        if (ok <= 0)
             break;
     }
     return failed ? NULL : PyLong_FromSsize_t(at);
@@ -244,10 +386,6 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* --- Safir-Darbaan: a channel's usual request recorded and its REQ made (sada_submit) --- */
 
-static const char *const pending_slots[] = {
-    "rid", "service", "version", "fields", "body", "raw", "token", "timeout", "server",
-    "target", "sent_at", "attempts", "retries", "excluded", "parked", "deadline"};
-static slot_layout pending_layout = {NULL, 16, pending_slots, {0}};
 static const char *const send_slots[] = {"link", "frames"};
 static slot_layout send_layout = {NULL, 2, send_slots, {0}};
 

@@ -99,7 +99,7 @@ from ..errors import ProtocolError
 from ..io.zmqbatch import native
 from ..counters import Counters
 from ..wire import sada as wire
-from ..zre.roundtrip import RoundTrip
+from ..zre.roundtrip import BUCKETS, RoundTrip
 from ..wire.sada import Intr, Ping, Pong, ServiceId, Status
 from .handlers import unpack as _unpack
 from .errors import NoServerError, RequestTimeout, ServerLost, ServiceError
@@ -332,7 +332,7 @@ class RequestRouter(Outputs):
         self.reply_times = RoundTrip()
         # what ``sada_take`` is given to take a batch's usual REPs in as ``answer_each`` does
         self._take_shape = (_PROTOCOL, _REP, _STATUS_OF, _unpack, _FORGOTTEN,
-                            self.reply_times.add, _EWMA)
+                            self.reply_times, BUCKETS, _EWMA)
         # what ``sada_submit`` is given to take the usual request as ``submit`` does
         self._submit_shape = (self._fields, self._route_cache, self._pending, self._due,
                               self._pack, channel_id.encode("ascii") + b"-", _Pending,

@@ -81,13 +81,41 @@ def test_a_negative_start_and_bad_shapes_are_refused() -> None:
     shape = core._take_shape
     with pytest.raises(ValueError):
         take([], -1, core._pending, 0.0, print, shape)
-    for bad in (None, shape[:6], (1, *shape[1:]), (shape[0], "REP", *shape[2:]),
+    for bad in (None, shape[:7], (1, *shape[1:]), (shape[0], "REP", *shape[2:]),
                 (*shape[:2], [], *shape[3:]), (*shape[:3], None, *shape[4:]),
-                (*shape[:5], None, shape[6])):
+                (*shape[:6], [0.1], shape[7]), (*shape[:6], (0.1, 1), shape[7]),
+                (*shape[:7], "ewma")):
         with pytest.raises(TypeError):
             take([], 0, core._pending, 0.0, print, bad)
-    with pytest.raises(TypeError):
-        take([], 0, core._pending, 0.0, print, (*shape[:6], "ewma"))
+
+
+def test_times_other_than_a_round_trip_leave_the_batch_to_the_python_path() -> None:
+    core, rids = held(1)
+    batch = [(b"s1", rep(rids[0], 1))]
+    for times in (None, object(), [0.0] * 5):
+        shape = (*core._take_shape[:5], times, *core._take_shape[6:])
+        assert take(batch, 0, core._pending, 0.3, print, shape) == 0
+    core.reply_times.counts = None     # (a RoundTrip whose slots are not as add keeps them)
+    assert run(core, batch) == (0, [])
+    assert core.pending == 1 and core.servers(0.3)[0].replies == 0
+
+
+@pytest.mark.parametrize("nows", [(0.3, 0.35, 0.6), (0.05, 0.1, 7.0), (0.1, 0.1, 0.1)])
+def test_reply_times_and_latency_are_kept_as_the_python_path_keeps_them(
+        nows: tuple[float, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Samples in several buckets, one on a bucket's bound and one from a clock that stepped
+    back (before the request was sent: not a sample), taken in C and in Python alike."""
+    both = [held(3), held(3)]
+    (fast, rids), (slow, _) = both
+    monkeypatch.setattr(routing, "_take_in_c", None)
+    for rid, now in zip(rids, nows):
+        assert run(fast, [(b"s1", rep(rid, 1))], now=now)[0] == 1
+        assert slow.answer_each([(b"s1", rep(rid, 1))], 0, now, print) == 1
+    for attr in ("smoothed", "last", "count", "total", "counts"):
+        assert getattr(fast.reply_times, attr) == getattr(slow.reply_times, attr), attr
+    one, other = fast.servers(7.0)[0], slow.servers(7.0)[0]
+    assert (one.latency, one.replies, one.in_flight) == (other.latency, other.replies,
+                                                          other.in_flight)
 
 
 def test_hostile_messages_stop_it_untouched() -> None:
