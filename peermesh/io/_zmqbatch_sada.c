@@ -6,33 +6,19 @@
 
 /* --- Safir-Darbaan: a channel's batch of usual REPs taken in (sada_take) -------------- */
 
-/* the attribute names the three fast paths read and set, interned once */
-static PyObject *s_server, *s_identity, *s_raw, *s_token, *s_body, *s_parked, *s_sent_at,
-    *s_last_heard, *s_suspect, *s_replies, *s_latency, *s_in_flight, *s_timeout, *s_counter,
-    *s_outputs, *s_deadline, *s_append, *s_by_frames, *s_with_request, *s_inline, *s_serving,
-    *s_max_concurrent, *s_busy, *s_requests, *s_empty;
+/* the attribute names the three fast paths read and set, interned once (the slots of
+ * requests, servers and reply times are found by their classes' layouts instead) */
+static PyObject *s_timeout, *s_counter, *s_outputs, *s_append, *s_by_frames, *s_with_request,
+    *s_inline, *s_serving, *s_max_concurrent, *s_busy, *s_requests, *s_empty;
 
 static int
 sada_names(void)
 {
     if (s_empty)
         return 0;
-    INTERN(s_server, "server");
-    INTERN(s_identity, "identity");
-    INTERN(s_raw, "raw");
-    INTERN(s_token, "token");
-    INTERN(s_body, "body");
-    INTERN(s_parked, "parked");
-    INTERN(s_sent_at, "sent_at");
-    INTERN(s_last_heard, "last_heard");
-    INTERN(s_suspect, "suspect");
-    INTERN(s_replies, "replies");
-    INTERN(s_latency, "latency");
-    INTERN(s_in_flight, "in_flight");
     INTERN(s_timeout, "timeout");
     INTERN(s_counter, "_counter");
     INTERN(s_outputs, "_outputs");
-    INTERN(s_deadline, "deadline");
     INTERN(s_append, "append");
     INTERN(s_by_frames, "by_frames");
     INTERN(s_with_request, "with_request");
@@ -42,18 +28,6 @@ sada_names(void)
     INTERN(s_busy, "busy");
     INTERN(s_requests, "requests");
     return (s_empty = PyBytes_FromStringAndSize(NULL, 0)) ? 0 : -1;
-}
-
-/* obj.name as a double into *out (-1 with an exception). */
-static int
-attr_double(PyObject *obj, PyObject *name, double *out)
-{
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (!value)
-        return -1;
-    *out = PyFloat_AsDouble(value);
-    Py_DECREF(value);
-    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
 /* The truth of obj.name (-1 with an exception). */
@@ -113,7 +87,8 @@ static const char *const pending_slots[] = {
     "rid", "service", "version", "fields", "body", "raw", "token", "timeout", "server",
     "target", "sent_at", "attempts", "retries", "excluded", "parked", "deadline"};
 static slot_layout pending_layout = {NULL, 16, pending_slots, {0}};
-enum { P_BODY = 4, P_RAW = 5, P_TOKEN = 6, P_SERVER = 8, P_SENT_AT = 10, P_PARKED = 14 };
+enum { P_BODY = 4, P_RAW = 5, P_TOKEN = 6, P_SERVER = 8, P_SENT_AT = 10, P_PARKED = 14,
+       P_DEADLINE = 15 };
 static const char *const server_slots[] = {
     "identity", "id", "address", "services", "in_flight", "latency", "penalty",
     "penalized_at", "last_heard", "ping_sent", "suspect", "alive", "replies"};
@@ -390,8 +365,9 @@ static const char *const send_slots[] = {"link", "frames"};
 static slot_layout send_layout = {NULL, 2, send_slots, {0}};
 
 /* The one server of the first version group of groups (a route: a list of (version frame,
- * servers) tuples) when it is alone there and not suspect: *frame and *server get new
- * references. 0 when the route is another (nothing set), -1 with an exception. */
+ * servers) tuples) when it is alone there and not suspect (a routing._Server, its slots
+ * as the Python path keeps them): *frame and *server get new references. 0 when the route
+ * is another (nothing set). */
 static int
 usual_route(PyObject *groups, PyObject **frame, PyObject **server)
 {
@@ -402,16 +378,13 @@ usual_route(PyObject *groups, PyObject **frame, PyObject **server)
         !PyBytes_Check(PyTuple_GET_ITEM(group, 0)) || !PyList_Check(PyTuple_GET_ITEM(group, 1))
         || PyList_GET_SIZE(PyTuple_GET_ITEM(group, 1)) != 1)
         return 0;
-    PyObject *only = Py_NewRef(PyList_GET_ITEM(PyTuple_GET_ITEM(group, 1), 0));
-    PyObject *first = Py_NewRef(PyTuple_GET_ITEM(group, 0));
-    int suspect = attr_true(only, s_suspect);
-    if (suspect != 0) {
-        Py_DECREF(only);
-        Py_DECREF(first);
-        return suspect < 0 ? -1 : 0;
-    }
-    *frame = first;
-    *server = only;
+    PyObject *only = PyList_GET_ITEM(PyTuple_GET_ITEM(group, 1), 0);
+    if (!of_layout(only, &server_layout) || SLOT(only, server_layout, S_SUSPECT) != Py_False ||
+        !SLOT(only, server_layout, S_IDENTITY) || !SLOT(only, server_layout, S_IN_FLIGHT) ||
+        !PyLong_CheckExact(SLOT(only, server_layout, S_IN_FLIGHT)))
+        return 0;
+    *frame = Py_NewRef(PyTuple_GET_ITEM(group, 0));
+    *server = Py_NewRef(only);
     return 1;
 }
 
@@ -471,10 +444,7 @@ sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int usual = groups ? usual_route(groups, &frame, &server) : -(PyErr_Occurred() != NULL);
     if (usual <= 0)
         goto done;
-    usual = -1;
-    identity = PyObject_GetAttr(server, s_identity);
-    if (!identity)
-        goto done;
+    identity = Py_NewRef(SLOT(server, server_layout, S_IDENTITY));
     usual = PyBytes_Check(identity) && PyBytes_Check(PyTuple_GET_ITEM(fields, 0)) &&
             PyBytes_Check(PyTuple_GET_ITEM(fields, 1)) &&
             PyBytes_Check(PyTuple_GET_ITEM(fields, 2));
@@ -493,11 +463,12 @@ sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (queued > 0) {
         double last = 0;
         PyObject *tail = PySequence_GetItem(due, queued - 1);
-        int read = tail ? attr_double(tail, s_deadline, &last) : -1;
-        Py_XDECREF(tail);
-        if (read < 0)
+        if (!tail)
             goto done;
-        if (last > deadline) {
+        int read = of_layout(tail, &pending_layout) &&
+                   slot_double(SLOT(tail, pending_layout, P_DEADLINE), &last);
+        Py_DECREF(tail);
+        if (!read || last > deadline) {
             usual = 0;
             goto done;
         }
@@ -523,14 +494,16 @@ sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     Py_SETREF(counter, PyLong_FromUnsignedLongLong(count + 1));
-    char hex[24];
-    int digits = snprintf(hex, sizeof hex, "%llx", count + 1);
+    char hex[16];   /* (the counter in hex, lower case, from its last digit back) */
+    int digits = 0;
+    for (unsigned long long left = count + 1; left; left >>= 4)
+        hex[sizeof hex - ++digits] = "0123456789abcdef"[left & 15];
     Py_ssize_t size = PyBytes_GET_SIZE(prefix);
     rid = counter ? PyBytes_FromStringAndSize(NULL, size + digits) : NULL;
     if (!rid)
         goto done;
     memcpy(PyBytes_AS_STRING(rid), PyBytes_AS_STRING(prefix), size);
-    memcpy(PyBytes_AS_STRING(rid) + size, hex, digits);
+    memcpy(PyBytes_AS_STRING(rid) + size, hex + sizeof hex - digits, digits);
     /* the request, sent to the server; its REQ */
     PyObject *one = PyLong_FromLong(1), *zero = PyLong_FromLong(0);
     PyObject *end = PyFloat_FromDouble(deadline);
@@ -556,7 +529,8 @@ sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
              PyObject_SetAttr(router, s_counter, counter) == 0 &&
              PyDict_SetItem(pendings, rid, pending) == 0 &&
              (appended = PyObject_CallMethodOneArg(due, s_append, pending)) != NULL &&
-             attr_add(server, s_in_flight, 1) == 0 && PyList_Append(outputs, send) == 0;
+             slot_step(server, &server_layout, S_IN_FLIGHT, 1) > 0 &&
+             PyList_Append(outputs, send) == 0;
     Py_XDECREF(appended);
     Py_XDECREF(outputs);
     Py_XDECREF(send);

@@ -83,6 +83,16 @@ def test_the_usual_request_is_made_as_the_python_path_makes_it() -> None:
     assert c[0][0][1][:5] == (b"s1", b"", b"SADA1", b"REQ", b"c0ffee-1")
 
 
+@pytest.mark.parametrize("counter", [0xe, 0xf, 0xabcdef, (1 << 62) - 3])   # (last: 16 digits)
+def test_request_ids_are_the_counter_in_hex_as_the_python_path_makes_them(
+        counter: int) -> None:
+    def far(core: RequestRouter) -> None:
+        core._counter = counter
+    calls = [(f"t{i}", "echo", "say", i, 0.5) for i in range(3)]
+    c, python = both(calls, b"s1", prepare=far)
+    assert c == python and taken == [b"c0ffee-%x" % (counter + 2), b"c0ffee-%x" % (counter + 3)]
+
+
 def test_what_is_not_the_usual_request_takes_the_python_path_the_same() -> None:
     def suspect(core: RequestRouter) -> None:
         core._servers[b"s1"].suspect = True
