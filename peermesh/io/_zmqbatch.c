@@ -542,6 +542,24 @@ layout_new(slot_layout *layout, PyObject *const *values)
     return obj;
 }
 
+int
+set_slot(PyObject *obj, slot_layout *layout, int i, PyObject *value)
+{
+    if (!value)
+        return -1;
+    Py_XSETREF(*(PyObject **)((char *)obj + layout->offsets[i]), value);
+    return 0;
+}
+
+int
+of_layout(PyObject *obj, slot_layout *layout)
+{
+    if (Py_TYPE(obj) == layout->cls || layout_for(layout, (PyObject *)Py_TYPE(obj)) == 0)
+        return 1;
+    PyErr_Clear();
+    return 0;
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, load_doc},
     {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL, recv_batch_doc},

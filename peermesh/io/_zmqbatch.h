@@ -46,6 +46,12 @@ int layout_for(slot_layout *layout, PyObject *cls);
 /* A new instance of the layout's class, its slots set to values (in the layout's order;
  * each gets a reference), __init__ not run. */
 PyObject *layout_new(slot_layout *layout, PyObject *const *values);
+/* Slot i of obj, an instance of the layout's class (borrowed; NULL when unset). */
+#define SLOT(obj, layout, i) (*(PyObject **)((char *)(obj) + (layout).offsets[i]))
+/* Slot i of obj set to value, a new reference it takes (NULL: nothing done, -1). */
+int set_slot(PyObject *obj, slot_layout *layout, int i, PyObject *value);
+/* Is obj of the layout's class (found now if it is another)? 1, or 0 (no exception). */
+int of_layout(PyObject *obj, slot_layout *layout);
 
 /* A docstring the module's method table (in _zmqbatch.c) refers to from another file. */
 #define SHARED_DOC(name, text) const char name[] = PyDoc_STR(text)

@@ -99,31 +99,6 @@ static const char *const times_slots[] = {"smoothed", "last", "count", "total", 
 static slot_layout times_layout = {NULL, 5, times_slots, {0}};
 enum { T_SMOOTHED = 0, T_LAST = 1, T_COUNT = 2, T_TOTAL = 3, T_COUNTS = 4 };
 
-/* Slot i of obj (borrowed; NULL when unset), obj of the layout's class. */
-#define SLOT(obj, layout, i) (*(PyObject **)((char *)(obj) + (layout).offsets[i]))
-
-/* Slot i of obj set to value (a new reference taken; NULL: nothing done, -1). */
-static int
-set_slot(PyObject *obj, slot_layout *layout, int i, PyObject *value)
-{
-    if (!value)
-        return -1;
-    Py_XSETREF(*(PyObject **)((char *)obj + layout->offsets[i]), value);
-    return 0;
-}
-
-/* Is obj of the layout's class (its offsets found)? 1, or 0 (no exception left). */
-static int
-of_layout(PyObject *obj, slot_layout *layout)
-{
-    if (Py_TYPE(obj) == layout->cls)
-        return 1;
-    if (layout_for(layout, (PyObject *)Py_TYPE(obj)) == 0)
-        return 1;
-    PyErr_Clear();
-    return 0;
-}
-
 /* A slot's value as a double (an exact float or int), into *out: 1, else 0. */
 static int
 slot_double(PyObject *value, double *out)
