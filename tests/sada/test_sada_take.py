@@ -199,3 +199,16 @@ def test_answer_each_goes_on_in_python_after_what_the_c_path_leaves() -> None:
     assert answers[0] == ("t0", 0, None) and answers[2] == ("t2", 2, None)
     assert answers[1][0] == "t1" and "not msgpack" in str(answers[1][2])
     assert core.stats["replies"] == 3 and core.pending == 0
+
+
+@pytest.mark.parametrize("unset", ["token", "parked", "raw", "server", "sent_at",
+                                   "server.replies", "server.in_flight", "server.latency",
+                                   "server.identity", "times.counts", "times.total"])
+def test_unset_slots_stop_it_untouched(unset: str) -> None:
+    """A request, server or histogram with a slot deleted is left to the Python path."""
+    core, rids = held(1)
+    pending = core._pending[rids[0]]
+    owner = {"server": pending.server, "times": core.reply_times}.get(unset.split(".")[0])
+    delattr(owner if "." in unset else pending, unset.split(".")[-1])
+    assert run(core, [(b"s1", rep(rids[0], 1))]) == (0, [])
+    assert core.pending == 1 and core.reply_times.count == 0
