@@ -184,17 +184,22 @@ KEPT_WHOLE = "Kept whole:"
 LONG_WITHOUT_REASON: dict[str, str] = {}
 
 
-def kept_whole(source: str) -> bool:
-    """Whether the module docstring of ``source`` has a line starting ``KEPT_WHOLE``."""
-    docstring = ast.get_docstring(ast.parse(source)) or ""
-    return any(line.startswith(KEPT_WHOLE) for line in docstring.splitlines())
+def kept_whole(source: str, c: bool = False) -> bool:
+    """Whether the module docstring of ``source`` (``c``: its opening ``/* */`` comment, a
+    line's leading `` * `` aside) has a line starting ``KEPT_WHOLE``."""
+    if c:
+        opening = source.partition("*/")[0] if source.lstrip().startswith("/*") else ""
+        lines = [line.strip().lstrip("/*").strip() for line in opening.splitlines()]
+    else:
+        lines = (ast.get_docstring(ast.parse(source)) or "").splitlines()
+    return any(line.startswith(KEPT_WHOLE) for line in lines)
 
 
 def _long(path: Path) -> bool:
     return len(path.read_text(encoding="utf-8").splitlines()) > LONG_MODULE
 
 
-ALL_MODULES = sorted(PACKAGE_DIR.rglob("*.py"))
+ALL_MODULES = sorted([*PACKAGE_DIR.rglob("*.py"), *PACKAGE_DIR.rglob("*.c")])
 
 
 @pytest.mark.parametrize("path", [p for p in ALL_MODULES if _long(p)], ids=_relative)
@@ -202,9 +207,9 @@ def test_long_module_says_why_it_stays_whole(path: Path) -> None:
     name = _relative(path)
     if name in LONG_WITHOUT_REASON:
         return
-    assert kept_whole(path.read_text(encoding="utf-8")), (
+    assert kept_whole(path.read_text(encoding="utf-8"), c=path.suffix == ".c"), (
         f"{name} has over {LONG_MODULE} lines: split it by concern, or say why it is one "
-        f"job in a docstring line starting {KEPT_WHOLE!r}")
+        f"job in a docstring (C: opening comment) line starting {KEPT_WHOLE!r}")
 
 
 def test_long_module_exceptions_are_still_needed() -> None:
@@ -212,7 +217,7 @@ def test_long_module_exceptions_are_still_needed() -> None:
         path = PACKAGE_DIR / name
         assert path.exists(), f"{name} is gone: drop its exception"
         assert _long(path), f"{name} is no longer long: drop its exception"
-        assert not kept_whole(path.read_text(encoding="utf-8")), \
+        assert not kept_whole(path.read_text(encoding="utf-8"), c=path.suffix == ".c"), \
             f"{name} says why it stays whole: drop its exception"
 
 
@@ -221,3 +226,11 @@ def test_kept_whole_checker_reads_the_module_docstring_only() -> None:
     assert not kept_whole('"""One job, kept whole: said mid-line."""\n')
     assert not kept_whole('x = 1\n"""Kept whole: not the module docstring."""\n')
     assert not kept_whole('def f():\n    """Kept whole: a function\'s."""\n')
+
+
+def test_kept_whole_checker_reads_a_c_files_opening_comment_only() -> None:
+    assert kept_whole("/*\n * One job.\n * Kept whole: one table.\n */\nint x;\n", c=True)
+    assert kept_whole("/* Kept whole: said on the first line. */\n", c=True)
+    assert not kept_whole("/*\n * One job, kept whole: mid-line.\n */\n", c=True)
+    assert not kept_whole("int x;\n/* Kept whole: not the opening comment. */\n", c=True)
+    assert not kept_whole("/* One job. */\n/* Kept whole: a later comment. */\n", c=True)

@@ -1,6 +1,8 @@
 /*
  * peermesh.io._zmqbatch, Safir-Darbaan: a channel's usual REPs taken in (sada_take) and
  * usual requests made (sada_submit), a server's usual REQs handed on (sada_jobs).
+ * Kept whole: the three are one protocol's messages, checked by the same frame helpers;
+ * the two of a channel keep the same requests and servers (their slot layouts).
  */
 #include "_zmqbatch.h"
 
