@@ -494,6 +494,15 @@ events(PyObject *self, PyObject *arg)
     return PyLong_FromLong(value);
 }
 
+Py_ssize_t
+slot_offset(PyTypeObject *cls, PyObject *name)
+{
+    PyObject *descr = _PyType_Lookup(cls, name); /* borrowed */
+    return descr && Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+           ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX
+           ? ((PyMemberDescrObject *)descr)->d_member->offset : 0;
+}
+
 /* Where the slots of a plain class with __slots__ only (no __dict__, no base but object)
  * live in an instance, found once per class. */
 int
@@ -513,15 +522,12 @@ layout_for(slot_layout *layout, PyObject *cls_object)
                             cls->tp_name, layout->count), -1;
     Py_ssize_t offsets[MAX_SLOTS];
     for (int i = 0; i < layout->count; i++) {
-        PyObject *descr = PyObject_GetAttrString(cls_object, layout->names[i]);
-        if (!descr)
+        PyObject *name = PyUnicode_InternFromString(layout->names[i]);
+        if (!name)
             return -1;
-        int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                   ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-        if (slot)
-            offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!slot)
+        offsets[i] = slot_offset(cls, name);
+        Py_DECREF(name);
+        if (!offsets[i])
             return PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", cls->tp_name,
                                 layout->names[i]), -1;
     }

@@ -41,6 +41,9 @@ typedef struct {
     Py_ssize_t offsets[MAX_SLOTS];
 } slot_layout;
 
+/* Where attribute name (a str) of cls lives in an instance when it is an object slot;
+ * 0 when it is not one (no exception). */
+Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name);
 /* Find the layout's offsets in class cls (once per class): 0, or -1 with TypeError. */
 int layout_for(slot_layout *layout, PyObject *cls);
 /* A new instance of the layout's class, its slots set to values (in the layout's order;

@@ -40,12 +40,8 @@ peer_offset(PyObject *peer, int field)
 {
     PyTypeObject *cls = Py_TYPE(peer);
     if (cls != peer_class) {
-        for (int i = 0; i < PEER_FIELDS; i++) {
-            PyObject *descr = _PyType_Lookup(cls, *peer_names[i]); /* borrowed */
-            peer_offsets[i] = descr && Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                              ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX
-                              ? ((PyMemberDescrObject *)descr)->d_member->offset : 0;
-        }
+        for (int i = 0; i < PEER_FIELDS; i++)
+            peer_offsets[i] = slot_offset(cls, *peer_names[i]);
         Py_INCREF(cls);
         Py_XSETREF(peer_class, cls);
     }
