@@ -150,11 +150,11 @@ times_add(PyObject *times, PyObject *buckets, double seconds)
     while (bucket < last && PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(buckets, bucket)) < seconds)
         bucket++;   /* (bisect_left: the first bound not below the sample) */
     PyObject *in_bucket = PyList_GET_ITEM(counts, bucket);
-    long n = PyLong_AsLong(count), k = PyLong_Check(in_bucket) ? PyLong_AsLong(in_bucket) : -1;
+    if (!PyLong_CheckExact(in_bucket))
+        return 0;
+    long n = PyLong_AsLong(count), k = PyLong_AsLong(in_bucket);
     if ((n == -1 || k == -1) && PyErr_Occurred())
         return -1;
-    if (k < 0)
-        return 0;
     smoothed = n ? smoothed + (seconds - smoothed) / 8 : seconds;
     PyObject *kept = PyLong_FromLong(k + 1);
     if (!kept || set_slot(times, &times_layout, T_SMOOTHED, PyFloat_FromDouble(smoothed)) < 0 ||
