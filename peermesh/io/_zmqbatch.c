@@ -549,6 +549,26 @@ layout_new(slot_layout *layout, PyObject *const *values)
 }
 
 int
+batch_start(PyObject *start, Py_ssize_t *at)
+{
+    *at = PyLong_AsSsize_t(start);
+    if (*at == -1 && PyErr_Occurred())
+        return -1;
+    if (*at < 0)
+        return PyErr_Format(PyExc_ValueError, "start must not be negative"), -1;
+    return 0;
+}
+
+int
+shape_of(PyObject *shape, Py_ssize_t n, const char *what)
+{
+    if (PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == n)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "shape is %s", what);
+    return 0;
+}
+
+int
 set_slot(PyObject *obj, slot_layout *layout, int i, PyObject *value)
 {
     if (!value)

@@ -56,6 +56,12 @@ int set_slot(PyObject *obj, slot_layout *layout, int i, PyObject *value);
 /* Is obj of the layout's class (found now if it is another)? 1, or 0 (no exception). */
 int of_layout(PyObject *obj, slot_layout *layout);
 
+/* A fast path's start (its second argument, an index into its batch) into *at: 0, or -1
+ * with TypeError (not an int) or ValueError (negative). */
+int batch_start(PyObject *start, Py_ssize_t *at);
+/* Is shape a tuple of n items? 1, or 0 with TypeError "shape is <what>". */
+int shape_of(PyObject *shape, Py_ssize_t n, const char *what);
+
 /* A docstring the module's method table (in _zmqbatch.c) refers to from another file. */
 #define SHARED_DOC(name, text) const char name[] = PyDoc_STR(text)
 

@@ -133,10 +133,9 @@ flux_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_Format(PyExc_TypeError, "batch must be a list");
     if (link != Py_None && !PyBytes_CheckExact(link))
         return PyErr_Format(PyExc_TypeError, "link must be None or bytes");
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != FLUX_SHAPE)
-        return PyErr_Format(PyExc_TypeError, "shape is (router, dealer, PARENT, routing, "
-                            "inflight, children, by_rank, rank, k, ranks, parent, placed, "
-                            "max_inflight)");
+    if (!shape_of(shape, FLUX_SHAPE, "(router, dealer, PARENT, routing, inflight, children, "
+                  "by_rank, rank, k, ranks, parent, placed, max_inflight)"))
+        return NULL;
     PyObject *parent_id = PyTuple_GET_ITEM(shape, 2), *routing = PyTuple_GET_ITEM(shape, 3);
     PyObject *inflight = PyTuple_GET_ITEM(shape, 4), *children = PyTuple_GET_ITEM(shape, 5);
     PyObject *by_rank = PyTuple_GET_ITEM(shape, 6), *placed = PyTuple_GET_ITEM(shape, 11);
@@ -164,12 +163,8 @@ flux_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (rank > FLUX_MAX_RANK)
         return PyErr_Format(PyExc_ValueError, "rank %lu is not a rank", rank);
-    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
-    if (at == -1 && PyErr_Occurred())
-        return NULL;
-    if (at < 0)
-        return PyErr_Format(PyExc_ValueError, "start must not be negative");
-    if (flux_names() < 0)
+    Py_ssize_t at;
+    if (batch_start(args[1], &at) < 0 || flux_names() < 0)
         return NULL;
     const char *parent_buf = PyBytes_AS_STRING(parent_id);
     Py_ssize_t parent_len = PyBytes_GET_SIZE(parent_id);

@@ -230,9 +230,9 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_Format(PyExc_TypeError, "batch must be a list or tuple");
     if (!PyDict_Check(pendings) || !PyCallable_Check(sink))
         return PyErr_Format(PyExc_TypeError, "pendings must be a dict, sink callable");
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 8)
-        return PyErr_Format(PyExc_TypeError, "shape is (protocol, REP, status_of, unpack, "
-                            "forgotten, times, buckets, ewma)");
+    if (!shape_of(shape, 8, "(protocol, REP, status_of, unpack, forgotten, times, buckets, "
+                  "ewma)"))
+        return NULL;
     PyObject *protocol = PyTuple_GET_ITEM(shape, 0), *rep = PyTuple_GET_ITEM(shape, 1);
     PyObject *status_of = PyTuple_GET_ITEM(shape, 2), *unpack = PyTuple_GET_ITEM(shape, 3);
     PyObject *forgotten = PyTuple_GET_ITEM(shape, 4), *times = PyTuple_GET_ITEM(shape, 5);
@@ -250,12 +250,8 @@ sada_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double when = PyFloat_AsDouble(now);
     if (when == -1.0 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
-    if (at == -1 && PyErr_Occurred())
-        return NULL;
-    if (at < 0)
-        return PyErr_Format(PyExc_ValueError, "start must not be negative");
-    if (sada_names() < 0)
+    Py_ssize_t at;
+    if (batch_start(args[1], &at) < 0 || sada_names() < 0)
         return NULL;
     if (!of_layout(times, &times_layout))
         return PyLong_FromSsize_t(at);   /* (not RoundTrip's slots: all goes the Python way) */
@@ -386,10 +382,9 @@ sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                             "action, payload, now, shape)");
     PyObject *router = args[0], *token = args[1], *payload = args[5], *now = args[6];
     PyObject *shape = args[7];
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 12)
-        return PyErr_Format(PyExc_TypeError, "shape is (fields, routes, pendings, due, pack, "
-                            "prefix, pending class, send class, delimiter, protocol, REQ, "
-                            "no exclusion)");
+    if (!shape_of(shape, 12, "(fields, routes, pendings, due, pack, prefix, pending class, "
+                  "send class, delimiter, protocol, REQ, no exclusion)"))
+        return NULL;
     PyObject *const *s = &PyTuple_GET_ITEM(shape, 0);
     PyObject *fields_of = s[0], *routes = s[1], *pendings = s[2], *due = s[3], *pack = s[4];
     PyObject *prefix = s[5];
@@ -609,9 +604,8 @@ sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_Format(PyExc_TypeError, "batch must be a list or tuple");
     if (!PyCallable_Check(sink))
         return PyErr_Format(PyExc_TypeError, "sink must be callable");
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 6)
-        return PyErr_Format(PyExc_TypeError, "shape is (by_frames, stats, job_class, "
-                            "protocol, REQ, max_id)");
+    if (!shape_of(shape, 6, "(by_frames, stats, job_class, protocol, REQ, max_id)"))
+        return NULL;
     PyObject *by_frames = PyTuple_GET_ITEM(shape, 0), *stats = PyTuple_GET_ITEM(shape, 1);
     PyObject *job_class = PyTuple_GET_ITEM(shape, 2), *protocol = PyTuple_GET_ITEM(shape, 3);
     PyObject *req = PyTuple_GET_ITEM(shape, 4);
@@ -623,11 +617,9 @@ sada_jobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t max_id = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 5));
     if (max_id == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
-    if (at == -1 && PyErr_Occurred())
+    Py_ssize_t at;
+    if (batch_start(args[1], &at) < 0)
         return NULL;
-    if (at < 0)
-        return PyErr_Format(PyExc_ValueError, "start must not be negative");
     PyObject *one = PyLong_FromLong(1);
     if (!one || sada_names() < 0) {
         Py_XDECREF(one);

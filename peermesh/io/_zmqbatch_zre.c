@@ -109,9 +109,9 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         (sizes != Py_None && !PyList_Check(sizes)))
         return PyErr_Format(PyExc_TypeError, "peers and groups must be dicts, events and "
                             "sizes lists");
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 5)
-        return PyErr_Format(PyExc_TypeError, "shape is (event_class, WHISPER prefix, WHISPER "
-                            "type, SHOUT prefix, SHOUT type)");
+    if (!shape_of(shape, 5, "(event_class, WHISPER prefix, WHISPER type, SHOUT prefix, "
+                  "SHOUT type)"))
+        return NULL;
     PyTypeObject *cls = (PyTypeObject *)PyTuple_GET_ITEM(shape, 0);
     PyObject *whisper_prefix = PyTuple_GET_ITEM(shape, 1);
     PyObject *whisper_type = PyTuple_GET_ITEM(shape, 2);
@@ -120,10 +120,8 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!PyType_Check(cls) || !PyBytes_Check(whisper_prefix) || !PyBytes_Check(shout_prefix) ||
         PyBytes_GET_SIZE(whisper_prefix) != 4 || PyBytes_GET_SIZE(shout_prefix) != 4)
         return PyErr_Format(PyExc_TypeError, "shape: a class, then 4-octet prefixes");
-    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
-    if (at == -1 && PyErr_Occurred())
-        return NULL;
-    if (intern_names() < 0 || layout_for(&event_layout, (PyObject *)cls) < 0)
+    Py_ssize_t at;
+    if (batch_start(args[1], &at) < 0 || intern_names() < 0 || layout_for(&event_layout, (PyObject *)cls) < 0)
         return NULL;
     const char *wp = PyBytes_AS_STRING(whisper_prefix), *sp = PyBytes_AS_STRING(shout_prefix);
     PyObject *const *items = PySequence_Fast_ITEMS(batch);

@@ -221,6 +221,20 @@ def test_zre_take_checks_its_arguments_and_makes_events_of_slots_only(zmq_path: 
         native.zre_take([], 0, {}, {}, 0.0, [], None, (Plain, *shape[1:]))
 
 
+def test_zre_take_refuses_a_start_that_is_not_an_index_into_its_batch(zmq_path: str) -> None:
+    """(A negative start once read before the batch's items.)"""
+    from peermesh.events import Event, EventType
+    from peermesh.wire import zre
+
+    native = native_only(zmq_path)
+    shape = (Event, zre.WHISPER_PREFIX, EventType.WHISPER, zre.SHOUT_PREFIX, EventType.SHOUT)
+    with pytest.raises(ValueError):
+        native.zre_take([(b"x", [b"y"])], -1, {}, {}, 0.0, [], None, shape)
+    with pytest.raises(TypeError):
+        native.zre_take([], "0", {}, {}, 0.0, [], None, shape)
+    assert native.zre_take([], 5, {}, {}, 0.0, [], None, shape) == (5, 0, 0)
+
+
 def test_numbered_sends_write_the_sequence_into_the_head_and_go_whole_or_not_at_all(
         zmq_path: str, transport: ZmqTransport, mailbox: Mailbox) -> None:
     native = native_only(zmq_path)
