@@ -14,7 +14,7 @@ from setuptools.command.bdist_wheel import bdist_wheel
 # the module (libzmq, batched reads and sends), then each protocol's fast path
 EXTENSION = Extension(
     "peermesh.io._zmqbatch",
-    [f"peermesh/io/_zmqbatch{part}.c" for part in ("", "_zre", "_sada", "_flux")],
+    [f"peermesh/io/_zmqbatch{part}.c" for part in ("", "_shared", "_zre", "_sada", "_flux")],
     depends=["peermesh/io/_zmqbatch.h"], optional=True)
 
 

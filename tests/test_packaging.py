@@ -67,7 +67,8 @@ def test_the_sdist_holds_and_collects_its_own_test_suite(unpacked: Path) -> None
         assert missing == set(), f"not in the sdist: {sorted(missing)[:20]}"
     for name in ("mkdocs.yml", ".ci/run", "LICENSE", "README.md", "setup.cfg",
                  "peermesh/io/_zmqbatch.c", "peermesh/io/_zmqbatch.h", "peermesh/io/_zmqbatch_zre.c",
-                 "peermesh/io/_zmqbatch_sada.c", "peermesh/io/_zmqbatch_flux.c"):
+                 "peermesh/io/_zmqbatch_sada.c", "peermesh/io/_zmqbatch_flux.c",
+                 "peermesh/io/_zmqbatch_shared.c"):
         assert (unpacked / name).is_file(), name
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
     env["PYTHONPATH"] = str(unpacked)  # the sdist's own package, not this tree's

@@ -1,9 +1,10 @@
 /*
  * What the parts of peermesh.io._zmqbatch share: libzmq's send as load() found it, the
- * error it raises, interned names, and instances of slot classes made without __init__.
- * _zmqbatch.c is the module (loading libzmq, batched reads and sends); each protocol's
- * fast path over a read batch has a file of its own: _zmqbatch_zre.c, _zmqbatch_sada.c,
- * _zmqbatch_flux.c.
+ * error it raises, interned names, the checks of a fast path's arguments, and the slots of
+ * classes read, set and filled in place. _zmqbatch.c is the module (loading libzmq,
+ * batched reads and sends); _zmqbatch_shared.c holds the helpers declared here for the
+ * fast paths; each protocol's fast path over a read batch has a file of its own:
+ * _zmqbatch_zre.c, _zmqbatch_sada.c, _zmqbatch_flux.c.
  */
 #ifndef PEERMESH_ZMQBATCH_H
 #define PEERMESH_ZMQBATCH_H
