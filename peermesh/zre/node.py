@@ -498,11 +498,18 @@ class Node:
         peer's send buffer stayed full for ``send_timeout`` (the peer is
         then disconnected).
         """
-        target = self._ready_peer(peer)
+        last = self._last_target   # a sender's loop names the same peer each time
+        if last is not None and last[0] is peer and last[1].ready:
+            target = last[1]       # the same UUID object as the last call: no hashing
+        else:
+            target = self._ready_peer(peer)
+            self._last_target = (peer, target)
         if len(frames) == 1 and type(frames[0]) is bytes:  # the usual case: as given
             content: Sequence[bytes] = frames  # type: ignore[assignment]
+            octets = len(frames[0])
         elif frames:
             content = [*map(_frame, frames)]
+            octets = sum(map(len, content))
         else:
             raise ValueError(_NO_CONTENT.format("whisper"))
         link: PeerLink = target.link  # type: ignore[assignment]
@@ -520,7 +527,7 @@ class Node:
             link.offer((_whisper_header(sequence), *content))
         target.unconfirmed = True
         self._sent_whispers += 1
-        self._sent_octets += len(content[0]) if len(content) == 1 else sum(map(len, content))
+        self._sent_octets += octets
 
     def shout(self, group: str, *frames: Frame) -> None:
         """Send ``frames`` to every peer in ``group``, one unicast SHOUT each.
@@ -812,9 +819,6 @@ class Node:
         raise UnknownPeerError(f"no peer named or with UUID {text!r}")
 
     def _ready_peer(self, ref: PeerRef) -> Peer:
-        last = self._last_target
-        if last is not None and last[0] is ref and last[1].ready:
-            return last[1]  # the same UUID object as the last call: skip hashing it
         if isinstance(ref, UUID):
             peer = self._peers.get(ref)
         else:
@@ -825,7 +829,6 @@ class Node:
         if peer is None or not peer.ready:
             self._check_running()
             raise UnknownPeerError(f"no peer with UUID {ref}")
-        self._last_target = (ref, peer)
         return peer
 
     def _check_not_stopped(self) -> None:
