@@ -89,8 +89,8 @@ outside returned (an NFP ``post``, say; with ``look_now=False`` each socket sent
 looked at once at the end of the hub's turn), ``apply_all(outputs)`` with outputs it
 gathered from several such calls (sent as a batch's are: one look at each socket),
 ``cork(outputs)`` to have them gathered for it (carried out together at the end of
-the hub's turn, or once ``cork_limit`` wait), ``replace_core(core)`` to serve another
-core on the same sockets, and ``close()`` ends it all.
+the hub's turn, or once ``cork_limit`` sends to one link wait), ``replace_core(core)``
+to serve another core on the same sockets, and ``close()`` ends it all.
 
 Kept whole: one driver (``Driver``): its reading, its sending and its timer act on the
 same state (one batch's held outputs and clock reading, the links and their backlogs, the
@@ -166,12 +166,14 @@ class Driver:
         self.sndhwm = sndhwm
         self._looking: Optional[list[Any]] = None   # sockets sent on in this batch
         self._later: Optional[list[Any]] = None     # ... in this turn, to be looked at after it
-        #: outputs ``cork`` holds at most (the one that makes them this many carries them
-        #: out: the far end gets work sooner, at the cost of more sends and wake-ups);
-        #: None: all of the turn's
+        #: sends to one link ``cork`` holds at most (the one that makes them this many
+        #: carries out all it holds: that far end gets work sooner, at the cost of more
+        #: sends and wake-ups, and one of several far ends still gets its whole share of
+        #: the turn at once); None: all of the turn's
         self.cork_limit = cork_limit
         #: outputs ``cork`` holds for the end of the hub's turn
         self.corked: list[Output] = []
+        self._corked_sends: dict[Hashable, int] = {}   # held sends per link (cork_limit)
         self.transport = transport
         #: the clock (looked up once: read per message): the transport's unless ``clock``
         self._now = clock if clock is not None else transport.now
@@ -460,20 +462,28 @@ class Driver:
     def cork(self, outputs: Sequence[Output]) -> None:
         """Hold ``outputs`` to be carried out by ``apply_all`` at the end of the hub's
         turn (what several callers make in one turn goes out together, the far end woken
-        once), or as soon as ``cork_limit`` of them wait. ``uncork`` carries them out
-        at once."""
+        once), or as soon as ``cork_limit`` sends to one link wait. ``uncork`` carries
+        them out at once."""
         corked = self.corked
         if not corked:
             gevent.get_hub().loop.run_callback(self.uncork)
         corked += outputs
-        if self.cork_limit is not None and len(corked) >= self.cork_limit:
-            self.uncork()
+        limit = self.cork_limit
+        if limit is not None:
+            counts = self._corked_sends
+            for output in outputs:
+                if type(output) is Send:
+                    held = counts[output.link] = counts.get(output.link, 0) + 1
+                    if held >= limit:
+                        self.uncork()
+                        return
 
     def uncork(self) -> None:
         """Carry out what ``cork`` holds, in order, now (nothing once closed)."""
         corked = self.corked
         if corked:
             self.corked = []
+            self._corked_sends.clear()
             if not self.closed:
                 self.apply_all(corked)
 
@@ -760,6 +770,7 @@ class Driver:
             return
         self.closed = True
         self.corked = []
+        self._corked_sends.clear()
         for name in list(self.links):
             self.hangup(name, linger)
         if self.mailbox is not None:

@@ -68,10 +68,11 @@ HEADER_CHANNEL = "X-PM-SADA-CHANNEL"
 HEADER_SERVER = "X-PM-SADA-SERVER"
 
 _PROBE_AGAIN = 0.05                  # seconds: a disconnect is probed once more after this
-#: requests held for the end of the hub's turn (``Driver.cork``) before they go out at once:
-#: a server starts on them while the turn's other callers make theirs, where holding the
-#: whole turn left each side idle while the other worked (1.1-1.3 times the round trips
-#: per second, 64 in flight)
+#: requests for one server held for the end of the hub's turn (``Driver.cork``) before
+#: all held go out at once: the server starts on them while the turn's other callers ask,
+#: where holding the whole turn left each side idle while the other worked (1.1-1.4 times
+#: the round trips per second to one server, 64 in flight); several servers still get
+#: their shares of a turn whole
 _CORK_LIMIT = 16
 _RUNNING = Lifecycle.RUNNING
 # greenlet's own (gevent's Greenlet.throw returns nothing: a caller that threw an answer
@@ -381,9 +382,9 @@ class Channel(Overlay):
     def _cork(self, outputs: list[Any]) -> None:
         """A caller's request: the driver holds its message (``Driver.cork``), so the
         requests callers make in one hub turn (those answered from one batch of replies,
-        or a loop of ``request_async``) go out together, ``_CORK_LIMIT`` at a time. The
-        only request in flight goes out at once: no other caller is there to ask again in
-        this turn."""
+        or a loop of ``request_async``) go out together, at the latest when one server
+        has ``_CORK_LIMIT`` of them. The only request in flight goes out at once: no other
+        caller is there to ask again in this turn."""
         driver = self._driver
         assert driver is not None
         if len(outputs) == 1 and type(outputs[0]) is SendOutput and (

@@ -140,6 +140,21 @@ def test_cork_holds_outputs_for_the_turn_or_until_its_limit() -> None:
         assert not server.corked
 
 
+def test_cork_limit_counts_the_sends_to_each_link_apart() -> None:
+    with _served(cork_limit=3) as (server, _, identity, got):
+        sent, dropped = server.stats["sent"], server.stats["dropped"]
+        for i in range(2):   # two to each of two links: neither has three
+            server.cork([Send(identity, [b"%d" % i]), Send(b"\x00nobody", [b"lost"])])
+        assert len(server.corked) == 4 and server.stats["sent"] == sent
+        server.cork([Send(identity, [b"2"])])   # a third to one link: all five go now
+        assert not server.corked
+        assert server.stats["sent"] == sent + 3 and server.stats["dropped"] == dropped + 2
+        poll_until(lambda: len(got) == 3, GUARD, "3 messages", sleep=gevent.sleep)
+        assert got == [("far", [b"%d" % i]) for i in range(3)]
+        server.cork([Send(identity, [b"%d" % i]) for i in range(3, 5)])   # counted anew
+        assert len(server.corked) == 2
+
+
 def _gone_noted(failed: list[tuple[Hashable, list[bytes], int]]) -> Any:
     return lambda link, frames, exc: failed.append((link, list(frames),
                                                     getattr(exc, "errno", 0)))

@@ -1,6 +1,6 @@
 """Corking: a channel sends the requests its callers make in one hub turn together, at the
-turn's end or ``_CORK_LIMIT`` at a time, and a server the replies of one turn; nothing held
-is lost or left waiting
+turn's end or once one server has ``_CORK_LIMIT`` of them, and a server the replies of one
+turn; nothing held is lost or left waiting
 (a channel stopping fails what it holds, a server stopping sends what it holds first, a
 server gone with requests held for it has them answered elsewhere)."""
 
@@ -29,7 +29,7 @@ def test_requests_made_in_one_turn_go_out_together_a_limit_at_a_time_and_all_are
     assert driver is not None
     before, sent = server.stats["requests"], driver.stats["sent"]
     results = [channel.request_async("echo", "echo", i) for i in range(50)]   # one turn
-    # the first alone, then _CORK_LIMIT at a time while the turn goes on; the rest held
+    # the first alone, then _CORK_LIMIT at a time (one server) as the turn goes on
     went, held = divmod(49, _CORK_LIMIT)
     assert went >= 2 and held
     assert len(driver.corked) == held and driver.stats["sent"] == sent + 1 + went * _CORK_LIMIT
