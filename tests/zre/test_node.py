@@ -516,6 +516,20 @@ def test_whisper_to_unknown_peer_raises(make_node):
         alice.whisper_packed(uuid.uuid4(), {"x": 1})
 
 
+def test_whisper_to_a_peer_that_left_raises_for_the_same_uuid_object(make_node):
+    """The node keeps the peer it last whispered to; one that left is not it any more."""
+    alice = make_node("alice")
+    bob = make_node("bob")
+    mesh(alice, bob)
+    target = bob.uuid   # one object, as a sender's loop holds it
+    alice.whisper(target, b"first")
+    assert wait_for(bob, match(WHISPER, alice.uuid)).frames == (b"first",)
+    bob.stop()
+    assert wait_for(alice, match(EXIT, target)).reason == "left"
+    with pytest.raises(UnknownPeerError):
+        alice.whisper(target, b"gone")
+
+
 def test_whisper_and_shout_without_frames_raise_value_error_and_send_nothing(make_node):
     """ZRE allows a message without content, but Zyre merges one into the next
     message it delivers: a node refuses to send one."""
