@@ -454,7 +454,8 @@ sada_submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     /* its id: the prefix, then the counter in hex */
     counter = PyObject_GetAttr(router, s_counter);
-    unsigned long long count = counter ? PyLong_AsUnsignedLongLong(counter) : (unsigned long long)-1;
+    unsigned long long count = counter ? PyLong_AsUnsignedLongLong(counter)
+                                       : (unsigned long long)-1;
     if (count == (unsigned long long)-1 || count >= (1ULL << 62)) {
         if (!PyErr_Occurred())
             usual = 0;

@@ -121,7 +121,8 @@ zre_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyBytes_GET_SIZE(whisper_prefix) != 4 || PyBytes_GET_SIZE(shout_prefix) != 4)
         return PyErr_Format(PyExc_TypeError, "shape: a class, then 4-octet prefixes");
     Py_ssize_t at;
-    if (batch_start(args[1], &at) < 0 || intern_names() < 0 || layout_for(&event_layout, (PyObject *)cls) < 0)
+    if (batch_start(args[1], &at) < 0 || intern_names() < 0 ||
+        layout_for(&event_layout, (PyObject *)cls) < 0)
         return NULL;
     const char *wp = PyBytes_AS_STRING(whisper_prefix), *sp = PyBytes_AS_STRING(shout_prefix);
     PyObject *const *items = PySequence_Fast_ITEMS(batch);

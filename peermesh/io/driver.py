@@ -482,10 +482,14 @@ class Driver:
         """Carry out what ``cork`` holds, in order, now (nothing once closed)."""
         corked = self.corked
         if corked:
-            self.corked = []
-            self._corked_sends.clear()
+            self.drop_corked()
             if not self.closed:
                 self.apply_all(corked)
+
+    def drop_corked(self) -> None:
+        """Forget what ``cork`` holds, unsent (its owner tells whoever waits for it)."""
+        self.corked = []
+        self._corked_sends.clear()
 
     def _carry_out_looking(self, outputs: Sequence[Output]) -> None:
         """``_carry_out`` noting each socket sent on, each looked at once after all."""
@@ -769,8 +773,7 @@ class Driver:
         if self.closed:
             return
         self.closed = True
-        self.corked = []
-        self._corked_sends.clear()
+        self.drop_corked()
         for name in list(self.links):
             self.hangup(name, linger)
         if self.mailbox is not None:

@@ -278,7 +278,7 @@ class Channel(Overlay):
             self._guard.stop()  # (its monitor while its reader is still open)
         self._deferring = True
         if self._driver is not None:
-            self._driver.corked.clear()   # (their callers are answered ChannelClosed now)
+            self._driver.drop_corked()   # (their callers are answered ChannelClosed now)
         self._core.close(ChannelClosed("the channel stopped"))
         self._apply(self._take())
         if self._driver is not None:
