@@ -3,8 +3,11 @@
 ``local_session(tmp_dir)`` sets, before the JVM starts:
 
 * ``SPARK_LOCAL_IP=127.0.0.1`` (otherwise Spark binds a non-loopback address),
-* ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` to this interpreter
-  (otherwise Python workers may run another Python, without peermesh),
+* ``PYSPARK_DRIVER_PYTHON`` to this interpreter, and ``PYSPARK_PYTHON`` to
+  this environment's ``peermesh-pyspark-python`` (this interpreter, with the
+  installed pyspark ahead of Spark's zip: each stream then starts ~0.5 s
+  sooner; see ``pythonexec``), or to this interpreter where that script is
+  missing (otherwise Python workers may run another Python, without peermesh),
 
 and builds ``local[N]`` with the UI off, the driver bound to 127.0.0.1 and
 the warehouse, local and checkpoint directories under ``tmp_dir``. It never
@@ -18,13 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any, Union
 
+from .pythonexec import installed_launcher
+
 __all__ = ["local_session", "local_environment"]
 
 
 def local_environment() -> dict[str, str]:
     """The environment variables ``local_session`` sets (already set ones are kept)."""
+    workers = installed_launcher() or sys.executable
     return {"SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", workers),
             "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable)}
 
 

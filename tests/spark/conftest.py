@@ -1,10 +1,11 @@
 """Fixtures of the PySpark tests: one local Spark session for the whole run, mesh peers.
 
 The session is ``local[2]`` with the UI off, bound to 127.0.0.1
-(``SPARK_LOCAL_IP`` too), its Python workers running this interpreter, and
-its warehouse, local and checkpoint directories under pytest's tmp path. Tests
-that need it skip with the reason when Java or pyspark is missing. Every
-node stays on loopback with a beacon port of its own test.
+(``SPARK_LOCAL_IP`` too), its Python workers running this interpreter (through
+``peermesh-pyspark-python``), and its warehouse, local and checkpoint
+directories under pytest's tmp path. Tests that need it skip with the reason
+when Java or pyspark is missing. Every node stays on loopback with a beacon
+port of its own test.
 """
 
 from __future__ import annotations
