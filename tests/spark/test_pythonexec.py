@@ -103,9 +103,9 @@ def spark_zips() -> list[str]:
 
 
 def launcher() -> str:
-    script = installed_launcher()
-    assert script is not None, "peermesh-pyspark-python is not installed (pip install -e .)"
-    return script
+    path = installed_launcher()
+    assert path is not None, "peermesh-pyspark-python is not installed (pip install -e .)"
+    return path
 
 
 def run(argv: list[str], cwd: Path, pythonpath: list[str],
