@@ -5,7 +5,9 @@ log server and MTL gateway on the root end of a veth, ``netlab.Lan.link_root``)
 run in this machine's namespace; the worker, its executor and their Python
 workers in a namespace of their own, with no address on the driver's mesh.
 The executor writes through the driver's gateway (the driver logs every row
-once) and calls a Safir-Darbaan service on the driver's mesh through it.
+once) and calls a Safir-Darbaan service on the driver's mesh through it. Every
+Python process of the cluster is ``peermesh-pyspark-python``, as
+``docs/spark.md`` tells a cluster's users to set it up.
 Needs root and ``ip`` (CI runs as root); skips with the reason elsewhere.
 Every namespace, veth and process the test made is removed, also on failure
 (the ``lan_factory`` finaliser, the ``finally`` below).
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+
+from peermesh.spark.pythonexec import installed_launcher
 
 from .conftest import spark_unavailable, wait_until
 
@@ -70,7 +74,7 @@ spark = (SparkSession.builder.master(cfg["master"]).appName("peermesh-netns")
          .config("spark.executor.memory", "512m")
          .config("spark.executor.cores", "1")
          .config("spark.cores.max", "1")
-         .config("spark.pyspark.python", sys.executable)
+         .config("spark.pyspark.python", cfg["python"])
          .config("spark.executorEnv.PYTHONPATH", cfg["pythonpath"])
          .config("spark.local.dir", cfg["local"])
          .config("spark.driver.extraJavaOptions", "-Djava.io.tmpdir=" + cfg["local"])
@@ -79,23 +83,24 @@ spark.sparkContext.setLogLevel("WARN")
 register(spark, service)
 
 def tagged(rows):
-    import os
+    import os, pyspark
     where = os.stat("/proc/self/ns/net").st_ino
     for i in rows:
-        yield (i, where)
+        yield (i, where, pyspark.__file__)
 
 rows = spark.sparkContext.parallelize(range(cfg["rows"]), cfg["partitions"])
 rows = rows.mapPartitions(tagged)
-spark.createDataFrame(rows, "i long, ns long").write.format("peermesh") \
-    .option("group", "telemetry").mode("append").save()
+frame = spark.createDataFrame(rows, "i long, ns long, pyspark string")
+frame.write.format("peermesh").option("group", "telemetry").mode("append").save()
 with MessageLog(service.path) as log:
     logged = log.read(0, 10 ** 9, ["telemetry"])
 values = [msgpack.unpackb(r[5]) for r in logged]
-called = call_service(spark.createDataFrame(rows, "i long, ns long"), "calc", "double",
-                      payload="i", reply_schema="doubled long", errors="column").collect()
+called = call_service(frame, "calc", "double", payload="i", reply_schema="doubled long",
+                      errors="column").collect()
 print("RESULT " + json.dumps({
     "driver_ns": os.stat("/proc/self/ns/net").st_ino,
     "ids": [v["i"] for v in values], "ns": sorted({v["ns"] for v in values}),
+    "pyspark": sorted({v["pyspark"] for v in values}),
     "senders": sorted({r[3] for r in logged}),
     "calls": sorted([r.i, r.doubled, r.status, r.ns] for r in called),
     "gateway_calls": service.stats.gateway_calls}), flush=True)
@@ -152,7 +157,9 @@ def _tail(path: Path) -> str:
 @pytest.mark.timeout(MASTER_TIMEOUT + DRIVER_TIMEOUT + 30)
 def test_a_worker_on_another_host_writes_and_calls_through_the_drivers_gateway(
         tmp_path: Path, beacon_port: int, lan_factory: Callable[..., Any]) -> None:
-    java_env = {"SPARK_DAEMON_MEMORY": "256m", "PYSPARK_PYTHON": sys.executable,
+    python = installed_launcher()
+    assert python is not None, "peermesh-pyspark-python is not installed (pip install -e .)"
+    java_env = {"SPARK_DAEMON_MEMORY": "256m", "PYSPARK_PYTHON": python,
                 "SPARK_DAEMON_JAVA_OPTS": f"-Djava.io.tmpdir={tmp_path}",
                 "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
     started: list[subprocess.Popen[Any]] = []
@@ -169,7 +176,7 @@ def test_a_worker_on_another_host_writes_and_calls_through_the_drivers_gateway(
     (tmp_path / "local").mkdir()
     config = {"dir": str(tmp_path / "log"), "beacon": beacon_port, "root": root,
               "master": master_url, "rows": ROWS, "partitions": ROWS_PARTITIONS,
-              "local": str(tmp_path / "local"),
+              "local": str(tmp_path / "local"), "python": python,
               "pythonpath": env["PYTHONPATH"]}
     try:
         with open(logs["master"], "wb") as out:
@@ -212,6 +219,8 @@ def test_a_worker_on_another_host_writes_and_calls_through_the_drivers_gateway(
     # every row was written by an executor in the worker's namespace, through the gateway
     assert len(result["ns"]) == 1 and result["ns"][0] != result["driver_ns"], result["ns"]
     assert result["senders"] == ["mtl:spark-executors"]
+    # its Python workers imported the installed pyspark, not the zip Spark hands them
+    assert len(result["pyspark"]) == 1 and ".zip" not in result["pyspark"][0], result["pyspark"]
     # and called calc, on the driver's mesh, through it: every reply right
     assert result["calls"] == [[i, 2 * i, 200, result["ns"][0]] for i in range(ROWS)], \
         result["calls"][:5]
