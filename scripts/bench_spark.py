@@ -327,6 +327,7 @@ def role_reader(parent: harness.Parent, rows: int, timeout: float, directory: st
     import peermesh.spark as ps
     from peermesh.spark.session import local_session
 
+    use_for_temporary_files(directory)
     spark = local_session(directory, app="bench_spark_read", **(conf or {}))
     service = ps.start_service(spark, groups=["bench-read"],
                                directory=os.path.join(directory, "log"), interface="lo",
@@ -518,22 +519,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def with_session(results: dict[str, Any], args: argparse.Namespace) -> None:
-    """The phases that share one Spark session in this process."""
+    """The phases that share one Spark session in this process (the last phases: its JVM
+    is ended, so that nothing writes to the directory while it is removed)."""
     from peermesh.spark.executor import sada_available
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
-        spark, service, port = ingest_session(tmp)
         try:
-            if "ingest" in args.only and "ingest" not in results:
-                results["ingest"] = median_ingest(spark, service, port, args, tmp)
-            if "requests" in args.only:
-                if sada_available():
-                    results["requests"] = bench_requests(spark, port, args)
-                else:
-                    results["requests"] = {"skipped": "peermesh.sada is not importable"}
+            spark, service, port = ingest_session(tmp)
+            try:
+                if "ingest" in args.only and "ingest" not in results:
+                    results["ingest"] = median_ingest(spark, service, port, args, tmp)
+                if "requests" in args.only:
+                    if sada_available():
+                        results["requests"] = bench_requests(spark, port, args)
+                    else:
+                        results["requests"] = {"skipped": "peermesh.sada is not importable"}
+            finally:
+                service.stop()
+                spark.stop()
         finally:
-            service.stop()
-            spark.stop()
+            harness.end_descendants()
+
+
+def use_for_temporary_files(directory: str) -> None:
+    """A role's temporary files (pyspark's, when it starts its JVM) go under ``directory``,
+    which the parent removes: also what a role ended midway leaves there."""
+    os.makedirs(directory, exist_ok=True)
+    tempfile.tempdir = directory
 
 
 def role_ingester(parent: harness.Parent, directory: str, settings: dict[str, Any]) -> None:
@@ -541,6 +553,7 @@ def role_ingester(parent: harness.Parent, directory: str, settings: dict[str, An
     (the parent's: it removes it); each command from the parent is one ingest run
     (``bench_ingest`` with the parent's ``settings``)."""
     args = argparse.Namespace(**settings)
+    use_for_temporary_files(directory)
     spark, service, port = ingest_session(directory)
     try:
         runs = iter(range(1_000_000))

@@ -346,6 +346,56 @@ def _die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _running() -> Iterator[tuple[int, int, int]]:
+    """``(pid, parent pid, process group)`` of every process that runs (not a zombie)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state, ppid, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if state not in (b"Z", b"X"):
+            yield int(entry), int(ppid), int(pgrp)
+
+
+def _live_members(group: int) -> list[int]:
+    """The processes of process group ``group`` that still run."""
+    return [pid for pid, _, pgrp in _running() if pgrp == group]
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes that ``root`` started, and theirs, that still run."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid, _ in _running():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def end_descendants(term_wait: float = 3.0) -> None:
+    """End every process this one started and theirs (the JVM of a Spark session made in
+    this process, its Python workers): SIGTERM, ``term_wait`` seconds, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
+        pids = _descendants(os.getpid())
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.02)
+            pids = _descendants(os.getpid())
+        if not pids:
+            return
+
+
 class Child:
     """One child process; JSON lines to and from a harness role (see ``Parent``)."""
 
@@ -354,9 +404,11 @@ class Child:
         self.name = name
         popen.setdefault("stdin", subprocess.PIPE)
         popen.setdefault("stdout", subprocess.PIPE)
-        # Not a session of its own: with autogroup scheduling that would give each
-        # child a CPU share of its own, and change what the benchmarks measure.
-        self.process = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, **popen)
+        # A process group of its own, so that ending it ends what it started too (Spark's
+        # JVM, for one); not a session of its own: with autogroup scheduling that would
+        # give each child a CPU share of its own, and change what the benchmarks measure.
+        self.process = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent,
+                                        process_group=0, **popen)
         self.pid = self.process.pid
         self._buffer = b""
 
@@ -411,8 +463,8 @@ class Child:
         return line + b"\n"
 
     def end(self, grace: float, term_wait: float = 3.0) -> None:
-        """Close its stdin, give it ``grace`` seconds, then SIGTERM and ``term_wait``
-        seconds, then SIGKILL."""
+        """Close its stdin, give it and what it started ``grace`` seconds, then SIGTERM and
+        ``term_wait`` seconds, then SIGKILL."""
         p = self.process
         for stream in (p.stdin, p.stdout, p.stderr):
             if stream is not None:
@@ -420,19 +472,22 @@ class Child:
                     stream.close()
                 except OSError:
                     pass
-        for step, wait in ((None, grace), (p.terminate, term_wait), (p.kill, 5.0)):
-            if p.poll() is not None:
-                return
-            if step is not None:
+        for sig, wait in ((None, grace), (signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
+            if sig is not None:
                 try:
-                    step()
+                    os.killpg(self.pid, sig)
                 except ProcessLookupError:
-                    return
-            try:
-                p.wait(wait)
+                    pass
+            if self._group_ends_within(wait):
                 return
-            except subprocess.TimeoutExpired:
-                pass
+
+    def _group_ends_within(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None or _live_members(self.pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
 
 class Children:

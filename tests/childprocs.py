@@ -2,10 +2,11 @@
 
 ``stop`` is the one way a child ends: its stdin closed (the children end on
 EOF), a bounded wait, then SIGKILL; ``terminate`` does the same with SIGTERM
-first, ``kill9`` kills at once and ``alive`` tells whether a process is still
-there. ``JsonChild`` reads what a child prints, one JSON object a line, on
-the gevent hub (``waiting.read_json_lines``) and waits for its ``ready``
-line with a bounded poll; ``ready_children`` is the body of a fixture that
+first, ``kill9`` kills at once, ``alive`` tells whether a process is still
+there and ``in_session`` which processes of a session are. ``JsonChild``
+reads what a child prints, one JSON object a line, on the gevent hub
+(``waiting.read_json_lines``) and waits for its ``ready`` line with a
+bounded poll; ``ready_children`` is the body of a fixture that
 starts such children and closes them all. The ``peermesh`` command itself
 runs under ``cliprocess``.
 """
@@ -56,6 +57,21 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def in_session(session: int) -> list[int]:
+    """The processes of ``session`` (a child started with ``start_new_session``: its pid)
+    that are not zombies, whatever process group they are in."""
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, _, _, sid = f.read().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if int(sid) == session and state not in ("Z", "X"):
+            members.append(int(entry))
+    return members
 
 
 def kill9(proc: Any) -> None:

@@ -142,6 +142,20 @@ def test_a_child_that_ignores_sigterm_is_killed_when_the_block_is_left() -> None
     assert _gone_within(stubborn.pid, 1)
 
 
+def test_what_a_child_started_ends_with_it() -> None:
+    """A child's own children (Spark's JVM under a benchmark's reader) end with it, also
+    one that ignores SIGTERM: before the block is left, nothing of the group runs."""
+    code = ("import signal, subprocess, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "grand = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
+            "print('[\"ready\", %d]' % grand.pid, flush=True); grand.wait()")
+    with Children(grace=0, term_wait=0.2) as kids:
+        child = kids.popen([sys.executable, "-c", code])
+        grandchild = child.expect("ready", 30)
+        assert _alive(grandchild)
+    assert not _alive(grandchild) and not _alive(child.pid)
+
+
 def test_children_die_with_their_parent() -> None:
     # A parent that starts a child and then vanishes without cleaning up.
     code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from harness import Children; "
