@@ -15,6 +15,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -39,10 +40,13 @@ class Chromium:
         ours_read, theirs_write = os.pipe()
         theirs_read, ours_write = os.pipe()
         # Chromium reads descriptor 3 and writes descriptor 4.
+        # A process group of its own, ended whole; its temporary files (the singleton
+        # socket's directory) in the profile: nothing of it outlives ``close``.
         self.proc = subprocess.Popen(
             [BINARY, *FLAGS, f"--user-data-dir={self.profile}",
              f"--window-size={width},{height}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "TMPDIR": self.profile}, process_group=0,
             pass_fds=(3, 4), preexec_fn=_dup_to(theirs_read, theirs_write))
         os.close(theirs_read)
         os.close(theirs_write)
@@ -166,13 +170,18 @@ class Chromium:
             f.write(base64.b64decode(data))
 
     def close(self) -> None:
-        """End Chromium and remove its profile."""
-        try:
-            self.proc.terminate()
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        """End Chromium, every process of it, and remove its profile."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + 5
+            while (self.proc.poll() is None or _group_runs(self.proc.pid)) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if self.proc.poll() is not None and not _group_runs(self.proc.pid):
+                break
         for fd in (self._in, self._out):
             try:
                 os.close(fd)
@@ -185,6 +194,19 @@ class Chromium:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _group_runs(group: int) -> bool:
+    """Whether a process of process group ``group`` still runs (zombies left out)."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state, _, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == group and state not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def _dup_to(read_fd: int, write_fd: int) -> Any:

@@ -3,7 +3,8 @@
 ``stop`` is the one way a child ends: its stdin closed (the children end on
 EOF), a bounded wait, then SIGKILL; ``terminate`` does the same with SIGTERM
 first, ``kill9`` kills at once, ``alive`` tells whether a process is still
-there and ``in_session`` which processes of a session are. ``JsonChild``
+there, ``in_session`` and ``in_group`` which processes of a session or a
+process group are. ``JsonChild``
 reads what a child prints, one JSON object a line, on the gevent hub
 (``waiting.read_json_lines``) and waits for its ``ready`` line with a
 bounded poll; ``ready_children`` is the body of a fixture that
@@ -62,14 +63,25 @@ def alive(pid: int) -> bool:
 def in_session(session: int) -> list[int]:
     """The processes of ``session`` (a child started with ``start_new_session``: its pid)
     that are not zombies, whatever process group they are in."""
+    return _running_with(3, session)
+
+
+def in_group(group: int) -> list[int]:
+    """The processes of process group ``group`` that are not zombies."""
+    return _running_with(2, group)
+
+
+def _running_with(field: int, value: int) -> list[int]:
+    """Processes whose ``stat`` field ``field`` (counted after the command: 2 the process
+    group, 3 the session) is ``value``, zombies left out."""
     members = []
-    for entry in os.listdir("/proc"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                state, _, _, sid = f.read().rsplit(")", 1)[1].split()[:4]
+                fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, ValueError):
             continue
-        if int(sid) == session and state not in ("Z", "X"):
+        if int(fields[field]) == value and fields[0] not in ("Z", "X"):
             members.append(int(entry))
     return members
 

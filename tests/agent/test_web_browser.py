@@ -6,13 +6,16 @@ logs no console error. Skipped, with the reason, where Chromium is missing."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from childprocs import in_group
 from cliprocess import WAIT
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -23,6 +26,24 @@ from test_web import Agent, flux_instance  # noqa: E402
 
 PEERS = 4
 DRAWN = "document.querySelectorAll('#peers g[data-peer]').length"
+
+
+def test_a_closed_browser_leaves_no_process_and_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chromium's helpers and its files in the temporary directory (its profile, its
+    singleton socket's directory) are gone once ``close`` returns."""
+    reason = Chromium.available()
+    if reason is not None:
+        pytest.skip(reason)
+    # a short path: Chromium's singleton socket lives under it (108 octets for its path)
+    scratch = Path(tempfile.mkdtemp(prefix="pm-chromium-test-"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+        with Chromium() as chromium:
+            assert chromium.evaluate("1 + 1") == 2
+            assert len(in_group(chromium.proc.pid)) > 1  # the browser and its helpers
+        assert in_group(chromium.proc.pid) == [] and list(scratch.iterdir()) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture
