@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -233,17 +234,21 @@ def test_example_runs(example: Example, tmp_path: Path, free_udp_port: int) -> N
         timeout = SPARK_TIMEOUT
     script = tmp_path / "example.py"
     script.write_text(example.code, encoding="utf-8")
+    # what the example makes with tempfile goes there, removed after (a short path: sockets)
+    scratch = tempfile.mkdtemp(prefix="pm-example-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEERMESH_")}
     env.update(PEERMESH_INTERFACE="lo", PEERMESH_PORT=str(free_udp_port),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               PYSPARK_DRIVER_PYTHON=sys.executable)
+               PYSPARK_DRIVER_PYTHON=sys.executable, TMPDIR=scratch)
     try:
         done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{example.id} still ran after {timeout} s:\n{exc.stdout!r}\n{exc.stderr!r}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     report = f"{example.id} exited {done.returncode}:\n{example.code}\n" \
              f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     assert done.returncode == 0, report
