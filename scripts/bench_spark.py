@@ -67,6 +67,7 @@ sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (puts this checkout on sys.path, unless a child runs another)
 from harness import free_udp_port, progress  # noqa: E402
+from processes import end_descendants  # noqa: E402
 
 TARGETS = {"ingest_per_s": 50_000, "requests_per_s": 5_000}
 #: Spark gives the Python process that plans a stream 10 s to connect back, and that
@@ -538,7 +539,7 @@ def with_session(results: dict[str, Any], args: argparse.Namespace) -> None:
                 service.stop()
                 spark.stop()
         finally:
-            harness.end_descendants()
+            end_descendants()
 
 
 def use_for_temporary_files(directory: str) -> None:

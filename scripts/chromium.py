@@ -15,11 +15,12 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from typing import Any, Optional
+
+from processes import end_group
 
 BINARY = os.environ.get("PEERMESH_CHROMIUM", "/usr/bin/chromium")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -171,17 +172,7 @@ class Chromium:
 
     def close(self) -> None:
         """End Chromium, every process of it, and remove its profile."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + 5
-            while (self.proc.poll() is None or _group_runs(self.proc.pid)) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if self.proc.poll() is not None and not _group_runs(self.proc.pid):
-                break
+        end_group(self.proc, term_wait=5.0)
         for fd in (self._in, self._out):
             try:
                 os.close(fd)
@@ -194,19 +185,6 @@ class Chromium:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _group_runs(group: int) -> bool:
-    """Whether a process of process group ``group`` still runs (zombies left out)."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state, _, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(pgrp) == group and state not in (b"Z", b"X"):
-            return True
-    return False
 
 
 def _dup_to(read_fd: int, write_fd: int) -> Any:

@@ -49,6 +49,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Iterator, Optional
 
+from processes import end_group
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 LOOPBACK = "127.0.0.1"
@@ -346,56 +348,6 @@ def _die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _running() -> Iterator[tuple[int, int, int]]:
-    """``(pid, parent pid, process group)`` of every process that runs (not a zombie)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state, ppid, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if state not in (b"Z", b"X"):
-            yield int(entry), int(ppid), int(pgrp)
-
-
-def _live_members(group: int) -> list[int]:
-    """The processes of process group ``group`` that still run."""
-    return [pid for pid, _, pgrp in _running() if pgrp == group]
-
-
-def _descendants(root: int) -> list[int]:
-    """The processes that ``root`` started, and theirs, that still run."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid, _ in _running():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
-
-
-def end_descendants(term_wait: float = 3.0) -> None:
-    """End every process this one started and theirs (the JVM of a Spark session made in
-    this process, its Python workers): SIGTERM, ``term_wait`` seconds, then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
-        pids = _descendants(os.getpid())
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.02)
-            pids = _descendants(os.getpid())
-        if not pids:
-            return
-
-
 class Child:
     """One child process; JSON lines to and from a harness role (see ``Parent``)."""
 
@@ -472,22 +424,7 @@ class Child:
                     stream.close()
                 except OSError:
                     pass
-        for sig, wait in ((None, grace), (signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
-            if sig is not None:
-                try:
-                    os.killpg(self.pid, sig)
-                except ProcessLookupError:
-                    pass
-            if self._group_ends_within(wait):
-                return
-
-    def _group_ends_within(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.process.poll() is None or _live_members(self.pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        end_group(p, grace, term_wait)
 
 
 class Children:
